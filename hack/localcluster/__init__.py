@@ -1,0 +1,5 @@
+"""Local Kubernetes for Reprieve's tests and demo: a real control plane plus process kubelets."""
+
+from .cluster import Cluster, ClusterError, cache_dir, ensure_tools
+
+__all__ = ["Cluster", "ClusterError", "cache_dir", "ensure_tools"]

@@ -1,0 +1,1 @@
+"""Reprieve operator (kopf): TrainingJob reconciler and node-signal watcher."""

@@ -1,0 +1,1 @@
+"""Reprieve runtime: preemption-safe checkpointing for JAX training."""
