@@ -1,0 +1,10 @@
+"""Asynchronous sharded checkpoints on TensorStore: atomic commit, fencing, resharding restore.
+
+Public API: :class:`CheckpointManager` (see its docstring and docs/checkpoint.md).
+"""
+
+from .fencing import FencedError
+from .manager import CheckpointManager, CheckpointSaveError
+from .metadata import CheckpointCorruptError
+
+__all__ = ["CheckpointManager", "CheckpointCorruptError", "CheckpointSaveError", "FencedError"]

@@ -1,0 +1,127 @@
+"""Pure naming of everything a checkpoint root holds (no I/O).
+
+Layout under a root URI (a directory, or a bucket prefix)::
+
+    step_0000000042_a3/            a committed checkpoint: step 42 written by attempt 3
+        reprieve.json              metadata: tree, leaves, shardings, step, attempt, versions, extra
+        arrays/00007/zarr.json     one zarr3 array per array leaf, one chunk per saved shard
+        arrays/00007/c/0/1         chunk files (crc32c-checksummed)
+    step_0000000043_a3.tmp/        being written (filesystems); renamed to the committed name at commit
+    step_0000000040_a2.deleting/   being deleted by retention (invisible)
+    commits/step_0000000042_a3     object stores only: the commit marker (written last, atomically)
+    attempts/attempt_0000000003.json   fence of attempt 3: the checkpoints visible when it started
+
+Object stores have no rename: data is written straight under the committed name and only the
+marker in ``commits/`` makes it visible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Literal
+
+METADATA_FILE = "reprieve.json"
+ARRAYS_DIR = "arrays"
+COMMITS_DIR = "commits"
+FENCES_DIR = "attempts"
+TMP_SUFFIX = ".tmp"
+DELETING_SUFFIX = ".deleting"
+
+_NAME_RE = re.compile(r"^step_(\d{10})_a(\d+)(\.tmp|\.deleting)?$")
+_FENCE_RE = re.compile(r"^attempt_(\d{10})\.json$")
+
+State = Literal["committed", "tmp", "deleting"]
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class CheckpointName:
+    """A parsed directory (or prefix) name under the checkpoint root."""
+
+    step: int
+    attempt: int
+    state: State = "committed"
+
+    @property
+    def committed(self) -> str:
+        return committed_name(self.step, self.attempt)
+
+    def __str__(self) -> str:
+        suffix = {"committed": "", "tmp": TMP_SUFFIX, "deleting": DELETING_SUFFIX}[self.state]
+        return self.committed + suffix
+
+
+def committed_name(step: int, attempt: int) -> str:
+    if step < 0 or attempt < 0:
+        raise ValueError(f"checkpoint step and attempt must be >= 0, got step={step} attempt={attempt}")
+    return f"step_{step:010d}_a{attempt}"
+
+
+def tmp_name(step: int, attempt: int) -> str:
+    return committed_name(step, attempt) + TMP_SUFFIX
+
+
+def deleting_name(name: str) -> str:
+    return name + DELETING_SUFFIX
+
+
+def parse_name(name: str) -> CheckpointName | None:
+    """Parse ``step_<10 digits>_a<attempt>[.tmp|.deleting]``; None for anything else."""
+    m = _NAME_RE.match(name.rstrip("/"))
+    if not m:
+        return None
+    state: State = {None: "committed", TMP_SUFFIX: "tmp", DELETING_SUFFIX: "deleting"}[m.group(3)]
+    return CheckpointName(int(m.group(1)), int(m.group(2)), state)
+
+
+def fence_name(attempt: int) -> str:
+    return f"attempt_{attempt:010d}.json"
+
+
+def parse_fence_name(name: str) -> int | None:
+    m = _FENCE_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def array_dir(leaf_index: int) -> str:
+    return f"{ARRAYS_DIR}/{leaf_index:05d}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    """Where a checkpoint root lives: ``scheme`` is ``file``, ``gs`` or ``s3``."""
+
+    scheme: str
+    bucket: str  # empty for file
+    path: str  # absolute directory for file; key prefix (no leading '/', '' or ending in '/') otherwise
+
+    @property
+    def is_object_store(self) -> bool:
+        return self.scheme != "file"
+
+    def uri(self) -> str:
+        if self.scheme == "file":
+            return self.path
+        return f"{self.scheme}://{self.bucket}/{self.path}"
+
+
+def parse_uri(uri: str, cwd: str = "/") -> Location:
+    """Parse a checkpoint root: a path, ``file://path``, ``gs://bucket/prefix`` or ``s3://bucket/prefix``."""
+    import posixpath
+
+    if not uri:
+        raise ValueError("checkpoint uri must not be empty")
+    if "://" in uri:
+        scheme, rest = uri.split("://", 1)
+        if scheme == "file":
+            return Location("file", "", posixpath.normpath(posixpath.join(cwd, rest)))
+        if scheme not in ("gs", "s3"):
+            raise ValueError(
+                f"checkpoint uri {uri!r}: scheme must be one of file://, gs://, s3:// or a plain path, got {scheme}://"
+            )
+        bucket, _, prefix = rest.partition("/")
+        if not bucket:
+            raise ValueError(f"checkpoint uri {uri!r}: missing bucket name after {scheme}://")
+        prefix = prefix.strip("/")
+        return Location(scheme, bucket, prefix + "/" if prefix else "")
+    return Location("file", "", posixpath.normpath(posixpath.join(cwd, uri)))

@@ -1,0 +1,367 @@
+"""CheckpointManager: asynchronous, atomic, fenced checkpoints of a JAX training state.
+
+Commit protocol of one save (all processes run it in a background thread)::
+
+    snapshot (the only blocking part)  ->  write own shards into the unfinished checkpoint
+    -> publish own status (KV)  ->  barrier  ->  process 0: every status ok?  newer fence?
+    -> process 0: fsync dirs + rename (filesystem) / write commit marker (object store)
+    -> process 0 publishes the outcome (KV)  ->  every process learns it  ->  on_commit, retention
+
+See docs/checkpoint.md for the format, the fencing rule and the measurements.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..coordination import Coordinator, LocalCoordinator
+from . import fencing, layout, retention, save as save_mod
+from .fencing import FencedError
+from .layout import CheckpointName
+from .metadata import CheckpointCorruptError, CheckpointMeta
+from .restore import restore_tree
+from .storage import Storage, open_storage
+
+log = logging.getLogger(__name__)
+
+_KV = "reprieve/ckpt"
+_instances = itertools.count()
+CRASH_ENV = "REPRIEVE_CKPT_TEST_CRASH_AT"  # test-only fault injection: a commit-protocol point name
+
+
+class CheckpointSaveError(RuntimeError):
+    """A background save failed on some process; the checkpoint was not committed."""
+
+
+def _maybe_crash(point: str, process_id: int) -> None:
+    want = os.environ.get(CRASH_ENV, "")
+    if want == point or want == f"{point}:{process_id}":
+        log.error("test fault injection: crashing at %s", point)
+        os._exit(86)
+
+
+class CheckpointManager:
+    """Asynchronous sharded checkpoints under ``uri`` (path, ``file://``, ``gs://``, ``s3://``).
+
+    Every process of the job constructs one (the constructor meets the other processes once, through
+    ``coordinator``) and calls the same methods in the same order.
+
+    Args:
+        uri: checkpoint root.
+        coordinator: the job's :class:`~reprieve.coordination.Coordinator`; ``None`` means a
+            single-process :class:`LocalCoordinator`.
+        attempt: gang attempt number (``REPRIEVE_ATTEMPT``); ``None`` reads the environment, default 1.
+            Starting attempt ``A`` fences out every older attempt (see :mod:`.fencing`).
+        keep: how many newest complete checkpoints retention keeps (>= 1).
+        keep_every: additionally keep every checkpoint whose step is a multiple of this.
+        barrier_timeout_s: how long a save's commit barrier (and the init handshake) may wait.
+        fsync: make commits durable (fsync files and directories). Off only for benchmarks of the floor.
+        host_copy: ``"auto"``, ``"device"`` or ``"host"``: see :func:`.save.snapshot`.
+        restore_memory_limit_bytes: host bytes of reads in flight during restore.
+        fallback: on a corrupt checkpoint, ``restore(step=None)`` falls back to the previous one.
+        on_commit: ``f(step)`` called (in the background thread, on every process) after each commit.
+
+    Attributes:
+        last_save_seconds: save() call -> durable commit known to this process, of the last save.
+        committed_step: step of the last checkpoint this manager committed (None before any).
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        coordinator: Coordinator | None = None,
+        attempt: int | None = None,
+        keep: int = 3,
+        keep_every: int | None = None,
+        barrier_timeout_s: float = 1800.0,
+        fsync: bool = True,
+        host_copy: str = "auto",
+        restore_memory_limit_bytes: int = 128 << 20,
+        fallback: bool = True,
+        on_commit: Callable[[int], None] | None = None,
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"CheckpointManager keep must be >= 1, got {keep}")
+        self._coord = coordinator or LocalCoordinator()
+        self.attempt = int(os.environ.get("REPRIEVE_ATTEMPT", "1")) if attempt is None else int(attempt)
+        self.keep, self.keep_every = keep, keep_every
+        self._timeout = barrier_timeout_s
+        self._host_copy = host_copy
+        self._mem_limit = restore_memory_limit_bytes
+        self._fallback = fallback
+        self._on_commit = on_commit
+        self._pid, self._nproc = self._coord.process_id, self._coord.num_processes
+        self._storage: Storage = open_storage(uri, fsync=fsync)
+        self.uri = self._storage.loc.uri()
+        self._inst = next(_instances)
+        self._restores = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._inflight_step: int | None = None
+        self._error: BaseException | None = None
+        self._last_step: int | None = None
+        self.last_save_seconds: float | None = None
+        self.committed_step: int | None = None
+        self._deletions: queue.Queue[Any] = queue.Queue()
+        self._deleter: threading.Thread | None = None
+        self._startup()
+
+    # -- startup: fence + leftovers -----------------------------------------------------------------
+    def _startup(self) -> None:
+        key = f"{_KV}/a{self.attempt}/i{self._inst}/init"
+        if self._pid == 0:
+            outcome = "ok"
+            try:
+                self._fence_and_clean()
+            except Exception as err:
+                outcome = f"error: {type(err).__name__}: {err}"
+                self._coord.set(key, outcome, overwrite=True)
+                raise
+            self._coord.set(key, outcome, overwrite=True)
+        else:
+            outcome = self._coord.get(key, self._timeout)
+            if outcome != "ok":
+                raise (FencedError if "FencedError" in outcome else RuntimeError)(
+                    f"checkpoint init on process 0 failed: {outcome}")
+
+    def _fence_and_clean(self) -> None:
+        st = self._storage
+        fences = st.read_fences()
+        newer = fencing.newer_fences(fences, self.attempt)
+        if newer:
+            raise FencedError(f"checkpoints at {self.uri}: attempt {self.attempt} is stale, attempts {newer} "
+                              "have started; this writer must stop")
+        entries = st.list_entries()
+        if self.attempt not in fences:
+            vis = fencing.visible([e for e in entries if e.state == "committed"], fences)
+            st.write_fence(self.attempt, [v.committed for v in vis])
+        for e in entries:
+            if e.state == "deleting" or (e.state == "tmp" and e.attempt <= self.attempt):
+                log.info("checkpoint: removing leftover %s/%s", self.uri, e)
+                st.delete(e)
+
+    # -- save ---------------------------------------------------------------------------------------
+    def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None) -> None:
+        """Snapshot ``state`` and write it in the background; returns once ``state`` may be donated.
+
+        At most one save is in flight: if one is, this call first waits for it (and logs that it had
+        to). A failure of an earlier background save is raised here. ``extra`` must be JSON-serialisable.
+        """
+        t0 = time.monotonic()
+        self._raise_pending()
+        if self._last_step is not None and step <= self._last_step:
+            raise ValueError(f"checkpoint save: step must increase, got {step} after {self._last_step}")
+        try:
+            extra_json = json.loads(json.dumps(extra or {}))
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"checkpoint save step {step}: extra must be JSON-serialisable ({err})") from err
+        if self._thread is not None and self._thread.is_alive():
+            log.info("checkpoint save of step %d waits for the in-flight save of step %d", step, self._inflight_step)
+            self._thread.join()
+            self._raise_pending()
+        snap = save_mod.snapshot(state, host_copy=self._host_copy)
+        self._last_step = step
+        self._inflight_step = step
+        self._thread = threading.Thread(
+            target=self._background_save, args=(step, snap, extra_json, t0), name=f"reprieve-ckpt-save-{step}",
+            daemon=True)
+        self._thread.start()
+        log.debug("checkpoint save of step %d: blocked %.4fs", step, time.monotonic() - t0)
+
+    def _background_save(self, step: int, snap: save_mod.Snapshot, extra: dict[str, Any], t0: float) -> None:
+        try:
+            self._save_protocol(step, snap, extra, t0)
+        except BaseException as err:  # surfaced on the next call / wait()
+            log.error("checkpoint save of step %d failed: %s", step, err)
+            self._error = err
+
+    def _save_protocol(self, step: int, snap: save_mod.Snapshot, extra: dict[str, Any], t0: float) -> None:
+        st, pid = self._storage, self._pid
+        base = f"{_KV}/a{self.attempt}/i{self._inst}/s{step}"
+        ddir = st.data_dir(step, self.attempt)
+        local_err: BaseException | None = None
+        try:
+            save_mod.write_snapshot(st, ddir, snap, process_index=pid)
+            if pid == 0:
+                meta = save_mod.build_metadata(step, self.attempt, self._nproc, snap, extra)
+                st.write_file(f"{ddir}/{layout.METADATA_FILE}", meta.to_json())
+        except Exception as err:
+            local_err = err
+        snap.shards.clear()  # drop the copies as soon as they are on storage
+        status = "ok" if local_err is None else f"error: {type(local_err).__name__}: {local_err}"[:2000]
+        self._coord.set(f"{base}/written/{pid}", status, overwrite=True)
+        _maybe_crash("before_barrier", pid)
+        self._coord.barrier(f"ckpt-a{self.attempt}-i{self._inst}-s{step}", self._timeout)
+        _maybe_crash("after_barrier", pid)
+        if pid == 0:
+            outcome = self._commit(step, base)
+            self._coord.set(f"{base}/commit", outcome, overwrite=True)
+        else:
+            outcome = self._coord.get(f"{base}/commit", self._timeout)
+        if local_err is not None:
+            raise local_err
+        if outcome != "ok":
+            raise (FencedError if outcome.startswith("fenced") else CheckpointSaveError)(
+                f"checkpoint step {step} at {self.uri} not committed: {outcome}")
+        self.last_save_seconds = time.monotonic() - t0
+        self.committed_step = step
+        log.info("checkpoint step %d committed: %d bytes from this process, %.3fs save->commit",
+                 step, snap.local_bytes, self.last_save_seconds)
+        if self._on_commit is not None:
+            self._on_commit(step)
+        if pid == 0:
+            self._schedule_retention()
+
+    def _commit(self, step: int, base: str) -> str:
+        st = self._storage
+        statuses = self._coord.dir_get(f"{base}/written/")
+        bad = {k.rsplit("/", 1)[-1]: v for k, v in statuses.items() if v != "ok"}
+        missing = [p for p in range(self._nproc) if not any(k.endswith(f"/{p}") for k in statuses)]
+        if bad or missing:
+            st.delete(CheckpointName(step, self.attempt, "tmp"))
+            return f"error: processes failed {bad} missing {missing}"
+        newer = fencing.newer_fences(st.read_fences(), self.attempt)
+        if newer:
+            return f"fenced: attempts {newer} started after attempt {self.attempt}"
+        try:
+            st.commit(step, self.attempt)
+        except Exception as err:
+            return f"error: commit failed: {type(err).__name__}: {err}"
+        _maybe_crash("after_commit", 0)
+        return "ok"
+
+    def wait(self) -> None:
+        """Block until the in-flight save is durably committed on all processes; raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+        self._raise_pending()
+
+    def _raise_pending(self) -> None:
+        err, self._error = self._error, None
+        if err is not None:
+            raise err
+
+    # -- retention ----------------------------------------------------------------------------------
+    def _schedule_retention(self) -> None:
+        if self._deleter is None or not self._deleter.is_alive():
+            self._deleter = threading.Thread(target=self._deletion_worker, name="reprieve-ckpt-retention",
+                                             daemon=True)
+            self._deleter.start()
+        self._deletions.put("pass")
+
+    def _deletion_worker(self) -> None:
+        while True:
+            item = self._deletions.get()
+            if item is None:
+                return
+            try:
+                self._retention_pass()
+            except Exception as err:  # never fatal: the next pass retries
+                log.warning("checkpoint retention at %s failed: %s", self.uri, err)
+
+    def _retention_pass(self) -> None:
+        st = self._storage
+        fences = st.read_fences()
+        if fencing.newer_fences(fences, self.attempt):
+            return  # a newer attempt owns the directory now
+        committed = [e for e in st.list_entries() if e.state == "committed"]
+        vis = fencing.visible(committed, fences)
+        invisible = [c for c in committed if c not in set(vis)]
+        for c in retention.select_deletions(vis, invisible, keep=self.keep, keep_every=self.keep_every):
+            log.info("checkpoint retention: deleting %s/%s", self.uri, c)
+            st.delete(c)
+
+    # -- lookup & restore ---------------------------------------------------------------------------
+    def _visible(self) -> list[CheckpointName]:
+        return fencing.visible(self._storage.list_entries(), self._storage.read_fences())
+
+    def all_steps(self) -> list[int]:
+        """Steps of every complete, visible checkpoint, oldest first."""
+        return [c.step for c in self._visible()]
+
+    def latest_step(self) -> int | None:
+        """Step of the latest complete (committed, not fenced-out) checkpoint; never a partial one."""
+        v = self._visible()
+        return v[-1].step if v else None
+
+    def restore(self, abstract_state: Any, *, step: int | None = None) -> tuple[int, Any, dict[str, Any]]:
+        """Restore into the shardings/dtypes of ``abstract_state``; returns ``(step, state, extra)``.
+
+        ``step=None`` takes the latest complete checkpoint and, if it is corrupt and ``fallback`` is
+        on, the previous ones in turn. All processes agree on the checkpoint they restore.
+        """
+        self.wait()
+        n = next(self._restores)
+        key = f"{_KV}/a{self.attempt}/i{self._inst}/r{n}"
+        if self._pid == 0:
+            vis = self._visible()
+            if step is not None:
+                vis = [c for c in vis if c.step == step]
+                if not vis:
+                    plan = []
+                else:
+                    plan = [vis[-1].committed]
+            else:
+                plan = [c.committed for c in reversed(vis)]
+                if not self._fallback:
+                    plan = plan[:1]
+            self._coord.set(f"{key}/plan", json.dumps(plan), overwrite=True)
+        else:
+            plan = json.loads(self._coord.get(f"{key}/plan", self._timeout))
+        if not plan:
+            what = f"step {step}" if step is not None else "any step"
+            raise FileNotFoundError(f"no complete checkpoint for {what} under {self.uri}")
+        first_err: BaseException | None = None
+        for name in plan:
+            t0 = time.monotonic()
+            err: BaseException | None = None
+            result = None
+            try:
+                result = self._restore_one(name, abstract_state)
+            except CheckpointCorruptError as e:
+                err = e
+            self._coord.set(f"{key}/{name}/{self._pid}", "ok" if err is None else str(err)[:2000], overwrite=True)
+            verdicts = [self._coord.get(f"{key}/{name}/{p}", self._timeout) for p in range(self._nproc)]
+            failed = [f"process {p}: {v}" for p, v in enumerate(verdicts) if v != "ok"]
+            if not failed and result is not None:
+                meta, state = result
+                log.info("checkpoint restored %s/%s: step %d, %d bytes, %.3fs", self.uri, name, meta.step,
+                         meta.array_bytes, time.monotonic() - t0)
+                return meta.step, state, meta.extra
+            first_err = first_err or err or CheckpointCorruptError("; ".join(failed))
+            log.error("checkpoint %s/%s is unusable (%s)%s", self.uri, name, "; ".join(failed),
+                      "; falling back to the previous one" if name != plan[-1] else "")
+        assert first_err is not None
+        raise first_err
+
+    def _restore_one(self, name: str, abstract: Any) -> tuple[CheckpointMeta, Any]:
+        where = f"{self.uri}/{name}/{layout.METADATA_FILE}"
+        raw = self._storage.read_file(f"{name}/{layout.METADATA_FILE}")
+        if raw is None:
+            raise CheckpointCorruptError(f"checkpoint {self.uri}/{name}: metadata file {where} is missing")
+        meta = CheckpointMeta.from_json(raw, where)
+        state = restore_tree(self._storage, name, meta, abstract, memory_limit_bytes=self._mem_limit)
+        return meta, state
+
+    def close(self) -> None:
+        """Wait for the in-flight save (raising its error) and for queued deletions, then stop."""
+        try:
+            self.wait()
+        finally:
+            if self._deleter is not None and self._deleter.is_alive():
+                self._deletions.put(None)
+                self._deleter.join(timeout=self._timeout)
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

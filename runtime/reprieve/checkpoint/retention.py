@@ -1,0 +1,32 @@
+"""Which checkpoints retention deletes (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .layout import CheckpointName
+
+
+def select_deletions(
+    visible: Sequence[CheckpointName],
+    invisible: Sequence[CheckpointName],
+    *,
+    keep: int,
+    keep_every: int | None = None,
+) -> list[CheckpointName]:
+    """Checkpoints to delete, given the visible (complete, unfenced) and invisible committed ones.
+
+    Keeps the ``keep`` newest visible checkpoints, and every visible checkpoint whose step is a
+    multiple of ``keep_every``. Committed checkpoints that fencing made invisible are garbage and are
+    always deleted.
+    """
+    if keep < 1:
+        raise ValueError(f"retention keep must be >= 1, got {keep}")
+    if keep_every is not None and keep_every < 1:
+        raise ValueError(f"retention keep_every must be >= 1 or None, got {keep_every}")
+    ordered = sorted(visible, key=lambda c: (c.step, c.attempt))
+    newest = set(ordered[-keep:])
+    doomed = [
+        c for c in ordered if c not in newest and not (keep_every is not None and c.step % keep_every == 0)
+    ]
+    return doomed + sorted(invisible, key=lambda c: (c.step, c.attempt))

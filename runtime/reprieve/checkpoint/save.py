@@ -1,0 +1,181 @@
+"""Save path: the blocking snapshot (device copies) and the background write of this process's shards."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from . import layout, spec
+from .metadata import CheckpointMeta, LeafMeta
+from .storage import Storage
+
+log = logging.getLogger(__name__)
+
+Region = tuple[tuple[int, int], ...]
+
+
+def region_of(index: tuple[Any, ...], shape: tuple[int, ...]) -> Region:
+    """Normalise a shard index (tuple of slices) to ((start, stop), ...)."""
+    out = []
+    for sl, n in zip(index, shape, strict=True):
+        start, stop, step = sl.indices(n)
+        if step != 1:
+            raise ValueError(f"shard index {index} has a strided slice; only contiguous shards are supported")
+        out.append((start, stop))
+    return tuple(out)
+
+
+def region_slices(region: Region) -> tuple[slice, ...]:
+    return tuple(slice(a, b) for a, b in region)
+
+
+def describe_sharding(sharding: Any) -> dict[str, Any]:
+    """What the array was saved with (for humans and debugging; restore uses the caller's sharding)."""
+    desc: dict[str, Any] = {"type": type(sharding).__name__}
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is not None and hasattr(mesh, "shape"):
+        desc["mesh"] = {str(k): int(v) for k, v in dict(mesh.shape).items()}
+    if hasattr(sharding, "spec"):
+        desc["spec"] = str(sharding.spec)
+    desc["num_devices"] = len(sharding.device_set)
+    return desc
+
+
+@dataclasses.dataclass
+class ShardCopy:
+    leaf: int  # index into Snapshot.leaves
+    region: Region
+    data: Any  # a private jax.Array copy (device copy path) or np.ndarray (host copy path)
+
+
+@dataclasses.dataclass
+class Snapshot:
+    leaves: list[LeafMeta]
+    shards: list[ShardCopy]
+    host_leaves: dict[int, np.ndarray]  # numpy leaves (written by process 0)
+    local_bytes: int
+
+
+def _is_key_array(x: jax.Array) -> bool:
+    return bool(jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key))
+
+
+def snapshot(state: Any, *, host_copy: str = "auto") -> Snapshot:
+    """Copy what this process must write, so the caller may donate or mutate ``state`` right after.
+
+    ``host_copy``: ``"device"`` dispatches an on-device copy of every owned shard (asynchronous; the
+    runtime orders it before any later donation of the source buffers); ``"host"`` copies every owned
+    shard to host memory and waits for it; ``"auto"`` is ``device`` on the CPU platform (where device
+    memory *is* host memory) and ``host`` elsewhere (accelerator memory is precious).
+    """
+    flat, _ = jax.tree_util.tree_flatten_with_path(state)
+    leaves: list[LeafMeta] = []
+    owned: list[tuple[int, Region, jax.Shard]] = []
+    host_leaves: dict[int, np.ndarray] = {}
+    array_index = 0
+    for path, leaf in flat:
+        p = jax.tree_util.keystr(path)
+        i = len(leaves)
+        if isinstance(leaf, jax.Array):
+            if _is_key_array(leaf):
+                raise TypeError(
+                    f"checkpoint leaf {p}: typed PRNG key arrays are not saved directly; "
+                    "store jax.random.key_data(key) and rebuild with jax.random.wrap_key_data"
+                )
+            shape = tuple(leaf.shape)
+            shard_shape = leaf.sharding.shard_shape(shape)
+            leaves.append(LeafMeta(
+                path=p, kind="array", index=array_index, shape=list(shape), dtype=str(leaf.dtype),
+                chunk_shape=spec.chunk_shape_for(shape, shard_shape), nbytes=int(leaf.nbytes),
+                sharding=describe_sharding(leaf.sharding),
+            ))
+            array_index += 1
+            for s in leaf.addressable_shards:
+                if s.replica_id == 0 and s.data.size > 0:
+                    owned.append((i, region_of(s.index, shape), s))
+        elif isinstance(leaf, (np.ndarray, np.generic)):
+            arr = np.array(leaf, copy=True)
+            spec.zarr_dtype(str(arr.dtype))  # fail now, not in the background
+            leaves.append(LeafMeta(
+                path=p, kind="numpy", index=array_index, shape=list(arr.shape), dtype=str(arr.dtype),
+                chunk_shape=spec.chunk_shape_for(arr.shape, arr.shape), nbytes=int(arr.nbytes),
+            ))
+            array_index += 1
+            host_leaves[i] = arr
+        elif leaf is None or isinstance(leaf, (bool, int, float, str)):
+            leaves.append(LeafMeta(path=p, kind="json", value=leaf))
+        else:
+            raise TypeError(
+                f"checkpoint leaf {p}: expected jax.Array, numpy array, or a Python scalar/str, "
+                f"got {type(leaf).__name__}"
+            )
+    mode = host_copy
+    if mode == "auto":
+        mode = "device" if jax.devices()[0].platform == "cpu" else "host"
+    if mode == "device":
+        copies = jax.device_put([s.data for _, _, s in owned], [s.device for _, _, s in owned], may_alias=False)
+    elif mode == "host":
+        for _, _, s in owned:
+            s.data.copy_to_host_async()
+        copies = [np.array(s.data, copy=True) for _, _, s in owned]
+    else:
+        raise ValueError(f"host_copy must be 'auto', 'device' or 'host', got {host_copy!r}")
+    shards = [ShardCopy(i, r, c) for (i, r, _), c in zip(owned, copies, strict=True)]
+    local = sum(int(np.prod([b - a for a, b in sc.region], dtype=np.int64)) * np.dtype(leaves[sc.leaf].dtype).itemsize
+                for sc in shards)
+    return Snapshot(leaves, shards, host_leaves, local)
+
+
+def _zarr_meta(leaf: LeafMeta) -> dict[str, Any]:
+    assert leaf.shape is not None and leaf.dtype is not None and leaf.chunk_shape is not None
+    return spec.zarr3_metadata(leaf.shape, leaf.dtype, leaf.chunk_shape)
+
+
+def write_snapshot(storage: Storage, ckpt_dir: str, snap: Snapshot, *, process_index: int) -> None:
+    """Write this process's shards (and, on process 0, every array's zarr.json and the numpy leaves)."""
+    needed = {sc.leaf for sc in snap.shards} | (set(snap.host_leaves) if process_index == 0 else set())
+    if process_index == 0:
+        needed |= {i for i, leaf in enumerate(snap.leaves) if leaf.kind == "array"}
+    opens = {}
+    for i in sorted(needed):
+        leaf = snap.leaves[i]
+        assert leaf.index is not None
+        opens[i] = storage.open_array(f"{ckpt_dir}/{layout.array_dir(leaf.index)}", _zarr_meta(leaf),
+                                      create=process_index == 0)
+    stores = {i: f.result() for i, f in opens.items()}
+    writes = []
+    for sc in snap.shards:
+        data = np.asarray(sc.data)  # device-copy path: waits for the copy (zero-copy view on CPU)
+        writes.append(stores[sc.leaf][region_slices(sc.region)].write(
+            data, can_reference_source_data_indefinitely=True))
+    if process_index == 0:
+        for i, arr in snap.host_leaves.items():
+            if arr.size:
+                writes.append(stores[i].write(arr, can_reference_source_data_indefinitely=True))
+    for w in writes:
+        w.result()
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata as md
+
+    out = {}
+    for dist in ("reprieve", "jax", "jaxlib", "tensorstore", "numpy"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = "unknown"
+    return out
+
+
+def build_metadata(step: int, attempt: int, num_processes: int, snap: Snapshot, extra: dict[str, Any]) -> CheckpointMeta:
+    return CheckpointMeta(
+        step=step, attempt=attempt, num_processes=num_processes, leaves=snap.leaves, extra=extra,
+        versions=_versions(),
+        created_unix=time.time(),
+    )

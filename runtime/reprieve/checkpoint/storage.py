@@ -1,0 +1,235 @@
+"""The one place that opens TensorStore and touches storage (filesystems and object stores).
+
+Two backends with one interface:
+
+* :class:`LocalStorage` (paths, ``file://``): data goes to ``<name>.tmp/``; commit fsyncs every
+  directory of the tree (TensorStore already fsynced each chunk file: ``file_io_sync``), renames it to
+  ``<name>/`` and fsyncs the root. Deletion renames to ``<name>.deleting/`` first, so a crash in the
+  middle of a delete never leaves a half-deleted checkpoint that looks complete.
+* :class:`ObjectStorage` (``gs://``, ``s3://``): no rename and no fsync; data goes straight under
+  ``<name>/`` and the commit is one PUT of the marker ``commits/<name>`` (single-object writes are
+  atomic on GCS and S3). Deletion removes the marker first, then the data.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from typing import Any
+
+import tensorstore as ts
+
+from . import layout, spec
+from .layout import CheckpointName, Location
+
+log = logging.getLogger(__name__)
+
+
+class Storage:
+    """Backend interface; ``data_dir`` is where a checkpoint's files go before it is committed."""
+
+    loc: Location
+
+    def __init__(self, loc: Location, *, fsync: bool = True, file_io_concurrency: int | None = None) -> None:
+        self.loc = loc
+        self.fsync = fsync
+        self.context = ts.Context(spec.context_spec(fsync=fsync, file_io_concurrency=file_io_concurrency))
+
+    # -- arrays -------------------------------------------------------------------------------------
+    def kvstore(self, subpath: str) -> dict[str, Any]:
+        return spec.kvstore_spec(self.loc, subpath)
+
+    def open_array(self, subpath: str, metadata: dict[str, Any], *, create: bool, read: bool = False) -> Any:
+        """Future of an opened zarr3 array; ``create`` writes ``zarr.json``, else metadata is assumed."""
+        s = spec.zarr3_spec(self.kvstore(subpath), metadata)
+        if create:
+            return ts.open(s, create=True, delete_existing=False, context=self.context)
+        if read:
+            return ts.open(s, open=True, assume_metadata=True, read=True, write=False, context=self.context)
+        return ts.open(s, open=True, assume_metadata=True, write=True, context=self.context)
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def data_dir(self, step: int, attempt: int) -> str:
+        raise NotImplementedError
+
+    def list_entries(self) -> list[CheckpointName]:
+        """Every checkpoint-like entry under the root: committed, tmp (unfinished) and deleting."""
+        raise NotImplementedError
+
+    def commit(self, step: int, attempt: int) -> None:
+        raise NotImplementedError
+
+    def delete(self, name: CheckpointName) -> None:
+        raise NotImplementedError
+
+    def exists(self, name: str) -> bool:
+        raise NotImplementedError
+
+    # -- small files --------------------------------------------------------------------------------
+    def write_file(self, key: str, data: bytes) -> None:
+        """Durably write one small file (metadata, fence) atomically."""
+        raise NotImplementedError
+
+    def read_file(self, key: str) -> bytes | None:
+        raise NotImplementedError
+
+    def list_dir(self, subdir: str) -> list[str]:
+        raise NotImplementedError
+
+    # -- fences -------------------------------------------------------------------------------------
+    def read_fences(self) -> dict[int, frozenset[str]]:
+        fences: dict[int, frozenset[str]] = {}
+        for fname in self.list_dir(layout.FENCES_DIR):
+            attempt = layout.parse_fence_name(fname)
+            if attempt is None:
+                continue
+            data = self.read_file(f"{layout.FENCES_DIR}/{fname}")
+            if data is None:
+                continue
+            try:
+                fences[attempt] = frozenset(json.loads(data)["visible"])
+            except (ValueError, KeyError, TypeError) as err:
+                # A fence is written atomically, so this is outside damage; fencing everything out
+                # would make every older checkpoint unusable, so name it loudly and ignore it.
+                log.error("checkpoint fence %s/%s/%s is unreadable (%s); ignoring it",
+                          self.loc.uri(), layout.FENCES_DIR, fname, err)
+        return fences
+
+    def write_fence(self, attempt: int, visible: list[str]) -> None:
+        body = json.dumps({"attempt": attempt, "visible": sorted(visible)}).encode()
+        self.write_file(f"{layout.FENCES_DIR}/{layout.fence_name(attempt)}", body)
+
+
+class LocalStorage(Storage):
+    def __init__(self, loc: Location, **kw: Any) -> None:
+        super().__init__(loc, **kw)
+        os.makedirs(loc.path, exist_ok=True)
+
+    def _p(self, *parts: str) -> str:
+        return os.path.join(self.loc.path, *parts)
+
+    def data_dir(self, step: int, attempt: int) -> str:
+        return layout.tmp_name(step, attempt)
+
+    def list_entries(self) -> list[CheckpointName]:
+        out = []
+        for entry in os.listdir(self.loc.path):
+            parsed = layout.parse_name(entry)
+            if parsed is not None:
+                out.append(parsed)
+        return out
+
+    def exists(self, name: str) -> bool:
+        return os.path.isdir(self._p(name))
+
+    def _fsync_dir(self, path: str) -> None:
+        if not self.fsync:
+            return
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def commit(self, step: int, attempt: int) -> None:
+        src = self._p(layout.tmp_name(step, attempt))
+        dst = self._p(layout.committed_name(step, attempt))
+        if self.fsync:
+            # Chunk files were fsynced by TensorStore; their directory entries were not.
+            for dirpath, _dirs, _files in os.walk(src):
+                self._fsync_dir(dirpath)
+        os.rename(src, dst)
+        self._fsync_dir(self.loc.path)
+
+    def delete(self, name: CheckpointName) -> None:
+        path = self._p(str(name))
+        if name.state == "committed":
+            doomed = self._p(layout.deleting_name(str(name)))
+            os.rename(path, doomed)
+            self._fsync_dir(self.loc.path)
+            path = doomed
+        shutil.rmtree(path, ignore_errors=True)
+
+    def write_file(self, key: str, data: bytes) -> None:
+        path = self._p(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.partial.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            if self.fsync:
+                os.fsync(f.fileno())
+        os.rename(tmp, path)
+        self._fsync_dir(os.path.dirname(path))
+
+    def read_file(self, key: str) -> bytes | None:
+        try:
+            with open(self._p(key), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def list_dir(self, subdir: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self._p(subdir)))
+        except FileNotFoundError:
+            return []
+
+
+def _prefix_range(prefix: str) -> Any:
+    lo = prefix.encode()
+    hi = lo[:-1] + bytes([lo[-1] + 1]) if lo else b""
+    return ts.KvStore.KeyRange(inclusive_min=lo, exclusive_max=hi)
+
+
+class ObjectStorage(Storage):
+    def __init__(self, loc: Location, **kw: Any) -> None:
+        super().__init__(loc, **kw)
+        self._kv = ts.KvStore.open(spec.kvstore_spec(loc), context=self.context).result()
+
+    def data_dir(self, step: int, attempt: int) -> str:
+        return layout.committed_name(step, attempt)
+
+    def _keys(self, prefix: str) -> list[str]:
+        return sorted(k.decode() for k in self._kv.list(_prefix_range(prefix)).result())
+
+    def list_entries(self) -> list[CheckpointName]:
+        committed = {k.split("/", 1)[1] for k in self._keys(layout.COMMITS_DIR + "/")}
+        tops = {k.split("/", 1)[0] for k in self._keys("step_")}
+        out = []
+        for top in sorted(tops | committed):
+            parsed = layout.parse_name(top)
+            if parsed is None or parsed.state != "committed":
+                continue
+            out.append(parsed if top in committed else CheckpointName(parsed.step, parsed.attempt, "tmp"))
+        return out
+
+    def exists(self, name: str) -> bool:
+        return self.read_file(f"{layout.COMMITS_DIR}/{name}") is not None
+
+    def commit(self, step: int, attempt: int) -> None:
+        name = layout.committed_name(step, attempt)
+        self.write_file(f"{layout.COMMITS_DIR}/{name}", name.encode())
+
+    def delete(self, name: CheckpointName) -> None:
+        if name.state == "committed":
+            self._kv.delete_range(_prefix_range(f"{layout.COMMITS_DIR}/{name.committed}")).result()
+        self._kv.delete_range(_prefix_range(name.committed + "/")).result()
+
+    def write_file(self, key: str, data: bytes) -> None:
+        self._kv.write(key, data).result()
+
+    def read_file(self, key: str) -> bytes | None:
+        res = self._kv.read(key).result()
+        return bytes(res.value) if res.state == "value" else None
+
+    def list_dir(self, subdir: str) -> list[str]:
+        prefix = subdir.strip("/") + "/"
+        return [k[len(prefix):] for k in self._keys(prefix)]
+
+
+def open_storage(uri: str, **kw: Any) -> Storage:
+    loc = layout.parse_uri(uri, os.getcwd())
+    return ObjectStorage(loc, **kw) if loc.is_object_store else LocalStorage(loc, **kw)
