@@ -1,0 +1,721 @@
+"""A process kubelet: a fake Node whose pods run as local processes (test/dev tooling).
+
+Public interface (stable; the cluster launcher and the pytest fixtures code against it)::
+
+    from localcluster.kubelet import Kubelet
+
+    kubelet = Kubelet(
+        api_client,                 # kubernetes.client.ApiClient with admin credentials
+        "node-a",                   # Node name (also kubernetes.io/hostname)
+        workdir / "node-a",         # per-node directory; pods live under <workdir>/pods/
+        labels={"pool": "tpu"},     # extra Node labels (kubernetes.io/hostname etc. are added)
+        capacity={"cpu": "8", "memory": "32Gi", "pods": "110"},  # defaults shown in DEFAULT_CAPACITY
+        sync_period=1.0,            # reconcile period (process exits and watch events wake it earlier)
+        ca_file=cluster_ca_path,    # written as ca.crt into service-account mounts if kube-root-ca.crt is absent
+        api_host="127.0.0.1",       # KUBERNETES_SERVICE_HOST seen by pods
+        api_port=6443,              # KUBERNETES_SERVICE_PORT seen by pods (default: taken from api_client's host)
+    )
+    kubelet.start()    # registers the Node (Ready), starts lease/heartbeat, node watch and pod watch threads
+    kubelet.pids()     # {"ns/pod/container": pid} of running processes
+    kubelet.log_path("ns", "pod", "container")   # where that container's stdout+stderr go
+    kubelet.stop()     # SIGKILLs its processes, stops its threads; does NOT delete the Node object
+
+or as its own process (so "the VM is gone" can be simulated by SIGKILLing it; its pods die with it)::
+
+    python -m localcluster.kubelet --kubeconfig K --node NAME --workdir DIR [--label k=v ...]
+        [--capacity cpu=8 --capacity memory=32Gi] [--ca-file F] [--sync-period 1.0]
+
+SIGTERM/SIGINT stop it like ``stop()``.
+"""
+
+from __future__ import annotations
+
+DEFAULT_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+
+import argparse
+import json
+import logging
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlparse
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from localcluster import nodespec
+from localcluster.downward import FieldRefError
+from localcluster.podip import pod_ip
+from localcluster.podspec import (
+    EnvContext,
+    LaunchPlan,
+    PodConfigError,
+    PodPaths,
+    decode_secret,
+    launch_plan,
+    mounts_for,
+    referenced_objects,
+    token_requests,
+    volume_files,
+)
+from localcluster.podstatus import ContainerFacts, pod_status, restart_delay, should_restart, terminated_state
+
+log = logging.getLogger("localcluster.kubelet")
+
+WATCH_TIMEOUT_S = 30          # server-side watch timeout; the stream is re-opened after it
+REQUEST_TIMEOUT_S = 15        # every non-watch API call
+RETRY_DELAY_S = 1.0           # after an API error in a loop
+DEFAULT_GRACE_S = 30
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _killpg(pid: int | None, sig: int) -> None:
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _write_atomic(path: Path, content: str) -> bool:
+    """Write ``content`` to ``path`` via temp file + rename; False if it already had that content."""
+    try:
+        if path.read_text() == content:
+            return False
+    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(content)
+    os.replace(tmp, path)
+    return True
+
+
+def _status_key(status: dict) -> str:
+    """Status without timestamps that change on every computation, to skip redundant patches."""
+    s = dict(status)
+    s["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in s["conditions"]]
+    return json.dumps(s, sort_keys=True)
+
+
+@dataclass
+class _Pod:
+    """Local state of one pod (by uid)."""
+
+    pod: dict
+    paths: PodPaths
+    ip: str
+    facts: list[ContainerFacts] = field(default_factory=list)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    plans: dict[str, LaunchPlan] = field(default_factory=dict)
+    objects: dict = field(default_factory=dict)
+    tokens: dict = field(default_factory=dict)
+    start_time: datetime = field(default_factory=_now)
+    launched: bool = False
+    lost: bool = False            # found running from a previous kubelet: reported failed, never started
+    gone: bool = False            # the API object is deleted
+    files_rv: str | None = None   # resourceVersion the file volumes were last written for
+    term_sent: bool = False
+    kill_at: float | None = None  # monotonic deadline for SIGKILL after SIGTERM
+    delete_sent: bool = False
+    last_status: str | None = None
+    next_restart: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        m = self.pod["metadata"]
+        return f"{m['namespace']}/{m['name']}"
+
+    @property
+    def deleting(self) -> bool:
+        return bool(self.pod["metadata"].get("deletionTimestamp"))
+
+
+class Kubelet:
+    """A fake Node whose pods run as local processes (see the module docstring for the interface)."""
+
+    def __init__(self, api_client: client.ApiClient, node_name: str, workdir: Path, *,
+                 labels: dict[str, str] | None = None, capacity: dict[str, str] | None = None,
+                 sync_period: float = 1.0, heartbeat_period: float = 10.0, ca_file: str | Path | None = None,
+                 api_host: str = "127.0.0.1", api_port: int | None = None,
+                 parent_env: dict[str, str] | None = None) -> None:
+        self.api_client = api_client
+        self.node_name = node_name
+        self.workdir = Path(workdir)
+        self.labels = dict(labels or {})
+        self.capacity = {**DEFAULT_CAPACITY, **(capacity or {})}
+        self.sync_period = sync_period
+        self.heartbeat_period = heartbeat_period
+        self.ca_file = ca_file if ca_file is not None else api_client.configuration.ssl_ca_cert
+        self.api_host = api_host
+        self.api_port = api_port if api_port is not None else (urlparse(api_client.configuration.host).port or 443)
+        env = dict(os.environ if parent_env is None else parent_env)
+        # "python" in a pod is the interpreter running the kubelet (the project's venv).
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
+        self.parent_env = env
+        self.core = client.CoreV1Api(api_client)
+        self.coord = client.CoordinationV1Api(api_client)
+        self._pods: dict[str, _Pod] = {}
+        self._lock = threading.RLock()
+        self._events: queue.Queue = queue.Queue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._node_uid: str | None = None
+        self._ready_since = _now()
+        self.node_deleted = threading.Event()
+        self.log = logging.LoggerAdapter(log, {"node": node_name})
+
+    # --- public ----------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Register the Node and start the loops. Raises ApiException if the Node cannot be registered."""
+        (self.workdir / "pods").mkdir(parents=True, exist_ok=True)
+        self._register()
+        self._renew_lease()
+        for target in (self._sync_loop, self._pod_watch_loop, self._node_watch_loop, self._heartbeat_loop):
+            t = threading.Thread(target=target, name=f"kubelet-{self.node_name}-{target.__name__}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        self.log.info("node %s registered (workdir %s)", self.node_name, self.workdir)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGKILL every process of this node and stop the loops (the Node object stays)."""
+        self._stop.set()
+        self._wake.set()
+        self._kill_all()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            if t is not threading.current_thread():
+                # Watch threads may sit in a blocking read until the server-side timeout; they are daemons.
+                t.join(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+
+    def pids(self) -> dict[str, int]:
+        """``{"ns/pod/container": pid}`` of the processes running now."""
+        with self._lock:
+            return {f"{st.key}/{name}": p.pid for st in self._pods.values() for name, p in st.procs.items()
+                    if p.poll() is None}
+
+    def log_path(self, namespace: str, name: str, container: str | None = None) -> Path | None:
+        """Where a container's stdout+stderr are written (the kubectl logs API is not served)."""
+        return find_log(self.workdir, namespace, name, container)
+
+    # --- node ------------------------------------------------------------------------------------------------
+
+    def _register(self) -> None:
+        body = nodespec.node_object(self.node_name, self.labels, self.capacity, _now())
+        try:
+            node = self.core.create_node(body, _request_timeout=REQUEST_TIMEOUT_S)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            # Re-registration: add our labels, leave everything else (taints, other labels) alone.
+            node = self.core.patch_node(self.node_name, {"metadata": {"labels": body["metadata"]["labels"]}},
+                                        _request_timeout=REQUEST_TIMEOUT_S)
+        self._node_uid = node.metadata.uid
+        self._post_node_status()
+
+    def _post_node_status(self) -> None:
+        status = nodespec.node_status(self.node_name, self.capacity, _now(), self._ready_since)
+        self.core.patch_node_status(self.node_name, {"status": status}, _request_timeout=REQUEST_TIMEOUT_S)
+
+    def _renew_lease(self) -> None:
+        body = nodespec.lease_object(self.node_name, self._node_uid, _now())
+        try:
+            self.coord.patch_namespaced_lease(self.node_name, nodespec.LEASE_NAMESPACE, {"spec": body["spec"]},
+                                              _request_timeout=REQUEST_TIMEOUT_S)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            self.coord.create_namespaced_lease(nodespec.LEASE_NAMESPACE, body, _request_timeout=REQUEST_TIMEOUT_S)
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_period):
+            try:
+                self._renew_lease()
+                self._post_node_status()
+            except ApiException as e:
+                if e.status == 404 and self._node_gone():
+                    return
+                self.log.warning("heartbeat of node %s failed: %s %s", self.node_name, e.status, e.reason)
+            except Exception as e:  # noqa: BLE001 - a heartbeat error must never kill the loop
+                self.log.warning("heartbeat of node %s failed: %r", self.node_name, e)
+
+    def _node_gone(self) -> bool:
+        """Confirm the Node is deleted; if so, act like the VM vanished. Returns whether it is gone."""
+        try:
+            self.core.read_node(self.node_name, _request_timeout=REQUEST_TIMEOUT_S)
+            return False
+        except ApiException as e:
+            if e.status != 404:
+                return False
+        self._on_node_deleted()
+        return True
+
+    def _on_node_deleted(self) -> None:
+        if self.node_deleted.is_set():
+            return
+        self.node_deleted.set()
+        self.log.warning("node %s was deleted: killing all its processes (the VM is gone)", self.node_name)
+        self._stop.set()
+        self._kill_all()
+        self._wake.set()
+
+    def _node_watch_loop(self) -> None:
+        selector = f"metadata.name={self.node_name}"
+        while not self._stop.is_set():
+            try:
+                w = watch.Watch()
+                for ev in w.stream(self.core.list_node, field_selector=selector, timeout_seconds=WATCH_TIMEOUT_S,
+                                   _request_timeout=WATCH_TIMEOUT_S + 10):
+                    if ev["type"] == "DELETED":
+                        self._on_node_deleted()
+                    if self._stop.is_set():
+                        w.stop()
+                        break
+                # A list/watch that ends without the node (deleted while we were not watching):
+                if not self._stop.is_set():
+                    nodes = self.core.list_node(field_selector=selector, _request_timeout=REQUEST_TIMEOUT_S)
+                    if not nodes.items:
+                        self._on_node_deleted()
+            except Exception as e:  # noqa: BLE001
+                if not self._stop.is_set():
+                    self.log.info("node watch of %s restarting after: %r", self.node_name, e)
+                    self._stop.wait(RETRY_DELAY_S)
+
+    def _kill_all(self) -> None:
+        with self._lock:
+            for st in self._pods.values():
+                for p in st.procs.values():
+                    _killpg(p.pid, signal.SIGKILL)
+
+    # --- pod watch -------------------------------------------------------------------------------------------
+
+    def _pod_watch_loop(self) -> None:
+        selector = f"spec.nodeName={self.node_name}"
+        rv: str | None = None
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    resp = self.core.list_pod_for_all_namespaces(field_selector=selector, _preload_content=False,
+                                                                 _request_timeout=REQUEST_TIMEOUT_S)
+                    data = json.loads(resp.data)
+                    rv = data["metadata"]["resourceVersion"]
+                    self._events.put(("LIST", data["items"]))
+                    self._wake.set()
+                w = watch.Watch()
+                for ev in w.stream(self.core.list_pod_for_all_namespaces, field_selector=selector,
+                                   resource_version=rv, allow_watch_bookmarks=True,
+                                   timeout_seconds=WATCH_TIMEOUT_S, _request_timeout=WATCH_TIMEOUT_S + 10):
+                    obj = ev["raw_object"]
+                    rv = obj["metadata"].get("resourceVersion", rv)
+                    if ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        self._events.put((ev["type"], obj))
+                        self._wake.set()
+                    if self._stop.is_set():
+                        w.stop()
+                        break
+            except ApiException as e:
+                rv = None  # 410 Gone (too old) or anything else: relist
+                if not self._stop.is_set() and e.status != 410:
+                    self.log.info("pod watch on %s restarting after: %s %s", self.node_name, e.status, e.reason)
+                    self._stop.wait(RETRY_DELAY_S)
+            except Exception as e:  # noqa: BLE001
+                rv = None
+                if not self._stop.is_set():
+                    self.log.info("pod watch on %s restarting after: %r", self.node_name, e)
+                    self._stop.wait(RETRY_DELAY_S)
+
+    def _drain_events(self) -> None:
+        while True:
+            try:
+                kind, obj = self._events.get_nowait()
+            except queue.Empty:
+                return
+            with self._lock:
+                if kind == "LIST":
+                    present = {p["metadata"]["uid"] for p in obj}
+                    for uid, st in self._pods.items():
+                        if uid not in present:
+                            st.gone = True
+                    for p in obj:
+                        self._upsert(p)
+                elif kind == "DELETED":
+                    st = self._pods.get(obj["metadata"]["uid"])
+                    if st is not None:
+                        st.pod, st.gone = obj, True
+                else:
+                    self._upsert(obj)
+
+    def _upsert(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        st = self._pods.get(meta["uid"])
+        if st is None:
+            paths = PodPaths.of(self.workdir, meta["namespace"], meta["name"], meta["uid"])
+            self._pods[meta["uid"]] = _Pod(pod=pod, paths=paths, ip=pod_ip(pod))
+        else:
+            st.pod = pod
+
+    # --- pod sync --------------------------------------------------------------------------------------------
+
+    def _sync_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.sync_period)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            self._drain_events()
+            with self._lock:
+                pods = list(self._pods.items())
+            for uid, st in pods:
+                if self._stop.is_set():
+                    break
+                try:
+                    self._sync_pod(uid, st)
+                except Exception:
+                    self.log.exception("sync of pod %s on %s failed", st.key, self.node_name)
+
+    def _sync_pod(self, uid: str, st: _Pod) -> None:
+        if st.gone:
+            for p in st.procs.values():
+                _killpg(p.pid, signal.SIGKILL)
+            with self._lock:
+                self._pods.pop(uid, None)
+            self.log.info("pod %s removed from the API; processes killed", st.key)
+            return
+        if st.deleting:
+            self._sync_deleting(st)
+            return
+        status = st.pod.get("status") or {}
+        if not st.launched:
+            if status.get("phase") in ("Succeeded", "Failed") or st.lost:
+                return
+            if status.get("phase") == "Running" or any(
+                    "running" in (c.get("state") or {}) for c in status.get("containerStatuses") or []):
+                self._mark_lost(st)
+                return
+            self._launch(st)
+        else:
+            self._refresh_files(st)
+            self._check_exits(st, restart=True)
+        self._report(st)
+
+    def _sync_deleting(self, st: _Pod) -> None:
+        if st.launched:
+            self._check_exits(st, restart=False)
+            running = [p for p in st.procs.values() if p.poll() is None]
+            if running:
+                if not st.term_sent:
+                    meta, spec = st.pod["metadata"], st.pod["spec"]
+                    grace = meta.get("deletionGracePeriodSeconds")
+                    if grace is None:
+                        grace = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S)
+                    self.log.info("pod %s deleted: SIGTERM, SIGKILL in %ss", st.key, grace)
+                    for p in running:
+                        _killpg(p.pid, signal.SIGTERM)
+                    st.term_sent, st.kill_at = True, time.monotonic() + float(grace)
+                elif st.kill_at is not None and time.monotonic() >= st.kill_at:
+                    self.log.info("pod %s: grace period over, SIGKILL", st.key)
+                    for p in running:
+                        _killpg(p.pid, signal.SIGKILL)
+                    st.kill_at = None
+                return
+            for p in st.procs.values():
+                _killpg(p.pid, signal.SIGKILL)  # leftovers of the process groups
+            self._report(st, deleting=True)
+        if not st.delete_sent:
+            meta = st.pod["metadata"]
+            try:
+                self.core.delete_namespaced_pod(
+                    meta["name"], meta["namespace"],
+                    body={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
+                    _request_timeout=REQUEST_TIMEOUT_S)
+            except ApiException as e:
+                if e.status not in (404, 409):
+                    raise
+            st.delete_sent = True
+
+    def _mark_lost(self, st: _Pod) -> None:
+        """A pod this kubelet did not start claims to run here (kubelet restart): report it failed."""
+        now = _now()
+        st.facts = [ContainerFacts(name=c["name"], image=c.get("image", ""), started_at=now, returncode=137,
+                                   finished_at=now, reason="ContainerStatusUnknown",
+                                   message="The container could not be located when the pod was terminated")
+                    for c in st.pod["spec"]["containers"]]
+        st.lost = True
+        self.log.warning("pod %s was running before this kubelet started: reported Failed", st.key)
+        self._report(st, deleting=True)
+
+    def _report(self, st: _Pod, deleting: bool = False) -> None:
+        if not st.facts:
+            return
+        status = pod_status(st.pod, st.facts, pod_ip=st.ip, host_ip=nodespec.HOST_IP, start_time=st.start_time,
+                            now=_now(), deleting=deleting)
+        key = _status_key(status)
+        if key == st.last_status:
+            return
+        meta = st.pod["metadata"]
+        try:
+            self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status},
+                                                  _request_timeout=REQUEST_TIMEOUT_S)
+            st.last_status = key
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    # --- launching -------------------------------------------------------------------------------------------
+
+    def _launch(self, st: _Pod) -> None:
+        pod = st.pod
+        spec = pod["spec"]
+        if not st.facts:
+            st.facts = [ContainerFacts(name=c["name"], image=c.get("image", "")) for c in spec["containers"]]
+            if spec.get("initContainers"):
+                self.log.warning("pod %s: init containers are not run by the process kubelet", st.key)
+        try:
+            self._prepare_volumes(st)
+            ctx = EnvContext(node_name=self.node_name, pod_ip=st.ip, api_host=self.api_host,
+                             api_port=self.api_port, parent_env=self.parent_env, subdomains=self._subdomains(pod))
+            st.plans = {c["name"]: launch_plan(pod, c, st.paths, ctx, st.objects) for c in spec["containers"]}
+        except (PodConfigError, FieldRefError) as e:
+            if st.facts[0].waiting_message != str(e):
+                self.log.warning("%s", e)
+            for f in st.facts:
+                f.waiting_reason, f.waiting_message = "CreateContainerConfigError", str(e)
+            return
+        st.paths.log(st.facts[0].name).parent.mkdir(parents=True, exist_ok=True)
+        for f in st.facts:
+            f.waiting_reason = f.waiting_message = None
+            self._start_process(st, f)
+        st.launched = True
+
+    def _subdomains(self, pod: dict) -> set[str]:
+        names = {pod["spec"]["subdomain"]} if pod["spec"].get("subdomain") else set()
+        try:
+            services = self.core.list_namespaced_service(pod["metadata"]["namespace"],
+                                                         _request_timeout=REQUEST_TIMEOUT_S)
+            names |= {s.metadata.name for s in services.items}
+        except ApiException as e:
+            self.log.info("cannot list services for DNS names: %s %s", e.status, e.reason)
+        return names
+
+    def _fetch_objects(self, pod: dict) -> dict:
+        ns = pod["metadata"]["namespace"]
+        objects: dict = {}
+        for kind, name in referenced_objects(pod):
+            try:
+                if kind == "ConfigMap":
+                    cm = self.core.read_namespaced_config_map(name, ns, _request_timeout=REQUEST_TIMEOUT_S)
+                    objects[(kind, name)] = dict(cm.data or {})
+                else:
+                    secret = self.core.read_namespaced_secret(name, ns, _request_timeout=REQUEST_TIMEOUT_S)
+                    objects[(kind, name)] = decode_secret(secret.data)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        return objects
+
+    def _request_token(self, pod: dict, audience: str, expiration: int) -> str:
+        meta = pod["metadata"]
+        spec: dict = {"expirationSeconds": expiration,
+                      "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}}
+        if audience:
+            spec["audiences"] = [audience]
+        sa = pod["spec"].get("serviceAccountName") or "default"
+        resp = self.core.create_namespaced_service_account_token(
+            sa, meta["namespace"], {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+            _request_timeout=REQUEST_TIMEOUT_S)
+        return resp.status.token
+
+    def _ca_pem(self) -> str | None:
+        try:
+            return Path(self.ca_file).read_text() if self.ca_file else None
+        except OSError:
+            return None
+
+    def _write_volume_files(self, st: _Pod, only_dynamic: bool) -> None:
+        for v in st.pod["spec"].get("volumes") or []:
+            if only_dynamic and "downwardAPI" not in v and "projected" not in v:
+                continue
+            files = volume_files(st.pod, v, objects=st.objects, tokens=st.tokens, pod_ip=st.ip,
+                                 node_name=self.node_name, ca_pem=self._ca_pem())
+            if files is None:
+                continue
+            d = st.paths.volume(v["name"])
+            d.mkdir(parents=True, exist_ok=True)
+            for rel, content in files.items():
+                _write_atomic(d / rel, content)
+        st.files_rv = st.pod["metadata"].get("resourceVersion")
+
+    def _prepare_volumes(self, st: _Pod) -> None:
+        pod = st.pod
+        st.objects = self._fetch_objects(pod)
+        st.tokens = {req: self._request_token(pod, *req) for req in token_requests(pod)}
+        for v in pod["spec"].get("volumes") or []:
+            if "emptyDir" in v:
+                st.paths.volume(v["name"]).mkdir(parents=True, exist_ok=True)
+            elif "hostPath" in v:
+                path, kind = Path(v["hostPath"]["path"]), v["hostPath"].get("type") or ""
+                if kind in ("", "DirectoryOrCreate"):
+                    path.mkdir(parents=True, exist_ok=True)
+                elif kind == "FileOrCreate":
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.touch(exist_ok=True)
+                elif not path.exists():
+                    raise PodConfigError(f"Pod {st.key}: hostPath {path} of type {kind} does not exist")
+        self._write_volume_files(st, only_dynamic=False)
+        st.paths.root.mkdir(parents=True, exist_ok=True)
+        for c in pod["spec"]["containers"]:
+            for m in mounts_for(pod, c, st.paths):
+                if not m.target.exists():
+                    m.target.mkdir(parents=True, exist_ok=True)  # a subPath
+                if m.link.is_symlink() or m.link.exists():
+                    continue
+                m.link.parent.mkdir(parents=True, exist_ok=True)
+                m.link.symlink_to(m.target)
+
+    def _refresh_files(self, st: _Pod) -> None:
+        """Rewrite downwardAPI/projected files when the pod changed (annotations, labels)."""
+        if st.pod["metadata"].get("resourceVersion") == st.files_rv:
+            return
+        try:
+            self._write_volume_files(st, only_dynamic=True)
+        except (PodConfigError, FieldRefError, OSError) as e:
+            self.log.warning("pod %s: cannot refresh volume files: %s", st.key, e)
+
+    def _start_process(self, st: _Pod, f: ContainerFacts) -> None:
+        plan = st.plans[f.name]
+        argv0 = plan.argv[0]
+        exe = argv0 if "/" in argv0 else shutil.which(argv0, path=plan.env.get("PATH", ""))
+        now = _now()
+        f.started_at, f.finished_at, f.returncode, f.reason, f.message = now, None, None, None, None
+        log_file = st.paths.log(f.name)
+        if exe is None or not os.access(exe, os.X_OK):
+            f.pid, f.returncode, f.finished_at, f.reason = None, 128, now, "StartError"
+            f.message = f'exec: "{argv0}": executable file not found in $PATH'
+            with open(log_file, "a") as out:
+                out.write(f.message + "\n")
+            self.log.warning("pod %s container %s: %s", st.key, f.name, f.message)
+            return
+        plan.cwd.mkdir(parents=True, exist_ok=True)
+        with open(log_file, "ab") as out:
+            # setpriv execs the command in the same process, so the pid is the pod process's.
+            proc = subprocess.Popen([*_DIE_WITH_PARENT, exe, *plan.argv[1:]], env=plan.env, cwd=plan.cwd,
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        f.pid = proc.pid
+        st.procs[f.name] = proc
+        self.log.info("pod %s container %s: pid %d ip %s: %s", st.key, f.name, proc.pid, st.ip,
+                      " ".join(plan.argv)[:200])
+        threading.Thread(target=self._wait_process, args=(proc,), daemon=True,
+                         name=f"wait-{proc.pid}").start()
+
+    def _wait_process(self, proc: subprocess.Popen) -> None:
+        try:
+            proc.wait()
+        finally:
+            self._wake.set()
+
+    def _check_exits(self, st: _Pod, restart: bool) -> None:
+        for f in st.facts:
+            proc = st.procs.get(f.name)
+            if proc is not None and f.returncode is None and f.started_at is not None:
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                f.returncode, f.finished_at = rc, _now()
+                _killpg(proc.pid, signal.SIGKILL)  # like a container: its other processes go with it
+                self.log.info("pod %s container %s exited: %s", st.key, f.name, f.exit_code)
+            if not restart or not should_restart(st.pod["spec"].get("restartPolicy") or "Always", f):
+                continue
+            due = st.next_restart.setdefault(f.name, time.monotonic() + restart_delay(f.restart_count))
+            if time.monotonic() >= due:
+                del st.next_restart[f.name]
+                f.last_terminated = terminated_state(f)
+                f.restart_count += 1
+                self._start_process(st, f)
+
+
+# --- helpers for processes, logs and the command line ---------------------------------------------------------
+
+def _die_with_parent_prefix() -> list[str]:
+    """``setpriv --pdeathsig KILL --``: the pod's process gets SIGKILL when the kubelet dies (a SIGKILLed
+    kubelet is a vanished VM). Without util-linux's setpriv, pods outlive a SIGKILLed kubelet."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        log.warning("setpriv not found: pod processes will outlive a SIGKILLed kubelet")
+        return []
+    return [setpriv, "--pdeathsig", "KILL", "--"]
+
+
+_DIE_WITH_PARENT = _die_with_parent_prefix()
+
+
+def find_log(workdir: str | Path, namespace: str, name: str, container: str | None = None) -> Path | None:
+    """The log file of the newest pod ``namespace/name`` under a kubelet ``workdir`` (None if none).
+
+    ``container`` defaults to the only (or alphabetically first) container with a log.
+    """
+    pods = sorted((Path(workdir) / "pods" / namespace).glob(f"{name}-*"), key=lambda p: p.stat().st_mtime)
+    pods = [p for p in pods if p.name[len(name) + 1:].isalnum() and len(p.name) == len(name) + 9]
+    if not pods:
+        return None
+    logs = pods[-1] / "logs"
+    if container is not None:
+        return logs / f"{container}.log"
+    found = sorted(logs.glob("*.log"))
+    return found[0] if found else None
+
+
+def _parse_pairs(pairs: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"kubelet: {what} must be KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m localcluster.kubelet", description=__doc__.split("\n")[0])
+    parser.add_argument("--kubeconfig", required=True, help="admin kubeconfig of the cluster")
+    parser.add_argument("--node", required=True, help="Node name")
+    parser.add_argument("--workdir", required=True, help="directory for this node's pods")
+    parser.add_argument("--label", action="append", default=[], help="extra Node label KEY=VALUE (repeatable)")
+    parser.add_argument("--capacity", action="append", default=[], help="capacity RESOURCE=QUANTITY (repeatable)")
+    parser.add_argument("--ca-file", default=None, help="cluster CA (default: the kubeconfig's)")
+    parser.add_argument("--sync-period", type=float, default=1.0)
+    parser.add_argument("--heartbeat-period", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s kubelet[{args.node}] %(levelname)s %(message)s")
+    from kubernetes import config
+
+    api_client = config.new_client_from_config(config_file=args.kubeconfig)
+    kubelet = Kubelet(api_client, args.node, Path(args.workdir), labels=_parse_pairs(args.label, "--label"),
+                      capacity=_parse_pairs(args.capacity, "--capacity"), sync_period=args.sync_period,
+                      heartbeat_period=args.heartbeat_period, ca_file=args.ca_file)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    kubelet.start()
+    while not done.wait(1.0) and not kubelet.node_deleted.is_set():
+        pass
+    kubelet.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

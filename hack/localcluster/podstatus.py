@@ -1,0 +1,170 @@
+"""Pod status as the process kubelet reports it (pure): container states, phase, conditions.
+
+Exit codes follow container runtimes: a process killed by signal N reports ``exitCode: 128+N`` (SIGTERM 143,
+SIGKILL 137) with ``signal: N``; reason ``Completed`` for 0, ``Error`` otherwise.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+
+def rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def micro_time(t: datetime) -> str:
+    """Kubernetes MicroTime (leases): microsecond precision, UTC."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class ContainerFacts:
+    """What the kubelet knows about one container's process."""
+
+    name: str
+    image: str = ""
+    pid: int | None = None
+    started_at: datetime | None = None
+    returncode: int | None = None     # Popen.returncode: >= 0 exit code, < 0 killed by signal -N
+    finished_at: datetime | None = None
+    restart_count: int = 0
+    last_terminated: dict | None = None
+    waiting_reason: str | None = None  # e.g. CreateContainerConfigError, ContainerCreating
+    waiting_message: str | None = None
+    reason: str | None = None          # overrides Completed/Error (e.g. StartError, ContainerStatusUnknown)
+    message: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.started_at is not None and self.returncode is None
+
+    @property
+    def exit_code(self) -> int | None:
+        if self.returncode is None:
+            return None
+        return 128 - self.returncode if self.returncode < 0 else self.returncode
+
+
+def terminated_state(f: ContainerFacts) -> dict:
+    """The ``state.terminated`` of a finished container."""
+    code = f.exit_code
+    assert code is not None, f"container {f.name} has not finished"
+    state: dict = {
+        "exitCode": code,
+        "reason": "Completed" if code == 0 else "Error",
+        "containerID": f"process://{f.pid}",
+    }
+    if f.returncode is not None and f.returncode < 0:
+        state["signal"] = -f.returncode
+        try:
+            state["message"] = f"killed by signal {_signal.Signals(-f.returncode).name}"
+        except ValueError:
+            state["message"] = f"killed by signal {-f.returncode}"
+    if f.reason:
+        state["reason"] = f.reason
+    if f.message:
+        state["message"] = f.message
+    if f.started_at:
+        state["startedAt"] = rfc3339(f.started_at)
+    if f.finished_at:
+        state["finishedAt"] = rfc3339(f.finished_at)
+    return state
+
+
+def container_status(f: ContainerFacts) -> dict:
+    status: dict = {
+        "name": f.name,
+        "image": f.image or "none",
+        "imageID": "",
+        "restartCount": f.restart_count,
+        "ready": f.running,
+        "started": f.running,
+    }
+    if f.running:
+        status["containerID"] = f"process://{f.pid}"
+        status["state"] = {"running": {"startedAt": rfc3339(f.started_at)}}  # type: ignore[arg-type]
+    elif f.returncode is not None:
+        status["containerID"] = f"process://{f.pid}"
+        status["state"] = {"terminated": terminated_state(f)}
+    else:
+        waiting = {"reason": f.waiting_reason or "ContainerCreating"}
+        if f.waiting_message:
+            waiting["message"] = f.waiting_message
+        status["state"] = {"waiting": waiting}
+    if f.last_terminated:
+        status["lastState"] = {"terminated": f.last_terminated}
+    return status
+
+
+def pod_phase(restart_policy: str, facts: list[ContainerFacts], *, deleting: bool = False) -> str:
+    """Kubernetes pod phase from the containers' states.
+
+    ``deleting``: the pod is being deleted and its processes are gone; like the real kubelet (>= 1.27) it
+    gets a terminal phase whatever its restartPolicy.
+    """
+    if not facts or any(f.started_at is None for f in facts):
+        return "Pending"
+    if any(f.running for f in facts):
+        return "Running"
+    all_ok = all(f.exit_code == 0 for f in facts)
+    if deleting:
+        return "Succeeded" if all_ok else "Failed"
+    if restart_policy == "Always":
+        return "Running"
+    if restart_policy == "OnFailure":
+        return "Succeeded" if all_ok else "Running"
+    return "Succeeded" if all_ok else "Failed"
+
+
+def should_restart(restart_policy: str, f: ContainerFacts) -> bool:
+    """Whether a finished container is started again (the pod is not being deleted)."""
+    if f.returncode is None:
+        return False
+    return restart_policy == "Always" or (restart_policy == "OnFailure" and f.exit_code != 0)
+
+
+def restart_delay(restart_count: int) -> float:
+    """Back-off before restart number ``restart_count + 1`` (kubelet: 10 s doubling to 300 s; here 1 s to 10 s)."""
+    return float(min(10, 2 ** restart_count))
+
+
+def _condition(kind: str, ok: bool, now: str, old: dict[str, dict], reason: str | None = None) -> dict:
+    value = "True" if ok else "False"
+    prev = old.get(kind)
+    since = prev["lastTransitionTime"] if prev and prev.get("status") == value and prev.get(
+        "lastTransitionTime") else now
+    cond = {"type": kind, "status": value, "lastTransitionTime": since, "lastProbeTime": None}
+    if reason and not ok:
+        cond["reason"] = reason
+    return cond
+
+
+def pod_status(pod: dict, facts: list[ContainerFacts], *, pod_ip: str, host_ip: str, start_time: datetime,
+               now: datetime, deleting: bool = False) -> dict:
+    """The ``status`` to patch (strategic merge) for ``pod`` given its containers' facts."""
+    spec = pod.get("spec") or {}
+    phase = pod_phase(spec.get("restartPolicy") or "Always", facts, deleting=deleting)
+    old = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
+    ts = rfc3339(now)
+    terminal = phase in ("Succeeded", "Failed")
+    ready = phase == "Running" and all(f.running for f in facts)
+    not_ready_reason = "PodCompleted" if terminal else "ContainersNotReady"
+    started = any(f.started_at is not None for f in facts)
+    return {
+        "phase": phase,
+        "podIP": pod_ip,
+        "podIPs": [{"ip": pod_ip}],
+        "hostIP": host_ip,
+        "hostIPs": [{"ip": host_ip}],
+        "startTime": rfc3339(start_time),
+        "conditions": [
+            _condition("PodReadyToStartContainers", not terminal, ts, old),
+            _condition("Initialized", True, ts, old),
+            _condition("ContainersReady", ready, ts, old, not_ready_reason if started else "ContainersNotReady"),
+            _condition("Ready", ready, ts, old, not_ready_reason if started else "ContainersNotReady"),
+        ],
+        "containerStatuses": [container_status(f) for f in facts],
+    }
