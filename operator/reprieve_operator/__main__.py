@@ -1,0 +1,43 @@
+"""``reprieve-operator`` / ``python -m reprieve_operator``: run the operator (kopf, standalone)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+import kopf
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="reprieve-operator", description=__doc__)
+    p.add_argument("--namespace", "-n", action="append", default=[],
+                   help="namespace to watch (repeatable; globs allowed); default: all namespaces")
+    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("REPRIEVE_METRICS_PORT", "8080")),
+                   help="Prometheus /metrics port (0 disables)")
+    p.add_argument("--liveness-port", type=int, default=int(os.environ.get("REPRIEVE_HEALTH_PORT", "0")),
+                   help="serve kopf's /healthz on this port (0 disables)")
+    p.add_argument("--log-level", default=os.environ.get("REPRIEVE_LOG_LEVEL", "INFO"))
+    p.add_argument("--signals-json", default=None,
+                   help="signal table as JSON (default: $REPRIEVE_SIGNALS_JSON, else built-in defaults)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from . import main as registration  # noqa: F401  (registers the handlers)
+
+    memo = kopf.Memo(metrics_port=args.metrics_port, signals_json=args.signals_json)
+    kopf.run(
+        standalone=True,  # one replica (Deployment strategy Recreate); no peering objects needed
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
+        memo=memo,
+    )
+
+
+if __name__ == "__main__":
+    main()

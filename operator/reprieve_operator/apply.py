@@ -1,0 +1,142 @@
+"""The one I/O adapter: idempotent create/delete/patch against the Kubernetes API.
+
+409 Conflict/AlreadyExists on create and 404 on delete are expected when a reconcile repeats after an
+operator restart or a stale read; they are logged at INFO and treated as done. Everything else raises.
+The kubernetes client is synchronous; async callers use :func:`run` to keep the event loop free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from .models import GROUP, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Api:
+    """The typed API groups the operator uses, sharing one ApiClient."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.rbac = client.RbacAuthorizationV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.events = client.EventsV1Api(api_client)
+
+
+async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kwargs))
+
+
+def _create_fn(api: Api, kind: str) -> Callable[..., Any]:
+    return {
+        "Pod": api.core.create_namespaced_pod,
+        "Service": api.core.create_namespaced_service,
+        "ServiceAccount": api.core.create_namespaced_service_account,
+        "Role": api.rbac.create_namespaced_role,
+        "RoleBinding": api.rbac.create_namespaced_role_binding,
+    }[kind]
+
+
+def create(api: Api, obj: dict[str, Any]) -> bool:
+    """Create ``obj``; False (logged at INFO) if it already exists."""
+    meta = obj["metadata"]
+    try:
+        _create_fn(api, obj["kind"])(meta["namespace"], obj)
+        return True
+    except ApiException as err:
+        if err.status == 409:
+            log.info("%s %s/%s already exists; leaving it", obj["kind"], meta["namespace"], meta["name"])
+            return False
+        raise
+
+
+def delete_pod(api: Api, namespace: str, name: str) -> bool:
+    """Delete a pod (default grace, so the runtime still gets SIGTERM); False if already gone."""
+    try:
+        api.core.delete_namespaced_pod(name, namespace)
+        return True
+    except ApiException as err:
+        if err.status == 404:
+            log.info("pod %s/%s already gone", namespace, name)
+            return False
+        raise
+
+
+def annotate_pod(api: Api, namespace: str, name: str, annotations: dict[str, str | None]) -> bool:
+    try:
+        api.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+        return True
+    except ApiException as err:
+        if err.status == 404:
+            log.info("pod %s/%s gone before it could be annotated", namespace, name)
+            return False
+        raise
+
+
+def list_job_pods(api: Api, namespace: str, job: str) -> list[dict[str, Any]]:
+    from . import LABEL_JOB
+
+    pods = api.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}")
+    return [api.client.sanitize_for_serialization(p) for p in pods.items]
+
+
+def get_job(api: Api, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return api.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)  # type: ignore[no-any-return]
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def patch_job_status(api: Api, namespace: str, name: str, status: dict[str, Any]) -> bool:
+    """Merge-patch ``status`` (status subresource); False if the job is gone."""
+    try:
+        api.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                         {"status": status})
+        return True
+    except ApiException as err:
+        if err.status == 404:
+            log.info("TrainingJob %s/%s gone before its status could be written", namespace, name)
+            return False
+        raise
+
+
+def post_event(api: Api, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+    """Post a core/v1 Event on ``obj`` (ref: apiVersion, kind, name, namespace, uid); failures only logged."""
+    now = datetime.now(UTC)
+    ns = obj["namespace"]
+    body = {
+        "metadata": {"generateName": f"{obj['name']}.", "namespace": ns},
+        "involvedObject": {k: obj[k] for k in ("apiVersion", "kind", "name", "namespace", "uid") if obj.get(k)},
+        "reason": reason,
+        "message": message[:1024],
+        "type": type_,
+        "source": {"component": "reprieve-operator"},
+        "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "count": 1,
+    }
+    try:
+        api.core.create_namespaced_event(ns, body)
+    except ApiException as err:
+        log.info("could not post event %s on %s %s/%s: %s", reason, obj.get("kind"), ns, obj["name"], err.reason)
+
+
+async def gather(calls: Iterable[Callable[[], T]]) -> list[T]:
+    """Run blocking calls concurrently in the executor; the first error is raised after all finish."""
+    results = await asyncio.gather(*(run(c) for c in calls), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results  # type: ignore[return-value]

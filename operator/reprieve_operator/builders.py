@@ -1,0 +1,152 @@
+"""Pure builders for the objects a TrainingJob owns: worker pods, the headless Service, the worker identity.
+
+Everything here follows ``docs/contract.md`` ("Worker pods", "Identity and RBAC of worker pods").
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+from . import ANNOTATION_NOTICE, LABEL_ATTEMPT, LABEL_INDEX, LABEL_JOB
+from .models import GROUP, KIND, VERSION, TrainingJob
+
+NOTICE_DIR = "/etc/reprieve"
+NOTICE_FILE = f"{NOTICE_DIR}/annotations"
+SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+PODINFO_VOLUME = "reprieve-podinfo"
+
+
+def owner_reference(job: TrainingJob) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": job.name, "uid": job.uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def pod_name(job: TrainingJob, index: int) -> str:
+    return f"{job.name}-{index}"
+
+
+def worker_service_account(job: TrainingJob) -> str:
+    """The pods' ServiceAccount: the user's if the template names one, else ``<job>-worker``."""
+    return str(job.spec.template.get("spec", {}).get("serviceAccountName") or f"{job.name}-worker")
+
+
+def owns_identity(job: TrainingJob) -> bool:
+    return not job.spec.template.get("spec", {}).get("serviceAccountName")
+
+
+def job_labels(job: TrainingJob) -> dict[str, str]:
+    return {LABEL_JOB: job.name}
+
+
+def worker_env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Any]]:
+    s = job.spec
+    plain = {
+        "REPRIEVE_JOB": job.name,
+        "REPRIEVE_NAMESPACE": job.namespace,
+        "REPRIEVE_NUM_PROCESSES": str(s.replicas),
+        "REPRIEVE_PROCESS_ID": str(index),
+        "REPRIEVE_COORDINATOR_ADDRESS": f"{job.name}-0.{job.name}.{job.namespace}.svc:{s.coordinator_port}",
+        "REPRIEVE_CHECKPOINT_URI": s.checkpoint.uri,
+        "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": str(s.checkpoint.interval_steps),
+        "REPRIEVE_CHECKPOINT_KEEP": str(s.checkpoint.keep),
+        "REPRIEVE_ATTEMPT": str(attempt),
+        "REPRIEVE_RESTART_EXIT_CODE": str(s.restart_policy.restart_exit_code),
+        "REPRIEVE_NOTICE_FILE": NOTICE_FILE,
+        "REPRIEVE_TERMINATION_GRACE_SECONDS": str(s.termination_grace_period_seconds),
+        "REPRIEVE_SERVICEACCOUNT_DIR": SERVICEACCOUNT_DIR,
+    }
+    env: list[dict[str, Any]] = [
+        {"name": "REPRIEVE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "REPRIEVE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    env += [{"name": k, "value": v} for k, v in plain.items()]
+    return env
+
+
+def _exclude_nodes(affinity: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
+    """Add ``metadata.name NotIn nodes`` to every required node selector term (terms are ORed)."""
+    affinity = copy.deepcopy(affinity)
+    required = affinity.setdefault("nodeAffinity", {}).setdefault(
+        "requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    expr = {"key": "metadata.name", "operator": "NotIn", "values": nodes}
+    required["nodeSelectorTerms"] = [{**t, "matchFields": [*(t.get("matchFields") or []), expr]} for t in terms]
+    return affinity
+
+
+def build_worker_pod(job: TrainingJob, index: int, attempt: int,
+                     exclude_nodes: Iterable[str] = ()) -> dict[str, Any]:
+    """Worker pod ``index`` of gang ``attempt``; never scheduled onto ``exclude_nodes`` (active notices)."""
+    if not 0 <= index < job.spec.replicas:
+        raise ValueError(f"TrainingJob {job.namespace}/{job.name}: index must be in [0, {job.spec.replicas}), "
+                         f"got {index}")
+    template = copy.deepcopy(job.spec.template)
+    meta = template.get("metadata") or {}
+    spec = template["spec"]
+    name = pod_name(job, index)
+    labels = {**(meta.get("labels") or {}), LABEL_JOB: job.name, LABEL_INDEX: str(index),
+              LABEL_ATTEMPT: str(attempt)}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != ANNOTATION_NOTICE}
+    env = worker_env(job, index, attempt)
+    ours = {e["name"] for e in env}
+    mount = {"name": PODINFO_VOLUME, "mountPath": NOTICE_DIR, "readOnly": True}
+    for c in spec["containers"]:
+        c["env"] = [e for e in (c.get("env") or []) if e.get("name") not in ours] + env
+        c["volumeMounts"] = [m for m in (c.get("volumeMounts") or []) if m.get("name") != PODINFO_VOLUME]
+        c["volumeMounts"].append(mount)
+    spec["volumes"] = [v for v in (spec.get("volumes") or []) if v.get("name") != PODINFO_VOLUME]
+    spec["volumes"].append({"name": PODINFO_VOLUME, "downwardAPI": {"items": [
+        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}})
+    spec.update(hostname=name, subdomain=job.name, restartPolicy="Never",
+                terminationGracePeriodSeconds=job.spec.termination_grace_period_seconds,
+                serviceAccountName=worker_service_account(job))
+    excluded = sorted(set(exclude_nodes))
+    if excluded:
+        spec["affinity"] = _exclude_nodes(spec.get("affinity") or {}, excluded)
+    metadata: dict[str, Any] = {"name": name, "namespace": job.namespace, "labels": labels,
+                                "ownerReferences": [owner_reference(job)]}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def build_service(job: TrainingJob) -> dict[str, Any]:
+    """Headless Service ``J``: gives every worker the DNS name ``J-<i>.J.NS.svc``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": job.name, "namespace": job.namespace, "labels": job_labels(job),
+                     "ownerReferences": [owner_reference(job)]},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {LABEL_JOB: job.name},
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "coordinator", "port": job.spec.coordinator_port,
+                       "targetPort": job.spec.coordinator_port, "protocol": "TCP"}],
+        },
+    }
+
+
+def build_identity(job: TrainingJob) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding letting each worker watch and annotate only the job's pods.
+
+    Empty when the template names its own ``serviceAccountName`` (the user owns that identity).
+    """
+    if not owns_identity(job):
+        return []
+    sa = worker_service_account(job)
+    meta = {"namespace": job.namespace, "labels": job_labels(job), "ownerReferences": [owner_reference(job)]}
+    names = [pod_name(job, i) for i in range(job.spec.replicas)]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, **meta}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": sa, **meta},
+         # get/list/watch: the runtime watches its own pod (fieldSelector metadata.name) for the notice;
+         # patch: process 0 writes its progress annotation. resourceNames keeps it to this job's pods.
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "resourceNames": names,
+                    "verbs": ["get", "list", "watch", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": sa, **meta},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": job.namespace}]},
+    ]

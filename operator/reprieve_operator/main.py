@@ -1,0 +1,51 @@
+"""Thin registration: importing this module registers every handler; ``configure`` is the startup hook."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+
+from . import apply, handlers, metrics
+from .signals import signal_table
+
+ENV_SIGNALS = "REPRIEVE_SIGNALS_JSON"
+
+
+def api_client(pool: int = 32) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else ``$KUBECONFIG`` / ``~/.kube/config``."""
+    cfg = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=cfg)
+    except config.ConfigException:
+        config.load_kube_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = pool
+    return client.ApiClient(cfg)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    # kopf's bookkeeping goes into our own annotations, so the CRD status stays ours.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="reprieve.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="reprieve.dev", key="last-handled-configuration")
+    settings.posting.level = logging.WARNING
+    settings.batching.batch_window = 0.01  # node signals are latency-critical
+    settings.execution.max_workers = 32
+    settings.watching.server_timeout = 300
+    asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(32))
+    raw = getattr(memo, "signals_json", None) or os.environ.get(ENV_SIGNALS) or "{}"
+    try:
+        table = signal_table(json.loads(raw))
+    except (ValueError, TypeError) as err:
+        raise kopf.PermanentError(f"{ENV_SIGNALS}: invalid signal table: {err}") from err
+    memo.state = handlers.State(api=apply.Api(api_client()), signals=table)
+    metrics.serve(int(getattr(memo, "metrics_port", 0) or 0))
+    logging.getLogger("reprieve_operator").info("watching %d node signals: %s", len(table),
+                                                ", ".join(s.name for s in table))

@@ -1,0 +1,303 @@
+"""TrainingJob spec and status: the single source of truth for the CRD schema (see ``crdgen``).
+
+Field names are snake_case in Python and camelCase on the wire (``alias_generator``); unknown fields are
+rejected (``extra="forbid"``). Extra OpenAPI/CEL keywords ride along in ``json_schema_extra`` and are copied
+verbatim into the CRD by ``crdgen``.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "reprieve.dev"
+VERSION = "v1alpha1"
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+SINGULAR = "trainingjob"
+SHORT_NAMES = ["tj"]
+
+BUILTIN_SIGNAL_NAMES = (
+    "gke-spot",
+    "gke-maintenance-ongoing",
+    "gke-scheduled-maintenance",
+    "gke-maintenance-window",
+    "aws-spot-itn",
+    "aws-scheduled-maintenance",
+    "aws-asg-lifecycle",
+    "aws-rebalance",
+    "karpenter-disrupted",
+    "cluster-autoscaler",
+    "aks-scheduled-event",
+    "aks-remediator",
+    "cordon",
+    "out-of-service",
+)
+
+# A DNS-1123 label short enough that "<name>-<index>" and "<name>-worker" stay valid names.
+JOB_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,40}[a-z0-9])?$")
+CHECKPOINT_URI_RULE = (
+    "!self.contains('://') || self.startsWith('file://') || self.startsWith('gs://') "
+    "|| self.startsWith('s3://')"
+)
+
+
+def _immutable(field: str) -> dict[str, Any]:
+    return {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": f"{field} is immutable"}]}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class CheckpointSpec(_Model):
+    """Where and how often the runtime saves (passed to the workers as environment variables)."""
+
+    uri: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="Checkpoint location: a path, file://, gs:// or s3:// URI. Immutable.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": CHECKPOINT_URI_RULE,
+                 "message": "checkpoint.uri scheme must be file://, gs:// or s3:// (or a plain path)"},
+                {"rule": "self == oldSelf", "message": "checkpoint.uri is immutable"},
+            ]
+        },
+    )
+    interval_steps: int = Field(
+        default=0, ge=0, le=10_000_000,
+        description="Periodic save interval in steps; 0 saves only on a preemption notice.")
+    keep: int = Field(default=2, ge=1, le=1000, description="How many complete checkpoints to keep.")
+
+    @field_validator("uri")
+    @classmethod
+    def _scheme(cls, v: str) -> str:
+        if "://" in v and not v.startswith(("file://", "gs://", "s3://")):
+            raise ValueError(f"checkpoint.uri scheme must be file://, gs:// or s3:// (or a plain path), got {v!r}")
+        return v
+
+
+class RestartPolicySpec(_Model):
+    """How exits are counted: the restart code is a saved preemption; anything else is a failure."""
+
+    restart_exit_code: int = Field(
+        default=42, ge=1, le=255,
+        description="Exit code meaning 'state saved, restart me' (1-255; 0 means success).")
+    max_failures: int = Field(
+        default=3, ge=0, le=1000,
+        description="Gang restarts allowed after failures (non-zero, non-restart exits); one more fails the job.")
+    max_preemption_restarts: int | None = Field(
+        default=None, ge=0, le=100_000,
+        description="Optional cap on restarts caused by preemptions and disruptions; unset means unlimited.")
+
+
+class SignalType(str, Enum):
+    TAINT = "Taint"
+    LABEL = "Label"
+    CONDITION = "Condition"
+
+
+class CustomSignal(_Model):
+    """A site-specific node signal: a taint key, a label (optionally with a value) or a condition type."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                      description="Reason reported in the notice.")
+    type: SignalType = Field(description="Taint, Label or Condition.")
+    key: str = Field(min_length=1, max_length=316, description="Taint key, label key or condition type.")
+    value: str | None = Field(
+        default=None, max_length=256,
+        description="Required value (label value, taint value; condition status, default 'True').")
+    notice_seconds: int | None = Field(
+        default=None, ge=0, le=86_400,
+        description="Expected time from signal to node loss; defaults to preemption.defaultNoticeSeconds.")
+
+
+class PreemptionSpec(_Model):
+    """Which node signals warn this job and how much notice each one gives."""
+
+    enabled: bool = Field(default=True, description="Deliver notices to this job at all.")
+    signals: list[Literal[BUILTIN_SIGNAL_NAMES]] | None = Field(  # type: ignore[valid-type]
+        default=None, max_length=len(BUILTIN_SIGNAL_NAMES),
+        description="Built-in signals that count (default: all enabled in the operator's signal table).")
+    notice_seconds: dict[str, int] = Field(
+        default_factory=dict,
+        description="Per-signal notice window overrides in seconds, by signal name.",
+        json_schema_extra={"x-kubernetes-validations": [
+            {"rule": "self.all(k, self[k] >= 0 && self[k] <= 86400)",
+             "message": "preemption.noticeSeconds values must be between 0 and 86400"}]},
+    )
+    default_notice_seconds: int = Field(
+        default=30, ge=0, le=86_400,
+        description="Notice window for custom signals that name none.")
+    custom: list[CustomSignal] = Field(default_factory=list, max_length=32,
+                                       description="Additional site-specific signals.")
+
+
+TEMPLATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Pod template of the trainer (a PodTemplateSpec). Immutable.",
+    "required": ["spec"],
+    "properties": {
+        "metadata": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "spec": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "required": ["containers"],
+            "properties": {
+                "containers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "x-kubernetes-preserve-unknown-fields": True,
+                        "properties": {"name": {"type": "string", "minLength": 1}},
+                    },
+                },
+                "restartPolicy": {
+                    "type": "string",
+                    "enum": ["Never"],
+                    "description": "Only Never: restarts are the operator's, always of the whole gang.",
+                },
+            },
+        },
+    },
+    "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "template is immutable"}],
+}
+
+
+class TrainingJobSpec(_Model):
+    """Desired state of a gang of JAX workers that survives node preemption."""
+
+    replicas: int = Field(ge=1, le=4096, description="Number of worker processes (pods). Immutable.",
+                          json_schema_extra=_immutable("replicas"))
+    template: dict[str, Any] = Field(description="Pod template of the trainer (a PodTemplateSpec). Immutable.",
+                                     json_schema_extra={"crd": TEMPLATE_SCHEMA})
+    checkpoint: CheckpointSpec
+    restart_policy: RestartPolicySpec = Field(default_factory=RestartPolicySpec)
+    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
+    termination_grace_period_seconds: int = Field(
+        default=30, ge=0, le=3600,
+        description="SIGTERM-to-SIGKILL grace of the worker pods (the runtime's last-resort save window).")
+    coordinator_port: int = Field(default=8476, ge=1024, le=65535,
+                                  description="Port of process 0's JAX coordination service. Immutable.",
+                                  json_schema_extra=_immutable("coordinatorPort"))
+    suspend: bool = Field(default=False, description="Delete the workers but keep the job; resume later.")
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, v: dict[str, Any]) -> dict[str, Any]:
+        spec = v.get("spec")
+        if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list) or not spec["containers"]:
+            raise ValueError("template.spec.containers must be a non-empty list")
+        if spec.get("restartPolicy", "Never") != "Never":
+            raise ValueError(f"template.spec.restartPolicy must be Never, got {spec['restartPolicy']!r}")
+        for owned in ("hostname", "subdomain"):
+            if owned in spec:
+                raise ValueError(f"template.spec.{owned} is set by the operator (worker index), got {spec[owned]!r}")
+        names = [c.get("name") for c in spec["containers"] if isinstance(c, dict)]
+        if len(names) != len(spec["containers"]) or len(set(names)) != len(names):
+            raise ValueError(f"template.spec.containers must be objects with unique names, got {names!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _notice_keys(self) -> TrainingJobSpec:
+        known = set(BUILTIN_SIGNAL_NAMES) | {c.name for c in self.preemption.custom}
+        unknown = sorted(set(self.preemption.notice_seconds) - known)
+        if unknown:
+            raise ValueError(f"preemption.noticeSeconds names unknown signal(s) {unknown}; "
+                             f"expected built-in or custom signal names")
+        return self
+
+
+class Condition(_Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+
+
+class RestartCounts(_Model):
+    preemption: int = Field(default=0, description="Gang restarts after a noticed preemption or restart code.")
+    failure: int = Field(default=0, description="Gang restarts (or the final failure) after a worker failed.")
+    disruption: int = Field(default=0, description="Gang restarts after a worker was lost without notice.")
+
+
+class NoticeStatus(_Model):
+    id: str
+    node: str
+    reason: str
+    deadline: str
+    observed_at: str
+    attempt: int = Field(description="Attempt the notice was delivered to (delivered once per attempt).")
+    delivered_at: str | None = None
+
+
+class TrainingJobStatus(_Model):
+    """Observed state; also what a goodput figure needs (times, attempts, committed step)."""
+
+    phase: Literal["Pending", "Running", "Preempting", "Restarting", "Succeeded", "Failed", "Suspended"] | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    attempt: int = Field(default=0, description="Current gang attempt (1, 2, ...); 0 before the first.")
+    restarting_from: int | None = Field(
+        default=None, description="Attempt being torn down for a gang restart (set until attempt+1 starts).")
+    restarts: RestartCounts = Field(default_factory=RestartCounts)
+    restart_count: int = Field(default=0, description="Total gang restarts (all causes).")
+    ready: str | None = Field(default=None, description="Running workers / replicas, e.g. '3/4'.")
+    last_notice: NoticeStatus | None = None
+    step: int | None = Field(default=None, description="Latest step reported by process 0.")
+    last_checkpoint_step: int | None = Field(default=None, description="Latest committed checkpoint step.")
+    last_checkpoint_time: str | None = None
+    start_time: str | None = Field(default=None, description="When attempt 1 was created.")
+    attempt_start_time: str | None = Field(default=None, description="When the current attempt was created.")
+    completion_time: str | None = None
+    observed_generation: int | None = None
+
+
+class TrainingJob(_Model):
+    """A TrainingJob as read from the API: identity plus validated spec and status."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: TrainingJobSpec
+    status: TrainingJobStatus = Field(default_factory=TrainingJobStatus)
+    generation: int | None = None
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> TrainingJob:
+        meta = body.get("metadata") or {}
+        return cls(
+            name=meta.get("name", ""),
+            namespace=meta.get("namespace", ""),
+            uid=meta.get("uid", ""),
+            generation=meta.get("generation"),
+            spec=TrainingJobSpec.model_validate(body.get("spec") or {}),
+            status=TrainingJobStatus.model_validate(_known_status(body.get("status") or {})),
+        )
+
+
+def _known_status(status: dict[str, Any]) -> dict[str, Any]:
+    # Status may carry fields written by other tools (or an older operator); keep what we understand.
+    fields = {f.alias or n for n, f in TrainingJobStatus.model_fields.items()}
+    return {k: v for k, v in status.items() if k in fields}
+
+
+def spec_error(name: str, namespace: str, err: Exception) -> str:
+    """A one-line, user-actionable message for an invalid spec (names object, field, expected, found)."""
+    from pydantic import ValidationError
+
+    if isinstance(err, ValidationError):
+        parts = []
+        for e in err.errors():
+            loc = ".".join(str(p) for p in e["loc"])
+            found = e.get("input")
+            parts.append(f"spec.{loc}: {e['msg']} (found {found!r})"[:300])
+        return f"TrainingJob {namespace}/{name}: " + "; ".join(parts)
+    return f"TrainingJob {namespace}/{name}: {err}"

@@ -1,0 +1,137 @@
+"""Pure translations between API objects and the policy's types: pod -> WorkerPod, plan -> status patch."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Container, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from . import ANNOTATION_NOTICE, ANNOTATION_PROGRESS, LABEL_ATTEMPT, LABEL_INDEX
+from .models import TrainingJob
+from .policy.restart import RestartPlan, WorkerPod
+from .signals import Notice, rfc3339
+
+log = logging.getLogger(__name__)
+LOST_REASONS = ("NodeLost", "Evicted", "Preempting", "Terminated", "Shutdown", "NodeShutdown")
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def worker_pod(pod: Mapping[str, Any], known_nodes: Container[str] | None = None) -> WorkerPod | None:
+    """The policy's view of a worker pod; None if its labels are not a worker's."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    index, attempt = _int(labels.get(LABEL_INDEX)), _int(labels.get(LABEL_ATTEMPT))
+    if index is None or attempt is None:
+        return None
+    status = pod.get("status") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    phase = status.get("phase") or "Pending"
+    exit_code = None
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term is not None and term.get("exitCode") is not None:
+            code = int(term["exitCode"])
+            exit_code = code if exit_code in (None, 0) else exit_code  # the first non-zero wins
+    if phase == "Succeeded" and exit_code is None:
+        exit_code = 0
+    node_lost = bool(node) and known_nodes is not None and node not in known_nodes
+    if phase == "Failed" and status.get("reason") in LOST_REASONS:
+        node_lost, exit_code = True, None
+    return WorkerPod(name=str(meta.get("name")), index=index, attempt=attempt, phase=phase,
+                     exit_code=exit_code, deleting=bool(meta.get("deletionTimestamp")), node=node,
+                     node_lost=node_lost)
+
+
+def notice_annotation(pod: Mapping[str, Any]) -> str | None:
+    return ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_NOTICE)
+
+
+def progress(pods: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The newest ``reprieve.dev/progress`` annotation (contract: written by process 0); malformed ones skipped."""
+    best: dict[str, Any] | None = None
+    for pod in pods:
+        raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_PROGRESS)
+        if not raw:
+            continue
+        try:
+            value = json.loads(raw)
+            committed = int(value.get("committedStep", -1))
+        except (ValueError, TypeError, AttributeError):
+            log.warning("pod %s: malformed %s annotation %r ignored",
+                        (pod.get("metadata") or {}).get("name"), ANNOTATION_PROGRESS, raw[:200])
+            continue
+        if best is None or committed > int(best.get("committedStep", -1)):
+            best = value
+    return best
+
+
+def _conditions(job: TrainingJob, plan: RestartPlan, now: datetime) -> list[dict[str, Any]] | None:
+    if not plan.conditions:
+        return None
+    current = {c.type: c.model_dump(by_alias=True, exclude_none=True) for c in job.status.conditions}
+    changed = False
+    for c in plan.conditions:
+        old = current.get(c.type)
+        if old and (old.get("status"), old.get("reason"), old.get("message")) == (c.status, c.reason, c.message):
+            continue
+        changed = True
+        ltt = old.get("lastTransitionTime") if old and old.get("status") == c.status else rfc3339(now)
+        current[c.type] = {"type": c.type, "status": c.status, "reason": c.reason, "message": c.message,
+                           "lastTransitionTime": ltt}
+    return list(current.values()) if changed else None
+
+
+def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
+                 prog: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The minimal merge patch taking ``job.status`` to what ``plan`` says (empty if nothing changes)."""
+    st = job.status
+    patch: dict[str, Any] = {}
+    if st.phase != plan.phase:
+        patch["phase"] = plan.phase
+    # Called only after the plan's pods were created, so the plan's attempt is real now.
+    attempt = plan.attempt
+    if attempt != st.attempt:
+        patch["attempt"] = attempt
+        patch["attemptStartTime"] = rfc3339(now)
+        if st.start_time is None:
+            patch["startTime"] = rfc3339(now)
+    if plan.restarting_from != st.restarting_from:
+        patch["restartingFrom"] = plan.restarting_from
+    if plan.cause:
+        counts = st.restarts.model_dump()
+        counts[plan.cause] += 1
+        patch["restarts"] = counts
+        if plan.phase == "Restarting":
+            patch["restartCount"] = st.restart_count + 1
+    ready = f"{plan.ready}/{job.spec.replicas}"
+    if st.ready != ready:
+        patch["ready"] = ready
+    if plan.phase in ("Succeeded", "Failed") and st.completion_time is None:
+        patch["completionTime"] = rfc3339(now)
+    conds = _conditions(job, plan, now)
+    if conds is not None:
+        patch["conditions"] = conds
+    if prog:
+        step, committed = _int(prog.get("step")), _int(prog.get("committedStep"))
+        if step is not None and step != st.step:
+            patch["step"] = step
+        if committed is not None and committed >= 0 and committed != st.last_checkpoint_step:
+            patch["lastCheckpointStep"] = committed
+            if isinstance(prog.get("time"), str):
+                patch["lastCheckpointTime"] = prog["time"]
+    if job.generation is not None and st.observed_generation != job.generation:
+        patch["observedGeneration"] = job.generation
+    return patch
+
+
+def notice_status(notice: Notice, attempt: int, now: datetime) -> dict[str, Any]:
+    return {"id": notice.id, "node": notice.node, "reason": notice.reason, "deadline": rfc3339(notice.deadline),
+            "observedAt": rfc3339(notice.observed_at), "attempt": attempt, "deliveredAt": rfc3339(now)}

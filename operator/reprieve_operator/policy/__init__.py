@@ -1,0 +1,1 @@
+"""Pure decision functions of the operator: the gang lifecycle and notice delivery."""

@@ -1,0 +1,170 @@
+"""The gang lifecycle as one pure decision: ``decide_restart(job, pods) -> RestartPlan``.
+
+Rules (see ``docs/operator.md``):
+
+* all workers exit 0 -> Succeeded; all exit 0 or the restart code, at least one the restart code -> gang
+  restart counted as ``preemption``;
+* any worker fails (another exit code) -> gang restart counted as ``failure``; past
+  ``restartPolicy.maxFailures`` -> Failed;
+* a worker deleted, evicted or lost with its node -> gang restart counted as ``preemption`` if a notice was
+  delivered in this attempt, else ``disruption``; both are capped only by ``maxPreemptionRestarts``;
+* a gang restart first deletes every pod and waits until all are gone (pod names are stable and JAX rejects
+  a duplicate task), then creates attempt+1 away from nodes with an active notice;
+* ``suspend`` deletes the pods and keeps the job; resuming starts a new attempt.
+
+The decision is recorded in ``status`` (``restartingFrom`` plus the counters) before pods are deleted, and
+the attempt is re-derived from the pods' attempt labels, so an operator restart neither counts nor restarts
+twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ..models import TrainingJob
+
+PREEMPTION, FAILURE, DISRUPTION = "preemption", "failure", "disruption"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class WorkerPod:
+    """What the policy needs to know about one worker pod (built from the API object by the handler)."""
+
+    name: str
+    index: int
+    attempt: int
+    phase: str = "Running"  # Pending, Running, Succeeded, Failed, Unknown
+    exit_code: int | None = None
+    deleting: bool = False
+    node: str | None = None
+    node_lost: bool = False
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RestartPlan:
+    """What to do now. ``cause`` is set only when a new gang restart (or the final failure) is decided."""
+
+    phase: str
+    attempt: int
+    create: tuple[int, ...] = ()
+    delete: tuple[str, ...] = ()
+    cause: str | None = None
+    restarting_from: int | None = None
+    exclude_nodes: tuple[str, ...] = ()
+    new_attempt: bool = False
+    ready: int = 0
+    conditions: tuple[Condition, ...] = field(default_factory=tuple)
+    message: str = ""
+
+    @property
+    def waiting(self) -> bool:
+        """True while old pods must vanish before the next step can happen."""
+        return self.phase in ("Restarting", "Suspended", "Pending") and bool(self.delete) and not self.create
+
+
+def _describe(p: WorkerPod) -> str:
+    if p.node_lost:
+        return f"worker {p.name} lost its node {p.node}"
+    if p.deleting:
+        return f"worker {p.name} was deleted"
+    if p.phase == "Failed" and p.exit_code is None:
+        return f"worker {p.name} failed without an exit code"
+    return f"worker {p.name} exited with code {p.exit_code}"
+
+
+def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod],
+                   notice_nodes: Iterable[str] = ()) -> RestartPlan:
+    """Decide the next step of ``job`` given all of its worker pods and the nodes with an active notice."""
+    st, spec = job.status, job.spec
+    code = spec.restart_policy.restart_exit_code
+    attempt = max([st.attempt, *(p.attempt for p in pods)])
+    alive = tuple(sorted(p.name for p in pods if not p.deleting))
+    replicas = spec.replicas
+
+    if st.phase in TERMINAL_PHASES:
+        running = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
+        return RestartPlan(phase=st.phase, attempt=attempt, delete=running if st.phase == "Failed" else ())
+
+    if spec.suspend:
+        return RestartPlan(phase="Suspended", attempt=attempt, delete=alive,
+                           conditions=(Condition("Suspended", "True", "Suspended", "spec.suspend is true"),))
+
+    restarting = st.restarting_from is not None and st.restarting_from >= attempt
+    if attempt == 0 or st.phase == "Suspended" or restarting:
+        # Start attempt+1, but only once every pod of any earlier attempt is gone.
+        phase = "Restarting" if restarting else "Pending"
+        if pods:
+            return RestartPlan(phase=phase, attempt=attempt, delete=alive,
+                               restarting_from=st.restarting_from if restarting else None,
+                               message=f"waiting for {len(pods)} old pod(s) to be deleted")
+        conds = (Condition("Suspended", "False", "Resumed", "spec.suspend is false"),) \
+            if st.phase == "Suspended" else ()
+        return RestartPlan(phase="Pending", attempt=attempt + 1, create=tuple(range(replicas)),
+                           exclude_nodes=tuple(sorted(set(notice_nodes))), new_attempt=True,
+                           conditions=conds, message=f"creating attempt {attempt + 1}")
+
+    stale = tuple(sorted(p.name for p in pods if p.attempt < attempt and not p.deleting))
+    current = {p.index: p for p in pods if p.attempt == attempt and 0 <= p.index < replicas}
+    recorded = st.attempt == attempt  # status knows this attempt was fully created
+    missing = [i for i in range(replicas) if i not in current]
+    noticed = st.last_notice is not None and st.last_notice.attempt == attempt
+
+    failed = [p for p in current.values()
+              if p.phase == "Failed" and p.exit_code is not None and p.exit_code not in (0, code)
+              and not p.node_lost]
+    lost = [p for p in current.values()
+            if p.node_lost or (p.deleting and not p.terminated)
+            or (p.phase == "Failed" and p.exit_code is None) or p.phase == "Unknown"]
+    cause, why = None, ""
+    if failed:
+        cause, why = FAILURE, _describe(failed[0])
+    elif lost or (missing and recorded):
+        cause = PREEMPTION if noticed else DISRUPTION
+        why = _describe(lost[0]) if lost else f"worker {job.name}-{missing[0]} disappeared"
+    elif not missing and all(p.terminated for p in current.values()):
+        codes = {p.exit_code for p in current.values()}
+        if codes == {0}:
+            return RestartPlan(phase="Succeeded", attempt=attempt, delete=stale, ready=0,
+                               conditions=(Condition("Complete", "True", "AllWorkersSucceeded",
+                                                     f"all {replicas} workers exited 0"),))
+        if codes <= {0, code}:
+            cause, why = PREEMPTION, f"all workers exited (codes {sorted(c for c in codes if c is not None)})"
+
+    if cause is None:
+        running = sum(1 for p in current.values() if p.phase == "Running" and not p.deleting)
+        phase = "Preempting" if noticed else ("Running" if running == replicas else "Pending")
+        create = tuple(missing) if not recorded else ()
+        return RestartPlan(phase=phase, attempt=attempt, create=create, delete=stale, ready=running,
+                           exclude_nodes=tuple(sorted(set(notice_nodes))) if create else ())
+
+    counts = st.restarts
+    if cause == FAILURE and counts.failure + 1 > spec.restart_policy.max_failures:
+        msg = (f"{why}; {counts.failure + 1} failure(s) exceed restartPolicy.maxFailures="
+               f"{spec.restart_policy.max_failures}")
+        running = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
+        return RestartPlan(phase="Failed", attempt=attempt, delete=running, cause=FAILURE, message=msg,
+                           conditions=(Condition("Failed", "True", "TooManyFailures", msg),))
+    cap = spec.restart_policy.max_preemption_restarts
+    if cause != FAILURE and cap is not None and counts.preemption + counts.disruption + 1 > cap:
+        msg = f"{why}; {counts.preemption + counts.disruption + 1} preemption restart(s) exceed " \
+              f"restartPolicy.maxPreemptionRestarts={cap}"
+        running = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
+        return RestartPlan(phase="Failed", attempt=attempt, delete=running, cause=cause, message=msg,
+                           conditions=(Condition("Failed", "True", "TooManyPreemptions", msg),))
+    msg = f"gang restart of attempt {attempt} ({cause}): {why}"
+    return RestartPlan(phase="Restarting", attempt=attempt, delete=alive, cause=cause, restarting_from=attempt,
+                       message=msg, conditions=(Condition("Restarting", "True", cause.capitalize(), msg),))

@@ -1,0 +1,233 @@
+"""Node signals that announce a node's loss, and the pure ``node_notice(node, now, signals)`` decision.
+
+A signal is a taint key, a label (optionally with a value, or carrying the deadline as epoch seconds), a node
+condition, or the cordon bit (``spec.unschedulable``). Each has a notice window: the expected time from the
+signal to the node going away. The operator-wide table comes from the chart values
+(``REPRIEVE_SIGNALS_JSON``); each TrainingJob may narrow it and override windows (``spec.preemption``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from .models import BUILTIN_SIGNAL_NAMES, PreemptionSpec
+
+log = logging.getLogger(__name__)
+
+TAINT = "Taint"
+LABEL = "Label"
+LABEL_EPOCH = "LabelEpoch"  # the label's value is the deadline, in epoch seconds
+CONDITION = "Condition"
+UNSCHEDULABLE = "Unschedulable"
+KINDS = (TAINT, LABEL, LABEL_EPOCH, CONDITION, UNSCHEDULABLE)
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One node signal: where to look (``kind``/``key``/``value``) and how long the node has left."""
+
+    name: str
+    kind: str
+    key: str = ""
+    value: str | None = None
+    notice_seconds: int = 30
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"signal {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind != UNSCHEDULABLE and not self.key:
+            raise ValueError(f"signal {self.name!r}: key must be set for kind {self.kind}")
+        if self.notice_seconds < 0:
+            raise ValueError(f"signal {self.name!r}: noticeSeconds must be >= 0, got {self.notice_seconds}")
+
+
+@dataclass(frozen=True)
+class Notice:
+    """What the workers are told: stable ``id`` per node event, reason, node and deadline."""
+
+    id: str
+    reason: str
+    node: str
+    deadline: datetime
+    observed_at: datetime
+
+    def annotation(self) -> str:
+        """The ``reprieve.dev/notice`` annotation value (contract: JSON, RFC 3339 UTC times)."""
+        return json.dumps({"id": self.id, "reason": self.reason, "node": self.node,
+                           "deadline": rfc3339(self.deadline), "observedAt": rfc3339(self.observed_at)},
+                          separators=(",", ":"))
+
+
+AWS = "aws-node-termination-handler"
+BUILTIN_SIGNALS: tuple[Signal, ...] = (
+    Signal("gke-spot", TAINT, "cloud.google.com/impending-node-termination", notice_seconds=30),
+    Signal("gke-maintenance-ongoing", LABEL, "cloud.google.com/active-node-maintenance", "ONGOING", 60),
+    Signal("gke-scheduled-maintenance", LABEL_EPOCH, "cloud.google.com/scheduled-maintenance-time", None, 0),
+    Signal("gke-maintenance-window", TAINT, "cloud.google.com/maintenance-window-started", notice_seconds=60),
+    Signal("aws-spot-itn", TAINT, f"{AWS}/spot-itn", notice_seconds=120),
+    Signal("aws-scheduled-maintenance", TAINT, f"{AWS}/scheduled-maintenance", notice_seconds=120),
+    Signal("aws-asg-lifecycle", TAINT, f"{AWS}/asg-lifecycle-termination", notice_seconds=120),
+    Signal("aws-rebalance", TAINT, f"{AWS}/rebalance-recommendation", notice_seconds=120),
+    Signal("karpenter-disrupted", TAINT, "karpenter.sh/disrupted", notice_seconds=30),
+    Signal("cluster-autoscaler", TAINT, "ToBeDeletedByClusterAutoscaler", notice_seconds=30),
+    Signal("aks-scheduled-event", CONDITION, "VMEventScheduled", "True", 30),
+    Signal("aks-remediator", TAINT, "remediator.aks.microsoft.com/unschedulable", notice_seconds=30),
+    Signal("cordon", UNSCHEDULABLE, notice_seconds=30),
+    Signal("out-of-service", TAINT, "node.kubernetes.io/out-of-service", notice_seconds=0),
+)
+assert tuple(s.name for s in BUILTIN_SIGNALS) == BUILTIN_SIGNAL_NAMES
+
+
+def rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: Any) -> datetime | None:
+    """Parse an RFC 3339 time (string or datetime, as the kubernetes client returns); None if unusable."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        t = datetime.fromisoformat(value)  # Python 3.11 parses the Z suffix
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def signal_table(config: Mapping[str, Any] | None) -> tuple[Signal, ...]:
+    """The operator-wide table from the chart's ``signals`` value.
+
+    ``{"builtin": {"gke-spot": {"enabled": true, "noticeSeconds": 30}, ...},
+    "custom": [{"name", "type", "key", "value", "noticeSeconds"}]}``; missing entries keep the defaults.
+    """
+    config = config or {}
+    builtin = config.get("builtin") or {}
+    unknown = sorted(set(builtin) - set(BUILTIN_SIGNAL_NAMES))
+    if unknown:
+        raise ValueError(f"signals.builtin: unknown signal(s) {unknown}; expected some of {list(BUILTIN_SIGNAL_NAMES)}")
+    table = []
+    for sig in BUILTIN_SIGNALS:
+        opts = builtin.get(sig.name) or {}
+        if not opts.get("enabled", True):
+            continue
+        table.append(replace(sig, notice_seconds=int(opts.get("noticeSeconds", sig.notice_seconds))))
+    for i, c in enumerate(config.get("custom") or []):
+        kind = c.get("type")
+        if kind not in (TAINT, LABEL, CONDITION):
+            raise ValueError(f"signals.custom[{i}].type must be Taint, Label or Condition, got {kind!r}")
+        value = c.get("value", "True" if kind == CONDITION else None)
+        table.append(Signal(str(c.get("name") or ""), kind, str(c.get("key") or ""), value,
+                            int(c.get("noticeSeconds", 30))))
+    return tuple(table)
+
+
+def signals_for_job(table: Iterable[Signal], preemption: PreemptionSpec) -> tuple[Signal, ...]:
+    """Narrow the operator table to the job's choice and apply its notice-window overrides and custom signals."""
+    if not preemption.enabled:
+        return ()
+    wanted = set(preemption.signals) if preemption.signals is not None else None
+    out = []
+    for sig in table:
+        if wanted is not None and sig.name in BUILTIN_SIGNAL_NAMES and sig.name not in wanted:
+            continue
+        seconds = preemption.notice_seconds.get(sig.name, sig.notice_seconds)
+        out.append(replace(sig, notice_seconds=seconds))
+    for c in preemption.custom:
+        value = c.value if c.value is not None else ("True" if c.type.value == CONDITION else None)
+        seconds = c.notice_seconds if c.notice_seconds is not None else preemption.default_notice_seconds
+        out.append(Signal(c.name, c.type.value, c.key, value, seconds))
+    return tuple(out)
+
+
+def _get(obj: Mapping[str, Any], *path: str) -> Any:
+    for p in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(p)  # type: ignore[assignment]
+    return obj
+
+
+def _match(sig: Signal, node: Mapping[str, Any], now: datetime,
+           first_seen: Mapping[str, datetime]) -> tuple[datetime, datetime] | None:
+    """(observed_at, deadline) if ``sig`` is present on ``node``."""
+    seen = first_seen.get(sig.name, now)
+    window = timedelta(seconds=sig.notice_seconds)
+    if sig.kind == TAINT:
+        for t in _get(node, "spec", "taints") or []:
+            if t.get("key") == sig.key and (sig.value is None or t.get("value") == sig.value):
+                # Only NoExecute taints carry timeAdded; otherwise we use our first observation.
+                observed = parse_time(t.get("timeAdded")) or seen
+                return observed, observed + window
+        return None
+    if sig.kind == LABEL:
+        labels = _get(node, "metadata", "labels") or {}
+        if sig.key in labels and (sig.value is None or labels[sig.key] == sig.value):
+            return seen, seen + window
+        return None
+    if sig.kind == LABEL_EPOCH:
+        raw = (_get(node, "metadata", "labels") or {}).get(sig.key)
+        if raw is None:
+            return None
+        try:
+            deadline = datetime.fromtimestamp(int(raw), tz=UTC)
+        except (ValueError, OverflowError, OSError):
+            log.warning("node %s: label %s=%r is not epoch seconds; signal %s ignored",
+                        _get(node, "metadata", "name"), sig.key, raw, sig.name)
+            return None
+        return seen, deadline - window if sig.notice_seconds else deadline
+    if sig.kind == CONDITION:
+        for c in _get(node, "status", "conditions") or []:
+            if c.get("type") == sig.key and c.get("status") == (sig.value or "True"):
+                observed = parse_time(c.get("lastTransitionTime")) or seen
+                return observed, observed + window
+        return None
+    if sig.kind == UNSCHEDULABLE:
+        if _get(node, "spec", "unschedulable"):
+            return seen, seen + window
+        return None
+    return None
+
+
+def node_notice(node: Mapping[str, Any], now: datetime, signals: Iterable[Signal],
+                first_seen: Mapping[str, datetime] | None = None) -> Notice | None:
+    """The notice a node gives, or None.
+
+    Of several signals present, the one with the earliest deadline wins. ``first_seen`` maps signal names
+    to when the operator first saw them (for signals that carry no timestamp); missing entries mean ``now``.
+    Malformed values are logged and ignored; this never raises on node content.
+    """
+    name = str(_get(node, "metadata", "name") or "")
+    best: Notice | None = None
+    for sig in signals:
+        try:
+            hit = _match(sig, node, now, first_seen or {})
+        except (AttributeError, TypeError) as err:  # malformed node content: never crash the operator
+            log.warning("node %s: cannot read signal %s: %s", name, sig.name, err)
+            continue
+        if hit is None:
+            continue
+        observed, deadline = hit
+        if best is None or deadline < best.deadline:
+            key = int(observed.timestamp()) if sig.kind != LABEL_EPOCH else int(deadline.timestamp())
+            best = Notice(id=f"{sig.name}/{name}/{key}", reason=sig.name, node=name,
+                          deadline=deadline, observed_at=observed)
+    return best
+
+
+def present_signals(node: Mapping[str, Any], signals: Iterable[Signal]) -> set[str]:
+    """Names of the signals present on ``node`` (to remember when each was first seen)."""
+    now = datetime.now(UTC)
+    out = set()
+    for sig in signals:
+        try:
+            if _match(sig, node, now, {}) is not None:
+                out.add(sig.name)
+        except (AttributeError, TypeError):
+            continue
+    return out

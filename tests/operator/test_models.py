@@ -1,0 +1,67 @@
+"""TrainingJob spec parsing: defaults, aliases and the invalid specs pydantic rejects."""
+
+from __future__ import annotations
+
+import pytest
+from op_jobs import make_job
+from pydantic import ValidationError
+
+from reprieve_operator.models import TrainingJobSpec, spec_error
+
+pytestmark = pytest.mark.unit
+
+
+def test_defaults_and_camel_case() -> None:
+    job = make_job(replicas=3).model()
+    s = job.spec
+    assert (s.replicas, s.coordinator_port, s.termination_grace_period_seconds) == (3, 8476, 30)
+    assert s.restart_policy.restart_exit_code == 42 and s.restart_policy.max_failures == 3
+    assert s.checkpoint.interval_steps == 0 and s.checkpoint.keep == 2
+    assert s.preemption.enabled and s.preemption.signals is None
+    dumped = s.model_dump(by_alias=True)
+    assert "restartPolicy" in dumped and "restartExitCode" in dumped["restartPolicy"]
+
+
+INVALID = [
+    ("no template", lambda b: b["spec"].pop("template"), "template"),
+    ("replicas 0", lambda b: b["spec"].update(replicas=0), "replicas"),
+    ("no containers", lambda b: b["spec"]["template"]["spec"].update(containers=[]), "containers"),
+    ("restart code 0", lambda b: b["spec"].update(restartPolicy={"restartExitCode": 0}), "restartExitCode"),
+    ("restart code 256", lambda b: b["spec"].update(restartPolicy={"restartExitCode": 256}), "restartExitCode"),
+    ("unknown field", lambda b: b["spec"].update(replica=2), "replica"),
+    ("bad uri scheme", lambda b: b["spec"].update(checkpoint={"uri": "http://x/y"}), "uri"),
+    ("negative maxFailures", lambda b: b["spec"].update(restartPolicy={"maxFailures": -1}), "maxFailures"),
+    ("port too low", lambda b: b["spec"].update(coordinatorPort=80), "coordinatorPort"),
+    ("unknown signal", lambda b: b["spec"].update(preemption={"signals": ["gce-spot"]}), "signals"),
+    ("pod restartPolicy", lambda b: b["spec"]["template"]["spec"].update(restartPolicy="Always"), "restartPolicy"),
+]
+
+
+@pytest.mark.parametrize("mutate,field", [(m, f) for _, m, f in INVALID], ids=[c for c, _, _ in INVALID])
+def test_invalid_spec_names_the_field(mutate, field) -> None:  # type: ignore[no-untyped-def]
+    body = make_job()
+    mutate(body)
+    with pytest.raises(ValidationError) as info:
+        TrainingJobSpec.model_validate(body["spec"])
+    msg = spec_error("llama", "default", info.value)
+    assert msg.startswith("TrainingJob default/llama: spec.")
+    assert field in msg, msg
+
+
+PASSES_CRD_BUT_INVALID = [
+    ("hostname set", lambda b: b["spec"]["template"]["spec"].update(hostname="x"), "hostname"),
+    ("duplicate container", lambda b: b["spec"]["template"]["spec"]["containers"].append(
+        {"name": "trainer", "image": "x"}), "unique names"),
+    ("unknown noticeSeconds key", lambda b: b["spec"].update(preemption={"noticeSeconds": {"gke-spt": 5}}),
+     "gke-spt"),
+]
+
+
+@pytest.mark.parametrize("mutate,needle", [(m, f) for _, m, f in PASSES_CRD_BUT_INVALID],
+                         ids=[c for c, _, _ in PASSES_CRD_BUT_INVALID])
+def test_semantic_errors_beyond_the_crd(mutate, needle) -> None:  # type: ignore[no-untyped-def]
+    body = make_job()
+    mutate(body)
+    with pytest.raises(ValidationError) as info:
+        TrainingJobSpec.model_validate(body["spec"])
+    assert needle in spec_error("llama", "default", info.value)

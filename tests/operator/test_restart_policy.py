@@ -1,0 +1,128 @@
+"""decide_restart: one row per case of the gang lifecycle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from op_jobs import make_job
+
+from reprieve_operator.policy.restart import WorkerPod, decide_restart
+
+pytestmark = pytest.mark.unit
+
+NOTICE = {"id": "gke-spot/n1/1", "node": "n1", "reason": "gke-spot", "deadline": "x", "observedAt": "x"}
+
+
+def pods(attempt: int, *states: Any) -> list[WorkerPod]:
+    """states: a phase string, an int exit code, or a dict of WorkerPod fields."""
+    out = []
+    for i, s in enumerate(states):
+        if isinstance(s, int):
+            kw: dict[str, Any] = {"phase": "Succeeded" if s == 0 else "Failed", "exit_code": s}
+        elif isinstance(s, str):
+            kw = {"phase": s}
+        else:
+            kw = dict(s)
+        out.append(WorkerPod(name=f"llama-{i}", index=i, attempt=kw.pop("attempt", attempt), node=f"n{i}", **kw))
+    return out
+
+
+def job(status: dict[str, Any] | None = None, **spec: Any) -> Any:
+    return make_job(replicas=2, **spec).with_status(**(status or {})).model()
+
+
+RUNNING = {"phase": "Running", "attempt": 1}
+# (case, status, spec, pods, notice nodes, expected plan fields)
+ROWS: list[tuple[str, dict[str, Any], dict[str, Any], list[WorkerPod], list[str], dict[str, Any]]] = [
+    ("new job creates attempt 1", {}, {}, [], [],
+     {"phase": "Pending", "attempt": 1, "create": (0, 1), "new_attempt": True, "cause": None}),
+    ("new job avoids noticed nodes", {}, {}, [], ["n9", "n3"],
+     {"create": (0, 1), "exclude_nodes": ("n3", "n9")}),
+    ("pods running", RUNNING, {}, pods(1, "Running", "Running"), ["n0"],
+     {"phase": "Running", "ready": 2, "create": (), "delete": (), "cause": None, "exclude_nodes": ()}),
+    ("one pod pending", RUNNING, {}, pods(1, "Running", "Pending"), [], {"phase": "Pending", "ready": 1}),
+    ("notice delivered -> Preempting", {**RUNNING, "lastNotice": {**NOTICE, "attempt": 1}}, {},
+     pods(1, "Running", "Running"), [], {"phase": "Preempting", "cause": None}),
+    ("old notice does not count", {**RUNNING, "attempt": 2, "lastNotice": {**NOTICE, "attempt": 1}}, {},
+     pods(2, "Running", "Running"), [], {"phase": "Running"}),
+    ("all exit 42 -> preemption restart", RUNNING, {}, pods(1, 42, 42), [],
+     {"phase": "Restarting", "cause": "preemption", "restarting_from": 1, "delete": ("llama-0", "llama-1")}),
+    ("one 42 one still running -> wait", RUNNING, {}, pods(1, 42, "Running"), [],
+     {"phase": "Pending", "cause": None, "delete": ()}),
+    ("custom restart code", RUNNING, {"restartPolicy": {"restartExitCode": 7}}, pods(1, 7, 7), [],
+     {"cause": "preemption"}),
+    ("42 is a failure under a custom code", RUNNING, {"restartPolicy": {"restartExitCode": 7}}, pods(1, 42, 7), [],
+     {"cause": "failure", "phase": "Restarting"}),
+    ("mixed 0 and 42 -> preemption restart", RUNNING, {}, pods(1, 0, 42), [], {"cause": "preemption"}),
+    ("all exit 0 -> Succeeded", RUNNING, {}, pods(1, 0, 0), [], {"phase": "Succeeded", "delete": ()}),
+    ("one exits 0, other running -> wait", RUNNING, {}, pods(1, 0, "Running"), [], {"phase": "Pending"}),
+    ("exit 1 -> failure restart", RUNNING, {}, pods(1, 1, "Running"), [],
+     {"phase": "Restarting", "cause": "failure", "delete": ("llama-0", "llama-1")}),
+    ("failure past budget -> Failed", {**RUNNING, "restarts": {"failure": 3}}, {}, pods(1, 1, "Running"), [],
+     {"phase": "Failed", "cause": "failure", "delete": ("llama-1",)}),
+    ("maxFailures 0 fails at once", RUNNING, {"restartPolicy": {"maxFailures": 0}}, pods(1, 3, 3), [],
+     {"phase": "Failed", "delete": ()}),
+    ("pod deleted -> disruption", RUNNING, {}, pods(1, "Running", {"phase": "Running", "deleting": True}), [],
+     {"cause": "disruption", "delete": ("llama-0",)}),
+    ("pod missing -> disruption", RUNNING, {}, pods(1, "Running"), [], {"cause": "disruption"}),
+    ("node lost without notice -> disruption", RUNNING, {},
+     pods(1, "Running", {"phase": "Running", "node_lost": True}), [], {"cause": "disruption"}),
+    ("node lost after notice -> preemption", {**RUNNING, "lastNotice": {**NOTICE, "attempt": 1}}, {},
+     pods(1, "Running", {"phase": "Running", "node_lost": True}), [], {"cause": "preemption"}),
+    ("evicted (failed, no exit code) -> disruption", RUNNING, {}, pods(1, "Running", {"phase": "Failed"}), [],
+     {"cause": "disruption"}),
+    ("preemption cap reached -> Failed", {**RUNNING, "restarts": {"preemption": 1, "disruption": 1}},
+     {"restartPolicy": {"maxPreemptionRestarts": 2}}, pods(1, 42, 42), [],
+     {"phase": "Failed", "cause": "preemption"}),
+    ("disruptions do not use the failure budget", {**RUNNING, "restarts": {"failure": 3, "disruption": 9}}, {},
+     pods(1, "Running"), [], {"phase": "Restarting", "cause": "disruption"}),
+    ("restarting: old pods still terminating -> wait, no recount",
+     {"phase": "Restarting", "attempt": 1, "restartingFrom": 1}, {},
+     pods(1, {"phase": "Running", "deleting": True}, 42), [],
+     {"phase": "Restarting", "cause": None, "create": (), "delete": ("llama-1",), "attempt": 1}),
+    ("restarting: all gone -> attempt 2 away from noticed nodes",
+     {"phase": "Restarting", "attempt": 1, "restartingFrom": 1}, {}, [], ["n1"],
+     {"phase": "Pending", "attempt": 2, "create": (0, 1), "exclude_nodes": ("n1",), "new_attempt": True}),
+    ("crash after creating attempt 2, before status", {"phase": "Restarting", "attempt": 1, "restartingFrom": 1},
+     {}, pods(2, "Pending"), [],
+     {"phase": "Pending", "attempt": 2, "create": (1,), "restarting_from": None, "cause": None}),
+    ("stale pod of an old attempt is deleted", {**RUNNING, "attempt": 2},
+     {}, [*pods(2, "Running", "Running")[:1], *pods(1, "Running", "Running")[1:]], [],
+     {"cause": "disruption"}),
+    ("suspend deletes pods", RUNNING, {"suspend": True}, pods(1, "Running", "Running"), [],
+     {"phase": "Suspended", "delete": ("llama-0", "llama-1"), "cause": None}),
+    ("suspended before start creates nothing", {}, {"suspend": True}, [], [],
+     {"phase": "Suspended", "create": (), "attempt": 0}),
+    ("resume waits for pods to go", {"phase": "Suspended", "attempt": 1}, {},
+     pods(1, {"phase": "Running", "deleting": True}), [], {"phase": "Pending", "create": (), "delete": ()}),
+    ("resume starts a new attempt", {"phase": "Suspended", "attempt": 1}, {}, [], [],
+     {"phase": "Pending", "attempt": 2, "create": (0, 1), "cause": None}),
+    ("Succeeded is final", {"phase": "Succeeded", "attempt": 1}, {}, pods(1, 0, 0), [],
+     {"phase": "Succeeded", "create": (), "delete": ()}),
+    ("Failed is final but stops stragglers", {"phase": "Failed", "attempt": 1}, {}, pods(1, 1, "Running"), [],
+     {"phase": "Failed", "delete": ("llama-1",)}),
+]
+
+
+@pytest.mark.parametrize("status,spec,pod_list,notice_nodes,expected",
+                         [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_decide_restart(status: dict[str, Any], spec: dict[str, Any], pod_list: list[WorkerPod],
+                        notice_nodes: list[str], expected: dict[str, Any]) -> None:
+    plan = decide_restart(job(status, **spec), pod_list, notice_nodes)
+    got = {k: getattr(plan, k) for k in expected}
+    assert got == expected, plan
+
+
+def test_failed_condition_says_why() -> None:
+    plan = decide_restart(job({**RUNNING, "restarts": {"failure": 3}}), pods(1, 1, "Running"))
+    (cond,) = plan.conditions
+    assert (cond.type, cond.status, cond.reason) == ("Failed", "True", "TooManyFailures")
+    assert "llama-0 exited with code 1" in cond.message and "maxFailures=3" in cond.message
+
+
+def test_waiting_flag() -> None:
+    waiting = decide_restart(job({"phase": "Restarting", "attempt": 1, "restartingFrom": 1}),
+                             pods(1, {"phase": "Running", "deleting": True}, 42))
+    assert waiting.waiting
+    assert not decide_restart(job(RUNNING), pods(1, "Running", "Running")).waiting

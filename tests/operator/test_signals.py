@@ -1,0 +1,136 @@
+"""node_notice: one row per built-in signal key, plus precedence, overrides and malformed nodes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from reprieve_operator.models import BUILTIN_SIGNAL_NAMES, PreemptionSpec
+from reprieve_operator.signals import BUILTIN_SIGNALS, Notice, node_notice, signal_table, signals_for_job
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 11, 22, 3, 0, 0, tzinfo=UTC)
+ADDED = "2026-11-22T02:59:50Z"
+AWS = "aws-node-termination-handler"
+
+
+def node(taints: list[dict[str, Any]] | None = None, labels: dict[str, str] | None = None,
+         conditions: list[dict[str, Any]] | None = None, unschedulable: bool = False) -> dict[str, Any]:
+    return {"metadata": {"name": "node-a", "labels": labels or {}},
+            "spec": {"taints": taints or [], "unschedulable": unschedulable},
+            "status": {"conditions": conditions or [{"type": "Ready", "status": "True"}]}}
+
+
+def taint(key: str, effect: str = "NoSchedule", **kw: str) -> dict[str, Any]:
+    return {"key": key, "effect": effect, **kw}
+
+
+# (signal reason, node, expected observedAt, expected deadline)
+ROWS = [
+    ("gke-spot", node([taint("cloud.google.com/impending-node-termination", "NoSchedule")]), NOW, NOW + timedelta(seconds=30)),
+    ("gke-maintenance-ongoing", node(labels={"cloud.google.com/active-node-maintenance": "ONGOING"}), NOW,
+     NOW + timedelta(seconds=60)),
+    ("gke-scheduled-maintenance", node(labels={"cloud.google.com/scheduled-maintenance-time": str(
+        int((NOW + timedelta(minutes=10)).timestamp()))}), NOW, NOW + timedelta(minutes=10)),
+    ("gke-maintenance-window", node([taint("cloud.google.com/maintenance-window-started")]), NOW,
+     NOW + timedelta(seconds=60)),
+    ("aws-spot-itn", node([taint(f"{AWS}/spot-itn", "NoExecute", timeAdded=ADDED)]),
+     NOW - timedelta(seconds=10), NOW + timedelta(seconds=110)),
+    ("aws-scheduled-maintenance", node([taint(f"{AWS}/scheduled-maintenance")]), NOW, NOW + timedelta(seconds=120)),
+    ("aws-asg-lifecycle", node([taint(f"{AWS}/asg-lifecycle-termination")]), NOW, NOW + timedelta(seconds=120)),
+    ("aws-rebalance", node([taint(f"{AWS}/rebalance-recommendation", "PreferNoSchedule")]), NOW,
+     NOW + timedelta(seconds=120)),
+    ("karpenter-disrupted", node([taint("karpenter.sh/disrupted")]), NOW, NOW + timedelta(seconds=30)),
+    ("cluster-autoscaler", node([taint("ToBeDeletedByClusterAutoscaler", value="1763780000")]), NOW,
+     NOW + timedelta(seconds=30)),
+    ("aks-scheduled-event", node(conditions=[{"type": "VMEventScheduled", "status": "True",
+                                              "lastTransitionTime": ADDED}]),
+     NOW - timedelta(seconds=10), NOW + timedelta(seconds=20)),
+    ("aks-remediator", node([taint("remediator.aks.microsoft.com/unschedulable")]), NOW, NOW + timedelta(seconds=30)),
+    ("cordon", node(unschedulable=True), NOW, NOW + timedelta(seconds=30)),
+    ("out-of-service", node([taint("node.kubernetes.io/out-of-service", "NoExecute", timeAdded=ADDED)]),
+     NOW - timedelta(seconds=10), NOW - timedelta(seconds=10)),
+]
+
+
+def test_every_builtin_signal_has_a_row() -> None:
+    assert sorted(r[0] for r in ROWS) == sorted(BUILTIN_SIGNAL_NAMES)
+
+
+@pytest.mark.parametrize("reason,n,observed,deadline", ROWS, ids=[r[0] for r in ROWS])
+def test_builtin_signal(reason: str, n: dict[str, Any], observed: datetime, deadline: datetime) -> None:
+    notice = node_notice(n, NOW, BUILTIN_SIGNALS)
+    assert notice is not None
+    assert (notice.reason, notice.node, notice.observed_at, notice.deadline) == (reason, "node-a", observed, deadline)
+    assert notice.id.startswith(f"{reason}/node-a/")
+    # Disabling that one signal silences the node.
+    others = [s for s in BUILTIN_SIGNALS if s.name != reason]
+    assert node_notice(n, NOW, others) is None
+
+
+QUIET = [
+    ("healthy node", node()),
+    ("maintenance label other value", node(labels={"cloud.google.com/active-node-maintenance": "PENDING"})),
+    ("condition false", node(conditions=[{"type": "VMEventScheduled", "status": "False"}])),
+    ("unrelated taint", node([taint("example.com/gpu")])),
+    ("malformed maintenance time", node(labels={"cloud.google.com/scheduled-maintenance-time": "soon"})),
+    ("malformed taints", {"metadata": {"name": "node-a"}, "spec": {"taints": [{"key": None}]}}),
+    ("empty object", {}),
+]
+
+
+@pytest.mark.parametrize("n", [q[1] for q in QUIET], ids=[q[0] for q in QUIET])
+def test_no_notice(n: dict[str, Any]) -> None:
+    assert node_notice(n, NOW, BUILTIN_SIGNALS) is None
+
+
+def test_earliest_deadline_wins_and_first_seen_is_used() -> None:
+    n = node([taint(f"{AWS}/rebalance-recommendation"), taint("cloud.google.com/impending-node-termination")])
+    earlier = NOW - timedelta(seconds=5)
+    notice = node_notice(n, NOW, BUILTIN_SIGNALS, {"gke-spot": earlier})
+    assert notice is not None and notice.reason == "gke-spot"
+    assert notice.deadline == earlier + timedelta(seconds=30)
+    assert notice.id == f"gke-spot/node-a/{int(earlier.timestamp())}"
+
+
+def test_annotation_json_matches_contract() -> None:
+    import json
+
+    n = Notice("gke-spot/node-a/1", "gke-spot", "node-a", NOW + timedelta(seconds=30), NOW)
+    assert json.loads(n.annotation()) == {"id": "gke-spot/node-a/1", "reason": "gke-spot", "node": "node-a",
+                                          "deadline": "2026-11-22T03:00:30Z", "observedAt": "2026-11-22T03:00:00Z"}
+
+
+def test_chart_table_and_job_overrides() -> None:
+    table = signal_table({"builtin": {"cordon": {"enabled": False}, "gke-spot": {"noticeSeconds": 20}},
+                          "custom": [{"name": "site-drain", "type": "Label", "key": "example.com/drain",
+                                      "value": "true", "noticeSeconds": 45}]})
+    names = [s.name for s in table]
+    assert "cordon" not in names and "site-drain" in names
+    assert node_notice(node(unschedulable=True), NOW, table) is None
+    drained = node_notice(node(labels={"example.com/drain": "true"}), NOW, table)
+    assert drained is not None and drained.deadline == NOW + timedelta(seconds=45)
+
+    pre = PreemptionSpec.model_validate({"signals": ["gke-spot"], "noticeSeconds": {"gke-spot": 5},
+                                         "custom": [{"name": "fire", "type": "Condition", "key": "OnFire"}],
+                                         "defaultNoticeSeconds": 7})
+    job_sigs = signals_for_job(table, pre)
+    assert {s.name for s in job_sigs} == {"gke-spot", "site-drain", "fire"}  # customs stay; builtins narrowed
+    spot = node_notice(node([taint("cloud.google.com/impending-node-termination")]), NOW, job_sigs)
+    assert spot is not None and spot.deadline == NOW + timedelta(seconds=5)
+    fire = node_notice(node(conditions=[{"type": "OnFire", "status": "True"}]), NOW, job_sigs)
+    assert fire is not None and fire.reason == "fire" and fire.deadline == NOW + timedelta(seconds=7)
+    assert signals_for_job(table, PreemptionSpec(enabled=False)) == ()
+
+
+@pytest.mark.parametrize("config,needle", [
+    ({"builtin": {"gce-spot": {}}}, "gce-spot"),
+    ({"custom": [{"name": "x", "type": "Annotation", "key": "k"}]}, "Annotation"),
+    ({"custom": [{"name": "x", "type": "Taint", "key": ""}]}, "key"),
+])
+def test_bad_signal_table_is_rejected(config: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        signal_table(config)
