@@ -72,6 +72,8 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, *, interval
         try:
             if check():
                 return
+        except ClusterError:
+            raise
         except Exception as err:  # a probe that errors is a probe that is not ready yet
             log.debug("%s: %s", what, err)
         if time.monotonic() > deadline:
