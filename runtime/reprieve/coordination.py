@@ -196,6 +196,8 @@ class JaxCoordinator(Coordinator):
         try:
             return str(self._client.blocking_key_value_get(key, max(1, int(timeout_s * 1000))))
         except Exception as err:
+            if "DEADLINE_EXCEEDED" not in str(err):  # e.g. UNAVAILABLE: the service is gone
+                raise CoordinationError(f"get of {key!r} failed on process {self.process_id}: {err}") from err
             raise CoordinationTimeout(
                 f"key {key!r} not set within {timeout_s:.1f}s on process {self.process_id}: {err}"
             ) from err

@@ -1,0 +1,321 @@
+"""Agreeing on one save step across processes, through the coordination service's key-value store.
+
+Protocol (one *round* per notice that changes the plan; the argument for its safety is in
+``docs/runtime.md``, "Why every process saves the same step"):
+
+1. A process that learns of a notice claims ``<prefix>/notice/<r>`` for the next round ``r``. The first
+   claim wins and that process leads the round; a losing notice is re-offered after the round, and dropped
+   if it does not bring the deadline earlier.
+2. Every process runs one watcher thread that blocks on that key (``get`` with a timeout, in a loop), so
+   the training loop makes no RPC in steady state: it only takes a local lock per step.
+3. On seeing round ``r`` a watcher *closes the gate* and, under the same lock, reads ``checked``: the
+   highest step its training loop has already decided about (saved or not). It acks
+   ``<prefix>/ack/<r>/<pid>`` with that step and its step/save timings. While the gate is closed, the
+   loop may not decide about any step beyond ``checked``; it waits (only then, only briefly).
+4. The leader waits for every ack (timeout names the processes that did not answer), computes
+   ``earliest = max(checked) + 1`` (no process has decided about it, none can until the plan is out) and
+   :func:`reprieve.countdown.choose_save_step`, and publishes ``<prefix>/plan/<r>``.
+5. Every watcher reads the plan, installs it and opens the gate. All processes save at the plan's steps.
+
+Keys are scoped by the job attempt, so a restarted gang never reads a stale round.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .coordination import CoordinationError, CoordinationTimeout, Coordinator, missing_processes
+from .countdown import CountdownSettings, SavePlan, choose_save_step
+from .notice import Notice
+
+log = logging.getLogger(__name__)
+
+FINAL = "final"
+EARLY = "early"
+
+
+class AgreementError(RuntimeError):
+    """Agreement failed (a process did not answer in time, or the coordination service failed)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The plan in force: from round ``round``, led by ``leader``, for ``notice``."""
+
+    round: int
+    leader: int
+    notice: Notice
+    plan: SavePlan
+    deadline: float
+    deadline_known: bool
+    agreed_at: float
+
+
+class Agreement:
+    """Per-process side of the protocol. Main-thread API: :meth:`decide`; any thread: :meth:`offer`."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        *,
+        attempt: int = 1,
+        timeout_s: float = 60.0,
+        countdown: CountdownSettings = CountdownSettings(),
+        poll_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+        on_target: Callable[[Target], None] | None = None,
+    ) -> None:
+        self.coordinator = coordinator
+        self.pid = coordinator.process_id
+        self.n = coordinator.num_processes
+        self.timeout_s = timeout_s
+        self.countdown = countdown
+        self.poll_s = poll_s
+        self.clock = clock
+        self.on_target = on_target
+        self.prefix = f"reprieve/{attempt}/agree"
+        # written by the training loop, read by the watcher when it acks
+        self.step_seconds: float | None = None
+        self.save_seconds: float | None = None
+        self.last_step: int | None = None
+
+        self._cond = threading.Condition()
+        self._checked = -1  # highest step the loop has decided about
+        self._gate: int | None = None  # round acked, plan not yet known
+        self._acked = -1
+        self._target: Target | None = None
+        self._error: AgreementError | None = None
+        self._next_round = 0
+        self._seen: set[str] = set()
+        self._pending: list[Notice] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> Agreement:
+        self._thread = threading.Thread(target=self._watch, name="reprieve-agreement", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout_s: float | None = None) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(self.poll_s + 1.0 if timeout_s is None else timeout_s)
+
+    # -- main thread -----------------------------------------------------------------------------------
+    @property
+    def target(self) -> Target | None:
+        return self._target
+
+    @property
+    def noticed(self) -> bool:
+        """True once any round started (a notice is known to every process that sees this)."""
+        return self._gate is not None or self._target is not None
+
+    def decide(self, step: int) -> str | None:
+        """Record that the loop decides about ``step`` now; return ``"final"``, ``"early"`` or None.
+
+        Blocks only while a round is being agreed and ``step`` is beyond what this process acked.
+
+        Raises:
+            AgreementError: the round failed or did not finish in time.
+        """
+        with self._cond:
+            if self._gate is not None and step > self._acked:
+                self._wait_gate(step)
+            if self._error is not None:
+                raise self._error
+            if step > self._checked:
+                self._checked = step
+            target = self._target
+        if target is None:
+            return None
+        if step == target.plan.final_step:
+            return FINAL
+        if step == target.plan.early_step:
+            return EARLY
+        return None
+
+    def _wait_gate(self, step: int) -> None:
+        limit = time.monotonic() + 2 * self.timeout_s + self.poll_s
+        while self._gate is not None and self._error is None:
+            left = limit - time.monotonic()
+            if left <= 0:
+                self._error = AgreementError(
+                    f"process {self.pid}: round {self._gate} did not produce a plan within "
+                    f"{2 * self.timeout_s:.0f}s while step {step} waited for it"
+                )
+                break
+            self._cond.wait(min(left, 1.0))
+
+    # -- any thread --------------------------------------------------------------------------------------
+    def offer(self, notice: Notice) -> None:
+        """Publish ``notice`` to all processes unless it is known or brings nothing new. Not signal-safe."""
+        with self._cond:
+            if notice.id in self._seen:
+                log.debug("notice %s already known; ignored", notice.id)
+                return
+            self._seen.add(notice.id)
+            if self._adds_nothing(notice):
+                return
+            round_ = self._next_round
+        record = json.dumps({"leader": self.pid, "notice": notice.to_json()})
+        try:
+            won = self.coordinator.claim(f"{self.prefix}/notice/{round_}", record)
+        except CoordinationError as err:
+            log.error("process %d could not publish notice %s: %s", self.pid, notice.id, err)
+            with self._cond:
+                self._pending.append(notice)
+            return
+        if won:
+            log.info("process %d leads agreement round %d for notice %s (%s via %s, %.1fs lead)", self.pid,
+                     round_, notice.id, notice.reason, notice.source, notice.lead_seconds)
+        else:
+            log.info("process %d: round %d was already claimed; notice %s re-offered after it", self.pid,
+                     round_, notice.id)
+            with self._cond:
+                self._pending.append(notice)
+
+    def _adds_nothing(self, notice: Notice) -> bool:
+        target = self._target
+        if target is None:
+            return False
+        if not notice.deadline_known or notice.deadline >= target.deadline - 1.0:
+            log.info("notice %s (deadline %+.1fs vs agreed %+.1fs) does not move the agreed save at step %d; "
+                     "ignored", notice.id, notice.deadline - self.clock(), target.deadline - self.clock(),
+                     target.plan.final_step)
+            return True
+        return False
+
+    # -- watcher thread ------------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        round_ = 0
+        while not self._stop.is_set():
+            key = f"{self.prefix}/notice/{round_}"
+            try:
+                raw = self.coordinator.get(key, self.poll_s)
+            except CoordinationTimeout:
+                continue
+            except Exception as err:  # the service is gone: surface it at the next step
+                if not self._stop.is_set():
+                    self._fail(AgreementError(f"process {self.pid}: watching {key} failed: {err}"))
+                return
+            try:
+                self._run_round(round_, raw)
+            except Exception as err:
+                self._fail(err if isinstance(err, AgreementError) else AgreementError(
+                    f"process {self.pid}: agreement round {round_} failed: {err}"))
+                return
+            round_ += 1
+            with self._cond:
+                self._next_round = round_
+                pending, self._pending = self._pending, []
+                for notice in pending:
+                    self._seen.discard(notice.id)
+            for notice in pending:
+                self.offer(notice)
+
+    def _fail(self, err: AgreementError) -> None:
+        log.error("%s", err)
+        with self._cond:
+            self._error = err
+            self._gate = None
+            self._cond.notify_all()
+
+    def _run_round(self, round_: int, raw: str) -> None:
+        record = json.loads(raw)
+        leader, notice = int(record["leader"]), Notice.from_json(record["notice"])
+        with self._cond:
+            self._gate = round_
+            self._acked = self._checked
+            self._seen.add(notice.id)
+        ack = {"checked": self._acked, "stepSeconds": self.step_seconds, "saveSeconds": self.save_seconds}
+        self.coordinator.set(f"{self.prefix}/ack/{round_}/{self.pid}", json.dumps(ack), overwrite=True)
+        log.info("process %d acked round %d (notice %s from process %d) at step %d", self.pid, round_,
+                 notice.id, leader, self._acked)
+        if leader == self.pid:
+            plan_record = self._lead(round_, notice)
+            self.coordinator.set(f"{self.prefix}/plan/{round_}", json.dumps(plan_record), overwrite=True)
+        else:
+            try:
+                plan_record = json.loads(self.coordinator.get(f"{self.prefix}/plan/{round_}", self.timeout_s))
+            except CoordinationTimeout as err:
+                acks = self._safe_dir(f"{self.prefix}/ack/{round_}/")
+                missing = missing_processes(list(acks), range(self.n))
+                raise AgreementError(
+                    f"process {self.pid}: leader process {leader} did not publish the plan of round {round_} "
+                    f"within {self.timeout_s:.0f}s; processes {missing} had not acked ({err})"
+                ) from err
+        plan = SavePlan(int(plan_record["final"]), plan_record.get("early"), str(plan_record["reason"]))
+        previous = self._target
+        deadline, known = notice.deadline, notice.deadline_known
+        if previous is not None and previous.deadline_known and (not known or previous.deadline < deadline):
+            deadline, known = previous.deadline, True
+        target = Target(round_, leader, notice, plan, deadline, known, self.clock())
+        with self._cond:
+            self._target = target
+            self._gate = None
+            self._cond.notify_all()
+        log.info("process %d: agreed save step %d%s (round %d, leader %d, notice %s, %s)", self.pid,
+                 plan.final_step, "" if plan.early_step is None else f" (first save at {plan.early_step})",
+                 round_, leader, notice.id, plan.reason)
+        if self.on_target is not None:
+            self.on_target(target)
+
+    def _lead(self, round_: int, notice: Notice) -> dict[str, Any]:
+        acks: dict[int, dict[str, Any]] = {}
+        limit = time.monotonic() + self.timeout_s
+        for p in range(self.n):
+            try:
+                acks[p] = json.loads(self.coordinator.get(f"{self.prefix}/ack/{round_}/{p}",
+                                                          max(0.001, limit - time.monotonic())))
+            except CoordinationTimeout as err:
+                present = self._safe_dir(f"{self.prefix}/ack/{round_}/")
+                missing = missing_processes(list(present), range(self.n))
+                raise AgreementError(
+                    f"process {self.pid} (leader of round {round_}): processes {missing or [p]} did not ack "
+                    f"notice {notice.id} within {self.timeout_s:.0f}s ({err})"
+                ) from err
+        checked = {p: int(a["checked"]) for p, a in acks.items()}
+        step_s = _max_known(a.get("stepSeconds") for a in acks.values())
+        save_s = _max_known(a.get("saveSeconds") for a in acks.values())
+        previous = self._target
+        deadline = notice.deadline
+        if previous is not None and previous.deadline_known and previous.deadline < deadline:
+            deadline = previous.deadline
+        now = self.clock()
+        plan = choose_save_step(
+            earliest_step=max(checked.values()) + 1,
+            seconds_left=deadline - now,
+            step_seconds=step_s,
+            save_seconds=save_s,
+            settings=self.countdown,
+            last_step=self.last_step,
+            previous_final=None if previous is None else previous.plan.final_step,
+        )
+        log.info("round %d plan: final step %d, early %s; inputs: checked=%s, %.1fs to deadline, "
+                 "step %s s, save %s s, last step %s, previous final %s", round_, plan.final_step,
+                 plan.early_step, checked, deadline - now, _fmt(step_s), _fmt(save_s), self.last_step,
+                 None if previous is None else previous.plan.final_step)
+        return {"final": plan.final_step, "early": plan.early_step, "reason": plan.reason, "leader": self.pid}
+
+    def _safe_dir(self, prefix: str) -> dict[str, str]:
+        try:
+            return self.coordinator.dir_get(prefix)
+        except CoordinationError:
+            return {}
+
+
+def _max_known(values: Any) -> float | None:
+    known = [float(v) for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _fmt(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3f}"

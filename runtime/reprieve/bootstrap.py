@@ -1,0 +1,139 @@
+"""``reprieve.init()``: read the contract environment, join the job, wire the pieces into a :class:`Job`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .agreement import Agreement, Target
+from .config import RuntimeConfig
+from .coordination import Coordinator, JaxCoordinator, LocalCoordinator
+from .countdown import CountdownSettings
+from .job import Checkpointer, Job
+from .kube import KubeClient, PodWatchSource, ProgressReporter
+from .metrics import Metrics
+from .notice import Notice
+from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
+from .policy import SavePolicy
+
+log = logging.getLogger(__name__)
+
+
+def init(
+    *,
+    checkpointer: Checkpointer | Callable[[RuntimeConfig, Coordinator], Checkpointer] | None = None,
+    env: Mapping[str, str] | None = None,
+    notice_fn: Callable[[], Any] | None = None,
+    policy: SavePolicy | None = None,
+    countdown: CountdownSettings | None = None,
+    install_sigterm: bool = True,
+    watch_pod: bool = True,
+    exit_fn: Callable[[int], Any] = sys.exit,
+) -> Job:
+    """Join the job described by the ``REPRIEVE_*`` environment and return its :class:`Job`.
+
+    With ``REPRIEVE_NUM_PROCESSES`` > 1 this calls ``jax.distributed.initialize`` (coordination service bound
+    to ``REPRIEVE_POD_IP``, short heartbeat/shutdown timeouts so a dead peer fails the job in seconds, JAX's
+    own SIGTERM-based preemption service disabled: reprieve handles SIGTERM). Outside Kubernetes it runs
+    single-process with local defaults.
+
+    Args:
+        checkpointer: a :class:`Checkpointer`, or a factory ``(config, coordinator) -> Checkpointer``;
+            default ``reprieve.checkpoint.CheckpointManager`` on ``REPRIEVE_CHECKPOINT_URI``.
+        env: the environment to read (default ``os.environ``).
+        notice_fn: optional callable polled every ``REPRIEVE_NOTICE_POLL_SECONDS``; see
+            :func:`reprieve.notice.user_notice` for what it may return.
+        policy: periodic save policy (default: every ``REPRIEVE_CHECKPOINT_INTERVAL_STEPS`` and the last step).
+        countdown: grace-period countdown settings.
+        install_sigterm: install the SIGTERM handler (chains any handler installed before).
+        watch_pod: watch this pod's notice annotation through the Kubernetes API when in a cluster.
+        exit_fn: how to exit (default ``sys.exit``).
+    """
+    config = RuntimeConfig.from_env(os.environ if env is None else env)
+    coordinator = _join(config)
+    if checkpointer is None:
+        checkpointer = default_checkpointer(config, coordinator)
+    elif callable(checkpointer) and not hasattr(checkpointer, "save"):
+        checkpointer = checkpointer(config, coordinator)
+    countdown = countdown or CountdownSettings(default_save_seconds=config.save_seconds_estimate)
+    metrics = Metrics()
+
+    def on_target(target: Target) -> None:
+        metrics.set("reprieve_agreed_step", target.plan.final_step)
+
+    def on_notice(notice: Notice) -> None:
+        metrics.inc("reprieve_notices_total", source=notice.source, reason=notice.reason)
+        metrics.set("reprieve_notice_lead_seconds", notice.lead_seconds)
+
+    agreement = Agreement(coordinator, attempt=config.attempt, timeout_s=config.agreement_timeout_seconds,
+                          countdown=countdown, on_target=on_target)
+    sigterm: SigtermSource | None = None
+    hub = NoticeHub(agreement.offer, on_notice=on_notice, idle_check=lambda: sigterm and sigterm.check(),
+                    idle_s=config.notice_poll_seconds)
+    closers: list[Callable[[], None]] = []
+    if install_sigterm:
+        sigterm = SigtermSource(hub, grace_seconds=config.termination_grace_seconds, pod=config.pod_name,
+                                process_id=config.process_id)
+        if sigterm.install():
+            closers.append(sigterm.uninstall)
+    if config.notice_file:
+        closers.append(PollingSource("notice-file", NoticeFile(config.notice_file), hub,
+                                     config.notice_poll_seconds).start().close)
+    if notice_fn is not None:
+        user = UserCallable(notice_fn, default_grace_seconds=config.termination_grace_seconds)
+        closers.append(PollingSource("notice-callable", user, hub, config.notice_poll_seconds).start().close)
+    progress = None
+    if config.in_cluster:
+        assert config.kubernetes_host is not None and config.pod_name is not None
+        client = KubeClient(config.kubernetes_host, config.kubernetes_port, config.serviceaccount_dir)
+        if watch_pod:
+            closers.append(PodWatchSource(client, config.namespace, config.pod_name, hub.put).start().close)
+        if config.process_id == 0:
+            progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt)
+    if config.metrics_port is not None:
+        metrics.serve(config.metrics_port)
+    agreement.start()
+    hub.start()
+    log.info("reprieve: process %d/%d, attempt %d, checkpoints %s, notices from %s", config.process_id,
+             config.num_processes, config.attempt, config.checkpoint_uri,
+             ", ".join(s for s, on in [("SIGTERM", sigterm is not None), ("notice file", config.notice_file),
+                                       ("pod watch", config.in_cluster and watch_pod),
+                                       ("callable", notice_fn is not None)] if on))
+    return Job(config, coordinator, checkpointer, agreement, hub, policy=policy, metrics=metrics,
+               progress=progress, closers=closers, exit_fn=exit_fn)
+
+
+def _join(config: RuntimeConfig) -> Coordinator:
+    if not config.distributed:
+        return LocalCoordinator()
+    import jax
+
+    if not jax.distributed.is_initialized():
+        # JAX's preemption service installs its own C-level SIGTERM handler; reprieve owns SIGTERM.
+        jax.config.update("jax_enable_preemption_service", False)
+        jax.distributed.initialize(
+            coordinator_address=config.coordinator_address,
+            num_processes=config.num_processes,
+            process_id=config.process_id,
+            coordinator_bind_address=config.coordinator_bind_address(),
+            initialization_timeout=config.init_timeout_seconds,
+            heartbeat_timeout_seconds=config.heartbeat_timeout_seconds,
+            shutdown_timeout_seconds=config.shutdown_timeout_seconds,
+        )
+    return JaxCoordinator.from_jax()
+
+
+def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Checkpointer:
+    """``reprieve.checkpoint.CheckpointManager`` on ``REPRIEVE_CHECKPOINT_URI``."""
+    try:
+        from .checkpoint import CheckpointManager  # type: ignore[attr-defined]
+    except ImportError as err:
+        raise RuntimeError(
+            "reprieve.init(): no checkpointer given and reprieve.checkpoint.CheckpointManager is not "
+            f"available ({err}); pass checkpointer=... (see docs/runtime.md)"
+        ) from err
+    return CheckpointManager(config.checkpoint_uri, coordinator=coordinator, attempt=config.attempt,
+                             keep=config.checkpoint_keep)

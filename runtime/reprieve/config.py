@@ -1,0 +1,181 @@
+"""The runtime's view of the operator contract: every ``REPRIEVE_*`` variable, parsed once (pure).
+
+``RuntimeConfig.from_env(os.environ)`` is the only place that reads the environment; everything else takes a
+``RuntimeConfig``. Outside Kubernetes every variable is optional and the defaults give a single-process job
+checkpointing to ``./checkpoints``. A malformed value raises :class:`ConfigError` naming the variable, what was
+expected and what was found.
+
+Runtime-only knobs (not set by the operator, documented in ``docs/runtime.md``):
+
+``REPRIEVE_HEARTBEAT_TIMEOUT_SECONDS`` (10), ``REPRIEVE_SHUTDOWN_TIMEOUT_SECONDS`` (30),
+``REPRIEVE_INIT_TIMEOUT_SECONDS`` (300), ``REPRIEVE_AGREEMENT_TIMEOUT_SECONDS`` (60),
+``REPRIEVE_NOTICE_POLL_SECONDS`` (1), ``REPRIEVE_METRICS_PORT`` (unset = no exporter),
+``REPRIEVE_SAVE_SECONDS_ESTIMATE`` (30, used until a save has been measured).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_RESTART_EXIT_CODE = 42
+DEFAULT_TERMINATION_GRACE_SECONDS = 30.0
+DEFAULT_SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+class ConfigError(ValueError):
+    """A ``REPRIEVE_*`` variable is malformed or inconsistent with the others."""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Everything the runtime reads from its environment. See ``docs/contract.md`` for meanings."""
+
+    job: str = "local"
+    namespace: str = "default"
+    pod_name: str | None = None
+    pod_ip: str | None = None
+    num_processes: int = 1
+    process_id: int = 0
+    coordinator_address: str | None = None
+    checkpoint_uri: str = "./checkpoints"
+    checkpoint_interval_steps: int = 0
+    checkpoint_keep: int = 3
+    attempt: int = 1
+    restart_exit_code: int = DEFAULT_RESTART_EXIT_CODE
+    notice_file: str | None = None
+    termination_grace_seconds: float = DEFAULT_TERMINATION_GRACE_SECONDS
+    serviceaccount_dir: str = DEFAULT_SERVICEACCOUNT_DIR
+    kubernetes_host: str | None = None
+    kubernetes_port: int = 443
+    # runtime-only knobs
+    heartbeat_timeout_seconds: int = 10
+    shutdown_timeout_seconds: int = 30
+    init_timeout_seconds: int = 300
+    agreement_timeout_seconds: float = 60.0
+    notice_poll_seconds: float = 1.0
+    metrics_port: int | None = None
+    save_seconds_estimate: float = 30.0
+
+    @property
+    def distributed(self) -> bool:
+        return self.num_processes > 1
+
+    @property
+    def in_cluster(self) -> bool:
+        """True when the Kubernetes API and this pod's identity are known (watch + progress patches)."""
+        return bool(self.kubernetes_host and self.pod_name)
+
+    def coordinator_bind_address(self) -> str | None:
+        """``<pod ip>:<coordinator port>`` when the pod IP is known, else None (JAX binds all interfaces)."""
+        if not self.pod_ip or not self.coordinator_address:
+            return None
+        port = self.coordinator_address.rsplit(":", 1)[1]
+        host = f"[{self.pod_ip}]" if ":" in self.pod_ip else self.pod_ip
+        return f"{host}:{port}"
+
+    def replace(self, **changes: object) -> RuntimeConfig:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> RuntimeConfig:
+        """Parse the contract environment. Raises :class:`ConfigError` naming the bad variable."""
+        r = _Reader(env)
+        cfg = cls(
+            job=r.str("REPRIEVE_JOB", cls.job),
+            namespace=r.str("REPRIEVE_NAMESPACE", cls.namespace),
+            pod_name=r.opt_str("REPRIEVE_POD_NAME"),
+            pod_ip=r.opt_str("REPRIEVE_POD_IP"),
+            num_processes=r.int("REPRIEVE_NUM_PROCESSES", 1, minimum=1),
+            process_id=r.int("REPRIEVE_PROCESS_ID", 0, minimum=0),
+            coordinator_address=r.opt_str("REPRIEVE_COORDINATOR_ADDRESS"),
+            checkpoint_uri=r.str("REPRIEVE_CHECKPOINT_URI", cls.checkpoint_uri),
+            checkpoint_interval_steps=r.int("REPRIEVE_CHECKPOINT_INTERVAL_STEPS", 0, minimum=0),
+            checkpoint_keep=r.int("REPRIEVE_CHECKPOINT_KEEP", 3, minimum=1),
+            attempt=r.int("REPRIEVE_ATTEMPT", 1, minimum=1),
+            restart_exit_code=r.int("REPRIEVE_RESTART_EXIT_CODE", DEFAULT_RESTART_EXIT_CODE, minimum=1,
+                                    maximum=255),
+            notice_file=r.opt_str("REPRIEVE_NOTICE_FILE"),
+            termination_grace_seconds=r.float("REPRIEVE_TERMINATION_GRACE_SECONDS",
+                                              DEFAULT_TERMINATION_GRACE_SECONDS, minimum=0.0),
+            serviceaccount_dir=r.str("REPRIEVE_SERVICEACCOUNT_DIR", DEFAULT_SERVICEACCOUNT_DIR),
+            kubernetes_host=r.opt_str("KUBERNETES_SERVICE_HOST"),
+            kubernetes_port=r.int("KUBERNETES_SERVICE_PORT", 443, minimum=1, maximum=65535),
+            heartbeat_timeout_seconds=r.int("REPRIEVE_HEARTBEAT_TIMEOUT_SECONDS", 10, minimum=1),
+            shutdown_timeout_seconds=r.int("REPRIEVE_SHUTDOWN_TIMEOUT_SECONDS", 30, minimum=1),
+            init_timeout_seconds=r.int("REPRIEVE_INIT_TIMEOUT_SECONDS", 300, minimum=1),
+            agreement_timeout_seconds=r.float("REPRIEVE_AGREEMENT_TIMEOUT_SECONDS", 60.0, minimum=0.1),
+            notice_poll_seconds=r.float("REPRIEVE_NOTICE_POLL_SECONDS", 1.0, minimum=0.01),
+            metrics_port=r.opt_int("REPRIEVE_METRICS_PORT", minimum=0, maximum=65535),
+            save_seconds_estimate=r.float("REPRIEVE_SAVE_SECONDS_ESTIMATE", 30.0, minimum=0.0),
+        )
+        if cfg.process_id >= cfg.num_processes:
+            raise ConfigError(
+                f"REPRIEVE_PROCESS_ID must be < REPRIEVE_NUM_PROCESSES ({cfg.num_processes}), "
+                f"got {cfg.process_id}"
+            )
+        if cfg.distributed and not cfg.coordinator_address:
+            raise ConfigError(
+                f"REPRIEVE_COORDINATOR_ADDRESS must be set (host:port) when REPRIEVE_NUM_PROCESSES > 1, "
+                f"got REPRIEVE_NUM_PROCESSES={cfg.num_processes} and no address"
+            )
+        if cfg.coordinator_address is not None:
+            host, sep, port = cfg.coordinator_address.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ConfigError(
+                    f"REPRIEVE_COORDINATOR_ADDRESS must be host:port, got {cfg.coordinator_address!r}"
+                )
+        return cfg
+
+
+class _Reader:
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+
+    def _raw(self, name: str) -> str | None:
+        value = self._env.get(name)
+        if value is None or value.strip() == "":
+            return None
+        return value.strip()
+
+    def str(self, name: str, default: str) -> str:
+        return self._raw(name) or default
+
+    def opt_str(self, name: str) -> str | None:
+        return self._raw(name)
+
+    def int(self, name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+        value = self.opt_int(name, minimum=minimum, maximum=maximum)
+        return default if value is None else value
+
+    def opt_int(self, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int | None:
+        raw = self._raw(name)
+        if raw is None:
+            return None
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+        _check_range(name, value, minimum, maximum)
+        return value
+
+    def float(self, name: str, default: float, *, minimum: float | None = None) -> float:
+        raw = self._raw(name)
+        if raw is None:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{name} must be a finite number, got {raw!r}")
+        _check_range(name, value, minimum, None)
+        return value
+
+
+def _check_range(name: str, value: float, minimum: float | None, maximum: float | None) -> None:
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be <= {maximum}, got {value}")

@@ -1,0 +1,196 @@
+"""Where notices come from: SIGTERM, the downward-API file, a user callable (and :mod:`reprieve.kube`).
+
+Every source hands :class:`~reprieve.notice.Notice` objects to a :class:`NoticeHub`, whose one thread passes
+them to the sink (the agreement). Sources never raise into training and never block it: the SIGTERM handler
+only enqueues, pollers run in daemon threads and log their failures.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .notice import Notice, notice_from_annotations, parse_downward_file, sigterm_notice, user_notice
+
+log = logging.getLogger(__name__)
+
+
+class NoticeHub:
+    """Fan-in of all sources. :meth:`put` is safe from a signal handler; the sink runs on the hub thread."""
+
+    def __init__(self, sink: Callable[[Notice], None], *, on_notice: Callable[[Notice], None] | None = None,
+                 idle_check: Callable[[], None] | None = None, idle_s: float = 1.0) -> None:
+        self._sink = sink
+        self._on_notice = on_notice
+        self._idle_check = idle_check
+        self._idle_s = idle_s
+        self._queue: queue.SimpleQueue[Notice | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._seen: set[str] = set()
+
+    def put(self, notice: Notice) -> None:
+        self._queue.put(notice)
+
+    def start(self) -> NoticeHub:
+        self._thread = threading.Thread(target=self._run, name="reprieve-notices", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._queue.put(None)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(2.0)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                notice = self._queue.get(timeout=self._idle_s)
+            except queue.Empty:
+                if self._idle_check is not None:
+                    self._idle_check()
+                continue
+            if notice is None:
+                return
+            if notice.id not in self._seen:
+                self._seen.add(notice.id)
+                log.info("notice %s via %s: reason %s, deadline in %.1fs%s", notice.id, notice.source,
+                         notice.reason, notice.deadline - time.time(),
+                         "" if notice.deadline_known else " (deadline unknown: save at once)")
+                if self._on_notice is not None:
+                    self._on_notice(notice)
+            try:
+                self._sink(notice)
+            except Exception:  # a broken sink must not kill the hub; the next notice may get through
+                log.exception("handling notice %s failed", notice.id)
+
+
+class SigtermSource:
+    """SIGTERM -> notice with deadline receipt + grace. Chains the handler that was installed before.
+
+    Python lets only the main thread install handlers, and a later ``signal.signal(SIGTERM, ...)`` silently
+    replaces ours; :meth:`check` (called by the hub about once a second) warns once when that happened.
+    """
+
+    def __init__(self, hub: NoticeHub, *, grace_seconds: float, pod: str | None, process_id: int,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._hub = hub
+        self._grace = grace_seconds
+        self._pod = pod
+        self._pid = process_id
+        self._clock = clock
+        self._previous: Any = None
+        self._installed = False
+        self._warned = False
+
+    def install(self) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("reprieve.init() ran off the main thread: no SIGTERM handler installed; "
+                        "SIGTERM will kill the process without a checkpoint")
+            return False
+        self._previous = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, self._handle)
+        self._installed = True
+        return True
+
+    def uninstall(self) -> None:
+        if self._installed and threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) == self._handle:
+                signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._installed = False
+
+    def check(self) -> None:
+        if not self._installed or self._warned:
+            return
+        current = signal.getsignal(signal.SIGTERM)
+        if current != self._handle:
+            self._warned = True
+            log.warning("the SIGTERM handler of reprieve was replaced by %r: SIGTERM will not trigger a "
+                        "checkpoint. Install your handler before reprieve.init() (it will be chained).", current)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self._hub.put(sigterm_notice(self._clock(), self._grace, pod=self._pod, process_id=self._pid))
+        previous = self._previous
+        if callable(previous):
+            previous(signum, frame)
+
+
+class PollingSource:
+    """Calls ``poll()`` every ``interval_s`` in a daemon thread and forwards the notices it returns."""
+
+    def __init__(self, name: str, poll: Callable[[], Notice | None], hub: NoticeHub, interval_s: float) -> None:
+        self.name = name
+        self._poll = poll
+        self._hub = hub
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def start(self) -> PollingSource:
+        self._thread = threading.Thread(target=self._run, name=f"reprieve-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                notice = self._poll()
+                if self._failing:
+                    log.info("notice source %s works again", self.name)
+                    self._failing = False
+            except Exception as err:
+                notice = None
+                if not self._failing:
+                    log.warning("notice source %s failed (%s); will keep trying", self.name, err)
+                    self._failing = True
+            if notice is not None:
+                self._hub.put(notice)
+            self._stop.wait(self._interval)
+
+
+class NoticeFile:
+    """Reads ``REPRIEVE_NOTICE_FILE`` (downward-API annotations) and returns the notice in it, if any."""
+
+    def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self._clock = clock
+        self._last_text: str | None = None
+        self._last_notice: Notice | None = None
+
+    def __call__(self) -> Notice | None:
+        try:
+            with open(self.path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except FileNotFoundError:
+            return None
+        if text != self._last_text:  # parse (and log problems) once per content change
+            self._last_text = text
+            self._last_notice = notice_from_annotations(parse_downward_file(text), self._clock(),
+                                                        source="notice-file")
+        return self._last_notice
+
+
+def notice_file_exists(path: str | None) -> bool:
+    return bool(path) and os.path.exists(os.path.dirname(os.path.abspath(path or "")) or ".")
+
+
+class UserCallable:
+    """Wraps a user callable (see :func:`reprieve.notice.user_notice` for what it may return)."""
+
+    def __init__(self, fn: Callable[[], Any], *, default_grace_seconds: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._fn = fn
+        self._grace = default_grace_seconds
+        self._clock = clock
+
+    def __call__(self) -> Notice | None:
+        return user_notice(self._fn(), self._clock(), default_grace_seconds=self._grace)

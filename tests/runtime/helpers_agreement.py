@@ -1,0 +1,238 @@
+"""Helpers for the runtime's multi-process tests: a real file checkpointer and a process launcher.
+
+:class:`FileCheckpointer` writes real files (one fsynced ``.npz`` per process and step) and commits through a
+real coordination-service barrier, with the same interface as ``reprieve.checkpoint.CheckpointManager``; it
+lets the agreement tests run before (and independently of) the checkpoint module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).resolve().parent / "workers" / "train_worker.py"
+
+
+class FileCheckpointer:
+    """``save`` copies to host and returns; a thread writes ``step_<S>/proc_<p>.npz``, waits at a barrier
+    of all processes, and process 0 writes ``step_<S>/COMMITTED``. One save in flight at a time."""
+
+    def __init__(self, root: str, coordinator: Any, *, attempt: int = 1, save_delay_s: float = 0.0) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.coordinator = coordinator
+        self.attempt = attempt
+        self.save_delay_s = save_delay_s
+        self.last_save_seconds: float | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None) -> None:
+        import jax
+
+        self.wait()
+        start = time.monotonic()
+        leaves, _ = jax.tree_util.tree_flatten_with_path(state)
+        arrays = {jax.tree_util.keystr(path): np.asarray(jax.device_get(leaf)) for path, leaf in leaves}
+        if self.save_delay_s:  # a slow device-to-host copy: the window in which a notice lands mid-save
+            (self.root / f"saving-{self.coordinator.process_id}-{step}").touch()
+            time.sleep(self.save_delay_s)
+        self._thread = threading.Thread(target=self._commit, args=(step, arrays, extra or {}, start),
+                                        daemon=True)
+        self._thread.start()
+
+    def _commit(self, step: int, arrays: dict[str, np.ndarray], extra: dict[str, Any], start: float) -> None:
+        try:
+            pid = self.coordinator.process_id
+            directory = self.root / f"step_{step}"
+            directory.mkdir(exist_ok=True)
+            tmp = directory / f".proc_{pid}.npz.tmp"
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **arrays)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, directory / f"proc_{pid}.npz")
+            _fsync_dir(directory)
+            self.coordinator.barrier(f"test-ckpt/{self.attempt}/{step}", 60.0)
+            if pid == 0:
+                marker = directory / "COMMITTED"
+                with open(marker, "w") as fh:
+                    json.dump({"step": step, "time": time.time(), "extra": extra}, fh)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                _fsync_dir(directory)
+            # every process leaves only once the marker exists: "committed on all processes"
+            self.coordinator.barrier(f"test-ckpt-done/{self.attempt}/{step}", 60.0)
+            self.last_save_seconds = time.monotonic() - start
+        except BaseException as err:  # surfaced by wait()
+            self._error = err
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"checkpoint commit failed: {err}") from err
+
+    def latest_step(self) -> int | None:
+        steps = [int(p.parent.name[5:]) for p in self.root.glob("step_*/COMMITTED")]
+        return max(steps) if steps else None
+
+    def restore(self, abstract_state: Any, *, step: int | None = None) -> tuple[int, Any, dict[str, Any]]:
+        import jax
+
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no committed checkpoint under {self.root}")
+        directory = self.root / f"step_{step}"
+        with np.load(directory / f"proc_{self.coordinator.process_id}.npz") as data:
+            leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract_state)
+            values = [data[jax.tree_util.keystr(path)] for path, _ in leaves]
+        extra = json.loads((directory / "COMMITTED").read_text())["extra"]
+        return step, jax.tree_util.tree_unflatten(treedef, values), extra
+
+    def close(self) -> None:
+        self.wait()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- launching real processes -----------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Gang:
+    """N worker processes of one job, with their logs and checkpoint directory."""
+
+    workdir: Path
+    procs: list[subprocess.Popen[bytes]]
+    logs: list[Path]
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def ckpt(self) -> Path:
+        return self.workdir / "ckpt"
+
+    def wait(self, timeout_s: float) -> list[int]:
+        """Exit codes of all processes; kills the stragglers and fails loudly after ``timeout_s``."""
+        limit = time.monotonic() + timeout_s
+        codes = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(max(0.1, limit - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"worker pid {p.pid} still running after {timeout_s}s\n{self.tail()}")
+        return codes
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+    def signal(self, index: int, sig: int = signal.SIGTERM) -> None:
+        self.procs[index].send_signal(sig)
+
+    def tail(self, lines: int = 25) -> str:
+        out = []
+        for i, path in enumerate(self.logs):
+            text = path.read_text(errors="replace").splitlines() if path.exists() else []
+            out.append(f"--- process {i} ---\n" + "\n".join(text[-lines:]))
+        return "\n".join(out)
+
+    def wait_for_file(self, name: str, timeout_s: float) -> None:
+        limit = time.monotonic() + timeout_s
+        while not (self.workdir / name).exists():
+            if time.monotonic() > limit or any(p.poll() is not None for p in self.procs):
+                raise AssertionError(f"{name} did not appear within {timeout_s}s\n{self.tail()}")
+            time.sleep(0.05)
+
+    def saved(self) -> dict[int, dict[int, float]]:
+        """``{step: {process: x[0]}}`` for every committed step (x counts the steps trained)."""
+        result: dict[int, dict[int, float]] = {}
+        for marker in self.ckpt.glob("step_*/COMMITTED"):
+            step = int(marker.parent.name[5:])
+            result[step] = {}
+            for npz in marker.parent.glob("proc_*.npz"):
+                with np.load(npz) as data:
+                    result[step][int(npz.stem[5:])] = float(data["['x']"][0])
+        return result
+
+    def committed_at(self, step: int) -> float:
+        return float(json.loads((self.ckpt / f"step_{step}" / "COMMITTED").read_text())["time"])
+
+
+def launch(workdir: Path, n: int, *, steps: int = 400, step_seconds: float = 0.02, interval: int = 0,
+           grace_seconds: float = 30.0, save_delay: float = 0.0, notice_file: bool = False,
+           heartbeat_s: int = 10, extra_env: dict[str, str] | None = None) -> Gang:
+    """Start ``n`` workers (tests/runtime/workers/train_worker.py) as one real ``jax.distributed`` job."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs, logs = [], []
+    for i in range(n):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_"))}
+        env.update({
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+            "PYTHONPATH": str(REPO),
+            "PYTHONUNBUFFERED": "1",
+            "REPRIEVE_NUM_PROCESSES": str(n),
+            "REPRIEVE_PROCESS_ID": str(i),
+            "REPRIEVE_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+            "REPRIEVE_POD_IP": "127.0.0.1",
+            "REPRIEVE_CHECKPOINT_URI": str(workdir / "ckpt"),
+            "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": str(interval),
+            "REPRIEVE_TERMINATION_GRACE_SECONDS": str(grace_seconds),
+            "REPRIEVE_HEARTBEAT_TIMEOUT_SECONDS": str(heartbeat_s),
+            "REPRIEVE_SHUTDOWN_TIMEOUT_SECONDS": "20",
+            "REPRIEVE_AGREEMENT_TIMEOUT_SECONDS": "30",
+            "REPRIEVE_NOTICE_POLL_SECONDS": "0.2",
+            "REPRIEVE_SAVE_SECONDS_ESTIMATE": "1",
+            "WORKER_DIR": str(workdir),
+            "WORKER_STEPS": str(steps),
+            "WORKER_STEP_SECONDS": str(step_seconds),
+            "WORKER_SAVE_DELAY": str(save_delay),
+        })
+        if notice_file:
+            env["REPRIEVE_NOTICE_FILE"] = str(workdir / f"annotations-{i}")
+        env.update(extra_env or {})
+        log_path = workdir / f"worker-{i}.log"
+        logs.append(log_path)
+        with open(log_path, "wb") as out:
+            procs.append(subprocess.Popen([sys.executable, str(WORKER)], env=env, stdout=out,
+                                          stderr=subprocess.STDOUT, cwd=str(workdir)))
+    return Gang(workdir, procs, logs)
+
+
+def write_notice_file(path: Path, notice: dict[str, Any]) -> None:
+    """Write a downward-API annotations file atomically, quoted like the kubelet does."""
+    from localcluster.downward import format_map  # the process kubelet's real formatter
+
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(format_map({"other.io/x": "y", "reprieve.dev/notice": json.dumps(notice)}))
+    os.replace(tmp, path)

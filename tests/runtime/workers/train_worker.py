@@ -1,0 +1,47 @@
+"""A tiny real training job for the runtime tests and benchmark: ``x += 1`` per step, jitted.
+
+Configured by the contract environment (``REPRIEVE_*``) plus ``WORKER_*`` knobs set by
+``tests/runtime/helpers_agreement.launch``. After step ``s`` the state holds ``x == s + 1``, so a checkpoint
+proves which step it was taken at. Writes ``running-<pid>`` once warm and ``done-<pid>`` when finished.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+import reprieve
+from tests.runtime.helpers_agreement import FileCheckpointer
+
+
+def main() -> None:
+    pid = int(os.environ.get("REPRIEVE_PROCESS_ID", "0"))
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s p{pid} %(name)s %(levelname)s %(message)s")
+    workdir = Path(os.environ["WORKER_DIR"])
+    total = int(os.environ.get("WORKER_STEPS", "100"))
+    step_seconds = float(os.environ.get("WORKER_STEP_SECONDS", "0.02"))
+    save_delay = float(os.environ.get("WORKER_SAVE_DELAY", "0"))
+    warm_step = int(os.environ.get("WORKER_WARM_STEP", "5"))
+
+    job = reprieve.init(checkpointer=lambda cfg, coord: FileCheckpointer(
+        cfg.checkpoint_uri, coord, attempt=cfg.attempt, save_delay_s=save_delay))
+    state, start = job.restore_or(lambda: {"x": jnp.zeros((4,), jnp.float32)})
+    train_step = jax.jit(lambda s: {"x": s["x"] + 1})
+    for step in job.steps(start, total):
+        state = jax.block_until_ready(train_step(state))
+        if step_seconds:
+            time.sleep(step_seconds)  # the device time of a bigger model, without burning the shared CPUs
+        if step == start + warm_step:
+            (workdir / f"running-{pid}").touch()
+        job.save(step, state)
+    (workdir / f"done-{pid}").write_text(str(float(state["x"][0])))
+    logging.info("finished all %d steps", total)
+
+
+if __name__ == "__main__":
+    main()
