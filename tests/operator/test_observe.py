@@ -1,0 +1,83 @@
+"""API object -> WorkerPod and RestartPlan -> status patch translations."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from op_jobs import make_job
+
+from reprieve_operator.observe import progress, status_patch, worker_pod
+from reprieve_operator.policy.restart import decide_restart
+
+pytestmark = pytest.mark.unit
+NOW = datetime(2026, 11, 22, 3, 0, 0, tzinfo=UTC)
+
+
+def pod(name: str = "llama-0", phase: str = "Running", exit_code: int | None = None, node: str = "n0",
+        **meta: Any) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if exit_code is not None:
+        status["containerStatuses"] = [{"name": "t", "state": {"terminated": {"exitCode": exit_code}}}]
+    return {"metadata": {"name": name, "labels": {"reprieve.dev/replica-index": name[-1],
+                                                  "reprieve.dev/attempt": "3"}, **meta},
+            "spec": {"nodeName": node}, "status": status}
+
+
+ROWS = [
+    ("running", pod(), None, {"phase": "Running", "exit_code": None, "node_lost": False, "attempt": 3}),
+    ("exit 42", pod(phase="Failed", exit_code=42), None, {"exit_code": 42}),
+    ("succeeded without status", pod(phase="Succeeded"), None, {"exit_code": 0}),
+    ("node gone", pod(node="gone"), {"n0"}, {"node_lost": True}),
+    ("evicted", {**pod(phase="Failed"), "status": {"phase": "Failed", "reason": "Evicted"}}, None,
+     {"node_lost": True, "exit_code": None}),
+    ("being deleted", pod(deletionTimestamp="2026-11-22T03:00:00Z"), None, {"deleting": True}),
+]
+
+
+@pytest.mark.parametrize("body,nodes,expected", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_worker_pod(body: dict[str, Any], nodes: set[str] | None, expected: dict[str, Any]) -> None:
+    w = worker_pod(body, nodes)
+    assert w is not None
+    assert {k: getattr(w, k) for k in expected} == expected
+
+
+def test_non_worker_pod_is_ignored() -> None:
+    assert worker_pod({"metadata": {"name": "x", "labels": {"reprieve.dev/job-name": "j"}}}) is None
+
+
+def test_progress_takes_the_newest_and_skips_garbage() -> None:
+    def with_progress(v: str) -> dict[str, Any]:
+        return {"metadata": {"name": "p", "annotations": {"reprieve.dev/progress": v}}}
+
+    good = json.dumps({"step": 120, "committedStep": 100, "attempt": 1, "time": "2026-11-22T03:00:00Z"})
+    older = json.dumps({"step": 60, "committedStep": 50})
+    assert progress([with_progress("not json"), with_progress(older), with_progress(good), {}]) == json.loads(good)
+    assert progress([]) is None
+
+
+def test_status_patch_counts_a_restart_once_and_is_empty_when_nothing_changes() -> None:
+    from reprieve_operator.policy.restart import WorkerPod
+
+    job = make_job(replicas=2).with_status(phase="Running", attempt=1, ready="2/2").model()
+    crashed = [WorkerPod("llama-0", 0, 1, "Failed", 1), WorkerPod("llama-1", 1, 1)]
+    plan = decide_restart(job, crashed)
+    patch = status_patch(job, plan, NOW)
+    assert patch["phase"] == "Restarting" and patch["restartingFrom"] == 1
+    assert patch["restarts"] == {"preemption": 0, "failure": 1, "disruption": 0} and patch["restartCount"] == 1
+    assert patch["conditions"][0]["reason"] == "Failure"
+    steady = make_job(replicas=2).with_status(phase="Running", attempt=1, ready="2/2").model()
+    running = [WorkerPod("llama-0", 0, 1), WorkerPod("llama-1", 1, 1)]
+    assert status_patch(steady, decide_restart(steady, running), NOW) == {}
+
+
+def test_status_patch_records_a_new_attempt_and_progress() -> None:
+    job = make_job(replicas=2).with_status(phase="Restarting", attempt=1, restartingFrom=1,
+                                           startTime="t0").model()
+    plan = decide_restart(job, [])
+    patch = status_patch(job, plan, NOW, {"step": 7, "committedStep": 5, "time": "t1"})
+    assert patch["attempt"] == 2 and patch["attemptStartTime"] == "2026-11-22T03:00:00Z"
+    assert "startTime" not in patch and patch["restartingFrom"] is None
+    assert (patch["step"], patch["lastCheckpointStep"], patch["lastCheckpointTime"]) == (7, 5, "t1")
