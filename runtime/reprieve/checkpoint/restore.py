@@ -25,6 +25,13 @@ from .storage import Storage
 log = logging.getLogger(__name__)
 
 
+class MissingLeafError(KeyError):
+    """The abstract tree asks for a leaf the checkpoint does not have."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 @dataclasses.dataclass
 class _Read:
     slot: int  # position in the flattened abstract tree
@@ -67,7 +74,7 @@ def restore_tree(
         path = jax.tree_util.keystr(kp)
         leaf = saved.get(path)
         if leaf is None:
-            raise KeyError(f"restore: leaf {path} is not in {where} (saved leaves: {sorted(saved)[:8]}...)")
+            raise MissingLeafError(f"restore: leaf {path} is not in {where} (saved leaves: {sorted(saved)[:8]}...)")
         if leaf.kind == "json":
             out[slot] = leaf.value
             continue

@@ -7,6 +7,7 @@ Why zarr3, one chunk per saved shard, crc32c codec (see docs/checkpoint.md for t
 * the ``crc32c`` codec appends a checksum to every chunk, so a flipped or truncated chunk fails its
   read with an error instead of returning garbage; ``fill_missing_data_reads=False`` turns a missing
   chunk into an error as well (zarr would silently read the fill value);
+* every chunk is stored even when it equals the fill value, so "missing" always means damage;
 * no compression: checkpoint tensors (weights, optimizer moments) barely compress and the CPU time
   would sit on the save path.
 """
@@ -107,6 +108,8 @@ def zarr3_spec(kvstore: Mapping[str, Any], metadata: Mapping[str, Any] | None = 
         "recheck_cached_metadata": False,
         "recheck_cached_data": False,
         "fill_missing_data_reads": False,
+        # Without this, an all-zero shard is not written at all and then reads as "missing".
+        "store_data_equal_to_fill_value": True,
     }
     if metadata is not None:
         spec["metadata"] = dict(metadata)

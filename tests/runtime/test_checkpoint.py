@@ -1,0 +1,251 @@
+"""CheckpointManager in one process on real files: round trips, donation, async errors, retention,
+leftovers, corruption + fallback, fencing, crash between barrier and commit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from ckpt_workers import launch, state_def  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from reprieve.checkpoint import (  # noqa: E402
+    CheckpointCorruptError,
+    CheckpointManager,
+    CheckpointSaveError,
+    FencedError,
+)
+from reprieve.checkpoint import layout  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+NDEV = len(jax.devices())
+MESH_SHAPES = [(2, 2), (1, 4), (4, 1)] if NDEV >= 4 else [(1, 1)]
+
+
+def test_round_trip_all_leaf_kinds_resharded(tmp_path) -> None:
+    src = state_def.make_mesh(MESH_SHAPES[0])
+    with CheckpointManager(str(tmp_path), keep=5) as mgr:
+        mgr.save(3, state_def.make_state(11, src, "a"), extra={"data": {"epoch": 1, "offset": 42}})
+        mgr.wait()
+        assert mgr.committed_step == 3 and mgr.last_save_seconds is not None and mgr.last_save_seconds > 0
+        for shape in MESH_SHAPES:
+            for variant in ("a", "b"):
+                mesh = state_def.make_mesh(shape)
+                step, restored, extra = mgr.restore(state_def.make_abstract(mesh, variant))
+                assert (step, extra) == (3, {"data": {"epoch": 1, "offset": 42}})
+                assert state_def.check_state(restored, 11, mesh, variant) == []
+    meta = (tmp_path / layout.committed_name(3, 1) / layout.METADATA_FILE).read_text()
+    assert '"bfloat16"' in meta and '"attempt": 1' in meta and '"tensorstore"' in meta
+
+
+def test_file_uri_and_dtype_cast(tmp_path) -> None:
+    mesh = state_def.make_mesh(MESH_SHAPES[0])
+    with CheckpointManager(f"file://{tmp_path}/ck") as mgr:
+        mgr.save(1, state_def.make_state(5, mesh, "a"))
+        mgr.wait()
+        abstract = state_def.make_abstract(mesh, "b", dtypes={"w": jnp.bfloat16, "emb": jnp.float32})
+        _, restored, _ = mgr.restore(abstract)
+    vals = state_def.global_values(5)
+    assert restored["params"]["w"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(restored["params"]["w"]), vals["w"].astype(jnp.bfloat16))
+    np.testing.assert_array_equal(np.asarray(restored["params"]["emb"]), vals["emb"].astype(np.float32))
+
+
+def test_small_memory_limit_still_restores(tmp_path) -> None:
+    mesh = state_def.make_mesh(MESH_SHAPES[0])
+    with CheckpointManager(str(tmp_path), restore_memory_limit_bytes=64) as mgr:
+        mgr.save(1, state_def.make_state(2, mesh, "a"))
+        _, restored, _ = mgr.restore(state_def.make_abstract(mesh, "b"))
+    assert state_def.check_state(restored, 2, mesh, "b") == []
+
+
+def test_donation_right_after_save_is_safe(tmp_path) -> None:
+    mesh = state_def.make_mesh(MESH_SHAPES[0])
+    sharding = NamedSharding(mesh, P(*mesh.axis_names))
+
+    @jax.jit
+    def init() -> dict:
+        return {"w": jnp.zeros((256, 256), jnp.float32), "n": jnp.zeros((), jnp.int32)}
+
+    step_fn = jax.jit(lambda s: {"w": s["w"] + 1.0, "n": s["n"] + 1}, donate_argnums=0)
+    state = jax.device_put(init(), {"w": sharding, "n": NamedSharding(mesh, P())})
+    with CheckpointManager(str(tmp_path), keep=10) as mgr:
+        for i in range(5):
+            mgr.save(i, state)
+            old = state
+            state = step_fn(state)  # donates the buffers the save is still writing from
+            assert old["w"].is_deleted()
+        mgr.wait()
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+        for i in range(5):
+            _, got, _ = mgr.restore(abstract, step=i)
+            assert int(got["n"]) == i
+            np.testing.assert_array_equal(np.asarray(got["w"]), np.full((256, 256), float(i), np.float32))
+
+
+def test_one_save_in_flight_and_errors_surface(tmp_path, caplog) -> None:
+    mesh = state_def.make_mesh(MESH_SHAPES[0])
+    state = state_def.make_state(0, mesh, "a")
+    mgr = CheckpointManager(str(tmp_path))
+    caplog.set_level(logging.INFO, logger="reprieve.checkpoint")
+    big = {"x": jnp.zeros((1024, 1024), jnp.float32)}
+    mgr.save(1, big)
+    mgr.save(2, state)  # the first save is still writing 4 MiB
+    assert "waits for the in-flight save of step 1" in caplog.text or mgr.committed_step == 1
+    mgr.wait()
+    assert mgr.latest_step() == 2
+    real_commit = mgr._storage.commit
+
+    def broken_commit(step: int, attempt: int) -> None:
+        raise OSError("disk on fire")
+
+    mgr._storage.commit = broken_commit  # fault injection into the real manager
+    mgr.save(3, state)
+    with pytest.raises(CheckpointSaveError, match="step 3 .* not committed: error: commit failed: OSError: disk on fire"):
+        mgr.wait()
+    mgr.save(4, state)
+    with pytest.raises(CheckpointSaveError, match="step 4"):
+        mgr.save(5, state)  # surfaces on the next call
+    mgr._storage.commit = real_commit
+    mgr.save(6, state)
+    mgr.close()
+    assert CheckpointManager(str(tmp_path), attempt=1).all_steps()[-2:] == [2, 6]
+
+
+def test_save_rejects_bad_input(tmp_path) -> None:
+    mgr = CheckpointManager(str(tmp_path))
+    x = jnp.ones((4,))
+    with pytest.raises(TypeError, match=r"leaf \['bad'\]: expected jax.Array, numpy array.*got object"):
+        mgr.save(1, {"bad": object()})
+    with pytest.raises(TypeError, match="typed PRNG key arrays"):
+        mgr.save(1, {"k": jax.random.key(0)})
+    with pytest.raises(TypeError, match="extra must be JSON-serialisable"):
+        mgr.save(1, {"x": x}, extra={"f": object()})
+    mgr.save(2, {"x": x, "key": jax.random.key_data(jax.random.key(0))})
+    with pytest.raises(ValueError, match="step must increase, got 2 after 2"):
+        mgr.save(2, {"x": x})
+    mgr.wait()
+    abstract = {"x": jax.ShapeDtypeStruct((4,), jnp.float32, sharding=x.sharding)}
+    with pytest.raises(KeyError, match=r"leaf \['y'\] is not in checkpoint"):
+        mgr.restore({"y": abstract["x"]})
+    with pytest.raises(ValueError, match=r"abstract shape \(5,\) does not match saved shape \(4,\)"):
+        mgr.restore({"x": jax.ShapeDtypeStruct((5,), jnp.float32, sharding=x.sharding)})
+    with pytest.raises(ValueError, match="has no sharding"):
+        mgr.restore({"x": jax.ShapeDtypeStruct((4,), jnp.float32)})
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint for step 9"):
+        mgr.restore(abstract, step=9)
+    mgr.close()
+    with pytest.raises(FileNotFoundError, match="any step"):
+        CheckpointManager(str(tmp_path / "empty")).restore(abstract)
+
+
+def test_retention_keeps_last_n_and_every_k(tmp_path) -> None:
+    x = {"x": jnp.arange(16.0)}
+    with CheckpointManager(str(tmp_path), keep=2, keep_every=3) as mgr:
+        for s in range(1, 8):
+            mgr.save(s, x)
+        mgr.wait()
+    assert CheckpointManager(str(tmp_path)).all_steps() == [3, 6, 7]
+    assert sorted(os.listdir(tmp_path)) == ["attempts"] + [layout.committed_name(s, 1) for s in (3, 6, 7)]
+
+
+def test_leftovers_of_crashed_attempts_removed_at_startup(tmp_path) -> None:
+    x = {"x": jnp.arange(16.0)}
+    with CheckpointManager(str(tmp_path), attempt=1) as mgr:
+        mgr.save(1, x)
+    (tmp_path / layout.tmp_name(2, 1) / "arrays").mkdir(parents=True)
+    (tmp_path / (layout.committed_name(0, 1) + ".deleting")).mkdir()
+    mgr = CheckpointManager(str(tmp_path), attempt=2)
+    assert sorted(os.listdir(tmp_path)) == ["attempts", layout.committed_name(1, 1)]
+    assert mgr.latest_step() == 1
+
+
+def _chunk_files(ckpt: os.PathLike) -> list[str]:
+    out = []
+    for d, _, files in os.walk(ckpt):
+        out += [os.path.join(d, f) for f in files if "/c/" in os.path.join(d, f)]
+    return sorted(out)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete_chunk", "delete_metadata"])
+def test_corrupt_checkpoint_names_file_and_falls_back(tmp_path, caplog, damage: str) -> None:
+    mesh = state_def.make_mesh(MESH_SHAPES[0])
+    with CheckpointManager(str(tmp_path), keep=5) as mgr:
+        mgr.save(1, state_def.make_state(1, mesh, "a"))
+        mgr.save(2, state_def.make_state(2, mesh, "a"))
+        mgr.wait()
+    ck2 = tmp_path / layout.committed_name(2, 1)
+    victim = _chunk_files(ck2 / "arrays" / "00000")[0]  # the bf16 embedding (first leaf in key order)
+    if damage == "flip":
+        data = bytearray(open(victim, "rb").read())
+        data[3] ^= 0x40
+        open(victim, "wb").write(bytes(data))
+    elif damage == "truncate":
+        data = open(victim, "rb").read()
+        open(victim, "wb").write(data[: len(data) // 2])
+    elif damage == "delete_chunk":
+        os.remove(victim)
+    else:
+        os.remove(ck2 / layout.METADATA_FILE)
+    caplog.set_level(logging.ERROR, logger="reprieve.checkpoint")
+    abstract = state_def.make_abstract(mesh, "b")
+    mgr = CheckpointManager(str(tmp_path))
+    step, restored, _ = mgr.restore(abstract)
+    assert step == 1 and state_def.check_state(restored, 1, mesh, "b") == []
+    assert str(ck2) in caplog.text and "falling back" in caplog.text
+    expect = "reprieve.json" if damage == "delete_metadata" else "arrays/00000"
+    with pytest.raises(CheckpointCorruptError, match=f"{ck2}.*{expect}"):
+        mgr.restore(abstract, step=2)
+    with pytest.raises(CheckpointCorruptError):
+        CheckpointManager(str(tmp_path), fallback=False).restore(abstract)
+
+
+def test_fencing_stale_attempt_cannot_make_checkpoints_visible(tmp_path) -> None:
+    x = {"x": jnp.arange(16.0)}
+    old = CheckpointManager(str(tmp_path), attempt=1)
+    old.save(1, x)
+    old.wait()
+    new = CheckpointManager(str(tmp_path), attempt=2)  # writes the fence of attempt 2
+    old.save(2, x)
+    with pytest.raises(FencedError, match="attempts \\[2\\] started after attempt 1"):
+        old.wait()
+    assert new.latest_step() == 1 and not (tmp_path / layout.committed_name(2, 1)).exists()
+    # A stale writer whose fence check raced the fence (checked just before it appeared) commits
+    # anyway: the rename happens, yet the checkpoint is not in attempt 2's snapshot, so it is invisible.
+    real_read_fences = old._storage.read_fences
+    old._storage.read_fences = lambda: {}
+    old.save(3, x)
+    old.wait()
+    old._storage.read_fences = real_read_fences
+    assert (tmp_path / layout.committed_name(3, 1)).is_dir()
+    assert new.latest_step() == 1 and new.all_steps() == [1] and old.latest_step() == 1
+    new.save(5, x)
+    new.wait()
+    assert new.latest_step() == 5
+    with pytest.raises(FencedError, match="attempt 1 is stale, attempts \\[2\\] have started"):
+        CheckpointManager(str(tmp_path), attempt=1)
+
+
+@pytest.mark.parametrize("point", ["after_barrier", "before_barrier"])
+def test_crash_between_barrier_and_commit(tmp_path, point: str) -> None:
+    cmd = [sys.executable, str(launch.WORKERS / "crash_worker.py"), str(tmp_path), "1", "--steps", "2"]
+    ok = subprocess.run(cmd, env=launch.env(), capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    cmd[-1] = "3"
+    crashed = subprocess.run(cmd, env=launch.env({"REPRIEVE_CKPT_TEST_CRASH_AT": point}), capture_output=True,
+                             text=True, timeout=60)
+    assert crashed.returncode == 86, crashed.stdout + crashed.stderr  # died at the injected point
+    assert (tmp_path / layout.tmp_name(1, 1)).exists()  # the re-run's first save never committed
+    mgr = CheckpointManager(str(tmp_path), attempt=2)
+    assert mgr.latest_step() == 2
+    assert not (tmp_path / layout.tmp_name(1, 1)).exists()
