@@ -1,0 +1,224 @@
+"""The process kubelet against the real local control plane: pods run, exit, die and talk like real ones."""
+
+from __future__ import annotations
+
+import os
+import socket
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from localcluster import Cluster
+from localcluster.podip import dns_ip, pod_ip
+from localcluster.testing import container_exit_code, wait_for, wait_for_pod_gone, wait_for_pod_phase
+
+pytestmark = pytest.mark.integration
+
+
+def pod_manifest(name: str, script: str, *, node: str | None = None, env: list[dict] | None = None,
+                 volumes: list[dict] | None = None, mounts: list[dict] | None = None, grace: int | None = None,
+                 restart_policy: str = "Never", **spec: object) -> dict:
+    container: dict = {"name": "main", "image": "ignored", "command": ["python", "-c", textwrap.dedent(script)],
+                       "env": env or [], "volumeMounts": mounts or []}
+    body: dict = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                  "spec": {"containers": [container], "restartPolicy": restart_policy, "volumes": volumes or [],
+                           **spec}}
+    if node:
+        body["spec"]["nodeName"] = node
+    if grace is not None:
+        body["spec"]["terminationGracePeriodSeconds"] = grace
+    return body
+
+
+def host_dir(path: Path) -> tuple[list[dict], list[dict]]:
+    """A hostPath volume ``out`` at /out (volumes, mounts): how a pod hands results back to the test."""
+    return [{"name": "out", "hostPath": {"path": str(path), "type": "DirectoryOrCreate"}}], \
+        [{"name": "out", "mountPath": "/out"}]
+
+
+@pytest.fixture
+def core(api) -> client.CoreV1Api:  # noqa: ANN001
+    return client.CoreV1Api(api)
+
+
+def test_pod_ip_addresses_bind_without_setup() -> None:
+    ip = pod_ip({"metadata": {"name": "bind-check", "namespace": "x"}, "spec": {}})
+    with socket.socket() as server:
+        server.bind((ip, 0))
+        server.listen()
+        with socket.create_connection(server.getsockname(), timeout=5):
+            conn, _ = server.accept()
+            assert conn.getsockname()[0] == ip
+            conn.close()
+
+
+def test_exit_code_42_fails_the_pod_with_that_code(cluster: Cluster, core, namespace: str) -> None:
+    body = pod_manifest("exit42", "import os, sys; print('hello from', os.environ['HOSTNAME']); sys.exit(42)")
+    core.create_namespaced_pod(namespace, body)
+    pod = wait_for_pod_phase(core.api_client, namespace, "exit42", "Failed", timeout=60)
+    assert container_exit_code(pod) == 42
+    term = pod.status.container_statuses[0].state.terminated
+    assert term.reason == "Error" and term.finished_at is not None
+    assert pod.status.pod_ip == pod_ip({"metadata": {"name": "exit42", "namespace": namespace}, "spec": {}})
+    assert pod.status.host_ip == "127.0.0.1"
+    log = cluster.workdir / "nodes" / pod.spec.node_name
+    from localcluster.kubelet import find_log
+
+    text = find_log(log, namespace, "exit42").read_text()
+    assert "hello from exit42" in text
+
+
+def test_deleted_pod_gets_sigterm_then_sigkill_after_grace(cluster: Cluster, core, namespace: str,
+                                                           tmp_path: Path) -> None:
+    volumes, mounts = host_dir(tmp_path)
+    script = """
+        import os, signal, time
+        def on_term(*_):
+            with open('/out/term', 'w') as f:
+                f.write('TERM')
+        signal.signal(signal.SIGTERM, on_term)   # record it, keep running: only SIGKILL ends us
+        open('/out/pid', 'w').write(str(os.getpid()))
+        while True:
+            time.sleep(0.1)
+    """
+    # The script's /out paths are not rewritten (they are inside a -c program): it reads OUT instead.
+    script = script.replace("'/out/", "os.environ['OUT'] + '/")
+    env = [{"name": "OUT", "value": "/out"}]
+    core.create_namespaced_pod(namespace, pod_manifest("victim", script, env=env, volumes=volumes, mounts=mounts,
+                                                       grace=3))
+    wait_for_pod_phase(core.api_client, namespace, "victim", "Running", timeout=60)
+    pid = int(wait_for(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), 30, "pid file"))
+    t0 = time.monotonic()
+    core.delete_namespaced_pod("victim", namespace)
+    wait_for_pod_gone(core.api_client, namespace, "victim", timeout=30)
+    elapsed = time.monotonic() - t0
+    assert (tmp_path / "term").read_text() == "TERM"
+    assert 2.5 <= elapsed < 15, f"pod gone after {elapsed:.1f}s with a 3 s grace period"
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_deleting_a_node_kills_its_pods(cluster: Cluster, core, namespace: str, tmp_path: Path) -> None:
+    node = f"doomed-{uuid.uuid4().hex[:6]}"
+    cluster.add_node(node)
+    volumes, mounts = host_dir(tmp_path)
+    script = "import os, time; open(os.environ['OUT'] + '/pid', 'w').write(str(os.getpid())); time.sleep(600)"
+    env = [{"name": "OUT", "value": "/out"}]
+    core.create_namespaced_pod(namespace, pod_manifest("on-doomed", script, node=node, env=env, volumes=volumes,
+                                                       mounts=mounts))
+    wait_for_pod_phase(core.api_client, namespace, "on-doomed", "Running", timeout=60)
+    pid = int(wait_for(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), 30, "pid file"))
+    os.kill(pid, 0)  # alive
+    cluster.remove_node(node)
+
+    def dead() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(dead, 10, f"pod process {pid} of deleted node {node} to die")
+
+
+def test_pods_on_different_nodes_talk_over_tcp_by_headless_service_name(cluster: Cluster, core,
+                                                                       namespace: str) -> None:
+    nodes = cluster.node_names()
+    assert len(nodes) >= 2, "needs two nodes"
+    core.create_namespaced_service(namespace, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "ring"},
+        "spec": {"clusterIP": "None", "selector": {"app": "ring"}, "ports": [{"port": 7000}]}})
+    server = """
+        import os, socket
+        s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((os.environ['MY_IP'], 7000)); s.listen(); s.settimeout(60)
+        conn, _ = s.accept(); msg = conn.recv(100); conn.sendall(b'pong:' + msg); conn.close()
+        print('got', msg.decode(), flush=True)
+    """
+    client_script = """
+        import os, socket, time
+        host, port = os.environ['PEER'].rsplit(':', 1)
+        deadline = time.time() + 60
+        while True:
+            try:
+                c = socket.create_connection((host, int(port)), timeout=5); break
+            except OSError:
+                if time.time() > deadline: raise
+                time.sleep(0.2)
+        c.sendall(os.environ['POD'].encode()); print(c.recv(100).decode(), flush=True)
+    """
+    ip_env = [{"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    core.create_namespaced_pod(namespace, pod_manifest(
+        "ring-0", server, node=nodes[0], env=ip_env, hostname="ring-0", subdomain="ring"))
+    core.create_namespaced_pod(namespace, pod_manifest(
+        "ring-1", client_script, node=nodes[1], hostname="ring-1", subdomain="ring", env=[
+            {"name": "PEER", "value": f"ring-0.ring.{namespace}.svc:7000"},
+            {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]))
+    for name in ("ring-0", "ring-1"):
+        pod = wait_for_pod_phase(core.api_client, namespace, name, ["Succeeded", "Failed"], timeout=90)
+        assert pod.status.phase == "Succeeded", f"{name}: {pod.status.container_statuses}"
+    first = core.read_namespaced_pod("ring-0", namespace)
+    assert first.status.pod_ip == dns_ip(namespace, "ring-0", "ring")
+    assert first.spec.node_name != core.read_namespaced_pod("ring-1", namespace).spec.node_name
+
+
+def test_downward_annotations_file_follows_annotation_patches(cluster: Cluster, core, namespace: str,
+                                                              tmp_path: Path) -> None:
+    volumes, mounts = host_dir(tmp_path)
+    volumes.append({"name": "podinfo", "downwardAPI": {"items": [
+        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}})
+    mounts.append({"name": "podinfo", "mountPath": "/etc/podinfo"})
+    script = """
+        import os, time
+        path = os.environ['NOTICE_FILE']
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            text = open(path).read()
+            if 'reprieve.dev/notice=' in text:
+                open(os.environ['OUT'] + '/seen', 'w').write(text); break
+            time.sleep(0.1)
+        else:
+            raise SystemExit('no notice: ' + text)
+    """
+    env = [{"name": "NOTICE_FILE", "value": "/etc/podinfo/annotations"}, {"name": "OUT", "value": "/out"}]
+    core.create_namespaced_pod(namespace, pod_manifest("notice", script, env=env, volumes=volumes, mounts=mounts))
+    wait_for_pod_phase(core.api_client, namespace, "notice", "Running", timeout=60)
+    notice = '{"id": "x", "deadline": "2026-11-22T03:15:30Z"}'
+    core.patch_namespaced_pod("notice", namespace, {"metadata": {"annotations": {"reprieve.dev/notice": notice}}})
+    pod = wait_for_pod_phase(core.api_client, namespace, "notice", ["Succeeded", "Failed"], timeout=60)
+    assert pod.status.phase == "Succeeded", pod.status.container_statuses
+    assert (tmp_path / "seen").read_text() == \
+        'reprieve.dev/notice="{\\"id\\": \\"x\\", \\"deadline\\": \\"2026-11-22T03:15:30Z\\"}"'
+
+
+def test_service_account_token_mount_works_against_the_apiserver(cluster: Cluster, core, namespace: str) -> None:
+    cluster.kubectl("create", "role", "pod-reader", "--verb=get,list", "--resource=pods", "-n", namespace)
+    cluster.kubectl("create", "rolebinding", "default-reads", "--role=pod-reader",
+                    f"--serviceaccount={namespace}:default", "-n", namespace)
+    wait_for(lambda: core.read_namespaced_service_account("default", namespace), 30, "ServiceAccount default")
+    script = """
+        import json, os, ssl, sys, urllib.request, urllib.error
+        d = os.environ['SA_DIR']
+        token, ns = open(d + '/token').read(), open(d + '/namespace').read()
+        ctx = ssl.create_default_context(cafile=d + '/ca.crt')
+        base = 'https://%s:%s' % (os.environ['KUBERNETES_SERVICE_HOST'], os.environ['KUBERNETES_SERVICE_PORT'])
+        def get(path):
+            req = urllib.request.Request(base + path, headers={'Authorization': 'Bearer ' + token})
+            try:
+                return urllib.request.urlopen(req, context=ctx, timeout=10).status
+            except urllib.error.HTTPError as e:
+                return e.code
+        codes = [get('/api/v1/namespaces/%s/pods' % ns), get('/api/v1/namespaces/kube-system/pods')]
+        print(codes, flush=True)
+        sys.exit(0 if codes == [200, 403] else 1)
+    """
+    env = [{"name": "SA_DIR", "value": "/var/run/secrets/kubernetes.io/serviceaccount"}]
+    core.create_namespaced_pod(namespace, pod_manifest("sa-user", script, env=env))
+    pod = wait_for_pod_phase(core.api_client, namespace, "sa-user", ["Succeeded", "Failed"], timeout=60)
+    from localcluster.kubelet import find_log
+
+    log = find_log(cluster.workdir / "nodes" / pod.spec.node_name, namespace, "sa-user")
+    assert pod.status.phase == "Succeeded", log.read_text() if log else "no log"
