@@ -1,0 +1,141 @@
+"""The Helm chart: lint, render, documented values, schema, commented RBAC, restricted pod, CRD handling."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.unit
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "reprieve"
+
+
+def _helm() -> str:
+    found = shutil.which("helm") or str(Path.home() / ".cache/reprieve/bin/helm")
+    if not os.access(found, os.X_OK):
+        pytest.skip("helm binary not found (built by hack/localcluster into ~/.cache/reprieve/bin)")
+    return found
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([_helm(), *args], capture_output=True, text=True, timeout=60, check=check)
+
+
+def render(*sets: str) -> list[dict[str, Any]]:
+    args = ["template", "r", str(CHART), "-n", "reprieve-system"]
+    for s in sets:
+        args += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_lint() -> None:
+    out = helm("lint", "--strict", str(CHART), check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_default_render() -> None:
+    docs = render()
+    assert sorted(d["kind"] for d in docs) == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                                               "Deployment", "ServiceAccount"]
+    (crd,) = by_kind(docs, "CustomResourceDefinition")
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    (dep,) = by_kind(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}}
+    env = {e["name"]: e["value"] for e in c["env"]}
+    signals = yaml.safe_load(env["REPRIEVE_SIGNALS_JSON"])
+    from reprieve_operator.signals import BUILTIN_SIGNALS, signal_table
+
+    defaults = {s.name: s.notice_seconds for s in BUILTIN_SIGNALS}
+    assert {s.name: s.notice_seconds for s in signal_table(signals)} == defaults  # chart == code defaults
+    assert not any(a.startswith("--namespace") for a in c["args"])
+
+
+def test_values_switches() -> None:
+    docs = render("replicaCount=0", "crds.enabled=false", "watchNamespaces={ml,team-*}", "metrics.service=true",
+                  "crds.keep=false")
+    assert not by_kind(docs, "CustomResourceDefinition")
+    (dep,) = by_kind(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 0
+    assert [a for a in dep["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--namespace")] \
+        == ["--namespace=ml", "--namespace=team-*"]
+    (role,) = by_kind(docs, "ClusterRole")
+    assert any("namespaces" in r["resources"] for r in role["rules"])
+    assert by_kind(docs, "Service")
+    crd = by_kind(render("crds.keep=false"), "CustomResourceDefinition")[0]
+    assert "annotations" not in crd["metadata"]
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ("replicaCount=2", "replicaCount"),
+    ("signals.builtin.gce-spot.enabled=true", "gce-spot"),
+    ("signals.builtin.gke-spot.noticeSeconds=-1", "noticeSeconds"),
+    ("metrics.port=70000", "port"),
+    ("logLevel=LOUD", "logLevel"),
+    ("unknownKey=1", "unknownKey"),
+])
+def test_schema_rejects_bad_values(bad: str, needle: str) -> None:
+    out = helm("template", "r", str(CHART), "--set", bad, check=False)
+    assert out.returncode != 0 and needle in out.stderr, out.stderr
+
+
+def test_every_value_is_documented() -> None:
+    """Each key has a `# --` comment in the comment block above it, or inherits one from its parent."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    stack: list[tuple[int, bool]] = []  # (indent, documented) of the enclosing keys
+    undocumented = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)([A-Za-z][\w-]*):", line)
+        if not m:
+            continue
+        indent = len(m.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        j = i - 1
+        block = []
+        while j >= 0 and lines[j].strip().startswith("#"):
+            block.append(lines[j])
+            j -= 1
+        documented = any("# --" in b for b in block) or any(d for _, d in stack)
+        is_section = not line.split(":", 1)[1].strip()  # children carry their own docs
+        if not documented and not is_section:
+            undocumented.append(line.strip())
+        stack.append((indent, documented))
+    assert not undocumented, f"values without a '# --' comment: {undocumented}"
+
+
+def test_every_clusterrole_rule_is_commented() -> None:
+    text = (CHART / "templates" / "clusterrole.yaml").read_text()
+    rule_lines = text.splitlines()
+    for i, line in enumerate(rule_lines):
+        if line.strip().startswith("- apiGroups:"):
+            prev = [p for p in rule_lines[:i] if p.strip() and not p.strip().startswith("{{")]
+            assert prev[-1].strip().startswith("#"), f"rule without a comment: {line.strip()}"
+
+
+def test_chart_rbac_covers_what_the_operator_creates() -> None:
+    """Every kind the operator creates for a job is creatable under the chart's ClusterRole."""
+    (role,) = by_kind(render(), "ClusterRole")
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    for group, resource in [("", "pods"), ("", "services"), ("", "serviceaccounts"),
+                            ("rbac.authorization.k8s.io", "roles"), ("rbac.authorization.k8s.io", "rolebindings")]:
+        assert (group, resource, "create") in granted
+    for verb in ("get", "list", "watch", "patch"):  # the operator must hold what the worker Role grants
+        assert ("", "pods", verb) in granted
