@@ -40,7 +40,7 @@ def host_dir(path: Path) -> tuple[list[dict], list[dict]]:
 
 
 @pytest.fixture
-def core(api) -> client.CoreV1Api:  # noqa: ANN001
+def core(api) -> client.CoreV1Api:
     return client.CoreV1Api(api)
 
 
