@@ -298,6 +298,7 @@ class Agreement:
             settings=self.countdown,
             last_step=self.last_step,
             previous_final=None if previous is None else previous.plan.final_step,
+            previous_early=None if previous is None else previous.plan.early_step,
         )
         log.info("round %d plan: final step %d, early %s; inputs: checked=%s, %.1fs to deadline, "
                  "step %s s, save %s s, last step %s, previous final %s", round_, plan.final_step,

@@ -53,6 +53,7 @@ def choose_save_step(
     settings: CountdownSettings = CountdownSettings(),
     last_step: int | None = None,
     previous_final: int | None = None,
+    previous_early: int | None = None,
 ) -> SavePlan:
     """Choose the agreed save step.
 
@@ -65,12 +66,15 @@ def choose_save_step(
         last_step: the job's last step (total - 1), if known: never plan past it.
         previous_final: the final step of an earlier round, if any. A later notice can only bring the
             save earlier, never later; if every process is already past it, it stays.
+        previous_early: the first-save step of an earlier round, if any. It stays in the plan while it is
+            before the final step: some processes may already have saved it, the others must too.
 
     Returns:
         The plan; ``final_step >= earliest_step`` unless ``previous_final`` was already reached.
     """
     if previous_final is not None and earliest_step > previous_final:
-        return SavePlan(previous_final, None, f"previous final step {previous_final} already reached; kept")
+        return SavePlan(previous_final, previous_early if _before(previous_early, previous_final) else None,
+                        f"previous final step {previous_final} already reached; kept")
     save_est = settings.default_save_seconds if save_seconds is None else max(0.0, save_seconds)
     budget = seconds_left - settings.margin_seconds - settings.safety_factor * save_est
     if step_seconds is None or step_seconds <= 0:
@@ -80,8 +84,9 @@ def choose_save_step(
         reason = (f"{seconds_left:.1f}s left <= margin {settings.margin_seconds:.1f}s + "
                   f"{settings.safety_factor:g} x save {save_est:.1f}s: save at the earliest step")
     else:
-        # Steps that fit in the budget; one is kept back for a process a step behind the others.
-        affordable = int(math.floor(budget / step_seconds)) - 1
+        # Steps that fit in the budget. Reaching ``final`` takes final - earliest + 1 steps for the process
+        # furthest ahead and one more for a process a step behind it.
+        affordable = int(math.floor(budget / step_seconds)) - 2
         if affordable < settings.min_extra_steps:
             final, early = earliest_step, None
             reason = f"only {max(affordable, 0)} more step(s) fit before the deadline: save at the earliest step"
@@ -99,6 +104,12 @@ def choose_save_step(
     if previous_final is not None and final > previous_final:
         final = previous_final
         reason += f"; not later than the previous final step {previous_final}"
+    if previous_early is not None:
+        early = previous_early  # agreed before: may be saved already by some processes
     if early is not None and early >= final:
         early = None
     return SavePlan(final, early, reason)
+
+
+def _before(step: int | None, final: int) -> bool:
+    return step is not None and step < final

@@ -1,0 +1,183 @@
+"""Real multi-process jobs (``jax.distributed`` on 127.0.0.1, CPU): notice -> one agreed step -> exit 42.
+
+Each test starts 2 or 4 worker processes (``workers/train_worker.py``) that train ``x += 1`` per step and save
+through :class:`helpers_agreement.FileCheckpointer` (real fsynced files, a real barrier). A checkpoint of step
+S holds ``x == S + 1`` in every process's file, which proves all processes saved the same step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.helpers_agreement import Gang, launch, write_notice_file
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+RESTART = 42
+
+
+def assert_one_agreed_save(gang: Gang, codes: list[int], n: int) -> int:
+    """All exited 42 and the last committed step is one step, saved by all ``n`` processes at that step."""
+    assert codes == [RESTART] * n, gang.tail()
+    saved = gang.saved()
+    assert saved, f"no committed checkpoint\n{gang.tail()}"
+    final = max(saved)
+    assert saved[final] == {p: float(final + 1) for p in range(n)}, (saved, gang.tail())
+    agreed = {p: re.findall(r"agreed save step (\d+)", path.read_text()) for p, path in enumerate(gang.logs)}
+    assert {p: int(steps[-1]) for p, steps in agreed.items()} == {p: final for p in range(n)}, agreed
+    return final
+
+
+def wait_warm(gang: Gang, n: int) -> None:
+    for i in range(n):
+        gang.wait_for_file(f"running-{i}", 60)
+
+
+def rfc3339(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_sigterm_to_one_process_all_save_the_same_step(tmp_path: Path, n: int) -> None:
+    gang = launch(tmp_path, n, steps=5000, grace_seconds=3)
+    try:
+        wait_warm(gang, n)
+        sent = time.time()
+        gang.signal(n - 1, signal.SIGTERM)
+        codes = gang.wait(60)
+    finally:
+        gang.kill()
+    final = assert_one_agreed_save(gang, codes, n)
+    assert gang.committed_at(final) < sent + 3, "commit landed after the SIGTERM deadline"
+    assert len(gang.saved()) == 1  # short grace: no early save, no periodic saves
+
+
+def test_notice_through_the_annotations_file(tmp_path: Path) -> None:
+    n = 2
+    gang = launch(tmp_path, n, steps=5000, notice_file=True)
+    try:
+        wait_warm(gang, n)
+        deadline = time.time() + 3
+        # only process 0's pod file gets it: process 1 must learn it through the agreement
+        write_notice_file(tmp_path / "annotations-0", {
+            "id": "gke-spot/node-a/1", "reason": "gke-spot", "node": "node-a", "deadline": rfc3339(deadline),
+            "observedAt": rfc3339(time.time())})
+        codes = gang.wait(60)
+    finally:
+        gang.kill()
+    final = assert_one_agreed_save(gang, codes, n)
+    assert gang.committed_at(final) < deadline
+    assert "via notice-file" in gang.logs[0].read_text()
+
+
+def test_simultaneous_notices_give_one_agreed_step(tmp_path: Path) -> None:
+    n = 4
+    gang = launch(tmp_path, n, steps=5000, grace_seconds=3)
+    try:
+        wait_warm(gang, n)
+        gang.signal(1, signal.SIGTERM)
+        gang.signal(3, signal.SIGTERM)
+        codes = gang.wait(60)
+    finally:
+        gang.kill()
+    assert_one_agreed_save(gang, codes, n)
+    assert len(gang.saved()) == 1
+    leaders = [p for p, path in enumerate(gang.logs) if "leads agreement round 0" in path.read_text()]
+    assert len(leaders) == 1 and leaders[0] in (1, 3), leaders
+
+
+def test_notice_during_a_save(tmp_path: Path) -> None:
+    n = 2
+    gang = launch(tmp_path, n, steps=5000, interval=5, save_delay=0.8, grace_seconds=4)
+    try:
+        gang.wait_for_file("ckpt/saving-0-4", 60)  # process 0 is inside save(4) for the next 0.8 s
+        gang.signal(0, signal.SIGTERM)
+        codes = gang.wait(60)
+    finally:
+        gang.kill()
+    final = assert_one_agreed_save(gang, codes, n)
+    saved = gang.saved()
+    assert final > 4 and 4 in saved and saved[4] == {0: 5.0, 1: 5.0}, saved
+    assert "acked round 0" in gang.logs[0].read_text()
+
+
+def test_long_deadline_keeps_training_and_saves_before_it(tmp_path: Path) -> None:
+    n = 2
+    gang = launch(tmp_path, n, steps=5000, notice_file=True)
+    try:
+        wait_warm(gang, n)
+        noticed = time.time()
+        deadline = noticed + 10  # margin 5 s + 2 x 1 s save estimate -> ~3 s of extra training
+        write_notice_file(tmp_path / "annotations-1", {
+            "id": "maintenance/node-b/1", "reason": "maintenance", "node": "node-b",
+            "deadline": rfc3339(deadline), "observedAt": rfc3339(noticed)})
+        codes = gang.wait(60)
+    finally:
+        gang.kill()
+    final = assert_one_agreed_save(gang, codes, n)
+    saved = sorted(gang.saved())
+    assert len(saved) == 2, f"expected a first save at once and the final save, got {saved}"
+    early = saved[0]
+    assert final - early >= 10, f"training did not continue: early {early}, final {final}"
+    committed = gang.committed_at(final)
+    assert noticed + 1.0 < committed < deadline, (committed - noticed, deadline - noticed)
+
+
+def test_second_notice_brings_the_save_earlier(tmp_path: Path) -> None:
+    n = 2
+    gang = launch(tmp_path, n, steps=5000, notice_file=True, grace_seconds=3)
+    try:
+        wait_warm(gang, n)
+        far = time.time() + 60
+        write_notice_file(tmp_path / "annotations-0", {
+            "id": "maintenance/node-a/1", "reason": "maintenance", "node": "node-a", "deadline": rfc3339(far),
+            "observedAt": rfc3339(time.time())})
+        first = _wait_for_log(gang, 0, r"agreed save step (\d+) \(first save at (\d+)\)", 30)
+        planned_final, early = int(first.group(1)), int(first.group(2))
+        _wait_for_log(gang, 0, r"round 0 plan|acked round 0", 5)
+        sent = time.time()
+        gang.signal(1, signal.SIGTERM)  # deadline in 3 s: much earlier than the planned final save
+        codes = gang.wait(60)
+    finally:
+        gang.kill()
+    final = assert_one_agreed_save(gang, codes, n)
+    assert early < final < planned_final, (early, final, planned_final)
+    assert gang.committed_at(final) < sent + 3
+    assert "acked round 1" in gang.logs[0].read_text()
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "coordinator-host"])
+def test_sigkill_of_one_process_fails_the_rest_fast(tmp_path: Path, victim: int) -> None:
+    n = 2
+    gang = launch(tmp_path, n, steps=100_000, heartbeat_s=3)
+    try:
+        wait_warm(gang, n)
+        gang.signal(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        survivor = gang.procs[1 - victim]
+        code = survivor.wait(60)
+        elapsed = time.monotonic() - killed
+    finally:
+        gang.kill()
+    print(f"\nSIGKILL of process {victim}: process {1 - victim} exited {code} after {elapsed:.1f}s")
+    (tmp_path / "sigkill.json").write_text(json.dumps({"victim": victim, "code": code, "seconds": elapsed}))
+    assert code not in (0, RESTART), gang.tail()
+    assert elapsed < 20, f"survivor took {elapsed:.1f}s to fail"
+    assert gang.saved() == {}
+
+
+def _wait_for_log(gang: Gang, index: int, pattern: str, timeout_s: float) -> re.Match[str]:
+    limit = time.monotonic() + timeout_s
+    while time.monotonic() < limit:
+        match = re.search(pattern, gang.logs[index].read_text())
+        if match:
+            return match
+        time.sleep(0.05)
+    raise AssertionError(f"{pattern!r} not in process {index}'s log within {timeout_s}s\n{gang.tail()}")
