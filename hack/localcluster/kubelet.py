@@ -616,9 +616,10 @@ class Kubelet:
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         f.pid = proc.pid
-        st.procs[f.name] = proc
+        with self._lock:
+            st.procs[f.name] = proc
         self.log.info("pod %s container %s: pid %d ip %s: %s", st.key, f.name, proc.pid, st.ip,
-                      " ".join(plan.argv)[:200])
+                      " ".join(plan.argv)[:200].replace("\n", "\\n"))
         threading.Thread(target=self._wait_process, args=(proc,), daemon=True,
                          name=f"wait-{proc.pid}").start()
 

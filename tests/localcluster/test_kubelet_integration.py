@@ -222,3 +222,91 @@ def test_service_account_token_mount_works_against_the_apiserver(cluster: Cluste
 
     log = find_log(cluster.workdir / "nodes" / pod.spec.node_name, namespace, "sa-user")
     assert pod.status.phase == "Succeeded", log.read_text() if log else "no log"
+
+
+def test_on_failure_pod_is_restarted_until_it_succeeds(cluster: Cluster, core, namespace: str,
+                                                       tmp_path: Path) -> None:
+    volumes, mounts = host_dir(tmp_path)
+    script = """
+        import os, sys
+        marker = os.environ['OUT'] + '/tried'
+        if not os.path.exists(marker):
+            open(marker, 'w').close(); sys.exit(3)
+    """
+    env = [{"name": "OUT", "value": "/out"}]
+    core.create_namespaced_pod(namespace, pod_manifest("flaky", script, env=env, volumes=volumes, mounts=mounts,
+                                                       restart_policy="OnFailure"))
+    pod = wait_for_pod_phase(core.api_client, namespace, "flaky", ["Succeeded", "Failed"], timeout=60)
+    status = pod.status.container_statuses[0]
+    assert pod.status.phase == "Succeeded" and status.restart_count == 1
+    assert status.last_state.terminated.exit_code == 3 and status.state.terminated.exit_code == 0
+
+
+def test_missing_executable_and_missing_configmap(cluster: Cluster, core, namespace: str) -> None:
+    body = pod_manifest("nocmd", "")
+    body["spec"]["containers"][0]["command"] = ["no-such-binary-xyz"]
+    core.create_namespaced_pod(namespace, body)
+    env = [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "later", "key": "x"}}}]
+    core.create_namespaced_pod(namespace, pod_manifest("needs-cm", "import os; assert os.environ['X'] == 'ok'",
+                                                       env=env))
+    pod = wait_for_pod_phase(core.api_client, namespace, "nocmd", "Failed", timeout=60)
+    term = pod.status.container_statuses[0].state.terminated
+    assert (term.exit_code, term.reason) == (128, "StartError") and "no-such-binary-xyz" in term.message
+
+    def waiting_reason() -> str | None:
+        statuses = core.read_namespaced_pod("needs-cm", namespace).status.container_statuses or []
+        return statuses[0].state.waiting.reason if statuses and statuses[0].state.waiting else None
+
+    assert wait_for(waiting_reason, 30, "needs-cm to report its config error") == "CreateContainerConfigError"
+    assert core.read_namespaced_pod("needs-cm", namespace).status.phase == "Pending"
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "later"}, "data": {"x": "ok"}})
+    pod = wait_for_pod_phase(core.api_client, namespace, "needs-cm", ["Succeeded", "Failed"], timeout=60)
+    assert pod.status.phase == "Succeeded"
+
+
+def test_killed_kubelet_takes_its_pods_with_it(cluster: Cluster, core, namespace: str, tmp_path: Path) -> None:
+    node = f"vanish-{uuid.uuid4().hex[:6]}"
+    cluster.add_node(node)
+    volumes, mounts = host_dir(tmp_path)
+    script = "import os, time; open(os.environ['OUT'] + '/pid', 'w').write(str(os.getpid())); time.sleep(600)"
+    core.create_namespaced_pod(namespace, pod_manifest("on-vanish", script, node=node, volumes=volumes,
+                                                       mounts=mounts, env=[{"name": "OUT", "value": "/out"}]))
+    pid = int(wait_for(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), 60, "pid file"))
+    try:
+        cluster.kill_node(node)
+
+        def dead() -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        wait_for(dead, 10, f"pod process {pid} of SIGKILLed kubelet {node} to die")
+    finally:
+        core.delete_node(node)
+
+
+def test_heartbeats_keep_taints_and_labels_set_by_others(cluster: Cluster, core) -> None:
+    from localcluster.testing import label_node, taint_node, untaint_node
+
+    node = cluster.node_names()[0]
+    lease = client.CoordinationV1Api(core.api_client).read_namespaced_lease(node, "kube-node-lease")
+    assert lease.spec.holder_identity == node
+    assert lease.metadata.owner_references[0].kind == "Node"
+    taint_node(core.api_client, node, "example.com/test", "x", "NoSchedule")
+    label_node(core.api_client, node, {"example.com/test": "kept"})
+    try:
+        first = lease.spec.renew_time
+        renewed = wait_for(lambda: client.CoordinationV1Api(core.api_client).read_namespaced_lease(
+            node, "kube-node-lease").spec.renew_time > first, 25, f"lease of {node} to be renewed")
+        assert renewed
+        time.sleep(0.5)  # the node status heartbeat follows the lease renewal
+        got = core.read_node(node)
+        assert any(t.key == "example.com/test" for t in got.spec.taints or [])
+        assert got.metadata.labels["example.com/test"] == "kept"
+        ready = next(c for c in got.status.conditions if c.type == "Ready")
+        assert ready.status == "True" and ready.last_heartbeat_time >= first.replace(microsecond=0)
+    finally:
+        untaint_node(core.api_client, node, "example.com/test")
+        label_node(core.api_client, node, {"example.com/test": None})
