@@ -68,4 +68,12 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        rc = main()
+    except BaseException:  # a dead peer would make jax's atexit shutdown barrier wait ~100 s
+        import traceback
+
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(2)
+    sys.exit(rc)

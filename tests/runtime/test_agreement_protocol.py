@@ -1,0 +1,216 @@
+"""The agreement protocol with N in-process participants over one in-memory KV store (fast, no JAX).
+
+The real coordination service is exercised by test_agreement_multiprocess.py; here many skews and timings
+are cheap to try, so the safety property (every participant saves the same final step, none has passed it)
+is checked over many randomized runs.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from reprieve.agreement import EARLY, FINAL, Agreement, AgreementError
+from reprieve.coordination import LocalCoordinator
+from reprieve.countdown import CountdownSettings
+from reprieve.notice import Notice
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+
+class _SlowView(LocalCoordinator):
+    """A view that takes an RPC's time (1-3 ms) per write, as the coordination service does."""
+
+    def set(self, key: str, value: str, *, overwrite: bool = False) -> None:
+        time.sleep(random.uniform(0.001, 0.003))
+        super().set(key, value, overwrite=overwrite)
+
+    def claim(self, key: str, value: str) -> bool:
+        time.sleep(random.uniform(0.001, 0.003))
+        return super().claim(key, value)
+
+
+def shared_coordinators(n: int) -> list[LocalCoordinator]:
+    """``n`` views of one in-memory store, one per process id."""
+    base = LocalCoordinator()
+    views: list[LocalCoordinator] = []
+    for pid in range(n):
+        view = _SlowView()
+        view._kv, view._cond = base._kv, base._cond  # one store, like one coordination service
+        view.process_id, view.num_processes = pid, n
+        views.append(view)
+    return views
+
+
+def agreements(n: int, **kwargs: object) -> list[Agreement]:
+    return [Agreement(c, poll_s=0.05, timeout_s=5.0, **kwargs).start()  # type: ignore[arg-type]
+            for c in shared_coordinators(n)]
+
+
+def notice(nid: str, seconds: float, *, reason: str = "test") -> Notice:
+    now = time.time()
+    return Notice(id=nid, source="test", reason=reason, deadline=now + seconds, received_at=now)
+
+
+def wait_target(agreement: Agreement, round_: int = 0, timeout: float = 5.0) -> None:
+    limit = time.monotonic() + timeout
+    while agreement.target is None or agreement.target.round < round_:
+        assert time.monotonic() < limit, "no plan"
+        time.sleep(0.005)
+
+
+def test_all_processes_get_the_same_plan_at_max_checked_plus_one() -> None:
+    group = agreements(3)
+    try:
+        for a, upto in zip(group, [5, 3, 4]):
+            for step in range(upto + 1):
+                assert a.decide(step) is None
+        group[1].offer(notice("n1", 0.0))
+        for a in group:
+            wait_target(a)
+        assert {a.target.plan.final_step for a in group} == {6}  # type: ignore[union-attr]
+        assert [a.decide(6) for a in group] == [FINAL] * 3
+        assert group[0].target.leader == 1  # type: ignore[union-attr]
+    finally:
+        for a in group:
+            a.close()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_randomized_skew_every_loop_stops_at_the_same_unpassed_step(seed: int) -> None:
+    """Loops running at different speeds (no lockstep at all); notices from random processes at random
+    times, sometimes two at once, sometimes a second, earlier one later. Everyone must stop at one step."""
+    rng = random.Random(seed)
+    n = rng.choice([2, 3, 4])
+    settings = CountdownSettings(margin_seconds=0.05, safety_factor=1.0, default_save_seconds=0.01)
+    group = agreements(n, countdown=settings)
+    stops: dict[int, int] = {}
+    decided: dict[int, list[int]] = {p: [] for p in range(n)}
+    errors: list[BaseException] = []
+
+    def loop(p: int, delay: float) -> None:
+        a = group[p]
+        a.step_seconds = delay
+        try:
+            for step in range(100_000):
+                kind = a.decide(step)
+                decided[p].append(step)
+                if kind == FINAL:
+                    stops[p] = step
+                    return
+                time.sleep(delay * rng.uniform(0.5, 1.5))
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=loop, args=(p, rng.uniform(0.0005, 0.004))) for p in range(n)]
+    for t in threads:
+        t.start()
+    time.sleep(rng.uniform(0.01, 0.05))
+    first = rng.randrange(n)
+    group[first].offer(notice(f"a{seed}", rng.choice([0.0, 0.3])))
+    if rng.random() < 0.5:  # a simultaneous notice elsewhere
+        group[(first + 1) % n].offer(notice(f"b{seed}", 0.0))
+    if rng.random() < 0.5:  # a second, earlier notice a little later
+        time.sleep(rng.uniform(0.0, 0.05))
+        group[rng.randrange(n)].offer(notice(f"c{seed}", -1.0))
+    for t in threads:
+        t.join(20)
+    for a in group:
+        a.close()
+    assert not errors, errors
+    assert len(stops) == n and len(set(stops.values())) == 1, stops
+    final = stops[0]
+    for p in range(n):
+        assert decided[p] == list(range(final + 1)), f"process {p} passed the agreed step {final}"
+
+
+def test_simultaneous_notices_one_round_and_the_second_is_dropped() -> None:
+    group = agreements(2)
+    try:
+        a = notice("x", 10.0)
+        b = Notice(id="y", source="test", reason="test", deadline=a.deadline, received_at=a.received_at)
+        t = [threading.Thread(target=group[0].offer, args=(a,)), threading.Thread(target=group[1].offer, args=(b,))]
+        for th in t:
+            th.start()
+        for th in t:
+            th.join()
+        for g in group:
+            wait_target(g)
+        time.sleep(0.3)  # the loser is re-offered after round 0 and must not start round 1
+        assert [g.target.round for g in group] == [0, 0]  # type: ignore[union-attr]
+        assert not group[0].coordinator.dir_get("reprieve/1/agree/notice/1")
+    finally:
+        for g in group:
+            g.close()
+
+
+def test_second_earlier_notice_moves_the_save_earlier_and_keeps_the_first_save() -> None:
+    settings = CountdownSettings(margin_seconds=0.5, safety_factor=1.0, default_save_seconds=0.1)
+    group = agreements(2, countdown=settings)
+    try:
+        for g in group:
+            g.step_seconds = 0.01
+            g.decide(0)
+        group[0].offer(notice("long", 60.0))
+        for g in group:
+            wait_target(g)
+        first = group[0].target.plan  # type: ignore[union-attr]
+        assert first.early_step == 1 and first.final_step > 1000, first
+        assert group[0].decide(1) == EARLY  # process 0 saves the first save; process 1 has not got there
+        group[1].offer(notice("short", 0.0))
+        for g in group:
+            wait_target(g, 1)
+        plans = {(g.target.plan.final_step, g.target.plan.early_step) for g in group}  # type: ignore[union-attr]
+        assert plans == {(2, 1)}, plans
+        assert group[1].decide(1) == EARLY and group[1].decide(2) == FINAL
+        assert group[0].decide(2) == FINAL
+    finally:
+        for g in group:
+            g.close()
+
+
+def test_later_notice_never_moves_the_save_later() -> None:
+    group = agreements(1)
+    try:
+        group[0].offer(notice("short", 0.0))
+        wait_target(group[0])
+        group[0].offer(notice("long", 3600.0))
+        time.sleep(0.2)
+        assert group[0].target.round == 0  # type: ignore[union-attr]
+    finally:
+        group[0].close()
+
+
+def test_duplicate_notice_ids_are_ignored() -> None:
+    group = agreements(1)
+    try:
+        group[0].offer(notice("same", 100.0))
+        wait_target(group[0])
+        group[0].offer(notice("same", 0.0))
+        time.sleep(0.2)
+        assert group[0].target.round == 0  # type: ignore[union-attr]
+    finally:
+        group[0].close()
+
+
+def test_a_missing_process_fails_the_round_naming_it() -> None:
+    coordinators = shared_coordinators(3)
+    present = [Agreement(c, poll_s=0.05, timeout_s=0.3).start() for c in coordinators[:2]]  # process 2 absent
+    try:
+        present[0].decide(3)
+        present[0].offer(notice("n", 0.0))
+        with pytest.raises(AgreementError, match=r"processes \[2\] did not ack"):
+            limit = time.monotonic() + 5
+            while time.monotonic() < limit:
+                present[0].decide(4)
+                time.sleep(0.01)
+        with pytest.raises(AgreementError, match=r"leader process 0 did not publish|\[2\]"):
+            while time.monotonic() < limit:
+                present[1].decide(4)
+                time.sleep(0.01)
+    finally:
+        for a in present:
+            a.close()
