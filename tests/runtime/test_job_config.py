@@ -1,0 +1,89 @@
+"""Table tests for the contract environment (reprieve.config) and the periodic save policy (reprieve.policy)."""
+
+from __future__ import annotations
+
+import pytest
+
+from reprieve.config import ConfigError, RuntimeConfig
+from reprieve.policy import SavePolicy, should_save
+
+pytestmark = pytest.mark.unit
+
+FULL = {
+    "REPRIEVE_JOB": "llama", "REPRIEVE_NAMESPACE": "ml", "REPRIEVE_POD_NAME": "llama-1",
+    "REPRIEVE_POD_IP": "10.0.0.7", "REPRIEVE_NUM_PROCESSES": "4", "REPRIEVE_PROCESS_ID": "1",
+    "REPRIEVE_COORDINATOR_ADDRESS": "llama-0.llama.ml.svc:8476", "REPRIEVE_CHECKPOINT_URI": "gs://b/llama",
+    "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "100", "REPRIEVE_CHECKPOINT_KEEP": "2", "REPRIEVE_ATTEMPT": "3",
+    "REPRIEVE_RESTART_EXIT_CODE": "43", "REPRIEVE_NOTICE_FILE": "/etc/reprieve/annotations",
+    "REPRIEVE_TERMINATION_GRACE_SECONDS": "120", "REPRIEVE_SERVICEACCOUNT_DIR": "/sa",
+    "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "6443",
+}
+
+
+def test_full_contract_environment() -> None:
+    cfg = RuntimeConfig.from_env(FULL)
+    assert (cfg.job, cfg.namespace, cfg.pod_name, cfg.num_processes, cfg.process_id) == ("llama", "ml", "llama-1", 4, 1)
+    assert (cfg.checkpoint_uri, cfg.checkpoint_interval_steps, cfg.checkpoint_keep, cfg.attempt) == (
+        "gs://b/llama", 100, 2, 3)
+    assert (cfg.restart_exit_code, cfg.termination_grace_seconds, cfg.notice_file) == (
+        43, 120.0, "/etc/reprieve/annotations")
+    assert cfg.coordinator_bind_address() == "10.0.0.7:8476"
+    assert cfg.distributed and cfg.in_cluster and cfg.kubernetes_port == 6443
+
+
+def test_defaults_outside_kubernetes() -> None:
+    cfg = RuntimeConfig.from_env({})
+    assert (cfg.num_processes, cfg.process_id, cfg.attempt, cfg.restart_exit_code) == (1, 0, 1, 42)
+    assert cfg.checkpoint_uri == "./checkpoints" and not cfg.distributed and not cfg.in_cluster
+    assert cfg.coordinator_bind_address() is None
+    assert (cfg.heartbeat_timeout_seconds, cfg.shutdown_timeout_seconds) == (10, 30)
+
+
+def test_ipv6_pod_ip_is_bracketed() -> None:
+    cfg = RuntimeConfig.from_env({**FULL, "REPRIEVE_POD_IP": "fd00::7"})
+    assert cfg.coordinator_bind_address() == "[fd00::7]:8476"
+
+
+BAD = [
+    ({"REPRIEVE_NUM_PROCESSES": "two"}, "REPRIEVE_NUM_PROCESSES must be an integer, got 'two'"),
+    ({"REPRIEVE_NUM_PROCESSES": "0"}, "REPRIEVE_NUM_PROCESSES must be >= 1, got 0"),
+    ({"REPRIEVE_PROCESS_ID": "4"}, r"REPRIEVE_PROCESS_ID must be < REPRIEVE_NUM_PROCESSES \(4\), got 4"),
+    ({"REPRIEVE_COORDINATOR_ADDRESS": ""}, "REPRIEVE_COORDINATOR_ADDRESS must be set"),
+    ({"REPRIEVE_COORDINATOR_ADDRESS": "host-without-port"}, "must be host:port, got 'host-without-port'"),
+    ({"REPRIEVE_RESTART_EXIT_CODE": "300"}, "REPRIEVE_RESTART_EXIT_CODE must be <= 255, got 300"),
+    ({"REPRIEVE_TERMINATION_GRACE_SECONDS": "nan"}, "must be a finite number"),
+    ({"REPRIEVE_TERMINATION_GRACE_SECONDS": "-1"}, "must be >= 0.0, got -1.0"),
+    ({"REPRIEVE_METRICS_PORT": "http"}, "REPRIEVE_METRICS_PORT must be an integer"),
+]
+
+
+@pytest.mark.parametrize("change,message", BAD, ids=[m for _, m in BAD])
+def test_bad_values_name_the_variable(change: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        RuntimeConfig.from_env({**FULL, **change})
+
+
+# (step, interval, last_saved, last_step, save_last, expected)
+POLICY = [
+    (99, 100, None, None, True, True),
+    (100, 100, 99, None, True, False),
+    (199, 100, 99, None, True, True),
+    (5, 0, None, None, True, False),
+    (9, 0, None, 9, True, True),  # the last step of the job
+    (9, 0, None, 9, False, False),
+    (9, 10, 9, 9, True, False),  # already saved (e.g. by an agreed save)
+    (3, 1, 3, None, True, False),
+    (4, 1, 3, None, True, True),
+]
+
+
+@pytest.mark.parametrize("step,interval,last_saved,last_step,save_last,expected", POLICY)
+def test_should_save(step: int, interval: int, last_saved: int | None, last_step: int | None, save_last: bool,
+                     expected: bool) -> None:
+    policy = SavePolicy(interval_steps=interval, save_last=save_last)
+    assert should_save(step, policy=policy, last_saved=last_saved, last_step=last_step) is expected
+
+
+def test_negative_interval_is_rejected() -> None:
+    with pytest.raises(ValueError, match="interval_steps must be >= 0, got -1"):
+        SavePolicy(interval_steps=-1)
