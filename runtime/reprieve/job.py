@@ -102,14 +102,16 @@ class Job:
         """``(state, first_step)``: the latest checkpoint restored onto ``init_fn()``'s shapes, or a fresh start.
 
         ``init_fn()`` always runs: its result gives the structure, shapes, dtypes and shardings to restore
-        onto (and is the state when there is no checkpoint yet).
+        onto (and is the state when there is no checkpoint yet). The checkpointer's ``restore(step=None)``
+        raising ``FileNotFoundError`` (on every process alike) means "no checkpoint yet".
         """
         state = init_fn()
-        latest = self.checkpointer.latest_step()
-        if latest is None:
+        try:
+            # step=None: the checkpointer picks the latest complete checkpoint once for all processes
+            step, restored, _extra = self.checkpointer.restore(_abstract(state), step=None)
+        except FileNotFoundError:
             log.info("no checkpoint under %s: starting at step 0", self.config.checkpoint_uri)
             return state, 0
-        step, restored, _extra = self.checkpointer.restore(_abstract(state), step=latest)
         self._last_saved = self._committed = step
         self.metrics.set("reprieve_last_committed_step", step)
         log.info("restored step %d from %s: resuming at step %d", step, self.config.checkpoint_uri, step + 1)

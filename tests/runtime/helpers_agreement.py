@@ -189,8 +189,11 @@ class Gang:
 
 def launch(workdir: Path, n: int, *, steps: int = 400, step_seconds: float = 0.02, interval: int = 0,
            grace_seconds: float = 30.0, save_delay: float = 0.0, notice_file: bool = False,
-           heartbeat_s: int = 10, extra_env: dict[str, str] | None = None) -> Gang:
-    """Start ``n`` workers (tests/runtime/workers/train_worker.py) as one real ``jax.distributed`` job."""
+           heartbeat_s: int = 10, extra_env: dict[str, str] | None = None, bare: bool = False) -> Gang:
+    """Start ``n`` workers (tests/runtime/workers/train_worker.py) as one real ``jax.distributed`` job.
+
+    ``bare``: one process with no contract variable but the checkpoint URI (a laptop, not a pod).
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     procs, logs = [], []
@@ -218,6 +221,8 @@ def launch(workdir: Path, n: int, *, steps: int = 400, step_seconds: float = 0.0
             "WORKER_STEP_SECONDS": str(step_seconds),
             "WORKER_SAVE_DELAY": str(save_delay),
         })
+        if bare:
+            env = {k: v for k, v in env.items() if not k.startswith("REPRIEVE_") or k.endswith("_URI")}
         if notice_file:
             env["REPRIEVE_NOTICE_FILE"] = str(workdir / f"annotations-{i}")
         env.update(extra_env or {})

@@ -1,0 +1,38 @@
+"""One real process, no Kubernetes: finish normally (exit 0), or SIGTERM -> exit 42 -> restart resumes."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.helpers_agreement import launch
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def test_plain_run_without_any_contract_variable_finishes_and_saves_the_last_step(tmp_path: Path) -> None:
+    gang = launch(tmp_path, 1, steps=30, step_seconds=0.0, bare=True)
+    codes = gang.wait(60)
+    assert codes == [0], gang.tail()
+    assert (tmp_path / "done-0").read_text() == "30.0"
+    assert gang.saved() == {29: {0: 30.0}}
+
+
+def test_sigterm_saves_exits_42_and_the_restart_resumes_from_it(tmp_path: Path) -> None:
+    gang = launch(tmp_path, 1, steps=400, step_seconds=0.02, grace_seconds=3)
+    try:
+        gang.wait_for_file("running-0", 60)
+        gang.signal(0, signal.SIGTERM)
+        codes = gang.wait(60)
+    finally:
+        gang.kill()
+    assert codes == [42], gang.tail()
+    (saved_step,) = gang.saved()
+    assert gang.saved()[saved_step] == {0: saved_step + 1.0}
+    again = launch(tmp_path, 1, steps=400, step_seconds=0.0, extra_env={"REPRIEVE_ATTEMPT": "2"})
+    assert again.wait(60) == [0], again.tail()
+    log = again.logs[0].read_text()
+    assert f"restored step {saved_step} " in log and f"resuming at step {saved_step + 1}" in log
+    assert (tmp_path / "done-0").read_text() == "400.0"  # x counts every step exactly once across the restart

@@ -1,0 +1,178 @@
+"""Notice sources in this process: a real SIGTERM, a real downward-API file, a user callable, watch events."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+
+import pytest
+
+from reprieve.kube import PodWatchSource, backoff_delays, progress_annotation
+from reprieve.notice import NOTICE_ANNOTATION, PROGRESS_ANNOTATION, Notice
+from reprieve.notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
+from tests.runtime.helpers_agreement import write_notice_file
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.notices: list[Notice] = []
+        self.event = threading.Event()
+
+    def __call__(self, notice: Notice) -> None:
+        self.notices.append(notice)
+        self.event.set()
+
+    def wait(self, count: int = 1, timeout: float = 5.0) -> list[Notice]:
+        limit = time.monotonic() + timeout
+        while len(self.notices) < count:
+            assert time.monotonic() < limit, f"only {len(self.notices)} notice(s) arrived"
+            time.sleep(0.01)
+        return self.notices
+
+
+@pytest.fixture
+def hub() -> Iterator[tuple[NoticeHub, Sink]]:
+    sink = Sink()
+    h = NoticeHub(sink, idle_s=0.05).start()
+    yield h, sink
+    h.close()
+
+
+@pytest.fixture
+def restore_sigterm() -> Iterator[None]:
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+def test_sigterm_becomes_a_notice_and_chains_the_previous_handler(hub: tuple[NoticeHub, Sink],
+                                                                   restore_sigterm: None) -> None:
+    h, sink = hub
+    calls: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))
+    source = SigtermSource(h, grace_seconds=25, pod="job-0", process_id=0)
+    assert source.install()
+    before = time.time()
+    os.kill(os.getpid(), signal.SIGTERM)
+    notices = sink.wait()
+    assert calls == [signal.SIGTERM]
+    assert notices[0].reason == "sigterm" and notices[0].deadline == pytest.approx(before + 25, abs=2)
+    source.uninstall()
+    os.kill(os.getpid(), signal.SIGTERM)  # the previous handler is back
+    time.sleep(0.05)
+    assert calls == [signal.SIGTERM] * 2
+
+
+def test_default_sigterm_disposition_is_not_chained(hub: tuple[NoticeHub, Sink], restore_sigterm: None) -> None:
+    h, sink = hub
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    source = SigtermSource(h, grace_seconds=5, pod=None, process_id=3)
+    source.install()
+    os.kill(os.getpid(), signal.SIGTERM)  # would kill pytest if SIG_DFL were "chained"
+    assert sink.wait()[0].id == "sigterm/local/3"
+    source.uninstall()
+
+
+def test_replaced_handler_is_reported_once(hub: tuple[NoticeHub, Sink], restore_sigterm: None,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    h, _ = hub
+    source = SigtermSource(h, grace_seconds=5, pod=None, process_id=0)
+    source.install()
+    with caplog.at_level(logging.WARNING, logger="reprieve.notice_sources"):
+        source.check()
+        assert not caplog.records
+        signal.signal(signal.SIGTERM, lambda *a: None)
+        source.check()
+        source.check()
+    assert len(caplog.records) == 1 and "was replaced" in caplog.records[0].getMessage()
+
+
+def test_install_off_the_main_thread_is_refused(hub: tuple[NoticeHub, Sink]) -> None:
+    h, _ = hub
+    result: list[bool] = []
+    t = threading.Thread(target=lambda: result.append(SigtermSource(h, grace_seconds=1, pod=None,
+                                                                    process_id=0).install()))
+    t.start()
+    t.join()
+    assert result == [False]
+
+
+def test_notice_file_is_polled(tmp_path: Path, hub: tuple[NoticeHub, Sink]) -> None:
+    h, sink = hub
+    path = tmp_path / "annotations"
+    poller = PollingSource("notice-file", NoticeFile(str(path)), h, 0.02).start()
+    try:
+        time.sleep(0.1)  # missing file: nothing
+        path.write_text('other.io/a="b"')
+        time.sleep(0.1)  # no notice annotation: nothing
+        assert sink.notices == []
+        write_notice_file(path, {"id": "n-1", "reason": "gke-spot", "deadline": "2030-01-01T00:00:00Z"})
+        notice = sink.wait()[0]
+        assert (notice.id, notice.source, notice.reason) == ("n-1", "notice-file", "gke-spot")
+    finally:
+        poller.close()
+
+
+def test_malformed_notice_file_means_save_now(tmp_path: Path, hub: tuple[NoticeHub, Sink]) -> None:
+    h, sink = hub
+    path = tmp_path / "annotations"
+    path.write_text(f'{NOTICE_ANNOTATION}="{{\\"id\\": broken"')
+    poller = PollingSource("notice-file", NoticeFile(str(path)), h, 0.02).start()
+    try:
+        notice = sink.wait()[0]
+        assert notice.reason == "malformed" and not notice.deadline_known
+        assert notice.deadline <= time.time()
+    finally:
+        poller.close()
+
+
+def test_user_callable_that_raises_does_not_stop_polling(hub: tuple[NoticeHub, Sink],
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    h, sink = hub
+    answers = iter([RuntimeError("metadata server down"), None, ("maintenance", time.time() + 60)])
+
+    def fn() -> object:
+        answer = next(answers, None)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    with caplog.at_level(logging.WARNING, logger="reprieve.notice_sources"):
+        poller = PollingSource("callable", UserCallable(fn, default_grace_seconds=30), h, 0.02).start()
+        try:
+            assert sink.wait()[0].reason == "maintenance"
+        finally:
+            poller.close()
+    assert any("metadata server down" in r.getMessage() for r in caplog.records)
+
+
+def test_pod_watch_events() -> None:
+    got: list[Notice] = []
+    source = PodWatchSource(client=None, namespace="ns", pod="p", put=got.append)  # type: ignore[arg-type]
+    value = json.dumps({"id": "a", "reason": "gke-spot", "deadline": "2030-01-01T00:00:00Z"})
+    pod = {"metadata": {"annotations": {NOTICE_ANNOTATION: value}}}
+    source.handle_event({"type": "ADDED", "object": {"metadata": {}}})
+    source.handle_event({"type": "MODIFIED", "object": pod})
+    source.handle_event({"type": "MODIFIED", "object": pod})  # same value: no new notice
+    source.handle_event({"type": "DELETED", "object": pod})
+    source.handle_event({"type": "ERROR", "object": {"code": 410}})
+    assert [n.id for n in got] == ["a"] and got[0].source == "annotation"
+
+
+def test_progress_annotation_follows_the_contract() -> None:
+    body = progress_annotation(120, 100, 3, 1_795_000_000.0)
+    value = json.loads(body[PROGRESS_ANNOTATION])
+    assert value == {"step": 120, "committedStep": 100, "attempt": 3, "time": "2026-11-18T11:06:40Z"}
+
+
+def test_backoff_delays() -> None:
+    assert list(islice(backoff_delays(1, 30), 7)) == [1, 2, 4, 8, 16, 30, 30]
