@@ -102,7 +102,7 @@ class Location:
     def uri(self) -> str:
         if self.scheme == "file":
             return self.path
-        return f"{self.scheme}://{self.bucket}/{self.path}"
+        return f"{self.scheme}://{self.bucket}/{self.path}".rstrip("/")
 
 
 def parse_uri(uri: str, cwd: str = "/") -> Location:
