@@ -103,10 +103,12 @@ class Agreement:
         self._thread.start()
         return self
 
-    def close(self, timeout_s: float | None = None) -> None:
+    def close(self, timeout_s: float = 0.1) -> None:
+        """Stop watching. Does not wait out the watcher's pending ``get``: shutting the client down
+        cancels it (the watcher then sees the stop flag and leaves quietly)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(self.poll_s + 1.0 if timeout_s is None else timeout_s)
+            self._thread.join(timeout_s)
 
     # -- main thread -----------------------------------------------------------------------------------
     @property
