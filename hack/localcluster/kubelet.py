@@ -30,14 +30,11 @@ SIGTERM/SIGINT stop it like ``stop()``.
 
 from __future__ import annotations
 
-DEFAULT_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
-
 import argparse
 import json
 import logging
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -51,56 +48,25 @@ from urllib.parse import urlparse
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from localcluster import nodespec
+from localcluster import nodespec, podio
 from localcluster.downward import FieldRefError
+from localcluster.podio import REQUEST_TIMEOUT_S, find_log
 from localcluster.podip import pod_ip
-from localcluster.podspec import (
-    EnvContext,
-    LaunchPlan,
-    PodConfigError,
-    PodPaths,
-    decode_secret,
-    launch_plan,
-    mounts_for,
-    referenced_objects,
-    token_requests,
-    volume_files,
-)
+from localcluster.podspec import EnvContext, LaunchPlan, PodConfigError, PodPaths, launch_plan, token_requests
 from localcluster.podstatus import ContainerFacts, pod_status, restart_delay, should_restart, terminated_state
 
+__all__ = ["DEFAULT_CAPACITY", "Kubelet", "find_log", "main"]
+
+DEFAULT_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 log = logging.getLogger("localcluster.kubelet")
 
 WATCH_TIMEOUT_S = 30          # server-side watch timeout; the stream is re-opened after it
-REQUEST_TIMEOUT_S = 15        # every non-watch API call
 RETRY_DELAY_S = 1.0           # after an API error in a loop
 DEFAULT_GRACE_S = 30
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _killpg(pid: int | None, sig: int) -> None:
-    if pid is None:
-        return
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _write_atomic(path: Path, content: str) -> bool:
-    """Write ``content`` to ``path`` via temp file + rename; False if it already had that content."""
-    try:
-        if path.read_text() == content:
-            return False
-    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
-    tmp.write_text(content)
-    os.replace(tmp, path)
-    return True
 
 
 def _status_key(status: dict) -> str:
@@ -299,7 +265,7 @@ class Kubelet:
         with self._lock:
             for st in self._pods.values():
                 for p in st.procs.values():
-                    _killpg(p.pid, signal.SIGKILL)
+                    podio.killpg(p.pid, signal.SIGKILL)
 
     # --- pod watch -------------------------------------------------------------------------------------------
 
@@ -390,7 +356,7 @@ class Kubelet:
     def _sync_pod(self, uid: str, st: _Pod) -> None:
         if st.gone:
             for p in st.procs.values():
-                _killpg(p.pid, signal.SIGKILL)
+                podio.killpg(p.pid, signal.SIGKILL)
             with self._lock:
                 self._pods.pop(uid, None)
             self.log.info("pod %s removed from the API; processes killed", st.key)
@@ -424,16 +390,16 @@ class Kubelet:
                         grace = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S)
                     self.log.info("pod %s deleted: SIGTERM, SIGKILL in %ss", st.key, grace)
                     for p in running:
-                        _killpg(p.pid, signal.SIGTERM)
+                        podio.killpg(p.pid, signal.SIGTERM)
                     st.term_sent, st.kill_at = True, time.monotonic() + float(grace)
                 elif st.kill_at is not None and time.monotonic() >= st.kill_at:
                     self.log.info("pod %s: grace period over, SIGKILL", st.key)
                     for p in running:
-                        _killpg(p.pid, signal.SIGKILL)
+                        podio.killpg(p.pid, signal.SIGKILL)
                     st.kill_at = None
                 return
             for p in st.procs.values():
-                _killpg(p.pid, signal.SIGKILL)  # leftovers of the process groups
+                podio.killpg(p.pid, signal.SIGKILL)  # leftovers of the process groups
             self._report(st, deleting=True)
         if not st.delete_sent:
             meta = st.pod["metadata"]
@@ -485,9 +451,13 @@ class Kubelet:
             if spec.get("initContainers"):
                 self.log.warning("pod %s: init containers are not run by the process kubelet", st.key)
         try:
-            self._prepare_volumes(st)
+            st.objects = podio.fetch_objects(self.core, pod)
+            st.tokens = {req: podio.request_token(self.core, pod, *req) for req in token_requests(pod)}
+            podio.make_dirs_and_mounts(pod, st.paths)
+            self._write_files(st, only_dynamic=False)
             ctx = EnvContext(node_name=self.node_name, pod_ip=st.ip, api_host=self.api_host,
-                             api_port=self.api_port, parent_env=self.parent_env, subdomains=self._subdomains(pod))
+                             api_port=self.api_port, parent_env=self.parent_env,
+                             subdomains=podio.subdomains(self.core, pod))
             st.plans = {c["name"]: launch_plan(pod, c, st.paths, ctx, st.objects) for c in spec["containers"]}
         except (PodConfigError, FieldRefError) as e:
             if st.facts[0].waiting_message != str(e):
@@ -495,133 +465,42 @@ class Kubelet:
             for f in st.facts:
                 f.waiting_reason, f.waiting_message = "CreateContainerConfigError", str(e)
             return
-        st.paths.log(st.facts[0].name).parent.mkdir(parents=True, exist_ok=True)
         for f in st.facts:
             f.waiting_reason = f.waiting_message = None
             self._start_process(st, f)
         st.launched = True
 
-    def _subdomains(self, pod: dict) -> set[str]:
-        names = {pod["spec"]["subdomain"]} if pod["spec"].get("subdomain") else set()
-        try:
-            services = self.core.list_namespaced_service(pod["metadata"]["namespace"],
-                                                         _request_timeout=REQUEST_TIMEOUT_S)
-            names |= {s.metadata.name for s in services.items}
-        except ApiException as e:
-            self.log.info("cannot list services for DNS names: %s %s", e.status, e.reason)
-        return names
-
-    def _fetch_objects(self, pod: dict) -> dict:
-        ns = pod["metadata"]["namespace"]
-        objects: dict = {}
-        for kind, name in referenced_objects(pod):
-            try:
-                if kind == "ConfigMap":
-                    cm = self.core.read_namespaced_config_map(name, ns, _request_timeout=REQUEST_TIMEOUT_S)
-                    objects[(kind, name)] = dict(cm.data or {})
-                else:
-                    secret = self.core.read_namespaced_secret(name, ns, _request_timeout=REQUEST_TIMEOUT_S)
-                    objects[(kind, name)] = decode_secret(secret.data)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-        return objects
-
-    def _request_token(self, pod: dict, audience: str, expiration: int) -> str:
-        meta = pod["metadata"]
-        spec: dict = {"expirationSeconds": expiration,
-                      "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}}
-        if audience:
-            spec["audiences"] = [audience]
-        sa = pod["spec"].get("serviceAccountName") or "default"
-        resp = self.core.create_namespaced_service_account_token(
-            sa, meta["namespace"], {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
-            _request_timeout=REQUEST_TIMEOUT_S)
-        return resp.status.token
-
-    def _ca_pem(self) -> str | None:
-        try:
-            return Path(self.ca_file).read_text() if self.ca_file else None
-        except OSError:
-            return None
-
-    def _write_volume_files(self, st: _Pod, only_dynamic: bool) -> None:
-        for v in st.pod["spec"].get("volumes") or []:
-            if only_dynamic and "downwardAPI" not in v and "projected" not in v:
-                continue
-            files = volume_files(st.pod, v, objects=st.objects, tokens=st.tokens, pod_ip=st.ip,
-                                 node_name=self.node_name, ca_pem=self._ca_pem())
-            if files is None:
-                continue
-            d = st.paths.volume(v["name"])
-            d.mkdir(parents=True, exist_ok=True)
-            for rel, content in files.items():
-                _write_atomic(d / rel, content)
+    def _write_files(self, st: _Pod, only_dynamic: bool) -> None:
+        podio.write_volume_files(st.pod, st.paths, objects=st.objects, tokens=st.tokens, pod_ip=st.ip,
+                                 node_name=self.node_name, ca_pem=podio.read_text(self.ca_file),
+                                 only_dynamic=only_dynamic)
         st.files_rv = st.pod["metadata"].get("resourceVersion")
-
-    def _prepare_volumes(self, st: _Pod) -> None:
-        pod = st.pod
-        st.objects = self._fetch_objects(pod)
-        st.tokens = {req: self._request_token(pod, *req) for req in token_requests(pod)}
-        for v in pod["spec"].get("volumes") or []:
-            if "emptyDir" in v:
-                st.paths.volume(v["name"]).mkdir(parents=True, exist_ok=True)
-            elif "hostPath" in v:
-                path, kind = Path(v["hostPath"]["path"]), v["hostPath"].get("type") or ""
-                if kind in ("", "DirectoryOrCreate"):
-                    path.mkdir(parents=True, exist_ok=True)
-                elif kind == "FileOrCreate":
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.touch(exist_ok=True)
-                elif not path.exists():
-                    raise PodConfigError(f"Pod {st.key}: hostPath {path} of type {kind} does not exist")
-        self._write_volume_files(st, only_dynamic=False)
-        st.paths.root.mkdir(parents=True, exist_ok=True)
-        for c in pod["spec"]["containers"]:
-            for m in mounts_for(pod, c, st.paths):
-                if not m.target.exists():
-                    m.target.mkdir(parents=True, exist_ok=True)  # a subPath
-                if m.link.is_symlink() or m.link.exists():
-                    continue
-                m.link.parent.mkdir(parents=True, exist_ok=True)
-                m.link.symlink_to(m.target)
 
     def _refresh_files(self, st: _Pod) -> None:
         """Rewrite downwardAPI/projected files when the pod changed (annotations, labels)."""
         if st.pod["metadata"].get("resourceVersion") == st.files_rv:
             return
         try:
-            self._write_volume_files(st, only_dynamic=True)
+            self._write_files(st, only_dynamic=True)
         except (PodConfigError, FieldRefError, OSError) as e:
             self.log.warning("pod %s: cannot refresh volume files: %s", st.key, e)
 
     def _start_process(self, st: _Pod, f: ContainerFacts) -> None:
         plan = st.plans[f.name]
-        argv0 = plan.argv[0]
-        exe = argv0 if "/" in argv0 else shutil.which(argv0, path=plan.env.get("PATH", ""))
         now = _now()
         f.started_at, f.finished_at, f.returncode, f.reason, f.message = now, None, None, None, None
-        log_file = st.paths.log(f.name)
-        if exe is None or not os.access(exe, os.X_OK):
-            f.pid, f.returncode, f.finished_at, f.reason = None, 128, now, "StartError"
-            f.message = f'exec: "{argv0}": executable file not found in $PATH'
-            with open(log_file, "a") as out:
-                out.write(f.message + "\n")
-            self.log.warning("pod %s container %s: %s", st.key, f.name, f.message)
+        try:
+            proc = podio.spawn(plan, st.paths.log(f.name))
+        except podio.StartError as e:
+            f.pid, f.returncode, f.finished_at, f.reason, f.message = None, 128, now, "StartError", str(e)
+            self.log.warning("pod %s container %s: %s", st.key, f.name, e)
             return
-        plan.cwd.mkdir(parents=True, exist_ok=True)
-        with open(log_file, "ab") as out:
-            # setpriv execs the command in the same process, so the pid is the pod process's.
-            proc = subprocess.Popen([*_DIE_WITH_PARENT, exe, *plan.argv[1:]], env=plan.env, cwd=plan.cwd,
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
         f.pid = proc.pid
         with self._lock:
             st.procs[f.name] = proc
         self.log.info("pod %s container %s: pid %d ip %s: %s", st.key, f.name, proc.pid, st.ip,
                       " ".join(plan.argv)[:200].replace("\n", "\\n"))
-        threading.Thread(target=self._wait_process, args=(proc,), daemon=True,
-                         name=f"wait-{proc.pid}").start()
+        threading.Thread(target=self._wait_process, args=(proc,), daemon=True, name=f"wait-{proc.pid}").start()
 
     def _wait_process(self, proc: subprocess.Popen) -> None:
         try:
@@ -637,7 +516,7 @@ class Kubelet:
                 if rc is None:
                     continue
                 f.returncode, f.finished_at = rc, _now()
-                _killpg(proc.pid, signal.SIGKILL)  # like a container: its other processes go with it
+                podio.killpg(proc.pid, signal.SIGKILL)  # like a container: its other processes go with it
                 self.log.info("pod %s container %s exited: %s", st.key, f.name, f.exit_code)
             if not restart or not should_restart(st.pod["spec"].get("restartPolicy") or "Always", f):
                 continue
@@ -647,37 +526,6 @@ class Kubelet:
                 f.last_terminated = terminated_state(f)
                 f.restart_count += 1
                 self._start_process(st, f)
-
-
-# --- helpers for processes, logs and the command line ---------------------------------------------------------
-
-def _die_with_parent_prefix() -> list[str]:
-    """``setpriv --pdeathsig KILL --``: the pod's process gets SIGKILL when the kubelet dies (a SIGKILLed
-    kubelet is a vanished VM). Without util-linux's setpriv, pods outlive a SIGKILLed kubelet."""
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        log.warning("setpriv not found: pod processes will outlive a SIGKILLed kubelet")
-        return []
-    return [setpriv, "--pdeathsig", "KILL", "--"]
-
-
-_DIE_WITH_PARENT = _die_with_parent_prefix()
-
-
-def find_log(workdir: str | Path, namespace: str, name: str, container: str | None = None) -> Path | None:
-    """The log file of the newest pod ``namespace/name`` under a kubelet ``workdir`` (None if none).
-
-    ``container`` defaults to the only (or alphabetically first) container with a log.
-    """
-    pods = sorted((Path(workdir) / "pods" / namespace).glob(f"{name}-*"), key=lambda p: p.stat().st_mtime)
-    pods = [p for p in pods if p.name[len(name) + 1:].isalnum() and len(p.name) == len(name) + 9]
-    if not pods:
-        return None
-    logs = pods[-1] / "logs"
-    if container is not None:
-        return logs / f"{container}.log"
-    found = sorted(logs.glob("*.log"))
-    return found[0] if found else None
 
 
 def _parse_pairs(pairs: list[str], what: str) -> dict[str, str]:
