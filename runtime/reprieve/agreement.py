@@ -103,12 +103,18 @@ class Agreement:
         self._thread.start()
         return self
 
-    def close(self, timeout_s: float = 0.1) -> None:
-        """Stop watching. Does not wait out the watcher's pending ``get``: shutting the client down
-        cancels it (the watcher then sees the stop flag and leaves quietly)."""
+    def close(self, timeout_s: float = 0.0) -> None:
+        """Stop watching. Does not wait out the watcher's pending ``get`` (up to ``poll_s``): shutting the
+        client down cancels it, and the watcher then sees the stop flag and leaves quietly. Call
+        :meth:`join` after that shutdown: a thread still inside the client at interpreter exit aborts it."""
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
+        self.join(timeout_s)
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread is not None and self._thread is not threading.current_thread() and timeout_s > 0:
             self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.warning("agreement watcher of process %d still running after %.1fs", self.pid, timeout_s)
 
     # -- main thread -----------------------------------------------------------------------------------
     @property

@@ -288,11 +288,16 @@ class Job:
             log.warning("closing the checkpointer failed: %s", err)
         self.metrics.close()
         if self._shutdown_distributed:
-            self.coordinator.shutdown()
+            self.coordinator.shutdown()  # also cancels the watcher's pending get
+        if self.num_processes > 1:
+            self.agreement.join(2.0)
 
     def _abort(self, why: str) -> None:
         log.critical("process %d: %s; exiting 1 (state NOT saved by this exit)", self.process_id, why)
         self._closed = True
+        # No distributed shutdown (its barrier would wait for dead peers), but let the watcher leave the
+        # client first: a thread inside it at interpreter exit aborts the process instead of exiting 1.
+        self.agreement.close(timeout_s=self.agreement.poll_s + 0.5)
         self._exit_fn(1)
 
 
