@@ -181,3 +181,31 @@ def _wait_for_log(gang: Gang, index: int, pattern: str, timeout_s: float) -> re.
             return match
         time.sleep(0.05)
     raise AssertionError(f"{pattern!r} not in process {index}'s log within {timeout_s}s\n{gang.tail()}")
+
+
+def test_with_the_checkpoint_manager_sigterm_then_restart_resumes_every_process(tmp_path: Path) -> None:
+    """reprieve.init()'s default checkpointer (reprieve.checkpoint.CheckpointManager), a global array
+    sharded over 2 processes: SIGTERM -> all exit 42 -> attempt 2 restores the agreed step and finishes."""
+    pytest.importorskip("reprieve.checkpoint")
+    n, total = 2, 5000
+    env = {"WORKER_CHECKPOINTER": "manager"}
+    gang = launch(tmp_path, n, steps=total, grace_seconds=5, extra_env=env)
+    try:
+        wait_warm(gang, n)
+        gang.signal(0, signal.SIGTERM)
+        codes = gang.wait(60)
+    finally:
+        gang.kill()
+    assert codes == [RESTART] * n, gang.tail()
+    agreed = {int(re.findall(r"agreed save step (\d+)", p.read_text())[-1]) for p in gang.logs}
+    assert len(agreed) == 1, agreed
+    (step,) = agreed
+    total = step + 1 + 20
+    again = launch(tmp_path, n, steps=total, step_seconds=0.0, extra_env={**env, "REPRIEVE_ATTEMPT": "2"})
+    try:
+        assert again.wait(90) == [0] * n, again.tail()
+    finally:
+        again.kill()
+    for p in range(n):
+        assert f"resuming at step {step + 1}" in again.logs[p].read_text(), again.tail()
+        assert (tmp_path / f"done-{p}").read_text() == f"{float(total)}"  # every step counted exactly once

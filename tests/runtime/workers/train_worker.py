@@ -14,6 +14,8 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import reprieve
 from tests.runtime.helpers_agreement import FileCheckpointer
@@ -28,9 +30,23 @@ def main() -> None:
     save_delay = float(os.environ.get("WORKER_SAVE_DELAY", "0"))
     warm_step = int(os.environ.get("WORKER_WARM_STEP", "5"))
 
-    job = reprieve.init(checkpointer=lambda cfg, coord: FileCheckpointer(
-        cfg.checkpoint_uri, coord, attempt=cfg.attempt, save_delay_s=save_delay))
-    state, start = job.restore_or(lambda: {"x": jnp.zeros((4,), jnp.float32)})
+    if os.environ.get("WORKER_CHECKPOINTER") == "manager":
+        # reprieve.init()'s default checkpointer (reprieve.checkpoint.CheckpointManager) on a global array
+        # sharded over the processes: each process saves and restores its own shard
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        job = reprieve.init()
+        sharding = NamedSharding(Mesh(np.array(jax.devices()), ("p",)), PartitionSpec("p"))
+
+        def init_state() -> dict[str, jax.Array]:
+            return {"x": jax.make_array_from_callback(
+                (4 * job.num_processes,), sharding, lambda idx: np.zeros((4,), np.float32))}
+    else:
+        job = reprieve.init(checkpointer=lambda cfg, coord: FileCheckpointer(
+            cfg.checkpoint_uri, coord, attempt=cfg.attempt, save_delay_s=save_delay))
+
+        def init_state() -> dict[str, jax.Array]:
+            return {"x": jnp.zeros((4,), jnp.float32)}
+    state, start = job.restore_or(init_state)
     train_step = jax.jit(lambda s: {"x": s["x"] + 1})
     for step in job.steps(start, total):
         state = jax.block_until_ready(train_step(state))
@@ -39,7 +55,7 @@ def main() -> None:
         if step == start + warm_step:
             (workdir / f"running-{pid}").touch()
         job.save(step, state)
-    (workdir / f"done-{pid}").write_text(str(float(state["x"][0])))
+    (workdir / f"done-{pid}").write_text(str(float(state["x"].addressable_shards[0].data[0])))
     logging.info("finished all %d steps", total)
 
 
