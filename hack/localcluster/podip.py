@@ -6,7 +6,8 @@ told the address of a peer that does not exist yet:
 
 - a pod with ``spec.hostname`` H and ``spec.subdomain`` S in namespace NS is keyed by ``NS/H.S`` (the name
   ``H.S.NS.svc`` it has in a real cluster);
-- any other pod by ``NS/<metadata.name>``.
+- any other pod by ``NS/<metadata.name>``;
+- a ``hostNetwork`` pod has the node's address, 127.0.0.1.
 
 x, y and z are each in 1..254, which keeps clear of 127.0.0.1, network and broadcast-looking octets.
 Collisions are possible (about N^2 / 3.3e7 for N live pods) and only matter between pods that are alive at
@@ -25,6 +26,7 @@ import hashlib
 import re
 from collections.abc import Collection
 
+HOST_IP = "127.0.0.1"  # the node's address; hostNetwork pods share it
 _LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 # A name starts where no DNS character (or dot) precedes it and ends where no DNS character follows it and
 # no further ".label" continues it.
@@ -52,6 +54,8 @@ def pod_ip(pod: dict) -> str:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     namespace = meta.get("namespace") or "default"
+    if spec.get("hostNetwork"):
+        return HOST_IP
     hostname, subdomain = spec.get("hostname"), spec.get("subdomain")
     if hostname and subdomain:
         return dns_ip(namespace, hostname, subdomain)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 from localcluster import Cluster
+from localcluster.kubelet import find_log
 from localcluster.podip import dns_ip, pod_ip
 from localcluster.testing import container_exit_code, wait_for, wait_for_pod_gone, wait_for_pod_phase
 
@@ -37,6 +38,17 @@ def host_dir(path: Path) -> tuple[list[dict], list[dict]]:
     """A hostPath volume ``out`` at /out (volumes, mounts): how a pod hands results back to the test."""
     return [{"name": "out", "hostPath": {"path": str(path), "type": "DirectoryOrCreate"}}], \
         [{"name": "out", "mountPath": "/out"}]
+
+
+def wait_dead(pid: int, what: str, timeout: float = 10) -> None:
+    def dead() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(dead, timeout, f"{what} (pid {pid}) to die")
 
 
 @pytest.fixture
@@ -65,8 +77,6 @@ def test_exit_code_42_fails_the_pod_with_that_code(cluster: Cluster, core, names
     assert pod.status.pod_ip == pod_ip({"metadata": {"name": "exit42", "namespace": namespace}, "spec": {}})
     assert pod.status.host_ip == "127.0.0.1"
     log = cluster.workdir / "nodes" / pod.spec.node_name
-    from localcluster.kubelet import find_log
-
     text = find_log(log, namespace, "exit42").read_text()
     assert "hello from exit42" in text
 
@@ -97,8 +107,7 @@ def test_deleted_pod_gets_sigterm_then_sigkill_after_grace(cluster: Cluster, cor
     elapsed = time.monotonic() - t0
     assert (tmp_path / "term").read_text() == "TERM"
     assert 2.5 <= elapsed < 15, f"pod gone after {elapsed:.1f}s with a 3 s grace period"
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    wait_dead(pid, "pod process after its grace period", timeout=1)
 
 
 def test_deleting_a_node_kills_its_pods(cluster: Cluster, core, namespace: str, tmp_path: Path) -> None:
@@ -113,24 +122,13 @@ def test_deleting_a_node_kills_its_pods(cluster: Cluster, core, namespace: str, 
     pid = int(wait_for(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), 30, "pid file"))
     os.kill(pid, 0)  # alive
     cluster.remove_node(node)
-
-    def dead() -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-
-    wait_for(dead, 10, f"pod process {pid} of deleted node {node} to die")
+    wait_dead(pid, f"pod process of deleted node {node}")
 
 
-def test_pods_on_different_nodes_talk_over_tcp_by_headless_service_name(cluster: Cluster, core,
-                                                                       namespace: str) -> None:
+def test_two_jobs_on_two_nodes_talk_over_tcp_by_headless_service_names_on_one_port(
+        cluster: Cluster, core, namespace: str) -> None:
     nodes = cluster.node_names()
     assert len(nodes) >= 2, "needs two nodes"
-    core.create_namespaced_service(namespace, {
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "ring"},
-        "spec": {"clusterIP": "None", "selector": {"app": "ring"}, "ports": [{"port": 7000}]}})
     server = """
         import os, socket
         s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -139,7 +137,7 @@ def test_pods_on_different_nodes_talk_over_tcp_by_headless_service_name(cluster:
         print('got', msg.decode(), flush=True)
     """
     client_script = """
-        import os, socket, time
+        import os, socket, sys, time
         host, port = os.environ['PEER'].rsplit(':', 1)
         deadline = time.time() + 60
         while True:
@@ -148,21 +146,53 @@ def test_pods_on_different_nodes_talk_over_tcp_by_headless_service_name(cluster:
             except OSError:
                 if time.time() > deadline: raise
                 time.sleep(0.2)
-        c.sendall(os.environ['POD'].encode()); print(c.recv(100).decode(), flush=True)
+        c.sendall(os.environ['POD'].encode()); reply = c.recv(100).decode(); print(reply, flush=True)
+        sys.exit(0 if reply == 'pong:' + os.environ['POD'] else 1)
     """
     ip_env = [{"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-    core.create_namespaced_pod(namespace, pod_manifest(
-        "ring-0", server, node=nodes[0], env=ip_env, hostname="ring-0", subdomain="ring"))
-    core.create_namespaced_pod(namespace, pod_manifest(
-        "ring-1", client_script, node=nodes[1], hostname="ring-1", subdomain="ring", env=[
-            {"name": "PEER", "value": f"ring-0.ring.{namespace}.svc:7000"},
-            {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]))
-    for name in ("ring-0", "ring-1"):
-        pod = wait_for_pod_phase(core.api_client, namespace, name, ["Succeeded", "Failed"], timeout=90)
-        assert pod.status.phase == "Succeeded", f"{name}: {pod.status.container_statuses}"
-    first = core.read_namespaced_pod("ring-0", namespace)
-    assert first.status.pod_ip == dns_ip(namespace, "ring-0", "ring")
-    assert first.spec.node_name != core.read_namespaced_pod("ring-1", namespace).spec.node_name
+    jobs = ("ring-a", "ring-b")
+    for job in jobs:  # both servers listen on port 7000, each on its own pod IP
+        core.create_namespaced_service(namespace, {
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": job},
+            "spec": {"clusterIP": "None", "selector": {"job": job}, "ports": [{"port": 7000}]}})
+        core.create_namespaced_pod(namespace, pod_manifest(
+            f"{job}-0", server, node=nodes[0], env=ip_env, hostname=f"{job}-0", subdomain=job))
+        core.create_namespaced_pod(namespace, pod_manifest(
+            f"{job}-1", client_script, node=nodes[1], hostname=f"{job}-1", subdomain=job, env=[
+                {"name": "PEER", "value": f"{job}-0.{job}.{namespace}.svc:7000"},
+                {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]))
+    for job in jobs:
+        for name in (f"{job}-0", f"{job}-1"):
+            pod = wait_for_pod_phase(core.api_client, namespace, name, ["Succeeded", "Failed"], timeout=90)
+            assert pod.status.phase == "Succeeded", f"{name}: {pod.status.container_statuses}"
+        first = core.read_namespaced_pod(f"{job}-0", namespace)
+        assert first.status.pod_ip == dns_ip(namespace, f"{job}-0", job)
+        assert first.spec.node_name != core.read_namespaced_pod(f"{job}-1", namespace).spec.node_name
+
+
+def test_in_process_kubelet_start_pids_stop(cluster: Cluster, core, namespace: str, tmp_path: Path) -> None:
+    from localcluster.kubelet import Kubelet
+
+    node = f"inproc-{uuid.uuid4().hex[:6]}"
+    kubelet = Kubelet(cluster.api_client(), node, tmp_path / node, labels={"example.com/pool": "p"},
+                      capacity={"cpu": "2"}, ca_file=cluster.pki.ca_crt)
+    kubelet.start()
+    try:
+        got = core.read_node(node)
+        assert got.metadata.labels["example.com/pool"] == "p" and got.status.capacity["cpu"] == "2"
+        core.create_namespaced_pod(namespace, pod_manifest("inproc", "import time; time.sleep(600)", node=node))
+        wait_for_pod_phase(core.api_client, namespace, "inproc", "Running", timeout=60)
+        pids = kubelet.pids()
+        assert list(pids) == [f"{namespace}/inproc/main"]
+        pid = pids[f"{namespace}/inproc/main"]
+        kubelet.stop()
+        wait_dead(pid, "pod process of the stopped kubelet", timeout=5)
+        assert core.read_node(node).metadata.name == node  # stop() leaves the Node
+        assert kubelet.log_path(namespace, "inproc") is not None
+    finally:
+        kubelet.stop()
+        core.delete_node(node)
+        core.delete_namespaced_pod("inproc", namespace, grace_period_seconds=0)
 
 
 def test_downward_annotations_file_follows_annotation_patches(cluster: Cluster, core, namespace: str,
@@ -218,8 +248,6 @@ def test_service_account_token_mount_works_against_the_apiserver(cluster: Cluste
     env = [{"name": "SA_DIR", "value": "/var/run/secrets/kubernetes.io/serviceaccount"}]
     core.create_namespaced_pod(namespace, pod_manifest("sa-user", script, env=env))
     pod = wait_for_pod_phase(core.api_client, namespace, "sa-user", ["Succeeded", "Failed"], timeout=60)
-    from localcluster.kubelet import find_log
-
     log = find_log(cluster.workdir / "nodes" / pod.spec.node_name, namespace, "sa-user")
     assert pod.status.phase == "Succeeded", log.read_text() if log else "no log"
 
@@ -274,15 +302,7 @@ def test_killed_kubelet_takes_its_pods_with_it(cluster: Cluster, core, namespace
     pid = int(wait_for(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), 60, "pid file"))
     try:
         cluster.kill_node(node)
-
-        def dead() -> bool:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
-            return False
-
-        wait_for(dead, 10, f"pod process {pid} of SIGKILLed kubelet {node} to die")
+        wait_dead(pid, f"pod process of SIGKILLed kubelet {node}")
     finally:
         core.delete_node(node)
 

@@ -80,6 +80,9 @@ def test_pod_ip_of_hostname_subdomain_pod_is_its_dns_name_ip():
     assert pod_ip(pod) == dns_ip("ns1", "j-0", "j")
     assert pod_ip(pod) != pod_ip(make_pod(name="whatever"))
     assert dns_ip("ns1", "j-0", "j") != dns_ip("ns2", "j-0", "j")
+    host = make_pod(hostname="j-0", subdomain="j")
+    host["spec"]["hostNetwork"] = True
+    assert pod_ip(host) == "127.0.0.1"
 
 
 IP = dns_ip("ns1", "j-0", "j")
