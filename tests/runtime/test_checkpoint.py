@@ -69,7 +69,8 @@ def test_small_memory_limit_still_restores(tmp_path) -> None:
     assert state_def.check_state(restored, 2, mesh, "b") == []
 
 
-def test_donation_right_after_save_is_safe(tmp_path) -> None:
+@pytest.mark.parametrize("host_copy", ["staged", "device"])
+def test_donation_right_after_save_is_safe(tmp_path, host_copy: str) -> None:
     mesh = state_def.make_mesh(MESH_SHAPES[0])
     sharding = NamedSharding(mesh, P(*mesh.axis_names))
 
@@ -79,7 +80,7 @@ def test_donation_right_after_save_is_safe(tmp_path) -> None:
 
     step_fn = jax.jit(lambda s: {"w": s["w"] + 1.0, "n": s["n"] + 1}, donate_argnums=0)
     state = jax.device_put(init(), {"w": sharding, "n": NamedSharding(mesh, P())})
-    with CheckpointManager(str(tmp_path), keep=10) as mgr:
+    with CheckpointManager(str(tmp_path), keep=10, host_copy=host_copy) as mgr:
         for i in range(5):
             mgr.save(i, state)
             old = state

@@ -64,7 +64,7 @@ class CheckpointManager:
         keep_every: additionally keep every checkpoint whose step is a multiple of this.
         barrier_timeout_s: how long a save's commit barrier (and the init handshake) may wait.
         fsync: make commits durable (fsync files and directories). Off only for benchmarks of the floor.
-        host_copy: ``"auto"``, ``"device"`` or ``"host"``: see :func:`.save.snapshot`.
+        host_copy: ``"staged"`` (reusable host buffers, default) or ``"device"``: see :func:`.save.snapshot`.
         restore_memory_limit_bytes: host bytes of reads in flight during restore.
         fallback: on a corrupt checkpoint, ``restore(step=None)`` falls back to the previous one.
         on_commit: ``f(step)`` called (in the background thread, on every process) after each commit.
@@ -84,8 +84,8 @@ class CheckpointManager:
         keep_every: int | None = None,
         barrier_timeout_s: float = 1800.0,
         fsync: bool = True,
-        host_copy: str = "auto",
-        restore_memory_limit_bytes: int = 128 << 20,
+        host_copy: str = "staged",
+        restore_memory_limit_bytes: int = 32 << 20,
         fallback: bool = True,
         on_commit: Callable[[int], None] | None = None,
     ) -> None:
@@ -95,7 +95,10 @@ class CheckpointManager:
         self.attempt = int(os.environ.get("REPRIEVE_ATTEMPT", "1")) if attempt is None else int(attempt)
         self.keep, self.keep_every = keep, keep_every
         self._timeout = barrier_timeout_s
+        if host_copy not in ("staged", "device"):
+            raise ValueError(f"CheckpointManager host_copy must be 'staged' or 'device', got {host_copy!r}")
         self._host_copy = host_copy
+        self._staging = save_mod.Staging()
         self._mem_limit = restore_memory_limit_bytes
         self._fallback = fallback
         self._on_commit = on_commit
@@ -167,7 +170,7 @@ class CheckpointManager:
             log.info("checkpoint save of step %d waits for the in-flight save of step %d", step, self._inflight_step)
             self._thread.join()
             self._raise_pending()
-        snap = save_mod.snapshot(state, host_copy=self._host_copy)
+        snap = save_mod.snapshot(state, host_copy=self._host_copy, staging=self._staging)
         self._last_step = step
         self._inflight_step = step
         self._thread = threading.Thread(
@@ -195,6 +198,8 @@ class CheckpointManager:
                 st.write_file(f"{ddir}/{layout.METADATA_FILE}", meta.to_json())
         except Exception as err:
             local_err = err
+        if self._host_copy == "staged" and local_err is None:  # after a failure TensorStore may still hold them
+            self._staging.give_back([sc.data for sc in snap.shards])
         snap.shards.clear()  # drop the copies as soon as they are on storage
         status = "ok" if local_err is None else f"error: {type(local_err).__name__}: {local_err}"[:2000]
         self._coord.set(f"{base}/written/{pid}", status, overwrite=True)
@@ -356,6 +361,7 @@ class CheckpointManager:
         try:
             self.wait()
         finally:
+            self._staging.close()
             if self._deleter is not None and self._deleter.is_alive():
                 self._deletions.put(None)
                 self._deleter.join(timeout=self._timeout)

@@ -95,12 +95,12 @@ def restore_tree(
             reads.append(_Read(slot, leaf, region, devices, _nbytes([b - a for a, b in region], leaf)))
 
     stores = _open_all(storage, ckpt_dir, {r.leaf.index: r.leaf for r in reads}, where)
-    inflight: collections.deque[tuple[_Read, Any]] = collections.deque()
+    inflight: collections.deque[tuple[_Read, Any, np.ndarray | None]] = collections.deque()
     budget = 0
 
-    def finish(item: tuple[_Read, Any]) -> None:
+    def finish(item: tuple[_Read, Any, np.ndarray | None]) -> None:
         nonlocal budget
-        rd, fut = item
+        rd, fut, buf = item
         try:
             arr = fut.result()
         except Exception as err:
@@ -108,21 +108,28 @@ def restore_tree(
                 f"{where}: reading {layout.array_dir(rd.leaf.index or 0)} (leaf {rd.leaf.path}, "
                 f"region {list(rd.region)}) failed: {err}") from err
         want = targets[rd.slot][1]
-        if arr.dtype != want:
-            arr = arr.astype(want)
         if rd.devices:
-            for d in rd.devices:
-                pieces[rd.slot][d] = jax.device_put(arr, d)
+            assert buf is not None
+            for n, d in enumerate(rd.devices):
+                # The buffer is 64-byte aligned, so on CPU the device adopts it without a copy; every
+                # further replica gets its own copy, so donating one can never scribble over another.
+                pieces[rd.slot][d] = jax.device_put(buf if n == 0 else buf.copy(), d)
         else:
-            out[rd.slot] = arr
+            out[rd.slot] = arr if arr.dtype == want else arr.astype(want)
         budget -= rd.nbytes
-        del arr
 
     for rd in reads:
         while inflight and budget + rd.nbytes > memory_limit_bytes:
             finish(inflight.popleft())
-        fut = stores[rd.leaf.index][region_slices(rd.region)].read() if rd.region else stores[rd.leaf.index].read()
-        inflight.append((rd, fut))
+        region = region_slices(rd.region)
+        store = stores[rd.leaf.index]
+        if rd.devices:
+            # Read straight into the final, aligned buffer: one allocation, no extra copy, and
+            # TensorStore converts the dtype on the way when a cast was asked for.
+            buf = _empty_aligned(tuple(b - a for a, b in rd.region), targets[rd.slot][1])
+            inflight.append((rd, storage.read_into(store, region, buf), buf))
+        else:
+            inflight.append((rd, (store[region] if region else store).read(), None))
         budget += rd.nbytes
     while inflight:
         finish(inflight.popleft())
@@ -132,6 +139,16 @@ def restore_tree(
         arrays = [devmap[d] for d in sharding.addressable_devices_indices_map(shape)]
         out[slot] = jax.make_array_from_single_device_arrays(shape, sharding, arrays)
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+_ALIGN = 64  # XLA's CPU client adopts host buffers with this alignment instead of copying them
+
+
+def _empty_aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    off = (-raw.ctypes.data) % _ALIGN
+    return raw[off:off + nbytes].view(dtype).reshape(shape)
 
 
 def _nbytes(shape: Any, leaf: LeafMeta) -> int:

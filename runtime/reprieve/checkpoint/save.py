@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -65,13 +68,62 @@ def _is_key_array(x: jax.Array) -> bool:
     return bool(jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key))
 
 
-def snapshot(state: Any, *, host_copy: str = "auto") -> Snapshot:
+class Staging:
+    """Host buffers for shard copies, reused from one save to the next.
+
+    Fresh host memory is expensive to fault in (on the benchmark VM, 4-30x slower than copying into
+    memory that is already mapped), so the copies of save N+1 go into the buffers of save N, which are
+    free again because at most one save is in flight. Costs one copy of the owned state in host RAM
+    for the life of the manager (Orbax allocates the same amount anew on every save).
+    """
+
+    ALIGN = 64
+
+    def __init__(self, threads: int = 0) -> None:
+        self._free: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=threads or min(8, os.cpu_count() or 1),
+                                        thread_name_prefix="reprieve-ckpt-copy")
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        with self._lock:
+            free = self._free.get((shape, dtype.str))
+            if free:
+                return free.pop()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        raw = np.empty(nbytes + self.ALIGN, np.uint8)
+        off = (-raw.ctypes.data) % self.ALIGN
+        return raw[off:off + nbytes].view(dtype).reshape(shape)
+
+    def give_back(self, buffers: list[np.ndarray]) -> None:
+        with self._lock:
+            for b in buffers:
+                self._free.setdefault((b.shape, b.dtype.str), []).append(b)
+
+    def copy(self, shards: list[jax.Shard]) -> list[np.ndarray]:
+        """Copy every shard into a staging buffer (in parallel); returns when all copies are done."""
+        bufs = [self.take(tuple(s.data.shape), np.dtype(s.data.dtype)) for s in shards]
+        for s in shards:
+            s.data.copy_to_host_async()  # overlaps device->host transfers on accelerators; no-op on CPU
+
+        def one(i: int) -> None:
+            np.copyto(bufs[i], np.asarray(shards[i].data))
+
+        list(self._pool.map(one, range(len(shards))))
+        return bufs
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._free.clear()
+
+
+def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None = None) -> Snapshot:
     """Copy what this process must write, so the caller may donate or mutate ``state`` right after.
 
-    ``host_copy``: ``"device"`` dispatches an on-device copy of every owned shard (asynchronous; the
-    runtime orders it before any later donation of the source buffers); ``"host"`` copies every owned
-    shard to host memory and waits for it; ``"auto"`` is ``device`` on the CPU platform (where device
-    memory *is* host memory) and ``host`` elsewhere (accelerator memory is precious).
+    ``host_copy``: ``"staged"`` (default) copies every owned shard into reusable host buffers of
+    ``staging`` and returns once the copies are done; ``"device"`` dispatches an on-device copy
+    (returns at once, but the copy and its fresh allocation then compete with the next step and
+    hold accelerator memory).
     """
     flat, _ = jax.tree_util.tree_flatten_with_path(state)
     leaves: list[LeafMeta] = []
@@ -114,17 +166,13 @@ def snapshot(state: Any, *, host_copy: str = "auto") -> Snapshot:
                 f"checkpoint leaf {p}: expected jax.Array, numpy array, or a Python scalar/str, "
                 f"got {type(leaf).__name__}"
             )
-    mode = host_copy
-    if mode == "auto":
-        mode = "device" if jax.devices()[0].platform == "cpu" else "host"
-    if mode == "device":
-        copies = jax.device_put([s.data for _, _, s in owned], [s.device for _, _, s in owned], may_alias=False)
-    elif mode == "host":
-        for _, _, s in owned:
-            s.data.copy_to_host_async()
-        copies = [np.array(s.data, copy=True) for _, _, s in owned]
+    if host_copy == "device":
+        copies: list[Any] = jax.device_put([s.data for _, _, s in owned], [s.device for _, _, s in owned],
+                                           may_alias=False)
+    elif host_copy == "staged":
+        copies = (staging or Staging(threads=1)).copy([s for _, _, s in owned])
     else:
-        raise ValueError(f"host_copy must be 'auto', 'device' or 'host', got {host_copy!r}")
+        raise ValueError(f"host_copy must be 'staged' or 'device', got {host_copy!r}")
     shards = [ShardCopy(i, r, c) for (i, r, _), c in zip(owned, copies, strict=True)]
     local = sum(int(np.prod([b - a for a, b in sc.region], dtype=np.int64)) * np.dtype(leaves[sc.leaf].dtype).itemsize
                 for sc in shards)

@@ -32,7 +32,7 @@ class Storage:
 
     loc: Location
 
-    def __init__(self, loc: Location, *, fsync: bool = True, file_io_concurrency: int | None = None) -> None:
+    def __init__(self, loc: Location, *, fsync: bool = True, file_io_concurrency: int = 64) -> None:
         self.loc = loc
         self.fsync = fsync
         self.context = ts.Context(spec.context_spec(fsync=fsync, file_io_concurrency=file_io_concurrency))
@@ -49,6 +49,14 @@ class Storage:
         if read:
             return ts.open(s, open=True, assume_metadata=True, read=True, write=False, context=self.context)
         return ts.open(s, open=True, assume_metadata=True, write=True, context=self.context)
+
+    @staticmethod
+    def read_into(store: Any, region: tuple[slice, ...], out: Any) -> Any:
+        """Future that reads ``store[region]`` straight into the numpy array ``out`` (converting dtype)."""
+        src = store[region] if region else store
+        if src.dtype.numpy_dtype != out.dtype:
+            src = ts.cast(src, out.dtype)
+        return ts.array(out, copy=False, write=True).write(src)
 
     # -- checkpoints --------------------------------------------------------------------------------
     def data_dir(self, step: int, attempt: int) -> str:

@@ -1,0 +1,397 @@
+"""Reprieve checkpoints vs orbax-checkpoint, measured side by side in one run on the same state.
+
+    .venv/bin/python benchmarks/checkpoint.py                      # 1 GiB x {16, 200} leaves + 2-process
+    .venv/bin/python benchmarks/checkpoint.py --sizes 1,4 --leaves 16,200 --repeats 3
+
+Every measurement runs in a fresh subprocess (4 simulated CPU devices; the 2-process case uses real
+jax.distributed with 2 devices per process), so peak RSS and allocator state are not shared:
+
+(a) blocking time per save inside a jitted training loop whose step donates the state;
+(b) save() call -> durable commit (Reprieve: wait(); Orbax: wait_until_finished());
+(c) restore into the same sharding and into a different one (throughput, GiB/s);
+(d) peak RSS during restore above the pre-restore baseline, as a multiple of the state per host;
+(e) floors: sequential write+fsync bandwidth, host memcpy of the same bytes, sequential read.
+
+Durability: both write through TensorStore's file driver with file_io_sync=true (fsync per file);
+Reprieve additionally fsyncs every directory and the root after its rename. Both read from the page
+cache on restore (the files were just written; dropping caches would need a privileged host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+GiB = 1 << 30
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+
+# -- child side ------------------------------------------------------------------------------------
+class PeakRss:
+    """Samples this process's RSS every 2 ms between start() and stop()."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._t: threading.Thread | None = None
+
+    @staticmethod
+    def now() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def start(self) -> None:
+        self.peak = self.now()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.now())
+            time.sleep(0.002)
+
+    def stop(self) -> int:
+        self._stop.set()
+        assert self._t is not None
+        self._t.join()
+        self.peak = max(self.peak, self.now())
+        return self.peak
+
+
+def _setup_jax(devices: int) -> Any:
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+
+    return jax
+
+
+def _shapes(size: int, leaves: int) -> list[tuple[int, int]]:
+    rows = max(8, (size // leaves // (1024 * 4)) // 8 * 8)
+    return [(rows, 1024)] * leaves
+
+
+def _state(jax: Any, shapes: list[tuple[int, int]], sharding: Any) -> dict[str, Any]:
+    import jax.numpy as jnp
+
+    @jax.jit
+    def make() -> dict[str, Any]:
+        return {f"p{i:03d}": jnp.full(s, float(i), jnp.float32) + jnp.arange(s[1], dtype=jnp.float32)
+                for i, s in enumerate(shapes)}
+
+    return jax.jit(make, out_shardings=sharding)()
+
+
+def _mesh(jax: Any) -> Any:
+    import numpy as np
+    from jax.sharding import Mesh
+
+    return Mesh(np.array(jax.devices()), ("d",))
+
+
+def _shardings(jax: Any, variant: str) -> Any:
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    return NamedSharding(_mesh(jax), P("d", None) if variant == "same" else P(None, "d"))
+
+
+class _Impl:
+    def __init__(self, name: str, path: str, coordinator: Any = None) -> None:
+        self.name = name
+        if name == "reprieve":
+            from reprieve.checkpoint import CheckpointManager
+
+            self.m = CheckpointManager(path, coordinator=coordinator, keep=2)
+        else:
+            import orbax.checkpoint as ocp
+
+            self.ocp = ocp
+            self.m = ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(
+                max_to_keep=2, enable_async_checkpointing=True))
+
+    def save(self, step: int, state: Any) -> None:
+        if self.name == "reprieve":
+            self.m.save(step, state)
+        else:
+            self.m.save(step, args=self.ocp.args.StandardSave(state))
+
+    def wait(self) -> None:
+        if self.name == "reprieve":
+            self.m.wait()
+        else:
+            self.m.wait_until_finished()
+
+    def restore(self, step: int, abstract: Any) -> Any:
+        if self.name == "reprieve":
+            return self.m.restore(abstract, step=step)[1]
+        return self.m.restore(step, args=self.ocp.args.StandardRestore(abstract))
+
+    def close(self) -> None:
+        self.m.close()
+
+
+def child_save(a: argparse.Namespace) -> dict[str, Any]:
+    jax = _setup_jax(a.devices)
+    coord = _maybe_distributed(jax, a)
+    shapes = _shapes(a.size, a.leaves)
+    state = _state(jax, shapes, _shardings(jax, "same"))
+    step_fn = jax.jit(lambda s: jax.tree.map(lambda x: x * 0.5 + 1.0, s), donate_argnums=0)
+    state = step_fn(state)
+    jax.block_until_ready(state)
+    t = time.perf_counter()
+    for _ in range(2):
+        state = step_fn(state)
+    jax.block_until_ready(state)
+    step_s = (time.perf_counter() - t) / 2
+    impl = _Impl(a.impl, a.dir, coord)
+    blocks, commits, next_steps = [], [], []
+    for i in range(a.repeats + 1):  # the first save warms up (compiles, creates directories)
+        t0 = time.perf_counter()
+        impl.save(i, state)
+        t1 = time.perf_counter()
+        state = step_fn(state)  # donates the buffers right after the save returned
+        jax.block_until_ready(state)
+        t2 = time.perf_counter()
+        impl.wait()
+        t3 = time.perf_counter()
+        if i:
+            blocks.append(t1 - t0)
+            next_steps.append(t2 - t1)
+            commits.append(t3 - t0)
+        state = step_fn(state)
+        jax.block_until_ready(state)
+    impl.close()
+    return {"block_s": statistics.median(blocks), "commit_s": statistics.median(commits),
+            "next_step_s": statistics.median(next_steps), "step_s": step_s,
+            "bytes": sum(r * c * 4 for r, c in shapes), "last_step": a.repeats}
+
+
+def child_restore(a: argparse.Namespace) -> dict[str, Any]:
+    jax = _setup_jax(a.devices)
+    coord = _maybe_distributed(jax, a)
+    shapes = _shapes(a.size, a.leaves)
+    import jax.numpy as jnp
+
+    sharding = _shardings(jax, a.variant)
+    abstract = {f"p{i:03d}": jax.ShapeDtypeStruct(s, jnp.float32, sharding=sharding) for i, s in enumerate(shapes)}
+    impl = _Impl(a.impl, a.dir, coord)
+    import gc
+
+    gc.collect()
+    rss = PeakRss()
+    base = rss.now()
+    rss.start()
+    t0 = time.perf_counter()
+    out = impl.restore(a.step, abstract)
+    jax.block_until_ready(out)
+    t1 = time.perf_counter()
+    peak = rss.stop()
+    ok = all(float(out[f"p{i:03d}"][0, 1]) == float(_expected_first(a, i)) for i in (0, len(shapes) - 1))
+    local = sum(s.data.nbytes for x in out.values() for s in x.addressable_shards if s.replica_id == 0)
+    impl.close()
+    return {"restore_s": t1 - t0, "rss_delta": peak - base, "local_bytes": local, "ok": ok}
+
+
+def _expected_first(a: argparse.Namespace, i: int) -> float:
+    # state after make(): i + col; then step_fn (x*0.5+1) applied 3 + 2 * step times before save(step)
+    x = float(i) + 1.0  # element [0, 1]
+    for _ in range(3 + 2 * a.step):
+        x = x * 0.5 + 1.0
+    import numpy as np
+
+    return float(np.float32(x))
+
+
+def _maybe_distributed(jax: Any, a: argparse.Namespace) -> Any:
+    if a.nproc == 1:
+        return None
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"127.0.0.1:{a.port}", num_processes=a.nproc, process_id=a.pid)
+    from reprieve.coordination import JaxCoordinator
+
+    return JaxCoordinator.from_jax()
+
+
+# -- floors ----------------------------------------------------------------------------------------
+def floors(size: int, directory: str) -> dict[str, float]:
+    import numpy as np
+
+    t = time.perf_counter()
+    src = np.ones(size // 4, np.float32)  # fresh pages: what a restore must at least pay to materialise
+    touch = time.perf_counter() - t
+    dst = np.empty_like(src)
+    dst[:] = 0  # pre-fault
+    t = time.perf_counter()
+    np.copyto(dst, src)
+    memcpy = time.perf_counter() - t
+    path = os.path.join(directory, "floor.bin")
+    view = memoryview(src).cast("B")
+    chunk = 64 << 20
+    t = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        for off in range(0, len(view), chunk):
+            f.write(view[off:off + chunk])
+        os.fsync(f.fileno())
+    write = time.perf_counter() - t
+    t = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        dv = memoryview(dst).cast("B")
+        off = 0
+        while off < len(dv):
+            n = f.readinto(dv[off:off + chunk])
+            if not n:
+                break
+            off += n
+    read = time.perf_counter() - t
+    os.remove(path)
+    return {"memcpy_s": memcpy, "write_fsync_s": write, "read_s": read, "alloc_touch_s": touch}
+
+
+# -- parent ----------------------------------------------------------------------------------------
+def run_child(args: list[str], nproc: int = 1, timeout: float = 900) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "runtime"), os.environ.get("PYTHONPATH", "")]))
+    port = 0
+    if nproc > 1:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, __file__, "--child", *args, "--nproc", str(nproc), "--pid", str(p),
+                               "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for p in range(nproc)]
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    for p, (o, e) in zip(procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"child {args} failed rc={p.returncode}:\n{e[-4000:]}")
+    results = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    if nproc > 1:  # the slowest process decides wall times; RSS and bytes are per host
+        merged = dict(results[0])
+        for k in ("block_s", "commit_s", "restore_s", "next_step_s", "rss_delta"):
+            if k in merged:
+                merged[k] = max(r[k] for r in results)
+        if "ok" in merged:
+            merged["ok"] = all(r["ok"] for r in results)
+        return merged
+    return results[0]
+
+
+def bench_case(size: int, leaves: int, repeats: int, base: str, nproc: int, devices: int) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    for impl in ("orbax", "reprieve"):
+        d = os.path.join(base, f"{impl}-{size}-{leaves}-{nproc}")
+        shutil.rmtree(d, ignore_errors=True)
+        common = ["--impl", impl, "--dir", d, "--size", str(size), "--leaves", str(leaves), "--devices", str(devices)]
+        s = run_child(["save", *common, "--repeats", str(repeats)], nproc)
+        r = {"save": s}
+        for variant in ("same", "different"):
+            r[variant] = run_child(["restore", *common, "--step", str(s["last_step"]), "--variant", variant], nproc)
+        res[impl] = r
+        shutil.rmtree(d, ignore_errors=True)
+    return res
+
+
+def report(size: int, leaves: int, nproc: int, res: dict[str, Any], fl: dict[str, float]) -> list[str]:
+    o, r = res["orbax"], res["reprieve"]
+    nbytes = r["save"]["bytes"]
+    gib = nbytes / GiB
+    per_host = nbytes / nproc
+    lines = [f"== {gib:.2f} GiB, {leaves} leaves, {nproc} process(es) x {4 // nproc} devices "
+             f"(train step {r['save']['step_s'] * 1e3:.0f} ms)"]
+
+    def row(name: str, ov: float, rv: float, floor: float | None, unit: str = "s", lower_better: bool = True) -> None:
+        ratio = rv / ov if ov else float("nan")
+        fl_txt = f"  floor {floor:.3f}{unit} -> reprieve {rv / floor:.2f}x floor" if floor else ""
+        lines.append(f"  {name:<28} orbax {ov:8.3f}{unit}  reprieve {rv:8.3f}{unit}  reprieve/orbax {ratio:5.2f}{fl_txt}")
+
+    row("blocking per save", o["save"]["block_s"], r["save"]["block_s"], fl["memcpy_s"] * per_host / nbytes)
+    row("next step after save", o["save"]["next_step_s"], r["save"]["next_step_s"], r["save"]["step_s"])
+    stall_o = o["save"]["block_s"] + max(0.0, o["save"]["next_step_s"] - o["save"]["step_s"])
+    stall_r = r["save"]["block_s"] + max(0.0, r["save"]["next_step_s"] - r["save"]["step_s"])
+    row("loop stall (block+slowdown)", stall_o, stall_r, fl["memcpy_s"] * per_host / nbytes)
+    row("save -> durable commit", o["save"]["commit_s"], r["save"]["commit_s"], fl["write_fsync_s"] * per_host / nbytes)
+    for variant in ("same", "different"):
+        ot, rt = o[variant]["restore_s"], r[variant]["restore_s"]
+        lines.append(f"  restore ({variant:<9} sharding)   orbax {gib / ot:6.2f} GiB/s  reprieve {gib / rt:6.2f} GiB/s  "
+                     f"reprieve/orbax throughput {ot / rt:5.2f}  floor(alloc+touch) {gib / fl['alloc_touch_s']:.2f} GiB/s  "
+                     f"ok={o[variant]['ok'] and r[variant]['ok']}")
+        lines.append(f"  restore peak RSS ({variant:<9})   orbax {o[variant]['rss_delta'] / per_host:5.2f}x  "
+                     f"reprieve {r[variant]['rss_delta'] / per_host:5.2f}x state per host")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1", help="state sizes in GiB, comma separated (e.g. 1,4)")
+    ap.add_argument("--leaves", default="16,200")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where to write (default: a temp dir under /tmp)")
+    ap.add_argument("--no-two-process", action="store_true")
+    ap.add_argument("--json", default=None, help="also write raw results here")
+    a = ap.parse_args()
+    base = a.dir or tempfile.mkdtemp(prefix="reprieve-bench-")
+    os.makedirs(base, exist_ok=True)
+    sizes = [int(float(s) * GiB) for s in a.sizes.split(",")]
+    leaves = [int(x) for x in a.leaves.split(",")]
+    cases = [(s, n, 1) for s in sizes for n in leaves]
+    if not a.no_two_process:
+        cases.append((sizes[0], leaves[0], 2))
+    raw = []
+    for size, n, nproc in cases:
+        fl = floors(size, base)
+        res = bench_case(size, n, a.repeats, base, nproc, 4 // nproc)
+        raw.append({"size": size, "leaves": n, "nproc": nproc, "floors": fl, **res})
+        print("\n".join(report(size, n, nproc, res, fl)), flush=True)
+        print(f"  floors: memcpy {size / GiB / fl['memcpy_s']:.2f} GiB/s, write+fsync "
+              f"{size / GiB / fl['write_fsync_s']:.2f} GiB/s, read (page cache) {size / GiB / fl['read_s']:.2f} GiB/s, "
+              f"alloc+touch {size / GiB / fl['alloc_touch_s']:.2f} GiB/s; load average {os.getloadavg()[0]:.1f}",
+              flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(raw, f, indent=1)
+    if not a.dir:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def child_main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("role", choices=["save", "restore"])
+    ap.add_argument("--impl", choices=["orbax", "reprieve"], required=True)
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--size", type=int, required=True)
+    ap.add_argument("--leaves", type=int, required=True)
+    ap.add_argument("--devices", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--step", type=int, default=0)
+    ap.add_argument("--variant", default="same")
+    ap.add_argument("--nproc", type=int, default=1)
+    ap.add_argument("--pid", type=int, default=0)
+    ap.add_argument("--port", type=int, default=0)
+    a = ap.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    out = child_save(a) if a.role == "save" else child_restore(a)
+    print(json.dumps(out), flush=True)
+    if a.nproc > 1:
+        import jax
+
+        jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child_main(sys.argv[2:])
+    else:
+        main()

@@ -1,0 +1,111 @@
+"""The runtime's stdlib Kubernetes client against a real kube-apiserver, with a real ServiceAccount token and
+exactly the RBAC the contract promises (get/list/watch/patch on the job's own pods, by resourceNames)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reprieve.kube import KubeClient, KubeError, PodWatchSource, ProgressReporter
+from reprieve.notice import NOTICE_ANNOTATION, PROGRESS_ANNOTATION, Notice
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+POD = "job-0"
+
+
+def _apply(cluster: Any, namespace: str, objects: list[dict[str, Any]]) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                            "items": objects}))
+
+
+@pytest.fixture
+def worker_identity(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[KubeClient]:
+    """A pending pod (never scheduled), its ServiceAccount and Role, and a client holding that SA's token."""
+    rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"],
+              "resourceNames": [POD]}]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": POD},
+           "spec": {"nodeSelector": {"reprieve.test/nowhere": "true"},
+                    "containers": [{"name": "w", "image": "none", "command": ["true"]}]}}
+    other = json.loads(json.dumps(pod))
+    other["metadata"]["name"] = "someone-else"
+    _apply(cluster, namespace, [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "job-worker"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "job-worker"},
+         "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "job-worker"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "job-worker"},
+         "subjects": [{"kind": "ServiceAccount", "name": "job-worker", "namespace": namespace}]},
+        pod, other,
+    ])
+    sa_dir = tmp_path / "serviceaccount"
+    sa_dir.mkdir()
+    token = cluster.kubectl("create", "token", "job-worker", "-n", namespace).stdout.strip()
+    (sa_dir / "token").write_text(token)
+    (sa_dir / "namespace").write_text(namespace)
+    shutil.copy(cluster.pki.ca_crt, sa_dir / "ca.crt")
+    yield KubeClient("127.0.0.1", cluster.api_port, str(sa_dir))
+
+
+def _wait(got: list[Notice], count: int, timeout: float) -> None:
+    limit = time.monotonic() + timeout
+    while len(got) < count:
+        assert time.monotonic() < limit, f"{len(got)} notice(s) after {timeout}s"
+        time.sleep(0.05)
+
+
+def test_watch_sees_the_notice_annotation_and_its_update(cluster: Any, namespace: str,
+                                                         worker_identity: KubeClient) -> None:
+    got: list[Notice] = []
+    source = PodWatchSource(worker_identity, namespace, POD, got.append).start()
+    try:
+        time.sleep(0.5)  # the watch is established (the pod has no notice yet)
+        assert got == []
+        first = {"id": "gke-spot/n/1", "reason": "gke-spot", "node": "n", "deadline": "2030-01-01T00:00:00Z"}
+        t0 = time.monotonic()
+        cluster.kubectl("annotate", "pod", POD, "-n", namespace, f"{NOTICE_ANNOTATION}={json.dumps(first)}")
+        _wait(got, 1, 15)
+        latency = time.monotonic() - t0
+        assert (got[0].id, got[0].source, got[0].deadline_known) == ("gke-spot/n/1", "annotation", True)
+        cluster.kubectl("annotate", "--overwrite", "pod", POD, "-n", namespace, f"{NOTICE_ANNOTATION}={{broken")
+        _wait(got, 2, 15)
+        assert got[1].reason == "malformed" and not got[1].deadline_known
+        print(f"\nannotation -> notice through the watch: {latency * 1000:.0f} ms (includes kubectl)")
+    finally:
+        source.close()
+
+
+def test_progress_patch_with_the_workers_own_rbac(cluster: Any, namespace: str,
+                                                  worker_identity: KubeClient) -> None:
+    reporter = ProgressReporter(worker_identity, namespace, POD, attempt=2)
+    reporter.report(step=120, committed_step=100, force=True)
+    pod = json.loads(cluster.kubectl("get", "pod", POD, "-n", namespace, "-o", "json").stdout)
+    value = json.loads(pod["metadata"]["annotations"][PROGRESS_ANNOTATION])
+    assert (value["step"], value["committedStep"], value["attempt"]) == (120, 100, 2)
+    # the Role names only this job's pods: another pod is forbidden, and the error says so
+    with pytest.raises(KubeError, match="HTTP 403"):
+        worker_identity.patch_pod_annotations(namespace, "someone-else", {"x": "y"})
+
+
+def test_an_unreachable_api_never_blocks_and_is_retried(tmp_path: Path) -> None:
+    from tests.runtime.helpers_agreement import free_port
+
+    client = KubeClient("127.0.0.1", free_port(), str(tmp_path), timeout_s=1.0)  # nothing listens there
+    got: list[Notice] = []
+    source = PodWatchSource(client, "ns", POD, got.append).start()
+    reporter = ProgressReporter(client, "ns", POD, attempt=1)
+    t0 = time.monotonic()
+    reporter.report(step=1, committed_step=1)  # periodic: in a thread, returns at once
+    reporter.report(step=2, committed_step=2, force=True, timeout_s=1.0)  # the exit path: bounded, logged
+    assert time.monotonic() - t0 < 3
+    time.sleep(1.5)
+    assert any(t.name == "reprieve-pod-watch" and t.is_alive() for t in threading.enumerate())
+    source.close()
+    assert got == []
