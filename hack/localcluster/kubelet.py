@@ -183,14 +183,14 @@ class Kubelet:
     def _register(self) -> None:
         body = nodespec.node_object(self.node_name, self.labels, self.capacity, _now())
         try:
-            node = self.core.create_node(body, _request_timeout=REQUEST_TIMEOUT_S)
+            node = self.core.create_node(body, _request_timeout=REQUEST_TIMEOUT_S)  # type: ignore[arg-type]
         except ApiException as e:
             if e.status != 409:
                 raise
             # Re-registration: add our labels, leave everything else (taints, other labels) alone.
             node = self.core.patch_node(self.node_name, {"metadata": {"labels": body["metadata"]["labels"]}},
                                         _request_timeout=REQUEST_TIMEOUT_S)
-        self._node_uid = node.metadata.uid
+        self._node_uid = node.metadata.uid if node.metadata else None
         self._post_node_status()
 
     def _post_node_status(self) -> None:
@@ -205,7 +205,8 @@ class Kubelet:
         except ApiException as e:
             if e.status != 404:
                 raise
-            self.coord.create_namespaced_lease(nodespec.LEASE_NAMESPACE, body, _request_timeout=REQUEST_TIMEOUT_S)
+            self.coord.create_namespaced_lease(nodespec.LEASE_NAMESPACE, body,  # type: ignore[arg-type]
+                                               _request_timeout=REQUEST_TIMEOUT_S)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_period):
@@ -277,7 +278,7 @@ class Kubelet:
                 if rv is None:
                     resp = self.core.list_pod_for_all_namespaces(field_selector=selector, _preload_content=False,
                                                                  _request_timeout=REQUEST_TIMEOUT_S)
-                    data = json.loads(resp.data)
+                    data = json.loads(resp.data)  # type: ignore[attr-defined]  # raw urllib3 response
                     rv = data["metadata"]["resourceVersion"]
                     self._events.put(("LIST", data["items"]))
                     self._wake.set()
@@ -319,9 +320,9 @@ class Kubelet:
                     for p in obj:
                         self._upsert(p)
                 elif kind == "DELETED":
-                    st = self._pods.get(obj["metadata"]["uid"])
-                    if st is not None:
-                        st.pod, st.gone = obj, True
+                    known = self._pods.get(obj["metadata"]["uid"])
+                    if known is not None:
+                        known.pod, known.gone = obj, True
                 else:
                     self._upsert(obj)
 
@@ -406,7 +407,7 @@ class Kubelet:
             try:
                 self.core.delete_namespaced_pod(
                     meta["name"], meta["namespace"],
-                    body={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
+                    body={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},  # type: ignore[arg-type]
                     _request_timeout=REQUEST_TIMEOUT_S)
             except ApiException as e:
                 if e.status not in (404, 409):

@@ -81,9 +81,11 @@ def request_token(core: client.CoreV1Api, pod: dict, audience: str, expiration: 
     if audience:
         spec["audiences"] = [audience]
     sa = pod["spec"].get("serviceAccountName") or "default"
-    resp = core.create_namespaced_service_account_token(
-        sa, meta["namespace"], {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
-        _request_timeout=REQUEST_TIMEOUT_S)
+    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+    resp = core.create_namespaced_service_account_token(  # the client sends a dict body as it is
+        sa, meta["namespace"], body, _request_timeout=REQUEST_TIMEOUT_S)  # type: ignore[arg-type]
+    if resp.status is None or not resp.status.token:
+        raise RuntimeError(f"TokenRequest for {meta['namespace']}/{sa} (pod {meta['name']}) returned no token")
     return str(resp.status.token)
 
 
@@ -92,7 +94,7 @@ def subdomains(core: client.CoreV1Api, pod: dict) -> set[str]:
     names = {pod["spec"]["subdomain"]} if pod["spec"].get("subdomain") else set()
     try:
         services = core.list_namespaced_service(pod["metadata"]["namespace"], _request_timeout=REQUEST_TIMEOUT_S)
-        names |= {s.metadata.name for s in services.items}
+        names |= {str(s.metadata.name) for s in services.items if s.metadata}
     except ApiException as e:
         log.info("cannot list services for DNS names: %s %s", e.status, e.reason)
     return names

@@ -125,12 +125,17 @@ def mounts_for(pod: dict, container: dict, paths: PodPaths) -> list[Mount]:
 
 def rewrite_paths(value: str, mounts: list[Mount]) -> str:
     """``value`` with a leading mount path (also after ``=`` or ``file://``) mapped to its local directory."""
-    for mount in mounts:  # longest first, so /data/sub wins over /data
-        if mount.mount_path == "/":
-            continue
-        pattern = r"(?:^|(?<==)|(?<=file://))" + re.escape(mount.mount_path) + r"(?=/|$|[\s:,;])"
-        value = re.sub(pattern, lambda _m, m=mount: str(m.rewrite_to), value)
-    return value
+    targets = {m.mount_path: str(m.rewrite_to) for m in mounts if m.mount_path != "/"}
+    if not targets:
+        return value
+    # One pass (a rewritten path may itself start with a mount path); longest first, so /data/sub wins.
+    alternatives = "|".join(re.escape(p) for p in sorted(targets, key=len, reverse=True))
+    pattern = r"(?:^|(?<==)|(?<=file://))(" + alternatives + r")(?=/|$|[\s:,;])"
+
+    def sub(match: re.Match[str]) -> str:
+        return targets[match.group(1)]
+
+    return re.sub(pattern, sub, value)
 
 
 # --- environment ---------------------------------------------------------------------------------------------
@@ -312,7 +317,7 @@ def volume_files(pod: dict, volume: dict, *, objects: Objects, tokens: Mapping[t
     return files
 
 
-def decode_secret(data: Mapping[str, str] | None) -> dict[str, str]:
+def decode_secret(data: Mapping[str, str | bytes] | None) -> dict[str, str]:
     """A Secret's base64 ``data`` decoded to text (binary values are not supported)."""
     return {k: base64.b64decode(v).decode("utf-8", "replace") for k, v in (data or {}).items()}
 

@@ -224,6 +224,17 @@ def test_rewrite_paths_only_at_path_starts(tmp_path):
     assert rewrite_paths("x/data", mounts) == "x/data"
 
 
+def test_rewrite_paths_is_one_pass_even_when_the_pod_root_starts_with_a_mount_path(tmp_path):
+    root_parent = tmp_path.parts[1]  # e.g. "tmp": the pod root itself lies under /<root_parent>
+    container = {"name": "c", "volumeMounts": [{"name": "a", "mountPath": f"/{root_parent}"},
+                                               {"name": "b", "mountPath": f"/{root_parent}/b"}]}
+    pod = make_pod(containers=[container], volumes=[{"name": "a", "emptyDir": {}}, {"name": "b", "emptyDir": {}}])
+    paths = PodPaths.of(tmp_path, "ns1", "j-0", "u" * 8)
+    mounts = mounts_for(pod, container, paths)
+    assert rewrite_paths(f"/{root_parent}/b/x", mounts) == f"{paths.root}/{root_parent}/b/x"
+    assert rewrite_paths(f"/{root_parent}/x", mounts) == f"{paths.root}/{root_parent}/x"
+
+
 def test_launch_plan_argv_and_errors(tmp_path):
     c = {"name": "main", "command": ["python"], "args": ["-m", "train", "--coord=$(COORD)"],
          "env": [{"name": "COORD", "value": "j-1.j.ns1.svc:1"}]}
