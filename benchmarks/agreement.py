@@ -37,9 +37,8 @@ def worker(args: argparse.Namespace) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
     import reprieve
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
     from reprieve.policy import SavePolicy
 
     results: dict[str, object] = {}
@@ -167,10 +166,10 @@ def main() -> None:
             "REPRIEVE_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "REPRIEVE_POD_IP": "127.0.0.1",
             "REPRIEVE_CHECKPOINT_URI": str(workdir / "ckpt"), "REPRIEVE_TERMINATION_GRACE_SECONDS": "5",
         })
-        log = open(workdir / f"worker-{i}.log", "w")
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--steps", str(args.steps),
-                                       "--blocks", str(args.blocks)], env=env, stdout=subprocess.PIPE,
-                                      stderr=log, text=True))
+        with open(workdir / f"worker-{i}.log", "w") as log:  # the child keeps its own descriptor
+            procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--steps", str(args.steps),
+                                           "--blocks", str(args.blocks)], env=env, stdout=subprocess.PIPE,
+                                          stderr=log, text=True))
     outputs = []
     for p in procs:
         out, _ = p.communicate(timeout=900)

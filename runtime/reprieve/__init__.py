@@ -12,7 +12,13 @@ See ``docs/runtime.md``.
 from .agreement import Agreement, AgreementError, Target
 from .bootstrap import default_checkpointer, init
 from .config import ConfigError, RuntimeConfig
-from .coordination import CoordinationError, CoordinationTimeout, Coordinator, JaxCoordinator, LocalCoordinator
+from .coordination import (
+    CoordinationError,
+    CoordinationTimeout,
+    Coordinator,
+    JaxCoordinator,
+    LocalCoordinator,
+)
 from .countdown import CountdownSettings, SavePlan, choose_save_step
 from .job import Checkpointer, Job
 from .metrics import Metrics
@@ -23,7 +29,7 @@ try:  # the checkpoint package is optional at import time: `import reprieve` mus
     from .checkpoint import CheckpointManager  # type: ignore[attr-defined]  # noqa: F401
 except ImportError:  # pragma: no cover - not present yet
     pass
-except Exception as _err:  # pragma: no cover - a broken checkpoint package must not break the runtime
+except Exception as _err:  # noqa: BLE001  # pragma: no cover - a broken checkpoint package must not break the runtime
     import logging as _logging
 
     _logging.getLogger(__name__).warning("reprieve.checkpoint failed to import: %r", _err)

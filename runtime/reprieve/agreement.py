@@ -66,7 +66,7 @@ class Agreement:
         *,
         attempt: int = 1,
         timeout_s: float = 60.0,
-        countdown: CountdownSettings = CountdownSettings(),
+        countdown: CountdownSettings | None = None,
         poll_s: float = 1.0,
         clock: Callable[[], float] = time.time,
         on_target: Callable[[Target], None] | None = None,
@@ -75,7 +75,7 @@ class Agreement:
         self.pid = coordinator.process_id
         self.n = coordinator.num_processes
         self.timeout_s = timeout_s
-        self.countdown = countdown
+        self.countdown = countdown or CountdownSettings()
         self.poll_s = poll_s
         self.clock = clock
         self.on_target = on_target
@@ -139,8 +139,7 @@ class Agreement:
                 self._wait_gate(step)
             if self._error is not None:
                 raise self._error
-            if step > self._checked:
-                self._checked = step
+            self._checked = max(self._checked, step)
             target = self._target
         if target is None:
             return None
@@ -210,13 +209,13 @@ class Agreement:
                 raw = self.coordinator.get(key, self.poll_s)
             except CoordinationTimeout:
                 continue
-            except Exception as err:  # the service is gone: surface it at the next step
+            except Exception as err:  # noqa: BLE001 - the service is gone: surface it at the next step
                 if not self._stop.is_set():
                     self._fail(AgreementError(f"process {self.pid}: watching {key} failed: {err}"))
                 return
             try:
                 self._run_round(round_, raw)
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - any failure of a round fails the job, loudly
                 self._fail(err if isinstance(err, AgreementError) else AgreementError(
                     f"process {self.pid}: agreement round {round_} failed: {err}"))
                 return

@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from .agreement import Agreement, Target
 from .config import RuntimeConfig
@@ -54,10 +54,13 @@ def init(
     """
     config = RuntimeConfig.from_env(os.environ if env is None else env)
     coordinator = _join(config)
+    ckpt: Checkpointer
     if checkpointer is None:
-        checkpointer = default_checkpointer(config, coordinator)
+        ckpt = default_checkpointer(config, coordinator)
     elif callable(checkpointer) and not hasattr(checkpointer, "save"):
-        checkpointer = checkpointer(config, coordinator)
+        ckpt = checkpointer(config, coordinator)
+    else:
+        ckpt = cast(Checkpointer, checkpointer)
     countdown = countdown or CountdownSettings(default_save_seconds=config.save_seconds_estimate)
     metrics = Metrics()
 
@@ -71,7 +74,12 @@ def init(
     agreement = Agreement(coordinator, attempt=config.attempt, timeout_s=config.agreement_timeout_seconds,
                           countdown=countdown, on_target=on_target)
     sigterm: SigtermSource | None = None
-    hub = NoticeHub(agreement.offer, on_notice=on_notice, idle_check=lambda: sigterm and sigterm.check(),
+
+    def idle_check() -> None:  # about once a second on the hub thread
+        if sigterm is not None:
+            sigterm.check()
+
+    hub = NoticeHub(agreement.offer, on_notice=on_notice, idle_check=idle_check,
                     idle_s=config.notice_poll_seconds)
     closers: list[Callable[[], None]] = []
     if install_sigterm:
@@ -102,7 +110,7 @@ def init(
              ", ".join(s for s, on in [("SIGTERM", sigterm is not None), ("notice file", config.notice_file),
                                        ("pod watch", config.in_cluster and watch_pod),
                                        ("callable", notice_fn is not None)] if on))
-    return Job(config, coordinator, checkpointer, agreement, hub, policy=policy, metrics=metrics,
+    return Job(config, coordinator, ckpt, agreement, hub, policy=policy, metrics=metrics,
                progress=progress, closers=closers, exit_fn=exit_fn)
 
 

@@ -16,6 +16,7 @@ Runtime-only knobs (not set by the operator, documented in ``docs/runtime.md``):
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -83,32 +84,32 @@ class RuntimeConfig:
         """Parse the contract environment. Raises :class:`ConfigError` naming the bad variable."""
         r = _Reader(env)
         cfg = cls(
-            job=r.str("REPRIEVE_JOB", cls.job),
-            namespace=r.str("REPRIEVE_NAMESPACE", cls.namespace),
-            pod_name=r.opt_str("REPRIEVE_POD_NAME"),
-            pod_ip=r.opt_str("REPRIEVE_POD_IP"),
-            num_processes=r.int("REPRIEVE_NUM_PROCESSES", 1, minimum=1),
-            process_id=r.int("REPRIEVE_PROCESS_ID", 0, minimum=0),
-            coordinator_address=r.opt_str("REPRIEVE_COORDINATOR_ADDRESS"),
-            checkpoint_uri=r.str("REPRIEVE_CHECKPOINT_URI", cls.checkpoint_uri),
-            checkpoint_interval_steps=r.int("REPRIEVE_CHECKPOINT_INTERVAL_STEPS", 0, minimum=0),
-            checkpoint_keep=r.int("REPRIEVE_CHECKPOINT_KEEP", 3, minimum=1),
-            attempt=r.int("REPRIEVE_ATTEMPT", 1, minimum=1),
-            restart_exit_code=r.int("REPRIEVE_RESTART_EXIT_CODE", DEFAULT_RESTART_EXIT_CODE, minimum=1,
+            job=r.text("REPRIEVE_JOB", cls.job),
+            namespace=r.text("REPRIEVE_NAMESPACE", cls.namespace),
+            pod_name=r.opt_text("REPRIEVE_POD_NAME"),
+            pod_ip=r.opt_text("REPRIEVE_POD_IP"),
+            num_processes=r.integer("REPRIEVE_NUM_PROCESSES", 1, minimum=1),
+            process_id=r.integer("REPRIEVE_PROCESS_ID", 0, minimum=0),
+            coordinator_address=r.opt_text("REPRIEVE_COORDINATOR_ADDRESS"),
+            checkpoint_uri=r.text("REPRIEVE_CHECKPOINT_URI", cls.checkpoint_uri),
+            checkpoint_interval_steps=r.integer("REPRIEVE_CHECKPOINT_INTERVAL_STEPS", 0, minimum=0),
+            checkpoint_keep=r.integer("REPRIEVE_CHECKPOINT_KEEP", 3, minimum=1),
+            attempt=r.integer("REPRIEVE_ATTEMPT", 1, minimum=1),
+            restart_exit_code=r.integer("REPRIEVE_RESTART_EXIT_CODE", DEFAULT_RESTART_EXIT_CODE, minimum=1,
                                     maximum=255),
-            notice_file=r.opt_str("REPRIEVE_NOTICE_FILE"),
-            termination_grace_seconds=r.float("REPRIEVE_TERMINATION_GRACE_SECONDS",
+            notice_file=r.opt_text("REPRIEVE_NOTICE_FILE"),
+            termination_grace_seconds=r.number("REPRIEVE_TERMINATION_GRACE_SECONDS",
                                               DEFAULT_TERMINATION_GRACE_SECONDS, minimum=0.0),
-            serviceaccount_dir=r.str("REPRIEVE_SERVICEACCOUNT_DIR", DEFAULT_SERVICEACCOUNT_DIR),
-            kubernetes_host=r.opt_str("KUBERNETES_SERVICE_HOST"),
-            kubernetes_port=r.int("KUBERNETES_SERVICE_PORT", 443, minimum=1, maximum=65535),
-            heartbeat_timeout_seconds=r.int("REPRIEVE_HEARTBEAT_TIMEOUT_SECONDS", 10, minimum=1),
-            shutdown_timeout_seconds=r.int("REPRIEVE_SHUTDOWN_TIMEOUT_SECONDS", 30, minimum=1),
-            init_timeout_seconds=r.int("REPRIEVE_INIT_TIMEOUT_SECONDS", 300, minimum=1),
-            agreement_timeout_seconds=r.float("REPRIEVE_AGREEMENT_TIMEOUT_SECONDS", 60.0, minimum=0.1),
-            notice_poll_seconds=r.float("REPRIEVE_NOTICE_POLL_SECONDS", 1.0, minimum=0.01),
-            metrics_port=r.opt_int("REPRIEVE_METRICS_PORT", minimum=0, maximum=65535),
-            save_seconds_estimate=r.float("REPRIEVE_SAVE_SECONDS_ESTIMATE", 30.0, minimum=0.0),
+            serviceaccount_dir=r.text("REPRIEVE_SERVICEACCOUNT_DIR", DEFAULT_SERVICEACCOUNT_DIR),
+            kubernetes_host=r.opt_text("KUBERNETES_SERVICE_HOST"),
+            kubernetes_port=r.integer("KUBERNETES_SERVICE_PORT", 443, minimum=1, maximum=65535),
+            heartbeat_timeout_seconds=r.integer("REPRIEVE_HEARTBEAT_TIMEOUT_SECONDS", 10, minimum=1),
+            shutdown_timeout_seconds=r.integer("REPRIEVE_SHUTDOWN_TIMEOUT_SECONDS", 30, minimum=1),
+            init_timeout_seconds=r.integer("REPRIEVE_INIT_TIMEOUT_SECONDS", 300, minimum=1),
+            agreement_timeout_seconds=r.number("REPRIEVE_AGREEMENT_TIMEOUT_SECONDS", 60.0, minimum=0.1),
+            notice_poll_seconds=r.number("REPRIEVE_NOTICE_POLL_SECONDS", 1.0, minimum=0.01),
+            metrics_port=r.opt_integer("REPRIEVE_METRICS_PORT", minimum=0, maximum=65535),
+            save_seconds_estimate=r.number("REPRIEVE_SAVE_SECONDS_ESTIMATE", 30.0, minimum=0.0),
         )
         if cfg.process_id >= cfg.num_processes:
             raise ConfigError(
@@ -139,17 +140,18 @@ class _Reader:
             return None
         return value.strip()
 
-    def str(self, name: str, default: str) -> str:
+    def text(self, name: str, default: str) -> str:
         return self._raw(name) or default
 
-    def opt_str(self, name: str) -> str | None:
+    def opt_text(self, name: str) -> str | None:
         return self._raw(name)
 
-    def int(self, name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
-        value = self.opt_int(name, minimum=minimum, maximum=maximum)
+    def integer(self, name: str, default: int, *, minimum: int | None = None,
+                maximum: int | None = None) -> int:
+        value = self.opt_integer(name, minimum=minimum, maximum=maximum)
         return default if value is None else value
 
-    def opt_int(self, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int | None:
+    def opt_integer(self, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int | None:
         raw = self._raw(name)
         if raw is None:
             return None
@@ -160,7 +162,7 @@ class _Reader:
         _check_range(name, value, minimum, maximum)
         return value
 
-    def float(self, name: str, default: float, *, minimum: float | None = None) -> float:
+    def number(self, name: str, default: float, *, minimum: float | None = None) -> float:
         raw = self._raw(name)
         if raw is None:
             return default
@@ -168,7 +170,7 @@ class _Reader:
             value = float(raw)
         except ValueError:
             raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             raise ConfigError(f"{name} must be a finite number, got {raw!r}")
         _check_range(name, value, minimum, None)
         return value

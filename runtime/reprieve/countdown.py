@@ -86,7 +86,7 @@ def choose_save_step(
     else:
         # Steps that fit in the budget. Reaching ``final`` takes final - earliest + 1 steps for the process
         # furthest ahead and one more for a process a step behind it.
-        affordable = int(math.floor(budget / step_seconds)) - 2
+        affordable = math.floor(budget / step_seconds) - 2
         if affordable < settings.min_extra_steps:
             final, early = earliest_step, None
             reason = f"only {max(affordable, 0)} more step(s) fit before the deadline: save at the earliest step"

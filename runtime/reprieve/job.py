@@ -180,11 +180,11 @@ class Job:
         if kind == FINAL:
             self._final_save(step, state, extra)
             return True
-        if kind == EARLY or should_save(step, policy=self.policy, last_saved=self._last_saved,
-                                        last_step=self._last_step):
-            if self._last_saved != step:
-                self._start_save(step, state, extra, kind or "periodic")
-                return True
+        due = kind == EARLY or should_save(step, policy=self.policy, last_saved=self._last_saved,
+                                           last_step=self._last_step)
+        if due and self._last_saved != step:
+            self._start_save(step, state, extra, kind or "periodic")
+            return True
         return False
 
     def notify(self, reason: str, deadline: float, *, notice_id: str | None = None) -> None:
@@ -278,13 +278,13 @@ class Job:
         for closer in self._closers:
             try:
                 closer()
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - closing must go on
                 log.warning("closing %r failed: %s", closer, err)
         self.agreement.close()
         self._hub.close()
         try:
             self.checkpointer.close()
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - closing must go on
             log.warning("closing the checkpointer failed: %s", err)
         self.metrics.close()
         if self._shutdown_distributed:

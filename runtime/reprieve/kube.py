@@ -147,7 +147,7 @@ class PodWatchSource:
                     if self._stop.is_set():
                         return
                 continue  # server closed the watch at timeoutSeconds: reconnect at once
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - any failure: back off and reconnect
                 failures += 1
                 delay = next(delays)
                 level = logging.WARNING if failures in (1, 10) or failures % 100 == 0 else logging.DEBUG
@@ -209,5 +209,5 @@ class ProgressReporter:
         try:
             self._client.patch_pod_annotations(self._ns, self._pod, dict(body), timeout_s=timeout_s)
             log.debug("progress annotation of %s/%s: %s", self._ns, self._pod, body)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - progress is best effort, never fatal
             log.warning("could not patch progress annotation of pod %s/%s: %s", self._ns, self._pod, err)

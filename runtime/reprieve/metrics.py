@@ -108,7 +108,7 @@ class Metrics:
         metrics = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+            def do_GET(self) -> None:
                 body = metrics.render().encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

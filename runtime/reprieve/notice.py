@@ -14,7 +14,7 @@ import logging
 import re
 import zlib
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def user_notice(value: Any, now: float, *, default_grace_seconds: float) -> Noti
                   deadline_known=False)
 
 
-def parse_rfc3339(text: str) -> float:
+def parse_rfc3339(text: Any) -> float:
     """RFC 3339 / ISO 8601 timestamp -> wall-clock seconds. Naive times are UTC. Raises ValueError."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"expected an RFC 3339 timestamp, got {text!r}")
@@ -115,12 +115,12 @@ def parse_rfc3339(text: str) -> float:
     value = re.sub(r"(\.\d{6})\d+", r"\1", value)
     parsed = datetime.fromisoformat(value)
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
+        parsed = parsed.replace(tzinfo=UTC)
     return parsed.timestamp()
 
 
 def format_rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_notice_annotation(text: str, now: float, *, source: str = "annotation") -> Notice:

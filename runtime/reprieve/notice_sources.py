@@ -8,7 +8,6 @@ only enqueues, pollers run in daemon threads and log their failures.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import signal
 import threading
@@ -147,7 +146,7 @@ class PollingSource:
                 if self._failing:
                     log.info("notice source %s works again", self.name)
                     self._failing = False
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - a failing source must not stop polling
                 notice = None
                 if not self._failing:
                     log.warning("notice source %s failed (%s); will keep trying", self.name, err)
@@ -177,10 +176,6 @@ class NoticeFile:
             self._last_notice = notice_from_annotations(parse_downward_file(text), self._clock(),
                                                         source="notice-file")
         return self._last_notice
-
-
-def notice_file_exists(path: str | None) -> bool:
-    return bool(path) and os.path.exists(os.path.dirname(os.path.abspath(path or "")) or ".")
 
 
 class UserCallable:

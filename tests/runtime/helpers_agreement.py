@@ -76,7 +76,7 @@ class FileCheckpointer:
             # every process leaves only once the marker exists: "committed on all processes"
             self.coordinator.barrier(f"test-ckpt-done/{self.attempt}/{step}", 60.0)
             self.last_save_seconds = time.monotonic() - start
-        except BaseException as err:  # surfaced by wait()
+        except BaseException as err:  # noqa: BLE001 - surfaced by wait()
             self._error = err
 
     def wait(self) -> None:

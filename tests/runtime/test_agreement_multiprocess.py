@@ -11,7 +11,7 @@ import json
 import re
 import signal
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -41,7 +41,7 @@ def wait_warm(gang: Gang, n: int) -> None:
 
 
 def rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @pytest.mark.parametrize("n", [2, 4])

@@ -12,7 +12,6 @@ import threading
 import time
 
 import pytest
-
 from reprieve.agreement import EARLY, FINAL, Agreement, AgreementError
 from reprieve.coordination import LocalCoordinator
 from reprieve.countdown import CountdownSettings

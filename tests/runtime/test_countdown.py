@@ -1,9 +1,10 @@
 """Table tests for the grace-period countdown (reprieve.countdown.choose_save_step)."""
 
+# ruff: noqa: C408  (keyword dicts read best in the tables)
+
 from __future__ import annotations
 
 import pytest
-
 from reprieve.countdown import CountdownSettings, SavePlan, choose_save_step
 
 pytestmark = pytest.mark.unit

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from reprieve.config import ConfigError, RuntimeConfig
 from reprieve.policy import SavePolicy, should_save
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
-
 from reprieve.metrics import Metrics
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]

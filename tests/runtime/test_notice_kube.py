@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from reprieve.kube import KubeClient, KubeError, PodWatchSource, ProgressReporter
 from reprieve.notice import NOTICE_ANNOTATION, PROGRESS_ANNOTATION, Notice
 

@@ -7,7 +7,6 @@ import logging
 
 import pytest
 from localcluster.downward import format_map, go_quote  # the process kubelet's real formatter
-
 from reprieve.notice import (
     NOTICE_ANNOTATION,
     Notice,

@@ -13,10 +13,10 @@ from itertools import islice
 from pathlib import Path
 
 import pytest
-
 from reprieve.kube import PodWatchSource, backoff_delays, progress_annotation
 from reprieve.notice import NOTICE_ANNOTATION, PROGRESS_ANNOTATION, Notice
 from reprieve.notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
+
 from tests.runtime.helpers_agreement import write_notice_file
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]

@@ -15,9 +15,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import reprieve
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-import reprieve
 from tests.runtime.helpers_agreement import FileCheckpointer
 
 
@@ -56,7 +56,7 @@ def main() -> None:
             (workdir / f"running-{pid}").touch()
         job.save(step, state)
     (workdir / f"done-{pid}").write_text(str(float(state["x"].addressable_shards[0].data[0])))
-    logging.info("finished all %d steps", total)
+    logging.getLogger("train_worker").info("finished all %d steps", total)
 
 
 if __name__ == "__main__":
