@@ -196,6 +196,8 @@ class CheckpointManager:
             if pid == 0:
                 meta = save_mod.build_metadata(step, self.attempt, self._nproc, snap, extra)
                 st.write_file(f"{ddir}/{layout.METADATA_FILE}", meta.to_json())
+            if pid != 0:
+                st.make_durable()  # process 0 does it at commit time, after everybody wrote
         except Exception as err:
             local_err = err
         if self._host_copy == "staged" and local_err is None:  # after a failure TensorStore may still hold them

@@ -1,23 +1,34 @@
-"""Restore path: read only the regions this process's devices need, under a host-memory budget.
+"""Restore path: read only what this process's devices need, chunk by chunk, under a memory budget.
 
-Every target shard region is read straight from the zarr3 chunks that overlap it (TensorStore
-assembles regions across chunk boundaries, so any saved sharding maps onto any target sharding and
-process count). At most ``memory_limit_bytes`` of host buffers are in flight; a region is handed to
-its device(s) and dropped before the next one is admitted, so host memory peaks at roughly the
-restored state plus the budget, never at whole-array size.
+For every leaf, each distinct target shard region this process needs gets one 64-byte aligned host
+buffer (on CPU the device then adopts it without a copy). :func:`plan_reads` (pure) decides how the
+saved chunks fill those buffers:
+
+* a target region that lies inside one saved chunk is read straight into its buffer (the common
+  same-sharding case: one read, no extra copy);
+* otherwise each overlapping chunk is read once and scattered into every target region it overlaps
+  (resharding reads each chunk file once, not once per target shard);
+* a chunk whose needed part is bigger than the budget is read piece by piece.
+
+At most ``memory_limit_bytes`` of transient reads are in flight, so host memory peaks at about the
+restored state plus the budget; nothing ever materialises a whole array that this host does not need.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
 import numpy as np
 
-from . import layout
+from . import layout, spec
 from .metadata import CheckpointCorruptError, CheckpointMeta, LeafMeta
 from .save import Region, region_of, region_slices
 from .storage import Storage
@@ -32,115 +43,51 @@ class MissingLeafError(KeyError):
         return str(self.args[0])
 
 
-@dataclasses.dataclass
-class _Read:
-    slot: int  # position in the flattened abstract tree
-    leaf: LeafMeta
-    region: Region
-    devices: list[Any]
-    nbytes: int
+# -- pure planning ----------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ReadOp:
+    """Read ``box``; ``direct``: straight into target ``parts[0][0]``; else copy each part out of it."""
+
+    box: Region
+    parts: tuple[tuple[int, Region], ...]  # (target index, region in array coordinates)
+    direct: bool
 
 
-def _target_of(path: str, leaf: LeafMeta, target: Any) -> tuple[tuple[int, ...], np.dtype, Any]:
-    shape = tuple(getattr(target, "shape", ()))
-    dtype = np.dtype(getattr(target, "dtype", leaf.dtype))
-    sharding = getattr(target, "sharding", None)
-    if leaf.shape is not None and tuple(leaf.shape) != shape:
-        raise ValueError(f"restore leaf {path}: abstract shape {shape} does not match saved shape {tuple(leaf.shape)}")
-    return shape, dtype, sharding
+def _intersect(a: Region, b: Region) -> Region | None:
+    out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b, strict=True))
+    return out if all(lo < hi for lo, hi in out) or not out else None
 
 
-def _is_abstract_array(x: Any) -> bool:
-    return isinstance(x, (jax.ShapeDtypeStruct, jax.Array))
+def _size(r: Region) -> int:
+    return int(np.prod([hi - lo for lo, hi in r], dtype=np.int64))
 
 
-def restore_tree(
-    storage: Storage,
-    ckpt_dir: str,
-    meta: CheckpointMeta,
-    abstract: Any,
-    *,
-    memory_limit_bytes: int,
-) -> Any:
-    """Materialise ``abstract`` (leaves: ShapeDtypeStruct with sharding, arrays, or placeholders)."""
-    where = f"checkpoint {storage.loc.uri()}/{ckpt_dir}"
-    saved = meta.leaf_by_path()
-    flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
-    out: list[Any] = [None] * len(flat)
-    reads: list[_Read] = []
-    pieces: dict[int, dict[Any, jax.Array]] = {}
-    targets: dict[int, tuple[tuple[int, ...], np.dtype, Any]] = {}
-    for slot, (kp, target) in enumerate(flat):
-        path = jax.tree_util.keystr(kp)
-        leaf = saved.get(path)
-        if leaf is None:
-            raise MissingLeafError(f"restore: leaf {path} is not in {where} (saved leaves: {sorted(saved)[:8]}...)")
-        if leaf.kind == "json":
-            out[slot] = leaf.value
-            continue
-        shape, dtype, sharding = _target_of(path, leaf, target)
-        targets[slot] = (shape, dtype, sharding)
-        if (leaf.kind == "numpy" or isinstance(target, np.ndarray)) and not (
-                _is_abstract_array(target) and sharding is not None):
-            reads.append(_Read(slot, leaf, tuple((0, n) for n in shape), [], _nbytes(shape, leaf)))
-            continue
-        if sharding is None:
-            raise ValueError(f"restore leaf {path}: abstract value has no sharding; give a "
-                             "jax.ShapeDtypeStruct(shape, dtype, sharding=...) or a jax.Array")
-        by_region: dict[Region, list[Any]] = collections.defaultdict(list)
-        for device, index in sharding.addressable_devices_indices_map(shape).items():
-            by_region[region_of(index, shape)].append(device)
-        pieces[slot] = {}
-        for region, devices in by_region.items():
-            reads.append(_Read(slot, leaf, region, devices, _nbytes([b - a for a, b in region], leaf)))
+def _bbox(regions: Sequence[Region]) -> Region:
+    return tuple((min(r[d][0] for r in regions), max(r[d][1] for r in regions)) for d in range(len(regions[0])))
 
-    stores = _open_all(storage, ckpt_dir, {r.leaf.index: r.leaf for r in reads}, where)
-    inflight: collections.deque[tuple[_Read, Any, np.ndarray | None]] = collections.deque()
-    budget = 0
 
-    def finish(item: tuple[_Read, Any, np.ndarray | None]) -> None:
-        nonlocal budget
-        rd, fut, buf = item
-        try:
-            arr = fut.result()
-        except Exception as err:
-            raise CheckpointCorruptError(
-                f"{where}: reading {layout.array_dir(rd.leaf.index or 0)} (leaf {rd.leaf.path}, "
-                f"region {list(rd.region)}) failed: {err}") from err
-        want = targets[rd.slot][1]
-        if rd.devices:
-            assert buf is not None
-            for n, d in enumerate(rd.devices):
-                # The buffer is 64-byte aligned, so on CPU the device adopts it without a copy; every
-                # further replica gets its own copy, so donating one can never scribble over another.
-                pieces[rd.slot][d] = jax.device_put(buf if n == 0 else buf.copy(), d)
+def plan_reads(shape: Sequence[int], chunk_shape: Sequence[int], targets: Sequence[Region], *,
+               itemsize: int, limit_bytes: int) -> list[ReadOp]:
+    """How the saved chunks (grid ``chunk_shape``) fill the ``targets`` regions. Pure."""
+    live = [i for i, t in enumerate(targets) if _size(t) > 0]
+    chunks: set[tuple[int, ...]] = set()
+    for i in live:
+        ranges = [range(lo // c, (hi - 1) // c + 1) for (lo, hi), c in zip(targets[i], chunk_shape, strict=True)]
+        chunks.update(itertools.product(*ranges))
+    ops: list[ReadOp] = []
+    for idx in sorted(chunks):
+        cbox = tuple((k * c, min((k + 1) * c, n)) for k, c, n in zip(idx, chunk_shape, shape, strict=True))
+        parts = [(i, p) for i in live if (p := _intersect(cbox, targets[i])) is not None]
+        if len(parts) == 1 and parts[0][1] == targets[parts[0][0]]:
+            ops.append(ReadOp(parts[0][1], tuple(parts), direct=True))
+        elif len(parts) == 1 or _size(_bbox([p for _, p in parts])) * itemsize <= limit_bytes:
+            ops.append(ReadOp(_bbox([p for _, p in parts]), tuple(parts), direct=False))
         else:
-            out[rd.slot] = arr if arr.dtype == want else arr.astype(want)
-        budget -= rd.nbytes
-
-    for rd in reads:
-        while inflight and budget + rd.nbytes > memory_limit_bytes:
-            finish(inflight.popleft())
-        region = region_slices(rd.region)
-        store = stores[rd.leaf.index]
-        if rd.devices:
-            # Read straight into the final, aligned buffer: one allocation, no extra copy, and
-            # TensorStore converts the dtype on the way when a cast was asked for.
-            buf = _empty_aligned(tuple(b - a for a, b in rd.region), targets[rd.slot][1])
-            inflight.append((rd, storage.read_into(store, region, buf), buf))
-        else:
-            inflight.append((rd, (store[region] if region else store).read(), None))
-        budget += rd.nbytes
-    while inflight:
-        finish(inflight.popleft())
-
-    for slot, devmap in pieces.items():
-        shape, _dtype, sharding = targets[slot]
-        arrays = [devmap[d] for d in sharding.addressable_devices_indices_map(shape)]
-        out[slot] = jax.make_array_from_single_device_arrays(shape, sharding, arrays)
-    return jax.tree_util.tree_unflatten(treedef, out)
+            ops.extend(ReadOp(p, ((i, p),), direct=False) for i, p in parts)
+    return ops
 
 
+# -- execution --------------------------------------------------------------------------------------
 _ALIGN = 64  # XLA's CPU client adopts host buffers with this alignment instead of copying them
 
 
@@ -151,18 +98,121 @@ def _empty_aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return raw[off:off + nbytes].view(dtype).reshape(shape)
 
 
-def _nbytes(shape: Any, leaf: LeafMeta) -> int:
-    return int(np.prod(list(shape), dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+def _local(part: Region, origin: Region) -> tuple[slice, ...]:
+    return tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(part, origin, strict=True))
 
 
-def _open_all(storage: Storage, ckpt_dir: str, leaves: dict[Any, LeafMeta], where: str) -> dict[Any, Any]:
-    from . import spec
+@dataclasses.dataclass
+class _Leaf:
+    slot: int
+    meta: LeafMeta
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    sharding: Any  # None: a host numpy leaf
+    regions: list[Region]
+    devices: list[list[Any]]
+    buffers: list[np.ndarray]
 
+
+def _is_abstract_array(x: Any) -> bool:
+    return isinstance(x, (jax.ShapeDtypeStruct, jax.Array))
+
+
+def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract: Any, *,
+                 memory_limit_bytes: int) -> Any:
+    """Materialise ``abstract`` (leaves: ShapeDtypeStruct with sharding, arrays, or placeholders)."""
+    where = f"checkpoint {storage.loc.uri()}/{ckpt_dir}"
+    saved = meta.leaf_by_path()
+    flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+    out: list[Any] = [None] * len(flat)
+    leaves: list[_Leaf] = []
+    for slot, (kp, target) in enumerate(flat):
+        path = jax.tree_util.keystr(kp)
+        leaf = saved.get(path)
+        if leaf is None:
+            raise MissingLeafError(f"restore: leaf {path} is not in {where} (saved leaves: {sorted(saved)[:8]}...)")
+        if leaf.kind == "json":
+            out[slot] = leaf.value
+            continue
+        shape = tuple(getattr(target, "shape", ()))
+        dtype = np.dtype(getattr(target, "dtype", leaf.dtype))
+        sharding = getattr(target, "sharding", None) if _is_abstract_array(target) else None
+        if leaf.shape is not None and tuple(leaf.shape) != shape:
+            raise ValueError(f"restore leaf {path}: abstract shape {shape} does not match saved shape {tuple(leaf.shape)}")
+        if sharding is None and leaf.kind == "array" and not isinstance(target, np.ndarray):
+            raise ValueError(f"restore leaf {path}: abstract value has no sharding; give a "
+                             "jax.ShapeDtypeStruct(shape, dtype, sharding=...) or a jax.Array")
+        if sharding is None:
+            regions, devices = [tuple((0, n) for n in shape)], [[]]
+        else:
+            by_region: dict[Region, list[Any]] = collections.defaultdict(list)
+            for device, index in sharding.addressable_devices_indices_map(shape).items():
+                by_region[region_of(index, shape)].append(device)
+            regions, devices = list(by_region), list(by_region.values())
+        bufs = [_empty_aligned(tuple(hi - lo for lo, hi in r), dtype) for r in regions]
+        leaves.append(_Leaf(slot, leaf, shape, dtype, sharding, regions, devices, bufs))
+
+    stores = _open_all(storage, ckpt_dir, [lf.meta for lf in leaves], where)
+    inflight: collections.deque[tuple[_Leaf, ReadOp, Any]] = collections.deque()
+    budget = 0
+    pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="reprieve-ckpt-restore")
+
+    def finish() -> None:
+        nonlocal budget
+        lf, op, fut = inflight.popleft()
+        try:
+            arr = fut.result()
+        except Exception as err:
+            raise CheckpointCorruptError(
+                f"{where}: reading {layout.array_dir(lf.meta.index or 0)} (leaf {lf.meta.path}, "
+                f"region {list(op.box)}) failed: {err}") from err
+        if not op.direct:
+            def scatter(item: tuple[int, Region]) -> None:
+                i, part = item
+                np.copyto(lf.buffers[i][_local(part, lf.regions[i])], arr[_local(part, op.box)], casting="unsafe")
+
+            list(pool.map(scatter, op.parts))  # numpy copies release the GIL
+        budget -= _size(op.box) * lf.dtype.itemsize
+
+    for lf in leaves:
+        assert lf.meta.shape is not None and lf.meta.chunk_shape is not None
+        store = stores[lf.meta.index]
+        for op in plan_reads(lf.meta.shape, lf.meta.chunk_shape, lf.regions, itemsize=lf.dtype.itemsize,
+                             limit_bytes=memory_limit_bytes):
+            nbytes = _size(op.box) * lf.dtype.itemsize
+            while inflight and budget + nbytes > memory_limit_bytes:
+                finish()
+            if op.direct:
+                fut = storage.read_into(store, region_slices(op.box), lf.buffers[op.parts[0][0]])
+            else:
+                fut = storage.read(store, region_slices(op.box), lf.dtype)
+            inflight.append((lf, op, fut))
+            budget += nbytes
+    while inflight:
+        finish()
+    pool.shutdown()
+
+    for lf in leaves:
+        if lf.sharding is None:
+            out[lf.slot] = lf.buffers[0]
+            continue
+        arrays = {}
+        for buf, devs in zip(lf.buffers, lf.devices, strict=True):
+            for n, d in enumerate(devs):
+                # Every replica gets its own buffer, so donating one can never scribble over another.
+                arrays[d] = jax.device_put(buf if n == 0 else buf.copy(), d)
+        ordered = [arrays[d] for d in lf.sharding.addressable_devices_indices_map(lf.shape)]
+        out[lf.slot] = jax.make_array_from_single_device_arrays(lf.shape, lf.sharding, ordered)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _open_all(storage: Storage, ckpt_dir: str, leaves: list[LeafMeta], where: str) -> dict[Any, Any]:
     futs = {}
-    for idx, leaf in leaves.items():
-        assert leaf.shape is not None and leaf.dtype is not None and leaf.chunk_shape is not None
-        meta = spec.zarr3_metadata(leaf.shape, leaf.dtype, leaf.chunk_shape)
-        futs[idx] = storage.open_array(f"{ckpt_dir}/{layout.array_dir(idx)}", meta, create=False, read=True)
+    for leaf in leaves:
+        assert leaf.index is not None and leaf.shape is not None and leaf.dtype is not None
+        assert leaf.chunk_shape is not None
+        md = spec.zarr3_metadata(leaf.shape, leaf.dtype, leaf.chunk_shape)
+        futs[leaf.index] = storage.open_array(f"{ckpt_dir}/{layout.array_dir(leaf.index)}", md, create=False, read=True)
     out = {}
     for idx, f in futs.items():
         try:

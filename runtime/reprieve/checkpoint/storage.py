@@ -2,9 +2,10 @@
 
 Two backends with one interface:
 
-* :class:`LocalStorage` (paths, ``file://``): data goes to ``<name>.tmp/``; commit fsyncs every
-  directory of the tree (TensorStore already fsynced each chunk file: ``file_io_sync``), renames it to
-  ``<name>/`` and fsyncs the root. Deletion renames to ``<name>.deleting/`` first, so a crash in the
+* :class:`LocalStorage` (paths, ``file://``): data goes to ``<name>.tmp/``. Every process makes its
+  own writes durable with one ``syncfs(2)`` of the checkpoint filesystem (instead of TensorStore's
+  fsync per chunk file: on ext4 each fsync is a journal commit, and one syncfs per process measured
+  ~2x faster for 64-200 files); process 0 then renames the tree to ``<name>/`` and fsyncs the root. Deletion renames to ``<name>.deleting/`` first, so a crash in the
   middle of a delete never leaves a half-deleted checkpoint that looks complete.
 * :class:`ObjectStorage` (``gs://``, ``s3://``): no rename and no fsync; data goes straight under
   ``<name>/`` and the commit is one PUT of the marker ``commits/<name>`` (single-object writes are
@@ -13,6 +14,7 @@ Two backends with one interface:
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -35,7 +37,9 @@ class Storage:
     def __init__(self, loc: Location, *, fsync: bool = True, file_io_concurrency: int = 64) -> None:
         self.loc = loc
         self.fsync = fsync
-        self.context = ts.Context(spec.context_spec(fsync=fsync, file_io_concurrency=file_io_concurrency))
+        # Local data files are made durable in bulk by make_durable(); TensorStore need not fsync each.
+        per_file_sync = fsync and loc.is_object_store
+        self.context = ts.Context(spec.context_spec(fsync=per_file_sync, file_io_concurrency=file_io_concurrency))
 
     # -- arrays -------------------------------------------------------------------------------------
     def kvstore(self, subpath: str) -> dict[str, Any]:
@@ -57,6 +61,17 @@ class Storage:
         if src.dtype.numpy_dtype != out.dtype:
             src = ts.cast(src, out.dtype)
         return ts.array(out, copy=False, write=True).write(src)
+
+    @staticmethod
+    def read(store: Any, region: tuple[slice, ...], dtype: Any) -> Any:
+        """Future of ``store[region]`` as a new numpy array of ``dtype``."""
+        src = store[region] if region else store
+        if src.dtype.numpy_dtype != dtype:
+            src = ts.cast(src, dtype)
+        return src.read()
+
+    def make_durable(self) -> None:
+        """Make this process's writes so far durable (no-op where the store has no such notion)."""
 
     # -- checkpoints --------------------------------------------------------------------------------
     def data_dir(self, step: int, attempt: int) -> str:
@@ -141,13 +156,21 @@ class LocalStorage(Storage):
         finally:
             os.close(fd)
 
+    def make_durable(self) -> None:
+        if not self.fsync:
+            return
+        fd = os.open(self.loc.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if _libc_syncfs(fd) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"syncfs({self.loc.path}) failed: {os.strerror(err)}")
+        finally:
+            os.close(fd)
+
     def commit(self, step: int, attempt: int) -> None:
         src = self._p(layout.tmp_name(step, attempt))
         dst = self._p(layout.committed_name(step, attempt))
-        if self.fsync:
-            # Chunk files were fsynced by TensorStore; their directory entries were not.
-            for dirpath, _dirs, _files in os.walk(src):
-                self._fsync_dir(dirpath)
+        self.make_durable()  # files and directory entries of every process are on disk by now
         os.rename(src, dst)
         self._fsync_dir(self.loc.path)
 
@@ -184,6 +207,14 @@ class LocalStorage(Storage):
             return sorted(os.listdir(self._p(subdir)))
         except FileNotFoundError:
             return []
+
+
+def _libc_syncfs(fd: int) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "syncfs"):  # not Linux: fall back to a global sync
+        os.sync()
+        return 0
+    return int(libc.syncfs(fd))
 
 
 def _prefix_range(prefix: str) -> Any:
