@@ -17,6 +17,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Prometheus /metrics port (0 disables)")
     p.add_argument("--liveness-port", type=int, default=int(os.environ.get("REPRIEVE_HEALTH_PORT", "0")),
                    help="serve kopf's /healthz on this port (0 disables)")
+    p.add_argument("--resync-seconds", type=float, default=30.0,
+                   help="period of the safety-net reconcile of every unfinished job")
     p.add_argument("--log-level", default=os.environ.get("REPRIEVE_LOG_LEVEL", "INFO"))
     p.add_argument("--signals-json", default=None,
                    help="signal table as JSON (default: $REPRIEVE_SIGNALS_JSON, else built-in defaults)")
@@ -27,9 +29,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if logging.getLogger().level > logging.DEBUG:
+        # kopf logs every handler run at INFO ("Handler 'pod_event' succeeded"): one line per pod event.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     from . import main as registration  # noqa: F401  (registers the handlers)
 
-    memo = kopf.Memo(metrics_port=args.metrics_port, signals_json=args.signals_json)
+    memo = kopf.Memo(metrics_port=args.metrics_port, signals_json=args.signals_json,
+                     resync_seconds=args.resync_seconds)
     kopf.run(
         standalone=True,  # one replica (Deployment strategy Recreate); no peering objects needed
         clusterwide=not args.namespace,

@@ -9,6 +9,7 @@ index, so the latency is a handful of API calls, independent of how many jobs th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -42,6 +43,8 @@ class State:
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     pending: dict[tuple[str, str], bool] = field(default_factory=dict)  # key -> dirty
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    jobs_index: Any = None
+    nodes_index: Any = None
 
 
 def _state(memo: Any) -> State:
@@ -111,10 +114,13 @@ async def reconcile(state: State, namespace: str, name: str, nodes: Any) -> Rest
                 await apply.run(apply.post_event, api, ref, "GangRestart", plan.message,
                                 "Warning" if plan.cause != "preemption" else "Normal")
             log.info("TrainingJob %s/%s: %s", namespace, name, plan.message)
+            plan = dataclasses.replace(plan, cause=None)  # recorded; the final patch must not count it again
         if plan.create:
-            objs = [builders.build_service(job), *builders.build_identity(job)]
-            objs += [builders.build_worker_pod(job, i, plan.attempt, plan.exclude_nodes) for i in plan.create]
-            await apply.gather([lambda o=o: apply.create(api, o) for o in objs])  # type: ignore[misc]
+            # In order: a RoleBinding's escalation check needs its Role to exist already.
+            for obj in (builders.build_service(job), *builders.build_identity(job)):
+                await apply.run(apply.create, api, obj)
+            pods_ = [builders.build_worker_pod(job, i, plan.attempt, plan.exclude_nodes) for i in plan.create]
+            await apply.gather([lambda o=o: apply.create(api, o) for o in pods_])  # type: ignore[misc]
             if plan.new_attempt:
                 await apply.run(apply.post_event, api, ref, "AttemptStarted",
                                 f"attempt {plan.attempt}: created {len(plan.create)} worker pod(s)"
@@ -189,20 +195,45 @@ async def _reconcile_or_wait(memo: Any, namespace: str, name: str, node_names: A
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def job_changed(namespace: str, name: str, memo: Any, node_names: Any, **_: Any) -> None:
+async def job_changed(namespace: str, name: str, memo: Any, node_names: Any, jobs_by_name: Any,
+                      **_: Any) -> None:
+    state = _state(memo)
+    state.jobs_index, state.nodes_index = jobs_by_name, node_names
     await _reconcile_or_wait(memo, namespace, name, node_names, "job")
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=30.0, initial_delay=5.0,
-            when=lambda status, **_: status.get("phase") not in ("Succeeded", "Failed"))
-async def job_resync(namespace: str, name: str, memo: Any, node_names: Any, **_: Any) -> None:
-    """Safety net for missed events; the normal path is event-driven."""
-    await _reconcile_or_wait(memo, namespace, name, node_names, "resync")
+async def resync_loop(state: State, interval: float) -> None:
+    """Safety net for missed events (the normal path is event-driven): kick every unfinished job.
+
+    A loop over the jobs index rather than a per-object kopf timer, because kopf protects timers with a
+    finalizer, and a finalizer would keep deleted jobs (and their pods) alive while the operator is down.
+    """
+    while True:
+        await asyncio.sleep(interval)
+        jobs, nodes = state.jobs_index, state.nodes_index
+        if jobs is None:
+            continue
+        try:
+            keys = [key for key, phases in list(jobs.items()) if not set(phases) <= {"Succeeded", "Failed"}]
+            log.debug("resync: %d unfinished job(s)", len(keys))
+            for namespace, name in keys:
+                kick(state, namespace, name, nodes)
+        except Exception:  # never let the safety net die
+            metrics.RECONCILE_ERRORS.labels("resync").inc()
+            log.exception("resync failed")
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def jobs_by_name(namespace: str, name: str, status: Any, **_: Any) -> dict[tuple[str, str], str]:
+    return {(namespace, name): status.get("phase") or ""}
 
 
 @kopf.on.event("pods", labels={LABEL_JOB: kopf.PRESENT})
-def pod_event(event: Any, namespace: str, labels: Any, memo: Any, node_names: Any, **_: Any) -> None:
-    kick(_state(memo), namespace, labels[LABEL_JOB], node_names)
+async def pod_event(event: Any, namespace: str, labels: Any, memo: Any, node_names: Any, jobs_by_name: Any,
+              **_: Any) -> None:
+    state = _state(memo)
+    state.jobs_index, state.nodes_index = jobs_by_name, node_names  # live views, for resync_loop
+    kick(state, namespace, labels[LABEL_JOB], node_names)
 
 
 # --- node signals -------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def api_client(pool: int = 32) -> client.ApiClient:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # kopf's bookkeeping goes into our own annotations, so the CRD status stays ours.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="reprieve.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -46,6 +46,19 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     except (ValueError, TypeError) as err:
         raise kopf.PermanentError(f"{ENV_SIGNALS}: invalid signal table: {err}") from err
     memo.state = handlers.State(api=apply.Api(api_client()), signals=table)
-    metrics.serve(int(getattr(memo, "metrics_port", 0) or 0))
+    port = int(getattr(memo, "metrics_port", 0) or 0)
+    try:
+        metrics.serve(port)
+    except OSError as err:
+        raise kopf.PermanentError(f"--metrics-port {port}: cannot serve metrics: {err}") from err
+    memo.resync = asyncio.get_running_loop().create_task(
+        handlers.resync_loop(memo.state, float(getattr(memo, "resync_seconds", 30.0) or 30.0)))
     logging.getLogger("reprieve_operator").info("watching %d node signals: %s", len(table),
                                                 ", ".join(s.name for s in table))
+
+
+@kopf.on.cleanup()
+async def stop_resync(memo: Any, **_: Any) -> None:
+    task = getattr(memo, "resync", None)
+    if task is not None:
+        task.cancel()

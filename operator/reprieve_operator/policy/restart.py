@@ -111,8 +111,11 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod],
             return RestartPlan(phase=phase, attempt=attempt, delete=alive,
                                restarting_from=st.restarting_from if restarting else None,
                                message=f"waiting for {len(pods)} old pod(s) to be deleted")
-        conds = (Condition("Suspended", "False", "Resumed", "spec.suspend is false"),) \
-            if st.phase == "Suspended" else ()
+        conds: tuple[Condition, ...] = ()
+        if st.phase == "Suspended":
+            conds = (Condition("Suspended", "False", "Resumed", "spec.suspend is false"),)
+        elif restarting:
+            conds = (Condition("Restarting", "False", "AttemptStarted", f"attempt {attempt + 1} started"),)
         return RestartPlan(phase="Pending", attempt=attempt + 1, create=tuple(range(replicas)),
                            exclude_nodes=tuple(sorted(set(notice_nodes))), new_attempt=True,
                            conditions=conds, message=f"creating attempt {attempt + 1}")
@@ -123,12 +126,14 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod],
     missing = [i for i in range(replicas) if i not in current]
     noticed = st.last_notice is not None and st.last_notice.attempt == attempt
 
+    # A pod someone else deletes gets SIGTERM and may die with 143: that is a disruption, not a failure
+    # (unless the runtime managed to save and exit with the restart code).
+    lost = [p for p in current.values()
+            if p.node_lost or (p.deleting and p.exit_code not in (0, code))
+            or (p.phase == "Failed" and p.exit_code is None) or p.phase == "Unknown"]
     failed = [p for p in current.values()
               if p.phase == "Failed" and p.exit_code is not None and p.exit_code not in (0, code)
-              and not p.node_lost]
-    lost = [p for p in current.values()
-            if p.node_lost or (p.deleting and not p.terminated)
-            or (p.phase == "Failed" and p.exit_code is None) or p.phase == "Unknown"]
+              and p not in lost]
     cause, why = None, ""
     if failed:
         cause, why = FAILURE, _describe(failed[0])

@@ -1,0 +1,211 @@
+"""Operator test fixtures: the chart installed once per session, the operator as a local process.
+
+The chart is installed with ``replicaCount=0`` (CRD + ServiceAccount + ClusterRole, no operator pod: the image
+cannot be built here). Each test runs ``python -m reprieve_operator`` as a subprocess whose kubeconfig holds a
+token of the chart's ServiceAccount, so the operator works with exactly the chart's RBAC.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "reprieve"
+RELEASE, RELEASE_NS, OPERATOR_SA = "reprieve", "reprieve-system", "reprieve"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def chart(cluster: Any) -> str:
+    """Install (or upgrade) the chart with no operator pod; returns the operator ServiceAccount name."""
+    cluster.helm("upgrade", "--install", RELEASE, str(CHART), "-n", RELEASE_NS, "--create-namespace",
+                 "--set", "replicaCount=0", "--wait", "--timeout", "60s")
+    out = cluster.kubectl("get", "crd", "trainingjobs.reprieve.dev", "-o",
+                          "jsonpath={.status.conditions[?(@.type=='Established')].status}")
+    assert out.stdout.strip() == "True", f"CRD not established: {out.stdout!r}"
+    deadline = time.monotonic() + 30  # the API serves a new CRD's storage a moment after Established
+    while cluster.kubectl("get", "trainingjobs", "-A", check=False).returncode != 0:
+        assert time.monotonic() < deadline, "TrainingJob storage not served 30s after the CRD was established"
+        time.sleep(0.2)
+    return OPERATOR_SA
+
+
+class Operator:
+    """``python -m reprieve_operator`` with the chart's ServiceAccount token; start/stop/kill/restart."""
+
+    def __init__(self, cluster: Any, namespace: str, workdir: Path, extra_args: list[str] | None = None) -> None:
+        self.cluster, self.namespace, self.workdir = cluster, namespace, workdir
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port = free_port()
+        self.runs = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"operator-{self.namespace}-{self.runs}.log"
+
+    def start(self) -> Operator:
+        kubeconfig = self.cluster.token_kubeconfig(RELEASE_NS, OPERATOR_SA)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+        env.update(KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
+        self.runs += 1
+        log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "reprieve_operator", "--namespace", self.namespace,
+             "--metrics-port", str(self.metrics_port), "--log-level", "DEBUG", *self.extra_args],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self._log = log
+        self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                self.metrics()  # served from the startup handler, once the signal table is loaded
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"operator not ready within {timeout}s:\n{self.tail()}")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
+            return r.read().decode()
+
+    def metric(self, name: str, **labels: str) -> float:
+        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if line.startswith("#"):
+                continue
+            head, _, value = line.rpartition(" ")
+            metric, _, lab = head.partition("{")
+            if metric == name and (not labels or all(f'{k}="{v}"' in lab for k, v in labels.items())):
+                total += float(value)
+        del want
+        return total
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()
+        self.proc = None
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def restart(self) -> Operator:
+        self.stop()
+        return self.start()
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def assert_no_errors(self) -> None:
+        text = self.log_path.read_text(errors="replace")
+        bad = [ln for ln in text.splitlines() if "Traceback" in ln or " ERROR " in ln]
+        assert not bad, f"operator logged errors:\n{self.tail(120)}"
+
+
+@pytest.fixture
+def operator(cluster: Any, chart: str, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+    op = Operator(cluster, namespace, tmp_path).start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        if os.environ.get("REPRIEVE_SHOW_OPERATOR_LOG"):
+            print(op.tail(200))
+
+
+@pytest.fixture
+def nodes(cluster: Any) -> Iterator[list[str]]:
+    """Two fresh process-kubelet nodes labelled ``reprieve-test=<id>`` (jobs pin to them with nodeSelector)."""
+    tag = uuid.uuid4().hex[:6]
+    names = [cluster.add_node(f"op-{tag}-{i}", labels={"reprieve-test": tag}) for i in range(2)]
+    try:
+        yield names
+    finally:
+        for n in names:
+            try:
+                cluster.remove_node(n)
+            except Exception:  # the test may have removed it already
+                pass
+
+
+def node_tag(cluster: Any, node: str) -> str:
+    out = cluster.kubectl("get", "node", node, "-o", "jsonpath={.metadata.labels.reprieve-test}")
+    return str(out.stdout.strip())
+
+
+# Worker behaviour, chosen by env (one template serves every attempt): MODE for attempt 1, MODE_LATER (if set)
+# from attempt 2 on.  wait: run until the notice file shows a notice, then exit with the restart code;
+# exit:<n>: exit with code n at once.
+WORKER = r"""
+import os, sys, time
+attempt = int(os.environ["REPRIEVE_ATTEMPT"])
+mode = os.environ.get("MODE", "wait")
+if attempt >= 2 and os.environ.get("MODE_LATER"):
+    mode = os.environ["MODE_LATER"]
+if mode.startswith("exit:"):
+    sys.exit(int(mode.split(":")[1]))
+path = os.environ["REPRIEVE_NOTICE_FILE"]
+deadline = time.time() + 300
+while time.time() < deadline:
+    try:
+        if "reprieve.dev/notice" in open(path).read():
+            time.sleep(float(os.environ.get("SAVE_SECONDS", "0.2")))  # "saving"
+            sys.exit(int(os.environ["REPRIEVE_RESTART_EXIT_CODE"]))
+    except FileNotFoundError:
+        pass
+    time.sleep(0.1)
+sys.exit(3)
+"""
+
+
+def job_manifest(name: str, namespace: str, replicas: int = 2, mode: str = "wait", tag: str | None = None,
+                 later: str | None = None, save_seconds: float = 0.2, **spec: Any) -> dict[str, Any]:
+    env = [{"name": "MODE", "value": mode}, {"name": "SAVE_SECONDS", "value": str(save_seconds)}]
+    env += [{"name": "MODE_LATER", "value": later}] if later else []
+    pod_spec: dict[str, Any] = {"containers": [{
+        "name": "trainer", "image": "python:3.11", "command": ["python", "-c", WORKER], "env": env}]}
+    if tag:
+        pod_spec["nodeSelector"] = {"reprieve-test": tag}
+    return {"apiVersion": "reprieve.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicas": replicas, "template": {"spec": pod_spec}, "checkpoint": {"uri": "/tmp/ckpt"},
+                     "terminationGracePeriodSeconds": 5, **spec}}
+
+
+def apply(cluster: Any, manifest: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=check)
