@@ -50,6 +50,7 @@ from kubernetes.client.rest import ApiException
 
 from localcluster import nodespec, podio
 from localcluster.downward import FieldRefError
+from localcluster.nodeagent import RETRY_DELAY_S, WATCH_TIMEOUT_S, NodeAgent
 from localcluster.podio import REQUEST_TIMEOUT_S, find_log
 from localcluster.podip import pod_ip
 from localcluster.podspec import EnvContext, LaunchPlan, PodConfigError, PodPaths, launch_plan, token_requests
@@ -60,8 +61,6 @@ __all__ = ["DEFAULT_CAPACITY", "Kubelet", "find_log", "main"]
 DEFAULT_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 log = logging.getLogger("localcluster.kubelet")
 
-WATCH_TIMEOUT_S = 30          # server-side watch timeout; the stream is re-opened after it
-RETRY_DELAY_S = 1.0           # after an API error in a loop
 DEFAULT_GRACE_S = 30
 
 
@@ -132,30 +131,27 @@ class Kubelet:
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
         self.parent_env = env
         self.core = client.CoreV1Api(api_client)
-        self.coord = client.CoordinationV1Api(api_client)
         self._pods: dict[str, _Pod] = {}
         self._lock = threading.RLock()
         self._events: queue.Queue = queue.Queue()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._node_uid: str | None = None
-        self._ready_since = _now()
         self.node_deleted = threading.Event()
-        self.log = logging.LoggerAdapter(log, {"node": node_name})
+        self._node = NodeAgent(api_client, node_name, labels=self.labels, capacity=self.capacity,
+                               heartbeat_period=heartbeat_period, stop=self._stop, on_deleted=self._on_node_deleted)
 
     # --- public ----------------------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Register the Node and start the loops. Raises ApiException if the Node cannot be registered."""
         (self.workdir / "pods").mkdir(parents=True, exist_ok=True)
-        self._register()
-        self._renew_lease()
-        for target in (self._sync_loop, self._pod_watch_loop, self._node_watch_loop, self._heartbeat_loop):
+        self._node.register()
+        for target in (self._sync_loop, self._pod_watch_loop, *self._node.loops()):
             t = threading.Thread(target=target, name=f"kubelet-{self.node_name}-{target.__name__}", daemon=True)
             t.start()
             self._threads.append(t)
-        self.log.info("node %s registered (workdir %s)", self.node_name, self.workdir)
+        log.info("node %s registered (workdir %s)", self.node_name, self.workdir)
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGKILL every process of this node and stop the loops (the Node object stays)."""
@@ -178,89 +174,12 @@ class Kubelet:
         """Where a container's stdout+stderr are written (the kubectl logs API is not served)."""
         return find_log(self.workdir, namespace, name, container)
 
-    # --- node ------------------------------------------------------------------------------------------------
-
-    def _register(self) -> None:
-        body = nodespec.node_object(self.node_name, self.labels, self.capacity, _now())
-        try:
-            node = self.core.create_node(body, _request_timeout=REQUEST_TIMEOUT_S)  # type: ignore[arg-type]
-        except ApiException as e:
-            if e.status != 409:
-                raise
-            # Re-registration: add our labels, leave everything else (taints, other labels) alone.
-            node = self.core.patch_node(self.node_name, {"metadata": {"labels": body["metadata"]["labels"]}},
-                                        _request_timeout=REQUEST_TIMEOUT_S)
-        self._node_uid = node.metadata.uid if node.metadata else None
-        self._post_node_status()
-
-    def _post_node_status(self) -> None:
-        status = nodespec.node_status(self.node_name, self.capacity, _now(), self._ready_since)
-        self.core.patch_node_status(self.node_name, {"status": status}, _request_timeout=REQUEST_TIMEOUT_S)
-
-    def _renew_lease(self) -> None:
-        body = nodespec.lease_object(self.node_name, self._node_uid, _now())
-        try:
-            self.coord.patch_namespaced_lease(self.node_name, nodespec.LEASE_NAMESPACE, {"spec": body["spec"]},
-                                              _request_timeout=REQUEST_TIMEOUT_S)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-            self.coord.create_namespaced_lease(nodespec.LEASE_NAMESPACE, body,  # type: ignore[arg-type]
-                                               _request_timeout=REQUEST_TIMEOUT_S)
-
-    def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.heartbeat_period):
-            try:
-                self._renew_lease()
-                self._post_node_status()
-            except ApiException as e:
-                if e.status == 404 and self._node_gone():
-                    return
-                self.log.warning("heartbeat of node %s failed: %s %s", self.node_name, e.status, e.reason)
-            except Exception as e:  # noqa: BLE001 - a heartbeat error must never kill the loop
-                self.log.warning("heartbeat of node %s failed: %r", self.node_name, e)
-
-    def _node_gone(self) -> bool:
-        """Confirm the Node is deleted; if so, act like the VM vanished. Returns whether it is gone."""
-        try:
-            self.core.read_node(self.node_name, _request_timeout=REQUEST_TIMEOUT_S)
-            return False
-        except ApiException as e:
-            if e.status != 404:
-                return False
-        self._on_node_deleted()
-        return True
-
     def _on_node_deleted(self) -> None:
-        if self.node_deleted.is_set():
-            return
         self.node_deleted.set()
-        self.log.warning("node %s was deleted: killing all its processes (the VM is gone)", self.node_name)
+        log.warning("node %s was deleted: killing all its processes (the VM is gone)", self.node_name)
         self._stop.set()
         self._kill_all()
         self._wake.set()
-
-    def _node_watch_loop(self) -> None:
-        selector = f"metadata.name={self.node_name}"
-        while not self._stop.is_set():
-            try:
-                w = watch.Watch()
-                for ev in w.stream(self.core.list_node, field_selector=selector, timeout_seconds=WATCH_TIMEOUT_S,
-                                   _request_timeout=WATCH_TIMEOUT_S + 10):
-                    if ev["type"] == "DELETED":
-                        self._on_node_deleted()
-                    if self._stop.is_set():
-                        w.stop()
-                        break
-                # A list/watch that ends without the node (deleted while we were not watching):
-                if not self._stop.is_set():
-                    nodes = self.core.list_node(field_selector=selector, _request_timeout=REQUEST_TIMEOUT_S)
-                    if not nodes.items:
-                        self._on_node_deleted()
-            except Exception as e:  # noqa: BLE001
-                if not self._stop.is_set():
-                    self.log.info("node watch of %s restarting after: %r", self.node_name, e)
-                    self._stop.wait(RETRY_DELAY_S)
 
     def _kill_all(self) -> None:
         with self._lock:
@@ -297,12 +216,12 @@ class Kubelet:
             except ApiException as e:
                 rv = None  # 410 Gone (too old) or anything else: relist
                 if not self._stop.is_set() and e.status != 410:
-                    self.log.info("pod watch on %s restarting after: %s %s", self.node_name, e.status, e.reason)
+                    log.info("pod watch on %s restarting after: %s %s", self.node_name, e.status, e.reason)
                     self._stop.wait(RETRY_DELAY_S)
             except Exception as e:  # noqa: BLE001
                 rv = None
                 if not self._stop.is_set():
-                    self.log.info("pod watch on %s restarting after: %r", self.node_name, e)
+                    log.info("pod watch on %s restarting after: %r", self.node_name, e)
                     self._stop.wait(RETRY_DELAY_S)
 
     def _drain_events(self) -> None:
@@ -352,7 +271,7 @@ class Kubelet:
                 try:
                     self._sync_pod(uid, st)
                 except Exception:
-                    self.log.exception("sync of pod %s on %s failed", st.key, self.node_name)
+                    log.exception("sync of pod %s on %s failed", st.key, self.node_name)
 
     def _sync_pod(self, uid: str, st: _Pod) -> None:
         if st.gone:
@@ -360,7 +279,7 @@ class Kubelet:
                 podio.killpg(p.pid, signal.SIGKILL)
             with self._lock:
                 self._pods.pop(uid, None)
-            self.log.info("pod %s removed from the API; processes killed", st.key)
+            log.info("pod %s removed from the API; processes killed", st.key)
             return
         if st.deleting:
             self._sync_deleting(st)
@@ -389,12 +308,12 @@ class Kubelet:
                     grace = meta.get("deletionGracePeriodSeconds")
                     if grace is None:
                         grace = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S)
-                    self.log.info("pod %s deleted: SIGTERM, SIGKILL in %ss", st.key, grace)
+                    log.info("pod %s deleted: SIGTERM, SIGKILL in %ss", st.key, grace)
                     for p in running:
                         podio.killpg(p.pid, signal.SIGTERM)
                     st.term_sent, st.kill_at = True, time.monotonic() + float(grace)
                 elif st.kill_at is not None and time.monotonic() >= st.kill_at:
-                    self.log.info("pod %s: grace period over, SIGKILL", st.key)
+                    log.info("pod %s: grace period over, SIGKILL", st.key)
                     for p in running:
                         podio.killpg(p.pid, signal.SIGKILL)
                     st.kill_at = None
@@ -422,7 +341,7 @@ class Kubelet:
                                    message="The container could not be located when the pod was terminated")
                     for c in st.pod["spec"]["containers"]]
         st.lost = True
-        self.log.warning("pod %s was running before this kubelet started: reported Failed", st.key)
+        log.warning("pod %s was running before this kubelet started: reported Failed", st.key)
         self._report(st, deleting=True)
 
     def _report(self, st: _Pod, deleting: bool = False) -> None:
@@ -450,7 +369,7 @@ class Kubelet:
         if not st.facts:
             st.facts = [ContainerFacts(name=c["name"], image=c.get("image", "")) for c in spec["containers"]]
             if spec.get("initContainers"):
-                self.log.warning("pod %s: init containers are not run by the process kubelet", st.key)
+                log.warning("pod %s: init containers are not run by the process kubelet", st.key)
         try:
             st.objects = podio.fetch_objects(self.core, pod)
             st.tokens = {req: podio.request_token(self.core, pod, *req) for req in token_requests(pod)}
@@ -462,7 +381,7 @@ class Kubelet:
             st.plans = {c["name"]: launch_plan(pod, c, st.paths, ctx, st.objects) for c in spec["containers"]}
         except (PodConfigError, FieldRefError) as e:
             if st.facts[0].waiting_message != str(e):
-                self.log.warning("%s", e)
+                log.warning("%s", e)
             for f in st.facts:
                 f.waiting_reason, f.waiting_message = "CreateContainerConfigError", str(e)
             return
@@ -484,7 +403,7 @@ class Kubelet:
         try:
             self._write_files(st, only_dynamic=True)
         except (PodConfigError, FieldRefError, OSError) as e:
-            self.log.warning("pod %s: cannot refresh volume files: %s", st.key, e)
+            log.warning("pod %s: cannot refresh volume files: %s", st.key, e)
 
     def _start_process(self, st: _Pod, f: ContainerFacts) -> None:
         plan = st.plans[f.name]
@@ -494,12 +413,12 @@ class Kubelet:
             proc = podio.spawn(plan, st.paths.log(f.name))
         except podio.StartError as e:
             f.pid, f.returncode, f.finished_at, f.reason, f.message = None, 128, now, "StartError", str(e)
-            self.log.warning("pod %s container %s: %s", st.key, f.name, e)
+            log.warning("pod %s container %s: %s", st.key, f.name, e)
             return
         f.pid = proc.pid
         with self._lock:
             st.procs[f.name] = proc
-        self.log.info("pod %s container %s: pid %d ip %s: %s", st.key, f.name, proc.pid, st.ip,
+        log.info("pod %s container %s: pid %d ip %s: %s", st.key, f.name, proc.pid, st.ip,
                       " ".join(plan.argv)[:200].replace("\n", "\\n"))
         threading.Thread(target=self._wait_process, args=(proc,), daemon=True, name=f"wait-{proc.pid}").start()
 
@@ -518,7 +437,7 @@ class Kubelet:
                     continue
                 f.returncode, f.finished_at = rc, _now()
                 podio.killpg(proc.pid, signal.SIGKILL)  # like a container: its other processes go with it
-                self.log.info("pod %s container %s exited: %s", st.key, f.name, f.exit_code)
+                log.info("pod %s container %s exited: %s", st.key, f.name, f.exit_code)
             if not restart or not should_restart(st.pod["spec"].get("restartPolicy") or "Always", f):
                 continue
             due = st.next_restart.setdefault(f.name, time.monotonic() + restart_delay(f.restart_count))
