@@ -54,9 +54,15 @@ def init(
     """
     config = RuntimeConfig.from_env(os.environ if env is None else env)
     coordinator = _join(config)
+    committed: list[Job] = []  # filled below: commits reported by the default manager go to the job
+
+    def on_commit(step: int) -> None:
+        if committed:
+            committed[0].on_commit(step)
+
     ckpt: Checkpointer
     if checkpointer is None:
-        ckpt = default_checkpointer(config, coordinator)
+        ckpt = default_checkpointer(config, coordinator, on_commit=on_commit)
     elif callable(checkpointer) and not hasattr(checkpointer, "save"):
         ckpt = checkpointer(config, coordinator)
     else:
@@ -110,8 +116,10 @@ def init(
              ", ".join(s for s, on in [("SIGTERM", sigterm is not None), ("notice file", config.notice_file),
                                        ("pod watch", config.in_cluster and watch_pod),
                                        ("callable", notice_fn is not None)] if on))
-    return Job(config, coordinator, ckpt, agreement, hub, policy=policy, metrics=metrics,
-               progress=progress, closers=closers, exit_fn=exit_fn)
+    job = Job(config, coordinator, ckpt, agreement, hub, policy=policy, metrics=metrics, progress=progress,
+              closers=closers, exit_fn=exit_fn)
+    committed.append(job)
+    return job
 
 
 def _join(config: RuntimeConfig) -> Coordinator:
@@ -134,8 +142,10 @@ def _join(config: RuntimeConfig) -> Coordinator:
     return JaxCoordinator.from_jax()
 
 
-def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Checkpointer:
-    """``reprieve.checkpoint.CheckpointManager`` on ``REPRIEVE_CHECKPOINT_URI``."""
+def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator, *,
+                         on_commit: Callable[[int], None] | None = None) -> Checkpointer:
+    """``reprieve.checkpoint.CheckpointManager`` on ``REPRIEVE_CHECKPOINT_URI``; ``on_commit(step)`` is called
+    in its background thread after every commit (the job reports progress from there)."""
     try:
         from .checkpoint import CheckpointManager  # type: ignore[attr-defined]
     except ImportError as err:
@@ -144,4 +154,4 @@ def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Che
             f"available ({err}); pass checkpointer=... (see docs/runtime.md)"
         ) from err
     return CheckpointManager(config.checkpoint_uri, coordinator=coordinator, attempt=config.attempt,
-                             keep=config.checkpoint_keep)
+                             keep=config.checkpoint_keep, on_commit=on_commit)

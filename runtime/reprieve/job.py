@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from .agreement import EARLY, FINAL, Agreement, AgreementError
 from .config import RuntimeConfig
@@ -152,7 +152,6 @@ class Job:
             kind = self.agreement.decide(step)
         except AgreementError as err:
             self._abort(f"agreement failed: {err}")
-            raise  # only reached when exit_fn returns
         if kind == FINAL and self._last_saved != step:
             self._abort(f"agreed save step {step} passed without job.save({step}, state): nothing was saved")
         return kind
@@ -163,7 +162,6 @@ class Job:
             return self.agreement.decide(step) == FINAL
         except AgreementError as err:
             self._abort(f"agreement failed: {err}")
-            return True
 
     def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None) -> bool:
         """Save ``state`` after step ``step`` if the periodic policy or an agreed notice asks for it.
@@ -176,7 +174,6 @@ class Job:
             kind = self.agreement.decide(step)
         except AgreementError as err:
             self._abort(f"agreement failed: {err}")
-            raise
         if kind == FINAL:
             self._final_save(step, state, extra)
             return True
@@ -205,12 +202,20 @@ class Job:
         self.metrics.inc("reprieve_saves_total", kind=kind)
         log.debug("save of step %d started (%s)", step, kind)
 
+    def on_commit(self, step: int) -> None:
+        """A checkpointer's commit callback (any thread): metrics and a rate-limited progress report."""
+        if self._committed is None or step > self._committed:
+            self._committed = step
+        self.metrics.set("reprieve_last_committed_step", step)
+        if self._progress is not None:
+            self._progress.report(self._current, step)
+
     def _confirm_pending(self) -> None:
         """Wait for the in-flight save (if any), then record it as committed."""
         if self._pending is None:
             return
         self.checkpointer.wait()
-        self._committed, self._pending = self._pending, None
+        self._committed, self._pending = max(self._pending, self._committed or -1), None
         seconds = getattr(self.checkpointer, "last_save_seconds", None)
         if seconds is not None:
             self.agreement.save_seconds = seconds
@@ -230,11 +235,10 @@ class Job:
             if self._last_saved != step:
                 self._start_save(step, state, extra, "final")
             self._confirm_pending()
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - any failure of the agreed save: exit 1, loudly
             for t in timers:
                 t.cancel()
             self._abort(f"agreed checkpoint at step {step} failed: {err!r}")
-            raise
         for t in timers:
             t.cancel()
         now = time.time()
@@ -257,6 +261,7 @@ class Job:
         self.close()
         log.info("exiting with code %d", code)
         self._exit_fn(code)
+        raise SystemExit(code)  # exit_fn must not return: the loop must not go on past the agreed step
 
     # -- end -----------------------------------------------------------------------------------------------
     def finish(self) -> None:
@@ -292,13 +297,14 @@ class Job:
         if self.num_processes > 1:
             self.agreement.join(2.0)
 
-    def _abort(self, why: str) -> None:
+    def _abort(self, why: str) -> NoReturn:
         log.critical("process %d: %s; exiting 1 (state NOT saved by this exit)", self.process_id, why)
         self._closed = True
         # No distributed shutdown (its barrier would wait for dead peers), but let the watcher leave the
         # client first: a thread inside it at interpreter exit aborts the process instead of exiting 1.
         self.agreement.close(timeout_s=self.agreement.poll_s + 0.5)
         self._exit_fn(1)
+        raise SystemExit(1)
 
 
 def _abstract(state: Any) -> Any:

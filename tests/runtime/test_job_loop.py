@@ -1,0 +1,128 @@
+"""The Job loop in one process (LocalCoordinator, real files): stop/save/exit decisions and their exit codes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import pytest
+
+import reprieve
+from reprieve.job import Job
+from tests.runtime.helpers_agreement import FileCheckpointer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+class Exited(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _exit(code: int) -> None:
+    raise Exited(code)
+
+
+@pytest.fixture
+def make_job(tmp_path: Path) -> Iterator[Any]:
+    jobs: list[Job] = []
+
+    def make(save_delay: float = 0.0, **kwargs: Any) -> Job:
+        env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_NOTICE_POLL_SECONDS": "0.05",
+               "REPRIEVE_SAVE_SECONDS_ESTIMATE": "1"}
+        job = reprieve.init(env=env, install_sigterm=False, exit_fn=_exit,
+                            checkpointer=lambda cfg, coord: FileCheckpointer(cfg.checkpoint_uri, coord,
+                                                                           save_delay_s=save_delay), **kwargs)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.close()
+
+
+def train(job: Job, total: int = 10_000, *, use_save: bool = True, notify_at: int | None = None,
+          deadline_in: float = 0.5) -> tuple[int, int]:
+    """Run the loop; returns (exit code, last step entered)."""
+    state, start = job.restore_or(lambda: {"x": jnp.zeros((2,))})
+    step = start
+    try:
+        for step in job.steps(start, total):
+            state = {"x": state["x"] + 1}
+            if step == notify_at:
+                job.notify("maintenance", time.time() + deadline_in)
+            time.sleep(0.002)
+            if use_save:
+                job.save(step, state)
+    except Exited as exited:
+        return exited.code, step
+    return 0, step
+
+
+def test_notify_then_save_at_the_agreed_step_exits_42_with_a_checkpoint(make_job: Any, tmp_path: Path) -> None:
+    job = make_job()
+    code, step = train(job, notify_at=5)
+    assert code == 42
+    target = job.agreement.target
+    assert target is not None and step == target.plan.final_step >= 5  # notified in step 5's body
+    assert FileCheckpointer(str(tmp_path / "ckpt"), reprieve.LocalCoordinator()).latest_step() == step
+    m = job.metrics
+    assert m.get("reprieve_notices_total", source="user", reason="maintenance") == 1
+    assert m.get("reprieve_agreed_step") == step and m.get("reprieve_notice_to_commit_seconds") > 0
+
+
+def test_should_stop_loop(make_job: Any) -> None:
+    job = make_job()
+    state = {"x": jnp.zeros(2)}
+    stopped = None
+    try:
+        for step in job.steps(0, 10_000):
+            if step == 3:
+                job.notify("maintenance", time.time() + 3)
+            time.sleep(0.002)
+            if job.should_stop(step):
+                stopped = step
+                job.save(step, state)
+    except Exited as exited:
+        assert exited.code == 42 and stopped is not None and stopped >= 3
+    else:
+        raise AssertionError("the loop ran to the end")
+
+
+def test_commit_after_the_deadline_exits_1(make_job: Any, caplog: pytest.LogCaptureFixture) -> None:
+    job = make_job(save_delay=0.6)  # a slow device-to-host copy: the commit misses a 0.3 s deadline
+    with caplog.at_level(logging.INFO, logger="reprieve.job"):
+        code, _ = train(job, notify_at=2, deadline_in=0.3)
+    assert code == 1
+    assert "AFTER the deadline" in caplog.text and "deadline passed before" in caplog.text
+
+
+def test_malformed_notice_saves_at_once_and_is_not_a_late_commit(make_job: Any) -> None:
+    answers = iter([None, None, {"reason": "spot", "deadline": "soon"}])
+    job = make_job(save_delay=0.2, notice_fn=lambda: next(answers, None))
+    code, _ = train(job)
+    assert code == 42  # deadline unknown: no "late" failure even though "now" has passed
+    target = job.agreement.target
+    assert target is not None and not target.deadline_known
+
+
+def test_agreed_step_passed_without_save_exits_1(make_job: Any, caplog: pytest.LogCaptureFixture) -> None:
+    job = make_job()
+    with caplog.at_level(logging.CRITICAL, logger="reprieve.job"):
+        code, _ = train(job, use_save=False, notify_at=3)
+    assert code == 1 and "passed without job.save" in caplog.text
+
+
+def test_finishing_normally_saves_the_last_step(make_job: Any, tmp_path: Path) -> None:
+    job = make_job()
+    code, step = train(job, total=7)
+    assert (code, step) == (0, 6)
+    assert FileCheckpointer(str(tmp_path / "ckpt"), reprieve.LocalCoordinator()).latest_step() == 6
+    again = make_job()
+    state, start = again.restore_or(lambda: {"x": jnp.zeros((2,))})
+    assert start == 7 and float(state["x"][0]) == 7.0
