@@ -10,9 +10,9 @@ from typing import Any
 
 import jax.numpy as jnp
 import pytest
-
 import reprieve
 from reprieve.job import Job
+
 from tests.runtime.helpers_agreement import FileCheckpointer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
