@@ -330,3 +330,32 @@ def test_heartbeats_keep_taints_and_labels_set_by_others(cluster: Cluster, core)
     finally:
         untaint_node(core.api_client, node, "example.com/test")
         label_node(core.api_client, node, {"example.com/test": None})
+
+
+def test_restarted_kubelet_reports_pods_it_lost_and_keeps_node_taints(cluster: Cluster, core, namespace: str,
+                                                                      tmp_path: Path) -> None:
+    from localcluster.kubelet import Kubelet
+    from localcluster.testing import taint_node
+
+    node = f"reboot-{uuid.uuid4().hex[:6]}"
+    first = Kubelet(cluster.api_client(), node, tmp_path / "a")
+    first.start()
+    second = None
+    try:
+        taint_node(core.api_client, node, "example.com/keep", "x", "NoSchedule")
+        core.create_namespaced_pod(namespace, pod_manifest("lost", "import time; time.sleep(600)", node=node))
+        wait_for_pod_phase(core.api_client, namespace, "lost", "Running", timeout=60)
+        first.stop()  # the pod's process dies with it; the API still says Running
+        second = Kubelet(cluster.api_client(), node, tmp_path / "b")
+        second.start()
+        pod = wait_for_pod_phase(core.api_client, namespace, "lost", "Failed", timeout=30)
+        term = pod.status.container_statuses[0].state.terminated
+        assert (term.exit_code, term.reason) == (137, "ContainerStatusUnknown")
+        assert [t.key for t in core.read_node(node).spec.taints or []] == ["example.com/keep"]
+        assert second.pids() == {}
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        core.delete_node(node)
+        core.delete_namespaced_pod("lost", namespace, grace_period_seconds=0)
