@@ -68,8 +68,8 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
                 out[key] = _structural(value, defs)
         elif key in ("items",):
             out[key] = _structural(value, defs)
-        elif key == "default" and value in ({}, []):
-            continue  # let nested defaults apply instead of an empty object
+        elif key == "default" and value == [] :
+            continue
         else:
             out[key] = value
     if out.get("enum") and "type" not in out:

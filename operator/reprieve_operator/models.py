@@ -179,8 +179,10 @@ class TrainingJobSpec(_Model):
     template: dict[str, Any] = Field(description="Pod template of the trainer (a PodTemplateSpec). Immutable.",
                                      json_schema_extra={"crd": TEMPLATE_SCHEMA})
     checkpoint: CheckpointSpec
-    restart_policy: RestartPolicySpec = Field(default_factory=RestartPolicySpec)
-    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
+    # `default: {}` in the CRD lets the API server fill in the nested defaults when the object is omitted.
+    restart_policy: RestartPolicySpec = Field(default_factory=RestartPolicySpec,
+                                              json_schema_extra={"default": {}})
+    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec, json_schema_extra={"default": {}})
     termination_grace_period_seconds: int = Field(
         default=30, ge=0, le=3600,
         description="SIGTERM-to-SIGKILL grace of the worker pods (the runtime's last-resort save window).")

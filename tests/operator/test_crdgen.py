@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from reprieve_operator import crdgen
 
 pytestmark = pytest.mark.unit

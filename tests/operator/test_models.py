@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from op_jobs import make_job
 from pydantic import ValidationError
-
 from reprieve_operator.models import TrainingJobSpec, spec_error
 
 pytestmark = pytest.mark.unit

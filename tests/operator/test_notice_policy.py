@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from op_jobs import make_job
-
 from reprieve_operator.policy.notice import decide_notice
 from reprieve_operator.policy.restart import WorkerPod
 from reprieve_operator.signals import Notice

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from op_jobs import make_job
-
 from reprieve_operator.observe import progress, status_patch, worker_pod
 from reprieve_operator.policy.restart import decide_restart
 

@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 from op_jobs import make_job
-
 from reprieve_operator.policy.restart import WorkerPod, decide_restart
 
 pytestmark = pytest.mark.unit

@@ -6,7 +6,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-
 from reprieve_operator.models import BUILTIN_SIGNAL_NAMES, PreemptionSpec
 from reprieve_operator.signals import BUILTIN_SIGNALS, Notice, node_notice, signal_table, signals_for_job
 

@@ -1,0 +1,90 @@
+"""Invalid TrainingJobs are rejected by the API server at `kubectl apply`, naming the field (CRD schema + CEL)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from conftest import job_manifest
+
+pytestmark = pytest.mark.integration
+
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def spec(**fields: Any) -> Mutation:
+    return lambda m: m["spec"].update(fields)
+
+
+def pod(**fields: Any) -> Mutation:
+    return lambda m: m["spec"]["template"]["spec"].update(fields)
+
+
+def drop(key: str) -> Mutation:
+    return lambda m: m["spec"].pop(key)
+
+
+# (case, mutation, text the rejection must contain)
+INVALID: list[tuple[str, Mutation, str]] = [
+    ("no template", drop("template"), "spec.template: Required value"),
+    ("no checkpoint", drop("checkpoint"), "spec.checkpoint: Required value"),
+    ("replicas 0", spec(replicas=0), "spec.replicas"),
+    ("replicas too many", spec(replicas=5000), "spec.replicas"),
+    ("replicas not a number", spec(replicas="two"), "spec.replicas"),
+    ("restart code 0", spec(restartPolicy={"restartExitCode": 0}), "spec.restartPolicy.restartExitCode"),
+    ("restart code 256", spec(restartPolicy={"restartExitCode": 256}), "spec.restartPolicy.restartExitCode"),
+    ("negative maxFailures", spec(restartPolicy={"maxFailures": -1}), "spec.restartPolicy.maxFailures"),
+    ("unknown field", spec(replica=3), 'unknown field "spec.replica"'),
+    ("unknown nested field", spec(checkpoint={"uri": "/c", "every": 5}), 'unknown field "spec.checkpoint.every"'),
+    ("bad checkpoint scheme", spec(checkpoint={"uri": "http://bucket/x"}), "checkpoint.uri scheme"),
+    ("empty checkpoint uri", spec(checkpoint={"uri": ""}), "spec.checkpoint.uri"),
+    ("no containers", pod(containers=[]), "spec.template.spec.containers"),
+    ("pod restartPolicy Always", pod(restartPolicy="Always"), "spec.template.spec.restartPolicy"),
+    ("coordinator port privileged", spec(coordinatorPort=80), "spec.coordinatorPort"),
+    ("grace too long", spec(terminationGracePeriodSeconds=7200), "spec.terminationGracePeriodSeconds"),
+    ("unknown signal", spec(preemption={"signals": ["gce-spot"]}), "spec.preemption.signals[0]"),
+    ("negative notice override", spec(preemption={"noticeSeconds": {"gke-spot": -5}}),
+     "preemption.noticeSeconds values must be between 0 and 86400"),
+    ("custom signal of unknown type", spec(preemption={"custom": [{"name": "x", "type": "Annotation", "key": "k"}]}),
+     "spec.preemption.custom[0].type"),
+    ("name with a dot", lambda m: m["metadata"].update(name="llama.v2"), "metadata.name must be a DNS-1035 label"),
+    ("name too long", lambda m: m["metadata"].update(name="a" * 43), "at most 42 characters"),
+]
+
+
+@pytest.mark.parametrize("mutate,needle", [c[1:] for c in INVALID], ids=[c[0] for c in INVALID])
+def test_invalid_job_rejected_at_apply(cluster: Any, chart: str, namespace: str, mutate: Mutation,
+                                       needle: str) -> None:
+    manifest = copy.deepcopy(job_manifest("bad", namespace))
+    mutate(manifest)
+    out = cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=False)
+    assert out.returncode != 0, f"accepted: {out.stdout}"
+    assert needle in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("replicas", 3, "replicas is immutable"),
+    ("coordinatorPort", 9999, "coordinatorPort is immutable"),
+    ("checkpoint", {"uri": "/elsewhere"}, "checkpoint.uri is immutable"),
+    ("template", {"spec": {"containers": [{"name": "other", "image": "x"}]}}, "template is immutable"),
+])
+def test_immutable_fields(cluster: Any, chart: str, namespace: str, field: str, value: Any, message: str) -> None:
+    manifest = job_manifest("imm", namespace, suspend=True)  # suspended: no operator needed, nothing runs
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    manifest["spec"][field] = value
+    out = cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=False)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+    # Mutable fields still change.
+    manifest = job_manifest("imm", namespace, suspend=False, restartPolicy={"maxFailures": 7})
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+
+def test_defaults_are_applied_by_the_api_server(cluster: Any, chart: str, namespace: str) -> None:
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(job_manifest("dflt", namespace, suspend=True)))
+    got = json.loads(cluster.kubectl("get", "tj", "dflt", "-n", namespace, "-o", "json").stdout)["spec"]
+    assert got["restartPolicy"] == {"restartExitCode": 42, "maxFailures": 3}
+    assert got["preemption"] == {"enabled": True, "defaultNoticeSeconds": 30}
+    assert got["coordinatorPort"] == 8476 and got["checkpoint"]["keep"] == 2
