@@ -81,6 +81,8 @@ class Job:
         self._pending: int | None = None  # saved, commit not yet confirmed
         self._committed: int | None = None
         self._current = -1
+        self._decided = -1  # last step save() or should_stop() decided about
+        self._stop_step: int | None = None  # should_stop() returned True for it
         self._step_ema: float | None = None
         self._closed = False
 
@@ -132,20 +134,22 @@ class Job:
         for step in range(start, total):
             now = time.perf_counter()
             if previous_t is not None:
-                self._observe_step(now - previous_t)
-                self._decide_or_exit(step - 1)  # the loop body did not call save(): still a decision
+                self._observe_step(now - previous_t, step)
+                if self._decided != step - 1 or self._stop_step == step - 1:
+                    self._decide_or_exit(step - 1)  # no save() in the body, or should_stop() said stop
             previous_t = now
             self._current = step
             yield step
-        if total > start:
+        if total > start and (self._decided != total - 1 or self._stop_step == total - 1):
             self._decide_or_exit(total - 1)
         self.finish()
 
-    def _observe_step(self, seconds: float) -> None:
+    def _observe_step(self, seconds: float, step: int) -> None:
         ema = self._step_ema
         self._step_ema = seconds if ema is None else ema + STEP_EMA_WEIGHT * (seconds - ema)
         self.agreement.step_seconds = self._step_ema
-        self.metrics.set("reprieve_step_seconds", self._step_ema)
+        if step % 16 == 0:  # the exporter needs no more; a metrics update costs a lock
+            self.metrics.set("reprieve_step_seconds", self._step_ema)
 
     def _decide_or_exit(self, step: int) -> str | None:
         try:
@@ -159,9 +163,13 @@ class Job:
     def should_stop(self, step: int) -> bool:
         """True when ``step`` is the agreed final step: call :meth:`save` with it (which saves and exits)."""
         try:
-            return self.agreement.decide(step) == FINAL
+            kind = self.agreement.decide(step)
         except AgreementError as err:
             self._abort(f"agreement failed: {err}")
+        self._decided = step
+        if kind == FINAL:
+            self._stop_step = step
+        return kind == FINAL
 
     def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None) -> bool:
         """Save ``state`` after step ``step`` if the periodic policy or an agreed notice asks for it.
@@ -174,6 +182,7 @@ class Job:
             kind = self.agreement.decide(step)
         except AgreementError as err:
             self._abort(f"agreement failed: {err}")
+        self._decided = step
         if kind == FINAL:
             self._final_save(step, state, extra)
             return True

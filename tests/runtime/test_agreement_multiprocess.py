@@ -59,8 +59,8 @@ def test_sigterm_to_one_process_all_save_the_same_step(tmp_path: Path, n: int) -
     assert len(gang.saved()) == 1  # short grace: no early save, no periodic saves
 
 
-def test_notice_through_the_annotations_file(tmp_path: Path) -> None:
-    n = 2
+@pytest.mark.parametrize("n", [2, 4])
+def test_notice_through_the_annotations_file(tmp_path: Path, n: int) -> None:
     gang = launch(tmp_path, n, steps=5000, notice_file=True)
     try:
         wait_warm(gang, n)

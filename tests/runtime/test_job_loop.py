@@ -32,9 +32,9 @@ def _exit(code: int) -> None:
 def make_job(tmp_path: Path) -> Iterator[Any]:
     jobs: list[Job] = []
 
-    def make(save_delay: float = 0.0, **kwargs: Any) -> Job:
+    def make(save_delay: float = 0.0, env_extra: dict[str, str] | None = None, **kwargs: Any) -> Job:
         env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_NOTICE_POLL_SECONDS": "0.05",
-               "REPRIEVE_SAVE_SECONDS_ESTIMATE": "1"}
+               "REPRIEVE_SAVE_SECONDS_ESTIMATE": "1", **(env_extra or {})}
         job = reprieve.init(env=env, install_sigterm=False, exit_fn=_exit,
                             checkpointer=lambda cfg, coord: FileCheckpointer(cfg.checkpoint_uri, coord,
                                                                            save_delay_s=save_delay), **kwargs)
@@ -126,3 +126,32 @@ def test_finishing_normally_saves_the_last_step(make_job: Any, tmp_path: Path) -
     again = make_job()
     state, start = again.restore_or(lambda: {"x": jnp.zeros((2,))})
     assert start == 7 and float(state["x"][0]) == 7.0
+
+
+def test_should_stop_without_save_exits_1(make_job: Any, caplog: pytest.LogCaptureFixture) -> None:
+    job = make_job()
+    with caplog.at_level(logging.CRITICAL, logger="reprieve.job"), pytest.raises(Exited) as exited:
+        for step in job.steps(0, 10_000):
+            if step == 3:
+                job.notify("maintenance", time.time() + 3)
+            time.sleep(0.002)
+            job.should_stop(step)  # ...and ignores it
+    assert exited.value.code == 1 and "passed without job.save" in caplog.text
+
+
+def test_metrics_port_serves_the_job_metrics(make_job: Any) -> None:
+    import urllib.request
+
+    from tests.runtime.helpers_agreement import free_port
+
+    port = free_port()
+    job = make_job(env_extra={"REPRIEVE_METRICS_PORT": str(port), "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "10"})
+    body = ""
+    for step in job.steps(0, 40):
+        time.sleep(0.001)
+        job.save(step, {"x": jnp.zeros(1)})
+        if step == 35:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "reprieve_step_seconds 0.0" in body  # a few milliseconds
+    assert "reprieve_last_committed_step 19.0" in body  # step 29's commit is confirmed at the next save
+    assert 'reprieve_saves_total{kind="periodic"} 3.0' in body
