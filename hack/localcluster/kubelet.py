@@ -83,6 +83,7 @@ class _Pod:
     paths: PodPaths
     ip: str
     facts: list[ContainerFacts] = field(default_factory=list)
+    init_facts: list[ContainerFacts] = field(default_factory=list)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     plans: dict[str, LaunchPlan] = field(default_factory=dict)
     objects: dict = field(default_factory=dict)
@@ -348,7 +349,7 @@ class Kubelet:
         if not st.facts:
             return
         status = pod_status(st.pod, st.facts, pod_ip=st.ip, host_ip=nodespec.HOST_IP, start_time=st.start_time,
-                            now=_now(), deleting=deleting)
+                            now=_now(), deleting=deleting, init_facts=st.init_facts)
         key = _status_key(status)
         if key == st.last_status:
             return
@@ -366,10 +367,11 @@ class Kubelet:
     def _launch(self, st: _Pod) -> None:
         pod = st.pod
         spec = pod["spec"]
+        containers = list(spec.get("initContainers") or []) + list(spec["containers"])
         if not st.facts:
             st.facts = [ContainerFacts(name=c["name"], image=c.get("image", "")) for c in spec["containers"]]
-            if spec.get("initContainers"):
-                log.warning("pod %s: init containers are not run by the process kubelet", st.key)
+            st.init_facts = [ContainerFacts(name=c["name"], image=c.get("image", ""))
+                             for c in spec.get("initContainers") or []]
         try:
             st.objects = podio.fetch_objects(self.core, pod)
             st.tokens = {req: podio.request_token(self.core, pod, *req) for req in token_requests(pod)}
@@ -378,17 +380,31 @@ class Kubelet:
             ctx = EnvContext(node_name=self.node_name, pod_ip=st.ip, api_host=self.api_host,
                              api_port=self.api_port, parent_env=self.parent_env,
                              subdomains=podio.subdomains(self.core, pod))
-            st.plans = {c["name"]: launch_plan(pod, c, st.paths, ctx, st.objects) for c in spec["containers"]}
+            st.plans = {c["name"]: launch_plan(pod, c, st.paths, ctx, st.objects) for c in containers}
         except (PodConfigError, FieldRefError) as e:
             if st.facts[0].waiting_message != str(e):
                 log.warning("%s", e)
-            for f in st.facts:
+            for f in st.init_facts + st.facts:
                 f.waiting_reason, f.waiting_message = "CreateContainerConfigError", str(e)
             return
-        for f in st.facts:
-            f.waiting_reason = f.waiting_message = None
-            self._start_process(st, f)
+        for f in st.init_facts + st.facts:
+            f.waiting_reason = "PodInitializing" if st.init_facts else None
+            f.waiting_message = None
         st.launched = True
+        self._advance(st)
+
+    def _advance(self, st: _Pod) -> None:
+        """Start the next init container, or once all of them exited 0, the containers (not yet started)."""
+        for f in st.init_facts:
+            if f.exit_code == 0:
+                continue
+            if f.started_at is None:
+                self._start_process(st, f)
+            return  # running, failed (Never), or waiting for its restart
+        for f in st.facts:
+            if f.started_at is None:
+                f.waiting_reason = None
+                self._start_process(st, f)
 
     def _write_files(self, st: _Pod, only_dynamic: bool) -> None:
         podio.write_volume_files(st.pod, st.paths, objects=st.objects, tokens=st.tokens, pod_ip=st.ip,
@@ -429,7 +445,9 @@ class Kubelet:
             self._wake.set()
 
     def _check_exits(self, st: _Pod, restart: bool) -> None:
-        for f in st.facts:
+        policy = st.pod["spec"].get("restartPolicy") or "Always"
+        init_ids = {id(f) for f in st.init_facts}
+        for f in st.init_facts + st.facts:
             proc = st.procs.get(f.name)
             if proc is not None and f.returncode is None and f.started_at is not None:
                 rc = proc.poll()
@@ -438,7 +456,7 @@ class Kubelet:
                 f.returncode, f.finished_at = rc, _now()
                 podio.killpg(proc.pid, signal.SIGKILL)  # like a container: its other processes go with it
                 log.info("pod %s container %s exited: %s", st.key, f.name, f.exit_code)
-            if not restart or not should_restart(st.pod["spec"].get("restartPolicy") or "Always", f):
+            if not restart or not should_restart(policy, f, init=id(f) in init_ids):
                 continue
             due = st.next_restart.setdefault(f.name, time.monotonic() + restart_delay(f.restart_count))
             if time.monotonic() >= due:
@@ -446,6 +464,8 @@ class Kubelet:
                 f.last_terminated = terminated_state(f)
                 f.restart_count += 1
                 self._start_process(st, f)
+        if restart and st.init_facts:
+            self._advance(st)
 
 
 def _parse_pairs(pairs: list[str], what: str) -> dict[str, str]:

@@ -146,7 +146,7 @@ def make_dirs_and_mounts(pod: dict, paths: PodPaths) -> None:
                 raise PodConfigError(f"Pod {meta['namespace']}/{meta['name']}: volume {v['name']!r}: hostPath "
                                      f"{path} of type {kind} does not exist")
     paths.root.mkdir(parents=True, exist_ok=True)
-    for c in pod["spec"]["containers"]:
+    for c in list(pod["spec"].get("initContainers") or []) + list(pod["spec"]["containers"]):
         for m in mounts_for(pod, c, paths):
             if not m.target.exists():
                 m.target.mkdir(parents=True, exist_ok=True)  # a subPath

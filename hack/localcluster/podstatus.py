@@ -99,12 +99,29 @@ def container_status(f: ContainerFacts) -> dict:
     return status
 
 
-def pod_phase(restart_policy: str, facts: list[ContainerFacts], *, deleting: bool = False) -> str:
+def init_progress(restart_policy: str, init_facts: list[ContainerFacts]) -> str:
+    """``done`` (every init container exited 0), ``failed`` (one failed under ``Never``) or ``running``."""
+    for f in init_facts:
+        if f.exit_code == 0:
+            continue
+        if f.exit_code is not None and restart_policy == "Never":
+            return "failed"
+        return "running"
+    return "done"
+
+
+def pod_phase(restart_policy: str, facts: list[ContainerFacts], *, init_facts: list[ContainerFacts] | None = None,
+              deleting: bool = False) -> str:
     """Kubernetes pod phase from the containers' states.
 
     ``deleting``: the pod is being deleted and its processes are gone; like the real kubelet (>= 1.27) it
     gets a terminal phase whatever its restartPolicy.
     """
+    init = init_progress(restart_policy, init_facts or [])
+    if init == "failed":
+        return "Failed"
+    if init == "running":
+        return "Failed" if deleting and not any(f.running for f in init_facts or []) else "Pending"
     if not facts or any(f.started_at is None for f in facts):
         return "Pending"
     if any(f.running for f in facts):
@@ -119,10 +136,16 @@ def pod_phase(restart_policy: str, facts: list[ContainerFacts], *, deleting: boo
     return "Succeeded" if all_ok else "Failed"
 
 
-def should_restart(restart_policy: str, f: ContainerFacts) -> bool:
-    """Whether a finished container is started again (the pod is not being deleted)."""
+def should_restart(restart_policy: str, f: ContainerFacts, *, init: bool = False) -> bool:
+    """Whether a finished container is started again (the pod is not being deleted).
+
+    An init container is retried after a failure unless the policy is ``Never``; one that succeeded never runs
+    again.
+    """
     if f.returncode is None:
         return False
+    if init:
+        return restart_policy != "Never" and f.exit_code != 0
     return restart_policy == "Always" or (restart_policy == "OnFailure" and f.exit_code != 0)
 
 
@@ -143,17 +166,19 @@ def _condition(kind: str, ok: bool, now: str, old: dict[str, dict], reason: str 
 
 
 def pod_status(pod: dict, facts: list[ContainerFacts], *, pod_ip: str, host_ip: str, start_time: datetime,
-               now: datetime, deleting: bool = False) -> dict:
+               now: datetime, deleting: bool = False, init_facts: list[ContainerFacts] | None = None) -> dict:
     """The ``status`` to patch (strategic merge) for ``pod`` given its containers' facts."""
     spec = pod.get("spec") or {}
-    phase = pod_phase(spec.get("restartPolicy") or "Always", facts, deleting=deleting)
+    policy = spec.get("restartPolicy") or "Always"
+    phase = pod_phase(policy, facts, init_facts=init_facts, deleting=deleting)
+    initialized = init_progress(policy, init_facts or []) == "done"
     old = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
     ts = rfc3339(now)
     terminal = phase in ("Succeeded", "Failed")
     ready = phase == "Running" and all(f.running for f in facts)
     not_ready_reason = "PodCompleted" if terminal else "ContainersNotReady"
     started = any(f.started_at is not None for f in facts)
-    return {
+    status = {
         "phase": phase,
         "podIP": pod_ip,
         "podIPs": [{"ip": pod_ip}],
@@ -162,9 +187,14 @@ def pod_status(pod: dict, facts: list[ContainerFacts], *, pod_ip: str, host_ip: 
         "startTime": rfc3339(start_time),
         "conditions": [
             _condition("PodReadyToStartContainers", not terminal, ts, old),
-            _condition("Initialized", True, ts, old),
+            _condition("Initialized", initialized, ts, old, "ContainersNotInitialized"),
             _condition("ContainersReady", ready, ts, old, not_ready_reason if started else "ContainersNotReady"),
             _condition("Ready", ready, ts, old, not_ready_reason if started else "ContainersNotReady"),
         ],
         "containerStatuses": [container_status(f) for f in facts],
     }
+    if init_facts:
+        # a finished init container that succeeded counts as ready, like the real kubelet reports it
+        status["initContainerStatuses"] = [{**container_status(f), "ready": f.running or f.exit_code == 0}
+                                           for f in init_facts]
+    return status

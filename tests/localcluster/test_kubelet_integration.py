@@ -359,3 +359,31 @@ def test_restarted_kubelet_reports_pods_it_lost_and_keeps_node_taints(cluster: C
             second.stop()
         core.delete_node(node)
         core.delete_namespaced_pod("lost", namespace, grace_period_seconds=0)
+
+
+def test_init_containers_run_in_order_before_the_main_container(cluster: Cluster, core, namespace: str,
+                                                                tmp_path: Path) -> None:
+    volumes, mounts = host_dir(tmp_path)
+    volumes.append({"name": "scratch", "emptyDir": {}})
+    mounts.append({"name": "scratch", "mountPath": "/scratch"})
+    env = [{"name": "OUT", "value": "/out"}, {"name": "SCRATCH", "value": "/scratch"}]
+    step = "import os; open(os.environ['SCRATCH'] + '/order', 'a').write('{}\\n')"
+    body = pod_manifest("with-init", "import os, shutil; shutil.copy(os.environ['SCRATCH'] + '/order', "
+                                     "os.environ['OUT'] + '/order')", env=env, volumes=volumes, mounts=mounts)
+    main = body["spec"]["containers"][0]
+    body["spec"]["initContainers"] = [
+        {**main, "name": "first", "command": ["python", "-c", step.format("first")]},
+        {**main, "name": "second", "command": ["python", "-c", step.format("second")]},
+    ]
+    core.create_namespaced_pod(namespace, body)
+    pod = wait_for_pod_phase(core.api_client, namespace, "with-init", ["Succeeded", "Failed"], timeout=60)
+    assert pod.status.phase == "Succeeded", pod.status
+    assert (tmp_path / "order").read_text() == "first\nsecond\n"
+    assert [s.state.terminated.exit_code for s in pod.status.init_container_statuses] == [0, 0]
+
+    failing = pod_manifest("init-fails", "print('must not run')")
+    failing["spec"]["initContainers"] = [{"name": "boom", "image": "x", "command": ["python", "-c", "exit(7)"]}]
+    core.create_namespaced_pod(namespace, failing)
+    pod = wait_for_pod_phase(core.api_client, namespace, "init-fails", "Failed", timeout=60)
+    assert pod.status.init_container_statuses[0].state.terminated.exit_code == 7
+    assert pod.status.container_statuses[0].state.waiting.reason == "PodInitializing"

@@ -28,6 +28,7 @@ from localcluster.podspec import (
 from localcluster.podstatus import (
     ContainerFacts,
     container_status,
+    init_progress,
     pod_phase,
     pod_status,
     restart_delay,
@@ -323,6 +324,36 @@ def facts(returncode=None, started=True, name="main"):
 ])
 def test_pod_phase(policy, codes, deleting, phase):
     assert pod_phase(policy, [facts(c, name=f"c{i}") for i, c in enumerate(codes)], deleting=deleting) == phase
+
+
+@pytest.mark.parametrize("policy, init_codes, main_codes, phase", [
+    ("Never", [None], [], "Pending"),            # first init container running, main not started
+    ("Never", [0, None], [], "Pending"),
+    ("Never", [0, 3], [], "Failed"),             # an init container failed: no retry under Never
+    ("OnFailure", [3], [], "Pending"),           # ... retried otherwise
+    ("Always", [3], [], "Pending"),
+    ("Never", [0, 0], [None], "Running"),
+    ("Never", [0], [0], "Succeeded"),
+])
+def test_pod_phase_with_init_containers(policy, init_codes, main_codes, phase):
+    init = [facts(c, name=f"i{i}") for i, c in enumerate(init_codes)]
+    main = [facts(c, name=f"c{i}") for i, c in enumerate(main_codes)] or [facts(started=False)]
+    assert init_progress(policy, init) in ("done", "running", "failed")
+    assert pod_phase(policy, main, init_facts=init) == phase
+
+
+def test_init_container_status_and_initialized_condition():
+    pod = make_pod(restart_policy="Never")
+    waiting = [facts(started=False)]
+    st = pod_status(pod, waiting, pod_ip="127.2.2.2", host_ip="127.0.0.1", start_time=T0, now=T0,
+                    init_facts=[facts(0, name="init-a"), facts(None, name="init-b")])
+    cond = {c["type"]: c for c in st["conditions"]}
+    assert cond["Initialized"]["status"] == "False" and cond["Initialized"]["reason"] == "ContainersNotInitialized"
+    assert [s["ready"] for s in st["initContainerStatuses"]] == [True, True]
+    assert st["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    assert st["phase"] == "Pending"
+    assert should_restart("OnFailure", facts(1), init=True) and should_restart("Always", facts(1), init=True)
+    assert not should_restart("Always", facts(0), init=True) and not should_restart("Never", facts(1), init=True)
 
 
 def test_pod_phase_pending_until_every_container_started():
