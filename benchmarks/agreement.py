@@ -117,6 +117,54 @@ def worker(args: argparse.Namespace) -> None:
         job.save(step, state)
 
 
+def worker_jax_peer(args: argparse.Namespace) -> None:
+    """The named peer: JAX's preemption sync manager (``reached_preemption_sync_point`` every step)."""
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from reprieve.coordination import JaxCoordinator
+
+    n, pid = int(os.environ["REPRIEVE_NUM_PROCESSES"]), int(os.environ["REPRIEVE_PROCESS_ID"])
+    jax.distributed.initialize(os.environ["REPRIEVE_COORDINATOR_ADDRESS"], n, pid)  # preemption service on
+    coordinator = JaxCoordinator.from_jax()
+    results: dict[str, object] = {}
+    mesh = Mesh(np.array(jax.devices()), ("p",))
+    rows = 256
+    x = jax.make_array_from_callback((rows * n, rows), NamedSharding(mesh, PartitionSpec("p")),
+                                     lambda idx: np.full((rows, rows), 0.01, np.float32))
+    w = jnp.asarray(np.eye(rows, dtype=np.float32) * 0.5)
+
+    @jax.jit
+    def train_step(x: jax.Array, w: jax.Array, reps: jax.Array) -> jax.Array:
+        y = jax.lax.fori_loop(0, reps, lambda i, y: jnp.tanh(y @ w), x)
+        return x + 1e-6 * jnp.mean(y)
+
+    reps = jnp.int32(_calibrate_local(train_step, x, w, 0.01, pid, coordinator))
+    coordinator.barrier("peer/direct", 120)
+    count = 20_000
+    t0 = time.perf_counter()
+    for step in range(count):
+        multihost_utils.reached_preemption_sync_point(step)
+    results["runtime_us_per_step"] = (time.perf_counter() - t0) / count * 1e6
+    coordinator.barrier("peer/notice", 120)
+    state, step = x, count
+    if pid == n - 1:
+        results["notice_sent_at"] = time.time()
+        results["first_step_after_notice_sent"] = step
+        os.kill(os.getpid(), signal.SIGTERM)  # JAX's C++ handler catches it
+    while not multihost_utils.reached_preemption_sync_point(step):
+        state = jax.block_until_ready(train_step(state, w, reps))
+        step += 1
+    results["synced_at"] = time.time()
+    results["agreed_step"] = step
+    print("RESULT " + json.dumps(results), flush=True)
+    jax.distributed.shutdown()
+
+
 def _calibrate_local(train_step, x, w, target_s, pid, coordinator) -> int:  # type: ignore[no-untyped-def]
     """Process 0 times the step (all processes run the same count of steps meanwhile) and publishes reps."""
     import jax
@@ -149,12 +197,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10, help="steps per block")
     ap.add_argument("--blocks", type=int, default=16, help="off/on block pairs per step size")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args)
+        worker_jax_peer(args) if args.peer else worker(args)
         return
-    port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix="reprieve-bench-agreement-"))
+    results, codes = _run(args, workdir, peer=False)
+    peer, _ = _run(args, workdir / "peer", peer=True)
+    _report(args, workdir, results, codes, peer)
+
+
+def _run(args: argparse.Namespace, workdir: Path, *, peer: bool) -> tuple[list[dict], list[int]]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
     procs = []
     for i in range(args.processes):
         env = {k: v for k, v in os.environ.items() if not k.startswith("REPRIEVE_")}
@@ -168,8 +224,8 @@ def main() -> None:
         })
         with open(workdir / f"worker-{i}.log", "w") as log:  # the child keeps its own descriptor
             procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--steps", str(args.steps),
-                                           "--blocks", str(args.blocks)], env=env, stdout=subprocess.PIPE,
-                                          stderr=log, text=True))
+                                           "--blocks", str(args.blocks)] + (["--peer"] if peer else []),
+                                          env=env, stdout=subprocess.PIPE, stderr=log, text=True))
     outputs = []
     for p in procs:
         out, _ = p.communicate(timeout=900)
@@ -180,6 +236,11 @@ def main() -> None:
         if not lines:
             sys.exit(f"process {i} exited {code} without a result; see {workdir}/worker-{i}.log")
         results.append(json.loads(lines[-1][7:]))
+    return results, [code for code, _ in outputs]
+
+
+def _report(args: argparse.Namespace, workdir: Path, results: list[dict], codes: list[int],
+            peer: list[dict]) -> None:
     print(f"reprieve agreement benchmark: {args.processes} processes, {args.blocks} x {args.steps} steps per "
           f"mode, median of per-block means (logs: {workdir})")
     direct = max(r["runtime_us_per_step"] for r in results)
@@ -198,14 +259,25 @@ def main() -> None:
     commits = [float(r["notice_to_commit_s"]) for r in results]
     agreed = {r["agreed_step"] for r in results}
     print(f"  notice -> all processes committed: {max(commits):.3f} s (per process {[round(c, 3) for c in commits]})"
-          f"; -> exit call {max(exits) - sent:.3f} s; exit codes {[c for c, _ in outputs]}")
+          f"; -> exit call {max(exits) - sent:.3f} s; exit codes {codes}")
     print(f"    of which notice -> plan known: {[round(r['notice_to_agreed_s'], 4) for r in results]} s, "
           f"save call -> commit: {[round(r['save_s'], 3) for r in results]} s "
           f"({results[0]['checkpointer']})")
     first = sender["first_step_after_notice_sent"]
-    print(f"  agreed step(s) {sorted(agreed)}: the state after step {min(agreed)} was saved; the first step the "
-          f"notified process started after the notice was {first} (agreement within "
-          f"{min(agreed) - first + 1} step(s))")
+    ours_steps = min(agreed) - first + 1
+    print(f"  agreed step(s) {sorted(agreed)}: {ours_steps} step(s) trained after the notice before the save")
+    # the named peer: JAX's preemption sync manager
+    p_direct = max(r["runtime_us_per_step"] for r in peer)
+    p_sent = float(peer[-1]["notice_sent_at"])
+    p_sync = max(float(r["synced_at"]) for r in peer) - p_sent
+    p_agreed = {r["agreed_step"] for r in peer}
+    p_steps = min(p_agreed) - int(peer[-1]["first_step_after_notice_sent"])
+    plan = max(float(r["notice_to_agreed_s"]) for r in results)
+    print("  peer: JAX preemption sync manager (multihost_utils.reached_preemption_sync_point every step)")
+    print(f"    its cost per step {p_direct:.2f} us -> reprieve/peer ratio {direct / p_direct:.2f}")
+    print(f"    notice -> all processes at the sync point {p_sync:.3f} s (reprieve: notice -> plan known on all "
+          f"{plan:.3f} s, ratio {plan / p_sync:.2f}); sync step(s) {sorted(p_agreed)}: {p_steps} step(s) after "
+          f"the notice (reprieve: {ours_steps})")
 
 
 if __name__ == "__main__":
