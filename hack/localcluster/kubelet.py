@@ -88,6 +88,7 @@ class _Pod:
     plans: dict[str, LaunchPlan] = field(default_factory=dict)
     objects: dict = field(default_factory=dict)
     tokens: dict = field(default_factory=dict)
+    tokens_due: float = float("inf")  # monotonic time to renew the tokens (80 % of their lifetime)
     start_time: datetime = field(default_factory=_now)
     launched: bool = False
     lost: bool = False            # found running from a previous kubelet: reported failed, never started
@@ -374,7 +375,7 @@ class Kubelet:
                              for c in spec.get("initContainers") or []]
         try:
             st.objects = podio.fetch_objects(self.core, pod)
-            st.tokens = {req: podio.request_token(self.core, pod, *req) for req in token_requests(pod)}
+            self._request_tokens(st)
             podio.make_dirs_and_mounts(pod, st.paths)
             self._write_files(st, only_dynamic=False)
             ctx = EnvContext(node_name=self.node_name, pod_ip=st.ip, api_host=self.api_host,
@@ -412,13 +413,22 @@ class Kubelet:
                                  only_dynamic=only_dynamic)
         st.files_rv = st.pod["metadata"].get("resourceVersion")
 
+    def _request_tokens(self, st: _Pod) -> None:
+        requests = token_requests(st.pod)
+        st.tokens = {req: podio.request_token(self.core, st.pod, *req) for req in requests}
+        if requests:  # like the real kubelet: renew at 80 % of the shortest lifetime
+            st.tokens_due = time.monotonic() + 0.8 * min(exp for _, exp in requests)
+
     def _refresh_files(self, st: _Pod) -> None:
-        """Rewrite downwardAPI/projected files when the pod changed (annotations, labels)."""
-        if st.pod["metadata"].get("resourceVersion") == st.files_rv:
-            return
+        """Rewrite downwardAPI/projected files when the pod changed (annotations, labels) or tokens age."""
         try:
-            self._write_files(st, only_dynamic=True)
-        except (PodConfigError, FieldRefError, OSError) as e:
+            if time.monotonic() >= st.tokens_due:
+                st.tokens_due = time.monotonic() + 10.0  # retry then if the renewal fails
+                self._request_tokens(st)
+                st.files_rv = None
+            if st.pod["metadata"].get("resourceVersion") != st.files_rv:
+                self._write_files(st, only_dynamic=True)
+        except (PodConfigError, FieldRefError, OSError, ApiException) as e:
             log.warning("pod %s: cannot refresh volume files: %s", st.key, e)
 
     def _start_process(self, st: _Pod, f: ContainerFacts) -> None:
