@@ -502,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s kubelet[{args.node}] %(levelname)s %(message)s")
     from kubernetes import config
 
+    if not Path(args.kubeconfig).is_file():
+        parser.error(f"--kubeconfig {args.kubeconfig}: no such file")
     api_client = config.new_client_from_config(config_file=args.kubeconfig)
     kubelet = Kubelet(api_client, args.node, Path(args.workdir), labels=_parse_pairs(args.label, "--label"),
                       capacity=_parse_pairs(args.capacity, "--capacity"), sync_period=args.sync_period,
@@ -509,7 +511,12 @@ def main(argv: list[str] | None = None) -> int:
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    kubelet.start()
+    try:
+        kubelet.start()
+    except Exception as e:  # noqa: BLE001 - any failure to register ends this kubelet with a clear message
+        log.error("cannot register Node %s with the API server at %s: %s (is the cluster up, is the kubeconfig "
+                  "an admin one?)", args.node, api_client.configuration.host, e)
+        return 1
     while not done.wait(1.0) and not kubelet.node_deleted.is_set():
         pass
     kubelet.stop()
