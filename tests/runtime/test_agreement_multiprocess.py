@@ -183,11 +183,12 @@ def _wait_for_log(gang: Gang, index: int, pattern: str, timeout_s: float) -> re.
     raise AssertionError(f"{pattern!r} not in process {index}'s log within {timeout_s}s\n{gang.tail()}")
 
 
-def test_with_the_checkpoint_manager_sigterm_then_restart_resumes_every_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("n", [2, 4])
+def test_with_the_checkpoint_manager_sigterm_then_restart_resumes_every_process(tmp_path: Path, n: int) -> None:
     """reprieve.init()'s default checkpointer (reprieve.checkpoint.CheckpointManager), a global array
-    sharded over 2 processes: SIGTERM -> all exit 42 -> attempt 2 restores the agreed step and finishes."""
+    sharded over the processes: SIGTERM -> all exit 42 -> attempt 2 restores the agreed step and finishes."""
     pytest.importorskip("reprieve.checkpoint")
-    n, total = 2, 5000
+    total = 5000
     env = {"WORKER_CHECKPOINTER": "manager"}
     gang = launch(tmp_path, n, steps=total, grace_seconds=5, extra_env=env)
     try:
