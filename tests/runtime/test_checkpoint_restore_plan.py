@@ -1,0 +1,51 @@
+"""plan_reads: how saved chunks fill target shard regions (pure)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from reprieve.checkpoint.restore import ReadOp, plan_reads
+
+pytestmark = pytest.mark.unit
+
+ROWS4 = [((0, 2), (0, 8)), ((2, 4), (0, 8)), ((4, 6), (0, 8)), ((6, 8), (0, 8))]
+COLS4 = [((0, 8), (0, 2)), ((0, 8), (2, 4)), ((0, 8), (4, 6)), ((0, 8), (6, 8))]
+
+
+def test_same_sharding_reads_each_chunk_straight_into_its_target() -> None:
+    ops = plan_reads((8, 8), (2, 8), ROWS4, itemsize=4, limit_bytes=1 << 20)
+    assert ops == [ReadOp(r, ((i, r),), direct=True) for i, r in enumerate(ROWS4)]
+
+
+def test_resharding_reads_each_chunk_once_and_scatters() -> None:
+    ops = plan_reads((8, 8), (2, 8), COLS4, itemsize=4, limit_bytes=1 << 20)
+    assert [op.box for op in ops] == ROWS4  # 4 chunk reads, not 16
+    assert all(not op.direct and len(op.parts) == 4 for op in ops)
+    assert ops[1].parts[2] == (2, ((2, 4), (4, 6)))
+
+
+def test_target_inside_a_bigger_chunk_reads_only_that_part() -> None:
+    ops = plan_reads((8, 8), (8, 8), [ROWS4[1]], itemsize=4, limit_bytes=1 << 20)
+    assert ops == [ReadOp(ROWS4[1], ((0, ROWS4[1]),), direct=True)]
+
+
+def test_parts_bigger_than_the_budget_are_read_one_by_one() -> None:
+    ops = plan_reads((8, 8), (8, 8), COLS4, itemsize=4, limit_bytes=64)  # a whole chunk is 256 bytes
+    assert [op.box for op in ops] == COLS4 and all(len(op.parts) == 1 for op in ops)
+
+
+@pytest.mark.parametrize("shape,chunk,targets,n_ops", [
+    ((), (), [()], 1),  # 0-d
+    ((0, 4), (1, 4), [((0, 0), (0, 4))], 0),  # empty array: nothing to read
+    ((5,), (2,), [((0, 5),)], 3),  # uneven edge chunk
+    ((8, 8), (2, 8), [((0, 8), (0, 8))], 4),  # restore onto a single device
+])
+def test_edge_shapes(shape, chunk, targets, n_ops: int) -> None:
+    ops = plan_reads(shape, chunk, targets, itemsize=4, limit_bytes=1 << 20)
+    assert len(ops) == n_ops
+    def size(r) -> int:
+        return math.prod(hi - lo for lo, hi in r)
+
+    assert sum(size(p) for op in ops for _, p in op.parts) == sum(size(t) for t in targets)
