@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -119,6 +120,7 @@ def init(
     job = Job(config, coordinator, ckpt, agreement, hub, policy=policy, metrics=metrics, progress=progress,
               closers=closers, exit_fn=exit_fn)
     committed.append(job)
+    atexit.register(job.abandon)  # a loop left by break/exception must not abort the interpreter's exit
     return job
 
 

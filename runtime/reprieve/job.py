@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, Self
 
 from .agreement import EARLY, FINAL, Agreement, AgreementError
 from .config import RuntimeConfig
@@ -283,6 +283,36 @@ class Job:
             if self._progress is not None and self._committed is not None:
                 self._progress.report(self._current, self._committed, force=True, timeout_s=2.0)
             self.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        """``with reprieve.init() as job:`` finishes the job on a normal exit (also after ``break``) and
+        leaves quietly (no distributed shutdown, which would wait for the peers) on an exception."""
+        if exc_type is None:
+            self.finish()
+        else:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Stop the runtime's threads without saving or leaving the job; also run at interpreter exit.
+
+        A watcher thread still inside the coordination client when Python exits aborts the process
+        (SIGABRT), so this waits up to ``poll_s`` for it to leave its pending ``get``.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        log.warning("process %d: the runtime is closed without finishing job.steps() (break or error); "
+                    "no checkpoint is taken by this exit", self.process_id)
+        for closer in self._closers:
+            try:
+                closer()
+            except Exception as err:  # noqa: BLE001 - closing must go on
+                log.warning("closing %r failed: %s", closer, err)
+        self._hub.close()
+        self.agreement.close(timeout_s=self.agreement.poll_s + 1.0)
 
     def close(self) -> None:
         """Stop the notice sources and watcher threads, close the checkpointer, leave the job."""

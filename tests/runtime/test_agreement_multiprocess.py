@@ -153,6 +153,14 @@ def test_second_notice_brings_the_save_earlier(tmp_path: Path) -> None:
     assert "acked round 1" in gang.logs[0].read_text()
 
 
+def test_leaving_the_loop_early_exits_cleanly(tmp_path: Path) -> None:
+    """break out of job.steps() without finishing: the watcher threads must not abort the interpreter."""
+    gang = launch(tmp_path, 2, steps=1000, step_seconds=0.0, extra_env={"WORKER_BREAK_AT": "20"})
+    codes = gang.wait(60)
+    assert codes == [0, 0], gang.tail()
+    assert all("without finishing job.steps()" in p.read_text() for p in gang.logs)
+
+
 @pytest.mark.parametrize("victim", [1, 0], ids=["worker", "coordinator-host"])
 def test_sigkill_of_one_process_fails_the_rest_fast(tmp_path: Path, victim: int) -> None:
     n = 2

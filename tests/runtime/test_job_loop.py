@@ -155,3 +155,17 @@ def test_metrics_port_serves_the_job_metrics(make_job: Any) -> None:
     assert "reprieve_step_seconds 0.0" in body  # a few milliseconds
     assert "reprieve_last_committed_step 19.0" in body  # step 29's commit is confirmed at the next save
     assert 'reprieve_saves_total{kind="periodic"} 3.0' in body
+
+
+def test_with_block_finishes_after_break_and_abandons_on_error(make_job: Any, tmp_path: Path) -> None:
+    with make_job() as job:
+        for step in job.steps(0, 100):
+            job.save(step, {"x": jnp.zeros(1)})
+            if step == 9:
+                break
+    assert job._closed
+    with pytest.raises(ZeroDivisionError), make_job() as job2:
+        for step in job2.steps(0, 100):
+            if step == 3:
+                raise ZeroDivisionError
+    assert job2._closed

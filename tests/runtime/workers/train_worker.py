@@ -29,6 +29,7 @@ def main() -> None:
     step_seconds = float(os.environ.get("WORKER_STEP_SECONDS", "0.02"))
     save_delay = float(os.environ.get("WORKER_SAVE_DELAY", "0"))
     warm_step = int(os.environ.get("WORKER_WARM_STEP", "5"))
+    break_at = int(os.environ.get("WORKER_BREAK_AT", "-1"))
 
     if os.environ.get("WORKER_CHECKPOINTER") == "manager":
         # reprieve.init()'s default checkpointer (reprieve.checkpoint.CheckpointManager) on a global array
@@ -55,6 +56,9 @@ def main() -> None:
         if step == start + warm_step:
             (workdir / f"running-{pid}").touch()
         job.save(step, state)
+        if step == break_at:
+            logging.getLogger("train_worker").info("leaving the loop early at step %d", step)
+            return  # no job.finish(): the runtime's atexit hook must still let the process exit cleanly
     (workdir / f"done-{pid}").write_text(str(float(state["x"].addressable_shards[0].data[0])))
     logging.getLogger("train_worker").info("finished all %d steps", total)
 
