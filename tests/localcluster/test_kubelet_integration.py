@@ -387,3 +387,42 @@ def test_init_containers_run_in_order_before_the_main_container(cluster: Cluster
     pod = wait_for_pod_phase(core.api_client, namespace, "init-fails", "Failed", timeout=60)
     assert pod.status.init_container_statuses[0].state.terminated.exit_code == 7
     assert pod.status.container_statuses[0].state.waiting.reason == "PodInitializing"
+
+
+JAX_WORKER = """
+    import os, jax
+    from jax._src import distributed
+    ip, index = os.environ['MY_IP'], int(os.environ['INDEX'])
+    jax.distributed.initialize(coordinator_address=os.environ['COORD'], num_processes=2, process_id=index,
+                               coordinator_bind_address=ip + ':8476', initialization_timeout=60,
+                               # KUBERNETES_SERVICE_HOST is set: without this JAX tries in-cluster config at
+                               # the hard-coded /var/run/secrets/... path, which a process pod does not have
+                               cluster_detection_method='deactivate')
+    kv = distributed.global_state.client
+    kv.key_value_set(f'hello/{index}', os.environ['JOB'])
+    other = kv.blocking_key_value_get(f'hello/{1 - index}', 60_000)
+    print('process', jax.process_index(), 'of', jax.process_count(), 'peer says', other, flush=True)
+    assert jax.process_count() == 2 and other == os.environ['JOB'], other
+    jax.distributed.shutdown()
+"""
+
+
+def test_two_jax_jobs_share_a_coordinator_port_across_nodes(cluster: Cluster, core, namespace: str) -> None:
+    nodes = cluster.node_names()
+    jobs = ("jx-a", "jx-b")
+    for job in jobs:
+        for index in (0, 1):
+            env = [{"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                   {"name": "INDEX", "value": str(index)}, {"name": "JOB", "value": job},
+                   {"name": "JAX_PLATFORMS", "value": "cpu"},
+                   {"name": "COORD", "value": f"{job}-0.{job}.{namespace}.svc:8476"}]
+            core.create_namespaced_pod(namespace, pod_manifest(
+                f"{job}-{index}", JAX_WORKER, node=nodes[index], env=env, hostname=f"{job}-{index}", subdomain=job))
+    for job in jobs:
+        for index in (0, 1):
+            name = f"{job}-{index}"
+            pod = wait_for_pod_phase(core.api_client, namespace, name, ["Succeeded", "Failed"], timeout=120)
+            log = find_log(cluster.workdir / "nodes" / pod.spec.node_name, namespace, name)
+            text = log.read_text() if log else "no log"
+            assert pod.status.phase == "Succeeded", f"{name}:\n{text[-3000:]}"
+            assert f"peer says {job}" in text
