@@ -107,3 +107,50 @@ def test_an_unreachable_api_never_blocks_and_is_retried(tmp_path: Path) -> None:
     assert source._thread is not None and source._thread.is_alive()  # still retrying, not crashed
     source.close()
     assert got == []
+
+
+def test_job_in_cluster_stops_on_the_annotation_and_reports_progress(cluster: Any, namespace: str,
+                                                                    worker_identity: KubeClient,
+                                                                    tmp_path: Path) -> None:
+    """reprieve.init() with the pod's contract env: the notice annotation (set with kubectl, as the operator
+    would) stops the loop at an agreed step, and process 0's progress annotation names that committed step."""
+    import jax.numpy as jnp
+
+    import reprieve
+    from tests.runtime.helpers_agreement import FileCheckpointer
+
+    class Exited(Exception):
+        pass
+
+    codes: list[int] = []
+
+    def exit_fn(code: int) -> None:
+        codes.append(code)
+        raise Exited
+
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_POD_NAME": POD,
+           "REPRIEVE_NAMESPACE": namespace, "REPRIEVE_ATTEMPT": "3", "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+           "KUBERNETES_SERVICE_PORT": str(cluster.api_port),
+           "REPRIEVE_SERVICEACCOUNT_DIR": worker_identity.sa_dir, "REPRIEVE_SAVE_SECONDS_ESTIMATE": "1"}
+    job = reprieve.init(env=env, install_sigterm=False, exit_fn=exit_fn,
+                        checkpointer=lambda cfg, coord: FileCheckpointer(cfg.checkpoint_uri, coord))
+    notice = {"id": "gke-spot/n/9", "reason": "gke-spot", "node": "n",
+              "deadline": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 4))}
+    try:
+        for step in job.steps(0, 100_000):
+            time.sleep(0.005)
+            if step == 20:
+                cluster.kubectl("annotate", "pod", POD, "-n", namespace,
+                                f"{NOTICE_ANNOTATION}={json.dumps(notice)}")
+            job.save(step, {"x": jnp.full((2,), step + 1.0)})
+    except Exited:
+        pass
+    finally:
+        job.abandon()
+    assert codes == [42]
+    target = job.agreement.target
+    assert target is not None and target.notice.source == "annotation"
+    pod = json.loads(cluster.kubectl("get", "pod", POD, "-n", namespace, "-o", "json").stdout)
+    progress = json.loads(pod["metadata"]["annotations"][PROGRESS_ANNOTATION])
+    assert progress["committedStep"] == progress["step"] == target.plan.final_step
+    assert progress["attempt"] == 3
