@@ -354,14 +354,8 @@ class Kubelet:
         key = _status_key(status)
         if key == st.last_status:
             return
-        meta = st.pod["metadata"]
-        try:
-            self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status},
-                                                  _request_timeout=REQUEST_TIMEOUT_S)
+        if podio.patch_pod_status(self.core, st.pod, status):
             st.last_status = key
-        except ApiException as e:
-            if e.status != 404:
-                raise
 
     # --- launching -------------------------------------------------------------------------------------------
 

@@ -100,6 +100,25 @@ def subdomains(core: client.CoreV1Api, pod: dict) -> set[str]:
     return names
 
 
+def patch_pod_status(core: client.CoreV1Api, pod: dict, status: dict) -> bool:
+    """Strategic-merge ``status`` into this very pod; False if it is gone or was replaced by a namesake.
+
+    The patch carries ``metadata.uid``, which the API server refuses to change (422 "field is immutable"), so a
+    late report about a deleted pod never lands on a new pod of the same name (the real kubelet does the same).
+    """
+    meta = pod["metadata"]
+    body = {"metadata": {"uid": meta["uid"]}, "status": status}
+    try:
+        core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body, _request_timeout=REQUEST_TIMEOUT_S)
+        return True
+    except ApiException as e:
+        if e.status in (404, 409) or (e.status == 422 and "metadata.uid" in str(e.body)):
+            log.info("status of pod %s/%s (uid %s) not written: %s %s", meta["namespace"], meta["name"],
+                     meta["uid"], e.status, e.reason)
+            return False
+        raise
+
+
 def read_text(path: str | Path | None) -> str | None:
     try:
         return Path(path).read_text() if path else None

@@ -426,3 +426,16 @@ def test_two_jax_jobs_share_a_coordinator_port_across_nodes(cluster: Cluster, co
             text = log.read_text() if log else "no log"
             assert pod.status.phase == "Succeeded", f"{name}:\n{text[-3000:]}"
             assert f"peer says {job}" in text
+
+
+def test_status_patch_never_lands_on_a_namesake_pod(cluster: Cluster, core, namespace: str) -> None:
+    from localcluster.podio import patch_pod_status
+
+    body = pod_manifest("namesake", "pass", nodeSelector={"example.com/nowhere": "true"})  # stays unscheduled
+    created = core.create_namespaced_pod(namespace, body)
+    pod = {"metadata": {"name": "namesake", "namespace": namespace, "uid": "00000000-dead-beef-0000-000000000000"}}
+    assert not patch_pod_status(core, pod, {"phase": "Failed"})
+    assert core.read_namespaced_pod("namesake", namespace).status.phase == "Pending"
+    pod["metadata"]["uid"] = created.metadata.uid
+    assert patch_pod_status(core, pod, {"phase": "Failed"})
+    assert core.read_namespaced_pod("namesake", namespace).status.phase == "Failed"
