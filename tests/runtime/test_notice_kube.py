@@ -115,8 +115,8 @@ def test_job_in_cluster_stops_on_the_annotation_and_reports_progress(cluster: An
     """reprieve.init() with the pod's contract env: the notice annotation (set with kubectl, as the operator
     would) stops the loop at an agreed step, and process 0's progress annotation names that committed step."""
     import jax.numpy as jnp
-
     import reprieve
+
     from tests.runtime.helpers_agreement import FileCheckpointer
 
     class Exited(Exception):
