@@ -193,7 +193,8 @@ class Agreement:
         target = self._target
         if target is None:
             return False
-        if not notice.deadline_known or notice.deadline >= target.deadline - 1.0:
+        # a malformed notice counts with its conservative deadline (its arrival): it brings the save forward
+        if notice.deadline >= target.deadline - 1.0:
             log.info("notice %s (deadline %+.1fs vs agreed %+.1fs) does not move the agreed save at step %d; "
                      "ignored", notice.id, notice.deadline - self.clock(), target.deadline - self.clock(),
                      target.plan.final_step)

@@ -213,3 +213,22 @@ def test_a_missing_process_fails_the_round_naming_it() -> None:
     finally:
         for a in present:
             a.close()
+
+
+def test_malformed_notice_after_a_long_one_brings_the_save_forward() -> None:
+    group = agreements(1)
+    try:
+        group[0].step_seconds = 0.01
+        group[0].decide(0)
+        group[0].offer(notice("long", 600.0))
+        wait_target(group[0])
+        assert group[0].target.plan.final_step > 100  # type: ignore[union-attr]
+        now = time.time()
+        group[0].offer(Notice(id="malformed/1", source="annotation", reason="malformed", deadline=now,
+                              received_at=now, deadline_known=False))
+        wait_target(group[0], 1)
+        target = group[0].target
+        assert target is not None and target.plan.final_step == 1
+        assert target.deadline_known and target.deadline > now + 500  # the exit code still uses the real one
+    finally:
+        group[0].close()
