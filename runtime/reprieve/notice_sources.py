@@ -130,6 +130,7 @@ class PollingSource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        self._last_id: str | None = None
 
     def start(self) -> PollingSource:
         self._thread = threading.Thread(target=self._run, name=f"reprieve-{self.name}", daemon=True)
@@ -151,7 +152,8 @@ class PollingSource:
                 if not self._failing:
                     log.warning("notice source %s failed (%s); will keep trying", self.name, err)
                     self._failing = True
-            if notice is not None:
+            if notice is not None and notice.id != self._last_id:  # a standing notice is forwarded once
+                self._last_id = notice.id
                 self._hub.put(notice)
             self._stop.wait(self._interval)
 
