@@ -94,8 +94,8 @@ class _Pod:
     lost: bool = False            # found running from a previous kubelet: reported failed, never started
     gone: bool = False            # the API object is deleted
     files_rv: str | None = None   # resourceVersion the file volumes were last written for
-    term_sent: bool = False
-    kill_at: float | None = None  # monotonic deadline for SIGKILL after SIGTERM
+    term_at: float | None = None  # monotonic time SIGTERM was sent (deletion)
+    kill_sent: bool = False
     delete_sent: bool = False
     last_status: str | None = None
     next_restart: dict[str, float] = field(default_factory=dict)
@@ -305,20 +305,22 @@ class Kubelet:
             self._check_exits(st, restart=False)
             running = [p for p in st.procs.values() if p.poll() is None]
             if running:
-                if not st.term_sent:
-                    meta, spec = st.pod["metadata"], st.pod["spec"]
-                    grace = meta.get("deletionGracePeriodSeconds")
-                    if grace is None:
-                        grace = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S)
+                meta, spec = st.pod["metadata"], st.pod["spec"]
+                grace = meta.get("deletionGracePeriodSeconds")
+                if grace is None:
+                    grace = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S)
+                now = time.monotonic()
+                if st.term_at is None:
                     log.info("pod %s deleted: SIGTERM, SIGKILL in %ss", st.key, grace)
                     for p in running:
                         podio.killpg(p.pid, signal.SIGTERM)
-                    st.term_sent, st.kill_at = True, time.monotonic() + float(grace)
-                elif st.kill_at is not None and time.monotonic() >= st.kill_at:
+                    st.term_at = now
+                # A second delete may shorten the grace period; the deadline follows it.
+                elif not st.kill_sent and now >= st.term_at + float(grace):
                     log.info("pod %s: grace period over, SIGKILL", st.key)
                     for p in running:
                         podio.killpg(p.pid, signal.SIGKILL)
-                    st.kill_at = None
+                    st.kill_sent = True
                 return
             for p in st.procs.values():
                 podio.killpg(p.pid, signal.SIGKILL)  # leftovers of the process groups

@@ -439,3 +439,15 @@ def test_status_patch_never_lands_on_a_namesake_pod(cluster: Cluster, core, name
     pod["metadata"]["uid"] = created.metadata.uid
     assert patch_pod_status(core, pod, {"phase": "Failed"})
     assert core.read_namespaced_pod("namesake", namespace).status.phase == "Failed"
+
+
+def test_second_delete_shortens_the_grace_period(cluster: Cluster, core, namespace: str) -> None:
+    script = "import signal, time; signal.signal(signal.SIGTERM, lambda *_: None); time.sleep(600)"
+    core.create_namespaced_pod(namespace, pod_manifest("stubborn", script, grace=60))
+    wait_for_pod_phase(core.api_client, namespace, "stubborn", "Running", timeout=60)
+    core.delete_namespaced_pod("stubborn", namespace)
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    core.delete_namespaced_pod("stubborn", namespace, grace_period_seconds=1)
+    wait_for_pod_gone(core.api_client, namespace, "stubborn", timeout=20)
+    assert time.monotonic() - t0 < 10
