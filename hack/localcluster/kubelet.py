@@ -11,9 +11,11 @@ Public interface (stable; the cluster launcher and the pytest fixtures code agai
         labels={"pool": "tpu"},     # extra Node labels (kubernetes.io/hostname etc. are added)
         capacity={"cpu": "8", "memory": "32Gi", "pods": "110"},  # defaults shown in DEFAULT_CAPACITY
         sync_period=1.0,            # reconcile period (process exits and watch events wake it earlier)
+        heartbeat_period=10.0,      # Lease renewal + Node status heartbeat
         ca_file=cluster_ca_path,    # written as ca.crt into service-account mounts if kube-root-ca.crt is absent
         api_host="127.0.0.1",       # KUBERNETES_SERVICE_HOST seen by pods
         api_port=6443,              # KUBERNETES_SERVICE_PORT seen by pods (default: taken from api_client's host)
+        parent_env=None,            # environment the passthrough variables come from (default os.environ)
     )
     kubelet.start()    # registers the Node (Ready), starts lease/heartbeat, node watch and pod watch threads
     kubelet.pids()     # {"ns/pod/container": pid} of running processes
@@ -23,9 +25,10 @@ Public interface (stable; the cluster launcher and the pytest fixtures code agai
 or as its own process (so "the VM is gone" can be simulated by SIGKILLing it; its pods die with it)::
 
     python -m localcluster.kubelet --kubeconfig K --node NAME --workdir DIR [--label k=v ...]
-        [--capacity cpu=8 --capacity memory=32Gi] [--ca-file F] [--sync-period 1.0]
+        [--capacity cpu=8 --capacity memory=32Gi] [--ca-file F] [--sync-period 1.0] [--heartbeat-period 10]
 
-SIGTERM/SIGINT stop it like ``stop()``.
+SIGTERM/SIGINT stop it like ``stop()``; it exits by itself once its Node object is deleted. Behaviour, what
+is emulated and what is not: docs/local-cluster.md, section "Process kubelet".
 """
 
 from __future__ import annotations
