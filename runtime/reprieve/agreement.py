@@ -93,7 +93,8 @@ class Agreement:
         self._error: AgreementError | None = None
         self._next_round = 0
         self._seen: set[str] = set()
-        self._pending: list[Notice] = []
+        self._pending: list[Notice] = []  # lost a claim race: re-offered after the round
+        self._retry: list[Notice] = []  # claim failed: re-offered by the watcher every poll
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -176,9 +177,10 @@ class Agreement:
         try:
             won = self.coordinator.claim(f"{self.prefix}/notice/{round_}", record)
         except CoordinationError as err:
-            log.error("process %d could not publish notice %s: %s", self.pid, notice.id, err)
+            log.error("process %d could not publish notice %s (retrying): %s", self.pid, notice.id, err)
             with self._cond:
-                self._pending.append(notice)
+                self._seen.discard(notice.id)
+                self._retry.append(notice)
             return
         if won:
             log.info("process %d leads agreement round %d for notice %s (%s via %s, %.1fs lead)", self.pid,
@@ -209,6 +211,10 @@ class Agreement:
             try:
                 raw = self.coordinator.get(key, self.poll_s)
             except CoordinationTimeout:
+                with self._cond:
+                    retry, self._retry = self._retry, []
+                for notice in retry:
+                    self.offer(notice)
                 continue
             except Exception as err:  # noqa: BLE001 - the service is gone: surface it at the next step
                 if not self._stop.is_set():

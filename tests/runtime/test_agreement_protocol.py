@@ -232,3 +232,26 @@ def test_malformed_notice_after_a_long_one_brings_the_save_forward() -> None:
         assert target.deadline_known and target.deadline > now + 500  # the exit code still uses the real one
     finally:
         group[0].close()
+
+
+def test_a_failed_publish_is_retried() -> None:
+    from reprieve.coordination import CoordinationError
+
+    class Flaky(_SlowView):
+        failures = 2
+
+        def claim(self, key: str, value: str) -> bool:
+            if Flaky.failures:
+                Flaky.failures -= 1
+                raise CoordinationError("UNAVAILABLE: coordination service restarting")
+            return super().claim(key, value)
+
+    view = Flaky()
+    view.process_id, view.num_processes = 0, 1
+    agreement = Agreement(view, poll_s=0.05, timeout_s=5.0).start()
+    try:
+        agreement.offer(notice("n", 0.0))
+        wait_target(agreement)
+        assert Flaky.failures == 0 and agreement.target.notice.id == "n"  # type: ignore[union-attr]
+    finally:
+        agreement.close()
