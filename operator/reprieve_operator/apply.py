@@ -8,6 +8,7 @@ The kubernetes client is synchronous; async callers use :func:`run` to keep the 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -20,6 +21,15 @@ from .models import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def _raw(response: Any) -> Any:
+    """Body of a ``_preload_content=False`` call: skips the client's slow model deserialisation."""
+    try:
+        data = response.data
+        return json.loads(data) if data else None
+    finally:
+        response.release_conn()
 
 
 class Api:
@@ -51,7 +61,7 @@ def create(api: Api, obj: dict[str, Any]) -> bool:
     """Create ``obj``; False (logged at INFO) if it already exists."""
     meta = obj["metadata"]
     try:
-        _create_fn(api, obj["kind"])(meta["namespace"], obj)
+        _raw(_create_fn(api, obj["kind"])(meta["namespace"], obj, _preload_content=False))
         return True
     except ApiException as err:
         if err.status == 409:
@@ -63,7 +73,7 @@ def create(api: Api, obj: dict[str, Any]) -> bool:
 def delete_pod(api: Api, namespace: str, name: str) -> bool:
     """Delete a pod (default grace, so the runtime still gets SIGTERM); False if already gone."""
     try:
-        api.core.delete_namespaced_pod(name, namespace)
+        _raw(api.core.delete_namespaced_pod(name, namespace, _preload_content=False))
         return True
     except ApiException as err:
         if err.status == 404:
@@ -74,7 +84,9 @@ def delete_pod(api: Api, namespace: str, name: str) -> bool:
 
 def annotate_pod(api: Api, namespace: str, name: str, annotations: dict[str, str | None]) -> bool:
     try:
-        api.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+        _raw(api.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}},
+                                           _preload_content=False,
+                                           _content_type="application/merge-patch+json"))
         return True
     except ApiException as err:
         if err.status == 404:
@@ -86,8 +98,9 @@ def annotate_pod(api: Api, namespace: str, name: str, annotations: dict[str, str
 def list_job_pods(api: Api, namespace: str, job: str) -> list[dict[str, Any]]:
     from . import LABEL_JOB
 
-    pods = api.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}")
-    return [api.client.sanitize_for_serialization(p) for p in pods.items]
+    body = _raw(api.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}",
+                                             _preload_content=False))
+    return list(body.get("items") or [])
 
 
 def get_job(api: Api, namespace: str, name: str) -> dict[str, Any] | None:
@@ -102,8 +115,8 @@ def get_job(api: Api, namespace: str, name: str) -> dict[str, Any] | None:
 def patch_job_status(api: Api, namespace: str, name: str, status: dict[str, Any]) -> bool:
     """Merge-patch ``status`` (status subresource); False if the job is gone."""
     try:
-        api.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
-                                                         {"status": status})
+        _raw(api.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                              {"status": status}, _preload_content=False))
         return True
     except ApiException as err:
         if err.status == 404:
@@ -128,7 +141,7 @@ def post_event(api: Api, obj: dict[str, Any], reason: str, message: str, type_: 
         "count": 1,
     }
     try:
-        api.core.create_namespaced_event(ns, body)
+        _raw(api.core.create_namespaced_event(ns, body, _preload_content=False))
     except ApiException as err:
         log.info("could not post event %s on %s %s/%s: %s", reason, obj.get("kind"), ns, obj["name"], err.reason)
 

@@ -50,6 +50,24 @@ def worker_pod(pod: Mapping[str, Any], known_nodes: Container[str] | None = None
                      node_lost=node_lost)
 
 
+def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The few fields of a pod that notice delivery needs (kept in memory for every worker pod)."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    notice = (meta.get("annotations") or {}).get(ANNOTATION_NOTICE)
+    return {
+        "metadata": {"name": meta.get("name"), "uid": meta.get("uid"),
+                     "labels": {k: v for k, v in labels.items() if k.startswith("reprieve.dev/")},
+                     "annotations": {ANNOTATION_NOTICE: notice} if notice else {},
+                     "deletionTimestamp": meta.get("deletionTimestamp")},
+        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
+        "status": {"phase": status.get("phase"), "reason": status.get("reason"),
+                   "containerStatuses": [{"state": cs.get("state") or {}}
+                                         for cs in status.get("containerStatuses") or []]},
+    }
+
+
 def notice_annotation(pod: Mapping[str, Any]) -> str | None:
     return ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_NOTICE)
 

@@ -80,3 +80,13 @@ def test_status_patch_records_a_new_attempt_and_progress() -> None:
     assert patch["attempt"] == 2 and patch["attemptStartTime"] == "2026-11-22T03:00:00Z"
     assert "startTime" not in patch and patch["restartingFrom"] is None
     assert (patch["step"], patch["lastCheckpointStep"], patch["lastCheckpointTime"]) == (7, 5, "t1")
+
+
+def test_compact_pod_keeps_what_the_policy_reads() -> None:
+    from reprieve_operator.observe import compact_pod
+
+    full = pod(phase="Failed", exit_code=42, deletionTimestamp="t", managedFields=[{"big": "x" * 1000}],
+               annotations={"reprieve.dev/notice": "{}", "other": "y"})
+    small = compact_pod(full)
+    assert worker_pod(small) == worker_pod(full)
+    assert "managedFields" not in small["metadata"] and small["metadata"]["annotations"] == {"reprieve.dev/notice": "{}"}
