@@ -81,16 +81,17 @@ def _shapes(size: int, leaves: int) -> list[tuple[int, int]]:
     return [(rows, 1024)] * leaves
 
 
-def _state(jax: Any, shapes: list[tuple[int, int]], sharding: Any) -> dict[str, Any]:
-    """Random (incompressible) float32 leaves, like trained weights: Orbax compresses its chunks, so
-    constant or patterned test data would make it write almost nothing."""
+def _leaf(jax: Any, i: int, n: int, shape: tuple[int, int]) -> Any:
+    """Leaf ``i`` of ``n``: random (incompressible) float32, like trained weights. Orbax compresses
+    its chunks, so constant or patterned test data would let it write almost nothing."""
     import jax.numpy as jnp
 
-    def make() -> dict[str, Any]:
-        keys = jax.random.split(jax.random.key(0), len(shapes))
-        return {f"p{i:03d}": jax.random.uniform(keys[i], s, jnp.float32) + i for i, s in enumerate(shapes)}
+    return jax.random.uniform(jax.random.split(jax.random.key(0), n)[i], shape, jnp.float32) + i
 
-    return jax.jit(make, out_shardings=sharding)()
+
+def _state(jax: Any, shapes: list[tuple[int, int]], sharding: Any) -> dict[str, Any]:
+    n = len(shapes)
+    return jax.jit(lambda: {f"p{i:03d}": _leaf(jax, i, n, s) for i, s in enumerate(shapes)}, out_shardings=sharding)()
 
 
 def _mesh(jax: Any) -> Any:
@@ -217,8 +218,8 @@ def _expected_head(jax: Any, a: argparse.Namespace, shapes: list[tuple[int, int]
     """Recompute leaf ``i`` as it was saved at ``a.step`` (3 + 2 * step training steps before save)."""
     from jax.sharding import SingleDeviceSharding
 
-    state = _state(jax, shapes[: i + 1], SingleDeviceSharding(jax.local_devices()[0]))
-    x = state[f"p{i:03d}"]
+    n = len(shapes)
+    x = jax.jit(lambda: _leaf(jax, i, n, shapes[i]), out_shardings=SingleDeviceSharding(jax.local_devices()[0]))()
     for _ in range(3 + 2 * a.step):
         x = x * 0.5 + 1.0
     return _head(x)
@@ -251,8 +252,7 @@ def floors(size: int, directory: str) -> dict[str, float]:
     chunk = 64 << 20
     t = time.perf_counter()
     with open(path, "wb", buffering=0) as f:
-        for off in range(0, len(view), chunk):
-            f.write(view[off:off + chunk])
+        f.writelines(view[off:off + chunk] for off in range(0, len(view), chunk))
         os.fsync(f.fileno())
     write = time.perf_counter() - t
     t = time.perf_counter()
@@ -298,17 +298,30 @@ def run_child(args: list[str], nproc: int = 1, timeout: float = 900) -> dict[str
     return results[0]
 
 
-def bench_case(size: int, leaves: int, repeats: int, base: str, nproc: int, devices: int) -> dict[str, Any]:
+def bench_case(size: int, leaves: int, repeats: int, base: str, nproc: int, devices: int,
+               restore_repeats: int) -> dict[str, Any]:
+    """Saves, then restores alternating Orbax and Reprieve (fresh processes) so both see the same
+    background load; medians over ``restore_repeats``."""
     res: dict[str, Any] = {}
+    dirs, common = {}, {}
     for impl in ("orbax", "reprieve"):
-        d = os.path.join(base, f"{impl}-{size}-{leaves}-{nproc}")
-        shutil.rmtree(d, ignore_errors=True)
-        common = ["--impl", impl, "--dir", d, "--size", str(size), "--leaves", str(leaves), "--devices", str(devices)]
-        s = run_child(["save", *common, "--repeats", str(repeats)], nproc)
-        r = {"save": s}
-        for variant in ("same", "different"):
-            r[variant] = run_child(["restore", *common, "--step", str(s["last_step"]), "--variant", variant], nproc)
-        res[impl] = r
+        dirs[impl] = os.path.join(base, f"{impl}-{size}-{leaves}-{nproc}")
+        shutil.rmtree(dirs[impl], ignore_errors=True)
+        common[impl] = ["--impl", impl, "--dir", dirs[impl], "--size", str(size), "--leaves", str(leaves),
+                        "--devices", str(devices)]
+        res[impl] = {"save": run_child(["save", *common[impl], "--repeats", str(repeats)], nproc)}
+    for variant in ("same", "different"):
+        runs: dict[str, list[dict[str, Any]]] = {"orbax": [], "reprieve": []}
+        for _ in range(restore_repeats):
+            for impl in ("orbax", "reprieve"):
+                runs[impl].append(run_child(["restore", *common[impl], "--step", str(res[impl]["save"]["last_step"]),
+                                             "--variant", variant], nproc))
+        for impl, rs in runs.items():
+            res[impl][variant] = {
+                "restore_s": statistics.median(r["restore_s"] for r in rs),
+                "rss_delta": statistics.median(r["rss_delta"] for r in rs),
+                "ok": all(r["ok"] for r in rs), "all_restore_s": [r["restore_s"] for r in rs]}
+    for d in dirs.values():
         shutil.rmtree(d, ignore_errors=True)
     return res
 
@@ -318,10 +331,10 @@ def report(size: int, leaves: int, nproc: int, res: dict[str, Any], fl: dict[str
     nbytes = r["save"]["bytes"]
     gib = nbytes / GiB
     per_host = nbytes / nproc
-    lines = [f"== {gib:.2f} GiB, {leaves} leaves, {nproc} process(es) x {4 // nproc} devices "
-             f"(train step {r['save']['step_s'] * 1e3:.0f} ms)"]
+    lines = [(f"== {gib:.2f} GiB, {leaves} leaves, {nproc} process(es) x {4 // nproc} devices "
+              f"(train step {r['save']['step_s'] * 1e3:.0f} ms)")]
 
-    def row(name: str, ov: float, rv: float, floor: float | None, unit: str = "s", lower_better: bool = True) -> None:
+    def row(name: str, ov: float, rv: float, floor: float | None, unit: str = "s") -> None:
         ratio = rv / ov if ov else float("nan")
         fl_txt = f"  floor {floor:.3f}{unit} -> reprieve {rv / floor:.2f}x floor" if floor else ""
         lines.append(f"  {name:<28} orbax {ov:8.3f}{unit}  reprieve {rv:8.3f}{unit}  reprieve/orbax {ratio:5.2f}{fl_txt}")
@@ -346,7 +359,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1", help="state sizes in GiB, comma separated (e.g. 1,4)")
     ap.add_argument("--leaves", default="16,200")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="timed saves per implementation (after a warm-up)")
+    ap.add_argument("--restore-repeats", type=int, default=3, help="restores per implementation and sharding")
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir under /tmp)")
     ap.add_argument("--no-two-process", action="store_true")
     ap.add_argument("--json", default=None, help="also write raw results here")
@@ -361,7 +375,7 @@ def main() -> None:
     raw = []
     for size, n, nproc in cases:
         fl = floors(size, base)
-        res = bench_case(size, n, a.repeats, base, nproc, 4 // nproc)
+        res = bench_case(size, n, a.repeats, base, nproc, 4 // nproc, a.restore_repeats)
         raw.append({"size": size, "leaves": n, "nproc": nproc, "floors": fl, **res})
         print("\n".join(report(size, n, nproc, res, fl)), flush=True)
         print(f"  floors: memcpy {size / GiB / fl['memcpy_s']:.2f} GiB/s, write+fsync "

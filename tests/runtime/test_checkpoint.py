@@ -7,24 +7,24 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from ckpt_workers import launch, state_def  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
-
-from reprieve.checkpoint import (  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from ckpt_workers import launch, state_def
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from reprieve.checkpoint import (
     CheckpointCorruptError,
     CheckpointManager,
     CheckpointSaveError,
     FencedError,
+    layout,
 )
-from reprieve.checkpoint import layout  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -187,13 +187,13 @@ def test_corrupt_checkpoint_names_file_and_falls_back(tmp_path, caplog, damage: 
         mgr.wait()
     ck2 = tmp_path / layout.committed_name(2, 1)
     victim = _chunk_files(ck2 / "arrays" / "00000")[0]  # the bf16 embedding (first leaf in key order)
+    path = Path(victim)
     if damage == "flip":
-        data = bytearray(open(victim, "rb").read())
+        data = bytearray(path.read_bytes())
         data[3] ^= 0x40
-        open(victim, "wb").write(bytes(data))
+        path.write_bytes(bytes(data))
     elif damage == "truncate":
-        data = open(victim, "rb").read()
-        open(victim, "wb").write(data[: len(data) // 2])
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     elif damage == "delete_chunk":
         os.remove(victim)
     else:
@@ -224,7 +224,7 @@ def test_fencing_stale_attempt_cannot_make_checkpoints_visible(tmp_path) -> None
     # A stale writer whose fence check raced the fence (checked just before it appeared) commits
     # anyway: the rename happens, yet the checkpoint is not in attempt 2's snapshot, so it is invisible.
     real_read_fences = old._storage.read_fences
-    old._storage.read_fences = lambda: {}
+    old._storage.read_fences = dict
     old.save(3, x)
     old.wait()
     old._storage.read_fences = real_read_fences
@@ -240,11 +240,11 @@ def test_fencing_stale_attempt_cannot_make_checkpoints_visible(tmp_path) -> None
 @pytest.mark.parametrize("point", ["after_barrier", "before_barrier"])
 def test_crash_between_barrier_and_commit(tmp_path, point: str) -> None:
     cmd = [sys.executable, str(launch.WORKERS / "crash_worker.py"), str(tmp_path), "1", "--steps", "2"]
-    ok = subprocess.run(cmd, env=launch.env(), capture_output=True, text=True, timeout=60)
+    ok = subprocess.run(cmd, env=launch.env(), capture_output=True, text=True, timeout=60, check=False)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     cmd[-1] = "3"
     crashed = subprocess.run(cmd, env=launch.env({"REPRIEVE_CKPT_TEST_CRASH_AT": point}), capture_output=True,
-                             text=True, timeout=60)
+                             text=True, timeout=60, check=False)
     assert crashed.returncode == 86, crashed.stdout + crashed.stderr  # died at the injected point
     assert (tmp_path / layout.tmp_name(1, 1)).exists()  # the re-run's first save never committed
     mgr = CheckpointManager(str(tmp_path), attempt=2)

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from ckpt_workers import launch
 from jax.sharding import SingleDeviceSharding
-
 from reprieve.checkpoint import CheckpointManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

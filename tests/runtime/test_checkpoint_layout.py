@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from reprieve.checkpoint import fencing, layout, retention, spec
 from reprieve.checkpoint.layout import CheckpointName as N
 from reprieve.checkpoint.metadata import CheckpointCorruptError, CheckpointMeta, LeafMeta

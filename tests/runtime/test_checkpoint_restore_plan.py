@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from reprieve.checkpoint.restore import ReadOp, plan_reads
 
 pytestmark = pytest.mark.unit

@@ -21,13 +21,12 @@ from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import pytest  # noqa: E402
-import tensorstore as ts  # noqa: E402
-from ckpt_workers import launch, state_def  # noqa: E402
-
-from reprieve.checkpoint import CheckpointManager, FencedError, layout  # noqa: E402
+import jax
+import jax.numpy as jnp
+import pytest
+import tensorstore as ts
+from ckpt_workers import launch, state_def
+from reprieve.checkpoint import CheckpointManager, FencedError, layout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -49,7 +48,7 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
 def _moto_python() -> str | None:
     for cand in (os.environ.get("REPRIEVE_MOTO_PYTHON"), sys.executable, str(REPO / ".venv/emulators/bin/python")):
         if cand and os.path.exists(cand) and subprocess.run(
-                [cand, "-c", "import moto.server"], capture_output=True).returncode == 0:
+                [cand, "-c", "import moto.server"], capture_output=True, check=False).returncode == 0:
             return cand
     return None
 

@@ -7,4 +7,4 @@ from .fencing import FencedError
 from .manager import CheckpointManager, CheckpointSaveError
 from .metadata import CheckpointCorruptError
 
-__all__ = ["CheckpointManager", "CheckpointCorruptError", "CheckpointSaveError", "FencedError"]
+__all__ = ["CheckpointCorruptError", "CheckpointManager", "CheckpointSaveError", "FencedError"]

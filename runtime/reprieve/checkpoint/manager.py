@@ -23,7 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..coordination import Coordinator, LocalCoordinator
-from . import fencing, layout, retention, save as save_mod
+from . import fencing, layout, retention
+from . import save as save_mod
 from .fencing import FencedError
 from .layout import CheckpointName
 from .metadata import CheckpointCorruptError, CheckpointMeta
@@ -182,7 +183,7 @@ class CheckpointManager:
     def _background_save(self, step: int, snap: save_mod.Snapshot, extra: dict[str, Any], t0: float) -> None:
         try:
             self._save_protocol(step, snap, extra, t0)
-        except BaseException as err:  # surfaced on the next call / wait()
+        except BaseException as err:  # surfaced on the next call / wait()  # noqa: BLE001
             log.error("checkpoint save of step %d failed: %s", step, err)
             self._error = err
 
@@ -198,7 +199,7 @@ class CheckpointManager:
                 st.write_file(f"{ddir}/{layout.METADATA_FILE}", meta.to_json())
             if pid != 0:
                 st.make_durable()  # process 0 does it at commit time, after everybody wrote
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  (reported to every process, then raised)
             local_err = err
         if self._host_copy == "staged" and local_err is None:  # after a failure TensorStore may still hold them
             self._staging.give_back([sc.data for sc in snap.shards])
@@ -240,7 +241,7 @@ class CheckpointManager:
             return f"fenced: attempts {newer} started after attempt {self.attempt}"
         try:
             st.commit(step, self.attempt)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  (reported to every process, then raised)
             return f"error: commit failed: {type(err).__name__}: {err}"
         _maybe_crash("after_commit", 0)
         return "ok"
@@ -271,7 +272,7 @@ class CheckpointManager:
                 return
             try:
                 self._retention_pass()
-            except Exception as err:  # never fatal: the next pass retries
+            except Exception as err:  # never fatal: the next pass retries  # noqa: BLE001
                 log.warning("checkpoint retention at %s failed: %s", self.uri, err)
 
     def _retention_pass(self) -> None:
@@ -279,7 +280,7 @@ class CheckpointManager:
         fences = st.read_fences()
         if fencing.newer_fences(fences, self.attempt):
             return  # a newer attempt owns the directory now
-        committed = [e for e in st.list_entries() if e.state == "committed"]
+        committed = st.list_entries(uncommitted=False)
         vis = fencing.visible(committed, fences)
         invisible = [c for c in committed if c not in set(vis)]
         for c in retention.select_deletions(vis, invisible, keep=self.keep, keep_every=self.keep_every):
@@ -288,7 +289,7 @@ class CheckpointManager:
 
     # -- lookup & restore ---------------------------------------------------------------------------
     def _visible(self) -> list[CheckpointName]:
-        return fencing.visible(self._storage.list_entries(), self._storage.read_fences())
+        return fencing.visible(self._storage.list_entries(uncommitted=False), self._storage.read_fences())
 
     def all_steps(self) -> list[int]:
         """Steps of every complete, visible checkpoint, oldest first."""
@@ -368,8 +369,8 @@ class CheckpointManager:
                 self._deletions.put(None)
                 self._deleter.join(timeout=self._timeout)
 
-    def __enter__(self) -> CheckpointManager:
+    def __enter__(self) -> CheckpointManager:  # noqa: PYI034
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -96,7 +96,10 @@ class Staging:
         return raw[off:off + nbytes].view(dtype).reshape(shape)
 
     def give_back(self, buffers: list[np.ndarray]) -> None:
+        """Make the buffers of the last save the pool; buffers it did not reuse are dropped, so a
+        state whose shapes change does not accumulate stale buffers."""
         with self._lock:
+            self._free = {}
             for b in buffers:
                 self._free.setdefault((b.shape, b.dtype.str), []).append(b)
 

@@ -77,8 +77,9 @@ class Storage:
     def data_dir(self, step: int, attempt: int) -> str:
         raise NotImplementedError
 
-    def list_entries(self) -> list[CheckpointName]:
-        """Every checkpoint-like entry under the root: committed, tmp (unfinished) and deleting."""
+    def list_entries(self, *, uncommitted: bool = True) -> list[CheckpointName]:
+        """Checkpoint-like entries under the root: committed ones, plus (``uncommitted``) unfinished
+        and being-deleted ones. Object stores list every data key only for ``uncommitted``."""
         raise NotImplementedError
 
     def commit(self, step: int, attempt: int) -> None:
@@ -136,11 +137,11 @@ class LocalStorage(Storage):
     def data_dir(self, step: int, attempt: int) -> str:
         return layout.tmp_name(step, attempt)
 
-    def list_entries(self) -> list[CheckpointName]:
+    def list_entries(self, *, uncommitted: bool = True) -> list[CheckpointName]:
         out = []
         for entry in os.listdir(self.loc.path):
             parsed = layout.parse_name(entry)
-            if parsed is not None:
+            if parsed is not None and (uncommitted or parsed.state == "committed"):
                 out.append(parsed)
         return out
 
@@ -234,9 +235,9 @@ class ObjectStorage(Storage):
     def _keys(self, prefix: str) -> list[str]:
         return sorted(k.decode() for k in self._kv.list(_prefix_range(prefix)).result())
 
-    def list_entries(self) -> list[CheckpointName]:
+    def list_entries(self, *, uncommitted: bool = True) -> list[CheckpointName]:
         committed = {k.split("/", 1)[1] for k in self._keys(layout.COMMITS_DIR + "/")}
-        tops = {k.split("/", 1)[0] for k in self._keys("step_")}
+        tops = {k.split("/", 1)[0] for k in self._keys("step_")} if uncommitted else set()
         out = []
         for top in sorted(tops | committed):
             parsed = layout.parse_name(top)

@@ -40,7 +40,6 @@ def main() -> int:
     jax.distributed.initialize(f"127.0.0.1:{args.port}", num_processes=args.nproc, process_id=args.pid,
                                initialization_timeout=int(args.timeout))
     import state_def
-
     from reprieve.checkpoint import CheckpointManager
     from reprieve.coordination import JaxCoordinator
 
@@ -70,7 +69,7 @@ def main() -> int:
 if __name__ == "__main__":
     try:
         rc = main()
-    except BaseException:  # a dead peer would make jax's atexit shutdown barrier wait ~100 s
+    except BaseException:  # noqa: BLE001  a dead peer would make jax's atexit shutdown barrier wait ~100 s
         import traceback
 
         traceback.print_exc()
