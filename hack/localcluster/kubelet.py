@@ -165,9 +165,10 @@ class Kubelet:
         self._kill_all()
         deadline = time.monotonic() + timeout
         for t in self._threads:
-            if t is not threading.current_thread():
-                # Watch threads may sit in a blocking read until the server-side timeout; they are daemons.
-                t.join(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+            # Watch threads may sit in a blocking read until the server-side timeout: they are daemons, left
+            # to end on their own; the loops that start processes or write to the API are waited for.
+            if t is not threading.current_thread() and "watch" not in t.name:
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def pids(self) -> dict[str, int]:
         """``{"ns/pod/container": pid}`` of the processes running now."""

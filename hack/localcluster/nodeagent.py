@@ -102,7 +102,7 @@ class NodeAgent:
         return True
 
     def _deleted_now(self) -> None:
-        if not self._deleted.is_set():
+        if not self._deleted.is_set() and not self._stop.is_set():  # not after a deliberate stop
             self._deleted.set()
             self._on_deleted()
 

@@ -307,29 +307,46 @@ def test_killed_kubelet_takes_its_pods_with_it(cluster: Cluster, core, namespace
         core.delete_node(node)
 
 
-def test_heartbeats_keep_taints_and_labels_set_by_others(cluster: Cluster, core) -> None:
-    from localcluster.testing import label_node, taint_node, untaint_node
+def test_heartbeats_keep_taints_and_labels_set_by_others(cluster: Cluster, core, tmp_path: Path) -> None:
+    from localcluster.kubelet import Kubelet
+    from localcluster.testing import cordon_node, label_node, taint_node
 
-    node = cluster.node_names()[0]
-    lease = client.CoordinationV1Api(core.api_client).read_namespaced_lease(node, "kube-node-lease")
-    assert lease.spec.holder_identity == node
-    assert lease.metadata.owner_references[0].kind == "Node"
-    taint_node(core.api_client, node, "example.com/test", "x", "NoSchedule")
-    label_node(core.api_client, node, {"example.com/test": "kept"})
+    coord = client.CoordinationV1Api(core.api_client)
+    node = f"beat-{uuid.uuid4().hex[:6]}"
+    kubelet = Kubelet(cluster.api_client(), node, tmp_path, heartbeat_period=1.0)
+    kubelet.start()
     try:
-        first = lease.spec.renew_time
-        renewed = wait_for(lambda: client.CoordinationV1Api(core.api_client).read_namespaced_lease(
-            node, "kube-node-lease").spec.renew_time > first, 25, f"lease of {node} to be renewed")
-        assert renewed
-        time.sleep(0.5)  # the node status heartbeat follows the lease renewal
+        lease = coord.read_namespaced_lease(node, "kube-node-lease")
+        assert lease.spec.holder_identity == node and lease.spec.lease_duration_seconds == 40
+        assert lease.metadata.owner_references[0].kind == "Node"
+        registered = next(c for c in core.read_node(node).status.conditions if c.type == "Ready")
+        taint_node(core.api_client, node, "example.com/test", "x", "NoSchedule")
+        label_node(core.api_client, node, {"example.com/test": "kept"})
+        cordon_node(core.api_client, node)
+
+        def heartbeat_after_registration() -> bool:
+            ready = next(c for c in core.read_node(node).status.conditions if c.type == "Ready")
+            return ready.last_heartbeat_time > registered.last_heartbeat_time
+
+        wait_for(heartbeat_after_registration, 10, f"a Ready heartbeat of {node}")
+        assert coord.read_namespaced_lease(node, "kube-node-lease").spec.renew_time > lease.spec.renew_time
         got = core.read_node(node)
-        assert any(t.key == "example.com/test" for t in got.spec.taints or [])
+        assert "example.com/test" in [t.key for t in got.spec.taints or []] and got.spec.unschedulable
         assert got.metadata.labels["example.com/test"] == "kept"
         ready = next(c for c in got.status.conditions if c.type == "Ready")
-        assert ready.status == "True" and ready.last_heartbeat_time >= first.replace(microsecond=0)
+        assert ready.status == "True" and ready.last_transition_time == registered.last_transition_time
     finally:
-        untaint_node(core.api_client, node, "example.com/test")
-        label_node(core.api_client, node, {"example.com/test": None})
+        kubelet.stop()
+        core.delete_node(node)
+
+    def lease_gone() -> bool:
+        try:
+            coord.read_namespaced_lease(node, "kube-node-lease")
+        except client.ApiException as e:
+            return e.status == 404
+        return False
+
+    wait_for(lease_gone, 30, f"the garbage collector to delete the Lease owned by Node {node}")
 
 
 def test_restarted_kubelet_reports_pods_it_lost_and_keeps_node_taints(cluster: Cluster, core, namespace: str,
