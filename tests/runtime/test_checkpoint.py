@@ -250,3 +250,27 @@ def test_crash_between_barrier_and_commit(tmp_path, point: str) -> None:
     mgr = CheckpointManager(str(tmp_path), attempt=2)
     assert mgr.latest_step() == 2
     assert not (tmp_path / layout.tmp_name(1, 1)).exists()
+
+
+def test_slow_deletion_never_blocks_saves(tmp_path) -> None:
+    import threading
+    import time
+
+    x = {"x": jnp.arange(16.0)}
+    mgr = CheckpointManager(str(tmp_path), keep=1)
+    real_delete = mgr._storage.delete
+    release = threading.Event()
+
+    def slow_delete(name) -> None:  # a deletion stuck on a slow store
+        release.wait(30)
+        real_delete(name)
+
+    mgr._storage.delete = slow_delete
+    t0 = time.monotonic()
+    for s in range(1, 5):
+        mgr.save(s, x)
+        mgr.wait()
+    assert time.monotonic() - t0 < 10 and mgr.latest_step() == 4
+    release.set()
+    mgr.close()
+    assert CheckpointManager(str(tmp_path)).all_steps() == [4]
