@@ -4,8 +4,8 @@ For every leaf, each distinct target shard region this process needs gets one 64
 buffer (on CPU the device then adopts it without a copy). :func:`plan_reads` (pure) decides how the
 saved chunks fill those buffers:
 
-* a target region that lies inside one saved chunk is read straight into its buffer (the common
-  same-sharding case: one read, no extra copy);
+* a target region that lies inside one saved chunk is read with one TensorStore read and copied into
+  its buffer (the common same-sharding case);
 * otherwise each overlapping chunk is read once and scattered into every target region it overlaps
   (resharding reads each chunk file once, not once per target shard);
 * a chunk whose needed part is bigger than the budget is read piece by piece.
@@ -30,7 +30,7 @@ import numpy as np
 
 from . import layout, spec
 from .metadata import CheckpointCorruptError, CheckpointMeta, LeafMeta
-from .save import Region, region_of, region_slices
+from .save import Region, host_buffer, region_of, region_slices
 from .storage import Storage
 
 log = logging.getLogger(__name__)
@@ -88,14 +88,6 @@ def plan_reads(shape: Sequence[int], chunk_shape: Sequence[int], targets: Sequen
 
 
 # -- execution --------------------------------------------------------------------------------------
-_ALIGN = 64  # XLA's CPU client adopts host buffers with this alignment instead of copying them
-
-
-def _empty_aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    off = (-raw.ctypes.data) % _ALIGN
-    return raw[off:off + nbytes].view(dtype).reshape(shape)
 
 
 def _local(part: Region, origin: Region) -> tuple[slice, ...]:
@@ -149,7 +141,7 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
             for device, index in sharding.addressable_devices_indices_map(shape).items():
                 by_region[region_of(index, shape)].append(device)
             regions, devices = list(by_region), list(by_region.values())
-        bufs = [_empty_aligned(tuple(hi - lo for lo, hi in r), dtype) for r in regions]
+        bufs = [host_buffer(tuple(hi - lo for lo, hi in r), dtype) for r in regions]
         leaves.append(_Leaf(slot, leaf, shape, dtype, sharding, regions, devices, bufs))
 
     stores = _open_all(storage, ckpt_dir, [lf.meta for lf in leaves], where)
@@ -166,7 +158,9 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
             raise CheckpointCorruptError(
                 f"{where}: reading {layout.array_dir(lf.meta.index or 0)} (leaf {lf.meta.path}, "
                 f"region {list(op.box)}) failed: {err}") from err
-        if not op.direct:
+        if op.direct:
+            np.copyto(lf.buffers[op.parts[0][0]], arr)
+        else:
             def scatter(item: tuple[int, Region]) -> None:
                 i, part = item
                 np.copyto(lf.buffers[i][_local(part, lf.regions[i])], arr[_local(part, op.box)], casting="unsafe")
@@ -182,10 +176,7 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
             nbytes = _size(op.box) * lf.dtype.itemsize
             while inflight and budget + nbytes > memory_limit_bytes:
                 finish()
-            if op.direct:
-                fut = storage.read_into(store, region_slices(op.box), lf.buffers[op.parts[0][0]])
-            else:
-                fut = storage.read(store, region_slices(op.box), lf.dtype)
+            fut = storage.read(store, region_slices(op.box), lf.dtype)
             inflight.append((lf, op, fut))
             budget += nbytes
     while inflight:
