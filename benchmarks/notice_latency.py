@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -88,6 +89,7 @@ class Annotations:
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the cluster is stopped on `timeout`
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--jobs", type=int, default=500)
@@ -149,8 +151,7 @@ def main() -> int:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
         env["KUBECONFIG"] = str(kubeconfig)
         log = open(work / "operator.log", "wb")  # noqa: SIM115
-        op = subprocess.Popen([sys.executable, "-m", "reprieve_operator", "--namespace", NS, "--metrics-port", "0",
-                               "--resync-seconds", "300"], stdout=log, stderr=subprocess.STDOUT, env=env)
+        op = subprocess.Popen([sys.executable, "-m", "reprieve_operator", "--namespace", NS, "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             t1 = time.monotonic()
             while True:  # ready: every job reconciled once (status.ready written)
@@ -158,7 +159,7 @@ def main() -> int:
                 done = sum(1 for i in items if (i.get("status") or {}).get("ready"))
                 if done == args.jobs:
                     break
-                if op.poll() is not None or time.monotonic() - t1 > 300:
+                if op.poll() is not None or time.monotonic() - t1 > 900:
                     raise RuntimeError(f"operator not ready ({done}/{args.jobs} jobs reconciled); see {log.name}")
                 time.sleep(1)
             print(f"operator reconciled all jobs in {time.monotonic() - t1:.0f}s; RSS {rss_mb(op.pid)[0]:.0f} MB")

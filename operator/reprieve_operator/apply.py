@@ -153,3 +153,16 @@ async def gather(calls: Iterable[Callable[[], T]]) -> list[T]:
         if isinstance(r, BaseException):
             raise r
     return results  # type: ignore[return-value]
+
+
+def list_all(fn: Callable[..., Any], *args: Any, page: int = 500, **kwargs: Any) -> list[dict[str, Any]]:
+    """Every object of a paginated LIST, as plain dicts (e.g. ``list_all(api.core.list_node)``)."""
+    items: list[dict[str, Any]] = []
+    token = None
+    while True:
+        extra = {"_continue": token} if token else {}
+        body = _raw(fn(*args, limit=page, _preload_content=False, **kwargs, **extra))
+        items += body.get("items") or []
+        token = (body.get("metadata") or {}).get("continue")
+        if not token:
+            return items

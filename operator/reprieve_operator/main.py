@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fnmatch
 import json
 import logging
 import os
@@ -12,8 +13,10 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
-from . import apply, handlers, metrics
+from . import LABEL_JOB, apply, handlers, metrics, reconcile  # noqa: F401  (handlers: registration)
+from .models import GROUP, PLURAL, VERSION
 from .signals import signal_table
+from .state import State
 
 ENV_SIGNALS = "REPRIEVE_SIGNALS_JSON"
 
@@ -45,16 +48,36 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         table = signal_table(json.loads(raw))
     except (ValueError, TypeError) as err:
         raise kopf.PermanentError(f"{ENV_SIGNALS}: invalid signal table: {err}") from err
-    memo.state = handlers.State(api=apply.Api(api_client()), signals=table)
+    memo.state = state = State(api=apply.Api(api_client()), signals=table)
+    await prime(state, list(getattr(memo, "namespaces", None) or []))
     port = int(getattr(memo, "metrics_port", 0) or 0)
     try:
         metrics.serve(port)
     except OSError as err:
         raise kopf.PermanentError(f"--metrics-port {port}: cannot serve metrics: {err}") from err
     memo.resync = asyncio.get_running_loop().create_task(
-        handlers.resync_loop(memo.state, float(getattr(memo, "resync_seconds", 30.0) or 30.0)))
+        reconcile.resync_loop(memo.state, float(getattr(memo, "resync_seconds", 30.0) or 30.0)))
     logging.getLogger("reprieve_operator").info("watching %d node signals: %s", len(table),
                                                 ", ".join(s.name for s in table))
+
+
+async def prime(state: State, namespaces: list[str]) -> None:
+    """Fill the cache with one paginated LIST per kind before kopf starts watching (see ``cache.py``)."""
+    api = state.api
+
+    def in_scope(obj: dict[str, Any]) -> bool:
+        ns = (obj.get("metadata") or {}).get("namespace", "")
+        return not namespaces or any(fnmatch.fnmatchcase(ns, pat) for pat in namespaces)
+
+    sel = {"label_selector": LABEL_JOB}
+    pods, nodes, jobs = await asyncio.gather(
+        apply.run(apply.list_all, api.core.list_pod_for_all_namespaces, **sel),
+        apply.run(apply.list_all, api.core.list_node),
+        apply.run(apply.list_all, api.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL))
+    state.cache.prime((p for p in pods if in_scope(p)), (n["metadata"]["name"] for n in nodes),
+                      (j for j in jobs if in_scope(j)))
+    reconcile.release_memory()
+    logging.getLogger("reprieve_operator").info("cache primed: %s", state.cache.stats())
 
 
 @kopf.on.cleanup()

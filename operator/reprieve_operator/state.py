@@ -1,0 +1,41 @@
+"""Process-local operator state. Everything here can be re-derived from the cluster after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from . import apply
+from .cache import Cache
+from .models import GROUP, KIND, VERSION
+from .signals import Signal
+
+Key = tuple[str, str]
+
+
+@dataclass
+class State:
+    api: apply.Api
+    signals: tuple[Signal, ...]
+    cache: Cache = field(default_factory=Cache)
+    first_seen: dict[str, dict[str, datetime]] = field(default_factory=dict)  # node -> signal -> time
+    seen_mono: dict[str, float] = field(default_factory=dict)  # node -> monotonic time of first signal
+    notice_nodes: set[str] = field(default_factory=set)
+    delivered: set[tuple[str, int]] = field(default_factory=set)  # (job uid, attempt)
+    custom_jobs: set[Key] = field(default_factory=set)  # jobs with their own custom signals
+    locks: dict[Key, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
+    pending: dict[Key, bool] = field(default_factory=dict)  # reconcile queued/running -> dirty
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def job_ref(body: dict[str, Any]) -> dict[str, Any]:
+    meta = body["metadata"]
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": meta["name"],
+            "namespace": meta["namespace"], "uid": meta.get("uid")}

@@ -1,0 +1,53 @@
+"""The operator's in-memory indices: node -> jobs and job -> pods follow pod, node and job events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from reprieve_operator.cache import Cache
+
+pytestmark = pytest.mark.unit
+
+
+def pod(name: str, job: str | None = "llama", node: str | None = "n0", ns: str = "ml") -> dict[str, Any]:
+    labels = {"reprieve.dev/job-name": job, "reprieve.dev/replica-index": name[-1],
+              "reprieve.dev/attempt": "1"} if job else {}
+    return {"metadata": {"name": name, "namespace": ns, "labels": labels, "managedFields": [{"x": 1}]},
+            "spec": {"nodeName": node}, "status": {"phase": "Running"}}
+
+
+def test_pods_index_by_node_and_job() -> None:
+    c = Cache()
+    c.prime([pod("llama-0", node="n0"), pod("llama-1", node="n1"), pod("gpt-0", "gpt", "n0"),
+             pod("stray", job=None)], ["n0", "n1"], [])
+    assert c.jobs_on("n0") == [("ml", "gpt"), ("ml", "llama")] and c.jobs_on("n1") == [("ml", "llama")]
+    assert sorted(p["metadata"]["name"] for p in c.pods_of("ml", "llama")) == ["llama-0", "llama-1"]
+    assert "managedFields" not in c.pods_of("ml", "gpt")[0]["metadata"]
+    assert c.stats() == {"pods": 3, "jobs": 0, "nodes": 2}
+
+
+def test_updates_and_deletes() -> None:
+    c = Cache()
+    c.upsert_pod(pod("llama-0", node=None))  # not yet scheduled
+    assert c.jobs_on("n0") == []
+    c.upsert_pod(pod("llama-0", node="n0"))
+    c.upsert_pod(pod("llama-0", node="n0"))  # a repeated event does not double count
+    c.upsert_pod(pod("llama-1", node="n0"))
+    c.delete_pod(pod("llama-0"))
+    assert c.jobs_on("n0") == [("ml", "llama")]
+    c.delete_pod(pod("llama-1"))
+    c.delete_pod(pod("llama-1"))  # already gone: fine
+    assert c.jobs_on("n0") == [] and c.pods_of("ml", "llama") == []
+
+
+def test_jobs() -> None:
+    c = Cache()
+    done = {"metadata": {"name": "a", "namespace": "ml", "uid": "u"}, "spec": {}, "status": {"phase": "Succeeded"}}
+    live = {"metadata": {"name": "b", "namespace": "ml", "uid": "v"}, "spec": {"replicas": 1}, "status": {}}
+    c.upsert_job(done)
+    c.upsert_job(live)
+    assert c.unfinished_jobs() == [("ml", "b")] and c.jobs[("ml", "b")]["spec"] == {"replicas": 1}
+    c.delete_job(live)
+    assert c.unfinished_jobs() == []
