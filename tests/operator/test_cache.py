@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from reprieve_operator.cache import Cache
 
 pytestmark = pytest.mark.unit
