@@ -17,7 +17,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Prometheus /metrics port (0 disables)")
     p.add_argument("--liveness-port", type=int, default=int(os.environ.get("REPRIEVE_HEALTH_PORT", "0")),
                    help="serve kopf's /healthz on this port (0 disables)")
-    p.add_argument("--resync-seconds", type=float, default=30.0,
+    p.add_argument("--resync-seconds", type=float, default=60.0,
                    help="period of the safety-net reconcile of every unfinished job")
     p.add_argument("--log-level", default=os.environ.get("REPRIEVE_LOG_LEVEL", "INFO"))
     p.add_argument("--signals-json", default=None,

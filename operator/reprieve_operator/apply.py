@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -155,14 +155,13 @@ async def gather(calls: Iterable[Callable[[], T]]) -> list[T]:
     return results  # type: ignore[return-value]
 
 
-def list_all(fn: Callable[..., Any], *args: Any, page: int = 500, **kwargs: Any) -> list[dict[str, Any]]:
-    """Every object of a paginated LIST, as plain dicts (e.g. ``list_all(api.core.list_node)``)."""
-    items: list[dict[str, Any]] = []
+def list_pages(fn: Callable[..., Any], *args: Any, page: int = 500, **kwargs: Any) -> Iterator[list[dict[str, Any]]]:
+    """A paginated LIST, one page of plain dicts at a time (callers keep only what they need of each)."""
     token = None
     while True:
         extra = {"_continue": token} if token else {}
         body = _raw(fn(*args, limit=page, _preload_content=False, **kwargs, **extra))
-        items += body.get("items") or []
+        yield body.get("items") or []
         token = (body.get("metadata") or {}).get("continue")
         if not token:
-            return items
+            return

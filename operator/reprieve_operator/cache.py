@@ -10,7 +10,7 @@ the handlers receive anyway. It stores only the few fields the operator reads (`
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from . import LABEL_JOB
@@ -88,16 +88,6 @@ class Cache:
 
     def unfinished_jobs(self) -> list[Key]:
         return sorted(k for k, b in self.jobs.items() if b["status"].get("phase") not in ("Succeeded", "Failed"))
-
-    # --- bulk ---
-    def prime(self, pods: Iterable[Mapping[str, Any]], nodes: Iterable[str],
-              jobs: Iterable[Mapping[str, Any]]) -> None:
-        for p in pods:
-            self.upsert_pod(p)
-        self.nodes.update(nodes)
-        for j in jobs:
-            self.upsert_job(j)
-        self.primed = True
 
     def stats(self) -> dict[str, int]:
         return {"pods": len(self._pod_job), "jobs": len(self.jobs), "nodes": len(self.nodes)}

@@ -56,7 +56,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     except OSError as err:
         raise kopf.PermanentError(f"--metrics-port {port}: cannot serve metrics: {err}") from err
     memo.resync = asyncio.get_running_loop().create_task(
-        reconcile.resync_loop(memo.state, float(getattr(memo, "resync_seconds", 30.0) or 30.0)))
+        reconcile.resync_loop(memo.state, float(getattr(memo, "resync_seconds", 60.0) or 60.0)))
     logging.getLogger("reprieve_operator").info("watching %d node signals: %s", len(table),
                                                 ", ".join(s.name for s in table))
 
@@ -69,13 +69,19 @@ async def prime(state: State, namespaces: list[str]) -> None:
         ns = (obj.get("metadata") or {}).get("namespace", "")
         return not namespaces or any(fnmatch.fnmatchcase(ns, pat) for pat in namespaces)
 
-    sel = {"label_selector": LABEL_JOB}
-    pods, nodes, jobs = await asyncio.gather(
-        apply.run(apply.list_all, api.core.list_pod_for_all_namespaces, **sel),
-        apply.run(apply.list_all, api.core.list_node),
-        apply.run(apply.list_all, api.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL))
-    state.cache.prime((p for p in pods if in_scope(p)), (n["metadata"]["name"] for n in nodes),
-                      (j for j in jobs if in_scope(j)))
+    def fill() -> None:  # page by page: never all 10,000 full pod bodies in memory at once
+        cache = state.cache
+        for page in apply.list_pages(api.core.list_node):
+            cache.nodes.update(n["metadata"]["name"] for n in page)
+        for page in apply.list_pages(api.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL):
+            for job in filter(in_scope, page):
+                cache.upsert_job(job)
+        for page in apply.list_pages(api.core.list_pod_for_all_namespaces, label_selector=LABEL_JOB):
+            for pod in filter(in_scope, page):
+                cache.upsert_pod(pod)
+        cache.primed = True
+
+    await apply.run(fill)
     reconcile.release_memory()
     logging.getLogger("reprieve_operator").info("cache primed: %s", state.cache.stats())
 

@@ -140,15 +140,16 @@ async def resync_loop(state: State, interval: float) -> None:
     finalizer, and a finalizer would keep deleted jobs (and their pods) alive while the operator is down.
     """
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(interval / 2)
         release_memory()
         try:
             keys = state.cache.unfinished_jobs()
             log.debug("resync: %d unfinished job(s); cache %s", len(keys), state.cache.stats())
+            # Spread over half the interval: a steady trickle, never a burst that delays notice delivery.
+            gap = interval / 2 / max(1, len(keys))
             for namespace, name in keys:
                 kick(state, namespace, name)
+                await asyncio.sleep(gap)
         except Exception:  # never let the safety net die
             metrics.RECONCILE_ERRORS.labels("resync").inc()
             log.exception("resync failed")
-
-
