@@ -52,7 +52,7 @@ def cache_dir() -> Path:
 def ensure_tools() -> Path:
     """Build (or reuse) localkube and helm; return the bin dir. Rebuilds only when the sources changed."""
     script = REPO / "hack" / "build-tools.sh"
-    proc = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, timeout=3600)
+    proc = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, timeout=3600, check=False)
     if proc.returncode != 0:
         raise ClusterError(f"{script} failed with exit code {proc.returncode} (its output is above)")
     return Path(proc.stdout.strip().splitlines()[-1])
@@ -74,7 +74,7 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, *, interval
                 return
         except ClusterError:
             raise
-        except Exception as err:  # a probe that errors is a probe that is not ready yet
+        except Exception as err:  # noqa: BLE001 - a probe that errors is a probe that is not ready yet
             log.debug("%s: %s", what, err)
         if time.monotonic() > deadline:
             extra = on_timeout() if on_timeout else ""
@@ -137,7 +137,7 @@ class Cluster:
                  cluster.kubeconfig)
         return cluster
 
-    def __enter__(self) -> Cluster:
+    def __enter__(self) -> Cluster:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -149,7 +149,7 @@ class Cluster:
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> _Proc:
         log_path = self.workdir / "logs" / f"{name}.log"
-        out = open(log_path, "ab")
+        out = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         popen = subprocess.Popen([str(self.bin_dir / "localkube"), *args] if name in COMPONENTS else args,
                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True, env=env)
@@ -335,7 +335,8 @@ class Cluster:
 def _run(cmd: list[str], env: dict[str, str], input: str | None, check: bool,
          timeout: float) -> subprocess.CompletedProcess[str]:
     try:
-        proc = subprocess.run(cmd, env=env, input=input, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, env=env, input=input, capture_output=True, text=True, timeout=timeout,
+                              check=False)
     except subprocess.TimeoutExpired as err:
         raise ClusterError(f"{' '.join(cmd[:4])} ... did not finish within {timeout:.0f}s") from err
     if check and proc.returncode != 0:

@@ -38,7 +38,7 @@ class PKI:
 def _openssl(*args: str, cwd: Path) -> None:
     if shutil.which("openssl") is None:
         raise PKIError("openssl not found on PATH: install it (Debian: apt-get install openssl)")
-    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
     if proc.returncode != 0:
         raise PKIError(f"openssl {' '.join(args[:2])} failed: {proc.stderr.strip()}")
 

@@ -23,7 +23,7 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, *, interval:
             value = predicate()
             if value:
                 return value
-        except Exception as err:  # keep polling; report the last error on timeout
+        except Exception as err:  # noqa: BLE001 - keep polling; report the last error on timeout
             last_err = err
         if time.monotonic() > deadline:
             detail = describe() if describe else ""

@@ -136,6 +136,9 @@ def _join(config: RuntimeConfig) -> Coordinator:
             coordinator_address=config.coordinator_address,
             num_processes=config.num_processes,
             process_id=config.process_id,
+            # Everything comes from the contract env; JAX's Kubernetes auto-detection would read the fixed
+            # service-account path and need RBAC on pods we do not grant.
+            cluster_detection_method="deactivate",
             coordinator_bind_address=config.coordinator_bind_address(),
             initialization_timeout=config.init_timeout_seconds,
             heartbeat_timeout_seconds=config.heartbeat_timeout_seconds,
