@@ -40,7 +40,7 @@ test: venv tools
 
 ## demo: the main job on the local cluster
 demo: venv tools
-	$(PY) -m localcluster smoke
+	$(PY) hack/demo.py
 
 ## cluster: a local cluster with 3 nodes until Ctrl-C (prints the KUBECONFIG to use)
 cluster: venv tools

@@ -12,7 +12,8 @@ and on Kubernetes through ``examples/trainingjob.yaml`` (the operator sets the c
 
 Environment knobs (handy for tests and the demo): ``TRAIN_STEPS``, ``TRAIN_STEP_SLEEP`` (seconds added to each
 step, to make a toy step last as long as a real one), ``TRAIN_RESULT`` (where process 0 writes the final
-parameters' SHA-256 and step count as JSON).
+parameters' SHA-256 and step count as JSON), ``TRAIN_STEP_LOG`` (process 0 appends one JSON line per step:
+attempt, step, wall time; the goodput analysis in ``hack/localcluster/goodput.py`` reads it).
 """
 
 from __future__ import annotations
@@ -106,10 +107,16 @@ def main() -> int:
     log.info("process %d/%d starting at step %d of %d (attempt %s)", jax.process_index(), jax.process_count(),
              start, args.steps, os.environ.get("REPRIEVE_ATTEMPT", "1"))
     loss = None
+    attempt = int(os.environ.get("REPRIEVE_ATTEMPT", "1"))
+    step_log_path = os.environ.get("TRAIN_STEP_LOG") if jax.process_index() == 0 else None
+    step_log = open(step_log_path, "a", buffering=1) if step_log_path else None  # line-buffered
     for step in job.steps(start, args.steps):
         state, loss = train_step(state, *global_batch(step))
         if args.step_sleep:
             time.sleep(args.step_sleep)
+        if step_log is not None:
+            loss.block_until_ready()
+            step_log.write(json.dumps({"attempt": attempt, "step": step, "t": time.time()}) + "\n")
         if step % 50 == 0:
             log.info("step %d loss %.5f", step, float(loss))
         job.save(step, state)

@@ -328,6 +328,12 @@ class Cluster:
         else:
             _terminate(proc.popen, 15.0)
 
+    def pod_logs(self, namespace: str, pod: str, container: str = "*") -> list[Path]:
+        """Log files of every incarnation of pod ``namespace/pod`` on any node, oldest first."""
+        found = [p for p in self.workdir.glob(f"nodes/*/pods/{namespace}/{pod}-*/logs/{container}.log")
+                 if len(p.parents[1].name) == len(pod) + 9]  # "<pod>-<uid8>", not another pod's "<pod>-x-..."
+        return sorted(found, key=lambda p: p.stat().st_ctime_ns)
+
     def kubelet_log(self, name: str) -> str:
         return (self.workdir / "logs" / f"kubelet-{name}.log").read_text(errors="replace")
 

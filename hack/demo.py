@@ -1,0 +1,170 @@
+"""``make demo``: a GKE spot preemption of a 2-worker JAX job on a local 3-node cluster, shown as it happens.
+
+1. start the local control plane and three process-kubelet nodes;
+2. ``helm install`` the chart and run the operator with the chart's ServiceAccount (RBAC as in a real cluster);
+3. apply ``examples/trainingjob.yaml`` (2 workers, data-parallel MLP);
+4. once training is under way, put the GKE spot taint on one worker's node and delete the node 30 s later;
+5. follow the notice, the agreed step, the commit, the exit with the restart code, the gang restart on the other
+   nodes, the restore and the run to completion; end with lost steps, downtime, goodput and ``kubectl get tj``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from localcluster import Cluster  # noqa: E402
+from localcluster.goodput import analyse, read_step_log  # noqa: E402
+from localcluster.stack import OperatorProcess, example_job, install_chart  # noqa: E402
+from localcluster.testing import taint_node, wait_for  # noqa: E402
+
+NS = "demo"
+JOB = "mlp"
+SPOT_TAINT = "cloud.google.com/impending-node-termination"
+INTERESTING = ("starting at step", "notice", "agreed", "committed", "exiting with code", "restored", "finished",
+               "ERROR", "CRITICAL", "Traceback")
+
+T0 = time.monotonic()
+
+
+def say(msg: str) -> None:
+    print(f"[{time.monotonic() - T0:6.1f}s] {msg}", flush=True)
+
+
+class Follower(threading.Thread):
+    """Prints the interesting lines of every incarnation of the job's pods as they are written."""
+
+    def __init__(self, cluster: Cluster, pods: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.pods = cluster, pods
+        self.offsets: dict[Path, int] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.3):
+            self.poll()
+
+    def poll(self) -> None:
+        for pod in self.pods:
+            for path in self.cluster.pod_logs(NS, pod, "trainer"):
+                pos = self.offsets.get(path, 0)
+                with open(path, errors="replace") as f:
+                    f.seek(pos)
+                    chunk = f.read()
+                    self.offsets[path] = pos + len(chunk.encode())
+                for line in chunk.splitlines():
+                    if any(k in line for k in INTERESTING):
+                        text = line.split(": ", 1)[-1] if ": " in line else line
+                        say(f"  {pod} | {text[:150]}")
+
+
+def tj(cluster: Cluster) -> dict:
+    return json.loads(cluster.kubectl("get", "tj", JOB, "-n", NS, "-o", "json").stdout)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--step-sleep", type=float, default=0.05)
+    parser.add_argument("--preempt-at-step", type=int, default=150)
+    parser.add_argument("--notice-seconds", type=float, default=30.0, help="taint -> node deletion")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="reprieve-demo-"))
+    say("starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler)")
+    with Cluster.start(work / "cluster") as cluster:
+        for name in ("node-a", "node-b", "node-c"):
+            cluster.add_node(name, {"cloud.google.com/gke-spot": "true"})
+        say(f"control plane at {cluster.server}; nodes: {', '.join(cluster.node_names())}")
+        install_chart(cluster)
+        say("helm chart installed (CRD, ServiceAccount, ClusterRole); starting the operator with its token")
+        operator = OperatorProcess(cluster, work / "operator", namespaces=[NS]).start()
+        try:
+            return run(cluster, operator, work, args)
+        finally:
+            operator.stop()
+            say(f"logs kept in {work}")
+
+
+def run(cluster: Cluster, operator: OperatorProcess, work: Path, args: argparse.Namespace) -> int:
+    cluster.kubectl("create", "namespace", NS)
+    ckpt = work / "shared-storage"
+    steplog = ckpt / "steps.jsonl"
+    body = example_job(JOB, replicas=2, steps=args.steps, step_sleep=args.step_sleep, interval=100,
+                       checkpoint_dir=ckpt, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"})
+    cluster.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(body))
+    start = time.time()
+    say(f"TrainingJob {NS}/{JOB} applied: 2 workers x 2 devices, {args.steps} steps, periodic save every 100")
+    follower = Follower(cluster, [f"{JOB}-0", f"{JOB}-1"])
+    follower.start()
+    api = cluster.api_client()
+    last_phase = None
+
+    def show_status() -> dict:
+        nonlocal last_phase
+        status = tj(cluster).get("status", {})
+        key = (status.get("phase"), status.get("attempt"), status.get("ready"))
+        if key != last_phase:
+            say(f"TrainingJob phase={key[0]} attempt={key[1]} ready={key[2]} "
+                f"restarts={status.get('restarts')} lastCheckpointStep={status.get('lastCheckpointStep')}")
+            last_phase = key
+        return status
+
+    def reached(step: int) -> bool:
+        show_status()
+        return steplog.exists() and any(r.step >= step for r in read_step_log(steplog))
+
+    wait_for(lambda: reached(args.preempt_at_step), args.timeout, f"training to reach step {args.preempt_at_step}",
+             interval=0.3)
+    node = json.loads(cluster.kubectl("get", "pod", f"{JOB}-1", "-n", NS, "-o", "json").stdout)["spec"]["nodeName"]
+    say(f">>> GKE spot preemption: tainting {node} with {SPOT_TAINT}; the node will be deleted in "
+        f"{args.notice_seconds:.0f}s")
+    taint_node(api, node, SPOT_TAINT, "true", "NoSchedule")
+    taint_time = time.monotonic()
+    deleted = False
+    while True:
+        status = show_status()
+        if not deleted and time.monotonic() - taint_time >= args.notice_seconds:
+            say(f">>> {node} is reclaimed: deleting the Node (its kubelet SIGKILLs whatever still runs there)")
+            cluster.remove_node(node)
+            deleted = True
+        if status.get("phase") in ("Succeeded", "Failed"):
+            break
+        if time.monotonic() - T0 > args.timeout:
+            say("demo timed out")
+            print(operator.tail(40))
+            return 1
+        time.sleep(0.3)
+    end = time.time()
+    follower.stop.set()
+    follower.poll()
+    pods = cluster.kubectl("get", "pods", "-n", NS, "-o", "custom-columns=POD:.metadata.name,NODE:.spec.nodeName,"
+                           "ATTEMPT:.metadata.labels.reprieve\\.dev/attempt,PHASE:.status.phase").stdout
+    print("\n" + pods)
+    report = analyse(read_step_log(steplog), start=start, end=end)
+    status = tj(cluster)["status"]
+    print("Summary")
+    print(f"  outcome        {status.get('phase')} after {len(report.interruptions)} gang restart(s); "
+          f"restarts by cause {status.get('restarts')}")
+    for i in report.interruptions:
+        print(f"  preemption     attempt {i.from_attempt}: saved at step {i.last_step}, resumed at step "
+              f"{i.resumed_at}: {i.lost_steps} lost step(s), {i.gap_seconds:.1f}s from last step to first step "
+              f"after restore")
+    print(f"  goodput        {report.goodput:.1%} (productive {report.productive_seconds:.1f}s of "
+          f"{report.wall_seconds:.1f}s wall; definition in docs/goodput.md)")
+    print()
+    print(cluster.kubectl("get", "tj", "-n", NS).stdout)
+    ok = status.get("phase") == "Succeeded" and report.lost_steps == 0 and len(report.interruptions) >= 1
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

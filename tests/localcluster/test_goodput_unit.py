@@ -1,0 +1,50 @@
+"""Goodput arithmetic (hack/localcluster/goodput.py), table-tested."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from localcluster.goodput import StepRecord, analyse, read_step_log
+
+pytestmark = pytest.mark.unit
+
+
+def run(attempt: int, steps: range, t0: float, dt: float = 1.0) -> list[StepRecord]:
+    return [StepRecord(attempt, s, t0 + i * dt) for i, s in enumerate(steps)]
+
+
+def test_uninterrupted_run_counts_every_step_once() -> None:
+    report = analyse(run(1, range(10), 5.0), start=0.0, end=20.0)
+    assert report.steps == 10
+    assert report.productive_seconds == pytest.approx(10.0)  # first step at the median (1 s)
+    assert report.goodput == pytest.approx(0.5)
+    assert report.interruptions == []
+
+
+def test_noticed_preemption_loses_nothing_and_the_gap_is_badput() -> None:
+    records = run(1, range(0, 5), 0.0) + run(2, range(5, 10), 30.0)
+    report = analyse(records, start=0.0, end=35.0)
+    (i,) = report.interruptions
+    assert (i.from_attempt, i.last_step, i.resumed_at, i.lost_steps) == (1, 4, 5, 0)
+    assert i.gap_seconds == pytest.approx(26.0)
+    assert report.productive_seconds == pytest.approx(10.0)
+
+
+def test_steps_redone_after_a_lost_checkpoint_count_once() -> None:
+    # Attempt 1 reached step 7, the checkpoint was at step 4: steps 5-7 are lost and redone.
+    records = run(1, range(0, 8), 0.0) + run(2, range(5, 10), 20.0, dt=2.0)
+    report = analyse(records, start=0.0, end=30.0)
+    (i,) = report.interruptions
+    assert (i.last_step, i.resumed_at, i.lost_steps) == (7, 5, 3)
+    assert report.steps == 10
+    # preserved: steps 0-4 of attempt 1 (5 x 1 s) and 5-9 of attempt 2 (5 x 2 s)
+    assert report.productive_seconds == pytest.approx(15.0)
+    assert report.lost_steps == 3
+
+
+def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "steps.jsonl"
+    path.write_text(json.dumps({"attempt": 1, "step": 0, "t": 1.0}) + "\n" + '{"attempt": 1, "st')
+    assert read_step_log(path) == [StepRecord(1, 0, 1.0)]
