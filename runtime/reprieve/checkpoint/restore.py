@@ -4,8 +4,8 @@ For every leaf, each distinct target shard region this process needs gets one 64
 buffer (on CPU the device then adopts it without a copy). :func:`plan_reads` (pure) decides how the
 saved chunks fill those buffers:
 
-* a target region that lies inside one saved chunk is read with one TensorStore read and copied into
-  its buffer (the common same-sharding case);
+* a target region that lies inside one saved chunk is read by TensorStore straight into its buffer
+  (the common same-sharding case: no intermediate array; dtype casts happen on the way);
 * otherwise each overlapping chunk is read once and scattered into every target region it overlaps
   (resharding reads each chunk file once, not once per target shard);
 * a chunk whose needed part is bigger than the budget is read piece by piece.
@@ -158,9 +158,7 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
             raise CheckpointCorruptError(
                 f"{where}: reading {layout.array_dir(lf.meta.index or 0)} (leaf {lf.meta.path}, "
                 f"region {list(op.box)}) failed: {err}") from err
-        if op.direct:
-            np.copyto(lf.buffers[op.parts[0][0]], arr)
-        else:
+        if not op.direct:  # direct reads landed in their buffer already
             def scatter(item: tuple[int, Region]) -> None:
                 i, part = item
                 np.copyto(lf.buffers[i][_local(part, lf.regions[i])], arr[_local(part, op.box)], casting="unsafe")
@@ -176,7 +174,10 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
             nbytes = _size(op.box) * lf.dtype.itemsize
             while inflight and budget + nbytes > memory_limit_bytes:
                 finish()
-            fut = storage.read(store, region_slices(op.box), lf.dtype)
+            if op.direct:
+                fut = storage.read_into(store, region_slices(op.box), lf.buffers[op.parts[0][0]])
+            else:
+                fut = storage.read(store, region_slices(op.box), lf.dtype)
             inflight.append((lf, op, fut))
             budget += nbytes
     while inflight:

@@ -55,6 +55,14 @@ class Storage:
         return ts.open(s, open=True, assume_metadata=True, write=True, context=self.context)
 
     @staticmethod
+    def read_into(store: Any, region: tuple[slice, ...], out: Any) -> Any:
+        """Future that reads ``store[region]`` straight into the numpy array ``out`` (converting dtype)."""
+        src = store[region] if region else store
+        if src.dtype.numpy_dtype != out.dtype:
+            src = ts.cast(src, out.dtype)
+        return ts.array(out, copy=False, write=True).write(src)
+
+    @staticmethod
     def read(store: Any, region: tuple[slice, ...], dtype: Any) -> Any:
         """Future of ``store[region]`` as a new numpy array of ``dtype``."""
         src = store[region] if region else store
