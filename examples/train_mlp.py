@@ -13,7 +13,8 @@ and on Kubernetes through ``examples/trainingjob.yaml`` (the operator sets the c
 Environment knobs (handy for tests and the demo): ``TRAIN_STEPS``, ``TRAIN_STEP_SLEEP`` (seconds added to each
 step, to make a toy step last as long as a real one), ``TRAIN_RESULT`` (where process 0 writes the final
 parameters' SHA-256 and step count as JSON), ``TRAIN_STEP_LOG`` (process 0 appends one JSON line per step:
-attempt, step, wall time; the goodput analysis in ``hack/localcluster/goodput.py`` reads it).
+attempt, step, wall time; the goodput analysis in ``hack/localcluster/goodput.py`` reads it),
+``TRAIN_FAIL_AT_STEP`` (raise at that step: an application bug, for the failure-budget tests).
 """
 
 from __future__ import annotations
@@ -110,7 +111,10 @@ def main() -> int:
     attempt = int(os.environ.get("REPRIEVE_ATTEMPT", "1"))
     step_log_path = os.environ.get("TRAIN_STEP_LOG") if jax.process_index() == 0 else None
     step_log = open(step_log_path, "a", buffering=1) if step_log_path else None  # line-buffered
+    fail_at = int(os.environ.get("TRAIN_FAIL_AT_STEP", "-1"))
     for step in job.steps(start, args.steps):
+        if step == fail_at:
+            raise RuntimeError(f"TRAIN_FAIL_AT_STEP={fail_at}: simulated application failure")
         state, loss = train_step(state, *global_batch(step))
         if args.step_sleep:
             time.sleep(args.step_sleep)

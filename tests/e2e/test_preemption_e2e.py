@@ -1,0 +1,138 @@
+"""End to end: the operator (chart RBAC), the real runtime in 2-process JAX jobs, the local cluster.
+
+Every job is the example trainer (examples/train_mlp.py via examples/trainingjob.yaml) on nodes of the test's
+own pool; its step log and result land in a per-job host directory mounted at /ckpt.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from localcluster.goodput import analyse, read_step_log
+from localcluster.stack import example_job
+from localcluster.testing import taint_node, wait_for
+
+from .conftest import get_tj, pod_node, wait_tj, worker_logs
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+STEPS, SLEEP = 240, 0.03
+SPOT_TAINT = "cloud.google.com/impending-node-termination"
+
+
+def submit(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, interval: int = 0,
+           extra_env: dict[str, str] | None = None, max_failures: int | None = None) -> Path:
+    ckpt = root / name
+    body = example_job(name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
+                       node_selector={"reprieve.test/pool": pool}, max_failures=max_failures,
+                       extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **(extra_env or {})})
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+    return ckpt
+
+
+def wait_step(ckpt: Path, step: int, timeout: float, cluster: Any, namespace: str, name: str) -> None:
+    log = ckpt / "steps.jsonl"
+    wait_for(lambda: log.exists() and any(r.step >= step for r in read_step_log(log)), timeout,
+             f"{namespace}/{name} to reach step {step}", interval=0.3,
+             describe=lambda: worker_logs(cluster, namespace, name, 2))
+
+
+def succeeded(status: dict) -> bool:
+    return status.get("phase") == "Succeeded"
+
+
+def test_noticed_preemption_loses_no_step_and_ends_bit_identical_beside_an_uninterrupted_job(
+        cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path) -> None:
+    pool_a, nodes_a = pool(3)
+    pool_b, _ = pool(2)
+    ckpt_a = submit(cluster, namespace, "preempted", tmp_path, pool_a)
+    ckpt_b = submit(cluster, namespace, "steady", tmp_path, pool_b)
+
+    wait_step(ckpt_a, 60, 240, cluster, namespace, "preempted")
+    doomed = pod_node(cluster, namespace, "preempted-1")
+    assert doomed in nodes_a
+    taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
+
+    status = wait_tj(cluster, namespace, "preempted", lambda s: (s.get("attempt") or 0) >= 2
+                     and s.get("phase") == "Running", 120, "attempt 2 running", operator)["status"]
+    cluster.remove_node(doomed)  # the VM is reclaimed after the job moved away
+    assert status["restarts"]["preemption"] == 1, status
+    assert status["lastNotice"]["node"] == doomed, status
+    for i in range(2):
+        assert pod_node(cluster, namespace, f"preempted-{i}") != doomed
+
+    final_a = wait_tj(cluster, namespace, "preempted", succeeded, 300, "Succeeded", operator)
+    final_b = wait_tj(cluster, namespace, "steady", succeeded, 300, "Succeeded", operator)
+    result_a = json.loads((ckpt_a / "result.json").read_text())
+    result_b = json.loads((ckpt_b / "result.json").read_text())
+    assert result_a["resumedFrom"] > 60, result_a
+    assert result_a["sha256"] == result_b["sha256"], "resumed run's parameters differ from the uninterrupted run's"
+
+    report = analyse(read_step_log(ckpt_a / "steps.jsonl"), start=0, end=1)
+    assert len(report.interruptions) == 1
+    assert report.interruptions[0].lost_steps == 0, report.summary()
+    assert report.steps == STEPS
+    assert final_a["status"]["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}
+    assert final_a["status"]["lastCheckpointStep"] == STEPS - 1
+    assert final_b["status"]["restartCount"] == 0 and final_b["status"]["attempt"] == 1
+
+
+def test_hard_node_loss_resumes_from_the_last_periodic_checkpoint(
+        cluster: Any, namespace: str, operator: Any, pool: Any, tmp_path: Path) -> None:
+    interval = 40
+    pool_a, _ = pool(3)
+    ckpt = submit(cluster, namespace, "lost", tmp_path, pool_a, interval=interval)
+    wait_step(ckpt, 100, 240, cluster, namespace, "lost")
+    cluster.remove_node(pod_node(cluster, namespace, "lost-1"))  # no taint, no notice: the node is just gone
+
+    final = wait_tj(cluster, namespace, "lost", succeeded, 420, "Succeeded after the node loss", operator)
+    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
+    assert len(report.interruptions) >= 1, report.summary()
+    first = report.interruptions[0]
+    assert first.resumed_at % interval == 0, report.summary()  # resumed right after a periodic checkpoint
+    assert first.lost_steps <= interval, report.summary()
+    restarts = final["status"]["restarts"]
+    assert restarts["preemption"] == 0 and restarts["disruption"] + restarts["failure"] >= 1, restarts
+
+
+def test_application_failure_is_counted_and_fails_the_job_after_the_budget(
+        cluster: Any, namespace: str, operator: Any, pool: Any, tmp_path: Path) -> None:
+    pool_a, _ = pool(2)
+    submit(cluster, namespace, "buggy", tmp_path, pool_a, max_failures=1, extra_env={"TRAIN_FAIL_AT_STEP": "5"})
+    final = wait_tj(cluster, namespace, "buggy", lambda s: s.get("phase") == "Failed", 300, "Failed", operator)
+    status = final["status"]
+    # One gang restart allowed; the second failure (attempt 2) ends the job. Failures are counted as they
+    # happen, so the count includes the final one.
+    assert status["attempt"] == 2, status
+    assert status["restarts"] == {"preemption": 0, "failure": 2, "disruption": 0}, status
+    failed = [c for c in status["conditions"] if c["type"] == "Failed"]
+    assert failed and failed[0]["status"] == "True" and failed[0]["reason"] == "TooManyFailures", status
+    assert "exited with code 1" in failed[0]["message"] and "maxFailures=1" in failed[0]["message"], failed
+
+
+def test_operator_restarted_in_the_middle_of_a_preemption_restarts_the_gang_once(
+        cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path) -> None:
+    pool_a, _ = pool(3)
+    ckpt = submit(cluster, namespace, "twice", tmp_path, pool_a)
+    wait_step(ckpt, 40, 240, cluster, namespace, "twice")
+    doomed = pod_node(cluster, namespace, "twice-0")
+    taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
+    wait_tj(cluster, namespace, "twice", lambda s: s.get("lastNotice") is not None, 30, "notice recorded",
+            operator)
+    operator.kill()  # mid-preemption: the workers are saving and exiting while nobody watches
+    operator.start()
+
+    final = wait_tj(cluster, namespace, "twice", succeeded, 300, "Succeeded", operator)
+    status = final["status"]
+    assert status["attempt"] == 2, status
+    assert status["restartCount"] == 1 and status["restarts"]["preemption"] == 1, status
+    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
+    assert [i.lost_steps for i in report.interruptions] == [0], report.summary()
+    notices = cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                              "involvedObject.kind=TrainingJob,involvedObject.name=twice", "-o", "json").stdout
+    reasons = [e["reason"] for e in json.loads(notices)["items"]]
+    assert reasons.count("PreemptionNotice") == 1, f"notice delivered {reasons.count('PreemptionNotice')} times"
+    assert get_tj(cluster, namespace, "twice")["status"]["phase"] == "Succeeded"
