@@ -216,6 +216,12 @@ class Job:
         if self._committed is None or step > self._committed:
             self._committed = step
         self.metrics.set("reprieve_last_committed_step", step)
+        # The measured save time feeds the countdown as soon as a save commits, not at the next save: a
+        # notice between two periodic saves must not plan with the pessimistic default estimate.
+        seconds = getattr(self.checkpointer, "last_save_seconds", None)
+        if seconds is not None:
+            self.agreement.save_seconds = seconds
+            self.metrics.set("reprieve_save_seconds", seconds)
         if self._progress is not None:
             self._progress.report(self._current, step)
 
