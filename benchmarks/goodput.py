@@ -31,10 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
-from localcluster import Cluster  # noqa: E402
-from localcluster.goodput import GoodputReport, analyse, read_step_log  # noqa: E402
-from localcluster.stack import OperatorProcess, example_job, install_chart  # noqa: E402
-from localcluster.testing import taint_node  # noqa: E402
+from localcluster import Cluster
+from localcluster.goodput import GoodputReport, analyse, read_step_log
+from localcluster.stack import OperatorProcess, example_job, install_chart
+from localcluster.testing import taint_node
 
 SPOT_TAINT = "cloud.google.com/impending-node-termination"
 
@@ -85,17 +85,23 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
             now = time.monotonic()
             for when, node in list(pending_deletes):
                 if now >= when:
-                    log(f"{variant}: deleting {node} (deadline reached)")
-                    cluster.remove_node(node)
                     pending_deletes.remove((when, node))
+                    if node in cluster.node_names():  # a hard kill may have taken it already
+                        log(f"{variant}: deleting {node} (deadline reached)")
+                        cluster.remove_node(node)
             status = json.loads(cluster.kubectl("get", "tj", "bench", "-n", ns, "-o", "json").stdout).get("status", {})
             if status.get("phase") in ("Succeeded", "Failed"):
                 break
             step = max((r.step for r in read_step_log(steplog)), default=-1) if steplog.exists() else -1
             if todo and step >= todo[0].at_step:
                 ev = todo.pop(0)
-                node = cluster.kubectl("get", "pod", f"bench-{ev.worker}", "-n", ns, "-o",
-                                       "jsonpath={.spec.nodeName}").stdout
+                on = [cluster.kubectl("get", "pod", f"bench-{w}", "-n", ns, "-o", "jsonpath={.spec.nodeName}").stdout
+                      for w in range(2)]
+                doomed = {n for _, n in pending_deletes}
+                # A worker still training on an already-doomed node (Reprieve keeps training until shortly
+                # before the deadline) is not a fresh target: reclaim the other worker's node instead.
+                node = on[ev.worker] if on[ev.worker] not in doomed or on[1 - ev.worker] in doomed \
+                    else on[1 - ev.worker]
                 if ev.kind == "notice":
                     log(f"{variant}: step {step}: spot notice on {node} (worker {ev.worker}), deleted in {args.notice}s")
                     taint_node(api, node, SPOT_TAINT, "true", "NoSchedule")

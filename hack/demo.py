@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from localcluster import Cluster  # noqa: E402
-from localcluster.goodput import analyse, read_step_log  # noqa: E402
-from localcluster.stack import OperatorProcess, example_job, install_chart  # noqa: E402
-from localcluster.testing import taint_node, wait_for  # noqa: E402
+from localcluster import Cluster
+from localcluster.goodput import analyse, read_step_log
+from localcluster.stack import OperatorProcess, example_job, install_chart
+from localcluster.testing import taint_node, wait_for
 
 NS = "demo"
 JOB = "mlp"

@@ -19,6 +19,7 @@ Definition (after ml-goodput-measurement: productive, preserved step time over w
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from collections.abc import Iterable
@@ -58,8 +59,8 @@ class GoodputReport:
         return sum(i.lost_steps for i in self.interruptions)
 
     def summary(self) -> str:
-        lines = [f"steps {self.steps}, wall {self.wall_seconds:.1f}s, productive {self.productive_seconds:.1f}s, "
-                 f"goodput {self.goodput:.1%}"]
+        lines = [(f"steps {self.steps}, wall {self.wall_seconds:.1f}s, productive {self.productive_seconds:.1f}s, "
+                 f"goodput {self.goodput:.1%}")]
         for i in self.interruptions:
             lines.append(f"  attempt {i.from_attempt} -> {i.from_attempt + 1}: last step {i.last_step}, resumed at "
                          f"{i.resumed_at}, lost {i.lost_steps} step(s), gap {i.gap_seconds:.1f}s")
@@ -87,10 +88,10 @@ def analyse(records: Iterable[StepRecord], *, start: float, end: float) -> Goodp
 
     durations: dict[tuple[int, int], float] = {}
     for attempt_recs in by_attempt.values():
-        deltas = [b.t - a.t for a, b in zip(attempt_recs, attempt_recs[1:])]
+        deltas = [b.t - a.t for a, b in itertools.pairwise(attempt_recs)]
         typical = statistics.median(deltas) if deltas else 0.0
         durations[(attempt_recs[0].attempt, attempt_recs[0].step)] = typical
-        for prev, cur in zip(attempt_recs, attempt_recs[1:]):
+        for prev, cur in itertools.pairwise(attempt_recs):
             durations[(cur.attempt, cur.step)] = cur.t - prev.t
 
     last_of_step: dict[int, StepRecord] = {}
@@ -100,7 +101,7 @@ def analyse(records: Iterable[StepRecord], *, start: float, end: float) -> Goodp
 
     interruptions = []
     attempts = sorted(by_attempt)
-    for a, b in zip(attempts, attempts[1:]):
+    for a, b in itertools.pairwise(attempts):
         prev, nxt = by_attempt[a], by_attempt[b]
         last_step = max(r.step for r in prev)
         resumed_at = min(r.step for r in nxt)

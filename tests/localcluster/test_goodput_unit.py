@@ -24,7 +24,7 @@ def test_uninterrupted_run_counts_every_step_once() -> None:
 
 
 def test_noticed_preemption_loses_nothing_and_the_gap_is_badput() -> None:
-    records = run(1, range(0, 5), 0.0) + run(2, range(5, 10), 30.0)
+    records = run(1, range(5), 0.0) + run(2, range(5, 10), 30.0)
     report = analyse(records, start=0.0, end=35.0)
     (i,) = report.interruptions
     assert (i.from_attempt, i.last_step, i.resumed_at, i.lost_steps) == (1, 4, 5, 0)
@@ -34,7 +34,7 @@ def test_noticed_preemption_loses_nothing_and_the_gap_is_badput() -> None:
 
 def test_steps_redone_after_a_lost_checkpoint_count_once() -> None:
     # Attempt 1 reached step 7, the checkpoint was at step 4: steps 5-7 are lost and redone.
-    records = run(1, range(0, 8), 0.0) + run(2, range(5, 10), 20.0, dt=2.0)
+    records = run(1, range(8), 0.0) + run(2, range(5, 10), 20.0, dt=2.0)
     report = analyse(records, start=0.0, end=30.0)
     (i,) = report.interruptions
     assert (i.last_step, i.resumed_at, i.lost_steps) == (7, 5, 3)
