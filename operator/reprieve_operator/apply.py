@@ -70,6 +70,18 @@ def create(api: Api, obj: dict[str, Any]) -> bool:
         raise
 
 
+def create_pod(api: Api, pod: dict[str, Any]) -> dict[str, Any] | None:
+    """Create a pod; the created object, or None (logged at INFO) if it already exists."""
+    meta = pod["metadata"]
+    try:
+        return _raw(api.core.create_namespaced_pod(meta["namespace"], pod, _preload_content=False))  # type: ignore[no-any-return]
+    except ApiException as err:
+        if err.status == 409:
+            log.info("Pod %s/%s already exists; leaving it", meta["namespace"], meta["name"])
+            return None
+        raise
+
+
 def delete_pod(api: Api, namespace: str, name: str) -> bool:
     """Delete a pod (default grace, so the runtime still gets SIGTERM); False if already gone."""
     try:

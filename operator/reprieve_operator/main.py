@@ -35,6 +35,10 @@ def api_client(pool: int = 32) -> client.ApiClient:
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # kopf's bookkeeping goes into our own annotations, so the CRD status stays ours.
+    if os.environ.get("REPRIEVE_TRACEMALLOC") == "1":  # diagnosis: resync logs the top allocations
+        import tracemalloc
+
+        tracemalloc.start(4)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="reprieve.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="reprieve.dev", key="last-handled-configuration")

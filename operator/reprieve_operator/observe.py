@@ -55,11 +55,12 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     labels = meta.get("labels") or {}
-    notice = (meta.get("annotations") or {}).get(ANNOTATION_NOTICE)
+    annotations = meta.get("annotations") or {}
     return {
-        "metadata": {"name": meta.get("name"), "uid": meta.get("uid"),
+        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
                      "labels": {k: v for k, v in labels.items() if k.startswith("reprieve.dev/")},
-                     "annotations": {ANNOTATION_NOTICE: notice} if notice else {},
+                     "annotations": {k: annotations[k] for k in (ANNOTATION_NOTICE, ANNOTATION_PROGRESS)
+                                     if annotations.get(k)},
                      "deletionTimestamp": meta.get("deletionTimestamp")},
         "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
         "status": {"phase": status.get("phase"), "reason": status.get("reason"),

@@ -41,7 +41,13 @@ async def reconcile(state: State, namespace: str, name: str) -> RestartPlan | No
             state.custom_jobs.add((namespace, name))
         else:
             state.custom_jobs.discard((namespace, name))
-        raw_pods = await apply.run(apply.list_job_pods, api, namespace, name)
+        # The cache, not a LIST: it is updated from the watch before any pod event kicks this reconcile,
+        # and with the create responses below, so it is never behind on what this operator did itself.
+        # Before priming (never, in practice: priming precedes watching) fall back to a LIST.
+        if state.cache.primed:
+            raw_pods = state.cache.pods_of(namespace, name)
+        else:
+            raw_pods = await apply.run(apply.list_job_pods, api, namespace, name)
         known = state.cache.nodes if state.cache.primed else None
         pods = [p for p in (observe.worker_pod(r, known) for r in raw_pods) if p is not None]
         plan = decide_restart(job, pods, state.notice_nodes)
@@ -66,7 +72,10 @@ async def reconcile(state: State, namespace: str, name: str) -> RestartPlan | No
             for obj in (builders.build_service(job), *builders.build_identity(job)):
                 await apply.run(apply.create, api, obj)
             pods_ = [builders.build_worker_pod(job, i, plan.attempt, plan.exclude_nodes) for i in plan.create]
-            await apply.gather([lambda o=o: apply.create(api, o) for o in pods_])  # type: ignore[misc]
+            created = await apply.gather([lambda o=o: apply.create_pod(api, o) for o in pods_])  # type: ignore[misc]
+            for pod in created:
+                if pod is not None:
+                    state.cache.upsert_pod(pod)
             if plan.new_attempt:
                 await apply.run(apply.post_event, api, ref, "AttemptStarted",
                                 f"attempt {plan.attempt}: created {len(plan.create)} worker pod(s)"
@@ -108,7 +117,8 @@ def kick(state: State, namespace: str, name: str) -> None:
         try:
             while True:
                 try:
-                    await reconcile(state, namespace, name)
+                    async with state.reconcile_slots:  # bounds memory and API load in event storms
+                        await reconcile(state, namespace, name)
                 except kopf.PermanentError:
                     pass
                 except Exception:  # logged and counted; the resync timer retries
@@ -133,6 +143,18 @@ def release_memory() -> None:
         pass
 
 
+def _log_top_allocations() -> None:
+    """With REPRIEVE_TRACEMALLOC=1 (set before start), log where memory is held: a diagnosis aid."""
+    import tracemalloc
+
+    if not tracemalloc.is_tracing():
+        return
+    snap = tracemalloc.take_snapshot()
+    for stat in snap.statistics("traceback")[:12]:
+        log.info("memory: %.1f MB in %d blocks at %s", stat.size / 1e6, stat.count,
+                 " <- ".join(str(f) for f in stat.traceback[-6:]))
+
+
 async def resync_loop(state: State, interval: float) -> None:
     """Safety net for missed events (the normal path is event-driven): kick every unfinished job.
 
@@ -142,6 +164,7 @@ async def resync_loop(state: State, interval: float) -> None:
     while True:
         await asyncio.sleep(interval / 2)
         release_memory()
+        _log_top_allocations()
         try:
             keys = state.cache.unfinished_jobs()
             log.debug("resync: %d unfinished job(s); cache %s", len(keys), state.cache.stats())

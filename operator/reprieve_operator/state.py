@@ -29,6 +29,7 @@ class State:
     locks: dict[Key, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     pending: dict[Key, bool] = field(default_factory=dict)  # reconcile queued/running -> dirty
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    reconcile_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
 
 
 def now() -> datetime:
