@@ -15,10 +15,17 @@ $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: python3.11 not found; install Python 3.11" >&2; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
-	$(PY) -m pip install -q -e '.[runtime,operator,dev,bench]'
+	$(PY) -m pip install -q -e '.[runtime,operator,dev,bench,emulators]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
-venv: $(STAMP)
+# moto's S3 server pins python-dateutil<3, which the kubernetes client forbids: it gets a venv of its own.
+EMU_STAMP := $(VENV)/emulators/.installed
+$(EMU_STAMP): $(STAMP)
+	@test -x $(VENV)/emulators/bin/python || $(PYTHON) -m venv $(VENV)/emulators
+	$(VENV)/emulators/bin/python -m pip install -q 'moto[server]>=5'
+	@touch $@
+
+venv: $(STAMP) $(EMU_STAMP)
 
 ## tools: build (once, cached under ~/.cache/reprieve) the local control plane, etcd, kubectl and helm
 tools:
