@@ -65,6 +65,8 @@ class CheckpointManager:
         keep_every: additionally keep every checkpoint whose step is a multiple of this.
         barrier_timeout_s: how long a save's commit barrier (and the init handshake) may wait.
         fsync: make commits durable (fsync files and directories). Off only for benchmarks of the floor.
+        sync_mode: ``"files"`` (fsync this checkpoint's files, in parallel) or ``"syncfs"`` (one
+            ``syncfs(2)`` per process; fewest syscalls, but also flushes other tenants' dirty data).
         host_copy: ``"staged"`` (reusable host buffers, default) or ``"device"``: see :func:`.save.snapshot`.
         restore_memory_limit_bytes: host bytes of reads in flight during restore.
         fallback: on a corrupt checkpoint, ``restore(step=None)`` falls back to the previous one.
@@ -85,6 +87,7 @@ class CheckpointManager:
         keep_every: int | None = None,
         barrier_timeout_s: float = 1800.0,
         fsync: bool = True,
+        sync_mode: str = "files",
         host_copy: str = "staged",
         restore_memory_limit_bytes: int = 32 << 20,
         fallback: bool = True,
@@ -104,7 +107,7 @@ class CheckpointManager:
         self._fallback = fallback
         self._on_commit = on_commit
         self._pid, self._nproc = self._coord.process_id, self._coord.num_processes
-        self._storage: Storage = open_storage(uri, fsync=fsync)
+        self._storage: Storage = open_storage(uri, fsync=fsync, sync_mode=sync_mode)
         self.uri = self._storage.loc.uri()
         self._inst = next(_instances)
         self._restores = itertools.count()
@@ -198,7 +201,7 @@ class CheckpointManager:
                 meta = save_mod.build_metadata(step, self.attempt, self._nproc, snap, extra)
                 st.write_file(f"{ddir}/{layout.METADATA_FILE}", meta.to_json())
             if pid != 0:
-                st.make_durable()  # process 0 does it at commit time, after everybody wrote
+                st.make_durable(ddir)  # process 0 does it at commit time, after everybody wrote
         except Exception as err:  # noqa: BLE001  (reported to every process, then raised)
             local_err = err
         if self._host_copy == "staged" and local_err is None:  # after a failure TensorStore may still hold them
