@@ -82,10 +82,14 @@ def create_pod(api: Api, pod: dict[str, Any]) -> dict[str, Any] | None:
         raise
 
 
-def delete_pod(api: Api, namespace: str, name: str) -> bool:
-    """Delete a pod (default grace, so the runtime still gets SIGTERM); False if already gone."""
+def delete_pod(api: Api, namespace: str, name: str, *, grace_seconds: int | None = None) -> bool:
+    """Delete a pod (default grace, so the runtime still gets SIGTERM); False if already gone.
+
+    ``grace_seconds=0`` force-deletes: only for pods whose Node is gone, where no kubelet will ever confirm a
+    graceful deletion (PodGC would do the same, but only after its quarantine of tens of seconds)."""
     try:
-        _raw(api.core.delete_namespaced_pod(name, namespace, _preload_content=False))
+        _raw(api.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_seconds,
+                                            _preload_content=False))
         return True
     except ApiException as err:
         if err.status == 404:

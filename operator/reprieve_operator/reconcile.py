@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from . import apply, builders, metrics, observe
 from .models import TrainingJob, spec_error
-from .policy.restart import RestartPlan, decide_restart
+from .policy.restart import RestartPlan, decide_restart, orphaned_pods
 from .signals import rfc3339
 from .state import State, job_ref
 from .state import now as state_now
@@ -80,8 +80,14 @@ async def reconcile(state: State, namespace: str, name: str) -> RestartPlan | No
                 await apply.run(apply.post_event, api, ref, "AttemptStarted",
                                 f"attempt {plan.attempt}: created {len(plan.create)} worker pod(s)"
                                 + (f" avoiding {', '.join(plan.exclude_nodes)}" if plan.exclude_nodes else ""))
+        orphans = orphaned_pods(pods, known)
+        if orphans:
+            log.info("TrainingJob %s/%s: force-deleting %s: their node is gone", namespace, name, ", ".join(orphans))
+            await apply.gather([lambda n=n: apply.delete_pod(api, namespace, n, grace_seconds=0)  # type: ignore[misc]
+                                for n in orphans])
         if plan.delete:
-            await apply.gather([lambda n=n: apply.delete_pod(api, namespace, n) for n in plan.delete])  # type: ignore[misc]
+            await apply.gather([lambda n=n: apply.delete_pod(api, namespace, n)  # type: ignore[misc]
+                                for n in plan.delete if n not in orphans])
         patch = observe.status_patch(job, plan, now, observe.progress(raw_pods))
         if patch:
             await apply.run(apply.patch_job_status, api, namespace, name, patch)

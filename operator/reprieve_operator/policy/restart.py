@@ -19,7 +19,7 @@ twice.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..models import TrainingJob
@@ -173,3 +173,15 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod],
     msg = f"gang restart of attempt {attempt} ({cause}): {why}"
     return RestartPlan(phase="Restarting", attempt=attempt, delete=alive, cause=cause, restarting_from=attempt,
                        message=msg, conditions=(Condition("Restarting", "True", cause.capitalize(), msg),))
+
+
+def orphaned_pods(pods: Iterable[WorkerPod], known_nodes: Collection[str] | None) -> tuple[str, ...]:
+    """Pods bound to a Node that no longer exists: force-delete them (grace 0).
+
+    No kubelet will confirm their graceful deletion, so a gang restart would otherwise wait for the pod
+    garbage collector's quarantine (40 s and more) before attempt+1 can start. ``known_nodes`` None (the node
+    cache is not primed yet) decides nothing.
+    """
+    if known_nodes is None:
+        return ()
+    return tuple(sorted(p.name for p in pods if p.node and p.node not in known_nodes))
