@@ -11,7 +11,8 @@ same seeded schedule of node losses:
   the job resumes from its last periodic checkpoint.
 
 A noticed preemption puts the GKE spot taint on a worker's node and deletes the node ``--notice`` seconds
-later; a hard kill deletes a worker's node without warning. Goodput, lost steps and gaps are defined in
+later; a hard kill deletes a worker's node without warning. Events happen one at a time: an event fires at its
+step once the previous one is absorbed (node deleted, job running again), or at once if that step has passed. Goodput, lost steps and gaps are defined in
 ``docs/goodput.md`` (``hack/localcluster/goodput.py``).
 
     python benchmarks/goodput.py                       # 600 steps, 3 noticed preemptions (30 s), 1 hard kill
@@ -80,6 +81,7 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
         start = time.time()
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(body))
         pending_deletes: list[tuple[float, str]] = []
+        busy_attempt = 0
         todo = list(events)
         while True:
             now = time.monotonic()
@@ -93,7 +95,12 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
             if status.get("phase") in ("Succeeded", "Failed"):
                 break
             step = max((r.step for r in read_step_log(steplog)), default=-1) if steplog.exists() else -1
-            if todo and step >= todo[0].at_step:
+            attempt = int(status.get("attempt") or 0)
+            # One event at a time: the next waits until the last one is absorbed (its node deleted and the
+            # job running again on a newer attempt), so both variants see the same sequence of disruptions.
+            absorbed = not pending_deletes and attempt > busy_attempt and status.get("phase") == "Running"
+            if todo and absorbed and step >= todo[0].at_step:
+                busy_attempt = attempt
                 ev = todo.pop(0)
                 on = [cluster.kubectl("get", "pod", f"bench-{w}", "-n", ns, "-o", "jsonpath={.spec.nodeName}").stdout
                       for w in range(2)]
