@@ -47,7 +47,7 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kwargs))
 
 
-def _create_fn(api: Api, kind: str) -> Callable[..., Any]:
+def _create_fn(api: Api, kind: str) -> Any:
     return {
         "Pod": api.core.create_namespaced_pod,
         "Service": api.core.create_namespaced_service,
@@ -74,7 +74,9 @@ def create_pod(api: Api, pod: dict[str, Any]) -> dict[str, Any] | None:
     """Create a pod; the created object, or None (logged at INFO) if it already exists."""
     meta = pod["metadata"]
     try:
-        return _raw(api.core.create_namespaced_pod(meta["namespace"], pod, _preload_content=False))  # type: ignore[no-any-return]
+        created: dict[str, Any] | None = _raw(api.core.create_namespaced_pod(
+            meta["namespace"], pod, _preload_content=False))  # type: ignore[arg-type]
+        return created
     except ApiException as err:
         if err.status == 409:
             log.info("Pod %s/%s already exists; leaving it", meta["namespace"], meta["name"])
@@ -121,7 +123,9 @@ def list_job_pods(api: Api, namespace: str, job: str) -> list[dict[str, Any]]:
 
 def get_job(api: Api, namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        return api.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)  # type: ignore[no-any-return]
+        body: dict[str, Any] | None = _raw(api.custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, _preload_content=False))
+        return body
     except ApiException as err:
         if err.status == 404:
             return None
@@ -157,7 +161,7 @@ def post_event(api: Api, obj: dict[str, Any], reason: str, message: str, type_: 
         "count": 1,
     }
     try:
-        _raw(api.core.create_namespaced_event(ns, body, _preload_content=False))
+        _raw(api.core.create_namespaced_event(ns, body, _preload_content=False))  # type: ignore[arg-type]
     except ApiException as err:
         log.info("could not post event %s on %s %s/%s: %s", reason, obj.get("kind"), ns, obj["name"], err.reason)
 
@@ -175,7 +179,7 @@ def list_pages(fn: Callable[..., Any], *args: Any, page: int = 500, **kwargs: An
     """A paginated LIST, one page of plain dicts at a time (callers keep only what they need of each)."""
     token = None
     while True:
-        extra = {"_continue": token} if token else {}
+        extra: dict[str, Any] = {"_continue": token} if token else {}
         body = _raw(fn(*args, limit=page, _preload_content=False, **kwargs, **extra))
         yield body.get("items") or []
         token = (body.get("metadata") or {}).get("continue")

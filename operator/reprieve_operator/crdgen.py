@@ -37,10 +37,10 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
     if not isinstance(node, dict):
         return node
     if "crd" in node:  # a hand-written schema for an embedded Kubernetes type (the pod template)
-        out = copy.deepcopy(node["crd"])
+        embedded: dict[str, Any] = copy.deepcopy(node["crd"])
         if "description" in node:
-            out["description"] = node["description"]
-        return out
+            embedded["description"] = node["description"]
+        return embedded
     if "$ref" in node:
         target = defs[node["$ref"].rsplit("/", 1)[-1]]
         merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}

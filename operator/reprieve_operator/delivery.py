@@ -7,6 +7,7 @@ per attempt (``policy.notice``); Events are posted only after every affected job
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
@@ -60,8 +61,8 @@ async def on_node(state: State, event_type: str | None, name: str, body: Any) ->
     done = await asyncio.gather(*(_deliver(state, node, ns, job, t0)
                                   for ns, job in jobs))
     # Events only once every affected job has its notice: they must not slow the deliveries down.
-    await apply.gather([lambda ref=ref, msg=msg: apply.post_event(state.api, ref, "PreemptionNotice", msg, "Warning")
-                        for refs, msg in done for ref in refs])  # type: ignore[misc]
+    await apply.gather([functools.partial(apply.post_event, state.api, ref, "PreemptionNotice", msg, "Warning")
+                        for refs, msg in done for ref in refs])
 
 
 async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str,
@@ -96,8 +97,8 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             if plan is None or (job.uid, plan.attempt) in state.delivered:
                 return [], ""
             value = notice.annotation()
-            await apply.gather([lambda n=n: apply.annotate_pod(api, namespace, n, {ANNOTATION_NOTICE: value})
-                                for n in plan.annotate])  # type: ignore[misc]
+            await apply.gather([functools.partial(apply.annotate_pod, api, namespace, n, {ANNOTATION_NOTICE: value})
+                                for n in plan.annotate])
             t_done = time.monotonic()
             started = state.seen_mono.get(node_name)
             if started is not None:

@@ -23,9 +23,9 @@ def _state(memo: Any) -> State:
     return memo.state  # type: ignore[no-any-return]
 
 
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+@kopf.on.create(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
+@kopf.on.resume(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")  # type: ignore[arg-type]
 async def job_changed(namespace: str, name: str, memo: Any, **_: Any) -> None:
     try:
         plan = await reconcile(_state(memo), namespace, name)
@@ -38,7 +38,7 @@ async def job_changed(namespace: str, name: str, memo: Any, **_: Any) -> None:
         raise kopf.TemporaryError(plan.message or "waiting for old pods to go", delay=WAIT_DELAY)
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
+@kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
 async def job_event(event: Any, body: Any, memo: Any, **_: Any) -> None:
     cache = _state(memo).cache
     if event.get("type") == "DELETED":
@@ -47,7 +47,7 @@ async def job_event(event: Any, body: Any, memo: Any, **_: Any) -> None:
         cache.upsert_job(body)
 
 
-@kopf.on.event("pods", labels={LABEL_JOB: kopf.PRESENT})
+@kopf.on.event("pods", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
 async def pod_event(event: Any, body: Any, namespace: str, labels: Any, memo: Any, **_: Any) -> None:
     state = _state(memo)
     if event.get("type") == "DELETED":
@@ -57,6 +57,6 @@ async def pod_event(event: Any, body: Any, namespace: str, labels: Any, memo: An
     kick(state, namespace, labels[LABEL_JOB])
 
 
-@kopf.on.event("nodes")
+@kopf.on.event("nodes")  # type: ignore[arg-type]
 async def node_event(event: Any, name: str, body: Any, memo: Any, **_: Any) -> None:
     await delivery.on_node(_state(memo), event.get("type"), name, body)

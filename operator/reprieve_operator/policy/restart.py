@@ -96,8 +96,8 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod],
     replicas = spec.replicas
 
     if st.phase in TERMINAL_PHASES:
-        running = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
-        return RestartPlan(phase=st.phase, attempt=attempt, delete=running if st.phase == "Failed" else ())
+        stragglers = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
+        return RestartPlan(phase=st.phase, attempt=attempt, delete=stragglers if st.phase == "Failed" else ())
 
     if spec.suspend:
         return RestartPlan(phase="Suspended", attempt=attempt, delete=alive,
@@ -160,15 +160,15 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod],
     if cause == FAILURE and counts.failure + 1 > spec.restart_policy.max_failures:
         msg = (f"{why}; {counts.failure + 1} failure(s) exceed restartPolicy.maxFailures="
                f"{spec.restart_policy.max_failures}")
-        running = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
-        return RestartPlan(phase="Failed", attempt=attempt, delete=running, cause=FAILURE, message=msg,
+        stragglers = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
+        return RestartPlan(phase="Failed", attempt=attempt, delete=stragglers, cause=FAILURE, message=msg,
                            conditions=(Condition("Failed", "True", "TooManyFailures", msg),))
     cap = spec.restart_policy.max_preemption_restarts
     if cause != FAILURE and cap is not None and counts.preemption + counts.disruption + 1 > cap:
         msg = f"{why}; {counts.preemption + counts.disruption + 1} preemption restart(s) exceed " \
               f"restartPolicy.maxPreemptionRestarts={cap}"
-        running = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
-        return RestartPlan(phase="Failed", attempt=attempt, delete=running, cause=cause, message=msg,
+        stragglers = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
+        return RestartPlan(phase="Failed", attempt=attempt, delete=stragglers, cause=cause, message=msg,
                            conditions=(Condition("Failed", "True", "TooManyPreemptions", msg),))
     msg = f"gang restart of attempt {attempt} ({cause}): {why}"
     return RestartPlan(phase="Restarting", attempt=attempt, delete=alive, cause=cause, restarting_from=attempt,
