@@ -228,7 +228,12 @@ class LocalStorage(Storage):
 
 
 def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) else 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) else 0))
+    except FileNotFoundError:
+        # Another process's TensorStore temp file, renamed away since the walk; its writer (which
+        # makes its own files durable before the barrier) is responsible for it.
+        return
     try:
         os.fsync(fd)
     finally:
