@@ -276,3 +276,18 @@ def test_slow_deletion_never_blocks_saves(tmp_path) -> None:
     release.set()
     mgr.close()
     assert CheckpointManager(str(tmp_path)).all_steps() == [4]
+
+
+@pytest.mark.parametrize("sync_mode", ["files", "syncfs"])
+def test_durability_modes_round_trip(tmp_path, sync_mode: str) -> None:
+    from reprieve.checkpoint.storage import _fsync_path
+
+    x = {"x": jnp.arange(32.0)}
+    with CheckpointManager(str(tmp_path), sync_mode=sync_mode) as mgr:
+        mgr.save(1, x)
+        mgr.wait()
+        _, got, _ = mgr.restore({"x": jax.ShapeDtypeStruct((32,), jnp.float32, sharding=x["x"].sharding)})
+    np.testing.assert_array_equal(np.asarray(got["x"]), np.arange(32.0))
+    _fsync_path(str(tmp_path / "vanished.__lock"))  # another writer's temp file renamed away: ignored
+    with pytest.raises(ValueError, match="sync_mode must be 'files' or 'syncfs', got 'never'"):
+        CheckpointManager(str(tmp_path), sync_mode="never")
