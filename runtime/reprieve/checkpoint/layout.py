@@ -70,7 +70,8 @@ def parse_name(name: str) -> CheckpointName | None:
     m = _NAME_RE.match(name.rstrip("/"))
     if not m:
         return None
-    state: State = {None: "committed", TMP_SUFFIX: "tmp", DELETING_SUFFIX: "deleting"}[m.group(3)]
+    states: dict[str | None, State] = {None: "committed", TMP_SUFFIX: "tmp", DELETING_SUFFIX: "deleting"}
+    state = states[m.group(3)]
     return CheckpointName(int(m.group(1)), int(m.group(2)), state)
 
 

@@ -134,6 +134,8 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
         if sharding is None and leaf.kind == "array" and not isinstance(target, np.ndarray):
             raise ValueError(f"restore leaf {path}: abstract value has no sharding; give a "
                              "jax.ShapeDtypeStruct(shape, dtype, sharding=...) or a jax.Array")
+        regions: list[Region]
+        devices: list[list[Any]]
         if sharding is None:
             regions, devices = [tuple((0, n) for n in shape)], [[]]
         else:
