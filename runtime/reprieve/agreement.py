@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .coordination import CoordinationError, CoordinationTimeout, Coordinator, missing_processes
@@ -55,6 +55,21 @@ class Target:
     deadline: float
     deadline_known: bool
     agreed_at: float
+
+
+def not_before(target: Target, start: int) -> Target:
+    """``target`` with no save step before ``start``, the first step of this attempt's loop.
+
+    A notice can arrive while the process is still starting (before the restore tells where the loop begins):
+    its round then plans from step 0. Every process restores the same checkpoint and so starts at the same
+    step, so moving a stale final step to ``start`` (and dropping a stale early save) is the same on all.
+    """
+    plan = target.plan
+    if plan.final_step >= start and (plan.early_step is None or plan.early_step >= start):
+        return target
+    if plan.final_step >= start:
+        return replace(target, plan=SavePlan(plan.final_step, None, plan.reason))
+    return replace(target, plan=SavePlan(start, None, f"{plan.reason}; moved to the first step {start} of the loop"))
 
 
 class Agreement:
@@ -87,6 +102,7 @@ class Agreement:
 
         self._cond = threading.Condition()
         self._checked = -1  # highest step the loop has decided about
+        self._start = 0  # first step of the loop (after a restore); no save is planned before it
         self._gate: int | None = None  # round acked, plan not yet known
         self._acked = -1
         self._target: Target | None = None
@@ -126,6 +142,18 @@ class Agreement:
     def noticed(self) -> bool:
         """True once any round started (a notice is known to every process that sees this)."""
         return self._gate is not None or self._target is not None
+
+    def begin(self, start: int) -> None:
+        """The loop starts at ``start``: steps before it belong to earlier attempts."""
+        with self._cond:
+            self._start = start
+            self._checked = max(self._checked, start - 1)
+            if self._target is not None:
+                moved = not_before(self._target, start)
+                if moved is not self._target:
+                    log.info("process %d: agreed save step %d is before the loop's first step %d: saving at %d",
+                             self.pid, self._target.plan.final_step, start, moved.plan.final_step)
+                self._target = moved
 
     def decide(self, step: int) -> str | None:
         """Record that the loop decides about ``step`` now; return ``"final"``, ``"early"`` or None.
@@ -271,8 +299,8 @@ class Agreement:
         deadline, known = notice.deadline, notice.deadline_known
         if previous is not None and previous.deadline_known and (not known or previous.deadline < deadline):
             deadline, known = previous.deadline, True
-        target = Target(round_, leader, notice, plan, deadline, known, self.clock())
         with self._cond:
+            target = not_before(Target(round_, leader, notice, plan, deadline, known, self.clock()), self._start)
             self._target = target
             self._gate = None
             self._cond.notify_all()

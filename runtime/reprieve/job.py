@@ -130,6 +130,7 @@ class Job:
             raise ValueError(f"Job.steps: need 0 <= start <= total, got start={start}, total={total}")
         self._last_step = total - 1
         self.agreement.last_step = total - 1
+        self.agreement.begin(start)
         previous_t: float | None = None
         for step in range(start, total):
             now = time.perf_counter()

@@ -82,3 +82,31 @@ def test_commit_lands_before_the_deadline_with_margin() -> None:
 def test_save_steps() -> None:
     assert SavePlan(5, None, "").save_steps() == (5,)
     assert SavePlan(9, 5, "").save_steps() == (5, 9)
+
+
+# -- a plan made before the loop knew its first step (notice during start-up) ------------------------------
+
+def _target(final: int, early: int | None):  # noqa: ANN202
+    from reprieve.agreement import Target
+    from reprieve.notice import Notice
+
+    notice = Notice(id="n", source="annotation", reason="gke-spot", deadline=100.0, received_at=70.0)
+    return Target(0, 0, notice, SavePlan(final, early, "r"), 100.0, True, 70.0)
+
+
+@pytest.mark.parametrize(
+    ("final", "early", "start", "expected"),
+    [
+        (0, None, 378, (378, None)),      # planned from step 0 during start-up; the loop resumes at 378
+        (400, 379, 378, (400, 379)),      # plan entirely ahead: unchanged
+        (400, 10, 378, (400, None)),      # stale early save dropped, final kept
+        (378, None, 378, (378, None)),    # exactly the first step
+        (5, 2, 0, (5, 2)),                # fresh start
+    ],
+)
+def test_not_before_moves_a_stale_plan_to_the_first_step(final: int, early: int | None, start: int,
+                                                         expected: tuple[int, int | None]) -> None:
+    from reprieve.agreement import not_before
+
+    plan = not_before(_target(final, early), start).plan
+    assert (plan.final_step, plan.early_step) == expected

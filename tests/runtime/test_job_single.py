@@ -36,3 +36,23 @@ def test_sigterm_saves_exits_42_and_the_restart_resumes_from_it(tmp_path: Path) 
     log = again.logs[0].read_text()
     assert f"restored step {saved_step} " in log and f"resuming at step {saved_step + 1}" in log
     assert (tmp_path / "done-0").read_text() == "400.0"  # x counts every step exactly once across the restart
+
+
+def test_a_notice_present_at_start_up_saves_at_the_first_step_after_the_restore(tmp_path: Path) -> None:
+    import time
+
+    from tests.runtime.helpers_agreement import write_notice_file
+
+    first = launch(tmp_path, 1, steps=20, step_seconds=0.0)
+    assert first.wait(60) == [0], first.tail()  # a committed checkpoint at step 19
+    deadline = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 25))
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    # The restarted gang lands on a node that is already doomed: the notice is there before the loop starts.
+    write_notice_file(tmp_path / "annotations-0", {"id": "n1", "reason": "gke-spot", "node": "x",
+                                                    "deadline": deadline, "observedAt": now})
+    again = launch(tmp_path, 1, steps=400, step_seconds=0.02, notice_file=True,
+                   extra_env={"REPRIEVE_ATTEMPT": "2", "REPRIEVE_SAVE_SECONDS_ESTIMATE": "30"})
+    assert again.wait(60) == [42], again.tail()
+    log = again.logs[0].read_text()
+    assert "resuming at step 20" in log
+    assert "saving agreed step 20 " in log, again.tail()
