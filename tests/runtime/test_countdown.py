@@ -86,7 +86,7 @@ def test_save_steps() -> None:
 
 # -- a plan made before the loop knew its first step (notice during start-up) ------------------------------
 
-def _target(final: int, early: int | None):  # noqa: ANN202
+def _target(final: int, early: int | None):
     from reprieve.agreement import Target
     from reprieve.notice import Notice
 
