@@ -373,21 +373,23 @@ def main() -> None:
     cases = [] if a.only_two_process else [(s, n, 1) for s in sizes for n in leaves]
     if not a.no_two_process:
         cases.append((sizes[0], leaves[0], 2))
-    raw = []
-    for size, n, nproc in cases:
-        fl = floors(size, base)
-        res = bench_case(size, n, a.repeats, base, nproc, 4 // nproc, a.restore_repeats)
-        raw.append({"size": size, "leaves": n, "nproc": nproc, "floors": fl, **res})
-        print("\n".join(report(size, n, nproc, res, fl)), flush=True)
-        print(f"  floors: memcpy {size / GiB / fl['memcpy_s']:.2f} GiB/s, write+fsync "
-              f"{size / GiB / fl['write_fsync_s']:.2f} GiB/s, read (page cache) {size / GiB / fl['read_s']:.2f} GiB/s, "
-              f"alloc+touch {size / GiB / fl['alloc_touch_s']:.2f} GiB/s; load average {os.getloadavg()[0]:.1f}",
-              flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(raw, f, indent=1)
-    if not a.dir:
-        shutil.rmtree(base, ignore_errors=True)
+    try:
+        raw = []
+        for size, n, nproc in cases:
+            fl = floors(size, base)
+            res = bench_case(size, n, a.repeats, base, nproc, 4 // nproc, a.restore_repeats)
+            raw.append({"size": size, "leaves": n, "nproc": nproc, "floors": fl, **res})
+            print("\n".join(report(size, n, nproc, res, fl)), flush=True)
+            print(f"  floors: memcpy {size / GiB / fl['memcpy_s']:.2f} GiB/s, write+fsync "
+                  f"{size / GiB / fl['write_fsync_s']:.2f} GiB/s, read (page cache) {size / GiB / fl['read_s']:.2f} GiB/s, "
+                  f"alloc+touch {size / GiB / fl['alloc_touch_s']:.2f} GiB/s; load average {os.getloadavg()[0]:.1f}",
+                  flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(raw, f, indent=1)
+    finally:  # 1-4 GiB per implementation: never leave it behind, also not on failure
+        if not a.dir:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def child_main(argv: list[str]) -> None:
