@@ -67,6 +67,24 @@ class Cache:
                 if not self._node_jobs[node]:
                     del self._node_jobs[node]
 
+    def reset_pods(self, pods: list[dict[str, Any]]) -> set[Key]:
+        """Replace every pod (after a re-list); returns the jobs that had or have pods."""
+        before = set(self._pods)
+        self._pods.clear()
+        self._pod_node.clear()
+        self._node_jobs.clear()
+        self._pod_job.clear()
+        for p in pods:
+            self.upsert_pod(p)
+        return before | set(self._pods)
+
+    def replace_job_pods(self, namespace: str, job: str, pods: list[dict[str, Any]]) -> None:
+        """Make the job's pods exactly ``pods`` (from a LIST)."""
+        for old in list(self._pods.get((namespace, job), {}).values()):
+            self.delete_pod(old)
+        for p in pods:
+            self.upsert_pod(p)
+
     def pods_of(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return list(self._pods.get((namespace, job), {}).values())
 

@@ -1,8 +1,8 @@
 """kopf registrations: each handler updates the cache, then hands off to ``reconcile`` or ``delivery``.
 
 Triggers: TrainingJob create/resume/update(spec) (retried with ``kopf.TemporaryError`` while old pods drain),
-every TrainingJob event (cache), every worker-pod event (cache + coalesced reconcile), every Node event
-(cache + notice delivery). No kopf timers or daemons: they would put a finalizer on every job.
+every TrainingJob event (cache), every Node event (cache + notice delivery). Worker pods are watched by
+``podwatch`` (cache + coalesced reconcile), not by kopf. No kopf timers or daemons: they would put a finalizer on every job.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import kopf
 
-from . import LABEL_JOB, delivery, metrics
+from . import delivery, metrics
 from .models import GROUP, PLURAL, VERSION
-from .reconcile import kick, reconcile
+from .reconcile import reconcile
 from .state import State
 
 WAIT_DELAY = 2.0
@@ -45,16 +45,6 @@ async def job_event(event: Any, body: Any, memo: Any, **_: Any) -> None:
         cache.delete_job(body)
     else:
         cache.upsert_job(body)
-
-
-@kopf.on.event("pods", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
-async def pod_event(event: Any, body: Any, namespace: str, labels: Any, memo: Any, **_: Any) -> None:
-    state = _state(memo)
-    if event.get("type") == "DELETED":
-        state.cache.delete_pod(body)
-    else:
-        state.cache.upsert_pod(body)
-    kick(state, namespace, labels[LABEL_JOB])
 
 
 @kopf.on.event("nodes")  # type: ignore[arg-type]

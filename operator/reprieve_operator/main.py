@@ -13,7 +13,7 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
-from . import LABEL_JOB, apply, handlers, metrics, reconcile  # noqa: F401  (handlers: registration)
+from . import LABEL_JOB, apply, handlers, metrics, podwatch, reconcile  # noqa: F401  (handlers: registration)
 from .models import GROUP, PLURAL, VERSION
 from .signals import signal_table
 from .state import State
@@ -55,7 +55,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     except (ValueError, TypeError) as err:
         raise kopf.PermanentError(f"{ENV_SIGNALS}: invalid signal table: {err}") from err
     memo.state = state = State(api=apply.Api(api_client()), signals=table)
-    await prime(state, list(getattr(memo, "namespaces", None) or []))
+    memo.podwatch = await prime(state, list(getattr(memo, "namespaces", None) or []))
     port = int(getattr(memo, "metrics_port", 0) or 0)
     try:
         metrics.serve(port)
@@ -67,7 +67,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
                                                 ", ".join(s.name for s in table))
 
 
-async def prime(state: State, namespaces: list[str]) -> None:
+async def prime(state: State, namespaces: list[str]) -> podwatch.PodWatch:
     """Fill the cache with one paginated LIST per kind before kopf starts watching (see ``cache.py``)."""
     api = state.api
 
@@ -75,25 +75,45 @@ async def prime(state: State, namespaces: list[str]) -> None:
         ns = (obj.get("metadata") or {}).get("namespace", "")
         return not namespaces or any(fnmatch.fnmatchcase(ns, pat) for pat in namespaces)
 
-    def fill() -> None:  # page by page: never all 10,000 full pod bodies in memory at once
+    def fill() -> str:  # page by page: never all the full pod bodies in memory at once
         cache = state.cache
         for page in apply.list_pages(api.core.list_node):
             cache.nodes.update(n["metadata"]["name"] for n in page)
         for page in apply.list_pages(api.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL):
             for job in filter(in_scope, page):
                 cache.upsert_job(job)
-        for page in apply.list_pages(api.core.list_pod_for_all_namespaces, label_selector=LABEL_JOB):
-            for pod in filter(in_scope, page):
-                cache.upsert_pod(pod)
+        pods, rv = podwatch.list_pods(api, in_scope)
+        for pod in pods:
+            cache.upsert_pod(pod)
         cache.primed = True
+        return rv
 
-    await apply.run(fill)
+    rv = await apply.run(fill)
+
+    def on_pod(kind: str, pod: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            state.cache.delete_pod(pod)
+        else:
+            state.cache.upsert_pod(pod)
+        meta = pod["metadata"]
+        reconcile.kick(state, meta["namespace"], meta["labels"][LABEL_JOB])
+
+    def on_relist(pods: list[dict[str, Any]]) -> None:
+        for namespace, job in state.cache.reset_pods(pods):
+            reconcile.kick(state, namespace, job)
+
+    watch = podwatch.PodWatch(api, asyncio.get_running_loop(), on_pod, on_relist, in_scope, rv)
+    watch.start()
     reconcile.release_memory()
     logging.getLogger("reprieve_operator").info("cache primed: %s", state.cache.stats())
+    return watch
 
 
 @kopf.on.cleanup()
 async def stop_resync(memo: Any, **_: Any) -> None:
+    watch = getattr(memo, "podwatch", None)
+    if watch is not None:
+        watch.stop()
     task = getattr(memo, "resync", None)
     if task is not None:
         task.cancel()

@@ -25,7 +25,7 @@ from .state import now as state_now
 log = logging.getLogger("reprieve_operator")
 
 
-async def reconcile(state: State, namespace: str, name: str) -> RestartPlan | None:
+async def reconcile(state: State, namespace: str, name: str, fresh: bool = False) -> RestartPlan | None:
     """Read the job and its pods, decide, apply, patch status once. Returns the plan (None if no job)."""
     api = state.api
     async with state.locks[(namespace, name)]:
@@ -44,10 +44,13 @@ async def reconcile(state: State, namespace: str, name: str) -> RestartPlan | No
         # The cache, not a LIST: it is updated from the watch before any pod event kicks this reconcile,
         # and with the create responses below, so it is never behind on what this operator did itself.
         # Before priming (never, in practice: priming precedes watching) fall back to a LIST.
-        if state.cache.primed:
+        # ``fresh`` (the resync) LISTs instead and repairs the cache, so a lost watch event heals itself.
+        if state.cache.primed and not fresh:
             raw_pods = state.cache.pods_of(namespace, name)
         else:
-            raw_pods = await apply.run(apply.list_job_pods, api, namespace, name)
+            listed = await apply.run(apply.list_job_pods, api, namespace, name)
+            state.cache.replace_job_pods(namespace, name, listed)
+            raw_pods = state.cache.pods_of(namespace, name)
         known = state.cache.nodes if state.cache.primed else None
         pods = [p for p in (observe.worker_pod(r, known) for r in raw_pods) if p is not None]
         plan = decide_restart(job, pods, state.notice_nodes)
@@ -111,23 +114,29 @@ async def _reject(state: State, body: dict[str, Any], message: str) -> None:
     metrics.FAILED_JOBS.labels("InvalidSpec").inc()
 
 
-def kick(state: State, namespace: str, name: str) -> None:
+def kick(state: State, namespace: str, name: str, fresh: bool = False) -> None:
     """Schedule a reconcile of one job; bursts coalesce into one run plus one follow-up."""
     key = (namespace, name)
     if key in state.pending:
         state.pending[key] = True
+        if fresh:
+            state.fresh.add(key)
         return
     state.pending[key] = False
+    if fresh:
+        state.fresh.add(key)
 
     async def runner() -> None:
         try:
             while True:
                 try:
                     async with state.reconcile_slots:  # bounds memory and API load in event storms
-                        await reconcile(state, namespace, name)
+                        want_fresh = key in state.fresh
+                        state.fresh.discard(key)
+                        await reconcile(state, namespace, name, fresh=want_fresh)
                 except kopf.PermanentError:
                     pass
-                except Exception:  # logged and counted; the resync timer retries
+                except Exception:  # logged and counted; the resync retries
                     metrics.RECONCILE_ERRORS.labels("pod-event").inc()
                     log.exception("TrainingJob %s/%s: reconcile failed", namespace, name)
                 if not state.pending.get(key):
@@ -177,7 +186,7 @@ async def resync_loop(state: State, interval: float) -> None:
             # Spread over half the interval: a steady trickle, never a burst that delays notice delivery.
             gap = interval / 2 / max(1, len(keys))
             for namespace, name in keys:
-                kick(state, namespace, name)
+                kick(state, namespace, name, fresh=True)
                 await asyncio.sleep(gap)
         except Exception:  # never let the safety net die
             metrics.RECONCILE_ERRORS.labels("resync").inc()

@@ -28,6 +28,7 @@ class State:
     custom_jobs: set[Key] = field(default_factory=set)  # jobs with their own custom signals
     locks: dict[Key, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     pending: dict[Key, bool] = field(default_factory=dict)  # reconcile queued/running -> dirty
+    fresh: set[Key] = field(default_factory=set)  # next reconcile of these LISTs pods (resync)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     reconcile_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
 

@@ -51,3 +51,11 @@ def test_jobs() -> None:
     assert c.unfinished_jobs() == [("ml", "b")] and c.jobs[("ml", "b")]["spec"] == {"replicas": 1}
     c.delete_job(live)
     assert c.unfinished_jobs() == []
+
+
+def test_replace_job_pods_repairs_a_missed_event() -> None:
+    c = Cache()
+    c.upsert_pod(pod("llama-0", node="n0"))
+    c.upsert_pod(pod("llama-1", node="n1"))  # its DELETED event was "missed"
+    c.replace_job_pods("ml", "llama", [pod("llama-0", node="n0")])
+    assert [p["metadata"]["name"] for p in c.pods_of("ml", "llama")] == ["llama-0"] and c.jobs_on("n1") == []
