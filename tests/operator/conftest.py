@@ -9,127 +9,49 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from localcluster.stack import OPERATOR_SA, OperatorProcess, install_chart
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "reprieve"
-RELEASE, RELEASE_NS, OPERATOR_SA = "reprieve", "reprieve-system", "reprieve"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
 def chart(cluster: Any) -> str:
     """Install (or upgrade) the chart with no operator pod; returns the operator ServiceAccount name."""
-    cluster.helm("upgrade", "--install", RELEASE, str(CHART), "-n", RELEASE_NS, "--create-namespace",
-                 "--set", "replicaCount=0", "--wait", "--timeout", "60s")
+    install_chart(cluster)
     out = cluster.kubectl("get", "crd", "trainingjobs.reprieve.dev", "-o",
                           "jsonpath={.status.conditions[?(@.type=='Established')].status}")
     assert out.stdout.strip() == "True", f"CRD not established: {out.stdout!r}"
-    deadline = time.monotonic() + 30  # the API serves a new CRD's storage a moment after Established
-    while cluster.kubectl("get", "trainingjobs", "-A", check=False).returncode != 0:
-        assert time.monotonic() < deadline, "TrainingJob storage not served 30s after the CRD was established"
-        time.sleep(0.2)
     return OPERATOR_SA
 
 
-class Operator:
-    """``python -m reprieve_operator`` with the chart's ServiceAccount token; start/stop/kill/restart."""
+class Operator(OperatorProcess):
+    """The operator process of ``localcluster.stack`` (chart token) plus what these tests read from it."""
 
-    def __init__(self, cluster: Any, namespace: str, workdir: Path, extra_args: list[str] | None = None) -> None:
-        self.cluster, self.namespace, self.workdir = cluster, namespace, workdir
-        self.extra_args = extra_args or []
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.metrics_port = free_port()
-        self.runs = 0
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / f"operator-{self.namespace}-{self.runs}.log"
-
-    def start(self) -> Operator:
-        kubeconfig = self.cluster.token_kubeconfig(RELEASE_NS, OPERATOR_SA)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-        env.update(KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
-        self.runs += 1
-        log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "reprieve_operator", "--namespace", self.namespace,
-             "--metrics-port", str(self.metrics_port), "--log-level", "DEBUG", *self.extra_args],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self._log = log
-        self.wait_ready()
-        return self
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                self.metrics()  # served from the startup handler, once the signal table is loaded
-                return
-            except OSError:
-                time.sleep(0.2)
-        raise AssertionError(f"operator not ready within {timeout}s:\n{self.tail()}")
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
-            return r.read().decode()
+    def __init__(self, cluster: Any, namespace: str, workdir: Path) -> None:
+        super().__init__(cluster, workdir, namespaces=[namespace], log_level="DEBUG")
 
     def metric(self, name: str, **labels: str) -> float:
-        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
         total = 0.0
         for line in self.metrics().splitlines():
             if line.startswith("#"):
                 continue
             head, _, value = line.rpartition(" ")
             metric, _, lab = head.partition("{")
-            if metric == name and (not labels or all(f'{k}="{v}"' in lab for k, v in labels.items())):
+            if metric == name and all(f'{k}="{v}"' in lab for k, v in labels.items()):
                 total += float(value)
-        del want
         return total
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        self._log.close()
-        self.proc = None
-
-    def kill(self) -> None:
-        self.stop(signal.SIGKILL)
 
     def restart(self) -> Operator:
         self.stop()
-        return self.start()
-
-    def tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        self.start()
+        return self
 
     def assert_no_errors(self) -> None:
         text = self.log_path.read_text(errors="replace")

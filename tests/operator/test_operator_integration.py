@@ -90,7 +90,8 @@ def test_taint_notifies_every_pod_within_a_second_then_gang_restarts_elsewhere(
     t0 = time.monotonic()
     taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
     got = wait_for(lambda: (n := notices(api, namespace, "llama")) and all(n.values()) and n, 10,
-                   "notice annotation on every pod", interval=0.02)
+                   "notice annotation on every pod", interval=0.02,
+                   describe=lambda: f"annotations {notices(api, namespace, 'llama')}\n{operator.tail(60)}")
     latency = time.monotonic() - t0
     assert latency < 1.0, f"taint -> notice on all pods took {latency:.3f}s"
     values = {json.loads(v)["id"] for v in got.values()}
