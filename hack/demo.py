@@ -71,13 +71,20 @@ def tj(cluster: Cluster) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--step-sleep", type=float, default=0.05)
     parser.add_argument("--preempt-at-step", type=int, default=150)
     parser.add_argument("--notice-seconds", type=float, default=30.0, help="taint -> node deletion")
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
-
+    remaining = (args.steps - args.preempt_at_step) * args.step_sleep
+    if remaining < args.notice_seconds + 10:
+        # With less work left than the notice window the runtime rightly trains to the end inside the window
+        # (no restart at all), and the demo would not show the preemption path it is here to show.
+        parser.error(f"--steps {args.steps} after --preempt-at-step {args.preempt_at_step} at >= "
+                     f"{args.step_sleep}s per step is only ~{remaining:.0f}s of work: the job would finish inside "
+                     f"the {args.notice_seconds:.0f}s notice window; give it at least "
+                     f"{args.notice_seconds + 10:.0f}s of work after the preemption")
     work = Path(tempfile.mkdtemp(prefix="reprieve-demo-"))
     say("starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler)")
     with Cluster.start(work / "cluster") as cluster:
