@@ -16,7 +16,7 @@ DEFAULT_NODES = ("worker-0", "worker-1")
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator["Cluster"]:  # noqa: F821
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:  # noqa: F821
     from localcluster import Cluster
 
     workdir = tmp_path_factory.mktemp("cluster")
@@ -27,7 +27,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator["Cluster"]:  #
 
 
 @pytest.fixture
-def namespace(cluster: "Cluster") -> Iterator[str]:  # noqa: F821
+def namespace(cluster: Cluster) -> Iterator[str]:  # noqa: F821
     name = f"t-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     yield name
@@ -36,7 +36,7 @@ def namespace(cluster: "Cluster") -> Iterator[str]:  # noqa: F821
 
 
 @pytest.fixture
-def api(cluster: "Cluster"):  # noqa: F821, ANN201
+def api(cluster: Cluster):  # noqa: F821
     client = cluster.api_client()
     yield client
     client.close()

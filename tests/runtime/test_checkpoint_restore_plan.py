@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from reprieve.checkpoint.restore import ReadOp, plan_reads
+from reprieve.checkpoint.restore import ReadOp, plan_reads, read_budget
 
 pytestmark = pytest.mark.unit
 
@@ -48,3 +48,24 @@ def test_edge_shapes(shape, chunk, targets, n_ops: int) -> None:
         return math.prod(hi - lo for lo, hi in r)
 
     assert sum(size(p) for op in ops for _, p in op.parts) == sum(size(t) for t in targets)
+
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+@pytest.mark.parametrize(("host_bytes", "limit", "expected"), [
+    (0, None, 32 * MiB),             # tiny state: the floor, a few chunks still in flight
+    (256 * MiB, None, 32 * MiB),     # 1/16 would be 16 MiB: floor
+    (1 * GiB, None, 64 * MiB),       # 1/16
+    (4 * GiB, None, 256 * MiB),      # 1/16: 64 MiB chunks read 4 at a time, resharding reads each once
+    (64 * GiB, None, 1 * GiB),       # capped
+    (4 * GiB, 8 * MiB, 8 * MiB),     # a user-set limit wins
+])
+def test_read_budget_scales_with_the_state_this_host_restores(host_bytes: int, limit: int | None,
+                                                              expected: int) -> None:
+    assert read_budget(host_bytes, limit) == expected
+
+
+def test_read_budget_rejects_a_non_positive_limit() -> None:
+    with pytest.raises(ValueError, match="restore memory limit must be > 0 bytes, got 0"):
+        read_budget(GiB, 0)

@@ -68,7 +68,8 @@ class CheckpointManager:
         sync_mode: ``"files"`` (fsync this checkpoint's files, in parallel) or ``"syncfs"`` (one
             ``syncfs(2)`` per process; fewest syscalls, but also flushes other tenants' dirty data).
         host_copy: ``"staged"`` (reusable host buffers, default) or ``"device"``: see :func:`.save.snapshot`.
-        restore_memory_limit_bytes: host bytes of reads in flight during restore.
+        restore_memory_limit_bytes: host bytes of reads in flight during restore; None (default): 1/16 of
+            the state this host restores, within 32 MiB .. 1 GiB.
         fallback: on a corrupt checkpoint, ``restore(step=None)`` falls back to the previous one.
         on_commit: ``f(step)`` called (in the background thread, on every process) after each commit.
 
@@ -89,7 +90,7 @@ class CheckpointManager:
         fsync: bool = True,
         sync_mode: str = "files",
         host_copy: str = "staged",
-        restore_memory_limit_bytes: int = 32 << 20,
+        restore_memory_limit_bytes: int | None = None,
         fallback: bool = True,
         on_commit: Callable[[int], None] | None = None,
     ) -> None:
@@ -103,6 +104,9 @@ class CheckpointManager:
             raise ValueError(f"CheckpointManager host_copy must be 'staged' or 'device', got {host_copy!r}")
         self._host_copy = host_copy
         self._staging = save_mod.Staging()
+        if restore_memory_limit_bytes is not None and restore_memory_limit_bytes <= 0:
+            raise ValueError(f"CheckpointManager restore_memory_limit_bytes must be > 0 or None (auto), "
+                             f"got {restore_memory_limit_bytes}")
         self._mem_limit = restore_memory_limit_bytes
         self._fallback = fallback
         self._on_commit = on_commit

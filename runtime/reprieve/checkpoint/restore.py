@@ -6,12 +6,15 @@ saved chunks fill those buffers:
 
 * a target region that lies inside one saved chunk is read by TensorStore straight into its buffer
   (the common same-sharding case: no intermediate array; dtype casts happen on the way);
-* otherwise each overlapping chunk is read once and scattered into every target region it overlaps
-  (resharding reads each chunk file once, not once per target shard);
+* otherwise each part of a chunk that a target region needs is read straight into that region's
+  buffer, all parts of one chunk at once through a small TensorStore chunk cache (half the budget), so
+  resharding decodes each chunk file once and copies every byte once (reading the chunk into a new array
+  and scattering it cost an allocation and a copy more: 0.41 vs 0.54 GiB/s at 4 GiB on the benchmark VM);
 * a chunk whose needed part is bigger than the budget is read piece by piece.
 
-At most ``memory_limit_bytes`` of transient reads are in flight, so host memory peaks at about the
-restored state plus the budget; nothing ever materialises a whole array that this host does not need.
+At most ``memory_limit_bytes`` of transient reads are in flight (and half as much cached), so host memory
+peaks at about the restored state plus 1.5x the budget; nothing ever materialises a whole array that this
+host does not need.
 """
 
 from __future__ import annotations
@@ -20,9 +23,7 @@ import collections
 import dataclasses
 import itertools
 import logging
-import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -87,6 +88,26 @@ def plan_reads(shape: Sequence[int], chunk_shape: Sequence[int], targets: Sequen
     return ops
 
 
+DEFAULT_MIN_BUDGET = 32 << 20
+DEFAULT_MAX_BUDGET = 1 << 30
+BUDGET_FRACTION = 16  # transient reads may add 1/16 (6.25 %) of the state this host restores
+
+
+def read_budget(host_bytes: int, limit_bytes: int | None) -> int:
+    """Bytes of transient reads allowed in flight. Pure.
+
+    ``limit_bytes`` (user-set) wins. Otherwise the budget scales with the state this host restores: 1/16 of
+    it, at least 32 MiB (a few chunks in flight even for small states) and at most 1 GiB, so peak host
+    memory stays within ~1.07x the restored state while large states still read several chunks at once
+    (a fixed 32 MiB read 64 MiB chunks one at a time: 0.42 GiB/s vs 0.53 GiB/s with 256 MiB at 4 GiB).
+    """
+    if limit_bytes is not None:
+        if limit_bytes <= 0:
+            raise ValueError(f"restore memory limit must be > 0 bytes, got {limit_bytes}")
+        return limit_bytes
+    return max(DEFAULT_MIN_BUDGET, min(DEFAULT_MAX_BUDGET, host_bytes // BUDGET_FRACTION))
+
+
 # -- execution --------------------------------------------------------------------------------------
 
 
@@ -111,8 +132,11 @@ def _is_abstract_array(x: Any) -> bool:
 
 
 def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract: Any, *,
-                 memory_limit_bytes: int) -> Any:
-    """Materialise ``abstract`` (leaves: ShapeDtypeStruct with sharding, arrays, or placeholders)."""
+                 memory_limit_bytes: int | None = None) -> Any:
+    """Materialise ``abstract`` (leaves: ShapeDtypeStruct with sharding, arrays, or placeholders).
+
+    ``memory_limit_bytes``: transient reads in flight; None scales it with the state (:func:`read_budget`).
+    """
     where = f"checkpoint {storage.loc.uri()}/{ckpt_dir}"
     saved = meta.leaf_by_path()
     flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
@@ -146,45 +170,47 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
         bufs = [host_buffer(tuple(hi - lo for lo, hi in r), dtype) for r in regions]
         leaves.append(_Leaf(slot, leaf, shape, dtype, sharding, regions, devices, bufs))
 
-    stores = _open_all(storage, ckpt_dir, [lf.meta for lf in leaves], where)
-    inflight: collections.deque[tuple[_Leaf, ReadOp, Any]] = collections.deque()
+    memory_limit_bytes = read_budget(sum(b.nbytes for lf in leaves for b in lf.buffers), memory_limit_bytes)
+    plans = []
+    for lf in leaves:
+        assert lf.meta.shape is not None and lf.meta.chunk_shape is not None
+        plans.append(plan_reads(lf.meta.shape, lf.meta.chunk_shape, lf.regions, itemsize=lf.dtype.itemsize,
+                                limit_bytes=memory_limit_bytes))
+    # The chunk cache only helps leaves whose chunks feed several targets; whole-chunk reads skip it (keeping
+    # their decoded chunks cached as well halved same-sharding throughput).
+    cached = {lf.meta.index for lf, ops in zip(leaves, plans, strict=True) if any(not op.direct for op in ops)}
+    stores = _open_all(storage, ckpt_dir, [lf.meta for lf in leaves], where, cached=cached,
+                       cached_context=storage.read_context(memory_limit_bytes // 2) if cached else None)
+    inflight: collections.deque[tuple[_Leaf, ReadOp, list[Any]]] = collections.deque()
     budget = 0
-    pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="reprieve-ckpt-restore")
 
     def finish() -> None:
         nonlocal budget
-        lf, op, fut = inflight.popleft()
+        lf, op, futs = inflight.popleft()
         try:
-            arr = fut.result()
+            for fut in futs:
+                fut.result()
         except Exception as err:
             raise CheckpointCorruptError(
                 f"{where}: reading {layout.array_dir(lf.meta.index or 0)} (leaf {lf.meta.path}, "
                 f"region {list(op.box)}) failed: {err}") from err
-        if not op.direct:  # direct reads landed in their buffer already
-            def scatter(item: tuple[int, Region]) -> None:
-                i, part = item
-                np.copyto(lf.buffers[i][_local(part, lf.regions[i])], arr[_local(part, op.box)], casting="unsafe")
-
-            list(pool.map(scatter, op.parts))  # numpy copies release the GIL
         budget -= _size(op.box) * lf.dtype.itemsize
 
-    for lf in leaves:
-        assert lf.meta.shape is not None and lf.meta.chunk_shape is not None
+    for lf, ops in zip(leaves, plans, strict=True):
         store = stores[lf.meta.index]
-        for op in plan_reads(lf.meta.shape, lf.meta.chunk_shape, lf.regions, itemsize=lf.dtype.itemsize,
-                             limit_bytes=memory_limit_bytes):
+        for op in ops:
             nbytes = _size(op.box) * lf.dtype.itemsize
             while inflight and budget + nbytes > memory_limit_bytes:
                 finish()
             if op.direct:
-                fut = storage.read_into(store, region_slices(op.box), lf.buffers[op.parts[0][0]])
-            else:
-                fut = storage.read(store, region_slices(op.box), lf.dtype)
-            inflight.append((lf, op, fut))
+                futs = [storage.read_into(store, region_slices(op.box), lf.buffers[op.parts[0][0]])]
+            else:  # every part straight into its target's buffer (a strided view; casts on the way)
+                futs = [storage.read_into(store, region_slices(part), lf.buffers[i][_local(part, lf.regions[i])])
+                        for i, part in op.parts]
+            inflight.append((lf, op, futs))
             budget += nbytes
     while inflight:
         finish()
-    pool.shutdown()
 
     for lf in leaves:
         if lf.sharding is None:
@@ -200,13 +226,15 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _open_all(storage: Storage, ckpt_dir: str, leaves: list[LeafMeta], where: str) -> dict[Any, Any]:
+def _open_all(storage: Storage, ckpt_dir: str, leaves: list[LeafMeta], where: str, *, cached: set[Any],
+              cached_context: Any) -> dict[Any, Any]:
     futs = {}
     for leaf in leaves:
         assert leaf.index is not None and leaf.shape is not None and leaf.dtype is not None
         assert leaf.chunk_shape is not None
         md = spec.zarr3_metadata(leaf.shape, leaf.dtype, leaf.chunk_shape)
-        futs[leaf.index] = storage.open_array(f"{ckpt_dir}/{layout.array_dir(leaf.index)}", md, create=False, read=True)
+        futs[leaf.index] = storage.open_array(f"{ckpt_dir}/{layout.array_dir(leaf.index)}", md, create=False,
+                                              read=True, context=cached_context if leaf.index in cached else None)
     out = {}
     for idx, f in futs.items():
         try:

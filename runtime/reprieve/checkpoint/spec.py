@@ -116,8 +116,10 @@ def zarr3_spec(kvstore: Mapping[str, Any], metadata: Mapping[str, Any] | None = 
     return spec
 
 
-def context_spec(*, fsync: bool = True, file_io_concurrency: int = 64) -> dict[str, Any]:
-    """TensorStore context: no cache (checkpoint bytes are read/written once), fsync each file, and
-    many files in flight (parallel fsyncs keep a disk's queue full; one at a time is far slower)."""
-    return {"cache_pool": {"total_bytes_limit": 0}, "file_io_sync": fsync,
+def context_spec(*, fsync: bool = True, file_io_concurrency: int = 64, cache_bytes: int = 0) -> dict[str, Any]:
+    """TensorStore context: fsync each file, many files in flight (parallel fsyncs keep a disk's queue
+    full; one at a time is far slower), and no chunk cache (checkpoint bytes are written and read once)
+    unless ``cache_bytes``: a resharding restore reads one saved chunk into several target shards, and a
+    small cache lets those reads share one decoded chunk."""
+    return {"cache_pool": {"total_bytes_limit": int(cache_bytes)}, "file_io_sync": fsync,
             "file_io_concurrency": {"limit": file_io_concurrency}}

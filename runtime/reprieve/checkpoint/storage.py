@@ -45,19 +45,28 @@ class Storage:
         self.sync_mode = sync_mode
         # Local data files are made durable in bulk by make_durable(); TensorStore need not fsync each.
         per_file_sync = fsync and loc.is_object_store
+        self._file_io_concurrency = file_io_concurrency
         self.context = ts.Context(spec.context_spec(fsync=per_file_sync, file_io_concurrency=file_io_concurrency))
+
+    def read_context(self, cache_bytes: int) -> Any:
+        """A context for one restore: like :attr:`context`, with a chunk cache of ``cache_bytes``."""
+        return ts.Context(spec.context_spec(fsync=False, file_io_concurrency=self._file_io_concurrency,
+                                            cache_bytes=cache_bytes))
 
     # -- arrays -------------------------------------------------------------------------------------
     def kvstore(self, subpath: str) -> dict[str, Any]:
         return spec.kvstore_spec(self.loc, subpath)
 
-    def open_array(self, subpath: str, metadata: dict[str, Any], *, create: bool, read: bool = False) -> Any:
-        """Future of an opened zarr3 array; ``create`` writes ``zarr.json``, else metadata is assumed."""
+    def open_array(self, subpath: str, metadata: dict[str, Any], *, create: bool, read: bool = False,
+                   context: Any = None) -> Any:
+        """Future of an opened zarr3 array; ``create`` writes ``zarr.json``, else metadata is assumed.
+        ``context``: for reads, instead of :attr:`context` (see :meth:`read_context`)."""
         s = spec.zarr3_spec(self.kvstore(subpath), metadata)
         if create:
             return ts.open(s, create=True, delete_existing=False, context=self.context)
         if read:
-            return ts.open(s, open=True, assume_metadata=True, read=True, write=False, context=self.context)
+            return ts.open(s, open=True, assume_metadata=True, read=True, write=False,
+                           context=self.context if context is None else context)
         return ts.open(s, open=True, assume_metadata=True, write=True, context=self.context)
 
     @staticmethod
