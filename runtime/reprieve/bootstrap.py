@@ -54,6 +54,7 @@ def init(
         exit_fn: how to exit (default ``sys.exit``).
     """
     config = RuntimeConfig.from_env(os.environ if env is None else env)
+    enable_compilation_cache(config)
     coordinator = _join(config)
     committed: list[Job] = []  # filled below: commits reported by the default manager go to the job
 
@@ -122,6 +123,23 @@ def init(
     committed.append(job)
     atexit.register(job.abandon)  # a loop left by break/exception must not abort the interpreter's exit
     return job
+
+
+def enable_compilation_cache(config: RuntimeConfig) -> bool:
+    """Turn on JAX's persistent compilation cache in ``REPRIEVE_COMPILATION_CACHE_DIR``, if set.
+
+    A gang restart runs the same programs again; with the cache on shared storage the restarted processes
+    load them instead of compiling (JAX's default threshold caches only programs that took over 1 s to
+    compile; a restart pays for the fast ones too, so every program is cached). Returns whether it is on.
+    """
+    if not config.compilation_cache_dir:
+        return False
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    log.info("JAX persistent compilation cache in %s", config.compilation_cache_dir)
+    return True
 
 
 def _join(config: RuntimeConfig) -> Coordinator:

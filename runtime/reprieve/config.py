@@ -10,7 +10,9 @@ Runtime-only knobs (not set by the operator, documented in ``docs/runtime.md``):
 ``REPRIEVE_HEARTBEAT_TIMEOUT_SECONDS`` (10), ``REPRIEVE_SHUTDOWN_TIMEOUT_SECONDS`` (30),
 ``REPRIEVE_INIT_TIMEOUT_SECONDS`` (300), ``REPRIEVE_AGREEMENT_TIMEOUT_SECONDS`` (60),
 ``REPRIEVE_NOTICE_POLL_SECONDS`` (1), ``REPRIEVE_METRICS_PORT`` (unset = no exporter),
-``REPRIEVE_SAVE_SECONDS_ESTIMATE`` (30, used until a save has been measured).
+``REPRIEVE_SAVE_SECONDS_ESTIMATE`` (30, used until a save has been measured),
+``REPRIEVE_COMPILATION_CACHE_DIR`` (unset = JAX's defaults; set = JAX's persistent compilation cache there,
+for every program, so a restarted gang does not compile again).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class RuntimeConfig:
     notice_poll_seconds: float = 1.0
     metrics_port: int | None = None
     save_seconds_estimate: float = 30.0
+    compilation_cache_dir: str | None = None
 
     @property
     def distributed(self) -> bool:
@@ -110,6 +113,7 @@ class RuntimeConfig:
             notice_poll_seconds=r.number("REPRIEVE_NOTICE_POLL_SECONDS", 1.0, minimum=0.01),
             metrics_port=r.opt_integer("REPRIEVE_METRICS_PORT", minimum=0, maximum=65535),
             save_seconds_estimate=r.number("REPRIEVE_SAVE_SECONDS_ESTIMATE", 30.0, minimum=0.0),
+            compilation_cache_dir=r.opt_text("REPRIEVE_COMPILATION_CACHE_DIR"),
         )
         if cfg.process_id >= cfg.num_processes:
             raise ConfigError(
