@@ -134,6 +134,26 @@ def test_zarr3_metadata_and_spec() -> None:
         spec.chunk_shape_for([2, 2], [2])
 
 
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize(("shard", "itemsize", "cap", "expected"), [
+    ([4096, 1024], 4, 16 * MiB, [4096, 1024]),         # exactly at the cap: one chunk
+    ([8192, 1024], 4, 16 * MiB, [4096, 1024]),         # 32 MiB: halved along the leading dimension
+    ([6000, 1024], 4, 16 * MiB, [3000, 1024]),         # the largest divisor of 6000 rows that fits 4096
+    ([7, 1 << 22], 4, 16 * MiB, [1, 1 << 22]),         # 7 rows of 16 MiB: one row per chunk
+    ([3, 3, 1 << 21], 4, 16 * MiB, [1, 1, 1 << 21]),   # splits the next dimension when one is not enough
+    ([1, 1 << 23], 4, 16 * MiB, [1, 1 << 22]),         # a single row is split too
+    ([5, 7], 4, None, [5, 7]),                         # no cap: the shard
+    ([0, 5], 4, 8, [1, 1]),                            # empty dimensions keep chunks >= 1
+])
+def test_chunk_shape_divides_the_shard_under_the_cap(shard: list[int], itemsize: int, cap: int | None,
+                                                     expected: list[int]) -> None:
+    chunk = spec.chunk_shape_for(shard, shard, itemsize=itemsize, max_chunk_bytes=cap)
+    assert chunk == expected
+    assert all(max(1, s) % c == 0 for s, c in zip(shard, chunk))  # chunks tile the shard: one owner each
+
+
 # -- metadata --------------------------------------------------------------------------------------
 def test_metadata_round_trip_and_errors() -> None:
     meta = CheckpointMeta(step=3, attempt=2, num_processes=4, extra={"pos": [1, 2]}, leaves=[

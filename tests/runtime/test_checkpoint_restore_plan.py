@@ -55,9 +55,9 @@ MiB, GiB = 1 << 20, 1 << 30
 
 @pytest.mark.parametrize(("host_bytes", "limit", "expected"), [
     (0, None, 32 * MiB),             # tiny state: the floor, a few chunks still in flight
-    (256 * MiB, None, 32 * MiB),     # 1/16 would be 16 MiB: floor
-    (1 * GiB, None, 64 * MiB),       # 1/16
-    (4 * GiB, None, 256 * MiB),      # 1/16: 64 MiB chunks read 4 at a time, resharding reads each once
+    (256 * MiB, None, 32 * MiB),     # 1/32 would be 8 MiB: floor
+    (1 * GiB, None, 32 * MiB),       # 1/32
+    (4 * GiB, None, 128 * MiB),      # 1/32: 16 MiB chunks read 8 at a time
     (64 * GiB, None, 1 * GiB),       # capped
     (4 * GiB, 8 * MiB, 8 * MiB),     # a user-set limit wins
 ])

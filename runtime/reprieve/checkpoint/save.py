@@ -136,7 +136,8 @@ class Staging:
         self._free.clear()
 
 
-def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None = None) -> Snapshot:
+def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None = None,
+             max_chunk_bytes: int | None = None) -> Snapshot:
     """Copy what this process must write, so the caller may donate or mutate ``state`` right after.
 
     ``host_copy``: ``"staged"`` (default) copies every owned shard into reusable host buffers of
@@ -162,7 +163,8 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
             shard_shape = leaf.sharding.shard_shape(shape)
             leaves.append(LeafMeta(
                 path=p, kind="array", index=array_index, shape=list(shape), dtype=str(leaf.dtype),
-                chunk_shape=spec.chunk_shape_for(shape, shard_shape), nbytes=int(leaf.nbytes),
+                chunk_shape=spec.chunk_shape_for(shape, shard_shape, itemsize=leaf.dtype.itemsize,
+                                                 max_chunk_bytes=max_chunk_bytes), nbytes=int(leaf.nbytes),
                 sharding=describe_sharding(leaf.sharding),
             ))
             array_index += 1
@@ -174,7 +176,8 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
             spec.zarr_dtype(str(arr.dtype))  # fail now, not in the background
             leaves.append(LeafMeta(
                 path=p, kind="numpy", index=array_index, shape=list(arr.shape), dtype=str(arr.dtype),
-                chunk_shape=spec.chunk_shape_for(arr.shape, arr.shape), nbytes=int(arr.nbytes),
+                chunk_shape=spec.chunk_shape_for(arr.shape, arr.shape, itemsize=arr.dtype.itemsize,
+                                                 max_chunk_bytes=max_chunk_bytes), nbytes=int(arr.nbytes),
             ))
             array_index += 1
             host_leaves[i] = arr

@@ -1,8 +1,9 @@
 """Pure builders of TensorStore specs (dicts); tests compare them as dicts.
 
-Why zarr3, one chunk per saved shard, crc32c codec (see docs/checkpoint.md for the measurements):
+Why zarr3, chunks that tile each saved shard, crc32c codec (see docs/checkpoint.md for the measurements):
 
-* a chunk per shard means every process writes whole chunks it alone owns: no read-modify-write,
+* chunks inside one shard (one per shard, or several of <= 16 MiB) mean every process writes whole
+  chunks it alone owns: no read-modify-write,
   no cross-process locking, and the chunk files can be written in parallel from every host;
 * the ``crc32c`` codec appends a checksum to every chunk, so a flipped or truncated chunk fails its
   read with an error instead of returning garbage; ``fill_missing_data_reads=False`` turns a missing
@@ -14,6 +15,7 @@ Why zarr3, one chunk per saved shard, crc32c codec (see docs/checkpoint.md for t
 
 from __future__ import annotations
 
+import math
 import os
 import posixpath
 from collections.abc import Mapping, Sequence
@@ -79,11 +81,34 @@ def kvstore_spec(loc: Location, subpath: str = "", env: Mapping[str, str] | None
     raise ValueError(f"checkpoint location {loc.uri()!r}: unsupported scheme {loc.scheme!r}")
 
 
-def chunk_shape_for(shape: Sequence[int], shard_shape: Sequence[int]) -> list[int]:
-    """zarr3 chunk shape: the shard shape (chunks must be >= 1 even for empty dimensions)."""
+def chunk_shape_for(shape: Sequence[int], shard_shape: Sequence[int], *, itemsize: int = 1,
+                    max_chunk_bytes: int | None = None) -> list[int]:
+    """zarr3 chunk shape: the shard shape (chunks must be >= 1 even for empty dimensions), split along its
+    leading dimensions into equal parts of at most ``max_chunk_bytes`` where it can be.
+
+    Parts divide the shard exactly, so every chunk still lies inside one shard and is written by the one
+    process that owns it. A dimension whose size has no divisor small enough is split as far as it goes and
+    the next dimension is split too; a chunk can stay above the cap only when a single row of the last
+    dimension is bigger.
+    """
     if len(shape) != len(shard_shape):
         raise ValueError(f"shard shape {tuple(shard_shape)} has a different rank than array shape {tuple(shape)}")
-    return [max(1, int(s)) for s in shard_shape]
+    chunk = [max(1, int(s)) for s in shard_shape]
+    if not max_chunk_bytes:
+        return chunk
+    for k in range(len(chunk)):
+        nbytes = math.prod(chunk) * itemsize
+        if nbytes <= max_chunk_bytes:
+            break
+        per_unit = nbytes // chunk[k]  # bytes of one index along dimension k
+        fits = max(1, max_chunk_bytes // per_unit)
+        chunk[k] = max(d for d in _divisors(chunk[k]) if d <= fits)
+    return chunk
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small)]
 
 
 def zarr3_metadata(shape: Sequence[int], dtype_name: str, chunk_shape: Sequence[int]) -> dict[str, Any]:
