@@ -145,12 +145,18 @@ def patch_job_status(api: Api, namespace: str, name: str, status: dict[str, Any]
         raise
 
 
-def post_event(api: Api, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
-    """Post a core/v1 Event on ``obj`` (ref: apiVersion, kind, name, namespace, uid); failures only logged."""
+def post_event(api: Api, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal",
+               name: str | None = None) -> None:
+    """Post a core/v1 Event on ``obj`` (ref: apiVersion, kind, name, namespace, uid); failures only logged.
+
+    With ``name`` the Event is posted at most once: a second post of the same name (an operator that
+    restarted between posting and recording it) finds it already there.
+    """
     now = datetime.now(UTC)
     ns = obj["namespace"]
+    meta = {"name": name} if name else {"generateName": f"{obj['name']}."}
     body = {
-        "metadata": {"generateName": f"{obj['name']}.", "namespace": ns},
+        "metadata": {**meta, "namespace": ns},
         "involvedObject": {k: obj[k] for k in ("apiVersion", "kind", "name", "namespace", "uid") if obj.get(k)},
         "reason": reason,
         "message": message[:1024],
@@ -163,6 +169,8 @@ def post_event(api: Api, obj: dict[str, Any], reason: str, message: str, type_: 
     try:
         _raw(api.core.create_namespaced_event(ns, body, _preload_content=False))  # type: ignore[arg-type]
     except ApiException as err:
+        if name and err.status == 409:
+            return
         log.info("could not post event %s on %s %s/%s: %s", reason, obj.get("kind"), ns, obj["name"], err.reason)
 
 

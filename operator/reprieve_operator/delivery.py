@@ -60,14 +60,14 @@ async def on_node(state: State, event_type: str | None, name: str, body: Any) ->
     t0 = time.monotonic()
     done = await asyncio.gather(*(_deliver(state, node, ns, job, t0)
                                   for ns, job in jobs))
-    # Events only once every affected job has its notice: they must not slow the deliveries down.
+    # Pod Events only once every affected job has its notice: they must not slow the deliveries down.
     await apply.gather([functools.partial(apply.post_event, state.api, ref, "PreemptionNotice", msg, "Warning")
                         for refs, msg in done for ref in refs])
 
 
 async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str,
                    t0: float) -> tuple[list[dict[str, Any]], str]:
-    """Deliver the node's notice to one job; returns the objects to post an Event on, and its message."""
+    """Deliver the node's notice to one job; returns the pods to post an Event on, and its message."""
     api = state.api
     node_name = node["metadata"]["name"]
     try:
@@ -103,6 +103,13 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             started = state.seen_mono.get(node_name)
             if started is not None:
                 metrics.NOTICE_LATENCY.observe(t_done - started)
+            msg = (f"node {notice.node} will go away ({notice.reason}) by {rfc3339(notice.deadline)}; "
+                   f"notice {notice.id} delivered to attempt {plan.attempt}")
+            # The job's Event goes before the status that records the delivery, under a name fixed by
+            # (job, attempt): an operator killed in between posts it on restart, and never twice.
+            ref = job_ref(body)
+            await apply.run(apply.post_event, api, ref, "PreemptionNotice", msg, "Warning",
+                            notice_event_name(ref, plan.attempt))
             now = state_now()
             patch: dict[str, Any] = {"lastNotice": observe.notice_status(notice, plan.attempt, now)}
             if job.status.phase in (None, "Pending", "Running"):
@@ -110,12 +117,10 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             await apply.run(apply.patch_job_status, api, namespace, name, patch)
             state.delivered.add((job.uid, plan.attempt))
             metrics.NOTICES.labels(notice.reason).inc()
-        msg = (f"node {notice.node} will go away ({notice.reason}) by {rfc3339(notice.deadline)}; "
-               f"notice {notice.id} delivered to attempt {plan.attempt}")
         log.info("TrainingJob %s/%s: %s (%d pods annotated in %.3fs: lock %.3fs, read %.3fs, patch %.3fs)",
                  namespace, name, msg, len(plan.annotate), t_done - t0, t_lock - t0, t_get - t_lock,
                  t_done - t_get)
-        refs = [job_ref(body)] + [
+        refs = [
             {"apiVersion": "v1", "kind": "Pod", "name": r["metadata"]["name"], "namespace": namespace,
              "uid": r["metadata"].get("uid")} for r in raw if r["metadata"]["name"] in plan.annotate]
         return refs, msg
@@ -123,3 +128,8 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
         metrics.RECONCILE_ERRORS.labels("node-event").inc()
         log.exception("TrainingJob %s/%s: notice delivery for node %s failed", namespace, name, node_name)
     return [], ""
+
+
+def notice_event_name(job: dict[str, Any], attempt: int) -> str:
+    """The name of a job's PreemptionNotice Event for one attempt (unique per job uid, not only name)."""
+    return f"{job['name']}.{(job.get('uid') or '')[:8]}.notice-{attempt}"

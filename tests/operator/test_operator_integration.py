@@ -230,3 +230,21 @@ def test_spec_the_crd_cannot_catch_fails_with_a_condition(cluster, api, namespac
     assert f"TrainingJob {namespace}/bad" in cond["message"]
     assert not job_pods(api, namespace, "bad")
     assert not client.CoreV1Api(api).list_namespaced_service(namespace).items
+
+
+def test_named_event_is_posted_once_however_often_it_is_retried(api, namespace) -> None:
+    """A delivery retried by a restarted operator re-posts the job's Event under the same name: one Event."""
+    from reprieve_operator import apply as apply_mod
+    from reprieve_operator.delivery import notice_event_name
+
+    ref = {"apiVersion": "reprieve.dev/v1alpha1", "kind": "TrainingJob", "name": "llama", "namespace": namespace,
+           "uid": "0123456789abcdef"}
+    ops = apply_mod.Api(api)
+    name = notice_event_name(ref, 3)
+    for _ in range(2):
+        apply_mod.post_event(ops, ref, "PreemptionNotice", "node a will go away", "Warning", name)
+    apply_mod.post_event(ops, ref, "PreemptionNotice", "unnamed", "Warning")
+    apply_mod.post_event(ops, ref, "PreemptionNotice", "unnamed", "Warning")
+    evs = events(api, namespace, "PreemptionNotice")
+    assert sorted(e.message for e in evs) == ["node a will go away", "unnamed", "unnamed"]
+    assert [e.metadata.name for e in evs if e.message != "unnamed"] == [name]

@@ -148,7 +148,8 @@ def test_second_notice_brings_the_save_earlier(tmp_path: Path) -> None:
     finally:
         gang.kill()
     final = assert_one_agreed_save(gang, codes, n)
-    assert early < final < planned_final, (early, final, planned_final)
+    # The new final step may coincide with the first save when the second notice lands before it.
+    assert early <= final < planned_final, (early, final, planned_final)
     assert gang.committed_at(final) < sent + 3
     assert "acked round 1" in gang.logs[0].read_text()
 
