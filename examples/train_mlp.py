@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
 import reprieve
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 FEATURES, HIDDEN, BATCH = 32, 256, 256
 
@@ -104,13 +104,16 @@ def main() -> int:
         return (jax.make_array_from_callback(x.shape, data_sharded, lambda idx: x[idx]),
                 jax.make_array_from_callback(y.shape, data_sharded, lambda idx: y[idx]))
 
-    state, start = job.restore_or(init_state)
+    # Shapes and shardings without running init_state: on a restart nothing is initialised only to be replaced.
+    abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated),
+                            jax.eval_shape(init_state))
+    state, start = job.restore_or(init_state, abstract=abstract)
     log.info("process %d/%d starting at step %d of %d (attempt %s)", jax.process_index(), jax.process_count(),
              start, args.steps, os.environ.get("REPRIEVE_ATTEMPT", "1"))
     loss = None
     attempt = int(os.environ.get("REPRIEVE_ATTEMPT", "1"))
     step_log_path = os.environ.get("TRAIN_STEP_LOG") if jax.process_index() == 0 else None
-    step_log = open(step_log_path, "a", buffering=1) if step_log_path else None  # line-buffered
+    step_log = open(step_log_path, "a", buffering=1) if step_log_path else None  # noqa: SIM115  line-buffered: every record is on disk when job.save exits the process
     fail_at = int(os.environ.get("TRAIN_FAIL_AT_STEP", "-1"))
     for step in job.steps(start, args.steps):
         if step == fail_at:

@@ -100,19 +100,30 @@ class Job:
         return self._step_ema
 
     # -- restore -----------------------------------------------------------------------------------------
-    def restore_or(self, init_fn: Callable[[], Any]) -> tuple[Any, int]:
-        """``(state, first_step)``: the latest checkpoint restored onto ``init_fn()``'s shapes, or a fresh start.
+    def restore_or(self, init_fn: Callable[[], Any], abstract: Any = None) -> tuple[Any, int]:
+        """``(state, first_step)``: the latest checkpoint restored, or ``(init_fn(), 0)`` when there is none.
 
-        ``init_fn()`` always runs: its result gives the structure, shapes, dtypes and shardings to restore
-        onto (and is the state when there is no checkpoint yet). The checkpointer's ``restore(step=None)``
-        raising ``FileNotFoundError`` (on every process alike) means "no checkpoint yet".
+        Without ``abstract``, ``init_fn()`` always runs: its result gives the structure, shapes, dtypes and
+        shardings to restore onto. With ``abstract`` (the state's tree of ``jax.ShapeDtypeStruct`` with
+        ``sharding=``, or of arrays), ``init_fn`` runs only when there is no checkpoint yet: a restart neither
+        pays for initialisation nor holds a fresh copy of the state beside the restored one in device memory.
+        The checkpointer's ``restore(step=None)`` raising ``FileNotFoundError`` (on every process alike) means
+        "no checkpoint yet".
         """
-        state = init_fn()
+        if abstract is None:
+            state = init_fn()
+            target = _abstract(state)
+        else:
+            state, target = None, _abstract(abstract)
+            _check_shardings(target)  # on the first run too, not only at the first restart
         try:
             # step=None: the checkpointer picks the latest complete checkpoint once for all processes
-            step, restored, _extra = self.checkpointer.restore(_abstract(state), step=None)
+            step, restored, _extra = self.checkpointer.restore(target, step=None)
         except FileNotFoundError:
             log.info("no checkpoint under %s: starting at step 0", self.config.checkpoint_uri)
+            if state is None:
+                state = init_fn()
+                _check_matches(target, _abstract(state))
             return state, 0
         self._last_saved = self._committed = step
         self.metrics.set("reprieve_last_committed_step", step)
@@ -363,6 +374,33 @@ def _abstract(state: Any) -> Any:
         return x
 
     return jax.tree.map(leaf, state)
+
+
+def _check_shardings(abstract: Any) -> None:
+    """Every array leaf of a user-given abstract state must say where it goes."""
+    import jax
+
+    for path, leaf in jax.tree_util.tree_leaves_with_path(abstract):
+        if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None:
+            raise ValueError(f"restore_or: abstract leaf {jax.tree_util.keystr(path)} has no sharding; give "
+                             "jax.ShapeDtypeStruct(shape, dtype, sharding=...) for every array")
+
+
+def _check_matches(abstract: Any, actual: Any) -> None:
+    """``init_fn()`` must build what ``abstract`` describes, or the first restart would fail (or restore wrong)."""
+    import jax
+
+    want, want_def = jax.tree_util.tree_flatten_with_path(abstract)
+    got, got_def = jax.tree_util.tree_flatten_with_path(actual)
+    if want_def != got_def:
+        raise ValueError(f"restore_or: init_fn() returned a tree of another structure than abstract:\n"
+                         f"  abstract: {want_def}\n  init_fn(): {got_def}")
+    for (path, a), (_, b) in zip(want, got, strict=True):
+        if isinstance(a, jax.ShapeDtypeStruct) and (
+                not isinstance(b, jax.ShapeDtypeStruct) or (a.shape, a.dtype) != (b.shape, b.dtype)):
+            described = f"{b.dtype}{list(b.shape)}" if isinstance(b, jax.ShapeDtypeStruct) else repr(b)
+            raise ValueError(f"restore_or: leaf {jax.tree_util.keystr(path)}: abstract says "
+                             f"{a.dtype}{list(a.shape)}, init_fn() returned {described}")
 
 
 def _arm_deadline_timers(step: int, deadline: float | None, guard_s: float) -> list[threading.Timer]:
