@@ -20,6 +20,7 @@ attempt, step, wall time; the goodput analysis in ``hack/localcluster/goodput.py
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
@@ -88,10 +89,11 @@ def main() -> int:
     data_sharded = NamedSharding(mesh, P("data"))
     optimizer = optax.adam(args.lr)
 
+    # One compiled program creates the state directly with its sharding (no op-by-op dispatch, no host copy).
+    @functools.partial(jax.jit, out_shardings=replicated)
     def init_state() -> dict:
-        params = jax.device_put(init_params(args.seed), replicated)
-        opt_state = jax.device_put(optimizer.init(params), replicated)
-        return {"params": params, "opt": opt_state}
+        params = init_params(args.seed)
+        return {"params": params, "opt": optimizer.init(params)}
 
     @jax.jit
     def train_step(state: dict, x: jax.Array, y: jax.Array) -> tuple[dict, jax.Array]:
