@@ -396,8 +396,11 @@ def _check_matches(abstract: Any, actual: Any) -> None:
         raise ValueError(f"restore_or: init_fn() returned a tree of another structure than abstract:\n"
                          f"  abstract: {want_def}\n  init_fn(): {got_def}")
     for (path, a), (_, b) in zip(want, got, strict=True):
-        if isinstance(a, jax.ShapeDtypeStruct) and (
-                not isinstance(b, jax.ShapeDtypeStruct) or (a.shape, a.dtype) != (b.shape, b.dtype)):
+        if not isinstance(a, jax.ShapeDtypeStruct):
+            continue
+        if isinstance(b, int | float | complex) and a.shape == ():
+            continue  # a Python scalar (jax.eval_shape makes it 0-d); it is saved and restored as a scalar
+        if not isinstance(b, jax.ShapeDtypeStruct) or (a.shape, a.dtype) != (b.shape, b.dtype):
             described = f"{b.dtype}{list(b.shape)}" if isinstance(b, jax.ShapeDtypeStruct) else repr(b)
             raise ValueError(f"restore_or: leaf {jax.tree_util.keystr(path)}: abstract says "
                              f"{a.dtype}{list(a.shape)}, init_fn() returned {described}")

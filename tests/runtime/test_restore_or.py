@@ -72,6 +72,28 @@ def test_init_fn_runs_only_without_a_checkpoint_and_restore_lands_on_the_abstrac
         job.abandon()
 
 
+def test_python_scalars_in_the_state_work_with_an_abstract_from_eval_shape(tmp_path: Path) -> None:
+    rep = NamedSharding(_mesh(), P())
+    calls = []
+
+    def init() -> dict[str, Any]:
+        calls.append(1)
+        return {"w": jax.device_put(jnp.ones((4,), jnp.float32), rep), "epoch": 0, "lr": 0.1}
+
+    abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rep), jax.eval_shape(init))
+    with _job(tmp_path) as job:
+        state, start = job.restore_or(init, abstract=abstract)
+        for step in job.steps(start, 2):
+            state = {"w": state["w"] * 2, "epoch": state["epoch"] + 1, "lr": state["lr"] / 2}
+            job.save(step, state)
+    with _job(tmp_path) as job:
+        restored, start = job.restore_or(init, abstract=abstract)
+        assert (start, len(calls)) == (2, 2)  # eval_shape traced init once; the restart did not call it
+        assert (restored["epoch"], restored["lr"]) == (2, 0.025)
+        np.testing.assert_array_equal(np.asarray(restored["w"]), np.full((4,), 4.0, np.float32))
+        job.abandon()
+
+
 def test_an_abstract_leaf_without_sharding_is_refused_on_the_first_run(tmp_path: Path) -> None:
     init = Init()
     bad = {"w": jax.ShapeDtypeStruct((8, 3), jnp.float32), "n": _abstract(None)["n"]}
