@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, Protocol, Self
+from typing import Any, NoReturn, Protocol, Self, cast
 
 from .agreement import EARLY, FINAL, Agreement, AgreementError
 from .config import RuntimeConfig
@@ -392,7 +392,7 @@ def _check_matches(abstract: Any, actual: Any) -> None:
 
     want, want_def = jax.tree_util.tree_flatten_with_path(abstract)
     got, got_def = jax.tree_util.tree_flatten_with_path(actual)
-    if want_def != got_def:
+    if cast(Any, want_def) != got_def:  # PyTreeDef equality (the stubs do not declare it)
         raise ValueError(f"restore_or: init_fn() returned a tree of another structure than abstract:\n"
                          f"  abstract: {want_def}\n  init_fn(): {got_def}")
     for (path, a), (_, b) in zip(want, got, strict=True):
