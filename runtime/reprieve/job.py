@@ -115,7 +115,7 @@ class Job:
             target = _abstract(state)
         else:
             state, target = None, _abstract(abstract)
-            _check_shardings(target)  # on the first run too, not only at the first restart
+            _require(abstract_problem(target))  # on the first run too, not only at the first restart
         try:
             # step=None: the checkpointer picks the latest complete checkpoint once for all processes
             step, restored, _extra = self.checkpointer.restore(target, step=None)
@@ -123,7 +123,7 @@ class Job:
             log.info("no checkpoint under %s: starting at step 0", self.config.checkpoint_uri)
             if state is None:
                 state = init_fn()
-                _check_matches(target, _abstract(state))
+                _require(abstract_problem(target, _abstract(state)))
             return state, 0
         self._last_saved = self._committed = step
         self.metrics.set("reprieve_last_committed_step", step)
@@ -376,34 +376,41 @@ def _abstract(state: Any) -> Any:
     return jax.tree.map(leaf, state)
 
 
-def _check_shardings(abstract: Any) -> None:
-    """Every array leaf of a user-given abstract state must say where it goes."""
-    import jax
+def abstract_problem(abstract: Any, built: Any = None) -> str | None:
+    """What is wrong with a user-given abstract state, or None. Pure: a table test covers it.
 
-    for path, leaf in jax.tree_util.tree_leaves_with_path(abstract):
-        if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None:
-            raise ValueError(f"restore_or: abstract leaf {jax.tree_util.keystr(path)} has no sharding; give "
-                             "jax.ShapeDtypeStruct(shape, dtype, sharding=...) for every array")
-
-
-def _check_matches(abstract: Any, actual: Any) -> None:
-    """``init_fn()`` must build what ``abstract`` describes, or the first restart would fail (or restore wrong)."""
+    ``abstract`` and ``built`` are trees as :func:`_abstract` makes them (``ShapeDtypeStruct`` for arrays).
+    Every array leaf of ``abstract`` needs a sharding; with ``built`` (what ``init_fn()`` returned) the two
+    must have one structure and the same shape and dtype per array leaf. A Python scalar in ``built`` matches a
+    0-d leaf (``jax.eval_shape`` makes one of it; it is saved and restored as a scalar). Checked on the first
+    run too, so a wrong abstract state fails at once, not at the first restart.
+    """
     import jax
 
     want, want_def = jax.tree_util.tree_flatten_with_path(abstract)
-    got, got_def = jax.tree_util.tree_flatten_with_path(actual)
+    for path, a in want:
+        if isinstance(a, jax.ShapeDtypeStruct) and a.sharding is None:
+            return (f"abstract leaf {jax.tree_util.keystr(path)} has no sharding; give "
+                    "jax.ShapeDtypeStruct(shape, dtype, sharding=...) for every array")
+    if built is None:
+        return None
+    got, got_def = jax.tree_util.tree_flatten_with_path(built)
     if cast(Any, want_def) != got_def:  # PyTreeDef equality (the stubs do not declare it)
-        raise ValueError(f"restore_or: init_fn() returned a tree of another structure than abstract:\n"
-                         f"  abstract: {want_def}\n  init_fn(): {got_def}")
+        return f"init_fn() returned a tree of another structure than abstract:\n  abstract: {want_def}\n" \
+               f"  init_fn(): {got_def}"
     for (path, a), (_, b) in zip(want, got, strict=True):
-        if not isinstance(a, jax.ShapeDtypeStruct):
+        if not isinstance(a, jax.ShapeDtypeStruct) or (isinstance(b, int | float | complex) and a.shape == ()):
             continue
-        if isinstance(b, int | float | complex) and a.shape == ():
-            continue  # a Python scalar (jax.eval_shape makes it 0-d); it is saved and restored as a scalar
         if not isinstance(b, jax.ShapeDtypeStruct) or (a.shape, a.dtype) != (b.shape, b.dtype):
             described = f"{b.dtype}{list(b.shape)}" if isinstance(b, jax.ShapeDtypeStruct) else repr(b)
-            raise ValueError(f"restore_or: leaf {jax.tree_util.keystr(path)}: abstract says "
-                             f"{a.dtype}{list(a.shape)}, init_fn() returned {described}")
+            return (f"leaf {jax.tree_util.keystr(path)}: abstract says {a.dtype}{list(a.shape)}, "
+                    f"init_fn() returned {described}")
+    return None
+
+
+def _require(problem: str | None) -> None:
+    if problem is not None:
+        raise ValueError(f"restore_or: {problem}")
 
 
 def _arm_deadline_timers(step: int, deadline: float | None, guard_s: float) -> list[threading.Timer]:
