@@ -68,13 +68,17 @@ class Annotations:
         rv = self.core.list_namespaced_pod(NS, limit=1).metadata.resource_version
         while not self.stop.is_set():
             w = watch.Watch()
-            for ev in w.stream(self.core.list_namespaced_pod, NS, resource_version=rv, timeout_seconds=60):
-                pod = ev["object"]
-                rv = pod.metadata.resource_version
-                if (pod.metadata.annotations or {}).get("reprieve.dev/notice"):
-                    with self.cond:
-                        self.seen.setdefault(pod.metadata.name, time.monotonic())
-                        self.cond.notify_all()
+            try:
+                for ev in w.stream(self.core.list_namespaced_pod, NS, resource_version=rv, timeout_seconds=60):
+                    pod = ev["object"]
+                    rv = pod.metadata.resource_version
+                    if (pod.metadata.annotations or {}).get("reprieve.dev/notice"):
+                        with self.cond:
+                            self.seen.setdefault(pod.metadata.name, time.monotonic())
+                            self.cond.notify_all()
+            except Exception:
+                if not self.stop.is_set():  # the cluster going away at the end is not an error
+                    raise
 
     def wait(self, names: list[str], timeout: float) -> dict[str, float]:
         deadline = time.monotonic() + timeout
@@ -99,8 +103,9 @@ def main() -> int:
     if args.nodes % args.replicas or args.jobs * args.replicas % args.nodes:
         ap.error("need nodes % replicas == 0 and jobs*replicas % nodes == 0")
 
-    from conftest import CHART, OPERATOR_SA, RELEASE, RELEASE_NS, job_manifest
+    from conftest import job_manifest
     from localcluster import Cluster
+    from localcluster.stack import CHART, OPERATOR_SA, RELEASE, RELEASE_NS
 
     work = Path(tempfile.mkdtemp(prefix="reprieve-bench-"))
     with Cluster.start(work / "cluster") as cluster:
@@ -178,6 +183,7 @@ def main() -> int:
                 got = watcher.wait([n for ns in names.values() for n in ns], 30)
                 per_job += [max(got[n] for n in names[k]) - start for k in jobs]
             rss, peak = rss_mb(op.pid)
+            watcher.stop.set()
 
             # Peer: the same deliveries done by hand, straight after a taint: patch every pod of the jobs on
             # one node (32 threads, job by job, like the operator's pool), time per job from the taint.

@@ -1,0 +1,25 @@
+"""benchmarks/notice_latency.py at a tiny scale: the benchmark itself keeps working (it once broke unnoticed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_notice_latency_benchmark_runs_and_reports_every_job() -> None:
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "notice_latency.py"), "--nodes", "20",
+                          "--jobs", "10", "--replicas", "4", "--trials", "3"],
+                         capture_output=True, text=True, timeout=280, check=False)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout[-2000:] + out.stderr[-3000:]
+    report = json.loads(out.stdout[out.stdout.index("{"):out.stdout.index("}") + 1])
+    assert report["jobs_measured"] == 6  # 3 tainted nodes x 2 jobs with pods on each
+    assert 0 < report["p50_s"] <= report["p99_s"] <= report["max_s"] < 30
+    assert report["peer_direct_patch_p50_s"] > 0 and report["operator_rss_mb"] > 0
