@@ -1,7 +1,8 @@
 """Notice delivery: a Node event -> the notice its signals give -> every pod of each affected job.
 
 The cache's node -> jobs index keeps the work proportional to the pods on that node. At most once per job
-per attempt (``policy.notice``); Events are posted only after every affected job has its annotations.
+per attempt (``policy.notice``); the job's Event and status, and the pods' Events, are written only after every
+affected job has its annotations.
 """
 
 from __future__ import annotations
@@ -10,15 +11,16 @@ import asyncio
 import functools
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from . import ANNOTATION_NOTICE, apply, metrics, observe
 from .models import TrainingJob
-from .policy.notice import decide_notice
+from .policy.notice import decide_notice, notice_status_patch
 from .reconcile import kick
-from .signals import node_notice, present_signals, rfc3339, signals_for_job
+from .signals import Notice, node_notice, present_signals, rfc3339, signals_for_job
 from .state import State, job_ref
 from .state import now as state_now
 
@@ -60,14 +62,28 @@ async def on_node(state: State, event_type: str | None, name: str, body: Any) ->
     t0 = time.monotonic()
     done = await asyncio.gather(*(_deliver(state, node, ns, job, t0)
                                   for ns, job in jobs))
-    # Pod Events only once every affected job has its notice: they must not slow the deliveries down.
-    await apply.gather([functools.partial(apply.post_event, state.api, ref, "PreemptionNotice", msg, "Warning")
-                        for refs, msg in done for ref in refs])
+    delivered = [d for d in done if d is not None]
+    # Bookkeeping only once every affected job has its annotations: it must not slow the deliveries down.
+    await asyncio.gather(*(_record(state, d) for d in delivered))
+    await apply.gather([functools.partial(apply.post_event, state.api, ref, "PreemptionNotice", d.message,
+                                          "Warning") for d in delivered for ref in d.pods])
 
 
-async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str,
-                   t0: float) -> tuple[list[dict[str, Any]], str]:
-    """Deliver the node's notice to one job; returns the pods to post an Event on, and its message."""
+@dataclass(frozen=True)
+class Delivered:
+    """One job's pods carry the notice; its Event and status are still to be written."""
+
+    namespace: str
+    name: str
+    job: dict[str, Any]  # job_ref
+    attempt: int
+    notice: Notice
+    message: str
+    pods: list[dict[str, Any]]  # refs of the pods annotated now, for their Events
+
+
+async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str, t0: float) -> Delivered | None:
+    """Annotate the pods of one job with the node's notice (at most once per job per attempt)."""
     api = state.api
     node_name = node["metadata"]["name"]
     try:
@@ -78,56 +94,72 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             body = state.cache.jobs.get((namespace, name)) or await apply.run(apply.get_job, api, namespace, name)
             t_get = time.monotonic()
             if body is None:
-                return [], ""
+                return None
             try:
                 job = TrainingJob.from_body(body)
             except ValidationError:
-                return [], ""
+                return None
             sigs = signals_for_job(state.signals, job.spec.preemption)
             seen = state.first_seen.setdefault(node_name, {})
             for sig in present_signals(node, sigs):
                 seen.setdefault(sig, state_now())
             notice = node_notice(node, state_now(), sigs, seen)
             if notice is None:
-                return [], ""
+                return None
             raw = state.cache.pods_of(namespace, name)
             pods = [p for p in (observe.worker_pod(r) for r in raw) if p is not None]
             notes = {r["metadata"]["name"]: observe.notice_annotation(r) for r in raw}
             plan = decide_notice(job, pods, notice, notes)
             if plan is None or (job.uid, plan.attempt) in state.delivered:
-                return [], ""
+                return None
             value = notice.annotation()
             await apply.gather([functools.partial(apply.annotate_pod, api, namespace, n, {ANNOTATION_NOTICE: value})
                                 for n in plan.annotate])
             t_done = time.monotonic()
-            started = state.seen_mono.get(node_name)
-            if started is not None:
-                metrics.NOTICE_LATENCY.observe(t_done - started)
-            msg = (f"node {notice.node} will go away ({notice.reason}) by {rfc3339(notice.deadline)}; "
-                   f"notice {notice.id} delivered to attempt {plan.attempt}")
-            # The job's Event goes before the status that records the delivery, under a name fixed by
-            # (job, attempt): an operator killed in between posts it on restart, and never twice.
-            ref = job_ref(body)
-            await apply.run(apply.post_event, api, ref, "PreemptionNotice", msg, "Warning",
-                            notice_event_name(ref, plan.attempt))
-            now = state_now()
-            patch: dict[str, Any] = {"lastNotice": observe.notice_status(notice, plan.attempt, now)}
-            if job.status.phase in (None, "Pending", "Running"):
-                patch["phase"] = "Preempting"
-            await apply.run(apply.patch_job_status, api, namespace, name, patch)
             state.delivered.add((job.uid, plan.attempt))
-            metrics.NOTICES.labels(notice.reason).inc()
+        started = state.seen_mono.get(node_name)
+        if started is not None:
+            metrics.NOTICE_LATENCY.observe(t_done - started)
+        msg = (f"node {notice.node} will go away ({notice.reason}) by {rfc3339(notice.deadline)}; "
+               f"notice {notice.id} delivered to attempt {plan.attempt}")
         log.info("TrainingJob %s/%s: %s (%d pods annotated in %.3fs: lock %.3fs, read %.3fs, patch %.3fs)",
                  namespace, name, msg, len(plan.annotate), t_done - t0, t_lock - t0, t_get - t_lock,
                  t_done - t_get)
         refs = [
             {"apiVersion": "v1", "kind": "Pod", "name": r["metadata"]["name"], "namespace": namespace,
              "uid": r["metadata"].get("uid")} for r in raw if r["metadata"]["name"] in plan.annotate]
-        return refs, msg
+        return Delivered(namespace, name, job_ref(body), plan.attempt, notice, msg, refs)
     except Exception:
         metrics.RECONCILE_ERRORS.labels("node-event").inc()
         log.exception("TrainingJob %s/%s: notice delivery for node %s failed", namespace, name, node_name)
-    return [], ""
+    return None
+
+
+async def _record(state: State, d: Delivered) -> None:
+    """The job's Event, then the status that records the delivery.
+
+    The Event is named after (job uid, attempt) and goes first: an operator killed in between finds the pods
+    annotated but no ``status.lastNotice``, records again, and the apiserver refuses a second Event. If this
+    fails, the in-process guard is dropped so the next Node event records it.
+    """
+    api = state.api
+    try:
+        async with state.locks[(d.namespace, d.name)]:
+            body = state.cache.jobs.get((d.namespace, d.name))
+            job = TrainingJob.from_body(body) if body is not None else None
+            if job is None or job.uid != d.job.get("uid"):
+                return  # deleted (or replaced) meanwhile
+            patch = notice_status_patch(job, observe.notice_status(d.notice, d.attempt, state_now()), d.attempt)
+            if patch is None:
+                return
+            await apply.run(apply.post_event, api, d.job, "PreemptionNotice", d.message, "Warning",
+                            notice_event_name(d.job, d.attempt))
+            await apply.run(apply.patch_job_status, api, d.namespace, d.name, patch)
+        metrics.NOTICES.labels(d.notice.reason).inc()
+    except Exception:
+        state.delivered.discard((d.job.get("uid"), d.attempt))
+        metrics.RECONCILE_ERRORS.labels("node-event").inc()
+        log.exception("TrainingJob %s/%s: recording the notice failed", d.namespace, d.name)
 
 
 def notice_event_name(job: dict[str, Any], attempt: int) -> str:

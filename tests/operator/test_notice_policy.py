@@ -50,3 +50,25 @@ def test_decide_notice(status: dict[str, Any], spec: dict[str, Any], pods: list[
     assert (plan.annotate if plan else None) == expected
     if plan:
         assert plan.record and plan.notice is NOTICE
+
+
+RECORD_ROWS: list[tuple[str, dict[str, Any], int, dict[str, Any] | None]] = [
+    ("running: notice and phase", {"phase": "Running", "attempt": 1}, 1, {"lastNotice": "N", "phase": "Preempting"}),
+    ("pending: notice and phase", {"phase": "Pending", "attempt": 1}, 1, {"lastNotice": "N", "phase": "Preempting"}),
+    ("recorded already (operator restarted after the status write)",
+     {"phase": "Preempting", "attempt": 1, "lastNotice": {**LAST, "attempt": 1}}, 1, None),
+    ("older attempt's notice does not count", {"phase": "Running", "attempt": 2, "lastNotice": {**LAST, "attempt": 1}},
+     2, {"lastNotice": "N", "phase": "Preempting"}),
+    ("restart began meanwhile: phase left to it", {"phase": "Restarting", "attempt": 1, "restartingFrom": 1}, 1,
+     {"lastNotice": "N"}),
+    ("newer attempt meanwhile: phase left alone", {"phase": "Running", "attempt": 2}, 1, {"lastNotice": "N"}),
+    ("already preempting", {"phase": "Preempting", "attempt": 1}, 1, {"lastNotice": "N"}),
+]
+
+
+@pytest.mark.parametrize("status,attempt,expected", [r[1:] for r in RECORD_ROWS], ids=[r[0] for r in RECORD_ROWS])
+def test_notice_status_patch(status: dict[str, Any], attempt: int, expected: dict[str, Any] | None) -> None:
+    from reprieve_operator.policy.notice import notice_status_patch
+
+    job = make_job(replicas=2).with_status(**status).model()
+    assert notice_status_patch(job, "N", attempt) == expected  # type: ignore[arg-type]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..models import TrainingJob
 from ..signals import Notice
@@ -42,3 +43,19 @@ def decide_notice(job: TrainingJob, pods: Sequence[WorkerPod], notice: Notice,
     # A pod annotated by a delivery that crashed before the status write keeps that earlier notice.
     annotate = tuple(sorted(p.name for p in current if not annotations.get(p.name)))
     return NoticePlan(notice=notice, attempt=attempt, annotate=annotate, record=True)
+
+
+def notice_status_patch(job: TrainingJob, last_notice: dict[str, Any], attempt: int) -> dict[str, Any] | None:
+    """The status patch that records a delivery to ``attempt``, or None if it is recorded already.
+
+    ``job`` is read after the pods were annotated: if the gang meanwhile began a restart (or a newer attempt
+    exists) the notice is still recorded, but the phase is left to the restart.
+    """
+    st = job.status
+    if st.last_notice is not None and st.last_notice.attempt >= attempt:
+        return None
+    patch: dict[str, Any] = {"lastNotice": last_notice}
+    restarting = st.restarting_from is not None and st.restarting_from >= attempt
+    if st.phase in (None, "Pending", "Running") and st.attempt <= attempt and not restarting:
+        patch["phase"] = "Preempting"
+    return patch
