@@ -20,6 +20,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resync-seconds", type=float, default=60.0,
                    help="period of the safety-net reconcile of every unfinished job")
     p.add_argument("--log-level", default=os.environ.get("REPRIEVE_LOG_LEVEL", "INFO"))
+    p.add_argument("--notice-horizon-seconds", type=float,
+                   default=float(os.environ.get("REPRIEVE_NOTICE_HORIZON_SECONDS", "600")),
+                   help="deliver a notice once its deadline is at most this far away; until then it is held "
+                        "(a maintenance scheduled days ahead does not make jobs Preempting for days)")
     p.add_argument("--signals-json", default=None,
                    help="signal table as JSON (default: $REPRIEVE_SIGNALS_JSON, else built-in defaults)")
     return p.parse_args(argv)
@@ -46,8 +50,10 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     from . import main as registration  # noqa: F401  (registers the handlers)
 
+    if args.notice_horizon_seconds <= 0:
+        raise SystemExit(f"--notice-horizon-seconds must be > 0, got {args.notice_horizon_seconds}")
     memo = kopf.Memo(metrics_port=args.metrics_port, signals_json=args.signals_json, namespaces=args.namespace,
-                     resync_seconds=args.resync_seconds)
+                     resync_seconds=args.resync_seconds, notice_horizon_seconds=args.notice_horizon_seconds)
     kopf.run(
         standalone=True,  # one replica (Deployment strategy Recreate); no peering objects needed
         clusterwide=not args.namespace,

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from pydantic import ValidationError
 
 from .models import GROUP, PLURAL, VERSION
 
@@ -70,18 +71,71 @@ def create(api: Api, obj: dict[str, Any]) -> bool:
         raise
 
 
+def dry_run_pod(api: Api, pod: dict[str, Any]) -> None:
+    """Send ``pod`` through validation and admission without creating it; raises ``ApiException`` if refused.
+
+    Strict field validation: a misspelt field is an error here, not a silently dropped setting."""
+    meta = pod["metadata"]
+    _raw(api.core.create_namespaced_pod(meta["namespace"], pod, dry_run="All",  # type: ignore[arg-type]
+                                        field_validation="Strict", _preload_content=False))
+
+
 def create_pod(api: Api, pod: dict[str, Any]) -> dict[str, Any] | None:
     """Create a pod; the created object, or None (logged at INFO) if it already exists."""
     meta = pod["metadata"]
     try:
         created: dict[str, Any] | None = _raw(api.core.create_namespaced_pod(
-            meta["namespace"], pod, _preload_content=False))  # type: ignore[arg-type]
+            meta["namespace"], pod, field_validation="Strict", _preload_content=False))  # type: ignore[arg-type]
         return created
     except ApiException as err:
         if err.status == 409:
             log.info("Pod %s/%s already exists; leaving it", meta["namespace"], meta["name"])
             return None
         raise
+
+
+def _delete_fn(api: Api, kind: str) -> Any:
+    return {
+        "Service": api.core.delete_namespaced_service,
+        "ServiceAccount": api.core.delete_namespaced_service_account,
+        "Role": api.rbac.delete_namespaced_role,
+        "RoleBinding": api.rbac.delete_namespaced_role_binding,
+    }[kind]
+
+
+def delete(api: Api, obj: dict[str, Any]) -> bool:
+    """Delete ``obj`` (a Service or identity object); False (logged at INFO) if it is already gone."""
+    meta = obj["metadata"]
+    try:
+        _raw(_delete_fn(api, obj["kind"])(meta["name"], meta["namespace"], _preload_content=False))
+        return True
+    except ApiException as err:
+        if err.status == 404:
+            log.info("%s %s/%s already gone", obj["kind"], meta["namespace"], meta["name"])
+            return False
+        raise
+
+
+def refusal_of(err: BaseException) -> tuple[int | None, Any]:
+    """(HTTP status, body) of a failed API call; (None, text) when no answer came (timeout, connection).
+
+    The kubernetes client (>= 35) validates a request body itself (pydantic) before sending it; such a
+    refusal is reported as the API server would report it: 422 with one cause per field."""
+    if isinstance(err, ApiException):
+        return err.status, err.body
+    if isinstance(err, ValidationError):
+        causes = [{"field": _field_path(e["loc"][1:]),
+                   "message": "unknown field (misspelt?)" if e["type"] == "extra_forbidden" else e["msg"]}
+                  for e in err.errors()]
+        return 422, {"kind": "Status", "message": str(err)[:600], "details": {"causes": causes}}
+    return None, f"{type(err).__name__}: {err}"
+
+
+def _field_path(loc: Iterable[Any]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
 
 
 def delete_pod(api: Api, namespace: str, name: str, *, grace_seconds: int | None = None) -> bool:
@@ -119,6 +173,16 @@ def list_job_pods(api: Api, namespace: str, job: str) -> list[dict[str, Any]]:
     body = _raw(api.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}",
                                              _preload_content=False))
     return list(body.get("items") or [])
+
+
+def get_node(api: Api, name: str) -> dict[str, Any] | None:
+    try:
+        body: dict[str, Any] | None = _raw(api.core.read_node(name, _preload_content=False))
+        return body
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
 
 
 def get_job(api: Api, namespace: str, name: str) -> dict[str, Any] | None:

@@ -50,6 +50,7 @@ def worker_env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Any
         "REPRIEVE_COORDINATOR_ADDRESS": f"{job.name}-0.{job.name}.{job.namespace}.svc:{s.coordinator_port}",
         "REPRIEVE_CHECKPOINT_URI": s.checkpoint.uri,
         "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": str(s.checkpoint.interval_steps),
+        "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS": str(s.checkpoint.interval_seconds),
         "REPRIEVE_CHECKPOINT_KEEP": str(s.checkpoint.keep),
         "REPRIEVE_ATTEMPT": str(attempt),
         "REPRIEVE_RESTART_EXIT_CODE": str(s.restart_policy.restart_exit_code),
@@ -66,19 +67,21 @@ def worker_env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Any
 
 
 def _exclude_nodes(affinity: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
-    """Add ``metadata.name NotIn nodes`` to every required node selector term (terms are ORed)."""
+    """Add ``metadata.name NotIn [node]`` for each node to every required node selector term (terms are ORed,
+    requirements within a term ANDed). One requirement per node: for node fields the API server accepts exactly
+    one value with ``In``/``NotIn``."""
     affinity = copy.deepcopy(affinity)
     required = affinity.setdefault("nodeAffinity", {}).setdefault(
         "requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.get("nodeSelectorTerms") or [{}]
-    expr = {"key": "metadata.name", "operator": "NotIn", "values": nodes}
-    required["nodeSelectorTerms"] = [{**t, "matchFields": [*(t.get("matchFields") or []), expr]} for t in terms]
+    exprs = [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in nodes]
+    required["nodeSelectorTerms"] = [{**t, "matchFields": [*(t.get("matchFields") or []), *exprs]} for t in terms]
     return affinity
 
 
 def build_worker_pod(job: TrainingJob, index: int, attempt: int,
                      exclude_nodes: Iterable[str] = ()) -> dict[str, Any]:
-    """Worker pod ``index`` of gang ``attempt``; never scheduled onto ``exclude_nodes`` (active notices)."""
+    """Worker pod ``index`` of gang ``attempt``; never scheduled onto ``exclude_nodes`` (``policy.placement``)."""
     if not 0 <= index < job.spec.replicas:
         raise ValueError(f"TrainingJob {job.namespace}/{job.name}: index must be in [0, {job.spec.replicas}), "
                          f"got {index}")

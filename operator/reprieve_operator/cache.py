@@ -25,7 +25,7 @@ class Cache:
         self._pod_node: dict[Key, str] = {}  # (namespace, pod) -> node
         self._node_jobs: dict[str, dict[Key, int]] = defaultdict(dict)  # node -> job -> pods of it there
         self._pod_job: dict[Key, str] = {}  # (namespace, pod) -> job
-        self.nodes: set[str] = set()
+        self.nodes: dict[str, dict[str, Any]] = {}  # name -> observe.compact_node
         self.jobs: dict[Key, dict[str, Any]] = {}
         self.primed = False
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,9 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         embedded: dict[str, Any] = copy.deepcopy(node["crd"])
         if "description" in node:
             embedded["description"] = node["description"]
+        if embedded.get("x-reprieve-embed") == "PodTemplateSpec":
+            embedded.pop("x-reprieve-embed")
+            embedded["properties"]["spec"] = with_pod_spec(embedded["properties"]["spec"])
         return embedded
     if "$ref" in node:
         target = defs[node["$ref"].rsplit("/", 1)[-1]]
@@ -75,6 +79,35 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
     if out.get("enum") and "type" not in out:
         out["type"] = "string"
     return out
+
+
+POD_SPEC_PATH = Path(__file__).with_name("podspec_schema.json")
+# Not settable at creation (the API server refuses them in a new pod): left out of the template's schema.
+POD_SPEC_OMIT = ("ephemeralContainers",)
+
+
+def with_pod_spec(ours: dict[str, Any]) -> dict[str, Any]:
+    """The template's ``spec``: Kubernetes' PodSpec schema (``hack/gen_podspec_schema.py``) for documentation
+    (``kubectl explain``) and type checks at apply, overlaid with our own rules (``models.TEMPLATE_SCHEMA``).
+
+    ``x-kubernetes-preserve-unknown-fields`` stays on the pod spec and its containers, so a field that a newer
+    Kubernetes adds is kept; a misspelt one is refused when the operator dry-runs the pods (and by
+    ``kubectl apply``'s strict field validation where the schema knows the object)."""
+    pod = json.loads(POD_SPEC_PATH.read_text())
+    for key in POD_SPEC_OMIT:
+        pod["properties"].pop(key, None)
+    merged = {**pod, **{k: v for k, v in ours.items() if k != "properties"}}
+    props = merged["properties"]
+    for key, rule in ours.get("properties", {}).items():
+        base = props.get(key, {})
+        if key == "containers":
+            items = {**base.get("items", {}), **rule.get("items", {}),
+                     "properties": {**base.get("items", {}).get("properties", {}),
+                                    **rule.get("items", {}).get("properties", {})}}
+            props[key] = {**base, **rule, "items": items}
+        else:
+            props[key] = {**base, **rule}
+    return merged
 
 
 def model_schema(model: type[models._Model]) -> dict[str, Any]:
@@ -125,7 +158,11 @@ def build_crd() -> dict[str, Any]:
                     "name": models.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    # scale: `kubectl scale tj` reaches the CRD's rules and is refused ("replicas is
+                    # immutable") instead of answering "not found"; HPA-style readers get the pod selector.
+                    "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.replicas",
+                                                             "statusReplicasPath": ".status.replicas",
+                                                             "labelSelectorPath": ".status.selector"}},
                     "additionalPrinterColumns": columns,
                     "schema": {"openAPIV3Schema": root},
                 }

@@ -1,37 +1,44 @@
 """Notice delivery: a Node event -> the notice its signals give -> every pod of each affected job.
 
-The cache's node -> jobs index keeps the work proportional to the pods on that node. At most once per job
-per attempt (``policy.notice``); the job's Event and status, and the pods' Events, are written only after every
-affected job has its annotations.
+The cache's node -> jobs index keeps the work proportional to the pods on that node. The earliest deadline
+always reaches every pod (``policy.notice``): a later notice with an earlier deadline is delivered again. A
+notice beyond the horizon is held, and the node is looked at again when it opens. The job's Event and status,
+and the pods' Events, are written only after every affected job has its annotations.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
 
 from . import ANNOTATION_NOTICE, apply, metrics, observe
 from .models import TrainingJob
-from .policy.notice import decide_notice, notice_status_patch
+from .policy.notice import decide_notice, is_open, notice_status_patch, opens_at, recorded_deadline
 from .reconcile import kick
 from .signals import Notice, node_notice, present_signals, rfc3339, signals_for_job
 from .state import State, job_ref
 from .state import now as state_now
 
 log = logging.getLogger("reprieve_operator")
+STARTUP_GRACE = timedelta(seconds=5)  # a signal first seen this soon after start was there before it
 
 
 async def on_node(state: State, event_type: str | None, name: str, body: Any) -> None:
     """A Node event: track its signals; deliver a notice to every job with pods on it."""
     jobs = state.cache.jobs_on(name)
+    timer = state.node_timers.pop(name, None)
+    if timer is not None:
+        timer.cancel()
     if event_type == "DELETED":
-        state.cache.nodes.discard(name)
+        state.cache.nodes.pop(name, None)
         state.notice_nodes.discard(name)
         state.first_seen.pop(name, None)
         state.seen_mono.pop(name, None)
@@ -39,8 +46,8 @@ async def on_node(state: State, event_type: str | None, name: str, body: Any) ->
         for ns, job in jobs:
             kick(state, ns, job)
         return
-    state.cache.nodes.add(name)
-    node = dict(body)
+    node = observe.compact_node(dict(body))
+    state.cache.nodes[name] = node
     now = state_now()
     present = present_signals(node, state.signals)
     seen = state.first_seen.setdefault(name, {})
@@ -60,13 +67,32 @@ async def on_node(state: State, event_type: str | None, name: str, body: Any) ->
     if not jobs:
         return
     t0 = time.monotonic()
-    done = await asyncio.gather(*(_deliver(state, node, ns, job, t0)
-                                  for ns, job in jobs))
-    delivered = [d for d in done if d is not None]
+    done = await asyncio.gather(*(_deliver(state, node, ns, job, t0) for ns, job in jobs))
+    delivered = [d for d in done if isinstance(d, Delivered)]
+    held = [d for d in done if isinstance(d, datetime)]
+    if held:
+        _look_again(state, name, min(held))
     # Bookkeeping only once every affected job has its annotations: it must not slow the deliveries down.
     await asyncio.gather(*(_record(state, d) for d in delivered))
     await apply.gather([functools.partial(apply.post_event, state.api, ref, "PreemptionNotice", d.message,
                                           "Warning") for d in delivered for ref in d.pods])
+
+
+def _look_again(state: State, name: str, when: datetime) -> None:
+    """Re-examine node ``name`` (as cached) when a held notice opens."""
+    delay = max(0.0, (when - state_now()).total_seconds()) + 0.05
+
+    def fire() -> None:
+        state.node_timers.pop(name, None)
+        node = state.cache.nodes.get(name)
+        if node is not None:
+            task = asyncio.get_running_loop().create_task(on_node(state, "MODIFIED", name, node))
+            state.tasks.add(task)
+            task.add_done_callback(state.tasks.discard)
+
+    state.node_timers[name] = asyncio.get_running_loop().call_later(delay, fire)
+    log.info("node %s: a notice is held until %s (deadline beyond the %.0f s horizon)", name, rfc3339(when),
+             state.horizon_seconds)
 
 
 @dataclass(frozen=True)
@@ -82,15 +108,18 @@ class Delivered:
     pods: list[dict[str, Any]]  # refs of the pods annotated now, for their Events
 
 
-async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str, t0: float) -> Delivered | None:
-    """Annotate the pods of one job with the node's notice (at most once per job per attempt)."""
+async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str,
+                   t0: float) -> Delivered | datetime | None:
+    """Annotate the pods of one job with the node's notice if it is earlier than what they know.
+
+    Returns what was delivered, the time a held notice opens, or None."""
     api = state.api
     node_name = node["metadata"]["name"]
     try:
         async with state.locks[(namespace, name)]:
             t_lock = time.monotonic()
-            # The watched copy is current to within the watch lag; the once-per-attempt guards below
-            # (status, pod annotations, the in-process set) do not depend on it being fresher.
+            # The watched copy is current to within the watch lag; the guards below (status, pod
+            # annotations, the in-process set) do not depend on it being fresher.
             body = state.cache.jobs.get((namespace, name)) or await apply.run(apply.get_job, api, namespace, name)
             t_get = time.monotonic()
             if body is None:
@@ -103,25 +132,31 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             seen = state.first_seen.setdefault(node_name, {})
             for sig in present_signals(node, sigs):
                 seen.setdefault(sig, state_now())
-            notice = node_notice(node, state_now(), sigs, seen)
+            now = state_now()
+            notice = node_notice(node, now, sigs, seen)
             if notice is None:
                 return None
+            if not is_open(notice, now, state.horizon_seconds):
+                return opens_at(notice, state.horizon_seconds)
             raw = state.cache.pods_of(namespace, name)
             pods = [p for p in (observe.worker_pod(r) for r in raw) if p is not None]
             notes = {r["metadata"]["name"]: observe.notice_annotation(r) for r in raw}
-            plan = decide_notice(job, pods, notice, notes)
-            if plan is None or (job.uid, plan.attempt) in state.delivered:
+            plan = decide_notice(job, pods, notice, notes, now, state.horizon_seconds)
+            if plan is None or (job.uid, plan.attempt, notice.id) in state.delivered:
                 return None
+            before = recorded_deadline(job, plan.attempt)
             value = notice.annotation()
             await apply.gather([functools.partial(apply.annotate_pod, api, namespace, n, {ANNOTATION_NOTICE: value})
                                 for n in plan.annotate])
+            for r in raw:  # the cache learns it now, not only when the watch event comes
+                if r["metadata"]["name"] in plan.annotate:
+                    r["metadata"].setdefault("annotations", {})[ANNOTATION_NOTICE] = value
             t_done = time.monotonic()
-            state.delivered.add((job.uid, plan.attempt))
+            state.delivered.add((job.uid, plan.attempt, notice.id))
         started = state.seen_mono.get(node_name)
         if started is not None:
             metrics.NOTICE_LATENCY.observe(t_done - started)
-        msg = (f"node {notice.node} will go away ({notice.reason}) by {rfc3339(notice.deadline)}; "
-               f"notice {notice.id} delivered to attempt {plan.attempt}")
+        msg = notice_message(notice, plan.attempt, before, seen.get(notice.reason), state.started)
         log.info("TrainingJob %s/%s: %s (%d pods annotated in %.3fs: lock %.3fs, read %.3fs, patch %.3fs)",
                  namespace, name, msg, len(plan.annotate), t_done - t0, t_lock - t0, t_get - t_lock,
                  t_done - t_get)
@@ -135,12 +170,26 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
     return None
 
 
+def notice_message(notice: Notice, attempt: int, before: datetime | None, first_seen: datetime | None,
+                   operator_started: datetime) -> str:
+    """The PreemptionNotice Event text (pure): what, by when, to which attempt, and how sure the deadline is."""
+    msg = (f"node {notice.node} will go away ({notice.reason}) by {rfc3339(notice.deadline)}; "
+           f"notice {notice.id} delivered to attempt {attempt}")
+    if before is not None:
+        msg += f" (earlier than the deadline {rfc3339(before)} delivered before)"
+    if notice.estimated and first_seen is not None and first_seen <= operator_started + STARTUP_GRACE:
+        msg += (f"; the signal carries no timestamp and was already present when the operator started at "
+                f"{rfc3339(operator_started)}: the deadline counts from then and may be late by the time the "
+                f"operator was down")
+    return msg
+
+
 async def _record(state: State, d: Delivered) -> None:
     """The job's Event, then the status that records the delivery.
 
-    The Event is named after (job uid, attempt) and goes first: an operator killed in between finds the pods
-    annotated but no ``status.lastNotice``, records again, and the apiserver refuses a second Event. If this
-    fails, the in-process guard is dropped so the next Node event records it.
+    The Event is named after (job uid, attempt, notice id) and goes first: an operator killed in between finds
+    the pods annotated but not ``status.lastNotice``, records again, and the apiserver refuses a second Event.
+    If this fails, the in-process guard is dropped so the next Node event records it.
     """
     api = state.api
     try:
@@ -153,15 +202,18 @@ async def _record(state: State, d: Delivered) -> None:
             if patch is None:
                 return
             await apply.run(apply.post_event, api, d.job, "PreemptionNotice", d.message, "Warning",
-                            notice_event_name(d.job, d.attempt))
+                            notice_event_name(d.job, d.attempt, d.notice.id))
             await apply.run(apply.patch_job_status, api, d.namespace, d.name, patch)
+            if body is not None:  # the watch event follows; deliveries meanwhile must see this record
+                body["status"] = {**(body.get("status") or {}), **patch}
         metrics.NOTICES.labels(d.notice.reason).inc()
     except Exception:
-        state.delivered.discard((d.job.get("uid"), d.attempt))
+        state.delivered.discard((d.job.get("uid"), d.attempt, d.notice.id))
         metrics.RECONCILE_ERRORS.labels("node-event").inc()
         log.exception("TrainingJob %s/%s: recording the notice failed", d.namespace, d.name)
 
 
-def notice_event_name(job: dict[str, Any], attempt: int) -> str:
-    """The name of a job's PreemptionNotice Event for one attempt (unique per job uid, not only name)."""
-    return f"{job['name']}.{(job.get('uid') or '')[:8]}.notice-{attempt}"
+def notice_event_name(job: dict[str, Any], attempt: int, notice_id: str) -> str:
+    """The name of a job's PreemptionNotice Event for one notice delivered to one attempt."""
+    digest = hashlib.sha256(notice_id.encode()).hexdigest()[:8]
+    return f"{job['name']}.{(job.get('uid') or '')[:8]}.notice-{attempt}-{digest}"

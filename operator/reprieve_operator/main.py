@@ -15,7 +15,9 @@ from kubernetes import client, config
 
 from . import LABEL_JOB, apply, handlers, metrics, podwatch, reconcile  # noqa: F401  (handlers: registration)
 from .models import GROUP, PLURAL, VERSION
-from .signals import signal_table
+from .observe import compact_node
+from .policy.notice import DEFAULT_HORIZON_SECONDS
+from .signals import present_signals, signal_table
 from .state import State
 
 ENV_SIGNALS = "REPRIEVE_SIGNALS_JSON"
@@ -54,7 +56,8 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         table = signal_table(json.loads(raw))
     except (ValueError, TypeError) as err:
         raise kopf.PermanentError(f"{ENV_SIGNALS}: invalid signal table: {err}") from err
-    memo.state = state = State(api=apply.Api(api_client()), signals=table)
+    horizon = float(getattr(memo, "notice_horizon_seconds", 0) or DEFAULT_HORIZON_SECONDS)
+    memo.state = state = State(api=apply.Api(api_client()), signals=table, horizon_seconds=horizon)
     memo.podwatch = await prime(state, list(getattr(memo, "namespaces", None) or []))
     port = int(getattr(memo, "metrics_port", 0) or 0)
     try:
@@ -78,7 +81,13 @@ async def prime(state: State, namespaces: list[str]) -> podwatch.PodWatch:
     def fill() -> str:  # page by page: never all the full pod bodies in memory at once
         cache = state.cache
         for page in apply.list_pages(api.core.list_node):
-            cache.nodes.update(n["metadata"]["name"] for n in page)
+            for n in page:
+                name = n["metadata"]["name"]
+                cache.nodes[name] = node = compact_node(n)
+                present = present_signals(node, state.signals)
+                if present:  # already there when the operator started: first seen now (say so in the Event)
+                    state.notice_nodes.add(name)
+                    state.first_seen[name] = {sig: state.started for sig in present}
         for page in apply.list_pages(api.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL):
             for job in filter(in_scope, page):
                 cache.upsert_job(job)

@@ -71,8 +71,14 @@ class CheckpointSpec(_Model):
     )
     interval_steps: int = Field(
         default=0, ge=0, le=10_000_000,
-        description="Periodic save interval in steps; 0 saves only on a preemption notice.")
-    keep: int = Field(default=2, ge=1, le=1000, description="How many complete checkpoints to keep.")
+        description="Periodic save interval in steps; 0 saves only on a preemption notice. An edit takes "
+                    "effect at the next attempt (running workers keep the value they started with).")
+    interval_seconds: int = Field(
+        default=0, ge=0, le=604_800,
+        description="Periodic save at most every this many seconds (beside intervalSteps; 0: off). An edit "
+                    "takes effect at the next attempt.")
+    keep: int = Field(default=2, ge=1, le=1000,
+                      description="How many complete checkpoints to keep. An edit takes effect at the next attempt.")
 
     @field_validator("uri")
     @classmethod
@@ -82,18 +88,48 @@ class CheckpointSpec(_Model):
         return v
 
 
+# Exit codes a restart code must not collide with: 0 success; 1 the runtime's "deadline missed, not saved" (and
+# Python's uncaught exception); 2 Python's usage error ("can't open file"); 126/127 the shell's "cannot
+# execute"/"not found"; 128+N death by signal N (137 SIGKILL or OOM kill, 143 SIGTERM, 134 SIGABRT).
+RESTART_CODE_MIN, RESTART_CODE_MAX = 3, 125
+RESTART_CODE_MESSAGE = (
+    "restartPolicy.restartExitCode must be between 3 and 125: 0 means success, 1 the runtime's 'deadline missed, "
+    "not saved' (and any Python crash), 2 Python's usage error, 126-127 'cannot execute', and 128+N death by "
+    "signal N (137 SIGKILL/OOM, 143 SIGTERM): a crash must never count as a saved preemption")
+
+
 class RestartPolicySpec(_Model):
     """How exits are counted: the restart code is a saved preemption; anything else is a failure."""
 
     restart_exit_code: int = Field(
-        default=42, ge=1, le=255,
-        description="Exit code meaning 'state saved, restart me' (1-255; 0 means success).")
+        default=42,
+        description="Exit code meaning 'state saved, restart me': 3-125, so that it cannot collide with a crash "
+                    "(1, 2), the shell (126, 127) or a signal (128+N). Immutable.",
+        json_schema_extra={"x-kubernetes-validations": [
+            {"rule": f"self >= {RESTART_CODE_MIN} && self <= {RESTART_CODE_MAX}", "message": RESTART_CODE_MESSAGE},
+            {"rule": "self == oldSelf", "message": "restartPolicy.restartExitCode is immutable (running pods "
+                                                   "were given the old code)"},
+        ]},
+    )
     max_failures: int = Field(
         default=3, ge=0, le=1000,
         description="Gang restarts allowed after failures (non-zero, non-restart exits); one more fails the job.")
     max_preemption_restarts: int | None = Field(
         default=None, ge=0, le=100_000,
         description="Optional cap on restarts caused by preemptions and disruptions; unset means unlimited.")
+    max_rapid_restarts: int = Field(
+        default=5, ge=0, le=1000,
+        description="Consecutive rapid restarts allowed (every worker exited with the restart code within "
+                    "60 s of the attempt's start, without any notice or lost pod): each waits an exponential "
+                    "backoff (10 s doubling to 5 min) before the next attempt; one more fails the job "
+                    "(TooManyRapidRestarts).")
+
+    @field_validator("restart_exit_code")
+    @classmethod
+    def _code(cls, v: int) -> int:
+        if not RESTART_CODE_MIN <= v <= RESTART_CODE_MAX:
+            raise ValueError(f"{RESTART_CODE_MESSAGE}; got {v}")
+        return v
 
 
 class SignalType(str, Enum):
@@ -120,7 +156,8 @@ class CustomSignal(_Model):
 class PreemptionSpec(_Model):
     """Which node signals warn this job and how much notice each one gives."""
 
-    enabled: bool = Field(default=True, description="Deliver notices to this job at all.")
+    enabled: bool = Field(default=True, description="Deliver notices to this job at all. Edits to preemption "
+                                                    "apply at once (to the next node event).")
     signals: list[Literal[BUILTIN_SIGNAL_NAMES]] | None = Field(  # type: ignore[valid-type]
         default=None, max_length=len(BUILTIN_SIGNAL_NAMES),
         description="Built-in signals that count (default: all enabled in the operator's signal table).")
@@ -139,6 +176,7 @@ class PreemptionSpec(_Model):
 
 
 TEMPLATE_SCHEMA: dict[str, Any] = {
+    "x-reprieve-embed": "PodTemplateSpec",  # crdgen adds Kubernetes' PodSpec schema under spec (docs, types)
     "type": "object",
     "description": "Pod template of the trainer (a PodTemplateSpec). Immutable.",
     "required": ["spec"],
@@ -185,7 +223,8 @@ class TrainingJobSpec(_Model):
     preemption: PreemptionSpec = Field(default_factory=PreemptionSpec, json_schema_extra={"default": {}})
     termination_grace_period_seconds: int = Field(
         default=30, ge=0, le=3600,
-        description="SIGTERM-to-SIGKILL grace of the worker pods (the runtime's last-resort save window).")
+        description="SIGTERM-to-SIGKILL grace of the worker pods (the runtime's last-resort save window). An "
+                    "edit takes effect at the next attempt (a running pod's grace cannot change).")
     coordinator_port: int = Field(default=8476, ge=1024, le=65535,
                                   description="Port of process 0's JAX coordination service. Immutable.",
                                   json_schema_extra=_immutable("coordinatorPort"))
@@ -237,7 +276,7 @@ class NoticeStatus(_Model):
     reason: str
     deadline: str
     observed_at: str
-    attempt: int = Field(description="Attempt the notice was delivered to (delivered once per attempt).")
+    attempt: int = Field(description="Attempt the notice was delivered to (the earliest deadline of the attempt).")
     delivered_at: str | None = None
 
 
@@ -251,6 +290,14 @@ class TrainingJobStatus(_Model):
         default=None, description="Attempt being torn down for a gang restart (set until attempt+1 starts).")
     restarts: RestartCounts = Field(default_factory=RestartCounts)
     restart_count: int = Field(default=0, description="Total gang restarts (all causes).")
+    rapid_restarts: int = Field(
+        default=0, description="Consecutive rapid restarts (restart code within 60 s, no notice); 0 once an "
+                               "attempt ends otherwise.")
+    next_attempt_time: str | None = Field(
+        default=None, description="While backing off after a rapid restart: when the next attempt starts.")
+    replicas: int | None = Field(default=None, description="Worker pods of the current attempt that exist "
+                                                           "(the scale subresource's status replicas).")
+    selector: str | None = Field(default=None, description="Label selector of the job's worker pods.")
     ready: str | None = Field(default=None, description="Running workers / replicas, e.g. '3/4'.")
     last_notice: NoticeStatus | None = None
     step: int | None = Field(default=None, description="Latest step reported by process 0.")
@@ -300,6 +347,8 @@ def spec_error(name: str, namespace: str, err: Exception) -> str:
         for e in err.errors():
             loc = ".".join(str(p) for p in e["loc"])
             found = e.get("input")
-            parts.append(f"spec.{loc}: {e['msg']} (found {found!r})"[:300])
+            # Name the field; show the value only when it is a scalar (never dump a whole pod template).
+            shown = f" (found {found!r})"[:120] if not isinstance(found, (dict, list)) else ""
+            parts.append(f"spec.{loc}: {e['msg']}{shown}"[:400])
         return f"TrainingJob {namespace}/{name}: " + "; ".join(parts)
     return f"TrainingJob {namespace}/{name}: {err}"

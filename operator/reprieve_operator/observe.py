@@ -8,7 +8,7 @@ from collections.abc import Container, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from . import ANNOTATION_NOTICE, ANNOTATION_PROGRESS, LABEL_ATTEMPT, LABEL_INDEX
+from . import ANNOTATION_NOTICE, ANNOTATION_PROGRESS, LABEL_ATTEMPT, LABEL_INDEX, LABEL_JOB
 from .models import TrainingJob
 from .policy.restart import RestartPlan, WorkerPod
 from .signals import Notice, rfc3339
@@ -47,7 +47,7 @@ def worker_pod(pod: Mapping[str, Any], known_nodes: Container[str] | None = None
         node_lost, exit_code = True, None
     return WorkerPod(name=str(meta.get("name")), index=index, attempt=attempt, phase=phase,
                      exit_code=exit_code, deleting=bool(meta.get("deletionTimestamp")), node=node,
-                     node_lost=node_lost)
+                     node_lost=node_lost, noticed=bool((meta.get("annotations") or {}).get(ANNOTATION_NOTICE)))
 
 
 def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,6 +67,22 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
                    "containerStatuses": [{"state": cs.get("state") or {}}
                                          for cs in status.get("containerStatuses") or []]},
     }
+
+
+def compact_node(node: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a Node that signals and placement read (kept in memory for every node)."""
+    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    out: dict[str, Any] = {"metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
+                           "spec": {}, "status": {}}
+    if spec.get("unschedulable"):
+        out["spec"]["unschedulable"] = True
+    if spec.get("taints"):
+        out["spec"]["taints"] = [dict(t) for t in spec["taints"]]
+    conds = [{k: c.get(k) for k in ("type", "status", "lastTransitionTime")}
+             for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+    if conds:
+        out["status"]["conditions"] = conds
+    return out
 
 
 def notice_annotation(pod: Mapping[str, Any]) -> str | None:
@@ -92,7 +108,7 @@ def progress(pods: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     return best
 
 
-def _conditions(job: TrainingJob, plan: RestartPlan, now: datetime) -> list[dict[str, Any]] | None:
+def conditions_patch(job: TrainingJob, plan: RestartPlan, now: datetime) -> list[dict[str, Any]] | None:
     if not plan.conditions:
         return None
     current = {c.type: c.model_dump(by_alias=True, exclude_none=True) for c in job.status.conditions}
@@ -124,6 +140,11 @@ def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
             patch["startTime"] = rfc3339(now)
     if plan.restarting_from != st.restarting_from:
         patch["restartingFrom"] = plan.restarting_from
+    if plan.rapid_restarts is not None and plan.rapid_restarts != st.rapid_restarts:
+        patch["rapidRestarts"] = plan.rapid_restarts
+    due = rfc3339(plan.next_attempt_time) if plan.next_attempt_time is not None else None
+    if due != st.next_attempt_time and (due is not None or plan.new_attempt or plan.cause):
+        patch["nextAttemptTime"] = due
     if plan.cause:
         counts = st.restarts.model_dump()
         counts[plan.cause] += 1
@@ -133,9 +154,17 @@ def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
     ready = f"{plan.ready}/{job.spec.replicas}"
     if st.ready != ready:
         patch["ready"] = ready
+    replicas = len(plan.create) if plan.new_attempt else plan.replicas + len(plan.create)
+    if plan.phase in ("Running", "Pending", "Preempting") and st.replicas != replicas:
+        patch["replicas"] = replicas
+    elif plan.phase not in ("Running", "Pending", "Preempting") and st.replicas not in (None, 0):
+        patch["replicas"] = 0
+    selector = f"{LABEL_JOB}={job.name}"
+    if st.selector != selector:
+        patch["selector"] = selector
     if plan.phase in ("Succeeded", "Failed") and st.completion_time is None:
         patch["completionTime"] = rfc3339(now)
-    conds = _conditions(job, plan, now)
+    conds = conditions_patch(job, plan, now)
     if conds is not None:
         patch["conditions"] = conds
     if prog:

@@ -7,9 +7,12 @@ run plus one follow-up. ``resync_loop`` is the safety net for missed events.
 from __future__ import annotations
 
 import asyncio
+import copy
 import ctypes
 import dataclasses
 import logging
+import time
+from datetime import datetime
 from typing import Any
 
 import kopf
@@ -17,8 +20,11 @@ from pydantic import ValidationError
 
 from . import apply, builders, metrics, observe
 from .models import TrainingJob, spec_error
-from .policy.restart import RestartPlan, decide_restart, orphaned_pods
-from .signals import rfc3339
+from .policy.create import TRANSIENT, Refusal, classify_refusal, retry_seconds
+from .policy.notice import is_open
+from .policy.placement import avoid_nodes
+from .policy.restart import DISRUPTION, Condition, RestartPlan, decide_restart, lost_nodes, orphaned_pods
+from .signals import node_notice, present_signals, rfc3339, signals_for_job
 from .state import State, job_ref
 from .state import now as state_now
 
@@ -28,19 +34,21 @@ log = logging.getLogger("reprieve_operator")
 async def reconcile(state: State, namespace: str, name: str, fresh: bool = False) -> RestartPlan | None:
     """Read the job and its pods, decide, apply, patch status once. Returns the plan (None if no job)."""
     api = state.api
-    async with state.locks[(namespace, name)]:
+    key = (namespace, name)
+    async with state.locks[key]:
         body = await apply.run(apply.get_job, api, namespace, name)
         if body is None:
             return None
         try:
             job = TrainingJob.from_body(body)
         except ValidationError as err:
-            await _reject(state, body, spec_error(name, namespace, err))
-            raise kopf.PermanentError(spec_error(name, namespace, err)) from err
+            message = spec_error(name, namespace, err)
+            await _fail(state, body, "InvalidSpec", message)
+            raise kopf.PermanentError(message) from err
         if job.spec.preemption.custom:
-            state.custom_jobs.add((namespace, name))
+            state.custom_jobs.add(key)
         else:
-            state.custom_jobs.discard((namespace, name))
+            state.custom_jobs.discard(key)
         # The cache, not a LIST: it is updated from the watch before any pod event kicks this reconcile,
         # and with the create responses below, so it is never behind on what this operator did itself.
         # Before priming (never, in practice: priming precedes watching) fall back to a LIST.
@@ -53,8 +61,15 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
             raw_pods = state.cache.pods_of(namespace, name)
         known = state.cache.nodes if state.cache.primed else None
         pods = [p for p in (observe.worker_pod(r, known) for r in raw_pods) if p is not None]
-        plan = decide_restart(job, pods, state.notice_nodes)
         now = state_now()
+        plan = decide_restart(job, pods, (), now)
+        if plan.cause == DISRUPTION:
+            # A pod lost on a node with an open notice was preempted, even if the status does not say so yet
+            # (a NoExecute taint evicts at once): look at the lost pods' nodes, fresh, before counting.
+            await _refresh_nodes(state, lost_nodes(pods))
+            plan = decide_restart(job, pods, (), now, _doomed(state, job, now))
+        if plan.create:  # placement is only needed (and only computed) when pods are about to be created
+            plan = decide_restart(job, pods, _avoid(state, job, now), now, _doomed(state, job, now))
         ref = job_ref(body)
         if plan.cause:
             # Record the decision before acting on it, so a crash in between cannot count it twice.
@@ -71,18 +86,11 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
             log.info("TrainingJob %s/%s: %s", namespace, name, plan.message)
             plan = dataclasses.replace(plan, cause=None)  # recorded; the final patch must not count it again
         if plan.create:
-            # In order: a RoleBinding's escalation check needs its Role to exist already.
-            for obj in (builders.build_service(job), *builders.build_identity(job)):
-                await apply.run(apply.create, api, obj)
-            pods_ = [builders.build_worker_pod(job, i, plan.attempt, plan.exclude_nodes) for i in plan.create]
-            created = await apply.gather([lambda o=o: apply.create_pod(api, o) for o in pods_])  # type: ignore[misc]
-            for pod in created:
-                if pod is not None:
-                    state.cache.upsert_pod(pod)
-            if plan.new_attempt:
-                await apply.run(apply.post_event, api, ref, "AttemptStarted",
-                                f"attempt {plan.attempt}: created {len(plan.create)} worker pod(s)"
-                                + (f" avoiding {', '.join(plan.exclude_nodes)}" if plan.exclude_nodes else ""))
+            outcome = await _create(state, job, ref, plan)
+            if outcome == FAILED:
+                return dataclasses.replace(plan, phase="Failed", create=())
+            if isinstance(outcome, float):
+                return dataclasses.replace(plan, create=(), requeue_after=outcome)
         orphans = orphaned_pods(pods, known)
         if orphans:
             log.info("TrainingJob %s/%s: force-deleting %s: their node is gone", namespace, name, ", ".join(orphans))
@@ -94,24 +102,196 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
         patch = observe.status_patch(job, plan, now, observe.progress(raw_pods))
         if patch:
             await apply.run(apply.patch_job_status, api, namespace, name, patch)
+        if plan.requeue_after is not None:
+            requeue(state, namespace, name, plan.requeue_after)
         return plan
+
+
+def _avoid(state: State, job: TrainingJob, now: datetime) -> tuple[str, ...]:
+    """The nodes a new pod of ``job`` must avoid (``policy.placement``), from the cached Nodes."""
+    return avoid_nodes(job, _candidates(state, job), state.signals, now, state.horizon_seconds, state.first_seen)
+
+
+def _doomed(state: State, job: TrainingJob, now: datetime) -> set[str]:
+    """Nodes with an open notice for ``job`` now (whether or not the scheduler could place pods there)."""
+    sigs = signals_for_job(state.signals, job.spec.preemption)
+    out = set()
+    for node in _candidates(state, job):
+        name = node["metadata"]["name"]
+        notice = node_notice(node, now, sigs, state.first_seen.get(name)) if sigs else None
+        if notice is not None and is_open(notice, now, state.horizon_seconds):
+            out.add(name)
+    return out
+
+
+def _candidates(state: State, job: TrainingJob) -> list[dict[str, Any]]:
+    """Cached Nodes that may carry a signal for ``job``: those with a signal of the operator's table, and
+    every node when the job has custom signals of its own."""
+    nodes = state.cache.nodes
+    if job.spec.preemption.custom:
+        return list(nodes.values())
+    return [nodes[n] for n in state.notice_nodes if n in nodes]
+
+
+async def _refresh_nodes(state: State, names: set[str], limit: int = 20) -> bool:
+    """Read ``names`` (at most ``limit``) from the API into the cache (their signals included); True if any
+    changed."""
+    changed = False
+    for node_name in sorted(names)[:limit]:
+        try:
+            body = await apply.run(apply.get_node, state.api, node_name)
+        except Exception as err:  # noqa: BLE001 - best effort: the decision stands without it
+            log.info("could not read node %s: %s", node_name, err)
+            continue
+        if body is None:
+            continue
+        compact = observe.compact_node(body)
+        if state.cache.nodes.get(node_name) != compact:
+            state.cache.nodes[node_name] = compact
+            changed = True
+        present = present_signals(compact, state.signals)
+        if present:
+            seen = state.first_seen.setdefault(node_name, {})
+            for sig in present:
+                seen.setdefault(sig, state_now())
+            if node_name not in state.notice_nodes:
+                state.notice_nodes.add(node_name)
+                changed = True
+    return changed
+
+
+CREATED, FAILED = "created", "failed"
+
+
+async def _create(state: State, job: TrainingJob, ref: dict[str, Any], plan: RestartPlan) -> str | float:
+    """Create what ``plan`` asks for: CREATED, FAILED (a final refusal), or the seconds until the next try.
+
+    A new attempt is dry-run first (its first pod through validation and admission), so a template the API
+    server refuses creates nothing. Refusals are classified (``policy.create``): a final one fails the job and
+    removes whatever this job's attempt had created; any other sets condition ``PodsCreated=False`` and is
+    retried with backoff.
+    """
+    api, key = state.api, (job.namespace, job.name)
+    tries, due = state.create_backoff.get(key, (0, 0.0))
+    if tries and time.monotonic() < due:
+        return due - time.monotonic()
+    pods = [builders.build_worker_pod(job, i, plan.attempt, plan.exclude_nodes) for i in plan.create]
+    created_objects: list[dict[str, Any]] = []  # what this call created, removed again on a final refusal
+    current = pods[0]["metadata"]["name"]
+    try:
+        if plan.new_attempt:
+            probe = copy.deepcopy(pods[0])
+            if builders.owns_identity(job):
+                # Its ServiceAccount does not exist yet; any existing one checks the rest of the pod.
+                probe["spec"]["serviceAccountName"] = "default"
+            await apply.run(apply.dry_run_pod, api, probe)
+            # In order: a RoleBinding's escalation check needs its Role to exist already.
+            for obj in (builders.build_service(job), *builders.build_identity(job)):
+                current = f"{obj['kind']} {obj['metadata']['name']}"
+                if await apply.run(apply.create, api, obj):
+                    created_objects.append(obj)
+        results = await asyncio.gather(*(apply.run(apply.create_pod, api, p) for p in pods),
+                                       return_exceptions=True)
+        errors = [(p, r) for p, r in zip(pods, results, strict=True) if isinstance(r, BaseException)]
+        for r in results:
+            if isinstance(r, dict):
+                state.cache.upsert_pod(r)
+                created_objects.append(r)
+        if errors:
+            current = errors[0][0]["metadata"]["name"]
+            raise errors[0][1]
+    except Exception as err:  # noqa: BLE001 - every refusal is classified below
+        status, body = apply.refusal_of(err)
+        refusal = classify_refusal(job, status, body, current)
+        if plan.new_attempt and refusal.reason == "ServiceAccountNotFound" and builders.owns_identity(job):
+            refusal = Refusal(TRANSIENT, "ApiError", f"{refusal.message} (the namespace's default "
+                                                     f"ServiceAccount, used for the dry run, is missing)")
+        return await _refused(state, job, ref, plan, refusal, created_objects)
+    state.create_backoff.pop(key, None)
+    if any(c.type == "PodsCreated" and c.status == "False" for c in job.status.conditions):
+        msg = f"created {len(plan.create)} worker pod(s) of attempt {plan.attempt}"
+        await apply.run(apply.patch_job_status, api, job.namespace, job.name,
+                        {"conditions": _with_condition(job, "PodsCreated", "True", "Created", msg)})
+    if plan.new_attempt:
+        await apply.run(apply.post_event, api, ref, "AttemptStarted",
+                        f"attempt {plan.attempt}: created {len(plan.create)} worker pod(s)"
+                        + (f" avoiding {', '.join(plan.exclude_nodes)}" if plan.exclude_nodes else ""))
+    return CREATED
+
+
+async def _refused(state: State, job: TrainingJob, ref: dict[str, Any], plan: RestartPlan, refusal: Refusal,
+                   created: list[dict[str, Any]]) -> str | float:
+    api, key = state.api, (job.namespace, job.name)
+    log.info("%s (%s)", refusal.message, refusal.kind)
+    if refusal.final:
+        state.create_backoff.pop(key, None)
+        # Nothing of a job that cannot start is left behind: what this attempt created (its pods, the
+        # Service, the worker identity); pods of an attempt already running are stopped by the Failed phase.
+        pods = [o["metadata"]["name"] for o in created if o.get("kind") == "Pod"]
+        await apply.gather([lambda n=n: apply.delete_pod(api, job.namespace, n)  # type: ignore[misc]
+                            for n in pods])
+        owned = [o for o in created if o.get("kind") != "Pod"]
+        if job.status.attempt == 0:  # never started: an earlier try's Service and identity go too
+            owned = [builders.build_service(job), *builders.build_identity(job)]
+        for obj in reversed(owned):
+            await apply.run(apply.delete, api, obj)
+        await _fail(state, {"metadata": {"name": job.name, "namespace": job.namespace, "uid": job.uid},
+                            "status": job.status.model_dump(by_alias=True)}, refusal.reason, refusal.message)
+        return FAILED
+    tries = state.create_backoff.get(key, (0, 0.0))[0] + 1
+    wait = retry_seconds(tries)
+    state.create_backoff[key] = (tries, time.monotonic() + wait)
+    msg = f"{refusal.message}; try {tries}, next in {wait:.0f} s"
+    patch: dict[str, Any] = {"conditions": _with_condition(job, "PodsCreated", "False", refusal.reason, msg)}
+    if job.status.phase is None:
+        patch["phase"] = "Pending"
+    await apply.run(apply.patch_job_status, api, job.namespace, job.name, patch)
+    await apply.run(apply.post_event, api, ref, "FailedCreate", msg, "Warning")
+    metrics.RECONCILE_ERRORS.labels("create").inc()
+    requeue(state, job.namespace, job.name, wait)
+    return wait
+
+
+def _with_condition(job: TrainingJob, type_: str, status: str, reason: str, message: str) -> list[dict[str, Any]]:
+    plan = RestartPlan(phase=job.status.phase or "Pending", attempt=job.status.attempt,
+                       conditions=(Condition(type_, status, reason, message[:2000]),))
+    return observe.conditions_patch(job, plan, state_now()) or [
+        c.model_dump(by_alias=True, exclude_none=True) for c in job.status.conditions]
 
 
 def _dump(job: TrainingJob) -> dict[str, Any]:
     return job.status.model_dump(by_alias=True)
 
 
-async def _reject(state: State, body: dict[str, Any], message: str) -> None:
+async def _fail(state: State, body: dict[str, Any], reason: str, message: str) -> None:
+    """Fail a job that cannot run: phase Failed, condition Failed/<reason>, a Warning Event."""
     status = body.get("status") or {}
     if status.get("phase") == "Failed":
         return
-    cond = {"type": "Failed", "status": "True", "reason": "InvalidSpec", "message": message[:2000],
+    cond = {"type": "Failed", "status": "True", "reason": reason, "message": message[:2000],
             "lastTransitionTime": rfc3339(state_now())}
+    conds = [c for c in status.get("conditions") or [] if c.get("type") not in ("Failed", "PodsCreated")]
     meta = body["metadata"]
+    # The Event first: whoever sees the Failed phase finds the Event that says why.
+    await apply.run(apply.post_event, state.api, job_ref(body), reason, message, "Warning")
     await apply.run(apply.patch_job_status, state.api, meta["namespace"], meta["name"],
-                    {"phase": "Failed", "conditions": [cond], "completionTime": rfc3339(state_now())})
-    await apply.run(apply.post_event, state.api, job_ref(body), "InvalidSpec", message, "Warning")
-    metrics.FAILED_JOBS.labels("InvalidSpec").inc()
+                    {"phase": "Failed", "conditions": [*conds, cond], "completionTime": rfc3339(state_now())})
+    metrics.FAILED_JOBS.labels(reason).inc()
+
+
+def requeue(state: State, namespace: str, name: str, delay: float) -> None:
+    """Reconcile the job again after ``delay`` seconds (one pending timer per job: the latest wins)."""
+    key = (namespace, name)
+    old = state.requeues.pop(key, None)
+    if old is not None:
+        old.cancel()
+    loop = asyncio.get_running_loop()
+
+    def fire() -> None:
+        state.requeues.pop(key, None)
+        kick(state, namespace, name)
+
+    state.requeues[key] = loop.call_later(max(0.0, delay), fire)
 
 
 def kick(state: State, namespace: str, name: str, fresh: bool = False) -> None:

@@ -55,6 +55,9 @@ class Notice:
     node: str
     deadline: datetime
     observed_at: datetime
+    # True when the node gives no time for the signal (a taint without timeAdded, a label, a cordon): the
+    # deadline then counts from the operator's first sight, which is late by any operator outage.
+    estimated: bool = False
 
     def annotation(self) -> str:
         """The ``reprieve.dev/notice`` annotation value (contract: JSON, RFC 3339 UTC times)."""
@@ -154,21 +157,22 @@ def _get(obj: Mapping[str, Any], *path: str) -> Any:
 
 
 def _match(sig: Signal, node: Mapping[str, Any], now: datetime,
-           first_seen: Mapping[str, datetime]) -> tuple[datetime, datetime] | None:
-    """(observed_at, deadline) if ``sig`` is present on ``node``."""
+           first_seen: Mapping[str, datetime]) -> tuple[datetime, datetime, bool] | None:
+    """(observed_at, deadline, estimated) if ``sig`` is present on ``node``; ``estimated``: no time on the node."""
     seen = first_seen.get(sig.name, now)
     window = timedelta(seconds=sig.notice_seconds)
     if sig.kind == TAINT:
         for t in _get(node, "spec", "taints") or []:
             if t.get("key") == sig.key and (sig.value is None or t.get("value") == sig.value):
                 # Only NoExecute taints carry timeAdded; otherwise we use our first observation.
-                observed = parse_time(t.get("timeAdded")) or seen
-                return observed, observed + window
+                stamped = parse_time(t.get("timeAdded"))
+                observed = stamped or seen
+                return observed, observed + window, stamped is None
         return None
     if sig.kind == LABEL:
         labels = _get(node, "metadata", "labels") or {}
         if sig.key in labels and (sig.value is None or labels[sig.key] == sig.value):
-            return seen, seen + window
+            return seen, seen + window, True
         return None
     if sig.kind == LABEL_EPOCH:
         raw = (_get(node, "metadata", "labels") or {}).get(sig.key)
@@ -180,16 +184,17 @@ def _match(sig: Signal, node: Mapping[str, Any], now: datetime,
             log.warning("node %s: label %s=%r is not epoch seconds; signal %s ignored",
                         _get(node, "metadata", "name"), sig.key, raw, sig.name)
             return None
-        return seen, deadline - window if sig.notice_seconds else deadline
+        return seen, deadline - window if sig.notice_seconds else deadline, False
     if sig.kind == CONDITION:
         for c in _get(node, "status", "conditions") or []:
             if c.get("type") == sig.key and c.get("status") == (sig.value or "True"):
-                observed = parse_time(c.get("lastTransitionTime")) or seen
-                return observed, observed + window
+                stamped = parse_time(c.get("lastTransitionTime"))
+                observed = stamped or seen
+                return observed, observed + window, stamped is None
         return None
     if sig.kind == UNSCHEDULABLE:
         if _get(node, "spec", "unschedulable"):
-            return seen, seen + window
+            return seen, seen + window, True
         return None
     return None
 
@@ -212,11 +217,12 @@ def node_notice(node: Mapping[str, Any], now: datetime, signals: Iterable[Signal
             continue
         if hit is None:
             continue
-        observed, deadline = hit
+        observed, deadline, estimated = hit
+        deadline = deadline.replace(microsecond=0)  # the annotation carries whole seconds; compare like it
         if best is None or deadline < best.deadline:
             key = int(observed.timestamp()) if sig.kind != LABEL_EPOCH else int(deadline.timestamp())
             best = Notice(id=f"{sig.name}/{name}/{key}", reason=sig.name, node=name,
-                          deadline=deadline, observed_at=observed)
+                          deadline=deadline, observed_at=observed, estimated=estimated)
     return best
 
 

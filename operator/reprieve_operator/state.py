@@ -21,10 +21,15 @@ class State:
     api: apply.Api
     signals: tuple[Signal, ...]
     cache: Cache = field(default_factory=Cache)
+    horizon_seconds: float = 600.0  # notices further away are held (policy.notice)
+    started: datetime = field(default_factory=lambda: datetime.now(UTC))  # operator start (for late deadlines)
     first_seen: dict[str, dict[str, datetime]] = field(default_factory=dict)  # node -> signal -> time
     seen_mono: dict[str, float] = field(default_factory=dict)  # node -> monotonic time of first signal
-    notice_nodes: set[str] = field(default_factory=set)
-    delivered: set[tuple[str, int]] = field(default_factory=set)  # (job uid, attempt)
+    notice_nodes: set[str] = field(default_factory=set)  # nodes with a signal of the operator's table
+    delivered: set[tuple[str, int, str]] = field(default_factory=set)  # (job uid, attempt, notice id)
+    node_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)  # held notice -> re-examine
+    requeues: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)  # job -> next reconcile
+    create_backoff: dict[Key, tuple[int, float]] = field(default_factory=dict)  # job -> (tries, monotonic due)
     custom_jobs: set[Key] = field(default_factory=set)  # jobs with their own custom signals
     locks: dict[Key, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     pending: dict[Key, bool] = field(default_factory=dict)  # reconcile queued/running -> dirty

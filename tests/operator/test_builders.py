@@ -60,7 +60,9 @@ def test_excluded_nodes_become_required_anti_affinity_in_every_term() -> None:
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert len(terms) == 2
     for t in terms:
-        assert t["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": ["n1", "n2"]}]
+        # One requirement per node: the API server takes exactly one value for a node field selector.
+        assert t["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": ["n1"]},
+                                    {"key": "metadata.name", "operator": "NotIn", "values": ["n2"]}]
         assert t["matchExpressions"][0]["key"] == "pool"
     assert "affinity" in j.spec.template["spec"]  # the job's template itself is untouched
     assert "matchFields" not in str(j.spec.template)

@@ -21,7 +21,7 @@ def test_pods_index_by_node_and_job() -> None:
     c = Cache()
     for p in [pod("llama-0", node="n0"), pod("llama-1", node="n1"), pod("gpt-0", "gpt", "n0"), pod("stray", job=None)]:
         c.upsert_pod(p)
-    c.nodes.update(["n0", "n1"])
+    c.nodes.update({"n0": {}, "n1": {}})
     assert c.jobs_on("n0") == [("ml", "gpt"), ("ml", "llama")] and c.jobs_on("n1") == [("ml", "llama")]
     assert sorted(p["metadata"]["name"] for p in c.pods_of("ml", "llama")) == ["llama-0", "llama-1"]
     assert "managedFields" not in c.pods_of("ml", "gpt")[0]["metadata"]

@@ -36,12 +36,32 @@ INVALID: list[tuple[str, Mutation, str]] = [
     ("replicas not a number", spec(replicas="two"), "spec.replicas"),
     ("restart code 0", spec(restartPolicy={"restartExitCode": 0}), "spec.restartPolicy.restartExitCode"),
     ("restart code 256", spec(restartPolicy={"restartExitCode": 256}), "spec.restartPolicy.restartExitCode"),
+    ("restart code 1 (the runtime's 'not saved')", spec(restartPolicy={"restartExitCode": 1}),
+     "restartExitCode must be between 3 and 125"),
+    ("restart code 2 (Python's usage error)", spec(restartPolicy={"restartExitCode": 2}),
+     "restartExitCode must be between 3 and 125"),
+    ("restart code 127 (command not found)", spec(restartPolicy={"restartExitCode": 127}),
+     "restartExitCode must be between 3 and 125"),
+    ("restart code 137 (SIGKILL/OOM)", spec(restartPolicy={"restartExitCode": 137}),
+     "restartExitCode must be between 3 and 125"),
+    ("restart code 143 (SIGTERM)", spec(restartPolicy={"restartExitCode": 143}),
+     "restartExitCode must be between 3 and 125"),
+    ("negative maxRapidRestarts", spec(restartPolicy={"maxRapidRestarts": -1}),
+     "spec.restartPolicy.maxRapidRestarts"),
     ("negative maxFailures", spec(restartPolicy={"maxFailures": -1}), "spec.restartPolicy.maxFailures"),
     ("unknown field", spec(replica=3), 'unknown field "spec.replica"'),
     ("unknown nested field", spec(checkpoint={"uri": "/c", "every": 5}), 'unknown field "spec.checkpoint.every"'),
     ("bad checkpoint scheme", spec(checkpoint={"uri": "http://bucket/x"}), "checkpoint.uri scheme"),
     ("empty checkpoint uri", spec(checkpoint={"uri": ""}), "spec.checkpoint.uri"),
     ("no containers", pod(containers=[]), "spec.template.spec.containers"),
+    ("cpu: lots (the embedded PodSpec schema checks quantities)",
+     pod(containers=[{"name": "t", "image": "x", "resources": {"requests": {"cpu": "lots"}}}]),
+     "spec.template.spec.containers[0].resources.requests.cpu: Invalid value: \"lots\""),
+    ("a misspelt field deep in the template (strict field validation)",
+     pod(containers=[{"name": "t", "image": "x", "securityContext": {"runAsUsr": 1}}]),
+     'unknown field "spec.template.spec.containers[0].securityContext.runAsUsr"'),
+    ("a field of the wrong type", pod(containers=[{"name": "t", "image": "x", "ports": [{"containerPort": "http"}]}]),
+     "spec.template.spec.containers[0].ports[0].containerPort"),
     ("pod restartPolicy Always", pod(restartPolicy="Always"), "spec.template.spec.restartPolicy"),
     ("coordinator port privileged", spec(coordinatorPort=80), "spec.coordinatorPort"),
     ("grace too long", spec(terminationGracePeriodSeconds=7200), "spec.terminationGracePeriodSeconds"),
@@ -70,6 +90,7 @@ def test_invalid_job_rejected_at_apply(cluster: Any, chart: str, namespace: str,
     ("coordinatorPort", 9999, "coordinatorPort is immutable"),
     ("checkpoint", {"uri": "/elsewhere"}, "checkpoint.uri is immutable"),
     ("template", {"spec": {"containers": [{"name": "other", "image": "x"}]}}, "template is immutable"),
+    ("restartPolicy", {"restartExitCode": 43}, "restartExitCode is immutable"),
 ])
 def test_immutable_fields(cluster: Any, chart: str, namespace: str, field: str, value: Any, message: str) -> None:
     manifest = job_manifest("imm", namespace, suspend=True)  # suspended: no operator needed, nothing runs
@@ -85,6 +106,6 @@ def test_immutable_fields(cluster: Any, chart: str, namespace: str, field: str, 
 def test_defaults_are_applied_by_the_api_server(cluster: Any, chart: str, namespace: str) -> None:
     cluster.kubectl("apply", "-f", "-", input=json.dumps(job_manifest("dflt", namespace, suspend=True)))
     got = json.loads(cluster.kubectl("get", "tj", "dflt", "-n", namespace, "-o", "json").stdout)["spec"]
-    assert got["restartPolicy"] == {"restartExitCode": 42, "maxFailures": 3}
+    assert got["restartPolicy"] == {"restartExitCode": 42, "maxFailures": 3, "maxRapidRestarts": 5}
     assert got["preemption"] == {"enabled": True, "defaultNoticeSeconds": 30}
     assert got["coordinatorPort"] == 8476 and got["checkpoint"]["keep"] == 2

@@ -33,7 +33,9 @@ def test_schema_is_structural() -> None:
     crd = yaml.safe_load(crdgen.CRD_PATH.read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node in _walk(schema):
-        assert "$ref" not in node and "anyOf" not in node and "title" not in node, path
+        assert "$ref" not in node and "title" not in node, path
+        # anyOf only as Kubernetes allows it: int-or-string (Quantity, IntOrString in the embedded PodSpec).
+        assert "anyOf" not in node or node.get("x-kubernetes-int-or-string") is True, path
         assert node.get("additionalProperties") is not False, f"{path}: additionalProperties false"
         if "properties" in node:
             assert node.get("type") == "object", f"{path}: properties without type object"
@@ -46,7 +48,11 @@ def test_validation_rules_and_columns() -> None:
     immutable = [k for k, v in spec.items()
                  if any(r["rule"] == "self == oldSelf" for r in v.get("x-kubernetes-validations", []))]
     assert sorted(immutable) == ["coordinatorPort", "replicas", "template"]
-    assert spec["restartPolicy"]["properties"]["restartExitCode"]["minimum"] == 1
+    code_rules = [r["rule"] for r in spec["restartPolicy"]["properties"]["restartExitCode"]["x-kubernetes-validations"]]
+    assert code_rules == ["self >= 3 && self <= 125", "self == oldSelf"]
     assert [c["name"] for c in version["additionalPrinterColumns"]] == \
         ["Phase", "Ready", "Step", "Attempt", "Restarts", "Age"]
-    assert crd["spec"]["names"]["shortNames"] == ["tj"] and version["subresources"] == {"status": {}}
+    assert crd["spec"]["names"]["shortNames"] == ["tj"]
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector"}}

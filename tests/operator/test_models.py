@@ -64,3 +64,24 @@ def test_semantic_errors_beyond_the_crd(mutate, needle) -> None:  # type: ignore
     with pytest.raises(ValidationError) as info:
         TrainingJobSpec.model_validate(body["spec"])
     assert needle in spec_error("llama", "default", info.value)
+
+
+@pytest.mark.parametrize("code", [1, 2, 126, 127, 128, 134, 137, 143, 255])
+def test_restart_codes_that_collide_with_crashes_are_refused(code: int) -> None:
+    body = make_job().with_spec(restartPolicy={"restartExitCode": code})
+    with pytest.raises(ValidationError) as info:
+        TrainingJobSpec.model_validate(body["spec"])
+    msg = spec_error("llama", "default", info.value)
+    assert "restartExitCode must be between 3 and 125" in msg and f"found {code}" in msg
+
+
+def test_invalid_template_message_names_the_field_not_the_template() -> None:
+    body = make_job()
+    body["spec"]["template"]["spec"]["hostname"] = "mine"
+    body["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": f"V{i}", "value": "x" * 50}
+                                                                for i in range(20)]
+    with pytest.raises(ValidationError) as info:
+        TrainingJobSpec.model_validate(body["spec"])
+    msg = spec_error("llama", "default", info.value)
+    assert "spec.template: " in msg and "hostname is set by the operator" in msg
+    assert "python:3.11" not in msg and "V19" not in msg and len(msg) < 300, msg

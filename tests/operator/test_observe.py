@@ -67,9 +67,13 @@ def test_status_patch_counts_a_restart_once_and_is_empty_when_nothing_changes() 
     assert patch["phase"] == "Restarting" and patch["restartingFrom"] == 1
     assert patch["restarts"] == {"preemption": 0, "failure": 1, "disruption": 0} and patch["restartCount"] == 1
     assert patch["conditions"][0]["reason"] == "Failure"
-    steady = make_job(replicas=2).with_status(phase="Running", attempt=1, ready="2/2").model()
+    steady = make_job(replicas=2).with_status(phase="Running", attempt=1, ready="2/2", replicas=2,
+                                              selector="reprieve.dev/job-name=llama").model()
     running = [WorkerPod("llama-0", 0, 1), WorkerPod("llama-1", 1, 1)]
     assert status_patch(steady, decide_restart(steady, running), NOW) == {}
+    fresh = make_job(replicas=2).with_status(phase="Running", attempt=1, ready="2/2").model()
+    assert status_patch(fresh, decide_restart(fresh, running), NOW) == {
+        "replicas": 2, "selector": "reprieve.dev/job-name=llama"}  # the scale subresource's fields
 
 
 def test_status_patch_records_a_new_attempt_and_progress() -> None:
@@ -78,7 +82,7 @@ def test_status_patch_records_a_new_attempt_and_progress() -> None:
     plan = decide_restart(job, [])
     patch = status_patch(job, plan, NOW, {"step": 7, "committedStep": 5, "time": "t1"})
     assert patch["attempt"] == 2 and patch["attemptStartTime"] == "2026-11-22T03:00:00Z"
-    assert "startTime" not in patch and patch["restartingFrom"] is None
+    assert "startTime" not in patch and patch["restartingFrom"] is None and patch["replicas"] == 2
     assert (patch["step"], patch["lastCheckpointStep"], patch["lastCheckpointTime"]) == (7, 5, "t1")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -36,7 +37,7 @@ RUNNING = {"phase": "Running", "attempt": 1}
 ROWS: list[tuple[str, dict[str, Any], dict[str, Any], list[WorkerPod], list[str], dict[str, Any]]] = [
     ("new job creates attempt 1", {}, {}, [], [],
      {"phase": "Pending", "attempt": 1, "create": (0, 1), "new_attempt": True, "cause": None}),
-    ("new job avoids noticed nodes", {}, {}, [], ["n9", "n3"],
+    ("new job avoids the nodes placement names", {}, {}, [], ["n3", "n9"],
      {"create": (0, 1), "exclude_nodes": ("n3", "n9")}),
     ("pods running", RUNNING, {}, pods(1, "Running", "Running"), ["n0"],
      {"phase": "Running", "ready": 2, "create": (), "delete": (), "cause": None, "exclude_nodes": ()}),
@@ -108,13 +109,61 @@ ROWS: list[tuple[str, dict[str, Any], dict[str, Any], list[WorkerPod], list[str]
 ]
 
 
-@pytest.mark.parametrize("status,spec,pod_list,notice_nodes,expected",
-                         [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+NOW = datetime(2026, 11, 22, 3, 0, 0, tzinfo=UTC)
+YOUNG = {**RUNNING, "attemptStartTime": "2026-11-22T02:59:50Z"}  # started 10 s before NOW
+OLD = {**RUNNING, "attemptStartTime": "2026-11-22T02:00:00Z"}
+BACKING_OFF = {"phase": "Restarting", "attempt": 1, "restartingFrom": 1, "rapidRestarts": 2,
+               "nextAttemptTime": "2026-11-22T03:00:20Z"}
+ROWS += [
+    ("a pod carrying the notice counts as noticed (eviction raced the status write)", RUNNING, {},
+     pods(1, {"phase": "Running", "noticed": True}, {"phase": "Running", "deleting": True, "noticed": True}), [],
+     {"cause": "preemption"}),
+    ("rapid: restart code within 60 s, no notice -> backoff 10 s", YOUNG, {}, pods(1, 42, 42), [],
+     {"phase": "Restarting", "cause": "preemption", "rapid_restarts": 1,
+      "next_attempt_time": NOW + timedelta(seconds=10)}),
+    ("third rapid restart in a row waits 40 s", {**YOUNG, "rapidRestarts": 2}, {}, pods(1, 42, 42), [],
+     {"rapid_restarts": 3, "next_attempt_time": NOW + timedelta(seconds=40)}),
+    ("past maxRapidRestarts -> Failed", {**YOUNG, "rapidRestarts": 2}, {"restartPolicy": {"maxRapidRestarts": 2}},
+     pods(1, 42, 42), [], {"phase": "Failed", "cause": "preemption", "rapid_restarts": 3}),
+    ("a noticed quick restart is a real preemption", {**YOUNG, "lastNotice": {**NOTICE, "attempt": 1}}, {},
+     pods(1, 42, 42), [], {"phase": "Restarting", "rapid_restarts": 0, "next_attempt_time": None}),
+    ("a restart after a long attempt resets the count", {**OLD, "rapidRestarts": 4}, {}, pods(1, 42, 42), [],
+     {"phase": "Restarting", "rapid_restarts": 0, "next_attempt_time": None}),
+    ("a quick failure is a failure, not rapid", YOUNG, {}, pods(1, 1, 42), [],
+     {"cause": "failure", "rapid_restarts": 0}),
+    ("backing off: no pods yet, requeue when due", BACKING_OFF, {}, [], ["n1"],
+     {"phase": "Restarting", "create": (), "attempt": 1, "requeue_after": 20.0}),
+    ("backoff over -> attempt 2", {**BACKING_OFF, "nextAttemptTime": "2026-11-22T02:59:59Z"}, {}, [], [],
+     {"phase": "Pending", "attempt": 2, "create": (0, 1), "new_attempt": True}),
+]
+
+
+@pytest.mark.parametrize("status,spec,pod_list,avoid,expected", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
 def test_decide_restart(status: dict[str, Any], spec: dict[str, Any], pod_list: list[WorkerPod],
-                        notice_nodes: list[str], expected: dict[str, Any]) -> None:
-    plan = decide_restart(job(status, **spec), pod_list, notice_nodes)
+                        avoid: list[str], expected: dict[str, Any]) -> None:
+    plan = decide_restart(job(status, **spec), pod_list, avoid, NOW)
     got = {k: getattr(plan, k) for k in expected}
     assert got == expected, plan
+
+
+@pytest.mark.parametrize("doomed,cause", [((), "disruption"), (("n1",), "preemption"), (("n0",), "disruption")])
+def test_a_pod_lost_on_a_doomed_node_is_a_preemption(doomed: tuple[str, ...], cause: str) -> None:
+    """A NoExecute taint evicts before the status records the notice: the open notice on the node decides."""
+    lost = pods(1, "Running", {"phase": "Running", "deleting": True})
+    assert decide_restart(job(RUNNING), lost, (), NOW, doomed).cause == cause
+
+
+def test_rapid_restart_message_says_what_to_do() -> None:
+    plan = decide_restart(job({**YOUNG, "rapidRestarts": 5}), pods(1, 42, 42), (), NOW)
+    (cond,) = plan.conditions
+    assert cond.reason == "TooManyRapidRestarts" and "maxRapidRestarts=5" in cond.message
+    assert "restart code 42 is probably returned for something other than a saved preemption" in cond.message
+
+
+def test_backoff_doubles_to_five_minutes() -> None:
+    from reprieve_operator.policy.restart import backoff_seconds
+
+    assert [backoff_seconds(n) for n in (1, 2, 3, 4, 5, 6, 7, 10)] == [10, 20, 40, 80, 160, 300, 300, 300]
 
 
 def test_failed_condition_says_why() -> None:

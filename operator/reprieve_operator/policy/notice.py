@@ -1,58 +1,115 @@
-"""Pure decision: which pods of a job get a notice now (at most once per job per attempt)."""
+"""Pure decisions of notice delivery: which pods get a notice now, and what status records it.
+
+Rules (``docs/operator.md``, "Delivery"):
+
+* **The earliest deadline always reaches every pod.** A job's current attempt carries at most one notice
+  per pod (the ``reprieve.dev/notice`` annotation). A notice is delivered to every live pod of the attempt
+  whose annotation is missing or names a *later* deadline; a notice whose deadline is the same or later than
+  what the pods already carry changes nothing. The runtime moves its agreed save earlier on such a change and
+  never later (``docs/contract.md``).
+* **A notice opens at its deadline minus the horizon.** A signal whose deadline is further away than the
+  operator's notice horizon (``--notice-horizon-seconds``, default 600 s) is *held*: not delivered, the job
+  stays ``Running`` (a GKE maintenance scheduled for next week does not make the job ``Preempting`` for a
+  week, nor deaf to a spot taint meanwhile). The operator re-examines the node when the notice opens.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..models import TrainingJob
-from ..signals import Notice
+from ..signals import Notice, parse_time
 from .restart import WorkerPod
 
 DELIVERABLE_PHASES = (None, "Pending", "Running", "Preempting")
+DEFAULT_HORIZON_SECONDS = 600.0
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
 class NoticePlan:
     notice: Notice
     attempt: int
-    annotate: tuple[str, ...]  # pod names still lacking this notice
-    record: bool  # status.lastNotice must be written for this attempt
+    annotate: tuple[str, ...]  # pod names lacking this notice (or carrying a later deadline)
+
+
+def is_open(notice: Notice, now: datetime, horizon_seconds: float) -> bool:
+    """Whether ``notice`` is due for delivery: its deadline lies within the horizon (or has passed)."""
+    return (notice.deadline - now).total_seconds() <= horizon_seconds
+
+
+def opens_at(notice: Notice, horizon_seconds: float) -> datetime:
+    return notice.deadline - timedelta(seconds=horizon_seconds)
+
+
+def annotation_deadline(value: str | None) -> datetime | None:
+    """The deadline in a ``reprieve.dev/notice`` value; None if absent. A malformed value counts as the
+    earliest possible deadline (the runtime treats it as "save now"), so it is never overwritten."""
+    if not value:
+        return None
+    try:
+        deadline = parse_time(json.loads(value).get("deadline"))
+    except (ValueError, AttributeError):
+        deadline = None
+    return deadline if deadline is not None else EARLIEST
+
+
+def recorded_deadline(job: TrainingJob, attempt: int) -> datetime | None:
+    """The deadline ``status.lastNotice`` records for ``attempt`` (None if it records none for it)."""
+    last = job.status.last_notice
+    if last is None or last.attempt != attempt:
+        return None
+    return parse_time(last.deadline)
 
 
 def decide_notice(job: TrainingJob, pods: Sequence[WorkerPod], notice: Notice,
-                  annotations: Mapping[str, str | None]) -> NoticePlan | None:
-    """Deliver ``notice`` to every live pod of the job's current attempt unless this attempt already has one.
+                  annotations: Mapping[str, str | None], now: datetime,
+                  horizon_seconds: float = DEFAULT_HORIZON_SECONDS) -> NoticePlan | None:
+    """Deliver ``notice`` to the live pods of the job's current attempt that do not yet know a deadline as
+    early; None when there is nothing to do (no pod to annotate and the status already records as early).
 
-    ``annotations`` maps pod name to its current ``reprieve.dev/notice`` value (None if absent): a pod
-    that already carries a notice of this attempt is not annotated again, which keeps delivery idempotent
-    across an operator restart that happened between annotating pods and recording the status.
+    ``annotations`` maps pod name to its current ``reprieve.dev/notice`` value (None if absent). Pods that
+    already carry this notice (a delivery that crashed before its status write) are not annotated again, but
+    the plan is still returned so that the status gets written.
     """
     st = job.status
     if job.spec.suspend or st.phase not in DELIVERABLE_PHASES or not job.spec.preemption.enabled:
         return None
+    if not is_open(notice, now, horizon_seconds):
+        return None
     attempt = max([st.attempt, *(p.attempt for p in pods)])
     if attempt == 0 or (st.restarting_from is not None and st.restarting_from >= attempt):
         return None
-    if st.last_notice is not None and st.last_notice.attempt >= attempt:
-        return None  # delivered once for this attempt already
     current = [p for p in pods if p.attempt == attempt and not p.deleting and not p.terminated]
     if not current:
         return None
-    # A pod annotated by a delivery that crashed before the status write keeps that earlier notice.
-    annotate = tuple(sorted(p.name for p in current if not annotations.get(p.name)))
-    return NoticePlan(notice=notice, attempt=attempt, annotate=annotate, record=True)
+    annotate = []
+    for p in current:
+        known = annotation_deadline(annotations.get(p.name))
+        if known is None or known > notice.deadline:
+            annotate.append(p.name)
+    recorded = recorded_deadline(job, attempt)
+    if not annotate and recorded is not None and recorded <= notice.deadline:
+        return None
+    return NoticePlan(notice=notice, attempt=attempt, annotate=tuple(sorted(annotate)))
 
 
 def notice_status_patch(job: TrainingJob, last_notice: dict[str, Any], attempt: int) -> dict[str, Any] | None:
-    """The status patch that records a delivery to ``attempt``, or None if it is recorded already.
+    """The status patch that records a delivery to ``attempt``, or None if a notice as early is recorded.
 
     ``job`` is read after the pods were annotated: if the gang meanwhile began a restart (or a newer attempt
     exists) the notice is still recorded, but the phase is left to the restart.
     """
     st = job.status
-    if st.last_notice is not None and st.last_notice.attempt >= attempt:
+    if st.last_notice is not None and st.last_notice.attempt > attempt:
+        return None
+    recorded = recorded_deadline(job, attempt)
+    new = parse_time(last_notice.get("deadline")) if isinstance(last_notice, dict) else None
+    if recorded is not None and (new is None or recorded <= new):
         return None
     patch: dict[str, Any] = {"lastNotice": last_notice}
     restarting = st.restarting_from is not None and st.restarting_from >= attempt

@@ -7,7 +7,12 @@ Rules (see ``docs/operator.md``):
 * any worker fails (another exit code) -> gang restart counted as ``failure``; past
   ``restartPolicy.maxFailures`` -> Failed;
 * a worker deleted, evicted or lost with its node -> gang restart counted as ``preemption`` if a notice was
-  delivered in this attempt, else ``disruption``; both are capped only by ``maxPreemptionRestarts``;
+  delivered in this attempt (in status, on a pod, or open on the lost pod's node: an eviction by a NoExecute
+  taint can race the status write), else ``disruption``; both are capped only by ``maxPreemptionRestarts``;
+* a *rapid* restart -- every worker exited with the restart code within ``RAPID_SECONDS`` of the attempt's
+  start, without a notice or a lost pod: too fast to be a real preemption (the code is probably used for
+  something else) -- waits a backoff (10 s doubling to 5 min) before the next attempt; more than
+  ``restartPolicy.maxRapidRestarts`` in a row fail the job (``TooManyRapidRestarts``);
 * a gang restart first deletes every pod and waits until all are gone (pod names are stable and JAX rejects
   a duplicate task), then creates attempt+1 away from nodes with an active notice;
 * ``suspend`` deletes the pods and keeps the job; resuming starts a new attempt.
@@ -21,11 +26,20 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from ..models import TrainingJob
+from ..signals import parse_time
 
 PREEMPTION, FAILURE, DISRUPTION = "preemption", "failure", "disruption"
 TERMINAL_PHASES = ("Succeeded", "Failed")
+RAPID_SECONDS = 60.0
+BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS = 10.0, 300.0
+
+
+def backoff_seconds(n: int) -> float:
+    """The wait before the next attempt after the ``n``-th consecutive rapid restart (CrashLoopBackOff's)."""
+    return float(min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** max(0, n - 1)))
 
 
 @dataclass(frozen=True)
@@ -40,6 +54,7 @@ class WorkerPod:
     deleting: bool = False
     node: str | None = None
     node_lost: bool = False
+    noticed: bool = False  # carries a reprieve.dev/notice annotation
 
     @property
     def terminated(self) -> bool:
@@ -69,10 +84,14 @@ class RestartPlan:
     ready: int = 0
     conditions: tuple[Condition, ...] = field(default_factory=tuple)
     message: str = ""
+    rapid_restarts: int | None = None  # new value of status.rapidRestarts (None: unchanged)
+    next_attempt_time: datetime | None = None  # set while backing off before the next attempt
+    requeue_after: float | None = None  # look again after this many seconds (a backoff runs out)
+    replicas: int = 0  # worker pods of the current attempt that exist (not being deleted)
 
     @property
     def waiting(self) -> bool:
-        """True while old pods must vanish before the next step can happen."""
+        """True while old pods must vanish before the next step can happen (a backoff uses ``requeue_after``)."""
         return self.phase in ("Restarting", "Suspended", "Pending") and bool(self.delete) and not self.create
 
 
@@ -86,14 +105,20 @@ def _describe(p: WorkerPod) -> str:
     return f"worker {p.name} exited with code {p.exit_code}"
 
 
-def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod],
-                   notice_nodes: Iterable[str] = ()) -> RestartPlan:
-    """Decide the next step of ``job`` given all of its worker pods and the nodes with an active notice."""
+def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Iterable[str] = (),
+                   now: datetime | None = None, doomed_nodes: Collection[str] = ()) -> RestartPlan:
+    """Decide the next step of ``job`` given all of its worker pods.
+
+    ``avoid_nodes``: what a new pod must avoid (``policy.placement.avoid_nodes``). ``doomed_nodes``: nodes
+    with an open notice for this job right now (a pod lost there was preempted, whatever the status says yet).
+    ``now``: for the rapid-restart rule and its backoff (None: neither applies).
+    """
     st, spec = job.status, job.spec
     code = spec.restart_policy.restart_exit_code
     attempt = max([st.attempt, *(p.attempt for p in pods)])
     alive = tuple(sorted(p.name for p in pods if not p.deleting))
     replicas = spec.replicas
+    avoid = tuple(avoid_nodes)
 
     if st.phase in TERMINAL_PHASES:
         stragglers = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
@@ -105,40 +130,48 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod],
 
     restarting = st.restarting_from is not None and st.restarting_from >= attempt
     if attempt == 0 or st.phase == "Suspended" or restarting:
-        # Start attempt+1, but only once every pod of any earlier attempt is gone.
+        # Start attempt+1, but only once every pod of any earlier attempt is gone (and any backoff ran out).
         phase = "Restarting" if restarting else "Pending"
         if pods:
             return RestartPlan(phase=phase, attempt=attempt, delete=alive,
                                restarting_from=st.restarting_from if restarting else None,
                                message=f"waiting for {len(pods)} old pod(s) to be deleted")
+        due = parse_time(st.next_attempt_time) if restarting else None
+        if due is not None and now is not None and now < due:
+            wait = (due - now).total_seconds()
+            msg = f"backing off after {st.rapid_restarts} rapid restart(s): attempt {attempt + 1} starts at " \
+                  f"{st.next_attempt_time}"
+            return RestartPlan(phase="Restarting", attempt=attempt, restarting_from=st.restarting_from,
+                               next_attempt_time=due, requeue_after=wait, message=msg,
+                               conditions=(Condition("Restarting", "True", "Backoff", msg),))
         conds: tuple[Condition, ...] = ()
         if st.phase == "Suspended":
             conds = (Condition("Suspended", "False", "Resumed", "spec.suspend is false"),)
         elif restarting:
             conds = (Condition("Restarting", "False", "AttemptStarted", f"attempt {attempt + 1} started"),)
         return RestartPlan(phase="Pending", attempt=attempt + 1, create=tuple(range(replicas)),
-                           exclude_nodes=tuple(sorted(set(notice_nodes))), new_attempt=True,
+                           exclude_nodes=avoid, new_attempt=True,
                            conditions=conds, message=f"creating attempt {attempt + 1}")
 
     stale = tuple(sorted(p.name for p in pods if p.attempt < attempt and not p.deleting))
     current = {p.index: p for p in pods if p.attempt == attempt and 0 <= p.index < replicas}
     recorded = st.attempt == attempt  # status knows this attempt was fully created
     missing = [i for i in range(replicas) if i not in current]
-    noticed = st.last_notice is not None and st.last_notice.attempt == attempt
+    noticed = (st.last_notice is not None and st.last_notice.attempt == attempt) or \
+        any(p.noticed for p in current.values())
 
     # A pod someone else deletes gets SIGTERM and may die with 143: that is a disruption, not a failure
     # (unless the runtime managed to save and exit with the restart code).
-    lost = [p for p in current.values()
-            if p.node_lost or (p.deleting and p.exit_code not in (0, code))
-            or (p.phase == "Failed" and p.exit_code is None) or p.phase == "Unknown"]
+    lost = [p for p in current.values() if _lost(p, code)]
     failed = [p for p in current.values()
               if p.phase == "Failed" and p.exit_code is not None and p.exit_code not in (0, code)
               and p not in lost]
-    cause, why = None, ""
+    cause, why, rapid = None, "", False
     if failed:
         cause, why = FAILURE, _describe(failed[0])
     elif lost or (missing and recorded):
-        cause = PREEMPTION if noticed else DISRUPTION
+        doomed = any(p.node in doomed_nodes for p in lost if p.node)
+        cause = PREEMPTION if noticed or doomed else DISRUPTION
         why = _describe(lost[0]) if lost else f"worker {job.name}-{missing[0]} disappeared"
     elif not missing and all(p.terminated for p in current.values()):
         codes = {p.exit_code for p in current.values()}
@@ -148,31 +181,61 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod],
                                                      f"all {replicas} workers exited 0"),))
         if codes <= {0, code}:
             cause, why = PREEMPTION, f"all workers exited (codes {sorted(c for c in codes if c is not None)})"
+            started = parse_time(st.attempt_start_time)
+            explained = noticed or any(p.deleting for p in current.values())
+            rapid = (not explained and now is not None and started is not None
+                     and (now - started).total_seconds() < RAPID_SECONDS)
 
     if cause is None:
         running = sum(1 for p in current.values() if p.phase == "Running" and not p.deleting)
         phase = "Preempting" if noticed else ("Running" if running == replicas else "Pending")
         create = tuple(missing) if not recorded else ()
+        existing = sum(1 for p in current.values() if not p.deleting)
         return RestartPlan(phase=phase, attempt=attempt, create=create, delete=stale, ready=running,
-                           exclude_nodes=tuple(sorted(set(notice_nodes))) if create else ())
+                           exclude_nodes=avoid if create else (), replicas=existing)
 
     counts = st.restarts
+    stragglers = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
     if cause == FAILURE and counts.failure + 1 > spec.restart_policy.max_failures:
         msg = (f"{why}; {counts.failure + 1} failure(s) exceed restartPolicy.maxFailures="
                f"{spec.restart_policy.max_failures}")
-        stragglers = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
         return RestartPlan(phase="Failed", attempt=attempt, delete=stragglers, cause=FAILURE, message=msg,
                            conditions=(Condition("Failed", "True", "TooManyFailures", msg),))
     cap = spec.restart_policy.max_preemption_restarts
     if cause != FAILURE and cap is not None and counts.preemption + counts.disruption + 1 > cap:
         msg = f"{why}; {counts.preemption + counts.disruption + 1} preemption restart(s) exceed " \
               f"restartPolicy.maxPreemptionRestarts={cap}"
-        stragglers = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
         return RestartPlan(phase="Failed", attempt=attempt, delete=stragglers, cause=cause, message=msg,
                            conditions=(Condition("Failed", "True", "TooManyPreemptions", msg),))
+    n_rapid = st.rapid_restarts + 1 if rapid else 0
+    if rapid and n_rapid > spec.restart_policy.max_rapid_restarts:
+        msg = (f"{why} within {RAPID_SECONDS:.0f} s of the attempt's start without any notice, {n_rapid} time(s) "
+               f"in a row (restartPolicy.maxRapidRestarts={spec.restart_policy.max_rapid_restarts}): the restart "
+               f"code {code} is probably returned for something other than a saved preemption")
+        return RestartPlan(phase="Failed", attempt=attempt, delete=stragglers, cause=cause, message=msg,
+                           rapid_restarts=n_rapid,
+                           conditions=(Condition("Failed", "True", "TooManyRapidRestarts", msg),))
     msg = f"gang restart of attempt {attempt} ({cause}): {why}"
+    due = None
+    if rapid and now is not None:
+        wait = backoff_seconds(n_rapid)
+        due = (now + timedelta(seconds=wait)).replace(microsecond=0)
+        msg += f"; rapid restart {n_rapid} in a row (no notice, within {RAPID_SECONDS:.0f} s): next attempt " \
+               f"in {wait:.0f} s"
     return RestartPlan(phase="Restarting", attempt=attempt, delete=alive, cause=cause, restarting_from=attempt,
-                       message=msg, conditions=(Condition("Restarting", "True", cause.capitalize(), msg),))
+                       message=msg, rapid_restarts=n_rapid, next_attempt_time=due,
+                       conditions=(Condition("Restarting", "True", cause.capitalize(), msg),))
+
+
+def _lost(p: WorkerPod, code: int) -> bool:
+    return p.node_lost or (p.deleting and p.exit_code not in (0, code)) \
+        or (p.phase == "Failed" and p.exit_code is None) or p.phase == "Unknown"
+
+
+def lost_nodes(pods: Iterable[WorkerPod]) -> set[str]:
+    """Nodes of pods that look lost (whatever the restart code): where to look for a notice."""
+    return {p.node for p in pods if p.node and (p.deleting or p.node_lost or p.phase == "Unknown"
+                                                 or (p.phase == "Failed" and p.exit_code is None))}
 
 
 def orphaned_pods(pods: Iterable[WorkerPod], known_nodes: Collection[str] | None) -> tuple[str, ...]:

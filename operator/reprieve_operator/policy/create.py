@@ -1,0 +1,127 @@
+"""Pure decision: what an API refusal of a worker pod means for the job (``classify_refusal``).
+
+The operator dry-runs the first worker pod of every new attempt (``dryRun=All``, ``fieldValidation=Strict``)
+before it creates anything, and classifies what the API server says:
+
+| refusal | kind | the job |
+|---|---|---|
+| 422 Invalid, 400 BadRequest (a strict-decoding error, a bad quantity) | ``invalid`` | ``Failed/InvalidSpec``, the field named as ``spec.template...`` |
+| 403 from admission policy (Pod Security, a webhook) | ``rejected`` | ``Failed/PodRejected`` |
+| 403 the named ServiceAccount does not exist | ``waiting`` | ``Pending``, condition ``PodsCreated=False/ServiceAccountNotFound``; starts once it exists |
+| 403 exceeded quota | ``transient`` | ``PodsCreated=False/QuotaExceeded``, retried with backoff |
+| 403 from RBAC, 404, 409, 429, 5xx, no answer | ``transient`` | ``PodsCreated=False/<reason>``, retried with backoff |
+
+Every kind posts an Event; nothing of a job that cannot start is left behind (``reconcile``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..models import TrainingJob
+
+INVALID, REJECTED, WAITING, TRANSIENT = "invalid", "rejected", "waiting", "transient"
+RETRY_BASE_SECONDS, RETRY_MAX_SECONDS = 2.0, 300.0
+QUANTITY_RE = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+_UNKNOWN_FIELD = re.compile(r'unknown field "([^"]+)"')
+_DUPLICATE_FIELD = re.compile(r'duplicate field "([^"]+)"')
+
+
+@dataclass(frozen=True)
+class Refusal:
+    kind: str  # INVALID, REJECTED, WAITING or TRANSIENT
+    reason: str  # the condition's and the Event's reason
+    message: str
+
+    @property
+    def final(self) -> bool:
+        return self.kind in (INVALID, REJECTED)
+
+
+def retry_seconds(tries: int) -> float:
+    """Backoff before try ``tries + 1`` of a refused creation: 2 s doubling to 5 min."""
+    return float(min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** max(0, tries - 1)))
+
+
+def template_path(pod_path: str) -> str:
+    """A worker pod's field path as the user wrote it in the TrainingJob (``spec.template...``)."""
+    if pod_path.startswith(("spec.", "metadata.")):
+        return f"spec.template.{pod_path}"
+    return pod_path
+
+
+def _quantities(spec: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    for kind in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(kind) or []):
+            if not isinstance(c, dict):
+                continue
+            for part in ("requests", "limits"):
+                for name, value in ((c.get("resources") or {}).get(part) or {}).items():
+                    yield f"spec.template.spec.{kind}[{i}].resources.{part}.{name}", value
+    for name, value in (spec.get("overhead") or {}).items():
+        yield f"spec.template.spec.overhead.{name}", value
+
+
+def bad_quantities(job: TrainingJob) -> list[str]:
+    """Template fields holding a resource quantity the API server cannot parse (its error names none)."""
+    spec = job.spec.template.get("spec") or {}
+    return [f"{path}: {value!r} is not a quantity (e.g. 500m, 2, 4Gi)" for path, value in _quantities(spec)
+            if not (isinstance(value, int) or (isinstance(value, str) and QUANTITY_RE.match(value)))]
+
+
+def _body(body: Any) -> dict[str, Any]:
+    if isinstance(body, dict):
+        return body
+    if isinstance(body, (bytes, str)) and body:
+        try:
+            parsed = json.loads(body)
+            return parsed if isinstance(parsed, dict) else {"message": str(body)}
+        except ValueError:
+            return {"message": body.decode(errors="replace") if isinstance(body, bytes) else body}
+    return {}
+
+
+def classify_refusal(job: TrainingJob, status: int | None, body: Any, pod: str) -> Refusal:
+    """What the refusal of pod ``pod`` (HTTP ``status``, API ``Status`` body; None: no answer) means."""
+    who = f"TrainingJob {job.namespace}/{job.name}"
+    st = _body(body)
+    text = str(st.get("message") or "")[:600]
+    if status == 422:
+        causes = (st.get("details") or {}).get("causes") or []
+        parts = [f"{template_path(str(c.get('field') or ''))}: {c.get('message') or c.get('reason')}"
+                 for c in causes if isinstance(c, dict)]
+        detail = "; ".join(parts) if parts else text
+        return Refusal(INVALID, "InvalidSpec", f"{who}: the API server refuses its worker pods: {detail}"[:1500])
+    if status == 400:
+        fields = _UNKNOWN_FIELD.findall(text) + _DUPLICATE_FIELD.findall(text)
+        if fields:
+            detail = "; ".join(f"{template_path(f)}: unknown field (misspelt?)" for f in fields)
+        elif "quantities must match" in text or "quantity" in text:
+            detail = "; ".join(bad_quantities(job)) or text
+        else:
+            detail = text
+        return Refusal(INVALID, "InvalidSpec", f"{who}: the API server refuses its worker pods: {detail}"[:1500])
+    if status == 403:
+        low = text.lower()
+        if "serviceaccount" in low.replace(" ", "") and "not found" in low:
+            sa = (job.spec.template.get("spec") or {}).get("serviceAccountName")
+            return Refusal(WAITING, "ServiceAccountNotFound",
+                           f"{who}: spec.template.spec.serviceAccountName: ServiceAccount {job.namespace}/{sa} "
+                           f"does not exist; create it (or remove the field to get one made per job): the job "
+                           f"starts once it exists")
+        if "exceeded quota" in low:
+            return Refusal(TRANSIENT, "QuotaExceeded", f"{who}: creating {pod}: {text}")
+        if "podsecurity" in low or "admission webhook" in low or "denied the request" in low:
+            return Refusal(REJECTED, "PodRejected", f"{who}: admission refuses its worker pods: {text}")
+        return Refusal(TRANSIENT, "Forbidden",
+                       f"{who}: creating {pod} is forbidden (check the operator's RBAC in this namespace): {text}")
+    if status == 409:
+        return Refusal(TRANSIENT, "NameConflict",
+                       f"{who}: a pod named {pod} that is not this job's worker already exists: {text}")
+    if status is None:
+        return Refusal(TRANSIENT, "ApiError", f"{who}: creating {pod}: no answer from the API server ({text})")
+    return Refusal(TRANSIENT, "ApiError", f"{who}: creating {pod}: HTTP {status}: {text}")
