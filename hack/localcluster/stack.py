@@ -45,8 +45,10 @@ class OperatorProcess:
     """``python -m reprieve_operator`` with the chart's ServiceAccount token: start, stop, kill, restart."""
 
     def __init__(self, cluster: Cluster, log_dir: Path, *, namespaces: list[str] | None = None,
-                 log_level: str = "INFO", extra_args: list[str] | None = None) -> None:
+                 log_level: str = "INFO", extra_args: list[str] | None = None,
+                 identity: tuple[str, str] = (RELEASE_NS, OPERATOR_SA)) -> None:
         self.cluster, self.log_dir = cluster, log_dir
+        self.identity = identity  # (namespace, ServiceAccount) whose token the operator runs with
         self.namespaces = namespaces or []
         self.log_level = log_level
         self.extra_args = extra_args or []
@@ -59,7 +61,7 @@ class OperatorProcess:
         return self.log_dir / f"operator-{self.runs}.log"
 
     def start(self, timeout: float = 30.0) -> OperatorProcess:
-        kubeconfig = self.cluster.token_kubeconfig(RELEASE_NS, OPERATOR_SA)
+        kubeconfig = self.cluster.token_kubeconfig(*self.identity)
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
         env.update(KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
         self.runs += 1

@@ -71,6 +71,14 @@ def create(api: Api, obj: dict[str, Any]) -> bool:
         raise
 
 
+def patch_metadata(api: Api, obj: dict[str, Any]) -> None:
+    """Merge ``obj``'s labels and annotations into the existing ServiceAccount of that name."""
+    meta = obj["metadata"]
+    body = {"metadata": {k: meta[k] for k in ("labels", "annotations") if meta.get(k)}}
+    _raw(api.core.patch_namespaced_service_account(meta["name"], meta["namespace"], body, _preload_content=False,
+                                                   _content_type="application/merge-patch+json"))
+
+
 def dry_run_pod(api: Api, pod: dict[str, Any]) -> None:
     """Send ``pod`` through validation and admission without creating it; raises ``ApiException`` if refused.
 

@@ -133,23 +133,28 @@ def build_service(job: TrainingJob) -> dict[str, Any]:
 
 
 def build_identity(job: TrainingJob) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding letting each worker watch and annotate only the job's pods.
-
-    Empty when the template names its own ``serviceAccountName`` (the user owns that identity).
-    """
-    if not owns_identity(job):
-        return []
+    """The workers' identity: a Role + RoleBinding letting each worker watch and annotate only the job's pods,
+    bound to the template's own ``serviceAccountName`` (workload identity: GKE, EKS IRSA) or to the
+    ServiceAccount ``<job>-worker`` created here (with ``spec.serviceAccount`` annotations and labels)."""
     sa = worker_service_account(job)
+    name = f"{job.name}-worker"
     meta = {"namespace": job.namespace, "labels": job_labels(job), "ownerReferences": [owner_reference(job)]}
     names = [pod_name(job, i) for i in range(job.spec.replicas)]
+    objects: list[dict[str, Any]] = []
+    if owns_identity(job):
+        extra = job.spec.service_account
+        sa_meta: dict[str, Any] = {"name": sa, **meta, "labels": {**extra.labels, **job_labels(job)}}
+        if extra.annotations:
+            sa_meta["annotations"] = dict(extra.annotations)
+        objects.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": sa_meta})
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, **meta}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": sa, **meta},
+        *objects,
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name, **meta},
          # get/list/watch: the runtime watches its own pod (fieldSelector metadata.name) for the notice;
          # patch: process 0 writes its progress annotation. resourceNames keeps it to this job's pods.
          "rules": [{"apiGroups": [""], "resources": ["pods"], "resourceNames": names,
                     "verbs": ["get", "list", "watch", "patch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": sa, **meta},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name, **meta},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
          "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": job.namespace}]},
     ]

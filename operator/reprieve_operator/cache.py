@@ -67,16 +67,21 @@ class Cache:
                 if not self._node_jobs[node]:
                     del self._node_jobs[node]
 
-    def reset_pods(self, pods: list[dict[str, Any]]) -> set[Key]:
-        """Replace every pod (after a re-list); returns the jobs that had or have pods."""
-        before = set(self._pods)
-        self._pods.clear()
-        self._pod_node.clear()
-        self._node_jobs.clear()
-        self._pod_job.clear()
+    def reset_pods(self, pods: list[dict[str, Any]], namespace: str | None = None) -> set[Key]:
+        """Replace every pod (of ``namespace``, or all) after a re-list; returns the jobs that had or have pods."""
+        before = {k for k in self._pods if namespace is None or k[0] == namespace}
+        if namespace is None:
+            self._pods.clear()
+            self._pod_node.clear()
+            self._node_jobs.clear()
+            self._pod_job.clear()
+        else:
+            for key in before:
+                for old in list(self._pods.get(key, {}).values()):
+                    self.delete_pod(old)
         for p in pods:
             self.upsert_pod(p)
-        return before | set(self._pods)
+        return before | {k for k in self._pods if namespace is None or k[0] == namespace}
 
     def replace_job_pods(self, namespace: str, job: str, pods: list[dict[str, Any]]) -> None:
         """Make the job's pods exactly ``pods`` (from a LIST)."""

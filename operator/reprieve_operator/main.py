@@ -8,6 +8,8 @@ import fnmatch
 import json
 import logging
 import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import kopf
@@ -32,6 +34,26 @@ def api_client(pool: int = 32) -> client.ApiClient:
         config.load_kube_config(client_configuration=cfg)
     cfg.connection_pool_maxsize = pool
     return client.ApiClient(cfg)
+
+
+def standby_health(port: int) -> ThreadingHTTPServer | None:
+    """A standby's ``/healthz`` (kopf serves its own once this replica leads): alive, not yet acting."""
+    if not port:
+        return None
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # http.server's name
+            body = b'{"standby": true}' if self.path.startswith("/healthz") else b""
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    threading.Thread(target=server.serve_forever, name="reprieve-standby-health", daemon=True).start()
+    return server
 
 
 @kopf.on.startup()
@@ -70,15 +92,31 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
                                                 ", ".join(s.name for s in table))
 
 
-async def prime(state: State, namespaces: list[str]) -> podwatch.PodWatch:
-    """Fill the cache with one paginated LIST per kind before kopf starts watching (see ``cache.py``)."""
+def literal_namespaces(namespaces: list[str]) -> list[str] | None:
+    """The namespaces to LIST and WATCH one by one (no globs: namespaced RBAC grants no cluster-wide reads),
+    or None to list cluster-wide (all namespaces, or patterns)."""
+    if namespaces and not any(ch in ns for ns in namespaces for ch in "*?["):
+        return sorted(set(namespaces))
+    return None
+
+
+async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
+    """Fill the cache with one paginated LIST per kind (and watched namespace) before kopf starts watching
+    (see ``cache.py``); start the worker-pod watches."""
     api = state.api
+    literal = literal_namespaces(namespaces)
+    scopes: list[str | None] = list(literal) if literal else [None]
 
     def in_scope(obj: dict[str, Any]) -> bool:
         ns = (obj.get("metadata") or {}).get("namespace", "")
         return not namespaces or any(fnmatch.fnmatchcase(ns, pat) for pat in namespaces)
 
-    def fill() -> str:  # page by page: never all the full pod bodies in memory at once
+    def jobs_pages(scope: str | None) -> Any:
+        if scope is None:
+            return apply.list_pages(api.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
+        return apply.list_pages(api.custom.list_namespaced_custom_object, GROUP, VERSION, scope, PLURAL)
+
+    def fill() -> dict[str | None, str]:  # page by page: never all the full pod bodies in memory at once
         cache = state.cache
         for page in apply.list_pages(api.core.list_node):
             for n in page:
@@ -88,16 +126,18 @@ async def prime(state: State, namespaces: list[str]) -> podwatch.PodWatch:
                 if present:  # already there when the operator started: first seen now (say so in the Event)
                     state.notice_nodes.add(name)
                     state.first_seen[name] = {sig: state.started for sig in present}
-        for page in apply.list_pages(api.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL):
-            for job in filter(in_scope, page):
-                cache.upsert_job(job)
-        pods, rv = podwatch.list_pods(api, in_scope)
-        for pod in pods:
-            cache.upsert_pod(pod)
+        versions = {}
+        for scope in scopes:
+            for page in jobs_pages(scope):
+                for job in filter(in_scope, page):
+                    cache.upsert_job(job)
+            pods, versions[scope] = podwatch.list_pods(api, in_scope, scope)
+            for pod in pods:
+                cache.upsert_pod(pod)
         cache.primed = True
-        return rv
+        return versions
 
-    rv = await apply.run(fill)
+    versions = await apply.run(fill)
 
     def on_pod(kind: str, pod: dict[str, Any]) -> None:
         if kind == "DELETED":
@@ -107,21 +147,25 @@ async def prime(state: State, namespaces: list[str]) -> podwatch.PodWatch:
         meta = pod["metadata"]
         reconcile.kick(state, meta["namespace"], meta["labels"][LABEL_JOB])
 
-    def on_relist(pods: list[dict[str, Any]]) -> None:
-        for namespace, job in state.cache.reset_pods(pods):
-            reconcile.kick(state, namespace, job)
+    watches = []
+    for scope in scopes:
+        def on_relist(pods: list[dict[str, Any]], scope: str | None = scope) -> None:
+            for namespace, job in state.cache.reset_pods(pods, scope):
+                reconcile.kick(state, namespace, job)
 
-    watch = podwatch.PodWatch(api, asyncio.get_running_loop(), on_pod, on_relist, in_scope, rv)
-    watch.start()
+        watch = podwatch.PodWatch(api, asyncio.get_running_loop(), on_pod, on_relist, in_scope, versions[scope],
+                                  scope)
+        watch.start()
+        watches.append(watch)
     reconcile.release_memory()
-    logging.getLogger("reprieve_operator").info("cache primed: %s", state.cache.stats())
-    return watch
+    logging.getLogger("reprieve_operator").info("cache primed: %s (pods watched in %s)", state.cache.stats(),
+                                                ", ".join(s or "all namespaces" for s in scopes))
+    return watches
 
 
 @kopf.on.cleanup()
 async def stop_resync(memo: Any, **_: Any) -> None:
-    watch = getattr(memo, "podwatch", None)
-    if watch is not None:
+    for watch in getattr(memo, "podwatch", None) or []:
         watch.stop()
     task = getattr(memo, "resync", None)
     if task is not None:

@@ -16,7 +16,13 @@ RECONCILE_ERRORS = Counter("reprieve_reconcile_errors_total", "Unexpected errors
 NOTICE_NODES = Gauge("reprieve_nodes_with_notice", "Nodes currently carrying an active preemption signal.")
 
 
+LEADER = Gauge("reprieve_leader", "1 while this operator replica holds the leader-election Lease (or runs "
+                                  "without leader election), 0 while it stands by.")
+_serving: set[int] = set()
+
+
 def serve(port: int, addr: str = "0.0.0.0") -> None:
-    """Start the metrics HTTP server in a daemon thread (port 0 disables it)."""
-    if port:
+    """Start the metrics HTTP server in a daemon thread (port 0 disables it; a second call is a no-op)."""
+    if port and port not in _serving:
         start_http_server(port, addr=addr)
+        _serving.add(port)

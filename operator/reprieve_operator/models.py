@@ -209,6 +209,16 @@ TEMPLATE_SCHEMA: dict[str, Any] = {
 }
 
 
+class ServiceAccountSpec(_Model):
+    """The worker ServiceAccount the operator creates (``<job>-worker``) when the template names none."""
+
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Annotations of the created ServiceAccount, e.g. iam.gke.io/gcp-service-account (GKE Workload "
+                    "Identity) or eks.amazonaws.com/role-arn (EKS IRSA). Applied again at every attempt.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels of the created ServiceAccount.")
+
+
 class TrainingJobSpec(_Model):
     """Desired state of a gang of JAX workers that survives node preemption."""
 
@@ -229,6 +239,11 @@ class TrainingJobSpec(_Model):
                                   description="Port of process 0's JAX coordination service. Immutable.",
                                   json_schema_extra=_immutable("coordinatorPort"))
     suspend: bool = Field(default=False, description="Delete the workers but keep the job; resume later.")
+    service_account: ServiceAccountSpec = Field(
+        default_factory=ServiceAccountSpec, json_schema_extra={"default": {}},
+        description="The worker ServiceAccount the operator creates when template.spec.serviceAccountName is "
+                    "unset. Either way the workers' identity is bound to a Role that lets them watch and "
+                    "annotate their own pods.")
 
     @field_validator("template")
     @classmethod
@@ -245,6 +260,14 @@ class TrainingJobSpec(_Model):
         if len(names) != len(spec["containers"]) or len(set(names)) != len(names):
             raise ValueError(f"template.spec.containers must be objects with unique names, got {names!r}")
         return v
+
+    @model_validator(mode="after")
+    def _identity(self) -> TrainingJobSpec:
+        named = (self.template.get("spec") or {}).get("serviceAccountName")
+        if named and (self.service_account.annotations or self.service_account.labels):
+            raise ValueError(f"serviceAccount.annotations/labels apply to the ServiceAccount the operator creates, "
+                             f"but template.spec.serviceAccountName names your own ({named!r}): annotate that one")
+        return self
 
     @model_validator(mode="after")
     def _notice_keys(self) -> TrainingJobSpec:

@@ -22,15 +22,23 @@ log = logging.getLogger("reprieve_operator")
 Handler = Callable[[str, dict[str, Any]], None]
 
 
-def list_pods(api: apply.Api, keep: Callable[[dict[str, Any]], bool]) -> tuple[list[dict[str, Any]], str]:
+def _pods_call(api: apply.Api, namespace: str | None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The LIST/WATCH of pods: cluster-wide, or one namespace (namespaced RBAC grants no more)."""
+    if namespace is None:
+        return api.core.list_pod_for_all_namespaces, ()
+    return api.core.list_namespaced_pod, (namespace,)
+
+
+def list_pods(api: apply.Api, keep: Callable[[dict[str, Any]], bool],
+              namespace: str | None = None) -> tuple[list[dict[str, Any]], str]:
     """Every worker pod (compacted, page by page) and the resourceVersion to watch from."""
     pods: list[dict[str, Any]] = []
     rv = ""
     token = None
+    fn, args = _pods_call(api, namespace)
     while True:
         extra: dict[str, Any] = {"_continue": token} if token else {}
-        body = apply._raw(api.core.list_pod_for_all_namespaces(label_selector=LABEL_JOB, limit=500,
-                                                               _preload_content=False, **extra))
+        body = apply._raw(fn(*args, label_selector=LABEL_JOB, limit=500, _preload_content=False, **extra))
         pods += [compact_pod(p) for p in body.get("items") or [] if keep(p)]
         meta = body.get("metadata") or {}
         rv = meta.get("resourceVersion") or rv
@@ -42,11 +50,13 @@ def list_pods(api: apply.Api, keep: Callable[[dict[str, Any]], bool]) -> tuple[l
 class PodWatch:
     def __init__(self, api: apply.Api, loop: asyncio.AbstractEventLoop, on_event: Handler,
                  on_relist: Callable[[list[dict[str, Any]]], None], keep: Callable[[dict[str, Any]], bool],
-                 resource_version: str) -> None:
+                 resource_version: str, namespace: str | None = None) -> None:
         self.api, self.loop, self.on_event, self.on_relist, self.keep = api, loop, on_event, on_relist, keep
         self.rv = resource_version
+        self.namespace = namespace
         self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="reprieve-podwatch", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"reprieve-podwatch-{namespace or 'all'}",
+                                       daemon=True)
 
     def start(self) -> None:
         self.thread.start()
@@ -63,9 +73,9 @@ class PodWatch:
                 time.sleep(1)
 
     def _watch_once(self) -> None:
-        resp: Any = self.api.core.list_pod_for_all_namespaces(
-            label_selector=LABEL_JOB, watch=True, resource_version=self.rv, allow_watch_bookmarks=True,
-            timeout_seconds=300, _preload_content=False)
+        fn, args = _pods_call(self.api, self.namespace)
+        resp: Any = fn(*args, label_selector=LABEL_JOB, watch=True, resource_version=self.rv,
+                       allow_watch_bookmarks=True, timeout_seconds=300, _preload_content=False)
         try:
             buf = b""
             for chunk in resp.stream(amt=None, decode_content=False):
@@ -83,7 +93,7 @@ class PodWatch:
         kind, obj = event.get("type", ""), event.get("object") or {}
         if kind == "ERROR":
             if obj.get("code") == 410:  # our resourceVersion is too old: list again
-                pods, self.rv = list_pods(self.api, self.keep)
+                pods, self.rv = list_pods(self.api, self.keep, self.namespace)
                 self.loop.call_soon_threadsafe(self.on_relist, pods)
                 return
             raise RuntimeError(f"watch error: {obj.get('message')}")

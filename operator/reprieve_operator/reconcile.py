@@ -190,6 +190,8 @@ async def _create(state: State, job: TrainingJob, ref: dict[str, Any], plan: Res
                 current = f"{obj['kind']} {obj['metadata']['name']}"
                 if await apply.run(apply.create, api, obj):
                     created_objects.append(obj)
+                elif obj["kind"] == "ServiceAccount" and obj["metadata"].get("annotations"):
+                    await apply.run(apply.patch_metadata, api, obj)  # an edited spec.serviceAccount
         results = await asyncio.gather(*(apply.run(apply.create_pod, api, p) for p in pods),
                                        return_exceptions=True)
         errors = [(p, r) for p, r in zip(pods, results, strict=True) if isinstance(r, BaseException)]

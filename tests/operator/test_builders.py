@@ -90,8 +90,30 @@ def test_identity_is_limited_to_the_jobs_pods() -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llama-worker", "namespace": "ml"}]
 
 
-def test_user_named_service_account_is_left_alone() -> None:
+def test_a_user_named_service_account_gets_the_same_role_bound_to_it() -> None:
+    """Workload identity (GKE, EKS IRSA) needs the user's own ServiceAccount; the pod watch still needs RBAC."""
     j = job()
     j.spec.template["spec"]["serviceAccountName"] = "mine"
-    assert build_identity(j) == []
+    role, binding = build_identity(j)  # no ServiceAccount: the user owns it
+    assert role["kind"] == "Role" and role["metadata"]["name"] == binding["metadata"]["name"] == "llama-worker"
+    assert role["rules"][0]["resourceNames"] == ["llama-0", "llama-1", "llama-2", "llama-3"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mine", "namespace": "ml"}]
     assert build_worker_pod(j, 0, 1)["spec"]["serviceAccountName"] == "mine"
+
+
+def test_created_service_account_carries_the_users_annotations() -> None:
+    body = make_job(name="llama", namespace="ml", replicas=1, serviceAccount={
+        "annotations": {"iam.gke.io/gcp-service-account": "trainer@p.iam.gserviceaccount.com"},
+        "labels": {"team": "ml"}})
+    sa = build_identity(body.model())[0]
+    assert sa["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": "trainer@p.iam.gserviceaccount.com"}
+    assert sa["metadata"]["labels"] == {"team": "ml", "reprieve.dev/job-name": "llama"}
+
+
+def test_annotations_for_a_service_account_the_user_names_are_refused() -> None:
+    from pydantic import ValidationError
+
+    body = make_job(serviceAccount={"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}})
+    body["spec"]["template"]["spec"]["serviceAccountName"] = "mine"
+    with pytest.raises(ValidationError, match="names your own \\('mine'\\): annotate that one"):
+        body.model()

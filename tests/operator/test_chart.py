@@ -47,18 +47,23 @@ def test_lint() -> None:
 def test_default_render() -> None:
     docs = render()
     assert sorted(d["kind"] for d in docs) == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                                               "Deployment", "ServiceAccount"]
+                                               "Deployment", "Role", "RoleBinding", "ServiceAccount"]
+    (lease_role,) = by_kind(docs, "Role")
+    assert lease_role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                    "verbs": ["get", "create", "update"]}]
     (crd,) = by_kind(docs, "CustomResourceDefinition")
     assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     (dep,) = by_kind(docs, "Deployment")
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    # Two replicas with leader election: a drained operator node does not stop notices.
+    assert dep["spec"]["replicas"] == 2 and "strategy" not in dep["spec"]
+    assert "--leader-elect" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                     "capabilities": {"drop": ["ALL"]}}
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
     signals = yaml.safe_load(env["REPRIEVE_SIGNALS_JSON"])
     from reprieve_operator.signals import BUILTIN_SIGNALS, signal_table
 
@@ -83,7 +88,8 @@ def test_values_switches() -> None:
 
 
 @pytest.mark.parametrize("bad,needle", [
-    ("replicaCount=2", "replicaCount"),
+    ("replicaCount=9", "replicaCount"),
+    ("leaderElection.enabled=false", "replicaCount > 1 needs leaderElection.enabled=true"),
     ("signals.builtin.gce-spot.enabled=true", "gce-spot"),
     ("signals.builtin.gke-spot.noticeSeconds=-1", "noticeSeconds"),
     ("metrics.port=70000", "port"),
@@ -139,3 +145,25 @@ def test_chart_rbac_covers_what_the_operator_creates() -> None:
         assert (group, resource, "create") in granted
     for verb in ("get", "list", "watch", "patch"):  # the operator must hold what the worker Role grants
         assert ("", "pods", verb) in granted
+
+
+def test_namespaced_rbac_grants_pod_rights_only_in_the_watched_namespaces() -> None:
+    docs = render("rbac.namespaced=true", "watchNamespaces={ml,team}")
+    (cluster_role,) = by_kind(docs, "ClusterRole")
+    cluster_resources = {r for rule in cluster_role["rules"] for r in rule["resources"]}
+    assert cluster_resources == {"customresourcedefinitions", "namespaces", "nodes"}
+    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in cluster_role["rules"])
+    roles = by_kind(docs, "Role")
+    namespaced = {r["metadata"]["namespace"] for r in roles if "pods" in str(r["rules"])}
+    assert namespaced == {"ml", "team"}
+    assert {b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")} >= {"ml", "team"}
+
+
+@pytest.mark.parametrize("bad,needle", [
+    (["rbac.namespaced=true"], "rbac.namespaced=true needs watchNamespaces"),
+    (["rbac.namespaced=true", "watchNamespaces={team-*}"], "needs literal namespaces"),
+])
+def test_namespaced_rbac_refuses_what_it_cannot_grant(bad: list[str], needle: str) -> None:
+    args = [a for b in bad for a in ("--set", b)]
+    out = helm("template", "r", str(CHART), *args, check=False)
+    assert out.returncode != 0 and needle in out.stderr, out.stderr
