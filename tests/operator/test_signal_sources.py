@@ -170,67 +170,70 @@ def _with(sig_name: str, **changes: Any) -> tuple[Signal, ...]:
     return tuple(replace(s, **changes) if s.name == sig_name else s for s in BUILTIN_SIGNALS)
 
 
+def _unlink(text: str, name: str) -> str:
+    """``text`` with the links of signal ``name``'s row reduced to their labels."""
+    return "\n".join(re.sub(r"\[([^\]]+)\]\(https://[^)]+\)", r"\1", ln) if ln.startswith(f"| `{name}` |") else ln
+                     for ln in text.splitlines())
+
+
 def _drop_row(text: str, name: str) -> str:
     return "\n".join(line for line in text.splitlines() if not line.startswith(f"| `{name}` |"))
 
 
-def _break(real: dict[str, Any], case: str) -> tuple[dict[str, Any], str]:
-    """A copy of the real inputs broken in one way, and the message the check must give."""
-    broken = dict(real, clouds=dict(real["clouds"]), chart=dict(real["chart"]))
-    if case == "code window":
-        broken["code"] = _with("gke-spot", notice_seconds=30)
-        return broken, "signal gke-spot: signals.py says 30 s, values.yaml 15 s"
-    if case == "chart window":
-        broken["chart"]["aws-spot-itn"] = 120
-        return broken, "signal aws-spot-itn: signals.py says 30 s, values.yaml 120 s"
-    if case == "chart missing":
-        del broken["chart"]["cordon"]
-        return broken, "values.yaml signals.builtin: expected"
-    if case == "schema missing":
-        broken["schema_names"] = real["schema_names"] - {"out-of-service"}
-        return broken, "values.schema.json signals.builtin: expected"
-    if case == "operator.md window":
-        broken["operator_md"] = real["operator_md"].replace(
-            "| `aks-remediator` | taint | `remediator.kubernetes.azure.com/unschedulable` | 15 s |",
-            "| `aks-remediator` | taint | `remediator.kubernetes.azure.com/unschedulable` | 30 s |")
-        return broken, "signal aks-remediator: signals.py says 15 s, docs/operator.md 30 s"
-    if case == "stale key":
-        broken["clouds"]["aks"] = real["clouds"]["aks"].replace(
-            "| `aks-remediator` | taint `remediator.kubernetes.azure.com/unschedulable` |",
-            "| `aks-remediator` | taint `remediator.aks.microsoft.com/unschedulable` |")
-        return broken, "signal aks-remediator: docs/clouds/aks.md key"
-    if case == "cloud window":
-        broken["clouds"]["eks"] = real["clouds"]["eks"].replace(
-            "| `aws-rebalance` | taint `aws-node-termination-handler/rebalance-recommendation` | 30 s |",
-            "| `aws-rebalance` | taint `aws-node-termination-handler/rebalance-recommendation` | 120 s |")
-        return broken, "signal aws-rebalance: signals.py says 30 s, docs/clouds/eks.md 120"
-    if case == "no source URL":
-        lines = real["clouds"]["gke"].splitlines()
-        lines = [re.sub(r"\[([^\]]+)\]\(https://[^)]+\)", r"\1", ln) if ln.startswith("| `gke-spot` |") else ln
-                 for ln in lines]
-        broken["clouds"]["gke"] = "\n".join(lines)
-        return broken, "signal gke-spot: docs/clouds/gke.md gives no source URL"
-    if case == "undocumented":
-        broken["clouds"]["gke"] = _drop_row(real["clouds"]["gke"], "gke-maintenance-window")
-        return broken, "signal gke-maintenance-window: no docs/clouds/*.md documents"
-    if case == "unknown row":
-        broken["clouds"]["aks"] = real["clouds"]["aks"].replace(
-            "| `cordon` |", "| `aks-spot` | taint `x` | 15 s | - | [x](https://example.com) |\n| `cordon` |")
-        return broken, "docs/clouds/aks.md: row 'aks-spot' names no built-in signal"
-    if case == "wrong link":
-        broken["operator_md"] = real["operator_md"].replace(
-            "| seen + window | [gke](clouds/gke.md) |\n| `gke-maintenance-ongoing`",
-            "| seen + window | [eks](clouds/eks.md) |\n| `gke-maintenance-ongoing`")
-        return broken, "signal gke-spot: docs/operator.md links ['eks'], documented in ['gke']"
-    raise AssertionError(case)
+# (case, which text, old, new, the problem the check must report): one edit of the real file each.
+TEXT_EDITS = [
+    ("operator.md window", "operator_md",
+     "| `aks-remediator` | taint | `remediator.kubernetes.azure.com/unschedulable` | 15 s |",
+     "| `aks-remediator` | taint | `remediator.kubernetes.azure.com/unschedulable` | 30 s |",
+     "signal aks-remediator: signals.py says 15 s, docs/operator.md 30 s"),
+    ("stale key", "aks",
+     "| `aks-remediator` | taint `remediator.kubernetes.azure.com/unschedulable` |",
+     "| `aks-remediator` | taint `remediator.aks.microsoft.com/unschedulable` |",
+     "signal aks-remediator: docs/clouds/aks.md key"),
+    ("cloud window", "eks",
+     "| `aws-rebalance` | taint `aws-node-termination-handler/rebalance-recommendation` | 30 s |",
+     "| `aws-rebalance` | taint `aws-node-termination-handler/rebalance-recommendation` | 120 s |",
+     "signal aws-rebalance: signals.py says 30 s, docs/clouds/eks.md 120"),
+    ("unknown row", "aks", "| `cordon` |", "| `aks-spot` | taint `x` | 15 s | - | [x](https://example.com) |\n| `cordon` |",
+     "docs/clouds/aks.md: row 'aks-spot' names no built-in signal"),
+    ("wrong link", "operator_md", "| seen + window | [gke](clouds/gke.md) |\n| `gke-maintenance-ongoing`",
+     "| seen + window | [eks](clouds/eks.md) |\n| `gke-maintenance-ongoing`",
+     "signal gke-spot: docs/operator.md links ['eks'], documented in ['gke']"),
+]
+
+# (case, how to break a copy of the real inputs, the problem the check must report)
+OTHER_BREAKS: list[tuple[str, Any, str]] = [
+    ("code window", lambda r: r.update(code=_with("gke-spot", notice_seconds=30)),
+     "signal gke-spot: signals.py says 30 s, values.yaml 15 s"),
+    ("chart window", lambda r: r["chart"].update({"aws-spot-itn": 120}),
+     "signal aws-spot-itn: signals.py says 30 s, values.yaml 120 s"),
+    ("chart missing", lambda r: r["chart"].pop("cordon"), "values.yaml signals.builtin: expected"),
+    ("schema missing", lambda r: r.update(schema_names=r["schema_names"] - {"out-of-service"}),
+     "values.schema.json signals.builtin: expected"),
+    ("no source URL", lambda r: r["clouds"].update(gke=_unlink(r["clouds"]["gke"], "gke-spot")),
+     "signal gke-spot: docs/clouds/gke.md gives no source URL"),
+    ("undocumented", lambda r: r["clouds"].update(gke=_drop_row(r["clouds"]["gke"], "gke-maintenance-window")),
+     "signal gke-maintenance-window: no docs/clouds/*.md documents"),
+]
 
 
-CASES = ["code window", "chart window", "chart missing", "schema missing", "operator.md window", "stale key",
-         "cloud window", "no source URL", "undocumented", "unknown row", "wrong link"]
+def _copy(real: dict[str, Any]) -> dict[str, Any]:
+    return dict(real, clouds=dict(real["clouds"]), chart=dict(real["chart"]))
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_each_kind_of_drift_is_reported(case: str) -> None:
-    broken, message = _break(_real(), case)
+@pytest.mark.parametrize("target,old,new,message", [e[1:] for e in TEXT_EDITS], ids=[e[0] for e in TEXT_EDITS])
+def test_each_kind_of_drift_in_the_docs_is_reported(target: str, old: str, new: str, message: str) -> None:
+    broken = _copy(_real())
+    texts = broken["clouds"] if target in CLOUDS else broken
+    assert old in texts[target], f"the test's edit no longer applies to {target}: {old!r}"
+    texts[target] = texts[target].replace(old, new)
+    problems = disagreements(**broken)
+    assert any(message in p for p in problems), problems
+
+
+@pytest.mark.parametrize("breaker,message", [b[1:] for b in OTHER_BREAKS], ids=[b[0] for b in OTHER_BREAKS])
+def test_each_other_kind_of_drift_is_reported(breaker: Any, message: str) -> None:
+    broken = _copy(_real())
+    breaker(broken)
     problems = disagreements(**broken)
     assert any(message in p for p in problems), problems
