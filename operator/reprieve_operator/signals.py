@@ -67,19 +67,28 @@ class Notice:
 
 
 AWS = "aws-node-termination-handler"
+# Each default window is the time the worker pods really get from the signal to SIGKILL or node loss, whichever
+# comes first, under the provider's defaults and the TrainingJob's default 30 s SIGTERM grace. Where the provider
+# drains at the signal, the pods' own grace bounds it; where the provider documents no number, the shorter,
+# conservative choice. docs/clouds/{gke,eks,aks}.md give the source of every number;
+# tests/operator/test_signal_sources.py fails when this table, the chart, docs/operator.md and those disagree.
 BUILTIN_SIGNALS: tuple[Signal, ...] = (
-    Signal("gke-spot", TAINT, "cloud.google.com/impending-node-termination", notice_seconds=30),
-    Signal("gke-maintenance-ongoing", LABEL, "cloud.google.com/active-node-maintenance", "ONGOING", 60),
+    # GKE graceful node shutdown: non-system pods get 15 s of the 30 s spot notice, then system pods 15 s.
+    Signal("gke-spot", TAINT, "cloud.google.com/impending-node-termination", notice_seconds=15),
+    Signal("gke-maintenance-ongoing", LABEL, "cloud.google.com/active-node-maintenance", "ONGOING", 30),
     Signal("gke-scheduled-maintenance", LABEL_EPOCH, "cloud.google.com/scheduled-maintenance-time", None, 0),
-    Signal("gke-maintenance-window", TAINT, "cloud.google.com/maintenance-window-started", notice_seconds=60),
-    Signal("aws-spot-itn", TAINT, f"{AWS}/spot-itn", notice_seconds=120),
-    Signal("aws-scheduled-maintenance", TAINT, f"{AWS}/scheduled-maintenance", notice_seconds=120),
-    Signal("aws-asg-lifecycle", TAINT, f"{AWS}/asg-lifecycle-termination", notice_seconds=120),
-    Signal("aws-rebalance", TAINT, f"{AWS}/rebalance-recommendation", notice_seconds=120),
+    Signal("gke-maintenance-window", TAINT, "cloud.google.com/maintenance-window-started", notice_seconds=30),
+    # NTH taints just before it drains (at once, not 2 min later): the pods' own grace bounds the window.
+    Signal("aws-spot-itn", TAINT, f"{AWS}/spot-itn", notice_seconds=30),
+    Signal("aws-scheduled-maintenance", TAINT, f"{AWS}/scheduled-maintenance", notice_seconds=30),
+    Signal("aws-asg-lifecycle", TAINT, f"{AWS}/asg-lifecycle-termination", notice_seconds=30),
+    Signal("aws-rebalance", TAINT, f"{AWS}/rebalance-recommendation", notice_seconds=30),
     Signal("karpenter-disrupted", TAINT, "karpenter.sh/disrupted", notice_seconds=30),
     Signal("cluster-autoscaler", TAINT, "ToBeDeletedByClusterAutoscaler", notice_seconds=30),
-    Signal("aks-scheduled-event", CONDITION, "VMEventScheduled", "True", 30),
-    Signal("aks-remediator", TAINT, "remediator.aks.microsoft.com/unschedulable", notice_seconds=30),
+    # Azure Preempt: at least 30 s from the event's publication, less an undocumented detection lag.
+    Signal("aks-scheduled-event", CONDITION, "VMEventScheduled", "True", 15),
+    # The key AKS uses since its 2023-09-03 release (before: remediator.aks.microsoft.com/unschedulable).
+    Signal("aks-remediator", TAINT, "remediator.kubernetes.azure.com/unschedulable", notice_seconds=15),
     Signal("cordon", UNSCHEDULABLE, notice_seconds=30),
     Signal("out-of-service", TAINT, "node.kubernetes.io/out-of-service", notice_seconds=0),
 )

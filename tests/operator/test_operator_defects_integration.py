@@ -141,12 +141,12 @@ def test_a_later_notice_with_an_earlier_deadline_reaches_every_pod(cluster, api,
     pods = wait_running(api, namespace, "llama")
     a, b = pods[0].spec.node_name, pods[1].spec.node_name
     assert a != b
-    taint_node(api, a, REBALANCE, None, "NoSchedule")  # AWS rebalance: +120 s
+    taint_node(api, a, REBALANCE, None, "NoSchedule")  # AWS rebalance: +30 s
     first = wait_for(lambda: (d := deadlines(api, namespace, "llama")) and len(d) == 2 and
                      {r for r, _ in d.values()} == {"aws-rebalance"} and d, 10, "the rebalance notice on both pods",
                      describe=lambda: f"{notices(api, namespace, 'llama')}\n{operator.tail(40)}")
     time.sleep(1)
-    taint_node(api, b, SPOT, "true", "NoSchedule")  # GKE spot on the other node: +30 s, earlier
+    taint_node(api, b, SPOT, "true", "NoSchedule")  # GKE spot on the other node: +15 s, earlier
     second = wait_for(lambda: (d := deadlines(api, namespace, "llama")) and
                       {r for r, _ in d.values()} == {"gke-spot"} and d, 10, "the earlier spot notice on both pods",
                       describe=lambda: f"{notices(api, namespace, 'llama')}\n{operator.tail(40)}")
@@ -157,7 +157,7 @@ def test_a_later_notice_with_an_earlier_deadline_reaches_every_pod(cluster, api,
     evs = events(api, namespace, "PreemptionNotice")
     assert len(evs) == 2 and any("earlier than the deadline" in e.message for e in evs), [e.message for e in evs]
     untaint_node(api, a, REBALANCE)  # a later, third signal changes nothing
-    taint_node(api, a, "karpenter.sh/disrupted", None, "NoSchedule")  # +30 s but first seen later
+    taint_node(api, a, "karpenter.sh/disrupted", None, "NoSchedule")  # +30 s, first seen later: later
     time.sleep(2)
     assert {r for r, _ in deadlines(api, namespace, "llama").values()} == {"gke-spot"}
     operator.assert_no_errors()

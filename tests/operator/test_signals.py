@@ -29,26 +29,27 @@ def taint(key: str, effect: str = "NoSchedule", **kw: str) -> dict[str, Any]:
 
 # (signal reason, node, expected observedAt, expected deadline)
 ROWS = [
-    ("gke-spot", node([taint("cloud.google.com/impending-node-termination", "NoSchedule")]), NOW, NOW + timedelta(seconds=30)),
+    ("gke-spot", node([taint("cloud.google.com/impending-node-termination", "NoSchedule")]), NOW, NOW + timedelta(seconds=15)),
     ("gke-maintenance-ongoing", node(labels={"cloud.google.com/active-node-maintenance": "ONGOING"}), NOW,
-     NOW + timedelta(seconds=60)),
+     NOW + timedelta(seconds=30)),
     ("gke-scheduled-maintenance", node(labels={"cloud.google.com/scheduled-maintenance-time": str(
         int((NOW + timedelta(minutes=10)).timestamp()))}), NOW, NOW + timedelta(minutes=10)),
     ("gke-maintenance-window", node([taint("cloud.google.com/maintenance-window-started")]), NOW,
-     NOW + timedelta(seconds=60)),
+     NOW + timedelta(seconds=30)),
     ("aws-spot-itn", node([taint(f"{AWS}/spot-itn", "NoExecute", timeAdded=ADDED)]),
-     NOW - timedelta(seconds=10), NOW + timedelta(seconds=110)),
-    ("aws-scheduled-maintenance", node([taint(f"{AWS}/scheduled-maintenance")]), NOW, NOW + timedelta(seconds=120)),
-    ("aws-asg-lifecycle", node([taint(f"{AWS}/asg-lifecycle-termination")]), NOW, NOW + timedelta(seconds=120)),
+     NOW - timedelta(seconds=10), NOW + timedelta(seconds=20)),
+    ("aws-scheduled-maintenance", node([taint(f"{AWS}/scheduled-maintenance")]), NOW, NOW + timedelta(seconds=30)),
+    ("aws-asg-lifecycle", node([taint(f"{AWS}/asg-lifecycle-termination")]), NOW, NOW + timedelta(seconds=30)),
     ("aws-rebalance", node([taint(f"{AWS}/rebalance-recommendation", "PreferNoSchedule")]), NOW,
-     NOW + timedelta(seconds=120)),
+     NOW + timedelta(seconds=30)),
     ("karpenter-disrupted", node([taint("karpenter.sh/disrupted")]), NOW, NOW + timedelta(seconds=30)),
     ("cluster-autoscaler", node([taint("ToBeDeletedByClusterAutoscaler", value="1763780000")]), NOW,
      NOW + timedelta(seconds=30)),
     ("aks-scheduled-event", node(conditions=[{"type": "VMEventScheduled", "status": "True",
                                               "lastTransitionTime": ADDED}]),
-     NOW - timedelta(seconds=10), NOW + timedelta(seconds=20)),
-    ("aks-remediator", node([taint("remediator.aks.microsoft.com/unschedulable")]), NOW, NOW + timedelta(seconds=30)),
+     NOW - timedelta(seconds=10), NOW + timedelta(seconds=5)),
+    ("aks-remediator", node([taint("remediator.kubernetes.azure.com/unschedulable")]), NOW,
+     NOW + timedelta(seconds=15)),
     ("cordon", node(unschedulable=True), NOW, NOW + timedelta(seconds=30)),
     ("out-of-service", node([taint("node.kubernetes.io/out-of-service", "NoExecute", timeAdded=ADDED)]),
      NOW - timedelta(seconds=10), NOW - timedelta(seconds=10)),
@@ -91,7 +92,7 @@ def test_earliest_deadline_wins_and_first_seen_is_used() -> None:
     earlier = NOW - timedelta(seconds=5)
     notice = node_notice(n, NOW, BUILTIN_SIGNALS, {"gke-spot": earlier})
     assert notice is not None and notice.reason == "gke-spot"
-    assert notice.deadline == earlier + timedelta(seconds=30)
+    assert notice.deadline == earlier + timedelta(seconds=15)
     assert notice.id == f"gke-spot/node-a/{int(earlier.timestamp())}"
 
 
