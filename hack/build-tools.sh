@@ -17,7 +17,12 @@ if ! command -v go >/dev/null 2>&1; then
   exit 1
 fi
 gov="$(go env GOVERSION)"
-key="$( (echo "$gov"; cat "$here/localkube/go.mod" "$here/localkube/go.sum" "$here/localkube/"*.go) | sha256sum | cut -c1-12)"
+kversion="$(sed -n 's/^const version = "\(.*\)"/\1/p' "$here/localkube/version.go")"
+kminor="$(echo "$kversion" | cut -d. -f2)"
+# The components report the release they are built from (Node .status.nodeInfo.kubeletVersion, /version).
+ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$kversion -X k8s.io/component-base/version.gitMajor=1"
+ldflags+=" -X k8s.io/component-base/version.gitMinor=$kminor -X k8s.io/component-base/version.gitTreeState=clean"
+key="$( (echo "$gov $ldflags"; cat "$here/localkube/go.mod" "$here/localkube/go.sum" "$here/localkube/"*.go) | sha256sum | cut -c1-12)"
 localkube="$bin/localkube-$key"
 
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
@@ -25,7 +30,7 @@ if [ ! -x "$localkube" ]; then
   echo "build-tools: building localkube (Kubernetes control plane + etcd + kubectl, key $key)." >&2
   echo "build-tools: the first build takes 15-30 minutes on 2 cores; later runs reuse $localkube." >&2
   start=$(date +%s)
-  if ! (cd "$here/localkube" && go build -trimpath -ldflags "-s -w" -o "$localkube.tmp" .); then
+  if ! (cd "$here/localkube" && go build -trimpath -ldflags "$ldflags" -o "$localkube.tmp" .); then
     echo "build-tools: the Go build of hack/localkube failed (output above). Check 'go env GOPROXY' reaches" \
          "the module proxy and that Go is >= the version in hack/localkube/go.mod." >&2
     exit 1
