@@ -1,0 +1,73 @@
+"""The optional Prometheus Operator scrape configs: a ServiceMonitor over the metrics Service or a PodMonitor over
+the operator pods, off by default, selecting exactly what serves `/metrics` on the port named `metrics`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_chart import by_kind, render, template
+
+pytestmark = pytest.mark.unit
+
+SM_API = ("--api-versions", "monitoring.coreos.com/v1/ServiceMonitor")
+PM_API = ("--api-versions", "monitoring.coreos.com/v1/PodMonitor")
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (dep,) = by_kind(docs, "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    return c  # type: ignore[no-any-return]
+
+
+def test_off_by_default() -> None:
+    docs = render(args=(*SM_API, *PM_API))
+    assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "PodMonitor") and not by_kind(docs, "Service")
+
+
+def test_service_monitor_selects_the_metrics_service_and_its_port() -> None:
+    docs = render("metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom",
+                  "metrics.serviceMonitor.interval=15s", args=SM_API)
+    (sm,) = by_kind(docs, "ServiceMonitor")
+    (svc,) = by_kind(docs, "Service")  # created with the monitor, though metrics.service is false
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["namespace"] == svc["metadata"]["namespace"] == "reprieve-system"
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": ["reprieve-system"]}
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "metrics"
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    (port,) = svc["spec"]["ports"]
+    assert port["name"] == endpoint["port"] and port["targetPort"] == "metrics"
+    # The Service reaches the pods, and their container serves the port under that name.
+    (dep,) = by_kind(docs, "Deployment")
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert {"name": "metrics", "containerPort": 8080, "protocol": "TCP"} in container(docs)["ports"]
+
+
+def test_pod_monitor_selects_the_operator_pods_and_their_port() -> None:
+    docs = render("metrics.podMonitor.enabled=true", "metrics.port=9090", args=PM_API)
+    (pm,) = by_kind(docs, "PodMonitor")
+    assert not by_kind(docs, "Service")
+    (dep,) = by_kind(docs, "Deployment")
+    assert pm["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert pm["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container(docs)["ports"]
+    assert "--metrics-port=9090" in container(docs)["args"]
+
+
+@pytest.mark.parametrize("sets,apis,needle", [
+    (["metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true"], (*SM_API, *PM_API),
+     "enable metrics.serviceMonitor or metrics.podMonitor, not both"),
+    (["metrics.serviceMonitor.enabled=true"], (), ("metrics.serviceMonitor.enabled needs the Prometheus Operator's "
+     "ServiceMonitor CRD (monitoring.coreos.com/v1)")),
+    (["metrics.podMonitor.enabled=true"], SM_API, ("metrics.podMonitor.enabled needs the Prometheus Operator's "
+     "PodMonitor CRD")),
+    (["metrics.podMonitor.enabled=true", "metrics.port=0"], PM_API, "metrics.podMonitor.enabled needs metrics.port"),
+])
+def test_monitors_refuse_what_cannot_work(sets: list[str], apis: tuple[str, ...], needle: str) -> None:
+    out = template(*[a for s in sets for a in ("--set", s)], *apis)
+    assert out.returncode != 0 and needle in out.stderr, out.stderr
