@@ -53,5 +53,23 @@ demo: venv tools
 cluster: venv tools
 	$(PY) -m localcluster up --nodes 3
 
+## lint: ruff; mypy of the runtime and operator packages and the chart tooling; helm lint --strict (default
+## and namespaced values)
+lint: venv tools
+	$(VENV)/bin/ruff check operator runtime hack tests benchmarks
+	$(VENV)/bin/mypy runtime/reprieve operator/reprieve_operator hack/gen_chart_readme.py hack/check_values_schema.py
+	@helm="$$(bash hack/build-tools.sh 2>/dev/null | tail -1)/helm"; set -x; \
+	  "$$helm" lint --strict charts/reprieve && \
+	  "$$helm" lint --strict charts/reprieve --set rbac.namespaced=true --set 'watchNamespaces={team-a,team-b}'
+
+## verify: what is generated is in step: the CRDs (chart and crds/), the chart README, the values schema
+verify: venv
+	$(PY) -m reprieve_operator.crdgen --check
+	$(PY) hack/gen_chart_readme.py --check
+	$(PY) hack/check_values_schema.py
+
+# `make test` (what CI runs, .ci/run) lints and verifies before the tests.
+test: lint verify
+
 clean:
 	rm -rf $(VENV) .pytest_cache
