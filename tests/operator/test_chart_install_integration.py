@@ -119,8 +119,8 @@ def test_the_scheduler_keeps_the_operator_off_spot_nodes(cluster: Any, namespace
     (["avoidSpotNodes.nodeLabels.pool=spot"], "at '/avoidSpotNodes/nodeLabels/pool'"),
     (["leaderElection.leaseSeconds=forever"], "at '/leaderElection/leaseSeconds'"),
     # Not the schema: this cluster serves no monitoring.coreos.com/v1, and the chart says so.
-    (["metrics.serviceMonitor.enabled=true"], "metrics.serviceMonitor.enabled needs the Prometheus Operator's "
-                                              "ServiceMonitor CRD"),
+    (["metrics.serviceMonitor.enabled=true"], ("metrics.serviceMonitor.enabled needs the Prometheus Operator's "
+                                              "ServiceMonitor CRD")),
 ])
 def test_bad_values_fail_the_install_naming_the_field(cluster: Any, namespace: str, sets: list[str],
                                                       needle: str) -> None:
