@@ -1,0 +1,185 @@
+"""Per-job goodput accounting (pure): where every second of a TrainingJob's wall time went.
+
+Definitions follow ml-goodput-measurement (productive, preserved step time over wall time) and the step-log
+analysis of ``hack/localcluster/goodput.py``; ``docs/goodput.md`` states them. The operator folds three kinds
+of facts into an ``Accounting`` it keeps in ``status.goodput`` (so an operator restart loses nothing):
+
+* an attempt was created at ``t`` (``attempt_created``);
+* the runtime's progress report (``docs/contract.md``, "Progress"): the attempt, its first step and when that
+  step finished, the last finished step and when, the typical step time, the restore time and the seconds the
+  loop was blocked by saves (``progress``);
+* the job ended at ``t`` (``finished``).
+
+Each attempt's span, from its creation to the next attempt's creation (or the job's end), splits into:
+
+| bucket | what |
+|---|---|
+| ``startup`` | pod scheduling, image pull, process start, imports, ``jax.distributed``, compile: creation -> start of the first step, minus the restore |
+| ``restore`` | reading the checkpoint (reported by the runtime) |
+| ``checkpoint`` | the training loop blocked by saves (reported) |
+| ``productive`` | step time of steps whose result was kept (a later attempt did not redo them) |
+| ``lost`` | step time of steps a later attempt computed again (not checkpointed in time) |
+| ``restartGap`` | last finished step -> next attempt's creation: the agreed save, exit, teardown, the decision |
+
+The buckets of an attempt add up to its span exactly. Reports come every few seconds, so steps after the last
+report of an attempt that died without one (a hard kill) fall into ``restartGap``, not ``lost``; both are badput.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+BUCKETS = ("startup", "restore", "checkpoint", "productive", "lost", "restartGap")
+BADPUT = ("startup", "restore", "checkpoint", "lost", "restartGap")
+
+
+@dataclass(frozen=True)
+class Report:
+    """One progress report of an attempt (times in epoch seconds)."""
+
+    attempt: int
+    step: int  # last finished step
+    time: float  # when it finished
+    first_step: int  # the first step this attempt computed
+    first_step_time: float  # when that one finished
+    step_seconds: float  # typical (mean) step time, first step excluded
+    restore_seconds: float = 0.0
+    save_blocking_seconds: float = 0.0  # cumulative in this attempt
+
+
+@dataclass(frozen=True)
+class Attempt:
+    attempt: int
+    created: float
+    ended: float | None = None
+    report: Report | None = None
+
+
+@dataclass(frozen=True)
+class Accounting:
+    closed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
+    lost_steps: int = 0
+    open: tuple[Attempt, ...] = ()  # attempts whose lost steps are not known yet (at most the last two)
+
+    def to_status(self) -> dict[str, Any]:
+        return {"closed": {k: round(v, 3) for k, v in self.closed.items()}, "lostSteps": self.lost_steps,
+                "open": [_attempt_dict(a) for a in self.open]}
+
+    @classmethod
+    def from_status(cls, raw: dict[str, Any] | None) -> Accounting:
+        if not raw:
+            return cls()
+        closed = dict.fromkeys(BUCKETS, 0.0)
+        closed.update({k: float(v) for k, v in (raw.get("closed") or {}).items() if k in closed})
+        return cls(closed, int(raw.get("lostSteps") or 0), tuple(_attempt(a) for a in raw.get("open") or []))
+
+
+def _attempt_dict(a: Attempt) -> dict[str, Any]:
+    out: dict[str, Any] = {"attempt": a.attempt, "created": a.created}
+    if a.ended is not None:
+        out["ended"] = a.ended
+    if a.report is not None:
+        r = a.report
+        out["report"] = {"step": r.step, "time": r.time, "firstStep": r.first_step,
+                         "firstStepTime": r.first_step_time, "stepSeconds": r.step_seconds,
+                         "restoreSeconds": r.restore_seconds, "saveBlockingSeconds": r.save_blocking_seconds}
+    return out
+
+
+def _attempt(raw: dict[str, Any]) -> Attempt:
+    rep = raw.get("report")
+    report = None
+    if rep:
+        report = Report(int(raw["attempt"]), int(rep["step"]), float(rep["time"]), int(rep["firstStep"]),
+                        float(rep["firstStepTime"]), float(rep["stepSeconds"]), float(rep.get("restoreSeconds", 0)),
+                        float(rep.get("saveBlockingSeconds", 0)))
+    return Attempt(int(raw["attempt"]), float(raw["created"]), raw.get("ended"), report)
+
+
+def split(a: Attempt, end: float, next_first_step: int | None) -> tuple[dict[str, float], int]:
+    """The buckets of attempt ``a`` over ``[a.created, end]`` and its lost steps (``next_first_step``: the step
+    the next attempt started from; None if there is none)."""
+    span = max(0.0, end - a.created)
+    out = dict.fromkeys(BUCKETS, 0.0)
+    r = a.report
+    if r is None:  # never reached its first step: all start-up (a crash, a teardown before training)
+        out["startup"] = span
+        return out, 0
+    loop_start = max(a.created, min(end, r.first_step_time - r.step_seconds))
+    restore = min(r.restore_seconds, loop_start - a.created)
+    out["restore"] = restore
+    out["startup"] = loop_start - a.created - restore
+    last = min(end, max(loop_start, r.time))
+    training = last - loop_start
+    checkpoint = min(r.save_blocking_seconds, training)
+    out["checkpoint"] = checkpoint
+    steps = r.step - r.first_step + 1
+    lost = 0 if next_first_step is None else max(0, min(steps, r.step - next_first_step + 1))
+    stepping = training - checkpoint
+    out["lost"] = stepping * lost / steps if steps > 0 else 0.0
+    out["productive"] = stepping - out["lost"]
+    out["restartGap"] = end - last
+    return out, lost
+
+
+def attempt_created(acc: Accounting, attempt: int, t: float) -> Accounting:
+    """Attempt ``attempt`` was created at ``t``: the attempt before it ends there."""
+    if any(a.attempt >= attempt for a in acc.open):
+        return acc
+    opened = tuple(replace(a, ended=t) if a.ended is None else a for a in acc.open)
+    return _settle(replace(acc, open=(*opened, Attempt(attempt, t))))
+
+
+def progress(acc: Accounting, report: Report) -> Accounting:
+    """Fold a progress report into its (open) attempt; reports of unknown or closed attempts are ignored."""
+    if not any(a.attempt == report.attempt for a in acc.open):
+        return acc
+    opened = tuple(replace(a, report=report) if a.attempt == report.attempt and
+                   (a.report is None or report.time >= a.report.time) else a for a in acc.open)
+    return _settle(replace(acc, open=opened))
+
+
+def finished(acc: Accounting, t: float) -> Accounting:
+    """The job ended at ``t`` (Succeeded, Failed or Suspended): every open attempt closes, nothing is lost after
+    the last one."""
+    closed, lost = dict(acc.closed), acc.lost_steps
+    open_ = list(acc.open)
+    for i, a in enumerate(open_):
+        nxt = open_[i + 1] if i + 1 < len(open_) else None
+        end = a.ended if a.ended is not None else t
+        buckets, n = split(a, end, _first(nxt))
+        closed = {k: closed[k] + buckets[k] for k in BUCKETS}
+        lost += n
+    return Accounting(closed, lost, ())
+
+
+def _first(a: Attempt | None) -> int | None:
+    return a.report.first_step if a is not None and a.report is not None else None
+
+
+def _settle(acc: Accounting) -> Accounting:
+    """Close every ended attempt whose successor has reported where it started (its lost steps are known)."""
+    closed, lost = dict(acc.closed), acc.lost_steps
+    open_ = list(acc.open)
+    while len(open_) >= 2 and open_[0].ended is not None and open_[1].report is not None:
+        buckets, n = split(open_[0], open_[0].ended, open_[1].report.first_step)
+        closed = {k: closed[k] + buckets[k] for k in BUCKETS}
+        lost += n
+        open_.pop(0)
+    return Accounting(closed, lost, tuple(open_))
+
+
+def summary(acc: Accounting, start: float | None, now: float) -> dict[str, Any]:
+    """``status.goodput``'s visible part at ``now``: goodput and the badput buckets in seconds, the open
+    attempts counted as if nothing of them were lost (provisional until the next attempt reports)."""
+    totals = finished(acc, now).closed if acc.open else dict(acc.closed)
+    wall = sum(totals.values()) if start is None else max(now - start, sum(totals.values()))
+    out: dict[str, Any] = {
+        "goodput": round(totals["productive"] / wall, 4) if wall > 0 else None,
+        "wallSeconds": round(wall, 1),
+        "productiveSeconds": round(totals["productive"], 1),
+        "badputSeconds": {k: round(totals[k], 1) for k in BADPUT},
+        "lostSteps": finished(acc, now).lost_steps,
+    }
+    return out

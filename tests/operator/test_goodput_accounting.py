@@ -1,0 +1,91 @@
+"""policy.goodput: every second of a job's wall time in exactly one bucket, lost steps known once the next attempt
+reports where it started."""
+
+from __future__ import annotations
+
+import pytest
+from reprieve_operator.policy.goodput import (
+    BUCKETS,
+    Accounting,
+    Attempt,
+    Report,
+    attempt_created,
+    finished,
+    progress,
+    split,
+    summary,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def rep(attempt: int, first: int, first_t: float, step: int, t: float, step_s: float = 1.0, restore: float = 0.0,
+        blocking: float = 0.0) -> Report:
+    return Report(attempt, step, t, first, first_t, step_s, restore, blocking)
+
+
+# (case, attempt, end, next first step, expected buckets, lost steps)
+SPLITS = [
+    ("one clean attempt", Attempt(1, 0.0, report=rep(1, 1, 12.0, 100, 110.0, restore=2.0, blocking=5.0)), 112.0,
+     None, {"startup": 9.0, "restore": 2.0, "checkpoint": 5.0, "productive": 94.0, "lost": 0.0, "restartGap": 2.0},
+     0),
+    ("noticed preemption: saved at the last step", Attempt(1, 0.0, report=rep(1, 0, 5.0, 49, 54.0)), 60.0, 50,
+     {"startup": 4.0, "restore": 0.0, "checkpoint": 0.0, "productive": 50.0, "lost": 0.0, "restartGap": 6.0}, 0),
+    ("hard kill: the next attempt redoes 10 steps", Attempt(1, 0.0, report=rep(1, 0, 5.0, 49, 54.0)), 60.0, 40,
+     {"startup": 4.0, "restore": 0.0, "checkpoint": 0.0, "productive": 40.0, "lost": 10.0, "restartGap": 6.0}, 10),
+    ("died before its first step: all start-up", Attempt(2, 100.0), 130.0, 40,
+     {"startup": 30.0, "restore": 0.0, "checkpoint": 0.0, "productive": 0.0, "lost": 0.0, "restartGap": 0.0}, 0),
+    ("restore longer than reported start (clock skew) is capped", Attempt(1, 10.0, report=rep(1, 0, 11.5, 0, 11.5,
+                                                                                             restore=9.0)), 12.0, None,
+     {"startup": 0.0, "restore": 0.5, "checkpoint": 0.0, "productive": 1.0, "lost": 0.0, "restartGap": 0.5}, 0),
+]
+
+
+@pytest.mark.parametrize("attempt,end,nxt,expected,lost", [r[1:] for r in SPLITS], ids=[r[0] for r in SPLITS])
+def test_split(attempt: Attempt, end: float, nxt: int | None, expected: dict[str, float], lost: int) -> None:
+    buckets, n = split(attempt, end, nxt)
+    assert buckets == pytest.approx(expected) and n == lost
+    assert sum(buckets.values()) == pytest.approx(end - attempt.created)
+
+
+def test_a_preempted_job_end_to_end() -> None:
+    """Attempt 1 trains steps 0-49, is preempted (hard kill after the last report), attempt 2 resumes at 45."""
+    acc = attempt_created(Accounting(), 1, 0.0)
+    acc = progress(acc, rep(1, 0, 5.0, 30, 35.0))
+    acc = progress(acc, rep(1, 0, 5.0, 49, 54.0))
+    acc = progress(acc, rep(1, 0, 5.0, 20, 25.0))  # a stale report changes nothing
+    acc = attempt_created(acc, 2, 60.0)
+    assert [a.attempt for a in acc.open] == [1, 2] and acc.lost_steps == 0  # not known before attempt 2 reports
+    acc = progress(acc, rep(2, 45, 70.0, 46, 71.0, restore=3.0))
+    assert [a.attempt for a in acc.open] == [2] and acc.lost_steps == 5
+    assert acc.closed["lost"] == pytest.approx(5.0) and acc.closed["restartGap"] == pytest.approx(6.0)
+    acc = progress(acc, rep(1, 0, 5.0, 60, 99.0))  # a late report of a closed attempt is ignored
+    acc = progress(acc, rep(2, 45, 70.0, 99, 124.0, restore=3.0))
+    done = finished(acc, 125.0)
+    assert sum(done.closed.values()) == pytest.approx(125.0)
+    assert done.closed["productive"] == pytest.approx(45.0 + 55.0)
+    assert done.closed["startup"] == pytest.approx(4.0 + (69.0 - 60.0 - 3.0))
+    s = summary(done, 0.0, 125.0)
+    assert s["goodput"] == pytest.approx(100 / 125, abs=1e-4) and s["lostSteps"] == 5
+    assert set(s["badputSeconds"]) == {"startup", "restore", "checkpoint", "lost", "restartGap"}
+
+
+def test_summary_of_a_running_job_is_provisional() -> None:
+    acc = progress(attempt_created(Accounting(), 1, 0.0), rep(1, 0, 5.0, 49, 54.0))
+    s = summary(acc, 0.0, 60.0)
+    assert s["wallSeconds"] == 60.0 and s["productiveSeconds"] == 50.0 and s["goodput"] == pytest.approx(50 / 60, abs=1e-4)
+    assert acc.open  # nothing closed: the next attempt may still find steps lost
+
+
+def test_round_trip_through_status() -> None:
+    acc = progress(attempt_created(attempt_created(Accounting(), 1, 0.0), 2, 60.0), rep(2, 45, 70.0, 46, 71.0))
+    acc = progress(acc, rep(2, 45, 70.0, 50, 75.0, blocking=0.5))
+    again = Accounting.from_status(acc.to_status())
+    assert again == acc and Accounting.from_status(None) == Accounting()
+    assert set(acc.to_status()["closed"]) == set(BUCKETS)
+
+
+def test_attempts_are_created_once() -> None:
+    acc = attempt_created(Accounting(), 1, 0.0)
+    assert attempt_created(acc, 1, 5.0) == acc
+    assert progress(acc, rep(7, 0, 1.0, 1, 2.0)) == acc  # an attempt the operator never created
