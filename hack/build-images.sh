@@ -98,6 +98,14 @@ save() { # save NAME REF ARCHIVE: write the docker-archive (atomically) if it is
     podman save -q --format docker-archive -o "$archive.tmp" "$ref" >/dev/null
     mv "$archive.tmp" "$archive"
   fi
+  # Older builds of this image: their archives and tags go (the layer cache of the current build stays).
+  local old
+  for old in "$images/$(basename "${archive%_*}")"_*.tar; do
+    [ "$old" = "$archive" ] || rm -f "$old" "${old%.tar}.build.log"
+  done
+  podman images --format '{{.Repository}}:{{.Tag}}' "${ref%%:*}" 2>/dev/null | while read -r tagged; do
+    [ "$tagged" = "$ref" ] || podman rmi "$tagged" >/dev/null 2>&1 || true
+  done
   echo "$name $ref $archive"
 }
 

@@ -18,11 +18,14 @@ CGROUP_FS = Path("/sys/fs/cgroup")
 
 
 def hierarchies() -> dict[str, Path]:
-    """``{controller or name=...: mount point}`` of the mounted cgroup v1 hierarchies."""
+    """``{controller or name=...: mount point}`` of the mounted cgroup v1 hierarchies, and ``unified`` for the v2
+    one of a hybrid host (runc and the kubelet make their cgroups there too)."""
     out: dict[str, Path] = {}
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         left, _, right = line.partition(" - ")
         fields = right.split()
+        if len(fields) >= 3 and fields[0] == "cgroup2":
+            out["unified"] = Path(left.split()[4])
         if len(fields) < 3 or fields[0] != "cgroup":
             continue
         mount_point = Path(left.split()[4])
