@@ -159,8 +159,9 @@ def test_worker_pod_deleted_on_a_real_node_restarts_the_gang_and_finishes(
                     real_operator)
     status = final["status"]
     assert status["attempt"] >= 2 and status["restartCount"] >= 1, status
+    # the kubelet's SIGTERM is a notice to the runtime: an agreed save, nothing lost
     report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
-    assert report.steps == STEPS and len(report.interruptions) >= 1, report.summary()
+    assert report.steps == STEPS and report.lost_steps == 0, report.summary()
 
 
 def test_operator_pod_deleted_mid_preemption_on_real_nodes_restarts_the_gang_once(
