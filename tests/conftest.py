@@ -35,11 +35,13 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A cluster of real nodes: ``real-sys-0`` (pool ``system``: the operator, and a steady job) and
     ``REAL_WORKERS`` worker nodes in pool ``realw`` (kept topped up by ``real_workers``)."""
     from localcluster import Cluster, ClusterError
-    from localcluster.realnodes import RealNodeError
+    from localcluster.realnodes import RealNodeError, prerequisites
     from localcluster.stack import SYSTEM_POOL
 
     if "not_run" in _real_tier:
         _real_tier_unavailable(RealNodeError(_real_tier["not_run"]))
+    if prerequisites():
+        _real_tier_unavailable(RealNodeError("; ".join(prerequisites())))
     workdir = tmp_path_factory.mktemp("realcluster")
     try:
         c = Cluster.start(workdir)
