@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
-from localcluster import Cluster  # noqa: E402
+from localcluster import Cluster
 
 
 def time_pod(core: Any, namespace: str, node: str, spec: dict, timeout: float = 120.0) -> float:

@@ -110,6 +110,7 @@ class Cluster:
     _nodes: dict[str, _Proc] = field(default_factory=dict)
     _owns_workdir: bool = False
     _real: RealNodes | None = None
+    kubelet_proxy_port: int = 0  # the API server reaches real kubelets through clusternet's CONNECT proxy here
 
     # -- lifecycle -------------------------------------------------------------------------------------
     @classmethod
@@ -128,6 +129,7 @@ class Cluster:
                                               "10.96.0.1"])
         api_port = free_port()
         cluster = cls(workdir, bin_dir, pki, api_port, workdir / "admin.kubeconfig", _owns_workdir=owns)
+        cluster.kubelet_proxy_port = free_port()
         cluster._write_kubeconfig(cluster.kubeconfig, user={"client-certificate": str(pki.crt("admin")),
                                                             "client-key": str(pki.key("admin"))})
         try:
@@ -191,7 +193,9 @@ class Cluster:
             "--authorization-mode=RBAC", "--service-cluster-ip-range=10.96.0.0/16",
             "--allow-privileged=true", "--endpoint-reconciler-type=none", "--profiling=false",
             f"--cert-dir={wd / 'apiserver-certs'}", "--v=1",
-        ])
+            f"--kubelet-client-certificate={pki.crt('admin')}", f"--kubelet-client-key={pki.key('admin')}",
+        ], env={**os.environ, "HTTPS_PROXY": f"http://127.0.0.1:{self.kubelet_proxy_port}",
+                "NO_PROXY": "127.0.0.1,localhost"})  # to kubelets only (loopback, i.e. etcd, is never proxied)
         wait_until(lambda: self._check_alive(apiserver) or self._readyz(), timeout, "kube-apiserver /readyz",
                    on_timeout=lambda: "\n" + apiserver.tail())
 

@@ -11,7 +11,9 @@ addresses is created in it, and it has no link to anything else: nothing routes 
   namespaces: a socket made in the host namespace through ``setns`` on a thread, see :func:`host_connect`), which
   stands in for kube-proxy's rule for that Service; kubelets and pods alike use it;
 - answers DNS on ``10.96.0.10:53`` (UDP and TCP) from Services and EndpointSlices it watches (:mod:`.dns`):
-  the small cluster DNS a kind cluster gets from CoreDNS.
+  the small cluster DNS a kind cluster gets from CoreDNS;
+- serves an HTTP CONNECT proxy on the host's ``127.0.0.1:<port>`` that the API server uses (``HTTPS_PROXY``) to
+  reach kubelets for ``kubectl logs``/``exec``; it dials only real nodes' addresses, from inside the namespace.
 
 It exits on SIGTERM or when its parent dies; the namespace, the bridge and every veth go with the last process.
 """
@@ -29,6 +31,7 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,7 @@ from localcluster import dns
 log = logging.getLogger("localcluster.clusternet")
 
 API_VIP, DNS_VIP = "10.96.0.1", "10.96.0.10"
+NODE_PREFIX = "10.243.0."  # real nodes' addresses (realnodespec.node_ip): all the kubelet proxy may dial
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -53,23 +57,29 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     _libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
-def host_connect(host_ns_fd: int, address: tuple[str, int], timeout: float = 10.0) -> socket.socket:
-    """A TCP connection made from the host's network namespace (on a short-lived thread that enters it)."""
+def in_host_ns(host_ns_fd: int, make: Callable[[], socket.socket]) -> socket.socket:
+    """A socket made by ``make`` in the host's network namespace (on a short-lived thread that enters it)."""
     result: dict[str, Any] = {}
 
-    def dial() -> None:
+    def run() -> None:
         try:
             setns(host_ns_fd)
-            result["sock"] = socket.create_connection(address, timeout=timeout)
+            result["sock"] = make()
         except OSError as err:
             result["err"] = err
 
-    t = threading.Thread(target=dial, name="host-dial")
+    t = threading.Thread(target=run, name="host-ns")
     t.start()
     t.join()
     if "err" in result:
         raise result["err"]
     sock: socket.socket = result["sock"]
+    return sock
+
+
+def host_connect(host_ns_fd: int, address: tuple[str, int], timeout: float = 10.0) -> socket.socket:
+    """A TCP connection made from the host's network namespace."""
+    sock = in_host_ns(host_ns_fd, lambda: socket.create_connection(address, timeout=timeout))
     sock.settimeout(None)
     return sock
 
@@ -109,6 +119,63 @@ def _serve_forward(listener: socket.socket, host_ns_fd: int, target: tuple[str, 
     while True:
         conn, _ = listener.accept()
         threading.Thread(target=handle, args=(conn,), daemon=True, name="forward").start()
+
+
+def _serve_kubelet_proxy(listener: socket.socket, api_client: Any) -> None:
+    """An HTTP CONNECT proxy on the host's loopback for the API server's connections to kubelets (``kubectl logs``,
+    ``exec``): it dials only real nodes' addresses (10.243.0.0/24), from inside the cluster network."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+
+    def node_address(name: str) -> str | None:
+        if name.startswith(NODE_PREFIX):
+            return name
+        try:
+            node = core.read_node(name, _request_timeout=10)
+        except Exception:  # noqa: BLE001 - unknown node: refused below
+            return None
+        for addr in (node.status.addresses or []) if node.status else []:
+            if addr.type == "InternalIP" and addr.address.startswith(NODE_PREFIX):
+                return str(addr.address)
+        return None
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head and len(head) < 8192:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                head += chunk
+            line = head.split(b"\r\n", 1)[0].decode("latin-1").split()
+            if len(line) < 2 or line[0] != "CONNECT":
+                conn.sendall(b"HTTP/1.1 405 Method Not Allowed\r\n\r\n")
+                return
+            host, _, port = line[1].rpartition(":")
+            address = node_address(host.strip("[]"))
+            if address is None or not port.isdigit():
+                conn.sendall(b"HTTP/1.1 403 Forbidden\r\n\r\nonly real nodes of this cluster\r\n")
+                return
+            try:
+                up = socket.create_connection((address, int(port)), timeout=10)
+            except OSError as err:
+                conn.sendall(f"HTTP/1.1 502 Bad Gateway\r\n\r\n{err}\r\n".encode())
+                return
+            up.settimeout(None)
+            conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            rest = head.split(b"\r\n\r\n", 1)[1]
+            if rest:
+                up.sendall(rest)
+            back = threading.Thread(target=_pump, args=(up, conn), daemon=True)
+            back.start()
+            _pump(conn, up)
+            back.join()
+            up.close()
+
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=handle, args=(conn,), daemon=True, name="kubelet-proxy").start()
 
 
 class DNSServer:
@@ -179,7 +246,7 @@ class DNSServer:
         while not stop.is_set():
             try:
                 resp = lister(_preload_content=False, _request_timeout=15)
-                data = json.loads(resp.data)
+                data = json.loads(resp.data)  # type: ignore[union-attr]  # raw urllib3 response
                 self.replace(kind, data["items"])
                 rv = data["metadata"]["resourceVersion"]
                 for ev in watch.Watch().stream(lister, resource_version=rv, timeout_seconds=60,
@@ -212,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-netns-fd", type=int, required=True, help="open fd of the host's network namespace")
     parser.add_argument("--api-port", type=int, required=True, help="the API server's port on the host's 127.0.0.1")
     parser.add_argument("--kubeconfig", required=True, help="admin kubeconfig whose server is https://10.96.0.1")
+    parser.add_argument("--kubelet-proxy-port", type=int, default=0,
+                        help="port on the host's 127.0.0.1 for the API server's CONNECT proxy to kubelets (0: none)")
     parser.add_argument("--ready-file", required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s clusternet %(levelname)s %(message)s")
@@ -223,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         setup_links()
         api = _listen(socket.SOCK_STREAM, (API_VIP, 443))
         udp, tcp = _listen(socket.SOCK_DGRAM, (DNS_VIP, 53)), _listen(socket.SOCK_STREAM, (DNS_VIP, 53))
+        proxy = None
+        if args.kubelet_proxy_port:
+            proxy = in_host_ns(args.host_netns_fd,
+                               lambda: _listen(socket.SOCK_STREAM, ("127.0.0.1", args.kubelet_proxy_port)))
     except (OSError, subprocess.CalledProcessError) as err:
         detail = getattr(err, "stderr", "") or ""
         log.error("cannot set up the cluster network namespace: %s %s", err, detail)
@@ -237,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     from kubernetes import config
 
     api_client = config.new_client_from_config(config_file=args.kubeconfig)
+    if proxy is not None:
+        threading.Thread(target=_serve_kubelet_proxy, args=(proxy, api_client), daemon=True,
+                         name="kubelet-proxy").start()
     for kind in ("services", "endpointslices"):
         threading.Thread(target=server.watch, args=(api_client, kind, stop), daemon=True, name=f"watch-{kind}").start()
     Path(args.ready_file).write_text(str(os.getpid()))

@@ -9,7 +9,11 @@ the node has the cluster's network (:mod:`.clusternet`) and a mount namespace of
    (``realnodespec.PRIVATE_DIRS``) and bind-mounts the node's own copies of the kernel tunables the kubelet sets
    (``realnodespec.KERNEL_TUNABLES``) over ``/proc/sys``: the host's values never change;
 3. adds the node's address to ``lo`` of the cluster network;
-4. starts containerd, imports the images (pause first) into its ``k8s.io`` namespace with ``ctr``;
+4. starts containerd with the images (pause first) in its ``k8s.io`` namespace: imported with ``ctr`` the first
+   time a set of images is asked for, and saved as a *node template* (``~/.cache/reprieve/nodes/<key>``, the
+   containerd root: content blobs and unpacked layers); later nodes start from a hard-linked copy of it (layers
+   are never written in place: containers write to their own upper directories) with the bolt databases copied,
+   which takes seconds instead of the import's tens of seconds;
 5. starts the kubelet (``localkube kubelet``), which registers the Node.
 
 On SIGTERM, or when its parent dies, it stops the kubelet, SIGKILLs everything left in the node's cgroup tree
@@ -21,13 +25,16 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from localcluster import cgroups
@@ -64,6 +71,13 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
+def _archive_ref(archive: str) -> str:
+    """The image reference a docker-archive of hack/build-images.sh holds (its file name encodes it)."""
+    name = Path(archive).name.removesuffix(".tar")  # reprieve.local_<image>_<key>
+    registry, image, key = name.split("_", 2)
+    return f"{registry}/{image}:{key}"
+
+
 def _pdeathsig_kill() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
 
@@ -87,8 +101,14 @@ class Launcher:
         _run("ip", "addr", "add", f"{self.ip}/32", "dev", "lo")
         self._write_configs()
         log.info("node set up in %.2fs (cgroup %s, address %s)", time.monotonic() - t0, self.tree, self.ip)
+        templated = self._from_template()
         self._start_containerd()
-        self._import_images()
+        missing = self._missing_images()
+        if templated and missing:
+            log.warning("the node template lacks %s: importing", missing)
+        self._import_images(missing)
+        if missing and not templated and self._template() is not None:
+            self._restart_containerd_around(self._save_template)  # a quiet copy: containerd stopped
         self._start_kubelet()
 
     def _private_mounts(self) -> None:
@@ -138,8 +158,66 @@ class Launcher:
             time.sleep(0.1)
         log.info("containerd ready in %.2fs", time.monotonic() - t0)
 
-    def _import_images(self) -> None:
-        for archive in self.args.image:
+    def _template(self) -> Path | None:
+        if not self.args.template_cache:
+            return None
+        version = subprocess.run(["containerd", "--version"], capture_output=True, text=True, check=False).stdout
+        key = hashlib.sha256("\n".join([version, "template v1", *sorted(Path(a).name for a in self.args.image)])
+                             .encode()).hexdigest()[:12]
+        return Path(self.args.template_cache) / key
+
+    def _from_template(self) -> bool:
+        """Fill the (empty) containerd root from the node template, if there is one; True if so."""
+        template = self._template()
+        if template is None or not (template / "complete").exists():
+            return False
+        t0 = time.monotonic()
+        root = self.paths.containerd_root
+        shutil.rmtree(root, ignore_errors=True)
+        _run("cp", "-al", str(template / "root"), str(root), timeout=120)
+        for db in root.rglob("*.db"):  # bolt databases are written in place: each node gets its own copy
+            db.unlink()
+            shutil.copy2(template / "root" / db.relative_to(root), db)
+        log.info("containerd root from the node template %s in %.2fs", template.name, time.monotonic() - t0)
+        return True
+
+    def _save_template(self) -> None:
+        """After an import: keep this containerd root (containerd idle, before the kubelet) as the node template."""
+        template = self._template()
+        if template is None or (template / "complete").exists():
+            return
+        t0 = time.monotonic()
+        tmp = template.with_name(f"{template.name}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        root = self.paths.containerd_root
+        _run("cp", "-al", str(root), str(tmp / "root"), timeout=120)
+        for db in (tmp / "root").rglob("*.db"):
+            db.unlink()
+            shutil.copy2(root / db.relative_to(tmp / "root"), db)
+        (tmp / "complete").write_text("\n".join(self.args.image))
+        try:
+            tmp.rename(template)
+            log.info("saved the node template %s in %.2fs", template.name, time.monotonic() - t0)
+        except OSError:  # another node saved it first
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _missing_images(self) -> list[str]:
+        out = _run("ctr", "--address", str(self.paths.socket), "-n", "k8s.io", "images", "ls", "-q")
+        have = set(out.split())
+        return [a for a in self.args.image if _archive_ref(a) not in have]
+
+    def _restart_containerd_around(self, step: Callable[[], None]) -> None:
+        proc = self.daemons.pop("containerd")
+        proc.terminate()
+        proc.wait(15)
+        try:
+            step()
+        finally:
+            self._start_containerd()
+
+    def _import_images(self, archives: list[str]) -> None:
+        for archive in archives:
             t0 = time.monotonic()
             _run("ctr", "--address", str(self.paths.socket), "-n", "k8s.io", "images", "import", archive,
                  timeout=600)
@@ -179,16 +257,17 @@ class Launcher:
         log.info("node %s stopped in %.2fs", self.args.name, time.monotonic() - t0)
 
     def _leave_cgroups(self) -> None:
+        """Back into the cgroups the launcher started in, in every hierarchy (``0::`` is the v2 one)."""
         mounts = cgroups.hierarchies()
         for line in self.own_cgroups.splitlines():
-            _, controllers, path = line.split(":", 2)
-            for c in controllers.split(","):
-                if c in mounts:
-                    try:
-                        (mounts[c] / path.lstrip("/") / "cgroup.procs").write_text(str(os.getpid()))
-                    except OSError:
-                        pass
-                    break
+            hid, controllers, path = line.split(":", 2)
+            names = ["unified"] if hid == "0" else controllers.split(",")
+            mount = next((mounts[c] for c in names if c in mounts), None)
+            if mount is not None:
+                try:
+                    (mount / path.lstrip("/") / "cgroup.procs").write_text(str(os.getpid()))
+                except OSError as err:
+                    log.warning("cannot move back to %s%s: %s", mount, path, err)
 
     def reap(self) -> None:
         """Collect orphans re-parented to us (we are the node's subreaper), but not our own daemons."""
@@ -221,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pause-ref", required=True)
     parser.add_argument("--image", action="append", default=[], help="docker-archive to import (repeatable)")
     parser.add_argument("--label", action="append", default=[], help="Node label KEY=VALUE (repeatable)")
+    parser.add_argument("--template-cache", default="", help="directory of node templates ('' : none)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s realnode[{args.name}] %(levelname)s %(message)s")
     die_with_parent(signal.SIGTERM)

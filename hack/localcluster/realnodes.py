@@ -121,7 +121,8 @@ class RealNodes:
             self.net = c._spawn("clusternet", [
                 "unshare", "--net", "--", sys.executable, "-m", "localcluster.clusternet",
                 "--host-netns-fd", str(host_ns), "--api-port", str(c.api_port),
-                "--kubeconfig", str(self.kubeconfig), "--ready-file", str(ready)],
+                "--kubeconfig", str(self.kubeconfig), "--ready-file", str(ready),
+                "--kubelet-proxy-port", str(c.kubelet_proxy_port)],
                 env=_hack_env(), pass_fds=(host_ns,))
         finally:
             os.close(host_ns)
@@ -145,6 +146,8 @@ class RealNodes:
     # -- nodes ---------------------------------------------------------------------------------------------------
     def add(self, name: str, labels: dict[str, str], images: list[str] | None = None) -> _Proc:
         """Start real node ``name`` (returns its launcher); the caller waits for the Node to be Ready."""
+        from localcluster.cluster import cache_dir
+
         self.ensure()
         assert self.net is not None
         used = set(self.indexes.values())
@@ -160,7 +163,8 @@ class RealNodes:
                 "--dir", str(paths.root), "--log-dir", str(self.cluster.workdir / "logs"),
                 "--cgroup", self.tree(name), "--kubeconfig", str(self.kubeconfig),
                 "--ca-file", str(self.cluster.pki.ca_crt), "--bin-dir", str(self.cluster.bin_dir),
-                "--pause-ref", self.images["pause"].ref]
+                "--pause-ref", self.images["pause"].ref,
+                "--template-cache", "" if os.environ.get("REPRIEVE_NODE_TEMPLATES") == "0" else str(cache_dir() / "nodes")]
         for image in wanted:
             args += ["--image", str(self.images[image].archive)]
         for k, v in labels.items():

@@ -92,7 +92,7 @@ def containerd_config(paths: NodePaths, pause_ref: str) -> str:
         f'  address = "{paths.socket}"',
         "[metrics]",
         '  address = ""',
-        f'[plugins."io.containerd.internal.v1.opt"]',
+        '[plugins."io.containerd.internal.v1.opt"]',
         f'  path = "{paths.root / "opt"}"',
         f"[{cri}]",
         f'  sandbox_image = "{pause_ref}"',

@@ -17,8 +17,16 @@ from typing import Any
 
 import pytest
 from localcluster.goodput import analyse, read_step_log
-from localcluster.stack import RELEASE_NS, SYSTEM_POOL, WORKER_POOL, DeployedOperator, example_job, install_operator
+from localcluster.stack import (
+    RELEASE_NS,
+    SYSTEM_POOL,
+    WORKER_POOL,
+    DeployedOperator,
+    example_job,
+    install_operator,
+)
 from localcluster.testing import taint_node, wait_for
+
 from .conftest import get_tj, pod_node, wait_tj, worker_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnodes, pytest.mark.timeout(1800)]

@@ -106,6 +106,8 @@ def test_a_pod_on_a_real_node_is_a_container_with_cluster_dns_and_api_and_no_rou
     state = done.status.container_statuses[0].state.terminated
     assert (done.status.phase, state.exit_code, state.reason) == ("Failed", 3, "Error")
     assert done.status.host_ip.startswith("10.243.0."), done.status.host_ip
+    # kubectl logs: the API server reaches the kubelet through clusternet's proxy
+    assert "RESULT " in real_cluster.kubectl("logs", "p-0", "-n", real_ns).stdout
 
 
 def test_downward_api_annotations_reach_a_real_container_within_seconds(
