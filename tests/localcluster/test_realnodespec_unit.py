@@ -57,3 +57,11 @@ def test_kubelet_config_binds_to_the_node_address_and_keeps_host_tunables(tmp_pa
     assert cfg["clusterDNS"] == [spec.CLUSTER_DNS] and cfg["resolvConf"] == ""
     assert cfg["containerRuntimeEndpoint"] == f"unix://{paths.socket}"
     assert cfg["protectKernelDefaults"] is False
+
+
+def test_an_archive_name_gives_back_the_image_reference_it_holds() -> None:
+    from localcluster.realnode import _archive_ref
+
+    assert _archive_ref("/c/images/reprieve.local_reprieve-example_528d0eb5b540.tar") == \
+        "reprieve.local/reprieve-example:528d0eb5b540"
+    assert _archive_ref("reprieve.local_pause_b1c06a220b71.tar") == "reprieve.local/pause:b1c06a220b71"
