@@ -147,7 +147,7 @@ if ! have_image "$base_ref"; then
     mv "$rootfs.tmp.tar" "$rootfs"
     say "base rootfs made in $(( $(date +%s) - start ))s"
   fi
-  podman import --change 'CMD ["/bin/bash"]' "$rootfs" "$base_ref" >/dev/null
+  podman import -q --change 'CMD ["/bin/bash"]' "$rootfs" "$base_ref" >/dev/null
 fi
 
 # -- pause ------------------------------------------------------------------------------------------------
