@@ -106,6 +106,8 @@ save() { # save NAME REF ARCHIVE: write the docker-archive (atomically) if it is
   podman images --format '{{.Repository}}:{{.Tag}}' "${ref%%:*}" 2>/dev/null | while read -r tagged; do
     [ "$tagged" = "$ref" ] || podman rmi "$tagged" >/dev/null 2>&1 || true
   done
+  # build stages of builds older than a day (the newest ones stay: they are the layer cache of the next build)
+  podman image prune -f --filter until=24h >/dev/null 2>&1 || true
   echo "$name $ref $archive"
 }
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,24 @@ def build_images(timeout: float = 3600) -> dict[str, Image]:
     return images
 
 
+def prune_templates(root: Path) -> list[Path]:
+    """Remove node templates made from image archives that are gone (hack/build-images.sh deletes an image's older
+    archives when it builds a new one); return what was removed. Nodes made from them keep their hard links."""
+    removed = []
+    for template in root.glob("*"):
+        marker = template / "complete"
+        if not template.is_dir():
+            continue
+        if marker.exists():
+            stale = any(not Path(a).exists() for a in marker.read_text().split())
+        else:  # a copy being made (by a node starting now), or one a killed launcher left: only old ones go
+            stale = ".tmp" in template.name and time.time() - template.stat().st_mtime > 600
+        if stale:
+            shutil.rmtree(template, ignore_errors=True)
+            removed.append(template)
+    return removed
+
+
 @dataclass
 class RealNodes:
     cluster: Cluster
@@ -103,6 +122,9 @@ class RealNodes:
             raise RealNodeError("; ".join(problems))
         if not self.images:
             self.images = build_images()
+            from localcluster.cluster import cache_dir
+
+            prune_templates(cache_dir() / "nodes")
         if self.net is None:
             self._start_network()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import tomllib
 from pathlib import Path
 
@@ -65,3 +66,20 @@ def test_an_archive_name_gives_back_the_image_reference_it_holds() -> None:
     assert _archive_ref("/c/images/reprieve.local_reprieve-example_528d0eb5b540.tar") == \
         "reprieve.local/reprieve-example:528d0eb5b540"
     assert _archive_ref("reprieve.local_pause_b1c06a220b71.tar") == "reprieve.local/pause:b1c06a220b71"
+
+
+def test_node_templates_of_archives_that_are_gone_are_pruned(tmp_path: Path) -> None:
+    from localcluster.realnodes import prune_templates
+
+    archive = tmp_path / "reprieve.local_pause_abc.tar"
+    archive.write_text("x")
+    for name, listed in (("current", str(archive)), ("stale", str(tmp_path / "reprieve.local_pause_old.tar"))):
+        (tmp_path / "nodes" / name / "root").mkdir(parents=True)
+        (tmp_path / "nodes" / name / "complete").write_text(listed)
+    (tmp_path / "nodes" / "x.tmp123").mkdir()  # a copy a killed launcher left half-made
+    os.utime(tmp_path / "nodes" / "x.tmp123", (1, 1))
+    (tmp_path / "nodes" / "y.tmp456").mkdir()  # a copy being made right now
+    removed = prune_templates(tmp_path / "nodes")
+    assert sorted(p.name for p in removed) == ["stale", "x.tmp123"]
+    assert (tmp_path / "nodes" / "y.tmp456").is_dir()
+    assert (tmp_path / "nodes" / "current" / "root").is_dir()
