@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest
 PYTEST_ARGS ?=
 
-.PHONY: all venv tools test test-unit test-integration test-e2e demo cluster bench crds verify lint clean
+.PHONY: all venv tools images real-tier test test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean
 
 all: test
 
@@ -27,9 +27,20 @@ $(EMU_STAMP): $(STAMP)
 
 venv: $(STAMP) $(EMU_STAMP)
 
-## tools: build (once, cached under ~/.cache/reprieve) the local control plane, etcd, kubectl and helm
+## tools: build (once, cached under ~/.cache/reprieve) the local control plane, kubelet, etcd, kubectl and helm
 tools:
 	@bash hack/build-tools.sh >/dev/null
+
+## images: the real-node tier's Debian packages (apt-get, when missing) and images (Debian base by mmdebstrap,
+## pause, operator, example), built once and cached by content hash under ~/.cache/reprieve/images
+images:
+	@bash hack/build-images.sh >/dev/null
+
+# The same, but a machine that cannot have the real-node tier still runs every other tier: the tests of that
+# tier then report NOT RUN with the reason (REPRIEVE_REQUIRE_REAL_NODES=1 turns that into a failure).
+real-tier:
+	@if [ "$$REPRIEVE_REAL_NODES" = 0 ]; then echo "make: real-node tier turned off (REPRIEVE_REAL_NODES=0)" >&2; \
+	else bash hack/build-images.sh >/dev/null || echo "make: the real-node tier cannot be set up on this machine (reason above); its tests will report NOT RUN" >&2; fi
 
 ## test-unit: the quick inner loop (pure logic; no processes, no cluster)
 test-unit: venv
@@ -38,16 +49,20 @@ test-unit: venv
 test-integration: venv tools
 	$(PYTEST) -m integration $(PYTEST_ARGS)
 
-test-e2e: venv tools
+test-e2e: venv tools real-tier
 	$(PYTEST) -m e2e $(PYTEST_ARGS)
 
+## test-realnodes: only the real-node tier (real kubelets, containerd, images built here)
+test-realnodes: venv tools real-tier
+	$(PYTEST) -m realnodes $(PYTEST_ARGS)
+
 ## test: every tier, all set-up included
-test: venv tools
+test: venv tools real-tier
 	$(PYTEST) $(PYTEST_ARGS)
 
-## demo: the main job on the local cluster
-demo: venv tools
-	$(PY) hack/demo.py
+## demo: the main job on the local cluster (real nodes; DEMO_ARGS=--process-nodes for process kubelets)
+demo: venv tools real-tier
+	$(PY) hack/demo.py $(DEMO_ARGS)
 
 ## cluster: a local cluster with 3 nodes until Ctrl-C (prints the KUBECONFIG to use)
 cluster: venv tools

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the local cluster's binaries from the official Go modules, once, cached by version:
-#   localkube  kube-apiserver, kube-controller-manager, kube-scheduler, etcd and kubectl (hack/localkube)
+#   localkube  kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, etcd and kubectl (hack/localkube)
 #   helm       helm.sh/helm/v3/cmd/helm
 # The cache key is the Go version plus a hash of hack/localkube's sources, so a second run is a no-op and a
-# version bump rebuilds. Prints the bin directory on the last line.
+# version bump rebuilds. Prints the bin directory on the last line: $cache/bin/<key>, whose links point at exactly this
+# build, so worktrees with different hack/localkube sources can run clusters side by side (the links directly in
+# $cache/bin follow whichever build ran last).
 set -euo pipefail
 
 HELM_VERSION="${HELM_VERSION:-v3.21.4}"
@@ -27,7 +29,7 @@ localkube="$bin/localkube-$key"
 
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 if [ ! -x "$localkube" ]; then
-  echo "build-tools: building localkube (Kubernetes control plane + etcd + kubectl, key $key)." >&2
+  echo "build-tools: building localkube (Kubernetes control plane, kubelet, etcd, kubectl; key $key)." >&2
   echo "build-tools: the first build takes 15-30 minutes on 2 cores; later runs reuse $localkube." >&2
   start=$(date +%s)
   if ! (cd "$here/localkube" && go build -trimpath -ldflags "$ldflags" -o "$localkube.tmp" .); then
@@ -39,7 +41,7 @@ if [ ! -x "$localkube" ]; then
   echo "build-tools: localkube built in $(( $(date +%s) - start ))s" >&2
 fi
 ln -sfn "$(basename "$localkube")" "$bin/localkube"
-for c in kube-apiserver kube-controller-manager kube-scheduler etcd kubectl; do
+for c in kube-apiserver kube-controller-manager kube-scheduler kubelet etcd kubectl; do
   ln -sfn localkube "$bin/$c"
 done
 
@@ -58,4 +60,11 @@ if [ ! -x "$helm" ]; then
   echo "build-tools: helm built in $(( $(date +%s) - start ))s" >&2
 fi
 ln -sfn "$(basename "$helm")" "$bin/helm"
-echo "$bin"
+keyed="$bin/$key"
+mkdir -p "$keyed"
+ln -sfn "../$(basename "$localkube")" "$keyed/localkube"
+ln -sfn "../$(basename "$helm")" "$keyed/helm"
+for c in kube-apiserver kube-controller-manager kube-scheduler kubelet etcd kubectl; do
+  ln -sfn localkube "$keyed/$c"
+done
+echo "$keyed"

@@ -1,11 +1,16 @@
 """``make demo``: a GKE spot preemption of a 2-worker JAX job on a local 3-node cluster, shown as it happens.
 
-1. start the local control plane and three process-kubelet nodes;
-2. ``helm install`` the chart and run the operator with the chart's ServiceAccount (RBAC as in a real cluster);
+1. start the local control plane and four real nodes (upstream kubelet, containerd, runc; the images are built
+   here from operator/Dockerfile and examples/Dockerfile, once): one for the operator, three spot workers;
+2. ``helm install`` the chart: the operator runs as the chart's Deployment from its image, in a namespace that
+   enforces restricted Pod Security;
 3. apply ``examples/trainingjob.yaml`` (2 workers, data-parallel MLP);
 4. once training is under way, put the GKE spot taint on one worker's node and delete the node 30 s later;
 5. follow the notice, the agreed step, the commit, the exit with the restart code, the gang restart on the other
    nodes, the restore and the run to completion; end with lost steps, downtime, goodput and ``kubectl get tj``.
+
+``--process-nodes`` runs the same story on process kubelets with the operator as a local process (seconds instead
+of minutes to start); it is also what the demo falls back to, saying why, where real nodes cannot be set up.
 """
 
 from __future__ import annotations
@@ -20,9 +25,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from localcluster import Cluster
+from localcluster import Cluster, ClusterError
 from localcluster.goodput import analyse, read_step_log
-from localcluster.stack import OperatorProcess, example_job, install_chart
+from localcluster.realnodes import RealNodeError
+from localcluster.stack import (
+    SYSTEM_POOL,
+    DeployedOperator,
+    OperatorProcess,
+    example_job,
+    install_chart,
+    install_operator,
+)
 from localcluster.testing import taint_node, wait_for
 
 NS = "demo"
@@ -75,7 +88,8 @@ def main() -> int:
     parser.add_argument("--step-sleep", type=float, default=0.05)
     parser.add_argument("--preempt-at-step", type=int, default=150)
     parser.add_argument("--notice-seconds", type=float, default=30.0, help="taint -> node deletion")
-    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--process-nodes", action="store_true", help="process kubelets instead of real nodes")
     args = parser.parse_args()
     remaining = (args.steps - args.preempt_at_step) * args.step_sleep
     if remaining < args.notice_seconds + 10:
@@ -88,25 +102,50 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="reprieve-demo-"))
     say("starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler)")
     with Cluster.start(work / "cluster") as cluster:
-        for name in ("node-a", "node-b", "node-c"):
-            cluster.add_node(name, {"cloud.google.com/gke-spot": "true"})
-        say(f"control plane at {cluster.server}; nodes: {', '.join(cluster.node_names())}")
+        real = not args.process_nodes
+        if real:
+            try:
+                say("building or reusing the images (hack/build-images.sh) and starting 4 real nodes: upstream "
+                    "kubelet + containerd + runc each, images imported into every node's containerd")
+                cluster.add_node("system-0", {"reprieve.test/pool": SYSTEM_POOL}, kind="real", images=["operator"])
+                for name in ("node-a", "node-b", "node-c"):
+                    cluster.add_node(name, {"cloud.google.com/gke-spot": "true"}, kind="real", images=["example"])
+            except (RealNodeError, ClusterError) as err:
+                say(f"REAL NODES NOT AVAILABLE: {err}\n  -> falling back to process nodes (--process-nodes)")
+                for name in list(cluster.node_names()):
+                    cluster.kill_node(name)
+                real = False
+        if not real:
+            for name in ("node-a", "node-b", "node-c"):
+                cluster.add_node(name, {"cloud.google.com/gke-spot": "true"})
+        say(f"control plane at {cluster.server}; nodes: {', '.join(cluster.node_names())}"
+            f" ({'real' if real else 'process'} nodes)")
+        if real:
+            image = cluster.real.images["operator"].ref
+            pod = install_operator(cluster, image, node_selector={"reprieve.test/pool": SYSTEM_POOL})
+            say(f"helm install: the operator runs as the chart's Deployment ({pod}, image {image}) on system-0, "
+                "restricted Pod Security enforced on its namespace")
+            return run(cluster, DeployedOperator(cluster), work, args, real=True)
         install_chart(cluster)
         say("helm chart installed (CRD, ServiceAccount, ClusterRole); starting the operator with its token")
         operator = OperatorProcess(cluster, work / "operator", namespaces=[NS]).start()
         try:
-            return run(cluster, operator, work, args)
+            return run(cluster, operator, work, args, real=False)
         finally:
             operator.stop()
             say(f"logs kept in {work}")
 
 
-def run(cluster: Cluster, operator: OperatorProcess, work: Path, args: argparse.Namespace) -> int:
+def run(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Path, args: argparse.Namespace, *,
+        real: bool) -> int:
     cluster.kubectl("create", "namespace", NS)
     ckpt = work / "shared-storage"
     steplog = ckpt / "steps.jsonl"
     body = example_job(JOB, replicas=2, steps=args.steps, step_sleep=args.step_sleep, interval=100,
-                       checkpoint_dir=ckpt, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"})
+                       checkpoint_dir=ckpt, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"},
+                       node_selector={"cloud.google.com/gke-spot": "true"},
+                       image=cluster.real.images["example"].ref if real else None,
+                       requests={"cpu": "500m", "memory": "1Gi"} if real else None)
     cluster.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(body))
     start = time.time()
     say(f"TrainingJob {NS}/{JOB} applied: 2 workers x 2 devices, {args.steps} steps, periodic save every 100")
@@ -140,7 +179,7 @@ def run(cluster: Cluster, operator: OperatorProcess, work: Path, args: argparse.
     while True:
         status = show_status()
         if not deleted and time.monotonic() - taint_time >= args.notice_seconds:
-            say(f">>> {node} is reclaimed: deleting the Node (its kubelet SIGKILLs whatever still runs there)")
+            say(f">>> {node} is reclaimed: the node is gone (every container on it killed) and its Node deleted")
             cluster.remove_node(node)
             deleted = True
         if status.get("phase") in ("Succeeded", "Failed"):

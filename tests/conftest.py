@@ -2,6 +2,11 @@
 
 The cluster (real etcd, kube-apiserver, controller-manager, scheduler; process kubelets as nodes) starts
 lazily, the first time a test asks for ``cluster``; unit tests never pay for it.
+
+``real_cluster`` is a second cluster whose nodes are real (upstream kubelet, containerd, runc; images built with
+hack/build-images.sh), for the tests marked ``realnodes``. Where that tier cannot be set up, its tests are skipped
+with the reason and the summary ends with a ``REAL-NODE TIER: NOT RUN`` block saying what is missing; with
+``REPRIEVE_REQUIRE_REAL_NODES=1`` (CI) they fail instead.
 """
 
 from __future__ import annotations
@@ -13,6 +18,80 @@ from collections.abc import Iterator
 import pytest
 
 DEFAULT_NODES = ("worker-0", "worker-1")
+REAL_WORKERS = 3
+_real_tier: dict[str, str] = {}  # "not_run": why; "ran": node names
+
+
+def _real_tier_unavailable(err: Exception) -> None:
+    _real_tier["not_run"] = str(err)
+    message = f"REAL-NODE TIER NOT RUN: {err}"
+    if os.environ.get("REPRIEVE_REQUIRE_REAL_NODES") == "1":
+        pytest.fail(message + " (REPRIEVE_REQUIRE_REAL_NODES=1)", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:  # noqa: F821
+    """A cluster of real nodes: ``real-sys-0`` (pool ``system``: the operator, and a steady job) and
+    ``REAL_WORKERS`` worker nodes in pool ``realw`` (kept topped up by ``real_workers``)."""
+    from localcluster import Cluster, ClusterError
+    from localcluster.realnodes import RealNodeError, prerequisites
+    from localcluster.stack import SYSTEM_POOL
+
+    if "not_run" in _real_tier:
+        _real_tier_unavailable(RealNodeError(_real_tier["not_run"]))
+    if prerequisites():
+        _real_tier_unavailable(RealNodeError("; ".join(prerequisites())))
+    workdir = tmp_path_factory.mktemp("realcluster")
+    try:
+        c = Cluster.start(workdir)
+    except ClusterError as err:
+        _real_tier_unavailable(err)
+    try:
+        try:
+            c.real.ensure()
+            c.add_node("real-sys-0", {"reprieve.test/pool": SYSTEM_POOL}, kind="real")
+        except (RealNodeError, ClusterError) as err:
+            _real_tier_unavailable(err)
+        _real_tier["ran"] = "yes"
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def real_workers(real_cluster: Cluster) -> list[str]:  # noqa: F821
+    """The worker pool's live real nodes (``REAL_WORKERS`` of them, untainted): nodes lost by an earlier test are
+    replaced by new ones first."""
+    from localcluster.stack import WORKER_POOL
+    from localcluster.testing import untaint_node
+
+    names = [n for n in real_cluster.node_names() if n.startswith("real-w")]
+    i = 0
+    while len(names) < REAL_WORKERS:
+        name = f"real-w{i}"
+        i += 1
+        if name in real_cluster.node_names():
+            continue
+        real_cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=true")
+        real_cluster.add_node(name, {"reprieve.test/pool": WORKER_POOL}, kind="real", images=["example"])
+        names.append(name)
+    api = real_cluster.api_client()
+    try:
+        for name in names:
+            for key in ("cloud.google.com/impending-node-termination",):
+                untaint_node(api, name, key)
+    finally:
+        api.close()
+    return sorted(names)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if "not_run" in _real_tier:
+        terminalreporter.section("REAL-NODE TIER: NOT RUN", sep="!", red=True, bold=True)
+        terminalreporter.line(_real_tier["not_run"])
+        terminalreporter.line("Its tests (marker 'realnodes') were skipped. On Debian 12 as root `make test` installs "
+                              "what the tier needs; see docs/local-cluster.md, section 'Real nodes'.")
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
     python -m localcluster tools                 # build/cache localkube + helm, print the bin dir
     python -m localcluster up --nodes 3          # start and keep running until Ctrl-C; prints KUBECONFIG
+    python -m localcluster up --real-nodes 2     # ... with real nodes (upstream kubelet, containerd, runc)
     python -m localcluster smoke                 # start, run one pod as a process, show it finish, stop
 """
 
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 from .cluster import Cluster, ClusterError, ensure_tools
+from .realnodes import RealNodeError
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -23,7 +25,10 @@ def _up(args: argparse.Namespace) -> int:
     with Cluster.start(Path(args.dir) if args.dir else None) as cluster:
         for i in range(args.nodes):
             cluster.add_node(f"node-{i}")
-        print(f"local cluster ready in {time.monotonic() - t0:.1f}s with {args.nodes} node(s)")
+        for i in range(args.real_nodes):
+            cluster.add_node(f"real-{i}", kind="real")
+        print(f"local cluster ready in {time.monotonic() - t0:.1f}s with {args.nodes} process node(s) and "
+              f"{args.real_nodes} real node(s)")
         print(f"export KUBECONFIG={cluster.kubeconfig} PATH={cluster.bin_dir}:$PATH")
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -82,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("tools")
     up = sub.add_parser("up")
     up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--real-nodes", type=int, default=0)
     up.add_argument("--dir", default=None)
     sub.add_parser("smoke")
     args = parser.parse_args(argv)
@@ -93,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "up":
             return _up(args)
         return _smoke(args)
-    except ClusterError as err:
+    except (ClusterError, RealNodeError) as err:
         print(f"localcluster: {err}", file=sys.stderr)
         return 1
 

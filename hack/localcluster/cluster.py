@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .pki import PKI, make_pki
+from .realnodes import RealNodes
 
 log = logging.getLogger("localcluster")
 
@@ -108,6 +109,8 @@ class Cluster:
     _procs: list[_Proc] = field(default_factory=list)
     _nodes: dict[str, _Proc] = field(default_factory=dict)
     _owns_workdir: bool = False
+    _real: RealNodes | None = None
+    kubelet_proxy_port: int = 0  # the API server reaches real kubelets through clusternet's CONNECT proxy here
 
     # -- lifecycle -------------------------------------------------------------------------------------
     @classmethod
@@ -126,6 +129,7 @@ class Cluster:
                                               "10.96.0.1"])
         api_port = free_port()
         cluster = cls(workdir, bin_dir, pki, api_port, workdir / "admin.kubeconfig", _owns_workdir=owns)
+        cluster.kubelet_proxy_port = free_port()
         cluster._write_kubeconfig(cluster.kubeconfig, user={"client-certificate": str(pki.crt("admin")),
                                                             "client-key": str(pki.key("admin"))})
         try:
@@ -147,12 +151,13 @@ class Cluster:
     def server(self) -> str:
         return f"https://127.0.0.1:{self.api_port}"
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> _Proc:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None,
+               pass_fds: tuple[int, ...] = ()) -> _Proc:
         log_path = self.workdir / "logs" / f"{name}.log"
         out = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         popen = subprocess.Popen([str(self.bin_dir / "localkube"), *args] if name in COMPONENTS else args,
                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, env=env)
+                                 start_new_session=True, env=env, pass_fds=pass_fds)
         out.close()
         proc = _Proc(name, popen, log_path)
         self._procs.append(proc)
@@ -188,7 +193,9 @@ class Cluster:
             "--authorization-mode=RBAC", "--service-cluster-ip-range=10.96.0.0/16",
             "--allow-privileged=true", "--endpoint-reconciler-type=none", "--profiling=false",
             f"--cert-dir={wd / 'apiserver-certs'}", "--v=1",
-        ])
+            f"--kubelet-client-certificate={pki.crt('admin')}", f"--kubelet-client-key={pki.key('admin')}",
+        ], env={**os.environ, "HTTPS_PROXY": f"http://127.0.0.1:{self.kubelet_proxy_port}",
+                "NO_PROXY": "127.0.0.1,localhost"})  # to kubelets only (loopback, i.e. etcd, is never proxied)
         wait_until(lambda: self._check_alive(apiserver) or self._readyz(), timeout, "kube-apiserver /readyz",
                    on_timeout=lambda: "\n" + apiserver.tail())
 
@@ -218,6 +225,8 @@ class Cluster:
         """Stop kubelets, then the control plane (SIGTERM, then SIGKILL after 10 s); remove an owned workdir."""
         for name in list(self._nodes):
             self._stop_kubelet(name)
+        if self._real is not None:
+            self._real.stop()
         for proc in reversed(self._procs):
             _terminate(proc.popen, 10.0)
         self._procs.clear()
@@ -265,10 +274,11 @@ class Cluster:
         self._write_kubeconfig(path, user={"token": token}, namespace=namespace)
         return path
 
-    def _write_kubeconfig(self, path: Path, *, user: dict[str, str], namespace: str = "default") -> None:
+    def _write_kubeconfig(self, path: Path, *, user: dict[str, str], namespace: str = "default",
+                          server: str | None = None) -> None:
         cfg = {
             "apiVersion": "v1", "kind": "Config", "current-context": "local", "preferences": {},
-            "clusters": [{"name": "local", "cluster": {"server": self.server,
+            "clusters": [{"name": "local", "cluster": {"server": server or self.server,
                                                        "certificate-authority": str(self.pki.ca_crt)}}],
             "users": [{"name": "user", "user": user}],
             "contexts": [{"name": "local", "context": {"cluster": "local", "user": "user",
@@ -277,20 +287,34 @@ class Cluster:
         path.write_text(json.dumps(cfg, indent=1))  # JSON is YAML; kubectl, helm and the client read it
         path.chmod(0o600)
 
-    # -- nodes -----------------------------------------------------------------------------------------
-    def add_node(self, name: str, labels: dict[str, str] | None = None, *, timeout: float = 30.0) -> str:
-        """Start a process kubelet registering Node ``name``; return once the Node is Ready."""
+    # -- nodes ---------------------------------------------------------------------------------------------
+    def add_node(self, name: str, labels: dict[str, str] | None = None, *, kind: str = "process",
+                 timeout: float | None = None, images: list[str] | None = None) -> str:
+        """Start a kubelet registering Node ``name``; return once the Node is Ready.
+
+        ``kind="process"``: a process kubelet (pods are host processes; starts in under a second).
+        ``kind="real"``: the upstream kubelet with its own containerd + runc in the cluster network namespace
+        (:mod:`localcluster.realnode`); ``images`` names the built images to import (default: all of them).
+        """
         if name in self._nodes:
             raise ClusterError(f"node {name!r} already has a kubelet in this cluster")
-        args = [sys.executable, "-m", "localcluster.kubelet", "--kubeconfig", str(self.kubeconfig),
-                "--node", name, "--workdir", str(self.workdir / "nodes" / name),
-                "--ca-file", str(self.pki.ca_crt)]
-        for k, v in (labels or {}).items():
-            args += ["--label", f"{k}={v}"]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "hack"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        proc = self._spawn(f"kubelet-{name}", args, env=env)
-        self._procs.remove(proc)
+        if kind == "real":
+            proc = self.real.add(name, labels or {}, images)
+            timeout = timeout or float(os.environ.get("REPRIEVE_REAL_NODE_TIMEOUT", "300"))
+            logs = [self.workdir / "logs" / f"{c}-{name}.log" for c in ("containerd", "kubelet")]
+        elif kind == "process":
+            args = [sys.executable, "-m", "localcluster.kubelet", "--kubeconfig", str(self.kubeconfig),
+                    "--node", name, "--workdir", str(self.workdir / "nodes" / name),
+                    "--ca-file", str(self.pki.ca_crt)]
+            for k, v in (labels or {}).items():
+                args += ["--label", f"{k}={v}"]
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join([str(REPO / "hack"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+            proc = self._spawn(f"kubelet-{name}", args, env=env)
+            self._procs.remove(proc)
+            timeout, logs = timeout or 30.0, []
+        else:
+            raise ClusterError(f"add_node({name!r}): kind must be 'process' or 'real', got {kind!r}")
         self._nodes[name] = proc
 
         def ready() -> bool:
@@ -299,14 +323,39 @@ class Cluster:
                                "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False)
             return out.returncode == 0 and out.stdout.strip() == "True"
 
-        wait_until(ready, timeout, f"node {name} Ready", interval=0.2, on_timeout=lambda: "\n" + proc.tail())
+        def tails() -> str:
+            return "\n" + "\n".join([proc.tail()] + [f"--- {p.name}:\n" + _Proc(p.name, proc.popen, p).tail(15)
+                                                     for p in logs if p.exists()])
+
+        try:
+            wait_until(ready, timeout, f"node {name} Ready", interval=0.2, on_timeout=tails)
+        except ClusterError as err:
+            if kind == "real":  # the launcher's error (containerd, image import, kubelet) with the logs
+                self._stop_kubelet(name)
+                raise ClusterError(f"real node {name}: {err}{tails() if 'exited' in str(err) else ''}") from None
+            raise
         return name
+
+    @property
+    def real(self) -> RealNodes:
+        """The real-node tier of this cluster (images, cluster network, real nodes), created on first use."""
+        if self._real is None:
+            self._real = RealNodes(self)
+        return self._real
+
+    def is_real(self, name: str) -> bool:
+        return self._real is not None and name in self._real.nodes
 
     def node_names(self) -> list[str]:
         return list(self._nodes)
 
     def remove_node(self, name: str, *, timeout: float = 30.0) -> None:
-        """Delete the Node object: its kubelet SIGKILLs every pod process (the VM is gone) and exits."""
+        """The VM is gone: delete the Node object; every pod process dies at once.
+
+        A process kubelet notices the deletion, SIGKILLs its pods and exits. A real kubelet would carry on
+        (it does not watch its own Node), so a real node is killed whole first (:meth:`kill_node`)."""
+        if self.is_real(name):
+            self.kill_node(name)
         self.kubectl("delete", "node", name, "--wait=false")
         proc = self._nodes.get(name)
         if proc is not None:
@@ -322,7 +371,9 @@ class Cluster:
         proc = self._nodes.pop(name, None)
         if proc is None:
             return
-        if hard:
+        if self._real is not None and name in self._real.nodes:
+            self._real.stop_node(name, hard=hard)
+        elif hard:
             _killpg(proc.popen, signal.SIGKILL)
             proc.popen.wait(10)
         else:
@@ -332,10 +383,13 @@ class Cluster:
         """Log files of every incarnation of pod ``namespace/pod`` on any node, oldest first."""
         found = [p for p in self.workdir.glob(f"nodes/*/pods/{namespace}/{pod}-*/logs/{container}.log")
                  if len(p.parents[1].name) == len(pod) + 9]  # "<pod>-<uid8>", not another pod's "<pod>-x-..."
+        if self._real is not None:
+            found += self._real.pod_logs(namespace, pod, container)
         return sorted(found, key=lambda p: p.stat().st_ctime_ns)
 
     def kubelet_log(self, name: str) -> str:
-        return (self.workdir / "logs" / f"kubelet-{name}.log").read_text(errors="replace")
+        prefix = "kubelet" if not self.is_real(name) else "realnode"
+        return (self.workdir / "logs" / f"{prefix}-{name}.log").read_text(errors="replace")
 
 
 def _run(cmd: list[str], env: dict[str, str], input: str | None, check: bool,

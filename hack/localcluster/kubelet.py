@@ -317,7 +317,9 @@ class Kubelet:
                 if st.term_at is None:
                     log.info("pod %s deleted: SIGTERM, SIGKILL in %ss", st.key, grace)
                     for p in running:
-                        podio.killpg(p.pid, signal.SIGTERM)
+                        # SIGTERM goes to the container's main process only, as containerd sends it to a
+                        # container's init: a shell wrapper does not pass it on to its children.
+                        podio.kill(p.pid, signal.SIGTERM)
                     st.term_at = now
                 # A second delete may shorten the grace period; the deadline follows it.
                 elif not st.kill_sent and now >= st.term_at + float(grace):

@@ -29,14 +29,19 @@ log = logging.getLogger("localcluster.kubelet")
 REQUEST_TIMEOUT_S = 15  # every non-watch API call
 
 
-def killpg(pid: int | None, sig: int) -> None:
-    """Signal a process group, ignoring one that is already gone."""
+def kill(pid: int | None, sig: int, *, group: bool = False) -> None:
+    """Signal one process (or its whole process group), ignoring one that is already gone."""
     if pid is None:
         return
     try:
-        os.killpg(pid, sig)
+        (os.killpg if group else os.kill)(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def killpg(pid: int | None, sig: int) -> None:
+    """Signal a process group, ignoring one that is already gone."""
+    kill(pid, sig, group=True)
 
 
 def write_atomic(path: Path, content: str) -> bool:

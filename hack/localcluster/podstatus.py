@@ -154,7 +154,8 @@ def restart_delay(restart_count: int) -> float:
     return float(min(10, 2 ** restart_count))
 
 
-def _condition(kind: str, ok: bool, now: str, old: dict[str, dict], reason: str | None = None) -> dict:
+def _condition(kind: str, ok: bool, now: str, old: dict[str, dict], reason: str | None = None,
+               true_reason: str | None = None) -> dict:
     value = "True" if ok else "False"
     prev = old.get(kind)
     since = prev["lastTransitionTime"] if prev and prev.get("status") == value and prev.get(
@@ -162,6 +163,8 @@ def _condition(kind: str, ok: bool, now: str, old: dict[str, dict], reason: str 
     cond = {"type": kind, "status": value, "lastTransitionTime": since, "lastProbeTime": None}
     if reason and not ok:
         cond["reason"] = reason
+    if true_reason and ok:
+        cond["reason"] = true_reason
     return cond
 
 
@@ -176,9 +179,12 @@ def pod_status(pod: dict, facts: list[ContainerFacts], *, pod_ip: str, host_ip: 
     ts = rfc3339(now)
     terminal = phase in ("Succeeded", "Failed")
     ready = phase == "Running" and all(f.running for f in facts)
-    not_ready_reason = "PodCompleted" if terminal else "ContainersNotReady"
+    # as the real kubelet (v1.35) reports them: PodFailed / PodCompleted once terminal, and Initialized carries
+    # PodCompleted on a Succeeded pod
+    not_ready_reason = {"Failed": "PodFailed", "Succeeded": "PodCompleted"}.get(phase, "ContainersNotReady")
     started = any(f.started_at is not None for f in facts)
     status = {
+        "observedGeneration": (pod.get("metadata") or {}).get("generation", 1),  # 1.35 PodObservedGenerationTracking
         "phase": phase,
         "podIP": pod_ip,
         "podIPs": [{"ip": pod_ip}],
@@ -187,9 +193,10 @@ def pod_status(pod: dict, facts: list[ContainerFacts], *, pod_ip: str, host_ip: 
         "startTime": rfc3339(start_time),
         "conditions": [
             _condition("PodReadyToStartContainers", not terminal, ts, old),
-            _condition("Initialized", initialized, ts, old, "ContainersNotInitialized"),
-            _condition("ContainersReady", ready, ts, old, not_ready_reason if started else "ContainersNotReady"),
+            _condition("Initialized", initialized, ts, old, "ContainersNotInitialized",
+                       "PodCompleted" if phase == "Succeeded" else None),
             _condition("Ready", ready, ts, old, not_ready_reason if started else "ContainersNotReady"),
+            _condition("ContainersReady", ready, ts, old, not_ready_reason if started else "ContainersNotReady"),
         ],
         "containerStatuses": [container_status(f) for f in facts],
     }

@@ -1,10 +1,16 @@
 """Reprieve on the local cluster: the chart installed with helm, the operator run with the chart's RBAC.
 
-The operator image cannot be built here (no container engine), so the chart is installed with
-``replicaCount=0`` (CRD, ServiceAccount, ClusterRole and binding only) and the operator runs as a local process
-(``python -m reprieve_operator``) authenticated with a token of the chart's ServiceAccount: exactly the
-permissions the Deployment would have in a real cluster. Used by the end-to-end tests, the demo and the goodput
-benchmark.
+Two ways, both through the chart:
+
+- :func:`install_operator` is the real install path: ``helm install`` with the operator image built from
+  ``operator/Dockerfile``; the operator runs as the chart's Deployment on a real node (upstream kubelet,
+  containerd), in a namespace where restricted Pod Security is enforced.
+- :func:`install_chart` + :class:`OperatorProcess`, for process-node clusters: the chart with
+  ``replicaCount=0`` (CRD, ServiceAccount, ClusterRole and binding only) and the operator as a local process
+  (``python -m reprieve_operator``) authenticated with a token of the chart's ServiceAccount: exactly the
+  permissions the Deployment has.
+
+Used by the end-to-end tests, the demo and the goodput benchmark.
 """
 
 from __future__ import annotations
@@ -33,6 +39,88 @@ def install_chart(cluster: Cluster, *, timeout: float = 60.0) -> None:
                  "--set", "replicaCount=0", "--wait", "--timeout", f"{int(timeout)}s", timeout=timeout + 30)
     wait_until(lambda: cluster.kubectl("get", "trainingjobs", "-A", check=False).returncode == 0, timeout,
                "the TrainingJob CRD to be served", interval=0.2)
+
+
+# Node pools of a real-node cluster (label reprieve.test/pool): the operator's node, and the workers' nodes.
+SYSTEM_POOL, WORKER_POOL = "system", "realw"
+OPERATOR_SELECTOR = f"app.kubernetes.io/name=reprieve,app.kubernetes.io/instance={RELEASE}"
+RESTRICTED = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")}
+
+
+def install_operator(cluster: Cluster, image: str, *, node_selector: dict[str, str] | None = None,
+                     values: dict[str, Any] | None = None, timeout: float = 180.0) -> str:
+    """``helm install`` the chart with the operator Deployment running ``image`` (``repository:tag``) in
+    ``reprieve-system``, labelled to enforce the restricted Pod Security Standard; wait for the rollout and
+    return the operator pod's name.
+
+    Raises:
+        ClusterError: helm failed, or the Deployment did not become available (with the pod's state and log).
+    """
+    repository, _, tag = image.rpartition(":")
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": RELEASE_NS, "labels": RESTRICTED}}))
+    overrides = {"image": {"repository": repository, "tag": tag}, "nodeSelector": node_selector or {},
+                 **(values or {})}
+    values_file = cluster.workdir / "operator-values.yaml"
+    values_file.write_text(yaml.safe_dump(overrides))
+    proc = cluster.helm("upgrade", "--install", RELEASE, str(CHART), "-n", RELEASE_NS, "-f", str(values_file),
+                        "--wait", "--timeout", f"{int(timeout)}s", check=False, timeout=timeout + 30)
+    if proc.returncode != 0:
+        raise ClusterError(f"helm install of {CHART.name} with {image} failed: {proc.stderr.strip()}\n"
+                           f"{operator_state(cluster)}")
+    return operator_pod(cluster)
+
+
+def operator_pod(cluster: Cluster) -> str:
+    """The name of the running (not terminating) operator pod of the Deployment."""
+    out = cluster.kubectl("get", "pods", "-n", RELEASE_NS, "-l", OPERATOR_SELECTOR, "-o", "json").stdout
+    pods = [p for p in yaml.safe_load(out)["items"]
+            if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") == "Running"]
+    if not pods:
+        raise ClusterError(f"no running operator pod in {RELEASE_NS}\n{operator_state(cluster)}")
+    return str(pods[0]["metadata"]["name"])
+
+
+def operator_state(cluster: Cluster, lines: int = 40) -> str:
+    """The operator pods, their events and the last log lines: what a failed install or wait shows."""
+    pods = cluster.kubectl("get", "pods", "-n", RELEASE_NS, "-o", "wide", check=False).stdout
+    events = cluster.kubectl("get", "events", "-n", RELEASE_NS, "--sort-by=.lastTimestamp", check=False).stdout
+    logs = []
+    for name in yaml.safe_load(cluster.kubectl("get", "pods", "-n", RELEASE_NS, "-l", OPERATOR_SELECTOR, "-o",
+                                               "json", check=False).stdout or "{}").get("items", []):
+        for path in cluster.pod_logs(RELEASE_NS, name["metadata"]["name"], "operator")[-1:]:
+            logs.append(f"--- {path}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
+    recent = "\n".join(events.splitlines()[-15:])
+    return f"pods:\n{pods}\nevents:\n{recent}\n" + "\n".join(logs)
+
+
+class DeployedOperator:
+    """The operator installed by :func:`install_operator`: its pod, its log, and deleting that pod."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    @property
+    def pod(self) -> str:
+        return operator_pod(self.cluster)
+
+    def tail(self, lines: int = 60) -> str:
+        return operator_state(self.cluster, lines)
+
+    def delete_pod(self, timeout: float = 120.0) -> str:
+        """Delete the operator pod (graceful); return the replacement's name once it is running."""
+        old = self.pod
+        self.cluster.kubectl("delete", "pod", old, "-n", RELEASE_NS, "--wait=false")
+
+        def replaced() -> bool:
+            try:
+                return self.pod != old
+            except ClusterError:
+                return False
+
+        wait_until(replaced, timeout, "a new operator pod to run", interval=0.5,
+                   on_timeout=lambda: "\n" + self.tail())
+        return self.pod
 
 
 def _free_port() -> int:
@@ -118,9 +206,12 @@ EXAMPLE = REPO / "examples" / "trainingjob.yaml"
 def example_job(name: str, *, replicas: int = 2, steps: int = 300, step_sleep: float = 0.05,
                 interval: int = 50, checkpoint_dir: Path, node_selector: dict[str, str] | None = None,
                 devices_per_process: int = 2, extra_env: dict[str, str] | None = None,
-                max_failures: int | None = None) -> dict[str, Any]:
-    """``examples/trainingjob.yaml`` adapted to the process kubelet: the repository mounted at ``/app`` and the
-    checkpoint directory at ``/ckpt`` through hostPath volumes (both shared by every node of this host)."""
+                max_failures: int | None = None, image: str | None = None,
+                requests: dict[str, str] | None = None) -> dict[str, Any]:
+    """``examples/trainingjob.yaml`` adapted to the local cluster: the checkpoint directory at ``/ckpt`` through
+    a hostPath volume (shared by every node of this host). For process nodes (``image=None``) the repository is
+    mounted at ``/app``; for real nodes ``image`` is the example image built from ``examples/Dockerfile``, which
+    holds the trainer at ``/app/examples``, and ``/ckpt`` is made writable for its non-root user."""
     body = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     body["metadata"]["name"] = name
     spec = body["spec"]
@@ -139,13 +230,19 @@ def example_job(name: str, *, replicas: int = 2, steps: int = 300, step_sleep: f
         env[k] = {"name": k, "value": v}
     container["env"] = list(env.values())
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    pod["volumes"] = [v for v in pod.get("volumes", []) if v["name"] not in ("app", "ckpt")] + [
-        {"name": "app", "hostPath": {"path": str(REPO), "type": "Directory"}},
-        {"name": "ckpt", "hostPath": {"path": str(checkpoint_dir), "type": "Directory"}},
-    ]
-    mounts = [m for m in container.get("volumeMounts", []) if m["name"] not in ("app", "ckpt")]
-    container["volumeMounts"] = mounts + [{"name": "app", "mountPath": "/app"},
-                                          {"name": "ckpt", "mountPath": "/ckpt"}]
+    volumes = [{"name": "ckpt", "hostPath": {"path": str(checkpoint_dir), "type": "Directory"}}]
+    mounts = [{"name": "ckpt", "mountPath": "/ckpt"}]
+    if image is None:
+        volumes.append({"name": "app", "hostPath": {"path": str(REPO), "type": "Directory"}})
+        mounts.append({"name": "app", "mountPath": "/app"})
+    else:
+        container["image"] = image
+        checkpoint_dir.chmod(0o777)  # the image runs as uid 65532; hostPath volumes keep host permissions
+    pod["volumes"] = [v for v in pod.get("volumes", []) if v["name"] not in ("app", "ckpt")] + volumes
+    container["volumeMounts"] = [m for m in container.get("volumeMounts", [])
+                                 if m["name"] not in ("app", "ckpt")] + mounts
     if node_selector:
         pod["nodeSelector"] = node_selector
+    if requests:
+        container.setdefault("resources", {})["requests"] = requests
     return dict(body)

@@ -1,6 +1,6 @@
 // Command localkube is one multi-call binary holding the Kubernetes control plane Reprieve tests against:
-// kube-apiserver, kube-controller-manager, kube-scheduler, etcd and kubectl, all built from the official
-// Go modules. The component runs by the first argument (or by argv[0] when invoked through a symlink).
+// kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, etcd and kubectl, all built from the
+// official Go modules. The component runs by the first argument (or by argv[0] when invoked through a symlink).
 //
 //	localkube kube-apiserver --etcd-servers=... ...
 //	localkube etcd --data-dir=...
@@ -8,19 +8,22 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	"go.etcd.io/etcd/server/v3/etcdmain"
 	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"
 	kubectlcmd "k8s.io/kubectl/pkg/cmd"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 )
 
-var components = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "kubectl"}
+var components = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "etcd", "kubectl"}
 
 func main() {
 	name := filepath.Base(os.Args[0])
@@ -41,6 +44,8 @@ func main() {
 		os.Exit(cli.Run(controllermanager.NewControllerManagerCommand()))
 	case "kube-scheduler":
 		os.Exit(cli.Run(scheduler.NewSchedulerCommand()))
+	case "kubelet":
+		os.Exit(cli.Run(kubelet.NewKubeletCommand(context.Background())))
 	case "kubectl":
 		os.Exit(cli.Run(kubectlcmd.NewDefaultKubectlCommand()))
 	case "etcd":

@@ -459,9 +459,13 @@ def test_status_patch_never_lands_on_a_namesake_pod(cluster: Cluster, core, name
 
 
 def test_second_delete_shortens_the_grace_period(cluster: Cluster, core, namespace: str) -> None:
-    script = "import signal, time; signal.signal(signal.SIGTERM, lambda *_: None); time.sleep(600)"
+    script = ("import signal, time; signal.signal(signal.SIGTERM, lambda *_: None); print('ready', flush=True); "
+              "time.sleep(600)")
     core.create_namespaced_pod(namespace, pod_manifest("stubborn", script, grace=60))
     wait_for_pod_phase(core.api_client, namespace, "stubborn", "Running", timeout=60)
+    # Running means started, not that the handler is in place yet (a loaded machine starts Python slowly)
+    wait_for(lambda: any("ready" in p.read_text() for p in cluster.pod_logs(namespace, "stubborn", "main")), 60,
+             "the pod's SIGTERM handler to be installed")
     core.delete_namespaced_pod("stubborn", namespace)
     time.sleep(1.0)
     t0 = time.monotonic()

@@ -384,10 +384,24 @@ def test_pod_status_running_then_failed_keeps_transition_times():
     failed = pod_status(pod, [facts(42)], pod_ip="127.2.2.2", host_ip="127.0.0.1", start_time=T0, now=later)
     cond = {c["type"]: c for c in failed["conditions"]}
     assert failed["phase"] == "Failed" and cond["Ready"]["status"] == "False"
-    assert cond["Ready"]["reason"] == "PodCompleted" and cond["Ready"]["lastTransitionTime"] == "2026-11-22T03:00:09Z"
+    assert cond["Ready"]["reason"] == "PodFailed" and cond["Ready"]["lastTransitionTime"] == "2026-11-22T03:00:09Z"
+    assert cond["ContainersReady"]["reason"] == "PodFailed" and "reason" not in cond["Initialized"]
     assert cond["Initialized"]["lastTransitionTime"] == "2026-11-22T03:00:00Z"
     assert failed["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 42
     json.dumps(failed)  # it is what gets sent
+
+
+def test_terminal_pod_conditions_read_as_the_real_kubelets():
+    """Measured on a real node (kubelet v1.35.4): Ready/ContainersReady say PodFailed or PodCompleted, a Succeeded
+    pod's Initialized says PodCompleted, the order is PodReadyToStartContainers, Initialized, Ready,
+    ContainersReady, and observedGeneration is reported."""
+    pod = make_pod()
+    pod["metadata"]["generation"] = 3
+    done = pod_status(pod, [facts(0)], pod_ip="127.2.2.2", host_ip="127.0.0.1", start_time=T0, now=T0)
+    assert done["phase"] == "Succeeded" and done["observedGeneration"] == 3
+    assert [(c["type"], c["status"], c.get("reason")) for c in done["conditions"]] == [
+        ("PodReadyToStartContainers", "False", None), ("Initialized", "True", "PodCompleted"),
+        ("Ready", "False", "PodCompleted"), ("ContainersReady", "False", "PodCompleted")]
 
 
 def test_restart_rules():

@@ -1,0 +1,196 @@
+"""End to end on real nodes: `helm install` runs the operator from its image as the chart's Deployment under
+restricted Pod Security; the example trainer's workers are real containers (upstream kubelet, containerd, runc) on
+real nodes, talking over the cluster's bridge and finding process 0 through the cluster DNS.
+
+Every job runs the example image on the worker pool ``realw`` (three real nodes, topped up before each test); the
+steady reference job runs on the system node beside the operator. Step logs and results land in a per-job host
+directory mounted at /ckpt.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from localcluster.goodput import analyse, read_step_log
+from localcluster.stack import (
+    RELEASE_NS,
+    SYSTEM_POOL,
+    WORKER_POOL,
+    DeployedOperator,
+    example_job,
+    install_operator,
+)
+from localcluster.testing import taint_node, wait_for
+
+from .conftest import get_tj, pod_node, wait_tj, worker_logs
+
+pytestmark = [pytest.mark.e2e, pytest.mark.realnodes, pytest.mark.timeout(1800)]
+
+STEPS, SLEEP = 240, 0.03
+SPOT_TAINT = "cloud.google.com/impending-node-termination"
+REQUESTS = {"cpu": "250m", "memory": "1Gi"}  # 2-CPU real nodes: two workers and the operator fit on one
+
+
+@pytest.fixture(scope="session")
+def real_operator(real_cluster: Any) -> DeployedOperator:
+    install_operator(real_cluster, real_cluster.real.images["operator"].ref,
+                     node_selector={"reprieve.test/pool": SYSTEM_POOL})
+    return DeployedOperator(real_cluster)
+
+
+@pytest.fixture
+def real_ns(real_cluster: Any) -> Iterator[str]:
+    name = f"r-{uuid.uuid4().hex[:8]}"
+    real_cluster.kubectl("create", "namespace", name)
+    yield name
+    real_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def submit(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, interval: int = 0) -> Path:
+    ckpt = root / name
+    body = example_job(name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
+                       node_selector={"reprieve.test/pool": pool}, image=cluster.real.images["example"].ref,
+                       requests=REQUESTS, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"})
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+    return ckpt
+
+
+def wait_step(ckpt: Path, step: int, timeout: float, cluster: Any, namespace: str, name: str) -> None:
+    log = ckpt / "steps.jsonl"
+    wait_for(lambda: log.exists() and any(r.step >= step for r in read_step_log(log)), timeout,
+             f"{namespace}/{name} to reach step {step}", interval=0.3,
+             describe=lambda: worker_logs(cluster, namespace, name, 2))
+
+
+def succeeded(status: dict) -> bool:
+    return status.get("phase") == "Succeeded"
+
+
+def container_uids(cluster: Any, namespace: str, pod: str) -> set[int]:
+    """Real uids of the processes of ``pod`` (found through its cgroup on the node)."""
+    uid = json.loads(cluster.kubectl("get", "pod", pod, "-n", namespace, "-o", "json").stdout)["metadata"]["uid"]
+    from localcluster import cgroups
+
+    uids = set()
+    for pid in cgroups.pids(cluster.real.cgroup_base):
+        try:
+            if uid.replace("-", "_") in Path(f"/proc/{pid}/cgroup").read_text().replace("-", "_"):
+                status = Path(f"/proc/{pid}/status").read_text()
+                uids.add(int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1]))
+        except (OSError, StopIteration):
+            pass
+    return uids
+
+
+def test_helm_install_runs_the_operator_image_as_the_charts_deployment_under_restricted_pod_security(
+        real_cluster: Any, real_operator: DeployedOperator) -> None:
+    pod = json.loads(real_cluster.kubectl("get", "pod", real_operator.pod, "-n", RELEASE_NS, "-o", "json").stdout)
+    assert pod["spec"]["nodeName"] == "real-sys-0"
+    assert pod["spec"]["containers"][0]["image"] == real_cluster.real.images["operator"].ref
+    assert pod["status"]["containerStatuses"][0]["ready"] is True
+    assert real_cluster.is_real(pod["spec"]["nodeName"])
+    # the container's processes really run as the chart's non-root user (not just declared so)
+    assert container_uids(real_cluster, RELEASE_NS, real_operator.pod) == {65532}
+    # restricted is enforced in the namespace: a privileged pod is refused at admission
+    bad = real_cluster.kubectl("run", "priv", "-n", RELEASE_NS, "--image=reprieve.local/pause:x",
+                               "--privileged", check=False)
+    assert bad.returncode != 0 and "violates PodSecurity \"restricted" in bad.stderr, bad.stderr
+
+
+def test_noticed_preemption_on_real_nodes_loses_no_step_and_ends_bit_identical(
+        real_cluster: Any, real_operator: DeployedOperator, real_workers: list[str], real_ns: str,
+        api: Any, tmp_path: Path) -> None:
+    ckpt_a = submit(real_cluster, real_ns, "preempted", tmp_path, WORKER_POOL)
+    ckpt_b = submit(real_cluster, real_ns, "steady", tmp_path, SYSTEM_POOL)
+    wait_step(ckpt_a, 60, 300, real_cluster, real_ns, "preempted")
+    doomed = pod_node(real_cluster, real_ns, "preempted-1")
+    assert doomed in real_workers
+    taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
+
+    status = wait_tj(real_cluster, real_ns, "preempted", lambda s: (s.get("attempt") or 0) >= 2
+                     and s.get("phase") in ("Running", "Succeeded"), 180, "attempt 2 running", real_operator)["status"]
+    assert status["restarts"]["preemption"] == 1, status
+    assert status["lastNotice"]["node"] == doomed, status
+    for i in range(2):
+        assert pod_node(real_cluster, real_ns, f"preempted-{i}") != doomed
+
+    final_a = wait_tj(real_cluster, real_ns, "preempted", succeeded, 400, "Succeeded", real_operator)
+    wait_tj(real_cluster, real_ns, "steady", succeeded, 400, "Succeeded", real_operator)
+    result_a = json.loads((ckpt_a / "result.json").read_text())
+    result_b = json.loads((ckpt_b / "result.json").read_text())
+    assert result_a["resumedFrom"] > 60, result_a
+    assert result_a["sha256"] == result_b["sha256"], "resumed run's parameters differ from the uninterrupted run's"
+    report = analyse(read_step_log(ckpt_a / "steps.jsonl"), start=0, end=1)
+    assert [i.lost_steps for i in report.interruptions] == [0], report.summary()
+    assert report.steps == STEPS
+    assert final_a["status"]["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}
+
+
+@pytest.fixture
+def api(real_cluster: Any) -> Iterator[Any]:
+    client = real_cluster.api_client()
+    yield client
+    client.close()
+
+
+def test_real_node_lost_without_notice_resumes_from_the_last_periodic_checkpoint(
+        real_cluster: Any, real_operator: DeployedOperator, real_workers: list[str], real_ns: str,
+        tmp_path: Path) -> None:
+    interval = 40
+    ckpt = submit(real_cluster, real_ns, "lost", tmp_path, WORKER_POOL, interval=interval)
+    wait_step(ckpt, 100, 300, real_cluster, real_ns, "lost")
+    real_cluster.remove_node(pod_node(real_cluster, real_ns, "lost-1"))  # containers, shims, kubelet: all gone
+
+    final = wait_tj(real_cluster, real_ns, "lost", succeeded, 600, "Succeeded after the node loss", real_operator)
+    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
+    assert len(report.interruptions) >= 1, report.summary()
+    first = report.interruptions[0]
+    assert first.resumed_at % interval == 0, report.summary()
+    assert first.lost_steps <= interval, report.summary()
+    restarts = final["status"]["restarts"]
+    assert restarts["preemption"] == 0 and restarts["disruption"] + restarts["failure"] >= 1, restarts
+
+
+def test_worker_pod_deleted_on_a_real_node_restarts_the_gang_and_finishes(
+        real_cluster: Any, real_operator: DeployedOperator, real_workers: list[str], real_ns: str,
+        tmp_path: Path) -> None:
+    ckpt = submit(real_cluster, real_ns, "deleted", tmp_path, WORKER_POOL, interval=40)
+    wait_step(ckpt, 60, 300, real_cluster, real_ns, "deleted")
+    real_cluster.kubectl("delete", "pod", "deleted-1", "-n", real_ns, "--wait=false")
+
+    final = wait_tj(real_cluster, real_ns, "deleted", succeeded, 600, "Succeeded after a worker pod was deleted",
+                    real_operator)
+    status = final["status"]
+    assert status["attempt"] >= 2 and status["restartCount"] >= 1, status
+    # the kubelet's SIGTERM is a notice to the runtime: an agreed save, nothing lost
+    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
+    assert report.steps == STEPS and report.lost_steps == 0, report.summary()
+
+
+def test_operator_pod_deleted_mid_preemption_on_real_nodes_restarts_the_gang_once(
+        real_cluster: Any, real_operator: DeployedOperator, real_workers: list[str], real_ns: str,
+        api: Any, tmp_path: Path) -> None:
+    ckpt = submit(real_cluster, real_ns, "twice", tmp_path, WORKER_POOL)
+    wait_step(ckpt, 40, 300, real_cluster, real_ns, "twice")
+    doomed = pod_node(real_cluster, real_ns, "twice-0")
+    taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
+    wait_tj(real_cluster, real_ns, "twice", lambda s: s.get("lastNotice") is not None, 60, "notice recorded",
+            real_operator)
+    real_operator.delete_pod()  # the Deployment brings a new operator pod while the workers save and exit
+
+    final = wait_tj(real_cluster, real_ns, "twice", succeeded, 400, "Succeeded", real_operator)
+    status = final["status"]
+    assert status["attempt"] == 2, status
+    assert status["restartCount"] == 1 and status["restarts"]["preemption"] == 1, status
+    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
+    assert [i.lost_steps for i in report.interruptions] == [0], report.summary()
+    events = real_cluster.kubectl("get", "events", "-n", real_ns, "--field-selector",
+                                  "involvedObject.kind=TrainingJob,involvedObject.name=twice", "-o", "json").stdout
+    reasons = [e["reason"] for e in json.loads(events)["items"]]
+    assert reasons.count("PreemptionNotice") == 1, f"notice delivered {reasons.count('PreemptionNotice')} times"
+    assert get_tj(real_cluster, real_ns, "twice")["status"]["phase"] == "Succeeded"
