@@ -102,13 +102,22 @@ class DeployedOperator:
 
     @property
     def pod(self) -> str:
-        return operator_pod(self.cluster)
+        """The operator pod that acts: the holder of the leader-election Lease (with leader election), else the
+        running pod."""
+        return self.leader() or operator_pod(self.cluster)
+
+    def leader(self) -> str | None:
+        out = self.cluster.kubectl("get", "lease", RELEASE, "-n", RELEASE_NS, "-o",
+                                   "jsonpath={.spec.holderIdentity}", check=False)
+        holder = out.stdout.strip() if out.returncode == 0 else ""
+        return holder.rsplit("_", 1)[0] or None  # identity: <pod>_<pid>
 
     def tail(self, lines: int = 60) -> str:
         return operator_state(self.cluster, lines)
 
     def delete_pod(self, timeout: float = 120.0) -> str:
-        """Delete the operator pod (graceful); return the replacement's name once it is running."""
+        """Delete the acting operator pod (graceful; with leader election it releases the Lease and the standby
+        takes over); return the name of the pod that acts next, once it does."""
         old = self.pod
         self.cluster.kubectl("delete", "pod", old, "-n", RELEASE_NS, "--wait=false")
 
@@ -118,7 +127,7 @@ class DeployedOperator:
             except ClusterError:
                 return False
 
-        wait_until(replaced, timeout, "a new operator pod to run", interval=0.5,
+        wait_until(replaced, timeout, "another operator pod to act", interval=0.5,
                    on_timeout=lambda: "\n" + self.tail())
         return self.pod
 

@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None) -> None:
         namespaces=args.namespace,
         liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
         memo=memo,
+        # kopf would derive one from getpass.getuser(), which fails for a uid without a passwd entry.
+        identity=os.environ.get("POD_NAME") or f"reprieve-operator-{os.getpid()}",  # type: ignore[arg-type]
     )
     if election is not None:
         election.release()
