@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .kubelet import EmulatedCosts
 from .pki import PKI, make_pki
 from .realnodes import RealNodes
 
@@ -289,12 +290,15 @@ class Cluster:
 
     # -- nodes ---------------------------------------------------------------------------------------------
     def add_node(self, name: str, labels: dict[str, str] | None = None, *, kind: str = "process",
-                 timeout: float | None = None, images: list[str] | None = None) -> str:
+                 timeout: float | None = None, images: list[str] | None = None,
+                 costs: EmulatedCosts | None = None) -> str:
         """Start a kubelet registering Node ``name``; return once the Node is Ready.
 
         ``kind="process"``: a process kubelet (pods are host processes; starts in under a second).
         ``kind="real"``: the upstream kubelet with its own containerd + runc in the cluster network namespace
         (:mod:`localcluster.realnode`); ``images`` names the built images to import (default: all of them).
+        ``costs``: a process node's emulated image pull and container start (default: from the environment,
+        ``REPRIEVE_EMULATE_PULL_SECONDS`` / ``REPRIEVE_EMULATE_START_SECONDS``, else none).
         """
         if name in self._nodes:
             raise ClusterError(f"node {name!r} already has a kubelet in this cluster")
@@ -308,6 +312,9 @@ class Cluster:
                     "--ca-file", str(self.pki.ca_crt)]
             for k, v in (labels or {}).items():
                 args += ["--label", f"{k}={v}"]
+            if costs is not None:
+                args += ["--emulate-pull-seconds", str(costs.pull_seconds),
+                         "--emulate-start-seconds", str(costs.start_seconds)]
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join([str(REPO / "hack"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
             proc = self._spawn(f"kubelet-{name}", args, env=env)

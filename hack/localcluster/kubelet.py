@@ -65,6 +65,38 @@ DEFAULT_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-stor
 log = logging.getLogger("localcluster.kubelet")
 
 DEFAULT_GRACE_S = 30
+PULL_ENV, START_ENV = "REPRIEVE_EMULATE_PULL_SECONDS", "REPRIEVE_EMULATE_START_SECONDS"
+
+
+@dataclass(frozen=True)
+class EmulatedCosts:
+    """What a real node costs that a process does not: an image pull (the first time a node runs an image) and
+    a container start (every pod start). 0 in unit and integration tests; the benchmarks and the demo set
+    them and print them (docs/local-cluster.md, "Emulated costs")."""
+
+    pull_seconds: float = 0.0
+    start_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.pull_seconds < 0 or self.start_seconds < 0:
+            raise ValueError(f"emulated costs must be >= 0 seconds, got pull {self.pull_seconds}, "
+                             f"start {self.start_seconds}")
+
+    @classmethod
+    def from_env(cls, pull: float | None = None, start: float | None = None,
+                 env: dict[str, str] | None = None) -> EmulatedCosts:
+        env = dict(os.environ if env is None else env)
+        try:
+            return cls(pull if pull is not None else float(env.get(PULL_ENV) or 0),
+                       start if start is not None else float(env.get(START_ENV) or 0))
+        except ValueError as e:
+            raise ValueError(f"{PULL_ENV}/{START_ENV}: {e}") from e
+
+    def describe(self) -> str:
+        if not (self.pull_seconds or self.start_seconds):
+            return "no emulated costs (pods start as fast as processes)"
+        return (f"emulated: image pull {self.pull_seconds:g} s (once per node and image), container start "
+                f"{self.start_seconds:g} s (every pod)")
 
 
 def _now() -> datetime:
@@ -102,6 +134,7 @@ class _Pod:
     delete_sent: bool = False
     last_status: str | None = None
     next_restart: dict[str, float] = field(default_factory=dict)
+    ready_at: float = 0.0          # monotonic time the emulated image pull and container start are over
 
     @property
     def key(self) -> str:
@@ -120,7 +153,7 @@ class Kubelet:
                  labels: dict[str, str] | None = None, capacity: dict[str, str] | None = None,
                  sync_period: float = 1.0, heartbeat_period: float = 10.0, ca_file: str | Path | None = None,
                  api_host: str = "127.0.0.1", api_port: int | None = None,
-                 parent_env: dict[str, str] | None = None) -> None:
+                 parent_env: dict[str, str] | None = None, costs: EmulatedCosts | None = None) -> None:
         self.api_client = api_client
         self.node_name = node_name
         self.workdir = Path(workdir)
@@ -136,6 +169,8 @@ class Kubelet:
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
         self.parent_env = env
         self.core = client.CoreV1Api(api_client)
+        self.costs = costs or EmulatedCosts.from_env()
+        self._pulled: dict[str, float] = {}  # image -> monotonic time its (emulated) pull on this node is done
         self._pods: dict[str, _Pod] = {}
         self._lock = threading.RLock()
         self._events: queue.Queue = queue.Queue()
@@ -301,6 +336,8 @@ class Kubelet:
             self._launch(st)
         else:
             self._refresh_files(st)
+            if any(f.started_at is None for f in st.init_facts + st.facts):
+                self._advance(st)
             self._check_exits(st, restart=True)
         self._report(st)
 
@@ -390,14 +427,42 @@ class Kubelet:
             for f in st.init_facts + st.facts:
                 f.waiting_reason, f.waiting_message = "CreateContainerConfigError", str(e)
             return
+        st.ready_at = self._emulate_pull_and_start(st, containers)
         for f in st.init_facts + st.facts:
             f.waiting_reason = "PodInitializing" if st.init_facts else None
             f.waiting_message = None
+            if st.ready_at > time.monotonic():
+                f.waiting_reason = "ContainerCreating"
         st.launched = True
         self._advance(st)
 
+    def _emulate_pull_and_start(self, st: _Pod, containers: list[dict]) -> float:
+        """When the pod's containers may start: after the emulated pull of every image this node has not
+        pulled yet (one pull per node and image, shared by the pods that wait for it) and the emulated
+        container start. Posts the Pulling/Pulled Events a real kubelet posts."""
+        now = time.monotonic()
+        ready = now
+        for image in dict.fromkeys(c.get("image", "") for c in containers):
+            done = self._pulled.get(image)
+            if done is None:
+                done = now + self.costs.pull_seconds
+                self._pulled[image] = done
+                if self.costs.pull_seconds > 0:
+                    podio.post_event(self.core, st.pod, "Pulling", f"Pulling image \"{image}\" (emulated: "
+                                     f"{self.costs.pull_seconds:g} s per node and image)")
+                    pulled = f"Successfully pulled image \"{image}\" in {self.costs.pull_seconds:g}s (emulated)"
+                    threading.Timer(self.costs.pull_seconds, podio.post_event,
+                                    (self.core, st.pod, "Pulled", pulled)).start()
+            ready = max(ready, done)
+        ready += self.costs.start_seconds
+        if ready > now:
+            threading.Timer(ready - now, self._wake.set).start()
+        return ready
+
     def _advance(self, st: _Pod) -> None:
         """Start the next init container, or once all of them exited 0, the containers (not yet started)."""
+        if time.monotonic() < st.ready_at:
+            return  # the emulated pull or container start is not over
         for f in st.init_facts:
             if f.exit_code == 0:
                 continue
@@ -500,6 +565,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ca-file", default=None, help="cluster CA (default: the kubeconfig's)")
     parser.add_argument("--sync-period", type=float, default=1.0)
     parser.add_argument("--heartbeat-period", type=float, default=10.0)
+    parser.add_argument("--emulate-pull-seconds", type=float, default=None,
+                        help=f"seconds an image takes to pull, once per node and image (default: "
+                             f"${PULL_ENV} or 0)")
+    parser.add_argument("--emulate-start-seconds", type=float, default=None,
+                        help=f"seconds a container takes to start (default: ${START_ENV} or 0)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s kubelet[{args.node}] %(levelname)s %(message)s")
     from kubernetes import config
@@ -509,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     api_client = config.new_client_from_config(config_file=args.kubeconfig)
     kubelet = Kubelet(api_client, args.node, Path(args.workdir), labels=_parse_pairs(args.label, "--label"),
                       capacity=_parse_pairs(args.capacity, "--capacity"), sync_period=args.sync_period,
-                      heartbeat_period=args.heartbeat_period, ca_file=args.ca_file)
+                      heartbeat_period=args.heartbeat_period, ca_file=args.ca_file,
+                      costs=EmulatedCosts.from_env(args.emulate_pull_seconds, args.emulate_start_seconds))
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

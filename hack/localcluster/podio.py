@@ -124,6 +124,24 @@ def patch_pod_status(core: client.CoreV1Api, pod: dict, status: dict) -> bool:
         raise
 
 
+def post_event(core: client.CoreV1Api, pod: dict, reason: str, message: str) -> None:
+    """A Normal Event on ``pod`` from this kubelet (best effort: a failure is only logged)."""
+    from datetime import UTC, datetime
+
+    meta = pod["metadata"]
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {"metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "reason": reason, "message": message, "type": "Normal",
+            "source": {"component": "kubelet", "host": pod["spec"].get("nodeName", "")},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+    try:
+        core.create_namespaced_event(meta["namespace"], body, _request_timeout=REQUEST_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - Events are best effort, like the real kubelet's
+        log.info("event %s on pod %s/%s not posted: %s", reason, meta["namespace"], meta["name"], e)
+
+
 def read_text(path: str | Path | None) -> str | None:
     try:
         return Path(path).read_text() if path else None

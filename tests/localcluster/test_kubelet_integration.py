@@ -21,8 +21,8 @@ pytestmark = pytest.mark.integration
 
 def pod_manifest(name: str, script: str, *, node: str | None = None, env: list[dict] | None = None,
                  volumes: list[dict] | None = None, mounts: list[dict] | None = None, grace: int | None = None,
-                 restart_policy: str = "Never", **spec: object) -> dict:
-    container: dict = {"name": "main", "image": "ignored", "command": ["python", "-c", textwrap.dedent(script)],
+                 restart_policy: str = "Never", image: str = "ignored", **spec: object) -> dict:
+    container: dict = {"name": "main", "image": image, "command": ["python", "-c", textwrap.dedent(script)],
                        "env": env or [], "volumeMounts": mounts or []}
     body: dict = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
                   "spec": {"containers": [container], "restartPolicy": restart_policy, "volumes": volumes or [],
@@ -472,3 +472,44 @@ def test_second_delete_shortens_the_grace_period(cluster: Cluster, core, namespa
     core.delete_namespaced_pod("stubborn", namespace, grace_period_seconds=1)
     wait_for_pod_gone(core.api_client, namespace, "stubborn", timeout=20)
     assert time.monotonic() - t0 < 10
+
+
+def test_emulated_image_pull_once_per_node_and_image_and_container_start(cluster: Cluster, core,
+                                                                         namespace: str) -> None:
+    """A node with emulated costs: the first pod of an image waits pull + start (ContainerCreating, Pulling and
+    Pulled Events); the next pod of the same image on that node waits only the container start."""
+    from localcluster.kubelet import EmulatedCosts
+
+    node = cluster.add_node(f"costly-{uuid.uuid4().hex[:6]}", costs=EmulatedCosts(pull_seconds=4, start_seconds=1))
+    try:
+        script = "import time; time.sleep(60)"
+        starts = {}
+        for name in ("first", "second"):
+            t0 = time.monotonic()
+            core.create_namespaced_pod(namespace, pod_manifest(name, script, node=node, image="repo/trainer:1"))
+            if name == "first":
+                time.sleep(1.5)
+                pod = core.read_namespaced_pod(name, namespace)
+                waiting = pod.status.container_statuses[0].state.waiting
+                assert pod.status.phase == "Pending" and waiting.reason == "ContainerCreating"
+            wait_for_pod_phase(core.api_client, namespace, name, "Running", timeout=30)
+            starts[name] = time.monotonic() - t0
+        assert 5 <= starts["first"] < 12, starts  # 4 s pull + 1 s start (+ the kubelet's own latency)
+        assert 1 <= starts["second"] < 4, starts  # pulled already: the container start only
+        reasons = wait_for(lambda: (r := [e.reason for e in core.list_namespaced_event(namespace).items
+                                          if e.involved_object.name == "first"]) and "Pulled" in r and r, 10,
+                           "the Pulled Event")
+        assert "Pulling" in reasons
+        assert not [e for e in core.list_namespaced_event(namespace).items
+                    if e.involved_object.name == "second" and e.reason == "Pulling"]
+    finally:
+        cluster.remove_node(node)
+
+
+def test_emulated_costs_refuse_negative_values() -> None:
+    from localcluster.kubelet import EmulatedCosts
+
+    with pytest.raises(ValueError, match="must be >= 0 seconds"):
+        EmulatedCosts(pull_seconds=-1)
+    assert EmulatedCosts.from_env(env={"REPRIEVE_EMULATE_PULL_SECONDS": "20"}).pull_seconds == 20
+    assert "image pull 20 s" in EmulatedCosts(20, 1).describe()
