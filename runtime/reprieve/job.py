@@ -391,7 +391,13 @@ def abstract_problem(abstract: Any, built: Any = None) -> str | None:
     for path, a in want:
         if isinstance(a, jax.ShapeDtypeStruct) and a.sharding is None:
             return (f"abstract leaf {jax.tree_util.keystr(path)} has no sharding; give "
-                    "jax.ShapeDtypeStruct(shape, dtype, sharding=...) for every array")
+                    "jax.ShapeDtypeStruct(shape, dtype, sharding=...) for every array (flax NNX: nnx.eval_shape "
+                    "leaves carry none; see docs/runtime.md, \"flax NNX\")")
+        if isinstance(a, jax.ShapeDtypeStruct) and isinstance(getattr(a.sharding, "mesh", None),
+                                                              jax.sharding.AbstractMesh):
+            return (f"abstract leaf {jax.tree_util.keystr(path)} has a sharding on an abstract mesh (no devices to "
+                    "restore onto); map concrete ones in, e.g. nnx.get_named_sharding(abstract, mesh) "
+                    "(docs/runtime.md, \"flax NNX\")")
     if built is None:
         return None
     got, got_def = jax.tree_util.tree_flatten_with_path(built)
