@@ -56,15 +56,9 @@ def init(
     config = RuntimeConfig.from_env(os.environ if env is None else env)
     enable_compilation_cache(config)
     coordinator = _join(config)
-    committed: list[Job] = []  # filled below: commits reported by the default manager go to the job
-
-    def on_commit(step: int) -> None:
-        if committed:
-            committed[0].on_commit(step)
-
     ckpt: Checkpointer
     if checkpointer is None:
-        ckpt = default_checkpointer(config, coordinator, on_commit=on_commit)
+        ckpt = default_checkpointer(config, coordinator)
     elif callable(checkpointer) and not hasattr(checkpointer, "save"):
         ckpt = checkpointer(config, coordinator)
     else:
@@ -118,9 +112,11 @@ def init(
              ", ".join(s for s, on in [("SIGTERM", sigterm is not None), ("notice file", config.notice_file),
                                        ("pod watch", config.in_cluster and watch_pod),
                                        ("callable", notice_fn is not None)] if on))
+    # Job wires itself to the checkpointer's commits (set_commit_callback), whichever checkpointer it is.
     job = Job(config, coordinator, ckpt, agreement, hub, policy=policy, metrics=metrics, progress=progress,
               closers=closers, exit_fn=exit_fn)
-    committed.append(job)
+    if config.distributed:
+        _replace_preemption_sync_point()
     atexit.register(job.abandon)  # a loop left by break/exception must not abort the interpreter's exit
     return job
 
@@ -165,16 +161,43 @@ def _join(config: RuntimeConfig) -> Coordinator:
     return JaxCoordinator.from_jax()
 
 
-def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator, *,
-                         on_commit: Callable[[int], None] | None = None) -> Checkpointer:
-    """``reprieve.checkpoint.CheckpointManager`` on ``REPRIEVE_CHECKPOINT_URI``; ``on_commit(step)`` is called
-    in its background thread after every commit (the job reports progress from there)."""
-    try:
-        from .checkpoint import CheckpointManager  # type: ignore[attr-defined]
-    except ImportError as err:
-        raise RuntimeError(
-            "reprieve.init(): no checkpointer given and reprieve.checkpoint.CheckpointManager is not "
-            f"available ({err}); pass checkpointer=... (see docs/runtime.md)"
-        ) from err
+def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Checkpointer:
+    """``reprieve.checkpoint.CheckpointManager`` on ``REPRIEVE_CHECKPOINT_URI`` (the job sets its commit
+    callback: progress is reported from the manager's background thread after every commit)."""
+    from .checkpoint import CheckpointManager
+
     return CheckpointManager(config.checkpoint_uri, coordinator=coordinator, attempt=config.attempt,
-                             keep=config.checkpoint_keep, on_commit=on_commit)
+                             keep=config.checkpoint_keep)
+
+
+class PreemptionServiceDisabled(Exception):  # noqa: N818 - not a RuntimeError: Orbax swallows those into False
+    """``reached_preemption`` / ``reached_preemption_sync_point`` was called under reprieve."""
+
+
+class _NoPreemptionSyncPoint:
+    """Stands in for JAX's preemption sync manager, which reprieve turns off (it owns SIGTERM).
+
+    Without it, ``orbax.checkpoint.CheckpointManager.reached_preemption(step)`` and
+    ``jax.experimental.multihost_utils.reached_preemption_sync_point(step)`` silently return False for ever,
+    and a MaxText-style loop would never save before its node goes. Answering True instead would be worse: such
+    a loop then saves with its own manager and exits 0, which the operator reads as "training finished".
+    So it fails at the first call, saying what to write instead.
+    """
+
+    def reached_sync_point(self, step: int) -> bool:
+        raise PreemptionServiceDisabled(
+            f"reached_preemption({step}) cannot work under reprieve: reprieve.init() turns JAX's preemption "
+            "service off and agrees the save step itself. Replace `if mngr.reached_preemption(step):` with "
+            "`job.save(step, state)` every step (it saves at the agreed step, waits for the commit and exits "
+            "with the restart code), or ask `job.should_stop(step)`; pass checkpointer=reprieve.orbax."
+            "OrbaxCheckpointer(...) to keep Orbax's format (docs/runtime.md, \"Coming from Orbax / MaxText\")")
+
+    def shutdown(self) -> None:  # called by jax.distributed.shutdown()
+        return None
+
+
+def _replace_preemption_sync_point() -> None:
+    from jax._src import distributed  # not public API: the sync manager JAX's helpers and Orbax consult
+
+    if distributed.global_state.preemption_sync_manager is None:
+        distributed.global_state.preemption_sync_manager = _NoPreemptionSyncPoint()

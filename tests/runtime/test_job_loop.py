@@ -11,6 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 import pytest
 import reprieve
+from reprieve.coordination import LocalCoordinator
 from reprieve.job import Job
 
 from tests.runtime.helpers_agreement import FileCheckpointer
@@ -70,7 +71,7 @@ def test_notify_then_save_at_the_agreed_step_exits_42_with_a_checkpoint(make_job
     assert code == 42
     target = job.agreement.target
     assert target is not None and step == target.plan.final_step >= 5  # notified in step 5's body
-    assert FileCheckpointer(str(tmp_path / "ckpt"), reprieve.LocalCoordinator()).latest_step() == step
+    assert FileCheckpointer(str(tmp_path / "ckpt"), LocalCoordinator()).latest_step() == step
     m = job.metrics
     assert m.get("reprieve_notices_total", source="user", reason="maintenance") == 1
     assert m.get("reprieve_agreed_step") == step and m.get("reprieve_notice_to_commit_seconds") > 0
@@ -122,7 +123,7 @@ def test_finishing_normally_saves_the_last_step(make_job: Any, tmp_path: Path) -
     job = make_job()
     code, step = train(job, total=7)
     assert (code, step) == (0, 6)
-    assert FileCheckpointer(str(tmp_path / "ckpt"), reprieve.LocalCoordinator()).latest_step() == 6
+    assert FileCheckpointer(str(tmp_path / "ckpt"), LocalCoordinator()).latest_step() == 6
     again = make_job()
     state, start = again.restore_or(lambda: {"x": jnp.zeros((2,))})
     assert start == 7 and float(state["x"][0]) == 7.0
@@ -163,9 +164,9 @@ def test_with_block_finishes_after_break_and_abandons_on_error(make_job: Any, tm
             job.save(step, {"x": jnp.zeros(1)})
             if step == 9:
                 break
-    assert job._closed
+    assert job.phase.terminal
     with pytest.raises(ZeroDivisionError), make_job() as job2:
         for step in job2.steps(0, 100):
             if step == 3:
                 raise ZeroDivisionError
-    assert job2._closed
+    assert job2.phase.terminal

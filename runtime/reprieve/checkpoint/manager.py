@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..coordination import Coordinator, LocalCoordinator
+from ..data import to_json_value
 from . import fencing, layout, retention
 from . import save as save_mod
 from .fencing import FencedError
@@ -60,34 +61,6 @@ class RestoreResult(tuple):  # type: ignore[type-arg]
         self = super().__new__(cls, (step, state, extra))
         self.process_extra = process_extra
         return self
-
-
-def to_json_value(value: Any, what: str) -> Any:
-    """``value`` through a JSON round trip; a ``TypeError`` naming ``what`` and the key path that fails."""
-    try:
-        return json.loads(json.dumps(value, allow_nan=True))
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"{what} must be JSON-serialisable: {_first_bad(value, '')} ({err})") from None
-
-
-def _first_bad(value: Any, path: str) -> str:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, str | int | float | bool) and k is not None:
-                return f"key {path}[{k!r}] is a {type(k).__name__}"
-            found = _first_bad(v, f"{path}[{k!r}]")
-            if found:
-                return found
-        return ""
-    if isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            found = _first_bad(v, f"{path}[{i}]")
-            if found:
-                return found
-        return ""
-    if value is None or isinstance(value, str | int | float | bool):
-        return ""
-    return f"{path or 'the value'} is a {type(value).__name__}"
 
 
 def _maybe_crash(point: str, process_id: int) -> None:
@@ -212,6 +185,11 @@ class CheckpointManager:
             if e.state == "deleting" or (e.state == "tmp" and e.attempt <= self.attempt):
                 log.info("checkpoint: removing leftover %s/%s", self.uri, e)
                 st.delete(e)
+
+    def set_commit_callback(self, on_commit: Callable[[int], None] | None) -> None:
+        """``on_commit(step)`` after every commit, in the background thread of every process (what
+        :func:`reprieve.init` wires to the job: metrics and the progress annotation)."""
+        self._on_commit = on_commit
 
     # -- save ---------------------------------------------------------------------------------------
     supports_process_extra = True

@@ -7,6 +7,7 @@ proves which step it was taken at. Writes ``running-<pid>`` once warm and ``done
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import time
@@ -30,6 +31,7 @@ def main() -> None:
     save_delay = float(os.environ.get("WORKER_SAVE_DELAY", "0"))
     warm_step = int(os.environ.get("WORKER_WARM_STEP", "5"))
     break_at = int(os.environ.get("WORKER_BREAK_AT", "-1"))
+    slow_exit = float(os.environ.get("WORKER_SLOW_EXIT", "0"))
 
     if os.environ.get("WORKER_CHECKPOINTER") == "manager":
         # reprieve.init()'s default checkpointer (reprieve.checkpoint.CheckpointManager) on a global array
@@ -47,6 +49,10 @@ def main() -> None:
 
         def init_state() -> dict[str, jax.Array]:
             return {"x": jnp.zeros((4,), jnp.float32)}
+    if slow_exit:
+        # A slow interpreter exit (JAX and TensorStore teardown take 0.1-0.2 s): the window in which a second
+        # SIGTERM arrives after the restart code has been decided. atexit runs last-registered first.
+        atexit.register(time.sleep, slow_exit)
     state, start = job.restore_or(init_state)
     train_step = jax.jit(lambda s: {"x": s["x"] + 1})
     for step in job.steps(start, total):
