@@ -209,13 +209,15 @@ class Agreement:
 
     # -- any thread --------------------------------------------------------------------------------------
     def request_save(self, reason: str) -> bool:
-        """Ask every process to agree on one save at the earliest step none has passed (a save round); the
-        watcher claims it. Returns False while an earlier request is still being agreed (nothing is queued)."""
+        """Ask every process to agree on one save at the earliest step none has passed (a save round). Claims
+        the round at once (one RPC, once per request: the time-based interval asks once per interval).
+        Returns False while an earlier request is still being agreed (nothing is done then)."""
         with self._cond:
             if self._save_requested:
                 return False
             self._save_requested = True
-            self._retry_saves.append(reason)
+            round_ = self._next_round
+        self._claim_save(round_, reason)
         return True
 
     def offer(self, notice: Notice) -> None:
@@ -275,7 +277,7 @@ class Agreement:
         while not self._stop.is_set():
             key = f"{self.prefix}/notice/{round_}"
             try:
-                raw = self.coordinator.get(key, 0.0 if self._retry_saves else self.poll_s)
+                raw = self.coordinator.get(key, self.poll_s)
             except CoordinationTimeout:
                 with self._cond:
                     retry, self._retry = self._retry, []

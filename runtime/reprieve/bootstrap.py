@@ -181,10 +181,14 @@ class _NoPreemptionSyncPoint:
     ``jax.experimental.multihost_utils.reached_preemption_sync_point(step)`` silently return False for ever,
     and a MaxText-style loop would never save before its node goes. Answering True instead would be worse: such
     a loop then saves with its own manager and exits 0, which the operator reads as "training finished".
-    So it fails at the first call, saying what to write instead.
+    So a call from user code fails at once, saying what to write instead. Orbax's own methods also ask
+    (``CheckpointManager.save`` checks ``reached_preemption`` to force a save): those calls get False, so an
+    Orbax manager (``reprieve.orbax.OrbaxCheckpointer`` among them) saves as usual.
     """
 
     def reached_sync_point(self, step: int) -> bool:
+        if _asked_by_orbax_itself():
+            return False
         raise PreemptionServiceDisabled(
             f"reached_preemption({step}) cannot work under reprieve: reprieve.init() turns JAX's preemption "
             "service off and agrees the save step itself. Replace `if mngr.reached_preemption(step):` with "
@@ -194,6 +198,20 @@ class _NoPreemptionSyncPoint:
 
     def shutdown(self) -> None:  # called by jax.distributed.shutdown()
         return None
+
+
+def _asked_by_orbax_itself() -> bool:
+    """True when the innermost Orbax ``reached_preemption`` on the stack was called by Orbax code."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "reached_preemption" and str(frame.f_globals.get("__name__", "")).startswith(
+                "orbax."):
+            caller = frame.f_back
+            while caller is not None and caller.f_code.co_name == "reached_preemption":
+                caller = caller.f_back  # CheckpointManager.reached_preemption -> utils.reached_preemption
+            return caller is not None and str(caller.f_globals.get("__name__", "")).startswith("orbax.")
+        frame = frame.f_back
+    return False
 
 
 def _replace_preemption_sync_point() -> None:
