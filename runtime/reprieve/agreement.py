@@ -336,8 +336,8 @@ class Agreement:
             try:
                 plan_record = json.loads(self.coordinator.get(f"{self.prefix}/plan/{round_}", self.timeout_s))
             except CoordinationTimeout as err:
-                acks = self._safe_dir(f"{self.prefix}/ack/{round_}/")
-                missing = missing_processes(list(acks), range(self.n))
+                present = self._safe_dir(f"{self.prefix}/ack/{round_}/")
+                missing = missing_processes(list(present), range(self.n))
                 raise AgreementError(
                     f"process {self.pid}: leader process {leader} did not publish the plan of round {round_} "
                     f"within {self.timeout_s:.0f}s; processes {missing} had not acked ({err})"

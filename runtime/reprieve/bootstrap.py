@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
+from types import FrameType
 from typing import Any, cast
 
 from .agreement import Agreement, Target
@@ -170,7 +171,7 @@ def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Che
                              keep=config.checkpoint_keep)
 
 
-class PreemptionServiceDisabled(Exception):  # noqa: N818 - not a RuntimeError: Orbax swallows those into False
+class PreemptionServiceDisabled(Exception):
     """``reached_preemption`` / ``reached_preemption_sync_point`` was called under reprieve."""
 
 
@@ -202,7 +203,7 @@ class _NoPreemptionSyncPoint:
 
 def _asked_by_orbax_itself() -> bool:
     """True when the innermost Orbax ``reached_preemption`` on the stack was called by Orbax code."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_name == "reached_preemption" and str(frame.f_globals.get("__name__", "")).startswith(
                 "orbax."):

@@ -66,7 +66,7 @@ class Restored(tuple):  # type: ignore[type-arg]
     step: int | None
 
     def __new__(cls, state: Any, first_step: int, *, data: Any = None, extra: dict[str, Any] | None = None,
-                step: int | None = None) -> Restored:
+                step: int | None = None) -> Self:
         self = super().__new__(cls, (state, first_step))
         self.data, self.extra, self.step = data, extra or {}, step
         return self

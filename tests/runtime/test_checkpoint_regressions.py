@@ -34,7 +34,7 @@ def _abstract() -> dict[str, jax.ShapeDtypeStruct]:
 
 
 def _flip_first_chunk(ckpt: Path) -> None:
-    chunk = sorted(p for p in (ckpt / "arrays").rglob("*") if p.is_file() and "/c/" in str(p))[0]
+    chunk = min(p for p in (ckpt / "arrays").rglob("*") if p.is_file() and "/c/" in str(p))
     data = bytearray(chunk.read_bytes())
     data[1] ^= 0x10
     chunk.write_bytes(bytes(data))
@@ -136,6 +136,5 @@ def test_arrays_that_disagree_with_the_metadata_are_corrupt(tmp_path: Path, capl
     abstract = {"w": jax.ShapeDtypeStruct((4, 8), jnp.float32, sharding=_state(0)["w"].sharding),
                 "n": _abstract()["n"]}
     caplog.set_level(logging.ERROR, logger="reprieve.checkpoint")
-    with CheckpointManager(str(tmp_path), keep=5) as mgr:
-        with pytest.raises(Exception, match="zarr.json"):
-            mgr.restore(abstract, step=2)
+    with CheckpointManager(str(tmp_path), keep=5) as mgr, pytest.raises(Exception, match="zarr.json"):
+        mgr.restore(abstract, step=2)

@@ -206,7 +206,7 @@ def test_a_loop_over_a_loader_without_a_total_resumes_where_its_data_was(tmp_pat
         with reprieve.init(env=env, install_sigterm=False) as job:
             state, start = job.restore_or(lambda: {"sum": jnp.zeros(())}, data=data)
             step = start - 1
-            for step, item in zip(job.steps(start), data):  # noqa: B007 - step is used after the loop
+            for step, item in zip(job.steps(start), data):
                 seen.append(item)
                 state = {"sum": state["sum"] + item}
                 job.save(step, state, data=data)

@@ -20,8 +20,8 @@ import reprieve
 from tests.runtime.helpers_agreement import launch
 
 ocp = pytest.importorskip("orbax.checkpoint")
-from reprieve.checkpoint import FencedError  # noqa: E402
-from reprieve.orbax import OrbaxCheckpointer  # noqa: E402
+from reprieve.checkpoint import FencedError
+from reprieve.orbax import OrbaxCheckpointer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -50,8 +50,8 @@ def test_typed_prng_keys_come_back_as_typed_keys_on_any_sharding(tmp_path: Path)
         abstract = _abstract_of(state)
         abstract["keys"] = jax.ShapeDtypeStruct((8,), keys.dtype, sharding=NamedSharding(mesh, P("model")))
         _, got, _ = mgr.restore(abstract)
-    for k in state:
-        assert _same_bits(state[k], got[k]), k
+    for k, value in state.items():
+        assert _same_bits(value, got[k]), k
     assert got["keys"].sharding.is_equivalent_to(NamedSharding(mesh, P("model")), 1)
     assert str(jax.random.key_impl(got["rbg"])) == "rbg"
     np.testing.assert_array_equal(jax.random.normal(got["keys"][3], (4,)), jax.random.normal(keys[3], (4,)))

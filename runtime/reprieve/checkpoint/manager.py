@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 from ..coordination import Coordinator, LocalCoordinator
 from ..data import to_json_value
@@ -57,7 +57,7 @@ class RestoreResult(tuple):  # type: ignore[type-arg]
     process_extra: list[Any] | None
 
     def __new__(cls, step: int, state: Any, extra: dict[str, Any],
-                process_extra: list[Any] | None = None) -> RestoreResult:
+                process_extra: list[Any] | None = None) -> Self:
         self = super().__new__(cls, (step, state, extra))
         self.process_extra = process_extra
         return self
