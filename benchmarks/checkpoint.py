@@ -196,7 +196,7 @@ def _train(jax: Any, x: Any) -> Any:
 def child_save(a: argparse.Namespace) -> dict[str, Any]:
     jax = _setup_jax(a.devices)
     coord = _maybe_distributed(jax, a)
-    shapes = _shapes(a.size, a.leaves)
+    shapes = [] if a.lm else _shapes(a.size, a.leaves)
     state = _lm_state(jax, "same")[0]() if a.lm else _state(jax, shapes, _shardings(jax, "same"))
     step_fn = jax.jit(lambda s: jax.tree.map(lambda x: _train(jax, x), s), donate_argnums=0)
     state = step_fn(state)
@@ -233,7 +233,7 @@ def child_save(a: argparse.Namespace) -> dict[str, Any]:
 def child_restore(a: argparse.Namespace) -> dict[str, Any]:
     jax = _setup_jax(a.devices)
     coord = _maybe_distributed(jax, a)
-    shapes = _shapes(a.size, a.leaves)
+    shapes = [] if a.lm else _shapes(a.size, a.leaves)
     import jax.numpy as jnp
 
     if a.lm:

@@ -134,6 +134,9 @@ def main() -> int:
     log = logging.getLogger("train")
 
     job = reprieve.init()
+    if GLOBAL_BATCH % jax.device_count():
+        raise SystemExit(f"examples/train_lm.py: the global batch ({GLOBAL_BATCH}) must split evenly over the "
+                         f"{jax.device_count()} devices; use 1, 2, 4, 8 or 16 devices in all")
     mesh = Mesh(np.array(jax.devices()), ("data",))
     data_sharding = NamedSharding(mesh, P("data"))
     it = batches(args.seed, job.process_id, job.num_processes)

@@ -4,7 +4,7 @@ Commit protocol of one save (all processes run it in a background thread)::
 
     snapshot (the only blocking part)  ->  write own shards into the unfinished checkpoint
     -> publish own per-process extra and status (KV)  ->  barrier  ->  process 0: every status ok?
-    newer fence?  ->  process 0: write reprieve.json (with every process's extra)
+    newer fence?  ->  process 0: rewrite reprieve.json with every process's extra (if any)
     -> process 0: fsync dirs + rename (filesystem) / write commit marker (object store)
     -> process 0 publishes the outcome (KV)  ->  every process learns it  ->  on_commit, retention
 
@@ -243,6 +243,9 @@ class CheckpointManager:
             self._coord.set(f"{base}/extra/{pid}", process_extra, overwrite=True)
         try:
             save_mod.write_snapshot(st, ddir, snap, process_index=pid)
+            if pid == 0:  # beside the shards; rewritten at commit if some process gave a process_extra
+                st.write_file(f"{ddir}/{layout.METADATA_FILE}", save_mod.build_metadata(
+                    step, self.attempt, self._nproc, snap, extra).to_json())
             if pid != 0:
                 st.make_durable(ddir)  # process 0 does it at commit time, after everybody wrote
         except Exception as err:  # noqa: BLE001  (reported to every process, then raised)
@@ -287,11 +290,12 @@ class CheckpointManager:
         if newer:
             return f"fenced: attempts {newer} started after attempt {self.attempt}"
         try:
-            # Written after the barrier: it holds every process's extra, published in the KV with its status.
+            # Every process's extra arrives in the KV before its status: only process 0, after the barrier, has
+            # them all, so the metadata written beside the shards is rewritten with them (when there are any).
             extras = {int(k.rsplit("/", 1)[-1]): json.loads(v) for k, v in self._coord.dir_get(f"{base}/extra/").items()}
-            process_extra = [extras.get(p) for p in range(self._nproc)] if extras else None
-            ddir = st.data_dir(step, self.attempt)
-            st.write_file(f"{ddir}/{layout.METADATA_FILE}", metadata(process_extra).to_json())
+            if extras:
+                st.write_file(f"{st.data_dir(step, self.attempt)}/{layout.METADATA_FILE}",
+                              metadata([extras.get(p) for p in range(self._nproc)]).to_json())
             st.commit(step, self.attempt)
         except Exception as err:  # noqa: BLE001  (reported to every process, then raised)
             return f"error: commit failed: {type(err).__name__}: {err}"
