@@ -17,8 +17,9 @@ jax.distributed with 2 devices per process), so peak RSS and allocator state are
 (d) peak RSS during restore above the pre-restore baseline, as a multiple of the state per host;
 (e) floors: sequential write+fsync bandwidth, host memcpy of the same bytes, sequential read.
 
-Durability: both write through TensorStore's file driver with file_io_sync=true (fsync per file);
-Reprieve additionally fsyncs every directory and the root after its rename. Both read from the page
+Durability: both make every commit durable. Orbax writes through TensorStore's file driver with
+file_io_sync=true (an fsync per file, few files thanks to OCDBT); Reprieve writes without per-file sync, then
+fsyncs the checkpoint's files and directories concurrently (16 at a time) and the root after its rename. Both read from the page
 cache on restore (the files were just written; dropping caches would need a privileged host).
 """
 
