@@ -421,11 +421,11 @@ class Job:
 
 
 def _ignore_termination_signals() -> None:
-    """SIGTERM and SIGINT ignored (main thread only: Python lets no other thread change handlers). Putting
-    back ``SIG_DFL`` instead let a SIGTERM in the last 0.1-0.2 s turn a committed restart (42) into 143."""
+    """SIGTERM, SIGINT and SIGHUP ignored (main thread only: Python lets no other thread change handlers).
+    Putting back ``SIG_DFL`` instead let a SIGTERM in the last 0.1-0.2 s turn a committed restart (42) into 143."""
     if threading.current_thread() is not threading.main_thread():
         return
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
 
 

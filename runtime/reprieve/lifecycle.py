@@ -21,7 +21,7 @@ teardown    waits for    closes the   reports         leaves        why
 finish      yes          yes          yes (forced)    yes           normal end: nothing in flight, peers
                                                                     finish too
 restart     (committed)  yes          yes (forced)    yes           the agreed checkpoint is committed;
-                                                                    SIGTERM/SIGINT are ignored from here
+                                                                    SIGTERM/INT/HUP are ignored from here
 abandon     no           no           no              no            an exception or a break without
                                                                     finish(): peers may be gone, so no
                                                                     barrier; threads stopped only
