@@ -193,7 +193,6 @@ class Job:
         self._transition(Phase.TRAINING)
         self._last_step = None if total is None else total - 1
         self.agreement.begin(start, self._last_step)
-        self._start_together(start)
         self._last_save_at = time.monotonic()
         previous_t: float | None = None
         step = start
@@ -210,18 +209,6 @@ class Job:
         if total is not None and total > start and (self._decided != total - 1 or self._stop_step == total - 1):
             self._decide_or_exit(total - 1)
         self.finish()
-
-    def _start_together(self, start: int) -> None:
-        """Every process enters the loop at once (one barrier per attempt). Their first step is a collective
-        program; the processes' start-up work (imports, tracing, restore, data set-up) takes different times,
-        and XLA's CPU (gloo) collectives give up after 30 s when one process waits that long for another in
-        its first collective: a restarted 2-process job under load died with SIGABRT (134) that way."""
-        if self.num_processes == 1:
-            return
-        try:
-            self.coordinator.barrier(f"steps-a{self.config.attempt}-s{start}", self.config.init_timeout_seconds)
-        except Exception as err:  # noqa: BLE001 - a peer that never comes: fail like agreement failures do
-            self._abort(f"not every process reached job.steps({start}): {err}")
 
     def _transition(self, phase: Phase) -> None:
         if self.phase.terminal:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.runtime.helpers_agreement import REPO, launch
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]  # 3 gangs, each compiling the model (~30 s alone)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 EXAMPLE = REPO / "examples" / "train_lm.py"
 STEPS = 60
