@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: python3.11 not found; install Python 3.11" >&2; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
-	$(PY) -m pip install -q -e '.[runtime,operator,dev,bench,emulators]'
+	$(PY) -m pip install -q -e '.[runtime,operator,dev,bench,emulators,orbax,example]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # moto's S3 server pins python-dateutil<3, which the kubernetes client forbids: it gets a venv of its own.

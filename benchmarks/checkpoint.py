@@ -2,6 +2,11 @@
 
     .venv/bin/python benchmarks/checkpoint.py                      # 1 GiB x {16, 200} leaves + 2-process
     .venv/bin/python benchmarks/checkpoint.py --sizes 1,4 --leaves 16,200 --repeats 3
+    .venv/bin/python benchmarks/checkpoint.py --lm-only                # a state shaped like examples/train_lm.py
+
+``--lm`` adds (``--lm-only``: runs only) a state shaped like the example language model, scaled up: a transformer's
+parameters in bf16 and its AdamW moments in f32 (hundreds of small leaves: layer norms and biases of a few KiB
+beside 0.5-2 MiB kernels), an int32 step count, and nnx.Rngs-style typed PRNG keys with their counters.
 
 Every measurement runs in a fresh subprocess (4 simulated CPU devices; the 2-process case uses real
 jax.distributed with 2 devices per process), so peak RSS and allocator state are not shared:
@@ -12,8 +17,9 @@ jax.distributed with 2 devices per process), so peak RSS and allocator state are
 (d) peak RSS during restore above the pre-restore baseline, as a multiple of the state per host;
 (e) floors: sequential write+fsync bandwidth, host memcpy of the same bytes, sequential read.
 
-Durability: both write through TensorStore's file driver with file_io_sync=true (fsync per file);
-Reprieve additionally fsyncs every directory and the root after its rename. Both read from the page
+Durability: both make every commit durable. Orbax writes through TensorStore's file driver with
+file_io_sync=true (an fsync per file, few files thanks to OCDBT); Reprieve writes without per-file sync, then
+fsyncs the checkpoint's files and directories concurrently (16 at a time) and the root after its rename. Both read from the page
 cache on restore (the files were just written; dropping caches would need a privileged host).
 """
 
@@ -81,6 +87,44 @@ def _shapes(size: int, leaves: int) -> list[tuple[int, int]]:
     return [(rows, 1024)] * leaves
 
 
+LM_LAYERS, LM_D = 8, 512
+
+
+def _lm_state(jax: Any, variant: str) -> Any:
+    """The example LM's state shape, scaled up (``LM_LAYERS`` x d_model ``LM_D``): params bf16, moments f32,
+    a count, typed keys. 2-D leaves are sharded over the devices (rows for "same", columns for "different")."""
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    d = LM_D
+    shapes: dict[str, tuple[int, ...]] = {"embed": (4 * d, d), "pos": (d, d), "head": (d, 4 * d)}
+    for layer in range(LM_LAYERS):
+        for name, shape in {"q": (d, d), "k": (d, d), "v": (d, d), "o": (d, d), "up": (d, 4 * d),
+                            "down": (4 * d, d), "q_b": (d,), "k_b": (d,), "v_b": (d,), "o_b": (d,),
+                            "up_b": (4 * d,), "down_b": (d,), "ln1_s": (d,), "ln1_b": (d,), "ln2_s": (d,),
+                            "ln2_b": (d,)}.items():
+            shapes[f"l{layer:02d}_{name}"] = shape
+    mesh = _mesh(jax)
+    spec = P("d", None) if variant == "same" else P(None, "d")
+
+    def sharding(shape: tuple[int, ...]) -> Any:
+        return NamedSharding(mesh, spec if len(shape) == 2 else P())
+
+    def build() -> dict[str, Any]:
+        keys = jax.random.split(jax.random.key(0), len(shapes))
+        params = {n: jax.random.normal(k, s, jnp.bfloat16) for k, (n, s) in zip(keys, shapes.items(), strict=True)}
+        mu = {n: jax.random.normal(jax.random.fold_in(k, 1), s, jnp.float32) * 1e-3
+              for k, (n, s) in zip(keys, shapes.items(), strict=True)}
+        nu = {n: jax.random.uniform(jax.random.fold_in(k, 2), s, jnp.float32) * 1e-6
+              for k, (n, s) in zip(keys, shapes.items(), strict=True)}
+        rngs = {f"dropout{i}": {"key": jax.random.key(i), "count": jnp.asarray(i, jnp.uint32)} for i in range(4)}
+        return {"params": params, "opt": {"mu": mu, "nu": nu, "count": jnp.asarray(7, jnp.int32)}, "rngs": rngs}
+
+    out_shardings = jax.tree.map(lambda x: sharding(x.shape), jax.eval_shape(build))
+    return jax.jit(build, out_shardings=out_shardings), out_shardings
+
+
 def _leaf(jax: Any, i: int, n: int, shape: tuple[int, int]) -> Any:
     """Leaf ``i`` of ``n``: random (incompressible) float32, like trained weights. Orbax compresses
     its chunks, so constant or patterned test data would let it write almost nothing."""
@@ -143,12 +187,19 @@ class _Impl:
         self.m.close()
 
 
+def _train(jax: Any, x: Any) -> Any:
+    """One "training step" of a leaf: floats change, keys and counters stay (the check recomputes it)."""
+    import jax.numpy as jnp
+
+    return x * 0.5 + 1.0 if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+
 def child_save(a: argparse.Namespace) -> dict[str, Any]:
     jax = _setup_jax(a.devices)
     coord = _maybe_distributed(jax, a)
-    shapes = _shapes(a.size, a.leaves)
-    state = _state(jax, shapes, _shardings(jax, "same"))
-    step_fn = jax.jit(lambda s: jax.tree.map(lambda x: x * 0.5 + 1.0, s), donate_argnums=0)
+    shapes = [] if a.lm else _shapes(a.size, a.leaves)
+    state = _lm_state(jax, "same")[0]() if a.lm else _state(jax, shapes, _shardings(jax, "same"))
+    step_fn = jax.jit(lambda s: jax.tree.map(lambda x: _train(jax, x), s), donate_argnums=0)
     state = step_fn(state)
     jax.block_until_ready(state)
     t = time.perf_counter()
@@ -174,19 +225,26 @@ def child_save(a: argparse.Namespace) -> dict[str, Any]:
         state = step_fn(state)
         jax.block_until_ready(state)
     impl.close()
+    nbytes = sum(x.nbytes for x in jax.tree.leaves(state)) if a.lm else sum(r * c * 4 for r, c in shapes)
     return {"block_s": statistics.median(blocks), "commit_s": statistics.median(commits),
-            "next_step_s": statistics.median(next_steps), "step_s": step_s,
-            "bytes": sum(r * c * 4 for r, c in shapes), "last_step": a.repeats}
+            "next_step_s": statistics.median(next_steps), "step_s": step_s, "bytes": nbytes,
+            "leaves": len(jax.tree.leaves(state)), "last_step": a.repeats}
 
 
 def child_restore(a: argparse.Namespace) -> dict[str, Any]:
     jax = _setup_jax(a.devices)
     coord = _maybe_distributed(jax, a)
-    shapes = _shapes(a.size, a.leaves)
+    shapes = [] if a.lm else _shapes(a.size, a.leaves)
     import jax.numpy as jnp
 
-    sharding = _shardings(jax, a.variant)
-    abstract = {f"p{i:03d}": jax.ShapeDtypeStruct(s, jnp.float32, sharding=sharding) for i, s in enumerate(shapes)}
+    if a.lm:
+        build, shardings = _lm_state(jax, a.variant)
+        abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                jax.eval_shape(build), shardings)
+    else:
+        sharding = _shardings(jax, a.variant)
+        abstract = {f"p{i:03d}": jax.ShapeDtypeStruct(s, jnp.float32, sharding=sharding)
+                    for i, s in enumerate(shapes)}
     impl = _Impl(a.impl, a.dir, coord)
     import gc
 
@@ -200,10 +258,32 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
     t1 = time.perf_counter()
     peak = rss.stop()
 
-    ok = all(_matches(out[f"p{i:03d}"], _expected(jax, a, shapes, i)) for i in (0, len(shapes) - 1))
-    local = sum(s.data.nbytes for x in out.values() for s in x.addressable_shards if s.replica_id == 0)
+    if a.lm:
+        ok = _lm_matches(jax, a, build, out)
+        arrays = jax.tree.leaves(out)
+    else:
+        ok = all(_matches(out[f"p{i:03d}"], _expected(jax, a, shapes, i)) for i in (0, len(shapes) - 1))
+        arrays = list(out.values())
+    local = sum(s.data.nbytes for x in arrays for s in x.addressable_shards if s.replica_id == 0)
     impl.close()
     return {"restore_s": t1 - t0, "rss_delta": peak - base, "local_bytes": local, "ok": ok}
+
+
+def _lm_matches(jax: Any, a: argparse.Namespace, build: Any, out: Any) -> bool:
+    """Every leaf bit-exact (typed keys by their key data) against the state rebuilt and trained as saved."""
+    import numpy as np
+
+    want = build()
+    for _ in range(3 + 2 * a.step):
+        want = jax.tree.map(lambda x: _train(jax, x), want)
+
+    def bits(x: Any) -> bytes:
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        return b"".join(np.asarray(s.data).tobytes() for s in sorted(x.addressable_shards, key=lambda s: str(s.index)))
+
+    return all(x.dtype == y.dtype and bits(x) == bits(y)
+               for x, y in zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True))
 
 
 def _matches(x: Any, expected: Any) -> bool:
@@ -299,16 +379,16 @@ def run_child(args: list[str], nproc: int = 1, timeout: float = 900) -> dict[str
 
 
 def bench_case(size: int, leaves: int, repeats: int, base: str, nproc: int, devices: int,
-               restore_repeats: int) -> dict[str, Any]:
+               restore_repeats: int, lm: bool = False) -> dict[str, Any]:
     """Saves, then restores alternating Orbax and Reprieve (fresh processes) so both see the same
     background load; medians over ``restore_repeats``."""
     res: dict[str, Any] = {}
     dirs, common = {}, {}
     for impl in ("orbax", "reprieve"):
-        dirs[impl] = os.path.join(base, f"{impl}-{size}-{leaves}-{nproc}")
+        dirs[impl] = os.path.join(base, f"{impl}-{'lm' if lm else size}-{leaves}-{nproc}")
         shutil.rmtree(dirs[impl], ignore_errors=True)
         common[impl] = ["--impl", impl, "--dir", dirs[impl], "--size", str(size), "--leaves", str(leaves),
-                        "--devices", str(devices)]
+                        "--devices", str(devices), *(["--lm"] if lm else [])]
         res[impl] = {"save": run_child(["save", *common[impl], "--repeats", str(repeats)], nproc)}
     for variant in ("same", "different"):
         runs: dict[str, list[dict[str, Any]]] = {"orbax": [], "reprieve": []}
@@ -326,13 +406,14 @@ def bench_case(size: int, leaves: int, repeats: int, base: str, nproc: int, devi
     return res
 
 
-def report(size: int, leaves: int, nproc: int, res: dict[str, Any], fl: dict[str, float]) -> list[str]:
+def report(size: int, leaves: int, nproc: int, res: dict[str, Any], fl: dict[str, float], lm: bool = False) -> list[str]:
     o, r = res["orbax"], res["reprieve"]
     nbytes = r["save"]["bytes"]
     gib = nbytes / GiB
     per_host = nbytes / nproc
-    lines = [(f"== {gib:.2f} GiB, {leaves} leaves, {nproc} process(es) x {4 // nproc} devices "
-              f"(train step {r['save']['step_s'] * 1e3:.0f} ms)")]
+    what = "LM-shaped state (bf16 params, f32 moments, typed keys)" if lm else "uniform float32 state"
+    lines = [(f"== {gib:.2f} GiB, {r['save'].get('leaves', leaves)} leaves, {what}, {nproc} process(es) x "
+              f"{4 // nproc} devices (train step {r['save']['step_s'] * 1e3:.0f} ms)")]
 
     def row(name: str, ov: float, rv: float, floor: float | None, unit: str = "s") -> None:
         ratio = rv / ov if ov else float("nan")
@@ -365,21 +446,25 @@ def main() -> None:
     ap.add_argument("--no-two-process", action="store_true")
     ap.add_argument("--only-two-process", action="store_true", help="just the 2-process case")
     ap.add_argument("--json", default=None, help="also write raw results here")
+    ap.add_argument("--lm", action="store_true", help="also a state shaped like examples/train_lm.py (scaled up)")
+    ap.add_argument("--lm-only", action="store_true", help="only the LM-shaped state")
     a = ap.parse_args()
     base = a.dir or tempfile.mkdtemp(prefix="reprieve-bench-")
     os.makedirs(base, exist_ok=True)
     sizes = [int(float(s) * GiB) for s in a.sizes.split(",")]
     leaves = [int(x) for x in a.leaves.split(",")]
-    cases = [] if a.only_two_process else [(s, n, 1) for s in sizes for n in leaves]
-    if not a.no_two_process:
-        cases.append((sizes[0], leaves[0], 2))
+    cases = [] if a.only_two_process or a.lm_only else [(s, n, 1, False) for s in sizes for n in leaves]
+    if not a.no_two_process and not a.lm_only:
+        cases.append((sizes[0], leaves[0], 2, False))
+    if a.lm or a.lm_only:
+        cases.append((GiB // 4, 0, 1, True))
     try:
         raw = []
-        for size, n, nproc in cases:
+        for size, n, nproc, lm in cases:
             fl = floors(size, base)
-            res = bench_case(size, n, a.repeats, base, nproc, 4 // nproc, a.restore_repeats)
-            raw.append({"size": size, "leaves": n, "nproc": nproc, "floors": fl, **res})
-            print("\n".join(report(size, n, nproc, res, fl)), flush=True)
+            res = bench_case(size, n, a.repeats, base, nproc, 4 // nproc, a.restore_repeats, lm)
+            raw.append({"size": size, "leaves": n, "nproc": nproc, "lm": lm, "floors": fl, **res})
+            print("\n".join(report(size, n, nproc, res, fl, lm)), flush=True)
             print(f"  floors: memcpy {size / GiB / fl['memcpy_s']:.2f} GiB/s, write+fsync "
                   f"{size / GiB / fl['write_fsync_s']:.2f} GiB/s, read (page cache) {size / GiB / fl['read_s']:.2f} GiB/s, "
                   f"alloc+touch {size / GiB / fl['alloc_touch_s']:.2f} GiB/s; load average {os.getloadavg()[0]:.1f}",
@@ -406,6 +491,7 @@ def child_main(argv: list[str]) -> None:
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--pid", type=int, default=0)
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--lm", action="store_true")
     a = ap.parse_args(argv)
     import logging
 

@@ -1,6 +1,6 @@
 """Goodput under a seeded preemption schedule: Reprieve vs periodic-only checkpointing, side by side.
 
-The same 2-worker job (examples/train_mlp.py) runs twice on the local cluster through the operator, under the
+The same 2-worker job (examples/train_lm.py) runs twice on the local cluster through the operator, under the
 same seeded schedule of node losses:
 
 * **reprieve**: the TrainingJob as shipped: noticed preemptions reach the pods (annotation) and the runtime

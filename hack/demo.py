@@ -4,7 +4,7 @@
    here from operator/Dockerfile and examples/Dockerfile, once): one for the operator, three spot workers;
 2. ``helm install`` the chart: the operator runs as the chart's Deployment from its image, in a namespace that
    enforces restricted Pod Security;
-3. apply ``examples/trainingjob.yaml`` (2 workers, data-parallel MLP);
+3. apply ``examples/trainingjob.yaml`` (2 workers, a data-parallel flax NNX transformer LM);
 4. once training is under way, put the GKE spot taint on one worker's node and delete the node 30 s later;
 5. follow the notice, the agreed step, the commit, the exit with the restart code, the gang restart on the other
    nodes, the restore and the run to completion; end with lost steps, downtime, goodput and ``kubectl get tj``.
@@ -39,7 +39,7 @@ from localcluster.stack import (
 from localcluster.testing import taint_node, wait_for
 
 NS = "demo"
-JOB = "mlp"
+JOB = "lm"
 SPOT_TAINT = "cloud.google.com/impending-node-termination"
 INTERESTING = ("starting at step", "notice", "agreed", "committed", "exiting with code", "restored", "finished",
                "ERROR", "CRITICAL", "Traceback")

@@ -17,6 +17,9 @@ Protocol (one *round* per notice that changes the plan; the argument for its saf
    :func:`reprieve.countdown.choose_save_step`, and publishes ``<prefix>/plan/<r>``.
 5. Every watcher reads the plan, installs it and opens the gate. All processes save at the plan's steps.
 
+A *save round* (:meth:`Agreement.request_save`, process 0's time-based interval) runs the same steps with no
+notice: its plan is one non-final save at ``earliest``, so every process saves that step and trains on.
+
 Keys are scoped by the job attempt, so a restarted gang never reads a stale round.
 """
 
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 
 FINAL = "final"
 EARLY = "early"
+INTERVAL = "interval"  # a save agreed by a save round (time-based interval)
 
 
 class AgreementError(RuntimeError):
@@ -95,10 +99,12 @@ class Agreement:
         self.clock = clock
         self.on_target = on_target
         self.prefix = f"reprieve/{attempt}/agree"
-        # written by the training loop, read by the watcher when it acks
-        self.step_seconds: float | None = None
-        self.save_seconds: float | None = None
-        self.last_step: int | None = None
+        # reported by the training loop (report(), begin()), read by the watcher when it acks or leads
+        self._step_seconds: float | None = None
+        self._save_seconds: float | None = None
+        self._last_step: int | None = None
+        self._saves: set[int] = set()  # steps agreed by save rounds, not yet passed
+        self._save_requested = False  # a save round asked for by this process is not yet agreed
 
         self._cond = threading.Condition()
         self._checked = -1  # highest step the loop has decided about
@@ -111,6 +117,7 @@ class Agreement:
         self._seen: set[str] = set()
         self._pending: list[Notice] = []  # lost a claim race: re-offered after the round
         self._retry: list[Notice] = []  # claim failed: re-offered by the watcher every poll
+        self._retry_saves: list[str] = []  # save rounds to claim (request_save), claimed by the watcher
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -139,14 +146,23 @@ class Agreement:
         return self._target
 
     @property
-    def noticed(self) -> bool:
-        """True once any round started (a notice is known to every process that sees this)."""
-        return self._gate is not None or self._target is not None
+    def last_step(self) -> int | None:
+        return self._last_step
 
-    def begin(self, start: int) -> None:
-        """The loop starts at ``start``: steps before it belong to earlier attempts."""
+    def report(self, *, step_seconds: float | None = None, save_seconds: float | None = None) -> None:
+        """The loop's measured step time and save time (what this process acks with). Any thread; each is one
+        attribute store, read whole by the watcher."""
+        if step_seconds is not None:
+            self._step_seconds = step_seconds
+        if save_seconds is not None:
+            self._save_seconds = save_seconds
+
+    def begin(self, start: int, last_step: int | None = None) -> None:
+        """The loop starts at ``start``: steps before it belong to earlier attempts. ``last_step``: the job's
+        last step when known (plans never go past it)."""
         with self._cond:
             self._start = start
+            self._last_step = last_step
             self._checked = max(self._checked, start - 1)
             if self._target is not None:
                 moved = not_before(self._target, start)
@@ -170,13 +186,14 @@ class Agreement:
                 raise self._error
             self._checked = max(self._checked, step)
             target = self._target
-        if target is None:
-            return None
-        if step == target.plan.final_step:
+            interval = step in self._saves
+            if interval:
+                self._saves.discard(step)
+        if target is not None and step == target.plan.final_step:
             return FINAL
-        if step == target.plan.early_step:
+        if target is not None and step == target.plan.early_step:
             return EARLY
-        return None
+        return INTERVAL if interval else None
 
     def _wait_gate(self, step: int) -> None:
         limit = time.monotonic() + 2 * self.timeout_s + self.poll_s
@@ -191,6 +208,18 @@ class Agreement:
             self._cond.wait(min(left, 1.0))
 
     # -- any thread --------------------------------------------------------------------------------------
+    def request_save(self, reason: str) -> bool:
+        """Ask every process to agree on one save at the earliest step none has passed (a save round). Claims
+        the round at once (one RPC, once per request: the time-based interval asks once per interval).
+        Returns False while an earlier request is still being agreed (nothing is done then)."""
+        with self._cond:
+            if self._save_requested:
+                return False
+            self._save_requested = True
+            round_ = self._next_round
+        self._claim_save(round_, reason)
+        return True
+
     def offer(self, notice: Notice) -> None:
         """Publish ``notice`` to all processes unless it is known or brings nothing new. Not signal-safe."""
         with self._cond:
@@ -219,6 +248,17 @@ class Agreement:
             with self._cond:
                 self._pending.append(notice)
 
+    def _claim_save(self, round_: int, reason: str) -> None:
+        record = json.dumps({"leader": self.pid, "save": reason})
+        try:
+            won = self.coordinator.claim(f"{self.prefix}/notice/{round_}", record)
+        except CoordinationError as err:
+            log.error("process %d could not claim a save round (retrying): %s", self.pid, err)
+            won = False
+        if not won:  # another round came first: ask again after it (the interval is still due)
+            with self._cond:
+                self._retry_saves.append(reason)
+
     def _adds_nothing(self, notice: Notice) -> bool:
         target = self._target
         if target is None:
@@ -241,8 +281,11 @@ class Agreement:
             except CoordinationTimeout:
                 with self._cond:
                     retry, self._retry = self._retry, []
+                    saves, self._retry_saves = self._retry_saves, []
                 for notice in retry:
                     self.offer(notice)
+                for reason in saves:
+                    self._claim_save(round_, reason)
                 continue
             except Exception as err:  # noqa: BLE001 - the service is gone: surface it at the next step
                 if not self._stop.is_set():
@@ -272,28 +315,49 @@ class Agreement:
 
     def _run_round(self, round_: int, raw: str) -> None:
         record = json.loads(raw)
-        leader, notice = int(record["leader"]), Notice.from_json(record["notice"])
+        leader = int(record["leader"])
+        notice = Notice.from_json(record["notice"]) if "notice" in record else None
+        what = f"notice {notice.id}" if notice is not None else f"a save ({record.get('save')})"
         with self._cond:
             self._gate = round_
             self._acked = self._checked
-            self._seen.add(notice.id)
-        ack = {"checked": self._acked, "stepSeconds": self.step_seconds, "saveSeconds": self.save_seconds}
+            if notice is not None:
+                self._seen.add(notice.id)
+        ack = {"checked": self._acked, "stepSeconds": self._step_seconds, "saveSeconds": self._save_seconds}
         self.coordinator.set(f"{self.prefix}/ack/{round_}/{self.pid}", json.dumps(ack), overwrite=True)
-        log.info("process %d acked round %d (notice %s from process %d) at step %d", self.pid, round_,
-                 notice.id, leader, self._acked)
+        log.info("process %d acked round %d (%s from process %d) at step %d", self.pid, round_, what, leader,
+                 self._acked)
         if leader == self.pid:
-            plan_record = self._lead(round_, notice)
+            acks = self._acks(round_, what)
+            plan_record = self._lead(round_, notice, acks) if notice is not None else {
+                "save": max(int(a["checked"]) for a in acks.values()) + 1}
             self.coordinator.set(f"{self.prefix}/plan/{round_}", json.dumps(plan_record), overwrite=True)
         else:
             try:
                 plan_record = json.loads(self.coordinator.get(f"{self.prefix}/plan/{round_}", self.timeout_s))
             except CoordinationTimeout as err:
-                acks = self._safe_dir(f"{self.prefix}/ack/{round_}/")
-                missing = missing_processes(list(acks), range(self.n))
+                present = self._safe_dir(f"{self.prefix}/ack/{round_}/")
+                missing = missing_processes(list(present), range(self.n))
                 raise AgreementError(
                     f"process {self.pid}: leader process {leader} did not publish the plan of round {round_} "
                     f"within {self.timeout_s:.0f}s; processes {missing} had not acked ({err})"
                 ) from err
+        if notice is None:
+            self._install_save(round_, leader, max(int(plan_record["save"]), self._start))
+        else:
+            self._install_plan(round_, leader, notice, plan_record)
+
+    def _install_save(self, round_: int, leader: int, step: int) -> None:
+        with self._cond:
+            self._saves.add(step)
+            if leader == self.pid:
+                self._save_requested = False
+            self._gate = None
+            self._cond.notify_all()
+        log.info("process %d: agreed save at step %d (round %d, leader %d: time-based interval)", self.pid, step,
+                 round_, leader)
+
+    def _install_plan(self, round_: int, leader: int, notice: Notice, plan_record: dict[str, Any]) -> None:
         plan = SavePlan(int(plan_record["final"]), plan_record.get("early"), str(plan_record["reason"]))
         previous = self._target
         deadline, known = notice.deadline, notice.deadline_known
@@ -310,7 +374,7 @@ class Agreement:
         if self.on_target is not None:
             self.on_target(target)
 
-    def _lead(self, round_: int, notice: Notice) -> dict[str, Any]:
+    def _acks(self, round_: int, what: str) -> dict[int, dict[str, Any]]:
         acks: dict[int, dict[str, Any]] = {}
         limit = time.monotonic() + self.timeout_s
         for p in range(self.n):
@@ -322,8 +386,11 @@ class Agreement:
                 missing = missing_processes(list(present), range(self.n))
                 raise AgreementError(
                     f"process {self.pid} (leader of round {round_}): processes {missing or [p]} did not ack "
-                    f"notice {notice.id} within {self.timeout_s:.0f}s ({err})"
+                    f"{what} within {self.timeout_s:.0f}s ({err})"
                 ) from err
+        return acks
+
+    def _lead(self, round_: int, notice: Notice, acks: dict[int, dict[str, Any]]) -> dict[str, Any]:
         checked = {p: int(a["checked"]) for p, a in acks.items()}
         step_s = _max_known(a.get("stepSeconds") for a in acks.values())
         save_s = _max_known(a.get("saveSeconds") for a in acks.values())

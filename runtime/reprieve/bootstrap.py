@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
+from types import FrameType
 from typing import Any, cast
 
 from .agreement import Agreement, Target
@@ -56,15 +57,9 @@ def init(
     config = RuntimeConfig.from_env(os.environ if env is None else env)
     enable_compilation_cache(config)
     coordinator = _join(config)
-    committed: list[Job] = []  # filled below: commits reported by the default manager go to the job
-
-    def on_commit(step: int) -> None:
-        if committed:
-            committed[0].on_commit(step)
-
     ckpt: Checkpointer
     if checkpointer is None:
-        ckpt = default_checkpointer(config, coordinator, on_commit=on_commit)
+        ckpt = default_checkpointer(config, coordinator)
     elif callable(checkpointer) and not hasattr(checkpointer, "save"):
         ckpt = checkpointer(config, coordinator)
     else:
@@ -118,9 +113,11 @@ def init(
              ", ".join(s for s, on in [("SIGTERM", sigterm is not None), ("notice file", config.notice_file),
                                        ("pod watch", config.in_cluster and watch_pod),
                                        ("callable", notice_fn is not None)] if on))
+    # Job wires itself to the checkpointer's commits (set_commit_callback), whichever checkpointer it is.
     job = Job(config, coordinator, ckpt, agreement, hub, policy=policy, metrics=metrics, progress=progress,
               closers=closers, exit_fn=exit_fn)
-    committed.append(job)
+    if config.distributed:
+        _replace_preemption_sync_point()
     atexit.register(job.abandon)  # a loop left by break/exception must not abort the interpreter's exit
     return job
 
@@ -165,16 +162,61 @@ def _join(config: RuntimeConfig) -> Coordinator:
     return JaxCoordinator.from_jax()
 
 
-def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator, *,
-                         on_commit: Callable[[int], None] | None = None) -> Checkpointer:
-    """``reprieve.checkpoint.CheckpointManager`` on ``REPRIEVE_CHECKPOINT_URI``; ``on_commit(step)`` is called
-    in its background thread after every commit (the job reports progress from there)."""
-    try:
-        from .checkpoint import CheckpointManager  # type: ignore[attr-defined]
-    except ImportError as err:
-        raise RuntimeError(
-            "reprieve.init(): no checkpointer given and reprieve.checkpoint.CheckpointManager is not "
-            f"available ({err}); pass checkpointer=... (see docs/runtime.md)"
-        ) from err
+def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Checkpointer:
+    """``reprieve.checkpoint.CheckpointManager`` on ``REPRIEVE_CHECKPOINT_URI`` (the job sets its commit
+    callback: progress is reported from the manager's background thread after every commit)."""
+    from .checkpoint import CheckpointManager
+
     return CheckpointManager(config.checkpoint_uri, coordinator=coordinator, attempt=config.attempt,
-                             keep=config.checkpoint_keep, on_commit=on_commit)
+                             keep=config.checkpoint_keep)
+
+
+class PreemptionServiceDisabled(Exception):
+    """``reached_preemption`` / ``reached_preemption_sync_point`` was called under reprieve."""
+
+
+class _NoPreemptionSyncPoint:
+    """Stands in for JAX's preemption sync manager, which reprieve turns off (it owns SIGTERM).
+
+    Without it, ``orbax.checkpoint.CheckpointManager.reached_preemption(step)`` and
+    ``jax.experimental.multihost_utils.reached_preemption_sync_point(step)`` silently return False for ever,
+    and a MaxText-style loop would never save before its node goes. Answering True instead would be worse: such
+    a loop then saves with its own manager and exits 0, which the operator reads as "training finished".
+    So a call from user code fails at once, saying what to write instead. Orbax's own methods also ask
+    (``CheckpointManager.save`` checks ``reached_preemption`` to force a save): those calls get False, so an
+    Orbax manager (``reprieve.orbax.OrbaxCheckpointer`` among them) saves as usual.
+    """
+
+    def reached_sync_point(self, step: int) -> bool:
+        if _asked_by_orbax_itself():
+            return False
+        raise PreemptionServiceDisabled(
+            f"reached_preemption({step}) cannot work under reprieve: reprieve.init() turns JAX's preemption "
+            "service off and agrees the save step itself. Replace `if mngr.reached_preemption(step):` with "
+            "`job.save(step, state)` every step (it saves at the agreed step, waits for the commit and exits "
+            "with the restart code), or ask `job.should_stop(step)`; pass checkpointer=reprieve.orbax."
+            "OrbaxCheckpointer(...) to keep Orbax's format (docs/runtime.md, \"Coming from Orbax / MaxText\")")
+
+    def shutdown(self) -> None:  # called by jax.distributed.shutdown()
+        return None
+
+
+def _asked_by_orbax_itself() -> bool:
+    """True when the innermost Orbax ``reached_preemption`` on the stack was called by Orbax code."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "reached_preemption" and str(frame.f_globals.get("__name__", "")).startswith(
+                "orbax."):
+            caller = frame.f_back
+            while caller is not None and caller.f_code.co_name == "reached_preemption":
+                caller = caller.f_back  # CheckpointManager.reached_preemption -> utils.reached_preemption
+            return caller is not None and str(caller.f_globals.get("__name__", "")).startswith("orbax.")
+        frame = frame.f_back
+    return False
+
+
+def _replace_preemption_sync_point() -> None:
+    from jax._src import distributed  # not public API: the sync manager JAX's helpers and Orbax consult
+
+    if distributed.global_state.preemption_sync_manager is None:
+        distributed.global_state.preemption_sync_manager = _NoPreemptionSyncPoint()

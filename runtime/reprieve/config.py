@@ -44,6 +44,7 @@ class RuntimeConfig:
     coordinator_address: str | None = None
     checkpoint_uri: str = "./checkpoints"
     checkpoint_interval_steps: int = 0
+    checkpoint_interval_seconds: float = 0.0
     checkpoint_keep: int = 3
     attempt: int = 1
     restart_exit_code: int = DEFAULT_RESTART_EXIT_CODE
@@ -96,6 +97,7 @@ class RuntimeConfig:
             coordinator_address=r.opt_text("REPRIEVE_COORDINATOR_ADDRESS"),
             checkpoint_uri=r.text("REPRIEVE_CHECKPOINT_URI", cls.checkpoint_uri),
             checkpoint_interval_steps=r.integer("REPRIEVE_CHECKPOINT_INTERVAL_STEPS", 0, minimum=0),
+            checkpoint_interval_seconds=r.number("REPRIEVE_CHECKPOINT_INTERVAL_SECONDS", 0.0, minimum=0.0),
             checkpoint_keep=r.integer("REPRIEVE_CHECKPOINT_KEEP", 3, minimum=1),
             attempt=r.integer("REPRIEVE_ATTEMPT", 1, minimum=1),
             restart_exit_code=r.integer("REPRIEVE_RESTART_EXIT_CODE", DEFAULT_RESTART_EXIT_CODE, minimum=1,

@@ -61,17 +61,11 @@ class Coordinator:
         """Set ``key`` only if nobody has; True when this call was the first writer."""
         raise NotImplementedError
 
-    def try_get(self, key: str) -> str | None:
-        raise NotImplementedError
-
     def get(self, key: str, timeout_s: float) -> str:
         """Block until ``key`` exists; :class:`CoordinationTimeout` after ``timeout_s``."""
         raise NotImplementedError
 
     def dir_get(self, prefix: str) -> dict[str, str]:
-        raise NotImplementedError
-
-    def delete(self, key: str) -> None:
         raise NotImplementedError
 
     # -- barriers ----------------------------------------------------------------------------------
@@ -127,10 +121,6 @@ class LocalCoordinator(Coordinator):
             self._cond.notify_all()
             return True
 
-    def try_get(self, key: str) -> str | None:
-        with self._cond:
-            return self._kv.get(key)
-
     def get(self, key: str, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
         with self._cond:
@@ -144,11 +134,6 @@ class LocalCoordinator(Coordinator):
     def dir_get(self, prefix: str) -> dict[str, str]:
         with self._cond:
             return {k: v for k, v in self._kv.items() if k.startswith(prefix)}
-
-    def delete(self, key: str) -> None:
-        with self._cond:
-            for k in [k for k in self._kv if k == key or k.startswith(key.rstrip("/") + "/")]:
-                del self._kv[k]
 
     def _wait_at_barrier(self, name: str, timeout_s: float, process_ids: Sequence[int] | None) -> None:
         return None
@@ -184,14 +169,6 @@ class JaxCoordinator(Coordinator):
                 return False
             raise CoordinationError(f"claim of {key!r} failed: {err}") from err
 
-    def try_get(self, key: str) -> str | None:
-        try:
-            return str(self._client.key_value_try_get(key))
-        except Exception as err:
-            if "NOT_FOUND" in str(err) or "not found" in str(err).lower():
-                return None
-            raise CoordinationError(f"get of {key!r} failed: {err}") from err
-
     def get(self, key: str, timeout_s: float) -> str:
         try:
             return str(self._client.blocking_key_value_get(key, max(1, int(timeout_s * 1000))))
@@ -207,9 +184,6 @@ class JaxCoordinator(Coordinator):
             return {str(k): str(v) for k, v in self._client.key_value_dir_get(prefix)}
         except Exception as err:
             raise CoordinationError(f"dir_get of {prefix!r} failed: {err}") from err
-
-    def delete(self, key: str) -> None:
-        self._client.key_value_delete(key)
 
     def live_processes(self) -> list[int]:
         """Process ids the service still sees heartbeating."""

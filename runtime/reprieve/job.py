@@ -1,30 +1,34 @@
-"""The training-loop face of the runtime: ``Job.steps``, ``Job.save``, ``Job.should_stop``, ``Job.restore_or``.
+"""The training-loop face of the runtime: ``Job.restore_or``, ``Job.steps``, ``Job.save``, ``Job.should_stop``.
 
 A :class:`Job` ties the notice sources, the cross-process :class:`~reprieve.agreement.Agreement`, the
 periodic :class:`~reprieve.policy.SavePolicy` and a :class:`Checkpointer` together. Per step the loop takes
 one uncontended lock and reads a few attributes: no RPC, no file system access. When the agreed final step
 comes, :meth:`Job.save` saves it, waits until it is committed on every process, reports progress, shuts the
 distributed client down and exits with ``REPRIEVE_RESTART_EXIT_CODE`` (or 1 if the deadline passed first).
+Its phases and teardowns are :mod:`reprieve.lifecycle`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, Protocol, Self, cast
+from typing import Any, NoReturn, Protocol, Self
 
-from .agreement import EARLY, FINAL, Agreement, AgreementError
+from . import data as data_mod
+from .abstract import abstract_of, abstract_problem, require
+from .agreement import FINAL, Agreement, AgreementError
 from .config import RuntimeConfig
 from .coordination import Coordinator
 from .kube import ProgressReporter
+from .lifecycle import ABANDON, ABORT, FINISH, RESTART, Phase, Teardown, exit_decision
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeHub
-from .policy import SavePolicy, should_save
+from .policy import SavePolicy, should_save, time_save_due
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +36,12 @@ STEP_EMA_WEIGHT = 0.1  # weight of the newest step in the step-time moving avera
 
 
 class Checkpointer(Protocol):
-    """What a :class:`Job` needs from a checkpoint manager (``reprieve.checkpoint.CheckpointManager``)."""
+    """What a :class:`Job` needs from a checkpoint manager (``reprieve.checkpoint.CheckpointManager``).
+
+    Optional, used when present: ``supports_process_extra = True`` with ``save(..., process_extra=)`` and a
+    ``restore`` result carrying ``.process_extra`` (per-process data positions); ``set_commit_callback(f)``
+    (``f(step)`` after every commit: metrics and the progress annotation at once, not at the next save).
+    """
 
     last_save_seconds: float | None
 
@@ -45,6 +54,22 @@ class Checkpointer(Protocol):
     def restore(self, abstract_state: Any, *, step: int | None = None) -> tuple[int, Any, dict[str, Any]]: ...
 
     def close(self) -> None: ...
+
+
+class Restored(tuple):  # type: ignore[type-arg]
+    """What :meth:`Job.restore_or` returns: unpacks as ``(state, first_step)``; also carries ``data`` (this
+    process's saved data position, None without one), ``extra`` (the checkpoint's ``extra``) and ``step``
+    (the restored step, None on a fresh start)."""
+
+    data: Any
+    extra: dict[str, Any]
+    step: int | None
+
+    def __new__(cls, state: Any, first_step: int, *, data: Any = None, extra: dict[str, Any] | None = None,
+                step: int | None = None) -> Self:
+        self = super().__new__(cls, (state, first_step))
+        self.data, self.extra, self.step = data, extra or {}, step
+        return self
 
 
 class Job:
@@ -69,22 +94,29 @@ class Job:
         self.coordinator = coordinator
         self.checkpointer = checkpointer
         self.agreement = agreement
-        self.policy = policy or SavePolicy(interval_steps=config.checkpoint_interval_steps)
+        self.policy = policy or SavePolicy(interval_steps=config.checkpoint_interval_steps,
+                                           interval_seconds=config.checkpoint_interval_seconds)
         self.metrics = metrics or Metrics()
+        self.phase = Phase.READY
         self._hub = hub
         self._progress = progress
         self._closers = closers or []
         self._exit_fn = exit_fn
         self._shutdown_distributed = shutdown_distributed
-        self._last_step: int | None = None
-        self._last_saved: int | None = None
-        self._pending: int | None = None  # saved, commit not yet confirmed
-        self._committed: int | None = None
-        self._current = -1
-        self._decided = -1  # last step save() or should_stop() decided about
+        # where the loop is: all written and read by the training thread only
+        self._last_step: int | None = None  # the job's last step; None: not known (a loop over a loader)
+        self._current = -1  # the furthest step the loop entered
+        self._decided = -1  # the last step save() or should_stop() decided about
         self._stop_step: int | None = None  # should_stop() returned True for it
         self._step_ema: float | None = None
-        self._closed = False
+        self._last_save_at = time.monotonic()  # process 0's clock for the time-based interval
+        # saves: _last_saved started, _pending not yet confirmed; _committed is also advanced by on_commit
+        self._last_saved: int | None = None
+        self._pending: int | None = None
+        self._committed: int | None = None
+        hook = getattr(checkpointer, "set_commit_callback", None)
+        if callable(hook):
+            hook(self.on_commit)
 
     @property
     def process_id(self) -> int:
@@ -100,50 +132,71 @@ class Job:
         return self._step_ema
 
     # -- restore -----------------------------------------------------------------------------------------
-    def restore_or(self, init_fn: Callable[[], Any], abstract: Any = None) -> tuple[Any, int]:
+    def restore_or(self, init_fn: Callable[[], Any], abstract: Any = None, *, data: Any = None,
+                   reshard_data: Callable[[list[Any], int, int], Any] | None = None) -> Restored:
         """``(state, first_step)``: the latest checkpoint restored, or ``(init_fn(), 0)`` when there is none.
 
         Without ``abstract``, ``init_fn()`` always runs: its result gives the structure, shapes, dtypes and
         shardings to restore onto. With ``abstract`` (the state's tree of ``jax.ShapeDtypeStruct`` with
         ``sharding=``, or of arrays), ``init_fn`` runs only when there is no checkpoint yet: a restart neither
         pays for initialisation nor holds a fresh copy of the state beside the restored one in device memory.
-        The checkpointer's ``restore(step=None)`` raising ``FileNotFoundError`` (on every process alike) means
-        "no checkpoint yet".
+
+        ``data``: this process's data pipeline. An iterator with ``set_state`` (a grain ``DataLoader``
+        iterator) is put back where it was saved, in place; the saved value is also ``result.data``. With
+        another process count than at the save, see :func:`reprieve.data.value_for_process` (``reshard_data``).
+
+        The result unpacks as ``(state, first_step)`` and carries ``data``, ``extra`` and ``step``
+        (:class:`Restored`). The checkpointer's ``restore(step=None)`` raising ``FileNotFoundError`` (on every
+        process alike) means "no checkpoint yet".
         """
         if abstract is None:
             state = init_fn()
-            target = _abstract(state)
+            target = abstract_of(state)
         else:
-            state, target = None, _abstract(abstract)
-            _require(abstract_problem(target))  # on the first run too, not only at the first restart
+            state, target = None, abstract_of(abstract)
+            require(abstract_problem(target))  # on the first run too, not only at the first restart
         try:
             # step=None: the checkpointer picks the latest complete checkpoint once for all processes
-            step, restored, _extra = self.checkpointer.restore(target, step=None)
+            result = self.checkpointer.restore(target, step=None)
         except FileNotFoundError:
             log.info("no checkpoint under %s: starting at step 0", self.config.checkpoint_uri)
             if state is None:
                 state = init_fn()
-                _require(abstract_problem(target, _abstract(state)))
-            return state, 0
+                require(abstract_problem(target, abstract_of(state)))
+            return Restored(state, 0)
+        step, restored, extra = result
+        value = data_mod.value_for_process(getattr(result, "process_extra", None), self.process_id,
+                                           self.num_processes, reshard_data)
+        if data is not None:
+            if value is None:
+                log.warning("restored step %d has no data position: the data pipeline starts from its beginning",
+                            step)
+            data_mod.restore_into(data, value)
         self._last_saved = self._committed = step
         self.metrics.set("reprieve_last_committed_step", step)
         log.info("restored step %d from %s: resuming at step %d", step, self.config.checkpoint_uri, step + 1)
-        return restored, step + 1
+        user_extra = {k: v for k, v in extra.items() if k != "reprieve"}
+        return Restored(restored, step + 1, data=value, extra=user_extra, step=step)
 
     # -- loop ------------------------------------------------------------------------------------------
-    def steps(self, start: int, total: int) -> Iterator[int]:
-        """Yield ``start .. total-1``. Call :meth:`save` with every step (it decides whether to save).
+    def steps(self, start: int, total: int | None = None) -> Iterator[int]:
+        """Yield ``start .. total-1`` (``total=None``: without end, for a loop that stops when its data does).
+        Call :meth:`save` with every step (it decides whether to save).
 
         When the agreed preemption step has been saved and committed the process exits inside
-        :meth:`save`; when the loop ends normally the last save is committed and the job closed.
+        :meth:`save`; when the loop ends normally the last save is committed and the job finished. A loop
+        with no ``total`` ends with ``job.save(step, state, force=True)`` for its last step and ``finish()``
+        (or a ``with`` block), see docs/runtime.md.
         """
-        if start < 0 or total < start:
+        if start < 0 or (total is not None and total < start):
             raise ValueError(f"Job.steps: need 0 <= start <= total, got start={start}, total={total}")
-        self._last_step = total - 1
-        self.agreement.last_step = total - 1
-        self.agreement.begin(start)
+        self._transition(Phase.TRAINING)
+        self._last_step = None if total is None else total - 1
+        self.agreement.begin(start, self._last_step)
+        self._last_save_at = time.monotonic()
         previous_t: float | None = None
-        for step in range(start, total):
+        step = start
+        while total is None or step < total:
             now = time.perf_counter()
             if previous_t is not None:
                 self._observe_step(now - previous_t, step)
@@ -152,56 +205,65 @@ class Job:
             previous_t = now
             self._current = step
             yield step
-        if total > start and (self._decided != total - 1 or self._stop_step == total - 1):
+            step += 1
+        if total is not None and total > start and (self._decided != total - 1 or self._stop_step == total - 1):
             self._decide_or_exit(total - 1)
         self.finish()
+
+    def _transition(self, phase: Phase) -> None:
+        if self.phase.terminal:
+            raise RuntimeError(f"job is {self.phase.value}: cannot become {phase.value}")
+        if phase == Phase.TRAINING and self.phase == Phase.TRAINING:
+            raise RuntimeError("Job.steps() is already running; a job trains in one loop")
+        self.phase = phase
 
     def _observe_step(self, seconds: float, step: int) -> None:
         ema = self._step_ema
         self._step_ema = seconds if ema is None else ema + STEP_EMA_WEIGHT * (seconds - ema)
-        self.agreement.step_seconds = self._step_ema
+        self.agreement.report(step_seconds=self._step_ema)
         if step % 16 == 0:  # the exporter needs no more; a metrics update costs a lock
             self.metrics.set("reprieve_step_seconds", self._step_ema)
 
-    def _decide_or_exit(self, step: int) -> str | None:
+    def _decide(self, step: int) -> str | None:
         try:
-            kind = self.agreement.decide(step)
+            return self.agreement.decide(step)
         except AgreementError as err:
             self._abort(f"agreement failed: {err}")
-        if kind == FINAL and self._last_saved != step:
+
+    def _decide_or_exit(self, step: int) -> None:
+        if self._decide(step) == FINAL and self._last_saved != step:
             self._abort(f"agreed save step {step} passed without job.save({step}, state): nothing was saved")
-        return kind
 
     def should_stop(self, step: int) -> bool:
         """True when ``step`` is the agreed final step: call :meth:`save` with it (which saves and exits)."""
-        try:
-            kind = self.agreement.decide(step)
-        except AgreementError as err:
-            self._abort(f"agreement failed: {err}")
+        kind = self._decide(step)
         self._decided = step
         if kind == FINAL:
             self._stop_step = step
         return kind == FINAL
 
-    def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None) -> bool:
-        """Save ``state`` after step ``step`` if the periodic policy or an agreed notice asks for it.
+    def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None, data: Any = None,
+             force: bool = False) -> bool:
+        """Save ``state`` after step ``step`` if the periodic policy, an agreed save or ``force`` asks for it.
 
+        ``extra``: JSON metadata for the checkpoint. ``data``: this process's data position (an iterator
+        with ``get_state``, or a JSON value), read only when a save happens; every process saves its own.
         Returns True when a save was started. At the agreed final step it does not return: it saves,
         waits for the commit on all processes, and exits (restart code, or 1 past the deadline).
         """
         self._current = max(self._current, step)
-        try:
-            kind = self.agreement.decide(step)
-        except AgreementError as err:
-            self._abort(f"agreement failed: {err}")
+        kind = self._decide(step)
         self._decided = step
         if kind == FINAL:
-            self._final_save(step, state, extra)
+            self._final_save(step, state, extra, data)
             return True
-        due = kind == EARLY or should_save(step, policy=self.policy, last_saved=self._last_saved,
-                                           last_step=self._last_step)
+        if self.process_id == 0 and time_save_due(policy=self.policy, now=time.monotonic(),
+                                                  last_save_at=self._last_save_at):
+            self.agreement.request_save("interval")  # a no-op while the previous request is being agreed
+        due = kind is not None or force or should_save(step, policy=self.policy, last_saved=self._last_saved,
+                                                       last_step=self._last_step)
         if due and self._last_saved != step:
-            self._start_save(step, state, extra, kind or "periodic")
+            self._start_save(step, state, extra, data, kind or ("forced" if force else "periodic"))
             return True
         return False
 
@@ -212,30 +274,31 @@ class Job:
                              deadline=deadline, received_at=now))
 
     # -- saving ------------------------------------------------------------------------------------------
-    def _start_save(self, step: int, state: Any, extra: dict[str, Any] | None, kind: str) -> None:
+    def _start_save(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any, kind: str) -> None:
         self._confirm_pending()
         record = {"reprieve": {"step": step, "kind": kind, "attempt": self.config.attempt}}
         target = self.agreement.target
         if target is not None:
             record["reprieve"]["notice"] = target.notice.id
-        self.checkpointer.save(step, state, extra={**(extra or {}), **record})
+        kwargs: dict[str, Any] = {}
+        if data is not None:
+            if not getattr(self.checkpointer, "supports_process_extra", False):
+                raise TypeError(f"job.save(data=...): the checkpointer {type(self.checkpointer).__name__} does not "
+                                "store per-process data positions (supports_process_extra); use the default "
+                                "CheckpointManager or OrbaxCheckpointer")
+            kwargs["process_extra"] = data_mod.encode(
+                data, f"job.save(step {step}, data=...): process {self.process_id}'s data position")
+        self.checkpointer.save(step, state, extra={**(extra or {}), **record}, **kwargs)
         self._last_saved = self._pending = step
+        self._last_save_at = time.monotonic()
         self.metrics.inc("reprieve_saves_total", kind=kind)
         log.debug("save of step %d started (%s)", step, kind)
 
     def on_commit(self, step: int) -> None:
-        """A checkpointer's commit callback (any thread): metrics and a rate-limited progress report."""
+        """The checkpointer's commit callback (any thread): metrics and a rate-limited progress report."""
         if self._committed is None or step > self._committed:
             self._committed = step
-        self.metrics.set("reprieve_last_committed_step", step)
-        # The measured save time feeds the countdown as soon as a save commits, not at the next save: a
-        # notice between two periodic saves must not plan with the pessimistic default estimate.
-        seconds = getattr(self.checkpointer, "last_save_seconds", None)
-        if seconds is not None:
-            self.agreement.save_seconds = seconds
-            self.metrics.set("reprieve_save_seconds", seconds)
-        if self._progress is not None:
-            self._progress.report(self._current, step)
+        self._record_commit(step)
 
     def _confirm_pending(self) -> None:
         """Wait for the in-flight save (if any), then record it as committed."""
@@ -243,15 +306,20 @@ class Job:
             return
         self.checkpointer.wait()
         self._committed, self._pending = max(self._pending, self._committed or -1), None
+        self._record_commit(self._committed)
+
+    def _record_commit(self, step: int) -> None:
+        # The measured save time feeds the countdown as soon as a save commits, not at the next save: a
+        # notice between two periodic saves must not plan with the pessimistic default estimate.
         seconds = getattr(self.checkpointer, "last_save_seconds", None)
         if seconds is not None:
-            self.agreement.save_seconds = seconds
+            self.agreement.report(save_seconds=seconds)
             self.metrics.set("reprieve_save_seconds", seconds)
-        self.metrics.set("reprieve_last_committed_step", self._committed)
+        self.metrics.set("reprieve_last_committed_step", step)
         if self._progress is not None:
-            self._progress.report(self._current, self._committed)
+            self._progress.report(self._current, step)
 
-    def _final_save(self, step: int, state: Any, extra: dict[str, Any] | None) -> None:
+    def _final_save(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any) -> None:
         target = self.agreement.target
         assert target is not None
         deadline = target.deadline if target.deadline_known else None
@@ -260,157 +328,105 @@ class Job:
         timers = _arm_deadline_timers(step, deadline, self.config.shutdown_timeout_seconds)
         try:
             if self._last_saved != step:
-                self._start_save(step, state, extra, "final")
+                self._start_save(step, state, extra, data, "final")
             self._confirm_pending()
         except Exception as err:  # noqa: BLE001 - any failure of the agreed save: exit 1, loudly
+            self._abort(f"agreed checkpoint at step {step} failed: {err!r}")
+        finally:
             for t in timers:
                 t.cancel()
-            self._abort(f"agreed checkpoint at step {step} failed: {err!r}")
-        for t in timers:
-            t.cancel()
         now = time.time()
         since_notice = now - target.notice.received_at
         self.metrics.set("reprieve_notice_to_commit_seconds", since_notice)
-        if deadline is not None and now > deadline:
-            log.critical("agreed checkpoint at step %d committed %.1fs AFTER the deadline: exiting 1, not %d",
-                         step, now - deadline, self.config.restart_exit_code)
-            code = 1
+        decision = exit_decision(committed=True, now=now, deadline=deadline,
+                                 restart_code=self.config.restart_exit_code, last_step=step == self._last_step)
+        if decision.code == 1:
+            log.critical("agreed checkpoint at step %d %s: exiting 1, not %d", step, decision.reason,
+                         self.config.restart_exit_code)
         else:
-            code = self.config.restart_exit_code
-            log.info("agreed checkpoint at step %d committed on all %d process(es), %.2fs after the notice%s",
-                     step, self.num_processes, since_notice,
-                     "" if deadline is None else f", {deadline - now:.1f}s before the deadline")
-        if self._last_step is not None and step == self._last_step and code != 1:
-            log.info("the agreed step is the last step: training finished")
+            log.info("agreed checkpoint at step %d committed on all %d process(es), %.2fs after the notice%s", step,
+                     self.num_processes, since_notice, "" if deadline is None else
+                     f", {deadline - now:.1f}s before the deadline")
+        if decision.code is None:
+            log.info("agreed checkpoint at step %d %s", step, decision.reason)
             return
-        if self._progress is not None:
-            self._progress.report(step, step, force=True, timeout_s=2.0)
-        self.close()
-        log.info("exiting with code %d", code)
-        self._exit_fn(code)
-        raise SystemExit(code)  # exit_fn must not return: the loop must not go on past the agreed step
+        self._teardown(RESTART)
+        log.info("exiting with code %d", decision.code)
+        self._exit_fn(decision.code)
+        raise SystemExit(decision.code)  # exit_fn must not return: the loop must not go on past the agreed step
 
     # -- end -----------------------------------------------------------------------------------------------
     def finish(self) -> None:
-        """Wait for the last save's commit, report it and close (called when :meth:`steps` ends)."""
-        if self._closed:
-            return
-        try:
-            self._confirm_pending()
-        finally:
-            if self._progress is not None and self._committed is not None:
-                self._progress.report(self._current, self._committed, force=True, timeout_s=2.0)
-            self.close()
+        """Wait for the last save's commit, report it and leave the job (called when :meth:`steps` ends)."""
+        self._teardown(FINISH)
+
+    close = finish  # the name the Checkpointer-style shutdown has elsewhere
+
+    def abandon(self) -> None:
+        """Stop the runtime's threads without saving or leaving the job; also run at interpreter exit."""
+        if not self.phase.terminal:
+            log.warning("process %d: the runtime is closed without finishing job.steps() (break or error); "
+                        "no checkpoint is taken by this exit", self.process_id)
+        self._teardown(ABANDON)
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         """``with reprieve.init() as job:`` finishes the job on a normal exit (also after ``break``) and
-        leaves quietly (no distributed shutdown, which would wait for the peers) on an exception."""
+        abandons it (no distributed shutdown, which would wait for the peers) on an exception."""
         if exc_type is None:
             self.finish()
         else:
             self.abandon()
 
-    def abandon(self) -> None:
-        """Stop the runtime's threads without saving or leaving the job; also run at interpreter exit.
-
-        A watcher thread still inside the coordination client when Python exits aborts the process
-        (SIGABRT), so this waits up to ``poll_s`` for it to leave its pending ``get``.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        log.warning("process %d: the runtime is closed without finishing job.steps() (break or error); "
-                    "no checkpoint is taken by this exit", self.process_id)
-        for closer in self._closers:
-            try:
-                closer()
-            except Exception as err:  # noqa: BLE001 - closing must go on
-                log.warning("closing %r failed: %s", closer, err)
-        self._hub.close()
-        self.agreement.close(timeout_s=self.agreement.poll_s + 1.0)
-
-    def close(self) -> None:
-        """Stop the notice sources and watcher threads, close the checkpointer, leave the job."""
-        if self._closed:
-            return
-        self._closed = True
-        for closer in self._closers:
-            try:
-                closer()
-            except Exception as err:  # noqa: BLE001 - closing must go on
-                log.warning("closing %r failed: %s", closer, err)
-        self.agreement.close()
-        self._hub.close()
-        try:
-            self.checkpointer.close()
-        except Exception as err:  # noqa: BLE001 - closing must go on
-            log.warning("closing the checkpointer failed: %s", err)
-        self.metrics.close()
-        if self._shutdown_distributed:
-            self.coordinator.shutdown()  # also cancels the watcher's pending get
-        if self.num_processes > 1:
-            self.agreement.join(2.0)
-
     def _abort(self, why: str) -> NoReturn:
         log.critical("process %d: %s; exiting 1 (state NOT saved by this exit)", self.process_id, why)
-        self._closed = True
-        # No distributed shutdown (its barrier would wait for dead peers), but let the watcher leave the
-        # client first: a thread inside it at interpreter exit aborts the process instead of exiting 1.
-        self.agreement.close(timeout_s=self.agreement.poll_s + 0.5)
+        self._teardown(ABORT)
         self._exit_fn(1)
         raise SystemExit(1)
 
-
-def _abstract(state: Any) -> Any:
-    """``jax.ShapeDtypeStruct`` leaves (with shardings) for restore targets; other leaves unchanged."""
-    import jax
-
-    def leaf(x: Any) -> Any:
-        if hasattr(x, "shape") and hasattr(x, "dtype"):
-            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
-        return x
-
-    return jax.tree.map(leaf, state)
-
-
-def abstract_problem(abstract: Any, built: Any = None) -> str | None:
-    """What is wrong with a user-given abstract state, or None. Pure: a table test covers it.
-
-    ``abstract`` and ``built`` are trees as :func:`_abstract` makes them (``ShapeDtypeStruct`` for arrays).
-    Every array leaf of ``abstract`` needs a sharding; with ``built`` (what ``init_fn()`` returned) the two
-    must have one structure and the same shape and dtype per array leaf. A Python scalar in ``built`` matches a
-    0-d leaf (``jax.eval_shape`` makes one of it; it is saved and restored as a scalar). Checked on the first
-    run too, so a wrong abstract state fails at once, not at the first restart.
-    """
-    import jax
-
-    want, want_def = jax.tree_util.tree_flatten_with_path(abstract)
-    for path, a in want:
-        if isinstance(a, jax.ShapeDtypeStruct) and a.sharding is None:
-            return (f"abstract leaf {jax.tree_util.keystr(path)} has no sharding; give "
-                    "jax.ShapeDtypeStruct(shape, dtype, sharding=...) for every array")
-    if built is None:
-        return None
-    got, got_def = jax.tree_util.tree_flatten_with_path(built)
-    if cast(Any, want_def) != got_def:  # PyTreeDef equality (the stubs do not declare it)
-        return f"init_fn() returned a tree of another structure than abstract:\n  abstract: {want_def}\n" \
-               f"  init_fn(): {got_def}"
-    for (path, a), (_, b) in zip(want, got, strict=True):
-        if not isinstance(a, jax.ShapeDtypeStruct) or (isinstance(b, int | float | complex) and a.shape == ()):
-            continue
-        if not isinstance(b, jax.ShapeDtypeStruct) or (a.shape, a.dtype) != (b.shape, b.dtype):
-            described = f"{b.dtype}{list(b.shape)}" if isinstance(b, jax.ShapeDtypeStruct) else repr(b)
-            return (f"leaf {jax.tree_util.keystr(path)}: abstract says {a.dtype}{list(a.shape)}, "
-                    f"init_fn() returned {described}")
-    return None
+    def _teardown(self, how: Teardown) -> None:
+        """The one way out of the job; ``how`` is a row of :data:`reprieve.lifecycle.TEARDOWNS`."""
+        if self.phase.terminal:
+            return
+        self.phase = how.phase
+        if how.ignore_signals:
+            _ignore_termination_signals()  # from here the process ends with the decided code, whatever comes
+        try:
+            if how.wait_for_commit:
+                self._confirm_pending()
+        finally:
+            if how.report_progress and self._progress is not None and self._committed is not None:
+                self._progress.report(self._current, self._committed, force=True, timeout_s=2.0)
+            for closer in self._closers:
+                try:
+                    closer()
+                except Exception as err:  # noqa: BLE001 - closing must go on
+                    log.warning("closing %r failed: %s", closer, err)
+            self._hub.close()
+            # Without a distributed shutdown (which cancels the watcher's pending get) wait it out: a thread
+            # still inside the coordination client at interpreter exit aborts the process.
+            self.agreement.close(timeout_s=0.0 if how.leave_distributed else self.agreement.poll_s + 1.0)
+            if how.close_checkpointer:
+                try:
+                    self.checkpointer.close()
+                except Exception as err:  # noqa: BLE001 - closing must go on
+                    log.warning("closing the checkpointer failed: %s", err)
+            self.metrics.close()
+            if how.leave_distributed and self._shutdown_distributed:
+                self.coordinator.shutdown()
+            if how.leave_distributed and self.num_processes > 1:
+                self.agreement.join(2.0)
 
 
-def _require(problem: str | None) -> None:
-    if problem is not None:
-        raise ValueError(f"restore_or: {problem}")
+def _ignore_termination_signals() -> None:
+    """SIGTERM, SIGINT and SIGHUP ignored (main thread only: Python lets no other thread change handlers).
+    Putting back ``SIG_DFL`` instead let a SIGTERM in the last 0.1-0.2 s turn a committed restart (42) into 143."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _arm_deadline_timers(step: int, deadline: float | None, guard_s: float) -> list[threading.Timer]:
@@ -423,6 +439,8 @@ def _arm_deadline_timers(step: int, deadline: float | None, guard_s: float) -> l
         log.critical("deadline passed before the agreed checkpoint at step %d was committed", step)
 
     def hard() -> None:
+        import os
+
         log.critical("agreed checkpoint at step %d still not committed %.0fs after the deadline: exit 1",
                      step, guard_s)
         logging.shutdown()

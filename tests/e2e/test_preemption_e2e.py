@@ -1,6 +1,6 @@
 """End to end: the operator (chart RBAC), the real runtime in 2-process JAX jobs, the local cluster.
 
-Every job is the example trainer (examples/train_mlp.py via examples/trainingjob.yaml) on nodes of the test's
+Every job is the example trainer (examples/train_lm.py via examples/trainingjob.yaml) on nodes of the test's
 own pool; its step log and result land in a per-job host directory mounted at /ckpt.
 """
 

@@ -189,8 +189,10 @@ class Gang:
 
 def launch(workdir: Path, n: int, *, steps: int = 400, step_seconds: float = 0.02, interval: int = 0,
            grace_seconds: float = 30.0, save_delay: float = 0.0, notice_file: bool = False,
-           heartbeat_s: int = 10, extra_env: dict[str, str] | None = None, bare: bool = False) -> Gang:
-    """Start ``n`` workers (tests/runtime/workers/train_worker.py) as one real ``jax.distributed`` job.
+           heartbeat_s: int = 10, extra_env: dict[str, str] | None = None, bare: bool = False,
+           worker: Path = WORKER) -> Gang:
+    """Start ``n`` workers (``worker``, default tests/runtime/workers/train_worker.py) as one real
+    ``jax.distributed`` job.
 
     ``bare``: one process with no contract variable but the checkpoint URI (a laptop, not a pod).
     """
@@ -229,7 +231,7 @@ def launch(workdir: Path, n: int, *, steps: int = 400, step_seconds: float = 0.0
         log_path = workdir / f"worker-{i}.log"
         logs.append(log_path)
         with open(log_path, "wb") as out:
-            procs.append(subprocess.Popen([sys.executable, str(WORKER)], env=env, stdout=out,
+            procs.append(subprocess.Popen([sys.executable, str(worker)], env=env, stdout=out,
                                           stderr=subprocess.STDOUT, cwd=str(workdir)))
     return Gang(workdir, procs, logs)
 

@@ -219,3 +219,22 @@ def test_with_the_checkpoint_manager_sigterm_then_restart_resumes_every_process(
     for p in range(n):
         assert f"resuming at step {step + 1}" in again.logs[p].read_text(), again.tail()
         assert (tmp_path / f"done-{p}").read_text() == f"{float(total)}"  # every step counted exactly once
+
+
+def test_a_time_based_interval_saves_the_same_step_on_every_process(tmp_path: Path) -> None:
+    """REPRIEVE_CHECKPOINT_INTERVAL_SECONDS: process 0's clock says when, a save round says which step; the
+    processes' loops run at different speeds, yet every save is of one step on all (a disagreement would hang
+    the checkpointer's commit barrier)."""
+    n = 2
+    gang = launch(tmp_path, n, steps=120, step_seconds=0.01, extra_env={
+        "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS": "0.3", "WORKER_STEP_JITTER": "1"})
+    codes = gang.wait(90)
+    assert codes == [0] * n, gang.tail()
+    saved = gang.saved()
+    interval_steps = sorted(s for s in saved if s != 119)
+    assert len(interval_steps) >= 2, (saved, gang.tail())
+    for step in saved:
+        assert saved[step] == {p: step + 1.0 for p in range(n)}, saved
+    for p in range(n):
+        agreed = [int(s) for s in re.findall(r"agreed save at step (\d+)", gang.logs[p].read_text())]
+        assert agreed == interval_steps, (p, agreed, interval_steps)

@@ -92,7 +92,7 @@ def test_randomized_skew_every_loop_stops_at_the_same_unpassed_step(seed: int) -
 
     def loop(p: int, delay: float) -> None:
         a = group[p]
-        a.step_seconds = delay
+        a.report(step_seconds=delay)
         try:
             for step in range(100_000):
                 kind = a.decide(step)
@@ -151,7 +151,7 @@ def test_second_earlier_notice_moves_the_save_earlier_and_keeps_the_first_save()
     group = agreements(2, countdown=settings)
     try:
         for g in group:
-            g.step_seconds = 0.01
+            g.report(step_seconds=0.01)
             g.decide(0)
         group[0].offer(notice("long", 60.0))
         for g in group:
@@ -218,7 +218,7 @@ def test_a_missing_process_fails_the_round_naming_it() -> None:
 def test_malformed_notice_after_a_long_one_brings_the_save_forward() -> None:
     group = agreements(1)
     try:
-        group[0].step_seconds = 0.01
+        group[0].report(step_seconds=0.01)
         group[0].decide(0)
         group[0].offer(notice("long", 600.0))
         wait_target(group[0])

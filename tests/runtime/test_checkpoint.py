@@ -151,9 +151,11 @@ def test_save_rejects_bad_input(tmp_path) -> None:
     x = jnp.ones((4,))
     with pytest.raises(TypeError, match=r"leaf \['bad'\]: expected jax.Array, numpy array.*got object"):
         mgr.save(1, {"bad": object()})
-    with pytest.raises(TypeError, match="typed PRNG key arrays"):
-        mgr.save(1, {"k": jax.random.key(0)})
-    with pytest.raises(TypeError, match="extra must be JSON-serialisable"):
+    with pytest.raises(TypeError, match=r"leaf \['f'\]: .*got custom_jvp; functions .* eqx.filter"):
+        mgr.save(1, {"f": jax.nn.relu})
+    with pytest.raises(TypeError, match=r"leaf \['s'\]: dtype 'str32' is not supported"):
+        mgr.save(1, {"s": np.array(["a"])})
+    with pytest.raises(TypeError, match=r"extra must be JSON-serialisable: \['f'\] is a object"):
         mgr.save(1, {"x": x}, extra={"f": object()})
     mgr.save(2, {"x": x, "key": jax.random.key_data(jax.random.key(0))})
     with pytest.raises(ValueError, match="step must increase, got 2 after 2"):
@@ -221,18 +223,34 @@ def test_corrupt_checkpoint_names_file_and_falls_back(tmp_path, caplog, damage: 
         os.remove(victim)
     else:
         os.remove(ck2 / layout.METADATA_FILE)
-    caplog.set_level(logging.ERROR, logger="reprieve.checkpoint")
+    caplog.set_level(logging.WARNING, logger="reprieve.checkpoint")
     abstract = state_def.make_abstract(mesh, "b")
-    mgr = CheckpointManager(str(tmp_path))
-    step, restored, _ = mgr.restore(abstract)
-    assert step == 1 and state_def.check_state(restored, 1, mesh, "b") == []
-    assert str(ck2) in caplog.text and "falling back" in caplog.text
-    # the error names the checkpoint and the damaged file itself
+    # the error names the checkpoint and the damaged file itself (no fallback: it is raised)
     expect = "reprieve.json" if damage == "delete_metadata" else re.escape(victim)
     with pytest.raises(CheckpointCorruptError, match=f"{ck2}.*{expect}"):
-        mgr.restore(abstract, step=2)
-    with pytest.raises(CheckpointCorruptError):
         CheckpointManager(str(tmp_path), fallback=False).restore(abstract)
+    # ... and the checkpoint is quarantined: the next restore starts from the previous one
+    assert not ck2.exists() and (tmp_path / (ck2.name + layout.CORRUPT_SUFFIX)).is_dir()
+    mgr = CheckpointManager(str(tmp_path))
+    assert mgr.all_steps() == [1]
+    step, restored, _ = mgr.restore(abstract)
+    assert step == 1 and state_def.check_state(restored, 1, mesh, "b") == []
+    assert "quarantined" in caplog.text
+
+
+def test_restore_falls_back_past_a_corrupt_checkpoint(tmp_path, caplog) -> None:
+    mesh = state_def.make_mesh(MESH_SHAPES[0])
+    with CheckpointManager(str(tmp_path), keep=5) as mgr:
+        for s in (1, 2, 3):
+            mgr.save(s, state_def.make_state(s, mesh, "a"))
+    for s in (2, 3):
+        os.remove(_chunk_files(tmp_path / layout.committed_name(s, 1) / "arrays" / "00001")[0])
+    caplog.set_level(logging.ERROR, logger="reprieve.checkpoint")
+    step, restored, _ = CheckpointManager(str(tmp_path)).restore(state_def.make_abstract(mesh, "b"))
+    assert step == 1 and state_def.check_state(restored, 1, mesh, "b") == []
+    assert caplog.text.count("falling back") == 2
+    assert sorted(p.name for p in tmp_path.glob("*.corrupt")) == [layout.committed_name(s, 1) + ".corrupt"
+                                                                  for s in (2, 3)]
 
 
 def test_fencing_stale_attempt_cannot_make_checkpoints_visible(tmp_path) -> None:

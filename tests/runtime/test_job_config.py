@@ -12,7 +12,8 @@ FULL = {
     "REPRIEVE_JOB": "llama", "REPRIEVE_NAMESPACE": "ml", "REPRIEVE_POD_NAME": "llama-1",
     "REPRIEVE_POD_IP": "10.0.0.7", "REPRIEVE_NUM_PROCESSES": "4", "REPRIEVE_PROCESS_ID": "1",
     "REPRIEVE_COORDINATOR_ADDRESS": "llama-0.llama.ml.svc:8476", "REPRIEVE_CHECKPOINT_URI": "gs://b/llama",
-    "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "100", "REPRIEVE_CHECKPOINT_KEEP": "2", "REPRIEVE_ATTEMPT": "3",
+    "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "100", "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS": "600",
+    "REPRIEVE_CHECKPOINT_KEEP": "2", "REPRIEVE_ATTEMPT": "3",
     "REPRIEVE_RESTART_EXIT_CODE": "43", "REPRIEVE_NOTICE_FILE": "/etc/reprieve/annotations",
     "REPRIEVE_TERMINATION_GRACE_SECONDS": "120", "REPRIEVE_SERVICEACCOUNT_DIR": "/sa",
     "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "6443",
@@ -24,6 +25,7 @@ def test_full_contract_environment() -> None:
     assert (cfg.job, cfg.namespace, cfg.pod_name, cfg.num_processes, cfg.process_id) == ("llama", "ml", "llama-1", 4, 1)
     assert (cfg.checkpoint_uri, cfg.checkpoint_interval_steps, cfg.checkpoint_keep, cfg.attempt) == (
         "gs://b/llama", 100, 2, 3)
+    assert cfg.checkpoint_interval_seconds == 600.0
     assert (cfg.restart_exit_code, cfg.termination_grace_seconds, cfg.notice_file) == (
         43, 120.0, "/etc/reprieve/annotations")
     assert cfg.coordinator_bind_address() == "10.0.0.7:8476"
@@ -36,6 +38,7 @@ def test_defaults_outside_kubernetes() -> None:
     assert cfg.checkpoint_uri == "./checkpoints" and not cfg.distributed and not cfg.in_cluster
     assert cfg.coordinator_bind_address() is None
     assert (cfg.heartbeat_timeout_seconds, cfg.shutdown_timeout_seconds) == (10, 30)
+    assert cfg.checkpoint_interval_seconds == 0.0  # off
 
 
 def test_ipv6_pod_ip_is_bracketed() -> None:
@@ -53,6 +56,8 @@ BAD = [
     ({"REPRIEVE_TERMINATION_GRACE_SECONDS": "nan"}, "must be a finite number"),
     ({"REPRIEVE_TERMINATION_GRACE_SECONDS": "-1"}, "must be >= 0.0, got -1.0"),
     ({"REPRIEVE_METRICS_PORT": "http"}, "REPRIEVE_METRICS_PORT must be an integer"),
+    ({"REPRIEVE_CHECKPOINT_INTERVAL_SECONDS": "-5"}, "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS must be >= 0.0"),
+    ({"REPRIEVE_CHECKPOINT_INTERVAL_SECONDS": "10m"}, "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS must be a number"),
 ]
 
 

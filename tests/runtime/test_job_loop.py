@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 import pytest
 import reprieve
+from reprieve.coordination import LocalCoordinator
 from reprieve.job import Job
 
 from tests.runtime.helpers_agreement import FileCheckpointer
@@ -70,7 +72,7 @@ def test_notify_then_save_at_the_agreed_step_exits_42_with_a_checkpoint(make_job
     assert code == 42
     target = job.agreement.target
     assert target is not None and step == target.plan.final_step >= 5  # notified in step 5's body
-    assert FileCheckpointer(str(tmp_path / "ckpt"), reprieve.LocalCoordinator()).latest_step() == step
+    assert FileCheckpointer(str(tmp_path / "ckpt"), LocalCoordinator()).latest_step() == step
     m = job.metrics
     assert m.get("reprieve_notices_total", source="user", reason="maintenance") == 1
     assert m.get("reprieve_agreed_step") == step and m.get("reprieve_notice_to_commit_seconds") > 0
@@ -122,7 +124,7 @@ def test_finishing_normally_saves_the_last_step(make_job: Any, tmp_path: Path) -
     job = make_job()
     code, step = train(job, total=7)
     assert (code, step) == (0, 6)
-    assert FileCheckpointer(str(tmp_path / "ckpt"), reprieve.LocalCoordinator()).latest_step() == 6
+    assert FileCheckpointer(str(tmp_path / "ckpt"), LocalCoordinator()).latest_step() == 6
     again = make_job()
     state, start = again.restore_or(lambda: {"x": jnp.zeros((2,))})
     assert start == 7 and float(state["x"][0]) == 7.0
@@ -163,9 +165,85 @@ def test_with_block_finishes_after_break_and_abandons_on_error(make_job: Any, tm
             job.save(step, {"x": jnp.zeros(1)})
             if step == 9:
                 break
-    assert job._closed
+    assert job.phase.terminal
     with pytest.raises(ZeroDivisionError), make_job() as job2:
         for step in job2.steps(0, 100):
             if step == 3:
                 raise ZeroDivisionError
-    assert job2._closed
+    assert job2.phase.terminal
+
+
+class Numbers:
+    """A data iterator with grain's checkpoint interface (``get_state`` / ``set_state``), ``n`` items."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.i = n, 0
+
+    def __iter__(self) -> Numbers:
+        return self
+
+    def __next__(self) -> int:
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return self.i - 1
+
+    def get_state(self) -> bytes:
+        return json.dumps({"i": self.i}).encode()
+
+    def set_state(self, state: bytes) -> None:
+        self.i = json.loads(state)["i"]
+
+
+def test_a_loop_over_a_loader_without_a_total_resumes_where_its_data_was(tmp_path: Path) -> None:
+    """``for step, batch in zip(job.steps(start), loader)`` (no total): periodic saves carry the loader's
+    position; the loop ends with its data; ``save(force=True)`` keeps the final state."""
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ck"), "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "4"}
+    seen: list[int] = []
+
+    def run(stop_after: int | None) -> tuple[int, float]:
+        data = Numbers(10)
+        with reprieve.init(env=env, install_sigterm=False) as job:
+            state, start = job.restore_or(lambda: {"sum": jnp.zeros(())}, data=data)
+            step = start - 1
+            for step, item in zip(job.steps(start), data):
+                seen.append(item)
+                state = {"sum": state["sum"] + item}
+                job.save(step, state, data=data)
+                if step == stop_after:
+                    return step, float(state["sum"])  # stops early: nothing saved after step 3
+            job.save(step, state, data=data, force=True)
+        return step, float(state["sum"])
+
+    assert run(stop_after=5) == (5, 15.0)  # saves at steps 3 (items 0..3) and 5 is not saved
+    assert run(stop_after=None) == (9, 45.0)  # resumed after step 3: items 4..9, each once more
+    assert seen == [0, 1, 2, 3, 4, 5, 4, 5, 6, 7, 8, 9]
+    with reprieve.init(env=env, install_sigterm=False) as job:
+        restored = job.restore_or(lambda: {"sum": jnp.zeros(())}, data=Numbers(10))
+        assert restored.step == 9 and float(restored[0]["sum"]) == 45.0
+        assert restored.data == json.dumps({"i": 10}).encode()
+
+
+def test_time_based_interval_in_one_process(make_job: Any) -> None:
+    job = make_job(env_extra={"REPRIEVE_CHECKPOINT_INTERVAL_SECONDS": "0.1"})
+    for step in job.steps(0, 80):
+        time.sleep(0.005)
+        job.save(step, {"x": jnp.zeros(1)})
+    assert job.metrics.get("reprieve_saves_total", kind="interval") >= 2
+    assert job.metrics.get("reprieve_saves_total", kind="periodic") == 1  # the last step
+
+
+def test_data_with_a_checkpointer_that_cannot_store_it_is_refused_at_save(make_job: Any) -> None:
+    job = make_job()
+    with pytest.raises(TypeError, match="FileCheckpointer does not store per-process data positions"):
+        for step in job.steps(0, 3):
+            job.save(step, {"x": jnp.zeros(1)}, data={"i": step}, force=True)
+
+
+def test_a_data_position_that_is_not_json_names_the_process_and_key(tmp_path: Path) -> None:
+    with reprieve.init(env={"REPRIEVE_CHECKPOINT_URI": str(tmp_path)}, install_sigterm=False) as job:
+        with pytest.raises(TypeError, match=r"job.save\(step 0, data=...\): process 0's data position must be "
+                                            r"JSON-serialisable: \['files'\]\[0\] is a PosixPath"):
+            for step in job.steps(0, 1):
+                job.save(step, {"x": jnp.zeros(1)}, data={"files": [tmp_path]}, force=True)
+        job.abandon()

@@ -56,3 +56,25 @@ def test_a_notice_present_at_start_up_saves_at_the_first_step_after_the_restore(
     log = again.logs[0].read_text()
     assert "resuming at step 20" in log
     assert "saving agreed step 20 " in log, again.tail()
+
+
+def test_a_sigterm_after_the_restart_code_is_decided_still_exits_with_it(tmp_path: Path) -> None:
+    """Regression: closing the job put back SIG_DFL, so a SIGTERM in the last moments (after "exiting with
+    code 42" was logged, before the process ended) killed the committed run with 143."""
+    import time
+
+    gang = launch(tmp_path, 1, steps=400, step_seconds=0.02, grace_seconds=5, extra_env={"WORKER_SLOW_EXIT": "2"})
+    try:
+        gang.wait_for_file("running-0", 60)
+        gang.signal(0, signal.SIGTERM)
+        limit = time.monotonic() + 30
+        while "exiting with code 42" not in gang.logs[0].read_text():
+            assert time.monotonic() < limit and gang.procs[0].poll() is None, gang.tail()
+            time.sleep(0.02)
+        gang.signal(0, signal.SIGTERM)  # the kubelet's second SIGTERM, or the node going down
+        gang.signal(0, signal.SIGINT)
+        codes = gang.wait(30)
+    finally:
+        gang.kill()
+    assert codes == [42], gang.tail()
+    assert len(gang.saved()) == 1

@@ -141,7 +141,7 @@ def _sds(shape: tuple[int, ...], dtype: Any = jnp.float32, sharded: bool = True)
     ],
 )
 def test_abstract_problem(abstract: Any, built: Any, problem: str | None) -> None:
-    from reprieve.job import abstract_problem
+    from reprieve.abstract import abstract_problem
 
     got = abstract_problem(abstract, built)
     if problem is None:

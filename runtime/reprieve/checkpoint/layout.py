@@ -8,7 +8,9 @@ Layout under a root URI (a directory, or a bucket prefix)::
         arrays/00007/c/0/1         chunk files (crc32c-checksummed)
     step_0000000043_a3.tmp/        being written (filesystems); renamed to the committed name at commit
     step_0000000040_a2.deleting/   being deleted by retention (invisible)
+    step_0000000041_a2.corrupt/    quarantined: found corrupt by a restore (kept for inspection, never listed)
     commits/step_0000000042_a3     object stores only: the commit marker (written last, atomically)
+    corrupt/step_0000000041_a2-<ms>.json   object stores only: why a checkpoint was quarantined (data deleted)
     attempts/attempt_0000000003.json   fence of attempt 3: the checkpoints visible when it started
 
 Object stores have no rename: data is written straight under the committed name and only the
@@ -25,13 +27,15 @@ METADATA_FILE = "reprieve.json"
 ARRAYS_DIR = "arrays"
 COMMITS_DIR = "commits"
 FENCES_DIR = "attempts"
+CORRUPT_DIR = "corrupt"
 TMP_SUFFIX = ".tmp"
 DELETING_SUFFIX = ".deleting"
+CORRUPT_SUFFIX = ".corrupt"
 
-_NAME_RE = re.compile(r"^step_(\d{10})_a(\d+)(\.tmp|\.deleting)?$")
+_NAME_RE = re.compile(r"^step_(\d{10})_a(\d+)(\.tmp|\.deleting|\.corrupt(?:-(\d+))?)?$")
 _FENCE_RE = re.compile(r"^attempt_(\d{10})\.json$")
 
-State = Literal["committed", "tmp", "deleting"]
+State = Literal["committed", "tmp", "deleting", "corrupt"]
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -41,12 +45,15 @@ class CheckpointName:
     step: int
     attempt: int
     state: State = "committed"
+    copy: int = dataclasses.field(default=1, compare=False)  # quarantined copies of one name: .corrupt-<copy>
 
     @property
     def committed(self) -> str:
         return committed_name(self.step, self.attempt)
 
     def __str__(self) -> str:
+        if self.state == "corrupt":
+            return self.committed + CORRUPT_SUFFIX + ("" if self.copy == 1 else f"-{self.copy}")
         suffix = {"committed": "", "tmp": TMP_SUFFIX, "deleting": DELETING_SUFFIX}[self.state]
         return self.committed + suffix
 
@@ -70,9 +77,26 @@ def parse_name(name: str) -> CheckpointName | None:
     m = _NAME_RE.match(name.rstrip("/"))
     if not m:
         return None
+    if m.group(3) and m.group(3).startswith(CORRUPT_SUFFIX):
+        return CheckpointName(int(m.group(1)), int(m.group(2)), "corrupt", int(m.group(4) or 1))
     states: dict[str | None, State] = {None: "committed", TMP_SUFFIX: "tmp", DELETING_SUFFIX: "deleting"}
-    state = states[m.group(3)]
-    return CheckpointName(int(m.group(1)), int(m.group(2)), state)
+    return CheckpointName(int(m.group(1)), int(m.group(2)), states[m.group(3)])
+
+
+def quarantine_name(name: str, existing: set[str]) -> str:
+    """Where a corrupt checkpoint ``name`` is moved: ``<name>.corrupt``, or ``.corrupt-2``, ``-3``... when a
+    copy quarantined before already holds that name (a name can go corrupt more than once)."""
+    copy = 1
+    while (target := str(CheckpointName(*_split(name), "corrupt", copy))) in existing:
+        copy += 1
+    return target
+
+
+def _split(name: str) -> tuple[int, int]:
+    parsed = parse_name(name)
+    if parsed is None or parsed.state != "committed":
+        raise ValueError(f"not a committed checkpoint name: {name!r}")
+    return parsed.step, parsed.attempt
 
 
 def fence_name(attempt: int) -> str:

@@ -3,7 +3,8 @@
 Commit protocol of one save (all processes run it in a background thread)::
 
     snapshot (the only blocking part)  ->  write own shards into the unfinished checkpoint
-    -> publish own status (KV)  ->  barrier  ->  process 0: every status ok?  newer fence?
+    -> publish own per-process extra and status (KV)  ->  barrier  ->  process 0: every status ok?
+    newer fence?  ->  process 0: rewrite reprieve.json with every process's extra (if any)
     -> process 0: fsync dirs + rename (filesystem) / write commit marker (object store)
     -> process 0 publishes the outcome (KV)  ->  every process learns it  ->  on_commit, retention
 
@@ -20,9 +21,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 from ..coordination import Coordinator, LocalCoordinator
+from ..data import to_json_value
 from . import fencing, layout, retention
 from . import save as save_mod
 from .fencing import FencedError
@@ -46,6 +48,19 @@ CRASH_ENV = "REPRIEVE_CKPT_TEST_CRASH_AT"  # test-only fault injection: a commit
 
 class CheckpointSaveError(RuntimeError):
     """A background save failed on some process; the checkpoint was not committed."""
+
+
+class RestoreResult(tuple):  # type: ignore[type-arg]
+    """``(step, state, extra)`` as every checkpointer returns it, plus ``process_extra``: what each process
+    gave as ``save(..., process_extra=)`` (index = the saving process), or None when none was saved."""
+
+    process_extra: list[Any] | None
+
+    def __new__(cls, step: int, state: Any, extra: dict[str, Any],
+                process_extra: list[Any] | None = None) -> Self:
+        self = super().__new__(cls, (step, state, extra))
+        self.process_extra = process_extra
+        return self
 
 
 def _maybe_crash(point: str, process_id: int) -> None:
@@ -171,21 +186,30 @@ class CheckpointManager:
                 log.info("checkpoint: removing leftover %s/%s", self.uri, e)
                 st.delete(e)
 
+    def set_commit_callback(self, on_commit: Callable[[int], None] | None) -> None:
+        """``on_commit(step)`` after every commit, in the background thread of every process (what
+        :func:`reprieve.init` wires to the job: metrics and the progress annotation)."""
+        self._on_commit = on_commit
+
     # -- save ---------------------------------------------------------------------------------------
-    def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None) -> None:
+    supports_process_extra = True
+
+    def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None,
+             process_extra: Any = None) -> None:
         """Snapshot ``state`` and write it in the background; returns once ``state`` may be donated.
 
         At most one save is in flight: if one is, this call first waits for it (and logs that it had
-        to). A failure of an earlier background save is raised here. ``extra`` must be JSON-serialisable.
+        to). A failure of an earlier background save is raised here. ``extra`` (one JSON object for the
+        checkpoint) and ``process_extra`` (this process's own JSON value, e.g. its data position; every
+        process's comes back from :meth:`restore`) must be JSON-serialisable.
         """
         t0 = time.monotonic()
         self._raise_pending()
         if self._last_step is not None and step <= self._last_step:
             raise ValueError(f"checkpoint save: step must increase, got {step} after {self._last_step}")
-        try:
-            extra_json = json.loads(json.dumps(extra or {}))
-        except (TypeError, ValueError) as err:
-            raise TypeError(f"checkpoint save step {step}: extra must be JSON-serialisable ({err})") from err
+        extra_json = to_json_value(extra or {}, f"checkpoint save step {step}: extra")
+        process_json = None if process_extra is None else json.dumps(
+            to_json_value(process_extra, f"checkpoint save step {step}: process {self._pid}'s process_extra"))
         if self._thread is not None and self._thread.is_alive():
             log.info("checkpoint save of step %d waits for the in-flight save of step %d", step, self._inflight_step)
             self._thread.join()
@@ -195,28 +219,33 @@ class CheckpointManager:
         self._last_step = step
         self._inflight_step = step
         self._thread = threading.Thread(
-            target=self._background_save, args=(step, snap, extra_json, t0), name=f"reprieve-ckpt-save-{step}",
+            target=self._background_save, args=(step, snap, extra_json, process_json, t0),
+            name=f"reprieve-ckpt-save-{step}",
             daemon=True)
         self._thread.start()
         log.debug("checkpoint save of step %d: blocked %.4fs", step, time.monotonic() - t0)
 
-    def _background_save(self, step: int, snap: save_mod.Snapshot, extra: dict[str, Any], t0: float) -> None:
+    def _background_save(self, step: int, snap: save_mod.Snapshot, extra: dict[str, Any],
+                         process_extra: str | None, t0: float) -> None:
         try:
-            self._save_protocol(step, snap, extra, t0)
+            self._save_protocol(step, snap, extra, process_extra, t0)
         except BaseException as err:  # surfaced on the next call / wait()  # noqa: BLE001
             log.error("checkpoint save of step %d failed: %s", step, err)
             self._error = err
 
-    def _save_protocol(self, step: int, snap: save_mod.Snapshot, extra: dict[str, Any], t0: float) -> None:
+    def _save_protocol(self, step: int, snap: save_mod.Snapshot, extra: dict[str, Any],
+                       process_extra: str | None, t0: float) -> None:
         st, pid = self._storage, self._pid
         base = f"{_KV}/a{self.attempt}/i{self._inst}/s{step}"
         ddir = st.data_dir(step, self.attempt)
         local_err: BaseException | None = None
+        if process_extra is not None:
+            self._coord.set(f"{base}/extra/{pid}", process_extra, overwrite=True)
         try:
             save_mod.write_snapshot(st, ddir, snap, process_index=pid)
-            if pid == 0:
-                meta = save_mod.build_metadata(step, self.attempt, self._nproc, snap, extra)
-                st.write_file(f"{ddir}/{layout.METADATA_FILE}", meta.to_json())
+            if pid == 0:  # beside the shards; rewritten at commit if some process gave a process_extra
+                st.write_file(f"{ddir}/{layout.METADATA_FILE}", save_mod.build_metadata(
+                    step, self.attempt, self._nproc, snap, extra).to_json())
             if pid != 0:
                 st.make_durable(ddir)  # process 0 does it at commit time, after everybody wrote
         except Exception as err:  # noqa: BLE001  (reported to every process, then raised)
@@ -230,7 +259,8 @@ class CheckpointManager:
         self._coord.barrier(f"ckpt-a{self.attempt}-i{self._inst}-s{step}", self._timeout)
         _maybe_crash("after_barrier", pid)
         if pid == 0:
-            outcome = self._commit(step, base)
+            outcome = self._commit(step, base, lambda process_extra: save_mod.build_metadata(
+                step, self.attempt, self._nproc, snap, extra, process_extra))
             self._coord.set(f"{base}/commit", outcome, overwrite=True)
         else:
             outcome = self._coord.get(f"{base}/commit", self._timeout)
@@ -248,7 +278,7 @@ class CheckpointManager:
         if pid == 0:
             self._schedule_retention()
 
-    def _commit(self, step: int, base: str) -> str:
+    def _commit(self, step: int, base: str, metadata: Callable[[list[Any] | None], CheckpointMeta]) -> str:
         st = self._storage
         statuses = self._coord.dir_get(f"{base}/written/")
         bad = {k.rsplit("/", 1)[-1]: v for k, v in statuses.items() if v != "ok"}
@@ -260,6 +290,12 @@ class CheckpointManager:
         if newer:
             return f"fenced: attempts {newer} started after attempt {self.attempt}"
         try:
+            # Every process's extra arrives in the KV before its status: only process 0, after the barrier, has
+            # them all, so the metadata written beside the shards is rewritten with them (when there are any).
+            extras = {int(k.rsplit("/", 1)[-1]): json.loads(v) for k, v in self._coord.dir_get(f"{base}/extra/").items()}
+            if extras:
+                st.write_file(f"{st.data_dir(step, self.attempt)}/{layout.METADATA_FILE}",
+                              metadata([extras.get(p) for p in range(self._nproc)]).to_json())
             st.commit(step, self.attempt)
         except Exception as err:  # noqa: BLE001  (reported to every process, then raised)
             return f"error: commit failed: {type(err).__name__}: {err}"
@@ -320,11 +356,14 @@ class CheckpointManager:
         v = self._visible()
         return v[-1].step if v else None
 
-    def restore(self, abstract_state: Any, *, step: int | None = None) -> tuple[int, Any, dict[str, Any]]:
-        """Restore into the shardings/dtypes of ``abstract_state``; returns ``(step, state, extra)``.
+    def restore(self, abstract_state: Any, *, step: int | None = None) -> RestoreResult:
+        """Restore into the shardings/dtypes of ``abstract_state``; returns ``(step, state, extra)`` (a
+        :class:`RestoreResult`, whose ``process_extra`` holds every process's ``save(process_extra=)``).
 
         ``step=None`` takes the latest complete checkpoint and, if it is corrupt and ``fallback`` is
-        on, the previous ones in turn. All processes agree on the checkpoint they restore.
+        on, the previous ones in turn. All processes agree on the checkpoint they restore. A checkpoint
+        every process could not read is quarantined (renamed ``<name>.corrupt``, logged, never listed
+        again), so a later save of the same step commits normally.
         """
         self.wait()
         n = next(self._restores)
@@ -363,12 +402,29 @@ class CheckpointManager:
                 meta, state = result
                 log.info("checkpoint restored %s/%s: step %d, %d bytes, %.3fs", self.uri, name, meta.step,
                          meta.array_bytes, time.monotonic() - t0)
-                return meta.step, state, meta.extra
+                return RestoreResult(meta.step, state, meta.extra, meta.process_extra)
             first_err = first_err or err or CheckpointCorruptError("; ".join(failed))
             log.error("checkpoint %s/%s is unusable (%s)%s", self.uri, name, "; ".join(failed),
                       "; falling back to the previous one" if name != plan[-1] else "")
+            self._quarantine(name, "; ".join(failed), f"{key}/{name}")
         assert first_err is not None
         raise first_err
+
+    def _quarantine(self, name: str, reason: str, key: str) -> None:
+        """Process 0 takes a checkpoint that every process found unusable out of the listing, then all
+        processes go on together (a later save of the same step must not meet it under its name)."""
+        if self._pid == 0:
+            parsed = layout.parse_name(name)
+            assert parsed is not None
+            try:
+                where = self._storage.quarantine(parsed, reason)
+                log.warning("checkpoint %s/%s quarantined as %s: never listed again (%s)", self.uri, name, where,
+                            reason)
+            except Exception as err:  # noqa: BLE001 - a commit over it still works (it replaces the name)
+                log.error("checkpoint %s/%s: quarantine failed (%s); it stays listed", self.uri, name, err)
+            self._coord.set(f"{key}/quarantined", "done", overwrite=True)
+        else:
+            self._coord.get(f"{key}/quarantined", self._timeout)
 
     def _restore_one(self, name: str, abstract: Any) -> tuple[CheckpointMeta, Any]:
         where = f"{self.uri}/{name}/{layout.METADATA_FILE}"
@@ -376,6 +432,12 @@ class CheckpointManager:
         if raw is None:
             raise CheckpointCorruptError(f"checkpoint {self.uri}/{name}: metadata file {where} is missing")
         meta = CheckpointMeta.from_json(raw, where)
+        parsed = layout.parse_name(name)
+        assert parsed is not None
+        problems = meta.problems(parsed.step, parsed.attempt)
+        if problems:
+            raise CheckpointCorruptError(f"checkpoint {self.uri}/{name}: {'; '.join(problems)} ({where}); the "
+                                         "checkpoint disagrees with itself")
         state = restore_tree(self._storage, name, meta, abstract, memory_limit_bytes=self._mem_limit)
         return meta, state
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 FORMAT_VERSION = 1
 
 LeafKind = Literal["array", "numpy", "json"]
+_OPTIONAL_LEAF_FIELDS = ("stored_as", "key_impl")
 
 
 class CheckpointCorruptError(RuntimeError):
@@ -21,7 +22,9 @@ class LeafMeta:
 
     ``array`` leaves are jax.Arrays written as zarr3 arrays with one chunk per saved shard;
     ``numpy`` leaves are host arrays written whole by process 0; ``json`` leaves (Python scalars,
-    strings) live in ``value``.
+    strings) live in ``value``. ``stored_as``: the integer dtype holding the bytes of a dtype zarr3 has no
+    name for (``uint4``...). ``key_impl``: the leaf is a typed PRNG key array saved as its key data
+    (``shape`` and ``dtype`` are the key data's), to be rebuilt with that implementation.
     """
 
     path: str
@@ -33,6 +36,8 @@ class LeafMeta:
     nbytes: int = 0
     sharding: dict[str, Any] | None = None
     value: Any = None
+    stored_as: str | None = None
+    key_impl: str | None = None
 
 
 @dataclasses.dataclass
@@ -45,6 +50,7 @@ class CheckpointMeta:
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     created_unix: float = 0.0
     format_version: int = FORMAT_VERSION
+    process_extra: list[Any] | None = None  # one JSON value per process (data positions), or None
 
     @property
     def array_bytes(self) -> int:
@@ -54,7 +60,38 @@ class CheckpointMeta:
         return {leaf.path: leaf for leaf in self.leaves}
 
     def to_json(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True).encode()
+        raw = dataclasses.asdict(self)
+        # Fields added after format 1 shipped are written only when used, so files without them stay
+        # byte-for-byte what older versions wrote and read.
+        for leaf in raw["leaves"]:
+            for key in _OPTIONAL_LEAF_FIELDS:
+                if leaf[key] is None:
+                    del leaf[key]
+        if raw["process_extra"] is None:
+            del raw["process_extra"]
+        return json.dumps(raw, indent=1, sort_keys=True).encode()
+
+    def problems(self, step: int, attempt: int) -> list[str]:
+        """Where this metadata disagrees with the checkpoint's name (``step``, ``attempt``) or with itself."""
+        out = []
+        if self.step != step:
+            out.append(f"metadata step {self.step} disagrees with the name's step {step}")
+        if self.attempt != attempt:
+            out.append(f"metadata attempt {self.attempt} disagrees with the name's attempt {attempt}")
+        if self.process_extra is not None and len(self.process_extra) != self.num_processes:
+            out.append(f"metadata has {len(self.process_extra)} per-process values for {self.num_processes} "
+                       "processes")
+        seen: set[int] = set()
+        for leaf in self.leaves:
+            if leaf.kind == "json":
+                continue
+            if leaf.index is None or leaf.shape is None or leaf.dtype is None or leaf.chunk_shape is None:
+                out.append(f"leaf {leaf.path} ({leaf.kind}) lacks its index, shape, dtype or chunk shape")
+            elif leaf.index in seen:
+                out.append(f"leaf {leaf.path} reuses array index {leaf.index}")
+            else:
+                seen.add(leaf.index)
+        return out
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> CheckpointMeta:

@@ -126,10 +126,38 @@ class _Leaf:
     regions: list[Region]
     devices: list[list[Any]]
     buffers: list[np.ndarray]
+    key_impl: str | None = None  # wrap the restored key data into typed keys of this impl
+
+    def out(self, i: int) -> np.ndarray:
+        """Buffer ``i`` as TensorStore reads it: a view in the stored dtype for raw-stored dtypes."""
+        buf = self.buffers[i]
+        return buf if self.meta.stored_as is None else buf.view(self.meta.stored_as)
 
 
 def _is_abstract_array(x: Any) -> bool:
     return isinstance(x, (jax.ShapeDtypeStruct, jax.Array))
+
+
+def sharding_of(x: Any) -> Any:
+    return getattr(x, "sharding", None) if _is_abstract_array(x) else None
+
+
+def _key_impl(target: Any) -> str | None:
+    """The PRNG impl name of a typed-key abstract leaf (``jax.random.key``'s dtype), else None."""
+    dtype = getattr(target, "dtype", None)
+    if dtype is None or not _is_abstract_array(target) or not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return None
+    return str(dtype._impl.name)  # no public accessor for a ShapeDtypeStruct's key impl
+
+
+def _key_data_sharding(path: str, sharding: Any) -> Any:
+    """The sharding of a key array's data (one more, unsharded, trailing dimension)."""
+    if sharding is None:
+        return None
+    if isinstance(sharding, (jax.sharding.NamedSharding, jax.sharding.SingleDeviceSharding)):
+        return sharding  # a NamedSharding's spec leaves the trailing dimension replicated
+    raise ValueError(f"restore leaf {path}: typed PRNG keys restore onto a NamedSharding or a single device, "
+                     f"got {type(sharding).__name__}")
 
 
 def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract: Any, *,
@@ -151,6 +179,14 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
         if leaf.kind == "json":
             out[slot] = leaf.value
             continue
+        key_impl = _key_impl(target)
+        if key_impl is not None:
+            if leaf.key_impl is not None and leaf.key_impl != key_impl:
+                raise ValueError(f"restore leaf {path}: saved typed PRNG keys of impl {leaf.key_impl}, the "
+                                 f"abstract state asks for {key_impl}")
+            data = jax.eval_shape(jax.random.key_data, target)  # the key data: shape + (the impl's words,)
+            target = jax.ShapeDtypeStruct(data.shape, data.dtype,
+                                          sharding=_key_data_sharding(path, sharding_of(target)))
         shape = tuple(getattr(target, "shape", ()))
         dtype = np.dtype(getattr(target, "dtype", leaf.dtype))
         sharding = getattr(target, "sharding", None) if _is_abstract_array(target) else None
@@ -158,7 +194,11 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
             raise ValueError(f"restore leaf {path}: abstract shape {shape} does not match saved shape {tuple(leaf.shape)}")
         if sharding is None and leaf.kind == "array" and not isinstance(target, np.ndarray):
             raise ValueError(f"restore leaf {path}: abstract value has no sharding; give a "
-                             "jax.ShapeDtypeStruct(shape, dtype, sharding=...) or a jax.Array")
+                             "jax.ShapeDtypeStruct(shape, dtype, sharding=...) or a jax.Array "
+                             "(flax NNX: docs/runtime.md, \"flax NNX\")")
+        if leaf.stored_as is not None and str(dtype) != leaf.dtype:
+            raise ValueError(f"restore leaf {path}: saved as {leaf.dtype} (stored as its raw bytes), which cannot "
+                             f"be cast to {dtype} on the way; restore it as {leaf.dtype} and cast after")
         regions: list[Region]
         devices: list[list[Any]]
         if sharding is None:
@@ -169,7 +209,8 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
                 by_region[region_of(index, shape)].append(device)
             regions, devices = list(by_region), list(by_region.values())
         bufs = [host_buffer(tuple(hi - lo for lo, hi in r), dtype) for r in regions]
-        leaves.append(_Leaf(slot, leaf, shape, dtype, sharding, regions, devices, bufs))
+        leaves.append(_Leaf(slot, leaf, shape, dtype, sharding, regions, devices, bufs,
+                            key_impl))
 
     memory_limit_bytes = read_budget(sum(b.nbytes for lf in leaves for b in lf.buffers), memory_limit_bytes)
     plans = []
@@ -204,9 +245,9 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
             while inflight and budget + nbytes > memory_limit_bytes:
                 finish()
             if op.direct:
-                futs = [storage.read_into(store, region_slices(op.box), lf.buffers[op.parts[0][0]])]
+                futs = [storage.read_into(store, region_slices(op.box), lf.out(op.parts[0][0]))]
             else:  # every part straight into its target's buffer (a strided view; casts on the way)
-                futs = [storage.read_into(store, region_slices(part), lf.buffers[i][_local(part, lf.regions[i])])
+                futs = [storage.read_into(store, region_slices(part), lf.out(i)[_local(part, lf.regions[i])])
                         for i, part in op.parts]
             inflight.append((lf, op, futs))
             budget += nbytes
@@ -223,7 +264,8 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
                 # Every replica gets its own buffer, so donating one can never scribble over another.
                 arrays[d] = jax.device_put(buf if n == 0 else buf.copy(), d)
         ordered = [arrays[d] for d in lf.sharding.addressable_devices_indices_map(lf.shape)]
-        out[lf.slot] = jax.make_array_from_single_device_arrays(lf.shape, lf.sharding, ordered)
+        arr = jax.make_array_from_single_device_arrays(lf.shape, lf.sharding, ordered)
+        out[lf.slot] = arr if lf.key_impl is None else jax.random.wrap_key_data(arr, impl=lf.key_impl)
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -241,5 +283,6 @@ def _open_all(storage: Storage, ckpt_dir: str, leaves: list[LeafMeta], where: st
         try:
             out[idx] = f.result()
         except Exception as err:
-            raise CheckpointCorruptError(f"{where}: opening {layout.array_dir(idx)} failed: {err}") from err
+            raise CheckpointCorruptError(f"{where}: opening {layout.array_dir(idx)} failed (its zarr.json is missing, "
+                                         f"unreadable or disagrees with {layout.METADATA_FILE}): {err}") from err
     return out

@@ -85,8 +85,26 @@ class Snapshot:
     local_bytes: int
 
 
-def _is_key_array(x: jax.Array) -> bool:
+def _is_key_array(x: Any) -> bool:
     return bool(jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key))
+
+
+def _dtype_of(path: str, dtype: Any) -> tuple[str, str | None]:
+    """``(dtype name, stored_as)`` of a leaf; a dtype that cannot be stored is a TypeError naming the leaf."""
+    name = str(np.dtype(dtype)) if not hasattr(dtype, "name") else str(dtype.name)
+    try:
+        return name, spec.stored_as(name)
+    except TypeError as err:
+        raise TypeError(f"checkpoint leaf {path}: {err}; cast it (x.astype(...)) or keep it out of the saved "
+                        "state") from None
+
+
+def _what_to_do(leaf: Any) -> str:
+    if callable(leaf):
+        return ("functions and other Python objects are not state: save the arrays only (for an equinox "
+                "module, eqx.filter(model, eqx.is_array), and rebuild it with eqx.combine; docs/checkpoint.md)")
+    return ("convert it to an array or a Python scalar, or keep it out of the state (job.save(..., extra=) "
+            "for JSON metadata, data= for per-process data positions)")
 
 
 class Staging:
@@ -154,18 +172,18 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
         p = jax.tree_util.keystr(path)
         i = len(leaves)
         if isinstance(leaf, jax.Array):
-            if _is_key_array(leaf):
-                raise TypeError(
-                    f"checkpoint leaf {p}: typed PRNG key arrays are not saved directly; "
-                    "store jax.random.key_data(key) and rebuild with jax.random.wrap_key_data"
-                )
+            key_impl = None
+            if _is_key_array(leaf):  # typed PRNG keys: their key data, rebuilt with the same impl on restore
+                key_impl = str(jax.random.key_impl(leaf))
+                leaf = jax.random.key_data(leaf)
+            dtype, stored = _dtype_of(p, leaf.dtype)
             shape = tuple(leaf.shape)
             shard_shape = leaf.sharding.shard_shape(shape)
             leaves.append(LeafMeta(
-                path=p, kind="array", index=array_index, shape=list(shape), dtype=str(leaf.dtype),
+                path=p, kind="array", index=array_index, shape=list(shape), dtype=dtype,
                 chunk_shape=spec.chunk_shape_for(shape, shard_shape, itemsize=leaf.dtype.itemsize,
                                                  max_chunk_bytes=max_chunk_bytes), nbytes=int(leaf.nbytes),
-                sharding=describe_sharding(leaf.sharding),
+                sharding=describe_sharding(leaf.sharding), stored_as=stored, key_impl=key_impl,
             ))
             array_index += 1
             for s in leaf.addressable_shards:
@@ -173,21 +191,20 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
                     owned.append((i, region_of(s.index, shape), s))
         elif isinstance(leaf, (np.ndarray, np.generic)):
             arr = np.array(leaf, copy=True)
-            spec.zarr_dtype(str(arr.dtype))  # fail now, not in the background
+            dtype, stored = _dtype_of(p, arr.dtype)  # fail now, not in the background
             leaves.append(LeafMeta(
-                path=p, kind="numpy", index=array_index, shape=list(arr.shape), dtype=str(arr.dtype),
+                path=p, kind="numpy", index=array_index, shape=list(arr.shape), dtype=dtype,
                 chunk_shape=spec.chunk_shape_for(arr.shape, arr.shape, itemsize=arr.dtype.itemsize,
                                                  max_chunk_bytes=max_chunk_bytes), nbytes=int(arr.nbytes),
+                stored_as=stored,
             ))
             array_index += 1
             host_leaves[i] = arr
         elif leaf is None or isinstance(leaf, (bool, int, float, str)):
             leaves.append(LeafMeta(path=p, kind="json", value=leaf))
         else:
-            raise TypeError(
-                f"checkpoint leaf {p}: expected jax.Array, numpy array, or a Python scalar/str, "
-                f"got {type(leaf).__name__}"
-            )
+            raise TypeError(f"checkpoint leaf {p}: expected jax.Array, numpy array, or a Python scalar/str, "
+                            f"got {type(leaf).__name__}; {_what_to_do(leaf)}")
     if host_copy == "device":
         copies: list[Any] = jax.device_put([s.data for _, _, s in owned], [s.device for _, _, s in owned],
                                            may_alias=False)
@@ -199,6 +216,11 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
     local = sum(int(np.prod([b - a for a, b in sc.region], dtype=np.int64)) * np.dtype(leaves[sc.leaf].dtype).itemsize
                 for sc in shards)
     return Snapshot(leaves, shards, host_leaves, local)
+
+
+def _as_stored(arr: np.ndarray, leaf: LeafMeta) -> np.ndarray:
+    """The bytes of ``arr`` as the dtype zarr3 stores them in (a view; the same array for most dtypes)."""
+    return arr if leaf.stored_as is None else arr.view(leaf.stored_as)
 
 
 def _zarr_meta(leaf: LeafMeta) -> dict[str, Any]:
@@ -220,13 +242,14 @@ def write_snapshot(storage: Storage, ckpt_dir: str, snap: Snapshot, *, process_i
     stores = {i: f.result() for i, f in opens.items()}
     writes = []
     for sc in snap.shards:
-        data = np.asarray(sc.data)  # device-copy path: waits for the copy (zero-copy view on CPU)
+        data = _as_stored(np.asarray(sc.data), snap.leaves[sc.leaf])  # device copies: waits (zero-copy on CPU)
         writes.append(stores[sc.leaf][region_slices(sc.region)].write(
             data, can_reference_source_data_indefinitely=True))
     if process_index == 0:
         for i, arr in snap.host_leaves.items():
             if arr.size:
-                writes.append(stores[i].write(arr, can_reference_source_data_indefinitely=True))
+                writes.append(stores[i].write(_as_stored(arr, snap.leaves[i]),
+                                              can_reference_source_data_indefinitely=True))
     for w in writes:
         w.result()
 
@@ -243,9 +266,9 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def build_metadata(step: int, attempt: int, num_processes: int, snap: Snapshot, extra: dict[str, Any]) -> CheckpointMeta:
+def build_metadata(step: int, attempt: int, num_processes: int, snap: Snapshot, extra: dict[str, Any],
+                   process_extra: list[Any] | None = None) -> CheckpointMeta:
     return CheckpointMeta(
         step=step, attempt=attempt, num_processes=num_processes, leaves=snap.leaves, extra=extra,
-        versions=_versions(),
-        created_unix=time.time(),
+        versions=_versions(), created_unix=time.time(), process_extra=process_extra,
     )

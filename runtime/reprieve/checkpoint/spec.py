@@ -23,33 +23,45 @@ from typing import Any
 
 from .layout import Location
 
-# zarr3 ``data_type`` names for numpy dtype names.
-_ZARR_DTYPES = {
-    "bool": "bool",
-    "int8": "int8",
-    "int16": "int16",
-    "int32": "int32",
-    "int64": "int64",
-    "uint8": "uint8",
-    "uint16": "uint16",
-    "uint32": "uint32",
-    "uint64": "uint64",
-    "float16": "float16",
-    "bfloat16": "bfloat16",
-    "float32": "float32",
-    "float64": "float64",
-    "complex64": "complex64",
-    "complex128": "complex128",
-}
+# zarr3 ``data_type`` names (TensorStore's) for numpy / ml_dtypes dtype names: stored as themselves.
+_ZARR_DTYPES = {name: name for name in (
+    "bool", "int2", "int4", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float4_e2m1fn", "float8_e3m4", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e4m3b11fnuz", "float8_e5m2",
+    "float8_e5m2fnuz", "float8_e8m0fnu", "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+)}
+# ml_dtypes types that TensorStore's zarr3 has no name for: stored as their raw bytes, an unsigned integer of
+# the same item size (``reprieve.json`` records the real dtype; restore views the bytes back bit-exactly).
+_RAW_DTYPES = {"uint1": "uint8", "uint2": "uint8", "uint4": "uint8", "int1": "uint8", "float8_e4m3": "uint8",
+               "float6_e2m3fn": "uint8", "float6_e3m2fn": "uint8"}
 
 
 def zarr_dtype(dtype_name: str) -> str:
-    try:
+    """The zarr3 data type an array of ``dtype_name`` is stored as (itself, or its raw bytes' integer type).
+
+    Raises:
+        TypeError: the dtype cannot be stored (object, string, structured, datetime...).
+    """
+    if dtype_name in _ZARR_DTYPES:
         return _ZARR_DTYPES[dtype_name]
-    except KeyError:
-        raise TypeError(
-            f"checkpoint: dtype {dtype_name!r} is not supported; expected one of {sorted(_ZARR_DTYPES)}"
-        ) from None
+    if dtype_name in _RAW_DTYPES:
+        return _RAW_DTYPES[dtype_name]
+    raise TypeError(
+        f"dtype {dtype_name!r} is not supported; expected one of "
+        f"{sorted(_ZARR_DTYPES) + sorted(_RAW_DTYPES)}"
+    )
+
+
+def stored_as(dtype_name: str) -> str | None:
+    """The integer dtype whose bytes hold ``dtype_name`` on disk, or None when zarr3 stores it by name."""
+    zarr_dtype(dtype_name)
+    return _RAW_DTYPES.get(dtype_name)
+
+
+def fill_value(zarr_name: str) -> Any:
+    """zarr3 fill value of the data type: complex ones are ``[real, imag]``, booleans ``false``."""
+    if zarr_name.startswith("complex"):
+        return [0.0, 0.0]
+    return False if zarr_name == "bool" else 0
 
 
 def kvstore_spec(loc: Location, subpath: str = "", env: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -121,7 +133,7 @@ def zarr3_metadata(shape: Sequence[int], dtype_name: str, chunk_shape: Sequence[
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [int(c) for c in chunk_shape]}},
         "chunk_key_encoding": {"name": "default"},
         "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
-        "fill_value": False if zdt == "bool" else 0,
+        "fill_value": fill_value(zdt),
     }
 
 

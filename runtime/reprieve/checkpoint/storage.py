@@ -7,10 +7,13 @@ Two backends with one interface:
   (``sync_mode="files"``, scoped to the checkpoint) or issues one ``syncfs(2)`` (``"syncfs"``: fewest
   syscalls, but it also flushes other tenants' dirty data); process 0 then renames the tree to
   ``<name>/`` and fsyncs the root. Deletion renames to ``<name>.deleting/`` first, so a crash in the
-  middle of a delete never leaves a half-deleted checkpoint that looks complete.
+  middle of a delete never leaves a half-deleted checkpoint that looks complete. A corrupt checkpoint is
+  quarantined by renaming it to ``<name>.corrupt/`` (kept for inspection, never listed as committed).
 * :class:`ObjectStorage` (``gs://``, ``s3://``): no rename and no fsync; data goes straight under
   ``<name>/`` and the commit is one PUT of the marker ``commits/<name>`` (single-object writes are
-  atomic on GCS and S3). Deletion removes the marker first, then the data.
+  atomic on GCS and S3). Deletion removes the marker first, then the data. Quarantine writes
+  ``corrupt/<name>-<unix ms>.json`` (why), removes the marker, then the data (an object store cannot rename it aside,
+  and the name must be free for the next save of that step).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -59,13 +63,15 @@ class Storage:
 
     def open_array(self, subpath: str, metadata: dict[str, Any], *, create: bool, read: bool = False,
                    context: Any = None) -> Any:
-        """Future of an opened zarr3 array; ``create`` writes ``zarr.json``, else metadata is assumed.
-        ``context``: for reads, instead of :attr:`context` (see :meth:`read_context`)."""
+        """Future of an opened zarr3 array; ``create`` writes ``zarr.json``. ``read``: its ``zarr.json`` is
+        read and must match ``metadata`` (an array that disagrees with ``reprieve.json`` is an error, not
+        bytes read with the wrong shape); otherwise the metadata is assumed. ``context``: for reads, instead
+        of :attr:`context` (see :meth:`read_context`)."""
         s = spec.zarr3_spec(self.kvstore(subpath), metadata)
         if create:
             return ts.open(s, create=True, delete_existing=False, context=self.context)
         if read:
-            return ts.open(s, open=True, assume_metadata=True, read=True, write=False,
+            return ts.open(s, open=True, read=True, write=False,
                            context=self.context if context is None else context)
         return ts.open(s, open=True, assume_metadata=True, write=True, context=self.context)
 
@@ -103,7 +109,8 @@ class Storage:
     def delete(self, name: CheckpointName) -> None:
         raise NotImplementedError
 
-    def exists(self, name: str) -> bool:
+    def quarantine(self, name: CheckpointName, reason: str) -> str:
+        """Take the committed checkpoint ``name`` out of every listing for good; returns where it went."""
         raise NotImplementedError
 
     # -- small files --------------------------------------------------------------------------------
@@ -160,9 +167,6 @@ class LocalStorage(Storage):
                 out.append(parsed)
         return out
 
-    def exists(self, name: str) -> bool:
-        return os.path.isdir(self._p(name))
-
     def _fsync_dir(self, path: str) -> None:
         if not self.fsync:
             return
@@ -198,17 +202,37 @@ class LocalStorage(Storage):
         src = self._p(layout.tmp_name(step, attempt))
         dst = self._p(layout.committed_name(step, attempt))
         self.make_durable(layout.tmp_name(step, attempt))  # every process's files and directories
+        if os.path.lexists(dst):
+            # The same step saved again by the same attempt (a run outside the operator always has attempt 1,
+            # or a restore(step=...) went back): the new, complete checkpoint supersedes the old one. Renaming
+            # onto a non-empty directory fails (ENOTEMPTY), so the old one is deleted first.
+            log.warning("checkpoint %s/%s already exists: replaced by the new save of step %d",
+                        self.loc.uri(), layout.committed_name(step, attempt), step)
+            self.delete(CheckpointName(step, attempt))
         os.rename(src, dst)
         self._fsync_dir(self.loc.path)
 
     def delete(self, name: CheckpointName) -> None:
         path = self._p(str(name))
-        if name.state == "committed":
-            doomed = self._p(layout.deleting_name(str(name)))
+        if name.state in ("committed", "corrupt"):
+            doomed = self._p(layout.deleting_name(name.committed))
+            if os.path.lexists(doomed):  # an interrupted earlier deletion of the same name
+                shutil.rmtree(doomed, ignore_errors=True)
             os.rename(path, doomed)
             self._fsync_dir(self.loc.path)
             path = doomed
         shutil.rmtree(path, ignore_errors=True)
+
+    def quarantine(self, name: CheckpointName, reason: str) -> str:
+        target = layout.quarantine_name(name.committed, set(os.listdir(self.loc.path)))
+        os.rename(self._p(name.committed), self._p(target))
+        self._fsync_dir(self.loc.path)
+        try:  # the reason beside the evidence; best effort (the rename is what matters)
+            with open(self._p(target, "QUARANTINED.json"), "w") as f:
+                json.dump({"name": name.committed, "reason": reason}, f)
+        except OSError as err:
+            log.warning("could not write the quarantine reason into %s: %s", target, err)
+        return self._p(target)
 
     def write_file(self, key: str, data: bytes) -> None:
         path = self._p(key)
@@ -285,9 +309,6 @@ class ObjectStorage(Storage):
             out.append(parsed if top in committed else CheckpointName(parsed.step, parsed.attempt, "tmp"))
         return out
 
-    def exists(self, name: str) -> bool:
-        return self.read_file(f"{layout.COMMITS_DIR}/{name}") is not None
-
     def commit(self, step: int, attempt: int) -> None:
         name = layout.committed_name(step, attempt)
         self.write_file(f"{layout.COMMITS_DIR}/{name}", name.encode())
@@ -296,6 +317,12 @@ class ObjectStorage(Storage):
         if name.state == "committed":
             self._kv.delete_range(_prefix_range(f"{layout.COMMITS_DIR}/{name.committed}")).result()
         self._kv.delete_range(_prefix_range(name.committed + "/")).result()
+
+    def quarantine(self, name: CheckpointName, reason: str) -> str:
+        record = f"{layout.CORRUPT_DIR}/{name.committed}-{int(time.time() * 1000)}.json"
+        self.write_file(record, json.dumps({"name": name.committed, "reason": reason}).encode())
+        self.delete(name)  # marker first, then the data: the name is free for the next save of this step
+        return f"{self.loc.uri()}/{record}"
 
     def write_file(self, key: str, data: bytes) -> None:
         self._kv.write(key, data).result()

@@ -7,6 +7,7 @@ proves which step it was taken at. Writes ``running-<pid>`` once warm and ``done
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import time
@@ -30,12 +31,21 @@ def main() -> None:
     save_delay = float(os.environ.get("WORKER_SAVE_DELAY", "0"))
     warm_step = int(os.environ.get("WORKER_WARM_STEP", "5"))
     break_at = int(os.environ.get("WORKER_BREAK_AT", "-1"))
+    slow_exit = float(os.environ.get("WORKER_SLOW_EXIT", "0"))
+    jitter = os.environ.get("WORKER_STEP_JITTER") == "1"  # process-dependent step times (skewed loops)
 
-    if os.environ.get("WORKER_CHECKPOINTER") == "manager":
+    kind = os.environ.get("WORKER_CHECKPOINTER", "file")
+    if kind in ("manager", "orbax"):
         # reprieve.init()'s default checkpointer (reprieve.checkpoint.CheckpointManager) on a global array
         # sharded over the processes: each process saves and restores its own shard
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        job = reprieve.init()
+        if kind == "orbax":
+            from reprieve.orbax import OrbaxCheckpointer
+
+            job = reprieve.init(checkpointer=lambda cfg, coord: OrbaxCheckpointer(
+                cfg.checkpoint_uri, coordinator=coord, attempt=cfg.attempt, keep=cfg.checkpoint_keep))
+        else:
+            job = reprieve.init()
         sharding = NamedSharding(Mesh(np.array(jax.devices()), ("p",)), PartitionSpec("p"))
 
         def init_state() -> dict[str, jax.Array]:
@@ -47,12 +57,23 @@ def main() -> None:
 
         def init_state() -> dict[str, jax.Array]:
             return {"x": jnp.zeros((4,), jnp.float32)}
+    if slow_exit:
+        # A slow interpreter exit (JAX and TensorStore teardown take 0.1-0.2 s): the window in which a second
+        # SIGTERM arrives after the restart code has been decided. atexit runs last-registered first.
+        atexit.register(time.sleep, slow_exit)
     state, start = job.restore_or(init_state)
     train_step = jax.jit(lambda s: {"x": s["x"] + 1})
+    orbax_manager = None
+    if os.environ.get("WORKER_ORBAX_REACHED_PREEMPTION") == "1":  # a MaxText-style loop asking Orbax
+        import orbax.checkpoint as ocp
+
+        orbax_manager = ocp.CheckpointManager(workdir / "orbax-own")
     for step in job.steps(start, total):
+        if orbax_manager is not None and orbax_manager.reached_preemption(step):
+            return
         state = jax.block_until_ready(train_step(state))
         if step_seconds:
-            time.sleep(step_seconds)  # the device time of a bigger model, without burning the shared CPUs
+            time.sleep(step_seconds * (1 + pid * 0.7 * (step % 3)) if jitter else step_seconds)  # the device time of a bigger model, without burning the shared CPUs
         if step == start + warm_step:
             (workdir / f"running-{pid}").touch()
         job.save(step, state)

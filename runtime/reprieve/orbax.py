@@ -1,0 +1,225 @@
+"""``OrbaxCheckpointer``: Reprieve's notices, agreed step, fencing and progress on Orbax's on-disk format.
+
+For teams that keep Orbax (its format, ``orbax.checkpoint.CheckpointManager`` tooling, MaxText's layout)::
+
+    job = reprieve.init(checkpointer=lambda cfg, coord: OrbaxCheckpointer(cfg.checkpoint_uri, coordinator=coord,
+                                                                         attempt=cfg.attempt))
+
+Install with ``pip install reprieve[orbax]``. Every checkpoint is an ordinary Orbax step directory holding two
+items: ``state`` (``StandardSave`` of the train state) and ``reprieve`` (JSON: the attempt that wrote it, the
+job's ``extra`` and every process's data position), so ``ocp.CheckpointManager(uri).restore(step,
+args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))`` reads it without Reprieve.
+
+Fencing follows :mod:`reprieve.checkpoint.fencing`: each attempt writes ``reprieve_attempts/attempt_<A>.json``
+(the steps visible when it started) beside the step directories; a step written by attempt ``a`` is visible iff
+no newer attempt has a fence, or the step is in the first newer fence. A stale writer's save fails with
+``FencedError`` once it sees a newer fence, and whatever it commits after the fence is never restored and is
+deleted when the next attempt starts. Orbax restores without Reprieve's fallback and quarantine (those belong
+to the default :class:`~reprieve.checkpoint.CheckpointManager`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .checkpoint import fencing
+from .checkpoint.fencing import FencedError
+from .checkpoint.layout import fence_name, parse_fence_name
+from .checkpoint.manager import RestoreResult
+from .coordination import Coordinator, LocalCoordinator
+from .data import to_json_value
+
+log = logging.getLogger(__name__)
+
+FENCES_DIR = "reprieve_attempts"
+RECORD_FILE = "reprieve/metadata"  # where Orbax's JsonSave puts the ``reprieve`` item of a step
+_KV = "reprieve/orbax"
+
+
+class OrbaxCheckpointer:
+    """A :class:`reprieve.Checkpointer` over ``orbax.checkpoint.CheckpointManager`` (async saves).
+
+    Args:
+        directory: Orbax's root (a path or ``gs://``), e.g. ``REPRIEVE_CHECKPOINT_URI``.
+        coordinator: the job's coordinator (``None``: one process).
+        attempt: ``REPRIEVE_ATTEMPT``; ``None`` reads the environment (default 1).
+        keep: Orbax's ``max_to_keep``.
+        timeout_s: how long process 0 waits for the other processes' data positions at a save.
+        options: extra ``ocp.CheckpointManagerOptions`` fields (``max_to_keep`` and async settings are set here).
+    """
+
+    supports_process_extra = True
+
+    def __init__(self, directory: str, *, coordinator: Coordinator | None = None, attempt: int | None = None,
+                 keep: int = 3, timeout_s: float = 600.0, options: dict[str, Any] | None = None) -> None:
+        import orbax.checkpoint as ocp
+        from etils import epath
+
+        self._ocp = ocp
+        self._coord = coordinator or LocalCoordinator()
+        self.attempt = int(os.environ.get("REPRIEVE_ATTEMPT", "1")) if attempt is None else int(attempt)
+        self._root = epath.Path(directory)
+        self._timeout = timeout_s
+        self._on_commit: Callable[[int], None] | None = None
+        self._inflight: tuple[int, float] | None = None
+        self.last_save_seconds: float | None = None
+        self.committed_step: int | None = None
+        self._restores = 0
+        opts = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=True,
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._finalized), **(options or {}))
+        self._mgr = ocp.CheckpointManager(self._root, options=opts)
+        self._startup()
+
+    # -- fencing ------------------------------------------------------------------------------------
+    def _fences(self) -> dict[int, frozenset[str]]:
+        out: dict[int, frozenset[str]] = {}
+        fdir = self._root / FENCES_DIR
+        if not fdir.exists():
+            return out
+        for path in fdir.iterdir():
+            attempt = parse_fence_name(path.name)
+            if attempt is not None:
+                out[attempt] = frozenset(json.loads(path.read_text())["visible"])
+        return out
+
+    def _written_by(self) -> dict[int, int]:
+        """``{step: attempt}`` of every step directory Orbax lists (its ``reprieve`` item says the attempt).
+        Read as the file Orbax's ``JsonSave`` wrote: ``CheckpointManager.restore`` may meet the other
+        processes, and only process 0 lists."""
+        self._mgr.reload()
+        out = {}
+        for step in self._mgr.all_steps():
+            try:
+                record = json.loads((self._root / str(step) / RECORD_FILE).read_text())
+                out[step] = int(record["attempt"])
+            except Exception as err:  # noqa: BLE001 - not ours, or unreadable: never restored
+                log.warning("orbax checkpoint %s/%d has no readable reprieve record (%s): not restored", self._root,
+                            step, err)
+        return out
+
+    def _visible(self) -> list[int]:
+        written = self._written_by()
+        fences = self._fences()
+        out = []
+        for step, attempt in written.items():
+            later = fencing.newer_fences(fences, attempt)
+            if not later or str(step) in fences[later[0]]:
+                out.append(step)
+        return sorted(out)
+
+    def _startup(self) -> None:
+        key = f"{_KV}/a{self.attempt}/init"
+        if self._coord.process_id == 0:
+            try:
+                fences = self._fences()
+                newer = fencing.newer_fences(fences, self.attempt)
+                if newer:
+                    raise FencedError(f"orbax checkpoints at {self._root}: attempt {self.attempt} is stale, "
+                                      f"attempts {newer} have started; this writer must stop")
+                visible = self._visible()
+                if self.attempt not in fences:
+                    fdir = self._root / FENCES_DIR
+                    fdir.mkdir(parents=True, exist_ok=True)
+                    tmp = fdir / (fence_name(self.attempt) + ".tmp")
+                    tmp.write_text(json.dumps({"attempt": self.attempt, "visible": [str(s) for s in visible]}))
+                    tmp.rename(fdir / fence_name(self.attempt))
+                stale = sorted(set(self._mgr.all_steps()) - set(visible))
+            except Exception as err:
+                self._coord.set(key, f"error: {type(err).__name__}: {err}", overwrite=True)
+                raise
+            self._coord.set(key, json.dumps(stale), overwrite=True)
+        else:
+            outcome = self._coord.get(key, self._timeout)
+            if outcome.startswith("error"):
+                raise (FencedError if "FencedError" in outcome else RuntimeError)(
+                    f"orbax checkpointer init on process 0 failed: {outcome}")
+            stale = json.loads(outcome)
+        self._mgr.reload()
+        for step in stale:  # every process: Orbax's delete meets the others
+            log.info("orbax checkpoint %s/%d was written by a fenced-out attempt: deleting it", self._root, step)
+            self._mgr.delete(step)
+
+    # -- the Checkpointer protocol ------------------------------------------------------------------
+    def set_commit_callback(self, on_commit: Callable[[int], None] | None) -> None:
+        self._on_commit = on_commit
+
+    def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None, process_extra: Any = None) -> None:
+        """Start an async Orbax save of ``state`` (``extra`` and every process's ``process_extra`` in the
+        ``reprieve`` item). Raises :class:`FencedError` once a newer attempt has started."""
+        t0 = time.monotonic()
+        pid, n = self._coord.process_id, self._coord.num_processes
+        newer = fencing.newer_fences(self._fences(), self.attempt)
+        if newer:
+            raise FencedError(f"orbax checkpoint step {step} at {self._root}: attempts {newer} started after "
+                              f"attempt {self.attempt}")
+        record: dict[str, Any] = {"attempt": self.attempt, "step": step,
+                                  "extra": to_json_value(extra or {}, f"checkpoint save step {step}: extra")}
+        if process_extra is not None:
+            value = json.dumps(to_json_value(process_extra, f"checkpoint save step {step}: process {pid}'s "
+                                                            "process_extra"))
+            base = f"{_KV}/a{self.attempt}/s{step}/extra"
+            self._coord.set(f"{base}/{pid}", value, overwrite=True)
+            if pid == 0:  # Orbax writes JSON items from the primary host only: it gathers every process's
+                record["process_extra"] = [json.loads(self._coord.get(f"{base}/{p}", self._timeout))
+                                           for p in range(n)]
+        self.wait()  # one save in flight, as the default manager
+        self._inflight = (step, t0)
+        args = self._ocp.args.Composite(state=self._ocp.args.StandardSave(state),
+                                        reprieve=self._ocp.args.JsonSave(record))
+        self._mgr.save(step, args=args, force=True)
+
+    def _finalized(self) -> None:
+        if self._inflight is None:
+            return
+        step, t0 = self._inflight
+        self.last_save_seconds = time.monotonic() - t0
+        self.committed_step = step
+        log.info("orbax checkpoint step %d committed, %.3fs save->commit", step, self.last_save_seconds)
+        if self._on_commit is not None:
+            self._on_commit(step)
+
+    def wait(self) -> None:
+        self._mgr.wait_until_finished()
+        if self._inflight is not None and self.committed_step != self._inflight[0]:
+            self._finalized()  # an Orbax version that did not call back: the commit is known now
+        self._inflight = None
+
+    def all_steps(self) -> list[int]:
+        return self._visible()
+
+    def latest_step(self) -> int | None:
+        visible = self._visible()
+        return visible[-1] if visible else None
+
+    def restore(self, abstract_state: Any, *, step: int | None = None) -> RestoreResult:
+        """Restore ``state`` onto ``abstract_state``'s shardings from the latest visible step (or ``step``);
+        ``FileNotFoundError`` on every process when there is none."""
+        self.wait()
+        self._restores += 1
+        key = f"{_KV}/a{self.attempt}/r{self._restores}"
+        if self._coord.process_id == 0:
+            visible = self._visible()
+            chosen = (visible[-1] if visible else None) if step is None else (step if step in visible else None)
+            self._coord.set(key, json.dumps(chosen), overwrite=True)
+        else:
+            chosen = json.loads(self._coord.get(key, self._timeout))
+        if chosen is None:
+            raise FileNotFoundError(f"no complete orbax checkpoint for {'any step' if step is None else step} "
+                                    f"under {self._root}")
+        out = self._mgr.restore(chosen, args=self._ocp.args.Composite(
+            state=self._ocp.args.StandardRestore(abstract_state), reprieve=self._ocp.args.JsonRestore()))
+        record = out["reprieve"]
+        log.info("orbax checkpoint restored %s/%d", self._root, chosen)
+        return RestoreResult(chosen, out["state"], record.get("extra", {}), record.get("process_extra"))
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._mgr.close()

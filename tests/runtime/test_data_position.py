@@ -1,0 +1,92 @@
+"""Per-process data positions with real grain on every process of a real multi-process job: a restart (after
+a SIGTERM-driven preemption) gives every process exactly the batches an uninterrupted run gives it, also on a
+different process count where the position is global; where it is per process, the restart says why not."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.helpers_agreement import Gang, launch
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+WORKER = Path(__file__).resolve().parent / "workers" / "grain_worker.py"
+STEPS = 30
+
+
+def _run(workdir: Path, n: int, mode: str, *, attempt: int = 1, steps: int = STEPS, step_seconds: float = 0.0,
+         grace: float = 30.0) -> Gang:
+    return launch(workdir, n, steps=steps, step_seconds=step_seconds, grace_seconds=grace, worker=WORKER,
+                  extra_env={"GRAIN_MODE": mode, "REPRIEVE_ATTEMPT": str(attempt)})
+
+
+def _batches(workdir: Path, n: int) -> dict[int, dict[int, list[int]]]:
+    """``{step: {process: records}}``; a later attempt's record of a step replaces an earlier one."""
+    out: dict[int, dict[int, list[int]]] = {}
+    for p in range(n):
+        path = workdir / f"batches-{p}.jsonl"
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            out.setdefault(rec["step"], {})[p] = rec["records"]
+    return out
+
+
+def _preempted(workdir: Path, n: int, mode: str) -> int:
+    """Run until warm, SIGTERM process 0: every process exits 42 after the agreed save. Returns that step."""
+    gang = _run(workdir, n, mode, steps=10_000, step_seconds=0.02, grace=3)
+    try:
+        gang.wait_for_file("running-0", 90)
+        gang.signal(0, signal.SIGTERM)
+        assert gang.wait(90) == [42] * n, gang.tail()
+    finally:
+        gang.kill()
+    log = gang.logs[0].read_text()
+    return int(log.split("agreed checkpoint at step ")[1].split()[0])
+
+
+@pytest.mark.parametrize("mode", ["loader", "global"])
+def test_every_process_resumes_its_grain_pipeline_exactly(tmp_path: Path, mode: str) -> None:
+    ref = _run(tmp_path / "ref", 2, mode)
+    assert ref.wait(120) == [0, 0], ref.tail()
+    expected = _batches(tmp_path / "ref", 2)
+
+    work = tmp_path / "preempted"
+    saved = _preempted(work, 2, mode)
+    again = _run(work, 2, mode, attempt=2)
+    assert again.wait(120) == [0, 0], again.tail()
+    assert f"resuming at step {saved + 1}" in again.logs[1].read_text()
+    got = _batches(work, 2)
+    assert [got[s] for s in range(STEPS)] == [expected[s] for s in range(STEPS)]
+    # the processes read different records: each one resumed its own position
+    assert got[saved + 1][0] != got[saved + 1][1]
+
+
+def test_a_global_position_moves_to_another_process_count(tmp_path: Path) -> None:
+    ref = _run(tmp_path / "ref", 1, "global")
+    assert ref.wait(120) == [0], ref.tail()
+    expected = {s: b[0] for s, b in _batches(tmp_path / "ref", 1).items()}  # the whole global batch
+
+    work = tmp_path / "moved"
+    saved = _preempted(work, 2, "global")
+    again = _run(work, 1, "global", attempt=2)  # half the processes: each global batch on one process
+    assert again.wait(120) == [0], again.tail()
+    two = _batches(work, 2)
+    for s in range(saved + 1):
+        assert two[s][0] + two[s][1] == expected[s]
+    one = {json.loads(line)["step"]: json.loads(line)["records"]
+           for line in (work / "batches-0.jsonl").read_text().splitlines() if json.loads(line)["attempt"] == 2}
+    assert sorted(one) == list(range(saved + 1, STEPS))
+    assert all(one[s] == expected[s] for s in one)
+
+
+def test_per_process_positions_refuse_another_process_count_with_the_fix(tmp_path: Path) -> None:
+    saved = _preempted(tmp_path, 2, "loader")
+    again = _run(tmp_path, 1, "loader", attempt=2)
+    assert again.wait(120) == [1], again.tail()
+    log = again.logs[0].read_text()
+    assert "DataPositionError" in log and "data positions of 2 processes and this job has 1" in log, again.tail()
+    assert "reshard_data" in log and saved >= 0

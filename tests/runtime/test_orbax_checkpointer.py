@@ -1,0 +1,126 @@
+"""reprieve.orbax.OrbaxCheckpointer: Reprieve's notices, agreed step, fencing and progress on Orbax's format
+(real orbax-checkpoint, real files, real multi-process JAX); Orbax's reached_preemption fails loudly."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import reprieve
+
+from tests.runtime.helpers_agreement import launch
+
+ocp = pytest.importorskip("orbax.checkpoint")
+from reprieve.checkpoint import FencedError
+from reprieve.orbax import OrbaxCheckpointer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def _state(v: float) -> dict[str, Any]:
+    return {"w": jnp.full((8, 4), v, jnp.float32), "key": jax.random.key(int(v)), "epoch": int(v)}
+
+
+def _abstract() -> dict[str, Any]:
+    s = _state(0)
+    sharding = s["w"].sharding
+    return {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=sharding),
+            "key": jax.ShapeDtypeStruct((), s["key"].dtype, sharding=sharding), "epoch": 0}
+
+
+def test_the_job_saves_and_restores_through_orbax_and_orbax_reads_it_alone(tmp_path: Path) -> None:
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path), "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "2"}
+
+    def factory(cfg: Any, coord: Any) -> OrbaxCheckpointer:
+        return OrbaxCheckpointer(cfg.checkpoint_uri, coordinator=coord, attempt=cfg.attempt)
+
+    with reprieve.init(env=env, install_sigterm=False, checkpointer=factory) as job:
+        state, start = job.restore_or(lambda: _state(0), _abstract())
+        for step in job.steps(start, 5):
+            state = _state(step + 1)
+            job.save(step, state, extra={"note": "hi"}, data={"pos": step})
+            if step == 1:
+                job.checkpointer.wait()
+                # the commit callback is wired: the job knows the commit without a later save confirming it
+                assert job.metrics.get("reprieve_last_committed_step") == 1
+    assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [1, 3, 4]
+    with reprieve.init(env=env, install_sigterm=False, checkpointer=factory) as job:
+        restored = job.restore_or(lambda: _state(0), _abstract(), data=None)
+        assert restored.step == 4 and restored[1] == 5 and restored.data == {"pos": 4}
+        assert restored.extra == {"note": "hi"}
+        got = restored[0]
+        np.testing.assert_array_equal(np.asarray(got["w"]), np.full((8, 4), 5.0, np.float32))
+        assert got["epoch"] == 5 and jax.dtypes.issubdtype(got["key"].dtype, jax.dtypes.prng_key)
+        assert np.array_equal(jax.random.key_data(got["key"]), jax.random.key_data(jax.random.key(5)))
+        job.abandon()
+    # the format is Orbax's: its own CheckpointManager restores the state without Reprieve
+    plain = ocp.CheckpointManager(tmp_path)
+    out = plain.restore(4, args=ocp.args.Composite(state=ocp.args.StandardRestore(_abstract())))
+    np.testing.assert_array_equal(np.asarray(out["state"]["w"]), np.full((8, 4), 5.0, np.float32))
+    plain.close()
+
+
+def test_a_stale_attempt_is_fenced_out(tmp_path: Path) -> None:
+    old = OrbaxCheckpointer(str(tmp_path), attempt=1)
+    old.save(1, _state(1))
+    old.wait()
+    new = OrbaxCheckpointer(str(tmp_path), attempt=2)  # writes attempt 2's fence
+    with pytest.raises(FencedError, match=r"attempts \[2\] started after attempt 1"):
+        old.save(2, _state(2))
+    # a stale writer that checked just before the fence appeared commits anyway: invisible, never restored
+    real = old._fences
+    old._fences = dict  # type: ignore[method-assign]
+    old.save(3, _state(3))
+    old.wait()
+    old._fences = real  # type: ignore[method-assign]
+    assert (tmp_path / "3").is_dir()
+    assert new.latest_step() == 1 and new.all_steps() == [1]
+    assert new.restore(_abstract())[0] == 1
+    # the next attempt deletes what the stale one left
+    third = OrbaxCheckpointer(str(tmp_path), attempt=3)
+    assert not (tmp_path / "3").exists() and third.all_steps() == [1]
+    with pytest.raises(FencedError, match="attempt 1 is stale"):
+        OrbaxCheckpointer(str(tmp_path), attempt=1)
+    for c in (old, new, third):
+        c.close()
+
+
+def test_sigterm_saves_through_orbax_on_every_process_and_the_restart_resumes(tmp_path: Path) -> None:
+    n = 2
+    env = {"WORKER_CHECKPOINTER": "orbax"}
+    gang = launch(tmp_path, n, steps=5000, grace_seconds=5, extra_env=env)
+    try:
+        gang.wait_for_file("running-0", 120)
+        gang.signal(1, signal.SIGTERM)
+        codes = gang.wait(120)
+    finally:
+        gang.kill()
+    assert codes == [42] * n, gang.tail()
+    (step,) = {int(re.findall(r"agreed save step (\d+)", p.read_text())[-1]) for p in gang.logs}
+    assert (gang.ckpt / str(step) / "commit_success.txt").exists() or (gang.ckpt / str(step) / "state").is_dir()
+    again = launch(tmp_path, n, steps=step + 11, step_seconds=0.0, extra_env={**env, "REPRIEVE_ATTEMPT": "2"})
+    try:
+        assert again.wait(120) == [0] * n, again.tail()
+    finally:
+        again.kill()
+    for p in range(n):
+        assert f"resuming at step {step + 1}" in again.logs[p].read_text(), again.tail()
+        assert (tmp_path / f"done-{p}").read_text() == f"{float(step + 11)}"
+
+
+def test_orbax_reached_preemption_under_reprieve_fails_loudly_with_the_fix(tmp_path: Path) -> None:
+    gang = launch(tmp_path, 2, steps=50, step_seconds=0.0, extra_env={"WORKER_ORBAX_REACHED_PREEMPTION": "1"})
+    codes = gang.wait(120)
+    assert all(c != 0 for c in codes), gang.tail()
+    log = gang.logs[0].read_text()
+    assert "PreemptionServiceDisabled" in log and "job.save(step, state)" in log, gang.tail()
+    assert "Coming from Orbax / MaxText" in log
