@@ -3,19 +3,20 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml operator/pyproject.toml | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest
 PYTEST_ARGS ?=
 
-.PHONY: all venv tools images real-tier test test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean
+.PHONY: all venv tools images real-tier lock test test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean
 
 all: test
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml operator/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: python3.11 not found; install Python 3.11" >&2; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
-	$(PY) -m pip install -q -e '.[runtime,operator,dev,bench,emulators,orbax,example]'
+	# Two distributions: the operator (operator/pyproject.toml) and the runtime with the tooling extras.
+	$(PY) -m pip install -q -e ./operator -e '.[runtime,dev,bench,emulators,orbax,example]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # moto's S3 server pins python-dateutil<3, which the kubernetes client forbids: it gets a venv of its own.
@@ -77,11 +78,22 @@ lint: venv tools
 	  "$$helm" lint --strict charts/reprieve && \
 	  "$$helm" lint --strict charts/reprieve --set rbac.namespaced=true --set 'watchNamespaces={team-a,team-b}'
 
-## verify: what is generated is in step: the CRDs (chart and crds/), the chart README, the values schema
-verify: venv
+## verify: what is generated is in step: the CRDs (chart and crds/), the chart README, the values schema, the
+## image lock files; one version everywhere a release publishes it; the release workflow passes actionlint
+verify: venv tools
 	$(PY) -m reprieve_operator.crdgen --check
 	$(PY) hack/gen_chart_readme.py --check
 	$(PY) hack/check_values_schema.py
+	$(PY) hack/check_locks.py
+	$(PY) hack/release_version.py
+	@bin="$$(bash hack/build-tools.sh 2>/dev/null | tail -1)"; set -x; "$$bin/actionlint" .github/workflows/*.yml
+
+## lock: regenerate requirements/*.lock (exact versions with hashes for the images) from the pyprojects
+lock: venv
+	$(PY) -m uv pip compile operator/pyproject.toml requirements/build.in --generate-hashes --python-version 3.11 \
+	  --python-platform linux --custom-compile-command "make lock" -q -o requirements/operator.lock
+	$(PY) -m uv pip compile pyproject.toml requirements/build.in --extra runtime --extra example --generate-hashes \
+	  --python-version 3.11 --python-platform linux --custom-compile-command "make lock" -q -o requirements/example.lock
 
 # `make test` (what CI runs, .ci/run) lints and verifies before the tests.
 test: lint verify

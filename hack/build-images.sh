@@ -163,7 +163,7 @@ fi
 build pause "reprieve.local/pause:$pause_key" "$pause_ctx/Containerfile" "$pause_ctx"
 
 # -- operator and example ---------------------------------------------------------------------------------
-context=(pyproject.toml README.md .dockerignore runtime/reprieve operator/reprieve_operator)
+context=(pyproject.toml operator/pyproject.toml requirements README.md .dockerignore runtime/reprieve operator/reprieve_operator)
 op_key="$( (echo "$base_key"; hash_files operator/Dockerfile "${context[@]}") | sha256sum | cut -c1-12)"
 build operator "reprieve.local/reprieve-operator:$op_key" "$repo/operator/Dockerfile" \
   --build-arg "BASE=$base_ref" "$repo"

@@ -60,10 +60,26 @@ if [ ! -x "$helm" ]; then
   echo "build-tools: helm built in $(( $(date +%s) - start ))s" >&2
 fi
 ln -sfn "$(basename "$helm")" "$bin/helm"
+
+# actionlint: lints .github/workflows in `make verify` (a small Go build, once).
+ACTIONLINT_VERSION="${ACTIONLINT_VERSION:-v1.7.12}"
+actionlint="$bin/actionlint-$ACTIONLINT_VERSION"
+if [ ! -x "$actionlint" ]; then
+  echo "build-tools: building actionlint $ACTIONLINT_VERSION (once)." >&2
+  tmp="$(mktemp -d)"
+  if ! GOBIN="$tmp" go install -trimpath -ldflags "-s -w" "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION"; then
+    rm -rf "$tmp"
+    echo "build-tools: 'go install github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION' failed (output above)." >&2
+    exit 1
+  fi
+  mv "$tmp/actionlint" "$actionlint"
+  rm -rf "$tmp"
+fi
 keyed="$bin/$key"
 mkdir -p "$keyed"
 ln -sfn "../$(basename "$localkube")" "$keyed/localkube"
 ln -sfn "../$(basename "$helm")" "$keyed/helm"
+ln -sfn "../$(basename "$actionlint")" "$keyed/actionlint"
 for c in kube-apiserver kube-controller-manager kube-scheduler kubelet etcd kubectl; do
   ln -sfn localkube "$keyed/$c"
 done

@@ -11,17 +11,38 @@ pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_every_package_is_listed_in_pyproject() -> None:
-    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+DISTRIBUTIONS = {"pyproject.toml": "reprieve", "operator/pyproject.toml": "reprieve-operator"}
+
+
+def _packages(pyproject: str) -> tuple[set[str], set[str]]:
+    """(listed, found): the packages a pyproject lists and those its package directories hold."""
+    cfg = tomllib.loads((REPO / pyproject).read_text())["tool"]["setuptools"]
     listed = set(cfg["packages"])
+    dirs = cfg.get("package-dir") or {name.split(".")[0]: name.split(".")[0] for name in listed}
+    base_dir = (REPO / pyproject).parent
     found = set()
-    for name, root in cfg["package-dir"].items():
-        base = REPO / root
-        for init in base.rglob("__init__.py"):
-            rel = init.parent.relative_to(base).parts
+    for name, root in dirs.items():
+        for init in (base_dir / root).rglob("__init__.py"):
+            rel = init.parent.relative_to(base_dir / root).parts
             found.add(".".join((name, *rel)))
-    assert found == listed, f"pyproject [tool.setuptools] packages: missing {sorted(found - listed)}, " \
+    return listed, found
+
+
+@pytest.mark.parametrize("pyproject", sorted(DISTRIBUTIONS))
+def test_every_package_is_listed_in_its_pyproject(pyproject: str) -> None:
+    listed, found = _packages(pyproject)
+    assert found == listed, f"{pyproject} [tool.setuptools] packages: missing {sorted(found - listed)}, " \
                             f"stale {sorted(listed - found)}"
+
+
+def test_the_operator_is_a_distribution_of_its_own() -> None:
+    """Only reprieve-operator installs the console script and kopf; the runtime carries neither."""
+    runtime = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    operator = tomllib.loads((REPO / "operator/pyproject.toml").read_text())["project"]
+    assert "scripts" not in runtime and operator["scripts"] == {"reprieve-operator": "reprieve_operator.__main__:main"}
+    assert not any("kopf" in d for d in runtime.get("dependencies", []) + runtime["optional-dependencies"]["runtime"])
+    assert runtime["optional-dependencies"]["operator"] == [f"reprieve-operator=={operator['version']}"]
+    assert all(not p.startswith("reprieve_operator") for p in _packages("pyproject.toml")[0])
 
 
 def test_license_is_the_apache_2_text_pyproject_declares() -> None:
@@ -35,3 +56,36 @@ def test_license_is_the_apache_2_text_pyproject_declares() -> None:
     assert b"END OF TERMS AND CONDITIONS" in text
     assert hashlib.sha256(text).hexdigest() == "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30", \
         "LICENSE differs from the canonical Apache-2.0 text"
+
+
+@pytest.mark.integration
+def test_wheels_hold_what_they_promise(tmp_path: Path) -> None:
+    """Built for real: the runtime wheel has its version and py.typed and no operator or console script; the
+    operator wheel has the command, py.typed and the PodSpec schema crdgen embeds."""
+    import subprocess
+    import sys
+    import zipfile
+
+    for project in (".", "operator"):
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                        str(tmp_path), str(REPO / project)], check=True, capture_output=True)
+    runtime = zipfile.ZipFile(next(tmp_path.glob("reprieve-*.whl")))
+    operator = zipfile.ZipFile(next(tmp_path.glob("reprieve_operator-*.whl")))
+    rnames, onames = runtime.namelist(), operator.namelist()
+    assert "reprieve/py.typed" in rnames and "reprieve/checkpoint/manager.py" in rnames
+    assert not any(n.startswith("reprieve_operator/") for n in rnames)
+    assert not any(n.endswith("entry_points.txt") for n in rnames), "the runtime must not install a command"
+    assert {"reprieve_operator/py.typed", "reprieve_operator/podspec_schema.json",
+            "reprieve_operator/policy/restart.py"} <= set(onames)
+    entry = operator.read(next(n for n in onames if n.endswith("entry_points.txt"))).decode()
+    assert "reprieve-operator = reprieve_operator.__main__:main" in entry
+    assert not any(n.startswith("reprieve/") for n in onames)
+
+
+@pytest.mark.unit
+def test_versions_are_exposed() -> None:
+    import reprieve
+    import reprieve_operator
+
+    assert reprieve.__version__ and reprieve_operator.__version__
+    assert "__version__" in reprieve.__all__

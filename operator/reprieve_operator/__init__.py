@@ -1,5 +1,13 @@
 """Reprieve operator (kopf): TrainingJob reconciler and node-signal watcher."""
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
+try:
+    __version__ = _version("reprieve-operator")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
+
 LABEL_JOB = "reprieve.dev/job-name"
 LABEL_INDEX = "reprieve.dev/replica-index"
 LABEL_ATTEMPT = "reprieve.dev/attempt"

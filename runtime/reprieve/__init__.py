@@ -11,6 +11,9 @@ importable from their modules (``reprieve.agreement``, ``reprieve.checkpoint``, 
 ``reprieve.countdown``, ``reprieve.notice``, ``reprieve.policy``, ``reprieve.lifecycle``, ...).
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
 from .bootstrap import PreemptionServiceDisabled, init
 from .config import ConfigError, RuntimeConfig
 from .countdown import CountdownSettings
@@ -19,7 +22,12 @@ from .job import Checkpointer, Job, Restored
 from .notice import Notice
 from .policy import SavePolicy
 
+try:
+    __version__ = _version("reprieve")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
+
 __all__ = [
     "Checkpointer", "ConfigError", "CountdownSettings", "DataPositionError", "Job", "Notice",
-    "PreemptionServiceDisabled", "Restored", "RuntimeConfig", "SavePolicy", "init",
+    "PreemptionServiceDisabled", "Restored", "RuntimeConfig", "SavePolicy", "__version__", "init",
 ]
