@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml operator/pyproject.toml |
 PYTEST := $(PY) -m pytest
 PYTEST_ARGS ?=
 
-.PHONY: all venv tools images real-tier lock test test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean
+.PHONY: all venv tools images real-tier lock test test-jax-range test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean
 
 all: test
 
@@ -52,6 +52,22 @@ test-integration: venv tools
 
 test-e2e: venv tools real-tier
 	$(PYTEST) -m e2e $(PYTEST_ARGS)
+
+## test-jax-range: the runtime's tests on the oldest supported JAX (its own venv) and on the newest (the one
+## `make venv` resolves); the range is stated in docs/runtime.md
+JAX_OLDEST ?= 0.9.0
+JAX_VENV := $(VENV)/jax-$(JAX_OLDEST)
+JAX_RANGE_TESTS := tests/runtime --ignore=tests/runtime/test_example_lm.py --ignore=tests/runtime/test_orbax_checkpointer.py \
+	--ignore=tests/runtime/test_storage_emulators.py --ignore=tests/runtime/test_state_coverage.py \
+	--ignore=tests/runtime/test_data_position.py
+test-jax-range: venv
+	@test -x $(JAX_VENV)/bin/python || $(PYTHON) -m venv $(JAX_VENV)
+	$(JAX_VENV)/bin/pip install -q -e . "jax==$(JAX_OLDEST)" "jaxlib==$(JAX_OLDEST)" pytest pytest-timeout \
+	  ml_dtypes kubernetes pyyaml prometheus-client
+	$(JAX_VENV)/bin/python -c "import jax; print('oldest supported: jax', jax.__version__)"
+	$(JAX_VENV)/bin/python -m pytest -m "unit or integration" -q $(JAX_RANGE_TESTS) $(PYTEST_ARGS)
+	$(PY) -c "import jax; print('newest supported: jax', jax.__version__)"
+	$(PYTEST) -m "unit or integration" -q $(JAX_RANGE_TESTS) $(PYTEST_ARGS)
 
 ## test-realnodes: only the real-node tier (real kubelets, containerd, images built here)
 test-realnodes: venv tools real-tier

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .kubelet import EmulatedCosts
+from .costs import EmulatedCosts
 from .pki import PKI, make_pki
 from .realnodes import RealNodes
 

@@ -52,6 +52,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from localcluster import nodespec, podio
+from localcluster.costs import PULL_ENV, START_ENV, EmulatedCosts
 from localcluster.downward import FieldRefError
 from localcluster.nodeagent import RETRY_DELAY_S, WATCH_TIMEOUT_S, NodeAgent
 from localcluster.podio import REQUEST_TIMEOUT_S, find_log
@@ -65,38 +66,6 @@ DEFAULT_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-stor
 log = logging.getLogger("localcluster.kubelet")
 
 DEFAULT_GRACE_S = 30
-PULL_ENV, START_ENV = "REPRIEVE_EMULATE_PULL_SECONDS", "REPRIEVE_EMULATE_START_SECONDS"
-
-
-@dataclass(frozen=True)
-class EmulatedCosts:
-    """What a real node costs that a process does not: an image pull (the first time a node runs an image) and
-    a container start (every pod start). 0 in unit and integration tests; the benchmarks and the demo set
-    them and print them (docs/local-cluster.md, "Emulated costs")."""
-
-    pull_seconds: float = 0.0
-    start_seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.pull_seconds < 0 or self.start_seconds < 0:
-            raise ValueError(f"emulated costs must be >= 0 seconds, got pull {self.pull_seconds}, "
-                             f"start {self.start_seconds}")
-
-    @classmethod
-    def from_env(cls, pull: float | None = None, start: float | None = None,
-                 env: dict[str, str] | None = None) -> EmulatedCosts:
-        env = dict(os.environ if env is None else env)
-        try:
-            return cls(pull if pull is not None else float(env.get(PULL_ENV) or 0),
-                       start if start is not None else float(env.get(START_ENV) or 0))
-        except ValueError as e:
-            raise ValueError(f"{PULL_ENV}/{START_ENV}: {e}") from e
-
-    def describe(self) -> str:
-        if not (self.pull_seconds or self.start_seconds):
-            return "no emulated costs (pods start as fast as processes)"
-        return (f"emulated: image pull {self.pull_seconds:g} s (once per node and image), container start "
-                f"{self.start_seconds:g} s (every pod)")
 
 
 def _now() -> datetime:

@@ -11,7 +11,7 @@ from types import FrameType
 from typing import Any, cast
 
 from .agreement import Agreement, Target
-from .config import RuntimeConfig
+from .config import ConfigError, RuntimeConfig
 from .coordination import Coordinator, JaxCoordinator, LocalCoordinator
 from .countdown import CountdownSettings
 from .job import Checkpointer, Job
@@ -139,11 +139,31 @@ def enable_compilation_cache(config: RuntimeConfig) -> bool:
     return True
 
 
+OLDEST_JAX = (0, 9, 0)  # `make test-jax-range` runs the runtime's tests on it; docs/runtime.md states the range
+
+
+def jax_version_problem(version: str) -> str | None:
+    """Why this JAX cannot run the runtime (pure), or None. The runtime uses JAX's private distributed client
+    and the ``jax_enable_preemption_service`` option (from 0.9.0)."""
+    try:
+        parts = tuple(int(p) for p in version.split(".")[:3])
+    except ValueError:
+        return None  # a development build: let it try
+    if parts < OLDEST_JAX:
+        oldest = ".".join(map(str, OLDEST_JAX))
+        return (f"reprieve needs jax >= {oldest} (it turns off JAX's own preemption service, an option JAX added "
+                f"in 0.9.0), found jax {version}: pip install 'jax>={oldest}'")
+    return None
+
+
 def _join(config: RuntimeConfig) -> Coordinator:
     if not config.distributed:
         return LocalCoordinator()
     import jax
 
+    problem = jax_version_problem(jax.__version__)
+    if problem:
+        raise ConfigError(problem)
     if not jax.distributed.is_initialized():
         # JAX's preemption service installs its own C-level SIGTERM handler; reprieve owns SIGTERM.
         jax.config.update("jax_enable_preemption_service", False)

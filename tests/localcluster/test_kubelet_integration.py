@@ -478,7 +478,7 @@ def test_emulated_image_pull_once_per_node_and_image_and_container_start(cluster
                                                                          namespace: str) -> None:
     """A node with emulated costs: the first pod of an image waits pull + start (ContainerCreating, Pulling and
     Pulled Events); the next pod of the same image on that node waits only the container start."""
-    from localcluster.kubelet import EmulatedCosts
+    from localcluster.costs import EmulatedCosts
 
     node = cluster.add_node(f"costly-{uuid.uuid4().hex[:6]}", costs=EmulatedCosts(pull_seconds=4, start_seconds=1))
     try:
@@ -507,7 +507,7 @@ def test_emulated_image_pull_once_per_node_and_image_and_container_start(cluster
 
 
 def test_emulated_costs_refuse_negative_values() -> None:
-    from localcluster.kubelet import EmulatedCosts
+    from localcluster.costs import EmulatedCosts
 
     with pytest.raises(ValueError, match="must be >= 0 seconds"):
         EmulatedCosts(pull_seconds=-1)

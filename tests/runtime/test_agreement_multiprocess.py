@@ -236,5 +236,7 @@ def test_a_time_based_interval_saves_the_same_step_on_every_process(tmp_path: Pa
     for step in saved:
         assert saved[step] == {p: step + 1.0 for p in range(n)}, saved
     for p in range(n):
-        agreed = [int(s) for s in re.findall(r"agreed save at step (\d+)", gang.logs[p].read_text())]
+        # The last step is saved anyway; on a slow machine an interval save may fall on it as well.
+        agreed = [int(s) for s in re.findall(r"agreed save at step (\d+)", gang.logs[p].read_text())
+                  if int(s) != 119]
         assert agreed == interval_steps, (p, agreed, interval_steps)

@@ -91,3 +91,14 @@ def test_should_save(step: int, interval: int, last_saved: int | None, last_step
 def test_negative_interval_is_rejected() -> None:
     with pytest.raises(ValueError, match="interval_steps must be >= 0, got -1"):
         SavePolicy(interval_steps=-1)
+
+
+@pytest.mark.parametrize("version,ok", [("0.8.3", False), ("0.6.0", False), ("0.9.0", True), ("0.10.2", True),
+                                        ("0.12.0.1", True), ("0.9.1.dev20261101", True), ("main", True)])
+def test_the_supported_jax_range_is_checked_with_a_clear_message(version: str, ok: bool) -> None:
+    from reprieve.bootstrap import jax_version_problem
+
+    problem = jax_version_problem(version)
+    assert (problem is None) is ok
+    if problem:
+        assert f"found jax {version}" in problem and "pip install 'jax>=0.9.0'" in problem
