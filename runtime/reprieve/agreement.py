@@ -17,6 +17,11 @@ Protocol (one *round* per notice that changes the plan; the argument for its saf
    :func:`reprieve.countdown.choose_save_step`, and publishes ``<prefix>/plan/<r>``.
 5. Every watcher reads the plan, installs it and opens the gate. All processes save at the plan's steps.
 
+A *re-plan* is a round for the notice in force, asked for by a process whose steps slowed so much since the
+plan that the final save would commit too close to the deadline (:func:`reprieve.countdown.behind_plan`):
+the leader plans again with the slower step time; the final step can only move earlier. One per plan, and
+at most ``MAX_REPLANS`` per attempt.
+
 A *save round* (:meth:`Agreement.request_save`, process 0's time-based interval) runs the same steps with no
 notice: its plan is one non-final save at ``earliest``, so every process saves that step and trains on.
 
@@ -34,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .coordination import CoordinationError, CoordinationTimeout, Coordinator, missing_processes
-from .countdown import CountdownSettings, SavePlan, choose_save_step
+from .countdown import CountdownSettings, SavePlan, behind_plan, choose_save_step
 from .notice import Notice
 
 log = logging.getLogger(__name__)
@@ -42,6 +47,8 @@ log = logging.getLogger(__name__)
 FINAL = "final"
 EARLY = "early"
 INTERVAL = "interval"  # a save agreed by a save round (time-based interval)
+REPLAN = "replan"  # Notice.source of a re-plan round
+MAX_REPLANS = 8
 
 
 class AgreementError(RuntimeError):
@@ -118,6 +125,7 @@ class Agreement:
         self._pending: list[Notice] = []  # lost a claim race: re-offered after the round
         self._retry: list[Notice] = []  # claim failed: re-offered by the watcher every poll
         self._retry_saves: list[str] = []  # save rounds to claim (request_save), claimed by the watcher
+        self._replanned: set[int] = set()  # rounds whose plan this process asked to re-plan
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -189,11 +197,30 @@ class Agreement:
             interval = step in self._saves
             if interval:
                 self._saves.discard(step)
+            if target is not None and target.deadline_known and self._gate is None:
+                self._maybe_replan(target, step)
         if target is not None and step == target.plan.final_step:
             return FINAL
         if target is not None and step == target.plan.early_step:
             return EARLY
         return INTERVAL if interval else None
+
+    def _maybe_replan(self, target: Target, step: int) -> None:
+        """Under the lock: queue a re-plan round (the watcher claims it; no RPC here) when the steps slowed so
+        much that the final save would commit too close to the deadline. Once per plan."""
+        if target.round in self._replanned or len(self._replanned) >= MAX_REPLANS:
+            return
+        if not behind_plan(now=self.clock(), deadline=target.deadline, step=step,
+                           final_step=target.plan.final_step, step_seconds=self._step_seconds,
+                           save_seconds=self._save_seconds, settings=self.countdown):
+            return
+        self._replanned.add(target.round)
+        log.warning("process %d: at step %d, %.3fs a step, the agreed save at step %d would commit less than "
+                    "%.1fs before the deadline (in %.1fs): asking to plan again", self.pid, step,
+                    self._step_seconds or 0.0, target.plan.final_step, self.countdown.margin_seconds / 2,
+                    target.deadline - self.clock())
+        self._retry.append(replace(target.notice, id=f"{REPLAN}/{target.round}/{target.notice.id}",
+                                   source=REPLAN, deadline=target.deadline))
 
     def _wait_gate(self, step: int) -> None:
         limit = time.monotonic() + 2 * self.timeout_s + self.poll_s
@@ -261,6 +288,11 @@ class Agreement:
 
     def _adds_nothing(self, notice: Notice) -> bool:
         target = self._target
+        if notice.source == REPLAN:  # only a re-plan of the plan still in force
+            if target is None or not notice.id.startswith(f"{REPLAN}/{target.round}/"):
+                log.info("re-plan %s: the plan changed since; ignored", notice.id)
+                return True
+            return False
         if target is None:
             return False
         # a malformed notice counts with its conservative deadline (its arrival): it brings the save forward

@@ -111,5 +111,29 @@ def choose_save_step(
     return SavePlan(final, early, reason)
 
 
+def behind_plan(
+    *,
+    now: float,
+    deadline: float,
+    step: int,
+    final_step: int,
+    step_seconds: float | None,
+    save_seconds: float | None,
+    settings: CountdownSettings = CountdownSettings(),
+) -> bool:
+    """True when, at today's step time, the agreed final save would commit later than half the margin before
+    the deadline: steps got slower since the plan (a loaded node, a slower phase of the model), so the plan
+    must be agreed again (it can only move earlier).
+
+    The plan itself leaves ``margin + one step`` of slack at the step time it was made with, so a process
+    that merely keeps pace never asks; one whose steps slowed by that much does.
+    """
+    if step >= final_step or step_seconds is None or step_seconds <= 0:
+        return False
+    save_est = settings.default_save_seconds if save_seconds is None else max(0.0, save_seconds)
+    projected = now + (final_step - step) * step_seconds + settings.safety_factor * save_est
+    return projected > deadline - settings.margin_seconds / 2
+
+
 def _before(step: int | None, final: int) -> bool:
     return step is not None and step < final

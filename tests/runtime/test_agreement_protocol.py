@@ -255,3 +255,51 @@ def test_a_failed_publish_is_retried() -> None:
         assert Flaky.failures == 0 and agreement.target.notice.id == "n"  # type: ignore[union-attr]
     finally:
         agreement.close()
+
+
+def test_steps_that_slow_after_the_plan_move_the_save_earlier_once_per_plan() -> None:
+    settings = CountdownSettings(margin_seconds=1.0, safety_factor=1.0, default_save_seconds=0.1, save_at_once=False)
+    group = agreements(2, countdown=settings)
+    try:
+        for g in group:
+            g.report(step_seconds=0.01, save_seconds=0.1)
+            g.decide(0)
+        group[0].offer(notice("spot", 10.0))
+        for g in group:
+            wait_target(g)
+        first = group[0].target.plan  # type: ignore[union-attr]
+        assert first.final_step > 500, first  # ~9 s of 10 ms steps
+        # process 1's steps now take 0.1 s: the planned step is ~90 s away, far past the deadline
+        group[1].report(step_seconds=0.1)
+        assert group[1].decide(1) is None
+        for g in group:
+            wait_target(g, 1)
+        second = {g.target.plan.final_step for g in group}  # type: ignore[union-attr]
+        assert len(second) == 1 and 2 <= second.pop() < first.final_step / 5, (first, second)
+        assert group[1].target.notice.source == "replan"  # type: ignore[union-attr]
+        # on pace with the new plan: no further round
+        assert group[1].decide(2) is None and group[0].decide(2) is None
+        time.sleep(0.3)
+        assert group[0].target.round == 1  # type: ignore[union-attr]
+    finally:
+        for g in group:
+            g.close()
+
+
+def test_a_re_plan_of_a_superseded_plan_is_ignored() -> None:
+    settings = CountdownSettings(margin_seconds=1.0, safety_factor=1.0, default_save_seconds=0.1, save_at_once=False)
+    group = agreements(1, countdown=settings)
+    try:
+        group[0].report(step_seconds=0.01, save_seconds=0.1)
+        group[0].decide(0)
+        group[0].offer(notice("long", 30.0))
+        wait_target(group[0])
+        group[0].offer(notice("short", 10.0))
+        wait_target(group[0], 1)
+        stale = Notice(id="replan/0/long", source="replan", reason="test", deadline=time.time() + 30.0,
+                       received_at=time.time())
+        group[0].offer(stale)
+        time.sleep(0.3)
+        assert group[0].target.round == 1 and group[0].target.notice.id == "short"  # type: ignore[union-attr]
+    finally:
+        group[0].close()

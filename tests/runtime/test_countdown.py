@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import pytest
-from reprieve.countdown import CountdownSettings, SavePlan, choose_save_step
+from reprieve.countdown import CountdownSettings, SavePlan, behind_plan, choose_save_step
 
 pytestmark = pytest.mark.unit
 
@@ -110,3 +110,37 @@ def test_not_before_moves_a_stale_plan_to_the_first_step(final: int, early: int 
 
     plan = not_before(_target(final, early), start).plan
     assert (plan.final_step, plan.early_step) == expected
+
+
+# (name, kwargs, behind?) - the plan leaves margin + one step of slack: keeping pace never asks for a re-plan
+BEHIND = [
+    ("on pace", dict(now=0.0, deadline=100.0, step=10, final_step=90, step_seconds=1.0, save_seconds=1.0), False),
+    ("slowed by half", dict(now=0.0, deadline=100.0, step=10, final_step=90, step_seconds=1.5, save_seconds=1.0),
+     True),
+    ("just inside half the margin", dict(now=0.0, deadline=100.0, step=10, final_step=107, step_seconds=1.0,
+                                        save_seconds=0.0), False),
+    ("just past half the margin", dict(now=0.0, deadline=100.0, step=10, final_step=108, step_seconds=1.0,
+                                      save_seconds=0.0), True),
+    ("save slower than planned", dict(now=0.0, deadline=100.0, step=10, final_step=80, step_seconds=1.0,
+                                      save_seconds=15.0), True),
+    ("unknown save uses the default", dict(now=0.0, deadline=100.0, step=10, final_step=80, step_seconds=0.1,
+                                           save_seconds=None), False),
+    ("at the final step", dict(now=99.0, deadline=100.0, step=90, final_step=90, step_seconds=1.0,
+                               save_seconds=1.0), False),
+    ("no step time", dict(now=99.0, deadline=100.0, step=10, final_step=90, step_seconds=None,
+                          save_seconds=1.0), False),
+]
+
+
+@pytest.mark.parametrize(("name", "kwargs", "behind"), BEHIND, ids=[c[0] for c in BEHIND])
+def test_behind_plan(name: str, kwargs: dict, behind: bool) -> None:
+    assert behind_plan(settings=S, **kwargs) is behind, name
+
+
+def test_a_plan_made_at_a_step_time_is_not_behind_at_that_step_time() -> None:
+    for step_s in (0.01, 0.1, 1.0, 3.0):
+        for save_s in (0.0, 1.0, 10.0):
+            plan = choose_save_step(earliest_step=0, seconds_left=300.0, step_seconds=step_s, save_seconds=save_s,
+                                    settings=S)
+            assert not behind_plan(now=0.0, deadline=300.0, step=0, final_step=plan.final_step,
+                                   step_seconds=step_s, save_seconds=save_s, settings=S), (step_s, save_s, plan)
