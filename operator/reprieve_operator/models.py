@@ -77,7 +77,7 @@ class CheckpointSpec(_Model):
         default=0, ge=0, le=604_800,
         description="Periodic save at most every this many seconds (beside intervalSteps; 0: off). An edit "
                     "takes effect at the next attempt.")
-    keep: int = Field(default=2, ge=1, le=1000,
+    keep: int = Field(default=3, ge=1, le=1000,
                       description="How many complete checkpoints to keep. An edit takes effect at the next attempt.")
 
     @field_validator("uri")

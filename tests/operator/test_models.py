@@ -15,7 +15,7 @@ def test_defaults_and_camel_case() -> None:
     s = job.spec
     assert (s.replicas, s.coordinator_port, s.termination_grace_period_seconds) == (3, 8476, 30)
     assert s.restart_policy.restart_exit_code == 42 and s.restart_policy.max_failures == 3
-    assert s.checkpoint.interval_steps == 0 and s.checkpoint.keep == 2
+    assert s.checkpoint.interval_steps == 0 and s.checkpoint.keep == 3
     assert s.preemption.enabled and s.preemption.signals is None
     dumped = s.model_dump(by_alias=True)
     assert "restartPolicy" in dumped and "restartExitCode" in dumped["restartPolicy"]

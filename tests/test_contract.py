@@ -1,0 +1,130 @@
+"""The operator <-> runtime contract has one table of names and defaults (docs/contract.toml); both sides and the
+docs are checked against it here, so a name or a default cannot drift on one side only."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = tomllib.loads((ROOT / "docs/contract.toml").read_text())
+OPERATOR_SETS = set(TABLE["env"]["operator_sets"])
+RUNTIME_ONLY = set(TABLE["env"]["runtime_only"])
+D = TABLE["defaults"]
+
+
+class _Recording(Mapping[str, str]):
+    """An environment that records every name the runtime asks for."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values, self.asked = values, set()  # type: set[str]
+
+    def __getitem__(self, key: str) -> str:
+        self.asked.add(key)
+        return self.values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.asked.add(key)
+        return self.values.get(key, default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def _minimal_job() -> Any:
+    from reprieve_operator.models import TrainingJob
+
+    return TrainingJob.from_body({
+        "apiVersion": "reprieve.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
+        "spec": {"replicas": 2, "checkpoint": {"uri": "/ckpt"},
+                 "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}},
+    })
+
+
+def test_the_operator_sets_exactly_the_contract_environment() -> None:
+    from reprieve_operator.builders import worker_env
+
+    names = {e["name"] for e in worker_env(_minimal_job(), 1, 1)}
+    assert names - OPERATOR_SETS == set(), "the operator sets names docs/contract.toml does not list"
+    assert OPERATOR_SETS - names == set(), "docs/contract.toml lists names the operator does not set"
+
+
+def test_the_runtime_reads_every_contract_variable_and_no_unlisted_one() -> None:
+    from reprieve.config import RuntimeConfig
+
+    env = _Recording({})
+    RuntimeConfig.from_env(env)
+    asked = {n for n in env.asked if n.startswith("REPRIEVE_")}
+    assert OPERATOR_SETS - asked == set(), "the runtime ignores variables the operator sets"
+    assert asked - OPERATOR_SETS - RUNTIME_ONLY == set(), "the runtime reads variables docs/contract.toml lacks"
+    assert RUNTIME_ONLY - asked == set(), "docs/contract.toml lists runtime variables nobody reads"
+
+
+def test_defaults_agree_on_both_sides() -> None:
+    from reprieve.config import RuntimeConfig
+    from reprieve_operator.builders import NOTICE_FILE, SERVICEACCOUNT_DIR, worker_env
+    from reprieve_operator.models import RESTART_CODE_MAX, RESTART_CODE_MIN
+
+    runtime = RuntimeConfig.from_env({})
+    operator = {e["name"]: e.get("value") for e in worker_env(_minimal_job(), 0, 1)}
+    sides = {
+        "checkpoint_keep": (runtime.checkpoint_keep, int(operator["REPRIEVE_CHECKPOINT_KEEP"])),
+        "checkpoint_interval_steps": (runtime.checkpoint_interval_steps,
+                                      int(operator["REPRIEVE_CHECKPOINT_INTERVAL_STEPS"])),
+        "checkpoint_interval_seconds": (runtime.checkpoint_interval_seconds,
+                                        float(operator["REPRIEVE_CHECKPOINT_INTERVAL_SECONDS"])),
+        "restart_exit_code": (runtime.restart_exit_code, int(operator["REPRIEVE_RESTART_EXIT_CODE"])),
+        "termination_grace_seconds": (runtime.termination_grace_seconds,
+                                      float(operator["REPRIEVE_TERMINATION_GRACE_SECONDS"])),
+        "notice_file": (D["notice_file"], NOTICE_FILE),  # the runtime has no default: it reads what is set
+        "serviceaccount_dir": (runtime.serviceaccount_dir, SERVICEACCOUNT_DIR),
+    }
+    assert set(sides) == set(D), "a default in docs/contract.toml is not checked here"
+    wrong = {k: {"table": D[k], "runtime": r, "operator": o} for k, (r, o) in sides.items() if not D[k] == r == o}
+    assert wrong == {}, wrong
+    assert (RESTART_CODE_MIN, RESTART_CODE_MAX) == (TABLE["restart_exit_code"]["min"],
+                                                    TABLE["restart_exit_code"]["max"])
+
+
+def test_annotation_and_label_names_agree() -> None:
+    import reprieve_operator as op
+    from reprieve import notice
+
+    a, lab = TABLE["annotations"], TABLE["labels"]
+    assert (op.ANNOTATION_NOTICE, notice.NOTICE_ANNOTATION) == (a["notice"], a["notice"])
+    assert (op.ANNOTATION_PROGRESS, notice.PROGRESS_ANNOTATION) == (a["progress"], a["progress"])
+    assert (op.LABEL_JOB, op.LABEL_INDEX, op.LABEL_ATTEMPT) == (lab["job"], lab["index"], lab["attempt"])
+
+
+def test_the_docs_list_the_same_environment() -> None:
+    text = (ROOT / "docs/contract.md").read_text()
+    section = text.split("### Environment of every worker container", 1)[1].split("\n#", 1)[0]
+    documented = set(re.findall(r"`(REPRIEVE_[A-Z_]+)`", section))
+    assert documented == OPERATOR_SETS, {"only in docs": documented - OPERATOR_SETS,
+                                         "only in the table": OPERATOR_SETS - documented}
+    runtime_doc = (ROOT / "docs/runtime.md").read_text()
+    missing = {n for n in RUNTIME_ONLY if f"`{n}`" not in runtime_doc}
+    assert missing == set(), f"docs/runtime.md does not document {sorted(missing)}"
+
+
+def test_the_crd_default_is_the_table_default() -> None:
+    import yaml
+
+    crd = yaml.safe_load((ROOT / "crds/reprieve.dev_trainingjobs.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    ckpt = spec["checkpoint"]["properties"]
+    assert ckpt["keep"]["default"] == D["checkpoint_keep"]
+    assert ckpt["intervalSteps"]["default"] == D["checkpoint_interval_steps"]
+    assert spec["restartPolicy"]["properties"]["restartExitCode"]["default"] == D["restart_exit_code"]
+    assert spec["terminationGracePeriodSeconds"]["default"] == D["termination_grace_seconds"]
