@@ -15,7 +15,8 @@ from .config import ConfigError, RuntimeConfig
 from .coordination import Coordinator, JaxCoordinator, LocalCoordinator
 from .countdown import CountdownSettings
 from .job import Checkpointer, Job
-from .kube import KubeClient, PodWatchSource, ProgressReporter
+from .kube import KubeClient, PodWatchSource
+from .progress import ProgressReporter
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
@@ -103,7 +104,8 @@ def init(
         if watch_pod:
             closers.append(PodWatchSource(client, config.namespace, config.pod_name, hub.put).start().close)
         if config.process_id == 0:
-            progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt)
+            progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt,
+                                        interval_s=config.progress_interval_seconds)
     if config.metrics_port is not None:
         metrics.serve(config.metrics_port)
     agreement.start()

@@ -183,3 +183,41 @@ def summary(acc: Accounting, start: float | None, now: float) -> dict[str, Any]:
         "lostSteps": finished(acc, now).lost_steps,
     }
     return out
+
+
+def report_of(prog: dict[str, Any] | None) -> Report | None:
+    """The progress annotation (``docs/contract.md``, "Progress") -> a :class:`Report`; None without the live
+    fields (a runtime older than them, or no step finished yet) or when malformed."""
+    if not prog or "firstStepAt" not in prog or "stepAt" not in prog:
+        return None
+    try:
+        return Report(int(prog["attempt"]), int(prog["step"]), float(prog["stepAt"]), int(prog["firstStep"]),
+                      float(prog["firstStepAt"]), float(prog.get("stepSeconds") or 0.0),
+                      float(prog.get("restoreSeconds") or 0.0), float(prog.get("saveBlockingSeconds") or 0.0))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def fold(raw: dict[str, Any] | None, *, now: float, new_attempt: int | None = None, created_at: float | None = None,
+         report: Report | None = None, ended: bool = False) -> Accounting | None:
+    """One reconcile's facts folded into the stored accounting (``status.goodput.accounting``); None when
+    nothing changed (no status write needed). ``new_attempt`` was created at ``created_at`` (default ``now``)."""
+    acc = before = Accounting.from_status(raw)
+    if new_attempt is not None:
+        acc = attempt_created(acc, new_attempt, now if created_at is None else created_at)
+    if report is not None:
+        acc = progress(acc, report)
+    if ended and acc.open:
+        acc = finished(acc, now)
+    return None if acc == before else acc
+
+
+def status(acc: Accounting, now: float) -> dict[str, Any]:
+    """``status.goodput`` for ``acc`` at ``now``. A running attempt is counted up to its last report, so the
+    figures move with the reports (not with the time the operator happened to look)."""
+    last = acc.open[-1] if acc.open else None
+    if last is not None and last.ended is None and last.report is not None:
+        now = max(last.report.time, last.created)
+    s = summary(acc, None, now)
+    return {"goodput": s["goodput"], "wallSeconds": s["wallSeconds"], "productiveSeconds": s["productiveSeconds"],
+            "badputSeconds": s["badputSeconds"], "lostSteps": s["lostSteps"], "accounting": acc.to_status()}
