@@ -93,6 +93,7 @@ class ProgressReporter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.patches = 0  # how many patches were sent (tests and the benchmark read it)
+        self.cpu_seconds = 0.0  # CPU time of the live reports' thread (what it can take from the training thread)
 
     def start(self, source: Callable[[], dict[str, Any]]) -> Self:
         """Report ``source()`` (:meth:`LoopProgress.fields`) every ``interval_s`` while the step moves."""
@@ -104,12 +105,13 @@ class ProgressReporter:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
+            t0 = time.thread_time()
             live = self._source()
             step = live.get("step")
-            if step is None or step == self._sent_step:
-                continue
-            with self._busy:
-                self._send(int(step), self._committed, live, min(self._interval, 5.0))
+            if step is not None and step != self._sent_step:
+                with self._busy:
+                    self._send(int(step), self._committed, live, min(self._interval, 5.0))
+            self.cpu_seconds += time.thread_time() - t0
 
     def report(self, step: int, committed_step: int, *, force: bool = False, timeout_s: float = 5.0) -> None:
         """A commit. Force: synchronous, bounded by ``timeout_s`` (the exit path). Else: rate-limited, in a
