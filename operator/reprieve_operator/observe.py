@@ -196,7 +196,7 @@ def goodput_patch(job: TrainingJob, phase: str, patch: Mapping[str, Any], prog: 
     t = now.timestamp()
     report = goodput.report_of(dict(prog) if prog else None)
     new_attempt, created = None, None
-    if "attempt" in patch and patch["attempt"]:
+    if patch.get("attempt"):
         new_attempt = int(patch["attempt"])
     elif not raw and report is not None and st.attempt > 0 and phase not in TERMINAL:
         # A job that ran before accounting existed (an operator upgrade): start with its current attempt.

@@ -77,10 +77,11 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
             await apply.run(apply.patch_job_status, api, namespace, name, patch)
             job = job.model_copy(update={"status": job.status.model_validate({**_dump(job), **patch})})
             if plan.phase == "Failed":
-                metrics.FAILED_JOBS.labels(plan.conditions[0].reason if plan.conditions else "Failed").inc()
+                metrics.FAILED_JOBS.labels(namespace, metrics.job(name),
+                                           plan.conditions[0].reason if plan.conditions else "Failed").inc()
                 await apply.run(apply.post_event, api, ref, "Failed", plan.message, "Warning")
             else:
-                metrics.RESTARTS.labels(plan.cause).inc()
+                metrics.RESTARTS.labels(namespace, metrics.job(name), plan.cause).inc()
                 await apply.run(apply.post_event, api, ref, "GangRestart", plan.message,
                                 "Warning" if plan.cause != "preemption" else "Normal")
             log.info("TrainingJob %s/%s: %s", namespace, name, plan.message)
@@ -278,7 +279,7 @@ async def _fail(state: State, body: dict[str, Any], reason: str, message: str) -
     await apply.run(apply.post_event, state.api, job_ref(body), reason, message, "Warning")
     await apply.run(apply.patch_job_status, state.api, meta["namespace"], meta["name"],
                     {"phase": "Failed", "conditions": [*conds, cond], "completionTime": rfc3339(state_now())})
-    metrics.FAILED_JOBS.labels(reason).inc()
+    metrics.FAILED_JOBS.labels(meta["namespace"], metrics.job(meta["name"]), reason).inc()
 
 
 def requeue(state: State, namespace: str, name: str, delay: float) -> None:

@@ -16,11 +16,11 @@ from .coordination import Coordinator, JaxCoordinator, LocalCoordinator
 from .countdown import CountdownSettings
 from .job import Checkpointer, Job
 from .kube import KubeClient, PodWatchSource
-from .progress import ProgressReporter
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
 from .policy import SavePolicy
+from .progress import ProgressReporter
 
 log = logging.getLogger(__name__)
 

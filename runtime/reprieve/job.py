@@ -27,8 +27,8 @@ from .lifecycle import ABANDON, ABORT, FINISH, RESTART, Phase, Teardown, exit_de
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeHub
-from .progress import LoopProgress, ProgressReporter
 from .policy import SavePolicy, should_save, time_save_due
+from .progress import LoopProgress, ProgressReporter
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,7 @@ class Job:
         self._last_saved: int | None = None
         self._pending: int | None = None
         self._committed: int | None = None
+        self._final = False  # the agreed save has begun
         hook = getattr(checkpointer, "set_commit_callback", None)
         if callable(hook):
             hook(self.on_commit)
@@ -331,9 +332,12 @@ class Job:
         self._record_commit(self._committed)
 
     def _blocked(self, seconds: float) -> None:
-        """The training loop waited ``seconds`` for a save (the copy off the devices, a commit)."""
-        self.loop.save_blocking_seconds += seconds
+        """The training loop waited ``seconds`` for a save (the copy off the devices, a commit). Only waits
+        between steps count as checkpoint badput: the agreed save and the last commit come after the last
+        reported step, where the operator counts them as restart gap (``docs/goodput.md``)."""
         self.metrics.observe("reprieve_save_blocking_seconds", seconds)
+        if self.phase == Phase.TRAINING and not self._final:
+            self.loop.save_blocking_seconds += seconds
 
     def _record_commit(self, step: int) -> None:
         # The measured save time feeds the countdown as soon as a save commits, not at the next save: a
@@ -349,6 +353,8 @@ class Job:
     def _final_save(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any) -> None:
         target = self.agreement.target
         assert target is not None
+        self._final = True
+        self.loop.last = (step, time.perf_counter())  # the step is done: only its save is left
         deadline = target.deadline if target.deadline_known else None
         log.info("saving agreed step %d (notice %s, %s); deadline %s", step, target.notice.id,
                  target.notice.reason, "unknown" if deadline is None else f"in {deadline - time.time():.1f}s")

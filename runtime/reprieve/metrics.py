@@ -24,8 +24,8 @@ _HELP = {
     "reprieve_notice_to_commit_seconds": ("gauge", "Seconds from notice receipt to the agreed save's commit."),
     "reprieve_step_average_seconds": ("gauge", "Moving average of the training step time."),
     "reprieve_step_seconds": ("histogram", "Training step time (between two steps of Job.steps)."),
-    "reprieve_save_blocking_seconds": ("histogram", "Time the training loop was blocked by a save (the copy "
-                                                    "off the devices, a wait for the previous commit)."),
+    "reprieve_save_blocking_seconds": ("histogram", ("Time the training loop was blocked by a save (the copy "
+                                                     "off the devices, a wait for the previous commit).")),
     "reprieve_save_to_commit_seconds": ("histogram", "From a save call to its commit on every process."),
     "reprieve_restore_seconds": ("histogram", "Reading the checkpoint at start-up."),
     "reprieve_saves_total": ("counter", "Checkpoint saves started, by kind (periodic, early, final)."),
@@ -39,7 +39,7 @@ BUCKETS = {"reprieve_step_seconds": STEP_BUCKETS}
 
 
 class _Histogram:
-    __slots__ = ("counts", "sum", "count", "bounds")
+    __slots__ = ("bounds", "count", "counts", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds

@@ -159,6 +159,9 @@ def test_metrics_port_serves_the_job_metrics(make_job: Any) -> None:
     assert "reprieve_save_blocking_seconds_count" in body and "reprieve_save_to_commit_seconds_count" in body
     assert "reprieve_last_committed_step 19.0" in body  # step 29's commit is confirmed at the next save
     assert 'reprieve_saves_total{kind="periodic"} 3.0' in body
+    live = job.loop.fields()  # what the progress reporter sends: the loop's last step, its first, save waits
+    assert (live["step"], live["firstStep"]) == (39, 0) and live["firstStepAt"] < live["stepAt"] <= time.time()
+    assert 0.001 <= live["stepSeconds"] < 0.5 and live["saveBlockingSeconds"] > 0 and live["restoreSeconds"] == 0
 
 
 def test_with_block_finishes_after_break_and_abandons_on_error(make_job: Any, tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from reprieve.kube import KubeClient, KubeError, PodWatchSource
-from reprieve.progress import ProgressReporter
 from reprieve.notice import NOTICE_ANNOTATION, PROGRESS_ANNOTATION, Notice
+from reprieve.progress import ProgressReporter
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from reprieve.kube import PodWatchSource, backoff_delays
-from reprieve.progress import progress_annotation
 from reprieve.notice import NOTICE_ANNOTATION, PROGRESS_ANNOTATION, Notice
 from reprieve.notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
+from reprieve.progress import progress_annotation
 
 from tests.runtime.helpers_agreement import write_notice_file
 
