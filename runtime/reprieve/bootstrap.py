@@ -107,7 +107,9 @@ def init(
             progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt,
                                         interval_s=config.progress_interval_seconds)
     if config.metrics_port is not None:
-        metrics.serve(config.metrics_port)
+        # On the pod's IP when known, like the coordinator: workers that share a host network (hostNetwork
+        # pods, the local process kubelet) do not collide on the port.
+        metrics.serve(config.metrics_port, addr=config.pod_ip or "0.0.0.0")
     agreement.start()
     hub.start()
     log.info("reprieve: process %d/%d, attempt %d, checkpoints %s, notices from %s", config.process_id,
