@@ -65,3 +65,14 @@ def test_job_gauges_and_phases_with_and_without_the_job_label() -> None:
         assert metrics.job("llama") == ""
     finally:
         metrics.set_job_label(True)
+
+
+def test_job_label_flag_and_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from reprieve_operator.__main__ import parse_args
+
+    monkeypatch.delenv("REPRIEVE_METRICS_JOB_LABEL", raising=False)
+    assert parse_args([]).metrics_job_label is True
+    assert parse_args(["--no-metrics-job-label"]).metrics_job_label is False
+    monkeypatch.setenv("REPRIEVE_METRICS_JOB_LABEL", "false")  # what the chart sets from metrics.jobLabel
+    assert parse_args([]).metrics_job_label is False
+    assert parse_args(["--metrics-job-label"]).metrics_job_label is True
