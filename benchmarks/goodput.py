@@ -13,7 +13,8 @@ same seeded schedule of node losses:
 A noticed preemption puts the GKE spot taint on a worker's node and deletes the node ``--notice`` seconds
 later; a hard kill deletes a worker's node without warning. Events happen one at a time: an event fires at its
 step once the previous one is absorbed (node deleted, job running again), or at once if that step has passed. Goodput, lost steps and gaps are defined in
-``docs/goodput.md`` (``hack/localcluster/goodput.py``).
+``docs/goodput.md`` (``hack/localcluster/goodput.py``); each run also prints the operator's own figure
+(``status.goodput``, ``policy/goodput.py``) beside the step log's over the same wall time.
 
     python benchmarks/goodput.py                       # 600 steps, 3 noticed preemptions (30 s), 1 hard kill
     python benchmarks/goodput.py --step-sleep 0.5      # longer steps: overheads weigh less
@@ -123,6 +124,12 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
             raise SystemExit(f"{variant}: job ended {status.get('phase')}: {status.get('conditions')}")
         report = analyse(read_step_log(steplog), start=start, end=end)
         log(f"{variant}: done, restarts {status.get('restarts')}\n{report.summary()}")
+        gp = status.get("goodput") or {}
+        if gp.get("goodput") is not None:  # the operator's own figure (policy/goodput.py), same definitions
+            wall = float(gp.get("wallSeconds") or 0.0)
+            own = analyse(read_step_log(steplog), start=0.0, end=wall)
+            log(f"{variant}: operator status.goodput {gp['goodput']:.1%} of {wall:.1f}s (step log over the same "
+                f"wall: {own.goodput:.1%}); badput {gp.get('badputSeconds')}, lost steps {gp.get('lostSteps')}")
         return report
     finally:
         operator.stop()

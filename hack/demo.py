@@ -205,9 +205,18 @@ def run(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Pa
               f"{i.resumed_at}: {i.lost_steps} lost step(s), {i.gap_seconds:.1f}s from last step to first step "
               f"after restore")
     print(f"  goodput        {report.goodput:.1%} (productive {report.productive_seconds:.1f}s of "
-          f"{report.wall_seconds:.1f}s wall; definition in docs/goodput.md)")
+          f"{report.wall_seconds:.1f}s wall, from the step log; definition in docs/goodput.md)")
+    gp = status.get("goodput") or {}
+    if gp.get("goodput") is not None:
+        print(f"  operator       goodput {gp['goodput']:.1%} of {gp.get('wallSeconds', 0):.1f}s (status.goodput, from "
+              f"the runtime's progress reports); badput {gp.get('badputSeconds')}")
     print()
     print(cluster.kubectl("get", "tj", "-n", NS).stdout)
+    from reprieve_operator.report import main as draw
+
+    out = work / "report"
+    print("Timeline of the job (python -m reprieve_operator.report):")
+    draw([JOB, "-n", NS, "-o", str(out), "--kubeconfig", str(cluster.kubeconfig)])
     ok = status.get("phase") == "Succeeded" and report.lost_steps == 0 and len(report.interruptions) >= 1
     return 0 if ok else 1
 

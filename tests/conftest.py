@@ -86,7 +86,31 @@ def real_workers(real_cluster: Cluster) -> list[str]:  # noqa: F821
     return sorted(names)
 
 
+_dashboard_tier: dict[str, str] = {}  # "not_run": why
+
+
+@pytest.fixture(scope="session")
+def prometheus_binary() -> str:
+    """Prometheus for the dashboard test (``make test`` installs Debian's package: hack/install-prometheus.sh).
+    Missing: the test is skipped and the summary says DASHBOARD TIER: NOT RUN (REPRIEVE_REQUIRE_PROMETHEUS=1:
+    it fails instead)."""
+    import shutil
+
+    path = shutil.which("prometheus")
+    if path is None:
+        _dashboard_tier["not_run"] = ("no `prometheus` on PATH (hack/install-prometheus.sh installs Debian's "
+                                      "package as root; see its log under ~/.cache/reprieve)")
+        message = f"DASHBOARD TIER NOT RUN: {_dashboard_tier['not_run']}"
+        if os.environ.get("REPRIEVE_REQUIRE_PROMETHEUS") == "1":
+            pytest.fail(message + " (REPRIEVE_REQUIRE_PROMETHEUS=1)", pytrace=False)
+        pytest.skip(message)
+    return path
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if "not_run" in _dashboard_tier:
+        terminalreporter.section("DASHBOARD TIER: NOT RUN", sep="!", red=True, bold=True)
+        terminalreporter.line(_dashboard_tier["not_run"])
     if "not_run" in _real_tier:
         terminalreporter.section("REAL-NODE TIER: NOT RUN", sep="!", red=True, bold=True)
         terminalreporter.line(_real_tier["not_run"])

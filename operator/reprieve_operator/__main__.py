@@ -15,6 +15,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="namespace to watch (repeatable; globs allowed); default: all namespaces")
     p.add_argument("--metrics-port", type=int, default=int(os.environ.get("REPRIEVE_METRICS_PORT", "8080")),
                    help="Prometheus /metrics port (0 disables)")
+    p.add_argument("--metrics-job-label", action=argparse.BooleanOptionalAction,
+                   default=os.environ.get("REPRIEVE_METRICS_JOB_LABEL", "true").lower() not in ("0", "false", "no"),
+                   help="label per-job series with the job's name (off: aggregate per namespace, for fleets with "
+                        "very many jobs)")
     p.add_argument("--liveness-port", type=int, default=int(os.environ.get("REPRIEVE_HEALTH_PORT", "0")),
                    help="serve kopf's /healthz on this port (0 disables)")
     p.add_argument("--resync-seconds", type=float, default=60.0,
@@ -109,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     from . import main as registration  # registers the handlers
     from . import metrics
 
+    metrics.set_job_label(args.metrics_job_label)
     election = None
     if args.leader_elect:
         from .leadership import Election, ElectionSettings, default_namespace

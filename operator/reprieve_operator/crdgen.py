@@ -134,10 +134,12 @@ def build_crd() -> dict[str, Any]:
     columns = [
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
-        {"name": "Step", "type": "integer", "jsonPath": ".status.lastCheckpointStep"},
+        {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
+        {"name": "Goodput", "type": "number", "format": "float", "jsonPath": ".status.goodput.goodput"},
         {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt"},
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        {"name": "Checkpoint", "type": "integer", "jsonPath": ".status.lastCheckpointStep", "priority": 1},
     ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

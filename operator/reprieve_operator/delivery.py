@@ -206,7 +206,9 @@ async def _record(state: State, d: Delivered) -> None:
             await apply.run(apply.patch_job_status, api, d.namespace, d.name, patch)
             if body is not None:  # the watch event follows; deliveries meanwhile must see this record
                 body["status"] = {**(body.get("status") or {}), **patch}
-        metrics.NOTICES.labels(d.notice.reason).inc()
+        metrics.NOTICES.labels(d.namespace, metrics.job(d.name), d.notice.reason).inc()
+        metrics.NOTICE_LEAD.labels(d.namespace, metrics.job(d.name), d.notice.reason).observe(
+            max(0.0, (d.notice.deadline - d.notice.observed_at).total_seconds()))
     except Exception:
         state.delivered.discard((d.job.get("uid"), d.attempt, d.notice.id))
         metrics.RECONCILE_ERRORS.labels("node-event").inc()

@@ -11,7 +11,7 @@ from typing import Any
 
 import kopf
 
-from . import delivery, metrics
+from . import delivery, jobwatch, metrics
 from .models import GROUP, PLURAL, VERSION
 from .reconcile import reconcile
 from .state import State
@@ -41,9 +41,14 @@ async def job_changed(namespace: str, name: str, memo: Any, **_: Any) -> None:
 @kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
 async def job_event(event: Any, body: Any, memo: Any, **_: Any) -> None:
     cache = _state(memo).cache
+    meta = body.get("metadata") or {}
+    key = (str(meta.get("namespace")), str(meta.get("name")))
     if event.get("type") == "DELETED":
         cache.delete_job(body)
+        jobwatch.forget(*key)
     else:
+        old = cache.jobs.get(key)
+        jobwatch.record(*key, old["status"] if old else None, dict(body.get("status") or {}))
         cache.upsert_job(body)
 
 

@@ -1,24 +1,131 @@
-"""Prometheus metrics an on-call engineer would graph (served on ``--metrics-port``, path ``/metrics``)."""
+"""Prometheus metrics an on-call engineer would graph (served on ``--metrics-port``, path ``/metrics``).
+
+Per-job series carry ``namespace`` and ``trainingjob`` labels (not ``job``: Prometheus gives every target a
+``job`` label of its own; scrape with ``honor_labels: true`` so ``namespace`` stays the job's, as the chart's
+monitors do). ``--no-metrics-job-label`` (chart value ``metrics.jobLabel: false``) leaves ``trainingjob`` empty for fleets with very many jobs: counters and
+histograms then aggregate per namespace, and the per-job gauges (goodput, badput, step) are not exported at all
+(kube-state-metrics' TrainingJob config in the chart has them from ``status``).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+import platform
+import threading
+from collections import Counter as Tally
+from collections.abc import Iterator
+from typing import Any
 
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+from . import __version__
+
+JOB_LABELS = ["namespace", "trainingjob"]
+LEAD_BUCKETS = (5.0, 10.0, 15.0, 30.0, 60.0, 90.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+SECONDS_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+BUILD_INFO = Gauge("reprieve_build_info", "Always 1; the operator's version and Python in labels.",
+                   ["version", "python"])
+BUILD_INFO.labels(__version__, platform.python_version()).set(1)
 NOTICES = Counter("reprieve_notices_delivered_total",
-                  "Notices delivered to a job (once per job per attempt), by signal.", ["reason"])
+                  "Notices delivered to a job (once per job per attempt), by signal.", [*JOB_LABELS, "reason"])
 NOTICE_LATENCY = Histogram(
     "reprieve_notice_latency_seconds",
     "From the operator first seeing a node signal to the notice annotation on all pods of the job.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
-RESTARTS = Counter("reprieve_gang_restarts_total", "Gang restarts decided, by cause.", ["cause"])
-FAILED_JOBS = Counter("reprieve_jobs_failed_total", "TrainingJobs that reached Failed, by reason.", ["reason"])
+NOTICE_LEAD = Histogram("reprieve_notice_lead_seconds",
+                        "Notice lead time: deadline minus when the operator first saw the signal, at delivery.",
+                        [*JOB_LABELS, "reason"], buckets=LEAD_BUCKETS)
+NOTICE_TO_COMMIT = Histogram("reprieve_notice_to_commit_seconds",
+                             "From the operator seeing a notice to the job's agreed checkpoint being committed "
+                             "(as reported by the runtime; 1 s resolution).", JOB_LABELS, buckets=SECONDS_BUCKETS)
+RESTART_GAP = Histogram("reprieve_restart_gap_seconds",
+                        "Last step of an attempt to the next attempt's creation (the restart-gap badput of one "
+                        "interruption).", JOB_LABELS, buckets=SECONDS_BUCKETS)
+RESTARTS = Counter("reprieve_gang_restarts_total", "Gang restarts decided, by cause.", [*JOB_LABELS, "cause"])
+FAILED_JOBS = Counter("reprieve_jobs_failed_total", "TrainingJobs that reached Failed, by reason.",
+                      [*JOB_LABELS, "reason"])
 RECONCILE_ERRORS = Counter("reprieve_reconcile_errors_total", "Unexpected errors in handlers.", ["handler"])
 NOTICE_NODES = Gauge("reprieve_nodes_with_notice", "Nodes currently carrying an active preemption signal.")
-
-
 LEADER = Gauge("reprieve_leader", "1 while this operator replica holds the leader-election Lease (or runs "
                                   "without leader election), 0 while it stands by.")
+
 _serving: set[int] = set()
+_job_label = True
+
+
+def set_job_label(enabled: bool) -> None:
+    global _job_label
+    _job_label = enabled
+
+
+def job(name: str) -> str:
+    """The ``trainingjob`` label value ("" when the chart turned the job label off)."""
+    return name if _job_label else ""
+
+
+class JobCollector:
+    """Per-job gauges and jobs by phase, from the watched TrainingJobs' status (``handlers.job_event``).
+
+    Only what a graph needs is kept per job (a few floats), so 10,000 jobs cost a few MB."""
+
+    BADPUT = ("startup", "restore", "checkpoint", "lost", "restartGap")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[tuple[str, str], tuple[str, dict[str, float]]] = {}
+
+    def update(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        gp = status.get("goodput") or {}
+        values: dict[str, float] = {}
+        if gp.get("goodput") is not None:
+            values["goodput"] = float(gp["goodput"])
+        for key in ("productiveSeconds", "wallSeconds"):
+            if gp.get(key) is not None:
+                values[key] = float(gp[key])
+        for bucket, v in (gp.get("badputSeconds") or {}).items():
+            values[f"badput.{bucket}"] = float(v)
+        if status.get("step") is not None:
+            values["step"] = float(status["step"])
+        with self._lock:
+            self._jobs[(namespace, name)] = (str(status.get("phase") or "Pending"), values)
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._jobs.pop((namespace, name), None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            jobs = dict(self._jobs)
+        phases = GaugeMetricFamily("reprieve_jobs", "TrainingJobs by namespace and phase.",
+                                   labels=["namespace", "phase"])
+        for (ns, phase), n in sorted(Tally((ns, p) for (ns, _), (p, _) in jobs.items()).items()):
+            phases.add_metric([ns, phase], n)
+        yield phases
+        if not _job_label:
+            return
+        ratio = GaugeMetricFamily("reprieve_job_goodput_ratio", "Productive seconds / wall seconds of the job "
+                                  "(status.goodput; provisional while it runs).", labels=JOB_LABELS)
+        productive = GaugeMetricFamily("reprieve_job_productive_seconds", "Productive (kept) step time of the job.",
+                                       labels=JOB_LABELS)
+        wall = GaugeMetricFamily("reprieve_job_wall_seconds", "Wall time accounted for the job.", labels=JOB_LABELS)
+        badput = GaugeMetricFamily("reprieve_job_badput_seconds", "Badput of the job by bucket (docs/goodput.md).",
+                                   labels=[*JOB_LABELS, "bucket"])
+        step = GaugeMetricFamily("reprieve_job_step", "Latest step reported by the job's process 0.",
+                                 labels=JOB_LABELS)
+        for (ns, name), (_, v) in sorted(jobs.items()):
+            for family, key in ((ratio, "goodput"), (productive, "productiveSeconds"), (wall, "wallSeconds"),
+                                (step, "step")):
+                if key in v:
+                    family.add_metric([ns, name], v[key])
+            for bucket in self.BADPUT:
+                if f"badput.{bucket}" in v:
+                    badput.add_metric([ns, name, bucket], v[f"badput.{bucket}"])
+        yield from (ratio, productive, wall, badput, step)
+
+
+JOBS = JobCollector()
+REGISTRY.register(JOBS)  # type: ignore[arg-type]
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:

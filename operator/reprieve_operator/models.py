@@ -303,6 +303,34 @@ class NoticeStatus(_Model):
     delivered_at: str | None = None
 
 
+class BadputSeconds(_Model):
+    """Where the seconds that were not productive went (``docs/goodput.md``)."""
+
+    startup: float = Field(default=0.0, description="Pod creation to the first step: scheduling, image pull, "
+                                                    "process start, jax.distributed, compilation.")
+    restore: float = Field(default=0.0, description="Reading the checkpoint (reported by the runtime).")
+    checkpoint: float = Field(default=0.0, description="The training loop blocked by saves.")
+    lost: float = Field(default=0.0, description="Steps computed again by a later attempt (not checkpointed).")
+    restart_gap: float = Field(default=0.0, description="Last step of an attempt to the next attempt's creation: "
+                                                        "the agreed save, exit, teardown, the restart decision.")
+
+
+class GoodputStatus(_Model):
+    """Per-job goodput accounting (``policy.goodput``), from progress reports, attempts and the job's end.
+    Provisional while the job runs (the current attempt's steps count as kept until the next attempt reports
+    where it resumed)."""
+
+    goodput: float | None = Field(default=None, description="Productive seconds / wall seconds (0..1).")
+    wall_seconds: float = Field(default=0.0, description="From attempt 1's creation to the last update.")
+    productive_seconds: float = 0.0
+    badput_seconds: BadputSeconds = Field(default_factory=BadputSeconds)
+    lost_steps: int = Field(default=0, description="Steps computed again after interruptions.")
+    updated_at: str | None = Field(default=None, description="When these figures were computed.")
+    accounting: dict[str, Any] = Field(
+        default_factory=dict, description="The operator's bookkeeping (closed buckets, open attempts); internal.",
+        json_schema_extra={"crd": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}})
+
+
 class TrainingJobStatus(_Model):
     """Observed state; also what a goodput figure needs (times, attempts, committed step)."""
 
@@ -323,13 +351,15 @@ class TrainingJobStatus(_Model):
     selector: str | None = Field(default=None, description="Label selector of the job's worker pods.")
     ready: str | None = Field(default=None, description="Running workers / replicas, e.g. '3/4'.")
     last_notice: NoticeStatus | None = None
-    step: int | None = Field(default=None, description="Latest step reported by process 0.")
+    step: int | None = Field(default=None, description="Latest step reported by process 0 (live, every few "
+                                                       "seconds; docs/contract.md, \"Progress\").")
     last_checkpoint_step: int | None = Field(default=None, description="Latest committed checkpoint step.")
     last_checkpoint_time: str | None = None
     start_time: str | None = Field(default=None, description="When attempt 1 was created.")
     attempt_start_time: str | None = Field(default=None, description="When the current attempt was created.")
     completion_time: str | None = None
     observed_generation: int | None = None
+    goodput: GoodputStatus | None = None
 
 
 class TrainingJob(_Model):

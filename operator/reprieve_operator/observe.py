@@ -10,10 +10,12 @@ from typing import Any
 
 from . import ANNOTATION_NOTICE, ANNOTATION_PROGRESS, LABEL_ATTEMPT, LABEL_INDEX, LABEL_JOB
 from .models import TrainingJob
+from .policy import goodput
 from .policy.restart import RestartPlan, WorkerPod
-from .signals import Notice, rfc3339
+from .signals import Notice, parse_time, rfc3339
 
 log = logging.getLogger(__name__)
+TERMINAL = ("Succeeded", "Failed", "Suspended")  # phases that end the accounting of the attempts so far
 LOST_REASONS = ("NodeLost", "Evicted", "Preempting", "Terminated", "Shutdown", "NodeShutdown")
 
 
@@ -90,21 +92,23 @@ def notice_annotation(pod: Mapping[str, Any]) -> str | None:
 
 
 def progress(pods: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The newest ``reprieve.dev/progress`` annotation (contract: written by process 0); malformed ones skipped."""
+    """The newest ``reprieve.dev/progress`` annotation (contract: written by process 0): the highest
+    (attempt, step, committedStep); malformed ones skipped."""
     best: dict[str, Any] | None = None
+    best_key = (-1, -1, -1)
     for pod in pods:
         raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_PROGRESS)
         if not raw:
             continue
         try:
             value = json.loads(raw)
-            committed = int(value.get("committedStep", -1))
+            key = (int(value.get("attempt", 0)), int(value.get("step", -1)), int(value.get("committedStep", -1)))
         except (ValueError, TypeError, AttributeError):
             log.warning("pod %s: malformed %s annotation %r ignored",
                         (pod.get("metadata") or {}).get("name"), ANNOTATION_PROGRESS, raw[:200])
             continue
-        if best is None or committed > int(best.get("committedStep", -1)):
-            best = value
+        if best is None or key > best_key:
+            best, best_key = value, key
     return best
 
 
@@ -177,7 +181,32 @@ def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
                 patch["lastCheckpointTime"] = prog["time"]
     if job.generation is not None and st.observed_generation != job.generation:
         patch["observedGeneration"] = job.generation
+    gp = goodput_patch(job, plan.phase, patch, prog, now)
+    if gp is not None:
+        patch["goodput"] = gp
     return patch
+
+
+def goodput_patch(job: TrainingJob, phase: str, patch: Mapping[str, Any], prog: Mapping[str, Any] | None,
+                  now: datetime) -> dict[str, Any] | None:
+    """``status.goodput`` after this reconcile's facts (a new attempt in ``patch``, the progress report, the
+    end of the job); None when the accounting did not change."""
+    st = job.status
+    raw = st.goodput.accounting if st.goodput is not None else None
+    t = now.timestamp()
+    report = goodput.report_of(dict(prog) if prog else None)
+    new_attempt, created = None, None
+    if patch.get("attempt"):
+        new_attempt = int(patch["attempt"])
+    elif not raw and report is not None and st.attempt > 0 and phase not in TERMINAL:
+        # A job that ran before accounting existed (an operator upgrade): start with its current attempt.
+        started = parse_time(st.attempt_start_time)
+        new_attempt, created = st.attempt, (started.timestamp() if started else t)
+    acc = goodput.fold(raw, now=t, new_attempt=new_attempt, created_at=created,
+                       report=report, ended=phase in TERMINAL)
+    if acc is None:
+        return None
+    return {**goodput.status(acc, t), "updatedAt": rfc3339(now)}
 
 
 def notice_status(notice: Notice, attempt: int, now: datetime) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from . import apply, builders, metrics, observe
+from . import apply, builders, events, metrics, observe
 from .models import TrainingJob, spec_error
 from .policy.create import TRANSIENT, Refusal, classify_refusal, retry_seconds
 from .policy.notice import is_open
@@ -77,10 +77,12 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
             await apply.run(apply.patch_job_status, api, namespace, name, patch)
             job = job.model_copy(update={"status": job.status.model_validate({**_dump(job), **patch})})
             if plan.phase == "Failed":
-                metrics.FAILED_JOBS.labels(plan.conditions[0].reason if plan.conditions else "Failed").inc()
-                await apply.run(apply.post_event, api, ref, "Failed", plan.message, "Warning")
+                metrics.FAILED_JOBS.labels(namespace, metrics.job(name),
+                                           plan.conditions[0].reason if plan.conditions else "Failed").inc()
+                await apply.run(apply.post_event, api, ref,  # the reason: TooManyFailures, TooManyPreemptions...
+                                plan.conditions[0].reason if plan.conditions else "Failed", plan.message, "Warning")
             else:
-                metrics.RESTARTS.labels(plan.cause).inc()
+                metrics.RESTARTS.labels(namespace, metrics.job(name), plan.cause).inc()
                 await apply.run(apply.post_event, api, ref, "GangRestart", plan.message,
                                 "Warning" if plan.cause != "preemption" else "Normal")
             log.info("TrainingJob %s/%s: %s", namespace, name, plan.message)
@@ -102,9 +104,24 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
         patch = observe.status_patch(job, plan, now, observe.progress(raw_pods))
         if patch:
             await apply.run(apply.patch_job_status, api, namespace, name, patch)
+            await _post_status_events(state, job, ref, patch, now)
         if plan.requeue_after is not None:
             requeue(state, namespace, name, plan.requeue_after)
         return plan
+
+
+_commit_events: dict[tuple[str, str], float] = {}  # when each job's last CheckpointCommitted Event was posted
+
+
+async def _post_status_events(state: State, job: TrainingJob, ref: dict[str, Any], patch: dict[str, Any],
+                              now: datetime) -> None:
+    key = (job.namespace, job.name)
+    for ev in events.for_status_change(job, patch, now.timestamp(), _commit_events.get(key)):
+        if ev.reason == "CheckpointCommitted":
+            _commit_events[key] = now.timestamp()
+        await apply.run(apply.post_event, state.api, ref, ev.reason, ev.message, ev.type)
+    if patch.get("phase") in ("Succeeded", "Failed"):
+        _commit_events.pop(key, None)
 
 
 def _avoid(state: State, job: TrainingJob, now: datetime) -> tuple[str, ...]:
@@ -278,7 +295,7 @@ async def _fail(state: State, body: dict[str, Any], reason: str, message: str) -
     await apply.run(apply.post_event, state.api, job_ref(body), reason, message, "Warning")
     await apply.run(apply.patch_job_status, state.api, meta["namespace"], meta["name"],
                     {"phase": "Failed", "conditions": [*conds, cond], "completionTime": rfc3339(state_now())})
-    metrics.FAILED_JOBS.labels(reason).inc()
+    metrics.FAILED_JOBS.labels(meta["namespace"], metrics.job(meta["name"]), reason).inc()
 
 
 def requeue(state: State, namespace: str, name: str, delay: float) -> None:

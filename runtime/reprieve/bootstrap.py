@@ -15,11 +15,12 @@ from .config import ConfigError, RuntimeConfig
 from .coordination import Coordinator, JaxCoordinator, LocalCoordinator
 from .countdown import CountdownSettings
 from .job import Checkpointer, Job
-from .kube import KubeClient, PodWatchSource, ProgressReporter
+from .kube import KubeClient, PodWatchSource
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
 from .policy import SavePolicy
+from .progress import ProgressReporter
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,12 @@ def init(
         if watch_pod:
             closers.append(PodWatchSource(client, config.namespace, config.pod_name, hub.put).start().close)
         if config.process_id == 0:
-            progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt)
+            progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt,
+                                        interval_s=config.progress_interval_seconds)
     if config.metrics_port is not None:
-        metrics.serve(config.metrics_port)
+        # On the pod's IP when known, like the coordinator: workers that share a host network (hostNetwork
+        # pods, the local process kubelet) do not collide on the port.
+        metrics.serve(config.metrics_port, addr=config.pod_ip or "0.0.0.0")
     agreement.start()
     hub.start()
     log.info("reprieve: process %d/%d, attempt %d, checkpoints %s, notices from %s", config.process_id,

@@ -12,7 +12,8 @@ Runtime-only knobs (not set by the operator, documented in ``docs/runtime.md``):
 ``REPRIEVE_NOTICE_POLL_SECONDS`` (1), ``REPRIEVE_METRICS_PORT`` (unset = no exporter),
 ``REPRIEVE_SAVE_SECONDS_ESTIMATE`` (30, used until a save has been measured),
 ``REPRIEVE_COMPILATION_CACHE_DIR`` (unset = JAX's defaults; set = JAX's persistent compilation cache there,
-for every program, so a restarted gang does not compile again).
+for every program, so a restarted gang does not compile again), ``REPRIEVE_PROGRESS_INTERVAL_SECONDS`` (5: how
+often process 0 reports live progress on its pod; 0 = only at commits).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class RuntimeConfig:
     metrics_port: int | None = None
     save_seconds_estimate: float = 30.0
     compilation_cache_dir: str | None = None
+    progress_interval_seconds: float = 5.0
 
     @property
     def distributed(self) -> bool:
@@ -116,6 +118,7 @@ class RuntimeConfig:
             metrics_port=r.opt_integer("REPRIEVE_METRICS_PORT", minimum=0, maximum=65535),
             save_seconds_estimate=r.number("REPRIEVE_SAVE_SECONDS_ESTIMATE", 30.0, minimum=0.0),
             compilation_cache_dir=r.opt_text("REPRIEVE_COMPILATION_CACHE_DIR"),
+            progress_interval_seconds=r.number("REPRIEVE_PROGRESS_INTERVAL_SECONDS", 5.0, minimum=0.0),
         )
         if cfg.process_id >= cfg.num_processes:
             raise ConfigError(

@@ -23,12 +23,12 @@ from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
 from .config import RuntimeConfig
 from .coordination import Coordinator
-from .kube import ProgressReporter
 from .lifecycle import ABANDON, ABORT, FINISH, RESTART, Phase, Teardown, exit_decision
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeHub
 from .policy import SavePolicy, should_save, time_save_due
+from .progress import LoopProgress, ProgressReporter
 
 log = logging.getLogger(__name__)
 
@@ -109,14 +109,18 @@ class Job:
         self._decided = -1  # the last step save() or should_stop() decided about
         self._stop_step: int | None = None  # should_stop() returned True for it
         self._step_ema: float | None = None
+        self.loop = LoopProgress()  # read by the progress reporter and the metrics exporter's threads
         self._last_save_at = time.monotonic()  # process 0's clock for the time-based interval
         # saves: _last_saved started, _pending not yet confirmed; _committed is also advanced by on_commit
         self._last_saved: int | None = None
         self._pending: int | None = None
         self._committed: int | None = None
+        self._final = False  # the agreed save has begun
         hook = getattr(checkpointer, "set_commit_callback", None)
         if callable(hook):
             hook(self.on_commit)
+        if progress is not None:
+            progress.start(self.loop.fields)
 
     @property
     def process_id(self) -> int:
@@ -155,6 +159,7 @@ class Job:
         else:
             state, target = None, abstract_of(abstract)
             require(abstract_problem(target))  # on the first run too, not only at the first restart
+        t0 = time.perf_counter()
         try:
             # step=None: the checkpointer picks the latest complete checkpoint once for all processes
             result = self.checkpointer.restore(target, step=None)
@@ -173,6 +178,8 @@ class Job:
                             step)
             data_mod.restore_into(data, value)
         self._last_saved = self._committed = step
+        self.loop.restore_seconds = seconds = time.perf_counter() - t0
+        self.metrics.observe("reprieve_restore_seconds", seconds)
         self.metrics.set("reprieve_last_committed_step", step)
         log.info("restored step %d from %s: resuming at step %d", step, self.config.checkpoint_uri, step + 1)
         user_extra = {k: v for k, v in extra.items() if k != "reprieve"}
@@ -195,10 +202,14 @@ class Job:
         self.agreement.begin(start, self._last_step)
         self._last_save_at = time.monotonic()
         previous_t: float | None = None
+        loop = self.loop
         step = start
         while total is None or step < total:
             now = time.perf_counter()
             if previous_t is not None:
+                loop.last = (step - 1, now)  # the only per-step cost of progress reporting: one tuple
+                if loop.first is None:
+                    loop.first = loop.last
                 self._observe_step(now - previous_t, step)
                 if self._decided != step - 1 or self._stop_step == step - 1:
                     self._decide_or_exit(step - 1)  # no save() in the body, or should_stop() said stop
@@ -206,6 +217,12 @@ class Job:
             self._current = step
             yield step
             step += 1
+        if previous_t is not None:
+            now = time.perf_counter()
+            loop.last = (step - 1, now)
+            if loop.first is None:
+                loop.first = loop.last
+            self._observe_step(now - previous_t, step)
         if total is not None and total > start and (self._decided != total - 1 or self._stop_step == total - 1):
             self._decide_or_exit(total - 1)
         self.finish()
@@ -220,9 +237,11 @@ class Job:
     def _observe_step(self, seconds: float, step: int) -> None:
         ema = self._step_ema
         self._step_ema = seconds if ema is None else ema + STEP_EMA_WEIGHT * (seconds - ema)
+        self.loop.step_seconds = self._step_ema
+        self.metrics.pending_steps.append(seconds)  # a deque: observed into the histogram at scrape time
         self.agreement.report(step_seconds=self._step_ema)
         if step % 16 == 0:  # the exporter needs no more; a metrics update costs a lock
-            self.metrics.set("reprieve_step_seconds", self._step_ema)
+            self.metrics.set("reprieve_step_average_seconds", self._step_ema)
 
     def _decide(self, step: int) -> str | None:
         try:
@@ -288,7 +307,9 @@ class Job:
                                 "CheckpointManager or OrbaxCheckpointer")
             kwargs["process_extra"] = data_mod.encode(
                 data, f"job.save(step {step}, data=...): process {self.process_id}'s data position")
+        t0 = time.perf_counter()
         self.checkpointer.save(step, state, extra={**(extra or {}), **record}, **kwargs)
+        self._blocked(time.perf_counter() - t0)
         self._last_saved = self._pending = step
         self._last_save_at = time.monotonic()
         self.metrics.inc("reprieve_saves_total", kind=kind)
@@ -304,9 +325,19 @@ class Job:
         """Wait for the in-flight save (if any), then record it as committed."""
         if self._pending is None:
             return
+        t0 = time.perf_counter()
         self.checkpointer.wait()
+        self._blocked(time.perf_counter() - t0)
         self._committed, self._pending = max(self._pending, self._committed or -1), None
         self._record_commit(self._committed)
+
+    def _blocked(self, seconds: float) -> None:
+        """The training loop waited ``seconds`` for a save (the copy off the devices, a commit). Only waits
+        between steps count as checkpoint badput: the agreed save and the last commit come after the last
+        reported step, where the operator counts them as restart gap (``docs/goodput.md``)."""
+        self.metrics.observe("reprieve_save_blocking_seconds", seconds)
+        if self.phase == Phase.TRAINING and not self._final:
+            self.loop.save_blocking_seconds += seconds
 
     def _record_commit(self, step: int) -> None:
         # The measured save time feeds the countdown as soon as a save commits, not at the next save: a
@@ -314,7 +345,7 @@ class Job:
         seconds = getattr(self.checkpointer, "last_save_seconds", None)
         if seconds is not None:
             self.agreement.report(save_seconds=seconds)
-            self.metrics.set("reprieve_save_seconds", seconds)
+            self.metrics.observe("reprieve_save_to_commit_seconds", seconds)
         self.metrics.set("reprieve_last_committed_step", step)
         if self._progress is not None:
             self._progress.report(self._current, step)
@@ -322,6 +353,8 @@ class Job:
     def _final_save(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any) -> None:
         target = self.agreement.target
         assert target is not None
+        self._final = True
+        self.loop.last = (step, time.perf_counter())  # the step is done: only its save is left
         deadline = target.deadline if target.deadline_known else None
         log.info("saving agreed step %d (notice %s, %s); deadline %s", step, target.notice.id,
                  target.notice.reason, "unknown" if deadline is None else f"in {deadline - time.time():.1f}s")
@@ -397,8 +430,11 @@ class Job:
             if how.wait_for_commit:
                 self._confirm_pending()
         finally:
-            if how.report_progress and self._progress is not None and self._committed is not None:
-                self._progress.report(self._current, self._committed, force=True, timeout_s=2.0)
+            if self._progress is not None:
+                if how.report_progress:
+                    self._progress.report(self._current, -1 if self._committed is None else self._committed,
+                                          force=True, timeout_s=2.0)
+                self._progress.close()
             for closer in self._closers:
                 try:
                     closer()

@@ -1,4 +1,4 @@
-"""The pod's own view of the Kubernetes API: watch its notice annotation, patch its progress annotation.
+"""The pod's own view of the Kubernetes API: watch its notice annotation (progress reports: ``progress.py``).
 
 Standard library only (``http.client`` + ``ssl``), so the runtime extra stays light. In-cluster credentials
 come from ``REPRIEVE_SERVICEACCOUNT_DIR`` (``token``, ``ca.crt``; the token is re-read on every connection
@@ -19,7 +19,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .notice import NOTICE_ANNOTATION, PROGRESS_ANNOTATION, Notice, format_rfc3339, notice_from_annotations
+from .notice import NOTICE_ANNOTATION, Notice, notice_from_annotations
 
 log = logging.getLogger(__name__)
 
@@ -166,48 +166,3 @@ class PodWatchSource:
         notice = notice_from_annotations(annotations, self._clock(), source="annotation")
         if notice is not None:
             self._put(notice)
-
-
-def progress_annotation(step: int, committed_step: int, attempt: int, now: float) -> dict[str, str]:
-    """The ``reprieve.dev/progress`` annotation (``docs/contract.md``, "Progress"); pure."""
-    value = {"step": step, "committedStep": committed_step, "attempt": attempt, "time": format_rfc3339(now)}
-    return {PROGRESS_ANNOTATION: json.dumps(value, sort_keys=True)}
-
-
-class ProgressReporter:
-    """Process 0 patches its own pod's progress annotation; periodic reports at most every ``min_interval_s``."""
-
-    def __init__(self, client: KubeClient, namespace: str, pod: str, attempt: int, *,
-                 min_interval_s: float = 10.0, clock: Callable[[], float] = time.time) -> None:
-        self._client = client
-        self._ns = namespace
-        self._pod = pod
-        self._attempt = attempt
-        self._min_interval = min_interval_s
-        self._clock = clock
-        self._last = float("-inf")
-        self._busy = threading.Lock()
-
-    def report(self, step: int, committed_step: int, *, force: bool = False, timeout_s: float = 5.0) -> None:
-        """Force: synchronous, bounded by ``timeout_s`` (the exit path). Else: rate-limited, in a thread."""
-        now = self._clock()
-        if not force and now - self._last < self._min_interval:
-            return
-        self._last = now
-        body = progress_annotation(step, committed_step, self._attempt, now)
-        if force:
-            self._patch(body, timeout_s)
-        elif self._busy.acquire(blocking=False):
-            def run() -> None:
-                try:
-                    self._patch(body, timeout_s)
-                finally:
-                    self._busy.release()
-            threading.Thread(target=run, name="reprieve-progress", daemon=True).start()
-
-    def _patch(self, body: dict[str, str], timeout_s: float) -> None:
-        try:
-            self._client.patch_pod_annotations(self._ns, self._pod, dict(body), timeout_s=timeout_s)
-            log.debug("progress annotation of %s/%s: %s", self._ns, self._pod, body)
-        except Exception as err:  # noqa: BLE001 - progress is best effort, never fatal
-            log.warning("could not patch progress annotation of pod %s/%s: %s", self._ns, self._pod, err)

@@ -2,6 +2,8 @@
 
 ``REPRIEVE_METRICS_PORT`` unset -> nothing listens. Set -> ``prometheus_client`` serves the values when it is
 importable (the runtime extra does not require it), else a stdlib ``http.server`` renders the same text.
+Durations are histograms. Step times never take a lock on the training thread: it appends them to
+``pending_steps`` (a deque) and they are observed into ``reprieve_step_seconds`` when the values are read.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import http.server
 import logging
 import threading
+from bisect import bisect_left
+from collections import deque
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -18,13 +22,42 @@ _HELP = {
     "reprieve_notice_lead_seconds": ("gauge", "Deadline minus receipt time of the last notice."),
     "reprieve_agreed_step": ("gauge", "Step all processes agreed to save at (-1 before any notice)."),
     "reprieve_notice_to_commit_seconds": ("gauge", "Seconds from notice receipt to the agreed save's commit."),
-    "reprieve_step_seconds": ("gauge", "Moving average of the training step time."),
-    "reprieve_save_seconds": ("gauge", "Last measured save-call-to-commit time."),
+    "reprieve_step_average_seconds": ("gauge", "Moving average of the training step time."),
+    "reprieve_step_seconds": ("histogram", "Training step time (between two steps of Job.steps)."),
+    "reprieve_save_blocking_seconds": ("histogram", ("Time the training loop was blocked by a save (the copy "
+                                                     "off the devices, a wait for the previous commit).")),
+    "reprieve_save_to_commit_seconds": ("histogram", "From a save call to its commit on every process."),
+    "reprieve_restore_seconds": ("histogram", "Reading the checkpoint at start-up."),
     "reprieve_saves_total": ("counter", "Checkpoint saves started, by kind (periodic, early, final)."),
     "reprieve_last_committed_step": ("gauge", "Last checkpoint step known to be committed (-1 if none)."),
 }
 
 Labels = tuple[tuple[str, str], ...]
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+IO_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+BUCKETS = {"reprieve_step_seconds": STEP_BUCKETS}
+
+
+class _Histogram:
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound (+Inf)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, total = [], 0
+        for bound, n in zip((*[repr(float(b)) for b in self.bounds], "+Inf"), self.counts, strict=True):
+            total += n
+            out.append((bound, total))
+        return out
 
 
 class Metrics:
@@ -32,7 +65,11 @@ class Metrics:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._values: dict[str, dict[Labels, float]] = {name: {} for name in _HELP}
+        self._values: dict[str, dict[Labels, float]] = {name: {} for name, (k, _) in _HELP.items()
+                                                        if k != "histogram"}
+        self._histograms: dict[str, dict[Labels, _Histogram]] = {name: {} for name, (k, _) in _HELP.items()
+                                                                 if k == "histogram"}
+        self.pending_steps: deque[float] = deque(maxlen=100_000)  # step times not yet observed
         self._values["reprieve_agreed_step"][()] = -1.0
         self._values["reprieve_last_committed_step"][()] = -1.0
         self._server: Any = None
@@ -47,6 +84,33 @@ class Metrics:
             key = _labels(labels)
             family[key] = family.get(key, 0.0) + amount
 
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        """One observation of histogram ``name``."""
+        with self._lock:
+            self._histogram(name, _labels(labels)).observe(value)
+
+    def _histogram(self, name: str, key: Labels) -> _Histogram:
+        if name not in self._histograms:
+            raise KeyError(f"unknown histogram {name!r}; known: {sorted(self._histograms)}")
+        family = self._histograms[name]
+        if key not in family:
+            family[key] = _Histogram(BUCKETS.get(name, IO_BUCKETS))
+        return family[key]
+
+    def histogram(self, name: str, **labels: str) -> tuple[int, float]:
+        """(count, sum) of histogram ``name`` (pending step times included)."""
+        with self._lock:
+            self._drain()
+            h = self._histograms[name].get(_labels(labels))
+            return (0, 0.0) if h is None else (h.count, h.sum)
+
+    def _drain(self) -> None:
+        pending = self.pending_steps
+        if pending:
+            h = self._histogram("reprieve_step_seconds", ())
+            while pending:
+                h.observe(pending.popleft())
+
     def get(self, name: str, **labels: str) -> float | None:
         with self._lock:
             return self._family(name).get(_labels(labels))
@@ -60,14 +124,27 @@ class Metrics:
         with self._lock:
             return {name: dict(family) for name, family in self._values.items()}
 
+    def histograms(self) -> dict[str, dict[Labels, tuple[list[tuple[str, int]], float]]]:
+        """Every histogram: labels -> (cumulative (le, count) pairs, sum)."""
+        with self._lock:
+            self._drain()
+            return {name: {k: (h.cumulative(), h.sum) for k, h in family.items()}
+                    for name, family in self._histograms.items()}
+
     def render(self) -> str:
         lines = []
         for name, family in self.snapshot().items():
             kind, text = _HELP[name]
             lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
             for labels, value in sorted(family.items()):
-                label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-                lines.append(f"{name}{{{label_text}}} {value!r}" if label_text else f"{name} {value!r}")
+                lines.append(f"{name}{_label_text(labels)} {value!r}")
+        for name, hfamily in self.histograms().items():
+            lines += [f"# HELP {name} {_HELP[name][1]}", f"# TYPE {name} histogram"]
+            for labels, (buckets, total) in sorted(hfamily.items()):
+                for le, n in buckets:
+                    lines.append(f"{name}_bucket{_label_text((*labels, ('le', le)))} {float(n)!r}")
+                lines.append(f"{name}_sum{_label_text(labels)} {total!r}")
+                lines.append(f"{name}_count{_label_text(labels)} {float(buckets[-1][1])!r}")
         return "\n".join(lines) + "\n"
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
@@ -80,7 +157,7 @@ class Metrics:
 
     def _serve_prometheus_client(self, port: int, addr: str) -> int:
         from prometheus_client import CollectorRegistry, start_http_server
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         metrics = self
 
@@ -95,6 +172,13 @@ class Metrics:
                         d = dict(labels)
                         out.add_metric([d.get(k, "") for k in names], value)
                     yield out
+                for name, hfamily in metrics.histograms().items():
+                    names = sorted({k for labels in hfamily for k, _ in labels})
+                    hist = HistogramMetricFamily(name, _HELP[name][1], labels=names)
+                    for labels, (buckets, total) in hfamily.items():
+                        d = dict(labels)
+                        hist.add_metric([d.get(k, "") for k in names], buckets, total)
+                    yield hist
 
         registry = CollectorRegistry()
         registry.register(_Collector())
@@ -134,6 +218,10 @@ class Metrics:
 
 def _labels(labels: dict[str, str]) -> Labels:
     return tuple(sorted((k, str(v)) for k, v in labels.items()))
+
+
+def _label_text(labels: Labels) -> str:
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}" if labels else ""
 
 
 def _escape(value: str) -> str:

@@ -44,6 +44,41 @@ def succeeded(status: dict) -> bool:
     return status.get("phase") == "Succeeded"
 
 
+def assert_report_renders(cluster: Any, namespace: str, name: str, out: Path, *expected: str) -> str:
+    """``python -m reprieve_operator.report`` against the cluster: an SVG that parses and an HTML page that
+    holds ``expected``."""
+    import xml.etree.ElementTree as ET
+
+    from reprieve_operator.report import main
+
+    assert main([name, "-n", namespace, "-o", str(out), "--kubeconfig", str(cluster.kubeconfig)]) == 0
+    picture = (out / f"{name}.svg").read_text()
+    ET.fromstring(picture)
+    page = (out / f"{name}.html").read_text()
+    missing = [e for e in expected if e not in page]
+    assert not missing, (missing, page[-3000:])
+    return page
+
+
+GOODPUT_TOLERANCE = 0.03  # absolute, on goodput in 0..1 (docs/goodput.md, "Two figures, one definition")
+
+
+def assert_goodput_agrees(status: dict, steplog: Path) -> None:
+    """The operator's status.goodput (from sparse progress reports) against the example's own step log, over
+    the same wall time. The step log cannot tell a save's wait from the step around it, so its productive
+    time is compared with the operator's productive + checkpoint seconds."""
+    gp = status["goodput"]
+    wall = gp["wallSeconds"]
+    buckets = gp["productiveSeconds"] + sum(gp["badputSeconds"].values())
+    assert buckets == pytest.approx(wall, abs=0.5), gp  # every second in exactly one bucket
+    assert gp["accounting"]["open"] == [], gp  # the job ended: nothing provisional is left
+    own = analyse(read_step_log(steplog), start=0, end=wall)
+    operator_figure = (gp["productiveSeconds"] + gp["badputSeconds"]["checkpoint"]) / wall
+    print(f"\ngoodput: operator {gp['goodput']:.4f} (+checkpoint {operator_figure:.4f}), step log {own.goodput:.4f} "
+          f"over {wall:.1f}s; badput {gp['badputSeconds']}; lost steps {gp['lostSteps']} vs {own.lost_steps}")
+    assert abs(operator_figure - own.goodput) <= GOODPUT_TOLERANCE, (gp, own.summary())
+
+
 def test_noticed_preemption_loses_no_step_and_ends_bit_identical_beside_an_uninterrupted_job(
         cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path) -> None:
     pool_a, nodes_a = pool(3)
@@ -78,6 +113,11 @@ def test_noticed_preemption_loses_no_step_and_ends_bit_identical_beside_an_unint
     assert report.steps == STEPS
     assert final_a["status"]["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}
     assert final_a["status"]["lastCheckpointStep"] == STEPS - 1
+    assert_goodput_agrees(final_a["status"], ckpt_a / "steps.jsonl")
+    assert final_a["status"]["goodput"]["lostSteps"] == 0 and final_a["status"]["step"] == STEPS - 1
+    assert_goodput_agrees(final_b["status"], ckpt_b / "steps.jsonl")
+    assert_report_renders(cluster, namespace, "preempted", tmp_path / "report", 'class="mark notice"',
+                          'class="mark deadline"', "attempt 2", 'class="gap"', "PreemptionNotice", "GangRestart")
     assert final_b["status"]["restartCount"] == 0 and final_b["status"]["attempt"] == 1
 
 
@@ -97,6 +137,12 @@ def test_hard_node_loss_resumes_from_the_last_periodic_checkpoint(
     assert first.lost_steps <= interval, report.summary()
     restarts = final["status"]["restarts"]
     assert restarts["preemption"] == 0 and restarts["disruption"] + restarts["failure"] >= 1, restarts
+    assert_goodput_agrees(final["status"], ckpt / "steps.jsonl")
+    # Steps after the last report of the lost attempt are restart gap to the operator, not lost steps.
+    assert final["status"]["goodput"]["lostSteps"] <= report.lost_steps, (final["status"]["goodput"], report.summary())
+    lost = ['class="lost"'] if final["status"]["goodput"]["lostSteps"] else []
+    assert_report_renders(cluster, namespace, "lost", tmp_path / "report", "attempt 2", 'class="gap"',
+                          'class="mark restart"', *lost)
 
 
 def test_application_failure_is_counted_and_fails_the_job_after_the_budget(
@@ -112,6 +158,8 @@ def test_application_failure_is_counted_and_fails_the_job_after_the_budget(
     failed = [c for c in status["conditions"] if c["type"] == "Failed"]
     assert failed and failed[0]["status"] == "True" and failed[0]["reason"] == "TooManyFailures", status
     assert "exited with code 1" in failed[0]["message"] and "maxFailures=1" in failed[0]["message"], failed
+    assert_report_renders(cluster, namespace, "buggy", tmp_path / "report", "Failed", 'class="mark failure"',
+                          "TooManyFailures", "attempt 2")
 
 
 def test_operator_restarted_in_the_middle_of_a_preemption_restarts_the_gang_once(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 from test_chart import by_kind, render, template
 
 pytestmark = pytest.mark.unit
@@ -37,7 +38,8 @@ def test_service_monitor_selects_the_metrics_service_and_its_port() -> None:
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "metrics"
     (endpoint,) = sm["spec"]["endpoints"]
-    assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s",
+                        "honorLabels": True}  # the per-job series' namespace is the job's
     (port,) = svc["spec"]["ports"]
     assert port["name"] == endpoint["port"] and port["targetPort"] == "metrics"
     # The Service reaches the pods, and their container serves the port under that name.
@@ -54,7 +56,8 @@ def test_pod_monitor_selects_the_operator_pods_and_their_port() -> None:
     assert pm["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     assert pm["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
-    assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s",
+                        "honorLabels": True}
     assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container(docs)["ports"]
     assert "--metrics-port=9090" in container(docs)["args"]
 
@@ -71,3 +74,36 @@ def test_pod_monitor_selects_the_operator_pods_and_their_port() -> None:
 def test_monitors_refuse_what_cannot_work(sets: list[str], apis: tuple[str, ...], needle: str) -> None:
     out = template(*[a for s in sets for a in ("--set", s)], *apis)
     assert out.returncode != 0 and needle in out.stderr, out.stderr
+
+
+def test_job_label_value_reaches_the_operator() -> None:
+    env = {e["name"]: e.get("value") for e in container(render())["env"]}
+    assert env["REPRIEVE_METRICS_JOB_LABEL"] == "true"
+    env = {e["name"]: e.get("value") for e in container(render("metrics.jobLabel=false"))["env"]}
+    assert env["REPRIEVE_METRICS_JOB_LABEL"] == "false"
+
+
+def test_dashboard_and_kube_state_metrics_configmaps() -> None:
+    import json
+
+    assert not [d for d in by_kind(render(), "ConfigMap") if "dashboard" in d["metadata"]["name"]]
+    docs = render("metrics.dashboard.enabled=true", "metrics.kubeStateMetrics.enabled=true")
+    maps = {d["metadata"]["name"]: d for d in by_kind(docs, "ConfigMap")}
+    dash = maps["r-reprieve-dashboard"]
+    assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+    board = json.loads(dash["data"]["reprieve.json"])
+    assert board["uid"] == "reprieve-goodput" and len(board["panels"]) >= 9
+    ksm = yaml.safe_load(maps["r-reprieve-kube-state-metrics"]["data"]["trainingjob-state.yaml"])
+    (res,) = ksm["spec"]["resources"]
+    assert res["groupVersionKind"] == {"group": "reprieve.dev", "version": "v1alpha1", "kind": "TrainingJob"}
+    # every status path the config reads exists in the CRD's status schema
+    from reprieve_operator import crdgen
+
+    crd = yaml.safe_load(crdgen.CRD_PATH.read_text())
+    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    for m in res["metrics"]:
+        path = (m["each"].get("gauge") or m["each"].get("stateSet"))["path"]
+        node = {"properties": {"status": status}}
+        for key in path:
+            assert key in node.get("properties", {}), (m["name"], path)
+            node = node["properties"][key]

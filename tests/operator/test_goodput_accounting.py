@@ -65,6 +65,9 @@ def test_a_preempted_job_end_to_end() -> None:
     assert sum(done.closed.values()) == pytest.approx(125.0)
     assert done.closed["productive"] == pytest.approx(45.0 + 55.0)
     assert done.closed["startup"] == pytest.approx(4.0 + (69.0 - 60.0 - 3.0))
+    hist = [dict(h) for h in done.history]  # what the timeline of reprieve_operator.report draws
+    assert [(h["attempt"], h["created"], h["ended"], h["firstStep"], h["step"], h["lostSteps"]) for h in hist] == \
+        [(1, 0.0, 60.0, 0, 49, 5), (2, 60.0, 125.0, 45, 99, 0)]
     s = summary(done, 0.0, 125.0)
     assert s["goodput"] == pytest.approx(100 / 125, abs=1e-4) and s["lostSteps"] == 5
     assert set(s["badputSeconds"]) == {"startup", "restore", "checkpoint", "lost", "restartGap"}
@@ -89,3 +92,29 @@ def test_attempts_are_created_once() -> None:
     acc = attempt_created(Accounting(), 1, 0.0)
     assert attempt_created(acc, 1, 5.0) == acc
     assert progress(acc, rep(7, 0, 1.0, 1, 2.0)) == acc  # an attempt the operator never created
+
+
+def test_report_of_the_progress_annotation() -> None:
+    from reprieve_operator.policy.goodput import report_of
+
+    live = {"attempt": 2, "step": 9, "committedStep": -1, "stepAt": 20.5, "firstStep": 5, "firstStepAt": 16.0,
+            "stepSeconds": 1.1, "restoreSeconds": 0.5, "saveBlockingSeconds": 0.25}
+    assert report_of(live) == Report(2, 9, 20.5, 5, 16.0, 1.1, 0.5, 0.25)
+    assert report_of({"attempt": 1, "step": 9, "committedStep": 9, "time": "t"}) is None  # commit-only report
+    assert report_of({**live, "step": "nine"}) is None and report_of(None) is None
+
+
+def test_fold_says_when_nothing_changed() -> None:
+    from reprieve_operator.policy.goodput import fold, status
+
+    acc = fold(None, now=0.0, new_attempt=1)
+    assert acc is not None and [a.attempt for a in acc.open] == [1]
+    raw = acc.to_status()
+    assert fold(raw, now=5.0) is None and fold(raw, now=5.0, new_attempt=1) is None
+    acc2 = fold(raw, now=60.0, report=rep(1, 0, 5.0, 49, 54.0))
+    assert acc2 is not None and fold(acc2.to_status(), now=61.0, report=rep(1, 0, 5.0, 49, 54.0)) is None
+    done = fold(acc2.to_status(), now=60.0, ended=True)
+    assert done is not None and not done.open and sum(done.closed.values()) == pytest.approx(60.0)
+    s = status(done, 60.0)
+    assert s["goodput"] == pytest.approx(50 / 60, abs=1e-4) and s["badputSeconds"]["restartGap"] == 6.0
+    assert Accounting.from_status(s["accounting"]) == done

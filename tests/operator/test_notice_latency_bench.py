@@ -23,3 +23,4 @@ def test_notice_latency_benchmark_runs_and_reports_every_job() -> None:
     assert report["jobs_measured"] == 6  # 3 tainted nodes x 2 jobs with pods on each
     assert 0 < report["p50_s"] <= report["p99_s"] <= report["max_s"] < 30
     assert report["peer_direct_patch_p50_s"] > 0 and report["operator_rss_mb"] > 0
+    assert "goodput accounting on for all 10 jobs" in out.stdout, out.stdout[-2000:]

@@ -94,3 +94,62 @@ def test_compact_pod_keeps_what_the_policy_reads() -> None:
     small = compact_pod(full)
     assert worker_pod(small) == worker_pod(full)
     assert "managedFields" not in small["metadata"] and small["metadata"]["annotations"] == {"reprieve.dev/notice": "{}"}
+
+
+def live(attempt: int, step: int, at: float, first: int, first_at: float, **extra: Any) -> dict[str, Any]:
+    return {"attempt": attempt, "step": step, "committedStep": -1, "time": "t", "stepAt": at, "firstStep": first,
+            "firstStepAt": first_at, "stepSeconds": 1.0, **extra}
+
+
+def test_progress_prefers_the_newest_attempt_then_step() -> None:
+    def with_progress(v: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": {"name": "p", "annotations": {"reprieve.dev/progress": json.dumps(v)}}}
+
+    old = {"attempt": 1, "step": 500, "committedStep": 500}
+    new = {"attempt": 2, "step": 3, "committedStep": -1}
+    assert progress([with_progress(old), with_progress(new)]) == new
+
+
+def test_status_goodput_follows_attempts_reports_and_the_end() -> None:
+    """Through status_patch, as reconcile calls it: attempt 1 created, reports, preempted, attempt 2 resumes
+    where attempt 1's agreed save left it, the job succeeds; the status figures add up."""
+    from datetime import timedelta
+
+    from reprieve_operator.models import TrainingJobStatus
+
+    t0 = NOW.timestamp()
+    job = make_job(replicas=2).model()
+
+    def step(job: Any, pods: list[Any], at: float, prog: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        plan = decide_restart(job, pods, (), NOW + timedelta(seconds=at))
+        patch = status_patch(job, plan, NOW + timedelta(seconds=at), prog)
+        merged = {**job.status.model_dump(by_alias=True), **patch}
+        return job.model_copy(update={"status": TrainingJobStatus.model_validate(merged)}), patch
+
+    from reprieve_operator.policy.restart import WorkerPod
+
+    job, patch = step(job, [], 0, None)
+    assert patch["attempt"] == 1 and patch["goodput"]["accounting"]["open"][0]["created"] == t0
+    running = [WorkerPod("llama-0", 0, 1, "Running"), WorkerPod("llama-1", 1, 1, "Running")]
+    job, patch = step(job, running, 60, live(1, 49, t0 + 54, 0, t0 + 5))
+    assert patch["step"] == 49 and patch["goodput"]["productiveSeconds"] == 50.0
+    assert patch["goodput"]["wallSeconds"] == 54.0  # up to the report, not to the moment the operator looked
+    job, patch = step(job, running, 61, live(1, 49, t0 + 54, 0, t0 + 5))
+    assert "goodput" not in patch  # the same report again: nothing to write
+    saved = [WorkerPod("llama-0", 0, 1, "Succeeded", 42), WorkerPod("llama-1", 1, 1, "Succeeded", 42)]
+    job, patch = step(job, saved, 62, None)  # the gang restarts: attempt 2
+    job, patch = step(job, [], 64, None)
+    assert job.status.attempt == 2
+    second = [WorkerPod("llama-0", 0, 2, "Running"), WorkerPod("llama-1", 1, 2, "Running")]
+    job, patch = step(job, second, 80, live(2, 60, t0 + 79, 50, t0 + 70, restoreSeconds=2.0))
+    done = [WorkerPod("llama-0", 0, 2, "Succeeded", 0), WorkerPod("llama-1", 1, 2, "Succeeded", 0)]
+    job, patch = step(job, done, 120, live(2, 99, t0 + 119, 50, t0 + 70, restoreSeconds=2.0))
+    gp = job.status.goodput
+    assert job.status.phase == "Succeeded" and gp is not None and gp.accounting["open"] == []
+    b = gp.badput_seconds
+    assert gp.wall_seconds == pytest.approx(120.0) and gp.lost_steps == 0
+    assert gp.productive_seconds + b.startup + b.restore + b.checkpoint + b.lost + b.restart_gap == \
+        pytest.approx(120.0, abs=0.2)
+    assert gp.productive_seconds == pytest.approx(50 + 50) and b.restore == 2.0
+    assert b.restart_gap == pytest.approx(64 - 54 + 1)  # last step -> attempt 2 created, + the end's 1 s
+    assert gp.goodput == pytest.approx(100 / 120, abs=1e-3)

@@ -128,6 +128,11 @@ def test_failures_are_counted_then_the_job_fails(cluster, api, namespace, operat
     time.sleep(2)  # and it stays that way: no attempt 3
     assert status(api, namespace, "crash")["attempt"] == 2
     assert operator.metric("reprieve_jobs_failed_total", reason="TooManyFailures") == 1
+    assert operator.metric("reprieve_jobs_failed_total", namespace=namespace, trainingjob="crash") == 1
+    assert operator.metric("reprieve_jobs", namespace=namespace, phase="Failed") == 1
+    # the Event says why, not a generic "Failed"
+    (ev,) = events(api, namespace, "TooManyFailures")
+    assert ev.type == "Warning" and "maxFailures=1" in ev.message and not events(api, namespace, "Failed")
 
 
 def test_success(cluster, api, namespace, operator) -> None:
@@ -135,6 +140,8 @@ def test_success(cluster, api, namespace, operator) -> None:
     st = wait_phase(api, namespace, "done", "Succeeded")
     assert st["completionTime"] and st["restartCount"] == 0
     assert any(c["type"] == "Complete" and c["status"] == "True" for c in st["conditions"])
+    (ev,) = wait_for(lambda: events(api, namespace, "Succeeded"), 10, "the Succeeded Event")
+    assert ev.type == "Normal" and "after 1 attempt(s)" in ev.message, ev.message
 
 
 def test_deleted_pod_is_a_disruption(cluster, api, namespace, operator) -> None:

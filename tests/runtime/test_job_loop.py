@@ -154,9 +154,14 @@ def test_metrics_port_serves_the_job_metrics(make_job: Any) -> None:
         job.save(step, {"x": jnp.zeros(1)})
         if step == 35:
             body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    assert "reprieve_step_seconds 0.0" in body  # a few milliseconds
+    assert "reprieve_step_average_seconds 0.0" in body  # a few milliseconds
+    assert "reprieve_step_seconds_count 35.0" in body  # every step so far, in the histogram
+    assert "reprieve_save_blocking_seconds_count" in body and "reprieve_save_to_commit_seconds_count" in body
     assert "reprieve_last_committed_step 19.0" in body  # step 29's commit is confirmed at the next save
     assert 'reprieve_saves_total{kind="periodic"} 3.0' in body
+    live = job.loop.fields()  # what the progress reporter sends: the loop's last step, its first, save waits
+    assert (live["step"], live["firstStep"]) == (39, 0) and live["firstStepAt"] < live["stepAt"] <= time.time()
+    assert 0.001 <= live["stepSeconds"] < 0.5 and live["saveBlockingSeconds"] > 0 and live["restoreSeconds"] == 0
 
 
 def test_with_block_finishes_after_break_and_abandons_on_error(make_job: Any, tmp_path: Path) -> None:

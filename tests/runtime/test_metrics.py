@@ -16,7 +16,9 @@ def filled() -> Metrics:
     m.inc("reprieve_notices_total", source="sigterm", reason="sigterm")
     m.inc("reprieve_notices_total", source="annotation", reason='gke "spot"')
     m.set("reprieve_agreed_step", 1234)
-    m.set("reprieve_step_seconds", 0.125)
+    m.set("reprieve_step_average_seconds", 0.125)
+    m.observe("reprieve_restore_seconds", 0.3)
+    m.pending_steps.extend([0.004, 0.02, 0.02])
     m.inc("reprieve_saves_total", kind="final")
     return m
 
@@ -29,6 +31,13 @@ def test_values_and_text() -> None:
     assert 'reprieve_notices_total{reason="gke \\"spot\\"",source="annotation"} 1.0' in text
     assert "reprieve_agreed_step 1234.0" in text and "reprieve_last_committed_step -1.0" in text
     assert "# TYPE reprieve_saves_total counter" in text
+    # histograms: cumulative buckets, _sum and _count; step times appended without a lock are observed too
+    assert "# TYPE reprieve_step_seconds histogram" in text
+    assert 'reprieve_step_seconds_bucket{le="0.005"} 1.0' in text
+    assert 'reprieve_step_seconds_bucket{le="0.025"} 3.0' in text and 'reprieve_step_seconds_bucket{le="+Inf"} 3.0' in text
+    assert "reprieve_step_seconds_count 3.0" in text and "reprieve_step_seconds_sum 0.044" in text
+    assert 'reprieve_restore_seconds_bucket{le="0.25"} 0.0' in text and 'reprieve_restore_seconds_bucket{le="0.5"} 1.0' in text
+    assert m.histogram("reprieve_step_seconds") == (3, pytest.approx(0.044))
 
 
 def test_unknown_metric_is_an_error() -> None:
@@ -52,3 +61,5 @@ def test_exporters_serve_the_values(exporter: str) -> None:
     assert "reprieve_agreed_step 99.0" in body
     assert 'reprieve_notices_total{reason="sigterm",source="sigterm"} 2.0' in body
     assert 'reprieve_saves_total{kind="final"} 1.0' in body
+    assert 'reprieve_step_seconds_bucket{le="0.025"} 3.0' in body and "reprieve_step_seconds_count 3.0" in body
+    assert 'reprieve_restore_seconds_bucket{le="+Inf"} 1.0' in body

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reprieve.kube import KubeClient, KubeError, PodWatchSource, ProgressReporter
+from reprieve.kube import KubeClient, KubeError, PodWatchSource
 from reprieve.notice import NOTICE_ANNOTATION, PROGRESS_ANNOTATION, Notice
+from reprieve.progress import ProgressReporter
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -131,15 +132,24 @@ def test_job_in_cluster_stops_on_the_annotation_and_reports_progress(cluster: An
     env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_POD_NAME": POD,
            "REPRIEVE_NAMESPACE": namespace, "REPRIEVE_ATTEMPT": "3", "KUBERNETES_SERVICE_HOST": "127.0.0.1",
            "KUBERNETES_SERVICE_PORT": str(cluster.api_port),
-           "REPRIEVE_SERVICEACCOUNT_DIR": worker_identity.sa_dir, "REPRIEVE_SAVE_SECONDS_ESTIMATE": "1"}
+           "REPRIEVE_SERVICEACCOUNT_DIR": worker_identity.sa_dir, "REPRIEVE_SAVE_SECONDS_ESTIMATE": "1",
+           "REPRIEVE_PROGRESS_INTERVAL_SECONDS": "0.1"}
     job = reprieve.init(env=env, install_sigterm=False, exit_fn=exit_fn,
                         checkpointer=lambda cfg, coord: FileCheckpointer(cfg.checkpoint_uri, coord))
     notice = {"id": "gke-spot/n/9", "reason": "gke-spot", "node": "n",
               "deadline": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 4))}
+    live: dict[str, Any] = {}
     try:
         for step in job.steps(0, 100_000):
             time.sleep(0.005)
             if step == 20:
+                for _ in range(50):  # the loop waits here: the reporter thread patches meanwhile
+                    annotations = json.loads(cluster.kubectl("get", "pod", POD, "-n", namespace, "-o", "json")
+                                             .stdout)["metadata"].get("annotations") or {}
+                    if PROGRESS_ANNOTATION in annotations:
+                        live.update(json.loads(annotations[PROGRESS_ANNOTATION]))
+                        break
+                    time.sleep(0.1)
                 cluster.kubectl("annotate", "pod", POD, "-n", namespace,
                                 f"{NOTICE_ANNOTATION}={json.dumps(notice)}")
             job.save(step, {"x": jnp.full((2,), step + 1.0)})
@@ -154,3 +164,7 @@ def test_job_in_cluster_stops_on_the_annotation_and_reports_progress(cluster: An
     progress = json.loads(pod["metadata"]["annotations"][PROGRESS_ANNOTATION])
     assert progress["committedStep"] == progress["step"] == target.plan.final_step
     assert progress["attempt"] == 3
+    # live reports came before any commit: the loop's position, not only checkpoints
+    assert live["committedStep"] == -1 and 0 < live["step"] <= 19 and live["firstStep"] == 0, live
+    assert live["firstStepAt"] <= live["stepAt"] <= time.time() and 0.005 <= live["stepSeconds"] < 1, live
+    assert progress["firstStep"] == 0 and progress["saveBlockingSeconds"] >= 0

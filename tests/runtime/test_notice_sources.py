@@ -13,9 +13,10 @@ from itertools import islice
 from pathlib import Path
 
 import pytest
-from reprieve.kube import PodWatchSource, backoff_delays, progress_annotation
+from reprieve.kube import PodWatchSource, backoff_delays
 from reprieve.notice import NOTICE_ANNOTATION, PROGRESS_ANNOTATION, Notice
 from reprieve.notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
+from reprieve.progress import progress_annotation
 
 from tests.runtime.helpers_agreement import write_notice_file
 
@@ -172,6 +173,12 @@ def test_progress_annotation_follows_the_contract() -> None:
     body = progress_annotation(120, 100, 3, 1_795_000_000.0)
     value = json.loads(body[PROGRESS_ANNOTATION])
     assert value == {"step": 120, "committedStep": 100, "attempt": 3, "time": "2026-11-18T11:06:40Z"}
+    live = {"step": 7, "stepAt": 1_795_000_000.12345, "stepSeconds": 0.0101234567, "firstStep": 1,
+            "firstStepAt": 1_794_999_990.5, "restoreSeconds": 1.23456, "saveBlockingSeconds": 0.5, "other": 1}
+    value = json.loads(progress_annotation(120, -1, 3, 1_795_000_000.0, live)[PROGRESS_ANNOTATION])
+    assert value == {"step": 120, "committedStep": -1, "attempt": 3, "time": "2026-11-18T11:06:40Z",
+                     "stepAt": 1_795_000_000.123, "stepSeconds": 0.010123, "firstStep": 1,
+                     "firstStepAt": 1_794_999_990.5, "restoreSeconds": 1.235, "saveBlockingSeconds": 0.5}
 
 
 def test_backoff_delays() -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 BUCKETS = ("startup", "restore", "checkpoint", "productive", "lost", "restartGap")
 BADPUT = ("startup", "restore", "checkpoint", "lost", "restartGap")
+HISTORY = 20  # closed attempts kept (for the timeline of ``reprieve_operator.report``); older ones only in totals
 
 
 @dataclass(frozen=True)
@@ -61,10 +62,11 @@ class Accounting:
     closed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
     lost_steps: int = 0
     open: tuple[Attempt, ...] = ()  # attempts whose lost steps are not known yet (at most the last two)
+    history: tuple[tuple[tuple[str, Any], ...], ...] = ()  # the last HISTORY closed attempts (sorted items)
 
     def to_status(self) -> dict[str, Any]:
         return {"closed": {k: round(v, 3) for k, v in self.closed.items()}, "lostSteps": self.lost_steps,
-                "open": [_attempt_dict(a) for a in self.open]}
+                "open": [_attempt_dict(a) for a in self.open], "history": [dict(h) for h in self.history]}
 
     @classmethod
     def from_status(cls, raw: dict[str, Any] | None) -> Accounting:
@@ -72,7 +74,18 @@ class Accounting:
             return cls()
         closed = dict.fromkeys(BUCKETS, 0.0)
         closed.update({k: float(v) for k, v in (raw.get("closed") or {}).items() if k in closed})
-        return cls(closed, int(raw.get("lostSteps") or 0), tuple(_attempt(a) for a in raw.get("open") or []))
+        return cls(closed, int(raw.get("lostSteps") or 0), tuple(_attempt(a) for a in raw.get("open") or []),
+                   tuple(tuple(sorted(h.items())) for h in raw.get("history") or []))
+
+
+def _closed(a: Attempt, end: float, buckets: dict[str, float], lost: int) -> tuple[tuple[str, Any], ...]:
+    """A closed attempt as the timeline needs it (JSON-able)."""
+    out: dict[str, Any] = {"attempt": a.attempt, "created": a.created, "ended": end, "lostSteps": lost,
+                           "restartGap": round(buckets["restartGap"], 3), "startup": round(buckets["startup"], 3)}
+    if a.report is not None:
+        out.update(firstStep=a.report.first_step, firstStepTime=a.report.first_step_time, step=a.report.step,
+                   time=a.report.time)
+    return tuple(sorted(out.items()))
 
 
 def _attempt_dict(a: Attempt) -> dict[str, Any]:
@@ -143,7 +156,7 @@ def progress(acc: Accounting, report: Report) -> Accounting:
 def finished(acc: Accounting, t: float) -> Accounting:
     """The job ended at ``t`` (Succeeded, Failed or Suspended): every open attempt closes, nothing is lost after
     the last one."""
-    closed, lost = dict(acc.closed), acc.lost_steps
+    closed, lost, history = dict(acc.closed), acc.lost_steps, list(acc.history)
     open_ = list(acc.open)
     for i, a in enumerate(open_):
         nxt = open_[i + 1] if i + 1 < len(open_) else None
@@ -151,7 +164,8 @@ def finished(acc: Accounting, t: float) -> Accounting:
         buckets, n = split(a, end, _first(nxt))
         closed = {k: closed[k] + buckets[k] for k in BUCKETS}
         lost += n
-    return Accounting(closed, lost, ())
+        history.append(_closed(a, end, buckets, n))
+    return Accounting(closed, lost, (), tuple(history[-HISTORY:]))
 
 
 def _first(a: Attempt | None) -> int | None:
@@ -160,14 +174,15 @@ def _first(a: Attempt | None) -> int | None:
 
 def _settle(acc: Accounting) -> Accounting:
     """Close every ended attempt whose successor has reported where it started (its lost steps are known)."""
-    closed, lost = dict(acc.closed), acc.lost_steps
+    closed, lost, history = dict(acc.closed), acc.lost_steps, list(acc.history)
     open_ = list(acc.open)
     while len(open_) >= 2 and open_[0].ended is not None and open_[1].report is not None:
         buckets, n = split(open_[0], open_[0].ended, open_[1].report.first_step)
         closed = {k: closed[k] + buckets[k] for k in BUCKETS}
         lost += n
+        history.append(_closed(open_[0], open_[0].ended, buckets, n))
         open_.pop(0)
-    return Accounting(closed, lost, tuple(open_))
+    return Accounting(closed, lost, tuple(open_), tuple(history[-HISTORY:]))
 
 
 def summary(acc: Accounting, start: float | None, now: float) -> dict[str, Any]:
@@ -183,3 +198,41 @@ def summary(acc: Accounting, start: float | None, now: float) -> dict[str, Any]:
         "lostSteps": finished(acc, now).lost_steps,
     }
     return out
+
+
+def report_of(prog: dict[str, Any] | None) -> Report | None:
+    """The progress annotation (``docs/contract.md``, "Progress") -> a :class:`Report`; None without the live
+    fields (a runtime older than them, or no step finished yet) or when malformed."""
+    if not prog or "firstStepAt" not in prog or "stepAt" not in prog:
+        return None
+    try:
+        return Report(int(prog["attempt"]), int(prog["step"]), float(prog["stepAt"]), int(prog["firstStep"]),
+                      float(prog["firstStepAt"]), float(prog.get("stepSeconds") or 0.0),
+                      float(prog.get("restoreSeconds") or 0.0), float(prog.get("saveBlockingSeconds") or 0.0))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def fold(raw: dict[str, Any] | None, *, now: float, new_attempt: int | None = None, created_at: float | None = None,
+         report: Report | None = None, ended: bool = False) -> Accounting | None:
+    """One reconcile's facts folded into the stored accounting (``status.goodput.accounting``); None when
+    nothing changed (no status write needed). ``new_attempt`` was created at ``created_at`` (default ``now``)."""
+    acc = before = Accounting.from_status(raw)
+    if new_attempt is not None:
+        acc = attempt_created(acc, new_attempt, now if created_at is None else created_at)
+    if report is not None:
+        acc = progress(acc, report)
+    if ended and acc.open:
+        acc = finished(acc, now)
+    return None if acc == before else acc
+
+
+def status(acc: Accounting, now: float) -> dict[str, Any]:
+    """``status.goodput`` for ``acc`` at ``now``. A running attempt is counted up to its last report, so the
+    figures move with the reports (not with the time the operator happened to look)."""
+    last = acc.open[-1] if acc.open else None
+    if last is not None and last.ended is None and last.report is not None:
+        now = max(last.report.time, last.created)
+    s = summary(acc, None, now)
+    return {"goodput": s["goodput"], "wallSeconds": s["wallSeconds"], "productiveSeconds": s["productiveSeconds"],
+            "badputSeconds": s["badputSeconds"], "lostSteps": s["lostSteps"], "accounting": acc.to_status()}

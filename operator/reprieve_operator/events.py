@@ -1,0 +1,52 @@
+"""Which Events a reconcile's status change deserves (pure): ``Succeeded`` with the job's goodput, and
+``CheckpointCommitted``, throttled to one per ``COMMIT_EVENT_SECONDS`` per job except the first commit after a
+notice (the agreed save), which always gets one. Failures get an Event named after their reason
+(``TooManyFailures``, ``TooManyPreemptions``, ``InvalidSpec``, ...) where they are decided, in ``reconcile``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .models import TrainingJob
+from .signals import parse_time
+
+COMMIT_EVENT_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class Event:
+    reason: str
+    message: str
+    type: str = "Normal"
+
+
+def for_status_change(job: TrainingJob, patch: Mapping[str, Any], now: float,
+                      last_commit_event: float | None) -> list[Event]:
+    """Events for ``job`` whose status is about to take ``patch`` at ``now`` (epoch seconds);
+    ``last_commit_event``: when this job's last CheckpointCommitted Event was posted (None: never)."""
+    out = []
+    st = job.status
+    step = patch.get("lastCheckpointStep")
+    if step is not None:
+        notice = st.last_notice
+        committed = parse_time(patch.get("lastCheckpointTime"))
+        after_notice = (notice is not None and committed is not None and notice.attempt == st.attempt
+                        and (parse_time(notice.observed_at) or committed) <= committed)
+        if after_notice or last_commit_event is None or now - last_commit_event >= COMMIT_EVENT_SECONDS:
+            why = f" after notice {notice.id}" if after_notice and notice is not None else ""
+            out.append(Event("CheckpointCommitted", f"checkpoint of step {step} committed (attempt {st.attempt}){why}"))
+    if patch.get("phase") == "Succeeded" and st.phase != "Succeeded":
+        gp = patch.get("goodput") or (st.goodput.model_dump(by_alias=True) if st.goodput else {})
+        restarts = st.restarts
+        text = (f"finished at step {patch.get('step', st.step)} after {st.attempt} attempt(s) "
+                f"(restarts: {restarts.preemption} preemption, {restarts.failure} failure, "
+                f"{restarts.disruption} disruption)")
+        if gp.get("goodput") is not None:
+            bad = gp.get("badputSeconds") or {}
+            text += (f"; goodput {gp['goodput']:.1%} of {gp.get('wallSeconds', 0):.0f}s; badput "
+                     + ", ".join(f"{k} {v:.0f}s" for k, v in bad.items() if v))
+        out.append(Event("Succeeded", text))
+    return out

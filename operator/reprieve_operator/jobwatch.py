@@ -1,0 +1,58 @@
+"""What a TrainingJob's status change means for the metrics: a pure reading of (old, new) status, and the one
+function that records it (called from every watched TrainingJob event, so no reconcile path has to).
+
+* every event: the job's goodput, badput, step and phase gauges (``metrics.JOBS``);
+* an attempt closed by the accounting with a successor: its restart gap (last reported step -> the next
+  attempt's creation) into ``reprieve_restart_gap_seconds``;
+* the first checkpoint committed after a notice: notice -> commit into ``reprieve_notice_to_commit_seconds``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import metrics
+from .signals import parse_time
+
+
+@dataclass(frozen=True)
+class Transitions:
+    restart_gaps: tuple[float, ...] = ()
+    notice_to_commit: float | None = None
+
+
+def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Transitions:
+    """Pure: the histogram observations that ``old`` -> ``new`` status implies."""
+    old = old or {}
+    gaps = []
+    new_open = {a.get("attempt") for a in ((new.get("goodput") or {}).get("accounting") or {}).get("open") or []}
+    for a in ((old.get("goodput") or {}).get("accounting") or {}).get("open") or []:
+        report = a.get("report")
+        if a.get("attempt") not in new_open and a.get("ended") is not None and report:
+            gaps.append(max(0.0, float(a["ended"]) - float(report["time"])))
+    to_commit = None
+    notice = new.get("lastNotice") or {}
+    committed = parse_time(new.get("lastCheckpointTime"))
+    seen = parse_time(notice.get("observedAt"))
+    if committed is not None and seen is not None and new.get("lastCheckpointTime") != old.get("lastCheckpointTime"):
+        before = parse_time(old.get("lastCheckpointTime"))
+        if committed >= seen and (before is None or before < seen):
+            to_commit = (committed - seen).total_seconds()
+    return Transitions(tuple(gaps), to_commit)
+
+
+def record(namespace: str, name: str, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
+    """Update the metrics for one watched TrainingJob event (``old``: the cached status before it)."""
+    metrics.JOBS.update(namespace, name, dict(new))
+    t = transitions(old, new)
+    job = metrics.job(name)
+    for gap in t.restart_gaps:
+        metrics.RESTART_GAP.labels(namespace, job).observe(gap)
+    if t.notice_to_commit is not None:
+        metrics.NOTICE_TO_COMMIT.labels(namespace, job).observe(t.notice_to_commit)
+
+
+def forget(namespace: str, name: str) -> None:
+    metrics.JOBS.forget(namespace, name)

@@ -1,0 +1,128 @@
+"""The Grafana dashboard in the chart, checked against a real Prometheus: every panel query returns data.
+
+Prometheus (Debian's package, hack/install-prometheus.sh) runs as a plain process on loopback with a config
+written here, scraping the operator's metrics port and the two workers' ``REPRIEVE_METRICS_PORT`` (bound on their
+pod IPs) every second, while an example job is preempted with a notice, saves periodically and finishes. Then every
+query of every panel runs as the range query Grafana would send; a panel whose queries return no (non-NaN)
+sample fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from localcluster.stack import example_job
+from localcluster.testing import taint_node, wait_for
+
+from .conftest import pod_node, wait_tj
+from .test_preemption_e2e import SPOT_TAINT, wait_step
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "reprieve" / "dashboards" / "reprieve.json"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prom_query(base: str, path: str, **params: str) -> Any:
+    url = f"{base}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        body = json.loads(r.read())
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def panel_queries(namespace: str, job: str) -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every target of every panel, Grafana's variables filled in."""
+    board = json.loads(DASHBOARD.read_text())
+    out = []
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            expr = (target["expr"].replace("$namespace", namespace).replace("$job", job)
+                    .replace("$__rate_interval", "15s"))
+            out.append((panel["title"], expr))
+    return out
+
+
+def has_data(result: list[dict[str, Any]]) -> bool:
+    return any(not math.isnan(float(v)) for series in result for _, v in series.get("values", []))
+
+
+def test_every_dashboard_panel_has_data_from_the_operator_and_a_running_job(
+        cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path,
+        prometheus_binary: str) -> None:
+    pool_a, _ = pool(3)
+    name, ckpt = "watched", tmp_path / "watched"
+    worker_port = free_port()
+    body = example_job(name, replicas=2, steps=300, step_sleep=0.03, interval=25, checkpoint_dir=ckpt,
+                       node_selector={"reprieve.test/pool": pool_a},
+                       extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", "REPRIEVE_METRICS_PORT": str(worker_port),
+                                  "REPRIEVE_PROGRESS_INTERVAL_SECONDS": "1"})
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+    wait_tj(cluster, namespace, name, lambda s: s.get("phase") == "Running", 240, "Running", operator)
+    # Pod IPs are a function of the pods' DNS identity on the local cluster: the same for every attempt.
+    ips = wait_for(lambda: [ip for ip in (cluster.kubectl("get", "pod", f"{name}-{i}", "-n", namespace, "-o",
+                                                          "jsonpath={.status.podIP}").stdout for i in range(2)) if ip]
+                   or None, 60, "worker pod IPs")
+    assert len(ips) == 2, ips
+
+    port = free_port()
+    config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+              "scrape_configs": [
+                  {"job_name": "reprieve-operator", "honor_labels": True,
+                   "static_configs": [{"targets": [f"127.0.0.1:{operator.metrics_port}"]}]},
+                  {"job_name": "reprieve-workers",
+                   "static_configs": [{"targets": [f"{ip}:{worker_port}" for ip in ips],
+                                       "labels": {"namespace": namespace, "trainingjob": name}}]}]}
+    (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed in finally
+    prom = subprocess.Popen([prometheus_binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    start = time.time()
+    try:
+        def targets_up() -> bool:
+            active = prom_query(base, "targets")["activeTargets"]
+            return sum(t["health"] == "up" for t in active) == 3
+
+        wait_for(targets_up, 60, "Prometheus scraping the operator and both workers", interval=0.5,
+                 describe=lambda: json.dumps(prom_query(base, "targets")["activeTargets"])[:2000])
+
+        wait_step(ckpt, 80, 240, cluster, namespace, name)
+        taint_node(api, pod_node(cluster, namespace, f"{name}-1"), SPOT_TAINT, "true", "NoSchedule")
+        wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 2 and s.get("phase") == "Running",
+                180, "attempt 2 running", operator)
+        wait_step(ckpt, 200, 240, cluster, namespace, name)
+        final = wait_tj(cluster, namespace, name, lambda s: s.get("phase") == "Succeeded", 300, "Succeeded",
+                        operator)
+        assert final["status"]["goodput"]["goodput"] > 0
+        time.sleep(4)  # the last scrapes of the operator's gauges
+
+        empty, seen = [], []
+        for title, expr in panel_queries(namespace, name):
+            result = prom_query(base, "query_range", query=expr, start=f"{start:.3f}", end=f"{time.time():.3f}",
+                                step="2")["result"]
+            (seen if has_data(result) else empty).append(f"{title}: {expr}")
+        assert seen and not empty, "panels without data:\n" + "\n".join(empty)
+        print(f"\n{len(seen)} panel queries returned data")
+    finally:
+        prom.terminate()
+        try:
+            prom.wait(15)
+        except subprocess.TimeoutExpired:
+            prom.kill()
+        log.close()

@@ -1,0 +1,78 @@
+"""jobwatch: what a TrainingJob status change means for the metrics (pure), and the per-job gauges."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from reprieve_operator import metrics
+from reprieve_operator.jobwatch import Transitions, transitions
+
+pytestmark = pytest.mark.unit
+
+
+def acc(*attempts: dict) -> dict:
+    return {"goodput": {"accounting": {"closed": {}, "lostSteps": 0, "open": list(attempts)}}}
+
+
+REPORT = {"step": 49, "time": 54.0, "firstStep": 0, "firstStepTime": 5.0, "stepSeconds": 1.0}
+NOTICE = {"lastNotice": {"id": "n", "node": "a", "reason": "gke-spot", "deadline": "2026-11-22T03:01:00Z",
+                         "observedAt": "2026-11-22T03:00:00Z", "attempt": 1}}
+
+CASES = [
+    ("nothing", {}, {}, Transitions()),
+    ("an attempt closes once its successor reports: one restart gap",
+     acc({"attempt": 1, "created": 0.0, "ended": 60.0, "report": REPORT}, {"attempt": 2, "created": 60.0}),
+     acc({"attempt": 2, "created": 60.0, "report": {**REPORT, "step": 60}}), Transitions((6.0,))),
+    ("the job ends: the last attempt closes without a successor, no gap",
+     acc({"attempt": 1, "created": 0.0, "report": REPORT}), acc(), Transitions()),
+    ("first commit after the notice: notice -> commit",
+     {**NOTICE, "lastCheckpointTime": "2026-11-22T02:59:00Z"},
+     {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:07Z"}, Transitions((), 7.0)),
+    ("a later commit of the same notice is not counted again",
+     {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:07Z"},
+     {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:09Z"}, Transitions()),
+    ("a commit before the notice is not its commit", {}, {**NOTICE, "lastCheckpointTime": "2026-11-22T02:59:59Z"},
+     Transitions()),
+]
+
+
+@pytest.mark.parametrize("old,new,expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_transitions(old: dict, new: dict, expected: Transitions) -> None:
+    assert transitions(old, new) == expected
+
+
+def test_job_gauges_and_phases_with_and_without_the_job_label() -> None:
+    collector = metrics.JobCollector()
+    registry = CollectorRegistry()
+    registry.register(collector)  # type: ignore[arg-type]
+    collector.update("team-a", "llama", {"phase": "Running", "step": 120, "goodput": {
+        "goodput": 0.9, "wallSeconds": 100.0, "productiveSeconds": 90.0,
+        "badputSeconds": {"startup": 5.0, "restore": 1.0, "checkpoint": 1.0, "lost": 0.0, "restartGap": 3.0}}})
+    collector.update("team-a", "gpt", {"phase": "Running"})
+    collector.update("team-b", "bert", {"phase": "Failed"})
+    text = generate_latest(registry).decode()
+    assert 'reprieve_jobs{namespace="team-a",phase="Running"} 2.0' in text
+    assert 'reprieve_jobs{namespace="team-b",phase="Failed"} 1.0' in text
+    assert 'reprieve_job_goodput_ratio{namespace="team-a",trainingjob="llama"} 0.9' in text
+    assert 'reprieve_job_badput_seconds{bucket="restartGap",namespace="team-a",trainingjob="llama"} 3.0' in text
+    assert 'reprieve_job_step{namespace="team-a",trainingjob="llama"} 120.0' in text
+    collector.forget("team-a", "llama")
+    assert 'trainingjob="llama"' not in generate_latest(registry).decode()
+    metrics.set_job_label(False)
+    try:
+        text = generate_latest(registry).decode()
+        assert "reprieve_job_goodput_ratio{" not in text and 'reprieve_jobs{namespace="team-a"' in text
+        assert metrics.job("llama") == ""
+    finally:
+        metrics.set_job_label(True)
+
+
+def test_job_label_flag_and_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from reprieve_operator.__main__ import parse_args
+
+    monkeypatch.delenv("REPRIEVE_METRICS_JOB_LABEL", raising=False)
+    assert parse_args([]).metrics_job_label is True
+    assert parse_args(["--no-metrics-job-label"]).metrics_job_label is False
+    monkeypatch.setenv("REPRIEVE_METRICS_JOB_LABEL", "false")  # what the chart sets from metrics.jobLabel
+    assert parse_args([]).metrics_job_label is False
+    assert parse_args(["--metrics-job-label"]).metrics_job_label is True

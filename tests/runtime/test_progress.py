@@ -1,0 +1,85 @@
+"""reprieve.progress: the loop's position read from another thread, and the reporter's throttling."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+from reprieve.notice import PROGRESS_ANNOTATION
+from reprieve.progress import LoopProgress, ProgressReporter
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+
+class FakeClient:
+    """Records patches (the real client is tested against a real API server in test_notice_kube.py)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.fail = fail
+        self.lock = threading.Lock()
+
+    def patch_pod_annotations(self, ns: str, pod: str, body: dict[str, str], *, timeout_s: float) -> None:
+        if self.fail:
+            raise OSError("connection refused")
+        with self.lock:
+            self.bodies.append(json.loads(body[PROGRESS_ANNOTATION]))
+
+
+def test_loop_progress_fields() -> None:
+    lp = LoopProgress()
+    assert lp.fields() == {}
+    now = time.perf_counter()
+    lp.first = (10, now - 1.0)
+    lp.last = (20, now)
+    lp.step_seconds, lp.restore_seconds, lp.save_blocking_seconds = 0.1, 2.0, 0.5
+    f = lp.fields()
+    assert (f["step"], f["firstStep"], f["stepSeconds"], f["restoreSeconds"], f["saveBlockingSeconds"]) == \
+        (20, 10, 0.1, 2.0, 0.5)
+    assert f["stepAt"] == pytest.approx(time.time(), abs=0.5) and f["stepAt"] - f["firstStepAt"] == pytest.approx(1.0)
+
+
+def test_reporter_sends_live_progress_only_when_the_step_moves() -> None:
+    client = FakeClient()
+    lp = LoopProgress()
+    reporter = ProgressReporter(client, "ns", "pod-0", attempt=2, interval_s=0.05)  # type: ignore[arg-type]
+    reporter.start(lp.fields)
+    time.sleep(0.2)
+    assert client.bodies == []  # no step finished yet: nothing to say
+    lp.first = lp.last = (0, time.perf_counter())
+    time.sleep(0.2)
+    lp.last = (5, time.perf_counter())
+    time.sleep(0.2)
+    reporter.close()
+    steps = [b["step"] for b in client.bodies]
+    assert steps == [0, 5], steps  # one report per new step, however many intervals passed
+    assert all(b["attempt"] == 2 and b["committedStep"] == -1 and b["firstStep"] == 0 for b in client.bodies)
+
+
+def test_commit_reports_are_rate_limited_and_carry_the_live_fields() -> None:
+    client = FakeClient()
+    lp = LoopProgress()
+    lp.first, lp.last = (0, time.perf_counter()), (30, time.perf_counter())
+    reporter = ProgressReporter(client, "ns", "pod-0", attempt=1, interval_s=0, min_interval_s=60)  # type: ignore[arg-type]
+    reporter.start(lp.fields)
+    reporter.report(29, 20)
+    reporter.report(30, 25)  # within min_interval_s: dropped
+    time.sleep(0.2)
+    reporter.report(31, 30, force=True)  # the exit path: always, synchronously
+    assert [(b["step"], b["committedStep"]) for b in client.bodies] == [(30, 20), (31, 30)]
+    assert client.bodies[0]["firstStep"] == 0
+    reporter.close()
+
+
+def test_a_failing_api_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    lp = LoopProgress()
+    lp.first = lp.last = (0, time.perf_counter())
+    reporter = ProgressReporter(FakeClient(fail=True), "ns", "pod-0", attempt=1, interval_s=0.02)  # type: ignore[arg-type]
+    reporter.start(lp.fields)
+    reporter.report(1, 1, force=True)
+    time.sleep(0.1)
+    reporter.close()
+    assert "could not patch progress annotation of pod ns/pod-0" in caplog.text and reporter.patches == 0
