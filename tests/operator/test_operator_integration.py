@@ -194,7 +194,9 @@ def test_deleting_the_job_collects_everything(cluster, api, namespace, operator)
 
 def test_operator_restart_mid_preemption_neither_notifies_nor_restarts_twice(
         cluster, api, namespace, operator, nodes) -> None:
-    apply(cluster, job_manifest("llama", namespace, tag=node_tag(cluster, nodes[0]), save_seconds=6))
+    # The workers "save" for 20 s: the restarted operator (7 s to start on a loaded 2-core machine) must find
+    # them still there to finish the delivery it was killed in (its Event); see docs/operator.md.
+    apply(cluster, job_manifest("llama", namespace, tag=node_tag(cluster, nodes[0]), save_seconds=20))
     pods = wait_running(api, namespace, "llama")
     doomed = pods[0].spec.node_name
     taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
