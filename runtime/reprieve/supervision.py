@@ -549,7 +549,7 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
             s, more = _terminate(s, t, now, f"attempt {a} superseded by attempt {s.wanted.attempt}")
             return s, acts + more
         if _prewarm_due(s, now):
-            return s.replace(pending=True), acts + [StartWarm(f"pre-warming attempt {a}+1")]
+            return s.replace(pending=True), acts + [StartWarm(f"pre-warming the attempt after {a}")]
         return s, acts
     wanted = s.wanted
     if wanted is not None and wanted.listed and wanted.attempt > s.highest_run:

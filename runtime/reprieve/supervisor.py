@@ -170,7 +170,7 @@ class Supervisor:
             theirs.close()
         self.children[pid] = _Child(pid, ours, role)
         threading.Thread(target=self._read, args=(pid, ours), name=f"reprieve-child-{pid}", daemon=True).start()
-        log.info("started %s pid %d: %s", role, pid, " ".join(self.command)[:200])
+        log.info("started %s pid %d: %s", role, pid, json.dumps(self.command)[:200])
         return sv.Spawned(pid, role, assignment)
 
     def _read(self, pid: int, sock: socket.socket) -> None:
