@@ -229,8 +229,12 @@ def test_time_based_interval_in_one_process(make_job: Any) -> None:
     for step in job.steps(0, 80):
         time.sleep(0.005)
         job.save(step, {"x": jnp.zeros(1)})
-    assert job.metrics.get("reprieve_saves_total", kind="interval") >= 2
-    assert job.metrics.get("reprieve_saves_total", kind="periodic") == 1  # the last step
+    interval = job.metrics.get("reprieve_saves_total", kind="interval")
+    periodic = job.metrics.get("reprieve_saves_total", kind="periodic") or 0
+    assert interval >= 2
+    # The last step is always saved: as "periodic", or as "interval" when the interval falls due on it (slow machine).
+    assert periodic in (0, 1)
+    assert job.checkpointer.latest_step() == 79
 
 
 def test_data_with_a_checkpointer_that_cannot_store_it_is_refused_at_save(make_job: Any) -> None:
