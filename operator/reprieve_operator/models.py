@@ -235,7 +235,7 @@ class TrainingJobSpec(_Model):
     """Desired state of a gang of JAX workers that survives node preemption."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
-                              json_schema_extra={"x-kubernetes-validations": SPEC_RULES})
+                              json_schema_extra={"x-kubernetes-validations": SPEC_RULES})  # type: ignore[dict-item]
 
     replicas: int = Field(ge=1, le=4096, description="Number of worker processes (pods). Immutable.",
                           json_schema_extra=_immutable("replicas"))
