@@ -9,8 +9,17 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
-from . import (ANNOTATION_EXIT, ANNOTATION_NOTICE, ANNOTATION_SUPERVISOR, CONTRACT_VERSION, LABEL_ATTEMPT, LABEL_INDEX,
-               LABEL_JOB, LABEL_ROLE, SUPERVISOR)
+from . import (
+    ANNOTATION_EXIT,
+    ANNOTATION_NOTICE,
+    ANNOTATION_SUPERVISOR,
+    CONTRACT_VERSION,
+    LABEL_ATTEMPT,
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_ROLE,
+    SUPERVISOR,
+)
 from .models import GROUP, KIND, VERSION, TrainingJob
 
 NOTICE_DIR = "/etc/reprieve"

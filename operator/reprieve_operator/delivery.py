@@ -145,7 +145,7 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             if plan is None or (job.uid, plan.attempt, notice.id) in state.delivered:
                 return None
             before = recorded_deadline(job, plan.attempt)
-            value = notice.annotation()
+            value = notice.annotation(plan.attempt)
             await apply.gather([functools.partial(apply.annotate_pod, api, namespace, n, {ANNOTATION_NOTICE: value})
                                 for n in plan.annotate])
             for r in raw:  # the cache learns it now, not only when the watch event comes

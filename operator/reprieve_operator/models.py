@@ -343,6 +343,19 @@ class NoticeStatus(_Model):
     delivered_at: str | None = None
 
 
+class Replaced(_Model):
+    index: int
+    old: str | None = None
+    new: str | None = None
+    reason: str = ""
+
+
+class LastRestart(_Model):
+    attempt: int
+    in_place: int = Field(default=0, description="Workers whose pods were kept (a new process in the same pod).")
+    replaced: list[Replaced] = Field(default_factory=list)
+
+
 class TrainingJobStatus(_Model):
     """Observed state; also what a goodput figure needs (times, attempts, committed step)."""
 
@@ -361,6 +374,10 @@ class TrainingJobStatus(_Model):
     replicas: int | None = Field(default=None, description="Worker pods of the current attempt that exist "
                                                            "(the scale subresource's status replicas).")
     selector: str | None = Field(default=None, description="Label selector of the job's worker pods.")
+    spares: str | None = Field(default=None, description="Ready spares / spec.spares (in-place mode).")
+    last_restart: LastRestart | None = Field(
+        default=None, description="The last in-place restart: how many workers restarted in place, which were "
+                                  "replaced, by which pod, and why.")
     ready: str | None = Field(default=None, description="Running workers / replicas, e.g. '3/4'.")
     last_notice: NoticeStatus | None = None
     step: int | None = Field(default=None, description="Latest step reported by process 0.")

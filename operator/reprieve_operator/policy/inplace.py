@@ -28,8 +28,18 @@ from datetime import datetime
 
 from ..models import TrainingJob
 from ..signals import parse_time
-from .restart import (DISRUPTION, FAILURE, PREEMPTION, TERMINAL_PHASES, Condition, RestartPlan, Verdict, WorkerPod,
-                      classify, gang_restart)
+from .restart import (
+    DISRUPTION,
+    FAILURE,
+    PREEMPTION,
+    TERMINAL_PHASES,
+    Condition,
+    RestartPlan,
+    Verdict,
+    WorkerPod,
+    classify,
+    gang_restart,
+)
 
 __all__ = ["Assignment", "InPlace", "PodView", "Replacement", "decide_inplace"]
 CONTRACT = 1

@@ -114,7 +114,6 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Ite
     ``now``: for the rapid-restart rule and its backoff (None: neither applies).
     """
     st, spec = job.status, job.spec
-    code = spec.restart_policy.restart_exit_code
     attempt = max([st.attempt, *(p.attempt for p in pods)])
     alive = tuple(sorted(p.name for p in pods if not p.deleting))
     replicas = spec.replicas
