@@ -14,8 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack"))
 
-import check_locks  # noqa: E402
-import release_version  # noqa: E402
+import check_locks
+import release_version
 
 DOCKERFILES = ["operator/Dockerfile", "examples/Dockerfile"]
 
@@ -53,12 +53,12 @@ def test_lock_check_finds_what_is_wrong() -> None:
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)
 def test_dockerfiles_build_what_a_platform_team_accepts(dockerfile: str) -> None:
     text = (REPO / dockerfile).read_text()
-    base = re.search(r"^ARG BASE=(\S+)$", text, re.M)
+    base = re.search(r"^ARG BASE=(\S+)$", text, re.MULTILINE)
     assert base and re.search(r"@sha256:[0-9a-f]{64}$", base.group(1)), "base not pinned by digest"
     assert "--require-hashes" in text and "--only-binary=:all:" in text  # locked, wheels only: no compiler
     final = text.rsplit("\nFROM ", 1)[1]
     assert "pip uninstall" in text.split("\nFROM ", 2)[1] and "pip install" not in final  # no pip in the image
-    assert re.search(r"^USER 65532:65532$", final, re.M)
+    assert re.search(r"^USER 65532:65532$", final, re.MULTILINE)
     for label in ("title", "source", "licenses", "version", "revision", "created"):
         assert f"org.opencontainers.image.{label}=" in final
 

@@ -77,7 +77,7 @@ def test_a_worker_on_a_doomed_node_is_replaced_by_a_ready_spare() -> None:
 
 
 def test_process_0_replaced_by_a_spare_moves_the_coordinator_to_its_ip() -> None:
-    plan, extra = decide_inplace(job(RUN, spares=1), [exited(W0, 42), exited(W1, 42), SPARE], ASSIGNED, (), NOW,
+    _, extra = decide_inplace(job(RUN, spares=1), [exited(W0, 42), exited(W1, 42), SPARE], ASSIGNED, (), NOW,
                                  doomed_nodes={W0.node})
     assert extra.assign is not None and extra.assign.coordinator == "10.0.9.9:8476"
 
@@ -101,12 +101,12 @@ def test_without_a_spare_a_new_pod_is_made_and_waited_for() -> None:
 def test_a_replacement_that_does_not_run_yet_is_waited_for() -> None:
     made = pod("llama-1-q7x2k", 1, attempt=2, phase="Pending", ip=None)
     restarting = {**RUN, "phase": "Restarting", "restartingFrom": 1}
-    plan, extra = decide_inplace(job(restarting), [exited(W0, 42), made], ASSIGNED, (), NOW)
+    _, extra = decide_inplace(job(restarting), [exited(W0, 42), made], ASSIGNED, (), NOW)
     assert extra.assign is None and extra.waiting_for == ("llama-1-q7x2k",) and extra.create_workers == ()
 
 
 def test_a_failure_restarts_everyone_in_place_the_supervisors_stop_the_rest() -> None:
-    plan, extra = decide_inplace(job(RUN), [exited(W0, 1), W1], ASSIGNED, (), NOW)
+    _, extra = decide_inplace(job(RUN), [exited(W0, 1), W1], ASSIGNED, (), NOW)
     assert extra.record is not None and extra.record.cause == "failure"
     assert extra.assign is not None and extra.assign.attempt == 2 and extra.kept == ("llama-0", "llama-1")
 
@@ -121,7 +121,7 @@ def test_a_deleted_worker_is_a_disruption_and_is_replaced() -> None:
 def test_a_hung_straggler_does_not_stall_the_gang() -> None:
     waiting = decide_inplace(job(RUN), [exited(W0, 42, ago=10), W1], ASSIGNED, (), NOW)
     assert waiting[0].cause is None and waiting[1].record is None  # within the 30 s grace: wait
-    plan, extra = decide_inplace(job(RUN), [exited(W0, 42, ago=40), W1], ASSIGNED, (), NOW)
+    _, extra = decide_inplace(job(RUN), [exited(W0, 42, ago=40), W1], ASSIGNED, (), NOW)
     assert extra.record is not None and "llama-1 did not within 30 s" in extra.record.message
     assert extra.assign is not None and extra.assign.attempt == 2
 
