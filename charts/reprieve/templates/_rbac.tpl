@@ -42,8 +42,9 @@
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["rolebindings"]
   verbs: ["get", "create", "delete"]
-# In-place restarts: the assignment of each attempt (ConfigMap J-assignment, read by the workers' supervisors).
+# In-place restarts: the assignment of each attempt (ConfigMap J-assignment, read by the workers' supervisors;
+# list/watch only because RBAC lets the operator grant the workers no more than it holds).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 {{- end }}
