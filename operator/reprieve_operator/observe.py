@@ -119,6 +119,20 @@ def pod_view(pod: Mapping[str, Any], known_nodes: Container[str] | None = None) 
                    contract=_int(supervisor.get("contract")))
 
 
+def workers(job: TrainingJob, raw_pods: Iterable[Mapping[str, Any]], assignment: Any = None,
+            known_nodes: Container[str] | None = None) -> list[WorkerPod]:
+    """The job's workers as ``policy.restart``/``policy.notice`` see them: by their labels (Recreate), or, in
+    place, the pods the current assignment lists, each at the assignment's attempt and index."""
+    if assignment is None or job.spec.restart_mode != "InPlace":
+        return [p for p in (worker_pod(r, known_nodes) for r in raw_pods) if p is not None]
+    from .policy.inplace import worker_view
+
+    listed = assignment.processes
+    views = [v for v in (pod_view(r, known_nodes) for r in raw_pods) if v is not None and v.name in listed]
+    code = job.spec.restart_policy.restart_exit_code
+    return [worker_view(v, assignment.attempt, listed[v.name], code) for v in views]
+
+
 def compact_node(node: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a Node that signals and placement read (kept in memory for every node)."""
     meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
