@@ -225,7 +225,7 @@ SPEC_RULES = [
     {"rule": "self.spares == 0 || self.restartMode == 'InPlace'", "fieldPath": ".spares",
      "message": "spares need restartMode InPlace (with Recreate every pod is created again anyway)"},
     {"rule": "self.restartMode != 'InPlace' || has(self.template.spec.containers[0].command)",
-     "fieldPath": ".template.spec.containers[0].command",
+     "fieldPath": ".template",
      "message": "restartMode InPlace runs the first container under reprieve-run, so its command must be set "
                 "(the image's entrypoint cannot be wrapped); set the command, or restartMode: Recreate"},
 ]
