@@ -46,13 +46,18 @@ def opens_at(notice: Notice, horizon_seconds: float) -> datetime:
     return notice.deadline - timedelta(seconds=horizon_seconds)
 
 
-def annotation_deadline(value: str | None) -> datetime | None:
-    """The deadline in a ``reprieve.dev/notice`` value; None if absent. A malformed value counts as the
-    earliest possible deadline (the runtime treats it as "save now"), so it is never overwritten."""
+def annotation_deadline(value: str | None, attempt: int | None = None) -> datetime | None:
+    """The deadline in a ``reprieve.dev/notice`` value; None if absent or delivered to another attempt than
+    ``attempt`` (a pod kept by an in-place restart still carries the previous attempt's). A malformed value
+    counts as the earliest possible deadline (the runtime treats it as "save now"), so it is never
+    overwritten."""
     if not value:
         return None
     try:
-        deadline = parse_time(json.loads(value).get("deadline"))
+        parsed = json.loads(value)
+        if attempt is not None and parsed.get("attempt") not in (None, attempt):
+            return None
+        deadline = parse_time(parsed.get("deadline"))
     except (ValueError, AttributeError):
         deadline = None
     return deadline if deadline is not None else EARLIEST
@@ -89,7 +94,7 @@ def decide_notice(job: TrainingJob, pods: Sequence[WorkerPod], notice: Notice,
         return None
     annotate = []
     for p in current:
-        known = annotation_deadline(annotations.get(p.name))
+        known = annotation_deadline(annotations.get(p.name), attempt)
         if known is None or known > notice.deadline:
             annotate.append(p.name)
     recorded = recorded_deadline(job, attempt)
