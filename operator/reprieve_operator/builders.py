@@ -124,7 +124,10 @@ def build_worker_pod(job: TrainingJob, index: int, attempt: int,
             labels[LABEL_ROLE] = "worker"
     ours_annotations = (ANNOTATION_NOTICE, ANNOTATION_EXIT, ANNOTATION_SUPERVISOR)
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in ours_annotations}
-    env = worker_env(job, -1 if spare else index, attempt)
+    # A spare, and in place a pod made to replace a worker (generated name), has no index of its own in its
+    # environment (-1): its supervisor runs only what the assignment lists it for (docs/contract.md).
+    unassigned = spare or (in_place(job) and name.endswith("-"))
+    env = worker_env(job, -1 if unassigned else index, attempt)
     ours = {e["name"] for e in env}
     mount = {"name": PODINFO_VOLUME, "mountPath": NOTICE_DIR, "readOnly": True}
     if in_place(job):

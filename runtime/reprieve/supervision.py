@@ -46,6 +46,7 @@ WARM_FD_ENV = "REPRIEVE_WARM_FD"
 EVENTS_FD_ENV = "REPRIEVE_SUPERVISOR_FD"
 # The assignment's part of the environment (docs/contract.md): set from the assignment, absent in a warm process.
 ASSIGNMENT_ENV = ("REPRIEVE_ATTEMPT", "REPRIEVE_PROCESS_ID", "REPRIEVE_NUM_PROCESSES", "REPRIEVE_COORDINATOR_ADDRESS")
+UNASSIGNED_PROCESS_ID = "-1"  # spares and replacement pods: no index until an assignment lists them
 NO_TRAINER_EXIT = 128 + signal.SIGTERM  # SIGTERM with no trainer's code to pass on
 SPAWN_FAILED_EXIT = 127  # the command could not be started (a shell's "command not found")
 
@@ -107,14 +108,18 @@ def _coordinator(value: Any, what: str) -> str:
 
 
 def assignment_from_env(env: Mapping[str, str]) -> Assignment:
-    """The container's own ``REPRIEVE_*`` environment as an assignment: the first attempt, before the ConfigMap
-    exists. Defaults as the runtime's (attempt 1, process 0 of 1). Raises :class:`AssignmentError`."""
+    """The container's own ``REPRIEVE_*`` environment as an assignment: the attempt the pod was created for.
+    Defaults as the runtime's (attempt 1, process 0 of 1); ``REPRIEVE_PROCESS_ID=-1`` (a spare, or a pod created
+    to replace a worker) is not listed: it runs only what an assignment gives it. Raises
+    :class:`AssignmentError`."""
     def get(name: str, default: str | None) -> str | None:
         value = env.get(name, "").strip()
         return value or default
 
     attempt = _int(get("REPRIEVE_ATTEMPT", "1"), "REPRIEVE_ATTEMPT", minimum=1)
     count = _int(get("REPRIEVE_NUM_PROCESSES", "1"), "REPRIEVE_NUM_PROCESSES", minimum=1)
+    if get("REPRIEVE_PROCESS_ID", "0") == UNASSIGNED_PROCESS_ID:  # a spare or a replacement: waits to be listed
+        return Assignment(attempt, None, count, None, source="environment")
     index = _int(get("REPRIEVE_PROCESS_ID", "0"), "REPRIEVE_PROCESS_ID", minimum=0)
     if index >= count:
         raise AssignmentError(f"REPRIEVE_PROCESS_ID must be < REPRIEVE_NUM_PROCESSES ({count}), got {index}")
@@ -410,6 +415,13 @@ def _apply(s: State, ev: Event, now: float) -> tuple[State, list[Action]]:
                 e = s.env_assignment
                 return s.replace(wanted=e, wanted_at=now), [Note(f"no assignment ConfigMap: {e.describe()}")]
             return s, [Note("the assignment ConfigMap is gone; keeping the last assignment", debug=True)]
+        e = s.env_assignment
+        if s.wanted is None and e.listed and (a.attempt, a.process_id, a.num_processes) == (
+                e.attempt, e.process_id, e.num_processes):
+            # The attempt this pod was created for: its environment holds the same assignment, and it is the one
+            # to run (a platform may have resolved the coordinator's name in it, as the local process kubelet
+            # does; the ConfigMap cannot be).
+            return s.replace(wanted=e, wanted_at=now), [Note(f"assignment: {e.describe()}, as the ConfigMap's")]
         if s.wanted is None or a.attempt > s.wanted.attempt:
             return s.replace(wanted=a, wanted_at=now), [Note(f"assignment: {a.describe()}")]
         if a.attempt < s.wanted.attempt:

@@ -81,6 +81,9 @@ SCENARIOS = {
     "a ConfigMap that exists wins over the env": (
         [(0, AssignmentSeen(cm(4)))],
         ["0: start 4"]),
+    "the ConfigMap of the pod's own attempt: the environment's copy runs (its coordinator)": (
+        [(0, AssignmentSeen(cm(1)))],
+        ["0: start 1"]),
     "a spare (not listed) runs nothing, only a warm process": (
         [(0, AssignmentSeen(cm(4, index=None)))],
         ["0: warm"]),
@@ -279,6 +282,9 @@ def test_parse_assignment_missing_key() -> None:
     ({}, Assignment(1, 0, 1, None, "environment")),
     ({"REPRIEVE_ATTEMPT": "3", "REPRIEVE_PROCESS_ID": "1", "REPRIEVE_NUM_PROCESSES": "2",
       "REPRIEVE_COORDINATOR_ADDRESS": "j-0.j.ns.svc:8476"}, Assignment(3, 1, 2, "j-0.j.ns.svc:8476", "environment")),
+    # a spare or a replacement pod: not listed until an assignment lists it
+    ({"REPRIEVE_ATTEMPT": "3", "REPRIEVE_PROCESS_ID": "-1", "REPRIEVE_NUM_PROCESSES": "2",
+      "REPRIEVE_COORDINATOR_ADDRESS": "j-0.j.ns.svc:8476"}, Assignment(3, None, 2, None, "environment")),
 ])
 def test_assignment_from_env(env: dict, expected: Assignment) -> None:
     assert sv.assignment_from_env(env) == expected
@@ -355,3 +361,16 @@ def test_settings(env: dict, expected: Settings) -> None:
 def test_settings_errors(env: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Settings.from_env(env)
+
+
+def test_the_pods_own_attempt_runs_with_the_environments_coordinator() -> None:
+    """The operator writes the first attempt's ConfigMap with the same index; the environment (which a platform
+    may have resolved, as the process kubelet does for service names) is what runs. Another attempt or index: the
+    ConfigMap's."""
+    state, _ = play([(0, AssignmentSeen(cm(1)))])
+    assert state.wanted == ENV_A
+    state, _ = play([(0, AssignmentSeen(cm(1, index=0)))])
+    assert state.wanted == cm(1, index=0)
+    spare = State(Assignment(1, None, 2, None, source="environment"), SETTINGS)
+    state, actions = play([(0, AssignmentSeen(cm(1)))], spare)
+    assert state.wanted == cm(1) and actions == ["0: start 1"]

@@ -1,0 +1,110 @@
+"""End to end, in place (``restartMode: InPlace``): the operator (chart RBAC), the real runtime under
+``reprieve-run`` in 2-process JAX jobs, the process-kubelet local cluster.
+
+A noticed preemption restarts the gang in place: the survivor keeps its pod (same UID) and its supervisor starts
+attempt 2's process in it; the pod on the doomed node is replaced (by the warm spare when ``spares: 1``); the
+training resumes from the agreed checkpoint and ends with the parameters of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from localcluster.goodput import analyse, read_step_log
+from localcluster.stack import example_job
+from localcluster.testing import taint_node, wait_for
+
+from .conftest import pod_node, wait_tj, worker_logs
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+STEPS, SLEEP = 200, 0.03
+SPOT_TAINT = "cloud.google.com/impending-node-termination"
+
+
+def submit_inplace(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, spares: int = 0,
+                   interval: int = 0, extra_env: dict[str, str] | None = None) -> Path:
+    ckpt = root / name
+    body = example_job(name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
+                       node_selector={"reprieve.test/pool": pool},
+                       extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **(extra_env or {})})
+    body["spec"]["restartMode"] = "InPlace"
+    body["spec"]["spares"] = spares
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+    return ckpt
+
+
+def wait_step(ckpt: Path, step: int, timeout: float, cluster: Any, namespace: str, name: str) -> None:
+    log = ckpt / "steps.jsonl"
+    wait_for(lambda: log.exists() and any(r.step >= step for r in read_step_log(log)), timeout,
+             f"{namespace}/{name} to reach step {step}", interval=0.3,
+             describe=lambda: worker_logs(cluster, namespace, name, 2))
+
+
+def job_pods(cluster: Any, namespace: str, job: str) -> dict[str, dict[str, Any]]:
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", f"reprieve.dev/job-name={job}", "-o", "json").stdout
+    return {p["metadata"]["name"]: p for p in json.loads(out)["items"]}
+
+
+def assignment(cluster: Any, namespace: str, job: str) -> dict[str, Any]:
+    out = cluster.kubectl("get", "configmap", f"{job}-assignment", "-n", namespace, "-o", "json").stdout
+    data = json.loads(out)["data"]
+    return {**data, "processes": json.loads(data["processes"])}
+
+
+def succeeded(status: dict) -> bool:
+    return status.get("phase") == "Succeeded"
+
+
+@pytest.mark.parametrize("spares", [0, 1])
+def test_noticed_preemption_restarts_the_survivor_in_place_and_replaces_the_doomed_pod(
+        cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path, spares: int) -> None:
+    pool_a, nodes = pool(3 + spares)
+    name = f"inplace{spares}"
+    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=spares)
+    wait_step(ckpt, 50, 240, cluster, namespace, name)
+    first = assignment(cluster, namespace, name)
+    assert first["attempt"] == "1" and first["processes"] == {f"{name}-0": 0, f"{name}-1": 1}, first
+    before = job_pods(cluster, namespace, name)
+    if spares:
+        spare = wait_for(lambda: [n for n, p in job_pods(cluster, namespace, name).items()
+                                  if n.startswith(f"{name}-spare-") and p["status"].get("phase") == "Running"],
+                         60, "a running spare")[0]
+    doomed = pod_node(cluster, namespace, f"{name}-1")
+    taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
+
+    status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 2
+                     and s.get("phase") in ("Running", "Succeeded"), 120, "attempt 2 running", operator)["status"]
+    second = assignment(cluster, namespace, name)
+    assert second["attempt"] == "2", second
+    assert second["processes"][f"{name}-0"] == 0, second  # the survivor keeps its pod and its index
+    new = next(n for n, i in second["processes"].items() if i == 1)
+    assert new != f"{name}-1", second
+    if spares:
+        assert new == spare, (new, spare)  # the warm spare took over index 1
+    assert pod_node(cluster, namespace, new) != doomed
+    after = job_pods(cluster, namespace, name)
+    assert after[f"{name}-0"]["metadata"]["uid"] == before[f"{name}-0"]["metadata"]["uid"], "survivor recreated"
+    assert status["restarts"]["preemption"] == 1, status
+    last = status.get("lastRestart") or {}
+    assert last.get("attempt") == 2 and last.get("inPlace") == 1, status
+    assert [r["index"] for r in last.get("replaced", [])] == [1], status
+    cluster.remove_node(doomed)
+
+    final = wait_tj(cluster, namespace, name, succeeded, 300, "Succeeded", operator)["status"]
+    assert final["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}, final
+    assert final["attempt"] == 2 and final["lastCheckpointStep"] == STEPS - 1, final
+    result = json.loads((ckpt / "result.json").read_text())
+    assert result["resumedFrom"] > 50, result
+    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
+    assert len(report.interruptions) == 1 and report.interruptions[0].lost_steps == 0, report.summary()
+    assert report.steps == STEPS
+    events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                        f"involvedObject.kind=TrainingJob,involvedObject.name={name}",
+                                        "-o", "json").stdout)["items"]
+    started = [e["message"] for e in events if e["reason"] == "AttemptStarted"]
+    assert len(started) == 1 and "1 worker(s) restarted in place" in started[0], started
+    assert len(nodes) == 3 + spares
