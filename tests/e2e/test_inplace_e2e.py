@@ -106,5 +106,6 @@ def test_noticed_preemption_restarts_the_survivor_in_place_and_replaces_the_doom
                                         f"involvedObject.kind=TrainingJob,involvedObject.name={name}",
                                         "-o", "json").stdout)["items"]
     started = [e["message"] for e in events if e["reason"] == "AttemptStarted"]
-    assert len(started) == 1 and "1 worker(s) restarted in place" in started[0], started
+    restarted = [m for m in started if m.startswith("attempt 2:")]
+    assert len(restarted) == 1 and "1 worker(s) restarted in place" in restarted[0], started
     assert len(nodes) == 3 + spares
