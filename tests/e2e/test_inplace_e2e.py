@@ -9,6 +9,9 @@ training resumes from the agreed checkpoint and ends with the parameters of an u
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +112,83 @@ def test_noticed_preemption_restarts_the_survivor_in_place_and_replaces_the_doom
     restarted = [m for m in started if m.startswith("attempt 2:")]
     assert len(restarted) == 1 and "1 worker(s) restarted in place" in restarted[0], started
     assert len(nodes) == 3 + spares
+
+
+def supervisor_pid(cluster: Any, namespace: str, pod: str) -> int:
+    """The host pid of the pod's reprieve-run (a process node runs it as a host process), from its log."""
+    for path in cluster.pod_logs(namespace, pod, "trainer"):
+        found = re.findall(r"reprieve-run\[(\d+)\]", path.read_text(errors="replace"))
+        if found:
+            return int(found[-1])
+    raise AssertionError(f"no reprieve-run line in the log of {namespace}/{pod}")
+
+
+def committed_attempts(ckpt: Path) -> list[tuple[int, int]]:
+    """(step, attempt) of every committed checkpoint directory (step_<step>_a<attempt>)."""
+    out = []
+    for d in (ckpt / "checkpoints").glob("step_*_a*"):
+        step, attempt = d.name.removeprefix("step_").split("_a")
+        out.append((int(step), int(attempt)))
+    return sorted(out)
+
+
+def test_faults_a_deleted_pod_and_a_killed_supervisor_each_restart_the_gang_once(
+        cluster: Any, namespace: str, operator: Any, pool: Any, tmp_path: Path) -> None:
+    """A user deletes worker 1's pod mid-attempt (a disruption: the spare takes over its index), then worker 0's
+    supervisor is SIGKILLed (the container fails: a failure; worker 0 is replaced by a new pod, as no spare is
+    ready yet or by the replacement spare). Each is counted once, the gang converges, and every checkpoint of
+    an attempt was committed while that attempt was the newest."""
+    pool_a, _ = pool(5)
+    name = "faults"
+    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1, interval=20)
+    wait_step(ckpt, 30, 240, cluster, namespace, name)
+    cluster.kubectl("delete", "pod", f"{name}-1", "-n", namespace, "--wait=false")
+    status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 2 and s.get("phase") == "Running",
+                     180, "attempt 2 running after the pod deletion", operator)["status"]
+    assert status["restarts"] == {"preemption": 0, "failure": 0, "disruption": 1}, status
+    second = assignment(cluster, namespace, name)
+    assert second["processes"][f"{name}-0"] == 0 and f"{name}-1" not in second["processes"], second
+    steps_before = max(r.step for r in read_step_log(ckpt / "steps.jsonl"))
+    wait_for(lambda: max(r.step for r in read_step_log(ckpt / "steps.jsonl")) >= steps_before + 20
+             and any(r.attempt == 2 for r in read_step_log(ckpt / "steps.jsonl")), 240, "attempt 2 training",
+             interval=0.5)
+
+    os.kill(supervisor_pid(cluster, namespace, f"{name}-0"), signal.SIGKILL)
+    status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 3 and s.get("phase") == "Running",
+                     180, "attempt 3 running after the supervisor was killed", operator)["status"]
+    assert status["restarts"] == {"preemption": 0, "failure": 1, "disruption": 1}, status
+    third = assignment(cluster, namespace, name)
+    assert f"{name}-0" not in third["processes"], third  # its pod failed: replaced
+
+    final = wait_tj(cluster, namespace, name, succeeded, 420, "Succeeded", operator)["status"]
+    assert final["restarts"] == {"preemption": 0, "failure": 1, "disruption": 1}, final
+    assert final["attempt"] == 3 and final["lastCheckpointStep"] == STEPS - 1, final
+    # No stale commit: attempt numbers of committed checkpoints never decrease with the step.
+    commits = committed_attempts(ckpt)
+    assert commits and [a for _, a in commits] == sorted(a for _, a in commits), commits
+
+
+def test_two_doomed_nodes_with_one_spare(cluster: Any, namespace: str, operator: Any, pool: Any, api: Any,
+                                          tmp_path: Path) -> None:
+    """Both workers' nodes get a notice at once, one spare: it takes one index, a new pod the other; one
+    preemption, resumed without a lost step."""
+    pool_a, _ = pool(5)
+    name = "twodoomed"
+    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1)
+    wait_step(ckpt, 40, 240, cluster, namespace, name)
+    spare = wait_for(lambda: [n for n, p in job_pods(cluster, namespace, name).items()
+                              if n.startswith(f"{name}-spare-") and p["status"].get("phase") == "Running"],
+                     60, "a running spare")[0]
+    doomed = {pod_node(cluster, namespace, f"{name}-{i}") for i in range(2)}
+    for node in doomed:
+        taint_node(api, node, SPOT_TAINT, "true", "NoSchedule")
+    status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 2
+                     and s.get("phase") in ("Running", "Succeeded"), 180, "attempt 2 running", operator)["status"]
+    second = assignment(cluster, namespace, name)["processes"]
+    assert spare in second and not {f"{name}-0", f"{name}-1"} & set(second), second
+    assert all(pod_node(cluster, namespace, p) not in doomed for p in second), second
+    assert status["restarts"]["preemption"] == 1 and status["lastRestart"]["inPlace"] == 0, status
+    final = wait_tj(cluster, namespace, name, succeeded, 300, "Succeeded", operator)["status"]
+    assert final["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}, final
+    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
+    assert len(report.interruptions) == 1 and report.interruptions[0].lost_steps == 0, report.summary()
