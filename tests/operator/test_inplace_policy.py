@@ -154,3 +154,53 @@ def test_a_rapid_restart_backs_off_before_the_assignment() -> None:
 def test_suspend_deletes_workers_and_spares() -> None:
     plan, _ = decide_inplace(job(RUN, suspend=True), [W0, W1, SPARE], ASSIGNED, (), NOW)
     assert plan.phase == "Suspended" and set(plan.delete) == {"llama-0", "llama-1", SPARE.name}
+
+
+# --- faults: each converges and counts nothing twice ----------------------------------------------------------
+
+RESTARTING = {**RUN, "phase": "Restarting", "restartingFrom": 1, "restarts": {"preemption": 1}}
+
+
+def test_an_operator_restarted_between_exits_reported_and_the_assignment_writes_it_without_counting_again() -> None:
+    """The restart of attempt 1 was recorded (status), then the operator died before writing attempt 2: the new
+    operator sees the same exits and writes attempt 2, with no second record."""
+    plan, extra = decide_inplace(job(RESTARTING), [exited(W0, 42), exited(W1, 42)], ASSIGNED, (), NOW)
+    assert extra.record is None and plan.cause is None
+    assert extra.assign is not None and extra.assign.attempt == 2 and extra.kept == ("llama-0", "llama-1")
+    # and once attempt 2 is written, the old exit reports (attempt 1) are history: training, nothing decided
+    second = Assignment(2, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476")
+    running2 = {**RUN, "attempt": 2, "restarts": {"preemption": 1}}
+    plan, extra = decide_inplace(job(running2), [exited(W0, 42), exited(W1, 42)], second, (), NOW)
+    assert extra.record is None and plan.cause is None and extra.assign is None and plan.phase == "Running"
+
+
+def test_a_notice_during_a_restart_replaces_the_pod_it_dooms_instead_of_keeping_it() -> None:
+    plan, extra = decide_inplace(job(RESTARTING, spares=1), [exited(W0, 42), exited(W1, 42), SPARE], ASSIGNED, (),
+                                 NOW, doomed_nodes={W0.node})
+    assert extra.record is None and plan.cause is None  # the restart under way is not counted again
+    assert extra.assign is not None and extra.assign.processes == {SPARE.name: 0, "llama-1": 1}
+    assert plan.delete == ("llama-0",) and extra.create_spares == 1
+
+
+def test_a_node_lost_during_a_restart_is_replaced_before_the_assignment() -> None:
+    lost = PodView("llama-0", "worker", 0, 1, phase="Running", node=W0.node, node_lost=True, ip="10.0.0.7",
+                   exit_attempt=1, exit_code=42, exit_time=NOW)
+    plan, extra = decide_inplace(job(RESTARTING), [lost, exited(W1, 42)], ASSIGNED, (), NOW)
+    assert extra.record is None and extra.assign is None and extra.create_workers == (0,)
+    assert plan.phase == "Restarting" and plan.delete == ("llama-0",)
+
+
+def test_two_doomed_workers_one_spare_the_other_gets_a_new_pod() -> None:
+    doomed = {W0.node, W1.node}
+    plan, extra = decide_inplace(job(RESTARTING, spares=1), [exited(W0, 42), exited(W1, 42), SPARE], ASSIGNED, (),
+                                 NOW, doomed_nodes=doomed)
+    assert extra.assign is None and extra.create_workers == (1,) and extra.create_spares == 1
+    assert [r.new for r in extra.replaced] == [SPARE.name, None]
+    assert set(plan.delete) == {"llama-0", "llama-1"}
+
+
+def test_a_spare_on_a_doomed_node_never_takes_over() -> None:
+    plan, extra = decide_inplace(job(RESTARTING, spares=1), [exited(W0, 42), exited(W1, 42), SPARE], ASSIGNED, (),
+                                 NOW, doomed_nodes={W1.node, SPARE.node})
+    assert extra.assign is None and extra.create_workers == (1,)
+    assert SPARE.name in plan.delete and extra.create_spares == 1
