@@ -1,6 +1,6 @@
 """One supervised worker pod (``reprieve-run -- <command>``) and the operator's half of the in-place protocol,
 played by hand: write the assignment ConfigMap, read the exit reports, deliver a notice. For the runtime's
-supervisor tests (tests/runtime/test_supervisor_cluster.py) and benchmarks/inplace_restart.py; the operator has
+supervisor tests (tests/runtime/test_supervisor_cluster.py); the operator has
 its own builders. The worker gets exactly the RBAC docs/contract.md names: get/list/watch/patch on its job's
 pods, get/list/watch on the one assignment ConfigMap.
 """
