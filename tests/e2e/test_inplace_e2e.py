@@ -20,12 +20,12 @@ from localcluster.goodput import analyse, read_step_log
 from localcluster.stack import example_job
 from localcluster.testing import taint_node, wait_for
 
-from .conftest import pod_node, wait_tj, worker_logs
+from .conftest import pod_node, wait_tj
+from .test_preemption_e2e import SPOT_TAINT, succeeded, wait_step
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 STEPS, SLEEP = 200, 0.03
-SPOT_TAINT = "cloud.google.com/impending-node-termination"
 
 
 def submit_inplace(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, spares: int = 0,
@@ -40,13 +40,6 @@ def submit_inplace(cluster: Any, namespace: str, name: str, root: Path, pool: st
     return ckpt
 
 
-def wait_step(ckpt: Path, step: int, timeout: float, cluster: Any, namespace: str, name: str) -> None:
-    log = ckpt / "steps.jsonl"
-    wait_for(lambda: log.exists() and any(r.step >= step for r in read_step_log(log)), timeout,
-             f"{namespace}/{name} to reach step {step}", interval=0.3,
-             describe=lambda: worker_logs(cluster, namespace, name, 2))
-
-
 def job_pods(cluster: Any, namespace: str, job: str) -> dict[str, dict[str, Any]]:
     out = cluster.kubectl("get", "pods", "-n", namespace, "-l", f"reprieve.dev/job-name={job}", "-o", "json").stdout
     return {p["metadata"]["name"]: p for p in json.loads(out)["items"]}
@@ -56,10 +49,6 @@ def assignment(cluster: Any, namespace: str, job: str) -> dict[str, Any]:
     out = cluster.kubectl("get", "configmap", f"{job}-assignment", "-n", namespace, "-o", "json").stdout
     data = json.loads(out)["data"]
     return {**data, "processes": json.loads(data["processes"])}
-
-
-def succeeded(status: dict) -> bool:
-    return status.get("phase") == "Succeeded"
 
 
 @pytest.mark.parametrize("spares", [0, 1])
