@@ -230,7 +230,10 @@ class Settings:
 
     grace_s: float = 30.0  # REPRIEVE_TERMINATION_GRACE_SECONDS: SIGTERM -> SIGKILL
     prewarm: bool = True  # REPRIEVE_PREWARM
-    prewarm_delay_s: float = 30.0  # REPRIEVE_PREWARM_DELAY_SECONDS: without a first-step report
+    # REPRIEVE_PREWARM_DELAY_SECONDS: only for a trainer that never reports its first step. The report is the
+    # trigger: a warm process importing JAX beside a first step that compiles slows the compile (measured: the
+    # first step after a restart took ~65 s with a warm process started 30 s in, on 2 shared cores).
+    prewarm_delay_s: float = 300.0
     ready_timeout_s: float = 300.0  # REPRIEVE_PREWARM_READY_TIMEOUT_SECONDS: import time allowed
     handover_timeout_s: float = 10.0  # a warm process confirms its assignment within this
 
