@@ -1,22 +1,31 @@
-"""Goodput under a seeded preemption schedule: Reprieve vs periodic-only checkpointing, side by side.
+"""Goodput under a seeded preemption schedule: four ways of restarting, side by side, with emulated node costs.
 
-The same 2-worker job (examples/train_lm.py) runs twice on the local cluster through the operator, under the
-same seeded schedule of node losses:
+The same 2-worker job (examples/train_lm.py) runs once per variant on the local cluster through the operator,
+under the same seeded schedule of node losses:
 
-* **reprieve**: the TrainingJob as shipped: noticed preemptions reach the pods (annotation) and the runtime
-  saves at an agreed step and exits with the restart code; periodic saves every ``--interval`` steps are the
-  safety net for the hard kill.
-* **baseline**: what a user has today: the same job and gang restarts, saving only every ``--interval``
-  steps (``spec.preemption.enabled: false``), so each reclaimed node takes its pods down at the deadline and
-  the job resumes from its last periodic checkpoint.
+* **recreate**: Reprieve with ``restartMode: Recreate``: noticed preemptions reach the pods, the runtime saves
+  at an agreed step and exits with the restart code, and the operator deletes and recreates every pod;
+* **inplace**: the same with ``restartMode: InPlace``: the survivor's supervisor (reprieve-run) starts the next
+  attempt in the same pod (from a pre-warmed process), only the pod on the reclaimed node is replaced;
+* **inplace+spare**: in place with ``spares: 1``: a warm spare (scheduled, image pulled, pre-warmed) takes over
+  the index of the worker on the reclaimed node;
+* **baseline**: what a user has today: gang restarts (Recreate), saving only every ``--interval`` steps
+  (``spec.preemption.enabled: false``), so each reclaimed node takes its pods down at the deadline and the job
+  resumes from its last periodic checkpoint.
+
+Every node of the runs emulates a real node's costs (``--pull-seconds``, once per node and image, and
+``--start-seconds`` per container start; docs/local-cluster.md, "Emulated costs"): a process kubelet would
+otherwise start a pod in 0.1 s and flatter recreating pods. The emulated costs are printed with the results.
 
 A noticed preemption puts the GKE spot taint on a worker's node and deletes the node ``--notice`` seconds
 later; a hard kill deletes a worker's node without warning. Events happen one at a time: an event fires at its
-step once the previous one is absorbed (node deleted, job running again), or at once if that step has passed. Goodput, lost steps and gaps are defined in
-``docs/goodput.md`` (``hack/localcluster/goodput.py``); each run also prints the operator's own figure
-(``status.goodput``, ``policy/goodput.py``) beside the step log's over the same wall time.
+step once the previous one is absorbed (node deleted, job running again), or at once if that step has passed.
+Goodput, lost steps and gaps are defined in ``docs/goodput.md`` (``hack/localcluster/goodput.py``); each run also
+prints the operator's own figure (``status.goodput``, ``policy/goodput.py``) beside the step log's over the same
+wall time.
 
     python benchmarks/goodput.py                       # 600 steps, 3 noticed preemptions (30 s), 1 hard kill
+    python benchmarks/goodput.py --variants recreate,inplace+spare --steps 300
     python benchmarks/goodput.py --step-sleep 0.5      # longer steps: overheads weigh less
 """
 
@@ -34,11 +43,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
 from localcluster import Cluster
+from localcluster.costs import EmulatedCosts
 from localcluster.goodput import GoodputReport, analyse, read_step_log
 from localcluster.stack import OperatorProcess, example_job, install_chart
 from localcluster.testing import taint_node
 
 SPOT_TAINT = "cloud.google.com/impending-node-termination"
+VARIANTS = ("recreate", "inplace", "inplace+spare", "baseline")
 
 
 @dataclass(frozen=True)
@@ -65,17 +76,33 @@ def log(msg: str) -> None:
 
 def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Event],
         args: argparse.Namespace) -> GoodputReport:
-    ns = f"bench-{variant}"
+    slug = variant.replace("+", "-")
+    ns = f"bench-{slug}"
     cluster.kubectl("create", "namespace", ns)
-    nodes = [cluster.add_node(f"{variant}-{i}", {"reprieve.bench/pool": variant})
-             for i in range(2 + len(events))]
-    ckpt = work / variant
+    in_place, spares = variant.startswith("inplace"), 1 if variant.endswith("+spare") else 0
+    costs = EmulatedCosts(args.pull_seconds, args.start_seconds)
+    # One node per worker and spare, and one more for every replacement (a used spare is replaced too).
+    nodes = [cluster.add_node(f"{slug}-{i}", {"reprieve.bench/pool": slug}, costs=costs)
+             for i in range(2 + spares + len(events) * (1 + spares))]
+    ckpt = work / slug
     body = example_job("bench", replicas=2, steps=args.steps, step_sleep=args.step_sleep, interval=args.interval,
-                       checkpoint_dir=ckpt, node_selector={"reprieve.bench/pool": variant},
+                       checkpoint_dir=ckpt, node_selector={"reprieve.bench/pool": slug},
                        extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"})
     body["spec"]["restartPolicy"]["maxFailures"] = 10
+    if in_place:
+        body["spec"]["restartMode"] = "InPlace"
+        body["spec"]["spares"] = spares
     if variant == "baseline":
         body["spec"]["preemption"] = {"enabled": False}
+
+    def worker_pods() -> list[str]:
+        """The pods of workers 0 and 1 now (in place, replacements have generated names: the assignment says)."""
+        if not in_place:
+            return ["bench-0", "bench-1"]
+        data = json.loads(cluster.kubectl("get", "configmap", "bench-assignment", "-n", ns, "-o", "json")
+                          .stdout)["data"]
+        by_index = {i: n for n, i in json.loads(data["processes"]).items()}
+        return [by_index[0], by_index[1]]
     operator = OperatorProcess(cluster, work / f"operator-{variant}", namespaces=[ns]).start()
     steplog = ckpt / "steps.jsonl"
     try:
@@ -103,8 +130,8 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
             if todo and absorbed and step >= todo[0].at_step:
                 busy_attempt = attempt
                 ev = todo.pop(0)
-                on = [cluster.kubectl("get", "pod", f"bench-{w}", "-n", ns, "-o", "jsonpath={.spec.nodeName}").stdout
-                      for w in range(2)]
+                on = [cluster.kubectl("get", "pod", pod, "-n", ns, "-o", "jsonpath={.spec.nodeName}").stdout
+                      for pod in worker_pods()]
                 doomed = {n for _, n in pending_deletes}
                 # A worker still training on an already-doomed node (Reprieve keeps training until shortly
                 # before the deadline) is not a fresh target: reclaim the other worker's node instead.
@@ -144,38 +171,59 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--step-sleep", type=float, default=0.1, help="seconds added to each training step")
-    parser.add_argument("--interval", type=int, default=100, help="periodic checkpoint interval (both variants)")
+    parser.add_argument("--interval", type=int, default=100, help="periodic checkpoint interval (all variants)")
     parser.add_argument("--notice", type=float, default=30.0, help="seconds from taint to node deletion")
     parser.add_argument("--notices", type=int, default=3)
     parser.add_argument("--hard-kills", type=int, default=1)
+    parser.add_argument("--pull-seconds", type=float, default=20.0,
+                        help="emulated image pull, once per node and image (0: none)")
+    parser.add_argument("--start-seconds", type=float, default=1.0, help="emulated container start, every pod")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
     args = parser.parse_args()
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        parser.error(f"--variants: unknown {unknown}, choose from {', '.join(VARIANTS)}")
     events = schedule(args.seed, args.steps, args.notices, args.hard_kills)
+    costs = EmulatedCosts(args.pull_seconds, args.start_seconds)
     log(f"schedule (seed {args.seed}): " + ", ".join(f"{e.kind}@{e.at_step}/w{e.worker}" for e in events))
+    log(f"every node: {costs.describe()}")
     work = Path(tempfile.mkdtemp(prefix="reprieve-goodput-"))
     with Cluster.start(work / "cluster") as cluster:
         install_chart(cluster)
         api = cluster.api_client()
-        reports = {v: run(cluster, api, work, v, events, args) for v in ("reprieve", "baseline")}
-    r, b = reports["reprieve"], reports["baseline"]
+        reports = {v: run(cluster, api, work, v, events, args) for v in variants}
     noticed = [i for i, e in enumerate(events) if e.kind == "notice"]
+    hard = [i for i, e in enumerate(events) if e.kind == "hard"]
 
     def lost(rep: GoodputReport, idx: list[int]) -> str:
-        return ", ".join(str(rep.interruptions[i].lost_steps) for i in idx if i < len(rep.interruptions))
+        return ",".join(str(rep.interruptions[i].lost_steps) for i in idx if i < len(rep.interruptions))
 
-    hard = [i for i, e in enumerate(events) if e.kind == "hard"]
+    def gap(rep: GoodputReport) -> float:
+        gaps = [i.gap_seconds for i in rep.interruptions]
+        return sum(gaps) / max(1, len(gaps))
+
+    w = 15
     print()
-    print(f"{'':34}{'reprieve':>12}{'baseline':>12}{'ratio':>9}")
-    print(f"{'goodput':34}{r.goodput:>12.1%}{b.goodput:>12.1%}{r.goodput / b.goodput:>9.2f}")
-    print(f"{'wall seconds':34}{r.wall_seconds:>12.1f}{b.wall_seconds:>12.1f}{r.wall_seconds / b.wall_seconds:>9.2f}")
-    print(f"{'productive seconds':34}{r.productive_seconds:>12.1f}{b.productive_seconds:>12.1f}")
-    print(f"{'lost steps per noticed preemption':34}{lost(r, noticed):>12}{lost(b, noticed):>12}")
-    print(f"{'lost steps at the hard kill':34}{lost(r, hard):>12}{lost(b, hard):>12}")
-    gaps_r = [i.gap_seconds for i in r.interruptions]
-    gaps_b = [i.gap_seconds for i in b.interruptions]
-    print(f"{'mean gap, last step -> first step':34}{sum(gaps_r) / max(1, len(gaps_r)):>11.1f}s"
-          f"{sum(gaps_b) / max(1, len(gaps_b)):>11.1f}s")
-    print(f"(seed {args.seed}, {args.steps} steps, step sleep {args.step_sleep}s, interval {args.interval}, "
-          f"notice {args.notice}s; logs in {work})")
+    print(f"{'':34}" + "".join(f"{v:>{w}}" for v in variants))
+    rows = [("goodput", lambda r: f"{r.goodput:.1%}"), ("wall seconds", lambda r: f"{r.wall_seconds:.1f}"),
+            ("productive seconds", lambda r: f"{r.productive_seconds:.1f}"),
+            ("mean gap, last step -> first", lambda r: f"{gap(r):.1f}s"),
+            ("interruptions", lambda r: str(len(r.interruptions))),
+            ("lost steps per noticed preemption", lambda r: lost(r, noticed)),
+            ("lost steps at the hard kill", lambda r: lost(r, hard))]
+    for label, cell in rows:
+        print(f"{label:34}" + "".join(f"{cell(reports[v]):>{w}}" for v in variants))
+    if "recreate" in reports:
+        ref = reports["recreate"]
+        print()
+        for v in variants:
+            if v != "recreate":
+                r = reports[v]
+                print(f"{v} vs recreate: mean gap {gap(r) / max(gap(ref), 1e-9):.2f}x, goodput "
+                      f"{r.goodput / ref.goodput:.2f}x")
+    print(f"({costs.describe()}; seed {args.seed}, {args.steps} steps, step sleep {args.step_sleep}s, interval "
+          f"{args.interval}, notice {args.notice}s; logs in {work})")
     return 0
 
 

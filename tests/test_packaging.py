@@ -36,10 +36,12 @@ def test_every_package_is_listed_in_its_pyproject(pyproject: str) -> None:
 
 
 def test_the_operator_is_a_distribution_of_its_own() -> None:
-    """Only reprieve-operator installs the console script and kopf; the runtime carries neither."""
+    """Only reprieve-operator installs the operator's command and kopf; the runtime's one command is the
+    supervisor, reprieve-run."""
     runtime = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     operator = tomllib.loads((REPO / "operator/pyproject.toml").read_text())["project"]
-    assert "scripts" not in runtime and operator["scripts"] == {"reprieve-operator": "reprieve_operator.__main__:main"}
+    assert runtime["scripts"] == {"reprieve-run": "reprieve.supervisor:main"}
+    assert operator["scripts"] == {"reprieve-operator": "reprieve_operator.__main__:main"}
     assert not any("kopf" in d for d in runtime.get("dependencies", []) + runtime["optional-dependencies"]["runtime"])
     assert runtime["optional-dependencies"]["operator"] == [f"reprieve-operator=={operator['version']}"]
     assert all(not p.startswith("reprieve_operator") for p in _packages("pyproject.toml")[0])
@@ -74,7 +76,8 @@ def test_wheels_hold_what_they_promise(tmp_path: Path) -> None:
     rnames, onames = runtime.namelist(), operator.namelist()
     assert "reprieve/py.typed" in rnames and "reprieve/checkpoint/manager.py" in rnames
     assert not any(n.startswith("reprieve_operator/") for n in rnames)
-    assert not any(n.endswith("entry_points.txt") for n in rnames), "the runtime must not install a command"
+    rentry = runtime.read(next(n for n in rnames if n.endswith("entry_points.txt"))).decode()
+    assert "reprieve-run = reprieve.supervisor:main" in rentry and "reprieve-operator" not in rentry
     assert {"reprieve_operator/py.typed", "reprieve_operator/podspec_schema.json",
             "reprieve_operator/policy/restart.py"} <= set(onames)
     entry = operator.read(next(n for n in onames if n.endswith("entry_points.txt"))).decode()

@@ -79,6 +79,43 @@ def patch_metadata(api: Api, obj: dict[str, Any]) -> None:
                                                    _content_type="application/merge-patch+json"))
 
 
+def put_configmap(api: Api, obj: dict[str, Any]) -> None:
+    """Create the ConfigMap, or replace its data if it exists (the operator is its only writer)."""
+    meta = obj["metadata"]
+    try:
+        _raw(api.core.create_namespaced_config_map(meta["namespace"], obj, _preload_content=False))  # type: ignore[arg-type]
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        _raw(api.core.patch_namespaced_config_map(meta["name"], meta["namespace"], {"data": obj["data"]},
+                                                  _preload_content=False,
+                                                  _content_type="application/merge-patch+json"))
+
+
+def get_configmap(api: Api, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        body: dict[str, Any] | None = _raw(api.core.read_namespaced_config_map(name, namespace,
+                                                                              _preload_content=False))
+        return body
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def put_role(api: Api, role: dict[str, Any]) -> None:
+    """Create the Role, or replace its rules (the worker Role's pod names follow replacements and spares)."""
+    meta = role["metadata"]
+    try:
+        _raw(api.rbac.create_namespaced_role(meta["namespace"], role, _preload_content=False))  # type: ignore[arg-type]
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        _raw(api.rbac.patch_namespaced_role(meta["name"], meta["namespace"], {"rules": role["rules"]},
+                                            _preload_content=False,
+                                            _content_type="application/merge-patch+json"))
+
+
 def dry_run_pod(api: Api, pod: dict[str, Any]) -> None:
     """Send ``pod`` through validation and admission without creating it; raises ``ApiException`` if refused.
 

@@ -9,7 +9,17 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
-from . import ANNOTATION_NOTICE, LABEL_ATTEMPT, LABEL_INDEX, LABEL_JOB
+from . import (
+    ANNOTATION_EXIT,
+    ANNOTATION_NOTICE,
+    ANNOTATION_SUPERVISOR,
+    CONTRACT_VERSION,
+    LABEL_ATTEMPT,
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_ROLE,
+    SUPERVISOR,
+)
 from .models import GROUP, KIND, VERSION, TrainingJob
 
 NOTICE_DIR = "/etc/reprieve"
@@ -40,6 +50,14 @@ def job_labels(job: TrainingJob) -> dict[str, str]:
     return {LABEL_JOB: job.name}
 
 
+def assignment_name(job: TrainingJob) -> str:
+    return f"{job.name}-assignment"
+
+
+def in_place(job: TrainingJob) -> bool:
+    return job.spec.restart_mode == "InPlace"
+
+
 def worker_env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Any]]:
     s = job.spec
     plain = {
@@ -57,6 +75,7 @@ def worker_env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Any
         "REPRIEVE_NOTICE_FILE": NOTICE_FILE,
         "REPRIEVE_TERMINATION_GRACE_SECONDS": str(s.termination_grace_period_seconds),
         "REPRIEVE_SERVICEACCOUNT_DIR": SERVICEACCOUNT_DIR,
+        "REPRIEVE_CONTRACT": str(CONTRACT_VERSION),
     }
     env: list[dict[str, Any]] = [
         {"name": "REPRIEVE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -80,21 +99,41 @@ def _exclude_nodes(affinity: dict[str, Any], nodes: list[str]) -> dict[str, Any]
 
 
 def build_worker_pod(job: TrainingJob, index: int, attempt: int,
-                     exclude_nodes: Iterable[str] = ()) -> dict[str, Any]:
-    """Worker pod ``index`` of gang ``attempt``; never scheduled onto ``exclude_nodes`` (``policy.placement``)."""
-    if not 0 <= index < job.spec.replicas:
+                     exclude_nodes: Iterable[str] = (), *, name: str | None = None,
+                     role: str = "worker") -> dict[str, Any]:
+    """Worker pod ``index`` of gang ``attempt``; never scheduled onto ``exclude_nodes`` (``policy.placement``).
+
+    Named ``<job>-<index>`` unless ``name`` is given; ``name`` ending in ``-`` is a ``generateName`` prefix
+    (in-place replacements and spares, whose names the API server makes unique). ``role="spare"`` (in-place
+    mode): no index (``index`` is ignored; its environment names process -1, which the runtime refuses, so a
+    spare never trains on its own environment: only an assignment gives it an index)."""
+    spare = role == "spare"
+    if not spare and not 0 <= index < job.spec.replicas:
         raise ValueError(f"TrainingJob {job.namespace}/{job.name}: index must be in [0, {job.spec.replicas}), "
                          f"got {index}")
     template = copy.deepcopy(job.spec.template)
     meta = template.get("metadata") or {}
     spec = template["spec"]
-    name = pod_name(job, index)
-    labels = {**(meta.get("labels") or {}), LABEL_JOB: job.name, LABEL_INDEX: str(index),
-              LABEL_ATTEMPT: str(attempt)}
-    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != ANNOTATION_NOTICE}
-    env = worker_env(job, index, attempt)
+    name = name or pod_name(job, index)
+    labels = {**(meta.get("labels") or {}), LABEL_JOB: job.name, LABEL_ATTEMPT: str(attempt)}
+    if spare:
+        labels[LABEL_ROLE] = "spare"
+    else:
+        labels[LABEL_INDEX] = str(index)
+        if in_place(job):
+            labels[LABEL_ROLE] = "worker"
+    ours_annotations = (ANNOTATION_NOTICE, ANNOTATION_EXIT, ANNOTATION_SUPERVISOR)
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in ours_annotations}
+    # A spare, and in place a pod made to replace a worker (generated name), has no index of its own in its
+    # environment (-1): its supervisor runs only what the assignment lists it for (docs/contract.md).
+    unassigned = spare or (in_place(job) and name.endswith("-"))
+    env = worker_env(job, -1 if unassigned else index, attempt)
     ours = {e["name"] for e in env}
     mount = {"name": PODINFO_VOLUME, "mountPath": NOTICE_DIR, "readOnly": True}
+    if in_place(job):
+        first = spec["containers"][0]
+        first["command"] = [SUPERVISOR, "--", *first.get("command", []), *first.get("args", [])]
+        first.pop("args", None)
     for c in spec["containers"]:
         c["env"] = [e for e in (c.get("env") or []) if e.get("name") not in ours] + env
         c["volumeMounts"] = [m for m in (c.get("volumeMounts") or []) if m.get("name") != PODINFO_VOLUME]
@@ -108,8 +147,13 @@ def build_worker_pod(job: TrainingJob, index: int, attempt: int,
     excluded = sorted(set(exclude_nodes))
     if excluded:
         spec["affinity"] = _exclude_nodes(spec.get("affinity") or {}, excluded)
-    metadata: dict[str, Any] = {"name": name, "namespace": job.namespace, "labels": labels,
+    metadata: dict[str, Any] = {"namespace": job.namespace, "labels": labels,
                                 "ownerReferences": [owner_reference(job)]}
+    if name.endswith("-"):
+        metadata["generateName"] = name
+        spec.pop("hostname", None)  # the API server picks the name; hostname defaults to it
+    else:
+        metadata["name"] = name
     if annotations:
         metadata["annotations"] = annotations
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
@@ -132,14 +176,30 @@ def build_service(job: TrainingJob) -> dict[str, Any]:
     }
 
 
-def build_identity(job: TrainingJob) -> list[dict[str, Any]]:
+def worker_role(job: TrainingJob, pod_names: Iterable[str] | None = None) -> dict[str, Any]:
+    """The Role ``<job>-worker``: each worker may watch and annotate only the job's pods (``pod_names``, by
+    default ``<job>-0 … <job>-(N-1)``) and, in place, read the job's assignment ConfigMap."""
+    meta = {"namespace": job.namespace, "labels": job_labels(job), "ownerReferences": [owner_reference(job)]}
+    names = sorted(pod_names) if pod_names is not None else [pod_name(job, i) for i in range(job.spec.replicas)]
+    # get/list/watch: the runtime watches its own pod (fieldSelector metadata.name) for the notice;
+    # patch: process 0 writes its progress annotation, the supervisor its exit reports. resourceNames keeps it
+    # to this job's pods.
+    rules: list[dict[str, Any]] = [{"apiGroups": [""], "resources": ["pods"], "resourceNames": names,
+                                    "verbs": ["get", "list", "watch", "patch"]}]
+    if in_place(job):  # the supervisors watch the assignment of every attempt
+        rules.append({"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [assignment_name(job)],
+                      "verbs": ["get", "list", "watch"]})
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": f"{job.name}-worker", **meta}, "rules": rules}
+
+
+def build_identity(job: TrainingJob, pod_names: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """The workers' identity: a Role + RoleBinding letting each worker watch and annotate only the job's pods,
     bound to the template's own ``serviceAccountName`` (workload identity: GKE, EKS IRSA) or to the
     ServiceAccount ``<job>-worker`` created here (with ``spec.serviceAccount`` annotations and labels)."""
     sa = worker_service_account(job)
     name = f"{job.name}-worker"
     meta = {"namespace": job.namespace, "labels": job_labels(job), "ownerReferences": [owner_reference(job)]}
-    names = [pod_name(job, i) for i in range(job.spec.replicas)]
     objects: list[dict[str, Any]] = []
     if owns_identity(job):
         extra = job.spec.service_account
@@ -149,12 +209,20 @@ def build_identity(job: TrainingJob) -> list[dict[str, Any]]:
         objects.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": sa_meta})
     return [
         *objects,
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name, **meta},
-         # get/list/watch: the runtime watches its own pod (fieldSelector metadata.name) for the notice;
-         # patch: process 0 writes its progress annotation. resourceNames keeps it to this job's pods.
-         "rules": [{"apiGroups": [""], "resources": ["pods"], "resourceNames": names,
-                    "verbs": ["get", "list", "watch", "patch"]}]},
+        worker_role(job, pod_names),
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name, **meta},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
          "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": job.namespace}]},
     ]
+
+
+def build_assignment(job: TrainingJob, attempt: int, processes: dict[str, int], coordinator: str) -> dict[str, Any]:
+    """The ConfigMap ``<job>-assignment`` of ``attempt`` (``docs/contract.md``, "In-place restarts")."""
+    import json
+
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": assignment_name(job), "namespace": job.namespace, "labels": job_labels(job),
+                         "ownerReferences": [owner_reference(job)]},
+            "data": {"contract": str(CONTRACT_VERSION), "attempt": str(attempt),
+                     "numProcesses": str(job.spec.replicas), "coordinator": coordinator,
+                     "processes": json.dumps(dict(sorted(processes.items())), separators=(",", ":"))}}

@@ -139,13 +139,13 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             if not is_open(notice, now, state.horizon_seconds):
                 return opens_at(notice, state.horizon_seconds)
             raw = state.cache.pods_of(namespace, name)
-            pods = [p for p in (observe.worker_pod(r) for r in raw) if p is not None]
+            pods = observe.workers(job, raw, state.assignments.get((namespace, name)))
             notes = {r["metadata"]["name"]: observe.notice_annotation(r) for r in raw}
             plan = decide_notice(job, pods, notice, notes, now, state.horizon_seconds)
             if plan is None or (job.uid, plan.attempt, notice.id) in state.delivered:
                 return None
             before = recorded_deadline(job, plan.attempt)
-            value = notice.annotation()
+            value = notice.annotation(plan.attempt)
             await apply.gather([functools.partial(apply.annotate_pod, api, namespace, n, {ANNOTATION_NOTICE: value})
                                 for n in plan.annotate])
             for r in raw:  # the cache learns it now, not only when the watch event comes

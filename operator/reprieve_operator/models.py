@@ -219,8 +219,23 @@ class ServiceAccountSpec(_Model):
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels of the created ServiceAccount.")
 
 
+SPEC_RULES = [
+    {"rule": "self.spares <= self.replicas", "fieldPath": ".spares",
+     "message": "spares must be at most replicas (a spare replaces one worker; more would never be used)"},
+    {"rule": "self.spares == 0 || self.restartMode == 'InPlace'", "fieldPath": ".spares",
+     "message": "spares need restartMode InPlace (with Recreate every pod is created again anyway)"},
+    {"rule": "self.restartMode != 'InPlace' || has(self.template.spec.containers[0].command)",
+     "fieldPath": ".template",
+     "message": "restartMode InPlace runs the first container under reprieve-run, so its command must be set "
+                "(the image's entrypoint cannot be wrapped); set the command, or restartMode: Recreate"},
+]
+
+
 class TrainingJobSpec(_Model):
     """Desired state of a gang of JAX workers that survives node preemption."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
+                              json_schema_extra={"x-kubernetes-validations": SPEC_RULES})  # type: ignore[dict-item]
 
     replicas: int = Field(ge=1, le=4096, description="Number of worker processes (pods). Immutable.",
                           json_schema_extra=_immutable("replicas"))
@@ -239,6 +254,19 @@ class TrainingJobSpec(_Model):
                                   description="Port of process 0's JAX coordination service. Immutable.",
                                   json_schema_extra=_immutable("coordinatorPort"))
     suspend: bool = Field(default=False, description="Delete the workers but keep the job; resume later.")
+    restart_mode: Literal["InPlace", "Recreate"] = Field(
+        default="Recreate",  # InPlace becomes the default once the supervisor ships in the images
+        description="InPlace: a gang restart keeps every worker pod whose node is healthy and starts the next "
+                    "attempt's process inside it (the first container runs under reprieve-run, the runtime's "
+                    "supervisor; its command must be set); only pods on doomed or lost nodes are replaced. "
+                    "Recreate: every pod is deleted and created again. Immutable.",
+        json_schema_extra=_immutable("restartMode"))
+    spares: int = Field(
+        default=0, ge=0, le=4096,
+        description="Warm spare pods (InPlace only): scheduled, image pulled and pre-warmed on other nodes; at a "
+                    "restart a spare takes over the index of a worker whose node is doomed or lost, so the "
+                    "restart never waits for scheduling or a pull. At most replicas. Spares never count as "
+                    "workers.")
     service_account: ServiceAccountSpec = Field(
         default_factory=ServiceAccountSpec, json_schema_extra={"default": {}},
         description="The worker ServiceAccount the operator creates when template.spec.serviceAccountName is "
@@ -260,6 +288,18 @@ class TrainingJobSpec(_Model):
         if len(names) != len(spec["containers"]) or len(set(names)) != len(names):
             raise ValueError(f"template.spec.containers must be objects with unique names, got {names!r}")
         return v
+
+    @model_validator(mode="after")
+    def _restart_mode(self) -> TrainingJobSpec:
+        if self.spares > self.replicas:
+            raise ValueError(f"spares must be at most replicas ({self.replicas}), got {self.spares}")
+        if self.spares and self.restart_mode != "InPlace":
+            raise ValueError("spares need restartMode InPlace")
+        first = (self.template.get("spec") or {}).get("containers", [{}])[0]
+        if self.restart_mode == "InPlace" and not first.get("command"):
+            raise ValueError("template.spec.containers[0].command must be set for restartMode InPlace (the "
+                             "operator runs it under reprieve-run); set the command, or restartMode: Recreate")
+        return self
 
     @model_validator(mode="after")
     def _identity(self) -> TrainingJobSpec:
@@ -331,6 +371,19 @@ class GoodputStatus(_Model):
         json_schema_extra={"crd": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}})
 
 
+class Replaced(_Model):
+    index: int
+    old: str | None = None
+    new: str | None = None
+    reason: str = ""
+
+
+class LastRestart(_Model):
+    attempt: int
+    in_place: int = Field(default=0, description="Workers whose pods were kept (a new process in the same pod).")
+    replaced: list[Replaced] = Field(default_factory=list)
+
+
 class TrainingJobStatus(_Model):
     """Observed state; also what a goodput figure needs (times, attempts, committed step)."""
 
@@ -349,6 +402,10 @@ class TrainingJobStatus(_Model):
     replicas: int | None = Field(default=None, description="Worker pods of the current attempt that exist "
                                                            "(the scale subresource's status replicas).")
     selector: str | None = Field(default=None, description="Label selector of the job's worker pods.")
+    spares: str | None = Field(default=None, description="Ready spares / spec.spares (in-place mode).")
+    last_restart: LastRestart | None = Field(
+        default=None, description="The last in-place restart: how many workers restarted in place, which were "
+                                  "replaced, by which pod, and why.")
     ready: str | None = Field(default=None, description="Running workers / replicas, e.g. '3/4'.")
     last_notice: NoticeStatus | None = None
     step: int | None = Field(default=None, description="Latest step reported by process 0 (live, every few "

@@ -8,9 +8,19 @@ from collections.abc import Container, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from . import ANNOTATION_NOTICE, ANNOTATION_PROGRESS, LABEL_ATTEMPT, LABEL_INDEX, LABEL_JOB
+from . import (
+    ANNOTATION_EXIT,
+    ANNOTATION_NOTICE,
+    ANNOTATION_PROGRESS,
+    ANNOTATION_SUPERVISOR,
+    LABEL_ATTEMPT,
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_ROLE,
+)
 from .models import TrainingJob
 from .policy import goodput
+from .policy.inplace import PodView
 from .policy.restart import RestartPlan, WorkerPod
 from .signals import Notice, parse_time, rfc3339
 
@@ -61,14 +71,68 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
                      "labels": {k: v for k, v in labels.items() if k.startswith("reprieve.dev/")},
-                     "annotations": {k: annotations[k] for k in (ANNOTATION_NOTICE, ANNOTATION_PROGRESS)
+                     "annotations": {k: annotations[k] for k in (ANNOTATION_NOTICE, ANNOTATION_PROGRESS,
+                                                                  ANNOTATION_EXIT, ANNOTATION_SUPERVISOR)
                                      if annotations.get(k)},
                      "deletionTimestamp": meta.get("deletionTimestamp")},
         "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
-        "status": {"phase": status.get("phase"), "reason": status.get("reason"),
+        "status": {"phase": status.get("phase"), "reason": status.get("reason"), "podIP": status.get("podIP"),
                    "containerStatuses": [{"state": cs.get("state") or {}}
                                          for cs in status.get("containerStatuses") or []]},
     }
+
+
+def _json(raw: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(raw) if isinstance(raw, str) and raw else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def pod_view(pod: Mapping[str, Any], known_nodes: Container[str] | None = None) -> PodView | None:
+    """An in-place job's pod as ``policy.inplace`` sees it; None if it is not one of the job's pods."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    role = labels.get(LABEL_ROLE) or ("worker" if LABEL_INDEX in labels else None)
+    attempt = _int(labels.get(LABEL_ATTEMPT))
+    if role not in ("worker", "spare") or attempt is None:
+        return None
+    status = pod.get("status") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    phase = status.get("phase") or "Pending"
+    container_code = None
+    for cs in (status.get("containerStatuses") or [])[:1]:
+        term = (cs.get("state") or {}).get("terminated")
+        if term is not None and term.get("exitCode") is not None:
+            container_code = int(term["exitCode"])
+    node_lost = bool(node) and known_nodes is not None and node not in known_nodes
+    if phase == "Failed" and status.get("reason") in LOST_REASONS:
+        node_lost = True
+    report = _json(annotations.get(ANNOTATION_EXIT))
+    notice = _json(annotations.get(ANNOTATION_NOTICE))
+    supervisor = _json(annotations.get(ANNOTATION_SUPERVISOR))
+    return PodView(name=str(meta.get("name")), role=role, index=_int(labels.get(LABEL_INDEX)), attempt=attempt,
+                   phase=phase, deleting=bool(meta.get("deletionTimestamp")), node=node, node_lost=node_lost,
+                   ip=status.get("podIP"), exit_attempt=_int(report.get("attempt")), exit_code=_int(report.get("code")),
+                   exit_time=parse_time(report.get("time")), container_code=container_code,
+                   notice_attempt=_int(notice.get("attempt")) if notice else None,
+                   contract=_int(supervisor.get("contract")))
+
+
+def workers(job: TrainingJob, raw_pods: Iterable[Mapping[str, Any]], assignment: Any = None,
+            known_nodes: Container[str] | None = None) -> list[WorkerPod]:
+    """The job's workers as ``policy.restart``/``policy.notice`` see them: by their labels (Recreate), or, in
+    place, the pods the current assignment lists, each at the assignment's attempt and index."""
+    if assignment is None or job.spec.restart_mode != "InPlace":
+        return [p for p in (worker_pod(r, known_nodes) for r in raw_pods) if p is not None]
+    from .policy.inplace import worker_view
+
+    listed = assignment.processes
+    views = [v for v in (pod_view(r, known_nodes) for r in raw_pods) if v is not None and v.name in listed]
+    code = job.spec.restart_policy.restart_exit_code
+    return [worker_view(v, assignment.attempt, listed[v.name], code) for v in views]
 
 
 def compact_node(node: Mapping[str, Any]) -> dict[str, Any]:

@@ -60,8 +60,12 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
             state.cache.replace_job_pods(namespace, name, listed)
             raw_pods = state.cache.pods_of(namespace, name)
         known = state.cache.nodes if state.cache.primed else None
-        pods = [p for p in (observe.worker_pod(r, known) for r in raw_pods) if p is not None]
         now = state_now()
+        if builders.in_place(job):
+            from .restart_inplace import reconcile_inplace
+
+            return await reconcile_inplace(state, job, body, raw_pods, known, now)
+        pods = [p for p in (observe.worker_pod(r, known) for r in raw_pods) if p is not None]
         plan = decide_restart(job, pods, (), now)
         if plan.cause == DISRUPTION:
             # A pod lost on a node with an open notice was preempted, even if the status does not say so yet
@@ -73,9 +77,7 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
         ref = job_ref(body)
         if plan.cause:
             # Record the decision before acting on it, so a crash in between cannot count it twice.
-            patch = observe.status_patch(job, plan, now, None)
-            await apply.run(apply.patch_job_status, api, namespace, name, patch)
-            job = job.model_copy(update={"status": job.status.model_validate({**_dump(job), **patch})})
+            job = await status_write(state, job, plan, now)
             if plan.phase == "Failed":
                 metrics.FAILED_JOBS.labels(namespace, metrics.job(name),
                                            plan.conditions[0].reason if plan.conditions else "Failed").inc()
@@ -122,6 +124,13 @@ async def _post_status_events(state: State, job: TrainingJob, ref: dict[str, Any
         await apply.run(apply.post_event, state.api, ref, ev.reason, ev.message, ev.type)
     if patch.get("phase") in ("Succeeded", "Failed"):
         _commit_events.pop(key, None)
+
+
+async def status_write(state: State, job: TrainingJob, plan: RestartPlan, now: datetime) -> TrainingJob:
+    """Write the status ``plan`` leads to; the job as it is after it (for the decisions that follow)."""
+    patch = observe.status_patch(job, plan, now, None)
+    await apply.run(apply.patch_job_status, state.api, job.namespace, job.name, patch)
+    return job.model_copy(update={"status": job.status.model_validate({**_dump(job), **patch})})
 
 
 def _avoid(state: State, job: TrainingJob, now: datetime) -> tuple[str, ...]:
@@ -180,7 +189,9 @@ async def _refresh_nodes(state: State, names: set[str], limit: int = 20) -> bool
 CREATED, FAILED = "created", "failed"
 
 
-async def _create(state: State, job: TrainingJob, ref: dict[str, Any], plan: RestartPlan) -> str | float:
+async def _create(state: State, job: TrainingJob, ref: dict[str, Any], plan: RestartPlan,
+                  pods: list[dict[str, Any]] | None = None,
+                  created: list[dict[str, Any]] | None = None) -> str | float:
     """Create what ``plan`` asks for: CREATED, FAILED (a final refusal), or the seconds until the next try.
 
     A new attempt is dry-run first (its first pod through validation and admission), so a template the API
@@ -192,9 +203,12 @@ async def _create(state: State, job: TrainingJob, ref: dict[str, Any], plan: Res
     tries, due = state.create_backoff.get(key, (0, 0.0))
     if tries and time.monotonic() < due:
         return due - time.monotonic()
-    pods = [builders.build_worker_pod(job, i, plan.attempt, plan.exclude_nodes) for i in plan.create]
+    if pods is None:
+        pods = [builders.build_worker_pod(job, i, plan.attempt, plan.exclude_nodes) for i in plan.create]
+    if not pods:
+        return CREATED
     created_objects: list[dict[str, Any]] = []  # what this call created, removed again on a final refusal
-    current = pods[0]["metadata"]["name"]
+    current = pods[0]["metadata"].get("name") or pods[0]["metadata"]["generateName"]
     try:
         if plan.new_attempt:
             probe = copy.deepcopy(pods[0])
@@ -216,8 +230,11 @@ async def _create(state: State, job: TrainingJob, ref: dict[str, Any], plan: Res
             if isinstance(r, dict):
                 state.cache.upsert_pod(r)
                 created_objects.append(r)
+        if created is not None:
+            created.extend(r for r in results if isinstance(r, dict))
         if errors:
-            current = errors[0][0]["metadata"]["name"]
+            meta = errors[0][0]["metadata"]
+            current = meta.get("name") or meta["generateName"]
             raise errors[0][1]
     except Exception as err:  # noqa: BLE001 - every refusal is classified below
         status, body = apply.refusal_of(err)

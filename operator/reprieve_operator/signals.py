@@ -59,11 +59,14 @@ class Notice:
     # deadline then counts from the operator's first sight, which is late by any operator outage.
     estimated: bool = False
 
-    def annotation(self) -> str:
-        """The ``reprieve.dev/notice`` annotation value (contract: JSON, RFC 3339 UTC times)."""
-        return json.dumps({"id": self.id, "reason": self.reason, "node": self.node,
-                           "deadline": rfc3339(self.deadline), "observedAt": rfc3339(self.observed_at)},
-                          separators=(",", ":"))
+    def annotation(self, attempt: int | None = None) -> str:
+        """The ``reprieve.dev/notice`` annotation value (contract: JSON, RFC 3339 UTC times; ``attempt``: the
+        attempt it is delivered to, which the runtime checks against its own)."""
+        value: dict[str, object] = {"id": self.id, "reason": self.reason, "node": self.node,
+                                    "deadline": rfc3339(self.deadline), "observedAt": rfc3339(self.observed_at)}
+        if attempt is not None:
+            value["attempt"] = attempt
+        return json.dumps(value, separators=(",", ":"))
 
 
 AWS = "aws-node-termination-handler"

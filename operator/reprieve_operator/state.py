@@ -30,6 +30,7 @@ class State:
     node_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)  # held notice -> re-examine
     requeues: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)  # job -> next reconcile
     create_backoff: dict[Key, tuple[int, float]] = field(default_factory=dict)  # job -> (tries, monotonic due)
+    assignments: dict[Key, Any] = field(default_factory=dict)  # in-place job -> its Assignment (we write it)
     custom_jobs: set[Key] = field(default_factory=set)  # jobs with their own custom signals
     locks: dict[Key, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     pending: dict[Key, bool] = field(default_factory=dict)  # reconcile queued/running -> dirty

@@ -21,6 +21,7 @@ from .notice import Notice
 from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
 from .policy import SavePolicy
 from .progress import ProgressReporter
+from .supervised import SupervisorLink
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,18 @@ def init(
         watch_pod: watch this pod's notice annotation through the Kubernetes API when in a cluster.
         exit_fn: how to exit (default ``sys.exit``).
     """
-    config = RuntimeConfig.from_env(os.environ if env is None else env)
+    environ: Mapping[str, str] = os.environ if env is None else env
+    link = SupervisorLink.take(os.environ if env is None else dict(env))
+    if link is not None and link.warm:
+        # A pre-warmed process (reprieve-run): imports are done; the assignment says who this process is.
+        updates = link.await_assignment()
+        if env is None:
+            os.environ.update(updates)  # user code after init() and child processes see the new attempt
+        else:
+            environ = {**env, **updates}
+    config = RuntimeConfig.from_env(environ)
+    if link is not None:
+        link.send("init", attempt=config.attempt, processId=config.process_id)
     enable_compilation_cache(config)
     coordinator = _join(config)
     ckpt: Checkpointer
@@ -92,7 +104,7 @@ def init(
         if sigterm.install():
             closers.append(sigterm.uninstall)
     if config.notice_file:
-        closers.append(PollingSource("notice-file", NoticeFile(config.notice_file), hub,
+        closers.append(PollingSource("notice-file", NoticeFile(config.notice_file, attempt=config.attempt), hub,
                                      config.notice_poll_seconds).start().close)
     if notice_fn is not None:
         user = UserCallable(notice_fn, default_grace_seconds=config.termination_grace_seconds)
@@ -102,7 +114,8 @@ def init(
         assert config.kubernetes_host is not None and config.pod_name is not None
         client = KubeClient(config.kubernetes_host, config.kubernetes_port, config.serviceaccount_dir)
         if watch_pod:
-            closers.append(PodWatchSource(client, config.namespace, config.pod_name, hub.put).start().close)
+            closers.append(PodWatchSource(client, config.namespace, config.pod_name, hub.put,
+                                          attempt=config.attempt).start().close)
         if config.process_id == 0:
             progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt,
                                         interval_s=config.progress_interval_seconds)
@@ -119,7 +132,7 @@ def init(
                                        ("callable", notice_fn is not None)] if on))
     # Job wires itself to the checkpointer's commits (set_commit_callback), whichever checkpointer it is.
     job = Job(config, coordinator, ckpt, agreement, hub, policy=policy, metrics=metrics, progress=progress,
-              closers=closers, exit_fn=exit_fn)
+              closers=closers, exit_fn=exit_fn, on_first_step=link.first_step if link is not None else None)
     if config.distributed:
         _replace_preemption_sync_point()
     atexit.register(job.abandon)  # a loop left by break/exception must not abort the interpreter's exit

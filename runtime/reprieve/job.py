@@ -89,6 +89,7 @@ class Job:
         closers: list[Callable[[], None]] | None = None,
         exit_fn: Callable[[int], Any] = sys.exit,
         shutdown_distributed: bool = True,
+        on_first_step: Callable[[int], None] | None = None,
     ) -> None:
         self.config = config
         self.coordinator = coordinator
@@ -103,6 +104,7 @@ class Job:
         self._closers = closers or []
         self._exit_fn = exit_fn
         self._shutdown_distributed = shutdown_distributed
+        self._on_first_step = on_first_step  # reprieve-run pre-warms the next attempt once it is called
         # where the loop is: all written and read by the training thread only
         self._last_step: int | None = None  # the job's last step; None: not known (a loop over a loader)
         self._current = -1  # the furthest step the loop entered
@@ -210,6 +212,7 @@ class Job:
                 loop.last = (step - 1, now)  # the only per-step cost of progress reporting: one tuple
                 if loop.first is None:
                     loop.first = loop.last
+                    self._first_step_done(step - 1)  # reprieve-run starts the next attempt's process now
                 self._observe_step(now - previous_t, step)
                 if self._decided != step - 1 or self._stop_step == step - 1:
                     self._decide_or_exit(step - 1)  # no save() in the body, or should_stop() said stop
@@ -226,6 +229,14 @@ class Job:
         if total is not None and total > start and (self._decided != total - 1 or self._stop_step == total - 1):
             self._decide_or_exit(total - 1)
         self.finish()
+
+    def _first_step_done(self, step: int) -> None:
+        if self._on_first_step is not None:
+            hook, self._on_first_step = self._on_first_step, None
+            try:
+                hook(step)
+            except Exception as err:  # noqa: BLE001 - a report, never a reason to stop training
+                log.debug("first-step hook failed: %s", err)
 
     def _transition(self, phase: Phase) -> None:
         if self.phase.terminal:
@@ -271,6 +282,7 @@ class Job:
         waits for the commit on all processes, and exits (restart code, or 1 past the deadline).
         """
         self._current = max(self._current, step)
+        self._first_step_done(step)
         kind = self._decide(step)
         self._decided = step
         if kind == FINAL:

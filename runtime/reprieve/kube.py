@@ -12,6 +12,8 @@ import http.client
 import json
 import logging
 import os
+import queue
+import socket
 import ssl
 import threading
 import time
@@ -54,6 +56,18 @@ class KubeClient:
     def _connect(self, timeout_s: float) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(self.host, self.port, context=self._context(), timeout=timeout_s)
 
+    def _watch_connection(self, timeout_s: float) -> http.client.HTTPSConnection:
+        """A connection for a long watch: TCP keepalive finds a dead peer in ~30 s instead of at the timeout."""
+        conn = self._connect(timeout_s)
+        conn.connect()
+        sock = conn.sock
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for name, value in (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+                if hasattr(socket, name):
+                    sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+        return conn
+
     def request(self, method: str, path: str, body: dict[str, Any] | None = None, *,
                 content_type: str = "application/json", timeout_s: float | None = None) -> dict[str, Any]:
         conn = self._connect(timeout_s or self.timeout_s)
@@ -80,10 +94,24 @@ class KubeClient:
 
     def watch_pod(self, namespace: str, pod: str, *, timeout_seconds: int = 290) -> Iterator[dict[str, Any]]:
         """Watch events for one pod (the first is a synthetic ADDED with its current state)."""
-        query = urllib.parse.urlencode({"fieldSelector": f"metadata.name={pod}", "watch": "true",
-                                        "timeoutSeconds": str(timeout_seconds)})
-        path = f"/api/v1/namespaces/{_q(namespace)}/pods?{query}"
-        conn = self._connect(timeout_seconds + 30.0)
+        return self.watch_named(namespace, "pods", pod, timeout_seconds=timeout_seconds)
+
+    def list_named(self, namespace: str, resource: str, name: str, *,
+                   timeout_s: float | None = None) -> dict[str, Any]:
+        """A list of the one object ``name`` (core/v1 ``resource``): ``items`` is empty when it does not exist;
+        ``metadata.resourceVersion`` is where a watch goes on. Needs only get/list on that resourceName."""
+        query = urllib.parse.urlencode({"fieldSelector": f"metadata.name={name}"})
+        return self.request("GET", f"/api/v1/namespaces/{_q(namespace)}/{resource}?{query}", timeout_s=timeout_s)
+
+    def watch_named(self, namespace: str, resource: str, name: str, *, resource_version: str | None = None,
+                    timeout_seconds: int = 290) -> Iterator[dict[str, Any]]:
+        """Watch events for the one object ``name``; from ``resource_version`` (else a synthetic ADDED first)."""
+        params = {"fieldSelector": f"metadata.name={name}", "watch": "true",
+                  "timeoutSeconds": str(timeout_seconds)}
+        if resource_version:
+            params.update(resourceVersion=resource_version, allowWatchBookmarks="true")
+        path = f"/api/v1/namespaces/{_q(namespace)}/{resource}?{urllib.parse.urlencode(params)}"
+        conn = self._watch_connection(timeout_seconds + 30.0)
         try:
             conn.request("GET", path, headers=self._headers())
             resp = conn.getresponse()
@@ -115,8 +143,9 @@ class PodWatchSource:
     """Watches this pod's ``reprieve.dev/notice`` annotation; forwards notices via ``put``."""
 
     def __init__(self, client: KubeClient, namespace: str, pod: str, put: Callable[[Notice], None], *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, attempt: int | None = None) -> None:
         self._client = client
+        self._attempt = attempt  # notices delivered to another attempt are ignored
         self._ns = namespace
         self._pod = pod
         self._put = put
@@ -163,6 +192,143 @@ class PodWatchSource:
         if value is None or value == self._last_value:
             return
         self._last_value = value
-        notice = notice_from_annotations(annotations, self._clock(), source="annotation")
+        notice = notice_from_annotations(annotations, self._clock(), source="annotation", attempt=self._attempt)
         if notice is not None:
             self._put(notice)
+
+
+class ObjectWatch:
+    """List, then watch, one named object (``reprieve-run``'s assignment ConfigMap), in a daemon thread.
+
+    ``on_change(obj)`` gets the object after the list and after every change, ``None`` when it does not exist (or
+    was deleted). Failures back off (1 s doubling to 30 s) and start again with a fresh list; a watch expired by
+    the server (410) lists again at once. Every request is bounded: lists by ``timeout_s``, watches by
+    ``watch_seconds`` on the server plus TCP keepalive on the client.
+    """
+
+    def __init__(self, client: KubeClient, namespace: str, resource: str, name: str,
+                 on_change: Callable[[dict[str, Any] | None], None], *, watch_seconds: int = 120,
+                 timeout_s: float = 10.0) -> None:
+        self._client = client
+        self._ns, self._resource, self._name = namespace, resource, name
+        self._on_change = on_change
+        self._watch_seconds = watch_seconds
+        self._timeout_s = timeout_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def what(self) -> str:
+        return f"{self._resource} {self._ns}/{self._name}"
+
+    def start(self) -> ObjectWatch:
+        self._thread = threading.Thread(target=self._run, name=f"reprieve-watch-{self._name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        delays = backoff_delays()
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                listed = self._client.list_named(self._ns, self._resource, self._name, timeout_s=self._timeout_s)
+                items = listed.get("items") or []
+                if failures:
+                    log.info("watch of %s works again after %d failure(s)", self.what, failures)
+                failures, delays = 0, backoff_delays()
+                self._on_change(items[0] if items else None)
+                version = (listed.get("metadata") or {}).get("resourceVersion")
+                while not self._stop.is_set() and version is not None:
+                    version = self._watch(version)
+            except Exception as err:  # noqa: BLE001 - any failure: back off and list again
+                failures += 1
+                delay = next(delays)
+                level = logging.WARNING if failures in (1, 10) or failures % 100 == 0 else logging.DEBUG
+                log.log(level, "watch of %s failed (%s, failure %d); retrying in %.0fs", self.what, err, failures,
+                        delay)
+                self._stop.wait(delay)
+
+    def _watch(self, version: str) -> str | None:
+        """One watch request from ``version``; the version to go on from, None to list again (410 Gone)."""
+        for event in self._client.watch_named(self._ns, self._resource, self._name, resource_version=version,
+                                              timeout_seconds=self._watch_seconds):
+            if self._stop.is_set():
+                return version
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    log.debug("watch of %s expired (410): listing again", self.what)
+                    return None
+                raise KubeError(f"watch of {self.what}: {obj.get('message') or obj}")
+            version = (obj.get("metadata") or {}).get("resourceVersion") or version
+            if kind in ("ADDED", "MODIFIED"):
+                self._on_change(obj)
+            elif kind == "DELETED":
+                self._on_change(None)
+        return version
+
+
+class PodAnnotator:
+    """Merge-patches annotations onto one pod from a daemon thread, in order, retrying with backoff.
+
+    ``put`` never blocks. A value waiting behind a newer value of the same annotation is dropped (only the newest
+    matters to a reader); ``flush`` waits, bounded, until everything put so far has landed (or was dropped).
+    """
+
+    def __init__(self, client: KubeClient, namespace: str, pod: str, *, timeout_s: float = 5.0) -> None:
+        self._client = client
+        self._ns, self._pod = namespace, pod
+        self._timeout_s = timeout_s
+        self._queue: queue.SimpleQueue[dict[str, str]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._newest: dict[str, int] = {}  # annotation -> serial of its newest value
+        self._serial = 0
+        self._done = threading.Condition(self._lock)
+        self._landed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reprieve-annotate", daemon=True)
+        self._thread.start()
+
+    def put(self, annotations: dict[str, str]) -> None:
+        with self._lock:
+            self._serial += 1
+            for key in annotations:
+                self._newest[key] = self._serial
+            self._queue.put({"__serial__": str(self._serial), **annotations})
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every put value landed or was superseded; False after ``timeout_s``."""
+        with self._done:
+            return self._done.wait_for(lambda: self._landed >= self._serial, timeout_s)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            serial = int(item.pop("__serial__"))
+            delays = backoff_delays(0.5, 10.0)
+            while not self._stop.is_set():
+                with self._lock:
+                    body = {k: v for k, v in item.items() if self._newest.get(k) == serial}
+                if not body:
+                    break
+                try:
+                    self._client.patch_pod_annotations(self._ns, self._pod, dict(body), timeout_s=self._timeout_s)
+                    log.debug("annotated pod %s/%s: %s", self._ns, self._pod, body)
+                    break
+                except Exception as err:  # noqa: BLE001 - retried until it lands or is superseded
+                    delay = next(delays)
+                    log.warning("could not annotate pod %s/%s with %s (%s); retrying in %.1fs", self._ns,
+                                self._pod, sorted(body), err, delay)
+                    self._stop.wait(delay)
+            with self._done:
+                self._landed = serial
+                self._done.notify_all()

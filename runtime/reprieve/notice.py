@@ -233,8 +233,29 @@ def parse_downward_file(text: str) -> dict[str, str]:
     return result
 
 
-def notice_from_annotations(annotations: dict[str, str] | None, now: float, *, source: str) -> Notice | None:
-    """The notice in a pod's annotations, or None when there is none."""
+def notice_from_annotations(annotations: dict[str, str] | None, now: float, *, source: str,
+                            attempt: int | None = None) -> Notice | None:
+    """The notice in a pod's annotations, or None when there is none or it was delivered to another attempt
+    than ``attempt`` (a pod kept across an in-place restart still carries the previous attempt's notice)."""
     if not annotations or NOTICE_ANNOTATION not in annotations:
         return None
-    return parse_notice_annotation(annotations[NOTICE_ANNOTATION], now, source=source)
+    notice = parse_notice_annotation(annotations[NOTICE_ANNOTATION], now, source=source)
+    if attempt is not None and not notice_counts_for(notice, attempt):
+        log.info("%s %s id=%s was delivered to attempt %s; this is attempt %d: ignored", source,
+                 NOTICE_ANNOTATION, notice.id, notice.details.get("attempt"), attempt)
+        return None
+    return notice
+
+
+def notice_counts_for(notice: Notice, attempt: int) -> bool:
+    """Whether ``notice`` applies to ``attempt`` (pure): yes without an ``attempt`` field (an older operator) or
+    with a malformed one (saving early is safe, ignoring a notice is not); else only for that attempt."""
+    value = notice.details.get("attempt")
+    if value is None or isinstance(value, bool):
+        return True
+    try:
+        return int(value) == attempt
+    except (TypeError, ValueError):
+        log.warning("%s id=%s: attempt %r is not an integer; the notice counts", NOTICE_ANNOTATION, notice.id,
+                    value)
+        return True

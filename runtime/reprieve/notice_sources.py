@@ -161,9 +161,10 @@ class PollingSource:
 class NoticeFile:
     """Reads ``REPRIEVE_NOTICE_FILE`` (downward-API annotations) and returns the notice in it, if any."""
 
-    def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, path: str, clock: Callable[[], float] = time.time, *, attempt: int | None = None) -> None:
         self.path = path
         self._clock = clock
+        self._attempt = attempt  # notices delivered to another attempt are ignored
         self._last_text: str | None = None
         self._last_notice: Notice | None = None
 
@@ -176,7 +177,7 @@ class NoticeFile:
         if text != self._last_text:  # parse (and log problems) once per content change
             self._last_text = text
             self._last_notice = notice_from_annotations(parse_downward_file(text), self._clock(),
-                                                        source="notice-file")
+                                                        source="notice-file", attempt=self._attempt)
         return self._last_notice
 
 

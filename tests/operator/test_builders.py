@@ -117,3 +117,21 @@ def test_annotations_for_a_service_account_the_user_names_are_refused() -> None:
     body["spec"]["template"]["spec"]["serviceAccountName"] = "mine"
     with pytest.raises(ValidationError, match="names your own \\('mine'\\): annotate that one"):
         body.model()
+
+
+def test_in_place_workers_run_under_reprieve_run_and_replacements_wait_for_their_index() -> None:
+    body = make_job("llama", "ml", replicas=4, restartMode="InPlace", spares=1)
+    body.with_command("python", "train.py")
+    tj = body.model()
+
+    def env(pod: dict) -> dict:
+        return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+
+    worker = build_worker_pod(tj, 2, 1)
+    assert worker["spec"]["containers"][0]["command"][:2] == ["reprieve-run", "--"]
+    assert env(worker)["REPRIEVE_PROCESS_ID"] == "2"
+    # a replacement (generated name) and a spare: index -1 in the environment, only an assignment lists them
+    replacement = build_worker_pod(tj, 2, 3, name="llama-2-")
+    assert replacement["metadata"]["labels"]["reprieve.dev/replica-index"] == "2"
+    assert env(replacement)["REPRIEVE_PROCESS_ID"] == "-1" and env(replacement)["REPRIEVE_ATTEMPT"] == "3"
+    assert env(build_worker_pod(tj, -1, 3, name="llama-spare-", role="spare"))["REPRIEVE_PROCESS_ID"] == "-1"

@@ -47,7 +47,7 @@ def test_validation_rules_and_columns() -> None:
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     immutable = [k for k, v in spec.items()
                  if any(r["rule"] == "self == oldSelf" for r in v.get("x-kubernetes-validations", []))]
-    assert sorted(immutable) == ["coordinatorPort", "replicas", "template"]
+    assert sorted(immutable) == ["coordinatorPort", "replicas", "restartMode", "template"]
     code_rules = [r["rule"] for r in spec["restartPolicy"]["properties"]["restartExitCode"]["x-kubernetes-validations"]]
     assert code_rules == ["self >= 3 && self <= 125", "self == oldSelf"]
     assert [c["name"] for c in version["additionalPrinterColumns"]] == \

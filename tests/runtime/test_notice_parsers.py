@@ -145,3 +145,31 @@ def test_parse_rfc3339_rejects(text: str | None) -> None:
 
 def test_parse_rfc3339_naive_is_utc() -> None:
     assert parse_rfc3339("2026-11-18T08:27:10") == parse_rfc3339("2026-11-18T08:27:10Z")
+
+
+# (the annotation's "attempt", this runtime's attempt, counts?) docs/contract.md, "Notices across attempts"
+ATTEMPTS = [
+    (None, 3, True),  # an older operator writes no attempt: counts for every attempt
+    (3, 3, True),
+    (2, 3, False),  # the previous attempt's notice on a pod kept by an in-place restart
+    (4, 3, False),
+    ("3", 3, True),
+    ("2", 3, False),
+    ("three", 3, True),  # malformed: saving early is safe, ignoring a notice is not
+    (True, 3, True),
+]
+
+
+@pytest.mark.parametrize("value,attempt,counts", ATTEMPTS)
+def test_notice_of_another_attempt_is_ignored(value: object, attempt: int, counts: bool) -> None:
+    raw = dict(GOOD) if value is None else {**GOOD, "attempt": value}
+    annotations = {NOTICE_ANNOTATION: json.dumps(raw)}
+    notice = notice_from_annotations(annotations, NOW, source="annotation", attempt=attempt)
+    assert (notice is not None) == counts
+    # without an attempt to compare with (outside the supervisor's world) every notice counts
+    assert notice_from_annotations(annotations, NOW, source="annotation") is not None
+
+
+def test_malformed_notice_counts_for_every_attempt() -> None:
+    notice = notice_from_annotations({NOTICE_ANNOTATION: "{broken"}, NOW, source="annotation", attempt=5)
+    assert notice is not None and notice.reason == "malformed"

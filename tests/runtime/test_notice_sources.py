@@ -169,6 +169,32 @@ def test_pod_watch_events() -> None:
     assert [n.id for n in got] == ["a"] and got[0].source == "annotation"
 
 
+def test_pod_watch_ignores_a_notice_of_another_attempt() -> None:
+    got: list[Notice] = []
+    source = PodWatchSource(client=None, namespace="ns", pod="p", put=got.append,  # type: ignore[arg-type]
+                            attempt=3)
+    for i, attempt in enumerate([2, 3]):
+        value = json.dumps({"id": f"n{i}", "reason": "gke-spot", "deadline": "2030-01-01T00:00:00Z",
+                            "attempt": attempt})
+        source.handle_event({"type": "MODIFIED", "object": {"metadata": {"annotations": {NOTICE_ANNOTATION: value}}}})
+    assert [n.id for n in got] == ["n1"]
+
+
+def test_notice_file_ignores_a_notice_of_another_attempt(tmp_path: Path, hub: tuple[NoticeHub, Sink]) -> None:
+    h, sink = hub
+    path = tmp_path / "annotations"
+    write_notice_file(path, {"id": "old", "reason": "gke-spot", "deadline": "2030-01-01T00:00:00Z", "attempt": 1})
+    poller = PollingSource("notice-file", NoticeFile(str(path), attempt=2), h, 0.02).start()
+    try:
+        time.sleep(0.2)
+        assert sink.notices == []  # the previous attempt's notice, still on the kept pod
+        write_notice_file(path, {"id": "new", "reason": "gke-spot", "deadline": "2030-01-01T00:00:00Z",
+                                 "attempt": 2})
+        assert [n.id for n in sink.wait()] == ["new"]
+    finally:
+        poller.close()
+
+
 def test_progress_annotation_follows_the_contract() -> None:
     body = progress_annotation(120, 100, 3, 1_795_000_000.0)
     value = json.loads(body[PROGRESS_ANNOTATION])

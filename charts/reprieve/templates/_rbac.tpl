@@ -34,8 +34,17 @@
 - apiGroups: [""]
   resources: ["serviceaccounts"]
   verbs: ["get", "create", "delete", "patch"]
-# ... with a Role + RoleBinding limited to the job's own pods (docs/contract.md).
+# ... with a Role + RoleBinding limited to the job's own pods (docs/contract.md). patch: with in-place restarts the
+# Role's pod names follow the replacements and spares.
 - apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
+  resources: ["roles"]
+  verbs: ["get", "create", "delete", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["rolebindings"]
   verbs: ["get", "create", "delete"]
+# In-place restarts: the assignment of each attempt (ConfigMap J-assignment, read by the workers' supervisors;
+# list/watch only because RBAC lets the operator grant the workers no more than it holds).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 {{- end }}

@@ -46,13 +46,18 @@ def opens_at(notice: Notice, horizon_seconds: float) -> datetime:
     return notice.deadline - timedelta(seconds=horizon_seconds)
 
 
-def annotation_deadline(value: str | None) -> datetime | None:
-    """The deadline in a ``reprieve.dev/notice`` value; None if absent. A malformed value counts as the
-    earliest possible deadline (the runtime treats it as "save now"), so it is never overwritten."""
+def annotation_deadline(value: str | None, attempt: int | None = None) -> datetime | None:
+    """The deadline in a ``reprieve.dev/notice`` value; None if absent or delivered to another attempt than
+    ``attempt`` (a pod kept by an in-place restart still carries the previous attempt's). A malformed value
+    counts as the earliest possible deadline (the runtime treats it as "save now"), so it is never
+    overwritten."""
     if not value:
         return None
     try:
-        deadline = parse_time(json.loads(value).get("deadline"))
+        parsed = json.loads(value)
+        if attempt is not None and parsed.get("attempt") not in (None, attempt):
+            return None
+        deadline = parse_time(parsed.get("deadline"))
     except (ValueError, AttributeError):
         deadline = None
     return deadline if deadline is not None else EARLIEST
@@ -87,9 +92,14 @@ def decide_notice(job: TrainingJob, pods: Sequence[WorkerPod], notice: Notice,
     current = [p for p in pods if p.attempt == attempt and not p.deleting and not p.terminated]
     if not current:
         return None
+    if all(p.node is not None and p.node != notice.node for p in current):
+        # No pod of this attempt is on the node: the notice is for pods an in-place restart already replaced
+        # (they linger on the node while being deleted). Telling the new attempt would make it save for nothing,
+        # and past the deadline it would exit as failed.
+        return None
     annotate = []
     for p in current:
-        known = annotation_deadline(annotations.get(p.name))
+        known = annotation_deadline(annotations.get(p.name), attempt)
         if known is None or known > notice.deadline:
             annotate.append(p.name)
     recorded = recorded_deadline(job, attempt)

@@ -24,7 +24,7 @@ twice.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -114,7 +114,6 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Ite
     ``now``: for the rapid-restart rule and its backoff (None: neither applies).
     """
     st, spec = job.status, job.spec
-    code = spec.restart_policy.restart_exit_code
     attempt = max([st.attempt, *(p.attempt for p in pods)])
     alive = tuple(sorted(p.name for p in pods if not p.deleting))
     replicas = spec.replicas
@@ -160,42 +159,71 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Ite
     noticed = (st.last_notice is not None and st.last_notice.attempt == attempt) or \
         any(p.noticed for p in current.values())
 
-    # A pod someone else deletes gets SIGTERM and may die with 143: that is a disruption, not a failure
-    # (unless the runtime managed to save and exit with the restart code).
-    lost = [p for p in current.values() if _lost(p, code)]
-    failed = [p for p in current.values()
-              if p.phase == "Failed" and p.exit_code is not None and p.exit_code not in (0, code)
-              and p not in lost]
-    cause, why, rapid = None, "", False
-    if failed:
-        cause, why = FAILURE, _describe(failed[0])
-    elif lost or (missing and recorded):
-        doomed = any(p.node in doomed_nodes for p in lost if p.node)
-        cause = PREEMPTION if noticed or doomed else DISRUPTION
-        why = _describe(lost[0]) if lost else f"worker {job.name}-{missing[0]} disappeared"
-    elif not missing and all(p.terminated for p in current.values()):
-        codes = {p.exit_code for p in current.values()}
-        if codes == {0}:
-            return RestartPlan(phase="Succeeded", attempt=attempt, delete=stale, ready=0,
-                               conditions=(Condition("Complete", "True", "AllWorkersSucceeded",
-                                                     f"all {replicas} workers exited 0"),))
-        if codes <= {0, code}:
-            cause, why = PREEMPTION, f"all workers exited (codes {sorted(c for c in codes if c is not None)})"
-            started = parse_time(st.attempt_start_time)
-            explained = noticed or any(p.deleting for p in current.values())
-            rapid = (not explained and now is not None and started is not None
-                     and (now - started).total_seconds() < RAPID_SECONDS)
-
-    if cause is None:
+    verdict = classify(job, current, missing, recorded, noticed, doomed_nodes, now)
+    if verdict.succeeded:
+        return RestartPlan(phase="Succeeded", attempt=attempt, delete=stale, ready=0,
+                           conditions=(Condition("Complete", "True", "AllWorkersSucceeded",
+                                                 f"all {replicas} workers exited 0"),))
+    if verdict.cause is None:
         running = sum(1 for p in current.values() if p.phase == "Running" and not p.deleting)
         phase = "Preempting" if noticed else ("Running" if running == replicas else "Pending")
         create = tuple(missing) if not recorded else ()
         existing = sum(1 for p in current.values() if not p.deleting)
         return RestartPlan(phase=phase, attempt=attempt, create=create, delete=stale, ready=running,
                            exclude_nodes=avoid if create else (), replicas=existing)
-
-    counts = st.restarts
     stragglers = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
+    return gang_restart(job, attempt, verdict, now, stragglers=stragglers, teardown=alive)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the current attempt's workers say: a cause to restart (or fail), success, or nothing yet."""
+
+    cause: str | None = None
+    why: str = ""
+    rapid: bool = False
+    succeeded: bool = False
+
+
+def classify(job: TrainingJob, current: Mapping[int, WorkerPod], missing: Sequence[int], recorded: bool,
+             noticed: bool, doomed_nodes: Collection[str] = (), now: datetime | None = None) -> Verdict:
+    """The gang rules of the module docstring over the current attempt's workers (by index)."""
+    code = job.spec.restart_policy.restart_exit_code
+    # A pod someone else deletes gets SIGTERM and may die with 143: that is a disruption, not a failure
+    # (unless the runtime managed to save and exit with the restart code).
+    lost = [p for p in current.values() if _lost(p, code)]
+    failed = [p for p in current.values()
+              if p.phase == "Failed" and p.exit_code is not None and p.exit_code not in (0, code)
+              and p not in lost]
+    if failed:
+        return Verdict(FAILURE, _describe(failed[0]))
+    if lost or (missing and recorded):
+        doomed = any(p.node in doomed_nodes for p in lost if p.node)
+        why = _describe(lost[0]) if lost else f"worker {job.name}-{missing[0]} disappeared"
+        return Verdict(PREEMPTION if noticed or doomed else DISRUPTION, why)
+    if not missing and all(p.terminated for p in current.values()):
+        codes = {p.exit_code for p in current.values()}
+        if codes == {0}:
+            return Verdict(succeeded=True)
+        if codes <= {0, code}:
+            started = parse_time(job.status.attempt_start_time)
+            explained = noticed or any(p.deleting for p in current.values())
+            rapid = (not explained and now is not None and started is not None
+                     and (now - started).total_seconds() < RAPID_SECONDS)
+            return Verdict(PREEMPTION, f"all workers exited (codes {sorted(c for c in codes if c is not None)})",
+                           rapid)
+    return Verdict()
+
+
+def gang_restart(job: TrainingJob, attempt: int, verdict: Verdict, now: datetime | None, *,
+                 stragglers: tuple[str, ...], teardown: tuple[str, ...]) -> RestartPlan:
+    """A decided cause against the budgets: Failed (deleting ``stragglers``), or a gang restart of ``attempt``
+    (deleting ``teardown``), after a backoff if it is rapid."""
+    st, spec = job.status, job.spec
+    cause, why, rapid = verdict.cause, verdict.why, verdict.rapid
+    assert cause is not None
+    code = spec.restart_policy.restart_exit_code
+    counts = st.restarts
     if cause == FAILURE and counts.failure + 1 > spec.restart_policy.max_failures:
         msg = (f"{why}; {counts.failure + 1} failure(s) exceed restartPolicy.maxFailures="
                f"{spec.restart_policy.max_failures}")
@@ -222,7 +250,7 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Ite
         due = (now + timedelta(seconds=wait)).replace(microsecond=0)
         msg += f"; rapid restart {n_rapid} in a row (no notice, within {RAPID_SECONDS:.0f} s): next attempt " \
                f"in {wait:.0f} s"
-    return RestartPlan(phase="Restarting", attempt=attempt, delete=alive, cause=cause, restarting_from=attempt,
+    return RestartPlan(phase="Restarting", attempt=attempt, delete=teardown, cause=cause, restarting_from=attempt,
                        message=msg, rapid_restarts=n_rapid, next_attempt_time=due,
                        conditions=(Condition("Restarting", "True", cause.capitalize(), msg),))
 

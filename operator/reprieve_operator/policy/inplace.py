@@ -1,0 +1,324 @@
+"""The in-place gang lifecycle as one pure decision: ``decide_inplace(job, pods, assignment, ...) -> RestartPlan``.
+
+With ``restartMode: InPlace`` each worker container runs ``reprieve-run`` (the runtime's supervisor), which
+starts one trainer process per attempt and reports every exit on its pod (``docs/contract.md``). The
+attempt's workers are the pods the job's assignment (``<job>-assignment`` ConfigMap) lists. The gang rules are
+those of ``policy.restart`` (``classify``, ``gang_restart``: causes, budgets, rapid-restart backoff); what
+differs is what a restart does:
+
+* a worker whose pod is alive on a healthy node is **kept**: the next assignment lists it again and its
+  supervisor starts the next attempt's process in the same pod (a trainer still running is stopped by it);
+* a worker whose pod is lost, deleted, failed as a container, or on a node with an open notice for the job is
+  **replaced**: by a ready spare on a healthy node if there is one (the spare takes its index), else by a new
+  pod (``<job>-<index>-<random>``); the old pod is deleted;
+* the next assignment is written once every listed pod runs and has an IP (the coordinator is process 0's pod
+  IP), so every trainer of the attempt starts together; a spare never waits for scheduling or a pull;
+* ``spec.spares`` spares are kept running on healthy nodes: a used one, or one on a doomed or lost node, is
+  replaced in the background. Spares never count as workers.
+
+Hung stragglers: once a worker reported the restart code, the others have the pod's grace period to report
+theirs; then the gang restarts anyway and the supervisors stop what still runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from ..models import TrainingJob
+from ..signals import parse_time
+from .restart import (
+    DISRUPTION,
+    FAILURE,
+    PREEMPTION,
+    TERMINAL_PHASES,
+    Condition,
+    RestartPlan,
+    Verdict,
+    WorkerPod,
+    classify,
+    gang_restart,
+)
+
+__all__ = ["Assignment", "InPlace", "PodView", "Replacement", "decide_inplace"]
+CONTRACT = 1
+
+
+@dataclass(frozen=True)
+class PodView:
+    """One pod of an in-place job as the policy sees it (``observe.pod_view`` builds it from the API object)."""
+
+    name: str
+    role: str  # "worker" or "spare"
+    index: int | None  # the index it was created for (workers)
+    attempt: int  # the attempt it was created for
+    phase: str = "Running"
+    deleting: bool = False
+    node: str | None = None
+    node_lost: bool = False
+    ip: str | None = None
+    exit_attempt: int | None = None  # the supervisor's last exit report
+    exit_code: int | None = None
+    exit_time: datetime | None = None
+    container_code: int | None = None  # the container (the supervisor) ended with this code
+    notice_attempt: int | None = None  # the attempt of the notice it carries, if any
+    contract: int | None = None  # the supervisor's contract version, once it announced itself
+
+    @property
+    def ready(self) -> bool:
+        """Running with an IP, not being deleted: an assignment may list it."""
+        return self.phase == "Running" and bool(self.ip) and not self.deleting and not self.node_lost
+
+
+@dataclass(frozen=True)
+class Assignment:
+    attempt: int
+    processes: Mapping[str, int]  # pod name -> process index
+    coordinator: str = ""
+
+
+@dataclass(frozen=True)
+class Replacement:
+    index: int
+    old: str | None  # the pod it replaces (None: it had none)
+    new: str | None  # the pod taking the index (None: a pod still to be created)
+    reason: str
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """What ``decide_inplace`` adds to a ``RestartPlan``."""
+
+    assign: Assignment | None = None  # the assignment to write now
+    create_workers: tuple[int, ...] = ()  # replacement pods to create (by index), generated names
+    create_spares: int = 0
+    kept: tuple[str, ...] = ()
+    replaced: tuple[Replacement, ...] = ()
+    waiting_for: tuple[str, ...] = field(default_factory=tuple)  # pods the next assignment waits for
+    record: RestartPlan | None = None  # a decided restart or failure: record it before deleting anything
+
+
+def worker_view(p: PodView, attempt: int, index: int, restart_code: int) -> WorkerPod:
+    """The worker ``p`` as ``policy.restart`` sees it: its exit report for ``attempt`` is its exit."""
+    phase, code = ("Running" if p.phase in ("Running", "Pending") else p.phase), None
+    if p.exit_attempt == attempt and p.exit_code is not None:
+        phase, code = ("Succeeded" if p.exit_code == 0 else "Failed"), p.exit_code
+    elif p.phase in TERMINAL_PHASES:  # the supervisor ended without a report for this attempt
+        code = p.container_code if p.container_code is not None else (0 if p.phase == "Succeeded" else None)
+    return WorkerPod(name=p.name, index=index, attempt=attempt, phase=phase, exit_code=code, deleting=p.deleting,
+                     node=p.node, node_lost=p.node_lost, noticed=p.notice_attempt == attempt)
+
+
+def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assignment | None,
+                   avoid_nodes: Iterable[str] = (), now: datetime | None = None,
+                   doomed_nodes: Collection[str] = ()) -> tuple[RestartPlan, InPlace]:
+    """Decide the next step of an in-place ``job`` from its pods and its current assignment.
+
+    When a restart (or the final failure) is decided, ``InPlace.record`` is the plan to record in status
+    before anything is deleted (crash safety); the returned plan is what to do and the status to reach."""
+    st, spec = job.status, job.spec
+    code = spec.restart_policy.restart_exit_code
+    avoid = tuple(avoid_nodes)
+    alive = tuple(sorted(p.name for p in pods if not p.deleting))
+    by_name = {p.name: p for p in pods}
+
+    if st.phase in TERMINAL_PHASES:
+        if st.phase == "Failed":
+            doomed = tuple(sorted(p.name for p in pods if not p.deleting and p.phase not in TERMINAL_PHASES))
+        else:
+            doomed = tuple(sorted(p.name for p in pods if p.role == "spare" and not p.deleting))
+        return RestartPlan(phase=st.phase, attempt=st.attempt, delete=doomed), InPlace()
+    if spec.suspend:
+        return RestartPlan(phase="Suspended", attempt=st.attempt, delete=alive,
+                           conditions=(Condition("Suspended", "True", "Suspended", "spec.suspend is true"),)), \
+            InPlace()
+    mismatch = [p for p in pods if p.contract is not None and p.contract != CONTRACT]
+    if mismatch:
+        p = mismatch[0]
+        msg = (f"the supervisor in pod {p.name} speaks contract version {p.contract}, this operator {CONTRACT}: the "
+               f"image's reprieve runtime and the operator must match (upgrade one of them, or set restartMode: "
+               f"Recreate)")
+        failed = RestartPlan(phase="Failed", attempt=st.attempt, delete=alive, cause=FAILURE, message=msg,
+                             conditions=(Condition("Failed", "True", "ContractMismatch", msg),))
+        return failed, InPlace()
+
+    fresh_start = st.attempt == 0 and all(p.attempt <= 1 for p in pods)
+    if assignment is None or st.phase == "Suspended":
+        if not fresh_start and pods:  # resumed, or the assignment vanished mid-job: a fresh gang once all are gone
+            return RestartPlan(phase="Pending", attempt=st.attempt, delete=alive,
+                               message=f"waiting for {len(pods)} old pod(s) to be deleted"), InPlace()
+        attempt = st.attempt + 1 if not fresh_start else 1
+        if st.phase == "Suspended" and assignment is not None:
+            attempt = max(attempt, assignment.attempt + 1)
+        names = {f"{job.name}-{i}": i for i in range(spec.replicas)}
+        create = tuple(i for n, i in names.items() if n not in by_name)
+        coordinator = f"{job.name}-0.{job.name}.{job.namespace}.svc:{spec.coordinator_port}"
+        conds: tuple[Condition, ...] = ()
+        if st.phase == "Suspended":
+            conds = (Condition("Suspended", "False", "Resumed", "spec.suspend is false"),)
+        spares = sum(1 for p in pods if p.role == "spare" and not p.deleting)
+        return RestartPlan(phase="Pending", attempt=attempt, create=create, new_attempt=True, exclude_nodes=avoid,
+                           conditions=conds, message=f"creating attempt {attempt}"), \
+            InPlace(assign=Assignment(attempt, names, coordinator), create_spares=max(0, spec.spares - spares))
+
+    attempt = assignment.attempt
+    workers = dict(assignment.processes)
+    current: dict[int, WorkerPod] = {}
+    missing: list[int] = []
+    for name, index in workers.items():
+        view = by_name.get(name)
+        if view is None:
+            missing.append(index)
+        else:
+            current[index] = worker_view(view, attempt, index, code)
+    recorded = st.attempt >= attempt
+    noticed = (st.last_notice is not None and st.last_notice.attempt == attempt) or \
+        any(w.noticed for w in current.values())
+    if st.restarting_from is not None and st.restarting_from >= attempt:
+        return _next_attempt(job, pods, workers, attempt, avoid, doomed_nodes, now)
+
+    verdict = classify(job, current, missing, recorded, noticed, doomed_nodes, now)
+    if verdict.cause is None and not verdict.succeeded:
+        verdict = stragglers(job, [by_name[n] for n in workers if n in by_name], attempt, now) or verdict
+    if verdict.succeeded:
+        spare_names = tuple(sorted(p.name for p in pods if p.role == "spare" and not p.deleting))
+        return RestartPlan(phase="Succeeded", attempt=attempt, delete=spare_names,
+                           conditions=(Condition("Complete", "True", "AllWorkersSucceeded",
+                                                 f"all {spec.replicas} workers exited 0"),)), InPlace()
+    if verdict.cause is None:
+        return _steady(job, pods, workers, current, attempt, noticed, avoid, doomed_nodes)
+    record = gang_restart(job, attempt, verdict, now, stragglers=alive, teardown=())
+    if record.phase == "Failed":
+        return record, InPlace()
+    restarting = job.model_copy(update={"status": st.model_copy(update={
+        "restarting_from": attempt, "next_attempt_time": _rfc(record.next_attempt_time)})})
+    plan, extra = _next_attempt(restarting, pods, workers, attempt, avoid, doomed_nodes, now)
+    return plan, replace(extra, record=record)
+
+
+def stragglers(job: TrainingJob, workers: Sequence[PodView], attempt: int, now: datetime | None) -> Verdict | None:
+    """Some workers reported the restart code (or 0) for ``attempt`` and the others have not within the pod's
+    grace period since the first report: restart anyway (their supervisors stop what still runs)."""
+    code = job.spec.restart_policy.restart_exit_code
+    reports = [p for p in workers if p.exit_attempt == attempt and p.exit_code is not None]
+    if not reports or now is None or len(reports) == len(workers) or any(p.exit_code not in (0, code)
+                                                                          for p in reports):
+        return None
+    first = min((p.exit_time for p in reports if p.exit_time is not None), default=None)
+    grace = job.spec.termination_grace_period_seconds
+    if first is None or (now - first).total_seconds() <= grace:
+        return None
+    late = sorted(p.name for p in workers if p.exit_attempt != attempt)
+    return Verdict(PREEMPTION, f"{len(reports)} worker(s) exited with the restart code; {', '.join(late[:5])} did "
+                               f"not within {grace} s (stopped by their supervisors)")
+
+
+def _rfc(t: datetime | None) -> str | None:
+    from ..signals import rfc3339
+
+    return rfc3339(t) if t is not None else None
+
+
+def _healthy(p: PodView, doomed: Collection[str]) -> bool:
+    return p.ready and (p.node is None or p.node not in doomed)
+
+
+def _steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int], current: Mapping[int, WorkerPod],
+            attempt: int, noticed: bool, avoid: tuple[str, ...], doomed: Collection[str]) -> tuple[RestartPlan,
+                                                                                                InPlace]:
+    """Training: report readiness, keep ``spec.spares`` healthy spares (replace those on doomed nodes)."""
+    running = sum(1 for w in current.values() if w.phase == "Running" and not w.deleting)
+    phase = "Preempting" if noticed else ("Running" if running == job.spec.replicas else "Pending")
+    spares = [p for p in pods if p.role == "spare" and p.name not in workers and not p.deleting]
+    doomed_spares = tuple(sorted(p.name for p in spares if p.node_lost or (p.node and p.node in doomed)))
+    keep = len(spares) - len(doomed_spares)
+    # Pods that are neither workers of this attempt nor spares: an earlier attempt's, or a replacement that a
+    # crash left behind. They go.
+    strays = tuple(sorted(p.name for p in pods if p.name not in workers and p.role != "spare" and not p.deleting))
+    return RestartPlan(phase=phase, attempt=attempt, delete=doomed_spares + strays, ready=running,
+                       exclude_nodes=avoid, replicas=len(current)), \
+        InPlace(create_spares=max(0, job.spec.spares - keep))
+
+
+def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int], attempt: int,
+                  avoid: tuple[str, ...], doomed: Collection[str], now: datetime | None) -> tuple[RestartPlan,
+                                                                                            InPlace]:
+    """Restarting from ``attempt``: keep, replace, and once every listed pod is ready, assign ``attempt + 1``."""
+    st, spec = job.status, job.spec
+    by_name = {p.name: p for p in pods}
+    nxt = attempt + 1
+    kept: dict[int, str] = {}
+    replaced: list[Replacement] = []
+    delete: list[str] = []
+    for name, index in sorted(workers.items(), key=lambda kv: kv[1]):
+        p = by_name.get(name)
+        if p is not None and _healthy(p, doomed) and p.phase == "Running":
+            kept[index] = name
+            continue
+        if p is None:
+            reason = "its pod is gone"
+        elif p.node_lost:
+            reason = f"its node {p.node} is lost"
+        elif p.node and p.node in doomed:
+            reason = f"its node {p.node} is doomed"
+        elif p.deleting:
+            reason = "its pod was deleted"
+        else:
+            reason = f"its pod is {p.phase}"
+        replaced.append(Replacement(index, name if p is not None else None, None, reason))
+        if p is not None and not p.deleting:
+            delete.append(name)
+    # Pods already made for the next attempt (an earlier pass created them), then ready spares.
+    made = {p.index: p.name for p in pods if p.role == "worker" and p.attempt == nxt and p.index is not None
+            and p.name not in workers and not p.deleting and not p.node_lost}
+    spares = sorted((p for p in pods if p.role == "spare" and p.name not in workers and _healthy(p, doomed)),
+                    key=lambda p: p.name)
+    create: list[int] = []
+    filled: list[Replacement] = []
+    for r in replaced:
+        if r.index in made:
+            filled.append(replace(r, new=made[r.index]))
+        elif spares:
+            spare = spares.pop(0)
+            filled.append(replace(r, new=spare.name, reason=f"{r.reason}: spare {spare.name} takes over"))
+        else:
+            create.append(r.index)
+            filled.append(r)
+    processes = {**{n: i for i, n in kept.items()}, **{r.new: r.index for r in filled if r.new}}
+    waiting = tuple(sorted(n for n in processes if not by_name[n].ready))
+    used_spares = {r.new for r in filled if r.new and by_name[r.new].role == "spare"}
+    spare_pods = [p for p in pods if p.role == "spare" and p.name not in workers and p.name not in used_spares
+                  and not p.deleting]
+    doomed_spares = [p.name for p in spare_pods if p.node_lost or (p.node and p.node in doomed)]
+    delete += doomed_spares
+    create_spares = max(0, spec.spares - (len(spare_pods) - len(doomed_spares)))
+    extra = InPlace(create_workers=tuple(create), create_spares=create_spares, kept=tuple(sorted(kept.values())),
+                    replaced=tuple(filled), waiting_for=waiting)
+    due = parse_time(st.next_attempt_time)
+    backing_off = due is not None and now is not None and now < due
+    if create or waiting or backing_off:
+        why = (f"backing off until {st.next_attempt_time}" if backing_off else
+               f"waiting for {len(create) + len(waiting)} pod(s) to run before attempt {nxt}")
+        return RestartPlan(phase="Restarting", attempt=attempt, delete=tuple(sorted(delete)),
+                           restarting_from=attempt, exclude_nodes=avoid, message=why,
+                           requeue_after=(due - now).total_seconds() if backing_off and due and now else None,
+                           next_attempt_time=due if backing_off else None), extra
+    coordinator_pod = next(n for n, i in processes.items() if i == 0)
+    assign = Assignment(nxt, processes, f"{by_name[coordinator_pod].ip}:{spec.coordinator_port}")
+    summary = _summary(nxt, extra)
+    return RestartPlan(phase="Running", attempt=nxt, delete=tuple(sorted(delete)), new_attempt=True,
+                       ready=len(processes), replicas=len(processes), message=summary,
+                       conditions=(Condition("Restarting", "False", "AttemptStarted", summary),)), \
+        replace(extra, assign=assign)
+
+
+def _summary(attempt: int, extra: InPlace) -> str:
+    parts = [f"attempt {attempt}: {len(extra.kept)} worker(s) restarted in place"]
+    for r in extra.replaced:
+        parts.append(f"worker {r.index} replaced ({r.reason}" + (f"; now pod {r.new})" if r.new else ")"))
+    return "; ".join(parts)
+
+
+# Re-exported for the shell and the tests: the causes it may record.
+CAUSES = (PREEMPTION, FAILURE, DISRUPTION)

@@ -1,0 +1,117 @@
+"""The trainer's side of ``reprieve-run``: tell the supervisor how far it got; in a warm process, wait for the
+assignment (``docs/contract.md``, "In-place restarts and the supervisor").
+
+The supervisor hands every process it starts one end of a Unix socket, named by ``REPRIEVE_SUPERVISOR_FD``.
+The runtime writes one JSON line per event on it: ``{"event": "init", "attempt": A}`` when ``reprieve.init()``
+takes its identity, ``{"event": "step", "step": S}`` once the first training step is done. A warm process (also
+``REPRIEVE_WARM_FD``, the same socket) writes ``{"event": "ready"}`` when its ``reprieve.init()`` is reached, then
+blocks until the supervisor writes the assignment line; ``{"event": "error", "message": ...}`` when it cannot
+take one (devices already touched). Nothing here ever raises into training for a lost supervisor: events are
+best effort.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from .supervision import EVENTS_FD_ENV, WARM_FD_ENV, AssignmentError, parse_assignment_line
+
+log = logging.getLogger(__name__)
+
+
+class SupervisorLink:
+    """This process's socket to its supervisor (see the module docstring)."""
+
+    def __init__(self, sock: socket.socket, *, warm: bool) -> None:
+        self._sock = sock
+        self.warm = warm
+        self._first_step_sent = False
+
+    @classmethod
+    def take(cls, env: MutableMapping[str, str]) -> SupervisorLink | None:
+        """The link named in ``env`` (None when not supervised). Removes the variables from ``env``: the fd is
+        this process's alone, and a child process must not write to whatever reuses its number."""
+        raw = env.pop(EVENTS_FD_ENV, None)
+        warm_raw = env.pop(WARM_FD_ENV, None)
+        if raw is None and warm_raw is None:
+            return None
+        value = raw if raw is not None else warm_raw
+        try:
+            fd = int(str(value))
+            sock = socket.socket(fileno=fd)
+        except (ValueError, OSError) as err:
+            log.warning("%s=%r is not a socket this process holds (%s): running without the supervisor link",
+                        EVENTS_FD_ENV if raw is not None else WARM_FD_ENV, value, err)
+            return None
+        sock.set_inheritable(False)
+        return cls(sock, warm=warm_raw is not None)
+
+    def send(self, event: str, **fields: Any) -> None:
+        """One event line; never raises (a supervisor that is gone does not stop training)."""
+        try:
+            self._sock.sendall(json.dumps({"event": event, **fields}).encode() + b"\n")
+        except OSError as err:
+            log.debug("supervisor link: %s not sent (%s)", event, err)
+
+    def first_step(self, step: int) -> None:
+        """The first training step is done (once): the supervisor may now start the next attempt's process."""
+        if not self._first_step_sent:
+            self._first_step_sent = True
+            self.send("step", step=step)
+
+    def await_assignment(self) -> dict[str, str]:
+        """Warm process: report ready, block until the assignment line arrives, return its ``REPRIEVE_*`` values.
+
+        Raises:
+            RuntimeError: a JAX backend is already initialised here (the supervisor is told, and starts the
+                attempt cold).
+            SystemExit: the supervisor closed the socket (it is gone, or it chose a cold start): nothing to do.
+        """
+        self._refuse_if_devices_touched()
+        self.send("ready")
+        log.info("pre-warmed process %d: waiting in reprieve.init() for its assignment", os.getpid())
+        line = self._sock.makefile("rb").readline()
+        if not line:
+            log.info("pre-warmed process %d: the supervisor closed the link; exiting", os.getpid())
+            raise SystemExit(0)
+        try:
+            updates = parse_assignment_line(line.decode("utf-8", "replace"))
+        except AssignmentError as err:
+            self.send("error", message=str(err))
+            raise RuntimeError(f"reprieve.init(): {err}") from None
+        self._refuse_if_devices_touched()  # a thread of the user's may have touched them while we waited
+        return updates
+
+    def _refuse_if_devices_touched(self) -> None:
+        problem = device_problem(sys.modules)
+        if problem is not None:
+            self.send("error", message=problem)
+            raise RuntimeError(problem)
+
+
+def device_problem(modules: Mapping[str, Any]) -> str | None:
+    """Why this (warm) process cannot take an assignment: a JAX backend is already initialised. Never imports
+    JAX itself."""
+    if "jax" not in modules:
+        return None
+    try:
+        from jax._src import xla_bridge  # not public API; the only way to ask without initialising one
+
+        initialised = xla_bridge.backends_are_initialized()
+        names = sorted(getattr(xla_bridge, "_backends", {}) or {})
+    except Exception:  # noqa: BLE001 - another JAX: cannot tell, let jax.distributed.initialize decide
+        return None
+    if not initialised:
+        return None
+    return (f"reprieve.init() in a pre-warmed process (REPRIEVE_WARM_FD, started by reprieve-run before its attempt "
+            f"was known): a JAX backend is already initialised ({', '.join(names) or 'unknown'}), so this process "
+            "cannot join the next attempt's gang. Code before reprieve.init() may import modules and read "
+            "configuration, but must not touch devices: no jax.devices()/jax.device_count(), no arrays, no jitted "
+            "calls. Move that code after reprieve.init(). reprieve-run starts this attempt cold instead "
+            "(docs/runtime.md, 'Running under reprieve-run').")

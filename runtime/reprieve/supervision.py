@@ -1,0 +1,622 @@
+"""What ``reprieve-run`` decides (pure): the assignment, the trainer's environment, and the next step.
+
+``docs/contract.md``, "In-place restarts and the supervisor", is the protocol; :mod:`reprieve.supervisor` is the
+shell that does the I/O (processes, signals, the Kubernetes API). Everything here is a function of its inputs:
+:func:`step` takes the supervisor's :class:`State` and one event and returns the new state and the actions
+to carry out, so ``tests/runtime/test_supervision.py`` can play whole restarts as tables.
+
+The rules, in the order :func:`decide` applies them:
+
+1. Stopping (SIGTERM or SIGINT to the supervisor, or an assignment in a contract it does not speak): the warm
+   process is killed, the trainer gets SIGTERM and, ``grace`` later, SIGKILL; once nothing runs the supervisor
+   exits with the trainer's code (143 if none ran; 2 for a contract it does not speak).
+2. The trainer of the newest assignment exited 0: the warm process is killed and the supervisor exits 0.
+   Without an assignment source (outside a cluster) any exit of the one trainer ends the supervisor with its code.
+3. A trainer whose attempt is older than the newest assignment (superseded) gets SIGTERM, ``grace`` later
+   SIGKILL; nothing of the next attempt starts before it is reaped (and the shell kills what it left behind).
+4. No trainer, and the newest assignment lists this pod with an attempt newer than every attempt run: a warm
+   process parked in ``reprieve.init()`` takes it over; otherwise a cold process starts (a warm process that is
+   not parked yet is killed: a cold start does not wait for it).
+5. A warm process for the next attempt starts once pre-warming can help and cannot hurt: the command is known to
+   reach ``reprieve.init()`` (a trainer said so, or none ran yet: a spare), the trainer has made its first step
+   (or ``prewarm_delay`` passed since it started), and none exists. A warm process that refuses (devices touched
+   before ``reprieve.init()``), dies, or is not parked within ``ready_timeout`` turns pre-warming off for the
+   supervisor's life: every later attempt starts cold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .notice import format_rfc3339
+
+CONTRACT_VERSION = 1
+CONTRACT_ENV = "REPRIEVE_CONTRACT"
+ASSIGNMENT_SUFFIX = "-assignment"
+EXIT_ANNOTATION = "reprieve.dev/exit"
+SUPERVISOR_ANNOTATION = "reprieve.dev/supervisor"
+SUPERVISED_ENV = "REPRIEVE_SUPERVISED"
+WARM_FD_ENV = "REPRIEVE_WARM_FD"
+EVENTS_FD_ENV = "REPRIEVE_SUPERVISOR_FD"
+# The assignment's part of the environment (docs/contract.md): set from the assignment, absent in a warm process.
+ASSIGNMENT_ENV = ("REPRIEVE_ATTEMPT", "REPRIEVE_PROCESS_ID", "REPRIEVE_NUM_PROCESSES", "REPRIEVE_COORDINATOR_ADDRESS")
+UNASSIGNED_PROCESS_ID = "-1"  # spares and replacement pods: no index until an assignment lists them
+NO_TRAINER_EXIT = 128 + signal.SIGTERM  # SIGTERM with no trainer's code to pass on
+SPAWN_FAILED_EXIT = 127  # the command could not be started (a shell's "command not found")
+
+
+class AssignmentError(ValueError):
+    """The assignment ConfigMap (or its line to a warm process) is malformed; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What one pod runs in one attempt. ``process_id`` None: the pod is not listed (a spare) and runs nothing."""
+
+    attempt: int
+    process_id: int | None
+    num_processes: int
+    coordinator: str | None
+    source: str = "configmap"
+
+    @property
+    def listed(self) -> bool:
+        return self.process_id is not None
+
+    def env(self) -> dict[str, str]:
+        """The ``REPRIEVE_*`` variables this assignment sets in the trainer's environment."""
+        assert self.process_id is not None, "an unlisted pod runs no trainer"
+        out = {"REPRIEVE_ATTEMPT": str(self.attempt), "REPRIEVE_PROCESS_ID": str(self.process_id),
+               "REPRIEVE_NUM_PROCESSES": str(self.num_processes)}
+        if self.coordinator:
+            out["REPRIEVE_COORDINATOR_ADDRESS"] = self.coordinator
+        return out
+
+    def line(self) -> str:
+        """The JSON line a warm process receives on ``REPRIEVE_WARM_FD`` (without the newline)."""
+        return json.dumps({"attempt": self.attempt, "processId": self.process_id,
+                           "numProcesses": self.num_processes, "coordinator": self.coordinator}, sort_keys=True)
+
+    def describe(self) -> str:
+        where = f"process {self.process_id}/{self.num_processes}" if self.listed else "this pod not listed"
+        return f"attempt {self.attempt}, {where} (from the {self.source})"
+
+
+def _int(value: Any, what: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise AssignmentError(f"{what} must be an integer >= {minimum}, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise AssignmentError(f"{what} must be an integer >= {minimum}, got {value!r}") from None
+    if number < minimum:
+        raise AssignmentError(f"{what} must be an integer >= {minimum}, got {value!r}")
+    return number
+
+
+def _coordinator(value: Any, what: str) -> str:
+    host, sep, port = str(value).rpartition(":")
+    if not isinstance(value, str) or not sep or not host or not port.isdigit():
+        raise AssignmentError(f"{what} must be host:port, got {value!r}")
+    return value
+
+
+def assignment_from_env(env: Mapping[str, str]) -> Assignment:
+    """The container's own ``REPRIEVE_*`` environment as an assignment: the attempt the pod was created for.
+    Defaults as the runtime's (attempt 1, process 0 of 1); ``REPRIEVE_PROCESS_ID=-1`` (a spare, or a pod created
+    to replace a worker) is not listed: it runs only what an assignment gives it. Raises
+    :class:`AssignmentError`."""
+    def get(name: str, default: str | None) -> str | None:
+        value = env.get(name, "").strip()
+        return value or default
+
+    attempt = _int(get("REPRIEVE_ATTEMPT", "1"), "REPRIEVE_ATTEMPT", minimum=1)
+    count = _int(get("REPRIEVE_NUM_PROCESSES", "1"), "REPRIEVE_NUM_PROCESSES", minimum=1)
+    if get("REPRIEVE_PROCESS_ID", "0") == UNASSIGNED_PROCESS_ID:  # a spare or a replacement: waits to be listed
+        return Assignment(attempt, None, count, None, source="environment")
+    index = _int(get("REPRIEVE_PROCESS_ID", "0"), "REPRIEVE_PROCESS_ID", minimum=0)
+    if index >= count:
+        raise AssignmentError(f"REPRIEVE_PROCESS_ID must be < REPRIEVE_NUM_PROCESSES ({count}), got {index}")
+    coordinator = get("REPRIEVE_COORDINATOR_ADDRESS", None)
+    if coordinator is not None:
+        _coordinator(coordinator, "REPRIEVE_COORDINATOR_ADDRESS")
+    return Assignment(attempt, index, count, coordinator, source="environment")
+
+
+def parse_assignment(data: Mapping[str, Any], pod: str, *, configmap: str) -> Assignment:
+    """ConfigMap ``data`` -> this pod's :class:`Assignment` (docs/contract.md, "Assignment").
+
+    Raises:
+        AssignmentError: a key is missing or malformed (the message names the ConfigMap and the key), or the
+            listed index is out of range. The ``contract`` key is checked by :func:`contract_problem`.
+    """
+    def key(name: str) -> Any:
+        if name not in data:
+            raise AssignmentError(f"ConfigMap {configmap}: key {name!r} is missing (has {sorted(data)})")
+        return data[name]
+
+    attempt = _int(key("attempt"), f"ConfigMap {configmap}: attempt", minimum=1)
+    count = _int(key("numProcesses"), f"ConfigMap {configmap}: numProcesses", minimum=1)
+    coordinator = _coordinator(key("coordinator"), f"ConfigMap {configmap}: coordinator")
+    try:
+        processes = json.loads(key("processes"))
+    except (TypeError, ValueError) as err:
+        raise AssignmentError(f"ConfigMap {configmap}: processes must be a JSON object of pod name -> index, "
+                              f"got {str(data['processes'])[:200]!r} ({err})") from None
+    if not isinstance(processes, dict):
+        raise AssignmentError(f"ConfigMap {configmap}: processes must be a JSON object of pod name -> index, "
+                              f"got {type(processes).__name__}")
+    index = None
+    if pod in processes:
+        index = _int(processes[pod], f"ConfigMap {configmap}: processes[{pod!r}]", minimum=0)
+        if index >= count:
+            raise AssignmentError(f"ConfigMap {configmap}: processes[{pod!r}] must be < numProcesses ({count}), "
+                                  f"got {index}")
+    return Assignment(attempt, index, count, coordinator, source=f"ConfigMap {configmap}")
+
+
+def parse_assignment_line(text: str) -> dict[str, str]:
+    """The line a warm process reads -> the environment updates (the runtime's side of :meth:`Assignment.line`).
+    Raises :class:`AssignmentError` naming the field."""
+    try:
+        raw = json.loads(text)
+    except ValueError as err:
+        raise AssignmentError(f"{WARM_FD_ENV}: the assignment line is not JSON ({err}): {text[:200]!r}") from None
+    if not isinstance(raw, dict):
+        raise AssignmentError(f"{WARM_FD_ENV}: the assignment line must be a JSON object, got {text[:200]!r}")
+    attempt = _int(raw.get("attempt"), f"{WARM_FD_ENV} assignment: attempt", minimum=1)
+    count = _int(raw.get("numProcesses"), f"{WARM_FD_ENV} assignment: numProcesses", minimum=1)
+    index = _int(raw.get("processId"), f"{WARM_FD_ENV} assignment: processId", minimum=0)
+    coordinator = raw.get("coordinator")
+    if coordinator is not None:
+        _coordinator(coordinator, f"{WARM_FD_ENV} assignment: coordinator")
+    if index >= count:
+        raise AssignmentError(f"{WARM_FD_ENV} assignment: processId must be < numProcesses ({count}), got {index}")
+    return Assignment(attempt, index, count, coordinator).env()
+
+
+def contract_problem(value: str | None, *, where: str) -> str | None:
+    """Why this supervisor cannot run under contract ``value`` (None: it can; unset means this version)."""
+    if value is None or value.strip() in ("", str(CONTRACT_VERSION)):
+        return None
+    return (f"{where} asks for operator contract version {value.strip()!r}, but this reprieve-run speaks version "
+            f"{CONTRACT_VERSION}: use an image whose reprieve runtime matches the operator (docs/contract.md)")
+
+
+def trainer_env(base: Mapping[str, str], assignment: Assignment) -> dict[str, str]:
+    """The trainer's environment: the container's, with the assignment's variables and ``REPRIEVE_SUPERVISED``."""
+    env = {k: v for k, v in base.items() if k not in ASSIGNMENT_ENV and k not in (WARM_FD_ENV, EVENTS_FD_ENV)}
+    env.update(assignment.env())
+    env[SUPERVISED_ENV] = "1"
+    return env
+
+
+def warm_env(base: Mapping[str, str]) -> dict[str, str]:
+    """A warm process's environment: the container's without the assignment's variables (they are not known
+    yet; ``reprieve.init()`` sets them when the assignment arrives)."""
+    env = {k: v for k, v in base.items() if k not in ASSIGNMENT_ENV and k not in (WARM_FD_ENV, EVENTS_FD_ENV)}
+    env[SUPERVISED_ENV] = "1"
+    return env
+
+
+def exit_code(waitstatus_code: int) -> int:
+    """``os.waitstatus_to_exitcode`` -> a container's exit code: ``128+N`` when killed by signal ``N``."""
+    return 128 - waitstatus_code if waitstatus_code < 0 else waitstatus_code
+
+
+def exit_annotation(attempt: int, code: int, now: float) -> dict[str, str]:
+    return {EXIT_ANNOTATION: json.dumps({"attempt": attempt, "code": code, "time": format_rfc3339(now)},
+                                        sort_keys=True)}
+
+
+def supervisor_annotation(version: str, error: str | None = None) -> dict[str, str]:
+    value: dict[str, Any] = {"contract": CONTRACT_VERSION, "version": version}
+    if error:
+        value["error"] = error
+    return {SUPERVISOR_ANNOTATION: json.dumps(value, sort_keys=True)}
+
+
+# --- the state machine -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Settings:
+    """Knobs (``docs/runtime.md``, "Running under reprieve-run")."""
+
+    grace_s: float = 30.0  # REPRIEVE_TERMINATION_GRACE_SECONDS: SIGTERM -> SIGKILL
+    prewarm: bool = True  # REPRIEVE_PREWARM
+    # REPRIEVE_PREWARM_DELAY_SECONDS: only for a trainer that never reports its first step. The report is the
+    # trigger: a warm process importing JAX beside a first step that compiles slows the compile (measured: the
+    # first step after a restart took ~65 s with a warm process started 30 s in, on 2 shared cores).
+    prewarm_delay_s: float = 300.0
+    ready_timeout_s: float = 300.0  # REPRIEVE_PREWARM_READY_TIMEOUT_SECONDS: import time allowed
+    handover_timeout_s: float = 10.0  # a warm process confirms its assignment within this
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """Raises ValueError naming the variable."""
+        def number(name: str, default: float) -> float:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a number of seconds >= 0, got {raw!r}")
+            return value
+
+        prewarm = env.get("REPRIEVE_PREWARM", "1").strip().lower()
+        if prewarm not in ("1", "0", "true", "false", ""):
+            raise ValueError(f"REPRIEVE_PREWARM must be 1 or 0, got {prewarm!r}")
+        return cls(grace_s=number("REPRIEVE_TERMINATION_GRACE_SECONDS", cls.grace_s),
+                   prewarm=prewarm in ("1", "true", ""),
+                   prewarm_delay_s=number("REPRIEVE_PREWARM_DELAY_SECONDS", cls.prewarm_delay_s),
+                   ready_timeout_s=number("REPRIEVE_PREWARM_READY_TIMEOUT_SECONDS", cls.ready_timeout_s))
+
+
+@dataclass(frozen=True)
+class Trainer:
+    pid: int
+    assignment: Assignment
+    started_at: float
+    warm: bool = False  # taken over by a warm process
+    confirmed: bool = True  # a warm process confirms (its reprieve.init() took the assignment)
+    init_seen: bool = False  # it reported reprieve.init()
+    first_step_at: float | None = None
+    term_at: float | None = None  # SIGTERM sent
+    kill_sent: bool = False
+    refused: str | None = None  # a warm process refused the assignment: why
+    previous_highest: int = 0  # highest_run before this one (a refused take-over is not a run)
+
+
+@dataclass(frozen=True)
+class Warm:
+    pid: int
+    started_at: float
+    ready: bool = False  # parked in reprieve.init(), waiting for its assignment
+    kill_sent: bool = False
+
+
+@dataclass(frozen=True)
+class State:
+    env_assignment: Assignment
+    settings: Settings = field(default_factory=Settings)
+    wanted: Assignment | None = None  # the newest assignment (None: not known yet)
+    wanted_at: float = 0.0  # when it arrived
+    highest_run: int = 0  # the newest attempt a trainer was started for
+    trainer: Trainer | None = None
+    warm: Warm | None = None
+    pending: bool = False  # a start is being carried out (its Spawned/SpawnFailed comes next)
+    stop_since: float | None = None
+    stop_code: int | None = None  # exit with this instead of the trainer's (a refused contract: 2)
+    finished: bool = False  # the trainer of the newest attempt exited 0
+    last_code: int | None = None
+    saw_init: bool = False  # a trainer reported reprieve.init(): the command reaches it
+    prewarm_off: str | None = None  # why pre-warming is off (None: on)
+    static: bool = False  # no assignment source (outside a cluster): the first trainer's exit ends it all
+
+    def replace(self, **changes: Any) -> State:
+        return dataclasses.replace(self, **changes)
+
+
+# events
+@dataclass(frozen=True)
+class AssignmentSeen:
+    assignment: Assignment | None  # None: the ConfigMap does not exist
+
+
+@dataclass(frozen=True)
+class Refuse:
+    reason: str  # the assignment is in a contract this supervisor does not speak
+
+
+@dataclass(frozen=True)
+class Spawned:
+    pid: int
+    role: str  # "trainer" | "warm"
+    assignment: Assignment | None = None
+
+
+@dataclass(frozen=True)
+class SpawnFailed:
+    role: str
+    error: str
+    assignment: Assignment | None = None
+
+
+@dataclass(frozen=True)
+class ChildMessage:
+    pid: int
+    message: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ChildExited:
+    pid: int
+    code: int
+
+
+@dataclass(frozen=True)
+class Terminate:
+    signal: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    pass
+
+
+Event = AssignmentSeen | Refuse | Spawned | SpawnFailed | ChildMessage | ChildExited | Terminate | Tick
+
+
+# actions
+@dataclass(frozen=True)
+class Signal:
+    pid: int
+    sig: int
+    why: str
+
+
+@dataclass(frozen=True)
+class StartTrainer:
+    assignment: Assignment
+    why: str
+
+
+@dataclass(frozen=True)
+class StartWarm:
+    why: str
+
+
+@dataclass(frozen=True)
+class HandOver:
+    pid: int
+    assignment: Assignment
+    why: str
+
+
+@dataclass(frozen=True)
+class Report:
+    attempt: int
+    code: int
+
+
+@dataclass(frozen=True)
+class Exit:
+    code: int
+    why: str
+
+
+@dataclass(frozen=True)
+class Note:
+    text: str
+    debug: bool = False
+
+
+Action = Signal | StartTrainer | StartWarm | HandOver | Report | Exit | Note
+
+
+def step(state: State, event: Event, now: float) -> tuple[State, list[Action]]:
+    """Apply ``event`` (at time ``now``), then :func:`decide`: the new state and every action to carry out."""
+    state, notes = _apply(state, event, now)
+    state, actions = decide(state, now)
+    return state, notes + actions
+
+
+def _apply(s: State, ev: Event, now: float) -> tuple[State, list[Action]]:
+    if isinstance(ev, AssignmentSeen):
+        a = ev.assignment
+        if a is None:
+            if s.wanted is None:
+                e = s.env_assignment
+                return s.replace(wanted=e, wanted_at=now), [Note(f"no assignment ConfigMap: {e.describe()}")]
+            return s, [Note("the assignment ConfigMap is gone; keeping the last assignment", debug=True)]
+        e = s.env_assignment
+        if s.wanted is None and e.listed and (a.attempt, a.process_id, a.num_processes) == (
+                e.attempt, e.process_id, e.num_processes):
+            # The attempt this pod was created for: its environment holds the same assignment, and it is the one
+            # to run (a platform may have resolved the coordinator's name in it, as the local process kubelet
+            # does; the ConfigMap cannot be).
+            return s.replace(wanted=e, wanted_at=now), [Note(f"assignment: {e.describe()}, as the ConfigMap's")]
+        if s.wanted is None or a.attempt > s.wanted.attempt:
+            return s.replace(wanted=a, wanted_at=now), [Note(f"assignment: {a.describe()}")]
+        if a.attempt < s.wanted.attempt:
+            return s, [Note(f"ignoring an older assignment ({a.describe()}); the newest is attempt "
+                            f"{s.wanted.attempt}")]
+        return s, []
+    if isinstance(ev, Refuse):
+        if s.stop_code is None:
+            return s.replace(stop_code=2, stop_since=s.stop_since or now), [Note(ev.reason)]
+        return s, []
+    if isinstance(ev, Terminate):
+        if s.stop_since is None:
+            return s.replace(stop_since=now), [Note(f"{ev.signal}: stopping (the trainer gets SIGTERM)")]
+        return s, []
+    if isinstance(ev, Spawned):
+        if ev.role == "warm":
+            return s.replace(pending=False, warm=Warm(ev.pid, now)), []
+        assert ev.assignment is not None
+        t = Trainer(ev.pid, ev.assignment, now, previous_highest=s.highest_run)
+        return s.replace(pending=False, trainer=t, highest_run=ev.assignment.attempt), []
+    if isinstance(ev, SpawnFailed):
+        if ev.role == "warm":
+            return s.replace(pending=False, prewarm_off=f"the warm process could not start: {ev.error}"), []
+        assert ev.assignment is not None
+        attempt = ev.assignment.attempt
+        return (s.replace(pending=False, highest_run=attempt, last_code=SPAWN_FAILED_EXIT),
+                [Note(f"attempt {attempt}: the command could not start: {ev.error}"),
+                 Report(attempt, SPAWN_FAILED_EXIT)])
+    if isinstance(ev, ChildMessage):
+        return _message(s, ev, now)
+    if isinstance(ev, ChildExited):
+        return _exited(s, ev, now)
+    return s, []
+
+
+def _message(s: State, ev: ChildMessage, now: float) -> tuple[State, list[Action]]:
+    kind = str(ev.message.get("event", ""))
+    t, w = s.trainer, s.warm
+    if t is not None and ev.pid == t.pid:
+        a = t.assignment.attempt
+        if kind == "init":
+            notes: list[Action] = []
+            if not t.confirmed:
+                notes.append(Note(f"attempt {a}: the warm process (pid {t.pid}) took over "
+                                  f"{now - s.wanted_at:.2f}s after the assignment"))
+            return s.replace(trainer=dataclasses.replace(t, init_seen=True, confirmed=True), saw_init=True), notes
+        if kind == "step" and t.first_step_at is None:
+            mode = "warm" if t.warm else "cold"
+            return (s.replace(trainer=dataclasses.replace(t, first_step_at=now)),
+                    [Note(f"attempt {a}: first step done {now - t.started_at:.2f}s after the {mode} start, "
+                          f"{now - s.wanted_at:.2f}s after the assignment arrived")])
+        if kind == "error" and not t.confirmed:
+            why = str(ev.message.get("message", "no reason given"))
+            return (s.replace(trainer=dataclasses.replace(t, refused=why), prewarm_off=why),
+                    [Note(f"attempt {a}: the warm process refused its assignment: {why}")])
+        return s, []
+    if w is not None and ev.pid == w.pid:
+        if kind == "ready" and not w.ready:
+            return (s.replace(warm=dataclasses.replace(w, ready=True)),
+                    [Note(f"warm process (pid {w.pid}) parked in reprieve.init() after {now - w.started_at:.2f}s")])
+        if kind == "error":
+            why = str(ev.message.get("message", "no reason given"))
+            return s.replace(prewarm_off=why), [Note(f"the warm process (pid {w.pid}) refused: {why}")]
+    return s, []
+
+
+def _exited(s: State, ev: ChildExited, now: float) -> tuple[State, list[Action]]:
+    t, w = s.trainer, s.warm
+    if t is not None and ev.pid == t.pid:
+        a = t.assignment.attempt
+        if not t.confirmed:  # a warm process that did not take over: no run, no report; start cold
+            off = s.prewarm_off or (f"the warm process exited with code {ev.code} before taking over attempt {a}")
+            return (s.replace(trainer=None, highest_run=t.previous_highest, prewarm_off=off),
+                    [Note(f"attempt {a}: the warm process (pid {t.pid}) did not take over (exit {ev.code}); "
+                          "starting it cold")])
+        superseded = s.wanted is not None and s.wanted.attempt > a
+        finished = ev.code == 0 and not superseded
+        return (s.replace(trainer=None, last_code=ev.code, finished=s.finished or finished),
+                [Note(f"attempt {a}: trainer (pid {t.pid}) exited with code {ev.code} after "
+                      f"{now - t.started_at:.1f}s" + (" (superseded)" if superseded else "")),
+                 Report(a, ev.code)])
+    if w is not None and ev.pid == w.pid:
+        if w.kill_sent:
+            return s.replace(warm=None), []
+        where = "while parked in reprieve.init()" if w.ready else "before it reached reprieve.init()"
+        off = s.prewarm_off or f"the warm process exited with code {ev.code} {where}"
+        return s.replace(warm=None, prewarm_off=off), [Note(f"warm process (pid {w.pid}): {off}")]
+    return s, [Note(f"reaped orphan pid {ev.pid} (exit {ev.code})", debug=True)]
+
+
+def decide(s: State, now: float) -> tuple[State, list[Action]]:
+    """The level-triggered part: what to do now (the module docstring lists the rules). Idempotent: what it
+    starts or signals is recorded in the returned state, so calling it again does not repeat it."""
+    if s.pending:
+        return s, []
+    if s.stop_since is not None:
+        s, acts = _stop_children(s, now, "stopping")
+        if s.trainer is None and s.warm is None:
+            code = s.stop_code if s.stop_code is not None else (
+                s.last_code if s.last_code is not None else NO_TRAINER_EXIT)
+            acts.append(Exit(code, "stopping: nothing runs any more"))
+        return s, acts
+    if s.finished:
+        s, acts = _kill_warm(s, "training finished")
+        if s.trainer is None and s.warm is None:
+            acts.append(Exit(0, "training finished (the trainer exited 0)"))
+        return s, acts
+    if s.static and s.highest_run > 0 and s.trainer is None:
+        s, acts = _kill_warm(s, "no further attempt can be assigned")
+        if s.warm is None:
+            code = s.last_code if s.last_code is not None else NO_TRAINER_EXIT
+            acts.append(Exit(code, "no assignment source (not in a cluster): passing on the trainer's code"))
+        return s, acts
+    acts = []
+    w = s.warm
+    if w is not None and not w.kill_sent:
+        if s.prewarm_off is not None:
+            s, acts = _kill_warm(s, f"pre-warming is off: {s.prewarm_off}")
+        elif not w.ready and now >= w.started_at + s.settings.ready_timeout_s:
+            off = f"the warm process did not reach reprieve.init() within {s.settings.ready_timeout_s:.0f}s"
+            s, acts = _kill_warm(s.replace(prewarm_off=off), off)
+    t = s.trainer
+    if t is not None:
+        a = t.assignment.attempt
+        superseded = s.wanted is not None and s.wanted.attempt > a
+        if not t.confirmed:
+            late = now >= t.started_at + s.settings.handover_timeout_s
+            if not t.kill_sent and (t.refused or late or superseded):
+                why = t.refused or ("superseded" if superseded else
+                                    f"no confirmation within {s.settings.handover_timeout_s:.0f}s")
+                s = s.replace(trainer=dataclasses.replace(t, kill_sent=True),
+                              prewarm_off=s.prewarm_off or f"a warm process failed to take over: {why}")
+                acts.append(Signal(t.pid, signal.SIGKILL, f"attempt {a}: warm take-over failed ({why})"))
+            return s, acts
+        if superseded:
+            assert s.wanted is not None
+            s, more = _terminate(s, t, now, f"attempt {a} superseded by attempt {s.wanted.attempt}")
+            return s, acts + more
+        if _prewarm_due(s, now):
+            return s.replace(pending=True), acts + [StartWarm(f"pre-warming the attempt after {a}")]
+        return s, acts
+    wanted = s.wanted
+    if wanted is not None and wanted.listed and wanted.attempt > s.highest_run:
+        w = s.warm
+        if w is not None and not w.kill_sent and w.ready:
+            trainer = Trainer(w.pid, wanted, now, warm=True, confirmed=False, previous_highest=s.highest_run)
+            return (s.replace(warm=None, trainer=trainer, highest_run=wanted.attempt),
+                    acts + [HandOver(w.pid, wanted, f"attempt {wanted.attempt}: handing process "
+                                                    f"{wanted.process_id}/{wanted.num_processes} to the warm "
+                                                    f"process (pid {w.pid})")])
+        if w is not None and not w.kill_sent:
+            s, more = _kill_warm(s, "it is not parked in reprieve.init() yet; starting cold")
+            acts += more
+        return s.replace(pending=True), acts + [StartTrainer(wanted, f"attempt {wanted.attempt}: starting "
+                                                                     f"process {wanted.process_id}/"
+                                                                     f"{wanted.num_processes} cold")]
+    if _prewarm_due(s, now):
+        return s.replace(pending=True), acts + [StartWarm("pre-warming the next attempt")]
+    return s, acts
+
+
+def _prewarm_due(s: State, now: float) -> bool:
+    if s.prewarm_off is not None or not s.settings.prewarm or s.warm is not None or s.wanted is None:
+        return False
+    t = s.trainer
+    if t is None:
+        return s.saw_init or s.highest_run == 0  # idle between attempts, or a spare that never ran one
+    if not t.confirmed or t.term_at is not None or not t.init_seen:
+        return False
+    return t.first_step_at is not None or now >= t.started_at + s.settings.prewarm_delay_s
+
+
+def _terminate(s: State, t: Trainer, now: float, why: str) -> tuple[State, list[Action]]:
+    if t.term_at is None:
+        return s.replace(trainer=dataclasses.replace(t, term_at=now)), [Signal(t.pid, signal.SIGTERM, why)]
+    if not t.kill_sent and now >= t.term_at + s.settings.grace_s:
+        return (s.replace(trainer=dataclasses.replace(t, kill_sent=True)),
+                [Signal(t.pid, signal.SIGKILL, f"{why}: still running {s.settings.grace_s:.0f}s after SIGTERM")])
+    return s, []
+
+
+def _kill_warm(s: State, why: str) -> tuple[State, list[Action]]:
+    w = s.warm
+    if w is None or w.kill_sent:
+        return s, []
+    return (s.replace(warm=dataclasses.replace(w, kill_sent=True)),
+            [Signal(w.pid, signal.SIGKILL, f"warm process: {why}")])
+
+
+def _stop_children(s: State, now: float, why: str) -> tuple[State, list[Action]]:
+    s, acts = _kill_warm(s, why)
+    if s.trainer is not None:
+        s, more = _terminate(s, s.trainer, now, f"{why}: forwarding SIGTERM to the trainer")
+        acts += more
+    return s, acts

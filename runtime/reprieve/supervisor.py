@@ -1,0 +1,335 @@
+"""``reprieve-run -- <command...>``: the worker container's PID 1 for in-place gang restarts.
+
+It runs the trainer (the command) once per attempt the operator assigns to this pod, inside the same pod:
+the assignment comes from the ``<job>-assignment`` ConfigMap (watched with the pod's ServiceAccount token), each
+trainer exit is reported on the pod (``reprieve.dev/exit``), SIGTERM is forwarded, a trainer whose attempt was
+superseded is killed (SIGTERM, SIGKILL after the grace) before the next attempt starts, and the next attempt's
+process is pre-warmed (started and parked in ``reprieve.init()``) while the current one trains.
+``docs/contract.md`` ("In-place restarts and the supervisor") is the protocol, ``docs/runtime.md`` ("Running
+under reprieve-run") the user's guide. Every decision is :mod:`reprieve.supervision` (pure); this module only
+carries them out: processes, signals, reaping, sockets to the children, the API.
+
+As PID 1 (and, elsewhere, as a child subreaper) it reaps every orphan in the container, and before it starts
+a trainer it kills every process an earlier attempt left behind. Logs go to stderr, one line per decision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import supervision as sv
+from .kube import KubeClient, ObjectWatch, PodAnnotator
+
+log = logging.getLogger("reprieve.supervisor")
+
+TICK_S = 0.25  # timers (grace, pre-warm delay) are checked at least this often
+FLUSH_S = 5.0  # how long the last exit report may take before the supervisor exits anyway
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("reprieve")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class _Child:
+    """A process this supervisor started and its end of the socket to it."""
+
+    def __init__(self, pid: int, sock: socket.socket, role: str) -> None:
+        self.pid, self.sock, self.role = pid, sock, role
+
+
+class Supervisor:
+    """The shell around :func:`reprieve.supervision.step` (see the module docstring)."""
+
+    def __init__(self, command: Sequence[str], env: Mapping[str, str], settings: sv.Settings, *,
+                 env_assignment: sv.Assignment, client: KubeClient | None, namespace: str, pod: str | None,
+                 configmap: str | None) -> None:
+        self.command = list(command)
+        self.env = dict(env)
+        self.client, self.namespace, self.pod, self.configmap = client, namespace, pod, configmap
+        static = client is None or not configmap or not pod
+        off = ("REPRIEVE_PREWARM=0" if not settings.prewarm else
+               "not in a cluster: no next attempt can be assigned" if static else None)
+        self.state = sv.State(env_assignment, settings, prewarm_off=off, static=static)
+        self.events: queue.SimpleQueue[sv.Event] = queue.SimpleQueue()
+        self.children: dict[int, _Child] = {}
+        self.annotator = PodAnnotator(client, namespace, pod) if client is not None and pod else None
+        self.watch: ObjectWatch | None = None
+
+    # -- main loop -------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        _become_subreaper()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, _frame: self.events.put(sv.Terminate(signal.Signals(signum).name)))
+        signal.signal(signal.SIGCHLD, lambda *_: self.events.put(sv.Tick()))
+        if self.annotator is not None:
+            self.annotator.put(sv.supervisor_annotation(_version()))
+        if self.client is not None and self.configmap:
+            self.watch = ObjectWatch(self.client, self.namespace, "configmaps", self.configmap,
+                                     self._on_configmap).start()
+            log.info("watching ConfigMap %s/%s for assignments", self.namespace, self.configmap)
+        else:
+            log.info("not in a cluster (no KUBERNETES_SERVICE_HOST, REPRIEVE_POD_NAME or REPRIEVE_JOB): the "
+                     "environment is the only assignment and exits are not reported")
+            self.events.put(sv.AssignmentSeen(None))
+        while True:
+            try:
+                event: sv.Event = self.events.get(timeout=TICK_S)
+            except queue.Empty:
+                event = sv.Tick()
+            for ev in [event, *self._reap()]:
+                code = self._handle(ev)
+                if code is not None:
+                    return self._exit(code)
+
+    def _handle(self, event: sv.Event) -> int | None:
+        """Feed one event through the pure step and carry out its actions; an exit code when it is time to go."""
+        pending = [event]
+        while pending:
+            self.state, actions = sv.step(self.state, pending.pop(0), time.time())
+            for action in actions:
+                result = self._do(action)
+                if isinstance(result, int):
+                    return result
+                if result is not None:
+                    pending.append(result)
+        return None
+
+    def _do(self, action: sv.Action) -> sv.Event | int | None:
+        if isinstance(action, sv.Note):
+            log.log(logging.DEBUG if action.debug else logging.INFO, "%s", action.text)
+        elif isinstance(action, sv.Signal):
+            log.info("%s: sending %s to pid %d", action.why, signal.Signals(action.sig).name, action.pid)
+            _kill(action.pid, action.sig)
+        elif isinstance(action, sv.Report):
+            if self.annotator is not None:
+                self.annotator.put(sv.exit_annotation(action.attempt, action.code, time.time()))
+        elif isinstance(action, sv.StartTrainer):
+            log.info("%s", action.why)
+            self._kill_leftovers()
+            return self._spawn("trainer", sv.trainer_env(self.env, action.assignment), action.assignment)
+        elif isinstance(action, sv.StartWarm):
+            log.info("%s: starting a warm process", action.why)
+            return self._spawn("warm", sv.warm_env(self.env), None, warm=True)
+        elif isinstance(action, sv.HandOver):
+            log.info("%s", action.why)
+            self._kill_leftovers(keep=action.pid)
+            child = self.children.get(action.pid)
+            try:
+                assert child is not None
+                child.sock.sendall(action.assignment.line().encode() + b"\n")
+            except (OSError, AssertionError) as err:  # it died: its exit (unconfirmed) makes the start cold
+                log.warning("could not hand the assignment to pid %d: %s", action.pid, err)
+        elif isinstance(action, sv.Exit):
+            log.info("%s: exiting with code %d", action.why, action.code)
+            return action.code
+        return None
+
+    def _exit(self, code: int) -> int:
+        if self.watch is not None:
+            self.watch.close()
+        if self.annotator is not None and not self.annotator.flush(FLUSH_S):
+            log.warning("the last annotations did not land within %.0fs", FLUSH_S)
+        return code
+
+    # -- processes ---------------------------------------------------------------------------------------------
+    def _spawn(self, role: str, env: dict[str, str], assignment: sv.Assignment | None, *,
+               warm: bool = False) -> sv.Event:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            os.set_inheritable(theirs.fileno(), True)
+            env[sv.EVENTS_FD_ENV] = str(theirs.fileno())
+            if warm:
+                env[sv.WARM_FD_ENV] = str(theirs.fileno())
+            # posix_spawn, not subprocess: the supervisor reaps every child itself (waitpid(-1)), which would
+            # race subprocess's own bookkeeping. Signals Python ignores go back to their defaults.
+            pid = os.posix_spawnp(self.command[0], self.command, env,
+                                  setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=())
+        except OSError as err:
+            ours.close()
+            log.error("cannot start %s: %s", self.command[0], err)
+            return sv.SpawnFailed(role, f"{self.command[0]}: {err.strerror or err}", assignment)
+        finally:
+            theirs.close()
+        self.children[pid] = _Child(pid, ours, role)
+        threading.Thread(target=self._read, args=(pid, ours), name=f"reprieve-child-{pid}", daemon=True).start()
+        log.info("started %s pid %d: %s", role, pid, json.dumps(self.command)[:200])
+        return sv.Spawned(pid, role, assignment)
+
+    def _read(self, pid: int, sock: socket.socket) -> None:
+        """The child's event lines (``reprieve.supervised``) -> ChildMessage events, until it closes."""
+        try:
+            for line in sock.makefile("rb"):
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    log.warning("pid %d sent a malformed line: %r", pid, line[:200])
+                    continue
+                if isinstance(message, dict):
+                    self.events.put(sv.ChildMessage(pid, message))
+        except OSError:
+            pass
+
+    def _reap(self) -> list[sv.Event]:
+        """Every child that ended (orphans included): as PID 1 no zombie may stay."""
+        out: list[sv.Event] = []
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return out
+            if pid == 0:
+                return out
+            code = sv.exit_code(os.waitstatus_to_exitcode(status))
+            child = self.children.pop(pid, None)
+            if child is not None:
+                child.sock.close()
+            out.append(sv.ChildExited(pid, code))
+
+    def _kill_leftovers(self, keep: int | None = None) -> None:
+        """SIGKILL and reap every child not started by us as trainer or warm process (orphans of earlier
+        attempts, reparented here), so nothing of an earlier attempt runs beside the next one."""
+        deadline = time.monotonic() + 10.0
+        while True:
+            left = [p for p in _children_of(os.getpid()) if p != keep and p not in self.children]
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                log.error("processes %s of an earlier attempt survive SIGKILL for 10s; starting anyway", left)
+                return
+            for pid in left:
+                log.info("killing pid %d, left behind by an earlier attempt", pid)
+                _kill(pid, signal.SIGKILL)
+            for pid in left:
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+
+    def _on_configmap(self, obj: dict[str, Any] | None) -> None:
+        """Watch thread: the ConfigMap (or None) -> an AssignmentSeen / Refuse event; a bad one is logged."""
+        if obj is None:
+            self.events.put(sv.AssignmentSeen(None))
+            return
+        data = obj.get("data") or {}
+        where = f"ConfigMap {self.namespace}/{self.configmap}"
+        problem = sv.contract_problem(data.get("contract"), where=where)
+        if problem is not None:
+            if self.annotator is not None:
+                self.annotator.put(sv.supervisor_annotation(_version(), problem))
+            self.events.put(sv.Refuse(problem))
+            return
+        try:
+            assert self.pod is not None
+            self.events.put(sv.AssignmentSeen(sv.parse_assignment(data, self.pod,
+                                                                  configmap=f"{self.namespace}/{self.configmap}")))
+        except sv.AssignmentError as err:
+            log.error("ignoring a malformed assignment: %s", err)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _children_of(parent: int) -> list[int]:
+    """Live (not zombie) children of ``parent``, from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        if len(fields) > 1 and int(fields[1]) == parent and fields[0] != b"Z":
+            out.append(int(entry))
+    return out
+
+
+def _become_subreaper() -> None:
+    """Outside a PID namespace (a shell, the local process kubelet) orphans of the trainer still come to us."""
+    if os.getpid() == 1 or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_CHILD_SUBREAPER) failed: errno %d", ctypes.get_errno())
+    except (OSError, AttributeError) as err:
+        log.warning("cannot become a child subreaper: %s", err)
+
+
+def build(command: Sequence[str], env: Mapping[str, str]) -> Supervisor:
+    """The supervisor for ``command`` under ``env``. Raises ValueError (a bad knob or assignment variable)."""
+    settings = sv.Settings.from_env(env)
+    env_assignment = sv.assignment_from_env(env)
+    job, pod = env.get("REPRIEVE_JOB", "").strip(), env.get("REPRIEVE_POD_NAME", "").strip()
+    namespace = env.get("REPRIEVE_NAMESPACE", "").strip() or "default"
+    host = env.get("KUBERNETES_SERVICE_HOST", "").strip()
+    client = None
+    if host and pod and job:
+        port = int(env.get("KUBERNETES_SERVICE_PORT", "443") or 443)
+        sa_dir = env.get("REPRIEVE_SERVICEACCOUNT_DIR", "").strip() or "/var/run/secrets/kubernetes.io/serviceaccount"
+        client = KubeClient(host, port, sa_dir)
+    return Supervisor(command, env, settings, env_assignment=env_assignment, client=client, namespace=namespace,
+                      pod=pod or None, configmap=f"{job}{sv.ASSIGNMENT_SUFFIX}" if job else None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="reprieve-run", description="Run a Reprieve trainer as the worker container's PID 1: one process per "
+        "assigned attempt, restarted in place (docs/runtime.md, 'Running under reprieve-run').",
+        usage="reprieve-run [--version] -- COMMAND [ARG...]")
+    parser.add_argument("--version", action="version", version=f"reprieve-run {_version()} (contract "
+                                                                f"{sv.CONTRACT_VERSION})")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s reprieve-run[%(process)d] %(levelname)s %(message)s")
+    if not command:
+        parser.print_usage(sys.stderr)
+        log.error("no command given: reprieve-run -- python train.py ...")
+        return 2
+    env = dict(os.environ)
+    problem = sv.contract_problem(env.get(sv.CONTRACT_ENV), where=f"{sv.CONTRACT_ENV} in the environment")
+    try:
+        supervisor = build(command, env)
+    except ValueError as err:
+        if problem is None:
+            log.error("%s", err)
+            return 2
+        supervisor = None  # the contract is the problem to report; the rest may be another version's layout
+    if problem is not None:
+        log.error("%s", problem)
+        if supervisor is not None and supervisor.annotator is not None:
+            supervisor.annotator.put(sv.supervisor_annotation(_version(), problem))
+            supervisor.annotator.flush(FLUSH_S)
+        return 2
+    assert supervisor is not None
+    return supervisor.run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""End to end, in place (``restartMode: InPlace``): the operator (chart RBAC), the real runtime under
+``reprieve-run`` in 2-process JAX jobs, the process-kubelet local cluster.
+
+A noticed preemption restarts the gang in place: the survivor keeps its pod (same UID) and its supervisor starts
+attempt 2's process in it; the pod on the doomed node is replaced (by the warm spare when ``spares: 1``); the
+training resumes from the agreed checkpoint and ends with the parameters of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from localcluster.goodput import analyse, read_step_log
+from localcluster.stack import example_job
+from localcluster.testing import taint_node, wait_for
+
+from .conftest import pod_node, wait_tj
+from .test_preemption_e2e import SPOT_TAINT, succeeded, wait_step
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+STEPS, SLEEP = 200, 0.03
+
+
+def submit_inplace(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, spares: int = 0,
+                   interval: int = 0, extra_env: dict[str, str] | None = None) -> Path:
+    ckpt = root / name
+    body = example_job(name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
+                       node_selector={"reprieve.test/pool": pool},
+                       extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **(extra_env or {})})
+    body["spec"]["restartMode"] = "InPlace"
+    body["spec"]["spares"] = spares
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+    return ckpt
+
+
+def job_pods(cluster: Any, namespace: str, job: str) -> dict[str, dict[str, Any]]:
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", f"reprieve.dev/job-name={job}", "-o", "json").stdout
+    return {p["metadata"]["name"]: p for p in json.loads(out)["items"]}
+
+
+def assignment(cluster: Any, namespace: str, job: str) -> dict[str, Any]:
+    out = cluster.kubectl("get", "configmap", f"{job}-assignment", "-n", namespace, "-o", "json").stdout
+    data = json.loads(out)["data"]
+    return {**data, "processes": json.loads(data["processes"])}
+
+
+@pytest.mark.parametrize("spares", [0, 1])
+def test_noticed_preemption_restarts_the_survivor_in_place_and_replaces_the_doomed_pod(
+        cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path, spares: int) -> None:
+    pool_a, nodes = pool(3 + spares)
+    name = f"inplace{spares}"
+    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=spares)
+    wait_step(ckpt, 50, 240, cluster, namespace, name)
+    first = assignment(cluster, namespace, name)
+    assert first["attempt"] == "1" and first["processes"] == {f"{name}-0": 0, f"{name}-1": 1}, first
+    before = job_pods(cluster, namespace, name)
+    if spares:
+        spare = wait_for(lambda: [n for n, p in job_pods(cluster, namespace, name).items()
+                                  if n.startswith(f"{name}-spare-") and p["status"].get("phase") == "Running"],
+                         60, "a running spare")[0]
+    doomed = pod_node(cluster, namespace, f"{name}-1")
+    taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
+
+    status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 2
+                     and s.get("phase") in ("Running", "Succeeded"), 120, "attempt 2 running", operator)["status"]
+    second = assignment(cluster, namespace, name)
+    assert second["attempt"] == "2", second
+    assert second["processes"][f"{name}-0"] == 0, second  # the survivor keeps its pod and its index
+    new = next(n for n, i in second["processes"].items() if i == 1)
+    assert new != f"{name}-1", second
+    if spares:
+        assert new == spare, (new, spare)  # the warm spare took over index 1
+    assert pod_node(cluster, namespace, new) != doomed
+    after = job_pods(cluster, namespace, name)
+    assert after[f"{name}-0"]["metadata"]["uid"] == before[f"{name}-0"]["metadata"]["uid"], "survivor recreated"
+    assert status["restarts"]["preemption"] == 1, status
+    last = status.get("lastRestart") or {}
+    assert last.get("attempt") == 2 and last.get("inPlace") == 1, status
+    assert [r["index"] for r in last.get("replaced", [])] == [1], status
+    cluster.remove_node(doomed)
+
+    final = wait_tj(cluster, namespace, name, succeeded, 300, "Succeeded", operator)["status"]
+    assert final["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}, final
+    assert final["attempt"] == 2 and final["lastCheckpointStep"] == STEPS - 1, final
+    result = json.loads((ckpt / "result.json").read_text())
+    assert result["resumedFrom"] > 50, result
+    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
+    assert len(report.interruptions) == 1 and report.interruptions[0].lost_steps == 0, report.summary()
+    assert report.steps == STEPS
+    events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                        f"involvedObject.kind=TrainingJob,involvedObject.name={name}",
+                                        "-o", "json").stdout)["items"]
+    started = [e["message"] for e in events if e["reason"] == "AttemptStarted"]
+    restarted = [m for m in started if m.startswith("attempt 2:")]
+    assert len(restarted) == 1 and "1 worker(s) restarted in place" in restarted[0], started
+    assert len(nodes) == 3 + spares
+
+
+def supervisor_pid(cluster: Any, namespace: str, pod: str) -> int:
+    """The host pid of the pod's reprieve-run (a process node runs it as a host process), from its log."""
+    for path in cluster.pod_logs(namespace, pod, "trainer"):
+        found = re.findall(r"reprieve-run\[(\d+)\]", path.read_text(errors="replace"))
+        if found:
+            return int(found[-1])
+    raise AssertionError(f"no reprieve-run line in the log of {namespace}/{pod}")
+
+
+def committed_attempts(ckpt: Path) -> list[tuple[int, int]]:
+    """(step, attempt) of every committed checkpoint directory (step_<step>_a<attempt>)."""
+    out = []
+    for d in (ckpt / "checkpoints").glob("step_*_a*"):
+        step, attempt = d.name.removeprefix("step_").split("_a")
+        out.append((int(step), int(attempt)))
+    return sorted(out)
+
+
+def test_faults_a_deleted_pod_and_a_killed_supervisor_each_restart_the_gang_once(
+        cluster: Any, namespace: str, operator: Any, pool: Any, tmp_path: Path) -> None:
+    """A user deletes worker 1's pod mid-attempt (a disruption: the spare takes over its index), then worker 0's
+    supervisor is SIGKILLed (the container fails: a failure; worker 0 is replaced by a new pod, as no spare is
+    ready yet or by the replacement spare). Each is counted once, the gang converges, and every checkpoint of
+    an attempt was committed while that attempt was the newest."""
+    pool_a, _ = pool(5)
+    name = "faults"
+    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1, interval=20)
+    wait_step(ckpt, 30, 240, cluster, namespace, name)
+    cluster.kubectl("delete", "pod", f"{name}-1", "-n", namespace, "--wait=false")
+    status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 2 and s.get("phase") == "Running",
+                     180, "attempt 2 running after the pod deletion", operator)["status"]
+    assert status["restarts"] == {"preemption": 0, "failure": 0, "disruption": 1}, status
+    second = assignment(cluster, namespace, name)
+    assert second["processes"][f"{name}-0"] == 0 and f"{name}-1" not in second["processes"], second
+    steps_before = max(r.step for r in read_step_log(ckpt / "steps.jsonl"))
+    wait_for(lambda: max(r.step for r in read_step_log(ckpt / "steps.jsonl")) >= steps_before + 20
+             and any(r.attempt == 2 for r in read_step_log(ckpt / "steps.jsonl")), 240, "attempt 2 training",
+             interval=0.5)
+
+    os.kill(supervisor_pid(cluster, namespace, f"{name}-0"), signal.SIGKILL)
+    status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 3 and s.get("phase") == "Running",
+                     180, "attempt 3 running after the supervisor was killed", operator)["status"]
+    assert status["restarts"] == {"preemption": 0, "failure": 1, "disruption": 1}, status
+    third = assignment(cluster, namespace, name)
+    assert f"{name}-0" not in third["processes"], third  # its pod failed: replaced
+
+    final = wait_tj(cluster, namespace, name, succeeded, 420, "Succeeded", operator)["status"]
+    assert final["restarts"] == {"preemption": 0, "failure": 1, "disruption": 1}, final
+    assert final["attempt"] == 3 and final["lastCheckpointStep"] == STEPS - 1, final
+    # No stale commit: attempt numbers of committed checkpoints never decrease with the step.
+    commits = committed_attempts(ckpt)
+    assert commits and [a for _, a in commits] == sorted(a for _, a in commits), commits
+
+
+def test_two_doomed_nodes_with_one_spare(cluster: Any, namespace: str, operator: Any, pool: Any, api: Any,
+                                          tmp_path: Path) -> None:
+    """Both workers' nodes get a notice at once, one spare: it takes one index, a new pod the other; one
+    preemption, resumed without a lost step."""
+    pool_a, _ = pool(5)
+    name = "twodoomed"
+    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1)
+    wait_step(ckpt, 40, 240, cluster, namespace, name)
+    spare = wait_for(lambda: [n for n, p in job_pods(cluster, namespace, name).items()
+                              if n.startswith(f"{name}-spare-") and p["status"].get("phase") == "Running"],
+                     60, "a running spare")[0]
+    doomed = {pod_node(cluster, namespace, f"{name}-{i}") for i in range(2)}
+    for node in doomed:
+        taint_node(api, node, SPOT_TAINT, "true", "NoSchedule")
+    status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 2
+                     and s.get("phase") in ("Running", "Succeeded"), 180, "attempt 2 running", operator)["status"]
+    second = assignment(cluster, namespace, name)["processes"]
+    assert spare in second and not {f"{name}-0", f"{name}-1"} & set(second), second
+    assert all(pod_node(cluster, namespace, p) not in doomed for p in second), second
+    assert status["restarts"]["preemption"] == 1 and status["lastRestart"]["inPlace"] == 0, status
+    final = wait_tj(cluster, namespace, name, succeeded, 300, "Succeeded", operator)["status"]
+    assert final["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}, final
+    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
+    assert len(report.interruptions) == 1 and report.interruptions[0].lost_steps == 0, report.summary()

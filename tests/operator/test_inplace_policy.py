@@ -1,0 +1,206 @@
+"""decide_inplace: keep the pods on healthy nodes, replace the others (spares first), assign the next attempt."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from op_jobs import make_job
+from reprieve_operator.policy.inplace import Assignment, PodView, decide_inplace
+
+pytestmark = pytest.mark.unit
+NOW = datetime(2026, 11, 22, 3, 0, 0, tzinfo=UTC)
+ASSIGNED = Assignment(1, {"llama-0": 0, "llama-1": 1}, "llama-0.llama.ml.svc:8476")
+
+
+def job(status: dict[str, Any] | None = None, replicas: int = 2, **spec: Any) -> Any:
+    body = make_job(name="llama", namespace="ml", replicas=replicas, restartMode="InPlace", **spec)
+    body["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "train.py"]
+    return body.with_status(**(status or {})).model()
+
+
+def pod(name: str, index: int | None = None, attempt: int = 1, role: str = "worker", **kw: Any) -> PodView:
+    kw.setdefault("ip", f"10.0.0.{abs(hash(name)) % 250 + 1}")
+    kw.setdefault("node", f"node-{name}")
+    return PodView(name=name, role=role, index=index, attempt=attempt, **kw)
+
+
+def exited(p: PodView, code: int, attempt: int = 1, ago: float = 1.0) -> PodView:
+    from dataclasses import replace
+
+    return replace(p, exit_attempt=attempt, exit_code=code, exit_time=NOW - timedelta(seconds=ago))
+
+
+W0, W1 = pod("llama-0", 0), pod("llama-1", 1)
+SPARE = pod("llama-spare-abcde", role="spare", ip="10.0.9.9", node="node-s")
+RUN = {"phase": "Running", "attempt": 1, "attemptStartTime": "2026-11-22T02:00:00Z"}
+
+
+def test_new_job_creates_the_gang_spares_and_the_first_assignment() -> None:
+    plan, extra = decide_inplace(job({}, spares=1), [], None, ["n9"], NOW)
+    assert (plan.phase, plan.attempt, plan.create, plan.new_attempt, plan.exclude_nodes) == \
+        ("Pending", 1, (0, 1), True, ("n9",))
+    assert extra.assign == Assignment(1, {"llama-0": 0, "llama-1": 1}, "llama-0.llama.ml.svc:8476")
+    assert extra.create_spares == 1
+
+
+def test_a_crash_after_creating_some_pods_creates_the_rest() -> None:
+    plan, extra = decide_inplace(job({}), [W0], None, (), NOW)
+    assert plan.create == (1,) and extra.assign is not None and extra.assign.attempt == 1
+
+
+def test_training_keeps_its_spares_and_replaces_one_on_a_doomed_node() -> None:
+    doomed_spare = pod("llama-spare-xyz12", role="spare", node="n-doomed")
+    plan, extra = decide_inplace(job(RUN, spares=2), [W0, W1, SPARE, doomed_spare], ASSIGNED, (), NOW,
+                                 doomed_nodes={"n-doomed"})
+    assert (plan.phase, plan.ready, plan.cause) == ("Running", 2, None)
+    assert plan.delete == ("llama-spare-xyz12",) and extra.create_spares == 1 and extra.assign is None
+
+
+def test_everyone_saved_and_exited_42_restarts_in_place_at_once() -> None:
+    plan, extra = decide_inplace(job(RUN), [exited(W0, 42), exited(W1, 42)], ASSIGNED, (), NOW)
+    assert extra.record is not None and extra.record.cause == "preemption"
+    assert (plan.phase, plan.attempt, plan.new_attempt, plan.delete, plan.create) == ("Running", 2, True, (), ())
+    assert extra.assign == Assignment(2, {"llama-0": 0, "llama-1": 1}, f"{W0.ip}:8476")
+    assert extra.kept == ("llama-0", "llama-1") and not extra.replaced
+
+
+def test_a_worker_on_a_doomed_node_is_replaced_by_a_ready_spare() -> None:
+    plan, extra = decide_inplace(job(RUN, spares=1), [exited(W0, 42), exited(W1, 42), SPARE], ASSIGNED, (), NOW,
+                                 doomed_nodes={W1.node})
+    assert extra.assign is not None and extra.assign.processes == {"llama-0": 0, SPARE.name: 1}
+    assert plan.delete == ("llama-1",) and extra.create_spares == 1  # the used spare is replaced
+    (r,) = extra.replaced
+    assert (r.index, r.old, r.new) == (1, "llama-1", SPARE.name) and "doomed" in r.reason
+    assert "1 worker(s) restarted in place" in plan.message and SPARE.name in plan.message
+
+
+def test_process_0_replaced_by_a_spare_moves_the_coordinator_to_its_ip() -> None:
+    _, extra = decide_inplace(job(RUN, spares=1), [exited(W0, 42), exited(W1, 42), SPARE], ASSIGNED, (), NOW,
+                                 doomed_nodes={W0.node})
+    assert extra.assign is not None and extra.assign.coordinator == "10.0.9.9:8476"
+
+
+def test_without_a_spare_a_new_pod_is_made_and_waited_for() -> None:
+    st = {**RUN, "lastNotice": {"id": "x", "node": W1.node, "reason": "gke-spot", "deadline": "x",
+                                 "observedAt": "x", "attempt": 1}}
+    lost = PodView("llama-1", "worker", 1, 1, phase="Running", node=W1.node, node_lost=True)
+    plan, extra = decide_inplace(job(st), [exited(W0, 42), lost], ASSIGNED, (), NOW)
+    assert extra.record is not None and extra.record.cause == "preemption"
+    assert (plan.phase, plan.attempt, extra.create_workers, extra.assign) == ("Restarting", 1, (1,), None)
+    assert plan.delete == ("llama-1",)
+    # next pass: the replacement runs
+    made = pod("llama-1-q7x2k", 1, attempt=2)
+    restarting = {**st, "phase": "Restarting", "restartingFrom": 1}
+    plan, extra = decide_inplace(job(restarting), [exited(W0, 42), made], ASSIGNED, (), NOW)
+    assert extra.assign is not None and extra.assign.processes == {"llama-0": 0, "llama-1-q7x2k": 1}
+    assert plan.attempt == 2 and extra.record is None
+
+
+def test_a_replacement_that_does_not_run_yet_is_waited_for() -> None:
+    made = pod("llama-1-q7x2k", 1, attempt=2, phase="Pending", ip=None)
+    restarting = {**RUN, "phase": "Restarting", "restartingFrom": 1}
+    _, extra = decide_inplace(job(restarting), [exited(W0, 42), made], ASSIGNED, (), NOW)
+    assert extra.assign is None and extra.waiting_for == ("llama-1-q7x2k",) and extra.create_workers == ()
+
+
+def test_a_failure_restarts_everyone_in_place_the_supervisors_stop_the_rest() -> None:
+    _, extra = decide_inplace(job(RUN), [exited(W0, 1), W1], ASSIGNED, (), NOW)
+    assert extra.record is not None and extra.record.cause == "failure"
+    assert extra.assign is not None and extra.assign.attempt == 2 and extra.kept == ("llama-0", "llama-1")
+
+
+def test_a_deleted_worker_is_a_disruption_and_is_replaced() -> None:
+    deleted = PodView("llama-1", "worker", 1, 1, phase="Running", deleting=True, ip="10.0.0.3", node="n1")
+    plan, extra = decide_inplace(job(RUN), [W0, deleted], ASSIGNED, (), NOW)
+    assert extra.record is not None and extra.record.cause == "disruption"
+    assert extra.create_workers == (1,) and plan.phase == "Restarting"
+
+
+def test_a_hung_straggler_does_not_stall_the_gang() -> None:
+    waiting = decide_inplace(job(RUN), [exited(W0, 42, ago=10), W1], ASSIGNED, (), NOW)
+    assert waiting[0].cause is None and waiting[1].record is None  # within the 30 s grace: wait
+    _, extra = decide_inplace(job(RUN), [exited(W0, 42, ago=40), W1], ASSIGNED, (), NOW)
+    assert extra.record is not None and "llama-1 did not within 30 s" in extra.record.message
+    assert extra.assign is not None and extra.assign.attempt == 2
+
+
+def test_all_exit_0_succeeds_and_spares_go() -> None:
+    plan, _ = decide_inplace(job(RUN, spares=1), [exited(W0, 0), exited(W1, 0), SPARE], ASSIGNED, (), NOW)
+    assert plan.phase == "Succeeded" and plan.delete == (SPARE.name,)
+
+
+def test_a_supervisor_of_another_contract_fails_the_job_with_the_fix() -> None:
+    from dataclasses import replace
+
+    plan, _ = decide_inplace(job(RUN), [replace(W0, contract=2), W1], ASSIGNED, (), NOW)
+    assert plan.phase == "Failed" and plan.conditions[0].reason == "ContractMismatch"
+    assert "restartMode: Recreate" in plan.message
+
+
+def test_the_failure_budget_still_ends_the_job() -> None:
+    plan, extra = decide_inplace(job({**RUN, "restarts": {"failure": 3}}), [exited(W0, 1), W1], ASSIGNED, (), NOW)
+    assert plan.phase == "Failed" and plan.conditions[0].reason == "TooManyFailures" and extra.assign is None
+
+
+def test_a_rapid_restart_backs_off_before_the_assignment() -> None:
+    young = {**RUN, "attemptStartTime": "2026-11-22T02:59:50Z"}
+    plan, extra = decide_inplace(job(young), [exited(W0, 42), exited(W1, 42)], ASSIGNED, (), NOW)
+    assert extra.record is not None and extra.record.rapid_restarts == 1
+    assert extra.assign is None and plan.phase == "Restarting" and plan.requeue_after == pytest.approx(10.0)
+
+
+def test_suspend_deletes_workers_and_spares() -> None:
+    plan, _ = decide_inplace(job(RUN, suspend=True), [W0, W1, SPARE], ASSIGNED, (), NOW)
+    assert plan.phase == "Suspended" and set(plan.delete) == {"llama-0", "llama-1", SPARE.name}
+
+
+# --- faults: each converges and counts nothing twice ----------------------------------------------------------
+
+RESTARTING = {**RUN, "phase": "Restarting", "restartingFrom": 1, "restarts": {"preemption": 1}}
+
+
+def test_an_operator_restarted_between_exits_reported_and_the_assignment_writes_it_without_counting_again() -> None:
+    """The restart of attempt 1 was recorded (status), then the operator died before writing attempt 2: the new
+    operator sees the same exits and writes attempt 2, with no second record."""
+    plan, extra = decide_inplace(job(RESTARTING), [exited(W0, 42), exited(W1, 42)], ASSIGNED, (), NOW)
+    assert extra.record is None and plan.cause is None
+    assert extra.assign is not None and extra.assign.attempt == 2 and extra.kept == ("llama-0", "llama-1")
+    # and once attempt 2 is written, the old exit reports (attempt 1) are history: training, nothing decided
+    second = Assignment(2, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476")
+    running2 = {**RUN, "attempt": 2, "restarts": {"preemption": 1}}
+    plan, extra = decide_inplace(job(running2), [exited(W0, 42), exited(W1, 42)], second, (), NOW)
+    assert extra.record is None and plan.cause is None and extra.assign is None and plan.phase == "Running"
+
+
+def test_a_notice_during_a_restart_replaces_the_pod_it_dooms_instead_of_keeping_it() -> None:
+    plan, extra = decide_inplace(job(RESTARTING, spares=1), [exited(W0, 42), exited(W1, 42), SPARE], ASSIGNED, (),
+                                 NOW, doomed_nodes={W0.node})
+    assert extra.record is None and plan.cause is None  # the restart under way is not counted again
+    assert extra.assign is not None and extra.assign.processes == {SPARE.name: 0, "llama-1": 1}
+    assert plan.delete == ("llama-0",) and extra.create_spares == 1
+
+
+def test_a_node_lost_during_a_restart_is_replaced_before_the_assignment() -> None:
+    lost = PodView("llama-0", "worker", 0, 1, phase="Running", node=W0.node, node_lost=True, ip="10.0.0.7",
+                   exit_attempt=1, exit_code=42, exit_time=NOW)
+    plan, extra = decide_inplace(job(RESTARTING), [lost, exited(W1, 42)], ASSIGNED, (), NOW)
+    assert extra.record is None and extra.assign is None and extra.create_workers == (0,)
+    assert plan.phase == "Restarting" and plan.delete == ("llama-0",)
+
+
+def test_two_doomed_workers_one_spare_the_other_gets_a_new_pod() -> None:
+    doomed = {W0.node, W1.node}
+    plan, extra = decide_inplace(job(RESTARTING, spares=1), [exited(W0, 42), exited(W1, 42), SPARE], ASSIGNED, (),
+                                 NOW, doomed_nodes=doomed)
+    assert extra.assign is None and extra.create_workers == (1,) and extra.create_spares == 1
+    assert [r.new for r in extra.replaced] == [SPARE.name, None]
+    assert set(plan.delete) == {"llama-0", "llama-1"}
+
+
+def test_a_spare_on_a_doomed_node_never_takes_over() -> None:
+    plan, extra = decide_inplace(job(RESTARTING, spares=1), [exited(W0, 42), exited(W1, 42), SPARE], ASSIGNED, (),
+                                 NOW, doomed_nodes={W1.node, SPARE.node})
+    assert extra.assign is None and extra.create_workers == (1,)
+    assert SPARE.name in plan.delete and extra.create_spares == 1

@@ -1,0 +1,376 @@
+"""reprieve-run's decisions as tables (pure: no processes, no cluster). Each scenario plays timed events
+through ``supervision.step`` and compares the actions, written short: ``start 2`` (a cold trainer for attempt 2),
+``warm`` (start a warm process), ``hand 21>2`` (warm pid 21 takes attempt 2), ``TERM 11`` / ``KILL 11``,
+``report 1:42`` (exit report: attempt 1, code 42), ``exit 0``."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+from reprieve import supervision as sv
+from reprieve.supervision import (
+    Assignment,
+    AssignmentSeen,
+    ChildExited,
+    ChildMessage,
+    Refuse,
+    Settings,
+    Spawned,
+    SpawnFailed,
+    State,
+    Terminate,
+    Tick,
+)
+
+pytestmark = pytest.mark.unit
+
+POD = "job-1"
+ENV_A = Assignment(1, 1, 2, "10.0.0.1:1234", source="environment")
+SETTINGS = Settings(grace_s=5, prewarm=True, prewarm_delay_s=30, ready_timeout_s=60, handover_timeout_s=10)
+
+
+def cm(attempt: int, index: int | None = 1, count: int = 2) -> Assignment:
+    return Assignment(attempt, index, count, "10.0.0.9:1234")
+
+
+def short(action: sv.Action) -> str | None:
+    match action:
+        case sv.StartTrainer(assignment=a):
+            return f"start {a.attempt}"
+        case sv.StartWarm():
+            return "warm"
+        case sv.HandOver(pid=pid, assignment=a):
+            return f"hand {pid}>{a.attempt}"
+        case sv.Signal(pid=pid, sig=sig):
+            return f"{'TERM' if sig == signal.SIGTERM else 'KILL'} {pid}"
+        case sv.Report(attempt=a, code=c):
+            return f"report {a}:{c}"
+        case sv.Exit(code=c):
+            return f"exit {c}"
+    return None
+
+
+def play(events: list[tuple[float, sv.Event]], state: State | None = None) -> tuple[State, list[str]]:
+    state = state or State(ENV_A, SETTINGS)
+    out: list[str] = []
+    for now, event in events:
+        state, actions = sv.step(state, event, now)
+        out += [f"{now:g}: {s}" for s in map(short, actions) if s]
+    return state, out
+
+
+def started(pid: int, attempt: int, *, init: bool = True, step_at: float | None = None,
+            t: float = 0) -> list[tuple[float, sv.Event]]:
+    """Events of a cold trainer ``pid`` of ``attempt`` started at ``t`` (reaching init, optionally a step)."""
+    a = ENV_A if attempt == 1 else cm(attempt)
+    evs: list[tuple[float, sv.Event]] = [(t, Spawned(pid, "trainer", a))]
+    if init:
+        evs.append((t + 1, ChildMessage(pid, {"event": "init", "attempt": attempt})))
+    if step_at is not None:
+        evs.append((step_at, ChildMessage(pid, {"event": "step", "step": 0})))
+    return evs
+
+
+SCENARIOS = {
+    # the first attempt comes from the environment when no ConfigMap exists
+    "first attempt from the env": (
+        [(0, AssignmentSeen(None))],
+        ["0: start 1"]),
+    "a ConfigMap that exists wins over the env": (
+        [(0, AssignmentSeen(cm(4)))],
+        ["0: start 4"]),
+    "the ConfigMap of the pod's own attempt: the environment's copy runs (its coordinator)": (
+        [(0, AssignmentSeen(cm(1)))],
+        ["0: start 1"]),
+    "a spare (not listed) runs nothing, only a warm process": (
+        [(0, AssignmentSeen(cm(4, index=None)))],
+        ["0: warm"]),
+    "nothing before the assignment source is known": (
+        [(0, Tick()), (5, Tick())],
+        []),
+    "exit 42, then the next attempt starts in place": (
+        [(0, AssignmentSeen(None)), *started(11, 1, init=False), (50, ChildExited(11, 42)),
+         (60, AssignmentSeen(cm(2))), (60, Spawned(12, "trainer", cm(2))), (70, ChildExited(12, 0))],
+        ["0: start 1", "50: report 1:42", "60: start 2", "70: report 2:0", "70: exit 0"]),
+    "an older or equal assignment changes nothing": (
+        [(0, AssignmentSeen(cm(3))), (0, Spawned(11, "trainer", cm(3))), (5, AssignmentSeen(cm(2))),
+         (6, AssignmentSeen(cm(3)))],
+        ["0: start 3"]),
+    "a superseded trainer gets SIGTERM, SIGKILL after the grace, then the next starts": (
+        [(0, AssignmentSeen(None)), *started(11, 1, init=False), (10, AssignmentSeen(cm(2))), (12, Tick()),
+         (15, Tick()), (15.5, ChildExited(11, 137)), (15.5, Spawned(12, "trainer", cm(2)))],
+        ["0: start 1", "10: TERM 11", "15: KILL 11", "15.5: report 1:137", "15.5: start 2"]),
+    "a superseded trainer exiting 0 does not end the supervisor": (
+        [(0, AssignmentSeen(None)), *started(11, 1, init=False), (10, AssignmentSeen(cm(2))),
+         (11, ChildExited(11, 0))],
+        ["0: start 1", "10: TERM 11", "11: report 1:0", "11: start 2"]),
+    "an assignment that drops this pod stops its trainer and starts nothing": (
+        [(0, AssignmentSeen(None)), *started(11, 1, init=False), (10, AssignmentSeen(cm(2, index=None))),
+         (11, ChildExited(11, 42)), (12, Tick())],
+        ["0: start 1", "10: TERM 11", "11: report 1:42"]),
+    "SIGTERM is forwarded and the trainer's code passed on": (
+        [(0, AssignmentSeen(None)), *started(11, 1, init=False), (10, Terminate("SIGTERM")), (11, Tick()),
+         (12, ChildExited(11, 42))],
+        ["0: start 1", "10: TERM 11", "12: report 1:42", "12: exit 42"]),
+    "SIGTERM: a trainer that ignores it is killed after the grace": (
+        [(0, AssignmentSeen(None)), *started(11, 1, init=False), (10, Terminate("SIGTERM")),
+         (15, Tick()), (15.1, ChildExited(11, 137))],
+        ["0: start 1", "10: TERM 11", "15: KILL 11", "15.1: report 1:137", "15.1: exit 137"]),
+    "SIGTERM with no trainer running: the last trainer's code": (
+        [(0, AssignmentSeen(None)), *started(11, 1, init=False), (5, ChildExited(11, 42)),
+         (10, Terminate("SIGTERM"))],
+        ["0: start 1", "5: report 1:42", "10: exit 42"]),
+    "SIGTERM before any trainer ran: 143": (
+        [(0, Terminate("SIGTERM"))],
+        ["0: exit 143"]),
+    "a second SIGTERM is not forwarded twice": (
+        [(0, AssignmentSeen(None)), *started(11, 1, init=False), (10, Terminate("SIGTERM")),
+         (11, Terminate("SIGTERM"))],
+        ["0: start 1", "10: TERM 11"]),
+    "an assignment in another contract: stop, exit 2": (
+        [(0, AssignmentSeen(None)), *started(11, 1, init=False), (10, Refuse("contract 2")),
+         (11, ChildExited(11, 143))],
+        ["0: start 1", "10: TERM 11", "11: report 1:143", "11: exit 2"]),
+    "the command cannot start: reported as 127, next attempt still possible": (
+        [(0, AssignmentSeen(None)), (0, SpawnFailed("trainer", "not found", ENV_A)), (5, AssignmentSeen(cm(2)))],
+        ["0: start 1", "0: report 1:127", "5: start 2"]),
+    # pre-warming
+    "warm after the trainer's first step, handed the next attempt": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=8), (8, Spawned(21, "warm")),
+         (12, ChildMessage(21, {"event": "ready"})), (40, ChildExited(11, 42)), (41, AssignmentSeen(cm(2))),
+         (41.01, ChildMessage(21, {"event": "init", "attempt": 2})), (45, ChildExited(21, 0))],
+        ["0: start 1", "8: warm", "40: report 1:42", "41: hand 21>2", "45: report 2:0", "45: exit 0"]),
+    "no warm before the first step (or the delay)": (
+        [(0, AssignmentSeen(None)), *started(11, 1), (10, Tick()), (29, Tick()), (30, Tick())],
+        ["0: start 1", "30: warm"]),
+    "no warm for a trainer that never reached reprieve.init()": (
+        [(0, AssignmentSeen(None)), *started(11, 1, init=False), (100, Tick()), (101, ChildExited(11, 42)),
+         (102, Tick())],
+        ["0: start 1", "101: report 1:42"]),
+    "a warm process that touched devices: cold start, pre-warming off": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+         (7, ChildMessage(21, {"event": "error", "message": "backend initialised"})), (7.1, ChildExited(21, 1)),
+         (40, ChildExited(11, 42)), (41, AssignmentSeen(cm(2))), (41, Spawned(12, "trainer", cm(2))),
+         (42, ChildMessage(12, {"event": "init"})), (43, ChildMessage(12, {"event": "step"})), (200, Tick())],
+        ["0: start 1", "5: warm", "7: KILL 21", "40: report 1:42", "41: start 2"]),
+    "a warm process refusing its assignment: killed, the attempt starts cold, no report": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+         (6, ChildMessage(21, {"event": "ready"})), (40, ChildExited(11, 42)), (41, AssignmentSeen(cm(2))),
+         (41.1, ChildMessage(21, {"event": "error", "message": "backend initialised"})),
+         (41.2, ChildExited(21, 1)), (41.2, Spawned(12, "trainer", cm(2)))],
+        ["0: start 1", "5: warm", "40: report 1:42", "41: hand 21>2", "41.1: KILL 21", "41.2: start 2"]),
+    "a warm process that never confirms is killed after the hand-over timeout": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+         (6, ChildMessage(21, {"event": "ready"})), (40, ChildExited(11, 42)), (41, AssignmentSeen(cm(2))),
+         (50, Tick()), (51, Tick()), (51.1, ChildExited(21, 137))],
+        ["0: start 1", "5: warm", "40: report 1:42", "41: hand 21>2", "51: KILL 21", "51.1: start 2"]),
+    "a warm process not parked yet when the assignment comes: killed, cold start": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+         (6, ChildExited(11, 42)), (7, AssignmentSeen(cm(2))), (7.1, ChildExited(21, 137)),
+         (7.1, Spawned(12, "trainer", cm(2))), (8, ChildMessage(12, {"event": "init"})),
+         (9, ChildMessage(12, {"event": "step"}))],
+        ["0: start 1", "5: warm", "6: report 1:42", "7: KILL 21", "7: start 2", "9: warm"]),
+    "a warm process that dies while parked turns pre-warming off": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+         (6, ChildMessage(21, {"event": "ready"})), (9, ChildExited(21, 137)), (20, Tick()),
+         (40, ChildExited(11, 42)), (41, AssignmentSeen(cm(2)))],
+        ["0: start 1", "5: warm", "40: report 1:42", "41: start 2"]),
+    "a warm process not parked within the ready timeout is killed": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")), (64, Tick()),
+         (65, Tick())],
+        ["0: start 1", "5: warm", "65: KILL 21"]),
+    "between attempts (after init was seen) a warm process starts at once": (
+        [(0, AssignmentSeen(None)), *started(11, 1), (3, ChildExited(11, 42)), (3, Spawned(21, "warm")),
+         (4, ChildMessage(21, {"event": "ready"})), (9, AssignmentSeen(cm(2)))],
+        ["0: start 1", "3: report 1:42", "3: warm", "9: hand 21>2"]),
+    "finishing kills the warm process, then exits 0": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+         (50, ChildExited(11, 0)), (50.1, ChildExited(21, 137))],
+        ["0: start 1", "5: warm", "50: report 1:0", "50: KILL 21", "50.1: exit 0"]),
+    "SIGTERM kills the warm process and forwards to the trainer": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+         (10, Terminate("SIGTERM")), (10.1, ChildExited(21, 137)), (12, ChildExited(11, 42))],
+        ["0: start 1", "5: warm", "10: KILL 21", "10: TERM 11", "12: report 1:42", "12: exit 42"]),
+    "orphans are reaped and otherwise ignored": (
+        [(0, AssignmentSeen(None)), *started(11, 1, init=False), (3, ChildExited(999, 0))],
+        ["0: start 1"]),
+}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_scenario(name: str) -> None:
+    events, expected = SCENARIOS[name]
+    _, got = play(events)
+    assert got == expected
+
+
+def test_prewarm_off_by_setting() -> None:
+    state = State(ENV_A, SETTINGS, prewarm_off="REPRIEVE_PREWARM=0")
+    _, got = play([(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (100, Tick())], state)
+    assert got == ["0: start 1"]
+
+
+def test_static_mode_passes_the_code_on_and_never_prewarms() -> None:
+    state = State(ENV_A, SETTINGS, prewarm_off="not in a cluster", static=True)
+    _, got = play([(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (50, ChildExited(11, 3))], state)
+    assert got == ["0: start 1", "50: report 1:3", "50: exit 3"]
+
+
+def test_decide_is_idempotent() -> None:
+    state, _ = play([(0, AssignmentSeen(None)), *started(11, 1, init=False), (10, AssignmentSeen(cm(2)))])
+    for now in (10, 11, 14.9):
+        state, actions = sv.decide(state, now)
+        assert [short(a) for a in actions if short(a)] == []
+
+
+def test_pending_start_is_not_repeated() -> None:
+    state, actions = sv.step(State(ENV_A, SETTINGS), AssignmentSeen(None), 0)
+    assert [short(a) for a in actions] == [None, "start 1"]
+    state, actions = sv.step(state, Tick(), 0.1)  # Spawned not fed yet: nothing again
+    assert [short(a) for a in actions if short(a)] == []
+
+
+def test_first_step_note_names_both_delays() -> None:
+    state, _ = play([(0, AssignmentSeen(None)), *started(11, 1)])
+    _, actions = sv.step(state, ChildMessage(11, {"event": "step", "step": 0}), 4.5)
+    notes = [a.text for a in actions if isinstance(a, sv.Note)]
+    assert notes == ["attempt 1: first step done 4.50s after the cold start, 4.50s after the assignment arrived"]
+
+
+# --- the contract's pieces --------------------------------------------------------------------------------------
+
+GOOD = {"contract": "1", "attempt": "3", "numProcesses": "4", "coordinator": "10.1.2.3:8476",
+        "processes": json.dumps({"job-0": 0, "job-1": 1, "job-2": 2, "job-spare-0": 3})}
+
+
+@pytest.mark.parametrize("change,pod,expected", [
+    ({}, "job-1", Assignment(3, 1, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment")),
+    ({}, "job-spare-0", Assignment(3, 3, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment")),
+    ({}, "job-9", Assignment(3, None, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment")),
+    ({"attempt": 5}, "job-0", Assignment(5, 0, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment")),
+])
+def test_parse_assignment(change: dict, pod: str, expected: Assignment) -> None:
+    assert sv.parse_assignment({**GOOD, **change}, pod, configmap="ns/job-assignment") == expected
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"attempt": None}, "attempt must be an integer >= 1, got None"),
+    ({"attempt": "0"}, "attempt must be an integer >= 1, got '0'"),
+    ({"attempt": "x"}, "attempt must be an integer >= 1, got 'x'"),
+    ({"numProcesses": "-1"}, "numProcesses must be an integer >= 1"),
+    ({"coordinator": "nohost"}, "coordinator must be host:port, got 'nohost'"),
+    ({"processes": "{"}, "processes must be a JSON object of pod name -> index"),
+    ({"processes": "[1]"}, "processes must be a JSON object of pod name -> index, got list"),
+    ({"processes": json.dumps({"job-1": 4})}, "processes['job-1'] must be < numProcesses (4), got 4"),
+    ({"processes": json.dumps({"job-1": "a"})}, "processes['job-1'] must be an integer >= 0, got 'a'"),
+])
+def test_parse_assignment_errors_name_the_key(change: dict, message: str) -> None:
+    with pytest.raises(sv.AssignmentError, match="ConfigMap ns/j-assignment") as err:
+        sv.parse_assignment({**GOOD, **change}, "job-1", configmap="ns/j-assignment")
+    assert message in str(err.value)
+
+
+def test_parse_assignment_missing_key() -> None:
+    data = {k: v for k, v in GOOD.items() if k != "coordinator"}
+    with pytest.raises(sv.AssignmentError, match="key 'coordinator' is missing"):
+        sv.parse_assignment(data, "job-1", configmap="c")
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({}, Assignment(1, 0, 1, None, "environment")),
+    ({"REPRIEVE_ATTEMPT": "3", "REPRIEVE_PROCESS_ID": "1", "REPRIEVE_NUM_PROCESSES": "2",
+      "REPRIEVE_COORDINATOR_ADDRESS": "j-0.j.ns.svc:8476"}, Assignment(3, 1, 2, "j-0.j.ns.svc:8476", "environment")),
+    # a spare or a replacement pod: not listed until an assignment lists it
+    ({"REPRIEVE_ATTEMPT": "3", "REPRIEVE_PROCESS_ID": "-1", "REPRIEVE_NUM_PROCESSES": "2",
+      "REPRIEVE_COORDINATOR_ADDRESS": "j-0.j.ns.svc:8476"}, Assignment(3, None, 2, None, "environment")),
+])
+def test_assignment_from_env(env: dict, expected: Assignment) -> None:
+    assert sv.assignment_from_env(env) == expected
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"REPRIEVE_ATTEMPT": "0"}, "REPRIEVE_ATTEMPT must be an integer >= 1, got '0'"),
+    ({"REPRIEVE_PROCESS_ID": "2", "REPRIEVE_NUM_PROCESSES": "2"}, "REPRIEVE_PROCESS_ID must be < "),
+    ({"REPRIEVE_COORDINATOR_ADDRESS": "x"}, "REPRIEVE_COORDINATOR_ADDRESS must be host:port"),
+])
+def test_assignment_from_env_errors(env: dict, message: str) -> None:
+    with pytest.raises(sv.AssignmentError, match=message):
+        sv.assignment_from_env(env)
+
+
+def test_assignment_line_round_trip() -> None:
+    a = Assignment(7, 2, 4, "10.0.0.1:99")
+    assert sv.parse_assignment_line(a.line()) == {
+        "REPRIEVE_ATTEMPT": "7", "REPRIEVE_PROCESS_ID": "2", "REPRIEVE_NUM_PROCESSES": "4",
+        "REPRIEVE_COORDINATOR_ADDRESS": "10.0.0.1:99"}
+    for bad, words in [("nope", "not JSON"), ("[]", "JSON object"), ('{"attempt": 1}', "numProcesses"),
+                       ('{"attempt": 1, "numProcesses": 2, "processId": 2}', "processId must be < numProcesses")]:
+        with pytest.raises(sv.AssignmentError, match=words):
+            sv.parse_assignment_line(bad)
+
+
+def test_environments() -> None:
+    base = {"PATH": "/bin", "REPRIEVE_ATTEMPT": "1", "REPRIEVE_PROCESS_ID": "0", "REPRIEVE_NUM_PROCESSES": "1",
+            "REPRIEVE_COORDINATOR_ADDRESS": "old:1", "REPRIEVE_JOB": "j", "REPRIEVE_WARM_FD": "9"}
+    a = Assignment(2, 1, 3, "new:2")
+    assert sv.trainer_env(base, a) == {
+        "PATH": "/bin", "REPRIEVE_JOB": "j", "REPRIEVE_ATTEMPT": "2", "REPRIEVE_PROCESS_ID": "1",
+        "REPRIEVE_NUM_PROCESSES": "3", "REPRIEVE_COORDINATOR_ADDRESS": "new:2", "REPRIEVE_SUPERVISED": "1"}
+    # a warm process does not know its identity yet: the old one must not be readable by mistake
+    assert sv.warm_env(base) == {"PATH": "/bin", "REPRIEVE_JOB": "j", "REPRIEVE_SUPERVISED": "1"}
+
+
+@pytest.mark.parametrize("value,ok", [(None, True), ("", True), ("1", True), (" 1 ", True), ("2", False),
+                                      ("v1", False)])
+def test_contract_problem(value: str | None, ok: bool) -> None:
+    problem = sv.contract_problem(value, where="REPRIEVE_CONTRACT")
+    assert (problem is None) == ok
+    if not ok:
+        assert f"version {value.strip()!r}" in problem and "speaks version 1" in problem  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("status,code", [(0, 0), (42, 42), (-9, 137), (-15, 143), (-6, 134)])
+def test_exit_code(status: int, code: int) -> None:
+    assert sv.exit_code(status) == code
+
+
+def test_annotations() -> None:
+    value = json.loads(sv.exit_annotation(3, 42, 0.0)["reprieve.dev/exit"])
+    assert value == {"attempt": 3, "code": 42, "time": "1970-01-01T00:00:00Z"}
+    assert json.loads(sv.supervisor_annotation("0.1.0")["reprieve.dev/supervisor"]) == {"contract": 1,
+                                                                                        "version": "0.1.0"}
+    assert json.loads(sv.supervisor_annotation("0.1.0", "bad")["reprieve.dev/supervisor"])["error"] == "bad"
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({}, Settings()),
+    ({"REPRIEVE_PREWARM": "0", "REPRIEVE_TERMINATION_GRACE_SECONDS": "7"}, Settings(grace_s=7.0, prewarm=False)),
+    ({"REPRIEVE_PREWARM_DELAY_SECONDS": "2.5"}, Settings(prewarm_delay_s=2.5)),
+])
+def test_settings(env: dict, expected: Settings) -> None:
+    assert Settings.from_env(env) == expected
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"REPRIEVE_PREWARM": "maybe"}, "REPRIEVE_PREWARM must be 1 or 0, got 'maybe'"),
+    ({"REPRIEVE_PREWARM_DELAY_SECONDS": "-1"}, "REPRIEVE_PREWARM_DELAY_SECONDS must be a number of seconds >= 0"),
+    ({"REPRIEVE_TERMINATION_GRACE_SECONDS": "soon"}, "REPRIEVE_TERMINATION_GRACE_SECONDS must be a number"),
+])
+def test_settings_errors(env: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Settings.from_env(env)
+
+
+def test_the_pods_own_attempt_runs_with_the_environments_coordinator() -> None:
+    """The operator writes the first attempt's ConfigMap with the same index; the environment (which a platform
+    may have resolved, as the process kubelet does for service names) is what runs. Another attempt or index: the
+    ConfigMap's."""
+    state, _ = play([(0, AssignmentSeen(cm(1)))])
+    assert state.wanted == ENV_A
+    state, _ = play([(0, AssignmentSeen(cm(1, index=0)))])
+    assert state.wanted == cm(1, index=0)
+    spare = State(Assignment(1, None, 2, None, source="environment"), SETTINGS)
+    state, actions = play([(0, AssignmentSeen(cm(1)))], spare)
+    assert state.wanted == cm(1) and actions == ["0: start 1"]

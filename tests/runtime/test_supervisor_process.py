@@ -1,0 +1,216 @@
+"""reprieve-run as a real process, outside a cluster (the environment is its only assignment): signals, exit
+codes, reaping, the contract check; and the runtime's side of the warm-process link with a real socket.
+The cluster half (assignments, exit reports, warm take-over) is tests/runtime/test_supervisor_cluster.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+REPRIEVE_RUN = str(Path(sys.executable).parent / "reprieve-run")
+CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_"))}
+
+
+def run_supervisor(script: str, tmp_path: Path, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([REPRIEVE_RUN, "--", sys.executable, "-c", textwrap.dedent(script)],
+                            env={**CLEAN, "OUT": str(tmp_path), **env}, cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_file(path: Path, timeout: float = 30) -> str:
+    limit = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < limit, f"{path} did not appear within {timeout}s"
+        time.sleep(0.05)
+    time.sleep(0.05)
+    return path.read_text()
+
+
+def zombies_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_bytes()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(b")") + 2:].split()
+            if int(fields[1]) == pid and fields[0] == b"Z":
+                out.append(int(entry))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_bytes().split(b") ")[1][:1] != b"Z"
+
+
+def test_sigterm_is_forwarded_and_the_trainers_code_passed_on(tmp_path: Path) -> None:
+    sup = run_supervisor("""
+        import os, pathlib, signal, sys, time
+        out = pathlib.Path(os.environ["OUT"])
+        def bye(*_):
+            (out / "got-sigterm").write_text(os.environ["REPRIEVE_SUPERVISED"])
+            sys.exit(42)
+        signal.signal(signal.SIGTERM, bye)
+        (out / "running").write_text(str(os.getpid()))
+        time.sleep(60)
+    """, tmp_path)
+    wait_file(tmp_path / "running")
+    sup.send_signal(signal.SIGTERM)
+    _, err = sup.communicate(timeout=30)
+    assert sup.returncode == 42, err
+    assert (tmp_path / "got-sigterm").read_text() == "1"
+    assert "forwarding SIGTERM to the trainer" in err and "exiting with code 42" in err
+
+
+def test_a_trainer_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    sup = run_supervisor("""
+        import os, pathlib, signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        pathlib.Path(os.environ["OUT"], "running").write_text(str(os.getpid()))
+        time.sleep(60)
+    """, tmp_path, REPRIEVE_TERMINATION_GRACE_SECONDS="1")
+    pid = int(wait_file(tmp_path / "running"))
+    t0 = time.monotonic()
+    sup.send_signal(signal.SIGTERM)
+    _, err = sup.communicate(timeout=30)
+    assert sup.returncode == 137, err  # 128 + SIGKILL, as a container's code
+    assert 0.9 < time.monotonic() - t0 < 10
+    assert not alive(pid)
+    assert "still running 1s after SIGTERM: sending SIGKILL" in err
+
+
+def test_exit_codes_pass_through_outside_a_cluster(tmp_path: Path) -> None:
+    for code in (0, 3, 42):
+        sup = run_supervisor(f"import sys; sys.exit({code})", tmp_path)
+        _, err = sup.communicate(timeout=30)
+        assert sup.returncode == code, err
+    sup = run_supervisor("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", tmp_path)
+    _, err = sup.communicate(timeout=30)
+    assert sup.returncode == 137, err
+
+
+def test_orphans_are_reaped(tmp_path: Path) -> None:
+    """The trainer leaves a grandchild behind that exits later: reparented to the supervisor (PID 1 in a
+    container, a child subreaper here), it must be reaped, not left a zombie."""
+    sup = run_supervisor("""
+        import os, pathlib, time
+        out = pathlib.Path(os.environ["OUT"])
+        child = os.fork()
+        if child == 0:
+            grandchild = os.fork()
+            if grandchild == 0:
+                time.sleep(1.0)
+                os._exit(7)
+            (out / "grandchild").write_text(str(grandchild))
+            os._exit(0)
+        os.waitpid(child, 0)
+        (out / "trainer").write_text(str(os.getpid()))
+        time.sleep(60)
+    """, tmp_path)
+    grandchild = int(wait_file(tmp_path / "grandchild"))
+    wait_file(tmp_path / "trainer")
+    time.sleep(2.5)  # the grandchild has exited by now
+    assert not alive(grandchild)
+    assert zombies_of(sup.pid) == []
+    sup.send_signal(signal.SIGTERM)
+    sup.communicate(timeout=30)
+
+
+def test_contract_mismatch_exits_2_naming_both_versions(tmp_path: Path) -> None:
+    sup = run_supervisor("import pathlib; pathlib.Path('ran').write_text('x')", tmp_path, REPRIEVE_CONTRACT="2")
+    _, err = sup.communicate(timeout=30)
+    assert sup.returncode == 2
+    assert "contract version '2'" in err and "speaks version 1" in err
+    assert not (tmp_path / "ran").exists()
+
+
+def test_bad_usage_and_a_missing_command(tmp_path: Path) -> None:
+    no_command = subprocess.run([REPRIEVE_RUN], env=CLEAN, capture_output=True, text=True, timeout=30, check=False)
+    assert no_command.returncode == 2 and "no command given" in no_command.stderr
+    bad_knob = subprocess.run([REPRIEVE_RUN, "--", "true"], env={**CLEAN, "REPRIEVE_PREWARM": "sometimes"},
+                              capture_output=True, text=True, timeout=30, check=False)
+    assert bad_knob.returncode == 2 and "REPRIEVE_PREWARM must be 1 or 0, got 'sometimes'" in bad_knob.stderr
+    missing = subprocess.run([REPRIEVE_RUN, "--", "no-such-trainer-xyz"], env=CLEAN, capture_output=True,
+                             text=True, timeout=30, check=False)
+    assert missing.returncode == 127 and "no-such-trainer-xyz" in missing.stderr
+
+
+# --- the runtime's side of the link (a warm process, with a real socket and reprieve.init) -----------------
+
+WARM_TRAINER = """
+    import json, os, sys
+    import jax  # imports are what a warm process is for
+    if os.environ.get("TOUCH_DEVICES"):
+        jax.devices()  # not allowed before reprieve.init() in a warm process
+    import reprieve
+    assert "REPRIEVE_ATTEMPT" not in os.environ
+    job = reprieve.init(install_sigterm=False, watch_pod=False)
+    print(json.dumps({k: os.environ.get(k) for k in ("REPRIEVE_ATTEMPT", "REPRIEVE_PROCESS_ID",
+          "REPRIEVE_WARM_FD", "REPRIEVE_SUPERVISOR_FD")} | {"attempt": job.config.attempt}), flush=True)
+    for step in job.steps(0, 3):
+        job.save(step, {"x": step})
+"""
+
+
+def start_warm(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[str], socket.socket]:
+    ours, theirs = socket.socketpair()
+    os.set_inheritable(theirs.fileno(), True)
+    fd = str(theirs.fileno())
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WARM_TRAINER)], pass_fds=[theirs.fileno()],
+                            env={**CLEAN, "REPRIEVE_WARM_FD": fd, "REPRIEVE_SUPERVISOR_FD": fd,
+                                 "REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), **env},
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    theirs.close()
+    ours.settimeout(60)
+    return proc, ours
+
+
+def test_warm_process_waits_in_init_then_runs_the_assignment(tmp_path: Path) -> None:
+    proc, sock = start_warm(tmp_path)
+    lines = sock.makefile("rb")
+    assert json.loads(lines.readline()) == {"event": "ready"}
+    time.sleep(0.5)
+    assert proc.poll() is None  # parked: nothing runs before the assignment
+    sock.sendall(json.dumps({"attempt": 5, "processId": 0, "numProcesses": 1, "coordinator": None}).encode() + b"\n")
+    assert json.loads(lines.readline()) == {"event": "init", "attempt": 5, "processId": 0}
+    assert json.loads(lines.readline()) == {"event": "step", "step": 0}
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    seen = json.loads(out.strip().splitlines()[-1])
+    # the assignment is the environment now; the link's variables are gone (a child must not write to the fd)
+    assert seen == {"REPRIEVE_ATTEMPT": "5", "REPRIEVE_PROCESS_ID": "0", "REPRIEVE_WARM_FD": None,
+                    "REPRIEVE_SUPERVISOR_FD": None, "attempt": 5}
+
+
+def test_warm_process_that_touched_devices_refuses_with_a_clear_error(tmp_path: Path) -> None:
+    proc, sock = start_warm(tmp_path, TOUCH_DEVICES="1")
+    message = json.loads(sock.makefile("rb").readline())
+    assert message["event"] == "error" and "JAX backend is already initialised (cpu)" in message["message"]
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "RuntimeError" in err and "must not touch devices: no jax.devices()" in err
+
+
+def test_warm_process_exits_quietly_when_the_supervisor_goes(tmp_path: Path) -> None:
+    proc, sock = start_warm(tmp_path)
+    assert json.loads(sock.makefile("rb").readline()) == {"event": "ready"}
+    sock.close()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out == ""  # it never got past reprieve.init()
