@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TABLE = tomllib.loads((ROOT / "docs/contract.toml").read_text())
 OPERATOR_SETS = set(TABLE["env"]["operator_sets"])
 RUNTIME_ONLY = set(TABLE["env"]["runtime_only"])
+SUPERVISOR_READS = set(TABLE["env"]["supervisor_reads"])
+SUPERVISOR_SETS = set(TABLE["env"]["supervisor_sets"])
 D = TABLE["defaults"]
 
 
@@ -66,7 +68,7 @@ def test_the_runtime_reads_every_contract_variable_and_no_unlisted_one() -> None
     env = _Recording({})
     RuntimeConfig.from_env(env)
     asked = {n for n in env.asked if n.startswith("REPRIEVE_")}
-    assert OPERATOR_SETS - asked == set(), "the runtime ignores variables the operator sets"
+    assert OPERATOR_SETS - SUPERVISOR_READS - asked == set(), "the runtime ignores variables the operator sets"
     assert asked - OPERATOR_SETS - RUNTIME_ONLY == set(), "the runtime reads variables docs/contract.toml lacks"
     assert RUNTIME_ONLY - asked == set(), "docs/contract.toml lists runtime variables nobody reads"
 
@@ -105,6 +107,20 @@ def test_annotation_and_label_names_agree() -> None:
     assert (op.ANNOTATION_NOTICE, notice.NOTICE_ANNOTATION) == (a["notice"], a["notice"])
     assert (op.ANNOTATION_PROGRESS, notice.PROGRESS_ANNOTATION) == (a["progress"], a["progress"])
     assert (op.LABEL_JOB, op.LABEL_INDEX, op.LABEL_ATTEMPT) == (lab["job"], lab["index"], lab["attempt"])
+    assert op.LABEL_ROLE == lab["role"]
+
+
+def test_the_supervisor_speaks_the_operators_contract() -> None:
+    import reprieve_operator as op
+    from reprieve import supervision
+
+    c, a = TABLE["contract"], TABLE["annotations"]
+    assert op.CONTRACT_VERSION == supervision.CONTRACT_VERSION == c["version"]
+    assert supervision.ASSIGNMENT_SUFFIX == c["assignment_suffix"]
+    assert (op.ANNOTATION_EXIT, supervision.EXIT_ANNOTATION) == (a["exit"], a["exit"])
+    assert (op.ANNOTATION_SUPERVISOR, supervision.SUPERVISOR_ANNOTATION) == (a["supervisor"], a["supervisor"])
+    assert {supervision.CONTRACT_ENV} == SUPERVISOR_READS
+    assert {supervision.SUPERVISED_ENV, supervision.WARM_FD_ENV, supervision.EVENTS_FD_ENV} == SUPERVISOR_SETS
 
 
 def test_the_docs_list_the_same_environment() -> None:
