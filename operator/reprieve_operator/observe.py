@@ -273,6 +273,20 @@ def goodput_patch(job: TrainingJob, phase: str, patch: Mapping[str, Any], prog: 
     return {**goodput.status(acc, t), "updatedAt": rfc3339(now)}
 
 
+def closing_goodput(status: Mapping[str, Any], now: datetime) -> dict[str, Any] | None:
+    """``status.goodput`` of a job failed outside a restart plan (an invalid spec, a pod the API server refuses):
+    its open attempts end now. Works on the raw status (the spec of such a job may not parse); None when there is
+    no accounting to close."""
+    raw = (status.get("goodput") or {}).get("accounting")
+    if not raw:
+        return None
+    t = now.timestamp()
+    acc = goodput.fold(dict(raw), now=t, ended=True)
+    if acc is None:
+        return None
+    return {**goodput.status(acc, t), "updatedAt": rfc3339(now)}
+
+
 def notice_status(notice: Notice, attempt: int, now: datetime) -> dict[str, Any]:
     return {"id": notice.id, "node": notice.node, "reason": notice.reason, "deadline": rfc3339(notice.deadline),
             "observedAt": rfc3339(notice.observed_at), "attempt": attempt, "deliveredAt": rfc3339(now)}

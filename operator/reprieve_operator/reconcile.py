@@ -310,8 +310,12 @@ async def _fail(state: State, body: dict[str, Any], reason: str, message: str) -
     meta = body["metadata"]
     # The Event first: whoever sees the Failed phase finds the Event that says why.
     await apply.run(apply.post_event, state.api, job_ref(body), reason, message, "Warning")
-    await apply.run(apply.patch_job_status, state.api, meta["namespace"], meta["name"],
-                    {"phase": "Failed", "conditions": [*conds, cond], "completionTime": rfc3339(state_now())})
+    now = state_now()
+    patch: dict[str, Any] = {"phase": "Failed", "conditions": [*conds, cond], "completionTime": rfc3339(now)}
+    closed = observe.closing_goodput(status, now)
+    if closed is not None:  # the attempts that ran end here: the figures are final, not provisional
+        patch["goodput"] = closed
+    await apply.run(apply.patch_job_status, state.api, meta["namespace"], meta["name"], patch)
     metrics.FAILED_JOBS.labels(meta["namespace"], metrics.job(meta["name"]), reason).inc()
 
 

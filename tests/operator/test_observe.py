@@ -153,3 +153,21 @@ def test_status_goodput_follows_attempts_reports_and_the_end() -> None:
     assert gp.productive_seconds == pytest.approx(50 + 50) and b.restore == 2.0
     assert b.restart_gap == pytest.approx(64 - 54 + 1)  # last step -> attempt 2 created, + the end's 1 s
     assert gp.goodput == pytest.approx(100 / 120, abs=1e-3)
+
+
+def test_a_job_failed_outside_a_plan_closes_its_goodput() -> None:
+    """_fail (an invalid spec, a refused pod) works on the raw status: the open attempt ends, figures are final."""
+    from datetime import timedelta
+
+    from reprieve_operator.observe import closing_goodput
+    from reprieve_operator.policy import goodput
+
+    t0 = NOW.timestamp()
+    acc = goodput.fold(None, now=t0, new_attempt=1, created_at=t0)
+    assert acc is not None and acc.open
+    raw = {"goodput": {"accounting": acc.to_status()}}
+    closed = closing_goodput(raw, NOW + timedelta(seconds=30))
+    assert closed is not None and closed["accounting"]["open"] == []
+    assert closed["wallSeconds"] == pytest.approx(30.0)
+    assert closing_goodput({}, NOW) is None  # nothing to close: no figures invented
+    assert closing_goodput({"goodput": {"accounting": closed["accounting"]}}, NOW + timedelta(seconds=40)) is None
