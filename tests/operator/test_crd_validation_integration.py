@@ -108,4 +108,4 @@ def test_defaults_are_applied_by_the_api_server(cluster: Any, chart: str, namesp
     got = json.loads(cluster.kubectl("get", "tj", "dflt", "-n", namespace, "-o", "json").stdout)["spec"]
     assert got["restartPolicy"] == {"restartExitCode": 42, "maxFailures": 3, "maxRapidRestarts": 5}
     assert got["preemption"] == {"enabled": True, "defaultNoticeSeconds": 30}
-    assert got["coordinatorPort"] == 8476 and got["checkpoint"]["keep"] == 2
+    assert got["coordinatorPort"] == 8476 and got["checkpoint"]["keep"] == 3  # docs/contract.toml
