@@ -131,6 +131,12 @@ def _q(part: str) -> str:
     return urllib.parse.quote(part, safe="")
 
 
+def failure_log_level(failures: int) -> int:
+    """How loudly a watch logs its ``failures``-th failure in a row: WARNING for the 1st, the 10th and every 100th,
+    DEBUG otherwise, so a long outage is visible without a line every backoff (pure)."""
+    return logging.WARNING if failures in (1, 10) or failures % 100 == 0 else logging.DEBUG
+
+
 def backoff_delays(initial: float = 1.0, maximum: float = 30.0) -> Iterator[float]:
     """1, 2, 4, ... capped at ``maximum`` (pure)."""
     delay = initial
@@ -179,8 +185,7 @@ class PodWatchSource:
             except Exception as err:  # noqa: BLE001 - any failure: back off and reconnect
                 failures += 1
                 delay = next(delays)
-                level = logging.WARNING if failures in (1, 10) or failures % 100 == 0 else logging.DEBUG
-                log.log(level, "pod watch of %s/%s failed (%s, failure %d); retrying in %.0fs", self._ns,
+                log.log(failure_log_level(failures), "pod watch of %s/%s failed (%s, failure %d); retrying in %.0fs", self._ns,
                         self._pod, err, failures, delay)
                 self._stop.wait(delay)
 
@@ -246,8 +251,7 @@ class ObjectWatch:
             except Exception as err:  # noqa: BLE001 - any failure: back off and list again
                 failures += 1
                 delay = next(delays)
-                level = logging.WARNING if failures in (1, 10) or failures % 100 == 0 else logging.DEBUG
-                log.log(level, "watch of %s failed (%s, failure %d); retrying in %.0fs", self.what, err, failures,
+                log.log(failure_log_level(failures), "watch of %s failed (%s, failure %d); retrying in %.0fs", self.what, err, failures,
                         delay)
                 self._stop.wait(delay)
 

@@ -13,7 +13,7 @@ from itertools import islice
 from pathlib import Path
 
 import pytest
-from reprieve.kube import PodWatchSource, backoff_delays
+from reprieve.kube import PodWatchSource, backoff_delays, failure_log_level
 from reprieve.notice import NOTICE_ANNOTATION, PROGRESS_ANNOTATION, Notice
 from reprieve.notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
 from reprieve.progress import progress_annotation
@@ -209,3 +209,8 @@ def test_progress_annotation_follows_the_contract() -> None:
 
 def test_backoff_delays() -> None:
     assert list(islice(backoff_delays(1, 30), 7)) == [1, 2, 4, 8, 16, 30, 30]
+
+
+def test_failure_log_level() -> None:
+    loud = [n for n in range(1, 301) if failure_log_level(n) == logging.WARNING]
+    assert loud == [1, 10, 100, 200, 300]
