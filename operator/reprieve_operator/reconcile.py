@@ -76,18 +76,7 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
             plan = decide_restart(job, pods, _avoid(state, job, now), now, _doomed(state, job, now))
         ref = job_ref(body)
         if plan.cause:
-            # Record the decision before acting on it, so a crash in between cannot count it twice.
-            job = await status_write(state, job, plan, now)
-            if plan.phase == "Failed":
-                metrics.FAILED_JOBS.labels(namespace, metrics.job(name),
-                                           plan.conditions[0].reason if plan.conditions else "Failed").inc()
-                await apply.run(apply.post_event, api, ref,  # the reason: TooManyFailures, TooManyPreemptions...
-                                plan.conditions[0].reason if plan.conditions else "Failed", plan.message, "Warning")
-            else:
-                metrics.RESTARTS.labels(namespace, metrics.job(name), plan.cause).inc()
-                await apply.run(apply.post_event, api, ref, "GangRestart", plan.message,
-                                "Warning" if plan.cause != "preemption" else "Normal")
-            log.info("TrainingJob %s/%s: %s", namespace, name, plan.message)
+            job = await record_decision(state, job, ref, plan, now)
             plan = dataclasses.replace(plan, cause=None)  # recorded; the final patch must not count it again
         if plan.create:
             outcome = await _create(state, job, ref, plan)
@@ -124,6 +113,26 @@ async def _post_status_events(state: State, job: TrainingJob, ref: dict[str, Any
         await apply.run(apply.post_event, state.api, ref, ev.reason, ev.message, ev.type)
     if patch.get("phase") in ("Succeeded", "Failed"):
         _commit_events.pop(key, None)
+
+
+async def record_decision(state: State, job: TrainingJob, ref: dict[str, Any], decided: RestartPlan,
+                          now: datetime) -> TrainingJob:
+    """Record a gang restart or a failure before acting on it (a crash in between cannot count it twice): the
+    status, the counter and the Event (a failure under its reason: TooManyFailures, TooManyPreemptions, ...).
+    Both restart modes use it. Returns the job as it is after the status write."""
+    job = await status_write(state, job, decided, now)
+    labels = (job.namespace, metrics.job(job.name))
+    if decided.phase == "Failed":
+        reason = decided.conditions[0].reason if decided.conditions else "Failed"
+        metrics.FAILED_JOBS.labels(*labels, reason).inc()
+        await apply.run(apply.post_event, state.api, ref, reason, decided.message, "Warning")
+    else:
+        cause = decided.cause or "preemption"
+        metrics.RESTARTS.labels(*labels, cause).inc()
+        await apply.run(apply.post_event, state.api, ref, "GangRestart", decided.message,
+                        "Normal" if cause == "preemption" else "Warning")
+    log.info("TrainingJob %s/%s: %s", job.namespace, job.name, decided.message)
+    return job
 
 
 async def status_write(state: State, job: TrainingJob, plan: RestartPlan, now: datetime) -> TrainingJob:

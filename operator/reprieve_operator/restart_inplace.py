@@ -15,7 +15,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from . import apply, builders, metrics, observe
+from . import apply, builders, observe
 from .models import TrainingJob
 from .policy.inplace import Assignment, InPlace, PodView, decide_inplace
 from .policy.restart import DISRUPTION, RestartPlan
@@ -55,7 +55,7 @@ def views(raw_pods: list[dict[str, Any]], known: Any) -> list[PodView]:
 
 async def reconcile_inplace(state: State, job: TrainingJob, body: dict[str, Any], raw_pods: list[dict[str, Any]],
                             known: Any, now: datetime) -> RestartPlan:
-    from .reconcile import CREATED, FAILED, _avoid, _create, _doomed, _refresh_nodes, requeue, status_write
+    from .reconcile import CREATED, FAILED, _avoid, _create, _doomed, _refresh_nodes, record_decision, requeue
 
     api, ns, name = state.api, job.namespace, job.name
     pods = views(raw_pods, known)
@@ -71,16 +71,7 @@ async def reconcile_inplace(state: State, job: TrainingJob, body: dict[str, Any]
 
     decided = extra.record or (plan if plan.cause else None)
     if decided is not None:
-        # Record the decision before acting on it, so a crash in between cannot count it twice.
-        job = await status_write(state, job, decided, now)
-        if decided.phase == "Failed":
-            metrics.FAILED_JOBS.labels(decided.conditions[0].reason if decided.conditions else "Failed").inc()
-            await apply.run(apply.post_event, api, ref, "Failed", decided.message, "Warning")
-        else:
-            metrics.RESTARTS.labels(decided.cause or "preemption").inc()
-            await apply.run(apply.post_event, api, ref, "GangRestart", decided.message,
-                            "Normal" if decided.cause == "preemption" else "Warning")
-        log.info("TrainingJob %s/%s: %s", ns, name, decided.message)
+        job = await record_decision(state, job, ref, decided, now)
         plan = dataclasses.replace(plan, cause=None)
 
     if plan.phase == "Failed" and decided is not None and decided.phase == "Failed":
