@@ -106,17 +106,16 @@ def main() -> int:
 
     from conftest import job_manifest
     from localcluster import Cluster
-    from localcluster.stack import CHART, OPERATOR_SA, RELEASE, RELEASE_NS
+    from localcluster.cluster import wait_until
+    from localcluster.stack import OPERATOR_SA, RELEASE_NS, install_chart
 
     work = Path(tempfile.mkdtemp(prefix="reprieve-bench-"))
     with Cluster.start(work / "cluster") as cluster:
         t0 = time.monotonic()
-        cluster.helm("install", RELEASE, str(CHART), "-n", RELEASE_NS, "--create-namespace",
-                     "--set", "replicaCount=0", "--wait")
+        install_chart(cluster)  # CRD and RBAC; the operator runs here as a local process
         cluster.kubectl("create", "namespace", NS)
-        while cluster.kubectl("get", "trainingjobs", "-A", check=False).returncode or \
-                cluster.kubectl("get", "sa", "default", "-n", NS, check=False).returncode:
-            time.sleep(0.2)
+        wait_until(lambda: cluster.kubectl("get", "sa", "default", "-n", NS, check=False).returncode == 0,
+                   60, "the namespace's default ServiceAccount", interval=0.2)
         api = cluster.api_client()
         api.configuration.connection_pool_maxsize = 32
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
