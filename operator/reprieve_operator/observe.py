@@ -74,7 +74,8 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
                      "annotations": {k: annotations[k] for k in (ANNOTATION_NOTICE, ANNOTATION_PROGRESS,
                                                                   ANNOTATION_EXIT, ANNOTATION_SUPERVISOR)
                                      if annotations.get(k)},
-                     "deletionTimestamp": meta.get("deletionTimestamp")},
+                     "deletionTimestamp": meta.get("deletionTimestamp"),
+                     "creationTimestamp": meta.get("creationTimestamp")},
         "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
         "status": {"phase": status.get("phase"), "reason": status.get("reason"), "podIP": status.get("podIP"),
                    "containerStatuses": [{"state": cs.get("state") or {}}
@@ -118,7 +119,7 @@ def pod_view(pod: Mapping[str, Any], known_nodes: Container[str] | None = None) 
                    ip=status.get("podIP"), exit_attempt=_int(report.get("attempt")), exit_code=_int(report.get("code")),
                    exit_time=parse_time(report.get("time")), container_code=container_code,
                    notice_attempt=_int(notice.get("attempt")) if notice else None,
-                   contract=_int(supervisor.get("contract")))
+                   contract=_int(supervisor.get("contract")), created=parse_time(meta.get("creationTimestamp")))
 
 
 def workers(job: TrainingJob, raw_pods: Iterable[Mapping[str, Any]], assignment: Any = None,

@@ -199,6 +199,35 @@ def test_two_doomed_workers_one_spare_the_other_gets_a_new_pod() -> None:
     assert set(plan.delete) == {"llama-0", "llama-1"}
 
 
+def test_the_spare_chosen_while_a_replacement_schedules_is_still_chosen_once_it_runs() -> None:
+    """Pass 1 picks the old spare for index 0 and makes a pod for index 1 and a new spare; pass 2 (both made
+    pods now run) must not switch index 0 to the new spare, though its random name sorts first (a CI failure)."""
+    from dataclasses import replace
+
+    doomed = {W0.node, W1.node}
+    old = replace(SPARE, name="llama-spare-wvqpv", created=NOW - timedelta(minutes=5), contract=1)
+    _, first = decide_inplace(job(RESTARTING, spares=1), [exited(W0, 42), exited(W1, 42), old], ASSIGNED, (), NOW,
+                              doomed_nodes=doomed)
+    assert [r.new for r in first.replaced] == [old.name, None] and first.create_spares == 1
+    made = pod("llama-1-knj2s", 1, attempt=2, created=NOW)
+    for new in (pod("llama-spare-94g6c", role="spare", created=NOW), pod("llama-spare-94g6c", role="spare",
+                                                                        created=NOW, contract=1)):
+        _, second = decide_inplace(job(RESTARTING, spares=1), [exited(W0, 42, ago=0), exited(W1, 42, ago=0), old,
+                                                                made, new], ASSIGNED, (), NOW, doomed_nodes=doomed)
+        assert second.assign is not None and second.assign.processes == {old.name: 0, made.name: 1}, second
+        assert second.create_spares == 0
+
+
+def test_a_warm_spare_takes_over_before_an_older_cold_one() -> None:
+    from dataclasses import replace
+
+    cold = replace(SPARE, name="llama-spare-aaaaa", created=NOW - timedelta(minutes=5))
+    warm = replace(SPARE, name="llama-spare-zzzzz", created=NOW - timedelta(minutes=1), contract=1)
+    _, extra = decide_inplace(job(RESTARTING, spares=2), [exited(W0, 42), exited(W1, 42), cold, warm], ASSIGNED,
+                              (), NOW, doomed_nodes={W1.node})
+    assert extra.assign is not None and extra.assign.processes == {"llama-0": 0, warm.name: 1}
+
+
 def test_a_spare_on_a_doomed_node_never_takes_over() -> None:
     plan, extra = decide_inplace(job(RESTARTING, spares=1), [exited(W0, 42), exited(W1, 42), SPARE], ASSIGNED, (),
                                  NOW, doomed_nodes={W1.node, SPARE.node})

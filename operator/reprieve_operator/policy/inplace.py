@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 
 from ..models import TrainingJob
 from ..signals import parse_time
@@ -64,6 +64,7 @@ class PodView:
     container_code: int | None = None  # the container (the supervisor) ended with this code
     notice_attempt: int | None = None  # the attempt of the notice it carries, if any
     contract: int | None = None  # the supervisor's contract version, once it announced itself
+    created: datetime | None = None  # metadata.creationTimestamp
 
     @property
     def ready(self) -> bool:
@@ -224,6 +225,14 @@ def _healthy(p: PodView, doomed: Collection[str]) -> bool:
     return p.ready and (p.node is None or p.node not in doomed)
 
 
+def _spare_rank(p: PodView) -> tuple[bool, datetime, str]:
+    """Which ready spare takes an index first: one whose supervisor announced itself (warm), then the oldest.
+
+    The order must not change between passes of one restart: the spare chosen while a replacement pod is still
+    scheduled must still be chosen once it runs, not a spare created in the meantime that sorts before it."""
+    return (p.contract is None, p.created or datetime.max.replace(tzinfo=UTC), p.name)
+
+
 def _steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int], current: Mapping[int, WorkerPod],
             attempt: int, noticed: bool, avoid: tuple[str, ...], doomed: Collection[str]) -> tuple[RestartPlan,
                                                                                                 InPlace]:
@@ -273,7 +282,7 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
     made = {p.index: p.name for p in pods if p.role == "worker" and p.attempt == nxt and p.index is not None
             and p.name not in workers and not p.deleting and not p.node_lost}
     spares = sorted((p for p in pods if p.role == "spare" and p.name not in workers and _healthy(p, doomed)),
-                    key=lambda p: p.name)
+                    key=_spare_rank)
     create: list[int] = []
     filled: list[Replacement] = []
     for r in replaced:
