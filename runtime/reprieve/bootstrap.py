@@ -152,7 +152,61 @@ def enable_compilation_cache(config: RuntimeConfig) -> bool:
 
     jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    log.info("JAX persistent compilation cache in %s", config.compilation_cache_dir)
+    every = _write_cache_from_every_cpu_process()
+    log.info("JAX persistent compilation cache in %s%s", config.compilation_cache_dir,
+             " (every CPU process writes its own entries)" if every else "")
+    return True
+
+
+def _write_cache_from_every_cpu_process() -> bool:
+    """Let every process write its own persistent-cache entries on CPU, not only process 0.
+
+    JAX writes cache entries from process 0 only (one writer per shared key on GCS). On CPU the key includes the
+    local client's topology fingerprint, so it differs per process: process 0's entries are never read by the
+    others. A restarted CPU gang then had process 0 load its train step in milliseconds and enter the first
+    collective while the others compiled; when they took longer than gloo's rendezvous wait, process 0 died
+    with SIGABRT ("Gloo context initialization failed ... GetKeyValue() timed out"). With every process
+    writing its own (differently keyed, so never contended) entries, every process of a restart loads.
+    GPU keys strip the device assignment and TPU topologies are global: there, JAX's rule stays.
+    Returns whether the rule was widened (False on a JAX without the private hooks this needs).
+    """
+    try:
+        from jax._src import compilation_cache, compiler, distributed
+    except ImportError:
+        return False
+    original = getattr(compiler, "_cache_write", None)
+    put = getattr(compilation_cache, "put_executable_and_time", None)
+    if original is None or put is None:
+        log.warning("this JAX has no compiler._cache_write: on CPU only process 0 writes compilation cache "
+                    "entries (a restarted multi-process CPU gang compiles again on the other processes)")
+        return False
+    if getattr(original, "reprieve_every_process", False):
+        return True
+
+    import inspect
+
+    signature = inspect.signature(original)
+    needed = {"cache_key", "compile_time_secs", "module_name", "backend", "executable", "host_callbacks"}
+    if not needed <= set(signature.parameters):
+        log.warning("this JAX's compiler._cache_write takes %s: on CPU only process 0 writes compilation cache "
+                    "entries", list(signature.parameters))
+        return False
+
+    def cache_write(*args: Any, **kwargs: Any) -> None:
+        a = signature.bind(*args, **kwargs).arguments
+        if (distributed.global_state.process_id == 0 or getattr(a["backend"], "platform", None) != "cpu"
+                or a["host_callbacks"]):
+            original(*args, **kwargs)
+            return
+        if a["compile_time_secs"] < compiler.config.persistent_cache_min_compile_time_secs.value:
+            return
+        try:
+            put(a["cache_key"], a["module_name"], a["executable"], a["backend"], int(a["compile_time_secs"]))
+        except Exception as err:  # noqa: BLE001 - a cache write must never fail the step (JAX's own rule)
+            log.warning("could not write compilation cache entry %s: %s", a["cache_key"], err)
+
+    cache_write.reprieve_every_process = True  # type: ignore[attr-defined]
+    compiler._cache_write = cache_write
     return True
 
 
