@@ -4,10 +4,14 @@
    here from operator/Dockerfile and examples/Dockerfile, once): one for the operator, three spot workers;
 2. ``helm install`` the chart: the operator runs as the chart's Deployment from its image, in a namespace that
    enforces restricted Pod Security;
-3. apply ``examples/trainingjob.yaml`` (2 workers, a data-parallel flax NNX transformer LM);
+3. apply ``examples/trainingjob.yaml`` (2 workers, a data-parallel flax NNX transformer LM) with
+   ``restartMode: InPlace`` and one warm spare;
 4. once training is under way, put the GKE spot taint on one worker's node and delete the node 30 s later;
-5. follow the notice, the agreed step, the commit, the exit with the restart code, the gang restart on the other
-   nodes, the restore and the run to completion; end with lost steps, downtime, goodput and ``kubectl get tj``.
+5. follow the notice, the agreed step, the commit, the exit with the restart code, the in-place restart (the
+   survivor keeps its pod, the spare takes the doomed worker's index, already imported and waiting), the restore
+   and the run to completion; end with lost steps, downtime, goodput and ``kubectl get tj``;
+6. run the same job and the same preemption with ``restartMode: Recreate`` (every pod created again) on the same
+   kind of nodes, and print both restart gaps side by side (``--no-compare`` skips it).
 
 ``--process-nodes`` runs the same story on process kubelets with the operator as a local process (seconds instead
 of minutes to start); it is also what the demo falls back to, saying why, where real nodes cannot be set up.
@@ -26,7 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from localcluster import Cluster, ClusterError
-from localcluster.goodput import analyse, read_step_log
+from localcluster.costs import EmulatedCosts
+from localcluster.goodput import GoodputReport, analyse, read_step_log
 from localcluster.realnodes import RealNodeError
 from localcluster.stack import (
     SYSTEM_POOL,
@@ -54,18 +59,25 @@ def say(msg: str) -> None:
 class Follower(threading.Thread):
     """Prints the interesting lines of every incarnation of the job's pods as they are written."""
 
-    def __init__(self, cluster: Cluster, pods: list[str]) -> None:
+    def __init__(self, cluster: Cluster, job: str) -> None:
         super().__init__(daemon=True)
-        self.cluster, self.pods = cluster, pods
+        self.cluster, self.job = cluster, job
         self.offsets: dict[Path, int] = {}
+        self.seen: set[str] = set()
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(0.3):
             self.poll()
 
+    def pods(self) -> list[str]:
+        out = self.cluster.kubectl("get", "pods", "-n", NS, "-l", f"reprieve.dev/job-name={self.job}", "-o",
+                                   "jsonpath={.items[*].metadata.name}", check=False).stdout
+        return sorted(set(out.split()) | self.seen)
+
     def poll(self) -> None:
-        for pod in self.pods:
+        for pod in self.pods():
+            self.seen.add(pod)
             for path in self.cluster.pod_logs(NS, pod, "trainer"):
                 pos = self.offsets.get(path, 0)
                 with open(path, errors="replace") as f:
@@ -78,8 +90,8 @@ class Follower(threading.Thread):
                         say(f"  {pod} | {text[:150]}")
 
 
-def tj(cluster: Cluster) -> dict:
-    return json.loads(cluster.kubectl("get", "tj", JOB, "-n", NS, "-o", "json").stdout)
+def tj(cluster: Cluster, job: str = JOB) -> dict:
+    return json.loads(cluster.kubectl("get", "tj", job, "-n", NS, "-o", "json").stdout)
 
 
 def main() -> int:
@@ -90,6 +102,12 @@ def main() -> int:
     parser.add_argument("--notice-seconds", type=float, default=30.0, help="taint -> node deletion")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--process-nodes", action="store_true", help="process kubelets instead of real nodes")
+    parser.add_argument("--no-compare", dest="compare", action="store_false",
+                        help="skip the second run with restartMode Recreate")
+    parser.add_argument("--pull-seconds", type=float, default=20.0,
+                        help="process nodes only: emulated image pull (once per node and image)")
+    parser.add_argument("--start-seconds", type=float, default=1.0,
+                        help="process nodes only: emulated container start (every pod)")
     args = parser.parse_args()
     remaining = (args.steps - args.preempt_at_step) * args.step_sleep
     if remaining < args.notice_seconds + 10:
@@ -108,59 +126,92 @@ def main() -> int:
                 say("building or reusing the images (hack/build-images.sh) and starting 4 real nodes: upstream "
                     "kubelet + containerd + runc each, images imported into every node's containerd")
                 cluster.add_node("system-0", {"reprieve.test/pool": SYSTEM_POOL}, kind="real", images=["operator"])
-                for name in ("node-a", "node-b", "node-c"):
+                for name in ("node-a", "node-b", "node-c", "node-d"):
                     cluster.add_node(name, {"cloud.google.com/gke-spot": "true"}, kind="real", images=["example"])
             except (RealNodeError, ClusterError) as err:
                 say(f"REAL NODES NOT AVAILABLE: {err}\n  -> falling back to process nodes (--process-nodes)")
                 for name in list(cluster.node_names()):
                     cluster.kill_node(name)
                 real = False
+        costs = EmulatedCosts(args.pull_seconds, args.start_seconds) if not real else None
         if not real:
-            for name in ("node-a", "node-b", "node-c"):
-                cluster.add_node(name, {"cloud.google.com/gke-spot": "true"})
+            for name in ("node-a", "node-b", "node-c", "node-d"):
+                cluster.add_node(name, {"cloud.google.com/gke-spot": "true"}, costs=costs)
         say(f"control plane at {cluster.server}; nodes: {', '.join(cluster.node_names())}"
             f" ({'real' if real else 'process'} nodes)")
+        say("start costs: " + (costs.describe() if costs else "real containers (upstream kubelet, containerd, runc); "
+                               "no emulated cost; the images are already in every node's containerd (no pull)"))
         if real:
             image = cluster.real.images["operator"].ref
             pod = install_operator(cluster, image, node_selector={"reprieve.test/pool": SYSTEM_POOL})
             say(f"helm install: the operator runs as the chart's Deployment ({pod}, image {image}) on system-0, "
                 "restricted Pod Security enforced on its namespace")
-            return run(cluster, DeployedOperator(cluster), work, args, real=True)
+            return run(cluster, DeployedOperator(cluster), work, args, real=True, costs=None)
         install_chart(cluster)
         say("helm chart installed (CRD, ServiceAccount, ClusterRole); starting the operator with its token")
         operator = OperatorProcess(cluster, work / "operator", namespaces=[NS]).start()
         try:
-            return run(cluster, operator, work, args, real=False)
+            return run(cluster, operator, work, args, real=False, costs=costs)
         finally:
             operator.stop()
             say(f"logs kept in {work}")
 
 
 def run(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Path, args: argparse.Namespace, *,
-        real: bool) -> int:
+        real: bool, costs: EmulatedCosts | None) -> int:
     cluster.kubectl("create", "namespace", NS)
-    ckpt = work / "shared-storage"
+    say(">>> run 1: restartMode InPlace with 1 warm spare")
+    ok, report = run_job(cluster, operator, work, args, JOB, real=real, in_place=True)
+    if not ok or not args.compare:
+        return 0 if ok else 1
+    if len([n for n in cluster.node_names() if n.startswith("node-")]) < 4:
+        node = "node-e"  # the first run's preemption deleted a node: bring the pool back to four
+        say(f"adding {node} so the second run has as many nodes as the first")
+        cluster.add_node(node, {"cloud.google.com/gke-spot": "true"},
+                         **({"kind": "real", "images": ["example"]} if real else {"costs": costs}))
+    say(">>> run 2, for comparison: the same job and preemption with restartMode Recreate (every pod created "
+        "again)")
+    ok2, report2 = run_job(cluster, operator, work, args, f"{JOB}-recreate", real=real, in_place=False)
+    print("\nIn place + spare vs recreate-all (same nodes, same preemption; start costs: "
+          + (costs.describe() if costs else "real containers, images already on the nodes") + ")")
+    print(f"  {'':34} {'in place + 1 spare':>20} {'recreate-all':>14} {'ratio':>7}")
+    gap, gap2 = (sum(i.gap_seconds for i in r.interruptions) / max(1, len(r.interruptions))
+                 for r in (report, report2))
+    print(f"  {'gap, last step -> first step after':34} {gap:>19.1f}s {gap2:>13.1f}s {gap / gap2 if gap2 else 0:>6.2f}x")
+    print(f"  {'goodput (step log)':34} {report.goodput:>20.1%} {report2.goodput:>14.1%} "
+          f"{report.goodput / report2.goodput if report2.goodput else 0:>6.2f}x")
+    print(f"  {'lost steps':34} {report.lost_steps:>20} {report2.lost_steps:>14}")
+    return 0 if ok and ok2 else 1
+
+
+def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Path, args: argparse.Namespace,
+            job: str, *, real: bool, in_place: bool) -> tuple[bool, GoodputReport]:
+    ckpt = work / f"shared-storage-{job}"
     steplog = ckpt / "steps.jsonl"
-    body = example_job(JOB, replicas=2, steps=args.steps, step_sleep=args.step_sleep, interval=100,
+    body = example_job(job, replicas=2, steps=args.steps, step_sleep=args.step_sleep, interval=100,
                        checkpoint_dir=ckpt, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"},
                        node_selector={"cloud.google.com/gke-spot": "true"},
                        image=cluster.real.images["example"].ref if real else None,
                        requests={"cpu": "500m", "memory": "1Gi"} if real else None)
+    body["spec"]["restartMode"] = "InPlace" if in_place else "Recreate"
+    body["spec"]["spares"] = 1 if in_place else 0
     cluster.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(body))
     start = time.time()
-    say(f"TrainingJob {NS}/{JOB} applied: 2 workers x 2 devices, {args.steps} steps, periodic save every 100")
-    follower = Follower(cluster, [f"{JOB}-0", f"{JOB}-1"])
+    say(f"TrainingJob {NS}/{job} applied: 2 workers x 2 devices, {args.steps} steps, periodic save every 100, "
+        f"restartMode {body['spec']['restartMode']}" + (", 1 spare" if in_place else ""))
+    follower = Follower(cluster, job)
     follower.start()
     api = cluster.api_client()
     last_phase = None
 
     def show_status() -> dict:
         nonlocal last_phase
-        status = tj(cluster).get("status", {})
-        key = (status.get("phase"), status.get("attempt"), status.get("ready"))
+        status = tj(cluster, job).get("status", {})
+        key = (status.get("phase"), status.get("attempt"), status.get("ready"), status.get("spares"))
         if key != last_phase:
-            say(f"TrainingJob phase={key[0]} attempt={key[1]} ready={key[2]} "
-                f"restarts={status.get('restarts')} lastCheckpointStep={status.get('lastCheckpointStep')}")
+            say(f"TrainingJob phase={key[0]} attempt={key[1]} ready={key[2]}"
+                + (f" spares={key[3]}" if in_place else "")
+                + f" restarts={status.get('restarts')} lastCheckpointStep={status.get('lastCheckpointStep')}")
             last_phase = key
         return status
 
@@ -170,8 +221,9 @@ def run(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Pa
 
     wait_for(lambda: reached(args.preempt_at_step), args.timeout, f"training to reach step {args.preempt_at_step}",
              interval=0.3)
-    node = json.loads(cluster.kubectl("get", "pod", f"{JOB}-1", "-n", NS, "-o", "json").stdout)["spec"]["nodeName"]
-    say(f">>> GKE spot preemption: tainting {node} with {SPOT_TAINT}; the node will be deleted in "
+    worker1 = f"{job}-1"
+    node = json.loads(cluster.kubectl("get", "pod", worker1, "-n", NS, "-o", "json").stdout)["spec"]["nodeName"]
+    say(f">>> GKE spot preemption: tainting {node} (worker 1) with {SPOT_TAINT}; the node will be deleted in "
         f"{args.notice_seconds:.0f}s")
     taint_node(api, node, SPOT_TAINT, "true", "NoSchedule")
     taint_time = time.monotonic()
@@ -187,19 +239,27 @@ def run(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Pa
         if time.monotonic() - T0 > args.timeout:
             say("demo timed out")
             print(operator.tail(40))
-            return 1
+            follower.stop.set()
+            return False, analyse(read_step_log(steplog), start=start, end=time.time())
         time.sleep(0.3)
+    if not deleted:
+        cluster.remove_node(node)
     end = time.time()
     follower.stop.set()
     follower.poll()
-    pods = cluster.kubectl("get", "pods", "-n", NS, "-o", "custom-columns=POD:.metadata.name,NODE:.spec.nodeName,"
+    pods = cluster.kubectl("get", "pods", "-n", NS, "-l", f"reprieve.dev/job-name={job}", "-o",
+                           "custom-columns=POD:.metadata.name,NODE:.spec.nodeName,"
                            "ATTEMPT:.metadata.labels.reprieve\\.dev/attempt,PHASE:.status.phase").stdout
     print("\n" + pods)
     report = analyse(read_step_log(steplog), start=start, end=end)
-    status = tj(cluster)["status"]
-    print("Summary")
+    status = tj(cluster, job)["status"]
+    print(f"Summary of {job}")
     print(f"  outcome        {status.get('phase')} after {len(report.interruptions)} gang restart(s); "
           f"restarts by cause {status.get('restarts')}")
+    last = status.get("lastRestart") or {}
+    if in_place and last:
+        print(f"  in place       attempt {last.get('attempt')}: {last.get('inPlace')} worker(s) restarted in place; "
+              + "; ".join(f"worker {r.get('index')} replaced ({r.get('reason')})" for r in last.get("replaced", [])))
     for i in report.interruptions:
         print(f"  preemption     attempt {i.from_attempt}: saved at step {i.last_step}, resumed at step "
               f"{i.resumed_at}: {i.lost_steps} lost step(s), {i.gap_seconds:.1f}s from last step to first step "
@@ -211,14 +271,14 @@ def run(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Pa
         print(f"  operator       goodput {gp['goodput']:.1%} of {gp.get('wallSeconds', 0):.1f}s (status.goodput, from "
               f"the runtime's progress reports); badput {gp.get('badputSeconds')}")
     print()
-    print(cluster.kubectl("get", "tj", "-n", NS).stdout)
+    print(cluster.kubectl("get", "tj", job, "-n", NS).stdout)
     from reprieve_operator.report import main as draw
 
-    out = work / "report"
+    out = work / f"report-{job}"
     print("Timeline of the job (python -m reprieve_operator.report):")
-    draw([JOB, "-n", NS, "-o", str(out), "--kubeconfig", str(cluster.kubeconfig)])
+    draw([job, "-n", NS, "-o", str(out), "--kubeconfig", str(cluster.kubeconfig)])
     ok = status.get("phase") == "Succeeded" and report.lost_steps == 0 and len(report.interruptions) >= 1
-    return 0 if ok else 1
+    return ok, report
 
 
 if __name__ == "__main__":

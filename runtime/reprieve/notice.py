@@ -233,6 +233,9 @@ def parse_downward_file(text: str) -> dict[str, str]:
     return result
 
 
+_IGNORED_LOGGED: set[tuple[str, str, int]] = set()  # (source, notice id, attempt) already logged as ignored
+
+
 def notice_from_annotations(annotations: dict[str, str] | None, now: float, *, source: str,
                             attempt: int | None = None) -> Notice | None:
     """The notice in a pod's annotations, or None when there is none or it was delivered to another attempt
@@ -241,8 +244,11 @@ def notice_from_annotations(annotations: dict[str, str] | None, now: float, *, s
         return None
     notice = parse_notice_annotation(annotations[NOTICE_ANNOTATION], now, source=source)
     if attempt is not None and not notice_counts_for(notice, attempt):
-        log.info("%s %s id=%s was delivered to attempt %s; this is attempt %d: ignored", source,
-                 NOTICE_ANNOTATION, notice.id, notice.details.get("attempt"), attempt)
+        key = (source, notice.id, attempt)
+        if key not in _IGNORED_LOGGED:  # once per source and notice, not at every poll of the file
+            _IGNORED_LOGGED.add(key)
+            log.info("%s %s id=%s was delivered to attempt %s; this is attempt %d: ignored", source,
+                     NOTICE_ANNOTATION, notice.id, notice.details.get("attempt"), attempt)
         return None
     return notice
 

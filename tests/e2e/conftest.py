@@ -29,13 +29,14 @@ def operator(cluster: Any, chart_installed: None, namespace: str, tmp_path: Path
 
 
 @pytest.fixture
-def pool(cluster: Any) -> Iterator[Callable[[int], tuple[str, list[str]]]]:
-    """``pool(n)`` adds n nodes labelled with a fresh pool name; returns (pool, node names). Removed after."""
+def pool(cluster: Any) -> Iterator[Callable[..., tuple[str, list[str]]]]:
+    """``pool(n, costs=None)`` adds n nodes labelled with a fresh pool name (``costs``: their emulated pull and
+    start, localcluster.costs.EmulatedCosts); returns (pool, node names). Removed after."""
     added: list[str] = []
 
-    def make(n: int) -> tuple[str, list[str]]:
+    def make(n: int, costs: Any = None) -> tuple[str, list[str]]:
         name = f"p{uuid.uuid4().hex[:6]}"
-        nodes = [cluster.add_node(f"{name}-{i}", {"reprieve.test/pool": name}) for i in range(n)]
+        nodes = [cluster.add_node(f"{name}-{i}", {"reprieve.test/pool": name}, costs=costs) for i in range(n)]
         added.extend(nodes)
         return name, nodes
 

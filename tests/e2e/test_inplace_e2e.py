@@ -186,3 +186,57 @@ def test_two_doomed_nodes_with_one_spare(cluster: Any, namespace: str, operator:
     assert final["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}, final
     report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
     assert len(report.interruptions) == 1 and report.interruptions[0].lost_steps == 0, report.summary()
+
+
+@pytest.mark.parametrize("fault", ["notice", "node-lost", "operator-restart"])
+def test_a_fault_while_an_in_place_restart_waits_for_its_replacement(
+        cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path, fault: str) -> None:
+    """Worker 1's node gets a notice (no spare): the gang saves and exits, worker 0 is to be kept, worker 1's
+    replacement pays an emulated 12 s image pull on a fresh node. In that window: a notice for worker 0's node,
+    worker 0's node lost without notice, or the operator killed and started again (exits reported, assignment
+    not yet written). The gang converges on one new attempt; the restart is counted once; no step is lost; no
+    stale process commits."""
+    from localcluster.costs import EmulatedCosts
+
+    pool_a, _ = pool(5, costs=EmulatedCosts(pull_seconds=12.0))
+    name = {"notice": "win-notice", "node-lost": "win-lost", "operator-restart": "win-op"}[fault]
+    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a)
+    wait_step(ckpt, 30, 240, cluster, namespace, name)
+    node0, node1 = (pod_node(cluster, namespace, f"{name}-{i}") for i in range(2))
+    taint_node(api, node1, SPOT_TAINT, "true", "NoSchedule")
+    wait_tj(cluster, namespace, name, lambda s: s.get("phase") == "Restarting" and s.get("restartingFrom") == 1,
+            120, "restarting, waiting for worker 1's replacement", operator)
+    assert assignment(cluster, namespace, name)["attempt"] == "1"  # the window is open: nothing assigned yet
+    if fault == "notice":
+        taint_node(api, node0, SPOT_TAINT, "true", "NoSchedule")
+    elif fault == "node-lost":
+        cluster.remove_node(node0)
+    else:
+        operator.kill()
+        operator.start()
+
+    status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 2
+                     and s.get("phase") in ("Running", "Succeeded"), 180, "attempt 2 running", operator)["status"]
+    second = assignment(cluster, namespace, name)
+    assert second["attempt"] == "2", second
+    processes = second["processes"]
+    assert sorted(processes.values()) == [0, 1] and f"{name}-1" not in processes, second
+    if fault == "operator-restart":
+        assert processes.get(f"{name}-0") == 0, second  # still kept in place
+    else:  # worker 0's node is doomed or gone: it was replaced too, before the assignment
+        assert f"{name}-0" not in processes, second
+        assert all(pod_node(cluster, namespace, p) not in (node0, node1) for p in processes), second
+    assert status["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}, status
+
+    final = wait_tj(cluster, namespace, name, succeeded, 300, "Succeeded", operator)["status"]
+    assert final["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}, final
+    assert final["attempt"] == 2 and final["lastCheckpointStep"] == STEPS - 1, final
+    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
+    assert len(report.interruptions) == 1 and report.interruptions[0].lost_steps == 0, report.summary()
+    commits = committed_attempts(ckpt)
+    assert commits and [a for _, a in commits] == sorted(a for _, a in commits), commits
+    events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                        f"involvedObject.kind=TrainingJob,involvedObject.name={name}",
+                                        "-o", "json").stdout)["items"]
+    started = [e for e in events if e["reason"] == "AttemptStarted" and e["message"].startswith("attempt 2:")]
+    assert len(started) == 1 and started[0].get("count", 1) == 1, started

@@ -194,3 +194,55 @@ def test_operator_pod_deleted_mid_preemption_on_real_nodes_restarts_the_gang_onc
     reasons = [e["reason"] for e in json.loads(events)["items"]]
     assert reasons.count("PreemptionNotice") == 1, f"notice delivered {reasons.count('PreemptionNotice')} times"
     assert get_tj(real_cluster, real_ns, "twice")["status"]["phase"] == "Succeeded"
+
+
+def test_in_place_restart_on_real_nodes_keeps_the_survivors_container_and_a_spare_takes_over(
+        real_cluster: Any, real_operator: DeployedOperator, real_workers: list[str], real_ns: str,
+        api: Any, tmp_path: Path) -> None:
+    """restartMode InPlace with one spare, on real containers: the image's ``reprieve-run`` is the container's
+    command (wrapped by the operator), reports exits on its own pod with the pod's token under restricted Pod
+    Security; a noticed preemption keeps worker 0's container (same pod UID, container never restarted) and
+    the warm spare takes index 1 unless it shared the doomed node; nothing is lost."""
+    name = "inplace"
+    ckpt = tmp_path / name
+    body = example_job(name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=0, checkpoint_dir=ckpt,
+                       node_selector={"reprieve.test/pool": WORKER_POOL}, image=real_cluster.real.images["example"].ref,
+                       requests=REQUESTS, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"})
+    body["spec"]["restartMode"] = "InPlace"
+    body["spec"]["spares"] = 1
+    real_cluster.kubectl("apply", "-n", real_ns, "-f", "-", input=json.dumps(body))
+    wait_step(ckpt, 60, 300, real_cluster, real_ns, name)
+
+    def pods() -> dict[str, dict]:
+        out = real_cluster.kubectl("get", "pods", "-n", real_ns, "-l", f"reprieve.dev/job-name={name}", "-o",
+                                   "json").stdout
+        return {p["metadata"]["name"]: p for p in json.loads(out)["items"]}
+
+    spare = wait_for(lambda: [n for n, p in pods().items() if n.startswith(f"{name}-spare-")
+                              and p["status"].get("phase") == "Running"], 120, "a running spare")[0]
+    before = pods()
+    assert before[f"{name}-0"]["spec"]["containers"][0]["command"][0] == "reprieve-run", before[f"{name}-0"]["spec"]
+    doomed = pod_node(real_cluster, real_ns, f"{name}-1")
+    spare_doomed = pod_node(real_cluster, real_ns, spare) == doomed
+    taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
+
+    status = wait_tj(real_cluster, real_ns, name, lambda s: (s.get("attempt") or 0) >= 2
+                     and s.get("phase") in ("Running", "Succeeded"), 240, "attempt 2 running", real_operator)["status"]
+    out = real_cluster.kubectl("get", "configmap", f"{name}-assignment", "-n", real_ns, "-o", "json").stdout
+    processes = json.loads(json.loads(out)["data"]["processes"])
+    assert processes[f"{name}-0"] == 0 and f"{name}-1" not in processes, processes
+    new = next(n for n, i in processes.items() if i == 1)
+    assert (new == spare) == (not spare_doomed), (new, spare, spare_doomed)
+    assert pod_node(real_cluster, real_ns, new) != doomed
+    after = pods()
+    survivor = after[f"{name}-0"]
+    assert survivor["metadata"]["uid"] == before[f"{name}-0"]["metadata"]["uid"], "survivor's pod recreated"
+    assert survivor["status"]["containerStatuses"][0]["restartCount"] == 0, survivor["status"]
+    assert status["restarts"]["preemption"] == 1 and status["lastRestart"]["inPlace"] == 1, status
+
+    final = wait_tj(real_cluster, real_ns, name, succeeded, 400, "Succeeded", real_operator)["status"]
+    assert final["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}, final
+    assert final["attempt"] == 2 and final["lastCheckpointStep"] == STEPS - 1, final
+    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
+    assert [i.lost_steps for i in report.interruptions] == [0], report.summary()
+    assert report.steps == STEPS

@@ -173,3 +173,11 @@ def test_notice_of_another_attempt_is_ignored(value: object, attempt: int, count
 def test_malformed_notice_counts_for_every_attempt() -> None:
     notice = notice_from_annotations({NOTICE_ANNOTATION: "{broken"}, NOW, source="annotation", attempt=5)
     assert notice is not None and notice.reason == "malformed"
+
+
+def test_an_ignored_notice_is_logged_once_not_at_every_poll(caplog: pytest.LogCaptureFixture) -> None:
+    annotations = {NOTICE_ANNOTATION: json.dumps({**GOOD, "id": "once-per-poll-test", "attempt": 1})}
+    with caplog.at_level(logging.INFO, logger="reprieve.notice"):
+        for _ in range(5):
+            assert notice_from_annotations(annotations, NOW, source="notice-file", attempt=2) is None
+    assert sum("ignored" in r.getMessage() for r in caplog.records) == 1, caplog.records

@@ -9,12 +9,13 @@ differs is what a restart does:
 * a worker whose pod is alive on a healthy node is **kept**: the next assignment lists it again and its
   supervisor starts the next attempt's process in the same pod (a trainer still running is stopped by it);
 * a worker whose pod is lost, deleted, failed as a container, or on a node with an open notice for the job is
-  **replaced**: by a ready spare on a healthy node if there is one (the spare takes its index), else by a new
-  pod (``<job>-<index>-<random>``); the old pod is deleted;
+  **replaced**: by a ready spare on a healthy node if there is one (the spare takes its index; warm ones first,
+  then the oldest), else by a spare still starting there (it was made before any new pod could be), else by a
+  new pod (``<job>-<index>-<random>``); the old pod is deleted;
 * the next assignment is written once every listed pod runs and has an IP (the coordinator is process 0's pod
   IP), so every trainer of the attempt starts together; a spare never waits for scheduling or a pull;
-* ``spec.spares`` spares are kept running on healthy nodes: a used one, or one on a doomed or lost node, is
-  replaced in the background. Spares never count as workers.
+* ``spec.spares`` spares are kept running on healthy nodes: a used one, one on a doomed or lost node, or one
+  that ended, is replaced in the background. Spares never count as workers.
 
 Hung stragglers: once a worker reported the restart code, the others have the pod's grace period to report
 theirs; then the gang restarts anyway and the supervisors stop what still runs.
@@ -225,6 +226,11 @@ def _healthy(p: PodView, doomed: Collection[str]) -> bool:
     return p.ready and (p.node is None or p.node not in doomed)
 
 
+def _spare_gone(p: PodView, doomed: Collection[str]) -> bool:
+    """A spare to delete and replace: its node is lost or doomed, or it ended (its supervisor failed)."""
+    return p.node_lost or bool(p.node and p.node in doomed) or p.phase in TERMINAL_PHASES
+
+
 def _spare_rank(p: PodView) -> tuple[bool, datetime, str]:
     """Which ready spare takes an index first: one whose supervisor announced itself (warm), then the oldest.
 
@@ -240,7 +246,7 @@ def _steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int
     running = sum(1 for w in current.values() if w.phase == "Running" and not w.deleting)
     phase = "Preempting" if noticed else ("Running" if running == job.spec.replicas else "Pending")
     spares = [p for p in pods if p.role == "spare" and p.name not in workers and not p.deleting]
-    doomed_spares = tuple(sorted(p.name for p in spares if p.node_lost or (p.node and p.node in doomed)))
+    doomed_spares = tuple(sorted(p.name for p in spares if _spare_gone(p, doomed)))
     keep = len(spares) - len(doomed_spares)
     # Pods that are neither workers of this attempt nor spares: an earlier attempt's, or a replacement that a
     # crash left behind. They go.
@@ -278,11 +284,16 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
         replaced.append(Replacement(index, name if p is not None else None, None, reason))
         if p is not None and not p.deleting:
             delete.append(name)
-    # Pods already made for the next attempt (an earlier pass created them), then ready spares.
+    # Pods already made for the next attempt (an earlier pass created them), then ready spares, then spares
+    # still starting (made before any new pod could be, so they run sooner: a used spare's replacement that
+    # is still pulling when the next notice comes), and only then a new pod.
     made = {p.index: p.name for p in pods if p.role == "worker" and p.attempt == nxt and p.index is not None
             and p.name not in workers and not p.deleting and not p.node_lost}
     spares = sorted((p for p in pods if p.role == "spare" and p.name not in workers and _healthy(p, doomed)),
                     key=_spare_rank)
+    starting = sorted((p for p in pods if p.role == "spare" and p.name not in workers and not p.ready
+                       and p.phase in ("Pending", "Running") and not p.deleting and not p.node_lost
+                       and not (p.node and p.node in doomed)), key=_spare_rank)
     create: list[int] = []
     filled: list[Replacement] = []
     for r in replaced:
@@ -291,6 +302,10 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
         elif spares:
             spare = spares.pop(0)
             filled.append(replace(r, new=spare.name, reason=f"{r.reason}: spare {spare.name} takes over"))
+        elif starting:
+            spare = starting.pop(0)
+            filled.append(replace(r, new=spare.name, reason=f"{r.reason}: spare {spare.name} takes over once it "
+                                                            f"runs"))
         else:
             create.append(r.index)
             filled.append(r)
@@ -299,7 +314,7 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
     used_spares = {r.new for r in filled if r.new and by_name[r.new].role == "spare"}
     spare_pods = [p for p in pods if p.role == "spare" and p.name not in workers and p.name not in used_spares
                   and not p.deleting]
-    doomed_spares = [p.name for p in spare_pods if p.node_lost or (p.node and p.node in doomed)]
+    doomed_spares = [p.name for p in spare_pods if _spare_gone(p, doomed)]
     delete += doomed_spares
     create_spares = max(0, spec.spares - (len(spare_pods) - len(doomed_spares)))
     extra = InPlace(create_workers=tuple(create), create_spares=create_spares, kept=tuple(sorted(kept.values())),
