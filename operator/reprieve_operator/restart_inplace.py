@@ -98,7 +98,7 @@ async def reconcile_inplace(state: State, job: TrainingJob, body: dict[str, Any]
             await apply.run(apply.post_event, api, ref, "AttemptStarted", plan.message)
             log.info("TrainingJob %s/%s: %s", ns, name, plan.message)
     patch = observe.status_patch(job, plan, now, observe.progress(raw_pods))
-    patch.update(_inplace_status(job, pods, extra, plan))
+    patch.update(_inplace_status(job, pods, extra, plan, assignment))
     if patch:
         await apply.run(apply.patch_job_status, api, ns, name, patch)
     if plan.requeue_after is not None:
@@ -128,11 +128,13 @@ async def _assign(state: State, job: TrainingJob, assignment: Assignment) -> Non
     state.assignments[(job.namespace, job.name)] = assignment
 
 
-def _inplace_status(job: TrainingJob, pods: list[PodView], extra: InPlace, plan: RestartPlan) -> dict[str, Any]:
-    """``status.spares`` (ready/desired) and, when an attempt starts in place, ``status.lastRestart``."""
+def _inplace_status(job: TrainingJob, pods: list[PodView], extra: InPlace, plan: RestartPlan,
+                    assignment: Assignment | None = None) -> dict[str, Any]:
+    """``status.spares`` (ready/desired: a spare that took an index, in the current or the new assignment, is a
+    worker now) and, when an attempt starts in place, ``status.lastRestart``."""
     out: dict[str, Any] = {}
-    ready = sum(1 for p in pods if p.role == "spare" and p.ready and
-                (extra.assign is None or p.name not in extra.assign.processes))
+    workers = {*(assignment.processes if assignment else ()), *(extra.assign.processes if extra.assign else ())}
+    ready = sum(1 for p in pods if p.role == "spare" and p.ready and p.name not in workers)
     spares = f"{ready}/{job.spec.spares}"
     if job.spec.spares and job.status.spares != spares:
         out["spares"] = spares

@@ -265,3 +265,16 @@ def test_a_spare_on_a_doomed_node_never_takes_over() -> None:
                                  NOW, doomed_nodes={W1.node, SPARE.node})
     assert extra.assign is None and extra.create_workers == (1,)
     assert SPARE.name in plan.delete and extra.create_spares == 1
+
+
+def test_status_spares_does_not_count_a_spare_that_took_an_index() -> None:
+    """A used spare is a worker: ready/desired must not read 2/1 after a takeover (seen in make demo)."""
+    from reprieve_operator.policy.inplace import InPlace
+    from reprieve_operator.policy.restart import RestartPlan
+    from reprieve_operator.restart_inplace import _inplace_status
+
+    used = pod("llama-spare-used1", role="spare", node="node-s")
+    fresh = pod("llama-spare-new22", role="spare", node="node-t")
+    current = Assignment(2, {"llama-0": 0, used.name: 1}, "10.0.0.1:8476")
+    out = _inplace_status(job(RUN, spares=1), [W0, used, fresh], InPlace(), RestartPlan("Running", 2), current)
+    assert out["spares"] == "1/1", out
