@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+MAX_REPLICAS = 10_000  # a gang of up to 10,000 pods (see TrainingJobSpec.replicas)
+
 GROUP = "reprieve.dev"
 VERSION = "v1alpha1"
 KIND = "TrainingJob"
@@ -237,7 +239,9 @@ class TrainingJobSpec(_Model):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
                               json_schema_extra={"x-kubernetes-validations": SPEC_RULES})  # type: ignore[dict-item]
 
-    replicas: int = Field(ge=1, le=4096, description="Number of worker processes (pods). Immutable.",
+    # 10,000: the assignment ConfigMap and the worker Role list every pod name; with names of up to 63 characters
+    # both stay well under the API server's 1 MiB object limit (~0.7 MiB at 10,000).
+    replicas: int = Field(ge=1, le=MAX_REPLICAS, description="Number of worker processes (pods). Immutable.",
                           json_schema_extra=_immutable("replicas"))
     template: dict[str, Any] = Field(description="Pod template of the trainer (a PodTemplateSpec). Immutable.",
                                      json_schema_extra={"crd": TEMPLATE_SCHEMA})
@@ -262,7 +266,7 @@ class TrainingJobSpec(_Model):
                     "Recreate: every pod is deleted and created again. Immutable.",
         json_schema_extra=_immutable("restartMode"))
     spares: int = Field(
-        default=0, ge=0, le=4096,
+        default=0, ge=0, le=MAX_REPLICAS,
         description="Warm spare pods (InPlace only): scheduled, image pulled and pre-warmed on other nodes; at a "
                     "restart a spare takes over the index of a worker whose node is doomed or lost, so the "
                     "restart never waits for scheduling or a pull. At most replicas. Spares never count as "

@@ -24,6 +24,7 @@ def test_defaults_and_camel_case() -> None:
 INVALID = [
     ("no template", lambda b: b["spec"].pop("template"), "template"),
     ("replicas 0", lambda b: b["spec"].update(replicas=0), "replicas"),
+    ("replicas 10001", lambda b: b["spec"].update(replicas=10_001), "replicas"),
     ("no containers", lambda b: b["spec"]["template"]["spec"].update(containers=[]), "containers"),
     ("restart code 0", lambda b: b["spec"].update(restartPolicy={"restartExitCode": 0}), "restartExitCode"),
     ("restart code 256", lambda b: b["spec"].update(restartPolicy={"restartExitCode": 256}), "restartExitCode"),
@@ -85,3 +86,8 @@ def test_invalid_template_message_names_the_field_not_the_template() -> None:
     msg = spec_error("llama", "default", info.value)
     assert "spec.template: " in msg and "hostname is set by the operator" in msg
     assert "python:3.11" not in msg and "V19" not in msg and len(msg) < 300, msg
+
+
+def test_a_5000_pod_gang_is_accepted() -> None:
+    """The issue's 5,000-node gang (JobSet's KEP-467 scale); the CRD once capped replicas at 4096."""
+    assert make_job(replicas=5000).model().spec.replicas == 5000
