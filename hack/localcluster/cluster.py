@@ -111,11 +111,16 @@ class Cluster:
     _nodes: dict[str, _Proc] = field(default_factory=dict)
     _owns_workdir: bool = False
     _real: RealNodes | None = None
+    _kcm_args: tuple[str, ...] = ()  # extra kube-controller-manager flags (start(controller_manager_args=...))
     kubelet_proxy_port: int = 0  # the API server reaches real kubelets through clusternet's CONNECT proxy here
 
     # -- lifecycle -------------------------------------------------------------------------------------
     @classmethod
-    def start(cls, workdir: Path | None = None, *, bin_dir: Path | None = None, timeout: float = 90.0) -> Cluster:
+    def start(cls, workdir: Path | None = None, *, bin_dir: Path | None = None, timeout: float = 90.0,
+              controller_manager_args: tuple[str, ...] = ()) -> Cluster:
+        """``controller_manager_args``: extra kube-controller-manager flags (the scale benchmarks, whose Node
+        objects have no kubelet to heartbeat, turn the node lifecycle controller off: otherwise it rewrites
+        every Node as NotReady 40 s in, thousands of writes in the middle of the measurement)."""
         bin_dir = bin_dir or ensure_tools()
         localkube = bin_dir / "localkube"
         if not localkube.exists():
@@ -130,6 +135,7 @@ class Cluster:
                                               "10.96.0.1"])
         api_port = free_port()
         cluster = cls(workdir, bin_dir, pki, api_port, workdir / "admin.kubeconfig", _owns_workdir=owns)
+        cluster._kcm_args = tuple(controller_manager_args)
         cluster.kubelet_proxy_port = free_port()
         cluster._write_kubeconfig(cluster.kubeconfig, user={"client-certificate": str(pki.crt("admin")),
                                                             "client-key": str(pki.key("admin"))})
@@ -208,6 +214,7 @@ class Cluster:
             f"--service-account-private-key-file={pki.key('sa')}", f"--root-ca-file={pki.ca_crt}",
             f"--cluster-signing-cert-file={pki.ca_crt}", f"--cluster-signing-key-file={pki.ca_key}",
             "--use-service-account-credentials=false", "--concurrent-gc-syncs=5", "--v=1",
+            *self._kcm_args,
         ])
         sched = self._spawn("kube-scheduler", [
             "kube-scheduler", f"--kubeconfig={self.kubeconfig}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Container, Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -80,6 +81,7 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
         "status": {"phase": status.get("phase"), "reason": status.get("reason"), "podIP": status.get("podIP"),
                    "containerStatuses": [{"state": cs.get("state") or {}}
                                          for cs in status.get("containerStatuses") or []]},
+        _VIEW_KEY: None,
     }
 
 
@@ -92,7 +94,27 @@ def _json(raw: Any) -> dict[str, Any]:
 
 
 def pod_view(pod: Mapping[str, Any], known_nodes: Container[str] | None = None) -> PodView | None:
-    """An in-place job's pod as ``policy.inplace`` sees it; None if it is not one of the job's pods."""
+    """An in-place job's pod as ``policy.inplace`` sees it; None if it is not one of the job's pods.
+
+    A compact pod (``compact_pod``: what the cache holds, a new dict for every event of the pod) keeps its
+    parsed view in ``_view``: a reconcile of a 5,000-pod job parsed 15,000 JSON annotations otherwise, 0.18 s a
+    pass. Only whether the node is known is decided per call."""
+    memo = pod.get(_VIEW_KEY, _NO_MEMO)
+    view = _parse_pod_view(pod) if memo is _NO_MEMO or memo is None else memo
+    if memo is None and isinstance(pod, dict):
+        pod[_VIEW_KEY] = view if view is not None else False
+    if view is None or view is False:
+        return None
+    node_lost = view.node_lost or (bool(view.node) and known_nodes is not None and view.node not in known_nodes)
+    return view if node_lost == view.node_lost else replace(view, node_lost=node_lost)
+
+
+_VIEW_KEY = "_view"  # compact pods only: a slot for pod_view's parse (None until first asked)
+_NO_MEMO = object()
+
+
+def _parse_pod_view(pod: Mapping[str, Any]) -> PodView | None:
+    """pod_view without the known-nodes check (``node_lost`` here: only a lost-node reason on a failed pod)."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
@@ -108,9 +130,7 @@ def pod_view(pod: Mapping[str, Any], known_nodes: Container[str] | None = None) 
         term = (cs.get("state") or {}).get("terminated")
         if term is not None and term.get("exitCode") is not None:
             container_code = int(term["exitCode"])
-    node_lost = bool(node) and known_nodes is not None and node not in known_nodes
-    if phase == "Failed" and status.get("reason") in LOST_REASONS:
-        node_lost = True
+    node_lost = phase == "Failed" and status.get("reason") in LOST_REASONS
     report = _json(annotations.get(ANNOTATION_EXIT))
     notice = _json(annotations.get(ANNOTATION_NOTICE))
     supervisor = _json(annotations.get(ANNOTATION_SUPERVISOR))
