@@ -21,7 +21,14 @@ from pydantic import ValidationError
 
 from . import ANNOTATION_NOTICE, apply, metrics, observe
 from .models import TrainingJob
-from .policy.notice import decide_notice, is_open, notice_status_patch, opens_at, recorded_deadline
+from .policy.notice import (
+    decide_notice,
+    first_seen_in_notices,
+    is_open,
+    notice_status_patch,
+    opens_at,
+    recorded_deadline,
+)
 from .reconcile import kick
 from .signals import Notice, node_notice, present_signals, rfc3339, signals_for_job
 from .state import State, job_ref
@@ -54,7 +61,9 @@ async def on_node(state: State, event_type: str | None, name: str, body: Any) ->
     for sig in set(seen) - present:
         seen.pop(sig)
     for sig in present:
-        seen.setdefault(sig, now)
+        if sig not in seen:  # a restarted operator: the notices already delivered say when it was first seen
+            pods = [p for ns, job in jobs for p in state.cache.pods_of(ns, job)]
+            seen[sig] = first_seen_in_notices(pods, name, sig) or now
     if present:
         state.seen_mono.setdefault(name, time.monotonic())
         state.notice_nodes.add(name)

@@ -32,7 +32,7 @@ INVALID: list[tuple[str, Mutation, str]] = [
     ("no template", drop("template"), "spec.template: Required value"),
     ("no checkpoint", drop("checkpoint"), "spec.checkpoint: Required value"),
     ("replicas 0", spec(replicas=0), "spec.replicas"),
-    ("replicas too many", spec(replicas=5000), "spec.replicas"),
+    ("replicas too many", spec(replicas=10_001), "spec.replicas"),
     ("replicas not a number", spec(replicas="two"), "spec.replicas"),
     ("restart code 0", spec(restartPolicy={"restartExitCode": 0}), "spec.restartPolicy.restartExitCode"),
     ("restart code 256", spec(restartPolicy={"restartExitCode": 256}), "spec.restartPolicy.restartExitCode"),

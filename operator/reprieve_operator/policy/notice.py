@@ -126,3 +126,27 @@ def notice_status_patch(job: TrainingJob, last_notice: dict[str, Any], attempt: 
     if st.phase in (None, "Pending", "Running") and st.attempt <= attempt and not restarting:
         patch["phase"] = "Preempting"
     return patch
+
+
+def first_seen_in_notices(pods: Sequence[Mapping[str, Any]], node: str, signal: str) -> datetime | None:
+    """When an operator before this one first saw ``signal`` on ``node``, as the notices it delivered to the pods
+    there say (their ``observedAt``); None if none did.
+
+    A signal without a timestamp (a NoSchedule taint, a label) has its deadline counted from when the operator
+    first saw it. An operator restarted mid-preemption saw it later: without this it derived a later deadline and
+    a new notice id, delivered that notice again and posted a second PreemptionNotice Event."""
+    earliest: datetime | None = None
+    for pod in pods:
+        if (pod.get("spec") or {}).get("nodeName") != node:
+            continue
+        raw = ((pod.get("metadata") or {}).get("annotations") or {}).get("reprieve.dev/notice")
+        try:
+            data = json.loads(raw) if isinstance(raw, str) else None
+        except ValueError:
+            continue
+        if not isinstance(data, dict) or data.get("node") != node or data.get("reason") != signal:
+            continue
+        seen = parse_time(data.get("observedAt"))
+        if seen is not None and (earliest is None or seen < earliest):
+            earliest = seen
+    return earliest
