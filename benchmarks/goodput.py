@@ -199,16 +199,12 @@ def main() -> int:
     def lost(rep: GoodputReport, idx: list[int]) -> str:
         return ",".join(str(rep.interruptions[i].lost_steps) for i in idx if i < len(rep.interruptions))
 
-    def gap(rep: GoodputReport) -> float:
-        gaps = [i.gap_seconds for i in rep.interruptions]
-        return sum(gaps) / max(1, len(gaps))
-
     w = 15
     print()
     print(f"{'':34}" + "".join(f"{v:>{w}}" for v in variants))
     rows = [("goodput", lambda r: f"{r.goodput:.1%}"), ("wall seconds", lambda r: f"{r.wall_seconds:.1f}"),
             ("productive seconds", lambda r: f"{r.productive_seconds:.1f}"),
-            ("mean gap, last step -> first", lambda r: f"{gap(r):.1f}s"),
+            ("mean gap, last step -> first", lambda r: f"{r.mean_gap:.1f}s"),
             ("interruptions", lambda r: str(len(r.interruptions))),
             ("lost steps per noticed preemption", lambda r: lost(r, noticed)),
             ("lost steps at the hard kill", lambda r: lost(r, hard))]
@@ -220,7 +216,7 @@ def main() -> int:
         for v in variants:
             if v != "recreate":
                 r = reports[v]
-                print(f"{v} vs recreate: mean gap {gap(r) / max(gap(ref), 1e-9):.2f}x, goodput "
+                print(f"{v} vs recreate: mean gap {r.mean_gap / max(ref.mean_gap, 1e-9):.2f}x, goodput "
                       f"{r.goodput / ref.goodput:.2f}x")
     print(f"({costs.describe()}; seed {args.seed}, {args.steps} steps, step sleep {args.step_sleep}s, interval "
           f"{args.interval}, notice {args.notice}s; logs in {work})")

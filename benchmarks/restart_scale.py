@@ -251,7 +251,8 @@ def main() -> int:
                     log.close()
                     if kubelets is not None:
                         kubelets.stop.set()
-                # A reconcile that failed and was retried later would be measured as restart time: refuse it.
+                # Refuse a run that measured something else: the straggler path (not every exit was written
+                # yet), or a reconcile that failed and was retried later (its retry measured as restart time).
                 lines = Path(log.name).read_text().splitlines()
                 stragglers = [line for line in lines if "stopped by their supervisors" in line]
                 if stragglers:

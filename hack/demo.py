@@ -175,8 +175,7 @@ def run(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Pa
     print("\nIn place + spare vs recreate-all (same nodes, same preemption; start costs: "
           + (costs.describe() if costs else "real containers, images already on the nodes") + ")")
     print(f"  {'':34} {'in place + 1 spare':>20} {'recreate-all':>14} {'ratio':>7}")
-    gap, gap2 = (sum(i.gap_seconds for i in r.interruptions) / max(1, len(r.interruptions))
-                 for r in (report, report2))
+    gap, gap2 = report.mean_gap, report2.mean_gap
     print(f"  {'gap, last step -> first step after':34} {gap:>19.1f}s {gap2:>13.1f}s {gap / gap2 if gap2 else 0:>6.2f}x")
     print(f"  {'goodput (step log)':34} {report.goodput:>20.1%} {report2.goodput:>14.1%} "
           f"{report.goodput / report2.goodput if report2.goodput else 0:>6.2f}x")

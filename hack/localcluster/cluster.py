@@ -134,8 +134,8 @@ class Cluster:
                                               "kubernetes.default.svc", "kubernetes.default.svc.cluster.local",
                                               "10.96.0.1"])
         api_port = free_port()
-        cluster = cls(workdir, bin_dir, pki, api_port, workdir / "admin.kubeconfig", _owns_workdir=owns)
-        cluster._kcm_args = tuple(controller_manager_args)
+        cluster = cls(workdir, bin_dir, pki, api_port, workdir / "admin.kubeconfig", _owns_workdir=owns,
+                      _kcm_args=tuple(controller_manager_args))
         cluster.kubelet_proxy_port = free_port()
         cluster._write_kubeconfig(cluster.kubeconfig, user={"client-certificate": str(pki.crt("admin")),
                                                             "client-key": str(pki.key("admin"))})

@@ -58,6 +58,11 @@ class GoodputReport:
     def lost_steps(self) -> int:
         return sum(i.lost_steps for i in self.interruptions)
 
+    @property
+    def mean_gap(self) -> float:
+        """Mean seconds from an attempt's last step to the next attempt's first (0 without interruptions)."""
+        return sum(i.gap_seconds for i in self.interruptions) / max(1, len(self.interruptions))
+
     def summary(self) -> str:
         lines = [(f"steps {self.steps}, wall {self.wall_seconds:.1f}s, productive {self.productive_seconds:.1f}s, "
                  f"goodput {self.goodput:.1%}")]

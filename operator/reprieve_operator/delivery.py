@@ -55,15 +55,11 @@ async def on_node(state: State, event_type: str | None, name: str, body: Any) ->
         return
     node = observe.compact_node(dict(body))
     state.cache.nodes[name] = node
-    now = state_now()
     present = present_signals(node, state.signals)
     seen = state.first_seen.setdefault(name, {})
     for sig in set(seen) - present:
         seen.pop(sig)
-    for sig in present:
-        if sig not in seen:  # a restarted operator: the notices already delivered say when it was first seen
-            pods = [p for ns, job in jobs for p in state.cache.pods_of(ns, job)]
-            seen[sig] = first_seen_in_notices(pods, name, sig) or now
+    _remember_first_seen(state, name, present, jobs)
     if present:
         state.seen_mono.setdefault(name, time.monotonic())
         state.notice_nodes.add(name)
@@ -85,6 +81,20 @@ async def on_node(state: State, event_type: str | None, name: str, body: Any) ->
     await asyncio.gather(*(_record(state, d) for d in delivered))
     await apply.gather([functools.partial(apply.post_event, state.api, ref, "PreemptionNotice", d.message,
                                           "Warning") for d in delivered for ref in d.pods])
+
+
+def _remember_first_seen(state: State, node: str, signals: set[str],
+                         jobs: list[tuple[str, str]]) -> dict[str, datetime]:
+    """Record when each of ``signals`` on ``node`` was first seen, if not yet known: by an operator before this one
+    when the notices on ``jobs``' pods say so (``policy.notice.first_seen_in_notices``), else now."""
+    seen = state.first_seen.setdefault(node, {})
+    missing = [sig for sig in signals if sig not in seen]
+    if missing:
+        values = [observe.notice_annotation(p) for ns, job in jobs for p in state.cache.pods_of(ns, job)]
+        now = state_now()
+        for sig in missing:
+            seen[sig] = first_seen_in_notices(values, node, sig) or now
+    return seen
 
 
 def _look_again(state: State, name: str, when: datetime) -> None:
@@ -138,9 +148,7 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             except ValidationError:
                 return None
             sigs = signals_for_job(state.signals, job.spec.preemption)
-            seen = state.first_seen.setdefault(node_name, {})
-            for sig in present_signals(node, sigs):
-                seen.setdefault(sig, state_now())
+            seen = _remember_first_seen(state, node_name, present_signals(node, sigs), [(namespace, name)])
             now = state_now()
             notice = node_notice(node, now, sigs, seen)
             if notice is None:
@@ -159,7 +167,9 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
                                 for n in plan.annotate])
             for r in raw:  # the cache learns it now, not only when the watch event comes
                 if r["metadata"]["name"] in plan.annotate:
-                    r["metadata"].setdefault("annotations", {})[ANNOTATION_NOTICE] = value
+                    annotated = {**r["metadata"], "annotations": {**(r["metadata"].get("annotations") or {}),
+                                                                  ANNOTATION_NOTICE: value}}
+                    state.cache.upsert_pod({**r, "metadata": annotated})  # a new compact pod: no stale parse
             t_done = time.monotonic()
             state.delivered.add((job.uid, plan.attempt, notice.id))
         started = state.seen_mono.get(node_name)

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from . import (
     ANNOTATION_EXIT,
@@ -99,18 +99,19 @@ def pod_view(pod: Mapping[str, Any], known_nodes: Container[str] | None = None) 
     A compact pod (``compact_pod``: what the cache holds, a new dict for every event of the pod) keeps its
     parsed view in ``_view``: a reconcile of a 5,000-pod job parsed 15,000 JSON annotations otherwise, 0.18 s a
     pass. Only whether the node is known is decided per call."""
-    memo = pod.get(_VIEW_KEY, _NO_MEMO)
-    view = _parse_pod_view(pod) if memo is _NO_MEMO or memo is None else memo
-    if memo is None and isinstance(pod, dict):
-        pod[_VIEW_KEY] = view if view is not None else False
-    if view is None or view is False:
+    memo = pod.get(_VIEW_KEY)  # None: not parsed yet, or not a compact pod; False: not one of the job's pods
+    if memo is None:
+        memo = _parse_pod_view(pod) or False
+        if _VIEW_KEY in pod:
+            cast(dict[str, Any], pod)[_VIEW_KEY] = memo
+    if not isinstance(memo, PodView):
         return None
+    view = memo
     node_lost = view.node_lost or (bool(view.node) and known_nodes is not None and view.node not in known_nodes)
     return view if node_lost == view.node_lost else replace(view, node_lost=node_lost)
 
 
 _VIEW_KEY = "_view"  # compact pods only: a slot for pod_view's parse (None until first asked)
-_NO_MEMO = object()
 
 
 def _parse_pod_view(pod: Mapping[str, Any]) -> PodView | None:

@@ -20,7 +20,7 @@ def test_uninterrupted_run_counts_every_step_once() -> None:
     assert report.steps == 10
     assert report.productive_seconds == pytest.approx(10.0)  # first step at the median (1 s)
     assert report.goodput == pytest.approx(0.5)
-    assert report.interruptions == []
+    assert report.interruptions == [] and report.mean_gap == 0.0
 
 
 def test_noticed_preemption_loses_nothing_and_the_gap_is_badput() -> None:
@@ -28,7 +28,7 @@ def test_noticed_preemption_loses_nothing_and_the_gap_is_badput() -> None:
     report = analyse(records, start=0.0, end=35.0)
     (i,) = report.interruptions
     assert (i.from_attempt, i.last_step, i.resumed_at, i.lost_steps) == (1, 4, 5, 0)
-    assert i.gap_seconds == pytest.approx(26.0)
+    assert i.gap_seconds == pytest.approx(26.0) and report.mean_gap == pytest.approx(26.0)
     assert report.productive_seconds == pytest.approx(10.0)
 
 
@@ -48,3 +48,10 @@ def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
     path = tmp_path / "steps.jsonl"
     path.write_text(json.dumps({"attempt": 1, "step": 0, "t": 1.0}) + "\n" + '{"attempt": 1, "st')
     assert read_step_log(path) == [StepRecord(1, 0, 1.0)]
+
+
+def test_mean_gap_averages_every_interruption() -> None:
+    records = run(1, range(5), 0.0) + run(2, range(5, 10), 30.0) + run(3, range(10, 15), 50.0)
+    report = analyse(records, start=0.0, end=60.0)
+    assert len(report.interruptions) == 2
+    assert report.mean_gap == pytest.approx(sum(i.gap_seconds for i in report.interruptions) / 2)

@@ -302,3 +302,23 @@ def test_pod_view_parses_a_cached_pod_once_and_checks_its_node_every_time() -> N
     before = _json.dumps(raw, sort_keys=True)
     assert pod_view(raw, {"n1"}) == first
     assert _json.dumps(raw, sort_keys=True) == before  # not a compact pod: nothing stored in it
+
+
+def test_a_pod_annotated_through_the_cache_is_parsed_again() -> None:
+    """Delivery writes a notice into the cache at once (before the watch event): it upserts a new compact pod, so
+    the parse kept in the old one is not served stale (an in-place job would not see its notice)."""
+    import json as _json
+
+    from reprieve_operator.cache import Cache
+    from reprieve_operator.observe import compact_pod, pod_view
+
+    cache = Cache()
+    cache.upsert_pod(compact_pod({"metadata": {"name": "llama-0", "namespace": "ml", "labels": {
+        "reprieve.dev/job-name": "llama", "reprieve.dev/role": "worker", "reprieve.dev/replica-index": "0",
+        "reprieve.dev/attempt": "1"}}, "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}))
+    (cached,) = cache.pods_of("ml", "llama")
+    assert pod_view(cached).notice_attempt is None  # type: ignore[union-attr]  # parsed and kept
+    annotated = {**cached["metadata"], "annotations": {"reprieve.dev/notice": _json.dumps({"attempt": 1})}}
+    cache.upsert_pod({**cached, "metadata": annotated})  # what delivery does
+    (fresh,) = cache.pods_of("ml", "llama")
+    assert pod_view(fresh).notice_attempt == 1  # type: ignore[union-attr]

@@ -141,21 +141,18 @@ def test_annotation_round_trip_keeps_whole_seconds() -> None:
 def test_first_seen_comes_from_the_notices_already_delivered_on_that_node() -> None:
     """A restarted operator must count a timestamp-less signal's deadline from when its predecessor saw it (the
     CI run where a restarted operator re-delivered with a new id and posted a second PreemptionNotice Event)."""
-    import json as _json
-
     from reprieve_operator.policy.notice import first_seen_in_notices
 
-    def pod(on: str, **notice: Any) -> dict[str, Any]:
-        ann = {"reprieve.dev/notice": _json.dumps(notice)} if notice else {}
-        return {"metadata": {"annotations": ann}, "spec": {"nodeName": on}}
+    def notice(**fields: Any) -> str:
+        return json.dumps(fields)
 
     early, late = "2026-11-24T03:38:14Z", "2026-11-24T03:38:16Z"
-    pods = [pod("n0", node="n0", reason="gke-spot", observedAt=late),
-            pod("n0", node="n0", reason="gke-spot", observedAt=early),
-            pod("n0", node="n0", reason="cordon", observedAt="2026-11-24T03:00:00Z"),  # another signal
-            pod("n1", node="n1", reason="gke-spot", observedAt="2026-11-24T03:00:00Z"),  # another node
-            pod("n0"), {"metadata": {"annotations": {"reprieve.dev/notice": "{broken"}}, "spec": {"nodeName": "n0"}}]
-    got = first_seen_in_notices(pods, "n0", "gke-spot")
+    values = [notice(node="n0", reason="gke-spot", observedAt=late),
+              notice(node="n0", reason="gke-spot", observedAt=early),
+              notice(node="n0", reason="cordon", observedAt="2026-11-24T03:00:00Z"),  # another signal
+              notice(node="n1", reason="gke-spot", observedAt="2026-11-24T03:00:00Z"),  # another node
+              None, "{broken", notice(node="n0", reason="gke-spot")]  # no annotation, malformed, no time
+    got = first_seen_in_notices(values, "n0", "gke-spot")
     assert got is not None and got.isoformat() == "2026-11-24T03:38:14+00:00"
-    assert first_seen_in_notices(pods, "n0", "aws-spot-itn") is None
+    assert first_seen_in_notices(values, "n0", "aws-spot-itn") is None
     assert first_seen_in_notices([], "n0", "gke-spot") is None

@@ -292,8 +292,8 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
     spares = sorted((p for p in pods if p.role == "spare" and p.name not in workers and _healthy(p, doomed)),
                     key=_spare_rank)
     starting = sorted((p for p in pods if p.role == "spare" and p.name not in workers and not p.ready
-                       and p.phase in ("Pending", "Running") and not p.deleting and not p.node_lost
-                       and not (p.node and p.node in doomed)), key=_spare_rank)
+                       and p.phase in ("Pending", "Running") and not p.deleting and not _spare_gone(p, doomed)),
+                      key=_spare_rank)
     create: list[int] = []
     filled: list[Replacement] = []
     for r in replaced:

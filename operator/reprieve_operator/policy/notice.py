@@ -16,7 +16,7 @@ Rules (``docs/operator.md``, "Delivery"):
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -128,20 +128,17 @@ def notice_status_patch(job: TrainingJob, last_notice: dict[str, Any], attempt: 
     return patch
 
 
-def first_seen_in_notices(pods: Sequence[Mapping[str, Any]], node: str, signal: str) -> datetime | None:
-    """When an operator before this one first saw ``signal`` on ``node``, as the notices it delivered to the pods
-    there say (their ``observedAt``); None if none did.
+def first_seen_in_notices(values: Iterable[str | None], node: str, signal: str) -> datetime | None:
+    """When an operator before this one first saw ``signal`` on ``node``, as the notices it delivered say (the
+    ``observedAt`` of the ``reprieve.dev/notice`` ``values`` naming that node and signal); None if none does.
 
     A signal without a timestamp (a NoSchedule taint, a label) has its deadline counted from when the operator
     first saw it. An operator restarted mid-preemption saw it later: without this it derived a later deadline and
     a new notice id, delivered that notice again and posted a second PreemptionNotice Event."""
     earliest: datetime | None = None
-    for pod in pods:
-        if (pod.get("spec") or {}).get("nodeName") != node:
-            continue
-        raw = ((pod.get("metadata") or {}).get("annotations") or {}).get("reprieve.dev/notice")
+    for raw in values:
         try:
-            data = json.loads(raw) if isinstance(raw, str) else None
+            data = json.loads(raw) if raw else None
         except ValueError:
             continue
         if not isinstance(data, dict) or data.get("node") != node or data.get("reason") != signal:
