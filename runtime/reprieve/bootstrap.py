@@ -14,6 +14,7 @@ from .agreement import Agreement, Target
 from .config import ConfigError, RuntimeConfig
 from .coordination import Coordinator, JaxCoordinator, LocalCoordinator
 from .countdown import CountdownSettings
+from .exiting import exit_process
 from .job import Checkpointer, Job
 from .kube import KubeClient, PodWatchSource
 from .metrics import Metrics
@@ -35,7 +36,7 @@ def init(
     countdown: CountdownSettings | None = None,
     install_sigterm: bool = True,
     watch_pod: bool = True,
-    exit_fn: Callable[[int], Any] = sys.exit,
+    exit_fn: Callable[[int], Any] = exit_process,
 ) -> Job:
     """Join the job described by the ``REPRIEVE_*`` environment and return its :class:`Job`.
 
@@ -54,7 +55,9 @@ def init(
         countdown: grace-period countdown settings.
         install_sigterm: install the SIGTERM handler (chains any handler installed before).
         watch_pod: watch this pod's notice annotation through the Kubernetes API when in a cluster.
-        exit_fn: how to exit (default ``sys.exit``).
+        exit_fn: how to exit once the exit code is decided (default :func:`reprieve.exiting.exit_process`:
+            unwinds like ``sys.exit``, then ends without the interpreter's teardown; pass ``sys.exit`` for a
+            full teardown).
     """
     environ: Mapping[str, str] = os.environ if env is None else env
     link = SupervisorLink.take(os.environ if env is None else dict(env))
@@ -238,6 +241,12 @@ def _join(config: RuntimeConfig) -> Coordinator:
     if not jax.distributed.is_initialized():
         # JAX's preemption service installs its own C-level SIGTERM handler; reprieve owns SIGTERM.
         jax.config.update("jax_enable_preemption_service", False)
+        timeout = config.init_timeout_seconds
+        if config.process_id != 0:
+            # gRPC backs off ~1 s after a refused first connection: a process that asks before process 0's
+            # service listens (every restart: all processes start together) loses that second. Knock first.
+            waited = await_listening(config.coordinator_address, timeout)
+            timeout = max(1, int(timeout - waited))
         jax.distributed.initialize(
             coordinator_address=config.coordinator_address,
             num_processes=config.num_processes,
@@ -246,11 +255,34 @@ def _join(config: RuntimeConfig) -> Coordinator:
             # service-account path and need RBAC on pods we do not grant.
             cluster_detection_method="deactivate",
             coordinator_bind_address=config.coordinator_bind_address(),
-            initialization_timeout=config.init_timeout_seconds,
+            initialization_timeout=timeout,
             heartbeat_timeout_seconds=config.heartbeat_timeout_seconds,
             shutdown_timeout_seconds=config.shutdown_timeout_seconds,
         )
     return JaxCoordinator.from_jax()
+
+
+def await_listening(address: str, timeout_s: float, poll_s: float = 0.01) -> float:
+    """Wait until something accepts TCP connections at ``address`` (``host:port``, ``[v6]:port``), at most
+    ``timeout_s``; the seconds waited. A name that does not resolve yet (a pod's DNS record) is retried too."""
+    import socket
+    import time
+
+    host, _, port_text = address.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port_text.isdigit():
+        return 0.0  # not an address this can knock at: jax.distributed.initialize says what is wrong
+    port = int(port_text)
+    start = time.monotonic()
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(poll_s, 0.5)).close()
+            break
+        except OSError:
+            if time.monotonic() - start >= timeout_s:
+                break  # let jax.distributed.initialize fail with its own message
+            time.sleep(poll_s)
+    return time.monotonic() - start
 
 
 def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Checkpointer:

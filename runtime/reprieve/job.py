@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
 from .config import RuntimeConfig
 from .coordination import Coordinator
+from .exiting import exit_process
 from .lifecycle import ABANDON, ABORT, FINISH, RESTART, Phase, Teardown, exit_decision
 from .metrics import Metrics
 from .notice import Notice
@@ -87,7 +87,7 @@ class Job:
         metrics: Metrics | None = None,
         progress: ProgressReporter | None = None,
         closers: list[Callable[[], None]] | None = None,
-        exit_fn: Callable[[int], Any] = sys.exit,
+        exit_fn: Callable[[int], Any] = exit_process,
         shutdown_distributed: bool = True,
         on_first_step: Callable[[int], None] | None = None,
     ) -> None:

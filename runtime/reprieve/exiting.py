@@ -1,0 +1,74 @@
+"""How a process that has decided its exit code ends: :func:`exit_process` (the default ``exit_fn``).
+
+``sys.exit`` alone ends a JAX process slowly: after the user's code has unwound, the interpreter tears down
+JAX's backend (the PjRt client and its thread pools) and then every module. With the example language model on
+2 CPU cores that takes 0.2-0.7 s, and on the restart path all of it is restart gap: the supervisor (or the
+kubelet) reports the exit only once the process is gone.
+
+:func:`exit_process` raises ``SystemExit(code)`` as ``sys.exit`` does, so everything a user expects still
+happens: ``finally`` blocks and ``with`` blocks unwind, Python joins the non-daemon threads and runs the
+``atexit`` handlers registered after ``import reprieve``. Then reprieve's own handler -- registered when
+``reprieve`` is imported, so it runs after those -- waits for JAX's ordered effects (``jax.effects_barrier``),
+flushes every open file and the logs, and ends the process with ``os._exit(code)``, skipping the teardown.
+It is only armed by :func:`exit_process`; any other exit (a normal end, an exception, ``sys.exit`` in user
+code) is untouched. ``reprieve.init(exit_fn=sys.exit)`` opts out.
+
+Handlers registered *before* ``import reprieve`` do not run on this path (JAX's own teardown among them, on
+purpose: the job has already left ``jax.distributed`` and its checkpoint is committed).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import io
+import logging
+import os
+import sys
+from typing import NoReturn
+
+_armed: list[int] = []  # the code to end with, once exit_process() ran
+
+# Exact types, not isinstance over every object: the scan runs over the whole heap on the restart path.
+_FILE_TYPES = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom, io.FileIO)
+
+
+def exit_process(code: int) -> NoReturn:
+    """Exit with ``code``: unwind the caller's code as ``sys.exit`` does, then end without the interpreter's
+    teardown (see the module docstring)."""
+    _armed[:] = [code]
+    raise SystemExit(code)
+
+
+def _flush_open_files() -> None:
+    """Flush what the interpreter's teardown would have flushed: every open file object still alive."""
+    for obj in gc.get_objects():
+        if type(obj) in _FILE_TYPES:
+            try:
+                if not obj.closed and obj.writable():  # type: ignore[attr-defined]
+                    obj.flush()  # type: ignore[attr-defined]
+            except (OSError, ValueError):  # a broken pipe, a file closed meanwhile: nothing to save
+                pass
+
+
+def _end_now() -> None:
+    if not _armed:
+        return
+    code = _armed[0]
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        try:
+            jax.effects_barrier()  # what JAX's own atexit handler would wait for
+        except Exception:  # noqa: BLE001 - a broken backend must not turn the decided code into another
+            pass
+    logging.shutdown()
+    _flush_open_files()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(code)
+
+
+atexit.register(_end_now)

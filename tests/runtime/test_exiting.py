@@ -1,0 +1,61 @@
+"""``reprieve.exiting.exit_process``: the decided code, the user's code unwound, atexit handlers run, open files
+flushed -- and the interpreter's teardown skipped (the restart gap it cost). Real Python processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+SCRIPT = textwrap.dedent("""
+    import atexit, sys
+    out = sys.argv[1]
+    import reprieve
+    from reprieve.exiting import exit_process
+
+    class Teardown:  # finalised only by the interpreter's teardown
+        def __del__(self, _open=open, _path=out + "/teardown"):  # builtins are gone by then
+            with _open(_path, "w") as f:
+                f.write("ran")
+
+    KEEP = Teardown()
+    LOG = open(out + "/unclosed", "w")  # never closed: buffered until flushed
+    LOG.write("buffered line\\n")
+    atexit.register(lambda: open(out + "/atexit", "w").write("ran"))
+    exit_fn = {"fast": exit_process, "sys": sys.exit}[sys.argv[2]]
+    try:
+        exit_fn(42)
+    finally:
+        open(out + "/finally", "w").write("ran")
+""")
+
+
+def _run(tmp_path: Path, how: str) -> int:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), how], timeout=60, capture_output=True,
+                          text=True)
+    assert not done.stderr.strip() or "Traceback" not in done.stderr, done.stderr
+    return done.returncode
+
+
+@pytest.mark.parametrize("how", ["fast", "sys"])
+def test_the_decided_code_and_the_users_cleanup_survive_either_exit(tmp_path: Path, how: str) -> None:
+    assert _run(tmp_path, how) == 42
+    assert (tmp_path / "finally").read_text() == "ran"  # SystemExit unwound the caller's code
+    assert (tmp_path / "atexit").read_text() == "ran"  # handlers registered after `import reprieve` ran
+    assert (tmp_path / "unclosed").read_text() == "buffered line\n"  # a file nobody closed lost nothing
+
+
+def test_exit_process_skips_the_interpreters_teardown_and_sys_exit_does_not(tmp_path: Path) -> None:
+    (tmp_path / "fast").mkdir()
+    (tmp_path / "sys").mkdir()
+    assert _run(tmp_path / "fast", "fast") == 42
+    assert _run(tmp_path / "sys", "sys") == 42
+    assert not (tmp_path / "fast" / "teardown").exists()  # the costly part (JAX's backend, every module) skipped
+    assert (tmp_path / "sys" / "teardown").read_text() == "ran"  # the control: a normal exit tears down
