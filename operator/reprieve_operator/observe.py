@@ -111,6 +111,9 @@ def pod_view(pod: Mapping[str, Any], known_nodes: Container[str] | None = None) 
     return view if node_lost == view.node_lost else replace(view, node_lost=node_lost)
 
 
+# A container's terminated reason when its command could not be run: containerd/CRI-O and the local process
+# kubelet say StartError, dockershim said ContainerCannotRun.
+START_ERRORS = ("StartError", "ContainerCannotRun")
 _VIEW_KEY = "_view"  # compact pods only: a slot for pod_view's parse (None until first asked)
 
 
@@ -126,11 +129,13 @@ def _parse_pod_view(pod: Mapping[str, Any]) -> PodView | None:
     status = pod.get("status") or {}
     node = (pod.get("spec") or {}).get("nodeName")
     phase = status.get("phase") or "Pending"
-    container_code = None
+    container_code, start_error = None, None
     for cs in (status.get("containerStatuses") or [])[:1]:
         term = (cs.get("state") or {}).get("terminated")
         if term is not None and term.get("exitCode") is not None:
             container_code = int(term["exitCode"])
+        if term is not None and term.get("reason") in START_ERRORS:
+            start_error = str(term.get("message") or term.get("reason"))
     node_lost = phase == "Failed" and status.get("reason") in LOST_REASONS
     report = _json(annotations.get(ANNOTATION_EXIT))
     notice = _json(annotations.get(ANNOTATION_NOTICE))
@@ -140,7 +145,8 @@ def _parse_pod_view(pod: Mapping[str, Any]) -> PodView | None:
                    ip=status.get("podIP"), exit_attempt=_int(report.get("attempt")), exit_code=_int(report.get("code")),
                    exit_time=parse_time(report.get("time")), container_code=container_code,
                    notice_attempt=_int(notice.get("attempt")) if notice else None,
-                   contract=_int(supervisor.get("contract")), created=parse_time(meta.get("creationTimestamp")))
+                   contract=_int(supervisor.get("contract")), created=parse_time(meta.get("creationTimestamp")),
+                   start_error=start_error)
 
 
 def workers(job: TrainingJob, raw_pods: Iterable[Mapping[str, Any]], assignment: Any = None,

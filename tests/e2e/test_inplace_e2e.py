@@ -240,3 +240,25 @@ def test_a_fault_while_an_in_place_restart_waits_for_its_replacement(
                                         "-o", "json").stdout)["items"]
     started = [e for e in events if e["reason"] == "AttemptStarted" and e["message"].startswith("attempt 2:")]
     assert len(started) == 1 and started[0].get("count", 1) == 1, started
+
+
+def test_an_image_without_reprieve_run_fails_the_job_with_the_fix_and_leaves_nothing_running(
+        cluster: Any, namespace: str, operator: Any, pool: Any, tmp_path: Path) -> None:
+    """Bad input: an in-place job on an image without reprieve-run (here: a PATH without it). The kubelet cannot
+    start the container (StartError, exit 128); the job fails at once -- not after maxFailures restarts -- with a
+    condition and an Event naming the pod, the kubelet's message and the fix, and no pod of it keeps running."""
+    pool_a, _ = pool(3)
+    name = "norun"
+    submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1, extra_env={"PATH": "/usr/bin:/bin"})
+    status = wait_tj(cluster, namespace, name, lambda s: s.get("phase") == "Failed", 120, "Failed", operator)["status"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "SupervisorNotFound", status
+    assert "reprieve-run" in failed["message"] and "executable file not found" in failed["message"], failed
+    assert "pip install reprieve" in failed["message"] and "restartMode: Recreate" in failed["message"], failed
+    assert status.get("attempt") == 1 and status["restarts"]["failure"] <= 1, status  # no retries
+    events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "-o", "json",
+                                        "--field-selector", f"involvedObject.name={name}").stdout)["items"]
+    assert any(e["reason"] == "SupervisorNotFound" and "pip install reprieve" in e["message"] for e in events), \
+        [(e["reason"], e["message"]) for e in events]
+    wait_for(lambda: all(p["status"].get("phase") in ("Failed", "Succeeded") or p["metadata"].get("deletionTimestamp")
+                         for p in job_pods(cluster, namespace, name).values()), 60, "no pod of the job running")

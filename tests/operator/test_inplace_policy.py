@@ -145,6 +145,48 @@ def test_a_supervisor_of_another_contract_fails_the_job_with_the_fix() -> None:
     assert "restartMode: Recreate" in plan.message
 
 
+NOT_FOUND = ('failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create '
+             'failed: unable to start container process: exec: "reprieve-run": executable file not found in $PATH: '
+             'unknown')
+
+
+@pytest.mark.parametrize("who", ["worker", "spare"])
+def test_an_image_without_the_supervisor_fails_the_job_at_once_with_the_fix(who: str) -> None:
+    """An image without reprieve-run: the container cannot start (StartError, exit 128). Not a failure to retry
+    up to maxFailures: the job fails at once, naming the pod, the kubelet's message and both fixes."""
+    from dataclasses import replace
+
+    broken = replace(W1 if who == "worker" else SPARE, phase="Failed", container_code=128, start_error=NOT_FOUND)
+    pods = [W0, broken] if who == "worker" else [W0, W1, broken]
+    plan, extra = decide_inplace(job(RUN, spares=1), pods, ASSIGNED, (), NOW)
+    assert plan.phase == "Failed" and plan.conditions[0].reason == "SupervisorNotFound" and extra.assign is None
+    assert broken.name in plan.message and "executable file not found" in plan.message
+    assert "pip install reprieve" in plan.message and "restartMode: Recreate" in plan.message
+    assert set(plan.delete) == {p.name for p in pods if p is not broken} | {broken.name}
+
+
+def test_another_start_error_is_a_failure_the_budget_counts() -> None:
+    from dataclasses import replace
+
+    broken = replace(W1, phase="Failed", container_code=128, start_error="mount /ckpt: permission denied")
+    plan, extra = decide_inplace(job(RUN), [W0, broken], ASSIGNED, (), NOW)
+    assert extra.record is not None and extra.record.cause == "failure" and plan.phase != "Failed"
+
+
+def test_pod_view_carries_the_kubelets_start_error() -> None:
+    from reprieve_operator.observe import compact_pod, pod_view
+
+    raw = {"metadata": {"name": "llama-1", "namespace": "ml", "labels": {
+        "reprieve.dev/job-name": "llama", "reprieve.dev/role": "worker", "reprieve.dev/replica-index": "1",
+        "reprieve.dev/attempt": "1"}}, "spec": {"nodeName": "n1"},
+        "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {
+            "exitCode": 128, "reason": "StartError", "message": NOT_FOUND}}}]}}
+    view = pod_view(compact_pod(raw), {"n1"})
+    assert view is not None and view.start_error == NOT_FOUND and view.container_code == 128
+    raw["status"]["containerStatuses"][0]["state"]["terminated"] = {"exitCode": 1, "reason": "Error"}
+    assert pod_view(compact_pod(raw), {"n1"}).start_error is None  # type: ignore[union-attr]
+
+
 def test_the_failure_budget_still_ends_the_job() -> None:
     plan, extra = decide_inplace(job({**RUN, "restarts": {"failure": 3}}), [exited(W0, 1), W1], ASSIGNED, (), NOW)
     assert plan.phase == "Failed" and plan.conditions[0].reason == "TooManyFailures" and extra.assign is None

@@ -27,6 +27,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from .. import SUPERVISOR
 from ..models import TrainingJob
 from ..signals import parse_time
 from .restart import (
@@ -65,6 +66,7 @@ class PodView:
     container_code: int | None = None  # the container (the supervisor) ended with this code
     notice_attempt: int | None = None  # the attempt of the notice it carries, if any
     contract: int | None = None  # the supervisor's contract version, once it announced itself
+    start_error: str | None = None  # the container could not start (the kubelet's StartError message)
     created: datetime | None = None  # metadata.creationTimestamp
 
     @property
@@ -143,6 +145,16 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
                f"Recreate)")
         failed = RestartPlan(phase="Failed", attempt=st.attempt, delete=alive, cause=FAILURE, message=msg,
                              conditions=(Condition("Failed", "True", "ContractMismatch", msg),))
+        return failed, InPlace()
+
+    unstartable = [p for p in pods if p.start_error and SUPERVISOR in p.start_error]
+    if unstartable:
+        p = unstartable[0]
+        msg = (f"pod {p.name} could not start {SUPERVISOR} ({p.start_error}): restartMode InPlace runs the "
+               f"container's command under {SUPERVISOR}, from the reprieve runtime package; install it in the "
+               f"image (pip install reprieve), or set restartMode: Recreate")
+        failed = RestartPlan(phase="Failed", attempt=st.attempt, delete=alive, cause=FAILURE, message=msg,
+                             conditions=(Condition("Failed", "True", "SupervisorNotFound", msg),))
         return failed, InPlace()
 
     fresh_start = st.attempt == 0 and all(p.attempt <= 1 for p in pods)
