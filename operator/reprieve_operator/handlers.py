@@ -1,6 +1,6 @@
 """kopf registrations: each handler updates the cache, then hands off to ``reconcile`` or ``delivery``.
 
-Triggers: TrainingJob create/resume/update(spec) (retried with ``kopf.TemporaryError`` while old pods drain),
+Triggers: TrainingJob create/resume/update(spec) (retried with ``kopf.TemporaryError`` only when the reconcile fails),
 every TrainingJob event (cache), every Node event (cache + notice delivery). Worker pods are watched by
 ``podwatch`` (cache + coalesced reconcile), not by kopf. No kopf timers or daemons: they would put a finalizer on every job.
 """
@@ -27,15 +27,15 @@ def _state(memo: Any) -> State:
 @kopf.on.resume(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")  # type: ignore[arg-type]
 async def job_changed(namespace: str, name: str, memo: Any, **_: Any) -> None:
+    """The same reconcile as a pod event's kick: a plan that must look again (old pods draining, a backoff)
+    carries its own requeue delay, whichever path ran it."""
     try:
-        plan = await reconcile(_state(memo), namespace, name)
+        await reconcile(_state(memo), namespace, name)
     except (kopf.PermanentError, kopf.TemporaryError):
         raise
     except Exception as err:
         metrics.RECONCILE_ERRORS.labels("job").inc()
         raise kopf.TemporaryError(f"reconcile failed: {err}", delay=WAIT_DELAY) from err
-    if plan is not None and plan.waiting:
-        raise kopf.TemporaryError(plan.message or "waiting for old pods to go", delay=WAIT_DELAY)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]

@@ -1,4 +1,5 @@
-"""Reconcile one TrainingJob: read it and its pods, decide (``policy.restart``), apply, patch status once.
+"""Reconcile one TrainingJob: read it, its pods, its assignment and the nodes; decide its whole outcome
+(``decide``, pure); apply that outcome in a fixed order.
 
 Reconciles of one job are serialised by a per-job lock; ``kick`` coalesces bursts of pod events into one
 run plus one follow-up. ``resync_loop`` is the safety net for missed events.
@@ -18,12 +19,14 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from . import apply, builders, events, metrics, observe
+from . import apply, builders, metrics, observe
+from .assignment import assignment_of
+from .decide import Outcome, View, decide
 from .models import TrainingJob, spec_error
 from .policy.create import TRANSIENT, Refusal, classify_refusal, retry_seconds
 from .policy.notice import is_open
 from .policy.placement import avoid_nodes
-from .policy.restart import DISRUPTION, Condition, RestartPlan, decide_restart, lost_nodes, orphaned_pods
+from .policy.restart import Condition, RestartPlan
 from .signals import node_notice, present_signals, rfc3339, signals_for_job
 from .state import State, job_ref
 from .state import now as state_now
@@ -32,7 +35,8 @@ log = logging.getLogger("reprieve_operator")
 
 
 async def reconcile(state: State, namespace: str, name: str, fresh: bool = False) -> RestartPlan | None:
-    """Read the job and its pods, decide, apply, patch status once. Returns the plan (None if no job)."""
+    """Read the job, its pods, its assignment and the nodes; decide the whole outcome (``decide``); apply it in
+    its fixed order. Returns the plan (None if there is no job)."""
     api = state.api
     key = (namespace, name)
     async with state.locks[key]:
@@ -59,87 +63,82 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
             listed = await apply.run(apply.list_job_pods, api, namespace, name)
             state.cache.replace_job_pods(namespace, name, listed)
             raw_pods = state.cache.pods_of(namespace, name)
-        known = state.cache.nodes if state.cache.primed else None
         now = state_now()
-        if builders.in_place(job):
-            from .restart_inplace import reconcile_inplace
+        view = View(job=job, pods=raw_pods, now=now,
+                    assignment=await assignment_of(state, job) if builders.in_place(job) else None,
+                    known_nodes=state.cache.nodes if state.cache.primed else None,
+                    doomed=_doomed(state, job, now), last_commit_event=_commit_events.get(key))
+        outcome = decide(view)
+        for _ in range(2):  # the reads a decision asked for, then decide again
+            if outcome.look_at_nodes:
+                # A pod lost on a node with an open notice was preempted, even if the status does not say so
+                # yet (a NoExecute taint evicts at once): read the lost pods' nodes, fresh, before counting.
+                await _refresh_nodes(state, set(outcome.look_at_nodes))
+                view = dataclasses.replace(view, doomed=_doomed(state, job, now), looked=True)
+            elif outcome.needs_placement:
+                view = dataclasses.replace(view, avoid=_avoid(state, job, now), placed=True)
+            else:
+                break
+            outcome = decide(view)
+        return await apply_outcome(state, body, raw_pods, outcome)
 
-            return await reconcile_inplace(state, job, body, raw_pods, known, now)
-        pods = [p for p in (observe.worker_pod(r, known) for r in raw_pods) if p is not None]
-        plan = decide_restart(job, pods, (), now)
-        if plan.cause == DISRUPTION:
-            # A pod lost on a node with an open notice was preempted, even if the status does not say so yet
-            # (a NoExecute taint evicts at once): look at the lost pods' nodes, fresh, before counting.
-            await _refresh_nodes(state, lost_nodes(pods))
-            plan = decide_restart(job, pods, (), now, _doomed(state, job, now))
-        if plan.create:  # placement is only needed (and only computed) when pods are about to be created
-            plan = decide_restart(job, pods, _avoid(state, job, now), now, _doomed(state, job, now))
-        ref = job_ref(body)
-        if plan.cause:
-            job = await record_decision(state, job, ref, plan, now)
-            plan = dataclasses.replace(plan, cause=None)  # recorded; the final patch must not count it again
-        if plan.create:
-            outcome = await _create(state, job, ref, plan)
-            if outcome == FAILED:
-                return dataclasses.replace(plan, phase="Failed", create=())
-            if isinstance(outcome, float):
-                return dataclasses.replace(plan, create=(), requeue_after=outcome)
-        orphans = orphaned_pods(pods, known)
-        if orphans:
-            log.info("TrainingJob %s/%s: force-deleting %s: their node is gone", namespace, name, ", ".join(orphans))
-            await apply.gather([lambda n=n: apply.delete_pod(api, namespace, n, grace_seconds=0)  # type: ignore[misc]
-                                for n in orphans])
-        if plan.delete:
-            await apply.gather([lambda n=n: apply.delete_pod(api, namespace, n)  # type: ignore[misc]
-                                for n in plan.delete if n not in orphans])
-        patch = observe.status_patch(job, plan, now, observe.progress(raw_pods))
-        if patch:
-            await apply.run(apply.patch_job_status, api, namespace, name, patch)
-            await _post_status_events(state, job, ref, patch, now)
-        if plan.requeue_after is not None:
-            requeue(state, namespace, name, plan.requeue_after)
-        return plan
+
+async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[str, Any]],
+                        outcome: Outcome) -> RestartPlan:
+    """Carry ``outcome`` out in the order ``decide`` documents; a refused create stops the steps after it."""
+    api, job, plan = state.api, outcome.job, outcome.plan
+    ns, name, ref = job.namespace, job.name, job_ref(body)
+    if outcome.record is not None:
+        await apply.run(apply.patch_job_status, api, ns, name, outcome.record)
+        if outcome.record_event is not None:
+            ev = outcome.record_event
+            await apply.run(apply.post_event, api, ref, ev.reason, ev.message, ev.type)
+        if outcome.counter is not None:
+            counter = metrics.FAILED_JOBS if outcome.counter.kind == "failed" else metrics.RESTARTS
+            counter.labels(ns, metrics.job(name), outcome.counter.label).inc()
+        log.info("TrainingJob %s/%s: %s", ns, name, outcome.log)
+    if outcome.create:
+        made: list[dict[str, Any]] = []
+        result = await _create(state, job, ref, plan, list(outcome.create), outcome.dry_run, made)
+        if result == FAILED:
+            return dataclasses.replace(plan, phase="Failed", create=())
+        if outcome.role:
+            names = {p["metadata"]["name"] for p in raw_pods} | {p["metadata"]["name"] for p in made}
+            await apply.run(apply.put_role, api, builders.worker_role(job, names))
+        if result != CREATED:
+            return dataclasses.replace(plan, create=(), requeue_after=float(result))
+        if outcome.created_event is not None:
+            await apply.run(apply.post_event, api, ref, outcome.created_event.reason, outcome.created_event.message)
+    if outcome.force_delete:
+        log.info("TrainingJob %s/%s: force-deleting %s: their node is gone", ns, name, ", ".join(outcome.force_delete))
+        await apply.gather([lambda n=n: apply.delete_pod(api, ns, n, grace_seconds=0)  # type: ignore[misc]
+                            for n in outcome.force_delete])
+    if outcome.delete:
+        await apply.gather([lambda n=n: apply.delete_pod(api, ns, n)  # type: ignore[misc]
+                            for n in outcome.delete])
+    if outcome.assign is not None:
+        a = outcome.assign
+        await apply.run(apply.put_configmap, api, builders.build_assignment(job, a.attempt, dict(a.processes),
+                                                                             a.coordinator))
+        state.assignments[(ns, name)] = a
+        if outcome.assigned_event is not None:
+            await apply.run(apply.post_event, api, ref, outcome.assigned_event.reason, outcome.assigned_event.message)
+            log.info("TrainingJob %s/%s: %s", ns, name, outcome.assigned_event.message)
+    if outcome.status:
+        await apply.run(apply.patch_job_status, api, ns, name, dict(outcome.status))
+        key = (ns, name)
+        for ev in outcome.status_events:
+            if ev.reason == "CheckpointCommitted":
+                _commit_events[key] = outcome.decided_at
+            await apply.run(apply.post_event, api, ref, ev.reason, ev.message, ev.type)
+        if outcome.status.get("phase") in ("Succeeded", "Failed"):
+            _commit_events.pop(key, None)
+    if outcome.requeue_after is not None:
+        requeue(state, ns, name, outcome.requeue_after)
+    return plan
 
 
 _commit_events: dict[tuple[str, str], float] = {}  # when each job's last CheckpointCommitted Event was posted
-
-
-async def _post_status_events(state: State, job: TrainingJob, ref: dict[str, Any], patch: dict[str, Any],
-                              now: datetime) -> None:
-    key = (job.namespace, job.name)
-    for ev in events.for_status_change(job, patch, now.timestamp(), _commit_events.get(key)):
-        if ev.reason == "CheckpointCommitted":
-            _commit_events[key] = now.timestamp()
-        await apply.run(apply.post_event, state.api, ref, ev.reason, ev.message, ev.type)
-    if patch.get("phase") in ("Succeeded", "Failed"):
-        _commit_events.pop(key, None)
-
-
-async def record_decision(state: State, job: TrainingJob, ref: dict[str, Any], decided: RestartPlan,
-                          now: datetime) -> TrainingJob:
-    """Record a gang restart or a failure before acting on it (a crash in between cannot count it twice): the
-    status, the counter and the Event (a failure under its reason: TooManyFailures, TooManyPreemptions, ...).
-    Both restart modes use it. Returns the job as it is after the status write."""
-    job = await status_write(state, job, decided, now)
-    labels = (job.namespace, metrics.job(job.name))
-    if decided.phase == "Failed":
-        reason = decided.conditions[0].reason if decided.conditions else "Failed"
-        metrics.FAILED_JOBS.labels(*labels, reason).inc()
-        await apply.run(apply.post_event, state.api, ref, reason, decided.message, "Warning")
-    else:
-        cause = decided.cause or "preemption"
-        metrics.RESTARTS.labels(*labels, cause).inc()
-        await apply.run(apply.post_event, state.api, ref, "GangRestart", decided.message,
-                        "Normal" if cause == "preemption" else "Warning")
-    log.info("TrainingJob %s/%s: %s", job.namespace, job.name, decided.message)
-    return job
-
-
-async def status_write(state: State, job: TrainingJob, plan: RestartPlan, now: datetime) -> TrainingJob:
-    """Write the status ``plan`` leads to; the job as it is after it (for the decisions that follow)."""
-    patch = observe.status_patch(job, plan, now, None)
-    await apply.run(apply.patch_job_status, state.api, job.namespace, job.name, patch)
-    return job.model_copy(update={"status": job.status.model_validate({**_dump(job), **patch})})
 
 
 def _avoid(state: State, job: TrainingJob, now: datetime) -> tuple[str, ...]:
@@ -199,27 +198,25 @@ CREATED, FAILED = "created", "failed"
 
 
 async def _create(state: State, job: TrainingJob, ref: dict[str, Any], plan: RestartPlan,
-                  pods: list[dict[str, Any]] | None = None,
+                  pods: list[dict[str, Any]], dry_run: bool,
                   created: list[dict[str, Any]] | None = None) -> str | float:
-    """Create what ``plan`` asks for: CREATED, FAILED (a final refusal), or the seconds until the next try.
+    """Create ``pods``: CREATED, FAILED (a final refusal), or the seconds until the next try.
 
-    A new attempt is dry-run first (its first pod through validation and admission), so a template the API
-    server refuses creates nothing. Refusals are classified (``policy.create``): a final one fails the job and
-    removes whatever this job's attempt had created; any other sets condition ``PodsCreated=False`` and is
-    retried with backoff.
+    A new gang (``dry_run``) is dry-run first (its first pod through validation and admission), so a template
+    the API server refuses creates nothing; its Service and identity come next. Refusals are classified
+    (``policy.create``): a final one fails the job and removes whatever this job's attempt had created; any
+    other sets condition ``PodsCreated=False`` and is retried with backoff.
     """
     api, key = state.api, (job.namespace, job.name)
     tries, due = state.create_backoff.get(key, (0, 0.0))
     if tries and time.monotonic() < due:
         return due - time.monotonic()
-    if pods is None:
-        pods = [builders.build_worker_pod(job, i, plan.attempt, plan.exclude_nodes) for i in plan.create]
     if not pods:
         return CREATED
     created_objects: list[dict[str, Any]] = []  # what this call created, removed again on a final refusal
     current = pods[0]["metadata"].get("name") or pods[0]["metadata"]["generateName"]
     try:
-        if plan.new_attempt:
+        if dry_run:
             probe = copy.deepcopy(pods[0])
             if builders.owns_identity(job):
                 # Its ServiceAccount does not exist yet; any existing one checks the rest of the pod.
@@ -248,19 +245,15 @@ async def _create(state: State, job: TrainingJob, ref: dict[str, Any], plan: Res
     except Exception as err:  # noqa: BLE001 - every refusal is classified below
         status, body = apply.refusal_of(err)
         refusal = classify_refusal(job, status, body, current)
-        if plan.new_attempt and refusal.reason == "ServiceAccountNotFound" and builders.owns_identity(job):
+        if dry_run and refusal.reason == "ServiceAccountNotFound" and builders.owns_identity(job):
             refusal = Refusal(TRANSIENT, "ApiError", f"{refusal.message} (the namespace's default "
                                                      f"ServiceAccount, used for the dry run, is missing)")
         return await _refused(state, job, ref, plan, refusal, created_objects)
     state.create_backoff.pop(key, None)
     if any(c.type == "PodsCreated" and c.status == "False" for c in job.status.conditions):
-        msg = f"created {len(plan.create)} worker pod(s) of attempt {plan.attempt}"
+        msg = f"created {len(pods)} worker pod(s) of attempt {plan.attempt}"
         await apply.run(apply.patch_job_status, api, job.namespace, job.name,
                         {"conditions": _with_condition(job, "PodsCreated", "True", "Created", msg)})
-    if plan.new_attempt:
-        await apply.run(apply.post_event, api, ref, "AttemptStarted",
-                        f"attempt {plan.attempt}: created {len(plan.create)} worker pod(s)"
-                        + (f" avoiding {', '.join(plan.exclude_nodes)}" if plan.exclude_nodes else ""))
     return CREATED
 
 
@@ -302,10 +295,6 @@ def _with_condition(job: TrainingJob, type_: str, status: str, reason: str, mess
                        conditions=(Condition(type_, status, reason, message[:2000]),))
     return observe.conditions_patch(job, plan, state_now()) or [
         c.model_dump(by_alias=True, exclude_none=True) for c in job.status.conditions]
-
-
-def _dump(job: TrainingJob) -> dict[str, Any]:
-    return job.status.model_dump(by_alias=True)
 
 
 async def _fail(state: State, body: dict[str, Any], reason: str, message: str) -> None:

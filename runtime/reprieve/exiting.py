@@ -59,8 +59,8 @@ def _end_now() -> None:
     if jax is not None:
         try:
             jax.effects_barrier()  # what JAX's own atexit handler would wait for
-        except Exception:  # noqa: BLE001 - a broken backend must not turn the decided code into another
-            pass
+        except Exception as err:  # noqa: BLE001 - a broken backend must not turn the decided code into another
+            logging.getLogger(__name__).warning("waiting for JAX's ordered effects failed: %s", err)
     logging.shutdown()
     _flush_open_files()
     for stream in (sys.stdout, sys.stderr):

@@ -311,9 +311,9 @@ def test_a_spare_on_a_doomed_node_never_takes_over() -> None:
 
 def test_status_spares_does_not_count_a_spare_that_took_an_index() -> None:
     """A used spare is a worker: ready/desired must not read 2/1 after a takeover (seen in make demo)."""
+    from reprieve_operator.decide import _inplace_status
     from reprieve_operator.policy.inplace import InPlace
     from reprieve_operator.policy.restart import RestartPlan
-    from reprieve_operator.restart_inplace import _inplace_status
 
     used = pod("llama-spare-used1", role="spare", node="node-s")
     fresh = pod("llama-spare-new22", role="spare", node="node-t")

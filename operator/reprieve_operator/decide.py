@@ -1,0 +1,201 @@
+"""One reconcile's complete outcome, decided in one pure function: ``decide(view) -> Outcome``.
+
+``reconcile`` reads (the job, its cached pods, its assignment, the nodes), calls :func:`decide`, and applies the
+:class:`Outcome` in a fixed order, for both restart modes and both callers (the kopf handler and the pod-event
+kick):
+
+1. ``record``: the status a decided gang restart or failure leads to, written before anything is deleted (a
+   crash in between cannot count it twice), then its Event (``record_event``) and its counter;
+2. ``create``: the pods to create (a new gang is dry-run first, with its Service and identity), then
+   ``created_event``; in place, the worker Role is rewritten with every pod's name (``role``);
+3. ``force_delete`` (grace 0: pods whose node is gone, no kubelet will confirm) and ``delete``;
+4. ``assign``: the next in-place attempt's assignment, then ``assigned_event``;
+5. ``status``: the final merge patch, then ``status_events`` (a commit, success);
+6. ``requeue_after``: look again after this many seconds (a backoff, old pods still draining).
+
+The only decisions left to the shell are those an API response makes: a refused create (``policy.create``
+classifies it: fail the job or retry with backoff) stops the steps after it.
+
+Which reads a decision needs is also decided here: ``look_at_nodes`` (a lost pod's nodes, fresh from the API,
+before a lost pod is counted as preempted or disrupted) and ``needs_placement`` (the nodes new pods must avoid,
+computed only when pods are about to be created). The shell reads them and decides again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from . import builders, events, observe
+from .events import Event
+from .models import TrainingJob
+from .policy.inplace import Assignment, InPlace, PodView, decide_inplace
+from .policy.restart import DISRUPTION, RestartPlan, decide_restart, lost_nodes, orphaned_pods
+
+WAIT_SECONDS = 2.0  # look again while old pods drain (their deletion events usually come first)
+
+
+@dataclass(frozen=True)
+class View:
+    """What a reconcile read: the job, its pods (cached compact pods or API objects, never written to), the
+    in-place assignment, the known nodes (None: node cache not primed), and the node facts the shell derived."""
+
+    job: TrainingJob
+    pods: Sequence[Mapping[str, Any]]
+    now: datetime
+    assignment: Assignment | None = None
+    known_nodes: Collection[str] | None = None
+    doomed: Collection[str] = ()  # nodes with an open notice for this job now
+    avoid: Sequence[str] = ()  # nodes new pods must avoid (only computed when ``needs_placement``)
+    placed: bool = False  # ``avoid`` was computed
+    looked: bool = False  # the lost pods' nodes were read fresh
+    last_commit_event: float | None = None  # when the job's last CheckpointCommitted Event was posted
+
+
+@dataclass(frozen=True)
+class Counter:
+    """A metric increment: ``restart`` by cause, or ``failed`` by reason."""
+
+    kind: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    job: TrainingJob  # the job the steps act on: as it is once ``record`` is written
+    plan: RestartPlan  # the decision (phase, attempt, conditions, message); what reconcile() returns
+    decided_at: float = 0.0  # epoch seconds (when a CheckpointCommitted Event in ``status_events`` is posted)
+    record: Mapping[str, Any] | None = None
+    record_event: Event | None = None
+    counter: Counter | None = None
+    create: tuple[Mapping[str, Any], ...] = ()
+    dry_run: bool = False  # a new gang: dry-run its first pod, create its Service and identity first
+    created_event: Event | None = None
+    role: bool = False  # in place: rewrite the worker Role with every pod's name after creating
+    force_delete: tuple[str, ...] = ()
+    delete: tuple[str, ...] = ()
+    assign: Assignment | None = None
+    assigned_event: Event | None = None
+    status: Mapping[str, Any] = field(default_factory=dict)
+    status_events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+    look_at_nodes: frozenset[str] = frozenset()  # read these nodes fresh and decide again
+    needs_placement: bool = False  # compute the nodes to avoid and decide again
+    log: str = ""  # what to log once the record is written
+
+
+def decide(view: View) -> Outcome:
+    """The whole outcome of one reconcile of ``view.job`` (see the module docstring for the order)."""
+    if view.job.spec.restart_mode == "InPlace":
+        return _in_place(view)
+    return _recreate(view)
+
+
+def _recreate(view: View) -> Outcome:
+    job, now = view.job, view.now
+    pods = [p for p in (observe.worker_pod(r, view.known_nodes) for r in view.pods) if p is not None]
+    plan = decide_restart(job, pods, view.avoid, now, view.doomed)
+    if plan.cause == DISRUPTION and not view.looked:
+        return Outcome(job, plan, look_at_nodes=frozenset(lost_nodes(pods)))
+    if plan.create and not view.placed:
+        return Outcome(job, plan, needs_placement=True)
+    job, record = _record(job, plan, now)
+    plan = dataclasses.replace(plan, cause=None)
+    orphans = orphaned_pods(pods, view.known_nodes)
+    create = tuple(builders.build_worker_pod(job, i, plan.attempt, plan.exclude_nodes) for i in plan.create)
+    created_event = None
+    if plan.new_attempt and create:
+        created_event = Event("AttemptStarted", f"attempt {plan.attempt}: created {len(create)} worker pod(s)"
+                              + (f" avoiding {', '.join(plan.exclude_nodes)}" if plan.exclude_nodes else ""))
+    status = observe.status_patch(job, plan, now, observe.progress(view.pods))
+    requeue = plan.requeue_after if plan.requeue_after is not None else (WAIT_SECONDS if plan.waiting else None)
+    return Outcome(job, plan, now.timestamp(), **record, create=create, dry_run=plan.new_attempt, created_event=created_event,
+                   force_delete=orphans, delete=tuple(n for n in plan.delete if n not in orphans), status=status,
+                   status_events=_status_events(job, status, view), requeue_after=requeue)
+
+
+def _in_place(view: View) -> Outcome:
+    job, now = view.job, view.now
+    pods = [v for v in (observe.pod_view(r, view.known_nodes) for r in view.pods) if v is not None]
+    plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed)
+    decided = extra.record or (plan if plan.cause else None)
+    if decided is not None and decided.cause == DISRUPTION and not view.looked:
+        return Outcome(job, plan, look_at_nodes=frozenset(
+            p.node for p in pods if p.node and (p.deleting or p.node_lost)))
+    if (plan.create or extra.create_workers or extra.create_spares) and not view.placed:
+        return Outcome(job, plan, needs_placement=True)
+    job, record = _record(job, decided, now)
+    plan = dataclasses.replace(plan, cause=None)
+    failed = decided is not None and decided.phase == "Failed"
+    create = () if failed else _pods_to_create(job, plan, extra)
+    first = view.assignment is None  # only the first attempt's pods are dry-run and announced on creation
+    created_event = None
+    if first and plan.new_attempt and create:
+        created_event = Event("AttemptStarted", f"attempt {plan.attempt}: created {len(create)} worker pod(s)"
+                              + (f" avoiding {', '.join(plan.exclude_nodes)}" if plan.exclude_nodes else ""))
+    assign, assigned_event = None, None
+    current = view.assignment
+    if not failed and extra.assign is not None and (current is None or extra.assign.attempt > current.attempt):
+        assign = extra.assign
+        if current is not None:  # a restart, not the first attempt
+            assigned_event = Event("AttemptStarted", plan.message)
+    orphans = orphaned_pods(pods, view.known_nodes)  # type: ignore[arg-type]  # PodView has .name and .node
+    status = observe.status_patch(job, plan, now, observe.progress(view.pods))
+    status.update(_inplace_status(job, pods, extra, plan, current))
+    return Outcome(job, plan, now.timestamp(), **record, create=create, dry_run=first and plan.new_attempt,
+                   created_event=created_event, role=bool(create),
+                   force_delete=orphans, delete=tuple(n for n in plan.delete if n not in orphans),
+                   assign=assign, assigned_event=assigned_event, status=status,
+                   status_events=_status_events(job, status, view), requeue_after=plan.requeue_after)
+
+
+def _record(job: TrainingJob, decided: RestartPlan | None, now: datetime) -> tuple[TrainingJob, dict[str, Any]]:
+    """A decided gang restart or failure: the status to write first, its Event and counter; and the job as it
+    is once that status is written (what the rest of the outcome is decided on)."""
+    if decided is None or not decided.cause:
+        return job, {}
+    patch = observe.status_patch(job, decided, now, None)
+    after = job.model_copy(update={"status": job.status.model_validate(
+        {**job.status.model_dump(by_alias=True), **patch})})
+    if decided.phase == "Failed":
+        reason = decided.conditions[0].reason if decided.conditions else "Failed"
+        event, counter = Event(reason, decided.message, "Warning"), Counter("failed", reason)
+    else:
+        event = Event("GangRestart", decided.message, "Normal" if decided.cause == "preemption" else "Warning")
+        counter = Counter("restart", decided.cause)
+    return after, {"record": patch, "record_event": event, "counter": counter, "log": decided.message}
+
+
+def _status_events(job: TrainingJob, patch: Mapping[str, Any], view: View) -> tuple[Event, ...]:
+    return tuple(events.for_status_change(job, patch, view.now.timestamp(), view.last_commit_event)) if patch else ()
+
+
+def _pods_to_create(job: TrainingJob, plan: RestartPlan, extra: InPlace) -> tuple[dict[str, Any], ...]:
+    pods = [builders.build_worker_pod(job, i, plan.attempt, plan.exclude_nodes) for i in plan.create]
+    nxt = plan.attempt + (0 if plan.new_attempt else 1)
+    pods += [builders.build_worker_pod(job, i, nxt, plan.exclude_nodes, name=f"{job.name}-{i}-")
+             for i in extra.create_workers]
+    pods += [builders.build_worker_pod(job, -1, plan.attempt, plan.exclude_nodes, name=f"{job.name}-spare-",
+                                       role="spare") for _ in range(extra.create_spares)]
+    return tuple(pods)
+
+
+def _inplace_status(job: TrainingJob, pods: list[PodView], extra: InPlace, plan: RestartPlan,
+                    assignment: Assignment | None = None) -> dict[str, Any]:
+    """``status.spares`` (ready/desired: a spare that took an index, in the current or the new assignment, is a
+    worker now) and, when an attempt starts in place, ``status.lastRestart``."""
+    out: dict[str, Any] = {}
+    workers = {*(assignment.processes if assignment else ()), *(extra.assign.processes if extra.assign else ())}
+    ready = sum(1 for p in pods if p.role == "spare" and p.ready and p.name not in workers)
+    spares = f"{ready}/{job.spec.spares}"
+    if job.spec.spares and job.status.spares != spares:
+        out["spares"] = spares
+    if extra.assign is not None and extra.assign.attempt > 1 and plan.new_attempt and extra.assign.attempt == \
+            plan.attempt:
+        out["lastRestart"] = {"attempt": extra.assign.attempt, "inPlace": len(extra.kept),
+                              "replaced": [{"index": r.index, "old": r.old, "new": r.new, "reason": r.reason}
+                                           for r in extra.replaced]}
+    return out

@@ -1,0 +1,226 @@
+"""decide(view) -> Outcome: one reconcile's whole outcome, both restart modes, as a table.
+
+Each row is a situation (the job's status, its pods as the cache holds them, the nodes) and what the outcome
+must say: the status written before anything destructive (and its Event and counter), the pods created, the
+Events after each step, what is force-deleted and deleted, the assignment, the final status patch and the
+requeue delay. The shell (``reconcile.apply_outcome``) only executes these in order.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from op_jobs import make_job
+from reprieve_operator.decide import WAIT_SECONDS, Counter, View, decide
+from reprieve_operator.events import Event
+from reprieve_operator.observe import compact_pod
+from reprieve_operator.policy.inplace import Assignment
+
+pytestmark = pytest.mark.unit
+NOW = datetime(2026, 11, 24, 6, 0, 0, tzinfo=UTC)
+RUN = {"phase": "Running", "attempt": 1, "attemptStartTime": "2026-11-24T05:00:00Z", "ready": "2/2",
+       "replicas": 2, "selector": "reprieve.dev/job-name=llama", "startTime": "2026-11-24T05:00:00Z"}
+
+
+def pod(name: str, index: int, attempt: int = 1, phase: str = "Running", code: int | None = None,
+        node: str | None = None, role: str | None = None, deleting: bool = False, ip: str | None = "10.0.0.1",
+        annotations: dict[str, Any] | None = None, created: str = "2026-11-24T05:00:00Z") -> dict[str, Any]:
+    labels = {"reprieve.dev/job-name": "llama", "reprieve.dev/attempt": str(attempt)}
+    if index >= 0:
+        labels["reprieve.dev/replica-index"] = str(index)
+    if role:
+        labels["reprieve.dev/role"] = role
+    status: dict[str, Any] = {"phase": phase, "podIP": ip}
+    if code is not None:
+        status["containerStatuses"] = [{"state": {"terminated": {"exitCode": code}}}]
+    meta: dict[str, Any] = {"name": name, "namespace": "ml", "labels": labels, "creationTimestamp": created,
+                            "annotations": {k: json.dumps(v) for k, v in (annotations or {}).items()}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-24T05:59:00Z"
+    return compact_pod({"metadata": meta, "spec": {"nodeName": node or f"n-{name}"}, "status": status})
+
+
+def job(status: dict[str, Any] | None = None, **spec: Any) -> Any:
+    body = make_job(name="llama", namespace="ml", **spec)
+    body["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "train.py"]
+    return body.with_status(**(status or {})).model()
+
+
+def nodes(*pods: dict[str, Any], extra: tuple[str, ...] = ()) -> set[str]:
+    return {p["spec"]["nodeName"] for p in pods} | set(extra)
+
+
+def exit_report(attempt: int, code: int) -> dict[str, Any]:
+    return {"reprieve.dev/exit": {"attempt": attempt, "code": code, "time": "2026-11-24T05:59:59Z"}}
+
+
+@dataclass
+class Row:
+    view: View
+    record: dict[str, Any] | None = None  # keys the crash-safety patch must hold (None: no record)
+    record_event: Event | None = None
+    counter: Counter | None = None
+    create: int = 0
+    dry_run: bool = False
+    created_event: str | None = None  # words in the AttemptStarted Event after creating
+    force_delete: tuple[str, ...] = ()
+    delete: tuple[str, ...] = ()
+    assign: int | None = None  # the attempt assigned
+    assigned_event: str | None = None
+    status: dict[str, Any] = field(default_factory=dict)  # keys the final patch must hold
+    status_events: tuple[str, ...] = ()  # their reasons
+    requeue: float | None = None
+    look: frozenset[str] = frozenset()
+    placement: bool = False
+
+
+def _view(j: Any, pods: list[dict[str, Any]], **kw: Any) -> View:
+    kw.setdefault("known_nodes", nodes(*pods))
+    kw.setdefault("placed", True)
+    kw.setdefault("looked", True)
+    return View(job=j, pods=pods, now=NOW, **kw)
+
+
+P0, P1 = pod("llama-0", 0), pod("llama-1", 1)
+ASSIGNED = Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476")
+IP_RUN = {**RUN}
+
+ROWS = {
+    "new job: pods created after a dry run, AttemptStarted, Pending": Row(
+        _view(job(), []), create=2, dry_run=True, created_event="attempt 1: created 2 worker pod(s)",
+        status={"phase": "Pending", "attempt": 1}),
+    "new job, placement not computed yet: ask for it": Row(
+        _view(job(), [], placed=False), placement=True),
+    "running: nothing to do, nothing to write": Row(_view(job(RUN), [P0, P1])),
+    "all exit 42: record first (counted once), GangRestart, delete all, wait for them": Row(
+        _view(job(RUN), [pod("llama-0", 0, phase="Failed", code=42), pod("llama-1", 1, phase="Failed", code=42)]),
+        record={"phase": "Restarting", "restarts": {"preemption": 1, "failure": 0, "disruption": 0},
+                "restartCount": 1, "restartingFrom": 1},
+        record_event=Event("GangRestart", "", "Normal"), counter=Counter("restart", "preemption"),
+        delete=("llama-0", "llama-1"), requeue=WAIT_SECONDS),
+    "a worker failed past the budget: record Failed, TooManyFailures Warning": Row(
+        _view(job({**RUN, "restarts": {"failure": 3}}), [pod("llama-0", 0, phase="Failed", code=1), P1]),
+        record={"phase": "Failed"}, record_event=Event("TooManyFailures", "", "Warning"),
+        counter=Counter("failed", "TooManyFailures"), delete=("llama-1",)),
+    "a lost pod, its node not read yet: read it first": Row(
+        _view(job(RUN), [pod("llama-0", 0, phase="Failed"), P1], looked=False),
+        look=frozenset({"n-llama-0"})),
+    "old pods gone, restarting: the next attempt avoiding the doomed node": Row(
+        _view(job({**RUN, "phase": "Restarting", "restartingFrom": 1}), [], avoid=("n-bad",)),
+        create=2, dry_run=True, created_event="avoiding n-bad",
+        status={"attempt": 2, "phase": "Pending"}),
+    "a pod on a deleted node: force-deleted (no kubelet will confirm)": Row(
+        _view(job(RUN), [P0, P1], known_nodes={"n-llama-1"}),
+        record={"phase": "Restarting"}, record_event=Event("GangRestart", "", "Warning"),
+        counter=Counter("restart", "disruption"), force_delete=("llama-0",), delete=("llama-1",),
+        requeue=WAIT_SECONDS),
+    "a rapid restart: backoff, looked at again when it runs out": Row(
+        _view(job({**RUN, "phase": "Restarting", "restartingFrom": 1, "rapidRestarts": 1,
+                   "nextAttemptTime": "2026-11-24T06:00:10Z"}), []),
+        status={"replicas": 0}, requeue=10.0),
+    "a commit reported: lastCheckpointStep, CheckpointCommitted Event": Row(
+        _view(job(RUN), [pod("llama-0", 0, annotations={"reprieve.dev/progress": {
+            "attempt": 1, "step": 120, "committedStep": 100, "time": "2026-11-24T05:59:58Z"}}), P1]),
+        status={"step": 120, "lastCheckpointStep": 100}, status_events=("CheckpointCommitted",)),
+    "a commit within the throttle: no second Event": Row(
+        _view(job(RUN), [pod("llama-0", 0, annotations={"reprieve.dev/progress": {
+            "attempt": 1, "step": 120, "committedStep": 100, "time": "2026-11-24T05:59:58Z"}}), P1],
+            last_commit_event=NOW.timestamp() - 10),
+        status={"lastCheckpointStep": 100}),
+    "all exit 0: Succeeded with its Event": Row(
+        _view(job(RUN), [pod("llama-0", 0, phase="Succeeded", code=0), pod("llama-1", 1, phase="Succeeded", code=0)]),
+        status={"phase": "Succeeded"}, status_events=("Succeeded",)),
+    # In place
+    "in place, new job: workers and a spare, dry run, assignment 1": Row(
+        _view(job(restartMode="InPlace", spares=1), []), create=3, dry_run=True,
+        created_event="attempt 1: created 3 worker pod(s)", assign=1, status={"phase": "Pending", "attempt": 1}),
+    "in place, both exit 42: record, keep both pods, assign attempt 2 at once": Row(
+        _view(job(RUN, restartMode="InPlace"), [pod("llama-0", 0, annotations=exit_report(1, 42)),
+                                                pod("llama-1", 1, annotations=exit_report(1, 42))],
+              assignment=ASSIGNED),
+        record={"phase": "Restarting", "restarts": {"preemption": 1, "failure": 0, "disruption": 0}},
+        record_event=Event("GangRestart", "", "Normal"), counter=Counter("restart", "preemption"),
+        assign=2, assigned_event="attempt 2: 2 worker(s) restarted in place",
+        status={"phase": "Running", "attempt": 2, "lastRestart": {"attempt": 2, "inPlace": 2, "replaced": []}}),
+    "in place, worker on a deleted node with a ready spare: the spare takes over, the orphan is force-deleted": Row(
+        _view(job(RUN, restartMode="InPlace", spares=1),
+              [pod("llama-0", 0, annotations=exit_report(1, 42)), pod("llama-1", 1),
+               pod("llama-spare-a", -1, role="spare", ip="10.0.0.9")],
+              assignment=ASSIGNED, known_nodes={"n-llama-0", "n-llama-spare-a"}),
+        record={"restarts": {"preemption": 0, "failure": 0, "disruption": 1}},
+        record_event=Event("GangRestart", "", "Warning"), counter=Counter("restart", "disruption"),
+        create=1, force_delete=("llama-1",), assign=2, assigned_event="spare llama-spare-a takes over",
+        status={"attempt": 2, "spares": "0/1"}),
+    "in place, an image without reprieve-run: Failed at once, everything deleted, nothing created": Row(
+        _view(job(RUN, restartMode="InPlace", spares=1),
+              [P0, {**P1, "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {
+                  "exitCode": 128, "reason": "StartError",
+                  "message": 'exec: "reprieve-run": executable file not found in $PATH'}}}]}, "_view": None}],
+              assignment=ASSIGNED),
+        record={"phase": "Failed"}, record_event=Event("SupervisorNotFound", "", "Warning"),
+        counter=Counter("failed", "SupervisorNotFound"), delete=("llama-0", "llama-1")),
+    "in place, all exit 0: Succeeded, its Event, spares go": Row(
+        _view(job(RUN, restartMode="InPlace", spares=1),
+              [pod("llama-0", 0, annotations=exit_report(1, 0)), pod("llama-1", 1, annotations=exit_report(1, 0)),
+               pod("llama-spare-a", -1, role="spare")], assignment=ASSIGNED),
+        delete=("llama-spare-a",), status={"phase": "Succeeded"}, status_events=("Succeeded",)),
+}
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_decide(name: str) -> None:
+    row = ROWS[name]
+    out = decide(row.view)
+    assert (out.look_at_nodes, out.needs_placement) == (row.look, row.placement), out
+    if row.look or row.placement:
+        return
+    if row.record is None:
+        assert out.record is None and out.record_event is None and out.counter is None, out.record
+    else:
+        assert out.record is not None and {k: out.record.get(k) for k in row.record} == row.record, out.record
+        assert out.record_event is not None and row.record_event is not None
+        assert (out.record_event.reason, out.record_event.type) == (row.record_event.reason, row.record_event.type)
+        assert out.counter == row.counter
+    assert (len(out.create), out.dry_run) == (row.create, row.dry_run), [p["metadata"] for p in out.create]
+    if row.created_event:
+        assert out.created_event is not None and out.created_event.reason == "AttemptStarted"
+        assert row.created_event in out.created_event.message, out.created_event
+    else:
+        assert out.created_event is None, out.created_event
+    assert (out.force_delete, tuple(sorted(out.delete))) == (row.force_delete, row.delete)
+    assert (out.assign.attempt if out.assign else None) == row.assign, out.assign
+    if row.assigned_event:
+        assert out.assigned_event is not None and row.assigned_event in out.assigned_event.message, out.assigned_event
+    else:
+        assert out.assigned_event is None, out.assigned_event
+    assert {k: out.status.get(k) for k in row.status} == row.status, out.status
+    assert tuple(e.reason for e in out.status_events) == row.status_events, out.status_events
+    assert out.requeue_after == pytest.approx(row.requeue) if row.requeue is not None else out.requeue_after is None
+
+
+def test_the_steps_after_a_record_see_the_recorded_status() -> None:
+    """The final patch is decided on the job as it is once the record is written: a restart is counted in the
+    record only, never again in the final patch."""
+    row = ROWS["in place, both exit 42: record, keep both pods, assign attempt 2 at once"]
+    out = decide(row.view)
+    assert out.record is not None and "restarts" in out.record and "restarts" not in out.status
+    assert out.job.status.restarts.preemption == 1 and out.job.status.phase == "Restarting"
+
+
+def test_nothing_in_a_view_is_written_to() -> None:
+    pods = [pod("llama-0", 0, phase="Failed", code=42), pod("llama-1", 1, phase="Failed", code=42)]
+    before = json.dumps([{k: v for k, v in p.items() if k != "_view"} for p in pods], sort_keys=True)
+    decide(_view(job(RUN), pods))
+    assert json.dumps([{k: v for k, v in p.items() if k != "_view"} for p in pods], sort_keys=True) == before
+
+
+def test_a_plan_that_waits_requeues_on_either_path() -> None:
+    """The kopf handler no longer raises TemporaryError to wait for old pods: the plan carries the delay."""
+    row = ROWS["all exit 42: record first (counted once), GangRestart, delete all, wait for them"]
+    waiting = replace(row.view, job=decide(row.view).job)  # the next pass: recorded, old pods still there
+    out = decide(waiting)
+    assert out.record is None and out.plan.waiting and out.requeue_after == WAIT_SECONDS
