@@ -89,8 +89,8 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
                        checkpoint_dir=ckpt, node_selector={"reprieve.bench/pool": slug},
                        extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"})
     body["spec"]["restartPolicy"]["maxFailures"] = 10
+    body["spec"]["restartMode"] = "InPlace" if in_place else "Recreate"
     if in_place:
-        body["spec"]["restartMode"] = "InPlace"
         body["spec"]["spares"] = spares
     if variant == "baseline":
         body["spec"]["preemption"] = {"enabled": False}

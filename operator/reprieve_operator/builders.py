@@ -55,7 +55,7 @@ def assignment_name(job: TrainingJob) -> str:
 
 
 def in_place(job: TrainingJob) -> bool:
-    return job.spec.restart_mode == "InPlace"
+    return job.spec.mode == "InPlace"
 
 
 def worker_env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Any]]:

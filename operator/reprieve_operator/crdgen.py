@@ -140,6 +140,7 @@ def build_crd() -> dict[str, Any]:
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         {"name": "Checkpoint", "type": "integer", "jsonPath": ".status.lastCheckpointStep", "priority": 1},
+        {"name": "Mode", "type": "string", "jsonPath": ".status.restartMode", "priority": 1},
     ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

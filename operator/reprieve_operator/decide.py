@@ -71,7 +71,7 @@ class Outcome:
     record: Mapping[str, Any] | None = None
     record_event: Event | None = None
     counter: Counter | None = None
-    create: tuple[Mapping[str, Any], ...] = ()
+    create: tuple[dict[str, Any], ...] = ()
     dry_run: bool = False  # a new gang: dry-run its first pod, create its Service and identity first
     created_event: Event | None = None
     role: bool = False  # in place: rewrite the worker Role with every pod's name after creating
@@ -89,7 +89,7 @@ class Outcome:
 
 def decide(view: View) -> Outcome:
     """The whole outcome of one reconcile of ``view.job`` (see the module docstring for the order)."""
-    if view.job.spec.restart_mode == "InPlace":
+    if view.job.spec.mode == "InPlace":
         return _in_place(view)
     return _recreate(view)
 

@@ -224,12 +224,18 @@ class ServiceAccountSpec(_Model):
 SPEC_RULES = [
     {"rule": "self.spares <= self.replicas", "fieldPath": ".spares",
      "message": "spares must be at most replicas (a spare replaces one worker; more would never be used)"},
-    {"rule": "self.spares == 0 || self.restartMode == 'InPlace'", "fieldPath": ".spares",
-     "message": "spares need restartMode InPlace (with Recreate every pod is created again anyway)"},
-    {"rule": "self.restartMode != 'InPlace' || has(self.template.spec.containers[0].command)",
+    {"rule": "self.spares == 0 || (has(self.restartMode) ? self.restartMode == 'InPlace' : "
+             "has(self.template.spec.containers[0].command))", "fieldPath": ".spares",
+     "message": "spares need restartMode InPlace (with Recreate every pod is created again anyway); InPlace is the "
+                "default only when the first container sets its command"},
+    {"rule": "!has(self.restartMode) || self.restartMode != 'InPlace' || "
+             "has(self.template.spec.containers[0].command)",
      "fieldPath": ".template",
      "message": "restartMode InPlace runs the first container under reprieve-run, so its command must be set "
                 "(the image's entrypoint cannot be wrapped); set the command, or restartMode: Recreate"},
+    {"rule": "has(oldSelf.restartMode) == has(self.restartMode)", "fieldPath": ".restartMode",
+     "message": "restartMode is immutable (it cannot be set or removed after creation: the default is decided "
+                "at creation)"},
 ]
 
 
@@ -258,12 +264,14 @@ class TrainingJobSpec(_Model):
                                   description="Port of process 0's JAX coordination service. Immutable.",
                                   json_schema_extra=_immutable("coordinatorPort"))
     suspend: bool = Field(default=False, description="Delete the workers but keep the job; resume later.")
-    restart_mode: Literal["InPlace", "Recreate"] = Field(
-        default="Recreate",  # InPlace becomes the default once the supervisor ships in the images
+    restart_mode: Literal["InPlace", "Recreate"] | None = Field(
+        default=None,
         description="InPlace: a gang restart keeps every worker pod whose node is healthy and starts the next "
                     "attempt's process inside it (the first container runs under reprieve-run, the runtime's "
                     "supervisor; its command must be set); only pods on doomed or lost nodes are replaced. "
-                    "Recreate: every pod is deleted and created again. Immutable.",
+                    "Recreate: every pod is deleted and created again. Default: InPlace when the first container "
+                    "sets its command, Recreate when it runs the image's entrypoint (which cannot be wrapped); "
+                    "status.restartMode says which. Immutable.",
         json_schema_extra=_immutable("restartMode"))
     spares: int = Field(
         default=0, ge=0, le=MAX_REPLICAS,
@@ -297,13 +305,26 @@ class TrainingJobSpec(_Model):
     def _restart_mode(self) -> TrainingJobSpec:
         if self.spares > self.replicas:
             raise ValueError(f"spares must be at most replicas ({self.replicas}), got {self.spares}")
-        if self.spares and self.restart_mode != "InPlace":
-            raise ValueError("spares need restartMode InPlace")
-        first = (self.template.get("spec") or {}).get("containers", [{}])[0]
-        if self.restart_mode == "InPlace" and not first.get("command"):
+        if self.spares and self.mode != "InPlace":
+            raise ValueError("spares need restartMode InPlace (the default only when the first container sets its "
+                             "command)")
+        if self.restart_mode == "InPlace" and not self.has_command:
             raise ValueError("template.spec.containers[0].command must be set for restartMode InPlace (the "
                              "operator runs it under reprieve-run); set the command, or restartMode: Recreate")
         return self
+
+    @property
+    def has_command(self) -> bool:
+        first = ((self.template.get("spec") or {}).get("containers") or [{}])[0]
+        return bool(isinstance(first, dict) and first.get("command"))
+
+    @property
+    def mode(self) -> Literal["InPlace", "Recreate"]:
+        """The restart mode in effect: ``restartMode``, else InPlace when the first container sets its command
+        (the operator can run it under reprieve-run), else Recreate (an image's entrypoint cannot be wrapped)."""
+        if self.restart_mode is not None:
+            return self.restart_mode
+        return "InPlace" if self.has_command else "Recreate"
 
     @model_validator(mode="after")
     def _identity(self) -> TrainingJobSpec:
@@ -407,6 +428,8 @@ class TrainingJobStatus(_Model):
                                                            "(the scale subresource's status replicas).")
     selector: str | None = Field(default=None, description="Label selector of the job's worker pods.")
     spares: str | None = Field(default=None, description="Ready spares / spec.spares (in-place mode).")
+    restart_mode: str | None = Field(default=None, description="The restart mode in effect (spec.restartMode, or "
+                                                               "its default for this template).")
     last_restart: LastRestart | None = Field(
         default=None, description="The last in-place restart: how many workers restarted in place, which were "
                                   "replaced, by which pod, and why.")

@@ -153,7 +153,7 @@ def workers(job: TrainingJob, raw_pods: Iterable[Mapping[str, Any]], assignment:
             known_nodes: Container[str] | None = None) -> list[WorkerPod]:
     """The job's workers as ``policy.restart``/``policy.notice`` see them: by their labels (Recreate), or, in
     place, the pods the current assignment lists, each at the assignment's attempt and index."""
-    if assignment is None or job.spec.restart_mode != "InPlace":
+    if assignment is None or job.spec.mode != "InPlace":
         return [p for p in (worker_pod(r, known_nodes) for r in raw_pods) if p is not None]
     from .policy.inplace import worker_view
 
@@ -258,6 +258,8 @@ def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
     selector = f"{LABEL_JOB}={job.name}"
     if st.selector != selector:
         patch["selector"] = selector
+    if st.restart_mode != job.spec.mode:
+        patch["restartMode"] = job.spec.mode
     if plan.phase in ("Succeeded", "Failed") and st.completion_time is None:
         patch["completionTime"] = rfc3339(now)
     conds = conditions_patch(job, plan, now)

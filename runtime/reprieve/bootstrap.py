@@ -242,7 +242,7 @@ def _join(config: RuntimeConfig) -> Coordinator:
         # JAX's preemption service installs its own C-level SIGTERM handler; reprieve owns SIGTERM.
         jax.config.update("jax_enable_preemption_service", False)
         timeout = config.init_timeout_seconds
-        if config.process_id != 0:
+        if config.process_id != 0 and config.coordinator_address:
             # gRPC backs off ~1 s after a refused first connection: a process that asks before process 0's
             # service listens (every restart: all processes start together) loses that second. Knock first.
             waited = await_listening(config.coordinator_address, timeout)

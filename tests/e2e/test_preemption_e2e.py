@@ -29,6 +29,7 @@ def submit(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, in
     body = example_job(name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
                        node_selector={"reprieve.test/pool": pool}, max_failures=max_failures,
                        extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **(extra_env or {})})
+    body["spec"]["restartMode"] = "Recreate"  # this file tests recreate-all; test_inplace_e2e the default
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
     return ckpt
 

@@ -56,6 +56,7 @@ def submit(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, in
     body = example_job(name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
                        node_selector={"reprieve.test/pool": pool}, image=cluster.real.images["example"].ref,
                        requests=REQUESTS, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"})
+    body["spec"]["restartMode"] = "Recreate"  # recreate-all on real nodes; the in-place test below sets InPlace
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
     return ckpt
 

@@ -123,6 +123,9 @@ def job_manifest(name: str, namespace: str, replicas: int = 2, mode: str = "wait
         "name": "trainer", "image": "python:3.11", "command": ["python", "-c", WORKER], "env": env}]}
     if tag:
         pod_spec["nodeSelector"] = {"reprieve-test": tag}
+    # These jobs run a stand-in worker, not the runtime: Recreate, said explicitly (with a command, the default
+    # would be InPlace, which runs the worker under reprieve-run; in-place has its own tests).
+    spec.setdefault("restartMode", "Recreate")
     return {"apiVersion": "reprieve.dev/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"replicas": replicas, "template": {"spec": pod_spec}, "checkpoint": {"uri": "/tmp/ckpt"},

@@ -27,6 +27,17 @@ def drop(key: str) -> Mutation:
     return lambda m: m["spec"].pop(key)
 
 
+def entrypoint_spares(m: dict[str, Any]) -> None:
+    m["spec"].pop("restartMode")
+    m["spec"]["spares"] = 1
+    m["spec"]["template"]["spec"]["containers"][0].pop("command")
+
+
+def no_command_in_place(m: dict[str, Any]) -> None:
+    m["spec"]["restartMode"] = "InPlace"
+    m["spec"]["template"]["spec"]["containers"][0].pop("command")
+
+
 # (case, mutation, text the rejection must contain)
 INVALID: list[tuple[str, Mutation, str]] = [
     ("no template", drop("template"), "spec.template: Required value"),
@@ -70,6 +81,13 @@ INVALID: list[tuple[str, Mutation, str]] = [
      "preemption.noticeSeconds values must be between 0 and 86400"),
     ("custom signal of unknown type", spec(preemption={"custom": [{"name": "x", "type": "Annotation", "key": "k"}]}),
      "spec.preemption.custom[0].type"),
+    ("spares negative", spec(spares=-1, restartMode="InPlace"), "spec.spares"),
+    ("spares more than replicas", spec(spares=3, restartMode="InPlace"), "spares must be at most replicas"),
+    ("spares with Recreate", spec(spares=1, restartMode="Recreate"), "spares need restartMode InPlace"),
+    ("spares with the image's entrypoint (the default is then Recreate)", entrypoint_spares,
+     "spares need restartMode InPlace"),
+    ("InPlace without a command", no_command_in_place, "its command must be set"),
+    ("an unknown restartMode", spec(restartMode="Restart"), "spec.restartMode"),
     ("name with a dot", lambda m: m["metadata"].update(name="llama.v2"), "metadata.name must be a DNS-1035 label"),
     ("name too long", lambda m: m["metadata"].update(name="a" * 43), "at most 42 characters"),
 ]
@@ -100,6 +118,32 @@ def test_immutable_fields(cluster: Any, chart: str, namespace: str, field: str, 
     assert out.returncode != 0 and message in out.stderr, out.stderr
     # Mutable fields still change.
     manifest = job_manifest("imm", namespace, suspend=False, restartPolicy={"maxFailures": 7})
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+
+def test_restart_mode_cannot_be_set_or_removed_after_creation(cluster: Any, chart: str, namespace: str) -> None:
+    """The default is decided at creation (InPlace with a command, else Recreate): adding or dropping the field
+    later would change the mode of a running job."""
+    manifest = job_manifest("mode", namespace, suspend=True)
+    manifest["spec"].pop("restartMode")
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    got = json.loads(cluster.kubectl("get", "tj", "mode", "-n", namespace, "-o", "json").stdout)["spec"]
+    assert "restartMode" not in got  # no server-side default: the operator decides it from the template
+    for later in ("Recreate", "InPlace"):
+        manifest["spec"]["restartMode"] = later
+        out = cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=False)
+        assert out.returncode != 0 and "restartMode is immutable" in out.stderr, out.stderr
+    explicit = job_manifest("mode2", namespace, suspend=True)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(explicit))
+    explicit["spec"].pop("restartMode")
+    out = cluster.kubectl("replace", "-f", "-", input=json.dumps({**explicit, "metadata": json.loads(
+        cluster.kubectl("get", "tj", "mode2", "-n", namespace, "-o", "json").stdout)["metadata"]}), check=False)
+    assert out.returncode != 0 and "restartMode is immutable" in out.stderr, out.stderr
+
+
+def test_spares_with_a_command_and_no_restart_mode_are_accepted(cluster: Any, chart: str, namespace: str) -> None:
+    manifest = job_manifest("sparedflt", namespace, suspend=True, spares=1)
+    manifest["spec"].pop("restartMode")  # a command: InPlace by default, so spares are fine
     cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
 
 

@@ -23,7 +23,8 @@ from reprieve_operator.policy.inplace import Assignment
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 11, 24, 6, 0, 0, tzinfo=UTC)
 RUN = {"phase": "Running", "attempt": 1, "attemptStartTime": "2026-11-24T05:00:00Z", "ready": "2/2",
-       "replicas": 2, "selector": "reprieve.dev/job-name=llama", "startTime": "2026-11-24T05:00:00Z"}
+       "replicas": 2, "selector": "reprieve.dev/job-name=llama", "startTime": "2026-11-24T05:00:00Z",
+       "restartMode": "Recreate"}
 
 
 def pod(name: str, index: int, attempt: int = 1, phase: str = "Running", code: int | None = None,
@@ -45,6 +46,7 @@ def pod(name: str, index: int, attempt: int = 1, phase: str = "Running", code: i
 
 
 def job(status: dict[str, Any] | None = None, **spec: Any) -> Any:
+    spec.setdefault("restartMode", "Recreate")  # the rows say which mode; the default is tested apart
     body = make_job(name="llama", namespace="ml", **spec)
     body["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "train.py"]
     return body.with_status(**(status or {})).model()
@@ -139,7 +141,7 @@ ROWS = {
         _view(job(restartMode="InPlace", spares=1), []), create=3, dry_run=True,
         created_event="attempt 1: created 3 worker pod(s)", assign=1, status={"phase": "Pending", "attempt": 1}),
     "in place, both exit 42: record, keep both pods, assign attempt 2 at once": Row(
-        _view(job(RUN, restartMode="InPlace"), [pod("llama-0", 0, annotations=exit_report(1, 42)),
+        _view(job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace"), [pod("llama-0", 0, annotations=exit_report(1, 42)),
                                                 pod("llama-1", 1, annotations=exit_report(1, 42))],
               assignment=ASSIGNED),
         record={"phase": "Restarting", "restarts": {"preemption": 1, "failure": 0, "disruption": 0}},
@@ -147,7 +149,7 @@ ROWS = {
         assign=2, assigned_event="attempt 2: 2 worker(s) restarted in place",
         status={"phase": "Running", "attempt": 2, "lastRestart": {"attempt": 2, "inPlace": 2, "replaced": []}}),
     "in place, worker on a deleted node with a ready spare: the spare takes over, the orphan is force-deleted": Row(
-        _view(job(RUN, restartMode="InPlace", spares=1),
+        _view(job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace", spares=1),
               [pod("llama-0", 0, annotations=exit_report(1, 42)), pod("llama-1", 1),
                pod("llama-spare-a", -1, role="spare", ip="10.0.0.9")],
               assignment=ASSIGNED, known_nodes={"n-llama-0", "n-llama-spare-a"}),
@@ -156,7 +158,7 @@ ROWS = {
         create=1, force_delete=("llama-1",), assign=2, assigned_event="spare llama-spare-a takes over",
         status={"attempt": 2, "spares": "0/1"}),
     "in place, an image without reprieve-run: Failed at once, everything deleted, nothing created": Row(
-        _view(job(RUN, restartMode="InPlace", spares=1),
+        _view(job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace", spares=1),
               [P0, {**P1, "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {
                   "exitCode": 128, "reason": "StartError",
                   "message": 'exec: "reprieve-run": executable file not found in $PATH'}}}]}, "_view": None}],
@@ -164,7 +166,7 @@ ROWS = {
         record={"phase": "Failed"}, record_event=Event("SupervisorNotFound", "", "Warning"),
         counter=Counter("failed", "SupervisorNotFound"), delete=("llama-0", "llama-1")),
     "in place, all exit 0: Succeeded, its Event, spares go": Row(
-        _view(job(RUN, restartMode="InPlace", spares=1),
+        _view(job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace", spares=1),
               [pod("llama-0", 0, annotations=exit_report(1, 0)), pod("llama-1", 1, annotations=exit_report(1, 0)),
                pod("llama-spare-a", -1, role="spare")], assignment=ASSIGNED),
         delete=("llama-spare-a",), status={"phase": "Succeeded"}, status_events=("Succeeded",)),
@@ -224,3 +226,21 @@ def test_a_plan_that_waits_requeues_on_either_path() -> None:
     waiting = replace(row.view, job=decide(row.view).job)  # the next pass: recorded, old pods still there
     out = decide(waiting)
     assert out.record is None and out.plan.waiting and out.requeue_after == WAIT_SECONDS
+
+
+@pytest.mark.parametrize("command,mode,effective", [
+    (["python", "train.py"], None, "InPlace"),  # the default when the command can be wrapped
+    (None, None, "Recreate"),  # the image's entrypoint cannot be wrapped
+    (["python", "train.py"], "Recreate", "Recreate"),
+    (["python", "train.py"], "InPlace", "InPlace"),
+])
+def test_the_restart_mode_in_effect_and_its_status(command: list[str] | None, mode: str | None,
+                                                   effective: str) -> None:
+    body = make_job(name="llama", namespace="ml", **({"restartMode": mode} if mode else {}))
+    if command:
+        body["spec"]["template"]["spec"]["containers"][0]["command"] = command
+    j = body.model()
+    assert j.spec.mode == effective
+    out = decide(View(job=j, pods=[], now=NOW, known_nodes=set(), placed=True, looked=True))
+    assert out.status["restartMode"] == effective
+    assert (out.assign is not None) == (effective == "InPlace")  # in place: the first assignment is written

@@ -68,12 +68,14 @@ def test_status_patch_counts_a_restart_once_and_is_empty_when_nothing_changes() 
     assert patch["restarts"] == {"preemption": 0, "failure": 1, "disruption": 0} and patch["restartCount"] == 1
     assert patch["conditions"][0]["reason"] == "Failure"
     steady = make_job(replicas=2).with_status(phase="Running", attempt=1, ready="2/2", replicas=2,
-                                              selector="reprieve.dev/job-name=llama").model()
+                                              selector="reprieve.dev/job-name=llama",
+                                              restartMode="Recreate").model()
     running = [WorkerPod("llama-0", 0, 1), WorkerPod("llama-1", 1, 1)]
     assert status_patch(steady, decide_restart(steady, running), NOW) == {}
     fresh = make_job(replicas=2).with_status(phase="Running", attempt=1, ready="2/2").model()
     assert status_patch(fresh, decide_restart(fresh, running), NOW) == {
-        "replicas": 2, "selector": "reprieve.dev/job-name=llama"}  # the scale subresource's fields
+        "replicas": 2, "selector": "reprieve.dev/job-name=llama",  # the scale subresource's fields
+        "restartMode": "Recreate"}  # the mode in effect (no command: the image's entrypoint cannot be wrapped)
 
 
 def test_status_patch_records_a_new_attempt_and_progress() -> None:
