@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from .. import SUPERVISOR
+from .. import CONTRACT_VERSION, SUPERVISOR
 from ..models import TrainingJob
 from ..signals import parse_time
 from .restart import (
@@ -44,7 +44,6 @@ from .restart import (
 )
 
 __all__ = ["Assignment", "InPlace", "PodView", "Replacement", "decide_inplace"]
-CONTRACT = 1
 
 
 @dataclass(frozen=True)
@@ -137,12 +136,12 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
         return RestartPlan(phase="Suspended", attempt=st.attempt, delete=alive,
                            conditions=(Condition("Suspended", "True", "Suspended", "spec.suspend is true"),)), \
             InPlace()
-    mismatch = [p for p in pods if p.contract is not None and p.contract != CONTRACT]
+    mismatch = [p for p in pods if p.contract is not None and p.contract != CONTRACT_VERSION]
     if mismatch:
         p = mismatch[0]
-        msg = (f"the supervisor in pod {p.name} speaks contract version {p.contract}, this operator {CONTRACT}: the "
-               f"image's reprieve runtime and the operator must match (upgrade one of them, or set restartMode: "
-               f"Recreate)")
+        msg = (f"the supervisor in pod {p.name} speaks contract version {p.contract}, this operator "
+               f"{CONTRACT_VERSION}: the image's reprieve runtime and the operator must match (upgrade one of them, "
+               f"or set restartMode: Recreate)")
         failed = RestartPlan(phase="Failed", attempt=st.attempt, delete=alive, cause=FAILURE, message=msg,
                              conditions=(Condition("Failed", "True", "ContractMismatch", msg),))
         return failed, InPlace()
