@@ -106,14 +106,12 @@ def _recreate(view: View) -> Outcome:
     plan = dataclasses.replace(plan, cause=None)
     orphans = orphaned_pods(pods, view.known_nodes)
     create = tuple(builders.build_worker_pod(job, i, plan.attempt, plan.exclude_nodes) for i in plan.create)
-    created_event = None
-    if plan.new_attempt and create:
-        created_event = Event("AttemptStarted", f"attempt {plan.attempt}: created {len(create)} worker pod(s)"
-                              + (f" avoiding {', '.join(plan.exclude_nodes)}" if plan.exclude_nodes else ""))
+    created_event = _attempt_started(plan, len(create)) if plan.new_attempt and create else None
     status = observe.status_patch(job, plan, now, observe.progress(view.pods))
     requeue = plan.requeue_after if plan.requeue_after is not None else (WAIT_SECONDS if plan.waiting else None)
-    return Outcome(job, plan, now.timestamp(), **record, create=create, dry_run=plan.new_attempt, created_event=created_event,
-                   force_delete=orphans, delete=tuple(n for n in plan.delete if n not in orphans), status=status,
+    return Outcome(job, plan, now.timestamp(), **record, create=create, dry_run=plan.new_attempt,
+                   created_event=created_event, force_delete=orphans,
+                   delete=tuple(n for n in plan.delete if n not in orphans), status=status,
                    status_events=_status_events(job, status, view), requeue_after=requeue)
 
 
@@ -132,17 +130,14 @@ def _in_place(view: View) -> Outcome:
     failed = decided is not None and decided.phase == "Failed"
     create = () if failed else _pods_to_create(job, plan, extra)
     first = view.assignment is None  # only the first attempt's pods are dry-run and announced on creation
-    created_event = None
-    if first and plan.new_attempt and create:
-        created_event = Event("AttemptStarted", f"attempt {plan.attempt}: created {len(create)} worker pod(s)"
-                              + (f" avoiding {', '.join(plan.exclude_nodes)}" if plan.exclude_nodes else ""))
+    created_event = _attempt_started(plan, len(create)) if first and plan.new_attempt and create else None
     assign, assigned_event = None, None
     current = view.assignment
     if not failed and extra.assign is not None and (current is None or extra.assign.attempt > current.attempt):
         assign = extra.assign
         if current is not None:  # a restart, not the first attempt
             assigned_event = Event("AttemptStarted", plan.message)
-    orphans = orphaned_pods(pods, view.known_nodes)  # type: ignore[arg-type]  # PodView has .name and .node
+    orphans = orphaned_pods(pods, view.known_nodes)
     status = observe.status_patch(job, plan, now, observe.progress(view.pods))
     status.update(_inplace_status(job, pods, extra, plan, current))
     return Outcome(job, plan, now.timestamp(), **record, create=create, dry_run=first and plan.new_attempt,
@@ -150,6 +145,12 @@ def _in_place(view: View) -> Outcome:
                    force_delete=orphans, delete=tuple(n for n in plan.delete if n not in orphans),
                    assign=assign, assigned_event=assigned_event, status=status,
                    status_events=_status_events(job, status, view), requeue_after=plan.requeue_after)
+
+
+def _attempt_started(plan: RestartPlan, pods: int) -> Event:
+    """The Event of a new gang's pods, once they exist."""
+    return Event("AttemptStarted", f"attempt {plan.attempt}: created {pods} worker pod(s)"
+                 + (f" avoiding {', '.join(plan.exclude_nodes)}" if plan.exclude_nodes else ""))
 
 
 def _record(job: TrainingJob, decided: RestartPlan | None, now: datetime) -> tuple[TrainingJob, dict[str, Any]]:

@@ -136,24 +136,11 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
         return RestartPlan(phase="Suspended", attempt=st.attempt, delete=alive,
                            conditions=(Condition("Suspended", "True", "Suspended", "spec.suspend is true"),)), \
             InPlace()
-    mismatch = [p for p in pods if p.contract is not None and p.contract != CONTRACT_VERSION]
-    if mismatch:
-        p = mismatch[0]
-        msg = (f"the supervisor in pod {p.name} speaks contract version {p.contract}, this operator "
-               f"{CONTRACT_VERSION}: the image's reprieve runtime and the operator must match (upgrade one of them, "
-               f"or set restartMode: Recreate)")
+    refusal = _cannot_run(pods)
+    if refusal is not None:
+        reason, msg = refusal
         failed = RestartPlan(phase="Failed", attempt=st.attempt, delete=alive, cause=FAILURE, message=msg,
-                             conditions=(Condition("Failed", "True", "ContractMismatch", msg),))
-        return failed, InPlace()
-
-    unstartable = [p for p in pods if p.start_error and SUPERVISOR in p.start_error]
-    if unstartable:
-        p = unstartable[0]
-        msg = (f"pod {p.name} could not start {SUPERVISOR} ({p.start_error}): restartMode InPlace runs the "
-               f"container's command under {SUPERVISOR}, from the reprieve runtime package; install it in the "
-               f"image (pip install reprieve), or set restartMode: Recreate")
-        failed = RestartPlan(phase="Failed", attempt=st.attempt, delete=alive, cause=FAILURE, message=msg,
-                             conditions=(Condition("Failed", "True", "SupervisorNotFound", msg),))
+                             conditions=(Condition("Failed", "True", reason, msg),))
         return failed, InPlace()
 
     fresh_start = st.attempt == 0 and all(p.attempt <= 1 for p in pods)
@@ -208,6 +195,24 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
         "restarting_from": attempt, "next_attempt_time": _rfc(record.next_attempt_time)})})
     plan, extra = _next_attempt(restarting, pods, workers, attempt, avoid, doomed_nodes, now)
     return plan, replace(extra, record=record)
+
+
+def _cannot_run(pods: Sequence[PodView]) -> tuple[str, str] | None:
+    """A pod whose supervisor can never run this job, so no restart helps: (condition reason, message), or None.
+    A supervisor of another contract version, or an image without ``reprieve-run`` (the kubelet's StartError)."""
+    for p in pods:
+        if p.contract is not None and p.contract != CONTRACT_VERSION:
+            return "ContractMismatch", (
+                f"the supervisor in pod {p.name} speaks contract version {p.contract}, this operator "
+                f"{CONTRACT_VERSION}: the image's reprieve runtime and the operator must match (upgrade one of "
+                f"them, or set restartMode: Recreate)")
+    for p in pods:
+        if p.start_error and SUPERVISOR in p.start_error:
+            return "SupervisorNotFound", (
+                f"pod {p.name} could not start {SUPERVISOR} ({p.start_error}): restartMode InPlace runs the "
+                f"container's command under {SUPERVISOR}, from the reprieve runtime package; install it in the "
+                f"image (pip install reprieve), or set restartMode: Recreate")
+    return None
 
 
 def stragglers(job: TrainingJob, workers: Sequence[PodView], attempt: int, now: datetime | None) -> Verdict | None:

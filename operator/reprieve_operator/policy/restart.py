@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from ..models import TrainingJob
 from ..signals import parse_time
@@ -266,7 +267,17 @@ def lost_nodes(pods: Iterable[WorkerPod]) -> set[str]:
                                                  or (p.phase == "Failed" and p.exit_code is None))}
 
 
-def orphaned_pods(pods: Iterable[WorkerPod], known_nodes: Collection[str] | None) -> tuple[str, ...]:
+class _OnNode(Protocol):
+    """A pod as either policy sees it (``WorkerPod``, ``PodView``): its name and node."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def node(self) -> str | None: ...
+
+
+def orphaned_pods(pods: Iterable[_OnNode], known_nodes: Collection[str] | None) -> tuple[str, ...]:
     """Pods bound to a Node that no longer exists: force-delete them (grace 0).
 
     No kubelet will confirm their graceful deletion, so a gang restart would otherwise wait for the pod
