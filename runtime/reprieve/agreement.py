@@ -96,6 +96,7 @@ class Agreement:
         poll_s: float = 1.0,
         clock: Callable[[], float] = time.time,
         on_target: Callable[[Target], None] | None = None,
+        hold_until_loop: bool = False,
     ) -> None:
         self.coordinator = coordinator
         self.pid = coordinator.process_id
@@ -126,6 +127,10 @@ class Agreement:
         self._retry: list[Notice] = []  # claim failed: re-offered by the watcher every poll
         self._retry_saves: list[str] = []  # save rounds to claim (request_save), claimed by the watcher
         self._replanned: set[int] = set()  # rounds whose plan this process asked to re-plan
+        # Notices this process learnt before its loop began (restore still running): offered at the loop's
+        # first step, when the ack can carry the step it starts from and the restored checkpoint's timings.
+        self._holding = hold_until_loop
+        self._held: list[Notice] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -178,6 +183,17 @@ class Agreement:
                     log.info("process %d: agreed save step %d is before the loop's first step %d: saving at %d",
                              self.pid, self._target.plan.final_step, start, moved.plan.final_step)
                 self._target = moved
+            held = self._release()
+        for notice in held:
+            self.offer(notice)
+
+    def _release(self) -> list[Notice]:
+        """Under the lock: stop holding notices; return the held ones (the caller offers them, unlocked)."""
+        if not self._holding:
+            return []
+        self._holding = False
+        held, self._held = self._held, []
+        return held
 
     def decide(self, step: int) -> str | None:
         """Record that the loop decides about ``step`` now; return ``"final"``, ``"early"`` or None.
@@ -188,6 +204,7 @@ class Agreement:
             AgreementError: the round failed or did not finish in time.
         """
         with self._cond:
+            held = self._release() if self._holding else []  # a loop of its own, without Job.steps()
             if self._gate is not None and step > self._acked:
                 self._wait_gate(step)
             if self._error is not None:
@@ -199,6 +216,8 @@ class Agreement:
                 self._saves.discard(step)
             if target is not None and target.deadline_known and self._gate is None:
                 self._maybe_replan(target, step)
+        for notice in held:
+            self.offer(notice)
         if target is not None and step == target.plan.final_step:
             return FINAL
         if target is not None and step == target.plan.early_step:
@@ -250,6 +269,13 @@ class Agreement:
     def offer(self, notice: Notice) -> None:
         """Publish ``notice`` to all processes unless it is known or brings nothing new. Not signal-safe."""
         with self._cond:
+            if self._holding:
+                if all(n.id != notice.id for n in self._held):
+                    self._held.append(notice)
+                    log.info("process %d: notice %s held until the training loop begins (nothing can be saved "
+                             "before it; the plan then knows the first step and the restored step time)",
+                             self.pid, notice.id)
+                return
             if notice.id in self._seen:
                 log.debug("notice %s already known; ignored", notice.id)
                 return

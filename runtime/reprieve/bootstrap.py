@@ -91,7 +91,7 @@ def init(
         metrics.set("reprieve_notice_lead_seconds", notice.lead_seconds)
 
     agreement = Agreement(coordinator, attempt=config.attempt, timeout_s=config.agreement_timeout_seconds,
-                          countdown=countdown, on_target=on_target)
+                          countdown=countdown, on_target=on_target, hold_until_loop=True)
     sigterm: SigtermSource | None = None
 
     def idle_check() -> None:  # about once a second on the hub thread

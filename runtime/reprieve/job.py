@@ -35,6 +35,19 @@ log = logging.getLogger(__name__)
 STEP_EMA_WEIGHT = 0.1  # weight of the newest step in the step-time moving average
 
 
+def timing_of(record: Any) -> tuple[float | None, float | None]:
+    """``(step_seconds, save_seconds)`` that the attempt which wrote a checkpoint measured (its ``reprieve``
+    record's ``stepSeconds`` and ``saveSeconds``), each None when absent or not a positive finite number: a
+    checkpoint written by an older runtime, or before any step or save was timed."""
+    def positive(value: Any) -> float | None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value) if 0 < value < float("inf") else None
+    if not isinstance(record, dict):
+        return None, None
+    return positive(record.get("stepSeconds")), positive(record.get("saveSeconds"))
+
+
 class Checkpointer(Protocol):
     """What a :class:`Job` needs from a checkpoint manager (``reprieve.checkpoint.CheckpointManager``).
 
@@ -111,6 +124,7 @@ class Job:
         self._decided = -1  # the last step save() or should_stop() decided about
         self._stop_step: int | None = None  # should_stop() returned True for it
         self._step_ema: float | None = None
+        self._skip_first_step = False  # the EMA was seeded from the checkpoint: the first step is compilation
         self.loop = LoopProgress()  # read by the progress reporter and the metrics exporter's threads
         self._last_save_at = time.monotonic()  # process 0's clock for the time-based interval
         # saves: _last_saved started, _pending not yet confirmed; _committed is also advanced by on_commit
@@ -180,12 +194,30 @@ class Job:
                             step)
             data_mod.restore_into(data, value)
         self._last_saved = self._committed = step
+        self._seed_estimates(extra.get("reprieve"))
         self.loop.restore_seconds = seconds = time.perf_counter() - t0
         self.metrics.observe("reprieve_restore_seconds", seconds)
         self.metrics.set("reprieve_last_committed_step", step)
         log.info("restored step %d from %s: resuming at step %d", step, self.config.checkpoint_uri, step + 1)
         user_extra = {k: v for k, v in extra.items() if k != "reprieve"}
         return Restored(restored, step + 1, data=value, extra=user_extra, step=step)
+
+    def _seed_estimates(self, record: Any) -> None:
+        """Start the countdown's step and save times from what the attempt that wrote the restored checkpoint
+        measured. Without them a notice that arrives before this attempt timed a step (a restart onto a node
+        that is already doomed, a second notice right after a restart) must plan "save at the earliest step"
+        and exit at once, though its deadline may leave tens of seconds of training. The first step of this
+        attempt (compilation) does not enter the moving average; the next ones replace the seed, and a plan
+        made with it is agreed again if the steps turn out slower (``countdown.behind_plan``)."""
+        step_s, save_s = timing_of(record)
+        if step_s is not None:
+            self._step_ema = step_s
+            self._skip_first_step = True
+            self.loop.step_seconds = step_s
+        self.agreement.report(step_seconds=step_s, save_seconds=save_s)
+        if step_s is not None or save_s is not None:
+            log.info("estimates from the checkpoint's attempt: step %s s, save %s s",
+                     "?" if step_s is None else f"{step_s:.3f}", "?" if save_s is None else f"{save_s:.3f}")
 
     # -- loop ------------------------------------------------------------------------------------------
     def steps(self, start: int, total: int | None = None) -> Iterator[int]:
@@ -246,10 +278,13 @@ class Job:
         self.phase = phase
 
     def _observe_step(self, seconds: float, step: int) -> None:
+        self.metrics.pending_steps.append(seconds)  # a deque: observed into the histogram at scrape time
+        if self._skip_first_step:  # compilation: the seeded estimate stands until a real step is timed
+            self._skip_first_step = False
+            return
         ema = self._step_ema
         self._step_ema = seconds if ema is None else ema + STEP_EMA_WEIGHT * (seconds - ema)
         self.loop.step_seconds = self._step_ema
-        self.metrics.pending_steps.append(seconds)  # a deque: observed into the histogram at scrape time
         self.agreement.report(step_seconds=self._step_ema)
         if step % 16 == 0:  # the exporter needs no more; a metrics update costs a lock
             self.metrics.set("reprieve_step_average_seconds", self._step_ema)
@@ -307,7 +342,12 @@ class Job:
     # -- saving ------------------------------------------------------------------------------------------
     def _start_save(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any, kind: str) -> None:
         self._confirm_pending()
-        record = {"reprieve": {"step": step, "kind": kind, "attempt": self.config.attempt}}
+        record: dict[str, Any] = {"reprieve": {"step": step, "kind": kind, "attempt": self.config.attempt}}
+        # what this attempt measured: the next attempt's countdown starts from it (_seed_estimates)
+        save_s = getattr(self.checkpointer, "last_save_seconds", None)
+        for key, value in (("stepSeconds", self._step_ema), ("saveSeconds", save_s)):
+            if isinstance(value, int | float) and value > 0:
+                record["reprieve"][key] = round(float(value), 4)
         target = self.agreement.target
         if target is not None:
             record["reprieve"]["notice"] = target.notice.id

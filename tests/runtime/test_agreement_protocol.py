@@ -303,3 +303,42 @@ def test_a_re_plan_of_a_superseded_plan_is_ignored() -> None:
         assert group[0].target.round == 1 and group[0].target.notice.id == "short"  # type: ignore[union-attr]
     finally:
         group[0].close()
+
+
+def test_a_notice_before_the_loop_begins_is_held_and_planned_from_the_first_step() -> None:
+    """A restarted process learns of a notice during its restore: nothing can be saved before its loop's first
+    step, so it claims no round until then; the plan then starts at the first step, with the step time the
+    restore seeded (a plan made at once would have had neither)."""
+    group = agreements(2, hold_until_loop=True)
+    try:
+        group[0].offer(notice("n1", 60.0))
+        time.sleep(0.3)
+        assert all(a.target is None for a in group)  # held: no round was claimed
+        group[1].report(step_seconds=0.1, save_seconds=0.2)  # what Job.restore_or seeds
+        group[1].begin(40)
+        group[0].report(step_seconds=0.1, save_seconds=0.2)
+        group[0].begin(40)  # offers the held notice: one round, led by process 0
+        for a in group:
+            wait_target(a)
+        plan = group[0].target.plan  # type: ignore[union-attr]
+        assert group[1].target.plan == plan  # type: ignore[union-attr]
+        assert plan.early_step == 40 and plan.final_step > 300, plan  # trains on: 60 s left at 0.1 s a step
+    finally:
+        for a in group:
+            a.close()
+
+
+def test_a_loop_without_job_steps_releases_held_notices_at_its_first_decision() -> None:
+    (agreement,) = agreements(1, hold_until_loop=True)
+    try:
+        agreement.offer(notice("n1", 0.0))
+        time.sleep(0.2)
+        assert agreement.target is None
+        assert agreement.decide(7) is None  # offers the held notice: the plan is the next step
+        wait_target(agreement)
+        assert agreement.target.plan.final_step == 8  # type: ignore[union-attr]
+        agreement.offer(notice("n1", 0.0))  # already known once offered: not held again, not a new round
+        time.sleep(0.2)
+        assert agreement.target.round == 0  # type: ignore[union-attr]
+    finally:
+        agreement.close()

@@ -38,24 +38,54 @@ def test_sigterm_saves_exits_42_and_the_restart_resumes_from_it(tmp_path: Path) 
     assert (tmp_path / "done-0").read_text() == "400.0"  # x counts every step exactly once across the restart
 
 
-def test_a_notice_present_at_start_up_saves_at_the_first_step_after_the_restore(tmp_path: Path) -> None:
+def _doomed_restart(tmp_path: Path, *, deadline_in: float, steps: int, step_seconds: float) -> object:
+    """Restart the gang (attempt 2) onto a node that is already doomed: the notice is there before the loop
+    starts, ``deadline_in`` seconds away."""
     import time
 
     from tests.runtime.helpers_agreement import write_notice_file
 
-    first = launch(tmp_path, 1, steps=20, step_seconds=0.0)
-    assert first.wait(60) == [0], first.tail()  # a committed checkpoint at step 19
-    deadline = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 25))
+    deadline = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + deadline_in))
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    # The restarted gang lands on a node that is already doomed: the notice is there before the loop starts.
     write_notice_file(tmp_path / "annotations-0", {"id": "n1", "reason": "gke-spot", "node": "x",
                                                     "deadline": deadline, "observedAt": now})
-    again = launch(tmp_path, 1, steps=400, step_seconds=0.02, notice_file=True,
-                   extra_env={"REPRIEVE_ATTEMPT": "2", "REPRIEVE_SAVE_SECONDS_ESTIMATE": "30"})
+    return launch(tmp_path, 1, steps=steps, step_seconds=step_seconds, notice_file=True,
+                  extra_env={"REPRIEVE_ATTEMPT": "2", "REPRIEVE_SAVE_SECONDS_ESTIMATE": "30"})
+
+
+def test_a_notice_present_at_start_up_saves_at_the_first_step_when_no_step_time_is_known(tmp_path: Path) -> None:
+    first = launch(tmp_path, 1, steps=1, step_seconds=0.0)
+    assert first.wait(60) == [0], first.tail()  # step 0 committed; one step: none was timed
+    again = _doomed_restart(tmp_path, deadline_in=25, steps=400, step_seconds=0.02)
     assert again.wait(60) == [42], again.tail()
     log = again.logs[0].read_text()
-    assert "resuming at step 20" in log
-    assert "saving agreed step 20 " in log, again.tail()
+    assert "resuming at step 1" in log
+    assert "estimates from the checkpoint" not in log
+    assert "step time unknown: save at the earliest step" in log, again.tail()
+    assert "saving agreed step 1 " in log, again.tail()
+
+
+def test_a_notice_at_start_up_trains_to_its_deadline_with_the_step_time_the_checkpoint_recorded(
+        tmp_path: Path) -> None:
+    """The restored checkpoint carries the step and save times its attempt measured, so a notice that comes
+    before the new attempt timed a step plans with them: first save at once, then train until shortly before
+    the deadline, instead of exiting at once (and waiting for a replacement pod) with most of the notice left."""
+    import re
+
+    first = launch(tmp_path, 1, steps=40, step_seconds=0.05, interval=10)
+    assert first.wait(60) == [0], first.tail()  # steps timed at ~0.05 s, saves measured
+    again = _doomed_restart(tmp_path, deadline_in=14, steps=4000, step_seconds=0.05)
+    assert again.wait(60) == [42], again.tail()
+    log = again.logs[0].read_text()
+    assert "resuming at step 40" in log
+    seeded = re.search(r"estimates from the checkpoint's attempt: step ([0-9.]+) s, save ([0-9.]+) s", log)
+    assert seeded and 0.04 <= float(seeded.group(1)) <= 0.5 and float(seeded.group(2)) < 30, again.tail()
+    assert "first save at once" in log, again.tail()
+    final = int(re.search(r"saving agreed step (\d+) ", log).group(1))  # type: ignore[union-attr]
+    assert final >= 60, again.tail()  # trained on (with the default estimates it would save step 40 and exit)
+    assert 40 in again.saved() and final in again.saved()
+    assert re.search(r"committed on all 1 process\(es\), [0-9.]+s after the notice, [0-9.]+s before the deadline",
+                     log), again.tail()
 
 
 def test_a_sigterm_after_the_restart_code_is_decided_still_exits_with_it(tmp_path: Path) -> None:
