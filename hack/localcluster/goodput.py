@@ -12,6 +12,9 @@ Definition (after ml-goodput-measurement: productive, preserved step time over w
   else — pod scheduling and process start (the cluster's own pod-start time: about 0.1 s per pod on the local
   process kubelet, image pulls and node start on a real cluster), initialisation, compilation, restores,
   steps redone after a lost checkpoint, waits for the gang — is badput.
+* **goodput after the first start** = the same over the wall time from the first step's beginning (the first
+  record's ``t`` minus the first attempt's typical step) to the job's end: the first start (scheduling, image
+  pull, imports, the first compilation) is the same in every restart mode, and a vanishing share of a long job.
 * For every interruption (attempt ``a`` → ``a+1``): **lost steps** = steps computed in ``a`` after the step
   ``a+1`` resumed from; **gap** = first step record of ``a+1`` minus the last of ``a`` (save, exit, gang
   restart, restore and compile).
@@ -49,10 +52,19 @@ class GoodputReport:
     wall_seconds: float
     productive_seconds: float
     interruptions: list[Interruption] = field(default_factory=list)
+    first_start_seconds: float = 0.0  # job start -> the first step began (first attempt's typical step before it)
 
     @property
     def goodput(self) -> float:
         return self.productive_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def goodput_after_start(self) -> float:
+        """Productive time over the wall time after the first start (pod scheduling, image pull, imports, the
+        first compilation: the same in every restart mode, and a vanishing share of a long job): what the
+        restarts themselves cost."""
+        wall = self.wall_seconds - self.first_start_seconds
+        return self.productive_seconds / wall if wall > 0 else 0.0
 
     @property
     def lost_steps(self) -> int:
@@ -92,10 +104,12 @@ def analyse(records: Iterable[StepRecord], *, start: float, end: float) -> Goodp
         by_attempt.setdefault(r.attempt, []).append(r)
 
     durations: dict[tuple[int, int], float] = {}
+    typical_first: dict[str, float] = {}
     for attempt_recs in by_attempt.values():
         deltas = [b.t - a.t for a, b in itertools.pairwise(attempt_recs)]
         typical = statistics.median(deltas) if deltas else 0.0
         durations[(attempt_recs[0].attempt, attempt_recs[0].step)] = typical
+        typical_first.setdefault("t", attempt_recs[0].t - typical)  # the first attempt comes first
         for prev, cur in itertools.pairwise(attempt_recs):
             durations[(cur.attempt, cur.step)] = cur.t - prev.t
 
@@ -112,4 +126,5 @@ def analyse(records: Iterable[StepRecord], *, start: float, end: float) -> Goodp
         resumed_at = min(r.step for r in nxt)
         interruptions.append(Interruption(a, last_step, resumed_at, max(0, last_step - resumed_at + 1),
                                           nxt[0].t - prev[-1].t))
-    return GoodputReport(len(last_of_step), end - start, productive, interruptions)
+    first_start = max(0.0, typical_first["t"] - start) if "t" in typical_first else 0.0
+    return GoodputReport(len(last_of_step), end - start, productive, interruptions, first_start)

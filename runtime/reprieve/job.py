@@ -411,6 +411,9 @@ class Job:
         log.info("saving agreed step %d (notice %s, %s); deadline %s", step, target.notice.id,
                  target.notice.reason, "unknown" if deadline is None else f"in {deadline - time.time():.1f}s")
         timers = _arm_deadline_timers(step, deadline, self.config.shutdown_timeout_seconds)
+        defer = getattr(self.checkpointer, "defer_retention", None)
+        if callable(defer) and step != self._last_step:  # a restart follows: its first commit does retention
+            defer()
         try:
             if self._last_saved != step:
                 self._start_save(step, state, extra, data, "final")

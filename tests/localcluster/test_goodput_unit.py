@@ -55,3 +55,14 @@ def test_mean_gap_averages_every_interruption() -> None:
     report = analyse(records, start=0.0, end=60.0)
     assert len(report.interruptions) == 2
     assert report.mean_gap == pytest.approx(sum(i.gap_seconds for i in report.interruptions) / 2)
+
+
+def test_goodput_after_the_first_start_leaves_out_the_time_before_the_first_step_only() -> None:
+    # job applied at 0; the first step (typical 1 s) ends at 41: 40 s of first start (pull, imports, compile)
+    records = run(1, range(20), 41.0) + run(2, range(20, 40), 64.0)  # a 4 s gap (60 -> 64) between attempts
+    report = analyse(records, start=0.0, end=84.0)
+    assert report.first_start_seconds == pytest.approx(40.0)
+    assert report.productive_seconds == pytest.approx(40.0)
+    assert report.goodput == pytest.approx(40.0 / 84.0)
+    assert report.goodput_after_start == pytest.approx(40.0 / 44.0)  # the restart's gap still counts
+    assert analyse([], start=0.0, end=10.0).goodput_after_start == 0.0

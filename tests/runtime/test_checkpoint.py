@@ -185,6 +185,23 @@ def test_retention_keeps_last_n_and_every_k(tmp_path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["attempts"] + [layout.committed_name(s, 1) for s in (3, 6, 7)]
 
 
+def test_a_save_for_a_restart_leaves_retention_to_the_next_attempts_first_commit(tmp_path) -> None:
+    """The agreed save before a restart does not delete old checkpoints (the process exits right after the
+    commit and closing would wait for the deletions); the next attempt's first commit deletes them."""
+    x = {"x": jnp.arange(16.0)}
+    with CheckpointManager(str(tmp_path), keep=1, attempt=1) as mgr:
+        mgr.save(1, x)
+        mgr.save(2, x)
+        mgr.wait()
+        mgr.defer_retention()
+        mgr.save(3, x)
+    assert CheckpointManager(str(tmp_path), attempt=1).all_steps() == [2, 3]  # step 1 went, step 2 stays
+    with CheckpointManager(str(tmp_path), keep=1, attempt=2) as mgr:
+        mgr.save(4, x)
+    assert CheckpointManager(str(tmp_path), attempt=2).all_steps() == [4]
+    assert sorted(os.listdir(tmp_path)) == ["attempts", layout.committed_name(4, 2)]
+
+
 def test_leftovers_of_crashed_attempts_removed_at_startup(tmp_path) -> None:
     x = {"x": jnp.arange(16.0)}
     with CheckpointManager(str(tmp_path), attempt=1) as mgr:
