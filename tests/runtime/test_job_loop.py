@@ -120,6 +120,31 @@ def test_agreed_step_passed_without_save_exits_1(make_job: Any, caplog: pytest.L
     assert code == 1 and "passed without job.save" in caplog.text
 
 
+def test_the_save_before_a_restart_leaves_retention_to_the_next_attempt(tmp_path: Path) -> None:
+    """With the default checkpointer: the agreed save runs no retention pass (exiting would wait for it); the
+    next attempt's first commit deletes what is owed. A normal finish does retention as always."""
+    from reprieve.checkpoint import CheckpointManager
+
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_NOTICE_POLL_SECONDS": "0.05",
+           "REPRIEVE_SAVE_SECONDS_ESTIMATE": "1", "REPRIEVE_CHECKPOINT_KEEP": "1",
+           "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "3"}
+    job = reprieve.init(env=env, install_sigterm=False, exit_fn=_exit)
+    try:
+        code, step = train(job, notify_at=7)
+    finally:
+        job.close()
+    assert code == 42 and step >= 7
+    steps = CheckpointManager(str(tmp_path / "ckpt")).all_steps()
+    assert steps[-1] == step and len(steps) >= 2, steps  # more than keep: the last commits deleted nothing
+    again = reprieve.init(env={**env, "REPRIEVE_ATTEMPT": "2"}, install_sigterm=False, exit_fn=_exit)
+    try:
+        code, last = train(again, total=step + 4)
+    finally:
+        again.close()
+    assert (code, last) == (0, step + 3)
+    assert CheckpointManager(str(tmp_path / "ckpt")).all_steps() == [step + 3]
+
+
 def test_finishing_normally_saves_the_last_step(make_job: Any, tmp_path: Path) -> None:
     job = make_job()
     code, step = train(job, total=7)
