@@ -142,7 +142,7 @@ def test_the_save_before_a_restart_leaves_retention_to_the_next_attempt(tmp_path
     finally:
         again.close()
     assert (code, last) == (0, step + 3)
-    assert CheckpointManager(str(tmp_path / "ckpt")).all_steps() == [step + 3]
+    assert CheckpointManager(str(tmp_path / "ckpt"), attempt=2).all_steps() == [step + 3]
 
 
 def test_finishing_normally_saves_the_last_step(make_job: Any, tmp_path: Path) -> None:
