@@ -59,10 +59,11 @@ def corpus(seed: int) -> np.ndarray:
     return np.stack([tokens[s:s + SEQ + 1] for s in starts])
 
 
-def batches(seed: int, process: int, processes: int) -> grain.DatasetIterator:
-    """This process's slice of every global batch, in an order fixed by ``seed`` (epochs reshuffled)."""
+def batches(data: np.ndarray, seed: int, process: int, processes: int) -> grain.DatasetIterator:
+    """This process's slice of every global batch of ``data``, in an order fixed by ``seed`` (epochs
+    reshuffled)."""
     per = GLOBAL_BATCH // processes
-    ds = grain.MapDataset.source(corpus(seed)).shuffle(seed=seed).repeat().batch(GLOBAL_BATCH)
+    ds = grain.MapDataset.source(data).shuffle(seed=seed).repeat().batch(GLOBAL_BATCH)
     return iter(ds.map(lambda b: b[process * per:(process + 1) * per]).to_iter_dataset())
 
 
@@ -133,20 +134,26 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     log = logging.getLogger("train")
 
+    # Before reprieve.init(): everything that needs no device. Under reprieve-run this runs in the pre-warmed
+    # process while the previous attempt still trains, so a restart does not pay for it (docs/runtime.md, "What
+    # code before reprieve.init() may do"): the model's structure and shapes (nnx.eval_shape traces, it
+    # allocates nothing and touches no device) and the generated corpus.
+    graphdef, shapes = nnx.split(nnx.eval_shape(lambda: create(args.seed, args.lr)))
+    data = corpus(args.seed)
+
     job = reprieve.init()
     if GLOBAL_BATCH % jax.device_count():
         raise SystemExit(f"examples/train_lm.py: the global batch ({GLOBAL_BATCH}) must split evenly over the "
                          f"{jax.device_count()} devices; use 1, 2, 4, 8 or 16 devices in all")
     mesh = Mesh(np.array(jax.devices()), ("data",))
     data_sharding = NamedSharding(mesh, P("data"))
-    it = batches(args.seed, job.process_id, job.num_processes)
+    it = batches(data, args.seed, job.process_id, job.num_processes)
     with jax.set_mesh(mesh):
         # docs/runtime.md, "flax NNX": shapes from nnx.eval_shape, shardings from NNX's own helper (no
         # partitioning annotations here: everything replicated, data-parallel). Nothing is initialised on a
         # restart; on a first run one compiled program builds the state directly with those shardings.
-        graphdef, abstract = nnx.split(nnx.eval_shape(lambda: create(args.seed, args.lr)))
-        shardings = nnx.get_named_sharding(abstract, mesh)
-        abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+        shardings = nnx.get_named_sharding(shapes, mesh)
+        abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
         init = jax.jit(lambda: nnx.state(create(args.seed, args.lr)), out_shardings=shardings)
         state, start = job.restore_or(init, abstract, data=it)
         model, optimizer = nnx.merge(graphdef, state)
