@@ -16,8 +16,9 @@ Definition (after ml-goodput-measurement: productive, preserved step time over w
   record's ``t`` minus the first attempt's typical step) to the job's end: the first start (scheduling, image
   pull, imports, the first compilation) is the same in every restart mode, and a vanishing share of a long job.
 * For every interruption (attempt ``a`` → ``a+1``): **lost steps** = steps computed in ``a`` after the step
-  ``a+1`` resumed from; **gap** = first step record of ``a+1`` minus the last of ``a`` (save, exit, gang
-  restart, restore and compile).
+  ``a+1`` resumed from; **gap** = first step record of ``a+1`` minus the last of ``a``, less ``a+1``'s typical
+  step (the part of its first step that goodput counts as productive): save, exit, gang restart, restore and
+  compile, nothing of the training itself.
 """
 
 from __future__ import annotations
@@ -105,9 +106,11 @@ def analyse(records: Iterable[StepRecord], *, start: float, end: float) -> Goodp
 
     durations: dict[tuple[int, int], float] = {}
     typical_first: dict[str, float] = {}
+    typical_step: dict[int, float] = {}
     for attempt_recs in by_attempt.values():
         deltas = [b.t - a.t for a, b in itertools.pairwise(attempt_recs)]
         typical = statistics.median(deltas) if deltas else 0.0
+        typical_step[attempt_recs[0].attempt] = typical
         durations[(attempt_recs[0].attempt, attempt_recs[0].step)] = typical
         typical_first.setdefault("t", attempt_recs[0].t - typical)  # the first attempt comes first
         for prev, cur in itertools.pairwise(attempt_recs):
@@ -125,6 +128,6 @@ def analyse(records: Iterable[StepRecord], *, start: float, end: float) -> Goodp
         last_step = max(r.step for r in prev)
         resumed_at = min(r.step for r in nxt)
         interruptions.append(Interruption(a, last_step, resumed_at, max(0, last_step - resumed_at + 1),
-                                          nxt[0].t - prev[-1].t))
+                                          max(0.0, nxt[0].t - prev[-1].t - typical_step[b])))
     first_start = max(0.0, typical_first["t"] - start) if "t" in typical_first else 0.0
     return GoodputReport(len(last_of_step), end - start, productive, interruptions, first_start)

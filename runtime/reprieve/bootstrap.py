@@ -135,7 +135,8 @@ def init(
                                        ("callable", notice_fn is not None)] if on))
     # Job wires itself to the checkpointer's commits (set_commit_callback), whichever checkpointer it is.
     job = Job(config, coordinator, ckpt, agreement, hub, policy=policy, metrics=metrics, progress=progress,
-              closers=closers, exit_fn=exit_fn, on_first_step=link.first_step if link is not None else None)
+              closers=closers, exit_fn=exit_fn, on_first_step=link.first_step if link is not None else None,
+              on_exiting=link.exiting if link is not None else None)
     if config.distributed:
         _replace_preemption_sync_point()
     atexit.register(job.abandon)  # a loop left by break/exception must not abort the interpreter's exit

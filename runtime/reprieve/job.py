@@ -103,6 +103,7 @@ class Job:
         exit_fn: Callable[[int], Any] = exit_process,
         shutdown_distributed: bool = True,
         on_first_step: Callable[[int], None] | None = None,
+        on_exiting: Callable[[int], None] | None = None,
     ) -> None:
         self.config = config
         self.coordinator = coordinator
@@ -118,6 +119,7 @@ class Job:
         self._exit_fn = exit_fn
         self._shutdown_distributed = shutdown_distributed
         self._on_first_step = on_first_step  # reprieve-run pre-warms the next attempt once it is called
+        self._on_exiting = on_exiting  # reprieve-run reports the decided exit code before the teardown
         # where the loop is: all written and read by the training thread only
         self._last_step: int | None = None  # the job's last step; None: not known (a loop over a loader)
         self._current = -1  # the furthest step the loop entered
@@ -438,7 +440,7 @@ class Job:
         if decision.code is None:
             log.info("agreed checkpoint at step %d %s", step, decision.reason)
             return
-        self._teardown(RESTART)
+        self._teardown(RESTART, code=decision.code)
         log.info("exiting with code %d", decision.code)
         self._exit_fn(decision.code)
         raise SystemExit(decision.code)  # exit_fn must not return: the loop must not go on past the agreed step
@@ -474,13 +476,22 @@ class Job:
         self._exit_fn(1)
         raise SystemExit(1)
 
-    def _teardown(self, how: Teardown) -> None:
-        """The one way out of the job; ``how`` is a row of :data:`reprieve.lifecycle.TEARDOWNS`."""
+    def _teardown(self, how: Teardown, *, code: int | None = None) -> None:
+        """The one way out of the job; ``how`` is a row of :data:`reprieve.lifecycle.TEARDOWNS`. ``code``: the
+        exit code already decided (after the agreed save's commit), announced before the teardown begins."""
         if self.phase.terminal:
             return
         self.phase = how.phase
         if how.ignore_signals:
             _ignore_termination_signals()  # from here the process ends with the decided code, whatever comes
+            if code is not None and self._on_exiting is not None:
+                # The supervisor reports the code to the operator now: the next attempt's assignment is decided
+                # while this process still leaves the job and ends (~0.15-0.25 s); nothing of it starts in this
+                # pod before this process is gone.
+                try:
+                    self._on_exiting(code)
+                except Exception as err:  # noqa: BLE001 - a report, never a reason not to exit
+                    log.debug("exit announcement failed: %s", err)
         try:
             if how.wait_for_commit:
                 self._confirm_pending()

@@ -3,7 +3,9 @@ assignment (``docs/contract.md``, "In-place restarts and the supervisor").
 
 The supervisor hands every process it starts one end of a Unix socket, named by ``REPRIEVE_SUPERVISOR_FD``.
 The runtime writes one JSON line per event on it: ``{"event": "init", "attempt": A}`` when ``reprieve.init()``
-takes its identity, ``{"event": "step", "step": S}`` once the first training step is done. A warm process (also
+takes its identity, ``{"event": "step", "step": S}`` once the first training step is done,
+``{"event": "exiting", "code": C}`` when the exit code is decided (the agreed checkpoint committed, termination
+signals ignored from then on) and the process is about to leave the job and end. A warm process (also
 ``REPRIEVE_WARM_FD``, the same socket) writes ``{"event": "ready"}`` when its ``reprieve.init()`` is reached, then
 blocks until the supervisor writes the assignment line; ``{"event": "error", "message": ...}`` when it cannot
 take one (devices already touched). Nothing here ever raises into training for a lost supervisor: events are
@@ -64,6 +66,11 @@ class SupervisorLink:
         if not self._first_step_sent:
             self._first_step_sent = True
             self.send("step", step=step)
+
+    def exiting(self, code: int) -> None:
+        """The exit code is decided and the checkpoint committed; the process now leaves the job and ends. The
+        supervisor reports the code at once instead of at the exit (``docs/contract.md``)."""
+        self.send("exiting", code=code)
 
     def await_assignment(self) -> dict[str, str]:
         """Warm process: report ready, block until the assignment line arrives, return its ``REPRIEVE_*`` values.

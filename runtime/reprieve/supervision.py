@@ -14,6 +14,9 @@ The rules, in the order :func:`decide` applies them:
    Without an assignment source (outside a cluster) any exit of the one trainer ends the supervisor with its code.
 3. A trainer whose attempt is older than the newest assignment (superseded) gets SIGTERM, ``grace`` later
    SIGKILL; nothing of the next attempt starts before it is reaped (and the shell kills what it left behind).
+   A trainer that announces its decided exit code (``exiting``: checkpoint committed, signals ignored) has it
+   reported at once, so the next assignment is usually there when it ends; its exit is reported again only
+   if the code differs.
 4. No trainer, and the newest assignment lists this pod with an attempt newer than every attempt run: a warm
    process parked in ``reprieve.init()`` takes it over; otherwise a cold process starts (a warm process that is
    not parked yet is killed: a cold start does not wait for it).
@@ -274,6 +277,7 @@ class Trainer:
     kill_sent: bool = False
     refused: str | None = None  # a warm process refused the assignment: why
     previous_highest: int = 0  # highest_run before this one (a refused take-over is not a run)
+    announced: int | None = None  # the exit code it announced (and that was reported) before it ended
 
 
 @dataclass(frozen=True)
@@ -480,6 +484,13 @@ def _message(s: State, ev: ChildMessage, now: float) -> tuple[State, list[Action
             why = str(ev.message.get("message", "no reason given"))
             return (s.replace(trainer=dataclasses.replace(t, refused=why), prewarm_off=why),
                     [Note(f"attempt {a}: the warm process refused its assignment: {why}")])
+        code = ev.message.get("code")
+        if kind == "exiting" and t.confirmed and t.announced is None and type(code) is int and 0 <= code <= 255:
+            # Reported now, not at the exit: the operator decides the next attempt while this process leaves the
+            # job and ends. Nothing of the next attempt starts here before it is reaped (rule 3).
+            return (s.replace(trainer=dataclasses.replace(t, announced=code)),
+                    [Note(f"attempt {a}: the trainer (pid {t.pid}) is exiting with code {code}: reported before "
+                          "it ends"), Report(a, code)])
         return s, []
     if w is not None and ev.pid == w.pid:
         if kind == "ready" and not w.ready:
@@ -502,10 +513,12 @@ def _exited(s: State, ev: ChildExited, now: float) -> tuple[State, list[Action]]
                           "starting it cold")])
         superseded = s.wanted is not None and s.wanted.attempt > a
         finished = ev.code == 0 and not superseded
-        return (s.replace(trainer=None, last_code=ev.code, finished=s.finished or finished),
-                [Note(f"attempt {a}: trainer (pid {t.pid}) exited with code {ev.code} after "
-                      f"{now - t.started_at:.1f}s" + (" (superseded)" if superseded else "")),
-                 Report(a, ev.code)])
+        note = Note(f"attempt {a}: trainer (pid {t.pid}) exited with code {ev.code} after "
+                    f"{now - t.started_at:.1f}s" + (" (superseded)" if superseded else ""))
+        if t.announced is not None and t.announced != ev.code:
+            note = Note(note.text + f", not the {t.announced} it announced: reporting {ev.code}")
+        report = [] if t.announced == ev.code else [Report(a, ev.code)]  # announced and reported already
+        return (s.replace(trainer=None, last_code=ev.code, finished=s.finished or finished), [note, *report])
     if w is not None and ev.pid == w.pid:
         if w.kill_sent:
             return s.replace(warm=None), []

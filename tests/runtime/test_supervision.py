@@ -193,6 +193,24 @@ SCENARIOS = {
         [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
          (10, Terminate("SIGTERM")), (10.1, ChildExited(21, 137)), (12, ChildExited(11, 42))],
         ["0: start 1", "5: warm", "10: KILL 21", "10: TERM 11", "12: report 1:42", "12: exit 42"]),
+    # the decided exit code, announced before the trainer ends
+    "an announced exit is reported at once; the next attempt waits for the process to end": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+         (6, ChildMessage(21, {"event": "ready"})), (40, ChildMessage(11, {"event": "exiting", "code": 42})),
+         (40.2, AssignmentSeen(cm(2))), (40.3, ChildExited(11, 42))],
+        ["0: start 1", "5: warm", "40: report 1:42", "40.2: TERM 11", "40.3: hand 21>2"]),
+    "an announced exit that ends with another code is reported again": (
+        [(0, AssignmentSeen(None)), *started(11, 1), (40, ChildMessage(11, {"event": "exiting", "code": 42})),
+         (40.3, ChildExited(11, 139))],
+        ["0: start 1", "40: report 1:42", "40: warm", "40.3: report 1:139"]),
+    "only the first announcement counts; malformed ones and a warm process's are ignored": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+         (30, ChildMessage(21, {"event": "exiting", "code": 42})),
+         (31, ChildMessage(11, {"event": "exiting", "code": "42"})),
+         (32, ChildMessage(11, {"event": "exiting", "code": 300})),
+         (40, ChildMessage(11, {"event": "exiting", "code": 42})),
+         (41, ChildMessage(11, {"event": "exiting", "code": 1})), (41.5, ChildExited(11, 42))],
+        ["0: start 1", "5: warm", "40: report 1:42"]),
     "orphans are reaped and otherwise ignored": (
         [(0, AssignmentSeen(None)), *started(11, 1, init=False), (3, ChildExited(999, 0))],
         ["0: start 1"]),
