@@ -196,6 +196,8 @@ def test_a_warm_process_takes_over_the_next_attempt(worker: Worker) -> None:
     log = worker.log()
     assert "attempt 2: the warm process" in log and "took over" in log
     assert "attempt 2: first step done" in log and "after the warm start" in log
+    # the runtime announced its decided code before its teardown: reported then, not again at the exit
+    assert "attempt 1: the trainer (pid" in log and "is exiting with code 42: reported before it ends" in log
 
 
 def test_a_warm_process_that_touched_devices_falls_back_to_a_cold_start(worker: Worker) -> None:
