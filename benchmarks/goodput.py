@@ -46,6 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
+from kubernetes import client as k8s
 from localcluster import Cluster
 from localcluster.costs import EmulatedCosts
 from localcluster.goodput import GoodputReport, analyse, read_step_log
@@ -107,8 +108,6 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
                           .stdout)["data"]
         by_index = {i: n for n, i in json.loads(data["processes"]).items()}
         return [by_index[0], by_index[1]]
-    from kubernetes import client as k8s
-
     jobs = k8s.CustomObjectsApi(api)
     operator = OperatorProcess(cluster, work / f"operator-{variant}", namespaces=[ns]).start()
     steplog = ckpt / "steps.jsonl"

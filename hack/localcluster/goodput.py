@@ -105,14 +105,12 @@ def analyse(records: Iterable[StepRecord], *, start: float, end: float) -> Goodp
         by_attempt.setdefault(r.attempt, []).append(r)
 
     durations: dict[tuple[int, int], float] = {}
-    typical_first: dict[str, float] = {}
     typical_step: dict[int, float] = {}
     for attempt_recs in by_attempt.values():
         deltas = [b.t - a.t for a, b in itertools.pairwise(attempt_recs)]
         typical = statistics.median(deltas) if deltas else 0.0
         typical_step[attempt_recs[0].attempt] = typical
         durations[(attempt_recs[0].attempt, attempt_recs[0].step)] = typical
-        typical_first.setdefault("t", attempt_recs[0].t - typical)  # the first attempt comes first
         for prev, cur in itertools.pairwise(attempt_recs):
             durations[(cur.attempt, cur.step)] = cur.t - prev.t
 
@@ -129,5 +127,7 @@ def analyse(records: Iterable[StepRecord], *, start: float, end: float) -> Goodp
         resumed_at = min(r.step for r in nxt)
         interruptions.append(Interruption(a, last_step, resumed_at, max(0, last_step - resumed_at + 1),
                                           max(0.0, nxt[0].t - prev[-1].t - typical_step[b])))
-    first_start = max(0.0, typical_first["t"] - start) if "t" in typical_first else 0.0
+    first_start = 0.0
+    if recs:  # the first step began one typical step before the first record
+        first_start = max(0.0, recs[0].t - typical_step[recs[0].attempt] - start)
     return GoodputReport(len(last_of_step), end - start, productive, interruptions, first_start)

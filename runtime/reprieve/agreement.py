@@ -204,7 +204,7 @@ class Agreement:
             AgreementError: the round failed or did not finish in time.
         """
         with self._cond:
-            held = self._release() if self._holding else []  # a loop of its own, without Job.steps()
+            held = self._release()  # a loop of its own, without Job.steps(), begins at its first decision
             if self._gate is not None and step > self._acked:
                 self._wait_gate(step)
             if self._error is not None:

@@ -35,17 +35,20 @@ log = logging.getLogger(__name__)
 STEP_EMA_WEIGHT = 0.1  # weight of the newest step in the step-time moving average
 
 
+def _positive(value: Any) -> float | None:
+    """``value`` as a float when it is a positive finite number, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 < value < float("inf") else None
+
+
 def timing_of(record: Any) -> tuple[float | None, float | None]:
     """``(step_seconds, save_seconds)`` that the attempt which wrote a checkpoint measured (its ``reprieve``
     record's ``stepSeconds`` and ``saveSeconds``), each None when absent or not a positive finite number: a
     checkpoint written by an older runtime, or before any step or save was timed."""
-    def positive(value: Any) -> float | None:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return None
-        return float(value) if 0 < value < float("inf") else None
     if not isinstance(record, dict):
         return None, None
-    return positive(record.get("stepSeconds")), positive(record.get("saveSeconds"))
+    return _positive(record.get("stepSeconds")), _positive(record.get("saveSeconds"))
 
 
 class Checkpointer(Protocol):
@@ -347,9 +350,9 @@ class Job:
         record: dict[str, Any] = {"reprieve": {"step": step, "kind": kind, "attempt": self.config.attempt}}
         # what this attempt measured: the next attempt's countdown starts from it (_seed_estimates)
         save_s = getattr(self.checkpointer, "last_save_seconds", None)
-        for key, value in (("stepSeconds", self._step_ema), ("saveSeconds", save_s)):
-            if isinstance(value, int | float) and value > 0:
-                record["reprieve"][key] = round(float(value), 4)
+        for key, value in (("stepSeconds", _positive(self._step_ema)), ("saveSeconds", _positive(save_s))):
+            if value is not None:
+                record["reprieve"][key] = round(value, 4)
         target = self.agreement.target
         if target is not None:
             record["reprieve"]["notice"] = target.notice.id
