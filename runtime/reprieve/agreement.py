@@ -407,11 +407,18 @@ class Agreement:
 
     def _install_save(self, round_: int, leader: int, step: int) -> None:
         with self._cond:
-            self._saves.add(step)
+            past_the_end = self._last_step is not None and step > self._last_step
+            if not past_the_end:
+                self._saves.add(step)
             if leader == self.pid:
                 self._save_requested = False
             self._gate = None
             self._cond.notify_all()
+        if past_the_end:
+            log.info("process %d: round %d (leader %d: time-based interval) asked for step %d, past the job's last "
+                     "step %d, which is saved anyway: no interval save", self.pid, round_, leader, step,
+                     self._last_step)
+            return
         log.info("process %d: agreed save at step %d (round %d, leader %d: time-based interval)", self.pid, step,
                  round_, leader)
 

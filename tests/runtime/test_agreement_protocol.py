@@ -342,3 +342,24 @@ def test_a_loop_without_job_steps_releases_held_notices_at_its_first_decision() 
         assert agreement.target.round == 0  # type: ignore[union-attr]
     finally:
         agreement.close()
+
+
+def test_a_save_round_at_the_last_step_installs_no_save_past_it() -> None:
+    """The interval asks for a save while every loop is at the job's last step (saved anyway): the round's step,
+    one past the end, is never reached, so no process agrees to save it and a later request is not blocked."""
+    group = agreements(2)
+    try:
+        for a in group:
+            a.begin(0, last_step=9)
+            for step in range(10):
+                assert a.decide(step) is None
+        assert group[0].request_save("interval")
+        limit = time.monotonic() + 5.0
+        while group[0]._save_requested or any(a._gate is not None for a in group):
+            assert time.monotonic() < limit, "the save round did not finish"
+            time.sleep(0.005)
+        assert all(not a._saves for a in group)
+        assert group[0].request_save("interval")  # the finished round freed the request
+    finally:
+        for a in group:
+            a.close()
