@@ -123,12 +123,12 @@ def format_rfc3339(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def parse_notice_annotation(text: str, now: float, *, source: str = "annotation") -> Notice:
+def parse_notice_annotation(text: str, now: float, *, source: str = "annotation", warn_past: bool = True) -> Notice:
     """The ``reprieve.dev/notice`` annotation value -> :class:`Notice`; never raises.
 
     Malformed JSON, a missing or unparsable ``deadline`` -> logged at WARNING, and a notice with deadline
     ``now`` (``deadline_known=False``) so the job saves at once. A deadline already past is kept as is (the
-    countdown then saves at the earliest safe step).
+    countdown then saves at the earliest safe step) and logged at WARNING unless ``warn_past`` is false.
     """
     try:
         raw = json.loads(text)
@@ -155,11 +155,17 @@ def parse_notice_annotation(text: str, now: float, *, source: str = "annotation"
         log.warning("%s %s id=%s: deadline %r is missing or not RFC 3339 (%s); using now", source,
                     NOTICE_ANNOTATION, notice_id, deadline_text, err)
         deadline, known = now, False
-    if known and deadline <= now:
-        log.warning("%s %s id=%s: deadline %s is already %.1fs past", source, NOTICE_ANNOTATION, notice_id,
-                    deadline_text, now - deadline)
-    return Notice(id=str(notice_id), source=source, reason=reason, deadline=deadline, received_at=now,
-                  deadline_known=known, node=node, details=raw)
+    notice = Notice(id=str(notice_id), source=source, reason=reason, deadline=deadline, received_at=now,
+                    deadline_known=known, node=node, details=raw)
+    if warn_past:
+        _warn_if_past(notice, now)
+    return notice
+
+
+def _warn_if_past(notice: Notice, now: float) -> None:
+    if notice.deadline_known and notice.deadline <= now:
+        log.warning("%s %s id=%s: deadline %s is already %.1fs past", notice.source, NOTICE_ANNOTATION, notice.id,
+                    notice.details.get("deadline"), now - notice.deadline)
 
 
 def _malformed(text: Any, now: float, source: str) -> Notice:
@@ -242,7 +248,7 @@ def notice_from_annotations(annotations: dict[str, str] | None, now: float, *, s
     than ``attempt`` (a pod kept across an in-place restart still carries the previous attempt's notice)."""
     if not annotations or NOTICE_ANNOTATION not in annotations:
         return None
-    notice = parse_notice_annotation(annotations[NOTICE_ANNOTATION], now, source=source)
+    notice = parse_notice_annotation(annotations[NOTICE_ANNOTATION], now, source=source, warn_past=False)
     if attempt is not None and not notice_counts_for(notice, attempt):
         key = (source, notice.id, attempt)
         if key not in _IGNORED_LOGGED:  # once per source and notice, not at every poll of the file
@@ -250,6 +256,7 @@ def notice_from_annotations(annotations: dict[str, str] | None, now: float, *, s
             log.info("%s %s id=%s was delivered to attempt %s; this is attempt %d: ignored", source,
                      NOTICE_ANNOTATION, notice.id, notice.details.get("attempt"), attempt)
         return None
+    _warn_if_past(notice, now)  # only for a notice that counts: a kept pod's old notice is past by design
     return notice
 
 

@@ -15,7 +15,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .notice import Notice, notice_from_annotations, parse_downward_file, sigterm_notice, user_notice
+from .notice import (
+    NOTICE_ANNOTATION,
+    Notice,
+    notice_from_annotations,
+    parse_downward_file,
+    sigterm_notice,
+    user_notice,
+)
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +172,7 @@ class NoticeFile:
         self.path = path
         self._clock = clock
         self._attempt = attempt  # notices delivered to another attempt are ignored
-        self._last_text: str | None = None
+        self._last_value: str | None = None
         self._last_notice: Notice | None = None
 
     def __call__(self) -> Notice | None:
@@ -174,10 +181,14 @@ class NoticeFile:
                 text = fh.read()
         except FileNotFoundError:
             return None
-        if text != self._last_text:  # parse (and log problems) once per content change
-            self._last_text = text
-            self._last_notice = notice_from_annotations(parse_downward_file(text), self._clock(),
-                                                        source="notice-file", attempt=self._attempt)
+        annotations = parse_downward_file(text)
+        value = annotations.get(NOTICE_ANNOTATION)
+        if value is None:
+            self._last_value, self._last_notice = None, None
+        elif value != self._last_value:  # parse (and log problems) once per notice, not per change of the file
+            self._last_value = value   # (other annotations, e.g. the progress heartbeat, change it every few s)
+            self._last_notice = notice_from_annotations(annotations, self._clock(), source="notice-file",
+                                                        attempt=self._attempt)
         return self._last_notice
 
 

@@ -195,6 +195,32 @@ def test_notice_file_ignores_a_notice_of_another_attempt(tmp_path: Path, hub: tu
         poller.close()
 
 
+def test_notice_file_parses_a_notice_once_while_other_annotations_change(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A pod kept across an in-place restart carries the previous attempt's notice, its deadline long past,
+    while the progress heartbeat rewrites the file every few seconds: the notice is logged as ignored once, and
+    its past deadline not at all (it used to be warned about at every heartbeat for the rest of the attempt)."""
+    from localcluster.downward import format_map
+
+    path = tmp_path / "annotations"
+    old = json.dumps({"id": "kept-pod-old", "reason": "gke-spot", "deadline": "2020-01-01T00:00:00Z", "attempt": 1})
+    past = json.dumps({"id": "kept-pod-past", "reason": "gke-spot", "deadline": "2020-01-01T00:00:00Z", "attempt": 2})
+    read = NoticeFile(str(path), attempt=2)
+    with caplog.at_level(logging.INFO, logger="reprieve.notice"):
+        for beat in range(3):
+            path.write_text(format_map({NOTICE_ANNOTATION: old, PROGRESS_ANNOTATION: f'{{"step": {beat}}}'}))
+            assert read() is None
+        ignored = [r for r in caplog.records if "ignored" in r.getMessage()]
+        assert len(ignored) == 1 and not [r for r in caplog.records if "past" in r.getMessage()], caplog.text
+        for beat in range(3):  # a notice that counts, its deadline past: warned once, returned at every poll
+            path.write_text(format_map({NOTICE_ANNOTATION: past, PROGRESS_ANNOTATION: f'{{"step": {beat}}}'}))
+            notice = read()
+            assert notice is not None and notice.id == "kept-pod-past"
+        assert len([r for r in caplog.records if "already" in r.getMessage()]) == 1, caplog.text
+        path.write_text(format_map({PROGRESS_ANNOTATION: '{"step": 9}'}))
+        assert read() is None  # the notice annotation removed
+
+
 def test_progress_annotation_follows_the_contract() -> None:
     body = progress_annotation(120, 100, 3, 1_795_000_000.0)
     value = json.loads(body[PROGRESS_ANNOTATION])
