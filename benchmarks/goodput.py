@@ -31,6 +31,8 @@ wall time.
     python benchmarks/goodput.py                       # 600 steps of ~0.5 s, 3 noticed preemptions (30 s), 1 hard kill
     python benchmarks/goodput.py --variants recreate,inplace+spare --steps 300
     python benchmarks/goodput.py --step-sleep 0.1      # shorter steps: the events pile up (see above)
+    python benchmarks/goodput.py --variants inplace+spare,recreate --steps 3000   # a 26-min job: the same 4 events
+                                                       # spread out; the first start and the hard kill amortized
 """
 
 from __future__ import annotations

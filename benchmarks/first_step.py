@@ -1,0 +1,139 @@
+"""Where a restarted attempt's first step goes: tracing, lowering, the persistent compilation cache, the first run.
+
+After an in-place restart with a warm process, the new attempt's first training step is most of the restart gap
+(docs/operator.md, "Measured"): the program is read from JAX's persistent compilation cache, but the step is still
+traced and lowered first (the cache key is computed from the lowered module). This benchmark runs the example
+model's training step (examples/train_lm.py, data-parallel over ``--devices`` simulated CPU devices in one process)
+in fresh processes against one compilation cache:
+
+* **populate**: a first process compiles the step and writes the cache;
+* **restart**: a fresh process calls the step the way a restarted attempt does (cache warm);
+* **restart, traced before the devices**: a fresh process first traces the step before any device is touched, as a
+  pre-warmed process waiting in ``reprieve.init()`` could, under an ``AbstractMesh`` equal to the real one (axis
+  sizes and names, device kind and platform); the first call then finds the trace in ``jax.jit``'s cache.
+
+Each row prints JAX's own timings (``jax.monitoring``: trace, lowering, cache read) and the first call's wall time;
+the last line is the ratio of the two restarts' first calls. ``--repeat`` runs each restart that many times.
+
+    python benchmarks/first_step.py                    # 2 devices, 3 repeats
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r'''
+import importlib.util, json, os, sys, time
+import jax, jax.numpy as jnp, numpy as np, optax
+import jax.monitoring as mon
+from flax import nnx
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
+
+events = {}
+mon.register_event_duration_secs_listener(lambda e, s, **kw: events.setdefault(e, []).append(s))
+jax.config.update("jax_compilation_cache_dir", os.environ["CACHE"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+spec = importlib.util.spec_from_file_location("train_lm", os.environ["EXAMPLE"])
+m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+n = int(os.environ["DEVICES"])
+graphdef, shapes = nnx.split(nnx.eval_shape(lambda: m.create(0, 3e-3)))
+
+def pure(state, batch):
+    model, opt = nnx.merge(graphdef, state)
+    def loss_fn(mm):
+        logits = mm(batch[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    opt.update(model, grads)
+    return nnx.state((model, opt)), loss
+
+train = jax.jit(pure, donate_argnums=0)
+batch_shape = (m.GLOBAL_BATCH, m.SEQ + 1)
+pretrace = 0.0
+if os.environ["MODE"] == "pretrace":
+    from jax._src import xla_bridge
+    from jax._src.mesh import AbstractDevice  # no public constructor in JAX 0.10
+    amesh = AbstractMesh((n,), ("data",), abstract_device=AbstractDevice("cpu", None, "cpu"))
+    t = time.perf_counter()
+    with jax.sharding.use_abstract_mesh(amesh):
+        rep = NamedSharding(amesh, P())
+        abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), shapes)
+        train.trace(abstract, jax.ShapeDtypeStruct(batch_shape, jnp.int32, sharding=NamedSharding(amesh, P("data"))))
+    pretrace = time.perf_counter() - t
+    assert not xla_bridge.backends_are_initialized(), "the trace touched a device"
+mesh = Mesh(np.array(jax.devices()), ("data",))
+with jax.set_mesh(mesh):
+    shardings = nnx.get_named_sharding(shapes, mesh)
+    state = jax.jit(lambda: nnx.state(m.create(0, 3e-3)), out_shardings=shardings)()
+    batch = jax.device_put(np.zeros(batch_shape, np.int32), NamedSharding(mesh, P("data")))
+    jax.block_until_ready((state, batch))
+    events.clear()
+    t = time.perf_counter()
+    state, loss = train(state, batch)
+    loss.block_until_ready()
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    state, loss = train(state, batch)
+    loss.block_until_ready()
+    second = time.perf_counter() - t
+
+def total(key):
+    return sum(events.get(key, []))
+
+print(json.dumps({"pretrace": pretrace, "first": first, "second": second,
+                  "trace": total("/jax/core/compile/jaxpr_trace_duration"),
+                  "lower": total("/jax/core/compile/jaxpr_to_mlir_module_duration"),
+                  "cache_read": total("/jax/compilation_cache/cache_retrieval_time_sec"),
+                  "cache_hits": len(events.get("/jax/compilation_cache/cache_retrieval_time_sec", []))}))
+'''
+
+
+def child(mode: str, cache: Path, devices: int) -> dict[str, float]:
+    env = dict(os.environ, MODE=mode, CACHE=str(cache), DEVICES=str(devices),
+               EXAMPLE=str(ROOT / "examples" / "train_lm.py"),
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600,
+                         check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"{mode} run failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="reprieve-first-step-") as tmp:
+        cache = Path(tmp) / "cache"
+        rows = {"populate": [child("plain", cache, args.devices)]}
+        for _ in range(args.repeat):  # interleaved: a load change hits both
+            rows.setdefault("restart", []).append(child("plain", cache, args.devices))
+            rows.setdefault("restart, traced before the devices", []).append(child("pretrace", cache, args.devices))
+    print(f"{'':38}{'first call':>11}{'trace':>8}{'lower':>8}{'cache read':>11}{'hits':>6}{'pre-trace':>10}"
+          f"{'2nd call':>10}")
+    med: dict[str, float] = {}
+    for label, runs in rows.items():
+        def m(key: str, runs: list[dict[str, float]] = runs) -> float:
+            return statistics.median(r[key] for r in runs)
+        med[label] = m("first")
+        print(f"{label:38}{m('first'):>10.3f}s{m('trace'):>7.3f}s{m('lower'):>7.3f}s{m('cache_read'):>10.3f}s"
+              f"{m('cache_hits'):>6.0f}{m('pretrace'):>9.3f}s{m('second'):>9.3f}s")
+    ratio = med["restart, traced before the devices"] / med["restart"]
+    print(f"first call after a restart, traced before the devices vs not: {ratio:.2f}x "
+          f"(median of {args.repeat}; {args.devices} simulated CPU devices, one process)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
