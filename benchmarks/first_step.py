@@ -40,9 +40,9 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
 events = {}
 mon.register_event_duration_secs_listener(lambda e, s, **kw: events.setdefault(e, []).append(s))
-jax.config.update("jax_compilation_cache_dir", os.environ["CACHE"])
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+from reprieve.bootstrap import enable_compilation_cache  # the cache exactly as a restarted attempt has it
+from reprieve.config import RuntimeConfig
+assert enable_compilation_cache(RuntimeConfig.from_env({"REPRIEVE_COMPILATION_CACHE_DIR": os.environ["CACHE"]}))
 spec = importlib.util.spec_from_file_location("train_lm", os.environ["EXAMPLE"])
 m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
 n = int(os.environ["DEVICES"])
