@@ -104,15 +104,47 @@ def create(seed: int, lr: float) -> tuple[LanguageModel, nnx.Optimizer]:
     return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 
-@nnx.jit
-def train_step(model: LanguageModel, optimizer: nnx.Optimizer, batch: jax.Array) -> jax.Array:
-    def loss_fn(m: LanguageModel) -> jax.Array:
-        logits = m(batch[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+def make_train_step(graphdef: nnx.GraphDef[Any]) -> Any:
+    """One optimizer step as a pure ``jax.jit`` function of the state: ``(state, batch) -> (state, loss)``.
 
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    optimizer.update(model, grads)
-    return loss
+    Pure (``nnx.merge`` inside, ``nnx.state`` out) rather than ``nnx.jit`` over the objects, so it can be traced
+    ahead from shapes alone, before ``reprieve.init()`` (``jax.jit(...).trace``), and the first call after a
+    restart finds that trace.
+    """
+
+    def step(state: nnx.State, batch: jax.Array) -> tuple[nnx.State, jax.Array]:
+        model, optimizer = nnx.merge(graphdef, state)
+
+        def loss_fn(m: LanguageModel) -> jax.Array:
+            logits = m(batch[:, :-1])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), loss
+
+    return jax.jit(step)
+
+
+def trace_ahead(train_step: Any, shapes: nnx.State, log: logging.Logger) -> None:
+    """Trace ``train_step`` for the mesh the latest checkpoint was written on, touching no device.
+
+    A restarted attempt's first step then skips tracing and lowering (it still reads the compiled program from
+    the compilation cache); on a first start, or when the topology changed, nothing is traced ahead and the first
+    step traces as usual (docs/runtime.md, "Tracing the step before reprieve.init()").
+    """
+    topology = reprieve.expected_topology()
+    if topology is None or GLOBAL_BATCH % topology.device_count:
+        return
+    t = time.perf_counter()
+    mesh = topology.abstract_mesh((topology.device_count,), ("data",))
+    with jax.sharding.use_abstract_mesh(mesh):
+        shardings = nnx.get_named_sharding(shapes, mesh)
+        abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
+        batch = jax.ShapeDtypeStruct((GLOBAL_BATCH, SEQ + 1), jnp.int32, sharding=NamedSharding(mesh, P("data")))
+        train_step.trace(abstract, batch)
+    log.info("traced the step ahead for %d %s devices in %.2fs", topology.device_count, topology.platform,
+             time.perf_counter() - t)
 
 
 def params_digest(model: LanguageModel) -> str:
@@ -137,9 +169,12 @@ def main() -> int:
     # Before reprieve.init(): everything that needs no device. Under reprieve-run this runs in the pre-warmed
     # process while the previous attempt still trains, so a restart does not pay for it (docs/runtime.md, "What
     # code before reprieve.init() may do"): the model's structure and shapes (nnx.eval_shape traces, it
-    # allocates nothing and touches no device) and the generated corpus.
+    # allocates nothing and touches no device), the generated corpus, and the training step traced for the mesh
+    # the latest checkpoint was written on (reprieve.expected_topology(): read from storage, no device).
     graphdef, shapes = nnx.split(nnx.eval_shape(lambda: create(args.seed, args.lr)))
     data = corpus(args.seed)
+    train_step = make_train_step(graphdef)
+    trace_ahead(train_step, shapes, log)
 
     job = reprieve.init()
     if GLOBAL_BATCH % jax.device_count():
@@ -156,7 +191,6 @@ def main() -> int:
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
         init = jax.jit(lambda: nnx.state(create(args.seed, args.lr)), out_shardings=shardings)
         state, start = job.restore_or(init, abstract, data=it)
-        model, optimizer = nnx.merge(graphdef, state)
 
         log.info("process %d/%d starting at step %d of %d (attempt %s)", jax.process_index(), jax.process_count(),
                  start, args.steps, os.environ.get("REPRIEVE_ATTEMPT", "1"))
@@ -169,7 +203,7 @@ def main() -> int:
             if step == fail_at:
                 raise RuntimeError(f"TRAIN_FAIL_AT_STEP={fail_at}: simulated application failure")
             batch = jax.make_array_from_process_local_data(data_sharding, next(it))
-            loss = train_step(model, optimizer, batch)
+            state, loss = train_step(state, batch)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             if step_log is not None:
@@ -177,8 +211,9 @@ def main() -> int:
                 step_log.write(json.dumps({"attempt": attempt, "step": step, "t": time.time()}) + "\n")
             if step % 50 == 0:
                 log.info("step %d loss %.4f", step, float(loss))
-            job.save(step, nnx.state((model, optimizer)), data=it)
+            job.save(step, state, data=it)
 
+    model, _ = nnx.merge(graphdef, state)
     digest = params_digest(model)
     log.info("finished %d steps; params sha256 %s; final loss %s", args.steps, digest,
              None if loss is None else f"{float(loss):.4f}")

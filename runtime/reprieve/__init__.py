@@ -21,6 +21,7 @@ from .data import DataPositionError
 from .job import Checkpointer, Job, Restored
 from .notice import Notice
 from .policy import SavePolicy
+from .topology import Topology, TopologyError, expected_topology
 
 try:
     __version__ = _version("reprieve")
@@ -29,5 +30,6 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 
 __all__ = [
     "Checkpointer", "ConfigError", "CountdownSettings", "DataPositionError", "Job", "Notice",
-    "PreemptionServiceDisabled", "Restored", "RuntimeConfig", "SavePolicy", "__version__", "init",
+    "PreemptionServiceDisabled", "Restored", "RuntimeConfig", "SavePolicy", "Topology", "TopologyError", "__version__",
+    "expected_topology", "init",
 ]

@@ -62,10 +62,11 @@ class SupervisorLink:
             log.debug("supervisor link: %s not sent (%s)", event, err)
 
     def first_step(self, step: int) -> None:
-        """The first training step is done (once): the supervisor may now start the next attempt's process."""
+        """The first training step is done (once): the supervisor may now start the next attempt's process, and
+        tell it the devices this one runs on (``reprieve.expected_topology()``)."""
         if not self._first_step_sent:
             self._first_step_sent = True
-            self.send("step", step=step)
+            self.send("step", step=step, topology=_topology())
 
     def exiting(self, code: int) -> None:
         """The exit code is decided and the checkpoint committed; the process now leaves the job and ends. The
@@ -122,3 +123,14 @@ def device_problem(modules: Mapping[str, Any]) -> str | None:
             "configuration, but must not touch devices: no jax.devices()/jax.device_count(), no arrays, no jitted "
             "calls. Move that code after reprieve.init(). reprieve-run starts this attempt cold instead "
             "(docs/runtime.md, 'Running under reprieve-run').")
+
+
+def _topology() -> dict[str, Any] | None:
+    """This process's view of the job's devices (:mod:`reprieve.topology`), or None when it cannot be had."""
+    from .topology import current
+
+    try:
+        return current().to_json()
+    except Exception as err:  # noqa: BLE001  a hint for the next attempt: never a reason to fail this one
+        log.debug("supervisor link: no topology to report (%s: %s)", type(err).__name__, err)
+        return None

@@ -47,6 +47,8 @@ SUPERVISOR_ANNOTATION = "reprieve.dev/supervisor"
 SUPERVISED_ENV = "REPRIEVE_SUPERVISED"
 WARM_FD_ENV = "REPRIEVE_WARM_FD"
 EVENTS_FD_ENV = "REPRIEVE_SUPERVISOR_FD"
+# A warm process's hint: the devices of the last trainer that ran in this pod (reprieve.topology, JSON).
+EXPECTED_TOPOLOGY_ENV = "REPRIEVE_EXPECTED_TOPOLOGY"
 # The assignment's part of the environment (docs/contract.md): set from the assignment, absent in a warm process.
 ASSIGNMENT_ENV = ("REPRIEVE_ATTEMPT", "REPRIEVE_PROCESS_ID", "REPRIEVE_NUM_PROCESSES", "REPRIEVE_COORDINATOR_ADDRESS")
 UNASSIGNED_PROCESS_ID = "-1"  # spares and replacement pods: no index until an assignment lists them
@@ -200,11 +202,15 @@ def trainer_env(base: Mapping[str, str], assignment: Assignment) -> dict[str, st
     return env
 
 
-def warm_env(base: Mapping[str, str]) -> dict[str, str]:
+def warm_env(base: Mapping[str, str], topology: str | None = None) -> dict[str, str]:
     """A warm process's environment: the container's without the assignment's variables (they are not known
-    yet; ``reprieve.init()`` sets them when the assignment arrives)."""
-    env = {k: v for k, v in base.items() if k not in ASSIGNMENT_ENV and k not in (WARM_FD_ENV, EVENTS_FD_ENV)}
+    yet; ``reprieve.init()`` sets them when the assignment arrives), with the devices the last trainer reported
+    (``topology``, JSON: what ``reprieve.expected_topology()`` returns first) when there is one."""
+    env = {k: v for k, v in base.items()
+           if k not in ASSIGNMENT_ENV and k not in (WARM_FD_ENV, EVENTS_FD_ENV, EXPECTED_TOPOLOGY_ENV)}
     env[SUPERVISED_ENV] = "1"
+    if topology is not None:
+        env[EXPECTED_TOPOLOGY_ENV] = topology
     return env
 
 
@@ -304,6 +310,7 @@ class State:
     last_code: int | None = None
     saw_init: bool = False  # a trainer reported reprieve.init(): the command reaches it
     prewarm_off: str | None = None  # why pre-warming is off (None: on)
+    topology: str | None = None  # the devices the latest trainer reported with its first step (JSON), for warm ones
     static: bool = False  # no assignment source (outside a cluster): the first trainer's exit ends it all
 
     def replace(self, **changes: Any) -> State:
@@ -377,6 +384,7 @@ class StartTrainer:
 @dataclass(frozen=True)
 class StartWarm:
     why: str
+    topology: str | None = None  # passed on in EXPECTED_TOPOLOGY_ENV
 
 
 @dataclass(frozen=True)
@@ -477,6 +485,9 @@ def _message(s: State, ev: ChildMessage, now: float) -> tuple[State, list[Action
             return s.replace(trainer=dataclasses.replace(t, init_seen=True, confirmed=True), saw_init=True), notes
         if kind == "step" and t.first_step_at is None:
             mode = "warm" if t.warm else "cold"
+            topology = ev.message.get("topology")
+            if isinstance(topology, dict):
+                s = s.replace(topology=json.dumps(topology, sort_keys=True))
             return (s.replace(trainer=dataclasses.replace(t, first_step_at=now)),
                     [Note(f"attempt {a}: first step done {now - t.started_at:.2f}s after the {mode} start, "
                           f"{now - s.wanted_at:.2f}s after the assignment arrived")])
@@ -577,7 +588,7 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
             s, more = _terminate(s, t, now, f"attempt {a} superseded by attempt {s.wanted.attempt}")
             return s, acts + more
         if _prewarm_due(s, now):
-            return s.replace(pending=True), acts + [StartWarm(f"pre-warming the attempt after {a}")]
+            return s.replace(pending=True), acts + [StartWarm(f"pre-warming the attempt after {a}", s.topology)]
         return s, acts
     wanted = s.wanted
     if wanted is not None and wanted.listed and wanted.attempt > s.highest_run:
@@ -595,7 +606,7 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
                                                                      f"process {wanted.process_id}/"
                                                                      f"{wanted.num_processes} cold")]
     if _prewarm_due(s, now):
-        return s.replace(pending=True), acts + [StartWarm("pre-warming the next attempt")]
+        return s.replace(pending=True), acts + [StartWarm("pre-warming the next attempt", s.topology)]
     return s, acts
 
 

@@ -127,7 +127,7 @@ class Supervisor:
             return self._spawn("trainer", sv.trainer_env(self.env, action.assignment), action.assignment)
         elif isinstance(action, sv.StartWarm):
             log.info("%s: starting a warm process", action.why)
-            return self._spawn("warm", sv.warm_env(self.env), None, warm=True)
+            return self._spawn("warm", sv.warm_env(self.env, action.topology), None, warm=True)
         elif isinstance(action, sv.HandOver):
             log.info("%s", action.why)
             self._kill_leftovers(keep=action.pid)

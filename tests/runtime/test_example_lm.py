@@ -1,6 +1,8 @@
 """The example language model (examples/train_lm.py: flax NNX transformer with dropout, bf16 activations,
 optax, grain) as a real 2-process job without Kubernetes: preempted by SIGTERM mid-run, restarted, it ends with
-the same parameters, bit for bit, as an uninterrupted run (the e2e tier does the same through the operator)."""
+the same parameters, bit for bit, as an uninterrupted run (the e2e tier does the same through the operator). The
+restarted run traces its step before ``reprieve.init()`` for the devices the checkpoint records, and its first step
+finds that trace (JAX's own cache-miss explanations say so)."""
 
 from __future__ import annotations
 
@@ -46,8 +48,14 @@ def test_the_example_lm_resumes_bit_identical_after_a_preemption(tmp_path: Path)
         gang.kill()
     saved = int(re.findall(r"agreed checkpoint at step (\d+)", gang.logs[0].read_text())[-1])
     assert 0 <= saved < STEPS - 1
-    again = launch(work, 2, worker=EXAMPLE, extra_env=_env(work, attempt=2))
+    again = launch(work, 2, worker=EXAMPLE, extra_env={**_env(work, attempt=2), "JAX_EXPLAIN_CACHE_MISSES": "1"})
     assert again.wait(300) == [0, 0], again.tail()
+    for log in again.logs:
+        text = log.read_text()
+        assert "traced the step ahead for 2 cpu devices" in text, text[-3000:]
+        after_init = text[text.index("starting at step"):]
+        missed = re.findall(r"TRACING CACHE MISS at [^\n]*train_lm\.py[^\n]*", after_init)
+        assert not missed, f"the first step after the restart traced again: {missed}\n{after_init[:3000]}"
     got = json.loads((work / "result.json").read_text())
     assert got["resumedFrom"] == saved + 1
     assert got["sha256"] == want["sha256"], "the resumed run's parameters differ from the uninterrupted run's"

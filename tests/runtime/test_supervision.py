@@ -257,6 +257,25 @@ def test_first_step_note_names_both_delays() -> None:
     assert notes == ["attempt 1: first step done 4.50s after the cold start, 4.50s after the assignment arrived"]
 
 
+TOPOLOGY = {"platform": "cpu", "device_kind": "cpu", "num_cores": None, "num_processes": 2, "device_count": 4}
+
+
+def test_the_warm_process_is_told_the_devices_the_trainer_reported_with_its_first_step() -> None:
+    state, _ = play([(0, AssignmentSeen(None)), *started(11, 1)])
+    state, actions = sv.step(state, ChildMessage(11, {"event": "step", "step": 0, "topology": TOPOLOGY}), 4.5)
+    warm = [a for a in actions if isinstance(a, sv.StartWarm)]
+    assert len(warm) == 1 and warm[0].topology is not None and json.loads(warm[0].topology) == TOPOLOGY
+    # kept for later warm processes (the next attempt's, a replacement after one died)
+    assert state.topology == warm[0].topology
+
+
+@pytest.mark.parametrize("topology", [None, "not an object", [1, 2]])
+def test_a_first_step_without_a_topology_starts_a_warm_process_without_a_hint(topology: object) -> None:
+    state, _ = play([(0, AssignmentSeen(None)), *started(11, 1)])
+    _, actions = sv.step(state, ChildMessage(11, {"event": "step", "step": 0, "topology": topology}), 4.5)
+    assert [a.topology for a in actions if isinstance(a, sv.StartWarm)] == [None]
+
+
 # --- the contract's pieces --------------------------------------------------------------------------------------
 
 GOOD = {"contract": "1", "attempt": "3", "numProcesses": "4", "coordinator": "10.1.2.3:8476",
@@ -338,6 +357,10 @@ def test_environments() -> None:
         "REPRIEVE_NUM_PROCESSES": "3", "REPRIEVE_COORDINATOR_ADDRESS": "new:2", "REPRIEVE_SUPERVISED": "1"}
     # a warm process does not know its identity yet: the old one must not be readable by mistake
     assert sv.warm_env(base) == {"PATH": "/bin", "REPRIEVE_JOB": "j", "REPRIEVE_SUPERVISED": "1"}
+    # the devices the last trainer reported reach the warm process; a stale hint in the container's env never does
+    assert sv.warm_env({**base, "REPRIEVE_EXPECTED_TOPOLOGY": "stale"}, '{"device_count": 8}') == {
+        "PATH": "/bin", "REPRIEVE_JOB": "j", "REPRIEVE_SUPERVISED": "1", "REPRIEVE_EXPECTED_TOPOLOGY": '{"device_count": 8}'}
+    assert "REPRIEVE_EXPECTED_TOPOLOGY" not in sv.warm_env({**base, "REPRIEVE_EXPECTED_TOPOLOGY": "stale"})
 
 
 @pytest.mark.parametrize("value,ok", [(None, True), ("", True), ("1", True), (" 1 ", True), ("2", False),

@@ -151,6 +151,9 @@ JAX_TRAINER = """
     import jax, jax.numpy as jnp
     import reprieve
     imported = {"pid": os.getpid(), "t_imported": time.time(), "warm": "REPRIEVE_WARM_FD" in os.environ}
+    expected = reprieve.expected_topology()  # what a step could be traced ahead for (no device touched)
+    imported["expected"] = None if expected is None else expected.to_json()
+    imported["hint"] = os.environ.get("REPRIEVE_EXPECTED_TOPOLOGY")
     if os.environ.get("TOUCH_DEVICES"):
         jax.devices()  # not allowed before reprieve.init() in a pre-warmed process
     job = reprieve.init()
@@ -163,6 +166,7 @@ JAX_TRAINER = """
         except ProcessLookupError:
             return False
     record = {**imported, "attempt": job.config.attempt, "env_attempt": os.environ["REPRIEVE_ATTEMPT"],
+              "topology": reprieve.topology.current().to_json(),
               "t_init": time.time(), "earlier_alive": [r["pid"] for r in earlier if alive(r["pid"])]}
     with open(out / "runs.jsonl", "a") as f:
         f.write(json.dumps(record) + "\\n")
@@ -188,6 +192,9 @@ def test_a_warm_process_takes_over_the_next_attempt(worker: Worker) -> None:
     assert second["t_imported"] < written, "the warm process had imported JAX before the assignment"
     assert (second["attempt"], second["env_attempt"]) == (2, "2")
     assert second["earlier_alive"] == []
+    # the first trainer reported its devices with its first step; the warm process was told them
+    assert first["expected"] is None and first["hint"] is None
+    assert json.loads(second["hint"]) == second["expected"] == first["topology"]
     (worker.out / "finish").write_text("")
     pod = worker.wait_phase("Succeeded", timeout=90)
     assert container_exit_code(pod) == 0

@@ -51,6 +51,7 @@ class CheckpointMeta:
     created_unix: float = 0.0
     format_version: int = FORMAT_VERSION
     process_extra: list[Any] | None = None  # one JSON value per process (data positions), or None
+    topology: dict[str, Any] | None = None  # the writing attempt's devices (reprieve.topology), or None
 
     @property
     def array_bytes(self) -> int:
@@ -67,8 +68,9 @@ class CheckpointMeta:
             for key in _OPTIONAL_LEAF_FIELDS:
                 if leaf[key] is None:
                     del leaf[key]
-        if raw["process_extra"] is None:
-            del raw["process_extra"]
+        for key in ("process_extra", "topology"):
+            if raw[key] is None:
+                del raw[key]
         return json.dumps(raw, indent=1, sort_keys=True).encode()
 
     def problems(self, step: int, attempt: int) -> list[str]:

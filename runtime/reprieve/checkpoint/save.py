@@ -271,4 +271,16 @@ def build_metadata(step: int, attempt: int, num_processes: int, snap: Snapshot, 
     return CheckpointMeta(
         step=step, attempt=attempt, num_processes=num_processes, leaves=snap.leaves, extra=extra,
         versions=_versions(), created_unix=time.time(), process_extra=process_extra,
+        topology=_topology(num_processes),
     )
+
+
+def _topology(num_processes: int) -> dict[str, Any] | None:
+    """This job's devices, for a pre-warmed process to trace ahead (:mod:`reprieve.topology`); None if unknown."""
+    from ..topology import Topology
+
+    try:
+        return Topology.of_devices(jax.devices(), num_processes).to_json()
+    except Exception as err:  # noqa: BLE001  a hint: never a reason to fail a save
+        log.warning("checkpoint: not recording the topology (%s: %s)", type(err).__name__, err)
+        return None

@@ -1,0 +1,157 @@
+"""reprieve.topology: the devices an attempt ran on, recorded in every checkpoint (real CheckpointManager, real
+files) and read back before ``reprieve.init()``: from the supervisor's hint first, else the latest visible
+checkpoint; an AbstractMesh built from it is the one JAX derives from the real mesh (so a trace made ahead is
+found again)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import reprieve
+from jax.sharding import Mesh
+from reprieve.checkpoint import CheckpointManager, layout
+from reprieve.topology import Topology, TopologyError, current, expected_topology
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+GOOD = {"platform": "cpu", "device_kind": "cpu", "num_cores": None, "num_processes": 2, "device_count": 4}
+
+
+# -- the record (pure) ------------------------------------------------------------------------------------------
+def test_a_topology_round_trips_through_json() -> None:
+    topology = Topology.from_json(json.loads(json.dumps(GOOD)))
+    assert topology.to_json() == GOOD
+    assert topology.local_device_count == 2
+
+
+@pytest.mark.parametrize("change,named", [
+    ({"platform": ""}, "platform"),
+    ({"device_kind": 3}, "device_kind"),
+    ({"num_cores": 0}, "num_cores"),
+    ({"num_processes": 0}, "num_processes"),
+    ({"device_count": "4"}, "device_count"),
+    ({"device_count": True}, "device_count"),
+    ({"extra": 1}, "unknown fields ['extra']"),
+])
+def test_a_malformed_topology_is_refused_naming_the_field(change: dict, named: str) -> None:
+    with pytest.raises(TopologyError, match=re.escape(named)):
+        Topology.from_json({**GOOD, **change})
+
+
+def test_a_topology_lacking_a_field_is_refused_naming_it() -> None:
+    with pytest.raises(TopologyError, match=re.escape("lacks ['device_count']")):
+        Topology.from_json({k: v for k, v in GOOD.items() if k != "device_count"})
+    with pytest.raises(TopologyError, match="JSON object"):
+        Topology.from_json([1, 2])
+
+
+# -- against the installed JAX ----------------------------------------------------------------------------------
+def test_the_abstract_mesh_is_the_one_jax_derives_from_the_real_mesh() -> None:
+    topology = current()
+    assert topology.device_count == len(jax.devices()) == 4 and topology.num_processes == 1
+    for shape, names in [((4,), ("data",)), ((2, 2), ("data", "model"))]:
+        real = Mesh(np.array(jax.devices()).reshape(shape), names).abstract_mesh
+        assert topology.abstract_mesh(shape, names) == real
+
+
+def test_an_abstract_mesh_that_does_not_cover_the_devices_is_refused() -> None:
+    topology = Topology.from_json(GOOD)
+    with pytest.raises(TopologyError, match="make 2 devices; this topology has 4"):
+        topology.abstract_mesh((2,), ("data",))
+    with pytest.raises(TopologyError, match="differ in length"):
+        topology.abstract_mesh((2, 2), ("data",))
+
+
+def test_a_step_traced_under_the_abstract_mesh_is_found_by_the_call_under_the_real_mesh(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    traces = []
+
+    def step(w: jax.Array, x: jax.Array) -> jax.Array:
+        traces.append(1)
+        return w + (x @ w).sum()
+
+    jitted = jax.jit(step)
+    topology = current()
+    amesh = topology.abstract_mesh((4,), ("data",))
+    with jax.sharding.use_abstract_mesh(amesh):
+        jitted.trace(jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=NamedSharding(amesh, P())),
+                     jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=NamedSharding(amesh, P("data"))))
+    assert traces == [1]
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    with jax.set_mesh(mesh):
+        w = jax.device_put(jnp.ones((8, 8)), NamedSharding(mesh, P()))
+        x = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P("data")))
+        jitted(w, x).block_until_ready()
+    assert traces == [1], "the call under the real mesh traced the step again"
+
+
+# -- recorded in checkpoints, read back before init -------------------------------------------------------------
+def _save(root: Path, step: int, attempt: int = 1) -> None:
+    with CheckpointManager(str(root), attempt=attempt) as mgr:
+        mgr.save(step, {"w": jnp.arange(8.0)})
+        mgr.wait()
+
+
+def test_every_checkpoint_records_the_topology_and_expected_topology_reads_the_latest(tmp_path: Path) -> None:
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path)}
+    assert expected_topology(env) is None  # a first start: nothing to go by
+    _save(tmp_path, 5)
+    meta = json.loads((tmp_path / layout.committed_name(5, 1) / layout.METADATA_FILE).read_text())
+    assert meta["topology"] == current().to_json()
+    assert expected_topology(env) == current()
+    assert reprieve.expected_topology is expected_topology
+
+
+def test_expected_topology_follows_fencing(tmp_path: Path) -> None:
+    _save(tmp_path, 5, attempt=1)
+    CheckpointManager(str(tmp_path), attempt=2).close()  # attempt 2 fenced the directory (step 5 visible)
+    # then a stale writer of attempt 1 commits step 9, recording other devices: invisible, as for a restore
+    stale = tmp_path / layout.committed_name(9, 1)
+    shutil.copytree(tmp_path / layout.committed_name(5, 1), stale)
+    meta = json.loads((stale / layout.METADATA_FILE).read_text())
+    (stale / layout.METADATA_FILE).write_text(json.dumps({**meta, "step": 9, "topology": {**GOOD, "device_count": 64}}))
+    assert expected_topology({"REPRIEVE_CHECKPOINT_URI": str(tmp_path)}) == current()
+    (tmp_path / "attempts" / "attempt_0000000002.json").unlink()  # the fence is what hides it: without it step 9 is latest
+    assert expected_topology({"REPRIEVE_CHECKPOINT_URI": str(tmp_path)}) == Topology.from_json(
+        {**GOOD, "device_count": 64})
+
+
+def test_the_supervisors_hint_comes_first_and_a_bad_one_falls_back_to_the_checkpoint(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _save(tmp_path, 5)
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path)}
+    assert expected_topology({**env, "REPRIEVE_EXPECTED_TOPOLOGY": json.dumps(GOOD)}) == Topology.from_json(GOOD)
+    with caplog.at_level(logging.WARNING, logger="reprieve.topology"):
+        assert expected_topology({**env, "REPRIEVE_EXPECTED_TOPOLOGY": "{not json"}) == current()
+    assert "ignoring REPRIEVE_EXPECTED_TOPOLOGY" in caplog.text
+
+
+def test_a_checkpoint_without_a_topology_or_with_a_bad_one_means_unknown(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _save(tmp_path, 5)
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path)}
+    path = tmp_path / layout.committed_name(5, 1) / layout.METADATA_FILE
+    meta = json.loads(path.read_text())
+    del meta["topology"]  # written before topologies were recorded
+    path.write_text(json.dumps(meta))
+    assert expected_topology(env) is None
+    path.write_text(json.dumps({**meta, "topology": {**GOOD, "device_count": -1}}))
+    with caplog.at_level(logging.WARNING, logger="reprieve.topology"):
+        assert expected_topology(env) is None
+    assert "device_count must be a positive integer" in caplog.text
+    path.write_text("{truncated")
+    assert expected_topology(env) is None
