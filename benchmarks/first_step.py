@@ -8,9 +8,10 @@ in fresh processes against one compilation cache:
 
 * **populate**: a first process compiles the step and writes the cache;
 * **restart**: a fresh process calls the step the way a restarted attempt does (cache warm);
-* **restart, traced before the devices**: a fresh process first traces the step before any device is touched, as a
-  pre-warmed process waiting in ``reprieve.init()`` could, under an ``AbstractMesh`` equal to the real one (axis
-  sizes and names, device kind and platform); the first call then finds the trace in ``jax.jit``'s cache.
+* **restart, traced before the devices**: a fresh process first traces the step before any device is touched, as
+  the example's warm process does (its ``trace_ahead``, which ``reprieve.init(trace_ahead=...)`` calls with the
+  devices the previous attempt ran on: the step traced under the ``AbstractMesh`` of those); the first call then
+  finds the trace in ``jax.jit``'s cache.
 
 Each row prints JAX's own timings (``jax.monitoring``: trace, lowering, cache read) and the first call's wall time;
 the last line is the ratio of the two restarts' first calls. ``--repeat`` runs each restart that many times.
@@ -36,7 +37,7 @@ import importlib.util, json, os, sys, time
 import jax, jax.numpy as jnp, numpy as np, optax
 import jax.monitoring as mon
 from flax import nnx
-from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 events = {}
 mon.register_event_duration_secs_listener(lambda e, s, **kw: events.setdefault(e, []).append(s))
@@ -47,28 +48,14 @@ spec = importlib.util.spec_from_file_location("train_lm", os.environ["EXAMPLE"])
 m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
 n = int(os.environ["DEVICES"])
 graphdef, shapes = nnx.split(nnx.eval_shape(lambda: m.create(0, 3e-3)))
-
-def pure(state, batch):
-    model, opt = nnx.merge(graphdef, state)
-    def loss_fn(mm):
-        logits = mm(batch[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    opt.update(model, grads)
-    return nnx.state((model, opt)), loss
-
-train = jax.jit(pure, donate_argnums=0)
+train = m.make_train_step(graphdef)  # the example's own step and its own trace-ahead, as a warm process runs them
 batch_shape = (m.GLOBAL_BATCH, m.SEQ + 1)
 pretrace = 0.0
 if os.environ["MODE"] == "pretrace":
     from jax._src import xla_bridge
-    from jax._src.mesh import AbstractDevice  # no public constructor in JAX 0.10
-    amesh = AbstractMesh((n,), ("data",), abstract_device=AbstractDevice("cpu", None, "cpu"))
+    from reprieve.topology import Topology
     t = time.perf_counter()
-    with jax.sharding.use_abstract_mesh(amesh):
-        rep = NamedSharding(amesh, P())
-        abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), shapes)
-        train.trace(abstract, jax.ShapeDtypeStruct(batch_shape, jnp.int32, sharding=NamedSharding(amesh, P("data"))))
+    m.trace_ahead(Topology("cpu", "cpu", None, 1, n), train, shapes)
     pretrace = time.perf_counter() - t
     assert not xla_bridge.backends_are_initialized(), "the trace touched a device"
 mesh = Mesh(np.array(jax.devices()), ("data",))

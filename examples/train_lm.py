@@ -126,25 +126,21 @@ def make_train_step(graphdef: nnx.GraphDef[Any]) -> Any:
     return jax.jit(step)
 
 
-def trace_ahead(train_step: Any, shapes: nnx.State, log: logging.Logger) -> None:
-    """Trace ``train_step`` for the mesh the latest checkpoint was written on, touching no device.
+def trace_ahead(topology: reprieve.Topology, train_step: Any, shapes: nnx.State) -> None:
+    """Trace ``train_step`` for ``topology`` (``reprieve.init(trace_ahead=...)`` calls this before any device is
+    touched, as soon as the job's devices are known), so a restarted attempt's first step skips tracing.
 
-    A restarted attempt's first step then skips tracing and lowering (it still reads the compiled program from
-    the compilation cache); on a first start, or when the topology changed, nothing is traced ahead and the first
-    step traces as usual (docs/runtime.md, "Tracing the step before reprieve.init()").
+    It still lowers the step and reads the compiled program from the compilation cache; on a first start, or if
+    the devices changed, the first step traces as usual (docs/runtime.md, "Tracing the step before the devices").
     """
-    topology = reprieve.expected_topology()
-    if topology is None or GLOBAL_BATCH % topology.device_count:
-        return
-    t = time.perf_counter()
+    if GLOBAL_BATCH % topology.device_count:
+        return  # main() refuses this topology after init
     mesh = topology.abstract_mesh((topology.device_count,), ("data",))
     with jax.sharding.use_abstract_mesh(mesh):
         shardings = nnx.get_named_sharding(shapes, mesh)
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
         batch = jax.ShapeDtypeStruct((GLOBAL_BATCH, SEQ + 1), jnp.int32, sharding=NamedSharding(mesh, P("data")))
         train_step.trace(abstract, batch)
-    log.info("traced the step ahead for %d %s devices in %.2fs", topology.device_count, topology.platform,
-             time.perf_counter() - t)
 
 
 def params_digest(model: LanguageModel) -> str:
@@ -169,14 +165,13 @@ def main() -> int:
     # Before reprieve.init(): everything that needs no device. Under reprieve-run this runs in the pre-warmed
     # process while the previous attempt still trains, so a restart does not pay for it (docs/runtime.md, "What
     # code before reprieve.init() may do"): the model's structure and shapes (nnx.eval_shape traces, it
-    # allocates nothing and touches no device), the generated corpus, and the training step traced for the mesh
-    # the latest checkpoint was written on (reprieve.expected_topology(): read from storage, no device).
+    # allocates nothing and touches no device) and the generated corpus. reprieve.init() traces the training step
+    # there too (trace_ahead), for the devices the previous attempt ran on, before touching any.
     graphdef, shapes = nnx.split(nnx.eval_shape(lambda: create(args.seed, args.lr)))
     data = corpus(args.seed)
     train_step = make_train_step(graphdef)
-    trace_ahead(train_step, shapes, log)
 
-    job = reprieve.init()
+    job = reprieve.init(trace_ahead=lambda topology: trace_ahead(topology, train_step, shapes))
     if GLOBAL_BATCH % jax.device_count():
         raise SystemExit(f"examples/train_lm.py: the global batch ({GLOBAL_BATCH}) must split evenly over the "
                          f"{jax.device_count()} devices; use 1, 2, 4, 8 or 16 devices in all")

@@ -23,6 +23,7 @@ from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource,
 from .policy import SavePolicy
 from .progress import ProgressReporter
 from .supervised import SupervisorLink
+from .topology import Topology, TraceAhead
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ def init(
     install_sigterm: bool = True,
     watch_pod: bool = True,
     exit_fn: Callable[[int], Any] = exit_process,
+    trace_ahead: Callable[[Topology], Any] | None = None,
 ) -> Job:
     """Join the job described by the ``REPRIEVE_*`` environment and return its :class:`Job`.
 
@@ -58,12 +60,22 @@ def init(
         exit_fn: how to exit once the exit code is decided (default :func:`reprieve.exiting.exit_process`:
             unwinds like ``sys.exit``, then ends without the interpreter's teardown; pass ``sys.exit`` for a
             full teardown).
+        trace_ahead: ``f(topology)``, called once before any device is touched, as soon as the devices the job
+            will most likely run on are known (:func:`reprieve.expected_topology`): trace the training step
+            there under ``topology.abstract_mesh(...)`` and a restarted attempt's first step skips tracing. In a
+            pre-warmed process it runs while the previous attempt trains; a spare started before the first
+            checkpoint retries every few seconds while it waits. See docs/runtime.md, "Tracing the step before
+            the devices".
     """
     environ: Mapping[str, str] = os.environ if env is None else env
     link = SupervisorLink.take(os.environ if env is None else dict(env))
+    ahead = TraceAhead(trace_ahead, environ) if trace_ahead is not None else None
+    if ahead is not None:
+        ahead.attempt()
     if link is not None and link.warm:
         # A pre-warmed process (reprieve-run): imports are done; the assignment says who this process is.
-        updates = link.await_assignment()
+        updates = link.await_assignment(idle=None if ahead is None or ahead.done else ahead.attempt,
+                                        idle_seconds=TraceAhead.POLL_SECONDS)
         if env is None:
             os.environ.update(updates)  # user code after init() and child processes see the new attempt
         else:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import socket
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from .supervision import EVENTS_FD_ENV, WARM_FD_ENV, AssignmentError, parse_assignment_line
@@ -73,8 +74,9 @@ class SupervisorLink:
         supervisor reports the code at once instead of at the exit (``docs/contract.md``)."""
         self.send("exiting", code=code)
 
-    def await_assignment(self) -> dict[str, str]:
+    def await_assignment(self, idle: Callable[[], None] | None = None, idle_seconds: float = 5.0) -> dict[str, str]:
         """Warm process: report ready, block until the assignment line arrives, return its ``REPRIEVE_*`` values.
+        ``idle`` is called every ``idle_seconds`` while no line has started to arrive (``init(trace_ahead=)``).
 
         Raises:
             RuntimeError: a JAX backend is already initialised here (the supervisor is told, and starts the
@@ -84,6 +86,8 @@ class SupervisorLink:
         self._refuse_if_devices_touched()
         self.send("ready")
         log.info("pre-warmed process %d: waiting in reprieve.init() for its assignment", os.getpid())
+        while idle is not None and not select.select([self._sock], [], [], idle_seconds)[0]:
+            idle()
         line = self._sock.makefile("rb").readline()
         if not line:
             log.info("pre-warmed process %d: the supervisor closed the link; exiting", os.getpid())
@@ -126,11 +130,8 @@ def device_problem(modules: Mapping[str, Any]) -> str | None:
 
 
 def _topology() -> dict[str, Any] | None:
-    """This process's view of the job's devices (:mod:`reprieve.topology`), or None when it cannot be had."""
-    from .topology import current
+    """This process's view of the job's devices (:mod:`reprieve.topology`), or None when it has none yet."""
+    from .topology import current_if_initialised
 
-    try:
-        return current().to_json()
-    except Exception as err:  # noqa: BLE001  a hint for the next attempt: never a reason to fail this one
-        log.debug("supervisor link: no topology to report (%s: %s)", type(err).__name__, err)
-        return None
+    topology = current_if_initialised()
+    return None if topology is None else topology.to_json()

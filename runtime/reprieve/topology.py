@@ -25,7 +25,8 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,24 @@ def current() -> Topology:
     return Topology.of_devices(jax.devices(), jax.process_count())
 
 
+def current_if_initialised() -> Topology | None:
+    """:func:`current` when this process has a JAX backend already (it never initialises one: a save of host-only
+    state or a trainer that never touched a device reports nothing), else None; never raises."""
+    import sys
+
+    if "jax" not in sys.modules:
+        return None
+    try:
+        from jax._src import xla_bridge  # not public API: the only way to ask without initialising a backend
+
+        if not xla_bridge.backends_are_initialized():
+            return None
+        return current()
+    except Exception as err:  # noqa: BLE001  a hint: never a reason to fail
+        log.debug("topology: not known (%s: %s)", type(err).__name__, err)
+        return None
+
+
 def expected_topology(env: Mapping[str, str] | None = None) -> Topology | None:
     """The devices the next attempt will most likely run on, found without touching a device; None when unknown.
 
@@ -170,3 +189,38 @@ def _checkpoint_topology(environ: Mapping[str, str]) -> Topology | None:
         log.warning("expected topology: could not read the latest checkpoint under %s (%s: %s); not tracing "
                     "ahead", uri, type(err).__name__, err)
         return None
+
+
+class TraceAhead:
+    """``reprieve.init(trace_ahead=fn)``: call ``fn(topology)`` once, before any device is touched, as soon as the
+    expected topology is known.
+
+    :meth:`attempt` is called by ``init()`` before it joins the job and, in a pre-warmed process with no topology
+    yet (a spare started before the job's first checkpoint), again every ``POLL_SECONDS`` while it waits for its
+    assignment, until a checkpoint records one. A failing ``fn`` is logged and not retried: tracing ahead only
+    saves time, the step traces at its first call anyway. Touching devices in ``fn`` is the user's error that
+    ``reprieve.init()`` refuses in a warm process, as for any code before it.
+    """
+
+    POLL_SECONDS = 5.0
+
+    def __init__(self, fn: Callable[[Topology], Any], env: Mapping[str, str]) -> None:
+        self._fn, self._env = fn, env
+        self.done = False
+
+    def attempt(self) -> None:
+        if self.done:
+            return
+        topology = expected_topology(self._env)
+        if topology is None:
+            return
+        self.done = True
+        t = time.perf_counter()
+        try:
+            self._fn(topology)
+        except Exception as err:  # noqa: BLE001  a hint: the first call of the step traces instead
+            log.warning("trace_ahead for %s failed (%s: %s); the step will be traced at its first call", topology,
+                        type(err).__name__, err)
+            return
+        log.info("traced ahead for %d %s device(s) of %d process(es) in %.2fs, before touching a device",
+                 topology.device_count, topology.platform, topology.num_processes, time.perf_counter() - t)

@@ -52,7 +52,7 @@ def test_the_example_lm_resumes_bit_identical_after_a_preemption(tmp_path: Path)
     assert again.wait(300) == [0, 0], again.tail()
     for log in again.logs:
         text = log.read_text()
-        assert "traced the step ahead for 2 cpu devices" in text, text[-3000:]
+        assert "traced ahead for 2 cpu device(s) of 2 process(es)" in text, text[-3000:]
         after_init = text[text.index("starting at step"):]
         missed = re.findall(r"TRACING CACHE MISS at [^\n]*train_lm\.py[^\n]*", after_init)
         assert not missed, f"the first step after the restart traced again: {missed}\n{after_init[:3000]}"

@@ -160,7 +160,12 @@ WARM_TRAINER = """
         jax.devices()  # not allowed before reprieve.init() in a warm process
     import reprieve
     assert "REPRIEVE_ATTEMPT" not in os.environ
-    job = reprieve.init(install_sigterm=False, watch_pod=False)
+    def ahead(topology):  # what a step would be traced for, and whether a device was touched to know it
+        from jax._src import xla_bridge
+        with open(os.environ["TRACE_AHEAD"], "w") as f:
+            json.dump({**topology.to_json(), "devices_touched": xla_bridge.backends_are_initialized()}, f)
+    job = reprieve.init(install_sigterm=False, watch_pod=False,
+                        trace_ahead=ahead if os.environ.get("TRACE_AHEAD") else None)
     print(json.dumps({k: os.environ.get(k) for k in ("REPRIEVE_ATTEMPT", "REPRIEVE_PROCESS_ID",
           "REPRIEVE_WARM_FD", "REPRIEVE_SUPERVISOR_FD")} | {"attempt": job.config.attempt}), flush=True)
     for step in job.steps(0, 3):
@@ -189,7 +194,9 @@ def test_warm_process_waits_in_init_then_runs_the_assignment(tmp_path: Path) -> 
     assert proc.poll() is None  # parked: nothing runs before the assignment
     sock.sendall(json.dumps({"attempt": 5, "processId": 0, "numProcesses": 1, "coordinator": None}).encode() + b"\n")
     assert json.loads(lines.readline()) == {"event": "init", "attempt": 5, "processId": 0}
-    assert json.loads(lines.readline()) == {"event": "step", "step": 0}
+    step = json.loads(lines.readline())  # with the devices, if the trainer had touched them by then
+    assert {k: v for k, v in step.items() if k != "topology"} == {"event": "step", "step": 0}, step
+    assert step["topology"] is None or (step["topology"]["platform"], step["topology"]["num_processes"]) == ("cpu", 1)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     seen = json.loads(out.strip().splitlines()[-1])
@@ -214,3 +221,46 @@ def test_warm_process_exits_quietly_when_the_supervisor_goes(tmp_path: Path) -> 
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert out == ""  # it never got past reprieve.init()
+
+
+TOPOLOGY = {"platform": "cpu", "device_kind": "cpu", "num_cores": None, "num_processes": 2, "device_count": 4}
+ASSIGN_ALONE = json.dumps({"attempt": 5, "processId": 0, "numProcesses": 1, "coordinator": None}).encode() + b"\n"
+
+
+def test_a_warm_process_traces_ahead_for_the_devices_its_supervisor_names_before_it_parks(tmp_path: Path) -> None:
+    ahead = tmp_path / "ahead.json"
+    proc, sock = start_warm(tmp_path, TRACE_AHEAD=str(ahead), REPRIEVE_EXPECTED_TOPOLOGY=json.dumps(TOPOLOGY))
+    lines = sock.makefile("rb")
+    assert json.loads(lines.readline()) == {"event": "ready"}
+    assert json.loads(ahead.read_text()) == {**TOPOLOGY, "devices_touched": False}
+    sock.sendall(ASSIGN_ALONE)
+    assert json.loads(lines.readline()) == {"event": "init", "attempt": 5, "processId": 0}
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+
+
+def test_a_spare_parked_before_the_first_checkpoint_traces_ahead_once_one_is_committed(tmp_path: Path) -> None:
+    import jax.numpy as jnp
+    from reprieve.checkpoint import CheckpointManager, layout
+
+    ahead = tmp_path / "ahead.json"
+    proc, sock = start_warm(tmp_path, TRACE_AHEAD=str(ahead))  # no hint: a spare that never ran a trainer
+    lines = sock.makefile("rb")
+    assert json.loads(lines.readline()) == {"event": "ready"}
+    time.sleep(1)
+    assert not ahead.exists()  # no checkpoint yet: nothing to trace for
+    with CheckpointManager(str(tmp_path / "ckpt"), attempt=1) as mgr:
+        mgr.save(3, {"w": jnp.arange(4.0)})
+        mgr.wait()
+    recorded = json.loads((tmp_path / "ckpt" / layout.committed_name(3, 1) / layout.METADATA_FILE).read_text())
+    deadline = time.monotonic() + 20  # it looks again every TraceAhead.POLL_SECONDS while parked
+    while not ahead.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the parked spare never traced ahead"
+        time.sleep(0.2)
+    time.sleep(0.2)  # written in one go, but give the write a moment
+    assert json.loads(ahead.read_text()) == {**recorded["topology"], "devices_touched": False}
+    sock.sendall(ASSIGN_ALONE)  # still parked, and takes its assignment as before
+    assert json.loads(lines.readline()) == {"event": "init", "attempt": 5, "processId": 0}
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+

@@ -21,7 +21,14 @@ import pytest
 import reprieve
 from jax.sharding import Mesh
 from reprieve.checkpoint import CheckpointManager, layout
-from reprieve.topology import Topology, TopologyError, current, expected_topology
+from reprieve.topology import (
+    Topology,
+    TopologyError,
+    TraceAhead,
+    current,
+    current_if_initialised,
+    expected_topology,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -155,3 +162,28 @@ def test_a_checkpoint_without_a_topology_or_with_a_bad_one_means_unknown(
     assert "device_count must be a positive integer" in caplog.text
     path.write_text("{truncated")
     assert expected_topology(env) is None
+
+
+def test_trace_ahead_calls_once_when_the_topology_is_known_and_survives_a_failing_callback(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[Topology] = []
+    ahead = TraceAhead(calls.append, {"REPRIEVE_CHECKPOINT_URI": str(tmp_path)})
+    ahead.attempt()
+    assert calls == [] and not ahead.done  # nothing known yet: tried again later
+    _save(tmp_path, 5)
+    ahead.attempt()
+    ahead.attempt()
+    assert calls == [current()] and ahead.done
+
+    def broken(topology: Topology) -> None:
+        raise ValueError("model does not fit")
+
+    failing = TraceAhead(broken, {"REPRIEVE_EXPECTED_TOPOLOGY": json.dumps(GOOD)})
+    with caplog.at_level(logging.WARNING, logger="reprieve.topology"):
+        failing.attempt()
+    assert failing.done and "trace_ahead for" in caplog.text and "model does not fit" in caplog.text
+
+
+def test_the_current_topology_is_reported_only_once_a_backend_exists() -> None:
+    jax.devices()
+    assert current_if_initialised() == current()

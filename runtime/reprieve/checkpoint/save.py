@@ -277,10 +277,9 @@ def build_metadata(step: int, attempt: int, num_processes: int, snap: Snapshot, 
 
 def _topology(num_processes: int) -> dict[str, Any] | None:
     """This job's devices, for a pre-warmed process to trace ahead (:mod:`reprieve.topology`); None if unknown."""
-    from ..topology import Topology
+    from ..topology import Topology, current_if_initialised
 
-    try:
-        return Topology.of_devices(jax.devices(), num_processes).to_json()
-    except Exception as err:  # noqa: BLE001  a hint: never a reason to fail a save
-        log.warning("checkpoint: not recording the topology (%s: %s)", type(err).__name__, err)
+    here = current_if_initialised()
+    if here is None:
         return None
+    return Topology(here.platform, here.device_kind, here.num_cores, num_processes, here.device_count).to_json()
