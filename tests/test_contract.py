@@ -120,7 +120,8 @@ def test_the_supervisor_speaks_the_operators_contract() -> None:
     assert (op.ANNOTATION_EXIT, supervision.EXIT_ANNOTATION) == (a["exit"], a["exit"])
     assert (op.ANNOTATION_SUPERVISOR, supervision.SUPERVISOR_ANNOTATION) == (a["supervisor"], a["supervisor"])
     assert {supervision.CONTRACT_ENV} == SUPERVISOR_READS
-    assert {supervision.SUPERVISED_ENV, supervision.WARM_FD_ENV, supervision.EVENTS_FD_ENV} == SUPERVISOR_SETS
+    assert {supervision.SUPERVISED_ENV, supervision.WARM_FD_ENV, supervision.EVENTS_FD_ENV,
+            supervision.EXPECTED_TOPOLOGY_ENV} == SUPERVISOR_SETS
 
 
 def test_the_docs_list_the_same_environment() -> None:

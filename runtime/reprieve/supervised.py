@@ -3,7 +3,8 @@ assignment (``docs/contract.md``, "In-place restarts and the supervisor").
 
 The supervisor hands every process it starts one end of a Unix socket, named by ``REPRIEVE_SUPERVISOR_FD``.
 The runtime writes one JSON line per event on it: ``{"event": "init", "attempt": A}`` when ``reprieve.init()``
-takes its identity, ``{"event": "step", "step": S}`` once the first training step is done,
+takes its identity, ``{"event": "step", "step": S, "topology": {...} | null}`` once the first training step is done (the devices it
+runs on, :mod:`reprieve.topology`, handed to the next warm process in ``REPRIEVE_EXPECTED_TOPOLOGY``),
 ``{"event": "exiting", "code": C}`` when the exit code is decided (the agreed checkpoint committed, termination
 signals ignored from then on) and the process is about to leave the job and end. A warm process (also
 ``REPRIEVE_WARM_FD``, the same socket) writes ``{"event": "ready"}`` when its ``reprieve.init()`` is reached, then

@@ -10,13 +10,13 @@ kind, process and device counts), and :func:`expected_topology` returns the firs
 touching a device. In place restarts keep the topology, so the guess is almost always
 right; when it is wrong the trace made ahead is simply not used (the step traces again, as without it).
 
-    topology = reprieve.expected_topology()          # before reprieve.init(); None on a first start
-    if topology is not None:
+    def trace_ahead(topology: reprieve.Topology) -> None:   # called before any device is touched
         with jax.sharding.use_abstract_mesh(topology.abstract_mesh((topology.device_count,), ("data",))):
-            train_step.trace(abstract_state, abstract_batch)   # a jax.jit function: its trace is cached
-    job = reprieve.init()
+            train_step.trace(abstract_state, abstract_batch)  # a jax.jit function: its trace is cached
 
-``docs/runtime.md`` ("Tracing the step before reprieve.init()") has the whole recipe.
+    job = reprieve.init(trace_ahead=trace_ahead)
+
+``docs/runtime.md`` ("Tracing the step before the devices") has the whole recipe.
 """
 
 from __future__ import annotations
