@@ -61,11 +61,6 @@ class Topology:
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise TopologyError(f"topology {name} must be a positive integer, got {getattr(self, name)!r}")
 
-    @property
-    def local_device_count(self) -> int:
-        """Devices per process when every process has the same number (else the floor of the mean)."""
-        return self.device_count // self.num_processes
-
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
