@@ -51,6 +51,10 @@ def test_two_doomed_nodes_anywhere_do_not_block_a_new_job(cluster, api, namespac
     """Two nodes in maintenance (a label: the scheduler alone would use them) before a job is created."""
     for n in nodes:
         label_node(api, n, MAINTENANCE)
+    # The operator learns of signals through its Node watch: a job created in the same instant as a label may be
+    # built before the label is seen (it then converges through the notice path). This test is about the affinity
+    # shape with both nodes known, so it waits until the operator has seen both.
+    wait_for(lambda: operator.metric("reprieve_nodes_with_notice") >= len(nodes), 30, "the operator to see both labels")
     apply(cluster, job_manifest("llama", namespace, replicas=2))
     pods = wait_running(api, namespace, "llama", timeout=30)
     assert not {p.spec.node_name for p in pods} & set(nodes), "a worker landed on a node in maintenance"
