@@ -185,6 +185,11 @@ def main() -> int:
         shardings = nnx.get_named_sharding(shapes, mesh)
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
         init = jax.jit(lambda: nnx.state(create(args.seed, args.lr)), out_shardings=shardings)
+        # Lower and compile the step for these devices beside the restore; steps() waits for it before the
+        # first step, which then finds the program in JAX's caches (docs/runtime.md, "Compiling the step while
+        # the state is restored").
+        job.compile_ahead(train_step, abstract, jax.ShapeDtypeStruct((GLOBAL_BATCH, SEQ + 1), jnp.int32,
+                                                                     sharding=data_sharding))
         state, start = job.restore_or(init, abstract, data=it)
 
         log.info("process %d/%d starting at step %d of %d (attempt %s)", jax.process_index(), jax.process_count(),

@@ -10,6 +10,7 @@ Its phases and teardowns are :mod:`reprieve.lifecycle`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -20,6 +21,7 @@ from typing import Any, NoReturn, Protocol, Self
 from . import data as data_mod
 from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
+from .ahead import CompileAhead, watch_lowerings
 from .config import RuntimeConfig
 from .coordination import Coordinator
 from .exiting import exit_process
@@ -137,6 +139,11 @@ class Job:
         self._pending: int | None = None
         self._committed: int | None = None
         self._final = False  # the agreed save has begun
+        self._ahead: list[CompileAhead] = []  # compile_ahead() threads; steps() waits for them
+        # lowerings JAX did in the training thread during the first step: (count, seconds); None until known
+        self.first_step_lowerings: tuple[int, float] | None = None
+        self._watch: contextlib.AbstractContextManager[list[float]] | None = None
+        self._lowerings: list[float] = [0.0, 0.0]
         hook = getattr(checkpointer, "set_commit_callback", None)
         if callable(hook):
             hook(self.on_commit)
@@ -224,6 +231,18 @@ class Job:
             log.info("estimates from the checkpoint's attempt: step %s s, save %s s",
                      "?" if step_s is None else f"{step_s:.3f}", "?" if save_s is None else f"{save_s:.3f}")
 
+    def compile_ahead(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+        """Lower and compile the ``jax.jit`` function ``fn`` for ``args`` in a background thread, so that it
+        runs beside :meth:`restore_or` instead of in the first step after it; :meth:`steps` waits for it before
+        the first step. Call it after the mesh exists and before the restore, in the mesh context the loop calls
+        ``fn`` in, with what the first call will get: arrays or ``jax.ShapeDtypeStruct`` with the real
+        arguments' shardings (``abstract``, as given to :meth:`restore_or`). A failure is logged and the step
+        compiles at its first call as it would have (docs/runtime.md, "Compiling the step while the state is
+        restored")."""
+        if self.phase != Phase.READY:
+            raise RuntimeError(f"Job.compile_ahead: the job is {self.phase.value}; call it before Job.steps()")
+        self._ahead.append(CompileAhead(fn, args, kwargs))
+
     # -- loop ------------------------------------------------------------------------------------------
     def steps(self, start: int, total: int | None = None) -> Iterator[int]:
         """Yield ``start .. total-1`` (``total=None``: without end, for a loop that stops when its data does).
@@ -240,6 +259,11 @@ class Job:
         self._last_step = None if total is None else total - 1
         self.agreement.begin(start, self._last_step)
         self._last_save_at = time.monotonic()
+        for ahead in self._ahead:
+            ahead.wait()
+        self._ahead.clear()
+        self._watch = watch_lowerings()  # what the first step still lowers in this thread
+        self._lowerings = self._watch.__enter__()
         previous_t: float | None = None
         loop = self.loop
         step = start
@@ -249,6 +273,7 @@ class Job:
                 loop.last = (step - 1, now)  # the only per-step cost of progress reporting: one tuple
                 if loop.first is None:
                     loop.first = loop.last
+                    self._first_step_lowered()
                     self._first_step_done(step - 1)  # reprieve-run starts the next attempt's process now
                 self._observe_step(now - previous_t, step)
                 if self._decided != step - 1 or self._stop_step == step - 1:
@@ -262,10 +287,25 @@ class Job:
             loop.last = (step - 1, now)
             if loop.first is None:
                 loop.first = loop.last
+                self._first_step_lowered()
             self._observe_step(now - previous_t, step)
+        self._first_step_lowered()  # no step at all: stop watching
         if total is not None and total > start and (self._decided != total - 1 or self._stop_step == total - 1):
             self._decide_or_exit(total - 1)
         self.finish()
+
+    def _first_step_lowered(self) -> None:
+        """Stop counting the training thread's lowerings (once): ``first_step_lowerings``, logged if any."""
+        watch, self._watch = self._watch, None
+        if watch is None:
+            return
+        watch.__exit__(None, None, None)
+        if self.loop.first is None:
+            return
+        count, seconds = int(self._lowerings[0]), self._lowerings[1]
+        self.first_step_lowerings = (count, seconds)
+        if count:
+            log.info("the first step lowered %d program(s) in %.2fs", count, seconds)
 
     def _first_step_done(self, step: int) -> None:
         if self._on_first_step is not None:

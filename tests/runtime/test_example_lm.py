@@ -2,7 +2,8 @@
 optax, grain) as a real 2-process job without Kubernetes: preempted by SIGTERM mid-run, restarted, it ends with
 the same parameters, bit for bit, as an uninterrupted run (the e2e tier does the same through the operator). The
 restarted run traces its step before ``reprieve.init()`` for the devices the checkpoint records, and its first step
-finds that trace (JAX's own cache-miss explanations say so)."""
+finds that trace (JAX's own cache-miss explanations say so); it lowers and compiles the step beside the restore, so
+the first step lowers nothing."""
 
 from __future__ import annotations
 
@@ -32,7 +33,10 @@ def test_the_example_lm_resumes_bit_identical_after_a_preemption(tmp_path: Path)
     want = json.loads((tmp_path / "steady" / "result.json").read_text())
 
     work = tmp_path / "preempted"
-    gang = launch(work, 2, worker=EXAMPLE, grace_seconds=20, extra_env=_env(work))
+    # An 8 s notice: the agreement plans to train on until ~5 s before the deadline, which at these ~0.03 s steps
+    # would reach the job's last step with a longer one; this one leaves no time to train on, so the agreed save
+    # lands mid-run and the restart has steps left to take.
+    gang = launch(work, 2, worker=EXAMPLE, grace_seconds=8, extra_env=_env(work))
     try:
         limit_log = gang.logs[0]
         import time
@@ -53,7 +57,9 @@ def test_the_example_lm_resumes_bit_identical_after_a_preemption(tmp_path: Path)
     for log in again.logs:
         text = log.read_text()
         assert "traced ahead for 2 cpu device(s) of 2 process(es)" in text, text[-3000:]
+        assert re.search(r"compiled step ahead in [0-9.]+s beside the restore", text), text[-3000:]
         after_init = text[text.index("starting at step"):]
+        assert "the first step lowered" not in after_init, after_init[:3000]
         missed = re.findall(r"TRACING CACHE MISS at [^\n]*train_lm\.py[^\n]*", after_init)
         assert not missed, f"the first step after the restart traced again: {missed}\n{after_init[:3000]}"
     got = json.loads((work / "result.json").read_text())

@@ -1,0 +1,125 @@
+"""Compile the training step while the state is restored (``Job.compile_ahead``).
+
+After a restart the first call of a ``jax.jit`` step lowers it for the job's devices and reads (or compiles) its
+program: 1-1.5 s per process on the benchmark's model, on the restart's critical path after the restore. Lowering
+is keyed on the concrete devices, so it cannot be done before ``reprieve.init()`` has joined the job (tracing can:
+``reprieve.init(trace_ahead=...)``). It can run beside the restore, though: :class:`CompileAhead` lowers and
+compiles in a background thread, in the caller's mesh context, and ``Job.steps()`` waits for it before the first
+step, so the step's first call finds the lowered and compiled program in JAX's caches instead of doing the work
+again (docs/runtime.md, "Compiling the step while the state is restored").
+
+The thread copies the one piece of thread-local JAX context a step's lowering is keyed on that a user sets per
+thread, the mesh (``jax.set_mesh`` / ``jax.sharding.use_abstract_mesh``); other thread-local configuration
+(``with jax.default_matmul_precision(...)`` and the like) is not copied: set it with ``jax.config.update``, or
+the first step lowers again (``Job.first_step_lowerings``, logged). Failures are logged and never stop training:
+compiling ahead only saves time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+log = logging.getLogger("reprieve")
+
+LOWERING_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # jax.monitoring: one per lowering
+
+
+_lock = threading.Lock()
+_installed: list[bool] = []
+_active: dict[int, list[float]] = {}  # thread ident -> [count, seconds]
+
+
+def _on_event(event: str, duration_secs: float, **_: str | int) -> None:
+    if event != LOWERING_EVENT:
+        return
+    box = _active.get(threading.get_ident())
+    if box is not None:
+        box[0] += 1
+        box[1] += duration_secs
+
+
+@contextlib.contextmanager
+def watch_lowerings() -> Iterator[list[float]]:
+    """Count the lowerings JAX reports (``jax.monitoring``) in the calling thread inside the block: yields
+    ``[count, seconds]``, updated as they happen. One listener per process (JAX has no public way to remove one),
+    installed at the first use."""
+    import jax.monitoring
+
+    with _lock:
+        if not _installed:
+            jax.monitoring.register_event_duration_secs_listener(_on_event)
+            _installed.append(True)
+    box = [0.0, 0.0]
+    ident = threading.get_ident()
+    _active[ident] = box
+    try:
+        yield box
+    finally:
+        _active.pop(ident, None)
+
+
+def _mesh_context() -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """A factory re-entering, in another thread, the calling thread's mesh context (or none)."""
+    import jax
+
+    mesh = jax.sharding.get_mesh()
+    if not mesh.empty:
+        return lambda: jax.set_mesh(mesh)  # type: ignore[no-any-return]
+    abstract = jax.sharding.get_abstract_mesh()
+    if not abstract.empty:
+        return lambda: jax.sharding.use_abstract_mesh(abstract)  # type: ignore[no-any-return]
+    return contextlib.nullcontext
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__name__", None) or getattr(getattr(fn, "__wrapped__", None), "__name__", None)
+               or type(fn).__name__)
+
+
+class CompileAhead:
+    """``fn.lower(*args, **kwargs).compile()`` in a daemon thread, in the caller's mesh context.
+
+    ``fn`` is a ``jax.jit`` function; ``args`` are what its first call will get, as arrays or as
+    ``jax.ShapeDtypeStruct`` with ``sharding=`` (the same shardings as the real arguments: another sharding is
+    another program). :meth:`wait` joins; the outcome is logged, never raised.
+    """
+
+    def __init__(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        lower = getattr(fn, "lower", None)
+        if not callable(lower):
+            raise TypeError(f"Job.compile_ahead: {_name(fn)!r} has no .lower(): pass the jax.jit function itself "
+                            "(the one the training loop calls)")
+        self.name = _name(fn)
+        self.ok: bool | None = None  # None: running
+        self.seconds: float | None = None
+        self._context = _mesh_context()
+        self._thread = threading.Thread(target=self._run, args=(lower, args, kwargs), daemon=True,
+                                        name=f"reprieve-compile-ahead-{self.name}")
+        self._started = time.perf_counter()
+        self._thread.start()
+
+    def _run(self, lower: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            with self._context():
+                lower(*args, **kwargs).compile()
+        except Exception as err:  # noqa: BLE001  a head start only: the first call compiles instead
+            self.ok = False
+            log.warning("compile_ahead(%s) failed (%s: %s); the step compiles at its first call", self.name,
+                        type(err).__name__, err)
+            return
+        finally:
+            self.seconds = time.perf_counter() - self._started
+        self.ok = True
+
+    def wait(self) -> None:
+        t = time.perf_counter()
+        self._thread.join()
+        waited = time.perf_counter() - t
+        if self.ok:
+            log.info("compiled %s ahead in %.2fs beside the restore (the first step waited %.2fs for it)", self.name,
+                     self.seconds or 0.0, waited)

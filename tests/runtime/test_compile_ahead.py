@@ -1,0 +1,135 @@
+"""Job.compile_ahead: the step is lowered and compiled in a background thread beside the restore, so the first step
+after a restart lowers nothing (JAX's own monitoring events count the lowerings); failures only cost the head start.
+Real JAX on 4 simulated CPU devices, a real checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import reprieve
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from reprieve.ahead import watch_lowerings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def _job(root: Path) -> Any:
+    return reprieve.init(env={"REPRIEVE_CHECKPOINT_URI": str(root)}, install_sigterm=False, watch_pod=False)
+
+
+def _mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()), ("d",))
+
+
+def _shardings() -> tuple[dict[str, NamedSharding], NamedSharding]:
+    mesh = _mesh()
+    return {"w": NamedSharding(mesh, P(None, "d")), "b": NamedSharding(mesh, P())}, NamedSharding(mesh, P("d"))
+
+
+def _step() -> Any:
+    """A fresh jitted step each time (a new function: nothing of it is in JAX's in-memory caches)."""
+    def step(state: dict[str, jax.Array], batch: jax.Array) -> tuple[dict[str, jax.Array], jax.Array]:
+        def loss_fn(s: dict[str, jax.Array]) -> jax.Array:
+            return jnp.mean((jnp.tanh(batch @ s["w"]) + s["b"]) ** 2)
+        loss, grads = jax.value_and_grad(loss_fn)(state)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, state, grads), loss
+    return jax.jit(step, donate_argnums=0)
+
+
+def _abstract() -> tuple[dict[str, jax.ShapeDtypeStruct], jax.ShapeDtypeStruct]:
+    state, batch = _shardings()
+    return ({"w": jax.ShapeDtypeStruct((8, 16), jnp.float32, sharding=state["w"]),
+             "b": jax.ShapeDtypeStruct((16,), jnp.float32, sharding=state["b"])},
+            jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=batch))
+
+
+def _init() -> dict[str, jax.Array]:
+    state, _ = _shardings()
+    return {"w": jax.device_put(jnp.ones((8, 16), jnp.float32) / 8, state["w"]),
+            "b": jax.device_put(jnp.zeros((16,), jnp.float32), state["b"])}
+
+
+def _train(root: Path, total: int, *, ahead: tuple[Any, ...] | None) -> tuple[Any, int, tuple[int, float] | None]:
+    """One attempt: restore (or init) and train to ``total``; ``ahead``: the arguments for compile_ahead."""
+    step_fn = _step()
+    abstract, batch_struct = _abstract()
+    batch = jax.device_put(jnp.arange(64, dtype=jnp.float32).reshape(8, 8) / 64, batch_struct.sharding)
+    with _job(root) as job, jax.set_mesh(_mesh()):
+        if ahead is not None:
+            job.compile_ahead(step_fn, *ahead)
+        state, start = job.restore_or(_init, abstract)
+        for step in job.steps(start, total):
+            state, _loss = step_fn(state, batch)
+            job.save(step, state)
+        return state, start, job.first_step_lowerings
+
+
+def test_the_first_step_after_a_restart_lowers_nothing_when_compiled_ahead(tmp_path: Path) -> None:
+    abstract, batch_struct = _abstract()
+    _, start, cold = _train(tmp_path / "a", 3, ahead=None)
+    assert start == 0 and cold is not None and cold[0] >= 1, f"without compile_ahead the first step lowers: {cold}"
+
+    _, start, plain = _train(tmp_path / "a", 6, ahead=None)
+    assert start == 3 and plain is not None and plain[0] >= 1, f"a restart's first step lowers the step: {plain}"
+
+    state, start, ahead = _train(tmp_path / "a", 9, ahead=(abstract, batch_struct))
+    assert start == 6
+    assert ahead == (0, 0.0), f"the first step after compile_ahead lowered again: {ahead}"
+
+    want, _, _ = _train(tmp_path / "b", 9, ahead=None)  # the same training without a restart's head start
+    for k in want:
+        np.testing.assert_array_equal(np.asarray(state[k]), np.asarray(want[k]))
+
+
+def test_a_failing_compile_ahead_is_logged_and_the_step_compiles_at_its_first_call(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    abstract, _ = _abstract()
+    wrong = jax.ShapeDtypeStruct((8, 3), jnp.float32, sharding=_shardings()[1])  # 3 columns: w has 8 rows
+    with caplog.at_level(logging.INFO, logger="reprieve"):
+        state, start, lowered = _train(tmp_path, 2, ahead=(abstract, wrong))
+    assert start == 0 and state["w"].shape == (8, 16)
+    failed = [r.getMessage() for r in caplog.records if "compile_ahead(step) failed" in r.getMessage()]
+    assert failed and "TypeError" in failed[0], [r.getMessage() for r in caplog.records]
+    assert lowered is not None and lowered[0] >= 1
+
+
+def test_compile_ahead_refuses_what_it_cannot_compile_and_a_late_call(tmp_path: Path) -> None:
+    with _job(tmp_path) as job:
+        with pytest.raises(TypeError, match=r"'step' has no \.lower\(\): pass the jax\.jit function itself"):
+            job.compile_ahead(_plain_step, 1)
+        for _ in job.steps(0, 1):
+            with pytest.raises(RuntimeError, match="call it before Job.steps"):
+                job.compile_ahead(_step(), *_abstract())
+        job.abandon()
+
+
+def _plain_step(x: Any) -> Any:  # not jitted
+    return x
+
+
+_plain_step.__name__ = "step"
+
+
+def test_the_watch_counts_only_the_watching_threads_lowerings() -> None:
+    import threading
+
+    x = jnp.ones(7)
+    with watch_lowerings() as mine:
+        other = threading.Thread(target=lambda: jax.jit(lambda x: x * 3 + 1).lower(x))
+        other.start()
+        other.join()
+        assert mine[0] == 0, "another thread's lowering was counted"
+        jax.jit(lambda x: x * 5 - 2).lower(x)
+        assert mine[0] == 1 and mine[1] > 0
+    jax.jit(lambda x: x * 7 - 2).lower(x)
+    assert mine[0] == 1, "a lowering after the block was counted"
