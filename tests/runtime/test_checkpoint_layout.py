@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from reprieve.checkpoint import fencing, layout, retention, spec
 from reprieve.checkpoint.layout import CheckpointName as N
@@ -168,3 +170,16 @@ def test_metadata_round_trip_and_errors() -> None:
         CheckpointMeta.from_json(b'{"format_version": 99}', "f")
     with pytest.raises(CheckpointCorruptError, match="missing or unknown field"):
         CheckpointMeta.from_json(b'{"format_version": 1, "leaves": []}', "f")
+
+
+def test_metadata_from_a_newer_reprieve_of_the_same_format() -> None:
+    """A top-level field added later (informational by the format's rule) is ignored, so an older reader does
+    not quarantine the checkpoint; an unknown leaf field (how the bytes are stored) is refused."""
+    meta = CheckpointMeta(step=3, attempt=2, num_processes=1, leaves=[
+        LeafMeta(path="['w']", kind="array", index=0, shape=[4], dtype="float32", chunk_shape=[2], nbytes=16)])
+    raw = json.loads(meta.to_json())
+    newer = CheckpointMeta.from_json(json.dumps({**raw, "placement_hint": {"zone": "a"}}).encode(), "f")
+    assert newer == meta and b"placement_hint" not in newer.to_json()
+    raw["leaves"][0]["compression"] = "zstd"
+    with pytest.raises(CheckpointCorruptError, match=r"f: metadata has a missing or unknown field .*compression"):
+        CheckpointMeta.from_json(json.dumps(raw).encode(), "f")

@@ -109,6 +109,12 @@ class CheckpointMeta:
             raise CheckpointCorruptError(
                 f"{where}: format_version must be {FORMAT_VERSION}, got {version!r} (written by a newer reprieve?)"
             )
+        # Within a format version, a field added at the top level is informational (process_extra, topology): a
+        # reader that predates it ignores it, so a downgrade does not quarantine good checkpoints. A leaf field says
+        # how the bytes are stored (stored_as, key_impl): one this reader does not know is an error. A field a
+        # reader must understand takes a new format_version.
+        known = {f.name for f in dataclasses.fields(cls)}
+        raw = {k: v for k, v in raw.items() if k in known}
         try:
             leaves = [LeafMeta(**leaf) for leaf in raw.pop("leaves")]
             return cls(leaves=leaves, **raw)
