@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,13 +49,16 @@ def watch_lowerings() -> Iterator[list[float]]:
     """Count the lowerings JAX reports (``jax.monitoring``) in the calling thread inside the block: yields
     ``[count, seconds]``, updated as they happen. One listener per process (JAX has no public way to remove one),
     installed at the first use."""
+    box = [0.0, 0.0]
+    if "jax" not in sys.modules:  # a loop without JAX lowers nothing; do not import it for that
+        yield box
+        return
     import jax.monitoring
 
     with _lock:
         if not _installed:
             jax.monitoring.register_event_duration_secs_listener(_on_event)
             _installed.append(True)
-    box = [0.0, 0.0]
     ident = threading.get_ident()
     _active[ident] = box
     try:
