@@ -85,9 +85,11 @@ with jax.set_mesh(mesh):
     restored = time.perf_counter() - t0
     if ahead is not None:
         ahead.wait()  # Job.steps() does this before the first step
+    from reprieve.ahead import watch_lowerings
     t = time.perf_counter()
-    state, loss = train(state, batch)
-    loss.block_until_ready()
+    with watch_lowerings() as lowered:  # what the first call lowers in this thread
+        state, loss = train(state, batch)
+        loss.block_until_ready()
     first = time.perf_counter() - t
     to_first = time.perf_counter() - t0
     t = time.perf_counter()
@@ -104,6 +106,7 @@ def total(key):
     return sum(events.get(key, []))
 
 print(json.dumps({"pretrace": pretrace, "first": first, "second": second, "restore": restored, "to_first": to_first,
+                  "first_lowerings": lowered[0],
                   "trace": total("/jax/core/compile/jaxpr_trace_duration"),
                   "lower": total("/jax/core/compile/jaxpr_to_mlir_module_duration"),
                   "cache_read": total("/jax/compilation_cache/cache_retrieval_time_sec"),

@@ -1,6 +1,7 @@
 """benchmarks/first_step.py's premise, checked against the installed JAX: a restarted process reads the step from
 the persistent compilation cache but traces it again, unless it traced it before touching any device under an
-``AbstractMesh`` equal to the real one (then the first call is a hit in jit's trace cache). A JAX upgrade that
+``AbstractMesh`` equal to the real one (then the first call is a hit in jit's trace cache), and it still lowers
+the step unless that was done beside the restore (``Job.compile_ahead``). A JAX upgrade that
 changes either shows here, not as a quietly slower restart."""
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _bench() -> ModuleType:
 def test_a_step_traced_before_the_devices_is_not_traced_again_at_its_first_call(tmp_path: Path) -> None:
     bench = _bench()
     cache = tmp_path / "cache"
-    populate = bench.child("plain", cache, 2)
+    populate = bench.child("populate", cache, 2)
     assert populate["trace"] > 0 and populate["cache_hits"] == 0, populate
     restart = bench.child("plain", cache, 2)
     assert restart["trace"] > 0 and restart["cache_hits"] == 1, restart  # traced again, compiled from the cache
@@ -36,3 +37,7 @@ def test_a_step_traced_before_the_devices_is_not_traced_again_at_its_first_call(
     # of the model (hundreds of milliseconds in `restart`).
     assert pretraced["pretrace"] > 0 and pretraced["cache_hits"] == 1, pretraced
     assert pretraced["trace"] < restart["trace"] / 20, (pretraced, restart)
+    # Compiled beside the restore (what Job.compile_ahead does): the first call lowers nothing in the main thread.
+    ahead = bench.child("ahead", cache, 2)
+    assert restart["first_lowerings"] >= 1 and pretraced["first_lowerings"] >= 1, (restart, pretraced)
+    assert ahead["first_lowerings"] == 0 and ahead["cache_hits"] == 1, ahead
