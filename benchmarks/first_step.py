@@ -106,7 +106,7 @@ def total(key):
     return sum(events.get(key, []))
 
 print(json.dumps({"pretrace": pretrace, "first": first, "second": second, "restore": restored, "to_first": to_first,
-                  "first_lowerings": lowered[0],
+                  "first_lowerings": lowered.count,
                   "trace": total("/jax/core/compile/jaxpr_trace_duration"),
                   "lower": total("/jax/core/compile/jaxpr_to_mlir_module_duration"),
                   "cache_read": total("/jax/compilation_cache/cache_retrieval_time_sec"),

@@ -32,39 +32,51 @@ LOWERING_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # jax.monito
 
 _lock = threading.Lock()
 _installed: list[bool] = []
-_active: dict[int, list[float]] = {}  # thread ident -> [count, seconds]
+_active: dict[int, LoweringCount] = {}  # thread ident -> its counter
 
 
 def _on_event(event: str, duration_secs: float, **_: str | int) -> None:
     if event != LOWERING_EVENT:
         return
-    box = _active.get(threading.get_ident())
-    if box is not None:
-        box[0] += 1
-        box[1] += duration_secs
+    counter = _active.get(threading.get_ident())
+    if counter is not None:
+        counter.count += 1
+        counter.seconds += duration_secs
+
+
+class LoweringCount:
+    """The lowerings JAX reports (``jax.monitoring``) in the thread that made this, until :meth:`stop`. One
+    listener per process (JAX has no public way to remove one), installed at the first use; nothing is counted
+    (and JAX is not imported) in a process that has not imported JAX."""
+
+    def __init__(self) -> None:
+        self.count, self.seconds = 0, 0.0
+        self._ident = threading.get_ident()
+        if "jax" not in sys.modules:
+            return
+        import jax.monitoring
+
+        with _lock:
+            if not _installed:
+                jax.monitoring.register_event_duration_secs_listener(_on_event)
+                _installed.append(True)
+        _active[self._ident] = self
+
+    def stop(self) -> tuple[int, float]:
+        """Stop counting (idempotent); ``(count, seconds)``."""
+        if _active.get(self._ident) is self:
+            del _active[self._ident]
+        return self.count, self.seconds
 
 
 @contextlib.contextmanager
-def watch_lowerings() -> Iterator[list[float]]:
-    """Count the lowerings JAX reports (``jax.monitoring``) in the calling thread inside the block: yields
-    ``[count, seconds]``, updated as they happen. One listener per process (JAX has no public way to remove one),
-    installed at the first use."""
-    box = [0.0, 0.0]
-    if "jax" not in sys.modules:  # a loop without JAX lowers nothing; do not import it for that
-        yield box
-        return
-    import jax.monitoring
-
-    with _lock:
-        if not _installed:
-            jax.monitoring.register_event_duration_secs_listener(_on_event)
-            _installed.append(True)
-    ident = threading.get_ident()
-    _active[ident] = box
+def watch_lowerings() -> Iterator[LoweringCount]:
+    """:class:`LoweringCount` for the calling thread inside the block."""
+    counter = LoweringCount()
     try:
-        yield box
+        yield counter
     finally:
-        _active.pop(ident, None)
+        counter.stop()
 
 
 def _mesh_context() -> Callable[[], contextlib.AbstractContextManager[Any]]:

@@ -10,7 +10,6 @@ Its phases and teardowns are :mod:`reprieve.lifecycle`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import threading
@@ -21,7 +20,7 @@ from typing import Any, NoReturn, Protocol, Self
 from . import data as data_mod
 from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
-from .ahead import CompileAhead, watch_lowerings
+from .ahead import CompileAhead, LoweringCount
 from .config import RuntimeConfig
 from .coordination import Coordinator
 from .exiting import exit_process
@@ -142,8 +141,7 @@ class Job:
         self._ahead: list[CompileAhead] = []  # compile_ahead() threads; steps() waits for them
         # lowerings JAX did in the training thread during the first step: (count, seconds); None until known
         self.first_step_lowerings: tuple[int, float] | None = None
-        self._watch: contextlib.AbstractContextManager[list[float]] | None = None
-        self._lowerings: list[float] = [0.0, 0.0]
+        self._first_lowerings: LoweringCount | None = None  # counting while the first step runs
         hook = getattr(checkpointer, "set_commit_callback", None)
         if callable(hook):
             hook(self.on_commit)
@@ -262,8 +260,7 @@ class Job:
         for ahead in self._ahead:
             ahead.wait()
         self._ahead.clear()
-        self._watch = watch_lowerings()  # what the first step still lowers in this thread
-        self._lowerings = self._watch.__enter__()
+        self._first_lowerings = LoweringCount()  # what the first step still lowers in this thread
         previous_t: float | None = None
         loop = self.loop
         step = start
@@ -287,22 +284,20 @@ class Job:
             loop.last = (step - 1, now)
             if loop.first is None:
                 loop.first = loop.last
-                self._first_step_lowered()
             self._observe_step(now - previous_t, step)
-        self._first_step_lowered()  # no step at all: stop watching
+        self._first_step_lowered()  # a loop of one step (or none) ends here
         if total is not None and total > start and (self._decided != total - 1 or self._stop_step == total - 1):
             self._decide_or_exit(total - 1)
         self.finish()
 
     def _first_step_lowered(self) -> None:
         """Stop counting the training thread's lowerings (once): ``first_step_lowerings``, logged if any."""
-        watch, self._watch = self._watch, None
-        if watch is None:
+        counter, self._first_lowerings = self._first_lowerings, None
+        if counter is None:
             return
-        watch.__exit__(None, None, None)
-        if self.loop.first is None:
+        count, seconds = counter.stop()
+        if self.loop.first is None:  # no step was taken
             return
-        count, seconds = int(self._lowerings[0]), self._lowerings[1]
         self.first_step_lowerings = (count, seconds)
         if count:
             log.info("the first step lowered %d program(s) in %.2fs", count, seconds)

@@ -33,9 +33,9 @@ def test_the_example_lm_resumes_bit_identical_after_a_preemption(tmp_path: Path)
     want = json.loads((tmp_path / "steady" / "result.json").read_text())
 
     work = tmp_path / "preempted"
-    # An 8 s notice: the agreement plans to train on until ~5 s before the deadline, which at these ~0.03 s steps
-    # would reach the job's last step with a longer one; this one leaves no time to train on, so the agreed save
-    # lands mid-run and the restart has steps left to take.
+    # An 8 s notice: the agreement trains on until ~5 s before the deadline; at these ~0.03 s steps a longer notice
+    # would let the job reach its last step. This one leaves no time to train on, so the agreed save lands mid-run
+    # and the restart has steps left to take.
     gang = launch(work, 2, worker=EXAMPLE, grace_seconds=8, extra_env=_env(work))
     try:
         limit_log = gang.logs[0]
