@@ -32,15 +32,20 @@ def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Transi
         report = a.get("report")
         if a.get("attempt") not in new_open and a.get("ended") is not None and report:
             gaps.append(max(0.0, float(a["ended"]) - float(report["time"])))
-    to_commit = None
-    notice = new.get("lastNotice") or {}
-    committed = parse_time(new.get("lastCheckpointTime"))
-    seen = parse_time(notice.get("observedAt"))
-    if committed is not None and seen is not None and new.get("lastCheckpointTime") != old.get("lastCheckpointTime"):
-        before = parse_time(old.get("lastCheckpointTime"))
-        if committed >= seen and (before is None or before < seen):
-            to_commit = (committed - seen).total_seconds()
+    now, then = _committed_after_notice(new), _committed_after_notice(old)
+    # Observed once per notice, whichever status field arrives first: the commit's report can reach status
+    # before the notice itself is recorded there.
+    to_commit = now[1] if now is not None and (then is None or then[0] != now[0]) else None
     return Transitions(tuple(gaps), to_commit)
+
+
+def _committed_after_notice(status: Mapping[str, Any]) -> tuple[str, float] | None:
+    """(the notice's observedAt, notice -> the last commit in seconds) when that commit came after the notice."""
+    observed = (status.get("lastNotice") or {}).get("observedAt")
+    seen, committed = parse_time(observed), parse_time(status.get("lastCheckpointTime"))
+    if seen is None or committed is None or committed < seen:
+        return None
+    return str(observed), (committed - seen).total_seconds()
 
 
 def record(namespace: str, name: str, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:

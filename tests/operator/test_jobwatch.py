@@ -33,6 +33,16 @@ CASES = [
      {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:09Z"}, Transitions()),
     ("a commit before the notice is not its commit", {}, {**NOTICE, "lastCheckpointTime": "2026-11-22T02:59:59Z"},
      Transitions()),
+    ("the commit reached status before the notice did: counted when the notice arrives",
+     {"lastCheckpointTime": "2026-11-22T03:00:07Z"}, {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:07Z"},
+     Transitions((), 7.0)),
+    ("the same notice again with the same commit: not counted again",
+     {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:07Z"},
+     {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:07Z"}, Transitions()),
+    ("a new notice after a commit of the previous one: counted at its own first commit",
+     {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:07Z"},
+     {"lastNotice": {**NOTICE["lastNotice"], "observedAt": "2026-11-22T03:10:00Z"},
+      "lastCheckpointTime": "2026-11-22T03:10:02Z"}, Transitions((), 2.0)),
 ]
 
 
