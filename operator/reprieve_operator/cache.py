@@ -4,7 +4,7 @@ Why not ``kopf.index``: kopf holds every handler back until every indexed object
 with one toggle per object, all waiters re-checking all toggles on every change. With 10,000 pods that start-up
 is quadratic (minutes of CPU, and every pending event's body held in memory). This cache is primed by one
 paginated LIST per kind at start-up (before kopf starts watching) and then kept current by the watch events
-the handlers receive anyway. It stores only the few fields the operator reads (``observe.compact_pod``).
+the handlers receive anyway. It stores only the few fields the operator reads (``policy.views.compact_pod``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import LABEL_JOB
-from .observe import compact_pod
+from .policy.views import compact_pod
 
 Key = tuple[str, str]  # (namespace, name)
 

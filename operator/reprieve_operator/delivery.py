@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import ANNOTATION_NOTICE, apply, metrics, observe
+from . import ANNOTATION_NOTICE, apply, metrics
 from .models import TrainingJob
 from .policy.notice import (
     decide_notice,
@@ -29,8 +29,11 @@ from .policy.notice import (
     opens_at,
     recorded_deadline,
 )
+from .policy.signals import Notice, node_notice, present_signals, signals_for_job
+from .policy.status import notice_status
+from .policy.times import rfc3339
+from .policy.views import compact_node, notice_annotation, workers
 from .reconcile import kick
-from .signals import Notice, node_notice, present_signals, rfc3339, signals_for_job
 from .state import State, job_ref
 from .state import now as state_now
 
@@ -53,7 +56,7 @@ async def on_node(state: State, event_type: str | None, name: str, body: Any) ->
         for ns, job in jobs:
             kick(state, ns, job)
         return
-    node = observe.compact_node(dict(body))
+    node = compact_node(dict(body))
     state.cache.nodes[name] = node
     present = present_signals(node, state.signals)
     seen = state.first_seen.setdefault(name, {})
@@ -90,7 +93,7 @@ def _remember_first_seen(state: State, node: str, signals: set[str],
     seen = state.first_seen.setdefault(node, {})
     missing = [sig for sig in signals if sig not in seen]
     if missing:
-        values = [observe.notice_annotation(p) for ns, job in jobs for p in state.cache.pods_of(ns, job)]
+        values = [notice_annotation(p) for ns, job in jobs for p in state.cache.pods_of(ns, job)]
         now = state_now()
         for sig in missing:
             seen[sig] = first_seen_in_notices(values, node, sig) or now
@@ -156,8 +159,8 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             if not is_open(notice, now, state.horizon_seconds):
                 return opens_at(notice, state.horizon_seconds)
             raw = state.cache.pods_of(namespace, name)
-            pods = observe.workers(job, raw, state.assignments.get((namespace, name)))
-            notes = {r["metadata"]["name"]: observe.notice_annotation(r) for r in raw}
+            pods = workers(job, raw, state.assignments.get((namespace, name)))
+            notes = {r["metadata"]["name"]: notice_annotation(r) for r in raw}
             plan = decide_notice(job, pods, notice, notes, now, state.horizon_seconds)
             if plan is None or (job.uid, plan.attempt, notice.id) in state.delivered:
                 return None
@@ -217,7 +220,7 @@ async def _record(state: State, d: Delivered) -> None:
             job = TrainingJob.from_body(body) if body is not None else None
             if job is None or job.uid != d.job.get("uid"):
                 return  # deleted (or replaced) meanwhile
-            patch = notice_status_patch(job, observe.notice_status(d.notice, d.attempt, state_now()), d.attempt)
+            patch = notice_status_patch(job, notice_status(d.notice, d.attempt, state_now()), d.attempt)
             if patch is None:
                 return
             await apply.run(apply.post_event, api, d.job, "PreemptionNotice", d.message, "Warning",

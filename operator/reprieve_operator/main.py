@@ -17,9 +17,9 @@ from kubernetes import client, config
 
 from . import LABEL_JOB, apply, handlers, metrics, podwatch, reconcile  # noqa: F401  (handlers: registration)
 from .models import GROUP, PLURAL, VERSION
-from .observe import compact_node
 from .policy.notice import DEFAULT_HORIZON_SECONDS
-from .signals import present_signals, signal_table
+from .policy.signals import present_signals, signal_table
+from .policy.views import compact_node
 from .state import State
 
 ENV_SIGNALS = "REPRIEVE_SIGNALS_JSON"

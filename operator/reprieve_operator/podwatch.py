@@ -1,7 +1,7 @@
 """A dedicated watch of worker pods (server-side label selector) feeding the cache.
 
 kopf would watch every pod in full and keep each body alive in a per-object worker; at 10,000 pods that is
-hundreds of MB. This thread reads the watch stream line by line, keeps only ``observe.compact_pod`` of each
+hundreds of MB. This thread reads the watch stream line by line, keeps only ``policy.views.compact_pod`` of each
 event, and hands it to the event loop, which updates the cache and kicks the job's reconcile.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import LABEL_JOB, apply
-from .observe import compact_pod
+from .policy.views import compact_pod
 
 log = logging.getLogger("reprieve_operator")
 Handler = Callable[[str, dict[str, Any]], None]

@@ -19,15 +19,18 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from . import apply, builders, metrics, observe
+from . import apply, builders, metrics
 from .assignment import assignment_of
-from .decide import Outcome, View, decide
 from .models import TrainingJob, spec_error
 from .policy.create import TRANSIENT, Refusal, classify_refusal, retry_seconds
+from .policy.decide import Outcome, View, decide
 from .policy.notice import is_open
 from .policy.placement import avoid_nodes
 from .policy.restart import Condition, RestartPlan
-from .signals import node_notice, present_signals, rfc3339, signals_for_job
+from .policy.signals import node_notice, present_signals, signals_for_job
+from .policy.status import closing_goodput, conditions_patch
+from .policy.times import rfc3339
+from .policy.views import compact_node
 from .state import State, job_ref
 from .state import now as state_now
 
@@ -179,7 +182,7 @@ async def _refresh_nodes(state: State, names: set[str], limit: int = 20) -> bool
             continue
         if body is None:
             continue
-        compact = observe.compact_node(body)
+        compact = compact_node(body)
         if state.cache.nodes.get(node_name) != compact:
             state.cache.nodes[node_name] = compact
             changed = True
@@ -293,7 +296,7 @@ async def _refused(state: State, job: TrainingJob, ref: dict[str, Any], plan: Re
 def _with_condition(job: TrainingJob, type_: str, status: str, reason: str, message: str) -> list[dict[str, Any]]:
     plan = RestartPlan(phase=job.status.phase or "Pending", attempt=job.status.attempt,
                        conditions=(Condition(type_, status, reason, message[:2000]),))
-    return observe.conditions_patch(job, plan, state_now()) or [
+    return conditions_patch(job, plan, state_now()) or [
         c.model_dump(by_alias=True, exclude_none=True) for c in job.status.conditions]
 
 
@@ -310,7 +313,7 @@ async def _fail(state: State, body: dict[str, Any], reason: str, message: str) -
     await apply.run(apply.post_event, state.api, job_ref(body), reason, message, "Warning")
     now = state_now()
     patch: dict[str, Any] = {"phase": "Failed", "conditions": [*conds, cond], "completionTime": rfc3339(now)}
-    closed = observe.closing_goodput(status, now)
+    closed = closing_goodput(status, now)
     if closed is not None:  # the attempts that ran end here: the figures are final, not provisional
         patch["goodput"] = closed
     await apply.run(apply.patch_job_status, state.api, meta["namespace"], meta["name"], patch)

@@ -11,7 +11,7 @@ from typing import Any
 from . import apply
 from .cache import Cache
 from .models import GROUP, KIND, VERSION
-from .signals import Signal
+from .policy.signals import Signal
 
 Key = tuple[str, str]
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 from op_jobs import make_job
-from reprieve_operator.decide import WAIT_SECONDS, Counter, View, decide
-from reprieve_operator.events import Event
-from reprieve_operator.observe import compact_pod
+from reprieve_operator.policy.decide import WAIT_SECONDS, Counter, View, decide
+from reprieve_operator.policy.events import Event
 from reprieve_operator.policy.inplace import Assignment
+from reprieve_operator.policy.views import compact_pod
 
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 11, 24, 6, 0, 0, tzinfo=UTC)

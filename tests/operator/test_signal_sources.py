@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from reprieve_operator.models import BUILTIN_SIGNAL_NAMES, TrainingJobSpec
-from reprieve_operator.signals import BUILTIN_SIGNALS, LABEL_EPOCH, UNSCHEDULABLE, Signal
+from reprieve_operator.policy.signals import BUILTIN_SIGNALS, LABEL_EPOCH, UNSCHEDULABLE, Signal
 
 pytestmark = pytest.mark.unit
 

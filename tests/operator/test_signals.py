@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 from reprieve_operator.models import BUILTIN_SIGNAL_NAMES, PreemptionSpec
-from reprieve_operator.signals import BUILTIN_SIGNALS, Notice, node_notice, signal_table, signals_for_job
+from reprieve_operator.policy.signals import (
+    BUILTIN_SIGNALS,
+    Notice,
+    node_notice,
+    signal_table,
+    signals_for_job,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -29,7 +29,6 @@ from datetime import UTC, datetime
 
 from .. import CONTRACT_VERSION, SUPERVISOR
 from ..models import TrainingJob
-from ..signals import parse_time
 from .restart import (
     DISRUPTION,
     FAILURE,
@@ -42,13 +41,14 @@ from .restart import (
     classify,
     gang_restart,
 )
+from .times import parse_time, rfc3339
 
 __all__ = ["Assignment", "InPlace", "PodView", "Replacement", "decide_inplace"]
 
 
 @dataclass(frozen=True)
 class PodView:
-    """One pod of an in-place job as the policy sees it (``observe.pod_view`` builds it from the API object)."""
+    """One pod of an in-place job as the policy sees it (``views.pod_view`` builds it from the API object)."""
 
     name: str
     role: str  # "worker" or "spare"
@@ -233,8 +233,6 @@ def stragglers(job: TrainingJob, workers: Sequence[PodView], attempt: int, now: 
 
 
 def _rfc(t: datetime | None) -> str | None:
-    from ..signals import rfc3339
-
     return rfc3339(t) if t is not None else None
 
 

@@ -22,8 +22,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..models import TrainingJob
-from ..signals import Notice, parse_time
 from .restart import WorkerPod
+from .signals import Notice
+from .times import parse_time
 
 DELIVERABLE_PHASES = (None, "Pending", "Running", "Preempting")
 DEFAULT_HORIZON_SECONDS = 600.0

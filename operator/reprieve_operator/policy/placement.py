@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from ..models import TrainingJob
-from ..signals import Signal, node_notice, signals_for_job
+from .signals import Signal, node_notice, signals_for_job
 
 MAX_AVOIDED = 100
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")

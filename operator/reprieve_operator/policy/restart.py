@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from ..models import TrainingJob
-from ..signals import parse_time
+from .times import parse_time
 
 PREEMPTION, FAILURE, DISRUPTION = "preemption", "failure", "disruption"
 TERMINAL_PHASES = ("Succeeded", "Failed")

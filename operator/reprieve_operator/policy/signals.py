@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from .models import BUILTIN_SIGNAL_NAMES, PreemptionSpec
+from ..models import BUILTIN_SIGNAL_NAMES, PreemptionSpec
+from .times import parse_time, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -96,23 +97,6 @@ BUILTIN_SIGNALS: tuple[Signal, ...] = (
     Signal("out-of-service", TAINT, "node.kubernetes.io/out-of-service", notice_seconds=0),
 )
 assert tuple(s.name for s in BUILTIN_SIGNALS) == BUILTIN_SIGNAL_NAMES
-
-
-def rfc3339(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: Any) -> datetime | None:
-    """Parse an RFC 3339 time (string or datetime, as the kubernetes client returns); None if unusable."""
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        t = datetime.fromisoformat(value)  # Python 3.11 parses the Z suffix
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 def signal_table(config: Mapping[str, Any] | None) -> tuple[Signal, ...]:
@@ -238,13 +222,15 @@ def node_notice(node: Mapping[str, Any], now: datetime, signals: Iterable[Signal
     return best
 
 
+_ANY_TIME = datetime(2000, 1, 1, tzinfo=UTC)
+
+
 def present_signals(node: Mapping[str, Any], signals: Iterable[Signal]) -> set[str]:
     """Names of the signals present on ``node`` (to remember when each was first seen)."""
-    now = datetime.now(UTC)
     out = set()
     for sig in signals:
         try:
-            if _match(sig, node, now, {}) is not None:
+            if _match(sig, node, _ANY_TIME, {}) is not None:  # presence does not depend on the time
                 out.add(sig.name)
         except (AttributeError, TypeError):
             continue

@@ -29,11 +29,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from . import builders, events, observe
+from .. import builders
+from ..models import TrainingJob
+from . import events, views
 from .events import Event
-from .models import TrainingJob
-from .policy.inplace import Assignment, InPlace, PodView, decide_inplace
-from .policy.restart import DISRUPTION, RestartPlan, decide_restart, lost_nodes, orphaned_pods
+from .inplace import Assignment, InPlace, PodView, decide_inplace
+from .restart import DISRUPTION, RestartPlan, decide_restart, lost_nodes, orphaned_pods
+from .status import status_patch
 
 WAIT_SECONDS = 2.0  # look again while old pods drain (their deletion events usually come first)
 
@@ -96,7 +98,7 @@ def decide(view: View) -> Outcome:
 
 def _recreate(view: View) -> Outcome:
     job, now = view.job, view.now
-    pods = [p for p in (observe.worker_pod(r, view.known_nodes) for r in view.pods) if p is not None]
+    pods = [p for p in (views.worker_pod(r, view.known_nodes) for r in view.pods) if p is not None]
     plan = decide_restart(job, pods, view.avoid, now, view.doomed)
     if plan.cause == DISRUPTION and not view.looked:
         return Outcome(job, plan, look_at_nodes=frozenset(lost_nodes(pods)))
@@ -107,7 +109,7 @@ def _recreate(view: View) -> Outcome:
     orphans = orphaned_pods(pods, view.known_nodes)
     create = tuple(builders.build_worker_pod(job, i, plan.attempt, plan.exclude_nodes) for i in plan.create)
     created_event = _attempt_started(plan, len(create)) if plan.new_attempt and create else None
-    status = observe.status_patch(job, plan, now, observe.progress(view.pods))
+    status = status_patch(job, plan, now, views.progress(view.pods))
     requeue = plan.requeue_after if plan.requeue_after is not None else (WAIT_SECONDS if plan.waiting else None)
     return Outcome(job, plan, now.timestamp(), **record, create=create, dry_run=plan.new_attempt,
                    created_event=created_event, force_delete=orphans,
@@ -117,7 +119,7 @@ def _recreate(view: View) -> Outcome:
 
 def _in_place(view: View) -> Outcome:
     job, now = view.job, view.now
-    pods = [v for v in (observe.pod_view(r, view.known_nodes) for r in view.pods) if v is not None]
+    pods = [v for v in (views.pod_view(r, view.known_nodes) for r in view.pods) if v is not None]
     plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed)
     decided = extra.record or (plan if plan.cause else None)
     if decided is not None and decided.cause == DISRUPTION and not view.looked:
@@ -138,7 +140,7 @@ def _in_place(view: View) -> Outcome:
         if current is not None:  # a restart, not the first attempt
             assigned_event = Event("AttemptStarted", plan.message)
     orphans = orphaned_pods(pods, view.known_nodes)
-    status = observe.status_patch(job, plan, now, observe.progress(view.pods))
+    status = status_patch(job, plan, now, views.progress(view.pods))
     status.update(_inplace_status(job, pods, extra, plan, current))
     return Outcome(job, plan, now.timestamp(), **record, create=create, dry_run=first and plan.new_attempt,
                    created_event=created_event, role=bool(create),
@@ -158,7 +160,7 @@ def _record(job: TrainingJob, decided: RestartPlan | None, now: datetime) -> tup
     is once that status is written (what the rest of the outcome is decided on)."""
     if decided is None or not decided.cause:
         return job, {}
-    patch = observe.status_patch(job, decided, now, None)
+    patch = status_patch(job, decided, now, None)
     after = job.model_copy(update={"status": job.status.model_validate(
         {**job.status.model_dump(by_alias=True), **patch})})
     if decided.phase == "Failed":
