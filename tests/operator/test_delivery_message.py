@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from reprieve_operator.delivery import notice_event_name, notice_message
+from reprieve_operator.policy.notice import notice_event_name, notice_message
 from reprieve_operator.policy.signals import Notice
 
 pytestmark = pytest.mark.unit

@@ -9,7 +9,7 @@ from typing import Any
 from .. import LABEL_JOB
 from ..models import TrainingJob
 from . import goodput
-from .restart import RestartPlan
+from .restart import Condition, RestartPlan
 from .signals import Notice
 from .times import parse_time, rfc3339
 from .views import to_int
@@ -133,3 +133,12 @@ def closing_goodput(status: Mapping[str, Any], now: datetime) -> dict[str, Any] 
 def notice_status(notice: Notice, attempt: int, now: datetime) -> dict[str, Any]:
     return {"id": notice.id, "node": notice.node, "reason": notice.reason, "deadline": rfc3339(notice.deadline),
             "observedAt": rfc3339(notice.observed_at), "attempt": attempt, "deliveredAt": rfc3339(now)}
+
+
+def with_condition(job: TrainingJob, type_: str, status: str, reason: str, message: str,
+                   now: datetime) -> list[dict[str, Any]]:
+    """``status.conditions`` with condition ``type_`` set (its transition time kept if the status is the same)."""
+    plan = RestartPlan(phase=job.status.phase or "Pending", attempt=job.status.attempt,
+                       conditions=(Condition(type_, status, reason, message[:2000]),))
+    return conditions_patch(job, plan, now) or [
+        c.model_dump(by_alias=True, exclude_none=True) for c in job.status.conditions]
