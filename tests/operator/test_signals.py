@@ -1,19 +1,32 @@
-"""node_notice: one row per built-in signal key, plus precedence, overrides and malformed nodes."""
+"""node_notice: one row per built-in signal key and per kind, plus precedence, overrides and malformed nodes; and
+the compact Node the operator keeps gives every signal the same notice."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from reprieve_operator.models import BUILTIN_SIGNAL_NAMES, PreemptionSpec
+from reprieve_operator.policy.placement import could_schedule
 from reprieve_operator.policy.signals import (
     BUILTIN_SIGNALS,
+    CONDITION,
+    KIND_FIELDS,
+    KINDS,
+    LABEL,
+    LABEL_EPOCH,
+    TAINT,
+    UNSCHEDULABLE,
     Notice,
+    Signal,
     node_notice,
     signal_table,
     signals_for_job,
 )
+from reprieve_operator.policy.views import NODE_FIELDS, compact_node
 
 pytestmark = pytest.mark.unit
 
@@ -140,3 +153,83 @@ def test_chart_table_and_job_overrides() -> None:
 def test_bad_signal_table_is_rejected(config: dict[str, Any], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         signal_table(config)
+
+
+# --- what the operator keeps of a Node (views.compact_node) is exactly what the signal kinds read ---
+def noisy(n: dict[str, Any]) -> dict[str, Any]:
+    """``n`` with what a real Node carries besides (the cache must drop it without changing any notice)."""
+    out = json.loads(json.dumps(n))
+    out.setdefault("metadata", {})["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+    out.setdefault("spec", {})["providerID"] = "gce://p/z/node-a"
+    status = out.setdefault("status", {})
+    status["capacity"] = {"cpu": "8"}
+    for c in status.get("conditions") or []:
+        c.update(message="kubelet is posting ready status", lastHeartbeatTime="2026-11-22T02:59:59Z")
+    return out
+
+
+# One node per kind of signal: a kind added to signals.KIND_FIELDS without a row here fails the test below.
+KIND_ROWS: dict[str, tuple[Signal, dict[str, Any]]] = {
+    TAINT: (Signal("t", TAINT, "example.com/drain"), node([taint("example.com/drain", "NoExecute", timeAdded=ADDED)])),
+    LABEL: (Signal("l", LABEL, "example.com/drain", "true"), node(labels={"example.com/drain": "true"})),
+    LABEL_EPOCH: (Signal("e", LABEL_EPOCH, "example.com/at", notice_seconds=5),
+                  node(labels={"example.com/at": str(int(NOW.timestamp()) + 60)})),
+    CONDITION: (Signal("c", CONDITION, "Draining", "True"),
+                node(conditions=[{"type": "Draining", "status": "True", "lastTransitionTime": ADDED}])),
+    UNSCHEDULABLE: (Signal("u", UNSCHEDULABLE), node(unschedulable=True)),
+}
+
+
+def changed_by(compact: Callable[[dict[str, Any]], dict[str, Any]],
+               cases: list[tuple[str, list[Signal], dict[str, Any]]]) -> list[str]:
+    """The cases whose notice is not the same on ``compact(node)`` as on the node itself."""
+    return [name for name, sigs, n in cases
+            if node_notice(compact(noisy(n)), NOW, sigs) != node_notice(noisy(n), NOW, sigs)
+            or node_notice(noisy(n), NOW, sigs) is None]
+
+
+def every_case() -> list[tuple[str, list[Signal], dict[str, Any]]]:
+    return [(r[0], list(BUILTIN_SIGNALS), r[1]) for r in ROWS] + [
+        (kind, [sig], n) for kind, (sig, n) in KIND_ROWS.items()]
+
+
+def test_every_kind_of_signal_has_a_row() -> None:
+    assert sorted(KIND_ROWS) == sorted(KINDS) == sorted(KIND_FIELDS)
+
+
+def test_the_compact_node_gives_every_signal_the_same_notice() -> None:
+    assert changed_by(compact_node, every_case()) == []
+
+
+def test_a_compact_node_that_drops_a_field_a_kind_reads_is_caught() -> None:
+    def without_conditions(n: dict[str, Any]) -> dict[str, Any]:
+        out = compact_node(n)
+        out["status"].pop("conditions", None)
+        return out
+
+    assert changed_by(without_conditions, every_case()) == ["aks-scheduled-event", CONDITION]
+
+
+def test_the_compact_node_keeps_only_the_declared_fields() -> None:
+    n = noisy(ROWS[0][1])
+    assert compact_node(n) == {"metadata": {"name": "node-a"},
+                               "spec": {"taints": [taint("cloud.google.com/impending-node-termination")]},
+                               "status": {"conditions": [{"type": "Ready", "status": "True",
+                                                          "lastTransitionTime": None}]}}
+    declared = {(f.section, f.key) for f in NODE_FIELDS}
+    assert declared == {(f.section, f.key) for f in KIND_FIELDS.values()} | {("spec", "unschedulable"),
+                                                                              ("spec", "taints"),
+                                                                              ("metadata", "labels")}
+
+
+@pytest.mark.parametrize("tolerations", [[], [{"operator": "Exists"}]])
+def test_placement_sees_the_same_on_the_compact_node(tolerations: list[dict[str, Any]]) -> None:
+    pod = {"tolerations": tolerations, "nodeSelector": {"pool": "a"}}
+    for _, n, _, _ in ROWS:
+        labelled = noisy({**n, "metadata": {**n["metadata"], "labels": {**n["metadata"]["labels"], "pool": "a"}}})
+        assert could_schedule(pod, compact_node(labelled)) == could_schedule(pod, labelled)
+
+
+def test_a_kind_needs_a_node_field() -> None:
+    with pytest.raises(ValueError, match="kind must be one of"):
+        Signal("x", "Annotation", "example.com/drain")

@@ -20,7 +20,9 @@ from .. import (
 )
 from ..models import TrainingJob
 from .inplace import PodView, worker_view
+from .placement import NODE_FIELDS as PLACEMENT_FIELDS
 from .restart import WorkerPod
+from .signals import KIND_FIELDS, NodeField
 from .times import parse_time
 
 log = logging.getLogger(__name__)
@@ -158,19 +160,35 @@ def workers(job: TrainingJob, raw_pods: Iterable[Mapping[str, Any]], assignment:
     return [worker_view(v, assignment.attempt, listed[v.name], code) for v in views]
 
 
+def node_fields() -> tuple[NodeField, ...]:
+    """The Node fields the operator keeps: each one a signal kind reads (``signals.KIND_FIELDS``) or placement
+    does (``placement.NODE_FIELDS``); one entry per field, every key any reader names."""
+    merged: dict[tuple[str, str], NodeField] = {}
+    for f in (*KIND_FIELDS.values(), *PLACEMENT_FIELDS):
+        old = merged.get((f.section, f.key))
+        if old is not None and (not old.keys or not f.keys):
+            f = NodeField(f.section, f.key)  # one reader takes the whole value: keep all of it
+        elif old is not None:
+            f = NodeField(f.section, f.key, tuple(dict.fromkeys((*old.keys, *f.keys))))
+        merged[(f.section, f.key)] = f
+    return tuple(merged.values())
+
+
+NODE_FIELDS = node_fields()
+
+
 def compact_node(node: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of a Node that signals and placement read (kept in memory for every node)."""
-    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
-    out: dict[str, Any] = {"metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
-                           "spec": {}, "status": {}}
-    if spec.get("unschedulable"):
-        out["spec"]["unschedulable"] = True
-    if spec.get("taints"):
-        out["spec"]["taints"] = [dict(t) for t in spec["taints"]]
-    conds = [{k: c.get(k) for k in ("type", "status", "lastTransitionTime")}
-             for c in status.get("conditions") or [] if isinstance(c, Mapping)]
-    if conds:
-        out["status"]["conditions"] = conds
+    """The fields of a Node that signals and placement read (``NODE_FIELDS``; kept in memory for every node)."""
+    out: dict[str, Any] = {"metadata": {"name": (node.get("metadata") or {}).get("name")}, "spec": {}, "status": {}}
+    for f in NODE_FIELDS:
+        value = (node.get(f.section) or {}).get(f.key)
+        if not value:
+            continue
+        if isinstance(value, list):
+            value = [{k: v.get(k) for k in f.keys} if f.keys else dict(v) for v in value if isinstance(v, Mapping)]
+        elif isinstance(value, Mapping):
+            value = dict(value)
+        out[f.section][f.key] = value
     return out
 
 
