@@ -75,8 +75,30 @@ ROWS = [
 ]
 
 
-def test_every_builtin_signal_has_a_row() -> None:
-    assert sorted(r[0] for r in ROWS) == sorted(BUILTIN_SIGNAL_NAMES)
+def showing(sig: Signal) -> dict[str, Any]:
+    """A node that shows ``sig`` and nothing else, made from its row of the table (no timestamp on it)."""
+    if sig.kind == TAINT:
+        return node([taint(sig.key, **({"value": sig.value} if sig.value is not None else {}))])
+    if sig.kind == LABEL:
+        return node(labels={sig.key: sig.value if sig.value is not None else "yes"})
+    if sig.kind == LABEL_EPOCH:
+        return node(labels={sig.key: str(int((NOW + timedelta(hours=1)).timestamp()))})
+    if sig.kind == CONDITION:
+        return node(conditions=[{"type": sig.key, "status": sig.value or "True"}])
+    return node(unschedulable=True)
+
+
+@pytest.mark.parametrize("sig", BUILTIN_SIGNALS, ids=BUILTIN_SIGNAL_NAMES)
+def test_every_builtin_signal_is_seen_on_a_node_made_from_its_row(sig: Signal) -> None:
+    """No test row to add with a new built-in signal: its row in the table is enough (the hand-written ROWS
+    above pin the rules of each kind, timestamps included)."""
+    notice = node_notice(showing(sig), NOW, BUILTIN_SIGNALS)
+    assert notice is not None and notice.reason == sig.name and notice.observed_at == NOW
+    if sig.kind == LABEL_EPOCH:  # the label is the deadline; the window is a margin before it
+        assert notice.deadline == NOW + timedelta(hours=1) - timedelta(seconds=sig.notice_seconds)
+    else:
+        assert notice.deadline == NOW + timedelta(seconds=sig.notice_seconds) and notice.estimated
+    assert node_notice(showing(sig), NOW, [s for s in BUILTIN_SIGNALS if s.name != sig.name]) is None
 
 
 @pytest.mark.parametrize("reason,n,observed,deadline", ROWS, ids=[r[0] for r in ROWS])
