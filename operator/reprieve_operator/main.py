@@ -59,8 +59,8 @@ def standby_health(port: int) -> ThreadingHTTPServer | None:
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
-    # kopf's bookkeeping goes into our own annotations, so the CRD status stays ours.
     memory.start_tracing()  # REPRIEVE_TRACEMALLOC=1: each resync round logs the top allocations
+    # kopf's bookkeeping goes into our own annotations, so the CRD status stays ours.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="reprieve.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="reprieve.dev", key="last-handled-configuration")

@@ -10,22 +10,9 @@ from typing import Any
 
 import pytest
 from reprieve_operator.models import BUILTIN_SIGNAL_NAMES, PreemptionSpec
+from reprieve_operator.policy import signals as sg
 from reprieve_operator.policy.placement import could_schedule
-from reprieve_operator.policy.signals import (
-    BUILTIN_SIGNALS,
-    CONDITION,
-    KIND_FIELDS,
-    KINDS,
-    LABEL,
-    LABEL_EPOCH,
-    TAINT,
-    UNSCHEDULABLE,
-    Notice,
-    Signal,
-    node_notice,
-    signal_table,
-    signals_for_job,
-)
+from reprieve_operator.policy.signals import BUILTIN_SIGNALS, node_notice, signal_table, signals_for_job
 from reprieve_operator.policy.views import NODE_FIELDS, compact_node
 
 pytestmark = pytest.mark.unit
@@ -75,26 +62,26 @@ ROWS = [
 ]
 
 
-def showing(sig: Signal) -> dict[str, Any]:
+def showing(sig: sg.Signal) -> dict[str, Any]:
     """A node that shows ``sig`` and nothing else, made from its row of the table (no timestamp on it)."""
-    if sig.kind == TAINT:
+    if sig.kind == sg.TAINT:
         return node([taint(sig.key, **({"value": sig.value} if sig.value is not None else {}))])
-    if sig.kind == LABEL:
+    if sig.kind == sg.LABEL:
         return node(labels={sig.key: sig.value if sig.value is not None else "yes"})
-    if sig.kind == LABEL_EPOCH:
+    if sig.kind == sg.LABEL_EPOCH:
         return node(labels={sig.key: str(int((NOW + timedelta(hours=1)).timestamp()))})
-    if sig.kind == CONDITION:
+    if sig.kind == sg.CONDITION:
         return node(conditions=[{"type": sig.key, "status": sig.value or "True"}])
     return node(unschedulable=True)
 
 
 @pytest.mark.parametrize("sig", BUILTIN_SIGNALS, ids=BUILTIN_SIGNAL_NAMES)
-def test_every_builtin_signal_is_seen_on_a_node_made_from_its_row(sig: Signal) -> None:
+def test_every_builtin_signal_is_seen_on_a_node_made_from_its_row(sig: sg.Signal) -> None:
     """No test row to add with a new built-in signal: its row in the table is enough (the hand-written ROWS
     above pin the rules of each kind, timestamps included)."""
     notice = node_notice(showing(sig), NOW, BUILTIN_SIGNALS)
     assert notice is not None and notice.reason == sig.name and notice.observed_at == NOW
-    if sig.kind == LABEL_EPOCH:  # the label is the deadline; the window is a margin before it
+    if sig.kind == sg.LABEL_EPOCH:  # the label is the deadline; the window is a margin before it
         assert notice.deadline == NOW + timedelta(hours=1) - timedelta(seconds=sig.notice_seconds)
     else:
         assert notice.deadline == NOW + timedelta(seconds=sig.notice_seconds) and notice.estimated
@@ -140,7 +127,7 @@ def test_earliest_deadline_wins_and_first_seen_is_used() -> None:
 def test_annotation_json_matches_contract() -> None:
     import json
 
-    n = Notice("gke-spot/node-a/1", "gke-spot", "node-a", NOW + timedelta(seconds=30), NOW)
+    n = sg.Notice("gke-spot/node-a/1", "gke-spot", "node-a", NOW + timedelta(seconds=30), NOW)
     assert json.loads(n.annotation()) == {"id": "gke-spot/node-a/1", "reason": "gke-spot", "node": "node-a",
                                           "deadline": "2026-11-22T03:00:30Z", "observedAt": "2026-11-22T03:00:00Z"}
 
@@ -191,32 +178,32 @@ def noisy(n: dict[str, Any]) -> dict[str, Any]:
 
 
 # One node per kind of signal: a kind added to signals.KIND_FIELDS without a row here fails the test below.
-KIND_ROWS: dict[str, tuple[Signal, dict[str, Any]]] = {
-    TAINT: (Signal("t", TAINT, "example.com/drain"), node([taint("example.com/drain", "NoExecute", timeAdded=ADDED)])),
-    LABEL: (Signal("l", LABEL, "example.com/drain", "true"), node(labels={"example.com/drain": "true"})),
-    LABEL_EPOCH: (Signal("e", LABEL_EPOCH, "example.com/at", notice_seconds=5),
+KIND_ROWS: dict[str, tuple[sg.Signal, dict[str, Any]]] = {
+    sg.TAINT: (sg.Signal("t", sg.TAINT, "example.com/drain"), node([taint("example.com/drain", "NoExecute", timeAdded=ADDED)])),
+    sg.LABEL: (sg.Signal("l", sg.LABEL, "example.com/drain", "true"), node(labels={"example.com/drain": "true"})),
+    sg.LABEL_EPOCH: (sg.Signal("e", sg.LABEL_EPOCH, "example.com/at", notice_seconds=5),
                   node(labels={"example.com/at": str(int(NOW.timestamp()) + 60)})),
-    CONDITION: (Signal("c", CONDITION, "Draining", "True"),
+    sg.CONDITION: (sg.Signal("c", sg.CONDITION, "Draining", "True"),
                 node(conditions=[{"type": "Draining", "status": "True", "lastTransitionTime": ADDED}])),
-    UNSCHEDULABLE: (Signal("u", UNSCHEDULABLE), node(unschedulable=True)),
+    sg.UNSCHEDULABLE: (sg.Signal("u", sg.UNSCHEDULABLE), node(unschedulable=True)),
 }
 
 
 def changed_by(compact: Callable[[dict[str, Any]], dict[str, Any]],
-               cases: list[tuple[str, list[Signal], dict[str, Any]]]) -> list[str]:
+               cases: list[tuple[str, list[sg.Signal], dict[str, Any]]]) -> list[str]:
     """The cases whose notice is not the same on ``compact(node)`` as on the node itself."""
     return [name for name, sigs, n in cases
             if node_notice(compact(noisy(n)), NOW, sigs) != node_notice(noisy(n), NOW, sigs)
             or node_notice(noisy(n), NOW, sigs) is None]
 
 
-def every_case() -> list[tuple[str, list[Signal], dict[str, Any]]]:
+def every_case() -> list[tuple[str, list[sg.Signal], dict[str, Any]]]:
     return [(r[0], list(BUILTIN_SIGNALS), r[1]) for r in ROWS] + [
         (kind, [sig], n) for kind, (sig, n) in KIND_ROWS.items()]
 
 
 def test_every_kind_of_signal_has_a_row() -> None:
-    assert sorted(KIND_ROWS) == sorted(KINDS) == sorted(KIND_FIELDS)
+    assert sorted(KIND_ROWS) == sorted(sg.KINDS) == sorted(sg.KIND_FIELDS)
 
 
 def test_the_compact_node_gives_every_signal_the_same_notice() -> None:
@@ -229,7 +216,7 @@ def test_a_compact_node_that_drops_a_field_a_kind_reads_is_caught() -> None:
         out["status"].pop("conditions", None)
         return out
 
-    assert changed_by(without_conditions, every_case()) == ["aks-scheduled-event", CONDITION]
+    assert changed_by(without_conditions, every_case()) == ["aks-scheduled-event", sg.CONDITION]
 
 
 def test_the_compact_node_keeps_only_the_declared_fields() -> None:
@@ -239,7 +226,7 @@ def test_the_compact_node_keeps_only_the_declared_fields() -> None:
                                "status": {"conditions": [{"type": "Ready", "status": "True",
                                                           "lastTransitionTime": None}]}}
     declared = {(f.section, f.key) for f in NODE_FIELDS}
-    assert declared == {(f.section, f.key) for f in KIND_FIELDS.values()} | {("spec", "unschedulable"),
+    assert declared == {(f.section, f.key) for f in sg.KIND_FIELDS.values()} | {("spec", "unschedulable"),
                                                                               ("spec", "taints"),
                                                                               ("metadata", "labels")}
 
@@ -254,4 +241,4 @@ def test_placement_sees_the_same_on_the_compact_node(tolerations: list[dict[str,
 
 def test_a_kind_needs_a_node_field() -> None:
     with pytest.raises(ValueError, match="kind must be one of"):
-        Signal("x", "Annotation", "example.com/drain")
+        sg.Signal("x", "Annotation", "example.com/drain")

@@ -1,4 +1,5 @@
-"""Pure decisions of notice delivery: which pods get a notice now, and what status records it.
+"""Pure decisions of notice delivery: which pods get a notice now, what status records it, and what its
+``PreemptionNotice`` Event says and is named.
 
 Rules (``docs/operator.md``, "Delivery"):
 
