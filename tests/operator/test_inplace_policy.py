@@ -174,7 +174,7 @@ def test_another_start_error_is_a_failure_the_budget_counts() -> None:
 
 
 def test_pod_view_carries_the_kubelets_start_error() -> None:
-    from reprieve_operator.observe import compact_pod, pod_view
+    from reprieve_operator.policy.views import compact_pod, pod_view
 
     raw = {"metadata": {"name": "llama-1", "namespace": "ml", "labels": {
         "reprieve.dev/job-name": "llama", "reprieve.dev/role": "worker", "reprieve.dev/replica-index": "1",
@@ -311,7 +311,7 @@ def test_a_spare_on_a_doomed_node_never_takes_over() -> None:
 
 def test_status_spares_does_not_count_a_spare_that_took_an_index() -> None:
     """A used spare is a worker: ready/desired must not read 2/1 after a takeover (seen in make demo)."""
-    from reprieve_operator.decide import _inplace_status
+    from reprieve_operator.policy.decide import _inplace_status
     from reprieve_operator.policy.inplace import InPlace
     from reprieve_operator.policy.restart import RestartPlan
 
@@ -327,7 +327,7 @@ def test_pod_view_parses_a_cached_pod_once_and_checks_its_node_every_time() -> N
     whether the node is known is still decided per call; an API object passed in is never written to."""
     import json as _json
 
-    from reprieve_operator.observe import compact_pod, pod_view
+    from reprieve_operator.policy.views import compact_pod, pod_view
 
     raw = {"metadata": {"name": "llama-0", "namespace": "ml", "labels": {"reprieve.dev/job-name": "llama",
                                                                         "reprieve.dev/role": "worker",
@@ -352,7 +352,7 @@ def test_a_pod_annotated_through_the_cache_is_parsed_again() -> None:
     import json as _json
 
     from reprieve_operator.cache import Cache
-    from reprieve_operator.observe import compact_pod, pod_view
+    from reprieve_operator.policy.views import compact_pod, pod_view
 
     cache = Cache()
     cache.upsert_pod(compact_pod({"metadata": {"name": "llama-0", "namespace": "ml", "labels": {
