@@ -208,6 +208,8 @@ class TraceAhead:
             return
         topology = expected_topology(self._env)
         if topology is None:
+            log.debug("trace_ahead: the expected topology is not known yet (no hint from the previous trainer, no "
+                      "checkpoint records one)")
             return
         self.done = True
         t = time.perf_counter()

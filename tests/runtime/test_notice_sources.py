@@ -8,11 +8,12 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 
 import pytest
+from localcluster.testing import wait_for
 from reprieve.kube import PodWatchSource, backoff_delays, failure_log_level
 from reprieve.notice import NOTICE_ANNOTATION, PROGRESS_ANNOTATION, Notice
 from reprieve.notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
@@ -38,6 +39,27 @@ class Sink:
             assert time.monotonic() < limit, f"only {len(self.notices)} notice(s) arrived"
             time.sleep(0.01)
         return self.notices
+
+
+class Recorded:
+    """A poll function that records what each call returned: the poller's own view of the source, so a test
+    knows the state it set up was read (and what came of it) instead of sleeping and hoping it was."""
+
+    def __init__(self, poll: Callable[[], Notice | None]) -> None:
+        self._poll = poll
+        self.results: list[Notice | None] = []
+
+    def __call__(self) -> Notice | None:
+        result = self._poll()
+        self.results.append(result)
+        return result
+
+    def polled(self, times: int) -> list[Notice | None]:
+        """Wait until ``times`` more polls have returned (the first may have begun before the caller's change);
+        return every result so far."""
+        seen = len(self.results)
+        wait_for(lambda: len(self.results) >= seen + times, 5, f"{times} more polls", interval=0.005)
+        return list(self.results)
 
 
 @pytest.fixture
@@ -110,11 +132,12 @@ def test_install_off_the_main_thread_is_refused(hub: tuple[NoticeHub, Sink]) -> 
 def test_notice_file_is_polled(tmp_path: Path, hub: tuple[NoticeHub, Sink]) -> None:
     h, sink = hub
     path = tmp_path / "annotations"
-    poller = PollingSource("notice-file", NoticeFile(str(path)), h, 0.02).start()
+    reader = Recorded(NoticeFile(str(path)))
+    poller = PollingSource("notice-file", reader, h, 0.02).start()
     try:
-        time.sleep(0.1)  # missing file: nothing
+        assert reader.polled(3) == [None] * len(reader.results)  # missing file: nothing
         path.write_text('other.io/a="b"')
-        time.sleep(0.1)  # no notice annotation: nothing
+        assert reader.polled(3) == [None] * len(reader.results)  # no notice annotation: nothing
         assert sink.notices == []
         write_notice_file(path, {"id": "n-1", "reason": "gke-spot", "deadline": "2030-01-01T00:00:00Z"})
         notice = sink.wait()[0]
@@ -184,10 +207,12 @@ def test_notice_file_ignores_a_notice_of_another_attempt(tmp_path: Path, hub: tu
     h, sink = hub
     path = tmp_path / "annotations"
     write_notice_file(path, {"id": "old", "reason": "gke-spot", "deadline": "2030-01-01T00:00:00Z", "attempt": 1})
-    poller = PollingSource("notice-file", NoticeFile(str(path), attempt=2), h, 0.02).start()
+    reader = Recorded(NoticeFile(str(path), attempt=2))
+    poller = PollingSource("notice-file", reader, h, 0.02).start()
     try:
-        time.sleep(0.2)
-        assert sink.notices == []  # the previous attempt's notice, still on the kept pod
+        # the previous attempt's notice, still on the kept pod: read several times, never a notice
+        assert reader.polled(3) == [None] * len(reader.results)
+        assert sink.notices == []
         write_notice_file(path, {"id": "new", "reason": "gke-spot", "deadline": "2030-01-01T00:00:00Z",
                                  "attempt": 2})
         assert [n.id for n in sink.wait()] == ["new"]
