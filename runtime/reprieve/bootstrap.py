@@ -14,6 +14,7 @@ from .agreement import Agreement, Target
 from .config import ConfigError, RuntimeConfig
 from .coordination import Coordinator, JaxCoordinator, LocalCoordinator
 from .countdown import CountdownSettings
+from .env import warn_unknown
 from .exiting import exit_process
 from .job import Checkpointer, Job
 from .kube import KubeClient, PodWatchSource
@@ -68,6 +69,7 @@ def init(
             the devices".
     """
     environ: Mapping[str, str] = os.environ if env is None else env
+    warn_unknown(environ)  # a misspelt REPRIEVE_* variable would otherwise be ignored in silence
     link = SupervisorLink.take(os.environ if env is None else dict(env))
     ahead = TraceAhead(trace_ahead, environ) if trace_ahead is not None else None
     if ahead is not None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +32,7 @@ from .checkpoint.layout import fence_name, parse_fence_name
 from .checkpoint.manager import RestoreResult
 from .coordination import Coordinator, LocalCoordinator
 from .data import to_json_value
+from .env import env_attempt
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class OrbaxCheckpointer:
 
         self._ocp = ocp
         self._coord = coordinator or LocalCoordinator()
-        self.attempt = int(os.environ.get("REPRIEVE_ATTEMPT", "1")) if attempt is None else int(attempt)
+        self.attempt = env_attempt() if attempt is None else int(attempt)
         self._root = epath.Path(directory)
         self._timeout = timeout_s
         self._on_commit: Callable[[int], None] | None = None

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .env import Env
 from .notice import format_rfc3339
 
 CONTRACT_VERSION = 1
@@ -117,18 +117,15 @@ def assignment_from_env(env: Mapping[str, str]) -> Assignment:
     Defaults as the runtime's (attempt 1, process 0 of 1); ``REPRIEVE_PROCESS_ID=-1`` (a spare, or a pod created
     to replace a worker) is not listed: it runs only what an assignment gives it. Raises
     :class:`AssignmentError`."""
-    def get(name: str, default: str | None) -> str | None:
-        value = env.get(name, "").strip()
-        return value or default
-
-    attempt = _int(get("REPRIEVE_ATTEMPT", "1"), "REPRIEVE_ATTEMPT", minimum=1)
-    count = _int(get("REPRIEVE_NUM_PROCESSES", "1"), "REPRIEVE_NUM_PROCESSES", minimum=1)
-    if get("REPRIEVE_PROCESS_ID", "0") == UNASSIGNED_PROCESS_ID:  # a spare or a replacement: waits to be listed
+    r = Env(env, error=AssignmentError)
+    attempt = r.integer("REPRIEVE_ATTEMPT", 1, minimum=1)
+    count = r.integer("REPRIEVE_NUM_PROCESSES", 1, minimum=1)
+    if r.raw("REPRIEVE_PROCESS_ID") == UNASSIGNED_PROCESS_ID:  # a spare or a replacement: waits to be listed
         return Assignment(attempt, None, count, None, source="environment")
-    index = _int(get("REPRIEVE_PROCESS_ID", "0"), "REPRIEVE_PROCESS_ID", minimum=0)
+    index = r.integer("REPRIEVE_PROCESS_ID", 0, minimum=0)
     if index >= count:
         raise AssignmentError(f"REPRIEVE_PROCESS_ID must be < REPRIEVE_NUM_PROCESSES ({count}), got {index}")
-    coordinator = get("REPRIEVE_COORDINATOR_ADDRESS", None)
+    coordinator = r.opt_text("REPRIEVE_COORDINATOR_ADDRESS")
     if coordinator is not None:
         _coordinator(coordinator, "REPRIEVE_COORDINATOR_ADDRESS")
     return Assignment(attempt, index, count, coordinator, source="environment")
@@ -248,26 +245,13 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        """Raises ValueError naming the variable."""
-        def number(name: str, default: float) -> float:
-            raw = env.get(name, "").strip()
-            if not raw:
-                return default
-            try:
-                value = float(raw)
-            except ValueError:
-                raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a number of seconds >= 0, got {raw!r}")
-            return value
-
-        prewarm = env.get("REPRIEVE_PREWARM", "1").strip().lower()
-        if prewarm not in ("1", "0", "true", "false", ""):
-            raise ValueError(f"REPRIEVE_PREWARM must be 1 or 0, got {prewarm!r}")
-        return cls(grace_s=number("REPRIEVE_TERMINATION_GRACE_SECONDS", cls.grace_s),
-                   prewarm=prewarm in ("1", "true", ""),
-                   prewarm_delay_s=number("REPRIEVE_PREWARM_DELAY_SECONDS", cls.prewarm_delay_s),
-                   ready_timeout_s=number("REPRIEVE_PREWARM_READY_TIMEOUT_SECONDS", cls.ready_timeout_s))
+        """Raises ConfigError (a ValueError) naming the variable."""
+        r = Env(env)
+        return cls(grace_s=r.number("REPRIEVE_TERMINATION_GRACE_SECONDS", cls.grace_s, minimum=0.0),
+                   prewarm=r.flag("REPRIEVE_PREWARM", cls.prewarm),
+                   prewarm_delay_s=r.number("REPRIEVE_PREWARM_DELAY_SECONDS", cls.prewarm_delay_s, minimum=0.0),
+                   ready_timeout_s=r.number("REPRIEVE_PREWARM_READY_TIMEOUT_SECONDS", cls.ready_timeout_s,
+                                            minimum=0.0))
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import supervision as sv
+from .config import DEFAULT_SERVICEACCOUNT_DIR, RuntimeConfig, kubernetes_host, kubernetes_port
+from .env import Env, warn_unknown
 from .kube import KubeClient, ObjectWatch, PodAnnotator
 
 log = logging.getLogger("reprieve.supervisor")
@@ -284,16 +286,15 @@ def build(command: Sequence[str], env: Mapping[str, str]) -> Supervisor:
     """The supervisor for ``command`` under ``env``. Raises ValueError (a bad knob or assignment variable)."""
     settings = sv.Settings.from_env(env)
     env_assignment = sv.assignment_from_env(env)
-    job, pod = env.get("REPRIEVE_JOB", "").strip(), env.get("REPRIEVE_POD_NAME", "").strip()
-    namespace = env.get("REPRIEVE_NAMESPACE", "").strip() or "default"
-    host = env.get("KUBERNETES_SERVICE_HOST", "").strip()
+    r = Env(env)
+    job, pod = r.opt_text("REPRIEVE_JOB"), r.opt_text("REPRIEVE_POD_NAME")
+    namespace = r.text("REPRIEVE_NAMESPACE", RuntimeConfig.namespace)
+    host = kubernetes_host(env)
     client = None
     if host and pod and job:
-        port = int(env.get("KUBERNETES_SERVICE_PORT", "443") or 443)
-        sa_dir = env.get("REPRIEVE_SERVICEACCOUNT_DIR", "").strip() or "/var/run/secrets/kubernetes.io/serviceaccount"
-        client = KubeClient(host, port, sa_dir)
+        client = KubeClient(host, kubernetes_port(env), r.text("REPRIEVE_SERVICEACCOUNT_DIR", DEFAULT_SERVICEACCOUNT_DIR))
     return Supervisor(command, env, settings, env_assignment=env_assignment, client=client, namespace=namespace,
-                      pod=pod or None, configmap=f"{job}{sv.ASSIGNMENT_SUFFIX}" if job else None)
+                      pod=pod, configmap=f"{job}{sv.ASSIGNMENT_SUFFIX}" if job else None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -313,6 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("no command given: reprieve-run -- python train.py ...")
         return 2
     env = dict(os.environ)
+    warn_unknown(env)
     problem = sv.contract_problem(env.get(sv.CONTRACT_ENV), where=f"{sv.CONTRACT_ENV} in the environment")
     try:
         supervisor = build(command, env)

@@ -328,7 +328,8 @@ def test_assignment_from_env(env: dict, expected: Assignment) -> None:
 
 
 @pytest.mark.parametrize("env,message", [
-    ({"REPRIEVE_ATTEMPT": "0"}, "REPRIEVE_ATTEMPT must be an integer >= 1, got '0'"),
+    ({"REPRIEVE_ATTEMPT": "0"}, "REPRIEVE_ATTEMPT must be >= 1, got '0'"),
+    ({"REPRIEVE_NUM_PROCESSES": "two"}, "REPRIEVE_NUM_PROCESSES must be an integer >= 1, got 'two'"),
     ({"REPRIEVE_PROCESS_ID": "2", "REPRIEVE_NUM_PROCESSES": "2"}, "REPRIEVE_PROCESS_ID must be < "),
     ({"REPRIEVE_COORDINATOR_ADDRESS": "x"}, "REPRIEVE_COORDINATOR_ADDRESS must be host:port"),
 ])
@@ -396,7 +397,7 @@ def test_settings(env: dict, expected: Settings) -> None:
 
 @pytest.mark.parametrize("env,message", [
     ({"REPRIEVE_PREWARM": "maybe"}, "REPRIEVE_PREWARM must be 1 or 0, got 'maybe'"),
-    ({"REPRIEVE_PREWARM_DELAY_SECONDS": "-1"}, "REPRIEVE_PREWARM_DELAY_SECONDS must be a number of seconds >= 0"),
+    ({"REPRIEVE_PREWARM_DELAY_SECONDS": "-1"}, "REPRIEVE_PREWARM_DELAY_SECONDS must be >= 0, got '-1'"),
     ({"REPRIEVE_TERMINATION_GRACE_SECONDS": "soon"}, "REPRIEVE_TERMINATION_GRACE_SECONDS must be a number"),
 ])
 def test_settings_errors(env: dict, message: str) -> None:

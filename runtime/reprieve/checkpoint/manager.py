@@ -25,6 +25,7 @@ from typing import Any, Self
 
 from ..coordination import Coordinator, LocalCoordinator
 from ..data import to_json_value
+from ..env import Env, env_attempt
 from . import fencing, layout, retention
 from . import save as save_mod
 from .fencing import FencedError
@@ -64,8 +65,8 @@ class RestoreResult(tuple):  # type: ignore[type-arg]
 
 
 def _maybe_crash(point: str, process_id: int) -> None:
-    want = os.environ.get(CRASH_ENV, "")
-    if want == point or want == f"{point}:{process_id}":
+    want = Env(os.environ).opt_text(CRASH_ENV)
+    if want is not None and (want == point or want == f"{point}:{process_id}"):
         log.error("test fault injection: crashing at %s", point)
         os._exit(86)
 
@@ -121,7 +122,7 @@ class CheckpointManager:
         if keep < 1:
             raise ValueError(f"CheckpointManager keep must be >= 1, got {keep}")
         self._coord = coordinator or LocalCoordinator()
-        self.attempt = int(os.environ.get("REPRIEVE_ATTEMPT", "1")) if attempt is None else int(attempt)
+        self.attempt = env_attempt() if attempt is None else int(attempt)
         self.keep, self.keep_every = keep, keep_every
         self._retention_deferred = False
         self._timeout = barrier_timeout_s
