@@ -138,6 +138,10 @@ def _sds(shape: tuple[int, ...], dtype: Any = jnp.float32, sharded: bool = True)
         ({"n": _sds((), jnp.int32)}, {"n": 7}, None),  # a Python scalar matches eval_shape's 0-d leaf
         ({"n": _sds((), jnp.float32)}, {"n": 0.5}, None),
         ({"n": _sds((1,), jnp.int32)}, {"n": 7}, r"leaf \['n'\]: abstract says int32\[1\], init_fn\(\) returned 7"),
+        ({"r": np.zeros(3, np.int64)}, None, None),  # numpy leaves need no sharding: restored on the host
+        ({"r": np.zeros(3, np.int64)}, {"r": np.ones(3, np.int64)}, None),
+        ({"r": np.zeros(3, np.int64)}, {"r": np.zeros(4, np.int64)},
+         r"leaf \['r'\]: abstract says int64\[3\], init_fn\(\) returned int64\[4\]"),
     ],
 )
 def test_abstract_problem(abstract: Any, built: Any, problem: str | None) -> None:
@@ -148,3 +152,25 @@ def test_abstract_problem(abstract: Any, built: Any, problem: str | None) -> Non
         assert got is None
     else:
         assert got is not None and re.search(problem, got), got
+
+
+def test_a_numpy_leaf_in_the_abstract_state_is_restored_as_numpy(tmp_path: Path) -> None:
+    """Defect (issue 23): docs/checkpoint.md says numpy leaves are supported and come back as numpy, but an
+    abstract state holding one was refused ("has no sharding") on the first run already."""
+    rep = NamedSharding(_mesh(), P())
+
+    def init() -> dict[str, Any]:
+        return {"w": jax.device_put(jnp.ones((4,), jnp.float32), rep), "rng": np.arange(5, dtype=np.int64)}
+
+    abstract = {"w": jax.ShapeDtypeStruct((4,), jnp.float32, sharding=rep), "rng": np.zeros(5, np.int64)}
+    with _job(tmp_path) as job:
+        state, start = job.restore_or(init, abstract)
+        for step in job.steps(start, 2):
+            state = {"w": state["w"] + 1.0, "rng": state["rng"] + 1}
+            job.save(step, state)
+    with _job(tmp_path) as job:
+        restored, start = job.restore_or(init, abstract)
+        assert start == 2
+        assert type(restored["rng"]) is np.ndarray
+        np.testing.assert_array_equal(restored["rng"], np.arange(5, dtype=np.int64) + 2)
+        job.abandon()
