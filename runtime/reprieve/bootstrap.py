@@ -6,6 +6,7 @@ import atexit
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any, cast
@@ -82,6 +83,7 @@ def init(
             os.environ.update(updates)  # user code after init() and child processes see the new attempt
         else:
             environ = {**env, **updates}
+    started_at = time.time()  # this attempt's start: a notice past its deadline by then is stale (stale_at_start)
     config = RuntimeConfig.from_env(environ)
     if link is not None:
         link.send("init", attempt=config.attempt, processId=config.process_id)
@@ -121,8 +123,9 @@ def init(
         if sigterm.install():
             closers.append(sigterm.uninstall)
     if config.notice_file:
-        closers.append(PollingSource("notice-file", NoticeFile(config.notice_file, attempt=config.attempt), hub,
-                                     config.notice_poll_seconds).start().close)
+        closers.append(PollingSource("notice-file", NoticeFile(config.notice_file, attempt=config.attempt,
+                                                               started_at=started_at),
+                                     hub, config.notice_poll_seconds).start().close)
     if notice_fn is not None:
         user = UserCallable(notice_fn, default_grace_seconds=config.termination_grace_seconds)
         closers.append(PollingSource("notice-callable", user, hub, config.notice_poll_seconds).start().close)
@@ -132,7 +135,7 @@ def init(
         client = KubeClient(config.kubernetes_host, config.kubernetes_port, config.serviceaccount_dir)
         if watch_pod:
             closers.append(PodWatchSource(client, config.namespace, config.pod_name, hub.put,
-                                          attempt=config.attempt).start().close)
+                                          attempt=config.attempt, started_at=started_at).start().close)
         if config.process_id == 0:
             progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt,
                                         interval_s=config.progress_interval_seconds)

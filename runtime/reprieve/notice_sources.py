@@ -168,10 +168,12 @@ class PollingSource:
 class NoticeFile:
     """Reads ``REPRIEVE_NOTICE_FILE`` (downward-API annotations) and returns the notice in it, if any."""
 
-    def __init__(self, path: str, clock: Callable[[], float] = time.time, *, attempt: int | None = None) -> None:
+    def __init__(self, path: str, clock: Callable[[], float] = time.time, *, attempt: int | None = None,
+                 started_at: float | None = None) -> None:
         self.path = path
         self._clock = clock
         self._attempt = attempt  # notices delivered to another attempt are ignored
+        self._started_at = started_at  # a notice past its deadline by then: notice.stale_at_start
         self._last_value: str | None = None
         self._last_notice: Notice | None = None
 
@@ -188,7 +190,7 @@ class NoticeFile:
         elif value != self._last_value:  # parse (and log problems) once per notice, not per change of the file
             self._last_value = value   # (other annotations, e.g. the progress heartbeat, change it every few s)
             self._last_notice = notice_from_annotations(annotations, self._clock(), source="notice-file",
-                                                        attempt=self._attempt)
+                                                        attempt=self._attempt, started_at=self._started_at)
         return self._last_notice
 
 

@@ -108,3 +108,18 @@ def test_a_sigterm_after_the_restart_code_is_decided_still_exits_with_it(tmp_pat
         gang.kill()
     assert codes == [42], gang.tail()
     assert len(gang.saved()) == 1
+
+
+def test_a_notice_file_left_by_an_earlier_run_neither_stops_nor_fails_the_next(tmp_path: Path) -> None:
+    """Defect (issue 23): a notice file whose deadline had passed before the process started (a leftover; the
+    attempt is always 1 on a laptop) made every restart save one step and exit 1. It is logged as stale and the
+    run trains to its end."""
+    from tests.runtime.helpers_agreement import write_notice_file
+
+    write_notice_file(tmp_path / "annotations-0", {"id": "old", "reason": "test", "node": "x",
+                                                    "deadline": "2020-01-01T00:00:00Z"})
+    gang = launch(tmp_path, 1, steps=20, step_seconds=0.0, notice_file=True)
+    assert gang.wait(60) == [0], gang.tail()
+    log = gang.logs[0].read_text()
+    assert "before this process started" in log and "AFTER the deadline" not in log, gang.tail()
+    assert (tmp_path / "done-0").read_text() == "20.0"

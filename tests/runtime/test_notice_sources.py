@@ -221,6 +221,30 @@ def test_notice_file_parses_a_notice_once_while_other_annotations_change(tmp_pat
         assert read() is None  # the notice annotation removed
 
 
+def test_a_notice_file_left_from_an_earlier_run_does_not_count(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """Defect (issue 23): on a laptop the attempt is always 1, so a notice file left behind by an earlier run
+    (its deadline long past when this process started) made every restart save one step and exit 1 ("committed
+    AFTER the deadline"). Without an ``attempt`` it is a leftover: logged once as stale and ignored. A notice the
+    operator delivered to this very attempt still counts, but a deadline that passed before the process started
+    is not this attempt's to miss: it saves at once and is never late."""
+    path = tmp_path / "annotations"
+    started = time.time()
+    write_notice_file(path, {"id": "left", "reason": "test", "deadline": "2020-01-01T00:00:00Z"})
+    read = NoticeFile(str(path), attempt=1, started_at=started)
+    with caplog.at_level(logging.INFO, logger="reprieve.notice"):
+        assert read() is None and read() is None
+    stale = [r.getMessage() for r in caplog.records if "before this process started" in r.getMessage()]
+    assert len(stale) == 1 and "left" in stale[0] and "ignored" in stale[0], caplog.text
+    write_notice_file(path, {"id": "ours", "reason": "test", "deadline": "2020-01-01T00:00:00Z", "attempt": 1})
+    notice = read()
+    assert notice is not None and notice.id == "ours" and not notice.deadline_known
+    future = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started + 120))
+    write_notice_file(path, {"id": "new", "reason": "test", "deadline": future})  # written while it runs
+    notice = read()
+    assert notice is not None and notice.id == "new" and notice.deadline_known
+
+
 def test_progress_annotation_follows_the_contract() -> None:
     body = progress_annotation(120, 100, 3, 1_795_000_000.0)
     value = json.loads(body[PROGRESS_ANNOTATION])
