@@ -11,7 +11,6 @@ Its phases and teardowns are :mod:`reprieve.lifecycle`.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ from .lifecycle import ABANDON, ABORT, FINISH, RESTART, Phase, Teardown, exit_de
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeHub
+from .notice_sources import ignore_termination_signals as _ignore_termination_signals
 from .policy import SavePolicy, should_save, time_save_due
 from .progress import LoopProgress, ProgressReporter
 
@@ -558,15 +558,6 @@ class Job:
                 self.coordinator.shutdown()
             if how.leave_distributed and self.num_processes > 1:
                 self.agreement.join(2.0)
-
-
-def _ignore_termination_signals() -> None:
-    """SIGTERM, SIGINT and SIGHUP ignored (main thread only: Python lets no other thread change handlers).
-    Putting back ``SIG_DFL`` instead let a SIGTERM in the last 0.1-0.2 s turn a committed restart (42) into 143."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
 
 
 def _arm_deadline_timers(step: int, deadline: float | None, guard_s: float) -> list[threading.Timer]:

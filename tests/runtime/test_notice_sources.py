@@ -97,6 +97,28 @@ def test_replaced_handler_is_reported_once(hub: tuple[NoticeHub, Sink], restore_
     assert len(caplog.records) == 1 and "was replaced" in caplog.records[0].getMessage()
 
 
+def test_the_runtimes_own_exit_path_is_not_reported_as_a_replaced_handler(
+        hub: tuple[NoticeHub, Sink], restore_sigterm: None, caplog: pytest.LogCaptureFixture) -> None:
+    """Defect (issue 23): once the restart code is decided the job ignores SIGTERM itself; the hub's check then
+    read SIG_IGN as a user's handler and warned "the SIGTERM handler of reprieve was replaced by SIG_IGN:
+    SIGTERM will not trigger a checkpoint" at every committed exit (the demo's Recreate run showed it)."""
+    from reprieve.job import _ignore_termination_signals
+
+    h, _ = hub
+    others = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGHUP)}
+    source = SigtermSource(h, grace_seconds=5, pod=None, process_id=0)
+    source.install()
+    try:
+        with caplog.at_level(logging.WARNING, logger="reprieve.notice_sources"):
+            _ignore_termination_signals()  # what the job's restart teardown does, before it closes the sources
+            source.check()
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        assert caplog.records == []
+    finally:
+        for sig, handler in others.items():
+            signal.signal(sig, handler)
+
+
 def test_install_off_the_main_thread_is_refused(hub: tuple[NoticeHub, Sink]) -> None:
     h, _ = hub
     result: list[bool] = []
