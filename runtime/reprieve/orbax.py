@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -63,7 +64,9 @@ class OrbaxCheckpointer:
         self._ocp = ocp
         self._coord = coordinator or LocalCoordinator()
         self.attempt = env_attempt() if attempt is None else int(attempt)
-        self._root = epath.Path(directory)
+        # Orbax's background thread refuses a relative path ("Checkpoint path should be absolute") at the first
+        # save, which may be the run's last: a local path is made absolute here, where the error would be seen.
+        self._root = epath.Path(directory if "://" in directory else os.path.abspath(directory))
         self._timeout = timeout_s
         self._on_commit: Callable[[int], None] | None = None
         self._inflight: tuple[int, float] | None = None

@@ -124,3 +124,38 @@ def test_orbax_reached_preemption_under_reprieve_fails_loudly_with_the_fix(tmp_p
     log = gang.logs[0].read_text()
     assert "PreemptionServiceDisabled" in log and "job.save(step, state)" in log, gang.tail()
     assert "Coming from Orbax / MaxText" in log
+
+
+def test_reprieve_orbax_is_there_after_import_reprieve() -> None:
+    """Defect (issue 23): ``reprieve.orbax.OrbaxCheckpointer`` after ``import reprieve``, as docs/runtime.md writes
+    it, was an AttributeError (the submodule was never imported). A fresh interpreter: this one imported it."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", ("import reprieve, sys; assert 'reprieve.orbax' not in sys.modules; "
+                          "print(reprieve.orbax.OrbaxCheckpointer.__name__, reprieve.checkpoint.CheckpointManager"
+                          ".__name__)")], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0 and out.stdout.split() == ["OrbaxCheckpointer", "CheckpointManager"], out.stderr
+
+
+def test_a_relative_checkpoint_uri_saves_and_restores_through_orbax(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect (issue 23): with the local default ``./checkpoints`` the first save failed in Orbax's background
+    thread ("Checkpoint path should be absolute"); with no periodic interval that save is the last step, so the
+    whole run was lost and a ``*.orbax-checkpoint-tmp`` directory was left behind."""
+    monkeypatch.chdir(tmp_path)
+
+    def factory(cfg: Any, coord: Any) -> OrbaxCheckpointer:
+        return OrbaxCheckpointer(cfg.checkpoint_uri, coordinator=coord, attempt=cfg.attempt)
+
+    with reprieve.init(env={}, install_sigterm=False, checkpointer=factory) as job:  # ./checkpoints, no interval
+        state, start = job.restore_or(lambda: _state(0), _abstract())
+        for step in job.steps(start, 3):
+            state = _state(step + 1)
+            job.save(step, state)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
+    assert not list((tmp_path / "checkpoints").glob("*orbax-checkpoint-tmp*"))
+    with reprieve.init(env={}, install_sigterm=False, checkpointer=factory) as job:
+        restored = job.restore_or(lambda: _state(0), _abstract())
+        assert restored.step == 2 and restored[0]["epoch"] == 3
+        job.abandon()
