@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any, cast
 
+from . import console
 from .agreement import Agreement, Target
 from .config import ConfigError, RuntimeConfig
 from .coordination import Coordinator, JaxCoordinator, LocalCoordinator
@@ -69,6 +70,7 @@ def init(
             checkpoint retries every few seconds while it waits. See docs/runtime.md, "Tracing the step before
             the devices".
     """
+    console.install()  # the lifecycle lines reach a program that configured no logging (reprieve.console)
     environ: Mapping[str, str] = os.environ if env is None else env
     warn_unknown(environ)  # a misspelt REPRIEVE_* variable would otherwise be ignored in silence
     link = SupervisorLink.take(os.environ if env is None else dict(env))
@@ -85,6 +87,7 @@ def init(
             environ = {**env, **updates}
     started_at = time.time()  # this attempt's start: a notice past its deadline by then is stale (stale_at_start)
     config = RuntimeConfig.from_env(environ)
+    console.install(config.process_id, config.num_processes)
     if link is not None:
         link.send("init", attempt=config.attempt, processId=config.process_id)
     enable_compilation_cache(config)

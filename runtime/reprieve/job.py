@@ -479,7 +479,10 @@ class Job:
             log.info("agreed checkpoint at step %d %s", step, decision.reason)
             return
         self._teardown(RESTART, code=decision.code)
-        log.info("exiting with code %d", decision.code)
+        log.info("exiting with code %d: %s", decision.code,
+                 f"the agreed checkpoint of step {step} is committed, restart wanted (REPRIEVE_RESTART_EXIT_CODE)"
+                 if decision.code == self.config.restart_exit_code else
+                 f"the agreed checkpoint of step {step} {decision.reason}")
         self._exit_fn(decision.code)
         raise SystemExit(decision.code)  # exit_fn must not return: the loop must not go on past the agreed step
 
