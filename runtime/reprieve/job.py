@@ -138,6 +138,7 @@ class Job:
         self._pending: int | None = None
         self._committed: int | None = None
         self._final = False  # the agreed save has begun
+        self._state_checked = False  # the first save() checks the state's leaves (checkpointer.check_state)
         self._ahead: list[CompileAhead] = []  # compile_ahead() threads; steps() waits for them
         # lowerings JAX did in the training thread during the first step: (count, seconds); None until known
         self.first_step_lowerings: tuple[int, float] | None = None
@@ -254,6 +255,11 @@ class Job:
         if start < 0 or (total is not None and total < start):
             raise ValueError(f"Job.steps: need 0 <= start <= total, got start={start}, total={total}")
         self._transition(Phase.TRAINING)
+        if not (self.policy.interval_steps or self.policy.interval_seconds):
+            log.info("periodic saves are off: only the last step and the agreed save of a notice are saved, so "
+                     "an exception, Ctrl-C or kill -9 loses every step since %s; set "
+                     "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS (e.g. 600) or REPRIEVE_CHECKPOINT_INTERVAL_STEPS to save "
+                     "periodically", "the start" if start == 0 else f"step {start - 1}")
         self._last_step = None if total is None else total - 1
         self.agreement.begin(start, self._last_step)
         self._last_save_at = time.monotonic()
@@ -358,6 +364,11 @@ class Job:
         """
         self._current = max(self._current, step)
         self._first_step_done(step)
+        if not self._state_checked:
+            self._state_checked = True
+            check = getattr(self.checkpointer, "check_state", None)
+            if callable(check):  # a leaf no save can hold is reported at the first call, not at the first save
+                check(state)
         kind = self._decide(step)
         self._decided = step
         if kind == FINAL:

@@ -152,6 +152,12 @@ class OrbaxCheckpointer:
     def set_commit_callback(self, on_commit: Callable[[int], None] | None) -> None:
         self._on_commit = on_commit
 
+    def check_state(self, state: Any) -> None:
+        """Raise the TypeError for a leaf no checkpoint can hold (a function, an arbitrary object), at once."""
+        from .checkpoint.save import check_leaves
+
+        check_leaves(state)
+
     def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None, process_extra: Any = None) -> None:
         """Start an async Orbax save of ``state`` (``extra`` and every process's ``process_extra`` in the
         ``reprieve`` item). Raises :class:`FencedError` once a newer attempt has started."""

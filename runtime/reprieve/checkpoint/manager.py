@@ -196,6 +196,10 @@ class CheckpointManager:
     # -- save ---------------------------------------------------------------------------------------
     supports_process_extra = True
 
+    def check_state(self, state: Any) -> None:
+        """Raise the TypeError a save of ``state`` would raise (a leaf that cannot be saved), copying nothing."""
+        save_mod.check_leaves(state)
+
     def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None,
              process_extra: Any = None) -> None:
         """Snapshot ``state`` and write it in the background; returns once ``state`` may be donated.

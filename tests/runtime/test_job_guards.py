@@ -1,0 +1,65 @@
+"""What the job says and refuses early, in one process with the real CheckpointManager on real files: a state no
+checkpoint can hold, periodic saves that are off, another run's checkpoint, a checkpoint past the total."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import reprieve
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def _job(root: Path, **env: str) -> Any:
+    return reprieve.init(env={"REPRIEVE_CHECKPOINT_URI": str(root), **env}, install_sigterm=False, watch_pod=False)
+
+
+def _init(width: int = 4) -> dict[str, Any]:
+    return {"w": jnp.zeros((width,), jnp.float32), "step": 0}
+
+
+def _train(job: Any, total: int, width: int = 4) -> Any:
+    state, start = job.restore_or(lambda: _init(width))
+    for step in job.steps(start, total):
+        state = {"w": state["w"] + 1, "step": step + 1}
+        job.save(step, state)
+    return state
+
+
+def test_a_leaf_no_checkpoint_can_hold_is_refused_at_the_first_save_call(tmp_path: Path) -> None:
+    """A function in the state was reported at the first real save: with no periodic save, the last step, after
+    the whole run had trained. Now the first job.save() call says so, whether it saves or not."""
+    with _job(tmp_path) as job:
+        state, start = job.restore_or(_init)
+        steps = job.steps(start, 1000)
+        step = next(steps)
+        with pytest.raises(TypeError, match=r"checkpoint leaf \['apply'\]: expected jax.Array.*functions and other "
+                                            r"Python objects are not state"):
+            job.save(step, {**state, "apply": jax.nn.relu})
+        job.abandon()
+
+
+def test_the_log_says_when_periodic_saves_are_off(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="reprieve.job"):
+        with _job(tmp_path / "a") as job:
+            _train(job, 2)
+        off = [r.getMessage() for r in caplog.records if "periodic saves are off" in r.getMessage()]
+        assert len(off) == 1 and "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS" in off[0], caplog.text
+        caplog.clear()
+        with _job(tmp_path / "b", REPRIEVE_CHECKPOINT_INTERVAL_SECONDS="600") as job:
+            _train(job, 2)
+        assert not [r for r in caplog.records if "periodic saves are off" in r.getMessage()], caplog.text
+    np.testing.assert_array_equal(np.asarray(_restored(tmp_path / "b")["w"]), np.full((4,), 2.0, np.float32))
+
+
+def _restored(root: Path) -> Any:
+    with _job(root) as job:
+        state, _ = job.restore_or(_init)
+        job.abandon()
+    return state
