@@ -69,10 +69,18 @@ class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self.stream = sys.stderr  # as the program's stderr is now (a test may have replaced it)
             super().emit(record)
             return
-        # Configured: as if reprieve had set no level. The program's own level on the reprieve logger stands.
-        ours = logging.getLogger(LOGGER).level == LEVEL
-        if not ours or record.levelno >= root.getEffectiveLevel():
-            root.handle(record)
+        # Configured: as if reprieve had set no level (the program's own level on the reprieve logger stands), and
+        # to the root's handlers that are not on the reprieve logger too (pytest attaches its capture handlers to
+        # every logger that does not propagate: they have the record already).
+        logger = logging.getLogger(LOGGER)
+        if logger.level == LEVEL and record.levelno < root.getEffectiveLevel():
+            return
+        if root.disabled or not root.filter(record):
+            return
+        mine = set(logger.handlers)
+        for handler in root.handlers:
+            if handler not in mine and record.levelno >= handler.level:
+                handler.handle(record)
 
 
 def install(process_id: int = 0, num_processes: int = 1) -> bool:

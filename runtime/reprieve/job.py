@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, Protocol, Self
 
 from . import data as data_mod
+from . import identity
 from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
 from .ahead import CompileAhead, LoweringCount
@@ -186,6 +187,17 @@ class Job:
         else:
             state, target = None, abstract_of(abstract)
             require(abstract_problem(target))  # on the first run too, not only at the first restart
+        ours = identity.structure(target)
+
+        def check(record: Any, saved_structure: Any, where: str) -> None:
+            problem = identity.mismatch(record.get("run") if isinstance(record, dict) else None,
+                                        self.config.run_id, ours, saved_structure, where)
+            if problem:
+                raise identity.RunMismatchError(f"restore_or: {problem}")
+
+        hook = getattr(self.checkpointer, "set_restore_check", None)
+        if callable(hook):
+            hook(check)  # before any array is read, on every process alike
         t0 = time.perf_counter()
         try:
             # step=None: the checkpointer picks the latest complete checkpoint once for all processes
@@ -197,6 +209,8 @@ class Job:
                 require(abstract_problem(target, abstract_of(state)))
             return Restored(state, 0)
         step, restored, extra = result
+        if not callable(hook):  # a checkpointer without the hook: checked after the fact
+            check(extra.get("reprieve"), None, f"{self.config.checkpoint_uri} step {step}")
         value = data_mod.value_for_process(getattr(result, "process_extra", None), self.process_id,
                                            self.num_processes, reshard_data)
         if data is not None:
@@ -209,7 +223,11 @@ class Job:
         self.loop.restore_seconds = seconds = time.perf_counter() - t0
         self.metrics.observe("reprieve_restore_seconds", seconds)
         self.metrics.set("reprieve_last_committed_step", step)
-        log.info("restored step %d from %s: resuming at step %d", step, self.config.checkpoint_uri, step + 1)
+        written = extra.get("reprieve") if isinstance(extra.get("reprieve"), dict) else {}
+        run_id = (written.get("run") or {}).get("id") if isinstance(written.get("run"), dict) else None
+        log.info("restored step %d from %s: resuming at step %d (saved by attempt %s%s)", step,
+                 self.config.checkpoint_uri, step + 1, written.get("attempt", "?"),
+                 "" if run_id is None else f" of run {run_id!r}")
         user_extra = {k: v for k, v in extra.items() if k != "reprieve"}
         return Restored(restored, step + 1, data=value, extra=user_extra, step=step)
 
@@ -252,8 +270,13 @@ class Job:
         with no ``total`` ends with ``job.save(step, state, force=True)`` for its last step and ``finish()``
         (or a ``with`` block), see docs/runtime.md.
         """
-        if start < 0 or (total is not None and total < start):
+        past = identity.past_total(start, total)
+        if past is not None:
+            raise ValueError(f"Job.steps: {past}")
+        if start < 0:
             raise ValueError(f"Job.steps: need 0 <= start <= total, got start={start}, total={total}")
+        if total is not None and start == total and start > 0:
+            log.info("the checkpoint holds the last step (%d of total=%d): nothing left to train", start - 1, total)
         self._transition(Phase.TRAINING)
         if not (self.policy.interval_steps or self.policy.interval_seconds):
             log.info("periodic saves are off: only the last step and the agreed save of a notice are saved, so "
@@ -393,7 +416,8 @@ class Job:
     # -- saving ------------------------------------------------------------------------------------------
     def _start_save(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any, kind: str) -> None:
         self._confirm_pending()
-        record: dict[str, Any] = {"reprieve": {"step": step, "kind": kind, "attempt": self.config.attempt}}
+        record: dict[str, Any] = {"reprieve": {"step": step, "kind": kind, "attempt": self.config.attempt,
+                                               "run": identity.record(self.config.run_id, identity.structure(state))}}
         # what this attempt measured: the next attempt's countdown starts from it (_seed_estimates)
         save_s = getattr(self.checkpointer, "last_save_seconds", None)
         for key, value in (("stepSeconds", _positive(self._step_ema)), ("saveSeconds", _positive(save_s))):

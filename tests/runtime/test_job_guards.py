@@ -63,3 +63,47 @@ def _restored(root: Path) -> Any:
         state, _ = job.restore_or(_init)
         job.abandon()
     return state
+
+
+def test_a_second_run_with_another_run_id_is_refused_naming_both(tmp_path: Path) -> None:
+    """A second run with another seed in the same directory silently resumed the first run's checkpoint."""
+    with _job(tmp_path, REPRIEVE_RUN_ID="seed-1") as job:
+        _train(job, 3)
+    with _job(tmp_path, REPRIEVE_RUN_ID="seed-2") as job:
+        with pytest.raises(ValueError, match=r"belongs to run 'seed-1', and this is run 'seed-2' \(REPRIEVE_RUN_ID\): "
+                                             r"a new run needs its own REPRIEVE_CHECKPOINT_URI"):
+            job.restore_or(_init)
+        job.abandon()
+    with _job(tmp_path) as job:  # no run id at all is another run too
+        with pytest.raises(ValueError, match=r"belongs to run 'seed-1', and this is run \(no REPRIEVE_RUN_ID\)"):
+            job.restore_or(_init)
+        job.abandon()
+    with _job(tmp_path, REPRIEVE_RUN_ID="seed-1") as job:  # the same run resumes
+        assert job.restore_or(_init).step == 2
+        job.abandon()
+
+
+def test_a_state_of_another_structure_is_refused_before_anything_is_read(tmp_path: Path) -> None:
+    with _job(tmp_path) as job:
+        _train(job, 2)
+    with _job(tmp_path) as job:
+        with pytest.raises(ValueError, match=r"holds a state of another structure than this program's \(1 leaves of "
+                                             r"another shape \(\['w'\]: \[4\] in the checkpoint, \[8\] here\)\)"):
+            job.restore_or(lambda: _init(8))
+        with pytest.raises(ValueError, match=r"1 leaves only in this program's state \(\['extra'\]\)"):
+            job.restore_or(lambda: {**_init(), "extra": jnp.zeros(2)})
+        job.abandon()
+
+
+def test_a_shorter_run_is_told_the_checkpoint_is_past_total_steps(tmp_path: Path) -> None:
+    with _job(tmp_path) as job:
+        _train(job, 10)
+    with _job(tmp_path) as job:
+        _, start = job.restore_or(_init)
+        with pytest.raises(ValueError, match=r"Job.steps: the checkpoint is past total steps: it holds step 9 and "
+                                             r"this run has total=5"):
+            next(iter(job.steps(start, 5)))
+        job.abandon()
+    with _job(tmp_path) as job:  # the same total: finished already, nothing to train
+        _, start = job.restore_or(_init)
+        assert list(job.steps(start, 10)) == []

@@ -139,6 +139,7 @@ class CheckpointManager:
         self._max_chunk_bytes = max_chunk_bytes
         self._fallback = fallback
         self._on_commit = on_commit
+        self._restore_check: Callable[[Any, list[tuple[str, Any]], str], None] | None = None
         self._pid, self._nproc = self._coord.process_id, self._coord.num_processes
         self._storage: Storage = open_storage(uri, fsync=fsync, sync_mode=sync_mode)
         self.uri = self._storage.loc.uri()
@@ -187,6 +188,12 @@ class CheckpointManager:
             if e.state == "deleting" or (e.state == "tmp" and e.attempt <= self.attempt):
                 log.info("checkpoint: removing leftover %s/%s", self.uri, e)
                 st.delete(e)
+
+    def set_restore_check(self, check: Callable[[Any, list[tuple[str, Any]], str], None] | None) -> None:
+        """``check(reprieve_record, saved_structure, where)`` before a checkpoint's arrays are read (on every
+        process): the job refuses another run's checkpoint there (:mod:`reprieve.identity`); what it raises is
+        raised by :meth:`restore` as is (no fallback, no quarantine: the checkpoint is fine, it is not ours)."""
+        self._restore_check = check
 
     def set_commit_callback(self, on_commit: Callable[[int], None] | None) -> None:
         """``on_commit(step)`` after every commit, in the background thread of every process (what
@@ -453,6 +460,8 @@ class CheckpointManager:
         if problems:
             raise CheckpointCorruptError(f"checkpoint {self.uri}/{name}: {'; '.join(problems)} ({where}); the "
                                          "checkpoint disagrees with itself")
+        if self._restore_check is not None:
+            self._restore_check(meta.extra.get("reprieve"), meta.structure(), f"{self.uri}/{name}")
         state = restore_tree(self._storage, name, meta, abstract, memory_limit_bytes=self._mem_limit)
         return meta, state
 
