@@ -117,8 +117,15 @@ def init(
         if sigterm is not None:
             sigterm.check()
 
+    def in_force() -> str | None:
+        target = agreement.target
+        if target is None:
+            return None
+        left = f", deadline in {target.deadline - time.time():.1f}s" if target.deadline_known else ""
+        return f"agreed save at step {target.plan.final_step}{left}"
+
     hub = NoticeHub(agreement.offer, on_notice=on_notice, idle_check=idle_check,
-                    idle_s=config.notice_poll_seconds)
+                    idle_s=config.notice_poll_seconds, in_force=in_force)
     closers: list[Callable[[], None]] = []
     if install_sigterm:
         sigterm = SigtermSource(hub, grace_seconds=config.termination_grace_seconds, pod=config.pod_name,

@@ -31,9 +31,11 @@ class NoticeHub:
     """Fan-in of all sources. :meth:`put` is safe from a signal handler; the sink runs on the hub thread."""
 
     def __init__(self, sink: Callable[[Notice], None], *, on_notice: Callable[[Notice], None] | None = None,
-                 idle_check: Callable[[], None] | None = None, idle_s: float = 1.0) -> None:
+                 idle_check: Callable[[], None] | None = None, idle_s: float = 1.0,
+                 in_force: Callable[[], str | None] | None = None) -> None:
         self._sink = sink
         self._on_notice = on_notice
+        self._in_force = in_force  # what the agreement has made of the notices so far, for "already in force"
         self._idle_check = idle_check
         self._idle_s = idle_s
         self._queue: queue.SimpleQueue[Notice | None] = queue.SimpleQueue()
@@ -70,6 +72,10 @@ class NoticeHub:
                          "" if notice.deadline_known else " (deadline unknown: save at once)")
                 if self._on_notice is not None:
                     self._on_notice(notice)
+            else:  # a second SIGTERM during the countdown, the same notice re-delivered: said, not silently dropped
+                state = self._in_force() if self._in_force is not None else None
+                log.info("notice %s via %s again: notice already in force (%s); nothing changes", notice.id,
+                         notice.source, state or "being agreed")
             try:
                 self._sink(notice)
             except Exception:  # a broken sink must not kill the hub; the next notice may get through

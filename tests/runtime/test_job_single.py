@@ -123,3 +123,27 @@ def test_a_notice_file_left_by_an_earlier_run_neither_stops_nor_fails_the_next(t
     log = gang.logs[0].read_text()
     assert "before this process started" in log and "AFTER the deadline" not in log, gang.tail()
     assert (tmp_path / "done-0").read_text() == "20.0"
+
+
+def test_a_second_sigterm_during_the_countdown_is_said_to_be_in_force(tmp_path: Path) -> None:
+    import re
+    import time
+
+    gang = launch(tmp_path, 1, steps=4000, step_seconds=0.02, grace_seconds=12,
+                  extra_env={"REPRIEVE_SAVE_SECONDS_ESTIMATE": "0.5"})
+    try:
+        gang.wait_for_file("running-0", 60)
+        gang.signal(0, signal.SIGTERM)
+        limit = time.monotonic() + 30
+        while not re.search(r"agreed save step (\d+)", gang.logs[0].read_text()):
+            assert time.monotonic() < limit and gang.procs[0].poll() is None, gang.tail()
+            time.sleep(0.02)
+        gang.signal(0, signal.SIGTERM)  # Ctrl-C's cousin on a laptop: `kill` again while it counts down
+        codes = gang.wait(60)
+    finally:
+        gang.kill()
+    assert codes == [42], gang.tail()
+    log = gang.logs[0].read_text()
+    final = re.search(r"agreed save step (\d+)", log).group(1)  # type: ignore[union-attr]
+    assert re.search(rf"via sigterm again: notice already in force \(agreed save at step {final}, deadline in "
+                     r"[0-9.]+s\); nothing changes", log), gang.tail()

@@ -119,6 +119,27 @@ def test_the_runtimes_own_exit_path_is_not_reported_as_a_replaced_handler(
             signal.signal(sig, handler)
 
 
+def test_the_same_notice_again_is_said_to_be_in_force(caplog: pytest.LogCaptureFixture) -> None:
+    """A second SIGTERM during a countdown was ignored without a word."""
+    sink = Sink()
+    state: list[str | None] = [None]
+    h = NoticeHub(sink, idle_s=0.05, in_force=lambda: state[0]).start()
+    try:
+        with caplog.at_level(logging.INFO, logger="reprieve.notice_sources"):
+            notice = Notice(id="sigterm/local/0", source="sigterm", reason="sigterm", deadline=time.time() + 30,
+                            received_at=time.time())
+            h.put(notice)
+            sink.wait(1)
+            state[0] = "agreed save at step 12, deadline in 29.0s"
+            h.put(notice)
+            sink.wait(2)
+    finally:
+        h.close()
+    again = [r.getMessage() for r in caplog.records if "again" in r.getMessage()]
+    assert again == [("notice sigterm/local/0 via sigterm again: notice already in force (agreed save at step 12, "
+                     "deadline in 29.0s); nothing changes")]
+
+
 def test_install_off_the_main_thread_is_refused(hub: tuple[NoticeHub, Sink]) -> None:
     h, _ = hub
     result: list[bool] = []
