@@ -316,10 +316,17 @@ def await_listening(address: str, timeout_s: float, poll_s: float = 0.01) -> flo
 def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Checkpointer:
     """``reprieve.checkpoint.CheckpointManager`` on ``REPRIEVE_CHECKPOINT_URI`` (the job sets its commit
     callback: progress is reported from the manager's background thread after every commit)."""
-    from .checkpoint import CheckpointManager
+    from .checkpoint import CheckpointManager, FencedError
 
-    return CheckpointManager(config.checkpoint_uri, coordinator=coordinator, attempt=config.attempt,
-                             keep=config.checkpoint_keep)
+    try:
+        return CheckpointManager(config.checkpoint_uri, coordinator=coordinator, attempt=config.attempt,
+                                 keep=config.checkpoint_keep)
+    except FencedError:
+        raise
+    except (OSError, ValueError, RuntimeError) as err:  # a path that cannot be created or written, a bad URI
+        raise ConfigError(f"REPRIEVE_CHECKPOINT_URI={config.checkpoint_uri!r}: the checkpoint location cannot be "
+                          f"opened for writing ({type(err).__name__}: {err}); set REPRIEVE_CHECKPOINT_URI to a "
+                          "directory, gs:// or s3:// prefix this process can write") from err
 
 
 class PreemptionServiceDisabled(Exception):

@@ -107,3 +107,12 @@ def test_a_shorter_run_is_told_the_checkpoint_is_past_total_steps(tmp_path: Path
     with _job(tmp_path) as job:  # the same total: finished already, nothing to train
         _, start = job.restore_or(_init)
         assert list(job.steps(start, 10)) == []
+
+
+def test_an_unwritable_checkpoint_uri_names_the_setting(tmp_path: Path) -> None:
+    """It was a raw OSError from os.makedirs that did not say which setting to change."""
+    (tmp_path / "a-file").write_text("not a directory")
+    where = tmp_path / "a-file" / "ckpt"
+    with pytest.raises(reprieve.ConfigError, match=rf"REPRIEVE_CHECKPOINT_URI='{where}': the checkpoint location "
+                                                   r"cannot be opened for writing \(NotADirectoryError"):
+        _job(where)

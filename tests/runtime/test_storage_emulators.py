@@ -157,3 +157,16 @@ def test_object_store_fencing(bucket_uri: str) -> None:
     with pytest.raises(FencedError):
         old.wait()
     assert new.latest_step() == 1
+
+
+def test_object_store_quarantine_records_are_kept_to_the_newest(bucket_uri: str) -> None:
+    mesh = _mesh()
+    with CheckpointManager(bucket_uri, keep=1) as mgr:
+        mgr.save(1, state_def.make_state(1, mesh, "a"))
+    kv = ts.KvStore.open(CheckpointManager(bucket_uri)._storage.kvstore("")).result()
+    for record in ("step_0000000001_a1-1700000000001.json", "step_0000000001_a1-1700000000002.json"):
+        kv.write(f"{layout.CORRUPT_DIR}/{record}", b'{"reason": "test"}').result()
+    with CheckpointManager(bucket_uri, keep=1) as mgr:
+        mgr.save(2, state_def.make_state(2, mesh, "a"))
+    left = [k.decode() for k in kv.list().result() if k.decode().startswith(layout.CORRUPT_DIR + "/")]
+    assert left == [f"{layout.CORRUPT_DIR}/step_0000000001_a1-1700000000002.json"]

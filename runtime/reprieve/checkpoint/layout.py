@@ -99,6 +99,15 @@ def _split(name: str) -> tuple[int, int]:
     return parsed.step, parsed.attempt
 
 
+_RECORD_RE = re.compile(r"^step_(\d{10})_a(\d+)-(\d+)\.json$")
+
+
+def parse_quarantine_record(name: str) -> tuple[int, int, int] | None:
+    """``(step, attempt, unix ms)`` of an object store's ``corrupt/<name>-<ms>.json`` record; None otherwise."""
+    m = _RECORD_RE.match(name)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
 def fence_name(attempt: int) -> str:
     return f"attempt_{attempt:010d}.json"
 

@@ -364,6 +364,10 @@ class CheckpointManager:
         for c in retention.select_deletions(vis, invisible, keep=self.keep, keep_every=self.keep_every):
             log.info("checkpoint retention: deleting %s/%s", self.uri, c)
             st.delete(c)
+        for qid in retention.select_quarantined(st.quarantined(), keep=self.keep):
+            log.info("checkpoint retention: deleting the quarantined copy %s/%s (the %d newest are kept)", self.uri,
+                     qid, self.keep)
+            st.delete_quarantined(qid)
 
     # -- lookup & restore ---------------------------------------------------------------------------
     def _visible(self) -> list[CheckpointName]:

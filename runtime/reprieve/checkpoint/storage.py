@@ -113,6 +113,14 @@ class Storage:
         """Take the committed checkpoint ``name`` out of every listing for good; returns where it went."""
         raise NotImplementedError
 
+    def quarantined(self) -> list[tuple[int, int, int, str]]:
+        """Every quarantined copy as ``(step, attempt, order, id)`` (:mod:`.retention`); ``id`` for
+        :meth:`delete_quarantined`."""
+        raise NotImplementedError
+
+    def delete_quarantined(self, qid: str) -> None:
+        raise NotImplementedError
+
     # -- small files --------------------------------------------------------------------------------
     def write_file(self, key: str, data: bytes) -> None:
         """Durably write one small file (metadata, fence) atomically."""
@@ -234,6 +242,15 @@ class LocalStorage(Storage):
             log.warning("could not write the quarantine reason into %s: %s", target, err)
         return self._p(target)
 
+    def quarantined(self) -> list[tuple[int, int, int, str]]:
+        return [(e.step, e.attempt, e.copy, str(e)) for e in self.list_entries() if e.state == "corrupt"]
+
+    def delete_quarantined(self, qid: str) -> None:
+        name = layout.parse_name(qid)
+        if name is None or name.state != "corrupt":
+            raise ValueError(f"not a quarantined checkpoint: {qid!r}")
+        self.delete(name)
+
     def write_file(self, key: str, data: bytes) -> None:
         path = self._p(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -323,6 +340,17 @@ class ObjectStorage(Storage):
         self.write_file(record, json.dumps({"name": name.committed, "reason": reason}).encode())
         self.delete(name)  # marker first, then the data: the name is free for the next save of this step
         return f"{self.loc.uri()}/{record}"
+
+    def quarantined(self) -> list[tuple[int, int, int, str]]:
+        out = []
+        for record in self.list_dir(layout.CORRUPT_DIR):
+            parsed = layout.parse_quarantine_record(record)
+            if parsed is not None:
+                out.append((*parsed, record))
+        return out
+
+    def delete_quarantined(self, qid: str) -> None:
+        self._kv.delete_range(_prefix_range(f"{layout.CORRUPT_DIR}/{qid}")).result()
 
     def write_file(self, key: str, data: bytes) -> None:
         self._kv.write(key, data).result()
