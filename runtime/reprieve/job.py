@@ -543,8 +543,16 @@ class Job:
         abandons it (no distributed shutdown, which would wait for the peers) on an exception."""
         if exc_type is None:
             self.finish()
-        else:
-            self.abandon()
+            return
+        code = getattr(exc, "code", None) if isinstance(exc, SystemExit) else None
+        if code == self.config.restart_exit_code and self.phase != Phase.EXITING:
+            # sys.exit(<restart code>) in the program's own code: it reads as a saved preemption and is not one
+            log.critical("process %d: sys.exit(%d) without an agreed save: %d is REPRIEVE_RESTART_EXIT_CODE, which "
+                         "says 'state saved, restart me', but nothing was saved by this exit (the last checkpoint "
+                         "is step %s). reprieve-run reports it as not agreed; let job.save() exit at the agreed "
+                         "step instead", self.process_id, code, code,
+                         "none" if self._committed is None else self._committed)
+        self.abandon()
 
     def _abort(self, why: str) -> NoReturn:
         log.critical("process %d: %s; exiting 1 (state NOT saved by this exit)", self.process_id, why)

@@ -116,3 +116,16 @@ def test_an_unwritable_checkpoint_uri_names_the_setting(tmp_path: Path) -> None:
     with pytest.raises(reprieve.ConfigError, match=rf"REPRIEVE_CHECKPOINT_URI='{where}': the checkpoint location "
                                                    r"cannot be opened for writing \(NotADirectoryError"):
         _job(where)
+
+
+def test_sys_exit_with_the_restart_code_in_a_with_block_is_said_loudly(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    with (caplog.at_level(logging.CRITICAL, logger="reprieve.job"), pytest.raises(SystemExit),
+          _job(tmp_path, REPRIEVE_CHECKPOINT_INTERVAL_STEPS="2") as job):
+        state, start = job.restore_or(_init)
+        for step in job.steps(start, 100):
+            job.save(step, state)
+            if step == 4:
+                raise SystemExit(42)  # a user's own "preemption" exit
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("process 0: sys.exit(42) without an agreed save") and "the last checkpoint is step 3" in line
