@@ -35,6 +35,8 @@ from .progress import LoopProgress, ProgressReporter
 log = logging.getLogger(__name__)
 
 STEP_EMA_WEIGHT = 0.1  # weight of the newest step in the step-time moving average
+# Notice sources whose notice outlives the process that saved for it (a SIGTERM's id names the pod, not the event).
+SOURCES_THAT_PERSIST = ("notice-file", "annotation")
 
 
 def _positive(value: Any) -> float | None:
@@ -220,10 +222,14 @@ class Job:
             data_mod.restore_into(data, value)
         self._last_saved = self._committed = step
         self._seed_estimates(extra.get("reprieve"))
+        written = extra.get("reprieve") if isinstance(extra.get("reprieve"), dict) else {}
+        if written.get("noticeSource") in SOURCES_THAT_PERSIST and written.get("notice"):
+            # The notice this checkpoint was the agreed save of is still in the file (on a laptop nobody clears
+            # it) or on the kept pod: it must not stop the run it already stopped once.
+            self.agreement.handled(str(written["notice"]), step)
         self.loop.restore_seconds = seconds = time.perf_counter() - t0
         self.metrics.observe("reprieve_restore_seconds", seconds)
         self.metrics.set("reprieve_last_committed_step", step)
-        written = extra.get("reprieve") if isinstance(extra.get("reprieve"), dict) else {}
         run_id = (written.get("run") or {}).get("id") if isinstance(written.get("run"), dict) else None
         log.info("restored step %d from %s: resuming at step %d (saved by attempt %s%s)", step,
                  self.config.checkpoint_uri, step + 1, written.get("attempt", "?"),
@@ -426,6 +432,7 @@ class Job:
         target = self.agreement.target
         if target is not None:
             record["reprieve"]["notice"] = target.notice.id
+            record["reprieve"]["noticeSource"] = target.notice.source
         kwargs: dict[str, Any] = {}
         if data is not None:
             if not getattr(self.checkpointer, "supports_process_extra", False):

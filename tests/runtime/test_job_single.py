@@ -147,3 +147,25 @@ def test_a_second_sigterm_during_the_countdown_is_said_to_be_in_force(tmp_path: 
     final = re.search(r"agreed save step (\d+)", log).group(1)  # type: ignore[union-attr]
     assert re.search(rf"via sigterm again: notice already in force \(agreed save at step {final}, deadline in "
                      r"[0-9.]+s\); nothing changes", log), gang.tail()
+
+
+def test_a_notice_the_restored_checkpoint_saved_for_does_not_stop_the_next_attempt(tmp_path: Path) -> None:
+    """On a laptop nobody clears the notice file: the restarted attempt found the same notice, its deadline still
+    to come, saved again at once and exited 42 again, until the deadline passed. The restored checkpoint records
+    which notice it was the agreed save of; that notice, delivered again, is ignored."""
+    import time
+
+    from tests.runtime.helpers_agreement import write_notice_file
+
+    deadline = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 45))
+    write_notice_file(tmp_path / "annotations-0", {"id": "maint-7", "reason": "maintenance", "deadline": deadline})
+    slow_save = {"REPRIEVE_SAVE_SECONDS_ESTIMATE": "25"}  # no time to train on: save at the earliest step
+    first = launch(tmp_path, 1, steps=4000, step_seconds=0.01, notice_file=True, extra_env=slow_save)
+    assert first.wait(60) == [42], first.tail()
+    (saved,) = first.saved()
+    again = launch(tmp_path, 1, steps=saved + 30, step_seconds=0.0, notice_file=True,
+                   extra_env={**slow_save, "REPRIEVE_ATTEMPT": "2"})
+    assert again.wait(60) == [0], again.tail()
+    log = again.logs[0].read_text()
+    assert f"notice maint-7 (notice-file) was already saved for: the restored checkpoint, step {saved}" in log, \
+        again.tail()
