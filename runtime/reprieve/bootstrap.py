@@ -23,6 +23,7 @@ from .kube import KubeClient, PodWatchSource
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
+from .peers import PeerWatch
 from .policy import SavePolicy
 from .progress import ProgressReporter
 from .supervised import SupervisorLink
@@ -149,6 +150,12 @@ def init(
         if config.process_id == 0:
             progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt,
                                         interval_s=config.progress_interval_seconds)
+    job_ref: list[Job] = []
+    if config.distributed:
+        # One line naming a peer that stopped, before JAX's heartbeat timeout ends this process for it.
+        closers.append(PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
+                                 heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,
+                                 committed=lambda: job_ref[0].committed_step if job_ref else None).start().close)
     if config.metrics_port is not None:
         # On the pod's IP when known, like the coordinator: workers that share a host network (hostNetwork
         # pods, the local process kubelet) do not collide on the port.
@@ -164,6 +171,7 @@ def init(
     job = Job(config, coordinator, ckpt, agreement, hub, policy=policy, metrics=metrics, progress=progress,
               closers=closers, exit_fn=exit_fn, on_first_step=link.first_step if link is not None else None,
               on_exiting=link.exiting if link is not None else None)
+    job_ref.append(job)
     if config.distributed:
         _replace_preemption_sync_point()
     atexit.register(job.abandon)  # a loop left by break/exception must not abort the interpreter's exit
@@ -270,6 +278,8 @@ def _join(config: RuntimeConfig) -> Coordinator:
         # JAX's preemption service installs its own C-level SIGTERM handler; reprieve owns SIGTERM.
         jax.config.update("jax_enable_preemption_service", False)
         timeout = config.init_timeout_seconds
+        # Who has come, who is awaited, who never came: JAX's own wait says nothing and ends in SIGABRT.
+        timeout = max(1, int(timeout - roll_call(config, timeout)))
         if config.process_id != 0 and config.coordinator_address:
             # gRPC backs off ~1 s after a refused first connection: a process that asks before process 0's
             # service listens (every restart: all processes start together) loses that second. Knock first.
@@ -288,6 +298,23 @@ def _join(config: RuntimeConfig) -> Coordinator:
             shutdown_timeout_seconds=config.shutdown_timeout_seconds,
         )
     return JaxCoordinator.from_jax()
+
+
+def roll_call(config: RuntimeConfig, timeout_s: float) -> float:
+    """Take (process 0) or answer (the others) the roll call on the coordinator's port before JAX starts there
+    (:mod:`reprieve.rollcall`); the seconds it took. Raises :class:`reprieve.rollcall.RollCallError`."""
+    from . import rollcall
+
+    assert config.coordinator_address is not None
+    address = config.coordinator_address
+    port = int(address.rsplit(":", 1)[1])
+    if config.process_id == 0:
+        bind = config.coordinator_bind_address()
+        host = "" if bind is None else bind.rsplit(":", 1)[0].strip("[]")
+        return rollcall.lead((host, port), address, job=config.job, attempt=config.attempt, n=config.num_processes,
+                             timeout_s=timeout_s)
+    hello = rollcall.Hello(config.job, config.attempt, config.process_id, config.pod_name)
+    return rollcall.attend(address, hello, n=config.num_processes, timeout_s=timeout_s)
 
 
 def await_listening(address: str, timeout_s: float, poll_s: float = 0.01) -> float:

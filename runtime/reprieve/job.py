@@ -161,6 +161,11 @@ class Job:
         return self.coordinator.num_processes
 
     @property
+    def committed_step(self) -> int | None:
+        """The newest step known committed (restored or saved by this attempt), None before any."""
+        return self._committed
+
+    @property
     def step_seconds(self) -> float | None:
         """Moving average of the time between steps yielded by :meth:`steps`."""
         return self._step_ema
