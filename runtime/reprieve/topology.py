@@ -168,7 +168,10 @@ def _checkpoint_topology(environ: Mapping[str, str]) -> Topology | None:
 
     uri = Env(environ).text("REPRIEVE_CHECKPOINT_URI", RuntimeConfig.checkpoint_uri)
     try:
-        storage = open_storage(uri, fsync=False)
+        try:
+            storage = open_storage(uri, fsync=False, create=False)
+        except FileNotFoundError:
+            return None  # no checkpoint yet (a hint: a warm process creates nothing)
         latest = fencing.latest(storage.list_entries(uncommitted=False), storage.read_fences())
         if latest is None:
             return None

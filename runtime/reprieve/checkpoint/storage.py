@@ -157,9 +157,12 @@ class Storage:
 
 
 class LocalStorage(Storage):
-    def __init__(self, loc: Location, **kw: Any) -> None:
+    def __init__(self, loc: Location, *, create: bool = True, **kw: Any) -> None:
         super().__init__(loc, **kw)
-        os.makedirs(loc.path, exist_ok=True)
+        if create:
+            os.makedirs(loc.path, exist_ok=True)
+        elif not os.path.isdir(loc.path):
+            raise FileNotFoundError(f"no checkpoint directory at {loc.path}")
 
     def _p(self, *parts: str) -> str:
         return os.path.join(self.loc.path, *parts)
@@ -305,8 +308,8 @@ def _prefix_range(prefix: str) -> Any:
 
 
 class ObjectStorage(Storage):
-    def __init__(self, loc: Location, **kw: Any) -> None:
-        super().__init__(loc, **kw)
+    def __init__(self, loc: Location, *, create: bool = True, **kw: Any) -> None:
+        super().__init__(loc, **kw)  # nothing to create: a prefix exists once a key is written under it
         self._kv = ts.KvStore.open(spec.kvstore_spec(loc), context=self.context).result()
 
     def data_dir(self, step: int, attempt: int) -> str:
@@ -365,5 +368,7 @@ class ObjectStorage(Storage):
 
 
 def open_storage(uri: str, **kw: Any) -> Storage:
+    """The storage of checkpoint root ``uri``. ``create=False``: only read (a missing local root is a
+    FileNotFoundError, not a new directory)."""
     loc = layout.parse_uri(uri, os.getcwd())
     return ObjectStorage(loc, **kw) if loc.is_object_store else LocalStorage(loc, **kw)
