@@ -427,7 +427,8 @@ def _apply(s: State, ev: Event, now: float) -> tuple[State, list[Action]]:
         if a is None:
             if s.wanted is None:
                 e = s.env_assignment
-                return s.replace(wanted=e, wanted_at=now), [Note(f"no assignment ConfigMap: {e.describe()}")]
+                where = "a local run" if s.local else "no assignment ConfigMap"
+                return s.replace(wanted=e, wanted_at=now), [Note(f"{where}: {e.describe()}")]
             return s, [Note("the assignment ConfigMap is gone; keeping the last assignment", debug=True)]
         e = s.env_assignment
         if s.wanted is None and e.listed and (a.attempt, a.process_id, a.num_processes) == (

@@ -87,9 +87,8 @@ class Supervisor:
         if self.annotator is not None:
             self.annotator.put(sv.supervisor_annotation(_version()))
         if self.local:
-            log.info("a local run: %s, restarted in place after every saved preemption (exit %d), stopped on "
-                     "anything else; Ctrl-C saves and stops, a second Ctrl-C kills", self.state.env_assignment.describe(),
-                     self.state.settings.restart_code)
+            log.info("restarting the command after every saved preemption (exit %d), stopping on anything else; "
+                     "Ctrl-C saves and stops, a second Ctrl-C kills", self.state.settings.restart_code)
             self.events.put(sv.AssignmentSeen(None))
         elif self.client is not None and self.configmap:
             self.watch = ObjectWatch(self.client, self.namespace, "configmaps", self.configmap,
