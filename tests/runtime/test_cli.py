@@ -162,3 +162,76 @@ def test_ctrl_c_saves_and_stops(tmp_path: Path) -> None:
 
 def _steps(root: Path) -> list[Any]:
     return sorted(p.name for p in root.glob("step_*_a1"))
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
+    """docs/runtime.md's quickstart script, its `reprieve run`, a SIGTERM to the script (its `pkill`), the restart,
+    and its three reading commands; the interrupted run ends with the same state as an uninterrupted one."""
+    import re
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from reprieve.checkpoint import CheckpointManager
+
+    quick = (REPO / "docs/runtime.md").read_text().split("## Quickstart on a laptop", 1)[1].split("\n## ", 1)[0]
+    script = re.search(r"```python\n(.*?)```", quick, re.DOTALL).group(1)  # type: ignore[union-attr]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPRIEVE_")}
+    env.update({"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"})
+    for run in ("interrupted", "straight"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "train.py").write_text(script)
+    straight = subprocess.Popen([sys.executable, "train.py"], cwd=tmp_path / "straight", env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([REPRIEVE, "run", "--", sys.executable, "train.py"], cwd=tmp_path / "interrupted",
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        limit = time.monotonic() + 120
+        while not any("periodic saves are off" in line for line in lines):
+            assert proc.poll() is None and time.monotonic() < limit, "".join(lines)
+            time.sleep(0.05)
+        (trainer,) = _children(proc.pid)
+        os.kill(trainer, signal.SIGTERM)  # what `pkill -TERM -xf 'python train.py'` does
+        assert proc.wait(180) == 0, "".join(lines)
+        assert straight.wait(180) == 0
+    finally:
+        for p in (proc, straight):
+            if p.poll() is None:
+                p.kill()
+    reader.join(10)
+    err = "".join(lines)
+    assert "exiting with code 42" in err and "attempt 2: starting process 0/1 cold" in err, err
+    assert re.search(r"restored step \d+ from .*checkpoints: resuming at step \d+", err), err
+    for command in ("ls", "inspect", "verify"):
+        got = subprocess.run(
+            [REPRIEVE, command, "./checkpoints"], cwd=tmp_path / "interrupted", env=env, capture_output=True,
+            text=True, timeout=120, check=False)
+        assert got.returncode == 0, (command, got.stdout, got.stderr)
+    device = jax.devices()[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    abstract = {"w": jax.ShapeDtypeStruct((8, 1), jnp.float32, sharding=sharding),
+                "b": jax.ShapeDtypeStruct((1,), jnp.float32, sharding=sharding),
+                "key": jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding)}
+    finals = []
+    for run in ("interrupted", "straight"):
+        with CheckpointManager(str(tmp_path / run / "checkpoints"), attempt=99) as mgr:
+            step, state, _ = mgr.restore(abstract)
+        finals.append((step, np.asarray(state["w"]), np.asarray(state["b"]), np.asarray(jax.random.key_data(state["key"]))))
+    assert finals[0][0] == finals[1][0] == 1999
+    for a, b in zip(finals[0][1:], finals[1][1:], strict=True):
+        np.testing.assert_array_equal(a, b)  # bit-identical to the uninterrupted run
