@@ -543,8 +543,10 @@ class Job:
     def abandon(self) -> None:
         """Stop the runtime's threads without saving or leaving the job; also run at interpreter exit."""
         if not self.phase.terminal:
-            log.warning("process %d: the runtime is closed without finishing job.steps() (break or error); "
-                        "no checkpoint is taken by this exit", self.process_id)
+            log.warning("process %d: the runtime is closed without finishing job.steps() (an exception, a break or "
+                        "sys.exit): nothing is saved by this exit (the last checkpoint is step %s); an exit with "
+                        "the restart code %d from here is not a saved preemption", self.process_id,
+                        "none" if self._committed is None else self._committed, self.config.restart_exit_code)
         self._teardown(ABANDON)
 
     def __enter__(self) -> Self:

@@ -218,7 +218,8 @@ def _listen(bind: tuple[str, int]) -> socket.socket:
     if host in ("", "::") and socket.has_dualstack_ipv6():
         server = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, reuse_port=False)
     else:
-        server = socket.create_server((host or "0.0.0.0", port))
+        server = socket.create_server((host or "0.0.0.0", port),
+                                      family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     server.setblocking(False)
     return server
 

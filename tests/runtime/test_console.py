@@ -38,10 +38,11 @@ for step in job.steps(start, 2000 if start == 0 else start + 3):
 """
 
 
-def _run(tmp_path: Path, *, prelude: str = "", after_import: str = "", after_init: str = "") -> subprocess.CompletedProcess[str]:
+def _run(tmp_path: Path, *, prelude: str = "", after_import: str = "", after_init: str = "",
+         **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("REPRIEVE_")}
     env.update({"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_TERMINATION_GRACE_SECONDS": "20",
-                "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"})
+                "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **extra})
     code = textwrap.dedent(SCRIPT).format(prelude=prelude, after_import=after_import, after_init=after_init)
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                           check=False, cwd=str(tmp_path))
@@ -141,3 +142,11 @@ def _formatted() -> logging.Handler:
 ])
 def test_logging_is_default(root: logging.Logger, default: bool) -> None:
     assert logging_is_default(root) is default
+
+
+def test_a_misspelt_variable_is_warned_about_with_the_closest_name(tmp_path: Path) -> None:
+    """REPRIEVE_CHECKPOINT_INTERVAL=5 was ignored in silence: periodic saves stayed off."""
+    run = _run(tmp_path, REPRIEVE_CHECKPOINT_INTERVL_STEPS="5")
+    assert run.returncode == 42, run.stderr
+    assert ("reprieve WARNING: REPRIEVE_CHECKPOINT_INTERVL_STEPS is set, but reprieve reads no variable of that "
+            "name; it is ignored: did you mean REPRIEVE_CHECKPOINT_INTERVAL_STEPS?") in run.stderr, run.stderr
