@@ -150,7 +150,8 @@ def test_every_reprieve_name_in_the_tree_is_listed() -> None:
             if path.is_file() and path.name != "test_env.py":  # that one holds misspellings on purpose
                 for name in re.findall(r"\bREPRIEVE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")):
                     found.setdefault(name, str(path.relative_to(ROOT)))
-    misspelt_on_purpose = {"REPRIEVE_CHECKPOINT_INTERVAL"}  # docs/runtime.md shows the warning for it
+    # docs/runtime.md shows the warning for the first, test_console.py provokes it with the second
+    misspelt_on_purpose = {"REPRIEVE_CHECKPOINT_INTERVAL", "REPRIEVE_CHECKPOINT_INTERVL_STEPS"}
     missing = {n: where for n, where in found.items() if n not in listed | misspelt_on_purpose}
     assert missing == {}, "REPRIEVE_* names used in the tree but missing from docs/contract.toml"
     assert not misspelt_on_purpose & listed
