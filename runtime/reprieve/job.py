@@ -142,6 +142,7 @@ class Job:
         self._committed: int | None = None
         self._final = False  # the agreed save has begun
         self._state_checked = False  # the first save() checks the state's leaves (checkpointer.check_state)
+        self._run_cache: tuple[Any, dict[str, Any]] | None = None  # (tree and shapes, their run record)
         self._ahead: list[CompileAhead] = []  # compile_ahead() threads; steps() waits for them
         # lowerings JAX did in the training thread during the first step: (count, seconds); None until known
         self.first_step_lowerings: tuple[int, float] | None = None
@@ -428,7 +429,7 @@ class Job:
     def _start_save(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any, kind: str) -> None:
         self._confirm_pending()
         record: dict[str, Any] = {"reprieve": {"step": step, "kind": kind, "attempt": self.config.attempt,
-                                               "run": identity.record(self.config.run_id, identity.structure(state))}}
+                                               "run": self._run_record(state)}}
         # what this attempt measured: the next attempt's countdown starts from it (_seed_estimates)
         save_s = getattr(self.checkpointer, "last_save_seconds", None)
         for key, value in (("stepSeconds", _positive(self._step_ema)), ("saveSeconds", _positive(save_s))):
@@ -453,6 +454,18 @@ class Job:
         self._last_save_at = time.monotonic()
         self.metrics.inc("reprieve_saves_total", kind=kind)
         log.debug("save of step %d started (%s)", step, kind)
+
+    def _run_record(self, state: Any) -> dict[str, Any]:
+        """The run identity this save records (``reprieve.identity``). Key paths cost microseconds per leaf, so
+        the record is kept for as long as the state keeps its tree and shapes (the agreed save is on the
+        restart path)."""
+        import jax
+
+        leaves, treedef = jax.tree_util.tree_flatten(state)
+        key = (treedef, tuple(getattr(leaf, "shape", None) for leaf in leaves))
+        if self._run_cache is None or self._run_cache[0] != key:
+            self._run_cache = (key, identity.record(self.config.run_id, identity.structure(state)))
+        return self._run_cache[1]
 
     def on_commit(self, step: int) -> None:
         """The checkpointer's commit callback (any thread): metrics and a rate-limited progress report."""
