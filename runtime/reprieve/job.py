@@ -228,7 +228,8 @@ class Job:
             data_mod.restore_into(data, value)
         self._last_saved = self._committed = step
         self._seed_estimates(extra.get("reprieve"))
-        written = extra.get("reprieve") if isinstance(extra.get("reprieve"), dict) else {}
+        raw_record = extra.get("reprieve")
+        written: dict[str, Any] = raw_record if isinstance(raw_record, dict) else {}
         if written.get("noticeSource") in SOURCES_THAT_PERSIST and written.get("notice"):
             # The notice this checkpoint was the agreed save of is still in the file (on a laptop nobody clears
             # it) or on the kept pod: it must not stop the run it already stopped once.
@@ -236,7 +237,8 @@ class Job:
         self.loop.restore_seconds = seconds = time.perf_counter() - t0
         self.metrics.observe("reprieve_restore_seconds", seconds)
         self.metrics.set("reprieve_last_committed_step", step)
-        run_id = (written.get("run") or {}).get("id") if isinstance(written.get("run"), dict) else None
+        run = written.get("run")
+        run_id = run.get("id") if isinstance(run, dict) else None
         log.info("restored step %d from %s: resuming at step %d (saved by attempt %s%s)", step,
                  self.config.checkpoint_uri, step + 1, written.get("attempt", "?"),
                  "" if run_id is None else f" of run {run_id!r}")

@@ -172,8 +172,12 @@ class Supervisor:
             # race subprocess's own bookkeeping. Signals Python ignores go back to their defaults.
             # A local run puts the trainer in its own process group: the terminal's Ctrl-C reaches only this
             # supervisor, which turns it into the SIGTERM of a notice (agreed save, then stop).
-            pid = os.posix_spawnp(self.command[0], self.command, env, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
-                                  setsigmask=(), **({"setpgroup": 0} if self.local else {}))
+            if self.local:
+                pid = os.posix_spawnp(self.command[0], self.command, env,
+                                      setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=(), setpgroup=0)
+            else:
+                pid = os.posix_spawnp(self.command[0], self.command, env,
+                                      setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=())
         except OSError as err:
             ours.close()
             log.error("cannot start %s: %s", self.command[0], err)

@@ -98,7 +98,8 @@ def rows(entries: Sequence[CheckpointName], fences: Mapping[int, frozenset[str]]
         state = ("complete" if e in visible else "fenced") if e.state == "committed" else e.state
         meta = metas.get(e.committed) if e.state == "committed" else None
         rec = _record(meta if isinstance(meta, CheckpointMeta) else None)
-        run = rec.get("run") if isinstance(rec.get("run"), dict) else {}
+        raw_run = rec.get("run")
+        run: dict[str, Any] = raw_run if isinstance(raw_run, dict) else {}
         out.append({
             "name": str(e), "step": e.step, "attempt": e.attempt, "state": state,
             "kind": rec.get("kind"), "bytes": meta.array_bytes if isinstance(meta, CheckpointMeta) else None,
