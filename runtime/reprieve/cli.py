@@ -78,6 +78,9 @@ def _ls(target: Any, as_json: bool, out: TextIO) -> int:
 
     st = reader.open_root(target.uri)
     entries, fences, metas, reasons = reader.listing(st)
+    if not entries and reader.is_orbax_root(st):
+        raise FileNotFoundError(f"{st.loc.uri()} holds checkpoints in Orbax's format (reprieve.orbax."
+                                "OrbaxCheckpointer); the reprieve command reads the default format: use Orbax's tools")
     rows = catalog.rows(entries, fences, metas, reasons)
     if as_json:
         newest = catalog.latest(rows)
@@ -92,6 +95,7 @@ def _inspect(target: Any, as_json: bool, out: TextIO) -> int:
     from .checkpoint import catalog, reader
 
     st = reader.open_root(target.uri)
+    _not_orbax(st)
     name, meta = reader.choose(st, target)
     description = catalog.describe(st.loc.uri(), name, meta)
     if as_json:
@@ -106,6 +110,7 @@ def _verify(target: Any, as_json: bool, out: TextIO) -> int:
     from .checkpoint.metadata import CheckpointCorruptError
 
     st = reader.open_root(target.uri)
+    _not_orbax(st)
     try:
         name, meta = reader.choose(st, target)
     except CheckpointCorruptError as e:  # its metadata: as corrupt as a chunk
@@ -118,6 +123,14 @@ def _verify(target: Any, as_json: bool, out: TextIO) -> int:
     else:
         print(catalog.format_verify(report), file=out)
     return EXIT_OK if report["ok"] else EXIT_CORRUPT
+
+
+def _not_orbax(st: Any) -> None:
+    from .checkpoint import reader
+
+    if not st.list_entries(uncommitted=False) and reader.is_orbax_root(st):
+        raise FileNotFoundError(f"{st.loc.uri()} holds checkpoints in Orbax's format (reprieve.orbax."
+                                "OrbaxCheckpointer); the reprieve command reads the default format: use Orbax's tools")
 
 
 def _dump(value: Any, out: TextIO) -> None:

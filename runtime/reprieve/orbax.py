@@ -29,7 +29,7 @@ from typing import Any
 
 from .checkpoint import fencing
 from .checkpoint.fencing import FencedError
-from .checkpoint.layout import fence_name, parse_fence_name
+from .checkpoint.layout import ORBAX_FENCES_DIR, fence_name, parse_fence_name
 from .checkpoint.manager import RestoreResult
 from .coordination import Coordinator, LocalCoordinator
 from .data import to_json_value
@@ -37,7 +37,7 @@ from .env import env_attempt
 
 log = logging.getLogger(__name__)
 
-FENCES_DIR = "reprieve_attempts"
+FENCES_DIR = ORBAX_FENCES_DIR
 RECORD_FILE = "reprieve/metadata"  # where Orbax's JsonSave puts the ``reprieve`` item of a step
 _KV = "reprieve/orbax"
 

@@ -84,6 +84,12 @@ def test_what_is_not_there_exits_2_with_one_line(tmp_path: Path) -> None:
         got = reprieve(*args)
         assert got.returncode == 2 and words in got.stderr and got.stdout == "", (args, got.stderr)
     assert not (tmp_path / "nowhere").exists()  # reading creates nothing
+    orbax_root = tmp_path / "orbax"  # what OrbaxCheckpointer leaves beside Orbax's step directories
+    (orbax_root / "reprieve_attempts").mkdir(parents=True)
+    (orbax_root / "reprieve_attempts" / "attempt_0000000001.json").write_text('{"attempt": 1, "visible": []}')
+    for command in ("ls", "inspect", "verify"):
+        got = reprieve(command, str(orbax_root))
+        assert got.returncode == 2 and "holds checkpoints in Orbax's format" in got.stderr, got.stderr
 
 
 # -- reprieve run ----------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ ARRAYS_DIR = "arrays"
 COMMITS_DIR = "commits"
 FENCES_DIR = "attempts"
 CORRUPT_DIR = "corrupt"
+ORBAX_FENCES_DIR = "reprieve_attempts"  # reprieve.orbax.OrbaxCheckpointer's fences, beside Orbax's step directories
 TMP_SUFFIX = ".tmp"
 DELETING_SUFFIX = ".deleting"
 CORRUPT_SUFFIX = ".corrupt"

@@ -26,6 +26,11 @@ def open_root(uri: str) -> Storage:
     return open_storage(uri, fsync=False, create=False)
 
 
+def is_orbax_root(st: Storage) -> bool:
+    """Whether the root holds ``reprieve.orbax.OrbaxCheckpointer``'s fences (Orbax's format, not this one)."""
+    return bool(st.list_dir(layout.ORBAX_FENCES_DIR))
+
+
 def read_meta(st: Storage, name: str) -> CheckpointMeta:
     """``reprieve.json`` of checkpoint ``name``. Raises CheckpointCorruptError naming the file."""
     where = f"{st.loc.uri()}/{name}/{layout.METADATA_FILE}"
