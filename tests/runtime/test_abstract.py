@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.unit
@@ -56,6 +57,10 @@ def _build(tree: Any) -> Any:
         ({"n": Leaf((), "int32")}, {"n": 7}, None),  # a Python scalar matches eval_shape's 0-d leaf
         ({"n": Leaf((), "float32")}, {"n": 0.5}, None),
         ({"n": Leaf((1,), "int32")}, {"n": 7}, r"leaf \['n'\]: abstract says int32\[1\], init_fn\(\) returned 7"),
+        ({"r": np.zeros(3, np.int64)}, None, None),  # numpy leaves need no sharding: restored on the host
+        ({"r": np.zeros(3, np.int64)}, {"r": np.ones(3, np.int64)}, None),
+        ({"r": np.zeros(3, np.int64)}, {"r": np.zeros(4, np.int64)},
+         r"leaf \['r'\]: abstract says int64\[3\], init_fn\(\) returned int64\[4\]"),
     ],
 )
 def test_abstract_problem(abstract: Any, built: Any, problem: str | None) -> None:

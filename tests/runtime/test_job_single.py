@@ -116,3 +116,64 @@ def test_a_sigterm_after_the_restart_code_is_decided_still_exits_with_it(tmp_pat
         gang.kill()
     assert codes == [42], gang.tail()
     assert len(gang.saved()) == 1
+
+
+def test_a_notice_file_left_by_an_earlier_run_neither_stops_nor_fails_the_next(tmp_path: Path) -> None:
+    """Defect (issue 23): a notice file whose deadline had passed before the process started (a leftover; the
+    attempt is always 1 on a laptop) made every restart save one step and exit 1. It is logged as stale and the
+    run trains to its end."""
+    from tests.runtime.helpers_agreement import write_notice_file
+
+    write_notice_file(tmp_path / "annotations-0", {"id": "old", "reason": "test", "node": "x",
+                                                    "deadline": "2020-01-01T00:00:00Z"})
+    gang = launch(tmp_path, 1, steps=20, step_seconds=0.0, notice_file=True)
+    assert gang.wait(60) == [0], gang.tail()
+    log = gang.logs[0].read_text()
+    assert "before this process started" in log and "AFTER the deadline" not in log, gang.tail()
+    assert (tmp_path / "done-0").read_text() == "20.0"
+
+
+def test_a_second_sigterm_during_the_countdown_is_said_to_be_in_force(tmp_path: Path) -> None:
+    import re
+    import time
+
+    gang = launch(tmp_path, 1, steps=4000, step_seconds=0.02, grace_seconds=12,
+                  extra_env={"REPRIEVE_SAVE_SECONDS_ESTIMATE": "0.5"})
+    try:
+        gang.wait_for_file("running-0", 60)
+        gang.signal(0, signal.SIGTERM)
+        limit = time.monotonic() + 30
+        while not re.search(r"agreed save step (\d+)", gang.logs[0].read_text()):
+            assert time.monotonic() < limit and gang.procs[0].poll() is None, gang.tail()
+            time.sleep(0.02)
+        gang.signal(0, signal.SIGTERM)  # Ctrl-C's cousin on a laptop: `kill` again while it counts down
+        codes = gang.wait(60)
+    finally:
+        gang.kill()
+    assert codes == [42], gang.tail()
+    log = gang.logs[0].read_text()
+    final = re.search(r"agreed save step (\d+)", log).group(1)  # type: ignore[union-attr]
+    assert re.search(rf"via sigterm again: notice already in force \(agreed save at step {final}, deadline in "
+                     r"[0-9.]+s\); nothing changes", log), gang.tail()
+
+
+def test_a_notice_the_restored_checkpoint_saved_for_does_not_stop_the_next_attempt(tmp_path: Path) -> None:
+    """On a laptop nobody clears the notice file: the restarted attempt found the same notice, its deadline still
+    to come, saved again at once and exited 42 again, until the deadline passed. The restored checkpoint records
+    which notice it was the agreed save of; that notice, delivered again, is ignored."""
+    import time
+
+    from tests.runtime.helpers_agreement import write_notice_file
+
+    deadline = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 45))
+    write_notice_file(tmp_path / "annotations-0", {"id": "maint-7", "reason": "maintenance", "deadline": deadline})
+    slow_save = {"REPRIEVE_SAVE_SECONDS_ESTIMATE": "25"}  # no time to train on: save at the earliest step
+    first = launch(tmp_path, 1, steps=4000, step_seconds=0.01, notice_file=True, extra_env=slow_save)
+    assert first.wait(60) == [42], first.tail()
+    (saved,) = first.saved()
+    again = launch(tmp_path, 1, steps=saved + 30, step_seconds=0.0, notice_file=True,
+                   extra_env={**slow_save, "REPRIEVE_ATTEMPT": "2"})
+    assert again.wait(60) == [0], again.tail()
+    log = again.logs[0].read_text()
+    assert f"notice maint-7 (notice-file) was already saved for: the restored checkpoint, step {saved}" in log, \
+        again.tail()

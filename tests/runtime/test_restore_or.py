@@ -113,3 +113,25 @@ def test_init_fn_that_does_not_match_the_abstract_state_is_refused_on_the_first_
         with pytest.raises(ValueError, match="another structure"):
             job.restore_or(Init(), abstract={"w": _abstract(rep)["w"]})
         job.abandon()
+
+
+def test_a_numpy_leaf_in_the_abstract_state_is_restored_as_numpy(tmp_path: Path) -> None:
+    """Defect (issue 23): docs/checkpoint.md says numpy leaves are supported and come back as numpy, but an
+    abstract state holding one was refused ("has no sharding") on the first run already."""
+    rep = NamedSharding(_mesh(), P())
+
+    def init() -> dict[str, Any]:
+        return {"w": jax.device_put(jnp.ones((4,), jnp.float32), rep), "rng": np.arange(5, dtype=np.int64)}
+
+    abstract = {"w": jax.ShapeDtypeStruct((4,), jnp.float32, sharding=rep), "rng": np.zeros(5, np.int64)}
+    with _job(tmp_path) as job:
+        state, start = job.restore_or(init, abstract)
+        for step in job.steps(start, 2):
+            state = {"w": state["w"] + 1.0, "rng": state["rng"] + 1}
+            job.save(step, state)
+    with _job(tmp_path) as job:
+        restored, start = job.restore_or(init, abstract)
+        assert start == 2
+        assert type(restored["rng"]) is np.ndarray
+        np.testing.assert_array_equal(restored["rng"], np.arange(5, dtype=np.int64) + 2)
+        job.abandon()

@@ -20,12 +20,12 @@ from localcluster.testing import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-REPRIEVE_RUN = str(Path(sys.executable).parent / "reprieve-run")
+SUPERVISOR_BIN = str(Path(sys.executable).parent / "reprieve-run")
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_"))}
 
 
 def run_supervisor(script: str, tmp_path: Path, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([REPRIEVE_RUN, "--", sys.executable, "-c", textwrap.dedent(script)],
+    return subprocess.Popen([SUPERVISOR_BIN, "--", sys.executable, "-c", textwrap.dedent(script)],
                             env={**CLEAN, "OUT": str(tmp_path), **env}, cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -141,12 +141,12 @@ def test_contract_mismatch_exits_2_naming_both_versions(tmp_path: Path) -> None:
 
 
 def test_bad_usage_and_a_missing_command(tmp_path: Path) -> None:
-    no_command = subprocess.run([REPRIEVE_RUN], env=CLEAN, capture_output=True, text=True, timeout=30, check=False)
+    no_command = subprocess.run([SUPERVISOR_BIN], env=CLEAN, capture_output=True, text=True, timeout=30, check=False)
     assert no_command.returncode == 2 and "no command given" in no_command.stderr
-    bad_knob = subprocess.run([REPRIEVE_RUN, "--", "true"], env={**CLEAN, "REPRIEVE_PREWARM": "sometimes"},
+    bad_knob = subprocess.run([SUPERVISOR_BIN, "--", "true"], env={**CLEAN, "REPRIEVE_PREWARM": "sometimes"},
                               capture_output=True, text=True, timeout=30, check=False)
     assert bad_knob.returncode == 2 and "REPRIEVE_PREWARM must be 1 or 0, got 'sometimes'" in bad_knob.stderr
-    missing = subprocess.run([REPRIEVE_RUN, "--", "no-such-trainer-xyz"], env=CLEAN, capture_output=True,
+    missing = subprocess.run([SUPERVISOR_BIN, "--", "no-such-trainer-xyz"], env=CLEAN, capture_output=True,
                              text=True, timeout=30, check=False)
     assert missing.returncode == 127 and "no-such-trainer-xyz" in missing.stderr
 
