@@ -364,3 +364,37 @@ def test_a_pod_annotated_through_the_cache_is_parsed_again() -> None:
     cache.upsert_pod({**cached, "metadata": annotated})  # what delivery does
     (fresh,) = cache.pods_of("ml", "llama")
     assert pod_view(fresh).notice_attempt == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("agreed", "cause"), [(True, "preemption"), (None, "preemption"), (False, "failure")])
+def test_the_restart_code_without_an_agreed_save_is_a_failure(agreed: bool | None, cause: str) -> None:
+    """The supervisor reports ``"agreed": false`` when the program exited with the restart code itself (nothing
+    was saved for it): that is the application's failure, counted against maxFailures, not a preemption.
+    (None: a supervisor from before the field.)"""
+    from dataclasses import replace
+
+    w1 = replace(exited(W1, 42), exit_agreed=agreed)
+    _, extra = decide_inplace(job(RUN), [exited(W0, 42), w1], ASSIGNED, (), NOW)
+    assert extra.record is not None and extra.record.cause == cause, extra.record
+    if cause == "failure":
+        assert "llama-1 exited with the restart code 42 without an agreed save" in extra.record.message
+
+
+def test_pod_view_reads_whether_the_restart_code_was_agreed() -> None:
+    import json
+
+    from reprieve_operator.policy.views import compact_pod, pod_view
+
+    def view(report: dict[str, Any]) -> PodView:
+        raw = {"metadata": {"name": "llama-1", "namespace": "ml", "labels": {
+            "reprieve.dev/job-name": "llama", "reprieve.dev/role": "worker", "reprieve.dev/replica-index": "1",
+            "reprieve.dev/attempt": "1"}, "annotations": {"reprieve.dev/exit": json.dumps(report)}},
+            "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
+        got = pod_view(compact_pod(raw), {"n1"})
+        assert got is not None
+        return got
+
+    base = {"attempt": 1, "code": 42, "time": "2026-11-22T03:00:00Z"}
+    assert view({**base, "agreed": False}).exit_agreed is False
+    assert view({**base, "agreed": True}).exit_agreed is True
+    assert view(base).exit_agreed is None and view({**base, "agreed": "no"}).exit_agreed is None

@@ -62,6 +62,7 @@ class PodView:
     ip: str | None = None
     exit_attempt: int | None = None  # the supervisor's last exit report
     exit_code: int | None = None
+    exit_agreed: bool | None = None  # with the restart code: whether the runtime announced it (an agreed save)
     exit_time: datetime | None = None
     container_code: int | None = None  # the container (the supervisor) ended with this code
     notice_attempt: int | None = None  # the attempt of the notice it carries, if any
@@ -111,7 +112,8 @@ def worker_view(p: PodView, attempt: int, index: int, restart_code: int) -> Work
     elif p.phase in TERMINAL_PHASES:  # the supervisor ended without a report for this attempt
         code = p.container_code if p.container_code is not None else (0 if p.phase == "Succeeded" else None)
     return WorkerPod(name=p.name, index=index, attempt=attempt, phase=phase, exit_code=code, deleting=p.deleting,
-                     node=p.node, node_lost=p.node_lost, noticed=p.notice_attempt == attempt)
+                     node=p.node, node_lost=p.node_lost, noticed=p.notice_attempt == attempt,
+                     unsaved=code == restart_code and p.exit_attempt == attempt and p.exit_agreed is False)
 
 
 def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assignment | None,

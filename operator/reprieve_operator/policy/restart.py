@@ -56,6 +56,7 @@ class WorkerPod:
     node: str | None = None
     node_lost: bool = False
     noticed: bool = False  # carries a reprieve.dev/notice annotation
+    unsaved: bool = False  # its supervisor reported the restart code as not agreed: the program exited so itself
 
     @property
     def terminated(self) -> bool:
@@ -103,6 +104,9 @@ def _describe(p: WorkerPod) -> str:
         return f"worker {p.name} was deleted"
     if p.phase == "Failed" and p.exit_code is None:
         return f"worker {p.name} failed without an exit code"
+    if p.unsaved:
+        return (f"worker {p.name} exited with the restart code {p.exit_code} without an agreed save (the program "
+                f"exited with it itself; nothing was saved for a restart)")
     return f"worker {p.name} exited with code {p.exit_code}"
 
 
@@ -225,7 +229,7 @@ def classify(job: TrainingJob, current: Mapping[int, WorkerPod], missing: Sequen
     # (unless the runtime managed to save and exit with the restart code).
     lost = [p for p in current.values() if _lost(p, code)]
     failed = [p for p in current.values()
-              if p.phase == "Failed" and p.exit_code is not None and p.exit_code not in (0, code)
+              if p.phase == "Failed" and p.exit_code is not None and (p.exit_code not in (0, code) or p.unsaved)
               and p not in lost]
     if failed:
         return Verdict(FAILURE, _describe(failed[0]))

@@ -142,6 +142,7 @@ def _parse_pod_view(pod: Mapping[str, Any]) -> PodView | None:
     return PodView(name=str(meta.get("name")), role=role, index=to_int(labels.get(LABEL_INDEX)), attempt=attempt,
                    phase=phase, deleting=bool(meta.get("deletionTimestamp")), node=node, node_lost=node_lost,
                    ip=status.get("podIP"), exit_attempt=to_int(report.get("attempt")), exit_code=to_int(report.get("code")),
+                   exit_agreed=report.get("agreed") if isinstance(report.get("agreed"), bool) else None,
                    exit_time=parse_time(report.get("time")), container_code=container_code,
                    notice_attempt=to_int(notice.get("attempt")) if notice else None,
                    contract=to_int(supervisor.get("contract")), created=parse_time(meta.get("creationTimestamp")),
