@@ -92,13 +92,15 @@ def wait_tj(cluster: Any, namespace: str, name: str, predicate: Callable[[dict],
     def check() -> dict | None:
         body = get_tj(cluster, namespace, name)
         last["status"] = body.get("status")
+        last["replicas"] = (body.get("spec") or {}).get("replicas", 0)
         return body if predicate(body.get("status") or {}) else None
 
     def describe() -> str:
         text = f"status {json.dumps(last.get('status'))}"
         if operator is not None:
             text += f"\noperator log:\n{operator.tail(30)}"
-        return text
+        logs = worker_logs(cluster, namespace, name, int(last.get("replicas") or 0))
+        return text + (f"\nworker logs (last 25 lines of each run):\n{logs}" if logs else "")
 
     return wait_for(check, timeout, f"TrainingJob {namespace}/{name}: {what}", interval=0.3, describe=describe)
 
