@@ -139,7 +139,9 @@ def create_pod(api: Api, pod: dict[str, Any]) -> dict[str, Any] | None:
         return _raw(api.core.create_namespaced_pod(meta["namespace"], pod, field_validation="Strict",  # type: ignore[arg-type]
                                                    _preload_content=False))
 
-    return tolerate(create, 409, None, "Pod %s/%s already exists; leaving it", meta["namespace"], meta["name"])
+    # a spare or a replacement has only a generateName (a 409 cannot name it; it would not happen for one either)
+    name = meta.get("name") or f"{meta.get('generateName', '')}*"
+    return tolerate(create, 409, None, "Pod %s/%s already exists; leaving it", meta["namespace"], name)
 
 
 def delete(api: Api, obj: dict[str, Any]) -> bool:
