@@ -170,6 +170,14 @@ def refusal_of(err: BaseException) -> tuple[int | None, Any]:
     return None, f"{type(err).__name__}: {err}"
 
 
+def is_no_answer(err: BaseException) -> bool:
+    """A call that got no answer (a timeout, a refused or reset connection, a broken response), as opposed to an
+    error in the operator's own code, which is a bug to log with its traceback, not a flaky API server."""
+    import urllib3
+
+    return isinstance(err, OSError | TimeoutError | asyncio.TimeoutError | urllib3.exceptions.HTTPError)
+
+
 def _field_path(loc: Iterable[Any]) -> str:
     out = ""
     for part in loc:

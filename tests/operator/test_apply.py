@@ -64,3 +64,14 @@ def test_a_pod_with_only_a_generated_name_is_created() -> None:
     pod = {"kind": "Pod", "metadata": {"namespace": "ml", "generateName": "llama-spare-"}}
     made = create_pod(api, pod)
     assert made is not None and made["metadata"]["name"] == "llama-spare-x7k2p" and sent == [pod]
+
+
+def test_no_answer_is_told_apart_from_an_error_in_the_operator() -> None:
+    """A reset connection or a timeout is the API server's to retry; a KeyError is the operator's bug (logged with
+    its traceback and named in the condition as an error inside the operator, not as "no answer")."""
+    import urllib3
+    from reprieve_operator.apply import is_no_answer
+
+    assert is_no_answer(ConnectionResetError(104, "reset")) and is_no_answer(TimeoutError())
+    assert is_no_answer(urllib3.exceptions.ProtocolError("broken"))
+    assert not is_no_answer(KeyError("name")) and not is_no_answer(TypeError("x"))
