@@ -83,9 +83,13 @@ test-jax-range: venv
 test-realnodes: venv tools real-tier
 	$(PYTEST) -m realnodes $(PYTEST_ARGS)
 
-## test: every tier, all set-up included
+## test: every tier, all set-up included; lint and verify run beside the tests (their output follows the tests')
 test: venv tools real-tier monitoring-tier
-	$(PYTEST) $(XDIST) $(PYTEST_ARGS)
+	@mkdir -p .pytest_cache; rm -f .pytest_cache/checks.rc; echo "make lint verify: running beside the tests"
+	@{ $(MAKE) --no-print-directory lint verify > .pytest_cache/checks.log 2>&1; echo $$? > .pytest_cache/checks.rc; } & \
+	$(PYTEST) $(XDIST) $(PYTEST_ARGS); tests=$$?; wait; \
+	echo "--- make lint verify (beside the tests):"; cat .pytest_cache/checks.log; checks=$$(cat .pytest_cache/checks.rc); \
+	echo "tests: exit $$tests; lint and verify: exit $$checks"; [ $$tests -eq 0 ] && [ $$checks -eq 0 ]
 
 ## demo: the main job on the local cluster (real nodes; DEMO_ARGS=--process-nodes for process kubelets)
 demo: venv tools real-tier
@@ -121,8 +125,6 @@ lock: venv
 	$(PY) -m uv pip compile pyproject.toml requirements/build.in --extra runtime --extra example --generate-hashes \
 	  --python-version 3.11 --python-platform linux --custom-compile-command "make lock" -q -o requirements/example.lock
 
-# `make test` (what CI runs, .ci/run) lints and verifies before the tests.
-test: lint verify
 
 clean:
 	rm -rf $(VENV) .pytest_cache
