@@ -103,7 +103,7 @@ def test_every_dashboard_panel_has_data_from_the_operator_and_a_running_job(
         wait_for(targets_up, 60, "Prometheus scraping the operator and both workers", interval=0.5,
                  describe=lambda: json.dumps(prom_query(base, "targets")["activeTargets"])[:2000])
 
-        wait_step(ckpt, 80, 240, cluster, namespace, name)
+        wait_step(ckpt, 40, 240, cluster, namespace, name)
         taint_node(api, pod_node(cluster, namespace, f"{name}-1"), SPOT_TAINT, "true", "NoSchedule")
         wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 2 and s.get("phase") == "Running",
                 180, "attempt 2 running", operator)

@@ -57,7 +57,7 @@ def test_noticed_preemption_restarts_the_survivor_in_place_and_replaces_the_doom
     pool_a, nodes = pool(3 + spares)
     name = f"inplace{spares}"
     ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=spares)
-    wait_step(ckpt, 50, 240, cluster, namespace, name)
+    wait_step(ckpt, 20, 240, cluster, namespace, name)
     first = assignment(cluster, namespace, name)
     assert first["attempt"] == "1" and first["processes"] == {f"{name}-0": 0, f"{name}-1": 1}, first
     before = job_pods(cluster, namespace, name)
@@ -90,7 +90,7 @@ def test_noticed_preemption_restarts_the_survivor_in_place_and_replaces_the_doom
     assert final["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}, final
     assert final["attempt"] == 2 and final["lastCheckpointStep"] == STEPS - 1, final
     result = json.loads((ckpt / "result.json").read_text())
-    assert result["resumedFrom"] > 50, result
+    assert result["resumedFrom"] > 20, result
     report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
     assert len(report.interruptions) == 1 and report.interruptions[0].lost_steps == 0, report.summary()
     assert report.steps == STEPS
@@ -169,7 +169,7 @@ def test_two_doomed_nodes_with_one_spare(cluster: Any, namespace: str, operator:
     pool_a, _ = pool(5)
     name = "twodoomed"
     ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1)
-    wait_step(ckpt, 40, 240, cluster, namespace, name)
+    wait_step(ckpt, 20, 240, cluster, namespace, name)
     spare = wait_for(lambda: [n for n, p in job_pods(cluster, namespace, name).items()
                               if n.startswith(f"{name}-spare-") and p["status"].get("phase") == "Running"],
                      60, "a running spare")[0]
