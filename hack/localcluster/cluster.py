@@ -33,6 +33,7 @@ from typing import Any
 
 from .costs import EmulatedCosts
 from .pki import PKI, make_pki
+from .podip import address_space
 from .realnodes import RealNodes
 
 log = logging.getLogger("localcluster")
@@ -320,7 +321,7 @@ class Cluster:
         elif kind == "process":
             args = [sys.executable, "-m", "localcluster.kubelet", "--kubeconfig", str(self.kubeconfig),
                     "--node", name, "--workdir", str(self.workdir / "nodes" / name),
-                    "--ca-file", str(self.pki.ca_crt)]
+                    "--ca-file", str(self.pki.ca_crt), "--address-space", self.address_space]
             for k, v in (labels or {}).items():
                 args += ["--label", f"{k}={v}"]
             if costs is not None:
@@ -362,6 +363,11 @@ class Cluster:
                 raise ClusterError(f"real node {name}: {err}{tails() if 'exited' in str(err) else ''}") from None
             raise
         return name
+
+    @property
+    def address_space(self) -> str:
+        """Salt of this cluster's process pods' loopback addresses (:func:`localcluster.podip.address_space`)."""
+        return address_space(str(self.workdir))
 
     @property
     def real(self) -> RealNodes:

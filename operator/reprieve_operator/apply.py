@@ -139,7 +139,9 @@ def create_pod(api: Api, pod: dict[str, Any]) -> dict[str, Any] | None:
         return _raw(api.core.create_namespaced_pod(meta["namespace"], pod, field_validation="Strict",  # type: ignore[arg-type]
                                                    _preload_content=False))
 
-    return tolerate(create, 409, None, "Pod %s/%s already exists; leaving it", meta["namespace"], meta["name"])
+    # a spare or a replacement has only a generateName (a 409 cannot name it; it would not happen for one either)
+    name = meta.get("name") or f"{meta.get('generateName', '')}*"
+    return tolerate(create, 409, None, "Pod %s/%s already exists; leaving it", meta["namespace"], name)
 
 
 def delete(api: Api, obj: dict[str, Any]) -> bool:
@@ -166,6 +168,14 @@ def refusal_of(err: BaseException) -> tuple[int | None, Any]:
                   for e in err.errors()]
         return 422, {"kind": "Status", "message": str(err)[:600], "details": {"causes": causes}}
     return None, f"{type(err).__name__}: {err}"
+
+
+def is_no_answer(err: BaseException) -> bool:
+    """A call that got no answer (a timeout, a refused or reset connection, a broken response), as opposed to an
+    error in the operator's own code, which is a bug to log with its traceback, not a flaky API server."""
+    import urllib3
+
+    return isinstance(err, OSError | TimeoutError | asyncio.TimeoutError | urllib3.exceptions.HTTPError)
 
 
 def _field_path(loc: Iterable[Any]) -> str:

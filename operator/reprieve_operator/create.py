@@ -14,6 +14,9 @@ import dataclasses
 import logging
 from typing import Any
 
+from kubernetes.client.rest import ApiException
+from pydantic import ValidationError
+
 from . import apply, builders
 from .clock import SYSTEM
 from .models import TrainingJob
@@ -67,9 +70,14 @@ async def create(state: State, job: TrainingJob, plan: RestartPlan, pods: list[d
             meta = errors[0][0]["metadata"]
             current = meta.get("name") or meta["generateName"]
             raise errors[0][1]
-    except Exception as err:  # noqa: BLE001 - every refusal is classified below
+    except Exception as err:
         status, body = apply.refusal_of(err)
         refusal = classify_refusal(job, status, body, current)
+        if not isinstance(err, ApiException | ValidationError) and not apply.is_no_answer(err):
+            log.error("TrainingJob %s/%s: creating %s failed inside the operator", job.namespace, job.name, current,
+                      exc_info=err)  # a bug, not a flaky API server: retried, and said so in the condition
+            refusal = Refusal(TRANSIENT, "InternalError", f"TrainingJob {job.namespace}/{job.name}: creating "
+                              f"{current}: an error inside the operator ({body}; its log has the traceback)")
         if dry_run and refusal.reason == "ServiceAccountNotFound" and builders.owns_identity(job):
             refusal = Refusal(TRANSIENT, "ApiError", f"{refusal.message} (the namespace's default "
                                                      f"ServiceAccount, used for the dry run, is missing)")

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import uuid
 from collections.abc import Callable, Iterator
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import pytest
+from localcluster.cluster import cache_dir
+from localcluster.goodput import read_step_log
 from localcluster.stack import OperatorProcess, example_job, install_chart
 from localcluster.testing import wait_for
+
+SPOT_TAINT = "cloud.google.com/impending-node-termination"
 
 
 @pytest.fixture(scope="session")
@@ -20,9 +26,9 @@ def chart_installed(cluster: Any) -> None:
 
 @pytest.fixture(scope="session")
 def compiled_example(cluster: Any, chart_installed: None, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The example's programs compiled once into the cluster's compilation cache (:func:`e2e_job`) by a 2-step job
-    of the same shape, so no end-to-end job pays a cold compilation (up to a minute on 2 cores with two jobs
-    compiling at once) and their restarts and first starts alike load it. Cold starts are the demo's and the
+    """The example's programs compiled once into the shared compilation cache (:func:`compilation_cache`) by a
+    2-step job of the same shape, so no end-to-end job pays a cold compilation (up to a minute on 2 cores with two
+    jobs compiling at once) and their restarts and first starts alike load it. Cold starts are the demo's and the
     goodput benchmark's to measure."""
     root = tmp_path_factory.mktemp("warm-up")
     cluster.kubectl("create", "namespace", "warm-up")
@@ -35,12 +41,25 @@ def compiled_example(cluster: Any, chart_installed: None, tmp_path_factory: pyte
         cluster.kubectl("delete", "namespace", "warm-up", "--wait=false", check=False)
 
 
+def compilation_cache() -> Path:
+    """The JAX compilation cache every end-to-end job shares, across the pytest-xdist workers' clusters and across
+    runs (``~/.cache/reprieve/xla-cache``, per JAX version; an entry is keyed by the program and the compiler, so a
+    changed example compiles afresh)."""
+    path = cache_dir() / "xla-cache" / f"jax-{version('jax')}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def warm_up(cluster: Any, namespace: str, body: dict[str, Any], operator: Any = None) -> None:
-    """Run ``body`` (a short job) to Succeeded; a failure here names the warm-up, not the test that needed it."""
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+    """Run ``body`` (a short job) to Succeeded; a failure here names the warm-up, not the test that needed it.
+    One warm-up at a time on the host: the first compiles, the other workers' then load what it compiled (three
+    compiling at once on 2 cores took over 4 minutes each)."""
     name = body["metadata"]["name"]
-    wait_tj(cluster, namespace, name, lambda s: s.get("phase") == "Succeeded", 400,
-            "the warm-up job that fills the compilation cache to succeed", operator)
+    with open(compilation_cache().parent / ".warm-up.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+        wait_tj(cluster, namespace, name, lambda s: s.get("phase") == "Succeeded", 400,
+                "the warm-up job that fills the compilation cache to succeed", operator)
     cluster.kubectl("delete", "tj", name, "-n", namespace, "--wait=false", check=False)
 
 
@@ -76,9 +95,34 @@ def e2e_job(cluster: Any, name: str, **kwargs: Any) -> dict[str, Any]:
     """``localcluster.stack.example_job`` with what every end-to-end job shares: one simulated CPU device per process
     (with two, every cross-process collective of gloo waits about 0.1 s more, which made the example's steps 2x
     slower; two devices per process are covered by tests/runtime/test_example_lm.py), and one JAX compilation
-    cache per cluster, so jobs of the same shape compile the example's programs once between them."""
+    cache (:func:`compilation_cache`), so jobs of the same shape compile the example's programs once between them."""
     kwargs.setdefault("devices_per_process", 1)
-    return example_job(name, compilation_cache=cluster.workdir / "xla-cache", **kwargs)
+    return example_job(name, compilation_cache=compilation_cache(), **kwargs)
+
+
+def submit_recreate(cluster: Any, namespace: str, name: str, root: Path, *, steps: int, step_sleep: float,
+                    interval: int = 0, extra_env: dict[str, str] | None = None, **kwargs: Any) -> Path:
+    """Apply a 2-worker ``restartMode: Recreate`` job writing its step log to ``<root>/<name>/steps.jsonl``; return
+    that directory (its checkpoints and result.json too). ``kwargs`` go to :func:`e2e_job`."""
+    ckpt = root / name
+    body = e2e_job(cluster, name, replicas=2, steps=steps, step_sleep=step_sleep, interval=interval,
+                   checkpoint_dir=ckpt, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **(extra_env or {})},
+                   **kwargs)
+    body["spec"]["restartMode"] = "Recreate"
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+    return ckpt
+
+
+def wait_step(ckpt: Path, step: int, timeout: float, cluster: Any, namespace: str, name: str) -> None:
+    """Wait until the job's step log (``<ckpt>/steps.jsonl``) has reached ``step``."""
+    log = ckpt / "steps.jsonl"
+    wait_for(lambda: log.exists() and any(r.step >= step for r in read_step_log(log)), timeout,
+             f"{namespace}/{name} to reach step {step}", interval=0.3,
+             describe=lambda: worker_logs(cluster, namespace, name, 2))
+
+
+def succeeded(status: dict) -> bool:
+    return status.get("phase") == "Succeeded"
 
 
 def get_tj(cluster: Any, namespace: str, name: str) -> dict:

@@ -22,8 +22,7 @@ from typing import Any
 import pytest
 from localcluster.testing import taint_node, wait_for
 
-from .conftest import e2e_job, pod_node, wait_tj
-from .test_preemption_e2e import SPOT_TAINT, wait_step
+from .conftest import SPOT_TAINT, e2e_job, pod_node, wait_step, wait_tj
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -63,6 +62,9 @@ def has_data(result: list[dict[str, Any]]) -> bool:
 def test_every_dashboard_panel_has_data_from_the_operator_and_a_running_job(
         cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path,
         prometheus_binary: str) -> None:
+    """Why this long: Every panel needs series from a whole restart (a notice, an agreed save, a second
+    attempt, goodput at the end) scraped by a real Prometheus at 1 s: two attempts of a 2-process job plus
+    scrapes."""
     pool_a, _ = pool(3)
     name, ckpt = "watched", tmp_path / "watched"
     worker_port = free_port()
@@ -109,14 +111,19 @@ def test_every_dashboard_panel_has_data_from_the_operator_and_a_running_job(
         final = wait_tj(cluster, namespace, name, lambda s: s.get("phase") == "Succeeded", 300, "Succeeded",
                         operator)
         assert final["status"]["goodput"]["goodput"] > 0
-        time.sleep(4)  # the last scrapes of the operator's gauges
+        panels: dict[str, list[str]] = {}
 
-        empty, seen = [], []
-        for title, expr in panel_queries(namespace, name):
-            result = prom_query(base, "query_range", query=expr, start=f"{start:.3f}", end=f"{time.time():.3f}",
-                                step="2")["result"]
-            (seen if has_data(result) else empty).append(f"{title}: {expr}")
-        assert seen and not empty, "panels without data:\n" + "\n".join(empty)
+        def every_panel_has_data() -> bool:  # the last scrapes of the operator's gauges may still be coming
+            panels["empty"], panels["seen"] = [], []
+            for title, expr in panel_queries(namespace, name):
+                result = prom_query(base, "query_range", query=expr, start=f"{start:.3f}", end=f"{time.time():.3f}",
+                                    step="2")["result"]
+                panels["seen" if has_data(result) else "empty"].append(f"{title}: {expr}")
+            return bool(panels["seen"]) and not panels["empty"]
+
+        wait_for(every_panel_has_data, 60, "every dashboard panel to have data", interval=2,
+                 describe=lambda: "panels without data:\n" + "\n".join(panels.get("empty", [])))
+        seen = panels["seen"]
         print(f"\n{len(seen)} panel queries returned data")
     finally:
         prom.terminate()

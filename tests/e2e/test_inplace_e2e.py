@@ -19,8 +19,7 @@ import pytest
 from localcluster.goodput import analyse, read_step_log
 from localcluster.testing import taint_node, wait_for
 
-from .conftest import e2e_job, pod_node, wait_tj
-from .test_preemption_e2e import SPOT_TAINT, succeeded, wait_step
+from .conftest import SPOT_TAINT, e2e_job, pod_node, succeeded, wait_step, wait_tj
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -53,6 +52,8 @@ def assignment(cluster: Any, namespace: str, job: str) -> dict[str, Any]:
 @pytest.mark.parametrize("spares", [0, 1])
 def test_noticed_preemption_restarts_the_survivor_in_place_and_replaces_the_doomed_pod(
         cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path, spares: int) -> None:
+    """Why this long: Two attempts of a 2-process JAX job (each process start loads JAX and the compiled
+    programs) around an agreed save, with steps on both sides of the restart to compare."""
     pool_a, nodes = pool(3 + spares)
     name = f"inplace{spares}"
     ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=spares)
@@ -125,7 +126,10 @@ def test_faults_a_deleted_pod_and_a_killed_supervisor_each_restart_the_gang_once
     """A user deletes worker 1's pod mid-attempt (a disruption: the spare takes over its index), then worker 0's
     supervisor is SIGKILLed (the container fails: a failure; worker 0 is replaced by a new pod, as no spare is
     ready yet or by the replacement spare). Each is counted once, the gang converges, and every checkpoint of
-    an attempt was committed while that attempt was the newest."""
+    an attempt was committed while that attempt was the newest.
+
+    Why this long: Two faults in one job (three attempts) so both restarts are counted in one status;
+    splitting it would pay a job's start twice more."""
     pool_a, _ = pool(5)
     name = "faults"
     ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1, interval=20)
@@ -159,7 +163,9 @@ def test_faults_a_deleted_pod_and_a_killed_supervisor_each_restart_the_gang_once
 def test_two_doomed_nodes_with_one_spare(cluster: Any, namespace: str, operator: Any, pool: Any, api: Any,
                                           tmp_path: Path) -> None:
     """Both workers' nodes get a notice at once, one spare: it takes one index, a new pod the other; one
-    preemption, resumed without a lost step."""
+    preemption, resumed without a lost step.
+
+    Why this long: A spare, a new pod and an agreed save across two attempts of a 2-process job."""
     pool_a, _ = pool(5)
     name = "twodoomed"
     ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1)
@@ -194,7 +200,10 @@ def test_a_fault_while_an_in_place_restart_waits_for_its_replacement(
     replacement pays an emulated 12 s image pull on a fresh node. In that window: a notice for worker 0's node,
     worker 0's node lost without notice, or the operator killed and started again (exits reported, assignment
     not yet written). The gang converges on one new attempt; the restart is counted once; no step is lost; no
-    stale process commits."""
+    stale process commits.
+
+    Why this long: The fault must land while attempt 2 waits for its replacement pod (an emulated pull), then
+    attempt 3 runs to the end."""
     from localcluster.costs import EmulatedCosts
 
     pool_a, _ = pool(5, costs=EmulatedCosts(pull_seconds=12.0))

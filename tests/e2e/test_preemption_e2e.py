@@ -12,36 +12,20 @@ from typing import Any
 
 import pytest
 from localcluster.goodput import analyse, read_step_log
-from localcluster.testing import taint_node, wait_for
+from localcluster.testing import taint_node
 
-from .conftest import e2e_job, get_tj, pod_node, wait_tj, worker_logs
+from .conftest import SPOT_TAINT, get_tj, pod_node, submit_recreate, succeeded, wait_step, wait_tj
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 STEPS, SLEEP = 240, 0.03
-SPOT_TAINT = "cloud.google.com/impending-node-termination"
 
 
 def submit(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, interval: int = 0,
            extra_env: dict[str, str] | None = None, max_failures: int | None = None) -> Path:
-    ckpt = root / name
-    body = e2e_job(cluster, name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
-                       node_selector={"reprieve.test/pool": pool}, max_failures=max_failures,
-                       extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **(extra_env or {})})
-    body["spec"]["restartMode"] = "Recreate"  # this file tests recreate-all; test_inplace_e2e the default
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
-    return ckpt
-
-
-def wait_step(ckpt: Path, step: int, timeout: float, cluster: Any, namespace: str, name: str) -> None:
-    log = ckpt / "steps.jsonl"
-    wait_for(lambda: log.exists() and any(r.step >= step for r in read_step_log(log)), timeout,
-             f"{namespace}/{name} to reach step {step}", interval=0.3,
-             describe=lambda: worker_logs(cluster, namespace, name, 2))
-
-
-def succeeded(status: dict) -> bool:
-    return status.get("phase") == "Succeeded"
+    """This file tests recreate-all; test_inplace_e2e the default (InPlace)."""
+    return submit_recreate(cluster, namespace, name, root, steps=STEPS, step_sleep=SLEEP, interval=interval,
+                           extra_env=extra_env, node_selector={"reprieve.test/pool": pool}, max_failures=max_failures)
 
 
 def assert_report_renders(cluster: Any, namespace: str, name: str, out: Path, *expected: str) -> str:
@@ -81,6 +65,8 @@ def assert_goodput_agrees(status: dict, steplog: Path) -> None:
 
 def test_noticed_preemption_loses_no_step_and_ends_bit_identical_beside_an_uninterrupted_job(
         cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path) -> None:
+    """Why this long: Two jobs side by side (the preempted one and the uninterrupted reference for the bit-
+    identical parameters), the first with two attempts."""
     pool_a, nodes_a = pool(3)
     pool_b, _ = pool(2)
     ckpt_a = submit(cluster, namespace, "preempted", tmp_path, pool_a)
@@ -123,6 +109,8 @@ def test_noticed_preemption_loses_no_step_and_ends_bit_identical_beside_an_unint
 
 def test_hard_node_loss_resumes_from_the_last_periodic_checkpoint(
         cluster: Any, namespace: str, operator: Any, pool: Any, tmp_path: Path) -> None:
+    """Why this long: The lost node is only noticed through its heartbeats stopping (the node controller's
+    grace), then a second attempt runs to the end."""
     interval = 40
     pool_a, _ = pool(3)
     ckpt = submit(cluster, namespace, "lost", tmp_path, pool_a, interval=interval)
@@ -147,6 +135,8 @@ def test_hard_node_loss_resumes_from_the_last_periodic_checkpoint(
 
 def test_application_failure_is_counted_and_fails_the_job_after_the_budget(
         cluster: Any, namespace: str, operator: Any, pool: Any, tmp_path: Path) -> None:
+    """Why this long: Three attempts (maxFailures=2) of a 2-process job, each a JAX start, to see the budget
+    spent."""
     pool_a, _ = pool(2)
     submit(cluster, namespace, "buggy", tmp_path, pool_a, max_failures=1, extra_env={"TRAIN_FAIL_AT_STEP": "5"})
     final = wait_tj(cluster, namespace, "buggy", lambda s: s.get("phase") == "Failed", 300, "Failed", operator)
@@ -164,6 +154,8 @@ def test_application_failure_is_counted_and_fails_the_job_after_the_budget(
 
 def test_operator_restarted_in_the_middle_of_a_preemption_restarts_the_gang_once(
         cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path) -> None:
+    """Why this long: Two attempts of a 2-process job with an operator restart (its start-up and resync)
+    between them."""
     pool_a, _ = pool(3)
     ckpt = submit(cluster, namespace, "twice", tmp_path, pool_a)
     wait_step(ckpt, 40, 240, cluster, namespace, "twice")

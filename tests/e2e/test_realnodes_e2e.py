@@ -26,12 +26,23 @@ from localcluster.stack import (
 )
 from localcluster.testing import taint_node, wait_for
 
-from .conftest import e2e_job, get_tj, pod_node, wait_tj, warm_up, worker_logs
+from .conftest import (
+    SPOT_TAINT,
+    e2e_job,
+    get_tj,
+    pod_node,
+    submit_recreate,
+    succeeded,
+    wait_step,
+    wait_tj,
+    warm_up,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnodes, pytest.mark.timeout(1800)]
 
-STEPS, SLEEP = 240, 0.03
-SPOT_TAINT = "cloud.google.com/impending-node-termination"
+# 120 steps (~0.7 s a step on real nodes beside the rest of the suite): a fault at step 30-50 leaves a restart and
+# the steps after it to prove the resume; more steps only prolong the run.
+STEPS, SLEEP = 120, 0.03
 REQUESTS = {"cpu": "250m", "memory": "1Gi"}  # 2-CPU real nodes: two workers and the operator fit on one
 
 
@@ -61,24 +72,10 @@ def real_ns(real_cluster: Any) -> Iterator[str]:
 
 
 def submit(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, interval: int = 0) -> Path:
-    ckpt = root / name
-    body = e2e_job(cluster, name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
-                   node_selector={"reprieve.test/pool": pool}, image=cluster.real.images["example"].ref,
-                       requests=REQUESTS, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"})
-    body["spec"]["restartMode"] = "Recreate"  # recreate-all on real nodes; the in-place test below sets InPlace
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
-    return ckpt
-
-
-def wait_step(ckpt: Path, step: int, timeout: float, cluster: Any, namespace: str, name: str) -> None:
-    log = ckpt / "steps.jsonl"
-    wait_for(lambda: log.exists() and any(r.step >= step for r in read_step_log(log)), timeout,
-             f"{namespace}/{name} to reach step {step}", interval=0.3,
-             describe=lambda: worker_logs(cluster, namespace, name, 2))
-
-
-def succeeded(status: dict) -> bool:
-    return status.get("phase") == "Succeeded"
+    """Recreate-all on real nodes; the in-place test below sets InPlace."""
+    return submit_recreate(cluster, namespace, name, root, steps=STEPS, step_sleep=SLEEP, interval=interval,
+                           node_selector={"reprieve.test/pool": pool}, image=cluster.real.images["example"].ref,
+                           requests=REQUESTS)
 
 
 def container_uids(cluster: Any, namespace: str, pod: str) -> set[int]:
@@ -115,9 +112,11 @@ def test_helm_install_runs_the_operator_image_as_the_charts_deployment_under_res
 def test_noticed_preemption_on_real_nodes_loses_no_step_and_ends_bit_identical(
         real_cluster: Any, real_operator: DeployedOperator, real_workers: list[str], real_ns: str,
         api: Any, tmp_path: Path) -> None:
+    """Why this long: The first real-node test also starts the session's real nodes, the chart's operator and
+    the warm-up job; then two jobs (preempted and reference) of real containers at ~0.7 s a step."""
     ckpt_a = submit(real_cluster, real_ns, "preempted", tmp_path, WORKER_POOL)
     ckpt_b = submit(real_cluster, real_ns, "steady", tmp_path, SYSTEM_POOL)
-    wait_step(ckpt_a, 60, 300, real_cluster, real_ns, "preempted")
+    wait_step(ckpt_a, 40, 300, real_cluster, real_ns, "preempted")
     doomed = pod_node(real_cluster, real_ns, "preempted-1")
     assert doomed in real_workers
     taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
@@ -133,7 +132,7 @@ def test_noticed_preemption_on_real_nodes_loses_no_step_and_ends_bit_identical(
     wait_tj(real_cluster, real_ns, "steady", succeeded, 400, "Succeeded", real_operator)
     result_a = json.loads((ckpt_a / "result.json").read_text())
     result_b = json.loads((ckpt_b / "result.json").read_text())
-    assert result_a["resumedFrom"] > 60, result_a
+    assert result_a["resumedFrom"] > 40, result_a
     assert result_a["sha256"] == result_b["sha256"], "resumed run's parameters differ from the uninterrupted run's"
     report = analyse(read_step_log(ckpt_a / "steps.jsonl"), start=0, end=1)
     assert [i.lost_steps for i in report.interruptions] == [0], report.summary()
@@ -151,9 +150,11 @@ def api(real_cluster: Any) -> Iterator[Any]:
 def test_real_node_lost_without_notice_resumes_from_the_last_periodic_checkpoint(
         real_cluster: Any, real_operator: DeployedOperator, real_workers: list[str], real_ns: str,
         tmp_path: Path) -> None:
-    interval = 40
+    """Why this long: A real node's loss is seen through its heartbeats stopping, then a second attempt of
+    real containers at ~0.7 s a step."""
+    interval = 20
     ckpt = submit(real_cluster, real_ns, "lost", tmp_path, WORKER_POOL, interval=interval)
-    wait_step(ckpt, 100, 300, real_cluster, real_ns, "lost")
+    wait_step(ckpt, 50, 300, real_cluster, real_ns, "lost")
     real_cluster.remove_node(pod_node(real_cluster, real_ns, "lost-1"))  # containers, shims, kubelet: all gone
 
     final = wait_tj(real_cluster, real_ns, "lost", succeeded, 600, "Succeeded after the node loss", real_operator)
@@ -169,8 +170,9 @@ def test_real_node_lost_without_notice_resumes_from_the_last_periodic_checkpoint
 def test_worker_pod_deleted_on_a_real_node_restarts_the_gang_and_finishes(
         real_cluster: Any, real_operator: DeployedOperator, real_workers: list[str], real_ns: str,
         tmp_path: Path) -> None:
-    ckpt = submit(real_cluster, real_ns, "deleted", tmp_path, WORKER_POOL, interval=40)
-    wait_step(ckpt, 60, 300, real_cluster, real_ns, "deleted")
+    """Why this long: Two attempts of a job of real containers (image start, ~0.7 s a step)."""
+    ckpt = submit(real_cluster, real_ns, "deleted", tmp_path, WORKER_POOL, interval=20)
+    wait_step(ckpt, 40, 300, real_cluster, real_ns, "deleted")
     real_cluster.kubectl("delete", "pod", "deleted-1", "-n", real_ns, "--wait=false")
 
     final = wait_tj(real_cluster, real_ns, "deleted", succeeded, 600, "Succeeded after a worker pod was deleted",
@@ -185,8 +187,10 @@ def test_worker_pod_deleted_on_a_real_node_restarts_the_gang_and_finishes(
 def test_operator_pod_deleted_mid_preemption_on_real_nodes_restarts_the_gang_once(
         real_cluster: Any, real_operator: DeployedOperator, real_workers: list[str], real_ns: str,
         api: Any, tmp_path: Path) -> None:
+    """Why this long: Two attempts of real containers with the operator's Deployment replacing its pod between
+    them."""
     ckpt = submit(real_cluster, real_ns, "twice", tmp_path, WORKER_POOL)
-    wait_step(ckpt, 40, 300, real_cluster, real_ns, "twice")
+    wait_step(ckpt, 30, 300, real_cluster, real_ns, "twice")
     doomed = pod_node(real_cluster, real_ns, "twice-0")
     taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
     wait_tj(real_cluster, real_ns, "twice", lambda s: s.get("lastNotice") is not None, 60, "notice recorded",
@@ -212,7 +216,9 @@ def test_in_place_restart_on_real_nodes_keeps_the_survivors_container_and_a_spar
     """restartMode InPlace with one spare, on real containers: the image's ``reprieve-run`` is the container's
     command (wrapped by the operator), reports exits on its own pod with the pod's token under restricted Pod
     Security; a noticed preemption keeps worker 0's container (same pod UID, container never restarted) and
-    the warm spare takes index 1 unless it shared the doomed node; nothing is lost."""
+    the warm spare takes index 1 unless it shared the doomed node; nothing is lost.
+
+    Why this long: Two attempts of real containers plus a warm spare's start."""
     name = "inplace"
     ckpt = tmp_path / name
     body = e2e_job(real_cluster, name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=0, checkpoint_dir=ckpt,
@@ -221,7 +227,7 @@ def test_in_place_restart_on_real_nodes_keeps_the_survivors_container_and_a_spar
     body["spec"]["restartMode"] = "InPlace"
     body["spec"]["spares"] = 1
     real_cluster.kubectl("apply", "-n", real_ns, "-f", "-", input=json.dumps(body))
-    wait_step(ckpt, 60, 300, real_cluster, real_ns, name)
+    wait_step(ckpt, 40, 300, real_cluster, real_ns, name)
 
     def pods() -> dict[str, dict]:
         out = real_cluster.kubectl("get", "pods", "-n", real_ns, "-l", f"reprieve.dev/job-name={name}", "-o",

@@ -74,7 +74,8 @@ def test_exit_code_42_fails_the_pod_with_that_code(cluster: Cluster, core, names
     assert container_exit_code(pod) == 42
     term = pod.status.container_statuses[0].state.terminated
     assert term.reason == "Error" and term.finished_at is not None
-    assert pod.status.pod_ip == pod_ip({"metadata": {"name": "exit42", "namespace": namespace}, "spec": {}})
+    assert pod.status.pod_ip == pod_ip({"metadata": {"name": "exit42", "namespace": namespace}, "spec": {}},
+                                      cluster.address_space)
     assert pod.status.host_ip == "127.0.0.1"
     log = cluster.workdir / "nodes" / pod.spec.node_name
     text = find_log(log, namespace, "exit42").read_text()
@@ -167,7 +168,7 @@ def test_two_jobs_on_two_nodes_talk_over_tcp_by_headless_service_names_on_one_po
             pod = wait_for_pod_phase(core.api_client, namespace, name, ["Succeeded", "Failed"], timeout=90)
             assert pod.status.phase == "Succeeded", f"{name}: {pod.status.container_statuses}"
         first = core.read_namespaced_pod(f"{job}-0", namespace)
-        assert first.status.pod_ip == dns_ip(namespace, f"{job}-0", job)
+        assert first.status.pod_ip == dns_ip(namespace, f"{job}-0", job, cluster.address_space)
         assert first.spec.node_name != core.read_namespaced_pod(f"{job}-1", namespace).spec.node_name
 
 

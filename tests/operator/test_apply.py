@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from kubernetes.client.rest import ApiException
-from reprieve_operator.apply import tolerate
+from reprieve_operator.apply import create_pod, tolerate
 
 pytestmark = pytest.mark.unit
 
@@ -38,3 +41,37 @@ def test_every_other_answer_is_raised(status: int) -> None:
     with pytest.raises(ApiException) as err:
         tolerate(fails(status), 404, None)
     assert err.value.status == status
+
+
+class Answer:
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.data = json.dumps(body).encode()
+
+    def release_conn(self) -> None:
+        pass
+
+
+def test_a_pod_with_only_a_generated_name_is_created() -> None:
+    """Spares and replacements are created with ``generateName`` and no name (a KeyError here once stopped every
+    spare from being created: the in-place end-to-end tests caught it)."""
+    sent: list[dict[str, Any]] = []
+
+    def create_namespaced_pod(namespace: str, body: dict[str, Any], **_: Any) -> Answer:
+        sent.append(body)
+        return Answer({**body, "metadata": {**body["metadata"], "name": "llama-spare-x7k2p"}})
+
+    api: Any = SimpleNamespace(core=SimpleNamespace(create_namespaced_pod=create_namespaced_pod))
+    pod = {"kind": "Pod", "metadata": {"namespace": "ml", "generateName": "llama-spare-"}}
+    made = create_pod(api, pod)
+    assert made is not None and made["metadata"]["name"] == "llama-spare-x7k2p" and sent == [pod]
+
+
+def test_no_answer_is_told_apart_from_an_error_in_the_operator() -> None:
+    """A reset connection or a timeout is the API server's to retry; a KeyError is the operator's bug (logged with
+    its traceback and named in the condition as an error inside the operator, not as "no answer")."""
+    import urllib3
+    from reprieve_operator.apply import is_no_answer
+
+    assert is_no_answer(ConnectionResetError(104, "reset")) and is_no_answer(TimeoutError())
+    assert is_no_answer(urllib3.exceptions.ProtocolError("broken"))
+    assert not is_no_answer(KeyError("name")) and not is_no_answer(TypeError("x"))
