@@ -1,10 +1,10 @@
 """Where a restarted attempt's first step goes: tracing, lowering, the persistent compilation cache, the first run.
 
 After an in-place restart with a warm process, the new attempt's first training step is most of the restart gap
-(docs/operator.md, "Measured"): the program is read from JAX's persistent compilation cache, but the step is still
-traced and lowered first (the cache key is computed from the lowered module). This benchmark runs the example
-model's training step (examples/train_lm.py, data-parallel over ``--devices`` simulated CPU devices in one process)
-in fresh processes against one compilation cache:
+(benchmarks/RESULTS.md, "First step after a restart"): the program is read from JAX's persistent compilation
+cache, but the step is still traced and lowered first (the cache key is computed from the lowered module). This
+benchmark runs the example model's training step (examples/train_lm.py, data-parallel over ``--devices`` simulated
+CPU devices in one process) in fresh processes against one compilation cache:
 
 * **populate**: a first process compiles the step and writes the cache;
 * **restart**: a fresh process calls the step the way a restarted attempt does (cache warm);

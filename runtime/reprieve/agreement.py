@@ -1,7 +1,7 @@
 """Agreeing on one save step across processes, through the coordination service's key-value store.
 
 Protocol (one *round* per notice that changes the plan; the argument for its safety is in
-``docs/runtime.md``, "Why every process saves the same step"):
+``docs/notices.md``, "Why every process saves the same step"):
 
 1. A process that learns of a notice claims ``<prefix>/notice/<r>`` for the next round ``r``. The first
    claim wins and that process leads the round; a losing notice is re-offered after the round, and dropped

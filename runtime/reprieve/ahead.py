@@ -6,7 +6,7 @@ is keyed on the concrete devices, so it cannot be done before ``reprieve.init()`
 ``reprieve.init(trace_ahead=...)``). It can run beside the restore, though: :class:`CompileAhead` lowers and
 compiles in a background thread, in the caller's mesh context, and ``Job.steps()`` waits for it before the first
 step, so the step's first call finds the lowered and compiled program in JAX's caches instead of doing the work
-again (docs/runtime.md, "Compiling the step while the state is restored").
+again (docs/restarts.md, "Compiling the step while the state is restored").
 
 The thread copies the one piece of thread-local JAX context a step's lowering is keyed on that a user sets per
 thread, the mesh (``jax.set_mesh`` / ``jax.sharding.use_abstract_mesh``); other thread-local configuration

@@ -68,7 +68,7 @@ def init(
             will most likely run on are known (:func:`reprieve.expected_topology`): trace the training step
             there under ``topology.abstract_mesh(...)`` and a restarted attempt's first step skips tracing. In a
             pre-warmed process it runs while the previous attempt trains; a spare started before the first
-            checkpoint retries every few seconds while it waits. See docs/runtime.md, "Tracing the step before
+            checkpoint retries every few seconds while it waits. See docs/restarts.md, "Tracing the step before
             the devices".
     """
     console.install()  # the lifecycle lines reach a program that configured no logging (reprieve.console)

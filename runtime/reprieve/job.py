@@ -268,7 +268,7 @@ class Job:
         the first step. Call it after the mesh exists and before the restore, in the mesh context the loop calls
         ``fn`` in, with what the first call will get: arrays or ``jax.ShapeDtypeStruct`` with the real
         arguments' shardings (``abstract``, as given to :meth:`restore_or`). A failure is logged and the step
-        compiles at its first call as it would have (docs/runtime.md, "Compiling the step while the state is
+        compiles at its first call as it would have (docs/restarts.md, "Compiling the step while the state is
         restored")."""
         if self.phase != Phase.READY:
             raise RuntimeError(f"Job.compile_ahead: the job is {self.phase.value}; call it before Job.steps()")

@@ -16,7 +16,7 @@ right; when it is wrong the trace made ahead is simply not used (the step traces
 
     job = reprieve.init(trace_ahead=trace_ahead)
 
-``docs/runtime.md`` ("Tracing the step before the devices") has the whole recipe.
+``docs/restarts.md`` ("Tracing the step before the devices") has the whole recipe.
 """
 
 from __future__ import annotations
