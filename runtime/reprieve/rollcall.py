@@ -166,51 +166,76 @@ def lead(bind: tuple[str, int], address: str, *, job: str, attempt: int, n: int,
 def attend(address: str, hello: Hello, *, n: int, timeout_s: float) -> float:
     """Process ``hello.process`` > 0: answer process 0's roll call at ``address``; the seconds it took.
 
+    A listener that closes the connection before saying a word is not process 0's roll call (yet): on an in-place
+    restart the previous attempt's process 0 may still hold the port while it saves and leaves (JAX's coordination
+    service speaks another protocol and hangs up). That is knocked on again until the timeout.
+
     Raises:
-        RollCallError: process 0 never listened, or said that some processes never came, or turned us away.
+        RollCallError: process 0 never listened, or said that some processes never came, or turned us away, or
+            ended the roll call it had begun.
     """
     start = time.monotonic()
     pacer = _Pacer(start)
     host, _, port = address.rpartition(":")
-    sock = None
-    while sock is None:
-        now = time.monotonic()
-        if now - start >= timeout_s:
-            raise RollCallError(never_came([0], n, address, now - start, coordinator=True))
-        if pacer.due(now):
-            log.info("%s", waiting_line([0], n, address, timeout_s - (now - start), coordinator=True))
-        try:
-            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=max(TICK_S, 0.5))
-        except OSError:
-            time.sleep(TICK_S)
-    buffer = b""
-    with sock:
-        sock.sendall(hello.line())
-        sock.settimeout(TICK_S)
-        while True:
+    while True:
+        sock = None
+        while sock is None:
             now = time.monotonic()
-            if now - start >= timeout_s + 5.0:  # process 0 says first; this only guards against a stuck one
-                raise RollCallError(f"process 0 at {address} did not end its roll call within {timeout_s:.0f} s")
+            if now - start >= timeout_s:
+                raise RollCallError(never_came([0], n, address, now - start, coordinator=True))
+            if pacer.due(now):
+                log.info("%s", waiting_line([0], n, address, timeout_s - (now - start), coordinator=True))
             try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError as err:
-                raise RollCallError(f"the roll call at {address} broke off ({err}): did process 0 end?") from err
-            if not chunk:
-                raise RollCallError(f"process 0 at {address} closed the roll call without a word: did it end?")
-            buffer += chunk
-            while b"\n" in buffer:
-                raw, buffer = buffer.split(b"\n", 1)
-                message = _parse(raw)
-                if message.get("go"):
-                    return time.monotonic() - start
-                if "refused" in message:
-                    raise RollCallError(f"process 0 at {address} turned this process away: {message['refused']}")
-                if "error" in message:
-                    raise RollCallError(str(message["error"]))
-                if "missing" in message:  # process 0 paces these
-                    log.info("%s", waiting_line(list(message["missing"]), n, address, float(message.get("left", 0))))
+                sock = socket.create_connection((host.strip("[]"), int(port)), timeout=max(TICK_S, 0.5))
+            except OSError:
+                time.sleep(TICK_S)
+        with sock:
+            done = _converse(sock, address, hello, n=n, start=start, timeout_s=timeout_s)
+        if done is not None:
+            return done
+        log.debug("a listener at %s hung up before a roll call (the previous attempt's process 0 leaving?): "
+                  "knocking again", address)
+        time.sleep(TICK_S)
+
+
+def _converse(sock: socket.socket, address: str, hello: Hello, *, n: int, start: float,
+              timeout_s: float) -> float | None:
+    """One connection to process 0: the seconds until its "go", or None if it hung up before a word."""
+    buffer, heard = b"", False
+    try:
+        sock.sendall(hello.line())
+    except OSError:
+        return None
+    sock.settimeout(TICK_S)
+    while True:
+        now = time.monotonic()
+        if now - start >= timeout_s + 5.0:  # process 0 says first; this only guards against a stuck one
+            raise RollCallError(f"process 0 at {address} did not end its roll call within {timeout_s:.0f} s")
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError as err:
+            if not heard:
+                return None
+            raise RollCallError(f"the roll call at {address} broke off ({err}): did process 0 end?") from err
+        if not chunk:
+            if not heard:
+                return None
+            raise RollCallError(f"process 0 at {address} closed the roll call before its go: did it end?")
+        buffer += chunk
+        while b"\n" in buffer:
+            raw, buffer = buffer.split(b"\n", 1)
+            message = _parse(raw)
+            heard = heard or bool(message)
+            if message.get("go"):
+                return time.monotonic() - start
+            if "refused" in message:
+                raise RollCallError(f"process 0 at {address} turned this process away: {message['refused']}")
+            if "error" in message:
+                raise RollCallError(str(message["error"]))
+            if "missing" in message:  # process 0 paces these
+                log.info("%s", waiting_line(list(message["missing"]), n, address, float(message.get("left", 0))))
 
 
 def _listen(bind: tuple[str, int]) -> socket.socket:

@@ -117,3 +117,40 @@ def test_a_process_of_another_attempt_is_turned_away_and_not_counted() -> None:
     fresh = attend(address, Hello("j", 2, 1), n=2, timeout_s=10)
     leader["thread"].join(10)
     assert fresh < 10 and "error" not in leader
+
+
+def test_a_listener_that_hangs_up_before_a_roll_call_is_knocked_on_again() -> None:
+    """On an in-place restart the previous attempt's process 0 may still hold the port (its JAX coordination
+    service speaks gRPC and hangs up on a roll-call line) while the new attempt's processes already knock: they
+    knock again until the new process 0 listens, not fail (a spare once exited 1 here, counted as a failure)."""
+    port = _port()
+    address = f"127.0.0.1:{port}"
+    stale = socket.create_server(("127.0.0.1", port))
+    hung_up = threading.Event()
+
+    def hang_up() -> None:
+        conn, _ = stale.accept()
+        conn.recv(1024)
+        conn.close()
+        hung_up.set()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    member = _in_thread(attend, address, Hello("j", 2, 1), n=2, timeout_s=20)
+    assert hung_up.wait(10)
+    stale.close()  # the previous attempt's process 0 leaves; the new one listens on the same port
+    waited = lead(("127.0.0.1", port), address, job="j", attempt=2, n=2, timeout_s=20)
+    member["thread"].join(10)
+    assert "error" not in member, member.get("error")
+    assert member["value"] < 20 and waited < 20
+
+
+def test_a_roll_call_ended_before_its_go_is_an_error() -> None:
+    port = _port()
+    address = f"127.0.0.1:{port}"
+    with socket.create_server(("127.0.0.1", port)) as server:
+        member = _in_thread(attend, address, Hello("j", 1, 1), n=2, timeout_s=20)
+        conn, _ = server.accept()
+        conn.sendall(b'{"missing": [2], "left": 19}\n')
+        conn.close()
+        member["thread"].join(10)
+    assert isinstance(member.get("error"), RollCallError) and "did process 0 end?" in str(member["error"])
