@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -126,10 +127,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     check_tiers(items)
     for item in items:
         item.user_properties.append(("why_long", why_long(item)))
-        # One real-node cluster per run (its network namespace, containerd per node, images): under
-        # pytest-xdist every test that uses it goes to the same worker.
-        if "real_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("realnodes"))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with the real-node modules as one group: one real-node cluster per run (its network
+    namespace, a containerd per node, the images), on one worker. (pytest 9 no longer lets pytest-xdist suffix a
+    nodeid with its ``xdist_group`` mark, so the group is made here, from the test's module.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    from tests.budget import scope_of
+
+    class RealNodesTogether(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid) or super()._split_scope(nodeid)
+
+    return RealNodesTogether(config, log)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
