@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -122,15 +123,14 @@ def test_failures_are_counted_then_the_job_fails(cluster, api, namespace, operat
     cond = next(c for c in st["conditions"] if c["type"] == "Failed")
     assert cond["reason"] == "TooManyFailures" and "exited with code 1" in cond["message"]
     assert "maxFailures=1" in cond["message"]
-    # And it stays that way: once both attempt-2 pods have ended, a pod event (what would start a wrong attempt
-    # 3) is reconciled, and only after that reconcile has finished is attempt 3 looked for.
-    ended = wait_for(lambda: len(p := job_pods(api, namespace, "crash")) == 2 and all(
-        x.status.phase == "Failed" and x.metadata.labels["reprieve.dev/attempt"] == "2" for x in p) and p, 30,
-        "both attempt-2 pods Failed", describe=lambda: str([(x.metadata.name, x.status.phase)
-                                                             for x in job_pods(api, namespace, "crash")]))
+    # And it stays that way: once no attempt-2 pod runs, the job is reconciled once more (a spec change), and only
+    # after that reconcile has finished is attempt 3 looked for.
+    wait_for(lambda: all(x.status.phase == "Failed" and x.metadata.labels["reprieve.dev/attempt"] == "2"
+                         for x in job_pods(api, namespace, "crash")), 30, "no attempt-2 pod still running",
+             describe=lambda: str([(x.metadata.name, x.status.phase) for x in job_pods(api, namespace, "crash")]))
     before = operator.metric("reprieve_reconciles_total", namespace=namespace, trainingjob="crash")
-    client.CoreV1Api(api).patch_namespaced_pod(ended[0].metadata.name, namespace,
-                                               {"metadata": {"annotations": {"reprieve-test/poke": "1"}}})
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        "reprieve.dev", "v1alpha1", namespace, "trainingjobs", "crash", {"spec": {"terminationGracePeriodSeconds": 6}})
     operator.handled("reprieve_reconciles_total", before, namespace=namespace, trainingjob="crash")
     assert status(api, namespace, "crash")["attempt"] == 2
     assert {p.metadata.labels["reprieve.dev/attempt"] for p in job_pods(api, namespace, "crash")} == {"2"}
@@ -221,8 +221,10 @@ def test_operator_restart_mid_preemption_neither_notifies_nor_restarts_twice(
     handled_afresh(operator, namespace, "llama", doomed)
     still = job_pods(api, namespace, "llama")
     assert {p.metadata.labels["reprieve.dev/attempt"] for p in still} == {"1"}, "released too early"
-    assert notices(api, namespace, "llama") == first and "pods annotated" not in operator.log_path.read_text(), \
-        "the restarted operator delivered the notice again"
+    # It may finish recording the delivery it was killed in ("0 pods annotated"), never annotate again.
+    annotated = re.findall(r"\((\d+) pods annotated", operator.log_path.read_text())
+    assert notices(api, namespace, "llama") == first and set(annotated) <= {"0"}, \
+        f"the restarted operator delivered the notice again ({annotated} pods annotated)"
     release.touch()
     wait_running(api, namespace, "llama", attempt=2, timeout=90)
     operator.restart()
