@@ -41,7 +41,15 @@ log = logging.getLogger("reprieve_operator")
 
 
 async def on_node(state: State, event_type: str | None, name: str, body: Any) -> None:
-    """A Node event: track its signals; deliver a notice to every job with pods on it."""
+    """A Node event: track its signals; deliver a notice to every job with pods on it. Counted once handled
+    (``reprieve_node_events_total``): every notice it gives is delivered (or held) by then."""
+    try:
+        await _on_node(state, event_type, name, body)
+    finally:
+        metrics.NODE_EVENTS.labels(name).inc()
+
+
+async def _on_node(state: State, event_type: str | None, name: str, body: Any) -> None:
     nodes = state.nodes
     jobs = state.cache.jobs_on(name)
     nodes.release(name)

@@ -16,11 +16,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
+
+from . import metrics
 
 log = logging.getLogger("reprieve_operator.leadership")
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -56,6 +59,17 @@ def default_identity() -> str:
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
 
 
+class CountedLeaseLock(LeaseLock):  # type: ignore[misc]
+    """The Lease lock, counting each read of the Lease (``reprieve_leader_election_tries_total``): every try to
+    take or renew it starts with one, and what the try then does follows from what it read."""
+
+    def get(self, name: str, namespace: str) -> Any:
+        try:
+            return super().get(name, namespace)
+        finally:
+            metrics.LEADER_TRIES.inc()
+
+
 class Election:
     """Blocks in :meth:`wait_until_leading`; calls ``on_lost`` (default: exit the process) if leadership ends."""
 
@@ -63,7 +77,7 @@ class Election:
                  on_lost: Callable[[], None] | None = None) -> None:
         self.settings = settings
         self.identity = settings.identity or default_identity()
-        self.lock = LeaseLock(settings.name, settings.namespace, self.identity)
+        self.lock = CountedLeaseLock(settings.name, settings.namespace, self.identity)
         self.lock.api_instance = client.CoordinationV1Api(api_client)
         self.leading = threading.Event()
         self.on_lost = on_lost or _exit_now

@@ -46,7 +46,13 @@ RESTARTS = Counter("reprieve_gang_restarts_total", "Gang restarts decided, by ca
 FAILED_JOBS = Counter("reprieve_jobs_failed_total", "TrainingJobs that reached Failed, by reason.",
                       [*JOB_LABELS, "reason"])
 RECONCILE_ERRORS = Counter("reprieve_reconcile_errors_total", "Unexpected errors in handlers.", ["handler"])
+RECONCILES = Counter("reprieve_reconciles_total", "TrainingJob reconciles finished (whatever their outcome): "
+                     "everything a reconcile decides is applied by the time it counts.", JOB_LABELS)
+NODE_EVENTS = Counter("reprieve_node_events_total", "Node events handled (and held notices looked at again): "
+                      "the notices a Node event gives are delivered by the time it counts.", ["node"])
 NOTICE_NODES = Gauge("reprieve_nodes_with_notice", "Nodes currently carrying an active preemption signal.")
+LEADER_TRIES = Counter("reprieve_leader_election_tries_total", "Reads of the leader-election Lease, one per try "
+                       "to take it (a standby, every retry period) or to renew it (the leader).")
 LEADER = Gauge("reprieve_leader", "1 while this operator replica holds the leader-election Lease (or runs "
                                   "without leader election), 0 while it stands by.")
 

@@ -46,9 +46,13 @@ class ReconcileQueue:
         return self._locks[(namespace, name)]
 
     async def run(self, namespace: str, name: str, fresh: bool = False) -> Any:
-        """Reconcile the job now, under its lock; errors are the caller's."""
+        """Reconcile the job now, under its lock; errors are the caller's. Counted once it has ended
+        (``reprieve_reconciles_total``): whatever it decided is applied by then."""
         async with self._locks[(namespace, name)]:
-            return await self._reconcile(namespace, name, fresh)
+            try:
+                return await self._reconcile(namespace, name, fresh)
+            finally:
+                metrics.RECONCILES.labels(namespace, metrics.job(name)).inc()
 
     def kick(self, namespace: str, name: str, fresh: bool = False) -> None:
         """Schedule a reconcile of one job; bursts coalesce into one run plus one follow-up."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from localcluster.stack import OPERATOR_SA, OperatorProcess, install_chart
+from localcluster.testing import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,6 +48,13 @@ class Operator(OperatorProcess):
             if metric == name and all(f'{k}="{v}"' in lab for k, v in labels.items()):
                 total += float(value)
         return total
+
+    def handled(self, name: str, before: float, timeout: float = 30, **labels: str) -> float:
+        """Wait until counter ``name`` (``reprieve_reconciles_total``, ``reprieve_node_events_total``, ...) has
+        moved past ``before``: the operator has finished handling something after that value was read. A test
+        asserts that nothing came of an event only after this, never after a sleep."""
+        return float(wait_for(lambda: (v := self.metric(name, **labels)) > before and v, timeout,
+                              f"{name}{labels} past {before}", describe=lambda: self.tail(40)))
 
     def restart(self) -> Operator:
         self.stop()
@@ -91,8 +99,8 @@ def node_tag(cluster: Any, node: str) -> str:
 
 
 # Worker behaviour, chosen by env (one template serves every attempt): MODE for attempt 1, MODE_LATER (if set)
-# from attempt 2 on.  wait: run until the notice file shows a notice, then exit with the restart code;
-# exit:<n>: exit with code n at once.
+# from attempt 2 on.  wait: run until the notice file shows a notice, "save" (SAVE_SECONDS, or until the file
+# RELEASE_FILE exists: the test says when), then exit with the restart code; exit:<n>: exit with code n at once.
 WORKER = r"""
 import os, sys, time
 attempt = int(os.environ["REPRIEVE_ATTEMPT"])
@@ -106,7 +114,10 @@ deadline = time.time() + 300
 while time.time() < deadline:
     try:
         if "reprieve.dev/notice" in open(path).read():
-            time.sleep(float(os.environ.get("SAVE_SECONDS", "0.2")))  # "saving"
+            release = os.environ.get("RELEASE_FILE")
+            while release and not os.path.exists(release) and time.time() < deadline:
+                time.sleep(0.1)
+            time.sleep(0 if release else float(os.environ.get("SAVE_SECONDS", "0.2")))  # "saving"
             sys.exit(int(os.environ["REPRIEVE_RESTART_EXIT_CODE"]))
     except FileNotFoundError:
         pass
@@ -116,8 +127,10 @@ sys.exit(3)
 
 
 def job_manifest(name: str, namespace: str, replicas: int = 2, mode: str = "wait", tag: str | None = None,
-                 later: str | None = None, save_seconds: float = 0.2, **spec: Any) -> dict[str, Any]:
+                 later: str | None = None, save_seconds: float = 0.2, release: str | None = None,
+                 **spec: Any) -> dict[str, Any]:
     env = [{"name": "MODE", "value": mode}, {"name": "SAVE_SECONDS", "value": str(save_seconds)}]
+    env += [{"name": "RELEASE_FILE", "value": release}] if release else []
     env += [{"name": "MODE_LATER", "value": later}] if later else []
     pod_spec: dict[str, Any] = {"containers": [{
         "name": "trainer", "image": "python:3.11", "command": ["python", "-c", WORKER], "env": env}]}

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from conftest import Operator, apply, job_manifest, node_tag
+from kubernetes import client
 from localcluster.stack import RELEASE_NS
 from localcluster.testing import taint_node, wait_for
 from test_operator_integration import notices, wait_running
@@ -36,13 +37,23 @@ def leading(ops: list[Operator]) -> list[Operator]:
     return out
 
 
+def lease_of(api: Any, name: str) -> Any:
+    return client.CoordinationV1Api(api).read_namespaced_lease(name, RELEASE_NS).spec
+
+
 def test_standby_takes_over_and_delivers_notices(cluster, api, namespace, chart, nodes, tmp_path) -> None:
     lease = f"reprieve-{namespace}"
     ops = [replica(cluster, namespace, tmp_path / name, lease) for name in ("a", "b")]
     try:
         (leader,) = wait_for(lambda: len(found := leading(ops)) == 1 and found, 40, "exactly one leader")
         (standby,) = [op for op in ops if op is not leader]
-        time.sleep(3)
+        # The standby must not lead while the Lease is held: two of its tries (each a read of the Lease, counted
+        # once it has ended) with the leader alive, then the Lease is still the leader's, never changed hands.
+        held = lease_of(api, lease)
+        tries = standby.metric("reprieve_leader_election_tries_total")
+        standby.handled("reprieve_leader_election_tries_total", tries + 1)
+        now = lease_of(api, lease)
+        assert (now.holder_identity, now.lease_transitions) == (held.holder_identity, held.lease_transitions), now
         assert leading(ops) == [leader], "the standby must not lead while the Lease is held"
         apply(cluster, job_manifest("llama", namespace, tag=node_tag(cluster, nodes[0]), save_seconds=60))
         pods = wait_running(api, namespace, "llama")
@@ -59,7 +70,7 @@ def test_standby_takes_over_and_delivers_notices(cluster, api, namespace, chart,
 
         # The new leader is drained: SIGTERM releases the Lease; a fresh standby takes over in seconds.
         fresh = replica(cluster, namespace, tmp_path / "c", lease)
-        time.sleep(2)
+        fresh.handled("reprieve_leader_election_tries_total", 0)  # it is trying to take the Lease
         t1 = time.monotonic()
         standby.stop(signal.SIGTERM)
         wait_for(lambda: leading([fresh]) == [fresh], 60, "the fresh standby to lead after a graceful stop",
@@ -67,7 +78,9 @@ def test_standby_takes_over_and_delivers_notices(cluster, api, namespace, chart,
         soft = time.monotonic() - t1
         print(f"\nleader election failover: SIGKILL -> notice on every pod {hard:.1f}s; "
               f"SIGTERM -> new leader {soft:.1f}s")
-        assert soft < 15, f"a released Lease took {soft:.1f}s to be taken (retry period 2 s)"
+        # The graceful hand-over beats the expiry path measured above (a released Lease is taken within a retry
+        # period, an unreleased one only once it has expired), on whatever machine this runs.
+        assert soft < hard, f"a released Lease took {soft:.1f}s to be taken, an expired one {hard:.1f}s"
         ops.append(fresh)
     finally:
         for op in ops:

@@ -3,9 +3,10 @@ control plane with exactly the chart's RBAC. Each failed on the operator before 
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
-import time
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from conftest import Operator, apply, job_manifest, node_tag
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from localcluster.testing import label_node, taint_node, untaint_node, wait_for
+from localcluster.testing import label_node, taint_node, wait_for
 from test_operator_integration import events, job_pods, notices, status, wait_phase, wait_running
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -149,7 +150,9 @@ def test_a_later_notice_with_an_earlier_deadline_reaches_every_pod(cluster, api,
     first = wait_for(lambda: (d := deadlines(api, namespace, "llama")) and len(d) == 2 and
                      {r for r, _ in d.values()} == {"aws-rebalance"} and d, 10, "the rebalance notice on both pods",
                      describe=lambda: f"{notices(api, namespace, 'llama')}\n{operator.tail(40)}")
-    time.sleep(1)
+    # The spot taint comes after the rebalance notice is recorded (so first seen later), not just after a sleep.
+    wait_for(lambda: status(api, namespace, "llama").get("lastNotice", {}).get("reason") == "aws-rebalance", 30,
+             "status.lastNotice to name the rebalance notice", describe=lambda: operator.tail(40))
     taint_node(api, b, SPOT, "true", "NoSchedule")  # GKE spot on the other node: +15 s, earlier
     second = wait_for(lambda: (d := deadlines(api, namespace, "llama")) and
                       {r for r, _ in d.values()} == {"gke-spot"} and d, 10, "the earlier spot notice on both pods",
@@ -160,10 +163,16 @@ def test_a_later_notice_with_an_earlier_deadline_reaches_every_pod(cluster, api,
     assert st["phase"] == "Preempting" and st["lastNotice"]["node"] == b
     evs = events(api, namespace, "PreemptionNotice")
     assert len(evs) == 2 and any("earlier than the deadline" in e.message for e in evs), [e.message for e in evs]
-    untaint_node(api, a, REBALANCE)  # a later, third signal changes nothing
-    taint_node(api, a, "karpenter.sh/disrupted", None, "NoSchedule")  # +30 s, first seen later: later
-    time.sleep(2)
+    # A later, third signal changes nothing: the rebalance taint replaced by Karpenter's (+30 s, first seen
+    # later: later) in one Node update, and nothing looked for until the operator has handled that update.
+    delivered = operator.metric("reprieve_notices_delivered_total")
+    before = operator.metric("reprieve_node_events_total", node=a)
+    taints = [t for t in client.CoreV1Api(api).read_node(a).spec.taints or [] if t.key != REBALANCE]
+    client.CoreV1Api(api).patch_node(a, {"spec": {"taints": [
+        *(api.sanitize_for_serialization(t) for t in taints), {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}})
+    operator.handled("reprieve_node_events_total", before, node=a)
     assert {r for r, _ in deadlines(api, namespace, "llama").values()} == {"gke-spot"}
+    assert operator.metric("reprieve_notices_delivered_total") == delivered
     operator.assert_no_errors()
 
 
@@ -178,24 +187,39 @@ def test_far_future_maintenance_is_held_and_never_makes_the_job_deaf(cluster, ap
         a, b = pods[0].spec.node_name, pods[1].spec.node_name
         in_an_hour = datetime.now(UTC) + timedelta(hours=1)
         label_node(api, a, {SCHEDULED: str(int(in_an_hour.timestamp()))})
-        time.sleep(2)
+        held(op, a)
         assert not any(notices(api, namespace, "llama").values()), "a maintenance an hour away was delivered"
         assert status(api, namespace, "llama")["phase"] == "Running"
         # Maintenance 28 s away: held until 20 s before it, then delivered without any further Node event.
         soon = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=28)
-        t0 = time.monotonic()
         label_node(api, b, {SCHEDULED: str(int(soon.timestamp()))})
-        time.sleep(3)
+        opens = held(op, b)
+        assert opens == soon - timedelta(seconds=20)
         assert not any(notices(api, namespace, "llama").values()), "delivered before its window opened"
-        got = wait_for(lambda: (d := deadlines(api, namespace, "llama")) and len(d) == 2 and d, 20,
+        got = wait_for(lambda: (d := deadlines(api, namespace, "llama")) and len(d) == 2 and d, 60,
                        "the held notice once its window opens", describe=lambda: op.tail(40))
-        waited = time.monotonic() - t0
         assert {dl for _, dl in got.values()} == {soon.strftime("%Y-%m-%dT%H:%M:%SZ")}
-        assert 5 <= waited <= 15, f"delivered {waited:.1f}s after the label (window opened after ~8 s)"
+        annotated = {pod: annotated_at(api, namespace, pod) for pod in got}
+        assert all(t >= opens for t in annotated.values()), f"annotated {annotated}, before the window opened {opens}"
         assert wait_phase(api, namespace, "llama", "Preempting", timeout=10)
         op.assert_no_errors()
     finally:
         op.stop()
+
+
+def held(op: Operator, node: str) -> datetime:
+    """Wait for the operator's word that a notice on ``node`` is held; returns until when."""
+    prefix = f"node {node}: a notice is held until "
+    line = wait_for(lambda: next((ln for ln in op.log_path.read_text().splitlines() if prefix in ln), None), 30,
+                    f"the notice on {node} to be held", describe=lambda: op.tail(40))
+    return datetime.fromisoformat(line.split(prefix, 1)[1].split()[0])
+
+
+def annotated_at(api: Any, namespace: str, pod: str) -> datetime:
+    """When the API server recorded the notice annotation on ``pod`` (its managedFields entry, 1 s resolution)."""
+    p = client.CoreV1Api(api).read_namespaced_pod(pod, namespace)
+    (t,) = [f.time for f in p.metadata.managed_fields or [] if "f:reprieve.dev/notice" in json.dumps(f.fields_v1)]
+    return t  # type: ignore[no-any-return]
 
 
 def test_a_spot_taint_gets_through_while_a_maintenance_is_held(cluster, api, namespace, operator, nodes) -> None:
@@ -203,7 +227,7 @@ def test_a_spot_taint_gets_through_while_a_maintenance_is_held(cluster, api, nam
     pods = wait_running(api, namespace, "llama")
     node = pods[0].spec.node_name
     label_node(api, node, {SCHEDULED: str(int((datetime.now(UTC) + timedelta(days=30)).timestamp()))})
-    time.sleep(1)
+    held(operator, node)  # the maintenance is held before the spot taint comes
     taint_node(api, node, SPOT, "true", "NoSchedule")
     got = wait_for(lambda: (d := deadlines(api, namespace, "llama")) and len(d) == 2 and d, 10,
                    "the spot notice despite the held maintenance", describe=lambda: operator.tail(40))
@@ -234,7 +258,12 @@ def test_a_template_the_api_server_refuses_fails_the_job_and_creates_nothing(
     assert cond["reason"] == "InvalidSpec" and needle in cond["message"], cond
     assert f"TrainingJob {namespace}/bad" in cond["message"] and "python:3.11" not in cond["message"]
     assert [e.message for e in events(api, namespace, "InvalidSpec")] == [cond["message"]]
-    time.sleep(2)  # and nothing appears later either
+    # And nothing appears later either: a spec change makes the operator reconcile the failed job once more;
+    # what it decided is applied by the time it is counted.
+    before = operator.metric("reprieve_reconciles_total", namespace=namespace, trainingjob="bad")
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        "reprieve.dev", "v1alpha1", namespace, "trainingjobs", "bad", {"spec": {"terminationGracePeriodSeconds": 6}})
+    operator.handled("reprieve_reconciles_total", before, namespace=namespace, trainingjob="bad")
     assert owned_objects(cluster, namespace, "bad") == []
     assert status(api, namespace, "bad")["phase"] == "Failed"
 
@@ -268,9 +297,15 @@ def test_a_quota_that_frees_up_is_retried_with_backoff(cluster, api, namespace, 
         and s, 20, "condition PodsCreated=False/QuotaExceeded", describe=lambda: operator.tail(40))
     cond = next(c for c in st["conditions"] if c["type"] == "PodsCreated")
     assert cond["status"] == "False" and "next in" in cond["message"] and "exceeded quota" in cond["message"]
-    time.sleep(5)  # retried with backoff meanwhile (2 s, 4 s): a few FailedCreate Events, not one per reconcile
-    tries = len(events(api, namespace, "FailedCreate"))
-    assert 2 <= tries <= 4, tries
+    # Retried with backoff (2 s, 4 s, 8 s ...), not once per reconcile: each FailedCreate Event says which try
+    # it was and when the next comes, and the next comes no sooner (Event times: 1 s resolution).
+    fails = wait_for(lambda: len(evs := events(api, namespace, "FailedCreate")) >= 3 and evs, 60,
+                     "three refused tries", describe=lambda: operator.tail(40))
+    tries = sorted((int(m[1]), float(m[2]), e.first_timestamp) for e in fails
+                   if (m := re.search(r"try (\d+), next in (\d+) s", e.message)))
+    assert [(n, w) for n, w, _ in tries[:3]] == [(1, 2.0), (2, 4.0), (3, 8.0)], [e.message for e in fails]
+    for (_, wait, t), (_, _, t_next) in itertools.pairwise(tries[:3]):
+        assert (t_next - t).total_seconds() >= wait - 1, f"try after {(t_next - t).total_seconds()} s, not {wait}"
     core.delete_namespaced_resource_quota("pods", namespace)
     wait_running(api, namespace, "llama", timeout=40)
 

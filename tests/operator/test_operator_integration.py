@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import time
+import re
 from typing import Any
 
 import pytest
@@ -82,18 +82,16 @@ def notices(api: Any, ns: str, name: str) -> dict[str, str | None]:
             for p in job_pods(api, ns, name)}
 
 
-def test_taint_notifies_every_pod_within_a_second_then_gang_restarts_elsewhere(
-        cluster, api, namespace, operator, nodes) -> None:
+def test_taint_notifies_every_pod_then_gang_restarts_elsewhere(cluster, api, namespace, operator, nodes) -> None:
+    """How fast (the 1 s target) is benchmarks/notice_latency.py's to measure; here, that the operator measured
+    it: one observation of its own first-sight -> annotated histogram."""
     apply(cluster, job_manifest("llama", namespace, replicas=2, tag=node_tag(cluster, nodes[0])))
     pods = wait_running(api, namespace, "llama")
     doomed = pods[0].spec.node_name
-    t0 = time.monotonic()
     taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
-    got = wait_for(lambda: (n := notices(api, namespace, "llama")) and all(n.values()) and n, 10,
+    got = wait_for(lambda: (n := notices(api, namespace, "llama")) and all(n.values()) and n, 30,
                    "notice annotation on every pod", interval=0.02,
                    describe=lambda: f"annotations {notices(api, namespace, 'llama')}\n{operator.tail(60)}")
-    latency = time.monotonic() - t0
-    assert latency < 1.0, f"taint -> notice on all pods took {latency:.3f}s"
     values = {json.loads(v)["id"] for v in got.values()}
     assert len(values) == 1  # one node event, one id
     notice = json.loads(next(iter(got.values())))
@@ -125,8 +123,17 @@ def test_failures_are_counted_then_the_job_fails(cluster, api, namespace, operat
     cond = next(c for c in st["conditions"] if c["type"] == "Failed")
     assert cond["reason"] == "TooManyFailures" and "exited with code 1" in cond["message"]
     assert "maxFailures=1" in cond["message"]
-    time.sleep(2)  # and it stays that way: no attempt 3
+    # And it stays that way: once no attempt-2 pod runs, the job is reconciled once more (a spec change), and only
+    # after that reconcile has finished is attempt 3 looked for.
+    wait_for(lambda: all(x.status.phase == "Failed" and x.metadata.labels["reprieve.dev/attempt"] == "2"
+                         for x in job_pods(api, namespace, "crash")), 30, "no attempt-2 pod still running",
+             describe=lambda: str([(x.metadata.name, x.status.phase) for x in job_pods(api, namespace, "crash")]))
+    before = operator.metric("reprieve_reconciles_total", namespace=namespace, trainingjob="crash")
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        "reprieve.dev", "v1alpha1", namespace, "trainingjobs", "crash", {"spec": {"terminationGracePeriodSeconds": 6}})
+    operator.handled("reprieve_reconciles_total", before, namespace=namespace, trainingjob="crash")
     assert status(api, namespace, "crash")["attempt"] == 2
+    assert {p.metadata.labels["reprieve.dev/attempt"] for p in job_pods(api, namespace, "crash")} == {"2"}
     assert operator.metric("reprieve_jobs_failed_total", reason="TooManyFailures") == 1
     assert operator.metric("reprieve_jobs_failed_total", namespace=namespace, trainingjob="crash") == 1
     assert operator.metric("reprieve_jobs", namespace=namespace, phase="Failed") == 1
@@ -192,25 +199,36 @@ def test_deleting_the_job_collects_everything(cluster, api, namespace, operator)
              describe=lambda: " ".join(leftovers()))
 
 
+def handled_afresh(operator: Any, namespace: str, job: str, node: str) -> None:
+    """A just-started operator has handled ``node``'s Node event and reconciled ``job`` (its counters start at 0)."""
+    operator.handled("reprieve_node_events_total", 0, node=node)
+    operator.handled("reprieve_reconciles_total", 0, namespace=namespace, trainingjob=job)
+
+
 def test_operator_restart_mid_preemption_neither_notifies_nor_restarts_twice(
-        cluster, api, namespace, operator, nodes) -> None:
-    # The workers "save" for 20 s: the restarted operator (7 s to start on a loaded 2-core machine) must find
-    # them still there to finish the delivery it was killed in (its Event); see docs/operator.md.
-    apply(cluster, job_manifest("llama", namespace, tag=node_tag(cluster, nodes[0]), save_seconds=20))
+        cluster, api, namespace, operator, nodes, tmp_path) -> None:
+    # The workers "save" until the test releases them: the restarted operator, however long it takes to start,
+    # finds them still there, to finish the delivery it was killed in (its Event); see docs/operator.md.
+    release = tmp_path / "release"
+    apply(cluster, job_manifest("llama", namespace, tag=node_tag(cluster, nodes[0]), release=str(release)))
     pods = wait_running(api, namespace, "llama")
     doomed = pods[0].spec.node_name
     taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
-    first = wait_for(lambda: (n := notices(api, namespace, "llama")) and all(n.values()) and n, 10,
+    first = wait_for(lambda: (n := notices(api, namespace, "llama")) and all(n.values()) and n, 30,
                      "notice on every pod")
     operator.kill()  # SIGKILL while the workers are still "saving"
     operator.start()
-    time.sleep(1)
-    still = {p.metadata.name: (p.metadata.annotations or {}).get("reprieve.dev/notice")
-             for p in job_pods(api, namespace, "llama") if p.metadata.labels["reprieve.dev/attempt"] == "1"}
-    assert all(first[n] == v for n, v in still.items()), still  # not re-delivered (if they are still there)
+    handled_afresh(operator, namespace, "llama", doomed)
+    still = job_pods(api, namespace, "llama")
+    assert {p.metadata.labels["reprieve.dev/attempt"] for p in still} == {"1"}, "released too early"
+    # It may finish recording the delivery it was killed in ("0 pods annotated"), never annotate again.
+    annotated = re.findall(r"\((\d+) pods annotated", operator.log_path.read_text())
+    assert notices(api, namespace, "llama") == first and set(annotated) <= {"0"}, \
+        f"the restarted operator delivered the notice again ({annotated} pods annotated)"
+    release.touch()
     wait_running(api, namespace, "llama", attempt=2, timeout=90)
     operator.restart()
-    time.sleep(3)
+    handled_afresh(operator, namespace, "llama", doomed)
     st = status(api, namespace, "llama")
     assert st["attempt"] == 2 and st["restartCount"] == 1
     assert st["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}
