@@ -17,7 +17,7 @@ import os
 import socket
 import threading
 from collections.abc import Mapping
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from . import layout, wire
 from .layout import CopyName
@@ -26,6 +26,7 @@ from .store import CopyBusyError, CopyRefusedError, MemoryDir, verify
 
 log = logging.getLogger(__name__)
 
+CRASH_ENV = "REPRIEVE_MEMTIER_TEST_CRASH_AT"  # test-only: "receive:<step>" dies half-way through that receive
 RECEIVE_LOCK_TIMEOUT_S = 120.0  # a receive waits this long for the copy in flight in this pod to commit
 IDLE_TIMEOUT_S = 60.0  # a connection that sends nothing for this long is dropped
 
@@ -72,7 +73,7 @@ class ReplicaServer:
     def _handle(self, conn: socket.socket, peer: str) -> None:
         conn.settimeout(IDLE_TIMEOUT_S)
         try:
-            with conn, conn.makefile("rb", buffering=1 << 16) as rfile:
+            with conn, cast(BinaryIO, conn.makefile("rb", buffering=1 << 16)) as rfile:
                 where = f"replica request from {peer}"
                 try:
                     header = wire.recv_line(rfile, where)
@@ -123,6 +124,10 @@ class ReplicaServer:
                     with open(os.path.join(tmp, layout.DATA_FILE), "r+b") as fh, \
                             mmap.mmap(fh.fileno(), n_data, flags=mmap.MAP_SHARED) as mem:
                         with memoryview(mem) as view:
+                            if os.environ.get(CRASH_ENV) == f"receive:{name.step}":  # test-only fault injection
+                                wire.recv_exact(rfile, view[:n_data // 2], where)
+                                log.error("test fault injection: dying half-way through receiving %s", name)
+                                os._exit(86)
                             wire.recv_exact(rfile, view, where)
                         verify(mem, manifest, where=where)
                 self.dir.commit(tree, name, manifest)

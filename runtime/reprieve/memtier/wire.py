@@ -25,7 +25,7 @@ import contextlib
 import json
 import socket
 from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 MAX_LINE = 1 << 20
 TOKEN_ENV = "REPRIEVE_MEMORY_TOKEN"
@@ -98,7 +98,7 @@ class Client:
             if self.token:
                 header["token"] = self.token
             send_line(sock, header)
-            with sock.makefile("rb", buffering=1 << 16) as rfile:
+            with cast(BinaryIO, sock.makefile("rb", buffering=1 << 16)) as rfile:
                 yield sock, rfile
         except OSError as err:
             raise WireError(f"{where}: {err}") from None
