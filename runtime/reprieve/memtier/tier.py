@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..coordination import Coordinator
+from ..coordination import CoordinationTimeout, Coordinator
 from . import layout, schedule, wire
 from .config import MemoryConfig
 from .layout import CopyName
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 _KV = "reprieve/mem"
 SEND_TIMEOUT_S = 120.0
+CLOSE_WAIT_S = 5.0
 
 
 class MemoryLimitError(ValueError):
@@ -107,6 +108,7 @@ class MemoryTier:
         self.peer = cfg.peer
         self._staging = save_mod.Staging()
         self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
         self._disabled: str | None = None
         self._checked = False  # the state was checked against the limit (at the first save)
         self.base: tuple[int, int] | None = None  # what this attempt restored from (set by the restore)
@@ -265,10 +267,20 @@ class MemoryTier:
                  every, plan.start, cost, step_s)
 
     def _await_schedule(self) -> None:
-        try:
-            self.schedule = schedule.Schedule.from_json(self.coord.get(f"{_KV}/a{self.attempt}/schedule", 600.0))
-        except Exception as err:  # noqa: BLE001
-            log.warning("memory: no save schedule from process 0 (%s): no further memory saves", err)
+        """Wait (in the background thread) for process 0's schedule; gives up when the tier closes."""
+        key, deadline = f"{_KV}/a{self.attempt}/schedule", time.monotonic() + 600.0
+        while not self._closing.is_set():
+            try:
+                self.schedule = schedule.Schedule.from_json(self.coord.get(key, 1.0))
+                return
+            except CoordinationTimeout:
+                if time.monotonic() > deadline:
+                    break
+            except Exception as err:  # noqa: BLE001 - no schedule: no further memory saves, training goes on
+                log.warning("memory: no save schedule from process 0 (%s): no further memory saves", err)
+                return
+        if not self._closing.is_set():
+            log.warning("memory: no save schedule from process 0 within 600 s: no further memory saves")
 
     def _publish_progress(self) -> None:
         try:
@@ -291,9 +303,15 @@ class MemoryTier:
             self._thread.join(timeout_s)
 
     def close(self) -> None:
-        """Let the copy in the background finish (bounded), then stop serving (outside reprieve-run)."""
-        self.wait(SEND_TIMEOUT_S)
-        self._staging.close()
+        """Give the copy in the background a few seconds to finish (a process on its way out does not wait for a
+        slow peer: a torn copy is never used), then stop serving (outside reprieve-run)."""
+        self._closing.set()
+        self.wait(CLOSE_WAIT_S)
+        if self._thread is not None and self._thread.is_alive():
+            log.info("memory: leaving with the copy of step %s still in the background (not used anywhere)",
+                     self._thread.name.rsplit("-", 1)[-1])
+        else:
+            self._staging.close()
         if self.server is not None:
             self.server.close()
 
