@@ -64,7 +64,7 @@ def test_defaults_and_names_agree() -> None:
 def test_the_docs_list_the_memory_environment() -> None:
     text = (ROOT / "docs/contract.md").read_text()
     section = text.split("## Memory tier", 1)[1].split("\n## ", 1)[0]
-    listed = set(re.findall(r"^\| `(REPRIEVE_[A-Z_]+)` \|", section, flags=re.M))
+    listed = set(re.findall(r"^\| `(REPRIEVE_[A-Z_]+)` \|", section, flags=re.MULTILINE))
     assert listed == set(TABLE["operator_sets"])
     for field in TABLE["progress_fields"]:
         assert f"`{field}`" in section

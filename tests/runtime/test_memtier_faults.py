@@ -177,3 +177,21 @@ def test_a_peer_lost_while_it_receives_a_copy(tmp_path: Path, base: Path) -> Non
         server.wait(10)
     # process 1 reads its own rows at home, but the replicated leaves' replica 0 was process 0's: from the spare
     assert restored(gang.logs) == ["14", "peer", "peer"]
+
+
+def test_a_time_schedule_is_the_same_steps_on_every_process(tmp_path: Path, base: Path) -> None:
+    """``REPRIEVE_MEMORY_INTERVAL_SECONDS``: process 0 turns it into steps once (after the first save) and every
+    process saves the same steps; a restore after a loss finds a complete step."""
+    pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
+    every_half_second = {i: {"REPRIEVE_MEMORY_INTERVAL_SECONDS": "0.5", "WORKER_STEP_SECONDS": "0.02"} for i in range(2)}
+    gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=120, mem_every=0, ckpt_every=0, extra=every_half_second)
+    codes = gang.wait(180)
+    assert codes == [0, 0], gang.tail(40)
+    m = re.search(r"memory saves every (\d+) steps from step (\d+)", gang.logs[0].read_text())
+    assert m, gang.tail(40)
+    every, start = int(m.group(1)), int(m.group(2))
+    assert 5 <= every <= 50 and start <= 119 - every, (every, start)
+    newest = start + (119 - start) // every * every
+    for pod in pods:
+        assert max(p.name for p in (pod.mem / "own").iterdir()).startswith(f"s{newest:010d}_a1_p"), pod
+    assert [p.name for p in (pods[0].mem / "peer").iterdir()] == [str(CopyName(newest, 1, 1))]
