@@ -50,7 +50,7 @@ def new_pod(base: Path, name: str) -> Pod:
 
 
 def launch(workdir: Path, pods: list[Pod], peers: dict[int, Pod | None], *, attempt: int, steps: int = 30,
-           stop_at: int = -1, die: int = -1, mem_every: int = 5, ckpt_every: int = 10,
+           stop_at: int = -1, hold_at: int = -1, mem_every: int = 5, ckpt_every: int = 10,
            extra: dict[int, dict[str, str]] | None = None) -> Gang:
     """Process ``i`` runs in ``pods[i]`` and sends its copies to ``peers[i]``."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -70,7 +70,7 @@ def launch(workdir: Path, pods: list[Pod], peers: dict[int, Pod | None], *, atte
             "REPRIEVE_MEMORY_DIR": str(pod.mem), "REPRIEVE_MEMORY_PORT": str(pod.port),
             "REPRIEVE_MEMORY_INTERVAL_STEPS": str(mem_every),
             "WORKER_DIR": str(workdir), "WORKER_STEPS": str(steps), "WORKER_STOP_AT": str(stop_at),
-            "WORKER_DIE": str(die),
+            "WORKER_HOLD_AT": str(hold_at),
         })
         peer = peers.get(i)
         if peer is not None:
@@ -85,8 +85,9 @@ def launch(workdir: Path, pods: list[Pod], peers: dict[int, Pod | None], *, atte
 
 
 def run_until_stopped(gang: Gang, n: int, *, die: int = -1, timeout_s: float = 120) -> None:
-    """Wait until every process stopped at its step (and ``die`` is dead), then kill the gang: the operator's
-    restart after a node lost without notice."""
+    """Wait until every process stopped at its step, SIGKILL process ``die`` (its node lost without notice: only
+    now, so that no survivor is aborted by the coordination service before it stopped), then kill the gang: the
+    operator's restart after the loss."""
     limit = time.monotonic() + timeout_s
     for i in range(n):
         marker = gang.workdir / f"stopped-{i}"
@@ -96,8 +97,8 @@ def run_until_stopped(gang: Gang, n: int, *, die: int = -1, timeout_s: float = 1
                 raise AssertionError(f"process {i} never stopped\n{gang.tail(40)}")
             time.sleep(0.05)
     if die >= 0:
-        gang.procs[die].wait(30)
-        assert gang.procs[die].returncode == -9, gang.tail(40)
+        gang.procs[die].kill()
+        assert gang.procs[die].wait(30) == -9, gang.tail(40)
     gang.kill()
     for i in range(n):
         (gang.workdir / f"stopped-{i}").unlink()

@@ -48,7 +48,7 @@ def ring(pods: list[Pod]) -> dict[int, Pod | None]:
 
 def test_a_process_lost_without_notice_restores_from_its_peers_memory(tmp_path: Path, base: Path) -> None:
     pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
-    gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=TOTAL, stop_at=14, die=1)
+    gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=TOTAL, stop_at=14)
     run_until_stopped(gang, 2, die=1)
     pods[1].lose()
     pods[1] = new_pod(base, "pod-1b")  # the replacement: another node, empty memory
@@ -76,7 +76,7 @@ def test_a_process_and_its_peer_lost_together_fall_back_to_storage(tmp_path: Pat
     """Three pods in a ring (0 -> 1 -> 2 -> 0): losing process 1 and the pod holding its replica (pod 2) loses
     process 1's step 14 everywhere; the gang restores storage's step 9, and ends bit-identical."""
     pods = [new_pod(base, f"pod-{i}") for i in range(3)]
-    gang = launch(tmp_path, pods, {0: pods[1], 1: pods[2], 2: pods[0]}, attempt=1, steps=TOTAL, stop_at=14, die=1)
+    gang = launch(tmp_path, pods, {0: pods[1], 1: pods[2], 2: pods[0]}, attempt=1, steps=TOTAL, stop_at=14)
     run_until_stopped(gang, 3, die=1)
     for i in (1, 2):
         pods[i].lose()
@@ -92,7 +92,7 @@ def test_a_storage_step_fills_in_only_the_processes_memory_lacks(tmp_path: Path,
     the others keep reading memory (mixed), instead of sending the whole gang to storage."""
     pods = [new_pod(base, f"pod-{i}") for i in range(3)]
     peers = {0: pods[1], 1: pods[2], 2: pods[0]}
-    gang = launch(tmp_path, pods, peers, attempt=1, steps=TOTAL, stop_at=14, die=1, ckpt_every=5)
+    gang = launch(tmp_path, pods, peers, attempt=1, steps=TOTAL, stop_at=14, ckpt_every=5)
     run_until_stopped(gang, 3, die=1)
     for i in (1, 2):
         pods[i].lose()
@@ -156,15 +156,19 @@ def test_a_peer_lost_while_it_receives_a_copy(tmp_path: Path, base: Path) -> Non
             return subprocess.Popen([sys.executable, "-m", "reprieve.memtier.server", "--dir", str(spare.mem),
                                      "--port", str(spare.port)], env=env, stdout=subprocess.PIPE, stderr=log)
 
-    server = serve(crash=True)
-    assert server.stdout is not None and server.stdout.readline().strip().decode() == spare.address
-    gang = launch(tmp_path, pods, {0: spare, 1: pods[0]}, attempt=1, steps=TOTAL, stop_at=14,
-                  extra={i: {"WORKER_STEP_SECONDS": "0.25"} for i in range(2)})
+    def serving(server: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+        assert server.stdout is not None and server.stdout.readline().strip().decode() == spare.address
+        return server
+
+    server = serving(serve(crash=True))
+    # the gang holds after step 9 until the spare's supervisor has restarted its server (the file "go")
+    gang = launch(tmp_path, pods, {0: spare, 1: pods[0]}, attempt=1, steps=TOTAL, stop_at=14, hold_at=9)
     try:
         assert server.wait(60) == 86, "the replica server did not die half-way through step 9"
         held = sorted(e.name for e in (spare.mem / "peer").iterdir())
         assert held == [str(CopyName(4, 1, 0)), str(CopyName(9, 1, 0).in_flight)], held  # step 9 torn, unlisted
-        server = serve(crash=False)
+        server = serving(serve(crash=False))
+        (tmp_path / "go").touch()
         run_until_stopped(gang, 2)
         assert [e.name for e in (spare.mem / "peer").iterdir()] == [str(CopyName(14, 1, 0))]
         assert "not replicated to " + spare.address in gang.logs[0].read_text()
@@ -187,10 +191,11 @@ def test_a_time_schedule_is_the_same_steps_on_every_process(tmp_path: Path, base
     gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=120, mem_every=0, ckpt_every=0, extra=every_half_second)
     codes = gang.wait(180)
     assert codes == [0, 0], gang.tail(40)
-    m = re.search(r"memory saves every (\d+) steps from step (\d+)", gang.logs[0].read_text())
+    m = re.search(r"memory saves every (\d+) steps from step (\d+) \(.*a step takes ([\d.]+)s\)",
+                  gang.logs[0].read_text())
     assert m, gang.tail(40)
-    every, start = int(m.group(1)), int(m.group(2))
-    assert 5 <= every <= 50 and start <= 119 - every, (every, start)
+    every, start, step_s = int(m.group(1)), int(m.group(2)), float(m.group(3))
+    assert abs(every - 0.5 / step_s) <= 1 and start <= 119, (every, start, step_s)  # 0.5 s of measured steps
     newest = start + (119 - start) // every * every
     for pod in pods:
         assert max(p.name for p in (pod.mem / "own").iterdir()).startswith(f"s{newest:010d}_a1_p"), pod

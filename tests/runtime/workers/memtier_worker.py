@@ -7,10 +7,14 @@ small-float arithmetic, so the state after ``s`` steps is known in closed form (
 position is the number of batches taken (the same on every process), saved with every copy.
 
 ``WORKER_STOP_AT=S``: after step ``S`` every process waits until its memory copy of ``S`` is committed (and
-replicated, with a peer), writes ``stopped-<pid>``, and then hangs: the test kills the gang, as a node lost
-without notice and the operator's gang restart would. ``WORKER_DIE=<pid>`` makes that process SIGKILL itself
-there instead. At the end each process writes ``final-<pid>.json``: its rows of ``w``, ``b``, ``n``, the data
-position and where the restore read from.
+replicated, with a peer), writes ``stopped-<pid>``, and then hangs: the test makes the loss (a node lost without
+notice) only once every process has stopped, then kills the gang as the operator's gang restart would. (A process
+that died earlier would abort the others through the coordination service's heartbeat before they stopped.)
+``WORKER_HOLD_AT=S``: after step ``S``'s save every process waits for the file ``go`` (the test changes something
+meanwhile). Before every save a process waits for its previous memory copy to finish in the background, so that
+every due memory save happens (on a busy machine one would otherwise be skipped, which the tier allows; the faults
+under test are about restores). At the end each process writes ``final-<pid>.json``: its rows of ``w``, ``b``,
+``n``, the data position and where the restore read from.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -63,7 +66,7 @@ def main() -> None:
     workdir = Path(os.environ["WORKER_DIR"])
     total = int(os.environ.get("WORKER_STEPS", "30"))
     stop_at = int(os.environ.get("WORKER_STOP_AT", "-1"))
-    die = int(os.environ.get("WORKER_DIE", "-1"))
+    hold_at = int(os.environ.get("WORKER_HOLD_AT", "-1"))
     step_seconds = float(os.environ.get("WORKER_STEP_SECONDS", "0.02"))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
@@ -88,9 +91,13 @@ def main() -> None:
         next(batches)
         state = jax.block_until_ready(train(state))
         time.sleep(step_seconds)
+        if tier is not None:
+            tier.wait()
         job.save(step, state, data=batches)
+        if step == hold_at:
+            _hold(workdir / "go")
         if step == stop_at:
-            _stop(job, tier, step, pid, die, workdir)
+            _stop(job, tier, step, pid, workdir)
     local = np.concatenate([np.asarray(s.data) for s in sorted(state["w"].addressable_shards,
                                                                    key=lambda s: s.index[0].start or 0)])
     first = min(s.index[0].start or 0 for s in state["w"].addressable_shards)
@@ -99,18 +106,24 @@ def main() -> None:
         "n": int(state["n"]), "taken": batches.taken, "restored_from": job.loop.restored_from}))
 
 
-def _stop(job: Any, tier: Any, step: int, pid: int, die: int, workdir: Path) -> None:
-    job.checkpointer.wait()  # a storage save of this step is committed on every process
-    deadline = time.monotonic() + 60
-    while tier is not None and time.monotonic() < deadline:
-        done = tier.replicated_step if tier.peer is not None else tier.saved_step
-        if done is not None and done >= step:
-            break
+def _hold(go: Path) -> None:
+    deadline = time.monotonic() + 120
+    while not go.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{go} did not appear within 120 s")
         time.sleep(0.02)
+
+
+def _stop(job: Any, tier: Any, step: int, pid: int, workdir: Path) -> None:
+    job.checkpointer.wait()  # a storage save of this step is committed on every process
+    if tier is not None:
+        tier.wait()  # the copy of this step is committed here, and sent to the peer (or failed to be)
+        done = tier.replicated_step if tier.peer is not None else tier.saved_step
+        if done != step:
+            raise SystemExit(f"process {pid}: the memory copy of step {step} was not "
+                             f"{'replicated' if tier.peer is not None else 'saved'} (newest: {done})")
     (workdir / f"stopped-{pid}").write_text(str(step))
     logging.getLogger("memtier_worker").info("stopped after step %d", step)
-    if pid == die:
-        os.kill(os.getpid(), signal.SIGKILL)
     while True:
         time.sleep(1)
 
