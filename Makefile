@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml operator/pyproject.toml | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest
 PYTEST_ARGS ?=
+# pytest-xdist workers for the tiers that wait on clusters and processes (tests/budget.toml has the budget): the
+# real-node tests share one worker (one real-node cluster); the others spread over the rest.
+TEST_WORKERS ?= 3
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: all venv tools images real-tier monitoring-tier lock test test-jax-range test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean
 
@@ -54,10 +58,10 @@ test-unit: venv
 	$(PYTEST) -m unit -q $(PYTEST_ARGS)
 
 test-integration: venv tools
-	$(PYTEST) -m integration $(PYTEST_ARGS)
+	$(PYTEST) -m integration $(XDIST) $(PYTEST_ARGS)
 
 test-e2e: venv tools real-tier monitoring-tier
-	$(PYTEST) -m e2e $(PYTEST_ARGS)
+	$(PYTEST) -m e2e $(XDIST) $(PYTEST_ARGS)
 
 ## test-jax-range: the runtime's tests on the oldest supported JAX (its own venv) and on the newest (the one
 ## `make venv` resolves); the range is stated in docs/runtime.md
@@ -81,7 +85,7 @@ test-realnodes: venv tools real-tier
 
 ## test: every tier, all set-up included
 test: venv tools real-tier monitoring-tier
-	$(PYTEST) $(PYTEST_ARGS)
+	$(PYTEST) $(XDIST) $(PYTEST_ARGS)
 
 ## demo: the main job on the local cluster (real nodes; DEMO_ARGS=--process-nodes for process kubelets)
 demo: venv tools real-tier

@@ -29,8 +29,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+DEVICES_KNOWN = "first_step.py: the devices are known"
 
 CHILD = r'''
 import importlib.util, json, os, sys, time
@@ -41,6 +43,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 events = {}
 mon.register_event_duration_secs_listener(lambda e, s, **kw: events.setdefault(e, []).append(s))
+mon.register_event_duration_secs_listener(  # which functions were traced (fun_name), not only how long it took
+    lambda e, s, **kw: events.setdefault(e + "#names", []).append(str(kw.get("fun_name"))))
 from reprieve.bootstrap import enable_compilation_cache  # the cache exactly as a restarted attempt has it
 from reprieve.config import RuntimeConfig
 assert enable_compilation_cache(RuntimeConfig.from_env({"REPRIEVE_COMPILATION_CACHE_DIR": os.environ["CACHE"]}))
@@ -67,6 +71,7 @@ def restore(abstract):
     return manager.restore(abstract)[1]
 
 jax.devices()
+print(DEVICES_KNOWN, file=sys.stderr, flush=True)  # JAX's cache-miss explanations after this are the restart's
 events.clear()
 t0 = time.perf_counter()  # the devices are known: what a restarted attempt spends from here to its first step
 mesh = Mesh(np.array(jax.devices()), ("data",))
@@ -108,21 +113,32 @@ def total(key):
 print(json.dumps({"pretrace": pretrace, "first": first, "second": second, "restore": restored, "to_first": to_first,
                   "first_lowerings": lowered.count,
                   "trace": total("/jax/core/compile/jaxpr_trace_duration"),
+                  "traced": events.get("/jax/core/compile/jaxpr_trace_duration#names", []),
                   "lower": total("/jax/core/compile/jaxpr_to_mlir_module_duration"),
                   "cache_read": total("/jax/compilation_cache/cache_retrieval_time_sec"),
                   "cache_hits": len(events.get("/jax/compilation_cache/cache_retrieval_time_sec", []))}))
 '''
 
 
-def child(mode: str, cache: Path, devices: int) -> dict[str, float]:
+def child(mode: str, cache: Path, devices: int, *, explain: bool = False) -> dict[str, Any]:
+    """One fresh process in ``mode``; its JSON line. ``explain``: with ``JAX_EXPLAIN_CACHE_MISSES``, and
+    ``step_traces`` counts the example's functions traced once the devices were known (a tracing-cache miss
+    of a function defined in train_lm.py: the step traced again, where a trace made ahead was not found)."""
     env = dict(os.environ, MODE=mode, CACHE=str(cache), CKPT=str(cache.parent / "ckpt"), DEVICES=str(devices),
                EXAMPLE=str(ROOT / "examples" / "train_lm.py"),
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600,
-                         check=False)
+    if explain:
+        env["JAX_EXPLAIN_CACHE_MISSES"] = "1"
+    out = subprocess.run([sys.executable, "-c", CHILD.replace("DEVICES_KNOWN", repr(DEVICES_KNOWN))], env=env,
+                         capture_output=True, text=True, timeout=600, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{mode} run failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    if explain:
+        after = out.stderr.split(DEVICES_KNOWN, 1)[1]
+        misses = [block.splitlines()[:3] for block in after.split("TRACING CACHE MISS")[1:]]
+        result["step_traces"] = sum("train_lm.py" in "\n".join(lines) for lines in misses)
+    return result
 
 
 def main() -> int:

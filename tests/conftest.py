@@ -107,15 +107,47 @@ def prometheus_binary() -> str:
     return path
 
 
+NOT_RUN_TIERS = {"REAL-NODE TIER NOT RUN": "REAL-NODE TIER", "DASHBOARD TIER NOT RUN": "DASHBOARD TIER"}
+HOW_TO = {"REAL-NODE TIER": "Its tests (marker 'realnodes') were skipped. On Debian 12 as root `make test` installs "
+                            "what the tier needs; see docs/local-cluster.md, section 'Real nodes'."}
+_not_run: dict[str, str] = {}  # tier -> why, gathered from the reports (so it works under pytest-xdist too)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.budget import BudgetPlugin
+
+    if not hasattr(config, "workerinput"):  # the xdist controller (or a plain run) reports; workers only run
+        config.pluginmanager.register(BudgetPlugin(config), "reprieve-budget")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    from tests.budget import check_tiers, why_long
+
+    check_tiers(items)
+    for item in items:
+        item.user_properties.append(("why_long", why_long(item)))
+        # One real-node cluster per run (its network namespace, containerd per node, images): under
+        # pytest-xdist every test that uses it goes to the same worker.
+        if "real_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("realnodes"))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if not (report.skipped or report.failed) or not report.longrepr:
+        return
+    # a skip's longrepr is (path, line, "Skipped: <message>"); a failure's renders to text
+    text = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    for marker, tier in NOT_RUN_TIERS.items():
+        if marker + ": " in text:
+            _not_run.setdefault(tier, text.split(marker + ": ", 1)[1].splitlines()[0])
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if "not_run" in _dashboard_tier:
-        terminalreporter.section("DASHBOARD TIER: NOT RUN", sep="!", red=True, bold=True)
-        terminalreporter.line(_dashboard_tier["not_run"])
-    if "not_run" in _real_tier:
-        terminalreporter.section("REAL-NODE TIER: NOT RUN", sep="!", red=True, bold=True)
-        terminalreporter.line(_real_tier["not_run"])
-        terminalreporter.line("Its tests (marker 'realnodes') were skipped. On Debian 12 as root `make test` installs "
-                              "what the tier needs; see docs/local-cluster.md, section 'Real nodes'.")
+    for tier, why in _not_run.items():
+        terminalreporter.section(f"{tier}: NOT RUN", sep="!", red=True, bold=True)
+        terminalreporter.line(why)
+        if tier in HOW_TO:
+            terminalreporter.line(HOW_TO[tier])
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,13 @@ OPERATOR_SETS = set(TABLE["env"]["operator_sets"])
 RUNTIME_ONLY = set(TABLE["env"]["runtime_only"])
 SUPERVISOR_READS = set(TABLE["env"]["supervisor_reads"])
 SUPERVISOR_SETS = set(TABLE["env"]["supervisor_sets"])
+SUPERVISOR_KNOBS = set(TABLE["env"]["supervisor_knobs"])
+TESTING = set(TABLE["env"]["testing"])
+ELSEWHERE = set(TABLE["env"]["elsewhere"])
+MEMORY = set(TABLE["memory"]["operator_sets"])  # the memory tier's (tests/runtime/test_memtier_contract.py)
+MEMORY_FROM_SUPERVISOR = set(TABLE["memory"]["supervisor_sets"])
 D = TABLE["defaults"]
+CODES = TABLE["restart_exit_code"]
 
 
 class _Recording(Mapping[str, str]):
@@ -63,10 +69,13 @@ def test_the_operator_sets_exactly_the_contract_environment() -> None:
 
 
 def test_the_runtime_reads_every_contract_variable_and_no_unlisted_one() -> None:
+    from reprieve.checkpoint.layout import Location
+    from reprieve.checkpoint.spec import kvstore_spec
     from reprieve.config import RuntimeConfig
 
     env = _Recording({})
     RuntimeConfig.from_env(env)
+    kvstore_spec(Location("s3", "bucket", ""), env=env)  # the checkpoint storage's own variable
     asked = {n for n in env.asked if n.startswith("REPRIEVE_")}
     assert OPERATOR_SETS - SUPERVISOR_READS - asked == set(), "the runtime ignores variables the operator sets"
     assert asked - OPERATOR_SETS - RUNTIME_ONLY == set(), "the runtime reads variables docs/contract.toml lacks"
@@ -97,6 +106,83 @@ def test_defaults_agree_on_both_sides() -> None:
     assert wrong == {}, wrong
     assert (RESTART_CODE_MIN, RESTART_CODE_MAX) == (TABLE["restart_exit_code"]["min"],
                                                     TABLE["restart_exit_code"]["max"])
+
+
+def test_one_reader_knows_exactly_the_tables_names() -> None:
+    """reprieve.env is the one reader of REPRIEVE_* variables: what it may read is what the table lists for the
+    runtime's side (the trainer, the supervisor, what the supervisor hands its children, the tests' hooks)."""
+    from reprieve import env
+
+    runtime_side = (OPERATOR_SETS | RUNTIME_ONLY | SUPERVISOR_KNOBS | SUPERVISOR_SETS | TESTING | MEMORY
+                    | MEMORY_FROM_SUPERVISOR)
+    assert env.READS == runtime_side, {"only in reprieve.env": env.READS - runtime_side,
+                                       "only in the table": runtime_side - env.READS}
+    assert env.ELSEWHERE == ELSEWHERE
+    assert env.SUPERVISOR == SUPERVISOR_KNOBS | SUPERVISOR_READS
+    assert (env.MEMORY, env.FROM_SUPERVISOR_MEMORY) == (MEMORY, MEMORY_FROM_SUPERVISOR)
+    assert not env.READS & env.ELSEWHERE
+
+
+_READ_OUTSIDE_THE_READER = re.compile(r"""(?:environ|env)(?:\.get\(|\[|\.pop\()\s*["']REPRIEVE_""")
+
+
+def test_no_runtime_module_parses_a_reprieve_variable_itself() -> None:
+    """Every REPRIEVE_* name the runtime's source mentions is one the reader knows, and no module but
+    reprieve/env.py looks one up by its literal name (os.environ.get("REPRIEVE_...") and the like)."""
+    from reprieve import env
+
+    unknown, direct = {}, []
+    for path in sorted((ROOT / "runtime/reprieve").rglob("*.py")):
+        text = path.read_text()
+        names = set(re.findall(r"\bREPRIEVE_[A-Z0-9_]*[A-Z0-9]\b", text))
+        known = env.READS | (env.ELSEWHERE if path.name == "env.py" else frozenset())
+        if names - known:
+            unknown[path.name] = sorted(names - known)
+        if path.name != "env.py" and _READ_OUTSIDE_THE_READER.search(text):
+            direct.append(path.name)
+    assert unknown == {}, "runtime modules mention REPRIEVE_* names reprieve.env does not know"
+    assert direct == [], "these modules read REPRIEVE_* variables themselves instead of through reprieve.env.Env"
+
+
+def test_every_reprieve_name_in_the_tree_is_listed() -> None:
+    """So a name the table lacks cannot be mistaken for a misspelling (nor a misspelling for a name)."""
+    listed = (OPERATOR_SETS | RUNTIME_ONLY | SUPERVISOR_KNOBS | SUPERVISOR_SETS | TESTING | ELSEWHERE | MEMORY
+              | MEMORY_FROM_SUPERVISOR)
+    found: dict[str, str] = {}
+    for pattern in ("runtime/**/*.py", "operator/**/*.py", "hack/**/*.py", "hack/*.sh", "tests/**/*.py",
+                    "examples/*", "charts/**/*.yaml", "Makefile", "docs/*.md"):
+        for path in ROOT.glob(pattern):
+            if path.is_file() and path.name != "test_env.py":  # that one holds misspellings on purpose
+                for name in re.findall(r"\bREPRIEVE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")):
+                    found.setdefault(name, str(path.relative_to(ROOT)))
+    # docs/runtime.md shows the warning for the first, test_console.py provokes it with the second
+    misspelt_on_purpose = {"REPRIEVE_CHECKPOINT_INTERVAL", "REPRIEVE_CHECKPOINT_INTERVL_STEPS"}
+    missing = {n: where for n, where in found.items() if n not in listed | misspelt_on_purpose}
+    assert missing == {}, "REPRIEVE_* names used in the tree but missing from docs/contract.toml"
+    assert not misspelt_on_purpose & listed
+
+
+@pytest.mark.parametrize("code", sorted({0, 1, 2, CODES["min"] - 1, CODES["min"], 42, CODES["max"], CODES["max"] + 1,
+                                         126, 127, 134, 137, 143, 255}))
+def test_the_runtime_and_the_crd_accept_the_same_restart_codes(code: int) -> None:
+    """Both halves against the table: a code the CRD refuses is a ConfigError for the runtime, and the reverse."""
+    from pydantic import ValidationError
+    from reprieve.config import ConfigError, RuntimeConfig
+    from reprieve_operator.models import RestartPolicySpec
+
+    in_table = CODES["min"] <= code <= CODES["max"]
+    try:
+        RuntimeConfig.from_env({"REPRIEVE_RESTART_EXIT_CODE": str(code)})
+        runtime_accepts = True
+    except ConfigError as err:
+        runtime_accepts = False
+        assert f"must be between {CODES['min']} and {CODES['max']}" in str(err)
+    try:
+        RestartPolicySpec.model_validate({"restartExitCode": code})
+        operator_accepts = True
+    except ValidationError:
+        operator_accepts = False
+    assert (runtime_accepts, operator_accepts) == (in_table, in_table)
 
 
 def test_annotation_and_label_names_agree() -> None:
@@ -131,7 +217,7 @@ def test_the_docs_list_the_same_environment() -> None:
     assert documented == OPERATOR_SETS, {"only in docs": documented - OPERATOR_SETS,
                                          "only in the table": OPERATOR_SETS - documented}
     runtime_doc = (ROOT / "docs/runtime.md").read_text()
-    missing = {n for n in RUNTIME_ONLY if f"`{n}`" not in runtime_doc}
+    missing = {n for n in RUNTIME_ONLY | SUPERVISOR_KNOBS if f"`{n}`" not in runtime_doc}
     assert missing == set(), f"docs/runtime.md does not document {sorted(missing)}"
 
 

@@ -33,12 +33,17 @@ from typing import Any
 
 from .costs import EmulatedCosts
 from .pki import PKI, make_pki
+from .podip import address_space
 from .realnodes import RealNodes
 
 log = logging.getLogger("localcluster")
 
 REPO = Path(__file__).resolve().parents[2]
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+# A real node's launcher starts its kubelet once containerd holds the images: seconds from a node template, but the
+# first node of an image set imports them (up to several minutes with other clusters busy on 2 cores); the Node's
+# Ready timeout counts from the kubelet's start.
+REAL_NODE_IMPORT_TIMEOUT = 1200.0
 
 
 class ClusterError(RuntimeError):
@@ -316,7 +321,7 @@ class Cluster:
         elif kind == "process":
             args = [sys.executable, "-m", "localcluster.kubelet", "--kubeconfig", str(self.kubeconfig),
                     "--node", name, "--workdir", str(self.workdir / "nodes" / name),
-                    "--ca-file", str(self.pki.ca_crt)]
+                    "--ca-file", str(self.pki.ca_crt), "--address-space", self.address_space]
             for k, v in (labels or {}).items():
                 args += ["--label", f"{k}={v}"]
             if costs is not None:
@@ -342,6 +347,15 @@ class Cluster:
                                                      for p in logs if p.exists()])
 
         try:
+            if kind == "real":  # the first node of an image set imports the images (minutes on a busy machine)
+                launcher_log = self.workdir / "logs" / f"realnode-{name}.log"
+
+                def kubelet_started() -> bool:
+                    self._check_alive(proc)
+                    return launcher_log.exists() and "kubelet started" in launcher_log.read_text(errors="replace")
+
+                wait_until(kubelet_started, REAL_NODE_IMPORT_TIMEOUT, f"node {name}'s containerd and images",
+                           interval=0.5, on_timeout=tails)
             wait_until(ready, timeout, f"node {name} Ready", interval=0.2, on_timeout=tails)
         except ClusterError as err:
             if kind == "real":  # the launcher's error (containerd, image import, kubelet) with the logs
@@ -349,6 +363,11 @@ class Cluster:
                 raise ClusterError(f"real node {name}: {err}{tails() if 'exited' in str(err) else ''}") from None
             raise
         return name
+
+    @property
+    def address_space(self) -> str:
+        """Salt of this cluster's process pods' loopback addresses (:func:`localcluster.podip.address_space`)."""
+        return address_space(str(self.workdir))
 
     @property
     def real(self) -> RealNodes:

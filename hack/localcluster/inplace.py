@@ -18,6 +18,7 @@ from localcluster.kubelet import find_log
 from localcluster.testing import wait_for, wait_for_pod_phase
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+NOTICE_DIR = "/etc/reprieve"  # the pod's annotations as a downward-API file, mounted as the operator does
 
 
 def worker_rbac(namespace: str, job: str, pods: list[str]) -> list[dict[str, Any]]:
@@ -37,23 +38,26 @@ def worker_rbac(namespace: str, job: str, pods: list[str]) -> list[dict[str, Any
 
 def worker_pod(job: str, pod: str, command: list[str], out: Path, *, node: str, grace: int = 5,
                env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Process 0 of 1, attempt 1 in its environment (the first attempt); ``out`` is a hostPath at /out."""
+    """Process 0 of 1, attempt 1 in its environment (the first attempt); ``out`` is a hostPath at /out. The notice
+    reaches it both ways the operator's pods get it: the pod watch and the downward-API annotations file."""
     plain = {"REPRIEVE_JOB": job, "REPRIEVE_ATTEMPT": "1", "REPRIEVE_PROCESS_ID": "0", "REPRIEVE_NUM_PROCESSES": "1",
              "REPRIEVE_CONTRACT": "1", "REPRIEVE_TERMINATION_GRACE_SECONDS": str(grace),
              "REPRIEVE_SERVICEACCOUNT_DIR": SA_DIR, "REPRIEVE_CHECKPOINT_URI": "/out/ckpt", "OUT": "/out",
-             **(env or {})}
+             "REPRIEVE_NOTICE_FILE": f"{NOTICE_DIR}/annotations", **(env or {})}
     container = {
         "name": "main", "image": "ignored", "command": ["reprieve-run", "--", *command],
         "env": [{"name": "REPRIEVE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 {"name": "REPRIEVE_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 {"name": "REPRIEVE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                 *({"name": k, "value": v} for k, v in plain.items())],
-        "volumeMounts": [{"name": "out", "mountPath": "/out"}],
+        "volumeMounts": [{"name": "out", "mountPath": "/out"}, {"name": "podinfo", "mountPath": NOTICE_DIR}],
     }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "labels": {"reprieve.dev/job-name": job}},
             "spec": {"containers": [container], "restartPolicy": "Never", "serviceAccountName": f"{job}-worker",
                      "terminationGracePeriodSeconds": grace, "nodeName": node,
-                     "volumes": [{"name": "out", "hostPath": {"path": str(out), "type": "DirectoryOrCreate"}}]}}
+                     "volumes": [{"name": "out", "hostPath": {"path": str(out), "type": "DirectoryOrCreate"}},
+                                 {"name": "podinfo", "downwardAPI": {"items": [
+                                     {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}}]}}
 
 
 class SupervisedPod:

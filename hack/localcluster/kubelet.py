@@ -122,9 +122,11 @@ class Kubelet:
                  labels: dict[str, str] | None = None, capacity: dict[str, str] | None = None,
                  sync_period: float = 1.0, heartbeat_period: float = 10.0, ca_file: str | Path | None = None,
                  api_host: str = "127.0.0.1", api_port: int | None = None,
-                 parent_env: dict[str, str] | None = None, costs: EmulatedCosts | None = None) -> None:
+                 parent_env: dict[str, str] | None = None, costs: EmulatedCosts | None = None,
+                 address_space: str = "") -> None:
         self.api_client = api_client
         self.node_name = node_name
+        self.address_space = address_space
         self.workdir = Path(workdir)
         self.labels = dict(labels or {})
         self.capacity = {**DEFAULT_CAPACITY, **(capacity or {})}
@@ -260,7 +262,7 @@ class Kubelet:
         st = self._pods.get(meta["uid"])
         if st is None:
             paths = PodPaths.of(self.workdir, meta["namespace"], meta["name"], meta["uid"])
-            self._pods[meta["uid"]] = _Pod(pod=pod, paths=paths, ip=pod_ip(pod))
+            self._pods[meta["uid"]] = _Pod(pod=pod, paths=paths, ip=pod_ip(pod, self.address_space))
         else:
             st.pod = pod
 
@@ -388,7 +390,7 @@ class Kubelet:
             self._write_files(st, only_dynamic=False)
             ctx = EnvContext(node_name=self.node_name, pod_ip=st.ip, api_host=self.api_host,
                              api_port=self.api_port, parent_env=self.parent_env,
-                             subdomains=podio.subdomains(self.core, pod))
+                             subdomains=podio.subdomains(self.core, pod), address_space=self.address_space)
             st.plans = {c["name"]: launch_plan(pod, c, st.paths, ctx, st.objects) for c in containers}
         except (PodConfigError, FieldRefError) as e:
             if st.facts[0].waiting_message != str(e):
@@ -532,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", action="append", default=[], help="extra Node label KEY=VALUE (repeatable)")
     parser.add_argument("--capacity", action="append", default=[], help="capacity RESOURCE=QUANTITY (repeatable)")
     parser.add_argument("--ca-file", default=None, help="cluster CA (default: the kubeconfig's)")
+    parser.add_argument("--address-space", default="",
+                        help="salt of the pods' loopback addresses: unique per cluster on a host (podip.address_space)")
     parser.add_argument("--sync-period", type=float, default=1.0)
     parser.add_argument("--heartbeat-period", type=float, default=10.0)
     parser.add_argument("--emulate-pull-seconds", type=float, default=None,
@@ -549,7 +553,8 @@ def main(argv: list[str] | None = None) -> int:
     kubelet = Kubelet(api_client, args.node, Path(args.workdir), labels=_parse_pairs(args.label, "--label"),
                       capacity=_parse_pairs(args.capacity, "--capacity"), sync_period=args.sync_period,
                       heartbeat_period=args.heartbeat_period, ca_file=args.ca_file,
-                      costs=EmulatedCosts.from_env(args.emulate_pull_seconds, args.emulate_start_seconds))
+                      costs=EmulatedCosts.from_env(args.emulate_pull_seconds, args.emulate_start_seconds),
+                      address_space=args.address_space)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

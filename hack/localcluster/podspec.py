@@ -150,6 +150,7 @@ class EnvContext:
     passthrough: Collection[str] = PASSTHROUGH_ENV
     subdomains: Collection[str] = ()
     host_ip: str = "127.0.0.1"
+    address_space: str = ""  # the cluster's (podip.address_space)
 
 
 def _key_ref(pod: dict, kind: str, ref: dict, objects: Objects, what: str) -> str | None:
@@ -182,7 +183,7 @@ def container_env(pod: dict, container: dict, ctx: EnvContext, objects: Objects,
     }
 
     def rewrite(value: str) -> str:
-        return rewrite_paths(rewrite_dns(value, namespace, ctx.subdomains), mounts)
+        return rewrite_paths(rewrite_dns(value, namespace, ctx.subdomains, ctx.address_space), mounts)
 
     for source in container.get("envFrom") or []:
         prefix = source.get("prefix", "")
@@ -337,7 +338,7 @@ def launch_plan(pod: dict, container: dict, paths: PodPaths, ctx: EnvContext, ob
     if not words:
         raise PodConfigError(f"{_pod_label(pod)}: container {container.get('name')!r} has no command or args; "
                              "the process kubelet ignores images, so it has no entrypoint to run")
-    argv = [rewrite_paths(rewrite_dns(expand(w, env), namespace, ctx.subdomains), mounts) for w in words]
+    argv = [rewrite_paths(rewrite_dns(expand(w, env), namespace, ctx.subdomains, ctx.address_space), mounts) for w in words]
     cwd = paths.root
     if container.get("workingDir"):
         mapped = rewrite_paths(container["workingDir"], mounts)

@@ -216,11 +216,14 @@ def example_job(name: str, *, replicas: int = 2, steps: int = 300, step_sleep: f
                 interval: int = 50, checkpoint_dir: Path, node_selector: dict[str, str] | None = None,
                 devices_per_process: int = 2, extra_env: dict[str, str] | None = None,
                 max_failures: int | None = None, image: str | None = None,
-                requests: dict[str, str] | None = None) -> dict[str, Any]:
+                requests: dict[str, str] | None = None, compilation_cache: Path | None = None) -> dict[str, Any]:
     """``examples/trainingjob.yaml`` adapted to the local cluster: the checkpoint directory at ``/ckpt`` through
     a hostPath volume (shared by every node of this host). For process nodes (``image=None``) the repository is
     mounted at ``/app``; for real nodes ``image`` is the example image built from ``examples/Dockerfile``, which
-    holds the trainer at ``/app/examples``, and ``/ckpt`` is made writable for its non-root user."""
+    holds the trainer at ``/app/examples``, and ``/ckpt`` is made writable for its non-root user.
+
+    ``compilation_cache``: a host directory mounted at ``/xla-cache`` and used as the JAX compilation cache instead
+    of one under the job's own ``/ckpt`` (jobs of the same shape then compile their programs once between them)."""
     body = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     body["metadata"]["name"] = name
     spec = body["spec"]
@@ -234,6 +237,7 @@ def example_job(name: str, *, replicas: int = 2, steps: int = 300, step_sleep: f
     env = {e["name"]: e for e in container.get("env", [])}
     values = {"TRAIN_STEPS": str(steps), "TRAIN_STEP_SLEEP": str(step_sleep), "TRAIN_RESULT": "/ckpt/result.json",
               "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}",
+              **({"REPRIEVE_COMPILATION_CACHE_DIR": "/xla-cache"} if compilation_cache is not None else {}),
               **(extra_env or {})}
     for k, v in values.items():
         env[k] = {"name": k, "value": v}
@@ -241,15 +245,20 @@ def example_job(name: str, *, replicas: int = 2, steps: int = 300, step_sleep: f
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     volumes = [{"name": "ckpt", "hostPath": {"path": str(checkpoint_dir), "type": "Directory"}}]
     mounts = [{"name": "ckpt", "mountPath": "/ckpt"}]
+    if compilation_cache is not None:
+        compilation_cache.mkdir(parents=True, exist_ok=True)
+        compilation_cache.chmod(0o777)  # written by the example image's non-root user on real nodes
+        volumes.append({"name": "xla-cache", "hostPath": {"path": str(compilation_cache), "type": "Directory"}})
+        mounts.append({"name": "xla-cache", "mountPath": "/xla-cache"})
     if image is None:
         volumes.append({"name": "app", "hostPath": {"path": str(REPO), "type": "Directory"}})
         mounts.append({"name": "app", "mountPath": "/app"})
     else:
         container["image"] = image
         checkpoint_dir.chmod(0o777)  # the image runs as uid 65532; hostPath volumes keep host permissions
-    pod["volumes"] = [v for v in pod.get("volumes", []) if v["name"] not in ("app", "ckpt")] + volumes
-    container["volumeMounts"] = [m for m in container.get("volumeMounts", [])
-                                 if m["name"] not in ("app", "ckpt")] + mounts
+    ours = {v["name"] for v in volumes}
+    pod["volumes"] = [v for v in pod.get("volumes", []) if v["name"] not in ours] + volumes
+    container["volumeMounts"] = [m for m in container.get("volumeMounts", []) if m["name"] not in ours] + mounts
     if node_selector:
         pod["nodeSelector"] = node_selector
     if requests:

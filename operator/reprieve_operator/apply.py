@@ -22,6 +22,7 @@ from .models import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 def _raw(response: Any) -> Any:
@@ -48,27 +49,41 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kwargs))
 
 
-def _create_fn(api: Api, kind: str) -> Any:
-    return {
-        "Pod": api.core.create_namespaced_pod,
-        "Service": api.core.create_namespaced_service,
-        "ServiceAccount": api.core.create_namespaced_service_account,
-        "Role": api.rbac.create_namespaced_role,
-        "RoleBinding": api.rbac.create_namespaced_role_binding,
-    }[kind]
+def tolerate(call: Callable[[], T], status: int, otherwise: U, *note: Any) -> T | U:
+    """``call()``, or ``otherwise`` when the API answers ``status`` (404: already gone, 409: already exists): an
+    expected answer when a reconcile repeats, logged at INFO (``note``: a %-style message and its arguments).
+    Every other error is raised."""
+    try:
+        return call()
+    except ApiException as err:
+        if err.status != status:
+            raise
+        if note:
+            log.info(*note)
+        return otherwise
+
+
+# The namespaced kinds a job owns: (API group attribute of ``Api``, the client's method suffix).
+_KINDS = {"Pod": ("core", "pod"), "Service": ("core", "service"), "ServiceAccount": ("core", "service_account"),
+          "ConfigMap": ("core", "config_map"), "Role": ("rbac", "role"), "RoleBinding": ("rbac", "role_binding")}
+
+
+def _method(api: Api, verb: str, kind: str) -> Any:
+    """The client's ``<verb>_namespaced_<kind>`` (e.g. ``api.rbac.delete_namespaced_role_binding``)."""
+    group, suffix = _KINDS[kind]
+    return getattr(getattr(api, group), f"{verb}_namespaced_{suffix}")
 
 
 def create(api: Api, obj: dict[str, Any]) -> bool:
     """Create ``obj``; False (logged at INFO) if it already exists."""
     meta = obj["metadata"]
-    try:
-        _raw(_create_fn(api, obj["kind"])(meta["namespace"], obj, _preload_content=False))
+
+    def call() -> bool:
+        _raw(_method(api, "create", obj["kind"])(meta["namespace"], obj, _preload_content=False))
         return True
-    except ApiException as err:
-        if err.status == 409:
-            log.info("%s %s/%s already exists; leaving it", obj["kind"], meta["namespace"], meta["name"])
-            return False
-        raise
+
+    return tolerate(call, 409, False, "%s %s/%s already exists; leaving it", obj["kind"], meta["namespace"],
+                    meta["name"])
 
 
 def patch_metadata(api: Api, obj: dict[str, Any]) -> None:
@@ -79,41 +94,32 @@ def patch_metadata(api: Api, obj: dict[str, Any]) -> None:
                                                    _content_type="application/merge-patch+json"))
 
 
-def put_configmap(api: Api, obj: dict[str, Any]) -> None:
-    """Create the ConfigMap, or replace its data if it exists (the operator is its only writer)."""
+def put(api: Api, obj: dict[str, Any], owned: str) -> None:
+    """Create ``obj``, or merge its ``owned`` field into the existing object of that name (the operator is that
+    field's only writer: an assignment's data, the worker Role's rules, which follow replacements and spares)."""
     meta = obj["metadata"]
-    try:
-        _raw(api.core.create_namespaced_config_map(meta["namespace"], obj, _preload_content=False))  # type: ignore[arg-type]
-    except ApiException as err:
-        if err.status != 409:
-            raise
-        _raw(api.core.patch_namespaced_config_map(meta["name"], meta["namespace"], {"data": obj["data"]},
-                                                  _preload_content=False,
-                                                  _content_type="application/merge-patch+json"))
+
+    def create() -> bool:
+        _raw(_method(api, "create", obj["kind"])(meta["namespace"], obj, _preload_content=False))
+        return True
+
+    if not tolerate(create, 409, False):
+        _raw(_method(api, "patch", obj["kind"])(meta["name"], meta["namespace"], {owned: obj[owned]},
+                                                _preload_content=False,
+                                                _content_type="application/merge-patch+json"))
 
 
-def get_configmap(api: Api, namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        body: dict[str, Any] | None = _raw(api.core.read_namespaced_config_map(name, namespace,
-                                                                              _preload_content=False))
-        return body
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+def put_configmap(api: Api, obj: dict[str, Any]) -> None:
+    put(api, obj, "data")
 
 
 def put_role(api: Api, role: dict[str, Any]) -> None:
-    """Create the Role, or replace its rules (the worker Role's pod names follow replacements and spares)."""
-    meta = role["metadata"]
-    try:
-        _raw(api.rbac.create_namespaced_role(meta["namespace"], role, _preload_content=False))  # type: ignore[arg-type]
-    except ApiException as err:
-        if err.status != 409:
-            raise
-        _raw(api.rbac.patch_namespaced_role(meta["name"], meta["namespace"], {"rules": role["rules"]},
-                                            _preload_content=False,
-                                            _content_type="application/merge-patch+json"))
+    put(api, role, "rules")
+
+
+def get_configmap(api: Api, namespace: str, name: str) -> dict[str, Any] | None:
+    return tolerate(lambda: _raw(api.core.read_namespaced_config_map(name, namespace, _preload_content=False)),
+                    404, None)
 
 
 def dry_run_pod(api: Api, pod: dict[str, Any]) -> None:
@@ -128,37 +134,23 @@ def dry_run_pod(api: Api, pod: dict[str, Any]) -> None:
 def create_pod(api: Api, pod: dict[str, Any]) -> dict[str, Any] | None:
     """Create a pod; the created object, or None (logged at INFO) if it already exists."""
     meta = pod["metadata"]
-    try:
-        created: dict[str, Any] | None = _raw(api.core.create_namespaced_pod(
-            meta["namespace"], pod, field_validation="Strict", _preload_content=False))  # type: ignore[arg-type]
-        return created
-    except ApiException as err:
-        if err.status == 409:
-            log.info("Pod %s/%s already exists; leaving it", meta["namespace"], meta["name"])
-            return None
-        raise
 
+    def create() -> dict[str, Any] | None:
+        return _raw(api.core.create_namespaced_pod(meta["namespace"], pod, field_validation="Strict",  # type: ignore[arg-type]
+                                                   _preload_content=False))
 
-def _delete_fn(api: Api, kind: str) -> Any:
-    return {
-        "Service": api.core.delete_namespaced_service,
-        "ServiceAccount": api.core.delete_namespaced_service_account,
-        "Role": api.rbac.delete_namespaced_role,
-        "RoleBinding": api.rbac.delete_namespaced_role_binding,
-    }[kind]
+    return tolerate(create, 409, None, "Pod %s/%s already exists; leaving it", meta["namespace"], meta["name"])
 
 
 def delete(api: Api, obj: dict[str, Any]) -> bool:
     """Delete ``obj`` (a Service or identity object); False (logged at INFO) if it is already gone."""
     meta = obj["metadata"]
-    try:
-        _raw(_delete_fn(api, obj["kind"])(meta["name"], meta["namespace"], _preload_content=False))
+
+    def call() -> bool:
+        _raw(_method(api, "delete", obj["kind"])(meta["name"], meta["namespace"], _preload_content=False))
         return True
-    except ApiException as err:
-        if err.status == 404:
-            log.info("%s %s/%s already gone", obj["kind"], meta["namespace"], meta["name"])
-            return False
-        raise
+
+    return tolerate(call, 404, False, "%s %s/%s already gone", obj["kind"], meta["namespace"], meta["name"])
 
 
 def refusal_of(err: BaseException) -> tuple[int | None, Any]:
@@ -188,28 +180,22 @@ def delete_pod(api: Api, namespace: str, name: str, *, grace_seconds: int | None
 
     ``grace_seconds=0`` force-deletes: only for pods whose Node is gone, where no kubelet will ever confirm a
     graceful deletion (PodGC would do the same, but only after its quarantine of tens of seconds)."""
-    try:
+    def call() -> bool:
         _raw(api.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_seconds,
                                             _preload_content=False))
         return True
-    except ApiException as err:
-        if err.status == 404:
-            log.info("pod %s/%s already gone", namespace, name)
-            return False
-        raise
+
+    return tolerate(call, 404, False, "pod %s/%s already gone", namespace, name)
 
 
 def annotate_pod(api: Api, namespace: str, name: str, annotations: dict[str, str | None]) -> bool:
-    try:
+    def call() -> bool:
         _raw(api.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}},
                                            _preload_content=False,
                                            _content_type="application/merge-patch+json"))
         return True
-    except ApiException as err:
-        if err.status == 404:
-            log.info("pod %s/%s gone before it could be annotated", namespace, name)
-            return False
-        raise
+
+    return tolerate(call, 404, False, "pod %s/%s gone before it could be annotated", namespace, name)
 
 
 def list_job_pods(api: Api, namespace: str, job: str) -> list[dict[str, Any]]:
@@ -221,37 +207,22 @@ def list_job_pods(api: Api, namespace: str, job: str) -> list[dict[str, Any]]:
 
 
 def get_node(api: Api, name: str) -> dict[str, Any] | None:
-    try:
-        body: dict[str, Any] | None = _raw(api.core.read_node(name, _preload_content=False))
-        return body
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+    return tolerate(lambda: _raw(api.core.read_node(name, _preload_content=False)), 404, None)
 
 
 def get_job(api: Api, namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        body: dict[str, Any] | None = _raw(api.custom.get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name, _preload_content=False))
-        return body
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+    return tolerate(lambda: _raw(api.custom.get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name, _preload_content=False)), 404, None)
 
 
 def patch_job_status(api: Api, namespace: str, name: str, status: dict[str, Any]) -> bool:
     """Merge-patch ``status`` (status subresource); False if the job is gone."""
-    try:
+    def call() -> bool:
         _raw(api.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
                                                               {"status": status}, _preload_content=False))
         return True
-    except ApiException as err:
-        if err.status == 404:
-            log.info("TrainingJob %s/%s gone before its status could be written", namespace, name)
-            return False
-        raise
+
+    return tolerate(call, 404, False, "TrainingJob %s/%s gone before its status could be written", namespace, name)
 
 
 def post_event(api: Api, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal",
@@ -275,11 +246,10 @@ def post_event(api: Api, obj: dict[str, Any], reason: str, message: str, type_: 
         "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "count": 1,
     }
-    try:
-        _raw(api.core.create_namespaced_event(ns, body, _preload_content=False))  # type: ignore[arg-type]
+    try:  # a named Event posted before: 409, done
+        tolerate(lambda: _raw(api.core.create_namespaced_event(ns, body, _preload_content=False)),  # type: ignore[arg-type]
+                 409 if name else 0, None)
     except ApiException as err:
-        if name and err.status == 409:
-            return
         log.info("could not post event %s on %s %s/%s: %s", reason, obj.get("kind"), ns, obj["name"], err.reason)
 
 

@@ -1,7 +1,7 @@
 """An in-place job's current assignment (the ``<job>-assignment`` ConfigMap the supervisors watch): read it.
 
-The operator is its only writer (``reconcile.apply_outcome``) and keeps its own copy in ``State.assignments``;
-the ConfigMap is read only when that copy is missing (an operator that just started).
+The operator is its only writer (``reconcile.apply_outcome``) and keeps its own copy (``Assignments``); the
+ConfigMap is read only when that copy is missing (an operator that just started).
 """
 
 from __future__ import annotations
@@ -11,23 +11,36 @@ import logging
 from typing import Any
 
 from . import apply, builders
+from .cache import Key
 from .models import TrainingJob
 from .policy.inplace import Assignment
-from .state import State
 
 log = logging.getLogger("reprieve_operator")
 
 
-async def assignment_of(state: State, job: TrainingJob) -> Assignment | None:
-    """The job's current assignment: the operator's own copy (it is the only writer), else the ConfigMap."""
-    key = (job.namespace, job.name)
-    if key in state.assignments:
-        return state.assignments[key]
-    raw = await apply.run(apply.get_configmap, state.api, job.namespace, builders.assignment_name(job))
-    found = parse_assignment(raw)
-    if found is not None:
-        state.assignments[key] = found
-    return found
+class Assignments:
+    """The owner of the in-place jobs' current assignments as this operator wrote them (it is their only writer);
+    a job it has no copy of (an operator that just started) is read from its ConfigMap once."""
+
+    def __init__(self) -> None:
+        self._copies: dict[Key, Assignment] = {}
+
+    def wrote(self, key: Key, assignment: Assignment) -> None:
+        self._copies[key] = assignment
+
+    def get(self, key: Key) -> Assignment | None:
+        return self._copies.get(key)
+
+    async def current(self, api: apply.Api, job: TrainingJob) -> Assignment | None:
+        """The job's current assignment: this operator's copy, else the ConfigMap."""
+        key = (job.namespace, job.name)
+        if key in self._copies:
+            return self._copies[key]
+        raw = await apply.run(apply.get_configmap, api, job.namespace, builders.assignment_name(job))
+        found = parse_assignment(raw)
+        if found is not None:
+            self._copies[key] = found
+        return found
 
 
 def parse_assignment(raw: dict[str, Any] | None) -> Assignment | None:

@@ -33,6 +33,13 @@ def owner_reference(job: TrainingJob) -> dict[str, Any]:
             "controller": True, "blockOwnerDeletion": True}
 
 
+def job_ref(body: dict[str, Any]) -> dict[str, Any]:
+    """The reference an Event about the job names (from its body: a job whose spec does not parse has one too)."""
+    meta = body["metadata"]
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": meta["name"],
+            "namespace": meta["namespace"], "uid": meta.get("uid")}
+
+
 def pod_name(job: TrainingJob, index: int) -> str:
     return f"{job.name}-{index}"
 

@@ -4,7 +4,7 @@ Why not ``kopf.index``: kopf holds every handler back until every indexed object
 with one toggle per object, all waiters re-checking all toggles on every change. With 10,000 pods that start-up
 is quadratic (minutes of CPU, and every pending event's body held in memory). This cache is primed by one
 paginated LIST per kind at start-up (before kopf starts watching) and then kept current by the watch events
-the handlers receive anyway. It stores only the few fields the operator reads (``observe.compact_pod``).
+the handlers receive anyway. It stores only the few fields the operator reads (``policy.views.compact_pod``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import LABEL_JOB
-from .observe import compact_pod
+from .policy.views import compact_pod
 
 Key = tuple[str, str]  # (namespace, name)
 
@@ -96,6 +96,18 @@ class Cache:
     def jobs_on(self, node: str) -> list[Key]:
         return sorted(self._node_jobs.get(node, {}))
 
+    # --- nodes (written by ``NodeSignals``, which keeps their signals' bookkeeping beside them) ---
+    def put_node(self, node: dict[str, Any]) -> bool:
+        """Record a compact Node (``policy.views.compact_node``); True if it differs from what was cached."""
+        name = node["metadata"]["name"]
+        if self.nodes.get(name) == node:
+            return False
+        self.nodes[name] = node
+        return True
+
+    def drop_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+
     # --- jobs ---
     def upsert_job(self, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -105,9 +117,19 @@ class Cache:
                          "generation": meta.get("generation")},
             "spec": dict(body.get("spec") or {}), "status": dict(body.get("status") or {})}
 
+    def merge_job_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """A status patch this operator just wrote: deliveries before its watch event must see it."""
+        body = self.jobs.get((namespace, name))
+        if body is not None:
+            body["status"] = {**(body.get("status") or {}), **patch}
+
     def delete_job(self, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}
         self.jobs.pop((str(meta.get("namespace")), str(meta.get("name"))), None)
+
+    def mark_primed(self) -> None:
+        """Every kind was listed once: from now on the cache is read instead of the API."""
+        self.primed = True
 
     def unfinished_jobs(self) -> list[Key]:
         return sorted(k for k, b in self.jobs.items() if b["status"].get("phase") not in ("Succeeded", "Failed"))

@@ -1,4 +1,4 @@
-"""kopf registrations: each handler updates the cache, then hands off to ``reconcile`` or ``delivery``.
+"""kopf registrations: each handler updates the cache, then hands off to the reconcile queue or ``delivery``.
 
 Triggers: TrainingJob create/resume/update(spec) (retried with ``kopf.TemporaryError`` only when the reconcile fails),
 every TrainingJob event (cache), every Node event (cache + notice delivery). Worker pods are watched by
@@ -13,7 +13,6 @@ import kopf
 
 from . import delivery, jobwatch, metrics
 from .models import GROUP, PLURAL, VERSION
-from .reconcile import reconcile
 from .state import State
 
 WAIT_DELAY = 2.0
@@ -30,7 +29,7 @@ async def job_changed(namespace: str, name: str, memo: Any, **_: Any) -> None:
     """The same reconcile as a pod event's kick: a plan that must look again (old pods draining, a backoff)
     carries its own requeue delay, whichever path ran it."""
     try:
-        await reconcile(_state(memo), namespace, name)
+        await _state(memo).queue.run(namespace, name)
     except (kopf.PermanentError, kopf.TemporaryError):
         raise
     except Exception as err:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import metrics
-from .signals import parse_time
+from .policy.times import parse_time
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,12 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
-from . import LABEL_JOB, apply, handlers, metrics, podwatch, reconcile  # noqa: F401  (handlers: registration)
+from . import LABEL_JOB, apply, handlers, memory, metrics, podwatch, reconcile  # noqa: F401  (handlers: registration)
+from .cache import Cache
 from .models import GROUP, PLURAL, VERSION
-from .observe import compact_node
+from .nodesignals import NodeSignals
 from .policy.notice import DEFAULT_HORIZON_SECONDS
-from .signals import present_signals, signal_table
+from .policy.signals import signal_table
 from .state import State
 
 ENV_SIGNALS = "REPRIEVE_SIGNALS_JSON"
@@ -58,11 +59,8 @@ def standby_health(port: int) -> ThreadingHTTPServer | None:
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    memory.start_tracing()  # REPRIEVE_TRACEMALLOC=1: each resync round logs the top allocations
     # kopf's bookkeeping goes into our own annotations, so the CRD status stays ours.
-    if os.environ.get("REPRIEVE_TRACEMALLOC") == "1":  # diagnosis: resync logs the top allocations
-        import tracemalloc
-
-        tracemalloc.start(4)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="reprieve.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="reprieve.dev", key="last-handled-configuration")
@@ -79,15 +77,17 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     except (ValueError, TypeError) as err:
         raise kopf.PermanentError(f"{ENV_SIGNALS}: invalid signal table: {err}") from err
     horizon = float(getattr(memo, "notice_horizon_seconds", 0) or DEFAULT_HORIZON_SECONDS)
-    memo.state = state = State(api=apply.Api(api_client()), signals=table, horizon_seconds=horizon)
+    cache = Cache()
+    memo.state = state = State(api=apply.Api(api_client()), cache=cache, nodes=NodeSignals(table, horizon, cache),
+                               reconcile=reconcile.reconcile)
     memo.podwatch = await prime(state, list(getattr(memo, "namespaces", None) or []))
     port = int(getattr(memo, "metrics_port", 0) or 0)
     try:
         metrics.serve(port)
     except OSError as err:
         raise kopf.PermanentError(f"--metrics-port {port}: cannot serve metrics: {err}") from err
-    memo.resync = asyncio.get_running_loop().create_task(
-        reconcile.resync_loop(memo.state, float(getattr(memo, "resync_seconds", 60.0) or 60.0)))
+    memo.resync = asyncio.get_running_loop().create_task(state.queue.resync(
+        float(getattr(memo, "resync_seconds", 60.0) or 60.0), lambda: _unfinished(state), memory.each_resync))
     logging.getLogger("reprieve_operator").info("watching %d node signals: %s", len(table),
                                                 ", ".join(s.name for s in table))
 
@@ -119,13 +119,8 @@ async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
     def fill() -> dict[str | None, str]:  # page by page: never all the full pod bodies in memory at once
         cache = state.cache
         for page in apply.list_pages(api.core.list_node):
-            for n in page:
-                name = n["metadata"]["name"]
-                cache.nodes[name] = node = compact_node(n)
-                present = present_signals(node, state.signals)
-                if present:  # already there when the operator started: first seen now (say so in the Event)
-                    state.notice_nodes.add(name)
-                    state.first_seen[name] = {sig: state.started for sig in present}
+            for n in page:  # signals already there when the operator started: first seen at its start
+                state.nodes.prime(n)
         versions = {}
         for scope in scopes:
             for page in jobs_pages(scope):
@@ -134,7 +129,7 @@ async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
             pods, versions[scope] = podwatch.list_pods(api, in_scope, scope)
             for pod in pods:
                 cache.upsert_pod(pod)
-        cache.primed = True
+        cache.mark_primed()
         return versions
 
     versions = await apply.run(fill)
@@ -145,22 +140,29 @@ async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
         else:
             state.cache.upsert_pod(pod)
         meta = pod["metadata"]
-        reconcile.kick(state, meta["namespace"], meta["labels"][LABEL_JOB])
+        state.queue.kick(meta["namespace"], meta["labels"][LABEL_JOB])
 
     watches = []
     for scope in scopes:
         def on_relist(pods: list[dict[str, Any]], scope: str | None = scope) -> None:
             for namespace, job in state.cache.reset_pods(pods, scope):
-                reconcile.kick(state, namespace, job)
+                state.queue.kick(namespace, job)
 
         watch = podwatch.PodWatch(api, asyncio.get_running_loop(), on_pod, on_relist, in_scope, versions[scope],
                                   scope)
         watch.start()
         watches.append(watch)
-    reconcile.release_memory()
+    memory.release()
     logging.getLogger("reprieve_operator").info("cache primed: %s (pods watched in %s)", state.cache.stats(),
                                                 ", ".join(s or "all namespaces" for s in scopes))
     return watches
+
+
+def _unfinished(state: State) -> list[tuple[str, str]]:
+    keys = state.cache.unfinished_jobs()
+    logging.getLogger("reprieve_operator").debug("resync: %d unfinished job(s); cache %s", len(keys),
+                                                 state.cache.stats())
+    return keys
 
 
 @kopf.on.cleanup()

@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from .policy.signals import BUILTIN_SIGNAL_NAMES  # the enum of built-in signal names, from their one table
+
 MAX_REPLICAS = 10_000  # a gang of up to 10,000 pods (see TrainingJobSpec.replicas)
 
 GROUP = "reprieve.dev"
@@ -22,23 +24,6 @@ KIND = "TrainingJob"
 PLURAL = "trainingjobs"
 SINGULAR = "trainingjob"
 SHORT_NAMES = ["tj"]
-
-BUILTIN_SIGNAL_NAMES = (
-    "gke-spot",
-    "gke-maintenance-ongoing",
-    "gke-scheduled-maintenance",
-    "gke-maintenance-window",
-    "aws-spot-itn",
-    "aws-scheduled-maintenance",
-    "aws-asg-lifecycle",
-    "aws-rebalance",
-    "karpenter-disrupted",
-    "cluster-autoscaler",
-    "aks-scheduled-event",
-    "aks-remediator",
-    "cordon",
-    "out-of-service",
-)
 
 # A DNS-1123 label short enough that "<name>-<index>" and "<name>-worker" stay valid names.
 JOB_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,40}[a-z0-9])?$")

@@ -1,7 +1,7 @@
 """A dedicated watch of worker pods (server-side label selector) feeding the cache.
 
 kopf would watch every pod in full and keep each body alive in a per-object worker; at 10,000 pods that is
-hundreds of MB. This thread reads the watch stream line by line, keeps only ``observe.compact_pod`` of each
+hundreds of MB. This thread reads the watch stream line by line, keeps only ``policy.views.compact_pod`` of each
 event, and hands it to the event loop, which updates the cache and kicks the job's reconcile.
 """
 
@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from . import LABEL_JOB, apply
-from .observe import compact_pod
+from .background import BackgroundLoop
+from .policy.views import compact_pod
 
-log = logging.getLogger("reprieve_operator")
 Handler = Callable[[str, dict[str, Any]], None]
 
 
@@ -47,32 +44,18 @@ def list_pods(api: apply.Api, keep: Callable[[dict[str, Any]], bool],
             return pods, rv
 
 
-class PodWatch:
+class PodWatch(BackgroundLoop):
+    """One watch stream at a time (any stream error: reconnect from the last resourceVersion; the cache stays)."""
+
     def __init__(self, api: apply.Api, loop: asyncio.AbstractEventLoop, on_event: Handler,
                  on_relist: Callable[[list[dict[str, Any]]], None], keep: Callable[[dict[str, Any]], bool],
                  resource_version: str, namespace: str | None = None) -> None:
+        super().__init__(f"reprieve-podwatch-{namespace or 'all'}", "pod watch")
         self.api, self.loop, self.on_event, self.on_relist, self.keep = api, loop, on_event, on_relist, keep
         self.rv = resource_version
         self.namespace = namespace
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name=f"reprieve-podwatch-{namespace or 'all'}",
-                                       daemon=True)
 
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.stopped.set()
-
-    def _run(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                self._watch_once()
-            except Exception as err:  # noqa: BLE001  (any stream error: reconnect; the cache stays)
-                log.warning("pod watch interrupted (%s); reconnecting", err)
-                time.sleep(1)
-
-    def _watch_once(self) -> None:
+    def step(self) -> None:
         fn, args = _pods_call(self.api, self.namespace)
         resp: Any = fn(*args, label_selector=LABEL_JOB, watch=True, resource_version=self.rv,
                        allow_watch_bookmarks=True, timeout_seconds=300, _preload_content=False)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .models import GROUP, PLURAL, VERSION
-from .signals import parse_time
+from .policy.times import parse_time
 
 
 @dataclass(frozen=True)

@@ -1,49 +1,50 @@
-"""Process-local operator state. Everything here can be re-derived from the cluster after a restart."""
+"""The operator's process state: one owner per piece, each the only writer of what it holds.
+
+Everything here can be re-derived from the cluster after a restart. ``State`` itself is frozen: it only names
+the owners, and nothing writes to it.
+"""
 
 from __future__ import annotations
 
-import asyncio
-from collections import defaultdict
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from . import apply
-from .cache import Cache
-from .models import GROUP, KIND, VERSION
-from .signals import Signal
+from .assignment import Assignments
+from .cache import Cache, Key
+from .nodesignals import NodeSignals
+from .workqueue import ReconcileQueue
 
-Key = tuple[str, str]
+
+class CommitEvents:
+    """The owner of when each job's last ``CheckpointCommitted`` Event was posted (``policy.events`` throttles
+    on it)."""
+
+    def __init__(self) -> None:
+        self._posted: dict[Key, float] = {}
+
+    def last(self, key: Key) -> float | None:
+        return self._posted.get(key)
+
+    def posted(self, key: Key, at: float) -> None:
+        self._posted[key] = at
+
+    def forget(self, key: Key) -> None:
+        self._posted.pop(key, None)
 
 
-@dataclass
+@dataclass(frozen=True)
 class State:
     api: apply.Api
-    signals: tuple[Signal, ...]
-    cache: Cache = field(default_factory=Cache)
-    horizon_seconds: float = 600.0  # notices further away are held (policy.notice)
-    started: datetime = field(default_factory=lambda: datetime.now(UTC))  # operator start (for late deadlines)
-    first_seen: dict[str, dict[str, datetime]] = field(default_factory=dict)  # node -> signal -> time
-    seen_mono: dict[str, float] = field(default_factory=dict)  # node -> monotonic time of first signal
-    notice_nodes: set[str] = field(default_factory=set)  # nodes with a signal of the operator's table
-    delivered: set[tuple[str, int, str]] = field(default_factory=set)  # (job uid, attempt, notice id)
-    node_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)  # held notice -> re-examine
-    requeues: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)  # job -> next reconcile
-    create_backoff: dict[Key, tuple[int, float]] = field(default_factory=dict)  # job -> (tries, monotonic due)
-    assignments: dict[Key, Any] = field(default_factory=dict)  # in-place job -> its Assignment (we write it)
-    custom_jobs: set[Key] = field(default_factory=set)  # jobs with their own custom signals
-    locks: dict[Key, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
-    pending: dict[Key, bool] = field(default_factory=dict)  # reconcile queued/running -> dirty
-    fresh: set[Key] = field(default_factory=set)  # next reconcile of these LISTs pods (resync)
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    reconcile_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
+    cache: Cache  # pods, jobs and nodes as watched (``cache.py``)
+    nodes: NodeSignals  # node signals: first seen, held notices, deliveries; doomed/avoid
+    reconcile: InitVar[Callable[[State, str, str, bool], Awaitable[Any]]]
+    queue: ReconcileQueue = field(init=False)  # locks, coalescing, requeues, create backoff, resync
+    assignments: Assignments = field(default_factory=Assignments)  # in-place jobs' assignments as written
+    commits: CommitEvents = field(default_factory=CommitEvents)
 
-
-def now() -> datetime:
-    return datetime.now(UTC)
-
-
-def job_ref(body: dict[str, Any]) -> dict[str, Any]:
-    meta = body["metadata"]
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": meta["name"],
-            "namespace": meta["namespace"], "uid": meta.get("uid")}
+    def __post_init__(self, reconcile: Callable[[State, str, str, bool], Awaitable[Any]]) -> None:
+        # The queue runs the one reconcile function of this state, for every path (frozen: set once, here).
+        object.__setattr__(self, "queue", ReconcileQueue(functools.partial(reconcile, self)))

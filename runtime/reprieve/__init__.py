@@ -28,6 +28,19 @@ try:
 except PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
 
+
+
+def __getattr__(name: str) -> object:
+    """``reprieve.orbax``, ``reprieve.checkpoint``, ... after a plain ``import reprieve``: submodules are imported
+    when first named (the Orbax checkpointer's module is not imported unless used)."""
+    import importlib
+    import importlib.util
+
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "Checkpointer", "ConfigError", "CountdownSettings", "DataPositionError", "Job", "Notice",
     "PreemptionServiceDisabled", "Restored", "RuntimeConfig", "SavePolicy", "Topology", "TopologyError", "__version__",

@@ -131,6 +131,7 @@ class Agreement:
         # first step, when the ack can carry the step it starts from and the restored checkpoint's timings.
         self._holding = hold_until_loop
         self._held: list[Notice] = []
+        self._handled: dict[str, int] = {}  # notice id -> the restored checkpoint that was its agreed save
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -266,9 +267,22 @@ class Agreement:
         self._claim_save(round_, reason)
         return True
 
+    def handled(self, notice_id: str, step: int) -> None:
+        """The restored checkpoint (``step``) was the agreed save of ``notice_id``: that notice, delivered again
+        (still in the notice file, still on a kept pod), is not a new one. Every process restores the same
+        checkpoint, so all ignore it alike."""
+        with self._cond:
+            self._handled[notice_id] = step
+
     def offer(self, notice: Notice) -> None:
         """Publish ``notice`` to all processes unless it is known or brings nothing new. Not signal-safe."""
         with self._cond:
+            if notice.id in self._handled:
+                if notice.id not in self._seen:
+                    self._seen.add(notice.id)
+                    log.info("notice %s (%s) was already saved for: the restored checkpoint, step %d, is its agreed "
+                             "save; ignored", notice.id, notice.source, self._handled[notice.id])
+                return
             if self._holding:
                 if all(n.id != notice.id for n in self._held):
                     self._held.append(notice)

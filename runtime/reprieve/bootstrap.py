@@ -6,20 +6,24 @@ import atexit
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any, cast
 
+from . import console
 from .agreement import Agreement, Target
 from .config import ConfigError, RuntimeConfig
 from .coordination import Coordinator, JaxCoordinator, LocalCoordinator
 from .countdown import CountdownSettings
+from .env import warn_unknown
 from .exiting import exit_process
 from .job import Checkpointer, Job
 from .kube import KubeClient, PodWatchSource
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
+from .peers import PeerWatch
 from .policy import SavePolicy
 from .progress import ProgressReporter
 from .supervised import SupervisorLink
@@ -67,7 +71,9 @@ def init(
             checkpoint retries every few seconds while it waits. See docs/runtime.md, "Tracing the step before
             the devices".
     """
+    console.install()  # the lifecycle lines reach a program that configured no logging (reprieve.console)
     environ: Mapping[str, str] = os.environ if env is None else env
+    warn_unknown(environ)  # a misspelt REPRIEVE_* variable would otherwise be ignored in silence
     link = SupervisorLink.take(os.environ if env is None else dict(env))
     ahead = TraceAhead(trace_ahead, environ) if trace_ahead is not None else None
     if ahead is not None:
@@ -80,7 +86,9 @@ def init(
             os.environ.update(updates)  # user code after init() and child processes see the new attempt
         else:
             environ = {**env, **updates}
+    started_at = time.time()  # this attempt's start: a notice past its deadline by then is stale (stale_at_start)
     config = RuntimeConfig.from_env(environ)
+    console.install(config.process_id, config.num_processes)
     memory_config = _memory_config(environ, config)  # memory tier hook: a bad setting refuses before joining
     if link is not None:
         link.send("init", attempt=config.attempt, processId=config.process_id)
@@ -94,7 +102,7 @@ def init(
     else:
         ckpt = cast(Checkpointer, checkpointer)
     if memory_config is not None:  # memory tier hook (reprieve.memtier): storage saves as before, memory beside
-        ckpt = _with_memory_tier(ckpt, memory_config, config, coordinator, environ)
+        ckpt = _with_memory_tier(ckpt, memory_config, config, coordinator)
     countdown = countdown or CountdownSettings(default_save_seconds=config.save_seconds_estimate)
     metrics = Metrics()
 
@@ -113,8 +121,15 @@ def init(
         if sigterm is not None:
             sigterm.check()
 
+    def in_force() -> str | None:
+        target = agreement.target
+        if target is None:
+            return None
+        left = f", deadline in {target.deadline - time.time():.1f}s" if target.deadline_known else ""
+        return f"agreed save at step {target.plan.final_step}{left}"
+
     hub = NoticeHub(agreement.offer, on_notice=on_notice, idle_check=idle_check,
-                    idle_s=config.notice_poll_seconds)
+                    idle_s=config.notice_poll_seconds, in_force=in_force)
     closers: list[Callable[[], None]] = []
     if install_sigterm:
         sigterm = SigtermSource(hub, grace_seconds=config.termination_grace_seconds, pod=config.pod_name,
@@ -122,8 +137,9 @@ def init(
         if sigterm.install():
             closers.append(sigterm.uninstall)
     if config.notice_file:
-        closers.append(PollingSource("notice-file", NoticeFile(config.notice_file, attempt=config.attempt), hub,
-                                     config.notice_poll_seconds).start().close)
+        closers.append(PollingSource("notice-file", NoticeFile(config.notice_file, attempt=config.attempt,
+                                                               started_at=started_at),
+                                     hub, config.notice_poll_seconds).start().close)
     if notice_fn is not None:
         user = UserCallable(notice_fn, default_grace_seconds=config.termination_grace_seconds)
         closers.append(PollingSource("notice-callable", user, hub, config.notice_poll_seconds).start().close)
@@ -133,10 +149,16 @@ def init(
         client = KubeClient(config.kubernetes_host, config.kubernetes_port, config.serviceaccount_dir)
         if watch_pod:
             closers.append(PodWatchSource(client, config.namespace, config.pod_name, hub.put,
-                                          attempt=config.attempt).start().close)
+                                          attempt=config.attempt, started_at=started_at).start().close)
         if config.process_id == 0:
             progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt,
                                         interval_s=config.progress_interval_seconds)
+    job_ref: list[Job] = []
+    if config.distributed:
+        # One line naming a peer that stopped, before JAX's heartbeat timeout ends this process for it.
+        closers.append(PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
+                                 heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,
+                                 committed=lambda: job_ref[0].committed_step if job_ref else None).start().close)
     if config.metrics_port is not None:
         # On the pod's IP when known, like the coordinator: workers that share a host network (hostNetwork
         # pods, the local process kubelet) do not collide on the port.
@@ -152,6 +174,7 @@ def init(
     job = Job(config, coordinator, ckpt, agreement, hub, policy=policy, metrics=metrics, progress=progress,
               closers=closers, exit_fn=exit_fn, on_first_step=link.first_step if link is not None else None,
               on_exiting=link.exiting if link is not None else None)
+    job_ref.append(job)
     if memory_config is not None and config.process_id == 0:
         job.loop.extra_fields = getattr(ckpt, "progress_fields", None)
     if config.distributed:
@@ -166,15 +189,13 @@ def _memory_config(env: Mapping[str, str], config: RuntimeConfig) -> Any:
     return MemoryConfig.from_env(env, pod_ip=config.pod_ip)
 
 
-def _with_memory_tier(ckpt: Checkpointer, memory: Any, config: RuntimeConfig, coordinator: Coordinator,
-                      env: Mapping[str, str]) -> Checkpointer:
+def _with_memory_tier(ckpt: Checkpointer, memory: Any, config: RuntimeConfig, coordinator: Coordinator) -> Checkpointer:
     """The storage checkpointer with the memory tier beside it (docs/memory.md)."""
     from .memtier.tier import MemoryTier
     from .memtier.tiered import TieredCheckpointer
-    from .memtier.wire import TOKEN_ENV
 
     tier = MemoryTier(memory, coordinator=coordinator, attempt=config.attempt, pod_ip=config.pod_ip,
-                      token=(env.get(TOKEN_ENV) or "").strip() or None)
+                      token=memory.token)
     return cast(Checkpointer, TieredCheckpointer(ckpt, tier))
 
 
@@ -278,6 +299,8 @@ def _join(config: RuntimeConfig) -> Coordinator:
         # JAX's preemption service installs its own C-level SIGTERM handler; reprieve owns SIGTERM.
         jax.config.update("jax_enable_preemption_service", False)
         timeout = config.init_timeout_seconds
+        # Who has come, who is awaited, who never came: JAX's own wait says nothing and ends in SIGABRT.
+        timeout = max(1, int(timeout - roll_call(config, timeout)))
         if config.process_id != 0 and config.coordinator_address:
             # gRPC backs off ~1 s after a refused first connection: a process that asks before process 0's
             # service listens (every restart: all processes start together) loses that second. Knock first.
@@ -296,6 +319,23 @@ def _join(config: RuntimeConfig) -> Coordinator:
             shutdown_timeout_seconds=config.shutdown_timeout_seconds,
         )
     return JaxCoordinator.from_jax()
+
+
+def roll_call(config: RuntimeConfig, timeout_s: float) -> float:
+    """Take (process 0) or answer (the others) the roll call on the coordinator's port before JAX starts there
+    (:mod:`reprieve.rollcall`); the seconds it took. Raises :class:`reprieve.rollcall.RollCallError`."""
+    from . import rollcall
+
+    assert config.coordinator_address is not None
+    address = config.coordinator_address
+    port = int(address.rsplit(":", 1)[1])
+    if config.process_id == 0:
+        bind = config.coordinator_bind_address()
+        host = "" if bind is None else bind.rsplit(":", 1)[0].strip("[]")
+        return rollcall.lead((host, port), address, job=config.job, attempt=config.attempt, n=config.num_processes,
+                             timeout_s=timeout_s)
+    hello = rollcall.Hello(config.job, config.attempt, config.process_id, config.pod_name)
+    return rollcall.attend(address, hello, n=config.num_processes, timeout_s=timeout_s)
 
 
 def await_listening(address: str, timeout_s: float, poll_s: float = 0.01) -> float:
@@ -324,10 +364,17 @@ def await_listening(address: str, timeout_s: float, poll_s: float = 0.01) -> flo
 def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Checkpointer:
     """``reprieve.checkpoint.CheckpointManager`` on ``REPRIEVE_CHECKPOINT_URI`` (the job sets its commit
     callback: progress is reported from the manager's background thread after every commit)."""
-    from .checkpoint import CheckpointManager
+    from .checkpoint import CheckpointManager, FencedError
 
-    return CheckpointManager(config.checkpoint_uri, coordinator=coordinator, attempt=config.attempt,
-                             keep=config.checkpoint_keep)
+    try:
+        return CheckpointManager(config.checkpoint_uri, coordinator=coordinator, attempt=config.attempt,
+                                 keep=config.checkpoint_keep)
+    except FencedError:
+        raise
+    except (OSError, ValueError, RuntimeError) as err:  # a path that cannot be created or written, a bad URI
+        raise ConfigError(f"REPRIEVE_CHECKPOINT_URI={config.checkpoint_uri!r}: the checkpoint location cannot be "
+                          f"opened for writing ({type(err).__name__}: {err}); set REPRIEVE_CHECKPOINT_URI to a "
+                          "directory, gs:// or s3:// prefix this process can write") from err
 
 
 class PreemptionServiceDisabled(Exception):

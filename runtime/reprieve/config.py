@@ -1,7 +1,7 @@
 """The runtime's view of the operator contract: every ``REPRIEVE_*`` variable, parsed once (pure).
 
-``RuntimeConfig.from_env(os.environ)`` is the only place that reads the environment; everything else takes a
-``RuntimeConfig``. Outside Kubernetes every variable is optional and the defaults give a single-process job
+``RuntimeConfig.from_env(os.environ)`` is where the trainer reads its environment (through
+:class:`reprieve.env.Env`, the one reader of ``REPRIEVE_*`` variables); everything else takes a ``RuntimeConfig``. Outside Kubernetes every variable is optional and the defaults give a single-process job
 checkpointing to ``./checkpoints``. A malformed value raises :class:`ConfigError` naming the variable, what was
 expected and what was found.
 
@@ -13,23 +13,25 @@ Runtime-only knobs (not set by the operator, documented in ``docs/runtime.md``):
 ``REPRIEVE_SAVE_SECONDS_ESTIMATE`` (30, used until a save has been measured),
 ``REPRIEVE_COMPILATION_CACHE_DIR`` (unset = JAX's defaults; set = JAX's persistent compilation cache there,
 for every program, so a restarted gang does not compile again), ``REPRIEVE_PROGRESS_INTERVAL_SECONDS`` (5: how
-often process 0 reports live progress on its pod; 0 = only at commits).
+often process 0 reports live progress on its pod; 0 = only at commits), ``REPRIEVE_RUN_ID`` (unset: a run
+is known by its state's structure only; see ``reprieve.identity``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .env import ConfigError, Env
+
 DEFAULT_RESTART_EXIT_CODE = 42
+# The restart codes the operator's CRD accepts (docs/contract.toml, [restart_exit_code]): 0 is success, 1 and 2 are
+# Python's crash and usage error, 126-127 the shell's, 128+N death by signal N. A crash must never read as a saved
+# preemption, so the runtime accepts exactly the same range.
+RESTART_CODE_MIN, RESTART_CODE_MAX = 3, 125
 DEFAULT_TERMINATION_GRACE_SECONDS = 30.0
 DEFAULT_SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-
-class ConfigError(ValueError):
-    """A ``REPRIEVE_*`` variable is malformed or inconsistent with the others."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class RuntimeConfig:
     save_seconds_estimate: float = 30.0
     compilation_cache_dir: str | None = None
     progress_interval_seconds: float = 5.0
+    run_id: str | None = None  # REPRIEVE_RUN_ID: recorded in every checkpoint; a restore refuses another run's
 
     @property
     def distributed(self) -> bool:
@@ -88,7 +91,7 @@ class RuntimeConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RuntimeConfig:
         """Parse the contract environment. Raises :class:`ConfigError` naming the bad variable."""
-        r = _Reader(env)
+        r = Env(env)
         cfg = cls(
             job=r.text("REPRIEVE_JOB", cls.job),
             namespace=r.text("REPRIEVE_NAMESPACE", cls.namespace),
@@ -102,14 +105,14 @@ class RuntimeConfig:
             checkpoint_interval_seconds=r.number("REPRIEVE_CHECKPOINT_INTERVAL_SECONDS", 0.0, minimum=0.0),
             checkpoint_keep=r.integer("REPRIEVE_CHECKPOINT_KEEP", 3, minimum=1),
             attempt=r.integer("REPRIEVE_ATTEMPT", 1, minimum=1),
-            restart_exit_code=r.integer("REPRIEVE_RESTART_EXIT_CODE", DEFAULT_RESTART_EXIT_CODE, minimum=1,
-                                    maximum=255),
+            restart_exit_code=r.integer("REPRIEVE_RESTART_EXIT_CODE", DEFAULT_RESTART_EXIT_CODE,
+                                        minimum=RESTART_CODE_MIN, maximum=RESTART_CODE_MAX),
             notice_file=r.opt_text("REPRIEVE_NOTICE_FILE"),
             termination_grace_seconds=r.number("REPRIEVE_TERMINATION_GRACE_SECONDS",
                                               DEFAULT_TERMINATION_GRACE_SECONDS, minimum=0.0),
             serviceaccount_dir=r.text("REPRIEVE_SERVICEACCOUNT_DIR", DEFAULT_SERVICEACCOUNT_DIR),
-            kubernetes_host=r.opt_text("KUBERNETES_SERVICE_HOST"),
-            kubernetes_port=r.integer("KUBERNETES_SERVICE_PORT", 443, minimum=1, maximum=65535),
+            kubernetes_host=kubernetes_host(env),
+            kubernetes_port=kubernetes_port(env),
             heartbeat_timeout_seconds=r.integer("REPRIEVE_HEARTBEAT_TIMEOUT_SECONDS", 10, minimum=1),
             shutdown_timeout_seconds=r.integer("REPRIEVE_SHUTDOWN_TIMEOUT_SECONDS", 30, minimum=1),
             init_timeout_seconds=r.integer("REPRIEVE_INIT_TIMEOUT_SECONDS", 300, minimum=1),
@@ -119,6 +122,7 @@ class RuntimeConfig:
             save_seconds_estimate=r.number("REPRIEVE_SAVE_SECONDS_ESTIMATE", 30.0, minimum=0.0),
             compilation_cache_dir=r.opt_text("REPRIEVE_COMPILATION_CACHE_DIR"),
             progress_interval_seconds=r.number("REPRIEVE_PROGRESS_INTERVAL_SECONDS", 5.0, minimum=0.0),
+            run_id=r.opt_text("REPRIEVE_RUN_ID"),
         )
         if cfg.process_id >= cfg.num_processes:
             raise ConfigError(
@@ -139,54 +143,16 @@ class RuntimeConfig:
         return cfg
 
 
-class _Reader:
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self._env = env
-
-    def _raw(self, name: str) -> str | None:
-        value = self._env.get(name)
-        if value is None or value.strip() == "":
-            return None
-        return value.strip()
-
-    def text(self, name: str, default: str) -> str:
-        return self._raw(name) or default
-
-    def opt_text(self, name: str) -> str | None:
-        return self._raw(name)
-
-    def integer(self, name: str, default: int, *, minimum: int | None = None,
-                maximum: int | None = None) -> int:
-        value = self.opt_integer(name, minimum=minimum, maximum=maximum)
-        return default if value is None else value
-
-    def opt_integer(self, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int | None:
-        raw = self._raw(name)
-        if raw is None:
-            return None
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
-        _check_range(name, value, minimum, maximum)
-        return value
-
-    def number(self, name: str, default: float, *, minimum: float | None = None) -> float:
-        raw = self._raw(name)
-        if raw is None:
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-        if not math.isfinite(value):
-            raise ConfigError(f"{name} must be a finite number, got {raw!r}")
-        _check_range(name, value, minimum, None)
-        return value
+def kubernetes_host(env: Mapping[str, str]) -> str | None:
+    """``KUBERNETES_SERVICE_HOST``: the kubelet's variable, not reprieve's (so not :class:`Env`'s)."""
+    value = env.get("KUBERNETES_SERVICE_HOST", "").strip()
+    return value or None
 
 
-def _check_range(name: str, value: float, minimum: float | None, maximum: float | None) -> None:
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(f"{name} must be <= {maximum}, got {value}")
+def kubernetes_port(env: Mapping[str, str]) -> int:
+    raw = env.get("KUBERNETES_SERVICE_PORT", "").strip()
+    if not raw:
+        return 443
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise ConfigError(f"KUBERNETES_SERVICE_PORT must be a port number between 1 and 65535, got {raw!r}")
+    return int(raw)

@@ -11,13 +11,13 @@ Its phases and teardowns are :mod:`reprieve.lifecycle`.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, Protocol, Self
 
 from . import data as data_mod
+from . import identity
 from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
 from .ahead import CompileAhead, LoweringCount
@@ -28,12 +28,15 @@ from .lifecycle import ABANDON, ABORT, FINISH, RESTART, Phase, Teardown, exit_de
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeHub
+from .notice_sources import ignore_termination_signals as _ignore_termination_signals
 from .policy import SavePolicy, should_save, time_save_due
 from .progress import LoopProgress, ProgressReporter
 
 log = logging.getLogger(__name__)
 
 STEP_EMA_WEIGHT = 0.1  # weight of the newest step in the step-time moving average
+# Notice sources whose notice outlives the process that saved for it (a SIGTERM's id names the pod, not the event).
+SOURCES_THAT_PERSIST = ("notice-file", "annotation")
 
 
 def _positive(value: Any) -> float | None:
@@ -138,6 +141,8 @@ class Job:
         self._pending: int | None = None
         self._committed: int | None = None
         self._final = False  # the agreed save has begun
+        self._state_checked = False  # the first save() checks the state's leaves (checkpointer.check_state)
+        self._run_cache: tuple[Any, dict[str, Any]] | None = None  # (tree and shapes, their run record)
         self._ahead: list[CompileAhead] = []  # compile_ahead() threads; steps() waits for them
         # lowerings JAX did in the training thread during the first step: (count, seconds); None until known
         self.first_step_lowerings: tuple[int, float] | None = None
@@ -155,6 +160,11 @@ class Job:
     @property
     def num_processes(self) -> int:
         return self.coordinator.num_processes
+
+    @property
+    def committed_step(self) -> int | None:
+        """The newest step known committed (restored or saved by this attempt), None before any."""
+        return self._committed
 
     @property
     def step_seconds(self) -> float | None:
@@ -185,6 +195,17 @@ class Job:
         else:
             state, target = None, abstract_of(abstract)
             require(abstract_problem(target))  # on the first run too, not only at the first restart
+        ours = identity.structure(target)
+
+        def check(record: Any, saved_structure: Any, where: str) -> None:
+            problem = identity.mismatch(record.get("run") if isinstance(record, dict) else None,
+                                        self.config.run_id, ours, saved_structure, where)
+            if problem:
+                raise identity.RunMismatchError(f"restore_or: {problem}")
+
+        hook = getattr(self.checkpointer, "set_restore_check", None)
+        if callable(hook):
+            hook(check)  # before any array is read, on every process alike
         t0 = time.perf_counter()
         try:
             # step=None: the checkpointer picks the latest complete checkpoint once for all processes
@@ -196,6 +217,8 @@ class Job:
                 require(abstract_problem(target, abstract_of(state)))
             return Restored(state, 0)
         step, restored, extra = result
+        if not callable(hook):  # a checkpointer without the hook: checked after the fact
+            check(extra.get("reprieve"), None, f"{self.config.checkpoint_uri} step {step}")
         value = data_mod.value_for_process(getattr(result, "process_extra", None), self.process_id,
                                            self.num_processes, reshard_data)
         if data is not None:
@@ -205,11 +228,21 @@ class Job:
             data_mod.restore_into(data, value)
         self._last_saved = self._committed = step
         self._seed_estimates(extra.get("reprieve"))
+        raw_record = extra.get("reprieve")
+        written: dict[str, Any] = raw_record if isinstance(raw_record, dict) else {}
+        if written.get("noticeSource") in SOURCES_THAT_PERSIST and written.get("notice"):
+            # The notice this checkpoint was the agreed save of is still in the file (on a laptop nobody clears
+            # it) or on the kept pod: it must not stop the run it already stopped once.
+            self.agreement.handled(str(written["notice"]), step)
         self.loop.restore_seconds = seconds = time.perf_counter() - t0
         self.loop.restored_from = getattr(result, "restored_from", None)  # memory tier hook: where it read from
         self.metrics.observe("reprieve_restore_seconds", seconds)
         self.metrics.set("reprieve_last_committed_step", step)
-        log.info("restored step %d from %s: resuming at step %d", step, self.config.checkpoint_uri, step + 1)
+        run = written.get("run")
+        run_id = run.get("id") if isinstance(run, dict) else None
+        log.info("restored step %d from %s: resuming at step %d (saved by attempt %s%s)", step,
+                 self.config.checkpoint_uri, step + 1, written.get("attempt", "?"),
+                 "" if run_id is None else f" of run {run_id!r}")
         user_extra = {k: v for k, v in extra.items() if k != "reprieve"}
         return Restored(restored, step + 1, data=value, extra=user_extra, step=step)
 
@@ -252,9 +285,19 @@ class Job:
         with no ``total`` ends with ``job.save(step, state, force=True)`` for its last step and ``finish()``
         (or a ``with`` block), see docs/runtime.md.
         """
-        if start < 0 or (total is not None and total < start):
+        past = identity.past_total(start, total)
+        if past is not None:
+            raise ValueError(f"Job.steps: {past}")
+        if start < 0:
             raise ValueError(f"Job.steps: need 0 <= start <= total, got start={start}, total={total}")
+        if total is not None and start == total and start > 0:
+            log.info("the checkpoint holds the last step (%d of total=%d): nothing left to train", start - 1, total)
         self._transition(Phase.TRAINING)
+        if not (self.policy.interval_steps or self.policy.interval_seconds):
+            log.info("periodic saves are off: only the last step and the agreed save of a notice are saved, so "
+                     "an exception, Ctrl-C or kill -9 loses every step since %s; set "
+                     "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS (e.g. 600) or REPRIEVE_CHECKPOINT_INTERVAL_STEPS to save "
+                     "periodically", "the start" if start == 0 else f"step {start - 1}")
         self._last_step = None if total is None else total - 1
         self.agreement.begin(start, self._last_step)
         memory_begin = getattr(self.checkpointer, "memory_begin", None)  # memory tier hook (reprieve.memtier)
@@ -362,6 +405,11 @@ class Job:
         """
         self._current = max(self._current, step)
         self._first_step_done(step)
+        if not self._state_checked:
+            self._state_checked = True
+            check = getattr(self.checkpointer, "check_state", None)
+            if callable(check):  # a leaf no save can hold is reported at the first call, not at the first save
+                check(state)
         kind = self._decide(step)
         self._decided = step
         if kind == FINAL:
@@ -390,7 +438,8 @@ class Job:
     # -- saving ------------------------------------------------------------------------------------------
     def _start_save(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any, kind: str) -> None:
         self._confirm_pending()
-        record: dict[str, Any] = {"reprieve": {"step": step, "kind": kind, "attempt": self.config.attempt}}
+        record: dict[str, Any] = {"reprieve": {"step": step, "kind": kind, "attempt": self.config.attempt,
+                                               "run": self._run_record(state)}}
         # what this attempt measured: the next attempt's countdown starts from it (_seed_estimates)
         save_s = getattr(self.checkpointer, "last_save_seconds", None)
         for key, value in (("stepSeconds", _positive(self._step_ema)), ("saveSeconds", _positive(save_s))):
@@ -399,6 +448,7 @@ class Job:
         target = self.agreement.target
         if target is not None:
             record["reprieve"]["notice"] = target.notice.id
+            record["reprieve"]["noticeSource"] = target.notice.source
         kwargs: dict[str, Any] = {}
         if data is not None:
             if not getattr(self.checkpointer, "supports_process_extra", False):
@@ -417,7 +467,8 @@ class Job:
 
     def _memory_save(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any) -> None:
         """A copy for the memory tier (``reprieve.memtier``): the loop waits only for the host copy."""
-        record: dict[str, Any] = {"step": step, "kind": "memory", "attempt": self.config.attempt}
+        record: dict[str, Any] = {"step": step, "kind": "memory", "attempt": self.config.attempt,
+                                  "run": self._run_record(state)}
         save_s = getattr(self.checkpointer, "last_save_seconds", None)
         for key, value in (("stepSeconds", _positive(self._step_ema)), ("saveSeconds", _positive(save_s))):
             if value is not None:
@@ -429,6 +480,18 @@ class Job:
                                          process_extra=position):
             self.metrics.inc("reprieve_saves_total", kind="memory")
         self._blocked(time.perf_counter() - t0)
+
+    def _run_record(self, state: Any) -> dict[str, Any]:
+        """The run identity this save records (``reprieve.identity``). Key paths cost microseconds per leaf, so
+        the record is kept for as long as the state keeps its tree and shapes (the agreed save is on the
+        restart path)."""
+        import jax
+
+        leaves, treedef = jax.tree_util.tree_flatten(state)
+        key = (treedef, tuple(getattr(leaf, "shape", None) for leaf in leaves))
+        if self._run_cache is None or self._run_cache[0] != key:
+            self._run_cache = (key, identity.record(self.config.run_id, identity.structure(state)))
+        return self._run_cache[1]
 
     def on_commit(self, step: int) -> None:
         """The checkpointer's commit callback (any thread): metrics and a rate-limited progress report."""
@@ -502,7 +565,10 @@ class Job:
             log.info("agreed checkpoint at step %d %s", step, decision.reason)
             return
         self._teardown(RESTART, code=decision.code)
-        log.info("exiting with code %d", decision.code)
+        log.info("exiting with code %d: %s", decision.code,
+                 f"the agreed checkpoint of step {step} is committed, restart wanted (REPRIEVE_RESTART_EXIT_CODE)"
+                 if decision.code == self.config.restart_exit_code else
+                 f"the agreed checkpoint of step {step} {decision.reason}")
         self._exit_fn(decision.code)
         raise SystemExit(decision.code)  # exit_fn must not return: the loop must not go on past the agreed step
 
@@ -516,8 +582,10 @@ class Job:
     def abandon(self) -> None:
         """Stop the runtime's threads without saving or leaving the job; also run at interpreter exit."""
         if not self.phase.terminal:
-            log.warning("process %d: the runtime is closed without finishing job.steps() (break or error); "
-                        "no checkpoint is taken by this exit", self.process_id)
+            log.warning("process %d: the runtime is closed without finishing job.steps() (an exception, a break or "
+                        "sys.exit): nothing is saved by this exit (the last checkpoint is step %s); an exit with "
+                        "the restart code %d from here is not a saved preemption", self.process_id,
+                        "none" if self._committed is None else self._committed, self.config.restart_exit_code)
         self._teardown(ABANDON)
 
     def __enter__(self) -> Self:
@@ -528,8 +596,16 @@ class Job:
         abandons it (no distributed shutdown, which would wait for the peers) on an exception."""
         if exc_type is None:
             self.finish()
-        else:
-            self.abandon()
+            return
+        code = getattr(exc, "code", None) if isinstance(exc, SystemExit) else None
+        if code == self.config.restart_exit_code and self.phase != Phase.EXITING:
+            # sys.exit(<restart code>) in the program's own code: it reads as a saved preemption and is not one
+            log.critical("process %d: sys.exit(%d) without an agreed save: %d is REPRIEVE_RESTART_EXIT_CODE, which "
+                         "says 'state saved, restart me', but nothing was saved by this exit (the last checkpoint "
+                         "is step %s). reprieve-run reports it as not agreed; let job.save() exit at the agreed "
+                         "step instead", self.process_id, code, code,
+                         "none" if self._committed is None else self._committed)
+        self.abandon()
 
     def _abort(self, why: str) -> NoReturn:
         log.critical("process %d: %s; exiting 1 (state NOT saved by this exit)", self.process_id, why)
@@ -581,15 +657,6 @@ class Job:
                 self.coordinator.shutdown()
             if how.leave_distributed and self.num_processes > 1:
                 self.agreement.join(2.0)
-
-
-def _ignore_termination_signals() -> None:
-    """SIGTERM, SIGINT and SIGHUP ignored (main thread only: Python lets no other thread change handlers).
-    Putting back ``SIG_DFL`` instead let a SIGTERM in the last 0.1-0.2 s turn a committed restart (42) into 143."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
 
 
 def _arm_deadline_timers(step: int, deadline: float | None, guard_s: float) -> list[threading.Timer]:

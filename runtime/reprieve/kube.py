@@ -149,9 +149,11 @@ class PodWatchSource:
     """Watches this pod's ``reprieve.dev/notice`` annotation; forwards notices via ``put``."""
 
     def __init__(self, client: KubeClient, namespace: str, pod: str, put: Callable[[Notice], None], *,
-                 clock: Callable[[], float] = time.time, attempt: int | None = None) -> None:
+                 clock: Callable[[], float] = time.time, attempt: int | None = None,
+                 started_at: float | None = None) -> None:
         self._client = client
         self._attempt = attempt  # notices delivered to another attempt are ignored
+        self._started_at = started_at  # a notice past its deadline by then: notice.stale_at_start
         self._ns = namespace
         self._pod = pod
         self._put = put
@@ -197,7 +199,8 @@ class PodWatchSource:
         if value is None or value == self._last_value:
             return
         self._last_value = value
-        notice = notice_from_annotations(annotations, self._clock(), source="annotation", attempt=self._attempt)
+        notice = notice_from_annotations(annotations, self._clock(), source="annotation", attempt=self._attempt,
+                                         started_at=self._started_at)
         if notice is not None:
             self._put(notice)
 

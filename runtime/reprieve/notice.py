@@ -9,6 +9,7 @@ the most conservative deadline (now), because saving early is always safe and ig
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -239,25 +240,56 @@ def parse_downward_file(text: str) -> dict[str, str]:
     return result
 
 
-_IGNORED_LOGGED: set[tuple[str, str, int]] = set()  # (source, notice id, attempt) already logged as ignored
+_IGNORED_LOGGED: set[tuple[Any, ...]] = set()  # (source, notice id, why) already logged as ignored
 
 
 def notice_from_annotations(annotations: dict[str, str] | None, now: float, *, source: str,
-                            attempt: int | None = None) -> Notice | None:
+                            attempt: int | None = None, started_at: float | None = None) -> Notice | None:
     """The notice in a pod's annotations, or None when there is none or it was delivered to another attempt
-    than ``attempt`` (a pod kept across an in-place restart still carries the previous attempt's notice)."""
+    than ``attempt`` (a pod kept across an in-place restart still carries the previous attempt's notice).
+
+    ``started_at`` (when this process started reading notices): a notice whose deadline had passed by then is
+    :func:`stale_at_start`'s to judge: a leftover without an ``attempt`` is ignored, one delivered to this attempt
+    counts without a deadline to miss."""
     if not annotations or NOTICE_ANNOTATION not in annotations:
         return None
     notice = parse_notice_annotation(annotations[NOTICE_ANNOTATION], now, source=source, warn_past=False)
     if attempt is not None and not notice_counts_for(notice, attempt):
-        key = (source, notice.id, attempt)
-        if key not in _IGNORED_LOGGED:  # once per source and notice, not at every poll of the file
-            _IGNORED_LOGGED.add(key)
-            log.info("%s %s id=%s was delivered to attempt %s; this is attempt %d: ignored", source,
-                     NOTICE_ANNOTATION, notice.id, notice.details.get("attempt"), attempt)
+        _log_once((source, notice.id, attempt), "%s %s id=%s was delivered to attempt %s; this is attempt %d: ignored",
+                  source, NOTICE_ANNOTATION, notice.id, notice.details.get("attempt"), attempt)
         return None
+    verdict = stale_at_start(notice, started_at)
+    if verdict == "leftover":
+        assert started_at is not None
+        _log_once((source, notice.id, "leftover"), "%s %s id=%s: its deadline %s passed %.0fs before this process "
+                  "started and it names no attempt: a leftover of an earlier run, ignored (remove it, or write a "
+                  "notice with a deadline to come)", source, NOTICE_ANNOTATION, notice.id,
+                  notice.details.get("deadline"), started_at - notice.deadline)
+        return None
+    if verdict == "no-deadline":
+        assert started_at is not None
+        _log_once((source, notice.id, "stale"), "%s %s id=%s: its deadline %s passed %.0fs before this process "
+                  "started: saving at the earliest step, and not counted as a missed deadline", source,
+                  NOTICE_ANNOTATION, notice.id, notice.details.get("deadline"), started_at - notice.deadline)
+        return dataclasses.replace(notice, deadline_known=False)
     _warn_if_past(notice, now)  # only for a notice that counts: a kept pod's old notice is past by design
     return notice
+
+
+def stale_at_start(notice: Notice, started_at: float | None) -> str | None:
+    """What a notice whose deadline had already passed when the process started is (pure): ``"leftover"`` when
+    it names no attempt (the operator always names one: it is a file left by an earlier run, on a laptop where
+    every run is attempt 1), ``"no-deadline"`` when it does (the operator delivered it to this attempt: save at
+    once, but a deadline that passed before the process existed is not this attempt's to miss), else None."""
+    if started_at is None or not notice.deadline_known or notice.deadline >= started_at:
+        return None
+    return "leftover" if notice.details.get("attempt") is None else "no-deadline"
+
+
+def _log_once(key: tuple[Any, ...], message: str, *args: Any) -> None:
+    if key not in _IGNORED_LOGGED:  # once per source and notice, not at every poll of the file
+        _IGNORED_LOGGED.add(key)
+        log.info(message, *args)
 
 
 def notice_counts_for(notice: Notice, attempt: int) -> bool:

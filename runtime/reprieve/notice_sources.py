@@ -31,9 +31,11 @@ class NoticeHub:
     """Fan-in of all sources. :meth:`put` is safe from a signal handler; the sink runs on the hub thread."""
 
     def __init__(self, sink: Callable[[Notice], None], *, on_notice: Callable[[Notice], None] | None = None,
-                 idle_check: Callable[[], None] | None = None, idle_s: float = 1.0) -> None:
+                 idle_check: Callable[[], None] | None = None, idle_s: float = 1.0,
+                 in_force: Callable[[], str | None] | None = None) -> None:
         self._sink = sink
         self._on_notice = on_notice
+        self._in_force = in_force  # what the agreement has made of the notices so far, for "already in force"
         self._idle_check = idle_check
         self._idle_s = idle_s
         self._queue: queue.SimpleQueue[Notice | None] = queue.SimpleQueue()
@@ -70,6 +72,10 @@ class NoticeHub:
                          "" if notice.deadline_known else " (deadline unknown: save at once)")
                 if self._on_notice is not None:
                     self._on_notice(notice)
+            else:  # a second SIGTERM during the countdown, the same notice re-delivered: said, not silently dropped
+                state = self._in_force() if self._in_force is not None else None
+                log.info("notice %s via %s again: notice already in force (%s); nothing changes", notice.id,
+                         notice.source, state or "being agreed")
             try:
                 self._sink(notice)
             except Exception:  # a broken sink must not kill the hub; the next notice may get through
@@ -114,6 +120,8 @@ class SigtermSource:
         if not self._installed or self._warned:
             return
         current = signal.getsignal(signal.SIGTERM)
+        if current == signal.SIG_IGN and _exiting.is_set():
+            return  # the runtime's own exit path (ignore_termination_signals), not a user's handler
         if current != self._handle:
             self._warned = True
             log.warning("the SIGTERM handler of reprieve was replaced by %r: SIGTERM will not trigger a "
@@ -124,6 +132,20 @@ class SigtermSource:
         previous = self._previous
         if callable(previous):
             previous(signum, frame)
+
+
+_exiting = threading.Event()  # set once the process ignores termination signals on its way out
+
+
+def ignore_termination_signals() -> None:
+    """SIGTERM, SIGINT and SIGHUP ignored until the process ends (main thread only: Python lets no other thread
+    change handlers), once the exit code is decided. Putting back ``SIG_DFL`` instead let a SIGTERM in the last
+    0.1-0.2 s turn a committed restart (42) into 143. :meth:`SigtermSource.check` knows it is the runtime's."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _exiting.set()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 class PollingSource:
@@ -168,10 +190,12 @@ class PollingSource:
 class NoticeFile:
     """Reads ``REPRIEVE_NOTICE_FILE`` (downward-API annotations) and returns the notice in it, if any."""
 
-    def __init__(self, path: str, clock: Callable[[], float] = time.time, *, attempt: int | None = None) -> None:
+    def __init__(self, path: str, clock: Callable[[], float] = time.time, *, attempt: int | None = None,
+                 started_at: float | None = None) -> None:
         self.path = path
         self._clock = clock
         self._attempt = attempt  # notices delivered to another attempt are ignored
+        self._started_at = started_at  # a notice past its deadline by then: notice.stale_at_start
         self._last_value: str | None = None
         self._last_notice: Notice | None = None
 
@@ -188,7 +212,7 @@ class NoticeFile:
         elif value != self._last_value:  # parse (and log problems) once per notice, not per change of the file
             self._last_value = value   # (other annotations, e.g. the progress heartbeat, change it every few s)
             self._last_notice = notice_from_annotations(annotations, self._clock(), source="notice-file",
-                                                        attempt=self._attempt)
+                                                        attempt=self._attempt, started_at=self._started_at)
         return self._last_notice
 
 

@@ -29,16 +29,37 @@ from typing import Any
 
 from .checkpoint import fencing
 from .checkpoint.fencing import FencedError
-from .checkpoint.layout import fence_name, parse_fence_name
+from .checkpoint.layout import ORBAX_FENCES_DIR, fence_name, parse_fence_name
 from .checkpoint.manager import RestoreResult
 from .coordination import Coordinator, LocalCoordinator
 from .data import to_json_value
+from .env import env_attempt
 
 log = logging.getLogger(__name__)
 
-FENCES_DIR = "reprieve_attempts"
+FENCES_DIR = ORBAX_FENCES_DIR
 RECORD_FILE = "reprieve/metadata"  # where Orbax's JsonSave puts the ``reprieve`` item of a step
 _KV = "reprieve/orbax"
+
+
+class _OrbaxInfo(logging.Filter):
+    """Drops Orbax's records below WARNING (Orbax logs through absl's ``absl`` logger, from its own files)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
+
+
+_QUIET = _OrbaxInfo()
+
+
+def quiet_orbax(quiet: bool = True) -> None:
+    """Keep Orbax's INFO and DEBUG lines out of the program's log (``quiet``), or let them through again.
+    Process-wide: Orbax's records all pass through absl's one ``absl`` logger."""
+    absl = logging.getLogger("absl")
+    if quiet and _QUIET not in absl.filters:
+        absl.addFilter(_QUIET)
+    elif not quiet:
+        absl.removeFilter(_QUIET)
 
 
 class OrbaxCheckpointer:
@@ -51,21 +72,28 @@ class OrbaxCheckpointer:
         keep: Orbax's ``max_to_keep``.
         timeout_s: how long process 0 waits for the other processes' data positions at a save.
         options: extra ``ocp.CheckpointManagerOptions`` fields (``max_to_keep`` and async settings are set here).
+        orbax_logs: let Orbax's own INFO and DEBUG lines through (about 80 per save and restore); by default only
+            its warnings and errors reach the program's log (:func:`quiet_orbax`).
     """
 
     supports_process_extra = True
 
     def __init__(self, directory: str, *, coordinator: Coordinator | None = None, attempt: int | None = None,
-                 keep: int = 3, timeout_s: float = 600.0, options: dict[str, Any] | None = None) -> None:
+                 keep: int = 3, timeout_s: float = 600.0, options: dict[str, Any] | None = None,
+                 orbax_logs: bool = False) -> None:
         import orbax.checkpoint as ocp
         from etils import epath
 
+        quiet_orbax(not orbax_logs)
         self._ocp = ocp
         self._coord = coordinator or LocalCoordinator()
-        self.attempt = int(os.environ.get("REPRIEVE_ATTEMPT", "1")) if attempt is None else int(attempt)
-        self._root = epath.Path(directory)
+        self.attempt = env_attempt() if attempt is None else int(attempt)
+        # Orbax's background thread refuses a relative path ("Checkpoint path should be absolute") at the first
+        # save, which may be the run's last: a local path is made absolute here, where the error would be seen.
+        self._root = epath.Path(directory if "://" in directory else os.path.abspath(directory))
         self._timeout = timeout_s
         self._on_commit: Callable[[int], None] | None = None
+        self._restore_check: Callable[[Any, Any, str], None] | None = None
         self._inflight: tuple[int, float] | None = None
         self.last_save_seconds: float | None = None
         self.committed_step: int | None = None
@@ -149,6 +177,16 @@ class OrbaxCheckpointer:
     def set_commit_callback(self, on_commit: Callable[[int], None] | None) -> None:
         self._on_commit = on_commit
 
+    def set_restore_check(self, check: Callable[[Any, Any, str], None] | None) -> None:
+        """``check(reprieve_record, None, where)`` before a step is restored (the job's run identity check)."""
+        self._restore_check = check
+
+    def check_state(self, state: Any) -> None:
+        """Raise the TypeError for a leaf no checkpoint can hold (a function, an arbitrary object), at once."""
+        from .checkpoint.save import check_leaves
+
+        check_leaves(state)
+
     def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None, process_extra: Any = None) -> None:
         """Start an async Orbax save of ``state`` (``extra`` and every process's ``process_extra`` in the
         ``reprieve`` item). Raises :class:`FencedError` once a newer attempt has started."""
@@ -199,24 +237,61 @@ class OrbaxCheckpointer:
 
     def restore(self, abstract_state: Any, *, step: int | None = None) -> RestoreResult:
         """Restore ``state`` onto ``abstract_state``'s shardings from the latest visible step (or ``step``);
-        ``FileNotFoundError`` on every process when there is none."""
+        ``FileNotFoundError`` on every process when there is none.
+
+        ``step=None``: a step that Orbax cannot restore (a missing or damaged file) is logged with the command that
+        moves it aside, and the previous visible step is tried, as the default format's fallback does (without its
+        quarantine: Orbax's errors do not tell damage from a passing storage failure, so nothing is renamed). All
+        processes agree on each step's outcome. A restore check (the job's run identity) that refuses a step ends
+        the restore at once: that step is not damaged, it is not this run's."""
         self.wait()
         self._restores += 1
         key = f"{_KV}/a{self.attempt}/r{self._restores}"
-        if self._coord.process_id == 0:
+        pid, n = self._coord.process_id, self._coord.num_processes
+        if pid == 0:
             visible = self._visible()
-            chosen = (visible[-1] if visible else None) if step is None else (step if step in visible else None)
-            self._coord.set(key, json.dumps(chosen), overwrite=True)
+            plan = sorted(visible, reverse=True) if step is None else [s for s in visible if s == step]
+            self._coord.set(key, json.dumps(plan), overwrite=True)
         else:
-            chosen = json.loads(self._coord.get(key, self._timeout))
-        if chosen is None:
+            plan = json.loads(self._coord.get(key, self._timeout))
+        if not plan:
             raise FileNotFoundError(f"no complete orbax checkpoint for {'any step' if step is None else step} "
                                     f"under {self._root}")
-        out = self._mgr.restore(chosen, args=self._ocp.args.Composite(
-            state=self._ocp.args.StandardRestore(abstract_state), reprieve=self._ocp.args.JsonRestore()))
-        record = out["reprieve"]
-        log.info("orbax checkpoint restored %s/%d", self._root, chosen)
-        return RestoreResult(chosen, out["state"], record.get("extra", {}), record.get("process_extra"))
+        first_err: BaseException | None = None
+        for i, chosen in enumerate(plan):
+            where = f"{self._root}/{chosen}"
+            if self._restore_check is not None:
+                written = self._record(chosen)
+                self._restore_check((written.get("extra") or {}).get("reprieve") if written else None, None, where)
+            err: BaseException | None = None
+            try:
+                out = self._mgr.restore(chosen, args=self._ocp.args.Composite(
+                    state=self._ocp.args.StandardRestore(abstract_state), reprieve=self._ocp.args.JsonRestore()))
+            except Exception as e:  # noqa: BLE001 - judged with every process's outcome below
+                err = e
+            self._coord.set(f"{key}/{chosen}/{pid}", "ok" if err is None else f"{type(err).__name__}: {err}"[:2000],
+                            overwrite=True)
+            verdicts = [self._coord.get(f"{key}/{chosen}/{p}", self._timeout) for p in range(n)]
+            failed = [f"process {p}: {v}" for p, v in enumerate(verdicts) if v != "ok"]
+            if not failed and err is None:
+                record = out["reprieve"]
+                log.info("orbax checkpoint restored %s", where)
+                return RestoreResult(chosen, out["state"], record.get("extra", {}), record.get("process_extra"))
+            first_err = first_err or err or RuntimeError(f"orbax checkpoint {where}: {'; '.join(failed)}")
+            later = plan[i + 1] if i + 1 < len(plan) else None
+            log.error("orbax checkpoint %s cannot be restored (%s); %s. To keep it out of the way: mv %s %s.corrupt",
+                      where, "; ".join(failed)[:1000],
+                      f"falling back to step {later}" if later is not None else "no older step is left", where, where)
+        assert first_err is not None
+        raise first_err
+
+    def _record(self, step: int) -> dict[str, Any] | None:
+        """The ``reprieve`` item of a step as Orbax's JsonSave wrote it, or None."""
+        try:
+            value = json.loads((self._root / str(step) / RECORD_FILE).read_text())
+        except Exception:  # noqa: BLE001 - not ours or unreadable: nothing to check
+            return None
+        return value if isinstance(value, dict) else None
 
     def close(self) -> None:
         try:

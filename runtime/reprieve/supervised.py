@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
+from .env import Env
 from .supervision import EVENTS_FD_ENV, WARM_FD_ENV, AssignmentError, parse_assignment_line
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,10 @@ class SupervisorLink:
     def take(cls, env: MutableMapping[str, str]) -> SupervisorLink | None:
         """The link named in ``env`` (None when not supervised). Removes the variables from ``env``: the fd is
         this process's alone, and a child process must not write to whatever reuses its number."""
-        raw = env.pop(EVENTS_FD_ENV, None)
-        warm_raw = env.pop(WARM_FD_ENV, None)
+        reader = Env(env)
+        raw, warm_raw = reader.opt_text(EVENTS_FD_ENV), reader.opt_text(WARM_FD_ENV)
+        env.pop(EVENTS_FD_ENV, None)
+        env.pop(WARM_FD_ENV, None)
         if raw is None and warm_raw is None:
             return None
         value = raw if raw is not None else warm_raw

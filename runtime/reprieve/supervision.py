@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import DEFAULT_RESTART_EXIT_CODE, RESTART_CODE_MAX, RESTART_CODE_MIN
+from .env import Env
 from .notice import format_rfc3339
+from .restarts import classify_exit, describe_exit, local_next
 
 CONTRACT_VERSION = 1
 CONTRACT_ENV = "REPRIEVE_CONTRACT"
@@ -127,18 +129,15 @@ def assignment_from_env(env: Mapping[str, str]) -> Assignment:
     Defaults as the runtime's (attempt 1, process 0 of 1); ``REPRIEVE_PROCESS_ID=-1`` (a spare, or a pod created
     to replace a worker) is not listed: it runs only what an assignment gives it. Raises
     :class:`AssignmentError`."""
-    def get(name: str, default: str | None) -> str | None:
-        value = env.get(name, "").strip()
-        return value or default
-
-    attempt = _int(get("REPRIEVE_ATTEMPT", "1"), "REPRIEVE_ATTEMPT", minimum=1)
-    count = _int(get("REPRIEVE_NUM_PROCESSES", "1"), "REPRIEVE_NUM_PROCESSES", minimum=1)
-    if get("REPRIEVE_PROCESS_ID", "0") == UNASSIGNED_PROCESS_ID:  # a spare or a replacement: waits to be listed
+    r = Env(env, error=AssignmentError)
+    attempt = r.integer("REPRIEVE_ATTEMPT", 1, minimum=1)
+    count = r.integer("REPRIEVE_NUM_PROCESSES", 1, minimum=1)
+    if r.raw("REPRIEVE_PROCESS_ID") == UNASSIGNED_PROCESS_ID:  # a spare or a replacement: waits to be listed
         return Assignment(attempt, None, count, None, source="environment")
-    index = _int(get("REPRIEVE_PROCESS_ID", "0"), "REPRIEVE_PROCESS_ID", minimum=0)
+    index = r.integer("REPRIEVE_PROCESS_ID", 0, minimum=0)
     if index >= count:
         raise AssignmentError(f"REPRIEVE_PROCESS_ID must be < REPRIEVE_NUM_PROCESSES ({count}), got {index}")
-    coordinator = get("REPRIEVE_COORDINATOR_ADDRESS", None)
+    coordinator = r.opt_text("REPRIEVE_COORDINATOR_ADDRESS")
     if coordinator is not None:
         _coordinator(coordinator, "REPRIEVE_COORDINATOR_ADDRESS")
     return Assignment(attempt, index, count, coordinator, source="environment")
@@ -251,9 +250,13 @@ def exit_code(waitstatus_code: int) -> int:
     return 128 - waitstatus_code if waitstatus_code < 0 else waitstatus_code
 
 
-def exit_annotation(attempt: int, code: int, now: float) -> dict[str, str]:
-    return {EXIT_ANNOTATION: json.dumps({"attempt": attempt, "code": code, "time": format_rfc3339(now)},
-                                        sort_keys=True)}
+def exit_annotation(attempt: int, code: int, now: float, agreed: bool | None = None) -> dict[str, str]:
+    """``agreed`` (only for the restart code): whether the exit was a saved preemption (the runtime announced it),
+    or a program's own ``sys.exit(<restart code>)`` that saved nothing (``reprieve.restarts``)."""
+    value: dict[str, Any] = {"attempt": attempt, "code": code, "time": format_rfc3339(now)}
+    if agreed is not None:
+        value["agreed"] = agreed
+    return {EXIT_ANNOTATION: json.dumps(value, sort_keys=True)}
 
 
 def supervisor_annotation(version: str, error: str | None = None) -> dict[str, str]:
@@ -277,29 +280,20 @@ class Settings:
     prewarm_delay_s: float = 300.0
     ready_timeout_s: float = 300.0  # REPRIEVE_PREWARM_READY_TIMEOUT_SECONDS: import time allowed
     handover_timeout_s: float = 10.0  # a warm process confirms its assignment within this
+    restart_code: int = DEFAULT_RESTART_EXIT_CODE  # REPRIEVE_RESTART_EXIT_CODE: tells a saved exit (reprieve.restarts)
+    max_restarts: int | None = None  # the local loop's --max-restarts (None: no limit)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        """Raises ValueError naming the variable."""
-        def number(name: str, default: float) -> float:
-            raw = env.get(name, "").strip()
-            if not raw:
-                return default
-            try:
-                value = float(raw)
-            except ValueError:
-                raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a number of seconds >= 0, got {raw!r}")
-            return value
-
-        prewarm = env.get("REPRIEVE_PREWARM", "1").strip().lower()
-        if prewarm not in ("1", "0", "true", "false", ""):
-            raise ValueError(f"REPRIEVE_PREWARM must be 1 or 0, got {prewarm!r}")
-        return cls(grace_s=number("REPRIEVE_TERMINATION_GRACE_SECONDS", cls.grace_s),
-                   prewarm=prewarm in ("1", "true", ""),
-                   prewarm_delay_s=number("REPRIEVE_PREWARM_DELAY_SECONDS", cls.prewarm_delay_s),
-                   ready_timeout_s=number("REPRIEVE_PREWARM_READY_TIMEOUT_SECONDS", cls.ready_timeout_s))
+        """Raises ConfigError (a ValueError) naming the variable."""
+        r = Env(env)
+        return cls(grace_s=r.number("REPRIEVE_TERMINATION_GRACE_SECONDS", cls.grace_s, minimum=0.0),
+                   restart_code=r.integer("REPRIEVE_RESTART_EXIT_CODE", DEFAULT_RESTART_EXIT_CODE,
+                                          minimum=RESTART_CODE_MIN, maximum=RESTART_CODE_MAX),
+                   prewarm=r.flag("REPRIEVE_PREWARM", cls.prewarm),
+                   prewarm_delay_s=r.number("REPRIEVE_PREWARM_DELAY_SECONDS", cls.prewarm_delay_s, minimum=0.0),
+                   ready_timeout_s=r.number("REPRIEVE_PREWARM_READY_TIMEOUT_SECONDS", cls.ready_timeout_s,
+                                            minimum=0.0))
 
 
 @dataclass(frozen=True)
@@ -344,6 +338,9 @@ class State:
     prewarm_off: str | None = None  # why pre-warming is off (None: on)
     topology: str | None = None  # the devices the latest trainer reported with its first step (JSON), for warm ones
     static: bool = False  # no assignment source (outside a cluster): the first trainer's exit ends it all
+    local: bool = False  # `reprieve run`: a static supervisor that restarts a saved exit (reprieve.restarts)
+    restarts: int = 0  # local restarts done
+    force_kill: bool = False  # a second SIGINT/SIGTERM while stopping a local run: SIGKILL now
 
     def replace(self, **changes: Any) -> State:
         return dataclasses.replace(self, **changes)
@@ -430,6 +427,7 @@ class HandOver:
 class Report:
     attempt: int
     code: int
+    agreed: bool | None = None  # for the restart code: was it announced (a saved exit)? None for other codes
 
 
 @dataclass(frozen=True)
@@ -442,6 +440,7 @@ class Exit:
 class Note:
     text: str
     debug: bool = False
+    loud: bool = False  # logged as an error: something the user must hear about
 
 
 Action = Signal | StartTrainer | StartWarm | HandOver | Report | Exit | Note
@@ -460,7 +459,8 @@ def _apply(s: State, ev: Event, now: float) -> tuple[State, list[Action]]:
         if a is None:
             if s.wanted is None:
                 e = s.env_assignment
-                return s.replace(wanted=e, wanted_at=now), [Note(f"no assignment ConfigMap: {e.describe()}")]
+                where = "a local run" if s.local else "no assignment ConfigMap"
+                return s.replace(wanted=e, wanted_at=now), [Note(f"{where}: {e.describe()}")]
             return s, [Note("the assignment ConfigMap is gone; keeping the last assignment", debug=True)]
         e = s.env_assignment
         if s.wanted is None and e.listed and (a.attempt, a.process_id, a.num_processes) == (
@@ -482,6 +482,8 @@ def _apply(s: State, ev: Event, now: float) -> tuple[State, list[Action]]:
     if isinstance(ev, Terminate):
         if s.stop_since is None:
             return s.replace(stop_since=now), [Note(f"{ev.signal}: stopping (the trainer gets SIGTERM)")]
+        if s.local and s.trainer is not None and not s.force_kill:
+            return s.replace(force_kill=True), [Note(f"{ev.signal} again: killing the trainer now (SIGKILL)")]
         return s, []
     if isinstance(ev, Spawned):
         if ev.role == "warm":
@@ -533,7 +535,7 @@ def _message(s: State, ev: ChildMessage, now: float) -> tuple[State, list[Action
             # job and ends. Nothing of the next attempt starts here before it is reaped (rule 3).
             return (s.replace(trainer=dataclasses.replace(t, announced=code)),
                     [Note(f"attempt {a}: the trainer (pid {t.pid}) is exiting with code {code}: reported before "
-                          "it ends"), Report(a, code)])
+                          "it ends"), Report(a, code, _agreed(s, code, code))])
         return s, []
     if w is not None and ev.pid == w.pid:
         if kind == "ready" and not w.ready:
@@ -560,8 +562,21 @@ def _exited(s: State, ev: ChildExited, now: float) -> tuple[State, list[Action]]
                     f"{now - t.started_at:.1f}s" + (" (superseded)" if superseded else ""))
         if t.announced is not None and t.announced != ev.code:
             note = Note(note.text + f", not the {t.announced} it announced: reporting {ev.code}")
-        report = [] if t.announced == ev.code else [Report(a, ev.code)]  # announced and reported already
-        return (s.replace(trainer=None, last_code=ev.code, finished=s.finished or finished), [note, *report])
+        # announced and reported already: not again
+        notes: list[Action] = [note, *([] if t.announced == ev.code else [Report(a, ev.code, _agreed(s, ev.code,
+                                                                                                  t.announced))])]
+        exit_kind = classify_exit(ev.code, t.announced, s.settings.restart_code)
+        if exit_kind == "unagreed":
+            notes.append(Note(f"attempt {a}: {describe_exit(exit_kind, ev.code, s.settings.restart_code)}",
+                              loud=True))
+        s = s.replace(trainer=None, last_code=ev.code, finished=s.finished or finished)
+        if s.local and s.stop_since is None and not superseded:
+            restart, why = local_next(exit_kind, s.restarts, s.settings.max_restarts)
+            notes.append(Note(f"attempt {a}: {describe_exit(exit_kind, ev.code, s.settings.restart_code)}; {why}"))
+            if restart:
+                nxt = dataclasses.replace(t.assignment, attempt=a + 1, source="local restart")
+                s = s.replace(wanted=nxt, wanted_at=now, restarts=s.restarts + 1)
+        return s, notes
     if w is not None and ev.pid == w.pid:
         if w.kill_sent:
             return s.replace(warm=None), []
@@ -588,7 +603,8 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
         if s.trainer is None and s.warm is None:
             acts.append(Exit(0, "training finished (the trainer exited 0)"))
         return s, acts
-    if s.static and s.highest_run > 0 and s.trainer is None:
+    if (s.static and s.highest_run > 0 and s.trainer is None
+            and not (s.wanted is not None and s.wanted.attempt > s.highest_run)):  # a local restart is wanted
         s, acts = _kill_warm(s, "no further attempt can be assigned")
         if s.warm is None:
             code = s.last_code if s.last_code is not None else NO_TRAINER_EXIT
@@ -656,10 +672,15 @@ def _prewarm_due(s: State, now: float) -> bool:
 def _terminate(s: State, t: Trainer, now: float, why: str) -> tuple[State, list[Action]]:
     if t.term_at is None:
         return s.replace(trainer=dataclasses.replace(t, term_at=now)), [Signal(t.pid, signal.SIGTERM, why)]
-    if not t.kill_sent and now >= t.term_at + s.settings.grace_s:
+    if not t.kill_sent and (now >= t.term_at + s.settings.grace_s or s.force_kill):
         return (s.replace(trainer=dataclasses.replace(t, kill_sent=True)),
                 [Signal(t.pid, signal.SIGKILL, f"{why}: still running {s.settings.grace_s:.0f}s after SIGTERM")])
     return s, []
+
+
+def _agreed(s: State, code: int, announced: int | None) -> bool | None:
+    """The exit report's ``agreed``: for the restart code, whether the runtime announced it (a saved exit)."""
+    return None if code != s.settings.restart_code else classify_exit(code, announced, code) == "saved"
 
 
 def _kill_warm(s: State, why: str) -> tuple[State, list[Action]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -30,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import supervision as sv
+from .config import DEFAULT_SERVICEACCOUNT_DIR, RuntimeConfig, kubernetes_host, kubernetes_port
+from .env import Env, warn_unknown
 from .kube import KubeClient, ObjectWatch, PodAnnotator
 
 log = logging.getLogger("reprieve.supervisor")
@@ -60,14 +63,16 @@ class Supervisor:
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str], settings: sv.Settings, *,
                  env_assignment: sv.Assignment, client: KubeClient | None, namespace: str, pod: str | None,
-                 configmap: str | None) -> None:
+                 configmap: str | None, local: bool = False) -> None:
         self.command = list(command)
         self.env = dict(env)
         self.client, self.namespace, self.pod, self.configmap = client, namespace, pod, configmap
-        static = client is None or not configmap or not pod
+        self.local = local
+        static = local or client is None or not configmap or not pod
         off = ("REPRIEVE_PREWARM=0" if not settings.prewarm else
+               "a local run: a warm process would compete with the trainer for the machine" if local else
                "not in a cluster: no next attempt can be assigned" if static else None)
-        self.state = sv.State(env_assignment, settings, prewarm_off=off, static=static)
+        self.state = sv.State(env_assignment, settings, prewarm_off=off, static=static, local=local)
         self.events: queue.SimpleQueue[sv.Event] = queue.SimpleQueue()
         self.children: dict[int, _Child] = {}
         self.annotator = PodAnnotator(client, namespace, pod) if client is not None and pod else None
@@ -83,7 +88,11 @@ class Supervisor:
         signal.signal(signal.SIGCHLD, lambda *_: self.events.put(sv.Tick()))
         if self.annotator is not None:
             self.annotator.put(sv.supervisor_annotation(_version()))
-        if self.client is not None and self.configmap:
+        if self.local:
+            log.info("restarting the command after every saved preemption (exit %d), stopping on anything else; "
+                     "Ctrl-C saves and stops, a second Ctrl-C kills", self.state.settings.restart_code)
+            self.events.put(sv.AssignmentSeen(None))
+        elif self.client is not None and self.configmap:
             self.watch = ObjectWatch(self.client, self.namespace, "configmaps", self.configmap,
                                      self._on_configmap).start()
             log.info("watching ConfigMap %s/%s for assignments", self.namespace, self.configmap)
@@ -116,13 +125,14 @@ class Supervisor:
 
     def _do(self, action: sv.Action) -> sv.Event | int | None:
         if isinstance(action, sv.Note):
-            log.log(logging.DEBUG if action.debug else logging.INFO, "%s", action.text)
+            log.log(logging.ERROR if action.loud else logging.DEBUG if action.debug else logging.INFO, "%s",
+                    action.text)
         elif isinstance(action, sv.Signal):
             log.info("%s: sending %s to pid %d", action.why, signal.Signals(action.sig).name, action.pid)
             _kill(action.pid, action.sig)
         elif isinstance(action, sv.Report):
             if self.annotator is not None:
-                self.annotator.put(sv.exit_annotation(action.attempt, action.code, time.time()))
+                self.annotator.put(sv.exit_annotation(action.attempt, action.code, time.time(), action.agreed))
         elif isinstance(action, sv.StartTrainer):
             log.info("%s", action.why)
             self._kill_leftovers()
@@ -174,8 +184,14 @@ class Supervisor:
                 env[sv.WARM_FD_ENV] = str(theirs.fileno())
             # posix_spawn, not subprocess: the supervisor reaps every child itself (waitpid(-1)), which would
             # race subprocess's own bookkeeping. Signals Python ignores go back to their defaults.
-            pid = os.posix_spawnp(self.command[0], self.command, env,
-                                  setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=())
+            # A local run puts the trainer in its own process group: the terminal's Ctrl-C reaches only this
+            # supervisor, which turns it into the SIGTERM of a notice (agreed save, then stop).
+            if self.local:
+                pid = os.posix_spawnp(self.command[0], self.command, env,
+                                      setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=(), setpgroup=0)
+            else:
+                pid = os.posix_spawnp(self.command[0], self.command, env,
+                                      setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=())
         except OSError as err:
             ours.close()
             log.error("cannot start %s: %s", self.command[0], err)
@@ -294,42 +310,62 @@ def _become_subreaper() -> None:
         log.warning("cannot become a child subreaper: %s", err)
 
 
-def build(command: Sequence[str], env: Mapping[str, str]) -> Supervisor:
-    """The supervisor for ``command`` under ``env``. Raises ValueError (a bad knob or assignment variable)."""
-    settings = sv.Settings.from_env(env)
+def build(command: Sequence[str], env: Mapping[str, str], *, local: bool = False,
+          max_restarts: int | None = None) -> Supervisor:
+    """The supervisor for ``command`` under ``env``. Raises ValueError (a bad knob or assignment variable).
+    ``local``: the laptop's restart loop (``reprieve run``, ``reprieve-run --local``), whatever the environment."""
+    settings = dataclasses.replace(sv.Settings.from_env(env), max_restarts=max_restarts)
     env_assignment = sv.assignment_from_env(env)
-    job, pod = env.get("REPRIEVE_JOB", "").strip(), env.get("REPRIEVE_POD_NAME", "").strip()
-    namespace = env.get("REPRIEVE_NAMESPACE", "").strip() or "default"
-    host = env.get("KUBERNETES_SERVICE_HOST", "").strip()
+    if local:
+        return Supervisor(command, env, settings, env_assignment=env_assignment, client=None,
+                          namespace=RuntimeConfig.namespace, pod=None, configmap=None, local=True)
+    r = Env(env)
+    job, pod = r.opt_text("REPRIEVE_JOB"), r.opt_text("REPRIEVE_POD_NAME")
+    namespace = r.text("REPRIEVE_NAMESPACE", RuntimeConfig.namespace)
+    host = kubernetes_host(env)
     client = None
     if host and pod and job:
-        port = int(env.get("KUBERNETES_SERVICE_PORT", "443") or 443)
-        sa_dir = env.get("REPRIEVE_SERVICEACCOUNT_DIR", "").strip() or "/var/run/secrets/kubernetes.io/serviceaccount"
-        client = KubeClient(host, port, sa_dir)
+        client = KubeClient(host, kubernetes_port(env), r.text("REPRIEVE_SERVICEACCOUNT_DIR", DEFAULT_SERVICEACCOUNT_DIR))
     return Supervisor(command, env, settings, env_assignment=env_assignment, client=client, namespace=namespace,
-                      pod=pod or None, configmap=f"{job}{sv.ASSIGNMENT_SUFFIX}" if job else None)
+                      pod=pod, configmap=f"{job}{sv.ASSIGNMENT_SUFFIX}" if job else None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="reprieve-run", description="Run a Reprieve trainer as the worker container's PID 1: one process per "
-        "assigned attempt, restarted in place (docs/runtime.md, 'Running under reprieve-run').",
-        usage="reprieve-run [--version] -- COMMAND [ARG...]")
+        "assigned attempt, restarted in place (docs/runtime.md, 'Running under reprieve-run'). --local: the "
+        "laptop's restart loop, as `reprieve run` (docs/runtime.md, 'Running locally').",
+        usage="reprieve-run [--version] [--local [--max-restarts N]] -- COMMAND [ARG...]")
     parser.add_argument("--version", action="version", version=f"reprieve-run {_version()} (contract "
                                                                 f"{sv.CONTRACT_VERSION})")
+    parser.add_argument("--local", action="store_true", help="restart the command after every saved preemption, "
+                        "stop on anything else; no cluster")
+    parser.add_argument("--max-restarts", type=int, default=None, metavar="N",
+                        help="with --local: stop after N restarts")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return run(args.command, local=args.local, max_restarts=args.max_restarts, usage=parser.format_usage(),
+               prog="reprieve run" if args.local else "reprieve-run")
+
+
+def run(command: Sequence[str], *, local: bool = False, max_restarts: int | None = None, usage: str = "",
+        prog: str = "reprieve-run") -> int:
+    """The supervisor's main: ``reprieve-run`` (``local``: ``reprieve run``). The exit code to end with."""
+    command = list(command[1:] if command[:1] == ["--"] else command)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s reprieve-run[%(process)d] %(levelname)s %(message)s")
+                        format=f"%(asctime)s {prog}[%(process)d] %(levelname)s %(message)s")
     if not command:
-        parser.print_usage(sys.stderr)
-        log.error("no command given: reprieve-run -- python train.py ...")
+        sys.stderr.write(usage)
+        log.error("no command given: %s -- python train.py ...", prog)
+        return 2
+    if max_restarts is not None and (not local or max_restarts < 0):
+        log.error("--max-restarts takes a number >= 0, and only with a local run")
         return 2
     env = dict(os.environ)
-    problem = sv.contract_problem(env.get(sv.CONTRACT_ENV), where=f"{sv.CONTRACT_ENV} in the environment")
+    warn_unknown(env)
+    problem = sv.contract_problem(Env(env).opt_text(sv.CONTRACT_ENV), where=f"{sv.CONTRACT_ENV} in the environment")
     try:
-        supervisor = build(command, env)
+        supervisor = build(command, env, local=local, max_restarts=max_restarts)
     except ValueError as err:
         if problem is None:
             log.error("%s", err)

@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .env import Env
+
 log = logging.getLogger(__name__)
 
 
@@ -148,7 +150,7 @@ def expected_topology(env: Mapping[str, str] | None = None) -> Topology | None:
     from .supervision import EXPECTED_TOPOLOGY_ENV
 
     environ = os.environ if env is None else env
-    hint = environ.get(EXPECTED_TOPOLOGY_ENV)
+    hint = Env(environ).opt_text(EXPECTED_TOPOLOGY_ENV)
     if hint:
         try:
             return Topology.from_json(json.loads(hint))
@@ -164,9 +166,12 @@ def _checkpoint_topology(environ: Mapping[str, str]) -> Topology | None:
     from .checkpoint.storage import open_storage
     from .config import RuntimeConfig
 
-    uri = environ.get("REPRIEVE_CHECKPOINT_URI", RuntimeConfig.checkpoint_uri)
+    uri = Env(environ).text("REPRIEVE_CHECKPOINT_URI", RuntimeConfig.checkpoint_uri)
     try:
-        storage = open_storage(uri, fsync=False)
+        try:
+            storage = open_storage(uri, fsync=False, create=False)
+        except FileNotFoundError:
+            return None  # no checkpoint yet (a hint: a warm process creates nothing)
         latest = fencing.latest(storage.list_entries(uncommitted=False), storage.read_fences())
         if latest is None:
             return None
@@ -208,6 +213,8 @@ class TraceAhead:
             return
         topology = expected_topology(self._env)
         if topology is None:
+            log.debug("trace_ahead: the expected topology is not known yet (no hint from the previous trainer, no "
+                      "checkpoint records one)")
             return
         self.done = True
         t = time.perf_counter()

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster.stack import OperatorProcess, install_chart
+from localcluster.stack import OperatorProcess, example_job, install_chart
 from localcluster.testing import wait_for
 
 
@@ -19,8 +18,35 @@ def chart_installed(cluster: Any) -> None:
     install_chart(cluster)
 
 
+@pytest.fixture(scope="session")
+def compiled_example(cluster: Any, chart_installed: None, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The example's programs compiled once into the cluster's compilation cache (:func:`e2e_job`) by a 2-step job
+    of the same shape, so no end-to-end job pays a cold compilation (up to a minute on 2 cores with two jobs
+    compiling at once) and their restarts and first starts alike load it. Cold starts are the demo's and the
+    goodput benchmark's to measure."""
+    root = tmp_path_factory.mktemp("warm-up")
+    cluster.kubectl("create", "namespace", "warm-up")
+    op = OperatorProcess(cluster, root / "operator", namespaces=["warm-up"]).start()
+    try:
+        warm_up(cluster, "warm-up", e2e_job(cluster, "warm-up", replicas=2, steps=2, step_sleep=0, interval=0,
+                                            checkpoint_dir=root / "ckpt"), op)
+    finally:
+        op.stop()
+        cluster.kubectl("delete", "namespace", "warm-up", "--wait=false", check=False)
+
+
+def warm_up(cluster: Any, namespace: str, body: dict[str, Any], operator: Any = None) -> None:
+    """Run ``body`` (a short job) to Succeeded; a failure here names the warm-up, not the test that needed it."""
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+    name = body["metadata"]["name"]
+    wait_tj(cluster, namespace, name, lambda s: s.get("phase") == "Succeeded", 400,
+            "the warm-up job that fills the compilation cache to succeed", operator)
+    cluster.kubectl("delete", "tj", name, "-n", namespace, "--wait=false", check=False)
+
+
 @pytest.fixture
-def operator(cluster: Any, chart_installed: None, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+def operator(cluster: Any, chart_installed: None, compiled_example: None, namespace: str,
+             tmp_path: Path) -> Iterator[OperatorProcess]:
     op = OperatorProcess(cluster, tmp_path / "operator", namespaces=[namespace]).start()
     try:
         yield op
@@ -46,6 +72,15 @@ def pool(cluster: Any) -> Iterator[Callable[..., tuple[str, list[str]]]]:
             cluster.remove_node(node)
 
 
+def e2e_job(cluster: Any, name: str, **kwargs: Any) -> dict[str, Any]:
+    """``localcluster.stack.example_job`` with what every end-to-end job shares: one simulated CPU device per process
+    (with two, every cross-process collective of gloo waits about 0.1 s more, which made the example's steps 2x
+    slower; two devices per process are covered by tests/runtime/test_example_lm.py), and one JAX compilation
+    cache per cluster, so jobs of the same shape compile the example's programs once between them."""
+    kwargs.setdefault("devices_per_process", 1)
+    return example_job(name, compilation_cache=cluster.workdir / "xla-cache", **kwargs)
+
+
 def get_tj(cluster: Any, namespace: str, name: str) -> dict:
     return json.loads(cluster.kubectl("get", "tj", name, "-n", namespace, "-o", "json").stdout)
 
@@ -57,13 +92,15 @@ def wait_tj(cluster: Any, namespace: str, name: str, predicate: Callable[[dict],
     def check() -> dict | None:
         body = get_tj(cluster, namespace, name)
         last["status"] = body.get("status")
+        last["replicas"] = (body.get("spec") or {}).get("replicas", 0)
         return body if predicate(body.get("status") or {}) else None
 
     def describe() -> str:
         text = f"status {json.dumps(last.get('status'))}"
         if operator is not None:
             text += f"\noperator log:\n{operator.tail(30)}"
-        return text
+        logs = worker_logs(cluster, namespace, name, int(last.get("replicas") or 0))
+        return text + (f"\nworker logs (last 25 lines of each run):\n{logs}" if logs else "")
 
     return wait_for(check, timeout, f"TrainingJob {namespace}/{name}: {what}", interval=0.3, describe=describe)
 
@@ -78,12 +115,3 @@ def worker_logs(cluster: Any, namespace: str, job: str, replicas: int) -> str:
         for path in cluster.pod_logs(namespace, f"{job}-{i}", "trainer"):
             out.append(f"--- {path}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-25:]))
     return "\n".join(out)
-
-
-def sleep_until(pred: Callable[[], bool], timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.2)
-    return False

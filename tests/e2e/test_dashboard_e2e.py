@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster.stack import example_job
 from localcluster.testing import taint_node, wait_for
 
-from .conftest import pod_node, wait_tj
+from .conftest import e2e_job, pod_node, wait_tj
 from .test_preemption_e2e import SPOT_TAINT, wait_step
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -67,7 +66,7 @@ def test_every_dashboard_panel_has_data_from_the_operator_and_a_running_job(
     pool_a, _ = pool(3)
     name, ckpt = "watched", tmp_path / "watched"
     worker_port = free_port()
-    body = example_job(name, replicas=2, steps=300, step_sleep=0.03, interval=25, checkpoint_dir=ckpt,
+    body = e2e_job(cluster, name, replicas=2, steps=300, step_sleep=0.03, interval=25, checkpoint_dir=ckpt,
                        node_selector={"reprieve.test/pool": pool_a},
                        extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", "REPRIEVE_METRICS_PORT": str(worker_port),
                                   "REPRIEVE_PROGRESS_INTERVAL_SECONDS": "1"})
@@ -110,14 +109,19 @@ def test_every_dashboard_panel_has_data_from_the_operator_and_a_running_job(
         final = wait_tj(cluster, namespace, name, lambda s: s.get("phase") == "Succeeded", 300, "Succeeded",
                         operator)
         assert final["status"]["goodput"]["goodput"] > 0
-        time.sleep(4)  # the last scrapes of the operator's gauges
+        panels: dict[str, list[str]] = {}
 
-        empty, seen = [], []
-        for title, expr in panel_queries(namespace, name):
-            result = prom_query(base, "query_range", query=expr, start=f"{start:.3f}", end=f"{time.time():.3f}",
-                                step="2")["result"]
-            (seen if has_data(result) else empty).append(f"{title}: {expr}")
-        assert seen and not empty, "panels without data:\n" + "\n".join(empty)
+        def every_panel_has_data() -> bool:  # the last scrapes of the operator's gauges may still be coming
+            panels["empty"], panels["seen"] = [], []
+            for title, expr in panel_queries(namespace, name):
+                result = prom_query(base, "query_range", query=expr, start=f"{start:.3f}", end=f"{time.time():.3f}",
+                                    step="2")["result"]
+                panels["seen" if has_data(result) else "empty"].append(f"{title}: {expr}")
+            return bool(panels["seen"]) and not panels["empty"]
+
+        wait_for(every_panel_has_data, 60, "every dashboard panel to have data", interval=2,
+                 describe=lambda: "panels without data:\n" + "\n".join(panels.get("empty", [])))
+        seen = panels["seen"]
         print(f"\n{len(seen)} panel queries returned data")
     finally:
         prom.terminate()

@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 from localcluster.goodput import analyse, read_step_log
-from localcluster.stack import example_job
 from localcluster.testing import taint_node, wait_for
 
-from .conftest import pod_node, wait_tj
+from .conftest import e2e_job, pod_node, wait_tj
 from .test_preemption_e2e import SPOT_TAINT, succeeded, wait_step
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -31,7 +30,7 @@ STEPS, SLEEP = 200, 0.03
 def submit_inplace(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, spares: int = 0,
                    interval: int = 0, extra_env: dict[str, str] | None = None) -> Path:
     ckpt = root / name
-    body = example_job(name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
+    body = e2e_job(cluster, name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
                        node_selector={"reprieve.test/pool": pool},
                        extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **(extra_env or {})})
     body["spec"]["restartMode"] = "InPlace"

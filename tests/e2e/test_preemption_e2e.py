@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 from localcluster.goodput import analyse, read_step_log
-from localcluster.stack import example_job
 from localcluster.testing import taint_node, wait_for
 
-from .conftest import get_tj, pod_node, wait_tj, worker_logs
+from .conftest import e2e_job, get_tj, pod_node, wait_tj, worker_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -26,7 +25,7 @@ SPOT_TAINT = "cloud.google.com/impending-node-termination"
 def submit(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, interval: int = 0,
            extra_env: dict[str, str] | None = None, max_failures: int | None = None) -> Path:
     ckpt = root / name
-    body = example_job(name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
+    body = e2e_job(cluster, name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
                        node_selector={"reprieve.test/pool": pool}, max_failures=max_failures,
                        extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **(extra_env or {})})
     body["spec"]["restartMode"] = "Recreate"  # this file tests recreate-all; test_inplace_e2e the default

@@ -22,12 +22,11 @@ from localcluster.stack import (
     SYSTEM_POOL,
     WORKER_POOL,
     DeployedOperator,
-    example_job,
     install_operator,
 )
 from localcluster.testing import taint_node, wait_for
 
-from .conftest import get_tj, pod_node, wait_tj, worker_logs
+from .conftest import e2e_job, get_tj, pod_node, wait_tj, warm_up, worker_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnodes, pytest.mark.timeout(1800)]
 
@@ -37,10 +36,20 @@ REQUESTS = {"cpu": "250m", "memory": "1Gi"}  # 2-CPU real nodes: two workers and
 
 
 @pytest.fixture(scope="session")
-def real_operator(real_cluster: Any) -> DeployedOperator:
+def real_operator(real_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> DeployedOperator:
+    """The chart's operator Deployment; then a 2-step job of the example image on the system node fills the
+    cluster's compilation cache, so no real-node test pays a cold compilation (tests/e2e/conftest.py,
+    ``compiled_example``)."""
     install_operator(real_cluster, real_cluster.real.images["operator"].ref,
                      node_selector={"reprieve.test/pool": SYSTEM_POOL})
-    return DeployedOperator(real_cluster)
+    operator = DeployedOperator(real_cluster)
+    root = tmp_path_factory.mktemp("real-warm-up")
+    real_cluster.kubectl("create", "namespace", "warm-up")
+    body = e2e_job(real_cluster, "warm-up", replicas=2, steps=2, step_sleep=0, interval=0,
+                   checkpoint_dir=root / "ckpt", node_selector={"reprieve.test/pool": SYSTEM_POOL},
+                   image=real_cluster.real.images["example"].ref, requests=REQUESTS)
+    warm_up(real_cluster, "warm-up", body, operator)
+    return operator
 
 
 @pytest.fixture
@@ -53,8 +62,8 @@ def real_ns(real_cluster: Any) -> Iterator[str]:
 
 def submit(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, interval: int = 0) -> Path:
     ckpt = root / name
-    body = example_job(name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
-                       node_selector={"reprieve.test/pool": pool}, image=cluster.real.images["example"].ref,
+    body = e2e_job(cluster, name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
+                   node_selector={"reprieve.test/pool": pool}, image=cluster.real.images["example"].ref,
                        requests=REQUESTS, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"})
     body["spec"]["restartMode"] = "Recreate"  # recreate-all on real nodes; the in-place test below sets InPlace
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
@@ -206,8 +215,8 @@ def test_in_place_restart_on_real_nodes_keeps_the_survivors_container_and_a_spar
     the warm spare takes index 1 unless it shared the doomed node; nothing is lost."""
     name = "inplace"
     ckpt = tmp_path / name
-    body = example_job(name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=0, checkpoint_dir=ckpt,
-                       node_selector={"reprieve.test/pool": WORKER_POOL}, image=real_cluster.real.images["example"].ref,
+    body = e2e_job(real_cluster, name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=0, checkpoint_dir=ckpt,
+                   node_selector={"reprieve.test/pool": WORKER_POOL}, image=real_cluster.real.images["example"].ref,
                        requests=REQUESTS, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"})
     body["spec"]["restartMode"] = "InPlace"
     body["spec"]["spares"] = 1

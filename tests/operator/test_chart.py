@@ -84,7 +84,7 @@ def test_default_render() -> None:
                                     "capabilities": {"drop": ["ALL"]}}
     env = {e["name"]: e.get("value") for e in c["env"]}
     signals = yaml.safe_load(env["REPRIEVE_SIGNALS_JSON"])
-    from reprieve_operator.signals import BUILTIN_SIGNALS, signal_table
+    from reprieve_operator.policy.signals import BUILTIN_SIGNALS, signal_table
 
     defaults = {s.name: s.notice_seconds for s in BUILTIN_SIGNALS}
     assert {s.name: s.notice_seconds for s in signal_table(signals)} == defaults  # chart == code defaults

@@ -1,8 +1,10 @@
-"""classify_refusal: what an API refusal of a worker pod means (final, waiting or transient), field named."""
+"""classify_refusal: what an API refusal of a worker pod means (final, waiting or transient), field named; and
+the outcome it leads to (``refused``, ``decide.failed``)."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -12,10 +14,14 @@ from reprieve_operator.policy.create import (
     REJECTED,
     TRANSIENT,
     WAITING,
+    Refusal,
     bad_quantities,
     classify_refusal,
+    refused,
     retry_seconds,
 )
+from reprieve_operator.policy.decide import Counter, failed
+from reprieve_operator.policy.restart import RestartPlan
 
 pytestmark = pytest.mark.unit
 
@@ -98,3 +104,53 @@ def test_the_clients_own_body_validation_is_reported_like_the_api_servers() -> N
     assert (code, r.kind, r.reason) == (422, INVALID, "InvalidSpec")
     assert "spec.template.spec.containers[0].imagee: unknown field (misspelt?)" in r.message
     assert "spec.template.spec.terminationGracePeriod: unknown field (misspelt?)" in r.message
+
+
+# --- what a refusal leads to: an Outcome like every other decision (apply_outcome writes it) ---
+NOW = datetime(2026, 11, 25, 8, 0, 0, tzinfo=UTC)
+CREATING = RestartPlan(phase="Pending", attempt=1, create=(0, 1), new_attempt=True)
+
+
+def test_a_transient_refusal_sets_the_condition_warns_and_tries_again_later() -> None:
+    job = make_job(namespace="ml").model()
+    refusal = classify_refusal(job, 403, status("exceeded quota: compute"), "llama-0")
+    out = refused(job, CREATING, refusal, 3, 8.0, NOW)
+    assert out.record is None and out.first_event is None and not out.create
+    (cond,) = out.status["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("PodsCreated", "False", "QuotaExceeded")
+    assert cond["message"].endswith("; try 3, next in 8 s") and out.status["phase"] == "Pending"
+    assert [(e.reason, e.type) for e in out.status_events] == [("FailedCreate", "Warning")]
+    assert out.counter == Counter("error", "create")
+    assert out.requeue_after == 8.0 and out.plan.requeue_after == 8.0 and out.plan.create == ()
+
+
+def test_a_transient_refusal_of_a_running_job_keeps_its_phase() -> None:
+    job = make_job(namespace="ml").with_status(phase="Running", attempt=1).model()
+    out = refused(job, CREATING, Refusal(TRANSIENT, "ApiError", "no answer"), 1, 2.0, NOW)
+    assert "phase" not in out.status
+
+
+def test_a_final_refusal_fails_the_job_event_first() -> None:
+    job = make_job(namespace="ml").with_status(phase="Pending", conditions=[
+        {"type": "PodsCreated", "status": "False", "reason": "QuotaExceeded", "message": "m",
+         "lastTransitionTime": "2026-11-25T07:00:00Z"}]).model()
+    refusal = classify_refusal(job, 403, status("admission webhook denied the request"), "llama-0")
+    out = refused(job, CREATING, refusal, 0, 0.0, NOW)
+    assert out.first_event is not None and (out.first_event.reason, out.first_event.type) == ("PodRejected",
+                                                                                               "Warning")
+    assert out.record is not None and out.record["phase"] == "Failed"
+    assert [c["type"] for c in out.record["conditions"]] == ["Failed"]  # PodsCreated dropped
+    assert out.record["completionTime"] == "2026-11-25T08:00:00Z" and out.counter == Counter("failed", "PodRejected")
+    assert out.job is job and (out.plan.phase, out.plan.create) == ("Failed", ()) and out.requeue_after is None
+
+
+def test_a_job_failed_already_is_not_failed_again() -> None:
+    out = failed({"phase": "Failed", "attempt": 2}, "InvalidSpec", "bad", NOW)
+    assert (out.first_event, out.record, out.counter) == (None, None, None) and out.plan.phase == "Failed"
+
+
+def test_a_job_whose_spec_does_not_parse_fails_on_its_raw_status() -> None:
+    out = failed({"phase": "Running", "attempt": 2, "conditions": [{"type": "Ready", "status": "True"}]},
+                 "InvalidSpec", "TrainingJob ml/llama: spec.replicas must be >= 1, got 0", NOW)
+    assert out.job is None and out.plan.attempt == 2 and out.record is not None
+    assert [c["type"] for c in out.record["conditions"]] == ["Ready", "Failed"]

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 from op_jobs import make_job
-from reprieve_operator.decide import WAIT_SECONDS, Counter, View, decide
-from reprieve_operator.events import Event
-from reprieve_operator.observe import compact_pod
+from reprieve_operator.policy.decide import WAIT_SECONDS, Counter, View, decide
+from reprieve_operator.policy.events import Event
 from reprieve_operator.policy.inplace import Assignment
+from reprieve_operator.policy.views import compact_pod
 
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 11, 24, 6, 0, 0, tzinfo=UTC)
@@ -244,3 +244,25 @@ def test_the_restart_mode_in_effect_and_its_status(command: list[str] | None, mo
     out = decide(View(job=j, pods=[], now=NOW, known_nodes=set(), placed=True, looked=True))
     assert out.status["restartMode"] == effective
     assert (out.assign is not None) == (effective == "InPlace")  # in place: the first assignment is written
+
+
+REFUSED_BEFORE = {"phase": "Pending", "conditions": [
+    {"type": "PodsCreated", "status": "False", "reason": "QuotaExceeded", "message": "exceeded quota; try 2",
+     "lastTransitionTime": "2026-11-24T05:50:00Z"}]}
+
+
+@pytest.mark.parametrize("mode", ["Recreate", "InPlace"])
+def test_once_the_pods_are_created_the_final_patch_says_so(mode: str) -> None:
+    """A create refused before (PodsCreated=False) that succeeds now: the final patch, written only after the
+    create, turns the condition True; no second status write."""
+    out = decide(_view(job(REFUSED_BEFORE, restartMode=mode), []))
+    assert len(out.create) == 2 and out.record is None
+    conds = {c["type"]: c for c in out.status["conditions"]}
+    assert (conds["PodsCreated"]["status"], conds["PodsCreated"]["reason"]) == ("True", "Created")
+    assert conds["PodsCreated"]["message"] == "created 2 worker pod(s) of attempt 1"
+    assert all(c.type != "PodsCreated" for c in out.plan.conditions)  # the plan itself says nothing of it
+
+
+def test_a_job_never_refused_gets_no_pods_created_condition() -> None:
+    out = decide(_view(job(), []))
+    assert len(out.create) == 2 and "PodsCreated" not in {c["type"] for c in out.status.get("conditions", [])}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from reprieve_operator.delivery import notice_event_name, notice_message
-from reprieve_operator.signals import Notice
+from reprieve_operator.policy.notice import notice_event_name, notice_message
+from reprieve_operator.policy.signals import Notice
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 11, 22, 3, 0, 0, tzinfo=UTC)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from op_jobs import make_job
-from reprieve_operator.events import COMMIT_EVENT_SECONDS, Event, for_status_change
+from reprieve_operator.policy.events import COMMIT_EVENT_SECONDS, Event, for_status_change
 
 pytestmark = pytest.mark.unit
 

@@ -174,7 +174,7 @@ def test_another_start_error_is_a_failure_the_budget_counts() -> None:
 
 
 def test_pod_view_carries_the_kubelets_start_error() -> None:
-    from reprieve_operator.observe import compact_pod, pod_view
+    from reprieve_operator.policy.views import compact_pod, pod_view
 
     raw = {"metadata": {"name": "llama-1", "namespace": "ml", "labels": {
         "reprieve.dev/job-name": "llama", "reprieve.dev/role": "worker", "reprieve.dev/replica-index": "1",
@@ -311,7 +311,7 @@ def test_a_spare_on_a_doomed_node_never_takes_over() -> None:
 
 def test_status_spares_does_not_count_a_spare_that_took_an_index() -> None:
     """A used spare is a worker: ready/desired must not read 2/1 after a takeover (seen in make demo)."""
-    from reprieve_operator.decide import _inplace_status
+    from reprieve_operator.policy.decide import _inplace_status
     from reprieve_operator.policy.inplace import InPlace
     from reprieve_operator.policy.restart import RestartPlan
 
@@ -327,7 +327,7 @@ def test_pod_view_parses_a_cached_pod_once_and_checks_its_node_every_time() -> N
     whether the node is known is still decided per call; an API object passed in is never written to."""
     import json as _json
 
-    from reprieve_operator.observe import compact_pod, pod_view
+    from reprieve_operator.policy.views import compact_pod, pod_view
 
     raw = {"metadata": {"name": "llama-0", "namespace": "ml", "labels": {"reprieve.dev/job-name": "llama",
                                                                         "reprieve.dev/role": "worker",
@@ -352,7 +352,7 @@ def test_a_pod_annotated_through_the_cache_is_parsed_again() -> None:
     import json as _json
 
     from reprieve_operator.cache import Cache
-    from reprieve_operator.observe import compact_pod, pod_view
+    from reprieve_operator.policy.views import compact_pod, pod_view
 
     cache = Cache()
     cache.upsert_pod(compact_pod({"metadata": {"name": "llama-0", "namespace": "ml", "labels": {
@@ -364,3 +364,37 @@ def test_a_pod_annotated_through_the_cache_is_parsed_again() -> None:
     cache.upsert_pod({**cached, "metadata": annotated})  # what delivery does
     (fresh,) = cache.pods_of("ml", "llama")
     assert pod_view(fresh).notice_attempt == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("agreed", "cause"), [(True, "preemption"), (None, "preemption"), (False, "failure")])
+def test_the_restart_code_without_an_agreed_save_is_a_failure(agreed: bool | None, cause: str) -> None:
+    """The supervisor reports ``"agreed": false`` when the program exited with the restart code itself (nothing
+    was saved for it): that is the application's failure, counted against maxFailures, not a preemption.
+    (None: a supervisor from before the field.)"""
+    from dataclasses import replace
+
+    w1 = replace(exited(W1, 42), exit_agreed=agreed)
+    _, extra = decide_inplace(job(RUN), [exited(W0, 42), w1], ASSIGNED, (), NOW)
+    assert extra.record is not None and extra.record.cause == cause, extra.record
+    if cause == "failure":
+        assert "llama-1 exited with the restart code 42 without an agreed save" in extra.record.message
+
+
+def test_pod_view_reads_whether_the_restart_code_was_agreed() -> None:
+    import json
+
+    from reprieve_operator.policy.views import compact_pod, pod_view
+
+    def view(report: dict[str, Any]) -> PodView:
+        raw = {"metadata": {"name": "llama-1", "namespace": "ml", "labels": {
+            "reprieve.dev/job-name": "llama", "reprieve.dev/role": "worker", "reprieve.dev/replica-index": "1",
+            "reprieve.dev/attempt": "1"}, "annotations": {"reprieve.dev/exit": json.dumps(report)}},
+            "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
+        got = pod_view(compact_pod(raw), {"n1"})
+        assert got is not None
+        return got
+
+    base = {"attempt": 1, "code": 42, "time": "2026-11-22T03:00:00Z"}
+    assert view({**base, "agreed": False}).exit_agreed is False
+    assert view({**base, "agreed": True}).exit_agreed is True
+    assert view(base).exit_agreed is None and view({**base, "agreed": "no"}).exit_agreed is None

@@ -10,7 +10,8 @@ import pytest
 from op_jobs import make_job
 from reprieve_operator.policy.notice import decide_notice, is_open, notice_status_patch, opens_at
 from reprieve_operator.policy.restart import WorkerPod
-from reprieve_operator.signals import Notice, rfc3339
+from reprieve_operator.policy.signals import Notice
+from reprieve_operator.policy.times import rfc3339
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 from op_jobs import make_job
-from reprieve_operator.observe import progress, status_patch, worker_pod
 from reprieve_operator.policy.restart import decide_restart
+from reprieve_operator.policy.status import status_patch
+from reprieve_operator.policy.views import progress, worker_pod
 
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 11, 22, 3, 0, 0, tzinfo=UTC)
@@ -89,7 +90,7 @@ def test_status_patch_records_a_new_attempt_and_progress() -> None:
 
 
 def test_compact_pod_keeps_what_the_policy_reads() -> None:
-    from reprieve_operator.observe import compact_pod
+    from reprieve_operator.policy.views import compact_pod
 
     full = pod(phase="Failed", exit_code=42, deletionTimestamp="t", managedFields=[{"big": "x" * 1000}],
                annotations={"reprieve.dev/notice": "{}", "other": "y"})
@@ -161,8 +162,8 @@ def test_a_job_failed_outside_a_plan_closes_its_goodput() -> None:
     """_fail (an invalid spec, a refused pod) works on the raw status: the open attempt ends, figures are final."""
     from datetime import timedelta
 
-    from reprieve_operator.observe import closing_goodput
     from reprieve_operator.policy import goodput
+    from reprieve_operator.policy.status import closing_goodput
 
     t0 = NOW.timestamp()
     acc = goodput.fold(None, now=t0, new_attempt=1, created_at=t0)

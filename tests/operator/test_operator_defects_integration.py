@@ -112,7 +112,7 @@ def test_every_pod_the_builders_make_is_accepted_by_the_api_server(api, namespac
     from reprieve_operator.builders import build_worker_pod
     from reprieve_operator.models import TrainingJob
     from reprieve_operator.policy.placement import avoid_nodes
-    from reprieve_operator.signals import BUILTIN_SIGNALS
+    from reprieve_operator.policy.signals import BUILTIN_SIGNALS
 
     core = client.CoreV1Api(api)
     rng = random.Random(20261123)

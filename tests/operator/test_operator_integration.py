@@ -247,7 +247,7 @@ def test_spec_the_crd_cannot_catch_fails_with_a_condition(cluster, api, namespac
 def test_named_event_is_posted_once_however_often_it_is_retried(api, namespace) -> None:
     """A delivery retried by a restarted operator re-posts the job's Event under the same name: one Event."""
     from reprieve_operator import apply as apply_mod
-    from reprieve_operator.delivery import notice_event_name
+    from reprieve_operator.policy.notice import notice_event_name
 
     ref = {"apiVersion": "reprieve.dev/v1alpha1", "kind": "TrainingJob", "name": "llama", "namespace": namespace,
            "uid": "0123456789abcdef"}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from op_jobs import make_job
 from reprieve_operator.policy.placement import avoid_nodes, could_schedule, tolerates
-from reprieve_operator.signals import BUILTIN_SIGNALS
+from reprieve_operator.policy.signals import BUILTIN_SIGNALS
 
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 11, 22, 3, 0, 0, tzinfo=UTC)

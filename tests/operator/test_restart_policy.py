@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -178,3 +179,36 @@ def test_waiting_flag() -> None:
                              pods(1, {"phase": "Running", "deleting": True}, 42))
     assert waiting.waiting
     assert not decide_restart(job(RUNNING), pods(1, "Running", "Running")).waiting
+
+
+# (case, status, spec, pods as (name, phase, deleting), spares, expected (phase, delete, conditions))
+PROLOGUE = [
+    ("failed: stop what still runs", {"phase": "Failed", "attempt": 2}, {},
+     [("a", "Running", False), ("b", "Failed", False), ("c", "Running", True)], (),
+     ("Failed", ("a",), ())),
+    ("succeeded: keep the workers, drop the spares", {"phase": "Succeeded", "attempt": 2}, {},
+     [("a", "Running", False)], ("s1",), ("Succeeded", ("s1",), ())),
+    ("suspended: delete every pod not being deleted", {"phase": "Running", "attempt": 2}, {"suspend": True},
+     [("a", "Running", False), ("b", "Succeeded", False), ("c", "Running", True)], (),
+     ("Suspended", ("a", "b"), ("Suspended",))),
+    ("running: neither", {"phase": "Running", "attempt": 2}, {}, [("a", "Running", False)], (), None),
+]
+
+
+@pytest.mark.parametrize("status,spec,states,spares,expected", [r[1:] for r in PROLOGUE],
+                         ids=[r[0] for r in PROLOGUE])
+@pytest.mark.parametrize("kind", ["WorkerPod", "PodView"])
+def test_both_decisions_share_their_start(kind: str, status: dict[str, Any], spec: dict[str, Any],
+                                          states: list[tuple[str, str, bool]], spares: tuple[str, ...],
+                                          expected: tuple[str, tuple[str, ...], tuple[str, ...]] | None) -> None:
+    from reprieve_operator.policy.inplace import PodView
+    from reprieve_operator.policy.restart import finished_or_suspended
+
+    make: Any = WorkerPod if kind == "WorkerPod" else functools.partial(PodView, role="worker")
+    those = [make(name=n, index=i, attempt=1, phase=ph, deleting=d) for i, (n, ph, d) in enumerate(states)]
+    plan = finished_or_suspended(job(status, **spec), 2, those, after_success=spares)
+    if expected is None:
+        assert plan is None
+        return
+    assert plan is not None
+    assert (plan.phase, plan.delete, tuple(c.type for c in plan.conditions), plan.attempt) == (*expected, 2)

@@ -7,11 +7,15 @@ is checked over many randomized runs.
 
 from __future__ import annotations
 
+import json
+import logging
 import random
+import re
 import threading
 import time
 
 import pytest
+from localcluster.testing import wait_for
 from reprieve.agreement import EARLY, FINAL, Agreement, AgreementError
 from reprieve.coordination import LocalCoordinator
 from reprieve.countdown import CountdownSettings
@@ -21,24 +25,36 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 
 class _SlowView(LocalCoordinator):
-    """A view that takes an RPC's time (1-3 ms) per write, as the coordination service does."""
+    """A view that takes an RPC's time (1-3 ms) per write, as the coordination service does.
+
+    ``claims`` records every attempted claim as ``(key, notice id)`` (shared by the views of one store):
+    :meth:`Agreement.offer` claims synchronously, so a notice that should have been dropped is in it by the
+    time ``offer`` returns, whatever the watcher thread has done since."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims: list[tuple[str, str | None]] = []
 
     def set(self, key: str, value: str, *, overwrite: bool = False) -> None:
         time.sleep(random.uniform(0.001, 0.003))
         super().set(key, value, overwrite=overwrite)
 
     def claim(self, key: str, value: str) -> bool:
+        record = json.loads(value)
+        self.claims.append((key, json.loads(record["notice"])["id"] if "notice" in record else None))
         time.sleep(random.uniform(0.001, 0.003))
         return super().claim(key, value)
 
 
-def shared_coordinators(n: int) -> list[LocalCoordinator]:
+def shared_coordinators(n: int) -> list[_SlowView]:
     """``n`` views of one in-memory store, one per process id."""
     base = LocalCoordinator()
-    views: list[LocalCoordinator] = []
+    claims: list[tuple[str, str | None]] = []
+    views: list[_SlowView] = []
     for pid in range(n):
         view = _SlowView()
         view._kv, view._cond = base._kv, base._cond  # one store, like one coordination service
+        view.claims = claims
         view.process_id, view.num_processes = pid, n
         views.append(view)
     return views
@@ -49,12 +65,22 @@ def agreements(n: int, **kwargs: object) -> list[Agreement]:
             for c in shared_coordinators(n)]
 
 
+def claimed(agreement: Agreement) -> list[str | None]:
+    """The notice ids of every claim attempted in ``agreement``'s store, in order."""
+    return [nid for _, nid in agreement.coordinator.claims]  # type: ignore[attr-defined]
+
+
+def logged(caplog: pytest.LogCaptureFixture, text: str) -> int:
+    """How many captured records contain ``text``."""
+    return sum(text in r.getMessage() for r in caplog.records)
+
+
 def notice(nid: str, seconds: float, *, reason: str = "test") -> Notice:
     now = time.time()
     return Notice(id=nid, source="test", reason=reason, deadline=now + seconds, received_at=now)
 
 
-def wait_target(agreement: Agreement, round_: int = 0, timeout: float = 5.0) -> None:
+def wait_target(agreement: Agreement, round_: int = 0, timeout: float = 30.0) -> None:
     limit = time.monotonic() + timeout
     while agreement.target is None or agreement.target.round < round_:
         assert time.monotonic() < limit, "no plan"
@@ -126,7 +152,8 @@ def test_randomized_skew_every_loop_stops_at_the_same_unpassed_step(seed: int) -
         assert decided[p] == list(range(final + 1)), f"process {p} passed the agreed step {final}"
 
 
-def test_simultaneous_notices_one_round_and_the_second_is_dropped() -> None:
+def test_simultaneous_notices_one_round_and_the_second_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="reprieve.agreement")
     group = agreements(2)
     try:
         a = notice("x", 10.0)
@@ -138,7 +165,15 @@ def test_simultaneous_notices_one_round_and_the_second_is_dropped() -> None:
             th.join()
         for g in group:
             wait_target(g)
-        time.sleep(0.3)  # the loser is re-offered after round 0 and must not start round 1
+        # the loser is re-offered after round 0 (by its watcher) and must not start round 1: wait until that
+        # re-offer was decided, then look
+        lost = wait_for(lambda: re.search(r"round 0 was already claimed; notice (\w+) re-offered", caplog.text),
+                        5, "the losing claim")
+        loser = lost.group(1)
+        wait_for(lambda: logged(caplog, f"notice {loser} (deadline") == 1, 5, f"the re-offer of {loser}",
+                 interval=0.005, describe=lambda: caplog.text)
+        assert logged(caplog, "does not move the agreed save") == 1
+        assert sorted(claimed(group[0])) == ["x", "y"]  # one claim each for round 0; no claim for round 1
         assert [g.target.round for g in group] == [0, 0]  # type: ignore[union-attr]
         assert not group[0].coordinator.dir_get("reprieve/1/agree/notice/1")
     finally:
@@ -171,25 +206,29 @@ def test_second_earlier_notice_moves_the_save_earlier_and_keeps_the_first_save()
             g.close()
 
 
-def test_later_notice_never_moves_the_save_later() -> None:
+def test_later_notice_never_moves_the_save_later(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="reprieve.agreement")
     group = agreements(1)
     try:
         group[0].offer(notice("short", 0.0))
         wait_target(group[0])
-        group[0].offer(notice("long", 3600.0))
-        time.sleep(0.2)
+        group[0].offer(notice("long", 3600.0))  # decided synchronously: a claim would be made in offer()
+        assert claimed(group[0]) == ["short"]
+        assert logged(caplog, "notice long (deadline") == 1 and "does not move the agreed save" in caplog.text
         assert group[0].target.round == 0  # type: ignore[union-attr]
     finally:
         group[0].close()
 
 
-def test_duplicate_notice_ids_are_ignored() -> None:
+def test_duplicate_notice_ids_are_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="reprieve.agreement")
     group = agreements(1)
     try:
         group[0].offer(notice("same", 100.0))
         wait_target(group[0])
-        group[0].offer(notice("same", 0.0))
-        time.sleep(0.2)
+        group[0].offer(notice("same", 0.0))  # decided synchronously: a claim would be made in offer()
+        assert logged(caplog, "notice same already known; ignored") == 1
+        assert claimed(group[0]) == ["same"]
         assert group[0].target.round == 0  # type: ignore[union-attr]
     finally:
         group[0].close()
@@ -257,7 +296,9 @@ def test_a_failed_publish_is_retried() -> None:
         agreement.close()
 
 
-def test_steps_that_slow_after_the_plan_move_the_save_earlier_once_per_plan() -> None:
+def test_steps_that_slow_after_the_plan_move_the_save_earlier_once_per_plan(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="reprieve.agreement")
     settings = CountdownSettings(margin_seconds=1.0, safety_factor=1.0, default_save_seconds=0.1, save_at_once=False)
     group = agreements(2, countdown=settings)
     try:
@@ -277,16 +318,19 @@ def test_steps_that_slow_after_the_plan_move_the_save_earlier_once_per_plan() ->
         second = {g.target.plan.final_step for g in group}  # type: ignore[union-attr]
         assert len(second) == 1 and 2 <= second.pop() < first.final_step / 5, (first, second)
         assert group[1].target.notice.source == "replan"  # type: ignore[union-attr]
-        # on pace with the new plan: no further round
+        # on pace with the new plan: no further round. decide() asks for a re-plan synchronously (a warning,
+        # then the watcher claims it), so one warning in all, from step 1, says no second one was asked for
         assert group[1].decide(2) is None and group[0].decide(2) is None
-        time.sleep(0.3)
+        asks = [r.getMessage() for r in caplog.records if "asking to plan again" in r.getMessage()]
+        assert len(asks) == 1 and asks[0].startswith("process 1: at step 1,"), asks
         assert group[0].target.round == 1  # type: ignore[union-attr]
     finally:
         for g in group:
             g.close()
 
 
-def test_a_re_plan_of_a_superseded_plan_is_ignored() -> None:
+def test_a_re_plan_of_a_superseded_plan_is_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="reprieve.agreement")
     settings = CountdownSettings(margin_seconds=1.0, safety_factor=1.0, default_save_seconds=0.1, save_at_once=False)
     group = agreements(1, countdown=settings)
     try:
@@ -298,21 +342,25 @@ def test_a_re_plan_of_a_superseded_plan_is_ignored() -> None:
         wait_target(group[0], 1)
         stale = Notice(id="replan/0/long", source="replan", reason="test", deadline=time.time() + 30.0,
                        received_at=time.time())
-        group[0].offer(stale)
-        time.sleep(0.3)
+        group[0].offer(stale)  # decided synchronously: a claim would be made in offer()
+        assert logged(caplog, "re-plan replan/0/long: the plan changed since; ignored") == 1
+        assert "replan/0/long" not in claimed(group[0])
         assert group[0].target.round == 1 and group[0].target.notice.id == "short"  # type: ignore[union-attr]
     finally:
         group[0].close()
 
 
-def test_a_notice_before_the_loop_begins_is_held_and_planned_from_the_first_step() -> None:
+def test_a_notice_before_the_loop_begins_is_held_and_planned_from_the_first_step(
+        caplog: pytest.LogCaptureFixture) -> None:
     """A restarted process learns of a notice during its restore: nothing can be saved before its loop's first
     step, so it claims no round until then; the plan then starts at the first step, with the step time the
     restore seeded (a plan made at once would have had neither)."""
+    caplog.set_level(logging.INFO, logger="reprieve.agreement")
     group = agreements(2, hold_until_loop=True)
     try:
-        group[0].offer(notice("n1", 60.0))
-        time.sleep(0.3)
+        group[0].offer(notice("n1", 60.0))  # decided synchronously: a claim would be made in offer()
+        assert [n.id for n in group[0]._held] == ["n1"] and logged(caplog, "notice n1 held until") == 1
+        assert claimed(group[0]) == [] and not group[0].coordinator.dir_get("reprieve/1/agree/notice/")
         assert all(a.target is None for a in group)  # held: no round was claimed
         group[1].report(step_seconds=0.1, save_seconds=0.2)  # what Job.restore_or seeds
         group[1].begin(40)
@@ -328,17 +376,20 @@ def test_a_notice_before_the_loop_begins_is_held_and_planned_from_the_first_step
             a.close()
 
 
-def test_a_loop_without_job_steps_releases_held_notices_at_its_first_decision() -> None:
+def test_a_loop_without_job_steps_releases_held_notices_at_its_first_decision(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="reprieve.agreement")
     (agreement,) = agreements(1, hold_until_loop=True)
     try:
-        agreement.offer(notice("n1", 0.0))
-        time.sleep(0.2)
+        agreement.offer(notice("n1", 0.0))  # decided synchronously: a claim would be made in offer()
+        assert [n.id for n in agreement._held] == ["n1"] and claimed(agreement) == []
         assert agreement.target is None
         assert agreement.decide(7) is None  # offers the held notice: the plan is the next step
         wait_target(agreement)
         assert agreement.target.plan.final_step == 8  # type: ignore[union-attr]
         agreement.offer(notice("n1", 0.0))  # already known once offered: not held again, not a new round
-        time.sleep(0.2)
+        assert logged(caplog, "notice n1 already known; ignored") == 1
+        assert claimed(agreement) == ["n1"] and agreement._held == []
         assert agreement.target.round == 0  # type: ignore[union-attr]
     finally:
         agreement.close()

@@ -3,6 +3,7 @@ leftovers, corruption + fallback, fencing, crash between barrier and commit."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -29,17 +30,20 @@ from reprieve.checkpoint import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-NDEV = len(jax.devices())
-MESH_SHAPES = [(2, 2), (1, 4), (4, 1)] if NDEV >= 4 else [(1, 1)]
+
+@functools.cache
+def mesh_shapes() -> list[tuple[int, int]]:
+    """The meshes to save and restore on; asked at test time (devices are not touched while pytest collects)."""
+    return [(2, 2), (1, 4), (4, 1)] if len(jax.devices()) >= 4 else [(1, 1)]
 
 
 def test_round_trip_all_leaf_kinds_resharded(tmp_path) -> None:
-    src = state_def.make_mesh(MESH_SHAPES[0])
+    src = state_def.make_mesh(mesh_shapes()[0])
     with CheckpointManager(str(tmp_path), keep=5) as mgr:
         mgr.save(3, state_def.make_state(11, src, "a"), extra={"data": {"epoch": 1, "offset": 42}})
         mgr.wait()
         assert mgr.committed_step == 3 and mgr.last_save_seconds is not None and mgr.last_save_seconds > 0
-        for shape in MESH_SHAPES:
+        for shape in mesh_shapes():
             for variant in ("a", "b"):
                 mesh = state_def.make_mesh(shape)
                 step, restored, extra = mgr.restore(state_def.make_abstract(mesh, variant))
@@ -50,7 +54,7 @@ def test_round_trip_all_leaf_kinds_resharded(tmp_path) -> None:
 
 
 def test_file_uri_and_dtype_cast(tmp_path) -> None:
-    mesh = state_def.make_mesh(MESH_SHAPES[0])
+    mesh = state_def.make_mesh(mesh_shapes()[0])
     with CheckpointManager(f"file://{tmp_path}/ck") as mgr:
         mgr.save(1, state_def.make_state(5, mesh, "a"))
         mgr.wait()
@@ -65,7 +69,7 @@ def test_file_uri_and_dtype_cast(tmp_path) -> None:
 def test_shards_split_into_small_chunks_round_trip_resharded(tmp_path) -> None:
     """Chunk files smaller than a shard (the default caps them at 16 MiB) and one chunk per shard (the
     layout of checkpoints written before the cap) both restore bit-exact onto every mesh."""
-    src = state_def.make_mesh(MESH_SHAPES[0])
+    src = state_def.make_mesh(mesh_shapes()[0])
     files = {}
     for cap in (48, None):
         root = tmp_path / f"cap-{cap}"
@@ -75,7 +79,7 @@ def test_shards_split_into_small_chunks_round_trip_resharded(tmp_path) -> None:
         chunks = [p for p in (root / layout.committed_name(2, 1)).rglob("*") if p.is_file() and "/c/" in str(p)]
         files[cap] = chunks
         with CheckpointManager(str(root)) as mgr:  # the reader's own cap does not matter
-            for shape in MESH_SHAPES:
+            for shape in mesh_shapes():
                 for variant in ("a", "b"):
                     mesh = state_def.make_mesh(shape)
                     _, restored, _ = mgr.restore(state_def.make_abstract(mesh, variant))
@@ -85,7 +89,7 @@ def test_shards_split_into_small_chunks_round_trip_resharded(tmp_path) -> None:
 
 
 def test_small_memory_limit_still_restores(tmp_path) -> None:
-    mesh = state_def.make_mesh(MESH_SHAPES[0])
+    mesh = state_def.make_mesh(mesh_shapes()[0])
     with CheckpointManager(str(tmp_path), restore_memory_limit_bytes=64) as mgr:
         mgr.save(1, state_def.make_state(2, mesh, "a"))
         _, restored, _ = mgr.restore(state_def.make_abstract(mesh, "b"))
@@ -94,7 +98,7 @@ def test_small_memory_limit_still_restores(tmp_path) -> None:
 
 @pytest.mark.parametrize("host_copy", ["staged", "device"])
 def test_donation_right_after_save_is_safe(tmp_path, host_copy: str) -> None:
-    mesh = state_def.make_mesh(MESH_SHAPES[0])
+    mesh = state_def.make_mesh(mesh_shapes()[0])
     sharding = NamedSharding(mesh, P(*mesh.axis_names))
 
     @jax.jit
@@ -118,7 +122,7 @@ def test_donation_right_after_save_is_safe(tmp_path, host_copy: str) -> None:
 
 
 def test_one_save_in_flight_and_errors_surface(tmp_path, caplog) -> None:
-    mesh = state_def.make_mesh(MESH_SHAPES[0])
+    mesh = state_def.make_mesh(mesh_shapes()[0])
     state = state_def.make_state(0, mesh, "a")
     mgr = CheckpointManager(str(tmp_path))
     caplog.set_level(logging.INFO, logger="reprieve.checkpoint")
@@ -164,7 +168,8 @@ def test_save_rejects_bad_input(tmp_path) -> None:
     abstract = {"x": jax.ShapeDtypeStruct((4,), jnp.float32, sharding=x.sharding)}
     with pytest.raises(KeyError, match=r"leaf \['y'\] is not in checkpoint"):
         mgr.restore({"y": abstract["x"]})
-    with pytest.raises(ValueError, match=r"abstract shape \(5,\) does not match saved shape \(4,\)"):
+    with pytest.raises(ValueError, match=r"abstract shape \(5,\) does not match saved shape \(4,\) in checkpoint "
+                                         rf"{tmp_path}/step_0000000002_a1"):
         mgr.restore({"x": jax.ShapeDtypeStruct((5,), jnp.float32, sharding=x.sharding)})
     with pytest.raises(ValueError, match="has no sharding"):
         mgr.restore({"x": jax.ShapeDtypeStruct((4,), jnp.float32)})
@@ -222,7 +227,7 @@ def _chunk_files(ckpt: os.PathLike) -> list[str]:
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete_chunk", "delete_metadata"])
 def test_corrupt_checkpoint_names_file_and_falls_back(tmp_path, caplog, damage: str) -> None:
-    mesh = state_def.make_mesh(MESH_SHAPES[0])
+    mesh = state_def.make_mesh(mesh_shapes()[0])
     with CheckpointManager(str(tmp_path), keep=5) as mgr:
         mgr.save(1, state_def.make_state(1, mesh, "a"))
         mgr.save(2, state_def.make_state(2, mesh, "a"))
@@ -256,7 +261,7 @@ def test_corrupt_checkpoint_names_file_and_falls_back(tmp_path, caplog, damage: 
 
 
 def test_restore_falls_back_past_a_corrupt_checkpoint(tmp_path, caplog) -> None:
-    mesh = state_def.make_mesh(MESH_SHAPES[0])
+    mesh = state_def.make_mesh(mesh_shapes()[0])
     with CheckpointManager(str(tmp_path), keep=5) as mgr:
         for s in (1, 2, 3):
             mgr.save(s, state_def.make_state(s, mesh, "a"))
@@ -312,25 +317,32 @@ def test_crash_between_barrier_and_commit(tmp_path, point: str) -> None:
 
 
 def test_slow_deletion_never_blocks_saves(tmp_path) -> None:
+    """Saves commit while a retention deletion is stuck: ordering, not time (a save that waited for the
+    deletion would hang here, and the test's timeout fails it)."""
     import threading
-    import time
 
     x = {"x": jnp.arange(16.0)}
     mgr = CheckpointManager(str(tmp_path), keep=1)
     real_delete = mgr._storage.delete
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
 
-    def slow_delete(name) -> None:  # a deletion stuck on a slow store
-        release.wait(30)
+    def slow_delete(name) -> None:  # a deletion stuck on a slow store, until the test lets it go
+        entered.set()
+        release.wait()
         real_delete(name)
 
     mgr._storage.delete = slow_delete
-    t0 = time.monotonic()
-    for s in range(1, 5):
-        mgr.save(s, x)
-        mgr.wait()
-    assert time.monotonic() - t0 < 10 and mgr.latest_step() == 4
-    release.set()
+    try:
+        for s in (1, 2):
+            mgr.save(s, x)
+            mgr.wait()
+        assert entered.wait(60), "retention never deleted step 1 (keep=1)"  # stuck from here on
+        for s in (3, 4):
+            mgr.save(s, x)
+            mgr.wait()
+        assert not release.is_set() and mgr.latest_step() == 4  # both committed while the deletion was stuck
+    finally:
+        release.set()
     mgr.close()
     assert CheckpointManager(str(tmp_path)).all_steps() == [4]
 

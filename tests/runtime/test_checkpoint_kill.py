@@ -58,7 +58,10 @@ def test_kill_minus_nine_at_random_moments(tmp_path) -> None:
         # Read with a manager of a *newer* attempt, as the next gang would.
         mgr = CheckpointManager(str(tmp_path), attempt=attempt + 1)
         latest = mgr.latest_step()
-        assert latest is not None and latest >= reported, (trial, latest, reported, "".join(lines))
+        if latest is None:  # killed before its first commit (the kill may come before the first save ends)
+            assert reported == 0, (trial, reported, "".join(lines))
+            continue
+        assert latest >= reported, (trial, latest, reported, "".join(lines))
         step, got, _ = mgr.restore(abstract)
         assert step == latest
         np.testing.assert_array_equal(np.asarray(got["w"]), _expected_w(step))

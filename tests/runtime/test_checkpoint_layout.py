@@ -108,6 +108,22 @@ def test_retention_deletes_fenced_out_and_validates() -> None:
         retention.select_deletions([], [], keep=1, keep_every=0)
 
 
+@pytest.mark.parametrize("quarantined,keep,deleted", [
+    ([], 3, []),
+    ([(1, 1, 1, "a"), (2, 1, 1, "b")], 3, []),
+    ([(2, 1, 1, "b"), (1, 1, 1, "a"), (1, 1, 2, "a2"), (3, 2, 1, "c")], 2, ["a", "a2"]),  # oldest steps first
+    ([(5, 1, 1700000000002, "r2"), (5, 1, 1700000000001, "r1")], 1, ["r1"]),  # one name quarantined twice
+])
+def test_select_quarantined_keeps_the_newest(quarantined: list, keep: int, deleted: list[str]) -> None:
+    assert retention.select_quarantined(quarantined, keep=keep) == deleted
+
+
+def test_quarantine_records_and_copies_are_named() -> None:
+    assert layout.parse_quarantine_record("step_0000000041_a2-1700000000000.json") == (41, 2, 1700000000000)
+    assert layout.parse_quarantine_record("step_0000000041_a2.json") is None
+    assert layout.parse_name("step_0000000041_a2.corrupt-3") == N(41, 2, "corrupt", 3)
+
+
 # -- specs -----------------------------------------------------------------------------------------
 def test_kvstore_specs() -> None:
     f = layout.parse_uri("/ck")

@@ -74,6 +74,22 @@ def test_a_corrupt_checkpoint_is_quarantined_and_the_same_step_saves_again(tmp_p
     assert len([n for n in os.listdir(tmp_path) if layout.CORRUPT_SUFFIX in n]) == 2
 
 
+def test_retention_keeps_only_the_newest_quarantined_copies(tmp_path: Path) -> None:
+    """Quarantined copies were never cleaned: every corruption left a full-size copy for ever. Retention keeps the
+    ``keep`` newest (by step, then copy) and deletes the older ones."""
+    with CheckpointManager(str(tmp_path), keep=2) as mgr:
+        mgr.save(1, _state(1))
+    for name in (f"{layout.committed_name(1, 1)}.corrupt", f"{layout.committed_name(1, 1)}.corrupt-2",
+                 f"{layout.committed_name(3, 1)}.corrupt", f"{layout.committed_name(2, 1)}.corrupt"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "QUARANTINED.json").write_text("{}")
+    with CheckpointManager(str(tmp_path), keep=2) as mgr:
+        mgr.save(4, _state(4))  # its commit runs a retention pass; close() waits for it
+    left = sorted(n for n in os.listdir(tmp_path) if layout.CORRUPT_SUFFIX in n)
+    assert left == [f"{layout.committed_name(2, 1)}.corrupt", f"{layout.committed_name(3, 1)}.corrupt"]
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(layout.DELETING_SUFFIX)]
+
+
 def test_a_stale_directory_under_the_committed_name_never_fails_a_commit(tmp_path: Path) -> None:
     """Whatever holds the name (a checkpoint restored past with ``step=``, a copy put back by hand), the new
     save of that step replaces it instead of failing."""

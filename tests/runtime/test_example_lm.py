@@ -33,10 +33,10 @@ def test_the_example_lm_resumes_bit_identical_after_a_preemption(tmp_path: Path)
     want = json.loads((tmp_path / "steady" / "result.json").read_text())
 
     work = tmp_path / "preempted"
-    # An 8 s notice: the agreement trains on until ~5 s before the deadline; at these ~0.03 s steps a longer notice
-    # would let the job reach its last step. This one leaves no time to train on, so the agreed save lands mid-run
-    # and the restart has steps left to take.
-    gang = launch(work, 2, worker=EXAMPLE, grace_seconds=8, extra_env=_env(work))
+    # A 7 s notice is no more than the 5 s margin plus twice the 1 s save estimate (no save is measured yet): the
+    # plan is to save at the earliest step, whatever the step rate, so the agreed save lands a few steps in and
+    # the restart has steps left to take. (A longer notice trains on, and a fast machine reaches the last step.)
+    gang = launch(work, 2, worker=EXAMPLE, grace_seconds=7, extra_env=_env(work))
     try:
         limit_log = gang.logs[0]
         import time
@@ -50,7 +50,10 @@ def test_the_example_lm_resumes_bit_identical_after_a_preemption(tmp_path: Path)
         assert gang.wait(120) == [42, 42], gang.tail()
     finally:
         gang.kill()
-    saved = int(re.findall(r"agreed checkpoint at step (\d+)", gang.logs[0].read_text())[-1])
+    log0 = gang.logs[0].read_text()
+    planned = re.findall(r"agreed save step (\d+) \(round 0, [^\n]*save at the earliest step", log0)
+    saved = int(re.findall(r"agreed checkpoint at step (\d+)", log0)[-1])
+    assert planned == [str(saved)], (planned, saved, gang.tail())
     assert 0 <= saved < STEPS - 1
     again = launch(work, 2, worker=EXAMPLE, extra_env={**_env(work, attempt=2), "JAX_EXPLAIN_CACHE_MISSES": "1"})
     assert again.wait(300) == [0, 0], again.tail()

@@ -30,13 +30,14 @@ def test_a_step_traced_before_the_devices_is_not_traced_again_at_its_first_call(
     cache = tmp_path / "cache"
     populate = bench.child("populate", cache, 2)
     assert populate["trace"] > 0 and populate["cache_hits"] == 0, populate
-    restart = bench.child("plain", cache, 2)
+    restart = bench.child("plain", cache, 2, explain=True)
     assert restart["trace"] > 0 and restart["cache_hits"] == 1, restart  # traced again, compiled from the cache
-    pretraced = bench.child("pretrace", cache, 2)  # the child asserts that its trace touched no device
-    # The step's trace is not repeated: what is left is JAX's own bookkeeping (tens of microseconds), not a trace
-    # of the model (hundreds of milliseconds in `restart`).
+    pretraced = bench.child("pretrace", cache, 2, explain=True)  # the child asserts its trace touched no device
+    # The step's trace is not repeated: JAX's own tracing-cache misses after the devices are known, counted, not
+    # timed (the trace left is bookkeeping of tens of microseconds, which a scheduler hiccup could outlast).
+    assert restart["step_traces"] >= 1, restart  # the explanations work: the plain restart traces the step
     assert pretraced["pretrace"] > 0 and pretraced["cache_hits"] == 1, pretraced
-    assert pretraced["trace"] < restart["trace"] / 20, (pretraced, restart)
+    assert pretraced["step_traces"] == 0, (pretraced, restart)
     # Compiled beside the restore (what Job.compile_ahead does): the first call lowers nothing in the main thread.
     ahead = bench.child("ahead", cache, 2)
     assert restart["first_lowerings"] >= 1 and pretraced["first_lowerings"] >= 1, (restart, pretraced)

@@ -47,16 +47,18 @@ def test_ipv6_pod_ip_is_bracketed() -> None:
 
 
 BAD = [
-    ({"REPRIEVE_NUM_PROCESSES": "two"}, "REPRIEVE_NUM_PROCESSES must be an integer, got 'two'"),
-    ({"REPRIEVE_NUM_PROCESSES": "0"}, "REPRIEVE_NUM_PROCESSES must be >= 1, got 0"),
+    ({"REPRIEVE_NUM_PROCESSES": "two"}, "REPRIEVE_NUM_PROCESSES must be an integer >= 1, got 'two'"),
+    ({"REPRIEVE_NUM_PROCESSES": "0"}, "REPRIEVE_NUM_PROCESSES must be >= 1, got '0'"),
     ({"REPRIEVE_PROCESS_ID": "4"}, r"REPRIEVE_PROCESS_ID must be < REPRIEVE_NUM_PROCESSES \(4\), got 4"),
     ({"REPRIEVE_COORDINATOR_ADDRESS": ""}, "REPRIEVE_COORDINATOR_ADDRESS must be set"),
     ({"REPRIEVE_COORDINATOR_ADDRESS": "host-without-port"}, "must be host:port, got 'host-without-port'"),
-    ({"REPRIEVE_RESTART_EXIT_CODE": "300"}, "REPRIEVE_RESTART_EXIT_CODE must be <= 255, got 300"),
+    ({"REPRIEVE_RESTART_EXIT_CODE": "300"}, "REPRIEVE_RESTART_EXIT_CODE must be between 3 and 125, got '300'"),
+    ({"REPRIEVE_RESTART_EXIT_CODE": "1"}, "REPRIEVE_RESTART_EXIT_CODE must be between 3 and 125, got '1'"),
+    ({"KUBERNETES_SERVICE_PORT": "https"}, "KUBERNETES_SERVICE_PORT must be a port number"),
     ({"REPRIEVE_TERMINATION_GRACE_SECONDS": "nan"}, "must be a finite number"),
-    ({"REPRIEVE_TERMINATION_GRACE_SECONDS": "-1"}, "must be >= 0.0, got -1.0"),
+    ({"REPRIEVE_TERMINATION_GRACE_SECONDS": "-1"}, "must be >= 0, got '-1'"),
     ({"REPRIEVE_METRICS_PORT": "http"}, "REPRIEVE_METRICS_PORT must be an integer"),
-    ({"REPRIEVE_CHECKPOINT_INTERVAL_SECONDS": "-5"}, "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS must be >= 0.0"),
+    ({"REPRIEVE_CHECKPOINT_INTERVAL_SECONDS": "-5"}, "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS must be >= 0, got '-5'"),
     ({"REPRIEVE_CHECKPOINT_INTERVAL_SECONDS": "10m"}, "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS must be a number"),
 ]
 

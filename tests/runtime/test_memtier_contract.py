@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from reprieve import progress, supervision
-from reprieve.memtier import config, wire
+from reprieve.memtier import config
 from reprieve.memtier.tier import required_bytes
 
 pytestmark = pytest.mark.unit
@@ -44,7 +44,7 @@ class _Recording(Mapping[str, str]):
 def test_the_runtime_reads_the_memory_variables_the_table_lists() -> None:
     env = _Recording({"REPRIEVE_MEMORY_DIR": "/dev/shm/x"})
     config.MemoryConfig.from_env(env)
-    asked = {n for n in env.asked if n.startswith("REPRIEVE_")} | {wire.TOKEN_ENV}  # the token: bootstrap, server
+    asked = {n for n in env.asked if n.startswith("REPRIEVE_")}
     assert asked == set(TABLE["operator_sets"]) | set(TABLE["supervisor_sets"])
     assert {config.SERVER_ENV} == set(TABLE["supervisor_sets"])
 

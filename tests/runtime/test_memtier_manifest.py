@@ -118,10 +118,10 @@ def test_off_without_a_directory_and_defaults_with_one() -> None:
 
 
 BAD_ENV = [
-    ("a negative interval", {"REPRIEVE_MEMORY_INTERVAL_STEPS": "-1"}, "REPRIEVE_MEMORY_INTERVAL_STEPS must be an integer >= 0"),
-    ("a negative interval in seconds", {"REPRIEVE_MEMORY_INTERVAL_SECONDS": "-5"}, "finite number of seconds >= 0"),
+    ("a negative interval", {"REPRIEVE_MEMORY_INTERVAL_STEPS": "-1"}, "REPRIEVE_MEMORY_INTERVAL_STEPS must be >= 0, got '-1'"),
+    ("a negative interval in seconds", {"REPRIEVE_MEMORY_INTERVAL_SECONDS": "-5"}, "REPRIEVE_MEMORY_INTERVAL_SECONDS must be >= 0, got '-5'"),
     ("both intervals", {"REPRIEVE_MEMORY_INTERVAL_STEPS": "5", "REPRIEVE_MEMORY_INTERVAL_SECONDS": "5"}, "give one"),
-    ("a zero limit", {"REPRIEVE_MEMORY_LIMIT_BYTES": "0"}, "REPRIEVE_MEMORY_LIMIT_BYTES must be an integer >= 1"),
+    ("a zero limit", {"REPRIEVE_MEMORY_LIMIT_BYTES": "0"}, "REPRIEVE_MEMORY_LIMIT_BYTES must be >= 1, got '0'"),
     ("a peer that is no address", {"REPRIEVE_MEMORY_PEER": "pod-1"}, "REPRIEVE_MEMORY_PEER must be host:port"),
     ("the own pod as peer", {"REPRIEVE_POD_IP": "10.0.0.1", "REPRIEVE_MEMORY_PEER": "10.0.0.1:8477"},
      "this pod's own replica server"),

@@ -181,3 +181,20 @@ def test_an_ignored_notice_is_logged_once_not_at_every_poll(caplog: pytest.LogCa
         for _ in range(5):
             assert notice_from_annotations(annotations, NOW, source="notice-file", attempt=2) is None
     assert sum("ignored" in r.getMessage() for r in caplog.records) == 1, caplog.records
+
+
+@pytest.mark.parametrize("deadline,known,attempt,started,verdict", [
+    (100.0, True, None, 50.0, None),  # the deadline is still to come when the process started
+    (100.0, True, None, 150.0, "leftover"),  # past before it started, no attempt: a file left by an earlier run
+    (100.0, True, 3, 150.0, "no-deadline"),  # delivered to this attempt: counts, cannot be missed
+    (100.0, False, None, 150.0, None),  # no known deadline: saved at once anyway
+    (100.0, True, None, None, None),  # start unknown (a user callable): as it comes
+])
+def test_stale_at_start(deadline: float, known: bool, attempt: int | None, started: float | None,
+                        verdict: str | None) -> None:
+    from reprieve.notice import stale_at_start
+
+    details = {} if attempt is None else {"attempt": attempt}
+    notice = Notice(id="n", source="notice-file", reason="r", deadline=deadline, received_at=200.0,
+                    deadline_known=known, details=details)
+    assert stale_at_start(notice, started) == verdict

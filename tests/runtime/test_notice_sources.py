@@ -8,11 +8,12 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 
 import pytest
+from localcluster.testing import wait_for
 from reprieve.kube import PodWatchSource, backoff_delays, failure_log_level
 from reprieve.notice import NOTICE_ANNOTATION, PROGRESS_ANNOTATION, Notice
 from reprieve.notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
@@ -38,6 +39,27 @@ class Sink:
             assert time.monotonic() < limit, f"only {len(self.notices)} notice(s) arrived"
             time.sleep(0.01)
         return self.notices
+
+
+class Recorded:
+    """A poll function that records what each call returned: the poller's own view of the source, so a test
+    knows the state it set up was read (and what came of it) instead of sleeping and hoping it was."""
+
+    def __init__(self, poll: Callable[[], Notice | None]) -> None:
+        self._poll = poll
+        self.results: list[Notice | None] = []
+
+    def __call__(self) -> Notice | None:
+        result = self._poll()
+        self.results.append(result)
+        return result
+
+    def polled(self, times: int) -> list[Notice | None]:
+        """Wait until ``times`` more polls have returned (the first may have begun before the caller's change);
+        return every result so far."""
+        seen = len(self.results)
+        wait_for(lambda: len(self.results) >= seen + times, 5, f"{times} more polls", interval=0.005)
+        return list(self.results)
 
 
 @pytest.fixture
@@ -97,6 +119,49 @@ def test_replaced_handler_is_reported_once(hub: tuple[NoticeHub, Sink], restore_
     assert len(caplog.records) == 1 and "was replaced" in caplog.records[0].getMessage()
 
 
+def test_the_runtimes_own_exit_path_is_not_reported_as_a_replaced_handler(
+        hub: tuple[NoticeHub, Sink], restore_sigterm: None, caplog: pytest.LogCaptureFixture) -> None:
+    """Defect (issue 23): once the restart code is decided the job ignores SIGTERM itself; the hub's check then
+    read SIG_IGN as a user's handler and warned "the SIGTERM handler of reprieve was replaced by SIG_IGN:
+    SIGTERM will not trigger a checkpoint" at every committed exit (the demo's Recreate run showed it)."""
+    from reprieve.job import _ignore_termination_signals
+
+    h, _ = hub
+    others = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGHUP)}
+    source = SigtermSource(h, grace_seconds=5, pod=None, process_id=0)
+    source.install()
+    try:
+        with caplog.at_level(logging.WARNING, logger="reprieve.notice_sources"):
+            _ignore_termination_signals()  # what the job's restart teardown does, before it closes the sources
+            source.check()
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        assert caplog.records == []
+    finally:
+        for sig, handler in others.items():
+            signal.signal(sig, handler)
+
+
+def test_the_same_notice_again_is_said_to_be_in_force(caplog: pytest.LogCaptureFixture) -> None:
+    """A second SIGTERM during a countdown was ignored without a word."""
+    sink = Sink()
+    state: list[str | None] = [None]
+    h = NoticeHub(sink, idle_s=0.05, in_force=lambda: state[0]).start()
+    try:
+        with caplog.at_level(logging.INFO, logger="reprieve.notice_sources"):
+            notice = Notice(id="sigterm/local/0", source="sigterm", reason="sigterm", deadline=time.time() + 30,
+                            received_at=time.time())
+            h.put(notice)
+            sink.wait(1)
+            state[0] = "agreed save at step 12, deadline in 29.0s"
+            h.put(notice)
+            sink.wait(2)
+    finally:
+        h.close()
+    again = [r.getMessage() for r in caplog.records if "again" in r.getMessage()]
+    assert again == [("notice sigterm/local/0 via sigterm again: notice already in force (agreed save at step 12, "
+                     "deadline in 29.0s); nothing changes")]
+
+
 def test_install_off_the_main_thread_is_refused(hub: tuple[NoticeHub, Sink]) -> None:
     h, _ = hub
     result: list[bool] = []
@@ -110,11 +175,12 @@ def test_install_off_the_main_thread_is_refused(hub: tuple[NoticeHub, Sink]) -> 
 def test_notice_file_is_polled(tmp_path: Path, hub: tuple[NoticeHub, Sink]) -> None:
     h, sink = hub
     path = tmp_path / "annotations"
-    poller = PollingSource("notice-file", NoticeFile(str(path)), h, 0.02).start()
+    reader = Recorded(NoticeFile(str(path)))
+    poller = PollingSource("notice-file", reader, h, 0.02).start()
     try:
-        time.sleep(0.1)  # missing file: nothing
+        assert reader.polled(3) == [None] * len(reader.results)  # missing file: nothing
         path.write_text('other.io/a="b"')
-        time.sleep(0.1)  # no notice annotation: nothing
+        assert reader.polled(3) == [None] * len(reader.results)  # no notice annotation: nothing
         assert sink.notices == []
         write_notice_file(path, {"id": "n-1", "reason": "gke-spot", "deadline": "2030-01-01T00:00:00Z"})
         notice = sink.wait()[0]
@@ -184,10 +250,12 @@ def test_notice_file_ignores_a_notice_of_another_attempt(tmp_path: Path, hub: tu
     h, sink = hub
     path = tmp_path / "annotations"
     write_notice_file(path, {"id": "old", "reason": "gke-spot", "deadline": "2030-01-01T00:00:00Z", "attempt": 1})
-    poller = PollingSource("notice-file", NoticeFile(str(path), attempt=2), h, 0.02).start()
+    reader = Recorded(NoticeFile(str(path), attempt=2))
+    poller = PollingSource("notice-file", reader, h, 0.02).start()
     try:
-        time.sleep(0.2)
-        assert sink.notices == []  # the previous attempt's notice, still on the kept pod
+        # the previous attempt's notice, still on the kept pod: read several times, never a notice
+        assert reader.polled(3) == [None] * len(reader.results)
+        assert sink.notices == []
         write_notice_file(path, {"id": "new", "reason": "gke-spot", "deadline": "2030-01-01T00:00:00Z",
                                  "attempt": 2})
         assert [n.id for n in sink.wait()] == ["new"]
@@ -219,6 +287,30 @@ def test_notice_file_parses_a_notice_once_while_other_annotations_change(tmp_pat
         assert len([r for r in caplog.records if "already" in r.getMessage()]) == 1, caplog.text
         path.write_text(format_map({PROGRESS_ANNOTATION: '{"step": 9}'}))
         assert read() is None  # the notice annotation removed
+
+
+def test_a_notice_file_left_from_an_earlier_run_does_not_count(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """Defect (issue 23): on a laptop the attempt is always 1, so a notice file left behind by an earlier run
+    (its deadline long past when this process started) made every restart save one step and exit 1 ("committed
+    AFTER the deadline"). Without an ``attempt`` it is a leftover: logged once as stale and ignored. A notice the
+    operator delivered to this very attempt still counts, but a deadline that passed before the process started
+    is not this attempt's to miss: it saves at once and is never late."""
+    path = tmp_path / "annotations"
+    started = time.time()
+    write_notice_file(path, {"id": "left", "reason": "test", "deadline": "2020-01-01T00:00:00Z"})
+    read = NoticeFile(str(path), attempt=1, started_at=started)
+    with caplog.at_level(logging.INFO, logger="reprieve.notice"):
+        assert read() is None and read() is None
+    stale = [r.getMessage() for r in caplog.records if "before this process started" in r.getMessage()]
+    assert len(stale) == 1 and "left" in stale[0] and "ignored" in stale[0], caplog.text
+    write_notice_file(path, {"id": "ours", "reason": "test", "deadline": "2020-01-01T00:00:00Z", "attempt": 1})
+    notice = read()
+    assert notice is not None and notice.id == "ours" and not notice.deadline_known
+    future = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started + 120))
+    write_notice_file(path, {"id": "new", "reason": "test", "deadline": future})  # written while it runs
+    notice = read()
+    assert notice is not None and notice.id == "new" and notice.deadline_known
 
 
 def test_progress_annotation_follows_the_contract() -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -124,3 +125,98 @@ def test_orbax_reached_preemption_under_reprieve_fails_loudly_with_the_fix(tmp_p
     log = gang.logs[0].read_text()
     assert "PreemptionServiceDisabled" in log and "job.save(step, state)" in log, gang.tail()
     assert "Coming from Orbax / MaxText" in log
+
+
+def test_reprieve_orbax_is_there_after_import_reprieve() -> None:
+    """Defect (issue 23): ``reprieve.orbax.OrbaxCheckpointer`` after ``import reprieve``, as docs/runtime.md writes
+    it, was an AttributeError (the submodule was never imported). A fresh interpreter: this one imported it."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", ("import reprieve, sys; assert 'reprieve.orbax' not in sys.modules; "
+                          "print(reprieve.orbax.OrbaxCheckpointer.__name__, reprieve.checkpoint.CheckpointManager"
+                          ".__name__)")], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0 and out.stdout.split() == ["OrbaxCheckpointer", "CheckpointManager"], out.stderr
+
+
+def test_a_relative_checkpoint_uri_saves_and_restores_through_orbax(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect (issue 23): with the local default ``./checkpoints`` the first save failed in Orbax's background
+    thread ("Checkpoint path should be absolute"); with no periodic interval that save is the last step, so the
+    whole run was lost and a ``*.orbax-checkpoint-tmp`` directory was left behind."""
+    monkeypatch.chdir(tmp_path)
+
+    def factory(cfg: Any, coord: Any) -> OrbaxCheckpointer:
+        return OrbaxCheckpointer(cfg.checkpoint_uri, coordinator=coord, attempt=cfg.attempt)
+
+    with reprieve.init(env={}, install_sigterm=False, checkpointer=factory) as job:  # ./checkpoints, no interval
+        state, start = job.restore_or(lambda: _state(0), _abstract())
+        for step in job.steps(start, 3):
+            state = _state(step + 1)
+            job.save(step, state)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
+    assert not list((tmp_path / "checkpoints").glob("*orbax-checkpoint-tmp*"))
+    with reprieve.init(env={}, install_sigterm=False, checkpointer=factory) as job:
+        restored = job.restore_or(lambda: _state(0), _abstract())
+        assert restored.step == 2 and restored[0]["epoch"] == 3
+        job.abandon()
+
+
+def _orbax_job(root: Path, **env: str) -> Any:
+    def factory(cfg: Any, coord: Any) -> OrbaxCheckpointer:
+        return OrbaxCheckpointer(cfg.checkpoint_uri, coordinator=coord, attempt=cfg.attempt)
+
+    return reprieve.init(env={"REPRIEVE_CHECKPOINT_URI": str(root), **env}, install_sigterm=False,
+                         checkpointer=factory)
+
+
+def test_a_damaged_newest_orbax_step_falls_back_to_the_previous_one(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """A damaged newest step crash-looped with Orbax's message on every restart; now it is logged with the
+    command that moves it aside and the previous step is restored, as the default format does."""
+    with _orbax_job(tmp_path, REPRIEVE_CHECKPOINT_INTERVAL_STEPS="2") as job:
+        state, start = job.restore_or(lambda: _state(0), _abstract())
+        for step in job.steps(start, 4):
+            state = _state(step + 1)
+            job.save(step, state)
+    for data in (tmp_path / "3" / "state").rglob("d/*"):
+        data.unlink()  # the newest step's array data is gone
+    with caplog.at_level(logging.ERROR, logger="reprieve.orbax"), _orbax_job(tmp_path) as job:
+        restored = job.restore_or(lambda: _state(0), _abstract())
+        assert restored.step == 1 and restored[0]["epoch"] == 2
+        job.abandon()
+    (line,) = [r.getMessage() for r in caplog.records if "cannot be restored" in r.getMessage()]
+    assert f"{tmp_path}/3 cannot be restored" in line and "falling back to step 1" in line
+    assert f"mv {tmp_path}/3 {tmp_path}/3.corrupt" in line
+
+
+def test_orbax_keeps_its_info_lines_to_itself_unless_asked(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def orbax_info() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "/orbax/" in r.pathname and r.levelno < logging.WARNING]
+
+    with caplog.at_level(logging.DEBUG):
+        quiet = OrbaxCheckpointer(str(tmp_path / "quiet"))
+        quiet.save(1, _state(1))
+        quiet.restore(_abstract())
+        quiet.close()
+        assert orbax_info() == []
+        loud = OrbaxCheckpointer(str(tmp_path / "loud"), orbax_logs=True)
+        loud.save(1, _state(1))
+        loud.restore(_abstract())
+        loud.close()
+        assert len(orbax_info()) > 10
+    from reprieve.orbax import quiet_orbax
+
+    quiet_orbax()
+
+
+def test_another_runs_orbax_checkpoint_is_refused(tmp_path: Path) -> None:
+    with _orbax_job(tmp_path, REPRIEVE_RUN_ID="seed-1") as job:
+        _, start = job.restore_or(lambda: _state(0), _abstract())
+        for step in job.steps(start, 2):
+            job.save(step, _state(step + 1))
+    with _orbax_job(tmp_path, REPRIEVE_RUN_ID="seed-2") as job:
+        with pytest.raises(ValueError, match=rf"checkpoint {tmp_path}/1 belongs to run 'seed-1', and this is run "
+                                             r"'seed-2' \(REPRIEVE_RUN_ID\)"):
+            job.restore_or(lambda: _state(0), _abstract())
+        job.abandon()

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from localcluster.testing import wait_for
 from reprieve.notice import PROGRESS_ANNOTATION
 from reprieve.progress import LoopProgress, ProgressReporter
 
@@ -45,17 +46,32 @@ def test_loop_progress_fields() -> None:
 def test_reporter_sends_live_progress_only_when_the_step_moves() -> None:
     client = FakeClient()
     lp = LoopProgress()
-    reporter = ProgressReporter(client, "ns", "pod-0", attempt=2, interval_s=0.05)  # type: ignore[arg-type]
-    reporter.start(lp.fields)
-    time.sleep(0.2)
+    polls: list[dict[str, Any]] = []  # what the reporter's thread read, one entry per interval
+
+    def source() -> dict[str, Any]:
+        fields = lp.fields()
+        polls.append(fields)
+        return fields
+
+    def polled(times: int) -> None:
+        """``times`` more reads: the first may have read the state before the change, and the thread sends
+        (or not) before it reads again, so after the last one every earlier read has been acted on."""
+        seen = len(polls)
+        wait_for(lambda: len(polls) >= seen + times, 10, f"{times} more progress reads", interval=0.01)
+
+    reporter = ProgressReporter(client, "ns", "pod-0", attempt=2, interval_s=0.02)  # type: ignore[arg-type]
+    reporter.start(source)
+    polled(3)
     assert client.bodies == []  # no step finished yet: nothing to say
     lp.first = lp.last = (0, time.perf_counter())
-    time.sleep(0.2)
+    polled(3)
+    assert [b["step"] for b in client.bodies] == [0]  # read at least twice: sent once
     lp.last = (5, time.perf_counter())
-    time.sleep(0.2)
+    polled(3)
     reporter.close()
     steps = [b["step"] for b in client.bodies]
     assert steps == [0, 5], steps  # one report per new step, however many intervals passed
+    assert sum(p.get("step") == 5 for p in polls) >= 2, polls
     assert all(b["attempt"] == 2 and b["committedStep"] == -1 and b["firstStep"] == 0 for b in client.bodies)
 
 

@@ -157,3 +157,46 @@ def test_object_store_fencing(bucket_uri: str) -> None:
     with pytest.raises(FencedError):
         old.wait()
     assert new.latest_step() == 1
+
+
+def test_object_store_quarantine_records_are_kept_to_the_newest(bucket_uri: str) -> None:
+    mesh = _mesh()
+    with CheckpointManager(bucket_uri, keep=1) as mgr:
+        mgr.save(1, state_def.make_state(1, mesh, "a"))
+    kv = ts.KvStore.open(CheckpointManager(bucket_uri)._storage.kvstore("")).result()
+    for record in ("step_0000000001_a1-1700000000001.json", "step_0000000001_a1-1700000000002.json"):
+        kv.write(f"{layout.CORRUPT_DIR}/{record}", b'{"reason": "test"}').result()
+    with CheckpointManager(bucket_uri, keep=1) as mgr:
+        mgr.save(2, state_def.make_state(2, mesh, "a"))
+    left = [k.decode() for k in kv.list().result() if k.decode().startswith(layout.CORRUPT_DIR + "/")]
+    assert left == [f"{layout.CORRUPT_DIR}/step_0000000001_a1-1700000000002.json"]
+
+
+def test_the_reprieve_command_reads_object_stores(bucket_uri: str) -> None:
+    """ls, inspect and verify on gs:// and s3:// (the emulators' endpoints and credentials in the environment)."""
+    reprieve = [str(Path(sys.executable).parent / "reprieve")]
+    mesh = _mesh()
+    with CheckpointManager(bucket_uri, keep=3) as mgr:
+        for step in (1, 2):
+            mgr.save(step, state_def.make_state(step, mesh, "a"), extra={"reprieve": {"kind": "periodic"}})
+    kv = ts.KvStore.open(CheckpointManager(bucket_uri)._storage.kvstore("")).result()
+    kv.write(f"{layout.CORRUPT_DIR}/{layout.committed_name(0, 1)}-1700000000000.json",
+             b'{"reason": "a chunk failed its crc32c"}').result()
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*reprieve, *args], capture_output=True, text=True, timeout=120, check=False)
+
+    listed = run("ls", bucket_uri, "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)["checkpoints"]
+    assert [(r["step"], r["state"]) for r in rows] == [(0, "corrupt"), (1, "complete"), (2, "complete")]
+    assert "a chunk failed its crc32c" in rows[0]["reason"]
+    described = json.loads(run("inspect", f"{bucket_uri}@1", "--json").stdout)
+    assert described["step"] == 1 and described["kind"] == "periodic"
+    assert run("verify", bucket_uri).returncode == 0
+    chunk = next(k.decode() for k in kv.list().result()
+                 if k.decode().startswith(layout.committed_name(2, 1) + "/arrays/") and "/c/" in k.decode())
+    kv.write(chunk, b"garbage").result()
+    bad = run("verify", bucket_uri)
+    assert bad.returncode == 1 and "CORRUPT" in bad.stdout and chunk.split("/c/")[0].split("/", 1)[1] in bad.stdout, \
+        bad.stdout + bad.stderr

@@ -5,6 +5,7 @@ through ``supervision.step`` and compares the actions, written short: ``start 2`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 
@@ -236,6 +237,92 @@ def test_static_mode_passes_the_code_on_and_never_prewarms() -> None:
     assert got == ["0: start 1", "50: report 1:3", "50: exit 3"]
 
 
+def _local(max_restarts: int | None = None) -> State:
+    settings = dataclasses.replace(SETTINGS, max_restarts=max_restarts)
+    return State(ENV_A, settings, prewarm_off="a local run", static=True, local=True)
+
+
+def exiting(pid: int, code: int, t: float) -> tuple[float, sv.Event]:
+    return (t, ChildMessage(pid, {"event": "exiting", "code": code}))
+
+
+def trainer(pid: int, attempt: int, t: float) -> list[tuple[float, sv.Event]]:
+    return [(t, Spawned(pid, "trainer", dataclasses.replace(ENV_A, attempt=attempt, source="local restart")))]
+
+
+# (events, expected actions) of `reprieve run`: restart on a saved exit, stop on anything else
+LOCAL = {
+    "a saved exit starts the next attempt; an exit 0 ends the loop": (
+        [(0, AssignmentSeen(None)), *trainer(11, 1, 0), exiting(11, 42, 10), (11, ChildExited(11, 42)),
+         *trainer(12, 2, 11), exiting(12, 42, 20), (21, ChildExited(12, 42)), *trainer(13, 3, 21),
+         (30, ChildExited(13, 0))],
+        ["0: start 1", "10: report 1:42", "11: start 2", "20: report 2:42", "21: start 3", "30: report 3:0",
+         "30: exit 0"]),
+    "the restart code without the announcement (sys.exit(42) in user code) is not restarted": (
+        [(0, AssignmentSeen(None)), *trainer(11, 1, 0), (5, ChildExited(11, 42))],
+        ["0: start 1", "5: report 1:42", "5: exit 42"]),
+    "a failure ends the loop with its code": (
+        [(0, AssignmentSeen(None)), *trainer(11, 1, 0), (5, ChildExited(11, 1))],
+        ["0: start 1", "5: report 1:1", "5: exit 1"]),
+    "Ctrl-C: the trainer saves for its SIGTERM and the loop stops instead of restarting": (
+        [(0, AssignmentSeen(None)), *trainer(11, 1, 0), (5, Terminate("SIGINT")), exiting(11, 42, 6),
+         (7, ChildExited(11, 42))],
+        ["0: start 1", "5: TERM 11", "6: report 1:42", "7: exit 42"]),
+    "a second Ctrl-C kills the trainer at once": (
+        [(0, AssignmentSeen(None)), *trainer(11, 1, 0), (5, Terminate("SIGINT")), (6, Terminate("SIGINT")),
+         (6.5, ChildExited(11, 137))],
+        ["0: start 1", "5: TERM 11", "6: KILL 11", "6.5: report 1:137", "6.5: exit 137"]),
+}
+
+
+@pytest.mark.parametrize("name", list(LOCAL))
+def test_local_loop(name: str) -> None:
+    events, expected = LOCAL[name]
+    _, got = play(events, _local())
+    assert got == expected
+
+
+def test_local_loop_sets_the_next_attempt_and_stops_at_max_restarts() -> None:
+    state, got = play([(0, AssignmentSeen(None)), *trainer(11, 1, 0), exiting(11, 42, 10), (11, ChildExited(11, 42))],
+                      _local(max_restarts=1))
+    assert state.wanted == dataclasses.replace(ENV_A, attempt=2, source="local restart") and state.restarts == 1
+    state, got = play([*trainer(12, 2, 11), exiting(12, 42, 20), (21, ChildExited(12, 42))], state)
+    assert got == ["20: report 2:42", "21: exit 42"]
+
+
+def test_an_unagreed_restart_code_is_said_loudly_and_reported_as_not_agreed() -> None:
+    """In a pod: the operator cannot tell sys.exit(42) from a saved preemption by the code; the report says it."""
+    state, _ = play([(0, AssignmentSeen(None)), *started(11, 1, init=True)])
+    state, actions = sv.step(state, ChildExited(11, 42), 5)
+    loud = [a.text for a in actions if isinstance(a, sv.Note) and a.loud]
+    assert len(loud) == 1 and "WITHOUT an agreed save" in loud[0] and "sys.exit(42)" in loud[0]
+    assert [a for a in actions if isinstance(a, sv.Report)] == [sv.Report(1, 42, agreed=False)]
+    _, actions = sv.step(play([(0, AssignmentSeen(None)), *started(11, 1)])[0],
+                         ChildMessage(11, {"event": "exiting", "code": 42}), 5)
+    assert [a for a in actions if isinstance(a, sv.Report)] == [sv.Report(1, 42, agreed=True)]
+    assert json.loads(sv.exit_annotation(1, 42, 0.0, False)["reprieve.dev/exit"])["agreed"] is False
+
+
+@pytest.mark.parametrize("code,announced,kind", [
+    (0, None, "finished"), (0, 0, "finished"), (42, 42, "saved"), (42, None, "unagreed"), (42, 1, "unagreed"),
+    (1, None, "failed"), (137, None, "failed"), (43, 43, "failed"),
+])
+def test_classify_exit(code: int, announced: int | None, kind: str) -> None:
+    from reprieve.restarts import classify_exit
+
+    assert classify_exit(code, announced, 42) == kind
+
+
+@pytest.mark.parametrize("kind,restarts,max_restarts,restart", [
+    ("saved", 0, None, True), ("saved", 5, 5, False), ("saved", 4, 5, True), ("unagreed", 0, None, False),
+    ("failed", 0, None, False), ("finished", 0, None, False),
+])
+def test_local_next(kind: str, restarts: int, max_restarts: int | None, restart: bool) -> None:
+    from reprieve.restarts import local_next
+
+    assert local_next(kind, restarts, max_restarts)[0] is restart  # type: ignore[arg-type]
+
+
 def test_decide_is_idempotent() -> None:
     state, _ = play([(0, AssignmentSeen(None)), *started(11, 1, init=False), (10, AssignmentSeen(cm(2)))])
     for now in (10, 11, 14.9):
@@ -328,7 +415,8 @@ def test_assignment_from_env(env: dict, expected: Assignment) -> None:
 
 
 @pytest.mark.parametrize("env,message", [
-    ({"REPRIEVE_ATTEMPT": "0"}, "REPRIEVE_ATTEMPT must be an integer >= 1, got '0'"),
+    ({"REPRIEVE_ATTEMPT": "0"}, "REPRIEVE_ATTEMPT must be >= 1, got '0'"),
+    ({"REPRIEVE_NUM_PROCESSES": "two"}, "REPRIEVE_NUM_PROCESSES must be an integer >= 1, got 'two'"),
     ({"REPRIEVE_PROCESS_ID": "2", "REPRIEVE_NUM_PROCESSES": "2"}, "REPRIEVE_PROCESS_ID must be < "),
     ({"REPRIEVE_COORDINATOR_ADDRESS": "x"}, "REPRIEVE_COORDINATOR_ADDRESS must be host:port"),
 ])
@@ -396,7 +484,7 @@ def test_settings(env: dict, expected: Settings) -> None:
 
 @pytest.mark.parametrize("env,message", [
     ({"REPRIEVE_PREWARM": "maybe"}, "REPRIEVE_PREWARM must be 1 or 0, got 'maybe'"),
-    ({"REPRIEVE_PREWARM_DELAY_SECONDS": "-1"}, "REPRIEVE_PREWARM_DELAY_SECONDS must be a number of seconds >= 0"),
+    ({"REPRIEVE_PREWARM_DELAY_SECONDS": "-1"}, "REPRIEVE_PREWARM_DELAY_SECONDS must be >= 0, got '-1'"),
     ({"REPRIEVE_TERMINATION_GRACE_SECONDS": "soon"}, "REPRIEVE_TERMINATION_GRACE_SECONDS must be a number"),
 ])
 def test_settings_errors(env: dict, message: str) -> None:

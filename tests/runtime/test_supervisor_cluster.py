@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -146,8 +145,11 @@ def test_an_assignment_in_another_contract_stops_the_trainer_and_exits_2(worker:
 
 # A trainer on the real runtime: reprieve.init(), a few JAX steps, checkpoints; stops (exit 0) once /out/finish exists.
 JAX_TRAINER = """
-    import json, os, pathlib, time
+    import json, logging, os, pathlib, time
     out = pathlib.Path(os.environ["OUT"])
+    if os.environ.get("TRAINER_LOG"):  # the runtime's INFO lines in the pod's log
+        logging.basicConfig(level=logging.WARNING)
+        logging.getLogger("reprieve").setLevel(logging.INFO)
     import jax, jax.numpy as jnp
     import reprieve
     imported = {"pid": os.getpid(), "t_imported": time.time(), "warm": "REPRIEVE_WARM_FD" in os.environ}
@@ -226,14 +228,17 @@ def test_a_warm_process_that_touched_devices_falls_back_to_a_cold_start(worker: 
 def test_a_kept_pods_notice_of_the_previous_attempt_is_ignored(worker: Worker) -> None:
     """Attempt 1 saves on its notice and exits 42; the pod keeps the annotation, and attempt 2 (same pod) must not
     read it as its own (pod watch and notice file alike): it trains until a notice for attempt 2 comes."""
-    worker.start_script(JAX_TRAINER, REPRIEVE_PREWARM="0", REPRIEVE_SAVE_SECONDS_ESTIMATE="0.5")
+    worker.start_script(JAX_TRAINER, REPRIEVE_PREWARM="0", REPRIEVE_SAVE_SECONDS_ESTIMATE="0.5", TRAINER_LOG="1")
     worker.wait_runs(1)
     worker.notify(1, 5, "node-a/1")
     assert worker.wait_exit_report(1)["code"] == 42
     worker.assign(2, {POD: 0})
     worker.wait_runs(2)
     worker.wait_log("attempt 2: first step done")
-    time.sleep(3)  # the old notice is in the pod's annotations (and file) all along
+    # the old notice is in the pod's annotations (and file) all along: attempt 2 read it both ways and said so
+    for source in ("annotation", "notice-file"):
+        worker.wait_log(f"{source} reprieve.dev/notice id=node-a/1 was delivered to attempt 1; this is attempt 2: "
+                        "ignored")
     assert worker.wait_exit_report(1)["attempt"] == 1, "attempt 2 stopped on attempt 1's notice"
     worker.notify(2, 5, "node-a/2")
     assert worker.wait_exit_report(2)["code"] == 42

@@ -11,30 +11,29 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from localcluster.testing import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-REPRIEVE_RUN = str(Path(sys.executable).parent / "reprieve-run")
+SUPERVISOR_BIN = str(Path(sys.executable).parent / "reprieve-run")
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_"))}
 
 
 def run_supervisor(script: str, tmp_path: Path, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([REPRIEVE_RUN, "--", sys.executable, "-c", textwrap.dedent(script)],
+    return subprocess.Popen([SUPERVISOR_BIN, "--", sys.executable, "-c", textwrap.dedent(script)],
                             env={**CLEAN, "OUT": str(tmp_path), **env}, cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def wait_file(path: Path, timeout: float = 30) -> str:
-    limit = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < limit, f"{path} did not appear within {timeout}s"
-        time.sleep(0.05)
-    time.sleep(0.05)
-    return path.read_text()
+    """The text of ``path`` once it has some. The scripts write a few bytes with ``write_text`` (one ``write``):
+    the file can be seen empty after its ``open``, never half written."""
+    return wait_for(lambda: path.exists() and path.read_text(), timeout, f"{path} to be written")
 
 
 def zombies_of(pid: int) -> list[int]:
@@ -90,7 +89,7 @@ def test_a_trainer_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) ->
     sup.send_signal(signal.SIGTERM)
     _, err = sup.communicate(timeout=30)
     assert sup.returncode == 137, err  # 128 + SIGKILL, as a container's code
-    assert 0.9 < time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 > 0.9  # not before the grace; the line below says it was this grace, not another
     assert not alive(pid)
     assert "still running 1s after SIGTERM: sending SIGKILL" in err
 
@@ -125,8 +124,9 @@ def test_orphans_are_reaped(tmp_path: Path) -> None:
     """, tmp_path)
     grandchild = int(wait_file(tmp_path / "grandchild"))
     wait_file(tmp_path / "trainer")
-    time.sleep(2.5)  # the grandchild has exited by now
-    assert not alive(grandchild)
+    # reaped: gone from /proc (a zombie, exited and not reaped, stays there)
+    wait_for(lambda: not Path(f"/proc/{grandchild}").exists(), 30, f"grandchild {grandchild} to be reaped",
+             describe=lambda: f"zombie children of the supervisor: {zombies_of(sup.pid)}")
     assert zombies_of(sup.pid) == []
     sup.send_signal(signal.SIGTERM)
     sup.communicate(timeout=30)
@@ -141,12 +141,12 @@ def test_contract_mismatch_exits_2_naming_both_versions(tmp_path: Path) -> None:
 
 
 def test_bad_usage_and_a_missing_command(tmp_path: Path) -> None:
-    no_command = subprocess.run([REPRIEVE_RUN], env=CLEAN, capture_output=True, text=True, timeout=30, check=False)
+    no_command = subprocess.run([SUPERVISOR_BIN], env=CLEAN, capture_output=True, text=True, timeout=30, check=False)
     assert no_command.returncode == 2 and "no command given" in no_command.stderr
-    bad_knob = subprocess.run([REPRIEVE_RUN, "--", "true"], env={**CLEAN, "REPRIEVE_PREWARM": "sometimes"},
+    bad_knob = subprocess.run([SUPERVISOR_BIN, "--", "true"], env={**CLEAN, "REPRIEVE_PREWARM": "sometimes"},
                               capture_output=True, text=True, timeout=30, check=False)
     assert bad_knob.returncode == 2 and "REPRIEVE_PREWARM must be 1 or 0, got 'sometimes'" in bad_knob.stderr
-    missing = subprocess.run([REPRIEVE_RUN, "--", "no-such-trainer-xyz"], env=CLEAN, capture_output=True,
+    missing = subprocess.run([SUPERVISOR_BIN, "--", "no-such-trainer-xyz"], env=CLEAN, capture_output=True,
                              text=True, timeout=30, check=False)
     assert missing.returncode == 127 and "no-such-trainer-xyz" in missing.stderr
 
@@ -160,10 +160,17 @@ WARM_TRAINER = """
         jax.devices()  # not allowed before reprieve.init() in a warm process
     import reprieve
     assert "REPRIEVE_ATTEMPT" not in os.environ
+    if os.environ.get("TRACE_AHEAD_POLL_SECONDS"):  # how often a parked spare looks again (and says so)
+        import logging
+        from reprieve.topology import TraceAhead
+        TraceAhead.POLL_SECONDS = float(os.environ["TRACE_AHEAD_POLL_SECONDS"])
+        logging.basicConfig(level=logging.WARNING)
+        logging.getLogger("reprieve.topology").setLevel(logging.DEBUG)
     def ahead(topology):  # what a step would be traced for, and whether a device was touched to know it
         from jax._src import xla_bridge
-        with open(os.environ["TRACE_AHEAD"], "w") as f:
+        with open(os.environ["TRACE_AHEAD"] + ".tmp", "w") as f:
             json.dump({**topology.to_json(), "devices_touched": xla_bridge.backends_are_initialized()}, f)
+        os.replace(os.environ["TRACE_AHEAD"] + ".tmp", os.environ["TRACE_AHEAD"])  # seen whole or not at all
     job = reprieve.init(install_sigterm=False, watch_pod=False,
                         trace_ahead=ahead if os.environ.get("TRACE_AHEAD") else None)
     print(json.dumps({k: os.environ.get(k) for k in ("REPRIEVE_ATTEMPT", "REPRIEVE_PROCESS_ID",
@@ -190,8 +197,7 @@ def test_warm_process_waits_in_init_then_runs_the_assignment(tmp_path: Path) -> 
     proc, sock = start_warm(tmp_path)
     lines = sock.makefile("rb")
     assert json.loads(lines.readline()) == {"event": "ready"}
-    time.sleep(0.5)
-    assert proc.poll() is None  # parked: nothing runs before the assignment
+    # parked: nothing runs before the assignment; what runs next reports attempt 5, which only the assignment says
     sock.sendall(json.dumps({"attempt": 5, "processId": 0, "numProcesses": 1, "coordinator": None}).encode() + b"\n")
     assert json.loads(lines.readline()) == {"event": "init", "attempt": 5, "processId": 0}
     step = json.loads(lines.readline())  # with the devices, if the trainer had touched them by then
@@ -244,23 +250,27 @@ def test_a_spare_parked_before_the_first_checkpoint_traces_ahead_once_one_is_com
     from reprieve.checkpoint import CheckpointManager, layout
 
     ahead = tmp_path / "ahead.json"
-    proc, sock = start_warm(tmp_path, TRACE_AHEAD=str(ahead))  # no hint: a spare that never ran a trainer
+    # no hint: a spare that never ran a trainer; it looks for a checkpoint again every 0.2 s while parked
+    proc, sock = start_warm(tmp_path, TRACE_AHEAD=str(ahead), TRACE_AHEAD_POLL_SECONDS="0.2")
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
     lines = sock.makefile("rb")
     assert json.loads(lines.readline()) == {"event": "ready"}
-    time.sleep(1)
-    assert not ahead.exists()  # no checkpoint yet: nothing to trace for
+    assert not ahead.exists()  # the look before "ready" found no checkpoint: nothing to trace for
+    unknown = "trace_ahead: the expected topology is not known yet"
+    wait_for(lambda: sum(unknown in line for line in err) >= 3, 30, "two looks while parked",
+             describe=lambda: "".join(err))
+    assert not ahead.exists()  # nor did the looks while parked
     with CheckpointManager(str(tmp_path / "ckpt"), attempt=1) as mgr:
         mgr.save(3, {"w": jnp.arange(4.0)})
         mgr.wait()
     recorded = json.loads((tmp_path / "ckpt" / layout.committed_name(3, 1) / layout.METADATA_FILE).read_text())
-    deadline = time.monotonic() + 20  # it looks again every TraceAhead.POLL_SECONDS while parked
-    while not ahead.exists():
-        assert time.monotonic() < deadline and proc.poll() is None, "the parked spare never traced ahead"
-        time.sleep(0.2)
-    time.sleep(0.2)  # written in one go, but give the write a moment
+    wait_for(lambda: ahead.exists() or proc.poll() is not None, 30, "the parked spare to trace ahead")
     assert json.loads(ahead.read_text()) == {**recorded["topology"], "devices_touched": False}
     sock.sendall(ASSIGN_ALONE)  # still parked, and takes its assignment as before
     assert json.loads(lines.readline()) == {"event": "init", "attempt": 5, "processId": 0}
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    assert proc.wait(timeout=60) == 0, "".join(err)
+    reader.join(30)
+    assert sum("traced ahead for" in line for line in err) == 1, err  # once, then it stopped looking
 

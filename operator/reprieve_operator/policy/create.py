@@ -11,7 +11,9 @@ before it creates anything, and classifies what the API server says:
 | 403 exceeded quota | ``transient`` | ``PodsCreated=False/QuotaExceeded``, retried with backoff |
 | 403 from RBAC, 404, 409, 429, 5xx, no answer | ``transient`` | ``PodsCreated=False/<reason>``, retried with backoff |
 
-Every kind posts an Event; nothing of a job that cannot start is left behind (``reconcile``).
+Every kind posts an Event; nothing of a job that cannot start is left behind (the shell's ``create`` removes
+what the attempt had made). What a refusal leads to is an ``Outcome`` like every other decision: a final one
+``decide.failed``, any other :func:`retry` (a condition, a Warning Event, the next try after a backoff).
 """
 
 from __future__ import annotations
@@ -19,10 +21,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from ..models import TrainingJob
+from .decide import Counter, Outcome, failed
+from .events import Event
+from .restart import RestartPlan
+from .status import with_condition
 
 INVALID, REJECTED, WAITING, TRANSIENT = "invalid", "rejected", "waiting", "transient"
 RETRY_BASE_SECONDS, RETRY_MAX_SECONDS = 2.0, 300.0
@@ -125,3 +132,19 @@ def classify_refusal(job: TrainingJob, status: int | None, body: Any, pod: str) 
     if status is None:
         return Refusal(TRANSIENT, "ApiError", f"{who}: creating {pod}: no answer from the API server ({text})")
     return Refusal(TRANSIENT, "ApiError", f"{who}: creating {pod}: HTTP {status}: {text}")
+
+
+def refused(job: TrainingJob, plan: RestartPlan, refusal: Refusal, tries: int, wait: float,
+            now: datetime) -> Outcome:
+    """The outcome of a refused create (instead of the steps after it): a final refusal fails the job; any other
+    sets ``PodsCreated=False`` (a new job is ``Pending``), posts ``FailedCreate`` and tries again in ``wait``
+    seconds (``tries``: the refusals in a row, this one included)."""
+    if refusal.final:
+        out = failed(job.status.model_dump(by_alias=True), refusal.reason, refusal.message, now)
+        return replace(out, job=job, plan=replace(plan, phase="Failed", create=()))
+    msg = f"{refusal.message}; try {tries}, next in {wait:.0f} s"
+    patch: dict[str, Any] = {"conditions": with_condition(job, "PodsCreated", "False", refusal.reason, msg, now)}
+    if job.status.phase is None:
+        patch["phase"] = "Pending"
+    return Outcome(job, replace(plan, create=(), requeue_after=wait), counter=Counter("error", "create"),
+                   status=patch, status_events=(Event("FailedCreate", msg, "Warning"),), requeue_after=wait)

@@ -29,7 +29,6 @@ from datetime import UTC, datetime
 
 from .. import CONTRACT_VERSION, SUPERVISOR
 from ..models import TrainingJob
-from ..signals import parse_time
 from .restart import (
     DISRUPTION,
     FAILURE,
@@ -40,15 +39,17 @@ from .restart import (
     Verdict,
     WorkerPod,
     classify,
+    finished_or_suspended,
     gang_restart,
 )
+from .times import parse_time, rfc3339
 
 __all__ = ["Assignment", "InPlace", "PodView", "Replacement", "decide_inplace"]
 
 
 @dataclass(frozen=True)
 class PodView:
-    """One pod of an in-place job as the policy sees it (``observe.pod_view`` builds it from the API object)."""
+    """One pod of an in-place job as the policy sees it (``views.pod_view`` builds it from the API object)."""
 
     name: str
     role: str  # "worker" or "spare"
@@ -61,6 +62,7 @@ class PodView:
     ip: str | None = None
     exit_attempt: int | None = None  # the supervisor's last exit report
     exit_code: int | None = None
+    exit_agreed: bool | None = None  # with the restart code: whether the runtime announced it (an agreed save)
     exit_time: datetime | None = None
     container_code: int | None = None  # the container (the supervisor) ended with this code
     notice_attempt: int | None = None  # the attempt of the notice it carries, if any
@@ -110,7 +112,8 @@ def worker_view(p: PodView, attempt: int, index: int, restart_code: int) -> Work
     elif p.phase in TERMINAL_PHASES:  # the supervisor ended without a report for this attempt
         code = p.container_code if p.container_code is not None else (0 if p.phase == "Succeeded" else None)
     return WorkerPod(name=p.name, index=index, attempt=attempt, phase=phase, exit_code=code, deleting=p.deleting,
-                     node=p.node, node_lost=p.node_lost, noticed=p.notice_attempt == attempt)
+                     node=p.node, node_lost=p.node_lost, noticed=p.notice_attempt == attempt,
+                     unsaved=code == restart_code and p.exit_attempt == attempt and p.exit_agreed is False)
 
 
 def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assignment | None,
@@ -121,21 +124,14 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
     When a restart (or the final failure) is decided, ``InPlace.record`` is the plan to record in status
     before anything is deleted (crash safety); the returned plan is what to do and the status to reach."""
     st, spec = job.status, job.spec
+    spare_names = tuple(sorted(p.name for p in pods if p.role == "spare" and not p.deleting))
+    settled = finished_or_suspended(job, st.attempt, pods, after_success=spare_names)  # no spare outlives success
+    if settled is not None:
+        return settled, InPlace()
     code = spec.restart_policy.restart_exit_code
     avoid = tuple(avoid_nodes)
     alive = tuple(sorted(p.name for p in pods if not p.deleting))
     by_name = {p.name: p for p in pods}
-
-    if st.phase in TERMINAL_PHASES:
-        if st.phase == "Failed":
-            doomed = tuple(sorted(p.name for p in pods if not p.deleting and p.phase not in TERMINAL_PHASES))
-        else:
-            doomed = tuple(sorted(p.name for p in pods if p.role == "spare" and not p.deleting))
-        return RestartPlan(phase=st.phase, attempt=st.attempt, delete=doomed), InPlace()
-    if spec.suspend:
-        return RestartPlan(phase="Suspended", attempt=st.attempt, delete=alive,
-                           conditions=(Condition("Suspended", "True", "Suspended", "spec.suspend is true"),)), \
-            InPlace()
     refusal = _cannot_run(pods)
     if refusal is not None:
         reason, msg = refusal
@@ -233,8 +229,6 @@ def stragglers(job: TrainingJob, workers: Sequence[PodView], attempt: int, now: 
 
 
 def _rfc(t: datetime | None) -> str | None:
-    from ..signals import rfc3339
-
     return rfc3339(t) if t is not None else None
 
 

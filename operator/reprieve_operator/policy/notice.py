@@ -1,4 +1,5 @@
-"""Pure decisions of notice delivery: which pods get a notice now, and what status records it.
+"""Pure decisions of notice delivery: which pods get a notice now, what status records it, and what its
+``PreemptionNotice`` Event says and is named.
 
 Rules (``docs/operator.md``, "Delivery"):
 
@@ -15,6 +16,7 @@ Rules (``docs/operator.md``, "Delivery"):
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,12 +24,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..models import TrainingJob
-from ..signals import Notice, parse_time
 from .restart import WorkerPod
+from .signals import Notice
+from .times import parse_time, rfc3339
 
 DELIVERABLE_PHASES = (None, "Pending", "Running", "Preempting")
 DEFAULT_HORIZON_SECONDS = 600.0
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+STARTUP_GRACE = timedelta(seconds=5)  # a signal first seen this soon after start was there before it
 
 
 @dataclass(frozen=True)
@@ -147,3 +151,23 @@ def first_seen_in_notices(values: Iterable[str | None], node: str, signal: str) 
         if seen is not None and (earliest is None or seen < earliest):
             earliest = seen
     return earliest
+
+
+def notice_message(notice: Notice, attempt: int, before: datetime | None, first_seen: datetime | None,
+                   operator_started: datetime) -> str:
+    """The PreemptionNotice Event text (pure): what, by when, to which attempt, and how sure the deadline is."""
+    msg = (f"node {notice.node} will go away ({notice.reason}) by {rfc3339(notice.deadline)}; "
+           f"notice {notice.id} delivered to attempt {attempt}")
+    if before is not None:
+        msg += f" (earlier than the deadline {rfc3339(before)} delivered before)"
+    if notice.estimated and first_seen is not None and first_seen <= operator_started + STARTUP_GRACE:
+        msg += (f"; the signal carries no timestamp and was already present when the operator started at "
+                f"{rfc3339(operator_started)}: the deadline counts from then and may be late by the time the "
+                f"operator was down")
+    return msg
+
+
+def notice_event_name(job: dict[str, Any], attempt: int, notice_id: str) -> str:
+    """The name of a job's PreemptionNotice Event for one notice delivered to one attempt."""
+    digest = hashlib.sha256(notice_id.encode()).hexdigest()[:8]
+    return f"{job['name']}.{(job.get('uid') or '')[:8]}.notice-{attempt}-{digest}"

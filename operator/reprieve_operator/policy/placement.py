@@ -21,11 +21,13 @@ from datetime import datetime
 from typing import Any
 
 from ..models import TrainingJob
-from ..signals import Signal, node_notice, signals_for_job
+from .signals import NodeField, Signal, node_notice, signals_for_job
 
 MAX_AVOIDED = 100
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+# What ``could_schedule`` reads of a Node (besides its name): the operator keeps these (``views.compact_node``).
+NODE_FIELDS = (NodeField("spec", "unschedulable"), NodeField("spec", "taints"), NodeField("metadata", "labels"))
 
 
 def tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:

@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from ..models import TrainingJob
-from ..signals import parse_time
+from .times import parse_time
 
 PREEMPTION, FAILURE, DISRUPTION = "preemption", "failure", "disruption"
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -56,6 +56,7 @@ class WorkerPod:
     node: str | None = None
     node_lost: bool = False
     noticed: bool = False  # carries a reprieve.dev/notice annotation
+    unsaved: bool = False  # its supervisor reported the restart code as not agreed: the program exited so itself
 
     @property
     def terminated(self) -> bool:
@@ -103,7 +104,47 @@ def _describe(p: WorkerPod) -> str:
         return f"worker {p.name} was deleted"
     if p.phase == "Failed" and p.exit_code is None:
         return f"worker {p.name} failed without an exit code"
+    if p.unsaved:
+        return (f"worker {p.name} exited with the restart code {p.exit_code} without an agreed save (the program "
+                f"exited with it itself; nothing was saved for a restart)")
     return f"worker {p.name} exited with code {p.exit_code}"
+
+
+class _Pod(Protocol):
+    """A pod as either restart decision sees it (``WorkerPod``, ``inplace.PodView``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def phase(self) -> str: ...
+
+    @property
+    def deleting(self) -> bool: ...
+
+
+SUSPENDED = Condition("Suspended", "True", "Suspended", "spec.suspend is true")
+
+
+def still_running(pods: Iterable[_Pod]) -> tuple[str, ...]:
+    """The pods neither ended nor being deleted (a failed job stops them)."""
+    return tuple(sorted(p.name for p in pods if not p.deleting and p.phase not in TERMINAL_PHASES))
+
+
+def finished_or_suspended(job: TrainingJob, attempt: int, pods: Sequence[_Pod],
+                          after_success: Iterable[str] = ()) -> RestartPlan | None:
+    """The start both restart decisions share (``decide_restart``, ``inplace.decide_inplace``): a finished job only
+    clears up (Failed: the pods still running; Succeeded: ``after_success``), a suspended one deletes every pod;
+    None when the job is neither."""
+    st = job.status
+    if st.phase in TERMINAL_PHASES:
+        delete = still_running(pods) if st.phase == "Failed" else tuple(after_success)
+        return RestartPlan(phase=st.phase, attempt=attempt, delete=delete)
+    if job.spec.suspend:
+        return RestartPlan(phase="Suspended", attempt=attempt, delete=tuple(sorted(p.name for p in pods
+                                                                                 if not p.deleting)),
+                           conditions=(SUSPENDED,))
+    return None
 
 
 def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Iterable[str] = (),
@@ -116,17 +157,12 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Ite
     """
     st, spec = job.status, job.spec
     attempt = max([st.attempt, *(p.attempt for p in pods)])
+    settled = finished_or_suspended(job, attempt, pods)
+    if settled is not None:
+        return settled
     alive = tuple(sorted(p.name for p in pods if not p.deleting))
     replicas = spec.replicas
     avoid = tuple(avoid_nodes)
-
-    if st.phase in TERMINAL_PHASES:
-        stragglers = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
-        return RestartPlan(phase=st.phase, attempt=attempt, delete=stragglers if st.phase == "Failed" else ())
-
-    if spec.suspend:
-        return RestartPlan(phase="Suspended", attempt=attempt, delete=alive,
-                           conditions=(Condition("Suspended", "True", "Suspended", "spec.suspend is true"),))
 
     restarting = st.restarting_from is not None and st.restarting_from >= attempt
     if attempt == 0 or st.phase == "Suspended" or restarting:
@@ -172,8 +208,7 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Ite
         existing = sum(1 for p in current.values() if not p.deleting)
         return RestartPlan(phase=phase, attempt=attempt, create=create, delete=stale, ready=running,
                            exclude_nodes=avoid if create else (), replicas=existing)
-    stragglers = tuple(sorted(p.name for p in pods if not p.deleting and not p.terminated))
-    return gang_restart(job, attempt, verdict, now, stragglers=stragglers, teardown=alive)
+    return gang_restart(job, attempt, verdict, now, stragglers=still_running(pods), teardown=alive)
 
 
 @dataclass(frozen=True)
@@ -194,7 +229,7 @@ def classify(job: TrainingJob, current: Mapping[int, WorkerPod], missing: Sequen
     # (unless the runtime managed to save and exit with the restart code).
     lost = [p for p in current.values() if _lost(p, code)]
     failed = [p for p in current.values()
-              if p.phase == "Failed" and p.exit_code is not None and p.exit_code not in (0, code)
+              if p.phase == "Failed" and p.exit_code is not None and (p.exit_code not in (0, code) or p.unsaved)
               and p not in lost]
     if failed:
         return Verdict(FAILURE, _describe(failed[0]))

@@ -28,6 +28,7 @@ ARRAYS_DIR = "arrays"
 COMMITS_DIR = "commits"
 FENCES_DIR = "attempts"
 CORRUPT_DIR = "corrupt"
+ORBAX_FENCES_DIR = "reprieve_attempts"  # reprieve.orbax.OrbaxCheckpointer's fences, beside Orbax's step directories
 TMP_SUFFIX = ".tmp"
 DELETING_SUFFIX = ".deleting"
 CORRUPT_SUFFIX = ".corrupt"
@@ -97,6 +98,15 @@ def _split(name: str) -> tuple[int, int]:
     if parsed is None or parsed.state != "committed":
         raise ValueError(f"not a committed checkpoint name: {name!r}")
     return parsed.step, parsed.attempt
+
+
+_RECORD_RE = re.compile(r"^step_(\d{10})_a(\d+)-(\d+)\.json$")
+
+
+def parse_quarantine_record(name: str) -> tuple[int, int, int] | None:
+    """``(step, attempt, unix ms)`` of an object store's ``corrupt/<name>-<ms>.json`` record; None otherwise."""
+    m = _RECORD_RE.match(name)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
 def fence_name(attempt: int) -> str:

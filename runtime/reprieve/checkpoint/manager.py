@@ -25,6 +25,7 @@ from typing import Any, Self
 
 from ..coordination import Coordinator, LocalCoordinator
 from ..data import to_json_value
+from ..env import Env, env_attempt
 from . import fencing, layout, retention
 from . import save as save_mod
 from .fencing import FencedError
@@ -64,8 +65,8 @@ class RestoreResult(tuple):  # type: ignore[type-arg]
 
 
 def _maybe_crash(point: str, process_id: int) -> None:
-    want = os.environ.get(CRASH_ENV, "")
-    if want == point or want == f"{point}:{process_id}":
+    want = Env(os.environ).opt_text(CRASH_ENV)
+    if want is not None and (want == point or want == f"{point}:{process_id}"):
         log.error("test fault injection: crashing at %s", point)
         os._exit(86)
 
@@ -121,7 +122,7 @@ class CheckpointManager:
         if keep < 1:
             raise ValueError(f"CheckpointManager keep must be >= 1, got {keep}")
         self._coord = coordinator or LocalCoordinator()
-        self.attempt = int(os.environ.get("REPRIEVE_ATTEMPT", "1")) if attempt is None else int(attempt)
+        self.attempt = env_attempt() if attempt is None else int(attempt)
         self.keep, self.keep_every = keep, keep_every
         self._retention_deferred = False
         self._timeout = barrier_timeout_s
@@ -138,6 +139,7 @@ class CheckpointManager:
         self._max_chunk_bytes = max_chunk_bytes
         self._fallback = fallback
         self._on_commit = on_commit
+        self._restore_check: Callable[[Any, list[tuple[str, Any]], str], None] | None = None
         self._pid, self._nproc = self._coord.process_id, self._coord.num_processes
         self._storage: Storage = open_storage(uri, fsync=fsync, sync_mode=sync_mode)
         self.uri = self._storage.loc.uri()
@@ -187,6 +189,12 @@ class CheckpointManager:
                 log.info("checkpoint: removing leftover %s/%s", self.uri, e)
                 st.delete(e)
 
+    def set_restore_check(self, check: Callable[[Any, list[tuple[str, Any]], str], None] | None) -> None:
+        """``check(reprieve_record, saved_structure, where)`` before a checkpoint's arrays are read (on every
+        process): the job refuses another run's checkpoint there (:mod:`reprieve.identity`); what it raises is
+        raised by :meth:`restore` as is (no fallback, no quarantine: the checkpoint is fine, it is not ours)."""
+        self._restore_check = check
+
     def set_commit_callback(self, on_commit: Callable[[int], None] | None) -> None:
         """``on_commit(step)`` after every commit, in the background thread of every process (what
         :func:`reprieve.init` wires to the job: metrics and the progress annotation)."""
@@ -194,6 +202,10 @@ class CheckpointManager:
 
     # -- save ---------------------------------------------------------------------------------------
     supports_process_extra = True
+
+    def check_state(self, state: Any) -> None:
+        """Raise the TypeError a save of ``state`` would raise (a leaf that cannot be saved), copying nothing."""
+        save_mod.check_leaves(state)
 
     def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None,
              process_extra: Any = None) -> None:
@@ -352,6 +364,10 @@ class CheckpointManager:
         for c in retention.select_deletions(vis, invisible, keep=self.keep, keep_every=self.keep_every):
             log.info("checkpoint retention: deleting %s/%s", self.uri, c)
             st.delete(c)
+        for qid in retention.select_quarantined(st.quarantined(), keep=self.keep):
+            log.info("checkpoint retention: deleting the quarantined copy %s/%s (the %d newest are kept)", self.uri,
+                     qid, self.keep)
+            st.delete_quarantined(qid)
 
     # -- lookup & restore ---------------------------------------------------------------------------
     def _visible(self) -> list[CheckpointName]:
@@ -460,6 +476,8 @@ class CheckpointManager:
         if problems:
             raise CheckpointCorruptError(f"checkpoint {self.uri}/{name}: {'; '.join(problems)} ({where}); the "
                                          "checkpoint disagrees with itself")
+        if self._restore_check is not None:
+            self._restore_check(meta.extra.get("reprieve"), meta.structure(), f"{self.uri}/{name}")
         state = restore_tree(self._storage, name, meta, abstract, memory_limit_bytes=self._mem_limit)
         return meta, state
 

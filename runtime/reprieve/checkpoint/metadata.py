@@ -57,6 +57,16 @@ class CheckpointMeta:
     def array_bytes(self) -> int:
         return sum(leaf.nbytes for leaf in self.leaves)
 
+    def structure(self) -> list[tuple[str, tuple[int, ...] | None]]:
+        """The saved state's leaf paths and shapes as the program saw them (``reprieve.identity.structure``): a
+        typed key's shape without its key-data dimension, None for a Python scalar or a 0-d leaf."""
+        out: list[tuple[str, tuple[int, ...] | None]] = []
+        for leaf in self.leaves:
+            shape = None if leaf.kind == "json" or leaf.shape is None else tuple(
+                leaf.shape[:-1] if leaf.key_impl else leaf.shape)
+            out.append((leaf.path, shape or None))
+        return out
+
     def leaf_by_path(self) -> dict[str, LeafMeta]:
         return {leaf.path: leaf for leaf in self.leaves}
 

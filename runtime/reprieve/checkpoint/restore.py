@@ -182,7 +182,7 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
         key_impl = _key_impl(target)
         if key_impl is not None:
             if leaf.key_impl is not None and leaf.key_impl != key_impl:
-                raise ValueError(f"restore leaf {path}: saved typed PRNG keys of impl {leaf.key_impl}, the "
+                raise ValueError(f"restore leaf {path} from {where}: saved typed PRNG keys of impl {leaf.key_impl}, the "
                                  f"abstract state asks for {key_impl}")
             data = jax.eval_shape(jax.random.key_data, target)  # the key data: shape + (the impl's words,)
             target = jax.ShapeDtypeStruct(data.shape, data.dtype,
@@ -191,13 +191,14 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
         dtype = np.dtype(getattr(target, "dtype", leaf.dtype))
         sharding = getattr(target, "sharding", None) if _is_abstract_array(target) else None
         if leaf.shape is not None and tuple(leaf.shape) != shape:
-            raise ValueError(f"restore leaf {path}: abstract shape {shape} does not match saved shape {tuple(leaf.shape)}")
+            raise ValueError(f"restore leaf {path}: abstract shape {shape} does not match saved shape "
+                             f"{tuple(leaf.shape)} in {where}")
         if sharding is None and leaf.kind == "array" and not isinstance(target, np.ndarray):
-            raise ValueError(f"restore leaf {path}: abstract value has no sharding; give a "
+            raise ValueError(f"restore leaf {path} from {where}: abstract value has no sharding; give a "
                              "jax.ShapeDtypeStruct(shape, dtype, sharding=...) or a jax.Array "
                              "(flax NNX: docs/runtime.md, \"flax NNX\")")
         if leaf.stored_as is not None and str(dtype) != leaf.dtype:
-            raise ValueError(f"restore leaf {path}: saved as {leaf.dtype} (stored as its raw bytes), which cannot "
+            raise ValueError(f"restore leaf {path} from {where}: saved as {leaf.dtype} (stored as its raw bytes), which cannot "
                              f"be cast to {dtype} on the way; restore it as {leaf.dtype} and cast after")
         regions: list[Region]
         devices: list[list[Any]]

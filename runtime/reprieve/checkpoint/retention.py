@@ -1,4 +1,10 @@
-"""Which checkpoints retention deletes (pure)."""
+"""Which checkpoints, and which quarantined copies, retention deletes (pure).
+
+Quarantined copies (``<name>.corrupt`` directories, or on object stores the ``corrupt/<name>-<ms>.json`` records
+whose data is already gone) are evidence for a person to look at, not checkpoints: retention keeps the ``keep``
+newest of them (by step, then by when they were quarantined) and deletes the older ones, so a job that keeps
+finding damage does not fill its storage with full-size copies.
+"""
 
 from __future__ import annotations
 
@@ -30,3 +36,14 @@ def select_deletions(
         c for c in ordered if c not in newest and not (keep_every is not None and c.step % keep_every == 0)
     ]
     return doomed + sorted(invisible, key=lambda c: (c.step, c.attempt))
+
+
+Quarantined = tuple[int, int, int, str]  # (step, attempt, order among copies of one name, what to delete)
+
+
+def select_quarantined(quarantined: Sequence[Quarantined], *, keep: int) -> list[str]:
+    """The quarantined copies to delete: all but the ``keep`` newest (by step, attempt, then order)."""
+    if keep < 1:
+        raise ValueError(f"retention keep must be >= 1, got {keep}")
+    ordered = sorted(quarantined)
+    return [q[3] for q in ordered[:-keep]]

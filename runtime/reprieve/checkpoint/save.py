@@ -107,6 +107,27 @@ def _what_to_do(leaf: Any) -> str:
             "for JSON metadata, data= for per-process data positions)")
 
 
+def _unsupported(path: str, leaf: Any) -> TypeError:
+    return TypeError(f"checkpoint leaf {path}: expected jax.Array, numpy array, or a Python scalar/str, "
+                     f"got {type(leaf).__name__}; {_what_to_do(leaf)}")
+
+
+def check_leaves(state: Any) -> None:
+    """Raise the TypeError :func:`snapshot` would raise for ``state`` (naming the first leaf it cannot save),
+    without copying anything: the job calls it at its first ``save()``, so a function in the state is reported
+    at step 0, not at the first real save (the last step, when no periodic save is set)."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(state)
+    for path, leaf in flat:
+        p = jax.tree_util.keystr(path)
+        if isinstance(leaf, jax.Array):
+            if not _is_key_array(leaf):  # typed keys are saved as their key data (uint32): always storable
+                _dtype_of(p, leaf.dtype)
+        elif isinstance(leaf, (np.ndarray, np.generic)):
+            _dtype_of(p, leaf.dtype)
+        elif not (leaf is None or isinstance(leaf, (bool, int, float, str))):
+            raise _unsupported(p, leaf)
+
+
 class Staging:
     """Host buffers for shard copies, reused from one save to the next.
 
@@ -203,8 +224,7 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
         elif leaf is None or isinstance(leaf, (bool, int, float, str)):
             leaves.append(LeafMeta(path=p, kind="json", value=leaf))
         else:
-            raise TypeError(f"checkpoint leaf {p}: expected jax.Array, numpy array, or a Python scalar/str, "
-                            f"got {type(leaf).__name__}; {_what_to_do(leaf)}")
+            raise _unsupported(p, leaf)
     if host_copy == "device":
         copies: list[Any] = jax.device_put([s.data for _, _, s in owned], [s.device for _, _, s in owned],
                                            may_alias=False)

@@ -21,6 +21,7 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..env import Env
 from .layout import Location
 
 # zarr3 ``data_type`` names (TensorStore's) for numpy / ml_dtypes dtype names: stored as themselves.
@@ -81,7 +82,8 @@ def kvstore_spec(loc: Location, subpath: str = "", env: Mapping[str, str] | None
         return {"driver": "gcs", "bucket": loc.bucket, "path": prefix}
     if loc.scheme == "s3":
         spec: dict[str, Any] = {"driver": "s3", "bucket": loc.bucket, "path": prefix}
-        endpoint = env.get("REPRIEVE_S3_ENDPOINT") or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+        endpoint = (Env(env).opt_text("REPRIEVE_S3_ENDPOINT") or env.get("AWS_ENDPOINT_URL_S3")
+                    or env.get("AWS_ENDPOINT_URL"))
         if endpoint:
             spec["endpoint"] = endpoint
         region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")

@@ -113,6 +113,14 @@ class Storage:
         """Take the committed checkpoint ``name`` out of every listing for good; returns where it went."""
         raise NotImplementedError
 
+    def quarantined(self) -> list[tuple[int, int, int, str]]:
+        """Every quarantined copy as ``(step, attempt, order, id)`` (:mod:`.retention`); ``id`` for
+        :meth:`delete_quarantined`."""
+        raise NotImplementedError
+
+    def delete_quarantined(self, qid: str) -> None:
+        raise NotImplementedError
+
     # -- small files --------------------------------------------------------------------------------
     def write_file(self, key: str, data: bytes) -> None:
         """Durably write one small file (metadata, fence) atomically."""
@@ -149,9 +157,12 @@ class Storage:
 
 
 class LocalStorage(Storage):
-    def __init__(self, loc: Location, **kw: Any) -> None:
+    def __init__(self, loc: Location, *, create: bool = True, **kw: Any) -> None:
         super().__init__(loc, **kw)
-        os.makedirs(loc.path, exist_ok=True)
+        if create:
+            os.makedirs(loc.path, exist_ok=True)
+        elif not os.path.isdir(loc.path):
+            raise FileNotFoundError(f"no checkpoint directory at {loc.path}")
 
     def _p(self, *parts: str) -> str:
         return os.path.join(self.loc.path, *parts)
@@ -234,6 +245,15 @@ class LocalStorage(Storage):
             log.warning("could not write the quarantine reason into %s: %s", target, err)
         return self._p(target)
 
+    def quarantined(self) -> list[tuple[int, int, int, str]]:
+        return [(e.step, e.attempt, e.copy, str(e)) for e in self.list_entries() if e.state == "corrupt"]
+
+    def delete_quarantined(self, qid: str) -> None:
+        name = layout.parse_name(qid)
+        if name is None or name.state != "corrupt":
+            raise ValueError(f"not a quarantined checkpoint: {qid!r}")
+        self.delete(name)
+
     def write_file(self, key: str, data: bytes) -> None:
         path = self._p(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -288,8 +308,8 @@ def _prefix_range(prefix: str) -> Any:
 
 
 class ObjectStorage(Storage):
-    def __init__(self, loc: Location, **kw: Any) -> None:
-        super().__init__(loc, **kw)
+    def __init__(self, loc: Location, *, create: bool = True, **kw: Any) -> None:
+        super().__init__(loc, **kw)  # nothing to create: a prefix exists once a key is written under it
         self._kv = ts.KvStore.open(spec.kvstore_spec(loc), context=self.context).result()
 
     def data_dir(self, step: int, attempt: int) -> str:
@@ -324,6 +344,17 @@ class ObjectStorage(Storage):
         self.delete(name)  # marker first, then the data: the name is free for the next save of this step
         return f"{self.loc.uri()}/{record}"
 
+    def quarantined(self) -> list[tuple[int, int, int, str]]:
+        out = []
+        for record in self.list_dir(layout.CORRUPT_DIR):
+            parsed = layout.parse_quarantine_record(record)
+            if parsed is not None:
+                out.append((*parsed, record))
+        return out
+
+    def delete_quarantined(self, qid: str) -> None:
+        self._kv.delete_range(_prefix_range(f"{layout.CORRUPT_DIR}/{qid}")).result()
+
     def write_file(self, key: str, data: bytes) -> None:
         self._kv.write(key, data).result()
 
@@ -337,5 +368,7 @@ class ObjectStorage(Storage):
 
 
 def open_storage(uri: str, **kw: Any) -> Storage:
+    """The storage of checkpoint root ``uri``. ``create=False``: only read (a missing local root is a
+    FileNotFoundError, not a new directory)."""
     loc = layout.parse_uri(uri, os.getcwd())
     return ObjectStorage(loc, **kw) if loc.is_object_store else LocalStorage(loc, **kw)

@@ -1,18 +1,18 @@
 """The memory tier's part of the contract environment, parsed once (pure).
 
-``MemoryConfig.from_env(os.environ)`` is the only place that reads these variables; ``docs/contract.md``
-("Memory tier") and ``docs/memory.md`` say what they mean. A malformed or inconsistent value raises
+``MemoryConfig.from_env(os.environ)`` is the only place that reads these variables, through the runtime's one
+reader (:class:`reprieve.env.Env`, which knows them as :data:`reprieve.env.MEMORY`); ``docs/contract.md`` ("Memory
+tier") and ``docs/memory.md`` say what they mean. A malformed or inconsistent value raises
 :class:`reprieve.config.ConfigError` naming the variable, what was expected and what was found: the job refuses
 to start rather than run without the tier it asked for.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..config import ConfigError
+from ..env import ConfigError, Env
 
 DIR_ENV = "REPRIEVE_MEMORY_DIR"
 LIMIT_ENV = "REPRIEVE_MEMORY_LIMIT_BYTES"
@@ -22,6 +22,7 @@ PORT_ENV = "REPRIEVE_MEMORY_PORT"
 PEER_ENV = "REPRIEVE_MEMORY_PEER"
 PEER_NODE_ENV = "REPRIEVE_MEMORY_PEER_NODE"
 NODE_ENV = "REPRIEVE_NODE_NAME"
+TOKEN_ENV = "REPRIEVE_MEMORY_TOKEN"  # the job's secret for the replica servers (optional)
 # set by reprieve-run for the trainer: the address of the replica server the supervisor runs for this pod
 SERVER_ENV = "REPRIEVE_MEMORY_SERVER"
 
@@ -46,6 +47,7 @@ class MemoryConfig:
         peer_node: the node the peer runs on, when the operator says (the pairing check refuses the own node).
         node: the node this pod runs on (downward API ``spec.nodeName``), for the pairing check.
         server: ``host:port`` of the replica server reprieve-run runs for this pod (set by reprieve-run only).
+        token: the job's secret every request to a replica server carries; None: none asked for.
     """
 
     directory: str
@@ -57,6 +59,7 @@ class MemoryConfig:
     peer_node: str | None = None
     node: str | None = None
     server: str | None = None
+    token: str | None = None
     budget: float = DEFAULT_BUDGET
 
     @property
@@ -71,34 +74,31 @@ class MemoryConfig:
         Raises:
             ConfigError: a variable is malformed, or the pairing puts the replica on this pod or node.
         """
-        def raw(name: str) -> str | None:
-            value = env.get(name)
-            return None if value is None or not value.strip() else value.strip()
-
-        directory = raw(DIR_ENV)
+        e = Env(env)
+        directory = e.opt_text(DIR_ENV)
         if directory is None:
             for name in (INTERVAL_STEPS_ENV, INTERVAL_SECONDS_ENV, LIMIT_ENV, PEER_ENV):
-                if raw(name) is not None:
+                if e.raw(name) is not None:
                     raise ConfigError(f"{name} is set but {DIR_ENV} is not: set {DIR_ENV} to a directory on a "
                                       "memory-backed volume (a medium: Memory emptyDir, /dev/shm/...) to turn the "
                                       f"memory tier on, or unset {name}")
             return None
-        steps = _integer(INTERVAL_STEPS_ENV, raw(INTERVAL_STEPS_ENV), 0, minimum=0)
-        seconds = _number(INTERVAL_SECONDS_ENV, raw(INTERVAL_SECONDS_ENV), 0.0)
+        steps = e.integer(INTERVAL_STEPS_ENV, 0, minimum=0)
+        seconds = e.number(INTERVAL_SECONDS_ENV, 0.0, minimum=0)
         if steps and seconds:
             raise ConfigError(f"{INTERVAL_STEPS_ENV}={steps} and {INTERVAL_SECONDS_ENV}={seconds} are both set: "
                               "give one (or neither, to space saves by the 1 % cost budget)")
-        limit_raw = raw(LIMIT_ENV)
-        limit = None if limit_raw is None else _integer(LIMIT_ENV, limit_raw, 0, minimum=1)
-        port = _integer(PORT_ENV, raw(PORT_ENV), DEFAULT_PORT, minimum=0, maximum=65535)
-        peer = raw(PEER_ENV)
+        limit = e.opt_integer(LIMIT_ENV, minimum=1)
+        port = e.integer(PORT_ENV, DEFAULT_PORT, minimum=0, maximum=65535)
+        peer = e.opt_text(PEER_ENV)
         if peer is not None:
             address_problem(peer, PEER_ENV)
-        server = raw(SERVER_ENV)
+        server = e.opt_text(SERVER_ENV)
         if server is not None:
             address_problem(server, SERVER_ENV)
         cfg = cls(directory=directory, limit_bytes=limit, interval_steps=steps, interval_seconds=seconds, port=port,
-                  peer=peer, peer_node=raw(PEER_NODE_ENV), node=raw(NODE_ENV), server=server)
+                  peer=peer, peer_node=e.opt_text(PEER_NODE_ENV), node=e.opt_text(NODE_ENV), server=server,
+                  token=e.opt_text(TOKEN_ENV))
         problem = pairing_problem(cfg, own=own_addresses(cfg, pod_ip))
         if problem:
             raise ConfigError(problem)
@@ -136,27 +136,3 @@ def address_problem(value: str, name: str) -> tuple[str, int]:
         raise ConfigError(f"{name} must be host:port, got {value!r}")
     return host, int(port)
 
-
-def _integer(name: str, raw: str | None, default: int, *, minimum: int, maximum: int | None = None) -> int:
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
-        raise ConfigError(f"{name} must be an integer {bound}, got {value}")
-    return value
-
-
-def _number(name: str, raw: str | None, default: float) -> float:
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{name} must be a finite number of seconds >= 0, got {raw!r}")
-    return value

@@ -22,6 +22,7 @@ import itertools
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import decide, wire
@@ -89,10 +90,13 @@ def storage_checkpoints(storage: Any) -> list[list[int]]:
     return [] if latest is None else [[int(latest), 0]]
 
 
-def restore(tier: Any, storage: Any, abstract: Any, *, timeout_s: float = 1800.0) -> Any:
+def restore(tier: Any, storage: Any, abstract: Any, *, timeout_s: float = 1800.0,
+            check: Callable[[Any, Any, str], None] | None = None) -> Any:
     """Restore the newest complete step from the nearest sources; the result is the storage tier's
     ``RestoreResult`` shape with ``restored_from`` set. FileNotFoundError (on every process) when there is
-    nothing to restore."""
+    nothing to restore. ``check(record, None, where)``: ``Job.restore_or``'s run-identity check, run on the
+    memory copy's ``reprieve`` record once every process has read its part (it raises alike on every process:
+    all copies of a step carry the same record); a storage restore runs it inside the storage tier."""
     from ..checkpoint.manager import RestoreResult
 
     coord, pid, n = tier.coord, tier.pid, tier.nproc
@@ -117,6 +121,9 @@ def restore(tier: Any, storage: Any, abstract: Any, *, timeout_s: float = 1800.0
         if all(v["ok"] for v in verdicts):
             assert result is not None and plan.step is not None and plan.attempt is not None
             sources = [v["source"] for v in verdicts]
+            if check is not None:
+                record = result[1].get("reprieve") if isinstance(result[1], dict) else None
+                check(record, None, f"memory copy of step {plan.step} (attempt {plan.attempt}) in {tier.dir.path}")
             return _done(tier, RestoreResult(plan.step, result[0], result[1], result[2]), plan, sources, t0)
         for v in verdicts:
             for name, loc in v.get("bad", []):

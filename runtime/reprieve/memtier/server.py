@@ -19,7 +19,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any, BinaryIO, cast
 
+from ..env import Env
 from . import layout, wire
+from .config import TOKEN_ENV
 from .layout import CopyName
 from .manifest import CopyCorruptError, Manifest
 from .store import CopyBusyError, CopyRefusedError, MemoryDir, verify
@@ -124,7 +126,7 @@ class ReplicaServer:
                     with open(os.path.join(tmp, layout.DATA_FILE), "r+b") as fh, \
                             mmap.mmap(fh.fileno(), n_data, flags=mmap.MAP_SHARED) as mem:
                         with memoryview(mem) as view:
-                            if os.environ.get(CRASH_ENV) == f"receive:{name.step}":  # test-only fault injection
+                            if Env(os.environ).raw(CRASH_ENV) == f"receive:{name.step}":  # test-only fault injection
                                 wire.recv_exact(rfile, view[:n_data // 2], where)
                                 log.error("test fault injection: dying half-way through receiving %s", name)
                                 os._exit(86)
@@ -179,7 +181,7 @@ def serve_pod(env: Mapping[str, str]) -> ReplicaServer | None:
     from ..config import ConfigError
     from .config import MemoryConfig
 
-    pod_ip = (env.get("REPRIEVE_POD_IP") or "").strip() or None
+    pod_ip = Env(env).opt_text("REPRIEVE_POD_IP")
     try:
         cfg = MemoryConfig.from_env(env, pod_ip=pod_ip)
     except ConfigError as err:
@@ -189,7 +191,7 @@ def serve_pod(env: Mapping[str, str]) -> ReplicaServer | None:
         return None
     try:
         server = ReplicaServer(MemoryDir(cfg.directory, limit_bytes=cfg.limit_bytes), host=pod_ip or "0.0.0.0",
-                               port=cfg.port, advertise_host=pod_ip, token=(env.get(wire.TOKEN_ENV) or "").strip() or None)
+                               port=cfg.port, advertise_host=pod_ip, token=cfg.token)
     except OSError as err:
         log.error("memory tier: cannot serve %s on port %d: %s", cfg.directory, cfg.port, err)
         return None
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s replica-server %(levelname)s %(message)s")
     server = ReplicaServer(MemoryDir(args.dir, limit_bytes=args.limit_bytes), host=args.host, port=args.port,
-                           token=(os.environ.get(wire.TOKEN_ENV) or "").strip() or None).start()
+                           token=Env(os.environ).opt_text(TOKEN_ENV)).start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print(server.address, flush=True)

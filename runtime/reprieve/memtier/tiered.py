@@ -8,6 +8,7 @@ checkpointer's (attribute access falls through to it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from . import restore_round
@@ -20,6 +21,7 @@ class TieredCheckpointer:
     def __init__(self, storage: Any, tier: MemoryTier) -> None:
         self.storage = storage
         self.tier = tier
+        self._restore_check: Callable[[Any, Any, str], None] | None = None
 
     def __getattr__(self, name: str) -> Any:  # last_save_seconds, supports_process_extra, defer_retention, ...
         return getattr(self.storage, name)
@@ -33,10 +35,18 @@ class TieredCheckpointer:
     def latest_step(self) -> int | None:
         return self.storage.latest_step()
 
+    def set_restore_check(self, check: Callable[[Any, Any, str], None] | None) -> None:
+        """``Job.restore_or``'s run-identity check: the storage tier runs it on what it restores, the memory tier
+        on a memory copy's record (``reprieve.identity``), before the state is handed back."""
+        self._restore_check = check
+        hook = getattr(self.storage, "set_restore_check", None)
+        if callable(hook):
+            hook(check)
+
     def restore(self, abstract_state: Any, *, step: int | None = None) -> Any:
         if step is not None:
             return self.storage.restore(abstract_state, step=step)
-        return restore_round.restore(self.tier, self.storage, abstract_state)
+        return restore_round.restore(self.tier, self.storage, abstract_state, check=self._restore_check)
 
     def close(self) -> None:
         try:

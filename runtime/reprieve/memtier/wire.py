@@ -28,7 +28,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, cast
 
 MAX_LINE = 1 << 20
-TOKEN_ENV = "REPRIEVE_MEMORY_TOKEN"
 
 
 class WireError(RuntimeError):

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .models import TrainingJob
-from .signals import parse_time
+from ..models import TrainingJob
+from .times import parse_time
 
 COMMIT_EVENT_SECONDS = 300.0
 

@@ -4,6 +4,8 @@
 :class:`Outcome` in a fixed order, for both restart modes and both callers (the kopf handler and the pod-event
 kick):
 
+0. ``first_event``: only a failure decided outside the restart policy (:func:`failed`) has one: its reason,
+   posted before its status, so whoever sees the Failed phase finds the Event that says why;
 1. ``record``: the status a decided gang restart or failure leads to, written before anything is deleted (a
    crash in between cannot count it twice), then its Event (``record_event``) and its counter;
 2. ``create``: the pods to create (a new gang is dry-run first, with its Service and identity), then
@@ -14,7 +16,8 @@ kick):
 6. ``requeue_after``: look again after this many seconds (a backoff, old pods still draining).
 
 The only decisions left to the shell are those an API response makes: a refused create (``policy.create``
-classifies it: fail the job or retry with backoff) stops the steps after it.
+classifies it and decides the refusal's own outcome: :func:`failed`, or a retry with backoff) replaces the steps
+after it. Status is written by carrying out an outcome only.
 
 Which reads a decision needs is also decided here: ``look_at_nodes`` (a lost pod's nodes, fresh from the API,
 before a lost pod is counted as preempted or disrupted) and ``needs_placement`` (the nodes new pods must avoid,
@@ -29,11 +32,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from . import builders, events, observe
+from .. import builders
+from ..models import TrainingJob
+from . import events, views
 from .events import Event
-from .models import TrainingJob
-from .policy.inplace import Assignment, InPlace, PodView, decide_inplace
-from .policy.restart import DISRUPTION, RestartPlan, decide_restart, lost_nodes, orphaned_pods
+from .inplace import Assignment, InPlace, PodView, decide_inplace
+from .restart import DISRUPTION, Condition, RestartPlan, decide_restart, lost_nodes, orphaned_pods
+from .status import closing_goodput, status_patch
+from .times import rfc3339
 
 WAIT_SECONDS = 2.0  # look again while old pods drain (their deletion events usually come first)
 
@@ -57,7 +63,7 @@ class View:
 
 @dataclass(frozen=True)
 class Counter:
-    """A metric increment: ``restart`` by cause, or ``failed`` by reason."""
+    """A metric increment: ``restart`` by cause, ``failed`` by reason, or ``error`` by handler (a refused create)."""
 
     kind: str
     label: str
@@ -65,9 +71,10 @@ class Counter:
 
 @dataclass(frozen=True)
 class Outcome:
-    job: TrainingJob  # the job the steps act on: as it is once ``record`` is written
+    job: TrainingJob | None  # the job the steps act on, as it is once ``record`` is written (None: no valid spec)
     plan: RestartPlan  # the decision (phase, attempt, conditions, message); what reconcile() returns
     decided_at: float = 0.0  # epoch seconds (when a CheckpointCommitted Event in ``status_events`` is posted)
+    first_event: Event | None = None
     record: Mapping[str, Any] | None = None
     record_event: Event | None = None
     counter: Counter | None = None
@@ -96,7 +103,7 @@ def decide(view: View) -> Outcome:
 
 def _recreate(view: View) -> Outcome:
     job, now = view.job, view.now
-    pods = [p for p in (observe.worker_pod(r, view.known_nodes) for r in view.pods) if p is not None]
+    pods = [p for p in (views.worker_pod(r, view.known_nodes) for r in view.pods) if p is not None]
     plan = decide_restart(job, pods, view.avoid, now, view.doomed)
     if plan.cause == DISRUPTION and not view.looked:
         return Outcome(job, plan, look_at_nodes=frozenset(lost_nodes(pods)))
@@ -107,7 +114,7 @@ def _recreate(view: View) -> Outcome:
     orphans = orphaned_pods(pods, view.known_nodes)
     create = tuple(builders.build_worker_pod(job, i, plan.attempt, plan.exclude_nodes) for i in plan.create)
     created_event = _attempt_started(plan, len(create)) if plan.new_attempt and create else None
-    status = observe.status_patch(job, plan, now, observe.progress(view.pods))
+    status = status_patch(job, _created(job, plan, create), now, views.progress(view.pods))
     requeue = plan.requeue_after if plan.requeue_after is not None else (WAIT_SECONDS if plan.waiting else None)
     return Outcome(job, plan, now.timestamp(), **record, create=create, dry_run=plan.new_attempt,
                    created_event=created_event, force_delete=orphans,
@@ -117,7 +124,7 @@ def _recreate(view: View) -> Outcome:
 
 def _in_place(view: View) -> Outcome:
     job, now = view.job, view.now
-    pods = [v for v in (observe.pod_view(r, view.known_nodes) for r in view.pods) if v is not None]
+    pods = [v for v in (views.pod_view(r, view.known_nodes) for r in view.pods) if v is not None]
     plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed)
     decided = extra.record or (plan if plan.cause else None)
     if decided is not None and decided.cause == DISRUPTION and not view.looked:
@@ -127,24 +134,53 @@ def _in_place(view: View) -> Outcome:
         return Outcome(job, plan, needs_placement=True)
     job, record = _record(job, decided, now)
     plan = dataclasses.replace(plan, cause=None)
-    failed = decided is not None and decided.phase == "Failed"
-    create = () if failed else _pods_to_create(job, plan, extra)
+    fails = decided is not None and decided.phase == "Failed"
+    create = () if fails else _pods_to_create(job, plan, extra)
     first = view.assignment is None  # only the first attempt's pods are dry-run and announced on creation
     created_event = _attempt_started(plan, len(create)) if first and plan.new_attempt and create else None
     assign, assigned_event = None, None
     current = view.assignment
-    if not failed and extra.assign is not None and (current is None or extra.assign.attempt > current.attempt):
+    if not fails and extra.assign is not None and (current is None or extra.assign.attempt > current.attempt):
         assign = extra.assign
         if current is not None:  # a restart, not the first attempt
             assigned_event = Event("AttemptStarted", plan.message)
     orphans = orphaned_pods(pods, view.known_nodes)
-    status = observe.status_patch(job, plan, now, observe.progress(view.pods))
+    status = status_patch(job, _created(job, plan, create), now, views.progress(view.pods))
     status.update(_inplace_status(job, pods, extra, plan, current))
     return Outcome(job, plan, now.timestamp(), **record, create=create, dry_run=first and plan.new_attempt,
                    created_event=created_event, role=bool(create),
                    force_delete=orphans, delete=tuple(n for n in plan.delete if n not in orphans),
                    assign=assign, assigned_event=assigned_event, status=status,
                    status_events=_status_events(job, status, view), requeue_after=plan.requeue_after)
+
+
+def _created(job: TrainingJob, plan: RestartPlan, create: Sequence[dict[str, Any]]) -> RestartPlan:
+    """The plan the final patch is decided on: once its pods exist, a job whose creation was refused before says
+    so (``PodsCreated=True``). A refused create never reaches the final patch."""
+    if create and any(c.type == "PodsCreated" and c.status == "False" for c in job.status.conditions):
+        done = Condition("PodsCreated", "True", "Created", f"created {len(create)} worker pod(s) of attempt "
+                                                          f"{plan.attempt}")
+        return dataclasses.replace(plan, conditions=(*plan.conditions, done))
+    return plan
+
+
+def failed(status: Mapping[str, Any], reason: str, message: str, now: datetime) -> Outcome:
+    """Fail a job that cannot run, outside the restart policy (an invalid spec, worker pods the API server refuses
+    for good): the Warning Event first, then phase Failed with condition Failed/<reason> (``PodsCreated``
+    dropped) and its open attempts' goodput closed, and the counter. Works on the raw status (such a job's spec
+    may not parse: ``job`` is None); nothing when it is Failed already."""
+    plan = RestartPlan(phase="Failed", attempt=int(status.get("attempt") or 0))
+    if status.get("phase") == "Failed":
+        return Outcome(None, plan)
+    cond = {"type": "Failed", "status": "True", "reason": reason, "message": message[:2000],
+            "lastTransitionTime": rfc3339(now)}
+    conds = [c for c in status.get("conditions") or [] if c.get("type") not in ("Failed", "PodsCreated")]
+    patch: dict[str, Any] = {"phase": "Failed", "conditions": [*conds, cond], "completionTime": rfc3339(now)}
+    closed = closing_goodput(status, now)
+    if closed is not None:  # the attempts that ran end here: the figures are final, not provisional
+        patch["goodput"] = closed
+    return Outcome(None, plan, first_event=Event(reason, message, "Warning"), record=patch,
+                   counter=Counter("failed", reason))
 
 
 def _attempt_started(plan: RestartPlan, pods: int) -> Event:
@@ -158,7 +194,7 @@ def _record(job: TrainingJob, decided: RestartPlan | None, now: datetime) -> tup
     is once that status is written (what the rest of the outcome is decided on)."""
     if decided is None or not decided.cause:
         return job, {}
-    patch = observe.status_patch(job, decided, now, None)
+    patch = status_patch(job, decided, now, None)
     after = job.model_copy(update={"status": job.status.model_validate(
         {**job.status.model_dump(by_alias=True), **patch})})
     if decided.phase == "Failed":

@@ -4,6 +4,12 @@ A signal is a taint key, a label (optionally with a value, or carrying the deadl
 condition, or the cordon bit (``spec.unschedulable``). Each has a notice window: the expected time from the
 signal to the node going away. The operator-wide table comes from the chart values
 (``REPRIEVE_SIGNALS_JSON``); each TrainingJob may narrow it and override windows (``spec.preemption``).
+
+Two tables here are the single source for the rest. ``BUILTIN_SIGNALS``: the built-in signals, their names (the
+CRD's and the chart schema's enums, ``models.BUILTIN_SIGNAL_NAMES``) and default windows (the chart passes only
+overrides); ``tests/operator/test_signal_sources.py`` checks the docs against it. ``KIND_FIELDS``: the Node
+field each kind of signal reads, and nothing else; the operator keeps exactly those fields of every Node
+(``views.compact_node``), so a new kind cannot read a field the cache dropped.
 """
 
 from __future__ import annotations
@@ -13,9 +19,12 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .models import BUILTIN_SIGNAL_NAMES, PreemptionSpec
+from .times import parse_time, rfc3339
+
+if TYPE_CHECKING:  # models derives its enum of signal names from the table below
+    from ..models import PreemptionSpec
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +33,26 @@ LABEL = "Label"
 LABEL_EPOCH = "LabelEpoch"  # the label's value is the deadline, in epoch seconds
 CONDITION = "Condition"
 UNSCHEDULABLE = "Unschedulable"
-KINDS = (TAINT, LABEL, LABEL_EPOCH, CONDITION, UNSCHEDULABLE)
+
+
+@dataclass(frozen=True)
+class NodeField:
+    """Where on a Node a kind of signal looks: ``<section>.<key>``; of a list of objects, only ``keys`` of each
+    are read (and kept), of anything else all of it."""
+
+    section: str
+    key: str
+    keys: tuple[str, ...] = ()
+
+
+KIND_FIELDS: dict[str, NodeField] = {
+    TAINT: NodeField("spec", "taints"),  # key, value; timeAdded (NoExecute taints only)
+    LABEL: NodeField("metadata", "labels"),
+    LABEL_EPOCH: NodeField("metadata", "labels"),
+    CONDITION: NodeField("status", "conditions", ("type", "status", "lastTransitionTime")),
+    UNSCHEDULABLE: NodeField("spec", "unschedulable"),
+}
+KINDS = tuple(KIND_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -95,24 +123,7 @@ BUILTIN_SIGNALS: tuple[Signal, ...] = (
     Signal("cordon", UNSCHEDULABLE, notice_seconds=30),
     Signal("out-of-service", TAINT, "node.kubernetes.io/out-of-service", notice_seconds=0),
 )
-assert tuple(s.name for s in BUILTIN_SIGNALS) == BUILTIN_SIGNAL_NAMES
-
-
-def rfc3339(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: Any) -> datetime | None:
-    """Parse an RFC 3339 time (string or datetime, as the kubernetes client returns); None if unusable."""
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        t = datetime.fromisoformat(value)  # Python 3.11 parses the Z suffix
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
+BUILTIN_SIGNAL_NAMES = tuple(s.name for s in BUILTIN_SIGNALS)
 
 
 def signal_table(config: Mapping[str, Any] | None) -> tuple[Signal, ...]:
@@ -168,13 +179,19 @@ def _get(obj: Mapping[str, Any], *path: str) -> Any:
     return obj
 
 
+def _read(node: Mapping[str, Any], kind: str) -> Any:
+    """The Node field a signal of ``kind`` reads: through ``KIND_FIELDS`` only."""
+    field = KIND_FIELDS[kind]
+    return _get(node, field.section, field.key)
+
+
 def _match(sig: Signal, node: Mapping[str, Any], now: datetime,
            first_seen: Mapping[str, datetime]) -> tuple[datetime, datetime, bool] | None:
     """(observed_at, deadline, estimated) if ``sig`` is present on ``node``; ``estimated``: no time on the node."""
     seen = first_seen.get(sig.name, now)
     window = timedelta(seconds=sig.notice_seconds)
     if sig.kind == TAINT:
-        for t in _get(node, "spec", "taints") or []:
+        for t in _read(node, TAINT) or []:
             if t.get("key") == sig.key and (sig.value is None or t.get("value") == sig.value):
                 # Only NoExecute taints carry timeAdded; otherwise we use our first observation.
                 stamped = parse_time(t.get("timeAdded"))
@@ -182,12 +199,12 @@ def _match(sig: Signal, node: Mapping[str, Any], now: datetime,
                 return observed, observed + window, stamped is None
         return None
     if sig.kind == LABEL:
-        labels = _get(node, "metadata", "labels") or {}
+        labels = _read(node, LABEL) or {}
         if sig.key in labels and (sig.value is None or labels[sig.key] == sig.value):
             return seen, seen + window, True
         return None
     if sig.kind == LABEL_EPOCH:
-        raw = (_get(node, "metadata", "labels") or {}).get(sig.key)
+        raw = (_read(node, LABEL_EPOCH) or {}).get(sig.key)
         if raw is None:
             return None
         try:
@@ -198,14 +215,14 @@ def _match(sig: Signal, node: Mapping[str, Any], now: datetime,
             return None
         return seen, deadline - window if sig.notice_seconds else deadline, False
     if sig.kind == CONDITION:
-        for c in _get(node, "status", "conditions") or []:
+        for c in _read(node, CONDITION) or []:
             if c.get("type") == sig.key and c.get("status") == (sig.value or "True"):
                 stamped = parse_time(c.get("lastTransitionTime"))
                 observed = stamped or seen
                 return observed, observed + window, stamped is None
         return None
     if sig.kind == UNSCHEDULABLE:
-        if _get(node, "spec", "unschedulable"):
+        if _read(node, UNSCHEDULABLE):
             return seen, seen + window, True
         return None
     return None
@@ -238,13 +255,15 @@ def node_notice(node: Mapping[str, Any], now: datetime, signals: Iterable[Signal
     return best
 
 
+_ANY_TIME = datetime(2000, 1, 1, tzinfo=UTC)
+
+
 def present_signals(node: Mapping[str, Any], signals: Iterable[Signal]) -> set[str]:
     """Names of the signals present on ``node`` (to remember when each was first seen)."""
-    now = datetime.now(UTC)
     out = set()
     for sig in signals:
         try:
-            if _match(sig, node, now, {}) is not None:
+            if _match(sig, node, _ANY_TIME, {}) is not None:  # presence does not depend on the time
                 out.add(sig.name)
         except (AttributeError, TypeError):
             continue

@@ -1,0 +1,144 @@
+"""The status merge patch a decision leads to (pure): phase, attempt, counters, conditions, progress, goodput."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from .. import LABEL_JOB
+from ..models import TrainingJob
+from . import goodput
+from .restart import Condition, RestartPlan
+from .signals import Notice
+from .times import parse_time, rfc3339
+from .views import to_int
+
+TERMINAL = ("Succeeded", "Failed", "Suspended")  # phases that end the accounting of the attempts so far
+
+
+def conditions_patch(job: TrainingJob, plan: RestartPlan, now: datetime) -> list[dict[str, Any]] | None:
+    if not plan.conditions:
+        return None
+    current = {c.type: c.model_dump(by_alias=True, exclude_none=True) for c in job.status.conditions}
+    changed = False
+    for c in plan.conditions:
+        old = current.get(c.type)
+        if old and (old.get("status"), old.get("reason"), old.get("message")) == (c.status, c.reason, c.message):
+            continue
+        changed = True
+        ltt = old.get("lastTransitionTime") if old and old.get("status") == c.status else rfc3339(now)
+        current[c.type] = {"type": c.type, "status": c.status, "reason": c.reason, "message": c.message,
+                           "lastTransitionTime": ltt}
+    return list(current.values()) if changed else None
+
+
+def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
+                 prog: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The minimal merge patch taking ``job.status`` to what ``plan`` says (empty if nothing changes)."""
+    st = job.status
+    patch: dict[str, Any] = {}
+    if st.phase != plan.phase:
+        patch["phase"] = plan.phase
+    # Called only after the plan's pods were created, so the plan's attempt is real now.
+    attempt = plan.attempt
+    if attempt != st.attempt:
+        patch["attempt"] = attempt
+        patch["attemptStartTime"] = rfc3339(now)
+        if st.start_time is None:
+            patch["startTime"] = rfc3339(now)
+    if plan.restarting_from != st.restarting_from:
+        patch["restartingFrom"] = plan.restarting_from
+    if plan.rapid_restarts is not None and plan.rapid_restarts != st.rapid_restarts:
+        patch["rapidRestarts"] = plan.rapid_restarts
+    due = rfc3339(plan.next_attempt_time) if plan.next_attempt_time is not None else None
+    if due != st.next_attempt_time and (due is not None or plan.new_attempt or plan.cause):
+        patch["nextAttemptTime"] = due
+    if plan.cause:
+        counts = st.restarts.model_dump()
+        counts[plan.cause] += 1
+        patch["restarts"] = counts
+        if plan.phase == "Restarting":
+            patch["restartCount"] = st.restart_count + 1
+    ready = f"{plan.ready}/{job.spec.replicas}"
+    if st.ready != ready:
+        patch["ready"] = ready
+    replicas = len(plan.create) if plan.new_attempt else plan.replicas + len(plan.create)
+    if plan.phase in ("Running", "Pending", "Preempting") and st.replicas != replicas:
+        patch["replicas"] = replicas
+    elif plan.phase not in ("Running", "Pending", "Preempting") and st.replicas not in (None, 0):
+        patch["replicas"] = 0
+    selector = f"{LABEL_JOB}={job.name}"
+    if st.selector != selector:
+        patch["selector"] = selector
+    if st.restart_mode != job.spec.mode:
+        patch["restartMode"] = job.spec.mode
+    if plan.phase in ("Succeeded", "Failed") and st.completion_time is None:
+        patch["completionTime"] = rfc3339(now)
+    conds = conditions_patch(job, plan, now)
+    if conds is not None:
+        patch["conditions"] = conds
+    if prog:
+        step, committed = to_int(prog.get("step")), to_int(prog.get("committedStep"))
+        if step is not None and step != st.step:
+            patch["step"] = step
+        if committed is not None and committed >= 0 and committed != st.last_checkpoint_step:
+            patch["lastCheckpointStep"] = committed
+            if isinstance(prog.get("time"), str):
+                patch["lastCheckpointTime"] = prog["time"]
+    if job.generation is not None and st.observed_generation != job.generation:
+        patch["observedGeneration"] = job.generation
+    gp = goodput_patch(job, plan.phase, patch, prog, now)
+    if gp is not None:
+        patch["goodput"] = gp
+    return patch
+
+
+def goodput_patch(job: TrainingJob, phase: str, patch: Mapping[str, Any], prog: Mapping[str, Any] | None,
+                  now: datetime) -> dict[str, Any] | None:
+    """``status.goodput`` after this reconcile's facts (a new attempt in ``patch``, the progress report, the
+    end of the job); None when the accounting did not change."""
+    st = job.status
+    raw = st.goodput.accounting if st.goodput is not None else None
+    t = now.timestamp()
+    report = goodput.report_of(dict(prog) if prog else None)
+    new_attempt, created = None, None
+    if patch.get("attempt"):
+        new_attempt = int(patch["attempt"])
+    elif not raw and report is not None and st.attempt > 0 and phase not in TERMINAL:
+        # A job that ran before accounting existed (an operator upgrade): start with its current attempt.
+        started = parse_time(st.attempt_start_time)
+        new_attempt, created = st.attempt, (started.timestamp() if started else t)
+    acc = goodput.fold(raw, now=t, new_attempt=new_attempt, created_at=created,
+                       report=report, ended=phase in TERMINAL)
+    if acc is None:
+        return None
+    return {**goodput.status(acc, t), "updatedAt": rfc3339(now)}
+
+
+def closing_goodput(status: Mapping[str, Any], now: datetime) -> dict[str, Any] | None:
+    """``status.goodput`` of a job failed outside a restart plan (an invalid spec, a pod the API server refuses):
+    its open attempts end now. Works on the raw status (the spec of such a job may not parse); None when there is
+    no accounting to close."""
+    raw = (status.get("goodput") or {}).get("accounting")
+    if not raw:
+        return None
+    t = now.timestamp()
+    acc = goodput.fold(dict(raw), now=t, ended=True)
+    if acc is None:
+        return None
+    return {**goodput.status(acc, t), "updatedAt": rfc3339(now)}
+
+
+def notice_status(notice: Notice, attempt: int, now: datetime) -> dict[str, Any]:
+    return {"id": notice.id, "node": notice.node, "reason": notice.reason, "deadline": rfc3339(notice.deadline),
+            "observedAt": rfc3339(notice.observed_at), "attempt": attempt, "deliveredAt": rfc3339(now)}
+
+
+def with_condition(job: TrainingJob, type_: str, status: str, reason: str, message: str,
+                   now: datetime) -> list[dict[str, Any]]:
+    """``status.conditions`` with condition ``type_`` set (its transition time kept if the status is the same)."""
+    plan = RestartPlan(phase=job.status.phase or "Pending", attempt=job.status.attempt,
+                       conditions=(Condition(type_, status, reason, message[:2000]),))
+    return conditions_patch(job, plan, now) or [
+        c.model_dump(by_alias=True, exclude_none=True) for c in job.status.conditions]

@@ -1,0 +1,146 @@
+"""The owner of when reconciles run: per-job locks, coalescing, requeues, the create backoff and the resync.
+
+The reconcile function is injected (``ReconcileQueue(reconcile)``), so every path runs it the same way: the kopf
+handler of a spec change awaits :meth:`run`; a pod event, a requeue's timer and the resync :meth:`kick` it.
+Reconciles of one job never overlap (a per-job lock, which notice delivery takes too); a burst of kicks of one
+job coalesces into one run plus one follow-up; at most ``slots`` kicked reconciles run at once (memory and API
+load in event storms). A failed kicked reconcile is counted and logged; the resync runs it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import kopf
+
+from . import metrics
+from .cache import Key
+from .clock import SYSTEM, Clock, Timer
+from .policy.create import retry_seconds
+
+log = logging.getLogger("reprieve_operator")
+Reconcile = Callable[[str, str, bool], Awaitable[Any]]  # (namespace, name, fresh) -> whatever it returns
+
+
+class ReconcileQueue:
+    def __init__(self, reconcile: Reconcile, clock: Clock = SYSTEM, slots: int = 16,
+                 retry: Callable[[int], float] = retry_seconds) -> None:
+        self._reconcile = reconcile
+        self._clock = clock
+        self._retry = retry
+        self._locks: defaultdict[Key, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._pending: dict[Key, bool] = {}  # kicked: queued or running -> kicked again meanwhile
+        self._fresh: set[Key] = set()  # the next run of these LISTs the job's pods (the resync)
+        self._requeues: dict[Key, Timer] = {}  # job -> the timer of its next reconcile
+        self._backoff: dict[Key, tuple[int, float]] = {}  # job -> (refused creates in a row, monotonic due)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._slots = asyncio.Semaphore(slots)
+
+    # --- running ---
+    def lock(self, namespace: str, name: str) -> asyncio.Lock:
+        """The job's lock: held by every reconcile of it and by notice delivery to it."""
+        return self._locks[(namespace, name)]
+
+    async def run(self, namespace: str, name: str, fresh: bool = False) -> Any:
+        """Reconcile the job now, under its lock; errors are the caller's."""
+        async with self._locks[(namespace, name)]:
+            return await self._reconcile(namespace, name, fresh)
+
+    def kick(self, namespace: str, name: str, fresh: bool = False) -> None:
+        """Schedule a reconcile of one job; bursts coalesce into one run plus one follow-up."""
+        key = (namespace, name)
+        if fresh:
+            self._fresh.add(key)
+        if key in self._pending:
+            self._pending[key] = True
+            return
+        self._pending[key] = False
+        self.spawn(self._drain(key))
+
+    async def _drain(self, key: Key) -> None:
+        namespace, name = key
+        try:
+            while True:
+                try:
+                    async with self._slots:
+                        fresh = key in self._fresh
+                        self._fresh.discard(key)
+                        await self.run(namespace, name, fresh)
+                except kopf.PermanentError:
+                    pass  # already on the job's status and Events
+                except Exception:  # logged and counted; the resync retries
+                    metrics.RECONCILE_ERRORS.labels("pod-event").inc()
+                    log.exception("TrainingJob %s/%s: reconcile failed", namespace, name)
+                if not self._pending.get(key):
+                    break
+                self._pending[key] = False
+        finally:
+            self._pending.pop(key, None)
+
+    def requeue(self, namespace: str, name: str, delay: float) -> None:
+        """Kick the job after ``delay`` seconds (one pending timer per job: the latest wins)."""
+        key = (namespace, name)
+        old = self._requeues.pop(key, None)
+        if old is not None:
+            old.cancel()
+
+        def fire() -> None:
+            self._requeues.pop(key, None)
+            self.kick(namespace, name)
+
+        self._requeues[key] = self._clock.call_later(max(0.0, delay), fire)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` in the background, holding on to its task until it ends."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @property
+    def busy(self) -> int:
+        """Jobs kicked and not yet reconciled."""
+        return len(self._pending)
+
+    # --- the backoff of refused creates (``policy.create.retry_seconds``) ---
+    def backoff_left(self, key: Key) -> float | None:
+        """Seconds until the job's next create may be tried; None when it may be tried now."""
+        tries, due = self._backoff.get(key, (0, 0.0))
+        left = due - self._clock.monotonic()
+        return left if tries and left > 0 else None
+
+    def backoff_failed(self, key: Key) -> tuple[int, float]:
+        """A create was refused again: (refusals in a row, seconds until the next try)."""
+        tries = self._backoff.get(key, (0, 0.0))[0] + 1
+        wait = self._retry(tries)
+        self._backoff[key] = (tries, self._clock.monotonic() + wait)
+        return tries, wait
+
+    def backoff_clear(self, key: Key) -> None:
+        self._backoff.pop(key, None)
+
+    # --- the safety net ---
+    async def resync(self, interval: float, keys: Callable[[], list[Key]],
+                     each_round: Callable[[], None] = lambda: None) -> None:
+        """Every ``interval / 2``: ``each_round()``, then kick every job of ``keys()`` with a fresh LIST of its
+        pods, spread over the next ``interval / 2`` (a steady trickle, never a burst that delays notices).
+
+        A loop over the cached jobs rather than a per-object kopf timer, because kopf protects timers with a
+        finalizer, and a finalizer would keep deleted jobs (and their pods) alive while the operator is down.
+        """
+        while True:
+            await self._clock.sleep(interval / 2)
+            each_round()
+            try:
+                jobs = keys()
+                gap = interval / 2 / max(1, len(jobs))
+                for namespace, name in jobs:
+                    self.kick(namespace, name, fresh=True)
+                    await self._clock.sleep(gap)
+            except Exception:  # never let the safety net die
+                metrics.RECONCILE_ERRORS.labels("resync").inc()
+                log.exception("resync failed")

@@ -1,0 +1,224 @@
+"""What a checkpoint root holds, in words and in JSON: the pure half of the ``reprieve`` command.
+
+:mod:`.reader` reads a root (listing, metadata, every chunk); this module turns what it read into rows and
+descriptions (plain dicts, what ``--json`` prints) and into text, and parses ``URI[@STEP]``. Nothing here touches
+storage, so ``tests/runtime/test_catalog.py`` tables it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import fencing, layout
+from .layout import CheckpointName
+from .metadata import CheckpointMeta
+
+STATES = {
+    "complete": "complete",
+    "fenced": "fenced out (a stale attempt's: never restored)",
+    "tmp": "being written (or left by a crash)",
+    "deleting": "being deleted",
+    "corrupt": "quarantined",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """``URI[@STEP]``: a checkpoint root and, optionally, one step (and attempt) in it."""
+
+    uri: str
+    step: int | None = None
+    attempt: int | None = None
+
+
+def parse_target(text: str) -> Target:
+    """``gs://b/run``, ``./ckpt@120``, or a checkpoint's own directory (``./ckpt/step_0000000120_a3``).
+
+    Raises:
+        ValueError: empty, or a step that is not a non-negative integer.
+    """
+    if not text or not text.strip():
+        raise ValueError("a checkpoint URI is needed: a path, file://, gs:// or s3:// (optionally @STEP)")
+    text = text.strip()
+    step: int | None = None
+    head, at, tail = text.rpartition("@")
+    if at and "/" not in tail:
+        if not re.fullmatch(r"\d+", tail):
+            raise ValueError(f"{text!r}: the step after '@' must be a non-negative integer, got {tail!r}")
+        text, step = head, int(tail)
+    base = text.rstrip("/")
+    name = layout.parse_name(posixpath.basename(base))
+    if name is not None and name.state == "committed":
+        if step is not None and step != name.step:
+            raise ValueError(f"{text!r} is the checkpoint of step {name.step}, not of step {step}")
+        return Target(posixpath.dirname(base) or ".", name.step, name.attempt)
+    return Target(text, step)
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _when(seconds: float | None) -> str:
+    if not seconds:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + "Z"
+
+
+def _record(meta: CheckpointMeta | None) -> dict[str, Any]:
+    value = meta.extra.get("reprieve") if meta is not None else None
+    return value if isinstance(value, dict) else {}
+
+
+def rows(entries: Sequence[CheckpointName], fences: Mapping[int, frozenset[str]],
+         metas: Mapping[str, CheckpointMeta | str], quarantine: Mapping[str, str]) -> list[dict[str, Any]]:
+    """One row per checkpoint-like entry, oldest step first.
+
+    Args:
+        entries: what the root lists (committed, unfinished, being deleted, quarantined).
+        fences: the attempts' fences (``fencing``).
+        metas: ``reprieve.json`` of committed entries by name, or why it could not be read.
+        quarantine: why each quarantined entry was quarantined, by its name (when known).
+    """
+    visible = set(fencing.visible([e for e in entries if e.state == "committed"], fences))
+    out = []
+    for e in sorted(entries, key=lambda e: (e.step, e.attempt, e.state, e.copy)):
+        state = ("complete" if e in visible else "fenced") if e.state == "committed" else e.state
+        meta = metas.get(e.committed) if e.state == "committed" else None
+        rec = _record(meta if isinstance(meta, CheckpointMeta) else None)
+        raw_run = rec.get("run")
+        run: dict[str, Any] = raw_run if isinstance(raw_run, dict) else {}
+        out.append({
+            "name": str(e), "step": e.step, "attempt": e.attempt, "state": state,
+            "kind": rec.get("kind"), "bytes": meta.array_bytes if isinstance(meta, CheckpointMeta) else None,
+            "created": meta.created_unix if isinstance(meta, CheckpointMeta) else None,
+            "processes": meta.num_processes if isinstance(meta, CheckpointMeta) else None,
+            "run_id": run.get("id"), "problem": meta if isinstance(meta, str) else None,
+            "reason": quarantine.get(str(e)),
+        })
+    return out
+
+
+def latest(rows_: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The row a restore would take first (the newest complete one), or None."""
+    complete = [r for r in rows_ if r["state"] == "complete" and r["problem"] is None]
+    return complete[-1] if complete else None
+
+
+def format_table(header: Sequence[str], table: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(c) for c in header], *[[("-" if c is None else str(c)) for c in row] for row in table]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+
+def format_ls(uri: str, rows_: Sequence[Mapping[str, Any]], fences: Mapping[int, frozenset[str]]) -> str:
+    if not rows_:
+        return f"{uri}: no checkpoints"
+    table = [[r["step"], r["attempt"], r["kind"], STATES[r["state"]] if r["problem"] is None else
+              f"unreadable: {r['problem']}", human_bytes(r["bytes"]), _when(r["created"]), r["run_id"]]
+             for r in rows_]
+    lines = [f"{uri}:", format_table(["STEP", "ATTEMPT", "KIND", "STATE", "SIZE", "WRITTEN", "RUN"], table)]
+    newest = latest(rows_)
+    lines.append(f"a restore takes step {newest['step']} ({newest['name']})" if newest else
+                 "nothing a restore can take")
+    if fences:
+        lines.append(f"attempts started here: {', '.join(map(str, sorted(fences)))}")
+    for r in rows_:
+        if r["state"] == "corrupt":
+            lines.append(f"quarantined {r['name']}: {r['reason'] or 'reason not recorded'}")
+    return "\n".join(lines)
+
+
+def describe(uri: str, name: str, meta: CheckpointMeta) -> dict[str, Any]:
+    """Everything ``reprieve inspect`` says about one checkpoint (JSON-ready)."""
+    rec = _record(meta)
+    return {
+        "uri": uri, "name": name, "step": meta.step, "attempt": meta.attempt, "kind": rec.get("kind"),
+        "created": meta.created_unix, "format_version": meta.format_version, "processes": meta.num_processes,
+        "bytes": meta.array_bytes, "run": rec.get("run"), "notice": rec.get("notice"),
+        "timings": {k: rec[k] for k in ("stepSeconds", "saveSeconds") if k in rec},
+        "versions": meta.versions, "topology": meta.topology, "data_positions": meta.process_extra,
+        "extra": {k: v for k, v in meta.extra.items() if k != "reprieve"},
+        "leaves": [{"path": leaf.path, "kind": leaf.kind, "shape": leaf.shape, "dtype": leaf.dtype,
+                    "stored_as": leaf.stored_as, "key_impl": leaf.key_impl, "sharding": leaf.sharding,
+                    "bytes": leaf.nbytes, "chunk_shape": leaf.chunk_shape,
+                    **({"value": leaf.value} if leaf.kind == "json" else {})} for leaf in meta.leaves],
+    }
+
+
+def _sharding(desc: Mapping[str, Any] | None) -> str:
+    if not desc:
+        return "-"
+    mesh = desc.get("mesh")
+    mesh_text = "x".join(f"{k}={v}" for k, v in mesh.items()) if isinstance(mesh, dict) else ""
+    return " ".join(p for p in (str(desc.get("type", "")), mesh_text, str(desc.get("spec", ""))) if p)
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def format_inspect(d: Mapping[str, Any]) -> str:
+    run = d.get("run") or {}
+    lines = [
+        f"{d['uri']}/{d['name']}",
+        (f"  step {d['step']}, attempt {d['attempt']}, kind {d['kind'] or '-'}, written {_when(d['created'])}, "
+        f"{d['processes']} process(es), {human_bytes(d['bytes'])} of arrays"),
+        f"  run: {run.get('id') or '(no REPRIEVE_RUN_ID)'}, state structure {run.get('tree', '-')}"
+        f" ({run.get('leaves', len(d['leaves']))} leaves)" if run else "  run: not recorded (an older reprieve)",
+    ]
+    if d.get("notice"):
+        lines.append(f"  the agreed save of notice {d['notice']}")
+    if d.get("timings"):
+        lines.append("  measured by its attempt: " + ", ".join(f"{k} {v}" for k, v in d["timings"].items()))
+    if d.get("topology"):
+        t = d["topology"]
+        lines.append(f"  written on {t.get('device_count')} {t.get('platform')} device(s) ({t.get('device_kind')}) "
+                     f"of {t.get('num_processes')} process(es)")
+    lines.append("  versions: " + ", ".join(f"{k} {v}" for k, v in sorted(d["versions"].items())))
+    if d.get("extra"):
+        lines.append(f"  extra: {_short(d['extra'], 100)}")
+    if d.get("data_positions") is not None:
+        for p, pos in enumerate(d["data_positions"]):
+            lines.append(f"  data position of process {p}: {_short(pos, 100)}")
+    table = [[leaf["path"], leaf["kind"], _leaf_shape(leaf), _leaf_dtype(leaf), _sharding(leaf["sharding"]),
+              human_bytes(leaf["bytes"]) if leaf["kind"] != "json" else _short(leaf.get("value"), 30)]
+             for leaf in d["leaves"]]
+    lines.append(format_table(["LEAF", "KIND", "SHAPE", "DTYPE", "SHARDING", "SIZE/VALUE"], table))
+    return "\n".join(lines)
+
+
+def _leaf_shape(leaf: Mapping[str, Any]) -> str:
+    """As the program sees it: a typed key array without its key-data dimension."""
+    if leaf["kind"] == "json" or leaf["shape"] is None:
+        return "-"
+    shape = leaf["shape"][:-1] if leaf["key_impl"] else leaf["shape"]
+    return "x".join(map(str, shape)) if shape else "()"
+
+
+def _leaf_dtype(leaf: Mapping[str, Any]) -> str:
+    if leaf["key_impl"]:
+        return f"key<{leaf['key_impl']}>"
+    if leaf["stored_as"]:
+        return f"{leaf['dtype']} (stored as {leaf['stored_as']})"
+    return str(leaf["dtype"] or "-")
+
+
+def format_verify(report: Mapping[str, Any]) -> str:
+    lines = [f"{report['uri']}/{report['name']}: " + ("OK" if report["ok"] else "CORRUPT") +
+             f" ({report['chunks']} chunk(s), {human_bytes(report['bytes'])} read, every checksum checked)"]
+    lines += [f"  {p}" for p in report["problems"]]
+    return "\n".join(lines)

@@ -1,0 +1,148 @@
+"""Reading a checkpoint root without writing to it: the I/O half of the ``reprieve`` command (``ls``, ``inspect``,
+``verify``). Works on paths, ``file://``, ``gs://`` and ``s3://`` through :mod:`.storage`; never creates, fences,
+cleans or quarantines anything (a job's :class:`~reprieve.checkpoint.CheckpointManager` does that). What it reads
+is turned into words by :mod:`.catalog`.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import math
+from typing import Any
+
+from . import layout, spec
+from .catalog import Target
+from .layout import CheckpointName
+from .metadata import CheckpointCorruptError, CheckpointMeta
+from .storage import Storage, open_storage
+
+IN_FLIGHT = 8  # chunk reads at once while verifying
+
+
+def open_root(uri: str) -> Storage:
+    """The root at ``uri``, read-only. Raises FileNotFoundError when a local root does not exist."""
+    return open_storage(uri, fsync=False, create=False)
+
+
+def is_orbax_root(st: Storage) -> bool:
+    """Whether the root holds ``reprieve.orbax.OrbaxCheckpointer``'s fences (Orbax's format, not this one)."""
+    return bool(st.list_dir(layout.ORBAX_FENCES_DIR))
+
+
+def read_meta(st: Storage, name: str) -> CheckpointMeta:
+    """``reprieve.json`` of checkpoint ``name``. Raises CheckpointCorruptError naming the file."""
+    where = f"{st.loc.uri()}/{name}/{layout.METADATA_FILE}"
+    raw = st.read_file(f"{name}/{layout.METADATA_FILE}")
+    if raw is None:
+        raise CheckpointCorruptError(f"{where} is missing")
+    return CheckpointMeta.from_json(raw, where)
+
+
+def listing(st: Storage) -> tuple[list[CheckpointName], dict[int, frozenset[str]], dict[str, CheckpointMeta | str],
+                                  dict[str, str]]:
+    """``(entries, fences, metadata of committed entries or why unreadable, quarantine reasons)``."""
+    entries = st.list_entries(uncommitted=True)
+    fences = st.read_fences()
+    metas: dict[str, CheckpointMeta | str] = {}
+    for e in entries:
+        if e.state == "committed":
+            try:
+                metas[e.committed] = read_meta(st, e.committed)
+            except CheckpointCorruptError as err:
+                metas[e.committed] = str(err)
+    reasons: dict[str, str] = {}
+    for step, attempt, order, qid in st.quarantined():
+        if st.loc.is_object_store:  # a record of a copy whose data is gone
+            name = CheckpointName(step, attempt, "corrupt", order)
+            entries.append(name)
+            raw = st.read_file(f"{layout.CORRUPT_DIR}/{qid}")
+            reasons[str(name)] = f"{_reason(raw)} (data deleted; record {layout.CORRUPT_DIR}/{qid})"
+        else:
+            reasons[qid] = _reason(st.read_file(f"{qid}/QUARANTINED.json"))
+    return entries, fences, metas, reasons
+
+
+def _reason(raw: bytes | None) -> str:
+    if raw is None:
+        return "reason not recorded"
+    try:
+        return str(json.loads(raw).get("reason") or "reason not recorded")
+    except (ValueError, AttributeError):
+        return "reason unreadable"
+
+
+def choose(st: Storage, target: Target) -> tuple[str, CheckpointMeta]:
+    """The checkpoint ``target`` names (``@STEP``), or the one a restore takes first. Raises FileNotFoundError
+    (none) or CheckpointCorruptError (its metadata)."""
+    from . import fencing
+
+    committed = st.list_entries(uncommitted=False)
+    visible = fencing.visible(committed, st.read_fences())
+    if target.step is None:
+        if not visible:
+            raise FileNotFoundError(f"no complete checkpoint under {st.loc.uri()}")
+        name = visible[-1]
+    else:
+        same = [c for c in committed if c.step == target.step and target.attempt in (None, c.attempt)]
+        if not same:
+            have = ", ".join(str(c.step) for c in sorted(committed)) or "none"
+            raise FileNotFoundError(f"no complete checkpoint of step {target.step} under {st.loc.uri()} "
+                                    f"(steps there: {have})")
+        name = max(same, key=lambda c: (c in visible, c.attempt))  # the visible one, else the newest attempt's
+    return name.committed, read_meta(st, name.committed)
+
+
+def verify(st: Storage, name: str, meta: CheckpointMeta) -> dict[str, Any]:
+    """Read every chunk of every array of checkpoint ``name`` (TensorStore checks each chunk's crc32c; a missing
+    chunk is an error, not the fill value) and check the metadata against the name and itself."""
+    problems: list[str] = []
+    parsed = layout.parse_name(name)
+    if parsed is not None:
+        problems += meta.problems(parsed.step, parsed.attempt)
+    chunks = nbytes = 0
+    for leaf in meta.leaves:
+        if leaf.kind == "json":
+            continue
+        if leaf.index is None or leaf.shape is None or leaf.dtype is None or leaf.chunk_shape is None:
+            continue  # meta.problems() said so
+        where = f"leaf {leaf.path} ({layout.array_dir(leaf.index)})"
+        try:
+            md = spec.zarr3_metadata(leaf.shape, leaf.dtype, leaf.chunk_shape)
+            store = st.open_array(f"{name}/{layout.array_dir(leaf.index)}", md, create=False, read=True).result()
+        except Exception as err:  # noqa: BLE001 - every leaf is checked; each failure is named
+            problems.append(f"{where}: cannot open its array (zarr.json missing, unreadable or not what "
+                            f"{layout.METADATA_FILE} says): {err}")
+            continue
+        inflight: collections.deque[tuple[Any, Any]] = collections.deque()
+        try:
+            for region in _chunk_regions(leaf.shape, leaf.chunk_shape):
+                if len(inflight) >= IN_FLIGHT:
+                    nbytes += _finish(inflight)
+                inflight.append((region, store[tuple(slice(a, b) for a, b in region)].read()))
+                chunks += 1
+            while inflight:
+                nbytes += _finish(inflight)
+        except Exception as err:  # noqa: BLE001
+            region = inflight[0][0] if inflight else None
+            problems.append(f"{where}, chunk {list(region) if region else '?'}: {err}")
+    return {"uri": st.loc.uri(), "name": name, "ok": not problems, "chunks": chunks, "bytes": nbytes,
+            "problems": problems}
+
+
+def _finish(inflight: collections.deque[tuple[Any, Any]]) -> int:
+    _, future = inflight[0]
+    data = future.result()
+    inflight.popleft()
+    return int(data.nbytes)
+
+
+def _chunk_regions(shape: list[int], chunk: list[int]) -> Any:
+    if any(n == 0 for n in shape):
+        return iter(())
+    if not shape:
+        return iter([()])
+    grid = [range(math.ceil(n / c)) for n, c in zip(shape, chunk, strict=True)]
+    return (tuple((k * c, min((k + 1) * c, n)) for k, c, n in zip(idx, chunk, shape, strict=True))
+            for idx in itertools.product(*grid))

@@ -1,0 +1,137 @@
+"""One line naming a peer that stopped, before JAX ends this process because of it.
+
+When a process of the job dies (SIGKILL, out of memory, its node gone), JAX's coordination service notices its
+missing heartbeats after ``REPRIEVE_HEARTBEAT_TIMEOUT_SECONDS`` and ends every other process at once with SIGABRT
+and "another task died", naming no one in the process's own terms. JAX gives Python no hook before that abort,
+so every process keeps a small liveness record of its own in the coordination service's key-value store
+(``reprieve/<attempt>/alive/<process>``: a counter and its pod, rewritten every ``interval``), and process 0
+reads them all: a record that has not changed for half the heartbeat timeout is logged, naming the process and
+its pod, while JAX is still waiting for the rest of its timeout. (A process whose Python threads stall that long,
+a long call that holds the GIL, is reported too: the line says "not heard from", and a second one says when it
+is heard from again.) If process 0 itself dies, the service goes with it: the others log that the service is
+gone before JAX ends them.
+
+:class:`Liveness` is the decision (an owner with an injected clock, table-tested); :class:`PeerWatch` is the
+thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .coordination import CoordinationError, Coordinator
+
+log = logging.getLogger(__name__)
+
+
+class Liveness:
+    """What process 0 makes of the liveness records it reads: ``observe(records, now)`` -> events.
+
+    An event is ``("silent", process, seconds)`` once a process's record has not changed for ``threshold_s``, and
+    ``("back", process, seconds)`` when it changes again after that. A process whose record never appeared counts
+    from the first observation (it joined the job, so it wrote one at once)."""
+
+    def __init__(self, processes: list[int], threshold_s: float, now: float) -> None:
+        self.threshold_s = threshold_s
+        self._last: dict[int, tuple[Any, float]] = {p: (None, now) for p in processes}
+        self._silent: set[int] = set()
+
+    def observe(self, records: dict[int, Any], now: float) -> list[tuple[str, int, float]]:
+        events: list[tuple[str, int, float]] = []
+        for p, (value, since) in self._last.items():
+            current = records.get(p)
+            if current is not None and current != value:
+                if p in self._silent:
+                    self._silent.discard(p)
+                    events.append(("back", p, now - since))
+                self._last[p] = (current, now)
+            elif p not in self._silent and now - since >= self.threshold_s:
+                self._silent.add(p)
+                events.append(("silent", p, now - since))
+        return events
+
+
+def silent_line(process: int, n: int, pod: str | None, seconds: float, heartbeat_s: float,
+                committed: int | None) -> str:
+    """The line process 0 logs for a silent peer (pure)."""
+    where = f" (pod {pod})" if pod else ""
+    resume = "the last committed checkpoint" if committed is None else f"the last committed checkpoint, step {committed}"
+    return (f"process {process} of {n}{where} has not been heard from for {seconds:.1f} s: if it has died (killed, "
+            f"out of memory, its node gone), JAX ends this process within about {max(0.0, heartbeat_s - seconds):.0f}"
+            f" s (\"another task died\") and the job restarts from {resume}")
+
+
+class PeerWatch:
+    """Every process writes its liveness record every ``interval``; process 0 also reads them all (see above)."""
+
+    def __init__(self, coordinator: Coordinator, *, attempt: int, pod: str | None, heartbeat_s: float,
+                 address: str | None = None, committed: Callable[[], int | None] = lambda: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._coord = coordinator
+        self._pid, self._n = coordinator.process_id, coordinator.num_processes
+        self._prefix = f"reprieve/{attempt}/alive/"
+        self._pod = pod
+        self._heartbeat_s = heartbeat_s
+        self._address = address
+        self._committed = committed
+        self._clock = clock
+        self.threshold_s = max(1.0, heartbeat_s / 2)
+        self.interval_s = self.threshold_s / 4
+        self._pods: dict[int, str | None] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> PeerWatch:
+        self._thread = threading.Thread(target=self._run, name="reprieve-peers", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop, and wait until the thread is out of the coordination client (one inside it at interpreter exit
+        aborts the process)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(self.interval_s + 2.0)
+
+    def _run(self) -> None:
+        liveness = Liveness([p for p in range(self._n) if p != self._pid], self.threshold_s, self._clock())
+        counter = 0
+        while not self._stop.is_set():
+            counter += 1
+            try:
+                self._coord.set(f"{self._prefix}{self._pid}", json.dumps({"n": counter, "pod": self._pod}),
+                                overwrite=True)
+                records = self._read() if self._pid == 0 else {}
+            except (CoordinationError, RuntimeError, ValueError) as err:
+                if not self._stop.is_set():
+                    log.error("the coordination service%s refused process %d's liveness record (%s): a process of "
+                              "the job has ended (process 0, the service's host, unless another was named above); "
+                              "JAX ends this process too", f" at {self._address}" if self._address else "",
+                              self._pid, err)
+                return
+            for kind, p, seconds in liveness.observe(records, self._clock()):
+                if kind == "silent":
+                    log.warning("%s", silent_line(p, self._n, self._pods.get(p), seconds, self._heartbeat_s,
+                                                  self._committed()))
+                else:
+                    log.info("process %d of %d is heard from again after %.1f s", p, self._n, seconds)
+            self._stop.wait(self.interval_s)
+
+    def _read(self) -> dict[int, Any]:
+        out: dict[int, Any] = {}
+        for key, raw in self._coord.dir_get(self._prefix).items():
+            tail = key.rsplit("/", 1)[-1]
+            if not tail.isdigit():
+                continue
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                continue
+            out[int(tail)] = value.get("n")
+            self._pods[int(tail)] = value.get("pod")
+        return out

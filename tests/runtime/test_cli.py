@@ -1,0 +1,243 @@
+"""The reprieve command from the source tree (its console script in this venv): ls, inspect and verify on real
+checkpoints, their exit codes and --json, and `reprieve run`, the local restart loop, with real training scripts.
+Object stores: test_storage_emulators.py; a fresh install of the built wheel: test_packaging.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+REPRIEVE = str(Path(sys.executable).parent / "reprieve")
+
+
+def reprieve(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([REPRIEVE, *args], capture_output=True, text=True, timeout=timeout, check=False,
+                          env=env)
+
+
+def _save(root: Path, steps: list[int], **env: str) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import reprieve as rp
+
+    with rp.init(env={"REPRIEVE_CHECKPOINT_URI": str(root), "REPRIEVE_CHECKPOINT_KEEP": "5", **env},
+                 install_sigterm=False, watch_pod=False) as job:
+        state, start = job.restore_or(lambda: {"w": jnp.zeros((64, 8)), "rng": np.arange(3), "epoch": 0,
+                                               "key": jax.random.key(0)})
+        for step in job.steps(start, max(steps) + 1):
+            state = {**state, "w": state["w"] + 1, "epoch": step}
+            job.save(step, state, force=step in steps, data={"pos": step})
+
+
+def _corrupt_a_chunk(ckpt: Path) -> None:
+    chunk = min(p for p in (ckpt / "arrays").rglob("*") if p.is_file() and "/c/" in str(p))
+    data = bytearray(chunk.read_bytes())
+    data[1] ^= 0x10
+    chunk.write_bytes(bytes(data))
+
+
+def test_ls_inspect_verify_on_real_checkpoints(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    _save(root, [2, 5], REPRIEVE_RUN_ID="demo")
+    ls = reprieve("ls", str(root))
+    assert ls.returncode == 0, ls.stderr
+    assert "a restore takes step 5 (step_0000000005_a1)" in ls.stdout and " demo" in ls.stdout, ls.stdout
+    listed = json.loads(reprieve("ls", str(root), "--json").stdout)
+    assert [(c["step"], c["state"], c["kind"]) for c in listed["checkpoints"]] == [(2, "complete", "forced"),
+                                                                                   (5, "complete", "forced")]
+    assert listed["latest"] == "step_0000000005_a1" and listed["attempts"] == [1]
+
+    inspect = reprieve("inspect", f"{root}@2")
+    assert inspect.returncode == 0 and "step 2, attempt 1, kind forced" in inspect.stdout, inspect.stderr
+    assert "run: demo" in inspect.stdout and "data position of process 0: {'pos': 2}" in inspect.stdout
+    described = json.loads(reprieve("inspect", str(root / "step_0000000005_a1"), "--json").stdout)
+    assert described["step"] == 5 and described["data_positions"] == [{"pos": 5}]
+    assert {leaf["path"]: leaf["shape"] for leaf in described["leaves"]}["['w']"] == [64, 8]
+
+    ok = reprieve("verify", str(root))
+    assert ok.returncode == 0 and "step_0000000005_a1: OK" in ok.stdout, ok.stdout + ok.stderr
+    _corrupt_a_chunk(root / "step_0000000005_a1")
+    bad = reprieve("verify", str(root), "--json")
+    report = json.loads(bad.stdout)
+    assert bad.returncode == 1 and not report["ok"] and "DATA_LOSS" in report["problems"][0], bad.stdout
+    assert reprieve("verify", f"{root}@2").returncode == 0  # the other one is intact
+
+
+def test_what_is_not_there_exits_2_with_one_line(tmp_path: Path) -> None:
+    _save(tmp_path / "ckpt", [1])
+    for args, words in [(("ls", str(tmp_path / "nowhere")), "no checkpoint directory at"),
+                        (("inspect", f"{tmp_path / 'ckpt'}@7"), "no complete checkpoint of step 7"),
+                        (("verify", f"{tmp_path / 'ckpt'}@x"), "the step after '@' must be a non-negative integer"),
+                        (("ls", f"{tmp_path / 'ckpt'}@1"), "lists a whole root")]:
+        got = reprieve(*args)
+        assert got.returncode == 2 and words in got.stderr and got.stdout == "", (args, got.stderr)
+    assert not (tmp_path / "nowhere").exists()  # reading creates nothing
+    orbax_root = tmp_path / "orbax"  # what OrbaxCheckpointer leaves beside Orbax's step directories
+    (orbax_root / "reprieve_attempts").mkdir(parents=True)
+    (orbax_root / "reprieve_attempts" / "attempt_0000000001.json").write_text('{"attempt": 1, "visible": []}')
+    for command in ("ls", "inspect", "verify"):
+        got = reprieve(command, str(orbax_root))
+        assert got.returncode == 2 and "holds checkpoints in Orbax's format" in got.stderr, got.stderr
+
+
+# -- reprieve run ----------------------------------------------------------------------------------------------
+
+TRAIN = """
+import os, signal, sys, time
+import jax.numpy as jnp
+import reprieve
+
+job = reprieve.init()
+attempt = int(os.environ["REPRIEVE_ATTEMPT"])
+state, start = job.restore_or(lambda: {"x": jnp.zeros(2)})
+for step in job.steps(start, int(os.environ.get("TOTAL", "30"))):
+    state = {"x": state["x"] + 1}
+    if os.environ.get("MODE") == "sigterm" and attempt == 1 and step == 5:
+        os.kill(os.getpid(), signal.SIGTERM)  # a laptop's `kill`: a notice
+    if os.environ.get("MODE") == "user-exit" and step == 3:
+        sys.exit(42)  # the program's own 'preemption' exit: nothing saved
+    if step == start + 2:
+        open(os.environ["MARK"], "w").close()
+    time.sleep(float(os.environ.get("STEP_S", "0.01")))
+    job.save(step, state)
+print("DONE", attempt, float(state["x"][0]), flush=True)
+"""
+
+
+def _run_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPRIEVE_")}
+    env.update({"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_TERMINATION_GRACE_SECONDS": "20",
+                "REPRIEVE_SAVE_SECONDS_ESTIMATE": "20", "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
+                "MARK": str(tmp_path / "running"), **extra})
+    (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
+    return env
+
+
+def test_run_restarts_after_a_saved_preemption_and_ends_with_the_script(tmp_path: Path) -> None:
+    env = _run_env(tmp_path, MODE="sigterm")
+    got = reprieve("run", "--", sys.executable, str(tmp_path / "train.py"), env=env)
+    assert got.returncode == 0, got.stderr
+    assert "DONE 2 30.0" in got.stdout, got.stdout + got.stderr  # attempt 2 resumed and counted every step once
+    assert "attempt 1: the agreed checkpoint is committed: restart wanted; restarting" in got.stderr, got.stderr
+    assert "attempt 2: starting process 0/1 cold" in got.stderr and "restored step" in got.stderr
+
+
+def test_run_does_not_restart_an_exit_with_the_restart_code_that_saved_nothing(tmp_path: Path) -> None:
+    got = reprieve("run", "--", sys.executable, str(tmp_path / "train.py"), env=_run_env(tmp_path, MODE="user-exit"))
+    assert got.returncode == 42, got.stderr
+    assert "ERROR attempt 1: exited with the restart code 42 WITHOUT an agreed save" in got.stderr, got.stderr
+    assert "attempt 2" not in got.stderr
+
+
+def test_run_stops_on_a_crash_with_its_code(tmp_path: Path) -> None:
+    env = _run_env(tmp_path, TOTAL="not-a-number")
+    got = reprieve("run", "--max-restarts", "3", "--", sys.executable, str(tmp_path / "train.py"), env=env)
+    assert got.returncode == 1 and "failed with code 1; stopping, as the operator would" in got.stderr, got.stderr
+
+
+def test_ctrl_c_saves_and_stops(tmp_path: Path) -> None:
+    env = _run_env(tmp_path, TOTAL="100000", STEP_S="0.02")
+    proc = subprocess.Popen([REPRIEVE, "run", "--", sys.executable, str(tmp_path / "train.py")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        limit = time.monotonic() + 120
+        while not (tmp_path / "running").exists():
+            assert proc.poll() is None and time.monotonic() < limit, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # the terminal's Ctrl-C reaches reprieve run (the trainer has its own group)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 42, err
+    assert "SIGINT: stopping (the trainer gets SIGTERM)" in err and "attempt 2" not in err, err
+    assert _steps(tmp_path / "ckpt") != [], err  # the agreed save is there
+
+
+def _steps(root: Path) -> list[Any]:
+    return sorted(p.name for p in root.glob("step_*_a1"))
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
+    """docs/runtime.md's quickstart script, its `reprieve run`, a SIGTERM to the script (its `pkill`), the restart,
+    and its three reading commands; the interrupted run ends with the same state as an uninterrupted one."""
+    import re
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from reprieve.checkpoint import CheckpointManager
+
+    quick = (REPO / "docs/runtime.md").read_text().split("## Quickstart on a laptop", 1)[1].split("\n## ", 1)[0]
+    script = re.search(r"```python\n(.*?)```", quick, re.DOTALL).group(1)  # type: ignore[union-attr]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPRIEVE_")}
+    env.update({"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"})
+    for run in ("interrupted", "straight"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "train.py").write_text(script)
+    straight = subprocess.Popen([sys.executable, "train.py"], cwd=tmp_path / "straight", env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([REPRIEVE, "run", "--", sys.executable, "train.py"], cwd=tmp_path / "interrupted",
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        limit = time.monotonic() + 120
+        while not any("periodic saves are off" in line for line in lines):
+            assert proc.poll() is None and time.monotonic() < limit, "".join(lines)
+            time.sleep(0.05)
+        (trainer,) = _children(proc.pid)
+        os.kill(trainer, signal.SIGTERM)  # what `pkill -TERM -xf 'python train.py'` does
+        assert proc.wait(180) == 0, "".join(lines)
+        assert straight.wait(180) == 0
+    finally:
+        for p in (proc, straight):
+            if p.poll() is None:
+                p.kill()
+    reader.join(10)
+    err = "".join(lines)
+    assert "exiting with code 42" in err and "attempt 2: starting process 0/1 cold" in err, err
+    assert re.search(r"restored step \d+ from .*checkpoints: resuming at step \d+", err), err
+    for command in ("ls", "inspect", "verify"):
+        got = subprocess.run(
+            [REPRIEVE, command, "./checkpoints"], cwd=tmp_path / "interrupted", env=env, capture_output=True,
+            text=True, timeout=120, check=False)
+        assert got.returncode == 0, (command, got.stdout, got.stderr)
+    device = jax.devices()[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    abstract = {"w": jax.ShapeDtypeStruct((8, 1), jnp.float32, sharding=sharding),
+                "b": jax.ShapeDtypeStruct((1,), jnp.float32, sharding=sharding),
+                "key": jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding)}
+    finals = []
+    for run in ("interrupted", "straight"):
+        with CheckpointManager(str(tmp_path / run / "checkpoints"), attempt=99) as mgr:
+            step, state, _ = mgr.restore(abstract)
+        finals.append((step, np.asarray(state["w"]), np.asarray(state["b"]), np.asarray(jax.random.key_data(state["key"]))))
+    assert finals[0][0] == finals[1][0] == 1999
+    for a, b in zip(finals[0][1:], finals[1][1:], strict=True):
+        np.testing.assert_array_equal(a, b)  # bit-identical to the uninterrupted run

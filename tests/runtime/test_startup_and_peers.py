@@ -1,0 +1,52 @@
+"""Start-up and peer death in a real 2-process job (jax.distributed on loopback): who is awaited, who never came,
+and which peer stopped, each said by reprieve before JAX ends anything."""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.helpers_agreement import launch
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def test_a_peer_that_never_starts_is_awaited_by_name_and_named_at_the_timeout(tmp_path: Path) -> None:
+    """It was a silent wait, then JAX's "another task died" and SIGABRT (134), naming nobody."""
+    gang = launch(tmp_path, 2, steps=10, extra_env={"REPRIEVE_INIT_TIMEOUT_SECONDS": "5"})
+    gang.procs[1].kill()  # never comes
+    codes = gang.wait(60)
+    log = gang.logs[0].read_text()
+    address = re.search(r"127\.0\.0\.1:\d+", log)
+    assert codes[0] == 1, gang.tail()  # an error naming them, not SIGABRT
+    assert address and f"waiting for process 1 of 2 at {address.group(0)} (" in log, gang.tail()
+    assert f"process 1 of 2 never came to {address.group(0)} within 5 s" in log, gang.tail()
+
+
+def test_a_coordinator_that_never_starts_is_awaited_by_name(tmp_path: Path) -> None:
+    gang = launch(tmp_path, 2, steps=10, extra_env={"REPRIEVE_INIT_TIMEOUT_SECONDS": "5"})
+    gang.procs[0].kill()
+    codes = gang.wait(60)
+    log = gang.logs[1].read_text()
+    assert codes[1] == 1, gang.tail()
+    assert "waiting for process 0 of 2 (the coordinator) at 127.0.0.1:" in log, gang.tail()
+    assert "process 0 of 2 (the coordinator) never listened at 127.0.0.1:" in log, gang.tail()
+
+
+def test_a_peer_killed_mid_run_is_named_before_jax_ends_the_survivor(tmp_path: Path) -> None:
+    gang = launch(tmp_path, 2, steps=100000, step_seconds=0.02, heartbeat_s=6)
+    try:
+        gang.wait_for_file("running-0", 60)
+        gang.signal(1, signal.SIGKILL)
+        codes = gang.wait(60)
+    finally:
+        gang.kill()
+    assert codes[0] != 0, gang.tail()
+    log = gang.logs[0].read_text()
+    named = log.find("process 1 of 2 has not been heard from for")
+    assert named >= 0, gang.tail()
+    jax_abort = log.find("another task died")
+    assert jax_abort < 0 or named < jax_abort, gang.tail()
