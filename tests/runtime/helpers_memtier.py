@@ -17,6 +17,7 @@ from tests.runtime.helpers_agreement import REPO, Gang, free_port
 from tests.runtime.workers.memtier_worker import expected
 
 WORKER = Path(__file__).resolve().parent / "workers" / "memtier_worker.py"
+LAUNCHED: list[Gang] = []  # every gang launch() started: the tests' fixture kills what a failed test left behind
 
 
 @dataclass
@@ -81,7 +82,15 @@ def launch(workdir: Path, pods: list[Pod], peers: dict[int, Pod | None], *, atte
         with open(log_path, "wb") as out:
             procs.append(subprocess.Popen([sys.executable, str(WORKER)], env=env, stdout=out,
                                           stderr=subprocess.STDOUT, cwd=str(workdir)))
-    return Gang(workdir, procs, logs)
+    gang = Gang(workdir, procs, logs)
+    LAUNCHED.append(gang)
+    return gang
+
+
+def kill_launched() -> None:
+    """Kill every gang still running (a test that failed half-way leaves hanging workers otherwise)."""
+    while LAUNCHED:
+        LAUNCHED.pop().kill()
 
 
 def run_until_stopped(gang: Gang, n: int, *, die: int = -1, timeout_s: float = 120) -> None:

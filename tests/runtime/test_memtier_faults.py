@@ -14,12 +14,14 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from reprieve.memtier.layout import DATA_FILE, MANIFEST_FILE, CopyName
 from reprieve.memtier.manifest import Manifest
 
+from tests.runtime import helpers_memtier
 from tests.runtime.helpers_memtier import Pod, finish, launch, new_pod, run_until_stopped, shm_base
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -28,9 +30,10 @@ TOTAL = 25
 
 
 @pytest.fixture
-def base(tmp_path: Path) -> Path:
+def base(tmp_path: Path) -> Iterator[Path]:
     d = shm_base(tmp_path)
     yield d
+    helpers_memtier.kill_launched()
     shutil.rmtree(d, ignore_errors=True)
 
 
