@@ -75,3 +75,41 @@ def test_quantity_bytes(text: str, size: int) -> None:
 def test_quantity_bytes_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="must be a memory quantity such as 8Gi"):
         quantity_bytes(text)
+
+
+def _env(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_the_worker_pod_gets_a_memory_volume_and_the_memory_environment() -> None:
+    import tomllib
+    from pathlib import Path
+
+    from reprieve.memtier.config import MemoryConfig
+    from reprieve_operator.builders import MEMORY_DIR, build_worker_pod
+
+    table = tomllib.loads((Path(__file__).resolve().parents[2] / "docs/contract.toml").read_text())["memory"]
+    pod = build_worker_pod(job({"sizeLimit": "6Gi", "intervalSteps": 10}), 1, 3)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["reprieve-memory"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "6Gi"}
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["reprieve-memory"] == MEMORY_DIR
+    env = _env(pod)
+    memory_names = {n for n in env if n in table["operator_sets"]}
+    # the peer (and its node) come with each attempt's assignment; the token is not set yet
+    assert memory_names == set(table["operator_sets"]) - {"REPRIEVE_MEMORY_PEER", "REPRIEVE_MEMORY_PEER_NODE",
+                                                          "REPRIEVE_MEMORY_TOKEN"}
+    assert env["REPRIEVE_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    plain = {k: v for k, v in env.items() if isinstance(v, str)}
+    cfg = MemoryConfig.from_env({**plain, "REPRIEVE_NODE_NAME": "n1"}, pod_ip="10.0.0.1")  # the runtime reads them
+    assert cfg is not None and (cfg.directory, cfg.limit_bytes, cfg.interval_steps, cfg.port) == (
+        MEMORY_DIR, 6 * 2**30, 10, table["defaults"]["port"])
+
+
+def test_no_memory_tier_no_memory_volume_nor_environment() -> None:
+    from reprieve_operator.builders import build_worker_pod
+
+    for spec in (None, {"sizeLimit": "1Gi", "enabled": False}):
+        pod = build_worker_pod(job(spec), 0, 1)
+        assert "reprieve-memory" not in {v["name"] for v in pod["spec"]["volumes"]}
+        assert not [n for n in _env(pod) if n.startswith("REPRIEVE_MEMORY_") or n == "REPRIEVE_NODE_NAME"]
