@@ -227,3 +227,29 @@ class _served:
 
     def __exit__(self, *exc: object) -> None:
         self.server.close()
+
+
+def test_threads_of_one_process_write_the_same_fence_at_once(shm: Path) -> None:
+    """A trainer outside reprieve-run serves its pod's directory from its own process: its restore and a peer's
+    fence request write the same attempt's fence record at once (this raised FileNotFoundError in a fault test).
+    Exactly one writer wins each record, none fails, and no temporary file is left."""
+    mdir = MemoryDir(str(shm))
+    for attempt in range(1, 41):
+        start, results, errors = threading.Barrier(4), [], []  # type: threading.Barrier, list[bool], list[OSError]
+
+        def write(a: int = attempt, barrier: threading.Barrier = start, results: list[bool] = results,
+                  errors: list[OSError] = errors) -> None:
+            barrier.wait()
+            try:
+                results.append(mdir.write_fence(a, (a - 1, a - 1)))
+            except OSError as err:
+                errors.append(err)
+
+        threads = [threading.Thread(target=write) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and sorted(results) == [False, False, False, True], (attempt, errors, results)
+    assert sorted(mdir.fences()) == list(range(1, 41))
+    assert [p for p in os.listdir(shm / layout.FENCES_DIR) if p.endswith(".tmp")] == []

@@ -18,6 +18,7 @@ import logging
 import mmap
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -151,7 +152,9 @@ class MemoryDir:
         """Record that ``attempt`` started from ``base`` (written once, never changed: True when this call wrote
         it)."""
         path = os.path.join(self.path, layout.FENCES_DIR, layout.fence_name(attempt))
-        tmp = f"{path}.{os.getpid()}.tmp"
+        # one name per thread: the trainer and the replica server it runs (outside reprieve-run) are one process,
+        # and both write this attempt's fence here when the trainer is its own peer's peer
+        tmp = f"{path}.{_writer_id()}.tmp"
         with open(tmp, "w") as fh:
             json.dump({"attempt": attempt, "base": None if base is None else list(base)}, fh)
         try:
@@ -218,7 +221,7 @@ class MemoryDir:
 
     def delete(self, tree: str, name: CopyName) -> None:
         """Make the copy invisible (rename to ``.tmp``), then remove it. Readers that mapped it keep their pages."""
-        src, dst = self.copy_dir(tree, name), self.copy_dir(tree, name.in_flight) + f".{os.getpid()}"
+        src, dst = self.copy_dir(tree, name), self.copy_dir(tree, name.in_flight) + f".{_writer_id()}"
         try:
             os.rename(src, dst)
         except FileNotFoundError:
@@ -261,3 +264,8 @@ def _listdir(path: str) -> list[str]:
 
 def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB ({n} bytes)" if n >= 2**30 else f"{n / 2**20:.1f} MiB ({n} bytes)"
+
+
+def _writer_id() -> str:
+    """Unique per process and thread: names of temporary files no other writer uses at the same time."""
+    return f"{os.getpid()}-{threading.get_ident()}"
