@@ -21,6 +21,7 @@ from . import (
     SUPERVISOR,
 )
 from .models import GROUP, KIND, VERSION, TrainingJob
+from .policy.pairing import MEMORY_PORT
 
 NOTICE_DIR = "/etc/reprieve"
 NOTICE_FILE = f"{NOTICE_DIR}/annotations"
@@ -30,7 +31,6 @@ PODINFO_VOLUME = "reprieve-podinfo"
 # and a container restart, and counts against the pod's memory limit; reprieve-run serves it on MEMORY_PORT.
 MEMORY_VOLUME = "reprieve-memory"
 MEMORY_DIR = "/var/run/reprieve/memory"
-MEMORY_PORT = 8477  # docs/contract.toml [memory.defaults] port
 
 
 def owner_reference(job: TrainingJob) -> dict[str, Any]:
@@ -248,13 +248,18 @@ def build_identity(job: TrainingJob, pod_names: Iterable[str] | None = None) -> 
     ]
 
 
-def build_assignment(job: TrainingJob, attempt: int, processes: dict[str, int], coordinator: str) -> dict[str, Any]:
-    """The ConfigMap ``<job>-assignment`` of ``attempt`` (``docs/contract.md``, "In-place restarts")."""
+def build_assignment(job: TrainingJob, attempt: int, processes: dict[str, int], coordinator: str,
+                     memory_peers: dict[int, str | None] | None = None) -> dict[str, Any]:
+    """The ConfigMap ``<job>-assignment`` of ``attempt`` (``docs/contract.md``, "In-place restarts"); with
+    ``memory_peers`` (the memory tier, ``policy.pairing``) its ``memoryPeers``: process index -> the replica
+    server holding its copies; a process left out has none (own copies only)."""
     import json
 
+    data = {"memoryPeers": json.dumps({str(i): a for i, a in sorted(memory_peers.items()) if a is not None},
+                                      separators=(",", ":"))} if memory_peers else {}
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": assignment_name(job), "namespace": job.namespace, "labels": job_labels(job),
                          "ownerReferences": [owner_reference(job)]},
             "data": {"contract": str(CONTRACT_VERSION), "attempt": str(attempt),
                      "numProcesses": str(job.spec.replicas), "coordinator": coordinator,
-                     "processes": json.dumps(dict(sorted(processes.items())), separators=(",", ":"))}}
+                     "processes": json.dumps(dict(sorted(processes.items())), separators=(",", ":")), **data}}

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
+MEMORY_PORT = 8477  # every pod's replica server (reprieve-run); docs/contract.toml [memory.defaults] port
 PROCESS_SLOTS = 1  # a process pod: its own copy, one peer's and one in flight
 SPARE_SLOTS = 2  # a spare holds no own copy: two peers' copies and one in flight fit the same volume
 
@@ -115,6 +116,11 @@ def pair(holders: list[Holder], previous: Mapping[int, str | None] | None = None
             problems.append(f"process {p.process} (pod {p.pod}) has no memory-tier peer: {why}; it keeps its own "
                             "copies only (a loss of its node falls back to storage for it). Add a node or a spare")
     return Pairing(peers, problems)
+
+
+def address(ip: str, port: int = MEMORY_PORT) -> str:
+    """``host:port`` of a pod's replica server (``[v6]:port`` for an IPv6 pod IP)."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def check_pairing(peers: Mapping[int, str | None], holders: list[Holder]) -> list[str]:
