@@ -92,7 +92,10 @@ def test_a_process_and_its_peer_lost_together_fall_back_to_storage(tmp_path: Pat
 
 def test_a_storage_step_fills_in_only_the_processes_memory_lacks(tmp_path: Path, base: Path) -> None:
     """Storage saves the same step as memory (14); process 1's copy is lost everywhere: process 1 reads storage,
-    the others keep reading memory (mixed), instead of sending the whole gang to storage."""
+    the others keep reading memory (mixed), instead of sending the whole gang to storage.
+
+    Why this long: two attempts of a three-process gang; each process start imports JAX and joins
+    jax.distributed (about 10 s per attempt on an idle 2-core machine, up to a minute under a full load)."""
     pods = [new_pod(base, f"pod-{i}") for i in range(3)]
     peers = {0: pods[1], 1: pods[2], 2: pods[0]}
     gang = launch(tmp_path, pods, peers, attempt=1, steps=TOTAL, stop_at=14, ckpt_every=5)
@@ -107,7 +110,9 @@ def test_a_storage_step_fills_in_only_the_processes_memory_lacks(tmp_path: Path,
 
 def test_a_copy_from_an_older_attempt_is_fenced(tmp_path: Path, base: Path) -> None:
     """Attempt 2 restores step 14 and saves step 19; a stale writer of attempt 1 then leaves step 24 copies in
-    both pods (planted here). Attempt 3 must restore attempt 2's step 19: attempt 2 started from 14 < 24."""
+    both pods (planted here). Attempt 3 must restore attempt 2's step 19: attempt 2 started from 14 < 24.
+
+    Why this long: three attempts of a two-process gang (each start imports JAX and joins jax.distributed)."""
     pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
     gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=TOTAL, stop_at=14)
     run_until_stopped(gang, 2)
@@ -147,7 +152,9 @@ def _plant_stale(copy: Path, *, step: int, attempt: int) -> None:
 def test_a_peer_lost_while_it_receives_a_copy(tmp_path: Path, base: Path) -> None:
     """Process 0's replicas live in a pod that only holds replicas (a spare's replica server). It dies half-way
     through receiving step 9 and comes back (its supervisor restarted): training never waits for it, the torn
-    copy is never listed, replication resumes. Then process 0's pod is lost: it restores from that replica."""
+    copy is never listed, replication resumes. Then process 0's pod is lost: it restores from that replica.
+
+    Why this long: two attempts of a two-process gang and two starts of the spare's replica server."""
     pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
     spare = new_pod(base, "spare")
 
