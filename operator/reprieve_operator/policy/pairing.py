@@ -59,13 +59,14 @@ def _same_node(a: Holder, b: Holder) -> bool:
 
 def _preference(proc: Holder, holders: list[Holder], count: int, previous: str | None) -> list[int]:
     """Indices into ``holders`` of the pods that may hold ``proc``'s replica, best first."""
-    assert proc.process is not None
+    me = proc.process
+    assert me is not None
 
     def key(i: int) -> tuple[int, int, int, int, str]:
         h = holders[i]
         kept = 0 if h.address == previous else 1
         other_zone = 0 if (proc.zone and h.zone and proc.zone != h.zone) else 1
-        ring = ((h.process - proc.process) % count) if h.process is not None else count  # spares after the ring
+        ring = ((h.process - me) % count) if h.process is not None else count  # spares after the ring
         return kept, other_zone, ring, 0 if h.process is None else 1, h.pod
 
     ok = [i for i, h in enumerate(holders) if h.pod != proc.pod and not _same_node(h, proc)]
