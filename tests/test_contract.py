@@ -22,6 +22,8 @@ SUPERVISOR_SETS = set(TABLE["env"]["supervisor_sets"])
 SUPERVISOR_KNOBS = set(TABLE["env"]["supervisor_knobs"])
 TESTING = set(TABLE["env"]["testing"])
 ELSEWHERE = set(TABLE["env"]["elsewhere"])
+MEMORY = set(TABLE["memory"]["operator_sets"])  # the memory tier's (tests/runtime/test_memtier_contract.py)
+MEMORY_FROM_SUPERVISOR = set(TABLE["memory"]["supervisor_sets"])
 D = TABLE["defaults"]
 CODES = TABLE["restart_exit_code"]
 
@@ -111,11 +113,13 @@ def test_one_reader_knows_exactly_the_tables_names() -> None:
     runtime's side (the trainer, the supervisor, what the supervisor hands its children, the tests' hooks)."""
     from reprieve import env
 
-    runtime_side = (OPERATOR_SETS | RUNTIME_ONLY | SUPERVISOR_KNOBS | SUPERVISOR_SETS | TESTING)
+    runtime_side = (OPERATOR_SETS | RUNTIME_ONLY | SUPERVISOR_KNOBS | SUPERVISOR_SETS | TESTING | MEMORY
+                    | MEMORY_FROM_SUPERVISOR)
     assert env.READS == runtime_side, {"only in reprieve.env": env.READS - runtime_side,
                                        "only in the table": runtime_side - env.READS}
     assert env.ELSEWHERE == ELSEWHERE
     assert env.SUPERVISOR == SUPERVISOR_KNOBS | SUPERVISOR_READS
+    assert (env.MEMORY, env.FROM_SUPERVISOR_MEMORY) == (MEMORY, MEMORY_FROM_SUPERVISOR)
     assert not env.READS & env.ELSEWHERE
 
 
@@ -142,7 +146,8 @@ def test_no_runtime_module_parses_a_reprieve_variable_itself() -> None:
 
 def test_every_reprieve_name_in_the_tree_is_listed() -> None:
     """So a name the table lacks cannot be mistaken for a misspelling (nor a misspelling for a name)."""
-    listed = OPERATOR_SETS | RUNTIME_ONLY | SUPERVISOR_KNOBS | SUPERVISOR_SETS | TESTING | ELSEWHERE
+    listed = (OPERATOR_SETS | RUNTIME_ONLY | SUPERVISOR_KNOBS | SUPERVISOR_SETS | TESTING | ELSEWHERE | MEMORY
+              | MEMORY_FROM_SUPERVISOR)
     found: dict[str, str] = {}
     for pattern in ("runtime/**/*.py", "operator/**/*.py", "hack/**/*.py", "hack/*.sh", "tests/**/*.py",
                     "examples/*", "charts/**/*.yaml", "Makefile", "docs/*.md"):

@@ -21,11 +21,16 @@ from . import (
     SUPERVISOR,
 )
 from .models import GROUP, KIND, VERSION, TrainingJob
+from .policy.pairing import MEMORY_PORT
 
 NOTICE_DIR = "/etc/reprieve"
 NOTICE_FILE = f"{NOTICE_DIR}/annotations"
 SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 PODINFO_VOLUME = "reprieve-podinfo"
+# The memory tier (spec.checkpoint.memory; docs/memory.md): a medium-Memory emptyDir outlives the trainer process
+# and a container restart, and counts against the pod's memory limit; reprieve-run serves it on MEMORY_PORT.
+MEMORY_VOLUME = "reprieve-memory"
+MEMORY_DIR = "/var/run/reprieve/memory"
 
 
 def owner_reference(job: TrainingJob) -> dict[str, Any]:
@@ -89,7 +94,20 @@ def worker_env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Any
         {"name": "REPRIEVE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
     env += [{"name": k, "value": v} for k, v in plain.items()]
-    return env
+    return env + memory_env(job)
+
+
+def memory_env(job: TrainingJob) -> list[dict[str, Any]]:
+    """The memory tier's variables (docs/contract.toml [memory]); none without an enabled tier. The peer comes
+    with each attempt's assignment (``memoryPeers``: pod IPs are known only once the pods run)."""
+    m = job.spec.checkpoint.memory
+    if m is None or not m.enabled:
+        return []
+    plain = {"REPRIEVE_MEMORY_DIR": MEMORY_DIR, "REPRIEVE_MEMORY_LIMIT_BYTES": str(m.limit_bytes),
+             "REPRIEVE_MEMORY_INTERVAL_STEPS": str(m.interval_steps),
+             "REPRIEVE_MEMORY_INTERVAL_SECONDS": str(m.interval_seconds), "REPRIEVE_MEMORY_PORT": str(MEMORY_PORT)}
+    return [{"name": "REPRIEVE_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            *({"name": k, "value": v} for k, v in plain.items())]
 
 
 def _exclude_nodes(affinity: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
@@ -145,9 +163,16 @@ def build_worker_pod(job: TrainingJob, index: int, attempt: int,
         c["env"] = [e for e in (c.get("env") or []) if e.get("name") not in ours] + env
         c["volumeMounts"] = [m for m in (c.get("volumeMounts") or []) if m.get("name") != PODINFO_VOLUME]
         c["volumeMounts"].append(mount)
-    spec["volumes"] = [v for v in (spec.get("volumes") or []) if v.get("name") != PODINFO_VOLUME]
+    spec["volumes"] = [v for v in (spec.get("volumes") or []) if v.get("name") not in (PODINFO_VOLUME, MEMORY_VOLUME)]
     spec["volumes"].append({"name": PODINFO_VOLUME, "downwardAPI": {"items": [
         {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}})
+    memory = job.spec.checkpoint.memory
+    if memory is not None and memory.enabled:
+        first = spec["containers"][0]
+        first["volumeMounts"] = [m for m in first["volumeMounts"] if m.get("name") != MEMORY_VOLUME]
+        first["volumeMounts"].append({"name": MEMORY_VOLUME, "mountPath": MEMORY_DIR})
+        spec["volumes"].append({"name": MEMORY_VOLUME, "emptyDir": {"medium": "Memory",
+                                                                    "sizeLimit": memory.size_limit}})
     spec.update(hostname=name, subdomain=job.name, restartPolicy="Never",
                 terminationGracePeriodSeconds=job.spec.termination_grace_period_seconds,
                 serviceAccountName=worker_service_account(job))
@@ -223,13 +248,18 @@ def build_identity(job: TrainingJob, pod_names: Iterable[str] | None = None) -> 
     ]
 
 
-def build_assignment(job: TrainingJob, attempt: int, processes: dict[str, int], coordinator: str) -> dict[str, Any]:
-    """The ConfigMap ``<job>-assignment`` of ``attempt`` (``docs/contract.md``, "In-place restarts")."""
+def build_assignment(job: TrainingJob, attempt: int, processes: dict[str, int], coordinator: str,
+                     memory_peers: dict[int, str | None] | None = None) -> dict[str, Any]:
+    """The ConfigMap ``<job>-assignment`` of ``attempt`` (``docs/contract.md``, "In-place restarts"); with
+    ``memory_peers`` (the memory tier, ``policy.pairing``) its ``memoryPeers``: process index -> the replica
+    server holding its copies; a process left out has none (own copies only)."""
     import json
 
+    data = {"memoryPeers": json.dumps({str(i): a for i, a in sorted(memory_peers.items()) if a is not None},
+                                      separators=(",", ":"))} if memory_peers else {}
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": assignment_name(job), "namespace": job.namespace, "labels": job_labels(job),
                          "ownerReferences": [owner_reference(job)]},
             "data": {"contract": str(CONTRACT_VERSION), "attempt": str(attempt),
                      "numProcesses": str(job.spec.replicas), "coordinator": coordinator,
-                     "processes": json.dumps(dict(sorted(processes.items())), separators=(",", ":"))}}
+                     "processes": json.dumps(dict(sorted(processes.items())), separators=(",", ":")), **data}}

@@ -41,6 +41,69 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
+QUANTITY_RE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_QUANTITY_UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+                   "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+MEMORY_MIN_BYTES = 2**20  # a memory volume below 1 MiB is a typo, not a choice
+MEMORY_RULES = [
+    {"rule": "self.intervalSteps == 0 || self.intervalSeconds == 0", "fieldPath": ".intervalSeconds",
+     "message": "spec.checkpoint.memory: give intervalSteps or intervalSeconds, not both (neither: memory saves "
+                "are spaced to cost at most 1 % of the training time)"},
+]
+
+
+def quantity_bytes(value: str) -> int:
+    """A Kubernetes memory quantity in plain bytes (integers with a binary or decimal suffix; pure)."""
+    m = QUANTITY_RE.match(value)
+    if m is None:
+        raise ValueError(f"must be a memory quantity such as 8Gi or 500Mi, got {value!r}")
+    return int(m.group(1)) * _QUANTITY_UNITS[m.group(2)]
+
+
+class MemorySpec(_Model):
+    """The memory tier (docs/memory.md): every process keeps a copy of its shards in a memory-backed volume of its
+    pod and sends it to a peer pod on another node; a node lost without notice then costs the steps since the
+    last memory save, not since the last storage checkpoint. Storage checkpoints go on as configured."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
+                              json_schema_extra={"x-kubernetes-validations": MEMORY_RULES})  # type: ignore[dict-item]
+
+    enabled: bool = Field(default=True, description="Turn the memory tier off without removing its settings.")
+    size_limit: str = Field(
+        max_length=32, pattern=QUANTITY_RE.pattern,
+        description="sizeLimit of each worker pod's memory volume (an emptyDir with medium Memory; it counts "
+                    "against the pod's memory limit). It must hold 3 copies of one process's shards: its own, "
+                    "its peer's and one in flight; a smaller one turns the tier off at the first save with the "
+                    "sizes in the log, and the job trains on with storage checkpoints.")
+    interval_steps: int = Field(
+        default=0, ge=0, le=10_000_000,
+        description="Memory save every this many steps; 0 with intervalSeconds 0: spaced to cost at most 1 % of "
+                    "the training time (measured at the start of each attempt).")
+    interval_seconds: int = Field(default=0, ge=0, le=604_800,
+                                  description="Memory save about every this many seconds of training (0: off).")
+
+    @field_validator("size_limit")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        try:
+            size = quantity_bytes(v)
+        except ValueError as err:
+            raise ValueError(f"spec.checkpoint.memory.sizeLimit {err}") from None
+        if size < MEMORY_MIN_BYTES:
+            raise ValueError(f"spec.checkpoint.memory.sizeLimit must be at least 1Mi, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_interval(self) -> MemorySpec:
+        if self.interval_steps and self.interval_seconds:
+            raise ValueError(MEMORY_RULES[0]["message"])
+        return self
+
+    @property
+    def limit_bytes(self) -> int:
+        return quantity_bytes(self.size_limit)
+
+
 class CheckpointSpec(_Model):
     """Where and how often the runtime saves (passed to the workers as environment variables)."""
 
@@ -66,6 +129,11 @@ class CheckpointSpec(_Model):
                     "takes effect at the next attempt.")
     keep: int = Field(default=3, ge=1, le=1000,
                       description="How many complete checkpoints to keep. An edit takes effect at the next attempt.")
+    memory: MemorySpec | None = Field(
+        default=None,
+        description="The memory tier (restartMode InPlace only): a copy of every process's state in its pod's "
+                    "memory and a peer pod's, restored from the nearest complete copy. An edit takes effect at "
+                    "the next attempt.")
 
     @field_validator("uri")
     @classmethod
@@ -206,6 +274,10 @@ class ServiceAccountSpec(_Model):
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels of the created ServiceAccount.")
 
 
+MEMORY_NEEDS_INPLACE = (
+    "spec.checkpoint.memory needs restartMode InPlace: with Recreate no pod survives a restart, so no memory copy "
+    "does (docs/memory.md, \"Recreate mode\"); set restartMode: InPlace and the first container's command, or "
+    "remove spec.checkpoint.memory")
 SPEC_RULES = [
     {"rule": "self.spares <= self.replicas", "fieldPath": ".spares",
      "message": "spares must be at most replicas (a spare replaces one worker; more would never be used)"},
@@ -218,6 +290,9 @@ SPEC_RULES = [
      "fieldPath": ".template",
      "message": "restartMode InPlace runs the first container under reprieve-run, so its command must be set "
                 "(the image's entrypoint cannot be wrapped); set the command, or restartMode: Recreate"},
+    {"rule": "!has(self.checkpoint.memory) || !self.checkpoint.memory.enabled || (has(self.restartMode) ? "
+             "self.restartMode == 'InPlace' : has(self.template.spec.containers[0].command))",
+     "fieldPath": ".checkpoint.memory", "message": MEMORY_NEEDS_INPLACE},
     {"rule": "has(oldSelf.restartMode) == has(self.restartMode)", "fieldPath": ".restartMode",
      "message": "restartMode is immutable (it cannot be set or removed after creation: the default is decided "
                 "at creation)"},
@@ -293,6 +368,8 @@ class TrainingJobSpec(_Model):
         if self.spares and self.mode != "InPlace":
             raise ValueError("spares need restartMode InPlace (the default only when the first container sets its "
                              "command)")
+        if self.checkpoint.memory is not None and self.checkpoint.memory.enabled and self.mode != "InPlace":
+            raise ValueError(MEMORY_NEEDS_INPLACE)
         if self.restart_mode == "InPlace" and not self.has_command:
             raise ValueError("template.spec.containers[0].command must be set for restartMode InPlace (the "
                              "operator runs it under reprieve-run); set the command, or restartMode: Recreate")

@@ -124,7 +124,7 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
         assert job is not None, "an assignment without a job"
         a = outcome.assign
         await apply.run(apply.put_configmap, api, builders.build_assignment(job, a.attempt, dict(a.processes),
-                                                                             a.coordinator))
+                                                                             a.coordinator, dict(a.memory_peers)))
         state.assignments.wrote(key, a)
         if outcome.assigned_event is not None:
             await apply.run(apply.post_event, api, ref, outcome.assigned_event.reason, outcome.assigned_event.message)

@@ -89,6 +89,7 @@ def init(
     started_at = time.time()  # this attempt's start: a notice past its deadline by then is stale (stale_at_start)
     config = RuntimeConfig.from_env(environ)
     console.install(config.process_id, config.num_processes)
+    memory_config = _memory_config(environ, config)  # memory tier hook: a bad setting refuses before joining
     if link is not None:
         link.send("init", attempt=config.attempt, processId=config.process_id)
     enable_compilation_cache(config)
@@ -100,6 +101,8 @@ def init(
         ckpt = checkpointer(config, coordinator)
     else:
         ckpt = cast(Checkpointer, checkpointer)
+    if memory_config is not None:  # memory tier hook (reprieve.memtier): storage saves as before, memory beside
+        ckpt = _with_memory_tier(ckpt, memory_config, config, coordinator)
     countdown = countdown or CountdownSettings(default_save_seconds=config.save_seconds_estimate)
     metrics = Metrics()
 
@@ -172,10 +175,28 @@ def init(
               closers=closers, exit_fn=exit_fn, on_first_step=link.first_step if link is not None else None,
               on_exiting=link.exiting if link is not None else None)
     job_ref.append(job)
+    if memory_config is not None and config.process_id == 0:
+        job.loop.extra_fields = getattr(ckpt, "progress_fields", None)
     if config.distributed:
         _replace_preemption_sync_point()
     atexit.register(job.abandon)  # a loop left by break/exception must not abort the interpreter's exit
     return job
+
+
+def _memory_config(env: Mapping[str, str], config: RuntimeConfig) -> Any:
+    from .memtier.config import MemoryConfig
+
+    return MemoryConfig.from_env(env, pod_ip=config.pod_ip)
+
+
+def _with_memory_tier(ckpt: Checkpointer, memory: Any, config: RuntimeConfig, coordinator: Coordinator) -> Checkpointer:
+    """The storage checkpointer with the memory tier beside it (docs/memory.md)."""
+    from .memtier.tier import MemoryTier
+    from .memtier.tiered import TieredCheckpointer
+
+    tier = MemoryTier(memory, coordinator=coordinator, attempt=config.attempt, pod_ip=config.pod_ip,
+                      token=memory.token)
+    return cast(Checkpointer, TieredCheckpointer(ckpt, tier))
 
 
 def enable_compilation_cache(config: RuntimeConfig) -> bool:

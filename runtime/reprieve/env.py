@@ -35,15 +35,24 @@ RUNTIME = frozenset({
     "REPRIEVE_SAVE_SECONDS_ESTIMATE", "REPRIEVE_COMPILATION_CACHE_DIR", "REPRIEVE_PROGRESS_INTERVAL_SECONDS",
     "REPRIEVE_RUN_ID", "REPRIEVE_S3_ENDPOINT",
 })
+# Read by the memory tier (reprieve.memtier.config.MemoryConfig, in the trainer and in reprieve-run's replica
+# server): set by the operator for a job with spec.checkpoint.memory (docs/contract.toml [memory]), or by users.
+MEMORY = frozenset({
+    "REPRIEVE_MEMORY_DIR", "REPRIEVE_MEMORY_LIMIT_BYTES", "REPRIEVE_MEMORY_INTERVAL_STEPS",
+    "REPRIEVE_MEMORY_INTERVAL_SECONDS", "REPRIEVE_MEMORY_PORT", "REPRIEVE_MEMORY_PEER", "REPRIEVE_MEMORY_PEER_NODE",
+    "REPRIEVE_NODE_NAME", "REPRIEVE_MEMORY_TOKEN",
+})
 # Read by the supervisor (reprieve-run, `reprieve run`) only.
 SUPERVISOR = frozenset({"REPRIEVE_CONTRACT", "REPRIEVE_PREWARM", "REPRIEVE_PREWARM_DELAY_SECONDS",
                         "REPRIEVE_PREWARM_READY_TIMEOUT_SECONDS"})
 # Set by the supervisor for the processes it starts, read by their reprieve.init().
 FROM_SUPERVISOR = frozenset({"REPRIEVE_SUPERVISED", "REPRIEVE_WARM_FD", "REPRIEVE_SUPERVISOR_FD",
                              "REPRIEVE_EXPECTED_TOPOLOGY"})
+# Set by the supervisor for its trainers when the memory tier is on: the address of the pod's replica server.
+FROM_SUPERVISOR_MEMORY = frozenset({"REPRIEVE_MEMORY_SERVER"})
 # Read by the runtime for the tests' fault injection only.
-TESTING = frozenset({"REPRIEVE_CKPT_TEST_CRASH_AT"})
-READS = RUNTIME | SUPERVISOR | FROM_SUPERVISOR | TESTING
+TESTING = frozenset({"REPRIEVE_CKPT_TEST_CRASH_AT", "REPRIEVE_MEMTIER_TEST_CRASH_AT"})
+READS = RUNTIME | MEMORY | SUPERVISOR | FROM_SUPERVISOR | FROM_SUPERVISOR_MEMORY | TESTING
 # Read by other parts of the project (the operator, hack/, the tests), never by the runtime: not misspellings.
 ELSEWHERE = frozenset({
     "REPRIEVE_LOG_LEVEL", "REPRIEVE_LOG_FORMAT", "REPRIEVE_LEADER_ELECT", "REPRIEVE_HEALTH_PORT",

@@ -235,6 +235,7 @@ class Job:
             # it) or on the kept pod: it must not stop the run it already stopped once.
             self.agreement.handled(str(written["notice"]), step)
         self.loop.restore_seconds = seconds = time.perf_counter() - t0
+        self.loop.restored_from = getattr(result, "restored_from", None)  # memory tier hook: where it read from
         self.metrics.observe("reprieve_restore_seconds", seconds)
         self.metrics.set("reprieve_last_committed_step", step)
         run = written.get("run")
@@ -299,6 +300,9 @@ class Job:
                      "periodically", "the start" if start == 0 else f"step {start - 1}")
         self._last_step = None if total is None else total - 1
         self.agreement.begin(start, self._last_step)
+        memory_begin = getattr(self.checkpointer, "memory_begin", None)  # memory tier hook (reprieve.memtier)
+        if memory_begin is not None:
+            memory_begin(start)
         self._last_save_at = time.monotonic()
         for ahead in self._ahead:
             ahead.wait()
@@ -416,10 +420,14 @@ class Job:
             self.agreement.request_save("interval")  # a no-op while the previous request is being agreed
         due = kind is not None or force or should_save(step, policy=self.policy, last_saved=self._last_saved,
                                                        last_step=self._last_step)
-        if due and self._last_saved != step:
+        started = due and self._last_saved != step
+        if started:
             self._start_save(step, state, extra, data, kind or ("forced" if force else "periodic"))
-            return True
-        return False
+        # memory tier hook (reprieve.memtier): its own schedule, never instead of a storage save
+        memory_due = getattr(self.checkpointer, "memory_due", None)
+        if kind is None and memory_due is not None and memory_due(step, self._step_ema):
+            self._memory_save(step, state, extra, data)
+        return started
 
     def notify(self, reason: str, deadline: float, *, notice_id: str | None = None) -> None:
         """Report a notice from user code (``deadline`` in ``time.time()`` seconds). Thread-safe."""
@@ -456,6 +464,22 @@ class Job:
         self._last_save_at = time.monotonic()
         self.metrics.inc("reprieve_saves_total", kind=kind)
         log.debug("save of step %d started (%s)", step, kind)
+
+    def _memory_save(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any) -> None:
+        """A copy for the memory tier (``reprieve.memtier``): the loop waits only for the host copy."""
+        record: dict[str, Any] = {"step": step, "kind": "memory", "attempt": self.config.attempt,
+                                  "run": self._run_record(state)}
+        save_s = getattr(self.checkpointer, "last_save_seconds", None)
+        for key, value in (("stepSeconds", _positive(self._step_ema)), ("saveSeconds", _positive(save_s))):
+            if value is not None:
+                record[key] = round(value, 4)
+        position = None if data is None else data_mod.encode(
+            data, f"job.save(step {step}, data=...): process {self.process_id}'s data position")
+        t0 = time.perf_counter()
+        if self.checkpointer.memory_save(step, state, extra={**(extra or {}), "reprieve": record},  # type: ignore[attr-defined]
+                                         process_extra=position):
+            self.metrics.inc("reprieve_saves_total", kind="memory")
+        self._blocked(time.perf_counter() - t0)
 
     def _run_record(self, state: Any) -> dict[str, Any]:
         """The run identity this save records (``reprieve.identity``). Key paths cost microseconds per leaf, so

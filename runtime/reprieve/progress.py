@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 # annotation key -> decimals it is rounded to (epoch times to the millisecond)
 LIVE_FIELDS = {"stepAt": 3, "stepSeconds": 6, "firstStep": None, "firstStepAt": 3, "restoreSeconds": 3,
-               "saveBlockingSeconds": 3}
+               "saveBlockingSeconds": 3, "restoredFrom": None, "memoryStep": None}
 
 
 class LoopProgress:
@@ -44,6 +44,9 @@ class LoopProgress:
         self.step_seconds: float | None = None
         self.restore_seconds = 0.0
         self.save_blocking_seconds = 0.0
+        # memory tier hook (reprieve.memtier): where the restore read from, and more fields from its reporter
+        self.restored_from: dict[str, Any] | None = None
+        self.extra_fields: Callable[[], dict[str, Any]] | None = None
 
     def fields(self) -> dict[str, Any]:
         """The live part of the annotation (empty before the first step finished)."""
@@ -56,6 +59,13 @@ class LoopProgress:
                                "saveBlockingSeconds": self.save_blocking_seconds}
         if self.step_seconds is not None:
             out["stepSeconds"] = self.step_seconds
+        if self.restored_from is not None:
+            out["restoredFrom"] = self.restored_from
+        if self.extra_fields is not None:
+            try:
+                out.update(self.extra_fields())
+            except Exception as err:  # noqa: BLE001 - a report, never a reason to fail
+                log.debug("extra progress fields failed: %s", err)
         return out
 
 

@@ -53,6 +53,8 @@ EVENTS_FD_ENV = "REPRIEVE_SUPERVISOR_FD"
 EXPECTED_TOPOLOGY_ENV = "REPRIEVE_EXPECTED_TOPOLOGY"
 # The assignment's part of the environment (docs/contract.md): set from the assignment, absent in a warm process.
 ASSIGNMENT_ENV = ("REPRIEVE_ATTEMPT", "REPRIEVE_PROCESS_ID", "REPRIEVE_NUM_PROCESSES", "REPRIEVE_COORDINATOR_ADDRESS")
+MEMORY_PEERS_KEY = "memoryPeers"  # memory tier: assignment key, JSON {"<process index>": "host:port"}
+MEMORY_PEER_ENV = "REPRIEVE_MEMORY_PEER"
 UNASSIGNED_PROCESS_ID = "-1"  # spares and replacement pods: no index until an assignment lists them
 NO_TRAINER_EXIT = 128 + signal.SIGTERM  # SIGTERM with no trainer's code to pass on
 SPAWN_FAILED_EXIT = 127  # the command could not be started (a shell's "command not found")
@@ -71,6 +73,9 @@ class Assignment:
     num_processes: int
     coordinator: str | None
     source: str = "configmap"
+    # memory tier (docs/memory.md): the replica server that holds this process's copies in this attempt; None: the
+    # assignment does not say (the container's REPRIEVE_MEMORY_PEER stands), "": nobody
+    memory_peer: str | None = None
 
     @property
     def listed(self) -> bool:
@@ -83,12 +88,17 @@ class Assignment:
                "REPRIEVE_NUM_PROCESSES": str(self.num_processes)}
         if self.coordinator:
             out["REPRIEVE_COORDINATOR_ADDRESS"] = self.coordinator
+        if self.memory_peer is not None:
+            out[MEMORY_PEER_ENV] = self.memory_peer
         return out
 
     def line(self) -> str:
         """The JSON line a warm process receives on ``REPRIEVE_WARM_FD`` (without the newline)."""
-        return json.dumps({"attempt": self.attempt, "processId": self.process_id,
-                           "numProcesses": self.num_processes, "coordinator": self.coordinator}, sort_keys=True)
+        fields = {"attempt": self.attempt, "processId": self.process_id, "numProcesses": self.num_processes,
+                  "coordinator": self.coordinator}
+        if self.memory_peer is not None:
+            fields["memoryPeer"] = self.memory_peer
+        return json.dumps(fields, sort_keys=True)
 
     def describe(self) -> str:
         where = f"process {self.process_id}/{self.num_processes}" if self.listed else "this pod not listed"
@@ -162,7 +172,26 @@ def parse_assignment(data: Mapping[str, Any], pod: str, *, configmap: str) -> As
         if index >= count:
             raise AssignmentError(f"ConfigMap {configmap}: processes[{pod!r}] must be < numProcesses ({count}), "
                                   f"got {index}")
-    return Assignment(attempt, index, count, coordinator, source=f"ConfigMap {configmap}")
+    return Assignment(attempt, index, count, coordinator, source=f"ConfigMap {configmap}",
+                      memory_peer=_memory_peer(data, index, configmap))
+
+
+def _memory_peer(data: Mapping[str, Any], index: int | None, configmap: str) -> str | None:
+    """``memoryPeers[index]`` (memory tier): the replica server of this process in this attempt; "" when the key
+    exists without this index, None when there is no key."""
+    raw = data.get(MEMORY_PEERS_KEY)
+    if raw is None or index is None:
+        return None
+    try:
+        peers = json.loads(raw)
+    except (TypeError, ValueError) as err:
+        raise AssignmentError(f"ConfigMap {configmap}: {MEMORY_PEERS_KEY} must be a JSON object of process index -> "
+                              f"host:port, got {str(raw)[:200]!r} ({err})") from None
+    if not isinstance(peers, dict):
+        raise AssignmentError(f"ConfigMap {configmap}: {MEMORY_PEERS_KEY} must be a JSON object of process index -> "
+                              f"host:port, got {type(peers).__name__}")
+    peer = peers.get(str(index))
+    return "" if peer is None else _coordinator(peer, f"ConfigMap {configmap}: {MEMORY_PEERS_KEY}[{index}]")
 
 
 def parse_assignment_line(text: str) -> dict[str, str]:
@@ -182,7 +211,10 @@ def parse_assignment_line(text: str) -> dict[str, str]:
         _coordinator(coordinator, f"{WARM_FD_ENV} assignment: coordinator")
     if index >= count:
         raise AssignmentError(f"{WARM_FD_ENV} assignment: processId must be < numProcesses ({count}), got {index}")
-    return Assignment(attempt, index, count, coordinator).env()
+    peer = raw.get("memoryPeer")
+    if peer not in (None, ""):
+        _coordinator(peer, f"{WARM_FD_ENV} assignment: memoryPeer")
+    return Assignment(attempt, index, count, coordinator, memory_peer=peer).env()
 
 
 def contract_problem(value: str | None, *, where: str) -> str | None:

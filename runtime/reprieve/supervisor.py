@@ -77,10 +77,12 @@ class Supervisor:
         self.children: dict[int, _Child] = {}
         self.annotator = PodAnnotator(client, namespace, pod) if client is not None and pod else None
         self.watch: ObjectWatch | None = None
+        self.replicas: Any = None  # memory tier hook: this pod's replica server (reprieve.memtier.server)
 
     # -- main loop -------------------------------------------------------------------------------------------
     def run(self) -> int:
         _become_subreaper()
+        self._serve_replicas()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, _frame: self.events.put(sv.Terminate(signal.Signals(signum).name)))
         signal.signal(signal.SIGCHLD, lambda *_: self.events.put(sv.Tick()))
@@ -152,7 +154,19 @@ class Supervisor:
             return action.code
         return None
 
+    def _serve_replicas(self) -> None:
+        """Memory tier hook: the pod's replica server runs here, where it outlives every trainer (docs/memory.md);
+        trainers learn its address from ``REPRIEVE_MEMORY_SERVER``."""
+        from .memtier.config import SERVER_ENV
+        from .memtier.server import serve_pod
+
+        self.replicas = serve_pod(self.env)
+        if self.replicas is not None:
+            self.env[SERVER_ENV] = self.replicas.address
+
     def _exit(self, code: int) -> int:
+        if self.replicas is not None:
+            self.replicas.close()
         if self.watch is not None:
             self.watch.close()
         if self.annotator is not None and not self.annotator.flush(FLUSH_S):

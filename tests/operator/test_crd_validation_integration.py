@@ -27,6 +27,11 @@ def drop(key: str) -> Mutation:
     return lambda m: m["spec"].pop(key)
 
 
+def memory(mode: str = "InPlace", **fields: Any) -> Mutation:
+    """A memory tier (``spec.checkpoint.memory``) in ``mode`` (the stand-in worker sets its command)."""
+    return lambda m: m["spec"].update(restartMode=mode, checkpoint={"uri": "/c", "memory": fields})
+
+
 def entrypoint_spares(m: dict[str, Any]) -> None:
     m["spec"].pop("restartMode")
     m["spec"]["spares"] = 1
@@ -87,6 +92,12 @@ INVALID: list[tuple[str, Mutation, str]] = [
     ("spares with the image's entrypoint (the default is then Recreate)", entrypoint_spares,
      "spares need restartMode InPlace"),
     ("InPlace without a command", no_command_in_place, "its command must be set"),
+    ("memory: both intervals", memory(sizeLimit="1Gi", intervalSteps=5, intervalSeconds=5),
+     "spec.checkpoint.memory.intervalSeconds: Invalid value"),
+    ("memory: a negative interval", memory(sizeLimit="1Gi", intervalSteps=-1), "spec.checkpoint.memory.intervalSteps"),
+    ("memory: a size that is no quantity", memory(sizeLimit="8GB"), "spec.checkpoint.memory.sizeLimit"),
+    ("memory: no size", memory(), "spec.checkpoint.memory.sizeLimit: Required value"),
+    ("memory with Recreate", memory("Recreate", sizeLimit="1Gi"), "spec.checkpoint.memory needs restartMode InPlace"),
     ("an unknown restartMode", spec(restartMode="Restart"), "spec.restartMode"),
     ("name with a dot", lambda m: m["metadata"].update(name="llama.v2"), "metadata.name must be a DNS-1035 label"),
     ("name too long", lambda m: m["metadata"].update(name="a" * 43), "at most 42 characters"),

@@ -398,3 +398,32 @@ def test_pod_view_reads_whether_the_restart_code_was_agreed() -> None:
     assert view({**base, "agreed": False}).exit_agreed is False
     assert view({**base, "agreed": True}).exit_agreed is True
     assert view(base).exit_agreed is None and view({**base, "agreed": "no"}).exit_agreed is None
+
+
+MEMORY = {"checkpoint": {"uri": "/ckpt", "memory": {"sizeLimit": "1Gi"}}}
+
+
+def test_a_restart_with_the_memory_tier_pairs_every_process_with_a_pod_on_another_node() -> None:
+    _, extra = decide_inplace(job(RUN, **MEMORY), [exited(W0, 42), exited(W1, 42)], ASSIGNED, (), NOW)
+    assert extra.assign is not None and extra.assign.memory_peers == {0: f"{W1.ip}:8477", 1: f"{W0.ip}:8477"}
+
+
+def test_a_spare_taking_over_is_paired_and_keeps_the_valid_pairing_of_the_other_process() -> None:
+    """Process 1's node is doomed; the spare takes over index 1. Process 0's old peer (pod llama-1) is gone, so it
+    pairs with the spare; the spare (now process 1) pairs with process 0's pod."""
+    before = Assignment(1, {"llama-0": 0, "llama-1": 1}, "x", {0: f"{W1.ip}:8477", 1: f"{W0.ip}:8477"})
+    _, extra = decide_inplace(job(RUN, spares=1, **MEMORY), [exited(W0, 42), exited(W1, 42), SPARE], before, (),
+                              NOW, doomed_nodes={W1.node})
+    assert extra.assign is not None and extra.assign.memory_peers == {0: "10.0.9.9:8477", 1: f"{W0.ip}:8477"}
+
+
+def test_two_workers_on_one_node_pair_with_a_ready_spare_not_with_each_other() -> None:
+    w0, w1 = pod("llama-0", 0, node="shared"), pod("llama-1", 1, node="shared")
+    _, extra = decide_inplace(job(RUN, spares=1, **MEMORY), [exited(w0, 42), exited(w1, 42), SPARE], ASSIGNED, (),
+                              NOW)
+    assert extra.assign is not None and extra.assign.memory_peers == {0: "10.0.9.9:8477", 1: "10.0.9.9:8477"}
+
+
+def test_without_the_memory_tier_an_assignment_has_no_peers() -> None:
+    _, extra = decide_inplace(job(RUN), [exited(W0, 42), exited(W1, 42)], ASSIGNED, (), NOW)
+    assert extra.assign is not None and extra.assign.memory_peers == {}

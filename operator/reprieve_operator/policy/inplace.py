@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 
 from .. import CONTRACT_VERSION, SUPERVISOR
 from ..models import TrainingJob
+from .pairing import Holder, address, pair
 from .restart import (
     DISRUPTION,
     FAILURE,
@@ -81,6 +82,7 @@ class Assignment:
     attempt: int
     processes: Mapping[str, int]  # pod name -> process index
     coordinator: str = ""
+    memory_peers: Mapping[int, str | None] = field(default_factory=dict)  # memory tier: index -> replica holder
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
     noticed = (st.last_notice is not None and st.last_notice.attempt == attempt) or \
         any(w.noticed for w in current.values())
     if st.restarting_from is not None and st.restarting_from >= attempt:
-        return _next_attempt(job, pods, workers, attempt, avoid, doomed_nodes, now)
+        return _next_attempt(job, pods, workers, attempt, avoid, doomed_nodes, now, assignment)
 
     verdict = classify(job, current, missing, recorded, noticed, doomed_nodes, now)
     if verdict.cause is None and not verdict.succeeded:
@@ -189,7 +191,7 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
         return record, InPlace()
     restarting = job.model_copy(update={"status": st.model_copy(update={
         "restarting_from": attempt, "next_attempt_time": _rfc(record.next_attempt_time)})})
-    plan, extra = _next_attempt(restarting, pods, workers, attempt, avoid, doomed_nodes, now)
+    plan, extra = _next_attempt(restarting, pods, workers, attempt, avoid, doomed_nodes, now, assignment)
     return plan, replace(extra, record=record)
 
 
@@ -267,9 +269,10 @@ def _steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int
 
 
 def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int], attempt: int,
-                  avoid: tuple[str, ...], doomed: Collection[str], now: datetime | None) -> tuple[RestartPlan,
-                                                                                            InPlace]:
-    """Restarting from ``attempt``: keep, replace, and once every listed pod is ready, assign ``attempt + 1``."""
+                  avoid: tuple[str, ...], doomed: Collection[str], now: datetime | None,
+                  previous: Assignment | None = None) -> tuple[RestartPlan, InPlace]:
+    """Restarting from ``attempt``: keep, replace, and once every listed pod is ready, assign ``attempt + 1``
+    (``previous``: the current assignment, whose memory-tier pairings are kept where still valid)."""
     st, spec = job.status, job.spec
     by_name = {p.name: p for p in pods}
     nxt = attempt + 1
@@ -339,12 +342,26 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
                            requeue_after=(due - now).total_seconds() if backing_off and due and now else None,
                            next_attempt_time=due if backing_off else None), extra
     coordinator_pod = next(n for n, i in processes.items() if i == 0)
-    assign = Assignment(nxt, processes, f"{by_name[coordinator_pod].ip}:{spec.coordinator_port}")
+    holders = [by_name[n] for n in processes] + [p for p in spare_pods if p.ready and p.name not in doomed_spares]
+    assign = Assignment(nxt, processes, f"{by_name[coordinator_pod].ip}:{spec.coordinator_port}",
+                        memory_peers(job, processes, holders, previous))
     summary = _summary(nxt, extra)
     return RestartPlan(phase="Running", attempt=nxt, delete=tuple(sorted(delete)), new_attempt=True,
                        ready=len(processes), replicas=len(processes), message=summary,
                        conditions=(Condition("Restarting", "False", "AttemptStarted", summary),)), \
         replace(extra, assign=assign)
+
+
+def memory_peers(job: TrainingJob, processes: Mapping[str, int], pods: Sequence[PodView],
+                 previous: Assignment | None) -> dict[int, str | None]:
+    """The memory tier's pairing for an assignment of ``processes`` (``policy.pairing``): every running pod of
+    the gang and every ready spare may hold a replica; pairings of ``previous`` still valid are kept. Empty
+    without an enabled memory tier."""
+    memory = job.spec.checkpoint.memory
+    if memory is None or not memory.enabled:
+        return {}
+    holders = [Holder(p.name, address(p.ip), p.node, None, processes.get(p.name)) for p in pods if p.ip]
+    return pair(holders, previous.memory_peers if previous is not None else None).peers
 
 
 def _summary(attempt: int, extra: InPlace) -> str:

@@ -382,6 +382,18 @@ class CheckpointManager:
         v = self._visible()
         return v[-1].step if v else None
 
+    # -- memory tier hooks (reprieve.memtier.restore_round): the listing and one process's read alone ------------
+    def visible_checkpoints(self) -> list[tuple[int, int]]:
+        """``(step, attempt)`` of every complete, visible checkpoint, oldest first."""
+        return [(c.step, c.attempt) for c in self._visible()]
+
+    def read_step(self, step: int, attempt: int, abstract_state: Any) -> RestoreResult:
+        """This process's part of checkpoint ``(step, attempt)``, read without the other processes (a memory tier
+        restore where only some processes need storage). ``CheckpointCorruptError`` when it is unreadable; no
+        quarantine (the collective :meth:`restore` does that)."""
+        meta, state = self._restore_one(layout.committed_name(step, attempt), abstract_state)
+        return RestoreResult(meta.step, state, meta.extra, meta.process_extra)
+
     def restore(self, abstract_state: Any, *, step: int | None = None) -> RestoreResult:
         """Restore into the shardings/dtypes of ``abstract_state``; returns ``(step, state, extra)`` (a
         :class:`RestoreResult`, whose ``process_extra`` holds every process's ``save(process_extra=)``).

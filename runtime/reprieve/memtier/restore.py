@@ -1,0 +1,242 @@
+"""One process's part of a restore from memory: read the manifests of the chosen generation, find the saved
+shards that cover the regions this process's devices need, read them (its own pod's directory through a
+private mapping, another pod's over TCP), check their crc32c, and build the arrays.
+
+Saved shards are the writers' replica-0 shards, so they tile every array: a target region is covered exactly
+when the shards it intersects are all readable, whatever the sharding and the process count now. A region
+that needs a writer memory lacks raises :class:`NeedsStorage` (this process then reads storage). A target
+region that equals one saved shard of the same dtype in this pod's directory is handed to the device as a
+view of the mapping (no copy: committed copies are never written again, and writes through the mapping copy
+pages); everything else lands in fresh 64-byte aligned host buffers.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..checkpoint.restore import MissingLeafError, _key_data_sharding, _key_impl, sharding_of
+from ..checkpoint.save import Region, host_buffer, region_of
+from . import wire
+from .decide import Holding
+from .manifest import CopyCorruptError, Manifest
+from .store import MemoryDir, verify
+
+
+class NeedsStorage(Exception):
+    """This process needs shards (or a data position) of writers whose copies memory lacks."""
+
+
+class SourceError(Exception):
+    """Reading one copy failed (unreachable, vanished, corrupt): the round excludes ``(copy, location)``."""
+
+    def __init__(self, holder: Holding, message: str, *, corrupt: bool = False) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.corrupt = corrupt  # the copy disagrees with itself or a checksum (not merely unreachable)
+
+
+@dataclasses.dataclass
+class Source:
+    holder: Holding
+    manifest: Manifest
+    local: bool
+    mem: Any = None  # the local copy's mapping
+
+
+def open_sources(holders: Mapping[int, Holding], mdir: MemoryDir, *, process: int, location: str | None,
+                 token: str | None) -> dict[int, Source]:
+    """Each writer's manifest from the holder chosen for it (checked against the copy's name)."""
+    out = {}
+    for writer, h in holders.items():
+        local = h.local_to(process, location)
+        try:
+            if local:
+                m = mdir.manifest(h.tree, h.name)
+                mem = mdir.open_data(h.tree, h.name)
+            else:
+                where = f"{h.location}/{h.tree}/{h.name}/manifest.json"
+                m = Manifest.from_bytes(wire.Client(h.location, token=token).manifest(h.tree, str(h.name)), where)
+                problems = m.problems(h.name)
+                if problems:
+                    raise CopyCorruptError(f"{where}: {'; '.join(problems)}")
+                mem = None
+        except (CopyCorruptError, wire.WireError, OSError) as err:
+            raise SourceError(h, f"copy {h.tree}/{h.name} at {h.location}: {err}",
+                              corrupt=isinstance(err, CopyCorruptError)) from err
+        out[writer] = Source(h, m, local, mem)
+    return out
+
+
+def _intersect(a: Region, b: Region) -> Region | None:
+    out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b, strict=True))
+    return out if all(lo < hi for lo, hi in out) or not out else None
+
+
+def _count(r: Region) -> int:
+    return math.prod(hi - lo for lo, hi in r)
+
+
+def _local(part: Region, origin: Region) -> tuple[slice, ...]:
+    return tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(part, origin, strict=True))
+
+
+def cover(region: Region, shards: list[tuple[int, int, Region]]) -> list[tuple[int, int, Region]] | None:
+    """The ``(writer, shard, intersection)`` pieces that fill ``region``; None when they leave a gap (pure:
+    saved shards never overlap, so the sizes add up exactly when they cover it)."""
+    pieces = [(w, k, inter) for w, k, r in shards if (inter := _intersect(region, r)) is not None]
+    return pieces if sum(_count(p) for _, _, p in pieces) == _count(region) else None
+
+
+def _np_dtype(name: str) -> np.dtype:
+    return np.dtype(jax.numpy.dtype(name))
+
+
+class _Reader:
+    """Shard bytes as numpy arrays, checked once each; remote shards fetched in one request per copy."""
+
+    def __init__(self, sources: dict[int, Source], token: str | None) -> None:
+        self.sources = sources
+        self.token = token
+        self.cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def fetch(self, wanted: set[tuple[int, int]]) -> None:
+        by_writer: dict[int, list[int]] = collections.defaultdict(list)
+        for w, k in sorted(wanted):
+            by_writer[w].append(k)
+        for w, ks in by_writer.items():
+            src = self.sources[w]
+            m, h = src.manifest, src.holder
+            where = f"copy {h.tree}/{h.name} at {h.location}"
+            try:
+                if src.local:
+                    verify(src.mem, m, ks, where=where)
+                    for k in ks:
+                        s = m.shards[k]
+                        self.cache[(w, k)] = np.frombuffer(src.mem, np.uint8, s.nbytes, s.offset)
+                else:
+                    bufs = [host_buffer((m.shards[k].nbytes,), np.dtype(np.uint8)) for k in ks]
+                    wire.Client(h.location, token=self.token).read(
+                        h.tree, str(h.name), [(m.shards[k].offset, m.shards[k].nbytes) for k in ks],
+                        [b.data for b in bufs])
+                    for k, b in zip(ks, bufs, strict=True):
+                        s = m.shards[k]
+                        verify(b, dataclasses.replace(m, shards=[dataclasses.replace(s, offset=0)]), [0],
+                               where=where)
+                        self.cache[(w, k)] = b
+            except (CopyCorruptError, wire.WireError, OSError) as err:
+                raise SourceError(h, f"{where}: {err}", corrupt=isinstance(err, CopyCorruptError)) from err
+
+    def array(self, w: int, k: int, dtype: np.dtype) -> np.ndarray:
+        s = self.sources[w].manifest.shards[k]
+        return self.cache[(w, k)].view(dtype).reshape([b - a for a, b in s.region])
+
+
+def restore_state(sources: dict[int, Source], abstract: Any, *, num_writers: int, process: int, num_processes: int,
+                  token: str | None) -> tuple[Any, dict[str, Any], list[Any] | None, bool]:
+    """``abstract`` materialised from ``sources`` (writer -> its copy); returns ``(state, extra, process_extra,
+    remote)``, ``remote`` True when some shard came over the network. Raises :class:`NeedsStorage` when a
+    region or this process's data position needs a writer that has no source."""
+    if not sources:
+        raise NeedsStorage("no writer's copy is in memory")
+    first = next(iter(sources.values())).manifest
+    for w, src in sources.items():
+        if src.manifest.leaves != first.leaves:
+            raise SourceError(src.holder, f"copy {src.holder.name}: its leaves disagree with writer "
+                                          f"{first.writer}'s copy of the same step")
+    saved = {leaf["path"]: (i, leaf) for i, leaf in enumerate(first.leaves)}
+    by_leaf: dict[int, list[tuple[int, int, Region]]] = collections.defaultdict(list)
+    for w, src in sources.items():
+        for k, s in enumerate(src.manifest.shards):
+            by_leaf[s.leaf].append((w, k, s.region))
+
+    extras = [sources[w].manifest.process_extra if w in sources else None for w in range(num_writers)]
+    has_positions = any(src.manifest.process_extra is not None for src in sources.values())
+    lacking = [w for w in range(num_writers) if w not in sources]
+    if has_positions and lacking and (num_writers != num_processes or process not in sources):
+        raise NeedsStorage(f"the data positions of processes {lacking} are not in memory")
+
+    flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+    out: list[Any] = [None] * len(flat)
+    plans = []
+    reader = _Reader(sources, token)
+    wanted: set[tuple[int, int]] = set()
+    for slot, (kp, target) in enumerate(flat):
+        path = jax.tree_util.keystr(kp)
+        if path not in saved:
+            raise MissingLeafError(f"restore: leaf {path} is not in the memory copy of step {first.step} (saved "
+                                   f"leaves: {sorted(saved)[:8]}...)")
+        i, leaf = saved[path]
+        if leaf["kind"] == "json":
+            out[slot] = leaf["value"]
+            continue
+        key_impl = _key_impl(target)
+        if key_impl is not None:
+            if leaf.get("key_impl") not in (None, key_impl):
+                raise ValueError(f"restore leaf {path}: saved typed PRNG keys of impl {leaf['key_impl']}, the "
+                                 f"abstract state asks for {key_impl}")
+            data = jax.eval_shape(jax.random.key_data, target)
+            target = jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=_key_data_sharding(path, sharding_of(target)))
+        shape = tuple(getattr(target, "shape", ()))
+        if tuple(leaf["shape"]) != shape:
+            raise ValueError(f"restore leaf {path}: abstract shape {shape} does not match saved shape "
+                             f"{tuple(leaf['shape'])}")
+        sharding = sharding_of(target)
+        if sharding is None and leaf["kind"] == "array" and not isinstance(target, np.ndarray):
+            raise ValueError(f"restore leaf {path}: abstract value has no sharding; give a "
+                             "jax.ShapeDtypeStruct(shape, dtype, sharding=...) or a jax.Array")
+        saved_dtype = _np_dtype(leaf.get("stored_as") or leaf["dtype"])
+        want = np.dtype(getattr(target, "dtype", saved_dtype)) if leaf.get("stored_as") is None else saved_dtype
+        regions: list[Region]
+        devices: list[list[Any]]
+        if sharding is None:
+            regions, devices = [tuple((0, n) for n in shape)], [[]]
+        else:
+            by_region: dict[Region, list[Any]] = collections.defaultdict(list)
+            for device, index in sharding.addressable_devices_indices_map(shape).items():
+                by_region[region_of(index, shape)].append(device)
+            regions, devices = list(by_region), list(by_region.values())
+        pieces = []
+        for r in regions:
+            found = cover(r, by_leaf.get(i, []))
+            if found is None:
+                raise NeedsStorage(f"leaf {path} region {list(r)} needs shards of a writer memory lacks")
+            pieces.append(found)
+            wanted.update((w, k) for w, k, _ in found)
+        plans.append((slot, path, leaf, shape, sharding, regions, devices, pieces, saved_dtype, want, key_impl))
+    reader.fetch(wanted)
+
+    for slot, _path, leaf, shape, sharding, regions, devices, pieces, saved_dtype, want, key_impl in plans:
+        bufs = []
+        for r, found in zip(regions, pieces, strict=True):
+            w, k, inter = found[0]
+            s_region = sources[w].manifest.shards[k].region
+            if len(found) == 1 and inter == r == s_region and want == saved_dtype:
+                bufs.append(reader.array(w, k, saved_dtype))  # the saved shard itself (a view when local)
+                continue
+            buf = host_buffer(tuple(hi - lo for lo, hi in r), want)
+            for w, k, inter in found:
+                part = reader.array(w, k, saved_dtype)[_local(inter, sources[w].manifest.shards[k].region)]
+                buf[_local(inter, r)] = part if want == saved_dtype else part.astype(want)
+            bufs.append(buf)
+        if leaf.get("stored_as") is not None:
+            bufs = [b.view(_np_dtype(leaf["dtype"])) for b in bufs]
+        if sharding is None:
+            out[slot] = np.array(bufs[0]) if leaf["kind"] == "numpy" else bufs[0]
+            continue
+        arrays = {}
+        for buf, devs in zip(bufs, devices, strict=True):
+            for n, d in enumerate(devs):
+                arrays[d] = jax.device_put(buf if n == 0 else np.array(buf), d)
+        ordered = [arrays[d] for d in sharding.addressable_devices_indices_map(shape)]
+        arr = jax.make_array_from_single_device_arrays(shape, sharding, ordered)
+        out[slot] = arr if key_impl is None else jax.random.wrap_key_data(arr, impl=key_impl)
+    remote = any(not sources[w].local for w, _ in wanted)
+    return jax.tree_util.tree_unflatten(treedef, out), dict(first.extra), extras, remote
+

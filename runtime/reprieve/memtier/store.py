@@ -1,0 +1,271 @@
+"""The one place that reads and writes a memory directory (``docs/memory.md``, "Layout"; names in :mod:`.layout`).
+
+Both writers of a pod's directory go through here: the trainer (its own copies) and the replica server in
+reprieve-run (copies received from a peer). One copy is in flight per pod at a time: the writer holds
+``flock(.lock)`` from creating ``<name>.tmp/`` until the rename that commits it, so the directory holds at most
+the own copy, the peers' copies and one copy in flight. ``.tmp`` directories found under the lock are leftovers
+of a writer that died; they are removed. A copy is deleted by renaming it back to ``.tmp`` (invisible at once)
+and removing that. No JAX here: reprieve-run imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import mmap
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from . import decide, layout
+from .layout import CopyName
+from .manifest import CopyCorruptError, Manifest, crc32c
+
+log = logging.getLogger(__name__)
+
+
+class CopyBusyError(RuntimeError):
+    """Another copy is in flight in this pod's memory directory (the lock is held)."""
+
+
+class CopyRefusedError(RuntimeError):
+    """A copy may not be written here: a newer attempt fenced its writer, or it does not fit the limit."""
+
+
+class MemoryDir:
+    """A pod's memory directory. ``limit_bytes``: what its copies may take together (None: unchecked)."""
+
+    def __init__(self, path: str, *, limit_bytes: int | None = None) -> None:
+        self.path = os.path.abspath(path)
+        self.limit_bytes = limit_bytes
+        for sub in (*layout.TREES, layout.FENCES_DIR):
+            os.makedirs(os.path.join(self.path, sub), exist_ok=True)
+
+    def copy_dir(self, tree: str, name: CopyName) -> str:
+        return os.path.join(self.path, tree, str(name))
+
+    # -- the one copy in flight --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def in_flight(self, *, timeout_s: float | None = None) -> Iterator[None]:
+        """Hold the pod's in-flight lock (``timeout_s`` None: wait as long as it takes; 0: do not wait at all,
+        :class:`CopyBusyError`). Leftover ``.tmp`` copies are removed once it is held."""
+        fd = os.open(os.path.join(self.path, layout.LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
+                    break
+                except BlockingIOError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise CopyBusyError(f"memory directory {self.path}: another copy is in flight") from None
+                    time.sleep(0.01)
+            self._remove_leftovers()
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _remove_leftovers(self) -> None:
+        for tree in layout.TREES:
+            for entry in _listdir(os.path.join(self.path, tree)):
+                name = layout.parse_name(entry)
+                if name is None or name.tmp:
+                    log.info("memory: removing leftover %s/%s", tree, entry)
+                    shutil.rmtree(os.path.join(self.path, tree, entry), ignore_errors=True)
+
+    # -- listing -------------------------------------------------------------------------------------------------
+    def names(self, tree: str) -> list[CopyName]:
+        """Committed copies of ``tree`` (``own`` or ``peer``), oldest first."""
+        out = []
+        for entry in _listdir(os.path.join(self.path, tree)):
+            name = layout.parse_name(entry)
+            if name is not None and not name.tmp:
+                out.append(name)
+        return sorted(out)
+
+    def manifest(self, tree: str, name: CopyName) -> Manifest:
+        """The committed copy's manifest, checked against its name; :class:`CopyCorruptError` otherwise (also
+        when the copy vanished: a retention pass deleted it)."""
+        where = f"{self.copy_dir(tree, name)}/{layout.MANIFEST_FILE}"
+        try:
+            with open(where, "rb") as fh:
+                raw = fh.read()
+        except OSError as err:
+            raise CopyCorruptError(f"{where}: cannot read the manifest ({err.strerror or err})") from None
+        m = Manifest.from_bytes(raw, where)
+        problems = m.problems(name)
+        if problems:
+            raise CopyCorruptError(f"{where}: {'; '.join(problems)}")
+        try:
+            size = os.stat(os.path.join(self.copy_dir(tree, name), layout.DATA_FILE)).st_size
+        except OSError:
+            size = -1
+        if size != m.data_bytes:
+            raise CopyCorruptError(f"{where}: data.bin has {size} bytes, the manifest says {m.data_bytes}")
+        return m
+
+    def holdings(self, location: str) -> list[decide.Holding]:
+        """Every committed copy here as a :class:`~.decide.Holding` at ``location``; unreadable ones are logged and
+        left out (they are not restored)."""
+        out = []
+        for tree in layout.TREES:
+            for name in self.names(tree):
+                try:
+                    m = self.manifest(tree, name)
+                except CopyCorruptError as err:
+                    log.warning("memory copy %s/%s is unusable: %s", tree, name, err)
+                    continue
+                out.append(decide.Holding(name, m.num_processes, location, tree, m.base, m.data_bytes))
+        return out
+
+    def usage_bytes(self) -> int:
+        """Bytes the copies here take (committed and in flight)."""
+        total = 0
+        for tree in layout.TREES:
+            for entry in _listdir(os.path.join(self.path, tree)):
+                with contextlib.suppress(OSError):
+                    total += os.stat(os.path.join(self.path, tree, entry, layout.DATA_FILE)).st_size
+        return total
+
+    # -- fences ----------------------------------------------------------------------------------------------------
+    def fences(self) -> dict[int, tuple[int, int] | None]:
+        out: dict[int, tuple[int, int] | None] = {}
+        for entry in _listdir(os.path.join(self.path, layout.FENCES_DIR)):
+            attempt = layout.parse_fence_name(entry)
+            if attempt is None:
+                continue
+            try:
+                with open(os.path.join(self.path, layout.FENCES_DIR, entry), "rb") as fh:
+                    base = json.loads(fh.read())["base"]
+                out[attempt] = None if base is None else (int(base[0]), int(base[1]))
+            except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+                log.warning("memory fence %s is unreadable (%s); ignoring it", entry, err)
+        return out
+
+    def write_fence(self, attempt: int, base: tuple[int, int] | None) -> bool:
+        """Record that ``attempt`` started from ``base`` (written once, never changed: True when this call wrote
+        it)."""
+        path = os.path.join(self.path, layout.FENCES_DIR, layout.fence_name(attempt))
+        # one name per thread: the trainer and the replica server it runs (outside reprieve-run) are one process,
+        # and both write this attempt's fence here when the trainer is its own peer's peer
+        tmp = f"{path}.{_writer_id()}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"attempt": attempt, "base": None if base is None else list(base)}, fh)
+        try:
+            os.link(tmp, path)  # fails if it exists: first writer wins
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+    def newest_fence(self) -> int:
+        return max(self.fences(), default=0)
+
+    # -- writing (the caller holds in_flight()) --------------------------------------------------------------------
+    def begin(self, tree: str, name: CopyName, data_bytes: int, *, attempt: int) -> str:
+        """Create ``<name>.tmp/`` with a ``data.bin`` of ``data_bytes`` (pages allocated up front, so a full
+        volume fails here rather than half-way) after checking the fence and the limit; returns the tmp dir."""
+        newest = self.newest_fence()
+        if newest > attempt:
+            raise CopyRefusedError(f"memory copy {tree}/{name}: attempt {newest} has started in this pod, so attempt "
+                                   f"{attempt} may no longer write copies here (fenced)")
+        if self.limit_bytes is not None:
+            held = self.usage_bytes()
+            if held + data_bytes > self.limit_bytes:
+                raise CopyRefusedError(
+                    f"memory copy {tree}/{name} of {_size(data_bytes)} does not fit: the directory holds "
+                    f"{_size(held)} and its limit is {_size(self.limit_bytes)} (REPRIEVE_MEMORY_LIMIT_BYTES); it "
+                    "must hold the own copy, the peer's copy and one in flight")
+        tmp = self.copy_dir(tree, name.in_flight)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        fd = os.open(os.path.join(tmp, layout.DATA_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if data_bytes:
+                try:
+                    os.posix_fallocate(fd, 0, data_bytes)
+                except OSError as err:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    if err.errno == errno.ENOSPC:
+                        raise CopyRefusedError(f"memory copy {tree}/{name}: the memory volume {self.path} is full "
+                                               f"({_size(data_bytes)} needed): raise its size limit") from None
+                    raise
+        finally:
+            os.close(fd)
+        return tmp
+
+    def commit(self, tree: str, name: CopyName, manifest: Manifest) -> list[CopyName]:
+        """Write the manifest, rename ``<name>.tmp`` to ``<name>`` (the commit) and delete the copies it replaces;
+        returns those."""
+        tmp = self.copy_dir(tree, name.in_flight)
+        with open(os.path.join(tmp, layout.MANIFEST_FILE), "wb") as fh:
+            fh.write(manifest.to_bytes())
+        os.rename(tmp, self.copy_dir(tree, name))
+        gone = self._replaced_by(tree, name)
+        for old in gone:
+            self.delete(tree, old)
+        return gone
+
+    def abort(self, tree: str, name: CopyName) -> None:
+        shutil.rmtree(self.copy_dir(tree, name.in_flight), ignore_errors=True)
+
+    def _replaced_by(self, tree: str, name: CopyName) -> list[CopyName]:
+        return [n for n in decide.select_deletions([*self.names(tree), name], tree) if n != name]
+
+    def delete(self, tree: str, name: CopyName) -> None:
+        """Make the copy invisible (rename to ``.tmp``), then remove it. Readers that mapped it keep their pages."""
+        src, dst = self.copy_dir(tree, name), self.copy_dir(tree, name.in_flight) + f".{_writer_id()}"
+        try:
+            os.rename(src, dst)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(dst, ignore_errors=True)
+        log.debug("memory: deleted %s/%s", tree, name)
+
+    # -- reading -------------------------------------------------------------------------------------------------
+    def open_data(self, tree: str, name: CopyName) -> mmap.mmap | None:
+        """A private, writable mapping of the copy's ``data.bin`` (writes copy pages, the file never changes);
+        None for an empty file."""
+        path = os.path.join(self.copy_dir(tree, name), layout.DATA_FILE)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return None
+            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+            return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+
+
+def verify(data: Any, manifest: Manifest, indices: list[int] | None = None, *, where: str) -> None:
+    """Check the crc32c of the shards ``indices`` (all: None) of ``data`` (the copy's bytes, indexed from 0)."""
+    for k in range(len(manifest.shards)) if indices is None else indices:
+        s = manifest.shards[k]
+        got = crc32c(data, s.offset, s.offset + s.nbytes)
+        if got != s.crc32c:
+            raise CopyCorruptError(f"{where}: shard {k} (leaf {manifest.leaves[s.leaf].get('path')}, region "
+                                   f"{list(s.region)}) fails its checksum (crc32c {got:08x}, recorded {s.crc32c:08x})")
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB ({n} bytes)" if n >= 2**30 else f"{n / 2**20:.1f} MiB ({n} bytes)"
+
+
+def _writer_id() -> str:
+    """Unique per process and thread: names of temporary files no other writer uses at the same time."""
+    return f"{os.getpid()}-{threading.get_ident()}"

@@ -1,0 +1,335 @@
+"""The trainer's side of the memory tier: saving copies (this module) and restoring them (:mod:`.restore_round`).
+
+A save blocks the loop only for the host copy, the storage tier's own (``checkpoint.save.snapshot`` into reused
+staging buffers). A background thread then computes every shard's crc32c, writes the copy into the pod's memory
+directory (one copy in flight per pod: :meth:`.store.MemoryDir.in_flight`), commits it by a rename, deletes the
+copy it replaces, and sends it to the peer's replica server. A save that is due while the previous one is still
+in the background is skipped (logged), never waited for: the memory tier never slows the loop beyond its copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import mmap
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from ..coordination import CoordinationTimeout, Coordinator
+from . import layout, schedule, wire
+from .config import MemoryConfig
+from .layout import CopyName
+from .manifest import Manifest, Shard, crc32c
+from .server import ReplicaServer
+from .store import CopyBusyError, CopyRefusedError, MemoryDir
+
+log = logging.getLogger(__name__)
+
+_KV = "reprieve/mem"
+SEND_TIMEOUT_S = 120.0
+CLOSE_WAIT_S = 5.0
+
+
+class MemoryLimitError(ValueError):
+    """The state does not fit the memory limit (own copy, the peer's copy and one in flight)."""
+
+
+def required_bytes(own_bytes: int) -> int:
+    """What a pod's memory directory must hold for a process whose shards take ``own_bytes``: its own copy, the
+    copy it holds for its peer (assumed the same size: shards are spread evenly) and one copy in flight."""
+    return 3 * own_bytes
+
+
+def own_bytes(state: Any, process_id: int) -> int:
+    """Bytes this process's copy of ``state`` takes: its replica-0 shards (and numpy leaves on process 0)."""
+    import jax
+
+    total = 0
+    for leaf in jax.tree.leaves(state):
+        if isinstance(leaf, jax.Array):
+            total += sum(int(s.data.nbytes) for s in leaf.addressable_shards if s.replica_id == 0)
+        elif isinstance(leaf, np.ndarray | np.generic) and process_id == 0:
+            total += int(np.asarray(leaf).nbytes)
+    return total
+
+
+def limit_problem(own: int, limit: int | None) -> str | None:
+    """Why a process whose copy takes ``own`` bytes cannot use the memory tier under ``limit`` (pure)."""
+    need = required_bytes(own)
+    if limit is None or need <= limit:
+        return None
+    return (f"this process's shards take {_size(own)}, so its pod's memory directory must hold {_size(need)} (its "
+            f"own copy, its peer's copy and one in flight), but REPRIEVE_MEMORY_LIMIT_BYTES is {_size(limit)}: raise "
+            f"the limit (spec.checkpoint.memory) to at least {_size(need)}, or spread the state over more processes")
+
+
+def leaf_dicts(leaves: list[Any]) -> list[dict[str, Any]]:
+    """``LeafMeta`` records as the manifest stores them (optional fields only when used, as reprieve.json)."""
+    out = []
+    for leaf in leaves:
+        d = dataclasses.asdict(leaf)
+        for key in ("stored_as", "key_impl"):
+            if d.get(key) is None:
+                d.pop(key, None)
+        out.append(d)
+    return out
+
+
+class MemoryTier:
+    """One process's memory tier. Built by :func:`reprieve.init` when ``REPRIEVE_MEMORY_DIR`` is set."""
+
+    def __init__(self, cfg: MemoryConfig, *, coordinator: Coordinator, attempt: int, pod_ip: str | None = None,
+                 token: str | None = None, serve: bool = True) -> None:
+        from ..checkpoint import save as save_mod
+
+        self.cfg = cfg
+        self.coord = coordinator
+        self.attempt = attempt
+        self.pid, self.nproc = coordinator.process_id, coordinator.num_processes
+        self.token = token
+        self.dir = MemoryDir(cfg.directory, limit_bytes=cfg.limit_bytes)
+        self.server: ReplicaServer | None = None
+        if cfg.server is not None:
+            self.location = cfg.server  # reprieve-run serves this pod's directory
+        elif serve:
+            try:
+                self.server = ReplicaServer(self.dir, host=pod_ip or "127.0.0.1", port=cfg.port, token=token).start()
+                self.location = self.server.address
+            except OSError as err:
+                log.warning("memory: cannot serve %s on port %d (%s): other processes cannot read this pod's copies",
+                            cfg.directory, cfg.port, err)
+                self.location = f"local:{self.pid}"
+        else:
+            self.location = f"local:{self.pid}"
+        self.peer = cfg.peer
+        self._staging = save_mod.Staging()
+        self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._disabled: str | None = None
+        self._checked = False  # the state was checked against the limit (at the first save)
+        self.base: tuple[int, int] | None = None  # what this attempt restored from (set by the restore)
+        self.schedule: schedule.Schedule | None = (
+            schedule.Schedule(cfg.interval_steps, cfg.interval_steps - 1) if cfg.interval_steps else None)
+        self._first: int | None = None  # the bootstrap save's step (time/budget schedules)
+        self._step_s: float | None = None
+        # what the loop and the operator read (progress report)
+        self.saved_step: int | None = None  # newest own copy committed
+        self.replicated_step: int | None = None  # newest own copy the peer committed
+        self.saves = self.skipped = self.failures = 0
+        self.last_blocking_s = self.last_background_s = 0.0
+        self.restored_from: dict[str, Any] | None = None
+        log.info("memory tier: %s, %s, replica to %s", self.dir.path, self._interval_text(),
+                 self.peer or "nobody (own copies only)")
+
+    def _interval_text(self) -> str:
+        if self.cfg.interval_steps:
+            return f"every {self.cfg.interval_steps} steps"
+        if self.cfg.interval_seconds:
+            return f"about every {self.cfg.interval_seconds:g} s"
+        return f"spaced to cost at most {self.cfg.budget:.0%} of the training time"
+
+    # -- when -----------------------------------------------------------------------------------------------------
+    def begin(self, start: int) -> None:
+        """The loop starts at ``start`` (time and budget schedules bootstrap with one save a few steps in)."""
+        if self.schedule is None:
+            self._first = schedule.first_save(start)
+
+    def due(self, step: int, step_seconds: float | None) -> bool:
+        """Whether to save after ``step`` (the loop calls it every step: no I/O, a few attribute reads)."""
+        if self._disabled is not None:
+            return False
+        if step_seconds is not None:
+            self._step_s = step_seconds
+        s = self.schedule
+        return (s is not None and s.due(step)) or step == self._first
+
+    # -- save -----------------------------------------------------------------------------------------------------
+    def save(self, step: int, state: Any, *, extra: dict[str, Any], process_extra: Any = None) -> bool:
+        """Copy this process's shards off the devices and write them in the background; False when skipped."""
+        if self._disabled is not None:
+            return False
+        if self._thread is not None and self._thread.is_alive():
+            self.skipped += 1
+            log.info("memory save of step %d skipped: the copy of step %s is still being written or sent", step,
+                     self.saved_step if self.saved_step is not None else "(first)")
+            return False
+        from ..checkpoint import save as save_mod
+
+        if not self._checked:
+            self._checked = True
+            problem = limit_problem(own_bytes(state, self.pid), self.cfg.limit_bytes)
+            if problem:
+                self._disable(problem)
+                return False
+        t0 = time.perf_counter()
+        snap = save_mod.snapshot(state, host_copy="staged", staging=self._staging, max_chunk_bytes=None)
+        host = {i: a for i, a in snap.host_leaves.items() if self.pid == 0}
+        self.last_blocking_s = time.perf_counter() - t0
+        name = CopyName(step, self.attempt, self.pid)
+        self._thread = threading.Thread(target=self._background, args=(name, snap, host, extra, process_extra),
+                                        name=f"reprieve-memory-save-{step}", daemon=True)
+        self._thread.start()
+        return True
+
+    def _disable(self, why: str) -> None:
+        self._disabled = why
+        log.error("memory tier OFF: %s. Training goes on with the storage tier only.", why)
+
+    def _background(self, name: CopyName, snap: Any, host: dict[int, np.ndarray], extra: dict[str, Any],
+                    process_extra: Any) -> None:
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        try:
+            manifest = self._write_own(name, snap, host, extra, process_extra)
+        except (CopyBusyError, CopyRefusedError, OSError) as err:
+            self.failures += 1
+            log.warning("memory copy of step %d not written: %s", name.step, err)
+            return
+        finally:
+            self._staging.give_back([sc.data for sc in snap.shards])
+            snap.shards.clear()
+        self.saves += 1
+        self.saved_step = name.step
+        if self.peer is not None:
+            self._send(name, manifest)
+        self.last_background_s = time.thread_time() - cpu0
+        self._publish_schedule(name.step)
+        log.debug("memory copy of step %d: %d bytes, %.3fs in the background (%.3fs CPU)", name.step,
+                  manifest.data_bytes, time.perf_counter() - t0, self.last_background_s)
+        if self.schedule is None and self.pid != 0:
+            self._await_schedule()
+
+    def _write_own(self, name: CopyName, snap: Any, host: dict[int, np.ndarray], extra: dict[str, Any],
+                   process_extra: Any) -> Manifest:
+        parts: list[tuple[int, tuple[tuple[int, int], ...], np.ndarray]] = [
+            (sc.leaf, sc.region, np.asarray(sc.data)) for sc in snap.shards]
+        parts += [(i, tuple((0, n) for n in a.shape), a) for i, a in host.items() if a.size]
+        shards, offset = [], 0
+        for leaf, region, arr in parts:
+            offset = layout.aligned(offset)
+            raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+            shards.append(Shard(leaf, region, offset, int(raw.nbytes), crc32c(raw)))
+            offset += int(raw.nbytes)
+        manifest = Manifest(writer=name.writer, num_processes=self.nproc, step=name.step, attempt=name.attempt,
+                            leaves=leaf_dicts(snap.leaves), shards=shards, data_bytes=offset, extra=extra,
+                            process_extra=process_extra, base=self.base, created_unix=time.time(),
+                            topology=_topology(self.nproc))
+        with self.dir.in_flight(timeout_s=SEND_TIMEOUT_S):
+            tmp = self.dir.begin(layout.OWN, name, offset, attempt=name.attempt)
+            try:
+                if offset:
+                    with open(os.path.join(tmp, layout.DATA_FILE), "r+b") as fh, \
+                            mmap.mmap(fh.fileno(), offset, flags=mmap.MAP_SHARED) as mem:
+                        dst = np.frombuffer(mem, np.uint8)
+                        for (_, _, arr), s in zip(parts, shards, strict=True):
+                            dst[s.offset:s.offset + s.nbytes] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+                        del dst
+                self.dir.commit(layout.OWN, name, manifest)
+            except BaseException:
+                self.dir.abort(layout.OWN, name)
+                raise
+        return manifest
+
+    def _send(self, name: CopyName, manifest: Manifest) -> None:
+        path = os.path.join(self.dir.copy_dir(layout.OWN, name), layout.DATA_FILE)
+        t0 = time.perf_counter()
+        try:
+            assert self.peer is not None
+            wire.Client(self.peer, timeout_s=SEND_TIMEOUT_S, token=self.token).put(
+                layout.PEER, str(name), manifest.to_bytes(), path, manifest.data_bytes)
+        except (wire.WireError, OSError) as err:
+            self.failures += 1
+            log.warning("memory copy of step %d not replicated to %s: %s", name.step, self.peer, err)
+            return
+        self.replicated_step = name.step
+        self._publish_progress()
+        log.debug("memory copy of step %d replicated to %s in %.3fs", name.step, self.peer, time.perf_counter() - t0)
+
+    # -- the schedule (time and budget) ---------------------------------------------------------------------------
+    def _publish_schedule(self, step: int) -> None:
+        if self.pid != 0 or self.schedule is not None:
+            return
+        step_s = self._step_s or 1.0
+        cost = self.last_blocking_s + (self.last_background_s if _cpu_backend() else 0.0)
+        every = schedule.choose_every(cost_s=cost, step_s=step_s, interval_s=self.cfg.interval_seconds,
+                                      budget=self.cfg.budget)
+        plan = schedule.Schedule(every, schedule.start_after(step, step_s))
+        try:
+            self.coord.set(f"{_KV}/a{self.attempt}/schedule", plan.to_json(), overwrite=True)
+        except Exception as err:  # noqa: BLE001 - no schedule: no further memory saves, training goes on
+            log.warning("memory: could not publish the save schedule: %s", err)
+            return
+        self.schedule = plan
+        log.info("memory saves every %d steps from step %d (a save cost the loop %.3fs, a step takes %.4fs)",
+                 every, plan.start, cost, step_s)
+
+    def _await_schedule(self) -> None:
+        """Wait (in the background thread) for process 0's schedule; gives up when the tier closes."""
+        key, deadline = f"{_KV}/a{self.attempt}/schedule", time.monotonic() + 600.0
+        while not self._closing.is_set():
+            try:
+                self.schedule = schedule.Schedule.from_json(self.coord.get(key, 1.0))
+                return
+            except CoordinationTimeout:
+                if time.monotonic() > deadline:
+                    break
+            except Exception as err:  # noqa: BLE001 - no schedule: no further memory saves, training goes on
+                log.warning("memory: no save schedule from process 0 (%s): no further memory saves", err)
+                return
+        if not self._closing.is_set():
+            log.warning("memory: no save schedule from process 0 within 600 s: no further memory saves")
+
+    def _publish_progress(self) -> None:
+        try:
+            self.coord.set(f"{_KV}/a{self.attempt}/replicated/{self.pid}", str(self.replicated_step), overwrite=True)
+        except Exception as err:  # noqa: BLE001 - progress only
+            log.debug("memory: could not publish the replicated step: %s", err)
+
+    def gang_step(self) -> int | None:
+        """The newest step every process of this attempt has replicated (process 0's progress report)."""
+        try:
+            got = self.coord.dir_get(f"{_KV}/a{self.attempt}/replicated/")
+        except Exception:  # noqa: BLE001
+            return None
+        steps = [int(v) for v in got.values()]
+        return min(steps) if len(steps) == self.nproc else None
+
+    # -- end ------------------------------------------------------------------------------------------------------
+    def wait(self, timeout_s: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def close(self) -> None:
+        """Give the copy in the background a few seconds to finish (a process on its way out does not wait for a
+        slow peer: a torn copy is never used), then stop serving (outside reprieve-run)."""
+        self._closing.set()
+        self.wait(CLOSE_WAIT_S)
+        if self._thread is not None and self._thread.is_alive():
+            log.info("memory: leaving with the copy of step %s still in the background (not used anywhere)",
+                     self._thread.name.rsplit("-", 1)[-1])
+        else:
+            self._staging.close()
+        if self.server is not None:
+            self.server.close()
+
+
+def _cpu_backend() -> bool:
+    try:
+        import jax
+
+        return jax.default_backend() == "cpu"
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def _topology(num_processes: int) -> dict[str, Any] | None:
+    from ..checkpoint.save import _topology as topology
+
+    return topology(num_processes)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB ({n} bytes)" if n >= 2**30 else f"{n / 2**20:.1f} MiB ({n} bytes)"

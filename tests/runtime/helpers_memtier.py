@@ -1,0 +1,128 @@
+"""Launching real gangs of ``workers/memtier_worker.py`` with the memory tier: pods (a memory directory on tmpfs and
+a replica server port each, as a pod's emptyDir and pod IP would be), pairings, attempts, and the checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.runtime.helpers_agreement import REPO, Gang, free_port
+from tests.runtime.workers.memtier_worker import expected
+
+WORKER = Path(__file__).resolve().parent / "workers" / "memtier_worker.py"
+LAUNCHED: list[Gang] = []  # every gang launch() started: the tests' fixture kills what a failed test left behind
+
+
+@dataclass
+class Pod:
+    """What outlives a trainer process in a pod: its memory directory and the port its replica server uses."""
+
+    name: str
+    mem: Path
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def lose(self) -> None:
+        """The node is gone: so is the pod's memory."""
+        shutil.rmtree(self.mem, ignore_errors=True)
+
+
+def shm_base(tmp_path: Path) -> Path:
+    base = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else tmp_path
+    d = base / f"reprieve-memtier-{os.getpid()}-{time.monotonic_ns()}"
+    d.mkdir()
+    return d
+
+
+def new_pod(base: Path, name: str) -> Pod:
+    mem = base / name
+    mem.mkdir()
+    return Pod(name, mem, free_port())
+
+
+def launch(workdir: Path, pods: list[Pod], peers: dict[int, Pod | None], *, attempt: int, steps: int = 30,
+           stop_at: int = -1, hold_at: int = -1, mem_every: int = 5, ckpt_every: int = 10,
+           extra: dict[int, dict[str, str]] | None = None) -> Gang:
+    """Process ``i`` runs in ``pods[i]`` and sends its copies to ``peers[i]``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs, logs = [], []
+    for i, pod in enumerate(pods):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_", "WORKER_"))}
+        env.update({
+            "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+            "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
+            "REPRIEVE_NUM_PROCESSES": str(len(pods)), "REPRIEVE_PROCESS_ID": str(i),
+            "REPRIEVE_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "REPRIEVE_POD_IP": "127.0.0.1",
+            "REPRIEVE_ATTEMPT": str(attempt), "REPRIEVE_CHECKPOINT_URI": str(workdir / "ckpt"),
+            "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": str(ckpt_every), "REPRIEVE_HEARTBEAT_TIMEOUT_SECONDS": "3",
+            "REPRIEVE_SHUTDOWN_TIMEOUT_SECONDS": "10", "REPRIEVE_AGREEMENT_TIMEOUT_SECONDS": "30",
+            "REPRIEVE_NOTICE_POLL_SECONDS": "0.2", "REPRIEVE_SAVE_SECONDS_ESTIMATE": "1",
+            "REPRIEVE_MEMORY_DIR": str(pod.mem), "REPRIEVE_MEMORY_PORT": str(pod.port),
+            "REPRIEVE_MEMORY_INTERVAL_STEPS": str(mem_every),
+            "WORKER_DIR": str(workdir), "WORKER_STEPS": str(steps), "WORKER_STOP_AT": str(stop_at),
+            "WORKER_HOLD_AT": str(hold_at),
+        })
+        peer = peers.get(i)
+        if peer is not None:
+            env["REPRIEVE_MEMORY_PEER"] = peer.address
+        env.update((extra or {}).get(i, {}))
+        log_path = workdir / f"a{attempt}-worker-{i}.log"
+        logs.append(log_path)
+        with open(log_path, "wb") as out:
+            procs.append(subprocess.Popen([sys.executable, str(WORKER)], env=env, stdout=out,
+                                          stderr=subprocess.STDOUT, cwd=str(workdir)))
+    gang = Gang(workdir, procs, logs)
+    LAUNCHED.append(gang)
+    return gang
+
+
+def kill_launched() -> None:
+    """Kill every gang still running (a test that failed half-way leaves hanging workers otherwise)."""
+    while LAUNCHED:
+        LAUNCHED.pop().kill()
+
+
+def run_until_stopped(gang: Gang, n: int, *, die: int = -1, timeout_s: float = 120) -> None:
+    """Wait until every process stopped at its step, SIGKILL process ``die`` (its node lost without notice: only
+    now, so that no survivor is aborted by the coordination service before it stopped), then kill the gang: the
+    operator's restart after the loss."""
+    limit = time.monotonic() + timeout_s
+    for i in range(n):
+        marker = gang.workdir / f"stopped-{i}"
+        while not marker.exists():
+            if time.monotonic() > limit or gang.procs[i].poll() is not None:
+                gang.kill()
+                raise AssertionError(f"process {i} never stopped\n{gang.tail(40)}")
+            time.sleep(0.05)
+    if die >= 0:
+        gang.procs[die].kill()
+        assert gang.procs[die].wait(30) == -9, gang.tail(40)
+    gang.kill()
+    for i in range(n):
+        (gang.workdir / f"stopped-{i}").unlink()
+
+
+def finish(gang: Gang, n: int, total: int, timeout_s: float = 180) -> list[dict[str, Any]]:
+    """Every process ends 0 with the uninterrupted run's parameters and data position; their reports."""
+    codes = gang.wait(timeout_s)
+    assert codes == [0] * n, gang.tail(40)
+    want = expected(total, n)
+    out = []
+    for i in range(n):
+        final = json.loads((gang.workdir / f"final-{i}.json").read_text())
+        lo, hi = final["rows"]
+        assert final["w"] == want["w"][lo:hi], f"process {i}: parameters differ from an uninterrupted run"
+        assert (final["b"], final["n"], final["taken"]) == (want["b"], want["n"], total), final
+        out.append(final)
+    return out

@@ -1,0 +1,89 @@
+"""The memory tier's part of the operator <-> runtime contract (docs/contract.toml, [memory]): the runtime reads
+exactly the variables the table says the operator sets, the defaults and names agree, and docs/contract.md lists
+them. (tests/test_contract.py checks the operator's side of the older variables; the operator half of issue 24
+adds its side of these.)"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from reprieve import progress, supervision
+from reprieve.memtier import config
+from reprieve.memtier.tier import required_bytes
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = tomllib.loads((ROOT / "docs/contract.toml").read_text())["memory"]
+
+
+class _Recording(Mapping[str, str]):
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values, self.asked = values, set()  # type: dict[str, str], set[str]
+
+    def __getitem__(self, key: str) -> str:
+        self.asked.add(key)
+        return self.values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.asked.add(key)
+        return self.values.get(key, default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def test_the_runtime_reads_the_memory_variables_the_table_lists() -> None:
+    env = _Recording({"REPRIEVE_MEMORY_DIR": "/dev/shm/x"})
+    config.MemoryConfig.from_env(env)
+    asked = {n for n in env.asked if n.startswith("REPRIEVE_")}
+    assert asked == set(TABLE["operator_sets"]) | set(TABLE["supervisor_sets"])
+    assert {config.SERVER_ENV} == set(TABLE["supervisor_sets"])
+
+
+def test_defaults_and_names_agree() -> None:
+    d = TABLE["defaults"]
+    cfg = config.MemoryConfig.from_env({"REPRIEVE_MEMORY_DIR": "/x"})
+    assert cfg is not None
+    assert (cfg.interval_steps, cfg.interval_seconds, cfg.port, cfg.budget) == (
+        d["interval_steps"], d["interval_seconds"], d["port"], d["budget"])
+    assert required_bytes(1) == d["copies_per_limit"]
+    assert supervision.MEMORY_PEERS_KEY == TABLE["assignment_key"]
+    assert supervision.MEMORY_PEER_ENV in TABLE["operator_sets"]
+    assert set(TABLE["progress_fields"]) <= set(progress.LIVE_FIELDS)
+
+
+def test_the_docs_list_the_memory_environment() -> None:
+    text = (ROOT / "docs/contract.md").read_text()
+    section = text.split("## Memory tier", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `(REPRIEVE_[A-Z_]+)` \|", section, flags=re.MULTILINE))
+    assert listed == set(TABLE["operator_sets"])
+    for field in TABLE["progress_fields"]:
+        assert f"`{field}`" in section
+    for word in (*TABLE["restore_tiers"], *TABLE["restore_sources"]):
+        assert f'"{word}"' in section
+
+
+def test_the_assignment_carries_the_pairing_to_the_trainer() -> None:
+    data = {"attempt": "3", "numProcesses": "2", "coordinator": "10.0.0.1:8476",
+            "processes": '{"j-0": 0, "j-spare-0": 1}', "memoryPeers": '{"0": "j-spare-0.j.ns.svc:8477"}'}
+    a = supervision.parse_assignment(data, "j-0", configmap="ns/j-assignment")
+    assert a.env()["REPRIEVE_MEMORY_PEER"] == "j-spare-0.j.ns.svc:8477"
+    assert supervision.parse_assignment_line(a.line())["REPRIEVE_MEMORY_PEER"] == "j-spare-0.j.ns.svc:8477"
+    spare = supervision.parse_assignment(data, "j-spare-0", configmap="ns/j-assignment")
+    assert spare.env()["REPRIEVE_MEMORY_PEER"] == ""  # listed without a peer: nobody
+    plain = supervision.parse_assignment({k: v for k, v in data.items() if k != "memoryPeers"}, "j-0",
+                                         configmap="ns/j-assignment")
+    assert "REPRIEVE_MEMORY_PEER" not in plain.env() and "memoryPeer" not in plain.line()
+    with pytest.raises(supervision.AssignmentError, match="memoryPeers must be a JSON object"):
+        supervision.parse_assignment({**data, "memoryPeers": "[1]"}, "j-0", configmap="ns/j-assignment")
+    with pytest.raises(supervision.AssignmentError, match=r"memoryPeers\[0\] must be host:port"):
+        supervision.parse_assignment({**data, "memoryPeers": '{"0": "nohost"}'}, "j-0", configmap="ns/j-assignment")

@@ -1,0 +1,181 @@
+"""The memory tier's pure decisions as tables: fencing by attempt, retention, the restore plan, pairing."""
+
+from __future__ import annotations
+
+import pytest
+from reprieve.memtier.decide import (
+    Holding,
+    Plan,
+    choose_holder,
+    decide,
+    pairing_problems,
+    select_deletions,
+    visible,
+)
+from reprieve.memtier.layout import CopyName
+
+pytestmark = pytest.mark.unit
+
+A, B, C = "10.0.0.1:8477", "10.0.0.2:8477", "10.0.0.3:8477"  # the replica servers of pods of processes 0, 1, 2
+
+
+def h(step: int, attempt: int, writer: int, loc: str = A, *, n: int = 2, tree: str = "own",
+      base: tuple[int, int] | None = None) -> Holding:
+    return Holding(CopyName(step, attempt, writer), n, loc, tree, base)
+
+
+# -- fencing --------------------------------------------------------------------------------------------------------
+# (copies, fence records, current attempt, the (step, attempt, writer) that stay visible)
+FENCING = [
+    ("no newer attempt: everything older is visible",
+     [h(10, 1, 0), h(20, 1, 0)], {}, 2, {(10, 1, 0), (20, 1, 0)}),
+    ("the current attempt's own copies are visible (a laptop reuses attempt 1)",
+     [h(20, 1, 0, base=(10, 1))], {1: (10, 1)}, 1, {(20, 1, 0)}),
+    ("attempt 3 started from step 150: older copies up to 150 stay, a later one of attempt 2 is fenced",
+     [h(150, 2, 0), h(170, 2, 0), h(160, 3, 0, base=(150, 2))], {}, 4, {(150, 2, 0), (160, 3, 0)}),
+    ("the start is known from a fence record alone (attempt 3 wrote no copy yet)",
+     [h(150, 2, 0), h(170, 2, 0)], {3: (150, 2)}, 4, {(150, 2, 0)}),
+    ("an attempt that started from scratch fences every older copy",
+     [h(150, 2, 0), h(20, 3, 0)], {3: None}, 4, {(20, 3, 0)}),
+    ("a start at the copy's own step does not fence it (same step, restored from storage)",
+     [h(150, 2, 0)], {3: (150, 1)}, 4, {(150, 2, 0)}),
+    ("copies of an attempt newer than the current one are ignored (this process is stale)",
+     [h(10, 5, 0), h(10, 2, 0)], {}, 4, {(10, 2, 0)}),
+    ("a fence of an attempt newer than the current one does not fence the current's view",
+     [h(150, 2, 0)], {6: None}, 4, {(150, 2, 0)}),
+    ("the first newer start is not the only one that counts: any later start before the step fences",
+     [h(150, 2, 0)], {3: (200, 2), 4: (100, 1)}, 5, set()),
+]
+
+
+@pytest.mark.parametrize(("copies", "fences", "current", "want"), [r[1:] for r in FENCING],
+                         ids=[r[0] for r in FENCING])
+def test_fencing(copies: list[Holding], fences: dict[int, tuple[int, int] | None], current: int,
+                 want: set[tuple[int, int, int]]) -> None:
+    got = {(c.name.step, c.name.attempt, c.name.writer) for c in visible(copies, fences, current_attempt=current)}
+    assert got == want
+
+
+# -- the restore plan -----------------------------------------------------------------------------------------------
+P2 = [(0, A), (1, B)]  # two restoring processes and their own pods' servers
+
+
+def plan(holdings: list[Holding], storage: list[tuple[int, int]] = (), **kw: object) -> Plan:  # type: ignore[assignment]
+    kw.setdefault("processes", P2)
+    kw.setdefault("current_attempt", 3)
+    return decide(holdings, kw.pop("fences", {}), storage=list(storage), **kw)  # type: ignore[arg-type]
+
+
+def test_every_writer_in_its_own_pod_restores_from_memory() -> None:
+    p = plan([h(40, 2, 0, A), h(40, 2, 1, B)], [(30, 2)])
+    assert (p.tier, p.step, p.attempt, p.num_processes) == ("memory", 40, 2, 2)
+    assert [x.location for x in p.holders[0]] == [A] and [x.location for x in p.holders[1]] == [B]
+
+
+def test_a_lost_process_comes_from_its_peer_not_from_storage() -> None:
+    """Process 1's pod is gone (a replacement with an empty directory); process 0's pod holds its replica."""
+    p = plan([h(40, 2, 0, A), h(40, 2, 1, A, tree="peer")], [(30, 2)])
+    assert (p.tier, p.step) == ("memory", 40)
+    assert choose_holder(p.holders[1], 1, B) == h(40, 2, 1, A, tree="peer")
+
+
+def test_a_process_and_its_peer_lost_together_fall_back_to_the_newest_storage_step() -> None:
+    p = plan([h(40, 2, 0, A)], [(30, 2)])
+    assert (p.tier, p.step) == ("storage", 30)
+    assert "without processes [1]" in p.reason
+
+
+def test_a_storage_step_with_part_of_the_writers_in_memory_is_mixed() -> None:
+    p = plan([h(30, 2, 0, A), h(40, 2, 0, A)], [(30, 2)])
+    assert (p.tier, p.step, p.attempt) == ("mixed", 30, 2)
+    assert p.holders[1] == () and [x.name.step for x in p.holders[0]] == [30]
+
+
+def test_mixed_needs_the_same_attempt_and_a_storage_tier_that_reads_per_process() -> None:
+    assert plan([h(30, 1, 0, A)], [(30, 2)]).tier == "storage"
+    assert plan([h(30, 2, 0, A)], [(30, 2)], mixed_ok=False).tier == "storage"
+
+
+def test_memory_beats_storage_at_the_same_step_and_the_newest_step_wins() -> None:
+    both = [h(30, 2, 0, A), h(30, 2, 1, B)]
+    assert plan(both, [(30, 2)]).tier == "memory"
+    assert plan(both, [(35, 2)]).step == 35
+
+
+def test_nothing_anywhere_is_a_fresh_start() -> None:
+    assert plan([], []).tier == "none"
+
+
+def test_excluded_copies_are_not_used_and_the_next_source_is() -> None:
+    holdings = [h(40, 2, 0, A), h(40, 2, 1, B), h(40, 2, 1, A, tree="peer")]
+    p = plan(holdings, excluded=[(CopyName(40, 2, 1), B)])
+    assert p.tier == "memory" and [x.location for x in p.holders[1]] == [A]
+    p = plan(holdings, [(30, 2)], excluded=[(CopyName(40, 2, 1), B), (CopyName(40, 2, 1), A)])
+    assert (p.tier, p.step) == ("storage", 30)
+
+
+def test_a_copy_only_one_process_can_read_is_usable_only_when_that_process_is_alone() -> None:
+    assert plan([h(40, 1, 0, "local:0", n=1)], processes=[(0, None)]).tier == "memory"
+    assert plan([h(40, 2, 0, "local:0"), h(40, 2, 1, B)], [(30, 2)]).step == 30
+
+
+def test_a_generation_whose_copies_disagree_on_the_process_count_is_not_complete() -> None:
+    assert plan([h(40, 2, 0, A, n=2), h(40, 2, 1, B, n=3)], [(30, 2)]).step == 30
+
+
+def test_a_changed_process_count_still_restores_from_memory() -> None:
+    """4 writers, 2 restoring processes: the restore reads whatever shards the new sharding needs."""
+    p = plan([h(40, 2, w, loc, n=4) for w, loc in enumerate([A, B, A, B])], [(30, 2)])
+    assert (p.tier, p.num_processes) == ("memory", 4)
+
+
+def test_a_stale_copy_does_not_win_over_the_newer_attempts_progress() -> None:
+    p = plan([h(170, 2, 0, A), h(170, 2, 1, B), h(160, 3, 0, A, base=(150, 2)), h(160, 3, 1, B, base=(150, 2))],
+             current_attempt=4)
+    assert (p.step, p.attempt) == (160, 3)
+
+
+# -- where one process reads --------------------------------------------------------------------------------------
+def test_choose_holder_prefers_the_own_pod_then_any_server() -> None:
+    own, peer = h(40, 2, 1, B), h(40, 2, 1, A, tree="peer")
+    assert choose_holder([own, peer], 1, B) == own
+    assert choose_holder([own, peer], 0, A) == peer
+    assert choose_holder([own, peer], 2, C) == own
+    assert choose_holder([h(40, 2, 1, "local:1")], 0, A) is None
+
+
+# -- retention -----------------------------------------------------------------------------------------------------
+RETENTION = [
+    ("own: only the newest copy stays, whoever wrote it",
+     "own", [(10, 1, 0), (20, 1, 0), (20, 2, 1)], [(10, 1, 0), (20, 1, 0)]),
+    ("peer: the newest copy of each writer stays",
+     "peer", [(10, 1, 0), (20, 1, 0), (10, 1, 2)], [(10, 1, 0)]),
+    ("a newer attempt's copy of an older step is newer than an older attempt's",
+     "own", [(20, 1, 0), (10, 2, 0)], [(20, 1, 0)]),
+    ("copies in flight are never selected", "peer", [(10, 1, 0)], []),
+]
+
+
+@pytest.mark.parametrize(("tree", "copies", "deleted"), [r[1:] for r in RETENTION], ids=[r[0] for r in RETENTION])
+def test_retention(tree: str, copies: list[tuple[int, int, int]], deleted: list[tuple[int, int, int]]) -> None:
+    names = [CopyName(*c) for c in copies] + [CopyName(99, 9, 0, tmp=True)]
+    got = select_deletions(names, tree)
+    assert sorted((n.step, n.attempt, n.writer) for n in got) == sorted(deleted)
+
+
+# -- pairing -------------------------------------------------------------------------------------------------------
+PAIRING = [
+    ("apart: fine", {0: (A, "n1", B), 1: (B, "n2", A)}, {}),
+    ("the own pod", {0: (A, "n1", A)}, {0: "its own pod's"}),
+    ("the same node", {0: (A, "n1", B), 1: (B, "n1", A)}, {0: "same node n1", 1: "same node n1"}),
+    ("a peer outside the gang (a spare) is the operator's to check", {0: (A, "n1", C)}, {}),
+    ("no node known: only the own pod is refused", {0: (A, None, B), 1: (B, None, A)}, {}),
+]
+
+
+@pytest.mark.parametrize(("processes", "want"), [r[1:] for r in PAIRING], ids=[r[0] for r in PAIRING])
+def test_pairing(processes: dict[int, tuple[str, str | None, str]], want: dict[int, str]) -> None:
+    got = pairing_problems(processes)
+    assert set(got) == set(want)
+    for p, text in want.items():
+        assert text in got[p]

@@ -1,0 +1,212 @@
+"""The memory tier's faults with real processes: real ``jax.distributed`` gangs on CPU (one device per process),
+real tmpfs memory directories (one per "pod"), real replica servers on loopback TCP, the real storage tier.
+
+Each test plays what the operator would do: run attempt ``A`` until the fault, kill the gang, lose the pods the
+fault takes (their memory directories), start attempt ``A+1`` (a replacement pod gets an empty directory), and
+check where every process restored from and that the run ends with the parameters and data position of an
+uninterrupted run. Memory copies after steps 4, 9, 14, ...; storage checkpoints after steps 9, 19, ...
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from reprieve.memtier.layout import DATA_FILE, MANIFEST_FILE, CopyName
+from reprieve.memtier.manifest import Manifest
+
+from tests.runtime import helpers_memtier
+from tests.runtime.helpers_memtier import Pod, finish, launch, new_pod, run_until_stopped, shm_base
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+TOTAL = 25
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Iterator[Path]:
+    d = shm_base(tmp_path)
+    yield d
+    helpers_memtier.kill_launched()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def restored(gang_logs: list[Path]) -> list[str]:
+    """The gang's sources from the restore's log line (``0=memory, 1=peer``)."""
+    text = gang_logs[0].read_text()
+    m = re.search(r"restored step (\d+) on process 0 from .* \(gang: ([^)]*)\)", text)
+    assert m, text[-3000:]
+    return [m.group(1), *(kv.split("=")[1] for kv in m.group(2).split(", "))]
+
+
+def ring(pods: list[Pod]) -> dict[int, Pod | None]:
+    return {i: pods[(i + 1) % len(pods)] for i in range(len(pods))}
+
+
+def test_a_process_lost_without_notice_restores_from_its_peers_memory(tmp_path: Path, base: Path) -> None:
+    pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
+    gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=TOTAL, stop_at=14)
+    run_until_stopped(gang, 2, die=1)
+    pods[1].lose()
+    pods[1] = new_pod(base, "pod-1b")  # the replacement: another node, empty memory
+    gang = launch(tmp_path, pods, ring(pods), attempt=2, steps=TOTAL)
+    finals = finish(gang, 2, TOTAL)
+    assert restored(gang.logs) == ["14", "memory", "peer"]
+    assert finals[0]["restored_from"] == {"step": 14, "tier": "memory", "sources": ["memory", "peer"]}
+
+
+def test_a_corrupt_copy_is_skipped_for_the_next_source(tmp_path: Path, base: Path) -> None:
+    pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
+    gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=TOTAL, stop_at=14)
+    run_until_stopped(gang, 2)
+    data = pods[1].mem / "own" / str(CopyName(14, 1, 1)) / DATA_FILE
+    raw = bytearray(data.read_bytes())
+    raw[8] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    gang = launch(tmp_path, pods, ring(pods), attempt=2, steps=TOTAL)
+    finish(gang, 2, TOTAL)
+    assert restored(gang.logs) == ["14", "memory", "peer"]  # process 1 read its replica from pod 0
+    assert "fails its checksum" in gang.logs[1].read_text()
+
+
+def test_a_process_and_its_peer_lost_together_fall_back_to_storage(tmp_path: Path, base: Path) -> None:
+    """Three pods in a ring (0 -> 1 -> 2 -> 0): losing process 1 and the pod holding its replica (pod 2) loses
+    process 1's step 14 everywhere; the gang restores storage's step 9, and ends bit-identical."""
+    pods = [new_pod(base, f"pod-{i}") for i in range(3)]
+    gang = launch(tmp_path, pods, {0: pods[1], 1: pods[2], 2: pods[0]}, attempt=1, steps=TOTAL, stop_at=14)
+    run_until_stopped(gang, 3, die=1)
+    for i in (1, 2):
+        pods[i].lose()
+        pods[i] = new_pod(base, f"pod-{i}b")
+    gang = launch(tmp_path, pods, {0: pods[1], 1: pods[2], 2: pods[0]}, attempt=2, steps=TOTAL)
+    finish(gang, 3, TOTAL)
+    assert restored(gang.logs) == ["9", "storage", "storage", "storage"]
+    assert "memory holds step 14 (attempt 1) without processes [1]" in gang.logs[0].read_text()
+
+
+def test_a_storage_step_fills_in_only_the_processes_memory_lacks(tmp_path: Path, base: Path) -> None:
+    """Storage saves the same step as memory (14); process 1's copy is lost everywhere: process 1 reads storage,
+    the others keep reading memory (mixed), instead of sending the whole gang to storage.
+
+    Why this long: two attempts of a three-process gang; each process start imports JAX and joins
+    jax.distributed (about 10 s per attempt on an idle 2-core machine, up to a minute under a full load)."""
+    pods = [new_pod(base, f"pod-{i}") for i in range(3)]
+    peers = {0: pods[1], 1: pods[2], 2: pods[0]}
+    gang = launch(tmp_path, pods, peers, attempt=1, steps=TOTAL, stop_at=14, ckpt_every=5)
+    run_until_stopped(gang, 3, die=1)
+    for i in (1, 2):
+        pods[i].lose()
+        pods[i] = new_pod(base, f"pod-{i}b")
+    gang = launch(tmp_path, pods, {0: pods[1], 1: pods[2], 2: pods[0]}, attempt=2, steps=TOTAL, ckpt_every=5)
+    finish(gang, 3, TOTAL)
+    assert restored(gang.logs) == ["14", "memory", "storage", "peer"]
+
+
+def test_a_copy_from_an_older_attempt_is_fenced(tmp_path: Path, base: Path) -> None:
+    """Attempt 2 restores step 14 and saves step 19; a stale writer of attempt 1 then leaves step 24 copies in
+    both pods (planted here). Attempt 3 must restore attempt 2's step 19: attempt 2 started from 14 < 24.
+
+    Why this long: three attempts of a two-process gang (each start imports JAX and joins jax.distributed)."""
+    pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
+    gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=TOTAL, stop_at=14)
+    run_until_stopped(gang, 2)
+    gang = launch(tmp_path, pods, ring(pods), attempt=2, steps=TOTAL, stop_at=19)
+    run_until_stopped(gang, 2)
+    for pod in pods:
+        for tree in ("own", "peer"):
+            for copy in (pod.mem / tree).iterdir():
+                _plant_stale(copy, step=24, attempt=1)
+    gang = launch(tmp_path, pods, ring(pods), attempt=3, steps=TOTAL)
+    finals = finish(gang, 2, TOTAL)
+    assert restored(gang.logs) == ["19", "memory", "memory"]
+    assert finals[1]["restored_from"]["step"] == 19
+
+
+def test_a_changed_process_count_restores_from_memory(tmp_path: Path, base: Path) -> None:
+    """Two processes save step 14; one process (in pod 0, which holds both copies) restores it: 2 -> 1."""
+    pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
+    gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=TOTAL, stop_at=14)
+    run_until_stopped(gang, 2)
+    pods[1].lose()
+    gang = launch(tmp_path, pods[:1], {}, attempt=2, steps=TOTAL)
+    finish(gang, 1, TOTAL)
+    assert restored(gang.logs) == ["14", "memory"]
+
+
+def _plant_stale(copy: Path, *, step: int, attempt: int) -> None:
+    """A copy as a stale process of ``attempt`` would have written it for ``step`` (its data: the same bytes)."""
+    m = Manifest.from_bytes((copy / MANIFEST_FILE).read_bytes(), str(copy))
+    stale = Manifest(**{**m.__dict__, "step": step, "attempt": attempt, "base": None})
+    target = copy.parent / str(CopyName(step, attempt, m.writer))
+    shutil.copytree(copy, target)
+    (target / MANIFEST_FILE).write_bytes(stale.to_bytes())
+    assert json.loads(stale.to_bytes().rsplit(b"\ncrc32c=", 1)[0])["step"] == step
+
+
+def test_a_peer_lost_while_it_receives_a_copy(tmp_path: Path, base: Path) -> None:
+    """Process 0's replicas live in a pod that only holds replicas (a spare's replica server). It dies half-way
+    through receiving step 9 and comes back (its supervisor restarted): training never waits for it, the torn
+    copy is never listed, replication resumes. Then process 0's pod is lost: it restores from that replica.
+
+    Why this long: two attempts of a two-process gang and two starts of the spare's replica server."""
+    pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
+    spare = new_pod(base, "spare")
+
+    def serve(crash: bool) -> subprocess.Popen[bytes]:
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "runtime")}
+        if crash:
+            env["REPRIEVE_MEMTIER_TEST_CRASH_AT"] = "receive:9"
+        with open(tmp_path / "spare.log", "ab") as log:
+            return subprocess.Popen([sys.executable, "-m", "reprieve.memtier.server", "--dir", str(spare.mem),
+                                     "--port", str(spare.port)], env=env, stdout=subprocess.PIPE, stderr=log)
+
+    def serving(server: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+        assert server.stdout is not None and server.stdout.readline().strip().decode() == spare.address
+        return server
+
+    server = serving(serve(crash=True))
+    # the gang holds after step 9 until the spare's supervisor has restarted its server (the file "go")
+    gang = launch(tmp_path, pods, {0: spare, 1: pods[0]}, attempt=1, steps=TOTAL, stop_at=14, hold_at=9)
+    try:
+        assert server.wait(60) == 86, "the replica server did not die half-way through step 9"
+        held = sorted(e.name for e in (spare.mem / "peer").iterdir())
+        assert held == [str(CopyName(4, 1, 0)), str(CopyName(9, 1, 0).in_flight)], held  # step 9 torn, unlisted
+        server = serving(serve(crash=False))
+        (tmp_path / "go").touch()
+        run_until_stopped(gang, 2)
+        assert [e.name for e in (spare.mem / "peer").iterdir()] == [str(CopyName(14, 1, 0))]
+        assert "not replicated to " + spare.address in gang.logs[0].read_text()
+        pods[0].lose()
+        pods[0] = new_pod(base, "pod-0b")
+        gang = launch(tmp_path, pods, {0: spare, 1: pods[0]}, attempt=2, steps=TOTAL)
+        finish(gang, 2, TOTAL)
+    finally:
+        server.kill()
+        server.wait(10)
+    # process 1 reads its own rows at home, but the replicated leaves' replica 0 was process 0's: from the spare
+    assert restored(gang.logs) == ["14", "peer", "peer"]
+
+
+def test_a_time_schedule_is_the_same_steps_on_every_process(tmp_path: Path, base: Path) -> None:
+    """``REPRIEVE_MEMORY_INTERVAL_SECONDS``: process 0 turns it into steps once (after the first save) and every
+    process saves the same steps; a restore after a loss finds a complete step."""
+    pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
+    every_half_second = {i: {"REPRIEVE_MEMORY_INTERVAL_SECONDS": "0.5", "WORKER_STEP_SECONDS": "0.02"} for i in range(2)}
+    gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=120, mem_every=0, ckpt_every=0, extra=every_half_second)
+    codes = gang.wait(180)
+    assert codes == [0, 0], gang.tail(40)
+    m = re.search(r"memory saves every (\d+) steps from step (\d+) \(.*a step takes ([\d.]+)s\)",
+                  gang.logs[0].read_text())
+    assert m, gang.tail(40)
+    every, start, step_s = int(m.group(1)), int(m.group(2)), float(m.group(3))
+    assert abs(every - 0.5 / step_s) <= 1 and start <= 119, (every, start, step_s)  # 0.5 s of measured steps
+    newest = start + (119 - start) // every * every
+    for pod in pods:
+        assert max(p.name for p in (pod.mem / "own").iterdir()).startswith(f"s{newest:010d}_a1_p"), pod
+    assert [p.name for p in (pods[0].mem / "peer").iterdir()] == [str(CopyName(newest, 1, 1))]

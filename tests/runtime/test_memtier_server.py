@@ -1,0 +1,255 @@
+"""The replica server and the memory directory for real: tmpfs directories, loopback TCP, the in-flight lock.
+
+Copies are built by hand (a uint8 leaf cut into shards) so that every fault can be placed exactly: a flipped byte
+on the way, a sender that dies half-way, a stale attempt, a limit too small, a missing token.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from reprieve.memtier import layout, wire
+from reprieve.memtier.layout import CopyName
+from reprieve.memtier.manifest import CopyCorruptError, Manifest, Shard, crc32c
+from reprieve.memtier.server import ReplicaServer
+from reprieve.memtier.store import CopyBusyError, CopyRefusedError, MemoryDir
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+SHM = Path("/dev/shm")
+
+
+@pytest.fixture
+def shm(tmp_path: Path) -> Path:
+    """A fresh directory on tmpfs (falls back to tmp_path where /dev/shm is missing), removed after."""
+    base = SHM if SHM.is_dir() and os.access(SHM, os.W_OK) else tmp_path
+    d = base / f"reprieve-test-{os.getpid()}-{time.monotonic_ns()}"
+    d.mkdir()
+    yield d
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def write_copy(mdir: MemoryDir, name: CopyName, payload: bytes, *, parts: int = 4, tree: str = "own") -> Manifest:
+    """Commit a copy of one uint8 leaf of ``len(payload)`` elements, cut into ``parts`` shards."""
+    n = len(payload)
+    cut = [n * i // parts for i in range(parts + 1)]
+    shards, offset = [], 0
+    for a, b in itertools.pairwise(cut):
+        offset = layout.aligned(offset)
+        shards.append(Shard(0, ((a, b),), offset, b - a, crc32c(payload[a:b])))
+        offset += b - a
+    leaves = [{"path": "['x']", "kind": "array", "index": 0, "shape": [n], "dtype": "uint8", "chunk_shape": [n],
+               "nbytes": n}]
+    m = Manifest(writer=name.writer, num_processes=2, step=name.step, attempt=name.attempt, leaves=leaves,
+                 shards=shards, data_bytes=offset, extra={"k": 1}, process_extra={"pos": name.step})
+    with mdir.in_flight():
+        tmp = mdir.begin(tree, name, offset, attempt=name.attempt)
+        with open(os.path.join(tmp, layout.DATA_FILE), "r+b") as fh:
+            for s, (a, b) in zip(shards, itertools.pairwise(cut)):
+                fh.seek(s.offset)
+                fh.write(payload[a:b])
+        mdir.commit(tree, name, m)
+    return m
+
+
+def put(client: wire.Client, mdir: MemoryDir, name: CopyName) -> None:
+    m = mdir.manifest("own", name)
+    client.put("peer", str(name), m.to_bytes(), os.path.join(mdir.copy_dir("own", name), layout.DATA_FILE),
+               m.data_bytes)
+
+
+@pytest.fixture
+def pair(shm: Path) -> tuple[MemoryDir, MemoryDir, ReplicaServer]:
+    """A writer's directory and a peer's directory served on loopback."""
+    writer, holder = MemoryDir(str(shm / "writer")), MemoryDir(str(shm / "holder"))
+    server = ReplicaServer(holder, host="127.0.0.1", port=0).start()
+    yield writer, holder, server
+    server.close()
+
+
+def test_a_copy_sent_to_the_peer_is_checked_committed_listed_and_served(pair: tuple[MemoryDir, MemoryDir,
+                                                                                    ReplicaServer]) -> None:
+    writer, holder, server = pair
+    payload = os.urandom(100_003)
+    name = CopyName(40, 2, 1)
+    m = write_copy(writer, name, payload)
+    client = wire.Client(server.address)
+    put(client, writer, name)
+    assert holder.names("peer") == [name] and server.received == 1
+    listing = client.list()
+    assert listing["location"] == server.address
+    assert [(x["tree"], x["name"], x["num_processes"], x["nbytes"]) for x in listing["holdings"]] == [
+        ("peer", str(name), 2, m.data_bytes)]
+    assert Manifest.from_bytes(client.manifest("peer", str(name)), "x") == m
+    bufs = [bytearray(s.nbytes) for s in m.shards]
+    client.read("peer", str(name), [(s.offset, s.nbytes) for s in m.shards], [memoryview(b) for b in bufs])
+    assert b"".join(bufs) == payload
+
+
+def test_a_newer_copy_replaces_the_older_one_of_the_same_writer_only(pair: tuple[MemoryDir, MemoryDir,
+                                                                                 ReplicaServer]) -> None:
+    writer, holder, server = pair
+    client = wire.Client(server.address)
+    for name in (CopyName(10, 2, 1), CopyName(10, 2, 0), CopyName(20, 2, 1)):
+        write_copy(writer, name, os.urandom(1000))
+        put(client, writer, name)
+    assert holder.names("peer") == [CopyName(10, 2, 0), CopyName(20, 2, 1)]
+    assert writer.names("own") == [CopyName(20, 2, 1)]  # one own copy per pod: the newest
+
+
+def test_a_byte_flipped_on_the_way_is_refused_and_nothing_is_committed(pair: tuple[MemoryDir, MemoryDir,
+                                                                                   ReplicaServer]) -> None:
+    writer, holder, server = pair
+    name = CopyName(40, 2, 1)
+    write_copy(writer, name, os.urandom(5000))
+    data = os.path.join(writer.copy_dir("own", name), layout.DATA_FILE)
+    with open(data, "r+b") as fh:
+        fh.seek(100)
+        b = fh.read(1)
+        fh.seek(100)
+        fh.write(bytes([b[0] ^ 1]))
+    with pytest.raises(wire.WireError, match="fails its checksum"):
+        put(wire.Client(server.address), writer, name)
+    assert holder.names("peer") == []
+    with pytest.raises(CopyCorruptError, match="shard 0 .* fails its checksum"):
+        from reprieve.memtier.store import verify
+
+        m = writer.manifest("own", name)
+        mem = writer.open_data("own", name)
+        verify(mem, m, where="own copy")
+
+
+def test_a_sender_that_dies_half_way_leaves_nothing_visible(pair: tuple[MemoryDir, MemoryDir, ReplicaServer]) -> None:
+    writer, holder, server = pair
+    name = CopyName(40, 2, 1)
+    m = write_copy(writer, name, os.urandom(1 << 20))
+    host, port = wire.split_address(server.address)
+    with socket.create_connection((host, port)) as sock:
+        wire.send_line(sock, {"op": "put", "tree": "peer", "name": str(name), "manifest": len(m.to_bytes()),
+                              "data": m.data_bytes})
+        sock.sendall(m.to_bytes())
+        sock.sendall(b"\0" * (m.data_bytes // 2))
+        deadline = time.monotonic() + 10
+        while not any(e.endswith(".tmp") for e in os.listdir(os.path.join(holder.path, "peer"))):
+            assert time.monotonic() < deadline, "the receive never started"
+            time.sleep(0.01)
+    deadline = time.monotonic() + 10
+    while any(e.endswith(".tmp") for e in os.listdir(os.path.join(holder.path, "peer"))):
+        assert time.monotonic() < deadline, "the torn receive was not cleaned up"
+        time.sleep(0.01)
+    assert holder.names("peer") == [] and server.received == 0
+    put(wire.Client(server.address), writer, name)  # the next attempt of the same copy goes through
+    assert holder.names("peer") == [name]
+
+
+def test_a_copy_of_an_attempt_older_than_the_pods_fence_is_refused(pair: tuple[MemoryDir, MemoryDir,
+                                                                                ReplicaServer]) -> None:
+    writer, holder, server = pair
+    client = wire.Client(server.address)
+    client.fence(5, (30, 4))
+    assert holder.fences() == {5: (30, 4)}
+    name = CopyName(40, 4, 1)
+    write_copy(writer, name, os.urandom(1000))
+    with pytest.raises(wire.WireError, match="attempt 5 has started in this pod.*fenced"):
+        put(client, writer, name)
+    assert holder.names("peer") == []
+    client.fence(5, None)  # written once: the first record stays
+    assert holder.fences() == {5: (30, 4)}
+
+
+def test_a_copy_that_does_not_fit_the_limit_is_refused_naming_the_sizes(shm: Path) -> None:
+    writer, holder = MemoryDir(str(shm / "w")), MemoryDir(str(shm / "h"), limit_bytes=10_000)
+    with _served(holder) as server:
+        name = CopyName(40, 2, 1)
+        write_copy(writer, name, os.urandom(20_000))
+        with pytest.raises(wire.WireError, match=r"does not fit.*limit is 0.0 MiB \(10000 bytes\)"):
+            put(wire.Client(server.address), writer, name)
+        assert holder.names("peer") == []
+
+
+def test_a_server_with_a_token_refuses_requests_without_it(shm: Path) -> None:
+    with _served(MemoryDir(str(shm / "h")), token="s3cret") as server:
+        with pytest.raises(wire.WireError, match="REPRIEVE_MEMORY_TOKEN"):
+            wire.Client(server.address).list()
+        assert wire.Client(server.address, token="s3cret").list()["holdings"] == []
+
+
+def test_one_copy_in_flight_per_pod(shm: Path) -> None:
+    mdir = MemoryDir(str(shm / "d"))
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with mdir.in_flight():
+            entered.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert entered.wait(10)
+    with pytest.raises(CopyBusyError), mdir.in_flight(timeout_s=0):
+        pass
+    release.set()
+    t.join()
+    with mdir.in_flight(timeout_s=0):
+        pass
+
+
+def test_leftovers_of_a_dead_writer_are_removed_and_never_listed(shm: Path) -> None:
+    mdir = MemoryDir(str(shm / "d"))
+    os.makedirs(os.path.join(mdir.path, "own", str(CopyName(9, 1, 0).in_flight)))
+    assert mdir.names("own") == []
+    with mdir.in_flight():
+        pass
+    assert os.listdir(os.path.join(mdir.path, "own")) == []
+
+
+def test_a_fenced_writer_cannot_begin_a_copy(shm: Path) -> None:
+    mdir = MemoryDir(str(shm / "d"))
+    mdir.write_fence(3, None)
+    with mdir.in_flight(), pytest.raises(CopyRefusedError, match="attempt 3 has started"):
+        mdir.begin("own", CopyName(5, 2, 0), 10, attempt=2)
+
+
+class _served:
+    def __init__(self, mdir: MemoryDir, token: str | None = None) -> None:
+        self.server = ReplicaServer(mdir, host="127.0.0.1", port=0, token=token).start()
+
+    def __enter__(self) -> ReplicaServer:
+        return self.server
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.close()
+
+
+def test_threads_of_one_process_write_the_same_fence_at_once(shm: Path) -> None:
+    """A trainer outside reprieve-run serves its pod's directory from its own process: its restore and a peer's
+    fence request write the same attempt's fence record at once (this raised FileNotFoundError in a fault test).
+    Exactly one writer wins each record, none fails, and no temporary file is left."""
+    mdir = MemoryDir(str(shm))
+    for attempt in range(1, 41):
+        start, results, errors = threading.Barrier(4), [], []  # type: threading.Barrier, list[bool], list[OSError]
+
+        def write(a: int = attempt, barrier: threading.Barrier = start, results: list[bool] = results,
+                  errors: list[OSError] = errors) -> None:
+            barrier.wait()
+            try:
+                results.append(mdir.write_fence(a, (a - 1, a - 1)))
+            except OSError as err:
+                errors.append(err)
+
+        threads = [threading.Thread(target=write) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and sorted(results) == [False, False, False, True], (attempt, errors, results)
+    assert sorted(mdir.fences()) == list(range(1, 41))
+    assert [p for p in os.listdir(shm / layout.FENCES_DIR) if p.endswith(".tmp")] == []

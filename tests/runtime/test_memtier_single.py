@@ -1,0 +1,170 @@
+"""The memory tier in one process (a laptop: own copies only, served by the trainer itself): a restart restores
+the newest copy from memory, bit-exact; a corrupt copy falls back to storage; a limit too small turns the tier off
+and the job trains on with storage; bad settings are refused at init()."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import reprieve
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from reprieve.memtier.layout import DATA_FILE, MANIFEST_FILE
+from reprieve.memtier.manifest import Manifest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def shm(tmp_path: Path) -> Path:
+    base = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else tmp_path
+    d = base / f"reprieve-single-{os.getpid()}-{id(tmp_path)}"
+    d.mkdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _job(ckpt: Path, mem: Path, **env: str) -> Any:
+    return reprieve.init(env={"REPRIEVE_CHECKPOINT_URI": str(ckpt), "REPRIEVE_MEMORY_DIR": str(mem),
+                              "REPRIEVE_MEMORY_INTERVAL_STEPS": "3", "REPRIEVE_MEMORY_PORT": "0", **env},
+                         install_sigterm=False, watch_pod=False)
+
+
+def _mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()), ("d",))
+
+
+def init_state() -> dict[str, Any]:
+    rows = NamedSharding(_mesh(), P("d"))
+    rep = NamedSharding(_mesh(), P())
+    return {"w": jax.device_put(jnp.arange(24, dtype=jnp.float32).reshape(8, 3), rows),
+            "b": jax.device_put(jnp.zeros((2,), jnp.bfloat16), rep),
+            "n": jax.device_put(jnp.zeros((), jnp.int32), rep),
+            "key": jax.device_put(jax.random.key(7), rep), "host": np.arange(3, dtype=np.int64), "lr": 0.5}
+
+
+@jax.jit
+def _arrays(w: Any, b: Any, n: Any, key: Any) -> dict[str, Any]:
+    return {"w": w * 1.5 + 1.0, "b": b + 1, "n": n + 1, "key": jax.random.split(key)[0]}
+
+
+def step_fn(s: dict[str, Any]) -> dict[str, Any]:
+    return {**s, **_arrays(s["w"], s["b"], s["n"], s["key"])}  # numpy and Python leaves stay what they are
+
+
+def expected(steps: int) -> dict[str, Any]:
+    s = init_state()
+    for _ in range(steps):
+        s = step_fn(s)
+    return s
+
+
+def same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    for k in ("w", "b", "n"):
+        assert a[k].sharding.is_equivalent_to(b[k].sharding, a[k].ndim), k
+        np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
+    np.testing.assert_array_equal(np.asarray(jax.random.key_data(a["key"])), np.asarray(jax.random.key_data(b["key"])))
+    np.testing.assert_array_equal(a["host"], b["host"])
+    assert a["lr"] == b["lr"]
+
+
+def crash_after(job: Any, state: Any, start: int, stop_at: int) -> Any:
+    """Train until ``stop_at`` (inclusive) and leave without a final save: the process 'dies'."""
+    for step in job.steps(start, 1000):
+        state = step_fn(state)
+        job.save(step, state, data={"pos": step + 1})
+        job.checkpointer.tier.wait()  # steps of a millisecond: a copy still in the background would skip the next
+        if step == stop_at:
+            break
+    job.abandon()
+    return state
+
+
+class Position:
+    def __init__(self) -> None:
+        self.state: Any = None
+
+    def get_state(self) -> Any:
+        return self.state
+
+    def set_state(self, value: Any) -> None:
+        self.state = value
+
+
+def test_a_restart_restores_the_newest_memory_copy_bit_exactly(tmp_path: Path, shm: Path) -> None:
+    job = _job(tmp_path / "ckpt", shm)
+    state, start = job.restore_or(init_state)
+    assert start == 0
+    crash_after(job, state, start, 9)  # memory copies after steps 2, 5, 8; storage: none (no interval, no end)
+    assert [p.name for p in (shm / "own").iterdir()] == ["s0000000008_a1_p0"]
+
+    job = _job(tmp_path / "ckpt", shm)
+    pos = Position()
+    restored, start = job.restore_or(init_state, data=pos)
+    assert start == 9 and pos.state == {"pos": 9}
+    same(restored, expected(9))
+    assert job.loop.restored_from == {"step": 8, "tier": "memory", "sources": ["memory"]}
+    for step in job.steps(start, 12):
+        restored = step_fn(restored)
+        job.save(step, restored, data={"pos": step + 1})
+    same(restored, expected(12))
+
+
+def test_a_corrupt_copy_is_never_restored_the_next_source_is(tmp_path: Path, shm: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    job = _job(tmp_path / "ckpt", shm, REPRIEVE_CHECKPOINT_INTERVAL_STEPS="4")  # storage after steps 3 and 7
+    state, start = job.restore_or(init_state)
+    crash_after(job, state, start, 9)
+    job.checkpointer.storage.wait()
+    copy = shm / "own" / "s0000000008_a1_p0"
+    shard = Manifest.from_bytes((copy / MANIFEST_FILE).read_bytes(), str(copy)).shards[1]
+    raw = bytearray((copy / DATA_FILE).read_bytes())
+    raw[shard.offset + shard.nbytes // 2] ^= 0x40  # one bit of a shard (the padding between shards is no data)
+    (copy / DATA_FILE).write_bytes(bytes(raw))
+
+    job = _job(tmp_path / "ckpt", shm)
+    with caplog.at_level(logging.INFO):
+        restored, start = job.restore_or(init_state)
+    assert start == 8
+    same(restored, expected(8))
+    assert job.loop.restored_from == {"step": 7, "tier": "storage", "sources": ["storage"]}
+    assert "fails its checksum" in caplog.text
+    assert not (shm / "own" / "s0000000008_a1_p0").exists(), "the corrupt copy was kept"
+    job.abandon()
+
+
+def test_a_limit_below_the_state_turns_the_tier_off_and_training_goes_on(tmp_path: Path, shm: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    job = _job(tmp_path / "ckpt", shm, REPRIEVE_MEMORY_LIMIT_BYTES="200", REPRIEVE_CHECKPOINT_INTERVAL_STEPS="4")
+    with caplog.at_level(logging.INFO):
+        state, start = job.restore_or(init_state)
+        for step in job.steps(start, 10):
+            state = step_fn(state)
+            job.save(step, state)
+    assert "memory tier OFF" in caplog.text and "REPRIEVE_MEMORY_LIMIT_BYTES is 0.0 MiB (200 bytes)" in caplog.text
+    assert list((shm / "own").iterdir()) == []
+    job = _job(tmp_path / "ckpt", shm)
+    restored, start = job.restore_or(init_state)
+    assert start == 10 and job.loop.restored_from["tier"] == "storage"
+    same(restored, expected(10))
+    job.abandon()
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"REPRIEVE_MEMORY_INTERVAL_STEPS": "-3"}, "REPRIEVE_MEMORY_INTERVAL_STEPS must be >= 0, got '-3'"),
+    ({"REPRIEVE_MEMORY_PEER": "127.0.0.1:8477", "REPRIEVE_MEMORY_PORT": "8477"}, "own replica server"),
+])
+def test_bad_memory_settings_are_refused_at_init(tmp_path: Path, shm: Path, env: dict[str, str],
+                                                 message: str) -> None:
+    with pytest.raises(reprieve.ConfigError, match=message):
+        _job(tmp_path / "ckpt", shm, **env)

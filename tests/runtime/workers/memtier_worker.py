@@ -1,0 +1,132 @@
+"""A real training job for the memory tier's fault tests: ``reprieve.init()`` with the default storage
+checkpointer and the memory tier from the environment (``REPRIEVE_MEMORY_*``), one device per process.
+
+State: ``w`` (int32, rows sharded over the processes: every process saves its own rows), ``b`` (float32,
+replicated: only process 0 saves it, as replica 0) and ``n`` (the step count), updated by exact integer and
+small-float arithmetic, so the state after ``s`` steps is known in closed form (:func:`expected`). The data
+position is the number of batches taken (the same on every process), saved with every copy.
+
+``WORKER_STOP_AT=S``: after step ``S`` every process waits until its memory copy of ``S`` is committed (and
+replicated, with a peer), writes ``stopped-<pid>``, and then hangs: the test makes the loss (a node lost without
+notice) only once every process has stopped, then kills the gang as the operator's gang restart would. (A process
+that died earlier would abort the others through the coordination service's heartbeat before they stopped.)
+``WORKER_HOLD_AT=S``: after step ``S``'s save every process waits for the file ``go`` (the test changes something
+meanwhile). Before every save a process waits for its previous memory copy to finish in the background, so that
+every due memory save happens (on a busy machine one would otherwise be skipped, which the tier allows; the faults
+under test are about restores). At the end each process writes ``final-<pid>.json``: its rows of ``w``, ``b``,
+``n``, the data position and where the restore read from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import reprieve
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+ROWS = 12  # rows of w: sharded over 1, 2, 3 or 4 processes alike
+
+
+def expected(steps: int, nproc: int) -> dict[str, Any]:
+    w = np.arange(ROWS * 3, dtype=np.int64).reshape(ROWS, 3)
+    for _ in range(steps):
+        w = (w * 3 + 1) & 0xFFFFFFFF  # int32 arithmetic wraps around, on the devices as here
+    return {"w": w.astype(np.uint32).view(np.int32).tolist(), "b": [float(steps) * 0.5] * 2, "n": steps}
+
+
+class Batches:
+    """An input pipeline whose position is how many batches it gave (grain's get_state/set_state)."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def __next__(self) -> int:
+        self.taken += 1
+        return self.taken
+
+    def get_state(self) -> dict[str, int]:
+        return {"taken": self.taken}
+
+    def set_state(self, value: dict[str, int]) -> None:
+        self.taken = int(value["taken"])
+
+
+def main() -> None:
+    pid = int(os.environ.get("REPRIEVE_PROCESS_ID", "0"))
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s p{pid} %(name)s %(levelname)s %(message)s")
+    workdir = Path(os.environ["WORKER_DIR"])
+    total = int(os.environ.get("WORKER_STEPS", "30"))
+    stop_at = int(os.environ.get("WORKER_STOP_AT", "-1"))
+    hold_at = int(os.environ.get("WORKER_HOLD_AT", "-1"))
+    step_seconds = float(os.environ.get("WORKER_STEP_SECONDS", "0.02"))
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+    job = reprieve.init()
+    mesh = Mesh(np.array(jax.devices()), ("p",))
+    rows, rep = NamedSharding(mesh, P("p")), NamedSharding(mesh, P())
+
+    def init_state() -> dict[str, jax.Array]:
+        full = np.arange(ROWS * 3, dtype=np.int32).reshape(ROWS, 3)
+        return {"w": jax.make_array_from_callback(full.shape, rows, lambda idx: full[idx]),
+                "b": jax.device_put(np.zeros((2,), np.float32), rep),
+                "n": jax.device_put(np.zeros((), np.int32), rep)}
+
+    abstract = {"w": jax.ShapeDtypeStruct((ROWS, 3), jnp.int32, sharding=rows),
+                "b": jax.ShapeDtypeStruct((2,), jnp.float32, sharding=rep),
+                "n": jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)}
+    batches = Batches()
+    state, start = job.restore_or(init_state, abstract=abstract, data=batches)
+    train = jax.jit(lambda s: {"w": s["w"] * 3 + 1, "b": s["b"] + 0.5, "n": s["n"] + 1})
+    tier = getattr(job.checkpointer, "tier", None)
+    for step in job.steps(start, total):
+        next(batches)
+        state = jax.block_until_ready(train(state))
+        time.sleep(step_seconds)
+        if tier is not None:
+            tier.wait()
+        job.save(step, state, data=batches)
+        if step == hold_at:
+            _hold(workdir / "go")
+        if step == stop_at:
+            _stop(job, tier, step, pid, workdir)
+    local = np.concatenate([np.asarray(s.data) for s in sorted(state["w"].addressable_shards,
+                                                                   key=lambda s: s.index[0].start or 0)])
+    first = min(s.index[0].start or 0 for s in state["w"].addressable_shards)
+    (workdir / f"final-{pid}.json").write_text(json.dumps({
+        "rows": [first, first + len(local)], "w": local.tolist(), "b": np.asarray(state["b"]).tolist(),
+        "n": int(state["n"]), "taken": batches.taken, "restored_from": job.loop.restored_from}))
+
+
+def _hold(go: Path) -> None:
+    deadline = time.monotonic() + 120
+    while not go.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{go} did not appear within 120 s")
+        time.sleep(0.02)
+
+
+def _stop(job: Any, tier: Any, step: int, pid: int, workdir: Path) -> None:
+    job.checkpointer.wait()  # a storage save of this step is committed on every process
+    if tier is not None:
+        tier.wait()  # the copy of this step is committed here, and sent to the peer (or failed to be)
+        done = tier.replicated_step if tier.peer is not None else tier.saved_step
+        if done != step:
+            raise SystemExit(f"process {pid}: the memory copy of step {step} was not "
+                             f"{'replicated' if tier.peer is not None else 'saved'} (newest: {done})")
+    (workdir / f"stopped-{pid}").write_text(str(step))
+    logging.getLogger("memtier_worker").info("stopped after step %d", step)
+    while True:
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    main()
