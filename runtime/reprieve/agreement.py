@@ -309,11 +309,20 @@ class Agreement:
         if won:
             log.info("process %d leads agreement round %d for notice %s (%s via %s, %.1fs lead)", self.pid,
                      round_, notice.id, notice.reason, notice.source, notice.lead_seconds)
+            return
+        with self._cond:
+            # the watcher re-offers what is pending when the round it lost to ends (under this lock): if that
+            # round has ended already, nobody would, and the notice would never be agreed on
+            ended = self._next_round > round_
+            if ended:
+                self._seen.discard(notice.id)
+            else:
+                self._pending.append(notice)
+        if ended:
+            self.offer(notice)
         else:
             log.info("process %d: round %d was already claimed; notice %s re-offered after it", self.pid,
                      round_, notice.id)
-            with self._cond:
-                self._pending.append(notice)
 
     def _claim_save(self, round_: int, reason: str) -> None:
         record = json.dumps({"leader": self.pid, "save": reason})

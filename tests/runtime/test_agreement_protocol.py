@@ -414,3 +414,35 @@ def test_a_save_round_at_the_last_step_installs_no_save_past_it() -> None:
     finally:
         for a in group:
             a.close()
+
+
+def test_a_notice_whose_round_ends_while_it_claims_is_offered_again_at_once() -> None:
+    """``offer`` reads the next round, then claims it outside the lock. If that round is claimed by someone else
+    and ends before the claim returns, the watcher has already re-offered what was pending: the notice must be
+    offered again by ``offer`` itself, or it is never agreed on (a shorter deadline ignored; seen under load)."""
+    settings = CountdownSettings(margin_seconds=1.0, safety_factor=1.0, default_save_seconds=0.1, save_at_once=False)
+    a = agreements(1, countdown=settings)[0]
+    try:
+        a.report(step_seconds=0.01, save_seconds=0.1)
+        a.decide(0)
+        a.offer(notice("long", 30.0))
+        wait_target(a)
+        limit = time.monotonic() + 10
+        while a._next_round < 1:  # the watcher has ended round 0 and re-offered what was pending
+            assert time.monotonic() < limit
+            time.sleep(0.005)
+        real_claim = a.coordinator.claim
+
+        def claim_after_the_round_ended(key: str, value: str) -> bool:
+            with a._cond:
+                a._next_round = 1  # what the watcher did while this claim was on its way
+            return real_claim(key, value)
+
+        with a._cond:
+            a._next_round = 0  # offer reads round 0: it had not ended yet
+        a.coordinator.claim = claim_after_the_round_ended  # type: ignore[method-assign]
+        a.offer(notice("short", 10.0))
+        wait_target(a, 1, timeout=10)
+        assert a.target.notice.id == "short"  # type: ignore[union-attr]
+    finally:
+        a.close()
