@@ -7,38 +7,19 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 from reprieve import progress, supervision
 from reprieve.memtier import config
 from reprieve.memtier.tier import required_bytes
 
+from tests.test_contract import _Recording
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = tomllib.loads((ROOT / "docs/contract.toml").read_text())["memory"]
-
-
-class _Recording(Mapping[str, str]):
-    def __init__(self, values: dict[str, str]) -> None:
-        self.values, self.asked = values, set()  # type: dict[str, str], set[str]
-
-    def __getitem__(self, key: str) -> str:
-        self.asked.add(key)
-        return self.values[key]
-
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
-        self.asked.add(key)
-        return self.values.get(key, default)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.values)
-
-    def __len__(self) -> int:
-        return len(self.values)
 
 
 def test_the_runtime_reads_the_memory_variables_the_table_lists() -> None:
