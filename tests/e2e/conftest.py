@@ -50,7 +50,7 @@ def compilation_cache() -> Path:
     return path
 
 
-def warm_up(cluster: Any, namespace: str, body: dict[str, Any], operator: Any = None) -> None:
+def warm_up(cluster: Any, namespace: str, body: dict[str, Any], operator: Any = None, timeout: float = 400) -> None:
     """Run ``body`` (a short job) to Succeeded; a failure here names the warm-up, not the test that needed it.
     One warm-up at a time on the host: the first compiles, the other workers' then load what it compiled (three
     compiling at once on 2 cores took over 4 minutes each)."""
@@ -58,7 +58,7 @@ def warm_up(cluster: Any, namespace: str, body: dict[str, Any], operator: Any = 
     with open(compilation_cache().parent / ".warm-up.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
-        wait_tj(cluster, namespace, name, lambda s: s.get("phase") == "Succeeded", 400,
+        wait_tj(cluster, namespace, name, lambda s: s.get("phase") == "Succeeded", timeout,
                 "the warm-up job that fills the compilation cache to succeed", operator)
     cluster.kubectl("delete", "tj", name, "-n", namespace, "--wait=false", check=False)
 

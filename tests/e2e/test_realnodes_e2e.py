@@ -59,7 +59,8 @@ def real_operator(real_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -
     body = e2e_job(real_cluster, "warm-up", replicas=2, steps=2, step_sleep=0, interval=0,
                    checkpoint_dir=root / "ckpt", node_selector={"reprieve.test/pool": SYSTEM_POOL},
                    image=real_cluster.real.images["example"].ref, requests=REQUESTS)
-    warm_up(real_cluster, "warm-up", body, operator)
+    # a cold compile in two containers on one 2-CPU node, beside the rest of the suite: over 400 s under CI's load
+    warm_up(real_cluster, "warm-up", body, operator, timeout=900)
     return operator
 
 
