@@ -97,6 +97,8 @@ def container_uids(cluster: Any, namespace: str, pod: str) -> set[int]:
 
 def test_helm_install_runs_the_operator_image_as_the_charts_deployment_under_restricted_pod_security(
         real_cluster: Any, real_operator: DeployedOperator) -> None:
+    """Why this long: the first real-node test pays the session's set-up: the real nodes, the chart's operator and
+    the warm-up job's cold compile in containers."""
     pod = json.loads(real_cluster.kubectl("get", "pod", real_operator.pod, "-n", RELEASE_NS, "-o", "json").stdout)
     assert pod["spec"]["nodeName"] == "real-sys-0"
     assert pod["spec"]["containers"][0]["image"] == real_cluster.real.images["operator"].ref

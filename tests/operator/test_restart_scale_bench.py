@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_restart_scale_benchmark_runs_both_modes_without_a_failed_reconcile() -> None:
+    """Why this long: the benchmark's smoke run: an 8-replica gang restarted in both modes on a local control plane."""
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "restart_scale.py"), "--replicas", "8"],
                          capture_output=True, text=True, timeout=380, check=False)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout[-2000:] + out.stderr[-3000:]

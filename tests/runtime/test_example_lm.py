@@ -28,6 +28,8 @@ def _env(workdir: Path, attempt: int = 1) -> dict[str, str]:
 
 
 def test_the_example_lm_resumes_bit_identical_after_a_preemption(tmp_path: Path) -> None:
+    """Why this long: the example LM (2 processes x 2 devices, the path the e2e jobs no longer take) runs twice, once
+    uninterrupted and once preempted and resumed, to compare the parameters bit for bit."""
     steady = launch(tmp_path / "steady", 2, worker=EXAMPLE, extra_env=_env(tmp_path / "steady"))
     assert steady.wait(300) == [0, 0], steady.tail()
     want = json.loads((tmp_path / "steady" / "result.json").read_text())

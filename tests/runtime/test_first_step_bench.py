@@ -26,6 +26,8 @@ def _bench() -> ModuleType:
 
 
 def test_a_step_traced_before_the_devices_is_not_traced_again_at_its_first_call(tmp_path: Path) -> None:
+    """Why this long: three child processes of the first-step benchmark (populate a cache, then trace ahead with and
+    without it), each a cold JAX start."""
     bench = _bench()
     cache = tmp_path / "cache"
     populate = bench.child("populate", cache, 2)
