@@ -31,7 +31,7 @@ import numpy as np
 
 from . import layout, spec
 from .metadata import CheckpointCorruptError, CheckpointMeta, LeafMeta
-from .save import Region, host_buffer, region_of, region_slices
+from .save import Region, addressable_regions, host_buffer, region_slices
 from .storage import Storage
 
 log = logging.getLogger(__name__)
@@ -200,15 +200,7 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
         if leaf.stored_as is not None and str(dtype) != leaf.dtype:
             raise ValueError(f"restore leaf {path} from {where}: saved as {leaf.dtype} (stored as its raw bytes), which cannot "
                              f"be cast to {dtype} on the way; restore it as {leaf.dtype} and cast after")
-        regions: list[Region]
-        devices: list[list[Any]]
-        if sharding is None:
-            regions, devices = [tuple((0, n) for n in shape)], [[]]
-        else:
-            by_region: dict[Region, list[Any]] = collections.defaultdict(list)
-            for device, index in sharding.addressable_devices_indices_map(shape).items():
-                by_region[region_of(index, shape)].append(device)
-            regions, devices = list(by_region), list(by_region.values())
+        regions, devices = addressable_regions(sharding, shape)
         bufs = [host_buffer(tuple(hi - lo for lo, hi in r), dtype) for r in regions]
         leaves.append(_Leaf(slot, leaf, shape, dtype, sharding, regions, devices, bufs,
                             key_impl))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import mmap
@@ -32,6 +33,17 @@ def region_of(index: tuple[Any, ...], shape: tuple[int, ...]) -> Region:
             raise ValueError(f"shard index {index} has a strided slice; only contiguous shards are supported")
         out.append((start, stop))
     return tuple(out)
+
+
+def addressable_regions(sharding: Any, shape: tuple[int, ...]) -> tuple[list[Region], list[list[Any]]]:
+    """The regions of a ``shape`` array this process's devices hold under ``sharding``, each with its devices (a
+    replicated region once, with every device holding it); no sharding: the whole array, no device."""
+    if sharding is None:
+        return [tuple((0, n) for n in shape)], [[]]
+    by_region: dict[Region, list[Any]] = collections.defaultdict(list)
+    for device, index in sharding.addressable_devices_indices_map(shape).items():
+        by_region[region_of(index, shape)].append(device)
+    return list(by_region), list(by_region.values())
 
 
 def region_slices(region: Region) -> tuple[slice, ...]:

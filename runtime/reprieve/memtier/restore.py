@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from ..checkpoint.restore import MissingLeafError, _key_data_sharding, _key_impl, sharding_of
-from ..checkpoint.save import Region, host_buffer, region_of
+from ..checkpoint.save import Region, addressable_regions, host_buffer
 from . import wire
 from .decide import Holding
 from .manifest import CopyCorruptError, Manifest
@@ -193,15 +193,7 @@ def restore_state(sources: dict[int, Source], abstract: Any, *, num_writers: int
                              "jax.ShapeDtypeStruct(shape, dtype, sharding=...) or a jax.Array")
         saved_dtype = _np_dtype(leaf.get("stored_as") or leaf["dtype"])
         want = np.dtype(getattr(target, "dtype", saved_dtype)) if leaf.get("stored_as") is None else saved_dtype
-        regions: list[Region]
-        devices: list[list[Any]]
-        if sharding is None:
-            regions, devices = [tuple((0, n) for n in shape)], [[]]
-        else:
-            by_region: dict[Region, list[Any]] = collections.defaultdict(list)
-            for device, index in sharding.addressable_devices_indices_map(shape).items():
-                by_region[region_of(index, shape)].append(device)
-            regions, devices = list(by_region), list(by_region.values())
+        regions, devices = addressable_regions(sharding, shape)
         pieces = []
         for r in regions:
             found = cover(r, by_leaf.get(i, []))
