@@ -80,7 +80,7 @@ def notice(nid: str, seconds: float, *, reason: str = "test") -> Notice:
     return Notice(id=nid, source="test", reason=reason, deadline=now + seconds, received_at=now)
 
 
-def wait_target(agreement: Agreement, round_: int = 0, timeout: float = 30.0) -> None:
+def wait_target(agreement: Agreement, round_: int = 0, timeout: float = 5.0) -> None:
     limit = time.monotonic() + timeout
     while agreement.target is None or agreement.target.round < round_:
         assert time.monotonic() < limit, "no plan"
