@@ -158,14 +158,7 @@ def parse_assignment(data: Mapping[str, Any], pod: str, *, configmap: str) -> As
     attempt = _int(key("attempt"), f"ConfigMap {configmap}: attempt", minimum=1)
     count = _int(key("numProcesses"), f"ConfigMap {configmap}: numProcesses", minimum=1)
     coordinator = _coordinator(key("coordinator"), f"ConfigMap {configmap}: coordinator")
-    try:
-        processes = json.loads(key("processes"))
-    except (TypeError, ValueError) as err:
-        raise AssignmentError(f"ConfigMap {configmap}: processes must be a JSON object of pod name -> index, "
-                              f"got {str(data['processes'])[:200]!r} ({err})") from None
-    if not isinstance(processes, dict):
-        raise AssignmentError(f"ConfigMap {configmap}: processes must be a JSON object of pod name -> index, "
-                              f"got {type(processes).__name__}")
+    processes = _json_object(key("processes"), f"ConfigMap {configmap}: processes", "pod name -> index")
     index = None
     if pod in processes:
         index = _int(processes[pod], f"ConfigMap {configmap}: processes[{pod!r}]", minimum=0)
@@ -182,16 +175,20 @@ def _memory_peer(data: Mapping[str, Any], index: int | None, configmap: str) -> 
     raw = data.get(MEMORY_PEERS_KEY)
     if raw is None or index is None:
         return None
-    try:
-        peers = json.loads(raw)
-    except (TypeError, ValueError) as err:
-        raise AssignmentError(f"ConfigMap {configmap}: {MEMORY_PEERS_KEY} must be a JSON object of process index -> "
-                              f"host:port, got {str(raw)[:200]!r} ({err})") from None
-    if not isinstance(peers, dict):
-        raise AssignmentError(f"ConfigMap {configmap}: {MEMORY_PEERS_KEY} must be a JSON object of process index -> "
-                              f"host:port, got {type(peers).__name__}")
+    peers = _json_object(raw, f"ConfigMap {configmap}: {MEMORY_PEERS_KEY}", "process index -> host:port")
     peer = peers.get(str(index))
     return "" if peer is None else _coordinator(peer, f"ConfigMap {configmap}: {MEMORY_PEERS_KEY}[{index}]")
+
+
+def _json_object(raw: Any, what: str, of: str) -> dict[str, Any]:
+    """``raw`` parsed as a JSON object (pure); :class:`AssignmentError` naming ``what`` and the expected ``of``."""
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError) as err:
+        raise AssignmentError(f"{what} must be a JSON object of {of}, got {str(raw)[:200]!r} ({err})") from None
+    if not isinstance(value, dict):
+        raise AssignmentError(f"{what} must be a JSON object of {of}, got {type(value).__name__}")
+    return value
 
 
 def parse_assignment_line(text: str) -> dict[str, str]:
