@@ -137,8 +137,10 @@ def test_long_deadline_keeps_training_and_saves_before_it(tmp_path: Path) -> Non
     assert len(saved) == 2, f"expected a first save at once and the final save, got {saved}\n{gang.tail()}"
     early = saved[0]
     assert final - early >= 5, f"training did not continue: early {early}, final {final}\n{gang.tail()}"
+    # How long the extra training lasts depends on the step time the plan measured (a slow step under load plans
+    # fewer steps, which then run fast): the steps trained after the first save prove it, not the clock.
     committed = gang.committed_at(final)
-    assert noticed + 1.0 < committed < deadline, (committed - noticed, deadline - noticed)
+    assert noticed < committed < deadline, (committed - noticed, deadline - noticed)
     assert_committed_before_the_deadline(gang)
 
 
