@@ -198,16 +198,16 @@ def test_annotation_and_label_names_agree() -> None:
 
 def test_the_supervisor_speaks_the_operators_contract() -> None:
     import reprieve_operator as op
-    from reprieve import supervision
+    from reprieve.supervisor import contract
 
     c, a = TABLE["contract"], TABLE["annotations"]
-    assert op.CONTRACT_VERSION == supervision.CONTRACT_VERSION == c["version"]
-    assert supervision.ASSIGNMENT_SUFFIX == c["assignment_suffix"]
-    assert (op.ANNOTATION_EXIT, supervision.EXIT_ANNOTATION) == (a["exit"], a["exit"])
-    assert (op.ANNOTATION_SUPERVISOR, supervision.SUPERVISOR_ANNOTATION) == (a["supervisor"], a["supervisor"])
-    assert {supervision.CONTRACT_ENV} == SUPERVISOR_READS
-    assert {supervision.SUPERVISED_ENV, supervision.WARM_FD_ENV, supervision.EVENTS_FD_ENV,
-            supervision.EXPECTED_TOPOLOGY_ENV} == SUPERVISOR_SETS
+    assert op.CONTRACT_VERSION == contract.CONTRACT_VERSION == c["version"]
+    assert contract.ASSIGNMENT_SUFFIX == c["assignment_suffix"]
+    assert (op.ANNOTATION_EXIT, contract.EXIT_ANNOTATION) == (a["exit"], a["exit"])
+    assert (op.ANNOTATION_SUPERVISOR, contract.SUPERVISOR_ANNOTATION) == (a["supervisor"], a["supervisor"])
+    assert {contract.CONTRACT_ENV} == SUPERVISOR_READS
+    assert {contract.SUPERVISED_ENV, contract.WARM_FD_ENV, contract.EVENTS_FD_ENV,
+            contract.EXPECTED_TOPOLOGY_ENV} == SUPERVISOR_SETS
 
 
 def test_the_docs_list_the_same_environment() -> None:

@@ -26,7 +26,7 @@ from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource,
 from .peers import PeerWatch
 from .policy import SavePolicy
 from .progress import ProgressReporter
-from .supervised import SupervisorLink
+from .supervisor.trainer import SupervisorLink
 from .topology import Topology, TraceAhead
 
 log = logging.getLogger(__name__)
