@@ -80,7 +80,7 @@ with jax.set_mesh(mesh):
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
     ahead = None
     if os.environ["MODE"] == "ahead":  # what Job.compile_ahead does (the example calls it before its restore)
-        from reprieve.ahead import CompileAhead
+        from reprieve.compile_ahead import CompileAhead
         ahead = CompileAhead(train, (abstract, jax.ShapeDtypeStruct(batch_shape, jnp.int32,
                                                                     sharding=NamedSharding(mesh, P("data")))), {})
     # the restore's stand-in: the state read back from a checkpoint written by the populate run
@@ -90,7 +90,7 @@ with jax.set_mesh(mesh):
     restored = time.perf_counter() - t0
     if ahead is not None:
         ahead.wait()  # Job.steps() does this before the first step
-    from reprieve.ahead import watch_lowerings
+    from reprieve.compile_ahead import watch_lowerings
     t = time.perf_counter()
     with watch_lowerings() as lowered:  # what the first call lowers in this thread
         state, loss = train(state, batch)
