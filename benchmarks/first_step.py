@@ -45,7 +45,7 @@ events = {}
 mon.register_event_duration_secs_listener(lambda e, s, **kw: events.setdefault(e, []).append(s))
 mon.register_event_duration_secs_listener(  # which functions were traced (fun_name), not only how long it took
     lambda e, s, **kw: events.setdefault(e + "#names", []).append(str(kw.get("fun_name"))))
-from reprieve.bootstrap import enable_compilation_cache  # the cache exactly as a restarted attempt has it
+from reprieve.jax_workarounds import enable_compilation_cache  # the cache exactly as a restarted attempt has it
 from reprieve.config import RuntimeConfig
 assert enable_compilation_cache(RuntimeConfig.from_env({"REPRIEVE_COMPILATION_CACHE_DIR": os.environ["CACHE"]}))
 spec = importlib.util.spec_from_file_location("train_lm", os.environ["EXAMPLE"])
