@@ -412,11 +412,9 @@ class Agreement(Daemon):
             try:
                 plan_record = json.loads(self.coordinator.get(f"{self.prefix}/plan/{round_}", self.timeout_s))
             except CoordinationTimeout as err:
-                present = self._safe_dir(f"{self.prefix}/ack/{round_}/")
-                missing = missing_processes(list(present), range(self.n))
                 raise AgreementError(
                     f"process {self.pid}: leader process {leader} did not publish the plan of round {round_} "
-                    f"within {self.timeout_s:.0f}s; processes {missing} had not acked ({err})"
+                    f"within {self.timeout_s:.0f}s; processes {self._not_acked(round_)} had not acked ({err})"
                 ) from err
         if notice is None:
             self._install_save(round_, leader, max(int(plan_record["save"]), self._start))
@@ -465,13 +463,15 @@ class Agreement(Daemon):
                 acks[p] = json.loads(self.coordinator.get(f"{self.prefix}/ack/{round_}/{p}",
                                                           max(0.001, limit - time.monotonic())))
             except CoordinationTimeout as err:
-                present = self._safe_dir(f"{self.prefix}/ack/{round_}/")
-                missing = missing_processes(list(present), range(self.n))
                 raise AgreementError(
-                    f"process {self.pid} (leader of round {round_}): processes {missing or [p]} did not ack "
-                    f"{what} within {self.timeout_s:.0f}s ({err})"
+                    f"process {self.pid} (leader of round {round_}): processes {self._not_acked(round_) or [p]} did "
+                    f"not ack {what} within {self.timeout_s:.0f}s ({err})"
                 ) from err
         return acks
+
+    def _not_acked(self, round_: int) -> list[int]:
+        """The processes whose ack of ``round_`` is not in the store (for an error after a timeout)."""
+        return missing_processes(list(self._safe_dir(f"{self.prefix}/ack/{round_}/")), range(self.n))
 
     def _lead(self, round_: int, notice: Notice, acks: dict[int, dict[str, Any]]) -> dict[str, Any]:
         checked = {p: int(a["checked"]) for p, a in acks.items()}
