@@ -6,15 +6,23 @@ own pool; its step log and result land in a per-job host directory mounted at /c
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from localcluster.goodput import analyse, read_step_log
-from localcluster.testing import taint_node
 
-from .conftest import SPOT_TAINT, get_tj, pod_node, submit_recreate, succeeded, wait_step, wait_tj
+from .conftest import (
+    assert_restarted_once_for_the_notice,
+    assert_resumed_bit_identical,
+    notice_node_of,
+    pod_node,
+    preempt_second_worker,
+    submit_recreate,
+    succeeded,
+    wait_step,
+    wait_tj,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -75,29 +83,13 @@ def test_noticed_preemption_loses_no_step_and_ends_bit_identical_beside_an_unint
     ckpt_b = submit(cluster, namespace, "steady", tmp_path, pool_b)
 
     wait_step(ckpt_a, 30, 240, cluster, namespace, "preempted")
-    doomed = pod_node(cluster, namespace, "preempted-1")
-    assert doomed in nodes_a
-    taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
-
     # Attempt 2 may be short: it is running, or already done.
-    status = wait_tj(cluster, namespace, "preempted", lambda s: (s.get("attempt") or 0) >= 2
-                     and s.get("phase") in ("Running", "Succeeded"), 120, "attempt 2 running", operator)["status"]
+    doomed = preempt_second_worker(cluster, api, namespace, "preempted", nodes_a, 120, operator)
     cluster.remove_node(doomed)  # the VM is reclaimed after the job moved away
-    assert status["restarts"]["preemption"] == 1, status
-    assert status["lastNotice"]["node"] == doomed, status
-    for i in range(2):
-        assert pod_node(cluster, namespace, f"preempted-{i}") != doomed
 
     final_a = wait_tj(cluster, namespace, "preempted", succeeded, 300, "Succeeded", operator)
     final_b = wait_tj(cluster, namespace, "steady", succeeded, 300, "Succeeded", operator)
-    result_a = json.loads((ckpt_a / "result.json").read_text())
-    result_b = json.loads((ckpt_b / "result.json").read_text())
-    assert result_a["resumedFrom"] > 30, result_a
-    assert result_a["sha256"] == result_b["sha256"], "resumed run's parameters differ from the uninterrupted run's"
-
-    report = analyse(read_step_log(ckpt_a / "steps.jsonl"), start=0, end=1)
-    assert len(report.interruptions) == 1
-    assert report.interruptions[0].lost_steps == 0, report.summary()
+    report = assert_resumed_bit_identical(ckpt_a, ckpt_b, 30)
     assert report.steps == STEPS
     assert final_a["status"]["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}
     assert final_a["status"]["lastCheckpointStep"] == STEPS - 1
@@ -161,21 +153,11 @@ def test_operator_restarted_in_the_middle_of_a_preemption_restarts_the_gang_once
     pool_a, _ = pool(3)
     ckpt = submit(cluster, namespace, "twice", tmp_path, pool_a)
     wait_step(ckpt, 20, 240, cluster, namespace, "twice")
-    doomed = pod_node(cluster, namespace, "twice-0")
-    taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
+    notice_node_of(cluster, api, namespace, "twice-0")
     wait_tj(cluster, namespace, "twice", lambda s: s.get("lastNotice") is not None, 30, "notice recorded",
             operator)
     operator.kill()  # mid-preemption: the workers are saving and exiting while nobody watches
     operator.start()
 
     final = wait_tj(cluster, namespace, "twice", succeeded, 300, "Succeeded", operator)
-    status = final["status"]
-    assert status["attempt"] == 2, status
-    assert status["restartCount"] == 1 and status["restarts"]["preemption"] == 1, status
-    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
-    assert [i.lost_steps for i in report.interruptions] == [0], report.summary()
-    notices = cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
-                              "involvedObject.kind=TrainingJob,involvedObject.name=twice", "-o", "json").stdout
-    reasons = [e["reason"] for e in json.loads(notices)["items"]]
-    assert reasons.count("PreemptionNotice") == 1, f"notice delivered {reasons.count('PreemptionNotice')} times"
-    assert get_tj(cluster, namespace, "twice")["status"]["phase"] == "Succeeded"
+    assert_restarted_once_for_the_notice(cluster, namespace, "twice", final, ckpt)

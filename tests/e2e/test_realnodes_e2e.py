@@ -28,9 +28,12 @@ from localcluster.testing import taint_node, wait_for
 
 from .conftest import (
     SPOT_TAINT,
+    assert_restarted_once_for_the_notice,
+    assert_resumed_bit_identical,
     e2e_job,
-    get_tj,
+    notice_node_of,
     pod_node,
+    preempt_second_worker,
     submit_recreate,
     succeeded,
     wait_step,
@@ -120,25 +123,11 @@ def test_noticed_preemption_on_real_nodes_loses_no_step_and_ends_bit_identical(
     ckpt_a = submit(real_cluster, real_ns, "preempted", tmp_path, WORKER_POOL)
     ckpt_b = submit(real_cluster, real_ns, "steady", tmp_path, SYSTEM_POOL)
     wait_step(ckpt_a, 40, 300, real_cluster, real_ns, "preempted")
-    doomed = pod_node(real_cluster, real_ns, "preempted-1")
-    assert doomed in real_workers
-    taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
-
-    status = wait_tj(real_cluster, real_ns, "preempted", lambda s: (s.get("attempt") or 0) >= 2
-                     and s.get("phase") in ("Running", "Succeeded"), 180, "attempt 2 running", real_operator)["status"]
-    assert status["restarts"]["preemption"] == 1, status
-    assert status["lastNotice"]["node"] == doomed, status
-    for i in range(2):
-        assert pod_node(real_cluster, real_ns, f"preempted-{i}") != doomed
+    preempt_second_worker(real_cluster, api, real_ns, "preempted", real_workers, 180, real_operator)
 
     final_a = wait_tj(real_cluster, real_ns, "preempted", succeeded, 400, "Succeeded", real_operator)
     wait_tj(real_cluster, real_ns, "steady", succeeded, 400, "Succeeded", real_operator)
-    result_a = json.loads((ckpt_a / "result.json").read_text())
-    result_b = json.loads((ckpt_b / "result.json").read_text())
-    assert result_a["resumedFrom"] > 40, result_a
-    assert result_a["sha256"] == result_b["sha256"], "resumed run's parameters differ from the uninterrupted run's"
-    report = analyse(read_step_log(ckpt_a / "steps.jsonl"), start=0, end=1)
-    assert [i.lost_steps for i in report.interruptions] == [0], report.summary()
+    report = assert_resumed_bit_identical(ckpt_a, ckpt_b, 40)
     assert report.steps == STEPS
     assert final_a["status"]["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}
 
@@ -194,23 +183,13 @@ def test_operator_pod_deleted_mid_preemption_on_real_nodes_restarts_the_gang_onc
     them."""
     ckpt = submit(real_cluster, real_ns, "twice", tmp_path, WORKER_POOL)
     wait_step(ckpt, 30, 300, real_cluster, real_ns, "twice")
-    doomed = pod_node(real_cluster, real_ns, "twice-0")
-    taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
+    notice_node_of(real_cluster, api, real_ns, "twice-0")
     wait_tj(real_cluster, real_ns, "twice", lambda s: s.get("lastNotice") is not None, 60, "notice recorded",
             real_operator)
     real_operator.delete_pod()  # the Deployment brings a new operator pod while the workers save and exit
 
     final = wait_tj(real_cluster, real_ns, "twice", succeeded, 400, "Succeeded", real_operator)
-    status = final["status"]
-    assert status["attempt"] == 2, status
-    assert status["restartCount"] == 1 and status["restarts"]["preemption"] == 1, status
-    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
-    assert [i.lost_steps for i in report.interruptions] == [0], report.summary()
-    events = real_cluster.kubectl("get", "events", "-n", real_ns, "--field-selector",
-                                  "involvedObject.kind=TrainingJob,involvedObject.name=twice", "-o", "json").stdout
-    reasons = [e["reason"] for e in json.loads(events)["items"]]
-    assert reasons.count("PreemptionNotice") == 1, f"notice delivered {reasons.count('PreemptionNotice')} times"
-    assert get_tj(real_cluster, real_ns, "twice")["status"]["phase"] == "Succeeded"
+    assert_restarted_once_for_the_notice(real_cluster, real_ns, "twice", final, ckpt)
 
 
 def test_in_place_restart_on_real_nodes_keeps_the_survivors_container_and_a_spare_takes_over(

@@ -255,6 +255,17 @@ def launch(workdir: Path, n: int, *, steps: int = 400, step_seconds: float = 0.0
     return Gang(workdir, procs, logs)
 
 
+def worker_start(default_steps: int) -> tuple[int, Path, int, float]:
+    """A test worker's first lines: logging with its process id; (process id, ``WORKER_DIR``, ``WORKER_STEPS``,
+    ``WORKER_STEP_SECONDS``)."""
+    import logging
+
+    pid = int(os.environ.get("REPRIEVE_PROCESS_ID", "0"))
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s p{pid} %(name)s %(levelname)s %(message)s")
+    return (pid, Path(os.environ["WORKER_DIR"]), int(os.environ.get("WORKER_STEPS", str(default_steps))),
+            float(os.environ.get("WORKER_STEP_SECONDS", "0.02")))
+
+
 def node_notice(reason: str, node: str, deadline: float, observed: float | None = None) -> dict[str, Any]:
     """A notice as the operator writes it for signal ``reason`` on ``node`` (``observed``: now)."""
     return {"id": f"{reason}/{node}/1", "reason": reason, "node": node, "deadline": rfc3339(deadline),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..env import Env
+from ..jsonobject import json_object
 from ..notice import format_rfc3339
 
 CONTRACT_VERSION = 1
@@ -158,24 +159,13 @@ def _memory_peer(data: Mapping[str, Any], index: int | None, configmap: str) -> 
 
 def _json_object(raw: Any, what: str, of: str) -> dict[str, Any]:
     """``raw`` parsed as a JSON object (pure); :class:`AssignmentError` naming ``what`` and the expected ``of``."""
-    try:
-        value = json.loads(raw)
-    except (TypeError, ValueError) as err:
-        raise AssignmentError(f"{what} must be a JSON object of {of}, got {str(raw)[:200]!r} ({err})") from None
-    if not isinstance(value, dict):
-        raise AssignmentError(f"{what} must be a JSON object of {of}, got {type(value).__name__}")
-    return value
+    return json_object(raw, what, AssignmentError, f"a JSON object of {of}")
 
 
 def parse_assignment_line(text: str) -> dict[str, str]:
     """The line a warm process reads -> the environment updates (the runtime's side of :meth:`Assignment.line`).
     Raises :class:`AssignmentError` naming the field."""
-    try:
-        raw = json.loads(text)
-    except ValueError as err:
-        raise AssignmentError(f"{WARM_FD_ENV}: the assignment line is not JSON ({err}): {text[:200]!r}") from None
-    if not isinstance(raw, dict):
-        raise AssignmentError(f"{WARM_FD_ENV}: the assignment line must be a JSON object, got {text[:200]!r}")
+    raw = json_object(text, f"{WARM_FD_ENV}: the assignment line", AssignmentError)
     attempt = _int(raw.get("attempt"), f"{WARM_FD_ENV} assignment: attempt", minimum=1)
     count = _int(raw.get("numProcesses"), f"{WARM_FD_ENV} assignment: numProcesses", minimum=1)
     index = _int(raw.get("processId"), f"{WARM_FD_ENV} assignment: processId", minimum=0)
