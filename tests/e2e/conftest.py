@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from localcluster.cluster import cache_dir
-from localcluster.goodput import read_step_log
+from localcluster.goodput import analyse, read_step_log
 from localcluster.stack import OperatorProcess, example_job, install_chart
 from localcluster.testing import wait_for
 
@@ -153,66 +153,44 @@ def pod_node(cluster: Any, namespace: str, pod: str) -> str:
     return str(cluster.kubectl("get", "pod", pod, "-n", namespace, "-o", "jsonpath={.spec.nodeName}").stdout)
 
 
-def notice_node_of(cluster: Any, api: Any, namespace: str, pod: str) -> str:
-    """Give the node of ``pod`` a spot notice (the GKE taint); the node."""
-    from localcluster.testing import taint_node
-
-    node = pod_node(cluster, namespace, pod)
-    taint_node(api, node, SPOT_TAINT, "true", "NoSchedule")
-    return node
-
-
-def assert_restarted_once_for_the_notice(cluster: Any, namespace: str, job: str, final: dict[str, Any],
-                                         ckpt: Path) -> None:
-    """``final`` (the Succeeded TrainingJob) took one preemption restart, one ``PreemptionNotice`` Event and lost
-    no step (``ckpt``'s step log)."""
-    from localcluster.goodput import analyse
-
-    status = final["status"]
-    assert status["attempt"] == 2, status
-    assert status["restartCount"] == 1 and status["restarts"]["preemption"] == 1, status
-    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
-    assert [i.lost_steps for i in report.interruptions] == [0], report.summary()
-    events = cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
-                             f"involvedObject.kind=TrainingJob,involvedObject.name={job}", "-o", "json").stdout
-    reasons = [e["reason"] for e in json.loads(events)["items"]]
-    assert reasons.count("PreemptionNotice") == 1, f"notice delivered {reasons.count('PreemptionNotice')} times"
-    assert get_tj(cluster, namespace, job)["status"]["phase"] == "Succeeded"
-
-
-def preempt_second_worker(cluster: Any, api: Any, namespace: str, job: str, nodes: list[str], timeout: float,
-                          operator: Any) -> str:
-    """Give the node of ``<job>-1`` (one of ``nodes``) a spot notice, wait until attempt 2 runs (or the job is
-    done), and check the restart was counted as a preemption of that node and the gang left it. The node."""
-    doomed = pod_node(cluster, namespace, f"{job}-1")
-    assert doomed in nodes
-    notice_node_of(cluster, api, namespace, f"{job}-1")
-    status = wait_tj(cluster, namespace, job, lambda s: (s.get("attempt") or 0) >= 2
-                     and s.get("phase") in ("Running", "Succeeded"), timeout, "attempt 2 running", operator)["status"]
-    assert status["restarts"]["preemption"] == 1, status
-    assert status["lastNotice"]["node"] == doomed, status
-    for i in range(2):
-        assert pod_node(cluster, namespace, f"{job}-{i}") != doomed
-    return doomed
-
-
-def assert_resumed_bit_identical(preempted: Path, steady: Path, resumed_after: int) -> Any:
-    """The preempted run resumed after step ``resumed_after`` and ended with the uninterrupted run's parameters,
-    losing no step: its goodput analysis."""
-    from localcluster.goodput import analyse
-
-    result_a = json.loads((preempted / "result.json").read_text())
-    result_b = json.loads((steady / "result.json").read_text())
-    assert result_a["resumedFrom"] > resumed_after, result_a
-    assert result_a["sha256"] == result_b["sha256"], "resumed run's parameters differ from the uninterrupted run's"
-    report = analyse(read_step_log(preempted / "steps.jsonl"), start=0, end=1)
-    assert [i.lost_steps for i in report.interruptions] == [0], report.summary()
-    return report
-
-
 def worker_logs(cluster: Any, namespace: str, job: str, replicas: int) -> str:
     out = []
     for i in range(replicas):
         for path in cluster.pod_logs(namespace, f"{job}-{i}", "trainer"):
             out.append(f"--- {path}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-25:]))
     return "\n".join(out)
+
+
+def assert_report_renders(cluster: Any, namespace: str, name: str, out: Path, *expected: str) -> str:
+    """``python -m reprieve_operator.timeline`` against the cluster: an SVG that parses and an HTML page that
+    holds ``expected``."""
+    import xml.etree.ElementTree as ET
+
+    from reprieve_operator.timeline import main
+
+    assert main([name, "-n", namespace, "-o", str(out), "--kubeconfig", str(cluster.kubeconfig)]) == 0
+    picture = (out / f"{name}.svg").read_text()
+    ET.fromstring(picture)
+    page = (out / f"{name}.html").read_text()
+    missing = [e for e in expected if e not in page]
+    assert not missing, (missing, page[-3000:])
+    return page
+
+
+GOODPUT_TOLERANCE = 0.03  # absolute, on goodput in 0..1 (docs/goodput.md, "Two figures, one definition")
+
+
+def assert_goodput_agrees(status: dict, steplog: Path) -> None:
+    """The operator's status.goodput (from sparse progress reports) against the example's own step log, over
+    the same wall time. The step log cannot tell a save's wait from the step around it, so its productive
+    time is compared with the operator's productive + checkpoint seconds."""
+    gp = status["goodput"]
+    wall = gp["wallSeconds"]
+    buckets = gp["productiveSeconds"] + sum(gp["badputSeconds"].values())
+    assert buckets == pytest.approx(wall, abs=0.5), gp  # every second in exactly one bucket
+    assert gp["accounting"]["open"] == [], gp  # the job ended: nothing provisional is left
+    own = analyse(read_step_log(steplog), start=0, end=wall)
+    operator_figure = (gp["productiveSeconds"] + gp["badputSeconds"]["checkpoint"]) / wall
+    print(f"\ngoodput: operator {gp['goodput']:.4f} (+checkpoint {operator_figure:.4f}), step log {own.goodput:.4f} "
+          f"over {wall:.1f}s; badput {gp['badputSeconds']}; lost steps {gp['lostSteps']} vs {own.lost_steps}")
+    assert abs(operator_figure - own.goodput) <= GOODPUT_TOLERANCE, (gp, own.summary())
