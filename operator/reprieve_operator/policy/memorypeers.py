@@ -105,10 +105,11 @@ def pairing_condition(job: TrainingJob, processes: Mapping[str, int], peers: Map
         me = by_name[name]
         peer = peers.get(index)
         if not peer:
-            problems.append(f"process {index} (pod {name} on node {me.node}) has no memory-tier peer: no other pod "
-                            "of the job on another node had room for its replica; it keeps its own copies only (a "
-                            "loss of its node falls back to storage for it). Spread the job's pods over more nodes "
-                            "or add a spare (spec.spares)")
+            problems.append(f"process {index} (pod {name} on node {me.node}) has no memory-tier peer in this "
+                            "attempt: no other pod of the job on another node had room for its replica when the "
+                            "attempt was paired (a one-process job's first attempt is paired before any spare "
+                            "exists); it keeps its own copies only (a loss of its node falls back to storage for "
+                            "it). Spread the job's pods over more nodes or add a spare (spec.spares)")
             continue
         at = _pod_at(job, peer, pods)
         resolved[index] = address(at.ip) if at is not None and at.ip else peer
