@@ -127,7 +127,8 @@ def _in_place(view: View) -> Outcome:
     job, now = view.job, view.now
     pods = [v for v in (views.pod_view(r, view.known_nodes) for r in view.pods) if v is not None]
     if view.zones:
-        pods = [dataclasses.replace(v, zone=view.zones.get(v.node)) if v.node in view.zones else v for v in pods]
+        pods = [dataclasses.replace(v, zone=view.zones[v.node]) if v.node and v.node in view.zones else v
+                for v in pods]
     plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed)
     current = view.assignment
     if current is not None and extra.assign is None and extra.record is None and plan.cause is None:
