@@ -154,19 +154,19 @@ def test_no_memory_tier_no_memory_volume_nor_environment() -> None:
 def test_the_assignments_memory_peers_reach_each_process_and_survive_an_operator_restart() -> None:
     """builders.build_assignment -> reprieve-run's parser (the runtime's side of the contract), and back through the
     operator's own parser (what a restarted operator reads as the previous pairing)."""
-    from reprieve import supervision
+    from reprieve.supervisor import contract
     from reprieve_operator.assignment import parse_assignment
     from reprieve_operator.builders import build_assignment
 
     j = job({"sizeLimit": "1Gi"})
     cm = build_assignment(j, 3, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476", {0: "10.0.0.2:8477", 1: None},
                           {0: "node-b"})
-    got = {pod: supervision.parse_assignment(cm["data"], pod, configmap="default/llama-assignment")
+    got = {pod: contract.parse_assignment(cm["data"], pod, configmap="default/llama-assignment")
            for pod in ("llama-0", "llama-1")}
     assert {p: a.memory_peer for p, a in got.items()} == {"llama-0": "10.0.0.2:8477", "llama-1": ""}  # "": nobody
     env = got["llama-0"].env()
     assert (env["REPRIEVE_MEMORY_PEER"], env["REPRIEVE_MEMORY_PEER_NODE"]) == ("10.0.0.2:8477", "node-b")
-    assert supervision.parse_assignment_line(got["llama-0"].line())["REPRIEVE_MEMORY_PEER_NODE"] == "node-b"
+    assert contract.parse_assignment_line(got["llama-0"].line())["REPRIEVE_MEMORY_PEER_NODE"] == "node-b"
     back = parse_assignment(cm)
     assert back is not None and dict(back.memory_peers) == {0: "10.0.0.2:8477"}
     assert dict(back.memory_peer_nodes) == {0: "node-b"}
