@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: all venv tools images real-tier monitoring-tier lock test test-jax-range test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean
+.PHONY: all venv tools kueue images real-tier monitoring-tier lock test test-jax-range test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean
 
 all: test
 
@@ -35,6 +35,12 @@ venv: $(STAMP) $(EMU_STAMP)
 ## tools: build (once, cached under ~/.cache/reprieve) the local control plane, kubelet, etcd, kubectl and helm
 tools:
 	@bash hack/build-tools.sh >/dev/null
+
+## kueue: build (once, cached by version under ~/.cache/reprieve/kueue) Kueue's manager from sigs.k8s.io/kueue,
+## with the CRDs and webhook manifests of the same module (a long compile: under the shared heavy lock if present)
+kueue:
+	@if [ -e /tmp/heavy.lock ]; then flock /tmp/heavy.lock bash hack/build-kueue.sh >/dev/null; \
+	else bash hack/build-kueue.sh >/dev/null; fi
 
 ## images: the real-node tier's Debian packages (apt-get, when missing) and images (Debian base by mmdebstrap,
 ## pause, operator, example), built once and cached by content hash under ~/.cache/reprieve/images
