@@ -37,10 +37,9 @@ tools:
 	@bash hack/build-tools.sh >/dev/null
 
 ## kueue: build (once, cached by version under ~/.cache/reprieve/kueue) Kueue's manager from sigs.k8s.io/kueue,
-## with the CRDs and webhook manifests of the same module (a long compile: under the shared heavy lock if present)
+## with the CRDs and webhook manifests of the same module (the Kueue tests build it on first use too)
 kueue:
-	@if [ -e /tmp/heavy.lock ]; then flock /tmp/heavy.lock bash hack/build-kueue.sh >/dev/null; \
-	else bash hack/build-kueue.sh >/dev/null; fi
+	@bash hack/build-kueue.sh >/dev/null
 
 ## images: the real-node tier's Debian packages (apt-get, when missing) and images (Debian base by mmdebstrap,
 ## pause, operator, example), built once and cached by content hash under ~/.cache/reprieve/images
