@@ -86,6 +86,8 @@ def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
             patch["lastCheckpointStep"] = committed
             if isinstance(prog.get("time"), str):
                 patch["lastCheckpointTime"] = prog["time"]
+            if st.last_checkpoint_uri != job.spec.checkpoint.uri:
+                patch["lastCheckpointUri"] = job.spec.checkpoint.uri
     if job.generation is not None and st.observed_generation != job.generation:
         patch["observedGeneration"] = job.generation
     gp = goodput_patch(job, plan.phase, patch, prog, now)
