@@ -83,6 +83,8 @@ async def gate_for(state: State, body: dict[str, Any], job: TrainingJob, raw_pod
     if not queue or not state.kueue:
         return None
     g = await _gate(state, body, job, raw_pods, now, queue, labels.get(policy.PRIORITY_LABEL))
+    if g is None:
+        return None
     old = next((c for c in job.status.conditions if c.type == policy.QUEUED), None)
     c = g.condition
     if old is None or (old.status, old.reason, old.message) != (c.status, c.reason, c.message):
@@ -93,7 +95,7 @@ async def gate_for(state: State, body: dict[str, Any], job: TrainingJob, raw_pod
 
 
 async def _gate(state: State, body: dict[str, Any], job: TrainingJob, raw_pods: list[dict[str, Any]],
-                now: datetime, queue: str, priority_class: str | None) -> policy.Gate:
+                now: datetime, queue: str, priority_class: str | None) -> policy.Gate | None:
     api, ns = state.api, job.namespace
     name = policy.workload_name(job.name, job.uid)
     try:
@@ -104,6 +106,12 @@ async def _gate(state: State, body: dict[str, Any], job: TrainingJob, raw_pods: 
                 return made
             raw = made
         wl = policy.parse_workload(raw)
+        if job.status.phase in ("Succeeded", "Failed"):
+            done = policy.finish_patch(raw, job.status.phase, now)
+            if done is not None:
+                await apply.run(_patch, api, ns, name, done, True)
+                log.info("TrainingJob %s/%s: %s: Workload %s finished", ns, job.name, job.status.phase, name)
+            return None  # an ended job is no longer queued: nothing to gate
         why = policy.needs_new_workload(job, wl)
         if why is not None:
             await apply.run(lambda: api.custom.delete_namespaced_custom_object(G, V, ns, policy.WORKLOADS, name))

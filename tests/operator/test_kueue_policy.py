@@ -190,3 +190,26 @@ def test_without_a_queue_nothing_changes() -> None:
     plain = decide(View(job=j, pods=[], now=NOW, known_nodes=set(), placed=True, looked=True))
     assert plain.plan.phase == "Pending" and len(plain.create) == 2
     assert "nodeSelector" not in plain.create[0]["spec"] or "pool" not in plain.create[0]["spec"]["nodeSelector"]
+
+
+def test_an_ended_job_finishes_its_workload_once() -> None:
+    patch = kueue.finish_patch(ADMITTED, "Succeeded", NOW)
+    assert patch is not None
+    fin = [c for c in patch["status"]["conditions"] if c["type"] == "Finished"]
+    assert [(c["status"], c["reason"]) for c in fin] == [("True", "Succeeded")]
+    assert kueue.finish_patch(FINISHED, "Failed", NOW) is None
+
+
+@pytest.mark.parametrize(("status", "body", "not_served"), [
+    (404, {"kind": "Status", "reason": "NotFound", "details": {"name": "w", "kind": "workloads"}}, False),
+    (404, {"kind": "Status", "reason": "NotFound", "message": "the server could not find the requested resource"},
+     True),
+    (403, {"kind": "Status", "reason": "Forbidden"}, False),
+])
+def test_kueue_not_installed_is_told_apart_from_a_missing_workload(status: int, body: dict, not_served: bool) -> None:
+    from kubernetes.client.rest import ApiException
+    from reprieve_operator import kueue as shell
+
+    err = ApiException(status=status, reason=body["reason"])
+    err.body = json.dumps(body)
+    assert shell._not_served(err) is not_served

@@ -277,6 +277,19 @@ def release_patch(body: Mapping[str, Any], now: datetime) -> dict[str, Any] | No
             "status": {"conditions": conds, "admission": None}}
 
 
+def finish_patch(body: Mapping[str, Any], phase: str, now: datetime) -> dict[str, Any] | None:
+    """The Workload status patch of a job that ended (``Succeeded``/``Failed``): ``Finished=True``, as Kueue's job
+    reconciler writes it, so Kueue frees the quota. None when it says so already."""
+    if parse_workload(body).finished is not None:
+        return None
+    conds = [c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") != "Finished"]
+    msg = "Job finished successfully" if phase == "Succeeded" else "Job failed"
+    conds.append({"type": "Finished", "status": "True", "reason": phase, "message": msg,
+                  "lastTransitionTime": rfc3339(now)})
+    return {"metadata": {"resourceVersion": (body.get("metadata") or {}).get("resourceVersion")},
+            "status": {"conditions": conds}}
+
+
 def checkpoint_annotation(job: TrainingJob) -> str | None:
     """The ``reprieve.dev/last-checkpoint`` value: the last committed checkpoint (step, time, where), or None
     before the first commit."""
