@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ from typing import Any
 import yaml
 
 from .cluster import REPO, Cluster, ClusterError, _Proc, free_port, wait_until
-from .pki import _issue
+from .pki import _issue, _openssl
 
 # The external framework Kueue must know for the operator's Workloads (operator/reprieve_operator/policy/kueue.py).
 FRAMEWORK = "TrainingJob.v1alpha1.reprieve.dev"
@@ -111,10 +112,36 @@ class Kueue:
             self.cluster.kubectl("delete", kind, f"reprieve-local-kueue-{name}", "--ignore-not-found", check=False)
 
 
+# Kueue v0.17's manager reads its metrics server's certificate from this fixed path whenever its internal
+# certificate management is off (cmd/kueue/main.go); there is no flag to move it.
+METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+
+
+def metrics_certs(path: Path = METRICS_CERTS) -> None:
+    """A self-signed pair for Kueue's metrics server at ``path``, made once (an existing pair is kept: several
+    clusters may start Kueue at once). Raises ClusterError when the path cannot be written (not root)."""
+    if (path / "tls.crt").exists() and (path / "tls.key").exists():
+        return
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path))
+        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                 "-keyout", str(tmp / "tls.key"), "-out", str(tmp / "tls.crt"), "-days", "3650",
+                 "-subj", "/CN=kueue-metrics", "-addext", "subjectAltName=IP:127.0.0.1", cwd=tmp)
+        for name in ("tls.key", "tls.crt"):  # the key first: a reader that sees the certificate finds its key
+            os.replace(tmp / name, path / name)
+        shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as err:
+        raise ClusterError(f"Kueue's manager needs a metrics certificate at {path} (a fixed path in Kueue "
+                           f"v0.17 when its internal certificate management is off) and it cannot be written: "
+                           f"{err}. Run as root, or create tls.crt/tls.key there.") from err
+
+
 def start_kueue(cluster: Cluster, *, timeout: float = 120.0, frameworks: Sequence[str] = ("batch/job",)) -> Kueue:
     """Install Kueue's CRDs, start its manager against ``cluster`` and register its webhooks; return once they
     answer (a server-side dry run of a ResourceFlavor passes through them)."""
     built = ensure_kueue()
+    metrics_certs()
     version = built.name.split("-go")[0]
     wd = cluster.workdir / "kueue"
     certs = wd / "certs"
