@@ -80,7 +80,11 @@ async def gate_for(state: State, body: dict[str, Any], job: TrainingJob, raw_pod
     deliver an eviction's notice, give the quota back once no pod is left, publish the last checkpoint."""
     labels = (body.get("metadata") or {}).get("labels") or {}
     queue = labels.get(policy.QUEUE_LABEL)
-    if not queue or not state.kueue:
+    if not state.kueue:
+        return None
+    if not queue:
+        if any(c.type == policy.QUEUED for c in job.status.conditions):
+            await _forget(state, job)  # the label was removed: the job is no longer Kueue's
         return None
     g = await _gate(state, body, job, raw_pods, now, queue, labels.get(policy.PRIORITY_LABEL))
     if g is None:
@@ -136,6 +140,24 @@ async def _gate(state: State, body: dict[str, Any], job: TrainingJob, raw_pods: 
         await _release(state, body, raw)
     await _publish(state, job, raw_pods, wl)
     return g
+
+
+async def _forget(state: State, job: TrainingJob) -> None:
+    """Delete the Workload of a job whose queue label was removed (it runs unqueued now; a Workload left behind
+    would wait in the queue, and once admitted hold quota nobody uses)."""
+    name = policy.workload_name(job.name, job.uid)
+
+    def delete() -> bool:
+        state.api.custom.delete_namespaced_custom_object(G, V, job.namespace, policy.WORKLOADS, name)
+        return True
+
+    try:
+        if await apply.run(apply.tolerate, delete, 404, False):
+            log.info("TrainingJob %s/%s: label %s removed: Workload %s deleted", job.namespace, job.name,
+                     policy.QUEUE_LABEL, name)
+    except ApiException as err:
+        if not _not_served(err):
+            raise
 
 
 async def _create_workload(state: State, job: TrainingJob, queue: str,

@@ -213,3 +213,24 @@ def test_kueue_not_installed_is_told_apart_from_a_missing_workload(status: int, 
     err = ApiException(status=status, reason=body["reason"])
     err.body = json.dumps(body)
     assert shell._not_served(err) is not_served
+
+
+@pytest.mark.parametrize(("reports", "deleted"), [
+    # In place the pods outlive the trainer: an evicted gang whose workers reported the restart code is stopped
+    # (not restarted in place while Kueue wants the quota back) ...
+    ((42, 42), ("llama-0", "llama-1")),
+    # ... and one still saving keeps its pods.
+    ((42, None), ()),
+])
+def test_an_evicted_in_place_gang_is_stopped_once_its_workers_reported(reports: tuple, deleted: tuple) -> None:
+    from reprieve_operator.policy.inplace import Assignment
+    from test_decide import exit_report
+
+    j = job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace",
+            template_spec={"containers": [{"name": "t", "command": ["python", "train.py"]}]})
+    pods = [pod(f"llama-{i}", i, annotations=exit_report(1, code) if code else None) for i, code in enumerate(reports)]
+    g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
+    out = decide(View(job=j, pods=pods, now=NOW, known_nodes={p["spec"]["nodeName"] for p in pods}, placed=True,
+                      looked=True, kueue=g, assignment=Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476")))
+    assert tuple(sorted(out.delete)) == deleted
+    assert out.assign is None  # never the next attempt's assignment while evicted
