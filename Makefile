@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: all venv tools images real-tier monitoring-tier lock test test-jax-range test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean
+.PHONY: all venv tools kueue images real-tier monitoring-tier lock test test-jax-range test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean
 
 all: test
 
@@ -36,6 +36,12 @@ venv: $(STAMP) $(EMU_STAMP)
 tools:
 	@bash hack/build-tools.sh >/dev/null
 
+## kueue: build (once, cached by version under ~/.cache/reprieve/kueue) Kueue's manager from sigs.k8s.io/kueue,
+## with the CRDs and webhook manifests of the same module (before the tests: a build inside a test's timeout
+## would fail it)
+kueue:
+	@bash hack/build-kueue.sh >/dev/null
+
 ## images: the real-node tier's Debian packages (apt-get, when missing) and images (Debian base by mmdebstrap,
 ## pause, operator, example), built once and cached by content hash under ~/.cache/reprieve/images
 images:
@@ -57,10 +63,10 @@ monitoring-tier:
 test-unit: venv
 	$(PYTEST) -m unit -q $(PYTEST_ARGS)
 
-test-integration: venv tools
+test-integration: venv tools kueue
 	$(PYTEST) -m integration $(XDIST) $(PYTEST_ARGS)
 
-test-e2e: venv tools real-tier monitoring-tier
+test-e2e: venv tools kueue real-tier monitoring-tier
 	$(PYTEST) -m e2e $(XDIST) $(PYTEST_ARGS)
 
 ## test-jax-range: the runtime's tests on the oldest supported JAX (its own venv) and on the newest (the one
@@ -84,7 +90,7 @@ test-realnodes: venv tools real-tier
 	$(PYTEST) -m realnodes $(PYTEST_ARGS)
 
 ## test: every tier, all set-up included; lint and verify run beside the tests (their output follows the tests')
-test: venv tools real-tier monitoring-tier
+test: venv tools kueue real-tier monitoring-tier
 	@mkdir -p .pytest_cache; rm -f .pytest_cache/checks.rc; echo "make lint verify: running beside the tests"
 	@{ $(MAKE) --no-print-directory lint verify > .pytest_cache/checks.log 2>&1; echo $$? > .pytest_cache/checks.rc; } & \
 	$(PYTEST) $(XDIST) $(PYTEST_ARGS); tests=$$?; wait; \

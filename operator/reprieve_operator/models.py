@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from .policy.signals import BUILTIN_SIGNAL_NAMES  # the enum of built-in signal names, from their one table
 
+KUEUE_NOTICE = "kueue-preemption"  # a Kueue eviction's notice: its key in preemption.noticeSeconds (docs/kueue.md)
 MAX_REPLICAS = 10_000  # a gang of up to 10,000 pods (see TrainingJobSpec.replicas)
 
 GROUP = "reprieve.dev"
@@ -218,7 +219,8 @@ class PreemptionSpec(_Model):
         description="Built-in signals that count (default: all enabled in the operator's signal table).")
     notice_seconds: dict[str, int] = Field(
         default_factory=dict,
-        description="Per-signal notice window overrides in seconds, by signal name.",
+        description="Per-signal notice window overrides in seconds, by signal name (kueue-preemption: the "
+                    "window a Kueue eviction gives the gang to save, default 60).",
         json_schema_extra={"x-kubernetes-validations": [
             {"rule": "self.all(k, self[k] >= 0 && self[k] <= 86400)",
              "message": "preemption.noticeSeconds values must be between 0 and 86400"}]},
@@ -398,7 +400,7 @@ class TrainingJobSpec(_Model):
 
     @model_validator(mode="after")
     def _notice_keys(self) -> TrainingJobSpec:
-        known = set(BUILTIN_SIGNAL_NAMES) | {c.name for c in self.preemption.custom}
+        known = set(BUILTIN_SIGNAL_NAMES) | {c.name for c in self.preemption.custom} | {KUEUE_NOTICE}
         unknown = sorted(set(self.preemption.notice_seconds) - known)
         if unknown:
             raise ValueError(f"preemption.noticeSeconds names unknown signal(s) {unknown}; "
@@ -530,6 +532,8 @@ class TrainingJobStatus(_Model):
     last_restore: LastRestore | None = Field(
         default=None, description="Where the current attempt's restore read: its step, tier and each process's "
                                   "source (memory: own pod, peer: another pod's memory, storage).")
+    last_checkpoint_uri: str | None = Field(default=None, description="Where the last committed checkpoint is: "
+                                            "the checkpoint root (spec.checkpoint.uri) it was committed under.")
     start_time: str | None = Field(default=None, description="When attempt 1 was created.")
     attempt_start_time: str | None = Field(default=None, description="When the current attempt was created.")
     completion_time: str | None = None

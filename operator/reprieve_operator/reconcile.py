@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from . import apply, builders, metrics
+from . import apply, builders, kueue, metrics
 from .clock import SYSTEM
 from .create import create
 from .models import TrainingJob, spec_error
@@ -50,7 +50,8 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
         state.cache.replace_job_pods(namespace, name, listed)
     raw_pods = state.cache.pods_of(namespace, name)
     now = SYSTEM.now()
-    view = View(job=job, pods=raw_pods, now=now,
+    gate = await kueue.gate_for(state, body, job, raw_pods, now) if state.kueue else None
+    view = View(job=job, pods=raw_pods, now=now, kueue=gate,
                 assignment=await state.assignments.current(api, job) if builders.in_place(job) else None,
                 known_nodes=state.cache.nodes if state.cache.primed else None,
                 doomed=state.nodes.doomed(job, now), last_commit_event=state.commits.last(key),

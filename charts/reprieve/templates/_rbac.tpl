@@ -52,4 +52,16 @@
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch"]
+{{- if .Values.kueue.enabled }}
+# Kueue (kueue.enabled): the Workload of each queued job (create; delete: replaced while queued when the job no
+# longer matches it; patch: its queue name and the last-checkpoint annotation), watched to see admissions and
+# evictions ...
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+# ... and its status: after an eviction, the operator gives the quota back once the gang saved and is gone.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["get", "patch"]
+{{- end }}
 {{- end }}

@@ -122,14 +122,14 @@ def worker_view(p: PodView, attempt: int, index: int, restart_code: int) -> Work
 
 def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assignment | None,
                    avoid_nodes: Iterable[str] = (), now: datetime | None = None,
-                   doomed_nodes: Collection[str] = ()) -> tuple[RestartPlan, InPlace]:
+                   doomed_nodes: Collection[str] = (), held: Condition | None = None) -> tuple[RestartPlan, InPlace]:
     """Decide the next step of an in-place ``job`` from its pods and its current assignment.
 
     When a restart (or the final failure) is decided, ``InPlace.record`` is the plan to record in status
     before anything is deleted (crash safety); the returned plan is what to do and the status to reach."""
     st, spec = job.status, job.spec
     spare_names = tuple(sorted(p.name for p in pods if p.role == "spare" and not p.deleting))
-    settled = finished_or_suspended(job, st.attempt, pods, after_success=spare_names)  # no spare outlives success
+    settled = finished_or_suspended(job, st.attempt, pods, after_success=spare_names, held=held)  # no spare outlives success
     if settled is not None:
         return settled, InPlace()
     code = spec.restart_policy.restart_exit_code

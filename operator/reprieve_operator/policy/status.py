@@ -86,6 +86,8 @@ def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
             patch["lastCheckpointStep"] = committed
             if isinstance(prog.get("time"), str):
                 patch["lastCheckpointTime"] = prog["time"]
+            if st.last_checkpoint_uri != job.spec.checkpoint.uri:
+                patch["lastCheckpointUri"] = job.spec.checkpoint.uri
         memory_step = to_int(prog.get("memoryStep"))
         if memory_step is not None and memory_step != st.memory_step:
             patch["memoryStep"] = memory_step
