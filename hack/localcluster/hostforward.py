@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_serve_forward, args=(listener, args.host_netns_fd, ("127.0.0.1", port)),
                          daemon=True, name=f"forward-{port}").start()
     Path(args.ready_file).write_text("ready")
-    logging.info("forwarding 127.0.0.1:%s of the cluster network to the host's", args.port)
+    logging.getLogger("localcluster.hostforward").info("forwarding 127.0.0.1:%s of the cluster network to the host's", args.port)
     stop.wait()
     return 0
 

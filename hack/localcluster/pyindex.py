@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     Path(args.ready_file).write_text("ready")
-    logging.info("pypiserver %s on https://127.0.0.1:%d/ (root %s)", pypiserver.__version__, args.port, args.root)
+    logging.getLogger("pyindex").info("pypiserver %s on https://127.0.0.1:%d/ (root %s)", pypiserver.__version__,
+                                      args.port, args.root)
     server.serve_forever()
     return 0
 
