@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import re
@@ -224,6 +225,12 @@ class Publisher:
         record = plan.record(self.version, registry=self.registry.url, namespace=self.args.namespace,
                              images=digests, chart_digest=chart_digest, wheels=wheels, index_url=self.index.url,
                              revision=self.args.revision)
+        if self.args.out:  # what a GitHub release attaches: the chart, the wheels, the record
+            out = Path(self.args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            for f in [*(self.work / "dist").glob("*.tgz"), *(self.work / "wheels").glob("*.whl")]:
+                shutil.copy2(f, out / f.name)
+            (out / f"reprieve-{self.version}.release.json").write_text(json.dumps(record, indent=1))
         digest = self.oci.push_record(self.args.namespace, self.version, record)
         log(f"release record {self.registry.url}/{self.args.namespace}/{plan.RECORD_REPO}:{self.version} pushed "
             f"({digest}): version {self.version} is released")
@@ -256,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument("--revision", default=os.environ.get("GITHUB_SHA", "unknown"))
     pub.add_argument("--helm", default=shutil.which("helm") or "helm")
     pub.add_argument("--twine", default=shutil.which("twine") or "twine")
+    pub.add_argument("--out", default="", help="copy the chart package, the wheels and the record here")
     releaseinstall.add_install_parser(sub)
     for sp in sub.choices.values():
         sp.add_argument("--registry", required=True, help="host[:port] of the OCI registry")
