@@ -33,7 +33,7 @@ from pathlib import Path
 
 import release_version
 import releaseplan as plan
-from releaseio import Endpoint, Registry, ReleaseError, cert_dir, run, sha256_file, write_authfile
+from releaseio import Endpoint, Registry, ReleaseError, ca_bundle, cert_dir, run, sha256_file, write_authfile
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "reprieve"
@@ -186,7 +186,7 @@ class Publisher:
         tgz = Path(out.strip().rsplit(": ", 1)[-1])
         tls = ["--ca-file", str(self.registry.ca_file)] if self.registry.ca_file else []
         said = run("helm push", [helm, "push", str(tgz), f"oci://{self.registry.url}/{self.args.namespace}/charts",
-                                 "--registry-config", str(self.authfile), *tls], timeout=600)
+                                 "--registry-config", str(self.authfile), *tls], timeout=600, stderr_too=True)
         m = re.search(r"Digest:\s*(sha256:[0-9a-f]{64})", said)
         if not m:
             raise ReleaseError(f"helm push: no digest in its output:\n{said}")
@@ -205,10 +205,13 @@ class Publisher:
         missing = [f.name for f in files if not f.exists()]
         if missing:
             raise ReleaseError(f"build wheels: {missing} not built (found {sorted(p.name for p in out.iterdir())})")
-        tls = ["--cert", str(self.index.ca_file)] if self.index.ca_file else []
+        tls, env = [], {}
+        if self.index.ca_file:  # requests prefers REQUESTS_CA_BUNDLE (often set) over twine's --cert: set both
+            bundle = str(ca_bundle(self.work / "ca-bundle.pem", self.index.ca_file))
+            tls, env = ["--cert", bundle], {"REQUESTS_CA_BUNDLE": bundle, "CURL_CA_BUNDLE": bundle}
         run("upload wheels", [self.args.twine, "upload", "--non-interactive", "--disable-progress-bar",
                               "--repository-url", self.index.url, *tls, *map(str, files)],
-            env={"TWINE_USERNAME": self.index.username, "TWINE_PASSWORD": self.index.password}, timeout=600,
+            env={**env, "TWINE_USERNAME": self.index.username, "TWINE_PASSWORD": self.index.password}, timeout=600,
             hint="the images and the chart are pushed but no release record is: this version is not released "
                  "and will not be installed; fix the index and run the release again")
         self._timed("wheels", t0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import releaseplan as plan
-from releaseio import Endpoint, Registry, ReleaseError, run, write_authfile
+from releaseio import Endpoint, Registry, ReleaseError, ca_bundle, run, write_authfile
 
 SPECS = {"runtime": ("reprieve", "reprieve[runtime]=={v}"), "operator": ("reprieve-operator", "reprieve-operator=={v}")}
 
@@ -78,10 +79,9 @@ def pip_install(venv: Path, what: str, rec: dict[str, Any], index: Endpoint, ext
     env = {"PIP_INDEX_URL": f"{scheme}://{index.username}:{index.password}@{rest}" if index.username else simple,
            "PIP_EXTRA_INDEX_URL": extra_index, "PIP_FIND_LINKS": ""}
     if index.ca_file:  # the system's CAs (for the dependencies' index) and the index's own CA
-        bundle = work / "ca-bundle.pem"
-        system = Path(os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt"))
-        bundle.write_bytes((system.read_bytes() if system.exists() else b"") + b"\n" + index.ca_file.read_bytes())
-        env["PIP_CERT"] = str(bundle)
+        bundle = str(ca_bundle(work / "ca-bundle.pem", index.ca_file))
+        # pip's requests takes REQUESTS_CA_BUNDLE (often set) over --cert: all three name the bundle
+        env.update(PIP_CERT=bundle, REQUESTS_CA_BUNDLE=bundle, CURL_CA_BUNDLE=bundle)
     report = work / f"pip-report-{what}.json"
     run(f"pip install {spec.format(v=rec['version'])}",
         [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--report", str(report),
@@ -90,7 +90,7 @@ def pip_install(venv: Path, what: str, rec: dict[str, Any], index: Endpoint, ext
                 if i["metadata"]["name"].lower() == dist), None)
     if got is None:
         raise ReleaseError(f"pip install {spec}: pip's report has no {dist}")
-    url = got["download_info"]["url"]
+    url = re.sub(r"//[^/@]*@", "//", got["download_info"]["url"])  # without the credentials
     sha = got["download_info"].get("archive_info", {}).get("hashes", {}).get("sha256", "")
     wheel = url.rsplit("/", 1)[-1].split("#", 1)[0]
     if not url.startswith(index.url.rstrip("/")) or rec["wheels"].get(wheel) != sha:

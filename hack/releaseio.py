@@ -44,8 +44,8 @@ class Endpoint:
 
 
 def run(step: str, cmd: list[str], *, env: dict[str, str] | None = None, input: str | None = None,
-        timeout: float = 1800, hint: str = "") -> str:
-    """Run ``cmd``; its stdout. Raises ReleaseError naming ``step`` with the command's own last lines."""
+        timeout: float = 1800, hint: str = "", stderr_too: bool = False) -> str:
+    """Run ``cmd``; its stdout (and stderr after it with ``stderr_too``). Raises ReleaseError naming ``step`` with the command's own last lines."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, input=input,
                               timeout=timeout, check=False)
@@ -55,7 +55,7 @@ def run(step: str, cmd: list[str], *, env: dict[str, str] | None = None, input: 
         said = "\n".join((proc.stderr.strip() or proc.stdout.strip()).splitlines()[-12:])
         raise ReleaseError(f"{step}: `{' '.join(cmd[:3])} ...` failed ({proc.returncode}):\n{said}"
                            + (f"\n{hint}" if hint else ""))
-    return proc.stdout
+    return proc.stdout + (proc.stderr if stderr_too else "")
 
 
 # -- the OCI distribution API ---------------------------------------------------------------------------------------
@@ -182,6 +182,14 @@ def cert_dir(path: Path, ep: Endpoint) -> Path | None:
         return None
     path.mkdir(parents=True, exist_ok=True)
     (path / "ca.crt").write_bytes(ep.ca_file.read_bytes())
+    return path
+
+
+def ca_bundle(path: Path, ca_file: Path) -> Path:
+    """The system's CAs plus ``ca_file`` in one file: clients that take one bundle (pip, twine, requests) then
+    trust both the local index and the public index its dependencies come from."""
+    system = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"))
+    path.write_bytes((system.read_bytes() if system.exists() else b"") + b"\n" + ca_file.read_bytes())
     return path
 
 
