@@ -128,8 +128,8 @@ def released_values_text(text: str, values: dict[str, Any]) -> str:
     block_end = re.search(r"^\S", rest, re.MULTILINE)
     block, tail = (rest[:block_end.start()], rest[block_end.start():]) if block_end else (rest, "")
     for key, value in values["image"].items():
-        block, n = re.subn(rf"^(  {key}:) .*$", lambda m, v=value: f"{m.group(1)} {json_str(v)}", block,
-                           count=1, flags=re.MULTILINE)
+        line = f"  {key}: {json_str(value)}".replace("\\", "\\\\")  # a replacement template: escape backslashes
+        block, n = re.subn(rf"^  {key}: .*$", line, block, count=1, flags=re.MULTILINE)
         if n != 1:
             raise ValueError(f"values.yaml: image.{key} not found in the `image:` block")
     return (head + sep + block + tail)[1:]
