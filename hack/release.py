@@ -33,6 +33,7 @@ from pathlib import Path
 
 import release_version
 import releaseplan as plan
+import releasesbom as sbom
 from releaseio import Endpoint, Registry, ReleaseError, ca_bundle, cert_dir, run, sha256_file, write_authfile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,6 +173,36 @@ class Publisher:
         self._timed("push images", t0)
         return digests
 
+    def push_sboms(self, refs: dict[str, str], digests: dict[str, str]) -> dict[str, str]:
+        """Image name -> the digest of its SBOM artifact (releasesbom); the dockerfile builder's multi-platform
+        images get none yet (a gap: one SBOM per platform image would be needed)."""
+        if self.args.builder != "local":
+            log("SBOMs: not made for multi-platform builds yet (buildah 1.30+ --sbom on CI would be the way)")
+            return {}
+        t0 = time.monotonic()
+        created = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        out = {}
+        for name, ref in refs.items():
+            root = Path(run(f"mount image {name}", ["podman", "image", "mount", ref], env=self.env).strip())
+            try:
+                debs, pythons = sbom.inventory(root)
+            finally:
+                subprocess.run(["podman", "image", "unmount", ref], capture_output=True,
+                               env={**os.environ, **self.env}, check=False)
+            repo = f"{self.args.namespace}/{plan.IMAGES[name]}"
+            doc = sbom.dumps(sbom.spdx(f"{self.registry.url}/{repo}", digests[name], debs=debs, pythons=pythons,
+                                       created=created))
+            media, size = self.oci.manifest_info(repo, digests[name])
+            manifest = sbom.sbom_manifest(digests[name], size, self.oci.push_blob(repo, b"{}"),
+                                          self.oci.push_blob(repo, doc), len(doc))
+            manifest["subject"]["mediaType"] = media
+            tag = digests[name].replace(":", "-") + ".sbom"
+            out[name] = self.oci.put_manifest(repo, tag, manifest)
+            log(f"SBOM of {name}: {len(debs)} Debian packages, {len(pythons)} Python distributions -> "
+                f"{self.registry.url}/{repo}:{tag}")
+        self._timed("sboms", t0)
+        return out
+
     # -- 3. chart -------------------------------------------------------------------------------------------------
     def push_chart(self, operator_digest: str) -> str:
         t0 = time.monotonic()
@@ -223,11 +254,14 @@ class Publisher:
         self.check()
         refs = self.build_images()
         digests = self.push_images(refs)
+        sboms = self.push_sboms(refs, digests)
         chart_digest = self.push_chart(digests["operator"])
         wheels = self.upload_wheels()
         record = plan.record(self.version, registry=self.registry.url, namespace=self.args.namespace,
                              images=digests, chart_digest=chart_digest, wheels=wheels, index_url=self.index.url,
                              revision=self.args.revision)
+        record["sboms"] = {name: f"{plan.image_repo(self.registry.url, self.args.namespace, name)}@{d}"
+                           for name, d in sboms.items()}
         if self.args.out:  # what a GitHub release attaches: the chart, the wheels, the record
             out = Path(self.args.out)
             out.mkdir(parents=True, exist_ok=True)

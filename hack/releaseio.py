@@ -22,6 +22,10 @@ from typing import Any
 
 from releaseplan import OCI_MANIFEST, RECORD_CONFIG_MEDIA_TYPE, RECORD_MEDIA_TYPE, RECORD_REPO
 
+MANIFEST_TYPES = (OCI_MANIFEST, "application/vnd.oci.image.index.v1+json",
+                  "application/vnd.docker.distribution.manifest.v2+json",
+                  "application/vnd.docker.distribution.manifest.list.v2+json")
+
 
 class ReleaseError(RuntimeError):
     """A release step failed; the message names the step, quotes the component and says what to do."""
@@ -136,6 +140,23 @@ class Registry:
             raise ReleaseError(f"release record: manifest push to {self.ep.url}/{repo}:{version} answered {status}: "
                                f"{said[:300]!r}")
         return headers.get("Docker-Content-Digest", "sha256:" + hashlib.sha256(body).hexdigest())
+
+    def put_manifest(self, repo: str, tag: str, manifest: dict[str, Any]) -> str:
+        """Push an OCI manifest (its blobs pushed before) as ``repo:tag``; its digest."""
+        body = json.dumps(manifest).encode()
+        status, headers, said = self.request("PUT", f"{repo}/manifests/{tag}", data=body,
+                                             headers={"Content-Type": manifest["mediaType"]})
+        if status != 201:
+            raise ReleaseError(f"manifest push to {self.ep.url}/{repo}:{tag} answered {status}: {said[:300]!r}")
+        return headers.get("Docker-Content-Digest", "sha256:" + hashlib.sha256(body).hexdigest())
+
+    def manifest_info(self, repo: str, ref: str) -> tuple[str, int]:
+        """(media type, size) of the manifest ``repo:ref`` (a tag or a digest)."""
+        accept = ", ".join(MANIFEST_TYPES)
+        status, headers, body = self.request("GET", f"{repo}/manifests/{ref}", headers={"Accept": accept})
+        if status != 200:
+            raise ReleaseError(f"manifest {self.ep.url}/{repo}@{ref}: the registry answered {status}")
+        return headers.get("Content-Type", OCI_MANIFEST).split(";")[0], len(body)
 
     def fetch_record(self, namespace: str, version: str) -> dict[str, Any] | None:
         """The release record of ``version``, or None when there is none (an unfinished or unknown release)."""

@@ -110,3 +110,23 @@ def test_released_values_refuse_a_values_file_without_the_keys() -> None:
                                   plan.chart_values("r", "ns", "1.0.0", D1))
     with pytest.raises(ValueError, match="must be sha256"):
         plan.chart_values("r", "ns", "1.0.0", "sha256:short")
+
+
+def test_the_sbom_lists_what_the_image_holds_by_purl() -> None:
+    import releasesbom as sbom
+
+    status = ("Package: libc6\nStatus: install ok installed\nVersion: 2.36-9\n\n"
+              "Package: gone\nStatus: deinstall ok config-files\nVersion: 1\n\n"
+              "Package: python3.11\nStatus: install ok installed\nVersion: 3.11.2-6\n")
+    debs = sbom.dpkg_packages(status)
+    assert debs == [("libc6", "2.36-9"), ("python3.11", "3.11.2-6")]
+    pythons = sbom.python_packages(["Kopf-1.45.2.dist-info", "typing_extensions-4.15.0.dist-info", "x.pth"])
+    assert pythons == [("kopf", "1.45.2"), ("typing-extensions", "4.15.0")]
+    doc = sbom.spdx("r/ns/reprieve-operator", D1, debs=debs, pythons=pythons, created="2026-01-01T00:00:00Z")
+    purls = [ref["referenceLocator"] for p in doc["packages"] for ref in p.get("externalRefs", [])]
+    assert purls == ["pkg:deb/debian/libc6@2.36-9", "pkg:deb/debian/python3.11@3.11.2-6", "pkg:pypi/kopf@1.45.2",
+                     "pkg:pypi/typing-extensions@4.15.0"]
+    contained = {r["relatedSpdxElement"] for r in doc["relationships"] if r["relationshipType"] == "CONTAINS"}
+    assert contained == {p["SPDXID"] for p in doc["packages"][1:]} and len(contained) == 4
+    manifest = sbom.sbom_manifest(D1, 10, D2, D2, 5)
+    assert manifest["subject"]["digest"] == D1 and manifest["artifactType"] == "application/spdx+json"
