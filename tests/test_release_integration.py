@@ -71,7 +71,7 @@ def test_a_release_that_cannot_go_through_fails_before_pushing_anything(registry
         said = ["registry login", "connection refused", "nothing was pushed"]
     elif case == "wrong registry password":
         out = publish(registry, ns, REGISTRY_PASSWORD="wrong")
-        said = ["registry login", "401", "check REGISTRY_USERNAME / REGISTRY_PASSWORD"]
+        said = ["registry login", "invalid username/password", "check REGISTRY_USERNAME / REGISTRY_PASSWORD"]
     else:
         out = publish(registry, ns, INDEX_PASSWORD="wrong")
         said = ["the package index at", "refused the credentials (401)", "INDEX_USERNAME / INDEX_PASSWORD"]
