@@ -88,7 +88,8 @@ def test_a_version_whose_wheel_the_index_has_is_refused_before_any_push(registry
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(tmp_path), str(REPO / "operator")], check=True, capture_output=True, timeout=120)
     wheel = next(tmp_path.glob("reprieve_operator-*.whl"))
-    env = {**os.environ, "TWINE_USERNAME": a.credentials.username, "TWINE_PASSWORD": a.credentials.password}
+    env = {**os.environ, "TWINE_USERNAME": a.credentials.username, "TWINE_PASSWORD": a.credentials.password,
+           "REQUESTS_CA_BUNDLE": str(a.ca_file)}  # requests prefers it over twine's --cert
     twine = [str(registry.tools.twine), "upload", "--non-interactive", "--disable-progress-bar", "--repository-url",
              a.index_url, "--cert", str(a.ca_file), str(wheel)]
     first = subprocess.run(twine, capture_output=True, text=True, env=env, timeout=60, check=False)
