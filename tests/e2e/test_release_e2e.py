@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.conftest import e2e_job, wait_tj
+from .conftest import e2e_job, wait_tj
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnodes, pytest.mark.timeout(1500)]
 REPO = Path(__file__).resolve().parents[2]
