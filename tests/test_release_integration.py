@@ -74,7 +74,7 @@ def test_a_release_that_cannot_go_through_fails_before_pushing_anything(registry
         said = ["registry login", "invalid username/password", "check REGISTRY_USERNAME / REGISTRY_PASSWORD"]
     else:
         out = publish(registry, ns, INDEX_PASSWORD="wrong")
-        said = ["the package index at", "refused the credentials (401)", "INDEX_USERNAME / INDEX_PASSWORD"]
+        said = ["the package index at", "refused the credentials (403)", "INDEX_USERNAME / INDEX_PASSWORD"]
     assert out.returncode == 2, out.stderr
     for s in said:
         assert s in out.stderr, out.stderr
