@@ -41,7 +41,7 @@ def pull_seconds(cluster: Any, namespace: str) -> dict[str, float]:
 
 
 def test_a_release_published_here_installs_and_runs_only_from_the_registry_and_the_index(
-        tmp_path: Path) -> None:
+        tmp_path_factory: pytest.TempPathFactory) -> None:
     """Why this long: the images are pushed (1.3 GB, gzip on 2 cores: about 40 s), a cold node pulls and unpacks
     both (about a minute), and pip installs jax and kopf into two fresh venvs; the images themselves come from the
     content-keyed cache of hack/build-images.sh."""
@@ -54,6 +54,7 @@ def test_a_release_published_here_installs_and_runs_only_from_the_registry_and_t
 
     if prerequisites():
         _real_tier_unavailable(RealNodeError("; ".join(prerequisites())))
+    tmp_path = tmp_path_factory.mktemp("rel")  # short: containerd's socket paths must stay under 104 characters
     with Cluster.start(tmp_path / "cluster") as c:
         try:
             c.real.ensure()
