@@ -97,7 +97,7 @@ demo: venv tools real-tier
 
 ## cluster: a local cluster with 3 nodes until Ctrl-C (prints the KUBECONFIG to use)
 cluster: venv tools
-	$(PY) -m localcluster up --nodes 3
+	PYTHONPATH=hack $(PY) -m localcluster up --nodes 3
 
 ## lint: ruff; mypy of the runtime and operator packages and the chart tooling; helm lint --strict (default
 ## and namespaced values)

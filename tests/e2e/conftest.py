@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from localcluster.cluster import cache_dir
-from localcluster.goodput import read_step_log
+from localcluster.goodput import analyse, read_step_log
 from localcluster.stack import OperatorProcess, example_job, install_chart
 from localcluster.testing import wait_for
 
@@ -159,3 +159,38 @@ def worker_logs(cluster: Any, namespace: str, job: str, replicas: int) -> str:
         for path in cluster.pod_logs(namespace, f"{job}-{i}", "trainer"):
             out.append(f"--- {path}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-25:]))
     return "\n".join(out)
+
+
+def assert_report_renders(cluster: Any, namespace: str, name: str, out: Path, *expected: str) -> str:
+    """``python -m reprieve_operator.timeline`` against the cluster: an SVG that parses and an HTML page that
+    holds ``expected``."""
+    import xml.etree.ElementTree as ET
+
+    from reprieve_operator.timeline import main
+
+    assert main([name, "-n", namespace, "-o", str(out), "--kubeconfig", str(cluster.kubeconfig)]) == 0
+    picture = (out / f"{name}.svg").read_text()
+    ET.fromstring(picture)
+    page = (out / f"{name}.html").read_text()
+    missing = [e for e in expected if e not in page]
+    assert not missing, (missing, page[-3000:])
+    return page
+
+
+GOODPUT_TOLERANCE = 0.03  # absolute, on goodput in 0..1 (docs/goodput.md, "Two figures, one definition")
+
+
+def assert_goodput_agrees(status: dict, steplog: Path) -> None:
+    """The operator's status.goodput (from sparse progress reports) against the example's own step log, over
+    the same wall time. The step log cannot tell a save's wait from the step around it, so its productive
+    time is compared with the operator's productive + checkpoint seconds."""
+    gp = status["goodput"]
+    wall = gp["wallSeconds"]
+    buckets = gp["productiveSeconds"] + sum(gp["badputSeconds"].values())
+    assert buckets == pytest.approx(wall, abs=0.5), gp  # every second in exactly one bucket
+    assert gp["accounting"]["open"] == [], gp  # the job ended: nothing provisional is left
+    own = analyse(read_step_log(steplog), start=0, end=wall)
+    operator_figure = (gp["productiveSeconds"] + gp["badputSeconds"]["checkpoint"]) / wall
+    print(f"\ngoodput: operator {gp['goodput']:.4f} (+checkpoint {operator_figure:.4f}), step log {own.goodput:.4f} "
+          f"over {wall:.1f}s; badput {gp['badputSeconds']}; lost steps {gp['lostSteps']} vs {own.lost_steps}")
+    assert abs(operator_figure - own.goodput) <= GOODPUT_TOLERANCE, (gp, own.summary())

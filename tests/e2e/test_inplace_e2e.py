@@ -2,8 +2,10 @@
 ``reprieve-run`` in 2-process JAX jobs, the process-kubelet local cluster.
 
 A noticed preemption restarts the gang in place: the survivor keeps its pod (same UID) and its supervisor starts
-attempt 2's process in it; the pod on the doomed node is replaced (by the warm spare when ``spares: 1``); the
-training resumes from the agreed checkpoint and ends with the parameters of an uninterrupted run.
+attempt 2's process in it; the pod on the doomed node is replaced (by the warm spare when ``spares: 1``). The plain
+case -- one doomed node, a spare takes over, the survivor's container kept -- is proven on real nodes
+(tests/e2e/test_realnodes_e2e.py); this file covers the harder ones: faults that are not notices, two doomed nodes
+for one spare, a fault while a restart waits for its replacement, and an image without ``reprieve-run``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from .conftest import SPOT_TAINT, e2e_job, pod_node, succeeded, wait_step, wait_
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-STEPS, SLEEP = 200, 0.03
+# Faults come at step 20-50; after the last restart the steps left show the resume. More only prolong the run.
+STEPS, SLEEP = 120, 0.03
 
 
 def submit_inplace(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, spares: int = 0,
@@ -47,60 +50,6 @@ def assignment(cluster: Any, namespace: str, job: str) -> dict[str, Any]:
     out = cluster.kubectl("get", "configmap", f"{job}-assignment", "-n", namespace, "-o", "json").stdout
     data = json.loads(out)["data"]
     return {**data, "processes": json.loads(data["processes"])}
-
-
-@pytest.mark.parametrize("spares", [0, 1])
-def test_noticed_preemption_restarts_the_survivor_in_place_and_replaces_the_doomed_pod(
-        cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path, spares: int) -> None:
-    """Why this long: Two attempts of a 2-process JAX job (each process start loads JAX and the compiled
-    programs) around an agreed save, with steps on both sides of the restart to compare."""
-    pool_a, nodes = pool(3 + spares)
-    name = f"inplace{spares}"
-    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=spares)
-    wait_step(ckpt, 20, 240, cluster, namespace, name)
-    first = assignment(cluster, namespace, name)
-    assert first["attempt"] == "1" and first["processes"] == {f"{name}-0": 0, f"{name}-1": 1}, first
-    before = job_pods(cluster, namespace, name)
-    if spares:
-        spare = wait_for(lambda: [n for n, p in job_pods(cluster, namespace, name).items()
-                                  if n.startswith(f"{name}-spare-") and p["status"].get("phase") == "Running"],
-                         60, "a running spare")[0]
-    doomed = pod_node(cluster, namespace, f"{name}-1")
-    taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
-
-    status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 2
-                     and s.get("phase") in ("Running", "Succeeded"), 120, "attempt 2 running", operator)["status"]
-    second = assignment(cluster, namespace, name)
-    assert second["attempt"] == "2", second
-    assert second["processes"][f"{name}-0"] == 0, second  # the survivor keeps its pod and its index
-    new = next(n for n, i in second["processes"].items() if i == 1)
-    assert new != f"{name}-1", second
-    if spares:
-        assert new == spare, (new, spare)  # the warm spare took over index 1
-    assert pod_node(cluster, namespace, new) != doomed
-    after = job_pods(cluster, namespace, name)
-    assert after[f"{name}-0"]["metadata"]["uid"] == before[f"{name}-0"]["metadata"]["uid"], "survivor recreated"
-    assert status["restarts"]["preemption"] == 1, status
-    last = status.get("lastRestart") or {}
-    assert last.get("attempt") == 2 and last.get("inPlace") == 1, status
-    assert [r["index"] for r in last.get("replaced", [])] == [1], status
-    cluster.remove_node(doomed)
-
-    final = wait_tj(cluster, namespace, name, succeeded, 300, "Succeeded", operator)["status"]
-    assert final["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}, final
-    assert final["attempt"] == 2 and final["lastCheckpointStep"] == STEPS - 1, final
-    result = json.loads((ckpt / "result.json").read_text())
-    assert result["resumedFrom"] > 20, result
-    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
-    assert len(report.interruptions) == 1 and report.interruptions[0].lost_steps == 0, report.summary()
-    assert report.steps == STEPS
-    events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
-                                        f"involvedObject.kind=TrainingJob,involvedObject.name={name}",
-                                        "-o", "json").stdout)["items"]
-    started = [e["message"] for e in events if e["reason"] == "AttemptStarted"]
-    restarted = [m for m in started if m.startswith("attempt 2:")]
-    assert len(restarted) == 1 and "1 worker(s) restarted in place" in restarted[0], started
-    assert len(nodes) == 3 + spares
 
 
 def supervisor_pid(cluster: Any, namespace: str, pod: str) -> int:

@@ -28,6 +28,8 @@ from localcluster.testing import taint_node, wait_for
 
 from .conftest import (
     SPOT_TAINT,
+    assert_goodput_agrees,
+    assert_report_renders,
     e2e_job,
     get_tj,
     pod_node,
@@ -132,7 +134,7 @@ def test_noticed_preemption_on_real_nodes_loses_no_step_and_ends_bit_identical(
         assert pod_node(real_cluster, real_ns, f"preempted-{i}") != doomed
 
     final_a = wait_tj(real_cluster, real_ns, "preempted", succeeded, 400, "Succeeded", real_operator)
-    wait_tj(real_cluster, real_ns, "steady", succeeded, 400, "Succeeded", real_operator)
+    final_b = wait_tj(real_cluster, real_ns, "steady", succeeded, 400, "Succeeded", real_operator)
     result_a = json.loads((ckpt_a / "result.json").read_text())
     result_b = json.loads((ckpt_b / "result.json").read_text())
     assert result_a["resumedFrom"] > 40, result_a
@@ -141,6 +143,13 @@ def test_noticed_preemption_on_real_nodes_loses_no_step_and_ends_bit_identical(
     assert [i.lost_steps for i in report.interruptions] == [0], report.summary()
     assert report.steps == STEPS
     assert final_a["status"]["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}
+    assert final_a["status"]["lastCheckpointStep"] == STEPS - 1
+    assert final_a["status"]["goodput"]["lostSteps"] == 0 and final_a["status"]["step"] == STEPS - 1
+    assert_goodput_agrees(final_a["status"], ckpt_a / "steps.jsonl")
+    assert_goodput_agrees(final_b["status"], ckpt_b / "steps.jsonl")
+    assert final_b["status"]["restartCount"] == 0 and final_b["status"]["attempt"] == 1
+    assert_report_renders(real_cluster, real_ns, "preempted", tmp_path / "report", 'class="mark notice"',
+                          'class="mark deadline"', "attempt 2", 'class="gap"', "PreemptionNotice", "GangRestart")
 
 
 @pytest.fixture
@@ -168,6 +177,12 @@ def test_real_node_lost_without_notice_resumes_from_the_last_periodic_checkpoint
     assert first.lost_steps <= interval, report.summary()
     restarts = final["status"]["restarts"]
     assert restarts["preemption"] == 0 and restarts["disruption"] + restarts["failure"] >= 1, restarts
+    assert_goodput_agrees(final["status"], ckpt / "steps.jsonl")
+    # Steps after the last report of the lost attempt are restart gap to the operator, not lost steps.
+    assert final["status"]["goodput"]["lostSteps"] <= report.lost_steps, (final["status"]["goodput"], report.summary())
+    lost = ['class="lost"'] if final["status"]["goodput"]["lostSteps"] else []
+    assert_report_renders(real_cluster, real_ns, "lost", tmp_path / "report", "attempt 2", 'class="gap"',
+                          'class="mark restart"', *lost)
 
 
 def test_worker_pod_deleted_on_a_real_node_restarts_the_gang_and_finishes(
@@ -258,10 +273,19 @@ def test_in_place_restart_on_real_nodes_keeps_the_survivors_container_and_a_spar
     assert survivor["metadata"]["uid"] == before[f"{name}-0"]["metadata"]["uid"], "survivor's pod recreated"
     assert survivor["status"]["containerStatuses"][0]["restartCount"] == 0, survivor["status"]
     assert status["restarts"]["preemption"] == 1 and status["lastRestart"]["inPlace"] == 1, status
+    assert status["lastRestart"]["attempt"] == 2, status
+    assert [r["index"] for r in status["lastRestart"].get("replaced", [])] == [1], status
 
     final = wait_tj(real_cluster, real_ns, name, succeeded, 400, "Succeeded", real_operator)["status"]
     assert final["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}, final
     assert final["attempt"] == 2 and final["lastCheckpointStep"] == STEPS - 1, final
+    assert json.loads((ckpt / "result.json").read_text())["resumedFrom"] > 40
     report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
     assert [i.lost_steps for i in report.interruptions] == [0], report.summary()
     assert report.steps == STEPS
+    events = json.loads(real_cluster.kubectl("get", "events", "-n", real_ns, "--field-selector",
+                                             f"involvedObject.kind=TrainingJob,involvedObject.name={name}",
+                                             "-o", "json").stdout)["items"]
+    restarted = [e["message"] for e in events
+                 if e["reason"] == "AttemptStarted" and e["message"].startswith("attempt 2:")]
+    assert len(restarted) == 1 and "1 worker(s) restarted in place" in restarted[0], restarted
