@@ -219,12 +219,14 @@ def source_at(sources: list[Restore | None], i: int) -> str:
 
 
 def hard_kill_due(*, after_checkpoint: int, notice_node_deleted: bool, phase: str | None, attempt: int,
-                  notice_attempt: int, step: int, checkpoint_step: int | None) -> bool:
+                  notice_attempt: int, step: int, checkpoint_step: int | None, spares: str | None = None) -> bool:
     """Whether to lose worker 0's node without notice now (pure): once the preemption's restart is done (its node
-    deleted, a newer attempt running) and training is ``after_checkpoint`` steps past the newest storage
-    checkpoint the job's status names, so that a run without the memory tier has that many steps to lose."""
+    deleted, a newer attempt running, a replacement spare ready where the job has spares: ``status.spares``
+    ``ready/desired``) and training is ``after_checkpoint`` steps past the newest storage checkpoint the job's
+    status names, so that a run without the memory tier has that many steps to lose."""
+    spare_ready = spares is None or spares.split("/")[0] not in ("", "0")
     return (after_checkpoint > 0 and notice_node_deleted and phase == "Running" and attempt > notice_attempt
-            and checkpoint_step is not None and step >= checkpoint_step + after_checkpoint)
+            and spare_ready and checkpoint_step is not None and step >= checkpoint_step + after_checkpoint)
 
 
 def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Path, args: argparse.Namespace,
@@ -291,7 +293,8 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
         if not hard_killed and hard_kill_due(after_checkpoint=args.hard_kill_after_checkpoint,
                                              notice_node_deleted=deleted, phase=status.get("phase"),
                                              attempt=int(status.get("attempt") or 0), notice_attempt=notice_attempt,
-                                             step=step, checkpoint_step=checkpoint):
+                                             step=step, checkpoint_step=checkpoint,
+                                             spares=status.get("spares") if in_place else None):
             doomed = cluster.kubectl("get", "pod", f"{job}-0", "-n", NS, "-o", "jsonpath={.spec.nodeName}",
                                      check=False).stdout.strip()
         else:

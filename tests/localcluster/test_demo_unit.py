@@ -23,6 +23,8 @@ READY = {"after_checkpoint": 50, "notice_node_deleted": True, "phase": "Running"
     ({"phase": "Restarting"}, False),             # the gang is not running yet
     ({"checkpoint_step": None}, False),           # no checkpoint reported yet
     ({"after_checkpoint": 0}, False),             # --hard-kill-after-checkpoint 0: no unwarned loss
+    ({"spares": "1/1"}, True),                    # in place: the used spare's replacement is ready
+    ({"spares": "0/1"}, False),                   # ... not yet: the lost worker would wait for its pod
 ])
 def test_hard_kill_due(change: dict, due: bool) -> None:
     assert hard_kill_due(**{**READY, **change}) is due
