@@ -106,7 +106,7 @@ def tj(cluster: Cluster, job: str = JOB) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--step-sleep", type=float, default=0.05)
     parser.add_argument("--preempt-at-step", type=int, default=150)
     parser.add_argument("--notice-seconds", type=float, default=30.0, help="taint -> node deletion")
