@@ -9,6 +9,7 @@ import pytest
 from localcluster import chaos
 from localcluster.chaos import REAL_NODES, SPARE, Capabilities, SoakConfigError
 from localcluster.goodput import StepRecord, analyse
+from localcluster.injectors import Proc, pick
 from localcluster.soakrecord import (
     Injected,
     Observation,
@@ -212,3 +213,17 @@ def test_badput_by_kind_sums_gaps() -> None:
     tot = totals(records(faults, [], intr, log, t0=0), goodput=0.5, goodput_fault_free=0.6, lost=[],
                  sha256_equal=None)
     assert Counter(tot.badput_by_kind) == Counter({"node-lost": pytest.approx(20.0)})
+
+
+@pytest.mark.parametrize(("procs", "role", "expected"), [
+    # supervisor (inner pid 1), trainer (started first), warm process (started later): the trainer is the oldest child
+    ([Proc(100, 90, 1, 5), Proc(120, 100, 7, 50), Proc(110, 100, 6, 10)], "trainer", 110),
+    ([Proc(100, 90, 1, 5), Proc(120, 100, 7, 50), Proc(110, 100, 6, 10)], "supervisor", 100),
+    # a grandchild (the trainer's own child) is never picked
+    ([Proc(100, 90, 1, 5), Proc(130, 110, 9, 1), Proc(110, 100, 6, 10)], "trainer", 110),
+    ([Proc(100, 90, 1, 5)], "trainer", None),     # between attempts: no trainer
+    ([Proc(120, 100, 7, 50)], "supervisor", None),  # no PID 1 seen
+])
+def test_pick_finds_the_supervisor_and_the_trainer(procs: list[Proc], role: str, expected: int | None) -> None:
+    got = pick(role, procs)
+    assert (got.pid if got else None) == expected
