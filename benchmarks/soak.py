@@ -157,11 +157,11 @@ def present_checkpoints(ckpt: Path) -> set[int]:
             if (m := re.fullmatch(r"step_(\d{10})_a\d+", p.name))}
 
 
-def trainer_lines(cluster: Cluster, job: str) -> list[str]:
-    lines: list[str] = []
-    for path in cluster.pod_logs(NS, f"{job}-0", "trainer"):
-        lines += path.read_text(errors="replace").splitlines()
-    return lines
+def trainer_logs(cluster: Cluster, job: str) -> list[list[str]]:
+    """Every trainer log of the job's pods (workers and spares, on nodes since deleted too), each in order."""
+    paths = [*cluster.workdir.glob(f"realnodes/*/pod-logs/{NS}_{job}-*/trainer/*.log"),
+             *cluster.workdir.glob(f"nodes/*/pods/{NS}/{job}-*/logs/trainer.log")]
+    return [p.read_text(errors="replace").splitlines() for p in sorted(paths, key=lambda p: p.stat().st_mtime)]
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[str]]:
@@ -329,7 +329,7 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
     steps = read_step_log(ckpt / "steps.jsonl") if (ckpt / "steps.jsonl").exists() else []
     report = analyse(steps, start=start, end=end)
     recs = records(injected, observer.obs, report.interruptions, steps, t0=start,
-                   restores=restores_by_attempt(trainer_lines(cluster, "soak")))
+                   restores=restores_by_attempt(trainer_logs(cluster, "soak")))
     keep = int(body["spec"]["checkpoint"].get("keep", 3))
     lost = committed_lost(observer.committed, present_checkpoints(ckpt), keep)
     sha: bool | None = None

@@ -191,23 +191,25 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
 
 _GANG = re.compile(r"restored step \d+ on process 0 from .*\(gang: (?P<gang>[^)]*)\)")
 _STORAGE = re.compile(r"restored step \d+ from ")
-_START = re.compile(r"starting at step \d+ of \d+ \(attempt (?P<attempt>\d+)\)")
+_START = re.compile(r"process (?P<process>\d+)/\d+ starting at step \d+ of \d+ \(attempt (?P<attempt>\d+)\)")
 
 
-def restores_by_attempt(lines: Iterable[str]) -> dict[int, str]:
-    """Where each attempt restored from, from process 0's trainer log lines: "memory: 0=memory, 1=peer" (the
-    memory tier, per process) or "storage"; attempts that restored nothing are absent."""
+def restores_by_attempt(logs: Iterable[Iterable[str]]) -> dict[int, str]:
+    """Where each attempt restored from, from the trainer logs of the job's pods (one line sequence per log
+    file, in order): "memory tier: 0=memory, 1=peer" (per process) or "storage", as process 0 logged it; attempts
+    that restored nothing are absent."""
     out: dict[int, str] = {}
-    pending = ""
-    for line in lines:
-        if m := _GANG.search(line):
-            pending = f"memory tier: {m['gang']}"
-        elif _STORAGE.search(line) and not pending:
-            pending = "storage"
-        elif m := _START.search(line):
-            if pending:
-                out[int(m["attempt"])] = pending
-            pending = ""
+    for lines in logs:
+        pending = ""
+        for line in lines:
+            if m := _GANG.search(line):
+                pending = f"memory tier: {m['gang']}"
+            elif _STORAGE.search(line) and not pending:
+                pending = "storage"
+            elif m := _START.search(line):
+                if pending and m["process"] == "0":
+                    out[int(m["attempt"])] = pending
+                pending = ""
     return out
 
 

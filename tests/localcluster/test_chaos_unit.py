@@ -192,7 +192,11 @@ def test_restore_source_per_attempt_from_the_trainer_log() -> None:
              "restored step 40 on process 0 from its own pod's memory in 0.1s (gang: 0=memory, 1=peer)",
              "restored step 40 from /ckpt/checkpoints: resuming at step 41 (saved by attempt 2)",
              "process 0/2 starting at step 41 of 100 (attempt 3)"]
-    assert restores_by_attempt(lines) == {2: "storage", 3: "memory tier: 0=memory, 1=peer"}
+    other = ["restored step 20 from /ckpt/checkpoints: resuming at step 21 (saved by attempt 1)",
+             "process 1/2 starting at step 21 of 100 (attempt 2)",
+             "restored step 60 from /ckpt/checkpoints: resuming at step 61 (saved by attempt 3)",
+             "process 1/2 starting at step 61 of 100 (attempt 4)"]
+    assert restores_by_attempt([lines, other]) == {2: "storage", 3: "memory tier: 0=memory, 1=peer"}
 
 
 @pytest.mark.parametrize(("seen", "present", "keep", "lost"), [
