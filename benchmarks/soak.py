@@ -111,7 +111,7 @@ class Observer(threading.Thread):
                 str(notice.get("node") or ""), step, holder.rsplit("_", 1)[0],
                 tuple(sorted(p.metadata.name for p in pods if "-spare-" in p.metadata.name
                              and p.status.phase == "Running" and not p.metadata.deletion_timestamp)),
-                s.get("lastRestart")))
+                s.get("lastRestart"), (s.get("goodput") or {}).get("lostSteps")))
 
 
 def soak_job(cluster: Cluster, name: str, work: Path, args: argparse.Namespace, real: bool) -> tuple[dict, Path]:

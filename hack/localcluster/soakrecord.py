@@ -51,6 +51,7 @@ class Observation:
     leader: str = ""
     spares: tuple[str, ...] = ()
     last_restart: Mapping[str, Any] | None = None
+    operator_lost_steps: int | None = None   # status.goodput.lostSteps
 
 
 @dataclass
@@ -64,6 +65,7 @@ class FaultRecord:
     recovery: str = ""
     recovered: bool = False
     note: str = ""
+    operator_lost_steps: int | None = None  # the operator's status.goodput.lostSteps grew by this over the restart
 
 
 @dataclass
@@ -135,6 +137,16 @@ def how_restarted(last_restart: Mapping[str, Any] | None, restore: str = "") -> 
     return ", ".join(parts) + (f"; {restore}" if restore else "")
 
 
+def operator_lost(obs: Sequence[Observation], since: float, until: float) -> int | None:
+    """How much ``status.goodput.lostSteps`` grew from the last poll before ``since`` to the last before ``until``
+    (the operator counts an attempt's lost steps once the next attempt reports where it resumed)."""
+    before = [o.operator_lost_steps for o in obs if o.t <= since and o.operator_lost_steps is not None]
+    after = [o.operator_lost_steps for o in obs if o.t <= until and o.operator_lost_steps is not None]
+    if not after:
+        return None
+    return after[-1] - (before[-1] if before else 0)
+
+
 def attribute(faults: Sequence[Injected], interruptions: Sequence[Interruption]) -> dict[int, tuple[int, str]]:
     """fault index -> (interruption index, "cause" | "during restart"), as the module docstring says."""
     out: dict[int, tuple[int, str]] = {}
@@ -173,6 +185,8 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
             rec.recovered = True
             if role == "cause":
                 rec.lost_steps, rec.gap_seconds = intr.lost_steps, round(intr.gap_seconds, 2)
+                until = interruptions[j + 1].last_t if j + 1 < len(interruptions) else float("inf")
+                rec.operator_lost_steps = operator_lost(obs, intr.last_t, until)
             else:
                 rec.note = "during restart: shares the restart of the fault before it"
         elif not KINDS[f.kind].interrupts:
@@ -232,12 +246,14 @@ def totals(recs: Sequence[FaultRecord], *, goodput: float, goodput_fault_free: f
 
 def table(recs: Sequence[FaultRecord], tot: Totals) -> str:
     """The terminal table: one row per fault, then the totals."""
-    head = f"{'#':>3} {'kind':34} {'target':22} {'inject':>7} {'detect':>7} {'lost':>5} {'gap s':>6}  recovery"
+    head = (f"{'#':>3} {'kind':34} {'target':22} {'inject':>7} {'detect':>7} {'lost':>5} {'(op)':>5} {'gap s':>6}"
+            "  recovery")
     rows = [head, "-" * len(head)]
     for i, r in enumerate(recs, 1):
         det = "-" if r.detected_at is None else f"{r.detected_at:.1f}"
         flag = "" if r.recovered else "  UNRECOVERED"
-        rows.append(f"{i:>3} {r.kind:34} {r.target[:22]:22} {r.injected_at:>7.1f} {det:>7} {r.lost_steps:>5} "
+        op = "-" if r.operator_lost_steps is None else str(r.operator_lost_steps)
+        rows.append(f"{i:>3} {r.kind:34} {r.target[:22]:22} {r.injected_at:>7.1f} {det:>7} {r.lost_steps:>5} {op:>5} "
                     f"{r.gap_seconds:>6.1f}  {r.recovery}{flag}{'  (' + r.note + ')' if r.note else ''}")
     total_gap = sum(tot.badput_by_kind.values()) or 1.0
     share = ", ".join(f"{k} {v / total_gap:.0%}" for k, v in sorted(tot.badput_by_kind.items(), key=lambda x: -x[1])

@@ -144,10 +144,15 @@ def test_records_match_faults_to_interruptions_and_share_a_restart_hit_twice() -
            Observation(175, 3, spares=(), last_restart={"attempt": 3, "inPlace": 1, "replaced": [
                {"index": 0, "old": "lm-0", "new": "lm-spare-x", "reason": "node"}]}),
            Observation(185, 3, spares=("lm-spare-y",))]
+    obs = [Observation(o.t, o.attempt, notice_id=o.notice_id, notice_node=o.notice_node, spares=o.spares,
+                       last_restart=o.last_restart, operator_lost_steps=lost)
+           for o, lost in zip(obs, [0, 0, 3, 3, 3], strict=True)]
     recs = records(faults, obs, intr, log, t0=100, restores={2: "storage"})
     kill, during, notice, spare = recs
     assert (kill.lost_steps, kill.recovered, kill.detected_at) == (5, True, 21)
     assert kill.recovery == "2 in place; storage" and kill.gap_seconds == pytest.approx(20.0)
+    assert kill.operator_lost_steps == 3  # the operator's count grew by 3 where the step log says 5
+    assert notice.operator_lost_steps == 0
     assert during.recovered and during.lost_steps == 0 and "during restart" in during.note
     assert (notice.lost_steps, notice.detected_at, notice.recovered) == (0, 61, True)
     assert notice.recovery == "1 in place, 0->spare"
