@@ -126,6 +126,11 @@ def soak_job(cluster: Cluster, name: str, work: Path, args: argparse.Namespace, 
     spec["restartMode"], spec["spares"] = "InPlace", args.spares
     if args.memory:
         spec["checkpoint"]["memory"] = {"sizeLimit": args.memory}
+    # One pod per node where it can (as on GPU nodes): a node's loss then takes one worker, and the faults that
+    # need the two workers on two nodes find them there.
+    spec["template"]["spec"]["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
+            "matchLabels": {"reprieve.dev/job-name": name}}}}]}}
     return body, ckpt
 
 
