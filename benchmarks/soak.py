@@ -189,6 +189,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
                    help="the job's maxFailures: a killed supervisor counts as a failure today (docs/soak.md)")
     p.add_argument("--out", type=Path, default=None, help="directory for soak.json and the timeline")
     p.add_argument("--timeout", type=float, default=0, help="per job (default: 4x the planned minutes + 10 min)")
+    p.add_argument("--plan-only", action="store_true", help="print the schedule and exit (starts nothing)")
     args = p.parse_args(argv)
     try:
         seed = chaos.parse_seed(args.seed)
@@ -234,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
                                                           if left_out else ""))
     not_impl = [k.name for k in chaos.CATALOGUE if not k.implemented]
     say(f"not implemented yet (never scheduled): {', '.join(not_impl)}")
+    if args.plan_only:
+        for i, f in enumerate(plan, 1):
+            print(f"{i:>4} {f.at:>8.1f}s  cycle {f.cycle:<3} {f.kind}")
+        return 0
     work = Path(tempfile.mkdtemp(prefix="reprieve-soak-"))
     out = args.out or work
     out.mkdir(parents=True, exist_ok=True)
