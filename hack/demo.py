@@ -271,10 +271,10 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
               f"the runtime's progress reports); badput {gp.get('badputSeconds')}")
     print()
     print(cluster.kubectl("get", "tj", job, "-n", NS).stdout)
-    from reprieve_operator.report import main as draw
+    from reprieve_operator.timeline import main as draw
 
     out = work / f"report-{job}"
-    print("Timeline of the job (python -m reprieve_operator.report):")
+    print("Timeline of the job (python -m reprieve_operator.timeline):")
     draw([job, "-n", NS, "-o", str(out), "--kubeconfig", str(cluster.kubeconfig)])
     ok = status.get("phase") == "Succeeded" and report.lost_steps == 0 and len(report.interruptions) >= 1
     return ok, report

@@ -125,7 +125,7 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
         a = outcome.assign
         await apply.run(apply.put_configmap, api, builders.build_assignment(job, a.attempt, dict(a.processes),
                                                                              a.coordinator, dict(a.memory_peers)))
-        state.assignments.wrote(key, a)
+        state.assignments.wrote(job, a)
         if outcome.assigned_event is not None:
             await apply.run(apply.post_event, api, ref, outcome.assigned_event.reason, outcome.assigned_event.message)
             log.info("TrainingJob %s/%s: %s", ns, name, outcome.assigned_event.message)

@@ -110,6 +110,7 @@ def test_values_switches() -> None:
     ("replicaCount=9", "replicaCount"),
     ("leaderElection.enabled=false", "replicaCount > 1 needs leaderElection.enabled=true"),
     ("signals.builtin.gce-spot.enabled=true", "gce-spot"),
+    ("crds.enabled=false,signals.builtin.gce-spot.enabled=true", "not a built-in signal"),  # names without the CRD
     ("signals.builtin.gke-spot.noticeSeconds=-1", "noticeSeconds"),
     ("metrics.port=70000", "port"),
     ("logLevel=LOUD", "logLevel"),

@@ -118,13 +118,13 @@ def test_no_memory_tier_no_memory_volume_nor_environment() -> None:
 def test_the_assignments_memory_peers_reach_each_process_and_survive_an_operator_restart() -> None:
     """builders.build_assignment -> reprieve-run's parser (the runtime's side of the contract), and back through the
     operator's own parser (what a restarted operator reads as the previous pairing)."""
-    from reprieve import supervision
+    from reprieve.supervisor import contract
     from reprieve_operator.assignment import parse_assignment
     from reprieve_operator.builders import build_assignment
 
     j = job({"sizeLimit": "1Gi"})
     cm = build_assignment(j, 3, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476", {0: "10.0.0.2:8477", 1: None})
-    got = {pod: supervision.parse_assignment(cm["data"], pod, configmap="default/llama-assignment").memory_peer
+    got = {pod: contract.parse_assignment(cm["data"], pod, configmap="default/llama-assignment").memory_peer
            for pod in ("llama-0", "llama-1")}
     assert got == {"llama-0": "10.0.0.2:8477", "llama-1": ""}  # "": nobody (own copies only)
     back = parse_assignment(cm)

@@ -32,7 +32,7 @@ from typing import Any
 
 BUCKETS = ("startup", "restore", "checkpoint", "productive", "lost", "restartGap")
 BADPUT = ("startup", "restore", "checkpoint", "lost", "restartGap")
-HISTORY = 20  # closed attempts kept (for the timeline of ``reprieve_operator.report``); older ones only in totals
+HISTORY = 20  # closed attempts kept (for the timeline of ``reprieve_operator.timeline``); older ones only in totals
 
 
 @dataclass(frozen=True)

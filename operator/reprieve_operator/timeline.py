@@ -1,4 +1,4 @@
-"""A picture of a job: ``python -m reprieve_operator.report JOB [-n NAMESPACE] [-o DIR]``.
+"""A picture of a job: ``python -m reprieve_operator.timeline JOB [-n NAMESPACE] [-o DIR]``.
 
 Draws the job's timeline from what the cluster holds (its status, ``status.goodput``'s attempt history, its
 Events): one row per attempt (start-up, training with its first and last reported step, lost steps, the restart
@@ -253,7 +253,7 @@ def write(tl: Timeline, out_dir: Path) -> tuple[Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m reprieve_operator.report", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m reprieve_operator.timeline", description=__doc__.splitlines()[0])
     p.add_argument("job", help="TrainingJob name")
     p.add_argument("-n", "--namespace", default="default")
     p.add_argument("-o", "--output", default=".", help="directory for <job>.svg and <job>.html")
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             job, events = collect(api, args.namespace, args.job)
         except ApiException as err:
-            print(f"report: TrainingJob {args.namespace}/{args.job}: HTTP {err.status} {err.reason}", file=sys.stderr)
+            print(f"timeline: TrainingJob {args.namespace}/{args.job}: HTTP {err.status} {err.reason}", file=sys.stderr)
             return 1
     svg_path, html_path = write(timeline(job, events, time.time()), Path(args.output))
     print(svg_path)

@@ -1,4 +1,4 @@
-"""report: the timeline of a job from its status and Events (pure), drawn as SVG and HTML."""
+"""timeline: the timeline of a job from its status and Events (pure), drawn as SVG and HTML."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reprieve_operator.report import html, svg, timeline, write
+from reprieve_operator.timeline import html, svg, timeline, write
 
 pytestmark = pytest.mark.unit
 
