@@ -368,8 +368,8 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
 
 
 def draw(api: Any, recs: list, start: float, out: Path) -> None:
-    """The job's timeline (reprieve_operator.report) with every fault marked."""
-    from reprieve_operator import report as rep
+    """The job's timeline (reprieve_operator.timeline) with every fault marked."""
+    from reprieve_operator import timeline as rep
 
     try:
         job, events = rep.collect(api, NS, "soak")
