@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: all venv tools kueue images real-tier monitoring-tier release-tier lock test test-jax-range test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean
+.PHONY: all venv tools kueue images real-tier monitoring-tier release-tier lock test test-jax-range test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean soak
 
 all: test
 
@@ -140,3 +140,9 @@ lock: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+## soak: the chaos soak (benchmarks/soak.py, docs/soak.md): 30 minutes of faults on real nodes by default;
+## SOAK_ARGS="--minutes 3 --seed 1" for a short one, --process-nodes where real nodes cannot run
+SOAK_ARGS ?=
+soak: venv tools real-tier
+	$(PY) benchmarks/soak.py $(SOAK_ARGS)
