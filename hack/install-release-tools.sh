@@ -16,30 +16,9 @@ cache="${REPRIEVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reprieve}"
 mkdir -p "$cache"
 say() { echo "install-release-tools: $*" >&2; }
 
-if ! command -v docker-registry >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    say "installing Debian package docker-registry"
-    start=$(date +%s)
-    # policy-rc.d 101: the package's postinst must not start (or enable) a system-wide registry.
-    policy=/usr/sbin/policy-rc.d
-    had_policy=0; [ -e "$policy" ] && had_policy=1
-    [ "$had_policy" = 1 ] || { printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod +x "$policy"; }
-    ok=1
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        docker-registry; } >"$cache/apt-get-registry.log" 2>&1 || ok=0
-    [ "$had_policy" = 1 ] || rm -f "$policy"
-    if [ "$ok" = 0 ]; then
-      tail -20 "$cache/apt-get-registry.log" >&2
-      say "apt-get install docker-registry failed (log above, full log $cache/apt-get-registry.log)"
-      exit 3
-    fi
-    say "installed in $(( $(date +%s) - start ))s"
-  fi
-fi
-if ! command -v docker-registry >/dev/null 2>&1; then
-  say "missing: docker-registry. On Debian 12 as root: apt-get install docker-registry"
-  exit 3
-fi
+# shellcheck source=hack/apt-package.sh
+source "$(dirname "${BASH_SOURCE[0]}")/apt-package.sh"
+ensure_apt_package docker-registry apt-get-registry.log
 
 python="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 key="$(echo "$("$python" -c 'import sys; print(sys.version_info[:2])') pypiserver==$PYPISERVER_VERSION passlib==$PASSLIB_VERSION twine==$TWINE_VERSION" \
