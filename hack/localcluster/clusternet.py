@@ -57,6 +57,17 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     _libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
+def daemon_prologue(name: str) -> threading.Event:
+    """The start of a helper process run inside the cluster network (this module's and :mod:`.hostforward`'s
+    ``main``): log lines tagged ``name``, SIGTERM when the parent dies; the Event is set on SIGTERM or SIGINT."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+    die_with_parent()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return stop
+
+
 def in_host_ns(host_ns_fd: int, make: Callable[[], socket.socket]) -> socket.socket:
     """A socket made by ``make`` in the host's network namespace (on a short-lived thread that enters it)."""
     result: dict[str, Any] = {}
@@ -283,11 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="port on the host's 127.0.0.1 for the API server's CONNECT proxy to kubelets (0: none)")
     parser.add_argument("--ready-file", required=True)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s clusternet %(levelname)s %(message)s")
-    die_with_parent()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = daemon_prologue("clusternet")
     try:
         setup_links()
         api = _listen(socket.SOCK_STREAM, (API_VIP, 443))

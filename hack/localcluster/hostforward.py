@@ -4,20 +4,19 @@
 the local registry listens on the host's loopback, and real nodes' containerd, which lives in the cluster network
 namespace (:mod:`.clusternet`), pulls from the same address through this forwarder, so an image reference is the
 same string on both sides. Connections to the host are made from the host namespace on a thread that enters it
-(:func:`localcluster.clusternet.host_connect`). It exits on SIGTERM or when its parent dies.
+(:func:`localcluster.clusternet.host_connect`). It exits on SIGTERM (or SIGINT) or when its parent dies.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import socket
 import sys
 import threading
 from pathlib import Path
 
-from localcluster.clusternet import _listen, _serve_forward, die_with_parent
+from localcluster.clusternet import _listen, _serve_forward, daemon_prologue
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,10 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, action="append", required=True, help="repeatable")
     p.add_argument("--ready-file", required=True)
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s hostforward %(levelname)s %(message)s")
-    die_with_parent()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = daemon_prologue("hostforward")
     for port in args.port:
         listener = _listen(socket.SOCK_STREAM, ("127.0.0.1", port))
         threading.Thread(target=_serve_forward, args=(listener, args.host_netns_fd, ("127.0.0.1", port)),
