@@ -60,13 +60,19 @@ def cache_dir() -> Path:
     return Path(base)
 
 
-def ensure_tools() -> Path:
-    """Build (or reuse) localkube and helm; return the bin dir. Rebuilds only when the sources changed."""
-    script = REPO / "hack" / "build-tools.sh"
+def run_build_script(name: str) -> Path:
+    """Run ``hack/<name>`` (a build cached by content under ``cache_dir()``, a no-op when nothing changed); the
+    path it prints last. Its stderr passes through, so a failure's reason is above the ClusterError."""
+    script = REPO / "hack" / name
     proc = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, timeout=3600, check=False)
     if proc.returncode != 0:
         raise ClusterError(f"{script} failed with exit code {proc.returncode} (its output is above)")
     return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def ensure_tools() -> Path:
+    """Build (or reuse) localkube and helm; return the bin dir. Rebuilds only when the sources changed."""
+    return run_build_script("build-tools.sh")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from .cluster import REPO, Cluster, ClusterError, _Proc, free_port, wait_until
+from .cluster import Cluster, ClusterError, _Proc, free_port, run_build_script, wait_until
 from .pki import _issue, _openssl
 
 # The external framework Kueue must know for the operator's Workloads (operator/reprieve_operator/policy/kueue.py).
@@ -41,11 +41,7 @@ WEBHOOK_GROUPS = {"kueue.x-k8s.io", "batch"}
 
 def ensure_kueue() -> Path:
     """Build (or reuse) Kueue; the directory with ``kueue``, ``crd/`` and ``webhook/manifests.yaml``."""
-    script = REPO / "hack" / "build-kueue.sh"
-    proc = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, timeout=3600, check=False)
-    if proc.returncode != 0:
-        raise ClusterError(f"{script} failed with exit code {proc.returncode} (its output is above)")
-    return Path(proc.stdout.strip().splitlines()[-1])
+    return run_build_script("build-kueue.sh")
 
 
 def config(webhook_port: int, cert_dir: Path, health_port: int, metrics_port: int,
