@@ -51,6 +51,21 @@ def test_transitions(old: dict, new: dict, expected: Transitions) -> None:
     assert transitions(old, new) == expected
 
 
+# What the collector below exposes, one sample a line.
+GAUGE_SAMPLES = [
+    'reprieve_jobs{namespace="team-a",phase="Running"} 2.0',
+    'reprieve_jobs{namespace="team-b",phase="Failed"} 1.0',
+    'reprieve_job_goodput_ratio{namespace="team-a",trainingjob="llama"} 0.9',
+    'reprieve_job_badput_seconds{bucket="restartGap",namespace="team-a",trainingjob="llama"} 3.0',
+    'reprieve_job_step{namespace="team-a",trainingjob="llama"} 120.0',
+    # the memory tier: the newest step per tier, restores from memory apart from storage
+    'reprieve_job_saved_step{namespace="team-a",tier="memory",trainingjob="llama"} 118.0',
+    'reprieve_job_saved_step{namespace="team-a",tier="storage",trainingjob="llama"} 100.0',
+    'reprieve_job_restores{namespace="team-a",tier="memory",trainingjob="llama"} 2.0',
+    'reprieve_job_restore_seconds{namespace="team-a",tier="storage",trainingjob="llama"} 0.6',
+]
+
+
 def test_job_gauges_and_phases_with_and_without_the_job_label() -> None:
     collector = metrics.JobCollector()
     registry = CollectorRegistry()
@@ -63,16 +78,8 @@ def test_job_gauges_and_phases_with_and_without_the_job_label() -> None:
     collector.update("team-a", "gpt", {"phase": "Running"})
     collector.update("team-b", "bert", {"phase": "Failed"})
     text = generate_latest(registry).decode()
-    assert 'reprieve_jobs{namespace="team-a",phase="Running"} 2.0' in text
-    assert 'reprieve_jobs{namespace="team-b",phase="Failed"} 1.0' in text
-    assert 'reprieve_job_goodput_ratio{namespace="team-a",trainingjob="llama"} 0.9' in text
-    assert 'reprieve_job_badput_seconds{bucket="restartGap",namespace="team-a",trainingjob="llama"} 3.0' in text
-    assert 'reprieve_job_step{namespace="team-a",trainingjob="llama"} 120.0' in text
-    # the memory tier: the newest step per tier, restores from memory apart from storage
-    assert 'reprieve_job_saved_step{namespace="team-a",tier="memory",trainingjob="llama"} 118.0' in text
-    assert 'reprieve_job_saved_step{namespace="team-a",tier="storage",trainingjob="llama"} 100.0' in text
-    assert 'reprieve_job_restores{namespace="team-a",tier="memory",trainingjob="llama"} 2.0' in text
-    assert 'reprieve_job_restore_seconds{namespace="team-a",tier="storage",trainingjob="llama"} 0.6' in text
+    missing = [sample for sample in GAUGE_SAMPLES if sample not in text.splitlines()]
+    assert not missing, f"samples missing from the exposition: {missing}"
     collector.forget("team-a", "llama")
     assert 'trainingjob="llama"' not in generate_latest(registry).decode()
     metrics.set_job_label(False)
