@@ -42,9 +42,16 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
+def _interval(limit: int, description: str) -> Any:
+    """A save interval field (storage or memory tier): 0 by default, at most ``limit``."""
+    return Field(default=0, ge=0, le=limit, description=description)
+
+
 QUANTITY_RE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _QUANTITY_UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
                    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+MAX_INTERVAL_STEPS = 10_000_000  # a save interval's bounds (storage and memory tier alike)
+MAX_INTERVAL_SECONDS = 604_800  # a week
 MEMORY_MIN_BYTES = 2**20  # a memory volume below 1 MiB is a typo, not a choice
 MEMORY_RULES = [
     {"rule": "self.intervalSteps == 0 || self.intervalSeconds == 0", "fieldPath": ".intervalSeconds",
@@ -76,12 +83,12 @@ class MemorySpec(_Model):
                     "against the pod's memory limit). It must hold 3 copies of one process's shards: its own, "
                     "its peer's and one in flight; a smaller one turns the tier off at the first save with the "
                     "sizes in the log, and the job trains on with storage checkpoints.")
-    interval_steps: int = Field(
-        default=0, ge=0, le=10_000_000,
-        description="Memory save every this many steps; 0 with intervalSeconds 0: spaced to cost at most 1 % of "
-                    "the training time (measured at the start of each attempt).")
-    interval_seconds: int = Field(default=0, ge=0, le=604_800,
-                                  description="Memory save about every this many seconds of training (0: off).")
+    interval_steps: int = _interval(
+        MAX_INTERVAL_STEPS,
+        "Memory save every this many steps; 0 with intervalSeconds 0: spaced to cost at most 1 % of the training "
+        "time (measured at the start of each attempt).")
+    interval_seconds: int = _interval(MAX_INTERVAL_SECONDS,
+                                      "Memory save about every this many seconds of training (0: off).")
 
     @field_validator("size_limit")
     @classmethod
@@ -120,14 +127,14 @@ class CheckpointSpec(_Model):
             ]
         },
     )
-    interval_steps: int = Field(
-        default=0, ge=0, le=10_000_000,
-        description="Periodic save interval in steps; 0 saves only on a preemption notice. An edit takes "
-                    "effect at the next attempt (running workers keep the value they started with).")
-    interval_seconds: int = Field(
-        default=0, ge=0, le=604_800,
-        description="Periodic save at most every this many seconds (beside intervalSteps; 0: off). An edit "
-                    "takes effect at the next attempt.")
+    interval_steps: int = _interval(
+        MAX_INTERVAL_STEPS,
+        "Periodic save interval in steps; 0 saves only on a preemption notice. An edit takes effect at the next "
+        "attempt (running workers keep the value they started with).")
+    interval_seconds: int = _interval(
+        MAX_INTERVAL_SECONDS,
+        "Periodic save at most every this many seconds (beside intervalSteps; 0: off). An edit takes effect at "
+        "the next attempt.")
     keep: int = Field(default=3, ge=1, le=1000,
                       description="How many complete checkpoints to keep. An edit takes effect at the next attempt.")
     memory: MemorySpec | None = Field(
