@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: all venv tools kueue images real-tier monitoring-tier lock test test-jax-range test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean
+.PHONY: all venv tools kueue images real-tier monitoring-tier release-tier lock test test-jax-range test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean soak
 
 all: test
 
@@ -59,14 +59,20 @@ real-tier:
 monitoring-tier:
 	@bash hack/install-prometheus.sh >/dev/null || echo "make: Prometheus cannot be installed on this machine (reason above); the dashboard test will report NOT RUN" >&2
 
+## release-tier: the local registry and package index the release tests publish to (Debian's docker-registry with
+## apt-get when missing; pypiserver and twine in a venv of their own under ~/.cache/reprieve); without them those
+## tests are skipped with the reason
+release-tier:
+	@bash hack/install-release-tools.sh >/dev/null || echo "make: the release tools cannot be installed on this machine (reason above); the release tests will be skipped" >&2
+
 ## test-unit: the quick inner loop (pure logic; no processes, no cluster)
 test-unit: venv
 	$(PYTEST) -m unit -q $(PYTEST_ARGS)
 
-test-integration: venv tools kueue
+test-integration: venv tools kueue release-tier
 	$(PYTEST) -m integration $(XDIST) $(PYTEST_ARGS)
 
-test-e2e: venv tools kueue real-tier monitoring-tier
+test-e2e: venv tools kueue real-tier monitoring-tier release-tier
 	$(PYTEST) -m e2e $(XDIST) $(PYTEST_ARGS)
 
 ## test-jax-range: the runtime's tests on the oldest supported JAX (its own venv) and on the newest (the one
@@ -90,7 +96,7 @@ test-realnodes: venv tools real-tier
 	$(PYTEST) -m realnodes $(PYTEST_ARGS)
 
 ## test: every tier, all set-up included; lint and verify run beside the tests (their output follows the tests')
-test: venv tools kueue real-tier monitoring-tier
+test: venv tools kueue real-tier monitoring-tier release-tier
 	@mkdir -p .pytest_cache; rm -f .pytest_cache/checks.rc; echo "make lint verify: running beside the tests"
 	@{ $(MAKE) --no-print-directory lint verify > .pytest_cache/checks.log 2>&1; echo $$? > .pytest_cache/checks.rc; } & \
 	$(PYTEST) $(XDIST) $(PYTEST_ARGS); tests=$$?; wait; \
@@ -134,3 +140,9 @@ lock: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+## soak: the chaos soak (benchmarks/soak.py, docs/soak.md): 30 minutes of faults on real nodes by default;
+## SOAK_ARGS="--minutes 3 --seed 1" for a short one, --process-nodes where real nodes cannot run
+SOAK_ARGS ?=
+soak: venv tools real-tier
+	$(PY) benchmarks/soak.py $(SOAK_ARGS)

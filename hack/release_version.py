@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""One version everywhere a release publishes it: both distributions, the chart (version and appVersion) and the
-example manifest's image tag. The release workflow runs ``--tag "$GITHUB_REF_NAME"``; ``make verify`` runs it
+"""One version everywhere a release publishes it: both distributions, the chart (version and appVersion), the
+example manifest's image tag and the images' version label (the Dockerfiles' ``ARG VERSION`` default). The release workflow runs ``--tag "$GITHUB_REF_NAME"``; ``make verify`` runs it
 without a tag (the files must agree with each other).
 
     python hack/release_version.py [--tag v0.1.0]
@@ -18,6 +18,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = re.compile(r"image:\s*ghcr\.io/reprieve-dev/reprieve-example:(\S+)")
+ARG_VERSION = re.compile(r"^ARG VERSION=(\S+)$", re.MULTILINE)  # the images' org.opencontainers.image.version
 
 
 def versions(repo: Path = REPO) -> dict[str, str]:
@@ -32,6 +33,9 @@ def versions(repo: Path = REPO) -> dict[str, str]:
     out["pyproject.toml extra operator"] = next(d.split("==", 1)[1] for d in extra if d.startswith("reprieve-operator=="))
     m = IMAGE.search((repo / "examples/trainingjob.yaml").read_text())
     out["examples/trainingjob.yaml image"] = m.group(1) if m else "(no ghcr.io/reprieve-dev/reprieve-example image)"
+    for dockerfile in ("operator/Dockerfile", "examples/Dockerfile"):
+        m = ARG_VERSION.search((repo / dockerfile).read_text())
+        out[f"{dockerfile} ARG VERSION"] = m.group(1) if m else "(no ARG VERSION=...)"
     return out
 
 

@@ -1,5 +1,5 @@
 """What a release publishes: one version everywhere, images from pinned bases and hashed locks, a workflow that
-passes actionlint. (The release itself runs on the CI host: .github/workflows/release.yml.)"""
+passes actionlint and runs hack/release.py (which tests/e2e/test_release_e2e.py runs here end to end)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,15 @@ def test_the_release_workflow_passes_actionlint_which_can_fail(tmp_path: Path) -
     assert ok.returncode == 0, ok.stdout + ok.stderr
     broken = tmp_path / "release.yml"
     shutil.copy(REPO / ".github/workflows/release.yml", broken)
-    broken.write_text(broken.read_text().replace("needs: [version, images]", "needs: [version, imagez]"))
+    broken.write_text(broken.read_text().replace("steps.digests.outputs.operator", "steps.digestz.outputs.operator"))
     bad = subprocess.run([str(actionlint), str(broken)], check=False, capture_output=True, text=True)
-    assert bad.returncode != 0 and "imagez" in bad.stdout, bad.stdout
+    assert bad.returncode != 0 and "digestz" in bad.stdout, bad.stdout
+
+
+@pytest.mark.unit
+def test_the_workflow_publishes_with_the_script_the_tests_run() -> None:
+    """One copy of the release: the workflow runs hack/release.py publish and pushes nothing by other means."""
+    text = (REPO / ".github/workflows/release.yml").read_text()
+    assert "python hack/release.py publish --tag \"$GITHUB_REF_NAME\"" in text
+    for other in ("helm push", "docker/build-push-action", "gh-action-pypi-publish", "twine upload", "podman push"):
+        assert other not in text, other

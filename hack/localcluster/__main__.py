@@ -3,6 +3,7 @@
     python -m localcluster tools                 # build/cache localkube + helm, print the bin dir
     python -m localcluster up --nodes 3          # start and keep running until Ctrl-C; prints KUBECONFIG
     python -m localcluster up --real-nodes 2     # ... with real nodes (upstream kubelet, containerd, runc)
+    python -m localcluster up --registry         # ... and a registry + package index they pull from
     python -m localcluster smoke                 # start, run one pod as a process, show it finish, stop
 """
 
@@ -18,11 +19,16 @@ from pathlib import Path
 
 from .cluster import Cluster, ClusterError, ensure_tools
 from .realnodes import RealNodeError
+from .registry import RegistryError
 
 
 def _up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     with Cluster.start(Path(args.dir) if args.dir else None) as cluster:
+        if args.registry:
+            access = cluster.start_registry()
+            print(f"registry {access.registry} and package index {access.index_url} (TLS from "
+                  f"{access.ca_file}; user and password in {cluster.workdir / 'registry' / 'access.json'})")
         for i in range(args.nodes):
             cluster.add_node(f"node-{i}")
         for i in range(args.real_nodes):
@@ -89,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--real-nodes", type=int, default=0)
     up.add_argument("--dir", default=None)
+    up.add_argument("--registry", action="store_true",
+                    help="also an OCI registry and a package index on loopback (TLS, basic auth); real nodes pull "
+                         "from the registry")
     sub.add_parser("smoke")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -99,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "up":
             return _up(args)
         return _smoke(args)
-    except (ClusterError, RealNodeError) as err:
+    except (ClusterError, RealNodeError, RegistryError) as err:
         print(f"localcluster: {err}", file=sys.stderr)
         return 1
 

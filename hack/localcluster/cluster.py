@@ -29,12 +29,16 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .costs import EmulatedCosts
 from .pki import PKI, make_pki
 from .podip import address_space
 from .realnodes import RealNodes
+
+if TYPE_CHECKING:
+    from .registry import LocalRegistry
+    from .registryspec import RegistryAccess
 
 log = logging.getLogger("localcluster")
 
@@ -116,6 +120,7 @@ class Cluster:
     _nodes: dict[str, _Proc] = field(default_factory=dict)
     _owns_workdir: bool = False
     _real: RealNodes | None = None
+    _registry: LocalRegistry | None = None
     _kcm_args: tuple[str, ...] = ()  # extra kube-controller-manager flags (start(controller_manager_args=...))
     kubelet_proxy_port: int = 0  # the API server reaches real kubelets through clusternet's CONNECT proxy here
 
@@ -240,6 +245,8 @@ class Cluster:
             self._stop_kubelet(name)
         if self._real is not None:
             self._real.stop()
+        if self._registry is not None:
+            self._registry.stop()
         for proc in reversed(self._procs):
             _terminate(proc.popen, 10.0)
         self._procs.clear()
@@ -375,6 +382,22 @@ class Cluster:
         if self._real is None:
             self._real = RealNodes(self)
         return self._real
+
+    @property
+    def registry(self) -> LocalRegistry | None:
+        """The cluster's registry and package index (:meth:`start_registry`), or None."""
+        return self._registry
+
+    def start_registry(self) -> RegistryAccess:
+        """Start the cluster's OCI registry and package index (:mod:`localcluster.registry`) once; real nodes
+        started from then on pull from the registry. Returns what a client needs to reach both."""
+        from localcluster.registry import LocalRegistry
+
+        if self._registry is None:
+            self._registry = LocalRegistry.start(self)
+            if self._real is not None and self._real.net is not None:
+                self._registry.attach(self._real.net)
+        return self._registry.access
 
     def is_real(self, name: str) -> bool:
         return self._real is not None and name in self._real.nodes

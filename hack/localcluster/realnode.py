@@ -48,6 +48,7 @@ from localcluster.realnodespec import (
     kubelet_config,
     node_ip,
 )
+from localcluster.registryspec import RegistryAccess, containerd_registry_section
 
 log = logging.getLogger("localcluster.realnode")
 PR_SET_CHILD_SUBREAPER = 36
@@ -125,7 +126,12 @@ class Launcher:
         p = self.paths
         for d in (p.containerd_root, p.cni_conf_dir, p.kubelet_root, p.pod_logs):
             d.mkdir(parents=True, exist_ok=True)
-        p.containerd_config.write_text(containerd_config(p, self.args.pause_ref))
+        registry = None
+        if self.args.registry_access:
+            access = RegistryAccess.from_json(Path(self.args.registry_access).read_text())
+            registry = containerd_registry_section(Path(self.args.registry_config_dir), access.registry,
+                                                   access.credentials)
+        p.containerd_config.write_text(containerd_config(p, self.args.pause_ref, registry))
         (p.cni_conf_dir / "10-reprieve.conflist").write_text(json.dumps(cni_config(self.args.index), indent=1))
         cfg = kubelet_config(p, index=self.args.index, cgroup_root=self.tree, ca_file=Path(self.args.ca_file))
         p.kubelet_config.write_text(json.dumps(cfg, indent=1))  # JSON is YAML
@@ -300,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pause-ref", required=True)
     parser.add_argument("--image", action="append", default=[], help="docker-archive to import (repeatable)")
     parser.add_argument("--label", action="append", default=[], help="Node label KEY=VALUE (repeatable)")
+    parser.add_argument("--registry-config-dir", default="", help="containerd's registry config_path (hosts.toml)")
+    parser.add_argument("--registry-access", default="", help="the cluster registry's access.json ('': none)")
     parser.add_argument("--template-cache", default="", help="directory of node templates ('' : none)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s realnode[{args.name}] %(levelname)s %(message)s")

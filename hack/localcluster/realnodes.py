@@ -157,6 +157,8 @@ class RealNodes:
             return ready.exists()
 
         wait_until(up, timeout, "the cluster network namespace (clusternet)", on_timeout=lambda: "\n" + net.tail())
+        if c.registry is not None:  # the registry's address, inside the cluster network too
+            c.registry.attach(net)
         # kube-dns: the Service the kubelet's clusterDNS stands for (its IP is the DNS address in the namespace).
         c.kubectl("apply", "-f", "-", input=json.dumps({
             "apiVersion": "v1", "kind": "Service",
@@ -167,7 +169,9 @@ class RealNodes:
 
     # -- nodes ---------------------------------------------------------------------------------------------------
     def add(self, name: str, labels: dict[str, str], images: list[str] | None = None) -> _Proc:
-        """Start real node ``name`` (returns its launcher); the caller waits for the Node to be Ready."""
+        """Start real node ``name`` (returns its launcher); the caller waits for the Node to be Ready. ``images``:
+        the built images imported into its containerd (default: all; ``[]``: a cold node that pulls everything
+        but the pause image from the cluster's registry)."""
         from localcluster.cluster import cache_dir
 
         self.ensure()
@@ -189,6 +193,8 @@ class RealNodes:
                 "--template-cache", "" if os.environ.get("REPRIEVE_NODE_TEMPLATES") == "0" else str(cache_dir() / "nodes")]
         for image in wanted:
             args += ["--image", str(self.images[image].archive)]
+        if self.cluster.registry is not None:
+            args += self.cluster.registry.node_args()
         for k, v in labels.items():
             args += ["--label", f"{k}={v}"]
         proc = self.cluster._spawn(f"realnode-{name}", args, env=_hack_env())

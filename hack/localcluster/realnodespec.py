@@ -66,8 +66,9 @@ class NodePaths:
     sysctl_dir = _Under("sysctl")
 
 
-def containerd_config(paths: NodePaths, pause_ref: str) -> str:
-    """containerd 1.6 configuration (TOML, version 2) for one node."""
+def containerd_config(paths: NodePaths, pause_ref: str, registry: list[str] | None = None) -> str:
+    """containerd 1.6 configuration (TOML, version 2) for one node; ``registry``: the CRI plugin's registry
+    section (:func:`localcluster.registryspec.containerd_registry_section`) when the cluster has a registry."""
     disabled = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
                 "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
                 "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
@@ -103,6 +104,7 @@ def containerd_config(paths: NodePaths, pause_ref: str) -> str:
         '  bin_dir = "/usr/lib/cni"',
         f'  conf_dir = "{paths.cni_conf_dir}"',
         "  max_conf_num = 1",
+        *(registry or []),
         "",
     ])
 

@@ -62,8 +62,10 @@ def parse_assignment(raw: dict[str, Any] | None) -> Assignment | None:
     data = raw.get("data") or {}
     try:
         peers = json.loads(data.get("memoryPeers") or "{}")  # the memory tier's pairing, kept where still valid
+        nodes = json.loads(data.get("memoryPeerNodes") or "{}")
         return Assignment(int(data["attempt"]), {str(k): int(v) for k, v in json.loads(data["processes"]).items()},
-                          str(data.get("coordinator") or ""), {int(k): str(v) for k, v in peers.items()})
+                          str(data.get("coordinator") or ""), {int(k): str(v) for k, v in peers.items()},
+                          {int(k): str(v) for k, v in nodes.items()})
     except (KeyError, ValueError, TypeError, AttributeError):
         log.warning("ConfigMap %s/%s is not an assignment (ignored)", (raw.get("metadata") or {}).get("namespace"),
                     (raw.get("metadata") or {}).get("name"))

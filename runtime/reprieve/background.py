@@ -53,23 +53,25 @@ class Reconnecting(Daemon):
     calls ``connected()`` once it works (which resets the backoff); it is opened again until ``close()``.
     ``what`` names it in ``log`` ("pod watch of ns/pod")."""
 
-    def __init__(self, thread_name: str, what: str, log: logging.Logger) -> None:
+    def __init__(self, thread_name: str, what: str, log: logging.Logger,
+                 delays: Callable[[], Iterator[float]] = backoff_delays) -> None:
         super().__init__(thread_name)
         self.what = what
         self._log = log
+        self._delays = delays
 
     def _session(self, connected: Callable[[], None]) -> None:
         raise NotImplementedError
 
     def _run(self) -> None:
-        delays = backoff_delays()
+        delays = self._delays()
         failures = 0
 
         def connected() -> None:
             nonlocal delays, failures
             if failures:
                 self._log.info("%s works again after %d failure(s)", self.what, failures)
-            failures, delays = 0, backoff_delays()
+            failures, delays = 0, self._delays()
 
         while not self._stop.is_set():
             try:

@@ -39,6 +39,8 @@ def test_defaults_and_names_agree() -> None:
         d["interval_steps"], d["interval_seconds"], d["port"], d["budget"])
     assert required_bytes(1) == d["copies_per_limit"]
     assert contract.MEMORY_PEERS_KEY == TABLE["assignment_key"]
+    assert contract.MEMORY_PEER_NODES_KEY == TABLE["assignment_node_key"]
+    assert contract.MEMORY_PEER_NODE_ENV in TABLE["operator_sets"]
     assert contract.MEMORY_PEER_ENV in TABLE["operator_sets"]
     assert set(TABLE["progress_fields"]) <= set(progress.LIVE_FIELDS)
 

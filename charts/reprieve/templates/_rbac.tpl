@@ -42,6 +42,11 @@
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["rolebindings"]
   verbs: ["get", "create", "delete"]
+# The memory tier: the job's token Secret J-memory (a random token its pods' replica servers ask for). Created
+# with the job's first pods, deleted with a job that cannot start; never read back (no get/list/watch).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create", "delete"]
 # In-place restarts: the assignment of each attempt (ConfigMap J-assignment, read by the workers' supervisors;
 # list/watch only because RBAC lets the operator grant the workers no more than it holds).
 - apiGroups: [""]

@@ -34,7 +34,7 @@ from typing import Any
 
 from .. import builders
 from ..models import TrainingJob
-from . import events, views
+from . import events, memorypeers, views
 from .events import Event
 from .inplace import Assignment, InPlace, PodView, decide_inplace
 from .kueue import Gate, admitted_template
@@ -60,6 +60,7 @@ class View:
     placed: bool = False  # ``avoid`` was computed
     looked: bool = False  # the lost pods' nodes were read fresh
     last_commit_event: float | None = None  # when the job's last CheckpointCommitted Event was posted
+    zones: Mapping[str, str] = field(default_factory=dict)  # node -> topology.kubernetes.io/zone (memory tier)
     kueue: Gate | None = None  # what the job's queue lets it do (None: not queued, ``policy.kueue``)
 
 
@@ -165,9 +166,17 @@ def _recreate(view: View) -> Outcome:
 def _in_place(view: View) -> Outcome:
     job, now = view.job, view.now
     pods = [v for v in (views.pod_view(r, view.known_nodes) for r in view.pods) if v is not None]
+    if view.zones:
+        pods = [dataclasses.replace(v, zone=view.zones[v.node]) if v.node and v.node in view.zones else v
+                for v in pods]
     hold = held(view)
     plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed, held=hold)
     plan = _queue_conditions(plan, view, hold)
+    current = view.assignment
+    if current is not None and extra.assign is None and extra.record is None and plan.cause is None:
+        paired = memorypeers.pairing_condition(job, current.processes, current.memory_peers, pods)
+        if paired is not None:  # the pairing in force, once its pods run on known nodes
+            plan = dataclasses.replace(plan, conditions=(*plan.conditions, paired))
     decided = extra.record or (plan if plan.cause else None)
     if decided is not None and decided.cause == DISRUPTION and not view.looked:
         return Outcome(job, plan, look_at_nodes=frozenset(
@@ -181,7 +190,6 @@ def _in_place(view: View) -> Outcome:
     first = view.assignment is None  # only the first attempt's pods are dry-run and announced on creation
     created_event = _attempt_started(plan, len(create)) if first and plan.new_attempt and create else None
     assign, assigned_event = None, None
-    current = view.assignment
     if not fails and extra.assign is not None and (current is None or extra.assign.attempt > current.attempt):
         assign = extra.assign
         if current is not None:  # a restart, not the first attempt

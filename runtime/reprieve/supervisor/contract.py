@@ -32,6 +32,8 @@ EXPECTED_TOPOLOGY_ENV = "REPRIEVE_EXPECTED_TOPOLOGY"
 ASSIGNMENT_ENV = ("REPRIEVE_ATTEMPT", "REPRIEVE_PROCESS_ID", "REPRIEVE_NUM_PROCESSES", "REPRIEVE_COORDINATOR_ADDRESS")
 MEMORY_PEERS_KEY = "memoryPeers"  # memory tier: assignment key, JSON {"<process index>": "host:port"}
 MEMORY_PEER_ENV = "REPRIEVE_MEMORY_PEER"
+MEMORY_PEER_NODES_KEY = "memoryPeerNodes"  # memory tier: JSON {"<process index>": "<node of its peer>"}
+MEMORY_PEER_NODE_ENV = "REPRIEVE_MEMORY_PEER_NODE"
 UNASSIGNED_PROCESS_ID = "-1"  # spares and replacement pods: no index until an assignment lists them
 NO_TRAINER_EXIT = 128 + signal.SIGTERM  # SIGTERM with no trainer's code to pass on
 SPAWN_FAILED_EXIT = 127  # the command could not be started (a shell's "command not found")
@@ -53,6 +55,7 @@ class Assignment:
     # memory tier (docs/memory.md): the replica server that holds this process's copies in this attempt; None: the
     # assignment does not say (the container's REPRIEVE_MEMORY_PEER stands), "": nobody
     memory_peer: str | None = None
+    memory_peer_node: str | None = None  # that server's node, when the assignment says (else the container's)
 
     @property
     def listed(self) -> bool:
@@ -67,6 +70,8 @@ class Assignment:
             out["REPRIEVE_COORDINATOR_ADDRESS"] = self.coordinator
         if self.memory_peer is not None:
             out[MEMORY_PEER_ENV] = self.memory_peer
+        if self.memory_peer_node is not None:
+            out[MEMORY_PEER_NODE_ENV] = self.memory_peer_node
         return out
 
     def line(self) -> str:
@@ -75,6 +80,8 @@ class Assignment:
                   "coordinator": self.coordinator}
         if self.memory_peer is not None:
             fields["memoryPeer"] = self.memory_peer
+        if self.memory_peer_node is not None:
+            fields["memoryPeerNode"] = self.memory_peer_node
         return json.dumps(fields, sort_keys=True)
 
     def describe(self) -> str:
@@ -143,7 +150,8 @@ def parse_assignment(data: Mapping[str, Any], pod: str, *, configmap: str) -> As
             raise AssignmentError(f"ConfigMap {configmap}: processes[{pod!r}] must be < numProcesses ({count}), "
                                   f"got {index}")
     return Assignment(attempt, index, count, coordinator, source=f"ConfigMap {configmap}",
-                      memory_peer=_memory_peer(data, index, configmap))
+                      memory_peer=_memory_peer(data, index, configmap),
+                      memory_peer_node=_memory_peer_node(data, index, configmap))
 
 
 def _memory_peer(data: Mapping[str, Any], index: int | None, configmap: str) -> str | None:
@@ -155,6 +163,15 @@ def _memory_peer(data: Mapping[str, Any], index: int | None, configmap: str) -> 
     peers = _json_object(raw, f"ConfigMap {configmap}: {MEMORY_PEERS_KEY}", "process index -> host:port")
     peer = peers.get(str(index))
     return "" if peer is None else _coordinator(peer, f"ConfigMap {configmap}: {MEMORY_PEERS_KEY}[{index}]")
+
+
+def _memory_peer_node(data: Mapping[str, Any], index: int | None, configmap: str) -> str | None:
+    """``memoryPeerNodes[index]``: the node of that replica server ("" when the key exists without this index)."""
+    raw = data.get(MEMORY_PEER_NODES_KEY)
+    if raw is None or index is None:
+        return None
+    node = _json_object(raw, f"ConfigMap {configmap}: {MEMORY_PEER_NODES_KEY}", "process index -> node").get(str(index))
+    return "" if node is None else str(node)
 
 
 def _json_object(raw: Any, what: str, of: str) -> dict[str, Any]:
@@ -177,7 +194,9 @@ def parse_assignment_line(text: str) -> dict[str, str]:
     peer = raw.get("memoryPeer")
     if peer not in (None, ""):
         _coordinator(peer, f"{WARM_FD_ENV} assignment: memoryPeer")
-    return Assignment(attempt, index, count, coordinator, memory_peer=peer).env()
+    node = raw.get("memoryPeerNode")
+    return Assignment(attempt, index, count, coordinator, memory_peer=peer,
+                      memory_peer_node=None if node is None else str(node)).env()
 
 
 def contract_problem(value: str | None, *, where: str) -> str | None:

@@ -1,0 +1,119 @@
+"""``hack/release.py install``: install a release only from its registry and index, starting from its record.
+
+No release record, no install: a publish that stopped half-way left images or a chart but no record, and is
+refused here with what to do. With a record, the chart is pulled by its digest (``helm install
+oci://<registry>/<namespace>/charts/reprieve:<version>@<digest>``) and its rendered Deployment must name the operator
+image by the record's digest; each ``--venv DIR=runtime|operator`` gets a fresh virtual environment with
+``reprieve[runtime]`` or ``reprieve-operator`` from the index, and the wheel pip installed must have the record's
+sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import releaseplan as plan
+from releaseio import Endpoint, Registry, ReleaseError, ca_bundle, run, write_authfile
+
+SPECS = {"runtime": ("reprieve", "reprieve[runtime]=={v}"), "operator": ("reprieve-operator", "reprieve-operator=={v}")}
+
+
+def add_install_parser(sub: Any) -> None:
+    ins = sub.add_parser("install", help="install a release from its record: chart by digest, wheels from the index")
+    ins.add_argument("--version", required=True)
+    ins.add_argument("--index-url", default="", help="the index root (pip uses <root>/simple/)")
+    ins.add_argument("--extra-index-url", default="", help="where pip finds the dependencies (jax, kopf, ...)")
+    ins.add_argument("--helm-release", default="", help="helm install this release name ('' : no chart)")
+    ins.add_argument("--helm-namespace", default="reprieve-system")
+    ins.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG", ""))
+    ins.add_argument("--helm", default=shutil.which("helm") or "helm")
+    ins.add_argument("--set", action="append", default=[], help="helm --set (repeatable)")
+    ins.add_argument("--venv", action="append", default=[], help="DIR=runtime|operator (repeatable)")
+    ins.add_argument("--record-out", default="", help="write the release record (JSON) here")
+
+
+def fetch(registry: Endpoint, namespace: str, version: str) -> dict[str, Any]:
+    """The release record, checked; ReleaseError when there is none or it is unusable."""
+    rec = Registry(registry).fetch_record(namespace, version)
+    where = f"{registry.url}/{namespace}/{plan.RECORD_REPO}:{version}"
+    if rec is None:
+        raise ReleaseError(f"no release record {where}: version {version} was never published or its publish "
+                           f"stopped before the end (images or a chart without a record are not a release); run "
+                           f"hack/release.py publish again. Nothing was installed")
+    problems = plan.record_problems(rec, version)
+    if problems:
+        raise ReleaseError(f"release record {where} cannot be installed:\n  " + "\n  ".join(problems))
+    return rec
+
+
+def helm_install(args: argparse.Namespace, registry: Endpoint, rec: dict[str, Any], work: Path) -> None:
+    chart = rec["chart"]
+    ref = f"{chart['ref']}:{chart['version']}@{chart['digest']}"
+    tls = ["--ca-file", str(registry.ca_file)] if registry.ca_file else []
+    common = ["--registry-config", str(write_authfile(work / "auth.json", registry)),
+              *(["--kubeconfig", args.kubeconfig] if args.kubeconfig else [])]
+    run("helm install", [args.helm, "upgrade", "--install", args.helm_release, ref, "-n", args.helm_namespace,
+                         "--create-namespace", *tls, *common, *[x for s in args.set for x in ("--set", s)]],
+        timeout=600)
+    manifest = run("helm get manifest", [args.helm, "get", "manifest", args.helm_release, "-n", args.helm_namespace,
+                                         *common])
+    want = rec["images"]["operator"]
+    if f"image: {json.dumps(want)}" not in manifest and f"image: {want}" not in manifest:
+        raise ReleaseError(f"helm install {ref}: the rendered Deployment does not run {want} (by digest)")
+
+
+def pip_install(venv: Path, what: str, rec: dict[str, Any], index: Endpoint, extra_index: str, work: Path) -> str:
+    """A fresh venv with the release's distribution from the index; returns the URL pip got the wheel from."""
+    dist, spec = SPECS[what]
+    run(f"venv {venv}", [sys.executable, "-m", "venv", "--clear", str(venv)])
+    simple = index.url.rstrip("/") + "/simple/"
+    scheme, rest = simple.split("://", 1)
+    env = {"PIP_INDEX_URL": f"{scheme}://{index.username}:{index.password}@{rest}" if index.username else simple,
+           "PIP_EXTRA_INDEX_URL": extra_index, "PIP_FIND_LINKS": ""}
+    if index.ca_file:  # the system's CAs (for the dependencies' index) and the index's own CA
+        bundle = str(ca_bundle(work / "ca-bundle.pem", index.ca_file))
+        # pip's requests takes REQUESTS_CA_BUNDLE (often set) over --cert: all three name the bundle
+        env.update(PIP_CERT=bundle, REQUESTS_CA_BUNDLE=bundle, CURL_CA_BUNDLE=bundle)
+    report = work / f"pip-report-{what}.json"
+    run(f"pip install {spec.format(v=rec['version'])}",
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--report", str(report),
+         spec.format(v=rec["version"])], env=env, timeout=1800)
+    got = next((i for i in json.loads(report.read_text())["install"]
+                if i["metadata"]["name"].lower() == dist), None)
+    if got is None:
+        raise ReleaseError(f"pip install {spec}: pip's report has no {dist}")
+    url = re.sub(r"//[^/@]*@", "//", got["download_info"]["url"])  # without the credentials
+    sha = got["download_info"].get("archive_info", {}).get("hashes", {}).get("sha256", "")
+    wheel = url.rsplit("/", 1)[-1].split("#", 1)[0]
+    if not url.startswith(index.url.rstrip("/")) or rec["wheels"].get(wheel) != sha:
+        raise ReleaseError(f"pip install {spec}: got {url} (sha256 {sha}), not the release's {wheel} from "
+                           f"{index.url} (sha256 {rec['wheels'].get(wheel)})")
+    return str(url)
+
+
+def install(args: argparse.Namespace, registry: Endpoint, index: Endpoint) -> dict[str, Any]:
+    rec = fetch(registry, args.namespace, args.version)
+    if args.record_out:
+        Path(args.record_out).write_text(json.dumps(rec, indent=1))
+    with tempfile.TemporaryDirectory(prefix="reprieve-install-") as tmp:
+        work = Path(tmp)
+        if args.helm_release:
+            helm_install(args, registry, rec, work)
+            print(f"release: helm release {args.helm_release} in {args.helm_namespace} runs "
+                  f"{rec['images']['operator']}", file=sys.stderr)
+        for item in args.venv:
+            venv, _, what = item.rpartition("=")
+            if what not in SPECS:
+                raise ReleaseError(f"--venv {item}: expected DIR=runtime or DIR=operator")
+            url = pip_install(Path(venv), what, rec, index, args.extra_index_url, work)
+            print(f"release: {venv} has {SPECS[what][1].format(v=args.version)} from {url.split('#')[0]}",
+                  file=sys.stderr)
+    return rec

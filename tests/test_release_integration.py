@@ -1,0 +1,123 @@
+"""Bad input to the release (hack/release.py) against the local cluster's real registry and package index: each
+fails with the component's own message and what to do, and nothing that was pushed looks like a release.
+
+The whole release path (build, push, install only from the registry and index, real pulls on a cold real node) is
+tests/e2e/test_release_e2e.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "hack"))
+
+from releaseio import Endpoint, Registry
+
+
+@pytest.fixture
+def registry(cluster: Any) -> Any:
+    """The session cluster's registry and index (started once; its servers are real: docker-registry and
+    pypiserver over TLS with basic auth)."""
+    from localcluster.registry import RegistryError
+
+    try:
+        cluster.start_registry()
+    except RegistryError as err:
+        pytest.skip(f"RELEASE TOOLS NOT INSTALLED: {err}")
+    return cluster.registry
+
+
+def release(reg: Any, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    a = reg.access
+    base = {"REGISTRY_USERNAME": a.credentials.username, "REGISTRY_PASSWORD": a.credentials.password,
+            "INDEX_USERNAME": a.credentials.username, "INDEX_PASSWORD": a.credentials.password}
+    return subprocess.run([sys.executable, str(REPO / "hack" / "release.py"), *args], capture_output=True, text=True,
+                          env={**os.environ, **base, **env}, timeout=150, check=False)
+
+
+def publish(reg: Any, namespace: str, *extra: str, tag: str = "v0.1.0", registry: str = "",
+            **env: str) -> subprocess.CompletedProcess[str]:
+    a = reg.access
+    return release(reg, "publish", "--tag", tag, "--index-url", a.index_url, "--builder", "local",
+                   "--platforms", "linux/amd64", "--registry", registry or a.registry, "--namespace", namespace,
+                   "--ca-file", str(a.ca_file), "--helm", str(reg.cluster.bin_dir / "helm"),
+                   "--twine", str(reg.tools.twine), *extra, **env)
+
+
+def pushed(reg: Any, namespace: str) -> list[str]:
+    a = reg.access
+    ep = Endpoint(a.registry, a.credentials.username, a.credentials.password, a.ca_file)
+    return [r for r in Registry(ep).catalog() if r.startswith(f"{namespace}/")]
+
+
+@pytest.mark.parametrize("case", ["version mismatch", "registry down", "wrong registry password",
+                                  "wrong index password"])
+def test_a_release_that_cannot_go_through_fails_before_pushing_anything(registry: Any, case: str) -> None:
+    from localcluster.cluster import free_port
+
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    if case == "version mismatch":
+        out, said = publish(registry, ns, tag="v0.1.1"), ["versions disagree", "(expected 0.1.1)"]
+    elif case == "registry down":
+        out = publish(registry, ns, registry=f"127.0.0.1:{free_port()}")
+        said = ["registry login", "connection refused", "nothing was pushed"]
+    elif case == "wrong registry password":
+        out = publish(registry, ns, REGISTRY_PASSWORD="wrong")
+        said = ["registry login", "invalid username/password", "check REGISTRY_USERNAME / REGISTRY_PASSWORD"]
+    else:
+        out = publish(registry, ns, INDEX_PASSWORD="wrong")
+        said = ["the package index at", "refused the credentials (403)", "INDEX_USERNAME / INDEX_PASSWORD"]
+    assert out.returncode == 2, out.stderr
+    for s in said:
+        assert s in out.stderr, out.stderr
+    assert pushed(registry, ns) == []
+
+
+def test_a_version_whose_wheel_the_index_has_is_refused_before_any_push(registry: Any, tmp_path: Path) -> None:
+    """An index never replaces a file: pypiserver answers 409 to a second upload (as PyPI does); the release finds
+    the wheel in its checks and pushes nothing."""
+    a = registry.access
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path), str(REPO / "operator")], check=True, capture_output=True, timeout=120)
+    wheel = next(tmp_path.glob("reprieve_operator-*.whl"))
+    env = {**os.environ, "TWINE_USERNAME": a.credentials.username, "TWINE_PASSWORD": a.credentials.password,
+           "REQUESTS_CA_BUNDLE": str(a.ca_file)}  # requests prefers it over twine's --cert
+    twine = [str(registry.tools.twine), "upload", "--non-interactive", "--disable-progress-bar", "--repository-url",
+             a.index_url, "--cert", str(a.ca_file), str(wheel)]
+    first = subprocess.run(twine, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert first.returncode == 0 or "409" in first.stdout + first.stderr, first.stdout + first.stderr
+    again = subprocess.run(twine, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert again.returncode != 0 and "409 Conflict" in again.stdout + again.stderr, again.stdout + again.stderr
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    out = publish(registry, ns)
+    assert out.returncode == 2, out.stderr
+    assert f"has {wheel.name} already" in out.stderr and "bump the version" in out.stderr, out.stderr
+    assert pushed(registry, ns) == []
+
+
+def test_a_partial_push_is_not_installed(registry: Any, tmp_path: Path) -> None:
+    """A publish that stopped after the chart (no release record): install refuses it and says why."""
+    a = registry.access
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    helm = str(registry.cluster.bin_dir / "helm")
+    pkg = subprocess.run([helm, "package", str(REPO / "charts" / "reprieve"), "-d", str(tmp_path)], check=True,
+                         capture_output=True, text=True).stdout.strip().rsplit(": ", 1)[-1]
+    subprocess.run([helm, "push", pkg, f"oci://{a.registry}/{ns}/charts", "--ca-file", str(a.ca_file),
+                    "--username", a.credentials.username, "--password", a.credentials.password],
+                   check=True, capture_output=True, text=True, timeout=60)
+    assert pushed(registry, ns) == [f"{ns}/charts/reprieve"]
+    out = release(registry, "install", "--version", "0.1.0", "--registry", a.registry, "--namespace", ns,
+                  "--ca-file", str(a.ca_file), "--helm-release", "never", "--kubeconfig",
+                  str(registry.cluster.kubeconfig))
+    assert out.returncode == 1, out.stderr
+    assert f"no release record {a.registry}/{ns}/reprieve-release:0.1.0" in out.stderr, out.stderr
+    assert "Nothing was installed" in out.stderr
+    assert registry.cluster.helm("list", "-A", "-q").stdout.split().count("never") == 0
