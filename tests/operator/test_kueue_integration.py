@@ -74,12 +74,15 @@ def _watch_exits(cluster: Any, namespace: str, job: str) -> dict[str, int]:
     api = client.CoreV1Api(cluster.api_client())
 
     def run() -> None:
-        for ev in watch.Watch().stream(api.list_namespaced_pod, namespace, timeout_seconds=200,
-                                       label_selector=f"reprieve.dev/job-name={job},reprieve.dev/attempt=1"):
-            pod = ev["object"]
-            for st in pod.status.container_statuses or []:
-                if st.state and st.state.terminated is not None:
-                    exits[pod.metadata.name] = st.state.terminated.exit_code
+        try:
+            for ev in watch.Watch().stream(api.list_namespaced_pod, namespace, timeout_seconds=200,
+                                           label_selector=f"reprieve.dev/job-name={job},reprieve.dev/attempt=1"):
+                pod = ev["object"]
+                for st in pod.status.container_statuses or []:
+                    if st.state and st.state.terminated is not None:
+                        exits[pod.metadata.name] = st.state.terminated.exit_code
+        except Exception:  # noqa: BLE001, S110 - the watch ends with the test (its namespace or cluster goes)
+            pass
 
     threading.Thread(target=run, daemon=True).start()
     return exits
