@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: all venv tools images real-tier monitoring-tier release-tier lock test test-jax-range test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean
+.PHONY: all venv tools kueue images real-tier monitoring-tier release-tier lock test test-jax-range test-unit test-integration test-e2e test-realnodes demo cluster bench crds verify lint clean soak
 
 all: test
 
@@ -35,6 +35,12 @@ venv: $(STAMP) $(EMU_STAMP)
 ## tools: build (once, cached under ~/.cache/reprieve) the local control plane, kubelet, etcd, kubectl and helm
 tools:
 	@bash hack/build-tools.sh >/dev/null
+
+## kueue: build (once, cached by version under ~/.cache/reprieve/kueue) Kueue's manager from sigs.k8s.io/kueue,
+## with the CRDs and webhook manifests of the same module (before the tests: a build inside a test's timeout
+## would fail it)
+kueue:
+	@bash hack/build-kueue.sh >/dev/null
 
 ## images: the real-node tier's Debian packages (apt-get, when missing) and images (Debian base by mmdebstrap,
 ## pause, operator, example), built once and cached by content hash under ~/.cache/reprieve/images
@@ -63,10 +69,10 @@ release-tier:
 test-unit: venv
 	$(PYTEST) -m unit -q $(PYTEST_ARGS)
 
-test-integration: venv tools release-tier
+test-integration: venv tools kueue release-tier
 	$(PYTEST) -m integration $(XDIST) $(PYTEST_ARGS)
 
-test-e2e: venv tools real-tier monitoring-tier release-tier
+test-e2e: venv tools kueue real-tier monitoring-tier release-tier
 	$(PYTEST) -m e2e $(XDIST) $(PYTEST_ARGS)
 
 ## test-jax-range: the runtime's tests on the oldest supported JAX (its own venv) and on the newest (the one
@@ -90,7 +96,7 @@ test-realnodes: venv tools real-tier
 	$(PYTEST) -m realnodes $(PYTEST_ARGS)
 
 ## test: every tier, all set-up included; lint and verify run beside the tests (their output follows the tests')
-test: venv tools real-tier monitoring-tier release-tier
+test: venv tools kueue real-tier monitoring-tier release-tier
 	@mkdir -p .pytest_cache; rm -f .pytest_cache/checks.rc; echo "make lint verify: running beside the tests"
 	@{ $(MAKE) --no-print-directory lint verify > .pytest_cache/checks.log 2>&1; echo $$? > .pytest_cache/checks.rc; } & \
 	$(PYTEST) $(XDIST) $(PYTEST_ARGS); tests=$$?; wait; \
@@ -134,3 +140,9 @@ lock: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+## soak: the chaos soak (benchmarks/soak.py, docs/soak.md): 30 minutes of faults on real nodes by default;
+## SOAK_ARGS="--minutes 3 --seed 1" for a short one, --process-nodes where real nodes cannot run
+SOAK_ARGS ?=
+soak: venv tools real-tier
+	$(PY) benchmarks/soak.py $(SOAK_ARGS)

@@ -45,7 +45,7 @@ events = {}
 mon.register_event_duration_secs_listener(lambda e, s, **kw: events.setdefault(e, []).append(s))
 mon.register_event_duration_secs_listener(  # which functions were traced (fun_name), not only how long it took
     lambda e, s, **kw: events.setdefault(e + "#names", []).append(str(kw.get("fun_name"))))
-from reprieve.bootstrap import enable_compilation_cache  # the cache exactly as a restarted attempt has it
+from reprieve.jax_workarounds import enable_compilation_cache  # the cache exactly as a restarted attempt has it
 from reprieve.config import RuntimeConfig
 assert enable_compilation_cache(RuntimeConfig.from_env({"REPRIEVE_COMPILATION_CACHE_DIR": os.environ["CACHE"]}))
 spec = importlib.util.spec_from_file_location("train_lm", os.environ["EXAMPLE"])
@@ -80,7 +80,7 @@ with jax.set_mesh(mesh):
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
     ahead = None
     if os.environ["MODE"] == "ahead":  # what Job.compile_ahead does (the example calls it before its restore)
-        from reprieve.ahead import CompileAhead
+        from reprieve.compile_ahead import CompileAhead
         ahead = CompileAhead(train, (abstract, jax.ShapeDtypeStruct(batch_shape, jnp.int32,
                                                                     sharding=NamedSharding(mesh, P("data")))), {})
     # the restore's stand-in: the state read back from a checkpoint written by the populate run
@@ -90,7 +90,7 @@ with jax.set_mesh(mesh):
     restored = time.perf_counter() - t0
     if ahead is not None:
         ahead.wait()  # Job.steps() does this before the first step
-    from reprieve.ahead import watch_lowerings
+    from reprieve.compile_ahead import watch_lowerings
     t = time.perf_counter()
     with watch_lowerings() as lowered:  # what the first call lowers in this thread
         state, loss = train(state, batch)

@@ -9,6 +9,10 @@ under the same seeded schedule of node losses:
   attempt in the same pod (from a pre-warmed process), only the pod on the reclaimed node is replaced;
 * **inplace+spare**: in place with ``spares: 1``: a warm spare (scheduled, image pulled, pre-warmed) takes over
   the index of the worker on the reclaimed node;
+* **inplace+spare+memory**: in place with one spare and the memory tier (``spec.checkpoint.memory``, the
+  default interval: saves spaced to cost at most 1 % of the step time; docs/memory.md): every process keeps a
+  copy of its shards in its pod's memory and sends it to a peer pod on another node, so the hard kill costs the
+  steps since the last memory save, not since the last periodic checkpoint;
 * **baseline**: what a user has today: gang restarts (Recreate), saving only every ``--interval`` steps
   (``spec.preemption.enabled: false``), so each reclaimed node takes its pods down at the deadline and the job
   resumes from its last periodic checkpoint.
@@ -24,6 +28,8 @@ step once the previous one is absorbed (node deleted, job running again), or at 
 drawn, e.g. a hard kill and the next notice 2 s apart with one spare). Goodput is printed over the whole run and
 after the first start (the time before the first step: pull, imports, the first compilation, the same in every
 mode; a vanishing share of a long job).
+Each restart's restore source (own memory, a peer's memory, storage) is read back from the trainers' logs
+(``hack/localcluster/restores.py``) and printed per interruption.
 Goodput, lost steps and gaps are defined in ``docs/goodput.md`` (``hack/localcluster/goodput.py``); each run also
 prints the operator's own figure (``status.goodput``, ``policy/goodput.py``) beside the step log's over the same
 wall time.
@@ -52,11 +58,14 @@ from kubernetes import client as k8s
 from localcluster import Cluster
 from localcluster.costs import EmulatedCosts
 from localcluster.goodput import GoodputReport, analyse, read_step_log
+from localcluster.restores import Restore, for_resume, parse
 from localcluster.stack import OperatorProcess, example_job, install_chart
 from localcluster.testing import taint_node
 
 SPOT_TAINT = "cloud.google.com/impending-node-termination"
-VARIANTS = ("recreate", "inplace", "inplace+spare", "baseline")
+VARIANTS = ("recreate", "inplace", "inplace+spare", "inplace+spare+memory", "baseline")
+# The memory tier's volume in the memory variant: 3 copies of one process's shards (the example's are ~1 MiB).
+MEMORY_SIZE_LIMIT = "256Mi"
 
 
 @dataclass(frozen=True)
@@ -81,12 +90,20 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def restore_sources(cluster: Cluster, ns: str, report: GoodputReport) -> list[Restore | None]:
+    """Each interruption's restore, from the trainer logs of every pod the namespace had (removed nodes' too)."""
+    lines = [line for path in sorted(cluster.workdir.glob(f"nodes/*/pods/{ns}/*/logs/trainer.log"))
+             for line in path.read_text(errors="replace").splitlines()]
+    restores = parse(lines)
+    return [for_resume(restores, i.resumed_at) for i in report.interruptions]
+
+
 def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Event],
-        args: argparse.Namespace) -> GoodputReport:
+        args: argparse.Namespace) -> tuple[GoodputReport, list[Restore | None]]:
     slug = variant.replace("+", "-")
     ns = f"bench-{slug}"
     cluster.kubectl("create", "namespace", ns)
-    in_place, spares = variant.startswith("inplace"), 1 if variant.endswith("+spare") else 0
+    in_place, spares = variant.startswith("inplace"), 1 if "+spare" in variant else 0
     costs = EmulatedCosts(args.pull_seconds, args.start_seconds)
     # One node per worker and spare, and one more for every replacement (a used spare is replaced too).
     nodes = [cluster.add_node(f"{slug}-{i}", {"reprieve.bench/pool": slug}, costs=costs)
@@ -101,6 +118,8 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
         body["spec"]["spares"] = spares
     if variant == "baseline":
         body["spec"]["preemption"] = {"enabled": False}
+    if variant.endswith("+memory"):
+        body["spec"]["checkpoint"]["memory"] = {"sizeLimit": MEMORY_SIZE_LIMIT}  # default interval: the 1 % budget
 
     def worker_pods() -> list[str]:
         """The pods of workers 0 and 1 now (in place, replacements have generated names: the assignment says)."""
@@ -164,13 +183,17 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
             raise SystemExit(f"{variant}: job ended {status.get('phase')}: {status.get('conditions')}")
         report = analyse(read_step_log(steplog), start=start, end=end)
         log(f"{variant}: done, restarts {status.get('restarts')}\n{report.summary()}")
+        sources = restore_sources(cluster, ns, report)
+        for i, (ev, r) in enumerate(zip(report.interruptions, sources, strict=True)):
+            log(f"{variant}: restart {i + 1} (attempt {ev.from_attempt}, {ev.lost_steps} lost steps): restored "
+                + (r.describe() if r is not None else "from ? (no restore line in the trainer logs)"))
         gp = status.get("goodput") or {}
         if gp.get("goodput") is not None:  # the operator's own figure (policy/goodput.py), same definitions
             wall = float(gp.get("wallSeconds") or 0.0)
             own = analyse(read_step_log(steplog), start=0.0, end=wall)
             log(f"{variant}: operator status.goodput {gp['goodput']:.1%} of {wall:.1f}s (step log over the same "
                 f"wall: {own.goodput:.1%}); badput {gp.get('badputSeconds')}, lost steps {gp.get('lostSteps')}")
-        return report
+        return report, sources
     finally:
         operator.stop()
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
@@ -207,7 +230,9 @@ def main() -> int:
     with Cluster.start(work / "cluster") as cluster:
         install_chart(cluster)
         api = cluster.api_client()
-        reports = {v: run(cluster, api, work, v, events, args) for v in variants}
+        results = {v: run(cluster, api, work, v, events, args) for v in variants}
+    reports = {v: rep for v, (rep, _) in results.items()}
+    sources = {v: src for v, (_, src) in results.items()}
     noticed = [i for i, e in enumerate(events) if e.kind == "notice"]
     hard = [i for i, e in enumerate(events) if e.kind == "hard"]
 
@@ -229,6 +254,10 @@ def main() -> int:
             ("lost steps at the hard kill", lambda r: lost(r, hard))]
     for label, cell in rows:
         print(f"{label:34}" + "".join(f"{cell(reports[v]):>{w}}" for v in variants))
+    # M: every process from memory (its own or a peer's), S: storage, X: mixed, ?: no restore line found
+    codes = {"memory": "M", "storage": "S", "mixed": "X"}
+    print(f"{'restored from (M mem, S storage)':34}" + "".join(
+        f"{','.join(codes[r.kind] if r is not None else '?' for r in sources[v]):>{w}}" for v in variants))
     if "recreate" in reports:
         ref = reports["recreate"]
         print()

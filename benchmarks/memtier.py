@@ -1,31 +1,41 @@
-"""The memory tier: restore from own memory, from a peer's memory and from storage, and what the tier costs the
-training loop, in one run on one machine, with the floors measured in the same run.
+"""The memory tier: restore from own memory, from a peer's memory and from storage (local disk and an s3
+emulator), and what the tier costs the training loop, in one run on one machine, with the floors measured in the
+same run.
 
-    .venv/bin/python benchmarks/memtier.py --sizes 1                 # restore sources + floors, 1 GiB
-    .venv/bin/python benchmarks/memtier.py --sizes 4 --repeats 1     # the same at 4 GiB (peaks at ~4x in RAM)
-    .venv/bin/python benchmarks/memtier.py --cost                    # loop overhead A/B at the default interval
+    .venv/bin/python benchmarks/memtier.py                            # all of it: 1 and 4 GiB restores, the cost A/B
+    .venv/bin/python benchmarks/memtier.py --sizes 1 --parts restore  # restores of 1 GiB only
+    .venv/bin/python benchmarks/memtier.py --cost                     # the loop overhead A/B only
 
 Restore (one process, 4 simulated CPU devices, a float32 state in ``--leaves`` leaves sharded over them; every
-restore in a fresh process, the three sources alternating, the median reported):
+restore in a fresh process, the sources alternating, the median of ``--repeats`` reported):
 
 * **own**: the pod's memory directory holds the copy (the restarted trainer reads it through a private mapping);
 * **peer**: the pod's directory is empty (a replacement pod), another process serves the copy as a peer's
   replica server on loopback TCP;
-* **storage**: the storage tier (``CheckpointManager``) on local disk, read from the page cache.
+* **disk**: the storage tier (``CheckpointManager``) on local disk, read from the page cache (the best case
+  for storage: a cold read is slower);
+* **s3**: the storage tier on moto's S3 server on loopback (``--no-s3`` skips it; moto keeps objects in its
+  own process's memory, so this is the S3 protocol's cost, not a network's or a real store's).
 
 Each goes through the whole restore (``memtier.restore_round.restore``: the round, the decision, the reads and
-checks, the arrays on the devices) and is checked bit-exact. Floors: host memcpy into pre-faulted memory, fresh
-memory allocate+touch, crc32c, and one loopback TCP stream (``sendfile`` from tmpfs into a pre-faulted buffer).
+checks, the arrays on the devices) and is checked bit-exact on a quarter of the leaves. Ratios are against local
+disk (targets: own memory >= 5x, peer >= 3x). Floors, measured once per run on 1 GiB: host memcpy into pre-faulted
+memory, fresh memory allocate+touch, crc32c, and one loopback TCP stream (``sendfile`` from tmpfs into a
+pre-faulted buffer). Memory: a state peaks at about 4x its size (the preparing process's state and staging
+buffers, the own and the peer's copies in /dev/shm), 5x with the s3 emulator's copy: ``--s3-max-gib`` (1 by
+default) keeps moto to the smaller states.
 
-Cost (``--cost``): one process trains a state of ``--cost-mib`` MiB with a jitted step, in blocks that alternate
-the memory tier off and on (the default interval: the 1 % budget, as ``reprieve.init`` sets it up, sending every
-copy to a peer's replica server in another process); the per-step median of each mode over the block pairs, the
-save's loop stall (its host copy) beside the storage tier's host copy of the same state, and the interval chosen.
+Cost (``--parts cost``): one process trains a state of ``--cost-mib`` MiB with a jitted step, in blocks that
+alternate the memory tier off and on (the default interval: the 1 % budget, as ``reprieve.init`` sets it up,
+sending every copy to a peer's replica server in another process); the per-step median of each mode over the
+block pairs, the save's loop stall (its host copy) beside the storage tier's host copy of the same state, and the
+interval chosen (target: overhead <= 1 %).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -36,6 +46,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 GiB = 1 << 30
@@ -51,8 +63,9 @@ def _jax(devices: int = 4) -> Any:
     return jax
 
 
-def _state(jax: Any, size_gib: float, leaves: int) -> tuple[Any, Any]:
-    """A random float32 state of ``size_gib`` in ``leaves`` leaves, rows sharded over the devices; (state, abstract)."""
+def _state(jax: Any, size_gib: float, leaves: int, only: list[int] | None = None) -> tuple[Any, Any]:
+    """A random float32 state of ``size_gib`` in ``leaves`` leaves, rows sharded over the devices; (state, abstract).
+    ``only``: build just these leaves (each leaf depends on its index alone: the same values as in the whole)."""
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
@@ -61,7 +74,7 @@ def _state(jax: Any, size_gib: float, leaves: int) -> tuple[Any, Any]:
     sharding = NamedSharding(Mesh(np.array(jax.devices()), ("d",)), P("d", None))
     rows = max(8, int(size_gib * GiB) // leaves // (1024 * 4) // 8 * 8)
     build = jax.jit(lambda: {f"p{i:03d}": jax.random.uniform(jax.random.key(i), (rows, 1024), jnp.float32) + i
-                             for i in range(leaves)}, out_shardings=sharding)
+                             for i in (range(leaves) if only is None else only)}, out_shardings=sharding)
     state = jax.block_until_ready(build())
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     return state, abstract
@@ -77,47 +90,71 @@ def _tier(directory: str, *, peer: str | None = None) -> Any:
 
 
 # -- children ---------------------------------------------------------------------------------------------------------
+def _abstract(jax: Any, size_gib: float, leaves: int) -> Any:
+    """The abstract of :func:`_state` without building it (a restore child holds only what it restores)."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    sharding = NamedSharding(Mesh(np.array(jax.devices()), ("d",)), P("d", None))
+    rows = max(8, int(size_gib * GiB) // leaves // (1024 * 4) // 8 * 8)
+    return {f"p{i:03d}": jax.ShapeDtypeStruct((rows, 1024), jnp.float32, sharding=sharding) for i in range(leaves)}
+
+
+def _storage_uri(a: argparse.Namespace, source: str) -> str:
+    return a.s3 if source == "s3" else os.path.join(a.dir, "ckpt")
+
+
 def child_prepare(a: argparse.Namespace) -> dict[str, Any]:
-    """Write the storage checkpoint and the memory copy (sent to the peer's replica server at ``a.peer``)."""
+    """Write the storage checkpoints (local disk, and the s3 emulator when given) and the memory copy (sent to the
+    peer's replica server at ``a.peer``)."""
     jax = _jax()
     from reprieve.checkpoint import CheckpointManager
 
     state, _ = _state(jax, a.size, a.leaves)
-    mgr = CheckpointManager(os.path.join(a.dir, "ckpt"), attempt=1, keep=1)
-    t0 = time.perf_counter()
-    mgr.save(1, state, extra={"reprieve": {"attempt": 1}})
-    storage_blocking = time.perf_counter() - t0
-    mgr.wait()
-    mgr.close()
+    out: dict[str, Any] = {}
+    for source in ("disk", "s3") if a.s3 else ("disk",):
+        mgr = CheckpointManager(_storage_uri(a, source), attempt=1, keep=1)
+        t0 = time.perf_counter()
+        mgr.save(1, state, extra={"reprieve": {"attempt": 1}})
+        out[f"{source}_blocking_s"] = time.perf_counter() - t0
+        mgr.wait()
+        out[f"{source}_save_s"] = time.perf_counter() - t0
+        mgr.close()
     tier = _tier(os.path.join(a.shm, "pod-own"), peer=a.peer)
     tier.attempt = 1
     t0 = time.perf_counter()
     assert tier.save(1, state, extra={"reprieve": {"attempt": 1}})
-    memory_blocking = time.perf_counter() - t0
+    out["memory_blocking_s"] = time.perf_counter() - t0
     tier.wait()
+    out["memory_save_s"] = time.perf_counter() - t0
     assert tier.replicated_step == 1, "the copy did not reach the peer"
     tier.close()
-    return {"storage_blocking_s": storage_blocking, "memory_blocking_s": memory_blocking}
+    return out
 
 
 def child_restore(a: argparse.Namespace) -> dict[str, Any]:
+    """One restore through the whole memory-tier restore (``restore_round.restore``), from ``a.source``."""
     jax = _jax()
     import numpy as np
     from reprieve.checkpoint import CheckpointManager
     from reprieve.memtier import restore_round
 
-    _, abstract = _state(jax, a.size, a.leaves)
-    directory = {"own": "pod-own", "peer": "pod-replacement", "storage": "pod-replacement"}[a.source]
+    abstract = _abstract(jax, a.size, a.leaves)
+    directory = "pod-own" if a.source == "own" else "pod-replacement"
     tier = _tier(os.path.join(a.shm, directory), peer=a.peer if a.source == "peer" else None)
-    storage = CheckpointManager(os.path.join(a.dir, "ckpt"), attempt=2, keep=1)
+    storage = CheckpointManager(_storage_uri(a, a.source), attempt=2, keep=1)
     t0 = time.perf_counter()
     result = restore_round.restore(tier, storage, abstract)
     restored = jax.block_until_ready(result[1])
     seconds = time.perf_counter() - t0
-    assert result.restored_from["sources"] == [{"own": "memory"}.get(a.source, a.source)], result.restored_from
-    want, _ = _state(jax, a.size, a.leaves)
-    exact = all(np.array_equal(np.asarray(restored[k]), np.asarray(want[k])) for k in list(want)[:: max(1, a.leaves // 4)])
+    expected = {"own": "memory", "peer": "peer"}.get(a.source, "storage")
+    assert result.restored_from["sources"] == [expected], result.restored_from
     nbytes = sum(x.nbytes for x in jax.tree.leaves(restored))
+    checked = list(range(0, a.leaves, max(1, a.leaves // 4)))
+    want, _ = _state(jax, a.size, a.leaves, only=checked)
+    exact = all(np.array_equal(np.asarray(restored[k]), np.asarray(want[k])) for k in want)
     storage.close()
     tier.close()
     shutil.rmtree(os.path.join(a.shm, "pod-replacement"), ignore_errors=True)
@@ -145,11 +182,12 @@ def child_cost(a: argparse.Namespace) -> dict[str, Any]:
     mgr.wait()
     mgr.close()
     k, ema, times = 0, None, {"off": [], "on": []}  # type: ignore[var-annotated]
-    tier.begin(0)
     blocking: list[float] = []
     saves_per_block: list[int] = []
     for block in range(2 * a.blocks + 2):  # the first pair warms up (and bootstraps the schedule)
         mode = "on" if block % 2 else "off"
+        if block == 1:
+            tier.begin(k)  # the bootstrap save (which sets the budget's interval) falls in the first "on" block
         spent, saves = [], 0
         for _ in range(a.block_steps):
             t = time.perf_counter()
@@ -237,7 +275,56 @@ def floors(size_gib: float, shm: str) -> dict[str, float]:
     return out
 
 
-def bench_restore(size: float, leaves: int, repeats: int) -> dict[str, Any]:
+SOURCES = ("own", "peer", "disk", "s3")
+FLOOR_GIB = 1.0  # the floors are rates: measured on 1 GiB whatever the state size (4 GiB would need ~16 GiB of RAM)
+
+
+def moto_python() -> str | None:
+    """A python with moto's server (it pins python-dateutil<3, which kubernetes forbids: ``make venv`` installs it
+    in .venv/emulators); the same search as tests/runtime/test_storage_emulators.py."""
+    for cand in (os.environ.get("REPRIEVE_MOTO_PYTHON"), sys.executable, os.path.join(REPO, ".venv/emulators/bin/python")):
+        if cand and os.path.exists(cand) and subprocess.run(
+                [cand, "-c", "import moto.server"], capture_output=True, check=False).returncode == 0:
+            return cand
+    return None
+
+
+@contextlib.contextmanager
+def s3_emulator() -> Iterator[str]:
+    """moto's S3 server on loopback with a bucket; the AWS_* variables set for the children; yields the s3:// URI."""
+    py = moto_python()
+    if py is None:
+        raise SystemExit("no python with moto[server] for the s3 emulator: run `make venv` (it installs "
+                         ".venv/emulators) or set REPRIEVE_MOTO_PYTHON, or pass --no-s3")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([py, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
+                                            "AWS_REGION")}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/bench", method="PUT")).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the s3 emulator (moto, {py}) did not start on 127.0.0.1:{port}") from None
+                time.sleep(0.2)
+        os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_REGION": "us-east-1"})
+        yield "s3://bench/ckpt"
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        proc.kill()
+        proc.wait()
+
+
+def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool) -> dict[str, Any]:
+    """Prepare every source of one state, then restore it from each in turn (fresh processes, ``repeats`` rounds)."""
     from reprieve.memtier.server import ReplicaServer
     from reprieve.memtier.store import MemoryDir
 
@@ -245,23 +332,29 @@ def bench_restore(size: float, leaves: int, repeats: int) -> dict[str, Any]:
     shm = tempfile.mkdtemp(prefix="memtier-bench-", dir="/dev/shm")
     server = ReplicaServer(MemoryDir(os.path.join(shm, "pod-peer")), host="127.0.0.1", port=0).start()
     try:
-        common = ["--dir", base, "--shm", shm, "--size", str(size), "--leaves", str(leaves), "--peer", server.address]
-        prep = run_child("prepare", common)
-        fl = floors(size, shm)
-        times: dict[str, list[float]] = {"own": [], "peer": [], "storage": []}
-        exact = True
-        for _ in range(repeats):
-            for source, took in times.items():
-                r = run_child("restore", [*common, "--source", source])
-                took.append(r["seconds"])
-                exact = exact and r["exact"]
+        with s3_emulator() if s3 else contextlib.nullcontext(None) as s3_uri:
+            common = ["--dir", base, "--shm", shm, "--size", str(size), "--leaves", str(leaves), "--peer",
+                      server.address, *(["--s3", s3_uri] if s3_uri else [])]
+            prep = run_child("prepare", common)
+            times: dict[str, list[float]] = {k: [] for k in SOURCES if k != "s3" or s3_uri}
+            exact = True
+            for _ in range(repeats):
+                for source, took in times.items():
+                    r = run_child("restore", [*common, "--source", source])
+                    took.append(r["seconds"])
+                    exact = exact and r["exact"]
         med = {k: statistics.median(v) for k, v in times.items()}
-        return {"size_gib": size, "leaves": leaves, "prepare": prep, "floors": fl, "seconds": times, "median": med,
+        return {"size_gib": size, "leaves": leaves, "prepare": prep, "seconds": times, "median": med,
                 "exact": exact}
     finally:
         server.close()
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def ratios(median: dict[str, float]) -> dict[str, float]:
+    """How many times faster than local-disk storage each source restored (pure)."""
+    return {k: median["disk"] / v for k, v in median.items() if v > 0}
 
 
 def bench_cost(a: argparse.Namespace) -> dict[str, Any]:
@@ -287,42 +380,67 @@ def bench_cost(a: argparse.Namespace) -> dict[str, Any]:
         del ReplicaServer, MemoryDir
 
 
+def print_cost(r: dict[str, Any], cost_mib: int) -> None:
+    print(f"tier cost, {cost_mib} MiB state, step {r['step_off_s'] * 1e3:.1f} ms: overhead "
+          f"{r['overhead'] * 100:+.2f} % (target <= 1 %; median of {len(r['pairs'])} block pairs; pairs "
+          f"{[round((on / off - 1) * 100, 2) for off, on in r['pairs']]} %), a save every {r['every']} steps, "
+          f"{r['saves_per_block']} saves per block, loop stall per save {r['memory_copy_s'] * 1e3:.1f} ms "
+          f"(the storage tier's host copy: {r['storage_copy_s'] * 1e3:.1f} ms), measured save cost "
+          f"{r['cost_s']:.3f} s")
+
+
+def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None:
+    m, gib = r["median"], r["size_gib"]
+    x = ratios(m)
+    print(f"restore {gib:g} GiB, {r['leaves']} leaves (median of {repeats}; bit-exact: {r['exact']}):")
+    for source in m:
+        print(f"  {source:5s} {m[source]:7.3f} s  {gib / m[source]:6.2f} GiB/s  {x[source]:5.1f}x local disk   "
+              f"all: {[round(v, 3) for v in r['seconds'][source]]}")
+    print(f"  targets: own memory {x['own']:.1f}x local disk (>= 5x: {'met' if x['own'] >= 5 else 'NOT met'}), "
+          f"peer {x['peer']:.1f}x (>= 3x: {'met' if x['peer'] >= 3 else 'NOT met'})"
+          + (f"; s3 emulator {m['s3'] / m['own']:.1f}x slower than own memory" if "s3" in m else ""))
+    print(f"  floors of this run: memcpy {fl['memcpy_gib_s']:.2f} GiB/s ({gib / fl['memcpy_gib_s']:.3f} s for "
+          f"{gib:g} GiB), fresh memory {fl['fresh_memory_gib_s']:.2f} GiB/s, crc32c {fl['crc32c_gib_s']:.2f} GiB/s, "
+          f"loopback TCP {fl['loopback_tcp_gib_s']:.2f} GiB/s ({gib / fl['loopback_tcp_gib_s']:.3f} s)")
+    p = r["prepare"]
+    print(f"  save: loop stall {p['memory_blocking_s']:.3f} s (memory tier; {p['memory_save_s']:.2f} s until the "
+          f"peer committed) vs {p['disk_blocking_s']:.3f} s (storage tier's host copy; {p['disk_save_s']:.2f} s "
+          "until committed on local disk)" + (f", {p['s3_save_s']:.2f} s on the s3 emulator" if "s3_save_s" in p else ""))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="1", help="state sizes in GiB, comma separated")
+    ap.add_argument("--sizes", default="1,4", help="state sizes in GiB, comma separated")
     ap.add_argument("--leaves", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--cost", action="store_true", help="the loop overhead A/B instead of the restores")
+    ap.add_argument("--parts", default="restore,cost", help="restore, cost or both (comma separated)")
+    ap.add_argument("--cost", action="store_true", help="the loop overhead A/B only (--parts cost)")
+    ap.add_argument("--no-s3", dest="s3", action="store_false", help="skip the s3 emulator (moto) as a source")
+    ap.add_argument("--s3-max-gib", type=float, default=1.0,
+                    help="the s3 emulator only for states up to this size (moto holds every object in its own "
+                         "memory: a 4 GiB state would need ~20 GiB at once on a 24 GiB machine)")
     ap.add_argument("--cost-mib", type=int, default=256)
     ap.add_argument("--blocks", type=int, default=6, help="block pairs (off, on) after a warm-up pair")
     ap.add_argument("--block-steps", type=int, default=300)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    results: list[dict[str, Any]] = []
-    if a.cost:
-        r = bench_cost(a)
-        results.append(r)
-        print(f"tier cost, {a.cost_mib} MiB state, step {r['step_off_s'] * 1e3:.1f} ms: overhead "
-              f"{r['overhead'] * 100:+.2f} % (median of {len(r['pairs'])} block pairs; pairs "
-              f"{[round((on / off - 1) * 100, 2) for off, on in r['pairs']]} %), a save every {r['every']} steps, "
-              f"{r['saves_per_block']} saves per block, loop stall per save {r['memory_copy_s'] * 1e3:.1f} ms "
-              f"(the storage tier's host copy: {r['storage_copy_s'] * 1e3:.1f} ms), measured save cost "
-              f"{r['cost_s']:.3f} s")
-    else:
+    parts = {"cost"} if a.cost else {p.strip() for p in a.parts.split(",") if p.strip()}
+    if not parts or parts - {"restore", "cost"}:
+        ap.error(f"--parts: choose from restore, cost; got {a.parts!r}")
+    results: dict[str, Any] = {"restore": [], "cost": None, "floors": None}
+    if "restore" in parts:
+        shm = tempfile.mkdtemp(prefix="memtier-floors-", dir="/dev/shm")
+        try:
+            results["floors"] = fl = floors(FLOOR_GIB, shm)
+        finally:
+            shutil.rmtree(shm, ignore_errors=True)
         for size in (float(s) for s in a.sizes.split(",")):
-            r = bench_restore(size, a.leaves, a.repeats)
-            results.append(r)
-            m, fl = r["median"], r["floors"]
-            gib = r["size_gib"]
-            print(f"restore {gib:g} GiB, {a.leaves} leaves (median of {a.repeats}; bit-exact: {r['exact']}):")
-            for source in ("own", "peer", "storage"):
-                print(f"  {source:8s} {m[source]:7.3f} s  {gib / m[source]:6.2f} GiB/s  "
-                      f"{m['storage'] / m[source]:5.1f}x storage   all: {[round(x, 3) for x in r['seconds'][source]]}")
-            print(f"  floors: memcpy {fl['memcpy_gib_s']:.2f} GiB/s, fresh memory {fl['fresh_memory_gib_s']:.2f} "
-                  f"GiB/s, crc32c {fl['crc32c_gib_s']:.2f} GiB/s, loopback TCP {fl['loopback_tcp_gib_s']:.2f} GiB/s")
-            p = r["prepare"]
-            print(f"  save: loop stall {p['memory_blocking_s']:.3f} s (memory tier) vs {p['storage_blocking_s']:.3f} s "
-                  "(storage tier's host copy)")
+            r = bench_restore(size, a.leaves, a.repeats, s3=a.s3 and size <= a.s3_max_gib)
+            results["restore"].append(r)
+            print_restore(r, fl, a.repeats)
+    if "cost" in parts:
+        results["cost"] = r = bench_cost(a)
+        print_cost(r, a.cost_mib)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(results, fh, indent=1)
@@ -336,7 +454,8 @@ def child_main(argv: list[str]) -> None:
     ap.add_argument("--size", type=float, default=1.0)
     ap.add_argument("--leaves", type=int, default=16)
     ap.add_argument("--peer", default=None)
-    ap.add_argument("--source", default="own")
+    ap.add_argument("--source", default="own", choices=SOURCES)
+    ap.add_argument("--s3", default=None, help="the s3:// URI of the storage checkpoint on the emulator")
     ap.add_argument("--cost-mib", type=int, default=256)
     ap.add_argument("--blocks", type=int, default=6)
     ap.add_argument("--block-steps", type=int, default=300)

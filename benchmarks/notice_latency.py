@@ -93,6 +93,20 @@ class Annotations:
             return {n: self.seen[n] for n in names}
 
 
+def wait_statuses(custom: Any, op: subprocess.Popen[bytes], field: str, jobs: int, limit_s: float, what: str) -> None:
+    """Until every one of the ``jobs`` TrainingJobs has ``status.<field>``; fails after ``limit_s`` or when the
+    operator ``op`` has ended (``what``: how the count is named in that error)."""
+    t0 = time.monotonic()
+    while True:
+        items = custom.list_namespaced_custom_object("reprieve.dev", "v1alpha1", NS, "trainingjobs")["items"]
+        done = sum(1 for i in items if (i.get("status") or {}).get(field))
+        if done == jobs:
+            return
+        if op.poll() is not None or time.monotonic() - t0 > limit_s:
+            raise RuntimeError(f"after {time.monotonic() - t0:.0f}s: {done}/{jobs} {what}")
+        time.sleep(1)
+
+
 def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the cluster is stopped on `timeout`
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -106,18 +120,12 @@ def main() -> int:
 
     from conftest import job_manifest
     from localcluster import Cluster
-    from localcluster.cluster import wait_until
-    from localcluster.stack import OPERATOR_SA, RELEASE_NS, install_chart
+    from localcluster.stack import OPERATOR_SA, RELEASE_NS, bench_namespace
 
     work = Path(tempfile.mkdtemp(prefix="reprieve-bench-"))
     with Cluster.start(work / "cluster") as cluster:
         t0 = time.monotonic()
-        install_chart(cluster)  # CRD and RBAC; the operator runs here as a local process
-        cluster.kubectl("create", "namespace", NS)
-        wait_until(lambda: cluster.kubectl("get", "sa", "default", "-n", NS, check=False).returncode == 0,
-                   60, "the namespace's default ServiceAccount", interval=0.2)
-        api = cluster.api_client()
-        api.configuration.connection_pool_maxsize = 32
+        api = bench_namespace(cluster, NS, pool=32)  # the operator runs here as a local process
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
 
         parallel(lambda i: core.create_node({"metadata": {"name": f"n{i:04d}", "labels": {"bench": "1"}}}),
@@ -158,15 +166,8 @@ def main() -> int:
         log = open(work / "operator.log", "wb")  # noqa: SIM115
         op = subprocess.Popen([sys.executable, "-m", "reprieve_operator", "--namespace", NS, "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            t1 = time.monotonic()
-            while True:  # ready: every job reconciled once (status.ready written)
-                items = custom.list_namespaced_custom_object("reprieve.dev", "v1alpha1", NS, "trainingjobs")["items"]
-                done = sum(1 for i in items if (i.get("status") or {}).get("ready"))
-                if done == args.jobs:
-                    break
-                if op.poll() is not None or time.monotonic() - t1 > 900:
-                    raise RuntimeError(f"operator not ready ({done}/{args.jobs} jobs reconciled); see {log.name}")
-                time.sleep(1)
+            t1 = time.monotonic()  # ready: every job reconciled once (status.ready written)
+            wait_statuses(custom, op, "ready", args.jobs, 900, f"jobs reconciled; see {log.name}")
             print(f"operator reconciled all jobs in {time.monotonic() - t1:.0f}s; RSS {rss_mb(op.pid)[0]:.0f} MB")
             # Goodput accounting on for every job: process 0's live progress report (docs/contract.md) on each
             # job's pod 0, as a running job has it; wait until every status carries status.goodput.
@@ -181,14 +182,7 @@ def main() -> int:
                     "reprieve.dev/progress": json.dumps(value)}}})
 
             parallel(report, list(range(args.jobs)))
-            while True:
-                items = custom.list_namespaced_custom_object("reprieve.dev", "v1alpha1", NS, "trainingjobs")["items"]
-                accounted = sum(1 for i in items if (i.get("status") or {}).get("goodput"))
-                if accounted == args.jobs:
-                    break
-                if op.poll() is not None or time.monotonic() - t2 > 600:
-                    raise RuntimeError(f"goodput accounting on {accounted}/{args.jobs} jobs; see {log.name}")
-                time.sleep(1)
+            wait_statuses(custom, op, "goodput", args.jobs, 600, f"jobs with goodput accounting; see {log.name}")
             print(f"goodput accounting on for all {args.jobs} jobs in {time.monotonic() - t2:.0f}s; "
                   f"RSS {rss_mb(op.pid)[0]:.0f} MB")
             time.sleep(3)

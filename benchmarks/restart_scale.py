@@ -203,8 +203,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from localcluster import Cluster
-    from localcluster.cluster import wait_until
-    from localcluster.stack import OPERATOR_SA, RELEASE_NS, install_chart
+    from localcluster.stack import OPERATOR_SA, RELEASE_NS, bench_namespace
 
     results: dict[str, dict[int, float]] = {m: {} for m in args.modes}
     work = Path(tempfile.mkdtemp(prefix="reprieve-restart-bench-"))
@@ -214,12 +213,7 @@ def main() -> int:
             # them NotReady ~40 s in (5,000 Node writes during the measurement: it measured 62 s, not the restart).
             with Cluster.start(work / f"cluster-{mode}-{n}",
                                controller_manager_args=("--controllers=*,-node-lifecycle-controller",)) as cluster:
-                install_chart(cluster)  # CRD and RBAC; the operator runs here as a local process
-                cluster.kubectl("create", "namespace", NS)
-                wait_until(lambda: cluster.kubectl("get", "sa", "default", "-n", NS, check=False).returncode == 0,
-                           60, "the namespace's default ServiceAccount", interval=0.2)
-                api = cluster.api_client()
-                api.configuration.connection_pool_maxsize = 64
+                api = bench_namespace(cluster, NS, pool=64)  # the operator runs here as a local process
                 core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
                 name = f"g{n}"
                 t = time.monotonic()

@@ -45,18 +45,24 @@ for c in kube-apiserver kube-controller-manager kube-scheduler kubelet etcd kube
   ln -sfn localkube "$bin/$c"
 done
 
+# go_install PACKAGE@VERSION DEST: `go install` one command into DEST (the binary's cached, versioned path).
+go_install() {
+  local tmp
+  tmp="$(mktemp -d)"
+  if ! GOBIN="$tmp" go install -trimpath -ldflags "-s -w" "$1"; then
+    rm -rf "$tmp"
+    echo "build-tools: 'go install $1' failed (output above)." >&2
+    exit 1
+  fi
+  mv "$tmp/$(basename "${1%@*}")" "$2"
+  rm -rf "$tmp"
+}
+
 helm="$bin/helm-$HELM_VERSION"
 if [ ! -x "$helm" ]; then
   echo "build-tools: building helm $HELM_VERSION from helm.sh/helm/v3 (a few minutes, once)." >&2
   start=$(date +%s)
-  tmp="$(mktemp -d)"
-  if ! GOBIN="$tmp" go install -trimpath -ldflags "-s -w" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; then
-    rm -rf "$tmp"
-    echo "build-tools: 'go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION' failed (output above)." >&2
-    exit 1
-  fi
-  mv "$tmp/helm" "$helm"
-  rm -rf "$tmp"
+  go_install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" "$helm"
   echo "build-tools: helm built in $(( $(date +%s) - start ))s" >&2
 fi
 ln -sfn "$(basename "$helm")" "$bin/helm"
@@ -66,14 +72,7 @@ ACTIONLINT_VERSION="${ACTIONLINT_VERSION:-v1.7.12}"
 actionlint="$bin/actionlint-$ACTIONLINT_VERSION"
 if [ ! -x "$actionlint" ]; then
   echo "build-tools: building actionlint $ACTIONLINT_VERSION (once)." >&2
-  tmp="$(mktemp -d)"
-  if ! GOBIN="$tmp" go install -trimpath -ldflags "-s -w" "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION"; then
-    rm -rf "$tmp"
-    echo "build-tools: 'go install github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION' failed (output above)." >&2
-    exit 1
-  fi
-  mv "$tmp/actionlint" "$actionlint"
-  rm -rf "$tmp"
+  go_install "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION" "$actionlint"
 fi
 keyed="$bin/$key"
 mkdir -p "$keyed"

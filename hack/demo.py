@@ -1,4 +1,4 @@
-"""``make demo``: a GKE spot preemption of a 2-worker JAX job on a local 3-node cluster, shown as it happens.
+"""``make demo``: a GKE spot preemption and a node lost without notice, of a 2-worker JAX job on a local cluster.
 
 1. start the local control plane and four real nodes (upstream kubelet, containerd, runc; the images are built
    here from operator/Dockerfile and examples/Dockerfile, once): one for the operator, three spot workers;
@@ -8,10 +8,15 @@
    ``restartMode: InPlace`` and one warm spare;
 4. once training is under way, put the GKE spot taint on one worker's node and delete the node 30 s later;
 5. follow the notice, the agreed step, the commit, the exit with the restart code, the in-place restart (the
-   survivor keeps its pod, the spare takes the doomed worker's index, already imported and waiting), the restore
-   and the run to completion; end with lost steps, downtime, goodput and ``kubectl get tj``;
-6. run the same job and the same preemption with ``restartMode: Recreate`` (every pod created again) on the same
-   kind of nodes, and print both restart gaps side by side (``--no-compare`` skips it).
+   survivor keeps its pod, the spare takes the doomed worker's index, already imported and waiting), the restore;
+6. then lose worker 0's node WITHOUT notice (``--hard-kill-at-step``): no save is possible; with the memory tier
+   (``spec.checkpoint.memory``, on in this run) the gang restores the lost worker's shards from its peer pod's
+   memory and loses only the steps since the last memory save; follow it to completion and end with lost steps,
+   each restart's restore source, downtime, goodput and ``kubectl get tj``;
+7. run the same job and the same two losses with ``restartMode: Recreate`` and no memory tier (every pod created
+   again; the hard kill costs the steps since the last periodic checkpoint, restored from storage) on the same
+   kind of nodes, and print both runs side by side (``--no-compare`` skips it; ``--hard-kill-at-step 0`` skips
+   the unwarned loss in both).
 
 ``--process-nodes`` runs the same story on process kubelets with the operator as a local process (seconds instead
 of minutes to start); it is also what the demo falls back to, saying why, where real nodes cannot be set up.
@@ -33,6 +38,7 @@ from localcluster import Cluster, ClusterError
 from localcluster.costs import EmulatedCosts
 from localcluster.goodput import GoodputReport, analyse, read_step_log
 from localcluster.realnodes import RealNodeError
+from localcluster.restores import Restore, for_resume, parse
 from localcluster.stack import (
     SYSTEM_POOL,
     DeployedOperator,
@@ -46,6 +52,7 @@ from localcluster.testing import taint_node, wait_for
 NS = "demo"
 JOB = "lm"
 SPOT_TAINT = "cloud.google.com/impending-node-termination"
+MEMORY_SIZE_LIMIT = "256Mi"  # the memory tier's volume: 3 copies of one process's shards (the example's: ~1 MiB)
 INTERESTING = ("starting at step", "notice", "agreed", "committed", "exiting with code", "restored", "finished",
                "ERROR", "CRITICAL", "Traceback")
 
@@ -64,6 +71,7 @@ class Follower(threading.Thread):
         self.cluster, self.job = cluster, job
         self.offsets: dict[Path, int] = {}
         self.seen: set[str] = set()
+        self.restore_lines: list[str] = []  # every "restored step ..." line of every pod (the restore sources)
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -85,6 +93,8 @@ class Follower(threading.Thread):
                     chunk = f.read()
                     self.offsets[path] = pos + len(chunk.encode())
                 for line in chunk.splitlines():
+                    if "restored step" in line:
+                        self.restore_lines.append(line)
                     if any(k in line for k in INTERESTING):
                         text = line.split(": ", 1)[-1] if ": " in line else line
                         say(f"  {pod} | {text[:150]}")
@@ -96,11 +106,14 @@ def tj(cluster: Cluster, job: str = JOB) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--step-sleep", type=float, default=0.05)
     parser.add_argument("--preempt-at-step", type=int, default=150)
     parser.add_argument("--notice-seconds", type=float, default=30.0, help="taint -> node deletion")
-    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--hard-kill-after-checkpoint", type=int, default=50, metavar="STEPS",
+                        help="once the preemption's restart is done, lose worker 0's node without notice this many "
+                             "steps after the last storage checkpoint (0: no unwarned loss)")
+    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds for the whole demo")
     parser.add_argument("--process-nodes", action="store_true", help="process kubelets instead of real nodes")
     parser.add_argument("--no-compare", dest="compare", action="store_false",
                         help="skip the second run with restartMode Recreate")
@@ -160,31 +173,64 @@ def main() -> int:
 def run(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Path, args: argparse.Namespace, *,
         real: bool, costs: EmulatedCosts | None) -> int:
     cluster.kubectl("create", "namespace", NS)
-    say(">>> run 1: restartMode InPlace with 1 warm spare")
-    ok, report = run_job(cluster, operator, work, args, JOB, real=real, in_place=True)
+    say(">>> run 1: restartMode InPlace with 1 warm spare and the memory tier")
+    ok, report, sources = run_job(cluster, operator, work, args, JOB, real=real, in_place=True)
     if not ok or not args.compare:
         return 0 if ok else 1
-    if len([n for n in cluster.node_names() if n.startswith("node-")]) < 4:
-        node = "node-e"  # the first run's preemption deleted a node: bring the pool back to four
+    spot = [n for n in cluster.node_names() if n.startswith("node-")]
+    for node in [f"node-{c}" for c in "efgh" if f"node-{c}" not in spot][:max(0, 4 - len(spot))]:
+        # the first run's losses deleted nodes: bring the pool back to four
         say(f"adding {node} so the second run has as many nodes as the first")
         cluster.add_node(node, {"cloud.google.com/gke-spot": "true"},
                          **({"kind": "real", "images": ["example"]} if real else {"costs": costs}))
-    say(">>> run 2, for comparison: the same job and preemption with restartMode Recreate (every pod created "
-        "again)")
-    ok2, report2 = run_job(cluster, operator, work, args, f"{JOB}-recreate", real=real, in_place=False)
-    print("\nIn place + spare vs recreate-all (same nodes, same preemption; start costs: "
+    say(">>> run 2, for comparison: the same job and losses with restartMode Recreate (every pod created again) "
+        "and no memory tier (a memory copy needs a pod that survives the restart)")
+    ok2, report2, sources2 = run_job(cluster, operator, work, args, f"{JOB}-recreate", real=real, in_place=False)
+    print("\nIn place + spare + memory tier vs recreate-all without it (same nodes, same losses; start costs: "
           + (costs.describe() if costs else "real containers, images already on the nodes") + ")")
-    print(f"  {'':34} {'in place + 1 spare':>20} {'recreate-all':>14} {'ratio':>7}")
+    print(f"  {'':36} {'in place + spare + memory':>26} {'recreate-all':>14} {'ratio':>7}")
     gap, gap2 = report.mean_gap, report2.mean_gap
-    print(f"  {'gap, last step -> first step after':34} {gap:>19.1f}s {gap2:>13.1f}s {gap / gap2 if gap2 else 0:>6.2f}x")
-    print(f"  {'goodput (step log)':34} {report.goodput:>20.1%} {report2.goodput:>14.1%} "
+    print(f"  {'mean gap, last step -> first after':36} {gap:>25.1f}s {gap2:>13.1f}s "
+          f"{gap / gap2 if gap2 else 0:>6.2f}x")
+    print(f"  {'goodput (step log)':36} {report.goodput:>26.1%} {report2.goodput:>14.1%} "
           f"{report.goodput / report2.goodput if report2.goodput else 0:>6.2f}x")
-    print(f"  {'lost steps':34} {report.lost_steps:>20} {report2.lost_steps:>14}")
+    print(f"  {'lost steps (all restarts)':36} {report.lost_steps:>26} {report2.lost_steps:>14}")
+    for i, kind in enumerate(("noticed preemption", "node lost without notice")):
+        print(f"  {'lost steps, ' + kind:36} {lost_at(report, i):>26} {lost_at(report2, i):>14}")
+        print(f"  {'  restored from':36} {source_at(sources, i):>26} {source_at(sources2, i):>14}")
     return 0 if ok and ok2 else 1
 
 
+def lost_at(report: GoodputReport, i: int) -> str:
+    return str(report.interruptions[i].lost_steps) if i < len(report.interruptions) else "-"
+
+
+def source_at(sources: list[Restore | None], i: int) -> str:
+    """Where restart ``i`` restored from, in a table cell: ``own+peer memory``, ``storage``, ``mixed``."""
+    if i >= len(sources):
+        return "-"
+    r = sources[i]
+    if r is None:
+        return "?"
+    if r.kind != "memory":
+        return r.kind
+    kinds = sorted({"own" if s == "memory" else "peer" for s in r.sources.values()})
+    return "+".join(kinds) + " memory"
+
+
+def hard_kill_due(*, after_checkpoint: int, notice_node_deleted: bool, phase: str | None, attempt: int,
+                  notice_attempt: int, step: int, checkpoint_step: int | None, spares: str | None = None) -> bool:
+    """Whether to lose worker 0's node without notice now (pure): once the preemption's restart is done (its node
+    deleted, a newer attempt running, a replacement spare ready where the job has spares: ``status.spares``
+    ``ready/desired``) and training is ``after_checkpoint`` steps past the newest storage checkpoint the job's
+    status names, so that a run without the memory tier has that many steps to lose."""
+    spare_ready = spares is None or spares.split("/")[0] not in ("", "0")
+    return (after_checkpoint > 0 and notice_node_deleted and phase == "Running" and attempt > notice_attempt
+            and spare_ready and checkpoint_step is not None and step >= checkpoint_step + after_checkpoint)
+
+
 def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Path, args: argparse.Namespace,
-            job: str, *, real: bool, in_place: bool) -> tuple[bool, GoodputReport]:
+            job: str, *, real: bool, in_place: bool) -> tuple[bool, GoodputReport, list[Restore | None]]:
     ckpt = work / f"shared-storage-{job}"
     steplog = ckpt / "steps.jsonl"
     body = example_job(job, replicas=2, steps=args.steps, step_sleep=args.step_sleep, interval=100,
@@ -194,10 +240,14 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
                        requests={"cpu": "500m", "memory": "1Gi"} if real else None)
     body["spec"]["restartMode"] = "InPlace" if in_place else "Recreate"
     body["spec"]["spares"] = 1 if in_place else 0
+    if in_place:  # the memory tier needs a pod that survives the restart: InPlace only (docs/memory.md)
+        body["spec"]["checkpoint"]["memory"] = {"sizeLimit": MEMORY_SIZE_LIMIT}  # default interval: the 1 % budget
     cluster.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(body))
     start = time.time()
     say(f"TrainingJob {NS}/{job} applied: 2 workers x 2 devices, {args.steps} steps, periodic save every 100, "
-        f"restartMode {body['spec']['restartMode']}" + (", 1 spare" if in_place else ""))
+        f"restartMode {body['spec']['restartMode']}"
+        + (", 1 spare, memory tier (saves spaced to cost <= 1 % of the step time, a replica on a peer pod)"
+           if in_place else ", no memory tier"))
     follower = Follower(cluster, job)
     follower.start()
     api = cluster.api_client()
@@ -214,9 +264,12 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
             last_phase = key
         return status
 
+    def newest_step() -> int:
+        return max((r.step for r in read_step_log(steplog)), default=-1) if steplog.exists() else -1
+
     def reached(step: int) -> bool:
         show_status()
-        return steplog.exists() and any(r.step >= step for r in read_step_log(steplog))
+        return newest_step() >= step
 
     wait_for(lambda: reached(args.preempt_at_step), args.timeout, f"training to reach step {args.preempt_at_step}",
              interval=0.3)
@@ -224,9 +277,10 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
     node = json.loads(cluster.kubectl("get", "pod", worker1, "-n", NS, "-o", "json").stdout)["spec"]["nodeName"]
     say(f">>> GKE spot preemption: tainting {node} (worker 1) with {SPOT_TAINT}; the node will be deleted in "
         f"{args.notice_seconds:.0f}s")
+    notice_attempt = int(show_status().get("attempt") or 0)
     taint_node(api, node, SPOT_TAINT, "true", "NoSchedule")
     taint_time = time.monotonic()
-    deleted = False
+    deleted, hard_killed = False, False
     while True:
         status = show_status()
         if not deleted and time.monotonic() - taint_time >= args.notice_seconds:
@@ -235,11 +289,28 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
             deleted = True
         if status.get("phase") in ("Succeeded", "Failed"):
             break
+        step, checkpoint = newest_step(), status.get("lastCheckpointStep")
+        if not hard_killed and hard_kill_due(after_checkpoint=args.hard_kill_after_checkpoint,
+                                             notice_node_deleted=deleted, phase=status.get("phase"),
+                                             attempt=int(status.get("attempt") or 0), notice_attempt=notice_attempt,
+                                             step=step, checkpoint_step=checkpoint,
+                                             spares=status.get("spares") if in_place else None):
+            doomed = cluster.kubectl("get", "pod", f"{job}-0", "-n", NS, "-o", "jsonpath={.spec.nodeName}",
+                                     check=False).stdout.strip()
+        else:
+            doomed = ""
+        if doomed:
+            say(f">>> {doomed} (worker 0) is lost WITHOUT notice at step {step}, {step - checkpoint} steps after the "
+                f"last storage checkpoint (step {checkpoint}): no save is possible; "
+                + ("its shards' newest copy is in its peer pod's memory" if in_place else
+                   "the job resumes from that checkpoint"))
+            cluster.remove_node(doomed)
+            hard_killed = True
         if time.monotonic() - T0 > args.timeout:
             say("demo timed out")
             print(operator.tail(40))
             follower.stop.set()
-            return False, analyse(read_step_log(steplog), start=start, end=time.time())
+            return False, analyse(read_step_log(steplog), start=start, end=time.time()), []
         time.sleep(0.3)
     if not deleted:
         cluster.remove_node(node)
@@ -259,10 +330,14 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
     if in_place and last:
         print(f"  in place       attempt {last.get('attempt')}: {last.get('inPlace')} worker(s) restarted in place; "
               + "; ".join(f"worker {r.get('index')} replaced ({r.get('reason')})" for r in last.get("replaced", [])))
-    for i in report.interruptions:
-        print(f"  preemption     attempt {i.from_attempt}: saved at step {i.last_step}, resumed at step "
-              f"{i.resumed_at}: {i.lost_steps} lost step(s), {i.gap_seconds:.1f}s from last step to first step "
-              f"after restore")
+    sources = [for_resume(parse(follower.restore_lines), i.resumed_at) for i in report.interruptions]
+    for n, (i, r) in enumerate(zip(report.interruptions, sources, strict=True)):
+        what = "preemption" if n == 0 else "node lost"
+        print(f"  {what:14} attempt {i.from_attempt}: last step {i.last_step}, resumed at step {i.resumed_at}: "
+              f"{i.lost_steps} lost step(s), {i.gap_seconds:.1f}s from last step to first step after restore; "
+              f"restored {r.describe() if r is not None else 'from ? (no restore line seen)'}")
+    if args.hard_kill_after_checkpoint and not hard_killed:
+        print("  node lost      never: the job finished before the unwarned loss was due (raise --steps)")
     print(f"  goodput        {report.goodput:.1%} (productive {report.productive_seconds:.1f}s of "
           f"{report.wall_seconds:.1f}s wall, from the step log; definition in docs/goodput.md)")
     gp = status.get("goodput") or {}
@@ -271,13 +346,14 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
               f"the runtime's progress reports); badput {gp.get('badputSeconds')}")
     print()
     print(cluster.kubectl("get", "tj", job, "-n", NS).stdout)
-    from reprieve_operator.report import main as draw
+    from reprieve_operator.timeline import main as draw
 
     out = work / f"report-{job}"
-    print("Timeline of the job (python -m reprieve_operator.report):")
+    print("Timeline of the job (python -m reprieve_operator.timeline):")
     draw([job, "-n", NS, "-o", str(out), "--kubeconfig", str(cluster.kubeconfig)])
-    ok = status.get("phase") == "Succeeded" and report.lost_steps == 0 and len(report.interruptions) >= 1
-    return ok, report
+    ok = (status.get("phase") == "Succeeded" and len(report.interruptions) >= 1
+          and report.interruptions[0].lost_steps == 0)  # the noticed preemption loses nothing
+    return ok, report, sources
 
 
 if __name__ == "__main__":

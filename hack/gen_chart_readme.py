@@ -46,20 +46,13 @@ class UndocumentedValue(ValueError):
     """A value in values.yaml has no `# --` comment (neither its own nor a documented parent's)."""
 
 
+# YAML's types as the README names them; bool before int (a bool is an int in Python).
+_TYPE_NAMES: tuple[tuple[type, str], ...] = ((bool, "bool"), (int, "int"), (float, "float"), (str, "string"),
+                                             (list, "list"), (dict, "object"), (type(None), "null"))
+
+
 def _type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, dict):
-        return "object"
-    return "null" if value is None else type(value).__name__
+    return next((name for kind, name in _TYPE_NAMES if isinstance(value, kind)), type(value).__name__)
 
 
 def _lookup(values: dict[str, Any], path: list[str]) -> Any:

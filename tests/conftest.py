@@ -189,3 +189,14 @@ def api(cluster: Cluster):  # noqa: F821
     client = cluster.api_client()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def kueue(cluster: Cluster) -> Iterator[Any]:  # noqa: F821
+    """Real Kueue (built once by hack/build-kueue.sh, cached by version) against the session cluster, with its
+    CRDs and webhooks; started the first time a test asks for it (docs/kueue.md, "Kueue in the local cluster")."""
+    from localcluster.kueue import start_kueue
+
+    kq = start_kueue(cluster)
+    yield kq
+    kq.stop()

@@ -198,16 +198,63 @@ def test_annotation_and_label_names_agree() -> None:
 
 def test_the_supervisor_speaks_the_operators_contract() -> None:
     import reprieve_operator as op
-    from reprieve import supervision
+    from reprieve.supervisor import contract
 
     c, a = TABLE["contract"], TABLE["annotations"]
-    assert op.CONTRACT_VERSION == supervision.CONTRACT_VERSION == c["version"]
-    assert supervision.ASSIGNMENT_SUFFIX == c["assignment_suffix"]
-    assert (op.ANNOTATION_EXIT, supervision.EXIT_ANNOTATION) == (a["exit"], a["exit"])
-    assert (op.ANNOTATION_SUPERVISOR, supervision.SUPERVISOR_ANNOTATION) == (a["supervisor"], a["supervisor"])
-    assert {supervision.CONTRACT_ENV} == SUPERVISOR_READS
-    assert {supervision.SUPERVISED_ENV, supervision.WARM_FD_ENV, supervision.EVENTS_FD_ENV,
-            supervision.EXPECTED_TOPOLOGY_ENV} == SUPERVISOR_SETS
+    assert op.CONTRACT_VERSION == contract.CONTRACT_VERSION == c["version"]
+    assert contract.ASSIGNMENT_SUFFIX == c["assignment_suffix"]
+    assert (op.ANNOTATION_EXIT, contract.EXIT_ANNOTATION) == (a["exit"], a["exit"])
+    assert (op.ANNOTATION_SUPERVISOR, contract.SUPERVISOR_ANNOTATION) == (a["supervisor"], a["supervisor"])
+    assert {contract.CONTRACT_ENV} == SUPERVISOR_READS
+    assert {contract.SUPERVISED_ENV, contract.WARM_FD_ENV, contract.EVENTS_FD_ENV,
+            contract.EXPECTED_TOPOLOGY_ENV} == SUPERVISOR_SETS
+
+
+def test_the_assignment_the_operator_writes_is_what_each_process_runs() -> None:
+    """Operator writes -> runtime reads: ``builders.build_assignment`` (the ConfigMap) through reprieve-run's parser,
+    the trainer's environment and ``RuntimeConfig``, and through the line a warm process reads; the ConfigMap's
+    name is the one reprieve-run watches; a pod the assignment does not list runs nothing."""
+    from reprieve.config import RuntimeConfig
+    from reprieve.supervisor import contract
+    from reprieve_operator import builders
+
+    job = _minimal_job()
+    cm = builders.build_assignment(job, 3, {"j-0": 0, "j-spare-x1": 1}, "j-0.j.ns.svc:8476",
+                                   {0: "j-spare-x1.j.ns.svc:8477", 1: None})
+    assert cm["metadata"]["name"] == f"{job.name}{contract.ASSIGNMENT_SUFFIX}"  # what reprieve-run watches
+    assert contract.contract_problem(cm["data"]["contract"], where="the ConfigMap") is None
+    where = f"{job.namespace}/{cm['metadata']['name']}"
+    for pod, index, peer in [("j-0", 0, "j-spare-x1.j.ns.svc:8477"), ("j-spare-x1", 1, "")]:
+        a = contract.parse_assignment(cm["data"], pod, configmap=where)
+        assert (a.attempt, a.process_id, a.num_processes, a.coordinator, a.memory_peer) == (
+            3, index, 2, "j-0.j.ns.svc:8476", peer)
+        base = {e["name"]: e["value"] for e in builders.worker_env(job, 0, 1) if "value" in e}
+        config = RuntimeConfig.from_env(contract.trainer_env(base, a))
+        assert (config.attempt, config.process_id, config.num_processes, config.coordinator_address) == (
+            3, index, 2, "j-0.j.ns.svc:8476")
+        assert contract.parse_assignment_line(a.line()) == a.env()  # a warm process takes the same identity
+    assert not contract.parse_assignment(cm["data"], "j-1", configmap=where).listed  # not listed: runs nothing
+
+
+@pytest.mark.parametrize("code,agreed", [(0, None), (1, None), (42, True), (42, False), (137, None)])
+def test_the_exit_reprieve_run_reports_is_what_the_operator_reads(code: int, agreed: bool | None) -> None:
+    """Runtime writes -> operator reads: reprieve-run's ``reprieve.dev/exit`` and ``reprieve.dev/supervisor``
+    annotations on a pod the operator built, through the cache's compact pod to the policy's view of it."""
+    from datetime import UTC, datetime
+
+    from reprieve.supervisor import contract
+    from reprieve_operator import builders
+    from reprieve_operator.policy.views import compact_pod, pod_view
+
+    now = 1_764_000_000.0
+    pod = builders.build_worker_pod(_minimal_job(), 1, 2)
+    pod["metadata"]["annotations"] = {**pod["metadata"].get("annotations", {}),
+                                      **contract.exit_annotation(2, code, now, agreed),
+                                      **contract.supervisor_annotation("9.9.9")}
+    view = pod_view(compact_pod(pod))
+    assert view is not None
+    assert (view.exit_attempt, view.exit_code, view.exit_agreed, view.exit_time, view.contract) == (
+        2, code, agreed, datetime.fromtimestamp(now, UTC), contract.CONTRACT_VERSION)
 
 
 def test_the_docs_list_the_same_environment() -> None:

@@ -45,6 +45,8 @@ class Interruption:
     resumed_at: int       # first step of the next attempt
     lost_steps: int
     gap_seconds: float
+    last_t: float = 0.0   # wall time of the interrupted attempt's last step record
+    next_t: float = 0.0   # wall time of the next attempt's first step record
 
 
 @dataclass
@@ -126,7 +128,8 @@ def analyse(records: Iterable[StepRecord], *, start: float, end: float) -> Goodp
         last_step = max(r.step for r in prev)
         resumed_at = min(r.step for r in nxt)
         interruptions.append(Interruption(a, last_step, resumed_at, max(0, last_step - resumed_at + 1),
-                                          max(0.0, nxt[0].t - prev[-1].t - typical_step[b])))
+                                          max(0.0, nxt[0].t - prev[-1].t - typical_step[b]),
+                                          prev[-1].t, nxt[0].t))
     first_start = 0.0
     if recs:  # the first step began one typical step before the first record
         first_start = max(0.0, recs[0].t - typical_step[recs[0].attempt] - start)

@@ -7,8 +7,10 @@ pods, get/list/watch on the one assignment ConfigMap.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +73,18 @@ class SupervisedPod:
 
     def close(self) -> None:
         self.core.api_client.close()
+
+    @classmethod
+    @contextlib.contextmanager
+    def under(cls, cluster: Any, namespace: str, tmp_path: Path, *, pod: str = "job-0") -> Iterator[Any]:
+        """The pod's object (not created yet) with its output directory ``tmp_path/out``; closed on exit."""
+        out = tmp_path / "out"
+        out.mkdir()
+        pod_ = cls(cluster, namespace, out, pod=pod)
+        try:
+            yield pod_
+        finally:
+            pod_.close()
 
     def create(self, command: list[str], *, grace: int = 5, env: dict[str, str] | None = None) -> None:
         objects = [*worker_rbac(self.ns, self.job, [self.pod]),

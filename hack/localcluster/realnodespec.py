@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 POD_SUBNET, POD_GATEWAY = "10.244.0.0/16", "10.244.0.1"
 BRIDGE = "rpv0"
@@ -40,41 +41,29 @@ def pod_range(index: int) -> tuple[str, str]:
     return f"10.244.{index + 1}.1", f"10.244.{index + 1}.254"
 
 
+class _Under:
+    """A path of a fixed name under the instance's ``root``: ``kubelet_root = _Under("kubelet")``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, paths: Any, owner: Any = None) -> Path:
+        return Path(paths.root) / self.name
+
+
 @dataclass(frozen=True)
 class NodePaths:
-    root: Path  # <cluster workdir>/realnodes/<name>
+    """Where one real node keeps its state: every path under ``root`` (``<cluster workdir>/realnodes/<name>``)."""
 
-    @property
-    def containerd_root(self) -> Path:
-        return self.root / "containerd"
-
-    @property
-    def containerd_config(self) -> Path:
-        return self.root / "containerd.toml"
-
-    @property
-    def socket(self) -> Path:
-        return self.root / "containerd.sock"
-
-    @property
-    def cni_conf_dir(self) -> Path:
-        return self.root / "cni"
-
-    @property
-    def kubelet_root(self) -> Path:
-        return self.root / "kubelet"
-
-    @property
-    def kubelet_config(self) -> Path:
-        return self.root / "kubelet.yaml"
-
-    @property
-    def pod_logs(self) -> Path:
-        return self.root / "pod-logs"
-
-    @property
-    def sysctl_dir(self) -> Path:
-        return self.root / "sysctl"
+    root: Path
+    containerd_root = _Under("containerd")
+    containerd_config = _Under("containerd.toml")
+    socket = _Under("containerd.sock")
+    cni_conf_dir = _Under("cni")
+    kubelet_root = _Under("kubelet")
+    kubelet_config = _Under("kubelet.yaml")
+    pod_logs = _Under("pod-logs")
+    sysctl_dir = _Under("sysctl")
 
 
 def containerd_config(paths: NodePaths, pause_ref: str, registry: list[str] | None = None) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -27,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from .cluster import REPO, Cluster, ClusterError, wait_until
+from .cluster import REPO, Cluster, ClusterError, free_port, wait_until
 
 CHART = REPO / "charts" / "reprieve"
 RELEASE, RELEASE_NS, OPERATOR_SA = "reprieve", "reprieve-system", "reprieve"
@@ -39,6 +38,18 @@ def install_chart(cluster: Cluster, *, timeout: float = 60.0) -> None:
                  "--set", "replicaCount=0", "--wait", "--timeout", f"{int(timeout)}s", timeout=timeout + 30)
     wait_until(lambda: cluster.kubectl("get", "trainingjobs", "-A", check=False).returncode == 0, timeout,
                "the TrainingJob CRD to be served", interval=0.2)
+
+
+def bench_namespace(cluster: Cluster, namespace: str, *, pool: int = 32) -> Any:
+    """For a benchmark whose operator runs as a local process: the chart's CRD and RBAC, ``namespace`` with its
+    default ServiceAccount (pods are refused until it exists), and an API client with ``pool`` connections."""
+    install_chart(cluster)
+    cluster.kubectl("create", "namespace", namespace)
+    wait_until(lambda: cluster.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,
+               60, "the namespace's default ServiceAccount", interval=0.2)
+    api = cluster.api_client()
+    api.configuration.connection_pool_maxsize = pool
+    return api
 
 
 # Node pools of a real-node cluster (label reprieve.test/pool): the operator's node, and the workers' nodes.
@@ -132,12 +143,6 @@ class DeployedOperator:
         return self.pod
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class OperatorProcess:
     """``python -m reprieve_operator`` with the chart's ServiceAccount token: start, stop, kill, restart."""
 
@@ -149,7 +154,7 @@ class OperatorProcess:
         self.namespaces = namespaces or []
         self.log_level = log_level
         self.extra_args = extra_args or []
-        self.metrics_port = _free_port()
+        self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
 

@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-format", choices=("plain", "json"),
                    default=os.environ.get("REPRIEVE_LOG_FORMAT", "plain"),
                    help="json: one JSON object per line (for Cloud Logging, Loki, ...)")
+    p.add_argument("--kueue", action=argparse.BooleanOptionalAction,
+                   default=os.environ.get("REPRIEVE_KUEUE", "").lower() in ("1", "true"),
+                   help="jobs labelled kueue.x-k8s.io/queue-name wait for Kueue's admission (docs/kueue.md)")
     p.add_argument("--signals-json", default=None,
                    help="signal table as JSON (default: $REPRIEVE_SIGNALS_JSON, else built-in defaults)")
     return p.parse_args(argv)
@@ -138,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.notice_horizon_seconds <= 0:
         raise SystemExit(f"--notice-horizon-seconds must be > 0, got {args.notice_horizon_seconds}")
     memo = kopf.Memo(metrics_port=args.metrics_port, signals_json=args.signals_json, namespaces=args.namespace,
-                     resync_seconds=args.resync_seconds, notice_horizon_seconds=args.notice_horizon_seconds)
+                     resync_seconds=args.resync_seconds, notice_horizon_seconds=args.notice_horizon_seconds,
+                     kueue=args.kueue)
     kopf.run(
         standalone=True,  # one replica (Deployment strategy Recreate); no peering objects needed
         clusterwide=not args.namespace,

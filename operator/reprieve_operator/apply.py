@@ -65,7 +65,7 @@ def tolerate(call: Callable[[], T], status: int, otherwise: U, *note: Any) -> T 
 
 # The namespaced kinds a job owns: (API group attribute of ``Api``, the client's method suffix).
 _KINDS = {"Pod": ("core", "pod"), "Service": ("core", "service"), "ServiceAccount": ("core", "service_account"),
-          "ConfigMap": ("core", "config_map"), "Role": ("rbac", "role"), "RoleBinding": ("rbac", "role_binding")}
+          "ConfigMap": ("core", "config_map"), "Secret": ("core", "secret"), "Role": ("rbac", "role"), "RoleBinding": ("rbac", "role_binding")}
 
 
 def _method(api: Api, verb: str, kind: str) -> Any:

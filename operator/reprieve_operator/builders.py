@@ -21,6 +21,7 @@ from . import (
     SUPERVISOR,
 )
 from .models import GROUP, KIND, VERSION, TrainingJob
+from .policy.memorypeers import first_peers
 from .policy.pairing import MEMORY_PORT
 
 NOTICE_DIR = "/etc/reprieve"
@@ -31,6 +32,7 @@ PODINFO_VOLUME = "reprieve-podinfo"
 # and a container restart, and counts against the pod's memory limit; reprieve-run serves it on MEMORY_PORT.
 MEMORY_VOLUME = "reprieve-memory"
 MEMORY_DIR = "/var/run/reprieve/memory"
+MEMORY_TOKEN_KEY = "token"  # the key of the job's Secret <job>-memory
 
 
 def owner_reference(job: TrainingJob) -> dict[str, Any]:
@@ -94,20 +96,40 @@ def worker_env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Any
         {"name": "REPRIEVE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
     env += [{"name": k, "value": v} for k, v in plain.items()]
-    return env + memory_env(job)
+    return env + memory_env(job, index)
 
 
-def memory_env(job: TrainingJob) -> list[dict[str, Any]]:
-    """The memory tier's variables (docs/contract.toml [memory]); none without an enabled tier. The peer comes
-    with each attempt's assignment (``memoryPeers``: pod IPs are known only once the pods run)."""
+def memory_env(job: TrainingJob, index: int = -1) -> list[dict[str, Any]]:
+    """The memory tier's variables (docs/contract.toml [memory]); none without an enabled tier. Worker ``index``
+    of a new gang gets its first attempt's peer (``memorypeers.first_peers``: a stable name, as the pods do not
+    run yet); later attempts' peers and their nodes come with the assignment. The token comes from the job's
+    Secret (:func:`build_memory_secret`)."""
     m = job.spec.checkpoint.memory
     if m is None or not m.enabled:
         return []
     plain = {"REPRIEVE_MEMORY_DIR": MEMORY_DIR, "REPRIEVE_MEMORY_LIMIT_BYTES": str(m.limit_bytes),
              "REPRIEVE_MEMORY_INTERVAL_STEPS": str(m.interval_steps),
              "REPRIEVE_MEMORY_INTERVAL_SECONDS": str(m.interval_seconds), "REPRIEVE_MEMORY_PORT": str(MEMORY_PORT)}
+    peer = first_peers(job).get(index)
+    if peer:
+        plain["REPRIEVE_MEMORY_PEER"] = peer
     return [{"name": "REPRIEVE_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "REPRIEVE_MEMORY_TOKEN", "valueFrom": {"secretKeyRef": {"name": memory_secret_name(job),
+                                                                             "key": MEMORY_TOKEN_KEY}}},
             *({"name": k, "value": v} for k, v in plain.items())]
+
+
+def memory_secret_name(job: TrainingJob) -> str:
+    return f"{job.name}-memory"
+
+
+def build_memory_secret(job: TrainingJob, token: str) -> dict[str, Any]:
+    """The Secret ``<job>-memory``: the token every replica server of the job asks for (``token``: random, made
+    by the caller). Owned by the job; created before its pods, which read it as ``REPRIEVE_MEMORY_TOKEN``."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": memory_secret_name(job), "namespace": job.namespace, "labels": job_labels(job),
+                         "ownerReferences": [owner_reference(job)]},
+            "stringData": {MEMORY_TOKEN_KEY: token}}
 
 
 def _exclude_nodes(affinity: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
@@ -249,14 +271,19 @@ def build_identity(job: TrainingJob, pod_names: Iterable[str] | None = None) -> 
 
 
 def build_assignment(job: TrainingJob, attempt: int, processes: dict[str, int], coordinator: str,
-                     memory_peers: dict[int, str | None] | None = None) -> dict[str, Any]:
+                     memory_peers: dict[int, str | None] | None = None,
+                     memory_peer_nodes: dict[int, str] | None = None) -> dict[str, Any]:
     """The ConfigMap ``<job>-assignment`` of ``attempt`` (``docs/contract.md``, "In-place restarts"); with
-    ``memory_peers`` (the memory tier, ``policy.pairing``) its ``memoryPeers``: process index -> the replica
-    server holding its copies; a process left out has none (own copies only)."""
+    ``memory_peers`` (the memory tier, ``policy.memorypeers``) its ``memoryPeers``: process index -> the replica
+    server holding its copies (a process left out has none: own copies only), and ``memoryPeerNodes``: process
+    index -> that server's node, where known."""
     import json
 
     data = {"memoryPeers": json.dumps({str(i): a for i, a in sorted(memory_peers.items()) if a is not None},
                                       separators=(",", ":"))} if memory_peers else {}
+    if memory_peer_nodes:
+        data["memoryPeerNodes"] = json.dumps({str(i): n for i, n in sorted(memory_peer_nodes.items())},
+                                             separators=(",", ":"))
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": assignment_name(job), "namespace": job.namespace, "labels": job_labels(job),
                          "ownerReferences": [owner_reference(job)]},

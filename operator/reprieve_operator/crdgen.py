@@ -1,9 +1,10 @@
 """Generate what the chart and ``crds/`` derive from the code: the TrainingJob CustomResourceDefinition (from the
-pydantic models) and the built-in signal names the chart's values schema accepts (from ``policy.signals``).
+pydantic models, the built-in signal names included).
 
-Run ``python -m reprieve_operator.crdgen`` (or ``hack/gen_crd.py``) to rewrite ``crds/``, the chart's template
-and ``signals.builtin`` of its ``values.schema.json``; ``--check`` (``make verify``) and
-``tests/operator/test_crdgen.py`` fail when the checked-in files drift from the code.
+Run ``python -m reprieve_operator.crdgen`` (or ``hack/gen_crd.py``) to rewrite ``crds/`` and the chart's template;
+``--check`` (``make verify``) and ``tests/operator/test_crdgen.py`` fail when the checked-in files drift from the
+code. The chart's template also defines ``reprieve.builtinSignals``, the names its ``signals.builtin`` value
+accepts (``templates/deployment.yaml`` refuses any other), so the names live in the two generated files only.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from . import models
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO_ROOT / "crds" / "reprieve.dev_trainingjobs.yaml"
 CHART_CRD_PATH = REPO_ROOT / "charts" / "reprieve" / "templates" / "crd.yaml"
-VALUES_SCHEMA_PATH = REPO_ROOT / "charts" / "reprieve" / "values.schema.json"
 
 _DROP = {"title", "$defs"}
 ROOT_RULES = [
@@ -200,31 +200,22 @@ def render_chart() -> str:
         "    helm.sh/resource-policy: keep\n"
         "  {{- end }}\n"
     )
-    return HEADER + "{{- if .Values.crds.enabled }}\n" + head + meta + rest + "{{- end }}\n"
+    return (HEADER + builtin_signals_define() + "{{- if .Values.crds.enabled }}\n" + head + meta + rest
+            + "{{- end }}\n")
 
 
-def builtin_signals_schema() -> dict[str, Any]:
-    """``signals.builtin`` of the chart's values: changes to built-in signals by name (every one is on with its
-    default window otherwise); Helm refuses a name that is not one of them."""
-    window = {"type": "integer", "minimum": 0, "maximum": 86400}
-    return {"type": "object", "propertyNames": {"enum": list(models.BUILTIN_SIGNAL_NAMES)},
-            "additionalProperties": {"type": "object", "additionalProperties": False,
-                                     "properties": {"enabled": {"type": "boolean"}, "noticeSeconds": window}}}
-
-
-def render_values_schema(current: str) -> str:
-    """The chart's ``values.schema.json`` (``current``) with ``signals.builtin`` from the signal table."""
-    schema = json.loads(current)
-    schema["properties"]["signals"]["properties"]["builtin"] = builtin_signals_schema()
-    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+def builtin_signals_define() -> str:
+    """The names the chart's ``signals.builtin`` accepts (the built-in signals), as the named template
+    ``reprieve.builtinSignals``: one space-separated line, defined whether or not the chart installs the CRD."""
+    return ('{{- define "reprieve.builtinSignals" -}}\n' + " ".join(models.BUILTIN_SIGNAL_NAMES)
+            + "\n{{- end }}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit 1 if the checked-in files differ")
     args = parser.parse_args(argv)
-    outputs = {CRD_PATH: render_plain(), CHART_CRD_PATH: render_chart(),
-               VALUES_SCHEMA_PATH: render_values_schema(VALUES_SCHEMA_PATH.read_text())}
+    outputs = {CRD_PATH: render_plain(), CHART_CRD_PATH: render_chart()}
     stale = [p for p, text in outputs.items() if not p.exists() or p.read_text() != text]
     if args.check:
         for p in stale:

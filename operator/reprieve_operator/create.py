@@ -12,6 +12,7 @@ import asyncio
 import copy
 import dataclasses
 import logging
+import secrets
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 from . import apply, builders
 from .clock import SYSTEM
 from .models import TrainingJob
+from .policy import memorypeers
 from .policy.create import TRANSIENT, Refusal, classify_refusal, refused
 from .policy.decide import Outcome
 from .policy.restart import RestartPlan
@@ -52,12 +54,16 @@ async def create(state: State, job: TrainingJob, plan: RestartPlan, pods: list[d
                 probe["spec"]["serviceAccountName"] = "default"
             await apply.run(apply.dry_run_pod, api, probe)
             # In order: a RoleBinding's escalation check needs its Role to exist already.
-            for obj in (builders.build_service(job), *builders.build_identity(job)):
+            for obj in (builders.build_service(job), *builders.build_identity(job), *_memory_secret(job)):
                 current = f"{obj['kind']} {obj['metadata']['name']}"
                 if await apply.run(apply.create, api, obj):
                     made.append(obj)
                 elif obj["kind"] == "ServiceAccount" and obj["metadata"].get("annotations"):
                     await apply.run(apply.patch_metadata, api, obj)  # an edited spec.serviceAccount
+        elif memorypeers.enabled(job):  # a tier turned on after the first attempt: its pods need the Secret too
+            for obj in _memory_secret(job):
+                current = f"{obj['kind']} {obj['metadata']['name']}"
+                await apply.run(apply.create, api, obj)
         results = await asyncio.gather(*(apply.run(apply.create_pod, api, p) for p in pods),
                                        return_exceptions=True)
         errors = [(p, r) for p, r in zip(pods, results, strict=True) if isinstance(r, BaseException)]
@@ -86,6 +92,11 @@ async def create(state: State, job: TrainingJob, plan: RestartPlan, pods: list[d
     return None
 
 
+def _memory_secret(job: TrainingJob) -> list[dict[str, Any]]:
+    """The job's memory-tier token Secret, with a fresh token (an existing Secret is left as it is: 409)."""
+    return [builders.build_memory_secret(job, secrets.token_urlsafe(32))] if memorypeers.enabled(job) else []
+
+
 async def _refused(state: State, job: TrainingJob, plan: RestartPlan, refusal: Refusal,
                    made: list[dict[str, Any]]) -> Outcome:
     api, key = state.api, (job.namespace, job.name)
@@ -101,7 +112,7 @@ async def _refused(state: State, job: TrainingJob, plan: RestartPlan, refusal: R
                         for n in pods])
     owned = [o for o in made if o.get("kind") != "Pod"]
     if job.status.attempt == 0:  # never started: an earlier try's Service and identity go too
-        owned = [builders.build_service(job), *builders.build_identity(job)]
+        owned = [builders.build_service(job), *builders.build_identity(job), *_memory_secret(job)]
     for obj in reversed(owned):
         await apply.run(apply.delete, api, obj)
     return refused(job, plan, refusal, 0, 0.0, SYSTEM.now())

@@ -132,7 +132,7 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             if not is_open(notice, now, nodes.horizon_seconds):
                 return opens_at(notice, nodes.horizon_seconds)
             raw = state.cache.pods_of(namespace, name)
-            pods = workers(job, raw, state.assignments.get((namespace, name)))
+            pods = workers(job, raw, state.assignments.get(job))
             notes = {r["metadata"]["name"]: notice_annotation(r) for r in raw}
             plan = decide_notice(job, pods, notice, notes, now, nodes.horizon_seconds)
             if plan is None or nodes.delivered(job.uid, plan.attempt, notice.id):

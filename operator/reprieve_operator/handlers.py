@@ -39,11 +39,14 @@ async def job_changed(namespace: str, name: str, memo: Any, **_: Any) -> None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
 async def job_event(event: Any, body: Any, memo: Any, **_: Any) -> None:
-    cache = _state(memo).cache
+    state = _state(memo)
+    cache = state.cache
     meta = body.get("metadata") or {}
     key = (str(meta.get("namespace")), str(meta.get("name")))
-    if event.get("type") == "DELETED":
+    if event.get("type") == "DELETED":  # nothing of a deleted job stays behind
         cache.delete_job(body)
+        state.assignments.forget(key)
+        state.commits.forget(key)
         jobwatch.forget(*key)
     else:
         old = cache.jobs.get(key)

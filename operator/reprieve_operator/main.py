@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
-from . import LABEL_JOB, apply, handlers, memory, metrics, podwatch, reconcile  # noqa: F401  (handlers: registration)
+from . import LABEL_JOB, apply, handlers, kueue, memory, metrics, podwatch, reconcile  # noqa: F401  (handlers: registration)
 from .cache import Cache
 from .models import GROUP, PLURAL, VERSION
 from .nodesignals import NodeSignals
@@ -79,8 +79,12 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     horizon = float(getattr(memo, "notice_horizon_seconds", 0) or DEFAULT_HORIZON_SECONDS)
     cache = Cache()
     memo.state = state = State(api=apply.Api(api_client()), cache=cache, nodes=NodeSignals(table, horizon, cache),
-                               reconcile=reconcile.reconcile)
+                               reconcile=reconcile.reconcile, kueue=bool(getattr(memo, "kueue", False)))
     memo.podwatch = await prime(state, list(getattr(memo, "namespaces", None) or []))
+    if state.kueue:
+        memo.kueue_stop = threading.Event()
+        kueue.watch_workloads(state, literal_namespaces(list(getattr(memo, "namespaces", None) or [])),
+                              asyncio.get_running_loop(), memo.kueue_stop)
     port = int(getattr(memo, "metrics_port", 0) or 0)
     try:
         metrics.serve(port)
@@ -169,6 +173,9 @@ def _unfinished(state: State) -> list[tuple[str, str]]:
 async def stop_resync(memo: Any, **_: Any) -> None:
     for watch in getattr(memo, "podwatch", None) or []:
         watch.stop()
+    stop = getattr(memo, "kueue_stop", None)
+    if stop is not None:
+        stop.set()
     task = getattr(memo, "resync", None)
     if task is not None:
         task.cancel()

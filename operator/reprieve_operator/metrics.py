@@ -76,6 +76,7 @@ class JobCollector:
     Only what a graph needs is kept per job (a few floats), so 10,000 jobs cost a few MB."""
 
     BADPUT = ("startup", "restore", "checkpoint", "lost", "restartGap")
+    TIERS = ("memory", "mixed", "storage")  # where a restore read (policy.goodput.RESTORE_TIERS)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -91,8 +92,13 @@ class JobCollector:
                 values[key] = float(gp[key])
         for bucket, v in (gp.get("badputSeconds") or {}).items():
             values[f"badput.{bucket}"] = float(v)
-        if status.get("step") is not None:
-            values["step"] = float(status["step"])
+        for tier, tally in (gp.get("restores") or {}).items():
+            if isinstance(tally, dict) and tier in self.TIERS:
+                values[f"restores.{tier}"] = float(tally.get("count") or 0)
+                values[f"restoreSeconds.{tier}"] = float(tally.get("seconds") or 0.0)
+        for key in ("step", "memoryStep", "lastCheckpointStep"):
+            if status.get(key) is not None:
+                values[key] = float(status[key])
         with self._lock:
             self._jobs[(namespace, name)] = (str(status.get("phase") or "Pending"), values)
 
@@ -119,6 +125,13 @@ class JobCollector:
                                    labels=[*JOB_LABELS, "bucket"])
         step = GaugeMetricFamily("reprieve_job_step", "Latest step reported by the job's process 0.",
                                  labels=JOB_LABELS)
+        saved = GaugeMetricFamily("reprieve_job_saved_step", "Newest step the job holds, by tier: memory (every "
+                                  "process has it in memory) or storage (committed checkpoint).",
+                                  labels=[*JOB_LABELS, "tier"])
+        restores = GaugeMetricFamily("reprieve_job_restores", "Restores of the job by where they read: memory, "
+                                     "mixed (some processes from storage), storage.", labels=[*JOB_LABELS, "tier"])
+        restore_s = GaugeMetricFamily("reprieve_job_restore_seconds", "Time the job's restores took, by where they "
+                                      "read.", labels=[*JOB_LABELS, "tier"])
         for (ns, name), (_, v) in sorted(jobs.items()):
             for family, key in ((ratio, "goodput"), (productive, "productiveSeconds"), (wall, "wallSeconds"),
                                 (step, "step")):
@@ -127,7 +140,14 @@ class JobCollector:
             for bucket in self.BADPUT:
                 if f"badput.{bucket}" in v:
                     badput.add_metric([ns, name, bucket], v[f"badput.{bucket}"])
-        yield from (ratio, productive, wall, badput, step)
+            for tier, key in (("memory", "memoryStep"), ("storage", "lastCheckpointStep")):
+                if key in v:
+                    saved.add_metric([ns, name, tier], v[key])
+            for tier in self.TIERS:
+                if f"restores.{tier}" in v:
+                    restores.add_metric([ns, name, tier], v[f"restores.{tier}"])
+                    restore_s.add_metric([ns, name, tier], v[f"restoreSeconds.{tier}"])
+        yield from (ratio, productive, wall, badput, step, saved, restores, restore_s)
 
 
 JOBS = JobCollector()

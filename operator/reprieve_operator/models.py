@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from .policy.signals import BUILTIN_SIGNAL_NAMES  # the enum of built-in signal names, from their one table
 
+KUEUE_NOTICE = "kueue-preemption"  # a Kueue eviction's notice: its key in preemption.noticeSeconds (docs/kueue.md)
 MAX_REPLICAS = 10_000  # a gang of up to 10,000 pods (see TrainingJobSpec.replicas)
 
 GROUP = "reprieve.dev"
@@ -218,7 +219,8 @@ class PreemptionSpec(_Model):
         description="Built-in signals that count (default: all enabled in the operator's signal table).")
     notice_seconds: dict[str, int] = Field(
         default_factory=dict,
-        description="Per-signal notice window overrides in seconds, by signal name.",
+        description="Per-signal notice window overrides in seconds, by signal name (kueue-preemption: the "
+                    "window a Kueue eviction gives the gang to save, default 60).",
         json_schema_extra={"x-kubernetes-validations": [
             {"rule": "self.all(k, self[k] >= 0 && self[k] <= 86400)",
              "message": "preemption.noticeSeconds values must be between 0 and 86400"}]},
@@ -398,7 +400,7 @@ class TrainingJobSpec(_Model):
 
     @model_validator(mode="after")
     def _notice_keys(self) -> TrainingJobSpec:
-        known = set(BUILTIN_SIGNAL_NAMES) | {c.name for c in self.preemption.custom}
+        known = set(BUILTIN_SIGNAL_NAMES) | {c.name for c in self.preemption.custom} | {KUEUE_NOTICE}
         unknown = sorted(set(self.preemption.notice_seconds) - known)
         if unknown:
             raise ValueError(f"preemption.noticeSeconds names unknown signal(s) {unknown}; "
@@ -442,6 +444,20 @@ class BadputSeconds(_Model):
                                                         "the agreed save, exit, teardown, the restart decision.")
 
 
+class RestoreTally(_Model):
+    count: int = Field(default=0, description="Restores that read from this tier.")
+    seconds: float = Field(default=0.0, description="Their restore time in total (part of badput restore).")
+
+
+class RestoresByTier(_Model):
+    """Restores by where they read (``docs/goodput.md``): the memory tier (own or a peer's memory), mixed (some
+    processes from storage), storage."""
+
+    memory: RestoreTally | None = None
+    mixed: RestoreTally | None = None
+    storage: RestoreTally | None = None
+
+
 class GoodputStatus(_Model):
     """Per-job goodput accounting (``policy.goodput``), from progress reports, attempts and the job's end.
     Provisional while the job runs (the current attempt's steps count as kept until the next attempt reports
@@ -452,6 +468,8 @@ class GoodputStatus(_Model):
     productive_seconds: float = 0.0
     badput_seconds: BadputSeconds = Field(default_factory=BadputSeconds)
     lost_steps: int = Field(default=0, description="Steps computed again after interruptions.")
+    restores: RestoresByTier = Field(default_factory=RestoresByTier,
+                                     description="Restores by the tier they read from, with their seconds.")
     updated_at: str | None = Field(default=None, description="When these figures were computed.")
     accounting: dict[str, Any] = Field(
         default_factory=dict, description="The operator's bookkeeping (closed buckets, open attempts); internal.",
@@ -469,6 +487,13 @@ class LastRestart(_Model):
     attempt: int
     in_place: int = Field(default=0, description="Workers whose pods were kept (a new process in the same pod).")
     replaced: list[Replaced] = Field(default_factory=list)
+
+
+class LastRestore(_Model):
+    attempt: int
+    step: int
+    tier: str = Field(description="memory, mixed or storage.")
+    sources: list[str] = Field(default_factory=list, description="Per process index: memory, peer or storage.")
 
 
 class TrainingJobStatus(_Model):
@@ -501,6 +526,14 @@ class TrainingJobStatus(_Model):
                                                        "seconds; docs/contract.md, \"Progress\").")
     last_checkpoint_step: int | None = Field(default=None, description="Latest committed checkpoint step.")
     last_checkpoint_time: str | None = None
+    memory_step: int | None = Field(
+        default=None, description="The memory tier: the newest step every process of the current attempt holds in "
+                                  "memory (beside lastCheckpointStep, the newest in storage).")
+    last_restore: LastRestore | None = Field(
+        default=None, description="Where the current attempt's restore read: its step, tier and each process's "
+                                  "source (memory: own pod, peer: another pod's memory, storage).")
+    last_checkpoint_uri: str | None = Field(default=None, description="Where the last committed checkpoint is: "
+                                            "the checkpoint root (spec.checkpoint.uri) it was committed under.")
     start_time: str | None = Field(default=None, description="When attempt 1 was created.")
     attempt_start_time: str | None = Field(default=None, description="When the current attempt was created.")
     completion_time: str | None = None

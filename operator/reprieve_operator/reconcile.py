@@ -14,10 +14,11 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from . import apply, builders, metrics
+from . import apply, builders, kueue, metrics
 from .clock import SYSTEM
 from .create import create
 from .models import TrainingJob, spec_error
+from .policy import memorypeers, views
 from .policy.decide import Outcome, View, decide, failed
 from .policy.restart import RestartPlan
 from .state import State
@@ -49,10 +50,12 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
         state.cache.replace_job_pods(namespace, name, listed)
     raw_pods = state.cache.pods_of(namespace, name)
     now = SYSTEM.now()
-    view = View(job=job, pods=raw_pods, now=now,
+    gate = await kueue.gate_for(state, body, job, raw_pods, now) if state.kueue else None
+    view = View(job=job, pods=raw_pods, now=now, kueue=gate,
                 assignment=await state.assignments.current(api, job) if builders.in_place(job) else None,
                 known_nodes=state.cache.nodes if state.cache.primed else None,
-                doomed=state.nodes.doomed(job, now), last_commit_event=state.commits.last(key))
+                doomed=state.nodes.doomed(job, now), last_commit_event=state.commits.last(key),
+                zones=views.zones(raw_pods, state.cache.nodes) if memorypeers.enabled(job) else {})
     outcome = decide(view)
     for _ in range(2):  # the reads a decision asked for, then decide again
         if outcome.look_at_nodes:
@@ -123,9 +126,9 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
     if outcome.assign is not None:
         assert job is not None, "an assignment without a job"
         a = outcome.assign
-        await apply.run(apply.put_configmap, api, builders.build_assignment(job, a.attempt, dict(a.processes),
-                                                                             a.coordinator, dict(a.memory_peers)))
-        state.assignments.wrote(key, a)
+        await apply.run(apply.put_configmap, api, builders.build_assignment(
+            job, a.attempt, dict(a.processes), a.coordinator, dict(a.memory_peers), dict(a.memory_peer_nodes)))
+        state.assignments.wrote(job, a)
         if outcome.assigned_event is not None:
             await apply.run(apply.post_event, api, ref, outcome.assigned_event.reason, outcome.assigned_event.message)
             log.info("TrainingJob %s/%s: %s", ns, name, outcome.assigned_event.message)

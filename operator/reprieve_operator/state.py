@@ -44,6 +44,7 @@ class State:
     queue: ReconcileQueue = field(init=False)  # locks, coalescing, requeues, create backoff, resync
     assignments: Assignments = field(default_factory=Assignments)  # in-place jobs' assignments as written
     commits: CommitEvents = field(default_factory=CommitEvents)
+    kueue: bool = False  # --kueue: jobs with kueue.x-k8s.io/queue-name wait for Kueue's admission (kueue.py)
 
     def __post_init__(self, reconcile: Callable[[State, str, str, bool], Awaitable[Any]]) -> None:
         # The queue runs the one reconcile function of this state, for every path (frozen: set once, here).

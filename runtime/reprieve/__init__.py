@@ -14,10 +14,11 @@ importable from their modules (``reprieve.agreement``, ``reprieve.checkpoint``, 
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
-from .bootstrap import PreemptionServiceDisabled, init
+from .bootstrap import init
 from .config import ConfigError, RuntimeConfig
 from .countdown import CountdownSettings
 from .data import DataPositionError
+from .jax_workarounds import PreemptionServiceDisabled
 from .job import Checkpointer, Job, Restored
 from .notice import Notice
 from .policy import SavePolicy

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .background import Daemon
 from .coordination import CoordinationError, CoordinationTimeout, Coordinator, missing_processes
 from .countdown import CountdownSettings, SavePlan, behind_plan, choose_save_step
 from .notice import Notice
@@ -83,7 +84,7 @@ def not_before(target: Target, start: int) -> Target:
     return replace(target, plan=SavePlan(start, None, f"{plan.reason}; moved to the first step {start} of the loop"))
 
 
-class Agreement:
+class Agreement(Daemon):
     """Per-process side of the protocol. Main-thread API: :meth:`decide`; any thread: :meth:`offer`."""
 
     def __init__(
@@ -98,6 +99,7 @@ class Agreement:
         on_target: Callable[[Target], None] | None = None,
         hold_until_loop: bool = False,
     ) -> None:
+        super().__init__("reprieve-agreement")
         self.coordinator = coordinator
         self.pid = coordinator.process_id
         self.n = coordinator.num_processes
@@ -132,15 +134,8 @@ class Agreement:
         self._holding = hold_until_loop
         self._held: list[Notice] = []
         self._handled: dict[str, int] = {}  # notice id -> the restored checkpoint that was its agreed save
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    # -- lifecycle -----------------------------------------------------------------------------------
-    def start(self) -> Agreement:
-        self._thread = threading.Thread(target=self._watch, name="reprieve-agreement", daemon=True)
-        self._thread.start()
-        return self
-
+    # -- lifecycle (start(): the watcher thread, ``_run``) ----------------------------------------------
     def close(self, timeout_s: float = 0.0) -> None:
         """Stop watching. Does not wait out the watcher's pending ``get`` (up to ``poll_s``): shutting the
         client down cancels it, and the watcher then sees the stop flag and leaves quietly. Call
@@ -353,7 +348,7 @@ class Agreement:
         return False
 
     # -- watcher thread ------------------------------------------------------------------------------------
-    def _watch(self) -> None:
+    def _run(self) -> None:
         round_ = 0
         while not self._stop.is_set():
             key = f"{self.prefix}/notice/{round_}"
@@ -417,11 +412,9 @@ class Agreement:
             try:
                 plan_record = json.loads(self.coordinator.get(f"{self.prefix}/plan/{round_}", self.timeout_s))
             except CoordinationTimeout as err:
-                present = self._safe_dir(f"{self.prefix}/ack/{round_}/")
-                missing = missing_processes(list(present), range(self.n))
                 raise AgreementError(
                     f"process {self.pid}: leader process {leader} did not publish the plan of round {round_} "
-                    f"within {self.timeout_s:.0f}s; processes {missing} had not acked ({err})"
+                    f"within {self.timeout_s:.0f}s; processes {self._not_acked(round_)} had not acked ({err})"
                 ) from err
         if notice is None:
             self._install_save(round_, leader, max(int(plan_record["save"]), self._start))
@@ -470,13 +463,15 @@ class Agreement:
                 acks[p] = json.loads(self.coordinator.get(f"{self.prefix}/ack/{round_}/{p}",
                                                           max(0.001, limit - time.monotonic())))
             except CoordinationTimeout as err:
-                present = self._safe_dir(f"{self.prefix}/ack/{round_}/")
-                missing = missing_processes(list(present), range(self.n))
                 raise AgreementError(
-                    f"process {self.pid} (leader of round {round_}): processes {missing or [p]} did not ack "
-                    f"{what} within {self.timeout_s:.0f}s ({err})"
+                    f"process {self.pid} (leader of round {round_}): processes {self._not_acked(round_) or [p]} did "
+                    f"not ack {what} within {self.timeout_s:.0f}s ({err})"
                 ) from err
         return acks
+
+    def _not_acked(self, round_: int) -> list[int]:
+        """The processes whose ack of ``round_`` is not in the store (for an error after a timeout)."""
+        return missing_processes(list(self._safe_dir(f"{self.prefix}/ack/{round_}/")), range(self.n))
 
     def _lead(self, round_: int, notice: Notice, acks: dict[int, dict[str, Any]]) -> dict[str, Any]:
         checked = {p: int(a["checked"]) for p, a in acks.items()}

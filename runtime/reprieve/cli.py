@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     err = err or sys.stderr
     args = _parser().parse_args(argv)
     if args.command == "run":
-        from .supervisor import run as supervise
+        from .supervisor.process import run as supervise
 
         return supervise(args.script, local=True, max_restarts=args.max_restarts, prog="reprieve run",
                          usage="usage: reprieve run [--max-restarts N] -- COMMAND [ARG...]\n")

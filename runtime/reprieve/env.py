@@ -16,7 +16,8 @@ from __future__ import annotations
 import difflib
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ TESTING = frozenset({"REPRIEVE_CKPT_TEST_CRASH_AT", "REPRIEVE_MEMTIER_TEST_CRASH
 READS = RUNTIME | MEMORY | SUPERVISOR | FROM_SUPERVISOR | FROM_SUPERVISOR_MEMORY | TESTING
 # Read by other parts of the project (the operator, hack/, the tests), never by the runtime: not misspellings.
 ELSEWHERE = frozenset({
-    "REPRIEVE_LOG_LEVEL", "REPRIEVE_LOG_FORMAT", "REPRIEVE_LEADER_ELECT", "REPRIEVE_HEALTH_PORT",
+    "REPRIEVE_LOG_LEVEL", "REPRIEVE_LOG_FORMAT", "REPRIEVE_KUEUE", "REPRIEVE_LEADER_ELECT", "REPRIEVE_HEALTH_PORT",
     "REPRIEVE_SIGNALS_JSON", "REPRIEVE_METRICS_JOB_LABEL", "REPRIEVE_NOTICE_HORIZON_SECONDS", "REPRIEVE_TRACEMALLOC",
     "REPRIEVE_CACHE", "REPRIEVE_REAL_NODES", "REPRIEVE_REQUIRE_REAL_NODES", "REPRIEVE_REQUIRE_PROMETHEUS",
     "REPRIEVE_EMULATE_PULL_SECONDS", "REPRIEVE_EMULATE_START_SECONDS", "REPRIEVE_NODE_TEMPLATES",
@@ -63,6 +64,8 @@ ELSEWHERE = frozenset({
     "REPRIEVE_SHOW_OPERATOR_LOG", "REPRIEVE_MOTO_PYTHON", "REPRIEVE_TEST_TIMES",
 })
 
+
+_N = TypeVar("_N", int, float)
 
 class ConfigError(ValueError):
     """A ``REPRIEVE_*`` variable is malformed or inconsistent with the others."""
@@ -99,25 +102,23 @@ class Env:
         return default if value is None else value
 
     def opt_integer(self, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int | None:
+        return self._parsed(name, int, "an integer", minimum, maximum)
+
+    def number(self, name: str, default: float, *, minimum: float | None = None,
+               maximum: float | None = None) -> float:
+        value = self._parsed(name, float, "a number", minimum, maximum)
+        return default if value is None else value
+
+    def _parsed(self, name: str, parse: Callable[[str], _N], what: str, minimum: _N | None,
+                maximum: _N | None) -> _N | None:
+        """``name`` parsed (None when unset), finite and within the bounds; else the error naming all three."""
         raw = self.raw(name)
         if raw is None:
             return None
         try:
-            value = int(raw)
+            value = parse(raw)
         except ValueError:
-            raise self._error(f"{name} must be an integer{_bounds(minimum, maximum)}, got {raw!r}") from None
-        self._check_range(name, value, minimum, maximum, raw)
-        return value
-
-    def number(self, name: str, default: float, *, minimum: float | None = None,
-               maximum: float | None = None) -> float:
-        raw = self.raw(name)
-        if raw is None:
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            raise self._error(f"{name} must be a number{_bounds(minimum, maximum)}, got {raw!r}") from None
+            raise self._error(f"{name} must be {what}{_bounds(minimum, maximum)}, got {raw!r}") from None
         if not math.isfinite(value):
             raise self._error(f"{name} must be a finite number, got {raw!r}")
         self._check_range(name, value, minimum, maximum, raw)

@@ -20,7 +20,7 @@ from . import data as data_mod
 from . import identity
 from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
-from .ahead import CompileAhead, LoweringCount
+from .compile_ahead import CompileAhead, LoweringCount
 from .config import RuntimeConfig
 from .coordination import Coordinator
 from .exiting import exit_process

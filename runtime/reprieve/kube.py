@@ -21,6 +21,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .background import Reconnecting, backoff_delays
 from .notice import NOTICE_ANNOTATION, Notice, notice_from_annotations
 
 log = logging.getLogger(__name__)
@@ -131,26 +132,13 @@ def _q(part: str) -> str:
     return urllib.parse.quote(part, safe="")
 
 
-def failure_log_level(failures: int) -> int:
-    """How loudly a watch logs its ``failures``-th failure in a row: WARNING for the 1st, the 10th and every 100th,
-    DEBUG otherwise, so a long outage is visible without a line every backoff (pure)."""
-    return logging.WARNING if failures in (1, 10) or failures % 100 == 0 else logging.DEBUG
-
-
-def backoff_delays(initial: float = 1.0, maximum: float = 30.0) -> Iterator[float]:
-    """1, 2, 4, ... capped at ``maximum`` (pure)."""
-    delay = initial
-    while True:
-        yield delay
-        delay = min(maximum, delay * 2)
-
-
-class PodWatchSource:
+class PodWatchSource(Reconnecting):
     """Watches this pod's ``reprieve.dev/notice`` annotation; forwards notices via ``put``."""
 
     def __init__(self, client: KubeClient, namespace: str, pod: str, put: Callable[[Notice], None], *,
                  clock: Callable[[], float] = time.time, attempt: int | None = None,
                  started_at: float | None = None) -> None:
+        super().__init__("reprieve-pod-watch", f"pod watch of {namespace}/{pod}", log)
         self._client = client
         self._attempt = attempt  # notices delivered to another attempt are ignored
         self._started_at = started_at  # a notice past its deadline by then: notice.stale_at_start
@@ -158,38 +146,15 @@ class PodWatchSource:
         self._pod = pod
         self._put = put
         self._clock = clock
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._last_value: str | None = None
 
-    def start(self) -> PodWatchSource:
-        self._thread = threading.Thread(target=self._run, name="reprieve-pod-watch", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        delays = backoff_delays()
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                for event in self._client.watch_pod(self._ns, self._pod):
-                    if failures:
-                        log.info("pod watch of %s/%s reconnected after %d failure(s)", self._ns, self._pod,
-                                 failures)
-                    failures, delays = 0, backoff_delays()
-                    self.handle_event(event)
-                    if self._stop.is_set():
-                        return
-                continue  # server closed the watch at timeoutSeconds: reconnect at once
-            except Exception as err:  # noqa: BLE001 - any failure: back off and reconnect
-                failures += 1
-                delay = next(delays)
-                log.log(failure_log_level(failures), "pod watch of %s/%s failed (%s, failure %d); retrying in %.0fs", self._ns,
-                        self._pod, err, failures, delay)
-                self._stop.wait(delay)
+    def _session(self, connected: Callable[[], None]) -> None:
+        for event in self._client.watch_pod(self._ns, self._pod):
+            connected()
+            self.handle_event(event)
+            if self._stop.is_set():
+                return
+        # the server closed the watch at timeoutSeconds: opened again at once
 
     def handle_event(self, event: dict[str, Any]) -> None:
         if event.get("type") not in ("ADDED", "MODIFIED"):
@@ -205,7 +170,7 @@ class PodWatchSource:
             self._put(notice)
 
 
-class ObjectWatch:
+class ObjectWatch(Reconnecting):
     """List, then watch, one named object (``reprieve-run``'s assignment ConfigMap), in a daemon thread.
 
     ``on_change(obj)`` gets the object after the list and after every change, ``None`` when it does not exist (or
@@ -217,46 +182,21 @@ class ObjectWatch:
     def __init__(self, client: KubeClient, namespace: str, resource: str, name: str,
                  on_change: Callable[[dict[str, Any] | None], None], *, watch_seconds: int = 120,
                  timeout_s: float = 10.0) -> None:
+        super().__init__(f"reprieve-watch-{name}", f"watch of {resource} {namespace}/{name}", log)
         self._client = client
         self._ns, self._resource, self._name = namespace, resource, name
         self._on_change = on_change
         self._watch_seconds = watch_seconds
         self._timeout_s = timeout_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    @property
-    def what(self) -> str:
-        return f"{self._resource} {self._ns}/{self._name}"
-
-    def start(self) -> ObjectWatch:
-        self._thread = threading.Thread(target=self._run, name=f"reprieve-watch-{self._name}", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        delays = backoff_delays()
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                listed = self._client.list_named(self._ns, self._resource, self._name, timeout_s=self._timeout_s)
-                items = listed.get("items") or []
-                if failures:
-                    log.info("watch of %s works again after %d failure(s)", self.what, failures)
-                failures, delays = 0, backoff_delays()
-                self._on_change(items[0] if items else None)
-                version = (listed.get("metadata") or {}).get("resourceVersion")
-                while not self._stop.is_set() and version is not None:
-                    version = self._watch(version)
-            except Exception as err:  # noqa: BLE001 - any failure: back off and list again
-                failures += 1
-                delay = next(delays)
-                log.log(failure_log_level(failures), "watch of %s failed (%s, failure %d); retrying in %.0fs", self.what, err, failures,
-                        delay)
-                self._stop.wait(delay)
+    def _session(self, connected: Callable[[], None]) -> None:
+        listed = self._client.list_named(self._ns, self._resource, self._name, timeout_s=self._timeout_s)
+        items = listed.get("items") or []
+        connected()
+        self._on_change(items[0] if items else None)
+        version = (listed.get("metadata") or {}).get("resourceVersion")
+        while not self._stop.is_set() and version is not None:
+            version = self._watch(version)
 
     def _watch(self, version: str) -> str | None:
         """One watch request from ``version``; the version to go on from, None to list again (410 Gone)."""
@@ -267,9 +207,9 @@ class ObjectWatch:
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":
                 if obj.get("code") == 410:
-                    log.debug("watch of %s expired (410): listing again", self.what)
+                    log.debug("%s expired (410): listing again", self.what)
                     return None
-                raise KubeError(f"watch of {self.what}: {obj.get('message') or obj}")
+                raise KubeError(f"{self.what}: {obj.get('message') or obj}")
             version = (obj.get("metadata") or {}).get("resourceVersion") or version
             if kind in ("ADDED", "MODIFIED"):
                 self._on_change(obj)

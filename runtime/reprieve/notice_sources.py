@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .background import Daemon
 from .notice import (
     NOTICE_ANNOTATION,
     Notice,
@@ -148,26 +149,17 @@ def ignore_termination_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-class PollingSource:
+class PollingSource(Daemon):
     """Calls ``poll()`` every ``interval_s`` in a daemon thread and forwards the notices it returns."""
 
     def __init__(self, name: str, poll: Callable[[], Notice | None], hub: NoticeHub, interval_s: float) -> None:
+        super().__init__(f"reprieve-{name}")
         self.name = name
         self._poll = poll
         self._hub = hub
         self._interval = interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._failing = False
         self._last_id: str | None = None
-
-    def start(self) -> PollingSource:
-        self._thread = threading.Thread(target=self._run, name=f"reprieve-{self.name}", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
 
     def _run(self) -> None:
         while not self._stop.is_set():

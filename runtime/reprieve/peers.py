@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .background import Daemon
 from .coordination import CoordinationError, Coordinator
 
 log = logging.getLogger(__name__)
@@ -66,12 +67,13 @@ def silent_line(process: int, n: int, pod: str | None, seconds: float, heartbeat
             f" s (\"another task died\") and the job restarts from {resume}")
 
 
-class PeerWatch:
+class PeerWatch(Daemon):
     """Every process writes its liveness record every ``interval``; process 0 also reads them all (see above)."""
 
     def __init__(self, coordinator: Coordinator, *, attempt: int, pod: str | None, heartbeat_s: float,
                  address: str | None = None, committed: Callable[[], int | None] = lambda: None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__("reprieve-peers")
         self._coord = coordinator
         self._pid, self._n = coordinator.process_id, coordinator.num_processes
         self._prefix = f"reprieve/{attempt}/alive/"
@@ -83,13 +85,6 @@ class PeerWatch:
         self.threshold_s = max(1.0, heartbeat_s / 2)
         self.interval_s = self.threshold_s / 4
         self._pods: dict[int, str | None] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> PeerWatch:
-        self._thread = threading.Thread(target=self._run, name="reprieve-peers", daemon=True)
-        self._thread.start()
-        return self
 
     def close(self) -> None:
         """Stop, and wait until the thread is out of the coordination client (one inside it at interpreter exit

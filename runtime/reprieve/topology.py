@@ -147,7 +147,7 @@ def expected_topology(env: Mapping[str, str] | None = None) -> Topology | None:
     on a first start, for a checkpoint written before topologies were recorded, or when neither can be read
     (logged: this is a hint for tracing ahead, never a reason to fail). Safe before ``reprieve.init()``.
     """
-    from .supervision import EXPECTED_TOPOLOGY_ENV
+    from .supervisor.contract import EXPECTED_TOPOLOGY_ENV
 
     environ = os.environ if env is None else env
     hint = Env(environ).opt_text(EXPECTED_TOPOLOGY_ENV)

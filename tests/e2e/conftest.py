@@ -162,11 +162,11 @@ def worker_logs(cluster: Any, namespace: str, job: str, replicas: int) -> str:
 
 
 def assert_report_renders(cluster: Any, namespace: str, name: str, out: Path, *expected: str) -> str:
-    """``python -m reprieve_operator.report`` against the cluster: an SVG that parses and an HTML page that
+    """``python -m reprieve_operator.timeline`` against the cluster: an SVG that parses and an HTML page that
     holds ``expected``."""
     import xml.etree.ElementTree as ET
 
-    from reprieve_operator.report import main
+    from reprieve_operator.timeline import main
 
     assert main([name, "-n", namespace, "-o", str(out), "--kubeconfig", str(cluster.kubeconfig)]) == 0
     picture = (out / f"{name}.svg").read_text()

@@ -8,6 +8,7 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -172,6 +173,12 @@ def test_two_jobs_on_two_nodes_talk_over_tcp_by_headless_service_names_on_one_po
         assert first.spec.node_name != core.read_namespaced_pod(f"{job}-1", namespace).spec.node_name
 
 
+def _remove(core: Any, node: str, namespace: str, pod: str) -> None:
+    """A test's own Node and its pod, gone at once (the pod's kubelet is stopped)."""
+    core.delete_node(node)
+    core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
+
+
 def test_in_process_kubelet_start_pids_stop(cluster: Cluster, core, namespace: str, tmp_path: Path) -> None:
     from localcluster.kubelet import Kubelet
 
@@ -193,8 +200,7 @@ def test_in_process_kubelet_start_pids_stop(cluster: Cluster, core, namespace: s
         assert kubelet.log_path(namespace, "inproc") is not None
     finally:
         kubelet.stop()
-        core.delete_node(node)
-        core.delete_namespaced_pod("inproc", namespace, grace_period_seconds=0)
+        _remove(core, node, namespace, "inproc")
 
 
 def test_downward_annotations_file_follows_annotation_patches(cluster: Cluster, core, namespace: str,
@@ -376,8 +382,7 @@ def test_restarted_kubelet_reports_pods_it_lost_and_keeps_node_taints(cluster: C
         first.stop()
         if second is not None:
             second.stop()
-        core.delete_node(node)
-        core.delete_namespaced_pod("lost", namespace, grace_period_seconds=0)
+        _remove(core, node, namespace, "lost")
 
 
 def test_init_containers_run_in_order_before_the_main_container(cluster: Cluster, core, namespace: str,

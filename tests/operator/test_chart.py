@@ -106,10 +106,28 @@ def test_values_switches() -> None:
     assert "annotations" not in crd["metadata"]
 
 
+def test_the_kueue_switch_adds_the_flag_and_exactly_its_rbac() -> None:
+    def kueue_rules(docs: list) -> list:
+        return [r for d in docs if d.get("kind") in ("ClusterRole", "Role") and d["metadata"]["name"] == "r-reprieve"
+                for r in d.get("rules") or [] if "kueue.x-k8s.io" in r["apiGroups"]]
+
+    off = render()
+    (dep,) = by_kind(off, "Deployment")
+    assert "--kueue" not in dep["spec"]["template"]["spec"]["containers"][0]["args"] and not kueue_rules(off)
+    on = render("kueue.enabled=true")
+    (dep,) = by_kind(on, "Deployment")
+    assert "--kueue" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    got = {tuple(r["resources"]): tuple(r["verbs"]) for r in kueue_rules(on)}
+    assert got == {("workloads",): ("get", "list", "watch", "create", "delete", "patch"),
+                   ("workloads/status",): ("get", "patch"),
+                   ("resourceflavors", "workloadpriorityclasses"): ("get",)}
+
+
 @pytest.mark.parametrize("bad,needle", [
     ("replicaCount=9", "replicaCount"),
     ("leaderElection.enabled=false", "replicaCount > 1 needs leaderElection.enabled=true"),
     ("signals.builtin.gce-spot.enabled=true", "gce-spot"),
+    ("crds.enabled=false,signals.builtin.gce-spot.enabled=true", "not a built-in signal"),  # names without the CRD
     ("signals.builtin.gke-spot.noticeSeconds=-1", "noticeSeconds"),
     ("metrics.port=70000", "port"),
     ("logLevel=LOUD", "logLevel"),

@@ -3,6 +3,7 @@ the operator pods, off by default, selecting exactly what serves `/metrics` on t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -107,3 +108,21 @@ def test_dashboard_and_kube_state_metrics_configmaps() -> None:
         for key in path:
             assert key in node.get("properties", {}), (m["name"], path)
             node = node["properties"][key]
+
+
+def test_every_per_job_metric_the_dashboard_graphs_is_one_the_operator_exports() -> None:
+    """The restores by tier and the newest step per tier (the memory tier) included: a panel on a metric nobody
+    exports would stay empty without an error."""
+    import json
+    import re
+
+    from reprieve_operator import metrics
+
+    board = json.loads((Path(__file__).resolve().parents[2] / "charts/reprieve/dashboards/reprieve.json").read_text())
+    graphed = {m for p in board["panels"] for t in p.get("targets", [])
+               for m in re.findall(r"reprieve_job_[a-z_]+", t["expr"])}
+    collector = metrics.JobCollector()
+    collector.update("ns", "j", {"phase": "Running"})
+    exported = {family.name for family in collector.collect()}
+    assert {"reprieve_job_restores", "reprieve_job_restore_seconds", "reprieve_job_saved_step"} <= graphed
+    assert graphed <= exported, graphed - exported

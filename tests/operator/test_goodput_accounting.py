@@ -65,7 +65,7 @@ def test_a_preempted_job_end_to_end() -> None:
     assert sum(done.closed.values()) == pytest.approx(125.0)
     assert done.closed["productive"] == pytest.approx(45.0 + 55.0)
     assert done.closed["startup"] == pytest.approx(4.0 + (69.0 - 60.0 - 3.0))
-    hist = [dict(h) for h in done.history]  # what the timeline of reprieve_operator.report draws
+    hist = [dict(h) for h in done.history]  # what the timeline of reprieve_operator.timeline draws
     assert [(h["attempt"], h["created"], h["ended"], h["firstStep"], h["step"], h["lostSteps"]) for h in hist] == \
         [(1, 0.0, 60.0, 0, 49, 5), (2, 60.0, 125.0, 45, 99, 0)]
     s = summary(done, 0.0, 125.0)

@@ -55,9 +55,11 @@ def test_job_gauges_and_phases_with_and_without_the_job_label() -> None:
     collector = metrics.JobCollector()
     registry = CollectorRegistry()
     registry.register(collector)  # type: ignore[arg-type]
-    collector.update("team-a", "llama", {"phase": "Running", "step": 120, "goodput": {
+    collector.update("team-a", "llama", {"phase": "Running", "step": 120, "memoryStep": 118,
+                                         "lastCheckpointStep": 100, "goodput": {
         "goodput": 0.9, "wallSeconds": 100.0, "productiveSeconds": 90.0,
-        "badputSeconds": {"startup": 5.0, "restore": 1.0, "checkpoint": 1.0, "lost": 0.0, "restartGap": 3.0}}})
+        "badputSeconds": {"startup": 5.0, "restore": 1.0, "checkpoint": 1.0, "lost": 0.0, "restartGap": 3.0},
+        "restores": {"memory": {"count": 2, "seconds": 0.4}, "storage": {"count": 1, "seconds": 0.6}}}})
     collector.update("team-a", "gpt", {"phase": "Running"})
     collector.update("team-b", "bert", {"phase": "Failed"})
     text = generate_latest(registry).decode()
@@ -66,6 +68,11 @@ def test_job_gauges_and_phases_with_and_without_the_job_label() -> None:
     assert 'reprieve_job_goodput_ratio{namespace="team-a",trainingjob="llama"} 0.9' in text
     assert 'reprieve_job_badput_seconds{bucket="restartGap",namespace="team-a",trainingjob="llama"} 3.0' in text
     assert 'reprieve_job_step{namespace="team-a",trainingjob="llama"} 120.0' in text
+    # the memory tier: the newest step per tier, restores from memory apart from storage
+    assert 'reprieve_job_saved_step{namespace="team-a",tier="memory",trainingjob="llama"} 118.0' in text
+    assert 'reprieve_job_saved_step{namespace="team-a",tier="storage",trainingjob="llama"} 100.0' in text
+    assert 'reprieve_job_restores{namespace="team-a",tier="memory",trainingjob="llama"} 2.0' in text
+    assert 'reprieve_job_restore_seconds{namespace="team-a",tier="storage",trainingjob="llama"} 0.6' in text
     collector.forget("team-a", "llama")
     assert 'trainingjob="llama"' not in generate_latest(registry).decode()
     metrics.set_job_label(False)

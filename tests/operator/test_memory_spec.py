@@ -96,14 +96,50 @@ def test_the_worker_pod_gets_a_memory_volume_and_the_memory_environment() -> Non
     assert mounts["reprieve-memory"] == MEMORY_DIR
     env = _env(pod)
     memory_names = {n for n in env if n in table["operator_sets"]}
-    # the peer (and its node) come with each attempt's assignment; the token is not set yet
-    assert memory_names == set(table["operator_sets"]) - {"REPRIEVE_MEMORY_PEER", "REPRIEVE_MEMORY_PEER_NODE",
-                                                          "REPRIEVE_MEMORY_TOKEN"}
+    # the peer's node is not known before the pods are scheduled: later attempts get it with the assignment
+    assert memory_names == set(table["operator_sets"]) - {"REPRIEVE_MEMORY_PEER_NODE"}
     assert env["REPRIEVE_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["REPRIEVE_MEMORY_TOKEN"] == {"secretKeyRef": {"name": "llama" + table["token_secret_suffix"],
+                                                             "key": table["token_secret_key"]}}
+    assert env["REPRIEVE_MEMORY_PEER"] == "llama-0.llama.default.svc:8477"  # the first attempt's ring: 1 -> 0
     plain = {k: v for k, v in env.items() if isinstance(v, str)}
-    cfg = MemoryConfig.from_env({**plain, "REPRIEVE_NODE_NAME": "n1"}, pod_ip="10.0.0.1")  # the runtime reads them
-    assert cfg is not None and (cfg.directory, cfg.limit_bytes, cfg.interval_steps, cfg.port) == (
-        MEMORY_DIR, 6 * 2**30, 10, table["defaults"]["port"])
+    cfg = MemoryConfig.from_env({**plain, "REPRIEVE_NODE_NAME": "n1", "REPRIEVE_MEMORY_TOKEN": "t"},
+                                pod_ip="10.0.0.1")  # the runtime reads them
+    assert cfg is not None and (cfg.directory, cfg.limit_bytes, cfg.interval_steps, cfg.port, cfg.peer) == (
+        MEMORY_DIR, 6 * 2**30, 10, table["defaults"]["port"], "llama-0.llama.default.svc:8477")
+
+
+FIRST_PEER_ROWS: list[tuple[str, int, str | None, int, str | None]] = [
+    # (what, replicas, pod name or None for the index's own name, index, REPRIEVE_MEMORY_PEER)
+    ("process 0 of 3: the next pod's stable name", 3, None, 0, "llama-1.llama.default.svc:8477"),
+    ("the last process wraps to process 0", 3, None, 2, "llama-0.llama.default.svc:8477"),
+    ("a one-process job has no peer in its first attempt", 1, None, 0, None),
+    ("a replacement pod (generated name) waits for its assignment", 3, "llama-1-", 1, None),
+    ("a spare waits for its assignment", 3, "llama-spare-", -1, None),
+]
+
+
+@pytest.mark.parametrize(("what", "replicas", "name", "index", "peer"), FIRST_PEER_ROWS,
+                         ids=[r[0] for r in FIRST_PEER_ROWS])
+def test_the_first_attempts_peer(what: str, replicas: int, name: str | None, index: int, peer: str | None) -> None:
+    from reprieve_operator.builders import build_worker_pod
+
+    body = make_job(replicas=replicas, checkpoint={"uri": "/ckpt", "memory": {"sizeLimit": "1Gi"}},
+                    restartMode="InPlace")
+    body.with_command(*COMMAND)
+    pod = build_worker_pod(body.model(), index, 1, name=name, role="spare" if index < 0 else "worker")
+    assert _env(pod).get("REPRIEVE_MEMORY_PEER") == peer
+
+
+def test_the_memory_secret_is_owned_by_the_job_and_holds_the_token_the_pods_read() -> None:
+    from reprieve_operator.builders import build_memory_secret, build_worker_pod
+
+    j = job({"sizeLimit": "1Gi"})
+    secret = build_memory_secret(j, "s3cret")
+    assert secret["metadata"]["name"] == "llama-memory" and secret["stringData"] == {"token": "s3cret"}
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-llama"
+    ref = _env(build_worker_pod(j, 0, 1))["REPRIEVE_MEMORY_TOKEN"]["secretKeyRef"]
+    assert (ref["name"], ref["key"]) == (secret["metadata"]["name"], "token")
 
 
 def test_no_memory_tier_no_memory_volume_nor_environment() -> None:
@@ -118,15 +154,20 @@ def test_no_memory_tier_no_memory_volume_nor_environment() -> None:
 def test_the_assignments_memory_peers_reach_each_process_and_survive_an_operator_restart() -> None:
     """builders.build_assignment -> reprieve-run's parser (the runtime's side of the contract), and back through the
     operator's own parser (what a restarted operator reads as the previous pairing)."""
-    from reprieve import supervision
+    from reprieve.supervisor import contract
     from reprieve_operator.assignment import parse_assignment
     from reprieve_operator.builders import build_assignment
 
     j = job({"sizeLimit": "1Gi"})
-    cm = build_assignment(j, 3, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476", {0: "10.0.0.2:8477", 1: None})
-    got = {pod: supervision.parse_assignment(cm["data"], pod, configmap="default/llama-assignment").memory_peer
+    cm = build_assignment(j, 3, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476", {0: "10.0.0.2:8477", 1: None},
+                          {0: "node-b"})
+    got = {pod: contract.parse_assignment(cm["data"], pod, configmap="default/llama-assignment")
            for pod in ("llama-0", "llama-1")}
-    assert got == {"llama-0": "10.0.0.2:8477", "llama-1": ""}  # "": nobody (own copies only)
+    assert {p: a.memory_peer for p, a in got.items()} == {"llama-0": "10.0.0.2:8477", "llama-1": ""}  # "": nobody
+    env = got["llama-0"].env()
+    assert (env["REPRIEVE_MEMORY_PEER"], env["REPRIEVE_MEMORY_PEER_NODE"]) == ("10.0.0.2:8477", "node-b")
+    assert contract.parse_assignment_line(got["llama-0"].line())["REPRIEVE_MEMORY_PEER_NODE"] == "node-b"
     back = parse_assignment(cm)
     assert back is not None and dict(back.memory_peers) == {0: "10.0.0.2:8477"}
+    assert dict(back.memory_peer_nodes) == {0: "node-b"}
     assert "memoryPeers" not in build_assignment(j, 3, {"llama-0": 0}, "x")["data"]

@@ -2,16 +2,17 @@
 signals agrees with their one table, ``BUILTIN_SIGNALS`` (``policy/signals.py``).
 
 Derived from the table, so not listed here: the CRD's enum (``models.BUILTIN_SIGNAL_NAMES``) and the names the
-chart's ``values.schema.json`` accepts (both written by ``crdgen``, checked by ``test_crdgen.py``); the chart's
-``values.yaml`` changes no default (``signals.builtin: {}``). Checked against it here: the "Node signals" table
-of ``docs/operator.md`` and the "Defaults and their sources" tables of ``docs/clouds/{gke,eks,aks}.md``, where
-each row names the source of its number. Reading the files is kept apart from ``disagreements`` (pure: texts in,
+chart's ``signals.builtin`` accepts (``reprieve.builtinSignals`` in ``templates/crd.yaml``; both written by
+``crdgen``, checked by ``test_crdgen.py``); the chart's ``values.yaml`` changes no default (``signals.builtin:
+{}``). Checked against it here: the "Defaults and their sources" tables of ``docs/clouds/{gke,eks,aks}.md``, where
+each row names the source of its number, and the kinds table of ``docs/operator.md`` ("Node signals": one row per
+kind, naming the Node field it reads), which lists no signal, so a new signal touches four files: the table, its
+cloud page and the two generated CRDs. Reading the files is kept apart from ``disagreements`` (pure: texts in,
 problems out), which is table-tested on broken copies so the check is known to fail when it should.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -21,7 +22,14 @@ from typing import Any
 import pytest
 import yaml
 from reprieve_operator.models import BUILTIN_SIGNAL_NAMES, TrainingJobSpec
-from reprieve_operator.policy.signals import BUILTIN_SIGNALS, LABEL_EPOCH, UNSCHEDULABLE, Signal, signal_table
+from reprieve_operator.policy.signals import (
+    BUILTIN_SIGNALS,
+    KIND_FIELDS,
+    LABEL_EPOCH,
+    UNSCHEDULABLE,
+    Signal,
+    signal_table,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -69,8 +77,7 @@ def table_rows(markdown: str, heading: str, window_column: int) -> list[Row]:
         if name is None or len(cells) <= window_column:
             continue
         m = SECONDS.match(cells[window_column])
-        rows.append(Row(name.group(1), cells[2] if heading == OPERATOR_SECTION else cells[1],
-                        int(m.group(1)) if m else None, tuple(URL.findall(line)), line))
+        rows.append(Row(name.group(1), cells[1], int(m.group(1)) if m else None, tuple(URL.findall(line)), line))
     return rows
 
 
@@ -84,18 +91,28 @@ def key_text(sig: Signal) -> str:
     return "spec.unschedulable" if sig.kind == UNSCHEDULABLE else sig.key
 
 
-def disagreements(code: tuple[Signal, ...], chart: Mapping[str, int], schema_names: set[str],
+def kind_rows(markdown: str) -> dict[str, str]:
+    """The kinds table under docs/operator.md's "Node signals": kind -> its Node field cell."""
+    return {r.name: r.key for r in table_rows(markdown, OPERATOR_SECTION, 1)}
+
+
+def disagreements(code: tuple[Signal, ...], chart: Mapping[str, int], chart_names: set[str],
                   operator_md: str, clouds: Mapping[str, str]) -> list[str]:
     """Every way the copies of the built-in signal table disagree, or a default lacks a source; [] if none."""
     out: list[str] = []
     names = {s.name for s in code}
     if chart:
         out.append(f"values.yaml signals.builtin: the defaults are the code's (empty), found {sorted(chart)}")
-    if schema_names != names:
-        out.append(f"values.schema.json signals.builtin: expected {sorted(names)}, found {sorted(schema_names)}")
-    op_rows = {r.name: r for r in table_rows(operator_md, OPERATOR_SECTION, 3)}
-    if set(op_rows) != names:
-        out.append(f"docs/operator.md Node signals: expected rows {sorted(names)}, found {sorted(op_rows)}")
+    if chart_names != names:
+        out.append(f"templates/crd.yaml reprieve.builtinSignals: expected {sorted(names)}, found {sorted(chart_names)}")
+    kinds = kind_rows(operator_md)
+    if set(kinds) != set(KIND_FIELDS):
+        out.append(f"docs/operator.md Node signals: expected kinds {sorted(KIND_FIELDS)}, found {sorted(kinds)}")
+    for kind, cell in kinds.items():
+        field = KIND_FIELDS.get(kind)
+        if field is not None and f"`{field.section}.{field.key}`" not in cell:
+            out.append(f"docs/operator.md Node signals: kind {kind} does not name `{field.section}.{field.key}`, "
+                       f"found {cell!r}")
     documented: dict[str, list[tuple[str, Row]]] = {}
     for cloud, text in clouds.items():
         rows = table_rows(text, CLOUD_SECTION, 2)
@@ -107,16 +124,6 @@ def disagreements(code: tuple[Signal, ...], chart: Mapping[str, int], schema_nam
             documented.setdefault(row.name, []).append((cloud, row))
     for sig in code:
         where = f"signal {sig.name}"
-        op = op_rows.get(sig.name)
-        if op is not None:
-            if op.seconds != sig.notice_seconds:
-                out.append(f"{where}: signals.py says {sig.notice_seconds} s, docs/operator.md {op.seconds} s")
-            if key_text(sig) != "spec.unschedulable" and key_text(sig) not in op.key:
-                out.append(f"{where}: docs/operator.md key {op.key!r} does not name {key_text(sig)!r}")
-            linked = set(re.findall(r"\(clouds/(\w+)\.md\)", op.line))
-            expected = {cloud for cloud, _ in documented.get(sig.name, [])}
-            if linked != expected:
-                out.append(f"{where}: docs/operator.md links {sorted(linked)}, documented in {sorted(expected)}")
         if not documented.get(sig.name):
             out.append(f"{where}: no docs/clouds/*.md documents its default window and source")
         for cloud, row in documented.get(sig.name, []):
@@ -133,20 +140,21 @@ def _read(path: str) -> str:
     return (ROOT / path).read_text()
 
 
-def _schema_names() -> set[str]:
-    schema = json.loads(_read("charts/reprieve/values.schema.json"))
-    return set(schema["properties"]["signals"]["properties"]["builtin"]["propertyNames"]["enum"])
+def _chart_names() -> set[str]:
+    """The names the chart's ``signals.builtin`` accepts: ``reprieve.builtinSignals`` in its CRD template."""
+    m = re.search(r'\{\{- define "reprieve.builtinSignals" -\}\}\n(.*)\n', _read("charts/reprieve/templates/crd.yaml"))
+    return set(m.group(1).split()) if m else set()
 
 
 def _real() -> dict[str, Any]:
     return {"code": BUILTIN_SIGNALS,
             "chart": chart_windows(yaml.safe_load(_read("charts/reprieve/values.yaml"))),
-            "schema_names": _schema_names(),
+            "chart_names": _chart_names(),
             "operator_md": _read("docs/operator.md"),
             "clouds": {c: _read(f"docs/clouds/{c}.md") for c in CLOUDS}}
 
 
-def test_code_chart_operator_doc_and_cloud_docs_agree_and_every_default_has_a_source() -> None:
+def test_code_chart_kinds_and_cloud_docs_agree_and_every_default_has_a_source() -> None:
     assert disagreements(**_real()) == []
 
 
@@ -182,10 +190,6 @@ def _drop_row(text: str, name: str) -> str:
 
 # (case, which text, old, new, the problem the check must report): one edit of the real file each.
 TEXT_EDITS = [
-    ("operator.md window", "operator_md",
-     "| `aks-remediator` | taint | `remediator.kubernetes.azure.com/unschedulable` | 15 s |",
-     "| `aks-remediator` | taint | `remediator.kubernetes.azure.com/unschedulable` | 30 s |",
-     "signal aks-remediator: signals.py says 15 s, docs/operator.md 30 s"),
     ("stale key", "aks",
      "| `aks-remediator` | taint `remediator.kubernetes.azure.com/unschedulable` |",
      "| `aks-remediator` | taint `remediator.aks.microsoft.com/unschedulable` |",
@@ -196,19 +200,20 @@ TEXT_EDITS = [
      "signal aws-rebalance: signals.py says 30 s, docs/clouds/eks.md 120"),
     ("unknown row", "aks", "| `cordon` |", "| `aks-spot` | taint `x` | 15 s | - | [x](https://example.com) |\n| `cordon` |",
      "docs/clouds/aks.md: row 'aks-spot' names no built-in signal"),
-    ("wrong link", "operator_md", "| seen + window | [gke](clouds/gke.md) |\n| `gke-maintenance-ongoing`",
-     "| seen + window | [eks](clouds/eks.md) |\n| `gke-maintenance-ongoing`",
-     "signal gke-spot: docs/operator.md links ['eks'], documented in ['gke']"),
+    ("kind's field", "operator_md", "| `Condition` | `status.conditions`:", "| `Condition` | `status.condition`:",
+     "docs/operator.md Node signals: kind Condition does not name `status.conditions`"),
+    ("kind missing", "operator_md", "| `LabelEpoch` |", "| LabelEpoch |",
+     "docs/operator.md Node signals: expected kinds"),
 ]
 
 # (case, how to break a copy of the real inputs, the problem the check must report)
 OTHER_BREAKS: list[tuple[str, Any, str]] = [
     ("code window", lambda r: r.update(code=_with("gke-spot", notice_seconds=30)),
-     "signal gke-spot: signals.py says 30 s, docs/operator.md 15 s"),
+     "signal gke-spot: signals.py says 30 s, docs/clouds/gke.md 15"),
     ("chart window", lambda r: r["chart"].update({"aws-spot-itn": 120}),
      "values.yaml signals.builtin: the defaults are the code's (empty), found ['aws-spot-itn']"),
-    ("schema missing", lambda r: r.update(schema_names=r["schema_names"] - {"out-of-service"}),
-     "values.schema.json signals.builtin: expected"),
+    ("chart names", lambda r: r.update(chart_names=r["chart_names"] - {"out-of-service"}),
+     "templates/crd.yaml reprieve.builtinSignals: expected"),
     ("no source URL", lambda r: r["clouds"].update(gke=_unlink(r["clouds"]["gke"], "gke-spot")),
      "signal gke-spot: docs/clouds/gke.md gives no source URL"),
     ("undocumented", lambda r: r["clouds"].update(gke=_drop_row(r["clouds"]["gke"], "gke-maintenance-window")),

@@ -219,6 +219,15 @@ def test_a_compact_node_that_drops_a_field_a_kind_reads_is_caught() -> None:
     assert changed_by(without_conditions, every_case()) == ["aks-scheduled-event", sg.CONDITION]
 
 
+def test_a_rule_reading_a_key_its_kind_does_not_declare_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Were ``lastTransitionTime`` not declared, the compact Node would drop it and the condition's deadline would
+    be dated from first sight, in silence: the read itself refuses."""
+    monkeypatch.setitem(sg.KIND_FIELDS, sg.CONDITION, sg.NodeField("status", "conditions", ("type", "status")))
+    sig, n = KIND_ROWS[sg.CONDITION]
+    with pytest.raises(sg.UndeclaredNodeField, match=r"status.conditions\[\].lastTransitionTime.*add it there"):
+        node_notice(n, NOW, [sig])
+
+
 def test_the_compact_node_keeps_only_the_declared_fields() -> None:
     n = noisy(ROWS[0][1])
     assert compact_node(n) == {"metadata": {"name": "node-a"},

@@ -165,6 +165,25 @@ class Gang:
             out.append(f"--- process {i} ---\n" + "\n".join(text[-lines:]))
         return "\n".join(out)
 
+    def signal_when_running(self, index: int, sig: int, timeout_s: float) -> list[int]:
+        """Once process 0 trains (``running-0``), send ``sig`` to process ``index``; the exit codes of all (every
+        process is killed on the way out, whatever happened)."""
+        try:
+            self.wait_for_file("running-0", timeout_s)
+            self.signal(index, sig)
+            return self.wait(timeout_s)
+        finally:
+            self.kill()
+
+    def assert_resumed(self, step: int, timeout_s: float) -> None:
+        """Every process ends with 0 within ``timeout_s``, each having resumed at ``step + 1``."""
+        try:
+            assert self.wait(timeout_s) == [0] * len(self.procs), self.tail()
+        finally:
+            self.kill()
+        for log in self.logs:
+            assert f"resuming at step {step + 1}" in log.read_text(), self.tail()
+
     def wait_for_file(self, name: str, timeout_s: float) -> None:
         limit = time.monotonic() + timeout_s
         while not (self.workdir / name).exists():
@@ -234,6 +253,29 @@ def launch(workdir: Path, n: int, *, steps: int = 400, step_seconds: float = 0.0
             procs.append(subprocess.Popen([sys.executable, str(worker)], env=env, stdout=out,
                                           stderr=subprocess.STDOUT, cwd=str(workdir)))
     return Gang(workdir, procs, logs)
+
+
+def worker_start(default_steps: int) -> tuple[int, Path, int, float]:
+    """A test worker's first lines: logging with its process id; (process id, ``WORKER_DIR``, ``WORKER_STEPS``,
+    ``WORKER_STEP_SECONDS``)."""
+    import logging
+
+    pid = int(os.environ.get("REPRIEVE_PROCESS_ID", "0"))
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s p{pid} %(name)s %(levelname)s %(message)s")
+    return (pid, Path(os.environ["WORKER_DIR"]), int(os.environ.get("WORKER_STEPS", str(default_steps))),
+            float(os.environ.get("WORKER_STEP_SECONDS", "0.02")))
+
+
+def node_notice(reason: str, node: str, deadline: float, observed: float | None = None) -> dict[str, Any]:
+    """A notice as the operator writes it for signal ``reason`` on ``node`` (``observed``: now)."""
+    return {"id": f"{reason}/{node}/1", "reason": reason, "node": node, "deadline": rfc3339(deadline),
+            "observedAt": rfc3339(time.time() if observed is None else observed)}
+
+
+def rfc3339(seconds: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def write_notice_file(path: Path, notice: dict[str, Any]) -> None:

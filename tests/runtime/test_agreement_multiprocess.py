@@ -11,12 +11,11 @@ import json
 import re
 import signal
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from tests.runtime.helpers_agreement import Gang, launch, write_notice_file
+from tests.runtime.helpers_agreement import Gang, launch, node_notice, write_notice_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -49,10 +48,6 @@ def wait_warm(gang: Gang, n: int) -> None:
         gang.wait_for_file(f"running-{i}", 60)
 
 
-def rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 @pytest.mark.parametrize("n", [2, 4])
 def test_sigterm_to_one_process_all_save_the_same_step(tmp_path: Path, n: int) -> None:
     gang = launch(tmp_path, n, steps=5000, grace_seconds=5)
@@ -76,9 +71,7 @@ def test_notice_through_the_annotations_file(tmp_path: Path, n: int) -> None:
         wait_warm(gang, n)
         deadline = time.time() + 5
         # only process 0's pod file gets it: process 1 must learn it through the agreement
-        write_notice_file(tmp_path / "annotations-0", {
-            "id": "gke-spot/node-a/1", "reason": "gke-spot", "node": "node-a", "deadline": rfc3339(deadline),
-            "observedAt": rfc3339(time.time())})
+        write_notice_file(tmp_path / "annotations-0", node_notice("gke-spot", "node-a", deadline))
         codes = gang.wait(60)
     finally:
         gang.kill()
@@ -126,9 +119,7 @@ def test_long_deadline_keeps_training_and_saves_before_it(tmp_path: Path) -> Non
         wait_warm(gang, n)
         noticed = time.time()
         deadline = noticed + 14  # margin 5 s + 2 x 1 s save estimate -> ~7 s of extra training
-        write_notice_file(tmp_path / "annotations-1", {
-            "id": "maintenance/node-b/1", "reason": "maintenance", "node": "node-b",
-            "deadline": rfc3339(deadline), "observedAt": rfc3339(noticed)})
+        write_notice_file(tmp_path / "annotations-1", node_notice("maintenance", "node-b", deadline, noticed))
         codes = gang.wait(60)
     finally:
         gang.kill()
@@ -150,9 +141,7 @@ def test_second_notice_brings_the_save_earlier(tmp_path: Path) -> None:
     try:
         wait_warm(gang, n)
         far = time.time() + 60
-        write_notice_file(tmp_path / "annotations-0", {
-            "id": "maintenance/node-a/1", "reason": "maintenance", "node": "node-a", "deadline": rfc3339(far),
-            "observedAt": rfc3339(time.time())})
+        write_notice_file(tmp_path / "annotations-0", node_notice("maintenance", "node-a", far))
         first = _wait_for_log(gang, 0, r"agreed save step (\d+) \(first save at (\d+)\)", 30)
         planned_final, early = int(first.group(1)), int(first.group(2))
         _wait_for_log(gang, 0, r"round 0 plan|acked round 0", 5)
@@ -233,12 +222,8 @@ def test_with_the_checkpoint_manager_sigterm_then_restart_resumes_every_process(
     (step,) = agreed
     total = step + 1 + 20
     again = launch(tmp_path, n, steps=total, step_seconds=0.0, extra_env={**env, "REPRIEVE_ATTEMPT": "2"})
-    try:
-        assert again.wait(90) == [0] * n, again.tail()
-    finally:
-        again.kill()
+    again.assert_resumed(step, 90)
     for p in range(n):
-        assert f"resuming at step {step + 1}" in again.logs[p].read_text(), again.tail()
         assert (tmp_path / f"done-{p}").read_text() == f"{float(total)}"  # every step counted exactly once
 
 

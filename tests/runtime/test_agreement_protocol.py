@@ -206,32 +206,24 @@ def test_second_earlier_notice_moves_the_save_earlier_and_keeps_the_first_save()
             g.close()
 
 
-def test_later_notice_never_moves_the_save_later(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="reprieve.agreement")
-    group = agreements(1)
-    try:
-        group[0].offer(notice("short", 0.0))
-        wait_target(group[0])
-        group[0].offer(notice("long", 3600.0))  # decided synchronously: a claim would be made in offer()
-        assert claimed(group[0]) == ["short"]
-        assert logged(caplog, "notice long (deadline") == 1 and "does not move the agreed save" in caplog.text
-        assert group[0].target.round == 0  # type: ignore[union-attr]
-    finally:
-        group[0].close()
-
-
-def test_duplicate_notice_ids_are_ignored(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("first,second,words", [
+    (("short", 0.0), ("long", 3600.0), ("notice long (deadline", "does not move the agreed save")),
+    (("same", 100.0), ("same", 0.0), ("notice same already known; ignored",)),
+], ids=["a later notice never moves the save later", "a duplicate notice id is ignored"])
+def test_a_second_notice_that_cannot_move_the_save_is_not_claimed(
+        first: tuple[str, float], second: tuple[str, float], words: tuple[str, ...],
+        caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="reprieve.agreement")
-    group = agreements(1)
+    (agreement,) = agreements(1)
     try:
-        group[0].offer(notice("same", 100.0))
-        wait_target(group[0])
-        group[0].offer(notice("same", 0.0))  # decided synchronously: a claim would be made in offer()
-        assert logged(caplog, "notice same already known; ignored") == 1
-        assert claimed(group[0]) == ["same"]
-        assert group[0].target.round == 0  # type: ignore[union-attr]
+        agreement.offer(notice(*first))
+        wait_target(agreement)
+        agreement.offer(notice(*second))  # decided synchronously: a claim would be made in offer()
+        assert claimed(agreement) == [first[0]]
+        assert sum(all(w in r.getMessage() for w in words) for r in caplog.records) == 1, caplog.text
+        assert agreement.target.round == 0  # type: ignore[union-attr]
     finally:
-        group[0].close()
+        agreement.close()
 
 
 def test_a_missing_process_fails_the_round_naming_it() -> None:

@@ -16,13 +16,9 @@ from dataclasses import dataclass, field
 import pytest
 from reprieve.bootstrap import await_listening
 
+from tests.runtime.helpers_agreement import free_port
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -67,7 +63,7 @@ def test_returns_at_once_when_the_coordinator_listens(knocks: Knocks) -> None:
 
 
 def test_waits_for_a_coordinator_that_starts_later(knocks: Knocks) -> None:
-    port = _free_port()
+    port = free_port()
     listening: list[float] = []
     done = threading.Event()
 
@@ -98,7 +94,7 @@ def test_waits_for_a_coordinator_that_starts_later(knocks: Knocks) -> None:
 
 def test_gives_up_after_its_timeout_and_leaves_the_error_to_jax(knocks: Knocks) -> None:
     t0 = time.monotonic()
-    waited = await_listening(f"127.0.0.1:{_free_port()}", 0.3)
+    waited = await_listening(f"127.0.0.1:{free_port()}", 0.3)
     assert waited >= 0.3  # it did wait its timeout, knocking every poll ...
     assert not any(knocks.answered) and len(knocks.answered) > 1
     assert knocks.pauses == [0.01] * (len(knocks.answered) - 1), knocks.pauses

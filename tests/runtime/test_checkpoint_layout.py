@@ -180,7 +180,7 @@ def test_metadata_round_trip_and_errors() -> None:
     ])
     back = CheckpointMeta.from_json(meta.to_json(), "f")
     assert back == meta and back.array_bytes == 16
-    with pytest.raises(CheckpointCorruptError, match="ck/reprieve.json: metadata is not valid JSON"):
+    with pytest.raises(CheckpointCorruptError, match="ck/reprieve.json: metadata must be a JSON object, got text that is not JSON"):
         CheckpointMeta.from_json(meta.to_json()[:-10], "ck/reprieve.json")
     with pytest.raises(CheckpointCorruptError, match="format_version must be 1, got 99"):
         CheckpointMeta.from_json(b'{"format_version": 99}', "f")

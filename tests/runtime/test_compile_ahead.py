@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from reprieve.ahead import watch_lowerings
+from reprieve.compile_ahead import watch_lowerings
 
 from tests.runtime.test_restore_or import _job, _mesh  # a local job on a checkpoint directory; the 1-D mesh
 

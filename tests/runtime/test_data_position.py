@@ -38,12 +38,7 @@ def _batches(workdir: Path, n: int) -> dict[int, dict[int, list[int]]]:
 def _preempted(workdir: Path, n: int, mode: str) -> int:
     """Run until warm, SIGTERM process 0: every process exits 42 after the agreed save. Returns that step."""
     gang = _run(workdir, n, mode, steps=10_000, step_seconds=0.02, grace=3)
-    try:
-        gang.wait_for_file("running-0", 90)
-        gang.signal(0, signal.SIGTERM)
-        assert gang.wait(90) == [42] * n, gang.tail()
-    finally:
-        gang.kill()
+    assert gang.signal_when_running(0, signal.SIGTERM, 90) == [42] * n, gang.tail()
     log = gang.logs[0].read_text()
     return int(log.split("agreed checkpoint at step ")[1].split()[0])
 

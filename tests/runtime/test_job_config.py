@@ -98,7 +98,7 @@ def test_negative_interval_is_rejected() -> None:
 @pytest.mark.parametrize("version,ok", [("0.8.3", False), ("0.6.0", False), ("0.9.0", True), ("0.10.2", True),
                                         ("0.12.0.1", True), ("0.9.1.dev20261101", True), ("main", True)])
 def test_the_supported_jax_range_is_checked_with_a_clear_message(version: str, ok: bool) -> None:
-    from reprieve.bootstrap import jax_version_problem
+    from reprieve.jax_workarounds import jax_version_problem
 
     problem = jax_version_problem(version)
     assert (problem is None) is ok

@@ -22,12 +22,7 @@ def test_plain_run_without_any_contract_variable_finishes_and_saves_the_last_ste
 
 def test_sigterm_saves_exits_42_and_the_restart_resumes_from_it(tmp_path: Path) -> None:
     gang = launch(tmp_path, 1, steps=400, step_seconds=0.02, grace_seconds=3)
-    try:
-        gang.wait_for_file("running-0", 60)
-        gang.signal(0, signal.SIGTERM)
-        codes = gang.wait(60)
-    finally:
-        gang.kill()
+    codes = gang.signal_when_running(0, signal.SIGTERM, 60)
     assert codes == [42], gang.tail()
     (saved_step,) = gang.saved()
     assert gang.saved()[saved_step] == {0: saved_step + 1.0}

@@ -10,9 +10,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from reprieve import progress, supervision
+from reprieve import progress
 from reprieve.memtier import config
 from reprieve.memtier.tier import required_bytes
+from reprieve.supervisor import contract
 
 from tests.test_contract import _Recording
 
@@ -37,8 +38,10 @@ def test_defaults_and_names_agree() -> None:
     assert (cfg.interval_steps, cfg.interval_seconds, cfg.port, cfg.budget) == (
         d["interval_steps"], d["interval_seconds"], d["port"], d["budget"])
     assert required_bytes(1) == d["copies_per_limit"]
-    assert supervision.MEMORY_PEERS_KEY == TABLE["assignment_key"]
-    assert supervision.MEMORY_PEER_ENV in TABLE["operator_sets"]
+    assert contract.MEMORY_PEERS_KEY == TABLE["assignment_key"]
+    assert contract.MEMORY_PEER_NODES_KEY == TABLE["assignment_node_key"]
+    assert contract.MEMORY_PEER_NODE_ENV in TABLE["operator_sets"]
+    assert contract.MEMORY_PEER_ENV in TABLE["operator_sets"]
     assert set(TABLE["progress_fields"]) <= set(progress.LIVE_FIELDS)
 
 
@@ -56,15 +59,15 @@ def test_the_docs_list_the_memory_environment() -> None:
 def test_the_assignment_carries_the_pairing_to_the_trainer() -> None:
     data = {"attempt": "3", "numProcesses": "2", "coordinator": "10.0.0.1:8476",
             "processes": '{"j-0": 0, "j-spare-0": 1}', "memoryPeers": '{"0": "j-spare-0.j.ns.svc:8477"}'}
-    a = supervision.parse_assignment(data, "j-0", configmap="ns/j-assignment")
+    a = contract.parse_assignment(data, "j-0", configmap="ns/j-assignment")
     assert a.env()["REPRIEVE_MEMORY_PEER"] == "j-spare-0.j.ns.svc:8477"
-    assert supervision.parse_assignment_line(a.line())["REPRIEVE_MEMORY_PEER"] == "j-spare-0.j.ns.svc:8477"
-    spare = supervision.parse_assignment(data, "j-spare-0", configmap="ns/j-assignment")
+    assert contract.parse_assignment_line(a.line())["REPRIEVE_MEMORY_PEER"] == "j-spare-0.j.ns.svc:8477"
+    spare = contract.parse_assignment(data, "j-spare-0", configmap="ns/j-assignment")
     assert spare.env()["REPRIEVE_MEMORY_PEER"] == ""  # listed without a peer: nobody
-    plain = supervision.parse_assignment({k: v for k, v in data.items() if k != "memoryPeers"}, "j-0",
+    plain = contract.parse_assignment({k: v for k, v in data.items() if k != "memoryPeers"}, "j-0",
                                          configmap="ns/j-assignment")
     assert "REPRIEVE_MEMORY_PEER" not in plain.env() and "memoryPeer" not in plain.line()
-    with pytest.raises(supervision.AssignmentError, match="memoryPeers must be a JSON object"):
-        supervision.parse_assignment({**data, "memoryPeers": "[1]"}, "j-0", configmap="ns/j-assignment")
-    with pytest.raises(supervision.AssignmentError, match=r"memoryPeers\[0\] must be host:port"):
-        supervision.parse_assignment({**data, "memoryPeers": '{"0": "nohost"}'}, "j-0", configmap="ns/j-assignment")
+    with pytest.raises(contract.AssignmentError, match="memoryPeers must be a JSON object"):
+        contract.parse_assignment({**data, "memoryPeers": "[1]"}, "j-0", configmap="ns/j-assignment")
+    with pytest.raises(contract.AssignmentError, match=r"memoryPeers\[0\] must be host:port"):
+        contract.parse_assignment({**data, "memoryPeers": '{"0": "nohost"}'}, "j-0", configmap="ns/j-assignment")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from reprieve.checkpoint.layout import parse_fence_name
 from reprieve.config import ConfigError
 from reprieve.memtier import schedule
 from reprieve.memtier.config import MemoryConfig
-from reprieve.memtier.layout import CopyName, aligned, parse_fence_name, parse_name
+from reprieve.memtier.layout import CopyName, aligned, parse_name
 from reprieve.memtier.manifest import CopyCorruptError, Manifest, Shard, crc32c
 from reprieve.memtier.tier import limit_problem, required_bytes
 

@@ -42,11 +42,8 @@ TRAINER = """
 
 @pytest.fixture
 def worker(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[SupervisedPod]:
-    out = tmp_path / "out"
-    out.mkdir()
-    w = SupervisedPod(cluster, namespace, out, pod=POD)
-    yield w
-    w.close()
+    with SupervisedPod.under(cluster, namespace, tmp_path, pod=POD) as w:
+        yield w
 
 
 def runs(w: SupervisedPod, count: int) -> list[dict[str, Any]]:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 from localcluster.testing import wait_for
-from reprieve.kube import PodWatchSource, backoff_delays, failure_log_level
+from reprieve.background import backoff_delays, failure_log_level
+from reprieve.kube import PodWatchSource
 from reprieve.notice import NOTICE_ANNOTATION, PROGRESS_ANNOTATION, Notice
 from reprieve.notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
 from reprieve.progress import progress_annotation

@@ -99,22 +99,13 @@ def test_sigterm_saves_through_orbax_on_every_process_and_the_restart_resumes(tm
     n = 2
     env = {"WORKER_CHECKPOINTER": "orbax"}
     gang = launch(tmp_path, n, steps=5000, grace_seconds=5, extra_env=env)
-    try:
-        gang.wait_for_file("running-0", 120)
-        gang.signal(1, signal.SIGTERM)
-        codes = gang.wait(120)
-    finally:
-        gang.kill()
+    codes = gang.signal_when_running(1, signal.SIGTERM, 120)
     assert codes == [42] * n, gang.tail()
     (step,) = {int(re.findall(r"agreed save step (\d+)", p.read_text())[-1]) for p in gang.logs}
     assert (gang.ckpt / str(step) / "commit_success.txt").exists() or (gang.ckpt / str(step) / "state").is_dir()
     again = launch(tmp_path, n, steps=step + 11, step_seconds=0.0, extra_env={**env, "REPRIEVE_ATTEMPT": "2"})
-    try:
-        assert again.wait(120) == [0] * n, again.tail()
-    finally:
-        again.kill()
+    again.assert_resumed(step, 120)
     for p in range(n):
-        assert f"resuming at step {step + 1}" in again.logs[p].read_text(), again.tail()
         assert (tmp_path / f"done-{p}").read_text() == f"{float(step + 11)}"
 
 

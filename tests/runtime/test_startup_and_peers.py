@@ -38,12 +38,7 @@ def test_a_coordinator_that_never_starts_is_awaited_by_name(tmp_path: Path) -> N
 
 def test_a_peer_killed_mid_run_is_named_before_jax_ends_the_survivor(tmp_path: Path) -> None:
     gang = launch(tmp_path, 2, steps=100000, step_seconds=0.02, heartbeat_s=6)
-    try:
-        gang.wait_for_file("running-0", 60)
-        gang.signal(1, signal.SIGKILL)
-        codes = gang.wait(60)
-    finally:
-        gang.kill()
+    codes = gang.signal_when_running(1, signal.SIGKILL, 60)
     assert codes[0] != 0, gang.tail()
     log = gang.logs[0].read_text()
     named = log.find("process 1 of 2 has not been heard from for")

@@ -37,18 +37,12 @@ class Worker(SupervisedPod):
 
 @pytest.fixture
 def worker(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Worker]:
-    out = tmp_path / "out"
-    out.mkdir()
-    w = Worker(cluster, namespace, out, pod=POD)
-    yield w
-    w.close()
+    with Worker.under(cluster, namespace, tmp_path, pod=POD) as w:
+        yield w
 
 
-# A trainer that records every run (attempt, identity, pid) and then does what its attempt's line says.
-RECORDER = """
-    import json, os, pathlib, signal, subprocess, sys, time
-    out = pathlib.Path(os.environ["OUT"])
-    attempt = int(os.environ["REPRIEVE_ATTEMPT"])
+# A trainer's part that reads the runs before it in the pod (``earlier``) and whether a pid still lives (``alive``).
+EARLIER_RUNS = """
     earlier = [json.loads(l) for l in (out / "runs.jsonl").read_text().splitlines()] \\
         if (out / "runs.jsonl").exists() else []
     def alive(pid):
@@ -57,6 +51,14 @@ RECORDER = """
             return True
         except ProcessLookupError:
             return False
+"""
+
+# A trainer that records every run (attempt, identity, pid) and then does what its attempt's line says.
+RECORDER = """
+    import json, os, pathlib, signal, subprocess, sys, time
+    out = pathlib.Path(os.environ["OUT"])
+    attempt = int(os.environ["REPRIEVE_ATTEMPT"])
+""" + EARLIER_RUNS + """
     record = {"attempt": attempt, "pid": os.getpid(), "t": time.time(),
               "env": {k: os.environ.get(k) for k in ("REPRIEVE_PROCESS_ID", "REPRIEVE_NUM_PROCESSES",
                                                      "REPRIEVE_COORDINATOR_ADDRESS", "REPRIEVE_SUPERVISED")},
@@ -159,14 +161,7 @@ JAX_TRAINER = """
     if os.environ.get("TOUCH_DEVICES"):
         jax.devices()  # not allowed before reprieve.init() in a pre-warmed process
     job = reprieve.init()
-    earlier = [json.loads(l) for l in (out / "runs.jsonl").read_text().splitlines()] \\
-        if (out / "runs.jsonl").exists() else []
-    def alive(pid):
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
+""" + EARLIER_RUNS + """
     record = {**imported, "attempt": job.config.attempt, "env_attempt": os.environ["REPRIEVE_ATTEMPT"],
               "topology": reprieve.topology.current().to_json(),
               "t_init": time.time(), "earlier_alive": [r["pid"] for r in earlier if alive(r["pid"])]}

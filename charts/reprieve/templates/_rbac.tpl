@@ -42,9 +42,26 @@
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["rolebindings"]
   verbs: ["get", "create", "delete"]
+# The memory tier: the job's token Secret J-memory (a random token its pods' replica servers ask for). Created
+# with the job's first pods, deleted with a job that cannot start; never read back (no get/list/watch).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create", "delete"]
 # In-place restarts: the assignment of each attempt (ConfigMap J-assignment, read by the workers' supervisors;
 # list/watch only because RBAC lets the operator grant the workers no more than it holds).
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch"]
+{{- if .Values.kueue.enabled }}
+# Kueue (kueue.enabled): the Workload of each queued job (create; delete: replaced while queued when the job no
+# longer matches it; patch: its queue name and the last-checkpoint annotation), watched to see admissions and
+# evictions ...
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+# ... and its status: after an eviction, the operator gives the quota back once the gang saved and is gone.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["get", "patch"]
+{{- end }}
 {{- end }}

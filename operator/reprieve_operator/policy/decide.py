@@ -34,9 +34,10 @@ from typing import Any
 
 from .. import builders
 from ..models import TrainingJob
-from . import events, views
+from . import events, memorypeers, views
 from .events import Event
 from .inplace import Assignment, InPlace, PodView, decide_inplace
+from .kueue import Gate, admitted_template
 from .restart import DISRUPTION, Condition, RestartPlan, decide_restart, lost_nodes, orphaned_pods
 from .status import closing_goodput, status_patch
 from .times import rfc3339
@@ -59,6 +60,8 @@ class View:
     placed: bool = False  # ``avoid`` was computed
     looked: bool = False  # the lost pods' nodes were read fresh
     last_commit_event: float | None = None  # when the job's last CheckpointCommitted Event was posted
+    zones: Mapping[str, str] = field(default_factory=dict)  # node -> topology.kubernetes.io/zone (memory tier)
+    kueue: Gate | None = None  # what the job's queue lets it do (None: not queued, ``policy.kueue``)
 
 
 @dataclass(frozen=True)
@@ -96,15 +99,52 @@ class Outcome:
 
 def decide(view: View) -> Outcome:
     """The whole outcome of one reconcile of ``view.job`` (see the module docstring for the order)."""
-    if view.job.spec.mode == "InPlace":
-        return _in_place(view)
-    return _recreate(view)
+    out = _in_place(view) if view.job.spec.mode == "InPlace" else _recreate(view)
+    g = view.kueue
+    if g is not None and g.deadline is not None and out.requeue_after is None and g.deadline > view.now:
+        # An evicted gang still running: look again when its notice runs out (it is stopped then).
+        out = dataclasses.replace(out, requeue_after=(g.deadline - view.now).total_seconds())
+    return out
+
+
+def held(view: View) -> Condition | None:
+    """The queue's condition when the job must be held now (no attempt starts, every pod goes), else None.
+
+    Queued or waiting: at once. Evicted: once the gang stopped by itself (every worker of the current attempt
+    exited, after its agreed save) or its notice ran out; until then the running gang saves on the notice."""
+    g = view.kueue
+    if g is None or not g.hold:
+        return None
+    if g.notice is None or (g.deadline is not None and view.now >= g.deadline):
+        return g.condition
+    workers = views.workers(view.job, view.pods, view.assignment, view.known_nodes)
+    attempt = max([view.job.status.attempt, *(p.attempt for p in workers)])
+    if all(p.terminated or p.deleting or p.node_lost for p in workers if p.attempt == attempt):
+        return g.condition
+    return None
+
+
+def _queue_conditions(plan: RestartPlan, view: View, hold: Condition | None) -> RestartPlan:
+    """The queue's condition joins the plan's (a held plan carries it already)."""
+    if view.kueue is None or hold is not None:
+        return plan
+    return dataclasses.replace(plan, conditions=(*plan.conditions, view.kueue.condition))
+
+
+def _admitted(job: TrainingJob, view: View) -> TrainingJob:
+    """The job its pods are built from: with the admitted flavors' node labels and tolerations, when queued."""
+    g = view.kueue
+    if g is None or g.hold or not (g.node_selector or g.tolerations):
+        return job
+    spec = job.spec.model_copy(update={"template": admitted_template(job.spec.template, g)})
+    return job.model_copy(update={"spec": spec})
 
 
 def _recreate(view: View) -> Outcome:
     job, now = view.job, view.now
     pods = [p for p in (views.worker_pod(r, view.known_nodes) for r in view.pods) if p is not None]
-    plan = decide_restart(job, pods, view.avoid, now, view.doomed)
+    hold = held(view)
+    plan = _queue_conditions(decide_restart(job, pods, view.avoid, now, view.doomed, held=hold), view, hold)
     if plan.cause == DISRUPTION and not view.looked:
         return Outcome(job, plan, look_at_nodes=frozenset(lost_nodes(pods)))
     if plan.create and not view.placed:
@@ -112,7 +152,8 @@ def _recreate(view: View) -> Outcome:
     job, record = _record(job, plan, now)
     plan = dataclasses.replace(plan, cause=None)
     orphans = orphaned_pods(pods, view.known_nodes)
-    create = tuple(builders.build_worker_pod(job, i, plan.attempt, plan.exclude_nodes) for i in plan.create)
+    pod_job = _admitted(job, view)
+    create = tuple(builders.build_worker_pod(pod_job, i, plan.attempt, plan.exclude_nodes) for i in plan.create)
     created_event = _attempt_started(plan, len(create)) if plan.new_attempt and create else None
     status = status_patch(job, _created(job, plan, create), now, views.progress(view.pods))
     requeue = plan.requeue_after if plan.requeue_after is not None else (WAIT_SECONDS if plan.waiting else None)
@@ -125,7 +166,17 @@ def _recreate(view: View) -> Outcome:
 def _in_place(view: View) -> Outcome:
     job, now = view.job, view.now
     pods = [v for v in (views.pod_view(r, view.known_nodes) for r in view.pods) if v is not None]
-    plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed)
+    if view.zones:
+        pods = [dataclasses.replace(v, zone=view.zones[v.node]) if v.node and v.node in view.zones else v
+                for v in pods]
+    hold = held(view)
+    plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed, held=hold)
+    plan = _queue_conditions(plan, view, hold)
+    current = view.assignment
+    if current is not None and extra.assign is None and extra.record is None and plan.cause is None:
+        paired = memorypeers.pairing_condition(job, current.processes, current.memory_peers, pods)
+        if paired is not None:  # the pairing in force, once its pods run on known nodes
+            plan = dataclasses.replace(plan, conditions=(*plan.conditions, paired))
     decided = extra.record or (plan if plan.cause else None)
     if decided is not None and decided.cause == DISRUPTION and not view.looked:
         return Outcome(job, plan, look_at_nodes=frozenset(
@@ -135,11 +186,10 @@ def _in_place(view: View) -> Outcome:
     job, record = _record(job, decided, now)
     plan = dataclasses.replace(plan, cause=None)
     fails = decided is not None and decided.phase == "Failed"
-    create = () if fails else _pods_to_create(job, plan, extra)
+    create = () if fails else _pods_to_create(_admitted(job, view), plan, extra)
     first = view.assignment is None  # only the first attempt's pods are dry-run and announced on creation
     created_event = _attempt_started(plan, len(create)) if first and plan.new_attempt and create else None
     assign, assigned_event = None, None
-    current = view.assignment
     if not fails and extra.assign is not None and (current is None or extra.assign.attempt > current.attempt):
         assign = extra.assign
         if current is not None:  # a restart, not the first attempt

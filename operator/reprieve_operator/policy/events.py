@@ -1,6 +1,9 @@
-"""Which Events a reconcile's status change deserves (pure): ``Succeeded`` with the job's goodput, and
+"""Which Events a reconcile's status change deserves (pure): ``Succeeded`` with the job's goodput,
 ``CheckpointCommitted``, throttled to one per ``COMMIT_EVENT_SECONDS`` per job except the first commit after a
-notice (the agreed save), which always gets one. Failures get an Event named after their reason
+notice (the agreed save), which always gets one, ``Restored`` once per attempt that restored through the memory
+tier (naming each process's source), and the memory tier's pairing when its ``MemoryPaired``
+condition changes (a Warning ``MemoryPairingProblem`` naming the processes and nodes, ``MemoryPaired`` once it is
+fixed). Failures get an Event named after their reason
 (``TooManyFailures``, ``TooManyPreemptions``, ``InvalidSpec``, ...) where they are decided, in ``reconcile``.
 """
 
@@ -11,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..models import TrainingJob
+from .memorypeers import PAIRED
 from .times import parse_time
 
 COMMIT_EVENT_SECONDS = 300.0
@@ -38,6 +42,10 @@ def for_status_change(job: TrainingJob, patch: Mapping[str, Any], now: float,
         if after_notice or last_commit_event is None or now - last_commit_event >= COMMIT_EVENT_SECONDS:
             why = f" after notice {notice.id}" if after_notice and notice is not None else ""
             out.append(Event("CheckpointCommitted", f"checkpoint of step {step} committed (attempt {st.attempt}){why}"))
+    out += _pairing(job, patch)
+    restore = patch.get("lastRestore")
+    if restore and (st.last_restore is None or st.last_restore.attempt != restore.get("attempt")):
+        out.append(Event("Restored", restored_message(restore)))
     if patch.get("phase") == "Succeeded" and st.phase != "Succeeded":
         gp = patch.get("goodput") or (st.goodput.model_dump(by_alias=True) if st.goodput else {})
         restarts = st.restarts
@@ -50,3 +58,49 @@ def for_status_change(job: TrainingJob, patch: Mapping[str, Any], now: float,
                      + ", ".join(f"{k} {v:.0f}s" for k, v in bad.items() if v))
         out.append(Event("Succeeded", text))
     return out
+
+
+def _pairing(job: TrainingJob, patch: Mapping[str, Any]) -> list[Event]:
+    """The ``MemoryPaired`` condition changed in ``patch``: a problem (new or different) or its end."""
+    new = next((c for c in patch.get("conditions") or [] if c.get("type") == PAIRED), None)
+    if new is None:
+        return []
+    old = next((c for c in job.status.conditions if c.type == PAIRED), None)
+    if old is not None and (old.status, old.message) == (new.get("status"), new.get("message")):
+        return []
+    if new.get("status") == "False":
+        return [Event("MemoryPairingProblem", str(new.get("message")), "Warning")]
+    if old is not None and old.status == "False":
+        return [Event(PAIRED, str(new.get("message")))]
+    return []
+
+
+SOURCE_WORDS = {"memory": "own memory", "peer": "a peer's memory", "storage": "storage"}
+TIER_WORDS = {"memory": "the memory tier", "mixed": "memory and storage", "storage": "storage"}
+
+
+def restored_message(restore: Mapping[str, Any]) -> str:
+    """``attempt 3 restored step 120 from the memory tier: own memory: processes 0, 2-5; a peer's memory:
+    process 1`` (processes grouped by source, runs of indices as ranges)."""
+    by: dict[str, list[int]] = {}
+    for i, source in enumerate(restore.get("sources") or []):
+        by.setdefault(str(source), []).append(i)
+    parts = [f"{SOURCE_WORDS.get(src, src)}: process{'es' if len(idx) > 1 else ''} {_ranges(idx)}"
+             for src, idx in sorted(by.items(), key=lambda kv: list(SOURCE_WORDS).index(kv[0])
+                                    if kv[0] in SOURCE_WORDS else len(SOURCE_WORDS))]
+    tier = restore.get("tier")
+    return (f"attempt {restore.get('attempt')} restored step {restore.get('step')} from "
+            f"{TIER_WORDS.get(str(tier), tier)}: " + "; ".join(parts))
+
+
+def _ranges(indices: list[int]) -> str:
+    out: list[str] = []
+    start = prev = indices[0]
+    for i in [*indices[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(out)

@@ -23,6 +23,10 @@ Each attempt's span, from its creation to the next attempt's creation (or the jo
 
 The buckets of an attempt add up to its span exactly. Reports come every few seconds, so steps after the last
 report of an attempt that died without one (a hard kill) fall into ``restartGap``, not ``lost``; both are badput.
+
+Restores are also counted by where they read (``restores``: count and seconds per tier): ``memory`` (every
+process from its own or a peer's memory), ``mixed`` (some from storage) and ``storage``, from the report's
+``restoredFrom.tier`` (the memory tier); a restore without it (no memory tier) is a storage restore.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from typing import Any
 
 BUCKETS = ("startup", "restore", "checkpoint", "productive", "lost", "restartGap")
 BADPUT = ("startup", "restore", "checkpoint", "lost", "restartGap")
-HISTORY = 20  # closed attempts kept (for the timeline of ``reprieve_operator.report``); older ones only in totals
+RESTORE_TIERS = ("memory", "mixed", "storage")
+HISTORY = 20  # closed attempts kept (for the timeline of ``reprieve_operator.timeline``); older ones only in totals
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,14 @@ class Report:
     step_seconds: float  # typical (mean) step time, first step excluded
     restore_seconds: float = 0.0
     save_blocking_seconds: float = 0.0  # cumulative in this attempt
+    restore_tier: str | None = None  # restoredFrom.tier: memory, mixed or storage (None: not said)
+
+    @property
+    def restored_from(self) -> str | None:
+        """Where this attempt's restore read (a tier of ``RESTORE_TIERS``); None: it started from scratch."""
+        if self.restore_tier in RESTORE_TIERS:
+            return self.restore_tier
+        return "storage" if self.restore_seconds > 0 else None
 
 
 @dataclass(frozen=True)
@@ -63,10 +76,14 @@ class Accounting:
     lost_steps: int = 0
     open: tuple[Attempt, ...] = ()  # attempts whose lost steps are not known yet (at most the last two)
     history: tuple[tuple[tuple[str, Any], ...], ...] = ()  # the last HISTORY closed attempts (sorted items)
+    restores: tuple[tuple[str, int, float], ...] = ()  # closed attempts' restores: (tier, count, seconds)
 
     def to_status(self) -> dict[str, Any]:
-        return {"closed": {k: round(v, 3) for k, v in self.closed.items()}, "lostSteps": self.lost_steps,
-                "open": [_attempt_dict(a) for a in self.open], "history": [dict(h) for h in self.history]}
+        out = {"closed": {k: round(v, 3) for k, v in self.closed.items()}, "lostSteps": self.lost_steps,
+               "open": [_attempt_dict(a) for a in self.open], "history": [dict(h) for h in self.history]}
+        if self.restores:
+            out["restores"] = {t: {"count": n, "seconds": round(sec, 3)} for t, n, sec in self.restores}
+        return out
 
     @classmethod
     def from_status(cls, raw: dict[str, Any] | None) -> Accounting:
@@ -74,8 +91,22 @@ class Accounting:
             return cls()
         closed = dict.fromkeys(BUCKETS, 0.0)
         closed.update({k: float(v) for k, v in (raw.get("closed") or {}).items() if k in closed})
+        restores = tuple((t, int(v.get("count") or 0), float(v.get("seconds") or 0.0))
+                         for t, v in sorted((raw.get("restores") or {}).items()) if t in RESTORE_TIERS)
         return cls(closed, int(raw.get("lostSteps") or 0), tuple(_attempt(a) for a in raw.get("open") or []),
-                   tuple(tuple(sorted(h.items())) for h in raw.get("history") or []))
+                   tuple(tuple(sorted(h.items())) for h in raw.get("history") or []), restores)
+
+
+def _count_restore(restores: tuple[tuple[str, int, float], ...], a: Attempt) -> tuple[tuple[str, int, float], ...]:
+    """``restores`` with attempt ``a``'s restore added (sorted by tier; unchanged if it restored nothing)."""
+    tier = a.report.restored_from if a.report is not None else None
+    if tier is None:
+        return restores
+    assert a.report is not None
+    tally = {t: (n, sec) for t, n, sec in restores}
+    n, sec = tally.get(tier, (0, 0.0))
+    tally[tier] = (n + 1, sec + a.report.restore_seconds)
+    return tuple((t, n, sec) for t, (n, sec) in sorted(tally.items()))
 
 
 def _closed(a: Attempt, end: float, buckets: dict[str, float], lost: int) -> tuple[tuple[str, Any], ...]:
@@ -97,6 +128,8 @@ def _attempt_dict(a: Attempt) -> dict[str, Any]:
         out["report"] = {"step": r.step, "time": r.time, "firstStep": r.first_step,
                          "firstStepTime": r.first_step_time, "stepSeconds": r.step_seconds,
                          "restoreSeconds": r.restore_seconds, "saveBlockingSeconds": r.save_blocking_seconds}
+        if r.restore_tier is not None:
+            out["report"]["restoreTier"] = r.restore_tier
     return out
 
 
@@ -106,7 +139,7 @@ def _attempt(raw: dict[str, Any]) -> Attempt:
     if rep:
         report = Report(int(raw["attempt"]), int(rep["step"]), float(rep["time"]), int(rep["firstStep"]),
                         float(rep["firstStepTime"]), float(rep["stepSeconds"]), float(rep.get("restoreSeconds", 0)),
-                        float(rep.get("saveBlockingSeconds", 0)))
+                        float(rep.get("saveBlockingSeconds", 0)), rep.get("restoreTier"))
     return Attempt(int(raw["attempt"]), float(raw["created"]), raw.get("ended"), report)
 
 
@@ -156,7 +189,7 @@ def progress(acc: Accounting, report: Report) -> Accounting:
 def finished(acc: Accounting, t: float) -> Accounting:
     """The job ended at ``t`` (Succeeded, Failed or Suspended): every open attempt closes, nothing is lost after
     the last one."""
-    closed, lost, history = dict(acc.closed), acc.lost_steps, list(acc.history)
+    closed, lost, history, restores = dict(acc.closed), acc.lost_steps, list(acc.history), acc.restores
     open_ = list(acc.open)
     for i, a in enumerate(open_):
         nxt = open_[i + 1] if i + 1 < len(open_) else None
@@ -165,7 +198,8 @@ def finished(acc: Accounting, t: float) -> Accounting:
         closed = {k: closed[k] + buckets[k] for k in BUCKETS}
         lost += n
         history.append(_closed(a, end, buckets, n))
-    return Accounting(closed, lost, (), tuple(history[-HISTORY:]))
+        restores = _count_restore(restores, a)
+    return Accounting(closed, lost, (), tuple(history[-HISTORY:]), restores)
 
 
 def _first(a: Attempt | None) -> int | None:
@@ -174,28 +208,31 @@ def _first(a: Attempt | None) -> int | None:
 
 def _settle(acc: Accounting) -> Accounting:
     """Close every ended attempt whose successor has reported where it started (its lost steps are known)."""
-    closed, lost, history = dict(acc.closed), acc.lost_steps, list(acc.history)
+    closed, lost, history, restores = dict(acc.closed), acc.lost_steps, list(acc.history), acc.restores
     open_ = list(acc.open)
     while len(open_) >= 2 and open_[0].ended is not None and open_[1].report is not None:
         buckets, n = split(open_[0], open_[0].ended, open_[1].report.first_step)
         closed = {k: closed[k] + buckets[k] for k in BUCKETS}
         lost += n
         history.append(_closed(open_[0], open_[0].ended, buckets, n))
+        restores = _count_restore(restores, open_[0])
         open_.pop(0)
-    return Accounting(closed, lost, tuple(open_), tuple(history[-HISTORY:]))
+    return Accounting(closed, lost, tuple(open_), tuple(history[-HISTORY:]), restores)
 
 
 def summary(acc: Accounting, start: float | None, now: float) -> dict[str, Any]:
     """``status.goodput``'s visible part at ``now``: goodput and the badput buckets in seconds, the open
     attempts counted as if nothing of them were lost (provisional until the next attempt reports)."""
-    totals = finished(acc, now).closed if acc.open else dict(acc.closed)
+    done = finished(acc, now) if acc.open else acc
+    totals = dict(done.closed)
     wall = sum(totals.values()) if start is None else max(now - start, sum(totals.values()))
     out: dict[str, Any] = {
         "goodput": round(totals["productive"] / wall, 4) if wall > 0 else None,
         "wallSeconds": round(wall, 1),
         "productiveSeconds": round(totals["productive"], 1),
         "badputSeconds": {k: round(totals[k], 1) for k in BADPUT},
-        "lostSteps": finished(acc, now).lost_steps,
+        "lostSteps": done.lost_steps,
+        "restores": {t: {"count": n, "seconds": round(sec, 1)} for t, n, sec in done.restores},
     }
     return out
 
@@ -206,9 +243,12 @@ def report_of(prog: dict[str, Any] | None) -> Report | None:
     if not prog or "firstStepAt" not in prog or "stepAt" not in prog:
         return None
     try:
+        source = prog.get("restoredFrom")
+        tier = source.get("tier") if isinstance(source, dict) else None
         return Report(int(prog["attempt"]), int(prog["step"]), float(prog["stepAt"]), int(prog["firstStep"]),
                       float(prog["firstStepAt"]), float(prog.get("stepSeconds") or 0.0),
-                      float(prog.get("restoreSeconds") or 0.0), float(prog.get("saveBlockingSeconds") or 0.0))
+                      float(prog.get("restoreSeconds") or 0.0), float(prog.get("saveBlockingSeconds") or 0.0),
+                      str(tier) if tier in RESTORE_TIERS else None)
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -235,4 +275,5 @@ def status(acc: Accounting, now: float) -> dict[str, Any]:
         now = max(last.report.time, last.created)
     s = summary(acc, None, now)
     return {"goodput": s["goodput"], "wallSeconds": s["wallSeconds"], "productiveSeconds": s["productiveSeconds"],
-            "badputSeconds": s["badputSeconds"], "lostSteps": s["lostSteps"], "accounting": acc.to_status()}
+            "badputSeconds": s["badputSeconds"], "lostSteps": s["lostSteps"], "restores": s["restores"],
+            "accounting": acc.to_status()}

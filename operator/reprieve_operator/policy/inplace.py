@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 
 from .. import CONTRACT_VERSION, SUPERVISOR
 from ..models import TrainingJob
-from .pairing import Holder, address, pair
+from . import memorypeers
 from .restart import (
     DISRUPTION,
     FAILURE,
@@ -70,6 +70,7 @@ class PodView:
     contract: int | None = None  # the supervisor's contract version, once it announced itself
     start_error: str | None = None  # the container could not start (the kubelet's StartError message)
     created: datetime | None = None  # metadata.creationTimestamp
+    zone: str | None = None  # its node's topology.kubernetes.io/zone (``decide`` adds it: the memory tier's pairing)
 
     @property
     def ready(self) -> bool:
@@ -83,6 +84,7 @@ class Assignment:
     processes: Mapping[str, int]  # pod name -> process index
     coordinator: str = ""
     memory_peers: Mapping[int, str | None] = field(default_factory=dict)  # memory tier: index -> replica holder
+    memory_peer_nodes: Mapping[int, str] = field(default_factory=dict)  # memory tier: index -> the holder's node
 
 
 @dataclass(frozen=True)
@@ -120,14 +122,14 @@ def worker_view(p: PodView, attempt: int, index: int, restart_code: int) -> Work
 
 def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assignment | None,
                    avoid_nodes: Iterable[str] = (), now: datetime | None = None,
-                   doomed_nodes: Collection[str] = ()) -> tuple[RestartPlan, InPlace]:
+                   doomed_nodes: Collection[str] = (), held: Condition | None = None) -> tuple[RestartPlan, InPlace]:
     """Decide the next step of an in-place ``job`` from its pods and its current assignment.
 
     When a restart (or the final failure) is decided, ``InPlace.record`` is the plan to record in status
     before anything is deleted (crash safety); the returned plan is what to do and the status to reach."""
     st, spec = job.status, job.spec
     spare_names = tuple(sorted(p.name for p in pods if p.role == "spare" and not p.deleting))
-    settled = finished_or_suspended(job, st.attempt, pods, after_success=spare_names)  # no spare outlives success
+    settled = finished_or_suspended(job, st.attempt, pods, after_success=spare_names, held=held)  # no spare outlives success
     if settled is not None:
         return settled, InPlace()
     code = spec.restart_policy.restart_exit_code
@@ -158,7 +160,8 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
         spares = sum(1 for p in pods if p.role == "spare" and not p.deleting)
         return RestartPlan(phase="Pending", attempt=attempt, create=create, new_attempt=True, exclude_nodes=avoid,
                            conditions=conds, message=f"creating attempt {attempt}"), \
-            InPlace(assign=Assignment(attempt, names, coordinator), create_spares=max(0, spec.spares - spares))
+            InPlace(assign=Assignment(attempt, names, coordinator, memorypeers.first_peers(job)),
+                    create_spares=max(0, spec.spares - spares))
 
     attempt = assignment.attempt
     workers = dict(assignment.processes)
@@ -343,25 +346,14 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
                            next_attempt_time=due if backing_off else None), extra
     coordinator_pod = next(n for n, i in processes.items() if i == 0)
     holders = [by_name[n] for n in processes] + [p for p in spare_pods if p.ready and p.name not in doomed_spares]
-    assign = Assignment(nxt, processes, f"{by_name[coordinator_pod].ip}:{spec.coordinator_port}",
-                        memory_peers(job, processes, holders, previous))
+    peers = memorypeers.memory_peers(job, processes, holders, previous.memory_peers if previous else None)
+    assign = Assignment(nxt, processes, f"{by_name[coordinator_pod].ip}:{spec.coordinator_port}", peers,
+                        memorypeers.peer_nodes(job, peers, holders))
     summary = _summary(nxt, extra)
     return RestartPlan(phase="Running", attempt=nxt, delete=tuple(sorted(delete)), new_attempt=True,
                        ready=len(processes), replicas=len(processes), message=summary,
                        conditions=(Condition("Restarting", "False", "AttemptStarted", summary),)), \
         replace(extra, assign=assign)
-
-
-def memory_peers(job: TrainingJob, processes: Mapping[str, int], pods: Sequence[PodView],
-                 previous: Assignment | None) -> dict[int, str | None]:
-    """The memory tier's pairing for an assignment of ``processes`` (``policy.pairing``): every running pod of
-    the gang and every ready spare may hold a replica; pairings of ``previous`` still valid are kept. Empty
-    without an enabled memory tier."""
-    memory = job.spec.checkpoint.memory
-    if memory is None or not memory.enabled:
-        return {}
-    holders = [Holder(p.name, address(p.ip), p.node, None, processes.get(p.name)) for p in pods if p.ip]
-    return pair(holders, previous.memory_peers if previous is not None else None).peers
 
 
 def _summary(attempt: int, extra: InPlace) -> str:

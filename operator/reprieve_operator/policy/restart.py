@@ -132,23 +132,25 @@ def still_running(pods: Iterable[_Pod]) -> tuple[str, ...]:
 
 
 def finished_or_suspended(job: TrainingJob, attempt: int, pods: Sequence[_Pod],
-                          after_success: Iterable[str] = ()) -> RestartPlan | None:
+                          after_success: Iterable[str] = (), held: Condition | None = None) -> RestartPlan | None:
     """The start both restart decisions share (``decide_restart``, ``inplace.decide_inplace``): a finished job only
     clears up (Failed: the pods still running; Succeeded: ``after_success``), a suspended one deletes every pod;
-    None when the job is neither."""
+    None when the job is neither. ``held``: the job is held by its queue (``policy.kueue``), with this condition:
+    suspended as by ``spec.suspend``."""
     st = job.status
     if st.phase in TERMINAL_PHASES:
         delete = still_running(pods) if st.phase == "Failed" else tuple(after_success)
         return RestartPlan(phase=st.phase, attempt=attempt, delete=delete)
-    if job.spec.suspend:
+    if job.spec.suspend or held is not None:
         return RestartPlan(phase="Suspended", attempt=attempt, delete=tuple(sorted(p.name for p in pods
                                                                                  if not p.deleting)),
-                           conditions=(SUSPENDED,))
+                           conditions=(SUSPENDED if job.spec.suspend else held,))  # type: ignore[arg-type]
     return None
 
 
 def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Iterable[str] = (),
-                   now: datetime | None = None, doomed_nodes: Collection[str] = ()) -> RestartPlan:
+                   now: datetime | None = None, doomed_nodes: Collection[str] = (),
+                   held: Condition | None = None) -> RestartPlan:
     """Decide the next step of ``job`` given all of its worker pods.
 
     ``avoid_nodes``: what a new pod must avoid (``policy.placement.avoid_nodes``). ``doomed_nodes``: nodes
@@ -157,7 +159,7 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Ite
     """
     st, spec = job.status, job.spec
     attempt = max([st.attempt, *(p.attempt for p in pods)])
-    settled = finished_or_suspended(job, attempt, pods)
+    settled = finished_or_suspended(job, attempt, pods, held=held)
     if settled is not None:
         return settled
     alive = tuple(sorted(p.name for p in pods if not p.deleting))

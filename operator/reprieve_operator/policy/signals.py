@@ -9,7 +9,14 @@ Two tables here are the single source for the rest. ``BUILTIN_SIGNALS``: the bui
 CRD's and the chart schema's enums, ``models.BUILTIN_SIGNAL_NAMES``) and default windows (the chart passes only
 overrides); ``tests/operator/test_signal_sources.py`` checks the docs against it. ``KIND_FIELDS``: the Node
 field each kind of signal reads, and nothing else; the operator keeps exactly those fields of every Node
-(``views.compact_node``), so a new kind cannot read a field the cache dropped.
+(``views.compact_node``), and a kind reads a list entry's keys through ``_entry``, which refuses an undeclared
+one, so no rule can read a field the cache dropped (it would never match, in silence).
+
+Adding a built-in signal: its ``Signal`` in ``BUILTIN_SIGNALS`` (with where its window comes from), its row with
+the source in the cloud page's "Defaults and their sources" (``docs/clouds/*.md``), then ``python -m
+reprieve_operator.crdgen`` (the names in ``crds/`` and the chart's ``templates/crd.yaml``): four files, checked by
+``tests/operator/test_signal_sources.py``. A new kind also needs its ``KIND_FIELDS`` entry, its rule in
+``_match``, a row in docs/operator.md's kinds table and one in ``tests/operator/test_signals.py``.
 """
 
 from __future__ import annotations
@@ -185,6 +192,22 @@ def _read(node: Mapping[str, Any], kind: str) -> Any:
     return _get(node, field.section, field.key)
 
 
+class UndeclaredNodeField(LookupError):
+    """A signal kind read a key of a list entry that ``KIND_FIELDS`` does not declare: the operator's compact
+    Node (``views.compact_node``) would not have it. A programming error, raised on the first read."""
+
+
+def _entry(item: Mapping[str, Any], kind: str, key: str) -> Any:
+    """``key`` of one entry of the list a ``kind`` reads (a taint, a condition): only a declared one, so a rule
+    that reads more than the operator keeps fails at once instead of never matching on a compact Node."""
+    kept = KIND_FIELDS[kind].keys
+    if kept and key not in kept:
+        field = KIND_FIELDS[kind]
+        raise UndeclaredNodeField(f"signal kind {kind} reads {field.section}.{field.key}[].{key}, which "
+                                  f"KIND_FIELDS does not keep (keeps {list(kept)}): add it there")
+    return item.get(key)
+
+
 def _match(sig: Signal, node: Mapping[str, Any], now: datetime,
            first_seen: Mapping[str, datetime]) -> tuple[datetime, datetime, bool] | None:
     """(observed_at, deadline, estimated) if ``sig`` is present on ``node``; ``estimated``: no time on the node."""
@@ -192,9 +215,9 @@ def _match(sig: Signal, node: Mapping[str, Any], now: datetime,
     window = timedelta(seconds=sig.notice_seconds)
     if sig.kind == TAINT:
         for t in _read(node, TAINT) or []:
-            if t.get("key") == sig.key and (sig.value is None or t.get("value") == sig.value):
+            if _entry(t, TAINT, "key") == sig.key and (sig.value is None or _entry(t, TAINT, "value") == sig.value):
                 # Only NoExecute taints carry timeAdded; otherwise we use our first observation.
-                stamped = parse_time(t.get("timeAdded"))
+                stamped = parse_time(_entry(t, TAINT, "timeAdded"))
                 observed = stamped or seen
                 return observed, observed + window, stamped is None
         return None
@@ -216,8 +239,8 @@ def _match(sig: Signal, node: Mapping[str, Any], now: datetime,
         return seen, deadline - window if sig.notice_seconds else deadline, False
     if sig.kind == CONDITION:
         for c in _read(node, CONDITION) or []:
-            if c.get("type") == sig.key and c.get("status") == (sig.value or "True"):
-                stamped = parse_time(c.get("lastTransitionTime"))
+            if _entry(c, CONDITION, "type") == sig.key and _entry(c, CONDITION, "status") == (sig.value or "True"):
+                stamped = parse_time(_entry(c, CONDITION, "lastTransitionTime"))
                 observed = stamped or seen
                 return observed, observed + window, stamped is None
         return None

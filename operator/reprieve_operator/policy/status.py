@@ -86,12 +86,36 @@ def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
             patch["lastCheckpointStep"] = committed
             if isinstance(prog.get("time"), str):
                 patch["lastCheckpointTime"] = prog["time"]
+            if st.last_checkpoint_uri != job.spec.checkpoint.uri:
+                patch["lastCheckpointUri"] = job.spec.checkpoint.uri
+        memory_step = to_int(prog.get("memoryStep"))
+        if memory_step is not None and memory_step != st.memory_step:
+            patch["memoryStep"] = memory_step
+        restore = last_restore(prog)
+        if restore is not None and restore != (st.last_restore.model_dump(by_alias=True) if st.last_restore else None):
+            patch["lastRestore"] = restore
     if job.generation is not None and st.observed_generation != job.generation:
         patch["observedGeneration"] = job.generation
     gp = goodput_patch(job, plan.phase, patch, prog, now)
     if gp is not None:
         patch["goodput"] = gp
     return patch
+
+
+RESTORE_SOURCES = ("memory", "peer", "storage")
+
+
+def last_restore(prog: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``status.lastRestore`` from process 0's report (``restoredFrom``: the memory tier); None without it or
+    when malformed."""
+    raw, attempt = prog.get("restoredFrom"), to_int(prog.get("attempt"))
+    if not isinstance(raw, Mapping) or attempt is None:
+        return None
+    step, tier, sources = to_int(raw.get("step")), raw.get("tier"), raw.get("sources")
+    if step is None or tier not in goodput.RESTORE_TIERS or not isinstance(sources, list) or \
+            any(s not in RESTORE_SOURCES for s in sources):
+        return None
+    return {"attempt": attempt, "step": step, "tier": tier, "sources": [str(s) for s in sources]}
 
 
 def goodput_patch(job: TrainingJob, phase: str, patch: Mapping[str, Any], prog: Mapping[str, Any] | None,

@@ -20,6 +20,7 @@ from .. import (
 )
 from ..models import TrainingJob
 from .inplace import PodView, worker_view
+from .pairing import ZONE_LABEL
 from .placement import NODE_FIELDS as PLACEMENT_FIELDS
 from .restart import WorkerPod
 from .signals import KIND_FIELDS, NodeField
@@ -190,6 +191,17 @@ def compact_node(node: Mapping[str, Any]) -> dict[str, Any]:
         elif isinstance(value, Mapping):
             value = dict(value)
         out[f.section][f.key] = value
+    return out
+
+
+def zones(pods: Iterable[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """node -> its ``topology.kubernetes.io/zone`` label, for the nodes ``pods`` run on (compact nodes)."""
+    out: dict[str, str] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        zone = ((nodes.get(node) or {}).get("metadata") or {}).get("labels", {}).get(ZONE_LABEL) if node else None
+        if node and zone:
+            out[node] = str(zone)
     return out
 
 

@@ -6,6 +6,8 @@ import dataclasses
 import json
 from typing import Any, Literal
 
+from ..jsonobject import json_object
+
 FORMAT_VERSION = 1
 
 LeafKind = Literal["array", "numpy", "json"]
@@ -108,12 +110,7 @@ class CheckpointMeta:
     @classmethod
     def from_json(cls, data: bytes, where: str) -> CheckpointMeta:
         """Parse; ``where`` (file and checkpoint) is named in every error."""
-        try:
-            raw = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as err:
-            raise CheckpointCorruptError(f"{where}: metadata is not valid JSON ({err})") from err
-        if not isinstance(raw, dict):
-            raise CheckpointCorruptError(f"{where}: metadata must be a JSON object, got {type(raw).__name__}")
+        raw = json_object(data, f"{where}: metadata", CheckpointCorruptError)
         version = raw.get("format_version")
         if version != FORMAT_VERSION:
             raise CheckpointCorruptError(

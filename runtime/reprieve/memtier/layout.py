@@ -33,7 +33,6 @@ TMP_SUFFIX = ".tmp"
 ALIGN = 64  # shard offsets in data.bin: CPU devices adopt 64-byte aligned host buffers without a copy
 
 _NAME_RE = re.compile(r"^s(\d{10})_a(\d+)_p(\d+)(\.tmp)?$")
-_FENCE_RE = re.compile(r"^attempt_(\d{10})\.json$")
 
 Tree = Literal["own", "peer"]
 
@@ -73,15 +72,6 @@ def parse_name(name: str) -> CopyName | None:
         return CopyName(int(m.group(1)), int(m.group(2)), int(m.group(3)), tmp=m.group(4) is not None)
     except ValueError:
         return None
-
-
-def fence_name(attempt: int) -> str:
-    return f"attempt_{attempt:010d}.json"
-
-
-def parse_fence_name(name: str) -> int | None:
-    m = _FENCE_RE.match(name)
-    return int(m.group(1)) if m else None
 
 
 def aligned(offset: int) -> int:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from ..checkpoint.layout import fence_name, parse_fence_name  # one fence name in both tiers
 from . import decide, layout
 from .layout import CopyName
 from .manifest import CopyCorruptError, Manifest, crc32c
@@ -137,7 +138,7 @@ class MemoryDir:
     def fences(self) -> dict[int, tuple[int, int] | None]:
         out: dict[int, tuple[int, int] | None] = {}
         for entry in _listdir(os.path.join(self.path, layout.FENCES_DIR)):
-            attempt = layout.parse_fence_name(entry)
+            attempt = parse_fence_name(entry)
             if attempt is None:
                 continue
             try:
@@ -151,7 +152,7 @@ class MemoryDir:
     def write_fence(self, attempt: int, base: tuple[int, int] | None) -> bool:
         """Record that ``attempt`` started from ``base`` (written once, never changed: True when this call wrote
         it)."""
-        path = os.path.join(self.path, layout.FENCES_DIR, layout.fence_name(attempt))
+        path = os.path.join(self.path, layout.FENCES_DIR, fence_name(attempt))
         # one name per thread: the trainer and the replica server it runs (outside reprieve-run) are one process,
         # and both write this attempt's fence here when the trainer is its own peer's peer
         tmp = f"{path}.{_writer_id()}.tmp"

@@ -27,6 +27,8 @@ import socket
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, cast
 
+from ..jsonobject import json_object
+
 MAX_LINE = 1 << 20
 
 
@@ -44,13 +46,7 @@ def recv_line(rfile: BinaryIO, where: str) -> dict[str, Any]:
     if not line.endswith(b"\n"):
         what = "a line longer than the limit" if len(line) > MAX_LINE else f"a closed connection ({len(line)} bytes)"
         raise WireError(f"{where}: expected a JSON line, got {what}")
-    try:
-        obj = json.loads(line)
-    except ValueError as err:
-        raise WireError(f"{where}: malformed line ({err}): {line[:200]!r}") from None
-    if not isinstance(obj, dict):
-        raise WireError(f"{where}: expected a JSON object, got {line[:200]!r}")
-    return obj
+    return json_object(line, f"{where}: a line", WireError)
 
 
 def recv_exact(rfile: BinaryIO, view: memoryview, where: str) -> None:

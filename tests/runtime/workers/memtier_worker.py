@@ -33,6 +33,8 @@ import reprieve
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tests.runtime.helpers_agreement import worker_start
+
 ROWS = 12  # rows of w: sharded over 1, 2, 3 or 4 processes alike
 
 
@@ -61,13 +63,9 @@ class Batches:
 
 
 def main() -> None:
-    pid = int(os.environ.get("REPRIEVE_PROCESS_ID", "0"))
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s p{pid} %(name)s %(levelname)s %(message)s")
-    workdir = Path(os.environ["WORKER_DIR"])
-    total = int(os.environ.get("WORKER_STEPS", "30"))
+    pid, workdir, total, step_seconds = worker_start(30)
     stop_at = int(os.environ.get("WORKER_STOP_AT", "-1"))
     hold_at = int(os.environ.get("WORKER_HOLD_AT", "-1"))
-    step_seconds = float(os.environ.get("WORKER_STEP_SECONDS", "0.02"))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
     job = reprieve.init()

@@ -11,7 +11,6 @@ import atexit
 import logging
 import os
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -19,15 +18,11 @@ import numpy as np
 import reprieve
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from tests.runtime.helpers_agreement import FileCheckpointer
+from tests.runtime.helpers_agreement import FileCheckpointer, worker_start
 
 
 def main() -> None:
-    pid = int(os.environ.get("REPRIEVE_PROCESS_ID", "0"))
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s p{pid} %(name)s %(levelname)s %(message)s")
-    workdir = Path(os.environ["WORKER_DIR"])
-    total = int(os.environ.get("WORKER_STEPS", "100"))
-    step_seconds = float(os.environ.get("WORKER_STEP_SECONDS", "0.02"))
+    pid, workdir, total, step_seconds = worker_start(100)
     save_delay = float(os.environ.get("WORKER_SAVE_DELAY", "0"))
     warm_step = int(os.environ.get("WORKER_WARM_STEP", "5"))
     break_at = int(os.environ.get("WORKER_BREAK_AT", "-1"))

@@ -1,4 +1,4 @@
-"""A picture of a job: ``python -m reprieve_operator.report JOB [-n NAMESPACE] [-o DIR]``.
+"""A picture of a job: ``python -m reprieve_operator.timeline JOB [-n NAMESPACE] [-o DIR]``.
 
 Draws the job's timeline from what the cluster holds (its status, ``status.goodput``'s attempt history, its
 Events): one row per attempt (start-up, training with its first and last reported step, lost steps, the restart
@@ -41,7 +41,7 @@ class Row:
 @dataclass(frozen=True)
 class Mark:
     t: float
-    kind: str  # notice, deadline, restart, failure, commit, succeeded
+    kind: str  # notice, deadline, restart, failure, commit, succeeded, restore
     label: str
 
 
@@ -116,11 +116,18 @@ def timeline(job: dict[str, Any], events: list[dict[str, Any]], now: float) -> T
             marks.append(Mark(t - start, "commit", f"commit {step.group(1) if step else ''}".strip()))
         elif reason == "Succeeded":
             marks.append(Mark(t - start, "succeeded", "succeeded"))
-        elif type_ == "Warning" and reason != "FailedCreate":  # TooManyFailures, InvalidSpec, a refusal...
+        elif reason == "Restored":  # the memory tier: where the attempt's restore read
+            tier = re.search(r"from (the memory tier|memory and storage|storage)", msg)
+            marks.append(Mark(t - start, "restore", f"restored from {RESTORE_WORDS.get(tier.group(1), '?')}"
+                              if tier else "restored"))
+        elif type_ == "Warning" and reason not in ("FailedCreate", "MemoryPairingProblem"):  # TooManyFailures...
             marks.append(Mark(t - start, "failure", reason))
     right = max([right, *(m.t for m in marks), *(r.end or 0.0 for r in rows)], default=right)
     return Timeline(str(meta.get("name")), str(meta.get("namespace")), str(status.get("phase") or "Pending"), start,
                     max(right, 1.0), rows, marks, {k: v for k, v in gp.items() if k != "accounting"}, table)
+
+
+RESTORE_WORDS = {"the memory tier": "memory", "memory and storage": "memory+storage", "storage": "storage"}
 
 
 def _rel(value: Any, start: float) -> float | None:
@@ -129,7 +136,7 @@ def _rel(value: Any, start: float) -> float | None:
 
 COLORS = {"startup": "#b0b0b0", "train": "#3a9d5d", "lost": "#d9534f", "gap": "#f0ad4e",
           "notice": "#c9302c", "deadline": "#7a1c1a", "restart": "#31708f", "failure": "#a94442",
-          "commit": "#5b3a9d", "succeeded": "#2b7a3b"}
+          "commit": "#5b3a9d", "succeeded": "#2b7a3b", "restore": "#1f77b4"}
 
 
 def svg(tl: Timeline, width: int = 1000) -> str:
@@ -175,7 +182,7 @@ def svg(tl: Timeline, width: int = 1000) -> str:
         out.append(f'<text x="{x(last):.1f}" y="{y + 32}" font-size="9" text-anchor="end">{r.last_step}</text>')
     bottom = top + row_h * max(1, len(tl.rows))
     label_y = {k: bottom + 14 + 13 * i for i, k in enumerate(("notice", "deadline", "commit", "restart",
-                                                              "failure", "succeeded"))}
+                                                              "failure", "succeeded", "restore"))}
     for m in tl.marks:
         dash = {"deadline": ' stroke-dasharray="2,2"', "commit": ' stroke-dasharray="1,3"'}.get(m.kind, "")
         out.append(f'<line class="mark {m.kind}" x1="{x(m.t):.1f}" x2="{x(m.t):.1f}" y1="{top - 6}" y2="{bottom}" '
@@ -217,7 +224,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}}</s
 <body><h1>TrainingJob {_e(tl.namespace)}/{_e(tl.name)}: {_e(tl.phase)}</h1>
 <p>Times are seconds since {_e(start)}. Green: training (first and last reported step); grey: start-up and
 restore; red: steps computed again by a later attempt; orange: restart gap. Lines: notices, their deadlines,
-commits, restarts, failures, the end. Definitions: docs/goodput.md.</p>
+commits, restarts, restores (and where they read), failures, the end. Definitions: docs/goodput.md.</p>
 {picture}
 <h2>Goodput</h2><table>{figures}</table>
 <h2>Attempts</h2><table><tr><th>attempt</th><th>created (s)</th><th>ended (s)</th><th>first step</th>
@@ -253,7 +260,7 @@ def write(tl: Timeline, out_dir: Path) -> tuple[Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m reprieve_operator.report", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m reprieve_operator.timeline", description=__doc__.splitlines()[0])
     p.add_argument("job", help="TrainingJob name")
     p.add_argument("-n", "--namespace", default="default")
     p.add_argument("-o", "--output", default=".", help="directory for <job>.svg and <job>.html")
@@ -272,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             job, events = collect(api, args.namespace, args.job)
         except ApiException as err:
-            print(f"report: TrainingJob {args.namespace}/{args.job}: HTTP {err.status} {err.reason}", file=sys.stderr)
+            print(f"timeline: TrainingJob {args.namespace}/{args.job}: HTTP {err.status} {err.reason}", file=sys.stderr)
             return 1
     svg_path, html_path = write(timeline(job, events, time.time()), Path(args.output))
     print(svg_path)

@@ -1,5 +1,5 @@
 """reprieve-run's decisions as tables (pure: no processes, no cluster). Each scenario plays timed events
-through ``supervision.step`` and compares the actions, written short: ``start 2`` (a cold trainer for attempt 2),
+through ``protocol.step`` and compares the actions, written short: ``start 2`` (a cold trainer for attempt 2),
 ``warm`` (start a warm process), ``hand 21>2`` (warm pid 21 takes attempt 2), ``TERM 11`` / ``KILL 11``,
 ``report 1:42`` (exit report: attempt 1, code 42), ``exit 0``."""
 
@@ -10,9 +10,9 @@ import json
 import signal
 
 import pytest
-from reprieve import supervision as sv
-from reprieve.supervision import (
-    Assignment,
+from reprieve.supervisor import protocol as sv
+from reprieve.supervisor.contract import Assignment, exit_annotation
+from reprieve.supervisor.protocol import (
     AssignmentSeen,
     ChildExited,
     ChildMessage,
@@ -300,7 +300,7 @@ def test_an_unagreed_restart_code_is_said_loudly_and_reported_as_not_agreed() ->
     _, actions = sv.step(play([(0, AssignmentSeen(None)), *started(11, 1)])[0],
                          ChildMessage(11, {"event": "exiting", "code": 42}), 5)
     assert [a for a in actions if isinstance(a, sv.Report)] == [sv.Report(1, 42, agreed=True)]
-    assert json.loads(sv.exit_annotation(1, 42, 0.0, False)["reprieve.dev/exit"])["agreed"] is False
+    assert json.loads(exit_annotation(1, 42, 0.0, False)["reprieve.dev/exit"])["agreed"] is False
 
 
 @pytest.mark.parametrize("code,announced,kind", [
@@ -361,116 +361,6 @@ def test_a_first_step_without_a_topology_starts_a_warm_process_without_a_hint(to
     state, _ = play([(0, AssignmentSeen(None)), *started(11, 1)])
     _, actions = sv.step(state, ChildMessage(11, {"event": "step", "step": 0, "topology": topology}), 4.5)
     assert [a.topology for a in actions if isinstance(a, sv.StartWarm)] == [None]
-
-
-# --- the contract's pieces --------------------------------------------------------------------------------------
-
-GOOD = {"contract": "1", "attempt": "3", "numProcesses": "4", "coordinator": "10.1.2.3:8476",
-        "processes": json.dumps({"job-0": 0, "job-1": 1, "job-2": 2, "job-spare-0": 3})}
-
-
-@pytest.mark.parametrize("change,pod,expected", [
-    ({}, "job-1", Assignment(3, 1, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment")),
-    ({}, "job-spare-0", Assignment(3, 3, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment")),
-    ({}, "job-9", Assignment(3, None, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment")),
-    ({"attempt": 5}, "job-0", Assignment(5, 0, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment")),
-])
-def test_parse_assignment(change: dict, pod: str, expected: Assignment) -> None:
-    assert sv.parse_assignment({**GOOD, **change}, pod, configmap="ns/job-assignment") == expected
-
-
-@pytest.mark.parametrize("change,message", [
-    ({"attempt": None}, "attempt must be an integer >= 1, got None"),
-    ({"attempt": "0"}, "attempt must be an integer >= 1, got '0'"),
-    ({"attempt": "x"}, "attempt must be an integer >= 1, got 'x'"),
-    ({"numProcesses": "-1"}, "numProcesses must be an integer >= 1"),
-    ({"coordinator": "nohost"}, "coordinator must be host:port, got 'nohost'"),
-    ({"processes": "{"}, "processes must be a JSON object of pod name -> index"),
-    ({"processes": "[1]"}, "processes must be a JSON object of pod name -> index, got list"),
-    ({"processes": json.dumps({"job-1": 4})}, "processes['job-1'] must be < numProcesses (4), got 4"),
-    ({"processes": json.dumps({"job-1": "a"})}, "processes['job-1'] must be an integer >= 0, got 'a'"),
-])
-def test_parse_assignment_errors_name_the_key(change: dict, message: str) -> None:
-    with pytest.raises(sv.AssignmentError, match="ConfigMap ns/j-assignment") as err:
-        sv.parse_assignment({**GOOD, **change}, "job-1", configmap="ns/j-assignment")
-    assert message in str(err.value)
-
-
-def test_parse_assignment_missing_key() -> None:
-    data = {k: v for k, v in GOOD.items() if k != "coordinator"}
-    with pytest.raises(sv.AssignmentError, match="key 'coordinator' is missing"):
-        sv.parse_assignment(data, "job-1", configmap="c")
-
-
-@pytest.mark.parametrize("env,expected", [
-    ({}, Assignment(1, 0, 1, None, "environment")),
-    ({"REPRIEVE_ATTEMPT": "3", "REPRIEVE_PROCESS_ID": "1", "REPRIEVE_NUM_PROCESSES": "2",
-      "REPRIEVE_COORDINATOR_ADDRESS": "j-0.j.ns.svc:8476"}, Assignment(3, 1, 2, "j-0.j.ns.svc:8476", "environment")),
-    # a spare or a replacement pod: not listed until an assignment lists it
-    ({"REPRIEVE_ATTEMPT": "3", "REPRIEVE_PROCESS_ID": "-1", "REPRIEVE_NUM_PROCESSES": "2",
-      "REPRIEVE_COORDINATOR_ADDRESS": "j-0.j.ns.svc:8476"}, Assignment(3, None, 2, None, "environment")),
-])
-def test_assignment_from_env(env: dict, expected: Assignment) -> None:
-    assert sv.assignment_from_env(env) == expected
-
-
-@pytest.mark.parametrize("env,message", [
-    ({"REPRIEVE_ATTEMPT": "0"}, "REPRIEVE_ATTEMPT must be >= 1, got '0'"),
-    ({"REPRIEVE_NUM_PROCESSES": "two"}, "REPRIEVE_NUM_PROCESSES must be an integer >= 1, got 'two'"),
-    ({"REPRIEVE_PROCESS_ID": "2", "REPRIEVE_NUM_PROCESSES": "2"}, "REPRIEVE_PROCESS_ID must be < "),
-    ({"REPRIEVE_COORDINATOR_ADDRESS": "x"}, "REPRIEVE_COORDINATOR_ADDRESS must be host:port"),
-])
-def test_assignment_from_env_errors(env: dict, message: str) -> None:
-    with pytest.raises(sv.AssignmentError, match=message):
-        sv.assignment_from_env(env)
-
-
-def test_assignment_line_round_trip() -> None:
-    a = Assignment(7, 2, 4, "10.0.0.1:99")
-    assert sv.parse_assignment_line(a.line()) == {
-        "REPRIEVE_ATTEMPT": "7", "REPRIEVE_PROCESS_ID": "2", "REPRIEVE_NUM_PROCESSES": "4",
-        "REPRIEVE_COORDINATOR_ADDRESS": "10.0.0.1:99"}
-    for bad, words in [("nope", "not JSON"), ("[]", "JSON object"), ('{"attempt": 1}', "numProcesses"),
-                       ('{"attempt": 1, "numProcesses": 2, "processId": 2}', "processId must be < numProcesses")]:
-        with pytest.raises(sv.AssignmentError, match=words):
-            sv.parse_assignment_line(bad)
-
-
-def test_environments() -> None:
-    base = {"PATH": "/bin", "REPRIEVE_ATTEMPT": "1", "REPRIEVE_PROCESS_ID": "0", "REPRIEVE_NUM_PROCESSES": "1",
-            "REPRIEVE_COORDINATOR_ADDRESS": "old:1", "REPRIEVE_JOB": "j", "REPRIEVE_WARM_FD": "9"}
-    a = Assignment(2, 1, 3, "new:2")
-    assert sv.trainer_env(base, a) == {
-        "PATH": "/bin", "REPRIEVE_JOB": "j", "REPRIEVE_ATTEMPT": "2", "REPRIEVE_PROCESS_ID": "1",
-        "REPRIEVE_NUM_PROCESSES": "3", "REPRIEVE_COORDINATOR_ADDRESS": "new:2", "REPRIEVE_SUPERVISED": "1"}
-    # a warm process does not know its identity yet: the old one must not be readable by mistake
-    assert sv.warm_env(base) == {"PATH": "/bin", "REPRIEVE_JOB": "j", "REPRIEVE_SUPERVISED": "1"}
-    # the devices the last trainer reported reach the warm process; a stale hint in the container's env never does
-    assert sv.warm_env({**base, "REPRIEVE_EXPECTED_TOPOLOGY": "stale"}, '{"device_count": 8}') == {
-        "PATH": "/bin", "REPRIEVE_JOB": "j", "REPRIEVE_SUPERVISED": "1", "REPRIEVE_EXPECTED_TOPOLOGY": '{"device_count": 8}'}
-    assert "REPRIEVE_EXPECTED_TOPOLOGY" not in sv.warm_env({**base, "REPRIEVE_EXPECTED_TOPOLOGY": "stale"})
-
-
-@pytest.mark.parametrize("value,ok", [(None, True), ("", True), ("1", True), (" 1 ", True), ("2", False),
-                                      ("v1", False)])
-def test_contract_problem(value: str | None, ok: bool) -> None:
-    problem = sv.contract_problem(value, where="REPRIEVE_CONTRACT")
-    assert (problem is None) == ok
-    if not ok:
-        assert f"version {value.strip()!r}" in problem and "speaks version 1" in problem  # type: ignore[union-attr]
-
-
-@pytest.mark.parametrize("status,code", [(0, 0), (42, 42), (-9, 137), (-15, 143), (-6, 134)])
-def test_exit_code(status: int, code: int) -> None:
-    assert sv.exit_code(status) == code
-
-
-def test_annotations() -> None:
-    value = json.loads(sv.exit_annotation(3, 42, 0.0)["reprieve.dev/exit"])
-    assert value == {"attempt": 3, "code": 42, "time": "1970-01-01T00:00:00Z"}
-    assert json.loads(sv.supervisor_annotation("0.1.0")["reprieve.dev/supervisor"]) == {"contract": 1,
-                                                                                        "version": "0.1.0"}
-    assert json.loads(sv.supervisor_annotation("0.1.0", "bad")["reprieve.dev/supervisor"])["error"] == "bad"
 
 
 @pytest.mark.parametrize("env,expected", [

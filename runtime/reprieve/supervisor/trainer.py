@@ -24,8 +24,8 @@ import sys
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
-from .env import Env
-from .supervision import EVENTS_FD_ENV, WARM_FD_ENV, AssignmentError, parse_assignment_line
+from ..env import Env
+from .contract import EVENTS_FD_ENV, WARM_FD_ENV, AssignmentError, parse_assignment_line
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def device_problem(modules: Mapping[str, Any]) -> str | None:
 
 def _topology() -> dict[str, Any] | None:
     """This process's view of the job's devices (:mod:`reprieve.topology`), or None when it has none yet."""
-    from .topology import current_if_initialised
+    from ..topology import current_if_initialised
 
     topology = current_if_initialised()
     return None if topology is None else topology.to_json()

@@ -1,4 +1,4 @@
-"""report: the timeline of a job from its status and Events (pure), drawn as SVG and HTML."""
+"""timeline: the timeline of a job from its status and Events (pure), drawn as SVG and HTML."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reprieve_operator.report import html, svg, timeline, write
+from reprieve_operator.timeline import html, svg, timeline, write
 
 pytestmark = pytest.mark.unit
 
@@ -79,3 +79,16 @@ def test_hard_kill_shows_lost_steps_and_a_failure_shows_its_reason() -> None:
     assert [m.kind for m in tl.marks] == ["restart", "failure"] and tl.marks[1].label == "TooManyFailures"
     root = ET.fromstring(svg(tl))
     assert any(e.get("class") == "lost" for e in root.iter("{http://www.w3.org/2000/svg}rect"))
+
+
+def test_a_memory_restore_is_marked_with_its_tier_and_a_pairing_warning_is_no_failure() -> None:
+    job, events = preempted_job()
+    events += [ev(65, "Restored", "attempt 2 restored step 50 from the memory tier: own memory: process 0; a "
+                                  "peer's memory: process 1"),
+               ev(66, "MemoryPairingProblem", "process 0 (pod llama-0 on node n1) has no memory-tier peer",
+                  "Warning")]
+    tl = timeline(job, events, T0 + 500)
+    restore = [m for m in tl.marks if m.kind == "restore"]
+    assert [m.label for m in restore] == ["restored from memory"] and restore[0].t == pytest.approx(65, abs=1)
+    assert "failure" not in [m.kind for m in tl.marks]
+    assert "mark restore" in svg(tl)

@@ -6,8 +6,8 @@ trainer exit is reported on the pod (``reprieve.dev/exit``), SIGTERM is forwarde
 superseded is killed (SIGTERM, SIGKILL after the grace) before the next attempt starts, and the next attempt's
 process is pre-warmed (started and parked in ``reprieve.init()``) while the current one trains.
 ``docs/contract.md`` ("In-place restarts and the supervisor") is the protocol, ``docs/runtime.md`` ("Running
-under reprieve-run") the user's guide. Every decision is :mod:`reprieve.supervision` (pure); this module only
-carries them out: processes, signals, reaping, sockets to the children, the API.
+under reprieve-run") the user's guide. Every decision is :mod:`.protocol` (pure), every format
+:mod:`.contract`; this module only carries them out: processes, signals, reaping, sockets to the children, the API.
 
 As PID 1 (and, elsewhere, as a child subreaper) it reaps every orphan in the container, and before it starts
 a trainer it kills every process an earlier attempt left behind. Logs go to stderr, one line per decision.
@@ -30,10 +30,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import supervision as sv
-from .config import DEFAULT_SERVICEACCOUNT_DIR, RuntimeConfig, kubernetes_host, kubernetes_port
-from .env import Env, warn_unknown
-from .kube import KubeClient, ObjectWatch, PodAnnotator
+from ..config import DEFAULT_SERVICEACCOUNT_DIR, RuntimeConfig, kubernetes_host, kubernetes_port
+from ..env import Env, warn_unknown
+from ..kube import KubeClient, ObjectWatch, PodAnnotator
+from . import contract
+from . import protocol as sm
 
 log = logging.getLogger("reprieve.supervisor")
 
@@ -59,10 +60,10 @@ class _Child:
 
 
 class Supervisor:
-    """The shell around :func:`reprieve.supervision.step` (see the module docstring)."""
+    """The shell around :func:`.protocol.step` (see the module docstring)."""
 
-    def __init__(self, command: Sequence[str], env: Mapping[str, str], settings: sv.Settings, *,
-                 env_assignment: sv.Assignment, client: KubeClient | None, namespace: str, pod: str | None,
+    def __init__(self, command: Sequence[str], env: Mapping[str, str], settings: sm.Settings, *,
+                 env_assignment: contract.Assignment, client: KubeClient | None, namespace: str, pod: str | None,
                  configmap: str | None, local: bool = False) -> None:
         self.command = list(command)
         self.env = dict(env)
@@ -72,8 +73,8 @@ class Supervisor:
         off = ("REPRIEVE_PREWARM=0" if not settings.prewarm else
                "a local run: a warm process would compete with the trainer for the machine" if local else
                "not in a cluster: no next attempt can be assigned" if static else None)
-        self.state = sv.State(env_assignment, settings, prewarm_off=off, static=static, local=local)
-        self.events: queue.SimpleQueue[sv.Event] = queue.SimpleQueue()
+        self.state = sm.State(env_assignment, settings, prewarm_off=off, static=static, local=local)
+        self.events: queue.SimpleQueue[sm.Event] = queue.SimpleQueue()
         self.children: dict[int, _Child] = {}
         self.annotator = PodAnnotator(client, namespace, pod) if client is not None and pod else None
         self.watch: ObjectWatch | None = None
@@ -84,14 +85,14 @@ class Supervisor:
         _become_subreaper()
         self._serve_replicas()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, _frame: self.events.put(sv.Terminate(signal.Signals(signum).name)))
-        signal.signal(signal.SIGCHLD, lambda *_: self.events.put(sv.Tick()))
+            signal.signal(sig, lambda signum, _frame: self.events.put(sm.Terminate(signal.Signals(signum).name)))
+        signal.signal(signal.SIGCHLD, lambda *_: self.events.put(sm.Tick()))
         if self.annotator is not None:
-            self.annotator.put(sv.supervisor_annotation(_version()))
+            self.annotator.put(contract.supervisor_annotation(_version()))
         if self.local:
             log.info("restarting the command after every saved preemption (exit %d), stopping on anything else; "
                      "Ctrl-C saves and stops, a second Ctrl-C kills", self.state.settings.restart_code)
-            self.events.put(sv.AssignmentSeen(None))
+            self.events.put(sm.AssignmentSeen(None))
         elif self.client is not None and self.configmap:
             self.watch = ObjectWatch(self.client, self.namespace, "configmaps", self.configmap,
                                      self._on_configmap).start()
@@ -99,22 +100,22 @@ class Supervisor:
         else:
             log.info("not in a cluster (no KUBERNETES_SERVICE_HOST, REPRIEVE_POD_NAME or REPRIEVE_JOB): the "
                      "environment is the only assignment and exits are not reported")
-            self.events.put(sv.AssignmentSeen(None))
+            self.events.put(sm.AssignmentSeen(None))
         while True:
             try:
-                event: sv.Event = self.events.get(timeout=TICK_S)
+                event: sm.Event = self.events.get(timeout=TICK_S)
             except queue.Empty:
-                event = sv.Tick()
+                event = sm.Tick()
             for ev in [event, *self._reap()]:
                 code = self._handle(ev)
                 if code is not None:
                     return self._exit(code)
 
-    def _handle(self, event: sv.Event) -> int | None:
+    def _handle(self, event: sm.Event) -> int | None:
         """Feed one event through the pure step and carry out its actions; an exit code when it is time to go."""
         pending = [event]
         while pending:
-            self.state, actions = sv.step(self.state, pending.pop(0), time.time())
+            self.state, actions = sm.step(self.state, pending.pop(0), time.time())
             for action in actions:
                 result = self._do(action)
                 if isinstance(result, int):
@@ -123,24 +124,24 @@ class Supervisor:
                     pending.append(result)
         return None
 
-    def _do(self, action: sv.Action) -> sv.Event | int | None:
-        if isinstance(action, sv.Note):
+    def _do(self, action: sm.Action) -> sm.Event | int | None:
+        if isinstance(action, sm.Note):
             log.log(logging.ERROR if action.loud else logging.DEBUG if action.debug else logging.INFO, "%s",
                     action.text)
-        elif isinstance(action, sv.Signal):
+        elif isinstance(action, sm.Signal):
             log.info("%s: sending %s to pid %d", action.why, signal.Signals(action.sig).name, action.pid)
             _kill(action.pid, action.sig)
-        elif isinstance(action, sv.Report):
+        elif isinstance(action, sm.Report):
             if self.annotator is not None:
-                self.annotator.put(sv.exit_annotation(action.attempt, action.code, time.time(), action.agreed))
-        elif isinstance(action, sv.StartTrainer):
+                self.annotator.put(contract.exit_annotation(action.attempt, action.code, time.time(), action.agreed))
+        elif isinstance(action, sm.StartTrainer):
             log.info("%s", action.why)
             self._kill_leftovers()
-            return self._spawn("trainer", sv.trainer_env(self.env, action.assignment), action.assignment)
-        elif isinstance(action, sv.StartWarm):
+            return self._spawn("trainer", contract.trainer_env(self.env, action.assignment), action.assignment)
+        elif isinstance(action, sm.StartWarm):
             log.info("%s: starting a warm process", action.why)
-            return self._spawn("warm", sv.warm_env(self.env, action.topology), None, warm=True)
-        elif isinstance(action, sv.HandOver):
+            return self._spawn("warm", contract.warm_env(self.env, action.topology), None, warm=True)
+        elif isinstance(action, sm.HandOver):
             log.info("%s", action.why)
             self._kill_leftovers(keep=action.pid)
             child = self.children.get(action.pid)
@@ -149,7 +150,7 @@ class Supervisor:
                 child.sock.sendall(action.assignment.line().encode() + b"\n")
             except (OSError, AssertionError) as err:  # it died: its exit (unconfirmed) makes the start cold
                 log.warning("could not hand the assignment to pid %d: %s", action.pid, err)
-        elif isinstance(action, sv.Exit):
+        elif isinstance(action, sm.Exit):
             log.info("%s: exiting with code %d", action.why, action.code)
             return action.code
         return None
@@ -157,8 +158,8 @@ class Supervisor:
     def _serve_replicas(self) -> None:
         """Memory tier hook: the pod's replica server runs here, where it outlives every trainer (docs/memory.md);
         trainers learn its address from ``REPRIEVE_MEMORY_SERVER``."""
-        from .memtier.config import SERVER_ENV
-        from .memtier.server import serve_pod
+        from ..memtier.config import SERVER_ENV
+        from ..memtier.server import serve_pod
 
         self.replicas = serve_pod(self.env)
         if self.replicas is not None:
@@ -174,14 +175,14 @@ class Supervisor:
         return code
 
     # -- processes ---------------------------------------------------------------------------------------------
-    def _spawn(self, role: str, env: dict[str, str], assignment: sv.Assignment | None, *,
-               warm: bool = False) -> sv.Event:
+    def _spawn(self, role: str, env: dict[str, str], assignment: contract.Assignment | None, *,
+               warm: bool = False) -> sm.Event:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             os.set_inheritable(theirs.fileno(), True)
-            env[sv.EVENTS_FD_ENV] = str(theirs.fileno())
+            env[contract.EVENTS_FD_ENV] = str(theirs.fileno())
             if warm:
-                env[sv.WARM_FD_ENV] = str(theirs.fileno())
+                env[contract.WARM_FD_ENV] = str(theirs.fileno())
             # posix_spawn, not subprocess: the supervisor reaps every child itself (waitpid(-1)), which would
             # race subprocess's own bookkeeping. Signals Python ignores go back to their defaults.
             # A local run puts the trainer in its own process group: the terminal's Ctrl-C reaches only this
@@ -195,16 +196,16 @@ class Supervisor:
         except OSError as err:
             ours.close()
             log.error("cannot start %s: %s", self.command[0], err)
-            return sv.SpawnFailed(role, f"{self.command[0]}: {err.strerror or err}", assignment)
+            return sm.SpawnFailed(role, f"{self.command[0]}: {err.strerror or err}", assignment)
         finally:
             theirs.close()
         self.children[pid] = _Child(pid, ours, role)
         threading.Thread(target=self._read, args=(pid, ours), name=f"reprieve-child-{pid}", daemon=True).start()
         log.info("started %s pid %d: %s", role, pid, json.dumps(self.command)[:200])
-        return sv.Spawned(pid, role, assignment)
+        return sm.Spawned(pid, role, assignment)
 
     def _read(self, pid: int, sock: socket.socket) -> None:
-        """The child's event lines (``reprieve.supervised``) -> ChildMessage events, until it closes."""
+        """The child's event lines (:mod:`.trainer`) -> ChildMessage events, until it closes."""
         try:
             for line in sock.makefile("rb"):
                 try:
@@ -213,13 +214,13 @@ class Supervisor:
                     log.warning("pid %d sent a malformed line: %r", pid, line[:200])
                     continue
                 if isinstance(message, dict):
-                    self.events.put(sv.ChildMessage(pid, message))
+                    self.events.put(sm.ChildMessage(pid, message))
         except OSError:
             pass
 
-    def _reap(self) -> list[sv.Event]:
+    def _reap(self) -> list[sm.Event]:
         """Every child that ended (orphans included): as PID 1 no zombie may stay."""
-        out: list[sv.Event] = []
+        out: list[sm.Event] = []
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -227,11 +228,11 @@ class Supervisor:
                 return out
             if pid == 0:
                 return out
-            code = sv.exit_code(os.waitstatus_to_exitcode(status))
+            code = contract.exit_code(os.waitstatus_to_exitcode(status))
             child = self.children.pop(pid, None)
             if child is not None:
                 child.sock.close()
-            out.append(sv.ChildExited(pid, code))
+            out.append(sm.ChildExited(pid, code))
 
     def _kill_leftovers(self, keep: int | None = None) -> None:
         """SIGKILL and reap every child not started by us as trainer or warm process (orphans of earlier
@@ -256,21 +257,21 @@ class Supervisor:
     def _on_configmap(self, obj: dict[str, Any] | None) -> None:
         """Watch thread: the ConfigMap (or None) -> an AssignmentSeen / Refuse event; a bad one is logged."""
         if obj is None:
-            self.events.put(sv.AssignmentSeen(None))
+            self.events.put(sm.AssignmentSeen(None))
             return
         data = obj.get("data") or {}
         where = f"ConfigMap {self.namespace}/{self.configmap}"
-        problem = sv.contract_problem(data.get("contract"), where=where)
+        problem = contract.contract_problem(data.get("contract"), where=where)
         if problem is not None:
             if self.annotator is not None:
-                self.annotator.put(sv.supervisor_annotation(_version(), problem))
-            self.events.put(sv.Refuse(problem))
+                self.annotator.put(contract.supervisor_annotation(_version(), problem))
+            self.events.put(sm.Refuse(problem))
             return
         try:
             assert self.pod is not None
-            self.events.put(sv.AssignmentSeen(sv.parse_assignment(data, self.pod,
+            self.events.put(sm.AssignmentSeen(contract.parse_assignment(data, self.pod,
                                                                   configmap=f"{self.namespace}/{self.configmap}")))
-        except sv.AssignmentError as err:
+        except contract.AssignmentError as err:
             log.error("ignoring a malformed assignment: %s", err)
 
 
@@ -314,8 +315,8 @@ def build(command: Sequence[str], env: Mapping[str, str], *, local: bool = False
           max_restarts: int | None = None) -> Supervisor:
     """The supervisor for ``command`` under ``env``. Raises ValueError (a bad knob or assignment variable).
     ``local``: the laptop's restart loop (``reprieve run``, ``reprieve-run --local``), whatever the environment."""
-    settings = dataclasses.replace(sv.Settings.from_env(env), max_restarts=max_restarts)
-    env_assignment = sv.assignment_from_env(env)
+    settings = dataclasses.replace(sm.Settings.from_env(env), max_restarts=max_restarts)
+    env_assignment = contract.assignment_from_env(env)
     if local:
         return Supervisor(command, env, settings, env_assignment=env_assignment, client=None,
                           namespace=RuntimeConfig.namespace, pod=None, configmap=None, local=True)
@@ -327,7 +328,7 @@ def build(command: Sequence[str], env: Mapping[str, str], *, local: bool = False
     if host and pod and job:
         client = KubeClient(host, kubernetes_port(env), r.text("REPRIEVE_SERVICEACCOUNT_DIR", DEFAULT_SERVICEACCOUNT_DIR))
     return Supervisor(command, env, settings, env_assignment=env_assignment, client=client, namespace=namespace,
-                      pod=pod, configmap=f"{job}{sv.ASSIGNMENT_SUFFIX}" if job else None)
+                      pod=pod, configmap=f"{job}{contract.ASSIGNMENT_SUFFIX}" if job else None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -337,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "laptop's restart loop, as `reprieve run` (docs/runtime.md, 'Running locally').",
         usage="reprieve-run [--version] [--local [--max-restarts N]] -- COMMAND [ARG...]")
     parser.add_argument("--version", action="version", version=f"reprieve-run {_version()} (contract "
-                                                                f"{sv.CONTRACT_VERSION})")
+                                                                f"{contract.CONTRACT_VERSION})")
     parser.add_argument("--local", action="store_true", help="restart the command after every saved preemption, "
                         "stop on anything else; no cluster")
     parser.add_argument("--max-restarts", type=int, default=None, metavar="N",
@@ -363,7 +364,7 @@ def run(command: Sequence[str], *, local: bool = False, max_restarts: int | None
         return 2
     env = dict(os.environ)
     warn_unknown(env)
-    problem = sv.contract_problem(Env(env).opt_text(sv.CONTRACT_ENV), where=f"{sv.CONTRACT_ENV} in the environment")
+    problem = contract.contract_problem(Env(env).opt_text(contract.CONTRACT_ENV), where=f"{contract.CONTRACT_ENV} in the environment")
     try:
         supervisor = build(command, env, local=local, max_restarts=max_restarts)
     except ValueError as err:
@@ -374,12 +375,9 @@ def run(command: Sequence[str], *, local: bool = False, max_restarts: int | None
     if problem is not None:
         log.error("%s", problem)
         if supervisor is not None and supervisor.annotator is not None:
-            supervisor.annotator.put(sv.supervisor_annotation(_version(), problem))
+            supervisor.annotator.put(contract.supervisor_annotation(_version(), problem))
             supervisor.annotator.flush(FLUSH_S)
         return 2
     assert supervisor is not None
     return supervisor.run()
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

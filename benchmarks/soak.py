@@ -1,0 +1,386 @@
+"""The chaos soak (``make soak``): break a training job on real nodes, repeatedly, and prove nothing was lost.
+
+1. check the arguments and the fault kinds against what this machine can do (``localcluster.chaos``): an unknown
+   kind, a seed that is not a number, a kind the cluster cannot do or not implemented yet: an error before
+   anything starts;
+2. start the local control plane, a system node and ``--nodes`` worker nodes (real nodes: upstream kubelet,
+   containerd, runc; process nodes with ``--process-nodes`` or where real nodes cannot start here, saying why);
+3. ``helm install`` the chart with its two operator replicas (leader election) on the system node;
+4. run the example LM (2 workers, ``restartMode: InPlace``, one warm spare, the memory tier) once without faults,
+   then the same job under the seeded fault schedule (``--minutes``, ``--seed``, ``--fault-every``, ``--faults``);
+   nodes a fault deletes are replaced by new ones in the background;
+5. print a record per fault and the totals (a table; JSON in ``--out``), and the job's timeline with the faults
+   marked. Ctrl-C stops the schedule, undoes the faults still pending (signals on nodes, deletions not yet due)
+   and prints what was recorded so far.
+
+``docs/soak.md`` says what each fault does and how it is counted.
+
+    python benchmarks/soak.py --minutes 30 --seed 1                  # the by-hand 30-minute soak
+    python benchmarks/soak.py --minutes 3 --seed 1 --fault-every 30  # a smoke run
+    python benchmarks/soak.py --faults node-lost,kill-trainer --minutes 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import re
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
+
+from localcluster import Cluster, ClusterError, chaos
+from localcluster.goodput import analyse, read_step_log
+from localcluster.injectors import Injectors
+from localcluster.realnodes import RealNodeError, prerequisites
+from localcluster.soakrecord import (
+    Injected,
+    Observation,
+    as_json,
+    committed_lost,
+    records,
+    restores_by_attempt,
+    table,
+    totals,
+)
+from localcluster.stack import (
+    RELEASE,
+    RELEASE_NS,
+    SYSTEM_POOL,
+    WORKER_POOL,
+    DeployedOperator,
+    OperatorProcess,
+    example_job,
+    install_chart,
+    install_operator,
+)
+
+NS = "soak"
+T0 = time.monotonic()
+log = logging.getLogger("soak")
+
+
+def say(msg: str) -> None:
+    print(f"[{time.monotonic() - T0:7.1f}s] {msg}", flush=True)
+
+
+class Observer(threading.Thread):
+    """Polls the TrainingJob, its spare pods and the operator's Lease every ``interval`` seconds."""
+
+    def __init__(self, api: Any, job: str, interval: float = 0.5) -> None:
+        super().__init__(daemon=True, name="soak-observer")
+        self.api, self.job, self.interval = api, job, interval
+        self.obs: list[Observation] = []
+        self.committed: set[int] = set()
+        self.halt = threading.Event()
+
+    def latest(self) -> Observation:
+        return self.obs[-1] if self.obs else Observation(time.time())
+
+    def run(self) -> None:
+        from kubernetes import client
+
+        custom, core, coord = client.CustomObjectsApi(self.api), client.CoreV1Api(self.api), \
+            client.CoordinationV1Api(self.api)
+        while not self.halt.wait(self.interval):
+            try:
+                tj = custom.get_namespaced_custom_object("reprieve.dev", "v1alpha1", NS, "trainingjobs", self.job)
+                pods = core.list_namespaced_pod(NS, label_selector=f"reprieve.dev/job-name={self.job}").items
+                try:
+                    holder = coord.read_namespaced_lease(RELEASE, RELEASE_NS).spec.holder_identity or ""
+                except client.ApiException:
+                    holder = ""
+            except Exception as err:  # noqa: BLE001 - the API server may be briefly away: keep polling
+                log.debug("observer: %s", err)
+                continue
+            s = tj.get("status") or {}
+            notice = s.get("lastNotice") or {}
+            step = s.get("lastCheckpointStep")
+            if step is not None:
+                self.committed.add(int(step))
+            self.obs.append(Observation(
+                time.time(), int(s.get("attempt") or 0), str(s.get("phase") or ""), str(notice.get("id") or ""),
+                str(notice.get("node") or ""), step, holder.rsplit("_", 1)[0],
+                tuple(sorted(p.metadata.name for p in pods if "-spare-" in p.metadata.name
+                             and p.status.phase == "Running" and not p.metadata.deletion_timestamp)),
+                s.get("lastRestart"), (s.get("goodput") or {}).get("lostSteps")))
+
+
+def soak_job(cluster: Cluster, name: str, work: Path, args: argparse.Namespace, real: bool) -> tuple[dict, Path]:
+    ckpt = work / f"storage-{name}"
+    body = example_job(name, replicas=2, steps=args.steps, step_sleep=args.step_sleep, interval=args.interval,
+                       checkpoint_dir=ckpt, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"},
+                       node_selector={"reprieve.test/pool": WORKER_POOL},
+                       image=cluster.real.images["example"].ref if real else None,
+                       requests={"cpu": "250m", "memory": "1Gi"} if real else None,
+                       max_failures=args.max_failures, compilation_cache=work / "xla-cache")
+    spec = body["spec"]
+    spec["restartMode"], spec["spares"] = "InPlace", args.spares
+    if args.memory:
+        spec["checkpoint"]["memory"] = {"sizeLimit": args.memory}
+    # One pod per node where it can (as on GPU nodes): a node's loss then takes one worker, and the faults that
+    # need the two workers on two nodes find them there.
+    spec["template"]["spec"]["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
+            "matchLabels": {"reprieve.dev/job-name": name}}}}]}}
+    return body, ckpt
+
+
+def run_job(cluster: Cluster, body: dict, ckpt: Path, timeout: float, on_running: Any = None,
+            stop: threading.Event | None = None) -> dict:
+    """Apply ``body`` and wait for it to end (``on_running()``, if given, runs once its first step is logged);
+    returns its final status. ``stop`` set (Ctrl-C): :class:`KeyboardInterrupt`."""
+    name = body["metadata"]["name"]
+    cluster.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(body))
+    steplog = ckpt / "steps.jsonl"
+    deadline = time.monotonic() + timeout
+    ran = on_running is None
+    while time.monotonic() < deadline:
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
+        if not ran and steplog.exists() and steplog.stat().st_size > 0:
+            ran = True
+            on_running()
+        status = json.loads(cluster.kubectl("get", "tj", name, "-n", NS, "-o", "json").stdout).get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return dict(status)
+        time.sleep(1.0)
+    raise TimeoutError(f"TrainingJob {NS}/{name} did not end within {timeout:.0f}s")
+
+
+def present_checkpoints(ckpt: Path) -> set[int]:
+    root = ckpt / "checkpoints"
+    return {int(m[1]) for p in (root.iterdir() if root.is_dir() else [])
+            if (m := re.fullmatch(r"step_(\d{10})_a\d+", p.name))}
+
+
+def trainer_logs(cluster: Cluster, job: str) -> list[list[str]]:
+    """Every trainer log of the job's pods (workers and spares, on nodes since deleted too), each in order."""
+    paths = [*cluster.workdir.glob(f"realnodes/*/pod-logs/{NS}_{job}-*/trainer/*.log"),
+             *cluster.workdir.glob(f"nodes/*/pods/{NS}/{job}-*/logs/trainer.log")]
+    return [p.read_text(errors="replace").splitlines() for p in sorted(paths, key=lambda p: p.stat().st_mtime)]
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[str]]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=30.0, help="how long faults are injected")
+    p.add_argument("--seed", default="1", help="the schedule's seed (a whole number)")
+    p.add_argument("--fault-every", type=float, default=30.0, help="seconds between faults, about (±25 %%)")
+    p.add_argument("--faults", default=None,
+                   help=f"comma-separated fault kinds (default: every one this cluster can do): {', '.join(chaos.KINDS)}")
+    p.add_argument("--process-nodes", action="store_true",
+                   help="process kubelets instead of real nodes (no kill-* kinds: pods are not containers there)")
+    p.add_argument("--nodes", type=int, default=4, help="worker nodes (2 workers, 1 spare, 1 free)")
+    p.add_argument("--steps", type=int, default=0, help="the job's steps (default: --minutes at --step-seconds)")
+    p.add_argument("--step-seconds", type=float, default=0.6, help="expected seconds per step, for --steps")
+    p.add_argument("--step-sleep", type=float, default=0.05)
+    p.add_argument("--interval", type=int, default=20, help="periodic checkpoint every this many steps")
+    p.add_argument("--spares", type=int, default=1)
+    p.add_argument("--memory", default="256Mi", help="the memory tier's sizeLimit ('' turns the tier off)")
+    p.add_argument("--max-failures", type=int, default=1000,
+                   help="the job's maxFailures: a killed supervisor counts as a failure today (docs/soak.md)")
+    p.add_argument("--out", type=Path, default=None, help="directory for soak.json and the timeline")
+    p.add_argument("--timeout", type=float, default=0, help="per job (default: 4x the planned minutes + 10 min)")
+    p.add_argument("--plan-only", action="store_true", help="print the schedule and exit (starts nothing)")
+    args = p.parse_args(argv)
+    try:
+        seed = chaos.parse_seed(args.seed)
+        kinds = chaos.parse_kinds(args.faults)
+        if args.nodes < 3:
+            raise chaos.SoakConfigError(f"--nodes must be >= 3 (2 workers and a spare), got {args.nodes}")
+        # Checked here with what the machine offers, before anything starts (and again if real nodes fail).
+        chaos.validate(kinds, capabilities(real=not args.process_nodes, why="--process-nodes", spares=args.spares),
+                       minutes=args.minutes, fault_every=args.fault_every, explicit=bool(args.faults))
+    except chaos.SoakConfigError as err:
+        p.error(str(err))
+    args.steps = args.steps or int(args.minutes * 60 / args.step_seconds)
+    args.timeout = args.timeout or args.minutes * 60 * 4 + 600
+    return args, seed, kinds
+
+
+def capabilities(*, real: bool, why: str, spares: int) -> chaos.Capabilities:
+    has = {chaos.SPARE} if spares > 0 else set()
+    if real:
+        has |= {chaos.REAL_NODES, chaos.OPERATOR_DEPLOYMENT}
+    return chaos.Capabilities(frozenset(has), why)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    args, seed, kinds = parse_args(argv)
+    real, why = not args.process_nodes, "--process-nodes"
+    if real and prerequisites():
+        real, why = False, "real nodes cannot run here: " + "; ".join(prerequisites())
+        say(f"{why} -> process nodes")
+    try:
+        chosen = chaos.validate(kinds, capabilities(real=real, why=why, spares=args.spares), minutes=args.minutes,
+                                fault_every=args.fault_every, explicit=bool(args.faults))
+    except chaos.SoakConfigError as err:
+        print(f"soak.py: error: {err}", file=sys.stderr)
+        return 2
+    caps = capabilities(real=real, why=why, spares=args.spares)
+    left_out = chaos.dropped(kinds, caps)
+    plan = chaos.schedule(chosen, minutes=args.minutes, fault_every=args.fault_every, seed=seed)
+    say(f"schedule (seed {seed}): {len(plan)} faults over {args.minutes:g} min, one about every "
+        f"{args.fault_every:g} s, of {len(chosen)} kinds" + (f"; left out here: {', '.join(left_out)} ({why})"
+                                                          if left_out else ""))
+    not_impl = [k.name for k in chaos.CATALOGUE if not k.implemented]
+    say(f"not implemented yet (never scheduled): {', '.join(not_impl)}")
+    if args.plan_only:
+        for i, f in enumerate(plan, 1):
+            print(f"{i:>4} {f.at:>8.1f}s  cycle {f.cycle:<3} {f.kind}")
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="reprieve-soak-"))
+    out = args.out or work
+    out.mkdir(parents=True, exist_ok=True)
+    with Cluster.start(work / "cluster") as cluster:
+        operator: Any
+        if real:
+            try:
+                say("starting the system node and worker nodes (real: upstream kubelet, containerd, runc)")
+                cluster.add_node("system-0", {"reprieve.test/pool": SYSTEM_POOL}, kind="real", images=["operator"])
+                for i in range(args.nodes):
+                    cluster.add_node(f"w-{i}", {"reprieve.test/pool": WORKER_POOL}, kind="real", images=["example"])
+            except (RealNodeError, ClusterError) as err:
+                say(f"REAL NODES NOT AVAILABLE: {err}\n  -> process nodes")
+                for name in list(cluster.node_names()):
+                    cluster.kill_node(name)
+                real, why = False, f"real nodes failed to start: {str(err)[:200]}"
+                caps = capabilities(real=False, why=why, spares=args.spares)
+                try:
+                    chosen = chaos.validate(chosen, caps, minutes=args.minutes, fault_every=args.fault_every,
+                                            explicit=bool(args.faults))
+                except chaos.SoakConfigError as err2:
+                    print(f"soak.py: error: {err2}", file=sys.stderr)
+                    return 2
+                plan = chaos.schedule(chosen, minutes=args.minutes, fault_every=args.fault_every, seed=seed)
+        if real:
+            pod = install_operator(cluster, cluster.real.images["operator"].ref,
+                                   node_selector={"reprieve.test/pool": SYSTEM_POOL}, values={"replicaCount": 2})
+            operator = DeployedOperator(cluster)
+            say(f"chart installed: two operator replicas, leader {operator.leader() or pod}")
+        else:
+            for i in range(args.nodes):
+                cluster.add_node(f"w-{i}", {"reprieve.test/pool": WORKER_POOL})
+            install_chart(cluster)
+            operator = OperatorProcess(cluster, work / "operator", namespaces=[NS]).start()
+            say("process nodes; the operator runs as a local process with the chart's ServiceAccount (one replica)")
+        cluster.kubectl("create", "namespace", NS)
+        try:
+            return soak(cluster, operator, work, out, args, real=real, seed=seed, plan=plan)
+        finally:
+            if isinstance(operator, OperatorProcess):
+                operator.stop()
+            say(f"work directory (logs, storage): {work}")
+
+
+def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.Namespace, *, real: bool,
+         seed: int, plan: list[chaos.PlannedFault]) -> int:
+    say(f">>> fault-free run: {args.steps} steps, 2 workers, InPlace, {args.spares} spare(s), memory tier "
+        f"{args.memory or 'off'}")
+    body, ckpt_free = soak_job(cluster, "free", work, args, real)
+    t = time.time()
+    free = run_job(cluster, body, ckpt_free, args.timeout)
+    free_report = analyse(read_step_log(ckpt_free / "steps.jsonl"), start=t, end=time.time())
+    say(f"fault-free: {free.get('phase')}, goodput after start {free_report.goodput_after_start:.1%}")
+    cluster.kubectl("delete", "tj", "free", "-n", NS, "--wait=true", timeout=120)
+
+    api = cluster.api_client()
+    observer = Observer(api, "soak")
+    injectors = Injectors(cluster, api, NS, "soak", pool_labels={"reprieve.test/pool": WORKER_POOL},
+                          node_kind="real" if real else "process", rng=random.Random(seed),
+                          attempt=lambda: observer.latest().attempt, operator=operator if real else None,
+                          add_node_kwargs={"images": ["example"]} if real else {})
+    injected: list[Injected] = []
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def inject_all() -> None:
+        t0 = time.time()
+        say(f">>> faults begin: {len(plan)} planned")
+        for f in plan:
+            if stop.wait(max(0.0, t0 + f.at - time.time())):
+                return
+            if observer.latest().phase in ("Succeeded", "Failed"):
+                say(f"the job ended before fault {len(injected) + 1}: {len(plan) - len(injected)} planned faults "
+                    "not injected")
+                return
+            rec = injectors.inject(f.kind)
+            injected.append(rec)
+            say(f"fault {len(injected)}/{len(plan)}: {f.kind} -> {rec.target or rec.error}")
+
+    body, ckpt = soak_job(cluster, "soak", work, args, real)
+    observer.start()
+    thread = threading.Thread(target=inject_all, daemon=True)
+    start = time.time()
+    status: dict = {}
+    interrupted = False
+    try:
+        status = run_job(cluster, body, ckpt, args.timeout, on_running=thread.start, stop=stop)
+    except (KeyboardInterrupt, TimeoutError) as err:
+        interrupted = True
+        say(f"soak stopped: {err or 'Ctrl-C'}")
+    finally:
+        stop.set()
+        for line in injectors.stop():
+            say(f"undone: {line}")
+        signal.signal(signal.SIGINT, previous)
+    observer.halt.set()
+    end = time.time()
+    steps = read_step_log(ckpt / "steps.jsonl") if (ckpt / "steps.jsonl").exists() else []
+    report = analyse(steps, start=start, end=end)
+    recs = records(injected, observer.obs, report.interruptions, steps, t0=start,
+                   restores=restores_by_attempt(trainer_logs(cluster, "soak")))
+    keep = int(body["spec"]["checkpoint"].get("keep", 3))
+    lost = committed_lost(observer.committed, present_checkpoints(ckpt), keep)
+    sha: bool | None = None
+    try:
+        sha = (json.loads((ckpt / "result.json").read_text())["sha256"]
+               == json.loads((ckpt_free / "result.json").read_text())["sha256"])
+    except (OSError, ValueError, KeyError):
+        pass
+    tot = totals(recs, goodput=report.goodput_after_start, goodput_fault_free=free_report.goodput_after_start,
+                 lost=lost, sha256_equal=sha)
+    print("\n" + table(recs, tot))
+    gp = status.get("goodput") or {}
+    print(f"job: {status.get('phase', 'not ended')}; restarts {status.get('restarts')}; operator's lost steps "
+          f"{gp.get('lostSteps')} vs the step log's {report.lost_steps}")
+    doc = as_json(recs, tot, seed=seed, minutes=args.minutes, fault_every=args.fault_every, real_nodes=real,
+                  planned=len(plan), interrupted=interrupted, phase=status.get("phase"),
+                  operator_lost_steps=gp.get("lostSteps"), step_log_lost_steps=report.lost_steps,
+                  restarts=status.get("restarts"), steps=args.steps, committed_seen=sorted(observer.committed))
+    (out / "soak.json").write_text(json.dumps(doc, indent=1))
+    say(f"JSON: {out / 'soak.json'}")
+    draw(api, recs, start, out)
+    api.close()
+    ok = (not interrupted and status.get("phase") == "Succeeded" and tot.recovered == tot.injected and not lost
+          and sha is True)
+    return 0 if ok else 1
+
+
+def draw(api: Any, recs: list, start: float, out: Path) -> None:
+    """The job's timeline (reprieve_operator.timeline) with every fault marked."""
+    from reprieve_operator import timeline as rep
+
+    try:
+        job, events = rep.collect(api, NS, "soak")
+        tl = rep.timeline(job, events, time.time())
+        tl.marks += [rep.Mark(start + r.injected_at - tl.start, "failure", f"fault: {r.kind} ({r.target})")
+                     for r in recs]
+        _svg, html = rep.write(tl, out)
+        say(f"timeline: {html}")
+    except Exception as err:  # noqa: BLE001 - the picture is a bonus; the records are printed already
+        say(f"timeline not drawn: {err}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The chaos soak's pure core: the fault catalogue, the seeded schedule, and validation before anything starts.
+
+No I/O here (``benchmarks/soak.py`` and :mod:`localcluster.injectors` act on the cluster); the per-fault records
+and totals are :mod:`localcluster.soakrecord`. ``docs/soak.md`` says what each fault does and how it is counted.
+
+Every noticed-preemption kind is generated from the operator's ``BUILTIN_SIGNALS`` (``notice-<signal name>``), so
+a signal added there is a fault kind here, with the same key, value and notice window.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from reprieve_operator.policy.signals import BUILTIN_SIGNALS, Signal
+
+# What a fault needs of the cluster (Capabilities.has): checked by validate() before anything starts.
+REAL_NODES = "real nodes"            # containers in cgroups and network namespaces (not process nodes)
+OPERATOR_DEPLOYMENT = "the operator as the chart's Deployment with two replicas"
+SPARE = "a warm spare (spec.spares >= 1)"
+NOTICE_PREFIX = "notice-"
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    """One kind of fault: what it does, whether it ends the running attempt, what it needs of the cluster."""
+
+    name: str
+    what: str
+    interrupts: bool                 # expected to end the running attempt (a gang restart follows)
+    needs: tuple[str, ...] = ()
+    implemented: bool = True
+    signal: Signal | None = None     # notice kinds: the node signal put on the node
+    nodes: int = 1                   # worker nodes it dooms (two-nodes-doomed: 2)
+
+
+def _notice(sig: Signal) -> FaultKind:
+    window = f"{sig.notice_seconds} s" if sig.notice_seconds else "its deadline"
+    return FaultKind(f"{NOTICE_PREFIX}{sig.name}", f"{sig.kind} {sig.key or 'spec.unschedulable'} on a worker's "
+                     f"node, the node deleted after {window}", True, signal=sig)
+
+
+CATALOGUE: tuple[FaultKind, ...] = (
+    *(_notice(s) for s in BUILTIN_SIGNALS),
+    FaultKind("node-lost", "a worker's node vanishes without notice (containers, kubelet and Node gone)", True),
+    FaultKind("kill-trainer", "SIGKILL of a worker's trainer process (the supervisor lives on)", True,
+              (REAL_NODES,)),
+    FaultKind("kill-supervisor", "SIGKILL of a worker's supervisor (reprieve-run, the container's PID 1)", True,
+              (REAL_NODES,)),
+    FaultKind("kill-spare", "SIGKILL of the warm spare's supervisor (no attempt ends; the spare is replaced)", False,
+              (REAL_NODES, SPARE)),
+    FaultKind("kill-operator-leader", "SIGKILL of the operator pod holding the leader Lease (the standby takes "
+              "over)", False, (REAL_NODES, OPERATOR_DEPLOYMENT)),
+    FaultKind("notice-during-restart", "a GKE spot notice on the other worker's node while a restart is under way "
+              "(a hard kill first, the notice as soon as the attempt ends)", True),
+    FaultKind("two-nodes-doomed", "GKE spot notices on both workers' nodes at once, both deleted at the deadline",
+              True, nodes=2),
+    FaultKind("apiserver-restart", "the kube-apiserver stopped and started again", False, implemented=False),
+    FaultKind("partition", "one worker pod cut off the network for 10-30 s (in its network namespace)", True,
+              (REAL_NODES,), implemented=False),
+    FaultKind("storage-unavailable", "the checkpoint storage unavailable for 10 s", False, implemented=False),
+    FaultKind("storage-full", "the checkpoint storage full", False, implemented=False),
+)
+KINDS = {k.name: k for k in CATALOGUE}
+
+
+class SoakConfigError(ValueError):
+    """A soak that cannot run as asked; raised before anything starts, with what to change."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the chosen cluster can do, and why not where it cannot (for the error)."""
+
+    has: frozenset[str]
+    why_not: str = ""
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    at: float          # seconds after the soak's faults begin
+    kind: str
+    cycle: int         # every selected kind appears once in each cycle
+
+
+def parse_seed(text: str) -> int:
+    """``--seed``: a whole number (any size), else :class:`SoakConfigError`."""
+    try:
+        return int(str(text).strip(), 10)
+    except ValueError:
+        raise SoakConfigError(f"--seed must be a whole number (e.g. 1), got {text!r}") from None
+
+
+def parse_kinds(text: str | None) -> list[str]:
+    """``--faults``: comma-separated kind names; ``None``/empty: every implemented kind. Unknown names are an
+    error naming every known kind."""
+    if not text:
+        return [k.name for k in CATALOGUE if k.implemented]
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in KINDS]
+    if unknown:
+        raise SoakConfigError(f"--faults: unknown fault kind(s) {', '.join(unknown)}; known kinds: "
+                              f"{', '.join(KINDS)}")
+    if not names:
+        raise SoakConfigError(f"--faults {text!r} names no fault kind; known kinds: {', '.join(KINDS)}")
+    return list(dict.fromkeys(names))
+
+
+def validate(kinds: Sequence[str], caps: Capabilities, *, minutes: float, fault_every: float,
+             explicit: bool = True) -> list[str]:
+    """The kinds the soak will inject on this cluster, or :class:`SoakConfigError` naming every problem.
+
+    ``explicit``: the kinds were asked for (``--faults``): one the cluster cannot do is an error. Otherwise (the
+    default list) such kinds are dropped, and the caller reports them."""
+    problems = []
+    if minutes <= 0:
+        problems.append(f"--minutes must be > 0, got {minutes}")
+    if fault_every < 5:
+        problems.append(f"--fault-every must be >= 5 seconds (a fault needs time to land), got {fault_every}")
+    chosen = []
+    for name in kinds:
+        kind = KINDS[name]
+        if not kind.implemented:
+            problems.append(f"fault kind {name} ({kind.what}) is not implemented yet")
+            continue
+        missing = [n for n in kind.needs if n not in caps.has]
+        if missing:
+            if explicit:
+                problems.append(f"fault kind {name} needs {' and '.join(missing)}, which this cluster lacks"
+                                + (f" ({caps.why_not})" if caps.why_not else ""))
+            continue
+        chosen.append(name)
+    if not problems and not chosen:
+        problems.append("no selected fault kind can run on this cluster" + (f" ({caps.why_not})" if caps.why_not
+                                                                            else ""))
+    if not problems and minutes * 60 < fault_every:
+        problems.append(f"--minutes {minutes} is shorter than one --fault-every {fault_every} s: no fault would be "
+                        "injected")
+    if problems:
+        raise SoakConfigError("the soak cannot run as asked:\n  - " + "\n  - ".join(problems))
+    return chosen
+
+
+def dropped(kinds: Iterable[str], caps: Capabilities) -> list[str]:
+    """Implemented kinds the cluster cannot do (left out of a default schedule, and said so)."""
+    return [n for n in kinds if KINDS[n].implemented and any(x not in caps.has for x in KINDS[n].needs)]
+
+
+def schedule(kinds: Sequence[str], *, minutes: float, fault_every: float, seed: int) -> list[PlannedFault]:
+    """One fault about every ``fault_every`` seconds for ``minutes``: cycles of every kind once in a seeded random
+    order, each time jittered by up to a quarter of ``fault_every`` (never before the previous one). The same
+    arguments give the same schedule."""
+    if not kinds:
+        return []
+    rng = random.Random(seed)
+    count = int(minutes * 60 // fault_every)
+    out: list[PlannedFault] = []
+    order: list[str] = []
+    for i in range(count):
+        if not order:
+            order = list(kinds)
+            rng.shuffle(order)
+        at = (i + 1) * fault_every + rng.uniform(-0.25, 0.25) * fault_every
+        at = max(at, out[-1].at + 1.0 if out else 1.0)
+        out.append(PlannedFault(round(at, 3), order.pop(0), i // len(kinds)))
+    return out
+
+
+def notice_patch(sig: Signal, now: float) -> tuple[str, str, str | None, float]:
+    """How to put ``sig`` on a node at wall time ``now``: (field kind, key, value, seconds until the node is
+    deleted). An epoch label carries its own deadline (30 s ahead); a zero window deletes the node at once."""
+    if sig.kind == "LabelEpoch":
+        deadline = int(now) + 30
+        return sig.kind, sig.key, str(deadline), float(deadline - now)
+    value = sig.value if sig.value is not None else ("True" if sig.kind == "Condition" else "true")
+    return sig.kind, sig.key, value, float(sig.notice_seconds)

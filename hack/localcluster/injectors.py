@@ -1,0 +1,271 @@
+"""The chaos soak's injectors: each fault kind of :mod:`localcluster.chaos` carried out on the local cluster.
+
+Thin I/O: the choices (which process is the trainer, what to put on a node) are pure functions here and in
+``chaos``. Everything an injector leaves behind (a signal on a node, a node deletion due at a deadline) is
+registered, so :meth:`Injectors.stop` (Ctrl-C) undoes what has not yet happened: signals removed, pending
+deletions cancelled. Nodes deleted by a fault are replaced in the background by new ones of the same pool, so the
+job always has somewhere to go.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import cgroups
+from .chaos import KINDS, notice_patch
+from .soakrecord import Injected
+from .testing import cordon_node, label_node, set_node_condition, taint_node, untaint_node
+
+log = logging.getLogger("soak")
+
+GKE_SPOT = KINDS["notice-gke-spot"].signal
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A process of a container, seen from the host: ``inner`` is its pid in the container's pid namespace."""
+
+    pid: int
+    ppid: int
+    inner: int
+    started: int  # clock ticks after boot (/proc/<pid>/stat field 22)
+
+
+def pick(role: str, procs: Sequence[Proc]) -> Proc | None:
+    """The supervisor (the container's PID 1: ``reprieve-run``) or the trainer (the supervisor's oldest child: a
+    warm process is always started after the trainer it stands in for, and takes over only when that one is gone)."""
+    sup = next((p for p in procs if p.inner == 1), None)
+    if role == "supervisor" or sup is None:
+        return sup
+    children = sorted((p for p in procs if p.ppid == sup.pid), key=lambda p: (p.started, p.pid))
+    return children[0] if children else None
+
+
+def _proc(pid: int) -> Proc | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    nspid = fields.get("NSpid", str(pid)).split()
+    after_comm = stat.rsplit(")", 1)[1].split()
+    return Proc(pid, int(fields.get("PPid", "0")), int(nspid[-1]), int(after_comm[19]))
+
+
+def pod_processes(cgroup_tree: str, pod_uid: str) -> list[Proc]:
+    """Processes of the pod with ``pod_uid`` on the real node whose cgroup tree is ``cgroup_tree``."""
+    want = pod_uid.replace("-", "_")
+    out = []
+    for pid in cgroups.pids(cgroup_tree):
+        try:
+            if want not in Path(f"/proc/{pid}/cgroup").read_text().replace("-", "_"):
+                continue
+        except OSError:
+            continue
+        p = _proc(pid)
+        if p is not None and p.inner != 0:
+            out.append(p)
+    return out
+
+
+class Injectors:
+    """Carries out faults on ``job`` in ``namespace`` of ``cluster`` (real nodes in ``pool``)."""
+
+    def __init__(self, cluster: Any, api: Any, namespace: str, job: str, *, pool_labels: dict[str, str],
+                 node_kind: str, rng: random.Random, attempt: Callable[[], int], operator: Any = None,
+                 add_node_kwargs: dict[str, Any] | None = None) -> None:
+        self.cluster, self.api, self.ns, self.job = cluster, api, namespace, job
+        self.pool_labels, self.node_kind, self.rng, self.attempt = pool_labels, node_kind, rng, attempt
+        self.operator = operator
+        self.add_node_kwargs = add_node_kwargs or {}
+        self.undo: dict[str, Callable[[], None]] = {}   # node -> remove the signal put on it
+        self.timers: list[threading.Timer] = []
+        self.doomed: set[str] = set()
+        self.replace: queue.Queue[str | None] = queue.Queue()
+        self.added = 0
+        self.lock = threading.Lock()
+        self.replacer = threading.Thread(target=self._replace_loop, daemon=True, name="soak-replacer")
+        self.replacer.start()
+
+    # -- reading the job ---------------------------------------------------------------------------------------
+    def _core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api)
+
+    def pods(self) -> list[Any]:
+        return list(self._core().list_namespaced_pod(self.ns, label_selector=f"reprieve.dev/job-name={self.job}")
+                    .items)
+
+    def workers(self) -> list[Any]:
+        """Running worker pods (not spares) on nodes not already doomed."""
+        return [p for p in self.pods() if "-spare-" not in p.metadata.name and p.status.phase == "Running"
+                and not p.metadata.deletion_timestamp and p.spec.node_name not in self.doomed]
+
+    def spares(self) -> list[Any]:
+        return [p for p in self.pods() if "-spare-" in p.metadata.name and p.status.phase == "Running"
+                and not p.metadata.deletion_timestamp]
+
+    # -- the faults --------------------------------------------------------------------------------------------
+    def inject(self, kind: str) -> Injected:
+        """Carry out one fault of ``kind`` now; what went wrong is in ``Injected.error`` (never raised)."""
+        at, attempt = time.time(), self.attempt()
+        try:
+            target = self._inject(kind)
+        except Exception as err:  # noqa: BLE001 - a failed injection is recorded, and the soak goes on
+            log.warning("fault %s not injected: %s", kind, err)
+            return Injected(kind, "", at, attempt, error=str(err)[:300])
+        return Injected(kind, target, at, attempt)
+
+    def _inject(self, kind: str) -> str:
+        spec = KINDS[kind]
+        if spec.signal is not None:
+            node = self._worker_node()
+            self._notice(node, spec.signal)
+            return node
+        if kind == "node-lost":
+            node = self._worker_node()
+            self._delete_node(node)
+            return node
+        if kind in ("kill-trainer", "kill-supervisor"):
+            pod = self._choice(self.workers(), "a running worker pod")
+            self._kill(pod, "trainer" if kind == "kill-trainer" else "supervisor")
+            return str(pod.metadata.name)
+        if kind == "kill-spare":
+            pod = self._choice(self.spares(), "a running spare pod")
+            self._kill(pod, "supervisor")
+            return str(pod.metadata.name)
+        if kind == "kill-operator-leader":
+            from .stack import RELEASE_NS
+
+            leader = self.operator.leader() if self.operator is not None else None
+            if not leader:
+                raise RuntimeError("no operator pod holds the leader Lease")
+            self._kill(self._core().read_namespaced_pod(leader, RELEASE_NS), "supervisor")
+            return str(leader)
+        if kind == "notice-during-restart":
+            return self._notice_during_restart()
+        if kind == "two-nodes-doomed":
+            nodes = sorted({p.spec.node_name for p in self.workers()})
+            if len(nodes) < 2:
+                raise RuntimeError(f"two-nodes-doomed needs workers on two live nodes, found {nodes}")
+            chosen = self.rng.sample(nodes, 2)
+            assert GKE_SPOT is not None
+            for node in chosen:
+                self._notice(node, GKE_SPOT)
+            return "+".join(chosen)
+        raise RuntimeError(f"fault kind {kind} has no injector")
+
+    def _choice(self, items: list[Any], what: str) -> Any:
+        if not items:
+            raise RuntimeError(f"no target: {what} was needed and none is there")
+        return self.rng.choice(sorted(items, key=lambda p: p.metadata.name))
+
+    def _worker_node(self) -> str:
+        return str(self._choice(self.workers(), "a running worker pod on a node not already doomed")
+                   .spec.node_name)
+
+    def _kill(self, pod: Any, role: str) -> None:
+        node = pod.spec.node_name
+        if not self.cluster.is_real(node):
+            raise RuntimeError(f"pod {pod.metadata.name} is on {node}, not a real node")
+        procs = pod_processes(self.cluster.real.tree(node), pod.metadata.uid)
+        target = pick(role, procs)
+        if target is None:
+            raise RuntimeError(f"no {role} process in pod {pod.metadata.name} (processes: {procs})")
+        log.info("SIGKILL %s of %s: host pid %d", role, pod.metadata.name, target.pid)
+        os.kill(target.pid, signal.SIGKILL)
+
+    def _notice(self, node: str, sig: Any) -> None:
+        field, key, value, delete_after = notice_patch(sig, time.time())
+        if field == "Taint":
+            taint_node(self.api, node, key, value, "NoSchedule")
+            undo: Callable[[], None] = lambda: untaint_node(self.api, node, key)
+        elif field in ("Label", "LabelEpoch"):
+            label_node(self.api, node, {key: value})
+            undo = lambda: label_node(self.api, node, {key: None})
+        elif field == "Condition":
+            set_node_condition(self.api, node, key, str(value), reason="Soak")
+            undo = lambda: set_node_condition(self.api, node, key, "False", reason="Soak")
+        else:
+            cordon_node(self.api, node)
+            undo = lambda: cordon_node(self.api, node, False)
+        with self.lock:
+            self.undo[node] = undo
+            self.doomed.add(node)
+        log.info("notice %s on %s; node deleted in %.0fs", sig.name, node, delete_after)
+        timer = threading.Timer(delete_after, self._delete_node, args=(node,))
+        timer.daemon = True
+        self.timers.append(timer)
+        timer.start()
+
+    def _delete_node(self, node: str) -> None:
+        with self.lock:
+            self.doomed.add(node)
+            self.undo.pop(node, None)
+        log.info("node %s deleted", node)
+        try:
+            self.cluster.remove_node(node)
+        except Exception as err:  # noqa: BLE001 - on a timer thread: log, a replacement comes anyway
+            log.warning("removing node %s: %s", node, err)
+        self.replace.put(node)
+
+    def _notice_during_restart(self) -> str:
+        workers = self.workers()
+        pod = self._choice(workers, "a running worker pod")
+        others = sorted({p.spec.node_name for p in workers if p.spec.node_name != pod.spec.node_name})
+        if not others:
+            raise RuntimeError("notice-during-restart needs the other worker on another live node")
+        before = self.attempt()
+        self._kill(pod, "trainer")
+        deadline = time.monotonic() + 20
+        while self.attempt() == before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        node = self.rng.choice(others)
+        assert GKE_SPOT is not None
+        self._notice(node, GKE_SPOT)
+        return f"{pod.metadata.name}+{node}"
+
+    # -- node replacement and clean-up --------------------------------------------------------------------------
+    def _replace_loop(self) -> None:
+        while True:
+            gone = self.replace.get()
+            if gone is None:
+                return
+            with self.lock:
+                self.added += 1
+                name = f"soak-n{self.added}"
+            try:
+                self.cluster.add_node(name, dict(self.pool_labels), kind=self.node_kind, **self.add_node_kwargs)
+                log.info("node %s added in place of %s", name, gone)
+            except Exception as err:  # noqa: BLE001 - the soak goes on with fewer nodes; said in its log
+                log.warning("adding node %s in place of %s failed: %s", name, gone, err)
+
+    def stop(self) -> list[str]:
+        """Undo what is still pending: cancel node deletions not yet due, remove the signals put on nodes that
+        are still there. Returns what was undone."""
+        done = []
+        for timer in self.timers:
+            timer.cancel()
+        with self.lock:
+            undo = dict(self.undo)
+            self.undo.clear()
+        for node, fn in undo.items():
+            try:
+                fn()
+                done.append(f"signal removed from {node}, its deletion cancelled")
+            except Exception as err:  # noqa: BLE001
+                done.append(f"could not remove the signal from {node}: {err}")
+        self.replace.put(None)
+        return done

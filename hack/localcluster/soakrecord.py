@@ -1,0 +1,274 @@
+"""The chaos soak's accounting, pure: a record per fault from what was injected, what the harness saw of the
+TrainingJob (polled observations) and the step log's interruptions; the totals; the table.
+
+How a fault is matched to the step log (``docs/soak.md``, "How faults are counted"):
+
+* an interruption (attempt ``a`` ends, ``a+1`` resumes: :mod:`localcluster.goodput`) is *caused* by the latest
+  interrupting fault injected no later than ``SLACK_S`` after the interrupted attempt's last step record, and not
+  already the cause of an earlier one; its lost steps and gap go to that fault;
+* an interrupting fault injected while that restart was under way (after the last step, before the first step of
+  the next attempt) shares the interruption: it is counted "during restart", with no lost steps or gap of its own;
+* a fault that needs no restart (a spare or the operator leader killed) is recovered when the harness saw the
+  replacement (a new spare, another leader);
+* a fault is *recovered* when the job trained again after it (a step record after it, or after the restart it
+  caused), or, for the kinds above, the replacement was seen. Everything else is unrecovered, and said why.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .chaos import KINDS
+from .goodput import Interruption, StepRecord
+
+SLACK_S = 3.0  # a kill lands mid-step: the last record of the attempt it ends is up to a step before it
+
+
+@dataclass(frozen=True)
+class Injected:
+    """A fault as the injector carried it out (wall times)."""
+
+    kind: str
+    target: str
+    at: float
+    attempt: int                 # the job's status.attempt when it was injected
+    error: str = ""              # the injection itself failed (e.g. no process to kill): counted, unrecovered
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One poll of the TrainingJob (and the operator's Lease) by the harness."""
+
+    t: float
+    attempt: int = 0
+    phase: str = ""
+    notice_id: str = ""
+    notice_node: str = ""
+    checkpoint_step: int | None = None
+    leader: str = ""
+    spares: tuple[str, ...] = ()
+    last_restart: Mapping[str, Any] | None = None
+    operator_lost_steps: int | None = None   # status.goodput.lostSteps
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    target: str
+    injected_at: float                  # seconds after the soak began
+    detected_at: float | None = None    # seconds after the soak began; None: never seen
+    lost_steps: int = 0
+    gap_seconds: float = 0.0
+    recovery: str = ""
+    recovered: bool = False
+    note: str = ""
+    operator_lost_steps: int | None = None  # the operator's status.goodput.lostSteps grew by this over the restart
+
+
+@dataclass
+class Totals:
+    injected: int
+    recovered: int
+    goodput: float
+    goodput_fault_free: float
+    committed_lost: list[int] = field(default_factory=list)
+    sha256_equal: bool | None = None
+    lost_steps: int = 0
+    badput_by_kind: dict[str, float] = field(default_factory=dict)  # gap seconds, by fault kind
+
+    @property
+    def goodput_ratio(self) -> float:
+        return self.goodput / self.goodput_fault_free if self.goodput_fault_free > 0 else 0.0
+
+
+def detected(fault: Injected, obs: Sequence[Observation]) -> float | None:
+    """Wall time the operator was first seen to act on ``fault``: the notice recorded on the job (notices), the
+    next attempt (hard faults), the spare gone from the job's spares (kill-spare), another Lease holder (leader)."""
+    before = [o for o in obs if o.t <= fault.at]
+    prior = before[-1] if before else None
+    for o in obs:
+        if o.t < fault.at:
+            continue
+        if KINDS[fault.kind].signal is not None or fault.kind == "two-nodes-doomed":
+            if o.notice_id and o.notice_id != (prior.notice_id if prior else "") and \
+                    o.notice_node in fault.target.split("+"):
+                return o.t
+            if o.attempt > fault.attempt:
+                return o.t
+        elif fault.kind == "kill-spare":
+            if fault.target not in o.spares:
+                return o.t
+        elif fault.kind == "kill-operator-leader":
+            if o.leader != fault.target:
+                return o.t
+        elif o.attempt > fault.attempt:
+            return o.t
+    return None
+
+
+def replaced_seen(fault: Injected, obs: Sequence[Observation]) -> float | None:
+    """Kinds that end no attempt: wall time their replacement was seen (a running spare other than the killed
+    one; a leader other than the killed one)."""
+    for o in obs:
+        if o.t < fault.at:
+            continue
+        if fault.kind == "kill-spare" and any(s != fault.target for s in o.spares):
+            return o.t
+        if fault.kind == "kill-operator-leader" and o.leader and o.leader != fault.target:
+            return o.t
+    return None
+
+
+def how_restarted(last_restart: Mapping[str, Any] | None, restore: str = "") -> str:
+    """``status.lastRestart`` of the attempt a restart began (and where it restored from) in words."""
+    if not last_restart:
+        parts = ["all pods new"]
+    else:
+        parts = []
+        if last_restart.get("inPlace"):
+            parts.append(f"{last_restart['inPlace']} in place")
+        for r in last_restart.get("replaced") or []:
+            new = str(r.get("new") or "")
+            parts.append(f"{r.get('index')}->{'spare' if '-spare-' in new else 'new pod'}")
+        parts = parts or ["all pods new"]
+    return ", ".join(parts) + (f"; {restore}" if restore else "")
+
+
+def operator_lost(obs: Sequence[Observation], since: float, until: float) -> int | None:
+    """How much ``status.goodput.lostSteps`` grew from the last poll before ``since`` to the last before ``until``
+    (the operator counts an attempt's lost steps once the next attempt reports where it resumed)."""
+    before = [o.operator_lost_steps for o in obs if o.t <= since and o.operator_lost_steps is not None]
+    after = [o.operator_lost_steps for o in obs if o.t <= until and o.operator_lost_steps is not None]
+    if not after:
+        return None
+    return after[-1] - (before[-1] if before else 0)
+
+
+def attribute(faults: Sequence[Injected], interruptions: Sequence[Interruption]) -> dict[int, tuple[int, str]]:
+    """fault index -> (interruption index, "cause" | "during restart"), as the module docstring says."""
+    out: dict[int, tuple[int, str]] = {}
+    order = sorted(range(len(faults)), key=lambda k: faults[k].at)
+    for j, intr in enumerate(interruptions):
+        causes = [k for k in order if KINDS[faults[k].kind].interrupts and k not in out and not faults[k].error
+                  and faults[k].at <= intr.last_t + SLACK_S]
+        if causes:
+            out[causes[-1]] = (j, "cause")
+        for k in order:
+            if k not in out and KINDS[faults[k].kind].interrupts and intr.last_t + SLACK_S < faults[k].at <= intr.next_t:
+                out[k] = (j, "during restart")
+    return out
+
+
+def records(faults: Sequence[Injected], obs: Sequence[Observation], interruptions: Sequence[Interruption],
+            steps: Sequence[StepRecord], *, t0: float, restores: Mapping[int, str] | None = None) -> list[FaultRecord]:
+    """A :class:`FaultRecord` per injected fault (times relative to ``t0``, the soak's start)."""
+    restores = restores or {}
+    matched = attribute(faults, interruptions)
+    last_t = max((r.t for r in steps), default=0.0)
+    by_attempt = {o.attempt: o.last_restart for o in obs if o.last_restart and o.last_restart.get("attempt") == o.attempt}
+    out = []
+    for k, f in enumerate(faults):
+        seen = detected(f, obs)
+        rec = FaultRecord(f.kind, f.target, round(f.at - t0, 2), None if seen is None else round(seen - t0, 2))
+        if f.error:
+            rec.note = f"not injected: {f.error}"
+            out.append(rec)
+            continue
+        if k in matched:
+            j, role = matched[k]
+            intr = interruptions[j]
+            attempt = next((s.attempt for s in steps if s.t >= intr.next_t), intr.from_attempt + 1)
+            rec.recovery = how_restarted(by_attempt.get(attempt), restores.get(attempt, ""))
+            rec.recovered = True
+            if role == "cause":
+                rec.lost_steps, rec.gap_seconds = intr.lost_steps, round(intr.gap_seconds, 2)
+                until = interruptions[j + 1].last_t if j + 1 < len(interruptions) else float("inf")
+                rec.operator_lost_steps = operator_lost(obs, intr.last_t, until)
+            else:
+                rec.note = "during restart: shares the restart of the fault before it"
+        elif not KINDS[f.kind].interrupts:
+            back = replaced_seen(f, obs)
+            rec.recovered = back is not None
+            rec.recovery = ("spare replaced" if f.kind == "kill-spare" else "standby leader") if back else ""
+            rec.note = "" if back else "no replacement seen"
+        else:
+            rec.recovered = last_t > f.at
+            rec.recovery = "no restart" if rec.recovered else ""
+            rec.note = "the step log shows no restart after it" + ("" if rec.recovered else
+                                                                  "; no step after it either")
+        out.append(rec)
+    return out
+
+
+_GANG = re.compile(r"restored step \d+ on process 0 from .*\(gang: (?P<gang>[^)]*)\)")
+_STORAGE = re.compile(r"restored step \d+ from ")
+_START = re.compile(r"process (?P<process>\d+)/\d+ starting at step \d+ of \d+ \(attempt (?P<attempt>\d+)\)")
+
+
+def restores_by_attempt(logs: Iterable[Iterable[str]]) -> dict[int, str]:
+    """Where each attempt restored from, from the trainer logs of the job's pods (one line sequence per log
+    file, in order): "memory tier: 0=memory, 1=peer" (per process) or "storage", as process 0 logged it; attempts
+    that restored nothing are absent."""
+    out: dict[int, str] = {}
+    for lines in logs:
+        pending = ""
+        for line in lines:
+            if m := _GANG.search(line):
+                pending = f"memory tier: {m['gang']}"
+            elif _STORAGE.search(line) and not pending:
+                pending = "storage"
+            elif m := _START.search(line):
+                if pending and m["process"] == "0":
+                    out[int(m["attempt"])] = pending
+                pending = ""
+    return out
+
+
+def committed_lost(committed_seen: Iterable[int], present: Iterable[int], keep: int) -> list[int]:
+    """Steps reported committed that should still be on storage (the newest ``keep`` of them: retention deletes
+    the older ones) but are not."""
+    expected = sorted(set(committed_seen))[-keep:] if keep > 0 else []
+    have = set(present)
+    return [s for s in expected if s not in have]
+
+
+def totals(recs: Sequence[FaultRecord], *, goodput: float, goodput_fault_free: float, lost: list[int],
+           sha256_equal: bool | None) -> Totals:
+    badput: dict[str, float] = {}
+    for r in recs:
+        badput[r.kind] = round(badput.get(r.kind, 0.0) + r.gap_seconds, 2)
+    return Totals(len(recs), sum(r.recovered for r in recs), goodput, goodput_fault_free, lost, sha256_equal,
+                  sum(r.lost_steps for r in recs), badput)
+
+
+def table(recs: Sequence[FaultRecord], tot: Totals) -> str:
+    """The terminal table: one row per fault, then the totals."""
+    head = (f"{'#':>3} {'kind':34} {'target':22} {'inject':>7} {'detect':>7} {'lost':>5} {'(op)':>5} {'gap s':>6}"
+            "  recovery")
+    rows = [head, "-" * len(head)]
+    for i, r in enumerate(recs, 1):
+        det = "-" if r.detected_at is None else f"{r.detected_at:.1f}"
+        flag = "" if r.recovered else "  UNRECOVERED"
+        op = "-" if r.operator_lost_steps is None else str(r.operator_lost_steps)
+        rows.append(f"{i:>3} {r.kind:34} {r.target[:22]:22} {r.injected_at:>7.1f} {det:>7} {r.lost_steps:>5} {op:>5} "
+                    f"{r.gap_seconds:>6.1f}  {r.recovery}{flag}{'  (' + r.note + ')' if r.note else ''}")
+    total_gap = sum(tot.badput_by_kind.values()) or 1.0
+    share = ", ".join(f"{k} {v / total_gap:.0%}" for k, v in sorted(tot.badput_by_kind.items(), key=lambda x: -x[1])
+                      if v > 0)
+    sha = {True: "equal", False: "DIFFERENT", None: "not compared"}[tot.sha256_equal]
+    rows += ["", f"faults injected {tot.injected}, recovered {tot.recovered}; lost steps {tot.lost_steps}",
+             (f"goodput {tot.goodput:.1%} vs fault-free {tot.goodput_fault_free:.1%} "
+             f"({tot.goodput_ratio:.1%} of fault-free)"),
+             f"committed checkpoints lost: {len(tot.committed_lost)}"
+             + (f" (steps {tot.committed_lost})" if tot.committed_lost else ""),
+             f"final parameters' sha256 vs fault-free: {sha}",
+             f"restart gap by kind: {share or 'none'}"]
+    return "\n".join(rows)
+
+
+def as_json(recs: Sequence[FaultRecord], tot: Totals, **meta: Any) -> dict[str, Any]:
+    return {**meta, "faults": [asdict(r) for r in recs],
+            "totals": {**asdict(tot), "goodput_ratio": tot.goodput_ratio}}

@@ -1,0 +1,248 @@
+"""The supervisor's side of the contract (pure): the assignment ConfigMap and its line to a warm process, the
+trainer's environment, the pod annotations (``reprieve.dev/exit``, ``reprieve.dev/supervisor``).
+
+``docs/contract.md``, "In-place restarts and the supervisor", is the format; the operator writes the assignment
+(``reprieve_operator.builders.build_assignment``) and reads the annotations, and ``tests/test_contract.py`` passes
+each format across both halves.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..env import Env
+from ..jsonobject import json_object
+from ..notice import format_rfc3339
+
+CONTRACT_VERSION = 1
+CONTRACT_ENV = "REPRIEVE_CONTRACT"
+ASSIGNMENT_SUFFIX = "-assignment"
+EXIT_ANNOTATION = "reprieve.dev/exit"
+SUPERVISOR_ANNOTATION = "reprieve.dev/supervisor"
+SUPERVISED_ENV = "REPRIEVE_SUPERVISED"
+WARM_FD_ENV = "REPRIEVE_WARM_FD"
+EVENTS_FD_ENV = "REPRIEVE_SUPERVISOR_FD"
+# A warm process's hint: the devices of the last trainer that ran in this pod (reprieve.topology, JSON).
+EXPECTED_TOPOLOGY_ENV = "REPRIEVE_EXPECTED_TOPOLOGY"
+# The assignment's part of the environment (docs/contract.md): set from the assignment, absent in a warm process.
+ASSIGNMENT_ENV = ("REPRIEVE_ATTEMPT", "REPRIEVE_PROCESS_ID", "REPRIEVE_NUM_PROCESSES", "REPRIEVE_COORDINATOR_ADDRESS")
+MEMORY_PEERS_KEY = "memoryPeers"  # memory tier: assignment key, JSON {"<process index>": "host:port"}
+MEMORY_PEER_ENV = "REPRIEVE_MEMORY_PEER"
+MEMORY_PEER_NODES_KEY = "memoryPeerNodes"  # memory tier: JSON {"<process index>": "<node of its peer>"}
+MEMORY_PEER_NODE_ENV = "REPRIEVE_MEMORY_PEER_NODE"
+UNASSIGNED_PROCESS_ID = "-1"  # spares and replacement pods: no index until an assignment lists them
+NO_TRAINER_EXIT = 128 + signal.SIGTERM  # SIGTERM with no trainer's code to pass on
+SPAWN_FAILED_EXIT = 127  # the command could not be started (a shell's "command not found")
+
+
+class AssignmentError(ValueError):
+    """The assignment ConfigMap (or its line to a warm process) is malformed; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What one pod runs in one attempt. ``process_id`` None: the pod is not listed (a spare) and runs nothing."""
+
+    attempt: int
+    process_id: int | None
+    num_processes: int
+    coordinator: str | None
+    source: str = "configmap"
+    # memory tier (docs/memory.md): the replica server that holds this process's copies in this attempt; None: the
+    # assignment does not say (the container's REPRIEVE_MEMORY_PEER stands), "": nobody
+    memory_peer: str | None = None
+    memory_peer_node: str | None = None  # that server's node, when the assignment says (else the container's)
+
+    @property
+    def listed(self) -> bool:
+        return self.process_id is not None
+
+    def env(self) -> dict[str, str]:
+        """The ``REPRIEVE_*`` variables this assignment sets in the trainer's environment."""
+        assert self.process_id is not None, "an unlisted pod runs no trainer"
+        out = {"REPRIEVE_ATTEMPT": str(self.attempt), "REPRIEVE_PROCESS_ID": str(self.process_id),
+               "REPRIEVE_NUM_PROCESSES": str(self.num_processes)}
+        if self.coordinator:
+            out["REPRIEVE_COORDINATOR_ADDRESS"] = self.coordinator
+        if self.memory_peer is not None:
+            out[MEMORY_PEER_ENV] = self.memory_peer
+        if self.memory_peer_node is not None:
+            out[MEMORY_PEER_NODE_ENV] = self.memory_peer_node
+        return out
+
+    def line(self) -> str:
+        """The JSON line a warm process receives on ``REPRIEVE_WARM_FD`` (without the newline)."""
+        fields = {"attempt": self.attempt, "processId": self.process_id, "numProcesses": self.num_processes,
+                  "coordinator": self.coordinator}
+        if self.memory_peer is not None:
+            fields["memoryPeer"] = self.memory_peer
+        if self.memory_peer_node is not None:
+            fields["memoryPeerNode"] = self.memory_peer_node
+        return json.dumps(fields, sort_keys=True)
+
+    def describe(self) -> str:
+        where = f"process {self.process_id}/{self.num_processes}" if self.listed else "this pod not listed"
+        return f"attempt {self.attempt}, {where} (from the {self.source})"
+
+
+def _int(value: Any, what: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise AssignmentError(f"{what} must be an integer >= {minimum}, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise AssignmentError(f"{what} must be an integer >= {minimum}, got {value!r}") from None
+    if number < minimum:
+        raise AssignmentError(f"{what} must be an integer >= {minimum}, got {value!r}")
+    return number
+
+
+def _coordinator(value: Any, what: str) -> str:
+    host, sep, port = str(value).rpartition(":")
+    if not isinstance(value, str) or not sep or not host or not port.isdigit():
+        raise AssignmentError(f"{what} must be host:port, got {value!r}")
+    return value
+
+
+def assignment_from_env(env: Mapping[str, str]) -> Assignment:
+    """The container's own ``REPRIEVE_*`` environment as an assignment: the attempt the pod was created for.
+    Defaults as the runtime's (attempt 1, process 0 of 1); ``REPRIEVE_PROCESS_ID=-1`` (a spare, or a pod created
+    to replace a worker) is not listed: it runs only what an assignment gives it. Raises
+    :class:`AssignmentError`."""
+    r = Env(env, error=AssignmentError)
+    attempt = r.integer("REPRIEVE_ATTEMPT", 1, minimum=1)
+    count = r.integer("REPRIEVE_NUM_PROCESSES", 1, minimum=1)
+    if r.raw("REPRIEVE_PROCESS_ID") == UNASSIGNED_PROCESS_ID:  # a spare or a replacement: waits to be listed
+        return Assignment(attempt, None, count, None, source="environment")
+    index = r.integer("REPRIEVE_PROCESS_ID", 0, minimum=0)
+    if index >= count:
+        raise AssignmentError(f"REPRIEVE_PROCESS_ID must be < REPRIEVE_NUM_PROCESSES ({count}), got {index}")
+    coordinator = r.opt_text("REPRIEVE_COORDINATOR_ADDRESS")
+    if coordinator is not None:
+        _coordinator(coordinator, "REPRIEVE_COORDINATOR_ADDRESS")
+    return Assignment(attempt, index, count, coordinator, source="environment")
+
+
+def parse_assignment(data: Mapping[str, Any], pod: str, *, configmap: str) -> Assignment:
+    """ConfigMap ``data`` -> this pod's :class:`Assignment` (docs/contract.md, "Assignment").
+
+    Raises:
+        AssignmentError: a key is missing or malformed (the message names the ConfigMap and the key), or the
+            listed index is out of range. The ``contract`` key is checked by :func:`contract_problem`.
+    """
+    def key(name: str) -> Any:
+        if name not in data:
+            raise AssignmentError(f"ConfigMap {configmap}: key {name!r} is missing (has {sorted(data)})")
+        return data[name]
+
+    attempt = _int(key("attempt"), f"ConfigMap {configmap}: attempt", minimum=1)
+    count = _int(key("numProcesses"), f"ConfigMap {configmap}: numProcesses", minimum=1)
+    coordinator = _coordinator(key("coordinator"), f"ConfigMap {configmap}: coordinator")
+    processes = _json_object(key("processes"), f"ConfigMap {configmap}: processes", "pod name -> index")
+    index = None
+    if pod in processes:
+        index = _int(processes[pod], f"ConfigMap {configmap}: processes[{pod!r}]", minimum=0)
+        if index >= count:
+            raise AssignmentError(f"ConfigMap {configmap}: processes[{pod!r}] must be < numProcesses ({count}), "
+                                  f"got {index}")
+    return Assignment(attempt, index, count, coordinator, source=f"ConfigMap {configmap}",
+                      memory_peer=_memory_peer(data, index, configmap),
+                      memory_peer_node=_memory_peer_node(data, index, configmap))
+
+
+def _memory_peer(data: Mapping[str, Any], index: int | None, configmap: str) -> str | None:
+    """``memoryPeers[index]`` (memory tier): the replica server of this process in this attempt; "" when the key
+    exists without this index, None when there is no key."""
+    raw = data.get(MEMORY_PEERS_KEY)
+    if raw is None or index is None:
+        return None
+    peers = _json_object(raw, f"ConfigMap {configmap}: {MEMORY_PEERS_KEY}", "process index -> host:port")
+    peer = peers.get(str(index))
+    return "" if peer is None else _coordinator(peer, f"ConfigMap {configmap}: {MEMORY_PEERS_KEY}[{index}]")
+
+
+def _memory_peer_node(data: Mapping[str, Any], index: int | None, configmap: str) -> str | None:
+    """``memoryPeerNodes[index]``: the node of that replica server ("" when the key exists without this index)."""
+    raw = data.get(MEMORY_PEER_NODES_KEY)
+    if raw is None or index is None:
+        return None
+    node = _json_object(raw, f"ConfigMap {configmap}: {MEMORY_PEER_NODES_KEY}", "process index -> node").get(str(index))
+    return "" if node is None else str(node)
+
+
+def _json_object(raw: Any, what: str, of: str) -> dict[str, Any]:
+    """``raw`` parsed as a JSON object (pure); :class:`AssignmentError` naming ``what`` and the expected ``of``."""
+    return json_object(raw, what, AssignmentError, f"a JSON object of {of}")
+
+
+def parse_assignment_line(text: str) -> dict[str, str]:
+    """The line a warm process reads -> the environment updates (the runtime's side of :meth:`Assignment.line`).
+    Raises :class:`AssignmentError` naming the field."""
+    raw = json_object(text, f"{WARM_FD_ENV}: the assignment line", AssignmentError)
+    attempt = _int(raw.get("attempt"), f"{WARM_FD_ENV} assignment: attempt", minimum=1)
+    count = _int(raw.get("numProcesses"), f"{WARM_FD_ENV} assignment: numProcesses", minimum=1)
+    index = _int(raw.get("processId"), f"{WARM_FD_ENV} assignment: processId", minimum=0)
+    coordinator = raw.get("coordinator")
+    if coordinator is not None:
+        _coordinator(coordinator, f"{WARM_FD_ENV} assignment: coordinator")
+    if index >= count:
+        raise AssignmentError(f"{WARM_FD_ENV} assignment: processId must be < numProcesses ({count}), got {index}")
+    peer = raw.get("memoryPeer")
+    if peer not in (None, ""):
+        _coordinator(peer, f"{WARM_FD_ENV} assignment: memoryPeer")
+    node = raw.get("memoryPeerNode")
+    return Assignment(attempt, index, count, coordinator, memory_peer=peer,
+                      memory_peer_node=None if node is None else str(node)).env()
+
+
+def contract_problem(value: str | None, *, where: str) -> str | None:
+    """Why this supervisor cannot run under contract ``value`` (None: it can; unset means this version)."""
+    if value is None or value.strip() in ("", str(CONTRACT_VERSION)):
+        return None
+    return (f"{where} asks for operator contract version {value.strip()!r}, but this reprieve-run speaks version "
+            f"{CONTRACT_VERSION}: use an image whose reprieve runtime matches the operator (docs/contract.md)")
+
+
+def trainer_env(base: Mapping[str, str], assignment: Assignment) -> dict[str, str]:
+    """The trainer's environment: the container's, with the assignment's variables and ``REPRIEVE_SUPERVISED``."""
+    env = {k: v for k, v in base.items() if k not in ASSIGNMENT_ENV and k not in (WARM_FD_ENV, EVENTS_FD_ENV)}
+    env.update(assignment.env())
+    env[SUPERVISED_ENV] = "1"
+    return env
+
+
+def warm_env(base: Mapping[str, str], topology: str | None = None) -> dict[str, str]:
+    """A warm process's environment: the container's without the assignment's variables (they are not known
+    yet; ``reprieve.init()`` sets them when the assignment arrives), with the devices the last trainer reported
+    (``topology``, JSON: what ``reprieve.expected_topology()`` returns first) when there is one."""
+    env = {k: v for k, v in base.items()
+           if k not in ASSIGNMENT_ENV and k not in (WARM_FD_ENV, EVENTS_FD_ENV, EXPECTED_TOPOLOGY_ENV)}
+    env[SUPERVISED_ENV] = "1"
+    if topology is not None:
+        env[EXPECTED_TOPOLOGY_ENV] = topology
+    return env
+
+
+def exit_code(waitstatus_code: int) -> int:
+    """``os.waitstatus_to_exitcode`` -> a container's exit code: ``128+N`` when killed by signal ``N``."""
+    return 128 - waitstatus_code if waitstatus_code < 0 else waitstatus_code
+
+
+def exit_annotation(attempt: int, code: int, now: float, agreed: bool | None = None) -> dict[str, str]:
+    """``agreed`` (only for the restart code): whether the exit was a saved preemption (the runtime announced it),
+    or a program's own ``sys.exit(<restart code>)`` that saved nothing (``reprieve.restarts``)."""
+    value: dict[str, Any] = {"attempt": attempt, "code": code, "time": format_rfc3339(now)}
+    if agreed is not None:
+        value["agreed"] = agreed
+    return {EXIT_ANNOTATION: json.dumps(value, sort_keys=True)}
+
+
+def supervisor_annotation(version: str, error: str | None = None) -> dict[str, str]:
+    value: dict[str, Any] = {"contract": CONTRACT_VERSION, "version": version}
+    if error:
+        value["error"] = error
+    return {SUPERVISOR_ANNOTATION: json.dumps(value, sort_keys=True)}

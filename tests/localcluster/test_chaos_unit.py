@@ -1,0 +1,238 @@
+"""The chaos soak's pure core (hack/localcluster/chaos.py, soakrecord.py), table-tested: the catalogue, the
+seeded schedule, validation before anything starts, and the per-fault accounting against the step log."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from localcluster import chaos
+from localcluster.chaos import REAL_NODES, SPARE, Capabilities, SoakConfigError
+from localcluster.goodput import StepRecord, analyse
+from localcluster.injectors import Proc, pick
+from localcluster.soakrecord import (
+    Injected,
+    Observation,
+    committed_lost,
+    how_restarted,
+    records,
+    restores_by_attempt,
+    table,
+    totals,
+)
+from reprieve_operator.policy.signals import BUILTIN_SIGNALS
+
+pytestmark = pytest.mark.unit
+
+ALL = Capabilities(frozenset({REAL_NODES, SPARE, chaos.OPERATOR_DEPLOYMENT}))
+PROCESS = Capabilities(frozenset({SPARE}), "process nodes: real nodes cannot start here")
+
+
+def test_every_builtin_signal_is_a_notice_kind_with_its_own_window() -> None:
+    for sig in BUILTIN_SIGNALS:
+        kind = chaos.KINDS[f"notice-{sig.name}"]
+        assert kind.signal == sig and kind.interrupts and kind.implemented
+    issue_kinds = {"node-lost", "kill-trainer", "kill-supervisor", "kill-spare", "kill-operator-leader",
+                   "apiserver-restart", "partition", "storage-unavailable", "storage-full",
+                   "notice-during-restart", "two-nodes-doomed"}
+    assert issue_kinds <= set(chaos.KINDS)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("1", 1), (" 42 ", 42), ("-3", -3), ("12345678901234567890",
+                                                                                   12345678901234567890)])
+def test_seed_parses_whole_numbers(text: str, expected: int) -> None:
+    assert chaos.parse_seed(text) == expected
+
+
+@pytest.mark.parametrize("text", ["abc", "1.5", "", "0x10"])
+def test_a_seed_that_is_not_a_number_is_refused_with_its_value(text: str) -> None:
+    with pytest.raises(SoakConfigError, match=r"--seed must be a whole number .*got " + repr(text).replace(".", r"\.")):
+        chaos.parse_seed(text)
+
+
+def test_unknown_fault_kind_names_the_known_ones() -> None:
+    with pytest.raises(SoakConfigError) as err:
+        chaos.parse_kinds("node-lost,meteor")
+    assert "unknown fault kind(s) meteor" in str(err.value)
+    for name in ("node-lost", "notice-gke-spot", "kill-trainer", "partition"):
+        assert name in str(err.value)
+
+
+def test_default_kinds_are_every_implemented_one_and_duplicates_collapse() -> None:
+    assert chaos.parse_kinds(None) == [k.name for k in chaos.CATALOGUE if k.implemented]
+    assert chaos.parse_kinds("node-lost, node-lost,kill-trainer") == ["node-lost", "kill-trainer"]
+
+
+@pytest.mark.parametrize(("faults", "caps", "minutes", "every", "message"), [
+    ("partition", ALL, 3, 30, "fault kind partition .* is not implemented yet"),
+    ("storage-full", ALL, 3, 30, "storage-full .* not implemented yet"),
+    ("kill-trainer", PROCESS, 3, 30, "kill-trainer needs real nodes, which this cluster lacks .process nodes"),
+    ("kill-spare", Capabilities(frozenset({REAL_NODES})), 3, 30, r"kill-spare needs a warm spare"),
+    ("node-lost", ALL, 0, 30, "--minutes must be > 0"),
+    ("node-lost", ALL, 3, 1, "--fault-every must be >= 5"),
+    ("node-lost", ALL, 0.2, 30, "shorter than one --fault-every"),
+])
+def test_validation_refuses_before_anything_starts(faults: str, caps: Capabilities, minutes: float, every: float,
+                                                   message: str) -> None:
+    with pytest.raises(SoakConfigError, match=message):
+        chaos.validate(chaos.parse_kinds(faults), caps, minutes=minutes, fault_every=every)
+
+
+def test_default_schedule_on_process_nodes_drops_what_they_cannot_do_and_says_which() -> None:
+    kinds = chaos.parse_kinds(None)
+    chosen = chaos.validate(kinds, PROCESS, minutes=3, fault_every=30, explicit=False)
+    assert "kill-trainer" not in chosen and "node-lost" in chosen and "notice-gke-spot" in chosen
+    assert set(chaos.dropped(kinds, PROCESS)) == {"kill-trainer", "kill-supervisor", "kill-spare",
+                                                  "kill-operator-leader"}
+
+
+def test_schedule_is_reproducible_from_its_seed_and_covers_every_kind_each_cycle() -> None:
+    kinds = ["node-lost", "kill-trainer", "notice-gke-spot", "notice-cordon"]
+    a = chaos.schedule(kinds, minutes=10, fault_every=30, seed=7)
+    assert a == chaos.schedule(kinds, minutes=10, fault_every=30, seed=7)
+    assert a != chaos.schedule(kinds, minutes=10, fault_every=30, seed=8)
+    assert len(a) == 20
+    for cycle in range(5):
+        assert sorted(p.kind for p in a if p.cycle == cycle) == sorted(kinds)
+    times = [p.at for p in a]
+    assert times == sorted(times) and times[0] >= 1.0
+    for i, p in enumerate(a):  # about every 30 s: within a quarter either side
+        assert abs(p.at - (i + 1) * 30) <= 7.5 + 1e-9
+
+
+def test_a_short_schedule_still_draws_kinds_in_cycles() -> None:
+    plan = chaos.schedule(["a", "b", "c"], minutes=1, fault_every=30, seed=1)
+    assert len(plan) == 2 and len({p.kind for p in plan}) == 2  # two of the first cycle, no repeat
+
+
+@pytest.mark.parametrize(("signal", "kind", "value", "delete_after"), [
+    ("gke-spot", "Taint", "true", 15.0),
+    ("gke-maintenance-ongoing", "Label", "ONGOING", 30.0),
+    ("aks-scheduled-event", "Condition", "True", 15.0),
+    ("cordon", "Unschedulable", "true", 30.0),
+    ("out-of-service", "Taint", "true", 0.0),
+])
+def test_notice_patch_puts_the_signal_and_deletes_at_its_window(signal: str, kind: str, value: str,
+                                                                 delete_after: float) -> None:
+    sig = chaos.KINDS[f"notice-{signal}"].signal
+    assert sig is not None
+    got = chaos.notice_patch(sig, 1000.0)
+    assert (got[0], got[2], got[3]) == (kind, value, delete_after)
+
+
+def test_an_epoch_label_carries_its_own_deadline() -> None:
+    sig = chaos.KINDS["notice-gke-scheduled-maintenance"].signal
+    assert sig is not None
+    assert chaos.notice_patch(sig, 1000.4) == ("LabelEpoch", sig.key, "1030", pytest.approx(29.6))
+
+
+# -- accounting ----------------------------------------------------------------------------------------------
+
+def steps(attempt: int, rng: range, t0: float) -> list[StepRecord]:
+    return [StepRecord(attempt, s, t0 + i) for i, s in enumerate(rng)]
+
+
+def test_records_match_faults_to_interruptions_and_share_a_restart_hit_twice() -> None:
+    # attempt 1 steps 0-19 at t=100..119; a hard kill at 119.5 loses 5 steps (resumed at 15) at t=140;
+    # a notice at 130, during that restart, shares it; a noticed preemption at 160 (agreed save, nothing lost).
+    log = steps(1, range(20), 100) + steps(2, range(15, 40), 140) + steps(3, range(40, 60), 190)
+    intr = analyse(log, start=100, end=210).interruptions
+    faults = [Injected("kill-trainer", "lm-1", 119.5, 1), Injected("notice-during-restart", "node-b", 130, 1),
+              Injected("notice-gke-spot", "node-a", 160, 2), Injected("kill-spare", "lm-spare-x", 170, 3)]
+    obs = [Observation(101, 1, spares=("lm-spare-x",)), Observation(121, 2, last_restart={"attempt": 2, "inPlace": 2}),
+           Observation(161, 2, notice_id="gke-spot/node-a/1", notice_node="node-a"),
+           Observation(175, 3, spares=(), last_restart={"attempt": 3, "inPlace": 1, "replaced": [
+               {"index": 0, "old": "lm-0", "new": "lm-spare-x", "reason": "node"}]}),
+           Observation(185, 3, spares=("lm-spare-y",))]
+    obs = [Observation(o.t, o.attempt, notice_id=o.notice_id, notice_node=o.notice_node, spares=o.spares,
+                       last_restart=o.last_restart, operator_lost_steps=lost)
+           for o, lost in zip(obs, [0, 0, 3, 3, 3], strict=True)]
+    recs = records(faults, obs, intr, log, t0=100, restores={2: "storage"})
+    kill, during, notice, spare = recs
+    assert (kill.lost_steps, kill.recovered, kill.detected_at) == (5, True, 21)
+    assert kill.recovery == "2 in place; storage" and kill.gap_seconds == pytest.approx(20.0)
+    assert kill.operator_lost_steps == 3  # the operator's count grew by 3 where the step log says 5
+    assert notice.operator_lost_steps == 0
+    assert during.recovered and during.lost_steps == 0 and "during restart" in during.note
+    assert (notice.lost_steps, notice.detected_at, notice.recovered) == (0, 61, True)
+    assert notice.recovery == "1 in place, 0->spare"
+    assert spare.recovered and spare.recovery == "spare replaced" and spare.detected_at == 75
+    tot = totals(recs, goodput=0.8, goodput_fault_free=0.9, lost=[], sha256_equal=True)
+    assert (tot.injected, tot.recovered, tot.lost_steps) == (4, 4, 5)
+    assert tot.goodput_ratio == pytest.approx(0.8 / 0.9)
+    assert "faults injected 4, recovered 4" in table(recs, tot)
+
+
+def test_a_fault_after_which_nothing_trained_is_unrecovered_and_a_failed_injection_is_not_recovered() -> None:
+    log = steps(1, range(10), 0)
+    faults = [Injected("node-lost", "node-a", 20, 1), Injected("kill-trainer", "lm-0", 5, 1, error="no trainer")]
+    recs = records(faults, [Observation(21, 1)], [], log, t0=0)
+    assert not recs[0].recovered and recs[0].detected_at is None and "no step after it" in recs[0].note
+    assert not recs[1].recovered and recs[1].note == "not injected: no trainer"
+    tot = totals(recs, goodput=0.1, goodput_fault_free=0.0, lost=[30], sha256_equal=False)
+    text = table(recs, tot)
+    assert "UNRECOVERED" in text and "DIFFERENT" in text and "(steps [30])" in text
+
+
+def test_the_operator_leader_is_recovered_when_another_holds_the_lease() -> None:
+    faults = [Injected("kill-operator-leader", "op-a", 10, 1)]
+    obs = [Observation(9, 1, leader="op-a"), Observation(12, 1, leader=""), Observation(20, 1, leader="op-b")]
+    (rec,) = records(faults, obs, [], steps(1, range(30), 0), t0=0)
+    assert (rec.detected_at, rec.recovered, rec.recovery) == (12, True, "standby leader")
+
+
+@pytest.mark.parametrize(("last_restart", "restore", "expected"), [
+    (None, "", "all pods new"),
+    ({"attempt": 2, "inPlace": 1, "replaced": [{"index": 1, "new": "lm-1"}]}, "", "1 in place, 1->new pod"),
+    ({"attempt": 2, "inPlace": 2}, "memory tier: 0=memory, 1=memory", "2 in place; memory tier: 0=memory, 1=memory"),
+])
+def test_how_a_restart_recovered_in_words(last_restart: dict | None, restore: str, expected: str) -> None:
+    assert how_restarted(last_restart, restore) == expected
+
+
+def test_restore_source_per_attempt_from_the_trainer_log() -> None:
+    lines = ["process 0/2 starting at step 0 of 100 (attempt 1)",
+             "restored step 20 from /ckpt/checkpoints: resuming at step 21 (saved by attempt 1)",
+             "process 0/2 starting at step 21 of 100 (attempt 2)",
+             "restored step 40 on process 0 from its own pod's memory in 0.1s (gang: 0=memory, 1=peer)",
+             "restored step 40 from /ckpt/checkpoints: resuming at step 41 (saved by attempt 2)",
+             "process 0/2 starting at step 41 of 100 (attempt 3)"]
+    other = ["restored step 20 from /ckpt/checkpoints: resuming at step 21 (saved by attempt 1)",
+             "process 1/2 starting at step 21 of 100 (attempt 2)",
+             "restored step 60 from /ckpt/checkpoints: resuming at step 61 (saved by attempt 3)",
+             "process 1/2 starting at step 61 of 100 (attempt 4)"]
+    assert restores_by_attempt([lines, other]) == {2: "storage", 3: "memory tier: 0=memory, 1=peer"}
+
+
+@pytest.mark.parametrize(("seen", "present", "keep", "lost"), [
+    ({10, 20, 30, 40}, {20, 30, 40}, 3, []),       # 10 deleted by retention
+    ({10, 20, 30, 40}, {20, 40}, 3, [30]),
+    ({10}, set(), 3, [10]),
+    (set(), {5}, 3, []),
+])
+def test_committed_checkpoints_lost_allow_for_retention(seen: set[int], present: set[int], keep: int,
+                                                       lost: list[int]) -> None:
+    assert committed_lost(seen, present, keep) == lost
+
+
+def test_badput_by_kind_sums_gaps() -> None:
+    log = steps(1, range(10), 0) + steps(2, range(10, 20), 20) + steps(3, range(20, 30), 40)
+    intr = analyse(log, start=0, end=50).interruptions
+    faults = [Injected("node-lost", "a", 9.5, 1), Injected("node-lost", "b", 29.5, 2)]
+    tot = totals(records(faults, [], intr, log, t0=0), goodput=0.5, goodput_fault_free=0.6, lost=[],
+                 sha256_equal=None)
+    assert Counter(tot.badput_by_kind) == Counter({"node-lost": pytest.approx(20.0)})
+
+
+@pytest.mark.parametrize(("procs", "role", "expected"), [
+    # supervisor (inner pid 1), trainer (started first), warm process (started later): the trainer is the oldest child
+    ([Proc(100, 90, 1, 5), Proc(120, 100, 7, 50), Proc(110, 100, 6, 10)], "trainer", 110),
+    ([Proc(100, 90, 1, 5), Proc(120, 100, 7, 50), Proc(110, 100, 6, 10)], "supervisor", 100),
+    # a grandchild (the trainer's own child) is never picked
+    ([Proc(100, 90, 1, 5), Proc(130, 110, 9, 1), Proc(110, 100, 6, 10)], "trainer", 110),
+    ([Proc(100, 90, 1, 5)], "trainer", None),     # between attempts: no trainer
+    ([Proc(120, 100, 7, 50)], "supervisor", None),  # no PID 1 seen
+])
+def test_pick_finds_the_supervisor_and_the_trainer(procs: list[Proc], role: str, expected: int | None) -> None:
+    got = pick(role, procs)
+    assert (got.pid if got else None) == expected

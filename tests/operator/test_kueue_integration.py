@@ -1,0 +1,170 @@
+"""The Kueue integration against real Kueue (v0.17, built from its Go module) and the real apiserver, with the
+operator running on the chart's RBAC (``kueue.enabled``): a job waits in a queue that does not exist yet (condition
+and Event, no pod), starts once admitted on the flavor's nodes; a higher priority preempts it: the notice reaches
+its pods, they save and exit, and only then is the quota given back; the preemptor runs, and the job is admitted
+again and starts its next attempt."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Operator, apply, job_manifest
+from localcluster.kueue import cluster_queue, local_queue, priority_class, resource_flavor
+from localcluster.stack import CHART, RELEASE, RELEASE_NS
+from localcluster.testing import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+def kueue_operator(cluster: Any, chart: str, kueue: Any, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+    """The operator with ``--kueue`` and exactly the chart's RBAC with ``kueue.enabled``."""
+    cluster.helm("upgrade", RELEASE, str(CHART), "-n", RELEASE_NS, "--reuse-values", "--set", "kueue.enabled=true",
+                 "--wait", timeout=90)
+    op = Operator(cluster, namespace, tmp_path)
+    op.extra_args = ["--kueue"]
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+def _get(cluster: Any, kind: str, name: str, namespace: str) -> dict[str, Any]:
+    out = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def _cond(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == type_), {})
+
+
+def _pods(cluster: Any, namespace: str, job: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", f"reprieve.dev/job-name={job}", "-o", "json")
+    return list(json.loads(out.stdout)["items"])
+
+
+def _events(cluster: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}",
+                          "-o", "json")
+    return list(json.loads(out.stdout)["items"])
+
+
+def _queued(name: str, namespace: str, queue: str, cpu: str = "1", prio: str | None = None,
+            **kw: Any) -> dict[str, Any]:
+    m = job_manifest(name, namespace, **kw)
+    m["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue, **(
+        {"kueue.x-k8s.io/priority-class": prio} if prio else {})}
+    m["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu}}
+    return m
+
+
+def _watch_exits(cluster: Any, namespace: str, job: str) -> dict[str, int]:
+    """Pod name -> exit code of the job's first attempt, recorded by a watch (the operator deletes the pods as
+    soon as they end: polling could miss the moment)."""
+    from kubernetes import client, watch
+
+    exits: dict[str, int] = {}
+    api = client.CoreV1Api(cluster.api_client())
+
+    def run() -> None:
+        for ev in watch.Watch().stream(api.list_namespaced_pod, namespace, timeout_seconds=200,
+                                       label_selector=f"reprieve.dev/job-name={job},reprieve.dev/attempt=1"):
+            pod = ev["object"]
+            for st in pod.status.container_statuses or []:
+                if st.state and st.state.terminated is not None:
+                    exits[pod.metadata.name] = st.state.terminated.exit_code
+
+    threading.Thread(target=run, daemon=True).start()
+    return exits
+
+
+def _setup_queue(kueue: Any, namespace: str, tag: str, cpu: str) -> str:
+    cq = f"cq-{namespace}"
+    kueue.apply(resource_flavor(f"f-{namespace}", {"reprieve-test": tag}), cluster_queue(cq, f"f-{namespace}", cpu))
+    return cq
+
+
+def test_a_job_waits_in_its_queue_and_starts_on_the_admitted_flavors_nodes(
+        cluster: Any, kueue: Any, kueue_operator: Operator, namespace: str, nodes: list[str]) -> None:
+    tag = cluster.kubectl("get", "node", nodes[0], "-o", "jsonpath={.metadata.labels.reprieve-test}").stdout
+    _setup_queue(kueue, namespace, tag, "2")
+    # No nodeSelector in the template: the flavor's node labels are what put the pods on the test's nodes.
+    apply(cluster, _queued("q", namespace, "lq", replicas=2))
+
+    def waiting() -> Any:
+        c = _cond(_get(cluster, "trainingjob", "q", namespace), "Queued")
+        return c if c.get("reason") == "Pending" and "lq" in c.get("message", "") else None
+
+    cond = wait_for(waiting, 60, "Queued=True/Pending naming the missing LocalQueue",
+                    describe=lambda: kueue_operator.tail(40))
+    assert cond["status"] == "True"
+    assert _get(cluster, "trainingjob", "q", namespace)["status"]["phase"] == "Suspended"
+    assert not _pods(cluster, namespace, "q")
+    assert any(e["reason"] == "Pending" and "lq" in e["message"] for e in _events(cluster, namespace, "q"))
+
+    kueue.apply(local_queue(namespace, "lq", f"cq-{namespace}"))
+    t0 = time.monotonic()
+    pods = wait_for(lambda: len(p := _pods(cluster, namespace, "q")) == 2 and p, 60, "2 pods after admission",
+                    describe=lambda: kueue_operator.tail(40))
+    print(f"admission -> pods created: {time.monotonic() - t0:.2f}s")
+    for p in pods:
+        assert p["spec"]["nodeSelector"] == {"reprieve-test": tag}
+    wait_for(lambda: all((p["spec"].get("nodeName") in nodes) for p in _pods(cluster, namespace, "q")), 60,
+             "the pods scheduled on the flavor's nodes")
+    admitted = _cond(_get(cluster, "trainingjob", "q", namespace), "Queued")
+    assert (admitted["status"], admitted["reason"]) == ("False", "Admitted")
+    assert f"cq-{namespace}" in admitted["message"]
+    kueue_operator.assert_no_errors()
+
+
+def test_a_kueue_preemption_is_a_notice_the_gang_saves_on_before_the_quota_is_given_back(
+        cluster: Any, kueue: Any, kueue_operator: Operator, namespace: str, nodes: list[str]) -> None:
+    """Why this long: two admissions, a preemption with a save, and a readmission, each through Kueue."""
+    tag = cluster.kubectl("get", "node", nodes[0], "-o", "jsonpath={.metadata.labels.reprieve-test}").stdout
+    cq = _setup_queue(kueue, namespace, tag, "2")
+    kueue.apply(local_queue(namespace, "lq", cq), priority_class(f"low-{namespace}", 100),
+                priority_class(f"high-{namespace}", 1000))
+    exits = _watch_exits(cluster, namespace, "low")
+    apply(cluster, _queued("low", namespace, "lq", prio=f"low-{namespace}", replicas=2, save_seconds=1.0))
+    wait_for(lambda: len([p for p in _pods(cluster, namespace, "low")
+                          if p["status"].get("phase") == "Running"]) == 2, 60, "the low job running",
+             describe=lambda: kueue_operator.tail(40))
+    wl_name = _get(cluster, "trainingjob", "low", namespace)["metadata"]["uid"][:5]
+    wl_name = f"trainingjob-low-{wl_name}"
+
+    # The preemptor: a TrainingJob of higher priority that needs the whole quota and ends at once.
+    apply(cluster, _queued("high", namespace, "lq", prio=f"high-{namespace}", replicas=2, mode="exit:0"))
+    notice = wait_for(lambda: next((json.loads(a) for p in _pods(cluster, namespace, "low")
+                                    if (a := (p["metadata"].get("annotations") or {}).get("reprieve.dev/notice"))),
+                                   None), 60, "the kueue-preemption notice on the low job's pods",
+                      describe=lambda: kueue_operator.tail(40))
+    assert notice["reason"] == "kueue-preemption" and notice["attempt"] == 1
+    # The quota is not given back while the gang saves: the preemptor has no pod yet.
+    wl = _get(cluster, "workload", wl_name, namespace)
+    assert _cond(wl, "Evicted").get("status") == "True"
+    wait_for(lambda: len(exits) == 2, 60, "the low job's workers exited after their save",
+             describe=lambda: kueue_operator.tail(40))
+    assert sorted(exits.values()) == [42, 42]  # the restart code: saved on the notice, not killed
+    wait_for(lambda: _cond(_get(cluster, "workload", wl_name, namespace), "QuotaReserved").get("status") == "False",
+             60, "the quota given back", describe=lambda: kueue_operator.tail(40))
+    released = next(e for e in _events(cluster, namespace, "low") if e["reason"] == "QuotaReleased")
+    evicted_at = _cond(_get(cluster, "workload", wl_name, namespace), "Evicted").get("lastTransitionTime")
+    print(f"evicted at {evicted_at}, quota released at {released.get('firstTimestamp')}")
+    assert not _pods(cluster, namespace, "low")  # released only once every pod was gone
+
+    wait_for(lambda: _get(cluster, "trainingjob", "high", namespace).get("status", {}).get("phase") == "Succeeded",
+             90, "the preemptor to run and succeed", describe=lambda: kueue_operator.tail(40))
+    # Admitted again: the low job starts its next attempt (which restores the agreed checkpoint).
+    wait_for(lambda: any(p["metadata"]["labels"].get("reprieve.dev/attempt") == "2"
+                         for p in _pods(cluster, namespace, "low")), 90, "the low job's attempt 2",
+             describe=lambda: kueue_operator.tail(60))
+    st = _get(cluster, "trainingjob", "low", namespace)["status"]
+    assert st["lastNotice"]["reason"] == "kueue-preemption"
+    kueue_operator.assert_no_errors()
