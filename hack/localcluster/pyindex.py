@@ -4,7 +4,7 @@
 tools' venv (hack/install-release-tools.sh: pypiserver, passlib), which has none of the project's packages: this
 file imports only the standard library and pypiserver. pypiserver's own command line has no TLS, so the app is
 served here by the standard library's WSGI server on a TLS socket, a thread per connection. Every action (list,
-download, upload) asks for basic auth; an upload of a file the index already has is refused (409), as PyPI does.
+download, upload) asks for basic auth; an upload of a file the index already has is refused (400), as PyPI does.
 """
 
 from __future__ import annotations
