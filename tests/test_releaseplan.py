@@ -1,6 +1,6 @@
 """The release's pure decisions (hack/releaseplan.py): what a builder can build, what must agree, what a record
 must hold before anything is installed, the released chart's values. The release itself runs in
-tests/test_release_integration.py and tests/e2e/test_release_e2e.py."""
+tests/test_release_integration.py."""
 
 from __future__ import annotations
 
