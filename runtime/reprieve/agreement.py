@@ -207,9 +207,9 @@ class Agreement(Daemon):
                 raise self._error
             self._checked = max(self._checked, step)
             target = self._target
-            interval = step in self._saves
-            if interval:
-                self._saves.discard(step)
+            reached = {s for s in self._saves if s <= step}  # a loop that decides every few steps saves at its next
+            interval = bool(reached)
+            self._saves -= reached
             if target is not None and target.deadline_known and self._gate is None:
                 self._maybe_replan(target, step)
         for notice in held:
@@ -253,9 +253,10 @@ class Agreement(Daemon):
     def request_save(self, reason: str) -> bool:
         """Ask every process to agree on one save at the earliest step none has passed (a save round). Claims
         the round at once (one RPC, once per request: the time-based interval asks once per interval).
-        Returns False while an earlier request is still being agreed (nothing is done then)."""
+        Returns False while an earlier request is still being agreed, or its agreed step is not reached yet
+        (nothing is done then: one interval, one save)."""
         with self._cond:
-            if self._save_requested:
+            if self._save_requested or self._saves:
                 return False
             self._save_requested = True
             round_ = self._next_round

@@ -415,14 +415,15 @@ class Job:
         if kind == FINAL:
             self._final_save(step, state, extra, data)
             return True
-        if self.process_id == 0 and time_save_due(policy=self.policy, now=time.monotonic(),
-                                                  last_save_at=self._last_save_at):
-            self.agreement.request_save("interval")  # a no-op while the previous request is being agreed
         due = kind is not None or force or should_save(step, policy=self.policy, last_saved=self._last_saved,
                                                        last_step=self._last_step)
         started = due and self._last_saved != step
         if started:
             self._start_save(step, state, extra, data, kind or ("forced" if force else "periodic"))
+        # after a save of this step started (it restarts the interval's clock), so one interval asks for one save
+        if self.process_id == 0 and time_save_due(policy=self.policy, now=time.monotonic(),
+                                                  last_save_at=self._last_save_at):
+            self.agreement.request_save("interval")  # a no-op while the previous request is being agreed
         # memory tier hook (reprieve.memtier): its own schedule, never instead of a storage save
         memory_due = getattr(self.checkpointer, "memory_due", None)
         if kind is None and memory_due is not None and memory_due(step, self._step_ema):
