@@ -128,8 +128,9 @@ def test_noticed_preemption_on_real_nodes_loses_no_step_and_ends_bit_identical(
 
     status = wait_tj(real_cluster, real_ns, "preempted", lambda s: (s.get("attempt") or 0) >= 2
                      and s.get("phase") in ("Running", "Succeeded"), 180, "attempt 2 running", real_operator)["status"]
-    assert status["restarts"]["preemption"] == 1, status
-    assert status["lastNotice"]["node"] == doomed, status
+    why = f"status {json.dumps(status)}\noperator log:\n{real_operator.tail(60)}"
+    assert status["restarts"]["preemption"] == 1, why
+    assert status["lastNotice"]["node"] == doomed, why
     for i in range(2):
         assert pod_node(real_cluster, real_ns, f"preempted-{i}") != doomed
 

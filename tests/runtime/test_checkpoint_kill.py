@@ -27,6 +27,14 @@ def _expected_w(step: int) -> np.ndarray:  # mirrors crash_worker.state
     return np.arange(4096 * 4, dtype=np.float32).reshape(64, 256) + step
 
 
+def wait_for_a_save_in_flight(root, limit_s: float) -> None:
+    """Until a save's temporary directory exists (the writer is inside the save protocol)."""
+    limit = time.monotonic() + limit_s
+    while not any(n.endswith(".tmp") for n in os.listdir(root)):
+        assert time.monotonic() < limit, f"no save in flight within {limit_s}s: {os.listdir(root)}"
+        time.sleep(0.002)
+
+
 def test_kill_minus_nine_at_random_moments(tmp_path) -> None:
     rnd = random.Random(20261122)
     sharding = SingleDeviceSharding(jax.devices()[0])
@@ -47,7 +55,11 @@ def test_kill_minus_nine_at_random_moments(tmp_path) -> None:
             lines.append(line)
             if line.startswith("READY"):
                 break
-        time.sleep(rnd.uniform(0.0, 0.4))
+        pause = rnd.uniform(0.0, 0.4)
+        if trial % 2:  # every other trial aims inside the protocol, whatever the machine's speed or load
+            wait_for_a_save_in_flight(tmp_path, limit_s=20.0)
+            pause = rnd.uniform(0.0, 0.005)
+        time.sleep(pause)
         os.kill(proc.pid, signal.SIGKILL)
         rest, _ = proc.communicate(timeout=30)
         lines += rest.splitlines(keepends=True)
