@@ -60,10 +60,11 @@ monitoring-tier:
 	@bash hack/install-prometheus.sh >/dev/null || echo "make: Prometheus cannot be installed on this machine (reason above); the dashboard test will report NOT RUN" >&2
 
 ## release-tier: the local registry and package index the release tests publish to (Debian's docker-registry with
-## apt-get when missing; pypiserver and twine in a venv of their own under ~/.cache/reprieve); without them those
+## apt-get when missing; pypiserver and twine in a venv of their own, and a wheelhouse of the locks' distributions
+## that the index serves, under ~/.cache/reprieve); without them those
 ## tests are skipped with the reason
 release-tier:
-	@bash hack/install-release-tools.sh >/dev/null || echo "make: the release tools cannot be installed on this machine (reason above); the release tests will be skipped" >&2
+	@bash hack/install-release-tools.sh --wheelhouse >/dev/null || echo "make: the release tools cannot be installed on this machine (reason above); the release tests will be skipped" >&2
 
 ## test-unit: the quick inner loop (pure logic; no processes, no cluster)
 test-unit: venv

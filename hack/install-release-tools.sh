@@ -5,13 +5,22 @@
 #                    configuration of its own)
 #   a venv           $cache/release-venv-<key>: pypiserver (the package index), passlib (its htpasswd) and twine
 #                    (the upload client), pinned below; the key is their versions, so a second run is a no-op
-# Prints two lines on stdout: `registry <path of docker-registry>` and `venv <path of the venv>`; exits 3 naming
-# what is missing otherwise (the release tests then report NOT RUN with that reason).
+#   a wheelhouse     $cache/wheelhouse-<key> (with --wheelhouse; `make release-tier`): every distribution of
+#                    requirements/operator.lock and requirements/example.lock (jax, tensorstore, kopf, ...) for this
+#                    Python and machine, `pip download`ed from PyPI once; the key is the locks' content. The local
+#                    package index serves it beside what a release uploads, so `pip install reprieve[runtime]` and
+#                    `reprieve-operator` from that index need nothing else (the release tests talk to loopback only)
+# Prints on stdout `registry <path of docker-registry>`, `venv <path of the venv>` and, once it is complete,
+# `wheelhouse <dir>`; exits 3 naming what is missing otherwise (the release tests then report NOT RUN with that
+# reason).
 set -euo pipefail
 
 PYPISERVER_VERSION="${PYPISERVER_VERSION:-2.4.2}"
 PASSLIB_VERSION="${PASSLIB_VERSION:-1.7.4}"
 TWINE_VERSION="${TWINE_VERSION:-6.2.0}"
+want_wheelhouse=0
+[ "${1:-}" = --wheelhouse ] && want_wheelhouse=1
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${REPRIEVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reprieve}"
 mkdir -p "$cache"
 say() { echo "install-release-tools: $*" >&2; }
@@ -36,5 +45,24 @@ if [ ! -e "$venv/.complete" ]; then
   fi
   touch "$venv/.complete"
 fi
+
+locks=("$repo/requirements/operator.lock" "$repo/requirements/example.lock")
+wkey="$( { "$venv/bin/python" -c 'import sys, platform; print(sys.version_info[:2], platform.machine())'; \
+           cat "${locks[@]}"; } | sha256sum | cut -c1-12)"
+wheelhouse="$cache/wheelhouse-$wkey"
+if [ "$want_wheelhouse" = 1 ] && [ ! -e "$wheelhouse/.complete" ]; then
+  say "downloading the locks' distributions into $wheelhouse (from PyPI; once per content of the locks)"
+  rm -rf "$wheelhouse"; : >"$cache/wheelhouse.log"
+  for lock in "${locks[@]}"; do  # one at a time: the two locks pin some of the same distributions
+    if ! "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+         -r "$lock" -d "$wheelhouse" >>"$cache/wheelhouse.log" 2>&1; then
+      tail -20 "$cache/wheelhouse.log" >&2
+      say "pip download -r $lock failed (log above, full log $cache/wheelhouse.log)"
+      exit 3
+    fi
+  done
+  touch "$wheelhouse/.complete"
+fi
 echo "registry $(command -v docker-registry)"
 echo "venv $venv"
+if [ -e "$wheelhouse/.complete" ]; then echo "wheelhouse $wheelhouse"; fi

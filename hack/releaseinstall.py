@@ -5,7 +5,8 @@ refused here with what to do. With a record, the chart is pulled by its digest (
 oci://<registry>/<namespace>/charts/reprieve:<version>@<digest>``) and its rendered Deployment must name the operator
 image by the record's digest; each ``--venv DIR=runtime|operator`` gets a fresh virtual environment with
 ``reprieve[runtime]`` or ``reprieve-operator`` from the index, and the wheel pip installed must have the record's
-sha256.
+sha256. Without ``--extra-index-url`` every distribution pip installs (the dependencies too) must come from the
+index: the local cluster's index serves the locks' dependencies from the release tools' wheelhouse.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def add_install_parser(sub: Any) -> None:
     ins = sub.add_parser("install", help="install a release from its record: chart by digest, wheels from the index")
     ins.add_argument("--version", required=True)
     ins.add_argument("--index-url", default="", help="the index root (pip uses <root>/simple/)")
-    ins.add_argument("--extra-index-url", default="", help="where pip finds the dependencies (jax, kopf, ...)")
+    ins.add_argument("--extra-index-url", default="",
+                     help="where pip finds the dependencies (jax, kopf, ...) when the index does not serve them "
+                          "(default: none, every distribution must come from --index-url)")
     ins.add_argument("--helm-release", default="", help="helm install this release name ('' : no chart)")
     ins.add_argument("--helm-namespace", default="reprieve-system")
     ins.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG", ""))
@@ -77,7 +80,11 @@ def pip_install(venv: Path, what: str, rec: dict[str, Any], index: Endpoint, ext
     simple = index.url.rstrip("/") + "/simple/"
     scheme, rest = simple.split("://", 1)
     env = {"PIP_INDEX_URL": f"{scheme}://{index.username}:{index.password}@{rest}" if index.username else simple,
-           "PIP_EXTRA_INDEX_URL": extra_index, "PIP_FIND_LINKS": ""}
+           "PIP_FIND_LINKS": "", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    if extra_index:
+        env["PIP_EXTRA_INDEX_URL"] = extra_index
+    else:  # only the index: no pip.conf may add another (an extra-index-url there, say)
+        env["PIP_CONFIG_FILE"] = os.devnull
     if index.ca_file:  # the system's CAs (for the dependencies' index) and the index's own CA
         bundle = str(ca_bundle(work / "ca-bundle.pem", index.ca_file))
         # pip's requests takes REQUESTS_CA_BUNDLE (often set) over --cert: all three name the bundle
@@ -86,8 +93,12 @@ def pip_install(venv: Path, what: str, rec: dict[str, Any], index: Endpoint, ext
     run(f"pip install {spec.format(v=rec['version'])}",
         [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--report", str(report),
          spec.format(v=rec["version"])], env=env, timeout=1800)
-    got = next((i for i in json.loads(report.read_text())["install"]
-                if i["metadata"]["name"].lower() == dist), None)
+    installed = json.loads(report.read_text())["install"]
+    elsewhere = plan.not_from(index.url, [i["download_info"]["url"] for i in installed])
+    if elsewhere and not extra_index:
+        raise ReleaseError(f"pip install {spec}: {len(elsewhere)} distributions came from outside {index.url}: "
+                           f"{elsewhere[:5]}")
+    got = next((i for i in installed if i["metadata"]["name"].lower() == dist), None)
     if got is None:
         raise ReleaseError(f"pip install {spec}: pip's report has no {dist}")
     url = re.sub(r"//[^/@]*@", "//", got["download_info"]["url"])  # without the credentials

@@ -137,3 +137,10 @@ def released_values_text(text: str, values: dict[str, Any]) -> str:
 
 def json_str(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def not_from(index_url: str, urls: list[str]) -> list[str]:
+    """Of the URLs pip installed from (its ``--report``), those not under ``index_url``, without credentials."""
+    root = index_url.rstrip("/") + "/"
+    plain = [re.sub(r"^([a-z+]+://)[^/@]*@", r"\1", u) for u in urls]
+    return [u for u in plain if not u.startswith(root)]

@@ -1,6 +1,6 @@
 """The release's pure decisions (hack/releaseplan.py): what a builder can build, what must agree, what a record
 must hold before anything is installed, the released chart's values. The release itself runs in
-tests/test_release_integration.py."""
+tests/test_release_integration.py and tests/e2e/test_release_e2e.py."""
 
 from __future__ import annotations
 
@@ -82,6 +82,17 @@ def test_the_index_page_is_searched_for_the_exact_file() -> None:
             '<a href="/packages/reprieve-0.1.01-py3-none-any.whl">reprieve-0.1.01-py3-none-any.whl</a>')
     assert plan.index_has(page, ["reprieve-0.1.0-py3-none-any.whl", "reprieve-0.1.1-py3-none-any.whl"]) == [
         "reprieve-0.1.0-py3-none-any.whl"]
+
+
+def test_an_install_only_from_the_index_names_every_distribution_from_elsewhere() -> None:
+    idx = "https://127.0.0.1:8443/"
+    urls = ["https://u:p@127.0.0.1:8443/packages/jax-0.10.2-py3-none-any.whl#sha256=ab",
+            "https://127.0.0.1:8443/packages/kopf-1.45.2-py3-none-any.whl",
+            "https://files.pythonhosted.org/packages/numpy-2.4.6.whl",
+            "https://u:p@127.0.0.1:84431/packages/scipy.whl"]  # another port: not the index
+    assert plan.not_from(idx, urls) == ["https://files.pythonhosted.org/packages/numpy-2.4.6.whl",
+                                        "https://127.0.0.1:84431/packages/scipy.whl"]
+    assert plan.not_from(idx.rstrip("/"), urls[:2]) == []
 
 
 def test_the_released_chart_renders_the_operator_image_by_digest(tmp_path: Path) -> None:

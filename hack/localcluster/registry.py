@@ -4,7 +4,9 @@
 
 - Debian's ``docker-registry`` (the CNCF distribution registry) with the configuration of
   :func:`.registryspec.registry_config`, storage under the cluster's workdir;
-- pypiserver (:mod:`.pyindex`) from the release tools' venv;
+- pypiserver (:mod:`.pyindex`) from the release tools' venv, serving what is uploaded to it and, read-only, the
+  release tools' wheelhouse (the locks' dependencies: jax, tensorstore, kopf, ...), so an install from it needs no
+  other index;
 
 both on the host's ``127.0.0.1`` with a serving certificate from the cluster's CA and one generated user (basic
 auth). Real nodes started afterwards pull from the registry: their containerd gets a ``hosts.toml`` trusting the
@@ -53,6 +55,7 @@ class RegistryError(RuntimeError):
 class ReleaseTools:
     registry: Path  # the docker-registry binary
     venv: Path      # pypiserver, passlib, twine
+    wheelhouse: Path | None = None  # the locks' distributions (jax, kopf, ...); None until `make release-tier`
 
     @property
     def twine(self) -> Path:
@@ -71,7 +74,8 @@ def release_tools(timeout: float = 900) -> ReleaseTools:
         tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
         raise RegistryError(f"{INSTALL_TOOLS.relative_to(REPO)} failed with exit code {proc.returncode}:\n{tail}")
     found = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
-    return ReleaseTools(Path(found["registry"]), Path(found["venv"]))
+    return ReleaseTools(Path(found["registry"]), Path(found["venv"]),
+                        Path(found["wheelhouse"]) if "wheelhouse" in found else None)
 
 
 def probe(url: str, ca_file: Path, creds: Credentials | None, timeout: float = 5) -> int:
@@ -141,7 +145,8 @@ class LocalRegistry:
             self.procs.append(cluster._spawn("pyindex", [
                 str(tools.venv / "bin" / "python"), str(REPO / "hack" / "localcluster" / "pyindex.py"),
                 "--port", str(idx_port), "--root", str(d / "packages"), "--cert", str(pki.crt("registry")),
-                "--key", str(pki.key("registry")), "--htpasswd", str(htpasswd), "--ready-file", str(ready)]))
+                "--key", str(pki.key("registry")), "--htpasswd", str(htpasswd), "--ready-file", str(ready),
+                *(["--extra-root", str(tools.wheelhouse)] if tools.wheelhouse else [])]))
             self._wait_ready(timeout)
         except BaseException:
             self.stop()
