@@ -28,7 +28,8 @@ BUDGET_FILE = Path(__file__).with_name("budget.toml")
 TIERS = ("unit", "integration", "e2e", "realnodes")  # realnodes wins over the tier mark it is paired with
 WHY_LONG = "why this long:"
 # Modules whose tests share one real-node cluster per run: one pytest-xdist work unit (tests/conftest.py)
-REAL_NODE_MODULES = ("tests/e2e/test_realnodes_e2e.py", "tests/localcluster/test_realnode_integration.py")
+REAL_NODE_MODULES = ("tests/e2e/test_realnodes_e2e.py", "tests/localcluster/test_realnode_integration.py",
+                     "tests/e2e/test_release_e2e.py")
 
 
 def scope_of(nodeid: str) -> str | None:

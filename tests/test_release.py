@@ -1,5 +1,5 @@
 """What a release publishes: one version everywhere, images from pinned bases and hashed locks, a workflow that
-passes actionlint and runs hack/release.py (its end-to-end run on real nodes, tests/e2e/test_release_e2e.py, is on branch issue-28-s2 until it passes)."""
+passes actionlint and runs hack/release.py (which tests/e2e/test_release_e2e.py runs here end to end)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 fails with the component's own message and what to do, and nothing that was pushed looks like a release.
 
 The whole release path (build, push, install only from the registry and index, real pulls on a cold real node) is
-tests/e2e/test_release_e2e.py (branch issue-28-s2, not yet passing)."""
+tests/e2e/test_release_e2e.py."""
 
 from __future__ import annotations
 
