@@ -104,7 +104,8 @@ test: venv tools kueue real-tier monitoring-tier release-tier
 	echo "--- make lint verify (beside the tests):"; cat .pytest_cache/checks.log; checks=$$(cat .pytest_cache/checks.rc); \
 	echo "tests: exit $$tests; lint and verify: exit $$checks"; [ $$tests -eq 0 ] && [ $$checks -eq 0 ]
 
-## demo: the main job on the local cluster (real nodes; DEMO_ARGS=--process-nodes for process kubelets)
+## demo: the main job on the local cluster (real nodes; DEMO_ARGS=--process-nodes for process kubelets,
+## DEMO_ARGS=--real-pulls for cold spot nodes that pull the example image from the cluster's registry)
 demo: venv tools real-tier
 	$(PY) hack/demo.py $(DEMO_ARGS)
 

@@ -18,7 +18,10 @@
    kind of nodes, and print both runs side by side (``--no-compare`` skips it; ``--hard-kill-at-step 0`` skips
    the unwarned loss in both).
 
-``--process-nodes`` runs the same story on process kubelets with the operator as a local process (seconds instead
+``--real-pulls`` (real nodes) pushes the example image to the cluster's own registry (TLS, basic auth) and starts
+the spot nodes cold, so each node's kubelet pulls the image when its first pod lands there (the pull times and sizes
+from the kubelet's events are printed at the end); without it the image is imported into every node beforehand (no
+pull). ``--process-nodes`` runs the same story on process kubelets with the operator as a local process (seconds instead
 of minutes to start); it is also what the demo falls back to, saying why, where real nodes cannot be set up.
 """
 
@@ -100,6 +103,44 @@ class Follower(threading.Thread):
                         say(f"  {pod} | {text[:150]}")
 
 
+SPOT_IMAGES = ["example"]  # what the spot nodes import; [] with --real-pulls: they pull the example image
+EXAMPLE_REF = ""  # with --real-pulls: the example image in the cluster's registry, by digest
+
+
+def start_real_pulls(cluster: Cluster) -> None:
+    """--real-pulls: the cluster's registry, the example image pushed to it; spot nodes started from now are cold."""
+    from localcluster.registry import RegistryError
+
+    global EXAMPLE_REF
+    try:
+        access = cluster.start_registry()
+        assert cluster.registry is not None
+        EXAMPLE_REF = cluster.registry.push_image(cluster.real.images["example"].ref, "demo/reprieve-example", "demo")
+    except RegistryError as err:
+        raise SystemExit(f"--real-pulls: no registry to pull from: {err}") from None
+    SPOT_IMAGES.clear()
+    say(f"registry at {access.registry}: pushed {EXAMPLE_REF}; the spot nodes start cold and pull it")
+
+
+def pulls_said() -> str:
+    return (f"real image pulls: cold spot nodes pull {EXAMPLE_REF} from the cluster's registry" if EXAMPLE_REF
+            else "no image pull: the images are already in every node's containerd")
+
+
+def print_pulls(cluster: Cluster) -> None:
+    """The kubelets' pulls of the example image in the demo's namespace (Pulled events: time, size)."""
+    from localcluster.pulls import pulls
+
+    events = json.loads(cluster.kubectl("get", "events", "-n", NS, "-o", "json").stdout)["items"]
+    for ev in events:
+        if ev.get("reason") == "Pulled":
+            p = pulls([ev]).get(EXAMPLE_REF)
+            if p is not None:
+                size = f"{p.size_bytes / 1e6:.0f} MB" if p.size_bytes else "size not reported"
+                print(f"  real pull on {ev.get('source', {}).get('host') or ev['involvedObject'].get('name')}: "
+                      f"{p.seconds:.1f}s ({size})")
+
+
 def tj(cluster: Cluster, job: str = JOB) -> dict:
     return json.loads(cluster.kubectl("get", "tj", job, "-n", NS, "-o", "json").stdout)
 
@@ -121,7 +162,12 @@ def main() -> int:
                         help="process nodes only: emulated image pull (once per node and image)")
     parser.add_argument("--start-seconds", type=float, default=1.0,
                         help="process nodes only: emulated container start (every pod)")
+    parser.add_argument("--real-pulls", action="store_true",
+                        help="real nodes only: cold spot nodes pull the example image from the cluster's registry "
+                             "(default: imported into every node, no pull)")
     args = parser.parse_args()
+    if args.real_pulls and args.process_nodes:
+        parser.error("--real-pulls needs real nodes (process nodes emulate the pull: --pull-seconds)")
     remaining = (args.steps - args.preempt_at_step) * args.step_sleep
     if remaining < args.notice_seconds + 10:
         # With less work left than the notice window the runtime rightly trains to the end inside the window
@@ -137,10 +183,14 @@ def main() -> int:
         if real:
             try:
                 say("building or reusing the images (hack/build-images.sh) and starting 4 real nodes: upstream "
-                    "kubelet + containerd + runc each, images imported into every node's containerd")
+                    "kubelet + containerd + runc each, " + ("the spot nodes cold (they pull the example image from "
+                    "the cluster's registry)" if args.real_pulls else "images imported into every node's containerd"))
+                cluster.real.ensure()
+                if args.real_pulls:
+                    start_real_pulls(cluster)
                 cluster.add_node("system-0", {"reprieve.test/pool": SYSTEM_POOL}, kind="real", images=["operator"])
                 for name in ("node-a", "node-b", "node-c", "node-d"):
-                    cluster.add_node(name, {"cloud.google.com/gke-spot": "true"}, kind="real", images=["example"])
+                    cluster.add_node(name, {"cloud.google.com/gke-spot": "true"}, kind="real", images=SPOT_IMAGES)
             except (RealNodeError, ClusterError) as err:
                 say(f"REAL NODES NOT AVAILABLE: {err}\n  -> falling back to process nodes (--process-nodes)")
                 for name in list(cluster.node_names()):
@@ -153,13 +203,16 @@ def main() -> int:
         say(f"control plane at {cluster.server}; nodes: {', '.join(cluster.node_names())}"
             f" ({'real' if real else 'process'} nodes)")
         say("start costs: " + (costs.describe() if costs else "real containers (upstream kubelet, containerd, runc); "
-                               "no emulated cost; the images are already in every node's containerd (no pull)"))
+                               "no emulated cost; " + pulls_said()))
         if real:
             image = cluster.real.images["operator"].ref
             pod = install_operator(cluster, image, node_selector={"reprieve.test/pool": SYSTEM_POOL})
             say(f"helm install: the operator runs as the chart's Deployment ({pod}, image {image}) on system-0, "
                 "restricted Pod Security enforced on its namespace")
-            return run(cluster, DeployedOperator(cluster), work, args, real=True, costs=None)
+            rc = run(cluster, DeployedOperator(cluster), work, args, real=True, costs=None)
+            if EXAMPLE_REF:
+                print_pulls(cluster)
+            return rc
         install_chart(cluster)
         say("helm chart installed (CRD, ServiceAccount, ClusterRole); starting the operator with its token")
         operator = OperatorProcess(cluster, work / "operator", namespaces=[NS]).start()
@@ -182,12 +235,12 @@ def run(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Pa
         # the first run's losses deleted nodes: bring the pool back to four
         say(f"adding {node} so the second run has as many nodes as the first")
         cluster.add_node(node, {"cloud.google.com/gke-spot": "true"},
-                         **({"kind": "real", "images": ["example"]} if real else {"costs": costs}))
+                         **({"kind": "real", "images": SPOT_IMAGES} if real else {"costs": costs}))
     say(">>> run 2, for comparison: the same job and losses with restartMode Recreate (every pod created again) "
         "and no memory tier (a memory copy needs a pod that survives the restart)")
     ok2, report2, sources2 = run_job(cluster, operator, work, args, f"{JOB}-recreate", real=real, in_place=False)
     print("\nIn place + spare + memory tier vs recreate-all without it (same nodes, same losses; start costs: "
-          + (costs.describe() if costs else "real containers, images already on the nodes") + ")")
+          + (costs.describe() if costs else "real containers, " + pulls_said()) + ")")
     print(f"  {'':36} {'in place + spare + memory':>26} {'recreate-all':>14} {'ratio':>7}")
     gap, gap2 = report.mean_gap, report2.mean_gap
     print(f"  {'mean gap, last step -> first after':36} {gap:>25.1f}s {gap2:>13.1f}s "
@@ -236,7 +289,7 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
     body = example_job(job, replicas=2, steps=args.steps, step_sleep=args.step_sleep, interval=100,
                        checkpoint_dir=ckpt, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"},
                        node_selector={"cloud.google.com/gke-spot": "true"},
-                       image=cluster.real.images["example"].ref if real else None,
+                       image=(EXAMPLE_REF or cluster.real.images["example"].ref) if real else None,
                        requests={"cpu": "500m", "memory": "1Gi"} if real else None)
     body["spec"]["restartMode"] = "InPlace" if in_place else "Recreate"
     body["spec"]["spares"] = 1 if in_place else 0

@@ -199,6 +199,29 @@ class LocalRegistry:
 
         wait_until(up, timeout, "the registry forwarder in the cluster network", on_timeout=fwd.tail)
 
+    def push_image(self, ref: str, repo: str, tag: str) -> str:
+        """Push local image ``ref`` (hack/build-images.sh's container storage) to ``<registry>/<repo>:<tag>``;
+        return the pushed reference by digest (what a pod names so that its node pulls exactly that image).
+
+        Raises:
+            RegistryError: podman's message.
+        """
+        from release import podman_env  # hack/release.py: build-images.sh's storage configuration
+
+        target = f"{self.access.registry}/{repo}:{tag}"
+        certs = self.dir / "podman-certs" / self.access.registry
+        certs.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.access.ca_file, certs / "ca.crt")
+        digestfile = self.dir / f"{repo.replace('/', '_')}.digest"
+        c = self.access.credentials
+        proc = subprocess.run(["podman", "push", "--cert-dir", str(certs), "--creds", f"{c.username}:{c.password}",
+                               "--digestfile", str(digestfile), ref, f"docker://{target}"],
+                              capture_output=True, text=True, env={**os.environ, **podman_env()}, timeout=1800,
+                              check=False)
+        if proc.returncode != 0:
+            raise RegistryError(f"podman push {ref} to {target} failed: {proc.stderr.strip()[-800:]}")
+        return f"{self.access.registry}/{repo}@{digestfile.read_text().strip()}"
+
     def node_args(self) -> list[str]:
         """The real-node launcher's arguments that make its containerd pull from this registry."""
         return ["--registry-config-dir", str(self.hosts_dir), "--registry-access", str(self.access_file)]
