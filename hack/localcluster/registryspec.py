@@ -84,15 +84,13 @@ def registry_config(*, port: int, storage: Path, cert: Path, key: Path, htpasswd
 
 
 def containerd_hosts_toml(registry: str, ca_file: Path) -> str:
-    """``<config_path>/<registry>/hosts.toml``: pull from ``https://<registry>`` trusting the cluster's CA.
-
-    The server alone, with its CA, and no ``[host]`` entry for the same address: containerd tries each host and
-    then the server, and reports the last one's error, so a tag the registry does not have (404 from the host)
-    was reported as the server entry's ``x509: certificate signed by unknown authority``."""
+    """``<config_path>/<registry>/hosts.toml``: pull from ``https://<registry>`` trusting the cluster's CA."""
     return "\n".join([
         f'server = "https://{registry}"',
-        f'ca = "{ca_file}"',
-        'capabilities = ["pull", "resolve"]',
+        "",
+        f'[host."https://{registry}"]',
+        '  capabilities = ["pull", "resolve"]',
+        f'  ca = "{ca_file}"',
         "",
     ])
 

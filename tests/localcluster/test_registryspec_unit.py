@@ -41,9 +41,9 @@ def test_the_registry_listens_on_loopback_only_with_tls_and_basic_auth(tmp_path:
 def test_containerd_pulls_from_the_registry_over_tls_with_the_cluster_ca_and_node_credentials(
         tmp_path: Path) -> None:
     hosts = tomllib.loads(registryspec.containerd_hosts_toml("127.0.0.1:5123", tmp_path / "ca.crt"))
-    # no [host] entry beside the server: containerd would report the CA-less server's x509 error for a 404
-    assert hosts == {"server": "https://127.0.0.1:5123", "ca": str(tmp_path / "ca.crt"),
-                     "capabilities": ["pull", "resolve"]}
+    assert hosts == {"server": "https://127.0.0.1:5123",
+                     "host": {"https://127.0.0.1:5123": {"capabilities": ["pull", "resolve"],
+                                                         "ca": str(tmp_path / "ca.crt")}}}
     section = registryspec.containerd_registry_section(tmp_path / "hosts", "127.0.0.1:5123", CREDS)
     paths = realnodespec.NodePaths(tmp_path / "node")
     cfg = tomllib.loads(realnodespec.containerd_config(paths, "reprieve.local/pause:x", section))
