@@ -83,16 +83,24 @@ def test_share_is_the_cost_per_interval() -> None:
     assert schedule.share(0.5, 0.5, 50) == pytest.approx(0.02)  # capped at 50 where the budget wanted 100
 
 
-NOW = Schedule(60, 10, 1)
+NOW = Schedule(60, 10, 2)
+FIRST = Schedule(4, 10, 1)
 RECONSIDER = [
     ("no schedule yet: the first publication is not a reconsideration", None, NOW, 20, 8, 5, False),
-    ("the newest publication is not in force yet", NOW, Schedule(8, 40, 2), 30, 2, 5, False),
+    ("the newest publication is not in force yet", NOW, Schedule(8, 40, 3), 30, 2, 5, False),
     ("too few saves measured under it", NOW, NOW, 70, 8, 1, False),
     ("more than 2x denser: published", NOW, NOW, 70, 8, 2, True),
-    ("more than 2x sparser: published", Schedule(8, 10, 1), Schedule(8, 10, 1), 70, 17, 2, True),
+    ("more than 2x sparser: published", Schedule(8, 10, 2), Schedule(8, 10, 2), 70, 17, 2, True),
     ("exactly 2x: not material", NOW, NOW, 70, 30, 2, False),
     ("a small drift: not material", NOW, NOW, 70, 45, 9, False),
+    ("the provisional first schedule: any change", FIRST, FIRST, 20, 6, 2, True),
+    ("the provisional first schedule, confirmed: kept", FIRST, FIRST, 20, 4, 2, False),
+    ("the provisional first schedule, measured once: kept", FIRST, FIRST, 20, 6, 1, False),
 ]
+
+
+def test_the_first_schedule_is_a_dense_probe() -> None:
+    assert schedule.first_every(65) == schedule.PROBE_EVERY == 4 and schedule.first_every(2) == 2
 
 
 @pytest.mark.parametrize(("current", "newest", "step", "every", "saves", "want"), [r[1:] for r in RECONSIDER],

@@ -9,12 +9,13 @@ is of no use to a restore).
   :data:`STEP_WINDOW` steps) and of what a memory save costs the loop (the lower median of the newest
   :data:`COST_WINDOW` saves), picks the interval (:func:`plan`: ``REPRIEVE_MEMORY_INTERVAL_SECONDS`` worth of
   steps, or, with none given, the fewest steps that keep the cost within the budget; at most half the storage
-  interval) and publishes ``{"every": N, "from": S, "version": V}`` in the coordination KV under a key per
-  version. ``S`` lies a few steps (and at least :data:`LEAD_SECONDS`) ahead of process 0, so every process,
+  interval; the first one, measured in the warm-up, at most every :data:`PROBE_EVERY` steps) and publishes
+  ``{"every": N, "from": S, "version": V}`` in the coordination KV under a key per version. ``S`` lies a few steps (and at least :data:`LEAD_SECONDS`) ahead of process 0, so every process,
   which watches for the next version in a thread, switches at the same step. Process 0 publishes again
   (:func:`reconsider`) when the interval it would choose now differs from the one in force by more than
-  :data:`CHANGE_FACTOR`, after :data:`REPUBLISH_AFTER_SAVES` saves under it: a warm-up, compile-inflated or
-  loaded first measurement is corrected within a few saves.
+  :data:`CHANGE_FACTOR` (the provisional first one: when it differs at all), after
+  :data:`REPUBLISH_AFTER_SAVES` saves under it: a warm-up, compile-inflated or loaded first measurement is
+  corrected within a few saves.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ STEP_WINDOW = 16  # step durations process 0 keeps (the newest)
 COST_WINDOW = 5  # save costs process 0 keeps (the newest)
 CHANGE_FACTOR = 2.0  # a new interval is published when it differs from the one in force by more than this
 REPUBLISH_AFTER_SAVES = 2  # saves measured since the last publication before the interval is reconsidered
+# The first schedule saves at least every PROBE_EVERY steps: it rests on one save measured in the warm-up (often
+# compile-inflated, or on a machine still busy with the restart), so it is provisional and re-measured soon (a
+# restart a few dozen steps before an unwarned loss must not wait a whole sparse interval for its second copy).
+PROBE_EVERY = 4
 
 
 @dataclass(frozen=True)
@@ -132,14 +137,21 @@ def material(old_every: int, new_every: int, factor: float = CHANGE_FACTOR) -> b
     return new_every > old_every * factor or new_every * factor < old_every
 
 
+def first_every(every: int) -> int:
+    """The first (provisional) schedule's interval: at most :data:`PROBE_EVERY`."""
+    return min(every, PROBE_EVERY)
+
+
 def reconsider(current: Schedule | None, *, newest: Schedule | None, step: int, every: int,
                saves_since: int) -> bool:
     """Whether process 0 publishes ``every`` as a new schedule now (pure): the newest publication is in force
     (no two changes in flight), it has been measured for :data:`REPUBLISH_AFTER_SAVES` saves, and the change
-    is material."""
+    is material (any change of the provisional first schedule)."""
     if current is None or newest is None or current != newest or step < newest.start:
         return False
-    return saves_since >= REPUBLISH_AFTER_SAVES and material(current.every, every)
+    if saves_since < REPUBLISH_AFTER_SAVES:
+        return False
+    return every != current.every if current.version == 1 else material(current.every, every)
 
 
 def start_after(current_step: int, step_s: float) -> int:

@@ -301,7 +301,8 @@ class MemoryTier:
                                        saves_since=self._saves_since):
                 return
         start = schedule.start_after(max(step, self._measured.last_step or 0), step_s)
-        plan = schedule.Schedule(choice.every, start, 1 if newest is None else newest.version + 1)
+        every = schedule.first_every(choice.every) if newest is None else choice.every
+        plan = schedule.Schedule(every, start, 1 if newest is None else newest.version + 1)
         try:
             self.coord.set(_schedule_key(self.attempt, plan.version), plan.to_json())
         except Exception as err:  # noqa: BLE001 - no (new) schedule: the one in force goes on, training goes on
