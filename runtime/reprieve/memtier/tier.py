@@ -68,10 +68,12 @@ def limit_problem(own: int, limit: int | None) -> str | None:
 
 
 def leaf_dicts(leaves: list[Any]) -> list[dict[str, Any]]:
-    """``LeafMeta`` records as the manifest stores them (optional fields only when used, as reprieve.json)."""
+    """``LeafMeta`` records as the manifest stores them (optional fields only when used, as reprieve.json). A
+    shallow copy: ``dataclasses.asdict`` deep-copied every shape and sharding record, the larger part of a small
+    state's save (15 ms of the background thread's CPU per save for the goodput example's 120 leaves)."""
     out = []
     for leaf in leaves:
-        d = dataclasses.asdict(leaf)
+        d = dict(vars(leaf)) if dataclasses.is_dataclass(leaf) else dict(leaf)
         for key in ("stored_as", "key_impl"):
             if d.get(key) is None:
                 d.pop(key, None)
