@@ -126,11 +126,13 @@ def test_noticed_preemption_on_real_nodes_loses_no_step_and_ends_bit_identical(
     assert doomed in real_workers
     taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")
 
+    # the restart counted (one status write) and attempt 2 running (a later one); the exact counts are asserted at
+    # the end. CI once saw attempt 2 with no preemption counted: a timeout here prints the status and operator log.
     status = wait_tj(real_cluster, real_ns, "preempted", lambda s: (s.get("attempt") or 0) >= 2
-                     and s.get("phase") in ("Running", "Succeeded"), 180, "attempt 2 running", real_operator)["status"]
-    why = f"status {json.dumps(status)}\noperator log:\n{real_operator.tail(60)}"
-    assert status["restarts"]["preemption"] == 1, why
-    assert status["lastNotice"]["node"] == doomed, why
+                     and s.get("phase") in ("Running", "Succeeded") and (s.get("restarts") or {}).get("preemption"),
+                     180, "attempt 2 running after one counted preemption", real_operator)["status"]
+    assert status["restarts"]["preemption"] == 1, f"status {json.dumps(status)}\noperator log:\n{real_operator.tail(60)}"
+    assert status["lastNotice"]["node"] == doomed, status
     for i in range(2):
         assert pod_node(real_cluster, real_ns, f"preempted-{i}") != doomed
 

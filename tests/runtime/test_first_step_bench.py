@@ -7,6 +7,7 @@ changes either shows here, not as a quietly slower restart."""
 from __future__ import annotations
 
 import importlib.util
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
@@ -26,21 +27,23 @@ def _bench() -> ModuleType:
 
 
 def test_a_step_traced_before_the_devices_is_not_traced_again_at_its_first_call(tmp_path: Path) -> None:
-    """Why this long: three child processes of the first-step benchmark (populate a cache, then trace ahead with and
-    without it), each a cold JAX start."""
+    """Why this long: four child processes of the first-step benchmark (populate a cache; then, side by side, a
+    plain restart, one traced ahead and one compiled ahead), each a cold JAX start."""
     bench = _bench()
     cache = tmp_path / "cache"
     populate = bench.child("populate", cache, 2)
     assert populate["trace"] > 0 and populate["cache_hits"] == 0, populate
-    restart = bench.child("plain", cache, 2, explain=True)
+    # the three restarts only read the cache and count (no timings): they run side by side
+    with ThreadPoolExecutor(3) as pool:
+        runs = [pool.submit(bench.child, mode, cache, 2, explain=mode != "ahead")
+                for mode in ("plain", "pretrace", "ahead")]
+        restart, pretraced, ahead = (run.result() for run in runs)  # pretrace asserts its trace touched no device
     assert restart["trace"] > 0 and restart["cache_hits"] == 1, restart  # traced again, compiled from the cache
-    pretraced = bench.child("pretrace", cache, 2, explain=True)  # the child asserts its trace touched no device
     # The step's trace is not repeated: JAX's own tracing-cache misses after the devices are known, counted, not
     # timed (the trace left is bookkeeping of tens of microseconds, which a scheduler hiccup could outlast).
     assert restart["step_traces"] >= 1, restart  # the explanations work: the plain restart traces the step
     assert pretraced["pretrace"] > 0 and pretraced["cache_hits"] == 1, pretraced
     assert pretraced["step_traces"] == 0, (pretraced, restart)
     # Compiled beside the restore (what Job.compile_ahead does): the first call lowers nothing in the main thread.
-    ahead = bench.child("ahead", cache, 2)
     assert restart["first_lowerings"] >= 1 and pretraced["first_lowerings"] >= 1, (restart, pretraced)
     assert ahead["first_lowerings"] == 0 and ahead["cache_hits"] == 1, ahead
