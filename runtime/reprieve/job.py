@@ -301,8 +301,9 @@ class Job:
         self._last_step = None if total is None else total - 1
         self.agreement.begin(start, self._last_step)
         memory_begin = getattr(self.checkpointer, "memory_begin", None)  # memory tier hook (reprieve.memtier)
-        if memory_begin is not None:
-            memory_begin(start)
+        if memory_begin is not None:  # the storage interval caps the memory schedule's
+            memory_begin(start, storage_steps=self.policy.interval_steps,
+                         storage_seconds=self.policy.interval_seconds)
         self._last_save_at = time.monotonic()
         for ahead in self._ahead:
             ahead.wait()

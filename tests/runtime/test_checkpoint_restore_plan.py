@@ -69,3 +69,20 @@ def test_read_budget_scales_with_the_state_this_host_restores(host_bytes: int, l
 def test_read_budget_rejects_a_non_positive_limit() -> None:
     with pytest.raises(ValueError, match="restore memory limit must be > 0 bytes, got 0"):
         read_budget(GiB, 0)
+
+
+# -- the save side's host copy: shards copied in groups worth a thread's hand-off ---------------------------------
+COPY_GROUPS = [
+    ("nothing", [], []),
+    ("a small state: one group (copied in the calling thread)", [1] * 9, [list(range(9))]),
+    ("big shards: one each", [10, 10, 10], [[0], [1], [2]]),
+    ("small ones gathered until the size", [4, 4, 4, 4, 9], [[0, 1, 2], [3, 4]]),
+    ("a small tail joins the last group", [10, 10, 3], [[0], [1, 2]]),
+]
+
+
+@pytest.mark.parametrize(("sizes", "groups"), [r[1:] for r in COPY_GROUPS], ids=[r[0] for r in COPY_GROUPS])
+def test_copy_groups(sizes: list[int], groups: list[list[int]]) -> None:
+    from reprieve.checkpoint.save import copy_groups
+
+    assert copy_groups(sizes, 10) == groups

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from reprieve.memtier import schedule
 from reprieve.memtier.layout import DATA_FILE, MANIFEST_FILE, CopyName
 from reprieve.memtier.manifest import Manifest
 
@@ -193,20 +194,36 @@ def test_a_peer_lost_while_it_receives_a_copy(tmp_path: Path, base: Path) -> Non
     assert restored(gang.logs) == ["14", "peer", "peer"]
 
 
-def test_a_time_schedule_is_the_same_steps_on_every_process(tmp_path: Path, base: Path) -> None:
-    """``REPRIEVE_MEMORY_INTERVAL_SECONDS``: process 0 turns it into steps once (after the first save) and every
-    process saves the same steps; a restore after a loss finds a complete step."""
+def test_a_time_schedule_is_remeasured_capped_and_the_same_steps_on_every_process(tmp_path: Path,
+                                                                                    base: Path) -> None:
+    """``REPRIEVE_MEMORY_INTERVAL_SECONDS`` with a slow warm-up (the first 8 steps take 0.4 s, then 0.02 s):
+    process 0 turns it into steps after the first save (every step or two: the warm-up's), re-measures and
+    publishes a new schedule once the steps are fast (0.5 s would be ~25 steps, capped at half the storage
+    interval of 20 steps), every process switches at the same step, and the run ends with a memory copy newer
+    than the newest periodic storage checkpoint."""
     pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
-    every_half_second = {i: {"REPRIEVE_MEMORY_INTERVAL_SECONDS": "0.5", "WORKER_STEP_SECONDS": "0.02"} for i in range(2)}
-    gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=120, mem_every=0, ckpt_every=0, extra=every_half_second)
+    total, ckpt_every = 120, 20
+    slow_then_fast = {i: {"REPRIEVE_MEMORY_INTERVAL_SECONDS": "0.5", "WORKER_STEP_SECONDS": "0.02",
+                          "WORKER_SLOW_STEPS": "8", "WORKER_SLOW_SECONDS": "0.4"} for i in range(2)}
+    gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=total, mem_every=0, ckpt_every=ckpt_every,
+                  extra=slow_then_fast)
     codes = gang.wait(180)
     assert codes == [0, 0], gang.tail(40)
-    m = re.search(r"memory saves every (\d+) steps from step (\d+) \(.*a step takes ([\d.]+)s\)",
-                  gang.logs[0].read_text())
-    assert m, gang.tail(40)
-    every, start, step_s = int(m.group(1)), int(m.group(2)), float(m.group(3))
-    assert abs(every - 0.5 / step_s) <= 1 and start <= 119, (every, start, step_s)  # 0.5 s of measured steps
-    newest = start + (119 - start) // every * every
-    for pod in pods:
+    published = [(int(every), int(start), int(version), float(step_s)) for every, start, version, step_s in re.findall(
+        r"memory saves every (\d+) steps from step (\d+) \(schedule (\d+): .*a step takes ([\d.]+)s",
+        gang.logs[0].read_text())]
+    assert len(published) >= 2 and [p[2] for p in published] == list(range(1, len(published) + 1)), gang.tail(40)
+    assert published[0][0] <= 2, published  # measured in the warm-up: 0.5 s is a step or two
+    last_every, _, _, fast_s = published[-1]
+    assert last_every == min(ckpt_every // 2, round(0.5 / fast_s)), published  # re-measured, capped by storage
+    plans: tuple[schedule.Schedule, ...] = tuple(schedule.Schedule(e, s, v) for e, s, v, _ in published)
+    saved = []
+    for step in range(total):
+        current, plans = schedule.in_force(plans, step)
+        if step == schedule.first_save(0) or (current is not None and current.due(step)):
+            saved.append(step)
+    newest = saved[-1]
+    assert total - 1 - newest < ckpt_every // 2, saved  # newer than the last periodic storage step (99)
+    for pod in pods:  # every process saved the same steps: both hold their copy of the newest
         assert max(p.name for p in (pod.mem / "own").iterdir()).startswith(f"s{newest:010d}_a1_p"), pod
     assert [p.name for p in (pods[0].mem / "peer").iterdir()] == [str(CopyName(newest, 1, 1))]

@@ -140,6 +140,31 @@ def check_leaves(state: Any) -> None:
             raise _unsupported(p, leaf)
 
 
+# A copy task's least size: below it a thread pool hand-off costs more than the copy (a 120-leaf state of 851 KB
+# took 120 hand-offs per save, 20-40 ms on an idle 2-core machine and up to 0.5 s on a loaded one).
+COPY_GROUP_BYTES = 8 << 20
+
+
+def copy_groups(sizes: list[int], min_bytes: int) -> list[list[int]]:
+    """Consecutive indices of ``sizes`` in groups of at least ``min_bytes`` (the last one may be smaller; it
+    joins the one before when there is one), so each thread's task is worth its hand-off (pure)."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        current.append(i)
+        total += n
+        if total >= min_bytes:
+            groups.append(current)
+            current, total = [], 0
+    if current:
+        if groups:
+            groups[-1].extend(current)
+        else:
+            groups.append(current)
+    return groups
+
+
 class Staging:
     """Host buffers for shard copies, reused from one save to the next.
 
@@ -171,15 +196,22 @@ class Staging:
                 self._free.setdefault((b.shape, b.dtype.str), []).append(b)
 
     def copy(self, shards: list[jax.Shard]) -> list[np.ndarray]:
-        """Copy every shard into a staging buffer (in parallel); returns when all copies are done."""
+        """Copy every shard into a staging buffer (in parallel groups of at least :data:`COPY_GROUP_BYTES`;
+        a small state in the calling thread); returns when all copies are done."""
         bufs = [self.take(tuple(s.data.shape), np.dtype(s.data.dtype)) for s in shards]
         for s in shards:
             s.data.copy_to_host_async()  # overlaps device->host transfers on accelerators; no-op on CPU
 
-        def one(i: int) -> None:
-            np.copyto(bufs[i], np.asarray(shards[i].data))
+        def group(indices: list[int]) -> None:
+            for i in indices:
+                np.copyto(bufs[i], np.asarray(shards[i].data))
 
-        list(self._pool.map(one, range(len(shards))))
+        groups = copy_groups([int(b.nbytes) for b in bufs], COPY_GROUP_BYTES)
+        if len(groups) <= 1:
+            for g in groups:
+                group(g)
+        else:
+            list(self._pool.map(group, groups))
         return bufs
 
     def close(self) -> None:

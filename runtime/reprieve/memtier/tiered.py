@@ -55,8 +55,10 @@ class TieredCheckpointer:
             self.storage.close()
 
     # -- the memory tier (reprieve.Job calls these when present) -------------------------------------------------
-    def memory_begin(self, start: int) -> None:
-        self.tier.begin(start)
+    def memory_begin(self, start: int, *, storage_steps: int = 0, storage_seconds: float = 0.0) -> None:
+        """The loop starts at ``start``; the storage tier's periodic interval (the job's ``SavePolicy``) caps
+        the memory schedule (docs/memory.md, "Interval")."""
+        self.tier.begin(start, storage_steps=storage_steps, storage_seconds=storage_seconds)
 
     def memory_due(self, step: int, step_seconds: float | None) -> bool:
         return self.tier.due(step, step_seconds)

@@ -11,7 +11,8 @@ replicated, with a peer), writes ``stopped-<pid>``, and then hangs: the test mak
 notice) only once every process has stopped, then kills the gang as the operator's gang restart would. (A process
 that died earlier would abort the others through the coordination service's heartbeat before they stopped.)
 ``WORKER_HOLD_AT=S``: after step ``S``'s save every process waits for the file ``go`` (the test changes something
-meanwhile). Before every save a process waits for its previous memory copy to finish in the background, so that
+meanwhile). ``WORKER_SLOW_STEPS=N`` with ``WORKER_SLOW_SECONDS=T``: the attempt's first N steps take T seconds
+(a slow warm-up: compilation, a loaded machine), the later ones ``WORKER_STEP_SECONDS``. Before every save a process waits for its previous memory copy to finish in the background, so that
 every due memory save happens (on a busy machine one would otherwise be skipped, which the tier allows; the faults
 under test are about restores). At the end each process writes ``final-<pid>.json``: its rows of ``w``, ``b``,
 ``n``, the data position and where the restore read from.
@@ -66,6 +67,8 @@ def main() -> None:
     pid, workdir, total, step_seconds = worker_start(30)
     stop_at = int(os.environ.get("WORKER_STOP_AT", "-1"))
     hold_at = int(os.environ.get("WORKER_HOLD_AT", "-1"))
+    slow_steps = int(os.environ.get("WORKER_SLOW_STEPS", "0"))
+    slow_seconds = float(os.environ.get("WORKER_SLOW_SECONDS", "0"))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
     job = reprieve.init()
@@ -88,7 +91,7 @@ def main() -> None:
     for step in job.steps(start, total):
         next(batches)
         state = jax.block_until_ready(train(state))
-        time.sleep(step_seconds)
+        time.sleep(slow_seconds if step - start < slow_steps else step_seconds)
         if tier is not None:
             tier.wait()
         job.save(step, state, data=batches)
