@@ -82,6 +82,32 @@ def test_gate(wl: dict | None, flavors: dict, spec: dict, hold: bool, reason: st
     assert g.condition.status == ("True" if hold else "False")
 
 
+@pytest.mark.parametrize(("message", "warning"), [
+    ("couldn't assign flavors to pod set workers: flavor gpu doesn't match node affinity", True),
+    ("couldn't assign flavors to pod set workers: untolerated taint {spot true NoSchedule <nil>} in flavor spot", True),
+    (("couldn't assign flavors to pod set workers: flavor gpu doesn't match node affinity, insufficient quota for "
+      "cpu in flavor spot, request > maximum capacity (2 > 1)"), False),
+    ("couldn't assign flavors to pod set workers: insufficient quota for cpu in flavor default", False),
+    ("LocalQueue team doesn't exist", False),
+])
+def test_a_flavor_that_cannot_run_the_template_is_a_warning(message: str, warning: bool) -> None:
+    wl = workload(cond("QuotaReserved", False, "Pending", message))
+    g = kueue.gate(job(), "team", kueue.parse_workload(wl), {}, NOW)
+    assert (g.hold, g.condition.reason, g.warning) == (True, "Pending", warning)
+    assert message in g.condition.message
+
+
+def test_an_eviction_of_a_job_with_notices_off_stops_it_at_once() -> None:
+    j = job(RUN, preemption={"enabled": False})
+    g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
+    assert g.notice is None and g.deadline is None and g.release
+    assert "spec.preemption.enabled: false" in g.condition.message
+    assert kueue.notice_annotation(g, 1) is None
+    out = decide(View(job=j, pods=[pod("llama-0", 0), pod("llama-1", 1)], now=NOW,
+                      known_nodes={"n-llama-0", "n-llama-1"}, placed=True, looked=True, kueue=g))
+    assert tuple(sorted(out.delete)) == ("llama-0", "llama-1") and out.plan.phase == "Suspended"
+
+
 def test_an_admission_gives_the_flavors_node_labels_and_tolerations() -> None:
     g = kueue.gate(job(), "team", kueue.parse_workload(ADMITTED), {"spot": SPOT}, NOW)
     tpl = kueue.admitted_template({"spec": {"containers": [{"name": "t"}], "nodeSelector": {"zone": "a"}}}, g)
