@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -104,10 +105,20 @@ INVALID: list[tuple[str, Mutation, str]] = [
 ]
 
 
+@pytest.fixture(scope="module")
+def refusals(cluster: Any) -> Iterator[str]:
+    """One namespace for every refused apply (a refused object is never created, so they cannot meet): two
+    kubectl calls per case fewer than a namespace each."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
 @pytest.mark.parametrize("mutate,needle", [c[1:] for c in INVALID], ids=[c[0] for c in INVALID])
-def test_invalid_job_rejected_at_apply(cluster: Any, chart: str, namespace: str, mutate: Mutation,
+def test_invalid_job_rejected_at_apply(cluster: Any, chart: str, refusals: str, mutate: Mutation,
                                        needle: str) -> None:
-    manifest = copy.deepcopy(job_manifest("bad", namespace))
+    manifest = copy.deepcopy(job_manifest("bad", refusals))
     mutate(manifest)
     out = cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=False)
     assert out.returncode != 0, f"accepted: {out.stdout}"

@@ -88,6 +88,42 @@ def _watch_exits(cluster: Any, namespace: str, job: str) -> dict[str, int]:
     return exits
 
 
+def _watch_release(cluster: Any, namespace: str, job: str, workload: str) -> dict[str, Any]:
+    """The etcd revisions (resourceVersion, one global counter) at which the job's attempt-1 pods were deleted and
+    at which its Workload's ``QuotaReserved`` first turned False: the order of the two, whatever a poll would have
+    seen (the preemptor may end and the job be admitted again within a second of the release)."""
+    from kubernetes import client, watch
+
+    seen: dict[str, Any] = {"deleted": {}, "released": None}
+    api = cluster.api_client()
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+
+    def pods() -> None:
+        try:
+            for ev in watch.Watch().stream(core.list_namespaced_pod, namespace, timeout_seconds=200,
+                                           label_selector=f"reprieve.dev/job-name={job},reprieve.dev/attempt=1"):
+                if ev["type"] == "DELETED":
+                    seen["deleted"][ev["object"].metadata.name] = int(ev["object"].metadata.resource_version)
+        except Exception:  # noqa: BLE001, S110 - the watch ends with the test
+            pass
+
+    def workloads() -> None:
+        try:
+            for ev in watch.Watch().stream(custom.list_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2",
+                                           namespace, "workloads", timeout_seconds=200,
+                                           field_selector=f"metadata.name={workload}"):
+                obj = ev["object"]
+                if seen["released"] is None and _cond(obj, "QuotaReserved").get("status") == "False" \
+                        and _cond(obj, "Evicted").get("status") == "True":
+                    seen["released"] = int(obj["metadata"]["resourceVersion"])
+        except Exception:  # noqa: BLE001, S110 - the watch ends with the test
+            pass
+
+    for fn in (pods, workloads):
+        threading.Thread(target=fn, daemon=True).start()
+    return seen
+
+
 def _setup_queue(kueue: Any, namespace: str, tag: str, cpu: str) -> str:
     cq = f"cq-{namespace}"
     kueue.apply(resource_flavor(f"f-{namespace}", {"reprieve-test": tag}), cluster_queue(cq, f"f-{namespace}", cpu))
@@ -141,6 +177,7 @@ def test_a_kueue_preemption_is_a_notice_the_gang_saves_on_before_the_quota_is_gi
              describe=lambda: kueue_operator.tail(40))
     wl_name = _get(cluster, "trainingjob", "low", namespace)["metadata"]["uid"][:5]
     wl_name = f"trainingjob-low-{wl_name}"
+    release = _watch_release(cluster, namespace, "low", wl_name)
 
     # The preemptor: a TrainingJob of higher priority that needs the whole quota and ends at once.
     apply(cluster, _queued("high", namespace, "lq", prio=f"high-{namespace}", replicas=2, mode="exit:0"))
@@ -155,12 +192,14 @@ def test_a_kueue_preemption_is_a_notice_the_gang_saves_on_before_the_quota_is_gi
     wait_for(lambda: len(exits) == 2, 60, "the low job's workers exited after their save",
              describe=lambda: kueue_operator.tail(40))
     assert sorted(exits.values()) == [42, 42]  # the restart code: saved on the notice, not killed
-    wait_for(lambda: _cond(_get(cluster, "workload", wl_name, namespace), "QuotaReserved").get("status") == "False",
-             60, "the quota given back", describe=lambda: kueue_operator.tail(40))
+    wait_for(lambda: release["released"] is not None, 60, "the quota given back",
+             describe=lambda: f"{release}\n{kueue_operator.tail(40)}")
     released = next(e for e in _events(cluster, namespace, "low") if e["reason"] == "QuotaReleased")
-    evicted_at = _cond(_get(cluster, "workload", wl_name, namespace), "Evicted").get("lastTransitionTime")
-    print(f"evicted at {evicted_at}, quota released at {released.get('firstTimestamp')}")
-    assert not _pods(cluster, namespace, "low")  # released only once every pod was gone
+    print(f"evicted at {_cond(wl, 'Evicted').get('lastTransitionTime')}, quota released at "
+          f"{released.get('firstTimestamp')}")
+    # released only once every pod was gone: both deletions come before the release in etcd's one order
+    assert sorted(release["deleted"]) == ["low-0", "low-1"], release
+    assert max(release["deleted"].values()) < release["released"], release
 
     wait_for(lambda: _get(cluster, "trainingjob", "high", namespace).get("status", {}).get("phase") == "Succeeded",
              90, "the preemptor to run and succeed", describe=lambda: kueue_operator.tail(40))
