@@ -339,6 +339,7 @@ def test_an_in_place_gang_with_a_spare_saves_on_a_kueue_eviction_before_the_quot
     wait_for(lambda: _get(cluster, "trainingjob", "low", namespace)["status"].get("phase") == "Running", 60,
              "the low job Running")
 
+    release = _watch_release(cluster, namespace, "low", wl_name)
     # The preemptor needs the whole quota (3 pods of 1 CPU).
     apply(cluster, _queued("high", namespace, "lq", prio=f"high-{namespace}", replicas=3, mode="exit:0"))
     notices = wait_for(lambda: len(n := [json.loads(a) for p in _pods(cluster, namespace, "low")
@@ -357,9 +358,10 @@ def test_an_in_place_gang_with_a_spare_saves_on_a_kueue_eviction_before_the_quot
 
     exits = wait_for(reports, 60, "both workers' exit reports", describe=lambda: kueue_operator.tail(60))
     assert sorted((r["attempt"], r["code"]) for r in exits.values()) == [(1, 42), (1, 42)], exits
-    wait_for(lambda: _cond(_get(cluster, "workload", wl_name, namespace), "QuotaReserved").get("status") == "False",
-             60, "the quota given back", describe=lambda: kueue_operator.tail(60))
-    assert not _pods(cluster, namespace, "low")  # given back only once every pod (the spare's too) was gone
+    wait_for(lambda: release["released"] is not None, 60, "the quota given back",
+             describe=lambda: f"{release}\n{kueue_operator.tail(60)}")
+    # given back only once every pod (the spare's too) was gone: every deletion before the release in etcd's order
+    assert len(release["deleted"]) == 3 and max(release["deleted"].values()) < release["released"], release
     _event(cluster, namespace, "low", "QuotaReleased")
 
     wait_for(lambda: _get(cluster, "trainingjob", "high", namespace).get("status", {}).get("phase") == "Succeeded",
