@@ -16,7 +16,7 @@ Printed per variant: lost steps (steps computed again after the resume; docs/goo
 (the Workload's ``Evicted=True`` to its ``QuotaReserved=False``, both as seen by a watch of this process), the gap in
 training and the wall time; then the ratios.
 
-    python benchmarks/kueue_preemption.py                     # 160 steps of ~0.1 s, checkpoints every 50, preempt at 90
+    python benchmarks/kueue_preemption.py                     # 400 steps of ~0.1 s, checkpoints every 50, preempt at 90
     python benchmarks/kueue_preemption.py --preempt-at 60 --interval 25
 """
 
@@ -171,7 +171,9 @@ def operator_tail(op: OperatorProcess) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=160)
+    parser.add_argument("--steps", type=int, default=400,
+                        help="long enough that the job still trains when the eviction comes (Kueue's preemption and the "
+                             "preemptor's Workload take seconds on a loaded machine)")
     parser.add_argument("--step-sleep", type=float, default=0.1, help="seconds added to each training step")
     parser.add_argument("--interval", type=int, default=50, help="periodic checkpoint interval (both variants)")
     parser.add_argument("--preempt-at", type=int, default=90, help="the step the higher-priority job is queued at")
