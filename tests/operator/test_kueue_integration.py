@@ -124,6 +124,28 @@ def _watch_release(cluster: Any, namespace: str, job: str, workload: str) -> dic
     return seen
 
 
+def _watch_reports(cluster: Any, namespace: str, job: str) -> dict[str, dict[str, Any]]:
+    """Pod name -> its supervisor's exit report (in place), recorded by a watch: the pods go within a second or
+    two of the reports, a poll could miss them."""
+    from kubernetes import client, watch
+
+    seen: dict[str, dict[str, Any]] = {}
+    core = client.CoreV1Api(cluster.api_client())
+
+    def run() -> None:
+        try:
+            for ev in watch.Watch().stream(core.list_namespaced_pod, namespace, timeout_seconds=200,
+                                           label_selector=f"reprieve.dev/job-name={job}"):
+                raw = (ev["object"].metadata.annotations or {}).get("reprieve.dev/exit")
+                if raw:
+                    seen[ev["object"].metadata.name] = json.loads(raw)
+        except Exception:  # noqa: BLE001, S110 - the watch ends with the test
+            pass
+
+    threading.Thread(target=run, daemon=True).start()
+    return seen
+
+
 def _setup_queue(kueue: Any, namespace: str, tag: str, cpu: str) -> str:
     cq = f"cq-{namespace}"
     kueue.apply(resource_flavor(f"f-{namespace}", {"reprieve-test": tag}), cluster_queue(cq, f"f-{namespace}", cpu))
@@ -340,6 +362,7 @@ def test_an_in_place_gang_with_a_spare_saves_on_a_kueue_eviction_before_the_quot
              "the low job Running")
 
     release = _watch_release(cluster, namespace, "low", wl_name)
+    exits = _watch_reports(cluster, namespace, "low")
     # The preemptor needs the whole quota (3 pods of 1 CPU).
     apply(cluster, _queued("high", namespace, "lq", prio=f"high-{namespace}", replicas=3, mode="exit:0"))
     notices = wait_for(lambda: len(n := [json.loads(a) for p in _pods(cluster, namespace, "low")
@@ -351,12 +374,7 @@ def test_an_in_place_gang_with_a_spare_saves_on_a_kueue_eviction_before_the_quot
     assert _cond(wl, "Evicted").get("status") == "True" and _cond(wl, "QuotaReserved").get("status") == "True"
 
     # The supervisors report each worker's exit (the pods outlive their trainers in place): the restart code.
-    def reports() -> dict[str, dict[str, Any]] | None:
-        got = {p["metadata"]["name"]: json.loads(a) for p in _pods(cluster, namespace, "low")
-               if (a := (p["metadata"].get("annotations") or {}).get("reprieve.dev/exit"))}
-        return got if len(got) >= 2 else None
-
-    exits = wait_for(reports, 60, "both workers' exit reports", describe=lambda: kueue_operator.tail(60))
+    wait_for(lambda: len(exits) >= 2, 60, "both workers' exit reports", describe=lambda: kueue_operator.tail(60))
     assert sorted((r["attempt"], r["code"]) for r in exits.values()) == [(1, 42), (1, 42)], exits
     wait_for(lambda: release["released"] is not None, 60, "the quota given back",
              describe=lambda: f"{release}\n{kueue_operator.tail(60)}")
