@@ -106,6 +106,8 @@ def victim(name: str, ckpt: Path, args: argparse.Namespace, variant: str) -> dic
     body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "lq", "kueue.x-k8s.io/priority-class": "bench-low"}
     spec = body["spec"]
     spec["restartMode"] = "Recreate"
+    # The window the eviction gives (the runtime trains on inside it): shorter than the rest of the job.
+    spec["preemption"] = {"noticeSeconds": {"kueue-preemption": args.notice_seconds}}
     if variant == "without":
         spec["preemption"] = {"enabled": False}
         container = spec["template"]["spec"]["containers"][0]
@@ -177,6 +179,9 @@ def main() -> int:
     parser.add_argument("--step-sleep", type=float, default=0.1, help="seconds added to each training step")
     parser.add_argument("--interval", type=int, default=50, help="periodic checkpoint interval (both variants)")
     parser.add_argument("--preempt-at", type=int, default=90, help="the step the higher-priority job is queued at")
+    parser.add_argument("--notice-seconds", type=int, default=15,
+                        help="the victim's spec.preemption.noticeSeconds[kueue-preemption] (the default 60 s outlasts "
+                             "the rest of this short job: the runtime trains on inside the window)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
     args = parser.parse_args()
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
