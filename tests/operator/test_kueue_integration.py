@@ -124,6 +124,28 @@ def _watch_release(cluster: Any, namespace: str, job: str, workload: str) -> dic
     return seen
 
 
+def _watch_reports(cluster: Any, namespace: str, job: str) -> dict[str, dict[str, Any]]:
+    """Pod name -> its supervisor's exit report (in place), recorded by a watch: the pods go within a second or
+    two of the reports, a poll could miss them."""
+    from kubernetes import client, watch
+
+    seen: dict[str, dict[str, Any]] = {}
+    core = client.CoreV1Api(cluster.api_client())
+
+    def run() -> None:
+        try:
+            for ev in watch.Watch().stream(core.list_namespaced_pod, namespace, timeout_seconds=200,
+                                           label_selector=f"reprieve.dev/job-name={job}"):
+                raw = (ev["object"].metadata.annotations or {}).get("reprieve.dev/exit")
+                if raw:
+                    seen[ev["object"].metadata.name] = json.loads(raw)
+        except Exception:  # noqa: BLE001, S110 - the watch ends with the test
+            pass
+
+    threading.Thread(target=run, daemon=True).start()
+    return seen
+
+
 def _setup_queue(kueue: Any, namespace: str, tag: str, cpu: str) -> str:
     cq = f"cq-{namespace}"
     kueue.apply(resource_flavor(f"f-{namespace}", {"reprieve-test": tag}), cluster_queue(cq, f"f-{namespace}", cpu))
@@ -209,4 +231,162 @@ def test_a_kueue_preemption_is_a_notice_the_gang_saves_on_before_the_quota_is_gi
              describe=lambda: kueue_operator.tail(60))
     st = _get(cluster, "trainingjob", "low", namespace)["status"]
     assert st["lastNotice"]["reason"] == "kueue-preemption"
+    kueue_operator.assert_no_errors()
+
+
+# -- bad input against real Kueue: each says why in condition Queued and an Event, and nothing is half-created --
+def _leftovers(cluster: Any, namespace: str) -> list[str]:
+    """What the operator would have made for a job that started: pods, Services, its ConfigMaps."""
+    out = cluster.kubectl("get", "pods,services,configmaps", "-n", namespace, "-o", "name").stdout.split()
+    return [o for o in out if o != "configmap/kube-root-ca.crt"]
+
+
+def _condition(cluster: Any, namespace: str, job: str, reason: str, op: Operator) -> dict[str, Any]:
+    return dict(wait_for(lambda: (c := _cond(_get(cluster, "trainingjob", job, namespace), "Queued"))
+                         .get("reason") == reason and c, 60, f"Queued=True/{reason}",
+                         describe=lambda: op.tail(40)))
+
+
+def _event(cluster: Any, namespace: str, job: str, reason: str, says: str = "") -> dict[str, Any]:
+    return dict(wait_for(lambda: next((e for e in _events(cluster, namespace, job)
+                                       if e["reason"] == reason and says in e["message"]), None),
+                         30, f"Event {reason} on {job}"))
+
+
+def test_kueue_not_installed_while_the_label_is_set_holds_the_job_and_says_so(
+        cluster: Any, tmp_path: Path) -> None:
+    """The session's cluster has Kueue's CRDs once any test started Kueue, so this runs on a second control
+    plane of its own (no nodes, no Kueue): the cheapest real API server that does not serve Workloads."""
+    from localcluster import Cluster
+    from localcluster.stack import install_chart
+
+    with Cluster.start(tmp_path / "bare", bin_dir=cluster.bin_dir) as bare:
+        install_chart(bare)
+        bare.helm("upgrade", RELEASE, str(CHART), "-n", RELEASE_NS, "--reuse-values", "--set", "kueue.enabled=true",
+                  "--wait", timeout=90)
+        ns = "no-kueue"
+        bare.kubectl("create", "namespace", ns)
+        op = Operator(bare, ns, tmp_path / "op")
+        op.extra_args = ["--kueue"]
+        op.start()
+        try:
+            apply(bare, _queued("q", ns, "lq"))
+            cond = _condition(bare, ns, "q", "KueueNotInstalled", op)
+            assert cond["status"] == "True" and "install Kueue" in cond["message"], cond
+            assert "workloads.kueue.x-k8s.io" in cond["message"], cond
+            event = _event(bare, ns, "q", "KueueNotInstalled")
+            assert event["type"] == "Warning" and event["message"] == cond["message"]
+            assert _get(bare, "trainingjob", "q", ns)["status"]["phase"] == "Suspended"
+            assert _leftovers(bare, ns) == []
+            op.assert_no_errors()
+        finally:
+            op.stop()
+
+
+def test_a_flavor_the_template_cannot_run_on_keeps_the_job_queued_with_kueues_message(
+        cluster: Any, kueue: Any, kueue_operator: Operator, namespace: str) -> None:
+    # The only flavor's nodes are labelled reprieve-test=<tag>; the template asks for another value.
+    cq = _setup_queue(kueue, namespace, "tag-of-the-flavor", "2")
+    kueue.apply(local_queue(namespace, "lq", cq))
+    job = _queued("q", namespace, "lq")
+    job["spec"]["template"]["spec"]["nodeSelector"] = {"reprieve-test": "another-pool"}
+    apply(cluster, job)
+    want = f"flavor f-{namespace} doesn't match node affinity"  # Kueue's own words
+    cond = wait_for(lambda: want in (c := _cond(_get(cluster, "trainingjob", "q", namespace), "Queued"))
+                    .get("message", "") and c, 60, "Queued naming the flavor that does not fit",
+                    describe=lambda: kueue_operator.tail(40) + "\n" + kueue.tail(20))
+    assert (cond["status"], cond["reason"]) == ("True", "Pending"), cond
+    event = _event(cluster, namespace, "q", "Pending", want)
+    assert event["type"] == "Warning"  # it will not clear by itself: the template or the queue must change
+    assert _get(cluster, "trainingjob", "q", namespace)["status"]["phase"] == "Suspended"
+    assert _leftovers(cluster, namespace) == []
+    kueue_operator.assert_no_errors()
+
+
+def test_a_job_edited_while_queued_replaces_or_moves_its_workload_and_then_starts(
+        cluster: Any, kueue: Any, kueue_operator: Operator, namespace: str, nodes: list[str]) -> None:
+    """In place with a command (spares need it): ``spares`` edited while the Workload has no quota replaces it
+    with the new counts; the queue label edited moves it to the new LocalQueue, where it is admitted."""
+    tag = cluster.kubectl("get", "node", nodes[0], "-o", "jsonpath={.metadata.labels.reprieve-test}").stdout
+    cq = _setup_queue(kueue, namespace, tag, "3")
+    kueue.apply(local_queue(namespace, "lq", cq))
+    apply(cluster, _queued("q", namespace, "nowhere", restartMode="InPlace"))
+    cond = _condition(cluster, namespace, "q", "Pending", kueue_operator)
+    assert "LocalQueue nowhere doesn't exist" in cond["message"], cond
+    uid = _get(cluster, "trainingjob", "q", namespace)["metadata"]["uid"]
+    wl_name = f"trainingjob-q-{uid[:5]}"
+    assert _get(cluster, "workload", wl_name, namespace)["spec"]["podSets"][0]["count"] == 2
+
+    cluster.kubectl("patch", "trainingjob", "q", "-n", namespace, "--type=merge", "-p", '{"spec": {"spares": 1}}')
+    _event(cluster, namespace, "q", "WorkloadReplaced", "spares")
+
+    def counts() -> dict[str, int] | None:
+        wl = _get(cluster, "workload", wl_name, namespace)
+        got = {p["name"]: p["count"] for p in (wl.get("spec") or {}).get("podSets") or []}
+        return got if got == {"workers": 2, "spares": 1} and not wl["metadata"].get("deletionTimestamp") else None
+
+    wait_for(counts, 60, "the Workload replaced with 2 workers and 1 spare", describe=lambda: kueue_operator.tail(40))
+    assert _leftovers(cluster, namespace) == []  # still queued: nothing created
+
+    cluster.kubectl("label", "trainingjob", "q", "-n", namespace, "--overwrite", "kueue.x-k8s.io/queue-name=lq")
+    _event(cluster, namespace, "q", "Pending", f"moved to LocalQueue {namespace}/lq")
+    pods = wait_for(lambda: len(p := _pods(cluster, namespace, "q")) == 3 and p, 60, "2 workers and a spare",
+                    describe=lambda: kueue_operator.tail(40))
+    assert sorted(p["metadata"]["labels"].get("reprieve.dev/role", "worker") for p in pods) == [
+        "spare", "worker", "worker"]
+    wl = _get(cluster, "workload", wl_name, namespace)
+    assert wl["spec"]["queueName"] == "lq" and _cond(wl, "Admitted").get("status") == "True"
+    workloads = json.loads(cluster.kubectl("get", "workloads", "-n", namespace, "-o", "json").stdout)["items"]
+    assert [w["metadata"]["name"] for w in workloads] == [wl_name]  # one Workload, nothing left behind
+    kueue_operator.assert_no_errors()
+
+
+def test_an_in_place_gang_with_a_spare_saves_on_a_kueue_eviction_before_the_quota_is_given_back(
+        cluster: Any, kueue: Any, kueue_operator: Operator, namespace: str, nodes: list[str]) -> None:
+    """In place (workers under reprieve-run, a warm spare): the eviction's notice reaches the running attempt, the
+    supervisors report the workers' saved exit, only then do the pods go and the quota with them; readmitted,
+    the gang starts its next attempt.
+
+    Why this long: two admissions, a preemption with a save, and a readmission, each through Kueue."""
+    tag = cluster.kubectl("get", "node", nodes[0], "-o", "jsonpath={.metadata.labels.reprieve-test}").stdout
+    cq = _setup_queue(kueue, namespace, tag, "3")
+    kueue.apply(local_queue(namespace, "lq", cq), priority_class(f"low-{namespace}", 100),
+                priority_class(f"high-{namespace}", 1000))
+    apply(cluster, _queued("low", namespace, "lq", prio=f"low-{namespace}", save_seconds=1.0, restartMode="InPlace",
+                           spares=1))
+    wl_name = f"trainingjob-low-{_get(cluster, 'trainingjob', 'low', namespace)['metadata']['uid'][:5]}"
+    wait_for(lambda: len(p := _pods(cluster, namespace, "low")) == 3 and all(
+        x["status"].get("phase") == "Running" for x in p), 60, "2 workers and a spare running",
+             describe=lambda: kueue_operator.tail(40))
+    wait_for(lambda: _get(cluster, "trainingjob", "low", namespace)["status"].get("phase") == "Running", 60,
+             "the low job Running")
+
+    release = _watch_release(cluster, namespace, "low", wl_name)
+    exits = _watch_reports(cluster, namespace, "low")
+    # The preemptor needs the whole quota (3 pods of 1 CPU).
+    apply(cluster, _queued("high", namespace, "lq", prio=f"high-{namespace}", replicas=3, mode="exit:0"))
+    notices = wait_for(lambda: len(n := [json.loads(a) for p in _pods(cluster, namespace, "low")
+                                         if (a := (p["metadata"].get("annotations") or {}).get("reprieve.dev/notice"))])
+                       >= 2 and n, 60, "the kueue-preemption notice on the workers' pods",
+                       describe=lambda: kueue_operator.tail(40))
+    assert {(n["reason"], n["attempt"]) for n in notices} == {("kueue-preemption", 1)}
+    wl = _get(cluster, "workload", wl_name, namespace)
+    assert _cond(wl, "Evicted").get("status") == "True" and _cond(wl, "QuotaReserved").get("status") == "True"
+
+    # The supervisors report each worker's exit (the pods outlive their trainers in place): the restart code.
+    wait_for(lambda: len(exits) >= 2, 60, "both workers' exit reports", describe=lambda: kueue_operator.tail(60))
+    assert sorted((r["attempt"], r["code"]) for r in exits.values()) == [(1, 42), (1, 42)], exits
+    wait_for(lambda: release["released"] is not None, 60, "the quota given back",
+             describe=lambda: f"{release}\n{kueue_operator.tail(60)}")
+    # given back only once every pod (the spare's too) was gone: every deletion before the release in etcd's order
+    assert len(release["deleted"]) == 3 and max(release["deleted"].values()) < release["released"], release
+    _event(cluster, namespace, "low", "QuotaReleased")
+
+    wait_for(lambda: _get(cluster, "trainingjob", "high", namespace).get("status", {}).get("phase") == "Succeeded",
+             90, "the preemptor to run and succeed", describe=lambda: kueue_operator.tail(40))
+    st = wait_for(lambda: (s := _get(cluster, "trainingjob", "low", namespace)["status"]).get("attempt") == 2 and
+                  s.get("phase") == "Running" and s, 90, "the low job's attempt 2 running",
+                  describe=lambda: kueue_operator.tail(60))
+    assert st["lastNotice"]["reason"] == "kueue-preemption"
+    assert len(_pods(cluster, namespace, "low")) == 3  # workers and the spare again
     kueue_operator.assert_no_errors()

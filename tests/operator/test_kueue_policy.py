@@ -82,6 +82,32 @@ def test_gate(wl: dict | None, flavors: dict, spec: dict, hold: bool, reason: st
     assert g.condition.status == ("True" if hold else "False")
 
 
+@pytest.mark.parametrize(("message", "warning"), [
+    ("couldn't assign flavors to pod set workers: flavor gpu doesn't match node affinity", True),
+    ("couldn't assign flavors to pod set workers: untolerated taint {spot true NoSchedule <nil>} in flavor spot", True),
+    (("couldn't assign flavors to pod set workers: flavor gpu doesn't match node affinity, insufficient quota for "
+      "cpu in flavor spot, request > maximum capacity (2 > 1)"), False),
+    ("couldn't assign flavors to pod set workers: insufficient quota for cpu in flavor default", False),
+    ("LocalQueue team doesn't exist", False),
+])
+def test_a_flavor_that_cannot_run_the_template_is_a_warning(message: str, warning: bool) -> None:
+    wl = workload(cond("QuotaReserved", False, "Pending", message))
+    g = kueue.gate(job(), "team", kueue.parse_workload(wl), {}, NOW)
+    assert (g.hold, g.condition.reason, g.warning) == (True, "Pending", warning)
+    assert message in g.condition.message
+
+
+def test_an_eviction_of_a_job_with_notices_off_stops_it_at_once() -> None:
+    j = job(RUN, preemption={"enabled": False})
+    g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
+    assert g.notice is None and g.deadline is None and g.release
+    assert "spec.preemption.enabled: false" in g.condition.message
+    assert kueue.notice_annotation(g, 1) is None
+    out = decide(View(job=j, pods=[pod("llama-0", 0), pod("llama-1", 1)], now=NOW,
+                      known_nodes={"n-llama-0", "n-llama-1"}, placed=True, looked=True, kueue=g))
+    assert tuple(sorted(out.delete)) == ("llama-0", "llama-1") and out.plan.phase == "Suspended"
+
+
 def test_an_admission_gives_the_flavors_node_labels_and_tolerations() -> None:
     g = kueue.gate(job(), "team", kueue.parse_workload(ADMITTED), {"spot": SPOT}, NOW)
     tpl = kueue.admitted_template({"spec": {"containers": [{"name": "t"}], "nodeSelector": {"zone": "a"}}}, g)
@@ -234,3 +260,27 @@ def test_an_evicted_in_place_gang_is_stopped_once_its_workers_reported(reports: 
                       looked=True, kueue=g, assignment=Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476")))
     assert tuple(sorted(out.delete)) == deleted
     assert out.assign is None  # never the next attempt's assignment while evicted
+    assert out.record is None  # nor a gang restart: the one that exited waits for the rest, in its pod
+
+
+@pytest.mark.parametrize("mode", ["Recreate", "InPlace"])
+def test_an_evicted_gang_is_not_restarted_when_one_worker_fails_while_the_rest_saves(mode: str) -> None:
+    """One worker ended without an agreed save (exit 1; in place, the restart code but not agreed: what the
+    integration test's stand-in workers report) while the other still saves on the eviction's notice: no gang
+    restart (in place it would start the next attempt in the pods Kueue wants gone), nothing deleted."""
+    from reprieve_operator.policy.inplace import Assignment
+
+    spec: dict[str, Any] = {"restartMode": mode}
+    if mode == "InPlace":
+        spec["template_spec"] = {"containers": [{"name": "t", "command": ["python", "train.py"]}]}
+        report = {"reprieve.dev/exit": {"attempt": 1, "code": 42, "agreed": False, "time": EVICTED_AT}}
+        pods = [pod("llama-0", 0), pod("llama-1", 1, annotations=report)]
+    else:
+        pods = [pod("llama-0", 0), pod("llama-1", 1, phase="Failed", code=1)]
+    j = job({**RUN, "restartMode": mode}, **spec)
+    g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
+    assignment = Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476") if mode == "InPlace" else None
+    out = decide(View(job=j, pods=pods, now=NOW, known_nodes={p["spec"]["nodeName"] for p in pods}, placed=True,
+                      looked=True, kueue=g, assignment=assignment))
+    assert (out.record, out.assign, out.create, out.delete) == (None, None, (), ())
+    assert out.requeue_after == pytest.approx(50.0)  # looked at again when the notice runs out

@@ -101,10 +101,23 @@ def decide(view: View) -> Outcome:
     """The whole outcome of one reconcile of ``view.job`` (see the module docstring for the order)."""
     out = _in_place(view) if view.job.spec.mode == "InPlace" else _recreate(view)
     g = view.kueue
+    if g is not None and g.notice is not None and (out.record is not None or out.assign is not None) \
+            and held(view) is None:
+        out = _saving(view, g)
     if g is not None and g.deadline is not None and out.requeue_after is None and g.deadline > view.now:
         # An evicted gang still running: look again when its notice runs out (it is stopped then).
         out = dataclasses.replace(out, requeue_after=(g.deadline - view.now).total_seconds())
     return out
+
+
+def _saving(view: View, g: Gate) -> Outcome:
+    """Evicted by Kueue, part of the gang already exited on the notice and the rest still saving: no gang restart
+    (in place, the workers that exited would start the next attempt in their pods while Kueue wants the quota
+    back). Nothing changes until the rest exit or the notice runs out; then the job is held (:func:`held`)."""
+    st = view.job.status
+    plan = RestartPlan(phase=st.phase or "Preempting", attempt=st.attempt, conditions=(g.condition,),
+                       message="waiting for the gang to exit on Kueue's eviction notice")
+    return Outcome(view.job, plan, view.now.timestamp())
 
 
 def held(view: View) -> Condition | None:

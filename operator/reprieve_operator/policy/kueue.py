@@ -169,6 +169,12 @@ def gate(job: TrainingJob, queue: str, wl: Workload | None, flavors: Mapping[str
         return queued("WorkloadFinished", f"Workload {wl.name} is finished: {wl.finished}", warning=True)
     if wl.evicted is not None and wl.quota_reserved:
         ev = wl.evicted
+        if not job.spec.preemption.enabled:
+            # Notices are off for this job: the eviction stops the gang at once, as Kueue stops a batch Job.
+            msg = (f"Kueue evicted Workload {wl.name} ({ev.reason}: {ev.message}); notices are off "
+                   f"(spec.preemption.enabled: false): the pods are stopped now, then the quota of ClusterQueue "
+                   f"{wl.cluster_queue} is given back")
+            return Gate(hold=True, condition=Condition(QUEUED, "True", "Evicted", msg), release=True)
         deadline = ev.since + timedelta(seconds=notice_seconds(job))
         msg = (f"Kueue evicted Workload {wl.name} ({ev.reason}: {ev.message}); the gang saves by "
                f"{rfc3339(deadline)}, then the quota of ClusterQueue {wl.cluster_queue} is given back")
@@ -179,7 +185,8 @@ def gate(job: TrainingJob, queue: str, wl: Workload | None, flavors: Mapping[str
         why = wl.pending or "waiting for quota"
         if wl.evicted is not None:
             why = f"evicted ({wl.evicted.reason}: {wl.evicted.message}); {why}"
-        return queued("Pending", f"waiting in {where}: {why}")
+        return queued("Pending", f"waiting in {where}: {why}", warning=unfit(wl.pending))
+
     if not wl.admitted:
         return queued("AdmissionChecks", f"quota reserved in ClusterQueue {wl.cluster_queue}; waiting for its "
                                          f"admission checks")
@@ -210,6 +217,17 @@ def gate(job: TrainingJob, queue: str, wl: Workload | None, flavors: Mapping[str
     return Gate(hold=False, condition=Condition(QUEUED, "False", "Admitted",
                                                 f"admitted by ClusterQueue {wl.cluster_queue}{shown}"),
                 node_selector=selector, tolerations=tuple(tolerations))
+
+
+# Kueue's words (pkg/scheduler/flavorassigner, v0.17) when no flavor of the ClusterQueue fits the pod template
+# itself: the job will not be admitted until the template or the queue changes, so the Event is a Warning.
+UNFIT = ("doesn't match node affinity", "untolerated taint")
+
+
+def unfit(pending: str) -> bool:
+    """Kueue keeps the Workload pending because no flavor can run the template (not for want of quota: a
+    message that also names insufficient quota may clear by itself)."""
+    return any(w in pending for w in UNFIT) and "insufficient quota" not in pending
 
 
 def needs_new_workload(job: TrainingJob, wl: Workload) -> str | None:
