@@ -101,14 +101,18 @@ def e2e_job(cluster: Any, name: str, **kwargs: Any) -> dict[str, Any]:
 
 
 def submit_recreate(cluster: Any, namespace: str, name: str, root: Path, *, steps: int, step_sleep: float,
-                    interval: int = 0, extra_env: dict[str, str] | None = None, **kwargs: Any) -> Path:
+                    interval: int = 0, extra_env: dict[str, str] | None = None,
+                    notice_seconds: dict[str, int] | None = None, **kwargs: Any) -> Path:
     """Apply a 2-worker ``restartMode: Recreate`` job writing its step log to ``<root>/<name>/steps.jsonl``; return
-    that directory (its checkpoints and result.json too). ``kwargs`` go to :func:`e2e_job`."""
+    that directory (its checkpoints and result.json too). ``notice_seconds``: ``spec.preemption.noticeSeconds``.
+    ``kwargs`` go to :func:`e2e_job`."""
     ckpt = root / name
     body = e2e_job(cluster, name, replicas=2, steps=steps, step_sleep=step_sleep, interval=interval,
                    checkpoint_dir=ckpt, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **(extra_env or {})},
                    **kwargs)
     body["spec"]["restartMode"] = "Recreate"
+    if notice_seconds:
+        body["spec"].setdefault("preemption", {})["noticeSeconds"] = notice_seconds
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
     return ckpt
 
