@@ -65,26 +65,39 @@ def _queued(name: str, namespace: str, queue: str, cpu: str = "1", prio: str | N
     return m
 
 
-def _watch_exits(cluster: Any, namespace: str, job: str) -> dict[str, int]:
-    """Pod name -> exit code of the job's first attempt, recorded by a watch (the operator deletes the pods as
-    soon as they end: polling could miss the moment)."""
-    from kubernetes import client, watch
-
-    exits: dict[str, int] = {}
-    api = client.CoreV1Api(cluster.api_client())
+def _watch(list_fn: Any, *args: Any, on_event: Any, **kwargs: Any) -> None:
+    """Call ``on_event`` for every event of a watch over ``list_fn(*args, **kwargs)`` in a daemon thread (200 s at
+    most; the watch ends with the test, its namespace or cluster going). For what a poll could miss."""
+    from kubernetes import watch
 
     def run() -> None:
         try:
-            for ev in watch.Watch().stream(api.list_namespaced_pod, namespace, timeout_seconds=200,
-                                           label_selector=f"reprieve.dev/job-name={job},reprieve.dev/attempt=1"):
-                pod = ev["object"]
-                for st in pod.status.container_statuses or []:
-                    if st.state and st.state.terminated is not None:
-                        exits[pod.metadata.name] = st.state.terminated.exit_code
-        except Exception:  # noqa: BLE001, S110 - the watch ends with the test (its namespace or cluster goes)
+            for ev in watch.Watch().stream(list_fn, *args, timeout_seconds=200, **kwargs):
+                on_event(ev)
+        except Exception:  # noqa: BLE001, S110 - the watch ends with the test
             pass
 
     threading.Thread(target=run, daemon=True).start()
+
+
+def _first_attempt(job: str) -> str:
+    return f"reprieve.dev/job-name={job},reprieve.dev/attempt=1"
+
+
+def _watch_exits(cluster: Any, namespace: str, job: str) -> dict[str, int]:
+    """Pod name -> exit code of the job's first attempt (the operator deletes the pods as soon as they end)."""
+    from kubernetes import client
+
+    exits: dict[str, int] = {}
+
+    def on_event(ev: dict[str, Any]) -> None:
+        pod = ev["object"]
+        for st in pod.status.container_statuses or []:
+            if st.state and st.state.terminated is not None:
+                exits[pod.metadata.name] = st.state.terminated.exit_code
+
+    _watch(client.CoreV1Api(cluster.api_client()).list_namespaced_pod, namespace,
+           label_selector=_first_attempt(job), on_event=on_event)
     return exits
 
 
@@ -92,57 +105,41 @@ def _watch_release(cluster: Any, namespace: str, job: str, workload: str) -> dic
     """The etcd revisions (resourceVersion, one global counter) at which the job's attempt-1 pods were deleted and
     at which its Workload's ``QuotaReserved`` first turned False: the order of the two, whatever a poll would have
     seen (the preemptor may end and the job be admitted again within a second of the release)."""
-    from kubernetes import client, watch
+    from kubernetes import client
 
     seen: dict[str, Any] = {"deleted": {}, "released": None}
     api = cluster.api_client()
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
 
-    def pods() -> None:
-        try:
-            for ev in watch.Watch().stream(core.list_namespaced_pod, namespace, timeout_seconds=200,
-                                           label_selector=f"reprieve.dev/job-name={job},reprieve.dev/attempt=1"):
-                if ev["type"] == "DELETED":
-                    seen["deleted"][ev["object"].metadata.name] = int(ev["object"].metadata.resource_version)
-        except Exception:  # noqa: BLE001, S110 - the watch ends with the test
-            pass
+    def pod_event(ev: dict[str, Any]) -> None:
+        if ev["type"] == "DELETED":
+            seen["deleted"][ev["object"].metadata.name] = int(ev["object"].metadata.resource_version)
 
-    def workloads() -> None:
-        try:
-            for ev in watch.Watch().stream(custom.list_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2",
-                                           namespace, "workloads", timeout_seconds=200,
-                                           field_selector=f"metadata.name={workload}"):
-                obj = ev["object"]
-                if seen["released"] is None and _cond(obj, "QuotaReserved").get("status") == "False" \
-                        and _cond(obj, "Evicted").get("status") == "True":
-                    seen["released"] = int(obj["metadata"]["resourceVersion"])
-        except Exception:  # noqa: BLE001, S110 - the watch ends with the test
-            pass
+    def workload_event(ev: dict[str, Any]) -> None:
+        obj = ev["object"]
+        if seen["released"] is None and _cond(obj, "QuotaReserved").get("status") == "False" \
+                and _cond(obj, "Evicted").get("status") == "True":
+            seen["released"] = int(obj["metadata"]["resourceVersion"])
 
-    for fn in (pods, workloads):
-        threading.Thread(target=fn, daemon=True).start()
+    _watch(client.CoreV1Api(api).list_namespaced_pod, namespace, label_selector=_first_attempt(job),
+           on_event=pod_event)
+    _watch(client.CustomObjectsApi(api).list_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2", namespace,
+           "workloads", field_selector=f"metadata.name={workload}", on_event=workload_event)
     return seen
 
 
 def _watch_reports(cluster: Any, namespace: str, job: str) -> dict[str, dict[str, Any]]:
-    """Pod name -> its supervisor's exit report (in place), recorded by a watch: the pods go within a second or
-    two of the reports, a poll could miss them."""
-    from kubernetes import client, watch
+    """Pod name -> its supervisor's exit report (in place): the pods go within a second or two of the reports."""
+    from kubernetes import client
 
     seen: dict[str, dict[str, Any]] = {}
-    core = client.CoreV1Api(cluster.api_client())
 
-    def run() -> None:
-        try:
-            for ev in watch.Watch().stream(core.list_namespaced_pod, namespace, timeout_seconds=200,
-                                           label_selector=f"reprieve.dev/job-name={job}"):
-                raw = (ev["object"].metadata.annotations or {}).get("reprieve.dev/exit")
-                if raw:
-                    seen[ev["object"].metadata.name] = json.loads(raw)
-        except Exception:  # noqa: BLE001, S110 - the watch ends with the test
-            pass
+    def on_event(ev: dict[str, Any]) -> None:
+        raw = (ev["object"].metadata.annotations or {}).get("reprieve.dev/exit")
+        if raw:
+            seen[ev["object"].metadata.name] = json.loads(raw)
 
-    threading.Thread(target=run, daemon=True).start()
+    _watch(client.CoreV1Api(cluster.api_client()).list_namespaced_pod, namespace,
+           label_selector=f"reprieve.dev/job-name={job}", on_event=on_event)
     return seen
 
 
