@@ -238,9 +238,12 @@ def _leftovers(cluster: Any, namespace: str) -> list[str]:
     return [o for o in out if o != "configmap/kube-root-ca.crt"]
 
 
-def _condition(cluster: Any, namespace: str, job: str, reason: str, op: Operator) -> dict[str, Any]:
+def _condition(cluster: Any, namespace: str, job: str, reason: str, op: Operator, says: str = "") -> dict[str, Any]:
+    """The Queued condition once it has ``reason`` and its message ``says`` (the operator writes what the
+    Workload says at each moment: "not yet evaluated by Kueue" comes before Kueue's own words)."""
     return dict(wait_for(lambda: (c := _cond(_get(cluster, "trainingjob", job, namespace), "Queued"))
-                         .get("reason") == reason and c, 60, f"Queued=True/{reason}",
+                         .get("reason") == reason and says in str(c.get("message")) and c, 60,
+                         f"Queued=True/{reason} saying {says!r}",
                          describe=lambda: op.tail(40)))
 
 
@@ -308,8 +311,8 @@ def test_a_job_edited_while_queued_replaces_or_moves_its_workload_and_then_start
     cq = _setup_queue(kueue, namespace, tag, "3")
     kueue.apply(local_queue(namespace, "lq", cq))
     apply(cluster, _queued("q", namespace, "nowhere", restartMode="InPlace"))
-    cond = _condition(cluster, namespace, "q", "Pending", kueue_operator)
-    assert "LocalQueue nowhere doesn't exist" in cond["message"], cond
+    cond = _condition(cluster, namespace, "q", "Pending", kueue_operator, says="LocalQueue nowhere doesn't exist")
+    assert cond["message"].startswith(f"waiting in LocalQueue {namespace}/nowhere: "), cond
     uid = _get(cluster, "trainingjob", "q", namespace)["metadata"]["uid"]
     wl_name = f"trainingjob-q-{uid[:5]}"
     assert _get(cluster, "workload", wl_name, namespace)["spec"]["podSets"][0]["count"] == 2

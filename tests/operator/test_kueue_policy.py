@@ -64,6 +64,7 @@ SPOT = {"spec": {"nodeLabels": {"pool": "spot"}, "tolerations": [
 
 @pytest.mark.parametrize(("wl", "flavors", "spec", "hold", "reason", "says"), [
     (None, {}, {}, True, "WorkloadCreating", "LocalQueue ml/team"),
+    (workload(), {}, {}, True, "Pending", "waiting in LocalQueue ml/team: not yet evaluated by Kueue"),
     (PENDING, {}, {}, True, "Pending", "insufficient quota for cpu"),
     (NO_QUEUE, {}, {}, True, "Pending", "LocalQueue team doesn't exist"),
     (CHECKS, {"spot": SPOT}, {}, True, "AdmissionChecks", "ClusterQueue cq"),

@@ -99,7 +99,7 @@ class Workload:
     cluster_queue: str | None = None
     flavors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # pod set -> flavor names assigned
     evicted: Eviction | None = None
-    pending: str = ""  # why it waits (QuotaReserved=False message, Kueue's own words)
+    pending: str = ""  # why it waits (QuotaReserved=False message, Kueue's own words; no condition yet: not evaluated)
     finished: str | None = None  # the Finished condition's message, once Kueue (or we) finished it
     checkpoint: str | None = None  # the current ANNOTATION_CHECKPOINT value
 
@@ -132,7 +132,8 @@ def parse_workload(body: Mapping[str, Any]) -> Workload:
         counts={str(p.get("name")): int(p.get("count") or 0) for p in spec.get("podSets") or []},
         quota_reserved=_true(qr), admitted=_true(_cond(body, "Admitted")),
         cluster_queue=admission.get("clusterQueue"), flavors=flavors, evicted=evicted,
-        pending=str((qr or {}).get("message") or "") if not _true(qr) else "",
+        pending=("" if _true(qr) else str(qr.get("message") or "") if qr is not None
+                 else "not yet evaluated by Kueue"),
         finished=str((fin or {}).get("message") or "finished") if _true(fin) else None,
         checkpoint=(meta.get("annotations") or {}).get(ANNOTATION_CHECKPOINT))
 
