@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
 from localcluster import Cluster, ClusterError, chaos
 from localcluster.goodput import analyse, read_step_log
-from localcluster.injectors import Injectors
+from localcluster.injectors import Injectors, assigned_pods, split_roles, view
 from localcluster.realnodes import RealNodeError, prerequisites
 from localcluster.soakrecord import (
     Injected,
@@ -95,6 +95,10 @@ class Observer(threading.Thread):
                 tj = custom.get_namespaced_custom_object("reprieve.dev", "v1alpha1", NS, "trainingjobs", self.job)
                 pods = core.list_namespaced_pod(NS, label_selector=f"reprieve.dev/job-name={self.job}").items
                 try:
+                    assigned = assigned_pods(core.read_namespaced_config_map(f"{self.job}-assignment", NS).data)
+                except client.ApiException:
+                    assigned = None
+                try:
                     holder = coord.read_namespaced_lease(RELEASE, RELEASE_NS).spec.holder_identity or ""
                 except client.ApiException:
                     holder = ""
@@ -109,9 +113,8 @@ class Observer(threading.Thread):
             self.obs.append(Observation(
                 time.time(), int(s.get("attempt") or 0), str(s.get("phase") or ""), str(notice.get("id") or ""),
                 str(notice.get("node") or ""), step, holder.rsplit("_", 1)[0],
-                tuple(sorted(p.metadata.name for p in pods if "-spare-" in p.metadata.name
-                             and p.status.phase == "Running" and not p.metadata.deletion_timestamp)),
-                s.get("lastRestart"), (s.get("goodput") or {}).get("lostSteps")))
+                tuple(sorted(p.name for p in split_roles([view(p) for p in pods], assigned)[1])),
+                s.get("lastRestart"), (s.get("goodput") or {}).get("lostSteps"), s.get("lastRestore")))
 
 
 def soak_job(cluster: Cluster, name: str, work: Path, args: argparse.Namespace, real: bool) -> tuple[dict, Path]:
@@ -362,8 +365,8 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
     say(f"JSON: {out / 'soak.json'}")
     draw(api, recs, start, out)
     api.close()
-    ok = (not interrupted and status.get("phase") == "Succeeded" and tot.recovered == tot.injected and not lost
-          and sha is True)
+    ok = (not interrupted and status.get("phase") == "Succeeded" and tot.recovered == tot.injected
+          and not tot.not_injected and not lost and sha is True)
     return 0 if ok else 1
 
 

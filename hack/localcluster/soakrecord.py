@@ -24,6 +24,7 @@ from typing import Any
 from .chaos import KINDS
 from .goodput import Interruption, StepRecord
 
+NOT_INJECTED = "not injected: "
 SLACK_S = 3.0  # a kill lands mid-step: the last record of the attempt it ends is up to a step before it
 
 
@@ -52,6 +53,7 @@ class Observation:
     spares: tuple[str, ...] = ()
     last_restart: Mapping[str, Any] | None = None
     operator_lost_steps: int | None = None   # status.goodput.lostSteps
+    last_restore: Mapping[str, Any] | None = None  # status.lastRestore (the memory tier's restore)
 
 
 @dataclass
@@ -78,6 +80,7 @@ class Totals:
     sha256_equal: bool | None = None
     lost_steps: int = 0
     badput_by_kind: dict[str, float] = field(default_factory=dict)  # gap seconds, by fault kind
+    not_injected: int = 0        # planned faults the injector could not carry out (no target at that moment)
 
     @property
     def goodput_ratio(self) -> float:
@@ -169,12 +172,14 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
     matched = attribute(faults, interruptions)
     last_t = max((r.t for r in steps), default=0.0)
     by_attempt = {o.attempt: o.last_restart for o in obs if o.last_restart and o.last_restart.get("attempt") == o.attempt}
+    restores = {**{a: r for o in obs if (a := _attempt_of(o.last_restore)) and (r := restore_in_words(o.last_restore))},
+                **restores}
     out = []
     for k, f in enumerate(faults):
         seen = detected(f, obs)
         rec = FaultRecord(f.kind, f.target, round(f.at - t0, 2), None if seen is None else round(seen - t0, 2))
         if f.error:
-            rec.note = f"not injected: {f.error}"
+            rec.note = f"{NOT_INJECTED}{f.error}"
             out.append(rec)
             continue
         if k in matched:
@@ -227,6 +232,26 @@ def restores_by_attempt(logs: Iterable[Iterable[str]]) -> dict[int, str]:
     return out
 
 
+def _attempt_of(raw: Mapping[str, Any] | None) -> int:
+    try:
+        return int((raw or {}).get("attempt") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def restore_in_words(last_restore: Mapping[str, Any] | None) -> str:
+    """``status.lastRestore`` (the operator's view of process 0's report) as :func:`restores_by_attempt` words:
+    "memory tier: 0=memory, 1=peer" (sources per process), "storage", or "" when it says nothing."""
+    if not last_restore:
+        return ""
+    sources = [str(s) for s in last_restore.get("sources") or []]
+    if last_restore.get("tier") == "storage" or (sources and all(s == "storage" for s in sources)):
+        return "storage"
+    if sources:
+        return "memory tier: " + ", ".join(f"{i}={src}" for i, src in enumerate(sources))
+    return str(last_restore.get("tier") or "")
+
+
 def committed_lost(committed_seen: Iterable[int], present: Iterable[int], keep: int) -> list[int]:
     """Steps reported committed that should still be on storage (the newest ``keep`` of them: retention deletes
     the older ones) but are not."""
@@ -240,8 +265,9 @@ def totals(recs: Sequence[FaultRecord], *, goodput: float, goodput_fault_free: f
     badput: dict[str, float] = {}
     for r in recs:
         badput[r.kind] = round(badput.get(r.kind, 0.0) + r.gap_seconds, 2)
-    return Totals(len(recs), sum(r.recovered for r in recs), goodput, goodput_fault_free, lost, sha256_equal,
-                  sum(r.lost_steps for r in recs), badput)
+    missed = sum(r.note.startswith(NOT_INJECTED) for r in recs)
+    return Totals(len(recs) - missed, sum(r.recovered for r in recs), goodput, goodput_fault_free, lost,
+                  sha256_equal, sum(r.lost_steps for r in recs), badput, missed)
 
 
 def table(recs: Sequence[FaultRecord], tot: Totals) -> str:
@@ -259,7 +285,8 @@ def table(recs: Sequence[FaultRecord], tot: Totals) -> str:
     share = ", ".join(f"{k} {v / total_gap:.0%}" for k, v in sorted(tot.badput_by_kind.items(), key=lambda x: -x[1])
                       if v > 0)
     sha = {True: "equal", False: "DIFFERENT", None: "not compared"}[tot.sha256_equal]
-    rows += ["", f"faults injected {tot.injected}, recovered {tot.recovered}; lost steps {tot.lost_steps}",
+    missed = f" ({tot.not_injected} more could not be injected)" if tot.not_injected else ""
+    rows += ["", f"faults injected {tot.injected}, recovered {tot.recovered}{missed}; lost steps {tot.lost_steps}",
              (f"goodput {tot.goodput:.1%} vs fault-free {tot.goodput_fault_free:.1%} "
              f"({tot.goodput_ratio:.1%} of fault-free)"),
              f"committed checkpoints lost: {len(tot.committed_lost)}"

@@ -9,13 +9,14 @@ import pytest
 from localcluster import chaos
 from localcluster.chaos import REAL_NODES, SPARE, Capabilities, SoakConfigError
 from localcluster.goodput import StepRecord, analyse
-from localcluster.injectors import Proc, pick
+from localcluster.injectors import PodView, Proc, assigned_pods, pick, split_roles
 from localcluster.soakrecord import (
     Injected,
     Observation,
     committed_lost,
     how_restarted,
     records,
+    restore_in_words,
     restores_by_attempt,
     table,
     totals,
@@ -170,7 +171,9 @@ def test_a_fault_after_which_nothing_trained_is_unrecovered_and_a_failed_injecti
     assert not recs[0].recovered and recs[0].detected_at is None and "no step after it" in recs[0].note
     assert not recs[1].recovered and recs[1].note == "not injected: no trainer"
     tot = totals(recs, goodput=0.1, goodput_fault_free=0.0, lost=[30], sha256_equal=False)
+    assert (tot.injected, tot.not_injected, tot.recovered) == (1, 1, 0)
     text = table(recs, tot)
+    assert "faults injected 1, recovered 0 (1 more could not be injected)" in text
     assert "UNRECOVERED" in text and "DIFFERENT" in text and "(steps [30])" in text
 
 
@@ -236,3 +239,54 @@ def test_badput_by_kind_sums_gaps() -> None:
 def test_pick_finds_the_supervisor_and_the_trainer(procs: list[Proc], role: str, expected: int | None) -> None:
     got = pick(role, procs)
     assert (got.pid if got else None) == expected
+
+
+W0, W1 = PodView("lm-0", "worker", "n0", True), PodView("lm-1", "worker", "n1", True)
+S_TOOK = PodView("lm-spare-a", "spare", "n2", True)     # a spare that took over index 0: name and label kept
+S_FREE = PodView("lm-spare-b", "spare", "n3", True)
+GONE = PodView("lm-spare-c", "spare", "n4", False)
+
+
+@pytest.mark.parametrize(("pods", "assigned", "workers", "spares"), [
+    ([W0, W1, S_FREE], {"lm-0", "lm-1"}, ["lm-0", "lm-1"], ["lm-spare-b"]),
+    # found by the first soak on real nodes: after a spare took over, every pod was named and labelled a spare,
+    # and the injectors found no worker to kill
+    ([S_TOOK, W1, S_FREE, GONE], {"lm-spare-a", "lm-1"}, ["lm-spare-a", "lm-1"], ["lm-spare-b"]),
+    ([W0, W1, S_FREE], None, ["lm-0", "lm-1"], ["lm-spare-b"]),   # no assignment (yet): by the label
+    ([W0, GONE], {"lm-0", "lm-spare-c"}, ["lm-0"], []),          # not running: neither
+])
+def test_workers_are_the_assigned_pods_not_the_ones_named_worker(pods: list[PodView], assigned: set[str] | None,
+                                                                 workers: list[str], spares: list[str]) -> None:
+    got = split_roles(pods, assigned)
+    assert ([p.name for p in got[0]], [p.name for p in got[1]]) == (workers, spares)
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    ({"attempt": "3", "processes": '{"lm-spare-a": 0, "lm-1": 1}'}, {"lm-spare-a", "lm-1"}),
+    ({"attempt": "3"}, None),
+    (None, None),
+    ({"processes": "not json"}, None),
+])
+def test_assigned_pods_from_the_assignment_configmap(data: dict | None, expected: set[str] | None) -> None:
+    assert assigned_pods(data) == expected
+
+
+@pytest.mark.parametrize(("last_restore", "expected"), [
+    ({"attempt": 3, "sources": ["memory", "peer"], "step": 102, "tier": "memory"}, "memory tier: 0=memory, 1=peer"),
+    ({"attempt": 2, "sources": ["storage", "storage"], "step": 77, "tier": "storage"}, "storage"),
+    ({"attempt": 2, "tier": "mixed"}, "mixed"),
+    (None, ""),
+])
+def test_restore_in_words_from_the_status(last_restore: dict | None, expected: str) -> None:
+    assert restore_in_words(last_restore) == expected
+
+
+def test_the_status_restore_fills_in_where_the_trainer_logs_are_gone() -> None:
+    log = steps(1, range(10), 0) + steps(2, range(8, 20), 20)
+    intr = analyse(log, start=0, end=40).interruptions
+    obs = [Observation(21, 2, last_restart={"attempt": 2, "inPlace": 2},
+                       last_restore={"attempt": 2, "sources": ["memory", "memory"], "tier": "memory"})]
+    (rec,) = records([Injected("node-lost", "n0", 9.5, 1)], obs, intr, log, t0=0)
+    assert rec.recovery == "2 in place; memory tier: 0=memory, 1=memory"
+    (rec,) = records([Injected("node-lost", "n0", 9.5, 1)], obs, intr, log, t0=0, restores={2: "storage"})
+    assert rec.recovery == "2 in place; storage"  # the trainer log, where there is one, wins
