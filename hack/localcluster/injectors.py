@@ -40,12 +40,16 @@ class Proc:
     ppid: int
     inner: int
     started: int  # clock ticks after boot (/proc/<pid>/stat field 22)
+    comm: str = ""  # /proc/<pid>/comm: the pod's sandbox ("pause") is a PID 1 in the pod's cgroup too
 
 
 def pick(role: str, procs: Sequence[Proc]) -> Proc | None:
     """The supervisor (the container's PID 1: ``reprieve-run``) or the trainer (the supervisor's oldest child: a
-    warm process is always started after the trainer it stands in for, and takes over only when that one is gone)."""
-    sup = next((p for p in procs if p.inner == 1), None)
+    warm process is always started after the trainer it stands in for, and takes over only when that one is gone).
+
+    The pod's sandbox process (``pause``) is a PID 1 of its own pid namespace in the same pod cgroup: never it
+    (the first soak on real nodes killed the sandbox instead of the supervisor, and found no trainer under it)."""
+    sup = next((p for p in procs if p.inner == 1 and p.comm != "pause"), None)
     if role == "supervisor" or sup is None:
         return sup
     children = sorted((p for p in procs if p.ppid == sup.pid), key=lambda p: (p.started, p.pid))
@@ -100,7 +104,8 @@ def _proc(pid: int) -> Proc | None:
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     nspid = fields.get("NSpid", str(pid)).split()
     after_comm = stat.rsplit(")", 1)[1].split()
-    return Proc(pid, int(fields.get("PPid", "0")), int(nspid[-1]), int(after_comm[19]))
+    return Proc(pid, int(fields.get("PPid", "0")), int(nspid[-1]), int(after_comm[19]),
+                fields.get("Name", "").strip())
 
 
 def pod_processes(cgroup_tree: str, pod_uid: str) -> list[Proc]:

@@ -3,9 +3,10 @@ TrainingJob (polled observations) and the step log's interruptions; the totals; 
 
 How a fault is matched to the step log (``docs/soak.md``, "How faults are counted"):
 
-* an interruption (attempt ``a`` ends, ``a+1`` resumes: :mod:`localcluster.goodput`) is *caused* by the latest
-  interrupting fault injected no later than ``SLACK_S`` after the interrupted attempt's last step record, and not
-  already the cause of an earlier one; its lost steps and gap go to that fault;
+* an interruption (attempt ``a`` ends, ``a+1`` resumes: :mod:`localcluster.goodput`) is *caused* by the first
+  interrupting fault injected while ``a`` trained (after the previous interruption's resume, no later than
+  ``SLACK_S`` after ``a``'s last step record); its lost steps and gap go to that fault. Later faults of the same
+  span share it (a kill landing while the workers save for a notice: the notice set the restart in motion);
 * an interrupting fault injected while that restart was under way (after the last step, before the first step of
   the next attempt) shares the interruption: it is counted "during restart", with no lost steps or gap of its own;
 * a fault that needs no restart (a spare or the operator leader killed) is recovered when the harness saw the
@@ -151,16 +152,17 @@ def operator_lost(obs: Sequence[Observation], since: float, until: float) -> int
 
 
 def attribute(faults: Sequence[Injected], interruptions: Sequence[Interruption]) -> dict[int, tuple[int, str]]:
-    """fault index -> (interruption index, "cause" | "during restart"), as the module docstring says."""
+    """fault index -> (interruption index, "cause" | "shared" | "during restart"), as the module docstring says."""
     out: dict[int, tuple[int, str]] = {}
-    order = sorted(range(len(faults)), key=lambda k: faults[k].at)
+    order = [k for k in sorted(range(len(faults)), key=lambda k: faults[k].at)
+             if KINDS[faults[k].kind].interrupts and not faults[k].error]
     for j, intr in enumerate(interruptions):
-        causes = [k for k in order if KINDS[faults[k].kind].interrupts and k not in out and not faults[k].error
-                  and faults[k].at <= intr.last_t + SLACK_S]
-        if causes:
-            out[causes[-1]] = (j, "cause")
+        since = interruptions[j - 1].next_t if j > 0 else float("-inf")
+        during = [k for k in order if k not in out and since < faults[k].at <= intr.last_t + SLACK_S]
+        for i, k in enumerate(during):
+            out[k] = (j, "shared" if i else "cause")
         for k in order:
-            if k not in out and KINDS[faults[k].kind].interrupts and intr.last_t + SLACK_S < faults[k].at <= intr.next_t:
+            if k not in out and intr.last_t + SLACK_S < faults[k].at <= intr.next_t:
                 out[k] = (j, "during restart")
     return out
 
@@ -192,6 +194,8 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
                 rec.lost_steps, rec.gap_seconds = intr.lost_steps, round(intr.gap_seconds, 2)
                 until = interruptions[j + 1].last_t if j + 1 < len(interruptions) else float("inf")
                 rec.operator_lost_steps = operator_lost(obs, intr.last_t, until)
+            elif role == "shared":
+                rec.note = "shares the restart of an earlier fault of the same attempt"
             else:
                 rec.note = "during restart: shares the restart of the fault before it"
         elif not KINDS[f.kind].interrupts:

@@ -234,6 +234,12 @@ def test_badput_by_kind_sums_gaps() -> None:
     # a grandchild (the trainer's own child) is never picked
     ([Proc(100, 90, 1, 5), Proc(130, 110, 9, 1), Proc(110, 100, 6, 10)], "trainer", 110),
     ([Proc(100, 90, 1, 5)], "trainer", None),     # between attempts: no trainer
+    # found by the soak on real nodes: the pod's sandbox ("pause") is a PID 1 in the pod's cgroup too, and was
+    # picked as the supervisor (killing the sandbox; no trainer found under it)
+    ([Proc(90, 80, 1, 3, "pause"), Proc(100, 80, 1, 5, "reprieve-run"), Proc(110, 100, 6, 10, "python")],
+     "trainer", 110),
+    ([Proc(90, 80, 1, 3, "pause"), Proc(100, 80, 1, 5, "reprieve-run")], "supervisor", 100),
+    ([Proc(90, 80, 1, 3, "pause")], "supervisor", None),
     ([Proc(120, 100, 7, 50)], "supervisor", None),  # no PID 1 seen
 ])
 def test_pick_finds_the_supervisor_and_the_trainer(procs: list[Proc], role: str, expected: int | None) -> None:
@@ -290,3 +296,15 @@ def test_the_status_restore_fills_in_where_the_trainer_logs_are_gone() -> None:
     assert rec.recovery == "2 in place; memory tier: 0=memory, 1=memory"
     (rec,) = records([Injected("node-lost", "n0", 9.5, 1)], obs, intr, log, t0=0, restores={2: "storage"})
     assert rec.recovery == "2 in place; storage"  # the trainer log, where there is one, wins
+
+
+def test_a_kill_landing_while_the_workers_save_for_a_notice_shares_the_notices_restart() -> None:
+    # found by the soak on real nodes: an AWS spot notice at 181 (the workers saved and exited at 195), a
+    # supervisor killed at 197 during that exit; the step log shows one interruption. The notice set it in motion:
+    # it was recorded "no restart" and the kill took the gap.
+    log = steps(1, range(96), 100) + steps(2, range(96, 120), 210)
+    intr = analyse(log, start=100, end=240).interruptions
+    faults = [Injected("notice-aws-spot-itn", "w-2", 181, 1), Injected("kill-supervisor", "lm-spare-a", 197, 1)]
+    notice, kill = records(faults, [Observation(205, 2)], intr, log, t0=100)
+    assert (notice.recovered, notice.lost_steps, notice.gap_seconds, notice.note) == (True, 0, pytest.approx(14), "")
+    assert kill.recovered and kill.gap_seconds == 0 and "shares the restart" in kill.note
