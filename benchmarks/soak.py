@@ -50,6 +50,7 @@ from localcluster.soakrecord import (
     restores_by_attempt,
     table,
     totals,
+    unexplained,
 )
 from localcluster.stack import (
     RELEASE,
@@ -352,7 +353,7 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
     except (OSError, ValueError, KeyError):
         pass
     tot = totals(recs, goodput=report.goodput_after_start, goodput_fault_free=free_report.goodput_after_start,
-                 lost=lost, sha256_equal=sha)
+                 lost=lost, sha256_equal=sha, unexplained=unexplained(injected, report.interruptions))
     print("\n" + table(recs, tot))
     gp = status.get("goodput") or {}
     print(f"job: {status.get('phase', 'not ended')}; restarts {status.get('restarts')}; operator's lost steps "

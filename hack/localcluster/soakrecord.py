@@ -82,6 +82,7 @@ class Totals:
     lost_steps: int = 0
     badput_by_kind: dict[str, float] = field(default_factory=dict)  # gap seconds, by fault kind
     not_injected: int = 0        # planned faults the injector could not carry out (no target at that moment)
+    unexplained: list[str] = field(default_factory=list)  # interruptions no fault caused: "attempt a->b at step s"
 
     @property
     def goodput_ratio(self) -> float:
@@ -152,19 +153,30 @@ def operator_lost(obs: Sequence[Observation], since: float, until: float) -> int
 
 
 def attribute(faults: Sequence[Injected], interruptions: Sequence[Interruption]) -> dict[int, tuple[int, str]]:
-    """fault index -> (interruption index, "cause" | "shared" | "during restart"), as the module docstring says."""
+    """fault index -> (interruption index, "cause" | "shared" | "during restart"), as the module docstring says.
+
+    An interruption no fault of its span explains takes the first fault injected during the restart before it
+    (a notice delivered to an attempt that had not stepped yet ends that attempt, not the one before)."""
     out: dict[int, tuple[int, str]] = {}
     order = [k for k in sorted(range(len(faults)), key=lambda k: faults[k].at)
              if KINDS[faults[k].kind].interrupts and not faults[k].error]
     for j, intr in enumerate(interruptions):
         since = interruptions[j - 1].next_t if j > 0 else float("-inf")
         during = [k for k in order if k not in out and since < faults[k].at <= intr.last_t + SLACK_S]
+        if not during:
+            during = [k for k in order if out.get(k) == (j - 1, "during restart")][:1]
         for i, k in enumerate(during):
             out[k] = (j, "shared" if i else "cause")
         for k in order:
             if k not in out and intr.last_t + SLACK_S < faults[k].at <= intr.next_t:
                 out[k] = (j, "during restart")
     return out
+
+
+def unexplained(faults: Sequence[Injected], interruptions: Sequence[Interruption]) -> list[Interruption]:
+    """Interruptions no injected fault caused: restarts the soak did not ask for (a crash, a spurious notice)."""
+    caused = {j for j, role in attribute(faults, interruptions).values() if role == "cause"}
+    return [intr for j, intr in enumerate(interruptions) if j not in caused]
 
 
 def records(faults: Sequence[Injected], obs: Sequence[Observation], interruptions: Sequence[Interruption],
@@ -265,13 +277,15 @@ def committed_lost(committed_seen: Iterable[int], present: Iterable[int], keep: 
 
 
 def totals(recs: Sequence[FaultRecord], *, goodput: float, goodput_fault_free: float, lost: list[int],
-           sha256_equal: bool | None) -> Totals:
+           sha256_equal: bool | None, unexplained: Sequence[Interruption] = ()) -> Totals:
     badput: dict[str, float] = {}
     for r in recs:
         badput[r.kind] = round(badput.get(r.kind, 0.0) + r.gap_seconds, 2)
     missed = sum(r.note.startswith(NOT_INJECTED) for r in recs)
     return Totals(len(recs) - missed, sum(r.recovered for r in recs), goodput, goodput_fault_free, lost,
-                  sha256_equal, sum(r.lost_steps for r in recs), badput, missed)
+                  sha256_equal, sum(r.lost_steps for r in recs), badput, missed,
+                  [f"attempt {i.from_attempt} at step {i.last_step} (gap {i.gap_seconds:.1f} s, "
+                   f"{i.lost_steps} lost)" for i in unexplained])
 
 
 def table(recs: Sequence[FaultRecord], tot: Totals) -> str:
@@ -296,6 +310,8 @@ def table(recs: Sequence[FaultRecord], tot: Totals) -> str:
              f"committed checkpoints lost: {len(tot.committed_lost)}"
              + (f" (steps {tot.committed_lost})" if tot.committed_lost else ""),
              f"final parameters' sha256 vs fault-free: {sha}",
+             f"restarts no fault explains: {len(tot.unexplained)}"
+             + (f" ({'; '.join(tot.unexplained)})" if tot.unexplained else ""),
              f"restart gap by kind: {share or 'none'}"]
     return "\n".join(rows)
 

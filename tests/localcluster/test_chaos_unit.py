@@ -20,6 +20,7 @@ from localcluster.soakrecord import (
     restores_by_attempt,
     table,
     totals,
+    unexplained,
 )
 from reprieve_operator.policy.signals import BUILTIN_SIGNALS
 
@@ -308,3 +309,20 @@ def test_a_kill_landing_while_the_workers_save_for_a_notice_shares_the_notices_r
     notice, kill = records(faults, [Observation(205, 2)], intr, log, t0=100)
     assert (notice.recovered, notice.lost_steps, notice.gap_seconds, notice.note) == (True, 0, pytest.approx(14), "")
     assert kill.recovered and kill.gap_seconds == 0 and "shares the restart" in kill.note
+
+
+def test_a_notice_during_a_restart_causes_the_next_interruption_and_a_restart_no_fault_caused_is_said() -> None:
+    # found by the soak on real nodes: two nodes doomed at 38 (attempt 1 ends at 43, attempt 2 steps from 65);
+    # a cordon notice at 58, during that restart, reached attempt 2, which trained 5 steps, saved and exited:
+    # the second interruption had no cause, and its 23 s gap was nobody's
+    log = steps(1, range(44), 0) + steps(2, range(44, 49), 65) + steps(3, range(49, 60), 92) + \
+        steps(4, range(55, 70), 120)
+    intr = analyse(log, start=0, end=140).interruptions
+    faults = [Injected("two-nodes-doomed", "w-1+w-3", 38, 1), Injected("notice-cordon", "w-0", 58, 1)]
+    doomed, cordon = records(faults, [], intr, log, t0=0)
+    assert doomed.gap_seconds == pytest.approx(21) and doomed.note == ""
+    assert cordon.gap_seconds == pytest.approx(22) and cordon.note == ""
+    left = unexplained(faults, intr)
+    assert [i.from_attempt for i in left] == [3]   # attempt 3's end (5 steps lost): no fault explains it
+    tot = totals([doomed, cordon], goodput=0.5, goodput_fault_free=0.9, lost=[], sha256_equal=True, unexplained=left)
+    assert "restarts no fault explains: 1 (attempt 3 at step 59" in table([doomed, cordon], tot)
