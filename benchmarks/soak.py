@@ -47,6 +47,7 @@ from localcluster.soakrecord import (
     as_json,
     committed_lost,
     records,
+    replaced_seen,
     restores_by_attempt,
     table,
     totals,
@@ -338,8 +339,14 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
         for line in injectors.stop():
             say(f"undone: {line}")
         signal.signal(signal.SIGINT, previous)
-    observer.halt.set()
     end = time.time()
+    # A leader killed near the job's end: the standby takes the Lease only after the lease duration; keep
+    # watching for it (the job's end does not end that fault), up to a minute.
+    leaders = [f for f in injected if f.kind == "kill-operator-leader" and not f.error]
+    deadline = time.monotonic() + 60
+    while any(replaced_seen(f, observer.obs) is None for f in leaders) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    observer.halt.set()
     steps = read_step_log(ckpt / "steps.jsonl") if (ckpt / "steps.jsonl").exists() else []
     report = analyse(steps, start=start, end=end)
     recs = records(injected, observer.obs, report.interruptions, steps, t0=start,
