@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
@@ -94,20 +94,22 @@ class Observer(threading.Thread):
             client.CoordinationV1Api(self.api)
         while not self.halt.wait(self.interval):
             try:
-                tj = custom.get_namespaced_custom_object("reprieve.dev", "v1alpha1", NS, "trainingjobs", self.job)
+                tj = cast(dict[str, Any], custom.get_namespaced_custom_object("reprieve.dev", "v1alpha1", NS,
+                                                                              "trainingjobs", self.job))
                 pods = core.list_namespaced_pod(NS, label_selector=f"reprieve.dev/job-name={self.job}").items
                 try:
                     assigned = assigned_pods(core.read_namespaced_config_map(f"{self.job}-assignment", NS).data)
                 except client.ApiException:
                     assigned = None
                 try:
-                    holder = coord.read_namespaced_lease(RELEASE, RELEASE_NS).spec.holder_identity or ""
+                    spec = coord.read_namespaced_lease(RELEASE, RELEASE_NS).spec
+                    holder = (spec.holder_identity if spec is not None else None) or ""
                 except client.ApiException:
                     holder = ""
             except Exception as err:  # noqa: BLE001 - the API server may be briefly away: keep polling
                 log.debug("observer: %s", err)
                 continue
-            s = tj.get("status") or {}
+            s: dict[str, Any] = tj.get("status") or {}
             notice = s.get("lastNotice") or {}
             step = s.get("lastCheckpointStep")
             if step is not None:

@@ -173,9 +173,21 @@ def attribute(faults: Sequence[Injected], interruptions: Sequence[Interruption])
     return out
 
 
+def second_halves(faults: Sequence[Injected], interruptions: Sequence[Interruption],
+                  matched: Mapping[int, tuple[int, str]]) -> dict[int, int]:
+    """fault index -> the interruption its second half caused: ``notice-during-restart`` is a kill (ending attempt
+    ``a``) and a notice delivered to the next attempt, which ends it too; that next interruption is the fault's
+    when no fault of its own span caused it."""
+    caused = {j for j, role in matched.values() if role == "cause"}
+    return {k: j + 1 for k, (j, role) in matched.items() if role == "cause" and faults[k].kind ==
+            "notice-during-restart" and j + 1 < len(interruptions) and j + 1 not in caused}
+
+
 def unexplained(faults: Sequence[Injected], interruptions: Sequence[Interruption]) -> list[Interruption]:
     """Interruptions no injected fault caused: restarts the soak did not ask for (a crash, a spurious notice)."""
-    caused = {j for j, role in attribute(faults, interruptions).values() if role == "cause"}
+    matched = attribute(faults, interruptions)
+    caused = {j for j, role in matched.values() if role == "cause"} | \
+        set(second_halves(faults, interruptions, matched).values())
     return [intr for j, intr in enumerate(interruptions) if j not in caused]
 
 
@@ -184,6 +196,7 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
     """A :class:`FaultRecord` per injected fault (times relative to ``t0``, the soak's start)."""
     restores = restores or {}
     matched = attribute(faults, interruptions)
+    seconds = second_halves(faults, interruptions, matched)
     last_t = max((r.t for r in steps), default=0.0)
     by_attempt = {o.attempt: o.last_restart for o in obs if o.last_restart and o.last_restart.get("attempt") == o.attempt}
     restores = {**{a: r for o in obs if (a := _attempt_of(o.last_restore)) and (r := restore_in_words(o.last_restore))},
@@ -206,6 +219,13 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
                 rec.lost_steps, rec.gap_seconds = intr.lost_steps, round(intr.gap_seconds, 2)
                 until = interruptions[j + 1].last_t if j + 1 < len(interruptions) else float("inf")
                 rec.operator_lost_steps = operator_lost(obs, intr.last_t, until)
+                if k in seconds:  # its notice's restart too
+                    nxt = interruptions[seconds[k]]
+                    rec.lost_steps += nxt.lost_steps
+                    rec.gap_seconds = round(rec.gap_seconds + nxt.gap_seconds, 2)
+                    until = interruptions[seconds[k] + 1].last_t if seconds[k] + 1 < len(interruptions) else until
+                    rec.operator_lost_steps = operator_lost(obs, intr.last_t, until)
+                    rec.note = "two restarts: the kill's and the notice's"
             elif role == "shared":
                 rec.note = "shares the restart of an earlier fault of the same attempt"
             else:

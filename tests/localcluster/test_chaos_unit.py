@@ -326,3 +326,16 @@ def test_a_notice_during_a_restart_causes_the_next_interruption_and_a_restart_no
     assert [i.from_attempt for i in left] == [3]   # attempt 3's end (5 steps lost): no fault explains it
     tot = totals([doomed, cordon], goodput=0.5, goodput_fault_free=0.9, lost=[], sha256_equal=True, unexplained=left)
     assert "restarts no fault explains: 1 (attempt 3 at step 59" in table([doomed, cordon], tot)
+
+
+def test_notice_during_restart_owns_both_restarts_it_causes() -> None:
+    # found by the soak on real nodes: the kill ended attempt 2, the notice (on the other worker's node) reached
+    # attempt 3, which saved and exited; the second interruption was listed as one no fault explains
+    log = steps(1, range(30), 0) + steps(2, range(28, 40), 40) + steps(3, range(40, 50), 70)
+    intr = analyse(log, start=0, end=80).interruptions
+    (rec,) = records([Injected("notice-during-restart", "lm-0+w-2", 29.5, 1)], [], intr, log, t0=0)
+    assert (rec.lost_steps, rec.gap_seconds) == (2, pytest.approx(10 + 18))
+    assert rec.note == "two restarts: the kill's and the notice's"
+    assert unexplained([Injected("notice-during-restart", "lm-0+w-2", 29.5, 1)], intr) == []
+    # any other kind leaves the second interruption unexplained
+    assert len(unexplained([Injected("kill-trainer", "lm-0", 29.5, 1)], intr)) == 1
