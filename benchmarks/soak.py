@@ -116,7 +116,7 @@ class Observer(threading.Thread):
                 self.committed.add(int(step))
             self.obs.append(Observation(
                 time.time(), int(s.get("attempt") or 0), str(s.get("phase") or ""), str(notice.get("id") or ""),
-                str(notice.get("node") or ""), step, holder.rsplit("_", 1)[0],
+                str(notice.get("node") or ""), step, holder,
                 tuple(sorted(p.name for p in split_roles([view(p) for p in pods], assigned)[1])),
                 s.get("lastRestart"), (s.get("goodput") or {}).get("lostSteps"), s.get("lastRestore")))
 

@@ -50,7 +50,7 @@ class Observation:
     notice_id: str = ""
     notice_node: str = ""
     checkpoint_step: int | None = None
-    leader: str = ""
+    leader: str = ""             # the Lease's holderIdentity (<pod>_<pid>: a restarted container is a new one)
     spares: tuple[str, ...] = ()
     last_restart: Mapping[str, Any] | None = None
     operator_lost_steps: int | None = None   # status.goodput.lostSteps
@@ -107,7 +107,7 @@ def detected(fault: Injected, obs: Sequence[Observation]) -> float | None:
             if fault.target not in o.spares:
                 return o.t
         elif fault.kind == "kill-operator-leader":
-            if o.leader != fault.target:
+            if o.leader != _holder_at(fault, obs):
                 return o.t
         elif o.attempt > fault.attempt:
             return o.t
@@ -116,15 +116,24 @@ def detected(fault: Injected, obs: Sequence[Observation]) -> float | None:
 
 def replaced_seen(fault: Injected, obs: Sequence[Observation]) -> float | None:
     """Kinds that end no attempt: wall time their replacement was seen (a running spare other than the killed
-    one; a leader other than the killed one)."""
+    one; a Lease holder other than the killed one: the standby, or the killed pod's restarted container, whose
+    identity ``<pod>_<pid>`` is new)."""
+    killed = _holder_at(fault, obs)
     for o in obs:
         if o.t < fault.at:
             continue
         if fault.kind == "kill-spare" and any(s != fault.target for s in o.spares):
             return o.t
-        if fault.kind == "kill-operator-leader" and o.leader and o.leader != fault.target:
+        if fault.kind == "kill-operator-leader" and o.leader and (
+                o.leader != killed if killed else o.leader.rsplit("_", 1)[0] != fault.target):
             return o.t
     return None
+
+
+def _holder_at(fault: Injected, obs: Sequence[Observation]) -> str:
+    """The Lease holder the harness last saw before ``fault`` (its full identity)."""
+    before = [o.leader for o in obs if o.t <= fault.at and o.leader]
+    return before[-1] if before else ""
 
 
 def how_restarted(last_restart: Mapping[str, Any] | None, restore: str = "") -> str:
@@ -233,7 +242,7 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
         elif not KINDS[f.kind].interrupts:
             back = replaced_seen(f, obs)
             rec.recovered = back is not None
-            rec.recovery = ("spare replaced" if f.kind == "kill-spare" else "standby leader") if back else ""
+            rec.recovery = ("spare replaced" if f.kind == "kill-spare" else "new leader") if back else ""
             rec.note = "" if back else "no replacement seen"
         else:
             rec.recovered = last_t > f.at

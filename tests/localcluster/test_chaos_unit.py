@@ -180,9 +180,9 @@ def test_a_fault_after_which_nothing_trained_is_unrecovered_and_a_failed_injecti
 
 def test_the_operator_leader_is_recovered_when_another_holds_the_lease() -> None:
     faults = [Injected("kill-operator-leader", "op-a", 10, 1)]
-    obs = [Observation(9, 1, leader="op-a"), Observation(12, 1, leader=""), Observation(20, 1, leader="op-b")]
+    obs = [Observation(9, 1, leader="op-a_1"), Observation(12, 1, leader=""), Observation(20, 1, leader="op-b_1")]
     (rec,) = records(faults, obs, [], steps(1, range(30), 0), t0=0)
-    assert (rec.detected_at, rec.recovered, rec.recovery) == (12, True, "standby leader")
+    assert (rec.detected_at, rec.recovered, rec.recovery) == (12, True, "new leader")
 
 
 @pytest.mark.parametrize(("last_restart", "restore", "expected"), [
@@ -339,3 +339,12 @@ def test_notice_during_restart_owns_both_restarts_it_causes() -> None:
     assert unexplained([Injected("notice-during-restart", "lm-0+w-2", 29.5, 1)], intr) == []
     # any other kind leaves the second interruption unexplained
     assert len(unexplained([Injected("kill-trainer", "lm-0", 29.5, 1)], intr)) == 1
+
+
+def test_a_leader_whose_container_restarted_and_took_the_lease_again_is_recovered() -> None:
+    # found by the soak on real nodes: the killed operator container restarted in its pod and took the Lease
+    # back before the standby; the holder's pod name stayed the same and the fault was recorded unrecovered
+    faults = [Injected("kill-operator-leader", "op-a", 10, 1)]
+    obs = [Observation(9, 1, leader="op-a_1"), Observation(12, 1, leader="op-a_1"), Observation(30, 1, leader="op-a_7")]
+    (rec,) = records(faults, obs, [], steps(1, range(40), 0), t0=0)
+    assert (rec.detected_at, rec.recovered, rec.recovery) == (30, True, "new leader")
