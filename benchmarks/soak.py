@@ -33,13 +33,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
 from localcluster import Cluster, ClusterError, chaos
 from localcluster.goodput import analyse, read_step_log
-from localcluster.injectors import Injectors
+from localcluster.injectors import Injectors, assigned_pods, split_roles, view
 from localcluster.realnodes import RealNodeError, prerequisites
 from localcluster.soakrecord import (
     Injected,
@@ -47,9 +47,11 @@ from localcluster.soakrecord import (
     as_json,
     committed_lost,
     records,
+    replaced_seen,
     restores_by_attempt,
     table,
     totals,
+    unexplained,
 )
 from localcluster.stack import (
     RELEASE,
@@ -92,26 +94,31 @@ class Observer(threading.Thread):
             client.CoordinationV1Api(self.api)
         while not self.halt.wait(self.interval):
             try:
-                tj = custom.get_namespaced_custom_object("reprieve.dev", "v1alpha1", NS, "trainingjobs", self.job)
+                tj = cast(dict[str, Any], custom.get_namespaced_custom_object("reprieve.dev", "v1alpha1", NS,
+                                                                              "trainingjobs", self.job))
                 pods = core.list_namespaced_pod(NS, label_selector=f"reprieve.dev/job-name={self.job}").items
                 try:
-                    holder = coord.read_namespaced_lease(RELEASE, RELEASE_NS).spec.holder_identity or ""
+                    assigned = assigned_pods(core.read_namespaced_config_map(f"{self.job}-assignment", NS).data)
+                except client.ApiException:
+                    assigned = None
+                try:
+                    spec = coord.read_namespaced_lease(RELEASE, RELEASE_NS).spec
+                    holder = (spec.holder_identity if spec is not None else None) or ""
                 except client.ApiException:
                     holder = ""
             except Exception as err:  # noqa: BLE001 - the API server may be briefly away: keep polling
                 log.debug("observer: %s", err)
                 continue
-            s = tj.get("status") or {}
+            s: dict[str, Any] = tj.get("status") or {}
             notice = s.get("lastNotice") or {}
             step = s.get("lastCheckpointStep")
             if step is not None:
                 self.committed.add(int(step))
             self.obs.append(Observation(
                 time.time(), int(s.get("attempt") or 0), str(s.get("phase") or ""), str(notice.get("id") or ""),
-                str(notice.get("node") or ""), step, holder.rsplit("_", 1)[0],
-                tuple(sorted(p.metadata.name for p in pods if "-spare-" in p.metadata.name
-                             and p.status.phase == "Running" and not p.metadata.deletion_timestamp)),
-                s.get("lastRestart"), (s.get("goodput") or {}).get("lostSteps")))
+                str(notice.get("node") or ""), step, holder,
+                tuple(sorted(p.name for p in split_roles([view(p) for p in pods], assigned)[1])),
+                s.get("lastRestart"), (s.get("goodput") or {}).get("lostSteps"), s.get("lastRestore")))
 
 
 def soak_job(cluster: Cluster, name: str, work: Path, args: argparse.Namespace, real: bool) -> tuple[dict, Path]:
@@ -334,8 +341,14 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
         for line in injectors.stop():
             say(f"undone: {line}")
         signal.signal(signal.SIGINT, previous)
-    observer.halt.set()
     end = time.time()
+    # A leader killed near the job's end: the standby takes the Lease only after the lease duration; keep
+    # watching for it (the job's end does not end that fault), up to a minute.
+    leaders = [f for f in injected if f.kind == "kill-operator-leader" and not f.error]
+    deadline = time.monotonic() + 60
+    while any(replaced_seen(f, observer.obs) is None for f in leaders) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    observer.halt.set()
     steps = read_step_log(ckpt / "steps.jsonl") if (ckpt / "steps.jsonl").exists() else []
     report = analyse(steps, start=start, end=end)
     recs = records(injected, observer.obs, report.interruptions, steps, t0=start,
@@ -349,7 +362,7 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
     except (OSError, ValueError, KeyError):
         pass
     tot = totals(recs, goodput=report.goodput_after_start, goodput_fault_free=free_report.goodput_after_start,
-                 lost=lost, sha256_equal=sha)
+                 lost=lost, sha256_equal=sha, unexplained=unexplained(injected, report.interruptions))
     print("\n" + table(recs, tot))
     gp = status.get("goodput") or {}
     print(f"job: {status.get('phase', 'not ended')}; restarts {status.get('restarts')}; operator's lost steps "
@@ -362,8 +375,8 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
     say(f"JSON: {out / 'soak.json'}")
     draw(api, recs, start, out)
     api.close()
-    ok = (not interrupted and status.get("phase") == "Succeeded" and tot.recovered == tot.injected and not lost
-          and sha is True)
+    ok = (not interrupted and status.get("phase") == "Succeeded" and tot.recovered == tot.injected
+          and not tot.not_injected and not lost and sha is True)
     return 0 if ok else 1
 
 

@@ -9,6 +9,7 @@ job always has somewhere to go.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -16,7 +17,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,16 +40,59 @@ class Proc:
     ppid: int
     inner: int
     started: int  # clock ticks after boot (/proc/<pid>/stat field 22)
+    comm: str = ""  # /proc/<pid>/comm: the pod's sandbox ("pause") is a PID 1 in the pod's cgroup too
 
 
 def pick(role: str, procs: Sequence[Proc]) -> Proc | None:
     """The supervisor (the container's PID 1: ``reprieve-run``) or the trainer (the supervisor's oldest child: a
-    warm process is always started after the trainer it stands in for, and takes over only when that one is gone)."""
-    sup = next((p for p in procs if p.inner == 1), None)
+    warm process is always started after the trainer it stands in for, and takes over only when that one is gone).
+
+    The pod's sandbox process (``pause``) is a PID 1 of its own pid namespace in the same pod cgroup: never it
+    (the first soak on real nodes killed the sandbox instead of the supervisor, and found no trainer under it)."""
+    sup = next((p for p in procs if p.inner == 1 and p.comm != "pause"), None)
     if role == "supervisor" or sup is None:
         return sup
     children = sorted((p for p in procs if p.ppid == sup.pid), key=lambda p: (p.started, p.pid))
     return children[0] if children else None
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the soak needs of one of the job's pods."""
+
+    name: str
+    role: str        # the reprieve.dev/role label: worker | spare ("" outside in-place mode)
+    node: str
+    live: bool       # Running and not being deleted
+
+
+def split_roles(pods: Sequence[PodView], assigned: Collection[str] | None) -> tuple[list[PodView], list[PodView]]:
+    """(workers, spares) among the live pods. In place, a spare that took over an index keeps its name and its
+    ``role=spare`` label: the workers are the pods the current assignment (``processes`` of the
+    ``<job>-assignment`` ConfigMap) lists, the spares the other live ``role=spare`` pods. Without an assignment
+    (``assigned`` None): by the label."""
+    live = [p for p in pods if p.live]
+    if assigned is None:
+        return [p for p in live if p.role != "spare"], [p for p in live if p.role == "spare"]
+    return ([p for p in live if p.name in assigned],
+            [p for p in live if p.name not in assigned and p.role == "spare"])
+
+
+def assigned_pods(configmap_data: Mapping[str, str] | None) -> set[str] | None:
+    """The pods of an assignment ConfigMap's ``processes`` (pod -> process index); None without one."""
+    raw = (configmap_data or {}).get("processes")
+    if not raw:
+        return None
+    try:
+        return set(json.loads(raw))
+    except ValueError:
+        return None
+
+
+def view(pod: Any) -> PodView:
+    """A Kubernetes client pod as a :class:`PodView`."""
+    return PodView(str(pod.metadata.name), str((pod.metadata.labels or {}).get("reprieve.dev/role") or ""),
+                   str(pod.spec.node_name or ""), pod.status.phase == "Running" and not pod.metadata.deletion_timestamp)
 
 
 def _proc(pid: int) -> Proc | None:
@@ -60,7 +104,8 @@ def _proc(pid: int) -> Proc | None:
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     nspid = fields.get("NSpid", str(pid)).split()
     after_comm = stat.rsplit(")", 1)[1].split()
-    return Proc(pid, int(fields.get("PPid", "0")), int(nspid[-1]), int(after_comm[19]))
+    return Proc(pid, int(fields.get("PPid", "0")), int(nspid[-1]), int(after_comm[19]),
+                fields.get("Name", "").strip())
 
 
 def pod_processes(cgroup_tree: str, pod_uid: str) -> list[Proc]:
@@ -108,14 +153,27 @@ class Injectors:
         return list(self._core().list_namespaced_pod(self.ns, label_selector=f"reprieve.dev/job-name={self.job}")
                     .items)
 
+    def assigned(self) -> set[str] | None:
+        from kubernetes import client
+
+        try:
+            cm = self._core().read_namespaced_config_map(f"{self.job}-assignment", self.ns)
+        except client.ApiException:
+            return None
+        return assigned_pods(cm.data)
+
+    def _roles(self) -> tuple[list[Any], list[Any]]:
+        pods = {p.metadata.name: p for p in self.pods()}
+        workers, spares = split_roles([view(p) for p in pods.values()], self.assigned())
+        return [pods[w.name] for w in workers], [pods[s.name] for s in spares]
+
     def workers(self) -> list[Any]:
-        """Running worker pods (not spares) on nodes not already doomed."""
-        return [p for p in self.pods() if "-spare-" not in p.metadata.name and p.status.phase == "Running"
-                and not p.metadata.deletion_timestamp and p.spec.node_name not in self.doomed]
+        """Running worker pods (those of the current assignment) on nodes not already doomed."""
+        return [p for p in self._roles()[0] if p.spec.node_name not in self.doomed]
 
     def spares(self) -> list[Any]:
-        return [p for p in self.pods() if "-spare-" in p.metadata.name and p.status.phase == "Running"
-                and not p.metadata.deletion_timestamp]
+        """Running spares not assigned an index."""
+        return self._roles()[1]
 
     # -- the faults --------------------------------------------------------------------------------------------
     def inject(self, kind: str) -> Injected:

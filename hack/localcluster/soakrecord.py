@@ -3,9 +3,10 @@ TrainingJob (polled observations) and the step log's interruptions; the totals; 
 
 How a fault is matched to the step log (``docs/soak.md``, "How faults are counted"):
 
-* an interruption (attempt ``a`` ends, ``a+1`` resumes: :mod:`localcluster.goodput`) is *caused* by the latest
-  interrupting fault injected no later than ``SLACK_S`` after the interrupted attempt's last step record, and not
-  already the cause of an earlier one; its lost steps and gap go to that fault;
+* an interruption (attempt ``a`` ends, ``a+1`` resumes: :mod:`localcluster.goodput`) is *caused* by the first
+  interrupting fault injected while ``a`` trained (after the previous interruption's resume, no later than
+  ``SLACK_S`` after ``a``'s last step record); its lost steps and gap go to that fault. Later faults of the same
+  span share it (a kill landing while the workers save for a notice: the notice set the restart in motion);
 * an interrupting fault injected while that restart was under way (after the last step, before the first step of
   the next attempt) shares the interruption: it is counted "during restart", with no lost steps or gap of its own;
 * a fault that needs no restart (a spare or the operator leader killed) is recovered when the harness saw the
@@ -24,6 +25,7 @@ from typing import Any
 from .chaos import KINDS
 from .goodput import Interruption, StepRecord
 
+NOT_INJECTED = "not injected: "
 SLACK_S = 3.0  # a kill lands mid-step: the last record of the attempt it ends is up to a step before it
 
 
@@ -48,10 +50,11 @@ class Observation:
     notice_id: str = ""
     notice_node: str = ""
     checkpoint_step: int | None = None
-    leader: str = ""
+    leader: str = ""             # the Lease's holderIdentity (<pod>_<pid>: a restarted container is a new one)
     spares: tuple[str, ...] = ()
     last_restart: Mapping[str, Any] | None = None
     operator_lost_steps: int | None = None   # status.goodput.lostSteps
+    last_restore: Mapping[str, Any] | None = None  # status.lastRestore (the memory tier's restore)
 
 
 @dataclass
@@ -78,6 +81,8 @@ class Totals:
     sha256_equal: bool | None = None
     lost_steps: int = 0
     badput_by_kind: dict[str, float] = field(default_factory=dict)  # gap seconds, by fault kind
+    not_injected: int = 0        # planned faults the injector could not carry out (no target at that moment)
+    unexplained: list[str] = field(default_factory=list)  # interruptions no fault caused: "attempt a->b at step s"
 
     @property
     def goodput_ratio(self) -> float:
@@ -102,7 +107,7 @@ def detected(fault: Injected, obs: Sequence[Observation]) -> float | None:
             if fault.target not in o.spares:
                 return o.t
         elif fault.kind == "kill-operator-leader":
-            if o.leader != fault.target:
+            if o.leader != _holder_at(fault, obs):
                 return o.t
         elif o.attempt > fault.attempt:
             return o.t
@@ -111,15 +116,24 @@ def detected(fault: Injected, obs: Sequence[Observation]) -> float | None:
 
 def replaced_seen(fault: Injected, obs: Sequence[Observation]) -> float | None:
     """Kinds that end no attempt: wall time their replacement was seen (a running spare other than the killed
-    one; a leader other than the killed one)."""
+    one; a Lease holder other than the killed one: the standby, or the killed pod's restarted container, whose
+    identity ``<pod>_<pid>`` is new)."""
+    killed = _holder_at(fault, obs)
     for o in obs:
         if o.t < fault.at:
             continue
         if fault.kind == "kill-spare" and any(s != fault.target for s in o.spares):
             return o.t
-        if fault.kind == "kill-operator-leader" and o.leader and o.leader != fault.target:
+        if fault.kind == "kill-operator-leader" and o.leader and (
+                o.leader != killed if killed else o.leader.rsplit("_", 1)[0] != fault.target):
             return o.t
     return None
+
+
+def _holder_at(fault: Injected, obs: Sequence[Observation]) -> str:
+    """The Lease holder the harness last saw before ``fault`` (its full identity)."""
+    before = [o.leader for o in obs if o.t <= fault.at and o.leader]
+    return before[-1] if before else ""
 
 
 def how_restarted(last_restart: Mapping[str, Any] | None, restore: str = "") -> str:
@@ -148,18 +162,42 @@ def operator_lost(obs: Sequence[Observation], since: float, until: float) -> int
 
 
 def attribute(faults: Sequence[Injected], interruptions: Sequence[Interruption]) -> dict[int, tuple[int, str]]:
-    """fault index -> (interruption index, "cause" | "during restart"), as the module docstring says."""
+    """fault index -> (interruption index, "cause" | "shared" | "during restart"), as the module docstring says.
+
+    An interruption no fault of its span explains takes the first fault injected during the restart before it
+    (a notice delivered to an attempt that had not stepped yet ends that attempt, not the one before)."""
     out: dict[int, tuple[int, str]] = {}
-    order = sorted(range(len(faults)), key=lambda k: faults[k].at)
+    order = [k for k in sorted(range(len(faults)), key=lambda k: faults[k].at)
+             if KINDS[faults[k].kind].interrupts and not faults[k].error]
     for j, intr in enumerate(interruptions):
-        causes = [k for k in order if KINDS[faults[k].kind].interrupts and k not in out and not faults[k].error
-                  and faults[k].at <= intr.last_t + SLACK_S]
-        if causes:
-            out[causes[-1]] = (j, "cause")
+        since = interruptions[j - 1].next_t if j > 0 else float("-inf")
+        during = [k for k in order if k not in out and since < faults[k].at <= intr.last_t + SLACK_S]
+        if not during:
+            during = [k for k in order if out.get(k) == (j - 1, "during restart")][:1]
+        for i, k in enumerate(during):
+            out[k] = (j, "shared" if i else "cause")
         for k in order:
-            if k not in out and KINDS[faults[k].kind].interrupts and intr.last_t + SLACK_S < faults[k].at <= intr.next_t:
+            if k not in out and intr.last_t + SLACK_S < faults[k].at <= intr.next_t:
                 out[k] = (j, "during restart")
     return out
+
+
+def second_halves(faults: Sequence[Injected], interruptions: Sequence[Interruption],
+                  matched: Mapping[int, tuple[int, str]]) -> dict[int, int]:
+    """fault index -> the interruption its second half caused: ``notice-during-restart`` is a kill (ending attempt
+    ``a``) and a notice delivered to the next attempt, which ends it too; that next interruption is the fault's
+    when no fault of its own span caused it."""
+    caused = {j for j, role in matched.values() if role == "cause"}
+    return {k: j + 1 for k, (j, role) in matched.items() if role == "cause" and faults[k].kind ==
+            "notice-during-restart" and j + 1 < len(interruptions) and j + 1 not in caused}
+
+
+def unexplained(faults: Sequence[Injected], interruptions: Sequence[Interruption]) -> list[Interruption]:
+    """Interruptions no injected fault caused: restarts the soak did not ask for (a crash, a spurious notice)."""
+    matched = attribute(faults, interruptions)
+    caused = {j for j, role in matched.values() if role == "cause"} | \
+        set(second_halves(faults, interruptions, matched).values())
+    return [intr for j, intr in enumerate(interruptions) if j not in caused]
 
 
 def records(faults: Sequence[Injected], obs: Sequence[Observation], interruptions: Sequence[Interruption],
@@ -167,14 +205,17 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
     """A :class:`FaultRecord` per injected fault (times relative to ``t0``, the soak's start)."""
     restores = restores or {}
     matched = attribute(faults, interruptions)
+    seconds = second_halves(faults, interruptions, matched)
     last_t = max((r.t for r in steps), default=0.0)
     by_attempt = {o.attempt: o.last_restart for o in obs if o.last_restart and o.last_restart.get("attempt") == o.attempt}
+    restores = {**{a: r for o in obs if (a := _attempt_of(o.last_restore)) and (r := restore_in_words(o.last_restore))},
+                **restores}
     out = []
     for k, f in enumerate(faults):
         seen = detected(f, obs)
         rec = FaultRecord(f.kind, f.target, round(f.at - t0, 2), None if seen is None else round(seen - t0, 2))
         if f.error:
-            rec.note = f"not injected: {f.error}"
+            rec.note = f"{NOT_INJECTED}{f.error}"
             out.append(rec)
             continue
         if k in matched:
@@ -187,12 +228,21 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
                 rec.lost_steps, rec.gap_seconds = intr.lost_steps, round(intr.gap_seconds, 2)
                 until = interruptions[j + 1].last_t if j + 1 < len(interruptions) else float("inf")
                 rec.operator_lost_steps = operator_lost(obs, intr.last_t, until)
+                if k in seconds:  # its notice's restart too
+                    nxt = interruptions[seconds[k]]
+                    rec.lost_steps += nxt.lost_steps
+                    rec.gap_seconds = round(rec.gap_seconds + nxt.gap_seconds, 2)
+                    until = interruptions[seconds[k] + 1].last_t if seconds[k] + 1 < len(interruptions) else until
+                    rec.operator_lost_steps = operator_lost(obs, intr.last_t, until)
+                    rec.note = "two restarts: the kill's and the notice's"
+            elif role == "shared":
+                rec.note = "shares the restart of an earlier fault of the same attempt"
             else:
                 rec.note = "during restart: shares the restart of the fault before it"
         elif not KINDS[f.kind].interrupts:
             back = replaced_seen(f, obs)
             rec.recovered = back is not None
-            rec.recovery = ("spare replaced" if f.kind == "kill-spare" else "standby leader") if back else ""
+            rec.recovery = ("spare replaced" if f.kind == "kill-spare" else "new leader") if back else ""
             rec.note = "" if back else "no replacement seen"
         else:
             rec.recovered = last_t > f.at
@@ -227,6 +277,26 @@ def restores_by_attempt(logs: Iterable[Iterable[str]]) -> dict[int, str]:
     return out
 
 
+def _attempt_of(raw: Mapping[str, Any] | None) -> int:
+    try:
+        return int((raw or {}).get("attempt") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def restore_in_words(last_restore: Mapping[str, Any] | None) -> str:
+    """``status.lastRestore`` (the operator's view of process 0's report) as :func:`restores_by_attempt` words:
+    "memory tier: 0=memory, 1=peer" (sources per process), "storage", or "" when it says nothing."""
+    if not last_restore:
+        return ""
+    sources = [str(s) for s in last_restore.get("sources") or []]
+    if last_restore.get("tier") == "storage" or (sources and all(s == "storage" for s in sources)):
+        return "storage"
+    if sources:
+        return "memory tier: " + ", ".join(f"{i}={src}" for i, src in enumerate(sources))
+    return str(last_restore.get("tier") or "")
+
+
 def committed_lost(committed_seen: Iterable[int], present: Iterable[int], keep: int) -> list[int]:
     """Steps reported committed that should still be on storage (the newest ``keep`` of them: retention deletes
     the older ones) but are not."""
@@ -236,12 +306,15 @@ def committed_lost(committed_seen: Iterable[int], present: Iterable[int], keep: 
 
 
 def totals(recs: Sequence[FaultRecord], *, goodput: float, goodput_fault_free: float, lost: list[int],
-           sha256_equal: bool | None) -> Totals:
+           sha256_equal: bool | None, unexplained: Sequence[Interruption] = ()) -> Totals:
     badput: dict[str, float] = {}
     for r in recs:
         badput[r.kind] = round(badput.get(r.kind, 0.0) + r.gap_seconds, 2)
-    return Totals(len(recs), sum(r.recovered for r in recs), goodput, goodput_fault_free, lost, sha256_equal,
-                  sum(r.lost_steps for r in recs), badput)
+    missed = sum(r.note.startswith(NOT_INJECTED) for r in recs)
+    return Totals(len(recs) - missed, sum(r.recovered for r in recs), goodput, goodput_fault_free, lost,
+                  sha256_equal, sum(r.lost_steps for r in recs), badput, missed,
+                  [f"attempt {i.from_attempt} at step {i.last_step} (gap {i.gap_seconds:.1f} s, "
+                   f"{i.lost_steps} lost)" for i in unexplained])
 
 
 def table(recs: Sequence[FaultRecord], tot: Totals) -> str:
@@ -259,12 +332,15 @@ def table(recs: Sequence[FaultRecord], tot: Totals) -> str:
     share = ", ".join(f"{k} {v / total_gap:.0%}" for k, v in sorted(tot.badput_by_kind.items(), key=lambda x: -x[1])
                       if v > 0)
     sha = {True: "equal", False: "DIFFERENT", None: "not compared"}[tot.sha256_equal]
-    rows += ["", f"faults injected {tot.injected}, recovered {tot.recovered}; lost steps {tot.lost_steps}",
+    missed = f" ({tot.not_injected} more could not be injected)" if tot.not_injected else ""
+    rows += ["", f"faults injected {tot.injected}, recovered {tot.recovered}{missed}; lost steps {tot.lost_steps}",
              (f"goodput {tot.goodput:.1%} vs fault-free {tot.goodput_fault_free:.1%} "
              f"({tot.goodput_ratio:.1%} of fault-free)"),
              f"committed checkpoints lost: {len(tot.committed_lost)}"
              + (f" (steps {tot.committed_lost})" if tot.committed_lost else ""),
              f"final parameters' sha256 vs fault-free: {sha}",
+             f"restarts no fault explains: {len(tot.unexplained)}"
+             + (f" ({'; '.join(tot.unexplained)})" if tot.unexplained else ""),
              f"restart gap by kind: {share or 'none'}"]
     return "\n".join(rows)
 

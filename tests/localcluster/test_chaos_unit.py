@@ -9,16 +9,18 @@ import pytest
 from localcluster import chaos
 from localcluster.chaos import REAL_NODES, SPARE, Capabilities, SoakConfigError
 from localcluster.goodput import StepRecord, analyse
-from localcluster.injectors import Proc, pick
+from localcluster.injectors import PodView, Proc, assigned_pods, pick, split_roles
 from localcluster.soakrecord import (
     Injected,
     Observation,
     committed_lost,
     how_restarted,
     records,
+    restore_in_words,
     restores_by_attempt,
     table,
     totals,
+    unexplained,
 )
 from reprieve_operator.policy.signals import BUILTIN_SIGNALS
 
@@ -170,15 +172,17 @@ def test_a_fault_after_which_nothing_trained_is_unrecovered_and_a_failed_injecti
     assert not recs[0].recovered and recs[0].detected_at is None and "no step after it" in recs[0].note
     assert not recs[1].recovered and recs[1].note == "not injected: no trainer"
     tot = totals(recs, goodput=0.1, goodput_fault_free=0.0, lost=[30], sha256_equal=False)
+    assert (tot.injected, tot.not_injected, tot.recovered) == (1, 1, 0)
     text = table(recs, tot)
+    assert "faults injected 1, recovered 0 (1 more could not be injected)" in text
     assert "UNRECOVERED" in text and "DIFFERENT" in text and "(steps [30])" in text
 
 
 def test_the_operator_leader_is_recovered_when_another_holds_the_lease() -> None:
     faults = [Injected("kill-operator-leader", "op-a", 10, 1)]
-    obs = [Observation(9, 1, leader="op-a"), Observation(12, 1, leader=""), Observation(20, 1, leader="op-b")]
+    obs = [Observation(9, 1, leader="op-a_1"), Observation(12, 1, leader=""), Observation(20, 1, leader="op-b_1")]
     (rec,) = records(faults, obs, [], steps(1, range(30), 0), t0=0)
-    assert (rec.detected_at, rec.recovered, rec.recovery) == (12, True, "standby leader")
+    assert (rec.detected_at, rec.recovered, rec.recovery) == (12, True, "new leader")
 
 
 @pytest.mark.parametrize(("last_restart", "restore", "expected"), [
@@ -231,8 +235,116 @@ def test_badput_by_kind_sums_gaps() -> None:
     # a grandchild (the trainer's own child) is never picked
     ([Proc(100, 90, 1, 5), Proc(130, 110, 9, 1), Proc(110, 100, 6, 10)], "trainer", 110),
     ([Proc(100, 90, 1, 5)], "trainer", None),     # between attempts: no trainer
+    # found by the soak on real nodes: the pod's sandbox ("pause") is a PID 1 in the pod's cgroup too, and was
+    # picked as the supervisor (killing the sandbox; no trainer found under it)
+    ([Proc(90, 80, 1, 3, "pause"), Proc(100, 80, 1, 5, "reprieve-run"), Proc(110, 100, 6, 10, "python")],
+     "trainer", 110),
+    ([Proc(90, 80, 1, 3, "pause"), Proc(100, 80, 1, 5, "reprieve-run")], "supervisor", 100),
+    ([Proc(90, 80, 1, 3, "pause")], "supervisor", None),
     ([Proc(120, 100, 7, 50)], "supervisor", None),  # no PID 1 seen
 ])
 def test_pick_finds_the_supervisor_and_the_trainer(procs: list[Proc], role: str, expected: int | None) -> None:
     got = pick(role, procs)
     assert (got.pid if got else None) == expected
+
+
+W0, W1 = PodView("lm-0", "worker", "n0", True), PodView("lm-1", "worker", "n1", True)
+S_TOOK = PodView("lm-spare-a", "spare", "n2", True)     # a spare that took over index 0: name and label kept
+S_FREE = PodView("lm-spare-b", "spare", "n3", True)
+GONE = PodView("lm-spare-c", "spare", "n4", False)
+
+
+@pytest.mark.parametrize(("pods", "assigned", "workers", "spares"), [
+    ([W0, W1, S_FREE], {"lm-0", "lm-1"}, ["lm-0", "lm-1"], ["lm-spare-b"]),
+    # found by the first soak on real nodes: after a spare took over, every pod was named and labelled a spare,
+    # and the injectors found no worker to kill
+    ([S_TOOK, W1, S_FREE, GONE], {"lm-spare-a", "lm-1"}, ["lm-spare-a", "lm-1"], ["lm-spare-b"]),
+    ([W0, W1, S_FREE], None, ["lm-0", "lm-1"], ["lm-spare-b"]),   # no assignment (yet): by the label
+    ([W0, GONE], {"lm-0", "lm-spare-c"}, ["lm-0"], []),          # not running: neither
+])
+def test_workers_are_the_assigned_pods_not_the_ones_named_worker(pods: list[PodView], assigned: set[str] | None,
+                                                                 workers: list[str], spares: list[str]) -> None:
+    got = split_roles(pods, assigned)
+    assert ([p.name for p in got[0]], [p.name for p in got[1]]) == (workers, spares)
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    ({"attempt": "3", "processes": '{"lm-spare-a": 0, "lm-1": 1}'}, {"lm-spare-a", "lm-1"}),
+    ({"attempt": "3"}, None),
+    (None, None),
+    ({"processes": "not json"}, None),
+])
+def test_assigned_pods_from_the_assignment_configmap(data: dict | None, expected: set[str] | None) -> None:
+    assert assigned_pods(data) == expected
+
+
+@pytest.mark.parametrize(("last_restore", "expected"), [
+    ({"attempt": 3, "sources": ["memory", "peer"], "step": 102, "tier": "memory"}, "memory tier: 0=memory, 1=peer"),
+    ({"attempt": 2, "sources": ["storage", "storage"], "step": 77, "tier": "storage"}, "storage"),
+    ({"attempt": 2, "tier": "mixed"}, "mixed"),
+    (None, ""),
+])
+def test_restore_in_words_from_the_status(last_restore: dict | None, expected: str) -> None:
+    assert restore_in_words(last_restore) == expected
+
+
+def test_the_status_restore_fills_in_where_the_trainer_logs_are_gone() -> None:
+    log = steps(1, range(10), 0) + steps(2, range(8, 20), 20)
+    intr = analyse(log, start=0, end=40).interruptions
+    obs = [Observation(21, 2, last_restart={"attempt": 2, "inPlace": 2},
+                       last_restore={"attempt": 2, "sources": ["memory", "memory"], "tier": "memory"})]
+    (rec,) = records([Injected("node-lost", "n0", 9.5, 1)], obs, intr, log, t0=0)
+    assert rec.recovery == "2 in place; memory tier: 0=memory, 1=memory"
+    (rec,) = records([Injected("node-lost", "n0", 9.5, 1)], obs, intr, log, t0=0, restores={2: "storage"})
+    assert rec.recovery == "2 in place; storage"  # the trainer log, where there is one, wins
+
+
+def test_a_kill_landing_while_the_workers_save_for_a_notice_shares_the_notices_restart() -> None:
+    # found by the soak on real nodes: an AWS spot notice at 181 (the workers saved and exited at 195), a
+    # supervisor killed at 197 during that exit; the step log shows one interruption. The notice set it in motion:
+    # it was recorded "no restart" and the kill took the gap.
+    log = steps(1, range(96), 100) + steps(2, range(96, 120), 210)
+    intr = analyse(log, start=100, end=240).interruptions
+    faults = [Injected("notice-aws-spot-itn", "w-2", 181, 1), Injected("kill-supervisor", "lm-spare-a", 197, 1)]
+    notice, kill = records(faults, [Observation(205, 2)], intr, log, t0=100)
+    assert (notice.recovered, notice.lost_steps, notice.gap_seconds, notice.note) == (True, 0, pytest.approx(14), "")
+    assert kill.recovered and kill.gap_seconds == 0 and "shares the restart" in kill.note
+
+
+def test_a_notice_during_a_restart_causes_the_next_interruption_and_a_restart_no_fault_caused_is_said() -> None:
+    # found by the soak on real nodes: two nodes doomed at 38 (attempt 1 ends at 43, attempt 2 steps from 65);
+    # a cordon notice at 58, during that restart, reached attempt 2, which trained 5 steps, saved and exited:
+    # the second interruption had no cause, and its 23 s gap was nobody's
+    log = steps(1, range(44), 0) + steps(2, range(44, 49), 65) + steps(3, range(49, 60), 92) + \
+        steps(4, range(55, 70), 120)
+    intr = analyse(log, start=0, end=140).interruptions
+    faults = [Injected("two-nodes-doomed", "w-1+w-3", 38, 1), Injected("notice-cordon", "w-0", 58, 1)]
+    doomed, cordon = records(faults, [], intr, log, t0=0)
+    assert doomed.gap_seconds == pytest.approx(21) and doomed.note == ""
+    assert cordon.gap_seconds == pytest.approx(22) and cordon.note == ""
+    left = unexplained(faults, intr)
+    assert [i.from_attempt for i in left] == [3]   # attempt 3's end (5 steps lost): no fault explains it
+    tot = totals([doomed, cordon], goodput=0.5, goodput_fault_free=0.9, lost=[], sha256_equal=True, unexplained=left)
+    assert "restarts no fault explains: 1 (attempt 3 at step 59" in table([doomed, cordon], tot)
+
+
+def test_notice_during_restart_owns_both_restarts_it_causes() -> None:
+    # found by the soak on real nodes: the kill ended attempt 2, the notice (on the other worker's node) reached
+    # attempt 3, which saved and exited; the second interruption was listed as one no fault explains
+    log = steps(1, range(30), 0) + steps(2, range(28, 40), 40) + steps(3, range(40, 50), 70)
+    intr = analyse(log, start=0, end=80).interruptions
+    (rec,) = records([Injected("notice-during-restart", "lm-0+w-2", 29.5, 1)], [], intr, log, t0=0)
+    assert (rec.lost_steps, rec.gap_seconds) == (2, pytest.approx(10 + 18))
+    assert rec.note == "two restarts: the kill's and the notice's"
+    assert unexplained([Injected("notice-during-restart", "lm-0+w-2", 29.5, 1)], intr) == []
+    # any other kind leaves the second interruption unexplained
+    assert len(unexplained([Injected("kill-trainer", "lm-0", 29.5, 1)], intr)) == 1
+
+
+def test_a_leader_whose_container_restarted_and_took_the_lease_again_is_recovered() -> None:
+    # found by the soak on real nodes: the killed operator container restarted in its pod and took the Lease
+    # back before the standby; the holder's pod name stayed the same and the fault was recorded unrecovered
+    faults = [Injected("kill-operator-leader", "op-a", 10, 1)]
+    obs = [Observation(9, 1, leader="op-a_1"), Observation(12, 1, leader="op-a_1"), Observation(30, 1, leader="op-a_7")]
+    (rec,) = records(faults, obs, [], steps(1, range(40), 0), t0=0)
+    assert (rec.detected_at, rec.recovered, rec.recovery) == (30, True, "new leader")
