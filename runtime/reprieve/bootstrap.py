@@ -27,7 +27,7 @@ from .kube import KubeClient, PodWatchSource
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
-from .peers import PeerWatch
+from .peers import PeerWatch, write_termination_message
 from .policy import SavePolicy
 from .progress import ProgressReporter
 from .supervisor.trainer import SupervisorLink
@@ -160,9 +160,18 @@ def init(
     job_ref: list[Job] = []
     if config.distributed:
         # One line naming a peer that stopped, before JAX's heartbeat timeout ends this process for it.
+        # The silent peers, told to the supervisor (its exit report) and written as the termination message
+        # (Recreate), so an exit JAX forces for them counts as their loss.
+        def on_lost(processes: tuple[int, ...]) -> None:
+            if link is not None:
+                link.peer_lost(processes)
+            if config.in_cluster:
+                write_termination_message(processes)
+
         closers.append(PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
                                  heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,
-                                 committed=lambda: job_ref[0].committed_step if job_ref else None).start().close)
+                                 committed=lambda: job_ref[0].committed_step if job_ref else None,
+                                 on_lost=on_lost).start().close)
     if config.metrics_port is not None:
         # On the pod's IP when known, like the coordinator: workers that share a host network (hostNetwork
         # pods, the local process kubelet) do not collide on the port.

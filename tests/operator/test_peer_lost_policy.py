@@ -135,13 +135,13 @@ def test_in_place_never_keeps_a_pod_its_peers_report_silent_or_on_a_notready_nod
     same for a pod on a NotReady node."""
     j = job("InPlace")
     spare = PodView(name="llama-spare-a", role="spare", index=None, attempt=1, node="n9", ip="10.0.0.9")
-    plan, extra = decide_inplace(j, [*inplace((LATE, "run", LATE)), spare], ASSIGNED, (), NOW)
+    _, extra = decide_inplace(j, [*inplace((LATE, "run", LATE)), spare], ASSIGNED, (), NOW)
     assert extra.record is not None and extra.record.cause == "failure", extra.record
     assert extra.assign is not None and "llama-1" not in extra.assign.processes, extra
     assert extra.assign.processes["llama-spare-a"] == 1, extra.assign
-    assert [r.reason for r in extra.replaced] == ["its peers lost it (process 1 went silent): spare llama-spare-a "
-                                                  "takes over"], extra.replaced
-    plan, extra = decide_inplace(j, [*inplace((PEER, "notready", PEER)), spare], ASSIGNED, (), NOW)
+    taken = "its peers lost it (process 1 went silent): spare llama-spare-a takes over"
+    assert [r.reason for r in extra.replaced] == [taken], extra.replaced
+    _, extra = decide_inplace(j, [*inplace((PEER, "notready", PEER)), spare], ASSIGNED, (), NOW)
     assert extra.record is not None and extra.record.cause == "disruption", extra.record
     assert extra.assign is not None and "llama-1" not in extra.assign.processes, extra
     assert "its node n1 is not Ready" in extra.replaced[0].reason, extra.replaced
@@ -150,7 +150,7 @@ def test_in_place_never_keeps_a_pod_its_peers_report_silent_or_on_a_notready_nod
 def test_a_peer_that_reported_its_own_exit_is_kept_in_place() -> None:
     """Its peers named it, but it reported an exit itself: its supervisor lives, its pod restarts in place."""
     j = job("InPlace")
-    plan, extra = decide_inplace(j, inplace((PEER, ("code", 1, 5.0), PEER)), ASSIGNED, (), NOW)
+    _, extra = decide_inplace(j, inplace((PEER, ("code", 1, 5.0), PEER)), ASSIGNED, (), NOW)
     assert extra.record is not None and extra.record.cause == "failure", extra.record
     assert extra.assign is not None and sorted(extra.kept) == ["llama-0", "llama-1", "llama-2"], extra
 
