@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from op_jobs import make_job
 from reprieve_operator.policy import views
+from reprieve_operator.policy.decide import View, decide
 from reprieve_operator.policy.inplace import Assignment, PodView, decide_inplace
 from reprieve_operator.policy.restart import PEER_LOST_WAIT_SECONDS, RestartPlan, WorkerPod, decide_restart
 
@@ -175,3 +176,25 @@ def test_the_views_read_the_report_the_termination_message_and_node_readiness() 
              "b": {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}},
              "c": {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}, "d": {}}
     assert views.not_ready_nodes(nodes) == {"b", "c"}
+
+
+def test_decide_writes_why_it_waits_and_looks_again_when_the_wait_runs_out() -> None:
+    """Through the whole decision (raw pods, status patch): the condition is in the status, nothing is recorded,
+    and the job is looked at again when the wait runs out."""
+    def raw(name: str, index: int, report: dict[str, Any] | None) -> dict[str, Any]:
+        ann = {"reprieve.dev/exit": json.dumps(report)} if report else {}
+        return {"metadata": {"name": name, "labels": {"reprieve.dev/replica-index": str(index),
+                                                      "reprieve.dev/attempt": "1", "reprieve.dev/role": "worker"},
+                             "annotations": ann},
+                "spec": {"nodeName": f"n{index}"}, "status": {"phase": "Running", "podIP": f"10.0.0.{index + 1}"}}
+
+    peer = {"attempt": 1, "code": 134, "time": "2026-11-26T11:59:55Z", "peerLost": [1]}
+    pods = [raw("llama-0", 0, peer), raw("llama-1", 1, None), raw("llama-2", 2, peer)]
+    out = decide(View(job=job("InPlace"), pods=pods, now=NOW, assignment=ASSIGNED, known_nodes={"n0", "n1", "n2"},
+                      placed=True, looked=True, peer_lost_wait_s=30.0))
+    assert out.record is None and out.assign is None and out.requeue_after == pytest.approx(25.0), out
+    (cond,) = [c for c in out.status["conditions"] if c["type"] == "Restarting"]
+    assert (cond["status"], cond["reason"]) == ("Unknown", "WaitingForLostPeer"), cond
+    lost = decide(View(job=job("InPlace"), pods=pods, now=NOW, assignment=ASSIGNED, known_nodes={"n0", "n1", "n2"},
+                       placed=True, looked=True, not_ready={"n1"}))
+    assert lost.counter is not None and (lost.counter.kind, lost.counter.label) == ("restart", "disruption"), lost
