@@ -114,7 +114,8 @@ class InPlace:
 
 def worker_view(p: PodView, attempt: int, index: int, restart_code: int) -> WorkerPod:
     """The worker ``p`` as ``policy.restart`` sees it: its exit report for ``attempt`` is its exit."""
-    phase, code, peer_lost = ("Running" if p.phase in ("Running", "Pending") else p.phase), None, ()
+    phase, code = ("Running" if p.phase in ("Running", "Pending") else p.phase), None
+    peer_lost: tuple[int, ...] = ()
     if p.exit_attempt == attempt and p.exit_code is not None:
         phase, code = ("Succeeded" if p.exit_code == 0 else "Failed"), p.exit_code
         peer_lost = p.exit_peer_lost if code != 0 else ()

@@ -47,7 +47,8 @@ def worker_pod(pod: Mapping[str, Any], known_nodes: Container[str] | None = None
     status = pod.get("status") or {}
     node = (pod.get("spec") or {}).get("nodeName")
     phase = status.get("phase") or "Pending"
-    exit_code, peer_lost, exit_time = None, (), None
+    exit_code, exit_time = None, None
+    peer_lost: tuple[int, ...] = ()
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term is not None and term.get("exitCode") is not None:
