@@ -118,6 +118,7 @@ class PeerWatch(Daemon):
         self._silent_key = f"reprieve/{attempt}/silent/set"
         self._on_lost = on_lost
         self.lost: tuple[int, ...] = ()  # the silent processes last reported to ``on_lost``
+        self._any_lost = threading.Event()
 
     def close(self) -> None:
         """Stop, and wait until the thread is out of the coordination client (one inside it at interpreter exit
@@ -168,6 +169,10 @@ class PeerWatch(Daemon):
         if processes == self.lost:
             return
         self.lost = processes
+        if processes:
+            self._any_lost.set()
+        else:
+            self._any_lost.clear()
         if source and processes:
             log.warning("%s process(es) %s of %d silent: if JAX ends this process for them, its exit is reported as "
                         "their loss", source, ", ".join(map(str, processes)), self._n)
@@ -175,6 +180,13 @@ class PeerWatch(Daemon):
             self._on_lost(processes)
         except Exception as err:  # noqa: BLE001 - a report is best effort; the watch goes on
             log.debug("peer-lost report failed: %s", err)
+
+    def wait_lost(self) -> tuple[int, ...]:
+        """Wait (at most the time it takes to find a peer silent and hear of it) until a peer is known silent;
+        the silent processes, or ``()``. For a process whose collective just failed: a peer that died on a node that
+        still answers resets its connections at once, long before JAX's heartbeat timeout."""
+        self._any_lost.wait(self.threshold_s + 2 * self.interval_s)
+        return self.lost
 
     def _read_silent(self) -> tuple[int, ...]:
         found = self._coord.dir_get(self._silent_key.rsplit("/", 1)[0] + "/")

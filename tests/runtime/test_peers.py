@@ -4,9 +4,11 @@ real thing, a SIGKILLed peer of a real 2-process job, is in test_startup_and_pee
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from reprieve.coordination import CoordinationError, LocalCoordinator
@@ -73,7 +75,7 @@ def test_every_process_learns_which_peer_went_silent_before_jax_ends_it() -> Non
         _until(lambda: "reprieve/4/alive/1" in shared.dir_get("reprieve/4/alive/"), "process 1's record")
         now[0] = 5.0  # process 2 never wrote: silent past the threshold (1 s)
         _until(lambda: reports[0] == [(2,)] and reports[1] == [(2,)], f"both report process 2: {reports}")
-        assert watches[1].lost == (2,)
+        assert watches[1].lost == (2,) and watches[1].wait_lost() == (2,)  # known: no wait
         shared.set("reprieve/4/alive/2", '{"n": 1}', overwrite=True)  # heard from again
         _until(lambda: reports[0][-1:] == [()] and reports[1][-1:] == [()], f"both report none: {reports}")
     finally:
@@ -100,3 +102,28 @@ def test_the_termination_message_names_the_silent_peers(tmp_path: Path) -> None:
     assert json.loads(log.read_text()) == {"peerLost": [2]}
     write_termination_message((), str(log))
     assert log.read_text() == ""
+
+
+def test_a_failed_collective_waits_for_the_peer_watch_to_name_the_silent_peer(caplog: pytest.LogCaptureFixture) -> None:
+    """A peer's process that died on a node that still answers resets its connections: the collective fails at
+    once (a JAX runtime error), long before JAX's heartbeat timeout. The job waits for the watch to name the silent
+    peer before it ends, so its exit is reported as that loss; any other error does not wait."""
+    from reprieve.job import Job
+
+    calls: list[int] = []
+    stub = SimpleNamespace(_wait_lost_peer=lambda: calls.append(1) or (1,), process_id=0)
+
+    class JaxRuntimeError(RuntimeError):
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="reprieve.job"):
+        Job._await_lost_peer(stub, JaxRuntimeError("Connection reset by peer"))  # type: ignore[arg-type]
+    assert calls == [1] and "process(es) 1 went silent: this exit is their loss" in caplog.text
+    Job._await_lost_peer(stub, ValueError("a bug of the program's"))  # type: ignore[arg-type]
+    Job._await_lost_peer(stub, None)  # type: ignore[arg-type]
+    assert calls == [1]
+
+
+def test_wait_lost_gives_up_after_the_time_it_takes_to_find_a_peer_silent() -> None:
+    watch = PeerWatch(_As(LocalCoordinator(), 1, 2), attempt=1, pod="w1", heartbeat_s=2.0)
+    assert watch.wait_lost() == ()  # nothing heard: it gives up (bounded), the exit stays this process's own
