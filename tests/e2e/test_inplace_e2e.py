@@ -31,9 +31,9 @@ STEPS, SLEEP = 200, 0.03
 
 
 def submit_inplace(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, spares: int = 0,
-                   interval: int = 0, extra_env: dict[str, str] | None = None) -> Path:
+                   interval: int = 0, extra_env: dict[str, str] | None = None, steps: int = STEPS) -> Path:
     ckpt = root / name
-    body = e2e_job(cluster, name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
+    body = e2e_job(cluster, name, replicas=2, steps=steps, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
                        node_selector={"reprieve.test/pool": pool},
                        extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **(extra_env or {})})
     body["spec"]["restartMode"] = "InPlace"
@@ -84,8 +84,8 @@ def test_faults_a_deleted_pod_a_killed_supervisor_and_an_unwarned_node_loss_each
     Why this long: Three faults in one job (four attempts) so every restart is counted in one status;
     splitting it would pay a job's start three times more."""
     pool_a, _ = pool(5)
-    name = "faults"
-    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1, interval=20)
+    name, steps = "faults", 2 * STEPS  # still training when the third fault comes
+    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1, interval=20, steps=steps)
     wait_step(ckpt, 30, 240, cluster, namespace, name)
     cluster.kubectl("delete", "pod", f"{name}-1", "-n", namespace, "--wait=false")
     status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 2 and s.get("phase") == "Running",
@@ -134,7 +134,7 @@ def test_faults_a_deleted_pod_a_killed_supervisor_and_an_unwarned_node_loss_each
 
     final = wait_tj(cluster, namespace, name, succeeded, 420, "Succeeded", operator)["status"]
     assert final["restarts"] == {"preemption": 0, "failure": 1, "disruption": 2}, final
-    assert final["attempt"] == 4 and final["lastCheckpointStep"] == STEPS - 1, final
+    assert final["attempt"] == 4 and final["lastCheckpointStep"] == steps - 1, final
     # No stale commit: attempt numbers of committed checkpoints never decrease with the step.
     commits = committed_attempts(ckpt)
     assert commits and [a for _, a in commits] == sorted(a for _, a in commits), commits
