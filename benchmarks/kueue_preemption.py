@@ -13,8 +13,9 @@ preempted by a higher-priority job at step ``--preempt-at``, twice, one variant 
   save on it). It resumes from its last periodic checkpoint.
 
 Printed per variant: lost steps (steps computed again after the resume; docs/goodput.md), eviction -> quota released
-(the Workload's ``Evicted=True`` to its ``QuotaReserved=False``, both as seen by a watch of this process), the gap in
-training and the wall time; then the ratios.
+(the Workload's ``Evicted=True`` to its ``QuotaReserved=False``, both as seen by a watch of this process), how long
+the readmitted job takes to start (the quota reserved again -> the resumed attempt's first step: pods, JAX, the
+restore), the gap in training and the wall time; then the ratios.
 
     python benchmarks/kueue_preemption.py                     # 400 steps of ~0.1 s, checkpoints every 50, preempt at 90
     python benchmarks/kueue_preemption.py --preempt-at 60 --interval 25
@@ -58,11 +59,13 @@ def log(msg: str) -> None:
 
 class WorkloadClock:
     """A watch of one namespace's Workloads: when this process first saw ``Evicted=True`` and, after it,
-    ``QuotaReserved=False`` (monotonic seconds)."""
+    ``QuotaReserved=False`` (monotonic seconds), and then the quota reserved again (wall time: the readmission,
+    compared with the resumed attempt's first step in the step log)."""
 
     def __init__(self, api: Any, namespace: str) -> None:
         self.evicted: float | None = None
         self.released: float | None = None
+        self.readmitted_at: float | None = None
         self.reason = ""
         self._stop = threading.Event()
         crd = k8s.CustomObjectsApi(api)
@@ -83,6 +86,9 @@ class WorkloadClock:
                     if self.evicted is not None and self.released is None and \
                             conds.get("QuotaReserved", {}).get("status") == "False":
                         self.released = now
+                    if self.released is not None and self.readmitted_at is None and \
+                            conds.get("QuotaReserved", {}).get("status") == "True":
+                        self.readmitted_at = time.time()
                     if self._stop.is_set():
                         return
             except Exception as err:  # noqa: BLE001 - a dropped watch: watch again
@@ -161,7 +167,8 @@ def run(cluster: Cluster, api: Any, kq: Any, variant: str, args: argparse.Namesp
         if len(report.interruptions) != 1:
             raise SystemExit(f"{variant}: expected one interruption, the step log shows "
                              f"{len(report.interruptions)}:\n{report.summary()}")
-        return {"report": report, "release": clock.seconds, "attempt": final.get("attempt")}
+        return {"report": report, "release": clock.seconds, "attempt": final.get("attempt"),
+                "start": report.interruptions[0].next_t - clock.readmitted_at if clock.readmitted_at else float("nan")}
     finally:
         clock.stop()
         operator.stop()
@@ -210,6 +217,7 @@ def main() -> int:
         r: GoodputReport = results[v]["report"]
         cut = r.interruptions[0]
         return {"lost": str(cut.lost_steps), "release": f"{results[v]['release']:.2f}s",
+                "start": f"{results[v]['start']:.1f}s",
                 "resumed": f"{cut.last_step} -> {cut.resumed_at}", "gap": f"{cut.gap_seconds:.1f}s",
                 "wall": f"{r.wall_seconds:.1f}s", "goodput": f"{r.goodput:.1%}"}[what]
 
@@ -217,6 +225,7 @@ def main() -> int:
     print()
     print(f"{'':36}" + "".join(f"{v:>{w}}" for v in variants))
     for label, what in (("lost steps", "lost"), ("eviction -> quota released", "release"),
+                        ("readmitted -> first step resumed", "start"),
                         ("last step -> resumed at", "resumed"), ("gap in training", "gap"),
                         ("wall seconds", "wall"), ("goodput", "goodput")):
         print(f"{label:36}" + "".join(f"{cell(v, what):>{w}}" for v in variants))

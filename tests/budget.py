@@ -79,11 +79,13 @@ class Summary:
     tiers: dict[str, tuple[int, float]]  # tier -> (tests, test-seconds)
     slowest: list[TimedTest]
     warnings: list[str] = field(default_factory=list)
+    modules: list[tuple[str, int, float]] = field(default_factory=list)  # the costliest modules: (path, tests, s)
 
     def as_json(self) -> dict[str, Any]:
         return {"wall_seconds": round(self.wall_seconds, 1),
                 "tiers": {t: {"tests": n, "seconds": round(s, 1)} for t, (n, s) in self.tiers.items()},
                 "slowest": [{"test": t.nodeid, "tier": t.tier, "seconds": round(t.seconds, 1)} for t in self.slowest],
+                "modules": [{"module": m, "tests": n, "seconds": round(s, 1)} for m, n, s in self.modules],
                 "warnings": self.warnings}
 
 
@@ -110,7 +112,12 @@ def summarise(times: Iterable[TimedTest], wall_seconds: float, budget: Budget, *
             warnings.append(f"{row.nodeid} took {row.seconds:.0f} s (> {budget.long_test_seconds:.0f} s) and its "
                             f"docstring has no '{WHY_LONG[:-1].capitalize()}:' line")
     slowest = sorted(rows, key=lambda r: r.seconds, reverse=True)[:top]
-    return Summary(wall_seconds, tiers, slowest, warnings)
+    per_module: dict[str, tuple[int, float]] = {}
+    for row in rows:
+        n, s = per_module.get(row.nodeid.split("::", 1)[0], (0, 0.0))
+        per_module[row.nodeid.split("::", 1)[0]] = (n + 1, s + row.seconds)
+    modules = sorted(((m, n, s) for m, (n, s) in per_module.items()), key=lambda r: r[2], reverse=True)[:top]
+    return Summary(wall_seconds, tiers, slowest, warnings, modules)
 
 
 def render(summary: Summary, budget: Budget) -> list[str]:
@@ -123,6 +130,8 @@ def render(summary: Summary, budget: Budget) -> list[str]:
     lines.append(f"wall time {summary.wall_seconds / 60:.1f} min (budget {budget.run_seconds / 60:.0f} min)")
     lines.append("slowest:")
     lines += [f"  {t.seconds:7.1f} s  {t.tier:<11} {t.nodeid}" for t in summary.slowest]
+    lines.append("costliest modules:")
+    lines += [f"  {s:7.1f} s  {n:>4} tests  {m}" for m, n, s in summary.modules]
     return lines
 
 

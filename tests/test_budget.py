@@ -46,6 +46,14 @@ def test_totals_per_tier_and_the_slowest_first() -> None:
     assert "unit" in text and "1.2 min (budget 10 min)" in text
 
 
+def test_the_costliest_modules_sum_their_tests() -> None:
+    times = [TimedTest("m1.py::a", "unit", 1.0), TimedTest("m1.py::b[x]", "unit", 2.0),
+             TimedTest("m2.py::c", "e2e", 2.5), TimedTest("m3.py::d", "unit", 0.5)]
+    s = summarise(times, 7.0, BUDGET, top=2)
+    assert s.modules == [("m1.py", 2, 3.0), ("m2.py", 1, 2.5)]
+    assert "     3.0 s     2 tests  m1.py" in "\n".join(render(s, BUDGET))
+
+
 def test_a_tier_past_its_share_and_a_run_past_its_budget_are_named() -> None:
     s = summarise([TimedTest("x", "unit", 11.0), TimedTest("y", "e2e", 10.0)], 601.0, BUDGET)
     assert any("tier unit took 11 test-seconds, over its share of 10" in w for w in s.warnings), s.warnings

@@ -559,9 +559,9 @@ class Job:
         self.metrics.set("reprieve_notice_to_commit_seconds", since_notice)
         decision = exit_decision(committed=True, now=now, deadline=deadline,
                                  restart_code=self.config.restart_exit_code, last_step=step == self._last_step)
-        if decision.code == 1:
-            log.critical("agreed checkpoint at step %d %s: exiting 1, not %d", step, decision.reason,
-                         self.config.restart_exit_code)
+        if decision.late:
+            log.warning("agreed checkpoint at step %d %s: still exiting as saved; give the job a longer "
+                        "notice window (spec.preemption.noticeSeconds) or a cheaper save", step, decision.reason)
         else:
             log.info("agreed checkpoint at step %d committed on all %d process(es), %.2fs after the notice%s", step,
                      self.num_processes, since_notice, "" if deadline is None else

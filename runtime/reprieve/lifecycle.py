@@ -82,6 +82,7 @@ class ExitDecision:
 
     code: int | None
     reason: str
+    late: bool = False  # committed after the notice's deadline (still saved: logged as a warning)
 
 
 def exit_decision(*, committed: bool, now: float, deadline: float | None, restart_code: int,
@@ -97,8 +98,10 @@ def exit_decision(*, committed: bool, now: float, deadline: float | None, restar
     """
     if not committed:
         return ExitDecision(1, "not committed")
-    if deadline is not None and now > deadline:
-        return ExitDecision(1, f"committed {now - deadline:.1f}s AFTER the deadline")
+    # Committed late (the process outlived the deadline): the checkpoint is whole and fenced, so the exit still
+    # says "saved" -- a 1 would spend one of the job's maxFailures on a preemption that lost nothing.
+    late = (f"; committed {now - deadline:.1f}s AFTER the deadline (the save outlasted the notice window)"
+            if deadline is not None and now > deadline else "")
     if last_step:
-        return ExitDecision(None, "committed; it is the last step: training finished")
-    return ExitDecision(restart_code, "committed: restart wanted")
+        return ExitDecision(None, f"committed; it is the last step: training finished{late}", late=bool(late))
+    return ExitDecision(restart_code, f"committed: restart wanted{late}", late=bool(late))

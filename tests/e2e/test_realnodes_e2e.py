@@ -45,8 +45,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.realnodes, pytest.mark.timeout(1800)]
 # 120 steps (~0.7 s a step on real nodes beside the rest of the suite): a fault at step 30-50 leaves a restart and
 # the steps after it to prove the resume; more steps only prolong the run.
 STEPS, SLEEP = 120, 0.03
-# GKE's 15 s spot window is tighter than real containers' notice delivery plus save under CI's load (load ~20): a
-# commit past the deadline exits 1 and counts as a failure (seen twice). The tests prove the path, not the window.
+# GKE's 15 s spot window is tighter than real containers' notice delivery plus save under CI's load (load ~20): the
+# save commits after the deadline (a saved exit with a warning, docs/contract.md). The tests prove the path and the
+# counts, not the window, so the jobs get 60 s and the agreed step lands before the node would have gone.
 SPOT_WINDOW = {"gke-spot": 60}
 REQUESTS = {"cpu": "250m", "memory": "1Gi"}  # 2-CPU real nodes: two workers and the operator fit on one
 

@@ -306,7 +306,8 @@ def test_a_flavor_the_template_cannot_run_on_keeps_the_job_queued_with_kueues_me
 def test_a_job_edited_while_queued_replaces_or_moves_its_workload_and_then_starts(
         cluster: Any, kueue: Any, kueue_operator: Operator, namespace: str, nodes: list[str]) -> None:
     """In place with a command (spares need it): ``spares`` edited while the Workload has no quota replaces it
-    with the new counts; the queue label edited moves it to the new LocalQueue, where it is admitted."""
+    with the new counts; the queue label edited moves it to the new LocalQueue, where it is admitted; the label
+    removed from the running job leaves it running unqueued with its Workload gone and the quota free."""
     tag = cluster.kubectl("get", "node", nodes[0], "-o", "jsonpath={.metadata.labels.reprieve-test}").stdout
     cq = _setup_queue(kueue, namespace, tag, "3")
     kueue.apply(local_queue(namespace, "lq", cq))
@@ -338,6 +339,20 @@ def test_a_job_edited_while_queued_replaces_or_moves_its_workload_and_then_start
     assert wl["spec"]["queueName"] == "lq" and _cond(wl, "Admitted").get("status") == "True"
     workloads = json.loads(cluster.kubectl("get", "workloads", "-n", namespace, "-o", "json").stdout)["items"]
     assert [w["metadata"]["name"] for w in workloads] == [wl_name]  # one Workload, nothing left behind
+
+    # The queue label removed from the admitted, running job: it runs on unqueued (the same pods, not restarted),
+    # its Workload is deleted and the ClusterQueue's quota freed (docs/kueue.md, "Bad input").
+    uids = sorted(p["metadata"]["uid"] for p in pods)
+    cluster.kubectl("label", "trainingjob", "q", "-n", namespace, "kueue.x-k8s.io/queue-name-")
+    wait_for(lambda: not _get(cluster, "workload", wl_name, namespace), 60, "the Workload deleted",
+             describe=lambda: kueue_operator.tail(40))
+    wait_for(lambda: not any(str(r.get("total") or 0) != "0" for f in (_get(cluster, "clusterqueue", cq, "")
+                                                      .get("status") or {}).get("flavorsUsage") or []
+                             for r in f.get("resources") or []), 60, f"ClusterQueue {cq}'s quota freed",
+             describe=lambda: json.dumps(_get(cluster, "clusterqueue", cq, "").get("status"), indent=1))
+    tj = _get(cluster, "trainingjob", "q", namespace)
+    assert sorted(p["metadata"]["uid"] for p in _pods(cluster, namespace, "q")) == uids, tj.get("status")
+    assert tj["status"].get("phase") == "Running" and _cond(tj, "Queued").get("status") != "True", tj["status"]
     kueue_operator.assert_no_errors()
 
 

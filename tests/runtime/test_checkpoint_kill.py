@@ -36,6 +36,9 @@ def wait_for_a_save_in_flight(root, limit_s: float) -> None:
 
 
 def test_kill_minus_nine_at_random_moments(tmp_path) -> None:
+    """Why this long: 20 trials in sequence, each a fresh JAX process that restores the previous trial's checkpoint
+    before it is killed (about 2 s each on a quiet machine, 95 s under CI's load); the trials build on one another's
+    leftovers, so they cannot run side by side, and fewer trials hit fewer moments of the save protocol."""
     rnd = random.Random(20261122)
     sharding = SingleDeviceSharding(jax.devices()[0])
     abstract = {"w": jax.ShapeDtypeStruct((64, 256), jnp.float32, sharding=sharding),

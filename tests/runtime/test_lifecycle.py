@@ -16,8 +16,9 @@ pytestmark = pytest.mark.unit
 EXITS = [
     (True, 100.0, 130.0, False, 42, "restart"),
     (True, 100.0, None, False, 42, "restart"),  # deadline unknown (malformed notice): never late
-    (True, 131.0, 130.0, False, 1, "AFTER the deadline"),
-    (True, 131.0, 130.0, True, 1, "AFTER the deadline"),  # late on the last step is still late
+    # committed late: still saved (the checkpoint is whole), said in the reason
+    (True, 131.0, 130.0, False, 42, "restart wanted; committed 1.0s AFTER the deadline"),
+    (True, 131.0, 130.0, True, None, "training finished; committed 1.0s AFTER the deadline"),
     (True, 100.0, 130.0, True, None, "training finished"),  # in time on the last step: finish, exit 0
     (True, 100.0, None, True, None, "training finished"),
     (False, 100.0, 130.0, False, 1, "not committed"),
