@@ -10,6 +10,7 @@ for one spare, a fault while a restart waits for its replacement, and an image w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -62,6 +63,18 @@ def supervisor_pid(cluster: Any, namespace: str, pod: str) -> int:
     raise AssertionError(f"no reprieve-run line in the log of {namespace}/{pod}")
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in task.read_text().split()]
+    return out
+
+
 def committed_attempts(ckpt: Path) -> list[tuple[int, int]]:
     """(step, attempt) of every committed checkpoint directory (step_<step>_a<attempt>)."""
     out = []
@@ -112,7 +125,13 @@ def test_faults_a_deleted_pod_a_killed_supervisor_and_an_unwarned_node_loss_each
              interval=0.5)
     lost_node, survivor = pod_node(cluster, namespace, by_index[1]), by_index[0]
     assert pod_node(cluster, namespace, survivor) != lost_node, third  # a survivor to be ended by JAX
+    # The machine vanishes: every process on it at once (a process kubelet's pods die with it, but the trainer a
+    # supervisor started would outlive it: killed here with everything else of the pod).
+    doomed = descendants(supervisor_pid(cluster, namespace, by_index[1]))
     cluster.kill_node(lost_node)
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
     def reported() -> dict[str, Any] | None:
         raw = job_pods(cluster, namespace, name)[survivor]["metadata"].get("annotations", {}).get("reprieve.dev/exit")
