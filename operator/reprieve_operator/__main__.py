@@ -8,6 +8,8 @@ import os
 
 import kopf
 
+from .policy.restart import PEER_LOST_WAIT_SECONDS
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="reprieve-operator", description=__doc__)
@@ -28,6 +30,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default=float(os.environ.get("REPRIEVE_NOTICE_HORIZON_SECONDS", "600")),
                    help="deliver a notice once its deadline is at most this far away; until then it is held "
                         "(a maintenance scheduled days ahead does not make jobs Preempting for days)")
+    p.add_argument("--peer-lost-wait-seconds", type=float,
+                   default=float(os.environ.get("REPRIEVE_PEER_LOST_WAIT_SECONDS", str(PEER_LOST_WAIT_SECONDS))),
+                   help="how long a worker that exited because it lost a peer waits for that peer to show lost "
+                        "(its pod or node) before the exit counts as a failure")
     p.add_argument("--leader-elect", action="store_true",
                    default=os.environ.get("REPRIEVE_LEADER_ELECT", "") in ("1", "true"),
                    help="run as one of several replicas: act only while holding a Lease (standbys wait)")
@@ -140,9 +146,11 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.notice_horizon_seconds <= 0:
         raise SystemExit(f"--notice-horizon-seconds must be > 0, got {args.notice_horizon_seconds}")
+    if args.peer_lost_wait_seconds <= 0:
+        raise SystemExit(f"--peer-lost-wait-seconds must be > 0, got {args.peer_lost_wait_seconds}")
     memo = kopf.Memo(metrics_port=args.metrics_port, signals_json=args.signals_json, namespaces=args.namespace,
                      resync_seconds=args.resync_seconds, notice_horizon_seconds=args.notice_horizon_seconds,
-                     kueue=args.kueue)
+                     kueue=args.kueue, peer_lost_wait_seconds=args.peer_lost_wait_seconds)
     kopf.run(
         standalone=True,  # one replica (Deployment strategy Recreate); no peering objects needed
         clusterwide=not args.namespace,

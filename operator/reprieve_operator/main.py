@@ -20,6 +20,7 @@ from .cache import Cache
 from .models import GROUP, PLURAL, VERSION
 from .nodesignals import NodeSignals
 from .policy.notice import DEFAULT_HORIZON_SECONDS
+from .policy.restart import PEER_LOST_WAIT_SECONDS
 from .policy.signals import signal_table
 from .state import State
 
@@ -79,7 +80,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     horizon = float(getattr(memo, "notice_horizon_seconds", 0) or DEFAULT_HORIZON_SECONDS)
     cache = Cache()
     memo.state = state = State(api=apply.Api(api_client()), cache=cache, nodes=NodeSignals(table, horizon, cache),
-                               reconcile=reconcile.reconcile, kueue=bool(getattr(memo, "kueue", False)))
+                               reconcile=reconcile.reconcile, kueue=bool(getattr(memo, "kueue", False)),
+                               peer_lost_wait_s=float(getattr(memo, "peer_lost_wait_seconds", None)
+                                                      or PEER_LOST_WAIT_SECONDS))
     memo.podwatch = await prime(state, list(getattr(memo, "namespaces", None) or []))
     if state.kueue:
         memo.kueue_stop = threading.Event()

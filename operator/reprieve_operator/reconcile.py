@@ -55,7 +55,8 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
                 assignment=await state.assignments.current(api, job) if builders.in_place(job) else None,
                 known_nodes=state.cache.nodes if state.cache.primed else None,
                 doomed=state.nodes.doomed(job, now), last_commit_event=state.commits.last(key),
-                zones=views.zones(raw_pods, state.cache.nodes) if memorypeers.enabled(job) else {})
+                zones=views.zones(raw_pods, state.cache.nodes) if memorypeers.enabled(job) else {},
+                not_ready=views.not_ready_nodes(state.cache.nodes), peer_lost_wait_s=state.peer_lost_wait_s)
     outcome = decide(view)
     for _ in range(2):  # the reads a decision asked for, then decide again
         if outcome.look_at_nodes:

@@ -15,6 +15,7 @@ from . import apply
 from .assignment import Assignments
 from .cache import Cache, Key
 from .nodesignals import NodeSignals
+from .policy.restart import PEER_LOST_WAIT_SECONDS
 from .workqueue import ReconcileQueue
 
 
@@ -45,6 +46,7 @@ class State:
     assignments: Assignments = field(default_factory=Assignments)  # in-place jobs' assignments as written
     commits: CommitEvents = field(default_factory=CommitEvents)
     kueue: bool = False  # --kueue: jobs with kueue.x-k8s.io/queue-name wait for Kueue's admission (kueue.py)
+    peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS  # --peer-lost-wait-seconds (policy/restart.py)
 
     def __post_init__(self, reconcile: Callable[[State, str, str, bool], Awaitable[Any]]) -> None:
         # The queue runs the one reconcile function of this state, for every path (frozen: set once, here).

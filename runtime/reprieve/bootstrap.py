@@ -27,7 +27,7 @@ from .kube import KubeClient, PodWatchSource
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
-from .peers import PeerWatch
+from .peers import PeerWatch, write_termination_message
 from .policy import SavePolicy
 from .progress import ProgressReporter
 from .supervisor.trainer import SupervisorLink
@@ -158,11 +158,21 @@ def init(
             progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt,
                                         interval_s=config.progress_interval_seconds)
     job_ref: list[Job] = []
+    peers: PeerWatch | None = None
     if config.distributed:
         # One line naming a peer that stopped, before JAX's heartbeat timeout ends this process for it.
-        closers.append(PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
-                                 heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,
-                                 committed=lambda: job_ref[0].committed_step if job_ref else None).start().close)
+        # The silent peers, told to the supervisor (its exit report) and written as the termination message
+        # (Recreate), so an exit JAX forces for them counts as their loss.
+        def on_lost(processes: tuple[int, ...]) -> None:
+            if link is not None:
+                link.peer_lost(processes)
+            if config.in_cluster:
+                write_termination_message(processes)
+
+        peers = PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
+                          heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,
+                          committed=lambda: job_ref[0].committed_step if job_ref else None, on_lost=on_lost).start()
+        closers.append(peers.close)
     if config.metrics_port is not None:
         # On the pod's IP when known, like the coordinator: workers that share a host network (hostNetwork
         # pods, the local process kubelet) do not collide on the port.
@@ -177,7 +187,8 @@ def init(
     # Job wires itself to the checkpointer's commits (set_commit_callback), whichever checkpointer it is.
     job = Job(config, coordinator, ckpt, agreement, hub, policy=policy, metrics=metrics, progress=progress,
               closers=closers, exit_fn=exit_fn, on_first_step=link.first_step if link is not None else None,
-              on_exiting=link.exiting if link is not None else None)
+              on_exiting=link.exiting if link is not None else None,
+              wait_lost_peer=peers.wait_lost if peers is not None else None)
     job_ref.append(job)
     if memory_config is not None and config.process_id == 0:
         job.loop.extra_fields = getattr(ckpt, "progress_fields", None)

@@ -11,6 +11,7 @@ Its phases and teardowns are :mod:`reprieve.lifecycle`.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -111,6 +112,7 @@ class Job:
         shutdown_distributed: bool = True,
         on_first_step: Callable[[int], None] | None = None,
         on_exiting: Callable[[int], None] | None = None,
+        wait_lost_peer: Callable[[], tuple[int, ...]] | None = None,
     ) -> None:
         self.config = config
         self.coordinator = coordinator
@@ -127,6 +129,7 @@ class Job:
         self._shutdown_distributed = shutdown_distributed
         self._on_first_step = on_first_step  # reprieve-run pre-warms the next attempt once it is called
         self._on_exiting = on_exiting  # reprieve-run reports the decided exit code before the teardown
+        self._wait_lost_peer = wait_lost_peer  # reprieve.peers: which peer went silent, once a collective failed
         # where the loop is: all written and read by the training thread only
         self._last_step: int | None = None  # the job's last step; None: not known (a loop over a loader)
         self._current = -1  # the furthest step the loop entered
@@ -588,7 +591,20 @@ class Job:
                         "sys.exit): nothing is saved by this exit (the last checkpoint is step %s); an exit with "
                         "the restart code %d from here is not a saved preemption", self.process_id,
                         "none" if self._committed is None else self._committed, self.config.restart_exit_code)
+            self._await_lost_peer(sys.exc_info()[1] or getattr(sys, "last_value", None))
         self._teardown(ABANDON)
+
+    def _await_lost_peer(self, exc: BaseException | None) -> None:
+        """A JAX runtime error ends the loop (a collective failed: a peer's process died and its connections were
+        reset): before this process ends, let the peer watch name the silent peer, so the exit is reported as that
+        peer's loss, not as a failure of this process (``docs/contract.md``, "Peer lost")."""
+        if self._wait_lost_peer is None or type(exc).__name__ not in ("JaxRuntimeError", "XlaRuntimeError"):
+            return
+        lost = self._wait_lost_peer()
+        if lost:
+            log.warning("process %d: the step failed (%s) and process(es) %s went silent: this exit is their loss",
+                        self.process_id, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
+                        ", ".join(map(str, lost)))
 
     def __enter__(self) -> Self:
         return self

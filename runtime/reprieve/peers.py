@@ -11,6 +11,14 @@ a long call that holds the GIL, is reported too: the line says "not heard from",
 is heard from again.) If process 0 itself dies, the service goes with it: the others log that the service is
 gone before JAX ends them.
 
+Process 0 also publishes the silent set (``reprieve/<attempt>/silent/set``: a JSON list, rewritten when it
+changes) and every other process reads it, so each process knows, before JAX ends it, which peers it is about to
+be ended for (the service gone: process 0, its host). ``on_lost`` hears every change of that set: the runtime
+tells its supervisor (``reprieve-run`` names them in its exit report, ``peerLost``) and writes them into the
+container's termination message (Recreate: the kubelet copies it into the pod's status when the container ends),
+so the operator counts the exit as the loss of that peer, not as a failure of this process
+(``docs/contract.md``).
+
 :class:`Liveness` is the decision (an owner with an injected clock, table-tested); :class:`PeerWatch` is the
 thread.
 """
@@ -22,6 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .background import Daemon
@@ -67,12 +76,33 @@ def silent_line(process: int, n: int, pod: str | None, seconds: float, heartbeat
             f" s (\"another task died\") and the job restarts from {resume}")
 
 
+TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath, mounted by the kubelet
+
+
+def termination_message(processes: tuple[int, ...]) -> str:
+    """The container's termination message while ``processes`` are silent (``""``: none): what the operator reads
+    from a Recreate pod's ``state.terminated.message`` (pure)."""
+    return json.dumps({"peerLost": list(processes)}) if processes else ""
+
+
+def write_termination_message(processes: tuple[int, ...], path: str = TERMINATION_LOG) -> None:
+    """Write :func:`termination_message` to ``path`` when it exists (a kubelet mounted it); never raises."""
+    target = Path(path)
+    if not target.exists():
+        return
+    try:
+        target.write_text(termination_message(processes))
+    except OSError as err:
+        log.debug("termination message not written to %s: %s", path, err)
+
+
 class PeerWatch(Daemon):
     """Every process writes its liveness record every ``interval``; process 0 also reads them all (see above)."""
 
     def __init__(self, coordinator: Coordinator, *, attempt: int, pod: str | None, heartbeat_s: float,
                  address: str | None = None, committed: Callable[[], int | None] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_lost: Callable[[tuple[int, ...]], None] = lambda processes: None) -> None:
         super().__init__("reprieve-peers")
         self._coord = coordinator
         self._pid, self._n = coordinator.process_id, coordinator.num_processes
@@ -85,6 +115,10 @@ class PeerWatch(Daemon):
         self.threshold_s = max(1.0, heartbeat_s / 2)
         self.interval_s = self.threshold_s / 4
         self._pods: dict[int, str | None] = {}
+        self._silent_key = f"reprieve/{attempt}/silent/set"
+        self._on_lost = on_lost
+        self.lost: tuple[int, ...] = ()  # the silent processes last reported to ``on_lost``
+        self._any_lost = threading.Event()
 
     def close(self) -> None:
         """Stop, and wait until the thread is out of the coordination client (one inside it at interpreter exit
@@ -96,14 +130,19 @@ class PeerWatch(Daemon):
     def _run(self) -> None:
         liveness = Liveness([p for p in range(self._n) if p != self._pid], self.threshold_s, self._clock())
         counter = 0
+        silent: set[int] = set()
         while not self._stop.is_set():
             counter += 1
             try:
                 self._coord.set(f"{self._prefix}{self._pid}", json.dumps({"n": counter, "pod": self._pod}),
                                 overwrite=True)
                 records = self._read() if self._pid == 0 else {}
+                if self._pid != 0:
+                    self._lost(self._read_silent(), "process 0 reports")
             except (CoordinationError, RuntimeError, ValueError) as err:
                 if not self._stop.is_set():
+                    if self._pid != 0 and not self.lost:
+                        self._lost((0,), "the coordination service is gone:")
                     log.error("the coordination service%s refused process %d's liveness record (%s): a process of "
                               "the job has ended (process 0, the service's host, unless another was named above); "
                               "JAX ends this process too", f" at {self._address}" if self._address else "",
@@ -111,11 +150,52 @@ class PeerWatch(Daemon):
                 return
             for kind, p, seconds in liveness.observe(records, self._clock()):
                 if kind == "silent":
+                    silent.add(p)
                     log.warning("%s", silent_line(p, self._n, self._pods.get(p), seconds, self._heartbeat_s,
                                                   self._committed()))
                 else:
+                    silent.discard(p)
                     log.info("process %d of %d is heard from again after %.1f s", p, self._n, seconds)
+            if self._pid == 0 and tuple(sorted(silent)) != self.lost:
+                try:
+                    self._coord.set(self._silent_key, json.dumps(sorted(silent)), overwrite=True)
+                except (CoordinationError, RuntimeError, ValueError) as err:
+                    log.debug("the silent set was not published: %s", err)
+                self._lost(tuple(sorted(silent)), "")
             self._stop.wait(self.interval_s)
+
+    def _lost(self, processes: tuple[int, ...], source: str) -> None:
+        """A new silent set: tell ``on_lost`` (once per change)."""
+        if processes == self.lost:
+            return
+        self.lost = processes
+        if processes:
+            self._any_lost.set()
+        else:
+            self._any_lost.clear()
+        if source and processes:
+            log.warning("%s process(es) %s of %d silent: if JAX ends this process for them, its exit is reported as "
+                        "their loss", source, ", ".join(map(str, processes)), self._n)
+        try:
+            self._on_lost(processes)
+        except Exception as err:  # noqa: BLE001 - a report is best effort; the watch goes on
+            log.debug("peer-lost report failed: %s", err)
+
+    def wait_lost(self) -> tuple[int, ...]:
+        """Wait (at most the time it takes to find a peer silent and hear of it) until a peer is known silent;
+        the silent processes, or ``()``. For a process whose collective just failed: a peer that died on a node that
+        still answers resets its connections at once, long before JAX's heartbeat timeout."""
+        self._any_lost.wait(self.threshold_s + 2 * self.interval_s)
+        return self.lost
+
+    def _read_silent(self) -> tuple[int, ...]:
+        found = self._coord.dir_get(self._silent_key.rsplit("/", 1)[0] + "/")
+        raw = next((v for k, v in found.items() if k.rsplit("/", 1)[-1] == "set"), None)
+        try:
+            value = json.loads(raw) if raw else []
+        except ValueError:
+            return self.lost
+        return tuple(sorted({p for p in value if type(p) is int})) if isinstance(value, list) else self.lost
 
     def _read(self) -> dict[int, Any]:
         out: dict[int, Any] = {}

@@ -3,8 +3,16 @@ real thing, a SIGKILLed peer of a real 2-process job, is in test_startup_and_pee
 
 from __future__ import annotations
 
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
-from reprieve.peers import Liveness, silent_line
+from reprieve.coordination import CoordinationError, LocalCoordinator
+from reprieve.peers import Liveness, PeerWatch, silent_line, termination_message, write_termination_message
 
 pytestmark = pytest.mark.unit
 
@@ -30,3 +38,92 @@ def test_the_line_names_the_process_its_pod_and_what_follows() -> None:
     assert line.startswith("process 1 of 2 (pod job-w1) has not been heard from for 5.2 s")
     assert "JAX ends this process within about 5 s" in line and "step 120" in line
     assert "(pod" not in silent_line(1, 2, None, 1, 10, None)
+
+
+class _As(LocalCoordinator):
+    """One process's view of a key-value store shared by the gang (``broken``: the service is gone)."""
+
+    def __init__(self, shared: LocalCoordinator, pid: int, n: int) -> None:
+        self._shared, self.process_id, self.num_processes, self.broken = shared, pid, n, False
+
+    def set(self, key: str, value: str, *, overwrite: bool = False) -> None:
+        if self.broken:
+            raise CoordinationError("the coordination service is unavailable")
+        self._shared.set(key, value, overwrite=overwrite)
+
+    def dir_get(self, prefix: str) -> dict[str, str]:
+        return self._shared.dir_get(prefix)
+
+
+def _until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.02)
+
+
+def test_every_process_learns_which_peer_went_silent_before_jax_ends_it() -> None:
+    """Process 0 finds process 2 silent and publishes it; process 1 reads it; both report it to ``on_lost`` (the
+    supervisor's exit report, the termination message), and report ``()`` once 2 is heard from again."""
+    shared, now = LocalCoordinator(), [0.0]
+    reports: dict[int, list[tuple[int, ...]]] = {0: [], 1: []}
+    watches = [PeerWatch(_As(shared, pid, 3), attempt=4, pod=f"w{pid}", heartbeat_s=2.0, clock=lambda: now[0],
+                         on_lost=reports[pid].append) for pid in (0, 1)]
+    for w in watches:
+        w.start()
+    try:
+        _until(lambda: "reprieve/4/alive/1" in shared.dir_get("reprieve/4/alive/"), "process 1's record")
+        now[0] = 5.0  # process 2 never wrote: silent past the threshold (1 s)
+        _until(lambda: reports[0] == [(2,)] and reports[1] == [(2,)], f"both report process 2: {reports}")
+        assert watches[1].lost == (2,) and watches[1].wait_lost() == (2,)  # known: no wait
+        shared.set("reprieve/4/alive/2", '{"n": 1}', overwrite=True)  # heard from again
+        _until(lambda: reports[0][-1:] == [()] and reports[1][-1:] == [()], f"both report none: {reports}")
+    finally:
+        for w in watches:
+            w.close()
+
+
+def test_a_process_that_loses_the_coordination_service_reports_process_0() -> None:
+    shared = LocalCoordinator()
+    coord = _As(shared, 1, 2)
+    coord.broken = True
+    reports: list[tuple[int, ...]] = []
+    PeerWatch(coord, attempt=1, pod="w1", heartbeat_s=2.0, on_lost=reports.append).start()
+    _until(lambda: reports == [(0,)], f"process 0 reported: {reports}")
+
+
+def test_the_termination_message_names_the_silent_peers(tmp_path: Path) -> None:
+    assert json.loads(termination_message((1, 3))) == {"peerLost": [1, 3]} and termination_message(()) == ""
+    log = tmp_path / "termination-log"
+    write_termination_message((2,), str(log))  # no file: the kubelet mounted none, nothing written
+    assert not log.exists()
+    log.touch()
+    write_termination_message((2,), str(log))
+    assert json.loads(log.read_text()) == {"peerLost": [2]}
+    write_termination_message((), str(log))
+    assert log.read_text() == ""
+
+
+def test_a_failed_collective_waits_for_the_peer_watch_to_name_the_silent_peer(caplog: pytest.LogCaptureFixture) -> None:
+    """A peer's process that died on a node that still answers resets its connections: the collective fails at
+    once (a JAX runtime error), long before JAX's heartbeat timeout. The job waits for the watch to name the silent
+    peer before it ends, so its exit is reported as that loss; any other error does not wait."""
+    from reprieve.job import Job
+
+    calls: list[int] = []
+    stub = SimpleNamespace(_wait_lost_peer=lambda: calls.append(1) or (1,), process_id=0)
+
+    class JaxRuntimeError(RuntimeError):
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="reprieve.job"):
+        Job._await_lost_peer(stub, JaxRuntimeError("Connection reset by peer"))  # type: ignore[arg-type]
+    assert calls == [1] and "process(es) 1 went silent: this exit is their loss" in caplog.text
+    Job._await_lost_peer(stub, ValueError("a bug of the program's"))  # type: ignore[arg-type]
+    Job._await_lost_peer(stub, None)  # type: ignore[arg-type]
+    assert calls == [1]
+
+
+def test_wait_lost_gives_up_after_the_time_it_takes_to_find_a_peer_silent() -> None:
+    watch = PeerWatch(_As(LocalCoordinator(), 1, 2), attempt=1, pod="w1", heartbeat_s=2.0)
+    assert watch.wait_lost() == ()  # nothing heard: it gives up (bounded), the exit stays this process's own

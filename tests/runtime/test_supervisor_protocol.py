@@ -393,3 +393,21 @@ def test_the_pods_own_attempt_runs_with_the_environments_coordinator() -> None:
     spare = State(Assignment(1, None, 2, None, source="environment"), SETTINGS)
     state, actions = play([(0, AssignmentSeen(cm(1)))], spare)
     assert state.wanted == cm(1) and actions == ["0: start 1"]
+
+
+def test_an_exit_after_the_trainer_reported_silent_peers_names_them_in_the_report() -> None:
+    """JAX ends a trainer whose peer died (SIGABRT, 134): the report says which peers it lost (``peerLost``), so
+    the operator counts their loss, not a failure of this pod. Heard from again: nothing named; exit 0: nothing."""
+    state, _ = play([(0, AssignmentSeen(None)), *started(11, 1, step_at=2)])
+    state, actions = sv.step(state, ChildMessage(11, {"event": "peerLost", "processes": [1, "x", 1]}), 5)
+    assert any(isinstance(a, sv.Note) and "process(es) 1 silent" in a.text for a in actions), actions
+    _, actions = sv.step(state, ChildExited(11, 134), 9)
+    assert [a for a in actions if isinstance(a, sv.Report)] == [sv.Report(1, 134, None, (1,))]
+    value = json.loads(exit_annotation(1, 134, 0.0, None, (1,))["reprieve.dev/exit"])
+    assert value["peerLost"] == [1] and "agreed" not in value
+    assert "peerLost" not in json.loads(exit_annotation(1, 1, 0.0)["reprieve.dev/exit"])
+    back, _ = sv.step(state, ChildMessage(11, {"event": "peerLost", "processes": []}), 6)
+    _, actions = sv.step(back, ChildExited(11, 134), 9)
+    assert [a for a in actions if isinstance(a, sv.Report)] == [sv.Report(1, 134, None, ())]
+    _, actions = sv.step(state, ChildExited(11, 0), 9)
+    assert [a for a in actions if isinstance(a, sv.Report)] == [sv.Report(1, 0, None, ())]

@@ -38,7 +38,15 @@ from . import events, memorypeers, views
 from .events import Event
 from .inplace import Assignment, InPlace, PodView, decide_inplace
 from .kueue import Gate, admitted_template
-from .restart import DISRUPTION, Condition, RestartPlan, decide_restart, lost_nodes, orphaned_pods
+from .restart import (
+    DISRUPTION,
+    PEER_LOST_WAIT_SECONDS,
+    Condition,
+    RestartPlan,
+    decide_restart,
+    lost_nodes,
+    orphaned_pods,
+)
 from .status import closing_goodput, status_patch
 from .times import rfc3339
 
@@ -62,6 +70,8 @@ class View:
     last_commit_event: float | None = None  # when the job's last CheckpointCommitted Event was posted
     zones: Mapping[str, str] = field(default_factory=dict)  # node -> topology.kubernetes.io/zone (memory tier)
     kueue: Gate | None = None  # what the job's queue lets it do (None: not queued, ``policy.kueue``)
+    not_ready: Collection[str] = ()  # known nodes whose Ready condition is False/Unknown (``views.not_ready_nodes``)
+    peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS  # --peer-lost-wait-seconds (``policy.restart``)
 
 
 @dataclass(frozen=True)
@@ -156,8 +166,10 @@ def _admitted(job: TrainingJob, view: View) -> TrainingJob:
 def _recreate(view: View) -> Outcome:
     job, now = view.job, view.now
     pods = [p for p in (views.worker_pod(r, view.known_nodes) for r in view.pods) if p is not None]
+    pods = [dataclasses.replace(p, node_ready=False) if p.node in view.not_ready else p for p in pods]
     hold = held(view)
-    plan = _queue_conditions(decide_restart(job, pods, view.avoid, now, view.doomed, held=hold), view, hold)
+    plan = _queue_conditions(decide_restart(job, pods, view.avoid, now, view.doomed, held=hold,
+                                            peer_lost_wait_s=view.peer_lost_wait_s), view, hold)
     if plan.cause == DISRUPTION and not view.looked:
         return Outcome(job, plan, look_at_nodes=frozenset(lost_nodes(pods)))
     if plan.create and not view.placed:
@@ -182,8 +194,10 @@ def _in_place(view: View) -> Outcome:
     if view.zones:
         pods = [dataclasses.replace(v, zone=view.zones[v.node]) if v.node and v.node in view.zones else v
                 for v in pods]
+    pods = [dataclasses.replace(v, node_ready=False) if v.node in view.not_ready else v for v in pods]
     hold = held(view)
-    plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed, held=hold)
+    plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed, held=hold,
+                                 peer_lost_wait_s=view.peer_lost_wait_s)
     plan = _queue_conditions(plan, view, hold)
     current = view.assignment
     if current is not None and extra.assign is None and extra.record is None and plan.cause is None:

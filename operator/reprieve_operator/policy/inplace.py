@@ -8,8 +8,8 @@ differs is what a restart does:
 
 * a worker whose pod is alive on a healthy node is **kept**: the next assignment lists it again and its
   supervisor starts the next attempt's process in the same pod (a trainer still running is stopped by it);
-* a worker whose pod is lost, deleted, failed as a container, or on a node with an open notice for the job is
-  **replaced**: by a ready spare on a healthy node if there is one (the spare takes its index; warm ones first,
+* a worker whose pod is lost, deleted, failed as a container, on a node with an open notice for the job or
+  not Ready, or that its peers report silent (named in their exit reports, none of its own) is **replaced**: by a ready spare on a healthy node if there is one (the spare takes its index; warm ones first,
   then the oldest), else by a spare still starting there (it was made before any new pod could be), else by a
   new pod (``<job>-<index>-<random>``); the old pod is deleted;
 * the next assignment is written once every listed pod runs and has an IP (the coordinator is process 0's pod
@@ -33,6 +33,7 @@ from . import memorypeers
 from .restart import (
     DISRUPTION,
     FAILURE,
+    PEER_LOST_WAIT_SECONDS,
     PREEMPTION,
     TERMINAL_PHASES,
     Condition,
@@ -42,6 +43,7 @@ from .restart import (
     classify,
     finished_or_suspended,
     gang_restart,
+    waiting,
 )
 from .times import parse_time, rfc3339
 
@@ -65,12 +67,14 @@ class PodView:
     exit_code: int | None = None
     exit_agreed: bool | None = None  # with the restart code: whether the runtime announced it (an agreed save)
     exit_time: datetime | None = None
+    exit_peer_lost: tuple[int, ...] = ()  # the report's ``peerLost``: the trainer ended as these processes went silent
     container_code: int | None = None  # the container (the supervisor) ended with this code
     notice_attempt: int | None = None  # the attempt of the notice it carries, if any
     contract: int | None = None  # the supervisor's contract version, once it announced itself
     start_error: str | None = None  # the container could not start (the kubelet's StartError message)
     created: datetime | None = None  # metadata.creationTimestamp
     zone: str | None = None  # its node's topology.kubernetes.io/zone (``decide`` adds it: the memory tier's pairing)
+    node_ready: bool = True  # its node's Ready condition is not False/Unknown (``decide`` sets it)
 
     @property
     def ready(self) -> bool:
@@ -111,19 +115,25 @@ class InPlace:
 def worker_view(p: PodView, attempt: int, index: int, restart_code: int) -> WorkerPod:
     """The worker ``p`` as ``policy.restart`` sees it: its exit report for ``attempt`` is its exit."""
     phase, code = ("Running" if p.phase in ("Running", "Pending") else p.phase), None
+    peer_lost: tuple[int, ...] = ()
     if p.exit_attempt == attempt and p.exit_code is not None:
         phase, code = ("Succeeded" if p.exit_code == 0 else "Failed"), p.exit_code
+        peer_lost = p.exit_peer_lost if code != 0 else ()
     elif p.phase in TERMINAL_PHASES:  # the supervisor ended without a report for this attempt
         code = p.container_code if p.container_code is not None else (0 if p.phase == "Succeeded" else None)
     return WorkerPod(name=p.name, index=index, attempt=attempt, phase=phase, exit_code=code, deleting=p.deleting,
                      node=p.node, node_lost=p.node_lost, noticed=p.notice_attempt == attempt,
-                     unsaved=code == restart_code and p.exit_attempt == attempt and p.exit_agreed is False)
+                     unsaved=code == restart_code and p.exit_attempt == attempt and p.exit_agreed is False,
+                     peer_lost=peer_lost, exit_time=p.exit_time if p.exit_attempt == attempt else None,
+                     node_ready=p.node_ready)
 
 
 def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assignment | None,
                    avoid_nodes: Iterable[str] = (), now: datetime | None = None,
-                   doomed_nodes: Collection[str] = (), held: Condition | None = None) -> tuple[RestartPlan, InPlace]:
-    """Decide the next step of an in-place ``job`` from its pods and its current assignment.
+                   doomed_nodes: Collection[str] = (), held: Condition | None = None,
+                   peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS) -> tuple[RestartPlan, InPlace]:
+    """Decide the next step of an in-place ``job`` from its pods and its current assignment
+    (``peer_lost_wait_s``: ``policy.restart.decide_restart``'s).
 
     When a restart (or the final failure) is decided, ``InPlace.record`` is the plan to record in status
     before anything is deleted (crash safety); the returned plan is what to do and the status to reach."""
@@ -179,8 +189,8 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
     if st.restarting_from is not None and st.restarting_from >= attempt:
         return _next_attempt(job, pods, workers, attempt, avoid, doomed_nodes, now, assignment)
 
-    verdict = classify(job, current, missing, recorded, noticed, doomed_nodes, now)
-    if verdict.cause is None and not verdict.succeeded:
+    verdict = classify(job, current, missing, recorded, noticed, doomed_nodes, now, peer_lost_wait_s)
+    if verdict.cause is None and not verdict.succeeded and not verdict.waiting:
         verdict = stragglers(job, [by_name[n] for n in workers if n in by_name], attempt, now) or verdict
     if verdict.succeeded:
         spare_names = tuple(sorted(p.name for p in pods if p.role == "spare" and not p.deleting))
@@ -188,7 +198,9 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
                            conditions=(Condition("Complete", "True", "AllWorkersSucceeded",
                                                  f"all {spec.replicas} workers exited 0"),)), InPlace()
     if verdict.cause is None:
-        return _steady(job, pods, workers, current, attempt, noticed, avoid, doomed_nodes)
+        plan, extra = _steady(job, pods, workers, current, attempt, noticed, avoid, doomed_nodes)
+        conds, requeue = waiting(verdict)
+        return replace(plan, conditions=(*plan.conditions, *conds), requeue_after=requeue), extra
     record = gang_restart(job, attempt, verdict, now, stragglers=alive, teardown=())
     if record.phase == "Failed":
         return record, InPlace()
@@ -231,6 +243,14 @@ def stragglers(job: TrainingJob, workers: Sequence[PodView], attempt: int, now: 
     late = sorted(p.name for p in workers if p.exit_attempt != attempt)
     return Verdict(PREEMPTION, f"{len(reports)} worker(s) exited with the restart code; {', '.join(late[:5])} did "
                                f"not within {grace} s (stopped by their supervisors)")
+
+
+def silent_processes(pods: Sequence[PodView], workers: Mapping[str, int], attempt: int) -> set[int]:
+    """Process indices of ``attempt`` that other workers' exit reports name as lost and that reported no exit of
+    their own (a process that reported one is alive enough to restart in its pod)."""
+    named = {i for p in pods if p.name in workers and p.exit_attempt == attempt for i in p.exit_peer_lost}
+    reported = {workers[p.name] for p in pods if p.name in workers and p.exit_attempt == attempt}
+    return named - reported
 
 
 def _rfc(t: datetime | None) -> str | None:
@@ -282,9 +302,10 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
     kept: dict[int, str] = {}
     replaced: list[Replacement] = []
     delete: list[str] = []
+    silent = silent_processes(pods, workers, attempt)
     for name, index in sorted(workers.items(), key=lambda kv: kv[1]):
         p = by_name.get(name)
-        if p is not None and _healthy(p, doomed) and p.phase == "Running":
+        if p is not None and _healthy(p, doomed) and p.phase == "Running" and p.node_ready and index not in silent:
             kept[index] = name
             continue
         if p is None:
@@ -293,6 +314,10 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
             reason = f"its node {p.node} is lost"
         elif p.node and p.node in doomed:
             reason = f"its node {p.node} is doomed"
+        elif not p.node_ready:
+            reason = f"its node {p.node} is not Ready"
+        elif index in silent:
+            reason = f"its peers lost it (process {index} went silent)"
         elif p.deleting:
             reason = "its pod was deleted"
         else:

@@ -9,6 +9,12 @@ Rules (see ``docs/operator.md``):
 * a worker deleted, evicted or lost with its node -> gang restart counted as ``preemption`` if a notice was
   delivered in this attempt (in status, on a pod, or open on the lost pod's node: an eviction by a NoExecute
   taint can race the status write), else ``disruption``; both are capped only by ``maxPreemptionRestarts``;
+* a worker that exited because it *lost a peer* (its report names the silent processes: JAX's coordination
+  service ended it, SIGABRT/134) is no failure of its own: with a lost worker in the attempt (its pod or node
+  lost, or a silent peer on a NotReady node) the restart is that loss's (``disruption``/``preemption``); with
+  every worker ended and none lost it is a ``failure`` (a deterministic abort still meets ``maxFailures``);
+  otherwise the decision waits for the lost peer to show, at most ``peer_lost_wait_s`` from the first such
+  exit (condition ``Restarting=Unknown/WaitingForLostPeer``), then counts a ``failure``;
 * a *rapid* restart -- every worker exited with the restart code within ``RAPID_SECONDS`` of the attempt's
   start, without a notice or a lost pod: too fast to be a real preemption (the code is probably used for
   something else) -- waits a backoff (10 s doubling to 5 min) before the next attempt; more than
@@ -30,11 +36,13 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from ..models import TrainingJob
-from .times import parse_time
+from .times import parse_time, rfc3339
 
 PREEMPTION, FAILURE, DISRUPTION = "preemption", "failure", "disruption"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 RAPID_SECONDS = 60.0
+# How long a peer-lost exit waits for the lost peer to show (a real Node turns NotReady ~40 s after it died).
+PEER_LOST_WAIT_SECONDS = 60.0
 BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS = 10.0, 300.0
 
 
@@ -57,6 +65,9 @@ class WorkerPod:
     node_lost: bool = False
     noticed: bool = False  # carries a reprieve.dev/notice annotation
     unsaved: bool = False  # its supervisor reported the restart code as not agreed: the program exited so itself
+    peer_lost: tuple[int, ...] = ()  # its exit report: it ended because these processes went silent
+    exit_time: datetime | None = None  # when it exited (its report's time, or the container's finishedAt)
+    node_ready: bool = True  # its node's Ready condition is not False/Unknown
 
     @property
     def terminated(self) -> bool:
@@ -104,6 +115,9 @@ def _describe(p: WorkerPod) -> str:
         return f"worker {p.name} was deleted"
     if p.phase == "Failed" and p.exit_code is None:
         return f"worker {p.name} failed without an exit code"
+    if p.peer_lost:
+        return (f"worker {p.name} exited with code {p.exit_code} after losing peer process(es) "
+                f"{', '.join(map(str, p.peer_lost))}")
     if p.unsaved:
         return (f"worker {p.name} exited with the restart code {p.exit_code} without an agreed save (the program "
                 f"exited with it itself; nothing was saved for a restart)")
@@ -150,9 +164,10 @@ def finished_or_suspended(job: TrainingJob, attempt: int, pods: Sequence[_Pod],
 
 def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Iterable[str] = (),
                    now: datetime | None = None, doomed_nodes: Collection[str] = (),
-                   held: Condition | None = None) -> RestartPlan:
+                   held: Condition | None = None, peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS) -> RestartPlan:
     """Decide the next step of ``job`` given all of its worker pods.
 
+    ``peer_lost_wait_s``: how long a peer-lost exit waits for its lost peer to show (see the module docstring).
     ``avoid_nodes``: what a new pod must avoid (``policy.placement.avoid_nodes``). ``doomed_nodes``: nodes
     with an open notice for this job right now (a pod lost there was preempted, whatever the status says yet).
     ``now``: for the rapid-restart rule and its backoff (None: neither applies).
@@ -198,7 +213,7 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Ite
     noticed = (st.last_notice is not None and st.last_notice.attempt == attempt) or \
         any(p.noticed for p in current.values())
 
-    verdict = classify(job, current, missing, recorded, noticed, doomed_nodes, now)
+    verdict = classify(job, current, missing, recorded, noticed, doomed_nodes, now, peer_lost_wait_s)
     if verdict.succeeded:
         return RestartPlan(phase="Succeeded", attempt=attempt, delete=stale, ready=0,
                            conditions=(Condition("Complete", "True", "AllWorkersSucceeded",
@@ -208,8 +223,10 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Ite
         phase = "Preempting" if noticed else ("Running" if running == replicas else "Pending")
         create = tuple(missing) if not recorded else ()
         existing = sum(1 for p in current.values() if not p.deleting)
+        conds, requeue = waiting(verdict)
         return RestartPlan(phase=phase, attempt=attempt, create=create, delete=stale, ready=running,
-                           exclude_nodes=avoid if create else (), replicas=existing)
+                           exclude_nodes=avoid if create else (), replicas=existing, conditions=conds,
+                           requeue_after=requeue)
     return gang_restart(job, attempt, verdict, now, stragglers=still_running(pods), teardown=alive)
 
 
@@ -221,10 +238,20 @@ class Verdict:
     why: str = ""
     rapid: bool = False
     succeeded: bool = False
+    waiting: str = ""  # no cause yet: why the decision waits (a peer-lost exit, its lost peer not shown yet)
+    wait_s: float | None = None  # ... and for how long at most
+
+
+def waiting(verdict: Verdict) -> tuple[tuple[Condition, ...], float | None]:
+    """A waiting verdict's part of the plan: the condition that says why, and when to look again."""
+    if not verdict.waiting:
+        return (), None
+    return (Condition("Restarting", "Unknown", "WaitingForLostPeer", verdict.waiting),), verdict.wait_s
 
 
 def classify(job: TrainingJob, current: Mapping[int, WorkerPod], missing: Sequence[int], recorded: bool,
-             noticed: bool, doomed_nodes: Collection[str] = (), now: datetime | None = None) -> Verdict:
+             noticed: bool, doomed_nodes: Collection[str] = (), now: datetime | None = None,
+             peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS) -> Verdict:
     """The gang rules of the module docstring over the current attempt's workers (by index)."""
     code = job.spec.restart_policy.restart_exit_code
     # A pod someone else deletes gets SIGTERM and may die with 143: that is a disruption, not a failure
@@ -233,12 +260,19 @@ def classify(job: TrainingJob, current: Mapping[int, WorkerPod], missing: Sequen
     failed = [p for p in current.values()
               if p.phase == "Failed" and p.exit_code is not None and (p.exit_code not in (0, code) or p.unsaved)
               and p not in lost]
-    if failed:
-        return Verdict(FAILURE, _describe(failed[0]))
+    own = [p for p in failed if not p.peer_lost]  # failures of their own; the rest ended because a peer did
+    if own:
+        return Verdict(FAILURE, _describe(own[0]))
+    if failed:  # a silent peer on a node that is not Ready is lost, whatever its pod says
+        lost += [p for p in current.values() if not p.node_ready and not p.terminated and p not in lost]
     if lost or (missing and recorded):
         doomed = any(p.node in doomed_nodes for p in lost if p.node)
         why = _describe(lost[0]) if lost else f"worker {job.name}-{missing[0]} disappeared"
+        if failed:
+            why += f" ({len(failed)} other worker(s) ended as they lost it)"
         return Verdict(PREEMPTION if noticed or doomed else DISRUPTION, why)
+    if failed:
+        return _peer_lost(failed, current.values(), now, peer_lost_wait_s)
     if not missing and all(p.terminated for p in current.values()):
         codes = {p.exit_code for p in current.values()}
         if codes == {0}:
@@ -251,6 +285,24 @@ def classify(job: TrainingJob, current: Mapping[int, WorkerPod], missing: Sequen
             return Verdict(PREEMPTION, f"all workers exited (codes {sorted(c for c in codes if c is not None)})",
                            rapid)
     return Verdict()
+
+
+def _peer_lost(failed: Sequence[WorkerPod], workers: Iterable[WorkerPod], now: datetime | None,
+               wait_s: float) -> Verdict:
+    """Workers ended by a lost peer, none lost (yet): a failure once every worker ended or ``wait_s`` passed
+    since the first such exit; until then, wait for the lost peer to show."""
+    running = sorted(p.name for p in workers if not p.terminated)
+    first = min((p.exit_time for p in failed if p.exit_time is not None), default=None)
+    left = None if now is None or first is None else wait_s - (now - first).total_seconds()
+    why = _describe(failed[0])
+    if not running:
+        return Verdict(FAILURE, f"{why}, and no worker of the attempt was lost (every worker ended)")
+    if left is None or left <= 0:
+        return Verdict(FAILURE, f"{why}; {', '.join(running[:5])} not shown lost within {wait_s:.0f} s")
+    assert first is not None
+    until = rfc3339(first + timedelta(seconds=wait_s))
+    return Verdict(waiting=f"{why}: waiting until {until} for {', '.join(running[:5])} to show lost (its pod or "
+                           "node) before counting a failure", wait_s=left)
 
 
 def gang_restart(job: TrainingJob, attempt: int, verdict: Verdict, now: datetime | None, *,

@@ -47,11 +47,15 @@ def worker_pod(pod: Mapping[str, Any], known_nodes: Container[str] | None = None
     status = pod.get("status") or {}
     node = (pod.get("spec") or {}).get("nodeName")
     phase = status.get("phase") or "Pending"
-    exit_code = None
+    exit_code, exit_time = None, None
+    peer_lost: tuple[int, ...] = ()
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term is not None and term.get("exitCode") is not None:
             code = int(term["exitCode"])
+            if exit_code in (None, 0) and code != 0:
+                peer_lost = peers_lost(_json(term.get("message")).get("peerLost"))
+                exit_time = parse_time(term.get("finishedAt"))
             exit_code = code if exit_code in (None, 0) else exit_code  # the first non-zero wins
     if phase == "Succeeded" and exit_code is None:
         exit_code = 0
@@ -60,7 +64,26 @@ def worker_pod(pod: Mapping[str, Any], known_nodes: Container[str] | None = None
         node_lost, exit_code = True, None
     return WorkerPod(name=str(meta.get("name")), index=index, attempt=attempt, phase=phase,
                      exit_code=exit_code, deleting=bool(meta.get("deletionTimestamp")), node=node,
-                     node_lost=node_lost, noticed=bool((meta.get("annotations") or {}).get(ANNOTATION_NOTICE)))
+                     node_lost=node_lost, noticed=bool((meta.get("annotations") or {}).get(ANNOTATION_NOTICE)),
+                     peer_lost=peer_lost, exit_time=exit_time)
+
+
+def peers_lost(value: Any) -> tuple[int, ...]:
+    """An exit report's or termination message's ``peerLost`` (process indices; anything else: none)."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(sorted({v for v in value if type(v) is int and v >= 0}))
+
+
+def not_ready_nodes(nodes: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
+    """The nodes (compact nodes) whose Ready condition is False or Unknown: the node controller's word that their
+    kubelet stopped reporting (about 40 s after a machine died)."""
+    out = set()
+    for name, node in nodes.items():
+        for c in (node.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "Ready" and c.get("status") in ("False", "Unknown"):
+                out.add(name)
+    return frozenset(out)
 
 
 def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -145,6 +168,7 @@ def _parse_pod_view(pod: Mapping[str, Any]) -> PodView | None:
                    ip=status.get("podIP"), exit_attempt=to_int(report.get("attempt")), exit_code=to_int(report.get("code")),
                    exit_agreed=report.get("agreed") if isinstance(report.get("agreed"), bool) else None,
                    exit_time=parse_time(report.get("time")), container_code=container_code,
+                   exit_peer_lost=peers_lost(report.get("peerLost")),
                    notice_attempt=to_int(notice.get("attempt")) if notice else None,
                    contract=to_int(supervisor.get("contract")), created=parse_time(meta.get("creationTimestamp")),
                    start_error=start_error)

@@ -232,12 +232,17 @@ def exit_code(waitstatus_code: int) -> int:
     return 128 - waitstatus_code if waitstatus_code < 0 else waitstatus_code
 
 
-def exit_annotation(attempt: int, code: int, now: float, agreed: bool | None = None) -> dict[str, str]:
+def exit_annotation(attempt: int, code: int, now: float, agreed: bool | None = None,
+                    peer_lost: tuple[int, ...] = ()) -> dict[str, str]:
     """``agreed`` (only for the restart code): whether the exit was a saved preemption (the runtime announced it),
-    or a program's own ``sys.exit(<restart code>)`` that saved nothing (``reprieve.restarts``)."""
+    or a program's own ``sys.exit(<restart code>)`` that saved nothing (``reprieve.restarts``). ``peer_lost``: the
+    processes the trainer reported silent before it ended (JAX's coordination service ends a process whose peer
+    died): the exit is that loss's, not a failure of its own."""
     value: dict[str, Any] = {"attempt": attempt, "code": code, "time": format_rfc3339(now)}
     if agreed is not None:
         value["agreed"] = agreed
+    if peer_lost:
+        value["peerLost"] = list(peer_lost)
     return {EXIT_ANNOTATION: json.dumps(value, sort_keys=True)}
 
 

@@ -133,7 +133,8 @@ class Supervisor:
             _kill(action.pid, action.sig)
         elif isinstance(action, sm.Report):
             if self.annotator is not None:
-                self.annotator.put(contract.exit_annotation(action.attempt, action.code, time.time(), action.agreed))
+                self.annotator.put(contract.exit_annotation(action.attempt, action.code, time.time(), action.agreed,
+                                                         action.peer_lost))
         elif isinstance(action, sm.StartTrainer):
             log.info("%s", action.why)
             self._kill_leftovers()

@@ -85,6 +85,7 @@ class Trainer:
     refused: str | None = None  # a warm process refused the assignment: why
     previous_highest: int = 0  # highest_run before this one (a refused take-over is not a run)
     announced: int | None = None  # the exit code it announced (and that was reported) before it ended
+    peer_lost: tuple[int, ...] = ()  # the processes it last reported silent (``peerLost``): named in its exit report
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,7 @@ class Report:
     attempt: int
     code: int
     agreed: bool | None = None  # for the restart code: was it announced (a saved exit)? None for other codes
+    peer_lost: tuple[int, ...] = ()  # a failed exit after the trainer reported these processes silent
 
 
 @dataclass(frozen=True)
@@ -304,6 +306,12 @@ def _message(s: State, ev: ChildMessage, now: float) -> tuple[State, list[Action
             why = str(ev.message.get("message", "no reason given"))
             return (s.replace(trainer=dataclasses.replace(t, refused=why), prewarm_off=why),
                     [Note(f"attempt {a}: the warm process refused its assignment: {why}")])
+        if kind == "peerLost":
+            raw = ev.message.get("processes")
+            lost = tuple(sorted({p for p in raw if type(p) is int and p >= 0})) if isinstance(raw, list) else ()
+            return s.replace(trainer=dataclasses.replace(t, peer_lost=lost)), [
+                Note(f"attempt {a}: the trainer reports process(es) {', '.join(map(str, lost))} silent" if lost else
+                     f"attempt {a}: the trainer hears from every process again")]
         code = ev.message.get("code")
         if kind == "exiting" and t.confirmed and t.announced is None and type(code) is int and 0 <= code <= 255:
             # Reported now, not at the exit: the operator decides the next attempt while this process leaves the
@@ -338,8 +346,13 @@ def _exited(s: State, ev: ChildExited, now: float) -> tuple[State, list[Action]]
         if t.announced is not None and t.announced != ev.code:
             note = Note(note.text + f", not the {t.announced} it announced: reporting {ev.code}")
         # announced and reported already: not again
+        lost = t.peer_lost if ev.code not in (0, t.announced) else ()
+        if lost:
+            note = Note(note.text + f", after process(es) {', '.join(map(str, lost))} went silent: reported as "
+                                    "lost with them")
         notes: list[Action] = [note, *([] if t.announced == ev.code else [Report(a, ev.code, _agreed(s, ev.code,
-                                                                                                  t.announced))])]
+                                                                                                  t.announced),
+                                                                                   lost)])]
         exit_kind = classify_exit(ev.code, t.announced, s.settings.restart_code)
         if exit_kind == "unagreed":
             notes.append(Note(f"attempt {a}: {describe_exit(exit_kind, ev.code, s.settings.restart_code)}",

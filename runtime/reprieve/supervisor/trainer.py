@@ -5,6 +5,8 @@ The supervisor hands every process it starts one end of a Unix socket, named by 
 The runtime writes one JSON line per event on it: ``{"event": "init", "attempt": A}`` when ``reprieve.init()``
 takes its identity, ``{"event": "step", "step": S, "topology": {...} | null}`` once the first training step is done (the devices it
 runs on, :mod:`reprieve.topology`, handed to the next warm process in ``REPRIEVE_EXPECTED_TOPOLOGY``),
+``{"event": "peerLost", "processes": [P, ...]}`` when the runtime finds processes of the job silent (``[]``: heard
+from again; :mod:`reprieve.peers`; JAX's coordination service may end this process for them),
 ``{"event": "exiting", "code": C}`` when the exit code is decided (the agreed checkpoint committed, termination
 signals ignored from then on) and the process is about to leave the job and end. A warm process (also
 ``REPRIEVE_WARM_FD``, the same socket) writes ``{"event": "ready"}`` when its ``reprieve.init()`` is reached, then
@@ -72,6 +74,11 @@ class SupervisorLink:
         if not self._first_step_sent:
             self._first_step_sent = True
             self.send("step", step=step, topology=_topology())
+
+    def peer_lost(self, processes: tuple[int, ...]) -> None:
+        """The processes of the job this process finds silent now (``()``: none): if JAX ends this process for
+        them, the supervisor's exit report names them (``peerLost``), so the exit counts as their loss."""
+        self.send("peerLost", processes=list(processes))
 
     def exiting(self, code: int) -> None:
         """The exit code is decided and the checkpoint committed; the process now leaves the job and ends. The
