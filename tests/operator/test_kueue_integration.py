@@ -307,7 +307,10 @@ def test_a_job_edited_while_queued_replaces_or_moves_its_workload_and_then_start
         cluster: Any, kueue: Any, kueue_operator: Operator, namespace: str, nodes: list[str]) -> None:
     """In place with a command (spares need it): ``spares`` edited while the Workload has no quota replaces it
     with the new counts; the queue label edited moves it to the new LocalQueue, where it is admitted; the label
-    removed from the running job leaves it running unqueued with its Workload gone and the quota free."""
+    removed from the running job leaves it running unqueued with its Workload gone and the quota free.
+
+    Why this long: four edits of one job, each waited for through Kueue (a replaced Workload, a move between
+    LocalQueues, the admission, the Workload's deletion and the quota freed), about 90 s under CI's load."""
     tag = cluster.kubectl("get", "node", nodes[0], "-o", "jsonpath={.metadata.labels.reprieve-test}").stdout
     cq = _setup_queue(kueue, namespace, tag, "3")
     kueue.apply(local_queue(namespace, "lq", cq))
