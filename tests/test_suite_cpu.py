@@ -3,22 +3,17 @@ NUL-separated form), and its sampler's totals counting only the CPU spent after 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests.benchmark_module import load_benchmark
+
 pytestmark = pytest.mark.unit
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("suite_cpu", REPO / "benchmarks" / "suite_cpu.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("suite_cpu")
 
 
 @pytest.mark.parametrize(("cmdline", "kind"), [

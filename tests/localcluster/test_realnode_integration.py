@@ -158,13 +158,9 @@ def test_a_stopped_real_node_leaves_no_process_cgroup_mount_or_address(real_clus
 
 
 def test_pod_start_is_measured_on_both_kinds_of_node(real_cluster: Any) -> None:
-    import importlib.util
+    from tests.benchmark_module import load_benchmark
 
-    spec = importlib.util.spec_from_file_location("pod_start", Path(__file__).parents[2] / "benchmarks" /
-                                                  "pod_start.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("pod_start")
     times = bench.measure(real_cluster, 3)
     print(bench.report(times))
     assert len(times["real"]) == len(times["process"]) == 3

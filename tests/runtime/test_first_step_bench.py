@@ -6,30 +6,20 @@ changes either shows here, not as a quietly slower restart."""
 
 from __future__ import annotations
 
-import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests.benchmark_module import load_benchmark
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("first_step_bench", REPO / "benchmarks" / "first_step.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_step_traced_before_the_devices_is_not_traced_again_at_its_first_call(tmp_path: Path) -> None:
     """Why this long: four child processes of the first-step benchmark (populate a cache; then, side by side, a
     plain restart, one traced ahead and one compiled ahead), each a cold JAX start."""
-    bench = _bench()
+    bench = load_benchmark("first_step")
     cache = tmp_path / "cache"
     populate = bench.child("populate", cache, 2)
     assert populate["trace"] > 0 and populate["cache_hits"] == 0, populate
