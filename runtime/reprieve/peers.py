@@ -51,6 +51,11 @@ class Liveness:
         self._last: dict[int, tuple[Any, float]] = {p: (None, now) for p in processes}
         self._silent: set[int] = set()
 
+    @property
+    def silent(self) -> tuple[int, ...]:
+        """The processes silent now (sorted)."""
+        return tuple(sorted(self._silent))
+
     def observe(self, records: dict[int, Any], now: float) -> list[tuple[str, int, float]]:
         events: list[tuple[str, int, float]] = []
         for p, (value, since) in self._last.items():
@@ -130,7 +135,6 @@ class PeerWatch(Daemon):
     def _run(self) -> None:
         liveness = Liveness([p for p in range(self._n) if p != self._pid], self.threshold_s, self._clock())
         counter = 0
-        silent: set[int] = set()
         while not self._stop.is_set():
             counter += 1
             try:
@@ -150,18 +154,16 @@ class PeerWatch(Daemon):
                 return
             for kind, p, seconds in liveness.observe(records, self._clock()):
                 if kind == "silent":
-                    silent.add(p)
                     log.warning("%s", silent_line(p, self._n, self._pods.get(p), seconds, self._heartbeat_s,
                                                   self._committed()))
                 else:
-                    silent.discard(p)
                     log.info("process %d of %d is heard from again after %.1f s", p, self._n, seconds)
-            if self._pid == 0 and tuple(sorted(silent)) != self.lost:
+            if self._pid == 0 and liveness.silent != self.lost:
                 try:
-                    self._coord.set(self._silent_key, json.dumps(sorted(silent)), overwrite=True)
+                    self._coord.set(self._silent_key, json.dumps(list(liveness.silent)), overwrite=True)
                 except (CoordinationError, RuntimeError, ValueError) as err:
                     log.debug("the silent set was not published: %s", err)
-                self._lost(tuple(sorted(silent)), "")
+                self._lost(liveness.silent, "")
             self._stop.wait(self.interval_s)
 
     def _lost(self, processes: tuple[int, ...], source: str) -> None:

@@ -22,8 +22,10 @@ def test_a_peer_whose_record_stops_changing_is_silent_once_then_back() -> None:
     assert live.observe({1: 1, 2: 1}, 1.0) == []
     assert live.observe({1: 2, 2: 1}, 3.0) == []  # 2 unchanged for 2 s: not yet
     assert live.observe({1: 3, 2: 1}, 6.5) == [("silent", 2, 5.5)]
+    assert live.silent == (2,)
     assert live.observe({1: 4, 2: 1}, 9.0) == []  # said once
     assert live.observe({1: 5, 2: 2}, 10.0) == [("back", 2, 9.0)]
+    assert live.silent == ()
     assert live.observe({1: 6, 2: 3}, 11.0) == []
 
 
