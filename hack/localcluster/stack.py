@@ -228,7 +228,11 @@ def example_job(name: str, *, replicas: int = 2, steps: int = 300, step_sleep: f
     holds the trainer at ``/app/examples``, and ``/ckpt`` is made writable for its non-root user.
 
     ``compilation_cache``: a host directory mounted at ``/xla-cache`` and used as the JAX compilation cache instead
-    of one under the job's own ``/ckpt`` (jobs of the same shape then compile their programs once between them)."""
+    of one under the job's own ``/ckpt`` (jobs of the same shape then compile their programs once between them).
+    With it, JAX's XLA caches beside the persistent cache are off (``JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES=none``):
+    the one JAX turns on by default is GPU autotuning's, whose directory (under the cache directory) is part of
+    every cache key, so a process node (which sees the host path) and a real node's container (``/xla-cache``)
+    never hit each other's entries; on CPU the option changes nothing else."""
     body = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     body["metadata"]["name"] = name
     spec = body["spec"]
@@ -242,7 +246,8 @@ def example_job(name: str, *, replicas: int = 2, steps: int = 300, step_sleep: f
     env = {e["name"]: e for e in container.get("env", [])}
     values = {"TRAIN_STEPS": str(steps), "TRAIN_STEP_SLEEP": str(step_sleep), "TRAIN_RESULT": "/ckpt/result.json",
               "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}",
-              **({"REPRIEVE_COMPILATION_CACHE_DIR": "/xla-cache"} if compilation_cache is not None else {}),
+              **({"REPRIEVE_COMPILATION_CACHE_DIR": "/xla-cache", "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none"}
+                 if compilation_cache is not None else {}),
               **(extra_env or {})}
     for k, v in values.items():
         env[k] = {"name": k, "value": v}
