@@ -45,18 +45,20 @@ from .conftest import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnodes, pytest.mark.timeout(1800)]
 
-# As few steps as the assertions need (~0.5-1 s a step on real nodes beside the rest of the suite). A fault is made
-# at FAULT_AT; measured here, a notice or a deleted pod stopped attempt 1 10-20 steps after the fault was made
-# (the save agreed at a later step), so STEPS - FAULT_AT = 45 steps, over twice that, keep attempt 1 from finishing
-# before the fault lands, and the resume is strictly after FAULT_AT (asserted) with steps after it to prove it.
+# As few steps as the assertions need (0.15 s a step on a quiet machine, 0.5-1 s beside the rest of the suite). A
+# noticed fault is saved at the earliest step that no process has passed, and process 1 (which writes no step log)
+# runs ahead of process 0 until it waits on a result: up to ~34 steps here (JAX's asynchronous dispatch), and never
+# past the example's loss log every 50 steps. So a fault made at FAULT_AT = 15 is saved at step 50 at the latest,
+# strictly after FAULT_AT (asserted), and STEPS = 60 leaves attempt 2 steps to prove the resume; a fault made past
+# ~STEPS - 35 could find process 1 at the end, with nothing left to save and nothing to restart.
 STEPS, SLEEP, FAULT_AT = 60, 0.03, 15
 # The node lost without notice: a periodic checkpoint every INTERVAL steps and the loss at LOSS_AT, half an interval
 # after one (committed by then) and before the next, so the resume is from a multiple of INTERVAL and loses at most
 # INTERVAL steps (asserted); STEPS - LOSS_AT steps after it prove the resume.
 INTERVAL, LOSS_AT = 20, 30
-# Two faults in one job: the second, AFTER_RESUME steps into attempt 2 (which resumes at most ~20 steps after the
-# first fault), again needs ~45 steps of room after it.
-TWO_FAULTS_STEPS, AFTER_RESUME = 90, 5
+# Two faults in one job: the first is saved at step 50 (as above); the second, made AFTER_RESUME steps into attempt
+# 2, needs the ~35 steps of process 1's lead plus the notice's own after it (the last run: made at 56, saved at 84).
+TWO_FAULTS_STEPS, AFTER_RESUME = 100, 2
 # GKE's 15 s spot window is tighter than real containers' notice delivery plus save under CI's load (load ~20): the
 # save commits after the deadline (a saved exit with a warning, docs/contract.md). The tests prove the path and the
 # counts, not the window, so the jobs get 60 s and the agreed step lands before the node would have gone.
