@@ -17,7 +17,12 @@ from localcluster.stack import CHART, RELEASE, RELEASE_NS, OperatorProcess
 from .conftest import get_tj, submit_recreate, succeeded, wait_step, wait_tj
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
-STEPS, SLEEP = 160, 0.03
+# As few steps as the assertions need (tests/e2e/test_realnodes_e2e.py's constants say how they were measured): the
+# preemptor is applied once the victim's step log reaches PREEMPT_AT; the notice is saved at the earliest step no
+# process has passed, and process 1 runs ahead of process 0 up to the example's next loss log (every 50 steps), so
+# the save lands at step 50, or at 100 if process 0 passed 50 before Kueue's eviction reached it. STEPS = 110 leaves
+# attempt 2 steps to prove the resume either way (the reference runs the same steps).
+STEPS, SLEEP, PREEMPT_AT = 110, 0.03, 15
 
 
 @pytest.fixture
@@ -48,7 +53,7 @@ def test_a_kueue_preemption_saves_releases_the_quota_and_resumes_without_losing_
     ckpt = _submit_queued(cluster, namespace, "victim", tmp_path, "lq", f"low-{namespace}")
     ref = submit_recreate(cluster, namespace, "reference", tmp_path, steps=STEPS, step_sleep=SLEEP,
                           node_selector={"reprieve.test/pool": pool_b})
-    wait_step(ckpt, 30, 240, cluster, namespace, "victim")
+    wait_step(ckpt, PREEMPT_AT, 240, cluster, namespace, "victim")
 
     preemptor = {"apiVersion": "reprieve.dev/v1alpha1", "kind": "TrainingJob",
                  "metadata": {"name": "boss", "namespace": namespace,
@@ -69,7 +74,7 @@ def test_a_kueue_preemption_saves_releases_the_quota_and_resumes_without_losing_
     report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
     assert [i.lost_steps for i in report.interruptions] == [0], report.summary()
     cut = report.interruptions[0]
-    assert cut.resumed_at > 30, report.summary()  # resumed from the agreed save, not from the start
+    assert cut.resumed_at > PREEMPT_AT, report.summary()  # resumed from the agreed save, not from the start
     result, reference = (json.loads((d / "result.json").read_text()) for d in (ckpt, ref))
     assert result["sha256"] == reference["sha256"], "the resumed run's parameters differ from the uninterrupted run's"
     events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
