@@ -27,6 +27,13 @@ from .conftest import SPOT_TAINT, e2e_job, pod_node, wait_step, wait_tj
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "reprieve" / "dashboards" / "reprieve.json"
+# As few steps as the panels need. The runtime's series (step time, save blocking) come from attempt 1, scraped from
+# Prometheus's start to the notice, the periodic save at INTERVAL before it; the operator's (restores, restart gap,
+# goodput...) from the restart and the end. The notice is made at step FAULT_AT and saved at the earliest step no
+# process has passed: process 1 runs ahead of process 0 up to the example's next loss log (every 50 steps), so at step
+# 50, or 100 if process 0 passed 50 before the notice (tests/e2e/test_realnodes_e2e.py's constants); STEPS = 150
+# leaves attempt 2 at least 50 steps scraped either way.
+STEPS, INTERVAL, FAULT_AT = 150, 25, 40
 
 
 def free_port() -> int:
@@ -68,7 +75,7 @@ def test_every_dashboard_panel_has_data_from_the_operator_and_a_running_job(
     pool_a, _ = pool(3)
     name, ckpt = "watched", tmp_path / "watched"
     worker_port = free_port()
-    body = e2e_job(cluster, name, replicas=2, steps=300, step_sleep=0.03, interval=25, checkpoint_dir=ckpt,
+    body = e2e_job(cluster, name, replicas=2, steps=STEPS, step_sleep=0.03, interval=INTERVAL, checkpoint_dir=ckpt,
                        node_selector={"reprieve.test/pool": pool_a},
                        extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", "REPRIEVE_METRICS_PORT": str(worker_port),
                                   "REPRIEVE_PROGRESS_INTERVAL_SECONDS": "1"})
@@ -102,11 +109,10 @@ def test_every_dashboard_panel_has_data_from_the_operator_and_a_running_job(
         wait_for(targets_up, 60, "Prometheus scraping the operator and both workers", interval=0.5,
                  describe=lambda: json.dumps(prom_query(base, "targets")["activeTargets"])[:2000])
 
-        wait_step(ckpt, 40, 240, cluster, namespace, name)
+        wait_step(ckpt, FAULT_AT, 240, cluster, namespace, name)
         taint_node(api, pod_node(cluster, namespace, f"{name}-1"), SPOT_TAINT, "true", "NoSchedule")
         wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 2 and s.get("phase") == "Running",
                 180, "attempt 2 running", operator)
-        wait_step(ckpt, 200, 240, cluster, namespace, name)
         final = wait_tj(cluster, namespace, name, lambda s: s.get("phase") == "Succeeded", 300, "Succeeded",
                         operator)
         assert final["status"]["goodput"]["goodput"] > 0
