@@ -134,7 +134,7 @@ def preemptor(namespace: str) -> dict[str, Any]:
 def run(cluster: Cluster, api: Any, kq: Any, variant: str, args: argparse.Namespace) -> dict[str, Any]:
     ns = f"kueue-{variant}"
     cluster.kubectl("create", "namespace", ns)
-    wait_for(lambda: cluster.kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0, 60,
+    wait_for(lambda: cluster.read("sa", "default", ns, missing_ok=True) is not None, 60,
              f"{ns}'s default ServiceAccount", interval=0.2)
     flavor, cq = f"bench-{variant}", f"bench-{variant}"
     kq.apply(resource_flavor(flavor, {POOL: "kueue"}), cluster_queue(cq, flavor, "2"), local_queue(ns, "lq", cq))

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from .costs import EmulatedCosts
 from .pki import PKI, make_pki
 from .podip import address_space
+from .reads import Reader
 from .realnodes import RealNodes
 
 if TYPE_CHECKING:
@@ -128,6 +129,7 @@ class Cluster:
     _real: RealNodes | None = None
     _registry: LocalRegistry | None = None
     _kcm_args: tuple[str, ...] = ()  # extra kube-controller-manager flags (start(controller_manager_args=...))
+    _reader: Reader | None = None  # read(): the admin's GETs, its TLS context built once
     kubelet_proxy_port: int = 0  # the API server reaches real kubelets through clusternet's CONNECT proxy here
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -240,8 +242,8 @@ class Cluster:
         wait_until(lambda: self._check_alive(sched) or _https_ok(f"https://127.0.0.1:{sched_port}/healthz"),
                    timeout, "kube-scheduler /healthz", on_timeout=lambda: "\n" + sched.tail())
         # The ServiceAccount controller creating `default` in `default` proves the controller-manager works.
-        wait_until(lambda: self._check_alive(kcm) or self.kubectl(
-            "get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,
+        wait_until(lambda: self._check_alive(kcm) or self.read("serviceaccount", "default", "default",
+                                                                missing_ok=True) is not None,
             timeout, "kube-controller-manager (ServiceAccount 'default' in namespace 'default')",
             interval=0.25, on_timeout=lambda: "\n" + kcm.tail())
 
@@ -285,6 +287,13 @@ class Cluster:
 
     def helm(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return _run([str(self.bin_dir / "helm"), *args], self.env(), None, check, timeout)
+
+    def read(self, kind: str, name: str | None = None, namespace: str | None = None, **kwargs: Any) -> Any:
+        """``kubectl get KIND [NAME] -n NAMESPACE -o json``'s JSON, read without starting kubectl (tests poll with
+        it; localcluster.reads says why). ``kwargs``: ``selector``, ``field_selector``, ``missing_ok``."""
+        if self._reader is None:
+            self._reader = Reader(self.server, self.pki.ca_crt, self.pki.crt("admin"), self.pki.key("admin"))
+        return self._reader.get(kind, name, namespace, **kwargs)
 
     def api_client(self) -> Any:
         """An admin ``kubernetes.client.ApiClient``."""
@@ -351,9 +360,9 @@ class Cluster:
 
         def ready() -> bool:
             self._check_alive(proc)
-            out = self.kubectl("get", "node", name, "-o",
-                               "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False)
-            return out.returncode == 0 and out.stdout.strip() == "True"
+            node = self.read("node", name, missing_ok=True) or {}
+            return any(c.get("type") == "Ready" and c.get("status") == "True"
+                       for c in (node.get("status") or {}).get("conditions") or [])
 
         def tails() -> str:
             return "\n" + "\n".join([proc.tail()] + [f"--- {p.name}:\n" + _Proc(p.name, proc.popen, p).tail(15)

@@ -36,7 +36,7 @@ def install_chart(cluster: Cluster, *, timeout: float = 60.0) -> None:
     """``helm upgrade --install`` the chart without the operator pod; wait until TrainingJobs are served."""
     cluster.helm("upgrade", "--install", RELEASE, str(CHART), "-n", RELEASE_NS, "--create-namespace",
                  "--set", "replicaCount=0", "--wait", "--timeout", f"{int(timeout)}s", timeout=timeout + 30)
-    wait_until(lambda: cluster.kubectl("get", "trainingjobs", "-A", check=False).returncode == 0, timeout,
+    wait_until(lambda: cluster.read("trainingjobs", missing_ok=True) is not None, timeout,
                "the TrainingJob CRD to be served", interval=0.2)
 
 
@@ -45,7 +45,7 @@ def bench_namespace(cluster: Cluster, namespace: str, *, pool: int = 32) -> Any:
     default ServiceAccount (pods are refused until it exists), and an API client with ``pool`` connections."""
     install_chart(cluster)
     cluster.kubectl("create", "namespace", namespace)
-    wait_until(lambda: cluster.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,
+    wait_until(lambda: cluster.read("sa", "default", namespace, missing_ok=True) is not None,
                60, "the namespace's default ServiceAccount", interval=0.2)
     api = cluster.api_client()
     api.configuration.connection_pool_maxsize = pool
@@ -84,8 +84,7 @@ def install_operator(cluster: Cluster, image: str, *, node_selector: dict[str, s
 
 def operator_pod(cluster: Cluster) -> str:
     """The name of the running (not terminating) operator pod of the Deployment."""
-    out = cluster.kubectl("get", "pods", "-n", RELEASE_NS, "-l", OPERATOR_SELECTOR, "-o", "json").stdout
-    pods = [p for p in yaml.safe_load(out)["items"]
+    pods = [p for p in cluster.read("pods", namespace=RELEASE_NS, selector=OPERATOR_SELECTOR)["items"]
             if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") == "Running"]
     if not pods:
         raise ClusterError(f"no running operator pod in {RELEASE_NS}\n{operator_state(cluster)}")
@@ -118,9 +117,8 @@ class DeployedOperator:
         return self.leader() or operator_pod(self.cluster)
 
     def leader(self) -> str | None:
-        out = self.cluster.kubectl("get", "lease", RELEASE, "-n", RELEASE_NS, "-o",
-                                   "jsonpath={.spec.holderIdentity}", check=False)
-        holder = out.stdout.strip() if out.returncode == 0 else ""
+        lease = self.cluster.read("lease", RELEASE, RELEASE_NS, missing_ok=True) or {}
+        holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
         return holder.rsplit("_", 1)[0] or None  # identity: <pod>_<pid>
 
     def tail(self, lines: int = 60) -> str:

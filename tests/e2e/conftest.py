@@ -130,7 +130,7 @@ def succeeded(status: dict) -> bool:
 
 
 def get_tj(cluster: Any, namespace: str, name: str) -> dict:
-    return json.loads(cluster.kubectl("get", "tj", name, "-n", namespace, "-o", "json").stdout)
+    return dict(cluster.read("trainingjob", name, namespace))
 
 
 def wait_tj(cluster: Any, namespace: str, name: str, predicate: Callable[[dict], bool], timeout: float,
@@ -154,7 +154,7 @@ def wait_tj(cluster: Any, namespace: str, name: str, predicate: Callable[[dict],
 
 
 def pod_node(cluster: Any, namespace: str, pod: str) -> str:
-    return str(cluster.kubectl("get", "pod", pod, "-n", namespace, "-o", "jsonpath={.spec.nodeName}").stdout)
+    return str(cluster.read("pod", pod, namespace)["spec"].get("nodeName") or "")
 
 
 def worker_logs(cluster: Any, namespace: str, job: str, replicas: int) -> str:

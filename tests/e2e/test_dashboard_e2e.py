@@ -75,9 +75,8 @@ def test_every_dashboard_panel_has_data_from_the_operator_and_a_running_job(
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
     wait_tj(cluster, namespace, name, lambda s: s.get("phase") == "Running", 240, "Running", operator)
     # Pod IPs are a function of the pods' DNS identity on the local cluster: the same for every attempt.
-    ips = wait_for(lambda: [ip for ip in (cluster.kubectl("get", "pod", f"{name}-{i}", "-n", namespace, "-o",
-                                                          "jsonpath={.status.podIP}").stdout for i in range(2)) if ip]
-                   or None, 60, "worker pod IPs")
+    ips = wait_for(lambda: [ip for ip in (cluster.read("pod", f"{name}-{i}", namespace)["status"].get("podIP")
+                                          for i in range(2)) if ip] or None, 60, "worker pod IPs")
     assert len(ips) == 2, ips
 
     port = free_port()

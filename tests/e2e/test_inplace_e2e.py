@@ -44,13 +44,12 @@ def submit_inplace(cluster: Any, namespace: str, name: str, root: Path, pool: st
 
 
 def job_pods(cluster: Any, namespace: str, job: str) -> dict[str, dict[str, Any]]:
-    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", f"reprieve.dev/job-name={job}", "-o", "json").stdout
-    return {p["metadata"]["name"]: p for p in json.loads(out)["items"]}
+    pods = cluster.read("pods", namespace=namespace, selector=f"reprieve.dev/job-name={job}")["items"]
+    return {p["metadata"]["name"]: p for p in pods}
 
 
 def assignment(cluster: Any, namespace: str, job: str) -> dict[str, Any]:
-    out = cluster.kubectl("get", "configmap", f"{job}-assignment", "-n", namespace, "-o", "json").stdout
-    data = json.loads(out)["data"]
+    data = cluster.read("configmap", f"{job}-assignment", namespace)["data"]
     return {**data, "processes": json.loads(data["processes"])}
 
 

@@ -256,9 +256,8 @@ def test_in_place_restart_on_real_nodes_keeps_the_survivors_container_and_a_spar
     wait_step(ckpt, 40, 300, real_cluster, real_ns, name)
 
     def pods() -> dict[str, dict]:
-        out = real_cluster.kubectl("get", "pods", "-n", real_ns, "-l", f"reprieve.dev/job-name={name}", "-o",
-                                   "json").stdout
-        return {p["metadata"]["name"]: p for p in json.loads(out)["items"]}
+        items = real_cluster.read("pods", namespace=real_ns, selector=f"reprieve.dev/job-name={name}")["items"]
+        return {p["metadata"]["name"]: p for p in items}
 
     spare = wait_for(lambda: [n for n, p in pods().items() if n.startswith(f"{name}-spare-")
                               and p["status"].get("phase") == "Running"], 120, "a running spare")[0]

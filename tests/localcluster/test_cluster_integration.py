@@ -62,6 +62,24 @@ def test_deleting_an_owner_garbage_collects_owned_pods(cluster: Cluster, namespa
              30, f"garbage collection of the pods owned by {namespace}/owner")
 
 
+def test_read_returns_what_kubectl_get_prints_and_names_what_is_missing(cluster: Cluster, namespace: str) -> None:
+    """Cluster.read (the tests' polls) against ``kubectl get -o json`` on the same objects."""
+    import json
+
+    from localcluster.reads import NotFound
+
+    cluster.kubectl("create", "configmap", "owner", "-n", namespace, "--from-literal=k=v")
+    cluster.kubectl("label", "configmap", "owner", "-n", namespace, "team=a")
+    via_kubectl = json.loads(cluster.kubectl("get", "configmap", "owner", "-n", namespace, "-o", "json").stdout)
+    assert cluster.read("cm", "owner", namespace) == via_kubectl
+    listed = cluster.read("configmaps", namespace=namespace, selector="team=a")["items"]
+    assert [o["metadata"]["uid"] for o in listed] == [via_kubectl["metadata"]["uid"]]
+    assert cluster.read("configmaps", namespace=namespace, selector="team=b")["items"] == []
+    assert cluster.read("configmap", "absent", namespace, missing_ok=True) is None
+    with pytest.raises(NotFound, match=f"configmap {namespace}/absent not found"):
+        cluster.read("configmap", "absent", namespace)
+
+
 def _descendants_alive(pids: list[int]) -> list[int]:
     return [p for p in pids if Path(f"/proc/{p}").exists() and
             "zombie" not in Path(f"/proc/{p}/status").read_text().lower()]

@@ -58,7 +58,7 @@ sys.exit(3)
 def real_ns(real_cluster: Any) -> Iterator[str]:
     name = f"r-{uuid.uuid4().hex[:8]}"
     real_cluster.kubectl("create", "namespace", name)
-    wait_for(lambda: real_cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0, 30,
+    wait_for(lambda: real_cluster.read("sa", "default", name, missing_ok=True) is not None, 30,
              f"ServiceAccount default in {name}")
     yield name
     real_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -37,8 +37,7 @@ def kueue_operator(cluster: Any, chart: str, kueue: Any, namespace: str, tmp_pat
 
 
 def _get(cluster: Any, kind: str, name: str, namespace: str) -> dict[str, Any]:
-    out = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
-    return json.loads(out.stdout) if out.returncode == 0 else {}
+    return dict(cluster.read(kind, name, namespace, missing_ok=True) or {})
 
 
 def _cond(obj: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -46,14 +45,11 @@ def _cond(obj: dict[str, Any], type_: str) -> dict[str, Any]:
 
 
 def _pods(cluster: Any, namespace: str, job: str) -> list[dict[str, Any]]:
-    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", f"reprieve.dev/job-name={job}", "-o", "json")
-    return list(json.loads(out.stdout)["items"])
+    return list(cluster.read("pods", namespace=namespace, selector=f"reprieve.dev/job-name={job}")["items"])
 
 
 def _events(cluster: Any, namespace: str, name: str) -> list[dict[str, Any]]:
-    out = cluster.kubectl("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}",
-                          "-o", "json")
-    return list(json.loads(out.stdout)["items"])
+    return list(cluster.read("events", namespace=namespace, field_selector=f"involvedObject.name={name}")["items"])
 
 
 def _queued(name: str, namespace: str, queue: str, cpu: str = "1", prio: str | None = None,
