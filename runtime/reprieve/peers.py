@@ -150,7 +150,8 @@ class PeerWatch(Daemon):
 
     def _run(self) -> None:
         liveness = Liveness([p for p in range(self._n) if p != self._pid], self.threshold_s, self._clock())
-        counter, published = 0, ()
+        counter = 0
+        published: tuple[int, ...] = ()  # process 0: the set last written to the silent key
         while not self._stop.is_set():
             counter += 1
             try:
