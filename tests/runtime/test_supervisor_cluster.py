@@ -73,7 +73,7 @@ RECORDER = """
         f.write(json.dumps(record) + "\\n")
     if plan == "peer lost, abort":  # what a trainer does when JAX ends it for a dead peer: tell, then SIGABRT
         events = socket.socket(fileno=int(os.environ["REPRIEVE_SUPERVISOR_FD"]))
-        events.sendall(b'{"event": "peerLost", "processes": [1]}\n')
+        events.sendall(b'{"event": "peerLost", "processes": [1]}\\n')
         os.abort()
     if plan.startswith("exit"):
         sys.exit(int(plan.split()[1]))
