@@ -171,7 +171,8 @@ def init(
 
         peers = PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
                           heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,
-                          committed=lambda: job_ref[0].committed_step if job_ref else None, on_lost=on_lost).start()
+                          committed=lambda: job_ref[0].committed_step if job_ref else None, on_lost=on_lost,
+                          device_processes=_device_processes).start()
         closers.append(peers.close)
     if config.metrics_port is not None:
         # On the pod's IP when known, like the coordinator: workers that share a host network (hostNetwork
@@ -196,6 +197,13 @@ def init(
         replace_preemption_sync_point()
     atexit.register(job.abandon)  # a loop left by break/exception must not abort the interpreter's exit
     return job
+
+
+def _device_processes() -> dict[int, int]:
+    """Device id -> process index (what a failed collective's peer address maps to, :mod:`reprieve.peers`)."""
+    import jax
+
+    return {d.id: d.process_index for d in jax.devices()}
 
 
 def _memory_config(env: Mapping[str, str], config: RuntimeConfig) -> Any:

@@ -68,6 +68,10 @@ class Coordinator:
     def dir_get(self, prefix: str) -> dict[str, str]:
         raise NotImplementedError
 
+    def dir_get_bytes(self, prefix: str) -> dict[str, bytes]:
+        """:meth:`dir_get` for values that are not text (what JAX's own collectives keep in the store)."""
+        return {k: v.encode() for k, v in self.dir_get(prefix).items()}
+
     # -- barriers ----------------------------------------------------------------------------------
     def barrier(self, name: str, timeout_s: float, process_ids: Sequence[int] | None = None) -> None:
         """Wait until every process (or ``process_ids``) reached barrier ``name``.
@@ -182,6 +186,12 @@ class JaxCoordinator(Coordinator):
     def dir_get(self, prefix: str) -> dict[str, str]:
         try:
             return {str(k): str(v) for k, v in self._client.key_value_dir_get(prefix)}
+        except Exception as err:
+            raise CoordinationError(f"dir_get of {prefix!r} failed: {err}") from err
+
+    def dir_get_bytes(self, prefix: str) -> dict[str, bytes]:
+        try:
+            return {str(k): bytes(v) for k, v in self._client.key_value_dir_get_bytes(prefix)}
         except Exception as err:
             raise CoordinationError(f"dir_get of {prefix!r} failed: {err}") from err
 

@@ -21,6 +21,7 @@ from . import data as data_mod
 from . import identity
 from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
+from .collective_error import collective_failed
 from .compile_ahead import CompileAhead, LoweringCount
 from .config import RuntimeConfig
 from .coordination import Coordinator
@@ -112,7 +113,7 @@ class Job:
         shutdown_distributed: bool = True,
         on_first_step: Callable[[int], None] | None = None,
         on_exiting: Callable[[int], None] | None = None,
-        wait_lost_peer: Callable[[], tuple[int, ...]] | None = None,
+        wait_lost_peer: Callable[[str], tuple[int, ...]] | None = None,
     ) -> None:
         self.config = config
         self.coordinator = coordinator
@@ -596,11 +597,12 @@ class Job:
 
     def _await_lost_peer(self, exc: BaseException | None) -> None:
         """A JAX runtime error ends the loop (a collective failed: a peer's process died and its connections were
-        reset): before this process ends, let the peer watch name the silent peer, so the exit is reported as that
-        peer's loss, not as a failure of this process (``docs/contract.md``, "Peer lost")."""
-        if self._wait_lost_peer is None or type(exc).__name__ not in ("JaxRuntimeError", "XlaRuntimeError"):
+        reset): before this process ends, report the peer the error names and let the peer watch name the silent
+        peer, so the exit is reported as that peer's loss, not as a failure of this process (``docs/contract.md``,
+        "Peer lost")."""
+        if self._wait_lost_peer is None or not collective_failed(exc):
             return
-        lost = self._wait_lost_peer()
+        lost = self._wait_lost_peer(str(exc))
         if lost:
             log.warning("process %d: the step failed (%s) and process(es) %s went silent: this exit is their loss",
                         self.process_id, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,

@@ -19,6 +19,11 @@ container's termination message (Recreate: the kubelet copies it into the pod's 
 so the operator counts the exit as the loss of that peer, not as a failure of this process
 (``docs/contract.md``).
 
+The silence threshold (half the heartbeat timeout, plus the polling interval) can lose the race against JAX's
+abort on a loaded machine. A collective that fails because a peer died names that peer's address, so
+:meth:`PeerWatch.blame` maps it to a process at once (:mod:`reprieve.collective_error`) and reports it the same
+way; a process blamed so stays in the reported set (the watch's own findings are added to it, never remove it).
+
 :class:`Liveness` is the decision (an owner with an injected clock, table-tested); :class:`PeerWatch` is the
 thread.
 """
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .background import Daemon
+from .collective_error import GLOO_PREFIX, blamed_processes, gloo_addresses
 from .coordination import CoordinationError, Coordinator
 
 log = logging.getLogger(__name__)
@@ -107,7 +113,8 @@ class PeerWatch(Daemon):
     def __init__(self, coordinator: Coordinator, *, attempt: int, pod: str | None, heartbeat_s: float,
                  address: str | None = None, committed: Callable[[], int | None] = lambda: None,
                  clock: Callable[[], float] = time.monotonic,
-                 on_lost: Callable[[tuple[int, ...]], None] = lambda processes: None) -> None:
+                 on_lost: Callable[[tuple[int, ...]], None] = lambda processes: None,
+                 device_processes: Callable[[], dict[int, int]] = dict) -> None:
         super().__init__("reprieve-peers")
         self._coord = coordinator
         self._pid, self._n = coordinator.process_id, coordinator.num_processes
@@ -122,8 +129,17 @@ class PeerWatch(Daemon):
         self._pods: dict[int, str | None] = {}
         self._silent_key = f"reprieve/{attempt}/silent/set"
         self._on_lost = on_lost
+        self._device_processes = device_processes  # device id -> process index (jax.devices())
         self.lost: tuple[int, ...] = ()  # the silent processes last reported to ``on_lost``
-        self._any_lost = threading.Event()
+        self._silent: tuple[int, ...] = ()  # what the watch found (process 0's liveness, or its published set)
+        self._blamed: tuple[int, ...] = ()  # what failed collectives named (blame): never taken back
+        self._report = threading.Lock()  # the watch's thread and the training thread both report
+        self._any_lost = threading.Event()  # the watch found a peer silent
+
+    @property
+    def found(self) -> tuple[int, ...]:
+        """The processes the watch itself finds silent now (without those only a failed collective named)."""
+        return self._silent
 
     def close(self) -> None:
         """Stop, and wait until the thread is out of the coordination client (one inside it at interpreter exit
@@ -135,6 +151,7 @@ class PeerWatch(Daemon):
     def _run(self) -> None:
         liveness = Liveness([p for p in range(self._n) if p != self._pid], self.threshold_s, self._clock())
         counter = 0
+        published: tuple[int, ...] = ()  # process 0: the set last written to the silent key
         while not self._stop.is_set():
             counter += 1
             try:
@@ -142,11 +159,11 @@ class PeerWatch(Daemon):
                                 overwrite=True)
                 records = self._read() if self._pid == 0 else {}
                 if self._pid != 0:
-                    self._lost(self._read_silent(), "process 0 reports")
+                    self._found(self._read_silent(), "process 0 reports")
             except (CoordinationError, RuntimeError, ValueError) as err:
                 if not self._stop.is_set():
-                    if self._pid != 0 and not self.lost:
-                        self._lost((0,), "the coordination service is gone:")
+                    if self._pid != 0 and not self._silent:
+                        self._found((0,), "the coordination service is gone:")
                     log.error("the coordination service%s refused process %d's liveness record (%s): a process of "
                               "the job has ended (process 0, the service's host, unless another was named above); "
                               "JAX ends this process too", f" at {self._address}" if self._address else "",
@@ -158,35 +175,63 @@ class PeerWatch(Daemon):
                                                   self._committed()))
                 else:
                     log.info("process %d of %d is heard from again after %.1f s", p, self._n, seconds)
-            if self._pid == 0 and liveness.silent != self.lost:
+            if self._pid == 0 and _union(liveness.silent, self._blamed) != published:
+                published = _union(liveness.silent, self._blamed)
                 try:
-                    self._coord.set(self._silent_key, json.dumps(list(liveness.silent)), overwrite=True)
+                    self._coord.set(self._silent_key, json.dumps(list(published)), overwrite=True)
                 except (CoordinationError, RuntimeError, ValueError) as err:
                     log.debug("the silent set was not published: %s", err)
-                self._lost(liveness.silent, "")
+            if self._pid == 0 and liveness.silent != self._silent:
+                self._found(liveness.silent, "")
             self._stop.wait(self.interval_s)
 
-    def _lost(self, processes: tuple[int, ...], source: str) -> None:
-        """A new silent set: tell ``on_lost`` (once per change)."""
-        if processes == self.lost:
-            return
-        self.lost = processes
+    def _found(self, processes: tuple[int, ...], source: str) -> None:
+        """What the watch finds silent now; the union with the blamed processes is reported."""
+        self._silent = processes
         if processes:
             self._any_lost.set()
         else:
             self._any_lost.clear()
-        if source and processes:
-            log.warning("%s process(es) %s of %d silent: if JAX ends this process for them, its exit is reported as "
-                        "their loss", source, ", ".join(map(str, processes)), self._n)
-        try:
-            self._on_lost(processes)
-        except Exception as err:  # noqa: BLE001 - a report is best effort; the watch goes on
-            log.debug("peer-lost report failed: %s", err)
+        self._lost(source)
 
-    def wait_lost(self) -> tuple[int, ...]:
-        """Wait (at most the time it takes to find a peer silent and hear of it) until a peer is known silent;
-        the silent processes, or ``()``. For a process whose collective just failed: a peer that died on a node that
-        still answers resets its connections at once, long before JAX's heartbeat timeout."""
+    def _lost(self, source: str) -> None:
+        """Tell ``on_lost`` the silent and blamed processes, once per change of that set."""
+        with self._report:
+            processes = _union(self._silent, self._blamed)
+            if processes == self.lost:
+                return
+            self.lost = processes
+            if source and processes:
+                log.warning("%s process(es) %s of %d silent: if JAX ends this process for them, its exit is reported "
+                            "as their loss", source, ", ".join(map(str, processes)), self._n)
+            try:
+                self._on_lost(processes)
+            except Exception as err:  # noqa: BLE001 - a report is best effort; the watch goes on
+                log.debug("peer-lost report failed: %s", err)
+
+    def blame(self, error: str) -> tuple[int, ...]:
+        """The processes a failed collective's ``error`` names (:mod:`reprieve.collective_error`), reported at once
+        through ``on_lost`` (the supervisor hears of them before JAX can abort this process); ``()`` when it names
+        none for sure (then nothing changes). Never raises: the service may be gone too."""
+        try:
+            addresses = gloo_addresses(self._coord.dir_get_bytes(GLOO_PREFIX), self._device_processes())
+        except Exception as err:  # noqa: BLE001 - best effort: the watch still names the peer if it can
+            log.debug("the gloo addresses were not read: %s", err)
+            return ()
+        named = blamed_processes(error, addresses, self._pid)
+        if named:
+            self._blamed = _union(self._blamed, named)
+            self._lost("the failed collective names")
+        return named
+
+    def wait_lost(self, error: str = "") -> tuple[int, ...]:
+        """For a process whose collective just failed with ``error``: report the peers it names at once
+        (:meth:`blame`), then wait (at most the time it takes to find a peer silent and hear of it) until the watch
+        finds a peer silent; the reported processes, or ``()``. A peer that died on a node that still answers resets
+        its connections at once, long before JAX's heartbeat timeout. The wait stays even when the error named
+        the peer: this process leaving the job early would close its own connections, and other survivors' errors
+        would then name it."""
+        self.blame(error)
         self._any_lost.wait(self.threshold_s + 2 * self.interval_s)
         return self.lost
 
@@ -196,8 +241,8 @@ class PeerWatch(Daemon):
         try:
             value = json.loads(raw) if raw else []
         except ValueError:
-            return self.lost
-        return tuple(sorted({p for p in value if type(p) is int})) if isinstance(value, list) else self.lost
+            return self._silent
+        return tuple(sorted({p for p in value if type(p) is int})) if isinstance(value, list) else self._silent
 
     def _read(self) -> dict[int, Any]:
         out: dict[int, Any] = {}
@@ -212,3 +257,7 @@ class PeerWatch(Daemon):
             out[int(tail)] = value.get("n")
             self._pods[int(tail)] = value.get("pod")
         return out
+
+
+def _union(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(sorted(set(a) | set(b)))

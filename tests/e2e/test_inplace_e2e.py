@@ -10,6 +10,7 @@ for one spare, a fault while a restart waits for its replacement, and an image w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,9 +32,9 @@ STEPS, SLEEP = 200, 0.03
 
 
 def submit_inplace(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, spares: int = 0,
-                   interval: int = 0, extra_env: dict[str, str] | None = None) -> Path:
+                   interval: int = 0, extra_env: dict[str, str] | None = None, steps: int = STEPS) -> Path:
     ckpt = root / name
-    body = e2e_job(cluster, name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
+    body = e2e_job(cluster, name, replicas=2, steps=steps, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
                        node_selector={"reprieve.test/pool": pool},
                        extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **(extra_env or {})})
     body["spec"]["restartMode"] = "InPlace"
@@ -61,6 +62,18 @@ def supervisor_pid(cluster: Any, namespace: str, pod: str) -> int:
     raise AssertionError(f"no reprieve-run line in the log of {namespace}/{pod}")
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in task.read_text().split()]
+    return out
+
+
 def committed_attempts(ckpt: Path) -> list[tuple[int, int]]:
     """(step, attempt) of every committed checkpoint directory (step_<step>_a<attempt>)."""
     out = []
@@ -70,18 +83,21 @@ def committed_attempts(ckpt: Path) -> list[tuple[int, int]]:
     return sorted(out)
 
 
-def test_faults_a_deleted_pod_and_a_killed_supervisor_each_restart_the_gang_once(
+def test_faults_a_deleted_pod_a_killed_supervisor_and_an_unwarned_node_loss_each_restart_the_gang_once(
         cluster: Any, namespace: str, operator: Any, pool: Any, tmp_path: Path) -> None:
     """A user deletes worker 1's pod mid-attempt (a disruption: the spare takes over its index), then worker 0's
     supervisor is SIGKILLed (the container fails: a failure; worker 0 is replaced by a new pod, as no spare is
-    ready yet or by the replacement spare). Each is counted once, the gang converges, and every checkpoint of
-    an attempt was committed while that attempt was the newest.
+    ready yet or by the replacement spare), then worker 1's node vanishes without a word (its Node object stays):
+    JAX ends the survivor (SIGABRT) before the operator can know, its exit report names the silent peer, the
+    operator waits for the loss to show (condition WaitingForLostPeer) instead of spending a failure, and once
+    the Node is gone counts one disruption. Each is counted once, the gang converges, and every checkpoint of an
+    attempt was committed while that attempt was the newest.
 
-    Why this long: Two faults in one job (three attempts) so both restarts are counted in one status;
-    splitting it would pay a job's start twice more."""
+    Why this long: Three faults in one job (four attempts) so every restart is counted in one status;
+    splitting it would pay a job's start three times more."""
     pool_a, _ = pool(5)
-    name = "faults"
-    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1, interval=20)
+    name, steps = "faults", 2 * STEPS  # still training when the third fault comes
+    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1, interval=20, steps=steps)
     wait_step(ckpt, 30, 240, cluster, namespace, name)
     cluster.kubectl("delete", "pod", f"{name}-1", "-n", namespace, "--wait=false")
     status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 2 and s.get("phase") == "Running",
@@ -101,9 +117,42 @@ def test_faults_a_deleted_pod_and_a_killed_supervisor_each_restart_the_gang_once
     third = assignment(cluster, namespace, name)
     assert f"{name}-0" not in third["processes"], third  # its pod failed: replaced
 
+    by_index = {i: p for p, i in third["processes"].items()}
+    steps_before = max(r.step for r in read_step_log(ckpt / "steps.jsonl"))
+    wait_for(lambda: max(r.step for r in read_step_log(ckpt / "steps.jsonl")) >= steps_before + 10
+             and any(r.attempt == 3 for r in read_step_log(ckpt / "steps.jsonl")), 240, "attempt 3 training",
+             interval=0.5)
+    lost_node, survivor = pod_node(cluster, namespace, by_index[1]), by_index[0]
+    assert pod_node(cluster, namespace, survivor) != lost_node, third  # a survivor to be ended by JAX
+    # The machine vanishes: every process on it at once (a process kubelet's pods die with it, but the trainer a
+    # supervisor started would outlive it: killed here with everything else of the pod).
+    doomed = descendants(supervisor_pid(cluster, namespace, by_index[1]))
+    cluster.kill_node(lost_node)
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+    def reported() -> dict[str, Any] | None:
+        raw = job_pods(cluster, namespace, name)[survivor]["metadata"].get("annotations", {}).get("reprieve.dev/exit")
+        report = json.loads(raw) if raw else {}
+        return report if report.get("attempt") == 3 else None
+
+    report = wait_for(reported, 120, "the survivor's exit report of attempt 3", interval=0.5)
+    assert report["code"] != 0 and report["peerLost"] == [1], report
+    status = wait_tj(cluster, namespace, name, lambda s: any(c.get("reason") == "WaitingForLostPeer"
+                                                             for c in s.get("conditions") or []),
+                     60, "the operator waiting for the lost peer", operator)["status"]
+    assert status["attempt"] == 3 and status["restarts"]["failure"] == 1, status  # no failure spent
+    cluster.remove_node(lost_node)  # the loss shows (a real node turns NotReady ~40 s after it died)
+    status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 4 and s.get("phase") == "Running",
+                     180, "attempt 4 running after the unwarned node loss", operator)["status"]
+    assert status["restarts"] == {"preemption": 0, "failure": 1, "disruption": 2}, status
+    fourth = assignment(cluster, namespace, name)
+    assert fourth["processes"].get(survivor) == 0 and by_index[1] not in fourth["processes"], fourth
+
     final = wait_tj(cluster, namespace, name, succeeded, 420, "Succeeded", operator)["status"]
-    assert final["restarts"] == {"preemption": 0, "failure": 1, "disruption": 1}, final
-    assert final["attempt"] == 3 and final["lastCheckpointStep"] == STEPS - 1, final
+    assert final["restarts"] == {"preemption": 0, "failure": 1, "disruption": 2}, final
+    assert final["attempt"] == 4 and final["lastCheckpointStep"] == steps - 1, final
     # No stale commit: attempt numbers of committed checkpoints never decrease with the step.
     commits = committed_attempts(ckpt)
     assert commits and [a for _, a in commits] == sorted(a for _, a in commits), commits

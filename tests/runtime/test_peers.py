@@ -14,6 +14,10 @@ import pytest
 from reprieve.coordination import CoordinationError, LocalCoordinator
 from reprieve.peers import Liveness, PeerWatch, silent_line, termination_message, write_termination_message
 
+from tests.runtime.test_collective_error import CLOSED, DEVICES, STORE
+
+GLOO = STORE  # the gloo records of a real 2-process job (process 1 listened on 127.0.0.1:39215)
+
 pytestmark = pytest.mark.unit
 
 
@@ -55,6 +59,11 @@ class _As(LocalCoordinator):
 
     def dir_get(self, prefix: str) -> dict[str, str]:
         return self._shared.dir_get(prefix)
+
+    def dir_get_bytes(self, prefix: str) -> dict[str, bytes]:
+        if self.broken:
+            raise CoordinationError("the coordination service is unavailable")
+        return {k: v for k, v in GLOO.items() if k.startswith(prefix)}
 
 
 def _until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
@@ -113,7 +122,8 @@ def test_a_failed_collective_waits_for_the_peer_watch_to_name_the_silent_peer(ca
     from reprieve.job import Job
 
     calls: list[int] = []
-    stub = SimpleNamespace(_wait_lost_peer=lambda: calls.append(1) or (1,), process_id=0)
+    errors: list[str] = []
+    stub = SimpleNamespace(_wait_lost_peer=lambda error: errors.append(error) or calls.append(1) or (1,), process_id=0)
 
     class JaxRuntimeError(RuntimeError):
         pass
@@ -121,6 +131,7 @@ def test_a_failed_collective_waits_for_the_peer_watch_to_name_the_silent_peer(ca
     with caplog.at_level(logging.WARNING, logger="reprieve.job"):
         Job._await_lost_peer(stub, JaxRuntimeError("Connection reset by peer"))  # type: ignore[arg-type]
     assert calls == [1] and "process(es) 1 went silent: this exit is their loss" in caplog.text
+    assert errors == ["Connection reset by peer"]  # the error's text: the peer it names is reported at once
     Job._await_lost_peer(stub, ValueError("a bug of the program's"))  # type: ignore[arg-type]
     Job._await_lost_peer(stub, None)  # type: ignore[arg-type]
     assert calls == [1]
@@ -129,3 +140,48 @@ def test_a_failed_collective_waits_for_the_peer_watch_to_name_the_silent_peer(ca
 def test_wait_lost_gives_up_after_the_time_it_takes_to_find_a_peer_silent() -> None:
     watch = PeerWatch(_As(LocalCoordinator(), 1, 2), attempt=1, pod="w1", heartbeat_s=2.0)
     assert watch.wait_lost() == ()  # nothing heard: it gives up (bounded), the exit stays this process's own
+
+
+def test_a_failed_collective_that_names_its_peer_reports_it_at_once_and_the_watch_never_takes_it_back() -> None:
+    """The survivor's collective failed naming the dead peer's gloo address: the peer is reported before any
+    silence threshold passed (JAX's abort may come first on a loaded machine), process 0 publishes it, and the
+    watch finding no one silent does not clear it. An error that names no process for sure reports nothing."""
+    shared, now = LocalCoordinator(), [0.0]
+    reports: list[tuple[int, ...]] = []
+    watch = PeerWatch(_As(shared, 0, 2), attempt=3, pod="w0", heartbeat_s=2.0, on_lost=reports.append,
+                      clock=lambda: now[0], device_processes=lambda: dict(DEVICES))
+    assert watch.blame("Gloo AllGather failed: timed out") == () and reports == []
+    watch.start()
+    try:
+        assert watch.blame(CLOSED) == (1,) and reports == [(1,)] and watch.lost == (1,) and watch.found == ()
+        _until(lambda: shared.dir_get("reprieve/3/silent/").get("reprieve/3/silent/set") == "[1]",
+               "process 0 publishes the blamed process")
+        now[0] = 5.0  # the watch finds it silent too (what ends a failed collective's wait): reported once
+        _until(lambda: watch.found == (1,), "the watch's own finding")
+        assert watch.wait_lost() == (1,) and reports == [(1,)]
+    finally:
+        watch.close()
+    # process 1 of 3 blames process 0; process 0 publishes no one silent: it stays reported
+    reads = [0]
+    coord = _As(shared, 1, 3)
+    coord.dir_get = lambda prefix: reads.__setitem__(0, reads[0] + 1) or shared.dir_get(prefix)  # type: ignore
+    other: list[tuple[int, ...]] = []
+    shared.set("reprieve/3/silent/set", "[]", overwrite=True)
+    watch = PeerWatch(coord, attempt=3, pod="w1", heartbeat_s=2.0, on_lost=other.append,
+                      device_processes=lambda: dict(DEVICES)).start()
+    try:
+        assert watch.blame("Read error [127.0.0.1]:42301: Connection reset by peer") == (0,)
+        seen = reads[0]
+        _until(lambda: reads[0] >= seen + 2, "the watch read the (empty) silent set again")
+        assert watch.lost == (0,) and other == [(0,)]
+    finally:
+        watch.close()
+
+
+def test_blame_without_the_coordination_service_names_no_one() -> None:
+    coord = _As(LocalCoordinator(), 1, 2)
+    coord.broken = True
+    reports: list[tuple[int, ...]] = []
+    watch = PeerWatch(coord, attempt=1, pod="w1", heartbeat_s=2.0, on_lost=reports.append,
+                      device_processes=lambda: dict(DEVICES))
+    assert watch.blame(CLOSED) == () and reports == []

@@ -37,11 +37,14 @@ def test_a_coordinator_that_never_starts_is_awaited_by_name(tmp_path: Path) -> N
 
 
 def test_a_peer_killed_mid_run_is_named_before_jax_ends_the_survivor(tmp_path: Path) -> None:
-    gang = launch(tmp_path, 2, steps=100000, step_seconds=0.02, heartbeat_s=6)
+    """Twice before JAX's abort: at once, from the failed collective's error (it names the dead peer's gloo
+    address), and by the peer watch once the peer's record has been silent for half the heartbeat timeout."""
+    gang = launch(tmp_path, 2, steps=100000, step_seconds=0.02, heartbeat_s=6, extra_env={"WORKER_COLLECTIVE": "1"})
     codes = gang.signal_when_running(1, signal.SIGKILL, 60)
     assert codes[0] != 0, gang.tail()
     log = gang.logs[0].read_text()
+    blamed = log.find("the failed collective names process(es) 1 of 2")
     named = log.find("process 1 of 2 has not been heard from for")
-    assert named >= 0, gang.tail()
+    assert blamed >= 0 and named >= 0, gang.tail()
     jax_abort = log.find("another task died")
-    assert jax_abort < 0 or named < jax_abort, gang.tail()
+    assert jax_abort < 0 or max(blamed, named) < jax_abort, gang.tail()

@@ -55,7 +55,7 @@ EARLIER_RUNS = """
 
 # A trainer that records every run (attempt, identity, pid) and then does what its attempt's line says.
 RECORDER = """
-    import json, os, pathlib, signal, subprocess, sys, time
+    import json, os, pathlib, signal, socket, subprocess, sys, time
     out = pathlib.Path(os.environ["OUT"])
     attempt = int(os.environ["REPRIEVE_ATTEMPT"])
 """ + EARLIER_RUNS + """
@@ -71,6 +71,10 @@ RECORDER = """
         signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(42)))
     with open(out / "runs.jsonl", "a") as f:
         f.write(json.dumps(record) + "\\n")
+    if plan == "peer lost, abort":  # what a trainer does when JAX ends it for a dead peer: tell, then SIGABRT
+        events = socket.socket(fileno=int(os.environ["REPRIEVE_SUPERVISOR_FD"]))
+        events.sendall(b'{"event": "peerLost", "processes": [1]}\\n')
+        os.abort()
     if plan.startswith("exit"):
         sys.exit(int(plan.split()[1]))
     while True:
@@ -96,6 +100,14 @@ def test_assignments_restart_the_trainer_in_place(worker: Worker) -> None:
                              "REPRIEVE_COORDINATOR_ADDRESS": "10.9.9.9:8476", "REPRIEVE_SUPERVISED": "1"}
     assert second["pid"] != first["pid"] and second["earlier_alive"] == []
     assert worker.annotation("reprieve.dev/exit")["code"] == 0  # type: ignore[index]
+
+
+def test_a_trainer_aborted_right_after_it_named_a_lost_peer_is_reported_as_that_loss(worker: Worker) -> None:
+    """The trainer's last line (``peerLost``) and its SIGABRT come together: the line is read before the exit is
+    handled, so the report names the peer (the operator counts a disruption, not a failure)."""
+    worker.start_script(RECORDER, PLAN=json.dumps({"1": "peer lost, abort"}))
+    report = worker.wait_exit_report(1)
+    assert report["code"] == 134 and report["peerLost"] == [1], report
 
 
 def test_a_hung_trainer_is_killed_before_the_next_attempt_starts(worker: Worker) -> None:

@@ -40,6 +40,7 @@ log = logging.getLogger("reprieve.supervisor")
 
 TICK_S = 0.25  # timers (grace, pre-warm delay) are checked at least this often
 FLUSH_S = 5.0  # how long the last exit report may take before the supervisor exits anyway
+READER_DRAIN_S = 1.0  # how long an ended child's last event lines may take to be read (its socket end is closed)
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -57,6 +58,7 @@ class _Child:
 
     def __init__(self, pid: int, sock: socket.socket, role: str) -> None:
         self.pid, self.sock, self.role = pid, sock, role
+        self.reader: threading.Thread | None = None  # turns its event lines into ChildMessage events
 
 
 class Supervisor:
@@ -200,8 +202,9 @@ class Supervisor:
             return sm.SpawnFailed(role, f"{self.command[0]}: {err.strerror or err}", assignment)
         finally:
             theirs.close()
-        self.children[pid] = _Child(pid, ours, role)
-        threading.Thread(target=self._read, args=(pid, ours), name=f"reprieve-child-{pid}", daemon=True).start()
+        child = self.children[pid] = _Child(pid, ours, role)
+        child.reader = threading.Thread(target=self._read, args=(pid, ours), name=f"reprieve-child-{pid}", daemon=True)
+        child.reader.start()
         log.info("started %s pid %d: %s", role, pid, json.dumps(self.command)[:200])
         return sm.Spawned(pid, role, assignment)
 
@@ -232,8 +235,21 @@ class Supervisor:
             code = contract.exit_code(os.waitstatus_to_exitcode(status))
             child = self.children.pop(pid, None)
             if child is not None:
+                # Every line it sent before it ended comes first (a peerLost just before JAX's abort): its end is shut.
+                if child.reader is not None:
+                    child.reader.join(READER_DRAIN_S)
                 child.sock.close()
+                out.extend(self._queued())
             out.append(sm.ChildExited(pid, code))
+
+    def _queued(self) -> list[sm.Event]:
+        """The events waiting in the queue, in order (handled before the exit that follows them)."""
+        out: list[sm.Event] = []
+        while True:
+            try:
+                out.append(self.events.get_nowait())
+            except queue.Empty:
+                return out
 
     def _kill_leftovers(self, keep: int | None = None) -> None:
         """SIGKILL and reap every child not started by us as trainer or warm process (orphans of earlier

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import reprieve
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tests.runtime.helpers_agreement import FileCheckpointer, worker_start
@@ -28,6 +29,9 @@ def main() -> None:
     break_at = int(os.environ.get("WORKER_BREAK_AT", "-1"))
     slow_exit = float(os.environ.get("WORKER_SLOW_EXIT", "0"))
     jitter = os.environ.get("WORKER_STEP_JITTER") == "1"  # process-dependent step times (skewed loops)
+    collective = os.environ.get("WORKER_COLLECTIVE") == "1"  # one cross-process gloo collective a step
+    if collective:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
     kind = os.environ.get("WORKER_CHECKPOINTER", "file")
     if kind in ("manager", "orbax"):
@@ -67,6 +71,8 @@ def main() -> None:
         if orbax_manager is not None and orbax_manager.reached_preemption(step):
             return
         state = jax.block_until_ready(train_step(state))
+        if collective:  # a peer that dies fails this at once, naming its address (reprieve.collective_error)
+            multihost_utils.process_allgather(state["x"])
         if step_seconds:
             time.sleep(step_seconds * (1 + pid * 0.7 * (step % 3)) if jitter else step_seconds)  # the device time of a bigger model, without burning the shared CPUs
         if step == start + warm_step:
