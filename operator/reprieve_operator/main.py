@@ -125,9 +125,6 @@ async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
 
     def fill() -> dict[str | None, str]:  # page by page: never all the full pod bodies in memory at once
         cache = state.cache
-        for page in apply.list_pages(api.core.list_node):
-            for n in page:  # signals already there when the operator started: first seen at its start
-                state.nodes.prime(n)
         versions = {}
         for scope in scopes:
             for page in jobs_pages(scope):
@@ -136,6 +133,11 @@ async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
             pods, versions[scope] = podwatch.list_pods(api, in_scope, scope)
             for pod in pods:
                 cache.upsert_pod(pod)
+        # After the pods: a signal already there is dated by the notices an operator before this one delivered on
+        # that node's pods, else at this operator's start (NodeSignals.prime).
+        for page in apply.list_pages(api.core.list_node):
+            for n in page:
+                state.nodes.prime(n)
         cache.mark_primed()
         return versions
 

@@ -41,7 +41,10 @@ class NodeSignals:
 
     # --- what the Nodes say ---
     def prime(self, body: Mapping[str, Any]) -> None:
-        """A Node listed at start: its signals were already there, first seen at the operator's start."""
+        """A Node listed at start: its signals were already there, first seen at the operator's start, or when an
+        operator before this one saw them, as the notices on the pods there say (so list the pods first: a
+        restarted operator that dated them at its own start derived a later deadline and another notice id, and
+        recorded the delivery it was killed in under a second PreemptionNotice Event)."""
         node = compact_node(body)
         self._cache.put_node(node)
         self._note(node, at=self.started)
@@ -99,7 +102,7 @@ class NodeSignals:
         present = present_signals(node, self.table)
         if not present:
             return False
-        self.remember(name, present, at=at)
+        self.remember(name, present, self._cache.jobs_on(name), at=at)
         if name in self._carrying:
             return False
         self._carrying.add(name)

@@ -86,6 +86,22 @@ def test_a_signal_is_dated_by_a_notice_an_operator_before_this_one_delivered() -
     assert nodes.first_seen("n1") == {"gke-spot": before} and nodes.first_seen("n3") == {"gke-spot": clock.now()}
 
 
+@pytest.mark.parametrize("first", ["prime", "refresh", "observe"])
+def test_every_way_a_node_is_first_learnt_dates_its_signal_by_a_predecessors_notice(first: str) -> None:
+    """A restarted operator lists the Nodes at start (prime) and a reconcile may read one (refresh) before the
+    Node watch's event (observe): whichever comes first dates the signal, so each must read the notices on the
+    node's pods (the CI run where prime dated it at the operator's start: another notice id, a second
+    PreemptionNotice Event for the delivery the killed operator had already posted)."""
+    nodes, cache, clock = owner()
+    before = START - timedelta(minutes=3)
+    cache.upsert_pod(worker("llama-0", "n1", {"id": "x", "node": "n1", "reason": "gke-spot",
+                                              "observedAt": rfc3339(before)}))
+    clock.advance(40.0)
+    getattr(nodes, first)(node("n1", (SPOT,)))
+    nodes.observe(node("n1", (SPOT,)))  # the watch's event after it changes nothing
+    assert nodes.first_seen("n1") == {"gke-spot": before}
+
+
 def test_a_fresh_read_reports_what_changed() -> None:
     nodes, _, _ = owner()
     assert nodes.refresh(node("n1"))  # new to the cache
