@@ -16,6 +16,7 @@ Used by the end-to-end tests, the demo and the goodput benchmark.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import signal
 import subprocess
@@ -58,6 +59,18 @@ OPERATOR_SELECTOR = f"app.kubernetes.io/name=reprieve,app.kubernetes.io/instance
 RESTRICTED = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")}
 
 
+def operator_values(image: str, *, node_selector: dict[str, str] | None = None,
+                    values: dict[str, Any] | None = None) -> str:
+    """The chart values that run the operator from ``image`` (``repository:tag``), as a values file's text.
+
+    JSON, not PyYAML's dump: a content tag such as ``9711789198e1`` is a plain string to PyYAML (YAML 1.1 floats
+    need a dot) but a number to helm's parser, which the chart's schema then refuses (``/image/tag: got number``).
+    JSON quotes every string, and a JSON document is a YAML one."""
+    repository, _, tag = image.rpartition(":")
+    return json.dumps({"image": {"repository": repository, "tag": tag}, "nodeSelector": node_selector or {},
+                       **(values or {})}, indent=1, sort_keys=True)
+
+
 def install_operator(cluster: Cluster, image: str, *, node_selector: dict[str, str] | None = None,
                      values: dict[str, Any] | None = None, timeout: float = 180.0) -> str:
     """``helm install`` the chart with the operator Deployment running ``image`` (``repository:tag``) in
@@ -67,13 +80,10 @@ def install_operator(cluster: Cluster, image: str, *, node_selector: dict[str, s
     Raises:
         ClusterError: helm failed, or the Deployment did not become available (with the pod's state and log).
     """
-    repository, _, tag = image.rpartition(":")
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({
         "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": RELEASE_NS, "labels": RESTRICTED}}))
-    overrides = {"image": {"repository": repository, "tag": tag}, "nodeSelector": node_selector or {},
-                 **(values or {})}
     values_file = cluster.workdir / "operator-values.yaml"
-    values_file.write_text(yaml.safe_dump(overrides))
+    values_file.write_text(operator_values(image, node_selector=node_selector, values=values))
     proc = cluster.helm("upgrade", "--install", RELEASE, str(CHART), "-n", RELEASE_NS, "-f", str(values_file),
                         "--wait", "--timeout", f"{int(timeout)}s", check=False, timeout=timeout + 30)
     if proc.returncode != 0:

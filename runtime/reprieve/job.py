@@ -137,7 +137,7 @@ class Job:
         self._decided = -1  # the last step save() or should_stop() decided about
         self._stop_step: int | None = None  # should_stop() returned True for it
         self._step_ema: float | None = None
-        self._skip_first_step = False  # the EMA was seeded from the checkpoint: the first step is compilation
+        self._skip_first_step = True  # an attempt's first step holds its compilation: never in the EMA
         self.loop = LoopProgress()  # read by the progress reporter and the metrics exporter's threads
         self._last_save_at = time.monotonic()  # process 0's clock for the time-based interval
         # saves: _last_saved started, _pending not yet confirmed; _committed is also advanced by on_commit
@@ -260,7 +260,6 @@ class Job:
         step_s, save_s = timing_of(record)
         if step_s is not None:
             self._step_ema = step_s
-            self._skip_first_step = True
             self.loop.step_seconds = step_s
         self.agreement.report(step_seconds=step_s, save_seconds=save_s)
         if step_s is not None or save_s is not None:
@@ -371,7 +370,7 @@ class Job:
 
     def _observe_step(self, seconds: float, step: int) -> None:
         self.metrics.pending_steps.append(seconds)  # a deque: observed into the histogram at scrape time
-        if self._skip_first_step:  # compilation: the seeded estimate stands until a real step is timed
+        if self._skip_first_step:  # compilation: the seeded estimate (or none) stands until a real step is timed
             self._skip_first_step = False
             return
         ema = self._step_ema
@@ -409,6 +408,7 @@ class Job:
         waits for the commit on all processes, and exits (restart code, or 1 past the deadline).
         """
         self._current = max(self._current, step)
+        finished_at = time.perf_counter()  # the step is done (the user's code computed it before this call)
         self._first_step_done(step)
         if not self._state_checked:
             self._state_checked = True
@@ -418,12 +418,14 @@ class Job:
         kind = self._decide(step)
         self._decided = step
         if kind == FINAL:
+            self.loop.mark_saved(step, "storage", finished_at)
             self._final_save(step, state, extra, data)
             return True
         due = kind is not None or force or should_save(step, policy=self.policy, last_saved=self._last_saved,
                                                        last_step=self._last_step)
         started = due and self._last_saved != step
         if started:
+            self.loop.mark_saved(step, "storage", finished_at)
             self._start_save(step, state, extra, data, kind or ("forced" if force else "periodic"))
         # after a save of this step started (it restarts the interval's clock), so one interval asks for one save
         if self.process_id == 0 and time_save_due(policy=self.policy, now=time.monotonic(),
@@ -432,6 +434,7 @@ class Job:
         # memory tier hook (reprieve.memtier): its own schedule, never instead of a storage save
         memory_due = getattr(self.checkpointer, "memory_due", None)
         if kind is None and memory_due is not None and memory_due(step, self._step_ema):
+            self.loop.mark_saved(step, "memory", finished_at)
             self._memory_save(step, state, extra, data)
         return started
 

@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 # annotation key -> decimals it is rounded to (epoch times to the millisecond)
 LIVE_FIELDS = {"stepAt": 3, "stepSeconds": 6, "firstStep": None, "firstStepAt": 3, "restoreSeconds": 3,
-               "saveBlockingSeconds": 3, "restoredFrom": None, "memoryStep": None}
+               "saveBlockingSeconds": 3, "restoredFrom": None, "memoryStep": None, "savedStepsAt": None}
+SAVED_KEPT = 2  # per kind (storage, memory): the newest saved steps whose finish times a report carries
 
 
 class LoopProgress:
@@ -44,9 +45,21 @@ class LoopProgress:
         self.step_seconds: float | None = None
         self.restore_seconds = 0.0
         self.save_blocking_seconds = 0.0
+        # kind ("storage", "memory") -> {step: perf_counter when the loop finished it}, newest SAVED_KEPT each:
+        # where a next attempt may resume, so the operator splits kept from lost time there (docs/goodput.md)
+        self.saved: dict[str, dict[int, float]] = {}
         # memory tier hook (reprieve.memtier): where the restore read from, and more fields from its reporter
         self.restored_from: dict[str, Any] | None = None
         self.extra_fields: Callable[[], dict[str, Any]] | None = None
+
+    def mark_saved(self, step: int, kind: str, t: float) -> None:
+        """A save of ``step`` (``kind``: storage or memory) started; the loop finished the step at ``t``
+        (perf_counter). Called by the training thread at the save, never per step."""
+        saved = self.saved.setdefault(kind, {})
+        saved[step] = t
+        while len(saved) > SAVED_KEPT:
+            del saved[min(saved)]
+        self.saved = dict(self.saved)  # a fresh top-level dict: a reader never sees one being resized
 
     def fields(self) -> dict[str, Any]:
         """The live part of the annotation (empty before the first step finished)."""
@@ -59,6 +72,9 @@ class LoopProgress:
                                "saveBlockingSeconds": self.save_blocking_seconds}
         if self.step_seconds is not None:
             out["stepSeconds"] = self.step_seconds
+        saved = {step: t for kind in list(self.saved.values()) for step, t in list(kind.items())}
+        if saved:
+            out["savedStepsAt"] = [[step, round(saved[step] + self.wall_offset, 3)] for step in sorted(saved)]
         if self.restored_from is not None:
             out["restoredFrom"] = self.restored_from
         if self.extra_fields is not None:

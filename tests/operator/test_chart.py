@@ -244,3 +244,16 @@ def test_namespaced_rbac_refuses_what_it_cannot_grant(bad: list[str], needle: st
     args = [a for b in bad for a in ("--set", b)]
     out = template(*args)
     assert out.returncode != 0 and needle in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("tag", ["9711789198e1", "0123456789ab", "123456", "v0.1.0"])
+def test_the_operator_values_the_tests_install_with_keep_a_content_tag_a_string(tag: str, tmp_path: Path) -> None:
+    """A content tag of hack/build-images.sh can look like a number to helm (9711789198e1 is 9.7e13): the values
+    file localcluster.stack writes must still give the chart a string (its schema refuses a number)."""
+    from localcluster.stack import operator_values
+
+    values = tmp_path / "values.yaml"
+    values.write_text(operator_values(f"reprieve.local/reprieve-operator:{tag}", node_selector={"pool": "system"}))
+    docs = [d for d in yaml.safe_load_all(template("-f", str(values), check=True).stdout) if d]
+    (deploy,) = by_kind(docs, "Deployment")
+    assert deploy["spec"]["template"]["spec"]["containers"][0]["image"] == f"reprieve.local/reprieve-operator:{tag}"

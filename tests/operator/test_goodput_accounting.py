@@ -20,8 +20,8 @@ pytestmark = pytest.mark.unit
 
 
 def rep(attempt: int, first: int, first_t: float, step: int, t: float, step_s: float = 1.0, restore: float = 0.0,
-        blocking: float = 0.0) -> Report:
-    return Report(attempt, step, t, first, first_t, step_s, restore, blocking)
+        blocking: float = 0.0, saved: tuple[tuple[int, float], ...] = ()) -> Report:
+    return Report(attempt, step, t, first, first_t, step_s, restore, blocking, saved_at=saved)
 
 
 # (case, attempt, end, next first step, expected buckets, lost steps)
@@ -33,6 +33,20 @@ SPLITS = [
      {"startup": 4.0, "restore": 0.0, "checkpoint": 0.0, "productive": 50.0, "lost": 0.0, "restartGap": 6.0}, 0),
     ("hard kill: the next attempt redoes 10 steps", Attempt(1, 0.0, report=rep(1, 0, 5.0, 49, 54.0)), 60.0, 40,
      {"startup": 4.0, "restore": 0.0, "checkpoint": 0.0, "productive": 40.0, "lost": 10.0, "restartGap": 6.0}, 10),
+    # steps 0-39 took 1 s each, 40-49 3 s each (beside a save's background write): an even split by step count
+    # would book 19.6 s as lost; the saved step's reported finish time puts the boundary where the time was
+    ("hard kill after a save: split at the saved step's reported time",
+     Attempt(1, 0.0, report=rep(1, 0, 5.0, 49, 74.0, saved=((39, 44.0),))), 80.0, 40,
+     {"startup": 4.0, "restore": 0.0, "checkpoint": 0.0, "productive": 40.0, "lost": 30.0, "restartGap": 6.0}, 10),
+    ("resumed behind a saved step the report does not carry: interpolated between the known ones",
+     Attempt(1, 0.0, report=rep(1, 0, 5.0, 49, 74.0, saved=((39, 44.0),))), 80.0, 45,
+     {"startup": 4.0, "restore": 0.0, "checkpoint": 0.0, "productive": 55.0, "lost": 15.0, "restartGap": 6.0}, 5),
+    ("save waits are spread over the kept and the lost part",
+     Attempt(1, 0.0, report=rep(1, 0, 5.0, 49, 74.0, blocking=7.0, saved=((39, 44.0),))), 80.0, 40,
+     {"startup": 4.0, "restore": 0.0, "checkpoint": 7.0, "productive": 36.0, "lost": 27.0, "restartGap": 6.0}, 10),
+    ("every step lost: all of the loop's time",
+     Attempt(1, 0.0, report=rep(1, 10, 5.0, 19, 14.0, saved=((15, 10.0),))), 20.0, 5,
+     {"startup": 4.0, "restore": 0.0, "checkpoint": 0.0, "productive": 0.0, "lost": 10.0, "restartGap": 6.0}, 10),
     ("died before its first step: all start-up", Attempt(2, 100.0), 130.0, 40,
      {"startup": 30.0, "restore": 0.0, "checkpoint": 0.0, "productive": 0.0, "lost": 0.0, "restartGap": 0.0}, 0),
     ("restore longer than reported start (clock skew) is capped", Attempt(1, 10.0, report=rep(1, 0, 11.5, 0, 11.5,
@@ -118,3 +132,15 @@ def test_fold_says_when_nothing_changed() -> None:
     s = status(done, 60.0)
     assert s["goodput"] == pytest.approx(50 / 60, abs=1e-4) and s["badputSeconds"]["restartGap"] == 6.0
     assert Accounting.from_status(s["accounting"]) == done
+
+
+def test_saved_step_times_survive_the_status_round_trip_and_malformed_ones_are_dropped() -> None:
+    """The accounting lives in status.goodput (an operator restart loses nothing): the saved steps' times too."""
+    from reprieve_operator.policy.goodput import report_of
+
+    r = report_of({"attempt": 1, "step": 49, "stepAt": 74.0, "firstStep": 0, "firstStepAt": 5.0, "stepSeconds": 1.0,
+                   "savedStepsAt": [[39, 44.0], ["x", 1], [29], None, [19, "23.5"]]})
+    assert r is not None and r.saved_at == ((19, 23.5), (39, 44.0))
+    acc = progress(attempt_created(Accounting(), 1, 0.0), r)
+    again = Accounting.from_status(acc.to_status())
+    assert again == acc and again.open[0].report is not None and again.open[0].report.saved_at == r.saved_at

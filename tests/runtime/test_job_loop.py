@@ -302,3 +302,19 @@ def test_a_data_position_that_is_not_json_names_the_process_and_key(tmp_path: Pa
             for step in job.steps(0, 1):
                 job.save(step, {"x": jnp.zeros(1)}, data={"files": [tmp_path]}, force=True)
         job.abandon()
+
+
+def test_the_step_time_average_leaves_out_the_first_step_and_saves_carry_their_steps_finish(make_job: Any) -> None:
+    """The first step of an attempt holds its compilation (here a 1 s stall): in the average it would inflate
+    the countdown's plan and the operator's loop start for tens of steps (docs/contract.md, "stepSeconds")."""
+    job = make_job(env_extra={"REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "5"})
+    state, start = job.restore_or(lambda: {"x": jnp.zeros((2,))})
+    for step in job.steps(start, 12):
+        time.sleep(1.0 if step == start else 0.01)
+        state = {"x": state["x"] + 1}
+        job.save(step, state)
+    fields = job.loop.fields()
+    assert fields["stepSeconds"] < 0.2, fields
+    saved = dict(fields["savedStepsAt"])
+    assert set(saved) == {9, 11}, saved  # the newest two: the interval's save and the last step's
+    assert fields["firstStepAt"] < saved[9] < saved[11] <= fields["stepAt"] + 0.001, fields

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from localcluster.testing import wait_for
 from reprieve.notice import PROGRESS_ANNOTATION
-from reprieve.progress import LoopProgress, ProgressReporter
+from reprieve.progress import LoopProgress, ProgressReporter, progress_annotation
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -41,6 +41,24 @@ def test_loop_progress_fields() -> None:
     assert (f["step"], f["firstStep"], f["stepSeconds"], f["restoreSeconds"], f["saveBlockingSeconds"]) == \
         (20, 10, 0.1, 2.0, 0.5)
     assert f["stepAt"] == pytest.approx(time.time(), abs=0.5) and f["stepAt"] - f["firstStepAt"] == pytest.approx(1.0)
+    assert "savedStepsAt" not in f  # nothing saved yet
+
+
+def test_saved_steps_carry_when_the_loop_finished_them_newest_two_of_each_kind() -> None:
+    """Where a next attempt may resume (a storage or a memory copy): the operator splits kept from lost time at
+    the step it resumes behind (docs/goodput.md)."""
+    lp = LoopProgress()
+    now = time.perf_counter()
+    lp.first, lp.last = (0, now - 10.0), (50, now)
+    for step in (10, 20, 30):
+        lp.mark_saved(step, "storage", now - 10.0 + step / 5)
+    for step in (44, 46, 48):
+        lp.mark_saved(step, "memory", now - 10.0 + step / 5)
+    f = lp.fields()
+    assert [s for s, _ in f["savedStepsAt"]] == [20, 30, 46, 48]
+    assert f["savedStepsAt"][0][1] == pytest.approx(f["firstStepAt"] + 4.0, abs=0.002)
+    body = json.loads(progress_annotation(50, 30, 1, time.time(), f)[PROGRESS_ANNOTATION])
+    assert body["savedStepsAt"] == f["savedStepsAt"]
 
 
 def test_reporter_sends_live_progress_only_when_the_step_moves() -> None:

@@ -23,6 +23,10 @@ Each attempt's span, from its creation to the next attempt's creation (or the jo
 
 The buckets of an attempt add up to its span exactly. Reports come every few seconds, so steps after the last
 report of an attempt that died without one (a hard kill) fall into ``restartGap``, not ``lost``; both are badput.
+Kept and lost step time are split where the next attempt resumed: at the reported finish time of that step when
+the report carries it (``savedStepsAt``: the newest saved steps, the places a next attempt resumes from), else
+interpolated between the nearest reported steps. Steps are not equally long (those beside a save's background
+write are slower), so an even split by step count would misplace seconds between the two.
 
 Restores are also counted by where they read (``restores``: count and seconds per tier): ``memory`` (every
 process from its own or a peer's memory), ``mixed`` (some from storage) and ``storage``, from the report's
@@ -31,6 +35,7 @@ process from its own or a peer's memory), ``mixed`` (some from storage) and ``st
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -53,6 +58,20 @@ class Report:
     restore_seconds: float = 0.0
     save_blocking_seconds: float = 0.0  # cumulative in this attempt
     restore_tier: str | None = None  # restoredFrom.tier: memory, mixed or storage (None: not said)
+    saved_at: tuple[tuple[int, float], ...] = ()  # savedStepsAt: (step, when it finished) of the newest saved steps
+
+    def finished_at(self, step: int) -> float:
+        """When this attempt finished ``step``: a reported time where there is one, else interpolated between
+        the nearest reported steps (the loop's start for the step before the first; clamped to the report)."""
+        known = {self.first_step - 1: self.first_step_time - self.step_seconds, self.first_step: self.first_step_time,
+                 **{s: t for s, t in self.saved_at if self.first_step <= s <= self.step}, self.step: self.time}
+        points = sorted(known.items())
+        if step <= points[0][0]:
+            return points[0][1]
+        for (s0, t0), (s1, t1) in itertools.pairwise(points):
+            if step <= s1:
+                return t0 + (t1 - t0) * (step - s0) / (s1 - s0)
+        return points[-1][1]
 
     @property
     def restored_from(self) -> str | None:
@@ -130,6 +149,8 @@ def _attempt_dict(a: Attempt) -> dict[str, Any]:
                          "restoreSeconds": r.restore_seconds, "saveBlockingSeconds": r.save_blocking_seconds}
         if r.restore_tier is not None:
             out["report"]["restoreTier"] = r.restore_tier
+        if r.saved_at:
+            out["report"]["savedStepsAt"] = [[step, t] for step, t in r.saved_at]
     return out
 
 
@@ -139,8 +160,22 @@ def _attempt(raw: dict[str, Any]) -> Attempt:
     if rep:
         report = Report(int(raw["attempt"]), int(rep["step"]), float(rep["time"]), int(rep["firstStep"]),
                         float(rep["firstStepTime"]), float(rep["stepSeconds"]), float(rep.get("restoreSeconds", 0)),
-                        float(rep.get("saveBlockingSeconds", 0)), rep.get("restoreTier"))
+                        float(rep.get("saveBlockingSeconds", 0)), rep.get("restoreTier"),
+                        _saved_at(rep.get("savedStepsAt")))
     return Attempt(int(raw["attempt"]), float(raw["created"]), raw.get("ended"), report)
+
+
+def _saved_at(raw: Any) -> tuple[tuple[int, float], ...]:
+    """``savedStepsAt`` ([[step, unix seconds], ...]) -> sorted pairs; malformed entries are dropped (a report
+    is evidence, never a reason to fail the accounting)."""
+    out = []
+    for item in raw if isinstance(raw, list) else ():
+        try:
+            step, t = item
+            out.append((int(step), float(t)))
+        except (TypeError, ValueError):
+            continue
+    return tuple(sorted(set(out)))
 
 
 def split(a: Attempt, end: float, next_first_step: int | None) -> tuple[dict[str, float], int]:
@@ -162,9 +197,11 @@ def split(a: Attempt, end: float, next_first_step: int | None) -> tuple[dict[str
     out["checkpoint"] = checkpoint
     steps = r.step - r.first_step + 1
     lost = 0 if next_first_step is None else max(0, min(steps, r.step - next_first_step + 1))
-    stepping = training - checkpoint
-    out["lost"] = stepping * lost / steps if steps > 0 else 0.0
-    out["productive"] = stepping - out["lost"]
+    # time after the step the next attempt resumed behind was lost; the save waits are spread over both parts
+    kept_until = last if lost == 0 else min(last, max(loop_start, r.finished_at(r.step - lost)))
+    lost_share = (last - kept_until) / training if training > 0 else 0.0
+    out["lost"] = (training - checkpoint) * lost_share
+    out["productive"] = training - checkpoint - out["lost"]
     out["restartGap"] = end - last
     return out, lost
 
@@ -248,7 +285,7 @@ def report_of(prog: dict[str, Any] | None) -> Report | None:
         return Report(int(prog["attempt"]), int(prog["step"]), float(prog["stepAt"]), int(prog["firstStep"]),
                       float(prog["firstStepAt"]), float(prog.get("stepSeconds") or 0.0),
                       float(prog.get("restoreSeconds") or 0.0), float(prog.get("saveBlockingSeconds") or 0.0),
-                      str(tier) if tier in RESTORE_TIERS else None)
+                      str(tier) if tier in RESTORE_TIERS else None, _saved_at(prog.get("savedStepsAt")))
     except (KeyError, TypeError, ValueError):
         return None
 
