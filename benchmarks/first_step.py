@@ -120,11 +120,13 @@ print(json.dumps({"pretrace": pretrace, "first": first, "second": second, "resto
 '''
 
 
-def child(mode: str, cache: Path, devices: int, *, explain: bool = False) -> dict[str, Any]:
+def child(mode: str, cache: Path, devices: int, *, explain: bool = False, ckpt: Path | None = None) -> dict[str, Any]:
     """One fresh process in ``mode``; its JSON line. ``explain``: with ``JAX_EXPLAIN_CACHE_MISSES``, and
     ``step_traces`` counts the example's functions traced once the devices were known (a tracing-cache miss
-    of a function defined in train_lm.py: the step traced again, where a trace made ahead was not found)."""
-    env = dict(os.environ, MODE=mode, CACHE=str(cache), CKPT=str(cache.parent / "ckpt"), DEVICES=str(devices),
+    of a function defined in train_lm.py: the step traced again, where a trace made ahead was not found).
+    ``ckpt``: where the populate run saves the state the others restore (default: beside ``cache``)."""
+    ckpt = cache.parent / "ckpt" if ckpt is None else ckpt
+    env = dict(os.environ, MODE=mode, CACHE=str(cache), CKPT=str(ckpt), DEVICES=str(devices),
                EXAMPLE=str(ROOT / "examples" / "train_lm.py"),
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
     if explain:
