@@ -203,7 +203,7 @@ class RestartPolicySpec(_Model):
     """How exits are counted: the restart code is a saved preemption; any other is a failure, or as a rule says."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
-                              json_schema_extra={"x-kubernetes-validations": [EXIT_CODE_RULES_RULE]})  # type: ignore[dict-item]
+                              json_schema_extra={"x-kubernetes-validations": [EXIT_CODE_RULES_RULE]})  # type: ignore[list-item]
 
     restart_exit_code: int = Field(
         default=42,
