@@ -153,13 +153,24 @@ RETENTION = [
     ("a newer attempt's copy of an older step is newer than an older attempt's",
      "own", [(20, 1, 0), (10, 2, 0)], [(20, 1, 0)]),
     ("copies in flight are never selected", "peer", [(10, 1, 0)], []),
+    ("own: the gang's newest replicated step stays beside the newest (one process's newest may be lost with it)",
+     "own", [(10, 1, 0), (20, 1, 0), (30, 1, 0)], [(10, 1, 0)], (1, 20)),
+    ("own: ... the newest own copy at or before it (a step this process saved)",
+     "own", [(10, 1, 0), (20, 1, 0), (30, 1, 0)], [(20, 1, 0)], (1, 15)),
+    ("own: once the gang replicated the newest, only it stays",
+     "own", [(20, 1, 0), (30, 1, 0)], [(20, 1, 0)], (1, 30)),
+    ("own: another attempt's replicated step keeps nothing of this one",
+     "own", [(20, 1, 0), (30, 2, 0)], [(20, 1, 0)], (2, 25)),
+    ("peer: the gang's step changes nothing", "peer", [(10, 1, 0), (20, 1, 0)], [(10, 1, 0)], (1, 10)),
 ]
 
 
-@pytest.mark.parametrize(("tree", "copies", "deleted"), [r[1:] for r in RETENTION], ids=[r[0] for r in RETENTION])
-def test_retention(tree: str, copies: list[tuple[int, int, int]], deleted: list[tuple[int, int, int]]) -> None:
+@pytest.mark.parametrize(("tree", "copies", "deleted", "gang"),
+                         [(*r[1:], *([None] if len(r) == 4 else [])) for r in RETENTION], ids=[r[0] for r in RETENTION])
+def test_retention(tree: str, copies: list[tuple[int, int, int]], deleted: list[tuple[int, int, int]],
+                   gang: tuple[int, int] | None) -> None:
     names = [CopyName(*c) for c in copies] + [CopyName(99, 9, 0, tmp=True)]
-    got = select_deletions(names, tree)
+    got = select_deletions(names, tree, gang)
     assert sorted((n.step, n.attempt, n.writer) for n in got) == sorted(deleted)
 
 

@@ -78,7 +78,8 @@ def test_a_corrupt_copy_is_skipped_for_the_next_source(tmp_path: Path, base: Pat
 
 def test_a_process_and_its_peer_lost_together_fall_back_to_storage(tmp_path: Path, base: Path) -> None:
     """Three pods in a ring (0 -> 1 -> 2 -> 0): losing process 1 and the pod holding its replica (pod 2) loses
-    process 1's step 14 everywhere; the gang restores storage's step 9, and ends bit-identical."""
+    process 1's step 14 everywhere; the gang restores step 9 (storage's, and the one process 0 kept in memory as
+    the gang's newest replicated step): process 0 from its own memory, 1 and 2 from storage; bit-identical."""
     pods = [new_pod(base, f"pod-{i}") for i in range(3)]
     gang = launch(tmp_path, pods, {0: pods[1], 1: pods[2], 2: pods[0]}, attempt=1, steps=TOTAL, stop_at=14)
     run_until_stopped(gang, 3, die=1)
@@ -87,7 +88,7 @@ def test_a_process_and_its_peer_lost_together_fall_back_to_storage(tmp_path: Pat
         pods[i] = new_pod(base, f"pod-{i}b")
     gang = launch(tmp_path, pods, {0: pods[1], 1: pods[2], 2: pods[0]}, attempt=2, steps=TOTAL)
     finish(gang, 3, TOTAL)
-    assert restored(gang.logs) == ["9", "storage", "storage", "storage"]
+    assert restored(gang.logs) == ["9", "memory", "storage", "storage"]
     assert "memory holds step 14 (attempt 1) without processes [1]" in gang.logs[0].read_text()
 
 
@@ -192,6 +193,48 @@ def test_a_peer_lost_while_it_receives_a_copy(tmp_path: Path, base: Path) -> Non
         server.wait(10)
     # process 1 reads its own rows at home, but the replicated leaves' replica 0 was process 0's: from the spare
     assert restored(gang.logs) == ["14", "peer", "peer"]
+
+
+def test_a_process_lost_before_it_replicated_its_newest_copy_restores_the_step_before_from_memory(
+        tmp_path: Path, base: Path) -> None:
+    """Process 0's replica server (a spare's) dies while it receives step 14, then process 0's pod is lost: its
+    newest copy anywhere is step 9, at the spare. Process 1 keeps its own copy of 9 beside 14 until the whole gang
+    has replicated 14, so the gang restores 9 from memory instead of reading storage.
+
+    Why this long: two attempts of a two-process gang and two starts of the spare's replica server."""
+    pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
+    spare = new_pod(base, "spare")
+
+    def serve(crash: bool) -> subprocess.Popen[bytes]:
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "runtime")}
+        if crash:
+            env["REPRIEVE_MEMTIER_TEST_CRASH_AT"] = "receive:14"
+        with open(tmp_path / "spare.log", "ab") as log:
+            server = subprocess.Popen([sys.executable, "-m", "reprieve.memtier.server", "--dir", str(spare.mem),
+                                       "--port", str(spare.port)], env=env, stdout=subprocess.PIPE, stderr=log)
+        assert server.stdout is not None and server.stdout.readline().strip().decode() == spare.address
+        return server
+
+    server = serve(crash=True)
+    try:
+        gang = launch(tmp_path, pods, {0: spare, 1: pods[0]}, attempt=1, steps=TOTAL, stop_at=14,
+                      extra={0: {"WORKER_STOP_UNREPLICATED": "1"}})
+        run_until_stopped(gang, 2, die=0)
+        assert server.wait(60) == 86, "the replica server did not die half-way through step 14"
+        own = sorted(e.name for e in (pods[1].mem / "own").iterdir())
+        assert own == [str(CopyName(9, 1, 1)), str(CopyName(14, 1, 1))], own  # 14 is not the gang's yet
+        pods[0].lose()
+        pods[0] = new_pod(base, "pod-0b")
+        server = serve(crash=False)
+        gang = launch(tmp_path, pods, {0: spare, 1: pods[0]}, attempt=2, steps=TOTAL)
+        finish(gang, 2, TOTAL)
+    finally:
+        server.kill()
+        server.wait(10)
+    # process 1's own rows come from its own copy, the replicated leaves (replica 0: process 0's) from the spare;
+    # without the kept copy of 9, process 1 had only 14 and read storage: ["9", "peer", "storage"]
+    assert restored(gang.logs) == ["9", "peer", "peer"]
+    assert "restored step 9 on process 1 from" in gang.logs[1].read_text()
 
 
 def test_a_time_schedule_is_remeasured_capped_and_the_same_steps_on_every_process(tmp_path: Path,

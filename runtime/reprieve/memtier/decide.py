@@ -165,17 +165,25 @@ def choose_holder(holders: Sequence[Holding], process: int, process_location: st
     return None
 
 
-def select_deletions(names: Iterable[CopyName], tree: str) -> list[CopyName]:
+def select_deletions(names: Iterable[CopyName], tree: str,
+                     gang_complete: tuple[int, int] | None = None) -> list[CopyName]:
     """Committed copies of one tree to delete now that a newer one committed (pure).
 
-    ``own``: everything but the newest copy (one own copy per pod, whoever wrote it). ``peer``: everything but
-    the newest copy of each writer (a pod may hold replicas of several processes; the limit bounds them).
-    Newest means written last: the highest ``(attempt, step)`` (a newer attempt may write a lower step than a
-    fenced copy of an older one).
+    ``own``: everything but the newest copy (whoever wrote it) and, with ``gang_complete`` = ``(attempt, step)``
+    (the newest step every process of that attempt has replicated to its peer), the newest own copy of that
+    attempt at or before that step. Without it a process lost before it replicated its newest copy would leave
+    the gang no step in memory that every process has: its peer holds the step before, the others only the
+    newest. ``peer``: everything but the newest copy of each writer (a pod may hold replicas of several
+    processes; the limit bounds them). Newest means written last: the highest ``(attempt, step)`` (a newer
+    attempt may write a lower step than a fenced copy of an older one).
     """
     committed = sorted({n.committed for n in names if not n.tmp}, key=lambda n: (n.attempt, n.step, n.writer))
     if tree == "own":
-        return committed[:-1]
+        keep = committed[-1:]
+        if gang_complete is not None:
+            attempt, step = gang_complete
+            keep += [n for n in committed if n.attempt == attempt and n.step <= step][-1:]
+        return [n for n in committed if n not in keep]
     newest: dict[int, CopyName] = {}
     for n in committed:
         newest[n.writer] = n

@@ -202,23 +202,27 @@ class MemoryDir:
             os.close(fd)
         return tmp
 
-    def commit(self, tree: str, name: CopyName, manifest: Manifest) -> list[CopyName]:
-        """Write the manifest, rename ``<name>.tmp`` to ``<name>`` (the commit) and delete the copies it replaces;
-        returns those."""
+    def commit(self, tree: str, name: CopyName, manifest: Manifest, *,
+               gang_complete: tuple[int, int] | None = None) -> list[CopyName]:
+        """Write the manifest, rename ``<name>.tmp`` to ``<name>`` (the commit) and delete the copies it replaces
+        (``gang_complete``: see :func:`~.decide.select_deletions`); returns those."""
         tmp = self.copy_dir(tree, name.in_flight)
         with open(os.path.join(tmp, layout.MANIFEST_FILE), "wb") as fh:
             fh.write(manifest.to_bytes())
         os.rename(tmp, self.copy_dir(tree, name))
-        gone = self._replaced_by(tree, name)
+        return self.prune(tree, gang_complete=gang_complete, committed=name)
+
+    def prune(self, tree: str, *, gang_complete: tuple[int, int] | None = None,
+              committed: CopyName | None = None) -> list[CopyName]:
+        """Delete the committed copies of ``tree`` that :func:`~.decide.select_deletions` lets go, never the one
+        just ``committed``; returns them."""
+        gone = [n for n in decide.select_deletions(self.names(tree), tree, gang_complete) if n != committed]
         for old in gone:
             self.delete(tree, old)
         return gone
 
     def abort(self, tree: str, name: CopyName) -> None:
         shutil.rmtree(self.copy_dir(tree, name.in_flight), ignore_errors=True)
-
-    def _replaced_by(self, tree: str, name: CopyName) -> list[CopyName]:
-        return [n for n in decide.select_deletions([*self.names(tree), name], tree) if n != name]
 
     def delete(self, tree: str, name: CopyName) -> None:
         """Make the copy invisible (rename to ``.tmp``), then remove it. Readers that mapped it keep their pages."""

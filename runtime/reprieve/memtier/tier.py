@@ -266,6 +266,10 @@ class MemoryTier:
                             process_extra=process_extra, base=self.base, created_unix=time.time(),
                             topology=_topology(self.nproc))
         with self.dir.in_flight(timeout_s=SEND_TIMEOUT_S):
+            gang = self._gang_complete()
+            self.dir.prune(layout.OWN, gang_complete=gang)  # the step before, once the whole gang replicated it
+            if self.dir.limit_bytes is not None and self.dir.usage_bytes() + offset > self.dir.limit_bytes:
+                self.dir.prune(layout.OWN)  # no room beside the newest copy and this one: the limit decides
             tmp = self.dir.begin(layout.OWN, name, offset, attempt=name.attempt)
             try:
                 if offset:
@@ -275,7 +279,7 @@ class MemoryTier:
                         for (_, _, arr), s in zip(parts, shards, strict=True):
                             dst[s.offset:s.offset + s.nbytes] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
                         del dst
-                self.dir.commit(layout.OWN, name, manifest)
+                self.dir.commit(layout.OWN, name, manifest, gang_complete=gang)
             except BaseException:
                 self.dir.abort(layout.OWN, name)
                 raise
@@ -355,6 +359,14 @@ class MemoryTier:
             self.coord.set(f"{_KV}/a{self.attempt}/replicated/{self.pid}", str(self.replicated_step), overwrite=True)
         except Exception as err:  # noqa: BLE001 - progress only
             log.debug("memory: could not publish the replicated step: %s", err)
+
+    def _gang_complete(self) -> tuple[int, int] | None:
+        """``(attempt, step)``: the newest step every process of this attempt has replicated, whose own copy this
+        process keeps beside its newest (None without a peer: then no process's copy outlives its pod)."""
+        if self.peer is None:
+            return None
+        step = self.gang_step()
+        return None if step is None else (self.attempt, step)
 
     def gang_step(self) -> int | None:
         """The newest step every process of this attempt has replicated (process 0's progress report)."""
