@@ -195,8 +195,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
     p.add_argument("--interval", type=int, default=20, help="periodic checkpoint every this many steps")
     p.add_argument("--spares", type=int, default=1)
     p.add_argument("--memory", default="256Mi", help="the memory tier's sizeLimit ('' turns the tier off)")
-    p.add_argument("--max-failures", type=int, default=3,
-                   help="the job's maxFailures (the faults' SIGKILLs are Ignored by an exit-code rule: docs/soak.md)")
+    p.add_argument("--max-failures", type=int, default=1000,
+                   help="the job's maxFailures (a survivor's unattributed abort still counts: docs/soak.md)")
     p.add_argument("--out", type=Path, default=None, help="directory for soak.json and the timeline")
     p.add_argument("--timeout", type=float, default=0, help="per job (default: 4x the planned minutes + 10 min)")
     p.add_argument("--plan-only", action="store_true", help="print the schedule and exit (starts nothing)")

@@ -167,6 +167,21 @@ ROWS += [  # restartPolicy.exitCodeRules (first match wins; the strictest action
     ("the strictest action among failing workers wins", RUNNING,
      {"restartPolicy": {"exitCodeRules": [IGNORE_KILL, FAIL_CONFIG]}}, pods(1, 137, 3), [],
      {"phase": "Failed", "cause": "failure"}),
+    ("the earliest failing exit decides: a SIGKILL from outside (Ignored) before the survivor's abort", RUNNING,
+     {"restartPolicy": {"exitCodeRules": [IGNORE_KILL]}},
+     pods(1, {"phase": "Failed", "exit_code": 137, "exit_time": NOW - timedelta(seconds=8)},
+          {"phase": "Failed", "exit_code": 134, "exit_time": NOW - timedelta(seconds=2)}), [],
+     {"phase": "Restarting", "cause": "disruption"}),
+    ("... and the other way round: the abort came first and is counted", RUNNING,
+     {"restartPolicy": {"exitCodeRules": [IGNORE_KILL]}},
+     pods(1, {"phase": "Failed", "exit_code": 137, "exit_time": NOW - timedelta(seconds=2)},
+          {"phase": "Failed", "exit_code": 134, "exit_time": NOW - timedelta(seconds=8)}), [],
+     {"phase": "Restarting", "cause": "failure"}),
+    ("exits in the same second: the strictest action", RUNNING,
+     {"restartPolicy": {"exitCodeRules": [IGNORE_KILL, FAIL_CONFIG]}},
+     pods(1, {"phase": "Failed", "exit_code": 137, "exit_time": NOW}, {"phase": "Failed", "exit_code": 3,
+                                                                        "exit_time": NOW}), [],
+     {"phase": "Failed", "cause": "failure"}),
     ("a worker that lost a peer is judged by the loss, not its code", RUNNING,
      {"restartPolicy": {"exitCodeRules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [134]}}]}},
      pods(1, {"phase": "Failed", "exit_code": 134, "peer_lost": (1,)}, {"phase": "Running", "node_lost": True}), [],
@@ -272,3 +287,19 @@ def test_bad_exit_code_rules_are_refused_naming_the_field(rules: list[dict[str, 
 
     with pytest.raises(ValidationError, match=why):
         RestartPolicySpec.model_validate({"exitCodeRules": rules})
+
+
+def test_an_in_place_worker_without_an_exit_report_exits_at_its_containers_finish_time() -> None:
+    """A SIGKILLed supervisor writes no report: its exit time (which decides between a gang's failing exits) is
+    the container's finishedAt."""
+    from reprieve_operator.policy.inplace import worker_view
+    from reprieve_operator.policy.views import pod_view
+
+    raw = {"metadata": {"name": "llama-0", "labels": {"reprieve.dev/role": "worker", "reprieve.dev/attempt": "1",
+                                                     "reprieve.dev/replica-index": "0"}},
+           "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {
+               "exitCode": 137, "reason": "Error", "finishedAt": "2026-11-22T02:59:52Z"}}}]}}
+    view = pod_view(raw)
+    assert view is not None
+    w = worker_view(view, 2, 0, 42)
+    assert (w.phase, w.exit_code, w.exit_time) == ("Failed", 137, NOW - timedelta(seconds=8)), w

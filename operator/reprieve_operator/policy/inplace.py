@@ -69,6 +69,7 @@ class PodView:
     exit_time: datetime | None = None
     exit_peer_lost: tuple[int, ...] = ()  # the report's ``peerLost``: the trainer ended as these processes went silent
     container_code: int | None = None  # the container (the supervisor) ended with this code
+    container_finished: datetime | None = None  # ... at this time (its terminated state's finishedAt)
     notice_attempt: int | None = None  # the attempt of the notice it carries, if any
     contract: int | None = None  # the supervisor's contract version, once it announced itself
     start_error: str | None = None  # the container could not start (the kubelet's StartError message)
@@ -121,11 +122,12 @@ def worker_view(p: PodView, attempt: int, index: int, restart_code: int) -> Work
         peer_lost = p.exit_peer_lost if code != 0 else ()
     elif p.phase in TERMINAL_PHASES:  # the supervisor ended without a report for this attempt
         code = p.container_code if p.container_code is not None else (0 if p.phase == "Succeeded" else None)
+    exit_time = p.exit_time if p.exit_attempt == attempt else \
+        (p.container_finished if p.phase in TERMINAL_PHASES else None)
     return WorkerPod(name=p.name, index=index, attempt=attempt, phase=phase, exit_code=code, deleting=p.deleting,
                      node=p.node, node_lost=p.node_lost, noticed=p.notice_attempt == attempt,
                      unsaved=code == restart_code and p.exit_attempt == attempt and p.exit_agreed is False,
-                     peer_lost=peer_lost, exit_time=p.exit_time if p.exit_attempt == attempt else None,
-                     node_ready=p.node_ready)
+                     peer_lost=peer_lost, exit_time=exit_time, node_ready=p.node_ready)
 
 
 def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assignment | None,

@@ -7,7 +7,8 @@ Rules (see ``docs/operator.md``):
 * any worker fails (another exit code) -> gang restart counted as ``failure``; past
   ``restartPolicy.maxFailures`` -> Failed; ``restartPolicy.exitCodeRules`` (first match wins) may count a code
   as a ``disruption`` instead (``Ignore``) or fail the job at once (``FailJob``); with several failing workers
-  the strictest action wins (FailJob, then Count, then Ignore);
+  the earliest exit decides (the others most likely ended because of it), exits of the same second (or of
+  unknown time) by the strictest action (FailJob, then Count, then Ignore);
 * a worker deleted, evicted or lost with its node -> gang restart counted as ``preemption`` if a notice was
   delivered in this attempt (in status, on a pod, or open on the lost pod's node: an eviction by a NoExecute
   taint can race the status write), else ``disruption``; both are capped only by ``maxPreemptionRestarts``;
@@ -261,6 +262,9 @@ def exit_code_action(rules: Sequence[ExitCodeRule], code: int) -> tuple[ExitCode
 def _own_failure(job: TrainingJob, own: Sequence[WorkerPod]) -> Verdict:
     """The verdict on workers that failed of their own: the strictest of their exit-code rules' actions."""
     rules = job.spec.restart_policy.exit_code_rules
+    first = min((p.exit_time for p in own if p.exit_time is not None), default=None)
+    if first is not None:  # the earliest exit (to the second: pod times are RFC 3339 seconds) is the cause
+        own = [p for p in own if p.exit_time is not None and (p.exit_time - first).total_seconds() < 1.0]
     judged = sorted(((exit_code_action(rules, p.exit_code or 0), p) for p in own),
                     key=lambda ap: (_SEVERITY[ap[0][0]], ap[1].index))
     (action, rule), p = judged[0]

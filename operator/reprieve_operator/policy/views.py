@@ -152,11 +152,12 @@ def _parse_pod_view(pod: Mapping[str, Any]) -> PodView | None:
     status = pod.get("status") or {}
     node = (pod.get("spec") or {}).get("nodeName")
     phase = status.get("phase") or "Pending"
-    container_code, start_error = None, None
+    container_code, start_error, finished = None, None, None
     for cs in (status.get("containerStatuses") or [])[:1]:
         term = (cs.get("state") or {}).get("terminated")
         if term is not None and term.get("exitCode") is not None:
             container_code = int(term["exitCode"])
+            finished = parse_time(term.get("finishedAt"))
         if term is not None and term.get("reason") in START_ERRORS:
             start_error = str(term.get("message") or term.get("reason"))
     node_lost = phase == "Failed" and status.get("reason") in LOST_REASONS
@@ -168,6 +169,7 @@ def _parse_pod_view(pod: Mapping[str, Any]) -> PodView | None:
                    ip=status.get("podIP"), exit_attempt=to_int(report.get("attempt")), exit_code=to_int(report.get("code")),
                    exit_agreed=report.get("agreed") if isinstance(report.get("agreed"), bool) else None,
                    exit_time=parse_time(report.get("time")), container_code=container_code,
+                   container_finished=finished,
                    exit_peer_lost=peers_lost(report.get("peerLost")),
                    notice_attempt=to_int(notice.get("attempt")) if notice else None,
                    contract=to_int(supervisor.get("contract")), created=parse_time(meta.get("creationTimestamp")),
