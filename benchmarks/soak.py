@@ -156,7 +156,11 @@ def run_job(cluster: Cluster, body: dict, ckpt: Path, timeout: float, on_running
         if not ran and steplog.exists() and steplog.stat().st_size > 0:
             ran = True
             on_running()
-        status = json.loads(cluster.kubectl("get", "tj", name, "-n", NS, "-o", "json").stdout).get("status") or {}
+        got = cluster.kubectl("get", "tj", name, "-n", NS, "-o", "json", check=False)
+        if got.returncode != 0:  # the API server may be away (apiserver-restart): ask again
+            time.sleep(1.0)
+            continue
+        status = json.loads(got.stdout).get("status") or {}
         if status.get("phase") in ("Succeeded", "Failed"):
             return dict(status)
         time.sleep(1.0)
