@@ -161,8 +161,49 @@ RESTART_CODE_MESSAGE = (
     "signal N (137 SIGKILL/OOM, 143 SIGTERM): a crash must never count as a saved preemption")
 
 
+class ExitCodeAction(str, Enum):
+    FAIL_JOB = "FailJob"
+    IGNORE = "Ignore"
+    COUNT = "Count"
+
+
+class ExitCodeOperator(str, Enum):
+    IN = "In"
+    NOT_IN = "NotIn"
+
+
+class OnExitCodes(_Model):
+    """Which exit codes a rule matches."""
+
+    operator: ExitCodeOperator = Field(description="In: the codes listed; NotIn: every other failing code.")
+    values: list[int] = Field(
+        min_length=1, max_length=255,
+        description="Exit codes 1-255 (128+N: killed by signal N, e.g. 137 = SIGKILL).",
+        json_schema_extra={"items": {"type": "integer", "minimum": 1, "maximum": 255}})
+
+
+class ExitCodeRule(_Model):
+    """How a worker's failing exit code is counted (docs/operator.md, "Exit-code rules"); the first match decides."""
+
+    action: ExitCodeAction = Field(
+        description="FailJob: fail the job at once (no retry can help); Ignore: restart the gang counted as a "
+                    "disruption, not a failure (an infrastructure kill); Count: a failure, as without rules.")
+    on_exit_codes: OnExitCodes = Field(description="The exit codes the rule matches.")
+
+
+EXIT_CODE_RULES_RULE = {
+    "rule": "!has(self.exitCodeRules) || self.exitCodeRules.all(r, r.onExitCodes.operator != 'In' || "
+            "!(self.restartExitCode in r.onExitCodes.values))",
+    "fieldPath": ".exitCodeRules",
+    "message": "restartPolicy.exitCodeRules: the restart exit code is a saved preemption, never a failure; "
+               "remove it from the rule's onExitCodes.values"}
+
+
 class RestartPolicySpec(_Model):
-    """How exits are counted: the restart code is a saved preemption; anything else is a failure."""
+    """How exits are counted: the restart code is a saved preemption; any other is a failure, or as a rule says."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
+                              json_schema_extra={"x-kubernetes-validations": [EXIT_CODE_RULES_RULE]})  # type: ignore[list-item]
 
     restart_exit_code: int = Field(
         default=42,
@@ -186,6 +227,12 @@ class RestartPolicySpec(_Model):
                     "60 s of the attempt's start, without any notice or lost pod): each waits an exponential "
                     "backoff (10 s doubling to 5 min) before the next attempt; one more fails the job "
                     "(TooManyRapidRestarts).")
+    exit_code_rules: list[ExitCodeRule] = Field(
+        default_factory=list, max_length=20,
+        description="How failing exit codes are counted, first match wins (like a Job's podFailurePolicy): "
+                    "e.g. {action: Ignore, onExitCodes: {operator: In, values: [137]}} restarts after a SIGKILL "
+                    "without spending maxFailures; {action: FailJob, ...} fails the job at once. A worker that "
+                    "ended because it lost a peer is judged by the loss, not by its code.")
 
     @field_validator("restart_exit_code")
     @classmethod
@@ -193,6 +240,18 @@ class RestartPolicySpec(_Model):
         if not RESTART_CODE_MIN <= v <= RESTART_CODE_MAX:
             raise ValueError(f"{RESTART_CODE_MESSAGE}; got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _rules(self) -> RestartPolicySpec:
+        for i, rule in enumerate(self.exit_code_rules):
+            bad = [c for c in rule.on_exit_codes.values if not 1 <= c <= 255]
+            if bad:
+                raise ValueError(f"restartPolicy.exitCodeRules[{i}].onExitCodes.values: {bad} are not exit codes "
+                                 "1-255")
+            if rule.on_exit_codes.operator == ExitCodeOperator.IN and self.restart_exit_code in \
+                    rule.on_exit_codes.values:
+                raise ValueError(EXIT_CODE_RULES_RULE["message"].replace("the rule's", f"rule {i}'s"))
+        return self
 
 
 class SignalType(str, Enum):

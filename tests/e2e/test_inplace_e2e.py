@@ -32,13 +32,16 @@ STEPS, SLEEP = 200, 0.03
 
 
 def submit_inplace(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, spares: int = 0,
-                   interval: int = 0, extra_env: dict[str, str] | None = None, steps: int = STEPS) -> Path:
+                   interval: int = 0, extra_env: dict[str, str] | None = None, steps: int = STEPS,
+                   restart_policy: dict[str, Any] | None = None) -> Path:
     ckpt = root / name
     body = e2e_job(cluster, name, replicas=2, steps=steps, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
                        node_selector={"reprieve.test/pool": pool},
                        extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **(extra_env or {})})
     body["spec"]["restartMode"] = "InPlace"
     body["spec"]["spares"] = spares
+    if restart_policy:
+        body["spec"].setdefault("restartPolicy", {}).update(restart_policy)
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
     return ckpt
 
@@ -86,8 +89,9 @@ def committed_attempts(ckpt: Path) -> list[tuple[int, int]]:
 def test_faults_a_deleted_pod_a_killed_supervisor_and_an_unwarned_node_loss_each_restart_the_gang_once(
         cluster: Any, namespace: str, operator: Any, pool: Any, tmp_path: Path) -> None:
     """A user deletes worker 1's pod mid-attempt (a disruption: the spare takes over its index), then worker 0's
-    supervisor is SIGKILLed (the container fails: a failure; worker 0 is replaced by a new pod, as no spare is
-    ready yet or by the replacement spare), then worker 1's node vanishes without a word (its Node object stays):
+    supervisor is SIGKILLed (the container fails with 137, which the job's exit-code rule Ignores: a disruption,
+    no failure spent; worker 0 is replaced by a new pod, as no spare is ready yet or by the replacement spare),
+    then worker 1's node vanishes without a word (its Node object stays):
     JAX ends the survivor (SIGABRT) before the operator can know, its exit report names the silent peer, the
     operator waits for the loss to show (condition WaitingForLostPeer) instead of spending a failure, and once
     the Node is gone counts one disruption. Each is counted once, the gang converges, and every checkpoint of an
@@ -97,7 +101,9 @@ def test_faults_a_deleted_pod_a_killed_supervisor_and_an_unwarned_node_loss_each
     splitting it would pay a job's start three times more."""
     pool_a, _ = pool(5)
     name, steps = "faults", 2 * STEPS  # still training when the third fault comes
-    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1, interval=20, steps=steps)
+    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1, interval=20, steps=steps,
+                          restart_policy={"exitCodeRules": [{"action": "Ignore",
+                                                             "onExitCodes": {"operator": "In", "values": [137]}}]})
     wait_step(ckpt, 30, 240, cluster, namespace, name)
     cluster.kubectl("delete", "pod", f"{name}-1", "-n", namespace, "--wait=false")
     status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 2 and s.get("phase") == "Running",
@@ -113,7 +119,7 @@ def test_faults_a_deleted_pod_a_killed_supervisor_and_an_unwarned_node_loss_each
     os.kill(supervisor_pid(cluster, namespace, f"{name}-0"), signal.SIGKILL)
     status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 3 and s.get("phase") == "Running",
                      180, "attempt 3 running after the supervisor was killed", operator)["status"]
-    assert status["restarts"] == {"preemption": 0, "failure": 1, "disruption": 1}, status
+    assert status["restarts"] == {"preemption": 0, "failure": 0, "disruption": 2}, status  # 137: Ignored
     third = assignment(cluster, namespace, name)
     assert f"{name}-0" not in third["processes"], third  # its pod failed: replaced
 
@@ -142,16 +148,16 @@ def test_faults_a_deleted_pod_a_killed_supervisor_and_an_unwarned_node_loss_each
     status = wait_tj(cluster, namespace, name, lambda s: any(c.get("reason") == "WaitingForLostPeer"
                                                              for c in s.get("conditions") or []),
                      60, "the operator waiting for the lost peer", operator)["status"]
-    assert status["attempt"] == 3 and status["restarts"]["failure"] == 1, status  # no failure spent
+    assert status["attempt"] == 3 and status["restarts"]["failure"] == 0, status  # no failure spent
     cluster.remove_node(lost_node)  # the loss shows (a real node turns NotReady ~40 s after it died)
     status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 4 and s.get("phase") == "Running",
                      180, "attempt 4 running after the unwarned node loss", operator)["status"]
-    assert status["restarts"] == {"preemption": 0, "failure": 1, "disruption": 2}, status
+    assert status["restarts"] == {"preemption": 0, "failure": 0, "disruption": 3}, status
     fourth = assignment(cluster, namespace, name)
     assert fourth["processes"].get(survivor) == 0 and by_index[1] not in fourth["processes"], fourth
 
     final = wait_tj(cluster, namespace, name, succeeded, 420, "Succeeded", operator)["status"]
-    assert final["restarts"] == {"preemption": 0, "failure": 1, "disruption": 2}, final
+    assert final["restarts"] == {"preemption": 0, "failure": 0, "disruption": 3}, final
     assert final["attempt"] == 4 and final["lastCheckpointStep"] == steps - 1, final
     # No stale commit: attempt numbers of committed checkpoints never decrease with the step.
     commits = committed_attempts(ckpt)

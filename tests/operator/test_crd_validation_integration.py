@@ -100,6 +100,18 @@ INVALID: list[tuple[str, Mutation, str]] = [
     ("memory: no size", memory(), "spec.checkpoint.memory.sizeLimit: Required value"),
     ("memory with Recreate", memory("Recreate", sizeLimit="1Gi"), "spec.checkpoint.memory needs restartMode InPlace"),
     ("an unknown restartMode", spec(restartMode="Restart"), "spec.restartMode"),
+    ("an exit-code rule on the restart code", spec(restartPolicy={"exitCodeRules": [
+        {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [137, 42]}}]}),
+     "the restart exit code is a saved preemption, never a failure"),
+    ("an exit-code rule on a custom restart code", spec(restartPolicy={"restartExitCode": 7, "exitCodeRules": [
+        {"action": "Count", "onExitCodes": {"operator": "In", "values": [7]}}]}),
+     "spec.restartPolicy.exitCodeRules: Invalid value"),
+    ("an exit code 0 in a rule", spec(restartPolicy={"exitCodeRules": [
+        {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [0]}}]}),
+     "spec.restartPolicy.exitCodeRules[0].onExitCodes.values[0]"),
+    ("an unknown exit-code action", spec(restartPolicy={"exitCodeRules": [
+        {"action": "Retry", "onExitCodes": {"operator": "In", "values": [1]}}]}),
+     "spec.restartPolicy.exitCodeRules[0].action: Unsupported value"),
     ("name with a dot", lambda m: m["metadata"].update(name="llama.v2"), "metadata.name must be a DNS-1035 label"),
     ("name too long", lambda m: m["metadata"].update(name="a" * 43), "at most 42 characters"),
 ]
@@ -167,6 +179,18 @@ def test_spares_with_a_command_and_no_restart_mode_are_accepted(cluster: Any, ch
     manifest = job_manifest("sparedflt", namespace, suspend=True, spares=1)
     manifest["spec"].pop("restartMode")  # a command: InPlace by default, so spares are fine
     cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+
+def test_exit_code_rules_are_accepted_with_the_default_restart_code(cluster: Any, chart: str,
+                                                                  namespace: str) -> None:
+    """The CEL rule reads restartExitCode after the API server applied its default (42)."""
+    manifest = job_manifest("exitrules", namespace, suspend=True)
+    manifest["spec"]["restartPolicy"] = {"exitCodeRules": [
+        {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [137]}},
+        {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [1, 134, 137, 143]}}]}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    got = cluster.read("tj", "exitrules", namespace)["spec"]["restartPolicy"]
+    assert got["restartExitCode"] == 42 and got["exitCodeRules"] == manifest["spec"]["restartPolicy"]["exitCodeRules"]
 
 
 def test_defaults_are_applied_by_the_api_server(cluster: Any, chart: str, namespace: str) -> None:

@@ -139,6 +139,41 @@ ROWS += [
 ]
 
 
+IGNORE_KILL = {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [137]}}
+FAIL_CONFIG = {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [3]}}
+ROWS += [  # restartPolicy.exitCodeRules (first match wins; the strictest action among failing workers)
+    ("Ignore: a SIGKILLed worker restarts the gang as a disruption", RUNNING,
+     {"restartPolicy": {"exitCodeRules": [IGNORE_KILL]}}, pods(1, 137, "Running"), [],
+     {"phase": "Restarting", "cause": "disruption"}),
+    ("Ignore spends no failure even with the budget used up", {**RUNNING, "restarts": {"failure": 3}},
+     {"restartPolicy": {"exitCodeRules": [IGNORE_KILL]}}, pods(1, 137, "Running"), [],
+     {"phase": "Restarting", "cause": "disruption"}),
+    ("Ignore is still capped by maxPreemptionRestarts", {**RUNNING, "restarts": {"disruption": 2}},
+     {"restartPolicy": {"exitCodeRules": [IGNORE_KILL], "maxPreemptionRestarts": 2}}, pods(1, 137, "Running"), [],
+     {"phase": "Failed", "cause": "disruption"}),
+    ("a code no rule matches is a failure", RUNNING, {"restartPolicy": {"exitCodeRules": [IGNORE_KILL]}},
+     pods(1, 1, "Running"), [], {"phase": "Restarting", "cause": "failure"}),
+    ("FailJob fails at once with the failure budget untouched", RUNNING,
+     {"restartPolicy": {"exitCodeRules": [FAIL_CONFIG]}}, pods(1, 3, "Running"), [],
+     {"phase": "Failed", "cause": "failure", "delete": ("llama-1",)}),
+    ("NotIn: every other failing code", RUNNING,
+     {"restartPolicy": {"exitCodeRules": [{"action": "FailJob", "onExitCodes": {"operator": "NotIn",
+                                                                                "values": [137]}}]}},
+     pods(1, 1, "Running"), [], {"phase": "Failed"}),
+    ("the first matching rule decides", RUNNING,
+     {"restartPolicy": {"exitCodeRules": [{"action": "Count", "onExitCodes": {"operator": "In", "values": [137]}},
+                                          IGNORE_KILL]}}, pods(1, 137, "Running"), [],
+     {"phase": "Restarting", "cause": "failure"}),
+    ("the strictest action among failing workers wins", RUNNING,
+     {"restartPolicy": {"exitCodeRules": [IGNORE_KILL, FAIL_CONFIG]}}, pods(1, 137, 3), [],
+     {"phase": "Failed", "cause": "failure"}),
+    ("a worker that lost a peer is judged by the loss, not its code", RUNNING,
+     {"restartPolicy": {"exitCodeRules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [134]}}]}},
+     pods(1, {"phase": "Failed", "exit_code": 134, "peer_lost": (1,)}, {"phase": "Running", "node_lost": True}), [],
+     {"phase": "Restarting", "cause": "disruption"}),
+]
+
+
 @pytest.mark.parametrize("status,spec,pod_list,avoid,expected", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
 def test_decide_restart(status: dict[str, Any], spec: dict[str, Any], pod_list: list[WorkerPod],
                         avoid: list[str], expected: dict[str, Any]) -> None:
@@ -212,3 +247,28 @@ def test_both_decisions_share_their_start(kind: str, status: dict[str, Any], spe
         return
     assert plan is not None
     assert (plan.phase, plan.delete, tuple(c.type for c in plan.conditions), plan.attempt) == (*expected, 2)
+
+
+def test_an_exit_code_rule_names_itself_in_the_failed_condition_and_the_restart_message() -> None:
+    failed = decide_restart(job(RUNNING, restartPolicy={"exitCodeRules": [IGNORE_KILL, FAIL_CONFIG]}),
+                            pods(1, 3, "Running"), [], NOW)
+    (cond,) = failed.conditions
+    assert (cond.type, cond.reason) == ("Failed", "ExitCodeRule"), cond
+    assert "worker llama-0 exited with code 3" in cond.message and "exitCodeRules[1]: FailJob" in cond.message, cond
+    ignored = decide_restart(job(RUNNING, restartPolicy={"exitCodeRules": [IGNORE_KILL]}), pods(1, 137, "Running"),
+                             [], NOW)
+    assert "exitCodeRules[0]: Ignore" in ignored.message, ignored
+
+
+@pytest.mark.parametrize("rules,why", [
+    ([{"action": "Ignore", "onExitCodes": {"operator": "In", "values": [42]}}], "restart exit code"),
+    ([{"action": "Ignore", "onExitCodes": {"operator": "In", "values": [0]}}], "1-255"),
+    ([{"action": "Ignore", "onExitCodes": {"operator": "In", "values": []}}], "at least 1"),
+    ([{"action": "Retry", "onExitCodes": {"operator": "In", "values": [1]}}], "FailJob"),
+])
+def test_bad_exit_code_rules_are_refused_naming_the_field(rules: list[dict[str, Any]], why: str) -> None:
+    from pydantic import ValidationError
+    from reprieve_operator.models import RestartPolicySpec
+
+    with pytest.raises(ValidationError, match=why):
+        RestartPolicySpec.model_validate({"exitCodeRules": rules})

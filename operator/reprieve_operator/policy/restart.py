@@ -5,7 +5,9 @@ Rules (see ``docs/operator.md``):
 * all workers exit 0 -> Succeeded; all exit 0 or the restart code, at least one the restart code -> gang
   restart counted as ``preemption``;
 * any worker fails (another exit code) -> gang restart counted as ``failure``; past
-  ``restartPolicy.maxFailures`` -> Failed;
+  ``restartPolicy.maxFailures`` -> Failed; ``restartPolicy.exitCodeRules`` (first match wins) may count a code
+  as a ``disruption`` instead (``Ignore``) or fail the job at once (``FailJob``); with several failing workers
+  the strictest action wins (FailJob, then Count, then Ignore);
 * a worker deleted, evicted or lost with its node -> gang restart counted as ``preemption`` if a notice was
   delivered in this attempt (in status, on a pod, or open on the lost pod's node: an eviction by a NoExecute
   taint can race the status write), else ``disruption``; both are capped only by ``maxPreemptionRestarts``;
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from ..models import TrainingJob
+from ..models import ExitCodeAction, ExitCodeOperator, ExitCodeRule, TrainingJob
 from .times import parse_time, rfc3339
 
 PREEMPTION, FAILURE, DISRUPTION = "preemption", "failure", "disruption"
@@ -240,6 +242,35 @@ class Verdict:
     succeeded: bool = False
     waiting: str = ""  # no cause yet: why the decision waits (a peer-lost exit, its lost peer not shown yet)
     wait_s: float | None = None  # ... and for how long at most
+    fail_job: bool = False  # an exit-code rule's FailJob: no restart, whatever the budgets
+
+
+# strictest first: with several failing workers, the strictest action among their rules decides
+_SEVERITY = {ExitCodeAction.FAIL_JOB: 0, ExitCodeAction.COUNT: 1, ExitCodeAction.IGNORE: 2}
+
+
+def exit_code_action(rules: Sequence[ExitCodeRule], code: int) -> tuple[ExitCodeAction, int | None]:
+    """The action of the first rule matching a failing exit ``code`` and its index (Count and None: no rule)."""
+    for i, rule in enumerate(rules):
+        listed = code in rule.on_exit_codes.values
+        if listed == (rule.on_exit_codes.operator == ExitCodeOperator.IN):
+            return rule.action, i
+    return ExitCodeAction.COUNT, None
+
+
+def _own_failure(job: TrainingJob, own: Sequence[WorkerPod]) -> Verdict:
+    """The verdict on workers that failed of their own: the strictest of their exit-code rules' actions."""
+    rules = job.spec.restart_policy.exit_code_rules
+    judged = sorted(((exit_code_action(rules, p.exit_code or 0), p) for p in own),
+                    key=lambda ap: (_SEVERITY[ap[0][0]], ap[1].index))
+    (action, rule), p = judged[0]
+    why = _describe(p)
+    if rule is None:
+        return Verdict(FAILURE, why)
+    why += f" (restartPolicy.exitCodeRules[{rule}]: {action.value})"
+    if action == ExitCodeAction.IGNORE:
+        return Verdict(DISRUPTION, why)
+    return Verdict(FAILURE, why, fail_job=action == ExitCodeAction.FAIL_JOB)
 
 
 def waiting(verdict: Verdict) -> tuple[tuple[Condition, ...], float | None]:
@@ -262,7 +293,7 @@ def classify(job: TrainingJob, current: Mapping[int, WorkerPod], missing: Sequen
               and p not in lost]
     own = [p for p in failed if not p.peer_lost]  # failures of their own; the rest ended because a peer did
     if own:
-        return Verdict(FAILURE, _describe(own[0]))
+        return _own_failure(job, own)
     if failed:  # a silent peer on a node that is not Ready is lost, whatever its pod says
         lost += [p for p in current.values() if not p.node_ready and not p.terminated and p not in lost]
     if lost or (missing and recorded):
@@ -314,6 +345,9 @@ def gang_restart(job: TrainingJob, attempt: int, verdict: Verdict, now: datetime
     assert cause is not None
     code = spec.restart_policy.restart_exit_code
     counts = st.restarts
+    if verdict.fail_job:
+        return RestartPlan(phase="Failed", attempt=attempt, delete=stragglers, cause=FAILURE, message=why,
+                           conditions=(Condition("Failed", "True", "ExitCodeRule", why),))
     if cause == FAILURE and counts.failure + 1 > spec.restart_policy.max_failures:
         msg = (f"{why}; {counts.failure + 1} failure(s) exceed restartPolicy.maxFailures="
                f"{spec.restart_policy.max_failures}")
