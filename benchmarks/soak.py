@@ -159,7 +159,11 @@ def run_job(cluster: Cluster, body: dict, ckpt: Path, timeout: float, on_running
         if not ran and steplog.exists() and steplog.stat().st_size > 0:
             ran = True
             on_running()
-        status = json.loads(cluster.kubectl("get", "tj", name, "-n", NS, "-o", "json").stdout).get("status") or {}
+        got = cluster.kubectl("get", "tj", name, "-n", NS, "-o", "json", check=False)
+        if got.returncode != 0:  # the API server may be away (apiserver-restart): ask again
+            time.sleep(1.0)
+            continue
+        status = json.loads(got.stdout).get("status") or {}
         if status.get("phase") in ("Succeeded", "Failed"):
             return dict(status)
         time.sleep(1.0)
@@ -357,6 +361,10 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
     recs = records(injected, observer.obs, report.interruptions, steps, t0=start,
                    restores=restores_by_attempt(trainer_logs(cluster, "soak")))
     keep = int(body["spec"]["checkpoint"].get("keep", 3))
+    # The final status is seen too: the observer (a poll every 0.5 s, several requests each) can miss the last
+    # checkpoints reported just before the job ended, and retention then counts seen ones as lost.
+    if status.get("lastCheckpointStep") is not None:
+        observer.committed.add(int(status["lastCheckpointStep"]))
     lost = committed_lost(observer.committed, present_checkpoints(ckpt), keep)
     sha: bool | None = None
     try:

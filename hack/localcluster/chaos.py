@@ -56,7 +56,8 @@ CATALOGUE: tuple[FaultKind, ...] = (
               "(a hard kill first, the notice as soon as the attempt ends)", True),
     FaultKind("two-nodes-doomed", "GKE spot notices on both workers' nodes at once, both deleted at the deadline",
               True, nodes=2),
-    FaultKind("apiserver-restart", "the kube-apiserver stopped and started again", False, implemented=False),
+    FaultKind("apiserver-restart", "the kube-apiserver stopped (SIGTERM), kept down 5-15 s and started again on "
+              "the same etcd (every object kept)", False),
     FaultKind("partition", "one worker pod cut off the network for 10-30 s (in its network namespace)", True,
               (REAL_NODES,), implemented=False),
     FaultKind("storage-unavailable", "the checkpoint storage unavailable for 10 s", False, implemented=False),
@@ -165,6 +166,11 @@ def schedule(kinds: Sequence[str], *, minutes: float, fault_every: float, seed: 
         at = max(at, out[-1].at + 1.0 if out else 1.0)
         out.append(PlannedFault(round(at, 3), order.pop(0), i // len(kinds)))
     return out
+
+
+def apiserver_down_seconds(rng: random.Random) -> float:
+    """How long an ``apiserver-restart`` keeps the kube-apiserver down: 5-15 s, drawn from the soak's rng."""
+    return round(rng.uniform(5.0, 15.0), 1)
 
 
 def notice_patch(sig: Signal, now: float) -> tuple[str, str, str | None, float]:

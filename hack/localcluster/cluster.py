@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .apiserver import apiserver_args, apiserver_env
 from .costs import EmulatedCosts
 from .pki import PKI, make_pki
 from .podip import address_space
@@ -131,6 +132,8 @@ class Cluster:
     _kcm_args: tuple[str, ...] = ()  # extra kube-controller-manager flags (start(controller_manager_args=...))
     _reader: Reader | None = None  # read(): the admin's GETs, its TLS context built once
     kubelet_proxy_port: int = 0  # the API server reaches real kubelets through clusternet's CONNECT proxy here
+    etcd_port: int = 0
+    _apiserver_env: dict[str, str] = field(default_factory=dict)  # its environment at start: a restart reuses it
 
     # -- lifecycle -------------------------------------------------------------------------------------
     @classmethod
@@ -207,22 +210,9 @@ class Cluster:
         wait_until(lambda: self._check_alive(etcd) or _http_ok(f"http://127.0.0.1:{etcd_port}/health"),
                    timeout, "etcd /health", on_timeout=lambda: "\n" + etcd.tail())
 
-        apiserver = self._spawn("kube-apiserver", [
-            "kube-apiserver", f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.api_port}",
-            f"--tls-cert-file={pki.crt('apiserver')}", f"--tls-private-key-file={pki.key('apiserver')}",
-            f"--client-ca-file={pki.ca_crt}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={wd / 'pki' / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki.key('sa')}",
-            "--authorization-mode=RBAC", "--service-cluster-ip-range=10.96.0.0/16",
-            "--allow-privileged=true", "--endpoint-reconciler-type=none", "--profiling=false",
-            f"--cert-dir={wd / 'apiserver-certs'}", "--v=1",
-            f"--kubelet-client-certificate={pki.crt('admin')}", f"--kubelet-client-key={pki.key('admin')}",
-        ], env={**os.environ, "HTTPS_PROXY": f"http://127.0.0.1:{self.kubelet_proxy_port}",
-                "NO_PROXY": "127.0.0.1,localhost"})  # to kubelets only (loopback, i.e. etcd, is never proxied)
-        wait_until(lambda: self._check_alive(apiserver) or self._readyz(), timeout, "kube-apiserver /readyz",
-                   on_timeout=lambda: "\n" + apiserver.tail())
+        self.etcd_port = etcd_port
+        self._apiserver_env = apiserver_env(os.environ, self.kubelet_proxy_port)
+        self._start_apiserver(timeout)
 
         kcm_port, sched_port = free_port(), free_port()
         kcm = self._spawn("kube-controller-manager", [
@@ -246,6 +236,53 @@ class Cluster:
                                                                 missing_ok=True) is not None,
             timeout, "kube-controller-manager (ServiceAccount 'default' in namespace 'default')",
             interval=0.25, on_timeout=lambda: "\n" + kcm.tail())
+
+    def _start_apiserver(self, timeout: float, replacing: _Proc | None = None) -> _Proc:
+        """Spawn kube-apiserver (:mod:`localcluster.apiserver`'s arguments, the environment of the first start)
+        and wait for /readyz. ``replacing``: the stopped one's place in ``_procs`` (stop() order) goes to it."""
+        args = apiserver_args(workdir=self.workdir, pki=self.pki, api_port=self.api_port, etcd_port=self.etcd_port)
+        proc = self._spawn("kube-apiserver", args, env=self._apiserver_env)
+        if replacing is not None:
+            self._procs.remove(proc)
+            self._procs[self._procs.index(replacing)] = proc
+        wait_until(lambda: self._check_alive(proc) or self._readyz(), timeout, "kube-apiserver /readyz",
+                   on_timeout=lambda: "\n" + proc.tail())
+        return proc
+
+    def restart_apiserver(self, down_seconds: float = 5.0, timeout: float = 60.0) -> float:
+        """Stop kube-apiserver (SIGTERM), keep its port closed ``down_seconds``, start it again with the same
+        arguments and environment (same port, same etcd: every object is kept) and wait for /readyz. Returns the
+        seconds from the SIGTERM to ready. A start that fails (the process exits, or no /readyz within
+        ``timeout``) is a ClusterError with its log's last lines.
+
+        On SIGTERM the apiserver stops listening at once but its process lingers (~10 s here, every time, after
+        "HTTPServerStoppedListening"): the down window counts from the port's closing, and a process still there
+        at its end is SIGKILLed, so the window is what was asked and no two apiservers share etcd."""
+        old = next((p for p in self._procs if p.name == "kube-apiserver"), None)
+        if old is None:
+            raise ClusterError("restart_apiserver: this cluster has no kube-apiserver process (not started, or "
+                               "stopped)")
+        t0 = time.monotonic()
+        _killpg(old.popen, signal.SIGTERM)
+        wait_until(lambda: not _port_open(self.api_port), timeout,
+                   f"kube-apiserver's port {self.api_port} to close after SIGTERM")
+        closed = time.monotonic()
+        try:
+            old.popen.wait(max(down_seconds, 0.1))
+        except subprocess.TimeoutExpired:
+            _killpg(old.popen, signal.SIGKILL)
+            old.popen.wait(10)
+        time.sleep(max(0.0, down_seconds - (time.monotonic() - closed)))
+        log.info("kube-apiserver down for %.1fs (exit code %s)", time.monotonic() - closed, old.popen.returncode)
+        with open(old.log_path, "a") as out:
+            out.write(f"--- restarted by Cluster.restart_apiserver after {down_seconds:.1f}s down ---\n")
+        try:
+            self._start_apiserver(timeout, replacing=old)
+        except ClusterError as err:
+            raise ClusterError(f"kube-apiserver did not come back after a restart: {err}") from None
+        took = time.monotonic() - t0
+        log.info("kube-apiserver ready again %.1fs after it was stopped", took)
+        return took
 
     def stop(self) -> None:
         """Stop kubelets, then the control plane (SIGTERM, then SIGKILL after 10 s); remove an owned workdir."""
@@ -492,6 +529,14 @@ def _terminate(popen: subprocess.Popen[bytes], grace: float) -> None:
     except subprocess.TimeoutExpired:
         _killpg(popen, signal.SIGKILL)
         popen.wait(10)
+
+
+def _port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def _http_ok(url: str) -> bool:

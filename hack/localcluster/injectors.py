@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cgroups
-from .chaos import KINDS, notice_patch
+from .chaos import KINDS, apiserver_down_seconds, notice_patch
 from .soakrecord import Injected
 from .testing import cordon_node, label_node, set_node_condition, taint_node, untaint_node
 
@@ -212,6 +212,11 @@ class Injectors:
                 raise RuntimeError("no operator pod holds the leader Lease")
             self._kill(self._core().read_namespaced_pod(leader, RELEASE_NS), "supervisor")
             return str(leader)
+        if kind == "apiserver-restart":
+            down = apiserver_down_seconds(self.rng)
+            took = self.cluster.restart_apiserver(down_seconds=down)
+            log.info("kube-apiserver restarted: %.1fs down, ready %.1fs after it was stopped", down, took)
+            return f"kube-apiserver ({down:.1f}s down)"
         if kind == "notice-during-restart":
             return self._notice_during_restart()
         if kind == "two-nodes-doomed":

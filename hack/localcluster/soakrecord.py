@@ -11,6 +11,9 @@ How a fault is matched to the step log (``docs/soak.md``, "How faults are counte
   the next attempt) shares the interruption: it is counted "during restart", with no lost steps or gap of its own;
 * a fault that needs no restart (a spare or the operator leader killed) is recovered when the harness saw the
   replacement (a new spare, another leader);
+* an ``apiserver-restart`` ends no attempt either: it is recovered when the operator was seen writing the job's
+  status after it (a newer ``lastCheckpointStep``, or the final phase) and the job trained after it; a restart it
+  caused anyway is one "no fault explains";
 * a fault is *recovered* when the job trained again after it (a step record after it, or after the restart it
   caused), or, for the kinds above, the replacement was seen. Everything else is unrecovered, and said why.
 """
@@ -109,6 +112,8 @@ def detected(fault: Injected, obs: Sequence[Observation]) -> float | None:
         elif fault.kind == "kill-operator-leader":
             if o.leader != _holder_at(fault, obs):
                 return o.t
+        elif fault.kind == "apiserver-restart":
+            return status_written(fault, obs)
         elif o.attempt > fault.attempt:
             return o.t
     return None
@@ -126,6 +131,21 @@ def replaced_seen(fault: Injected, obs: Sequence[Observation]) -> float | None:
             return o.t
         if fault.kind == "kill-operator-leader" and o.leader and (
                 o.leader != killed if killed else o.leader.rsplit("_", 1)[0] != fault.target):
+            return o.t
+    return None
+
+
+def status_written(fault: Injected, obs: Sequence[Observation]) -> float | None:
+    """Wall time the harness first saw the operator write the job's status after ``fault`` (an apiserver restart:
+    the operator reconnected): a ``lastCheckpointStep`` newer than the last one seen before it, or a final
+    phase."""
+    before = [o.checkpoint_step for o in obs if o.t <= fault.at and o.checkpoint_step is not None]
+    last = before[-1] if before else None
+    for o in obs:
+        if o.t < fault.at:
+            continue
+        if o.phase in ("Succeeded", "Failed") or (o.checkpoint_step is not None and
+                                                   (last is None or o.checkpoint_step > last)):
             return o.t
     return None
 
@@ -239,6 +259,12 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
                 rec.note = "shares the restart of an earlier fault of the same attempt"
             else:
                 rec.note = "during restart: shares the restart of the fault before it"
+        elif f.kind == "apiserver-restart":
+            written = status_written(f, obs)
+            rec.recovered = written is not None and last_t > f.at
+            rec.recovery = "no restart" if rec.recovered else ""
+            rec.note = "" if rec.recovered else ("no step after it" if written is not None else
+                                                 "the operator wrote no status after it")
         elif not KINDS[f.kind].interrupts:
             back = replaced_seen(f, obs)
             rec.recovered = back is not None

@@ -348,3 +348,45 @@ def test_a_leader_whose_container_restarted_and_took_the_lease_again_is_recovere
     obs = [Observation(9, 1, leader="op-a_1"), Observation(12, 1, leader="op-a_1"), Observation(30, 1, leader="op-a_7")]
     (rec,) = records(faults, obs, [], steps(1, range(40), 0), t0=0)
     assert (rec.detected_at, rec.recovered, rec.recovery) == (30, True, "new leader")
+
+
+def test_apiserver_restart_is_implemented_ends_no_attempt_and_is_down_5_to_15_seconds() -> None:
+    kind = chaos.KINDS["apiserver-restart"]
+    assert kind.implemented and not kind.interrupts and kind.needs == ()
+    assert chaos.validate(["apiserver-restart"], PROCESS, minutes=3, fault_every=30) == ["apiserver-restart"]
+    import random
+
+    drawn = [chaos.apiserver_down_seconds(random.Random(seed)) for seed in range(200)]
+    assert all(5.0 <= d <= 15.0 for d in drawn) and max(drawn) - min(drawn) > 8  # spread over the range
+    assert drawn == [chaos.apiserver_down_seconds(random.Random(seed)) for seed in range(200)]
+
+
+@pytest.mark.parametrize(("obs", "last_step", "recovered", "detected", "note"), [
+    # the operator reconnected: a newer lastCheckpointStep after the restart, and the job trained on
+    ([Observation(9, 1, checkpoint_step=10), Observation(25, 1, checkpoint_step=10),
+      Observation(31, 1, checkpoint_step=20)], 40, True, 31, ""),
+    # the job's final status written after it counts too
+    ([Observation(9, 1, checkpoint_step=10), Observation(30, 1, phase="Succeeded", checkpoint_step=10)], 29,
+     True, 30, ""),
+    # the harness read the job again, but the operator never wrote its status after the restart
+    ([Observation(9, 1, checkpoint_step=10), Observation(40, 1, checkpoint_step=10)], 40, False, None,
+     "the operator wrote no status after it"),
+    # status written, but not a step after the fault
+    ([Observation(9, 1), Observation(12, 1, checkpoint_step=5)], 9, False, 12, "no step after it"),
+])
+def test_an_apiserver_restart_is_recovered_when_the_operator_writes_status_after_it_and_the_job_trains_on(
+        obs: list[Observation], last_step: int, recovered: bool, detected: float | None, note: str) -> None:
+    log = steps(1, range(last_step + 1), 0)
+    (rec,) = records([Injected("apiserver-restart", "kube-apiserver (7.0s down)", 10, 1)], obs, [], log, t0=0)
+    assert (rec.recovered, rec.detected_at, rec.note) == (recovered, detected, note)
+    assert rec.recovery == ("no restart" if recovered else "") and rec.lost_steps == 0
+
+
+def test_a_restart_after_an_apiserver_restart_is_one_no_fault_explains() -> None:
+    # the soak expects no gang restart from it: one that follows is listed apart, not booked to the fault
+    log = steps(1, range(20), 0) + steps(2, range(15, 30), 40)
+    intr = analyse(log, start=0, end=60).interruptions
+    faults = [Injected("apiserver-restart", "kube-apiserver (9.0s down)", 12, 1)]
+    (rec,) = records(faults, [Observation(50, 2, checkpoint_step=20)], intr, log, t0=0)
+    assert rec.recovered and rec.lost_steps == 0
+    assert [i.from_attempt for i in unexplained(faults, intr)] == [1]

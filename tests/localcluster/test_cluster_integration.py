@@ -1,13 +1,19 @@
-"""The local control plane is real: RBAC with ServiceAccount tokens, garbage collection, clean start/stop."""
+"""The local control plane is real: RBAC with ServiceAccount tokens, garbage collection, clean start/stop, an
+apiserver restart that keeps every object."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import threading
+import time
+import urllib.error
 from pathlib import Path
 
 import pytest
 from localcluster import Cluster, ClusterError
+from localcluster.cluster import _Proc, free_port
+from localcluster.pki import PKI
 from localcluster.testing import wait_for
 
 pytestmark = pytest.mark.integration
@@ -123,3 +129,77 @@ def test_build_tools_is_cached(cluster: Cluster) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "building" not in proc.stderr, f"second build-tools run rebuilt something:\n{proc.stderr}"
     assert Path(proc.stdout.strip()) == cluster.bin_dir
+
+
+def test_an_apiserver_restart_keeps_every_object_and_every_client_comes_back(cluster: Cluster,
+                                                                             namespace: str) -> None:
+    """The chaos soak's apiserver-restart on the shared cluster: down for real, everything kept, and the
+    controller-manager (a client-go client like the operator) reconnects on its own. Leaves the cluster healthy."""
+    cluster.kubectl("create", "configmap", "before", "-n", namespace, "--from-literal=k=v")
+    uid = cluster.read("cm", "before", namespace)["metadata"]["uid"]
+    old_pid = next(p.popen.pid for p in cluster._procs if p.name == "kube-apiserver")
+    refused: list[float] = []
+    served: list[float] = []
+    stop = threading.Event()
+
+    def poll() -> None:  # reads all through the restart: the down window must show as refused connections
+        while not stop.is_set():
+            try:
+                cluster.read("cm", "before", namespace, timeout=2)
+                served.append(time.monotonic())
+            except urllib.error.URLError as err:
+                if isinstance(err.reason, ConnectionRefusedError):
+                    refused.append(time.monotonic())
+            except OSError:  # a connection cut while the server shut down
+                pass
+            stop.wait(0.1)
+
+    reader = threading.Thread(target=poll, daemon=True)
+    reader.start()
+    wait_for(lambda: bool(served), 10, "a first read before the restart")
+    try:
+        cluster.restart_apiserver(down_seconds=2.0)
+    finally:
+        stop.set()
+        reader.join(10)
+
+    assert refused, "no read was refused while the apiserver was down"
+    assert refused[-1] - refused[0] >= 1.0, f"refused reads spanned {refused[-1] - refused[0]:.2f}s of a 2 s window"
+    assert served[-1] > refused[-1], "no read succeeded after the restart"
+    apiservers = [p for p in cluster._procs if p.name == "kube-apiserver"]
+    assert len(apiservers) == 1 and apiservers[0].popen.pid != old_pid and apiservers[0].popen.poll() is None
+    assert cluster.read("cm", "before", namespace)["metadata"]["uid"] == uid
+    assert cluster.kubectl("get", "configmap", "before", "-n", namespace, "-o",
+                           "jsonpath={.data.k}").stdout == "v"
+    # The controller-manager's ServiceAccount controller gives a namespace created now its `default` account.
+    cluster.kubectl("create", "serviceaccount", "after", "-n", namespace)
+    other = f"{namespace}-after"
+    cluster.kubectl("create", "namespace", other)
+    try:
+        wait_for(lambda: cluster.read("sa", "default", other, missing_ok=True) is not None, 30,
+                 f"the controller-manager to create ServiceAccount default in {other} after the restart")
+    finally:
+        cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+def test_an_apiserver_that_does_not_come_back_is_named_with_its_log(tmp_path: Path) -> None:
+    """A restart whose new kube-apiserver exits (here a fake localkube: a port taken meanwhile) is a ClusterError
+    with the log's last lines, and stop() still owns the process in the old one's place."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "localkube").write_text("#!/bin/sh\necho \"failed to listen: bind: address already in use\" >&2\n"
+                                    "exit 1\n")
+    (fake / "localkube").chmod(0o755)
+    (tmp_path / "logs").mkdir()
+    cluster = Cluster(tmp_path, fake, PKI(tmp_path / "pki"), free_port(), tmp_path / "admin.kubeconfig")
+    old = _Proc("kube-apiserver", subprocess.Popen(["sleep", "60"], start_new_session=True),
+                tmp_path / "logs" / "kube-apiserver.log")
+    cluster._procs.append(old)
+    try:
+        with pytest.raises(ClusterError, match=r"(?s)did not come back after a restart: kube-apiserver exited "
+                                               r"with code 1.*address already in use"):
+            cluster.restart_apiserver(down_seconds=0.0, timeout=10)
+        assert old.popen.poll() is not None, "the old kube-apiserver was not stopped"
+        assert [p.name for p in cluster._procs] == ["kube-apiserver"] and cluster._procs[0] is not old
+    finally:
+        cluster.stop()
