@@ -183,7 +183,7 @@ class OnExitCodes(_Model):
 
 
 class ExitCodeRule(_Model):
-    """How a worker's failing exit code is counted (docs/operator.md, "Exit-code rules"); the first match decides."""
+    """How a worker's failing exit code is counted (docs/exit-codes.md); the first match decides."""
 
     action: ExitCodeAction = Field(
         description="FailJob: fail the job at once (no retry can help); Ignore: restart the gang counted as a "

@@ -306,7 +306,7 @@ def test_a_data_position_that_is_not_json_names_the_process_and_key(tmp_path: Pa
 
 def test_the_step_time_average_leaves_out_the_first_step_and_saves_carry_their_steps_finish(make_job: Any) -> None:
     """The first step of an attempt holds its compilation (here a 1 s stall): in the average it would inflate
-    the countdown's plan and the operator's loop start for tens of steps (docs/contract.md, "stepSeconds")."""
+    the countdown's plan and the operator's loop start for tens of steps (docs/contract.md, "Progress")."""
     job = make_job(env_extra={"REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "5"})
     state, start = job.restore_or(lambda: {"x": jnp.zeros((2,))})
     for step in job.steps(start, 12):
