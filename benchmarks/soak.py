@@ -361,10 +361,6 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
     recs = records(injected, observer.obs, report.interruptions, steps, t0=start,
                    restores=restores_by_attempt(trainer_logs(cluster, "soak")))
     keep = int(body["spec"]["checkpoint"].get("keep", 3))
-    # The final status is seen too: the observer (a poll every 0.5 s, several requests each) can miss the last
-    # checkpoints reported just before the job ended, and retention then counts seen ones as lost.
-    if status.get("lastCheckpointStep") is not None:
-        observer.committed.add(int(status["lastCheckpointStep"]))
     lost = committed_lost(observer.committed, present_checkpoints(ckpt), keep)
     sha: bool | None = None
     try:
