@@ -151,6 +151,19 @@ def _plant_stale(copy: Path, *, step: int, attempt: int) -> None:
     assert json.loads(stale.to_bytes().rsplit(b"\ncrc32c=", 1)[0])["step"] == step
 
 
+def spare_server(tmp_path: Path, spare: Pod, *, crash_at: str | None = None) -> subprocess.Popen[bytes]:
+    """A spare pod's replica server (what its reprieve-run serves), serving once it printed its address;
+    ``crash_at`` (e.g. ``receive:9``): it dies half-way through receiving that step."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "runtime")}
+    if crash_at:
+        env["REPRIEVE_MEMTIER_TEST_CRASH_AT"] = crash_at
+    with open(tmp_path / "spare.log", "ab") as log:
+        server = subprocess.Popen([sys.executable, "-m", "reprieve.memtier.server", "--dir", str(spare.mem),
+                                   "--port", str(spare.port)], env=env, stdout=subprocess.PIPE, stderr=log)
+    assert server.stdout is not None and server.stdout.readline().strip().decode() == spare.address
+    return server
+
+
 def test_a_peer_lost_while_it_receives_a_copy(tmp_path: Path, base: Path) -> None:
     """Process 0's replicas live in a pod that only holds replicas (a spare's replica server). It dies half-way
     through receiving step 9 and comes back (its supervisor restarted): training never waits for it, the torn
@@ -159,27 +172,14 @@ def test_a_peer_lost_while_it_receives_a_copy(tmp_path: Path, base: Path) -> Non
     Why this long: two attempts of a two-process gang and two starts of the spare's replica server."""
     pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
     spare = new_pod(base, "spare")
-
-    def serve(crash: bool) -> subprocess.Popen[bytes]:
-        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "runtime")}
-        if crash:
-            env["REPRIEVE_MEMTIER_TEST_CRASH_AT"] = "receive:9"
-        with open(tmp_path / "spare.log", "ab") as log:
-            return subprocess.Popen([sys.executable, "-m", "reprieve.memtier.server", "--dir", str(spare.mem),
-                                     "--port", str(spare.port)], env=env, stdout=subprocess.PIPE, stderr=log)
-
-    def serving(server: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
-        assert server.stdout is not None and server.stdout.readline().strip().decode() == spare.address
-        return server
-
-    server = serving(serve(crash=True))
+    server = spare_server(tmp_path, spare, crash_at="receive:9")
     # the gang holds after step 9 until the spare's supervisor has restarted its server (the file "go")
     gang = launch(tmp_path, pods, {0: spare, 1: pods[0]}, attempt=1, steps=TOTAL, stop_at=14, hold_at=9)
     try:
         assert server.wait(60) == 86, "the replica server did not die half-way through step 9"
         held = sorted(e.name for e in (spare.mem / "peer").iterdir())
         assert held == [str(CopyName(4, 1, 0)), str(CopyName(9, 1, 0).in_flight)], held  # step 9 torn, unlisted
-        server = serving(serve(crash=False))
+        server = spare_server(tmp_path, spare)
         (tmp_path / "go").touch()
         run_until_stopped(gang, 2)
         assert [e.name for e in (spare.mem / "peer").iterdir()] == [str(CopyName(14, 1, 0))]
@@ -204,18 +204,7 @@ def test_a_process_lost_before_it_replicated_its_newest_copy_restores_the_step_b
     Why this long: two attempts of a two-process gang and two starts of the spare's replica server."""
     pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
     spare = new_pod(base, "spare")
-
-    def serve(crash: bool) -> subprocess.Popen[bytes]:
-        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "runtime")}
-        if crash:
-            env["REPRIEVE_MEMTIER_TEST_CRASH_AT"] = "receive:14"
-        with open(tmp_path / "spare.log", "ab") as log:
-            server = subprocess.Popen([sys.executable, "-m", "reprieve.memtier.server", "--dir", str(spare.mem),
-                                       "--port", str(spare.port)], env=env, stdout=subprocess.PIPE, stderr=log)
-        assert server.stdout is not None and server.stdout.readline().strip().decode() == spare.address
-        return server
-
-    server = serve(crash=True)
+    server = spare_server(tmp_path, spare, crash_at="receive:14")
     try:
         gang = launch(tmp_path, pods, {0: spare, 1: pods[0]}, attempt=1, steps=TOTAL, stop_at=14,
                       extra={0: {"WORKER_STOP_UNREPLICATED": "1"}})
@@ -225,7 +214,7 @@ def test_a_process_lost_before_it_replicated_its_newest_copy_restores_the_step_b
         assert own == [str(CopyName(9, 1, 1)), str(CopyName(14, 1, 1))], own  # 14 is not the gang's yet
         pods[0].lose()
         pods[0] = new_pod(base, "pod-0b")
-        server = serve(crash=False)
+        server = spare_server(tmp_path, spare)
         gang = launch(tmp_path, pods, {0: spare, 1: pods[0]}, attempt=2, steps=TOTAL)
         finish(gang, 2, TOTAL)
     finally:
