@@ -34,7 +34,17 @@ from pathlib import Path
 import release_version
 import releaseplan as plan
 import releasesbom as sbom
-from releaseio import Endpoint, Registry, ReleaseError, ca_bundle, cert_dir, run, sha256_file, write_authfile
+from releaseio import (
+    Endpoint,
+    Registry,
+    ReleaseError,
+    build_wheels,
+    ca_bundle,
+    cert_dir,
+    run,
+    sha256_file,
+    write_authfile,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "reprieve"
@@ -229,9 +239,7 @@ class Publisher:
     def upload_wheels(self) -> dict[str, str]:
         t0 = time.monotonic()
         out = self.work / "wheels"
-        run("build wheels", [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                             "-w", str(out), str(REPO), str(REPO / "operator")], timeout=600,
-            hint="the build backend (setuptools) must be installed where this script runs")
+        build_wheels([REPO, REPO / "operator"], out)
         files = [out / f for f in plan.wheel_files(self.version).values()]
         missing = [f.name for f in files if not f.exists()]
         if missing:

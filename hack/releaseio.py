@@ -7,12 +7,14 @@ to do; the decisions (what is pushed, what must agree) are in :mod:`releaseplan`
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import json
 import os
 import re
 import ssl
 import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -60,6 +62,20 @@ def run(step: str, cmd: list[str], *, env: dict[str, str] | None = None, input: 
         raise ReleaseError(f"{step}: `{' '.join(cmd[:3])} ...` failed ({proc.returncode}):\n{said}"
                            + (f"\n{hint}" if hint else ""))
     return proc.stdout + (proc.stderr if stderr_too else "")
+
+
+def build_wheels(sources: list[Path], out: Path, *, timeout: float = 600) -> None:
+    """``pip wheel`` each source tree into ``out``. setuptools builds in the source tree (its build/ and
+    *.egg-info), so two builds of one tree at once can break each other: an exclusive lock on that tree's
+    build/.wheels.lock serialises them (tests, the release and a user's own build alike)."""
+    for src in sources:
+        lockdir = src / "build"
+        lockdir.mkdir(exist_ok=True)
+        with open(lockdir / ".wheels.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            run(f"build the wheel of {src}", [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                                              "--no-build-isolation", "-w", str(out), str(src)], timeout=timeout,
+                hint="the build backend (setuptools) must be installed where this runs")
 
 
 # -- the OCI distribution API ---------------------------------------------------------------------------------------

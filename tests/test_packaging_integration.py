@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "hack"))
+
+from releaseio import build_wheels
 
 
 def test_wheels_hold_what_they_promise(tmp_path: Path) -> None:
     """Built for real: the runtime wheel has its version and py.typed and no operator or console script; the
     operator wheel has the command, py.typed and the PodSpec schema crdgen embeds."""
-    import subprocess
-    import sys
     import zipfile
 
-    for project in (".", "operator"):
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                        str(tmp_path), str(REPO / project)], check=True, capture_output=True)
+    build_wheels([REPO, REPO / "operator"], tmp_path)
     runtime = zipfile.ZipFile(next(tmp_path.glob("reprieve-*.whl")))
     operator = zipfile.ZipFile(next(tmp_path.glob("reprieve_operator-*.whl")))
     rnames, onames = runtime.namelist(), operator.namelist()
@@ -48,8 +48,7 @@ def test_a_fresh_install_of_the_wheel_runs_the_reprieve_command(tmp_path: Path) 
     import sysconfig
     import textwrap
 
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path / "dist"), str(REPO)], check=True, capture_output=True)
+    build_wheels([REPO], tmp_path / "dist")
     fresh = tmp_path / "fresh"
     subprocess.run([sys.executable, "-m", "venv", str(fresh)], check=True, capture_output=True)
     py, bin_ = str(fresh / "bin" / "python"), fresh / "bin"

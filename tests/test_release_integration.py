@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack"))
 
-from releaseio import Endpoint, Registry
+from releaseio import Endpoint, Registry, build_wheels
 
 
 @pytest.fixture
@@ -85,8 +85,7 @@ def test_a_version_whose_wheel_the_index_has_is_refused_before_any_push(registry
     """An index never replaces a file: pypiserver refuses a second upload (400, as PyPI's "File already exists");
     the release finds the wheel in its checks and pushes nothing."""
     a = registry.access
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path), str(REPO / "operator")], check=True, capture_output=True, timeout=120)
+    build_wheels([REPO / "operator"], tmp_path, timeout=120)
     wheel = next(tmp_path.glob("reprieve_operator-*.whl"))
     env = {**os.environ, "TWINE_USERNAME": a.credentials.username, "TWINE_PASSWORD": a.credentials.password,
            "REQUESTS_CA_BUNDLE": str(a.ca_file)}  # requests prefers it over twine's --cert
