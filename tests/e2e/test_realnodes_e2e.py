@@ -168,6 +168,34 @@ def test_helm_install_runs_the_operator_image_as_the_charts_deployment_under_res
     assert bad.returncode != 0 and "violates PodSecurity \"restricted" in bad.stderr, bad.stderr
 
 
+def test_a_worker_image_that_cannot_be_pulled_is_said_on_the_job(
+        real_cluster: Any, real_operator: DeployedOperator, real_ns: str, tmp_path: Path) -> None:
+    """containerd on a real node fails the pull and the kubelet backs off; the job, still Pending, says why in
+    condition PodsReady (the kubelet's reason and containerd's words, the image named) and one Warning Event."""
+    image = "127.0.0.1:1/reprieve/missing:0"  # nothing listens there: refused at once, on the node's own loopback
+    submit_recreate(real_cluster, real_ns, "nopull", tmp_path, steps=1, step_sleep=0.0, image=image,
+                    node_selector={"reprieve.test/pool": SYSTEM_POOL}, requests=REQUESTS)
+
+    def pods_ready(status: dict) -> dict | None:
+        return next((c for c in status.get("conditions") or [] if c.get("type") == "PodsReady"), None)
+
+    final = wait_tj(real_cluster, real_ns, "nopull", lambda s: (pods_ready(s) or {}).get("status") == "False", 120,
+                    "condition PodsReady=False", real_operator)
+    cond = pods_ready(final["status"]) or {}
+    assert final["status"]["phase"] == "Pending", final["status"]
+    assert cond["reason"] == "ImagePullBackOff", cond
+    assert "cannot run" in cond["message"] and f'"{image}"' in cond["message"], cond
+
+    def warnings() -> list[dict] | None:  # posted right after the status that carries the condition
+        events = json.loads(real_cluster.kubectl("get", "events", "-n", real_ns, "-o", "json", "--field-selector",
+                                                 "involvedObject.kind=TrainingJob,involvedObject.name=nopull").stdout)
+        return [e for e in events["items"] if e["type"] == "Warning"] or None
+
+    warned = wait_for(warnings, 30, "the job's Warning Event")
+    assert [e["reason"] for e in warned] == ["ImagePullBackOff"] and image in warned[0]["message"], warned
+    assert warned[0].get("count", 1) == 1, warned  # once, however often the kubelet retries
+
+
 def test_noticed_preemption_on_real_nodes_loses_no_step_and_ends_bit_identical(
         real_cluster: Any, real_operator: DeployedOperator, steady_reference: Reference, real_workers: list[str],
         real_ns: str, api: Any, tmp_path: Path) -> None:

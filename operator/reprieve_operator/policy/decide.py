@@ -34,13 +34,14 @@ from typing import Any
 
 from .. import builders
 from ..models import TrainingJob
-from . import events, memorypeers, views
+from . import events, memorypeers, podsready, views
 from .events import Event
 from .inplace import Assignment, InPlace, PodView, decide_inplace
 from .kueue import Gate, admitted_template
 from .restart import (
     DISRUPTION,
     PEER_LOST_WAIT_SECONDS,
+    TERMINAL_PHASES,
     Condition,
     RestartPlan,
     decide_restart,
@@ -154,6 +155,24 @@ def _queue_conditions(plan: RestartPlan, view: View, hold: Condition | None) -> 
     return dataclasses.replace(plan, conditions=(*plan.conditions, view.kueue.condition))
 
 
+def _pods_ready(plan: RestartPlan, view: View) -> RestartPlan:
+    """The plan with condition ``PodsReady`` when a pod of the job is stuck, or was (``policy.podsready``; the
+    callers look again when a pod waiting for a node reaches its grace). Nothing once the job ends."""
+    if plan.phase in TERMINAL_PHASES:
+        return plan
+    found = podsready.stuck(view.pods, view.now)
+    live = [p for p in view.pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    running = bool(live) and all((p.get("status") or {}).get("phase") == "Running" for p in live)
+    current = next((c for c in view.job.status.conditions if c.type == podsready.PODS_READY), None)
+    cond = podsready.condition(found, running, None if current is None else
+                               Condition(current.type, current.status, current.reason or "", current.message or ""))
+    return plan if cond is None else dataclasses.replace(plan, conditions=(*plan.conditions, cond))
+
+
+def _sooner(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
 def _admitted(job: TrainingJob, view: View) -> TrainingJob:
     """The job its pods are built from: with the admitted flavors' node labels and tolerations, when queued."""
     g = view.kueue
@@ -168,8 +187,8 @@ def _recreate(view: View) -> Outcome:
     pods = [p for p in (views.worker_pod(r, view.known_nodes) for r in view.pods) if p is not None]
     pods = [dataclasses.replace(p, node_ready=False) if p.node in view.not_ready else p for p in pods]
     hold = held(view)
-    plan = _queue_conditions(decide_restart(job, pods, view.avoid, now, view.doomed, held=hold,
-                                            peer_lost_wait_s=view.peer_lost_wait_s), view, hold)
+    plan = _pods_ready(_queue_conditions(decide_restart(job, pods, view.avoid, now, view.doomed, held=hold,
+                                                        peer_lost_wait_s=view.peer_lost_wait_s), view, hold), view)
     if plan.cause == DISRUPTION and not view.looked:
         return Outcome(job, plan, look_at_nodes=frozenset(lost_nodes(pods)))
     if plan.create and not view.placed:
@@ -182,6 +201,7 @@ def _recreate(view: View) -> Outcome:
     created_event = _attempt_started(plan, len(create)) if plan.new_attempt and create else None
     status = status_patch(job, _created(job, plan, create), now, views.progress(view.pods))
     requeue = plan.requeue_after if plan.requeue_after is not None else (WAIT_SECONDS if plan.waiting else None)
+    requeue = _sooner(requeue, podsready.unschedulable_due(view.pods, now))
     return Outcome(job, plan, now.timestamp(), **record, create=create, dry_run=plan.new_attempt,
                    created_event=created_event, force_delete=orphans,
                    delete=tuple(n for n in plan.delete if n not in orphans), status=status,
@@ -198,7 +218,7 @@ def _in_place(view: View) -> Outcome:
     hold = held(view)
     plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed, held=hold,
                                  peer_lost_wait_s=view.peer_lost_wait_s)
-    plan = _queue_conditions(plan, view, hold)
+    plan = _pods_ready(_queue_conditions(plan, view, hold), view)
     current = view.assignment
     if current is not None and extra.assign is None and extra.record is None and plan.cause is None:
         paired = memorypeers.pairing_condition(job, current.processes, current.memory_peers, pods)
@@ -228,7 +248,8 @@ def _in_place(view: View) -> Outcome:
                    created_event=created_event, role=bool(create),
                    force_delete=orphans, delete=tuple(n for n in plan.delete if n not in orphans),
                    assign=assign, assigned_event=assigned_event, status=status,
-                   status_events=_status_events(job, status, view), requeue_after=plan.requeue_after)
+                   status_events=_status_events(job, status, view),
+                   requeue_after=_sooner(plan.requeue_after, podsready.unschedulable_due(view.pods, now)))
 
 
 def _created(job: TrainingJob, plan: RestartPlan, create: Sequence[dict[str, Any]]) -> RestartPlan:

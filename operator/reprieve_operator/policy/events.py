@@ -15,6 +15,7 @@ from typing import Any
 
 from ..models import TrainingJob
 from .memorypeers import PAIRED
+from .podsready import PODS_READY
 from .times import parse_time
 
 COMMIT_EVENT_SECONDS = 300.0
@@ -42,7 +43,8 @@ def for_status_change(job: TrainingJob, patch: Mapping[str, Any], now: float,
         if after_notice or last_commit_event is None or now - last_commit_event >= COMMIT_EVENT_SECONDS:
             why = f" after notice {notice.id}" if after_notice and notice is not None else ""
             out.append(Event("CheckpointCommitted", f"checkpoint of step {step} committed (attempt {st.attempt}){why}"))
-    out += _pairing(job, patch)
+    out += _problem(job, patch, PAIRED, "MemoryPairingProblem")
+    out += _problem(job, patch, PODS_READY, None, ("status", "reason"))
     restore = patch.get("lastRestore")
     if restore and (st.last_restore is None or st.last_restore.attempt != restore.get("attempt")):
         out.append(Event("Restored", restored_message(restore)))
@@ -60,11 +62,22 @@ def for_status_change(job: TrainingJob, patch: Mapping[str, Any], now: float,
     return out
 
 
-def _pairing(job: TrainingJob, patch: Mapping[str, Any]) -> list[Event]:
-    """The ``MemoryPaired`` condition changed in ``patch``: a problem (new or different) or its end."""
-    new = next((c for c in patch.get("conditions") or [] if c.get("type") == PAIRED), None)
+def _problem(job: TrainingJob, patch: Mapping[str, Any], type_: str, warning: str | None,
+             same_when: tuple[str, ...] = ("status", "message")) -> list[Event]:
+    """Condition ``type_`` changed in ``patch``: a Warning Event when it turns False or changes in ``same_when``
+    while False (reason ``warning``, or the condition's own reason when None), a Normal one under ``type_`` once
+    the problem is gone."""
+    new = next((c for c in patch.get("conditions") or [] if c.get("type") == type_), None)
     if new is None:
         return []
+    old = next((c for c in job.status.conditions if c.type == type_), None)
+    if old is not None and tuple(getattr(old, k) for k in same_when) == tuple(new.get(k) for k in same_when):
+        return []
+    if new.get("status") == "False":
+        return [Event(warning or str(new.get("reason")), str(new.get("message")), "Warning")]
+    if new.get("status") == "True" and old is not None and old.status != "True":
+        return [Event(type_, str(new.get("message")))]
+    return []
     old = next((c for c in job.status.conditions if c.type == PAIRED), None)
     if old is not None and (old.status, old.message) == (new.get("status"), new.get("message")):
         return []

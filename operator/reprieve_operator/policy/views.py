@@ -102,8 +102,14 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
                      "creationTimestamp": meta.get("creationTimestamp")},
         "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
         "status": {"phase": status.get("phase"), "reason": status.get("reason"), "podIP": status.get("podIP"),
-                   "containerStatuses": [{"state": cs.get("state") or {}}
-                                         for cs in status.get("containerStatuses") or []]},
+                   "containerStatuses": [{"name": cs.get("name"), "state": cs.get("state") or {}}
+                                         for cs in status.get("containerStatuses") or []],
+                   # what condition PodsReady reads (policy.podsready): a waiting init container, no node yet
+                   "initContainerStatuses": [{"name": cs.get("name"), "state": cs.get("state")}
+                                             for cs in status.get("initContainerStatuses") or []
+                                             if (cs.get("state") or {}).get("waiting")],
+                   "conditions": [c for c in status.get("conditions") or []
+                                  if c.get("type") == "PodScheduled" and c.get("status") == "False"]},
         _VIEW_KEY: None,
     }
 
