@@ -265,7 +265,9 @@ def test_real_node_lost_without_notice_resumes_from_the_last_periodic_checkpoint
     assert first.resumed_at % interval == 0, report.summary()
     assert first.lost_steps <= interval, report.summary()
     restarts = final["status"]["restarts"]
-    assert restarts["preemption"] == 0 and restarts["disruption"] + restarts["failure"] >= 1, restarts
+    # An unwarned loss is a disruption, never a failure: the survivor's abort (JAX's coordination service, 134) is
+    # the lost peer's (its termination message names it, docs/contract.md "Peer lost") or comes after the restart.
+    assert restarts["preemption"] == 0 and restarts["failure"] == 0 and restarts["disruption"] >= 1, restarts
     assert_goodput_agrees(final["status"], ckpt / "steps.jsonl")
     # Steps after the last report of the lost attempt are restart gap to the operator, not lost steps.
     assert final["status"]["goodput"]["lostSteps"] <= report.lost_steps, (final["status"]["goodput"], report.summary())
