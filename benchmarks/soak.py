@@ -26,7 +26,6 @@ import argparse
 import json
 import logging
 import random
-import re
 import signal
 import sys
 import tempfile
@@ -171,9 +170,16 @@ def run_job(cluster: Cluster, body: dict, ckpt: Path, timeout: float, on_running
 
 
 def present_checkpoints(ckpt: Path) -> set[int]:
+    """The steps of the complete checkpoints a restore could use (docs/contract.md, "Checkpoint layout": no
+    suffix, and not fenced out by a newer attempt), as the runtime lists them."""
+    from reprieve.checkpoint import fencing
+    from reprieve.checkpoint.storage import open_storage
+
     root = ckpt / "checkpoints"
-    return {int(m[1]) for p in (root.iterdir() if root.is_dir() else [])
-            if (m := re.fullmatch(r"step_(\d{10})_a\d+", p.name))}
+    if not root.is_dir():
+        return set()
+    st = open_storage(str(root), create=False)
+    return {c.step for c in fencing.visible(st.list_entries(uncommitted=False), st.read_fences())}
 
 
 def trainer_logs(cluster: Cluster, job: str) -> list[list[str]]:

@@ -324,10 +324,15 @@ def restore_in_words(last_restore: Mapping[str, Any] | None) -> str:
 
 
 def committed_lost(committed_seen: Iterable[int], present: Iterable[int], keep: int) -> list[int]:
-    """Steps reported committed that should still be on storage (the newest ``keep`` of them: retention deletes
-    the older ones) but are not."""
-    expected = sorted(set(committed_seen))[-keep:] if keep > 0 else []
+    """Steps seen committed (``status.lastCheckpointStep``) that should still be on storage but are not.
+
+    Retention keeps the newest ``keep`` committed checkpoints, so a seen step is expected only while it is among
+    the newest ``keep`` of every committed step known: the ones seen *and* the ones on storage (``present``:
+    complete and visible). The status can miss commits: progress reports sent while the API server is away are
+    dropped, and a job that ends then never reports its last commits (docs/soak.md); retention rightly deleted
+    the seen steps those newer checkpoints replaced."""
     have = set(present)
+    expected = sorted(set(committed_seen) | have)[-keep:] if keep > 0 else []
     return [s for s in expected if s not in have]
 
 

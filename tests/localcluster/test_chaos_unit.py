@@ -213,6 +213,13 @@ def test_restore_source_per_attempt_from_the_trainer_log() -> None:
     ({10, 20, 30, 40}, {20, 40}, 3, [30]),
     ({10}, set(), 3, [10]),
     (set(), {5}, 3, []),
+    # issue #25: 79 and 99 committed while the API server was away (never seen); retention rightly deleted 39, 59
+    ({19, 39, 59}, {79, 99}, 2, []),
+    ({19, 39, 59}, {19, 79}, 2, [59]),             # one newer commit unseen: 59 is still among the newest two
+    ({39, 59}, {79}, 2, [59]),
+    ({39, 59}, {59, 79, 99}, 2, []),               # retention lags (deletes after a commit): an extra one is fine
+    ({39, 59}, set(), 2, [39, 59]),                # storage emptied: every seen one of the newest is lost
+    ({10, 20}, {30}, 0, []),
 ])
 def test_committed_checkpoints_lost_allow_for_retention(seen: set[int], present: set[int], keep: int,
                                                        lost: list[int]) -> None:
