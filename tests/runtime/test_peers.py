@@ -103,6 +103,27 @@ def test_a_process_that_loses_the_coordination_service_reports_process_0() -> No
     _until(lambda: reports == [(0,)], f"process 0 reported: {reports}")
 
 
+def test_the_service_gone_names_process_0_unless_another_process_is_named_already() -> None:
+    """JAX ending process 0 for another peer's loss takes the service with it: that peer stays the one named."""
+    reports: list[tuple[int, ...]] = []
+    PeerWatch(_As(LocalCoordinator(), 1, 3), attempt=1, pod="w1", heartbeat_s=2.0,
+              on_lost=reports.append).service_gone("refused")
+    assert reports == [(0,)]
+    shared = LocalCoordinator()
+    shared.set("reprieve/1/silent/set", "[2]")  # process 0 published process 2 silent
+    watch = PeerWatch(_As(shared, 1, 3), attempt=1, pod="w1", heartbeat_s=2.0, on_lost=reports.append).start()
+    try:
+        _until(lambda: reports == [(0,), (2,)], f"process 2 reported: {reports}")
+        watch.service_gone("refused")
+        assert watch.lost == (2,) and reports == [(0,), (2,)]
+    finally:
+        watch.close()
+    own: list[tuple[int, ...]] = []
+    PeerWatch(_As(LocalCoordinator(), 0, 3), attempt=1, pod="w0", heartbeat_s=2.0,
+              on_lost=own.append).service_gone("refused")
+    assert own == []  # process 0 never names itself
+
+
 def test_the_termination_message_names_the_silent_peers(tmp_path: Path) -> None:
     assert json.loads(termination_message((1, 3))) == {"peerLost": [1, 3]} and termination_message(()) == ""
     log = tmp_path / "termination-log"
