@@ -58,7 +58,7 @@ def test_process_0_killed_mid_run_is_named_by_every_survivor_before_jax_ends_it(
     gang = launch(tmp_path, 3, steps=100000, step_seconds=0.02, heartbeat_s=6, extra_env={"WORKER_COLLECTIVE": "1"},
                   supervised=True)
     codes = gang.signal_when_running(0, signal.SIGKILL, 60)
-    assert codes[1:] == [-signal.SIGABRT] * 2, gang.tail()  # ended by JAX
+    assert set(codes[1:]) <= {-signal.SIGABRT, 1}, gang.tail()  # ended by JAX, or by its agreement failing first
     for survivor in (1, 2):
         lost = [e["processes"] for e in gang.supervisor_events(survivor) if e["event"] == "peerLost"]
         assert lost[-1:] == [[0]], (survivor, lost, gang.tail())
