@@ -384,6 +384,7 @@ class Job:
         try:
             return self.agreement.decide(step)
         except AgreementError as err:
+            self._await_lost_peer(err)  # the service gone (process 0 died): named before this exit, not after
             self._abort(f"agreement failed: {err}")
 
     def _decide_or_exit(self, step: int) -> None:
@@ -600,10 +601,10 @@ class Job:
 
     def _await_lost_peer(self, exc: BaseException | None) -> None:
         """A JAX runtime error ends the loop (a collective failed: a peer's process died and its connections were
-        reset): before this process ends, report the peer the error names and let the peer watch name the silent
-        peer, so the exit is reported as that peer's loss, not as a failure of this process (``docs/contract.md``,
-        "Peer lost")."""
-        if self._wait_lost_peer is None or not collective_failed(exc):
+        reset), or the agreement failed (the coordination service, or a peer, is gone): before this process ends,
+        report the peer the error names and let the peer watch name the silent peer, so the exit is reported as
+        that peer's loss, not as a failure of this process (``docs/contract.md``, "Peer lost")."""
+        if self._wait_lost_peer is None or not (collective_failed(exc) or isinstance(exc, AgreementError)):
             return
         lost = self._wait_lost_peer(str(exc))
         if lost:

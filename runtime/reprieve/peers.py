@@ -8,8 +8,9 @@ so every process keeps a small liveness record of its own in the coordination se
 reads them all: a record that has not changed for half the heartbeat timeout is logged, naming the process and
 its pod, while JAX is still waiting for the rest of its timeout. (A process whose Python threads stall that long,
 a long call that holds the GIL, is reported too: the line says "not heard from", and a second one says when it
-is heard from again.) If process 0 itself dies, the service goes with it: the others log that the service is
-gone before JAX ends them.
+is heard from again.) If process 0 itself dies, the service goes with it and JAX ends the others within
+milliseconds: each names process 0 from an idle connection to the service that closes in that instant
+(:mod:`reprieve.tether`), or when the service refuses its liveness record.
 
 Process 0 also publishes the silent set (``reprieve/<attempt>/silent/set``: a JSON list, rewritten when it
 changes) and every other process reads it, so each process knows, before JAX ends it, which peers it is about to
@@ -36,11 +37,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from .background import Daemon
 from .collective_error import GLOO_PREFIX, blamed_processes, gloo_addresses
 from .coordination import CoordinationError, Coordinator
+from .tether import ServiceTether
 
 log = logging.getLogger(__name__)
 
@@ -135,15 +137,27 @@ class PeerWatch(Daemon):
         self._blamed: tuple[int, ...] = ()  # what failed collectives named (blame): never taken back
         self._report = threading.Lock()  # the watch's thread and the training thread both report
         self._any_lost = threading.Event()  # the watch found a peer silent
+        self._tether: ServiceTether | None = None  # processes but 0: process 0's death, the instant it happens
 
     @property
     def found(self) -> tuple[int, ...]:
         """The processes the watch itself finds silent now (without those only a failed collective named)."""
         return self._silent
 
+    def start(self) -> Self:
+        if self._pid != 0 and self._address:
+            # JAX aborts this process within milliseconds of process 0's death: only a connection that closes in
+            # that instant names it in time (reprieve.tether).
+            self._tether = ServiceTether(self._address, self.service_gone, keepalive_s=self.threshold_s / 2,
+                                         knock_s=max(1.0, self.threshold_s / 2)).start()
+        super().start()
+        return self
+
     def close(self) -> None:
         """Stop, and wait until the thread is out of the coordination client (one inside it at interpreter exit
         aborts the process)."""
+        if self._tether is not None:
+            self._tether.close()
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(self.interval_s + 2.0)
@@ -162,8 +176,7 @@ class PeerWatch(Daemon):
                     self._found(self._read_silent(), "process 0 reports")
             except (CoordinationError, RuntimeError, ValueError) as err:
                 if not self._stop.is_set():
-                    if self._pid != 0 and not self._silent:
-                        self._found((0,), "the coordination service is gone:")
+                    self.service_gone(str(err))
                     log.error("the coordination service%s refused process %d's liveness record (%s): a process of "
                               "the job has ended (process 0, the service's host, unless another was named above); "
                               "JAX ends this process too", f" at {self._address}" if self._address else "",
@@ -184,6 +197,13 @@ class PeerWatch(Daemon):
             if self._pid == 0 and liveness.silent != self._silent:
                 self._found(liveness.silent, "")
             self._stop.wait(self.interval_s)
+
+    def service_gone(self, why: str) -> None:
+        """The coordination service is gone (``why``): process 0, its host, is reported, unless another process
+        is already (JAX ending process 0 for that loss takes the service with it). Not on process 0 itself."""
+        if self._pid != 0 and not self.lost:
+            log.debug("the coordination service is gone: %s", why)
+            self._found((0,), "the coordination service is gone:")
 
     def _found(self, processes: tuple[int, ...], source: str) -> None:
         """What the watch finds silent now; the union with the blamed processes is reported."""

@@ -132,6 +132,16 @@ class Gang:
     procs: list[subprocess.Popen[bytes]]
     logs: list[Path]
     started: float = field(default_factory=time.monotonic)
+    supervisor_ends: list[socket.socket] = field(default_factory=list)  # launch(supervised=True)
+
+    def supervisor_events(self, index: int) -> list[dict[str, Any]]:
+        """Every event line process ``index`` sent its supervisor (what ``reprieve-run`` reads); call after it
+        ended (the stand-in supervisor's end of the socket is read to its close)."""
+        end, data = self.supervisor_ends[index], b""
+        end.settimeout(5.0)
+        while chunk := end.recv(65536):
+            data += chunk
+        return [json.loads(line) for line in data.splitlines()]
 
     @property
     def ckpt(self) -> Path:
@@ -209,21 +219,23 @@ class Gang:
 def launch(workdir: Path, n: int, *, steps: int = 400, step_seconds: float = 0.02, interval: int = 0,
            grace_seconds: float = 30.0, save_delay: float = 0.0, notice_file: bool = False,
            heartbeat_s: int = 10, extra_env: dict[str, str] | None = None, bare: bool = False,
-           worker: Path = WORKER) -> Gang:
+           worker: Path = WORKER, supervised: bool = False) -> Gang:
     """Start ``n`` workers (``worker``, default tests/runtime/workers/train_worker.py) as one real
     ``jax.distributed`` job.
 
     ``bare``: one process with no contract variable but the checkpoint URI (a laptop, not a pod).
+    ``supervised``: each process gets a supervisor socket (``REPRIEVE_SUPERVISOR_FD``) whose other end the test
+    reads (:meth:`Gang.supervisor_events`), as ``reprieve-run`` would.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    procs, logs = [], []
+    procs, logs, ends = [], [], []
     for i in range(n):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_"))}
         env.update({
             "JAX_PLATFORMS": "cpu",
             "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "runtime")]),  # this checkout's runtime
             "PYTHONUNBUFFERED": "1",
             "REPRIEVE_NUM_PROCESSES": str(n),
             "REPRIEVE_PROCESS_ID": str(i),
@@ -247,12 +259,20 @@ def launch(workdir: Path, n: int, *, steps: int = 400, step_seconds: float = 0.0
         if notice_file:
             env["REPRIEVE_NOTICE_FILE"] = str(workdir / f"annotations-{i}")
         env.update(extra_env or {})
+        child: socket.socket | None = None
+        if supervised:
+            end, child = socket.socketpair()
+            ends.append(end)
+            env["REPRIEVE_SUPERVISOR_FD"] = str(child.fileno())
         log_path = workdir / f"worker-{i}.log"
         logs.append(log_path)
         with open(log_path, "wb") as out:
             procs.append(subprocess.Popen([sys.executable, str(worker)], env=env, stdout=out,
-                                          stderr=subprocess.STDOUT, cwd=str(workdir)))
-    return Gang(workdir, procs, logs)
+                                          stderr=subprocess.STDOUT, cwd=str(workdir),
+                                          pass_fds=() if child is None else (child.fileno(),)))
+        if child is not None:
+            child.close()  # the worker's end is the worker's alone: its exit closes it
+    return Gang(workdir, procs, logs, supervisor_ends=ends)
 
 
 def worker_start(default_steps: int) -> tuple[int, Path, int, float]:

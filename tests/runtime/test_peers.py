@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from reprieve.agreement import AgreementError
 from reprieve.coordination import CoordinationError, LocalCoordinator
 from reprieve.peers import Liveness, PeerWatch, silent_line, termination_message, write_termination_message
 
@@ -103,6 +104,27 @@ def test_a_process_that_loses_the_coordination_service_reports_process_0() -> No
     _until(lambda: reports == [(0,)], f"process 0 reported: {reports}")
 
 
+def test_the_service_gone_names_process_0_unless_another_process_is_named_already() -> None:
+    """JAX ending process 0 for another peer's loss takes the service with it: that peer stays the one named."""
+    reports: list[tuple[int, ...]] = []
+    PeerWatch(_As(LocalCoordinator(), 1, 3), attempt=1, pod="w1", heartbeat_s=2.0,
+              on_lost=reports.append).service_gone("refused")
+    assert reports == [(0,)]
+    shared = LocalCoordinator()
+    shared.set("reprieve/1/silent/set", "[2]")  # process 0 published process 2 silent
+    watch = PeerWatch(_As(shared, 1, 3), attempt=1, pod="w1", heartbeat_s=2.0, on_lost=reports.append).start()
+    try:
+        _until(lambda: reports == [(0,), (2,)], f"process 2 reported: {reports}")
+        watch.service_gone("refused")
+        assert watch.lost == (2,) and reports == [(0,), (2,)]
+    finally:
+        watch.close()
+    own: list[tuple[int, ...]] = []
+    PeerWatch(_As(LocalCoordinator(), 0, 3), attempt=1, pod="w0", heartbeat_s=2.0,
+              on_lost=own.append).service_gone("refused")
+    assert own == []  # process 0 never names itself
+
+
 def test_the_termination_message_names_the_silent_peers(tmp_path: Path) -> None:
     assert json.loads(termination_message((1, 3))) == {"peerLost": [1, 3]} and termination_message(()) == ""
     log = tmp_path / "termination-log"
@@ -118,7 +140,8 @@ def test_the_termination_message_names_the_silent_peers(tmp_path: Path) -> None:
 def test_a_failed_collective_waits_for_the_peer_watch_to_name_the_silent_peer(caplog: pytest.LogCaptureFixture) -> None:
     """A peer's process that died on a node that still answers resets its connections: the collective fails at
     once (a JAX runtime error), long before JAX's heartbeat timeout. The job waits for the watch to name the silent
-    peer before it ends, so its exit is reported as that loss; any other error does not wait."""
+    peer before it ends, so its exit is reported as that loss; so does a failed agreement (the service gone with
+    process 0); any other error does not wait."""
     from reprieve.job import Job
 
     calls: list[int] = []
@@ -135,6 +158,8 @@ def test_a_failed_collective_waits_for_the_peer_watch_to_name_the_silent_peer(ca
     Job._await_lost_peer(stub, ValueError("a bug of the program's"))  # type: ignore[arg-type]
     Job._await_lost_peer(stub, None)  # type: ignore[arg-type]
     assert calls == [1]
+    Job._await_lost_peer(stub, AgreementError("get failed: UNAVAILABLE"))  # type: ignore[arg-type]
+    assert calls == [1, 1]  # the service gone (process 0): the watch names it before this process exits 1
 
 
 def test_wait_lost_gives_up_after_the_time_it_takes_to_find_a_peer_silent() -> None:

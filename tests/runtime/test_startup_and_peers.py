@@ -48,3 +48,17 @@ def test_a_peer_killed_mid_run_is_named_before_jax_ends_the_survivor(tmp_path: P
     assert blamed >= 0 and named >= 0, gang.tail()
     jax_abort = log.find("another task died")
     assert jax_abort < 0 or max(blamed, named) < jax_abort, gang.tail()
+
+
+
+def test_process_0_killed_mid_run_is_named_by_every_survivor_before_jax_ends_it(tmp_path: Path) -> None:
+    """Process 0 hosts the coordination service: when it dies, JAX aborts every survivor within milliseconds (its
+    connection to the service closed), long before any silence threshold. Each survivor still tells its supervisor
+    that process 0 is lost before it ends (``reprieve.tether``), so the exit counts as that loss."""
+    gang = launch(tmp_path, 3, steps=100000, step_seconds=0.02, heartbeat_s=6, extra_env={"WORKER_COLLECTIVE": "1"},
+                  supervised=True)
+    codes = gang.signal_when_running(0, signal.SIGKILL, 60)
+    assert set(codes[1:]) <= {-signal.SIGABRT, 1}, gang.tail()  # ended by JAX, or by its agreement failing first
+    for survivor in (1, 2):
+        lost = [e["processes"] for e in gang.supervisor_events(survivor) if e["event"] == "peerLost"]
+        assert lost[-1:] == [[0]], (survivor, lost, gang.tail())
