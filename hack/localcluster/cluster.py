@@ -249,11 +249,13 @@ class Cluster:
                    on_timeout=lambda: "\n" + proc.tail())
         return proc
 
-    def restart_apiserver(self, down_seconds: float = 5.0, timeout: float = 60.0) -> float:
-        """Stop kube-apiserver (SIGTERM), keep its port closed ``down_seconds``, start it again with the same
-        arguments and environment (same port, same etcd: every object is kept) and wait for /readyz. Returns the
-        seconds from the SIGTERM to ready. A start that fails (the process exits, or no /readyz within
-        ``timeout``) is a ClusterError with its log's last lines.
+    def restart_apiserver(self, down_seconds: float = 5.0, timeout: float = 60.0,
+                          until: Callable[[], Any] | None = None) -> float:
+        """Stop kube-apiserver (SIGTERM), keep its port closed ``down_seconds`` (and then until ``until()`` is
+        true, at most ``timeout`` more), start it again with the same arguments and environment (same port, same
+        etcd: every object is kept) and wait for /readyz. Returns the seconds from the SIGTERM to ready. A start
+        that fails (the process exits, or no /readyz within ``timeout``) is a ClusterError with its log's last
+        lines; so is an ``until`` that does not come true (the apiserver is started again first).
 
         On SIGTERM the apiserver stops listening at once but its process lingers (~10 s here, every time, after
         "HTTPServerStoppedListening"): the down window counts from the port's closing, and a process still there
@@ -273,6 +275,12 @@ class Cluster:
             _killpg(old.popen, signal.SIGKILL)
             old.popen.wait(10)
         time.sleep(max(0.0, down_seconds - (time.monotonic() - closed)))
+        waited: ClusterError | None = None
+        if until is not None:
+            try:
+                wait_until(until, timeout, "the condition the apiserver's restart waits for")
+            except Exception as err:  # noqa: BLE001 - the apiserver comes back whatever happened
+                waited = ClusterError(f"restart_apiserver: {err}")
         log.info("kube-apiserver down for %.1fs (exit code %s)", time.monotonic() - closed, old.popen.returncode)
         with open(old.log_path, "a") as out:
             out.write(f"--- restarted by Cluster.restart_apiserver after {down_seconds:.1f}s down ---\n")
@@ -282,6 +290,8 @@ class Cluster:
             raise ClusterError(f"kube-apiserver did not come back after a restart: {err}") from None
         took = time.monotonic() - t0
         log.info("kube-apiserver ready again %.1fs after it was stopped", took)
+        if waited is not None:
+            raise waited
         return took
 
     def stop(self) -> None:

@@ -58,7 +58,14 @@ from localcluster.nodeagent import RETRY_DELAY_S, WATCH_TIMEOUT_S, NodeAgent
 from localcluster.podio import REQUEST_TIMEOUT_S, find_log
 from localcluster.podip import pod_ip
 from localcluster.podspec import EnvContext, LaunchPlan, PodConfigError, PodPaths, launch_plan, token_requests
-from localcluster.podstatus import ContainerFacts, pod_status, restart_delay, should_restart, terminated_state
+from localcluster.podstatus import (
+    ContainerFacts,
+    pod_status,
+    read_termination_message,
+    restart_delay,
+    should_restart,
+    terminated_state,
+)
 
 __all__ = ["DEFAULT_CAPACITY", "Kubelet", "find_log", "main"]
 
@@ -473,6 +480,10 @@ class Kubelet:
         plan = st.plans[f.name]
         now = _now()
         f.started_at, f.finished_at, f.returncode, f.reason, f.message = now, None, None, None, None
+        f.termination_message = ""
+        term = st.paths.termination_log(f.name)
+        term.parent.mkdir(parents=True, exist_ok=True)
+        term.write_text("")  # a fresh file for each run of the container, as the kubelet mounts one
         try:
             proc = podio.spawn(plan, st.paths.log(f.name))
         except podio.StartError as e:
@@ -503,6 +514,7 @@ class Kubelet:
                     continue
                 f.returncode, f.finished_at = rc, _now()
                 podio.killpg(proc.pid, signal.SIGKILL)  # like a container: its other processes go with it
+                f.termination_message = read_termination_message(st.paths.termination_log(f.name))
                 log.info("pod %s container %s exited: %s", st.key, f.name, f.exit_code)
             if not restart or not should_restart(policy, f, init=id(f) in init_ids):
                 continue

@@ -51,6 +51,10 @@ class PodPaths:
     def log(self, container: str) -> Path:
         return self.root_dir / "logs" / f"{container}.log"
 
+    def termination_log(self, container: str) -> Path:
+        """The container's terminationMessagePath, as a host file (its path in REPRIEVE_TERMINATION_LOG)."""
+        return self.root_dir / "termination" / f"{container}.log"
+
     def volume(self, name: str) -> Path:
         return self.root_dir / "volumes" / name
 
@@ -339,6 +343,9 @@ def launch_plan(pod: dict, container: dict, paths: PodPaths, ctx: EnvContext, ob
         raise PodConfigError(f"{_pod_label(pod)}: container {container.get('name')!r} has no command or args; "
                              "the process kubelet ignores images, so it has no entrypoint to run")
     argv = [rewrite_paths(rewrite_dns(expand(w, env), namespace, ctx.subdomains, ctx.address_space), mounts) for w in words]
+    # The termination message (a real kubelet mounts a fresh file at terminationMessagePath and copies it into
+    # state.terminated.message at exit): a host file per container, its path in the variable the runtime reads.
+    env.setdefault("REPRIEVE_TERMINATION_LOG", str(paths.termination_log(container.get("name", ""))))
     cwd = paths.root
     if container.get("workingDir"):
         mapped = rewrite_paths(container["workingDir"], mounts)

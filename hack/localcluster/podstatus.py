@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal as _signal
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 
 def rfc3339(t: datetime) -> str:
@@ -36,6 +37,7 @@ class ContainerFacts:
     waiting_message: str | None = None
     reason: str | None = None          # overrides Completed/Error (e.g. StartError, ContainerStatusUnknown)
     message: str | None = None
+    termination_message: str = ""      # what the container left in its terminationMessagePath file
 
     @property
     def running(self) -> bool:
@@ -46,6 +48,18 @@ class ContainerFacts:
         if self.returncode is None:
             return None
         return 128 - self.returncode if self.returncode < 0 else self.returncode
+
+
+MAX_TERMINATION_MESSAGE = 4096  # bytes the kubelet keeps of a termination message
+
+
+def read_termination_message(path: Path) -> str:
+    """What a finished container left in its termination message file (at most the kubelet's 4096 bytes)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_TERMINATION_MESSAGE).decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def terminated_state(f: ContainerFacts) -> dict:
@@ -67,6 +81,8 @@ def terminated_state(f: ContainerFacts) -> dict:
         state["reason"] = f.reason
     if f.message:
         state["message"] = f.message
+    if f.termination_message:  # terminationMessagePolicy File: the file's content is the message
+        state["message"] = f.termination_message
     if f.started_at:
         state["startedAt"] = rfc3339(f.started_at)
     if f.finished_at:

@@ -36,9 +36,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Self
 
+from . import termination
 from .background import Daemon
 from .collective_error import GLOO_PREFIX, blamed_processes, gloo_addresses
 from .coordination import CoordinationError, Coordinator
@@ -89,24 +89,15 @@ def silent_line(process: int, n: int, pod: str | None, seconds: float, heartbeat
             f" s (\"another task died\") and the job restarts from {resume}")
 
 
-TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath, mounted by the kubelet
-
-
 def termination_message(processes: tuple[int, ...]) -> str:
-    """The container's termination message while ``processes`` are silent (``""``: none): what the operator reads
-    from a Recreate pod's ``state.terminated.message`` (pure)."""
-    return json.dumps({"peerLost": list(processes)}) if processes else ""
+    """The container's termination message of a process that only knows ``processes`` are silent (``""``:
+    none): what the operator reads from a Recreate pod's ``state.terminated.message`` (pure)."""
+    return termination.merged("", {"peerLost": list(processes)})
 
 
-def write_termination_message(processes: tuple[int, ...], path: str = TERMINATION_LOG) -> None:
-    """Write :func:`termination_message` to ``path`` when it exists (a kubelet mounted it); never raises."""
-    target = Path(path)
-    if not target.exists():
-        return
-    try:
-        target.write_text(termination_message(processes))
-    except OSError as err:
-        log.debug("termination message not written to %s: %s", path, err)
+def write_termination_message(processes: tuple[int, ...], path: str | None = None) -> None:
+    """Set ``peerLost`` in the container's termination message (:mod:`reprieve.termination`); never raises."""
+    termination.write({"peerLost": list(processes)}, path)
 
 
 class PeerWatch(Daemon):

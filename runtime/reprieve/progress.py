@@ -7,8 +7,9 @@ time, the seconds spent restoring and the seconds the loop was blocked by saves.
 The training thread never waits for a report: per step it stores one tuple in :class:`LoopProgress` (about
 50 ns; ``benchmarks/progress.py`` measures it against a loop without reporting). A daemon thread reads those
 attributes every ``REPRIEVE_PROGRESS_INTERVAL_SECONDS`` (5 s) and patches the annotation when the step moved;
-commits report at once (rate-limited), the exit paths synchronously with a bounded timeout. Failures are
-logged, never fatal.
+commits report at once (rate-limited), the exit paths synchronously with a bounded timeout, and also into the
+container's termination message (:mod:`reprieve.termination`: a job that ends while the API server is down still
+tells the operator its last steps). Failures are logged, never fatal.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Self
 
+from . import termination
 from .notice import PROGRESS_ANNOTATION, format_rfc3339
 
 if TYPE_CHECKING:
@@ -103,8 +105,9 @@ class ProgressReporter:
 
     def __init__(self, client: KubeClient, namespace: str, pod: str, attempt: int, *,
                  min_interval_s: float = 10.0, interval_s: float = 5.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, termination_log: str | None = None) -> None:
         self._client = client
+        self._termination_log = termination_log
         self._ns = namespace
         self._pod = pod
         self._attempt = attempt
@@ -149,9 +152,10 @@ class ProgressReporter:
         self._last = now
         live = self._source()
         step = max(step, int(live.get("step", step)))
-        if force:
+        if force:  # the exit path: also left in the termination message, read even if the API server is down
             with self._busy:
-                self._send(step, self._committed, live, timeout_s)
+                sent = self._send(step, self._committed, live, timeout_s)
+            termination.write({"progress": json.loads(sent[PROGRESS_ANNOTATION])}, self._termination_log)
         elif self._busy.acquire(blocking=False):
             def run() -> None:
                 try:
@@ -160,7 +164,7 @@ class ProgressReporter:
                     self._busy.release()
             threading.Thread(target=run, name="reprieve-progress-commit", daemon=True).start()
 
-    def _send(self, step: int, committed: int, live: dict[str, Any], timeout_s: float) -> None:
+    def _send(self, step: int, committed: int, live: dict[str, Any], timeout_s: float) -> dict[str, str]:
         body = progress_annotation(step, committed, self._attempt, self._clock(), live)
         try:
             self._client.patch_pod_annotations(self._ns, self._pod, dict(body), timeout_s=timeout_s)
@@ -169,6 +173,7 @@ class ProgressReporter:
             log.debug("progress annotation of %s/%s: %s", self._ns, self._pod, body)
         except Exception as err:  # noqa: BLE001 - progress is best effort, never fatal
             log.warning("could not patch progress annotation of pod %s/%s: %s", self._ns, self._pod, err)
+        return body
 
     def close(self) -> None:
         self._stop.set()

@@ -69,12 +69,16 @@ def test_pod_ip_addresses_bind_without_setup() -> None:
 
 
 def test_exit_code_42_fails_the_pod_with_that_code(cluster: Cluster, core, namespace: str) -> None:
-    body = pod_manifest("exit42", "import os, sys; print('hello from', os.environ['HOSTNAME']); sys.exit(42)")
+    """... and what the container left in its termination message file is the terminated state's message (a
+    real kubelet's terminationMessagePath; the runtime finds the file through REPRIEVE_TERMINATION_LOG)."""
+    body = pod_manifest("exit42", "import os, sys; print('hello from', os.environ['HOSTNAME']); "
+                                  "open(os.environ['REPRIEVE_TERMINATION_LOG'], 'w').write('{\"peerLost\": [1]}'); "
+                                  "sys.exit(42)")
     core.create_namespaced_pod(namespace, body)
     pod = wait_for_pod_phase(core.api_client, namespace, "exit42", "Failed", timeout=60)
     assert container_exit_code(pod) == 42
     term = pod.status.container_statuses[0].state.terminated
-    assert term.reason == "Error" and term.finished_at is not None
+    assert term.reason == "Error" and term.finished_at is not None and term.message == '{"peerLost": [1]}'
     assert pod.status.pod_ip == pod_ip({"metadata": {"name": "exit42", "namespace": namespace}, "spec": {}},
                                       cluster.address_space)
     assert pod.status.host_ip == "127.0.0.1"

@@ -266,3 +266,24 @@ def test_once_the_pods_are_created_the_final_patch_says_so(mode: str) -> None:
 def test_a_job_never_refused_gets_no_pods_created_condition() -> None:
     out = decide(_view(job(), []))
     assert len(out.create) == 2 and "PodsCreated" not in {c["type"] for c in out.status.get("conditions", [])}
+
+
+def test_the_progress_a_container_left_in_its_termination_message_counts_as_its_newest_report() -> None:
+    """A job that ended while the API server was down: its last reports were refused, but the kubelet copies
+    process 0's termination message into the pod's status once it can (docs/contract.md, "Progress"). The newest
+    report wins, wherever it came from; a malformed one is skipped."""
+    seen = {"attempt": 1, "step": 60, "committedStep": 59, "time": "2026-11-24T05:58:00Z"}
+    left = {"attempt": 1, "step": 100, "committedStep": 99, "time": "2026-11-24T05:59:00Z"}
+
+    def done(name: str, index: int, message: str) -> dict[str, Any]:
+        p = pod(name, index, phase="Succeeded", annotations={"reprieve.dev/progress": seen} if index == 0 else None)
+        p["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": 0,
+                                                                                        "message": message}}}]
+        return p
+
+    pods = [done("llama-0", 0, json.dumps({"progress": left})), done("llama-1", 1, "{not json")]
+    out = decide(_view(job(RUN), pods))
+    assert out.status["phase"] == "Succeeded"
+    assert (out.status["step"], out.status["lastCheckpointStep"]) == (100, 99), out.status
+    older = [done("llama-0", 0, json.dumps({"progress": {**left, "step": 50, "committedStep": 39}}))]
+    assert decide(_view(job(RUN), older)).status["lastCheckpointStep"] == 59  # the annotation's is newer

@@ -117,3 +117,22 @@ def test_a_failing_api_is_logged_not_raised(caplog: pytest.LogCaptureFixture) ->
     time.sleep(0.1)
     reporter.close()
     assert "could not patch progress annotation of pod ns/pod-0" in caplog.text and reporter.patches == 0
+
+
+@pytest.mark.parametrize("api_down", [False, True])
+def test_the_exit_report_is_left_in_the_termination_message_too(tmp_path: Any, api_down: bool) -> None:
+    """A job that ends while the API server is down still tells the operator its last steps: the kubelet copies
+    the termination message into the pod's status when it can (reprieve.termination). Other keys stay."""
+    log = tmp_path / "termination-log"
+    log.write_text(json.dumps({"peerLost": [1]}))
+    client = FakeClient(fail=api_down)
+    reporter = ProgressReporter(client, "ns", "p", 3, clock=lambda: 1_700_000_000.0,  # type: ignore[arg-type]
+                                termination_log=str(log)).start(lambda: {"step": 99})
+    reporter.report(99, 99, force=True)
+    reporter.close()
+    left = json.loads(log.read_text())
+    assert left["peerLost"] == [1]
+    assert (left["progress"]["attempt"], left["progress"]["step"], left["progress"]["committedStep"]) == (3, 99, 99)
+    assert client.bodies == ([] if api_down else [left["progress"]])
+    reporter.report(100, 99)  # a report that is not the exit's leaves the message as it was
+    assert json.loads(log.read_text()) == left

@@ -242,21 +242,31 @@ def notice_annotation(pod: Mapping[str, Any]) -> str | None:
 
 
 def progress(pods: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The newest ``reprieve.dev/progress`` annotation (contract: written by process 0): the highest
-    (attempt, step, committedStep); malformed ones skipped."""
+    """The newest progress report of the job's pods (contract: written by process 0): the highest (attempt, step,
+    committedStep) of the ``reprieve.dev/progress`` annotations and of the ``progress`` a container left in its
+    termination message (a job that ended while the API server was down); malformed ones skipped."""
     best: dict[str, Any] | None = None
     best_key = (-1, -1, -1)
     for pod in pods:
-        raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_PROGRESS)
-        if not raw:
-            continue
-        try:
-            value = json.loads(raw)
-            key = (int(value.get("attempt", 0)), int(value.get("step", -1)), int(value.get("committedStep", -1)))
-        except (ValueError, TypeError, AttributeError):
-            log.warning("pod %s: malformed %s annotation %r ignored",
-                        (pod.get("metadata") or {}).get("name"), ANNOTATION_PROGRESS, raw[:200])
-            continue
-        if best is None or key > best_key:
-            best, best_key = value, key
+        for raw, where in _progress_reports(pod):
+            try:
+                value = json.loads(raw) if isinstance(raw, str) else raw
+                key = (int(value.get("attempt", 0)), int(value.get("step", -1)), int(value.get("committedStep", -1)))
+            except (ValueError, TypeError, AttributeError):
+                log.warning("pod %s: malformed %s %r ignored", (pod.get("metadata") or {}).get("name"), where,
+                            str(raw)[:200])
+                continue
+            if best is None or key > best_key:
+                best, best_key = value, key
     return best
+
+
+def _progress_reports(pod: Mapping[str, Any]) -> Iterable[tuple[Any, str]]:
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_PROGRESS)
+    if raw:
+        yield raw, f"{ANNOTATION_PROGRESS} annotation"
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or {}
+        left = _json(term.get("message")).get("progress") if term.get("message") else None
+        if left is not None:
+            yield left, "progress in the termination message"
