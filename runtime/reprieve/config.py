@@ -14,7 +14,7 @@ Runtime-only knobs (not set by the operator, documented in ``docs/runtime.md``):
 ``REPRIEVE_COMPILATION_CACHE_DIR`` (unset = JAX's defaults; set = JAX's persistent compilation cache there,
 for every program, so a restarted gang does not compile again), ``REPRIEVE_PROGRESS_INTERVAL_SECONDS`` (5: how
 often process 0 reports live progress on its pod; 0 = only at commits), ``REPRIEVE_MAX_FAILED_SAVES`` (3:
-storage saves that may fail in a row before the job fails; see ``reprieve.policy.save_failure_verdict``),
+storage saves failed in a row, over a minute at least, that fail the job; ``reprieve.policy.save_failure_verdict``),
 ``REPRIEVE_RUN_ID`` (unset: a run
 is known by its state's structure only; see ``reprieve.identity``).
 """

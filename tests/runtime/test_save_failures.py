@@ -4,6 +4,7 @@ retention removes after one), and the Job's answer to each with a stub checkpoin
 from __future__ import annotations
 
 import errno
+import re
 from typing import Any
 
 import pytest
@@ -29,19 +30,22 @@ def test_which_failure_a_save_error_is(err: BaseException, kind: str) -> None:
     assert classify_save_error(err) == kind
 
 
-@pytest.mark.parametrize(("kind", "consecutive", "max_failed", "agreed_next", "fatal"), [
-    (STORAGE, 1, 3, False, None),  # retried at the next due save
-    (STORAGE, 2, 3, False, None),
-    (STORAGE, 3, 3, False, "3 consecutive checkpoint saves failed (REPRIEVE_MAX_FAILED_SAVES=3)"),
-    (STORAGE, 1, 1, False, "1 consecutive"),  # REPRIEVE_MAX_FAILED_SAVES=1: every failure is fatal, as before
-    (STORAGE, 5, 3, True, None),  # the agreed save of a notice comes next: it is the last chance, let it try
-    (FENCED, 1, 3, False, "a newer attempt owns the checkpoint storage"),
-    (FENCED, 1, 3, True, "a newer attempt owns"),
-    (OTHER, 1, 3, False, "outside the storage"),
+@pytest.mark.parametrize(("kind", "consecutive", "max_failed", "seconds", "agreed_next", "fatal"), [
+    (STORAGE, 1, 3, 600, False, None),  # retried at the next due save
+    (STORAGE, 2, 3, 600, False, None),
+    (STORAGE, 3, 3, 600, False, "3 consecutive checkpoint saves failed over 600 s (REPRIEVE_MAX_FAILED_SAVES=3)"),
+    (STORAGE, 3, 3, 60, False, "over 60 s"),
+    (STORAGE, 9, 3, 59, False, None),  # frequent saves within one short outage: not yet
+    (STORAGE, 1, 1, 600, False, "1 consecutive"),  # REPRIEVE_MAX_FAILED_SAVES=1: the first failure, once long
+    (STORAGE, 5, 3, 600, True, None),  # the agreed save of a notice comes next: it is the last chance, let it try
+    (FENCED, 1, 3, 0, False, "a newer attempt owns the checkpoint storage"),
+    (FENCED, 1, 3, 0, True, "a newer attempt owns"),
+    (OTHER, 1, 3, 0, False, "outside the storage"),
 ])
-def test_whether_a_failed_save_is_fatal(kind: str, consecutive: int, max_failed: int, agreed_next: bool,
-                                         fatal: str | None) -> None:
-    got = save_failure_verdict(kind, consecutive, max_failed, agreed_next=agreed_next)
+def test_whether_a_failed_save_is_fatal(kind: str, consecutive: int, max_failed: int, seconds: float,
+                                         agreed_next: bool, fatal: str | None) -> None:
+    got = save_failure_verdict(kind, consecutive, max_failed, failing_seconds=seconds, min_failing_seconds=60,
+                               agreed_next=agreed_next)
     assert got == fatal if fatal is None else (got is not None and fatal in got)
 
 
@@ -114,14 +118,18 @@ def test_failed_saves_below_the_bound_train_on_and_are_reported(caplog: pytest.L
     assert job.committed_step == 5
     fields = job.loop.fields()
     assert fields["failedSaves"] == 0 and fields["lastSaveError"].startswith("step 3: CheckpointSaveError")
-    assert "checkpoint save of step 1 failed (2 in a row, fatal at REPRIEVE_MAX_FAILED_SAVES=3)" in caplog.text
+    assert "checkpoint save of step 1 failed (2 in a row, fatal at REPRIEVE_MAX_FAILED_SAVES=3 over 60 s" in caplog.text
 
 
-def test_the_bound_is_fatal_and_says_how_many_and_why() -> None:
-    _, ckpt, raised = _train([_storage_error(0), _storage_error(1)], total=6, env={"REPRIEVE_MAX_FAILED_SAVES": "2"})
+def test_the_bound_is_fatal_and_says_how_many_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    errors: list[BaseException | None] = [_storage_error(0), _storage_error(1)]
+    _, _, raised = _train(list(errors), total=6, env={"REPRIEVE_MAX_FAILED_SAVES": "2"})
+    assert raised is None  # two failures within a second: no storage outage yet (Job.min_failing_seconds)
+    monkeypatch.setattr(reprieve.Job, "min_failing_seconds", 0.0)
+    _, ckpt, raised = _train(list(errors), total=6, env={"REPRIEVE_MAX_FAILED_SAVES": "2"})
     assert isinstance(raised, RuntimeError) and ckpt.saved == [0, 1]
     assert "checkpoint save of step 1 failed" in str(raised)
-    assert "2 consecutive checkpoint saves failed (REPRIEVE_MAX_FAILED_SAVES=2)" in str(raised)
+    assert re.search(r"2 consecutive checkpoint saves failed over \d+ s \(REPRIEVE_MAX_FAILED_SAVES=2\)", str(raised))
     assert isinstance(raised.__cause__, CheckpointSaveError)
 
 

@@ -77,14 +77,16 @@ def test_read_only_then_full_storage_costs_no_failure(tmpfs: Path, caplog: pytes
     assert step == 15 and float(restored["w"][0]) == 16.0
 
 
-def test_storage_read_only_for_good_fails_the_job_after_the_bound(tmpfs: Path) -> None:
+def test_storage_read_only_for_good_fails_the_job_after_the_bound(tmpfs: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reprieve.Job, "min_failing_seconds", 0.0)  # the bound at once, not after a minute
     env = {"REPRIEVE_CHECKPOINT_URI": str(tmpfs), "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "1",
            "REPRIEVE_MAX_FAILED_SAVES": "2"}
     job = reprieve.init(env=env, install_sigterm=False)
     state, start = job.restore_or(lambda: {"w": jnp.zeros((16,), jnp.float32)})
     _remount(tmpfs, "ro")
-    with pytest.raises(RuntimeError, match=r"save of step 1 failed .*2 consecutive checkpoint saves failed "
-                                           r"\(REPRIEVE_MAX_FAILED_SAVES=2\)") as raised, job:
+    with pytest.raises(RuntimeError, match=r"save of step 1 failed .*2 consecutive checkpoint saves failed over "
+                                           r"\d+ s \(REPRIEVE_MAX_FAILED_SAVES=2\)") as raised, job:
         for step in job.steps(start, 10):
             job.save(step, state)
     assert "Read-only file system" in str(raised.value)
