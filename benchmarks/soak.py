@@ -25,8 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
+import re
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -182,6 +185,29 @@ def present_checkpoints(ckpt: Path) -> set[int]:
     return {c.step for c in fencing.visible(st.list_entries(uncommitted=False), st.read_fences())}
 
 
+def checkpoint_sizes(root: Path, page: int = 4096) -> list[int]:
+    """Bytes of each committed checkpoint under ``root``, every file counted in whole pages (as tmpfs charges)."""
+    sizes = []
+    for p in (root.iterdir() if root.is_dir() else []):
+        if re.fullmatch(r"step_(\d{10})_a\d+", p.name):
+            sizes.append(sum(-(-f.stat().st_size // page) * page for f in p.rglob("*") if f.is_file()))
+    return sizes
+
+
+def mount_storage(ckpt: Path, free_ckpt: Path, keep: int) -> Path:
+    """A tmpfs at the soak job's checkpoint storage (``<ckpt>/checkpoints``, the job's ``/ckpt/checkpoints``),
+    sized by the fault-free run's checkpoints (``chaos.storage_tmpfs_bytes``): the storage-* faults make it
+    read-only or full. Mounted before the job starts, so the pods' bind mounts of ``/ckpt`` hold it."""
+    size = chaos.storage_tmpfs_bytes(checkpoint_sizes(free_ckpt / "checkpoints"), keep)
+    root = ckpt / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0777", "soak-ckpt", str(root)], check=True,
+                   capture_output=True, text=True)
+    say(f"checkpoint storage: a {size / 2**20:.1f} MiB tmpfs at {root} (keep {keep} + 2 of the fault-free run's "
+        "checkpoints)")
+    return root
+
+
 def trainer_logs(cluster: Cluster, job: str) -> list[list[str]]:
     """Every trainer log of the job's pods (workers and spares, on nodes since deleted too), each in order."""
     paths = [*cluster.workdir.glob(f"realnodes/*/pod-logs/{NS}_{job}-*/trainer/*.log"),
@@ -228,6 +254,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
 
 def capabilities(*, real: bool, why: str, spares: int) -> chaos.Capabilities:
     has = {chaos.SPARE} if spares > 0 else set()
+    if os.geteuid() == 0:
+        has.add(chaos.ROOT)
     if real:
         has |= {chaos.REAL_NODES, chaos.OPERATOR_DEPLOYMENT}
     return chaos.Capabilities(frozenset(has), why)
@@ -320,6 +348,23 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
                           node_kind="real" if real else "process", rng=random.Random(seed),
                           attempt=lambda: observer.latest().attempt, operator=operator if real else None,
                           add_node_kwargs={"images": ["example"]} if real else {})
+    body, ckpt = soak_job(cluster, "soak", work, args, real)
+    keep = int(body["spec"]["checkpoint"].get("keep", 3))
+    if any(f.kind in chaos.STORAGE_KINDS for f in plan):
+        injectors.storage = mount_storage(ckpt, ckpt_free, keep)
+    try:
+        return soak_faults(cluster, api, args, body, ckpt, ckpt_free, free_report, observer, injectors, out,
+                           seed=seed, real=real, plan=plan)
+    finally:
+        if injectors.storage is not None:
+            subprocess.run(["umount", "-l", str(injectors.storage)], check=False)
+            say(f"checkpoint storage tmpfs at {injectors.storage} unmounted (its checkpoints are gone with it)")
+
+
+def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict, ckpt: Path, ckpt_free: Path,
+                free_report: Any, observer: Observer, injectors: Injectors, out: Path, *, seed: int, real: bool,
+                plan: list[chaos.PlannedFault]) -> int:
+    keep = int(body["spec"]["checkpoint"].get("keep", 3))
     injected: list[Injected] = []
     stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -338,7 +383,6 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
             injected.append(rec)
             say(f"fault {len(injected)}/{len(plan)}: {f.kind} -> {rec.target or rec.error}")
 
-    body, ckpt = soak_job(cluster, "soak", work, args, real)
     observer.start()
     thread = threading.Thread(target=inject_all, daemon=True)
     start = time.time()
@@ -366,7 +410,7 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
     report = analyse(steps, start=start, end=end)
     recs = records(injected, observer.obs, report.interruptions, steps, t0=start,
                    restores=restores_by_attempt(trainer_logs(cluster, "soak")))
-    keep = int(body["spec"]["checkpoint"].get("keep", 3))
+    storage_records(recs, injected, observer, injectors)
     lost = committed_lost(observer.committed, present_checkpoints(ckpt), keep)
     sha: bool | None = None
     try:
@@ -391,6 +435,21 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
     ok = (not interrupted and status.get("phase") == "Succeeded" and tot.recovered == tot.injected
           and not tot.not_injected and not lost and sha is True)
     return 0 if ok else 1
+
+
+def storage_records(recs: list, injected: list[Injected], observer: Observer, injectors: Injectors) -> None:
+    """A storage fault that caused no restart is recovered once a checkpoint newer than the last one before it
+    was seen committed after it ended (``chaos.storage_recovered``): the next due save retried."""
+    committed = [(o.t, o.checkpoint_step) for o in observer.obs]
+    for rec, f in zip(recs, injected, strict=True):
+        if f.kind not in chaos.STORAGE_KINDS or f.error or rec.recovery:
+            continue
+        until = injectors.storage_until.get(f.at, f.at)
+        seen = chaos.storage_recovered(until, committed)
+        rec.recovered = seen is not None
+        rec.recovery = "no restart" if seen is not None else ""
+        rec.note = (f"the next checkpoint committed {seen - until:.1f}s after it ended" if seen is not None
+                    else "no newer checkpoint seen committed after it")
 
 
 def draw(api: Any, recs: list, start: float, out: Path) -> None:

@@ -19,6 +19,7 @@ from reprieve_operator.policy.signals import BUILTIN_SIGNALS, Signal
 REAL_NODES = "real nodes"            # containers in cgroups and network namespaces (not process nodes)
 OPERATOR_DEPLOYMENT = "the operator as the chart's Deployment with two replicas"
 SPARE = "a warm spare (spec.spares >= 1)"
+ROOT = "root (the soak mounts the job's checkpoint storage as a tmpfs)"
 NOTICE_PREFIX = "notice-"
 
 
@@ -60,9 +61,12 @@ CATALOGUE: tuple[FaultKind, ...] = (
               "the same etcd (every object kept)", False),
     FaultKind("partition", "one worker pod cut off the network for 10-30 s (in its network namespace)", True,
               (REAL_NODES,), implemented=False),
-    FaultKind("storage-unavailable", "the checkpoint storage unavailable for 10 s", False, implemented=False),
-    FaultKind("storage-full", "the checkpoint storage full", False, implemented=False),
+    FaultKind("storage-unavailable", "the checkpoint storage (a tmpfs) remounted read-only for 10 s", False,
+              (ROOT,)),
+    FaultKind("storage-full", "the checkpoint storage (a tmpfs) filled with a ballast file for 10-20 s",
+              False, (ROOT,)),
 )
+STORAGE_KINDS = ("storage-unavailable", "storage-full")
 KINDS = {k.name: k for k in CATALOGUE}
 
 
@@ -181,3 +185,32 @@ def notice_patch(sig: Signal, now: float) -> tuple[str, str, str | None, float]:
         return sig.kind, sig.key, str(deadline), float(deadline - now)
     value = sig.value if sig.value is not None else ("True" if sig.kind == "Condition" else "true")
     return sig.kind, sig.key, value, float(sig.notice_seconds)
+
+
+STORAGE_UNAVAILABLE_SECONDS = 10.0
+STORAGE_SLACK_BYTES = 1 << 20  # fences, a checkpoint's reprieve.json rewrite, TensorStore's lock files
+
+
+def storage_fault_seconds(kind: str, rng: random.Random) -> float:
+    """How long a storage fault lasts: ``storage-unavailable`` 10 s, ``storage-full`` 10-20 s (the soak's rng)."""
+    return STORAGE_UNAVAILABLE_SECONDS if kind == "storage-unavailable" else round(rng.uniform(10.0, 20.0), 1)
+
+
+def storage_tmpfs_bytes(checkpoint_bytes: Sequence[int], keep: int, page: int = 4096) -> int:
+    """The size of the tmpfs the soak mounts as the job's checkpoint storage when storage faults are scheduled:
+    room for ``keep + 2`` of the largest checkpoint measured (``keep`` committed, one more that a restart's deferred
+    retention leaves, one being written) and ``STORAGE_SLACK_BYTES``, in whole pages. ``checkpoint_bytes``: the
+    sizes of the fault-free run's checkpoints, each counted in whole pages per file (what tmpfs charges)."""
+    if not checkpoint_bytes or max(checkpoint_bytes) <= 0:
+        raise SoakConfigError("the fault-free run left no checkpoint to size the checkpoint storage by")
+    need = (keep + 2) * max(checkpoint_bytes) + STORAGE_SLACK_BYTES
+    return -(-need // page) * page
+
+
+def storage_recovered(until: float, committed: Sequence[tuple[float, int | None]]) -> float | None:
+    """When the job was seen, after a storage fault that ended at ``until``, with a checkpoint newer than every
+    one seen until then (nothing commits while the storage is read-only or full, and a step first reported during
+    the fault was committed before it): the next due save after the fault committed. ``committed``: ``(time, the
+    status's lastCheckpointStep)`` of each observation, in order. None: never."""
+    before = max((step for t, step in committed if t < until and step is not None), default=-1)
+    return next((t for t, step in committed if t >= until and step is not None and step > before), None)

@@ -3,7 +3,7 @@
 Thin I/O: the choices (which process is the trainer, what to put on a node) are pure functions here and in
 ``chaos``. Everything an injector leaves behind (a signal on a node, a node deletion due at a deadline) is
 registered, so :meth:`Injectors.stop` (Ctrl-C) undoes what has not yet happened: signals removed, pending
-deletions cancelled. Nodes deleted by a fault are replaced in the background by new ones of the same pool, so the
+deletions cancelled, the checkpoint storage made writable and emptied of its ballast. Nodes deleted by a fault are replaced in the background by new ones of the same pool, so the
 job always has somewhere to go.
 """
 
@@ -15,6 +15,7 @@ import os
 import queue
 import random
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cgroups
-from .chaos import KINDS, apiserver_down_seconds, notice_patch
+from .chaos import KINDS, STORAGE_KINDS, apiserver_down_seconds, notice_patch, storage_fault_seconds
 from .soakrecord import Injected
 from .testing import cordon_node, label_node, set_node_condition, taint_node, untaint_node
 
@@ -135,6 +136,11 @@ class Injectors:
         self.operator = operator
         self.add_node_kwargs = add_node_kwargs or {}
         self.undo: dict[str, Callable[[], None]] = {}   # node -> remove the signal put on it
+        # the job's checkpoint storage, a tmpfs the soak mounted (storage-* faults); the storage fault in force:
+        # (what it did, how to undo it), and when each one injected (by Injected.at) ended or is due to end
+        self.storage: Path | None = None
+        self.storage_fault: tuple[float, str, Callable[[], None]] | None = None  # (injected at, what, undo)
+        self.storage_until: dict[float, float] = {}
         self.timers: list[threading.Timer] = []
         self.doomed: set[str] = set()
         self.replace: queue.Queue[str | None] = queue.Queue()
@@ -180,7 +186,7 @@ class Injectors:
         """Carry out one fault of ``kind`` now; what went wrong is in ``Injected.error`` (never raised)."""
         at, attempt = time.time(), self.attempt()
         try:
-            target = self._inject(kind)
+            target = self._storage(kind, at) if kind in STORAGE_KINDS else self._inject(kind)
         except Exception as err:  # noqa: BLE001 - a failed injection is recorded, and the soak goes on
             log.warning("fault %s not injected: %s", kind, err)
             return Injected(kind, "", at, attempt, error=str(err)[:300])
@@ -300,6 +306,46 @@ class Injectors:
         self._notice(node, GKE_SPOT)
         return f"{pod.metadata.name}+{node}"
 
+    def _storage(self, kind: str, at: float) -> str:
+        """``storage-unavailable``: the tmpfs remounted read-only (the superblock's flag: every bind mount of it,
+        the pods' included, turns read-only); ``storage-full``: a ballast file fills it. Undone by a timer (or
+        :meth:`stop`); a storage fault still in force is undone first."""
+        if self.storage is None:
+            raise RuntimeError("no checkpoint storage tmpfs is mounted (the soak mounts one when storage faults are "
+                               "scheduled)")
+        self._end_storage_fault()
+        seconds = storage_fault_seconds(kind, self.rng)
+        root = self.storage
+        if kind == "storage-unavailable":
+            remount(root, "ro")
+            what, undo = f"{root} read-only for {seconds:.0f}s", lambda: remount(root, "rw")
+        else:
+            ballast = root / "soak-ballast"
+            size = fill(ballast)
+            what, undo = (f"{root} full ({size >> 20} MiB of ballast) for {seconds:.0f}s",
+                          lambda: ballast.unlink(missing_ok=True))
+        with self.lock:
+            self.storage_fault = (at, what, undo)
+            self.storage_until[at] = time.time() + seconds
+        timer = threading.Timer(seconds, self._end_storage_fault, args=(at,))
+        timer.daemon = True
+        self.timers.append(timer)
+        timer.start()
+        log.info("checkpoint storage %s", what)
+        return what
+
+    def _end_storage_fault(self, at: float | None = None) -> str | None:
+        """Undo the storage fault in force (``at``: only the one injected then, its timer's call)."""
+        with self.lock:
+            fault = self.storage_fault
+            if fault is None or (at is not None and fault[0] != at):
+                return None
+            self.storage_fault = None
+            self.storage_until[fault[0]] = min(self.storage_until[fault[0]], time.time())
+        fault[2]()
+        log.info("checkpoint storage back: %s is over", fault[1])
+        return fault[1]
+
     # -- node replacement and clean-up --------------------------------------------------------------------------
     def _replace_loop(self) -> None:
         while True:
@@ -330,5 +376,41 @@ class Injectors:
                 done.append(f"signal removed from {node}, its deletion cancelled")
             except Exception as err:  # noqa: BLE001
                 done.append(f"could not remove the signal from {node}: {err}")
+        try:
+            ended = self._end_storage_fault()
+            if ended:
+                done.append(f"checkpoint storage restored: {ended} ended early")
+        except Exception as err:  # noqa: BLE001
+            done.append(f"could not restore the checkpoint storage: {err}")
         self.replace.put(None)
         return done
+
+
+def remount(path: Path, mode: str, *, tries: int = 100) -> None:
+    """``mount -o remount,<mode>`` of the tmpfs at ``path``. Read-only is refused (EBUSY) while a file on it is
+    open for writing (a checkpoint being written): tried again every 0.1 s, ``tries`` times."""
+    for i in range(tries):
+        got = subprocess.run(["mount", "-o", f"remount,{mode}", str(path)], capture_output=True, text=True,
+                             check=False)
+        if got.returncode == 0:
+            return
+        if i == tries - 1:
+            raise RuntimeError(f"mount -o remount,{mode} {path}: {got.stderr.strip()}")
+        time.sleep(0.1)
+
+
+def fill(path: Path, chunk: int = 1 << 20) -> int:
+    """Write zeros into ``path`` until its file system is full (ENOSPC); returns the bytes written."""
+    written = 0
+    block = b"\0" * chunk
+    with open(path, "wb", buffering=0) as f:
+        while True:
+            try:
+                n = f.write(block)
+            except OSError:
+                if chunk <= 4096:
+                    return written
+                chunk //= 16
+                block = block[:chunk]
+                continue
+            written += n or 0

@@ -13,7 +13,9 @@ Runtime-only knobs (not set by the operator, documented in ``docs/runtime.md``):
 ``REPRIEVE_SAVE_SECONDS_ESTIMATE`` (30, used until a save has been measured),
 ``REPRIEVE_COMPILATION_CACHE_DIR`` (unset = JAX's defaults; set = JAX's persistent compilation cache there,
 for every program, so a restarted gang does not compile again), ``REPRIEVE_PROGRESS_INTERVAL_SECONDS`` (5: how
-often process 0 reports live progress on its pod; 0 = only at commits), ``REPRIEVE_RUN_ID`` (unset: a run
+often process 0 reports live progress on its pod; 0 = only at commits), ``REPRIEVE_MAX_FAILED_SAVES`` (3:
+storage saves failed in a row, over a minute at least, that fail the job; ``reprieve.policy.save_failure_verdict``),
+``REPRIEVE_RUN_ID`` (unset: a run
 is known by its state's structure only; see ``reprieve.identity``).
 """
 
@@ -24,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .env import ConfigError, Env
+from .policy import DEFAULT_MAX_FAILED_SAVES
 
 DEFAULT_RESTART_EXIT_CODE = 42
 # The restart codes the operator's CRD accepts (docs/contract.toml, [restart_exit_code]): 0 is success, 1 and 2 are
@@ -66,6 +69,7 @@ class RuntimeConfig:
     save_seconds_estimate: float = 30.0
     compilation_cache_dir: str | None = None
     progress_interval_seconds: float = 5.0
+    max_failed_saves: int = DEFAULT_MAX_FAILED_SAVES  # REPRIEVE_MAX_FAILED_SAVES: storage saves failed in a row that are fatal
     run_id: str | None = None  # REPRIEVE_RUN_ID: recorded in every checkpoint; a restore refuses another run's
 
     @property
@@ -122,6 +126,7 @@ class RuntimeConfig:
             save_seconds_estimate=r.number("REPRIEVE_SAVE_SECONDS_ESTIMATE", 30.0, minimum=0.0),
             compilation_cache_dir=r.opt_text("REPRIEVE_COMPILATION_CACHE_DIR"),
             progress_interval_seconds=r.number("REPRIEVE_PROGRESS_INTERVAL_SECONDS", 5.0, minimum=0.0),
+            max_failed_saves=r.integer("REPRIEVE_MAX_FAILED_SAVES", DEFAULT_MAX_FAILED_SAVES, minimum=1),
             run_id=r.opt_text("REPRIEVE_RUN_ID"),
         )
         if cfg.process_id >= cfg.num_processes:

@@ -31,7 +31,15 @@ from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeHub
 from .notice_sources import ignore_termination_signals as _ignore_termination_signals
-from .policy import SavePolicy, should_save, time_save_due
+from .policy import (
+    MIN_FAILING_SECONDS,
+    STORAGE,
+    SavePolicy,
+    classify_save_error,
+    save_failure_verdict,
+    should_save,
+    time_save_due,
+)
 from .progress import LoopProgress, ProgressReporter
 
 log = logging.getLogger(__name__)
@@ -97,6 +105,8 @@ class Restored(tuple):  # type: ignore[type-arg]
 class Job:
     """One process's handle on a preemption-safe training job. Build it with :func:`reprieve.init`."""
 
+    min_failing_seconds = MIN_FAILING_SECONDS  # failed saves are fatal only after this long (reprieve.policy)
+
     def __init__(
         self,
         config: RuntimeConfig,
@@ -145,6 +155,9 @@ class Job:
         self._pending: int | None = None
         self._committed: int | None = None
         self._final = False  # the agreed save has begun
+        self._failed_saves = 0  # storage saves failed in a row (REPRIEVE_MAX_FAILED_SAVES bounds it)
+        self._failing_since = 0.0  # monotonic: when the first of them began
+        self._pending_started = 0.0  # monotonic: when the save _pending began
         self._state_checked = False  # the first save() checks the state's leaves (checkpointer.check_state)
         self._run_cache: tuple[Any, dict[str, Any]] | None = None  # (tree and shapes, their run record)
         self._ahead: list[CompileAhead] = []  # compile_ahead() threads; steps() waits for them
@@ -447,7 +460,7 @@ class Job:
 
     # -- saving ------------------------------------------------------------------------------------------
     def _start_save(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any, kind: str) -> None:
-        self._confirm_pending()
+        self._confirm_pending(retry_next=kind)
         record: dict[str, Any] = {"reprieve": {"step": step, "kind": kind, "attempt": self.config.attempt,
                                                "run": self._run_record(state)}}
         # what this attempt measured: the next attempt's countdown starts from it (_seed_estimates)
@@ -471,7 +484,7 @@ class Job:
         self.checkpointer.save(step, state, extra={**(extra or {}), **record}, **kwargs)
         self._blocked(time.perf_counter() - t0)
         self._last_saved = self._pending = step
-        self._last_save_at = time.monotonic()
+        self._last_save_at = self._pending_started = time.monotonic()
         self.metrics.inc("reprieve_saves_total", kind=kind)
         log.debug("save of step %d started (%s)", step, kind)
 
@@ -509,15 +522,53 @@ class Job:
             self._committed = step
         self._record_commit(step)
 
-    def _confirm_pending(self) -> None:
-        """Wait for the in-flight save (if any), then record it as committed."""
+    def _confirm_pending(self, *, retry_next: str | None = None) -> None:
+        """Wait for the in-flight save (if any), then record it as committed. ``retry_next``: the kind of the save
+        about to start, which retries a failed one (:meth:`_save_failed`); None: its failure is raised."""
         if self._pending is None:
             return
         t0 = time.perf_counter()
-        self.checkpointer.wait()
+        try:
+            self.checkpointer.wait()
+        except Exception as err:
+            self._blocked(time.perf_counter() - t0)
+            failed, self._pending = self._pending, None
+            if retry_next is None:
+                raise
+            self._save_failed(failed, err, agreed_next=retry_next == "final")
+            return
         self._blocked(time.perf_counter() - t0)
         self._committed, self._pending = max(self._pending, self._committed or -1), None
+        self._failed_saves = self.loop.failed_saves = 0
         self._record_commit(self._committed)
+
+    def _save_failed(self, step: int, err: Exception, *, agreed_next: bool) -> None:
+        """The save of ``step`` failed and a next save is about to start: log, count and report it, and train on
+        unless :func:`reprieve.policy.save_failure_verdict` says it is fatal (then raise, as without this rule).
+        Every process sees the same failure at the same save, so all decide alike."""
+        if self._failed_saves == 0:
+            self._failing_since = self._pending_started
+        self._failed_saves += 1
+        self.loop.failed_saves = self._failed_saves
+        cause = f"{type(err).__name__}: {err}"
+        self.loop.last_save_error = f"step {step}: {cause}"[:500]
+        self.metrics.inc("reprieve_save_failures_total")
+        kind = classify_save_error(err)
+        fatal = save_failure_verdict(kind, self._failed_saves, self.config.max_failed_saves, agreed_next=agreed_next,
+                                     failing_seconds=time.monotonic() - self._failing_since,
+                                     min_failing_seconds=self.min_failing_seconds)
+        if self._progress is not None:
+            self._progress.report(self._current, -1 if self._committed is None else self._committed)
+        if fatal is None:
+            log.error("checkpoint save of step %d failed (%d in a row, fatal at REPRIEVE_MAX_FAILED_SAVES=%d over "
+                      "%.0f s or more): %s; training goes on, the next save retries (the last committed step is %s)",
+                      step, self._failed_saves, self.config.max_failed_saves, self.min_failing_seconds, cause,
+                      "none" if self._committed is None else self._committed)
+            return
+        log.critical("checkpoint save of step %d failed: %s; %s", step, cause, fatal)
+        if kind == STORAGE:  # the bound: say how many and why
+            raise RuntimeError(f"checkpoint save of step {step} failed ({cause}): {fatal}") from err
+        raise err  # fenced, or not the storage: as it came
 
     def _blocked(self, seconds: float) -> None:
         """The training loop waited ``seconds`` for a save (the copy off the devices, a commit). Only waits

@@ -29,6 +29,8 @@ _HELP = {
     "reprieve_save_to_commit_seconds": ("histogram", "From a save call to its commit on every process."),
     "reprieve_restore_seconds": ("histogram", "Reading the checkpoint at start-up."),
     "reprieve_saves_total": ("counter", "Checkpoint saves started, by kind (periodic, early, final)."),
+    "reprieve_save_failures_total": ("counter", ("Checkpoint saves that failed (the storage refused a write or "
+                                                 "the commit); REPRIEVE_MAX_FAILED_SAVES in a row are fatal.")),
     "reprieve_last_committed_step": ("gauge", "Last checkpoint step known to be committed (-1 if none)."),
 }
 

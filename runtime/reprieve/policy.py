@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .checkpoint.fencing import FencedError
+
 
 @dataclass(frozen=True)
 class SavePolicy:
@@ -42,3 +44,43 @@ def time_save_due(*, policy: SavePolicy, now: float, last_save_at: float) -> boo
     """Whether process 0 should ask every process to agree on a save now: ``interval_seconds`` have passed
     since the last save started (or since the loop started)."""
     return policy.interval_seconds > 0 and now - last_save_at >= policy.interval_seconds
+
+
+# What a failed storage save was (classify_save_error) and what the job does about it (save_failure_verdict).
+STORAGE, FENCED, OTHER = "storage", "fenced", "other"
+DEFAULT_MAX_FAILED_SAVES = 3  # REPRIEVE_MAX_FAILED_SAVES
+# A storage failing for less than this (since the first failed save of the streak began) never fails the job, however
+# often it saves: a job that saves every few seconds would otherwise reach the bound within one short outage (the
+# soak's 10-20 s storage faults against its ~3 s save interval did).
+MIN_FAILING_SECONDS = 60.0
+
+
+def classify_save_error(err: BaseException) -> str:
+    """``FENCED`` (a newer attempt owns the storage), ``STORAGE`` (the storage refused a write or the commit on
+    some process: the same verdict on every process, ``CheckpointSaveError.storage``; or an ``OSError`` from a
+    checkpointer without that attribute) or ``OTHER`` (the coordination service, a bug: never retried)."""
+    if isinstance(err, FencedError):
+        return FENCED
+    storage = getattr(err, "storage", None)
+    if isinstance(storage, bool):
+        return STORAGE if storage else OTHER
+    return STORAGE if isinstance(err, OSError) else OTHER
+
+
+def save_failure_verdict(kind: str, consecutive: int, max_failed: int, *, failing_seconds: float = float("inf"),
+                         min_failing_seconds: float = MIN_FAILING_SECONDS, agreed_next: bool = False) -> str | None:
+    """None: the job trains on and the next due save retries; else why the failure is fatal (pure).
+
+    ``consecutive``: failed saves in a row, this one included; ``max_failed``: ``REPRIEVE_MAX_FAILED_SAVES``;
+    ``failing_seconds``: since the first of them began (the bound applies from ``min_failing_seconds`` on).
+    ``agreed_next``: the failure surfaced as the agreed save of a notice begins; that save is the last chance to
+    keep the steps since the last commit, so the bound does not stop it (its own failure is fatal).
+    """
+    if kind == FENCED:
+        return "a newer attempt owns the checkpoint storage (fenced): this attempt must stop"
+    if kind != STORAGE:
+        return "the save failed outside the storage (not retried)"
+    if consecutive >= max_failed and failing_seconds >= min_failing_seconds and not agreed_next:
+        return (f"{consecutive} consecutive checkpoint saves failed over {failing_seconds:.0f} s "
+                f"(REPRIEVE_MAX_FAILED_SAVES={max_failed}): the storage stays unusable")
+    return None

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 # annotation key -> decimals it is rounded to (epoch times to the millisecond)
 LIVE_FIELDS = {"stepAt": 3, "stepSeconds": 6, "firstStep": None, "firstStepAt": 3, "restoreSeconds": 3,
-               "saveBlockingSeconds": 3, "restoredFrom": None, "memoryStep": None, "savedStepsAt": None}
+               "saveBlockingSeconds": 3, "restoredFrom": None, "memoryStep": None, "savedStepsAt": None,
+               "failedSaves": None, "lastSaveError": None}
 SAVED_KEPT = 2  # per kind (storage, memory): the newest saved steps whose finish times a report carries
 
 
@@ -53,6 +54,10 @@ class LoopProgress:
         # memory tier hook (reprieve.memtier): where the restore read from, and more fields from its reporter
         self.restored_from: dict[str, Any] | None = None
         self.extra_fields: Callable[[], dict[str, Any]] | None = None
+        # storage saves that failed in a row (0 again after a commit) and the last failure ("step N: cause"),
+        # None until a save of this attempt failed (docs/contract.md, "Progress")
+        self.failed_saves = 0
+        self.last_save_error: str | None = None
 
     def mark_saved(self, step: int, kind: str, t: float) -> None:
         """A save of ``step`` (``kind``: storage or memory) started; the loop finished the step at ``t``
@@ -79,6 +84,9 @@ class LoopProgress:
             out["savedStepsAt"] = [[step, round(saved[step] + self.wall_offset, 3)] for step in sorted(saved)]
         if self.restored_from is not None:
             out["restoredFrom"] = self.restored_from
+        if self.last_save_error is not None:
+            out["failedSaves"] = self.failed_saves
+            out["lastSaveError"] = self.last_save_error
         if self.extra_fields is not None:
             try:
                 out.update(self.extra_fields())

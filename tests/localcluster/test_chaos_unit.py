@@ -26,8 +26,8 @@ from reprieve_operator.policy.signals import BUILTIN_SIGNALS
 
 pytestmark = pytest.mark.unit
 
-ALL = Capabilities(frozenset({REAL_NODES, SPARE, chaos.OPERATOR_DEPLOYMENT}))
-PROCESS = Capabilities(frozenset({SPARE}), "process nodes: real nodes cannot start here")
+ALL = Capabilities(frozenset({REAL_NODES, SPARE, chaos.OPERATOR_DEPLOYMENT, chaos.ROOT}))
+PROCESS = Capabilities(frozenset({SPARE, chaos.ROOT}), "process nodes: real nodes cannot start here")
 
 
 def test_every_builtin_signal_is_a_notice_kind_with_its_own_window() -> None:
@@ -67,7 +67,7 @@ def test_default_kinds_are_every_implemented_one_and_duplicates_collapse() -> No
 
 @pytest.mark.parametrize(("faults", "caps", "minutes", "every", "message"), [
     ("partition", ALL, 3, 30, "fault kind partition .* is not implemented yet"),
-    ("storage-full", ALL, 3, 30, "storage-full .* not implemented yet"),
+    ("storage-full", Capabilities(frozenset({SPARE})), 3, 30, r"storage-full needs root \(the soak mounts"),
     ("kill-trainer", PROCESS, 3, 30, "kill-trainer needs real nodes, which this cluster lacks .process nodes"),
     ("kill-spare", Capabilities(frozenset({REAL_NODES})), 3, 30, r"kill-spare needs a warm spare"),
     ("node-lost", ALL, 0, 30, "--minutes must be > 0"),
@@ -397,3 +397,43 @@ def test_a_restart_after_an_apiserver_restart_is_one_no_fault_explains() -> None
     (rec,) = records(faults, [Observation(50, 2, checkpoint_step=20)], intr, log, t0=0)
     assert rec.recovered and rec.lost_steps == 0
     assert [i.from_attempt for i in unexplained(faults, intr)] == [1]
+
+
+def test_storage_faults_are_implemented_end_no_attempt_and_last_10_to_20_seconds() -> None:
+    import random
+
+    for name in chaos.STORAGE_KINDS:
+        kind = chaos.KINDS[name]
+        assert kind.implemented and not kind.interrupts and kind.needs == (chaos.ROOT,)
+    assert chaos.validate(list(chaos.STORAGE_KINDS), PROCESS, minutes=2, fault_every=25) == list(chaos.STORAGE_KINDS)
+    assert chaos.storage_fault_seconds("storage-unavailable", random.Random(1)) == 10.0
+    full = [chaos.storage_fault_seconds("storage-full", random.Random(seed)) for seed in range(200)]
+    assert all(10.0 <= d <= 20.0 for d in full) and max(full) - min(full) > 8
+
+
+@pytest.mark.parametrize(("sizes", "keep", "expected"), [
+    ([40_960, 45_056, 40_960], 3, 5 * 45_056 + (1 << 20)),  # keep + 2 of the largest, and the slack
+    ([4_097], 1, 3 * 4_097 + (1 << 20) + 4_093),  # whole pages
+])
+def test_the_storage_tmpfs_holds_keep_plus_two_checkpoints(sizes: list[int], keep: int, expected: int) -> None:
+    assert chaos.storage_tmpfs_bytes(sizes, keep) == expected
+
+
+def test_a_storage_tmpfs_without_a_measured_checkpoint_is_refused() -> None:
+    with pytest.raises(SoakConfigError, match="no checkpoint to size"):
+        chaos.storage_tmpfs_bytes([], 3)
+
+
+@pytest.mark.parametrize(("committed", "seen"), [
+    # the next save after the fault (10..20) committed: seen at 24
+    ([(5.0, 10), (12.0, 10), (18.0, 10), (24.0, 30)], 24.0),
+    # a step reported during the fault was committed before it: only a report after the fault counts
+    ([(5.0, 10), (15.0, 20), (22.0, 20), (30.0, 40)], 30.0),
+    # nothing newer ever committed (the job failed, or ended before its next save)
+    ([(5.0, 10), (25.0, 10)], None),
+    # no checkpoint before the fault: any commit after it
+    ([(5.0, None), (21.0, 0)], 21.0),
+])
+def test_a_storage_fault_is_recovered_when_a_newer_checkpoint_commits_after_it(
+        committed: list[tuple[float, int | None]], seen: float | None) -> None:
+    assert chaos.storage_recovered(20.0, committed) == seen

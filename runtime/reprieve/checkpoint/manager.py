@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -44,11 +45,19 @@ _instances = itertools.count()
 # GiB/s with 16 MiB chunks against 0.46-0.68 GiB/s with one 64 MiB chunk per shard, and resharding reads
 # finer pieces. Files per checkpoint grow accordingly (256 for 4 GiB instead of 64).
 DEFAULT_MAX_CHUNK_BYTES = 16 << 20
+_TS_SPEC = re.compile(r" ?\[tensorstore_spec='.*?'\]")
 CRASH_ENV = "REPRIEVE_CKPT_TEST_CRASH_AT"  # test-only fault injection: a commit-protocol point name
 
 
 class CheckpointSaveError(RuntimeError):
-    """A background save failed on some process; the checkpoint was not committed."""
+    """A background save failed on some process; the checkpoint was not committed.
+
+    ``storage``: the storage refused a process's write or the commit (full, read-only, unreachable), as every
+    process of the save learns it alike; False for a failure of anything else (the coordination service)."""
+
+    def __init__(self, message: str, *, storage: bool = False) -> None:
+        super().__init__(message)
+        self.storage = storage
 
 
 class RestoreResult(tuple):  # type: ignore[type-arg]
@@ -62,6 +71,11 @@ class RestoreResult(tuple):  # type: ignore[type-arg]
         self = super().__new__(cls, (step, state, extra))
         self.process_extra = process_extra
         return self
+
+
+def _brief(err: BaseException) -> str:
+    """``err`` without the TensorStore spec that its errors append (a kilobyte of JSON that names nothing new)."""
+    return _TS_SPEC.sub("", str(err))
 
 
 def _maybe_crash(point: str, process_id: int) -> None:
@@ -266,7 +280,7 @@ class CheckpointManager:
         if self._host_copy == "staged" and local_err is None:  # after a failure TensorStore may still hold them
             self._staging.give_back([sc.data for sc in snap.shards])
         snap.shards.clear()  # drop the copies as soon as they are on storage
-        status = "ok" if local_err is None else f"error: {type(local_err).__name__}: {local_err}"[:2000]
+        status = "ok" if local_err is None else f"error: {type(local_err).__name__}: {_brief(local_err)}"[:2000]
         self._coord.set(f"{base}/written/{pid}", status, overwrite=True)
         _maybe_crash("before_barrier", pid)
         self._coord.barrier(f"ckpt-a{self.attempt}-i{self._inst}-s{step}", self._timeout)
@@ -277,11 +291,12 @@ class CheckpointManager:
             self._coord.set(f"{base}/commit", outcome, overwrite=True)
         else:
             outcome = self._coord.get(f"{base}/commit", self._timeout)
-        if local_err is not None:
-            raise local_err
-        if outcome != "ok":
-            raise (FencedError if outcome.startswith("fenced") else CheckpointSaveError)(
-                f"checkpoint step {step} at {self.uri} not committed: {outcome}")
+        if outcome.startswith("fenced"):
+            raise FencedError(f"checkpoint step {step} at {self.uri} not committed: {outcome}")
+        if outcome != "ok" or local_err is not None:
+            # the same error (and verdict) on every process, whichever process's storage refused it
+            raise CheckpointSaveError(f"checkpoint step {step} at {self.uri} not committed: {outcome}",
+                                      storage=outcome.startswith("error: ")) from local_err
         self.last_save_seconds = time.monotonic() - t0
         self.committed_step = step
         log.info("checkpoint step %d committed: %d bytes from this process, %.3fs save->commit",
@@ -299,7 +314,11 @@ class CheckpointManager:
         bad = {k.rsplit("/", 1)[-1]: v for k, v in statuses.items() if v != "ok"}
         missing = [p for p in range(self._nproc) if not any(k.endswith(f"/{p}") for k in statuses)]
         if bad or missing:
-            st.delete(CheckpointName(step, self.attempt, "tmp"))
+            try:  # best effort: on a full or read-only storage this fails too; retention or the next attempt retries
+                st.delete(CheckpointName(step, self.attempt, "tmp"))
+            except Exception as err:  # noqa: BLE001
+                log.warning("checkpoint: could not remove the unfinished %s/%s: %s", self.uri,
+                            CheckpointName(step, self.attempt, "tmp"), err)
             return f"error: processes failed {bad} missing {missing}"
         newer = fencing.newer_fences(st.read_fences(), self.attempt)
         if newer:
@@ -358,7 +377,11 @@ class CheckpointManager:
         fences = st.read_fences()
         if fencing.newer_fences(fences, self.attempt):
             return  # a newer attempt owns the directory now
-        committed = st.list_entries(uncommitted=False)
+        entries = st.list_entries()
+        committed = [e for e in entries if e.state == "committed"]
+        for name in retention.select_abandoned(entries, attempt=self.attempt, committed_step=self.committed_step):
+            log.info("checkpoint retention: deleting the unfinished %s/%s (its save failed)", self.uri, name)
+            st.delete(name)
         vis = fencing.visible(committed, fences)
         invisible = [c for c in committed if c not in set(vis)]
         for c in retention.select_deletions(vis, invisible, keep=self.keep, keep_every=self.keep_every):

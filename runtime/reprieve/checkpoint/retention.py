@@ -47,3 +47,16 @@ def select_quarantined(quarantined: Sequence[Quarantined], *, keep: int) -> list
         raise ValueError(f"retention keep must be >= 1, got {keep}")
     ordered = sorted(quarantined)
     return [q[3] for q in ordered[:-keep]]
+
+
+def select_abandoned(entries: Sequence[CheckpointName], *, attempt: int,
+                     committed_step: int | None) -> list[CheckpointName]:
+    """What else retention deletes once attempt ``attempt`` committed ``committed_step`` (pure): interrupted
+    deletions, unfinished (``tmp``) checkpoints of older attempts, and this attempt's of earlier steps (a failed
+    save whose unfinished directory process 0 could not remove, e.g. on a storage that was read-only then). Never
+    one of a later step (that save may be writing now) nor of a newer attempt."""
+    if committed_step is None:
+        return []
+    return sorted((e for e in entries if e.state == "deleting" or (e.state == "tmp" and (
+        e.attempt < attempt or (e.attempt == attempt and e.step < committed_step)))),
+                  key=lambda c: (c.step, c.attempt))

@@ -1,0 +1,93 @@
+"""A checkpoint storage that is read-only, then full, for a while costs no failure (issue #25): a real Job with the
+real CheckpointManager (TensorStore) on a small tmpfs mounted by the test (root only; skipped elsewhere)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+import reprieve
+from reprieve.checkpoint import CheckpointManager, layout
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+STATE_BYTES = 256 * 1024  # one float32 leaf of 64Ki elements
+TMPFS_BYTES = 8 * STATE_BYTES  # keep=3 checkpoints, one being written, and room to spare
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "ckpt"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    got = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(mnt)],
+                         check=False, capture_output=True, text=True)
+    if got.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _remount(mnt: Path, mode: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(mnt)], check=True, capture_output=True)
+
+
+def test_read_only_then_full_storage_costs_no_failure(tmpfs: Path, caplog: pytest.LogCaptureFixture) -> None:
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmpfs), "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "2"}
+    job = reprieve.init(env=env, install_sigterm=False)
+    ballast = tmpfs / "ballast"
+    state, start = job.restore_or(lambda: {"w": jnp.zeros((STATE_BYTES // 4,), jnp.float32)})
+    with job:  # saves after steps 1, 3, ..., 15; a failure surfaces when the next save starts
+        for step in job.steps(start, 16):
+            state = {"w": state["w"] + 1}
+            if step in (2, 6, 8, 10):  # the save before this step has settled (its error, if any, left for the
+                job.checkpointer._thread.join()  # job to find): the fault hits the saves after this step only
+            if step == 2:
+                _remount(tmpfs, "ro")  # the saves of steps 3 and 5 fail (EROFS)
+            elif step == 6:
+                _remount(tmpfs, "rw")
+                # what a save interrupted by the remount leaves: retention removes it after the next commit
+                (tmpfs / layout.tmp_name(5, 1) / "arrays").mkdir(parents=True)
+            elif step == 8:  # the save of step 9 fails (ENOSPC) and cleans up after itself
+                with open(ballast, "wb") as f:
+                    while True:
+                        try:
+                            f.write(b"\0" * 65536)
+                            f.flush()
+                        except OSError:
+                            break
+            elif step == 10:
+                ballast.unlink()
+            job.save(step, state)
+    assert job.metrics.get("reprieve_save_failures_total") == 3
+    assert "checkpoint save of step 5 failed (2 in a row" in caplog.text
+    assert "checkpoint save of step 9 failed (1 in a row" in caplog.text
+    assert job.loop.failed_saves == 0 and (job.loop.last_save_error or "").startswith("step 9: CheckpointSaveError")
+    assert sorted(p.name for p in tmpfs.iterdir()) == [layout.FENCES_DIR, *(layout.committed_name(s, 1)
+                                                                           for s in (11, 13, 15))]
+    with CheckpointManager(str(tmpfs)) as mgr:
+        step, restored, _ = mgr.restore({"w": jnp.zeros((STATE_BYTES // 4,), jnp.float32)})
+    assert step == 15 and float(restored["w"][0]) == 16.0
+
+
+def test_storage_read_only_for_good_fails_the_job_after_the_bound(tmpfs: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reprieve.Job, "min_failing_seconds", 0.0)  # the bound at once, not after a minute
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmpfs), "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "1",
+           "REPRIEVE_MAX_FAILED_SAVES": "2"}
+    job = reprieve.init(env=env, install_sigterm=False)
+    state, start = job.restore_or(lambda: {"w": jnp.zeros((16,), jnp.float32)})
+    _remount(tmpfs, "ro")
+    with pytest.raises(RuntimeError, match=r"save of step 1 failed .*2 consecutive checkpoint saves failed over "
+                                           r"\d+ s \(REPRIEVE_MAX_FAILED_SAVES=2\)") as raised, job:
+        for step in job.steps(start, 10):
+            job.save(step, state)
+    assert "Read-only file system" in str(raised.value)
+    assert [p.name for p in tmpfs.iterdir()] == [layout.FENCES_DIR]
