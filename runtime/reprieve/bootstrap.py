@@ -156,7 +156,8 @@ def init(
                                           attempt=config.attempt, started_at=started_at).start().close)
         if config.process_id == 0:
             progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt,
-                                        interval_s=config.progress_interval_seconds)
+                                        interval_s=config.progress_interval_seconds,
+                                        termination_log=config.termination_log)
     job_ref: list[Job] = []
     peers: PeerWatch | None = None
     if config.distributed:
@@ -167,7 +168,7 @@ def init(
             if link is not None:
                 link.peer_lost(processes)
             if config.in_cluster:
-                write_termination_message(processes)
+                write_termination_message(processes, config.termination_log)
 
         peers = PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
                           heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from .env import ConfigError, Env
 from .policy import DEFAULT_MAX_FAILED_SAVES
+from .termination import TERMINATION_LOG
 
 DEFAULT_RESTART_EXIT_CODE = 42
 # The restart codes the operator's CRD accepts (docs/contract.toml, [restart_exit_code]): 0 is success, 1 and 2 are
@@ -71,6 +72,7 @@ class RuntimeConfig:
     progress_interval_seconds: float = 5.0
     max_failed_saves: int = DEFAULT_MAX_FAILED_SAVES  # REPRIEVE_MAX_FAILED_SAVES: storage saves failed in a row that are fatal
     run_id: str | None = None  # REPRIEVE_RUN_ID: recorded in every checkpoint; a restore refuses another run's
+    termination_log: str = TERMINATION_LOG  # REPRIEVE_TERMINATION_LOG: the container's termination message file
 
     @property
     def distributed(self) -> bool:
@@ -128,6 +130,7 @@ class RuntimeConfig:
             progress_interval_seconds=r.number("REPRIEVE_PROGRESS_INTERVAL_SECONDS", 5.0, minimum=0.0),
             max_failed_saves=r.integer("REPRIEVE_MAX_FAILED_SAVES", DEFAULT_MAX_FAILED_SAVES, minimum=1),
             run_id=r.opt_text("REPRIEVE_RUN_ID"),
+            termination_log=r.opt_text("REPRIEVE_TERMINATION_LOG") or TERMINATION_LOG,
         )
         if cfg.process_id >= cfg.num_processes:
             raise ConfigError(

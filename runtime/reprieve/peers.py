@@ -95,7 +95,7 @@ def termination_message(processes: tuple[int, ...]) -> str:
     return termination.merged("", {"peerLost": list(processes)})
 
 
-def write_termination_message(processes: tuple[int, ...], path: str | None = None) -> None:
+def write_termination_message(processes: tuple[int, ...], path: str = termination.TERMINATION_LOG) -> None:
     """Set ``peerLost`` in the container's termination message (:mod:`reprieve.termination`); never raises."""
     termination.write({"peerLost": list(processes)}, path)
 

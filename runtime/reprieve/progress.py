@@ -113,7 +113,7 @@ class ProgressReporter:
 
     def __init__(self, client: KubeClient, namespace: str, pod: str, attempt: int, *,
                  min_interval_s: float = 10.0, interval_s: float = 5.0,
-                 clock: Callable[[], float] = time.time, termination_log: str | None = None) -> None:
+                 clock: Callable[[], float] = time.time, termination_log: str = termination.TERMINATION_LOG) -> None:
         self._client = client
         self._termination_log = termination_log
         self._ns = namespace

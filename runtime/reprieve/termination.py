@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,7 +22,6 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath, mounted by the kubelet
-PATH_ENV = "REPRIEVE_TERMINATION_LOG"  # another path (a pod's own terminationMessagePath; the process kubelet's file)
 MAX_BYTES = 4096  # what the kubelet keeps of it
 _lock = threading.Lock()  # writers run in different threads (the peer watch, the exit path)
 
@@ -51,14 +49,10 @@ def merged(current: str, fields: Mapping[str, Any]) -> str:
     return text
 
 
-def default_path() -> str:
-    return os.environ.get(PATH_ENV) or TERMINATION_LOG
-
-
-def write(fields: Mapping[str, Any], path: str | None = None) -> None:
-    """Set ``fields`` in the message at ``path`` (:func:`default_path`) when that file exists (a kubelet mounted
-    it); never raises."""
-    target = Path(path or default_path())
+def write(fields: Mapping[str, Any], path: str = TERMINATION_LOG) -> None:
+    """Set ``fields`` in the message at ``path`` (``RuntimeConfig.termination_log``, REPRIEVE_TERMINATION_LOG)
+    when that file exists (a kubelet mounted it); never raises."""
+    target = Path(path)
     if not target.exists():
         return
     with _lock:
