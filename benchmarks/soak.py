@@ -331,6 +331,14 @@ def main(argv: list[str] | None = None) -> int:
             say(f"work directory (logs, storage): {work}")
 
 
+def job_end(ckpt: Path, seen: float) -> float:
+    """When the job itself ended: process 0 writes result.json after its loop and final save (the host's
+    clock, as the soak's). The soak may see the end much later (an API server down at the job's end, the
+    kubelet's next status); goodput counts to the job's own end in both runs."""
+    result = ckpt / "result.json"
+    return min(seen, result.stat().st_mtime) if result.exists() else seen
+
+
 def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.Namespace, *, real: bool,
          seed: int, plan: list[chaos.PlannedFault]) -> int:
     say(f">>> fault-free run: {args.steps} steps, 2 workers, InPlace, {args.spares} spare(s), memory tier "
@@ -338,7 +346,7 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
     body, ckpt_free = soak_job(cluster, "free", work, args, real)
     t = time.time()
     free = run_job(cluster, body, ckpt_free, args.timeout)
-    free_report = analyse(read_step_log(ckpt_free / "steps.jsonl"), start=t, end=time.time())
+    free_report = analyse(read_step_log(ckpt_free / "steps.jsonl"), start=t, end=job_end(ckpt_free, time.time()))
     say(f"fault-free: {free.get('phase')}, goodput after start {free_report.goodput_after_start:.1%}")
     cluster.kubectl("delete", "tj", "free", "-n", NS, "--wait=true", timeout=120)
 
@@ -407,7 +415,7 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
         time.sleep(1.0)
     observer.halt.set()
     steps = read_step_log(ckpt / "steps.jsonl") if (ckpt / "steps.jsonl").exists() else []
-    report = analyse(steps, start=start, end=end)
+    report = analyse(steps, start=start, end=job_end(ckpt, end))
     recs = records(injected, observer.obs, report.interruptions, steps, t0=start,
                    restores=restores_by_attempt(trainer_logs(cluster, "soak")))
     storage_records(recs, injected, observer, injectors)

@@ -4,6 +4,7 @@ seeded schedule, validation before anything starts, and the per-fault accounting
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from localcluster import chaos
@@ -437,3 +438,17 @@ def test_a_storage_tmpfs_without_a_measured_checkpoint_is_refused() -> None:
 def test_a_storage_fault_is_recovered_when_a_newer_checkpoint_commits_after_it(
         committed: list[tuple[float, int | None]], seen: float | None) -> None:
     assert chaos.storage_recovered(20.0, committed) == seen
+
+
+def test_goodput_counts_to_the_jobs_own_end_not_to_when_the_soak_saw_it(tmp_path: Path) -> None:
+    """An API server down at the job's end: the soak sees the end late; the job's result.json says when it was."""
+    import os
+
+    from tests.benchmark_module import load_benchmark
+
+    soak = load_benchmark("soak")
+    assert soak.job_end(tmp_path, 1000.0) == 1000.0  # no result (a failed job): what the soak saw
+    (tmp_path / "result.json").write_text("{}")
+    os.utime(tmp_path / "result.json", (980.0, 980.0))
+    assert soak.job_end(tmp_path, 1000.0) == 980.0
+    assert soak.job_end(tmp_path, 970.0) == 970.0  # never later than seen
