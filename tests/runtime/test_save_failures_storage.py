@@ -91,3 +91,20 @@ def test_storage_read_only_for_good_fails_the_job_after_the_bound(tmpfs: Path,
             job.save(step, state)
     assert "Read-only file system" in str(raised.value)
     assert [p.name for p in tmpfs.iterdir()] == [layout.FENCES_DIR]
+
+
+def test_a_new_attempt_waits_out_a_short_storage_outage_at_start(tmpfs: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A restart that begins while the storage is read-only (the outage that ended the last attempt, say): its
+    fence is retried until the storage takes it, within the bound; past the bound it fails as before."""
+    import threading
+
+    _remount(tmpfs, "ro")
+    threading.Timer(3.0, _remount, (tmpfs, "rw")).start()
+    with CheckpointManager(str(tmpfs), attempt=2, storage_wait_s=30) as mgr:
+        assert mgr.latest_step() is None
+    assert "refused attempt 2's fence" in caplog.text
+    assert (tmpfs / layout.FENCES_DIR).is_dir() and any((tmpfs / layout.FENCES_DIR).iterdir())
+    _remount(tmpfs, "ro")
+    with pytest.raises(Exception, match="Read-only file system"):
+        CheckpointManager(str(tmpfs), attempt=3, storage_wait_s=1)

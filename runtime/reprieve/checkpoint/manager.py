@@ -46,7 +46,9 @@ _instances = itertools.count()
 # finer pieces. Files per checkpoint grow accordingly (256 for 4 GiB instead of 64).
 DEFAULT_MAX_CHUNK_BYTES = 16 << 20
 _TS_SPEC = re.compile(r" ?\[tensorstore_spec='.*?'\]")
-CRASH_ENV = "REPRIEVE_CKPT_TEST_CRASH_AT"  # test-only fault injection: a commit-protocol point name
+CRASH_ENV = "REPRIEVE_CKPT_TEST_CRASH_AT"
+# How long a new attempt waits for a storage that refuses its fence (the bound a failed periodic save has too).
+STORAGE_WAIT_SECONDS = 60.0  # test-only fault injection: a commit-protocol point name
 
 
 class CheckpointSaveError(RuntimeError):
@@ -132,6 +134,7 @@ class CheckpointManager:
         max_chunk_bytes: int | None = DEFAULT_MAX_CHUNK_BYTES,
         fallback: bool = True,
         on_commit: Callable[[int], None] | None = None,
+        storage_wait_s: float = STORAGE_WAIT_SECONDS,
     ) -> None:
         if keep < 1:
             raise ValueError(f"CheckpointManager keep must be >= 1, got {keep}")
@@ -140,6 +143,7 @@ class CheckpointManager:
         self.keep, self.keep_every = keep, keep_every
         self._retention_deferred = False
         self._timeout = barrier_timeout_s
+        self._storage_wait_s = storage_wait_s
         if host_copy not in ("staged", "device"):
             raise ValueError(f"CheckpointManager host_copy must be 'staged' or 'device', got {host_copy!r}")
         self._host_copy = host_copy
@@ -175,7 +179,7 @@ class CheckpointManager:
         if self._pid == 0:
             outcome = "ok"
             try:
-                self._fence_and_clean()
+                self._fence_waiting_for_storage()
             except Exception as err:
                 outcome = f"error: {type(err).__name__}: {err}"
                 self._coord.set(key, outcome, overwrite=True)
@@ -186,6 +190,25 @@ class CheckpointManager:
             if outcome != "ok":
                 raise (FencedError if "FencedError" in outcome else RuntimeError)(
                     f"checkpoint init on process 0 failed: {outcome}")
+
+    def _fence_waiting_for_storage(self) -> None:
+        """The fence, retried while the storage refuses it (read-only, full, unreachable) for at most
+        ``storage_wait_s``: an attempt that starts during a short storage outage waits it out, as a failed periodic
+        save is retried (``reprieve.policy``), instead of failing the job. A newer fence is final at once."""
+        deadline = time.monotonic() + self._storage_wait_s
+        while True:
+            try:
+                self._fence_and_clean()
+                return
+            except FencedError:
+                raise
+            except Exception as err:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                log.warning("checkpoint storage %s refused attempt %d's fence (%s: %s); retrying for up to %.0f s "
+                            "more", self.uri, self.attempt, type(err).__name__, str(err)[:300], left)
+                time.sleep(min(2.0, left))
 
     def _fence_and_clean(self) -> None:
         st = self._storage
@@ -201,7 +224,11 @@ class CheckpointManager:
         for e in entries:
             if e.state == "deleting" or (e.state == "tmp" and e.attempt <= self.attempt):
                 log.info("checkpoint: removing leftover %s/%s", self.uri, e)
-                st.delete(e)
+                try:
+                    st.delete(e)
+                except Exception as err:  # noqa: BLE001 - never restored; retention tries again after a commit
+                    log.warning("checkpoint: leftover %s/%s not removed (%s); retention removes it later",
+                                self.uri, e, err)
 
     def set_restore_check(self, check: Callable[[Any, list[tuple[str, Any]], str], None] | None) -> None:
         """``check(reprieve_record, saved_structure, where)`` before a checkpoint's arrays are read (on every
