@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
 from localcluster import Cluster, ClusterError, chaos
 from localcluster.goodput import analyse, read_step_log
-from localcluster.injectors import Injectors, assigned_pods, split_roles, view
+from localcluster.injectors import Injectors, assigned_pods, mount_tmpfs, resize_tmpfs, split_roles, view
 from localcluster.realnodes import RealNodeError, prerequisites
 from localcluster.soakrecord import (
     Injected,
@@ -124,7 +124,7 @@ class Observer(threading.Thread):
 
 
 def soak_job(cluster: Cluster, name: str, work: Path, args: argparse.Namespace, real: bool) -> tuple[dict, Path]:
-    ckpt = work / f"storage-{name}"
+    ckpt = storage_dir(work, name)
     body = example_job(name, replicas=2, steps=args.steps, step_sleep=args.step_sleep, interval=args.interval,
                        checkpoint_dir=ckpt, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"},
                        node_selector={"reprieve.test/pool": WORKER_POOL},
@@ -194,18 +194,19 @@ def checkpoint_sizes(root: Path, page: int = 4096) -> list[int]:
     return sizes
 
 
-def mount_storage(ckpt: Path, free_ckpt: Path, keep: int) -> Path:
-    """A tmpfs at the soak job's checkpoint storage (``<ckpt>/checkpoints``, the job's ``/ckpt/checkpoints``),
-    sized by the fault-free run's checkpoints (``chaos.storage_tmpfs_bytes``): the storage-* faults make it
-    read-only or full. Mounted before the job starts, so the pods' bind mounts of ``/ckpt`` hold it."""
+def storage_dir(work: Path, name: str) -> Path:
+    """The job ``name``'s checkpoint directory on the host (its pods' ``/ckpt``)."""
+    return work / f"storage-{name}"
+
+
+def size_storage(root: Path, free_ckpt: Path, keep: int) -> None:
+    """Size the soak job's checkpoint-storage tmpfs (``<ckpt>/checkpoints``, the job's ``/ckpt/checkpoints``;
+    mounted before the nodes started: ``injectors.mount_tmpfs``) by the fault-free run's checkpoints
+    (``chaos.storage_tmpfs_bytes``): the storage-* faults make it read-only or full."""
     size = chaos.storage_tmpfs_bytes(checkpoint_sizes(free_ckpt / "checkpoints"), keep)
-    root = ckpt / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0777", "soak-ckpt", str(root)], check=True,
-                   capture_output=True, text=True)
+    resize_tmpfs(root, size)
     say(f"checkpoint storage: a {size / 2**20:.1f} MiB tmpfs at {root} (keep {keep} + 2 of the fault-free run's "
         "checkpoints)")
-    return root
 
 
 def trainer_logs(cluster: Cluster, job: str) -> list[list[str]]:
@@ -290,6 +291,19 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="reprieve-soak-"))
     out = args.out or work
     out.mkdir(parents=True, exist_ok=True)
+    # Before any node starts: a real node's mount namespace is a copy of the host's at its start (mount_tmpfs).
+    storage = (mount_tmpfs(storage_dir(work, "soak") / "checkpoints", chaos.STORAGE_TMPFS_START_BYTES)
+               if chaos.storage_tmpfs_needed([f.kind for f in plan]) else None)
+    try:
+        return run_soak(args, seed, plan, work, out, real, why, chosen, storage)
+    finally:
+        if storage is not None:
+            subprocess.run(["umount", "-l", str(storage)], check=False)
+            say(f"checkpoint storage tmpfs at {storage} unmounted (its checkpoints are gone with it)")
+
+
+def run_soak(args: argparse.Namespace, seed: int, plan: list[chaos.PlannedFault], work: Path, out: Path,
+             real: bool, why: str, chosen: list[str], storage: Path | None) -> int:
     with Cluster.start(work / "cluster") as cluster:
         operator: Any
         if real:
@@ -324,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             say("process nodes; the operator runs as a local process with the chart's ServiceAccount (one replica)")
         cluster.kubectl("create", "namespace", NS)
         try:
-            return soak(cluster, operator, work, out, args, real=real, seed=seed, plan=plan)
+            return soak(cluster, operator, work, out, args, real=real, seed=seed, plan=plan, storage=storage)
         finally:
             if isinstance(operator, OperatorProcess):
                 operator.stop()
@@ -340,7 +354,7 @@ def job_end(ckpt: Path, seen: float) -> float:
 
 
 def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.Namespace, *, real: bool,
-         seed: int, plan: list[chaos.PlannedFault]) -> int:
+         seed: int, plan: list[chaos.PlannedFault], storage: Path | None) -> int:
     say(f">>> fault-free run: {args.steps} steps, 2 workers, InPlace, {args.spares} spare(s), memory tier "
         f"{args.memory or 'off'}")
     body, ckpt_free = soak_job(cluster, "free", work, args, real)
@@ -358,15 +372,11 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
                           add_node_kwargs={"images": ["example"]} if real else {})
     body, ckpt = soak_job(cluster, "soak", work, args, real)
     keep = int(body["spec"]["checkpoint"].get("keep", 3))
-    if any(f.kind in chaos.STORAGE_KINDS for f in plan):
-        injectors.storage = mount_storage(ckpt, ckpt_free, keep)
-    try:
-        return soak_faults(cluster, api, args, body, ckpt, ckpt_free, free_report, observer, injectors, out,
-                           seed=seed, real=real, plan=plan)
-    finally:
-        if injectors.storage is not None:
-            subprocess.run(["umount", "-l", str(injectors.storage)], check=False)
-            say(f"checkpoint storage tmpfs at {injectors.storage} unmounted (its checkpoints are gone with it)")
+    if storage is not None:
+        size_storage(storage, ckpt_free, keep)
+        injectors.storage = storage
+    return soak_faults(cluster, api, args, body, ckpt, ckpt_free, free_report, observer, injectors, out,
+                       seed=seed, real=real, plan=plan)
 
 
 def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict, ckpt: Path, ckpt_free: Path,

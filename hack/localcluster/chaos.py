@@ -191,6 +191,16 @@ STORAGE_UNAVAILABLE_SECONDS = 10.0
 STORAGE_SLACK_BYTES = 1 << 20  # fences, a checkpoint's reprieve.json rewrite, TensorStore's lock files
 
 
+STORAGE_TMPFS_START_BYTES = 1 << 30  # until the fault-free run has measured a checkpoint (tmpfs charges what is used)
+
+
+def storage_tmpfs_needed(kinds: Sequence[str]) -> bool:
+    """Whether the soak mounts its checkpoint-storage tmpfs: some planned fault is a storage fault. It is mounted
+    before the nodes start (at ``STORAGE_TMPFS_START_BYTES``; a real node's mount namespace copies the host's at
+    its start: ``injectors.mount_tmpfs``) and resized by ``storage_tmpfs_bytes`` after the fault-free run."""
+    return any(k in STORAGE_KINDS for k in kinds)
+
+
 def storage_fault_seconds(kind: str, rng: random.Random) -> float:
     """How long a storage fault lasts: ``storage-unavailable`` 10 s, ``storage-full`` 10-20 s (the soak's rng)."""
     return STORAGE_UNAVAILABLE_SECONDS if kind == "storage-unavailable" else round(rng.uniform(10.0, 20.0), 1)

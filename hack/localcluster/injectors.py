@@ -386,6 +386,24 @@ class Injectors:
         return done
 
 
+def mount_tmpfs(path: Path, size: int, name: str = "soak-ckpt") -> Path:
+    """A tmpfs of ``size`` bytes at ``path`` (made if missing), anyone may write. On real nodes it must be mounted
+    BEFORE the nodes start: each node has a private mount namespace (``unshare --propagation private``), a copy of
+    the host's mounts at its start, so a mount made later on the host never reaches the node nor its pods' bind
+    mounts (they would write to the directory under it). Copies share the tmpfs's superblock: its size, its
+    read-only flag (:func:`remount`) and its contents are the same in every namespace."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0777", name, str(path)], check=True,
+                   capture_output=True, text=True)
+    return path
+
+
+def resize_tmpfs(path: Path, size: int) -> None:
+    """``mount -o remount,size=<size>`` of the tmpfs at ``path`` (a superblock option: every namespace's copy of
+    the mount has the new size)."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True, capture_output=True, text=True)
+
+
 def remount(path: Path, mode: str, *, tries: int = 100) -> None:
     """``mount -o remount,<mode>`` of the tmpfs at ``path``. Read-only is refused (EBUSY) while a file on it is
     open for writing (a checkpoint being written): tried again every 0.1 s, ``tries`` times."""

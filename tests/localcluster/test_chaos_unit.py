@@ -412,6 +412,16 @@ def test_storage_faults_are_implemented_end_no_attempt_and_last_10_to_20_seconds
     assert all(10.0 <= d <= 20.0 for d in full) and max(full) - min(full) > 8
 
 
+@pytest.mark.parametrize(("kinds", "needed"), [
+    ([], False),
+    (["node-lost", "kill-trainer", "apiserver-restart"], False),
+    (["storage-full"], True),
+    (["notice-gke-spot", "storage-unavailable"], True),
+])
+def test_the_storage_tmpfs_is_mounted_only_when_a_storage_fault_is_planned(kinds: list[str], needed: bool) -> None:
+    assert chaos.storage_tmpfs_needed(kinds) is needed
+
+
 @pytest.mark.parametrize(("sizes", "keep", "expected"), [
     ([40_960, 45_056, 40_960], 3, 5 * 45_056 + (1 << 20)),  # keep + 2 of the largest, and the slack
     ([4_097], 1, 3 * 4_097 + (1 << 20) + 4_093),  # whole pages
