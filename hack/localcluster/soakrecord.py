@@ -355,7 +355,7 @@ def table(recs: Sequence[FaultRecord], tot: Totals) -> str:
     rows = [head, "-" * len(head)]
     for i, r in enumerate(recs, 1):
         det = "-" if r.detected_at is None else f"{r.detected_at:.1f}"
-        flag = "" if r.recovered else "  UNRECOVERED"
+        flag = "" if r.recovered or r.note.startswith(NOT_INJECTED) else "  UNRECOVERED"  # nothing to recover
         op = "-" if r.operator_lost_steps is None else str(r.operator_lost_steps)
         rows.append(f"{i:>3} {r.kind:34} {r.target[:22]:22} {r.injected_at:>7.1f} {det:>7} {r.lost_steps:>5} {op:>5} "
                     f"{r.gap_seconds:>6.1f}  {r.recovery}{flag}{'  (' + r.note + ')' if r.note else ''}")

@@ -462,3 +462,15 @@ def test_goodput_counts_to_the_jobs_own_end_not_to_when_the_soak_saw_it(tmp_path
     os.utime(tmp_path / "result.json", (980.0, 980.0))
     assert soak.job_end(tmp_path, 1000.0) == 980.0
     assert soak.job_end(tmp_path, 970.0) == 970.0  # never later than seen
+
+
+def test_the_table_flags_only_faults_that_did_not_recover_not_those_never_injected() -> None:
+    from localcluster.soakrecord import NOT_INJECTED, FaultRecord, Totals
+
+    tot = Totals(injected=1, recovered=0, goodput=0.5, goodput_fault_free=1.0, not_injected=1)
+    rows = table([FaultRecord("node-lost", "w-1", 10.0), FaultRecord("two-nodes-doomed", "", 20.0,
+                                                                     note=f"{NOT_INJECTED}one live node")], tot)
+    lines = rows.splitlines()
+    assert "UNRECOVERED" in next(line for line in lines if "node-lost" in line)
+    assert "UNRECOVERED" not in next(line for line in lines if "two-nodes-doomed" in line)
+    assert "not injected: one live node" in rows
