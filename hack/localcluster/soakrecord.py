@@ -5,7 +5,8 @@ How a fault is matched to the step log (``docs/soak.md``, "How faults are counte
 
 * an interruption (attempt ``a`` ends, ``a+1`` resumes: :mod:`localcluster.goodput`) is *caused* by the first
   interrupting fault injected while ``a`` trained (after the previous interruption's resume, no later than
-  ``SLACK_S`` after ``a``'s last step record); its lost steps and gap go to that fault. Later faults of the same
+  ``SLACK_S`` after ``a``'s last step record, unless the job's status already showed the next attempt when it was
+  injected); its lost steps and gap go to that fault. Later faults of the same
   span share it (a kill landing while the workers save for a notice: the notice set the restart in motion);
 * an interrupting fault injected while that restart was under way (after the last step, before the first step of
   the next attempt) shares the interruption: it is counted "during restart", with no lost steps or gap of its own;
@@ -191,13 +192,16 @@ def attribute(faults: Sequence[Injected], interruptions: Sequence[Interruption])
              if KINDS[faults[k].kind].interrupts and not faults[k].error]
     for j, intr in enumerate(interruptions):
         since = interruptions[j - 1].next_t if j > 0 else float("-inf")
-        during = [k for k in order if k not in out and since < faults[k].at <= intr.last_t + SLACK_S]
+        # a fault injected once the job's status already showed the next attempt is that attempt's, slack or not
+        during = [k for k in order if k not in out and since < faults[k].at <= intr.last_t + SLACK_S
+                  and not faults[k].attempt > intr.from_attempt]
         if not during:
             during = [k for k in order if out.get(k) == (j - 1, "during restart")][:1]
         for i, k in enumerate(during):
             out[k] = (j, "shared" if i else "cause")
         for k in order:
-            if k not in out and intr.last_t + SLACK_S < faults[k].at <= intr.next_t:
+            if k not in out and faults[k].at <= intr.next_t and (intr.last_t + SLACK_S < faults[k].at or (
+                    intr.last_t < faults[k].at and faults[k].attempt > intr.from_attempt)):
                 out[k] = (j, "during restart")
     return out
 
