@@ -41,6 +41,8 @@ def left_at_exit(cluster: Any, namespace: str, name: str) -> bool:
 
 def test_a_job_trains_through_an_apiserver_restart_and_the_operator_writes_its_end(
         cluster: Any, namespace: str, operator: Any, tmp_path: Path) -> None:
+    """Why this long: two apiserver restarts (each a down window plus a start, ~5-10 s under load) around a job
+    whose steps must outlast the first window and end inside the second (~60 s alone, ~95 s in the suite)."""
     name = "through"
     ckpt = submit_recreate(cluster, namespace, name, tmp_path, steps=STEPS, step_sleep=SLEEP, interval=20)
     wait_step(ckpt, RESTART_AT, 240, cluster, namespace, name)
