@@ -427,8 +427,7 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
     steps = read_step_log(ckpt / "steps.jsonl") if (ckpt / "steps.jsonl").exists() else []
     report = analyse(steps, start=start, end=job_end(ckpt, end))
     recs = records(injected, observer.obs, report.interruptions, steps, t0=start,
-                   restores=restores_by_attempt(trainer_logs(cluster, "soak")))
-    storage_records(recs, injected, observer, injectors)
+                   restores=restores_by_attempt(trainer_logs(cluster, "soak")), ended=injectors.storage_until)
     lost = committed_lost(observer.committed, present_checkpoints(ckpt), keep)
     sha: bool | None = None
     try:
@@ -453,21 +452,6 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
     ok = (not interrupted and status.get("phase") == "Succeeded" and tot.recovered == tot.injected
           and not tot.not_injected and not lost and sha is True)
     return 0 if ok else 1
-
-
-def storage_records(recs: list, injected: list[Injected], observer: Observer, injectors: Injectors) -> None:
-    """A storage fault that caused no restart is recovered once a checkpoint newer than the last one before it
-    was seen committed after it ended (``chaos.storage_recovered``): the next due save retried."""
-    committed = [(o.t, o.checkpoint_step) for o in observer.obs]
-    for rec, f in zip(recs, injected, strict=True):
-        if f.kind not in chaos.STORAGE_KINDS or f.error or rec.recovery:
-            continue
-        until = injectors.storage_until.get(f.at, f.at)
-        seen = chaos.storage_recovered(until, committed)
-        rec.recovered = seen is not None
-        rec.recovery = "no restart" if seen is not None else ""
-        rec.note = (f"the next checkpoint committed {seen - until:.1f}s after it ended" if seen is not None
-                    else "no newer checkpoint seen committed after it")
 
 
 def draw(api: Any, recs: list, start: float, out: Path) -> None:

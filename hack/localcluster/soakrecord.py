@@ -11,7 +11,8 @@ How a fault is matched to the step log (``docs/soak.md``, "How faults are counte
 * an interrupting fault injected while that restart was under way (after the last step, before the first step of
   the next attempt) shares the interruption: it is counted "during restart", with no lost steps or gap of its own;
 * a fault that needs no restart (a spare or the operator leader killed) is recovered when the harness saw the
-  replacement (a new spare, another leader);
+  replacement (a new spare, another leader); a storage fault, when a checkpoint newer than any before it was seen
+  committed after the fault ended (the next due save retried);
 * an ``apiserver-restart`` ends no attempt either: it is recovered when the operator was seen writing the job's
   status after it (a newer ``lastCheckpointStep``, or the final phase) and the job trained after it; a restart it
   caused anyway is one "no fault explains";
@@ -26,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .chaos import KINDS
+from .chaos import KINDS, STORAGE_KINDS, storage_recovered
 from .goodput import Interruption, StepRecord
 
 NOT_INJECTED = "not injected: "
@@ -225,9 +226,12 @@ def unexplained(faults: Sequence[Injected], interruptions: Sequence[Interruption
 
 
 def records(faults: Sequence[Injected], obs: Sequence[Observation], interruptions: Sequence[Interruption],
-            steps: Sequence[StepRecord], *, t0: float, restores: Mapping[int, str] | None = None) -> list[FaultRecord]:
-    """A :class:`FaultRecord` per injected fault (times relative to ``t0``, the soak's start)."""
-    restores = restores or {}
+            steps: Sequence[StepRecord], *, t0: float, restores: Mapping[int, str] | None = None,
+            ended: Mapping[float, float] | None = None) -> list[FaultRecord]:
+    """A :class:`FaultRecord` per injected fault (times relative to ``t0``, the soak's start). ``ended``: when each
+    storage fault (by its injection time) was undone."""
+    restores, ended = restores or {}, ended or {}
+    committed = [(o.t, o.checkpoint_step) for o in obs]
     matched = attribute(faults, interruptions)
     seconds = second_halves(faults, interruptions, matched)
     last_t = max((r.t for r in steps), default=0.0)
@@ -269,6 +273,13 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
             rec.recovery = "no restart" if rec.recovered else ""
             rec.note = "" if rec.recovered else ("no step after it" if written is not None else
                                                  "the operator wrote no status after it")
+        elif f.kind in STORAGE_KINDS:  # recovered once the next due save after it committed
+            until = ended.get(f.at, f.at)
+            saved = storage_recovered(until, committed)
+            rec.recovered = saved is not None
+            rec.recovery = "no restart" if rec.recovered else ""
+            rec.note = (f"the next checkpoint committed {saved - until:.1f}s after it ended" if saved is not None
+                        else "no newer checkpoint seen committed after it")
         elif not KINDS[f.kind].interrupts:
             back = replaced_seen(f, obs)
             rec.recovered = back is not None

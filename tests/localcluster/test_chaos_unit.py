@@ -489,3 +489,15 @@ def test_a_notice_injected_once_the_status_shows_the_next_attempt_is_that_attemp
     assert spot.note == "" and spot.gap_seconds == pytest.approx(intr[0].gap_seconds), spot
     # the same notice while the status still showed attempt 1 shares its restart, as before
     assert len(unexplained([faults[0], Injected("notice-aws-rebalance", "w-2", 30.4, 1)], intr)) == 1
+
+
+def test_a_storage_fault_is_recorded_recovered_with_no_restart_once_the_next_save_commits() -> None:
+    log = steps(1, range(40), 0)
+    intr = analyse(log, start=0, end=45).interruptions
+    obs = [Observation(5, 1, checkpoint_step=10), Observation(15, 1, checkpoint_step=10),
+           Observation(27, 1, checkpoint_step=30)]
+    faults = [Injected("storage-full", "ckpt full for 10s", 12, 1), Injected("storage-unavailable", "ro", 30, 1)]
+    full, ro = records(faults, obs, intr, log, t0=0, ended={12: 22.0, 30: 40.0})
+    assert (full.recovered, full.recovery, full.note) == (True, "no restart",
+                                                          "the next checkpoint committed 5.0s after it ended")
+    assert (ro.recovered, ro.note) == (False, "no newer checkpoint seen committed after it")
