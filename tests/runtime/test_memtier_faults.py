@@ -23,6 +23,7 @@ from reprieve.memtier.layout import DATA_FILE, MANIFEST_FILE, CopyName
 from reprieve.memtier.manifest import Manifest
 
 from tests.runtime import helpers_memtier
+from tests.runtime.helpers_agreement import Gang
 from tests.runtime.helpers_memtier import Pod, finish, launch, new_pod, run_until_stopped, shm_base
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -164,6 +165,16 @@ def spare_server(tmp_path: Path, spare: Pod, *, crash_at: str | None = None) -> 
     return server
 
 
+def attempt_2_without_pod_0(tmp_path: Path, base: Path, pods: list[Pod], spare: Pod) -> Gang:
+    """Process 0's pod lost with its memory; attempt 2 runs to the end with process 0 in a new pod, its replicas
+    at the spare and process 1's at the new pod."""
+    pods[0].lose()
+    pods[0] = new_pod(base, "pod-0b")
+    gang = launch(tmp_path, pods, {0: spare, 1: pods[0]}, attempt=2, steps=TOTAL)
+    finish(gang, 2, TOTAL)
+    return gang
+
+
 def test_a_peer_lost_while_it_receives_a_copy(tmp_path: Path, base: Path) -> None:
     """Process 0's replicas live in a pod that only holds replicas (a spare's replica server). It dies half-way
     through receiving step 9 and comes back (its supervisor restarted): training never waits for it, the torn
@@ -184,10 +195,7 @@ def test_a_peer_lost_while_it_receives_a_copy(tmp_path: Path, base: Path) -> Non
         run_until_stopped(gang, 2)
         assert [e.name for e in (spare.mem / "peer").iterdir()] == [str(CopyName(14, 1, 0))]
         assert "not replicated to " + spare.address in gang.logs[0].read_text()
-        pods[0].lose()
-        pods[0] = new_pod(base, "pod-0b")
-        gang = launch(tmp_path, pods, {0: spare, 1: pods[0]}, attempt=2, steps=TOTAL)
-        finish(gang, 2, TOTAL)
+        gang = attempt_2_without_pod_0(tmp_path, base, pods, spare)
     finally:
         server.kill()
         server.wait(10)
@@ -212,11 +220,8 @@ def test_a_process_lost_before_it_replicated_its_newest_copy_restores_the_step_b
         assert server.wait(60) == 86, "the replica server did not die half-way through step 14"
         own = sorted(e.name for e in (pods[1].mem / "own").iterdir())
         assert own == [str(CopyName(9, 1, 1)), str(CopyName(14, 1, 1))], own  # 14 is not the gang's yet
-        pods[0].lose()
-        pods[0] = new_pod(base, "pod-0b")
         server = spare_server(tmp_path, spare)
-        gang = launch(tmp_path, pods, {0: spare, 1: pods[0]}, attempt=2, steps=TOTAL)
-        finish(gang, 2, TOTAL)
+        gang = attempt_2_without_pod_0(tmp_path, base, pods, spare)
     finally:
         server.kill()
         server.wait(10)
