@@ -279,11 +279,12 @@ def await_listening(address: str, timeout_s: float, poll_s: float = 0.01) -> flo
     import socket
     import time
 
-    host, _, port_text = address.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port_text.isdigit():
+    from .tether import split_address
+
+    target = split_address(address)
+    if target is None:
         return 0.0  # not an address this can knock at: jax.distributed.initialize says what is wrong
-    port = int(port_text)
+    host, port = target
     start = time.monotonic()
     while True:
         try:

@@ -27,6 +27,7 @@ import socket
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, cast
 
+from .. import tether
 from ..jsonobject import json_object
 
 MAX_LINE = 1 << 20
@@ -68,8 +69,11 @@ def recv_bytes(rfile: BinaryIO, n: int, where: str) -> bytes:
 
 
 def split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
+    """``host:port`` -> (host, port) (``reprieve.tether.split_address``); ValueError when it is not one."""
+    target = tether.split_address(address)
+    if target is None:
+        raise ValueError(f"not a host:port address: {address!r}")
+    return target
 
 
 class Client:
