@@ -77,10 +77,9 @@ def stuck(pods: Iterable[Mapping[str, Any]], now: datetime) -> tuple[Stuck, ...]
             out.append(Stuck(str(meta.get("name")), what, node, STUCK_REASONS[kubelet_reason], detail,
                              back_off=kubelet_reason == IMAGE_PULL))
             continue
-        if not node and status.get("phase", "Pending") == "Pending":
-            why = _unschedulable(status, now)
-            if why is not None:
-                out.append(Stuck(str(meta.get("name")), what, None, UNSCHEDULABLE, why))
+        unscheduled = _unschedulable(pod, now)
+        if unscheduled is not None and unscheduled[0] <= 0:
+            out.append(Stuck(str(meta.get("name")), what, None, UNSCHEDULABLE, unscheduled[1]))
     return tuple(sorted(out, key=lambda s: (_ORDER.index(s.reason), s.pod)))
 
 
@@ -93,29 +92,25 @@ def _waiting(status: Mapping[str, Any]) -> tuple[str, str, str] | None:
     return None
 
 
-def _unschedulable(status: Mapping[str, Any], now: datetime) -> str | None:
+def _unschedulable(pod: Mapping[str, Any], now: datetime) -> tuple[float, str] | None:
+    """A pod without a node that the scheduler failed to place: (seconds of its grace left, ``<= 0``: stuck; the
+    scheduler's words); None for any other pod."""
+    status = pod.get("status") or {}
+    if (pod.get("metadata") or {}).get("deletionTimestamp") or (pod.get("spec") or {}).get("nodeName") \
+            or status.get("phase", "Pending") != "Pending":
+        return None
     for c in status.get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == UNSCHEDULABLE:
             since = parse_time(c.get("lastTransitionTime"))
-            if since is None or (now - since).total_seconds() >= UNSCHEDULABLE_GRACE_SECONDS:
-                return f"{UNSCHEDULABLE}: {c.get('message') or 'no node can take it'}"
+            left = 0.0 if since is None else UNSCHEDULABLE_GRACE_SECONDS - (now - since).total_seconds()
+            return left, f"{UNSCHEDULABLE}: {c.get('message') or 'no node can take it'}"
     return None
 
 
 def unschedulable_due(pods: Iterable[Mapping[str, Any]], now: datetime) -> float | None:
     """Seconds until the earliest pod waiting for a node has waited ``UNSCHEDULABLE_GRACE_SECONDS`` (when to look
     again: the scheduler writes nothing more while it keeps failing); None when no pod is within its grace."""
-    due = []
-    for pod in pods:
-        status = pod.get("status") or {}
-        if (pod.get("metadata") or {}).get("deletionTimestamp") or (pod.get("spec") or {}).get("nodeName"):
-            continue
-        for c in status.get("conditions") or []:
-            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == UNSCHEDULABLE:
-                since = parse_time(c.get("lastTransitionTime"))
-                left = UNSCHEDULABLE_GRACE_SECONDS - (now - since).total_seconds() if since is not None else 0.0
-                if left > 0:
-                    due.append(left)
+    due = [u[0] for u in (_unschedulable(p, now) for p in pods) if u is not None and u[0] > 0]
     return min(due) + 1.0 if due else None
 
 
