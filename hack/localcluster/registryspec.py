@@ -84,9 +84,15 @@ def registry_config(*, port: int, storage: Path, cert: Path, key: Path, htpasswd
 
 
 def containerd_hosts_toml(registry: str, ca_file: Path) -> str:
-    """``<config_path>/<registry>/hosts.toml``: pull from ``https://<registry>`` trusting the cluster's CA."""
+    """``<config_path>/<registry>/hosts.toml``: pull from ``https://<registry>`` trusting the cluster's CA.
+
+    containerd tries every ``[host]`` section, then the top-level ``server`` as the last fallback (and cannot read the
+    file without a ``[host]`` section), so both name the registry and both trust the CA: with the CA on the host only,
+    a pull of a tag that does not exist ended on the fallback's "x509: certificate signed by unknown authority"
+    instead of the registry's "not found"."""
     return "\n".join([
         f'server = "https://{registry}"',
+        f'ca = "{ca_file}"',
         "",
         f'[host."https://{registry}"]',
         '  capabilities = ["pull", "resolve"]',

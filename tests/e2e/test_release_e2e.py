@@ -4,7 +4,8 @@ only from them — the chart by ``helm install oci://…@digest`` onto a cold re
 operator image by digest, both distributions by ``pip install`` into fresh venvs, and the example TrainingJob
 pulling the example image. Nothing comes from outside this machine: the index serves the dependencies (jax,
 tensorstore, kopf, ...) from the release tools' wheelhouse (``make release-tier``), and ``install`` checks that pip
-took every distribution from it. The test prints the kubelet's cold pull time and size of each image (the numbers in
+took every distribution from it. A job whose image tag the registry does not have says so (condition PodsReady,
+the registry's "not found"). The test prints the kubelet's cold pull time and size of each image (the numbers in
 benchmarks/RESULTS.md, beside the 20 s that benchmarks/goodput.py emulates). Bad input to the release is
 tests/test_release_integration.py.
 """
@@ -116,6 +117,20 @@ def test_a_release_published_here_installs_and_runs_only_from_the_registry_and_t
         c.kubectl("apply", "-n", "rel", "-f", "-", input=json.dumps(body))
         wait_tj(c, "rel", "rel", lambda s: s.get("phase") == "Succeeded", 600, "the released example job to succeed")
         job_s = time.monotonic() - t2
+
+        # a tag the registry does not have: the job says so (PodsReady, the kubelet's reason, the registry's words)
+        missing = rec["images"]["example"].split("@")[0] + ":0.0.0-missing"
+        bad = e2e_job(c, "nope", replicas=1, steps=1, step_sleep=0, interval=0, checkpoint_dir=tmp_path / "nope",
+                      node_selector=POOL, image=missing, requests={"cpu": "250m", "memory": "1Gi"})
+        c.kubectl("apply", "-n", "rel", "-f", "-", input=json.dumps(bad))
+        said = wait_tj(c, "rel", "nope", lambda s: any(
+            x.get("type") == "PodsReady" and x.get("status") == "False" for x in s.get("conditions") or []), 120,
+            "PodsReady=False for a tag the registry does not have")["status"]
+        [cond] = [x for x in said["conditions"] if x["type"] == "PodsReady"]
+        assert said["phase"] == "Pending" and cond["reason"] == "ImagePullBackOff", said
+        assert f'"{missing}"' in cond["message"] and "not found" in cond["message"], cond
+        assert "x509" not in cond["message"], cond  # the registry's answer, not a fallback host's TLS error
+        c.kubectl("delete", "tj", "nope", "-n", "rel", "--wait=false")
         pulls = cold_pulls(c, RELEASE_NS, "rel")
         assert set(pulls) == {rec["images"]["operator"], rec["images"]["example"]}, pulls
         assert all(p.size_bytes and not p.emulated for p in pulls.values()), pulls

@@ -58,6 +58,15 @@ def test_training_keeps_its_spares_and_replaces_one_on_a_doomed_node() -> None:
     assert plan.delete == ("llama-spare-xyz12",) and extra.create_spares == 1 and extra.assign is None
 
 
+def test_a_gang_whose_pod_waits_for_its_image_or_a_node_is_pending_not_running() -> None:
+    """The restart view counts a Pending pod as alive (no restart for it); the job's phase counts what runs."""
+    waiting = pod("llama-1", 1, phase="Pending")
+    plan, _ = decide_inplace(job(RUN), [W0, waiting], ASSIGNED, (), NOW)
+    assert (plan.phase, plan.ready, plan.cause, plan.new_attempt) == ("Pending", 1, None, False)
+    plan, _ = decide_inplace(job(RUN), [W0, W1], ASSIGNED, (), NOW)
+    assert (plan.phase, plan.ready) == ("Running", 2)
+
+
 def test_a_spare_that_ended_is_replaced() -> None:
     failed = pod("llama-spare-xyz12", role="spare", phase="Failed", node="n3")
     plan, extra = decide_inplace(job(RUN, spares=1), [W0, W1, failed], ASSIGNED, (), NOW)

@@ -280,7 +280,10 @@ def _steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int
             attempt: int, noticed: bool, avoid: tuple[str, ...], doomed: Collection[str]) -> tuple[RestartPlan,
                                                                                                 InPlace]:
     """Training: report readiness, keep ``spec.spares`` healthy spares (replace those on doomed nodes)."""
-    running = sum(1 for w in current.values() if w.phase == "Running" and not w.deleting)
+    # Pods the kubelet runs, not the restart view's "alive" (worker_view counts a Pending pod as running): a gang
+    # whose pod waits for its image or a node is Pending, as in Recreate mode (condition PodsReady says why).
+    running = sum(1 for p in pods if p.name in workers and p.phase == "Running" and not p.deleting
+                  and current[workers[p.name]].phase == "Running")
     phase = "Preempting" if noticed else ("Running" if running == job.spec.replicas else "Pending")
     spares = [p for p in pods if p.role == "spare" and p.name not in workers and not p.deleting]
     doomed_spares = tuple(sorted(p.name for p in spares if _spare_gone(p, doomed)))
