@@ -31,8 +31,8 @@ def job(mode: str, status: dict[str, Any] | None = None) -> Any:
 
 
 # Each worker: "run" (running, silent or not), "lost" (its node is gone), "notready" (running on a NotReady node),
-# ("peer", ago) (exited 134 naming process 1 as lost, ``ago`` seconds before NOW), ("code", c, ago) (exited c on
-# its own), "plain134" (134 without a report of a lost peer).
+# ("peer", ago) (exited 134 naming process 1 as lost, ``ago`` seconds before NOW; ("peer", ago, k): naming process
+# k), ("code", c, ago) (exited c on its own), "plain134" (134 without a report of a lost peer).
 Worker = Any
 
 
@@ -47,7 +47,8 @@ def recreate(states: tuple[Worker, ...]) -> list[WorkerPod]:
         elif s == "plain134":
             p = replace(p, phase="Failed", exit_code=134, exit_time=NOW)
         elif isinstance(s, tuple) and s[0] == "peer":
-            p = replace(p, phase="Failed", exit_code=134, peer_lost=(1,), exit_time=NOW - timedelta(seconds=s[1]))
+            p = replace(p, phase="Failed", exit_code=134, peer_lost=(s[2] if len(s) > 2 else 1,),
+                        exit_time=NOW - timedelta(seconds=s[1]))
         elif isinstance(s, tuple) and s[0] == "code":
             p = replace(p, phase="Failed", exit_code=s[1], exit_time=NOW - timedelta(seconds=s[2]))
         out.append(p)
@@ -65,7 +66,7 @@ def inplace(states: tuple[Worker, ...]) -> list[PodView]:
         elif s == "plain134":
             p = replace(p, exit_attempt=1, exit_code=134, exit_time=NOW)
         elif isinstance(s, tuple) and s[0] == "peer":
-            p = replace(p, exit_attempt=1, exit_code=134, exit_peer_lost=(1,),
+            p = replace(p, exit_attempt=1, exit_code=134, exit_peer_lost=(s[2] if len(s) > 2 else 1,),
                         exit_time=NOW - timedelta(seconds=s[1]))
         elif isinstance(s, tuple) and s[0] == "code":
             p = replace(p, exit_attempt=1, exit_code=s[1], exit_time=NOW - timedelta(seconds=s[2]))
@@ -94,8 +95,14 @@ ROWS: list[tuple[str, tuple[Worker, ...], dict[str, Any], str | None, str]] = [
      "lost it"),
     ("the peer ended with its own error: a failure, named after it", (PEER, ("code", 1, 5.0), PEER), {}, "failure",
      "worker llama-1 exited with code 1"),
-    ("every worker ended by a lost peer, none lost: a failure (a deterministic abort)",
+    ("every worker ended by a lost peer, none lost, no two naming each other: a failure (a deterministic abort)",
      (PEER, PEER, PEER), {}, "failure", "no worker of the attempt was lost"),
+    ("worker 1 cut off: 0 and 2 name it, it names 0 (its coordinator), none lost: a partition, a disruption",
+     (PEER, ("peer", 5.0, 0), PEER), {}, "disruption", "processes 0 and 1 each named the other"),
+    ("... the same after a notice in this attempt: still the partition's (a disruption)",
+     (PEER, ("peer", 5.0, 0), PEER), {"lastNotice": NOTICE}, "disruption", "a network partition"),
+    ("0 and 2 name 1, 1 names 2 that names 1: the pair 1-2 lost each other", (PEER, ("peer", 5.0, 2), PEER), {},
+     "disruption", "processes 1 and 2 each named the other"),
     ("134 without a peer-lost report beside a lost node: a failure, as before", ("plain134", "lost", "run"), {},
      "failure", "exited with code 134"),
     ("the lost peer not shown yet: wait", (PEER, "run", PEER), {}, None, ""),

@@ -15,7 +15,8 @@ Rules (see ``docs/operator.md``):
 * a worker that exited because it *lost a peer* (its report names the silent processes: JAX's coordination
   service ended it, SIGABRT/134) is no failure of its own: with a lost worker in the attempt (its pod or node
   lost, or a silent peer on a NotReady node) the restart is that loss's (``disruption``/``preemption``); with
-  every worker ended and none lost it is a ``failure`` (a deterministic abort still meets ``maxFailures``);
+  every worker ended and none lost it is a ``failure`` (a deterministic abort still meets ``maxFailures``),
+  unless two workers named each other (both were alive and lost contact: a network partition, a ``disruption``);
   otherwise the decision waits for the lost peer to show, at most ``peer_lost_wait_s`` from the first such
   exit (condition ``Restarting=Unknown/WaitingForLostPeer``), then counts a ``failure``;
 * a *rapid* restart -- every worker exited with the restart code within ``RAPID_SECONDS`` of the attempt's
@@ -331,6 +332,10 @@ def _peer_lost(failed: Sequence[WorkerPod], workers: Iterable[WorkerPod], now: d
     left = None if now is None or first is None else wait_s - (now - first).total_seconds()
     why = _describe(failed[0])
     if not running:
+        pair = _lost_each_other(failed)
+        if pair is not None:  # both sides were alive and lost contact: the network, not the application
+            return Verdict(DISRUPTION, f"processes {pair[0]} and {pair[1]} each named the other as a lost peer and "
+                                       "no worker was lost (a network partition)")
         return Verdict(FAILURE, f"{why}, and no worker of the attempt was lost (every worker ended)")
     if left is None or left <= 0:
         return Verdict(FAILURE, f"{why}; {', '.join(running[:5])} not shown lost within {wait_s:.0f} s")
@@ -338,6 +343,14 @@ def _peer_lost(failed: Sequence[WorkerPod], workers: Iterable[WorkerPod], now: d
     until = rfc3339(first + timedelta(seconds=wait_s))
     return Verdict(waiting=f"{why}: waiting until {until} for {', '.join(running[:5])} to show lost (its pod or "
                            "node) before counting a failure", wait_s=left)
+
+
+def _lost_each_other(failed: Sequence[WorkerPod]) -> tuple[int, int] | None:
+    """Two workers whose exit reports name each other as the lost peer (the lowest such pair), or None. A process
+    that died or hung names nobody; two that each lost the other were both alive: they were cut apart."""
+    named = {p.index: set(p.peer_lost) for p in failed}
+    return next(((i, j) for i in sorted(named) for j in sorted(named[i]) if j != i and i in named.get(j, ())),
+                None)
 
 
 def gang_restart(job: TrainingJob, attempt: int, verdict: Verdict, now: datetime | None, *,
