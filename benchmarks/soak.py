@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 from localcluster import Cluster, ClusterError, chaos
 from localcluster.goodput import analyse, read_step_log
 from localcluster.injectors import Injectors, assigned_pods, mount_tmpfs, resize_tmpfs, split_roles, view
+from localcluster.keeplogs import LogKeeper, real_node_logs
 from localcluster.realnodes import RealNodeError, prerequisites
 from localcluster.soakrecord import (
     Injected,
@@ -209,9 +210,15 @@ def size_storage(root: Path, free_ckpt: Path, keep: int) -> None:
         "checkpoints)")
 
 
+def kept_logs(cluster: Cluster) -> Path:
+    """Where the soak keeps copies of its pods' logs on real nodes (``keeplogs``: a deleted pod's go with it)."""
+    return cluster.workdir / "kept-pod-logs"
+
+
 def trainer_logs(cluster: Cluster, job: str) -> list[list[str]]:
-    """Every trainer log of the job's pods (workers and spares, on nodes since deleted too), each in order."""
-    paths = [*cluster.workdir.glob(f"realnodes/*/pod-logs/{NS}_{job}-*/trainer/*.log"),
+    """Every trainer log of the job's pods (workers and spares, deleted pods and nodes since deleted too), each in
+    order: on real nodes the copies ``keeplogs`` kept, on process nodes the logs themselves."""
+    paths = [*kept_logs(cluster).glob(f"*/{NS}_{job}-*/trainer/*.log"),
              *cluster.workdir.glob(f"nodes/*/pods/{NS}/{job}-*/logs/trainer.log")]
     return [p.read_text(errors="replace").splitlines() for p in sorted(paths, key=lambda p: p.stat().st_mtime)]
 
@@ -402,6 +409,7 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
             say(f"fault {len(injected)}/{len(plan)}: {f.kind} -> {rec.target or rec.error}")
 
     observer.start()
+    keeper = LogKeeper(lambda: real_node_logs(cluster.workdir, NS), kept_logs(cluster)).start()
     thread = threading.Thread(target=inject_all, daemon=True)
     start = time.time()
     status: dict = {}
@@ -416,6 +424,9 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
         for line in injectors.stop():
             say(f"undone: {line}")
         signal.signal(signal.SIGINT, previous)
+        keeper.stop()
+        if real:
+            say(f"pod logs (deleted pods' too, up to ~1 s before they went): {kept_logs(cluster)}")
     end = time.time()
     # A leader killed near the job's end: the standby takes the Lease only after the lease duration; keep
     # watching for it (the job's end does not end that fault), up to a minute.

@@ -21,7 +21,9 @@ after it. Status is written by carrying out an outcome only.
 
 Which reads a decision needs is also decided here: ``look_at_nodes`` (a lost pod's nodes, fresh from the API,
 before a lost pod is counted as preempted or disrupted) and ``needs_placement`` (the nodes new pods must avoid,
-computed only when pods are about to be created). The shell reads them and decides again.
+computed only when pods are about to be created). The shell reads them and decides again. A disruption with no
+lost pod (an exit-code rule's Ignore) has no node to read and is decided in the same pass: the shell carries out
+an outcome that names no node as it is.
 """
 
 from __future__ import annotations
@@ -189,7 +191,7 @@ def _recreate(view: View) -> Outcome:
     hold = held(view)
     plan = _pods_ready(_queue_conditions(decide_restart(job, pods, view.avoid, now, view.doomed, held=hold,
                                                         peer_lost_wait_s=view.peer_lost_wait_s), view, hold), view)
-    if plan.cause == DISRUPTION and not view.looked:
+    if plan.cause == DISRUPTION and not view.looked and lost_nodes(pods):  # none to read: decided already
         return Outcome(job, plan, look_at_nodes=frozenset(lost_nodes(pods)))
     if plan.create and not view.placed:
         return Outcome(job, plan, needs_placement=True)
@@ -226,8 +228,9 @@ def _in_place(view: View) -> Outcome:
             plan = dataclasses.replace(plan, conditions=(*plan.conditions, paired))
     decided = extra.record or (plan if plan.cause else None)
     if decided is not None and decided.cause == DISRUPTION and not view.looked:
-        return Outcome(job, plan, look_at_nodes=frozenset(
-            p.node for p in pods if p.node and (p.deleting or p.node_lost)))
+        look = frozenset(p.node for p in pods if p.node and (p.deleting or p.node_lost))
+        if look:  # none to read (an exit-code rule's Ignore, nothing lost): decided already
+            return Outcome(job, plan, look_at_nodes=look)
     if (plan.create or extra.create_workers or extra.create_spares) and not view.placed:
         return Outcome(job, plan, needs_placement=True)
     job, record = _record(job, decided, now)
