@@ -171,8 +171,8 @@ class Injectors:
         self.storage: Path | None = None
         self.storage_fault: tuple[float, str, Callable[[], None]] | None = None  # (injected at, what, undo)
         self.storage_until: dict[float, float] = {}
-        # partitions in force (by Injected.at): (what, heal), and when each one injected ended or is due to end
-        self.partitions: dict[float, tuple[str, Callable[[], None]]] = {}
+        # partitions in force (by Injected.at): (pod, what, heal), and when each one injected ended or is due to end
+        self.partitions: dict[float, tuple[str, str, Callable[[], None]]] = {}
         self.partitioned: set[str] = set()  # pods cut off now (a second partition picks another)
         self.partition_until: dict[float, float] = {}
         self.timers: list[threading.Timer] = []
@@ -343,8 +343,7 @@ class Injectors:
 
     def _partition(self, at: float) -> str:
         """Cut a worker pod's network namespace off (:func:`partition_rules`) for 10-30 s, then heal it (a timer,
-        or :meth:`stop`). The namespace is held open from the cut to the heal, so the heal reaches it even if
-        every process of the pod ended meanwhile; it is never the node's (the cluster network) nor the host's."""
+        or :meth:`stop`): :meth:`cut`, through the pod's sandbox process."""
         pod = self._choice([p for p in self.workers() if p.metadata.name not in self.partitioned],
                            "a running worker pod not already cut off")
         node, name = pod.spec.node_name, str(pod.metadata.name)
@@ -353,10 +352,18 @@ class Injectors:
         holder = netns_holder(pod_processes(self.cluster.real.tree(node), pod.metadata.uid))
         if holder is None:
             raise RuntimeError(f"no process in pod {name}: its network namespace cannot be found")
-        shared = [self.cluster.real.net.popen.pid, os.getpid()]
-        seconds = partition_seconds(self.rng)
-        netns = cut_netns(holder.pid, not_those_of=shared)
-        what = f"{name} cut off for {seconds:.1f}s"
+        what = self.cut(at, name, holder.pid, partition_seconds(self.rng),
+                        not_those_of=[self.cluster.real.net.popen.pid, os.getpid()])
+        log.info("partition: %s (network namespace of host pid %d, node %s)", what, holder.pid, node)
+        return what
+
+    def cut(self, at: float, pod: str, pid: int, seconds: float, *, not_those_of: Sequence[int]) -> str:
+        """Cut the network namespace of process ``pid`` (pod ``pod``'s) off for ``seconds`` and register the heal
+        (a timer; :meth:`stop` heals it early). The namespace is held open from the cut to the heal, so the heal
+        reaches it even if every process of the pod ended meanwhile; never that of a process in ``not_those_of``
+        (the node's, the host's: :func:`cut_netns`)."""
+        netns = cut_netns(pid, not_those_of=not_those_of)
+        what = f"{pod} cut off for {seconds:.1f}s"
 
         def heal() -> None:
             try:
@@ -365,32 +372,32 @@ class Injectors:
                 os.close(netns)
 
         with self.lock:
-            self.partitions[at] = (what, heal)
-            self.partitioned.add(name)
+            self.partitions[at] = (pod, what, heal)
+            self.partitioned.add(pod)
             self.partition_until[at] = time.time() + seconds
-        timer = threading.Timer(seconds, self._heal, args=(at, name))
+        timer = threading.Timer(seconds, self._heal, args=(at,))
         timer.daemon = True
         self.timers.append(timer)
         timer.start()
-        log.info("partition: %s (network namespace of host pid %d, node %s)", what, holder.pid, node)
         return what
 
-    def _heal(self, at: float, pod: str = "") -> tuple[str, str] | None:
+    def _heal(self, at: float) -> tuple[str, str] | None:
         """Heal the partition injected at ``at``: (what it was, "" or why the heal failed); None if none is in
         force (healed already)."""
         with self.lock:
             fault = self.partitions.pop(at, None)
-            self.partitioned.discard(pod)
             if fault is None:
                 return None
             self.partition_until[at] = min(self.partition_until[at], time.time())
+            self.partitioned.discard(fault[0])
+        what, heal = fault[1], fault[2]
         try:
-            fault[1]()
+            heal()
         except Exception as err:  # noqa: BLE001 - on a timer thread: said (the rules die with the pod's netns)
-            log.warning("healing the partition (%s) failed: %s", fault[0], err)
-            return fault[0], str(err)
-        log.info("partition healed: %s is over", fault[0])
-        return fault[0], ""
+            log.warning("healing the partition (%s) failed: %s", what, err)
+            return what, str(err)
+        log.info("partition healed: %s is over", what)
+        return what, ""
 
     def _storage(self, kind: str, at: float) -> str:
         """``storage-unavailable``: the tmpfs remounted read-only (the superblock's flag: every bind mount of it,

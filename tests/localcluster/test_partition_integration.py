@@ -3,18 +3,21 @@
 The test makes two network namespaces joined by a veth pair (a pod's and its node's, as the CNI bridge joins
 them), a listener in the "pod", and cuts the pod's namespace off by a process in it, as the soak does with a pod's
 sandbox: a connection from the node is then unanswered (dropped, not refused), the pod still reaches itself on
-loopback and keeps its interface and address; healed, the node connects again, and no rule of ours is left.
+loopback and keeps its interface and address; healed, the node connects again, and no rule of ours is left. The
+soak's Ctrl-C (``Injectors.stop``) heals a partition still in force.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
-from localcluster.injectors import PARTITION_CHAIN, cut_netns, heal_netns
+from localcluster.injectors import PARTITION_CHAIN, Injectors, cut_netns, heal_netns
 
 pytestmark = [
     pytest.mark.integration,
@@ -113,3 +116,18 @@ def test_the_namespace_of_the_node_or_host_is_never_cut(
     assert PARTITION_CHAIN not in pod.run("iptables", "-S")
     assert PARTITION_CHAIN not in subprocess.run(["iptables", "-S"], check=True, capture_output=True,
                                                   text=True).stdout
+
+
+def test_stop_heals_a_partition_still_in_force(pod_and_node: tuple[Netns, Netns, subprocess.Popen[str]]) -> None:
+    pod, node, listener = pod_and_node
+    inj = Injectors(None, None, "soak", "soak", pool_labels={}, node_kind="real", rng=random.Random(1),
+                    attempt=lambda: 1)
+    before = time.time()
+    what = inj.cut(100.0, "soak-1", listener.pid, 600.0, not_those_of=[os.getpid()])
+    assert what == "soak-1 cut off for 600.0s" and inj.partitioned == {"soak-1"}
+    assert node.connect("10.77.0.2") == "TimeoutError"
+    assert inj.stop() == ["partition healed: soak-1 cut off for 600.0s ended early"]  # Ctrl-C, long before 600 s
+    assert node.connect("10.77.0.2", timeout=5.0) == "hi"
+    assert PARTITION_CHAIN not in pod.run("iptables", "-S")
+    assert inj.partitioned == set() and inj.partitions == {}
+    assert inj.partition_until[100.0] < before + 600.0  # when it ended, for the record: at the stop
