@@ -415,7 +415,7 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
         status = run_job(cluster, body, ckpt, args.timeout, on_running=thread.start, stop=stop)
     except (KeyboardInterrupt, TimeoutError) as err:
         interrupted = True
-        say(f"soak stopped: {err or 'Ctrl-C'}")
+        say(f"soak stopped: {str(err) or 'Ctrl-C'}")
     finally:
         stop.set()
         for line in injectors.stop():
