@@ -10,7 +10,8 @@
    then the same job under the seeded fault schedule (``--minutes``, ``--seed``, ``--fault-every``, ``--faults``);
    nodes a fault deletes are replaced by new ones in the background;
 5. print a record per fault and the totals (a table; JSON in ``--out``), and the job's timeline with the faults
-   marked. Ctrl-C stops the schedule, undoes the faults still pending (signals on nodes, deletions not yet due)
+   marked. Ctrl-C stops the schedule, undoes the faults still pending (signals on nodes, deletions not yet due,
+   partitions)
    and prints what was recorded so far.
 
 ``docs/soak.md`` says what each fault does and how it is counted.
@@ -28,6 +29,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -264,6 +266,8 @@ def capabilities(*, real: bool, why: str, spares: int) -> chaos.Capabilities:
     has = {chaos.SPARE} if spares > 0 else set()
     if os.geteuid() == 0:
         has.add(chaos.ROOT)
+    if shutil.which("iptables-restore") and shutil.which("nsenter"):
+        has.add(chaos.IPTABLES)
     if real:
         has |= {chaos.REAL_NODES, chaos.OPERATOR_DEPLOYMENT}
     return chaos.Capabilities(frozenset(has), why)
@@ -290,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.fault_every:g} s, of {len(chosen)} kinds" + (f"; left out here: {', '.join(left_out)} ({why})"
                                                           if left_out else ""))
     not_impl = [k.name for k in chaos.CATALOGUE if not k.implemented]
-    say(f"not implemented yet (never scheduled): {', '.join(not_impl)}")
+    if not_impl:
+        say(f"not implemented yet (never scheduled): {', '.join(not_impl)}")
     if args.plan_only:
         for i, f in enumerate(plan, 1):
             print(f"{i:>4} {f.at:>8.1f}s  cycle {f.cycle:<3} {f.kind}")
@@ -418,7 +423,7 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
         status = run_job(cluster, body, ckpt, args.timeout, on_running=thread.start, stop=stop)
     except (KeyboardInterrupt, TimeoutError) as err:
         interrupted = True
-        say(f"soak stopped: {err or 'Ctrl-C'}")
+        say(f"soak stopped: {str(err) or 'Ctrl-C'}")
     finally:
         stop.set()
         for line in injectors.stop():
@@ -438,7 +443,8 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
     steps = read_step_log(ckpt / "steps.jsonl") if (ckpt / "steps.jsonl").exists() else []
     report = analyse(steps, start=start, end=job_end(ckpt, end))
     recs = records(injected, observer.obs, report.interruptions, steps, t0=start,
-                   restores=restores_by_attempt(trainer_logs(cluster, "soak")), ended=injectors.storage_until)
+                   restores=restores_by_attempt(trainer_logs(cluster, "soak")),
+                   ended={**injectors.storage_until, **injectors.partition_until})
     lost = committed_lost(observer.committed, present_checkpoints(ckpt), keep)
     sha: bool | None = None
     try:

@@ -20,10 +20,12 @@ images="$cache/images"
 mkdir -p "$images"
 SUITE=bookworm
 BASE_PACKAGES=python3,python3-venv,ca-certificates
-# What the real-node tier needs on the host: the image builders and the node runtime.
-PACKAGES=(podman buildah mmdebstrap containerd runc containernetworking-plugins iproute2 util-linux gcc libc6-dev)
+# What the real-node tier needs on the host: the image builders and the node runtime (iptables: the soak's
+# partition fault, DROP rules in a pod's network namespace).
+PACKAGES=(podman buildah mmdebstrap containerd runc containernetworking-plugins iproute2 util-linux gcc libc6-dev
+          iptables)
 COMMANDS=(podman mmdebstrap containerd containerd-shim-runc-v2 runc ctr /usr/lib/cni/bridge /usr/lib/cni/host-local
-          /usr/lib/cni/loopback ip unshare nsenter gcc)
+          /usr/lib/cni/loopback ip unshare nsenter gcc iptables-restore)
 
 say() { echo "build-images: $*" >&2; }
 

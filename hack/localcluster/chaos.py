@@ -20,6 +20,7 @@ REAL_NODES = "real nodes"            # containers in cgroups and network namespa
 OPERATOR_DEPLOYMENT = "the operator as the chart's Deployment with two replicas"
 SPARE = "a warm spare (spec.spares >= 1)"
 ROOT = "root (the soak mounts the job's checkpoint storage as a tmpfs)"
+IPTABLES = "iptables-restore on PATH (Debian's iptables package: the partition's DROP rules)"
 NOTICE_PREFIX = "notice-"
 
 
@@ -59,8 +60,8 @@ CATALOGUE: tuple[FaultKind, ...] = (
               True, nodes=2),
     FaultKind("apiserver-restart", "the kube-apiserver stopped (SIGTERM), kept down 5-15 s and started again on "
               "the same etcd (every object kept)", False),
-    FaultKind("partition", "one worker pod cut off the network for 10-30 s (in its network namespace)", True,
-              (REAL_NODES,), implemented=False),
+    FaultKind("partition", "one worker pod cut off the network for 10-30 s (DROP rules in its network namespace "
+              "but loopback; its interfaces kept), then healed", True, (REAL_NODES, IPTABLES)),
     FaultKind("storage-unavailable", "the checkpoint storage (a tmpfs) remounted read-only for 10 s", False,
               (ROOT,)),
     FaultKind("storage-full", "the checkpoint storage (a tmpfs) filled with a ballast file for 10-20 s",
@@ -185,6 +186,11 @@ def notice_patch(sig: Signal, now: float) -> tuple[str, str, str | None, float]:
         return sig.kind, sig.key, str(deadline), float(deadline - now)
     value = sig.value if sig.value is not None else ("True" if sig.kind == "Condition" else "true")
     return sig.kind, sig.key, value, float(sig.notice_seconds)
+
+
+def partition_seconds(rng: random.Random) -> float:
+    """How long a ``partition`` cuts its pod off: 10-30 s, drawn from the soak's rng."""
+    return round(rng.uniform(10.0, 30.0), 1)
 
 
 STORAGE_UNAVAILABLE_SECONDS = 10.0

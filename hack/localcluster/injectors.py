@@ -3,7 +3,8 @@
 Thin I/O: the choices (which process is the trainer, what to put on a node) are pure functions here and in
 ``chaos``. Everything an injector leaves behind (a signal on a node, a node deletion due at a deadline) is
 registered, so :meth:`Injectors.stop` (Ctrl-C) undoes what has not yet happened: signals removed, pending
-deletions cancelled, the checkpoint storage made writable and emptied of its ballast. Nodes deleted by a fault are replaced in the background by new ones of the same pool, so the
+deletions cancelled, the checkpoint storage made writable and emptied of its ballast, partitioned pods' network
+namespaces healed. Nodes deleted by a fault are replaced in the background by new ones of the same pool, so the
 job always has somewhere to go.
 """
 
@@ -24,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from . import cgroups
-from .chaos import KINDS, STORAGE_KINDS, apiserver_down_seconds, notice_patch, storage_fault_seconds
+from .chaos import (
+    KINDS,
+    STORAGE_KINDS,
+    apiserver_down_seconds,
+    notice_patch,
+    partition_seconds,
+    storage_fault_seconds,
+)
 from .soakrecord import Injected
 from .testing import cordon_node, label_node, set_node_condition, taint_node, untaint_node
 
@@ -55,6 +63,28 @@ def pick(role: str, procs: Sequence[Proc]) -> Proc | None:
         return sup
     children = sorted((p for p in procs if p.ppid == sup.pid), key=lambda p: (p.started, p.pid))
     return children[0] if children else None
+
+
+PARTITION_CHAIN = "REPRIEVE-SOAK-PARTITION"
+
+
+def partition_rules(cut: bool, chain: str = PARTITION_CHAIN) -> str:
+    """``iptables-restore --noflush`` input that cuts a network namespace off (``cut``) or heals it: a chain of our
+    own that drops everything, jumped to first from INPUT and OUTPUT for every interface but loopback. Nothing
+    else of the namespace is touched: its interfaces, addresses and routes stay (the pod's IP is kept, so healing
+    is taking the rules out), its other rules stay, and a process inside it still talks to itself. Pure."""
+    jumps = (f"INPUT ! -i lo -j {chain}", f"OUTPUT ! -o lo -j {chain}")
+    if cut:
+        lines = [f":{chain} - [0:0]", f"-A {chain} -j DROP", *(f"-I {j.replace(' ', ' 1 ', 1)}" for j in jumps)]
+    else:
+        lines = [*(f"-D {j}" for j in jumps), f"-F {chain}", f"-X {chain}"]
+    return "\n".join(["*filter", *lines, "COMMIT", ""])
+
+
+def netns_holder(procs: Sequence[Proc]) -> Proc | None:
+    """The process whose network namespace is the pod's: its sandbox (``pause``, the pid namespace's PID 1 that
+    holds the pod's namespaces for the pod's whole life), else any process of the pod (they all share it)."""
+    return next((p for p in procs if p.comm == "pause"), procs[0] if procs else None)
 
 
 @dataclass(frozen=True)
@@ -141,6 +171,10 @@ class Injectors:
         self.storage: Path | None = None
         self.storage_fault: tuple[float, str, Callable[[], None]] | None = None  # (injected at, what, undo)
         self.storage_until: dict[float, float] = {}
+        # partitions in force (by Injected.at): (pod, what, heal), and when each one injected ended or is due to end
+        self.partitions: dict[float, tuple[str, str, Callable[[], None]]] = {}
+        self.partitioned: set[str] = set()  # pods cut off now (a second partition picks another)
+        self.partition_until: dict[float, float] = {}
         self.timers: list[threading.Timer] = []
         self.doomed: set[str] = set()
         self.replace: queue.Queue[str | None] = queue.Queue()
@@ -186,7 +220,8 @@ class Injectors:
         """Carry out one fault of ``kind`` now; what went wrong is in ``Injected.error`` (never raised)."""
         at, attempt = time.time(), self.attempt()
         try:
-            target = self._storage(kind, at) if kind in STORAGE_KINDS else self._inject(kind)
+            target = (self._storage(kind, at) if kind in STORAGE_KINDS else self._partition(at) if kind == "partition"
+                      else self._inject(kind))
         except Exception as err:  # noqa: BLE001 - a failed injection is recorded, and the soak goes on
             log.warning("fault %s not injected: %s", kind, err)
             return Injected(kind, "", at, attempt, error=str(err)[:300])
@@ -306,6 +341,64 @@ class Injectors:
         self._notice(node, GKE_SPOT)
         return f"{pod.metadata.name}+{node}"
 
+    def _partition(self, at: float) -> str:
+        """Cut a worker pod's network namespace off (:func:`partition_rules`) for 10-30 s, then heal it (a timer,
+        or :meth:`stop`): :meth:`cut`, through the pod's sandbox process."""
+        pod = self._choice([p for p in self.workers() if p.metadata.name not in self.partitioned],
+                           "a running worker pod not already cut off")
+        node, name = pod.spec.node_name, str(pod.metadata.name)
+        if not self.cluster.is_real(node):
+            raise RuntimeError(f"pod {name} is on {node}, not a real node")
+        holder = netns_holder(pod_processes(self.cluster.real.tree(node), pod.metadata.uid))
+        if holder is None:
+            raise RuntimeError(f"no process in pod {name}: its network namespace cannot be found")
+        what = self.cut(at, name, holder.pid, partition_seconds(self.rng),
+                        not_those_of=[self.cluster.real.net.popen.pid, os.getpid()])
+        log.info("partition: %s (network namespace of host pid %d, node %s)", what, holder.pid, node)
+        return what
+
+    def cut(self, at: float, pod: str, pid: int, seconds: float, *, not_those_of: Sequence[int]) -> str:
+        """Cut the network namespace of process ``pid`` (pod ``pod``'s) off for ``seconds`` and register the heal
+        (a timer; :meth:`stop` heals it early). The namespace is held open from the cut to the heal, so the heal
+        reaches it even if every process of the pod ended meanwhile; never that of a process in ``not_those_of``
+        (the node's, the host's: :func:`cut_netns`)."""
+        netns = cut_netns(pid, not_those_of=not_those_of)
+        what = f"{pod} cut off for {seconds:.1f}s"
+
+        def heal() -> None:
+            try:
+                heal_netns(netns)
+            finally:
+                os.close(netns)
+
+        with self.lock:
+            self.partitions[at] = (pod, what, heal)
+            self.partitioned.add(pod)
+            self.partition_until[at] = time.time() + seconds
+        timer = threading.Timer(seconds, self._heal, args=(at,))
+        timer.daemon = True
+        self.timers.append(timer)
+        timer.start()
+        return what
+
+    def _heal(self, at: float) -> tuple[str, str] | None:
+        """Heal the partition injected at ``at``: (what it was, "" or why the heal failed); None if none is in
+        force (healed already)."""
+        with self.lock:
+            fault = self.partitions.pop(at, None)
+            if fault is None:
+                return None
+            self.partition_until[at] = min(self.partition_until[at], time.time())
+            self.partitioned.discard(fault[0])
+        what, heal = fault[1], fault[2]
+        try:
+            heal()
+        except Exception as err:  # noqa: BLE001 - on a timer thread: said (the rules die with the pod's netns)
+            log.warning("healing the partition (%s) failed: %s", what, err)
+            return what, str(err)
+        log.info("partition healed: %s is over", what)
+        return what, ""
+
     def _storage(self, kind: str, at: float) -> str:
         """``storage-unavailable``: the tmpfs remounted read-only (the superblock's flag: every bind mount of it,
         the pods' included, turns read-only); ``storage-full``: a ballast file fills it. Undone by a timer (or
@@ -376,6 +469,13 @@ class Injectors:
                 done.append(f"signal removed from {node}, its deletion cancelled")
             except Exception as err:  # noqa: BLE001
                 done.append(f"could not remove the signal from {node}: {err}")
+        with self.lock:
+            pending = list(self.partitions)
+        for at in pending:
+            healed = self._heal(at)
+            if healed:
+                done.append(f"partition healed: {healed[0]} ended early" if not healed[1] else
+                            f"could not heal the partition ({healed[0]}): {healed[1]}")
         try:
             ended = self._end_storage_fault()
             if ended:
@@ -432,3 +532,36 @@ def fill(path: Path, chunk: int = 1 << 20) -> int:
                 block = block[:chunk]
                 continue
             written += n or 0
+
+
+def _iptables_restore(netns: int, rules: str) -> None:
+    got = subprocess.run(["nsenter", f"--net=/proc/self/fd/{netns}", "--", "iptables-restore", "--noflush"],
+                         input=rules, pass_fds=(netns,), capture_output=True, text=True, check=False, timeout=30)
+    if got.returncode != 0:
+        raise RuntimeError(f"iptables-restore in the network namespace: {got.stderr.strip()}")
+
+
+def cut_netns(pid: int, *, not_those_of: Sequence[int] = ()) -> int:
+    """Cut the network namespace of process ``pid`` off (:func:`partition_rules`); returns an open fd of that
+    namespace, which holds it until :func:`heal_netns` and ``os.close``. Refused (RuntimeError) when it is the
+    namespace of any process in ``not_those_of`` (the node's, the host's: cutting those would cut the cluster)."""
+    fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    try:
+        mine = os.fstat(fd).st_ino
+        for other in not_those_of:
+            try:
+                if os.stat(f"/proc/{other}/ns/net").st_ino == mine:
+                    raise RuntimeError(f"process {pid} shares the network namespace of process {other}: not a pod's "
+                                       "own")
+            except FileNotFoundError:
+                continue
+        _iptables_restore(fd, partition_rules(True))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def heal_netns(netns: int) -> None:
+    """Take :func:`cut_netns`'s rules out of the network namespace open as ``netns`` (the fd stays open)."""
+    _iptables_restore(netns, partition_rules(False))

@@ -229,7 +229,7 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
             steps: Sequence[StepRecord], *, t0: float, restores: Mapping[int, str] | None = None,
             ended: Mapping[float, float] | None = None) -> list[FaultRecord]:
     """A :class:`FaultRecord` per injected fault (times relative to ``t0``, the soak's start). ``ended``: when each
-    storage fault (by its injection time) was undone."""
+    storage fault or partition (by its injection time) was undone."""
     restores, ended = restores or {}, ended or {}
     committed = [(o.t, o.checkpoint_step) for o in obs]
     matched = attribute(faults, interruptions)
@@ -285,11 +285,12 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
             rec.recovered = back is not None
             rec.recovery = ("spare replaced" if f.kind == "kill-spare" else "new leader") if back else ""
             rec.note = "" if back else "no replacement seen"
-        else:
-            rec.recovered = last_t > f.at
+        else:  # a partition that ended no attempt: recovered once the job stepped after it was healed
+            after = ended.get(f.at, f.at) if f.kind == "partition" else f.at
+            rec.recovered = last_t > after
             rec.recovery = "no restart" if rec.recovered else ""
             rec.note = "the step log shows no restart after it" + ("" if rec.recovered else
-                                                                  "; no step after it either")
+                                                                  f"; no step after it{' was healed' if after > f.at else ''} either")
         out.append(rec)
     return out
 

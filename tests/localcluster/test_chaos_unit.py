@@ -10,7 +10,15 @@ import pytest
 from localcluster import chaos
 from localcluster.chaos import REAL_NODES, SPARE, Capabilities, SoakConfigError
 from localcluster.goodput import StepRecord, analyse
-from localcluster.injectors import PodView, Proc, assigned_pods, pick, split_roles
+from localcluster.injectors import (
+    PodView,
+    Proc,
+    assigned_pods,
+    netns_holder,
+    partition_rules,
+    pick,
+    split_roles,
+)
 from localcluster.soakrecord import (
     Injected,
     Observation,
@@ -27,7 +35,7 @@ from reprieve_operator.policy.signals import BUILTIN_SIGNALS
 
 pytestmark = pytest.mark.unit
 
-ALL = Capabilities(frozenset({REAL_NODES, SPARE, chaos.OPERATOR_DEPLOYMENT, chaos.ROOT}))
+ALL = Capabilities(frozenset({REAL_NODES, SPARE, chaos.OPERATOR_DEPLOYMENT, chaos.ROOT, chaos.IPTABLES}))
 PROCESS = Capabilities(frozenset({SPARE, chaos.ROOT}), "process nodes: real nodes cannot start here")
 
 
@@ -67,7 +75,8 @@ def test_default_kinds_are_every_implemented_one_and_duplicates_collapse() -> No
 
 
 @pytest.mark.parametrize(("faults", "caps", "minutes", "every", "message"), [
-    ("partition", ALL, 3, 30, "fault kind partition .* is not implemented yet"),
+    ("partition", PROCESS, 3, 30, r"partition needs real nodes and iptables-restore on PATH .*, which this cluster lacks .process nodes"),
+    ("partition", Capabilities(frozenset({REAL_NODES})), 3, 30, r"partition needs iptables-restore on PATH \(Debian"),
     ("storage-full", Capabilities(frozenset({SPARE})), 3, 30, r"storage-full needs root \(the soak mounts"),
     ("kill-trainer", PROCESS, 3, 30, "kill-trainer needs real nodes, which this cluster lacks .process nodes"),
     ("kill-spare", Capabilities(frozenset({REAL_NODES})), 3, 30, r"kill-spare needs a warm spare"),
@@ -86,7 +95,7 @@ def test_default_schedule_on_process_nodes_drops_what_they_cannot_do_and_says_wh
     chosen = chaos.validate(kinds, PROCESS, minutes=3, fault_every=30, explicit=False)
     assert "kill-trainer" not in chosen and "node-lost" in chosen and "notice-gke-spot" in chosen
     assert set(chaos.dropped(kinds, PROCESS)) == {"kill-trainer", "kill-supervisor", "kill-spare",
-                                                  "kill-operator-leader"}
+                                                  "kill-operator-leader", "partition"}
 
 
 def test_schedule_is_reproducible_from_its_seed_and_covers_every_kind_each_cycle() -> None:
@@ -501,3 +510,63 @@ def test_a_storage_fault_is_recorded_recovered_with_no_restart_once_the_next_sav
     assert (full.recovered, full.recovery, full.note) == (True, "no restart",
                                                           "the next checkpoint committed 5.0s after it ended")
     assert (ro.recovered, ro.note) == (False, "no newer checkpoint seen committed after it")
+
+
+# -- partition ------------------------------------------------------------------------------------------------
+
+def test_partition_is_implemented_ends_an_attempt_needs_real_nodes_and_iptables_and_lasts_10_to_30_seconds() -> None:
+    import random
+
+    kind = chaos.KINDS["partition"]
+    assert kind.implemented and kind.interrupts and kind.needs == (REAL_NODES, chaos.IPTABLES)
+    assert chaos.validate(["partition"], ALL, minutes=2, fault_every=25) == ["partition"]
+    drawn = [chaos.partition_seconds(random.Random(seed)) for seed in range(200)]
+    assert all(10.0 <= d <= 30.0 for d in drawn) and max(drawn) - min(drawn) > 15
+    assert drawn == [chaos.partition_seconds(random.Random(seed)) for seed in range(200)]
+
+
+@pytest.mark.parametrize(("cut", "expected"), [
+    (True, ["*filter", ":REPRIEVE-SOAK-PARTITION - [0:0]", "-A REPRIEVE-SOAK-PARTITION -j DROP",
+            "-I INPUT 1 ! -i lo -j REPRIEVE-SOAK-PARTITION", "-I OUTPUT 1 ! -o lo -j REPRIEVE-SOAK-PARTITION",
+            "COMMIT"]),
+    (False, ["*filter", "-D INPUT ! -i lo -j REPRIEVE-SOAK-PARTITION", "-D OUTPUT ! -o lo -j REPRIEVE-SOAK-PARTITION",
+             "-F REPRIEVE-SOAK-PARTITION", "-X REPRIEVE-SOAK-PARTITION", "COMMIT"]),
+])
+def test_partition_rules_drop_all_but_loopback_in_a_chain_of_their_own(cut: bool, expected: list[str]) -> None:
+    assert partition_rules(cut).splitlines() == expected
+
+
+@pytest.mark.parametrize(("procs", "expected"), [
+    ([Proc(10, 1, 1, 5, "pause"), Proc(20, 1, 1, 6, "reprieve-run")], 10),   # the sandbox holds the pod's netns
+    ([Proc(20, 1, 1, 6, "reprieve-run"), Proc(10, 1, 1, 5, "pause")], 10),
+    ([Proc(20, 1, 1, 6, "reprieve-run"), Proc(21, 20, 7, 9, "python")], 20),  # no sandbox seen: any of the pod's
+    ([], None),
+])
+def test_the_pods_network_namespace_is_found_through_its_sandbox(procs: list[Proc], expected: int | None) -> None:
+    holder = netns_holder(procs)
+    assert (holder.pid if holder else None) == expected
+
+
+@pytest.mark.parametrize(("last_step_t", "healed_at", "recovered", "note"), [
+    # stalled while cut off, stepped again once healed, no restart: recovered in place
+    (45.0, 38.0, True, "the step log shows no restart after it"),
+    # a step logged after the cut but none after the heal: not recovered
+    (15.0, 38.0, False, "the step log shows no restart after it; no step after it was healed either"),
+])
+def test_a_partition_that_ends_no_attempt_is_recovered_once_the_job_steps_after_the_heal(
+        last_step_t: float, healed_at: float, recovered: bool, note: str) -> None:
+    log = steps(1, range(int(last_step_t) + 1), 0)
+    (rec,) = records([Injected("partition", "lm-1 cut off for 28.0s", 10, 1)], [Observation(20, 1)], [], log, t0=0,
+                     ended={10: healed_at})
+    assert (rec.recovered, rec.note, rec.lost_steps) == (recovered, note, 0)
+
+
+def test_a_partition_that_ends_the_attempt_is_booked_its_restart() -> None:
+    # cut at 19.5 (the last step of attempt 1 at 19); the gang restarts; attempt 2 resumes at step 10 at t=60
+    log = steps(1, range(20), 0) + steps(2, range(10, 30), 60)
+    intr = analyse(log, start=0, end=80).interruptions
+    (rec,) = records([Injected("partition", "lm-1 cut off for 25.0s", 19.5, 1)],
+                     [Observation(50, 2, last_restart={"attempt": 2, "inPlace": 2})], intr, log, t0=0,
+                     ended={19.5: 44.5})
+    assert (rec.recovered, rec.lost_steps, rec.recovery, rec.detected_at) == (True, 10, "2 in place", 50)
+    assert unexplained([Injected("partition", "lm-1", 19.5, 1)], intr) == []
