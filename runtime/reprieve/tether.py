@@ -12,7 +12,8 @@ The connection never speaks (gRPC's server closes one that sends no preface afte
 default). Every close is followed by a knock at the same address (:func:`knock_says_gone`): a connection is held
 again; refused, reset or unanswered within ``knock_s`` means the service is gone, reported once to ``on_gone``. TCP
 keepalive probes the held connection, so a host that vanished without closing anything is noticed too, within
-about ``keepalive_s`` plus the knock.
+about ``keepalive_s`` + two unanswered probes a second apart + the knock (5.1 s for 2 s and 1 s in
+``tests/runtime/test_tether.py``'s partitioned host).
 """
 
 from __future__ import annotations
