@@ -21,6 +21,17 @@ Every node of the runs emulates a real node's costs (``--pull-seconds``, once pe
 ``--start-seconds`` per container start; docs/local-cluster.md, "Emulated costs"): a process kubelet would
 otherwise start a pod in 0.1 s and flatter recreating pods. The emulated costs are printed with the results.
 
+``--real-nodes`` runs the same variants and schedule on real nodes (upstream kubelet + containerd + runc each,
+``docs/local-cluster.md``) with the operator as the chart's Deployment on a system node (one for all variants):
+no emulated cost, real container starts. The images are imported into every node beforehand (no pull), or with
+``--real-pulls`` the example image is pushed to the cluster's own registry (TLS, basic auth) and every worker node
+starts cold, so its kubelet pulls the image when the node's first pod lands; each pull (node, seconds, MB, from
+the kubelets' ``Pulled`` events) is printed. A real node costs far more than a process kubelet on a small machine,
+so instead of one node per worker, spare and planned replacement up front, a real variant starts with one node per
+worker and spare plus one free node, and adds a fresh (cold, with ``--real-pulls``) node whenever one is deleted,
+as a cloud's node pool would. Every run says in its log and under its table which pull it paid: emulated N s,
+imported (no pull), or real pulls from the registry.
+
 A noticed preemption puts the GKE spot taint on a worker's node and deletes the node ``--notice`` seconds
 later; a hard kill deletes a worker's node without warning. Events happen one at a time: an event fires at its
 step once the previous one is absorbed (node deleted, job running again), or at once if that step has passed
@@ -39,6 +50,7 @@ wall time.
     python benchmarks/goodput.py --step-sleep 0.1      # shorter steps: the events pile up (see above)
     python benchmarks/goodput.py --variants inplace+spare,recreate --steps 3000   # a 26-min job: the same 4 events
                                                        # spread out; the first start and the hard kill amortized
+    python benchmarks/goodput.py --real-nodes --real-pulls --variants recreate,inplace+spare+memory --steps 300
 """
 
 from __future__ import annotations
@@ -58,8 +70,10 @@ from kubernetes import client as k8s
 from localcluster import Cluster
 from localcluster.costs import EmulatedCosts
 from localcluster.goodput import GoodputReport, analyse, read_step_log
+from localcluster.pulls import Pull
+from localcluster.realpulls import describe, node_pulls, pull_line, push_example
 from localcluster.restores import Restore, for_resume, parse
-from localcluster.stack import OperatorProcess, example_job, install_chart
+from localcluster.stack import SYSTEM_POOL, OperatorProcess, example_job, install_chart, install_operator
 from localcluster.testing import taint_node
 
 SPOT_TAINT = "cloud.google.com/impending-node-termination"
@@ -86,32 +100,78 @@ def schedule(seed: int, steps: int, notices: int, hard: int) -> list[Event]:
     return [Event(a, k, rng.randrange(2)) for a, k in zip(at, kinds)]
 
 
+def check_modes(*, real_nodes: bool, real_pulls: bool, pull_seconds: float | None) -> str | None:
+    """What is wrong with this choice of nodes and pulls (pure): None where it is consistent."""
+    if real_pulls and not real_nodes:
+        return "--real-pulls needs --real-nodes (process nodes emulate the pull: --pull-seconds)"
+    if real_nodes and pull_seconds is not None:
+        return ("--pull-seconds emulates a pull on process nodes; with --real-nodes the image is imported (no pull) "
+                "or, with --real-pulls, really pulled from the cluster's registry")
+    return None
+
+
+def nodes_up_front(*, spares: int, events: int, real: bool) -> int:
+    """A variant's worker nodes at its start (pure). Process nodes: one per worker and spare and one for every
+    replacement (a used spare is replaced too), all up front. Real nodes: one per worker and spare and one free
+    node (Recreate's new pod and in place's new spare land there before the reclaimed node is gone); every node
+    deleted is then replaced by a fresh one (:func:`replacements_due`)."""
+    return 2 + spares + (1 if real else events * (1 + spares))
+
+
+def replacements_due(*, live: int, up_front: int, real: bool) -> int:
+    """Fresh nodes to add now (pure): real variants keep their pool at its starting size; process variants
+    created every node they need up front."""
+    return max(0, up_front - live) if real else 0
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def restore_sources(cluster: Cluster, ns: str, report: GoodputReport) -> list[Restore | None]:
     """Each interruption's restore, from the trainer logs of every pod the namespace had (removed nodes' too)."""
-    lines = [line for path in sorted(cluster.workdir.glob(f"nodes/*/pods/{ns}/*/logs/trainer.log"))
-             for line in path.read_text(errors="replace").splitlines()]
+    paths = sorted(cluster.workdir.glob(f"nodes/*/pods/{ns}/*/logs/trainer.log"))  # process nodes
+    paths += sorted(cluster.workdir.glob(f"realnodes/*/pod-logs/{ns}_*/trainer/*.log"))  # real nodes
+    lines = [line for path in paths for line in path.read_text(errors="replace").splitlines()]
     restores = parse(lines)
     return [for_resume(restores, i.resumed_at) for i in report.interruptions]
 
 
 def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Event],
-        args: argparse.Namespace) -> tuple[GoodputReport, list[Restore | None]]:
+        args: argparse.Namespace, image: str) -> tuple[GoodputReport, list[Restore | None], list[tuple[str, Pull]]]:
+    """One variant; ``image``: the example image's reference on real nodes ("" on process nodes)."""
     slug = variant.replace("+", "-")
     ns = f"bench-{slug}"
     cluster.kubectl("create", "namespace", ns)
     in_place, spares = variant.startswith("inplace"), 1 if "+spare" in variant else 0
+    real = args.real_nodes
     costs = EmulatedCosts(args.pull_seconds, args.start_seconds)
-    # One node per worker and spare, and one more for every replacement (a used spare is replaced too).
-    nodes = [cluster.add_node(f"{slug}-{i}", {"reprieve.bench/pool": slug}, costs=costs)
-             for i in range(2 + spares + len(events) * (1 + spares))]
+    up_front = nodes_up_front(spares=spares, events=len(events), real=real)
+    nodes: list[str] = []
+
+    def add_node() -> None:
+        name = f"{slug}-{len(nodes)}"
+        nodes.append(name)
+        if real:  # cold (pulls the example image) with --real-pulls, else the image imported
+            cluster.add_node(name, {"reprieve.bench/pool": slug}, kind="real",
+                             images=[] if args.real_pulls else ["example"])
+        else:
+            cluster.add_node(name, {"reprieve.bench/pool": slug}, costs=costs)
+
+    def remove_node(node: str) -> None:
+        cluster.remove_node(node)
+        live = sum(n in cluster.node_names() for n in nodes)
+        for _ in range(replacements_due(live=live, up_front=up_front, real=real)):
+            add_node()
+            log(f"{variant}: added {nodes[-1]} in place of {node} (real nodes: the pool keeps {up_front} nodes)")
+
+    for _ in range(up_front):
+        add_node()
     ckpt = work / slug
     body = example_job("bench", replicas=2, steps=args.steps, step_sleep=args.step_sleep, interval=args.interval,
                        checkpoint_dir=ckpt, node_selector={"reprieve.bench/pool": slug},
-                       extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"})
+                       extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"}, image=image or None,
+                       requests={"cpu": "500m", "memory": "1Gi"} if real else None)
     body["spec"]["restartPolicy"]["maxFailures"] = 10
     body["spec"]["restartMode"] = "InPlace" if in_place else "Recreate"
     if in_place:
@@ -130,7 +190,9 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
         by_index = {i: n for n, i in json.loads(data["processes"]).items()}
         return [by_index[0], by_index[1]]
     jobs = k8s.CustomObjectsApi(api)
-    operator = OperatorProcess(cluster, work / f"operator-{variant}", namespaces=[ns]).start()
+    # Real nodes: the chart's Deployment (installed once in main) serves every variant.
+    operator = None if real else OperatorProcess(cluster, work / f"operator-{variant}", namespaces=[ns]).start()
+    pulled: list[tuple[str, Pull]] = []
     steplog = ckpt / "steps.jsonl"
     try:
         start = time.time()
@@ -145,7 +207,7 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
                     pending_deletes.remove((when, node))
                     if node in cluster.node_names():  # a hard kill may have taken it already
                         log(f"{variant}: deleting {node} (deadline reached)")
-                        cluster.remove_node(node)
+                        remove_node(node)
             # In-process API reads, not a kubectl per poll: an exec every 0.2 s cost a fifth of a core, taken from
             # the job being measured on this 2-core VM.
             status = jobs.get_namespaced_custom_object("reprieve.dev", "v1alpha1", ns, "trainingjobs",
@@ -175,7 +237,7 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
                     pending_deletes.append((now + args.notice, node))
                 else:
                     log(f"{variant}: step {step}: hard kill of {node} (worker {ev.worker}){late}")
-                    cluster.remove_node(node)
+                    remove_node(node)
             if time.monotonic() - now < 0.2:
                 time.sleep(0.2)
         end = time.time()
@@ -193,9 +255,14 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
             own = analyse(read_step_log(steplog), start=0.0, end=wall)
             log(f"{variant}: operator status.goodput {gp['goodput']:.1%} of {wall:.1f}s (step log over the same "
                 f"wall: {own.goodput:.1%}); badput {gp.get('badputSeconds')}, lost steps {gp.get('lostSteps')}")
-        return report, sources
+        if args.real_pulls:
+            pulled = node_pulls(cluster, ns, image)
+            for node, pull in pulled:
+                log(f"{variant}: {pull_line(node, pull)}")
+        return report, sources, pulled
     finally:
-        operator.stop()
+        if operator is not None:
+            operator.stop()
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         for node in nodes:
             if node in cluster.node_names():
@@ -213,8 +280,14 @@ def main() -> int:
     parser.add_argument("--notice", type=float, default=30.0, help="seconds from taint to node deletion")
     parser.add_argument("--notices", type=int, default=3)
     parser.add_argument("--hard-kills", type=int, default=1)
-    parser.add_argument("--pull-seconds", type=float, default=20.0,
-                        help="emulated image pull, once per node and image (0: none)")
+    parser.add_argument("--pull-seconds", type=float, default=None,
+                        help="process nodes: emulated image pull, once per node and image (default 20; 0: none)")
+    parser.add_argument("--real-nodes", action="store_true",
+                        help="real nodes (kubelet + containerd + runc) and the operator's Deployment; the images "
+                             "imported into every node (no pull) unless --real-pulls")
+    parser.add_argument("--real-pulls", action="store_true",
+                        help="with --real-nodes: every worker node starts cold and pulls the example image from the "
+                             "cluster's registry")
     parser.add_argument("--start-seconds", type=float, default=1.0, help="emulated container start, every pod")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
     args = parser.parse_args()
@@ -222,17 +295,35 @@ def main() -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         parser.error(f"--variants: unknown {unknown}, choose from {', '.join(VARIANTS)}")
+    wrong = check_modes(real_nodes=args.real_nodes, real_pulls=args.real_pulls, pull_seconds=args.pull_seconds)
+    if wrong:
+        parser.error(wrong)
+    if args.pull_seconds is None:
+        args.pull_seconds = 20.0
     events = schedule(args.seed, args.steps, args.notices, args.hard_kills)
     costs = EmulatedCosts(args.pull_seconds, args.start_seconds)
     log(f"schedule (seed {args.seed}): " + ", ".join(f"{e.kind}@{e.at_step}/w{e.worker}" for e in events))
-    log(f"every node: {costs.describe()}")
     work = Path(tempfile.mkdtemp(prefix="reprieve-goodput-"))
     with Cluster.start(work / "cluster") as cluster:
-        install_chart(cluster)
+        image = ""
+        if args.real_nodes:
+            log("real nodes: building or reusing the images (hack/build-images.sh)")
+            cluster.real.ensure()
+            image = (push_example(cluster, "bench/reprieve-example", "bench") if args.real_pulls
+                     else cluster.real.images["example"].ref)
+            cluster.add_node("system-0", {"reprieve.test/pool": SYSTEM_POOL}, kind="real", images=["operator"])
+            install_operator(cluster, cluster.real.images["operator"].ref,
+                             node_selector={"reprieve.test/pool": SYSTEM_POOL})
+            nodes_said = ("real nodes (kubelet + containerd + runc), the operator's Deployment; "
+                          + describe(image if args.real_pulls else "", "cold worker nodes"))
+        else:
+            install_chart(cluster)
+            nodes_said = f"process nodes, {costs.describe()}"
+        log(f"every node: {nodes_said}")
         api = cluster.api_client()
-        results = {v: run(cluster, api, work, v, events, args) for v in variants}
-    reports = {v: rep for v, (rep, _) in results.items()}
-    sources = {v: src for v, (_, src) in results.items()}
+        results = {v: run(cluster, api, work, v, events, args, image) for v in variants}
+    reports = {v: rep for v, (rep, _, _) in results.items()}
+    sources = {v: src for v, (_, src, _) in results.items()}
     noticed = [i for i, e in enumerate(events) if e.kind == "notice"]
     hard = [i for i, e in enumerate(events) if e.kind == "hard"]
 
@@ -267,7 +358,11 @@ def main() -> int:
                 print(f"{v} vs recreate: mean gap {r.mean_gap / max(ref.mean_gap, 1e-9):.2f}x, goodput "
                       f"{r.goodput / ref.goodput:.2f}x, after the first start "
                       f"{r.goodput_after_start / max(ref.goodput_after_start, 1e-9):.2f}x")
-    print(f"({costs.describe()}; seed {args.seed}, {args.steps} steps, step sleep {args.step_sleep}s, interval "
+    for v, (_, _, pulled) in results.items():
+        if pulled:
+            print(f"{v}: " + "; ".join(f"{n} {p.seconds:.1f}s" + (f"/{p.size_bytes / 1e6:.0f} MB" if p.size_bytes
+                                                                   else "") for n, p in pulled))
+    print(f"({nodes_said}; seed {args.seed}, {args.steps} steps, step sleep {args.step_sleep}s, interval "
           f"{args.interval}, notice {args.notice}s; logs in {work})")
     return 0
 

@@ -42,6 +42,7 @@ from localcluster import Cluster, ClusterError
 from localcluster.costs import EmulatedCosts
 from localcluster.goodput import GoodputReport, analyse, read_step_log
 from localcluster.realnodes import RealNodeError
+from localcluster.realpulls import describe, node_pulls, pull_line, push_example
 from localcluster.restores import Restore, for_resume, parse
 from localcluster.stack import (
     SYSTEM_POOL,
@@ -110,36 +111,20 @@ EXAMPLE_REF = ""  # with --real-pulls: the example image in the cluster's regist
 
 def start_real_pulls(cluster: Cluster) -> None:
     """--real-pulls: the cluster's registry, the example image pushed to it; spot nodes started from now are cold."""
-    from localcluster.registry import RegistryError
-
     global EXAMPLE_REF
-    try:
-        access = cluster.start_registry()
-        assert cluster.registry is not None
-        EXAMPLE_REF = cluster.registry.push_image(cluster.real.images["example"].ref, "demo/reprieve-example", "demo")
-    except RegistryError as err:
-        raise SystemExit(f"--real-pulls: no registry to pull from: {err}") from None
+    EXAMPLE_REF = push_example(cluster, "demo/reprieve-example", "demo")
     SPOT_IMAGES.clear()
-    say(f"registry at {access.registry}: pushed {EXAMPLE_REF}; the spot nodes start cold and pull it")
+    say(f"pushed {EXAMPLE_REF} to the cluster's registry; the spot nodes start cold and pull it")
 
 
 def pulls_said() -> str:
-    return (f"real image pulls: cold spot nodes pull {EXAMPLE_REF} from the cluster's registry" if EXAMPLE_REF
-            else "no image pull: the images are already in every node's containerd")
+    return describe(EXAMPLE_REF, "cold spot nodes")
 
 
 def print_pulls(cluster: Cluster) -> None:
     """The kubelets' pulls of the example image in the demo's namespace (Pulled events: time, size)."""
-    from localcluster.pulls import pulls
-
-    events = json.loads(cluster.kubectl("get", "events", "-n", NS, "-o", "json").stdout)["items"]
-    for ev in events:
-        if ev.get("reason") == "Pulled":
-            p = pulls([ev]).get(EXAMPLE_REF)
-            if p is not None:
-                size = f"{p.size_bytes / 1e6:.0f} MB" if p.size_bytes else "size not reported"
-                print(f"  real pull on {ev.get('source', {}).get('host') or ev['involvedObject'].get('name')}: "
-                      f"{p.seconds:.1f}s ({size})")
+    for node, pull in node_pulls(cluster, NS, EXAMPLE_REF):
+        print(f"  {pull_line(node, pull)}")
 
 
 def tj(cluster: Cluster, job: str = JOB) -> dict:
