@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,7 @@ def test_every_module_that_uses_the_real_node_cluster_is_one_xdist_work_unit() -
     root = Path(__file__).resolve().parents[1]
     users = sorted(str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py")
                    if p.name != "test_budget.py" and ("real_cluster" in p.read_text()
-                                                      or 'kind="real"' in p.read_text()))
+                                                      or re.search(r'(?<!\w)kind="real"', p.read_text()) is not None))
     assert users == sorted(REAL_NODE_MODULES)
     assert scope_of("tests/e2e/test_realnodes_e2e.py::test_x[1]") == "realnodes"
     assert scope_of("tests/e2e/test_preemption_e2e.py::test_x") is None
