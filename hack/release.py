@@ -103,6 +103,7 @@ class Publisher:
                        f"here), not {self.args.platforms}")
         if bad:
             raise CheckFailed("the builder cannot build every platform asked for:\n  " + "\n  ".join(bad))
+        self.signer = self._check_signing()  # local, so first: a key that cannot sign fails fast
         login = ["podman", "login", "--authfile", str(self.authfile), "--username", self.registry.username,
                  "--password-stdin", *(["--cert-dir", str(self.certs)] if self.certs else []), self.registry.url]
         try:
@@ -114,7 +115,6 @@ class Publisher:
             raise CheckFailed(f"{self.registry.url}/{self.args.namespace}/{plan.RECORD_REPO}:{self.version} exists: "
                               f"version {self.version} is released already; bump the version (nothing was pushed)")
         self._check_index()
-        self.signer = self._check_signing()
         self._timed("checks", t0)
 
     def _sign_args(self) -> list[str]:
