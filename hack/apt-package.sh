@@ -1,13 +1,13 @@
-# Sourced by the install-*.sh scripts (not run on its own): one Debian package that provides the command of the
-# same name, installed with apt-get when the command is missing and this runs as root on Debian. The package's
+# Sourced by the install-*.sh scripts (not run on its own): one Debian package that provides a command (by default
+# of the same name), installed with apt-get when the command is missing and this runs as root on Debian. The package's
 # service is never started or enabled (policy-rc.d 101 while apt-get runs): the tests run the binary as a plain
 # process on loopback with a config of their own.
-#   ensure_apt_package PACKAGE LOG
+#   ensure_apt_package PACKAGE LOG [COMMAND]
 # The caller defines `say` (messages to stderr) and `$cache`; apt-get's output goes to $cache/LOG. Returns 0 with
 # the command on PATH; otherwise exits 3 naming what is missing or what failed.
 ensure_apt_package() {
-  local package=$1 log="$cache/$2"
-  if ! command -v "$package" >/dev/null 2>&1; then
+  local package=$1 log="$cache/$2" command=${3:-$1}
+  if ! command -v "$command" >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       say "installing Debian package $package"
       local start ok had_policy policy=/usr/sbin/policy-rc.d
@@ -26,8 +26,8 @@ ensure_apt_package() {
       say "installed in $(( $(date +%s) - start ))s"
     fi
   fi
-  if ! command -v "$package" >/dev/null 2>&1; then
-    say "missing: $package. On Debian 12 as root: apt-get install $package"
+  if ! command -v "$command" >/dev/null 2>&1; then
+    say "missing: $command (Debian package $package). On Debian 12 as root: apt-get install $package"
     exit 3
   fi
 }

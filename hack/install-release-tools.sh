@@ -3,6 +3,8 @@
 #   docker-registry  Debian 12's package (the CNCF distribution registry 2.8), apt-get when missing and running as
 #                    root on Debian; its service is never started (the cluster runs the binary on loopback with a
 #                    configuration of its own)
+#   gpg              Debian 12's gnupg, apt-get when missing (as above): the release tests make throwaway keys to
+#                    sign the chart (hack/release.py publish --sign-key) and verify it (install --verify-keyring)
 #   a venv           $cache/release-venv-<key>: pypiserver (the package index), passlib (its htpasswd) and twine
 #                    (the upload client), pinned below; the key is their versions, so a second run is a no-op
 #   a wheelhouse     $cache/wheelhouse-<key> (with --wheelhouse; `make release-tier`): every distribution of
@@ -28,6 +30,7 @@ say() { echo "install-release-tools: $*" >&2; }
 # shellcheck source=hack/apt-package.sh
 source "$(dirname "${BASH_SOURCE[0]}")/apt-package.sh"
 ensure_apt_package docker-registry apt-get-registry.log
+ensure_apt_package gnupg apt-get-gnupg.log gpg
 
 python="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 key="$(echo "$("$python" -c 'import sys; print(sys.version_info[:2])') pypiserver==$PYPISERVER_VERSION passlib==$PASSLIB_VERSION twine==$TWINE_VERSION" \

@@ -4,10 +4,14 @@
     python hack/release.py publish --tag v0.1.0 --registry ghcr.io --namespace reprieve-dev \\
         --index-url https://upload.pypi.org/legacy/ --index-simple-url https://pypi.org/simple/ \\
         [--builder dockerfile --platforms linux/amd64,linux/arm64 | --builder local] [--ca-file CA]
+        [--sign-key NAME --keyring secring.gpg]
     python hack/release.py install --version 0.1.0 --registry R --namespace N [--helm-release reprieve -n NS]
-        [--venv DIR --what runtime|operator ...]
+        [--venv DIR --what runtime|operator ...] [--verify-keyring pubring.gpg]
 
-Credentials come from the environment: REGISTRY_USERNAME / REGISTRY_PASSWORD and INDEX_USERNAME / INDEX_PASSWORD.
+Credentials come from the environment: REGISTRY_USERNAME / REGISTRY_PASSWORD and INDEX_USERNAME / INDEX_PASSWORD
+(and SIGN_KEY_PASSPHRASE when the signing key has one). ``--sign-key/--keyring`` signs the chart with GPG (helm
+package --sign: a ``.prov`` provenance file that helm push puts beside the chart); the keyring is a legacy secret
+keyring, what helm reads: ``gpg --export-secret-keys NAME > secring.gpg``.
 ``publish`` checks first (tag = pyprojects = chart = Dockerfiles' version; the registry takes the credentials;
 the index takes them and has no wheel of this version; no release record of this version exists; the builder can
 build every platform asked for) and pushes nothing if any check fails. Then it builds the images, pushes them,
@@ -73,6 +77,7 @@ class Publisher:
     def __init__(self, args: argparse.Namespace, registry: Endpoint, index: Endpoint, work: Path) -> None:
         self.args, self.registry, self.index, self.work = args, registry, index, work
         self.version = ""
+        self.signer: dict[str, str] | None = None
         self.oci = Registry(registry)
         self.authfile = write_authfile(work / "auth.json", registry)
         self.certs = cert_dir(work / "certs", registry)
@@ -98,6 +103,7 @@ class Publisher:
                        f"here), not {self.args.platforms}")
         if bad:
             raise CheckFailed("the builder cannot build every platform asked for:\n  " + "\n  ".join(bad))
+        self.signer = self._check_signing()  # local, so first: a key that cannot sign fails fast
         login = ["podman", "login", "--authfile", str(self.authfile), "--username", self.registry.username,
                  "--password-stdin", *(["--cert-dir", str(self.certs)] if self.certs else []), self.registry.url]
         try:
@@ -110,6 +116,40 @@ class Publisher:
                               f"version {self.version} is released already; bump the version (nothing was pushed)")
         self._check_index()
         self._timed("checks", t0)
+
+    def _sign_args(self) -> list[str]:
+        args = ["--sign", "--key", self.args.sign_key, "--keyring", self.args.keyring]
+        passphrase = os.environ.get("SIGN_KEY_PASSPHRASE", "")
+        if passphrase:
+            f = self.work / "passphrase"
+            f.write_text(passphrase)
+            f.chmod(0o600)
+            args += ["--passphrase-file", str(f)]
+        return args
+
+    def _check_signing(self) -> dict[str, str] | None:
+        """Sign the chart as it is in the repository, once, before anything is pushed: a missing keyring, a key not
+        in it or a wrong passphrase stops the release here. Returns who signs (None: unsigned)."""
+        problems = plan.signing_problems(self.args.sign_key, self.args.keyring, Path(self.args.keyring).is_file())
+        if problems:
+            raise CheckFailed("\n  ".join(problems))
+        if not self.args.sign_key:
+            log("the chart will NOT be signed (no --sign-key/--keyring): `helm install --verify` will refuse it")
+            return None
+        trial = self.work / "sign-check"
+        try:
+            out = run("helm package --sign", [self.args.helm, "package", str(CHART), "--destination", str(trial),
+                                              *self._sign_args()])
+            tgz = out.strip().rsplit(": ", 1)[-1]
+            said = run("helm verify", [self.args.helm, "verify", tgz, "--keyring", self.args.keyring])
+        except ReleaseError as err:
+            raise CheckFailed(f"{err}\n{plan.sign_advice(str(err), self.args.sign_key, self.args.keyring)} "
+                              f"(nothing was pushed)") from None
+        signer = plan.signer_of(said)
+        if signer is None:
+            raise CheckFailed(f"helm verify said no signer:\n{said}")
+        log(f"the chart will be signed by {signer['signer']} (key {signer['fingerprint']})")
+        return signer
 
     def _check_index(self) -> None:
         from releaseio import http
@@ -223,15 +263,22 @@ class Publisher:
         (src / "values.yaml").write_text(plan.released_values_text((src / "values.yaml").read_text(), values))
         run("helm lint", [helm, "lint", "--strict", str(src)])
         out = run("helm package", [helm, "package", str(src), "--version", self.version, "--app-version",
-                                   self.version, "--destination", str(self.work / "dist")])
+                                   self.version, "--destination", str(self.work / "dist"),
+                                   *(self._sign_args() if self.signer else [])])
         tgz = Path(out.strip().rsplit(": ", 1)[-1])
+        if self.signer:  # helm push sends <chart>.tgz.prov as the provenance layer when it lies beside the chart
+            if not Path(f"{tgz}.prov").is_file():
+                raise ReleaseError(f"helm package --sign made no {tgz}.prov")
+            run("helm verify", [helm, "verify", str(tgz), "--keyring", self.args.keyring])
         tls = ["--ca-file", str(self.registry.ca_file)] if self.registry.ca_file else []
         said = run("helm push", [helm, "push", str(tgz), f"oci://{self.registry.url}/{self.args.namespace}/charts",
                                  "--registry-config", str(self.authfile), *tls], timeout=600, stderr_too=True)
         m = re.search(r"Digest:\s*(sha256:[0-9a-f]{64})", said)
         if not m:
             raise ReleaseError(f"helm push: no digest in its output:\n{said}")
-        log(f"pushed chart oci://{self.registry.url}/{self.args.namespace}/charts/reprieve:{self.version} ({m.group(1)})")
+        log(f"pushed chart oci://{self.registry.url}/{self.args.namespace}/charts/reprieve:{self.version} ({m.group(1)}), "
+            + (f"signed by {self.signer['signer']} (key {self.signer['fingerprint']})" if self.signer
+               else "UNSIGNED (no provenance file)"))
         self._timed("chart", t0)
         return m.group(1)
 
@@ -267,13 +314,13 @@ class Publisher:
         wheels = self.upload_wheels()
         record = plan.record(self.version, registry=self.registry.url, namespace=self.args.namespace,
                              images=digests, chart_digest=chart_digest, wheels=wheels, index_url=self.index.url,
-                             revision=self.args.revision)
+                             revision=self.args.revision, signer=self.signer)
         record["sboms"] = {name: f"{plan.image_repo(self.registry.url, self.args.namespace, name)}@{d}"
                            for name, d in sboms.items()}
         if self.args.out:  # what a GitHub release attaches: the chart, the wheels, the record
             out = Path(self.args.out)
             out.mkdir(parents=True, exist_ok=True)
-            for f in [*(self.work / "dist").glob("*.tgz"), *(self.work / "wheels").glob("*.whl")]:
+            for f in [*(self.work / "dist").glob("*.tgz*"), *(self.work / "wheels").glob("*.whl")]:
                 shutil.copy2(f, out / f.name)
             (out / f"reprieve-{self.version}.release.json").write_text(json.dumps(record, indent=1))
         digest = self.oci.push_record(self.args.namespace, self.version, record)
@@ -309,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument("--helm", default=shutil.which("helm") or "helm")
     pub.add_argument("--twine", default=shutil.which("twine") or "twine")
     pub.add_argument("--out", default="", help="copy the chart package, the wheels and the record here")
+    pub.add_argument("--sign-key", default="", help="sign the chart with this GPG key (a part of its user id; helm "
+                                                    "package --sign --key); needs --keyring")
+    pub.add_argument("--keyring", default="", help="the legacy secret keyring holding --sign-key "
+                                                   "(gpg --export-secret-keys NAME > secring.gpg)")
     releaseinstall.add_install_parser(sub)
     for sp in sub.choices.values():
         sp.add_argument("--registry", required=True, help="host[:port] of the OCI registry")

@@ -7,6 +7,12 @@ image by the record's digest; each ``--venv DIR=runtime|operator`` gets a fresh 
 ``reprieve[runtime]`` or ``reprieve-operator`` from the index, and the wheel pip installed must have the record's
 sha256. Without ``--extra-index-url`` every distribution pip installs (the dependencies too) must come from the
 index: the local cluster's index serves the locks' dependencies from the release tools' wheelhouse.
+
+``--verify-keyring PUBRING`` checks the chart's GPG signature first: ``helm pull --verify --keyring`` fetches the
+chart with its provenance file, its digest must be the record's, and ``helm install --verify`` then installs that
+very file. A chart without provenance, or signed by a key not in PUBRING, is refused with helm's message and nothing
+is installed (with or without ``--helm-release``: without it, this only verifies). A record that says the chart is
+signed, installed without ``--verify-keyring``, gets a warning.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ def add_install_parser(sub: Any) -> None:
     ins.add_argument("--set", action="append", default=[], help="helm --set (repeatable)")
     ins.add_argument("--venv", action="append", default=[], help="DIR=runtime|operator (repeatable)")
     ins.add_argument("--record-out", default="", help="write the release record (JSON) here")
+    ins.add_argument("--verify-keyring", default="",
+                     help="public keyring (gpg --export KEY > pubring.gpg): refuse a chart not signed by one of its "
+                          "keys (helm pull|install --verify)")
     ins.add_argument("--no-compile", action="store_true",
                      help="pip install --no-compile into the venvs: no byte-compiling at install (about 3/4 of an "
                           "install's CPU for jax and kubernetes); modules compile when first imported")
@@ -60,14 +69,45 @@ def fetch(registry: Endpoint, namespace: str, version: str) -> dict[str, Any]:
     return rec
 
 
-def helm_install(args: argparse.Namespace, registry: Endpoint, rec: dict[str, Any], work: Path) -> None:
+def verify_chart(args: argparse.Namespace, registry: Endpoint, rec: dict[str, Any], work: Path) -> Path:
+    """Pull the chart with its provenance, check its signature against --verify-keyring and its digest against the
+    record's; the verified .tgz (its .prov beside it). ``helm pull ref@digest --verify`` fails on its own file name
+    (helm 3.21: "provenance does not contain a SHA for a file named reprieve@sha256-..."), so the pull is by
+    version and the digest helm reports is compared with the record's."""
+    chart, keyring = rec["chart"], args.verify_keyring
+    if not Path(keyring).is_file():
+        raise ReleaseError(f"--verify-keyring {keyring}: no such file (gpg --export KEY > pubring.gpg). Nothing was "
+                           f"installed")
+    dest = work / "verified"
+    dest.mkdir()
+    tls = ["--ca-file", str(registry.ca_file)] if registry.ca_file else []
+    try:
+        said = run("helm pull --verify", [args.helm, "pull", chart["ref"], "--version", chart["version"], "--verify",
+                                          "--keyring", keyring, "-d", str(dest), *tls, "--registry-config",
+                                          str(write_authfile(work / "auth.json", registry))],
+                   timeout=300, stderr_too=True)
+    except ReleaseError as err:
+        raise ReleaseError(f"{err}\n{plan.verify_advice(str(err), keyring)}. Nothing was installed") from None
+    digest = re.search(r"^Digest: (sha256:[0-9a-f]{64})$", said, re.MULTILINE)
+    if not digest or digest.group(1) != chart["digest"]:
+        raise ReleaseError(f"helm pull --verify: got chart {digest.group(1) if digest else '(no digest)'}, not the "
+                           f"record's {chart['digest']}. Nothing was installed")
+    signer = plan.signer_of(said) or {}
+    print(f"release: chart {chart['ref']}:{chart['version']}@{chart['digest']} verified: signed by "
+          f"{signer.get('signer')} (key {signer.get('fingerprint')})", file=sys.stderr)
+    return dest / f"reprieve-{chart['version']}.tgz"
+
+
+def helm_install(args: argparse.Namespace, registry: Endpoint, rec: dict[str, Any], work: Path,
+                 verified: Path | None = None) -> None:
     chart = rec["chart"]
     ref = f"{chart['ref']}:{chart['version']}@{chart['digest']}"
     tls = ["--ca-file", str(registry.ca_file)] if registry.ca_file else []
     common = ["--registry-config", str(write_authfile(work / "auth.json", registry)),
               *(["--kubeconfig", args.kubeconfig] if args.kubeconfig else [])]
-    run("helm install", [args.helm, "upgrade", "--install", args.helm_release, ref, "-n", args.helm_namespace,
-                         "--create-namespace", *tls, *common, *[x for s in args.set for x in ("--set", s)]],
+    what = [str(verified), "--verify", "--keyring", args.verify_keyring] if verified else [ref, *tls]
+    run("helm install", [args.helm, "upgrade", "--install", args.helm_release, *what, "-n", args.helm_namespace,
+                         "--create-namespace", *common, *[x for s in args.set for x in ("--set", s)]],
         timeout=600)
     manifest = run("helm get manifest", [args.helm, "get", "manifest", args.helm_release, "-n", args.helm_namespace,
                                          *common])
@@ -120,8 +160,12 @@ def install(args: argparse.Namespace, registry: Endpoint, index: Endpoint) -> di
         Path(args.record_out).write_text(json.dumps(rec, indent=1))
     with tempfile.TemporaryDirectory(prefix="reprieve-install-") as tmp:
         work = Path(tmp)
+        warning = plan.unverified_warning(rec, args.verify_keyring)
+        if warning:
+            print(f"release: WARNING: {warning}", file=sys.stderr)
+        verified = verify_chart(args, registry, rec, work) if args.verify_keyring else None
         if args.helm_release:
-            helm_install(args, registry, rec, work)
+            helm_install(args, registry, rec, work, verified)
             print(f"release: helm release {args.helm_release} in {args.helm_namespace} runs "
                   f"{rec['images']['operator']}", file=sys.stderr)
         for item in args.venv:

@@ -73,13 +73,18 @@ def chart_values(registry: str, namespace: str, version: str, operator_digest: s
 
 
 def record(version: str, *, registry: str, namespace: str, images: dict[str, str], chart_digest: str,
-           wheels: dict[str, str], index_url: str, revision: str = "") -> dict[str, Any]:
-    """The release record: what was published, by digest (images, chart) and sha256 (wheels)."""
+           wheels: dict[str, str], index_url: str, revision: str = "",
+           signer: dict[str, str] | None = None) -> dict[str, Any]:
+    """The release record: what was published, by digest (images, chart) and sha256 (wheels); whether the chart
+    carries a provenance file and, if so, who signed it (``signer``: :func:`signer_of`'s answer)."""
+    chart: dict[str, Any] = {"ref": f"oci://{registry}/{namespace}/charts/reprieve", "version": version,
+                             "digest": chart_digest, "signed": signer is not None}
+    if signer is not None:
+        chart.update(signer)
     return {
         "version": version, "revision": revision,
         "images": {name: f"{image_repo(registry, namespace, name)}@{digest}" for name, digest in sorted(images.items())},
-        "chart": {"ref": f"oci://{registry}/{namespace}/charts/reprieve", "version": version,
-                  "digest": chart_digest},
+        "chart": chart,
         "wheels": dict(sorted(wheels.items())), "index": index_url,
     }
 
@@ -144,3 +149,64 @@ def not_from(index_url: str, urls: list[str]) -> list[str]:
     root = index_url.rstrip("/") + "/"
     plain = [re.sub(r"^([a-z+]+://)[^/@]*@", r"\1", u) for u in urls]
     return [u for u in plain if not u.startswith(root)]
+
+
+# -- chart signing: helm's provenance files (a GPG signature made offline, no outside service) ----------------------
+def signing_problems(sign_key: str, keyring: str, keyring_exists: bool) -> list[str]:
+    """Why ``publish --sign-key/--keyring`` cannot sign (empty: it can try; helm then finds the key or not)."""
+    if not sign_key and not keyring:
+        return []
+    if not sign_key or not keyring:
+        return [("--sign-key and --keyring go together: the key's name (a part of its user id, helm package --key) "
+                "and the legacy secret keyring holding it (gpg --export-secret-keys > secring.gpg)")]
+    if not keyring_exists:
+        return [(f"--keyring {keyring}: no such file; export one from gpg: gpg --export-secret-keys "
+                f"{sign_key!r} > secring.gpg (nothing was pushed)")]
+    return []
+
+
+def sign_advice(helm_error: str, sign_key: str, keyring: str) -> str:
+    """What to do when ``helm package --sign`` refuses (its message is shown beside this)."""
+    if "private key not found" in helm_error:
+        return (f"no key whose user id contains {sign_key!r} in {keyring}: list them with `gpg --show-keys "
+                f"{keyring}` and pass a part of one user id as --sign-key")
+    if "not a private key" in helm_error:
+        return (f"{keyring} holds public keys only: helm signs with a secret keyring (gpg --export-secret-keys "
+                f"{sign_key!r} > secring.gpg)")
+    if "too many" in helm_error or "ambiguous" in helm_error:
+        return f"more than one key in {keyring} matches {sign_key!r}: pass more of the user id as --sign-key"
+    if "passphrase" in helm_error:
+        return "the key has a passphrase: set SIGN_KEY_PASSPHRASE (helm package --passphrase-file)"
+    return f"check --sign-key {sign_key!r} and --keyring {keyring}"
+
+
+def signer_of(helm_verify_output: str) -> dict[str, str] | None:
+    """``helm verify``'s / ``helm pull --verify``'s report -> {"signer": user id, "fingerprint": hex}; None when it
+    has no signer lines."""
+    who = re.search(r"^Signed by: (.+)$", helm_verify_output, re.MULTILINE)
+    fpr = re.search(r"^Using Key With Fingerprint: ([0-9A-Fa-f]+)$", helm_verify_output, re.MULTILINE)
+    if not who or not fpr:
+        return None
+    return {"signer": who.group(1).strip(), "fingerprint": fpr.group(1).upper()}
+
+
+def verify_advice(helm_error: str, keyring: str) -> str:
+    """What to do when ``helm pull|install --verify`` refuses the chart (helm's message is shown beside this)."""
+    if "failed to fetch provenance" in helm_error:
+        return ("the chart has no provenance file: this release was published unsigned (publish --sign-key "
+                "--keyring signs it); install without --verify-keyring only if you accept an unsigned chart")
+    if "unknown entity" in helm_error:
+        return (f"the chart is signed by a key that is not in {keyring}: get the release's public key "
+                "(gpg --export KEY > pubring.gpg) and check its fingerprint against the release record's")
+    if "does not match" in helm_error or "does not contain a SHA" in helm_error:
+        return "the chart does not match its provenance file: do not install it; publish the release again"
+    return f"helm could not verify the chart against {keyring}"
+
+
+def unverified_warning(rec: dict[str, Any], verify_keyring: str) -> str | None:
+    """The warning for an install that could verify the chart's signature and does not (None: nothing to say)."""
+    chart = rec.get("chart") or {}
+    if verify_keyring or not chart.get("signed"):
+        return None
+    return (f"the chart is signed (key {chart.get('fingerprint', '?')}, {chart.get('signer', '?')}) but is installed "
+            "without checking the signature: pass --verify-keyring PUBRING (gpg --export KEY > pubring.gpg)")

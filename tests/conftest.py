@@ -12,8 +12,11 @@ with the reason and the summary ends with a ``REAL-NODE TIER: NOT RUN`` block sa
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -202,3 +205,25 @@ def kueue(cluster: Cluster) -> Iterator[Any]:  # noqa: F821
     kq = start_kueue(cluster)
     yield kq
     kq.stop()
+
+
+def gpg_keys(out: Path, *who: str) -> dict[str, Path]:
+    """Throwaway GPG keys (ed25519, no passphrase) in a GNUPGHOME of their own under ``out``, exported as helm reads
+    them: ``<who>.sec`` a legacy secret keyring (gpg --export-secret-keys), ``<who>.pub`` a public one (gpg
+    --export); user id ``Reprieve <who> test <<who>@reprieve.invalid>``. Skips without gpg."""
+    if not shutil.which("gpg"):
+        pytest.skip("RELEASE TOOLS NOT INSTALLED: gpg (hack/install-release-tools.sh installs gnupg)")
+    home = out / "gnupg"
+    home.mkdir(mode=0o700)
+    env = {**os.environ, "GNUPGHOME": str(home)}
+    files = {}
+    for name in who:
+        uid = f"Reprieve {name} test <{name}@reprieve.invalid>"
+        subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", uid, "ed25519", "sign", "never"],
+                       env=env, check=True, capture_output=True, timeout=60)
+        for kind, flag in (("sec", "--export-secret-keys"), ("pub", "--export")):
+            files[f"{name}.{kind}"] = out / f"{name}.{kind}"
+            files[f"{name}.{kind}"].write_bytes(subprocess.run(["gpg", "--batch", flag, uid], env=env, check=True,
+                                                               capture_output=True, timeout=60).stdout)
+    subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env, check=False, capture_output=True, timeout=30)
+    return files

@@ -6,6 +6,7 @@ tests/e2e/test_release_e2e.py."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -120,3 +121,77 @@ def test_a_partial_push_is_not_installed(registry: Any, tmp_path: Path) -> None:
     assert f"no release record {a.registry}/{ns}/reprieve-release:0.1.0" in out.stderr, out.stderr
     assert "Nothing was installed" in out.stderr
     assert registry.cluster.helm("list", "-A", "-q").stdout.split().count("never") == 0
+
+
+# -- the chart's GPG signature (publish --sign-key/--keyring, install --verify-keyring) ------------------------------
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from tests.conftest import gpg_keys
+
+    return gpg_keys(tmp_path_factory.mktemp("keys"), "release", "other")
+
+
+@pytest.mark.parametrize("case", ["no keyring file", "key not in the keyring", "a public keyring"])
+def test_a_key_that_cannot_sign_fails_before_pushing_anything(registry: Any, keys: dict[str, Path],
+                                                              case: str) -> None:
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    key, keyring, said = {
+        "no keyring file": ("Reprieve release", str(keys["release.sec"]) + ".missing", "no such file"),
+        "key not in the keyring": ("Nobody", str(keys["release.sec"]), "private key not found"),
+        "a public keyring": ("Reprieve release", str(keys["release.pub"]), "holds public keys only"),
+    }[case]
+    out = publish(registry, ns, "--sign-key", key, "--keyring", keyring)
+    assert out.returncode == 2, out.stderr
+    assert said in out.stderr and "nothing was pushed" in out.stderr, out.stderr
+    assert pushed(registry, ns) == []
+
+
+def publish_chart(reg: Any, namespace: str, tmp: Path, sign_with: Path | None) -> str:
+    """hack/release.py publish's own chart step (Publisher: the signing check, helm package [--sign], helm push)
+    and its release record, without the images and wheels (the record names made-up digests): the version."""
+    import release
+    import releaseplan as plan
+
+    a = reg.access
+    ep = Endpoint(a.registry, a.credentials.username, a.credentials.password, a.ca_file)
+    args = argparse.Namespace(helm=str(reg.cluster.bin_dir / "helm"), namespace=namespace, revision="test",
+                              sign_key="Reprieve release" if sign_with else "", keyring=str(sign_with or ""))
+    tmp.mkdir()
+    p = release.Publisher(args, ep, ep, tmp)
+    p.version = release.release_version.versions()["pyproject.toml"]
+    p.signer = p._check_signing()
+    digest = "sha256:" + "1" * 64
+    rec = plan.record(p.version, registry=a.registry, namespace=namespace, images={"operator": digest,
+                      "example": digest}, chart_digest=p.push_chart(digest),
+                      wheels=dict.fromkeys(plan.wheel_files(p.version).values(), "ab"), index_url=a.index_url,
+                      signer=p.signer)
+    p.oci.push_record(namespace, p.version, rec)
+    return str(p.version)
+
+
+def test_a_signed_chart_installs_only_under_its_key(registry: Any, keys: dict[str, Path], tmp_path: Path) -> None:
+    """Signed by the release key: verified (install --verify-keyring without --helm-release pulls and verifies
+    the chart, the same code path as before helm install); under another key's keyring or unsigned: refused with
+    helm's message and what to do, and nothing is installed."""
+    a = registry.access
+    signed, unsigned = f"t{uuid.uuid4().hex[:8]}", f"t{uuid.uuid4().hex[:8]}"
+    version = publish_chart(registry, signed, tmp_path / "signed", keys["release.sec"])
+    publish_chart(registry, unsigned, tmp_path / "unsigned", None)
+
+    def install(ns: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        return release(registry, "install", "--version", version, "--registry", a.registry, "--namespace", ns,
+                       "--ca-file", str(a.ca_file), "--helm", str(registry.cluster.bin_dir / "helm"), *extra)
+
+    ok = install(signed, "--verify-keyring", str(keys["release.pub"]))
+    assert ok.returncode == 0, ok.stderr
+    assert "verified: signed by Reprieve release test" in ok.stderr, ok.stderr
+    unverified = install(signed)
+    assert unverified.returncode == 0 and "WARNING: the chart is signed (key " in unverified.stderr, unverified.stderr
+    into_cluster = ("--helm-release", "never-signed", "--kubeconfig", str(registry.cluster.kubeconfig))
+    for ns, keyring, said in [(signed, keys["other.pub"], ["signature made by unknown entity", "not in"]),
+                              (unsigned, keys["release.pub"], ["failed to fetch provenance", "published unsigned"])]:
+        out = install(ns, "--verify-keyring", str(keyring), *into_cluster)
+        assert out.returncode == 1, out.stderr
+        for s in [*said, "Nothing was installed"]:
+            assert s in out.stderr, out.stderr
+    assert registry.cluster.helm("list", "-A", "-q").stdout.split().count("never-signed") == 0

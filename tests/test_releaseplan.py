@@ -54,7 +54,8 @@ def test_a_record_names_every_image_by_digest() -> None:
     rec = _record()
     assert rec["images"] == {"example": f"127.0.0.1:5000/ns/reprieve-example@{D2}",
                              "operator": f"127.0.0.1:5000/ns/reprieve-operator@{D1}"}
-    assert rec["chart"] == {"ref": "oci://127.0.0.1:5000/ns/charts/reprieve", "version": "0.2.0", "digest": D1}
+    assert rec["chart"] == {"ref": "oci://127.0.0.1:5000/ns/charts/reprieve", "version": "0.2.0", "digest": D1,
+                            "signed": False}
     assert plan.record_problems(rec, "0.2.0") == []
 
 
@@ -141,3 +142,70 @@ def test_the_sbom_lists_what_the_image_holds_by_purl() -> None:
     assert contained == {p["SPDXID"] for p in doc["packages"][1:]} and len(contained) == 4
     manifest = sbom.sbom_manifest(D1, 10, D2, D2, 5)
     assert manifest["subject"]["digest"] == D1 and manifest["artifactType"] == "application/spdx+json"
+
+
+FPR = "34E61415A003DAB5A62BB475A88BDA6A29669D6B"
+VERIFY_OUT = (f"Pulled: r/ns/charts/reprieve:0.2.0\nDigest: {D1}\nSigned by: Rel <rel@x.invalid>\n"
+              f"Using Key With Fingerprint: {FPR.lower()}\nChart Hash Verified: {D2}\n")
+
+
+@pytest.mark.parametrize("key,keyring,exists,problem", [
+    ("", "", False, None),  # unsigned: no problem here (the release says so in its output)
+    ("Rel", "secring.gpg", True, None),
+    ("Rel", "", False, "go together"),
+    ("", "secring.gpg", True, "go together"),
+    ("Rel", "secring.gpg", False, "gpg --export-secret-keys 'Rel' > secring.gpg"),
+])
+def test_signing_needs_a_key_name_and_an_existing_secret_keyring(
+        key: str, keyring: str, exists: bool, problem: str | None) -> None:
+    got = plan.signing_problems(key, keyring, exists)
+    assert (got == []) if problem is None else (len(got) == 1 and problem in got[0]), got
+
+
+@pytest.mark.parametrize("helm_error,advice", [
+    ("Error: private key not found", "gpg --show-keys secring.gpg"),
+    ("Error: provided key is not a private key. Try providing a keyring with secret keys", "public keys only"),
+    ("Error: too many keys", "more than one key"),
+    ("Error: passphrase: inappropriate ioctl", "SIGN_KEY_PASSPHRASE"),
+    ("Error: something else", "check --sign-key"),
+])
+def test_a_refused_signing_says_what_to_do(helm_error: str, advice: str) -> None:
+    assert advice in plan.sign_advice(helm_error, "Rel", "secring.gpg")
+
+
+@pytest.mark.parametrize("helm_error,advice", [
+    ('Error: failed to fetch provenance "oci://r/ns/charts/reprieve:0.2.0.prov"', "published unsigned"),
+    ("Error: openpgp: signature made by unknown entity", "not in pub.gpg"),
+    ("Error: sha256 sum does not match for chart", "does not match its provenance"),
+    ("Error: whatever", "could not verify"),
+])
+def test_a_refused_verification_says_what_to_do(helm_error: str, advice: str) -> None:
+    assert advice in plan.verify_advice(helm_error, "pub.gpg")
+
+
+@pytest.mark.parametrize("output,signer", [
+    (VERIFY_OUT, {"signer": "Rel <rel@x.invalid>", "fingerprint": FPR}),
+    (f"Pulled: r/ns/charts/reprieve:0.2.0\nDigest: {D1}\n", None),  # a pull without --verify
+])
+def test_the_signer_is_read_from_helms_verify_report(output: str, signer: dict | None) -> None:
+    assert plan.signer_of(output) == signer
+
+
+def test_the_record_says_whether_the_chart_is_signed_and_by_which_key() -> None:
+    assert _record()["chart"]["signed"] is False and "fingerprint" not in _record()["chart"]
+    signed = plan.record("0.2.0", registry="r", namespace="ns", images={"operator": D1, "example": D2},
+                         chart_digest=D1, wheels={}, index_url="i", signer=plan.signer_of(VERIFY_OUT))
+    assert signed["chart"] | {"digest": "-"} == {"ref": "oci://r/ns/charts/reprieve", "version": "0.2.0",
+                                                "digest": "-", "signed": True, "signer": "Rel <rel@x.invalid>",
+                                                "fingerprint": FPR}
+
+
+@pytest.mark.parametrize("chart,keyring,warns", [
+    ({"signed": True, "fingerprint": FPR, "signer": "Rel"}, "", True),
+    ({"signed": True, "fingerprint": FPR, "signer": "Rel"}, "pub.gpg", False),
+    ({"signed": False}, "", False),
+    ({}, "", False),  # a record from before signing
+])
+def test_installing_a_signed_chart_without_verifying_it_warns(chart: dict, keyring: str, warns: bool) -> None:
+    got = plan.unverified_warning({"chart": chart}, keyring)
+    assert (got is not None and FPR in got and "--verify-keyring" in got) if warns else got is None

@@ -5,7 +5,8 @@ operator image by digest, both distributions by ``pip install`` into fresh venvs
 pulling the example image. Nothing comes from outside this machine: the index serves the dependencies (jax,
 tensorstore, kopf, ...) from the release tools' wheelhouse (``make release-tier``), and ``install`` checks that pip
 took every distribution from it. A job whose image tag the registry does not have says so (condition PodsReady,
-the registry's "not found"). The test prints the kubelet's cold pull time and size of each image (the numbers in
+the registry's "not found"). The chart is signed with a throwaway GPG key (``publish --sign-key``) and installed
+with ``--verify-keyring`` (``helm install --verify``). The test prints the kubelet's cold pull time and size of each image (the numbers in
 benchmarks/RESULTS.md, beside the 20 s that benchmarks/goodput.py emulates). Bad input to the release is
 tests/test_release_integration.py.
 """
@@ -49,7 +50,7 @@ def test_a_release_published_here_installs_and_runs_only_from_the_registry_and_t
     from localcluster.registry import RegistryError
     from localcluster.stack import OPERATOR_SELECTOR, RELEASE_NS, RESTRICTED
 
-    from tests.conftest import _real_tier_unavailable
+    from tests.conftest import _real_tier_unavailable, gpg_keys
 
     if prerequisites():
         _real_tier_unavailable(RealNodeError("; ".join(prerequisites())))
@@ -68,15 +69,18 @@ def test_a_release_published_here_installs_and_runs_only_from_the_registry_and_t
         env = {**os.environ, "REGISTRY_USERNAME": access.credentials.username,
                "REGISTRY_PASSWORD": access.credentials.password, "INDEX_USERNAME": access.credentials.username,
                "INDEX_PASSWORD": access.credentials.password}
+        keys = gpg_keys(tmp_path_factory.mktemp("keys"), "release")
         where = ["--registry", access.registry, "--namespace", "reprieve-dev", "--ca-file", str(access.ca_file)]
         t0 = time.monotonic()
         pub = subprocess.run([sys.executable, str(REPO / "hack/release.py"), "publish", "--tag", "v0.1.0",
                               "--index-url", access.index_url, "--builder", "local", "--platforms", "linux/amd64",
-                              "--helm", str(c.bin_dir / "helm"), "--twine", str(reg.tools.twine), *where],
+                              "--helm", str(c.bin_dir / "helm"), "--twine", str(reg.tools.twine), *where,
+                              "--sign-key", "Reprieve release test", "--keyring", str(keys["release.sec"])],
                              capture_output=True, text=True, env=env, timeout=900, check=False)
         publish_s = time.monotonic() - t0
         assert pub.returncode == 0, pub.stderr
         assert "version 0.1.0 is released" in pub.stderr
+        assert "signed by Reprieve release test" in pub.stderr, pub.stderr
 
         c.add_node("rel-0", POOL, kind="real", images=[])  # cold: only the pause image, the rest is pulled
         c.kubectl("apply", "-f", "-", input=yaml.safe_dump({
@@ -89,11 +93,13 @@ def test_a_release_published_here_installs_and_runs_only_from_the_registry_and_t
                               "--set", "nodeSelector.reprieve\\.test/pool=release", "--set", "replicaCount=1",
                               "--venv", f"{tmp_path / 'op'}=operator", "--venv", f"{tmp_path / 'rt'}=runtime",
                               "--record-out", str(tmp_path / "record.json"), *where,
+                              "--verify-keyring", str(keys["release.pub"]),
                               # pip's byte-compiling of jax, kubernetes, ... is 3/4 of the installs' CPU and proves
                               # nothing about where they came from (the imports below compile what they use)
                               "--no-compile"],
                              capture_output=True, text=True, env=env, timeout=900, check=False)
         assert ins.returncode == 0, ins.stderr
+        assert "verified: signed by Reprieve release test" in ins.stderr, ins.stderr
         rec = json.loads((tmp_path / "record.json").read_text())
         c.kubectl("wait", "--for=condition=Available", "deploy", "-l", OPERATOR_SELECTOR, "-n", RELEASE_NS,
                   "--timeout=600s", timeout=620)
