@@ -70,6 +70,7 @@ from kubernetes import client as k8s
 from localcluster import Cluster
 from localcluster.costs import EmulatedCosts
 from localcluster.goodput import GoodputReport, analyse, read_step_log
+from localcluster.keeplogs import LogKeeper, real_node_logs
 from localcluster.pulls import Pull
 from localcluster.realpulls import describe, node_pulls, pull_line, push_example
 from localcluster.restores import Restore, for_resume, parse
@@ -128,10 +129,16 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def kept_logs(cluster: Cluster, ns: str) -> Path:
+    """Where a real-node variant keeps copies of its pods' logs (``keeplogs``: a deleted pod's logs go with it)."""
+    return cluster.workdir / "kept-pod-logs" / ns
+
+
 def restore_sources(cluster: Cluster, ns: str, report: GoodputReport) -> list[Restore | None]:
-    """Each interruption's restore, from the trainer logs of every pod the namespace had (removed nodes' too)."""
+    """Each interruption's restore, from the trainer logs of every pod the namespace had (removed nodes' too: on
+    process nodes the logs stay; on real nodes the copies :class:`LogKeeper` kept)."""
     paths = sorted(cluster.workdir.glob(f"nodes/*/pods/{ns}/*/logs/trainer.log"))  # process nodes
-    paths += sorted(cluster.workdir.glob(f"realnodes/*/pod-logs/{ns}_*/trainer/*.log"))  # real nodes
+    paths += sorted(kept_logs(cluster, ns).glob(f"*/{ns}_*/trainer/*.log"))  # real nodes
     lines = [line for path in paths for line in path.read_text(errors="replace").splitlines()]
     restores = parse(lines)
     return [for_resume(restores, i.resumed_at) for i in report.interruptions]
@@ -194,6 +201,7 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
     operator = None if real else OperatorProcess(cluster, work / f"operator-{variant}", namespaces=[ns]).start()
     pulled: list[tuple[str, Pull]] = []
     steplog = ckpt / "steps.jsonl"
+    keeper = LogKeeper(lambda: real_node_logs(cluster.workdir, ns), kept_logs(cluster, ns)).start() if real else None
     try:
         start = time.time()
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(body))
@@ -245,6 +253,8 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
             raise SystemExit(f"{variant}: job ended {status.get('phase')}: {status.get('conditions')}")
         report = analyse(read_step_log(steplog), start=start, end=end)
         log(f"{variant}: done, restarts {status.get('restarts')}\n{report.summary()}")
+        if keeper is not None:
+            keeper.stop()
         sources = restore_sources(cluster, ns, report)
         for i, (ev, r) in enumerate(zip(report.interruptions, sources, strict=True)):
             log(f"{variant}: restart {i + 1} (attempt {ev.from_attempt}, {ev.lost_steps} lost steps): restored "
@@ -261,6 +271,8 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
                 log(f"{variant}: {pull_line(node, pull)}")
         return report, sources, pulled
     finally:
+        if keeper is not None:
+            keeper.stop()
         if operator is not None:
             operator.stop()
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
