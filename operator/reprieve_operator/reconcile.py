@@ -106,6 +106,8 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
         _count(ns, name, outcome.counter.kind, outcome.counter.label)
     if outcome.log:
         log.info("TrainingJob %s/%s: %s", ns, name, outcome.log)
+    if outcome.assign_first:
+        await _assign(state, ref, outcome)
     if outcome.create:
         assert job is not None, "pods to create without a job"
         made: list[dict[str, Any]] = []
@@ -124,15 +126,8 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
     if outcome.delete:
         await apply.gather([lambda n=n: apply.delete_pod(api, ns, n)  # type: ignore[misc]
                             for n in outcome.delete])
-    if outcome.assign is not None:
-        assert job is not None, "an assignment without a job"
-        a = outcome.assign
-        await apply.run(apply.put_configmap, api, builders.build_assignment(
-            job, a.attempt, dict(a.processes), a.coordinator, dict(a.memory_peers), dict(a.memory_peer_nodes)))
-        state.assignments.wrote(job, a)
-        if outcome.assigned_event is not None:
-            await apply.run(apply.post_event, api, ref, outcome.assigned_event.reason, outcome.assigned_event.message)
-            log.info("TrainingJob %s/%s: %s", ns, name, outcome.assigned_event.message)
+    if outcome.assign is not None and not outcome.assign_first:
+        await _assign(state, ref, outcome)
     if outcome.status:
         await apply.run(apply.patch_job_status, api, ns, name, dict(outcome.status))
         for ev in outcome.status_events:
@@ -144,6 +139,20 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
     if outcome.requeue_after is not None:
         state.queue.requeue(ns, name, outcome.requeue_after)
     return plan
+
+
+async def _assign(state: State, ref: dict[str, Any], outcome: Outcome) -> None:
+    """Write the outcome's assignment, then its Event (step 4 of ``policy.decide``'s order, or right after the
+    record when ``assign_first``)."""
+    job, a = outcome.job, outcome.assign
+    assert job is not None and a is not None, "an assignment without a job"
+    await apply.run(apply.put_configmap, state.api, builders.build_assignment(
+        job, a.attempt, dict(a.processes), a.coordinator, dict(a.memory_peers), dict(a.memory_peer_nodes)))
+    state.assignments.wrote(job, a)
+    if outcome.assigned_event is not None:
+        ev = outcome.assigned_event
+        await apply.run(apply.post_event, state.api, ref, ev.reason, ev.message)
+        log.info("TrainingJob %s/%s: %s", ref["namespace"], ref["name"], ev.message)
 
 
 def _count(namespace: str, name: str, kind: str, label: str) -> None:

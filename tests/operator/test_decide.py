@@ -73,6 +73,7 @@ class Row:
     delete: tuple[str, ...] = ()
     assign: int | None = None  # the attempt assigned
     assigned_event: str | None = None
+    assign_first: bool = False  # written right after the record, before creates and deletes
     status: dict[str, Any] = field(default_factory=dict)  # keys the final patch must hold
     status_events: tuple[str, ...] = ()  # their reasons
     requeue: float | None = None
@@ -147,7 +148,7 @@ ROWS = {
               assignment=ASSIGNED),
         record={"phase": "Restarting", "restarts": {"preemption": 1, "failure": 0, "disruption": 0}},
         record_event=Event("GangRestart", "", "Normal"), counter=Counter("restart", "preemption"),
-        assign=2, assigned_event="attempt 2: 2 worker(s) restarted in place",
+        assign=2, assigned_event="attempt 2: 2 worker(s) restarted in place", assign_first=True,
         status={"phase": "Running", "attempt": 2, "lastRestart": {"attempt": 2, "inPlace": 2, "replaced": []}}),
     "in place, worker on a deleted node with a ready spare: the spare takes over, the orphan is force-deleted": Row(
         _view(job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace", spares=1),
@@ -156,8 +157,17 @@ ROWS = {
               assignment=ASSIGNED, known_nodes={"n-llama-0", "n-llama-spare-a"}),
         record={"restarts": {"preemption": 0, "failure": 0, "disruption": 1}},
         record_event=Event("GangRestart", "", "Warning"), counter=Counter("restart", "disruption"),
-        create=1, force_delete=("llama-1",), assign=2, assigned_event="spare llama-spare-a takes over",
+        create=1, force_delete=("llama-1",), assign=2, assigned_event="spare llama-spare-a takes over", assign_first=True,
         status={"attempt": 2, "spares": "0/1"}),
+    # the assignment goes first only where it lists pods that exist (a spare taking over, above); a replacement pod
+    # (no spare) has a generated name: its attempt is assigned in a later pass, once it exists
+    "in place, worker on a deleted node, no spare: a replacement is created, not assigned yet": Row(
+        _view(job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace"),
+              [pod("llama-0", 0, annotations=exit_report(1, 42)), pod("llama-1", 1)],
+              assignment=ASSIGNED, known_nodes={"n-llama-0"}),
+        record={"restarts": {"preemption": 0, "failure": 0, "disruption": 1}},
+        record_event=Event("GangRestart", "", "Warning"), counter=Counter("restart", "disruption"),
+        create=1, force_delete=("llama-1",)),
     "in place, an image without reprieve-run: Failed at once, everything deleted, nothing created": Row(
         _view(job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace", spares=1),
               [P0, {**P1, "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {
@@ -181,7 +191,7 @@ ROWS = {
               [P0, pod("llama-1", 1, annotations=exit_report(1, 137))], assignment=ASSIGNED, looked=False),
         record={"phase": "Restarting", "restarts": {"preemption": 0, "failure": 0, "disruption": 1}},
         record_event=Event("GangRestart", "", "Warning"), counter=Counter("restart", "disruption"),
-        assign=2, assigned_event="attempt 2: 2 worker(s) restarted in place",
+        assign=2, assigned_event="attempt 2: 2 worker(s) restarted in place", assign_first=True,
         status={"phase": "Running", "attempt": 2}),
     "in place, all exit 0: Succeeded, its Event, spares go": Row(
         _view(job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace", spares=1),
@@ -213,6 +223,7 @@ def test_decide(name: str) -> None:
         assert out.created_event is None, out.created_event
     assert (out.force_delete, tuple(sorted(out.delete))) == (row.force_delete, row.delete)
     assert (out.assign.attempt if out.assign else None) == row.assign, out.assign
+    assert out.assign_first == row.assign_first, out
     if row.assigned_event:
         assert out.assigned_event is not None and row.assigned_event in out.assigned_event.message, out.assigned_event
     else:

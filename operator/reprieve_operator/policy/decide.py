@@ -11,7 +11,10 @@ kick):
 2. ``create``: the pods to create (a new gang is dry-run first, with its Service and identity), then
    ``created_event``; in place, the worker Role is rewritten with every pod's name (``role``);
 3. ``force_delete`` (grace 0: pods whose node is gone, no kubelet will confirm) and ``delete``;
-4. ``assign``: the next in-place attempt's assignment, then ``assigned_event``;
+4. ``assign``: the next in-place attempt's assignment, then ``assigned_event``. When every pod it lists already
+   runs and none of them is created, deleted or dry-run here (``assign_first``: a restart in place, a spare taking
+   over), it is written right after step 1 instead: the gang waits for nothing of steps 2-3 (a new spare, the
+   Role, the doomed pod's deletion), which follow while it restarts;
 5. ``status``: the final merge patch, then ``status_events`` (a commit, success);
 6. ``requeue_after``: look again after this many seconds (a backoff, old pods still draining).
 
@@ -102,6 +105,7 @@ class Outcome:
     delete: tuple[str, ...] = ()
     assign: Assignment | None = None
     assigned_event: Event | None = None
+    assign_first: bool = False  # write ``assign`` right after ``record`` (step 4 of the module docstring)
     status: Mapping[str, Any] = field(default_factory=dict)
     status_events: tuple[Event, ...] = ()
     requeue_after: float | None = None
@@ -120,7 +124,21 @@ def decide(view: View) -> Outcome:
     if g is not None and g.deadline is not None and out.requeue_after is None and g.deadline > view.now:
         # An evicted gang still running: look again when its notice runs out (it is stopped then).
         out = dataclasses.replace(out, requeue_after=(g.deadline - view.now).total_seconds())
+    if out.assign is not None and _assign_first(out, view):
+        out = dataclasses.replace(out, assign_first=True)
     return out
+
+
+def _assign_first(out: Outcome, view: View) -> bool:
+    """Whether ``out``'s assignment can be written before its creates and deletes: every pod it lists is a pod
+    that exists, is not being deleted, and is neither created nor deleted by ``out`` (not a new gang)."""
+    assert out.assign is not None
+    live = {str((p.get("metadata") or {}).get("name")) for p in view.pods
+            if not (p.get("metadata") or {}).get("deletionTimestamp")}
+    made = {(p.get("metadata") or {}).get("name") for p in out.create}  # None: a generated name
+    touched = {str(n) for n in made if n} | set(out.delete) | set(out.force_delete)
+    listed = set(out.assign.processes)
+    return not out.dry_run and bool(listed) and listed <= live and not listed & touched
 
 
 def _saving(view: View, g: Gate) -> Outcome:
