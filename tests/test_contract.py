@@ -257,6 +257,29 @@ def test_the_exit_reprieve_run_reports_is_what_the_operator_reads(code: int, agr
         2, code, agreed, datetime.fromtimestamp(now, UTC), contract.CONTRACT_VERSION)
 
 
+def test_the_last_step_a_survivor_leaves_is_what_the_operator_folds(tmp_path: Path) -> None:
+    """Runtime writes -> operator reads: the last step a process that outlived a lost peer said, in its
+    supervisor's exit report (in place) and in its termination message (Recreate), through the cache's compact
+    pod to ``views.last_steps`` (docs/contract.md)."""
+    from reprieve.peers import write_termination_message
+    from reprieve.supervisor import contract
+    from reprieve_operator import builders
+    from reprieve_operator.policy.views import compact_pod, last_steps
+
+    in_place = builders.build_worker_pod(_minimal_job(), 1, 2)
+    in_place["metadata"]["annotations"] = {**in_place["metadata"].get("annotations", {}),
+                                           **contract.exit_annotation(2, 134, 1_764_000_000.0, None, (0,),
+                                                                      (412, 1_764_000_054.25))}
+    log = tmp_path / "termination-log"
+    log.touch()
+    write_termination_message((0,), str(log), attempt=3, last=(97, 1_764_000_100.5))
+    recreate = builders.build_worker_pod(_minimal_job(), 1, 3)
+    recreate["status"] = {"phase": "Failed", "containerStatuses": [
+        {"name": "trainer", "state": {"terminated": {"exitCode": 134, "message": log.read_text()}}}]}
+    assert last_steps([compact_pod(in_place), compact_pod(recreate)]) == (
+        (2, 412, 1_764_000_054.25), (3, 97, 1_764_000_100.5))
+
+
 def test_the_docs_list_the_same_environment() -> None:
     text = (ROOT / "docs/contract.md").read_text()
     section = text.split("### Environment of every worker container", 1)[1].split("\n#", 1)[0]

@@ -164,11 +164,14 @@ def init(
         # One line naming a peer that stopped, before JAX's heartbeat timeout ends this process for it.
         # The silent peers, told to the supervisor (its exit report) and written as the termination message
         # (Recreate), so an exit JAX forces for them counts as their loss.
+        # With this process's last finished step (the gang's: training is synchronous), so the operator counts
+        # the steps after process 0's last progress report as lost, not as restart gap (docs/goodput.md).
         def on_lost(processes: tuple[int, ...]) -> None:
+            last = _last_step(job_ref[0]) if job_ref else None
             if link is not None:
-                link.peer_lost(processes)
+                link.peer_lost(processes, last)
             if config.in_cluster:
-                write_termination_message(processes, config.termination_log)
+                write_termination_message(processes, config.termination_log, attempt=config.attempt, last=last)
 
         peers = PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
                           heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,
@@ -190,7 +193,7 @@ def init(
     job = Job(config, coordinator, ckpt, agreement, hub, policy=policy, metrics=metrics, progress=progress,
               closers=closers, exit_fn=exit_fn, on_first_step=link.first_step if link is not None else None,
               on_exiting=link.exiting if link is not None else None,
-              wait_lost_peer=peers.wait_lost if peers is not None else None)
+              wait_lost_peer=_waiting_and_reporting_again(peers) if peers is not None else None)
     job_ref.append(job)
     if memory_config is not None and config.process_id == 0:
         job.loop.extra_fields = getattr(ckpt, "progress_fields", None)
@@ -313,3 +316,17 @@ def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Che
                           "directory, gs:// or s3:// prefix this process can write") from err
 
 
+def _last_step(job: Job) -> tuple[int, float] | None:
+    """The job's last finished step and when it finished (unix seconds); None before its first step."""
+    last = job.loop.last  # one atomic load: the training thread replaces the tuple
+    return None if last is None else (last[0], last[1] + job.loop.wall_offset)
+
+
+def _waiting_and_reporting_again(peers: PeerWatch) -> Callable[[str], tuple[int, ...]]:
+    """``Job``'s wait for the lost peer on its exit path, then the lost peers reported again with the last step
+    the loop reached (it may have finished one more after the first report)."""
+    def wait_lost(error: str) -> tuple[int, ...]:
+        lost = peers.wait_lost(error)
+        peers.report_again()
+        return lost
+    return wait_lost

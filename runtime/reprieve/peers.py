@@ -95,9 +95,15 @@ def termination_message(processes: tuple[int, ...]) -> str:
     return termination.merged("", {"peerLost": list(processes)})
 
 
-def write_termination_message(processes: tuple[int, ...], path: str = termination.TERMINATION_LOG) -> None:
-    """Set ``peerLost`` in the container's termination message (:mod:`reprieve.termination`); never raises."""
-    termination.write({"peerLost": list(processes)}, path)
+def write_termination_message(processes: tuple[int, ...], path: str = termination.TERMINATION_LOG, *,
+                              attempt: int | None = None, last: tuple[int, float] | None = None) -> None:
+    """Set ``peerLost`` in the container's termination message (:mod:`reprieve.termination`), with the attempt
+    and this process's last finished step and when (``lastStep``, ``lastStepAt``: unix seconds) when known;
+    never raises."""
+    fields: dict[str, object] = {"peerLost": list(processes)}
+    if attempt is not None and last is not None:
+        fields.update(attempt=attempt, lastStep=last[0], lastStepAt=round(last[1], 3))
+    termination.write(fields, path)
 
 
 class PeerWatch(Daemon):
@@ -218,6 +224,18 @@ class PeerWatch(Daemon):
             try:
                 self._on_lost(processes)
             except Exception as err:  # noqa: BLE001 - a report is best effort; the watch goes on
+                log.debug("peer-lost report failed: %s", err)
+
+    def report_again(self) -> None:
+        """Tell ``on_lost`` the reported processes again (not when none): what the runtime sends with them, its
+        last finished step, may have moved since (a step that was past its collectives when the peer died
+        finishes). Called once on the exit path, after :meth:`wait_lost`."""
+        with self._report:
+            if not self.lost:
+                return
+            try:
+                self._on_lost(self.lost)
+            except Exception as err:  # noqa: BLE001 - a report is best effort
                 log.debug("peer-lost report failed: %s", err)
 
     def blame(self, error: str) -> tuple[int, ...]:

@@ -325,3 +325,29 @@ def test_the_progress_a_container_left_in_its_termination_message_counts_as_its_
     assert (out.status["step"], out.status["lastCheckpointStep"]) == (100, 99), out.status
     older = [done("llama-0", 0, json.dumps({"progress": {**left, "step": 50, "committedStep": 39}}))]
     assert decide(_view(job(RUN), older)).status["lastCheckpointStep"] == 59  # the annotation's is newer
+
+
+@pytest.mark.parametrize("mode", ["Recreate", "InPlace"])
+def test_a_survivors_last_step_reaches_the_goodput_accounting(mode: str) -> None:
+    """Process 0 hard-killed after reporting step 30: the survivor's termination message (Recreate) or its
+    supervisor's exit report (in place) says the gang finished 49, and the open attempt's report is raised to it
+    (docs/goodput.md), so its steps after 30 are counted lost, not restart gap, once the next attempt reports."""
+    from reprieve_operator.policy.goodput import Report, fold
+
+    t0 = datetime(2026, 11, 24, 5, 0, 0, tzinfo=UTC).timestamp()
+    acc = fold(None, now=t0, new_attempt=1, report=Report(1, 30, t0 + 35, 0, t0 + 5, 1.0))
+    assert acc is not None
+    said = {"peerLost": [0], "attempt": 1, "lastStep": 49, "lastStepAt": t0 + 54}
+    survivor = pod("llama-1", 1, phase="Failed", code=134)
+    if mode == "Recreate":
+        survivor["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = json.dumps(said)
+    else:
+        survivor = pod("llama-1", 1, annotations={"reprieve.dev/exit": {**said, "code": 134,
+                                                                        "time": "2026-11-24T05:00:55Z"}})
+    pods = [pod("llama-0", 0, phase="Failed", code=137), survivor]
+    status = {**RUN, "restartMode": mode, "goodput": {"accounting": acc.to_status()}}
+    assignment = Assignment(1, {"llama-0": 0, "llama-1": 1}) if mode == "InPlace" else None
+    out = decide(_view(job(status, restartMode=mode), pods, assignment=assignment))
+    opened = out.status["goodput"]["accounting"]["open"]
+    assert [(a["attempt"], a["report"]["step"], a["report"]["time"]) for a in opened if "report" in a] == \
+        [(1, 49, t0 + 54)], out.status

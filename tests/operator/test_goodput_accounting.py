@@ -144,3 +144,68 @@ def test_saved_step_times_survive_the_status_round_trip_and_malformed_ones_are_d
     acc = progress(attempt_created(Accounting(), 1, 0.0), r)
     again = Accounting.from_status(acc.to_status())
     assert again == acc and again.open[0].report is not None and again.open[0].report.saved_at == r.saved_at
+
+
+# A hard kill of process 0: its last report says step 30 at 35 s, a survivor's exit report says the gang
+# finished step 49 at 54 s; attempt 2 (created at 60 s) resumes at 40.
+# (case, last step said (attempt, step, when), lost steps, lost seconds, restart gap seconds)
+LAST_STEPS = [
+    ("no last step: steps 31-49 fall into the restart gap", None, 0, 0.0, 25.0),
+    ("a survivor's last step: steps 40-49 lost, as the step log counts them", (1, 49, 54.0), 10, 10.0, 6.0),
+    ("a last step behind the report changes nothing", (1, 20, 25.0), 0, 0.0, 25.0),
+    ("another attempt's last step changes nothing", (2, 49, 54.0), 0, 0.0, 25.0),
+    # an earlier clock on the survivor's node: the step is raised, its time never goes back
+    ("a last step with an earlier time than the report: the step counts", (1, 49, 30.0), 10, 0.0, 25.0),
+]
+
+
+@pytest.mark.parametrize("said,lost_steps,lost_s,gap_s", [r[1:] for r in LAST_STEPS], ids=[r[0] for r in LAST_STEPS])
+def test_a_survivors_last_step_counts_the_steps_after_the_last_report_as_lost(
+        said: tuple[int, int, float] | None, lost_steps: int, lost_s: float, gap_s: float) -> None:
+    from reprieve_operator.policy.goodput import fold
+
+    acc = fold(None, now=0.0, new_attempt=1)
+    assert acc is not None
+    raw = fold(acc.to_status(), now=35.0, report=rep(1, 0, 5.0, 30, 35.0))
+    assert raw is not None
+    after = fold(raw.to_status(), now=58.0, last_steps=[said] if said else [])
+    acc = after if after is not None else raw
+    acc = attempt_created(acc, 2, 60.0)
+    acc = progress(acc, rep(2, 40, 70.0, 41, 71.0))
+    assert [a.attempt for a in acc.open] == [2] and acc.lost_steps == lost_steps
+    assert acc.closed["lost"] == pytest.approx(lost_s) and acc.closed["restartGap"] == pytest.approx(gap_s)
+    assert sum(acc.closed.values()) == pytest.approx(60.0)
+    assert acc.closed["productive"] == pytest.approx(60.0 - 4.0 - lost_s - gap_s)
+
+
+def test_a_last_step_keeps_the_reported_step_as_a_known_time_and_survives_the_status_round_trip() -> None:
+    """Steps 0-30 took 1 s each, 31-49 about 1.4 s (the report at 30 is kept as a known point): the lost part,
+    steps 40-49, is interpolated between 30 at 35 s and 49 at 62 s, not between the first step and the last."""
+    from reprieve_operator.policy.goodput import last_step
+
+    acc = progress(attempt_created(Accounting(), 1, 0.0), rep(1, 0, 5.0, 30, 35.0))
+    acc = last_step(acc, 1, 49, 62.0)
+    r = acc.open[0].report
+    assert r is not None and (r.step, r.time, r.saved_at) == (49, 62.0, ((30, 35.0),))
+    assert Accounting.from_status(acc.to_status()) == acc
+    assert last_step(acc, 1, 49, 70.0) == acc and last_step(acc, 1, 45, 70.0) == acc  # never again, never lower
+    assert progress(acc, rep(1, 0, 5.0, 30, 35.0)) == acc  # process 0's stale report does not undo it
+    buckets, lost = split(acc.open[0], 66.0, 40)
+    assert lost == 10 and buckets["lost"] == pytest.approx(62.0 - (35.0 + 27.0 * 9 / 19))
+    assert last_step(Accounting(), 1, 49, 62.0) == Accounting()  # no attempt: nothing to raise
+    bare = attempt_created(Accounting(), 1, 0.0)
+    assert last_step(bare, 1, 49, 62.0) == bare  # never reported its first step: nothing to raise
+
+
+def test_a_late_last_step_of_a_closed_attempt_is_ignored_not_counted_twice() -> None:
+    from reprieve_operator.policy.goodput import fold
+
+    acc = progress(attempt_created(Accounting(), 1, 0.0), rep(1, 0, 5.0, 49, 54.0))
+    acc = progress(attempt_created(acc, 2, 60.0), rep(2, 40, 70.0, 41, 71.0))
+    assert acc.lost_steps == 10 and [a.attempt for a in acc.open] == [2]
+    assert fold(acc.to_status(), now=80.0, last_steps=[(1, 55, 58.0)]) is None
+    # in one reconcile: attempt 1's last step, then attempt 2's first report (the last step folds first)
+    acc = progress(attempt_created(Accounting(), 1, 0.0), rep(1, 0, 5.0, 30, 35.0))
+    acc = attempt_created(acc, 2, 60.0)
+    both = fold(acc.to_status(), now=80.0, report=rep(2, 40, 70.0, 41, 71.0), last_steps=[(1, 49, 54.0)])
+    assert both is not None and both.lost_steps == 10

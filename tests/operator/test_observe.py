@@ -174,3 +174,76 @@ def test_a_job_failed_outside_a_plan_closes_its_goodput() -> None:
     assert closed["wallSeconds"] == pytest.approx(30.0)
     assert closing_goodput({}, NOW) is None  # nothing to close: no figures invented
     assert closing_goodput({"goodput": {"accounting": closed["accounting"]}}, NOW + timedelta(seconds=40)) is None
+
+
+def test_last_steps_come_from_exit_reports_and_termination_messages_highest_per_attempt() -> None:
+    """A process that outlived a lost peer said the gang's last step (docs/contract.md): in its supervisor's exit
+    report (in place) or its termination message (Recreate). Per attempt the highest; malformed ones skipped."""
+    from reprieve_operator.policy.views import last_steps
+
+    def with_exit(v: Any) -> dict[str, Any]:
+        return {"metadata": {"name": "p", "annotations": {"reprieve.dev/exit": v if isinstance(v, str) else
+                                                          json.dumps(v)}}}
+
+    def with_message(v: Any) -> dict[str, Any]:
+        message = v if isinstance(v, str) else json.dumps(v)
+        return {"metadata": {"name": "p"}, "status": {"containerStatuses": [
+            {"name": "t", "state": {"terminated": {"exitCode": 134, "message": message}}}]}}
+
+    pods = [
+        with_exit({"attempt": 2, "code": 134, "peerLost": [0], "lastStep": 41, "lastStepAt": 100.5}),
+        with_exit({"attempt": 2, "code": 134, "peerLost": [0], "lastStep": 42, "lastStepAt": 101.0}),
+        with_message({"peerLost": [0], "attempt": 1, "lastStep": 9, "lastStepAt": 50}),
+        with_message({"peerLost": [0], "attempt": 1, "lastStep": 8, "lastStepAt": 60.0}),  # lower: not it
+        with_exit({"attempt": 3, "code": 134, "peerLost": [0]}),  # no last step (a runtime before it)
+        with_exit({"attempt": 3, "lastStep": "99", "lastStepAt": 1.0}),  # malformed
+        with_exit({"attempt": 3, "lastStep": 99, "lastStepAt": True}),
+        with_exit({"attempt": -1, "lastStep": 99, "lastStepAt": 1.0}),
+        with_message({"peerLost": [0], "lastStep": 99, "lastStepAt": 1.0}),  # no attempt: whose?
+        with_exit('{"lastStep": not json'), with_message("Terminating: lastStep"), {},
+    ]
+    assert last_steps(pods) == ((1, 9, 50.0), (2, 42, 101.0))
+    assert last_steps([]) == ()
+    assert last_steps([compact_pod_of(p) for p in pods[:3]]) == ((1, 9, 50.0), (2, 42, 101.0))  # the cache's
+
+
+def compact_pod_of(p: dict[str, Any]) -> dict[str, Any]:
+    from reprieve_operator.policy.views import compact_pod
+
+    return compact_pod(p)
+
+
+def test_status_goodput_folds_a_survivors_last_step_into_its_attempt() -> None:
+    """Process 0 was killed after reporting step 30; a survivor said the gang finished 49: status counts steps
+    40-49 as lost once attempt 2 reports it resumed at 40 (not 19 s of restart gap), as the step log does."""
+    from datetime import timedelta
+
+    from reprieve_operator.models import TrainingJobStatus
+    from reprieve_operator.policy.restart import WorkerPod
+
+    t0 = NOW.timestamp()
+    job = make_job(replicas=2).model()
+
+    def step(job: Any, pods: list[Any], at: float, prog: dict[str, Any] | None,
+             said: tuple[tuple[int, int, float], ...] = ()) -> tuple[Any, dict[str, Any]]:
+        plan = decide_restart(job, pods, (), NOW + timedelta(seconds=at))
+        patch = status_patch(job, plan, NOW + timedelta(seconds=at), prog, said)
+        merged = {**job.status.model_dump(by_alias=True), **patch}
+        return job.model_copy(update={"status": TrainingJobStatus.model_validate(merged)}), patch
+
+    job, _ = step(job, [], 0, None)
+    running = [WorkerPod("llama-0", 0, 1, "Running"), WorkerPod("llama-1", 1, 1, "Running")]
+    job, _ = step(job, running, 40, live(1, 30, t0 + 35, 0, t0 + 5))
+    job, patch = step(job, running, 58, live(1, 30, t0 + 35, 0, t0 + 5), ((1, 49, t0 + 54),))
+    assert patch["goodput"]["accounting"]["open"][0]["report"]["step"] == 49
+    dead = [WorkerPod("llama-0", 0, 1, "Failed", 137), WorkerPod("llama-1", 1, 1, "Failed", 134)]
+    job, _ = step(job, dead, 60, None, ((1, 49, t0 + 54),))
+    job, _ = step(job, [], 62, None, ((1, 49, t0 + 54),))
+    assert job.status.attempt == 2
+    second = [WorkerPod("llama-0", 0, 2, "Running"), WorkerPod("llama-1", 1, 2, "Running")]
+    job, _ = step(job, second, 80, live(2, 41, t0 + 71, 40, t0 + 70), ((1, 49, t0 + 54),))  # attempt 1 closes
+    job, patch = step(job, second, 81, live(2, 41, t0 + 71, 40, t0 + 70), ((1, 55, t0 + 58),))
+    assert "goodput" not in patch  # a last step of a closed attempt: ignored, not counted twice
+    gp = job.status.goodput
+    assert gp is not None and gp.lost_steps == 10 and gp.badput_seconds.lost == pytest.approx(10.0)
+    assert gp.badput_seconds.restart_gap == pytest.approx(62 - 54)

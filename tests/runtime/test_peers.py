@@ -135,6 +135,8 @@ def test_the_termination_message_names_the_silent_peers(tmp_path: Path) -> None:
     assert json.loads(log.read_text()) == {"peerLost": [2]}
     write_termination_message((), str(log))
     assert log.read_text() == ""
+    write_termination_message((2,), str(log), attempt=4, last=(41, 1764000054.2501))  # with its last step
+    assert json.loads(log.read_text()) == {"peerLost": [2], "attempt": 4, "lastStep": 41, "lastStepAt": 1764000054.25}
 
 
 def test_a_failed_collective_waits_for_the_peer_watch_to_name_the_silent_peer(caplog: pytest.LogCaptureFixture) -> None:
@@ -210,3 +212,15 @@ def test_blame_without_the_coordination_service_names_no_one() -> None:
     watch = PeerWatch(coord, attempt=1, pod="w1", heartbeat_s=2.0, on_lost=reports.append,
                       device_processes=lambda: dict(DEVICES))
     assert watch.blame(CLOSED) == () and reports == []
+
+
+def test_report_again_tells_on_lost_the_same_processes_once_more_and_nothing_when_none_are_lost() -> None:
+    """On the exit path the runtime reports the lost peers again: what it sends with them (its last finished
+    step) may have moved since the first report."""
+    reports: list[tuple[int, ...]] = []
+    watch = PeerWatch(_As(LocalCoordinator(), 1, 2), attempt=1, pod="w1", heartbeat_s=2.0, on_lost=reports.append)
+    watch.report_again()
+    assert reports == []
+    watch.service_gone("closed")
+    watch.report_again()
+    assert reports == [(0,), (0,)]

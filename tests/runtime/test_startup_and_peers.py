@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -54,11 +55,20 @@ def test_a_peer_killed_mid_run_is_named_before_jax_ends_the_survivor(tmp_path: P
 def test_process_0_killed_mid_run_is_named_by_every_survivor_before_jax_ends_it(tmp_path: Path) -> None:
     """Process 0 hosts the coordination service: when it dies, JAX aborts every survivor within milliseconds (its
     connection to the service closed), long before any silence threshold. Each survivor still tells its supervisor
-    that process 0 is lost before it ends (``reprieve.tether``), so the exit counts as that loss."""
-    gang = launch(tmp_path, 3, steps=100000, step_seconds=0.02, heartbeat_s=6, extra_env={"WORKER_COLLECTIVE": "1"},
-                  supervised=True)
+    that process 0 is lost before it ends (``reprieve.tether``), so the exit counts as that loss; with its last
+    finished step (the gang's), so the operator counts the steps after process 0's last progress report as lost.
+
+    That step is the survivor's last logged one, or the one before: a step past its collective when process 0
+    died may still finish after the first report, and JAX's abort may land before the exit path reports again."""
+    gang = launch(tmp_path, 3, steps=100000, step_seconds=0.02, heartbeat_s=6,
+                  extra_env={"WORKER_COLLECTIVE": "1", "WORKER_LOG_STEPS": "1"}, supervised=True)
+    killed = time.time()
     codes = gang.signal_when_running(0, signal.SIGKILL, 60)
     assert set(codes[1:]) <= {-signal.SIGABRT, 1}, gang.tail()  # ended by JAX, or by its agreement failing first
     for survivor in (1, 2):
-        lost = [e["processes"] for e in gang.supervisor_events(survivor) if e["event"] == "peerLost"]
-        assert lost[-1:] == [[0]], (survivor, lost, gang.tail())
+        events = [e for e in gang.supervisor_events(survivor) if e["event"] == "peerLost"]
+        assert [e["processes"] for e in events][-1:] == [[0]], (survivor, events, gang.tail())
+        done = [int(s) for s in re.findall(r"^step (\d+) done$", gang.logs[survivor].read_text(), re.MULTILINE)]
+        last = events[-1]
+        assert done and last["step"] in (done[-1], done[-1] - 1), (survivor, done[-3:], events, gang.tail())
+        assert killed - 120 < last["stepAt"] < time.time(), (survivor, events)

@@ -73,7 +73,7 @@ RECORDER = """
         f.write(json.dumps(record) + "\\n")
     if plan == "peer lost, abort":  # what a trainer does when JAX ends it for a dead peer: tell, then SIGABRT
         events = socket.socket(fileno=int(os.environ["REPRIEVE_SUPERVISOR_FD"]))
-        events.sendall(b'{"event": "peerLost", "processes": [1]}\\n')
+        events.sendall(b'{"event": "peerLost", "processes": [1], "step": 412, "stepAt": 1764000054.25}\\n')
         os.abort()
     if plan.startswith("exit"):
         sys.exit(int(plan.split()[1]))
@@ -104,10 +104,12 @@ def test_assignments_restart_the_trainer_in_place(worker: Worker) -> None:
 
 def test_a_trainer_aborted_right_after_it_named_a_lost_peer_is_reported_as_that_loss(worker: Worker) -> None:
     """The trainer's last line (``peerLost``) and its SIGABRT come together: the line is read before the exit is
-    handled, so the report names the peer (the operator counts a disruption, not a failure)."""
+    handled, so the report names the peer (the operator counts a disruption, not a failure), and the last step the
+    trainer finished (the operator counts the steps after process 0's last progress report as lost)."""
     worker.start_script(RECORDER, PLAN=json.dumps({"1": "peer lost, abort"}))
     report = worker.wait_exit_report(1)
     assert report["code"] == 134 and report["peerLost"] == [1], report
+    assert (report["lastStep"], report["lastStepAt"]) == (412, 1764000054.25), report
 
 
 def test_a_hung_trainer_is_killed_before_the_next_attempt_starts(worker: Worker) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
+from typing import Any
 
 import pytest
 from reprieve.supervisor import protocol as sv
@@ -411,3 +412,34 @@ def test_an_exit_after_the_trainer_reported_silent_peers_names_them_in_the_repor
     assert [a for a in actions if isinstance(a, sv.Report)] == [sv.Report(1, 134, None, ())]
     _, actions = sv.step(state, ChildExited(11, 0), 9)
     assert [a for a in actions if isinstance(a, sv.Report)] == [sv.Report(1, 0, None, ())]
+
+
+# (case, the trainer's peerLost events' step fields, the last step its exit report carries)
+LAST_STEPS = [
+    ("none said (a runtime before lastStep, or no step finished yet)", [{}], None),
+    ("said", [{"step": 41, "stepAt": 1764000054.25}], (41, 1764000054.25)),
+    ("the loop moved on (a peer heard from again, then lost): the newest", [
+        {"step": 41, "stepAt": 54.0}, {"step": 44, "stepAt": 57.0}], (44, 57.0)),
+    ("never lower", [{"step": 44, "stepAt": 57.0}, {"step": 41, "stepAt": 58.0}], (44, 57.0)),
+    ("malformed ones change nothing", [{"step": 41, "stepAt": 54}, {"step": "45", "stepAt": 58.0},
+                                       {"step": 46, "stepAt": None}, {"step": True, "stepAt": 58.0},
+                                       {"step": -1, "stepAt": 58.0}], (41, 54.0)),
+]
+
+
+@pytest.mark.parametrize("said,expected", [r[1:] for r in LAST_STEPS], ids=[r[0] for r in LAST_STEPS])
+def test_the_exit_report_carries_the_last_step_the_trainer_said_with_peer_lost(
+        said: list[dict[str, Any]], expected: tuple[int, float] | None) -> None:
+    """A surviving trainer says its last finished step with ``peerLost`` (the gang's: training is synchronous);
+    the exit report carries it (``lastStep``, ``lastStepAt``) so the operator counts the steps after process 0's
+    last progress report as lost (docs/goodput.md)."""
+    state, _ = play([(0, AssignmentSeen(None)), *started(11, 1, step_at=2)])
+    for i, fields in enumerate(said):
+        state, _ = sv.step(state, ChildMessage(11, {"event": "peerLost", "processes": [0], **fields}), 5 + i)
+    _, actions = sv.step(state, ChildExited(11, 134), 9)
+    assert [a for a in actions if isinstance(a, sv.Report)] == [sv.Report(1, 134, None, (0,), expected)]
+    value = json.loads(exit_annotation(1, 134, 0.0, None, (0,), expected)["reprieve.dev/exit"])
+    if expected is None:
+        assert "lastStep" not in value and "lastStepAt" not in value
+    else:
+        assert (value["lastStep"], value["lastStepAt"]) == expected

@@ -219,7 +219,8 @@ def _recreate(view: View) -> Outcome:
     pod_job = _admitted(job, view)
     create = tuple(builders.build_worker_pod(pod_job, i, plan.attempt, plan.exclude_nodes) for i in plan.create)
     created_event = _attempt_started(plan, len(create)) if plan.new_attempt and create else None
-    status = status_patch(job, _created(job, plan, create), now, views.progress(view.pods))
+    status = status_patch(job, _created(job, plan, create), now, views.progress(view.pods),
+                          views.last_steps(view.pods))
     requeue = plan.requeue_after if plan.requeue_after is not None else (WAIT_SECONDS if plan.waiting else None)
     requeue = _sooner(requeue, podsready.unschedulable_due(view.pods, now))
     return Outcome(job, plan, now.timestamp(), **record, create=create, dry_run=plan.new_attempt,
@@ -263,7 +264,8 @@ def _in_place(view: View) -> Outcome:
         if current is not None:  # a restart, not the first attempt
             assigned_event = Event("AttemptStarted", plan.message)
     orphans = orphaned_pods(pods, view.known_nodes)
-    status = status_patch(job, _created(job, plan, create), now, views.progress(view.pods))
+    status = status_patch(job, _created(job, plan, create), now, views.progress(view.pods),
+                          views.last_steps(view.pods))
     status.update(_inplace_status(job, pods, extra, plan, current))
     return Outcome(job, plan, now.timestamp(), **record, create=create, dry_run=first and plan.new_attempt,
                    created_event=created_event, role=bool(create),

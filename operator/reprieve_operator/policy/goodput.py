@@ -8,6 +8,8 @@ of facts into an ``Accounting`` it keeps in ``status.goodput`` (so an operator r
 * the runtime's progress report (``docs/contract.md``, "Progress"): the attempt, its first step and when that
   step finished, the last finished step and when, the typical step time, the restore time and the seconds the
   loop was blocked by saves (``progress``);
+* a process's last finished step of an attempt and when (``last_step``): the exit reports and termination
+  messages of processes that outlived a lost peer (``lastStep``, ``lastStepAt``; ``docs/contract.md``);
 * the job ended at ``t`` (``finished``).
 
 Each attempt's span, from its creation to the next attempt's creation (or the job's end), splits into:
@@ -22,7 +24,10 @@ Each attempt's span, from its creation to the next attempt's creation (or the jo
 | ``restartGap`` | last finished step -> next attempt's creation: the agreed save, exit, teardown, the decision |
 
 The buckets of an attempt add up to its span exactly. Reports come every few seconds, so steps after the last
-report of an attempt that died without one (a hard kill) fall into ``restartGap``, not ``lost``; both are badput.
+report of an attempt that died without one (a hard kill) would fall into ``restartGap``, not ``lost``; a
+surviving process's last step (training is synchronous: the gang's) raises the attempt's report to it, so they
+are lost steps, as the step log counts them. Only where no process outlived the loss long enough to say (the
+whole gang killed at once) do they stay in ``restartGap``; both are badput.
 Kept and lost step time are split where the next attempt resumed: at the reported finish time of that step when
 the report carries it (``savedStepsAt``: the newest saved steps, the places a next attempt resumes from), else
 interpolated between the nearest reported steps. Steps are not equally long (those beside a save's background
@@ -36,6 +41,7 @@ process from its own or a peer's memory), ``mixed`` (some from storage) and ``st
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -58,7 +64,9 @@ class Report:
     restore_seconds: float = 0.0
     save_blocking_seconds: float = 0.0  # cumulative in this attempt
     restore_tier: str | None = None  # restoredFrom.tier: memory, mixed or storage (None: not said)
-    saved_at: tuple[tuple[int, float], ...] = ()  # savedStepsAt: (step, when it finished) of the newest saved steps
+    # (step, when it finished) of steps whose finish time is known: savedStepsAt (the newest saved steps) and, once
+    # a last step raised the report (``last_step``), the step the report had
+    saved_at: tuple[tuple[int, float], ...] = ()
 
     def finished_at(self, step: int) -> float:
         """When this attempt finished ``step``: a reported time where there is one, else interpolated between
@@ -223,6 +231,20 @@ def progress(acc: Accounting, report: Report) -> Accounting:
     return _settle(replace(acc, open=opened))
 
 
+def last_step(acc: Accounting, attempt: int, step: int, t: float) -> Accounting:
+    """A process of ``attempt`` said its last finished step was ``step``, at ``t``: the attempt's report is raised
+    to it (its finish time known from then on: the step the report had stays a known point). Never lowers a
+    report; no effect on an attempt without a report (it never reported a first step) or one closed already."""
+    opened = []
+    for a in acc.open:
+        r = a.report
+        if a.attempt == attempt and r is not None and step > r.step:
+            known = tuple(sorted({*r.saved_at, (r.step, r.time)}))
+            a = replace(a, report=replace(r, step=step, time=max(t, r.time), saved_at=known))
+        opened.append(a)
+    return replace(acc, open=tuple(opened))
+
+
 def finished(acc: Accounting, t: float) -> Accounting:
     """The job ended at ``t`` (Succeeded, Failed or Suspended): every open attempt closes, nothing is lost after
     the last one."""
@@ -291,10 +313,15 @@ def report_of(prog: dict[str, Any] | None) -> Report | None:
 
 
 def fold(raw: dict[str, Any] | None, *, now: float, new_attempt: int | None = None, created_at: float | None = None,
-         report: Report | None = None, ended: bool = False) -> Accounting | None:
+         report: Report | None = None, ended: bool = False,
+         last_steps: Iterable[tuple[int, int, float]] = ()) -> Accounting | None:
     """One reconcile's facts folded into the stored accounting (``status.goodput.accounting``); None when
-    nothing changed (no status write needed). ``new_attempt`` was created at ``created_at`` (default ``now``)."""
+    nothing changed (no status write needed). ``new_attempt`` was created at ``created_at`` (default ``now``).
+    ``last_steps``: (attempt, step, when) a process said was its last finished step; folded first, while their
+    attempts are open (an attempt closes once the next one reports)."""
     acc = before = Accounting.from_status(raw)
+    for attempt, step, t in last_steps:
+        acc = last_step(acc, attempt, step, t)
     if new_attempt is not None:
         acc = attempt_created(acc, new_attempt, now if created_at is None else created_at)
     if report is not None:

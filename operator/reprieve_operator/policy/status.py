@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -34,8 +34,10 @@ def conditions_patch(job: TrainingJob, plan: RestartPlan, now: datetime) -> list
 
 
 def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
-                 prog: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The minimal merge patch taking ``job.status`` to what ``plan`` says (empty if nothing changes)."""
+                 prog: Mapping[str, Any] | None = None,
+                 last_steps: Iterable[tuple[int, int, float]] = ()) -> dict[str, Any]:
+    """The minimal merge patch taking ``job.status`` to what ``plan`` says (empty if nothing changes).
+    ``last_steps``: the processes' last steps per attempt (``views.last_steps``), for the goodput accounting."""
     st = job.status
     patch: dict[str, Any] = {}
     if st.phase != plan.phase:
@@ -96,7 +98,7 @@ def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
             patch["lastRestore"] = restore
     if job.generation is not None and st.observed_generation != job.generation:
         patch["observedGeneration"] = job.generation
-    gp = goodput_patch(job, plan.phase, patch, prog, now)
+    gp = goodput_patch(job, plan.phase, patch, prog, now, last_steps)
     if gp is not None:
         patch["goodput"] = gp
     return patch
@@ -119,9 +121,10 @@ def last_restore(prog: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def goodput_patch(job: TrainingJob, phase: str, patch: Mapping[str, Any], prog: Mapping[str, Any] | None,
-                  now: datetime) -> dict[str, Any] | None:
+                  now: datetime, last_steps: Iterable[tuple[int, int, float]] = ()) -> dict[str, Any] | None:
     """``status.goodput`` after this reconcile's facts (a new attempt in ``patch``, the progress report, the
-    end of the job); None when the accounting did not change."""
+    processes' last steps per attempt (``views.last_steps``), the end of the job); None when the accounting did
+    not change."""
     st = job.status
     raw = st.goodput.accounting if st.goodput is not None else None
     t = now.timestamp()
@@ -134,7 +137,7 @@ def goodput_patch(job: TrainingJob, phase: str, patch: Mapping[str, Any], prog: 
         started = parse_time(st.attempt_start_time)
         new_attempt, created = st.attempt, (started.timestamp() if started else t)
     acc = goodput.fold(raw, now=t, new_attempt=new_attempt, created_at=created,
-                       report=report, ended=phase in TERMINAL)
+                       report=report, ended=phase in TERMINAL, last_steps=last_steps)
     if acc is None:
         return None
     return {**goodput.status(acc, t), "updatedAt": rfc3339(now)}

@@ -270,3 +270,37 @@ def _progress_reports(pod: Mapping[str, Any]) -> Iterable[tuple[Any, str]]:
         left = _json(term.get("message")).get("progress") if term.get("message") else None
         if left is not None:
             yield left, "progress in the termination message"
+
+
+def last_steps(pods: Iterable[Mapping[str, Any]]) -> tuple[tuple[int, int, float], ...]:
+    """Per attempt, the highest last finished step a process of it said, and when: (attempt, step, unix seconds),
+    sorted. From the supervisors' exit reports (``reprieve.dev/exit``) and the containers' termination messages
+    (Recreate), each with its ``attempt``, ``lastStep`` and ``lastStepAt`` (``docs/contract.md``): what a process
+    that outlived a lost peer knew of the gang's last step. Malformed or partial ones are skipped."""
+    best: dict[int, tuple[int, float]] = {}
+    for pod in pods:
+        for value in _last_step_reports(pod):
+            if not (_count(value.get("attempt")) and _count(value.get("lastStep")) and
+                    _count(value.get("lastStepAt"), float)):
+                continue
+            attempt, step, at = value["attempt"], value["lastStep"], float(value["lastStepAt"])
+            if attempt not in best or (step, at) > best[attempt]:
+                best[attempt] = (step, at)
+    return tuple((a, step, at) for a, (step, at) in sorted(best.items()))
+
+
+def _last_step_reports(pod: Mapping[str, Any]) -> Iterable[dict[str, Any]]:
+    # parsed only where the text names a last step: every reconcile reads every pod, most have none
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_EXIT)
+    if isinstance(raw, str) and "lastStep" in raw:
+        yield _json(raw)
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        message = ((cs.get("state") or {}).get("terminated") or {}).get("message")
+        if isinstance(message, str) and "lastStep" in message:
+            yield _json(message)
+
+
+def _count(value: Any, kind: type = int) -> bool:
+    """A JSON number of ``kind`` (int: not a bool, not a float; float: either) and not negative."""
+    ok = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
+    return ok and not isinstance(value, bool) and value >= 0

@@ -86,6 +86,7 @@ class Trainer:
     previous_highest: int = 0  # highest_run before this one (a refused take-over is not a run)
     announced: int | None = None  # the exit code it announced (and that was reported) before it ended
     peer_lost: tuple[int, ...] = ()  # the processes it last reported silent (``peerLost``): named in its exit report
+    last_step: tuple[int, float] | None = None  # its newest last finished step and when (``peerLost``'s step, stepAt)
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,7 @@ class Report:
     code: int
     agreed: bool | None = None  # for the restart code: was it announced (a saved exit)? None for other codes
     peer_lost: tuple[int, ...] = ()  # a failed exit after the trainer reported these processes silent
+    last_step: tuple[int, float] | None = None  # the trainer's last finished step and when, if it said (lastStep)
 
 
 @dataclass(frozen=True)
@@ -309,7 +311,8 @@ def _message(s: State, ev: ChildMessage, now: float) -> tuple[State, list[Action
         if kind == "peerLost":
             raw = ev.message.get("processes")
             lost = tuple(sorted({p for p in raw if type(p) is int and p >= 0})) if isinstance(raw, list) else ()
-            return s.replace(trainer=dataclasses.replace(t, peer_lost=lost)), [
+            last = _newer_step(t.last_step, ev.message.get("step"), ev.message.get("stepAt"))
+            return s.replace(trainer=dataclasses.replace(t, peer_lost=lost, last_step=last)), [
                 Note(f"attempt {a}: the trainer reports process(es) {', '.join(map(str, lost))} silent" if lost else
                      f"attempt {a}: the trainer hears from every process again")]
         code = ev.message.get("code")
@@ -318,7 +321,7 @@ def _message(s: State, ev: ChildMessage, now: float) -> tuple[State, list[Action
             # job and ends. Nothing of the next attempt starts here before it is reaped (rule 3).
             return (s.replace(trainer=dataclasses.replace(t, announced=code)),
                     [Note(f"attempt {a}: the trainer (pid {t.pid}) is exiting with code {code}: reported before "
-                          "it ends"), Report(a, code, _agreed(s, code, code))])
+                          "it ends"), Report(a, code, _agreed(s, code, code), last_step=t.last_step)])
         return s, []
     if w is not None and ev.pid == w.pid:
         if kind == "ready" and not w.ready:
@@ -328,6 +331,14 @@ def _message(s: State, ev: ChildMessage, now: float) -> tuple[State, list[Action
             why = str(ev.message.get("message", "no reason given"))
             return s.replace(prewarm_off=why), [Note(f"the warm process (pid {w.pid}) refused: {why}")]
     return s, []
+
+
+def _newer_step(known: tuple[int, float] | None, step: Any, at: Any) -> tuple[int, float] | None:
+    """The newer of ``known`` and a trainer's (``step``, ``at``) (the loop moves on while a peer is heard from
+    again: the highest step wins); malformed values change nothing."""
+    if type(step) is not int or step < 0 or type(at) not in (int, float) or at < 0:
+        return known
+    return (step, float(at)) if known is None or step > known[0] else known
 
 
 def _exited(s: State, ev: ChildExited, now: float) -> tuple[State, list[Action]]:
@@ -352,7 +363,7 @@ def _exited(s: State, ev: ChildExited, now: float) -> tuple[State, list[Action]]
                                     "lost with them")
         notes: list[Action] = [note, *([] if t.announced == ev.code else [Report(a, ev.code, _agreed(s, ev.code,
                                                                                                   t.announced),
-                                                                                   lost)])]
+                                                                                   lost, t.last_step)])]
         exit_kind = classify_exit(ev.code, t.announced, s.settings.restart_code)
         if exit_kind == "unagreed":
             notes.append(Note(f"attempt {a}: {describe_exit(exit_kind, ev.code, s.settings.restart_code)}",

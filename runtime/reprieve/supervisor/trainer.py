@@ -5,8 +5,9 @@ The supervisor hands every process it starts one end of a Unix socket, named by 
 The runtime writes one JSON line per event on it: ``{"event": "init", "attempt": A}`` when ``reprieve.init()``
 takes its identity, ``{"event": "step", "step": S, "topology": {...} | null}`` once the first training step is done (the devices it
 runs on, :mod:`reprieve.topology`, handed to the next warm process in ``REPRIEVE_EXPECTED_TOPOLOGY``),
-``{"event": "peerLost", "processes": [P, ...]}`` when the runtime finds processes of the job silent (``[]``: heard
-from again; :mod:`reprieve.peers`; JAX's coordination service may end this process for them),
+``{"event": "peerLost", "processes": [P, ...], "step": S, "stepAt": T}`` when the runtime finds processes of the
+job silent (``[]``: heard from again; :mod:`reprieve.peers`; JAX's coordination service may end this process for
+them), with its last finished step and when it finished (unix seconds; absent before the first step),
 ``{"event": "exiting", "code": C}`` when the exit code is decided (the agreed checkpoint committed, termination
 signals ignored from then on) and the process is about to leave the job and end. A warm process (also
 ``REPRIEVE_WARM_FD``, the same socket) writes ``{"event": "ready"}`` when its ``reprieve.init()`` is reached, then
@@ -75,10 +76,16 @@ class SupervisorLink:
             self._first_step_sent = True
             self.send("step", step=step, topology=_topology())
 
-    def peer_lost(self, processes: tuple[int, ...]) -> None:
+    def peer_lost(self, processes: tuple[int, ...], last: tuple[int, float] | None = None) -> None:
         """The processes of the job this process finds silent now (``()``: none): if JAX ends this process for
-        them, the supervisor's exit report names them (``peerLost``), so the exit counts as their loss."""
-        self.send("peerLost", processes=list(processes))
+        them, the supervisor's exit report names them (``peerLost``), so the exit counts as their loss. ``last``:
+        this process's last finished step and when (unix seconds): the gang's, as training is synchronous; the
+        exit report carries it (``lastStep``), so the operator counts the steps after process 0's last progress
+        report as lost, not as restart gap."""
+        fields: dict[str, Any] = {"processes": list(processes)}
+        if last is not None:
+            fields.update(step=last[0], stepAt=round(last[1], 3))
+        self.send("peerLost", **fields)
 
     def exiting(self, code: int) -> None:
         """The exit code is decided and the checkpoint committed; the process now leaves the job and ends. The

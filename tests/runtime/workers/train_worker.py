@@ -30,6 +30,7 @@ def main() -> None:
     slow_exit = float(os.environ.get("WORKER_SLOW_EXIT", "0"))
     jitter = os.environ.get("WORKER_STEP_JITTER") == "1"  # process-dependent step times (skewed loops)
     collective = os.environ.get("WORKER_COLLECTIVE") == "1"  # one cross-process gloo collective a step
+    log_steps = os.environ.get("WORKER_LOG_STEPS") == "1"  # "step S done" after each step (a step log)
     if collective:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
@@ -78,6 +79,8 @@ def main() -> None:
         if step == start + warm_step:
             (workdir / f"running-{pid}").touch()
         job.save(step, state)
+        if log_steps:
+            print(f"step {step} done", flush=True)
         if step == break_at:
             logging.getLogger("train_worker").info("leaving the loop early at step %d", step)
             return  # no job.finish(): the runtime's atexit hook must still let the process exit cleanly
