@@ -321,9 +321,11 @@ def run_soak(args: argparse.Namespace, seed: int, plan: list[chaos.PlannedFault]
         if real:
             try:
                 say("starting the system node and worker nodes (real: upstream kubelet, containerd, runc)")
-                cluster.add_node("system-0", {"reprieve.test/pool": SYSTEM_POOL}, kind="real", images=["operator"])
+                # Every node gets every built image: one image set is one node template (hard-linked in seconds),
+                # the same the real-node tier's nodes use, where a set per role imported each anew (minutes).
+                cluster.add_node("system-0", {"reprieve.test/pool": SYSTEM_POOL}, kind="real")
                 for i in range(args.nodes):
-                    cluster.add_node(f"w-{i}", {"reprieve.test/pool": WORKER_POOL}, kind="real", images=["example"])
+                    cluster.add_node(f"w-{i}", {"reprieve.test/pool": WORKER_POOL}, kind="real")
             except (RealNodeError, ClusterError) as err:
                 say(f"REAL NODES NOT AVAILABLE: {err}\n  -> process nodes")
                 for name in list(cluster.node_names()):
@@ -381,7 +383,7 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
     injectors = Injectors(cluster, api, NS, "soak", pool_labels={"reprieve.test/pool": WORKER_POOL},
                           node_kind="real" if real else "process", rng=random.Random(seed),
                           attempt=lambda: observer.latest().attempt, operator=operator if real else None,
-                          add_node_kwargs={"images": ["example"]} if real else {})
+                          add_node_kwargs={})
     body, ckpt = soak_job(cluster, "soak", work, args, real)
     keep = int(body["spec"]["checkpoint"].get("keep", 3))
     if storage is not None:

@@ -570,3 +570,31 @@ def test_a_partition_that_ends_the_attempt_is_booked_its_restart() -> None:
                      ended={19.5: 44.5})
     assert (rec.recovered, rec.lost_steps, rec.recovery, rec.detected_at) == (True, 10, "2 in place", 50)
     assert unexplained([Injected("partition", "lm-1", 19.5, 1)], intr) == []
+
+
+def test_the_ci_smokes_rotation_injects_every_kind_the_soak_knows() -> None:
+    """Over chaos.SMOKE_ROTATION's seeds, the smoke's schedules (the pure schedule, as benchmarks/soak.py draws it)
+    inject every kind in the catalogue, each seed's kinds exactly once: a kind added to the catalogue and to no
+    seed's group, or a group grown past one cycle of the smoke's schedule, fails here."""
+    injected: Counter[str] = Counter()
+    for seed, kinds in chaos.SMOKE_ROTATION:
+        got, plan = chaos.smoke_plan(seed)
+        assert got == list(kinds)
+        assert sorted(f.kind for f in plan) == sorted(kinds), f"seed {seed}: one cycle of its kinds, each once"
+        injected.update(f.kind for f in plan)
+    assert set(injected) == {k.name for k in chaos.CATALOGUE}
+    assert max(injected.values()) == 1, "each kind in one seed's group only"
+    assert len({s for s, _ in chaos.SMOKE_ROTATION}) == len(chaos.SMOKE_ROTATION)
+
+
+@pytest.mark.parametrize(("env", "day", "seed"), [
+    (None, 0, 1), (None, 4, 5), (None, 7, 3), ("", 6, 2), (" 4 ", 0, 4), ("2", 9, 2)])
+def test_the_ci_smokes_seed_rotates_by_the_utc_day_unless_asked(env: str | None, day: int, seed: int) -> None:
+    assert chaos.smoke_seed(env, day) == seed
+
+
+@pytest.mark.parametrize(("env", "message"), [("9", "the CI smoke's seeds are 1, 2, 3, 4, 5"),
+                                              ("x", "whole number")])
+def test_a_ci_smoke_seed_outside_the_rotation_is_refused(env: str, message: str) -> None:
+    with pytest.raises(SoakConfigError, match=message):
+        chaos.smoke_seed(env, 0)
