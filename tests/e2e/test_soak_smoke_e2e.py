@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -63,8 +64,17 @@ def test_a_short_soak_on_real_nodes_recovers_every_fault_and_loses_nothing(
     env = {**os.environ, "TMPDIR": str(out)}
     logfile = out / "soak.log"
     with open(logfile, "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                            timeout=2 * JOB_TIMEOUT + 420).returncode
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        try:
+            rc = proc.wait(timeout=2 * JOB_TIMEOUT + 420)
+        except subprocess.TimeoutExpired:
+            # Ctrl-C: the soak undoes the faults still pending, stops its cluster and prints what it recorded
+            proc.send_signal(signal.SIGINT)
+            try:
+                rc = proc.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
     text = logfile.read_text(errors="replace")
     print(text[-6000:])
     report = out / "soak.json"
