@@ -598,3 +598,12 @@ def test_the_ci_smokes_seed_rotates_by_the_utc_day_unless_asked(env: str | None,
 def test_a_ci_smoke_seed_outside_the_rotation_is_refused(env: str, message: str) -> None:
     with pytest.raises(SoakConfigError, match=message):
         chaos.smoke_seed(env, 0)
+
+
+def test_docs_soak_lists_the_ci_smokes_rotation_as_it_is() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "soak.md").read_text()
+    section = doc.split("## In CI", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert [(int(seed), tuple(k.strip() for k in kinds.split(","))) for seed, kinds in rows] == \
+        list(chaos.SMOKE_ROTATION)
