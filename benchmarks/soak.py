@@ -234,6 +234,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
                    help=f"comma-separated fault kinds (default: every one this cluster can do): {', '.join(chaos.KINDS)}")
     p.add_argument("--process-nodes", action="store_true",
                    help="process kubelets instead of real nodes (no kill-* kinds: pods are not containers there)")
+    p.add_argument("--require-real-nodes", action="store_true",
+                   help="real nodes that cannot start are an error (exit 2), not a fall-back to process nodes (CI)")
     p.add_argument("--nodes", type=int, default=4, help="worker nodes (2 workers, 1 spare, 1 free)")
     p.add_argument("--steps", type=int, default=0, help="the job's steps (default: --minutes at --step-seconds)")
     p.add_argument("--step-seconds", type=float, default=0.6, help="expected seconds per step, for --steps")
@@ -250,6 +252,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
     try:
         seed = chaos.parse_seed(args.seed)
         kinds = chaos.parse_kinds(args.faults)
+        if args.require_real_nodes and args.process_nodes:
+            raise chaos.SoakConfigError("--require-real-nodes and --process-nodes contradict each other")
         if args.nodes < 3:
             raise chaos.SoakConfigError(f"--nodes must be >= 3 (2 workers and a spare), got {args.nodes}")
         # Checked here with what the machine offers, before anything starts (and again if real nodes fail).
@@ -280,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     real, why = not args.process_nodes, "--process-nodes"
     if real and prerequisites():
         real, why = False, "real nodes cannot run here: " + "; ".join(prerequisites())
+        if args.require_real_nodes:
+            print(f"soak.py: error: {why} (--require-real-nodes)", file=sys.stderr)
+            return 2
         say(f"{why} -> process nodes")
     try:
         chosen = chaos.validate(kinds, capabilities(real=real, why=why, spares=args.spares), minutes=args.minutes,
@@ -327,6 +334,10 @@ def run_soak(args: argparse.Namespace, seed: int, plan: list[chaos.PlannedFault]
                 for i in range(args.nodes):
                     cluster.add_node(f"w-{i}", {"reprieve.test/pool": WORKER_POOL}, kind="real")
             except (RealNodeError, ClusterError) as err:
+                if args.require_real_nodes:
+                    print(f"soak.py: error: real nodes failed to start (--require-real-nodes): {err}",
+                          file=sys.stderr)
+                    return 2
                 say(f"REAL NODES NOT AVAILABLE: {err}\n  -> process nodes")
                 for name in list(cluster.node_names()):
                     cluster.kill_node(name)

@@ -607,3 +607,22 @@ def test_docs_soak_lists_the_ci_smokes_rotation_as_it_is() -> None:
             if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
     assert [(int(seed), tuple(k.strip() for k in kinds.split(","))) for seed, kinds in rows] == \
         list(chaos.SMOKE_ROTATION)
+
+
+@pytest.mark.parametrize(("argv", "refused"), [
+    (["--require-real-nodes"], False), (["--require-real-nodes", "--process-nodes"], True), ([], False)])
+def test_require_real_nodes_is_a_flag_that_process_nodes_contradict(argv: list[str], refused: bool,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``--require-real-nodes`` (the CI smoke): real nodes that cannot start end the soak with exit 2 instead of
+    falling back to process nodes, which cannot do its kill-* and partition kinds."""
+    from tests.benchmark_module import load_benchmark
+
+    soak = load_benchmark("soak")
+    argv = [*argv, "--faults", "node-lost", "--minutes", "1", "--fault-every", "15"]
+    if refused:
+        with pytest.raises(SystemExit):
+            soak.parse_args(argv)
+        assert "contradict" in capsys.readouterr().err
+    else:
+        args, _, _ = soak.parse_args(argv)
+        assert args.require_real_nodes == ("--require-real-nodes" in argv)
