@@ -423,6 +423,10 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
                     "not injected")
                 return
             rec = injectors.inject(f.kind)
+            began = time.monotonic()
+            # no target at this moment (a restart under way): tried again each second, up to ~10 s
+            while rec.error and chaos.retry_for_target(rec.error, time.monotonic() - began) and not stop.wait(1.0):
+                rec = injectors.inject(f.kind)
             injected.append(rec)
             say(f"fault {len(injected)}/{len(plan)}: {f.kind} -> {rec.target or rec.error}")
 

@@ -273,3 +273,14 @@ def smoke_plan(seed: int) -> tuple[list[str], list[PlannedFault]]:
     SMOKE_FAULT_EVERY: what ``benchmarks/soak.py --faults <kinds> --seed <seed>`` with those will inject)."""
     kinds = list(dict(SMOKE_ROTATION)[seed])
     return kinds, schedule(kinds, minutes=SMOKE_MINUTES, fault_every=SMOKE_FAULT_EVERY, seed=seed)
+
+
+TARGET_WAIT_SECONDS = 10.0  # how long a fault that finds no target now is tried again (benchmarks/soak.py)
+
+
+def retry_for_target(error: str, waited: float, limit: float = TARGET_WAIT_SECONDS) -> bool:
+    """Whether a fault the injector could not carry out is tried again a second later: only when it found no
+    target at that moment (the workers' new pods not running yet, every worker on a node already doomed: a
+    restart under way), for up to ``limit`` seconds. Any other error is recorded at once."""
+    retryable = error.startswith(("no target:", "two-nodes-doomed needs workers on two live nodes"))
+    return retryable and waited < limit

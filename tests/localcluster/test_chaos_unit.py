@@ -626,3 +626,14 @@ def test_require_real_nodes_is_a_flag_that_process_nodes_contradict(argv: list[s
     else:
         args, _, _ = soak.parse_args(argv)
         assert args.require_real_nodes == ("--require-real-nodes" in argv)
+
+
+@pytest.mark.parametrize(("error", "waited", "retry"), [
+    ("no target: a running worker pod on a node not already doomed was needed and none is there", 0.0, True),
+    ("no target: a running spare pod was needed and none is there", 9.0, True),
+    ("no target: a running worker pod was needed and none is there", 10.0, False),
+    ("two-nodes-doomed needs workers on two live nodes, found ['w-1']", 3.0, True),
+    ("no operator pod holds the leader Lease", 0.0, False),
+    ("fault kind x has no injector", 0.0, False)])
+def test_a_fault_with_no_target_now_is_tried_again_for_a_while(error: str, waited: float, retry: bool) -> None:
+    assert chaos.retry_for_target(error, waited) is retry
