@@ -48,8 +48,9 @@ def test_a_short_soak_on_real_nodes_recovers_every_fault_and_loses_nothing(
 
     Why this long: a cluster of its own (the soak mounts its checkpoint tmpfs before its nodes start and restarts
     its API server, which the shared real-node cluster cannot take), a system node, 4 real worker nodes (2 workers,
-    a spare, a free node for the restart of a doomed pair) and the chart with two operator replicas (~1-2 min), then
-    the fault-free run (~2 min: the sha256 reference) and the soak run (~2.5 min, faults and their restarts)."""
+    a spare, a free node for the restart of a doomed pair) and the chart with two operator replicas, then the
+    fault-free run (the sha256 reference): ~150 s together; then the soak run (~110 s, faults and their restarts).
+    263 s in all on the 2-core VM with nothing else heavy (benchmarks/RESULTS.md, "CI smoke")."""
     if prerequisites():
         message = "REAL-NODE TIER NOT RUN: " + "; ".join(prerequisites())
         if os.environ.get("REPRIEVE_REQUIRE_REAL_NODES") == "1":
