@@ -234,6 +234,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
                    help=f"comma-separated fault kinds (default: every one this cluster can do): {', '.join(chaos.KINDS)}")
     p.add_argument("--process-nodes", action="store_true",
                    help="process kubelets instead of real nodes (no kill-* kinds: pods are not containers there)")
+    p.add_argument("--require-real-nodes", action="store_true",
+                   help="real nodes that cannot start are an error (exit 2), not a fall-back to process nodes (CI)")
     p.add_argument("--nodes", type=int, default=4, help="worker nodes (2 workers, 1 spare, 1 free)")
     p.add_argument("--steps", type=int, default=0, help="the job's steps (default: --minutes at --step-seconds)")
     p.add_argument("--step-seconds", type=float, default=0.6, help="expected seconds per step, for --steps")
@@ -250,6 +252,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
     try:
         seed = chaos.parse_seed(args.seed)
         kinds = chaos.parse_kinds(args.faults)
+        if args.require_real_nodes and args.process_nodes:
+            raise chaos.SoakConfigError("--require-real-nodes and --process-nodes contradict each other")
         if args.nodes < 3:
             raise chaos.SoakConfigError(f"--nodes must be >= 3 (2 workers and a spare), got {args.nodes}")
         # Checked here with what the machine offers, before anything starts (and again if real nodes fail).
@@ -280,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     real, why = not args.process_nodes, "--process-nodes"
     if real and prerequisites():
         real, why = False, "real nodes cannot run here: " + "; ".join(prerequisites())
+        if args.require_real_nodes:
+            print(f"soak.py: error: {why} (--require-real-nodes)", file=sys.stderr)
+            return 2
         say(f"{why} -> process nodes")
     try:
         chosen = chaos.validate(kinds, capabilities(real=real, why=why, spares=args.spares), minutes=args.minutes,
@@ -321,10 +328,16 @@ def run_soak(args: argparse.Namespace, seed: int, plan: list[chaos.PlannedFault]
         if real:
             try:
                 say("starting the system node and worker nodes (real: upstream kubelet, containerd, runc)")
-                cluster.add_node("system-0", {"reprieve.test/pool": SYSTEM_POOL}, kind="real", images=["operator"])
+                # Every node gets every built image: one image set is one node template (hard-linked in seconds),
+                # the same the real-node tier's nodes use, where a set per role imported each anew (minutes).
+                cluster.add_node("system-0", {"reprieve.test/pool": SYSTEM_POOL}, kind="real")
                 for i in range(args.nodes):
-                    cluster.add_node(f"w-{i}", {"reprieve.test/pool": WORKER_POOL}, kind="real", images=["example"])
+                    cluster.add_node(f"w-{i}", {"reprieve.test/pool": WORKER_POOL}, kind="real")
             except (RealNodeError, ClusterError) as err:
+                if args.require_real_nodes:
+                    print(f"soak.py: error: real nodes failed to start (--require-real-nodes): {err}",
+                          file=sys.stderr)
+                    return 2
                 say(f"REAL NODES NOT AVAILABLE: {err}\n  -> process nodes")
                 for name in list(cluster.node_names()):
                     cluster.kill_node(name)
@@ -381,7 +394,7 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
     injectors = Injectors(cluster, api, NS, "soak", pool_labels={"reprieve.test/pool": WORKER_POOL},
                           node_kind="real" if real else "process", rng=random.Random(seed),
                           attempt=lambda: observer.latest().attempt, operator=operator if real else None,
-                          add_node_kwargs={"images": ["example"]} if real else {})
+                          add_node_kwargs={})
     body, ckpt = soak_job(cluster, "soak", work, args, real)
     keep = int(body["spec"]["checkpoint"].get("keep", 3))
     if storage is not None:
@@ -410,6 +423,10 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
                     "not injected")
                 return
             rec = injectors.inject(f.kind)
+            began = time.monotonic()
+            # no target at this moment (a restart under way): tried again each second, up to ~10 s
+            while rec.error and chaos.retry_for_target(rec.error, time.monotonic() - began) and not stop.wait(1.0):
+                rec = injectors.inject(f.kind)
             injected.append(rec)
             say(f"fault {len(injected)}/{len(plan)}: {f.kind} -> {rec.target or rec.error}")
 

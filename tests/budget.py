@@ -29,7 +29,7 @@ TIERS = ("unit", "integration", "e2e", "realnodes")  # realnodes wins over the t
 WHY_LONG = "why this long:"
 # Modules whose tests share one real-node cluster per run: one pytest-xdist work unit (tests/conftest.py)
 REAL_NODE_MODULES = ("tests/e2e/test_realnodes_e2e.py", "tests/localcluster/test_realnode_integration.py",
-                     "tests/e2e/test_release_e2e.py")
+                     "tests/e2e/test_release_e2e.py", "tests/e2e/test_soak_smoke_e2e.py")
 
 
 def scope_of(nodeid: str) -> str | None:

@@ -88,11 +88,12 @@ def test_the_budget_file_loads_and_a_broken_one_is_refused(tmp_path: Path) -> No
 
 
 def test_every_module_that_uses_the_real_node_cluster_is_one_xdist_work_unit() -> None:
-    """A module using ``real_cluster`` (or starting real nodes of its own) outside REAL_NODE_MODULES would start a
-    second real-node cluster on another worker (two at once on 2 cores: a node not Ready within its timeout)."""
+    """A module using ``real_cluster`` (or starting real nodes of its own, or running the soak, which does)
+    outside REAL_NODE_MODULES would start a second real-node cluster on another worker (two at once on 2 cores: a
+    node not Ready within its timeout)."""
     root = Path(__file__).resolve().parents[1]
     users = sorted(str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py")
-                   if p.name != "test_budget.py" and ("real_cluster" in p.read_text()
+                   if p.name != "test_budget.py" and ("real_cluster" in p.read_text() or '"soak.py"' in p.read_text()
                                                       or re.search(r'(?<!\w)kind="real"', p.read_text()) is not None))
     assert users == sorted(REAL_NODE_MODULES)
     assert scope_of("tests/e2e/test_realnodes_e2e.py::test_x[1]") == "realnodes"

@@ -230,3 +230,57 @@ def storage_recovered(until: float, committed: Sequence[tuple[float, int | None]
     status's lastCheckpointStep)`` of each observation, in order. None: never."""
     before = max((step for t, step in committed if t < until and step is not None), default=-1)
     return next((t for t, step in committed if t >= until and step is not None and step > before), None)
+
+
+# The CI smoke soak (tests/e2e/test_soak_smoke_e2e.py, docs/soak.md "In CI"): one short run per `make test`, its seed
+# rotated over SMOKE_ROTATION by the UTC day (or REPRIEVE_SOAK_SEED). Each seed has a group of kinds of its own, and
+# the smoke's schedule (SMOKE_MINUTES at one fault per SMOKE_FAULT_EVERY s) is one cycle: every kind of the group
+# exactly once. Over the rotation's seeds every kind in CATALOGUE is injected (a kind added there and not here fails
+# tests/localcluster/test_chaos_unit.py). The groups spread the costly kinds (two restarts, a partition's wait, a
+# node lost from its last checkpoint, the API server away) one per seed, and the storage kinds over two seeds (the
+# only runs that mount the tmpfs).
+SMOKE_MINUTES = 1.25
+SMOKE_FAULT_EVERY = 15.0
+SMOKE_ROTATION: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (1, ("partition", "kill-trainer", "storage-full", "notice-gke-spot", "notice-aws-spot-itn")),
+    (2, ("notice-during-restart", "kill-spare", "storage-unavailable", "notice-gke-maintenance-ongoing",
+         "notice-aws-rebalance")),
+    (3, ("two-nodes-doomed", "kill-operator-leader", "notice-gke-scheduled-maintenance",
+         "notice-karpenter-disrupted", "notice-aks-scheduled-event")),
+    (4, ("node-lost", "kill-supervisor", "notice-gke-maintenance-window", "notice-cluster-autoscaler",
+         "notice-aks-remediator")),
+    (5, ("apiserver-restart", "notice-aws-scheduled-maintenance", "notice-aws-asg-lifecycle", "notice-cordon",
+         "notice-out-of-service")),
+)
+
+
+def smoke_seed(env: str | None, utc_day: int) -> int:
+    """The CI smoke's seed: ``REPRIEVE_SOAK_SEED`` (``env``) when set, which must be one of SMOKE_ROTATION's seeds
+    (its kinds come with it), else the rotation's entry for ``utc_day`` (days since the epoch) modulo its length."""
+    seeds = [s for s, _ in SMOKE_ROTATION]
+    if env is None or not env.strip():
+        return seeds[utc_day % len(seeds)]
+    seed = parse_seed(env)
+    if seed not in seeds:
+        raise SoakConfigError(f"REPRIEVE_SOAK_SEED={env!r}: the CI smoke's seeds are {', '.join(map(str, seeds))} "
+                              "(each with its own fault kinds: chaos.SMOKE_ROTATION); for any other seed run "
+                              "benchmarks/soak.py by hand")
+    return seed
+
+
+def smoke_plan(seed: int) -> tuple[list[str], list[PlannedFault]]:
+    """The kinds of the rotation's ``seed`` and the smoke's schedule of them (``schedule`` at SMOKE_MINUTES and
+    SMOKE_FAULT_EVERY: what ``benchmarks/soak.py --faults <kinds> --seed <seed>`` with those will inject)."""
+    kinds = list(dict(SMOKE_ROTATION)[seed])
+    return kinds, schedule(kinds, minutes=SMOKE_MINUTES, fault_every=SMOKE_FAULT_EVERY, seed=seed)
+
+
+TARGET_WAIT_SECONDS = 10.0  # how long a fault that finds no target now is tried again (benchmarks/soak.py)
+
+
+def retry_for_target(error: str, waited: float, limit: float = TARGET_WAIT_SECONDS) -> bool:
+    """Whether a fault the injector could not carry out is tried again a second later: only when it found no
+    target at that moment (the workers' new pods not running yet, every worker on a node already doomed: a
+    restart under way), for up to ``limit`` seconds. Any other error is recorded at once."""
+    retryable = error.startswith(("no target:", "two-nodes-doomed needs workers on two live nodes"))
+    return retryable and waited < limit

@@ -570,3 +570,70 @@ def test_a_partition_that_ends_the_attempt_is_booked_its_restart() -> None:
                      ended={19.5: 44.5})
     assert (rec.recovered, rec.lost_steps, rec.recovery, rec.detected_at) == (True, 10, "2 in place", 50)
     assert unexplained([Injected("partition", "lm-1", 19.5, 1)], intr) == []
+
+
+def test_the_ci_smokes_rotation_injects_every_kind_the_soak_knows() -> None:
+    """Over chaos.SMOKE_ROTATION's seeds, the smoke's schedules (the pure schedule, as benchmarks/soak.py draws it)
+    inject every kind in the catalogue, each seed's kinds exactly once: a kind added to the catalogue and to no
+    seed's group, or a group grown past one cycle of the smoke's schedule, fails here."""
+    injected: Counter[str] = Counter()
+    for seed, kinds in chaos.SMOKE_ROTATION:
+        got, plan = chaos.smoke_plan(seed)
+        assert got == list(kinds)
+        assert sorted(f.kind for f in plan) == sorted(kinds), f"seed {seed}: one cycle of its kinds, each once"
+        injected.update(f.kind for f in plan)
+    assert set(injected) == {k.name for k in chaos.CATALOGUE}
+    assert max(injected.values()) == 1, "each kind in one seed's group only"
+    assert len({s for s, _ in chaos.SMOKE_ROTATION}) == len(chaos.SMOKE_ROTATION)
+
+
+@pytest.mark.parametrize(("env", "day", "seed"), [
+    (None, 0, 1), (None, 4, 5), (None, 7, 3), ("", 6, 2), (" 4 ", 0, 4), ("2", 9, 2)])
+def test_the_ci_smokes_seed_rotates_by_the_utc_day_unless_asked(env: str | None, day: int, seed: int) -> None:
+    assert chaos.smoke_seed(env, day) == seed
+
+
+@pytest.mark.parametrize(("env", "message"), [("9", "the CI smoke's seeds are 1, 2, 3, 4, 5"),
+                                              ("x", "whole number")])
+def test_a_ci_smoke_seed_outside_the_rotation_is_refused(env: str, message: str) -> None:
+    with pytest.raises(SoakConfigError, match=message):
+        chaos.smoke_seed(env, 0)
+
+
+def test_docs_soak_lists_the_ci_smokes_rotation_as_it_is() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "soak.md").read_text()
+    section = doc.split("## In CI", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert [(int(seed), tuple(k.strip() for k in kinds.split(","))) for seed, kinds in rows] == \
+        list(chaos.SMOKE_ROTATION)
+
+
+@pytest.mark.parametrize(("argv", "refused"), [
+    (["--require-real-nodes"], False), (["--require-real-nodes", "--process-nodes"], True), ([], False)])
+def test_require_real_nodes_is_a_flag_that_process_nodes_contradict(argv: list[str], refused: bool,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``--require-real-nodes`` (the CI smoke): real nodes that cannot start end the soak with exit 2 instead of
+    falling back to process nodes, which cannot do its kill-* and partition kinds."""
+    from tests.benchmark_module import load_benchmark
+
+    soak = load_benchmark("soak")
+    argv = [*argv, "--faults", "node-lost", "--minutes", "1", "--fault-every", "15"]
+    if refused:
+        with pytest.raises(SystemExit):
+            soak.parse_args(argv)
+        assert "contradict" in capsys.readouterr().err
+    else:
+        args, _, _ = soak.parse_args(argv)
+        assert args.require_real_nodes == ("--require-real-nodes" in argv)
+
+
+@pytest.mark.parametrize(("error", "waited", "retry"), [
+    ("no target: a running worker pod on a node not already doomed was needed and none is there", 0.0, True),
+    ("no target: a running spare pod was needed and none is there", 9.0, True),
+    ("no target: a running worker pod was needed and none is there", 10.0, False),
+    ("two-nodes-doomed needs workers on two live nodes, found ['w-1']", 3.0, True),
+    ("no operator pod holds the leader Lease", 0.0, False),
+    ("fault kind x has no injector", 0.0, False)])
+def test_a_fault_with_no_target_now_is_tried_again_for_a_while(error: str, waited: float, retry: bool) -> None:
+    assert chaos.retry_for_target(error, waited) is retry
