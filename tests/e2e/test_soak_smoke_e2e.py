@@ -37,7 +37,7 @@ SOAK_TIMEOUT = 660  # the whole soak (measured ~6 min: see the docstring); then 
 def smoke_command(seed: int, kinds: list[str], out: Path) -> list[str]:
     return [sys.executable, str(REPO / "benchmarks" / "soak.py"), "--seed", str(seed), "--faults", ",".join(kinds),
             "--minutes", f"{chaos.SMOKE_MINUTES:g}", "--fault-every", f"{chaos.SMOKE_FAULT_EVERY:g}",
-            "--steps", str(SMOKE_STEPS), "--timeout", str(JOB_TIMEOUT), "--out", str(out), "--require-real-nodes"]
+            "--steps", str(SMOKE_STEPS), "--nodes", str(chaos.SMOKE_NODES), "--timeout", str(JOB_TIMEOUT), "--out", str(out), "--require-real-nodes"]
 
 
 def test_a_short_soak_on_real_nodes_recovers_every_fault_and_loses_nothing(
@@ -47,8 +47,8 @@ def test_a_short_soak_on_real_nodes_recovers_every_fault_and_loses_nothing(
     that no fault explains, the job Succeeded.
 
     Why this long: a cluster of its own (the soak mounts its checkpoint tmpfs before its nodes start and restarts
-    its API server, which the shared real-node cluster cannot take), a system node, 4 real worker nodes (2 workers,
-    a spare, a free node for the restart of a doomed pair) and the chart with two operator replicas, then the
+    its API server, which the shared real-node cluster cannot take), a system node, 5 real worker nodes (2 workers,
+    a spare, two free: ``chaos.SMOKE_NODES``) and the chart with two operator replicas, then the
     fault-free run (the sha256 reference): ~150 s together; then the soak run (~110 s, faults and their restarts).
     263 s in all on the 2-core VM with nothing else heavy (benchmarks/RESULTS.md, "CI smoke")."""
     if prerequisites():
