@@ -106,11 +106,16 @@ class Observer(threading.Thread):
                     assigned = assigned_pods(core.read_namespaced_config_map(f"{self.job}-assignment", NS).data)
                 except client.ApiException:
                     assigned = None
+                holder, restarts, renewed = "", 0, 0.0
                 try:
                     spec = coord.read_namespaced_lease(RELEASE, RELEASE_NS).spec
                     holder = (spec.holder_identity if spec is not None else None) or ""
+                    renewed = spec.renew_time.timestamp() if spec is not None and spec.renew_time else 0.0
+                    if holder:
+                        statuses = core.read_namespaced_pod(holder.rsplit("_", 1)[0], RELEASE_NS).status
+                        restarts = max([c.restart_count for c in statuses.container_statuses or []], default=0)
                 except client.ApiException:
-                    holder = ""
+                    pass
             except Exception as err:  # noqa: BLE001 - the API server may be briefly away: keep polling
                 log.debug("observer: %s", err)
                 continue
@@ -121,7 +126,7 @@ class Observer(threading.Thread):
                 self.committed.add(int(step))
             self.obs.append(Observation(
                 time.time(), int(s.get("attempt") or 0), str(s.get("phase") or ""), str(notice.get("id") or ""),
-                str(notice.get("node") or ""), step, holder,
+                str(notice.get("node") or ""), step, holder, restarts, renewed,
                 tuple(sorted(p.name for p in split_roles([view(p) for p in pods], assigned)[1])),
                 s.get("lastRestart"), (s.get("goodput") or {}).get("lostSteps"), s.get("lastRestore")))
 

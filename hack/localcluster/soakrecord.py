@@ -55,7 +55,10 @@ class Observation:
     notice_id: str = ""
     notice_node: str = ""
     checkpoint_step: int | None = None
-    leader: str = ""             # the Lease's holderIdentity (<pod>_<pid>: a restarted container is a new one)
+    leader: str = ""             # the Lease's holderIdentity (<pod>_<pid>; in a container the pid is the same after
+    #                              a restart, so a restarted leader shows in the next two fields)
+    leader_restarts: int = 0     # restartCount of the holder pod's operator container
+    leader_renewed: float = 0.0  # the Lease's renewTime (Unix seconds): only a live holder renews it
     spares: tuple[str, ...] = ()
     last_restart: Mapping[str, Any] | None = None
     operator_lost_steps: int | None = None   # status.goodput.lostSteps
@@ -112,8 +115,8 @@ def detected(fault: Injected, obs: Sequence[Observation]) -> float | None:
             if fault.target not in o.spares:
                 return o.t
         elif fault.kind == "kill-operator-leader":
-            if o.leader != _holder_at(fault, obs):
-                return o.t
+            if o.leader != _holder_at(fault, obs) or (prior is not None and o.leader_restarts > prior.leader_restarts):
+                return o.t  # the Lease gone or another holder; or the holder's container restarted (real nodes)
         elif fault.kind == "apiserver-restart":
             return status_written(fault, obs)
         elif o.attempt > fault.attempt:
@@ -123,9 +126,11 @@ def detected(fault: Injected, obs: Sequence[Observation]) -> float | None:
 
 def replaced_seen(fault: Injected, obs: Sequence[Observation]) -> float | None:
     """Kinds that end no attempt: wall time their replacement was seen (a running spare other than the killed
-    one; a Lease holder other than the killed one: the standby, or the killed pod's restarted container, whose
-    identity ``<pod>_<pid>`` is new)."""
+    one; a Lease holder other than the killed one: the standby, or the killed pod's restarted container: a new
+    identity ``<pod>_<pid>`` on process nodes; on real nodes its pid is the same, so the holder pod's container
+    restarted and the Lease renewed after the kill)."""
     killed = _holder_at(fault, obs)
+    restarts = max([o.leader_restarts for o in obs if o.t <= fault.at and o.leader == killed], default=0)
     for o in obs:
         if o.t < fault.at:
             continue
@@ -134,6 +139,9 @@ def replaced_seen(fault: Injected, obs: Sequence[Observation]) -> float | None:
         if fault.kind == "kill-operator-leader" and o.leader and (
                 o.leader != killed if killed else o.leader.rsplit("_", 1)[0] != fault.target):
             return o.t
+        if fault.kind == "kill-operator-leader" and killed and o.leader == killed and \
+                o.leader_restarts > restarts and o.leader_renewed > fault.at:
+            return o.t  # the killed container restarted in its pod (same identity) and renews the Lease
     return None
 
 

@@ -367,6 +367,22 @@ def test_a_leader_whose_container_restarted_and_took_the_lease_again_is_recovere
     assert (rec.detected_at, rec.recovered, rec.recovery) == (30, True, "new leader")
 
 
+@pytest.mark.parametrize(("after", "recovered", "detected"), [
+    # the 30-minute soak on real nodes: the operator is pid 1 in its container, so the restarted container holds
+    # the Lease under the very identity it had ("reprieve-...-dmx6r_1"); both kills were recorded unrecovered
+    (Observation(20, 1, leader="op-a_1", leader_restarts=1, leader_renewed=19.5), True, 20),
+    (Observation(20, 1, leader="op-a_1", leader_restarts=1, leader_renewed=9.5), False, 20),  # not renewed since
+    (Observation(20, 1, leader="op-a_1", leader_restarts=0, leader_renewed=19.5), False, None),  # missed
+])
+def test_a_leader_restarted_under_the_same_identity_is_recovered_once_it_renews(after: Observation, recovered: bool,
+                                                                                detected: float | None) -> None:
+    faults = [Injected("kill-operator-leader", "op-a", 10, 1)]
+    obs = [Observation(9, 1, leader="op-a_1", leader_renewed=8.0),
+           Observation(12, 1, leader="op-a_1", leader_renewed=9.5), after]
+    (rec,) = records(faults, obs, [], steps(1, range(40), 0), t0=0)
+    assert (rec.recovered, rec.detected_at) == (recovered, detected)
+
+
 def test_apiserver_restart_is_implemented_ends_no_attempt_and_is_down_5_to_15_seconds() -> None:
     kind = chaos.KINDS["apiserver-restart"]
     assert kind.implemented and not kind.interrupts and kind.needs == ()
