@@ -49,6 +49,15 @@ STEP_EMA_WEIGHT = 0.1  # weight of the newest step in the step-time moving avera
 SOURCES_THAT_PERSIST = ("notice-file", "annotation")
 
 
+AGREED_MEMORY_WAIT_S = 2.0  # the most an agreed save waits for its memory copy (and the peer's) after the commit
+
+
+def agreed_memory_margin(save_seconds: float) -> float:
+    """Seconds before the deadline below which the agreed save gets no memory copy beside it (pure): the copy
+    competes with the storage save for the host, so it is made only with room for both twice over."""
+    return 1.0 + 2.0 * max(0.0, save_seconds) + AGREED_MEMORY_WAIT_S
+
+
 def _positive(value: Any) -> float | None:
     """``value`` as a float when it is a positive finite number, else None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -488,8 +497,9 @@ class Job:
         self.metrics.inc("reprieve_saves_total", kind=kind)
         log.debug("save of step %d started (%s)", step, kind)
 
-    def _memory_save(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any) -> None:
-        """A copy for the memory tier (``reprieve.memtier``): the loop waits only for the host copy."""
+    def _memory_save(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any) -> bool:
+        """A copy for the memory tier (``reprieve.memtier``): the loop waits only for the host copy. True when a
+        copy was started (the tier skips one while the previous copy is still in the background)."""
         record: dict[str, Any] = {"step": step, "kind": "memory", "attempt": self.config.attempt,
                                   "run": self._run_record(state)}
         save_s = getattr(self.checkpointer, "last_save_seconds", None)
@@ -499,10 +509,12 @@ class Job:
         position = None if data is None else data_mod.encode(
             data, f"job.save(step {step}, data=...): process {self.process_id}'s data position")
         t0 = time.perf_counter()
-        if self.checkpointer.memory_save(step, state, extra={**(extra or {}), "reprieve": record},  # type: ignore[attr-defined]
-                                         process_extra=position):
+        started = bool(self.checkpointer.memory_save(step, state, extra={**(extra or {}), "reprieve": record},  # type: ignore[attr-defined]
+                                                     process_extra=position))
+        if started:
             self.metrics.inc("reprieve_saves_total", kind="memory")
         self._blocked(time.perf_counter() - t0)
+        return started
 
     def _run_record(self, state: Any) -> dict[str, Any]:
         """The run identity this save records (``reprieve.identity``). Key paths cost microseconds per leaf, so
@@ -601,15 +613,20 @@ class Job:
         defer = getattr(self.checkpointer, "defer_retention", None)
         if callable(defer) and step != self._last_step:  # a restart follows: its first commit does retention
             defer()
+        memory = False
         try:
             if self._last_saved != step:
                 self._start_save(step, state, extra, data, "final")
+            if step != self._last_step:  # a restart follows: it can read this step from memory, not storage
+                memory = self._agreed_memory_copy(step, state, extra, data, deadline)
             self._confirm_pending()
         except Exception as err:  # noqa: BLE001 - any failure of the agreed save: exit 1, loudly
             self._abort(f"agreed checkpoint at step {step} failed: {err!r}")
         finally:
             for t in timers:
                 t.cancel()
+        if memory:
+            self._await_agreed_memory_copy(step, deadline)
         now = time.time()
         since_notice = now - target.notice.received_at
         self.metrics.set("reprieve_notice_to_commit_seconds", since_notice)
@@ -632,6 +649,35 @@ class Job:
                  f"the agreed checkpoint of step {step} {decision.reason}")
         self._exit_fn(decision.code)
         raise SystemExit(decision.code)  # exit_fn must not return: the loop must not go on past the agreed step
+
+    def _agreed_memory_copy(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any,
+                            deadline: float | None) -> bool:
+        """With a memory tier, the agreed step is also copied to memory (and the peer) beside its storage save, so
+        the restart that follows restores it from the pods' memory instead of reading storage back (docs/memory.md,
+        "After a notice"). Never instead of the storage save, and skipped when the deadline is too close to
+        afford a second host copy. True when a copy was started."""
+        memory_save = getattr(self.checkpointer, "memory_save", None)
+        memory_wait = getattr(self.checkpointer, "memory_wait", None)
+        if not callable(memory_save) or not callable(memory_wait):
+            return False
+        save_s = _positive(getattr(self.checkpointer, "last_save_seconds", None)) or 0.0
+        if deadline is not None and deadline - time.time() < agreed_memory_margin(save_s):
+            log.info("agreed step %d: no memory copy beside the storage save (%.1fs to the deadline)", step,
+                     deadline - time.time())
+            return False
+        memory_wait(AGREED_MEMORY_WAIT_S)  # a periodic copy still in the background would make this one skip
+        return self._memory_save(step, state, extra, data)
+
+    def _await_agreed_memory_copy(self, step: int, deadline: float | None) -> None:
+        """Wait (bounded) for the agreed step's memory copy to be committed here and at the peer: the next
+        attempt's restore round, which may start as soon as this process announces its exit, sees it then."""
+        limit = AGREED_MEMORY_WAIT_S if deadline is None else max(0.0, min(AGREED_MEMORY_WAIT_S,
+                                                                          deadline - time.time() - 1.0))
+        t0 = time.perf_counter()
+        done = self.checkpointer.memory_wait(limit)  # type: ignore[attr-defined]
+        log.info("agreed step %d: memory copy %s %.2fs after the storage commit", step,
+                 "committed" if done else "not finished (the restart reads storage where it lacks it)",
+                 time.perf_counter() - t0)
 
     # -- end -----------------------------------------------------------------------------------------------
     def finish(self) -> None:

@@ -23,7 +23,7 @@ from reprieve.memtier.layout import DATA_FILE, MANIFEST_FILE, CopyName
 from reprieve.memtier.manifest import Manifest
 
 from tests.runtime import helpers_memtier
-from tests.runtime.helpers_agreement import Gang
+from tests.runtime.helpers_agreement import Gang, node_notice, write_notice_file
 from tests.runtime.helpers_memtier import Pod, finish, launch, new_pod, run_until_stopped, shm_base
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -61,6 +61,33 @@ def test_a_process_lost_without_notice_restores_from_its_peers_memory(tmp_path: 
     finals = finish(gang, 2, TOTAL)
     assert restored(gang.logs) == ["14", "memory", "peer"]
     assert finals[0]["restored_from"] == {"step": 14, "tier": "memory", "sources": ["memory", "peer"]}
+
+
+def test_a_noticed_preemption_restores_the_agreed_step_from_memory(tmp_path: Path, base: Path) -> None:
+    """A notice on process 1's node: the agreed step is saved to storage and, beside it, to memory and the peer.
+    Attempt 2 runs process 1 in a new pod (a spare on another node, its memory empty): it reads the agreed step
+    from its old peer's memory and process 0 from its own, not from storage (docs/memory.md, "After a notice")."""
+    import time
+
+    pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
+    notices = {i: {"REPRIEVE_NOTICE_FILE": str(tmp_path / f"annotations-{i}"), "WORKER_STEP_SECONDS": "0.3"}
+               for i in range(2)}  # slow steps: the agreed step comes well before the last one
+    gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=TOTAL, hold_at=6, extra=notices)
+    for i in range(2):  # both processes hold after step 6's save (until the file "go")
+        gang.wait_for_file(f"held-{i}", 120)
+    write_notice_file(tmp_path / "annotations-1", node_notice("gke-spot", "node-b", time.time() + 9))
+    time.sleep(0.5)  # the notice watcher polls every 0.2 s: the notice is in before the loop goes on
+    (tmp_path / "go").touch()
+    assert gang.wait(120) == [42, 42], gang.tail(40)
+    agreed = re.search(r"agreed checkpoint at step (\d+) committed", gang.logs[0].read_text())
+    assert agreed, gang.tail(40)
+    step = agreed.group(1)
+    for log in gang.logs:
+        assert f"agreed step {step}: memory copy committed" in log.read_text(), gang.tail(40)
+    pods[1] = new_pod(base, "pod-1b")  # the noticed node's pod is gone with its memory
+    gang = launch(tmp_path, pods, ring(pods), attempt=2, steps=TOTAL)
+    finish(gang, 2, TOTAL)
+    assert restored(gang.logs) == [step, "memory", "peer"]
 
 
 def test_a_corrupt_copy_is_skipped_for_the_next_source(tmp_path: Path, base: Path) -> None:

@@ -382,6 +382,10 @@ class MemoryTier:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def busy(self) -> bool:
+        """A copy is still being written or sent in the background."""
+        return self._thread is not None and self._thread.is_alive()
+
     def close(self) -> None:
         """Give the copy in the background a few seconds to finish (a process on its way out does not wait for a
         slow peer: a torn copy is never used), then stop serving (outside reprieve-run)."""

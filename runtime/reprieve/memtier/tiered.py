@@ -66,6 +66,12 @@ class TieredCheckpointer:
     def memory_save(self, step: int, state: Any, *, extra: dict[str, Any], process_extra: Any = None) -> bool:
         return self.tier.save(step, state, extra=extra, process_extra=process_extra)
 
+    def memory_wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the copy in the background (written here, then sent to the peer); True
+        when none is left running."""
+        self.tier.wait(timeout_s)
+        return not self.tier.busy()
+
     def progress_fields(self) -> dict[str, Any]:
         """What process 0 adds to its progress report (docs/contract.md, "Progress"): where the restore read from
         and the newest step every process holds in memory (replicated, when peers are configured)."""

@@ -11,8 +11,8 @@ replicated, with a peer), writes ``stopped-<pid>``, and then hangs: the test mak
 notice) only once every process has stopped, then kills the gang as the operator's gang restart would. (A process
 that died earlier would abort the others through the coordination service's heartbeat before they stopped.)
 ``WORKER_STOP_UNREPLICATED=1``: a stop whose copy could not be replicated (the test broke the peer) still stops.
-``WORKER_HOLD_AT=S``: after step ``S``'s save every process waits for the file ``go`` (the test changes something
-meanwhile). ``WORKER_SLOW_STEPS=N`` with ``WORKER_SLOW_SECONDS=T``: the attempt's first N steps take T seconds
+``WORKER_HOLD_AT=S``: after step ``S``'s save every process writes ``held-<pid>`` and waits for the file ``go`` (the
+test changes something meanwhile). ``WORKER_SLOW_STEPS=N`` with ``WORKER_SLOW_SECONDS=T``: the attempt's first N steps take T seconds
 (a slow warm-up: compilation, a loaded machine), the later ones ``WORKER_STEP_SECONDS``. Before every save a process waits for its previous memory copy to finish in the background, so that
 every due memory save happens (on a busy machine one would otherwise be skipped, which the tier allows; the faults
 under test are about restores). At the end each process writes ``final-<pid>.json``: its rows of ``w``, ``b``,
@@ -97,6 +97,7 @@ def main() -> None:
             tier.wait()
         job.save(step, state, data=batches)
         if step == hold_at:
+            (workdir / f"held-{pid}").write_text(str(step))
             _hold(workdir / "go")
         if step == stop_at:
             _stop(job, tier, step, pid, workdir)
