@@ -62,7 +62,8 @@ CATALOGUE: tuple[FaultKind, ...] = (
               "the same etcd (every object kept)", False),
     FaultKind("partition", "one worker pod cut off the network for 10-30 s (DROP rules in its network namespace "
               "but loopback; its interfaces kept), then healed", True, (REAL_NODES, IPTABLES)),
-    FaultKind("storage-unavailable", "the checkpoint storage (a tmpfs) remounted read-only for 10 s", False,
+    FaultKind("storage-unavailable", "the checkpoint storage (a tmpfs) not writable for 10 s (real nodes: its "
+              "directories' write bits off; process nodes: remounted read-only)", False,
               (ROOT,)),
     FaultKind("storage-full", "the checkpoint storage (a tmpfs) filled with a ballast file for 10-20 s",
               False, (ROOT,)),

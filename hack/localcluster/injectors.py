@@ -400,16 +400,25 @@ class Injectors:
         return what, ""
 
     def _storage(self, kind: str, at: float) -> str:
-        """``storage-unavailable``: the tmpfs remounted read-only (the superblock's flag: every bind mount of it,
-        the pods' included, turns read-only); ``storage-full``: a ballast file fills it. Undone by a timer (or
-        :meth:`stop`); a storage fault still in force is undone first."""
+        """``storage-unavailable``: on real nodes every directory of the tmpfs loses its write bits
+        (:func:`deny_writes`: the trainer runs as a non-root user); on process nodes (trainers run as root) the
+        tmpfs is remounted read-only (the superblock's flag: every bind mount of it turns read-only).
+        ``storage-full``: a ballast file fills it. Undone by a timer (or :meth:`stop`); a storage fault still in
+        force is undone first.
+
+        Not the remount on real nodes: runc copies a bind mount's source flags into the container's mount (so
+        that its remount is allowed), and a container created while the superblock was read-only kept a
+        read-only checkpoint mount for ever (the 30-minute soak of 2026-11-27: a spare made during the fault
+        took over later and could not write its fence)."""
         if self.storage is None:
             raise RuntimeError("no checkpoint storage tmpfs is mounted (the soak mounts one when storage faults are "
                                "scheduled)")
         self._end_storage_fault()
         seconds = storage_fault_seconds(kind, self.rng)
         root = self.storage
-        if kind == "storage-unavailable":
+        if kind == "storage-unavailable" and self.node_kind == "real":
+            what, undo = f"{root} not writable (directories' write bits off) for {seconds:.0f}s", deny_writes(root)
+        elif kind == "storage-unavailable":
             remount(root, "ro")
             what, undo = f"{root} read-only for {seconds:.0f}s", lambda: remount(root, "rw")
         else:
@@ -515,6 +524,35 @@ def remount(path: Path, mode: str, *, tries: int = 100) -> None:
         if i == tries - 1:
             raise RuntimeError(f"mount -o remount,{mode} {path}: {got.stderr.strip()}")
         time.sleep(0.1)
+
+
+def deny_writes(root: Path) -> Callable[[], None]:
+    """Take the write bits off every directory under ``root`` (``root`` included), top-down, so a non-root
+    process can create, rename or delete nothing there (files already open for writing stay writable); returns
+    the undo, which puts each directory's mode back. A second pass catches directories made during the first.
+    Nothing about the mount changes (its read-only flag stays off: see :meth:`Injectors._storage`)."""
+    import stat
+
+    modes: dict[str, int] = {}
+    for _ in range(2):
+        for dirpath, _dirs, _files in os.walk(root):
+            if dirpath in modes:
+                continue
+            try:
+                mode = stat.S_IMODE(os.lstat(dirpath).st_mode)
+                os.chmod(dirpath, mode & ~0o222)
+            except FileNotFoundError:  # deleted meanwhile
+                continue
+            modes[dirpath] = mode
+
+    def undo() -> None:
+        for path, mode in modes.items():
+            try:
+                os.chmod(path, mode)
+            except FileNotFoundError:
+                pass
+
+    return undo
 
 
 def fill(path: Path, chunk: int = 1 << 20) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from localcluster.injectors import fill, mount_tmpfs, remount, resize_tmpfs
+from localcluster.injectors import deny_writes, fill, mount_tmpfs, remount, resize_tmpfs
 
 pytestmark = [
     pytest.mark.integration,
@@ -86,4 +86,61 @@ def test_a_tmpfs_mounted_after_the_node_started_never_reaches_it(root: Path) -> 
         (root / "x").write_text("host")
         assert node.sh(f"cat {root}/x").returncode != 0  # the node writes to the directory under the tmpfs
     finally:
+        node.stop()
+
+
+TRAINER = "setpriv --reuid 65532 --regid 65532 --clear-groups"  # the example image's non-root user
+
+
+@pytest.fixture
+def open_root() -> Iterator[Path]:
+    """A storage root the non-root user can reach (pytest's tmp_path is under a root-only directory)."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="reprieve-storage-", dir="/tmp"))
+    base.chmod(0o755)
+    yield base / "checkpoints"
+    subprocess.run(["umount", "-l", str(base / "pod-mount")], check=False, capture_output=True)
+    subprocess.run(["umount", "-l", str(base / "checkpoints")], check=False, capture_output=True)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_storage_unavailable_on_real_nodes_refuses_the_trainers_writes_and_leaks_into_no_mount(
+        open_root: Path) -> None:
+    """``storage-unavailable`` on real nodes (``deny_writes``): the non-root trainer can write nothing new while it
+    lasts, and nothing about the mount changes, so a container made during it (runc copies its source's
+    read-only flag into the bind mount) has a writable checkpoint mount after it. (With the remount form, runc
+    made such a mount read-only for good: what the 30-minute soak met.)"""
+    root = open_root
+    mount_tmpfs(root, 8 << 20)
+    nested = root / "checkpoints" / "step_1"
+    nested.mkdir(parents=True)
+    os.chown(nested, 65532, 65532)
+    (root / "checkpoints").chmod(0o1777)
+    node = Node()
+    during = root.parent / "pod-mount"
+    during.mkdir()
+    try:
+        node.wait_ready()
+        assert node.sh(f"{TRAINER} touch {nested}/a").returncode == 0
+        undo = deny_writes(root)
+        try:
+            assert oct(root.stat().st_mode & 0o777) == oct(0o555)
+            assert oct((root / "checkpoints").stat().st_mode & 0o7777) == oct(0o1555)
+            for target in (root / "x", nested / "b"):
+                got = node.sh(f"{TRAINER} touch {target}")
+                assert got.returncode != 0 and "Permission denied" in got.stderr, (target, got)
+            assert not os.statvfs(root).f_flag & os.ST_RDONLY  # what runc would copy into a new bind mount
+            # a pod's mount made now, with runc's rule: read-only when its source's mount is
+            assert node.sh(f"mount --bind {root} {during} && if grep -q ' {root} .* ro,' /proc/self/mounts; then "
+                           f"mount -o remount,bind,ro {during}; fi").returncode == 0
+        finally:
+            undo()
+        assert oct(root.stat().st_mode & 0o777) == oct(0o777)
+        assert oct((root / "checkpoints").stat().st_mode & 0o7777) == oct(0o1777)
+        got = node.sh(f"{TRAINER} touch {during}/checkpoints/step_1/c {during}/y")
+        assert got.returncode == 0, got.stderr  # the mount made during the fault is writable after it
+        assert (nested / "c").exists()
+    finally:
+        node.sh(f"umount {during}")
         node.stop()
