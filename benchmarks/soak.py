@@ -218,7 +218,8 @@ def size_storage(root: Path, free_ckpt: Path, keep: int) -> None:
 
 
 def kept_logs(cluster: Cluster) -> Path:
-    """Where the soak keeps copies of its pods' logs on real nodes (``keeplogs``: a deleted pod's go with it)."""
+    """Where the soak keeps copies of its pods' logs on real nodes, the job's and the operator's (``keeplogs``: a
+    deleted pod's go with it)."""
     return cluster.workdir / "kept-pod-logs"
 
 
@@ -436,7 +437,9 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
             say(f"fault {len(injected)}/{len(plan)}: {f.kind} -> {rec.target or rec.error}")
 
     observer.start()
-    keeper = LogKeeper(lambda: real_node_logs(cluster.workdir, NS), kept_logs(cluster)).start()
+    # The job's pods and the operator's (a leader handover's lines outlive its pod, and the kubelet's rotation)
+    keeper = LogKeeper(lambda: [*real_node_logs(cluster.workdir, NS), *real_node_logs(cluster.workdir, RELEASE_NS)],
+                       kept_logs(cluster)).start()
     thread = threading.Thread(target=inject_all, daemon=True)
     start = time.time()
     status: dict = {}
