@@ -7,6 +7,11 @@ control plane's binaries, the kubelets, containerd, JAX trainers, the operator, 
 prints the CPU-seconds per kind at the end, beside the machine's busy time from ``/proc/stat`` (what the sampler
 missed: processes that lived less than a second, counted as ``unsampled``). JSON with ``--out``.
 
+Each process is also charged to the test that started it: ``PYTEST_CURRENT_TEST`` in its environment (pytest
+sets it in its workers, and a test's subprocesses inherit it), else its parent's. A cluster a fixture started
+(``... (setup)``) is charged to the setup of the test that first needed it, with every pod its process kubelet
+starts; real nodes' containers have neither and count as ``(no test)``. The slowest tests by CPU follow the kinds.
+
 Measures the whole machine: run it with nothing else running.
 """
 
@@ -24,6 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
+TOP_TESTS = 25
 # (kind, pattern over the command line), first match wins
 KINDS: list[tuple[str, re.Pattern[str]]] = [(k, re.compile(p)) for k, p in [
     ("kube-apiserver", r"localkube kube-apiserver|/kube-apiserver "),
@@ -58,6 +64,16 @@ def kind_of(cmdline: str) -> str:
     return "other"
 
 
+def test_of(environ: bytes) -> str | None:
+    """The test a process works for, from its ``/proc/<pid>/environ`` (NUL-separated): ``PYTEST_CURRENT_TEST``
+    less pytest's `` (call)`` suffix (`` (setup)`` and `` (teardown)`` stay: a fixture's processes); None without."""
+    for item in environ.split(b"\0"):
+        if item.startswith(b"PYTEST_CURRENT_TEST="):
+            value = item.split(b"=", 1)[1].decode(errors="replace").strip()
+            return value.removesuffix(" (call)") or None
+    return None
+
+
 def _busy_seconds() -> float:
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
@@ -70,12 +86,13 @@ class Sampler:
         self.interval = interval
         self.last: dict[tuple[int, int], tuple[str, float]] = {}  # (pid, start time) -> (kind, cpu seconds)
         self.base: dict[tuple[int, int], float] = {}  # what processes alive at the start had already used
+        self.tests: dict[tuple[int, int], str] = {}  # (pid, start time) -> the test it is charged to
+        self._live: dict[int, str] = {}  # pid -> its test, for children whose environment has none
         self.stop = threading.Event()
 
     def sample(self) -> None:
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
+        # by pid: a parent (almost always an older, lower pid) is seen before its new children
+        for entry in sorted((e for e in os.scandir("/proc") if e.name.isdigit()), key=lambda e: int(e.name)):
             try:
                 stat = Path(entry.path, "stat").read_text()
                 fields = stat.rsplit(")", 1)[1].split()
@@ -84,6 +101,13 @@ class Sampler:
                 if key not in self.last:
                     cmd = Path(entry.path, "cmdline").read_bytes().decode(errors="replace")
                     self.last[key] = (kind_of(cmd) if cmd else "kernel/other", cpu)
+                    try:
+                        test = test_of(Path(entry.path, "environ").read_bytes())
+                    except OSError:
+                        test = None
+                    test = test or self._live.get(int(fields[1]))  # fields[1]: the parent's pid
+                    if test:
+                        self.tests[key] = self._live[key[0]] = test
                 else:
                     self.last[key] = (self.last[key][0], cpu)
             except (OSError, IndexError, ValueError):
@@ -100,6 +124,13 @@ class Sampler:
         out: Counter[str] = Counter()
         for key, (kind, cpu) in self.last.items():
             out[kind] += cpu - self.base.get(key, 0.0)
+        return out
+
+    def by_test(self) -> dict[str, Counter[str]]:
+        """Test -> kind -> CPU-seconds; processes charged to no test under ``(no test)``."""
+        out: dict[str, Counter[str]] = {}
+        for key, (kind, cpu) in self.last.items():
+            out.setdefault(self.tests.get(key, "(no test)"), Counter())[kind] += cpu - self.base.get(key, 0.0)
         return out
 
 
@@ -129,10 +160,19 @@ def main() -> int:
         print(f"  {seconds:8.0f} CPU-s  {seconds / busy:6.1%}  {kind}", file=sys.stderr)
     print(f"  {busy - sampled:8.0f} CPU-s  {(busy - sampled) / busy:6.1%}  unsampled (processes under "
           f"{args.interval:g} s, the kernel)", file=sys.stderr)
+    tests = sorted(((t, sum(c.values()), c) for t, c in sampler.by_test().items()), key=lambda r: r[1], reverse=True)
+    print(f"CPU by test (the {min(TOP_TESTS, len(tests))} costliest; a fixture's processes under its test's setup):",
+          file=sys.stderr)
+    for test, seconds, kinds in tests[:TOP_TESTS]:
+        top = ", ".join(f"{k} {v:.0f}" for k, v in kinds.most_common(3))
+        print(f"  {seconds:8.0f} CPU-s  {test}  ({top})", file=sys.stderr)
     if args.out:
         args.out.write_text(json.dumps({"command": cmd, "exit": rc, "wall_s": round(wall, 1),
                                         "busy_cpu_s": round(busy, 1), "by_kind": {k: round(v, 1) for k, v in rows},
-                                        "unsampled_cpu_s": round(busy - sampled, 1)}, indent=1))
+                                        "unsampled_cpu_s": round(busy - sampled, 1),
+                                        "by_test": {t: {"cpu_s": round(sec, 1),
+                                                        "by_kind": {k: round(v, 1) for k, v in kinds.most_common()}}
+                                                    for t, sec, kinds in tests}}, indent=1))
     return rc
 
 
