@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localcluster import cgroups
-from localcluster.realnodespec import MAX_REAL_NODES, NodePaths, node_ip
+from localcluster.realnodespec import NodePaths, next_index, node_ip
 
 if TYPE_CHECKING:
     from localcluster.cluster import Cluster, _Proc
@@ -101,6 +101,7 @@ class RealNodes:
     net: _Proc | None = None
     nodes: dict[str, _Proc] = field(default_factory=dict)
     indexes: dict[str, int] = field(default_factory=dict)
+    released: dict[int, float] = field(default_factory=dict)  # index -> when its node went (realnodespec.next_index)
     cluster_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property
@@ -176,8 +177,8 @@ class RealNodes:
 
         self.ensure()
         assert self.net is not None
-        used = set(self.indexes.values())
-        index = next(i for i in range(MAX_REAL_NODES) if i not in used)
+        index = next_index(set(self.indexes.values()), self.released)
+        self.released.pop(index, None)
         self.indexes[name] = index
         paths = NodePaths(self.cluster.workdir / "realnodes" / name)
         paths.root.mkdir(parents=True, exist_ok=True)
@@ -225,7 +226,9 @@ class RealNodes:
             _terminate(proc.popen, timeout)
         cgroups.kill(tree)
         cgroups.remove(tree)
-        self.indexes.pop(name, None)
+        index = self.indexes.pop(name, None)
+        if index is not None:
+            self.released[index] = time.monotonic()
 
     def stop(self) -> None:
         from localcluster.cluster import _terminate

@@ -4,7 +4,8 @@ Addresses, all inside the cluster network namespace (:mod:`.clusternet`), never 
 
 - node ``i`` has the address ``10.243.0.<i+2>`` (on ``lo`` of that namespace; the kubelet binds its API there);
 - pods share one bridge ``rpv0`` (gateway ``10.244.0.1/16``) and node ``i`` hands out ``10.244.<i+1>.1-254``,
-  so pods on different nodes talk over the bridge without routes;
+  so pods on different nodes talk over the bridge without routes; a new node takes an index no node has had
+  before while there is one (:func:`next_index`);
 - Services: ``10.96.0.1`` (API server) and ``10.96.0.10`` (DNS), as in a kind cluster.
 """
 
@@ -33,6 +34,20 @@ def node_ip(index: int) -> str:
     if not 0 <= index < MAX_REAL_NODES:
         raise ValueError(f"real node index must be in 0..{MAX_REAL_NODES - 1}, got {index}")
     return f"10.243.0.{index + 2}"
+
+
+def next_index(used: set[int], released: dict[int, float]) -> int:
+    """The index (so the addresses) a new node gets (pure): one no node has had yet, else the one given back
+    longest ago (``released``: index -> when its node went). Never the lowest free one: a node that went a moment
+    ago left its pods' addresses in the ARP caches of the pods that talked to them (the nodes' pods share one
+    bridge, so pods resolve each other directly); a new pod at the same address was unreachable from those pods
+    until the stale entries were probed again, up to ~45 s (the 30-minute soak: a gang's roll call waited 28 s).
+    ``ValueError`` when all ``MAX_REAL_NODES`` are in use."""
+    free = [i for i in range(MAX_REAL_NODES) if i not in used]
+    if not free:
+        raise ValueError(f"all {MAX_REAL_NODES} real node indexes are in use")
+    fresh = [i for i in free if i not in released]
+    return fresh[0] if fresh else min(free, key=lambda i: (released[i], i))
 
 
 def pod_range(index: int) -> tuple[str, str]:

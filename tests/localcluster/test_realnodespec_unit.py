@@ -83,3 +83,22 @@ def test_node_templates_of_archives_that_are_gone_are_pruned(tmp_path: Path) -> 
     assert sorted(p.name for p in removed) == ["stale", "x.tmp123"]
     assert (tmp_path / "nodes" / "y.tmp456").is_dir()
     assert (tmp_path / "nodes" / "current" / "root").is_dir()
+
+
+@pytest.mark.parametrize(("used", "released", "expected"), [
+    (set(), {}, 0),
+    ({0, 1}, {}, 2),
+    ({0, 2}, {}, 1),
+    ({0}, {1: 50.0}, 2),                       # a node went from index 1 a moment ago: a fresh index instead
+    ({0, 2}, {1: 50.0, 3: 40.0}, 4),           # fresh ones first, whatever went when
+    (set(range(2, spec.MAX_REAL_NODES)), {0: 50.0, 1: 40.0}, 1),  # none fresh: the one given back longest ago
+    (set(range(1, spec.MAX_REAL_NODES)), {0: 50.0}, 0),
+])
+def test_a_new_node_takes_an_index_no_node_had_or_the_one_given_back_longest_ago(
+        used: set[int], released: dict[int, float], expected: int) -> None:
+    assert spec.next_index(used, released) == expected
+
+
+def test_no_index_left_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="all 250 real node indexes are in use"):
+        spec.next_index(set(range(spec.MAX_REAL_NODES)), {})
