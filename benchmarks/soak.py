@@ -231,6 +231,9 @@ def trainer_logs(cluster: Cluster, job: str) -> list[list[str]]:
     return [p.read_text(errors="replace").splitlines() for p in sorted(paths, key=lambda p: p.stat().st_mtime)]
 
 
+STEP_MARGIN = 1.25  # the default job is this much longer than the fault window at the expected step time
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[str]]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=30.0, help="how long faults are injected")
@@ -243,7 +246,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
     p.add_argument("--require-real-nodes", action="store_true",
                    help="real nodes that cannot start are an error (exit 2), not a fall-back to process nodes (CI)")
     p.add_argument("--nodes", type=int, default=4, help="worker nodes (2 workers, 1 spare, 1 free)")
-    p.add_argument("--steps", type=int, default=0, help="the job's steps (default: --minutes at --step-seconds)")
+    p.add_argument("--steps", type=int, default=0,
+                   help=f"the job's steps (default: {STEP_MARGIN:g} x --minutes at --step-seconds: the job must "
+                        "outlast the faults, their restarts included)")
     p.add_argument("--step-seconds", type=float, default=0.6, help="expected seconds per step, for --steps")
     p.add_argument("--step-sleep", type=float, default=0.05)
     p.add_argument("--interval", type=int, default=20, help="periodic checkpoint every this many steps")
@@ -267,7 +272,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
                        minutes=args.minutes, fault_every=args.fault_every, explicit=bool(args.faults))
     except chaos.SoakConfigError as err:
         p.error(str(err))
-    args.steps = args.steps or int(args.minutes * 60 / args.step_seconds)
+    args.steps = args.steps or int(args.minutes * 60 * STEP_MARGIN / args.step_seconds)
     args.timeout = args.timeout or args.minutes * 60 * 4 + 600
     return args, seed, kinds
 
@@ -480,19 +485,24 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
     tot = totals(recs, goodput=report.goodput_after_start, goodput_fault_free=free_report.goodput_after_start,
                  lost=lost, sha256_equal=sha, unexplained=unexplained(injected, report.interruptions))
     print("\n" + table(recs, tot))
+    unrun = 0 if interrupted else len(plan) - len(injected)
+    if unrun:
+        say(f"{unrun} of the {len(plan)} planned faults never ran: the job ended first ({args.steps} steps; give it "
+            "more with --steps, or a smaller --step-seconds)")
     gp = status.get("goodput") or {}
     print(f"job: {status.get('phase', 'not ended')}; restarts {status.get('restarts')}; operator's lost steps "
           f"{gp.get('lostSteps')} vs the step log's {report.lost_steps}")
     doc = as_json(recs, tot, seed=seed, minutes=args.minutes, fault_every=args.fault_every, real_nodes=real,
                   planned=len(plan), interrupted=interrupted, phase=status.get("phase"),
                   operator_lost_steps=gp.get("lostSteps"), step_log_lost_steps=report.lost_steps,
-                  restarts=status.get("restarts"), steps=args.steps, committed_seen=sorted(observer.committed))
+                  restarts=status.get("restarts"), steps=args.steps, committed_seen=sorted(observer.committed),
+                  planned_not_run=unrun)
     (out / "soak.json").write_text(json.dumps(doc, indent=1))
     say(f"JSON: {out / 'soak.json'}")
     draw(api, recs, start, out)
     api.close()
     ok = (not interrupted and status.get("phase") == "Succeeded" and tot.recovered == tot.injected
-          and not tot.not_injected and not lost and sha is True)
+          and not tot.not_injected and not unrun and not lost and sha is True)
     return 0 if ok else 1
 
 
