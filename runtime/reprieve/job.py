@@ -49,7 +49,8 @@ STEP_EMA_WEIGHT = 0.1  # weight of the newest step in the step-time moving avera
 SOURCES_THAT_PERSIST = ("notice-file", "annotation")
 
 
-AGREED_MEMORY_WAIT_S = 2.0  # the most an agreed save waits for its memory copy (and the peer's) after the commit
+AGREED_MEMORY_WAIT_S = 1.0  # the most an agreed save waits for its memory copy (and the peer's) after the commit
+AGREED_MEMORY_BUSY_WAIT_S = 0.25  # ... and for a periodic copy still in the background before it starts its own
 
 
 def agreed_memory_margin(save_seconds: float) -> float:
@@ -665,7 +666,10 @@ class Job:
             log.info("agreed step %d: no memory copy beside the storage save (%.1fs to the deadline)", step,
                      deadline - time.time())
             return False
-        memory_wait(AGREED_MEMORY_WAIT_S)  # a periodic copy still in the background would make this one skip
+        if not memory_wait(AGREED_MEMORY_BUSY_WAIT_S):  # a periodic copy still in the background (a slow peer)
+            log.info("agreed step %d: no memory copy beside the storage save (the previous copy is still being "
+                     "written or sent)", step)
+            return False
         return self._memory_save(step, state, extra, data)
 
     def _await_agreed_memory_copy(self, step: int, deadline: float | None) -> None:

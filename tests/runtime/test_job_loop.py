@@ -318,3 +318,50 @@ def test_the_step_time_average_leaves_out_the_first_step_and_saves_carry_their_s
     saved = dict(fields["savedStepsAt"])
     assert set(saved) == {9, 11}, saved  # the newest two: the interval's save and the last step's
     assert fields["firstStepAt"] < saved[9] < saved[11] <= fields["stepAt"] + 0.001, fields
+
+
+class MemoryTierCheckpointer(FileCheckpointer):
+    """The file checkpointer with the memory tier's two hooks, recording what the agreed save asks of them."""
+
+    busy = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.memory_saves: list[int] = []
+        self.waits: list[float] = []
+
+    def memory_save(self, step: int, state: Any, *, extra: dict[str, Any], process_extra: Any = None) -> bool:
+        assert extra["reprieve"]["step"] == step
+        self.memory_saves.append(step)
+        return True
+
+    def memory_wait(self, timeout_s: float) -> bool:
+        self.waits.append(timeout_s)
+        return not self.busy
+
+
+@pytest.mark.parametrize(("deadline_in", "busy", "copied"), [
+    (6.5, False, True),   # room before the deadline: the agreed step is copied to memory too, then waited for
+    (1.0, False, False),  # the deadline too close for a second host copy: storage only
+    (6.5, True, False),   # a periodic copy still in the background: storage only
+])
+def test_the_agreed_save_before_a_restart_also_copies_the_step_to_memory_when_there_is_time(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, deadline_in: float, busy: bool, copied: bool) -> None:
+    ckpt = MemoryTierCheckpointer(str(tmp_path / "ckpt"), LocalCoordinator())
+    ckpt.busy = busy
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_NOTICE_POLL_SECONDS": "0.05",
+           "REPRIEVE_SAVE_SECONDS_ESTIMATE": "0.1"}
+    job = reprieve.init(env=env, install_sigterm=False, exit_fn=_exit, checkpointer=lambda cfg, coord: ckpt)
+    try:
+        with caplog.at_level(logging.INFO, logger="reprieve.job"):
+            code, step = train(job, notify_at=3, deadline_in=deadline_in)
+    finally:
+        job.close()
+    assert code == 42
+    assert ckpt.memory_saves == ([step] if copied else [])
+    assert ckpt.latest_step() == step  # the storage save is the guarantee either way
+    if copied:
+        assert len(ckpt.waits) == 2 and ckpt.waits[1] <= 1.0  # before the copy (busy?), after the commit (bounded)
+        assert f"agreed step {step}: memory copy committed" in caplog.text
+    else:
+        assert f"agreed step {step}: no memory copy beside the storage save" in caplog.text
