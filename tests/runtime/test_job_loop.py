@@ -353,7 +353,7 @@ def test_the_agreed_save_before_a_restart_also_copies_the_step_to_memory_when_th
            "REPRIEVE_SAVE_SECONDS_ESTIMATE": "0.1"}
     job = reprieve.init(env=env, install_sigterm=False, exit_fn=_exit, checkpointer=lambda cfg, coord: ckpt)
     try:
-        with caplog.at_level(logging.INFO, logger="reprieve.job"):
+        with caplog.at_level(logging.INFO):  # the root's level: reprieve's console handler passes records on
             code, step = train(job, notify_at=3, deadline_in=deadline_in)
     finally:
         job.close()
