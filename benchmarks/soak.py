@@ -501,9 +501,24 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
     say(f"JSON: {out / 'soak.json'}")
     draw(api, recs, start, out)
     api.close()
-    ok = (not interrupted and status.get("phase") == "Succeeded" and tot.recovered == tot.injected
-          and not tot.not_injected and not unrun and not lost and sha is True)
-    return 0 if ok else 1
+    failed = failures(interrupted=interrupted, phase=status.get("phase"), injected=tot.injected,
+                      recovered=tot.recovered, not_injected=tot.not_injected, unrun=unrun, lost=len(lost), sha=sha)
+    if failed:
+        say("soak FAILED: " + "; ".join(failed))
+    return 1 if failed else 0
+
+
+def failures(*, interrupted: bool, phase: str | None, injected: int, recovered: int, not_injected: int, unrun: int,
+             lost: int, sha: bool | None) -> list[str]:
+    """Why the soak fails (pure; empty: it passed)."""
+    checks = [(interrupted, "interrupted"), (phase != "Succeeded", f"the job ended {phase or 'not at all'}"),
+              (recovered != injected, f"{injected - recovered} of {injected} faults not recovered"),
+              (bool(not_injected), f"{not_injected} faults found no target"),
+              (bool(unrun), f"{unrun} planned faults never ran (the job ended first)"),
+              (bool(lost), f"{lost} committed checkpoints lost"),
+              (sha is not True, "the final parameters differ from the fault-free run's" if sha is False
+               else "no final parameters to compare")]
+    return [why for bad, why in checks if bad]
 
 
 def draw(api: Any, recs: list, start: float, out: Path) -> None:

@@ -653,3 +653,24 @@ def test_require_real_nodes_is_a_flag_that_process_nodes_contradict(argv: list[s
     ("fault kind x has no injector", 0.0, False)])
 def test_a_fault_with_no_target_now_is_tried_again_for_a_while(error: str, waited: float, retry: bool) -> None:
     assert chaos.retry_for_target(error, waited) is retry
+
+
+DIFFER = "the final parameters differ from the fault-free run's"
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({}, []),
+    ({"unrun": 12}, ["12 planned faults never ran (the job ended first)"]),  # the 30-minute run that passed at 48
+    ({"recovered": 58}, ["2 of 60 faults not recovered"]),
+    ({"not_injected": 1}, ["1 faults found no target"]),
+    ({"lost": 1, "sha": False}, ["1 committed checkpoints lost", DIFFER]),
+    ({"phase": "Failed", "sha": None}, ["the job ended Failed", "no final parameters to compare"]),
+    ({"interrupted": True}, ["interrupted"]),
+])
+def test_a_soak_fails_on_each_thing_it_must_prove(changes: dict, expected: list[str]) -> None:
+    from tests.benchmark_module import load_benchmark
+
+    soak = load_benchmark("soak")
+    run = {"interrupted": False, "phase": "Succeeded", "injected": 60, "recovered": 60, "not_injected": 0,
+           "unrun": 0, "lost": 0, "sha": True, **changes}
+    assert soak.failures(**run) == expected
