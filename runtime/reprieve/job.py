@@ -782,6 +782,9 @@ class Job:
                 self.coordinator.shutdown()
             if how.leave_distributed and self.num_processes > 1:
                 self.agreement.join(2.0)
+                join = getattr(self.checkpointer, "join_threads", None)  # the memory tier's schedule watcher
+                if callable(join):
+                    join(2.0)
 
 
 def _arm_deadline_timers(step: int, deadline: float | None, guard_s: float) -> list[threading.Timer]:

@@ -382,6 +382,13 @@ class MemoryTier:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def join_watcher(self, timeout_s: float) -> None:
+        """Wait for the schedule watcher to leave the coordination client (after :meth:`close` and the distributed
+        shutdown, which cancels its pending get): a thread still inside it when the interpreter exits aborts the
+        process ("terminate called ... exception not rethrown", exit -6 after a finished job)."""
+        if self._watcher is not None:
+            self._watcher.join(timeout_s)
+
     def busy(self) -> bool:
         """A copy is still being written or sent in the background."""
         return self._thread is not None and self._thread.is_alive()

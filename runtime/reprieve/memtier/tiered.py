@@ -66,6 +66,10 @@ class TieredCheckpointer:
     def memory_save(self, step: int, state: Any, *, extra: dict[str, Any], process_extra: Any = None) -> bool:
         return self.tier.save(step, state, extra=extra, process_extra=process_extra)
 
+    def join_threads(self, timeout_s: float) -> None:
+        """After the distributed shutdown: wait for the tier's threads that use the coordination client."""
+        self.tier.join_watcher(timeout_s)
+
     def memory_wait(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the copy in the background (written here, then sent to the peer); True
         when none is left running."""
