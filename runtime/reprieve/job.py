@@ -670,7 +670,12 @@ class Job:
             log.info("agreed step %d: no memory copy beside the storage save (the previous copy is still being "
                      "written or sent)", step)
             return False
-        return self._memory_save(step, state, extra, data)
+        try:
+            return self._memory_save(step, state, extra, data)
+        except Exception as err:  # noqa: BLE001 - the storage save is the guarantee: a memory copy never fails it
+            log.warning("agreed step %d: the memory copy beside the storage save failed (%s: %s); the restart reads "
+                        "storage", step, type(err).__name__, err)
+            return False
 
     def _await_agreed_memory_copy(self, step: int, deadline: float | None) -> None:
         """Wait (bounded) for the agreed step's memory copy to be committed here and at the peer: the next

@@ -330,8 +330,12 @@ class MemoryTierCheckpointer(FileCheckpointer):
         self.memory_saves: list[int] = []
         self.waits: list[float] = []
 
+    broken = False
+
     def memory_save(self, step: int, state: Any, *, extra: dict[str, Any], process_extra: Any = None) -> bool:
         assert extra["reprieve"]["step"] == step
+        if self.broken:
+            raise OSError(28, "No space left on device")
         self.memory_saves.append(step)
         return True
 
@@ -365,3 +369,21 @@ def test_the_agreed_save_before_a_restart_also_copies_the_step_to_memory_when_th
         assert f"agreed step {step}: memory copy committed" in caplog.text
     else:
         assert f"agreed step {step}: no memory copy beside the storage save" in caplog.text
+
+
+def test_a_failing_agreed_memory_copy_never_fails_the_agreed_save(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """The memory copy beside the agreed save raises (a full /dev/shm): the storage save commits and the process
+    exits with the restart code, as without the tier."""
+    ckpt = MemoryTierCheckpointer(str(tmp_path / "ckpt"), LocalCoordinator())
+    ckpt.broken = True
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_NOTICE_POLL_SECONDS": "0.05",
+           "REPRIEVE_SAVE_SECONDS_ESTIMATE": "0.1"}
+    job = reprieve.init(env=env, install_sigterm=False, exit_fn=_exit, checkpointer=lambda cfg, coord: ckpt)
+    try:
+        with caplog.at_level(logging.INFO):
+            code, step = train(job, notify_at=3, deadline_in=6.5)
+    finally:
+        job.close()
+    assert code == 42 and ckpt.latest_step() == step and ckpt.memory_saves == []
+    assert f"agreed step {step}: the memory copy beside the storage save failed (OSError" in caplog.text
