@@ -27,9 +27,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.realnodes, pytest.mark.timeout(1000)]
 
 REPO = Path(__file__).resolve().parents[2]
 # As few steps as keep the job stepping past the last fault (at most SMOKE_MINUTES + a quarter of SMOKE_FAULT_EVERY
-# after its first step, ~79 s) and through that fault's restart: ~100 s of steps on a quiet 2-core machine (0.27 s a
-# step), more under load; the fault-free run is the same steps (the sha256 is compared).
+# after its first step, ~79 s) and through that fault's restart, however fast the machine: each step sleeps
+# SMOKE_STEP_SLEEP, so 320 steps take at least ~96 s (0.3 s a step on a quiet 2-core VM; with the soak's default
+# 0.05 s they took 0.2 s there and seed 2's job ended before its last two faults), more under load; the fault-free
+# run is the same steps (the sha256 is compared).
 SMOKE_STEPS = 320
+SMOKE_STEP_SLEEP = 0.15
 JOB_TIMEOUT = 360  # per job (fault-free, soak): each about SMOKE_STEPS x 0.3-1 s plus its restarts
 SOAK_TIMEOUT = 660  # the whole soak (measured ~6 min: see the docstring); then Ctrl-C, up to 180 s to clean up
 
@@ -37,7 +40,7 @@ SOAK_TIMEOUT = 660  # the whole soak (measured ~6 min: see the docstring); then 
 def smoke_command(seed: int, kinds: list[str], out: Path) -> list[str]:
     return [sys.executable, str(REPO / "benchmarks" / "soak.py"), "--seed", str(seed), "--faults", ",".join(kinds),
             "--minutes", f"{chaos.SMOKE_MINUTES:g}", "--fault-every", f"{chaos.SMOKE_FAULT_EVERY:g}",
-            "--steps", str(SMOKE_STEPS), "--nodes", str(chaos.SMOKE_NODES), "--timeout", str(JOB_TIMEOUT), "--out", str(out), "--require-real-nodes"]
+            "--steps", str(SMOKE_STEPS), "--step-sleep", f"{SMOKE_STEP_SLEEP:g}", "--nodes", str(chaos.SMOKE_NODES), "--timeout", str(JOB_TIMEOUT), "--out", str(out), "--require-real-nodes"]
 
 
 def test_a_short_soak_on_real_nodes_recovers_every_fault_and_loses_nothing(
