@@ -344,6 +344,20 @@ class MemoryTierCheckpointer(FileCheckpointer):
         return not self.busy
 
 
+def train_with_memory_tier(tmp_path: Path, caplog: pytest.LogCaptureFixture, ckpt: MemoryTierCheckpointer, *,
+                           deadline_in: float) -> tuple[int, int]:
+    """One process notified at step 3 (the deadline ``deadline_in`` s away) with ``ckpt``; (exit code, last step),
+    the log captured at the root's INFO (reprieve's console handler passes records on only to a configured root)."""
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_NOTICE_POLL_SECONDS": "0.05",
+           "REPRIEVE_SAVE_SECONDS_ESTIMATE": "0.1"}
+    job = reprieve.init(env=env, install_sigterm=False, exit_fn=_exit, checkpointer=lambda cfg, coord: ckpt)
+    try:
+        with caplog.at_level(logging.INFO):
+            return train(job, notify_at=3, deadline_in=deadline_in)
+    finally:
+        job.close()
+
+
 @pytest.mark.parametrize(("deadline_in", "busy", "copied"), [
     (6.5, False, True),   # room before the deadline: the agreed step is copied to memory too, then waited for
     (1.0, False, False),  # the deadline too close for a second host copy: storage only
@@ -353,14 +367,7 @@ def test_the_agreed_save_before_a_restart_also_copies_the_step_to_memory_when_th
         tmp_path: Path, caplog: pytest.LogCaptureFixture, deadline_in: float, busy: bool, copied: bool) -> None:
     ckpt = MemoryTierCheckpointer(str(tmp_path / "ckpt"), LocalCoordinator())
     ckpt.busy = busy
-    env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_NOTICE_POLL_SECONDS": "0.05",
-           "REPRIEVE_SAVE_SECONDS_ESTIMATE": "0.1"}
-    job = reprieve.init(env=env, install_sigterm=False, exit_fn=_exit, checkpointer=lambda cfg, coord: ckpt)
-    try:
-        with caplog.at_level(logging.INFO):  # the root's level: reprieve's console handler passes records on
-            code, step = train(job, notify_at=3, deadline_in=deadline_in)
-    finally:
-        job.close()
+    code, step = train_with_memory_tier(tmp_path, caplog, ckpt, deadline_in=deadline_in)
     assert code == 42
     assert ckpt.memory_saves == ([step] if copied else [])
     assert ckpt.latest_step() == step  # the storage save is the guarantee either way
@@ -377,13 +384,6 @@ def test_a_failing_agreed_memory_copy_never_fails_the_agreed_save(tmp_path: Path
     exits with the restart code, as without the tier."""
     ckpt = MemoryTierCheckpointer(str(tmp_path / "ckpt"), LocalCoordinator())
     ckpt.broken = True
-    env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_NOTICE_POLL_SECONDS": "0.05",
-           "REPRIEVE_SAVE_SECONDS_ESTIMATE": "0.1"}
-    job = reprieve.init(env=env, install_sigterm=False, exit_fn=_exit, checkpointer=lambda cfg, coord: ckpt)
-    try:
-        with caplog.at_level(logging.INFO):
-            code, step = train(job, notify_at=3, deadline_in=6.5)
-    finally:
-        job.close()
+    code, step = train_with_memory_tier(tmp_path, caplog, ckpt, deadline_in=6.5)
     assert code == 42 and ckpt.latest_step() == step and ckpt.memory_saves == []
     assert f"agreed step {step}: the memory copy beside the storage save failed (OSError" in caplog.text
