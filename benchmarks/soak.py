@@ -427,11 +427,13 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
                 plan: list[chaos.PlannedFault]) -> int:
     keep = int(body["spec"]["checkpoint"].get("keep", 3))
     injected: list[Injected] = []
+    clock: list[float] = []  # when the faults' clock started (the job running)
     stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     def inject_all() -> None:
         t0 = time.time()
+        clock.append(t0)
         say(f">>> faults begin: {len(plan)} planned")
         for f in plan:
             if stop.wait(max(0.0, t0 + f.at - time.time())):
@@ -478,7 +480,12 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
         time.sleep(1.0)
     observer.halt.set()
     steps = read_step_log(ckpt / "steps.jsonl") if (ckpt / "steps.jsonl").exists() else []
-    report = analyse(steps, start=start, end=job_end(ckpt, end))
+    # Goodput over the faults' window: the job's start to one fault interval after the last planned fault (each
+    # fault has its interval to recover in), so a fault-free tail of a job sized longer than the schedule does
+    # not dilute what the faults cost; the fault-free run's over its whole run (its steady rate).
+    until = fault_window_end(clock[0] if clock else start, plan, args.fault_every)
+    report = analyse(steps, start=start, end=job_end(ckpt, end), until=until)
+    whole = analyse(steps, start=start, end=job_end(ckpt, end))
     recs = records(injected, observer.obs, report.interruptions, steps, t0=start,
                    restores=restores_by_attempt(trainer_logs(cluster, "soak")),
                    ended={**injectors.storage_until, **injectors.partition_until})
@@ -497,13 +504,16 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
         say(f"{unrun} of the {len(plan)} planned faults never ran: the job ended first ({args.steps} steps; give it "
             "more with --steps, or a smaller --step-seconds)")
     gp = status.get("goodput") or {}
+    say(f"goodput over the fault window (to {until - start:.0f} s) {report.goodput_after_start:.1%}; over the whole "
+        f"job ({whole.wall_seconds:.0f} s) {whole.goodput_after_start:.1%}")
     print(f"job: {status.get('phase', 'not ended')}; restarts {status.get('restarts')}; operator's lost steps "
           f"{gp.get('lostSteps')} vs the step log's {report.lost_steps}")
     doc = as_json(recs, tot, seed=seed, minutes=args.minutes, fault_every=args.fault_every, real_nodes=real,
                   planned=len(plan), interrupted=interrupted, phase=status.get("phase"),
                   operator_lost_steps=gp.get("lostSteps"), step_log_lost_steps=report.lost_steps,
                   restarts=status.get("restarts"), steps=args.steps, committed_seen=sorted(observer.committed),
-                  planned_not_run=unrun)
+                  planned_not_run=unrun, goodput_window_seconds=round(until - start, 1),
+                  goodput_whole_job=whole.goodput_after_start)
     (out / "soak.json").write_text(json.dumps(doc, indent=1))
     say(f"JSON: {out / 'soak.json'}")
     draw(api, recs, start, out)
@@ -513,6 +523,12 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
     if failed:
         say("soak FAILED: " + "; ".join(failed))
     return 1 if failed else 0
+
+
+def fault_window_end(t0: float, plan: list[chaos.PlannedFault], fault_every: float) -> float:
+    """Where the faults' window ends (pure): one fault interval after the last planned fault, on the faults'
+    clock ``t0``."""
+    return t0 + (plan[-1].at if plan else 0.0) + fault_every
 
 
 def failures(*, interrupted: bool, phase: str | None, injected: int, recovered: int, not_injected: int, unrun: int,

@@ -99,8 +99,13 @@ def read_step_log(path: Path) -> list[StepRecord]:
     return records
 
 
-def analyse(records: Iterable[StepRecord], *, start: float, end: float) -> GoodputReport:
-    """Goodput of one run whose job started at ``start`` and ended at ``end`` (wall-clock seconds)."""
+def analyse(records: Iterable[StepRecord], *, start: float, end: float, until: float | None = None) -> GoodputReport:
+    """Goodput of one run whose job started at ``start`` and ended at ``end`` (wall-clock seconds).
+
+    ``until``: goodput over ``[start, until]`` only (e.g. the window in which faults were injected, so a
+    fault-free tail does not dilute their cost): the wall time ends there, and only preserved records finished
+    by then count as productive (a step lost after ``until`` and redone still counts as lost). Steps and
+    interruptions are the whole run's."""
     recs = sorted(records, key=lambda r: (r.attempt, r.t))
     by_attempt: dict[int, list[StepRecord]] = {}
     for r in recs:
@@ -119,7 +124,8 @@ def analyse(records: Iterable[StepRecord], *, start: float, end: float) -> Goodp
     last_of_step: dict[int, StepRecord] = {}
     for r in recs:  # sorted by attempt: a later attempt's record replaces an earlier one
         last_of_step[r.step] = r
-    productive = sum(durations[(r.attempt, r.step)] for r in last_of_step.values())
+    stop = end if until is None else min(end, until)
+    productive = sum(durations[(r.attempt, r.step)] for r in last_of_step.values() if r.t <= stop)
 
     interruptions = []
     attempts = sorted(by_attempt)
@@ -133,4 +139,4 @@ def analyse(records: Iterable[StepRecord], *, start: float, end: float) -> Goodp
     first_start = 0.0
     if recs:  # the first step began one typical step before the first record
         first_start = max(0.0, recs[0].t - typical_step[recs[0].attempt] - start)
-    return GoodputReport(len(last_of_step), end - start, productive, interruptions, first_start)
+    return GoodputReport(len(last_of_step), stop - start, productive, interruptions, first_start)

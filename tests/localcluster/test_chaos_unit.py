@@ -674,3 +674,12 @@ def test_a_soak_fails_on_each_thing_it_must_prove(changes: dict, expected: list[
     run = {"interrupted": False, "phase": "Succeeded", "injected": 60, "recovered": 60, "not_injected": 0,
            "unrun": 0, "lost": 0, "sha": True, **changes}
     assert soak.failures(**run) == expected
+
+
+def test_the_soaks_goodput_window_gives_the_last_fault_its_interval_and_no_fault_free_tail() -> None:
+    from tests.benchmark_module import load_benchmark
+
+    soak = load_benchmark("soak")
+    plan = chaos.schedule(["node-lost", "kill-trainer"], minutes=30, fault_every=30.0, seed=1)
+    assert soak.fault_window_end(1000.0, plan, 30.0) == pytest.approx(1000.0 + plan[-1].at + 30.0)
+    assert soak.fault_window_end(1000.0, [], 30.0) == pytest.approx(1030.0)

@@ -67,3 +67,18 @@ def test_goodput_after_the_first_start_leaves_out_the_time_before_the_first_step
     assert report.goodput == pytest.approx(40.0 / 84.0)
     assert report.goodput_after_start == pytest.approx(40.0 / 44.0)  # the restart's gap still counts
     assert analyse([], start=0.0, end=10.0).goodput_after_start == 0.0
+
+
+def test_goodput_until_counts_only_the_window_and_a_step_lost_after_it_still_counts_as_lost() -> None:
+    # attempt 1: steps 0-19 at t 1..20; its checkpoint at 14, so 15-19 are lost; attempt 2 redoes 15-39 from t 30.
+    records = run(1, range(20), 1.0) + run(2, range(15, 40), 30.0)
+    whole = analyse(records, start=0.0, end=55.0)
+    window = analyse(records, start=0.0, end=55.0, until=25.0)
+    assert window.wall_seconds == pytest.approx(25.0)
+    # in the window: attempt 1's steps 0-14 (15 x 1 s) are preserved; 15-19 were redone after it, so lost
+    assert window.productive_seconds == pytest.approx(15.0)
+    assert window.goodput == pytest.approx(15.0 / 25.0)
+    assert window.goodput < whole.goodput  # 40 s productive in 55 s
+    assert window.interruptions == whole.interruptions and window.steps == whole.steps == 40
+    # a window past the job's end is the whole run
+    assert analyse(records, start=0.0, end=55.0, until=99.0) == whole
