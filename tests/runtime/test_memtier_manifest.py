@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 from reprieve.checkpoint.layout import parse_fence_name
 from reprieve.config import ConfigError
@@ -148,3 +151,32 @@ def test_the_limit_must_hold_the_own_copy_the_peers_and_one_in_flight() -> None:
     problem = limit_problem(1 << 30, 2 << 30)
     assert problem is not None
     assert "1.00 GiB" in problem and "3.00 GiB" in problem and "2.00 GiB" in problem and "raise the limit" in problem
+
+
+@pytest.mark.parametrize("kind", ["bytes", "readonly mmap", "writable mmap", "numpy"])
+def test_crc32c_reads_any_buffer_in_place_and_agrees_with_the_library(tmp_path: Path, kind: str) -> None:
+    """A read-only mapping (the own-memory restore's source) is checked where it lies: it was copied whole first
+    (a fresh allocation the size of the shard: most of an own restore's time on the test VM)."""
+    import mmap
+    import tracemalloc
+
+    import google_crc32c
+    import numpy as np
+
+    payload = np.random.default_rng(0).integers(0, 256, 8 << 20, dtype=np.uint8).tobytes()
+    path = tmp_path / "data.bin"
+    path.write_bytes(payload)
+    with open(path, "r+b") as f:
+        data: Any = {"bytes": payload, "numpy": np.frombuffer(payload, np.uint8).copy(),
+                     "readonly mmap": mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ),
+                     "writable mmap": mmap.mmap(f.fileno(), 0)}[kind]
+    tracemalloc.start()
+    try:
+        got = crc32c(data, 4096, 4096 + (4 << 20))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == google_crc32c.value(payload[4096:4096 + (4 << 20)])
+    assert peak < 1 << 20, f"crc32c of {kind} allocated {peak} bytes: a copy of the 4 MiB it reads"
+    if isinstance(data, mmap.mmap):
+        data.close()  # every view released

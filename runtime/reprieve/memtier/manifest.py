@@ -18,6 +18,8 @@ import math
 import os
 from typing import Any
 
+import numpy as np
+
 from .layout import ALIGN, CopyName
 
 FORMAT_VERSION = 1
@@ -42,9 +44,14 @@ def crc32c(data: Any, start: int = 0, stop: int | None = None) -> int:
 
             return int(google_crc32c.value(part.tobytes()))
         if part.readonly:
-            if isinstance(data, bytes) and start == 0 and stop in (None, len(data)):
-                return int(extend(0, data, len(data)))
-            return int(extend(0, part.tobytes(), len(part)))
+            # A read-only buffer (bytes, a PROT_READ mapping of a copy: the restore's own source) by its address:
+            # ctypes' from_buffer wants a writable one, and a copy of it (tobytes) cost a fresh allocation of the
+            # whole shard, most of an own-memory restore on a VM whose page faults are slow.
+            view = np.frombuffer(part, np.uint8)
+            try:
+                return int(extend(0, view.ctypes.data, len(part)))
+            finally:
+                del view
         buf = (ctypes.c_char * len(part)).from_buffer(part)
         try:
             return int(extend(0, buf, len(part)))
