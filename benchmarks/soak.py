@@ -403,8 +403,9 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
     if free_report.wall_seconds < window:
         per_step = free_report.wall_seconds / max(1, args.steps)
         say(f"WARNING: the fault-free run took {free_report.wall_seconds:.0f} s, less than the faults' "
-            f"{window:.0f} s: the soak's job will likely end before its last faults (they then fail the soak); "
-            f"give it more steps (--steps {int(window * STEP_MARGIN / max(per_step, 1e-3))})")
+            f"{window:.0f} s: the soak's job outlasts its last faults only if they cost it more than "
+            f"{1 - free_report.wall_seconds / window:.0%} of its time (faults that never ran fail the soak); "
+            f"to be sure, give it more steps (--steps {int(window * STEP_MARGIN / max(per_step, 1e-3))})")
     cluster.kubectl("delete", "tj", "free", "-n", NS, "--wait=true", timeout=120)
 
     api = cluster.api_client()
