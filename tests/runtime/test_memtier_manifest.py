@@ -180,3 +180,24 @@ def test_crc32c_reads_any_buffer_in_place_and_agrees_with_the_library(tmp_path: 
     assert peak < 1 << 20, f"crc32c of {kind} allocated {peak} bytes: a copy of the 4 MiB it reads"
     if isinstance(data, mmap.mmap):
         data.close()  # every view released
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_verify_checks_every_shard_on_threads_and_names_the_lowest_corrupt_one(threads: int) -> None:
+    """Above VERIFY_PARALLEL_BYTES the shards are checked on several threads; the verdict is one thread's: every
+    shard checked, and of several corrupt ones the lowest index named."""
+    import numpy as np
+    from reprieve.memtier import store
+
+    n, size = 8, store.VERIFY_PARALLEL_BYTES // 4  # 8 shards of 16 MiB: 128 MiB, the parallel path
+    data = np.random.default_rng(1).integers(0, 256, n * size, dtype=np.uint8)
+    shards = [Shard(0, ((k * 4, k * 4 + 4), (0, 4)), k * size, size, crc32c(data, k * size, (k + 1) * size))
+              for k in range(n)]
+    m = Manifest(step=1, attempt=1, writer=0, num_processes=1, leaves=[LEAVES[0]], shards=shards, data_bytes=n * size)
+    store.verify(data, m, where="copy", threads=threads)  # intact: silent
+    data[5 * size + 7] ^= 1
+    data[2 * size + 3] ^= 1
+    with pytest.raises(CopyCorruptError, match=r"copy: shard 2 "):
+        store.verify(data, m, where="copy", threads=threads)
+    with pytest.raises(CopyCorruptError, match=r"copy: shard 5 "):
+        store.verify(data, m, [4, 5, 6, 7], where="copy", threads=threads)
