@@ -125,7 +125,7 @@ def analyse(records: Iterable[StepRecord], *, start: float, end: float, until: f
     for r in recs:  # sorted by attempt: a later attempt's record replaces an earlier one
         last_of_step[r.step] = r
     stop = end if until is None else min(end, until)
-    productive = sum(durations[(r.attempt, r.step)] for r in last_of_step.values() if r.t <= stop)
+    productive = sum(durations[(r.attempt, r.step)] for r in last_of_step.values() if until is None or r.t <= stop)
 
     interruptions = []
     attempts = sorted(by_attempt)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, watch
 
 from localcluster.kubelet import find_log
 from localcluster.testing import wait_for, wait_for_pod_phase
@@ -136,6 +136,28 @@ class SupervisedPod:
 
         return wait_for(check, timeout, f"the exit report of attempt {attempt}", interval=0.02,
                         describe=lambda: f"last {self.annotation('reprieve.dev/exit')}; log:\n{self.log()[-3000:]}")
+
+    def exit_report_since(self, attempt: int, resource_version: str, timeout: float = 30) -> dict[str, Any]:
+        """The exit report of ``attempt`` from the pod's watch events after ``resource_version``: the report of a
+        deleted pod is on it only between the supervisor's patch and the pod's removal (about 0.1 s on a process
+        node), which polling can miss under load; the watch sees every change, the final one (DELETED) included."""
+        w = watch.Watch()
+        deadline = time.monotonic() + timeout
+        seen: list[Any] = []
+        try:
+            for ev in w.stream(self.core.list_namespaced_pod, self.ns, field_selector=f"metadata.name={self.pod}",
+                               resource_version=resource_version, timeout_seconds=max(1, int(timeout))):
+                value = (ev["object"].metadata.annotations or {}).get("reprieve.dev/exit")
+                seen.append((ev["type"], value))
+                report = json.loads(value) if value else None
+                if report and report.get("attempt") == attempt:
+                    return report
+                if time.monotonic() > deadline:
+                    break
+        finally:
+            w.stop()
+        raise AssertionError(f"no exit report of attempt {attempt} in the pod's events within {timeout:.0f} s: "
+                             f"{seen[-5:]}; log:\n{self.log()[-3000:]}")
 
     def log(self) -> str:
         path = find_log(self.cluster.workdir / "nodes" / self.node, self.ns, self.pod)

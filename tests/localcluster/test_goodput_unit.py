@@ -82,3 +82,10 @@ def test_goodput_until_counts_only_the_window_and_a_step_lost_after_it_still_cou
     assert window.interruptions == whole.interruptions and window.steps == whole.steps == 40
     # a window past the job's end is the whole run
     assert analyse(records, start=0.0, end=55.0, until=99.0) == whole
+
+
+def test_without_until_every_preserved_step_counts_whatever_clock_the_records_use() -> None:
+    """Callers pass ``start``/``end`` as offsets (0 and the job's wall) while the records carry the wall clock: the
+    window's filter must not apply without ``until`` (it did once: productive 0 in the real-node e2e's check)."""
+    records = run(1, range(10), 1_795_781_334.0)
+    assert analyse(records, start=0.0, end=20.0).productive_seconds == pytest.approx(10.0)

@@ -132,8 +132,10 @@ def test_a_hung_trainer_is_killed_before_the_next_attempt_starts(worker: Worker)
 def test_pod_deletion_forwards_sigterm_and_the_code_is_reported(worker: Worker) -> None:
     worker.start_script(RECORDER, grace=10, PLAN=json.dumps({"1": "term 42"}))
     worker.wait_runs(1)
+    since = worker.core.read_namespaced_pod(POD, worker.ns).metadata.resource_version
     worker.core.delete_namespaced_pod(POD, worker.ns)
-    assert worker.wait_exit_report(1, timeout=30)["code"] == 42
+    # from the pod's events: a poll can miss the report between the supervisor's patch and the pod's removal
+    assert worker.exit_report_since(1, since, timeout=30)["code"] == 42
     wait_for_pod_gone(worker.core.api_client, worker.ns, POD, timeout=60)
     log = worker.log()
     assert "SIGTERM: stopping" in log and "forwarding SIGTERM to the trainer" in log
