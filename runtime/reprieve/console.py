@@ -73,7 +73,7 @@ class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
         # to the root's handlers that are not on the reprieve logger too (pytest attaches its capture handlers to
         # every logger that does not propagate: they have the record already).
         logger = logging.getLogger(LOGGER)
-        if logger.level == LEVEL and record.levelno < root.getEffectiveLevel():
+        if logger.level == LEVEL and not _level_set_under(record.name) and record.levelno < root.getEffectiveLevel():
             return
         if root.disabled or not root.filter(record):
             return
@@ -81,6 +81,17 @@ class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
         for handler in root.handlers:
             if handler not in mine and record.levelno >= handler.level:
                 handler.handle(record)
+
+
+def _level_set_under(name: str) -> bool:
+    """Whether the program set a level on a logger below ``reprieve`` that a record of ``name`` passed (e.g.
+    ``reprieve.job`` at INFO under a root at WARNING): as without this handler, that level decides, not the root's."""
+    while name and name != LOGGER:
+        found = logging.Logger.manager.loggerDict.get(name)
+        if isinstance(found, logging.Logger) and found.level != logging.NOTSET:
+            return True
+        name = name.rpartition(".")[0]
+    return False
 
 
 def install(process_id: int = 0, num_processes: int = 1) -> bool:

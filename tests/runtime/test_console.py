@@ -100,6 +100,20 @@ def test_a_program_that_configured_logging_sees_what_it_configured(tmp_path: Pat
     assert run.stderr.count("APP reprieve.job a warning of the runtime") == 1, run.stderr
 
 
+def test_a_level_the_program_set_below_reprieve_decides_for_that_logger(tmp_path: Path) -> None:
+    """Root at WARNING, ``reprieve.job`` at INFO: reprieve.job's INFO lines pass (once, in the program's format), as
+    they would with no reprieve handler; other reprieve loggers' INFO lines do not. (The console handler had
+    dropped them below the root's level: a test's ``caplog.at_level(INFO, logger="reprieve.job")`` saw nothing
+    once an earlier test in its process had installed the handler.)"""
+    setup = ("import logging; logging.basicConfig(level=logging.WARNING, format='APP %(name)s %(message)s'); "
+             "logging.getLogger('reprieve.job').setLevel(logging.INFO)")
+    run = _run(tmp_path, prelude=setup)
+    assert run.returncode == 42, run.stderr
+    assert run.stderr.count("APP reprieve.job exiting with code 42") == 1, run.stderr
+    others = re.findall(r"^APP (reprieve\.(?!job )\S+)", run.stderr, re.MULTILINE)  # e.g. the notice, the commit
+    assert others == [] and "via sigterm" not in run.stderr and not CONSOLE.search(run.stderr), run.stderr
+
+
 def test_a_program_at_info_gets_each_line_once_in_its_own_format(tmp_path: Path) -> None:
     run = _run(tmp_path, prelude="import logging; logging.basicConfig(level=logging.INFO, format='APP %(message)s')")
     assert run.returncode == 42, run.stderr
