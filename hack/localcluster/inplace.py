@@ -142,9 +142,8 @@ class SupervisedPod:
         deleted pod is on it only between the supervisor's patch and the pod's removal (about 0.1 s on a process
         node), which polling can miss under load; the watch sees every change, the final one (DELETED) included."""
         w = watch.Watch()
-        deadline = time.monotonic() + timeout
         seen: list[Any] = []
-        try:
+        try:  # the server ends the watch after ``timeout``
             for ev in w.stream(self.core.list_namespaced_pod, self.ns, field_selector=f"metadata.name={self.pod}",
                                resource_version=resource_version, timeout_seconds=max(1, int(timeout))):
                 value = (ev["object"].metadata.annotations or {}).get("reprieve.dev/exit")
@@ -152,8 +151,6 @@ class SupervisedPod:
                 report = json.loads(value) if value else None
                 if report and report.get("attempt") == attempt:
                     return report
-                if time.monotonic() > deadline:
-                    break
         finally:
             w.stop()
         raise AssertionError(f"no exit report of attempt {attempt} in the pod's events within {timeout:.0f} s: "

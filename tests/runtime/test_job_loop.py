@@ -324,13 +324,12 @@ class MemoryTierCheckpointer(FileCheckpointer):
     """The file checkpointer with the memory tier's two hooks, recording what the agreed save asks of them."""
 
     busy = False
+    broken = False  # memory_save raises (a full /dev/shm)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.memory_saves: list[int] = []
         self.waits: list[float] = []
-
-    broken = False
 
     def memory_save(self, step: int, state: Any, *, extra: dict[str, Any], process_extra: Any = None) -> bool:
         assert extra["reprieve"]["step"] == step

@@ -44,9 +44,9 @@ def crc32c(data: Any, start: int = 0, stop: int | None = None) -> int:
 
             return int(google_crc32c.value(part.tobytes()))
         if part.readonly:
-            # A read-only buffer (bytes, a PROT_READ mapping of a copy: the restore's own source) by its address:
-            # ctypes' from_buffer wants a writable one, and a copy of it (tobytes) cost a fresh allocation of the
-            # whole shard, most of an own-memory restore on a VM whose page faults are slow.
+            # A read-only buffer (bytes; the save's np.asarray view of each staged shard) by its address: ctypes'
+            # from_buffer wants a writable one, and a copy of it (tobytes) cost a fresh allocation of the whole
+            # shard on every memory-tier save.
             view = np.frombuffer(part, np.uint8)
             try:
                 return int(extend(0, view.ctypes.data, len(part)))
