@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import LABEL_JOB
-from .policy.views import compact_pod
+from .policy.views import GonePod, compact_pod, gone_pod
 
 Key = tuple[str, str]  # (namespace, name)
+GONE_PER_JOB = 64  # deleted pods remembered per job (the newest; a job's pod names repeat across attempts)
 
 
 class Cache:
@@ -25,6 +26,7 @@ class Cache:
         self._pod_node: dict[Key, str] = {}  # (namespace, pod) -> node
         self._node_jobs: dict[str, dict[Key, int]] = defaultdict(dict)  # node -> job -> pods of it there
         self._pod_job: dict[Key, str] = {}  # (namespace, pod) -> job
+        self._gone: dict[Key, dict[str, GonePod]] = defaultdict(dict)  # job -> pod name -> a deleted pod
         self.nodes: dict[str, dict[str, Any]] = {}  # name -> observe.compact_node
         self.jobs: dict[Key, dict[str, Any]] = {}
         self.primed = False
@@ -39,6 +41,8 @@ class Cache:
         ns, name = str(meta.get("namespace")), str(meta.get("name"))
         self.delete_pod(pod)
         key = (ns, job)
+        if key in self._gone:
+            self._gone[key].pop(name, None)
         self._pods[key][name] = compact_pod(pod)
         self._pod_job[(ns, name)] = job
         node = (pod.get("spec") or {}).get("nodeName")
@@ -66,6 +70,24 @@ class Cache:
                 self._node_jobs[node].pop(key, None)
                 if not self._node_jobs[node]:
                     del self._node_jobs[node]
+
+    def pod_gone(self, pod: Mapping[str, Any]) -> None:
+        """The watch saw ``pod`` deleted: forget it, and remember where it ran (``gone_of``)."""
+        self.delete_pod(pod)
+        job = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_JOB)
+        gone = gone_pod(pod)
+        if not job or gone is None:
+            return
+        ns = str(pod["metadata"].get("namespace"))
+        remembered = self._gone[(ns, job)]
+        remembered.pop(gone.name, None)
+        remembered[gone.name] = gone
+        while len(remembered) > GONE_PER_JOB:
+            del remembered[next(iter(remembered))]
+
+    def gone_of(self, namespace: str, job: str) -> tuple[GonePod, ...]:
+        """The job's pods the watch saw deleted, not since replaced by a pod of the same name (oldest first)."""
+        return tuple(self._gone.get((namespace, job), {}).values())
 
     def reset_pods(self, pods: list[dict[str, Any]], namespace: str | None = None) -> set[Key]:
         """Replace every pod (of ``namespace``, or all) after a re-list; returns the jobs that had or have pods."""
@@ -125,7 +147,9 @@ class Cache:
 
     def delete_job(self, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}
-        self.jobs.pop((str(meta.get("namespace")), str(meta.get("name"))), None)
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        self.jobs.pop(key, None)
+        self._gone.pop(key, None)
 
     def mark_primed(self) -> None:
         """Every kind was listed once: from now on the cache is read instead of the API."""

@@ -145,7 +145,7 @@ async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
 
     def on_pod(kind: str, pod: dict[str, Any]) -> None:
         if kind == "DELETED":
-            state.cache.delete_pod(pod)
+            state.cache.pod_gone(pod)
         else:
             state.cache.upsert_pod(pod)
         meta = pod["metadata"]

@@ -56,12 +56,13 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
                 known_nodes=state.cache.nodes if state.cache.primed else None,
                 doomed=state.nodes.doomed(job, now), last_commit_event=state.commits.last(key),
                 zones=views.zones(raw_pods, state.cache.nodes) if memorypeers.enabled(job) else {},
-                not_ready=views.not_ready_nodes(state.cache.nodes), peer_lost_wait_s=state.peer_lost_wait_s)
+                not_ready=views.not_ready_nodes(state.cache.nodes), peer_lost_wait_s=state.peer_lost_wait_s,
+                gone=state.cache.gone_of(namespace, name))
     outcome = decide(view)
     for _ in range(2):  # the reads a decision asked for, then decide again
         if outcome.look_at_nodes:
             # A pod lost on a node with an open notice was preempted, even if the status does not say so
-            # yet (a NoExecute taint evicts at once): read the lost pods' nodes, fresh, before counting.
+            # yet (a NoExecute taint evicts at once): read the lost (or gone) pods' nodes, fresh, before counting.
             await read_nodes(state, set(outcome.look_at_nodes))
             view = dataclasses.replace(view, doomed=state.nodes.doomed(job, now), looked=True)
         elif outcome.needs_placement:

@@ -59,3 +59,25 @@ def test_replace_job_pods_repairs_a_missed_event() -> None:
     c.upsert_pod(pod("llama-1", node="n1"))  # its DELETED event was "missed"
     c.replace_job_pods("ml", "llama", [pod("llama-0", node="n0")])
     assert [p["metadata"]["name"] for p in c.pods_of("ml", "llama")] == ["llama-0"] and c.jobs_on("n1") == []
+
+
+def test_a_deleted_pod_is_remembered_with_its_node_until_a_pod_of_its_name_returns() -> None:
+    """A pod evicted and gone before a reconcile saw it deleting: the decision still learns where it ran."""
+    from reprieve_operator.cache import GONE_PER_JOB
+    from reprieve_operator.policy.views import GonePod
+
+    c = Cache()
+    c.upsert_pod(pod("llama-0", node="n0"))
+    c.upsert_pod(pod("llama-1", node="n1"))
+    c.pod_gone(pod("llama-0", node="n0"))
+    assert c.gone_of("ml", "llama") == (GonePod("llama-0", "n0", 0, 1),)
+    assert [p["metadata"]["name"] for p in c.pods_of("ml", "llama")] == ["llama-1"] and c.jobs_on("n0") == []
+    c.pod_gone(pod("llama-9", node=None))  # never placed: nothing to remember
+    c.upsert_pod(pod("llama-0", node="n2"))  # the next attempt's pod of the same name
+    assert c.gone_of("ml", "llama") == ()
+    for i in range(GONE_PER_JOB + 5):
+        c.pod_gone(pod(f"llama-x{i}", node=f"n{i}"))
+    gone = c.gone_of("ml", "llama")
+    assert len(gone) == GONE_PER_JOB and gone[-1].name == f"llama-x{GONE_PER_JOB + 4}" and gone[0].name == "llama-x5"
+    c.delete_job({"metadata": {"namespace": "ml", "name": "llama"}})
+    assert c.gone_of("ml", "llama") == ()

@@ -18,7 +18,7 @@ from op_jobs import make_job
 from reprieve_operator.policy.decide import WAIT_SECONDS, Counter, View, decide
 from reprieve_operator.policy.events import Event
 from reprieve_operator.policy.inplace import Assignment
-from reprieve_operator.policy.views import compact_pod
+from reprieve_operator.policy.views import GonePod, compact_pod
 
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 11, 24, 6, 0, 0, tzinfo=UTC)
@@ -113,6 +113,26 @@ ROWS = {
     "a lost pod, its node not read yet: read it first": Row(
         _view(job(RUN), [pod("llama-0", 0, phase="Failed"), P1], looked=False),
         look=frozenset({"n-llama-0"})),
+    # A NoExecute taint evicts at once: the pod can be gone (deleted and confirmed) before a reconcile sees it
+    # deleting; the node it ran on, read fresh, decides (stale tombstones of other attempts decide nothing).
+    "a pod gone before it was seen deleting, its node not read yet: read it first": Row(
+        _view(job(RUN), [P1], looked=False, gone=(GonePod("llama-0", "n-llama-0", 0, 1),)),
+        look=frozenset({"n-llama-0"})),
+    "a pod gone from a node with an open notice: a preemption": Row(
+        _view(job(RUN), [P1], gone=(GonePod("llama-0", "n-llama-0", 0, 1),), doomed={"n-llama-0"}),
+        record={"phase": "Restarting", "restarts": {"preemption": 1, "failure": 0, "disruption": 0}},
+        record_event=Event("GangRestart", "", "Normal"), counter=Counter("restart", "preemption"),
+        delete=("llama-1",), requeue=WAIT_SECONDS),
+    "a pod gone from a node without a notice: a disruption": Row(
+        _view(job(RUN), [P1], gone=(GonePod("llama-0", "n-llama-0", 0, 1),), doomed={"n-other"}),
+        record={"phase": "Restarting", "restarts": {"preemption": 0, "failure": 0, "disruption": 1}},
+        record_event=Event("GangRestart", "", "Warning"), counter=Counter("restart", "disruption"),
+        delete=("llama-1",), requeue=WAIT_SECONDS),
+    "a pod gone, but its tombstone is of the attempt before: a disruption": Row(
+        _view(job(RUN), [P1], gone=(GonePod("llama-0", "n-llama-0", 0, 0),), doomed={"n-llama-0"}),
+        record={"phase": "Restarting", "restarts": {"preemption": 0, "failure": 0, "disruption": 1}},
+        record_event=Event("GangRestart", "", "Warning"), counter=Counter("restart", "disruption"),
+        delete=("llama-1",), requeue=WAIT_SECONDS),
     "old pods gone, restarting: the next attempt avoiding the doomed node": Row(
         _view(job({**RUN, "phase": "Restarting", "restartingFrom": 1}), [], avoid=("n-bad",)),
         create=2, dry_run=True, created_event="avoiding n-bad",
@@ -168,6 +188,11 @@ ROWS = {
         record={"restarts": {"preemption": 0, "failure": 0, "disruption": 1}},
         record_event=Event("GangRestart", "", "Warning"), counter=Counter("restart", "disruption"),
         create=1, force_delete=("llama-1",)),
+    "in place, a worker gone from a node with an open notice (never seen deleting): a preemption": Row(
+        _view(job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace"), [P1], assignment=ASSIGNED,
+              gone=(GonePod("llama-0", "n-llama-0", 0, 1),), doomed={"n-llama-0"}),
+        record={"restarts": {"preemption": 1, "failure": 0, "disruption": 0}},
+        record_event=Event("GangRestart", "", "Normal"), counter=Counter("restart", "preemption"), create=1),
     "in place, an image without reprieve-run: Failed at once, everything deleted, nothing created": Row(
         _view(job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace", spares=1),
               [P0, {**P1, "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {

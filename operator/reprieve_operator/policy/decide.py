@@ -78,6 +78,7 @@ class View:
     kueue: Gate | None = None  # what the job's queue lets it do (None: not queued, ``policy.kueue``)
     not_ready: Collection[str] = ()  # known nodes whose Ready condition is False/Unknown (``views.not_ready_nodes``)
     peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS  # --peer-lost-wait-seconds (``policy.restart``)
+    gone: Sequence[views.GonePod] = ()  # the job's pods the watch saw deleted (where a missing worker ran)
 
 
 @dataclass(frozen=True)
@@ -207,10 +208,13 @@ def _recreate(view: View) -> Outcome:
     pods = [p for p in (views.worker_pod(r, view.known_nodes) for r in view.pods) if p is not None]
     pods = [dataclasses.replace(p, node_ready=False) if p.node in view.not_ready else p for p in pods]
     hold = held(view)
+    gone = [(g.index, g.attempt, g.node) for g in view.gone]
     plan = _pods_ready(_queue_conditions(decide_restart(job, pods, view.avoid, now, view.doomed, held=hold,
-                                                        peer_lost_wait_s=view.peer_lost_wait_s), view, hold), view)
-    if plan.cause == DISRUPTION and not view.looked and lost_nodes(pods):  # none to read: decided already
-        return Outcome(job, plan, look_at_nodes=frozenset(lost_nodes(pods)))
+                                                        peer_lost_wait_s=view.peer_lost_wait_s, gone=gone),
+                                         view, hold), view)
+    look = lost_nodes(pods) | {g.node for g in view.gone}
+    if plan.cause == DISRUPTION and not view.looked and look:  # none to read: decided already
+        return Outcome(job, plan, look_at_nodes=frozenset(look))
     if plan.create and not view.placed:
         return Outcome(job, plan, needs_placement=True)
     job, record = _record(job, plan, now)
@@ -238,7 +242,7 @@ def _in_place(view: View) -> Outcome:
     pods = [dataclasses.replace(v, node_ready=False) if v.node in view.not_ready else v for v in pods]
     hold = held(view)
     plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed, held=hold,
-                                 peer_lost_wait_s=view.peer_lost_wait_s)
+                                 peer_lost_wait_s=view.peer_lost_wait_s, gone={g.name: g.node for g in view.gone})
     plan = _pods_ready(_queue_conditions(plan, view, hold), view)
     current = view.assignment
     if current is not None and extra.assign is None and extra.record is None and plan.cause is None:
@@ -247,7 +251,8 @@ def _in_place(view: View) -> Outcome:
             plan = dataclasses.replace(plan, conditions=(*plan.conditions, paired))
     decided = extra.record or (plan if plan.cause else None)
     if decided is not None and decided.cause == DISRUPTION and not view.looked:
-        look = frozenset(p.node for p in pods if p.node and (p.deleting or p.node_lost))
+        look = frozenset({p.node for p in pods if p.node and (p.deleting or p.node_lost)} |
+                         {g.node for g in view.gone})
         if look:  # none to read (an exit-code rule's Ignore, nothing lost): decided already
             return Outcome(job, plan, look_at_nodes=look)
     if (plan.create or extra.create_workers or extra.create_spares) and not view.placed:

@@ -133,9 +133,10 @@ def worker_view(p: PodView, attempt: int, index: int, restart_code: int) -> Work
 def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assignment | None,
                    avoid_nodes: Iterable[str] = (), now: datetime | None = None,
                    doomed_nodes: Collection[str] = (), held: Condition | None = None,
-                   peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS) -> tuple[RestartPlan, InPlace]:
+                   peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS,
+                   gone: Mapping[str, str] | None = None) -> tuple[RestartPlan, InPlace]:
     """Decide the next step of an in-place ``job`` from its pods and its current assignment
-    (``peer_lost_wait_s``: ``policy.restart.decide_restart``'s).
+    (``peer_lost_wait_s``: ``policy.restart.decide_restart``'s; ``gone``: pod name -> node of pods seen deleted).
 
     When a restart (or the final failure) is decided, ``InPlace.record`` is the plan to record in status
     before anything is deleted (crash safety); the returned plan is what to do and the status to reach."""
@@ -191,7 +192,8 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
     if st.restarting_from is not None and st.restarting_from >= attempt:
         return _next_attempt(job, pods, workers, attempt, avoid, doomed_nodes, now, assignment)
 
-    verdict = classify(job, current, missing, recorded, noticed, doomed_nodes, now, peer_lost_wait_s)
+    ran_on = {i: (gone or {})[n] for n, i in workers.items() if i in missing and n in (gone or {})}
+    verdict = classify(job, current, missing, recorded, noticed, doomed_nodes, now, peer_lost_wait_s, ran_on)
     if verdict.cause is None and not verdict.succeeded and not verdict.waiting:
         verdict = stragglers(job, [by_name[n] for n in workers if n in by_name], attempt, now) or verdict
     if verdict.succeeded:

@@ -11,7 +11,8 @@ Rules (see ``docs/operator.md``):
   unknown time) by the strictest action (FailJob, then Count, then Ignore);
 * a worker deleted, evicted or lost with its node -> gang restart counted as ``preemption`` if a notice was
   delivered in this attempt (in status, on a pod, or open on the lost pod's node: an eviction by a NoExecute
-  taint can race the status write), else ``disruption``; both are capped only by ``maxPreemptionRestarts``;
+  taint can race the status write, and the pod can be gone before a decision sees it: the node it ran on
+  decides), else ``disruption``; both are capped only by ``maxPreemptionRestarts``;
 * a worker that exited because it *lost a peer* (its report names the silent processes: JAX's coordination
   service ended it, SIGABRT/134) is no failure of its own: with a lost worker in the attempt (its pod or node
   lost, or a silent peer on a NotReady node) the restart is that loss's (``disruption``/``preemption``); with
@@ -168,12 +169,14 @@ def finished_or_suspended(job: TrainingJob, attempt: int, pods: Sequence[_Pod],
 
 def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Iterable[str] = (),
                    now: datetime | None = None, doomed_nodes: Collection[str] = (),
-                   held: Condition | None = None, peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS) -> RestartPlan:
+                   held: Condition | None = None, peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS,
+                   gone: Iterable[tuple[int | None, int | None, str]] = ()) -> RestartPlan:
     """Decide the next step of ``job`` given all of its worker pods.
 
     ``peer_lost_wait_s``: how long a peer-lost exit waits for its lost peer to show (see the module docstring).
     ``avoid_nodes``: what a new pod must avoid (``policy.placement.avoid_nodes``). ``doomed_nodes``: nodes
     with an open notice for this job right now (a pod lost there was preempted, whatever the status says yet).
+    ``gone``: (index, attempt, node) of worker pods seen deleted and gone (where a missing worker ran).
     ``now``: for the rapid-restart rule and its backoff (None: neither applies).
     """
     st, spec = job.status, job.spec
@@ -217,7 +220,8 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Ite
     noticed = (st.last_notice is not None and st.last_notice.attempt == attempt) or \
         any(p.noticed for p in current.values())
 
-    verdict = classify(job, current, missing, recorded, noticed, doomed_nodes, now, peer_lost_wait_s)
+    ran_on = {i: node for i, a, node in gone if a == attempt and i is not None}
+    verdict = classify(job, current, missing, recorded, noticed, doomed_nodes, now, peer_lost_wait_s, ran_on)
     if verdict.succeeded:
         return RestartPlan(phase="Succeeded", attempt=attempt, delete=stale, ready=0,
                            conditions=(Condition("Complete", "True", "AllWorkersSucceeded",
@@ -287,8 +291,9 @@ def waiting(verdict: Verdict) -> tuple[tuple[Condition, ...], float | None]:
 
 def classify(job: TrainingJob, current: Mapping[int, WorkerPod], missing: Sequence[int], recorded: bool,
              noticed: bool, doomed_nodes: Collection[str] = (), now: datetime | None = None,
-             peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS) -> Verdict:
-    """The gang rules of the module docstring over the current attempt's workers (by index)."""
+             peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS, ran_on: Mapping[int, str] | None = None) -> Verdict:
+    """The gang rules of the module docstring over the current attempt's workers (by index); ``ran_on``: the
+    nodes missing workers ran on (their pods seen deleted: one gone from a doomed node was preempted)."""
     code = job.spec.restart_policy.restart_exit_code
     # A pod someone else deletes gets SIGTERM and may die with 143: that is a disruption, not a failure
     # (unless the runtime managed to save and exit with the restart code).
@@ -302,8 +307,15 @@ def classify(job: TrainingJob, current: Mapping[int, WorkerPod], missing: Sequen
     if failed:  # a silent peer on a node that is not Ready is lost, whatever its pod says
         lost += [p for p in current.values() if not p.node_ready and not p.terminated and p not in lost]
     if lost or (missing and recorded):
-        doomed = any(p.node in doomed_nodes for p in lost if p.node)
-        why = _describe(lost[0]) if lost else f"worker {job.name}-{missing[0]} disappeared"
+        ran_on = ran_on or {}
+        doomed = any(p.node in doomed_nodes for p in lost if p.node) or \
+            any(ran_on.get(i) in doomed_nodes for i in missing)
+        if lost:
+            why = _describe(lost[0])
+        else:
+            why = f"worker {job.name}-{missing[0]} disappeared"
+            if missing[0] in ran_on:
+                why += f" (from node {ran_on[missing[0]]})"
         if failed:
             why += f" ({len(failed)} other worker(s) ended as they lost it)"
         return Verdict(PREEMPTION if noticed or doomed else DISRUPTION, why)

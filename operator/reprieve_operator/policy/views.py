@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Container, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from .. import (
@@ -28,6 +28,30 @@ from .times import parse_time
 
 log = logging.getLogger(__name__)
 LOST_REASONS = ("NodeLost", "Evicted", "Preempting", "Terminated", "Shutdown", "NodeShutdown")
+
+
+@dataclass(frozen=True)
+class GonePod:
+    """A worker pod the watch saw deleted (gone from the API): where it ran, for a decision that finds it missing.
+
+    A NoExecute taint evicts at once and the pod can be gone before a reconcile sees it deleting: only its node
+    (read fresh, ``look_at_nodes``) can then say whether it was preempted (an open notice there) or lost."""
+
+    name: str
+    node: str
+    index: int | None
+    attempt: int | None
+
+
+def gone_pod(pod: Mapping[str, Any]) -> GonePod | None:
+    """What to remember of a deleted pod (None: it was never placed on a node)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node:
+        return None
+    return GonePod(str(meta.get("name")), str(node), to_int(labels.get(LABEL_INDEX)),
+                   to_int(labels.get(LABEL_ATTEMPT)))
 
 
 def to_int(value: Any) -> int | None:
