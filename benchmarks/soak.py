@@ -131,9 +131,13 @@ class Observer(threading.Thread):
                 s.get("lastRestart"), (s.get("goodput") or {}).get("lostSteps"), s.get("lastRestore")))
 
 
-def soak_job(cluster: Cluster, name: str, work: Path, args: argparse.Namespace, real: bool) -> tuple[dict, Path]:
+def soak_job(cluster: Cluster, name: str, work: Path, args: argparse.Namespace, real: bool,
+             step_sleep: float | None = None) -> tuple[dict, Path]:
+    """The soak's job (``step_sleep``: instead of ``--step-sleep``, for the fault-free reference)."""
     ckpt = storage_dir(work, name)
-    body = example_job(name, replicas=2, steps=args.steps, step_sleep=args.step_sleep, interval=args.interval,
+    body = example_job(name, replicas=2, steps=args.steps, interval=args.interval,
+                       step_sleep=args.step_sleep if step_sleep is None else step_sleep,
+                       devices_per_process=args.devices_per_process,
                        checkpoint_dir=ckpt, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"},
                        node_selector={"reprieve.test/pool": WORKER_POOL},
                        image=cluster.real.images["example"].ref if real else None,
@@ -252,6 +256,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
                         "outlast the faults, their restarts included)")
     p.add_argument("--step-seconds", type=float, default=0.6, help="expected seconds per step, for --steps")
     p.add_argument("--step-sleep", type=float, default=0.05)
+    p.add_argument("--reference-step-sleep", type=float, default=None,
+                   help="the fault-free run's step sleep (default: --step-sleep). The sleep changes no parameter, "
+                        "so the sha256 is still the reference; but the goodput ratio and the check that the job "
+                        "outlasts the schedule need the same sleep (the CI smoke, which asserts neither, uses 0)")
+    p.add_argument("--devices-per-process", type=int, default=2,
+                   help="simulated CPU devices per trainer process (1 halves each step's gloo traffic and CPU)")
     p.add_argument("--interval", type=int, default=20, help="periodic checkpoint every this many steps")
     p.add_argument("--spares", type=int, default=1)
     p.add_argument("--memory", default="256Mi", help="the memory tier's sizeLimit ('' turns the tier off)")
@@ -266,6 +276,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
         kinds = chaos.parse_kinds(args.faults)
         if args.require_real_nodes and args.process_nodes:
             raise chaos.SoakConfigError("--require-real-nodes and --process-nodes contradict each other")
+        if args.reference_step_sleep is not None and args.reference_step_sleep < 0:
+            raise chaos.SoakConfigError(f"--reference-step-sleep must be >= 0, got {args.reference_step_sleep:g}")
+        if args.devices_per_process < 1:
+            raise chaos.SoakConfigError(f"--devices-per-process must be >= 1, got {args.devices_per_process}")
         if args.nodes < 3:
             raise chaos.SoakConfigError(f"--nodes must be >= 3 (2 workers and a spare), got {args.nodes}")
         # Checked here with what the machine offers, before anything starts (and again if real nodes fail).
@@ -392,15 +406,21 @@ def job_end(ckpt: Path, seen: float) -> float:
 
 def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.Namespace, *, real: bool,
          seed: int, plan: list[chaos.PlannedFault], storage: Path | None) -> int:
-    say(f">>> fault-free run: {args.steps} steps, 2 workers, InPlace, {args.spares} spare(s), memory tier "
-        f"{args.memory or 'off'}")
-    body, ckpt_free = soak_job(cluster, "free", work, args, real)
+    ref_sleep = args.step_sleep if args.reference_step_sleep is None else args.reference_step_sleep
+    same = ref_sleep == args.step_sleep
+    say(f">>> fault-free run: {args.steps} steps, 2 workers x {args.devices_per_process} device(s), InPlace, "
+        f"{args.spares} spare(s), memory tier {args.memory or 'off'}"
+        + ("" if same else f", each step sleeping {ref_sleep:g} s (the soak's: {args.step_sleep:g} s)"))
+    body, ckpt_free = soak_job(cluster, "free", work, args, real, step_sleep=ref_sleep)
     t = time.time()
     free = run_job(cluster, body, ckpt_free, args.timeout)
     free_report = analyse(read_step_log(ckpt_free / "steps.jsonl"), start=t, end=job_end(ckpt_free, time.time()))
     say(f"fault-free: {free.get('phase')}, goodput after start {free_report.goodput_after_start:.1%}")
     window = plan[-1].at if plan else 0.0
-    if free_report.wall_seconds < window:
+    if not same:
+        say("the fault-free run's steps slept otherwise than the soak's: its goodput ratio is not comparable, and "
+            "whether the soak's job outlasts the schedule shows only in the soak (faults that never ran fail it)")
+    elif free_report.wall_seconds < window:
         per_step = free_report.wall_seconds / max(1, args.steps)
         say(f"WARNING: the fault-free run took {free_report.wall_seconds:.0f} s, less than the faults' "
             f"{window:.0f} s: the soak's job outlasts its last faults only if they cost it more than "
@@ -514,7 +534,9 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
                   operator_lost_steps=gp.get("lostSteps"), step_log_lost_steps=report.lost_steps,
                   restarts=status.get("restarts"), steps=args.steps, committed_seen=sorted(observer.committed),
                   planned_not_run=unrun, goodput_window_seconds=round(until - start, 1),
-                  goodput_whole_job=whole.goodput_after_start)
+                  goodput_whole_job=whole.goodput_after_start, step_sleep=args.step_sleep,
+                  reference_step_sleep=args.step_sleep if args.reference_step_sleep is None
+                  else args.reference_step_sleep, devices_per_process=args.devices_per_process)
     (out / "soak.json").write_text(json.dumps(doc, indent=1))
     say(f"JSON: {out / 'soak.json'}")
     draw(api, recs, start, out)

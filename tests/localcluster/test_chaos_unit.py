@@ -644,6 +644,26 @@ def test_require_real_nodes_is_a_flag_that_process_nodes_contradict(argv: list[s
         assert args.require_real_nodes == ("--require-real-nodes" in argv)
 
 
+@pytest.mark.parametrize(("argv", "error"), [
+    (["--reference-step-sleep", "-0.1"], "--reference-step-sleep must be >= 0, got -0.1"),
+    (["--devices-per-process", "0"], "--devices-per-process must be >= 1, got 0"),
+    (["--reference-step-sleep", "0", "--devices-per-process", "1"], None)])
+def test_the_reference_runs_sleep_and_the_devices_are_checked(argv: list[str], error: str | None,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The CI smoke's fault-free run sleeps 0 s a step and its trainers have one device each; nonsense is refused."""
+    from tests.benchmark_module import load_benchmark
+
+    soak = load_benchmark("soak")
+    argv = [*argv, "--faults", "node-lost", "--minutes", "1", "--fault-every", "15"]
+    if error:
+        with pytest.raises(SystemExit):
+            soak.parse_args(argv)
+        assert error in capsys.readouterr().err
+    else:
+        args, _, _ = soak.parse_args(argv)
+        assert (args.reference_step_sleep, args.devices_per_process) == (0.0, 1)
+
+
 @pytest.mark.parametrize(("error", "waited", "retry"), [
     ("no target: a running worker pod on a node not already doomed was needed and none is there", 0.0, True),
     ("no target: a running spare pod was needed and none is there", 9.0, True),
