@@ -7,8 +7,10 @@ what its refusal leads to, ``create``'s. Status is written here only, by carryin
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
@@ -20,11 +22,13 @@ from .create import create
 from .models import TrainingJob, spec_error
 from .policy import memorypeers, views
 from .policy.decide import Outcome, View, decide, failed
+from .policy.pairing import MEMORY_PORT
 from .policy.restart import RestartPlan
 from .state import State
 
 log = logging.getLogger("reprieve_operator")
 NODE_READS = 20  # at most this many lost pods' nodes are read fresh in one pass
+PROBE_TIMEOUT_SECONDS = 2.0  # a silent peer's pod that does not answer a connect within this is cut off
 
 
 async def reconcile(state: State, namespace: str, name: str, fresh: bool = False) -> RestartPlan | None:
@@ -59,8 +63,11 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
                 not_ready=views.not_ready_nodes(state.cache.nodes), peer_lost_wait_s=state.peer_lost_wait_s,
                 gone=state.cache.gone_of(namespace, name))
     outcome = decide(view)
-    for _ in range(2):  # the reads a decision asked for, then decide again
-        if outcome.look_at_nodes:
+    for _ in range(3):  # the reads a decision asked for, then decide again
+        if outcome.probe:
+            # Silent peers a wait is for: a pod whose address does not answer is cut off, not slow to report.
+            view = dataclasses.replace(view, probed=True, unreachable=await unreachable(outcome.probe))
+        elif outcome.look_at_nodes:
             # A pod lost on a node with an open notice was preempted, even if the status does not say so
             # yet (a NoExecute taint evicts at once): read the lost (or gone) pods' nodes, fresh, before counting.
             await read_nodes(state, set(outcome.look_at_nodes))
@@ -71,6 +78,29 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
             break
         outcome = decide(view)
     return await apply_outcome(state, body, raw_pods, outcome)
+
+
+async def unreachable(pods: Iterable[tuple[str, str]], port: int = MEMORY_PORT,
+                      timeout: float = PROBE_TIMEOUT_SECONDS) -> frozenset[str]:
+    """The pods (name, IP) whose address does not answer a TCP connect to ``port`` within ``timeout``. A refused
+    connection is an answer (the pod's network is there; nothing need listen: ``MEMORY_PORT``, reprieve-run's
+    replica server, serves only with the memory tier)."""
+    async def answers(ip: str) -> bool:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), timeout)
+        except ConnectionRefusedError:
+            return True
+        except (TimeoutError, OSError):
+            return False
+        writer.close()
+        return True
+
+    pods = sorted(pods)
+    results = await asyncio.gather(*(answers(ip) for _, ip in pods))
+    silent = frozenset(name for (name, _), ok in zip(pods, results, strict=True) if not ok)
+    for name, ip in pods:
+        log.info("probed silent peer %s at %s:%d: %s", name, ip, port, "no answer" if name in silent else "answers")
+    return silent
 
 
 async def read_nodes(state: State, names: set[str], limit: int = NODE_READS) -> bool:

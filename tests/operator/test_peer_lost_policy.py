@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from op_jobs import make_job
 from reprieve_operator.policy import views
-from reprieve_operator.policy.decide import View, decide
+from reprieve_operator.policy.decide import PROBE_EVERY_SECONDS, View, decide
 from reprieve_operator.policy.inplace import Assignment, PodView, decide_inplace
 from reprieve_operator.policy.restart import PEER_LOST_WAIT_SECONDS, RestartPlan, WorkerPod, decide_restart
 
@@ -31,6 +31,7 @@ def job(mode: str, status: dict[str, Any] | None = None) -> Any:
 
 
 # Each worker: "run" (running, silent or not), "lost" (its node is gone), "notready" (running on a NotReady node),
+# "cutoff" (running, its pod's address did not answer the operator's probe),
 # ("peer", ago) (exited 134 naming process 1 as lost, ``ago`` seconds before NOW; ("peer", ago, k): naming process
 # k), ("code", c, ago) (exited c on its own), "plain134" (134 without a report of a lost peer).
 Worker = Any
@@ -44,6 +45,8 @@ def recreate(states: tuple[Worker, ...]) -> list[WorkerPod]:
             p = replace(p, node_lost=True)
         elif s == "notready":
             p = replace(p, node_ready=False)
+        elif s == "cutoff":
+            p = replace(p, reachable=False)
         elif s == "plain134":
             p = replace(p, phase="Failed", exit_code=134, exit_time=NOW)
         elif isinstance(s, tuple) and s[0] == "peer":
@@ -63,6 +66,8 @@ def inplace(states: tuple[Worker, ...]) -> list[PodView]:
             p = replace(p, node_lost=True)
         elif s == "notready":
             p = replace(p, node_ready=False)
+        elif s == "cutoff":
+            p = replace(p, reachable=False)
         elif s == "plain134":
             p = replace(p, exit_attempt=1, exit_code=134, exit_time=NOW)
         elif isinstance(s, tuple) and s[0] == "peer":
@@ -93,6 +98,12 @@ ROWS: list[tuple[str, tuple[Worker, ...], dict[str, Any], str | None, str]] = [
      "preemption", "lost its node"),
     ("the silent peer's node is NotReady: a disruption", (PEER, "notready", PEER), {}, "disruption",
      "lost it"),
+    ("the silent peer's pod does not answer the probe (cut off): a disruption at once", (PEER, "cutoff", PEER), {},
+     "disruption", "worker llama-1 went silent and its pod does not answer on the network (cut off)"),
+    ("... the same after a notice in this attempt: a preemption", (PEER, "cutoff", PEER), {"lastNotice": NOTICE},
+     "preemption", "cut off"),
+    ("a pod that does not answer but nobody named silent: nothing to decide", ("run", "cutoff", "run"), {}, None,
+     ""),
     ("the peer ended with its own error: a failure, named after it", (PEER, ("code", 1, 5.0), PEER), {}, "failure",
      "worker llama-1 exited with code 1"),
     ("every worker ended by a lost peer, none lost, no two naming each other: a failure (a deterministic abort)",
@@ -120,7 +131,8 @@ def test_peer_lost_exits(mode: str, case: str, states: tuple[Worker, ...], statu
     assert words in plan.message, (case, plan.message)
     if cause == "failure":
         assert plan.phase == "Restarting" and plan.conditions[0].reason == "Failure", plan
-    if cause is None:  # it says why it waits, and looks again when the wait runs out
+    if cause is None and PEER in states:  # it says why it waits, and looks again when the wait runs out
+        assert plan.probe == ("llama-1",), plan  # ... after probing the silent peer's pod
         cond = next(c for c in plan.conditions if c.reason == "WaitingForLostPeer")
         assert (cond.type, cond.status) == ("Restarting", "Unknown"), cond
         assert "llama-1" in cond.message and "2026-11-26T12:00:55Z" in cond.message, cond
@@ -153,6 +165,10 @@ def test_in_place_never_keeps_a_pod_its_peers_report_silent_or_on_a_notready_nod
     assert extra.record is not None and extra.record.cause == "disruption", extra.record
     assert extra.assign is not None and "llama-1" not in extra.assign.processes, extra
     assert "its node n1 is not Ready" in extra.replaced[0].reason, extra.replaced
+    _, extra = decide_inplace(j, [*inplace((PEER, "cutoff", PEER)), spare], ASSIGNED, (), NOW)
+    assert extra.record is not None and extra.record.cause == "disruption", extra.record
+    assert extra.assign is not None and extra.assign.processes["llama-spare-a"] == 1, extra
+    assert "its pod does not answer on the network (cut off)" in extra.replaced[0].reason, extra.replaced
 
 
 def test_a_peer_that_reported_its_own_exit_is_kept_in_place() -> None:
@@ -197,9 +213,18 @@ def test_decide_writes_why_it_waits_and_looks_again_when_the_wait_runs_out() -> 
 
     peer = {"attempt": 1, "code": 134, "time": "2026-11-26T11:59:55Z", "peerLost": [1]}
     pods = [raw("llama-0", 0, peer), raw("llama-1", 1, None), raw("llama-2", 2, peer)]
-    out = decide(View(job=job("InPlace"), pods=pods, now=NOW, assignment=ASSIGNED, known_nodes={"n0", "n1", "n2"},
-                      placed=True, looked=True, peer_lost_wait_s=30.0))
-    assert out.record is None and out.assign is None and out.requeue_after == pytest.approx(25.0), out
+    base = View(job=job("InPlace"), pods=pods, now=NOW, assignment=ASSIGNED, known_nodes={"n0", "n1", "n2"},
+                placed=True, looked=True, peer_lost_wait_s=30.0)
+    asks = decide(base)  # first: probe the silent peer's pod (its address), nothing carried out yet
+    assert asks.probe == frozenset({("llama-1", "10.0.0.2")}) and asks.record is None and not asks.status, asks
+    out = decide(replace(base, probed=True))  # it answers: wait, and probe again within PROBE_EVERY_SECONDS
+    assert out.probe == frozenset() and out.record is None and out.assign is None, out
+    assert out.requeue_after == pytest.approx(PROBE_EVERY_SECONDS), out
+    assert decide(replace(base, peer_lost_wait_s=60.0, probed=True, now=NOW + timedelta(seconds=53))).requeue_after \
+        == pytest.approx(2.0)  # the wait ends before the next probe
+    cut = decide(replace(base, probed=True, unreachable={"llama-1"}))  # no answer: cut off, lost now
+    assert cut.counter is not None and (cut.counter.kind, cut.counter.label) == ("restart", "disruption"), cut
+    assert len(cut.create) == 1 and "llama-1" in cut.delete, cut  # replaced, not restarted in its pod
     (cond,) = [c for c in out.status["conditions"] if c["type"] == "Restarting"]
     assert (cond["status"], cond["reason"]) == ("Unknown", "WaitingForLostPeer"), cond
     lost = decide(View(job=job("InPlace"), pods=pods, now=NOW, assignment=ASSIGNED, known_nodes={"n0", "n1", "n2"},

@@ -23,8 +23,9 @@ classifies it and decides the refusal's own outcome: :func:`failed`, or a retry 
 after it. Status is written by carrying out an outcome only.
 
 Which reads a decision needs is also decided here: ``look_at_nodes`` (a lost pod's nodes, fresh from the API,
-before a lost pod is counted as preempted or disrupted) and ``needs_placement`` (the nodes new pods must avoid,
-computed only when pods are about to be created). The shell reads them and decides again. A disruption with no
+before a lost pod is counted as preempted or disrupted), ``probe`` (the silent peers' pods a wait is for: does
+their address answer? ``unreachable``) and ``needs_placement`` (the nodes new pods must avoid, computed only
+when pods are about to be created). The shell reads them and decides again. A disruption with no
 lost pod (an exit-code rule's Ignore) has no node to read and is decided in the same pass: the shell carries out
 an outcome that names no node as it is.
 """
@@ -57,6 +58,7 @@ from .status import closing_goodput, status_patch
 from .times import rfc3339
 
 WAIT_SECONDS = 2.0  # look again while old pods drain (their deletion events usually come first)
+PROBE_EVERY_SECONDS = 5.0  # while a silent peer is waited for: probe its pod again this often
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class View:
     not_ready: Collection[str] = ()  # known nodes whose Ready condition is False/Unknown (``views.not_ready_nodes``)
     peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS  # --peer-lost-wait-seconds (``policy.restart``)
     gone: Sequence[views.GonePod] = ()  # the job's pods the watch saw deleted (where a missing worker ran)
+    probed: bool = False  # the silent peers' pods were probed (``Outcome.probe``)
+    unreachable: Collection[str] = ()  # ... and these did not answer
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,7 @@ class Outcome:
     requeue_after: float | None = None
     look_at_nodes: frozenset[str] = frozenset()  # read these nodes fresh and decide again
     needs_placement: bool = False  # compute the nodes to avoid and decide again
+    probe: frozenset[tuple[str, str]] = frozenset()  # (pod, address): probe these and decide again (``unreachable``)
     log: str = ""  # what to log once the record is written
 
 
@@ -207,6 +212,7 @@ def _recreate(view: View) -> Outcome:
     job, now = view.job, view.now
     pods = [p for p in (views.worker_pod(r, view.known_nodes) for r in view.pods) if p is not None]
     pods = [dataclasses.replace(p, node_ready=False) if p.node in view.not_ready else p for p in pods]
+    pods = [dataclasses.replace(p, reachable=False) if p.name in view.unreachable else p for p in pods]
     hold = held(view)
     gone = [(g.index, g.attempt, g.node) for g in view.gone]
     plan = _pods_ready(_queue_conditions(decide_restart(job, pods, view.avoid, now, view.doomed, held=hold,
@@ -215,6 +221,8 @@ def _recreate(view: View) -> Outcome:
     look = lost_nodes(pods) | {g.node for g in view.gone}
     if plan.cause == DISRUPTION and not view.looked and look:  # none to read: decided already
         return Outcome(job, plan, look_at_nodes=frozenset(look))
+    if (probe := _to_probe(plan, view)):
+        return Outcome(job, plan, probe=probe)
     if plan.create and not view.placed:
         return Outcome(job, plan, needs_placement=True)
     job, record = _record(job, plan, now)
@@ -227,6 +235,7 @@ def _recreate(view: View) -> Outcome:
                           views.last_steps(view.pods))
     requeue = plan.requeue_after if plan.requeue_after is not None else (WAIT_SECONDS if plan.waiting else None)
     requeue = _sooner(requeue, podsready.unschedulable_due(view.pods, now))
+    requeue = _sooner(requeue, PROBE_EVERY_SECONDS if plan.probe else None)
     return Outcome(job, plan, now.timestamp(), **record, create=create, dry_run=plan.new_attempt,
                    created_event=created_event, force_delete=orphans,
                    delete=tuple(n for n in plan.delete if n not in orphans), status=status,
@@ -240,6 +249,7 @@ def _in_place(view: View) -> Outcome:
         pods = [dataclasses.replace(v, zone=view.zones[v.node]) if v.node and v.node in view.zones else v
                 for v in pods]
     pods = [dataclasses.replace(v, node_ready=False) if v.node in view.not_ready else v for v in pods]
+    pods = [dataclasses.replace(v, reachable=False) if v.name in view.unreachable else v for v in pods]
     hold = held(view)
     plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed, held=hold,
                                  peer_lost_wait_s=view.peer_lost_wait_s, gone={g.name: g.node for g in view.gone})
@@ -255,6 +265,8 @@ def _in_place(view: View) -> Outcome:
                          {g.node for g in view.gone})
         if look:  # none to read (an exit-code rule's Ignore, nothing lost): decided already
             return Outcome(job, plan, look_at_nodes=look)
+    if (probe := _to_probe(plan, view)):
+        return Outcome(job, plan, probe=probe)
     if (plan.create or extra.create_workers or extra.create_spares) and not view.placed:
         return Outcome(job, plan, needs_placement=True)
     job, record = _record(job, decided, now)
@@ -277,7 +289,17 @@ def _in_place(view: View) -> Outcome:
                    force_delete=orphans, delete=tuple(n for n in plan.delete if n not in orphans),
                    assign=assign, assigned_event=assigned_event, status=status,
                    status_events=_status_events(job, status, view),
-                   requeue_after=_sooner(plan.requeue_after, podsready.unschedulable_due(view.pods, now)))
+                   requeue_after=_sooner(_sooner(plan.requeue_after, podsready.unschedulable_due(view.pods, now)),
+                                         PROBE_EVERY_SECONDS if plan.probe else None))
+
+
+def _to_probe(plan: RestartPlan, view: View) -> frozenset[tuple[str, str]]:
+    """The silent peers' pods to probe (name, IP) before this pass's wait is carried out: none once probed, and
+    none without an address (a pod that has none was never reachable: its node or the pod tells the rest)."""
+    if view.probed or not plan.probe:
+        return frozenset()
+    ips = {str((p.get("metadata") or {}).get("name")): (p.get("status") or {}).get("podIP") for p in view.pods}
+    return frozenset((name, ip) for name in plan.probe if (ip := ips.get(name)))
 
 
 def _created(job: TrainingJob, plan: RestartPlan, create: Sequence[dict[str, Any]]) -> RestartPlan:

@@ -76,6 +76,7 @@ class PodView:
     created: datetime | None = None  # metadata.creationTimestamp
     zone: str | None = None  # its node's topology.kubernetes.io/zone (``decide`` adds it: the memory tier's pairing)
     node_ready: bool = True  # its node's Ready condition is not False/Unknown (``decide`` sets it)
+    reachable: bool = True  # False: its address went unanswered when probed (``decide`` sets it)
 
     @property
     def ready(self) -> bool:
@@ -127,7 +128,7 @@ def worker_view(p: PodView, attempt: int, index: int, restart_code: int) -> Work
     return WorkerPod(name=p.name, index=index, attempt=attempt, phase=phase, exit_code=code, deleting=p.deleting,
                      node=p.node, node_lost=p.node_lost, noticed=p.notice_attempt == attempt,
                      unsaved=code == restart_code and p.exit_attempt == attempt and p.exit_agreed is False,
-                     peer_lost=peer_lost, exit_time=exit_time, node_ready=p.node_ready)
+                     peer_lost=peer_lost, exit_time=exit_time, node_ready=p.node_ready, reachable=p.reachable)
 
 
 def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assignment | None,
@@ -204,7 +205,8 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
     if verdict.cause is None:
         plan, extra = _steady(job, pods, workers, current, attempt, noticed, avoid, doomed_nodes)
         conds, requeue = waiting(verdict)
-        return replace(plan, conditions=(*plan.conditions, *conds), requeue_after=requeue), extra
+        return replace(plan, conditions=(*plan.conditions, *conds), requeue_after=requeue,
+                       probe=verdict.probe), extra
     record = gang_restart(job, attempt, verdict, now, stragglers=alive, teardown=())
     if record.phase == "Failed":
         return record, InPlace()
@@ -312,7 +314,8 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
     silent = silent_processes(pods, workers, attempt)
     for name, index in sorted(workers.items(), key=lambda kv: kv[1]):
         p = by_name.get(name)
-        if p is not None and _healthy(p, doomed) and p.phase == "Running" and p.node_ready and index not in silent:
+        if p is not None and _healthy(p, doomed) and p.phase == "Running" and p.node_ready and p.reachable \
+                and index not in silent:
             kept[index] = name
             continue
         if p is None:
@@ -323,6 +326,8 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
             reason = f"its node {p.node} is doomed"
         elif not p.node_ready:
             reason = f"its node {p.node} is not Ready"
+        elif not p.reachable:
+            reason = "its pod does not answer on the network (cut off)"
         elif index in silent:
             reason = f"its peers lost it (process {index} went silent)"
         elif p.deleting:

@@ -19,7 +19,10 @@ Rules (see ``docs/operator.md``):
   every worker ended and none lost it is a ``failure`` (a deterministic abort still meets ``maxFailures``),
   unless two workers named each other (both were alive and lost contact: a network partition, a ``disruption``);
   otherwise the decision waits for the lost peer to show, at most ``peer_lost_wait_s`` from the first such
-  exit (condition ``Restarting=Unknown/WaitingForLostPeer``), then counts a ``failure``;
+  exit (condition ``Restarting=Unknown/WaitingForLostPeer``), then counts a ``failure``. While it waits, the
+  shell probes the silent peers' pods (``RestartPlan.probe``: a TCP connect to the pod's address; refused or
+  accepted is an answer): a silent peer whose pod does not answer is cut off from the network, and lost
+  (``disruption``) at once, as one on a node that is not Ready;
 * a *rapid* restart -- every worker exited with the restart code within ``RAPID_SECONDS`` of the attempt's
   start, without a notice or a lost pod: too fast to be a real preemption (the code is probably used for
   something else) -- waits a backoff (10 s doubling to 5 min) before the next attempt; more than
@@ -73,6 +76,7 @@ class WorkerPod:
     peer_lost: tuple[int, ...] = ()  # its exit report: it ended because these processes went silent
     exit_time: datetime | None = None  # when it exited (its report's time, or the container's finishedAt)
     node_ready: bool = True  # its node's Ready condition is not False/Unknown
+    reachable: bool = True  # False: the operator's probe of its pod's address went unanswered (``decide``)
 
     @property
     def terminated(self) -> bool:
@@ -106,6 +110,7 @@ class RestartPlan:
     next_attempt_time: datetime | None = None  # set while backing off before the next attempt
     requeue_after: float | None = None  # look again after this many seconds (a backoff runs out)
     replicas: int = 0  # worker pods of the current attempt that exist (not being deleted)
+    probe: tuple[str, ...] = ()  # silent peers' pods to probe before waiting on (``Verdict.probe``)
 
     @property
     def waiting(self) -> bool:
@@ -116,6 +121,8 @@ class RestartPlan:
 def _describe(p: WorkerPod) -> str:
     if p.node_lost:
         return f"worker {p.name} lost its node {p.node}"
+    if not p.reachable and not p.terminated:
+        return f"worker {p.name} went silent and its pod does not answer on the network (cut off)"
     if p.deleting:
         return f"worker {p.name} was deleted"
     if p.phase == "Failed" and p.exit_code is None:
@@ -234,7 +241,7 @@ def decide_restart(job: TrainingJob, pods: Sequence[WorkerPod], avoid_nodes: Ite
         conds, requeue = waiting(verdict)
         return RestartPlan(phase=phase, attempt=attempt, create=create, delete=stale, ready=running,
                            exclude_nodes=avoid if create else (), replicas=existing, conditions=conds,
-                           requeue_after=requeue)
+                           requeue_after=requeue, probe=verdict.probe)
     return gang_restart(job, attempt, verdict, now, stragglers=still_running(pods), teardown=alive)
 
 
@@ -249,6 +256,7 @@ class Verdict:
     waiting: str = ""  # no cause yet: why the decision waits (a peer-lost exit, its lost peer not shown yet)
     wait_s: float | None = None  # ... and for how long at most
     fail_job: bool = False  # an exit-code rule's FailJob: no restart, whatever the budgets
+    probe: tuple[str, ...] = ()  # while waiting: the silent peers' pods, whose network the shell may probe
 
 
 # strictest first: with several failing workers, the strictest action among their rules decides
@@ -304,8 +312,9 @@ def classify(job: TrainingJob, current: Mapping[int, WorkerPod], missing: Sequen
     own = [p for p in failed if not p.peer_lost]  # failures of their own; the rest ended because a peer did
     if own:
         return _own_failure(job, own)
-    if failed:  # a silent peer on a node that is not Ready is lost, whatever its pod says
-        lost += [p for p in current.values() if not p.node_ready and not p.terminated and p not in lost]
+    if failed:  # a silent peer on a node that is not Ready, or whose pod does not answer, is lost
+        lost += [p for p in current.values()
+                 if (not p.node_ready or not p.reachable) and not p.terminated and p not in lost]
     if lost or (missing and recorded):
         ran_on = ran_on or {}
         doomed = any(p.node in doomed_nodes for p in lost if p.node) or \
@@ -339,6 +348,7 @@ def _peer_lost(failed: Sequence[WorkerPod], workers: Iterable[WorkerPod], now: d
                wait_s: float) -> Verdict:
     """Workers ended by a lost peer, none lost (yet): a failure once every worker ended or ``wait_s`` passed
     since the first such exit; until then, wait for the lost peer to show."""
+    workers = tuple(workers)
     running = sorted(p.name for p in workers if not p.terminated)
     first = min((p.exit_time for p in failed if p.exit_time is not None), default=None)
     left = None if now is None or first is None else wait_s - (now - first).total_seconds()
@@ -353,8 +363,10 @@ def _peer_lost(failed: Sequence[WorkerPod], workers: Iterable[WorkerPod], now: d
         return Verdict(FAILURE, f"{why}; {', '.join(running[:5])} not shown lost within {wait_s:.0f} s")
     assert first is not None
     until = rfc3339(first + timedelta(seconds=wait_s))
+    named = {i for p in failed for i in p.peer_lost}
+    silent = tuple(sorted(p.name for p in workers if p.index in named and not p.terminated and not p.deleting))
     return Verdict(waiting=f"{why}: waiting until {until} for {', '.join(running[:5])} to show lost (its pod or "
-                           "node) before counting a failure", wait_s=left)
+                           "node) before counting a failure", wait_s=left, probe=silent)
 
 
 def _lost_each_other(failed: Sequence[WorkerPod]) -> tuple[int, int] | None:
