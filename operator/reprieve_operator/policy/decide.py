@@ -261,8 +261,9 @@ def _in_place(view: View) -> Outcome:
             plan = dataclasses.replace(plan, conditions=(*plan.conditions, paired))
     decided = extra.record or (plan if plan.cause else None)
     if decided is not None and decided.cause == DISRUPTION and not view.looked:
+        workers = current.processes if current is not None else {}
         look = frozenset({p.node for p in pods if p.node and (p.deleting or p.node_lost)} |
-                         {g.node for g in view.gone})
+                         {g.node for g in view.gone if g.name in workers})  # a worker's pod, gone
         if look:  # none to read (an exit-code rule's Ignore, nothing lost): decided already
             return Outcome(job, plan, look_at_nodes=look)
     if (probe := _to_probe(plan, view)):
