@@ -261,7 +261,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
                         "so the sha256 is still the reference; but the goodput ratio and the check that the job "
                         "outlasts the schedule need the same sleep (the CI smoke, which asserts neither, uses 0)")
     p.add_argument("--devices-per-process", type=int, default=2,
-                   help="simulated CPU devices per trainer process (1 halves each step's gloo traffic and CPU)")
+                   help="simulated CPU devices per trainer process (with 1, gloo's all-reduce has half the ranks: "
+                        "cheaper steps; RESULTS.md, 'Other measurements')")
     p.add_argument("--interval", type=int, default=20, help="periodic checkpoint every this many steps")
     p.add_argument("--spares", type=int, default=1)
     p.add_argument("--memory", default="256Mi", help="the memory tier's sizeLimit ('' turns the tier off)")
@@ -288,6 +289,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
     except chaos.SoakConfigError as err:
         p.error(str(err))
     args.steps = args.steps or int(args.minutes * 60 * STEP_MARGIN / args.step_seconds)
+    if args.reference_step_sleep is None:
+        args.reference_step_sleep = args.step_sleep
     args.timeout = args.timeout or args.minutes * 60 * 4 + 600
     return args, seed, kinds
 
@@ -406,7 +409,7 @@ def job_end(ckpt: Path, seen: float) -> float:
 
 def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.Namespace, *, real: bool,
          seed: int, plan: list[chaos.PlannedFault], storage: Path | None) -> int:
-    ref_sleep = args.step_sleep if args.reference_step_sleep is None else args.reference_step_sleep
+    ref_sleep = args.reference_step_sleep
     same = ref_sleep == args.step_sleep
     say(f">>> fault-free run: {args.steps} steps, 2 workers x {args.devices_per_process} device(s), InPlace, "
         f"{args.spares} spare(s), memory tier {args.memory or 'off'}"
@@ -535,8 +538,7 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
                   restarts=status.get("restarts"), steps=args.steps, committed_seen=sorted(observer.committed),
                   planned_not_run=unrun, goodput_window_seconds=round(until - start, 1),
                   goodput_whole_job=whole.goodput_after_start, step_sleep=args.step_sleep,
-                  reference_step_sleep=args.step_sleep if args.reference_step_sleep is None
-                  else args.reference_step_sleep, devices_per_process=args.devices_per_process)
+                  reference_step_sleep=args.reference_step_sleep, devices_per_process=args.devices_per_process)
     (out / "soak.json").write_text(json.dumps(doc, indent=1))
     say(f"JSON: {out / 'soak.json'}")
     draw(api, recs, start, out)

@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 # SMOKE_STEP_SLEEP, so 320 steps take at least 96 s (about 128 s on a quiet 2-core VM; with the soak's default 0.05 s
 # they took 0.2 s a step there and seed 2's job ended before its last two faults, with 0.15 s before its last one),
 # more under load; the fault-free run is the same steps (the sha256 is compared) without the sleep (it changes no
-# parameter; this test asserts no goodput ratio): ~40 s instead of ~110 s alone. One device per process: each step's
-# gloo all-reduce is between two ranks, not four (40 % less trainer CPU a step, measured in RESULTS "Test suite").
+# parameter; this test asserts no goodput ratio), so it takes about half the time. One device per process: each step's
+# gloo all-reduce is between two ranks, not four (cheaper steps: RESULTS.md, "Other measurements").
 SMOKE_STEPS = 320
 SMOKE_STEP_SLEEP = 0.3
 JOB_TIMEOUT = 480  # per job (fault-free, soak): each about SMOKE_STEPS x 0.4-1.2 s plus its restarts

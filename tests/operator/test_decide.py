@@ -89,6 +89,16 @@ def _view(j: Any, pods: list[dict[str, Any]], **kw: Any) -> View:
 
 
 P0, P1 = pod("llama-0", 0), pod("llama-1", 1)
+
+
+def _gone_restart(gone_attempt: int, doomed: str, cause: str) -> Row:
+    """llama-0 gone (its pod of ``gone_attempt`` last seen on n-llama-0), ``doomed`` the node with an open notice:
+    the restart is recorded as ``cause``, llama-1 deleted."""
+    view = _view(job(RUN), [P1], gone=(GonePod("llama-0", "n-llama-0", 0, gone_attempt),), doomed={doomed})
+    counts = {"preemption": 0, "failure": 0, "disruption": 0, cause: 1}
+    return Row(view, record={"phase": "Restarting", "restarts": counts},
+               record_event=Event("GangRestart", "", "Normal" if cause == "preemption" else "Warning"),
+               counter=Counter("restart", cause), delete=("llama-1",), requeue=WAIT_SECONDS)
 IGNORE_KILL = {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [137]}}
 ASSIGNED = Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476")
 IP_RUN = {**RUN}
@@ -118,21 +128,10 @@ ROWS = {
     "a pod gone before it was seen deleting, its node not read yet: read it first": Row(
         _view(job(RUN), [P1], looked=False, gone=(GonePod("llama-0", "n-llama-0", 0, 1),)),
         look=frozenset({"n-llama-0"})),
-    "a pod gone from a node with an open notice: a preemption": Row(
-        _view(job(RUN), [P1], gone=(GonePod("llama-0", "n-llama-0", 0, 1),), doomed={"n-llama-0"}),
-        record={"phase": "Restarting", "restarts": {"preemption": 1, "failure": 0, "disruption": 0}},
-        record_event=Event("GangRestart", "", "Normal"), counter=Counter("restart", "preemption"),
-        delete=("llama-1",), requeue=WAIT_SECONDS),
-    "a pod gone from a node without a notice: a disruption": Row(
-        _view(job(RUN), [P1], gone=(GonePod("llama-0", "n-llama-0", 0, 1),), doomed={"n-other"}),
-        record={"phase": "Restarting", "restarts": {"preemption": 0, "failure": 0, "disruption": 1}},
-        record_event=Event("GangRestart", "", "Warning"), counter=Counter("restart", "disruption"),
-        delete=("llama-1",), requeue=WAIT_SECONDS),
-    "a pod gone, but its tombstone is of the attempt before: a disruption": Row(
-        _view(job(RUN), [P1], gone=(GonePod("llama-0", "n-llama-0", 0, 0),), doomed={"n-llama-0"}),
-        record={"phase": "Restarting", "restarts": {"preemption": 0, "failure": 0, "disruption": 1}},
-        record_event=Event("GangRestart", "", "Warning"), counter=Counter("restart", "disruption"),
-        delete=("llama-1",), requeue=WAIT_SECONDS),
+    "a pod gone from a node with an open notice: a preemption": _gone_restart(1, "n-llama-0", "preemption"),
+    "a pod gone from a node without a notice: a disruption": _gone_restart(1, "n-other", "disruption"),
+    "a pod gone, but its tombstone is of the attempt before: a disruption":
+        _gone_restart(0, "n-llama-0", "disruption"),
     "old pods gone, restarting: the next attempt avoiding the doomed node": Row(
         _view(job({**RUN, "phase": "Restarting", "restartingFrom": 1}), [], avoid=("n-bad",)),
         create=2, dry_run=True, created_event="avoiding n-bad",

@@ -218,7 +218,7 @@ def _recreate(view: View) -> Outcome:
     plan = _pods_ready(_queue_conditions(decide_restart(job, pods, view.avoid, now, view.doomed, held=hold,
                                                         peer_lost_wait_s=view.peer_lost_wait_s, gone=gone),
                                          view, hold), view)
-    look = lost_nodes(pods) | {g.node for g in view.gone}
+    look = lost_nodes(pods) | {node for _, a, node in gone if a == plan.attempt}  # this attempt's pods, gone
     if plan.cause == DISRUPTION and not view.looked and look:  # none to read: decided already
         return Outcome(job, plan, look_at_nodes=frozenset(look))
     if (probe := _to_probe(plan, view)):
