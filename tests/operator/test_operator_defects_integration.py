@@ -165,14 +165,16 @@ def test_a_later_notice_with_an_earlier_deadline_reaches_every_pod(cluster, api,
     assert len(evs) == 2 and any("earlier than the deadline" in e.message for e in evs), [e.message for e in evs]
     # A later, third signal changes nothing: the rebalance taint replaced by Karpenter's (+30 s, first seen
     # later: later) in one Node update, and nothing looked for until the operator has handled that update.
-    delivered = operator.metric("reprieve_notices_delivered_total")
+    # Counted after the status is written (the test can read that status first): wait for the count, both notices.
+    wait_for(lambda: operator.metric("reprieve_notices_delivered_total", namespace=namespace) == 2, 10,
+             "both notices counted as delivered", describe=lambda: operator.tail(40))
     before = operator.metric("reprieve_node_events_total", node=a)
     taints = [t for t in client.CoreV1Api(api).read_node(a).spec.taints or [] if t.key != REBALANCE]
     client.CoreV1Api(api).patch_node(a, {"spec": {"taints": [
         *(api.sanitize_for_serialization(t) for t in taints), {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}})
     operator.handled("reprieve_node_events_total", before, node=a)
     assert {r for r, _ in deadlines(api, namespace, "llama").values()} == {"gke-spot"}
-    assert operator.metric("reprieve_notices_delivered_total") == delivered
+    assert operator.metric("reprieve_notices_delivered_total", namespace=namespace) == 2
     operator.assert_no_errors()
 
 
