@@ -116,7 +116,7 @@ cluster: venv tools
 ## lint: ruff; mypy of the runtime and operator packages and the chart tooling; helm lint --strict (default
 ## and namespaced values)
 lint: venv tools
-	$(VENV)/bin/ruff check operator runtime hack tests benchmarks
+	$(VENV)/bin/ruff check operator runtime hack tests benchmarks examples
 	$(VENV)/bin/mypy runtime/reprieve operator/reprieve_operator hack/gen_chart_readme.py hack/check_values_schema.py
 	@helm="$$(bash hack/build-tools.sh 2>/dev/null | tail -1)/helm"; set -x; \
 	  "$$helm" lint --strict charts/reprieve && \
