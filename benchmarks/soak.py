@@ -142,7 +142,8 @@ def soak_job(cluster: Cluster, name: str, work: Path, args: argparse.Namespace, 
                        node_selector={"reprieve.test/pool": WORKER_POOL},
                        image=cluster.real.images["example"].ref if real else None,
                        requests={"cpu": "250m", "memory": "1Gi"} if real else None,
-                       max_failures=args.max_failures, compilation_cache=work / "xla-cache")
+                       max_failures=args.max_failures,
+                       compilation_cache=args.compilation_cache or work / "xla-cache")
     spec = body["spec"]
     spec["restartMode"], spec["spares"] = "InPlace", args.spares
     # the soak's kills come from outside the program (docs/soak.md): a SIGKILL's 137 is a disruption, not a failure
@@ -269,6 +270,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
     p.add_argument("--max-failures", type=int, default=1000,
                    help="the job's maxFailures (a survivor's unattributed abort still counts: docs/soak.md)")
     p.add_argument("--out", type=Path, default=None, help="directory for soak.json and the timeline")
+    p.add_argument("--compilation-cache", type=Path, default=None,
+                   help="JAX compilation cache directory the jobs share (default: a fresh one in the soak's work "
+                        "directory; the test suite passes the one its end-to-end jobs share)")
     p.add_argument("--timeout", type=float, default=0, help="per job (default: 4x the planned minutes + 10 min)")
     p.add_argument("--plan-only", action="store_true", help="print the schedule and exit (starts nothing)")
     args = p.parse_args(argv)

@@ -23,6 +23,8 @@ import pytest
 from localcluster import chaos
 from localcluster.realnodes import prerequisites
 
+from .conftest import compilation_cache
+
 pytestmark = [pytest.mark.e2e, pytest.mark.realnodes, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +46,8 @@ def smoke_command(seed: int, kinds: list[str], out: Path) -> list[str]:
             "--minutes", f"{chaos.SMOKE_MINUTES:g}", "--fault-every", f"{chaos.SMOKE_FAULT_EVERY:g}",
             "--steps", str(SMOKE_STEPS), "--step-sleep", f"{SMOKE_STEP_SLEEP:g}", "--reference-step-sleep", "0",
             "--devices-per-process", "1", "--nodes", str(chaos.SMOKE_NODES), "--timeout", str(JOB_TIMEOUT),
-            "--out", str(out), "--require-real-nodes"]
+            "--out", str(out), "--require-real-nodes",
+            "--compilation-cache", str(compilation_cache())]
 
 
 def test_a_short_soak_on_real_nodes_recovers_every_fault_and_loses_nothing(
