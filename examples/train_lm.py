@@ -119,7 +119,7 @@ def make_train_step(graphdef: nnx.GraphDef[Any]) -> Any:
     Data-parallel by hand (``jax.shard_map`` over the mesh's ``data`` axis): each device takes the gradient of its
     part of the batch, and the gradients cross devices as **one** flat array (one all-reduce a step). Left to the
     compiler, the gradients of the 120 parameter arrays travel as one tuple all-reduce that the CPU runtime (gloo)
-    runs operand by operand: 40 collectives a step, 3-4x the CPU time of the whole step here (benchmarks/RESULTS.md,
+    runs operand by operand: 40 collectives a step, which made a step cost 2-4x the CPU (benchmarks/RESULTS.md,
     "Other measurements"). Each device draws its own dropout mask (the stream's key folded with its index).
     """
 

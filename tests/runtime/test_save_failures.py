@@ -59,7 +59,9 @@ def _n(step: int, attempt: int, state: str = "committed") -> CheckpointName:
     ([_n(3, 3, "tmp")], 7, []),  # a newer attempt's
     ([_n(30, 1, "tmp")], 7, [_n(30, 1, "tmp")]),  # an older attempt's, whatever its step
     ([_n(4, 2, "deleting"), _n(5, 2, "corrupt")], 7, [_n(4, 2, "deleting")]),  # quarantine has its own rule
-    ([_n(5, 2, "tmp")], None, []),  # nothing committed by this manager yet
+    ([_n(5, 2, "tmp")], None, []),  # nothing committed by this manager yet: none of this attempt's
+    ([_n(30, 1, "tmp"), _n(4, 2, "deleting"), _n(6, 2, "tmp")], None,  # but an older attempt's, and deletions
+     [_n(4, 2, "deleting"), _n(30, 1, "tmp")]),
 ])
 def test_what_retention_removes_besides_old_checkpoints(entries: list[CheckpointName], committed_step: int | None,
                                                         doomed: list[CheckpointName]) -> None:

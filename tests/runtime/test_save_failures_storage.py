@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,3 +109,42 @@ def test_a_new_attempt_waits_out_a_short_storage_outage_at_start(tmpfs: Path,
     _remount(tmpfs, "ro")
     with pytest.raises(Exception, match="Read-only file system"):
         CheckpointManager(str(tmpfs), attempt=3, storage_wait_s=1)
+
+
+def test_a_storage_filled_by_what_retention_owes_frees_it_after_a_failed_save(tmpfs: Path) -> None:
+    """Found by the 30-minute soak: an attempt that left for a restart leaves checkpoints past ``keep`` (its
+    retention deferred, or a pass its exit cut short), and retention ran only after a commit. On a storage with no
+    room for one more, every save of the next attempt failed, no commit ever came to free the room, and after the
+    bound every attempt failed. A failed save now frees what retention owes, so the next save commits."""
+    zeros = {"w": jnp.zeros((STATE_BYTES // 4,), jnp.float32)}
+    with CheckpointManager(str(tmpfs), attempt=1, keep=2) as mgr:  # the attempt that leaves: 4 checkpoints
+        mgr.defer_retention()
+        for step in (1, 2, 3, 4):
+            mgr.save(step, {"w": zeros["w"] + step})
+            mgr.wait()
+    (tmpfs / layout.tmp_name(5, 1) / "arrays").mkdir(parents=True)  # and a save its exit interrupted
+    with open(tmpfs / "ballast", "wb") as f:  # room for the new attempt's fence, not for one more checkpoint
+        while True:
+            try:
+                f.write(b"\0" * 65536)
+                f.flush()
+            except OSError:
+                break
+    os.truncate(tmpfs / "ballast", (tmpfs / "ballast").stat().st_size - STATE_BYTES // 4)
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmpfs), "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "2",
+           "REPRIEVE_CHECKPOINT_KEEP": "2", "REPRIEVE_ATTEMPT": "2"}
+    job = reprieve.init(env=env, install_sigterm=False)
+    state, start = job.restore_or(lambda: zeros)
+    assert start == 5 and float(state["w"][0]) == 4.0
+    with job:  # saves after steps 5 (fails: full), 7 (commits into the room the failure freed), 9
+        for step in job.steps(start, 10):
+            state = {"w": state["w"] + 1}
+            if step == 7:  # the failed save of step 5 has settled and its retention pass freed what was owed
+                job.checkpointer._thread.join()
+                deadline = time.monotonic() + 10
+                while (tmpfs / layout.committed_name(2, 1)).exists() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            job.save(step, state)
+    assert job.metrics.get("reprieve_save_failures_total") == 1
+    assert sorted(p.name for p in tmpfs.iterdir() if p.name != "ballast") == [
+        layout.FENCES_DIR, *(layout.committed_name(s, 2) for s in (7, 9))]

@@ -321,6 +321,11 @@ class CheckpointManager:
         if outcome.startswith("fenced"):
             raise FencedError(f"checkpoint step {step} at {self.uri} not committed: {outcome}")
         if outcome != "ok" or local_err is not None:
+            if pid == 0 and not self._retention_deferred:
+                # What retention owes (checkpoints past ``keep`` that an attempt leaving for a restart left, its
+                # unfinished saves) may be what filled the storage: free it now, not only after a commit that
+                # cannot come while the storage is full; the next save retries into the room.
+                self._schedule_retention()
             # the same error (and verdict) on every process, whichever process's storage refused it
             raise CheckpointSaveError(f"checkpoint step {step} at {self.uri} not committed: {outcome}",
                                       storage=outcome.startswith("error: ")) from local_err
@@ -378,8 +383,9 @@ class CheckpointManager:
     def defer_retention(self) -> None:
         """Run no retention pass after the next commits: the process saves for a restart and exits right after
         the commit, and :meth:`close` would wait for the deletions (a restart gap; 0.08 s measured for the
-        example's checkpoint on local disk, more on an object store). The next attempt's first commit deletes
-        whatever retention owes; until then one checkpoint more than ``keep`` stays."""
+        example's checkpoint on local disk, more on an object store). The next attempt's first commit (or its first
+        failed save: the room may be what it lacked) deletes whatever retention owes; until then one checkpoint
+        more than ``keep`` stays."""
         self._retention_deferred = True
 
     def _schedule_retention(self) -> None:

@@ -52,11 +52,11 @@ def select_quarantined(quarantined: Sequence[Quarantined], *, keep: int) -> list
 def select_abandoned(entries: Sequence[CheckpointName], *, attempt: int,
                      committed_step: int | None) -> list[CheckpointName]:
     """What else retention deletes once attempt ``attempt`` committed ``committed_step`` (pure): interrupted
-    deletions, unfinished (``tmp``) checkpoints of older attempts, and this attempt's of earlier steps (a failed
-    save whose unfinished directory process 0 could not remove, e.g. on a storage that was read-only then). Never
-    one of a later step (that save may be writing now) nor of a newer attempt."""
-    if committed_step is None:
-        return []
+    deletions, unfinished (``tmp``) checkpoints of older attempts (fenced out: they can never commit), and this
+    attempt's of earlier steps (a failed save whose unfinished directory process 0 could not remove, e.g. on a
+    storage that was read-only then). Never one of a later step (that save may be writing now) nor of a newer
+    attempt. ``committed_step`` None (a pass after a failed save, before this attempt committed anything): none of
+    this attempt's."""
     return sorted((e for e in entries if e.state == "deleting" or (e.state == "tmp" and (
-        e.attempt < attempt or (e.attempt == attempt and e.step < committed_step)))),
+        e.attempt < attempt or (committed_step is not None and e.attempt == attempt and e.step < committed_step)))),
                   key=lambda c: (c.step, c.attempt))
