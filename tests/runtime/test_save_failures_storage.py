@@ -36,6 +36,17 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+def _fill(ballast: Path) -> None:
+    """Write ``ballast`` until its file system is full."""
+    with open(ballast, "wb") as f:
+        while True:
+            try:
+                f.write(b"\0" * 65536)
+                f.flush()
+            except OSError:
+                return
+
+
 def _remount(mnt: Path, mode: str) -> None:
     subprocess.run(["mount", "-o", f"remount,{mode}", str(mnt)], check=True, capture_output=True)
 
@@ -57,13 +68,7 @@ def test_read_only_then_full_storage_costs_no_failure(tmpfs: Path, caplog: pytes
                 # what a save interrupted by the remount leaves: retention removes it after the next commit
                 (tmpfs / layout.tmp_name(5, 1) / "arrays").mkdir(parents=True)
             elif step == 8:  # the save of step 9 fails (ENOSPC) and cleans up after itself
-                with open(ballast, "wb") as f:
-                    while True:
-                        try:
-                            f.write(b"\0" * 65536)
-                            f.flush()
-                        except OSError:
-                            break
+                _fill(ballast)
             elif step == 10:
                 ballast.unlink()
             job.save(step, state)
@@ -123,13 +128,7 @@ def test_a_storage_filled_by_what_retention_owes_frees_it_after_a_failed_save(tm
             mgr.save(step, {"w": zeros["w"] + step})
             mgr.wait()
     (tmpfs / layout.tmp_name(5, 1) / "arrays").mkdir(parents=True)  # and a save its exit interrupted
-    with open(tmpfs / "ballast", "wb") as f:  # room for the new attempt's fence, not for one more checkpoint
-        while True:
-            try:
-                f.write(b"\0" * 65536)
-                f.flush()
-            except OSError:
-                break
+    _fill(tmpfs / "ballast")  # then room for the new attempt's fence, not for one more checkpoint
     os.truncate(tmpfs / "ballast", (tmpfs / "ballast").stat().st_size - STATE_BYTES // 4)
     env = {"REPRIEVE_CHECKPOINT_URI": str(tmpfs), "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "2",
            "REPRIEVE_CHECKPOINT_KEEP": "2", "REPRIEVE_ATTEMPT": "2"}
