@@ -253,7 +253,9 @@ class Job:
                 log.warning("restored step %d has no data position: the data pipeline starts from its beginning",
                             step)
             data_mod.restore_into(data, value)
-        self._last_saved = self._committed = step
+        # A restore from memory leaves storage's newest commit where it was: that, not the memory step, is what
+        # this job reports as committed (status.lastCheckpointStep is storage's; status.memoryStep the tier's).
+        self._last_saved, self._committed = step, getattr(result, "storage_step", step)
         self._seed_estimates(extra.get("reprieve"))
         raw_record = extra.get("reprieve")
         written: dict[str, Any] = raw_record if isinstance(raw_record, dict) else {}
@@ -264,7 +266,7 @@ class Job:
         self.loop.restore_seconds = seconds = time.perf_counter() - t0
         self.loop.restored_from = getattr(result, "restored_from", None)  # memory tier hook: where it read from
         self.metrics.observe("reprieve_restore_seconds", seconds)
-        self.metrics.set("reprieve_last_committed_step", step)
+        self.metrics.set("reprieve_last_committed_step", -1 if self._committed is None else self._committed)
         run = written.get("run")
         run_id = run.get("id") if isinstance(run, dict) else None
         log.info("restored step %d from %s: resuming at step %d (saved by attempt %s%s)", step,

@@ -114,6 +114,9 @@ def test_a_restart_restores_the_newest_memory_copy_bit_exactly(tmp_path: Path, s
     assert start == 9 and pos.state == {"pos": 9}
     same(restored, expected(9))
     assert job.loop.restored_from == {"step": 8, "tier": "memory", "sources": ["memory"]}
+    # Storage has no checkpoint: the committed step the job reports (status.lastCheckpointStep, which the soak
+    # holds retention to) is storage's, not the memory copy's.
+    assert job.committed_step is None
     for step in job.steps(start, 12):
         restored = step_fn(restored)
         job.save(step, restored, data={"pos": step + 1})

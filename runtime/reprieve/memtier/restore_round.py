@@ -124,7 +124,9 @@ def restore(tier: Any, storage: Any, abstract: Any, *, timeout_s: float = 1800.0
             if check is not None:
                 record = result[1].get("reprieve") if isinstance(result[1], dict) else None
                 check(record, None, f"memory copy of step {plan.step} (attempt {plan.attempt}) in {tier.dir.path}")
-            return _done(tier, RestoreResult(plan.step, result[0], result[1], result[2]), plan, sources, t0)
+            stored = [int(st) for st, _ in reports[0].get("storage", [])]
+            return _done(tier, RestoreResult(plan.step, result[0], result[1], result[2]), plan, sources, t0,
+                         storage_step=max(stored, default=None))
         for v in verdicts:
             for name, loc in v.get("bad", []):
                 parsed = _holding({"name": name, "n": 0, "loc": loc})
@@ -145,7 +147,7 @@ def restore(tier: Any, storage: Any, abstract: Any, *, timeout_s: float = 1800.0
                        n, {}, plan.reason)
     if not isinstance(result, RestoreResult):
         result = RestoreResult(result[0], result[1], result[2], getattr(result, "process_extra", None))
-    return _done(tier, result, plan, ["storage"] * n, t0)
+    return _done(tier, result, plan, ["storage"] * n, t0, storage_step=int(result[0]))
 
 
 def _plan(tier: Any, reports: list[dict[str, Any]], excluded: set[tuple[CopyName, str]],
@@ -195,12 +197,16 @@ def _carry_out(tier: Any, storage: Any, plan: decide.Plan, abstract: Any) -> tup
         return {"ok": False, "bad": [[str(err.holder.name), err.holder.location]], "error": str(err)[:2000]}, None
 
 
-def _done(tier: Any, result: Any, plan: decide.Plan, sources: list[str], t0: float) -> Any:
+def _done(tier: Any, result: Any, plan: decide.Plan, sources: list[str], t0: float, *,
+          storage_step: int | None) -> Any:
+    """``result`` with ``restored_from`` and ``storage_step`` (the newest committed step in storage, which a
+    restore from memory does not move: the job reports it as its committed checkpoint, not the memory step)."""
     base = (int(result[0]), int(plan.attempt or 0))
     _fence(tier, base)
     tier.base = base
     tier.restored_from = {"step": int(result[0]), "tier": plan.tier, "sources": sources}
     result.restored_from = tier.restored_from
+    result.storage_step = storage_step
     where = {"memory": "its own pod's memory", "peer": "a peer's memory over the network", "storage": "storage"}
     log.info("restored step %d on process %d from %s in %.3fs (gang: %s)", result[0], tier.pid,
              where[sources[tier.pid]], time.perf_counter() - t0,
