@@ -13,13 +13,17 @@ restore in a fresh process, the sources alternating, the median of ``--repeats``
 * **peer**: the pod's directory is empty (a replacement pod), another process serves the copy as a peer's
   replica server on loopback TCP;
 * **disk**: the storage tier (``CheckpointManager``) on local disk, read from the page cache (the best case
-  for storage: a cold read is slower);
+  for storage);
+* **disk-cold**: the same checkpoint with its files dropped from the page cache first (``fsync`` then
+  ``posix_fadvise(DONTNEED)`` on each file, what stays cached checked with util-linux's ``fincore``): what a
+  replacement pod on another node reads, whose page cache never held the checkpoint. (On a VM the host's own cache
+  of the virtual disk may still serve the reads: the number is this machine's, not a bare disk's.)
 * **s3**: the storage tier on moto's S3 server on loopback (``--no-s3`` skips it; moto keeps objects in its
   own process's memory, so this is the S3 protocol's cost, not a network's or a real store's).
 
 Each goes through the whole restore (``memtier.restore_round.restore``: the round, the decision, the reads and
 checks, the arrays on the devices) and is checked bit-exact on a quarter of the leaves. Ratios are against local
-disk (targets: own memory >= 5x, peer >= 3x). Floors, measured once per run on 1 GiB: host memcpy into pre-faulted
+disk, warm and cold (targets: own memory >= 5x, peer >= 3x). Floors, measured once per run on 1 GiB: host memcpy into pre-faulted
 memory, fresh memory allocate+touch, crc32c, and one loopback TCP stream (``sendfile`` from tmpfs into a
 pre-faulted buffer). Memory: a state peaks at about 4x its size (the preparing process's state and staging
 buffers, the own and the peer's copies in /dev/shm), 5x with the s3 emulator's copy: ``--s3-max-gib`` (1 by
@@ -106,6 +110,24 @@ def _storage_uri(a: argparse.Namespace, source: str) -> str:
     return a.s3 if source == "s3" else os.path.join(a.dir, "ckpt")
 
 
+def evict(root: str) -> int:
+    """Drop every file under ``root`` from the page cache (``fsync``, then ``posix_fadvise(DONTNEED)``); return the
+    bytes of them still cached after (util-linux ``fincore``; -1 when it is not installed)."""
+    files = [os.path.join(d, f) for d, _, names in os.walk(root) for f in names]
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    if not files or shutil.which("fincore") is None:
+        return 0 if not files else -1
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *files], capture_output=True,
+                         text=True, check=True).stdout
+    return sum(int(x) for x in out.split())
+
+
 def child_prepare(a: argparse.Namespace) -> dict[str, Any]:
     """Write the storage checkpoints (local disk, and the s3 emulator when given) and the memory copy (sent to the
     peer's replica server at ``a.peer``)."""
@@ -145,6 +167,7 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
     directory = "pod-own" if a.source == "own" else "pod-replacement"
     tier = _tier(os.path.join(a.shm, directory), peer=a.peer if a.source == "peer" else None)
     storage = CheckpointManager(_storage_uri(a, a.source), attempt=2, keep=1)
+    cached = evict(_storage_uri(a, a.source)) if a.source == "disk-cold" else None
     t0 = time.perf_counter()
     result = restore_round.restore(tier, storage, abstract)
     restored = jax.block_until_ready(result[1])
@@ -158,7 +181,7 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
     storage.close()
     tier.close()
     shutil.rmtree(os.path.join(a.shm, "pod-replacement"), ignore_errors=True)
-    return {"seconds": seconds, "bytes": nbytes, "exact": exact}
+    return {"seconds": seconds, "bytes": nbytes, "exact": exact, "cached_before": cached}
 
 
 def child_cost(a: argparse.Namespace) -> dict[str, Any]:
@@ -275,7 +298,7 @@ def floors(size_gib: float, shm: str) -> dict[str, float]:
     return out
 
 
-SOURCES = ("own", "peer", "disk", "s3")
+SOURCES = ("own", "peer", "disk", "disk-cold", "s3")
 FLOOR_GIB = 1.0  # the floors are rates: measured on 1 GiB whatever the state size (4 GiB would need ~16 GiB of RAM)
 
 
@@ -337,24 +360,27 @@ def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool) -> dict[s
                       server.address, *(["--s3", s3_uri] if s3_uri else [])]
             prep = run_child("prepare", common)
             times: dict[str, list[float]] = {k: [] for k in SOURCES if k != "s3" or s3_uri}
-            exact = True
+            exact, cached = True, []
             for _ in range(repeats):
                 for source, took in times.items():
                     r = run_child("restore", [*common, "--source", source])
                     took.append(r["seconds"])
                     exact = exact and r["exact"]
+                    if r.get("cached_before") is not None:
+                        cached.append(r["cached_before"])
         med = {k: statistics.median(v) for k, v in times.items()}
         return {"size_gib": size, "leaves": leaves, "prepare": prep, "seconds": times, "median": med,
-                "exact": exact}
+                "exact": exact, "cold_cached_bytes": cached}
     finally:
         server.close()
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
 
 
-def ratios(median: dict[str, float]) -> dict[str, float]:
-    """How many times faster than local-disk storage each source restored (pure)."""
-    return {k: median["disk"] / v for k, v in median.items() if v > 0}
+def ratios(median: dict[str, float], against: str = "disk") -> dict[str, float]:
+    """How many times faster than local-disk storage (``against``: "disk", or "disk-cold") each source restored
+    (pure)."""
+    return {k: median[against] / v for k, v in median.items() if v > 0}
 
 
 def bench_cost(a: argparse.Namespace) -> dict[str, Any]:
@@ -394,11 +420,17 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
     x = ratios(m)
     print(f"restore {gib:g} GiB, {r['leaves']} leaves (median of {repeats}; bit-exact: {r['exact']}):")
     for source in m:
-        print(f"  {source:5s} {m[source]:7.3f} s  {gib / m[source]:6.2f} GiB/s  {x[source]:5.1f}x local disk   "
+        print(f"  {source:9s} {m[source]:7.3f} s  {gib / m[source]:6.2f} GiB/s  {x[source]:5.1f}x local disk   "
               f"all: {[round(v, 3) for v in r['seconds'][source]]}")
     print(f"  targets: own memory {x['own']:.1f}x local disk (>= 5x: {'met' if x['own'] >= 5 else 'NOT met'}), "
           f"peer {x['peer']:.1f}x (>= 3x: {'met' if x['peer'] >= 3 else 'NOT met'})"
           + (f"; s3 emulator {m['s3'] / m['own']:.1f}x slower than own memory" if "s3" in m else ""))
+    if "disk-cold" in m:
+        c = ratios(m, "disk-cold")
+        print(f"  against a cold read of local disk (the replacement pod's; still cached before each: "
+              f"{max(r.get('cold_cached_bytes') or [0])} bytes at most): own memory {c['own']:.1f}x "
+              f"(>= 5x: {'met' if c['own'] >= 5 else 'NOT met'}), peer {c['peer']:.1f}x "
+              f"(>= 3x: {'met' if c['peer'] >= 3 else 'NOT met'})")
     print(f"  floors of this run: memcpy {fl['memcpy_gib_s']:.2f} GiB/s ({gib / fl['memcpy_gib_s']:.3f} s for "
           f"{gib:g} GiB), fresh memory {fl['fresh_memory_gib_s']:.2f} GiB/s, crc32c {fl['crc32c_gib_s']:.2f} GiB/s, "
           f"loopback TCP {fl['loopback_tcp_gib_s']:.2f} GiB/s ({gib / fl['loopback_tcp_gib_s']:.3f} s)")

@@ -144,9 +144,14 @@ class BudgetPlugin:
         self.seconds: dict[str, float] = {}
         self.tiers: dict[str, str] = {}
         self.why_long: dict[str, bool] = {}
+        self.spans: dict[str, list[Any]] = {}  # nodeid -> [worker, first start, last stop] (epoch seconds)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        node = getattr(report, "node", None)  # the xdist worker that ran it (None in a plain run)
+        worker = getattr(getattr(node, "gateway", None), "id", "main")
+        span = self.spans.setdefault(report.nodeid, [worker, report.start, report.stop])
+        span[1], span[2] = min(span[1], report.start), max(span[2], report.stop)
         if report.when == "setup":
             self.tiers[report.nodeid] = tier_of(k for k, v in report.keywords.items() if v)
             self.why_long[report.nodeid] = dict(report.user_properties).get("why_long", False)
@@ -172,8 +177,12 @@ class BudgetPlugin:
         out = Path(os.environ.get("REPRIEVE_TEST_TIMES") or Path(self.config.rootpath, ".pytest_cache",
                                                                  "test-times.json"))
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(summary.as_json() | {"all": {n: round(s, 2) for n, s in self.seconds.items()}},
-                                  indent=1))
+        # "timeline": when each test ran and on which worker (seconds from the run's start), to see where the
+        # workers waited on each other (benchmarks/suite_cpu.py says where the CPU went)
+        t0 = min((s[1] for s in self.spans.values()), default=0.0)
+        timeline = {n: [w, round(a - t0, 1), round(b - t0, 1)] for n, (w, a, b) in self.spans.items()}
+        out.write_text(json.dumps(summary.as_json() | {"all": {n: round(s, 2) for n, s in self.seconds.items()},
+                                                        "timeline": timeline}, indent=1))
 
 
 def why_long(item: pytest.Item) -> bool:
