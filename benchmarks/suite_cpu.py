@@ -88,6 +88,7 @@ class Sampler:
         self.base: dict[tuple[int, int], float] = {}  # what processes alive at the start had already used
         self.tests: dict[tuple[int, int], str] = {}  # (pid, start time) -> the test it is charged to
         self._live: dict[int, str] = {}  # pid -> its test, for children whose environment has none
+        self.busy: list[tuple[float, float]] = []  # (seconds since the start, machine busy CPU-s so far)
         self.stop = threading.Event()
 
     def sample(self) -> None:
@@ -114,11 +115,22 @@ class Sampler:
                 continue
 
     def run(self) -> None:
+        t0, busy0 = time.monotonic(), _busy_seconds()
         self.sample()
         self.base = {k: cpu for k, (_, cpu) in self.last.items()}
         while not self.stop.wait(self.interval):
             self.sample()
+            self.busy.append((time.monotonic() - t0, _busy_seconds() - busy0))
         self.sample()
+
+    def utilisation(self, window: float = 30.0) -> list[list[float]]:
+        """``[start, cores busy]`` per ``window`` seconds of the run: where the machine had CPU left over."""
+        out, last_t, last_b = [], 0.0, 0.0
+        for t, b in self.busy:
+            if t - last_t >= window:
+                out.append([round(last_t), round((b - last_b) / (t - last_t), 2)])
+                last_t, last_b = t, b
+        return out
 
     def totals(self) -> Counter[str]:
         out: Counter[str] = Counter()
@@ -170,6 +182,7 @@ def main() -> int:
         args.out.write_text(json.dumps({"command": cmd, "exit": rc, "wall_s": round(wall, 1),
                                         "busy_cpu_s": round(busy, 1), "by_kind": {k: round(v, 1) for k, v in rows},
                                         "unsampled_cpu_s": round(busy - sampled, 1),
+                                        "cores_busy_per_30s": sampler.utilisation(),
                                         "by_test": {t: {"cpu_s": round(sec, 1),
                                                         "by_kind": {k: round(v, 1) for k, v in kinds.most_common()}}
                                                     for t, sec, kinds in tests}}, indent=1))

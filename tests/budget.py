@@ -32,9 +32,17 @@ REAL_NODE_MODULES = ("tests/e2e/test_realnodes_e2e.py", "tests/localcluster/test
                      "tests/e2e/test_release_e2e.py", "tests/e2e/test_soak_smoke_e2e.py")
 
 
+# Modules whose tests share a module-scoped fixture that is too costly to make twice: each one work unit
+SHARED_FIXTURE_MODULES = ("tests/runtime/test_data_position.py",)
+
+
 def scope_of(nodeid: str) -> str | None:
-    """The pytest-xdist work unit a test must share ("realnodes"), or None (any worker)."""
-    return "realnodes" if nodeid.split("::", 1)[0] in REAL_NODE_MODULES else None
+    """The pytest-xdist work unit a test must share ("realnodes", or its module's path for the modules that share
+    a costly fixture), or None (any worker)."""
+    module = nodeid.split("::", 1)[0]
+    if module in REAL_NODE_MODULES:
+        return "realnodes"
+    return module if module in SHARED_FIXTURE_MODULES else None
 
 
 def tier_of(marks: Iterable[str]) -> str:

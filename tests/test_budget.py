@@ -98,3 +98,4 @@ def test_every_module_that_uses_the_real_node_cluster_is_one_xdist_work_unit() -
     assert users == sorted(REAL_NODE_MODULES)
     assert scope_of("tests/e2e/test_realnodes_e2e.py::test_x[1]") == "realnodes"
     assert scope_of("tests/e2e/test_preemption_e2e.py::test_x") is None
+    assert scope_of("tests/runtime/test_data_position.py::test_x[global]") == "tests/runtime/test_data_position.py"

@@ -5,7 +5,9 @@ different process count where the position is global; where it is per process, t
 from __future__ import annotations
 
 import json
+import shutil
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,14 +45,34 @@ def _preempted(workdir: Path, n: int, mode: str) -> int:
     return int(log.split("agreed checkpoint at step ")[1].split()[0])
 
 
+@pytest.fixture(scope="module")
+def preempted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Path], int]:
+    """``preempted(mode, work)``: a copy, at ``work``, of the module's one preempted 2-process gang of ``mode``
+    (its checkpoints and batch logs; made by the first test that asks); returns its agreed step. Two tests resume
+    each gang (on 2 processes, and on 1), so each preemption runs once, not twice; the module is one pytest-xdist
+    work unit (tests/budget.py) so its tests share it."""
+    made: dict[str, tuple[Path, int]] = {}
+
+    def copy(mode: str, work: Path) -> int:
+        if mode not in made:
+            src = tmp_path_factory.mktemp(f"preempted-{mode}")
+            made[mode] = (src, _preempted(src, 2, mode))
+        src, saved = made[mode]
+        shutil.copytree(src, work)
+        return saved
+
+    return copy
+
+
 @pytest.mark.parametrize("mode", ["loader", "global"])
-def test_every_process_resumes_its_grain_pipeline_exactly(tmp_path: Path, mode: str) -> None:
+def test_every_process_resumes_its_grain_pipeline_exactly(tmp_path: Path, mode: str,
+                                                          preempted: Callable[[str, Path], int]) -> None:
     ref = _run(tmp_path / "ref", 2, mode)
     assert ref.wait(120) == [0, 0], ref.tail()
     expected = _batches(tmp_path / "ref", 2)
 
     work = tmp_path / "preempted"
-    saved = _preempted(work, 2, mode)
+    saved = preempted(mode, work)
     again = _run(work, 2, mode, attempt=2)
     assert again.wait(120) == [0, 0], again.tail()
     assert f"resuming at step {saved + 1}" in again.logs[1].read_text()
@@ -60,13 +82,14 @@ def test_every_process_resumes_its_grain_pipeline_exactly(tmp_path: Path, mode: 
     assert got[saved + 1][0] != got[saved + 1][1]
 
 
-def test_a_global_position_moves_to_another_process_count(tmp_path: Path) -> None:
+def test_a_global_position_moves_to_another_process_count(tmp_path: Path,
+                                                         preempted: Callable[[str, Path], int]) -> None:
     ref = _run(tmp_path / "ref", 1, "global")
     assert ref.wait(120) == [0], ref.tail()
     expected = {s: b[0] for s, b in _batches(tmp_path / "ref", 1).items()}  # the whole global batch
 
     work = tmp_path / "moved"
-    saved = _preempted(work, 2, "global")
+    saved = preempted("global", work)
     again = _run(work, 1, "global", attempt=2)  # half the processes: each global batch on one process
     assert again.wait(120) == [0], again.tail()
     two = _batches(work, 2)
@@ -78,9 +101,11 @@ def test_a_global_position_moves_to_another_process_count(tmp_path: Path) -> Non
     assert all(one[s] == expected[s] for s in one)
 
 
-def test_per_process_positions_refuse_another_process_count_with_the_fix(tmp_path: Path) -> None:
-    saved = _preempted(tmp_path, 2, "loader")
-    again = _run(tmp_path, 1, "loader", attempt=2)
+def test_per_process_positions_refuse_another_process_count_with_the_fix(
+        tmp_path: Path, preempted: Callable[[str, Path], int]) -> None:
+    work = tmp_path / "refused"
+    saved = preempted("loader", work)
+    again = _run(work, 1, "loader", attempt=2)
     assert again.wait(120) == [1], again.tail()
     log = again.logs[0].read_text()
     assert "DataPositionError" in log and "data positions of 2 processes and this job has 1" in log, again.tail()
