@@ -30,7 +30,7 @@ localkube="$bin/localkube-$key"
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 if [ ! -x "$localkube" ]; then
   echo "build-tools: building localkube (Kubernetes control plane, kubelet, etcd, kubectl; key $key)." >&2
-  echo "build-tools: the first build of these binaries and helm takes 17-27 minutes on 2 cores (measured: benchmarks/RESULTS.md, First build); later runs reuse $localkube." >&2
+  echo "build-tools: the first build of these binaries and helm takes about 10 minutes on an idle 2-core machine (27 on a loaded one), and all that make test builds the first time about 26 (measured: benchmarks/RESULTS.md, First build); later runs reuse $localkube." >&2
   start=$(date +%s)
   if ! (cd "$here/localkube" && go build -trimpath -ldflags "$ldflags" -o "$localkube.tmp" .); then
     echo "build-tools: the Go build of hack/localkube failed (output above). Check 'go env GOPROXY' reaches" \
