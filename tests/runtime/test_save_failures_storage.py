@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
 import reprieve
+from localcluster.testing import wait_for
 from reprieve.checkpoint import CheckpointManager, layout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -140,9 +140,9 @@ def test_a_storage_filled_by_what_retention_owes_frees_it_after_a_failed_save(tm
             state = {"w": state["w"] + 1}
             if step == 7:  # the failed save of step 5 has settled and its retention pass freed what was owed
                 job.checkpointer._thread.join()
-                deadline = time.monotonic() + 10
-                while (tmpfs / layout.committed_name(2, 1)).exists() and time.monotonic() < deadline:
-                    time.sleep(0.01)
+                wait_for(lambda: not (tmpfs / layout.committed_name(2, 1)).exists(), 10,
+                         "the retention pass after the failed save to delete what attempt 1 left past keep",
+                         interval=0.01)
             job.save(step, state)
     assert job.metrics.get("reprieve_save_failures_total") == 1
     assert sorted(p.name for p in tmpfs.iterdir() if p.name != "ballast") == [

@@ -124,9 +124,9 @@ def restore(tier: Any, storage: Any, abstract: Any, *, timeout_s: float = 1800.0
             if check is not None:
                 record = result[1].get("reprieve") if isinstance(result[1], dict) else None
                 check(record, None, f"memory copy of step {plan.step} (attempt {plan.attempt}) in {tier.dir.path}")
-            stored = [int(st) for st, _ in reports[0].get("storage", [])]
+            stored = _storage(reports, bad_storage)
             return _done(tier, RestoreResult(plan.step, result[0], result[1], result[2]), plan, sources, t0,
-                         storage_step=max(stored, default=None))
+                         storage_step=max((st for st, _ in stored), default=None))
         for v in verdicts:
             for name, loc in v.get("bad", []):
                 parsed = _holding({"name": name, "n": 0, "loc": loc})
@@ -161,10 +161,15 @@ def _plan(tier: Any, reports: list[dict[str, Any]], excluded: set[tuple[CopyName
                 holdings.setdefault((h.name, h.location), h)
         for a, b in r["fences"].items():
             fences.setdefault(int(a), None if b is None else (int(b[0]), int(b[1])))
-    storage = [(int(s), int(a)) for s, a in reports[0].get("storage", []) if (int(s), int(a)) not in bad_storage]
-    return decide.decide(list(holdings.values()), fences, storage=storage, current_attempt=tier.attempt,
-                         processes=[(p, r["location"]) for p, r in enumerate(reports)], excluded=excluded,
-                         mixed_ok=all(r.get("mixed_ok") for r in reports))
+    return decide.decide(list(holdings.values()), fences, storage=_storage(reports, bad_storage),
+                         current_attempt=tier.attempt, processes=[(p, r["location"]) for p, r in enumerate(reports)],
+                         excluded=excluded, mixed_ok=all(r.get("mixed_ok") for r in reports))
+
+
+def _storage(reports: list[dict[str, Any]], bad_storage: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The committed storage checkpoints ``(step, attempt)`` process 0 reported, less those a round found
+    unusable."""
+    return [(int(s), int(a)) for s, a in reports[0].get("storage", []) if (int(s), int(a)) not in bad_storage]
 
 
 def _carry_out(tier: Any, storage: Any, plan: decide.Plan, abstract: Any) -> tuple[dict[str, Any], Any]:
