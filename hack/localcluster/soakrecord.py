@@ -91,6 +91,8 @@ class Totals:
     badput_by_kind: dict[str, float] = field(default_factory=dict)  # gap seconds, by fault kind
     not_injected: int = 0        # planned faults the injector could not carry out (no target at that moment)
     unexplained: list[str] = field(default_factory=list)  # interruptions no fault caused: "attempt a->b at step s"
+    lost_compared: int = 0  # faults that caused a restart with the operator's lost steps read
+    lost_differ: list[str] = field(default_factory=list)  # of those, where the operator's differ: "#i op X vs log Y (why)"
 
     @property
     def goodput_ratio(self) -> float:
@@ -366,10 +368,27 @@ def totals(recs: Sequence[FaultRecord], *, goodput: float, goodput_fault_free: f
     for r in recs:
         badput[r.kind] = round(badput.get(r.kind, 0.0) + r.gap_seconds, 2)
     missed = sum(r.note.startswith(NOT_INJECTED) for r in recs)
+    compared, differ = lost_agreement(recs)
     return Totals(len(recs) - missed, sum(r.recovered for r in recs), goodput, goodput_fault_free, lost,
                   sha256_equal, sum(r.lost_steps for r in recs), badput, missed,
                   [f"attempt {i.from_attempt} at step {i.last_step} (gap {i.gap_seconds:.1f} s, "
-                   f"{i.lost_steps} lost)" for i in unexplained])
+                   f"{i.lost_steps} lost)" for i in unexplained], compared, differ)
+
+
+def lost_agreement(recs: Sequence[FaultRecord]) -> tuple[int, list[str]]:
+    """How many faults that caused a restart have the operator's lost steps beside the step log's, and where they
+    differ, each with the one cause known to remain: where no process restarted in place, none may have outlived
+    the loss to say the gang's last finished step, and the steps after process 0's last progress report (every
+    5 s) stay restart gap in the operator's count (docs/goodput.md)."""
+    compared, differ = 0, []
+    for i, r in enumerate(recs, 1):
+        if r.operator_lost_steps is None or not r.recovery or r.recovery.startswith("no restart"):
+            continue
+        compared += 1
+        if r.operator_lost_steps != r.lost_steps:
+            why = "" if " in place" in r.recovery else " (no process restarted in place: none may have survived to say its last step)"
+            differ.append(f"#{i} {r.kind}: op {r.operator_lost_steps} vs log {r.lost_steps}{why}")
+    return compared, differ
 
 
 def table(recs: Sequence[FaultRecord], tot: Totals) -> str:
@@ -396,7 +415,9 @@ def table(recs: Sequence[FaultRecord], tot: Totals) -> str:
              f"final parameters' sha256 vs fault-free: {sha}",
              f"restarts no fault explains: {len(tot.unexplained)}"
              + (f" ({'; '.join(tot.unexplained)})" if tot.unexplained else ""),
-             f"restart gap by kind: {share or 'none'}"]
+             f"restart gap by kind: {share or 'none'}",
+             f"operator's lost steps equal to the step log's: {tot.lost_compared - len(tot.lost_differ)} of "
+             f"{tot.lost_compared}" + (f" ({'; '.join(tot.lost_differ)})" if tot.lost_differ else "")]
     return "\n".join(rows)
 
 

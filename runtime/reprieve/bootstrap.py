@@ -317,9 +317,19 @@ def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Che
 
 
 def _last_step(job: Job) -> tuple[int, float] | None:
-    """The job's last finished step and when it finished (unix seconds); None before its first step."""
+    """The job's last finished step and when the loop handed it to save (unix seconds); None before one finished.
+
+    Where the loop calls ``save`` every step, the newest step whose results exist (``reprieve.finished``: the
+    loop may be steps ahead of it, JAX dispatches asynchronously); else the loop's position."""
     last = job.loop.last  # one atomic load: the training thread replaces the tuple
-    return None if last is None else (last[0], last[1] + job.loop.wall_offset)
+    if last is None:
+        return None
+    noted = job.finished.noted
+    if noted is not None and noted >= last[0]:
+        last = job.finished.last()
+        if last is None:
+            return None
+    return last[0], last[1] + job.loop.wall_offset
 
 
 def _waiting_and_reporting_again(peers: PeerWatch) -> Callable[[str], tuple[int, ...]]:

@@ -26,6 +26,7 @@ from .compile_ahead import CompileAhead, LoweringCount
 from .config import RuntimeConfig
 from .coordination import Coordinator
 from .exiting import exit_process
+from .finished import FinishedSteps
 from .lifecycle import ABANDON, ABORT, FINISH, RESTART, Phase, Teardown, exit_decision
 from .metrics import Metrics
 from .notice import Notice
@@ -159,6 +160,7 @@ class Job:
         self._step_ema: float | None = None
         self._skip_first_step = True  # an attempt's first step holds its compilation: never in the EMA
         self.loop = LoopProgress()  # read by the progress reporter and the metrics exporter's threads
+        self.finished = FinishedSteps()  # the last step whose results exist (a survivor says it: reprieve.finished)
         self._last_save_at = time.monotonic()  # process 0's clock for the time-based interval
         # saves: _last_saved started, _pending not yet confirmed; _committed is also advanced by on_commit
         self._last_saved: int | None = None
@@ -435,6 +437,7 @@ class Job:
         """
         self._current = max(self._current, step)
         finished_at = time.perf_counter()  # the step is done (the user's code computed it before this call)
+        self.finished.note(step, state, finished_at, self._step_ema)  # ... or dispatched it: a probe says when
         self._first_step_done(step)
         if not self._state_checked:
             self._state_checked = True

@@ -20,10 +20,12 @@ from localcluster.injectors import (
     split_roles,
 )
 from localcluster.soakrecord import (
+    FaultRecord,
     Injected,
     Observation,
     committed_lost,
     how_restarted,
+    lost_agreement,
     records,
     restore_in_words,
     restores_by_attempt,
@@ -172,7 +174,19 @@ def test_records_match_faults_to_interruptions_and_share_a_restart_hit_twice() -
     tot = totals(recs, goodput=0.8, goodput_fault_free=0.9, lost=[], sha256_equal=True)
     assert (tot.injected, tot.recovered, tot.lost_steps) == (4, 4, 5)
     assert tot.goodput_ratio == pytest.approx(0.8 / 0.9)
+    assert (tot.lost_compared, tot.lost_differ) == (2, ["#1 kill-trainer: op 3 vs log 5"])  # the notice's agree
     assert "faults injected 4, recovered 4" in table(recs, tot)
+    assert "operator's lost steps equal to the step log's: 1 of 2 (#1 kill-trainer: op 3 vs log 5)" in table(recs, tot)
+
+
+def test_a_difference_where_no_process_restarted_in_place_says_none_may_have_survived() -> None:
+    lost = FaultRecord("node-lost", "node-a", 10.0, 12.0, lost_steps=21, recovery="0->spare, 1->new pod; storage",
+                       recovered=True, operator_lost_steps=0)
+    kept = FaultRecord("kill-trainer", "lm-1", 40.0, 41.0, lost_steps=2, recovery="2 in place", recovered=True,
+                       operator_lost_steps=2)
+    spare = FaultRecord("kill-spare", "lm-spare-x", 50.0, 51.0, recovery="spare replaced", recovered=True)
+    assert lost_agreement([lost, kept, spare]) == (2, [
+        "#1 node-lost: op 0 vs log 21 (no process restarted in place: none may have survived to say its last step)"])
 
 
 def test_a_fault_after_which_nothing_trained_is_unrecovered_and_a_failed_injection_is_not_recovered() -> None:

@@ -72,3 +72,23 @@ def test_process_0_killed_mid_run_is_named_by_every_survivor_before_jax_ends_it(
         last = events[-1]
         assert done and last["step"] in (done[-1], done[-1] - 1), (survivor, done[-3:], events, gang.tail())
         assert killed - 120 < last["stepAt"] < time.time(), (survivor, events)
+
+
+def test_a_survivor_says_the_last_step_the_gang_finished_not_the_last_its_loop_dispatched(tmp_path: Path) -> None:
+    """The example's loop shape: a donated, jitted step with an all-reduce, dispatched asynchronously, process 0
+    waiting for each step and logging it (the step log), the others running ahead. When process 0 is killed, a
+    survivor's loop has dispatched steps past the last one the gang finished; the step it says (``peerLost``) is
+    the last one computed (``reprieve.finished``), so the operator's lost steps agree with the step log's."""
+    gang = launch(tmp_path, 2, steps=100000, step_seconds=0, heartbeat_s=6,
+                  extra_env={"WORKER_ASYNC": "1"}, supervised=True)
+    codes = gang.signal_when_running(0, signal.SIGKILL, 90)
+    assert codes[1] != 0, gang.tail()
+    done = [int(s) for s in re.findall(r"^step (\d+) done$", gang.logs[0].read_text(), re.MULTILINE)]
+    dispatched = [int(s) for s in re.findall(r"^step (\d+) dispatched$", gang.logs[1].read_text(), re.MULTILINE)]
+    events = [e for e in gang.supervisor_events(1) if e["event"] == "peerLost"]
+    assert done and events and events[-1]["processes"] == [0], (done[-3:], events, gang.tail())
+    said = events[-1]["step"]
+    # process 0 may have finished a step's all-reduce (so the survivor computed it) before it logged that step
+    assert said in (done[-1], done[-1] + 1), (said, done[-3:], dispatched[-3:], gang.tail())
+    assert dispatched[-1] >= done[-1] + 2, ("the survivor's loop did not run ahead: this test shows nothing",
+                                            done[-3:], dispatched[-3:])

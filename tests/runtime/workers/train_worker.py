@@ -11,6 +11,7 @@ import atexit
 import logging
 import os
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,8 @@ def main() -> None:
     jitter = os.environ.get("WORKER_STEP_JITTER") == "1"  # process-dependent step times (skewed loops)
     collective = os.environ.get("WORKER_COLLECTIVE") == "1"  # one cross-process gloo collective a step
     log_steps = os.environ.get("WORKER_LOG_STEPS") == "1"  # "step S done" after each step (a step log)
+    if os.environ.get("WORKER_ASYNC") == "1":
+        return async_loop(pid, workdir, total)
     if collective:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
@@ -86,6 +89,41 @@ def main() -> None:
             return  # no job.finish(): the runtime's atexit hook must still let the process exit cleanly
     (workdir / f"done-{pid}").write_text(str(float(state["x"].addressable_shards[0].data[0])))
     logging.getLogger("train_worker").info("finished all %d steps", total)
+
+
+def async_loop(pid: int, workdir: Path, total: int) -> None:
+    """The example LM's loop shape (``examples/train_lm.py``): a donated, jitted step with a cross-process
+    all-reduce, dispatched asynchronously; only process 0 waits for each step, then logs it ("step S done", the
+    step log); the others log what they dispatched ("step S dispatched") and run ahead of what is computed."""
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    job = reprieve.init()
+    mesh = Mesh(np.array(jax.devices()), ("p",))
+    sharded, replicated = NamedSharding(mesh, PartitionSpec("p")), NamedSharding(mesh, PartitionSpec())
+
+    def init_state() -> dict[str, jax.Array]:
+        return {"x": jax.make_array_from_callback((4 * job.num_processes,), sharded,
+                                                  lambda idx: np.zeros((4,), np.float32)),
+                "w": jax.make_array_from_callback((192, 192), replicated,
+                                                  lambda idx: np.full((192, 192), 0.01, np.float32))}
+
+    def step_fn(s: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        h = s["w"]
+        for _ in range(int(os.environ.get("WORKER_ASYNC_MATMULS", "24"))):  # device time the loop can run ahead of
+            h = jnp.tanh(h @ h)
+        return {"x": s["x"] + 1 + (jnp.sum(s["x"]) + h[0, 0]) * 1e-30, "w": s["w"]}  # sum: an all-reduce
+
+    train_step = jax.jit(step_fn, donate_argnums=0)
+    state, start = job.restore_or(init_state)
+    for step in job.steps(start, total):
+        state = train_step(state)
+        if pid == 0:
+            state["x"].block_until_ready()
+            print(f"step {step} done", flush=True)
+        else:
+            print(f"step {step} dispatched", flush=True)
+        if step == start + 5:
+            (workdir / f"running-{pid}").touch()
+        job.save(step, state)
 
 
 if __name__ == "__main__":

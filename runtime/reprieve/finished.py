@@ -1,0 +1,138 @@
+"""The last step this process *finished*, not the last one its loop dispatched.
+
+JAX dispatches asynchronously: the loop's ``for step in job.steps(...)`` moves on as soon as a step is queued, so
+the step the loop reached can be one or more ahead of the step whose results exist. When a peer is lost, a
+survivor says its last finished step (the gang's: training is synchronous) and the operator counts the steps after
+it as restart gap, those before it as lost (``docs/goodput.md``). Said from the loop's position, that step was up
+to two past the step the gang finished in the chaos soak (``docs/soak.md``).
+
+Per :meth:`Job.save` call (the loop calls it every step) :class:`FinishedSteps` keeps a *probe*: a one-element
+slice of one local shard of the state, computed on its device after the step. The state itself cannot be kept
+(the next step's dispatch donates it, and a donated array can no longer be asked whether it is ready); the probe
+is ready once the step's computation is, and carries its error when a collective of that step failed (an
+errored result reads as ready; only ``block_until_ready`` tells it apart). Cost per probe: one leaf lookup and one
+tiny dispatch, no wait, no host transfer (``benchmarks/progress.py`` measures it); steps shorter than
+``PROBE_EVERY_S`` are probed every few steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING = 32  # probes not yet seen ready: more than any real run-ahead (the oldest is dropped past it)
+# A probe costs ~40 us of the training thread (2-core VM, 64 leaves; benchmarks/progress.py): steps shorter than
+# this many seconds are probed every ceil(PROBE_EVERY_S / step) steps (<= 0.1 % of step time), and the step said
+# can then lag the last finished one by fewer steps than that.
+PROBE_EVERY_S = 0.04
+
+
+def _probe_fn() -> Any:
+    import jax
+
+    return jax.jit(lambda x: x.reshape(-1)[:1])
+
+
+class FinishedSteps:
+    """Probes of the newest steps; :meth:`last` says the newest one finished without error. Thread-safe: the
+    training thread notes, any thread asks."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: deque[tuple[int, float, Any]] = deque()  # (step, perf_counter at save, probe or None)
+        self._done: tuple[int, float] | None = None  # the newest step seen finished (ready, no error)
+        self._noted: int | None = None  # the newest step noted
+        self._probe: Any = None
+        self._leaf_path: int | None = None  # index of the leaf probed (the first with a local shard)
+        self._off = False  # a state the probe could not read: handed over counts as finished (the loop's position)
+
+    @property
+    def noted(self) -> int | None:
+        return self._noted
+
+    def note(self, step: int, state: Any, t: float | None = None, step_seconds: float | None = None) -> None:
+        """The loop handed ``step``'s state to save (it may still be computing); ``step_seconds``: the typical
+        step time (short steps are probed less often)."""
+        t = time.perf_counter() if t is None else t
+        if step_seconds and step_seconds < PROBE_EVERY_S and self._pending and self._noted is not None:
+            every = math.ceil(PROBE_EVERY_S / max(step_seconds, 1e-6))
+            if step - self._pending[-1][0] < every:
+                self._noted = step
+                return
+        probe = None
+        if not self._off:
+            try:
+                probe = self._make_probe(state)
+            except Exception as err:  # noqa: BLE001 - never a reason to stop training; the loop's position instead
+                self._off = True
+                log.info("the last finished step is the loop's position from now on (no probe of the state: %s: %s)",
+                         type(err).__name__, err)
+        with self._lock:
+            self._noted = step
+            if probe is None:  # nothing on a device (a host-only state): handed over means finished
+                self._pending.clear()
+                self._done = (step, t)
+                return
+            self._pending.append((step, t, probe))
+            self._settle(len(self._pending) - 1)
+            while len(self._pending) > MAX_PENDING:  # cannot happen with a real run-ahead; bounded anyway
+                self._pending.popleft()
+
+    def last(self) -> tuple[int, float] | None:
+        """The newest step whose results exist on this process (step, perf_counter when the loop handed it to
+        save); None before any was seen finished."""
+        with self._lock:
+            self._settle(len(self._pending))
+            return self._done
+
+    def _settle(self, upto: int) -> None:
+        """Move finished probes among the oldest ``upto`` into ``_done`` (steps finish in order: stop at the first
+        one still running; a failed one and everything after it never finished)."""
+        while upto > 0 and self._pending:
+            step, t, probe = self._pending[0]
+            if not _ready(probe):
+                return
+            self._pending.popleft()
+            upto -= 1
+            if _failed(probe):
+                self._pending.clear()  # a failed step poisons every later one (their inputs are its outputs)
+                return
+            self._done = (step, t)
+
+    def _make_probe(self, state: Any) -> Any:
+        import jax
+
+        leaves = jax.tree_util.tree_leaves(state)
+        if self._leaf_path is None or self._leaf_path >= len(leaves) or not _on_device(leaves[self._leaf_path]):
+            self._leaf_path = next((i for i, leaf in enumerate(leaves) if _on_device(leaf)), None)
+            if self._leaf_path is None:
+                return None
+        if self._probe is None:
+            self._probe = _probe_fn()
+        shard = leaves[self._leaf_path].addressable_shards[0].data
+        return self._probe(shard)
+
+
+def _on_device(leaf: Any) -> bool:
+    return hasattr(leaf, "addressable_shards") and hasattr(leaf, "is_ready") and bool(leaf.addressable_shards)
+
+
+def _ready(probe: Any) -> bool:
+    try:
+        return bool(probe.is_ready())
+    except Exception:  # noqa: BLE001 - deleted or otherwise unreadable: treat as an error result (ready)
+        return True
+
+
+def _failed(probe: Any) -> bool:
+    try:
+        probe.block_until_ready()  # returns at once: only called once ready
+    except Exception:  # noqa: BLE001 - the step's computation failed (a lost peer's collective)
+        return True
+    return False

@@ -1,0 +1,106 @@
+"""``reprieve.finished``: the last step whose results exist, from one probe per step (fake probes for the order
+and error rules; real JAX arrays for the probe itself). The multi-process case (a survivor of a killed process 0
+says the gang's last finished step, not its loop's) is in ``test_startup_and_peers.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from reprieve.finished import PROBE_EVERY_S, FinishedSteps
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+
+class Probe:
+    def __init__(self) -> None:
+        self.ready, self.error = False, False
+
+    def is_ready(self) -> bool:
+        return self.ready
+
+    def block_until_ready(self) -> None:
+        assert self.ready, "only called once ready"
+        if self.error:
+            raise RuntimeError("the collective failed: peer lost")
+
+
+def probed(monkeypatch: pytest.MonkeyPatch) -> tuple[FinishedSteps, dict[int, Probe]]:
+    finished, probes = FinishedSteps(), {}
+
+    def make(state: Any) -> Probe:
+        probes[state] = Probe()
+        return probes[state]
+
+    monkeypatch.setattr(finished, "_make_probe", make)
+    return finished, probes
+
+
+def test_the_last_finished_step_is_the_newest_one_computed_not_the_newest_handed_over(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    finished, probes = probed(monkeypatch)
+    for step in range(5):
+        finished.note(step, step, t=float(step))
+    assert finished.last() is None and finished.noted == 4  # none computed yet
+    probes[0].ready = probes[1].ready = True
+    assert finished.last() == (1, 1.0)
+    probes[3].ready = True  # out of order cannot happen; the rule stops at the first one still running
+    assert finished.last() == (1, 1.0)
+    probes[2].ready = True
+    assert finished.last() == (3, 3.0)
+
+
+def test_a_failed_step_and_every_step_after_it_never_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    finished, probes = probed(monkeypatch)
+    for step in range(6):
+        finished.note(step, step, t=float(step))
+    for step in range(6):
+        probes[step].ready = True  # an errored result reads as ready
+    probes[3].error = True
+    assert finished.last() == (2, 2.0)
+    finished.note(6, 6, t=6.0)  # a step after the failure (it would fail too) is not counted either
+    assert finished.last() == (2, 2.0)
+
+
+def test_short_steps_are_probed_every_few_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    finished, probes = probed(monkeypatch)
+    step_s = PROBE_EVERY_S / 4
+    for step in range(12):
+        finished.note(step, step, t=float(step), step_seconds=step_s)
+    assert sorted(probes) == [0, 4, 8] and finished.noted == 11
+    for probe in probes.values():
+        probe.ready = True
+    assert finished.last() == (8, 8.0)
+
+
+def test_a_host_state_is_finished_when_handed_over() -> None:
+    finished = FinishedSteps()
+    finished.note(7, {"w": [1.0, 2.0]}, t=3.0)
+    assert finished.last() == (7, 3.0)
+
+
+def test_a_state_the_probe_cannot_read_falls_back_to_the_loops_position(monkeypatch: pytest.MonkeyPatch) -> None:
+    finished = FinishedSteps()
+
+    def broken(state: Any) -> None:
+        raise TypeError("not a pytree of arrays")
+
+    monkeypatch.setattr(finished, "_make_probe", broken)
+    finished.note(3, object(), t=1.0)
+    finished.note(4, object(), t=2.0)
+    assert finished.last() == (4, 2.0)
+
+
+def test_real_arrays_are_finished_once_computed() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    step_fn = jax.jit(lambda s: {"w": jnp.tanh(s["w"] @ s["w"]), "b": s["b"] + 1}, donate_argnums=0)
+    state = {"w": jnp.full((64, 64), 0.01), "b": jnp.zeros((3,))}
+    finished = FinishedSteps()
+    for step in range(20):
+        state = step_fn(state)
+        finished.note(step, state, t=float(step))
+    jax.block_until_ready(state)
+    last = finished.last()
+    assert last is not None and last[0] == 19
