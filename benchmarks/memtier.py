@@ -24,8 +24,8 @@ restore in a fresh process, the sources alternating, the median of ``--repeats``
 Each goes through the whole restore (``memtier.restore_round.restore``: the round, the decision, the reads and
 checks, the arrays on the devices) and is checked bit-exact on a quarter of the leaves. Ratios are against local
 disk, warm and cold (targets: own memory >= 5x, peer >= 3x). Floors, measured once per run on 1 GiB: host memcpy into pre-faulted
-memory, fresh memory allocate+touch, crc32c, and one loopback TCP stream (``sendfile`` from tmpfs into a
-pre-faulted buffer). Memory: a state peaks at about 4x its size (the preparing process's state and staging
+memory, fresh memory allocate+touch, crc32c, and loopback TCP (``sendfile`` from tmpfs into a
+pre-faulted buffer) over one stream and over as many as a peer restore reads with (``memtier.restore.STREAMS``). Memory: a state peaks at about 4x its size (the preparing process's state and staging
 buffers, the own and the peer's copies in /dev/shm), 5x with the s3 emulator's copy: ``--s3-max-gib`` (1 by
 default) keeps moto to the smaller states.
 
@@ -60,8 +60,13 @@ REPO = os.path.dirname(HERE)
 
 
 def _jax(devices: int = 4) -> Any:
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    os.environ["JAX_PLATFORMS"] = "cpu"
+    """JAX on ``MEMTIER_PLATFORM`` (``--platform``): ``cpu`` (``devices`` simulated devices) or ``gpu`` (every GPU
+    there is; the state and the step on it, the copies device -> host)."""
+    if os.environ.get("MEMTIER_PLATFORM", "cpu") == "gpu":
+        os.environ["JAX_PLATFORMS"] = "cuda"
+    else:
+        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
 
     return jax
@@ -187,13 +192,27 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
 def child_cost(a: argparse.Namespace) -> dict[str, Any]:
     """Alternating blocks, tier off / on, in one process (the schedule is the default: the 1 % budget)."""
     jax = _jax()
+    import jax.numpy as jnp
     from reprieve.checkpoint import CheckpointManager
     from reprieve.coordination import LocalCoordinator
     from reprieve.memtier.config import MemoryConfig
     from reprieve.memtier.tier import MemoryTier
 
     state, _ = _state(jax, a.cost_mib / 1024, 16)
-    step = jax.jit(lambda s: jax.tree.map(lambda x: x * 0.999 + 0.001 * jax.numpy.sin(x), s), donate_argnums=0)
+    if a.matmul:  # a longer step, as a model's: a chain of bf16 matmuls beside the state's update (GPU)
+        w = jnp.full((a.matmul, a.matmul), 1.0 / a.matmul, jnp.bfloat16)
+
+        def work(s: Any, w: Any) -> Any:
+            h = w
+            for _ in range(a.matmul_count):
+                h = jnp.tanh(h @ w)
+            nudge = h[0, 0].astype(jnp.float32) * 1e-30
+            return jax.tree.map(lambda x: x * 0.999 + 0.001 * jnp.sin(x) + nudge, s)
+
+        jitted = jax.jit(work, donate_argnums=0)
+        step = lambda s: jitted(s, w)
+    else:
+        step = jax.jit(lambda s: jax.tree.map(lambda x: x * 0.999 + 0.001 * jnp.sin(x), s), donate_argnums=0)
     tier = MemoryTier(MemoryConfig(directory=os.path.join(a.shm, "pod-cost"), peer=a.peer),
                       coordinator=LocalCoordinator(), attempt=1, serve=False)
     mgr = CheckpointManager(os.path.join(a.dir, "cost-ckpt"), keep=1)
@@ -231,16 +250,20 @@ def child_cost(a: argparse.Namespace) -> dict[str, Any]:
                 saves_per_block.append(saves)
     tier.close()
     off, on = statistics.median(times["off"]), statistics.median(times["on"])
-    schedule = tier.schedule
     return {"step_off_s": off, "step_on_s": on, "overhead": on / off - 1, "pairs": list(zip(times["off"], times["on"])),
             "saves_per_block": saves_per_block, "memory_copy_s": statistics.median(blocking[1:] or blocking),
-            "storage_copy_s": storage_copy, "every": schedule.every if schedule else None,
+            "storage_copy_s": storage_copy, "every": tier.every,
             "cost_s": tier.last_blocking_s + tier.last_background_s}
+
+
+def _pythonpath() -> str:
+    """This checkout's runtime first, then whatever the caller's PYTHONPATH held (packages installed beside)."""
+    return os.pathsep.join(p for p in (os.path.join(REPO, "runtime"), os.environ.get("PYTHONPATH", "")) if p)
 
 
 # -- parent ------------------------------------------------------------------------------------------------------------
 def run_child(role: str, args: list[str], timeout: float = 1800) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "runtime")}
+    env = {**os.environ, "PYTHONPATH": _pythonpath()}
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", role, *args], env=env, check=False,
                          capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
@@ -248,8 +271,51 @@ def run_child(role: str, args: list[str], timeout: float = 1800) -> dict[str, An
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def floors(size_gib: float, shm: str) -> dict[str, float]:
+def _loopback_seconds(path: str, n: int, streams: int) -> float:
+    """Seconds to move ``path``'s ``n`` bytes over ``streams`` loopback TCP connections at once (``sendfile`` from
+    tmpfs, each stream its share, into pre-faulted memory): the floor of a peer restore over as many streams."""
     import mmap
+
+    recv = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0))
+    share = -(-n // streams)
+    parts = [(a, min(share, n - a)) for a in range(0, n, share)]
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(len(parts))
+        port = listener.getsockname()[1]
+
+        def serve() -> None:
+            for _ in parts:
+                conn, _ = listener.accept()
+                a, k = json.loads(conn.recv(64))
+                threading.Thread(target=send, args=(conn, a, k)).start()
+
+        def send(conn: socket.socket, a: int, k: int) -> None:
+            with conn, open(path, "rb") as fh:
+                conn.sendfile(fh, a, k)
+
+        def receive(a: int, k: int) -> None:
+            with socket.create_connection(("127.0.0.1", port)) as c, memoryview(recv) as whole:
+                c.sendall(json.dumps([a, k]).encode().ljust(64))
+                got = 0
+                while got < k:
+                    got += c.recv_into(whole[a + got:a + k], min(k - got, 8 << 20))
+
+        server = threading.Thread(target=serve)
+        server.start()
+        t = time.perf_counter()
+        readers = [threading.Thread(target=receive, args=part) for part in parts]
+        for th in readers:
+            th.start()
+        for th in readers:
+            th.join()
+        seconds = time.perf_counter() - t
+        server.join()
+    recv.close()
+    return seconds
+
+
+def floors(size_gib: float, shm: str) -> dict[str, float]:
 
     import numpy as np
     from reprieve.memtier.manifest import crc32c
@@ -272,28 +338,11 @@ def floors(size_gib: float, shm: str) -> dict[str, float]:
     out["crc32c_gib_s"] = size_gib / (time.perf_counter() - t)
     path = os.path.join(shm, "floor.bin")
     src.tofile(path)
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(1)
-        port = listener.getsockname()[1]
-        recv = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0))
+    from reprieve.memtier.restore import STREAMS
 
-        def serve() -> None:
-            conn, _ = listener.accept()
-            with conn, open(path, "rb") as fh:
-                conn.sendfile(fh, 0, n)
-
-        th = threading.Thread(target=serve)
-        th.start()
-        with socket.create_connection(("127.0.0.1", port)) as c:
-            t = time.perf_counter()
-            view, got = memoryview(recv), 0
-            while got < n:
-                got += c.recv_into(view[got:], min(n - got, 8 << 20))
-            out["loopback_tcp_gib_s"] = size_gib / (time.perf_counter() - t)
-            view.release()
-        th.join()
-        recv.close()
+    out["loopback_tcp_gib_s"] = size_gib / _loopback_seconds(path, n, 1)
+    out["loopback_tcp_streams"] = STREAMS
+    out["loopback_tcp_streams_gib_s"] = size_gib / _loopback_seconds(path, n, STREAMS)
     os.unlink(path)
     return out
 
@@ -391,13 +440,14 @@ def bench_cost(a: argparse.Namespace) -> dict[str, Any]:
     shm = tempfile.mkdtemp(prefix="memtier-cost-", dir="/dev/shm")
     # the peer's replica server in another process, as on another pod
     peer = subprocess.Popen([sys.executable, "-m", "reprieve.memtier.server", "--dir", os.path.join(shm, "peer")],
-                            env={**os.environ, "PYTHONPATH": os.path.join(REPO, "runtime")}, stdout=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": _pythonpath()}, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:
         assert peer.stdout is not None
         address = peer.stdout.readline().strip()
         return run_child("cost", ["--dir", base, "--shm", shm, "--peer", address, "--cost-mib", str(a.cost_mib),
-                                  "--blocks", str(a.blocks), "--block-steps", str(a.block_steps)], timeout=3600)
+                                  "--blocks", str(a.blocks), "--block-steps", str(a.block_steps),
+                                  "--matmul", str(a.matmul), "--matmul-count", str(a.matmul_count)], timeout=3600)
     finally:
         peer.terminate()
         peer.wait(10)
@@ -407,7 +457,7 @@ def bench_cost(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_cost(r: dict[str, Any], cost_mib: int) -> None:
-    print(f"tier cost, {cost_mib} MiB state, step {r['step_off_s'] * 1e3:.1f} ms: overhead "
+    print(f"tier cost ({os.environ.get('MEMTIER_PLATFORM', 'cpu')}), {cost_mib} MiB state, step {r['step_off_s'] * 1e3:.1f} ms: overhead "
           f"{r['overhead'] * 100:+.2f} % (target <= 1 %; median of {len(r['pairs'])} block pairs; pairs "
           f"{[round((on / off - 1) * 100, 2) for off, on in r['pairs']]} %), a save every {r['every']} steps, "
           f"{r['saves_per_block']} saves per block, loop stall per save {r['memory_copy_s'] * 1e3:.1f} ms "
@@ -433,7 +483,9 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
               f"(>= 3x: {'met' if c['peer'] >= 3 else 'NOT met'})")
     print(f"  floors of this run: memcpy {fl['memcpy_gib_s']:.2f} GiB/s ({gib / fl['memcpy_gib_s']:.3f} s for "
           f"{gib:g} GiB), fresh memory {fl['fresh_memory_gib_s']:.2f} GiB/s, crc32c {fl['crc32c_gib_s']:.2f} GiB/s, "
-          f"loopback TCP {fl['loopback_tcp_gib_s']:.2f} GiB/s ({gib / fl['loopback_tcp_gib_s']:.3f} s)")
+          f"loopback TCP {fl['loopback_tcp_gib_s']:.2f} GiB/s ({gib / fl['loopback_tcp_gib_s']:.3f} s) on one "
+          f"stream, {fl['loopback_tcp_streams_gib_s']:.2f} GiB/s ({gib / fl['loopback_tcp_streams_gib_s']:.3f} s) on "
+          f"{fl['loopback_tcp_streams']} (the restore's)")
     p = r["prepare"]
     print(f"  save: loop stall {p['memory_blocking_s']:.3f} s (memory tier; {p['memory_save_s']:.2f} s until the "
           f"peer committed) vs {p['disk_blocking_s']:.3f} s (storage tier's host copy; {p['disk_save_s']:.2f} s "
@@ -454,8 +506,14 @@ def main() -> None:
     ap.add_argument("--cost-mib", type=int, default=256)
     ap.add_argument("--blocks", type=int, default=6, help="block pairs (off, on) after a warm-up pair")
     ap.add_argument("--block-steps", type=int, default=300)
+    ap.add_argument("--platform", default="cpu", choices=["cpu", "gpu"],
+                    help="where the state lives: cpu (4 simulated devices) or gpu (the machine's GPUs; the cost "
+                         "A/B with --matmul for a model-like step)")
+    ap.add_argument("--matmul", type=int, default=0, help="cost: add a chain of bf16 matmuls of this size per step")
+    ap.add_argument("--matmul-count", type=int, default=8, help="cost: matmuls in that chain")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    os.environ["MEMTIER_PLATFORM"] = a.platform  # the children read it (_jax)
     parts = {"cost"} if a.cost else {p.strip() for p in a.parts.split(",") if p.strip()}
     if not parts or parts - {"restore", "cost"}:
         ap.error(f"--parts: choose from restore, cost; got {a.parts!r}")
@@ -491,6 +549,8 @@ def child_main(argv: list[str]) -> None:
     ap.add_argument("--cost-mib", type=int, default=256)
     ap.add_argument("--blocks", type=int, default=6)
     ap.add_argument("--block-steps", type=int, default=300)
+    ap.add_argument("--matmul", type=int, default=0)
+    ap.add_argument("--matmul-count", type=int, default=8)
     a = ap.parse_args(argv)
     result = {"prepare": child_prepare, "restore": child_restore, "cost": child_cost}[a.role](a)
     print(json.dumps(result), flush=True)

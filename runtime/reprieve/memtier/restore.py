@@ -13,8 +13,10 @@ pages); everything else lands in fresh 64-byte aligned host buffers.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -98,6 +100,10 @@ def _np_dtype(name: str) -> np.dtype:
     return np.dtype(jax.numpy.dtype(name))
 
 
+STREAMS = min(8, max(2, os.cpu_count() or 2))  # connections a restore reads one peer's copy over at once
+CHUNK_BYTES = 32 << 20  # the most one request reads: a large shard is spread over the streams too
+
+
 class _Reader:
     """Shard bytes as numpy arrays, checked once each; remote shards fetched in one request per copy."""
 
@@ -121,17 +127,38 @@ class _Reader:
                         s = m.shards[k]
                         self.cache[(w, k)] = np.frombuffer(src.mem, np.uint8, s.nbytes, s.offset)
                 else:
-                    bufs = [host_buffer((m.shards[k].nbytes,), np.dtype(np.uint8)) for k in ks]
-                    wire.Client(h.location, token=self.token).read(
-                        h.tree, str(h.name), [(m.shards[k].offset, m.shards[k].nbytes) for k in ks],
-                        [b.data for b in bufs])
-                    for k, b in zip(ks, bufs, strict=True):
-                        s = m.shards[k]
-                        verify(b, dataclasses.replace(m, shards=[dataclasses.replace(s, offset=0)]), [0],
-                               where=where)
+                    for k, b in zip(ks, self._fetch_remote(src, ks, where), strict=True):
                         self.cache[(w, k)] = b
             except (CopyCorruptError, wire.WireError, OSError) as err:
                 raise SourceError(h, f"{where}: {err}", corrupt=isinstance(err, CopyCorruptError)) from err
+
+    def _fetch_remote(self, src: Source, ks: list[int], where: str) -> list[np.ndarray]:
+        """Shards ``ks`` of a peer's copy, each checked: received over up to :data:`STREAMS` connections at once
+        (a chunk of at most :data:`CHUNK_BYTES` each), then checked in parallel (crc32c releases the GIL). One TCP
+        stream is bounded by one core's copy out of the socket; several fill a pod network (or loopback) further."""
+        m, h = src.manifest, src.holder
+        shards = [m.shards[k] for k in ks]
+        chunks = [(i, a, min(CHUNK_BYTES, s.nbytes - a)) for i, s in enumerate(shards)
+                  for a in range(0, s.nbytes, CHUNK_BYTES)]
+        streams = max(1, min(STREAMS, len(chunks)))
+        with concurrent.futures.ThreadPoolExecutor(streams, thread_name_prefix="reprieve-memory-read") as pool:
+            bufs = list(pool.map(lambda s: host_buffer((s.nbytes,), np.dtype(np.uint8)), shards))
+
+            def receive(chunk: tuple[int, int, int]) -> None:
+                i, start, n = chunk
+                with memoryview(bufs[i].data) as whole, whole.cast("B") as flat, flat[start:start + n] as view:
+                    wire.Client(h.location, token=self.token).read(h.tree, str(h.name),
+                                                                   [(shards[i].offset + start, n)], [view])
+
+            def check(i: int) -> None:
+                alone = dataclasses.replace(m, shards=[dataclasses.replace(shards[i], offset=0)])
+                verify(bufs[i], alone, [0], where=where)
+
+            for _ in pool.map(receive, chunks):
+                pass
+            for _ in pool.map(check, range(len(shards))):
+                pass
+        return bufs
 
     def array(self, w: int, k: int, dtype: np.dtype) -> np.ndarray:
         s = self.sources[w].manifest.shards[k]

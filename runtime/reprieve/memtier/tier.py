@@ -167,6 +167,12 @@ class MemoryTier:
                                              daemon=True)
             self._watcher.start()
 
+    @property
+    def every(self) -> int | None:
+        """The newest schedule's interval in steps (None before the first schedule)."""
+        plans = self._plans
+        return plans[-1].every if plans else None
+
     def due(self, step: int, step_seconds: float | None) -> bool:
         """Whether to save after ``step`` (the loop calls it every step: no I/O, a few attribute reads)."""
         if self._disabled is not None:
