@@ -69,6 +69,10 @@ def _jax(devices: int = 4) -> Any:
         os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
 
+    if os.environ.get("MEMTIER_SMALL_PAGES") == "1":  # --small-pages: host buffers without huge pages (the A/B)
+        from reprieve.checkpoint import save
+
+        save._huge_pages = lambda: False
     return jax
 
 
@@ -511,8 +515,12 @@ def main() -> None:
                          "A/B with --matmul for a model-like step)")
     ap.add_argument("--matmul", type=int, default=0, help="cost: add a chain of bf16 matmuls of this size per step")
     ap.add_argument("--matmul-count", type=int, default=8, help="cost: matmuls in that chain")
+    ap.add_argument("--small-pages", action="store_true",
+                    help="restores' host buffers in 4 KiB pages (MAP_POPULATE), not transparent huge pages")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.small_pages:
+        os.environ["MEMTIER_SMALL_PAGES"] = "1"
     os.environ["MEMTIER_PLATFORM"] = a.platform  # the children read it (_jax)
     parts = {"cost"} if a.cost else {p.strip() for p in a.parts.split(",") if p.strip()}
     if not parts or parts - {"restore", "cost"}:
