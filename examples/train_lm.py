@@ -229,10 +229,13 @@ def main() -> int:
         for step in job.steps(start, args.steps):
             if step == fail_at:
                 raise RuntimeError(f"TRAIN_FAIL_AT_STEP={fail_at}: simulated application failure")
+            if args.step_sleep:
+                # A bigger model's device time, without burning the CPUs: before the step is dispatched, so that,
+                # as on a real device, the step's results exist only at its end (a process killed meanwhile
+                # leaves the step uncomputed for every process, and unlogged).
+                time.sleep(args.step_sleep)
             batch = jax.make_array_from_process_local_data(data_sharding, next(it))
             state, loss = train_step(state, batch)
-            if args.step_sleep:
-                time.sleep(args.step_sleep)
             if step_log is not None:
                 loss.block_until_ready()
                 step_log.write(json.dumps({"attempt": attempt, "step": step, "t": time.time()}) + "\n")
