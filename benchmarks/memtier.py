@@ -255,7 +255,7 @@ def child_cost(a: argparse.Namespace) -> dict[str, Any]:
     tier.close()
     off, on = statistics.median(times["off"]), statistics.median(times["on"])
     return {"step_off_s": off, "step_on_s": on, "overhead": on / off - 1, "pairs": list(zip(times["off"], times["on"])),
-            "saves_per_block": saves_per_block, "memory_copy_s": statistics.median(blocking[1:] or blocking),
+            "saves_per_block": saves_per_block, "saves": len(blocking), "memory_copy_s": statistics.median(blocking[1:] or blocking),
             "storage_copy_s": storage_copy, "every": tier.every,
             "cost_s": tier.last_blocking_s + tier.last_background_s}
 

@@ -11,14 +11,14 @@ slice of one local shard of the state, computed on its device after the step. Th
 (the next step's dispatch donates it, and a donated array can no longer be asked whether it is ready); the probe
 is ready once the step's computation is, and carries its error when a collective of that step failed (an
 errored result reads as ready; only ``block_until_ready`` tells it apart). Cost per probe: one leaf lookup and one
-tiny dispatch, no wait, no host transfer (``benchmarks/progress.py`` measures it); steps shorter than
-``PROBE_EVERY_S`` are probed every few steps.
+tiny dispatch, no wait, no host transfer: ~40 us on the 2-core test VM with 64 leaves (``benchmarks/progress.py``
+measures it), 0.04 % of a 100 ms step. Every step is probed: the loop's own step time cannot choose fewer (a loop
+running ahead of its device sees its dispatch time, not the step's).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -26,11 +26,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-MAX_PENDING = 32  # probes not yet seen ready: more than any real run-ahead (the oldest is dropped past it)
-# A probe costs ~40 us of the training thread (2-core VM, 64 leaves; benchmarks/progress.py): steps shorter than
-# this many seconds are probed every ceil(PROBE_EVERY_S / step) steps (<= 0.1 % of step time), and the step said
-# can then lag the last finished one by fewer steps than that.
-PROBE_EVERY_S = 0.04
+MAX_PENDING = 32  # probes not yet seen ready; a loop further ahead (JAX queues steps without bound) probes again
+# once the oldest have finished: the step said is then at most the newest probed one
 
 
 def _probe_fn() -> Any:
@@ -56,14 +53,13 @@ class FinishedSteps:
     def noted(self) -> int | None:
         return self._noted
 
-    def note(self, step: int, state: Any, t: float | None = None, step_seconds: float | None = None) -> None:
-        """The loop handed ``step``'s state to save (it may still be computing); ``step_seconds``: the typical
-        step time (short steps are probed less often)."""
+    def note(self, step: int, state: Any, t: float | None = None) -> None:
+        """The loop handed ``step``'s state to save (it may still be computing)."""
         t = time.perf_counter() if t is None else t
-        if step_seconds and step_seconds < PROBE_EVERY_S and self._pending and self._noted is not None:
-            every = math.ceil(PROBE_EVERY_S / max(step_seconds, 1e-6))
-            if step - self._pending[-1][0] < every:
-                self._noted = step
+        with self._lock:
+            self._settle()
+            if len(self._pending) >= MAX_PENDING:  # a loop further ahead: its newest steps wait for room (they
+                self._noted = step  # cannot finish before the oldest ones anyway)
                 return
         probe = None
         if not self._off:
@@ -80,27 +76,26 @@ class FinishedSteps:
                 self._done = (step, t)
                 return
             self._pending.append((step, t, probe))
-            self._settle(len(self._pending) - 1)
-            while len(self._pending) > MAX_PENDING:  # cannot happen with a real run-ahead; bounded anyway
-                self._pending.popleft()
 
     def last(self) -> tuple[int, float] | None:
         """The newest step whose results exist on this process (step, perf_counter when the loop handed it to
         save); None before any was seen finished."""
         with self._lock:
-            self._settle(len(self._pending))
+            self._settle()
             return self._done
 
-    def _settle(self, upto: int) -> None:
-        """Move finished probes among the oldest ``upto`` into ``_done`` (steps finish in order: stop at the first
-        one still running; a failed one and everything after it never finished)."""
-        while upto > 0 and self._pending:
+    def _settle(self) -> None:
+        """Move finished probes, oldest first, into ``_done`` (steps finish in order: stop at the first one still
+        running; a failed one and everything after it never finished)."""
+        while self._pending:
             step, t, probe = self._pending[0]
             if not _ready(probe):
                 return
             self._pending.popleft()
-            upto -= 1
-            if _failed(probe):
+            error = _error(probe)
+            if error is not None:
+                log.info("step %d did not finish on this process (%s); the last one that did: %s", step, error,
+                         None if self._done is None else self._done[0])
                 self._pending.clear()  # a failed step poisons every later one (their inputs are its outputs)
                 return
             self._done = (step, t)
@@ -130,9 +125,10 @@ def _ready(probe: Any) -> bool:
         return True
 
 
-def _failed(probe: Any) -> bool:
+def _error(probe: Any) -> str | None:
+    """Why the step's computation failed (a lost peer's collective), or None: it finished."""
     try:
         probe.block_until_ready()  # returns at once: only called once ready
-    except Exception:  # noqa: BLE001 - the step's computation failed (a lost peer's collective)
-        return True
-    return False
+    except Exception as err:  # noqa: BLE001 - the step's error, whatever its type
+        return f"{type(err).__name__}: {str(err)[:200]}"
+    return None

@@ -2,7 +2,8 @@
 
 A :class:`Job` ties the notice sources, the cross-process :class:`~reprieve.agreement.Agreement`, the
 periodic :class:`~reprieve.policy.SavePolicy` and a :class:`Checkpointer` together. Per step the loop takes
-one uncontended lock and reads a few attributes: no RPC, no file system access. When the agreed final step
+one uncontended lock, reads a few attributes and dispatches one tiny probe of the state (:mod:`reprieve.finished`):
+no RPC, no file system access, no wait. When the agreed final step
 comes, :meth:`Job.save` saves it, waits until it is committed on every process, reports progress, shuts the
 distributed client down and exits with ``REPRIEVE_RESTART_EXIT_CODE`` (or 1 if the deadline passed first).
 Its phases and teardowns are :mod:`reprieve.lifecycle`.
@@ -437,7 +438,7 @@ class Job:
         """
         self._current = max(self._current, step)
         finished_at = time.perf_counter()  # the step is done (the user's code computed it before this call)
-        self.finished.note(step, state, finished_at, self._step_ema)  # ... or dispatched it: a probe says when
+        self.finished.note(step, state, finished_at)  # ... or dispatched it: a probe says when it is computed
         self._first_step_done(step)
         if not self._state_checked:
             self._state_checked = True

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from reprieve.finished import PROBE_EVERY_S, FinishedSteps
+from reprieve.finished import MAX_PENDING, FinishedSteps
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -62,15 +62,19 @@ def test_a_failed_step_and_every_step_after_it_never_finished(monkeypatch: pytes
     assert finished.last() == (2, 2.0)
 
 
-def test_short_steps_are_probed_every_few_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_loop_far_ahead_keeps_its_oldest_probes_and_probes_again_once_they_finish(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     finished, probes = probed(monkeypatch)
-    step_s = PROBE_EVERY_S / 4
-    for step in range(12):
-        finished.note(step, step, t=float(step), step_seconds=step_s)
-    assert sorted(probes) == [0, 4, 8] and finished.noted == 11
-    for probe in probes.values():
-        probe.ready = True
-    assert finished.last() == (8, 8.0)
+    for step in range(MAX_PENDING + 1000):  # JAX queued 1000 steps past what the gang computed
+        finished.note(step, step, t=float(step))
+    assert sorted(probes) == list(range(MAX_PENDING))  # the newest wait for room; the oldest say where it is
+    for step in range(8):
+        probes[step].ready = True
+    assert finished.last() == (7, 7.0)
+    for step in range(MAX_PENDING):
+        probes[step].ready = True
+    finished.note(2000, 2000, t=2000.0)  # room again: probed
+    assert 2000 in probes and finished.last() == (MAX_PENDING - 1, MAX_PENDING - 1.0)
 
 
 def test_a_host_state_is_finished_when_handed_over() -> None:
