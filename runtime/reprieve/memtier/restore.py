@@ -105,7 +105,7 @@ CHUNK_BYTES = 32 << 20  # the most one request reads: a large shard is spread ov
 
 
 class _Reader:
-    """Shard bytes as numpy arrays, checked once each; remote shards fetched in one request per copy."""
+    """Shard bytes as numpy arrays, checked once each; a remote copy's shards read over several connections."""
 
     def __init__(self, sources: dict[int, Source], token: str | None) -> None:
         self.sources = sources
