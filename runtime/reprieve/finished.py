@@ -11,8 +11,8 @@ slice of one local shard of the state, computed on its device after the step. Th
 (the next step's dispatch donates it, and a donated array can no longer be asked whether it is ready); the probe
 is ready once the step's computation is, and carries its error when a collective of that step failed (an
 errored result reads as ready; only ``block_until_ready`` tells it apart). Cost per probe: one leaf lookup and one
-tiny dispatch, no wait, no host transfer: ~40 us on the 2-core test VM with 64 leaves (``benchmarks/progress.py``
-measures it), 0.04 % of a 100 ms step. Every step is probed: the loop's own step time cannot choose fewer (a loop
+tiny dispatch, no wait, no host transfer (``benchmarks/progress.py`` measures it; its figures are in
+benchmarks/RESULTS.md, "Cost of progress reports"). Every step is probed: the loop's own step time cannot choose fewer (a loop
 running ahead of its device sees its dispatch time, not the step's).
 """
 

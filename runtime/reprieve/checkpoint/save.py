@@ -102,8 +102,8 @@ def host_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if nbytes >= _HUGE_MIN and _huge_pages():
         # Transparent huge pages where the kernel offers them on request (``madvise`` mode): one fault per 2 MiB
-        # instead of per 4 KiB, populated by the kernel up front (MADV_POPULATE_WRITE, Linux 5.14): 5x faster
-        # than MAP_POPULATE's small pages on the benchmark VMs (~10 against ~2 GiB/s)
+        # instead of per 4 KiB, populated by the kernel up front (MADV_POPULATE_WRITE, Linux 5.14); measured
+        # against MAP_POPULATE's small pages by benchmarks/memtier.py --small-pages
         mem = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         try:
             mem.madvise(mmap.MADV_HUGEPAGE)
