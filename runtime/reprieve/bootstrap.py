@@ -24,10 +24,12 @@ from .jax_workarounds import (
 )
 from .job import Checkpointer, Job
 from .kube import KubeClient, PodWatchSource
+from .memtier.config import DEFAULT_PORT as MEMORY_PORT
+from .memtier.config import PORT_ENV as MEMORY_PORT_ENV
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
-from .peers import PeerWatch, write_termination_message
+from .peers import PeerWatch, end_process, write_termination_message
 from .policy import SavePolicy
 from .progress import ProgressReporter
 from .supervisor.trainer import SupervisorLink
@@ -173,10 +175,19 @@ def init(
             if config.in_cluster:
                 write_termination_message(processes, config.termination_log, attempt=config.attempt, last=last)
 
+        # A peer whose pod does not answer (its node gone, cut off) ends this process now, not at JAX's heartbeat
+        # timeout (reprieve.peers); never once the job is on its way out (its exit code is decided).
+        def end_early(why: str) -> None:
+            if job_ref and job_ref[0].phase.terminal:
+                log.info("a peer is gone (%s); this process is already leaving the job: no early end", why)
+                return
+            end_process(why)
+
         peers = PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
                           heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,
                           committed=lambda: job_ref[0].committed_step if job_ref else None, on_lost=on_lost,
-                          device_processes=_device_processes).start()
+                          device_processes=_device_processes, ip=config.pod_ip,
+                          probe_port=_memory_port(), end=end_early).start()
         closers.append(peers.close)
     if config.metrics_port is not None:
         # On the pod's IP when known, like the coordinator: workers that share a host network (hostNetwork
@@ -314,6 +325,13 @@ def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Che
         raise ConfigError(f"REPRIEVE_CHECKPOINT_URI={config.checkpoint_uri!r}: the checkpoint location cannot be "
                           f"opened for writing ({type(err).__name__}: {err}); set REPRIEVE_CHECKPOINT_URI to a "
                           "directory, gs:// or s3:// prefix this process can write") from err
+
+
+def _memory_port(env: Mapping[str, str] = os.environ) -> int:
+    """The port a peer's pod is probed on (reprieve-run's replica server, as the operator probes it; a refused
+    connect is an answer too): ``REPRIEVE_MEMORY_PORT``, checked where the memory tier reads it."""
+    raw = env.get(MEMORY_PORT_ENV, "")
+    return int(raw) if raw.isdigit() and 0 < int(raw) < 65536 else MEMORY_PORT
 
 
 def _last_step(job: Job) -> tuple[int, float] | None:

@@ -20,6 +20,19 @@ container's termination message (Recreate: the kubelet copies it into the pod's 
 so the operator counts the exit as the loss of that peer, not as a failure of this process
 (``docs/contract.md``).
 
+**A peer that does not answer ends the gang early.** A process that dies on a host that still answers resets its
+connections, and its survivors' collectives fail at once; a node that vanishes, or a pod cut off the network,
+closes nothing, and the survivors would sit in their collectives until JAX's heartbeat timeout. So process 0
+probes the pod of a peer whose record has not changed for ``probe_after_s`` (two missed writes, before the
+silence threshold): a TCP connect to its pod IP (each record carries it) on ``probe_port``. A connect that is
+refused or accepted is an answer (the pod is there: a slow or stalled process, left to the threshold and JAX); no
+answer within ``probe_timeout_s`` (or an unreachable host) means the peer is gone or cut off: it is reported at
+once, and process 0 ends (SIGABRT, as JAX would at its timeout), which takes the coordination service with it and
+ends every other process within milliseconds. Every other process does the same when its tether's knock finds
+the service gone (:mod:`reprieve.tether`: the knock is its probe). The job restarts seconds sooner; nothing else
+changes (the exit is the one JAX would have forced, reported as the same peers' loss). The operator probes the
+same address for the same reason (``reprieve_operator.reconcile.unreachable``).
+
 The silence threshold (half the heartbeat timeout, plus the polling interval) can lose the race against JAX's
 abort on a loaded machine. A collective that fails because a peer died names that peer's address, so
 :meth:`PeerWatch.blame` maps it to a process at once (:mod:`reprieve.collective_error`) and reports it the same
@@ -31,11 +44,15 @@ thread.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import socket
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Self
 
 from . import termination
@@ -45,6 +62,8 @@ from .coordination import CoordinationError, Coordinator
 from .tether import ServiceTether
 
 log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_SECONDS = 1.5  # a pod that accepts no connect within this (a SYN and its first resend) is gone
 
 
 class Liveness:
@@ -77,6 +96,77 @@ class Liveness:
                 self._silent.add(p)
                 events.append(("silent", p, now - since))
         return events
+
+    def quiet(self, now: float, after_s: float) -> list[int]:
+        """The processes not silent yet whose records have not changed for ``after_s``: worth a probe."""
+        return [p for p, (_, since) in self._last.items() if p not in self._silent and now - since >= after_s]
+
+    def gone(self, p: int, now: float) -> tuple[str, int, float]:
+        """``p``'s pod does not answer: silent now, before the threshold; the event ``("gone", p, seconds)``."""
+        self._silent.add(p)
+        return ("gone", p, now - self._last[p][1])
+
+
+def tcp_answers(ip: str, port: int, timeout: float) -> bool:
+    """Whether ``ip`` answers a TCP connect to ``port`` within ``timeout``: accepted, refused or reset is an
+    answer (the pod's network is there; nothing need listen); no answer in time, or an unreachable host, is not."""
+    try:
+        socket.create_connection((ip, port), timeout=timeout).close()
+    except (ConnectionRefusedError, ConnectionResetError):
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def unanswered(ips: Mapping[int, str], port: int, timeout: float,
+               answers: Callable[[str, int, float], bool] = tcp_answers) -> set[int]:
+    """The processes of ``ips`` (process -> pod IP) whose pods do not answer, probed at once (a thread each): a
+    lost node takes all its processes, and probing them one after another would cost their timeouts in a row.
+    One address is probed in the caller's thread, and so is each where no thread can start (the interpreter is
+    exiting: the watch still runs while a failed step's exit path waits for it)."""
+    results: dict[int, bool] = {}
+
+    def probe(p: int) -> None:
+        results[p] = answers(ips[p], port, timeout)
+
+    threads: list[threading.Thread] = []
+    if len(ips) > 1:
+        for p in ips:
+            thread = threading.Thread(target=probe, args=(p,), name=f"reprieve-probe-{p}", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # no new threads at interpreter shutdown
+                break
+            threads.append(thread)
+    for thread in threads:
+        thread.join()
+    for p in ips:
+        if p not in results:
+            probe(p)
+    return {p for p, ok in results.items() if not ok}
+
+
+def gone_line(process: int, n: int, pod: str | None, ip: str, port: int, seconds: float, timeout: float,
+              heartbeat_s: float) -> str:
+    """The line process 0 logs for a peer whose pod does not answer (pure)."""
+    where = f" (pod {pod})" if pod else ""
+    return (f"process {process} of {n}{where} has not been heard from for {seconds:.1f} s and its pod does not "
+            f"answer at {ip}:{port} within {timeout:.1f} s: its node is gone or it is cut off the network; ending "
+            f"this process now rather than at JAX's heartbeat timeout (in about "
+            f"{max(0.0, heartbeat_s - seconds - timeout):.0f} s), so the job restarts without waiting")
+
+
+def end_process(why: str) -> None:
+    """End this process as JAX's heartbeat timeout would (SIGABRT), after flushing the logs: the early end of
+    :class:`PeerWatch` (``why``: what was found)."""
+    log.error("ending process %d now: %s", os.getpid(), why)
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):  # ending anyway
+            handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.abort()
 
 
 def silent_line(process: int, n: int, pod: str | None, seconds: float, heartbeat_s: float,
@@ -113,7 +203,12 @@ class PeerWatch(Daemon):
                  address: str | None = None, committed: Callable[[], int | None] = lambda: None,
                  clock: Callable[[], float] = time.monotonic,
                  on_lost: Callable[[tuple[int, ...]], None] = lambda processes: None,
-                 device_processes: Callable[[], dict[int, int]] = dict) -> None:
+                 device_processes: Callable[[], dict[int, int]] = dict, ip: str | None = None,
+                 probe_port: int = 0, probe_timeout_s: float = PROBE_TIMEOUT_SECONDS,
+                 answers: Callable[[str, int, float], bool] = tcp_answers,
+                 end: Callable[[str], None] | None = None) -> None:
+        """``ip``: this process's pod IP, written into its record for process 0's probes; ``end``: how to end this
+        process once a peer is known gone (:func:`end_process`; None: never early, JAX's timeout ends it)."""
         super().__init__("reprieve-peers")
         self._coord = coordinator
         self._pid, self._n = coordinator.process_id, coordinator.num_processes
@@ -125,7 +220,15 @@ class PeerWatch(Daemon):
         self._clock = clock
         self.threshold_s = max(1.0, heartbeat_s / 2)
         self.interval_s = self.threshold_s / 4
+        self.probe_after_s = 2 * self.interval_s  # two missed writes
+        self._ip = ip
+        self._probe_port = probe_port
+        self.probe_timeout_s = probe_timeout_s
+        self._answers = answers
+        self._end = end
+        self._probed: dict[int, float] = {}  # process -> when its pod was last probed (at most once a threshold)
         self._pods: dict[int, str | None] = {}
+        self._ips: dict[int, str] = {}
         self._silent_key = f"reprieve/{attempt}/silent/set"
         self._on_lost = on_lost
         self._device_processes = device_processes  # device id -> process index (jax.devices())
@@ -145,7 +248,7 @@ class PeerWatch(Daemon):
         if self._pid != 0 and self._address:
             # JAX aborts this process within milliseconds of process 0's death: only a connection that closes in
             # that instant names it in time (reprieve.tether).
-            self._tether = ServiceTether(self._address, self.service_gone, keepalive_s=self.threshold_s / 2,
+            self._tether = ServiceTether(self._address, self._service_gone_for_sure, keepalive_s=self.threshold_s / 2,
                                          knock_s=max(1.0, self.threshold_s / 2)).start()
         super().start()
         return self
@@ -166,8 +269,10 @@ class PeerWatch(Daemon):
         while not self._stop.is_set():
             counter += 1
             try:
-                self._coord.set(f"{self._prefix}{self._pid}", json.dumps({"n": counter, "pod": self._pod}),
-                                overwrite=True)
+                record: dict[str, Any] = {"n": counter, "pod": self._pod}
+                if self._ip:
+                    record["ip"] = self._ip
+                self._coord.set(f"{self._prefix}{self._pid}", json.dumps(record), overwrite=True)
                 records = self._read() if self._pid == 0 else {}
                 if self._pid != 0:
                     self._found(self._read_silent(), "process 0 reports")
@@ -179,10 +284,18 @@ class PeerWatch(Daemon):
                               "JAX ends this process too", f" at {self._address}" if self._address else "",
                               self._pid, err)
                 return
-            for kind, p, seconds in liveness.observe(records, self._clock()):
+            events = liveness.observe(records, self._clock())
+            if self._pid == 0 and self._end is not None:
+                events += self._probe_quiet(liveness)
+            gone: list[str] = []
+            for kind, p, seconds in events:
                 if kind == "silent":
                     log.warning("%s", silent_line(p, self._n, self._pods.get(p), seconds, self._heartbeat_s,
                                                   self._committed()))
+                elif kind == "gone":
+                    gone.append(gone_line(p, self._n, self._pods.get(p), self._ips[p], self._probe_port, seconds,
+                                          self.probe_timeout_s, self._heartbeat_s))
+                    log.error("%s", gone[-1])
                 else:
                     log.info("process %d of %d is heard from again after %.1f s", p, self._n, seconds)
             if self._pid == 0 and _union(liveness.silent, self._blamed) != published:
@@ -193,7 +306,42 @@ class PeerWatch(Daemon):
                     log.debug("the silent set was not published: %s", err)
             if self._pid == 0 and liveness.silent != self._silent:
                 self._found(liveness.silent, "")
+            if gone and self._end is not None and not self._stop.is_set():
+                self.report_again()
+                self._end("; ".join(gone))
+                return
             self._stop.wait(self.interval_s)
+
+    def _probe_quiet(self, liveness: Liveness) -> list[tuple[str, int, float]]:
+        """Probe the pods of the peers quiet for ``probe_after_s`` (each at most once a threshold); a ``gone`` event
+        for each that does not answer."""
+        now = self._clock()
+        due = {p: self._ips[p] for p in liveness.quiet(now, self.probe_after_s)
+               if p in self._ips and now - self._probed.get(p, -1e18) >= self.threshold_s}
+        if not due:
+            return []
+        for p in due:
+            self._probed[p] = now
+        try:
+            lost = unanswered(due, self._probe_port, self.probe_timeout_s, self._answers)
+        except Exception as err:  # noqa: BLE001 - the watch must go on: the threshold and JAX still decide
+            log.debug("probing quiet peers %s failed: %s", sorted(due), err)
+            return []
+        for p in sorted(set(due) - lost):
+            log.info("process %d of %d is quiet but its pod answers at %s:%d: left to the silence threshold",
+                     p, self._n, due[p], self._probe_port)
+        now = self._clock()
+        return [liveness.gone(p, now) for p in sorted(lost)]
+
+    def _service_gone_for_sure(self, why: str) -> None:
+        """The tether's knock found the coordination service gone (refused, reset or no answer): report process 0
+        (unless another is named) and, with ``end``, end this process now rather than at JAX's heartbeat timeout
+        (a service that died on a live host has JAX end this process within milliseconds anyway)."""
+        self.service_gone(why)
+        if self._end is not None and not self._stop.is_set():
+            self.report_again()
+            self._end(f"the coordination service is gone ({why}): process 0's pod does not answer or its "
+                      f"service ended; ending this process now rather than at JAX's heartbeat timeout")
 
     def service_gone(self, why: str) -> None:
         """The coordination service is gone (``why``): process 0, its host, is reported, unless another process
@@ -285,6 +433,8 @@ class PeerWatch(Daemon):
                 continue
             out[int(tail)] = value.get("n")
             self._pods[int(tail)] = value.get("pod")
+            if isinstance(value.get("ip"), str) and value["ip"]:
+                self._ips[int(tail)] = value["ip"]
         return out
 
 

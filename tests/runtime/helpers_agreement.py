@@ -219,13 +219,15 @@ class Gang:
 def launch(workdir: Path, n: int, *, steps: int = 400, step_seconds: float = 0.02, interval: int = 0,
            grace_seconds: float = 30.0, save_delay: float = 0.0, notice_file: bool = False,
            heartbeat_s: int = 10, extra_env: dict[str, str] | None = None, bare: bool = False,
-           worker: Path = WORKER, supervised: bool = False) -> Gang:
+           worker: Path = WORKER, supervised: bool = False,
+           process_env: dict[int, dict[str, str]] | None = None) -> Gang:
     """Start ``n`` workers (``worker``, default tests/runtime/workers/train_worker.py) as one real
     ``jax.distributed`` job.
 
     ``bare``: one process with no contract variable but the checkpoint URI (a laptop, not a pod).
     ``supervised``: each process gets a supervisor socket (``REPRIEVE_SUPERVISOR_FD``) whose other end the test
     reads (:meth:`Gang.supervisor_events`), as ``reprieve-run`` would.
+    ``process_env``: variables for one process only (process index -> variables), after ``extra_env``.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -259,6 +261,7 @@ def launch(workdir: Path, n: int, *, steps: int = 400, step_seconds: float = 0.0
         if notice_file:
             env["REPRIEVE_NOTICE_FILE"] = str(workdir / f"annotations-{i}")
         env.update(extra_env or {})
+        env.update((process_env or {}).get(i, {}))
         child: socket.socket | None = None
         if supervised:
             end, child = socket.socketpair()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +15,16 @@ from types import SimpleNamespace
 import pytest
 from reprieve.agreement import AgreementError
 from reprieve.coordination import CoordinationError, LocalCoordinator
-from reprieve.peers import Liveness, PeerWatch, silent_line, termination_message, write_termination_message
+from reprieve.peers import (
+    Liveness,
+    PeerWatch,
+    gone_line,
+    silent_line,
+    tcp_answers,
+    termination_message,
+    unanswered,
+    write_termination_message,
+)
 
 from tests.runtime.test_collective_error import CLOSED, DEVICES, STORE
 
@@ -45,6 +56,128 @@ def test_the_line_names_the_process_its_pod_and_what_follows() -> None:
     assert line.startswith("process 1 of 2 (pod job-w1) has not been heard from for 5.2 s")
     assert "JAX ends this process within about 5 s" in line and "step 120" in line
     assert "(pod" not in silent_line(1, 2, None, 1, 10, None)
+
+
+def test_a_quiet_peer_is_worth_a_probe_before_the_threshold_and_gone_at_once_if_its_pod_does_not_answer() -> None:
+    live = Liveness([1, 2], threshold_s=5.0, now=0.0)
+    live.observe({1: 1, 2: 1}, 0.0)
+    assert live.quiet(2.0, 2.5) == []
+    live.observe({1: 2, 2: 1}, 2.6)
+    assert live.quiet(2.6, 2.5) == [2]  # 1 wrote again
+    assert live.gone(2, 3.0) == ("gone", 2, 3.0)
+    assert live.silent == (2,) and live.quiet(9.0, 2.5) == [1]  # silent ones are not probed again
+    assert live.observe({1: 3, 2: 1}, 9.0) == []  # no second "silent" event for a gone one
+    line = gone_line(2, 3, "job-w2", "10.1.0.7", 8477, 3.0, 1.5, 10)
+    assert line.startswith("process 2 of 3 (pod job-w2) has not been heard from for 3.0 s and its pod does not "
+                           "answer at 10.1.0.7:8477 within 1.5 s") and "(in about 6 s)" in line
+
+
+def _full_backlog(host: str = "127.0.0.3") -> tuple[socket.socket, list[socket.socket], int]:
+    """A listener whose accept queue is full: the kernel drops the next SYNs, so a connect gets no answer (as a
+    vanished node's or a cut-off pod's address)."""
+    listener = socket.socket()
+    listener.bind((host, 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    held = [socket.create_connection((host, port), timeout=2.0)]
+    return listener, held, port
+
+
+def test_a_pod_answers_when_it_accepts_or_refuses_and_not_when_nothing_comes_back() -> None:
+    with socket.socket() as open_port:
+        open_port.bind(("127.0.0.1", 0))
+        open_port.listen(8)
+        assert tcp_answers("127.0.0.1", open_port.getsockname()[1], 1.0)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: a connect is refused
+        assert tcp_answers("127.0.0.1", closed.getsockname()[1], 1.0)
+    listener, held, port = _full_backlog()
+    try:
+        assert not tcp_answers("127.0.0.3", port, 0.3)
+    finally:
+        for sock in (*held, listener):
+            sock.close()
+
+
+def test_every_quiet_peer_is_probed_at_once_not_one_timeout_after_another() -> None:
+    both = threading.Barrier(3, timeout=5.0)  # passes only when all three probes are under way together
+
+    def answers(ip: str, port: int, timeout: float) -> bool:
+        both.wait()
+        return ip != "10.0.0.2"
+
+    assert unanswered({1: "10.0.0.1", 2: "10.0.0.2", 3: "10.0.0.3"}, 8477, 1.5, answers) == {2}
+    assert unanswered({}, 8477, 1.5, answers) == set()
+
+
+@pytest.mark.parametrize("reachable", [True, False], ids=["answers", "no-answer"])
+def test_process_0_ends_once_a_quiet_peers_pod_does_not_answer_and_not_while_it_answers(reachable: bool) -> None:
+    """A peer quiet for two missed writes is probed: its pod answering leaves it to the silence threshold (a slow
+    process, JAX decides); not answering reports it and ends process 0 at once, with the line that says why."""
+    shared, now = LocalCoordinator(), [0.0]
+    reports: list[tuple[int, ...]] = []
+    ended: list[str] = []
+    probed: list[tuple[str, int]] = []
+
+    def answers(ip: str, port: int, timeout: float) -> bool:
+        probed.append((ip, port))
+        return reachable
+
+    shared.set("reprieve/2/alive/1", json.dumps({"n": 1, "pod": "w1", "ip": "10.0.0.9"}), overwrite=True)
+    watch = PeerWatch(_As(shared, 0, 2), attempt=2, pod="w0", heartbeat_s=4.0, clock=lambda: now[0],
+                      on_lost=reports.append, ip="10.0.0.8", probe_port=8477, answers=answers,
+                      end=ended.append).start()
+    try:
+        assert watch.probe_after_s == 1.0 and watch.threshold_s == 2.0
+        _until(lambda: json.loads(shared.dir_get("reprieve/2/alive/")["reprieve/2/alive/0"])["ip"] == "10.0.0.8",
+               "process 0's record carries its IP")
+        now[0] = 1.2  # quiet for two missed writes, short of the threshold
+        _until(lambda: bool(probed), "the probe")
+        assert probed[0] == ("10.0.0.9", 8477)
+        if reachable:
+            time.sleep(0.3)
+            assert ended == [] and reports == [] and len(probed) == 1  # once a threshold, not every pass
+            now[0] = 2.5
+            _until(lambda: reports == [(1,)], f"silent at the threshold: {reports}")
+            time.sleep(0.3)
+            assert ended == []
+        else:
+            _until(lambda: bool(ended), "the early end")
+            assert reports[:1] == [(1,)], reports
+            assert "process 1 of 2 (pod w1) has not been heard from for 1.2 s and its pod does not answer at " \
+                   "10.0.0.9:8477" in ended[0]
+    finally:
+        watch.close()
+
+
+def test_no_probe_without_the_peers_ip_and_no_early_end_without_end() -> None:
+    shared, now = LocalCoordinator(), [0.0]
+    probed: list[str] = []
+    reports: list[tuple[int, ...]] = []
+    shared.set("reprieve/2/alive/1", json.dumps({"n": 1, "pod": "w1"}), overwrite=True)  # an older runtime: no IP
+    watch = PeerWatch(_As(shared, 0, 2), attempt=2, pod="w0", heartbeat_s=4.0, clock=lambda: now[0],
+                      on_lost=reports.append, answers=lambda ip, port, t: probed.append(ip) is not None,
+                      end=lambda why: probed.append("ended")).start()
+    try:
+        now[0] = 2.5
+        _until(lambda: reports == [(1,)], "silent at the threshold")
+        assert probed == []
+    finally:
+        watch.close()
+
+
+def test_a_knock_that_finds_the_service_gone_ends_a_process_but_not_one_already_closed() -> None:
+    ended: list[str] = []
+    reports: list[tuple[int, ...]] = []
+    watch = PeerWatch(_As(LocalCoordinator(), 1, 2), attempt=1, pod="w1", heartbeat_s=2.0,
+                      on_lost=reports.append, end=ended.append)
+    watch._service_gone_for_sure("a knock at 10.0.0.8:8476 found no service: timed out")
+    # reported, then again just before the end (with the newest finished step), then ended
+    assert reports == [(0,), (0,)] and len(ended) == 1 and "the coordination service is gone" in ended[0]
+    closed = PeerWatch(_As(LocalCoordinator(), 1, 2), attempt=1, pod="w1", heartbeat_s=2.0, end=ended.append)
+    closed.close()
+    closed._service_gone_for_sure("refused")
+    assert len(ended) == 1
 
 
 class _As(LocalCoordinator):

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.runtime.helpers_agreement import launch
+from tests.runtime.test_peers import _full_backlog
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -50,6 +52,60 @@ def test_a_peer_killed_mid_run_is_named_before_jax_ends_the_survivor(tmp_path: P
     jax_abort = log.find("another task died")
     assert jax_abort < 0 or max(blamed, named) < jax_abort, gang.tail()
 
+
+
+def test_a_peer_whose_pod_stops_answering_ends_the_gang_before_jax_s_heartbeat_timeout(tmp_path: Path) -> None:
+    """A node that vanishes (or a pod cut off the network) resets no connection: the survivor would sit in its
+    collective until JAX's heartbeat timeout. Process 1 is frozen (SIGSTOP) behind a pod address that accepts no
+    connect (a listener whose accept queue is full: the kernel drops the SYNs, as for a gone node); process 0
+    probes it once its record is quiet, finds no answer, names it and ends at once, not at the timeout."""
+    listener, held, port = _full_backlog("127.0.0.3")
+    try:
+        gang = launch(tmp_path, 2, steps=100000, step_seconds=0.02, heartbeat_s=12,
+                      extra_env={"WORKER_COLLECTIVE": "1", "REPRIEVE_MEMORY_PORT": str(port)},
+                      process_env={1: {"REPRIEVE_POD_IP": "127.0.0.3"}}, supervised=True)
+        try:
+            gang.wait_for_file("running-0", 60)
+            stopped = time.monotonic()
+            gang.signal(1, signal.SIGSTOP)
+            code = gang.procs[0].wait(60)
+            ended = time.monotonic() - stopped
+        finally:
+            gang.kill()
+    finally:
+        for sock in (*held, listener):
+            sock.close()
+    log = gang.logs[0].read_text()
+    assert code == -signal.SIGABRT, gang.tail()
+    assert "process 1 of 2 has not been heard from for" in log, gang.tail()
+    assert f"and its pod does not answer at 127.0.0.3:{port} within 1.5 s" in log, gang.tail()
+    assert "another task died" not in log, gang.tail()  # not JAX's abort
+    events = [e for e in gang.supervisor_events(0) if e["event"] == "peerLost"]
+    assert events and events[-1]["processes"] == [1], (events, gang.tail())
+    assert ended < 12, f"process 0 ended {ended:.1f} s after its peer froze: not before JAX's heartbeat timeout"
+
+
+def test_a_frozen_peer_whose_pod_answers_is_left_to_jax(tmp_path: Path) -> None:
+    """The same frozen peer on an address that answers (refused: the pod is there): a slow process, not a gone
+    one; process 0 says it probed, and ends only when JAX does."""
+    gang = launch(tmp_path, 2, steps=100000, step_seconds=0.02, heartbeat_s=6,
+                  extra_env={"WORKER_COLLECTIVE": "1", "REPRIEVE_MEMORY_PORT": str(_refused_port())})
+    try:
+        gang.wait_for_file("running-0", 60)
+        gang.signal(1, signal.SIGSTOP)
+        code = gang.procs[0].wait(60)
+    finally:
+        gang.kill()
+    log = gang.logs[0].read_text()
+    assert code == -signal.SIGABRT and "another task died" in log, gang.tail()  # JAX's own end
+    assert "process 1 of 2 is quiet but its pod answers at 127.0.0.1:" in log, gang.tail()
+    assert "its pod does not answer" not in log, gang.tail()
+
+
+def _refused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def test_process_0_killed_mid_run_is_named_by_every_survivor_before_jax_ends_it(tmp_path: Path) -> None:
