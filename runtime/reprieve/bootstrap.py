@@ -175,19 +175,11 @@ def init(
             if config.in_cluster:
                 write_termination_message(processes, config.termination_log, attempt=config.attempt, last=last)
 
-        # A peer whose pod does not answer (its node gone, cut off) ends this process now, not at JAX's heartbeat
-        # timeout (reprieve.peers); never once the job is on its way out (its exit code is decided).
-        def end_early(why: str) -> None:
-            if job_ref and job_ref[0].phase.terminal:
-                log.info("a peer is gone (%s); this process is already leaving the job: no early end", why)
-                return
-            end_process(why)
-
         peers = PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
                           heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,
                           committed=lambda: job_ref[0].committed_step if job_ref else None, on_lost=on_lost,
                           device_processes=_device_processes, ip=config.pod_ip,
-                          probe_port=_memory_port(), end=end_early).start()
+                          probe_port=_memory_port(), end=lambda why: end_unless_leaving(job_ref, why)).start()
         closers.append(peers.close)
     if config.metrics_port is not None:
         # On the pod's IP when known, like the coordinator: workers that share a host network (hostNetwork
@@ -325,6 +317,17 @@ def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Che
         raise ConfigError(f"REPRIEVE_CHECKPOINT_URI={config.checkpoint_uri!r}: the checkpoint location cannot be "
                           f"opened for writing ({type(err).__name__}: {err}); set REPRIEVE_CHECKPOINT_URI to a "
                           "directory, gs:// or s3:// prefix this process can write") from err
+
+
+def end_unless_leaving(job_ref: list[Job], why: str, end: Callable[[str], None] = end_process) -> bool:
+    """A peer whose pod does not answer (its node gone, cut off): end this process now, not at JAX's heartbeat
+    timeout (``reprieve.peers``), unless the job is already on its way out (its exit code decided, its teardown
+    under way: that exit stands). Whether it ended (False only where ``end`` returns, i.e. in tests)."""
+    if job_ref and job_ref[0].phase.terminal:
+        log.info("a peer is gone (%s); this process is already leaving the job: no early end", why)
+        return False
+    end(why)
+    return True
 
 
 def _memory_port(env: Mapping[str, str] = os.environ) -> int:

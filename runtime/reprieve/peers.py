@@ -206,7 +206,7 @@ class PeerWatch(Daemon):
                  device_processes: Callable[[], dict[int, int]] = dict, ip: str | None = None,
                  probe_port: int = 0, probe_timeout_s: float = PROBE_TIMEOUT_SECONDS,
                  answers: Callable[[str, int, float], bool] = tcp_answers,
-                 end: Callable[[str], None] | None = None) -> None:
+                 end: Callable[[str], object] | None = None) -> None:
         """``ip``: this process's pod IP, written into its record for process 0's probes; ``end``: how to end this
         process once a peer is known gone (:func:`end_process`; None: never early, JAX's timeout ends it)."""
         super().__init__("reprieve-peers")

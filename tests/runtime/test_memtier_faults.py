@@ -246,7 +246,8 @@ def test_a_process_lost_before_it_replicated_its_newest_copy_restores_the_step_b
     server = spare_server(tmp_path, spare, crash_at="receive:14")
     try:
         gang = launch(tmp_path, pods, {0: spare, 1: pods[0]}, attempt=1, steps=TOTAL, stop_at=14,
-                      extra={0: {"WORKER_STOP_UNREPLICATED": "1"}})
+                      extra={0: {"WORKER_STOP_UNREPLICATED": "1", "WORKER_LOCKSTEP": "1"},
+                             1: {"WORKER_LOCKSTEP": "1"}})
         run_until_stopped(gang, 2, die=0)
         assert server.wait(60) == 86, "the replica server did not die half-way through step 14"
         own = sorted(e.name for e in (pods[1].mem / "own").iterdir())

@@ -15,7 +15,11 @@ that died earlier would abort the others through the coordination service's hear
 test changes something meanwhile). ``WORKER_SLOW_STEPS=N`` with ``WORKER_SLOW_SECONDS=T``: the attempt's first N steps take T seconds
 (a slow warm-up: compilation, a loaded machine), the later ones ``WORKER_STEP_SECONDS``. Before every save a process waits for its previous memory copy to finish in the background, so that
 every due memory save happens (on a busy machine one would otherwise be skipped, which the tier allows; the faults
-under test are about restores). At the end each process writes ``final-<pid>.json``: its rows of ``w``, ``b``,
+under test are about restores). ``WORKER_LOCKSTEP=1``: after that wait every process meets the others at a
+barrier before it saves, as a real step's collectives keep a gang together: this step's copy then starts only once
+every process has replicated the copies before it (the steps here have no collective, and a process running ahead
+on a loaded machine sees an older step replicated by the whole gang than the test means). At the end each process
+writes ``final-<pid>.json``: its rows of ``w``, ``b``,
 ``n``, the data position and where the restore read from.
 """
 
@@ -32,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import reprieve
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -70,6 +75,7 @@ def main() -> None:
     hold_at = int(os.environ.get("WORKER_HOLD_AT", "-1"))
     slow_steps = int(os.environ.get("WORKER_SLOW_STEPS", "0"))
     slow_seconds = float(os.environ.get("WORKER_SLOW_SECONDS", "0"))
+    lockstep = os.environ.get("WORKER_LOCKSTEP") == "1"
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
     job = reprieve.init()
@@ -95,6 +101,8 @@ def main() -> None:
         time.sleep(slow_seconds if step - start < slow_steps else step_seconds)
         if tier is not None:
             tier.wait()
+        if lockstep:
+            multihost_utils.sync_global_devices(f"memtier-worker-step-{step}")
         job.save(step, state, data=batches)
         if step == hold_at:
             (workdir / f"held-{pid}").write_text(str(step))
