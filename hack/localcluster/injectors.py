@@ -155,6 +155,27 @@ def pod_processes(cgroup_tree: str, pod_uid: str) -> list[Proc]:
     return out
 
 
+def during_restart_node(killed_on: str, worker_nodes: Sequence[str], rng: random.Random) -> str:
+    """The node ``notice-during-restart`` gives its notice to, once it killed a trainer on ``killed_on``: another
+    worker's node, drawn; where every worker shares the killed one's node (the scheduler put a replacement beside
+    the other worker), that node: the notice then dooms both, still during the kill's restart (pure)."""
+    others = sorted({n for n in worker_nodes if n != killed_on})
+    return rng.choice(others) if others else killed_on
+
+
+def two_doomed_nodes(worker_nodes: Sequence[str], spare_nodes: Sequence[str], rng: random.Random) -> list[str]:
+    """The nodes ``two-nodes-doomed`` notices at once: two workers' nodes, drawn; where the workers share one
+    node, that node and a spare's (the gang's other node), so two nodes are still doomed at once (pure)."""
+    nodes = sorted(set(worker_nodes))
+    if len(nodes) >= 2:
+        return rng.sample(nodes, 2)
+    extra = sorted(set(spare_nodes) - set(nodes))
+    if not nodes or not extra:
+        raise RuntimeError(f"two-nodes-doomed needs the job's pods on two live nodes: workers on {nodes}, "
+                           f"spares on {sorted(set(spare_nodes))}")
+    return [nodes[0], rng.choice(extra)]
+
+
 class Injectors:
     """Carries out faults on ``job`` in ``namespace`` of ``cluster`` (real nodes in ``pool``)."""
 
@@ -261,10 +282,9 @@ class Injectors:
         if kind == "notice-during-restart":
             return self._notice_during_restart()
         if kind == "two-nodes-doomed":
-            nodes = sorted({p.spec.node_name for p in self.workers()})
-            if len(nodes) < 2:
-                raise RuntimeError(f"two-nodes-doomed needs workers on two live nodes, found {nodes}")
-            chosen = self.rng.sample(nodes, 2)
+            chosen = two_doomed_nodes([p.spec.node_name for p in self.workers()],
+                                      [p.spec.node_name for p in self.spares() if p.spec.node_name not in self.doomed],
+                                      self.rng)
             assert GKE_SPOT is not None
             for node in chosen:
                 self._notice(node, GKE_SPOT)
@@ -328,15 +348,12 @@ class Injectors:
     def _notice_during_restart(self) -> str:
         workers = self.workers()
         pod = self._choice(workers, "a running worker pod")
-        others = sorted({p.spec.node_name for p in workers if p.spec.node_name != pod.spec.node_name})
-        if not others:
-            raise RuntimeError("notice-during-restart needs the other worker on another live node")
+        node = during_restart_node(pod.spec.node_name, [p.spec.node_name for p in workers], self.rng)
         before = self.attempt()
         self._kill(pod, "trainer")
         deadline = time.monotonic() + 20
         while self.attempt() == before and time.monotonic() < deadline:
             time.sleep(0.2)
-        node = self.rng.choice(others)
         assert GKE_SPOT is not None
         self._notice(node, GKE_SPOT)
         return f"{pod.metadata.name}+{node}"

@@ -3,6 +3,7 @@ seeded schedule, validation before anything starts, and the per-fault accounting
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -14,10 +15,12 @@ from localcluster.injectors import (
     PodView,
     Proc,
     assigned_pods,
+    during_restart_node,
     netns_holder,
     partition_rules,
     pick,
     split_roles,
+    two_doomed_nodes,
 )
 from localcluster.soakrecord import (
     FaultRecord,
@@ -717,3 +720,20 @@ def test_the_soaks_goodput_window_gives_the_last_fault_its_interval_and_no_fault
     plan = chaos.schedule(["node-lost", "kill-trainer"], minutes=30, fault_every=30.0, seed=1)
     assert soak.fault_window_end(1000.0, plan, 30.0) == pytest.approx(1000.0 + plan[-1].at + 30.0)
     assert soak.fault_window_end(1000.0, [], 30.0) == pytest.approx(1030.0)
+
+
+def test_notice_during_restart_and_two_nodes_doomed_still_run_when_the_workers_share_a_node() -> None:
+    """The 30-minute soak at f25d4b8: after two notices moved both workers at once, the scheduler put the new pod
+    beside the other worker (soak-n9); notice-during-restart found "no other worker on another live node" for its
+    10 s and was not injected (59 of 60). Now a shared node takes the notice (it dooms both workers), and
+    two-nodes-doomed takes that node and a spare's."""
+    rng = random.Random(1)
+    assert during_restart_node("n1", ["n1", "n2"], rng) == "n2"
+    assert during_restart_node("n1", ["n1", "n1"], rng) == "n1"
+    assert {during_restart_node("n1", ["n1", "n2", "n3"], random.Random(i)) for i in range(20)} == {"n2", "n3"}
+    assert sorted(two_doomed_nodes(["n1", "n2"], ["n3"], rng)) == ["n1", "n2"]
+    assert two_doomed_nodes(["n9", "n9"], ["n9", "n4"], rng) == ["n9", "n4"]
+    with pytest.raises(RuntimeError, match="on two live nodes: workers on \\['n9'\\], spares on \\['n9'\\]"):
+        two_doomed_nodes(["n9", "n9"], ["n9"], rng)
+    with pytest.raises(RuntimeError, match="workers on \\[\\]"):
+        two_doomed_nodes([], ["n4"], rng)
