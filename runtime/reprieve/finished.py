@@ -111,7 +111,18 @@ class FinishedSteps:
         if self._probe is None:
             self._probe = _probe_fn()
         shard = leaves[self._leaf_path].addressable_shards[0].data
-        return self._probe(shard)
+        with _no_mesh():  # a shard is on one device: under the loop's mesh (``jax.set_mesh``) jit refuses it
+            return self._probe(shard)
+
+
+def _no_mesh() -> Any:
+    """A context without the loop's mesh (``jax.set_mesh(None)``; nothing to leave where JAX has no such call)."""
+    import contextlib
+
+    import jax
+
+    set_mesh = getattr(jax, "set_mesh", None)
+    return set_mesh(None) if callable(set_mesh) else contextlib.nullcontext()
 
 
 def _on_device(leaf: Any) -> bool:
