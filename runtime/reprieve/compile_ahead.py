@@ -105,7 +105,10 @@ class CompileAhead:
     another program). :meth:`wait` joins; the outcome is logged, never raised.
     """
 
-    def __init__(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 on_compiled: Callable[[Any], None] | None = None) -> None:
+        """``on_compiled``: called in the thread with the compiled step's outputs (``Compiled.out_info``: shapes,
+        dtypes, shardings) once it compiled; what it raises is logged, never the step's outcome."""
         lower = getattr(fn, "lower", None)
         if not callable(lower):
             raise TypeError(f"Job.compile_ahead: {_name(fn)!r} has no .lower(): pass the jax.jit function itself "
@@ -114,6 +117,7 @@ class CompileAhead:
         self.ok: bool | None = None  # None: running
         self.seconds: float | None = None
         self._context = _mesh_context()
+        self._on_compiled = on_compiled
         self._thread = threading.Thread(target=self._run, args=(lower, args, kwargs), daemon=True,
                                         name=f"reprieve-compile-ahead-{self.name}")
         self._started = time.perf_counter()
@@ -122,7 +126,7 @@ class CompileAhead:
     def _run(self, lower: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:
             with self._context():
-                lower(*args, **kwargs).compile()
+                compiled = lower(*args, **kwargs).compile()
         except Exception as err:  # noqa: BLE001  a head start only: the first call compiles instead
             self.ok = False
             log.warning("compile_ahead(%s) failed (%s: %s); the step compiles at its first call", self.name,
@@ -131,6 +135,11 @@ class CompileAhead:
         finally:
             self.seconds = time.perf_counter() - self._started
         self.ok = True
+        if self._on_compiled is not None:
+            try:
+                self._on_compiled(getattr(compiled, "out_info", None))
+            except Exception as err:  # noqa: BLE001 - a head start for something else: never the step's
+                log.debug("compile_ahead(%s): after the compile: %s", self.name, err)
 
     def wait(self) -> None:
         t = time.perf_counter()

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING = 32  # probes not yet seen ready; a loop further ahead (JAX queues steps without bound) probes again
 # once the oldest have finished: the step said is then at most the newest probed one
+MAX_PREPARED_DEVICES = 8  # prepare_outputs compiles the probe for at most this many of a process's devices
 
 
 def _probe_fn() -> Any:
@@ -52,6 +53,39 @@ class FinishedSteps:
     @property
     def noted(self) -> int | None:
         return self._noted
+
+    def prepare(self, state: Any) -> None:
+        """Compile the probe for ``state`` (the restored or initial state, laid out as the steps' results) before
+        the loop starts, so that the first step after a restart compiles nothing of it (its restart gap). Never
+        raises: a state the probe cannot read turns the probe off, as in :meth:`note`."""
+        if self._off:
+            return
+        try:
+            probe = self._make_probe(state)
+            if probe is not None:
+                probe.block_until_ready()
+        except Exception as err:  # noqa: BLE001 - never a reason not to train; the loop's position instead
+            self._off = True
+            log.info("the last finished step is the loop's position from now on (no probe of the state: %s: %s)",
+                     type(err).__name__, err)
+
+    def prepare_outputs(self, outputs: Any) -> None:
+        """Compile the probe for the step's outputs as compiled ahead (``Compiled.out_info``: its first leaf is the
+        state's first, for a step that returns ``(state, ...)``), on each of this process's devices of that
+        leaf, so that a step whose outputs are laid out otherwise than its inputs compiles nothing of the probe
+        at its first call either. Best effort (the first save compiles what is missing)."""
+        import jax
+
+        if self._off or outputs is None:
+            return
+        leaf = next((x for x in jax.tree_util.tree_leaves(outputs)
+                     if getattr(getattr(x, "sharding", None), "addressable_devices", None)), None)
+        if leaf is None:
+            return
+        shape = leaf.sharding.shard_shape(leaf.shape)
+        for device in sorted(leaf.sharding.addressable_devices, key=lambda d: d.id)[:MAX_PREPARED_DEVICES]:
+            with _no_mesh():
+                self._probe_of()(jax.device_put(jax.numpy.zeros(shape, leaf.dtype), device)).block_until_ready()
 
     def note(self, step: int, state: Any, t: float | None = None) -> None:
         """The loop handed ``step``'s state to save (it may still be computing)."""
@@ -108,11 +142,15 @@ class FinishedSteps:
             self._leaf_path = next((i for i, leaf in enumerate(leaves) if _on_device(leaf)), None)
             if self._leaf_path is None:
                 return None
-        if self._probe is None:
-            self._probe = _probe_fn()
         shard = leaves[self._leaf_path].addressable_shards[0].data
         with _no_mesh():  # a shard is on one device: under the loop's mesh (``jax.set_mesh``) jit refuses it
-            return self._probe(shard)
+            return self._probe_of()(shard)
+
+    def _probe_of(self) -> Any:
+        with self._lock:
+            if self._probe is None:
+                self._probe = _probe_fn()
+            return self._probe
 
 
 def _no_mesh() -> Any:

@@ -245,6 +245,7 @@ class Job:
             if state is None:
                 state = init_fn()
                 require(abstract_problem(target, abstract_of(state)))
+            self.finished.prepare(state)
             return Restored(state, 0)
         step, restored, extra = result
         if not callable(hook):  # a checkpointer without the hook: checked after the fact
@@ -276,6 +277,7 @@ class Job:
                  self.config.checkpoint_uri, step + 1, written.get("attempt", "?"),
                  "" if run_id is None else f" of run {run_id!r}")
         user_extra = {k: v for k, v in extra.items() if k != "reprieve"}
+        self.finished.prepare(restored)
         return Restored(restored, step + 1, data=value, extra=user_extra, step=step)
 
     def _seed_estimates(self, record: Any) -> None:
@@ -304,7 +306,7 @@ class Job:
         restored")."""
         if self.phase != Phase.READY:
             raise RuntimeError(f"Job.compile_ahead: the job is {self.phase.value}; call it before Job.steps()")
-        self._ahead.append(CompileAhead(fn, args, kwargs))
+        self._ahead.append(CompileAhead(fn, args, kwargs, on_compiled=self.finished.prepare_outputs))
 
     # -- loop ------------------------------------------------------------------------------------------
     def steps(self, start: int, total: int | None = None) -> Iterator[int]:
