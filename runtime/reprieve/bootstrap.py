@@ -24,8 +24,7 @@ from .jax_workarounds import (
 )
 from .job import Checkpointer, Job
 from .kube import KubeClient, PodWatchSource
-from .memtier.config import DEFAULT_PORT as MEMORY_PORT
-from .memtier.config import PORT_ENV as MEMORY_PORT_ENV
+from .memtier.config import MemoryConfig
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
@@ -96,6 +95,7 @@ def init(
     config = RuntimeConfig.from_env(environ)
     console.install(config.process_id, config.num_processes)
     memory_config = _memory_config(environ, config)  # memory tier hook: a bad setting refuses before joining
+    probe_port = MemoryConfig.port_from_env(environ)  # where a quiet peer's pod is probed (reprieve.peers)
     if link is not None:
         link.send("init", attempt=config.attempt, processId=config.process_id)
     enable_compilation_cache(config)
@@ -179,7 +179,7 @@ def init(
                           heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,
                           committed=lambda: job_ref[0].committed_step if job_ref else None, on_lost=on_lost,
                           device_processes=_device_processes, ip=config.pod_ip,
-                          probe_port=_memory_port(), end=lambda why: end_unless_leaving(job_ref, why)).start()
+                          probe_port=probe_port, end=lambda why: end_unless_leaving(job_ref, why)).start()
         closers.append(peers.close)
     if config.metrics_port is not None:
         # On the pod's IP when known, like the coordinator: workers that share a host network (hostNetwork
@@ -328,13 +328,6 @@ def end_unless_leaving(job_ref: list[Job], why: str, end: Callable[[str], None] 
         return False
     end(why)
     return True
-
-
-def _memory_port(env: Mapping[str, str] = os.environ) -> int:
-    """The port a peer's pod is probed on (reprieve-run's replica server, as the operator probes it; a refused
-    connect is an answer too): ``REPRIEVE_MEMORY_PORT``, checked where the memory tier reads it."""
-    raw = env.get(MEMORY_PORT_ENV, "")
-    return int(raw) if raw.isdigit() and 0 < int(raw) < 65536 else MEMORY_PORT
 
 
 def _last_step(job: Job) -> tuple[int, float] | None:

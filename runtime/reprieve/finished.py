@@ -18,6 +18,8 @@ running ahead of its device sees its dispatch time, not the step's).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import threading
 import time
@@ -153,14 +155,19 @@ class FinishedSteps:
             return self._probe
 
 
-def _no_mesh() -> Any:
-    """A context without the loop's mesh (``jax.set_mesh(None)``; nothing to leave where JAX has no such call)."""
-    import contextlib
-
+@functools.cache
+def _set_mesh() -> Any:
     import jax
 
     set_mesh = getattr(jax, "set_mesh", None)
-    return set_mesh(None) if callable(set_mesh) else contextlib.nullcontext()
+    return set_mesh if callable(set_mesh) else None
+
+
+def _no_mesh() -> Any:
+    """A context without the loop's mesh (``jax.set_mesh(None)``; nothing to leave where JAX has no such call).
+    Once a step: the lookup is done once."""
+    set_mesh = _set_mesh()
+    return set_mesh(None) if set_mesh is not None else contextlib.nullcontext()
 
 
 def _on_device(leaf: Any) -> bool:

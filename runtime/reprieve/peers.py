@@ -59,7 +59,7 @@ from . import termination
 from .background import Daemon
 from .collective_error import GLOO_PREFIX, blamed_processes, gloo_addresses
 from .coordination import CoordinationError, Coordinator
-from .tether import ServiceTether
+from .tether import ServiceTether, unanswered_connect
 
 log = logging.getLogger(__name__)
 
@@ -109,13 +109,13 @@ class Liveness:
 
 def tcp_answers(ip: str, port: int, timeout: float) -> bool:
     """Whether ``ip`` answers a TCP connect to ``port`` within ``timeout``: accepted, refused or reset is an
-    answer (the pod's network is there; nothing need listen); no answer in time, or an unreachable host, is not."""
+    answer (the pod's network is there; nothing need listen); no answer in time, or an unreachable host, is not
+    (:func:`reprieve.tether.unanswered_connect`). Any other error (no file descriptor left, a name that does not
+    resolve) says nothing about the peer and counts as an answer: never a reason to end the gang."""
     try:
         socket.create_connection((ip, port), timeout=timeout).close()
-    except (ConnectionRefusedError, ConnectionResetError):
-        return True
-    except OSError:
-        return False
+    except OSError as err:
+        return not unanswered_connect(err)
     return True
 
 

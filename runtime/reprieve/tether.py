@@ -37,11 +37,17 @@ def knock_says_gone(err: OSError | None) -> bool | None:
     name that does not resolve for now: knock again later). Pure."""
     if err is None:
         return False
-    if isinstance(err, (ConnectionRefusedError, ConnectionResetError, TimeoutError)):
+    if isinstance(err, (ConnectionRefusedError, ConnectionResetError)):
         return True
     if isinstance(err, socket.gaierror):
         return None
-    return True if err.errno in _UNREACHABLE else None
+    return True if unanswered_connect(err) else None
+
+
+def unanswered_connect(err: OSError) -> bool:
+    """Whether a connect that failed with ``err`` got no answer at all: none in time, or the host unreachable (no
+    route, no neighbour). Refused and reset are answers: something at the address is alive (pure)."""
+    return isinstance(err, TimeoutError) or err.errno in _UNREACHABLE
 
 
 def split_address(address: str) -> tuple[str, int] | None:

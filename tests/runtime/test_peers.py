@@ -3,6 +3,7 @@ real thing, a SIGKILLed peer of a real 2-process job, is in test_startup_and_pee
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import socket
@@ -25,6 +26,7 @@ from reprieve.peers import (
     unanswered,
     write_termination_message,
 )
+from reprieve.tether import unanswered_connect
 
 from tests.runtime.test_collective_error import CLOSED, DEVICES, STORE
 
@@ -135,11 +137,11 @@ def test_process_0_ends_once_a_quiet_peers_pod_does_not_answer_and_not_while_it_
         _until(lambda: bool(probed), "the probe")
         assert probed[0] == ("10.0.0.9", 8477)
         if reachable:
-            time.sleep(0.3)
+            _passes(shared, 2)  # two more passes of the watch at the same quiet time
             assert ended == [] and reports == [] and len(probed) == 1  # once a threshold, not every pass
             now[0] = 2.5
             _until(lambda: reports == [(1,)], f"silent at the threshold: {reports}")
-            time.sleep(0.3)
+            _passes(shared, 2)
             assert ended == []
         else:
             _until(lambda: bool(ended), "the early end")
@@ -148,6 +150,29 @@ def test_process_0_ends_once_a_quiet_peers_pod_does_not_answer_and_not_while_it_
                    "10.0.0.9:8477" in ended[0]
     finally:
         watch.close()
+
+
+def _passes(shared: LocalCoordinator, n: int, pid: int = 0, attempt: int = 2) -> None:
+    """Wait until process ``pid``'s watch has written its record ``n`` more times: it made ``n`` more passes (each
+    pass writes the record, then decides), so what did not happen in them did not happen at all."""
+    key = f"reprieve/{attempt}/alive/{pid}"
+
+    def count() -> int:
+        raw = shared.dir_get(f"reprieve/{attempt}/alive/").get(key)
+        return int(json.loads(raw)["n"]) if raw else 0
+
+    target = count() + n
+    _until(lambda: count() >= target + 1, f"{n} more passes of process {pid}'s watch")
+
+
+def test_a_connect_without_an_answer_is_none_in_time_or_an_unreachable_host_and_nothing_else() -> None:
+    assert unanswered_connect(TimeoutError("timed out"))
+    assert unanswered_connect(OSError(errno.EHOSTUNREACH, "No route to host"))
+    assert unanswered_connect(OSError(errno.ENETUNREACH, "Network is unreachable"))
+    assert not unanswered_connect(ConnectionRefusedError(errno.ECONNREFUSED, "refused"))  # a pod, nothing listening
+    assert not unanswered_connect(ConnectionResetError(errno.ECONNRESET, "reset"))
+    assert not unanswered_connect(OSError(errno.EMFILE, "Too many open files"))  # says nothing of the peer
+    assert not unanswered_connect(socket.gaierror(-2, "Name or service not known"))
 
 
 def test_no_probe_without_the_peers_ip_and_no_early_end_without_end() -> None:

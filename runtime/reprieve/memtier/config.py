@@ -67,6 +67,16 @@ class MemoryConfig:
         """No interval given: saves are spaced by the cost budget."""
         return self.interval_steps == 0 and self.interval_seconds == 0
 
+    @staticmethod
+    def port_from_env(env: Mapping[str, str]) -> int:
+        """``REPRIEVE_MEMORY_PORT`` (the replica server's port; the default beside the coordinator's), whether
+        the tier is on or not (the runtime probes a peer's pod there).
+
+        Raises:
+            ConfigError: it is not a port number.
+        """
+        return Env(env).integer(PORT_ENV, DEFAULT_PORT, minimum=0, maximum=65535)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, pod_ip: str | None = None) -> MemoryConfig | None:
         """The tier's settings, or None when ``REPRIEVE_MEMORY_DIR`` is unset (the tier is off).
@@ -89,7 +99,7 @@ class MemoryConfig:
             raise ConfigError(f"{INTERVAL_STEPS_ENV}={steps} and {INTERVAL_SECONDS_ENV}={seconds} are both set: "
                               "give one (or neither, to space saves by the 1 % cost budget)")
         limit = e.opt_integer(LIMIT_ENV, minimum=1)
-        port = e.integer(PORT_ENV, DEFAULT_PORT, minimum=0, maximum=65535)
+        port = cls.port_from_env(env)
         peer = e.opt_text(PEER_ENV)
         if peer is not None:
             address_problem(peer, PEER_ENV)
