@@ -353,6 +353,8 @@ class Job:
                     loop.first = loop.last
                     self._first_step_lowered()
                     self._first_step_done(step - 1)  # reprieve-run starts the next attempt's process now
+                    if self._progress is not None:
+                        self._progress.first_step()
                 self._observe_step(now - previous_t, step)
                 if self._decided != step - 1 or self._stop_step == step - 1:
                     self._decide_or_exit(step - 1)  # no save() in the body, or should_stop() said stop

@@ -108,8 +108,9 @@ def progress_annotation(step: int, committed_step: int, attempt: int, now: float
 
 
 class ProgressReporter:
-    """Process 0 patches its own pod's progress annotation: live every ``interval_s`` once :meth:`start`\\ ed,
-    at commits at most every ``min_interval_s`` (:meth:`report`), and synchronously on the exit paths."""
+    """Process 0 patches its own pod's progress annotation: live every ``interval_s`` once :meth:`start`\\ ed
+    and at once when the attempt's first step finished (:meth:`first_step`), at commits at most every
+    ``min_interval_s`` (:meth:`report`), and synchronously on the exit paths."""
 
     def __init__(self, client: KubeClient, namespace: str, pod: str, attempt: int, *,
                  min_interval_s: float = 10.0, interval_s: float = 5.0,
@@ -128,6 +129,7 @@ class ProgressReporter:
         self._committed = -1
         self._sent_step: int | None = None
         self._stop = threading.Event()
+        self._kick = threading.Event()
         self._thread: threading.Thread | None = None
         self.patches = 0  # how many patches were sent (tests and the benchmark read it)
         self.cpu_seconds = 0.0  # CPU time of the live reports' thread (what it can take from the training thread)
@@ -140,8 +142,18 @@ class ProgressReporter:
             self._thread.start()
         return self
 
+    def first_step(self) -> None:
+        """The attempt's first step finished: the live report goes now, not up to ``interval_s`` later, so an
+        attempt cut off from the API server seconds after it started has still said where it started (the
+        operator counts the steps after it as lost, not as start-up: ``docs/goodput.md``)."""
+        self._kick.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        while True:
+            self._kick.wait(self._interval)
+            self._kick.clear()
+            if self._stop.is_set():
+                return
             t0 = time.thread_time()
             live = self._source()
             step = live.get("step")
@@ -185,6 +197,7 @@ class ProgressReporter:
 
     def close(self) -> None:
         self._stop.set()
+        self._kick.set()
         if self._thread is not None:
             self._thread.join(timeout=self._interval + 6.0)
             self._thread = None

@@ -204,3 +204,38 @@ def test_job_in_cluster_stops_on_the_annotation_and_reports_progress(cluster: An
     steps = [b - a for a, b in itertools.pairwise(began[:21])]
     assert live["stepSeconds"] >= 0.005 and min(steps) / 2 <= live["stepSeconds"] <= 2 * max(steps), (live, steps)
     assert progress["firstStep"] == 0 and progress["saveBlockingSeconds"] >= 0
+
+
+def test_a_jobs_first_step_is_reported_before_the_first_interval(cluster: Any, namespace: str,
+                                                                   worker_identity: KubeClient,
+                                                                   tmp_path: Path) -> None:
+    """Live reports every 60 s, yet the annotation names the attempt's first step while its sixth runs: an
+    attempt cut off the network seconds after it started has said where it started (docs/goodput.md)."""
+    import jax.numpy as jnp
+    import reprieve
+
+    from tests.runtime.helpers_agreement import FileCheckpointer
+
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_POD_NAME": POD,
+           "REPRIEVE_NAMESPACE": namespace, "REPRIEVE_ATTEMPT": "4", "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+           "KUBERNETES_SERVICE_PORT": str(cluster.api_port),
+           "REPRIEVE_SERVICEACCOUNT_DIR": worker_identity.sa_dir, "REPRIEVE_PROGRESS_INTERVAL_SECONDS": "60"}
+    job = reprieve.init(env=env, install_sigterm=False, exit_fn=lambda code: None,
+                        checkpointer=lambda cfg, coord: FileCheckpointer(cfg.checkpoint_uri, coord))
+    seen: dict[str, Any] = {}
+
+    def annotated() -> bool:
+        pod = json.loads(cluster.kubectl("get", "pod", POD, "-n", namespace, "-o", "json").stdout)
+        raw = (pod["metadata"].get("annotations") or {}).get(PROGRESS_ANNOTATION)
+        seen.update(json.loads(raw) if raw else {})
+        return bool(raw)
+
+    try:
+        for step in job.steps(0, 6):
+            if step == 5:
+                wait_for(annotated, 20, "the first step's progress report")
+            job.save(step, {"x": jnp.full((2,), step + 1.0)})
+    finally:
+        job.abandon()
+    # sent at once: the loop's position when the thread read it, while the sixth step still waits
+    assert (seen["attempt"], seen["firstStep"]) == (4, 0) and seen["step"] <= 4, seen

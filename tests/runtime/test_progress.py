@@ -93,6 +93,24 @@ def test_reporter_sends_live_progress_only_when_the_step_moves() -> None:
     assert all(b["attempt"] == 2 and b["committedStep"] == -1 and b["firstStep"] == 0 for b in client.bodies)
 
 
+def test_the_first_step_is_reported_at_once_not_an_interval_later() -> None:
+    """A pod cut off the network seconds into its attempt has still said where the attempt started: without it
+    the operator counted the steps the attempt lost as start-up (the 30-minute soak's fault 7: a partition of
+    process 0 in an 8.5 s old attempt, operator 0 lost steps, step log 5)."""
+    client = FakeClient()
+    lp = LoopProgress()
+    reporter = ProgressReporter(client, "ns", "pod-0", attempt=3, interval_s=60)  # type: ignore[arg-type]
+    reporter.start(lp.fields)
+    lp.first = lp.last = (7, time.perf_counter())
+    reporter.first_step()
+    wait_for(lambda: len(client.bodies) == 1, 10, "the first step's report")
+    assert (client.bodies[0]["step"], client.bodies[0]["firstStep"], client.bodies[0]["attempt"]) == (7, 7, 3)
+    t0 = time.monotonic()
+    reporter.close()  # the thread waits up to 60 s for its next interval: close wakes it
+    assert time.monotonic() - t0 < 5
+    assert len(client.bodies) == 1
+
+
 def test_commit_reports_are_rate_limited_and_carry_the_live_fields() -> None:
     client = FakeClient()
     lp = LoopProgress()
