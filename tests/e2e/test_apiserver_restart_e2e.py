@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from localcluster.goodput import analyse, read_step_log
 
-from .conftest import submit_recreate, succeeded, wait_step, wait_tj
+from .conftest import submit_recreate, succeeded, wait_step, wait_tj, worker_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 
@@ -54,7 +54,9 @@ def test_a_job_trains_through_an_apiserver_restart_and_the_operator_writes_its_e
 
     final = wait_tj(cluster, namespace, name, succeeded, 180, "Succeeded after the apiserver restart",
                     operator)["status"]
-    assert final["attempt"] == 1, final
+    if final["attempt"] != 1:  # say why: the whole status, the operator's log, every run's last lines
+        pytest.fail(f"the job restarted: status {json.dumps(final)}\noperator log:\n{operator.tail(60)}\n"
+                    f"worker logs (last 25 lines of each run):\n{worker_logs(cluster, namespace, name, 2)}")
     # status.restarts is written with the first restart's cause: none here
     assert final.get("restarts") in (None, {"preemption": 0, "failure": 0, "disruption": 0}), final
     assert final.get("restartCount", 0) == 0, final
