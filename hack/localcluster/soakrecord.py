@@ -197,7 +197,8 @@ def attribute(faults: Sequence[Injected], interruptions: Sequence[Interruption])
     """fault index -> (interruption index, "cause" | "shared" | "during restart"), as the module docstring says.
 
     An interruption no fault of its span explains takes the first fault injected during the restart before it
-    (a notice delivered to an attempt that had not stepped yet ends that attempt, not the one before)."""
+    (a notice delivered to an attempt that had not stepped yet ends that attempt, not the one before), or else
+    a fault that shared the restart before it but came after that attempt's last step."""
     out: dict[int, tuple[int, str]] = {}
     order = [k for k in sorted(range(len(faults)), key=lambda k: faults[k].at)
              if KINDS[faults[k].kind].interrupts and not faults[k].error]
@@ -208,6 +209,10 @@ def attribute(faults: Sequence[Injected], interruptions: Sequence[Interruption])
                   and not faults[k].attempt > intr.from_attempt]
         if not during:
             during = [k for k in order if out.get(k) == (j - 1, "during restart")][:1]
+        if not during and j > 0:  # a second fault injected after the attempt before had stepped its last (within
+            # the slack, with the status not yet showing the next attempt) reached the next attempt: it is its cause
+            during = [k for k in order if out.get(k) == (j - 1, "shared")
+                      and faults[k].at > interruptions[j - 1].last_t][:1]
         for i, k in enumerate(during):
             out[k] = (j, "shared" if i else "cause")
         for k in order:

@@ -362,6 +362,25 @@ def test_a_notice_during_a_restart_causes_the_next_interruption_and_a_restart_no
     assert "restarts no fault explains: 1 (attempt 3 at step 59" in table([doomed, cordon], tot)
 
 
+def test_a_notice_injected_just_after_an_attempts_last_step_causes_the_next_restart_not_that_one() -> None:
+    # found by the 30-minute soak on real nodes (seed 1, fault 11): a cluster-autoscaler notice ended attempt 6
+    # (its last step at 49); an AKS notice at 50, 0.6 s after attempt 7 was created but with the status still
+    # saying attempt 6, fell within the slack of attempt 6's end and was counted as sharing its restart; attempt 7
+    # stepped, saved for it and exited, and its restart was listed as one no fault explains
+    log = steps(6, range(3650, 3700), 0) + steps(7, range(3700, 3708), 53) + steps(8, range(3708, 3720), 64)
+    intr = analyse(log, start=0, end=80).interruptions
+    faults = [Injected("notice-cluster-autoscaler", "n1", 35, 6), Injected("notice-aks-remediator", "n4", 50, 6)]
+    first, second = records(faults, [], intr, log, t0=0)
+    assert (first.note, first.gap_seconds) == ("", pytest.approx(3))
+    assert (second.note, second.gap_seconds) == ("", pytest.approx(3)), second
+    assert unexplained(faults, intr) == []
+    # a second fault injected before the attempt's last step still shares its restart, and a restart after it
+    # with no fault of its own stays unexplained
+    faults[1] = Injected("notice-aks-remediator", "n4", 48.5, 6)
+    assert "shares the restart" in records(faults, [], intr, log, t0=0)[1].note
+    assert [i.from_attempt for i in unexplained(faults, intr)] == [7]
+
+
 def test_notice_during_restart_owns_both_restarts_it_causes() -> None:
     # found by the soak on real nodes: the kill ended attempt 2, the notice (on the other worker's node) reached
     # attempt 3, which saved and exited; the second interruption was listed as one no fault explains
@@ -529,8 +548,11 @@ def test_a_notice_injected_once_the_status_shows_the_next_attempt_is_that_attemp
     assert unexplained(faults, intr) == []
     assert rebalance.note == "" and rebalance.gap_seconds > 0, rebalance
     assert spot.note == "" and spot.gap_seconds == pytest.approx(intr[0].gap_seconds), spot
-    # the same notice while the status still showed attempt 1 shares its restart, as before
-    assert len(unexplained([faults[0], Injected("notice-aws-rebalance", "w-2", 30.4, 1)], intr)) == 1
+    # the same notice while the status still showed attempt 1 (the status lags the operator by up to a poll) is
+    # attempt 2's too: it came after attempt 1's last step, and attempt 2's end has no other cause (the 30-minute
+    # soak's fault 11, below)
+    late = [faults[0], Injected("notice-aws-rebalance", "w-2", 30.4, 1)]
+    assert unexplained(late, intr) == [] and records(late, [], intr, log, t0=0)[1].note == ""
 
 
 def test_a_storage_fault_is_recorded_recovered_with_no_restart_once_the_next_save_commits() -> None:
