@@ -149,10 +149,13 @@ class FinishedSteps:
             return self._probe_of()(shard)
 
     def _probe_of(self) -> Any:
-        with self._lock:
-            if self._probe is None:
-                self._probe = _probe_fn()
-            return self._probe
+        probe = self._probe  # made once: every later step reads it without the lock
+        if probe is None:
+            with self._lock:
+                if self._probe is None:
+                    self._probe = _probe_fn()
+                probe = self._probe
+        return probe
 
 
 @functools.cache
