@@ -29,11 +29,22 @@ pre-faulted buffer) over one stream and over as many as a peer restore reads wit
 buffers, the own and the peer's copies in /dev/shm), 5x with the s3 emulator's copy: ``--s3-max-gib`` (1 by
 default) keeps moto to the smaller states.
 
-Cost (``--parts cost``): one process trains a state of ``--cost-mib`` MiB with a jitted step, in blocks that
-alternate the memory tier off and on (the default interval: the 1 % budget, as ``reprieve.init`` sets it up,
-sending every copy to a peer's replica server in another process); the per-step median of each mode over the
-block pairs, the save's loop stall (its host copy) beside the storage tier's host copy of the same state, and the
-interval chosen (target: overhead <= 1 %).
+Cost (``--parts cost``): one process trains a state of ``--cost-mib`` MiB with a jitted step, the memory tier
+at its default interval (the 1 % budget, as ``reprieve.init`` sets it up, every copy sent to a peer's replica
+server in another process). After ``--warmup-seconds`` with the tier off and a settling phase (until a measured
+schedule has held for 3 saves), ``--blocks`` pairs of blocks alternate the tier off and on in ABBA order, each
+block one save interval long (``--block-steps``), every step's time traced. Two figures (target: <= 1 %):
+
+* **around the saves**: each save's excess, the steps from its own through the first after which its copy was
+  written and sent (and 5 more) against the mean of the 50 steps before it (``save_windows``), over the time of
+  the "on" blocks; plus the time the schedule's per-step check took. Each save is compared with the same moment's
+  step time, so the machine's drift (this VM's step time wanders by 15 % between blocks) cancels: this resolves
+  0.1 %. It misses a cost spread over steps far from any save; the A/B bounds that.
+* **whole blocks A/B**: each pair's on / off - 1, their mean with a 95 % bootstrap interval: a check with no
+  model of where the cost lies, at the resolution the machine's drift allows (a few % here).
+
+Also the save's loop stall (its host copy) beside the storage tier's host copy of the same state, and the
+intervals chosen.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import shutil
 import socket
 import statistics
@@ -52,6 +64,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 GiB = 1 << 30
@@ -194,7 +207,8 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def child_cost(a: argparse.Namespace) -> dict[str, Any]:
-    """Alternating blocks, tier off / on, in one process (the schedule is the default: the 1 % budget)."""
+    """Blocks of the loop with the tier off and on in one process (the schedule is the default: the 1 % budget),
+    every step's time traced: the whole blocks' A/B and the excess around each save (:func:`save_windows`)."""
     jax = _jax()
     import jax.numpy as jnp
     from reprieve.checkpoint import CheckpointManager
@@ -227,37 +241,170 @@ def child_cost(a: argparse.Namespace) -> dict[str, Any]:
     storage_copy = time.perf_counter() - t0
     mgr.wait()
     mgr.close()
-    k, ema, times = 0, None, {"off": [], "on": []}  # type: ignore[var-annotated]
+    k, ema = 0, None
+    trace: list[Step] = []
     blocking: list[float] = []
-    saves_per_block: list[int] = []
-    for block in range(2 * a.blocks + 2):  # the first pair warms up (and bootstraps the schedule)
-        mode = "on" if block % 2 else "off"
-        if block == 1:
-            tier.begin(k)  # the bootstrap save (which sets the budget's interval) falls in the first "on" block
-        spent, saves = [], 0
-        for _ in range(a.block_steps):
+
+    def run(mode: str, steps: int, keep: bool) -> None:
+        """``steps`` steps; with the tier on, more (saving none) while its copy is still written or sent: a block
+        holds all of its saves' cost."""
+        nonlocal state, k, ema
+        n = 0
+        while n < steps or (mode == "on" and tier.busy()):
             t = time.perf_counter()
             state = jax.block_until_ready(step(state))
-            if mode == "on" and tier.due(k, ema):
-                s0 = time.perf_counter()
-                if tier.save(k, state, extra={}):
-                    blocking.append(time.perf_counter() - s0)
-                    saves += 1
+            saved, due_s = False, 0.0
+            if mode == "on":
+                d0 = time.perf_counter()
+                due = tier.due(k, ema)
+                due_s = time.perf_counter() - d0
+                if due and n < steps:
+                    s0 = time.perf_counter()
+                    if tier.save(k, state, extra={}):
+                        blocking.append(time.perf_counter() - s0)
+                        saved = True
             dt = time.perf_counter() - t
             ema = dt if ema is None else ema + 0.1 * (dt - ema)
-            spent.append(dt)
+            if keep:
+                trace.append(Step(dt, mode == "on", saved, mode == "on" and tier.busy(), due_s))
             k += 1
-        tier.wait()  # outside the timed steps: nothing of one block runs into the next
-        if block >= 2:
-            times[mode].append(statistics.mean(spent))
-            if mode == "on":
-                saves_per_block.append(saves)
+            n += 1
+
+    warm_until = time.perf_counter() + a.warmup_seconds  # the step time settles (this VM's: 40 -> 24 ms in ~40 s)
+    while time.perf_counter() < warm_until:
+        run("off", 10, keep=False)
+    # the bootstrap save and the provisional schedule, then until a measured one has held for 3 saves (<= 300 s)
+    tier.begin(k)
+    settle_end, held, version = time.perf_counter() + 300, 0, 0
+    while time.perf_counter() < settle_end and not (version >= 2 and held >= 3):
+        saves = tier.saves
+        run("on", 1, keep=False)
+        newest = tier.newest_schedule
+        if newest is not None and newest.version != version:
+            version, held = newest.version, 0
+        held += tier.saves - saves
+    tier.wait()
+    newest = tier.newest_schedule
+    every = newest.every if newest is not None else 1
+    length = a.block_steps or max(every, 50)  # 0: one save interval per block
+    if newest is not None:  # the blocks' saves a quarter into each "on" block (with one interval per block)
+        run("off", (newest.start - k - length - length // 4) % every, keep=False)
+    blocks: list[tuple[str, int, int]] = []  # (mode, first trace index, end)
+    for b in range(2 * a.blocks):  # ABBA: off on, on off, ... (a linear drift cancels over each four)
+        mode = "on" if (b % 4) in (1, 2) else "off"
+        first = len(trace)
+        run(mode, length, keep=True)
+        blocks.append((mode, first, len(trace)))
     tier.close()
-    off, on = statistics.median(times["off"]), statistics.median(times["on"])
-    return {"step_off_s": off, "step_on_s": on, "overhead": on / off - 1, "pairs": list(zip(times["off"], times["on"])),
-            "saves_per_block": saves_per_block, "saves": len(blocking), "memory_copy_s": statistics.median(blocking[1:] or blocking),
-            "storage_copy_s": storage_copy, "every": tier.every,
+    means = [statistics.mean(s.seconds for s in trace[i:j]) for _, i, j in blocks]
+    pairs = [(means[i], means[i + 1]) if blocks[i][0] == "off" else (means[i + 1], means[i])
+             for i in range(0, len(blocks) - 1, 2)]
+    on_s = sum(s.seconds for s in trace if s.on)
+    windows = save_windows(trace)
+    fake = placebo(trace, blocks)
+    placebo_windows = save_windows(fake)
+    off_s = sum(s.seconds for s in trace if not s.on)
+    return {"step_off_s": statistics.median(m for (mode, _, _), m in zip(blocks, means) if mode == "off"),
+            "step_on_s": statistics.median(m for (mode, _, _), m in zip(blocks, means) if mode == "on"),
+            "pairs": pairs, "ab": pair_stats(pairs),
+            "windows": windows, "around_saves": window_stats(windows, on_s, sum(s.saved for s in trace)),
+            "placebo": window_stats(placebo_windows, off_s, sum(s.saved for s in fake)),
+            "due_share": sum(s.due_s for s in trace if s.on) / on_s if on_s else 0.0,
+            "trace": [[round(s.seconds, 6), int(s.on), int(s.saved), int(s.busy), round(s.due_s, 7)] for s in trace],
+            "block_steps": length, "saves_per_block": [sum(s.saved for s in trace[i:j]) for m, i, j in blocks if m == "on"],
+            "saves": sum(s.saved for s in trace), "memory_copy_s": statistics.median(blocking[1:] or blocking),
+            "storage_copy_s": storage_copy, "every": every, "every_at_end": tier.every,
             "cost_s": tier.last_blocking_s + tier.last_background_s}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One traced step of the cost run: its time (the step, the tier's ``due`` and any save), whether the tier
+    was on, saved after it, was still copying in the background after it, and the time ``due`` took."""
+
+    seconds: float
+    on: bool
+    saved: bool
+    busy: bool
+    due_s: float = 0.0
+
+
+def save_windows(trace: list[Step], *, base_steps: int = 50, tail: int = 5) -> list[dict[str, float]]:
+    """The excess time around each save (pure): the steps from the save's through the first after which the
+    background copy was done, and ``tail`` more (capped by the next save), against the mean of the
+    ``base_steps`` steps before it that lie in no window (the same moment's step time, whatever the machine's
+    drift). A save with fewer than 10 such steps before it is left out."""
+    spans: list[tuple[int, int]] = []
+    for i, s in enumerate(trace):
+        if not s.saved:
+            continue
+        j = i
+        while j + 1 < len(trace) and trace[j].busy:
+            j += 1
+        spans.append((i, min(j + tail, len(trace) - 1)))
+    spans = [(i, min(end, spans[n + 1][0] - 1) if n + 1 < len(spans) else end) for n, (i, end) in enumerate(spans)]
+    inside = [False] * len(trace)
+    for i, end in spans:
+        for j in range(i, end + 1):
+            inside[j] = True
+    out = []
+    for i, end in spans:
+        before = [trace[j].seconds for j in range(i - 1, -1, -1) if not inside[j]][:base_steps]
+        if len(before) < 10:
+            continue
+        base = statistics.mean(before)  # not the median: the window's sum holds the steps' spikes too
+        out.append({"index": i, "steps": end - i + 1, "base_s": base,
+                    "excess_s": sum(trace[j].seconds for j in range(i, end + 1)) - (end - i + 1) * base})
+    return out
+
+
+def placebo(trace: list[Step], blocks: list[tuple[str, int, int]]) -> list[Step]:
+    """The trace with each "on" block's saves moved to the same offsets of its pair's "off" block, busy as long
+    (pure): :func:`save_windows` of it measures the method's noise floor on steps the tier never touched."""
+    busy_until: dict[int, int] = {}
+    for n in range(0, len(blocks) - 1, 2):
+        on, off = (blocks[n], blocks[n + 1]) if blocks[n][0] == "on" else (blocks[n + 1], blocks[n])
+        for i in range(on[1], on[2]):
+            if trace[i].saved:
+                j = i
+                while j + 1 < on[2] and trace[j].busy:
+                    j += 1
+                p = off[1] + i - on[1]
+                if p < off[2]:
+                    busy_until[p] = min(off[2] - 1, p + j - i - 1)
+    busy = {j for p, end in busy_until.items() for j in range(p, end + 1)}
+    return [Step(s.seconds, False, i in busy_until, i in busy) for i, s in enumerate(trace)]
+
+
+def _bootstrap(values: list[float], stat: Any, *, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """The 95 % percentile bootstrap interval of ``stat`` over ``values`` (pure, seeded)."""
+    rng = random.Random(seed)
+    got = sorted(stat([rng.choice(values) for _ in values]) for _ in range(resamples))
+    return got[int(0.025 * resamples)], got[int(0.975 * resamples) - 1]
+
+
+def pair_stats(pairs: list[tuple[float, float]]) -> dict[str, float]:
+    """The whole blocks' A/B (pure): each pair's overhead (on / off - 1), their mean and its 95 % interval."""
+    diffs = [on / off - 1 for off, on in pairs]
+    if not diffs:
+        return {"mean": 0.0, "low": 0.0, "high": 0.0}
+    low, high = _bootstrap(diffs, statistics.mean) if len(diffs) > 1 else (diffs[0], diffs[0])
+    return {"mean": statistics.mean(diffs), "low": low, "high": high}
+
+
+def window_stats(windows: list[dict[str, float]], on_s: float, saves: int) -> dict[str, float]:
+    """The tier's cost around its saves as a share of the time with it on (pure): the mean window's excess times
+    the ``saves`` made over all the "on" steps' time, with a 95 % interval over the windows measured."""
+    excess = [w["excess_s"] for w in windows]
+    if not excess or on_s <= 0:
+        return {"share": 0.0, "low": 0.0, "high": 0.0, "excess_s": 0.0, "measured": 0}
+
+    def share(xs: list[float]) -> float:
+        return statistics.mean(xs) * saves / on_s
+
+    low, high = _bootstrap(excess, share) if len(excess) > 1 else (share(excess),) * 2
+    return {"share": share(excess), "low": low, "high": high, "excess_s": statistics.median(excess),
+            "measured": len(excess)}
 
 
 def _pythonpath() -> str:
@@ -451,6 +598,7 @@ def bench_cost(a: argparse.Namespace) -> dict[str, Any]:
         address = peer.stdout.readline().strip()
         return run_child("cost", ["--dir", base, "--shm", shm, "--peer", address, "--cost-mib", str(a.cost_mib),
                                   "--blocks", str(a.blocks), "--block-steps", str(a.block_steps),
+                                  "--warmup-seconds", str(a.warmup_seconds),
                                   "--matmul", str(a.matmul), "--matmul-count", str(a.matmul_count)], timeout=3600)
     finally:
         peer.terminate()
@@ -461,12 +609,23 @@ def bench_cost(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_cost(r: dict[str, Any], cost_mib: int) -> None:
-    print(f"tier cost ({os.environ.get('MEMTIER_PLATFORM', 'cpu')}), {cost_mib} MiB state, step {r['step_off_s'] * 1e3:.1f} ms: overhead "
-          f"{r['overhead'] * 100:+.2f} % (target <= 1 %; median of {len(r['pairs'])} block pairs; pairs "
-          f"{[round((on / off - 1) * 100, 2) for off, on in r['pairs']]} %), a save every {r['every']} steps, "
-          f"{r['saves_per_block']} saves per block, loop stall per save {r['memory_copy_s'] * 1e3:.1f} ms "
-          f"(the storage tier's host copy: {r['storage_copy_s'] * 1e3:.1f} ms), measured save cost "
-          f"{r['cost_s']:.3f} s")
+    ab, w = r["ab"], r["around_saves"]
+    total = w["share"] + r["due_share"]
+    print(f"tier cost ({os.environ.get('MEMTIER_PLATFORM', 'cpu')}), {cost_mib} MiB state, step "
+          f"{r['step_off_s'] * 1e3:.1f} ms, a save every {r['every']} steps (at the end: {r['every_at_end']}), "
+          f"blocks of {r['block_steps']} steps, "
+          f"{r['saves_per_block']} saves per block:")
+    print(f"  around the saves: {total * 100:+.3f} % (target <= 1 %; the saves' windows {w['share'] * 100:+.3f} %, "
+          f"95 % interval [{w['low'] * 100:+.3f}, {w['high'] * 100:+.3f}] over {w['measured']} saves, median excess "
+          f"{w['excess_s'] * 1e3:.1f} ms per save; the schedule's check every step {r['due_share'] * 100:.4f} %)")
+    p = r["placebo"]
+    print(f"  the same windows in the \"off\" blocks (no save there: the method's noise): {p['share'] * 100:+.3f} % "
+          f"[{p['low'] * 100:+.3f}, {p['high'] * 100:+.3f}] over {p['measured']} places")
+    print(f"  whole blocks A/B: {ab['mean'] * 100:+.2f} % (95 % interval [{ab['low'] * 100:+.2f}, "
+          f"{ab['high'] * 100:+.2f}] over {len(r['pairs'])} block pairs; pairs "
+          f"{[round((on / off - 1) * 100, 2) for off, on in r['pairs']]} %)")
+    print(f"  loop stall per save {r['memory_copy_s'] * 1e3:.1f} ms (the storage tier's host copy: "
+          f"{r['storage_copy_s'] * 1e3:.1f} ms), measured save cost {r['cost_s']:.3f} s")
 
 
 def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None:
@@ -508,8 +667,11 @@ def main() -> None:
                     help="the s3 emulator only for states up to this size (moto holds every object in its own "
                          "memory: a 4 GiB state would need ~20 GiB at once on a 24 GiB machine)")
     ap.add_argument("--cost-mib", type=int, default=256)
-    ap.add_argument("--blocks", type=int, default=6, help="block pairs (off, on) after a warm-up pair")
-    ap.add_argument("--block-steps", type=int, default=300)
+    ap.add_argument("--blocks", type=int, default=8, help="cost: block pairs (off, on), in ABBA order")
+    ap.add_argument("--block-steps", type=int, default=0,
+                    help="cost: steps per block (0: one save interval of the schedule the tier chose)")
+    ap.add_argument("--warmup-seconds", type=float, default=60.0,
+                    help="cost: seconds of steps with the tier off before it starts (the step time settles)")
     ap.add_argument("--platform", default="cpu", choices=["cpu", "gpu"],
                     help="where the state lives: cpu (4 simulated devices) or gpu (the machine's GPUs; the cost "
                          "A/B with --matmul for a model-like step)")
@@ -555,8 +717,9 @@ def child_main(argv: list[str]) -> None:
     ap.add_argument("--source", default="own", choices=SOURCES)
     ap.add_argument("--s3", default=None, help="the s3:// URI of the storage checkpoint on the emulator")
     ap.add_argument("--cost-mib", type=int, default=256)
-    ap.add_argument("--blocks", type=int, default=6)
-    ap.add_argument("--block-steps", type=int, default=300)
+    ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--block-steps", type=int, default=0)
+    ap.add_argument("--warmup-seconds", type=float, default=60.0)
     ap.add_argument("--matmul", type=int, default=0)
     ap.add_argument("--matmul-count", type=int, default=8)
     a = ap.parse_args(argv)

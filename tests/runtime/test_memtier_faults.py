@@ -278,14 +278,15 @@ def test_a_time_schedule_is_remeasured_capped_and_the_same_steps_on_every_proces
                   extra=slow_then_fast)
     codes = gang.wait(180)
     assert codes == [0, 0], gang.tail(40)
-    published = [(int(every), int(start), int(version), float(step_s)) for every, start, version, step_s in re.findall(
-        r"memory saves every (\d+) steps from step (\d+) \(schedule (\d+): .*a step takes ([\d.]+)s",
-        gang.logs[0].read_text())]
-    assert len(published) >= 2 and [p[2] for p in published] == list(range(1, len(published) + 1)), gang.tail(40)
+    published = [(int(every), int(start), int(anchor or start), int(version), float(step_s))
+                 for every, start, anchor, version, step_s in re.findall(
+                     r"memory saves every (\d+) steps from step (\d+)(?:, counted from step (\d+))? \(schedule (\d+): "
+                     r".*a step takes ([\d.]+)s", gang.logs[0].read_text())]
+    assert len(published) >= 2 and [p[3] for p in published] == list(range(1, len(published) + 1)), gang.tail(40)
     assert published[0][0] <= 2, published  # measured in the warm-up: 0.5 s is a step or two
-    last_every, _, _, fast_s = published[-1]
+    last_every, _, _, _, fast_s = published[-1]
     assert last_every == min(ckpt_every // 2, round(0.5 / fast_s)), published  # re-measured, capped by storage
-    plans: tuple[schedule.Schedule, ...] = tuple(schedule.Schedule(e, s, v) for e, s, v, _ in published)
+    plans: tuple[schedule.Schedule, ...] = tuple(schedule.Schedule(e, s, v, a) for e, s, a, v, _ in published)
     saved = []
     for step in range(total):
         current, plans = schedule.in_force(plans, step)

@@ -7,22 +7,23 @@ is of no use to a restore).
 * Otherwise the first save is after the :data:`FIRST_SAVE_AFTER`-th step of the loop (past compilation) on every
   process. Process 0 keeps a robust view of the loop's step time (the lower median of the newest
   :data:`STEP_WINDOW` steps) and of what a memory save costs the loop (the lower median of the newest
-  :data:`COST_WINDOW` saves), picks the interval (:func:`plan`: ``REPRIEVE_MEMORY_INTERVAL_SECONDS`` worth of
-  steps, or, with none given, the fewest steps that keep the cost within the budget; at most half the storage
-  interval; the first one, measured in the warm-up, at most every :data:`PROBE_EVERY` steps) and publishes
-  ``{"every": N, "from": S, "version": V}`` in the coordination KV under a key per version. ``S`` lies a few steps (and at least :data:`LEAD_SECONDS`) ahead of process 0, so every process,
-  which watches for the next version in a thread, switches at the same step. Process 0 publishes again
-  (:func:`reconsider`) when the interval it would choose now differs from the one in force by more than
-  :data:`CHANGE_FACTOR` (the provisional first one: when it differs at all), after
-  :data:`REPUBLISH_AFTER_SAVES` saves under it: a warm-up, compile-inflated or loaded first measurement is
-  corrected within a few saves.
+  :data:`COST_WINDOW` saves, each observed as the steps' excess while its copy ran: :class:`Measurements`),
+  picks the interval (:func:`plan`: ``REPRIEVE_MEMORY_INTERVAL_SECONDS`` worth of steps, or, with none given,
+  the fewest steps that keep the cost at :data:`AIM` of the budget; at most half the storage interval; the first
+  one, measured in the warm-up, at most every :data:`PROBE_EVERY` steps) and publishes
+  ``{"every": N, "from": S, "version": V, "anchor": A}`` in the coordination KV under a key per version (``A``:
+  the save a re-plan counts from). ``S`` lies a few steps (and at least :data:`LEAD_SECONDS`) ahead of process
+  0, so every process, which watches for the next version in a thread, switches at the same step. Process 0
+  publishes again (:func:`reconsider`) when the interval it would choose now differs from the one in force by
+  more than :data:`CHANGE_FACTOR` (the provisional first one: when it differs at all; one that costs more than
+  the budget: when the new one saves less often), after :data:`REPUBLISH_AFTER_SAVES` saves under it: a
+  warm-up, compile-inflated or loaded first measurement is corrected within a few saves.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,10 @@ MAX_EVERY = 1_000_000
 STEP_WINDOW = 16  # step durations process 0 keeps (the newest)
 COST_WINDOW = 5  # save costs process 0 keeps (the newest)
 CHANGE_FACTOR = 2.0  # a new interval is published when it differs from the one in force by more than this
+# The budget schedule aims below the budget (AIM x budget): the tier's per-step check (~0.1 % of a 20 ms CPU step,
+# benchmarks/memtier.py) and a save's cost re-measured up to a quarter higher still fit; one re-measured above the
+# budget itself republishes at once (:func:`reconsider`, ``over_budget``).
+AIM = 0.8
 REPUBLISH_AFTER_SAVES = 2  # saves measured since the last publication before the interval is reconsidered
 # The first schedule saves at least every PROBE_EVERY steps: it rests on one save measured in the warm-up (often
 # compile-inflated, or on a machine still busy with the restart), so it is provisional and re-measured soon (a
@@ -43,25 +48,30 @@ PROBE_EVERY = 4
 
 @dataclass(frozen=True)
 class Schedule:
-    """Save after step ``start`` and every ``every``-th step after it; ``version`` orders publications."""
+    """In force from step ``start``: save after every ``every``-th step counted from ``anchor`` (``start`` when
+    None: a save after ``start`` itself); ``version`` orders publications. A re-planned schedule is anchored at
+    the last save, so its first save comes ``every`` steps after that one, not at its start."""
 
     every: int
     start: int
     version: int = 1
+    anchor: int | None = None
 
     def due(self, step: int) -> bool:
-        return step >= self.start and (step - self.start) % self.every == 0
+        return step >= self.start and (step - (self.start if self.anchor is None else self.anchor)) % self.every == 0
 
     def to_json(self) -> str:
-        return json.dumps({"every": self.every, "from": self.start, "version": self.version})
+        raw = {"every": self.every, "from": self.start, "version": self.version}
+        return json.dumps(raw if self.anchor is None else {**raw, "anchor": self.anchor})
 
     @classmethod
     def from_json(cls, text: str) -> Schedule:
         raw = json.loads(text)
         every, start, version = int(raw["every"]), int(raw["from"]), int(raw.get("version", 1))
-        if every < 1 or start < 0 or version < 1:
-            raise ValueError(f"memory schedule needs every >= 1, from >= 0 and version >= 1, got {raw}")
-        return cls(every, start, version)
+        anchor = None if raw.get("anchor") is None else int(raw["anchor"])
+        if every < 1 or start < 0 or version < 1 or (anchor is not None and anchor < 0):
+            raise ValueError(f"memory schedule needs every >= 1, from >= 0, version >= 1 and anchor >= 0, got {raw}")
+        return cls(every, start, version, anchor)
 
 
 def in_force(plans: Sequence[Schedule], step: int) -> tuple[Schedule | None, tuple[Schedule, ...]]:
@@ -121,8 +131,9 @@ class Choice:
 
 def plan(*, cost_s: float, step_s: float, interval_s: float = 0.0, budget: float = 0.01, storage_steps: int = 0,
          storage_seconds: float = 0.0) -> Choice:
-    """The interval to publish (pure): :func:`choose_every`, capped by :func:`storage_cap`."""
-    wanted = choose_every(cost_s=cost_s, step_s=step_s, interval_s=interval_s, budget=budget)
+    """The interval to publish (pure): :func:`choose_every` at :data:`AIM` of the budget, capped by
+    :func:`storage_cap`."""
+    wanted = choose_every(cost_s=cost_s, step_s=step_s, interval_s=interval_s, budget=budget * AIM)
     cap = storage_cap(storage_steps=storage_steps, storage_seconds=storage_seconds, step_s=step_s)
     return Choice(wanted if cap is None else min(wanted, cap), wanted, cap)
 
@@ -143,15 +154,18 @@ def first_every(every: int) -> int:
 
 
 def reconsider(current: Schedule | None, *, newest: Schedule | None, step: int, every: int,
-               saves_since: int) -> bool:
+               saves_since: int, over_budget: bool = False) -> bool:
     """Whether process 0 publishes ``every`` as a new schedule now (pure): the newest publication is in force
     (no two changes in flight), it has been measured for :data:`REPUBLISH_AFTER_SAVES` saves, and the change
-    is material (any change of the provisional first schedule)."""
+    is material (any change of the provisional first schedule), or the one in force costs more than the budget
+    (``over_budget``) and ``every`` saves less often."""
     if current is None or newest is None or current != newest or step < newest.start:
         return False
     if saves_since < REPUBLISH_AFTER_SAVES:
         return False
-    return every != current.every if current.version == 1 else material(current.every, every)
+    if current.version == 1:
+        return every != current.every
+    return material(current.every, every) or (over_budget and every > current.every)
 
 
 def start_after(current_step: int, step_s: float) -> int:
@@ -160,36 +174,66 @@ def start_after(current_step: int, step_s: float) -> int:
 
 
 class Measurements:
-    """Process 0's running view of the step time and of a save's cost to the loop (no clock, no I/O: the tier
+    """Process 0's running view of the step time and of what a save costs the loop (no clock, no I/O: the tier
     passes the times in). The step time counts consecutive steps only (a restart or a skipped call is no step).
-    The loop records steps, the background thread costs and reads both: one lock."""
+
+    A save's cost is **observed** from the step the loop saved after until the first step after which the copy
+    was no longer being written or sent (:meth:`saving`, then :meth:`step` with ``busy``): the steps' time beyond
+    the step time just before the save (its stall and whatever the background copy took from the steps: CPU,
+    memory bandwidth, the interpreter's lock), at least the stall; and **estimated** by the tier (:meth:`cost`).
+    The cost is the larger of the two (:meth:`cost_s`).
+
+    The loop thread records steps and windows (every step, so no lock: one cost ~10 us a step right after a CPU
+    step on the 2-core VM, a third of the tier's per-step check); the background thread appends estimates and
+    reads. Both share deques only, whose appends and copies (``tuple``) are atomic under the interpreter lock."""
 
     def __init__(self) -> None:
         self._steps: deque[float] = deque(maxlen=STEP_WINDOW)
-        self._costs: deque[float] = deque(maxlen=COST_WINDOW)
+        self._costs: deque[float] = deque(maxlen=COST_WINDOW)  # the tier's estimates
+        self._observed: deque[float] = deque(maxlen=COST_WINDOW)  # the loop's observed excess
+        self._window: list[float] | None = None  # [step time before the save, excess so far, the save's stall]
         self._last: tuple[int, float] | None = None
-        self._lock = threading.Lock()
 
     @property
     def last_step(self) -> int | None:
         last = self._last
         return None if last is None else last[0]
 
-    def step(self, step: int, now: float) -> None:
-        with self._lock:
-            if self._last is not None and step == self._last[0] + 1:
-                self._steps.append(now - self._last[1])
-            self._last = (step, now)
+    @property
+    def measuring(self) -> bool:
+        """A save's window is open: :meth:`step` wants to know whether its copy is still running."""
+        return self._window is not None
+
+    def step(self, step: int, now: float, busy: bool = False) -> None:
+        """Step ``step`` ended at ``now``; ``busy``: a save's copy was still being written or sent then."""
+        last, window = self._last, self._window
+        self._last = (step, now)
+        if last is None or step != last[0] + 1:
+            self._window = None  # a gap (a restart, a skipped call): this window is not measurable
+            return
+        # every step is a step-time sample, a window's too: saves every step or two (a seconds interval in a slow
+        # warm-up) would leave none outside them; the lower median keeps the slower window steps out of it
+        self._steps.append(now - last[1])
+        if window is not None:
+            window[1] += now - last[1] - window[0]
+            if not busy:
+                self._observed.append(max(window[1], window[2]))
+                self._window = None
+
+    def saving(self, stall_s: float) -> None:
+        """The loop saved after the step it reported last (its host copy stalled it ``stall_s``)."""
+        base = low_median(tuple(self._steps))
+        self._window = None if base is None else [base, 0.0, stall_s]
 
     def cost(self, seconds: float) -> None:
-        with self._lock:
-            self._costs.append(seconds)
+        self._costs.append(seconds)
 
     def step_s(self, fallback: float | None = None) -> float:
-        with self._lock:
-            got = low_median(self._steps)
+        got = low_median(tuple(self._steps))
         return got if got is not None else (fallback or 1.0)
 
     def cost_s(self) -> float:
-        with self._lock:
-            return low_median(self._costs) or 0.0
+        """The larger of the lower medians of the newest observed costs and of the tier's estimates: the observed
+        excess holds what the estimate misses (the peer's receiving, the interpreter's lock, memory bandwidth),
+        the estimate bounds an observation that the steps' own noise hides (a window of a few fast steps)."""
+        return max(low_median(tuple(self._observed)) or 0.0, low_median(tuple(self._costs)) or 0.0)

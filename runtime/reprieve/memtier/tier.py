@@ -180,7 +180,8 @@ class MemoryTier:
         if step_seconds is not None:
             self._step_s = step_seconds
         if self.pid == 0 and not self.cfg.interval_steps:
-            self._measured.step(step, time.perf_counter())
+            measured = self._measured
+            measured.step(step, time.perf_counter(), measured.measuring and self.busy())
         plans = self._plans
         if len(plans) > 1 and step >= plans[1].start:  # a newer schedule starts: the older one is done
             with self._plans_lock:
@@ -221,6 +222,8 @@ class MemoryTier:
         snap = save_mod.snapshot(state, host_copy="staged", staging=self._staging, max_chunk_bytes=None)
         host = {i: a for i, a in snap.host_leaves.items() if self.pid == 0}
         self.last_blocking_s = time.perf_counter() - t0
+        if self.pid == 0 and not self.cfg.interval_steps:
+            self._measured.saving(self.last_blocking_s)
         name = CopyName(step, self.attempt, self.pid)
         self._thread = threading.Thread(target=self._background, args=(name, snap, host, extra, process_extra),
                                         name=f"reprieve-memory-save-{step}", daemon=True)
@@ -317,12 +320,16 @@ class MemoryTier:
         newest = self._published
         if newest is not None:
             current, _ = schedule.in_force(self._plans, step)
+            over_budget = (self.cfg.auto and current is not None
+                           and schedule.share(cost, step_s, current.every) > self.cfg.budget)
             if not schedule.reconsider(current, newest=newest, step=step, every=choice.every,
-                                       saves_since=self._saves_since):
+                                       saves_since=self._saves_since, over_budget=over_budget):
                 return
         start = schedule.start_after(max(step, self._measured.last_step or 0), step_s)
         every = schedule.first_every(choice.every) if newest is None else choice.every
-        plan = schedule.Schedule(every, start, 1 if newest is None else newest.version + 1)
+        # a re-plan counts from this save (the one just written): its first save is an interval after it
+        plan = (schedule.Schedule(every, start) if newest is None
+                else schedule.Schedule(every, start, newest.version + 1, anchor=step))
         try:
             self.coord.set(_schedule_key(self.attempt, plan.version), plan.to_json())
         except Exception as err:  # noqa: BLE001 - no (new) schedule: the one in force goes on, training goes on
@@ -330,9 +337,10 @@ class MemoryTier:
             return
         self._published, self._saves_since = plan, 0
         self._adopt(plan)
-        log.info("memory saves every %d steps from step %d (schedule %d: a save costs the loop %.3fs, a step takes "
-                 "%.4fs; medians of the newest %d saves and %d steps)", plan.every, plan.start, plan.version, cost,
-                 step_s, schedule.COST_WINDOW, schedule.STEP_WINDOW)
+        log.info("memory saves every %d steps from step %d%s (schedule %d: a save costs the loop %.3fs, a step takes "
+                 "%.4fs; medians of the newest %d saves and %d steps)", plan.every, plan.start,
+                 "" if plan.anchor is None else f", counted from step {plan.anchor}", plan.version, cost, step_s,
+                 schedule.COST_WINDOW, schedule.STEP_WINDOW)
         over = schedule.share(cost, step_s, choice.every)
         if choice.capped and self.cfg.auto and over > self.cfg.budget and not self._cap_told:
             self._cap_told = True
