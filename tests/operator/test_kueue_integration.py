@@ -209,7 +209,9 @@ def test_a_kueue_preemption_is_a_notice_the_gang_saves_on_before_the_quota_is_gi
     assert sorted(exits.values()) == [42, 42]  # the restart code: saved on the notice, not killed
     wait_for(lambda: release["released"] is not None, 60, "the quota given back",
              describe=lambda: f"{release}\n{kueue_operator.tail(40)}")
-    released = next(e for e in _events(cluster, namespace, "low") if e["reason"] == "QuotaReleased")
+    # the operator posts its Event just after the Workload's patch that the watch saw (suite run L's race)
+    released = wait_for(lambda: next((e for e in _events(cluster, namespace, "low") if e["reason"] == "QuotaReleased"),
+                                     None), 30, "the QuotaReleased Event", describe=lambda: kueue_operator.tail(40))
     print(f"evicted at {_cond(wl, 'Evicted').get('lastTransitionTime')}, quota released at "
           f"{released.get('firstTimestamp')}")
     # released only once every pod was gone: both deletions come before the release in etcd's one order
