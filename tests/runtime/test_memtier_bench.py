@@ -18,17 +18,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_cost_ab_runs_both_modes_and_reports_the_schedule_it_chose(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memtier.py"), "--parts", "cost", "--cost-mib",
-                          "8", "--blocks", "2", "--block-steps", "150", "--warmup-seconds", "2",
-                          "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=170, check=False)
+                          "8", "--blocks", "2", "--warmup-seconds", "2", "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=170, check=False)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     line = re.search(r"tier cost \(cpu\), 8 MiB state, step [\d.]+ ms, a save every (\d+) steps \(at the end: \d+\), "
-                     r"blocks of 150 steps, \[\d+, \d+\] saves per block:\n  around the saves: [-+][\d.]+ %",
+                     r"blocks of (\d+) steps, \[\d+, \d+\] saves per block:\n  around the saves: [-+][\d.]+ %",
                      out.stdout)
     assert line and int(line.group(1)) >= 1, out.stdout
-    assert "whole blocks A/B" in out.stdout, out.stdout
+    assert int(line.group(2)) == max(int(line.group(1)), 50), out.stdout  # a block: one save interval
+    assert "whole blocks A/B" in out.stdout and "placebo" not in out.stdout and "noise" in out.stdout, out.stdout
     result = json.loads((tmp_path / "r.json").read_text())["cost"]
     assert result["saves"] >= 1, result  # the tier saved in its "on" blocks
     assert result["step_off_s"] > 0 and result["step_on_s"] > 0, result
-    assert len(result["pairs"]) == 2 and len(result["trace"]) >= 4 * 150, result["pairs"]
+    assert len(result["pairs"]) == 2 and len(result["trace"]) >= 4 * result["block_steps"], result["pairs"]
+    length = result["block_steps"]
     modes = [on for _, on, *_ in result["trace"]]
-    assert modes[:150] == [0] * 150 and modes[150:300] == [1] * 150, "ABBA: off, on, on, off"
+    assert modes[:length] == [0] * length and modes[length:2 * length] == [1] * length, "ABBA: off, on, on, off"
