@@ -38,8 +38,9 @@ block one save interval long (``--block-steps``), every step's time traced. Two 
 * **around the saves**: each save's excess, the steps from its own through the first after which its copy was
   written and sent (and 5 more) against the mean of the 50 steps before it (``save_windows``), over the time of
   the "on" blocks; plus the time the schedule's per-step check took. Each save is compared with the same moment's
-  step time, so the machine's drift (this VM's step time wanders by 15 % between blocks) cancels: this resolves
-  0.1 %. It misses a cost spread over steps far from any save; the A/B bounds that.
+  step time, so the machine's drift (this VM's step time wanders by 15 % between blocks) cancels: on this VM it
+  resolves a few tenths of a percent. The **placebo** lays the same windows on the "off" blocks (no save there):
+  the method's own noise. It misses a cost spread over steps far from any save; the A/B bounds that.
 * **whole blocks A/B**: each pair's on / off - 1, their mean with a 95 % bootstrap interval: a check with no
   model of where the cost lies, at the resolution the machine's drift allows (a few % here).
 
