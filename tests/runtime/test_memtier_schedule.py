@@ -193,6 +193,23 @@ def test_an_observed_cost_is_at_least_the_stall_and_a_gap_drops_the_window() -> 
     assert list(m._observed) == [0.03]
 
 
+def test_a_window_is_measured_against_steps_no_copy_ran_beside() -> None:
+    """memtier.py's cost run found it: probe saves every few steps left windows back to back, and their
+    base (the steps before) was already slowed by the copies: the costs observed were a third too low."""
+    m = schedule.Measurements()
+    t = 0.0
+    for k in range(5):  # quiet steps of 0.5 s
+        t += 0.5
+        m.step(k, t)
+    k = 4
+    for _ in range(4):  # four saves back to back, each slowing two steps to 0.7 s
+        m.saving(0.0)
+        for busy in (True, False):
+            k, t = k + 1, t + 0.7
+            m.step(k, t, busy)
+    assert list(m._observed) == pytest.approx([0.4] * 4)  # against the quiet 0.5 s, not the slowed steps
+
+
 def test_no_window_before_any_step_time() -> None:
     m = schedule.Measurements()
     m.saving(0.2)  # the bootstrap save before two consecutive steps: no step time to compare with

@@ -189,6 +189,7 @@ class Measurements:
 
     def __init__(self) -> None:
         self._steps: deque[float] = deque(maxlen=STEP_WINDOW)
+        self._quiet: deque[float] = deque(maxlen=STEP_WINDOW)  # steps outside any save's window: a window's base
         self._costs: deque[float] = deque(maxlen=COST_WINDOW)  # the tier's estimates
         self._observed: deque[float] = deque(maxlen=COST_WINDOW)  # the loop's observed excess
         self._window: list[float] | None = None  # [step time before the save, excess so far, the save's stall]
@@ -214,7 +215,9 @@ class Measurements:
         # every step is a step-time sample, a window's too: saves every step or two (a seconds interval in a slow
         # warm-up) would leave none outside them; the lower median keeps the slower window steps out of it
         self._steps.append(now - last[1])
-        if window is not None:
+        if window is None:
+            self._quiet.append(now - last[1])
+        else:
             window[1] += now - last[1] - window[0]
             if not busy:
                 self._observed.append(max(window[1], window[2]))
@@ -222,7 +225,9 @@ class Measurements:
 
     def saving(self, stall_s: float) -> None:
         """The loop saved after the step it reported last (its host copy stalled it ``stall_s``)."""
-        base = low_median(tuple(self._steps))
+        # the base: steps no copy ran beside (saves every few steps leave none: then every step), else the excess of
+        # back-to-back windows is measured against steps that the copies already slowed
+        base = low_median(tuple(self._quiet)) or low_median(tuple(self._steps))
         self._window = None if base is None else [base, 0.0, stall_s]
 
     def cost(self, seconds: float) -> None:
