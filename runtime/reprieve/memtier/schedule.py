@@ -179,8 +179,9 @@ class Measurements:
 
     A save's cost is **observed** from the step the loop saved after until the first step after which the copy
     was no longer being written or sent (:meth:`saving`, then :meth:`step` with ``busy``): the steps' time beyond
-    the step time just before the save (its stall and whatever the background copy took from the steps: CPU,
-    memory bandwidth, the interpreter's lock), at least the stall; and **estimated** by the tier (:meth:`cost`).
+    that of the newest steps before the save that no copy ran beside (its stall and whatever the background copy
+    took from the steps: CPU, memory bandwidth, the interpreter's lock), at least the stall; and **estimated** by
+    the tier (:meth:`cost`).
     The cost is the larger of the two (:meth:`cost_s`).
 
     The loop thread records steps and windows (every step, so no lock: one cost ~10 us a step right after a CPU
