@@ -315,7 +315,10 @@ def child_cost(a: argparse.Namespace) -> dict[str, Any]:
             "block_steps": length, "saves_per_block": [sum(s.saved for s in trace[i:j]) for m, i, j in blocks if m == "on"],
             "saves": sum(s.saved for s in trace), "memory_copy_s": statistics.median(blocking[1:] or blocking),
             "storage_copy_s": storage_copy, "every": every, "every_at_end": tier.every,
-            "cost_s": tier.last_blocking_s + tier.last_background_s}
+            "cost_s": tier.last_blocking_s + tier.last_background_s,
+            # what the tier's schedule saw at the end (its newest observed costs and its own estimates)
+            "tier_observed_s": list(tier._measured._observed), "tier_estimates_s": list(tier._measured._costs),
+            "tier_step_s": tier._measured.step_s()}
 
 
 @dataclass(frozen=True)
