@@ -6,7 +6,7 @@ is of no use to a restore).
 * ``REPRIEVE_MEMORY_INTERVAL_STEPS=N``: after every N-th step; no communication.
 * Otherwise the first save is after the :data:`FIRST_SAVE_AFTER`-th step of the loop (past compilation) on every
   process. Process 0 keeps a robust view of the loop's step time (the lower median of the newest
-  :data:`STEP_WINDOW` steps) and of what a memory save costs the loop (the lower median of the newest
+  :data:`STEP_WINDOW` steps) and of what a memory save costs the loop (the mean of the newest
   :data:`COST_WINDOW` saves, each observed as the steps' excess while its copy ran: :class:`Measurements`),
   picks the interval (:func:`plan`: ``REPRIEVE_MEMORY_INTERVAL_SECONDS`` worth of steps, or, with none given,
   the fewest steps that keep the cost at :data:`AIM` of the budget; at most half the storage interval; the first
