@@ -333,6 +333,14 @@ class Step:
     due_s: float = 0.0
 
 
+def _copy_end(trace: list[Step], i: int, stop: int) -> int:
+    """The first step from ``i`` (before ``stop``) after which the copy was no longer running (pure)."""
+    j = i
+    while j + 1 < stop and trace[j].busy:
+        j += 1
+    return j
+
+
 def save_windows(trace: list[Step], *, base_steps: int = 50, tail: int = 5) -> list[dict[str, float]]:
     """The excess time around each save (pure): the steps from the save's through the first after which the
     background copy was done, and ``tail`` more (capped by the next save), against the mean of the
@@ -342,10 +350,7 @@ def save_windows(trace: list[Step], *, base_steps: int = 50, tail: int = 5) -> l
     for i, s in enumerate(trace):
         if not s.saved:
             continue
-        j = i
-        while j + 1 < len(trace) and trace[j].busy:
-            j += 1
-        spans.append((i, min(j + tail, len(trace) - 1)))
+        spans.append((i, min(_copy_end(trace, i, len(trace)) + tail, len(trace) - 1)))
     spans = [(i, min(end, spans[n + 1][0] - 1) if n + 1 < len(spans) else end) for n, (i, end) in enumerate(spans)]
     inside = [False] * len(trace)
     for i, end in spans:
@@ -370,9 +375,7 @@ def placebo(trace: list[Step], blocks: list[tuple[str, int, int]]) -> list[Step]
         on, off = (blocks[n], blocks[n + 1]) if blocks[n][0] == "on" else (blocks[n + 1], blocks[n])
         for i in range(on[1], on[2]):
             if trace[i].saved:
-                j = i
-                while j + 1 < on[2] and trace[j].busy:
-                    j += 1
+                j = _copy_end(trace, i, on[2])
                 p = off[1] + i - on[1]
                 if p < off[2]:
                     busy_until[p] = min(off[2] - 1, p + j - i - 1)

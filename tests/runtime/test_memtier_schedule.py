@@ -196,8 +196,16 @@ def test_an_observed_cost_is_at_least_the_stall_and_a_gap_drops_the_window() -> 
 def test_the_observed_cost_is_the_mean_of_skewed_saves() -> None:
     """memtier.py's cost run: the tier's newest five saves cost 74, 81, 96, 111 and 178 ms; the budget is a share of
     the time, so their mean (108 ms) counts, not their lower median (96 ms)."""
-    m = schedule.Measurements()
-    m._observed.extend([0.074, 0.081, 0.096, 0.111, 0.178])
+    m, t, k = schedule.Measurements(), 0.0, 0
+    for _ in range(4):
+        k, t = k + 1, t + 0.5
+        m.step(k, t)
+    for cost in [0.074, 0.081, 0.096, 0.111, 0.178]:  # each save slows the one step after it by its cost
+        m.saving(0.0)
+        k, t = k + 1, t + 0.5 + cost
+        m.step(k, t, False)
+        k, t = k + 1, t + 0.5
+        m.step(k, t)
     m.cost(0.09)
     assert m.cost_s() == pytest.approx(0.108)
 
