@@ -321,7 +321,7 @@ class MemoryTier:
         if newest is not None:
             current, _ = schedule.in_force(self._plans, step)
             over_budget = (self.cfg.auto and current is not None
-                           and schedule.share(cost, step_s, current.every) > self.cfg.budget)
+                           and schedule.over_budget(cost, step_s, current.every, self.cfg.budget))
             if not schedule.reconsider(current, newest=newest, step=step, every=choice.every,
                                        saves_since=self._saves_since, over_budget=over_budget):
                 return
