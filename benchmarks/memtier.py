@@ -33,16 +33,24 @@ Cost (``--parts cost``): one process trains a state of ``--cost-mib`` MiB with a
 at its default interval (the 1 % budget, as ``reprieve.init`` sets it up, every copy sent to a peer's replica
 server in another process). After ``--warmup-seconds`` with the tier off and a settling phase (until a measured
 schedule has held for 3 saves), ``--blocks`` pairs of blocks alternate the tier off and on in ABBA order, each
-block one save interval long (``--block-steps``), every step's time traced. Two figures (target: <= 1 %):
+block one save interval long (``--block-steps``), every step's time traced. The step moves every value of the
+state and keeps them spread over [0, 1): its time stays put over the run (a step whose values decayed made its
+own time drift 2.8x over minutes, which read as the machine's noise). Three figures (target: <= 1 %):
 
 * **around the saves**: each save's excess, the steps from its own through the first after which its copy was
   written and sent (and 5 more) against the mean of the 50 steps before it (``save_windows``), over the time of
   the "on" blocks; plus the time the schedule's per-step check took. Each save is compared with the same moment's
-  step time, so the machine's drift (this VM's step time wanders by 15 % between blocks) cancels: on this VM it
-  resolves a few tenths of a percent. The **placebo** lays the same windows on the "off" blocks (no save there):
-  the method's own noise. It misses a cost spread over steps far from any save; the A/B bounds that.
-* **whole blocks A/B**: each pair's on / off - 1, their mean with a 95 % bootstrap interval: a check with no
-  model of where the cost lies, at the resolution the machine's drift allows (a few % here).
+  step time, so the machine's drift cancels: it resolves a few hundredths of a percent. The **placebo** lays the
+  same windows on the "off" blocks (no save there): the method's own noise. It misses a cost spread over steps
+  far from any save; the next two bound that.
+* **far from the saves**: at each border of an "off" and an "on" block, the 100 steps nearest to it on each side
+  that lie in no save's window, on / off - 1 (``far_from_saves``): what the tier costs between its saves (its
+  per-step check, anything it left running), each against its neighbours in time.
+* **whole blocks A/B**: each pair's on / off - 1, their mean with a 95 % bootstrap interval: the check with no
+  model of where the cost lies, at the resolution the machine's drift allows. ABBA cancels a linear drift.
+
+``--control`` is the A/A run: the same warm-up, settling and blocks, the tier left alone in the "on" blocks, so
+every figure reads what this machine shows for a tier that costs nothing: each method's noise and bias.
 
 Also the save's loop stall (its host copy) beside the storage tier's host copy of the same state, and the
 intervals chosen.
@@ -52,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -218,6 +227,14 @@ def child_cost(a: argparse.Namespace) -> dict[str, Any]:
     from reprieve.memtier.tier import MemoryTier
 
     state, _ = _state(jax, a.cost_mib / 1024, 16)
+
+    def update(x: Any) -> Any:
+        """Every value moved, spread over [0, 1) for good: the step's time stays put. (``x * 0.999 + 0.001 *
+        sin(x)``, the step before, drove the values toward 0 and its time with them: 40 ms, 24, 26, then 14 over
+        the first 4 minutes on this VM, and back to 40 ms with the first values: the whole blocks' "drift".)"""
+        y = x + 0.618034 + 0.001 * jnp.sin(x)
+        return y - jnp.floor(y)
+
     if a.matmul:  # a longer step, as a model's: a chain of bf16 matmuls beside the state's update (GPU)
         w = jnp.full((a.matmul, a.matmul), 1.0 / a.matmul, jnp.bfloat16)
 
@@ -226,12 +243,12 @@ def child_cost(a: argparse.Namespace) -> dict[str, Any]:
             for _ in range(a.matmul_count):
                 h = jnp.tanh(h @ w)
             nudge = h[0, 0].astype(jnp.float32) * 1e-30
-            return jax.tree.map(lambda x: x * 0.999 + 0.001 * jnp.sin(x) + nudge, s)
+            return jax.tree.map(lambda x: update(x + nudge), s)
 
         jitted = jax.jit(work, donate_argnums=0)
         step = lambda s: jitted(s, w)
     else:
-        step = jax.jit(lambda s: jax.tree.map(lambda x: x * 0.999 + 0.001 * jnp.sin(x), s), donate_argnums=0)
+        step = jax.jit(lambda s: jax.tree.map(update, s), donate_argnums=0)
     tier = MemoryTier(MemoryConfig(directory=os.path.join(a.shm, "pod-cost"), peer=a.peer),
                       coordinator=LocalCoordinator(), attempt=1, serve=False)
     mgr = CheckpointManager(os.path.join(a.dir, "cost-ckpt"), keep=1)
@@ -251,11 +268,12 @@ def child_cost(a: argparse.Namespace) -> dict[str, Any]:
         holds all of its saves' cost."""
         nonlocal state, k, ema
         n = 0
-        while n < steps or (mode == "on" and tier.busy()):
+        tiered = mode == "on" and not (a.control and keep)  # the control's "on" blocks: the tier left alone
+        while n < steps or (tiered and tier.busy()):
             t = time.perf_counter()
             state = jax.block_until_ready(step(state))
             saved, due_s = False, 0.0
-            if mode == "on":
+            if tiered:
                 d0 = time.perf_counter()
                 due = tier.due(k, ema)
                 due_s = time.perf_counter() - d0
@@ -267,11 +285,11 @@ def child_cost(a: argparse.Namespace) -> dict[str, Any]:
             dt = time.perf_counter() - t
             ema = dt if ema is None else ema + 0.1 * (dt - ema)
             if keep:
-                trace.append(Step(dt, mode == "on", saved, mode == "on" and tier.busy(), due_s))
+                trace.append(Step(dt, mode == "on", saved, tiered and tier.busy(), due_s))
             k += 1
             n += 1
 
-    warm_until = time.perf_counter() + a.warmup_seconds  # the step time settles (this VM's: 40 -> 24 ms in ~40 s)
+    warm_until = time.perf_counter() + a.warmup_seconds  # the machine settles into the loop
     while time.perf_counter() < warm_until:
         run("off", 10, keep=False)
     # the bootstrap save and the provisional schedule, then until a measured one has held for 3 saves (<= 300 s)
@@ -310,6 +328,7 @@ def child_cost(a: argparse.Namespace) -> dict[str, Any]:
             "pairs": pairs, "ab": pair_stats(pairs),
             "windows": windows, "around_saves": window_stats(windows, on_s, sum(s.saved for s in trace)),
             "placebo": window_stats(placebo_windows, off_s, sum(s.saved for s in fake)),
+            "far": far_from_saves(trace, blocks), "control": bool(a.control),
             "due_share": sum(s.due_s for s in trace if s.on) / on_s if on_s else 0.0,
             "trace": [[round(s.seconds, 6), int(s.on), int(s.saved), int(s.busy), round(s.due_s, 7)] for s in trace],
             "block_steps": length, "saves_per_block": [sum(s.saved for s in trace[i:j]) for m, i, j in blocks if m == "on"],
@@ -341,11 +360,9 @@ def _copy_end(trace: list[Step], i: int, stop: int) -> int:
     return j
 
 
-def save_windows(trace: list[Step], *, base_steps: int = 50, tail: int = 5) -> list[dict[str, float]]:
-    """The excess time around each save (pure): the steps from the save's through the first after which the
-    background copy was done, and ``tail`` more (capped by the next save), against the mean of the
-    ``base_steps`` steps before it that lie in no window (the same moment's step time, whatever the machine's
-    drift). A save with fewer than 10 such steps before it is left out."""
+def _window_spans(trace: list[Step], tail: int) -> tuple[list[tuple[int, int]], list[bool]]:
+    """Each save's window (its step through the first after which its copy was done, ``tail`` more, capped by the
+    next save) and, per step, whether it lies in one (pure)."""
     spans: list[tuple[int, int]] = []
     for i, s in enumerate(trace):
         if not s.saved:
@@ -356,6 +373,15 @@ def save_windows(trace: list[Step], *, base_steps: int = 50, tail: int = 5) -> l
     for i, end in spans:
         for j in range(i, end + 1):
             inside[j] = True
+    return spans, inside
+
+
+def save_windows(trace: list[Step], *, base_steps: int = 50, tail: int = 5) -> list[dict[str, float]]:
+    """The excess time around each save (pure): the steps from the save's through the first after which the
+    background copy was done, and ``tail`` more (capped by the next save), against the mean of the
+    ``base_steps`` steps before it that lie in no window (the same moment's step time, whatever the machine's
+    drift). A save with fewer than 10 such steps before it is left out."""
+    spans, inside = _window_spans(trace, tail)
     out = []
     for i, end in spans:
         before = [trace[j].seconds for j in range(i - 1, -1, -1) if not inside[j]][:base_steps]
@@ -365,6 +391,30 @@ def save_windows(trace: list[Step], *, base_steps: int = 50, tail: int = 5) -> l
         out.append({"index": i, "steps": end - i + 1, "base_s": base,
                     "excess_s": sum(trace[j].seconds for j in range(i, end + 1)) - (end - i + 1) * base})
     return out
+
+
+def far_from_saves(trace: list[Step], blocks: list[tuple[str, int, int]], *, steps: int = 100,
+                   tail: int = 5) -> dict[str, float]:
+    """The tier's cost on steps far from any save (pure): at each border between an "off" and an "on" block, the
+    mean of the ``steps`` steps nearest to it on each side that lie in no save's window, on / off - 1; their mean
+    and its 95 % interval. Neighbours in time share the machine's drift, so what differs is the tier's per-step
+    work (its schedule's check) and anything it left running between its saves."""
+    _, inside = _window_spans(trace, tail)
+    diffs = []
+    for (mode, first, end), (following, start, stop) in itertools.pairwise(blocks):
+        if mode == following:
+            continue
+        before = [trace[j].seconds for j in range(end - 1, first - 1, -1) if not inside[j]][:steps]
+        after = [trace[j].seconds for j in range(start, stop) if not inside[j]][:steps]
+        if len(before) < 10 or len(after) < 10:
+            continue
+        on, off = (statistics.mean(after), statistics.mean(before)) if following == "on" else \
+            (statistics.mean(before), statistics.mean(after))
+        diffs.append(on / off - 1)
+    if not diffs:
+        return {"mean": 0.0, "low": 0.0, "high": 0.0, "borders": 0}
+    low, high = _bootstrap(diffs, statistics.mean) if len(diffs) > 1 else (diffs[0], diffs[0])
+    return {"mean": statistics.mean(diffs), "low": low, "high": high, "borders": len(diffs)}
 
 
 def placebo(trace: list[Step], blocks: list[tuple[str, int, int]]) -> list[Step]:
@@ -606,7 +656,8 @@ def bench_cost(a: argparse.Namespace) -> dict[str, Any]:
         return run_child("cost", ["--dir", base, "--shm", shm, "--peer", address, "--cost-mib", str(a.cost_mib),
                                   "--blocks", str(a.blocks), "--block-steps", str(a.block_steps),
                                   "--warmup-seconds", str(a.warmup_seconds),
-                                  "--matmul", str(a.matmul), "--matmul-count", str(a.matmul_count)], timeout=3600)
+                                  "--matmul", str(a.matmul), "--matmul-count", str(a.matmul_count)]
+                         + (["--control"] if a.control else []), timeout=3600)
     finally:
         peer.terminate()
         peer.wait(10)
@@ -618,6 +669,9 @@ def bench_cost(a: argparse.Namespace) -> dict[str, Any]:
 def print_cost(r: dict[str, Any], cost_mib: int) -> None:
     ab, w = r["ab"], r["around_saves"]
     total = w["share"] + r["due_share"]
+    if r.get("control"):
+        print("CONTROL (A/A): the tier saved nothing in the \"on\" blocks; every figure below is this machine's "
+              "reading of a tier that costs nothing")
     print(f"tier cost ({os.environ.get('MEMTIER_PLATFORM', 'cpu')}), {cost_mib} MiB state, step "
           f"{r['step_off_s'] * 1e3:.1f} ms, a save every {r['every']} steps (at the end: {r['every_at_end']}), "
           f"blocks of {r['block_steps']} steps, "
@@ -628,11 +682,42 @@ def print_cost(r: dict[str, Any], cost_mib: int) -> None:
     p = r["placebo"]
     print(f"  the same windows in the \"off\" blocks (no save there: the method's noise): {p['share'] * 100:+.3f} % "
           f"[{p['low'] * 100:+.3f}, {p['high'] * 100:+.3f}] over {p['measured']} places")
+    f = r["far"]
+    print(f"  far from the saves (the steps nearest each border of an \"off\" and an \"on\" block, outside the "
+          f"windows): {f['mean'] * 100:+.2f} % [{f['low'] * 100:+.2f}, {f['high'] * 100:+.2f}] over {f['borders']} "
+          "borders")
     print(f"  whole blocks A/B: {ab['mean'] * 100:+.2f} % (95 % interval [{ab['low'] * 100:+.2f}, "
           f"{ab['high'] * 100:+.2f}] over {len(r['pairs'])} block pairs; pairs "
           f"{[round((on / off - 1) * 100, 2) for off, on in r['pairs']]} %)")
     print(f"  loop stall per save {r['memory_copy_s'] * 1e3:.1f} ms (the storage tier's host copy: "
           f"{r['storage_copy_s'] * 1e3:.1f} ms), measured save cost {r['cost_s']:.3f} s")
+
+
+def pool_cost(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several cost runs' figures pooled (pure): every block pair of the whole blocks' A/B, every save's window
+    (each run's windows over its own "on" time, weighted by that time), every border far from the saves. Runs of
+    one kind only: a control pooled with real runs reads as neither."""
+    kinds = {bool(r.get("control")) for r in runs}
+    if len(kinds) != 1:
+        raise ValueError("--pool: real runs and --control runs mixed; pool each kind apart")
+    pairs = [tuple(p) for r in runs for p in r["pairs"]]
+    on_s = [sum(s[0] for s in r["trace"] if s[1]) for r in runs]
+    around = sum(r["around_saves"]["share"] * t for r, t in zip(runs, on_s)) / sum(on_s)
+    due = sum(r["due_share"] * t for r, t in zip(runs, on_s)) / sum(on_s)
+    return {"control": kinds.pop(), "runs": len(runs), "ab": pair_stats(pairs), "pairs": len(pairs),
+            "around_saves": around + due, "windows": around, "due_share": due,
+            "saves": sum(r["around_saves"]["measured"] for r in runs),
+            "around_each": [r["around_saves"]["share"] + r["due_share"] for r in runs]}
+
+
+def print_pool(p: dict[str, Any], paths: list[str]) -> None:
+    ab = p["ab"]
+    print(f"{'CONTROL (A/A) ' if p['control'] else ''}tier cost over {p['runs']} runs ({', '.join(paths)}):")
+    print(f"  around the saves: {p['around_saves'] * 100:+.3f} % (the windows {p['windows'] * 100:+.3f} % over "
+          f"{p['saves']} saves, the check {p['due_share'] * 100:.4f} %; the runs: "
+          f"{', '.join(f'{x * 100:+.3f}' for x in p['around_each'])} %)")
+    print(f"  whole blocks A/B: {ab['mean'] * 100:+.2f} % (95 % interval [{ab['low'] * 100:+.2f}, "
+          f"{ab['high'] * 100:+.2f}] over {p['pairs']} block pairs)")
 
 
 def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None:
@@ -677,17 +762,32 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=8, help="cost: block pairs (off, on), in ABBA order")
     ap.add_argument("--block-steps", type=int, default=0,
                     help="cost: steps per block (0: one save interval of the schedule the tier chose)")
-    ap.add_argument("--warmup-seconds", type=float, default=60.0,
-                    help="cost: seconds of steps with the tier off before it starts (the step time settles)")
+    ap.add_argument("--warmup-seconds", type=float, default=20.0,
+                    help="cost: seconds of steps with the tier off before it starts (the machine settles)")
     ap.add_argument("--platform", default="cpu", choices=["cpu", "gpu"],
                     help="where the state lives: cpu (4 simulated devices) or gpu (the machine's GPUs; the cost "
                          "A/B with --matmul for a model-like step)")
     ap.add_argument("--matmul", type=int, default=0, help="cost: add a chain of bf16 matmuls of this size per step")
     ap.add_argument("--matmul-count", type=int, default=8, help="cost: matmuls in that chain")
+    ap.add_argument("--control", action="store_true",
+                    help="cost: an A/A run, the tier left alone in the \"on\" blocks too (after the same warm-up "
+                         "and settling): what the figures read on this machine when the tier costs nothing")
     ap.add_argument("--small-pages", action="store_true",
                     help="restores' host buffers in 4 KiB pages (MAP_POPULATE), not transparent huge pages")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--pool", nargs="+", metavar="JSON", default=None,
+                    help="cost: no run; the figures over several runs' --json files (their pairs and saves pooled)")
     a = ap.parse_args()
+    if a.pool:
+        runs = []
+        for path in a.pool:
+            with open(path) as fh:
+                runs.append(json.load(fh)["cost"])
+        try:
+            print_pool(pool_cost(runs), a.pool)
+        except ValueError as err:
+            ap.error(str(err))
+        return
     if a.small_pages:
         os.environ["MEMTIER_SMALL_PAGES"] = "1"
     os.environ["MEMTIER_PLATFORM"] = a.platform  # the children read it (_jax)
@@ -726,9 +826,10 @@ def child_main(argv: list[str]) -> None:
     ap.add_argument("--cost-mib", type=int, default=256)
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--block-steps", type=int, default=0)
-    ap.add_argument("--warmup-seconds", type=float, default=60.0)
+    ap.add_argument("--warmup-seconds", type=float, default=20.0)
     ap.add_argument("--matmul", type=int, default=0)
     ap.add_argument("--matmul-count", type=int, default=8)
+    ap.add_argument("--control", action="store_true")
     a = ap.parse_args(argv)
     result = {"prepare": child_prepare, "restore": child_restore, "cost": child_cost}[a.role](a)
     print(json.dumps(result), flush=True)

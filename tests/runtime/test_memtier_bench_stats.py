@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import statistics
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -93,3 +94,55 @@ def test_the_placebo_moves_each_save_to_its_pairs_off_block() -> None:
     assert [i for i, s in enumerate(fake) if s.saved] == [5, 65]
     assert [i for i, s in enumerate(fake) if s.busy] == [5, 6, 7, 65, 66]
     assert not any(s.on for s in fake)
+
+
+def abba_trace(seed: int, *, per_step: float, excess: float, pairs: int = 8, length: int = 400) -> tuple[list, list]:
+    """ABBA blocks on a drifting step time (as :func:`drifting_trace`); the "on" steps cost ``per_step`` more
+    (a share) and each "on" block saves a quarter in, adding ``excess`` seconds over the 6 steps after it."""
+    rng = random.Random(seed)
+    trace, blocks, level = [], [], 0.025
+    for b in range(2 * pairs):
+        on = (b % 4) in (1, 2)
+        first = len(trace)
+        for i in range(length):
+            level = min(0.029, max(0.021, level + rng.gauss(0, 0.0001)))
+            busy = on and length // 4 <= i < length // 4 + 6
+            extra = excess / 6 if on and length // 4 < i <= length // 4 + 6 else 0.0
+            seconds = level * (1 + (per_step if on else 0.0)) + rng.gauss(0, 0.003) + extra
+            trace.append(Step(seconds, on, on and i == length // 4, busy))
+        blocks.append(("on" if on else "off", first, len(trace)))
+    return trace, blocks
+
+
+def test_far_from_the_saves_finds_a_cost_spread_over_every_step_and_not_the_saves() -> None:
+    """Unbiased on average over ten drifting runs (one run's spread here is ~0.9 %, as on the VM's traces)."""
+    costs = [bench.far_from_saves(*abba_trace(seed, per_step=0.04, excess=0.0, pairs=16)) for seed in range(10)]
+    assert all(far["borders"] == 16 for far in costs), costs  # every border where the mode changes
+    assert statistics.mean(far["mean"] for far in costs) == pytest.approx(0.04, abs=0.006), costs
+    assert sum(far["low"] <= 0.04 <= far["high"] for far in costs) >= 7, costs
+    # a save's excess (its window) is not a cost far from the saves: 0.3 s each (~3 % of a block) reads as nothing
+    runs = [abba_trace(seed, per_step=0.0, excess=0.3, pairs=16) for seed in range(10)]
+    nothing = [bench.far_from_saves(trace, blocks) for trace, blocks in runs]
+    assert abs(statistics.mean(far["mean"] for far in nothing)) < 0.006, nothing
+
+
+def test_far_from_the_saves_skips_borders_of_blocks_alike_and_without_steps_outside_the_windows() -> None:
+    blocks = [("off", 0, 30), ("off", 30, 60), ("on", 60, 90)]
+    trace = [Step(0.02 if i < 60 else 0.03, i >= 60, i == 60, 60 <= i < 85) for i in range(90)]
+    assert bench.far_from_saves(trace, blocks)["borders"] == 0  # the "on" block's steps all lie in its window
+    trace = [Step(0.02 if i < 60 else 0.03, i >= 60, False, False) for i in range(90)]
+    assert bench.far_from_saves(trace, blocks) == pytest.approx({"mean": 0.5, "low": 0.5, "high": 0.5, "borders": 1})
+
+
+def _run(pairs: list[tuple[float, float]], share: float, on_s: float, *, control: bool = False) -> dict:
+    return {"pairs": pairs, "trace": [[on_s, 1, 0, 0, 0.0], [1.0, 0, 0, 0, 0.0]], "due_share": 0.001,
+            "around_saves": {"share": share, "measured": 2}, "control": control}
+
+
+def test_pooled_runs_weigh_each_runs_windows_by_its_time_and_pool_every_pair() -> None:
+    pooled = bench.pool_cost([_run([(1.0, 1.01), (1.0, 1.0)], 0.006, 10.0), _run([(1.0, 1.02)], 0.009, 20.0)])
+    assert pooled["pairs"] == 3 and pooled["ab"]["mean"] == pytest.approx(0.01), pooled
+    assert pooled["windows"] == pytest.approx((0.006 * 10 + 0.009 * 20) / 30), pooled
+    assert pooled["around_saves"] == pytest.approx(pooled["windows"] + 0.001) and pooled["saves"] == 4
+    with pytest.raises(ValueError, match="mixed"):
+        bench.pool_cost([_run([(1.0, 1.0)], 0.0, 1.0), _run([(1.0, 1.0)], 0.0, 1.0, control=True)])
