@@ -34,3 +34,20 @@ def test_the_cost_ab_runs_both_modes_and_reports_the_schedule_it_chose(tmp_path:
     length = result["block_steps"]
     modes = [on for _, on, *_ in result["trace"]]
     assert modes[:length] == [0] * length and modes[length:2 * length] == [1] * length, "ABBA: off, on, on, off"
+    assert result["far"]["borders"] == 2 and not result["control"], result["far"]  # off|on and on|off
+
+
+def test_the_control_run_leaves_the_tier_alone_in_its_on_blocks(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memtier.py"), "--parts", "cost", "--cost-mib",
+                          "8", "--blocks", "1", "--warmup-seconds", "2", "--control", "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=170, check=False)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.startswith("CONTROL (A/A)"), out.stdout
+    result = json.loads((tmp_path / "r.json").read_text())["cost"]
+    trace = result["trace"]
+    assert result["control"] and result["saves"] == 0 and result["saves_per_block"] == [0], result["saves_per_block"]
+    assert any(on for _, on, *_ in trace) and not any(busy or due for _, _, _, busy, due in trace), "the tier ran"
+    assert result["every"] >= 1 and result["memory_copy_s"] > 0  # it settled a schedule before the blocks
+    pooled = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memtier.py"), "--pool",
+                             str(tmp_path / "r.json")], capture_output=True, text=True, timeout=60, check=False)
+    assert pooled.returncode == 0 and "CONTROL (A/A) tier cost over 1 runs" in pooled.stdout, pooled.stdout
