@@ -398,7 +398,9 @@ def far_from_saves(trace: list[Step], blocks: list[tuple[str, int, int]], *, ste
     """The tier's cost on steps far from any save (pure): at each border between an "off" and an "on" block, the
     mean of the ``steps`` steps nearest to it on each side that lie in no save's window, on / off - 1; their mean
     and its 95 % interval. Neighbours in time share the machine's drift, so what differs is the tier's per-step
-    work (its schedule's check) and anything it left running between its saves."""
+    work (its schedule's check) and anything it left running between its saves. A run has few borders (8 with
+    the default blocks): the percentile interval is then narrower than the spread (an A/A run read -0.6 % [-2.0,
+    +0.3]), so the mean is a direction; the whole blocks' A/B is the bound."""
     _, inside = _window_spans(trace, tail)
     diffs = []
     for (mode, first, end), (following, start, stop) in itertools.pairwise(blocks):
@@ -694,9 +696,9 @@ def print_cost(r: dict[str, Any], cost_mib: int) -> None:
 
 
 def pool_cost(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several cost runs' figures pooled (pure): every block pair of the whole blocks' A/B, every save's window
-    (each run's windows over its own "on" time, weighted by that time), every border far from the saves. Runs of
-    one kind only: a control pooled with real runs reads as neither."""
+    """Several cost runs' figures pooled (pure): every block pair of the whole blocks' A/B and every save's window
+    (each run's windows over its own "on" time, weighted by that time). Runs of one kind only: a control pooled
+    with real runs reads as neither."""
     kinds = {bool(r.get("control")) for r in runs}
     if len(kinds) != 1:
         raise ValueError("--pool: real runs and --control runs mixed; pool each kind apart")
@@ -781,8 +783,14 @@ def main() -> None:
     if a.pool:
         runs = []
         for path in a.pool:
-            with open(path) as fh:
-                runs.append(json.load(fh)["cost"])
+            try:
+                with open(path) as fh:
+                    run = json.load(fh).get("cost")
+            except (OSError, ValueError, AttributeError) as err:
+                ap.error(f"--pool: cannot read {path}: {err}")
+            if not isinstance(run, dict) or "pairs" not in run:
+                ap.error(f"--pool: {path} holds no cost run (write one with --parts cost --json {path})")
+            runs.append(run)
         try:
             print_pool(pool_cost(runs), a.pool)
         except ValueError as err:

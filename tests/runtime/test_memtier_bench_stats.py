@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import random
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -146,3 +147,12 @@ def test_pooled_runs_weigh_each_runs_windows_by_its_time_and_pool_every_pair() -
     assert pooled["around_saves"] == pytest.approx(pooled["windows"] + 0.001) and pooled["saves"] == 4
     with pytest.raises(ValueError, match="mixed"):
         bench.pool_cost([_run([(1.0, 1.0)], 0.0, 1.0), _run([(1.0, 1.0)], 0.0, 1.0, control=True)])
+
+
+def test_pool_refuses_a_file_without_a_cost_run_by_name(tmp_path: Path) -> None:
+    restore_only = tmp_path / "restore.json"
+    restore_only.write_text('{"restore": [], "cost": null, "floors": null}')
+    for path, says in [(restore_only, "holds no cost run"), (tmp_path / "absent.json", "cannot read")]:
+        out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memtier.py"), "--pool", str(path)],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert out.returncode == 2 and says in out.stderr and str(path) in out.stderr, out.stderr
