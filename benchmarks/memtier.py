@@ -34,8 +34,8 @@ at its default interval (the 1 % budget, as ``reprieve.init`` sets it up, every 
 server in another process). After ``--warmup-seconds`` with the tier off and a settling phase (until a measured
 schedule has held for 3 saves), ``--blocks`` pairs of blocks alternate the tier off and on in ABBA order, each
 block one save interval long (``--block-steps``), every step's time traced. The step moves every value of the
-state and keeps them spread over [0, 1): its time stays put over the run (a step whose values decayed made its
-own time drift 2.8x over minutes, which read as the machine's noise). Three figures (target: <= 1 %):
+state and keeps them spread over [0, 1), so its time stays put over the run (a step whose values decay drifts
+with them, and ABBA does not cancel that). Three figures (target: <= 1 %):
 
 * **around the saves**: each save's excess, the steps from its own through the first after which its copy was
   written and sent (and 5 more) against the mean of the 50 steps before it (``save_windows``), over the time of
@@ -229,9 +229,8 @@ def child_cost(a: argparse.Namespace) -> dict[str, Any]:
     state, _ = _state(jax, a.cost_mib / 1024, 16)
 
     def update(x: Any) -> Any:
-        """Every value moved, spread over [0, 1) for good: the step's time stays put. (``x * 0.999 + 0.001 *
-        sin(x)``, the step before, drove the values toward 0 and its time with them: 40 ms, 24, 26, then 14 over
-        the first 4 minutes on this VM, and back to 40 ms with the first values: the whole blocks' "drift".)"""
+        """Every value moved and kept spread over [0, 1): the step's time stays put (values decaying toward 0
+        made a step's time fall up to 2.8x over a run, which biased the whole blocks' A/B)."""
         y = x + 0.618034 + 0.001 * jnp.sin(x)
         return y - jnp.floor(y)
 
