@@ -16,7 +16,8 @@ for every program, so a restarted gang does not compile again), ``REPRIEVE_PROGR
 often process 0 reports live progress on its pod; 0 = only at commits), ``REPRIEVE_MAX_FAILED_SAVES`` (3:
 storage saves failed in a row, over a minute at least, that fail the job; ``reprieve.policy.save_failure_verdict``),
 ``REPRIEVE_RUN_ID`` (unset: a run
-is known by its state's structure only; see ``reprieve.identity``).
+is known by its state's structure only; see ``reprieve.identity``), ``REPRIEVE_START_OVER_QUARANTINED`` (0: a root
+that holds quarantined checkpoints and no usable one refuses to start at step 0; 1: starts anyway).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ DEFAULT_RESTART_EXIT_CODE = 42
 RESTART_CODE_MIN, RESTART_CODE_MAX = 3, 125
 DEFAULT_TERMINATION_GRACE_SECONDS = 30.0
 DEFAULT_SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+START_OVER_QUARANTINED = "REPRIEVE_START_OVER_QUARANTINED"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ class RuntimeConfig:
     max_failed_saves: int = DEFAULT_MAX_FAILED_SAVES  # REPRIEVE_MAX_FAILED_SAVES: storage saves failed in a row that are fatal
     run_id: str | None = None  # REPRIEVE_RUN_ID: recorded in every checkpoint; a restore refuses another run's
     termination_log: str = TERMINATION_LOG  # REPRIEVE_TERMINATION_LOG: the container's termination message file
+    # REPRIEVE_START_OVER_QUARANTINED: start at step 0 where every checkpoint was quarantined (refused by default)
+    start_over_quarantined: bool = False
 
     @property
     def distributed(self) -> bool:
@@ -131,6 +135,7 @@ class RuntimeConfig:
             max_failed_saves=r.integer("REPRIEVE_MAX_FAILED_SAVES", DEFAULT_MAX_FAILED_SAVES, minimum=1),
             run_id=r.opt_text("REPRIEVE_RUN_ID"),
             termination_log=r.opt_text("REPRIEVE_TERMINATION_LOG") or TERMINATION_LOG,
+            start_over_quarantined=r.flag(START_OVER_QUARANTINED, False),
         )
         if cfg.process_id >= cfg.num_processes:
             raise ConfigError(

@@ -44,6 +44,8 @@ def test_names_round_trip() -> None:
     ("gs://bkt/some/prefix", "gs", "bkt", "some/prefix/"),
     ("s3://bkt", "s3", "bkt", ""),
     ("s3://bkt/p/", "s3", "bkt", "p/"),
+    ("./s3:/bucket/x", "file", "", "/work/s3:/bucket/x"),  # a local name with a colon, said as a path
+    ("ckpt/run:2", "file", "", "/work/ckpt/run:2"),
 ])
 def test_parse_uri(uri: str, scheme: str, bucket: str, path: str) -> None:
     loc = layout.parse_uri(uri, cwd="/work")
@@ -54,6 +56,11 @@ def test_parse_uri(uri: str, scheme: str, bucket: str, path: str) -> None:
     ("", "must not be empty"),
     ("hdfs://x/y", "scheme must be one of"),
     ("gs:///nobucket", "missing bucket"),
+    # issue 46: one slash, or none, made a local folder ./s3:/bucket/x/ (exit 0) where a bucket was meant
+    ("s3:/bucket/x", (r"starts like a URI \(s3:\) but is not one of the accepted forms: .*s3://bucket/prefix; for a "
+                      r"local directory whose name has a colon, write \./s3:/bucket/x")),
+    ("gs:bucket", r"starts like a URI \(gs:\)"),
+    ("file:relative/x", r"starts like a URI \(file:\) .*file:///abs/path"),
 ])
 def test_parse_uri_errors(uri: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

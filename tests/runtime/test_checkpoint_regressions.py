@@ -4,6 +4,9 @@
    fail for ever with ``OSError: [Errno 39] Directory not empty`` renaming onto the corrupt directory);
 3. complex leaves: accepted by ``save()`` and failing at ``wait()`` (``fill_value`` 0 for a complex dtype);
 4. a ``reprieve.json`` whose ``step`` disagrees with its directory name was restored as if it were right.
+
+Issue 46: ``s3:/bucket/x`` (one slash) became a local folder; a root whose every checkpoint was quarantined started
+again at step 0; a narrowing cast on restore (bf16 30.125 into int32: 30) said nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
@@ -154,3 +160,93 @@ def test_arrays_that_disagree_with_the_metadata_are_corrupt(tmp_path: Path, capl
     caplog.set_level(logging.ERROR, logger="reprieve.checkpoint")
     with CheckpointManager(str(tmp_path), keep=5) as mgr, pytest.raises(Exception, match="zarr.json"):
         mgr.restore(abstract, step=2)
+
+
+# -- issue 46 ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("uri", ["s3:/bucket/x", "file:relative/x"])
+def test_init_refuses_a_uri_with_a_scheme_it_does_not_know(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           uri: str) -> None:
+    """It used to save to ./s3:/bucket/x/ (exit 0, the start-up line looking right): on a pod those checkpoints die
+    with the node."""
+    import reprieve
+    from reprieve.env import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"starts like a URI .* not one of the accepted forms: .*s3://bucket/prefix"):
+        reprieve.init(env={"REPRIEVE_CHECKPOINT_URI": uri}, install_sigterm=False, watch_pod=False)
+    assert os.listdir(tmp_path) == [], "a local folder was made for a URI"
+
+
+RESTORE_OR = textwrap.dedent("""
+    import jax.numpy as jnp
+    import reprieve
+
+    job = reprieve.init(install_sigterm=False)
+    state, start = job.restore_or(lambda: {"w": jnp.zeros((8, 4)), "n": jnp.asarray(0, jnp.int32)})
+    print("START", start, flush=True)
+""")
+
+
+def _start(root: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("REPRIEVE_")}
+    return subprocess.run([sys.executable, "-c", RESTORE_OR], capture_output=True, text=True, timeout=120,
+                          check=False, env={**clean, "REPRIEVE_CHECKPOINT_URI": str(root), **env})
+
+
+def test_a_root_whose_checkpoints_were_all_quarantined_does_not_start_from_scratch(tmp_path: Path) -> None:
+    """Every checkpoint found corrupt (three .corrupt directories): the next start trained from step 0 with one INFO
+    line. It now refuses, naming each copy and why, unless REPRIEVE_START_OVER_QUARANTINED=1."""
+    from reprieve.checkpoint import CheckpointCorruptError
+
+    with CheckpointManager(str(tmp_path), keep=5) as mgr:
+        for step in (1, 2, 3):
+            mgr.save(step, _state(step))
+    for step in (1, 2, 3):
+        _flip_first_chunk(tmp_path / layout.committed_name(step, 1))
+    with CheckpointManager(str(tmp_path), keep=5) as mgr, pytest.raises(CheckpointCorruptError):
+        mgr.restore(_abstract())  # falls back through all three, quarantining each
+    corrupt = sorted(n for n in os.listdir(tmp_path) if n.endswith(layout.CORRUPT_SUFFIX))
+    assert corrupt == [f"{layout.committed_name(s, 1)}{layout.CORRUPT_SUFFIX}" for s in (1, 2, 3)]
+
+    refused = _start(tmp_path)
+    assert refused.returncode != 0 and "START" not in refused.stdout, refused.stdout
+    assert "OnlyQuarantinedError" in refused.stderr and "holds no usable checkpoint, only 3 quarantined" in \
+        refused.stderr, refused.stderr[-3000:]
+    for name in corrupt:
+        assert f"{name} (process 0: checkpoint" in refused.stderr, refused.stderr[-3000:]  # what, and why
+    assert "REPRIEVE_START_OVER_QUARANTINED=1" in refused.stderr
+    assert sorted(n for n in os.listdir(tmp_path) if n.endswith(layout.CORRUPT_SUFFIX)) == corrupt  # nothing touched
+
+    allowed = _start(tmp_path, REPRIEVE_START_OVER_QUARANTINED="1")
+    assert allowed.returncode == 0 and "START 0" in allowed.stdout, allowed.stderr[-3000:]
+    assert "only 3 quarantined as corrupt" in allowed.stderr and "starting at step 0" in allowed.stderr
+
+
+def test_a_root_with_a_usable_checkpoint_beside_quarantined_ones_restores_it(tmp_path: Path) -> None:
+    with CheckpointManager(str(tmp_path), keep=5) as mgr:
+        mgr.save(1, _state(1))
+        mgr.save(2, _state(2))
+    _flip_first_chunk(tmp_path / layout.committed_name(2, 1))
+    with CheckpointManager(str(tmp_path), keep=5) as mgr:
+        assert mgr.restore(_abstract())[0] == 1  # quarantines step 2
+    with CheckpointManager(str(tmp_path), keep=5) as mgr:
+        assert mgr.restore(_abstract())[0] == 1
+
+
+def test_a_narrowing_cast_on_restore_is_a_warning_once_per_leaf(tmp_path: Path, caplog) -> None:
+    """A bf16 checkpoint into an int32 abstract restored 30.125 as 30 without a word."""
+    value = jnp.full((64, 8), 30.125, jnp.bfloat16)
+    with CheckpointManager(str(tmp_path), max_chunk_bytes=256) as mgr:  # 8 chunks: one warning, not eight
+        mgr.save(1, {"w": value, "same": jnp.ones((4,), jnp.float32)})
+        mgr.wait()
+        caplog.set_level(logging.WARNING, logger="reprieve.checkpoint")
+        abstract = {"w": jax.ShapeDtypeStruct((64, 8), jnp.int32, sharding=value.sharding),
+                    "same": jax.ShapeDtypeStruct((4,), jnp.float32, sharding=value.sharding)}
+        _, got, _ = mgr.restore(abstract)
+    assert int(got["w"][0, 0]) == 30
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "restore leaf ['w']" in warnings[0] and "saved as bfloat16, restored as int32" in warnings[0]
+    assert "fractions are dropped" in warnings[0] and str(tmp_path) in warnings[0]

@@ -1,11 +1,12 @@
-"""plan_reads: how saved chunks fill target shard regions (pure)."""
+"""plan_reads: how saved chunks fill target shard regions; narrowing: what a restore's cast loses (pure)."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
-from reprieve.checkpoint.restore import ReadOp, plan_reads, read_budget
+from reprieve.checkpoint.restore import ReadOp, narrowing, plan_reads, read_budget
 
 pytestmark = pytest.mark.unit
 
@@ -86,3 +87,25 @@ def test_copy_groups(sizes: list[int], groups: list[list[int]]) -> None:
     from reprieve.checkpoint.save import copy_groups
 
     assert copy_groups(sizes, 10) == groups
+
+
+@pytest.mark.parametrize("saved,target,loses", [
+    ("bfloat16", "int32", "fractions are dropped"),  # issue 46: 30.125 restored as 30 without a word
+    ("float32", "int8", "fractions are dropped"),
+    ("float32", "bfloat16", "narrowing"),
+    ("float64", "float32", "narrowing"),
+    ("int64", "int32", "narrowing"),
+    ("int32", "float32", "narrowing"),  # integers above 2**24 change
+    ("complex64", "float32", "narrowing"),
+    ("float32", "float32", None),
+    ("bfloat16", "float32", None),
+    ("float8_e4m3fn", "bfloat16", None),  # exact, though numpy's safe-cast table does not know ml_dtypes' floats
+    ("int8", "int32", None),
+    ("int4", "int8", None),
+    ("bool", "int32", None),
+])
+def test_narrowing(saved: str, target: str, loses: str | None) -> None:
+    import jax  # noqa: F401 - registers ml_dtypes' names with numpy
+
+    got = narrowing(np.dtype(saved), np.dtype(target))
+    assert (got is None) if loses is None else (got is not None and loses in got), got

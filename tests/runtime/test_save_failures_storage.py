@@ -116,6 +116,23 @@ def test_a_new_attempt_waits_out_a_short_storage_outage_at_start(tmpfs: Path,
         CheckpointManager(str(tmpfs), attempt=3, storage_wait_s=1)
 
 
+def test_a_rerun_into_a_root_that_became_read_only_is_refused_at_init(tmpfs: Path) -> None:
+    """Issue 46: a plain re-run (this attempt's fence already there) wrote nothing at init, restored, trained every
+    step and failed at the last save (CheckpointSaveError, exit 1), every step since the restore lost. The fence
+    written again is the probe: refused at init, after the same bounded wait as a new attempt's fence."""
+    zeros = {"w": jnp.zeros((16,), jnp.float32)}
+    with CheckpointManager(str(tmpfs)) as mgr:
+        mgr.save(1, zeros)
+    fence = tmpfs / layout.FENCES_DIR / layout.fence_name(1)
+    written = fence.read_bytes()
+    with CheckpointManager(str(tmpfs)) as mgr:  # a writable re-run: the same fence, byte for byte
+        assert mgr.latest_step() == 1
+    assert fence.read_bytes() == written
+    _remount(tmpfs, "ro")
+    with pytest.raises(OSError, match="Read-only file system"):
+        CheckpointManager(str(tmpfs), storage_wait_s=1)
+
+
 def test_a_storage_filled_by_what_retention_owes_frees_it_after_a_failed_save(tmpfs: Path) -> None:
     """Found by the 30-minute soak: an attempt that left for a restart leaves checkpoints past ``keep`` (its
     retention deferred, or a pass its exit cut short), and retention ran only after a commit. On a storage with no

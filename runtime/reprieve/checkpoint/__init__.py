@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .fencing import FencedError
-    from .manager import CheckpointManager, CheckpointSaveError, RestoreResult
+    from .manager import CheckpointManager, CheckpointSaveError, OnlyQuarantinedError, RestoreResult
     from .metadata import CheckpointCorruptError
 
 _WHERE = {"CheckpointManager": "manager", "CheckpointSaveError": "manager", "RestoreResult": "manager",
+          "OnlyQuarantinedError": "manager",
           "FencedError": "fencing", "CheckpointCorruptError": "metadata"}
 
 
@@ -26,4 +27,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CheckpointCorruptError", "CheckpointManager", "CheckpointSaveError", "FencedError", "RestoreResult"]
+__all__ = ["CheckpointCorruptError", "CheckpointManager", "CheckpointSaveError", "FencedError", "OnlyQuarantinedError",
+           "RestoreResult"]

@@ -33,6 +33,9 @@ TMP_SUFFIX = ".tmp"
 DELETING_SUFFIX = ".deleting"
 CORRUPT_SUFFIX = ".corrupt"
 
+# A URI scheme (RFC 3986: a letter, then letters, digits, '+', '-', '.') and its colon at the start of a root.
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+URI_FORMS = "a path (./ckpt, /ckpt), file:///abs/path, file://rel/path, gs://bucket/prefix or s3://bucket/prefix"
 _NAME_RE = re.compile(r"^step_(\d{10})_a(\d+)(\.tmp|\.deleting|\.corrupt(?:-(\d+))?)?$")
 _FENCE_RE = re.compile(r"^attempt_(\d{10})\.json$")
 
@@ -159,4 +162,9 @@ def parse_uri(uri: str, cwd: str = "/") -> Location:
             raise ValueError(f"checkpoint uri {uri!r}: missing bucket name after {scheme}://")
         prefix = prefix.strip("/")
         return Location(scheme, bucket, prefix + "/" if prefix else "")
+    scheme_like = _SCHEME_RE.match(uri)
+    if scheme_like:  # s3:/bucket (one slash), file:rel: a typo that would become a local folder named "s3:"
+        raise ValueError(
+            f"checkpoint uri {uri!r}: starts like a URI ({scheme_like.group(1)}:) but is not one of the accepted forms: "
+            f"{URI_FORMS}; for a local directory whose name has a colon, write ./{uri}")
     return Location("file", "", posixpath.normpath(posixpath.join(cwd, uri)))

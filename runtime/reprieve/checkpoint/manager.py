@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Self
 
+from ..config import START_OVER_QUARANTINED
 from ..coordination import Coordinator, LocalCoordinator
 from ..data import to_json_value
 from ..env import Env, env_attempt
@@ -60,6 +61,13 @@ class CheckpointSaveError(RuntimeError):
     def __init__(self, message: str, *, storage: bool = False) -> None:
         super().__init__(message)
         self.storage = storage
+
+
+class OnlyQuarantinedError(RuntimeError):
+    """``restore(step=None)`` found no usable checkpoint, only quarantined ones: starting at step 0 would throw their
+    training away (a transient read error on an object store can quarantine every copy). Not a FileNotFoundError, so
+    ``Job.restore_or`` does not start from scratch; ``start_over_quarantined`` (``REPRIEVE_START_OVER_QUARANTINED=1``)
+    lets it."""
 
 
 class RestoreResult(tuple):  # type: ignore[type-arg]
@@ -111,6 +119,9 @@ class CheckpointManager:
         max_chunk_bytes: shards bigger than this are stored as several chunk files (each still inside one
             shard); None stores one chunk per shard. See ``DEFAULT_MAX_CHUNK_BYTES``.
         fallback: on a corrupt checkpoint, ``restore(step=None)`` falls back to the previous one.
+        start_over_quarantined: where the root holds quarantined checkpoints and no usable one, ``restore(step=None)``
+            raises FileNotFoundError ("start at step 0") instead of :class:`OnlyQuarantinedError`; None reads
+            ``REPRIEVE_START_OVER_QUARANTINED`` (default 0).
         on_commit: ``f(step)`` called (in the background thread, on every process) after each commit.
 
     Attributes:
@@ -135,6 +146,7 @@ class CheckpointManager:
         fallback: bool = True,
         on_commit: Callable[[int], None] | None = None,
         storage_wait_s: float = STORAGE_WAIT_SECONDS,
+        start_over_quarantined: bool | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError(f"CheckpointManager keep must be >= 1, got {keep}")
@@ -156,6 +168,8 @@ class CheckpointManager:
             raise ValueError(f"CheckpointManager max_chunk_bytes must be > 0 or None, got {max_chunk_bytes}")
         self._max_chunk_bytes = max_chunk_bytes
         self._fallback = fallback
+        self._start_over_quarantined = (Env(os.environ).flag(START_OVER_QUARANTINED, False)
+                                        if start_over_quarantined is None else start_over_quarantined)
         self._on_commit = on_commit
         self._restore_check: Callable[[Any, list[tuple[str, Any]], str], None] | None = None
         self._pid, self._nproc = self._coord.process_id, self._coord.num_processes
@@ -221,6 +235,8 @@ class CheckpointManager:
         if self.attempt not in fences:
             vis = fencing.visible([e for e in entries if e.state == "committed"], fences)
             st.write_fence(self.attempt, [v.committed for v in vis])
+        else:  # a re-run of this attempt: the same fence written again is the probe that the storage takes writes,
+            st.write_fence(self.attempt, sorted(fences[self.attempt]))  # here, not at the first save after training
         for e in entries:
             if e.state == "deleting" or (e.state == "tmp" and e.attempt <= self.attempt):
                 log.info("checkpoint: removing leftover %s/%s", self.uri, e)
@@ -478,6 +494,14 @@ class CheckpointManager:
         else:
             plan = json.loads(self._coord.get(f"{key}/plan", self._timeout))
         if not plan:
+            if step is None:  # process 0 reads the root; every process raises the same
+                if self._pid == 0:
+                    refusal = self._only_quarantined()
+                    self._coord.set(f"{key}/refusal", json.dumps(refusal), overwrite=True)
+                else:
+                    refusal = json.loads(self._coord.get(f"{key}/refusal", self._timeout))
+                if refusal is not None:
+                    raise OnlyQuarantinedError(refusal)
             what = f"step {step}" if step is not None else "any step"
             raise FileNotFoundError(f"no complete checkpoint for {what} under {self.uri}")
         first_err: BaseException | None = None
@@ -503,6 +527,26 @@ class CheckpointManager:
             self._quarantine(name, "; ".join(failed), f"{key}/{name}")
         assert first_err is not None
         raise first_err
+
+    def _only_quarantined(self) -> str | None:
+        """Why the root, which holds no usable checkpoint, must not start at step 0: what it quarantined and why;
+        None when nothing was quarantined or ``start_over_quarantined`` (then logged)."""
+        from .reader import quarantined
+
+        copies = quarantined(self._storage)
+        if not copies:
+            return None
+        listed = "; ".join(f"{name} ({reason})" for name, reason in copies)
+        if self._start_over_quarantined:
+            log.warning("checkpoint root %s holds no usable checkpoint, only %d quarantined as corrupt: %s; "
+                        "%s=1: starting at step 0", self.uri, len(copies), listed, START_OVER_QUARANTINED)
+            return None
+        put_back = ("" if self._storage.loc.is_object_store else  # an object store deleted their data
+                    "to resume from one you trust, rename it to its committed name (without .corrupt); ")
+        return (f"checkpoint root {self.uri} holds no usable checkpoint, only {len(copies)} quarantined as corrupt by "
+                f"earlier restores: {listed}. Starting at step 0 would throw their training away (a transient read "
+                f"error can quarantine a good copy): {put_back}to start at step 0 anyway, set "
+                f"{START_OVER_QUARANTINED}=1")
 
     def _quarantine(self, name: str, reason: str, key: str) -> None:
         """Process 0 takes a checkpoint that every process found unusable out of the listing, then all

@@ -53,15 +53,24 @@ def listing(st: Storage) -> tuple[list[CheckpointName], dict[int, frozenset[str]
             except CheckpointCorruptError as err:
                 metas[e.committed] = str(err)
     reasons: dict[str, str] = {}
-    for step, attempt, order, qid in st.quarantined():
+    for name, reason in quarantined(st):
         if st.loc.is_object_store:  # a record of a copy whose data is gone
-            name = CheckpointName(step, attempt, "corrupt", order)
             entries.append(name)
-            raw = st.read_file(f"{layout.CORRUPT_DIR}/{qid}")
-            reasons[str(name)] = f"{_reason(raw)} (data deleted; record {layout.CORRUPT_DIR}/{qid})"
-        else:
-            reasons[qid] = _reason(st.read_file(f"{qid}/QUARANTINED.json"))
+        reasons[str(name)] = reason
     return entries, fences, metas, reasons
+
+
+def quarantined(st: Storage) -> list[tuple[CheckpointName, str]]:
+    """Every quarantined copy under the root and why it was quarantined, oldest step first."""
+    out = []
+    for step, attempt, order, qid in st.quarantined():
+        name = CheckpointName(step, attempt, "corrupt", order)
+        if st.loc.is_object_store:  # a record of a copy whose data is gone
+            raw = st.read_file(f"{layout.CORRUPT_DIR}/{qid}")
+            out.append((name, f"{_reason(raw)} (data deleted; record {layout.CORRUPT_DIR}/{qid})"))
+        else:
+            out.append((name, _reason(st.read_file(f"{qid}/QUARANTINED.json"))))
+    return sorted(out, key=lambda nr: (nr[0].step, nr[0].attempt, nr[0].copy))
 
 
 def _reason(raw: bytes | None) -> str:

@@ -88,6 +88,22 @@ def plan_reads(shape: Sequence[int], chunk_shape: Sequence[int], targets: Sequen
     return ops
 
 
+def narrowing(saved: np.dtype, target: np.dtype) -> str | None:
+    """What a restore's cast from ``saved`` to ``target`` loses, in words; None when it loses nothing. Pure."""
+    import ml_dtypes
+
+    if saved == target or np.can_cast(saved, target, casting="safe"):
+        return None
+    inexact, floating = jax.numpy.inexact, jax.numpy.floating  # jax's issubdtype knows ml_dtypes' floats
+    if jax.dtypes.issubdtype(saved, inexact) and not jax.dtypes.issubdtype(target, inexact):
+        return "a float cast to an integer: fractions are dropped (30.125 becomes 30)"
+    if jax.dtypes.issubdtype(saved, floating) and jax.dtypes.issubdtype(target, floating):
+        a, b = ml_dtypes.finfo(saved), ml_dtypes.finfo(target)  # numpy's safe-cast table misses ml_dtypes' floats
+        if b.nmant >= a.nmant and b.maxexp >= a.maxexp and b.minexp <= a.minexp:
+            return None
+    return "a narrowing cast: values outside the new type's range or precision change"
+
+
 DEFAULT_MIN_BUDGET = 32 << 20
 DEFAULT_MAX_BUDGET = 1 << 30
 BUDGET_FRACTION = 32  # transient reads may add 1/32 (3 %) of the state this host restores
@@ -200,6 +216,10 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
         if leaf.stored_as is not None and str(dtype) != leaf.dtype:
             raise ValueError(f"restore leaf {path} from {where}: saved as {leaf.dtype} (stored as its raw bytes), which cannot "
                              f"be cast to {dtype} on the way; restore it as {leaf.dtype} and cast after")
+        if leaf.dtype is not None and (lost := narrowing(np.dtype(leaf.dtype), dtype)) is not None:
+            log.warning("restore leaf %s from %s: saved as %s, restored as %s (the abstract state's dtype): %s; give "
+                        "the abstract state the saved dtype to restore the values as saved", path, where, leaf.dtype,
+                        dtype, lost)
         regions, devices = addressable_regions(sharding, shape)
         bufs = [host_buffer(tuple(hi - lo for lo, hi in r), dtype) for r in regions]
         leaves.append(_Leaf(slot, leaf, shape, dtype, sharding, regions, devices, bufs,
