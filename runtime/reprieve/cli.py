@@ -1,14 +1,17 @@
 """``reprieve``: see and check checkpoints, and run a training script with restarts on a laptop.
 
-    reprieve ls URI                  every checkpoint: step, attempt, kind, state, size, when, run; quarantined ones
-    reprieve inspect URI[@STEP]      one checkpoint: leaves, shapes, dtypes, shardings, sizes, topology, data
+    reprieve ls [URI]                every checkpoint: step, attempt, kind, state, size, when, run; quarantined and
+                                     damaged ones (chunk files not the size reprieve.json implies)
+    reprieve inspect [URI[@STEP]]    one checkpoint: leaves, shapes, dtypes, shardings, sizes, topology, data
                                      positions, run identity, versions (default: the one a restore takes)
-    reprieve verify URI[@STEP]       read every chunk and check every checksum; exit 0 OK, 1 corrupt, 2 not found
+    reprieve verify [URI[@STEP]]     read every chunk and check every checksum; exit 0 OK, 1 corrupt, 2 not found
+    reprieve verify --all [URI]      the same for every committed checkpoint under the root
     reprieve run [--max-restarts N] -- python train.py
                                      the local restart loop (as the operator restarts a gang on a cluster)
 
 ``URI`` is a path, ``file://``, ``gs://`` or ``s3://`` (with the same credentials and endpoints a job uses), or a
-checkpoint's own directory. ``--json`` prints what a script reads instead of text. ``ls``, ``inspect`` and
+checkpoint's own directory; without one, ``REPRIEVE_CHECKPOINT_URI`` or ``./checkpoints`` (where a job run here saves).
+A root of ``reprieve.orbax.OrbaxCheckpointer`` (Orbax's format) is listed and inspected by its ``reprieve`` items. ``--json`` prints what a script reads instead of text. ``ls``, ``inspect`` and
 ``verify`` only read: nothing is created, cleaned or quarantined. The words come from
 :mod:`reprieve.checkpoint.catalog` (pure), the reading from :mod:`reprieve.checkpoint.reader`.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -33,8 +37,11 @@ def _parser() -> argparse.ArgumentParser:
                        ("inspect", "describe one checkpoint (default: the one a restore takes)"),
                        ("verify", "read one checkpoint whole and check every checksum (exit 0 OK, 1 corrupt)")):
         p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("uri", metavar="URI" if name == "ls" else "URI[@STEP]")
+        p.add_argument("uri", nargs="?", default=None, metavar="URI" if name == "ls" else "URI[@STEP]",
+                       help="default: REPRIEVE_CHECKPOINT_URI, else ./checkpoints")
         p.add_argument("--json", action="store_true", help="print JSON for scripts")
+        if name == "verify":
+            p.add_argument("--all", action="store_true", help="every committed checkpoint under the root")
     run = sub.add_parser("run", help="run a training script, restarting it after every saved preemption",
                          description="The local restart loop: the script runs as attempt 1, 2, ... as long as it "
                          "exits with the restart code after an agreed save; any other exit ends the loop with its "
@@ -56,15 +63,22 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     from .checkpoint import catalog
 
     try:
-        target = catalog.parse_target(args.uri)
+        uri = args.uri if args.uri is not None else _default_uri()
+        target = catalog.parse_target(uri)
     except ValueError as e:
         print(f"reprieve {args.command}: {e}", file=err)
         return EXIT_USAGE
     if args.command == "ls" and target.step is not None:
-        print(f"reprieve ls: lists a whole root; for one checkpoint: reprieve inspect {args.uri}", file=err)
+        print(f"reprieve ls: lists a whole root; for one checkpoint: reprieve inspect {uri}", file=err)
         return EXIT_USAGE
+    if getattr(args, "all", False) and target.step is not None:
+        print(f"reprieve verify: --all verifies every checkpoint under a root, {uri} names one; drop --all or "
+              "@STEP", file=err)
+        return EXIT_USAGE
+    command = _verify_all if getattr(args, "all", False) else {"ls": _ls, "inspect": _inspect,
+                                                                "verify": _verify}[args.command]
     try:
-        return {"ls": _ls, "inspect": _inspect, "verify": _verify}[args.command](target, args.json, out)
+        return command(target, args.json, out)
     except FileNotFoundError as e:
         print(f"reprieve {args.command}: {e}", file=err)
         return EXIT_USAGE
@@ -73,21 +87,31 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
         return EXIT_USAGE
 
 
+def _default_uri() -> str:
+    from .config import RuntimeConfig
+    from .env import Env
+
+    return Env(os.environ).text("REPRIEVE_CHECKPOINT_URI", RuntimeConfig.checkpoint_uri)
+
+
 def _ls(target: Any, as_json: bool, out: TextIO) -> int:
-    from .checkpoint import catalog, reader
+    from .checkpoint import catalog, layout, reader
 
     st = reader.open_root(target.uri)
-    entries, fences, metas, reasons = reader.listing(st)
-    if not entries and reader.is_orbax_root(st):
-        raise FileNotFoundError(f"{st.loc.uri()} holds checkpoints in Orbax's format (reprieve.orbax."
-                                "OrbaxCheckpointer); the reprieve command reads the default format: use Orbax's tools")
-    rows = catalog.rows(entries, fences, metas, reasons)
+    entries, fences, metas, reasons, damage = reader.listing(st)
+    orbax = not entries and reader.is_orbax_root(st)
+    if orbax:
+        fences = st.read_fences(layout.ORBAX_FENCES_DIR)
+        rows = catalog.orbax_rows(reader.orbax_steps(st), fences)
+    else:
+        rows = catalog.rows(entries, fences, metas, reasons, damage)
     if as_json:
         newest = catalog.latest(rows)
-        _dump({"uri": st.loc.uri(), "checkpoints": rows, "latest": None if newest is None else newest["name"],
-               "attempts": sorted(fences)}, out)
+        _dump({"uri": st.loc.uri(), "format": "orbax" if orbax else "reprieve", "checkpoints": rows,
+               "latest": None if newest is None else newest["name"], "attempts": sorted(fences),
+               "sizes_checked": st.knows_sizes and not orbax}, out)
     else:
-        print(catalog.format_ls(st.loc.uri(), rows, fences), file=out)
+        print(catalog.format_ls(st.loc.uri(), rows, fences, sizes_checked=st.knows_sizes, orbax=orbax), file=out)
     return EXIT_OK
 
 
@@ -95,9 +119,12 @@ def _inspect(target: Any, as_json: bool, out: TextIO) -> int:
     from .checkpoint import catalog, reader
 
     st = reader.open_root(target.uri)
-    _not_orbax(st)
-    name, meta = reader.choose(st, target)
-    description = catalog.describe(st.loc.uri(), name, meta)
+    if _is_orbax(st):
+        step, item = _orbax_step(st, target)
+        description = catalog.describe_orbax(st.loc.uri(), step, item)
+    else:
+        name, meta = reader.choose(st, target)
+        description = catalog.describe(st.loc.uri(), name, meta)
     if as_json:
         _dump(description, out)
     else:
@@ -125,12 +152,69 @@ def _verify(target: Any, as_json: bool, out: TextIO) -> int:
     return EXIT_OK if report["ok"] else EXIT_CORRUPT
 
 
-def _not_orbax(st: Any) -> None:
+def _verify_all(target: Any, as_json: bool, out: TextIO) -> int:
+    """``verify --all``: every committed checkpoint (fenced-out ones too: they are on the storage), oldest first."""
+    from .checkpoint import catalog, reader
+    from .checkpoint.metadata import CheckpointCorruptError
+
+    st = reader.open_root(target.uri)
+    _not_orbax(st)
+    reports: list[dict[str, Any]] = []
+    for entry in sorted(st.list_entries(uncommitted=False)):
+        try:
+            meta = reader.read_meta(st, entry.committed)
+        except CheckpointCorruptError as e:
+            reports.append({"uri": st.loc.uri(), "name": entry.committed, "ok": False, "chunks": 0, "bytes": 0,
+                            "problems": [str(e)]})
+            continue
+        reports.append(reader.verify(st, entry.committed, meta))
+    if not reports:
+        raise FileNotFoundError(f"no committed checkpoint under {st.loc.uri()}")
+    bad = [r["name"] for r in reports if not r["ok"]]
+    if as_json:
+        _dump({"uri": st.loc.uri(), "ok": not bad, "checkpoints": reports}, out)
+    else:
+        print("\n".join(catalog.format_verify(r) for r in reports), file=out)
+        print(f"{len(reports)} checkpoint(s) verified: " + (f"{len(bad)} corrupt ({', '.join(bad)})" if bad else
+                                                            "all OK"), file=out)
+    return EXIT_CORRUPT if bad else EXIT_OK
+
+
+def _is_orbax(st: Any) -> bool:
     from .checkpoint import reader
 
-    if not st.list_entries(uncommitted=False) and reader.is_orbax_root(st):
-        raise FileNotFoundError(f"{st.loc.uri()} holds checkpoints in Orbax's format (reprieve.orbax."
-                                "OrbaxCheckpointer); the reprieve command reads the default format: use Orbax's tools")
+    return not st.list_entries(uncommitted=False) and reader.is_orbax_root(st)
+
+
+def _not_orbax(st: Any) -> None:
+    if _is_orbax(st):
+        raise FileNotFoundError(f"{st.loc.uri()} holds reprieve.orbax.OrbaxCheckpointer's checkpoints (Orbax's "
+                                "format): `reprieve verify` reads the default format's chunks and checksums only. "
+                                f"`reprieve ls {st.loc.uri()}` and `reprieve inspect` list its steps and reprieve "
+                                "items; to check a step's arrays, restore it with Orbax "
+                                "(ocp.CheckpointManager(URI).restore(STEP))")
+
+
+def _orbax_step(st: Any, target: Any) -> tuple[int, dict[str, Any]]:
+    """The Orbax step ``target`` names, or the newest visible one, with its ``reprieve`` item."""
+    from .checkpoint import catalog, layout, reader
+
+    steps = reader.orbax_steps(st)
+    rows = catalog.orbax_rows(steps, st.read_fences(layout.ORBAX_FENCES_DIR))
+    if target.step is None:
+        newest = catalog.latest(rows)
+        if newest is None:
+            raise FileNotFoundError(f"no complete checkpoint under {st.loc.uri()} (Orbax's format)")
+        step = int(newest["step"])
+    elif target.step not in steps:
+        raise FileNotFoundError(f"no checkpoint of step {target.step} under {st.loc.uri()} (Orbax's format; steps "
+                                f"there: {', '.join(map(str, sorted(steps))) or 'none'})")
+    else:
+        step = target.step
+    item = steps[step]
+    if isinstance(item, str):
+        raise FileNotFoundError(f"{st.loc.uri()}/{step}: {item}")
+    return step, item
 
 
 def _dump(value: Any, out: TextIO) -> None:

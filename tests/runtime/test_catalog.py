@@ -6,11 +6,14 @@ import pytest
 from reprieve.checkpoint.catalog import (
     Target,
     describe,
+    describe_orbax,
     format_inspect,
     format_ls,
     format_verify,
     human_bytes,
+    kind_label,
     latest,
+    orbax_rows,
     parse_target,
     rows,
 )
@@ -107,3 +110,71 @@ def test_format_verify() -> None:
     assert format_verify(bad).splitlines() == [
         "/ck/step_0000000001_a1: CORRUPT (3 chunk(s), 2.0 KiB read, every checksum checked)",
         "  leaf ['w'] (arrays/00000), chunk [(0, 2)]: DATA_LOSS"]
+
+
+# -- issue 46 ----------------------------------------------------------------------------------------------------
+
+
+def test_a_damaged_checkpoint_is_not_called_complete_and_not_what_a_restore_takes() -> None:
+    """`reprieve ls` called a checkpoint with a truncated chunk `complete` and said a restore takes it."""
+    metas = {"step_0000000001_a1": _meta(1), "step_0000000002_a1": _meta(2)}
+    damage = {"step_0000000002_a1": "leaf ['w']: chunk step_0000000002_a1/arrays/00000/c/0/0 holds 20 bytes, 52 "
+                                    "expected (truncated or not fully written)"}
+    got = rows([N(1, 1), N(2, 1)], {}, metas, {}, damage)
+    assert [(r["step"], r["state"]) for r in got] == [(1, "complete"), (2, "damaged")]
+    assert latest(got)["step"] == 1  # type: ignore[index]
+    text = format_ls("/ck", got, {})
+    assert "damaged (a restore quarantines it and falls back)" in text
+    assert f"damaged step_0000000002_a1: {damage['step_0000000002_a1']}" in text
+    assert "a restore takes step 1 (step_0000000001_a1) unless a chunk fails its checksum: its chunk files have the " \
+           "sizes reprieve.json implies; `reprieve verify /ck@1` reads every chunk" in text
+    unverified = format_ls("gs://b/ck", rows([N(1, 1)], {}, metas, {}), {}, sizes_checked=False)
+    assert "unverified: its chunks are not read here" in unverified
+
+
+@pytest.mark.parametrize("kind,label", [
+    ("final", "preemption"),  # the agreed save of a notice: it read as the run's last step
+    ("early", "preemption (early)"),
+    ("periodic", "periodic"), ("interval", "interval"), ("forced", "forced"), ("last", "last step"),
+    ("something-newer", "something-newer"), (None, None),
+])
+def test_kind_labels_say_what_each_save_is(kind: str | None, label: str | None) -> None:
+    assert kind_label(kind) == label
+
+
+def test_ls_and_inspect_show_the_agreed_save_as_a_preemption() -> None:
+    got = rows([N(5, 1)], {}, {"step_0000000005_a1": _meta(5, kind="final")}, {})
+    assert got[0]["kind"] == "final"  # the JSON keeps the recorded kind (the metric's label)
+    line = next(line for line in format_ls("/ck", got, {}).splitlines() if line.startswith("5 "))
+    assert line.split()[2] == "preemption" and "final" not in line
+    assert "kind preemption," in format_inspect(describe("/ck", "step_0000000005_a1", _meta(5, kind="final")))
+
+
+ORBAX_ITEM = {"attempt": 2, "step": 3, "extra": {"note": 1, "reprieve": {"kind": "final", "run": {"id": "r1"},
+                                                                         "notice": "n-1"}},
+              "process_extra": [{"pos": 3}, {"pos": 4}],
+              "orbax": {"item_handlers": {"state": "orbax.x.StandardCheckpointHandler",
+                                          "reprieve": "orbax.x.JsonCheckpointHandler"},
+                        "commit_timestamp_nsecs": 1_800_000_000_000_000_000}}
+
+
+def test_orbax_rows_and_inspect() -> None:
+    """The reprieve command refused reprieve.orbax's roots (exit 2, "use Orbax's tools": Orbax has none)."""
+    steps = {1: {**ORBAX_ITEM, "attempt": 1, "step": 1}, 3: ORBAX_ITEM, 4: "no reprieve item (4/reprieve/metadata "
+                                                                            "is missing)"}
+    got = orbax_rows(steps, {2: frozenset()})  # attempt 2 started seeing nothing: step 1 (attempt 1) is fenced
+    assert [(r["name"], r["attempt"], r["state"], r["kind"], r["run_id"], r["processes"]) for r in got] == [
+        ("1", 1, "fenced", "final", "r1", 2), ("3", 2, "complete", "final", "r1", 2), ("4", None, "complete", None,
+                                                                                        None, None)]
+    assert latest(got)["name"] == "3"  # type: ignore[index]
+    text = format_ls("/ob", got, {2: frozenset()}, orbax=True)
+    assert text.startswith("/ob: reprieve.orbax.OrbaxCheckpointer's checkpoints (Orbax's format)")
+    assert "a restore takes step 3" in text and "unreadable: no reprieve item" in text
+    d = describe_orbax("/ob", 3, ORBAX_ITEM)
+    assert (d["step"], d["attempt"], d["kind"], d["data_positions"], d["extra"]) == (3, 2, "final", [{"pos": 3},
+                                                                                                    {"pos": 4}],
+                                                                                      {"note": 1})
+    text = format_inspect(d)
+    assert "step 3, attempt 2, kind preemption" in text and "the agreed save of notice n-1" in text
+    assert "items: reprieve (JsonCheckpointHandler), state (StandardCheckpointHandler)" in text
+    assert "data position of process 1: {'pos': 4}" in text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,9 +88,9 @@ def test_what_is_not_there_exits_2_with_one_line(tmp_path: Path) -> None:
     orbax_root = tmp_path / "orbax"  # what OrbaxCheckpointer leaves beside Orbax's step directories
     (orbax_root / "reprieve_attempts").mkdir(parents=True)
     (orbax_root / "reprieve_attempts" / "attempt_0000000001.json").write_text('{"attempt": 1, "visible": []}')
-    for command in ("ls", "inspect", "verify"):
+    for command, words in (("inspect", "no complete checkpoint under"), ("verify", "Orbax's format")):
         got = reprieve(command, str(orbax_root))
-        assert got.returncode == 2 and "holds checkpoints in Orbax's format" in got.stderr, got.stderr
+        assert got.returncode == 2 and words in got.stderr, got.stderr
 
 
 # -- reprieve run ----------------------------------------------------------------------------------------------
@@ -132,6 +133,10 @@ def test_run_restarts_after_a_saved_preemption_and_ends_with_the_script(tmp_path
     assert "DONE 2 30.0" in got.stdout, got.stdout + got.stderr  # attempt 2 resumed and counted every step once
     assert "attempt 1: the agreed checkpoint is committed: restart wanted; restarting" in got.stderr, got.stderr
     assert "attempt 2: starting process 0/1 cold" in got.stderr and "restored step" in got.stderr
+    # issue 46: the agreed save of the notice said `final`, as if it were the run's last step
+    listed = reprieve("ls", str(tmp_path / "ckpt"))
+    agreed = [line for line in listed.stdout.splitlines() if line.split()[1:2] == ["1"]]  # attempt 1's save
+    assert agreed and agreed[0].split()[2] == "preemption" and "final" not in listed.stdout, listed.stdout
 
 
 def test_run_does_not_restart_an_exit_with_the_restart_code_that_saved_nothing(tmp_path: Path) -> None:
@@ -181,9 +186,9 @@ def _children(pid: int) -> list[int]:
 
 
 def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
-    """docs/runtime.md's quickstart script, its `reprieve run`, a SIGTERM to the script (its `pkill`), the restart,
-    and its three reading commands; the interrupted run ends with the same state as an uninterrupted one."""
-    import re
+    """docs/runtime.md's quickstart script, its `reprieve run`, a SIGTERM to the pid `reprieve run` printed (its
+    `kill -TERM`), the restart, and its three reading commands; the interrupted run ends with the same state as an
+    uninterrupted one. Issue 46: its `pkill -xf 'python train.py'` signalled every such process of the user."""
     import threading
 
     import jax
@@ -193,6 +198,10 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
 
     quick = (REPO / "docs/runtime.md").read_text().split("## Quickstart on a laptop", 1)[1].split("\n## ", 1)[0]
     script = re.search(r"```python\n(.*?)```", quick, re.DOTALL).group(1)  # type: ignore[union-attr]
+    shell = "\n".join(re.findall(r"```bash\n(.*?)```", quick, re.DOTALL))
+    assert "pkill" not in shell
+    (said_pid,) = re.findall(r"^kill -TERM (\d+)", shell, re.MULTILINE)
+    (printed,) = re.findall(r'"\.\.\. INFO (started trainer pid) ' + said_pid, shell)  # what stderr says
     env = {k: v for k, v in os.environ.items() if not k.startswith("REPRIEVE_")}
     env.update({"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"})
     for run in ("interrupted", "straight"):
@@ -210,8 +219,10 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
         while not any("periodic saves are off" in line for line in lines):
             assert proc.poll() is None and time.monotonic() < limit, "".join(lines)
             time.sleep(0.05)
-        (trainer,) = _children(proc.pid)
-        os.kill(trainer, signal.SIGTERM)  # what `pkill -TERM -xf 'python train.py'` does
+        (line,) = [line for line in lines if printed in line]
+        trainer = int(re.search(printed + r" (\d+):", line).group(1))  # type: ignore[union-attr]
+        assert _children(proc.pid) == [trainer], line
+        os.kill(trainer, signal.SIGTERM)  # the quickstart's `kill -TERM <that pid>`
         assert proc.wait(180) == 0, "".join(lines)
         assert straight.wait(180) == 0
     finally:
@@ -241,3 +252,110 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
     assert finals[0][0] == finals[1][0] == 1999
     for a, b in zip(finals[0][1:], finals[1][1:], strict=True):
         np.testing.assert_array_equal(a, b)  # bit-identical to the uninterrupted run
+
+
+def test_the_quickstart_installs_from_a_checkout() -> None:
+    """Issue 46: the quickstart's first line, `pip install 'reprieve[runtime]'`, failed (not on the index). It clones
+    the repository and installs that checkout, whose top-level pyproject is the `reprieve` distribution with the
+    `runtime` extra (tests/test_packaging_integration.py builds and installs that wheel for real)."""
+    import tomllib
+
+    quick = (REPO / "docs/runtime.md").read_text().split("## Quickstart on a laptop", 1)[1].split("\n## ", 1)[0]
+    shell = re.search(r"```bash\n(.*?)```", quick, re.DOTALL).group(1)  # type: ignore[union-attr]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    (url,) = re.findall(r"^git clone (\S+)$", shell, re.MULTILINE)
+    assert url == project["urls"]["Homepage"]
+    (target,) = re.findall(r"^pip install '(\S+)'$", shell, re.MULTILINE)
+    assert target == f"./{url.rsplit('/', 1)[1]}[runtime]", target  # the clone's directory, not the index
+    assert project["name"] == "reprieve" and "runtime" in project["optional-dependencies"]
+
+
+# -- issue 46: the reprieve command's words --------------------------------------------------------------------------
+
+
+def _truncate_a_chunk(ckpt: Path) -> Path:
+    chunk = min(p for p in (ckpt / "arrays").rglob("*") if p.is_file() and "/c/" in str(p))
+    chunk.write_bytes(chunk.read_bytes()[:-9])
+    return chunk
+
+
+def test_ls_calls_a_truncated_checkpoint_damaged_and_verify_all_finds_it(tmp_path: Path) -> None:
+    """`reprieve ls` called a checkpoint with a truncated chunk `complete` and said a restore takes it; `verify` had no
+    --all."""
+    root = tmp_path / "ckpt"
+    _save(root, [2, 5])
+    chunk = _truncate_a_chunk(root / "step_0000000005_a1")
+    ls = reprieve("ls", str(root))
+    assert ls.returncode == 0, ls.stderr
+    row = next(line for line in ls.stdout.splitlines() if line.startswith("5 "))
+    assert "damaged" in row and "complete" not in row, ls.stdout
+    assert "a restore takes step 2 (step_0000000002_a1) unless a chunk fails its checksum" in ls.stdout
+    key = f"step_0000000005_a1/{chunk.relative_to(root / 'step_0000000005_a1')}"
+    assert re.search(rf"damaged step_0000000005_a1: leaf \S+: chunk {key} holds \d+ bytes, \d+ expected", ls.stdout), \
+        ls.stdout
+    listed = json.loads(reprieve("ls", str(root), "--json").stdout)
+    assert listed["latest"] == "step_0000000002_a1" and listed["sizes_checked"] is True
+    assert [c["state"] for c in listed["checkpoints"]] == ["complete", "damaged"]
+
+    every = reprieve("verify", "--all", str(root))
+    assert every.returncode == 1, every.stdout + every.stderr
+    assert "step_0000000002_a1: OK" in every.stdout and "step_0000000005_a1: CORRUPT" in every.stdout
+    assert "2 checkpoint(s) verified: 1 corrupt (step_0000000005_a1)" in every.stdout
+    report = json.loads(reprieve("verify", "--all", "--json", str(root)).stdout)
+    assert [(c["name"], c["ok"]) for c in report["checkpoints"]] == [("step_0000000002_a1", True),
+                                                                     ("step_0000000005_a1", False)]
+    both = reprieve("verify", "--all", f"{root}@2")
+    assert both.returncode == 2 and "--all verifies every checkpoint under a root" in both.stderr
+
+
+def test_ls_defaults_to_the_jobs_checkpoint_uri(tmp_path: Path) -> None:
+    _save(tmp_path / "checkpoints", [1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPRIEVE_")}
+    here = subprocess.run([REPRIEVE, "ls"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert here.returncode == 0 and here.stdout.startswith(f"{tmp_path / 'checkpoints'}:"), here.stdout + here.stderr
+    elsewhere = subprocess.run([REPRIEVE, "ls"], cwd="/", capture_output=True, text=True, timeout=120, check=False,
+                               env={**env, "REPRIEVE_CHECKPOINT_URI": str(tmp_path / "checkpoints")})
+    assert elsewhere.returncode == 0 and "a restore takes step 1" in elsewhere.stdout, elsewhere.stderr
+    assert subprocess.run([REPRIEVE, "verify"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+                          check=False).returncode == 0
+
+
+ORBAX_TRAIN = """
+import jax.numpy as jnp
+import reprieve
+from reprieve.orbax import OrbaxCheckpointer
+
+with reprieve.init(install_sigterm=False, checkpointer=lambda cfg, coord: OrbaxCheckpointer(
+        cfg.checkpoint_uri, coordinator=coord, attempt=cfg.attempt)) as job:
+    state, start = job.restore_or(lambda: {"w": jnp.zeros((4, 4))})
+    for step in job.steps(start, 4):
+        job.save(step, state, force=step == 1, data={"pos": step})
+"""
+
+
+def test_the_command_lists_and_inspects_orbax_format_roots(tmp_path: Path) -> None:
+    """The directories reprieve.orbax writes were refused (exit 2, "use Orbax's tools": Orbax has none)."""
+    pytest.importorskip("orbax.checkpoint")
+    root = tmp_path / "ob"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPRIEVE_")}
+    env.update({"REPRIEVE_CHECKPOINT_URI": str(root), "REPRIEVE_RUN_ID": "r1", "JAX_PLATFORMS": "cpu"})
+    trained = subprocess.run([sys.executable, "-c", ORBAX_TRAIN], env=env, capture_output=True, text=True,
+                             timeout=180, check=False)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    ls = reprieve("ls", str(root))
+    assert ls.returncode == 0, ls.stderr
+    assert ls.stdout.startswith(f"{root}: reprieve.orbax.OrbaxCheckpointer's checkpoints (Orbax's format)")
+    steps = {line.split()[0]: line.split() for line in ls.stdout.splitlines()[2:4]}
+    assert steps["1"][1:4] == ["1", "forced", "complete"] and steps["3"][1:4] == ["1", "periodic", "complete"]
+    assert " r1" in ls.stdout and "a restore takes step 3" in ls.stdout
+    listed = json.loads(reprieve("ls", "--json", str(root)).stdout)
+    assert listed["format"] == "orbax" and [c["step"] for c in listed["checkpoints"]] == [1, 3]
+    inspect = reprieve("inspect", f"{root}@1")
+    assert inspect.returncode == 0, inspect.stderr
+    assert "step 1, attempt 1, kind forced" in inspect.stdout and "run: r1" in inspect.stdout
+    assert "data position of process 0: {'pos': 1}" in inspect.stdout
+    assert "items: reprieve (JsonCheckpointHandler), state (StandardCheckpointHandler)" in inspect.stdout
+    assert json.loads(reprieve("inspect", "--json", str(root)).stdout)["step"] == 3
+    verify = reprieve("verify", str(root))
+    assert verify.returncode == 2 and "restore it with Orbax" in verify.stderr, verify.stderr

@@ -20,11 +20,28 @@ from .metadata import CheckpointMeta
 
 STATES = {
     "complete": "complete",
+    "damaged": "damaged (a restore quarantines it and falls back)",
     "fenced": "fenced out (a stale attempt's: never restored)",
     "tmp": "being written (or left by a crash)",
     "deleting": "being deleted",
     "corrupt": "quarantined",
 }
+
+# What each recorded ``kind`` (``reprieve.json``'s ``reprieve`` record; the metric's label) is, in the words ``ls`` and
+# ``inspect`` print. "final" is the agreement's word for the save a notice ends on, not the run's last step.
+KINDS = {
+    "periodic": "periodic",
+    "interval": "interval",
+    "forced": "forced",
+    "final": "preemption",
+    "early": "preemption (early)",
+    "last": "last step",
+}
+
+
+def kind_label(kind: Any) -> str | None:
+    """What a checkpoint of recorded ``kind`` is; an unknown kind as it was recorded, None when none was."""
+    return None if kind is None else KINDS.get(str(kind), str(kind))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,13 +94,19 @@ def _when(seconds: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + "Z"
 
 
+def _obj(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty one (what a record holds is not trusted)."""
+    return value if isinstance(value, dict) else {}
+
+
 def _record(meta: CheckpointMeta | None) -> dict[str, Any]:
     value = meta.extra.get("reprieve") if meta is not None else None
     return value if isinstance(value, dict) else {}
 
 
 def rows(entries: Sequence[CheckpointName], fences: Mapping[int, frozenset[str]],
-         metas: Mapping[str, CheckpointMeta | str], quarantine: Mapping[str, str]) -> list[dict[str, Any]]:
+         metas: Mapping[str, CheckpointMeta | str], quarantine: Mapping[str, str],
+         damage: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """One row per checkpoint-like entry, oldest step first.
 
     Args:
@@ -91,11 +114,14 @@ def rows(entries: Sequence[CheckpointName], fences: Mapping[int, frozenset[str]]
         fences: the attempts' fences (``fencing``).
         metas: ``reprieve.json`` of committed entries by name, or why it could not be read.
         quarantine: why each quarantined entry was quarantined, by its name (when known).
+        damage: what is wrong with a committed entry's chunk files, by its name (``reader.chunk_size_problems``).
     """
+    damage = damage or {}
     visible = set(fencing.visible([e for e in entries if e.state == "committed"], fences))
     out = []
     for e in sorted(entries, key=lambda e: (e.step, e.attempt, e.state, e.copy)):
-        state = ("complete" if e in visible else "fenced") if e.state == "committed" else e.state
+        state = ("fenced" if e not in visible else "damaged" if str(e) in damage else "complete") \
+            if e.state == "committed" else e.state
         meta = metas.get(e.committed) if e.state == "committed" else None
         rec = _record(meta if isinstance(meta, CheckpointMeta) else None)
         raw_run = rec.get("run")
@@ -106,7 +132,30 @@ def rows(entries: Sequence[CheckpointName], fences: Mapping[int, frozenset[str]]
             "created": meta.created_unix if isinstance(meta, CheckpointMeta) else None,
             "processes": meta.num_processes if isinstance(meta, CheckpointMeta) else None,
             "run_id": run.get("id"), "problem": meta if isinstance(meta, str) else None,
-            "reason": quarantine.get(str(e)),
+            "reason": quarantine.get(str(e)), "damage": damage.get(str(e)) if e.state == "committed" else None,
+        })
+    return out
+
+
+def orbax_rows(steps: Mapping[int, Mapping[str, Any] | str], fences: Mapping[int, frozenset[str]]) -> list[dict[str, Any]]:
+    """The rows of a ``reprieve.orbax.OrbaxCheckpointer`` root (``reader.orbax_steps``): one per Orbax step directory,
+    named by its step; size unknown (Orbax's format)."""
+    out = []
+    for step, item in sorted(steps.items()):
+        record = _obj(item)
+        attempt = record.get("attempt")
+        rec = _obj(_obj(record.get("extra")).get("reprieve"))
+        run = _obj(rec.get("run"))
+        committed_ns = _obj(record.get("orbax")).get("commit_timestamp_nsecs")
+        positions = record.get("process_extra")
+        out.append({
+            "name": str(step), "step": step, "attempt": attempt if isinstance(attempt, int) else None,
+            "state": "complete" if not isinstance(attempt, int) or fencing.is_visible(str(step), attempt, fences)
+            else "fenced",
+            "kind": rec.get("kind"), "bytes": None,
+            "created": committed_ns / 1e9 if isinstance(committed_ns, (int, float)) else None,
+            "processes": len(positions) if isinstance(positions, list) else None, "run_id": run.get("id"),
+            "problem": item if isinstance(item, str) else None, "reason": None, "damage": None,
         })
     return out
 
@@ -123,21 +172,35 @@ def format_table(header: Sequence[str], table: Sequence[Sequence[Any]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
 
 
-def format_ls(uri: str, rows_: Sequence[Mapping[str, Any]], fences: Mapping[int, frozenset[str]]) -> str:
+def format_ls(uri: str, rows_: Sequence[Mapping[str, Any]], fences: Mapping[int, frozenset[str]], *,
+              sizes_checked: bool = True, orbax: bool = False) -> str:
+    """``reprieve ls``'s text. ``sizes_checked``: the chunk files' sizes were checked against ``reprieve.json``
+    (filesystems); no chunk was read either way, so a checksum is only checked by ``reprieve verify``."""
     if not rows_:
         return f"{uri}: no checkpoints"
-    table = [[r["step"], r["attempt"], r["kind"], STATES[r["state"]] if r["problem"] is None else
+    table = [[r["step"], r["attempt"], kind_label(r["kind"]), STATES[r["state"]] if r["problem"] is None else
               f"unreadable: {r['problem']}", human_bytes(r["bytes"]), _when(r["created"]), r["run_id"]]
              for r in rows_]
-    lines = [f"{uri}:", format_table(["STEP", "ATTEMPT", "KIND", "STATE", "SIZE", "WRITTEN", "RUN"], table)]
+    lines = [f"{uri}:" + (" reprieve.orbax.OrbaxCheckpointer's checkpoints (Orbax's format)" if orbax else ""),
+             format_table(["STEP", "ATTEMPT", "KIND", "STATE", "SIZE", "WRITTEN", "RUN"], table)]
     newest = latest(rows_)
-    lines.append(f"a restore takes step {newest['step']} ({newest['name']})" if newest else
-                 "nothing a restore can take")
+    if orbax:
+        lines.append(f"a restore takes step {newest['step']} (its arrays are not read here: restore it with Orbax "
+                     "to check them)" if newest else "nothing a restore can take")
+    elif newest:
+        checked = ("its chunk files have the sizes reprieve.json implies; " if sizes_checked else
+                   "unverified: its chunks are not read here (an object store's sizes are not listed); ")
+        lines.append(f"a restore takes step {newest['step']} ({newest['name']}) unless a chunk fails its checksum: "
+                     f"{checked}`reprieve verify {uri}@{newest['step']}` reads every chunk")
+    else:
+        lines.append("nothing a restore can take")
     if fences:
         lines.append(f"attempts started here: {', '.join(map(str, sorted(fences)))}")
     for r in rows_:
         if r["state"] == "corrupt":
             lines.append(f"quarantined {r['name']}: {r['reason'] or 'reason not recorded'}")
+        elif r["state"] == "damaged":
+            lines.append(f"damaged {r['name']}: {r['damage']}")
     return "\n".join(lines)
 
 
@@ -158,6 +221,26 @@ def describe(uri: str, name: str, meta: CheckpointMeta) -> dict[str, Any]:
     }
 
 
+def describe_orbax(uri: str, step: int, item: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``reprieve inspect`` says about one ``reprieve.orbax`` step (its ``reprieve`` item; ``reader.orbax_steps``):
+    the keys of :func:`describe`, with ``items`` (Orbax's items and their handlers) instead of ``leaves``."""
+    extra = _obj(item.get("extra"))
+    rec = _obj(extra.get("reprieve"))
+    orbax = _obj(item.get("orbax"))
+    handlers = _obj(orbax.get("item_handlers"))
+    committed_ns = orbax.get("commit_timestamp_nsecs")
+    positions = item.get("process_extra")
+    return {
+        "uri": uri, "name": str(step), "step": step, "attempt": item.get("attempt"), "kind": rec.get("kind"),
+        "created": committed_ns / 1e9 if isinstance(committed_ns, (int, float)) else None, "format_version": "orbax",
+        "processes": len(positions) if isinstance(positions, list) else None, "bytes": None, "run": rec.get("run"),
+        "notice": rec.get("notice"), "timings": {k: rec[k] for k in ("stepSeconds", "saveSeconds") if k in rec},
+        "versions": {}, "topology": None, "data_positions": positions,
+        "extra": {k: v for k, v in extra.items() if k != "reprieve"},
+        "items": {name: str(h).rsplit(".", 1)[-1] for name, h in handlers.items()}, "leaves": [],
+    }
+
+
 def _sharding(desc: Mapping[str, Any] | None) -> str:
     if not desc:
         return "-"
@@ -175,8 +258,8 @@ def format_inspect(d: Mapping[str, Any]) -> str:
     run = d.get("run") or {}
     lines = [
         f"{d['uri']}/{d['name']}",
-        (f"  step {d['step']}, attempt {d['attempt']}, kind {d['kind'] or '-'}, written {_when(d['created'])}, "
-        f"{d['processes']} process(es), {human_bytes(d['bytes'])} of arrays"),
+        (f"  step {d['step']}, attempt {d['attempt']}, kind {kind_label(d['kind']) or '-'}, written "
+         f"{_when(d['created'])}, {d['processes']} process(es), {human_bytes(d['bytes'])} of arrays"),
         f"  run: {run.get('id') or '(no REPRIEVE_RUN_ID)'}, state structure {run.get('tree', '-')}"
         f" ({run.get('leaves', len(d['leaves']))} leaves)" if run else "  run: not recorded (an older reprieve)",
     ]
@@ -188,12 +271,17 @@ def format_inspect(d: Mapping[str, Any]) -> str:
         t = d["topology"]
         lines.append(f"  written on {t.get('device_count')} {t.get('platform')} device(s) ({t.get('device_kind')}) "
                      f"of {t.get('num_processes')} process(es)")
-    lines.append("  versions: " + ", ".join(f"{k} {v}" for k, v in sorted(d["versions"].items())))
+    if d["versions"]:
+        lines.append("  versions: " + ", ".join(f"{k} {v}" for k, v in sorted(d["versions"].items())))
     if d.get("extra"):
         lines.append(f"  extra: {_short(d['extra'], 100)}")
     if d.get("data_positions") is not None:
         for p, pos in enumerate(d["data_positions"]):
             lines.append(f"  data position of process {p}: {_short(pos, 100)}")
+    if d.get("items") is not None:  # a reprieve.orbax step: Orbax's format, its items instead of leaves
+        lines.append("  Orbax's format (reprieve.orbax.OrbaxCheckpointer), items: " +
+                     (", ".join(f"{k} ({v})" for k, v in sorted(d["items"].items())) or "not recorded"))
+        return "\n".join(lines)
     table = [[leaf["path"], leaf["kind"], _leaf_shape(leaf), _leaf_dtype(leaf), _sharding(leaf["sharding"]),
               human_bytes(leaf["bytes"]) if leaf["kind"] != "json" else _short(leaf.get("value"), 30)]
              for leaf in d["leaves"]]

@@ -33,14 +33,14 @@ def newer_fences(fences: Iterable[int], attempt: int) -> list[int]:
 
 def visible(committed: Iterable[CheckpointName], fences: Mapping[int, frozenset[str]]) -> list[CheckpointName]:
     """The committed checkpoints readers may use, oldest step first (ties: newer attempt last)."""
-    out = []
-    for c in committed:
-        if c.state != "committed":
-            continue
-        later = newer_fences(fences, c.attempt)
-        if not later or c.committed in fences[later[0]]:
-            out.append(c)
+    out = [c for c in committed if c.state == "committed" and is_visible(c.committed, c.attempt, fences)]
     return sorted(out, key=lambda c: (c.step, c.attempt))
+
+
+def is_visible(name: str, attempt: int, fences: Mapping[int, frozenset[str]]) -> bool:
+    """The rule above for one checkpoint ``name`` committed by ``attempt`` (also ``reprieve.orbax``'s step names)."""
+    later = newer_fences(fences, attempt)
+    return not later or name in fences[later[0]]
 
 
 def latest(committed: Iterable[CheckpointName], fences: Mapping[int, frozenset[str]]) -> CheckpointName | None:

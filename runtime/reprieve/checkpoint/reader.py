@@ -19,6 +19,9 @@ from .metadata import CheckpointCorruptError, CheckpointMeta
 from .storage import Storage, open_storage
 
 IN_FLIGHT = 8  # chunk reads at once while verifying
+CRC32C_BYTES = 4  # the crc32c codec's checksum after every chunk (spec.zarr3_metadata)
+ORBAX_RECORD = "reprieve/metadata"  # the ``reprieve`` item of an Orbax step (reprieve.orbax.RECORD_FILE)
+ORBAX_STEP_METADATA = "_CHECKPOINT_METADATA"  # Orbax's own per-step file: its items and commit time
 
 
 def open_root(uri: str) -> Storage:
@@ -41,23 +44,55 @@ def read_meta(st: Storage, name: str) -> CheckpointMeta:
 
 
 def listing(st: Storage) -> tuple[list[CheckpointName], dict[int, frozenset[str]], dict[str, CheckpointMeta | str],
-                                  dict[str, str]]:
-    """``(entries, fences, metadata of committed entries or why unreadable, quarantine reasons)``."""
+                                  dict[str, str], dict[str, str]]:
+    """``(entries, fences, metadata of committed entries or why unreadable, quarantine reasons, damage)``; damage:
+    what :func:`chunk_size_problems` found in a committed entry, by name."""
     entries = st.list_entries(uncommitted=True)
     fences = st.read_fences()
     metas: dict[str, CheckpointMeta | str] = {}
+    damage: dict[str, str] = {}
     for e in entries:
         if e.state == "committed":
             try:
-                metas[e.committed] = read_meta(st, e.committed)
+                metas[e.committed] = meta = read_meta(st, e.committed)
             except CheckpointCorruptError as err:
                 metas[e.committed] = str(err)
+                continue
+            problems = chunk_size_problems(st, e.committed, meta)
+            if problems:
+                damage[e.committed] = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3
+                                                                  else "")
     reasons: dict[str, str] = {}
     for name, reason in quarantined(st):
         if st.loc.is_object_store:  # a record of a copy whose data is gone
             entries.append(name)
         reasons[str(name)] = reason
-    return entries, fences, metas, reasons
+    return entries, fences, metas, reasons, damage
+
+
+def chunk_size_problems(st: Storage, name: str, meta: CheckpointMeta) -> list[str] | None:
+    """Chunk files of checkpoint ``name`` that are missing or not the size ``reprieve.json`` implies (a truncated or
+    half-written chunk), from their sizes alone (no chunk is read); None where the storage tells no sizes without
+    reading (object stores: only ``verify`` finds it there)."""
+    if not st.knows_sizes:
+        return None
+    import ml_dtypes  # noqa: F401 - registers bfloat16, int4, float8... with numpy
+    import numpy as np
+
+    problems = []
+    for leaf in meta.leaves:
+        if leaf.kind == "json" or leaf.index is None or leaf.shape is None or leaf.dtype is None \
+                or leaf.chunk_shape is None:
+            continue  # meta.problems() says what is wrong with such a leaf
+        want = math.prod(leaf.chunk_shape) * np.dtype(spec.zarr_dtype(leaf.dtype)).itemsize + CRC32C_BYTES
+        for region in _chunk_regions(leaf.shape, leaf.chunk_shape):
+            key = "/".join([f"{name}/{layout.array_dir(leaf.index)}/c",
+                            *(str(lo // c) for (lo, _), c in zip(region, leaf.chunk_shape, strict=True))])
+            got = st.file_size(key)
+            if got != want:
+                problems.append(f"leaf {leaf.path}: chunk {key} " + ("is missing" if got is None else
+                                f"holds {got} bytes, {want} expected (truncated or not fully written)"))
+    return problems
 
 
 def quarantined(st: Storage) -> list[tuple[CheckpointName, str]]:
@@ -145,6 +180,32 @@ def _finish(inflight: collections.deque[tuple[Any, Any]]) -> int:
     data = future.result()
     inflight.popleft()
     return int(data.nbytes)
+
+
+def orbax_steps(st: Storage) -> dict[int, dict[str, Any] | str]:
+    """The committed step directories of a ``reprieve.orbax.OrbaxCheckpointer`` root: their ``reprieve`` item (the
+    attempt, the job's ``extra``, every process's data position) and Orbax's own step metadata (its items and commit
+    time, under ``"orbax"``), or why the item cannot be read. Orbax's in-progress ``<step>.orbax-checkpoint-tmp-*``
+    directories are not steps."""
+    out: dict[int, dict[str, Any] | str] = {}
+    for top in sorted({k.split("/", 1)[0] for k in st.list_dir("")}):
+        if not top.isdigit():
+            continue
+        raw = st.read_file(f"{top}/{ORBAX_RECORD}")
+        try:
+            record = json.loads(raw) if raw is not None else None
+        except ValueError as err:
+            out[int(top)] = f"its reprieve item {top}/{ORBAX_RECORD} is not JSON: {err}"
+            continue
+        if not isinstance(record, dict):
+            out[int(top)] = f"no reprieve item ({top}/{ORBAX_RECORD} is missing): not written by OrbaxCheckpointer"
+            continue
+        try:
+            orbax_meta = json.loads(st.read_file(f"{top}/{ORBAX_STEP_METADATA}") or b"{}")
+        except ValueError:
+            orbax_meta = {}
+        out[int(top)] = {**record, "orbax": orbax_meta if isinstance(orbax_meta, dict) else {}}
+    return out
 
 
 def _chunk_regions(shape: list[int], chunk: list[int]) -> Any:

@@ -132,14 +132,21 @@ class Storage:
     def list_dir(self, subdir: str) -> list[str]:
         raise NotImplementedError
 
+    knows_sizes = False  # whether file_size() answers without reading the file
+
+    def file_size(self, key: str) -> int | None:
+        """Bytes of the file ``key``; None when it is missing (or :attr:`knows_sizes` is False)."""
+        return None
+
     # -- fences -------------------------------------------------------------------------------------
-    def read_fences(self) -> dict[int, frozenset[str]]:
+    def read_fences(self, fences_dir: str = layout.FENCES_DIR) -> dict[int, frozenset[str]]:
+        """``{attempt: visible names}``; ``fences_dir``: ``layout.ORBAX_FENCES_DIR`` for ``reprieve.orbax``'s."""
         fences: dict[int, frozenset[str]] = {}
-        for fname in self.list_dir(layout.FENCES_DIR):
+        for fname in self.list_dir(fences_dir):
             attempt = layout.parse_fence_name(fname)
             if attempt is None:
                 continue
-            data = self.read_file(f"{layout.FENCES_DIR}/{fname}")
+            data = self.read_file(f"{fences_dir}/{fname}")
             if data is None:
                 continue
             try:
@@ -148,7 +155,7 @@ class Storage:
                 # A fence is written atomically, so this is outside damage; fencing everything out
                 # would make every older checkpoint unusable, so name it loudly and ignore it.
                 log.error("checkpoint fence %s/%s/%s is unreadable (%s); ignoring it",
-                          self.loc.uri(), layout.FENCES_DIR, fname, err)
+                          self.loc.uri(), fences_dir, fname, err)
         return fences
 
     def write_fence(self, attempt: int, visible: list[str]) -> None:
@@ -279,6 +286,14 @@ class LocalStorage(Storage):
         except FileNotFoundError:
             return []
 
+    knows_sizes = True
+
+    def file_size(self, key: str) -> int | None:
+        try:
+            return os.path.getsize(self._p(key))
+        except FileNotFoundError:
+            return None
+
 
 def _fsync_path(path: str) -> None:
     try:
@@ -363,7 +378,7 @@ class ObjectStorage(Storage):
         return bytes(res.value) if res.state == "value" else None
 
     def list_dir(self, subdir: str) -> list[str]:
-        prefix = subdir.strip("/") + "/"
+        prefix = subdir.strip("/") + "/" if subdir.strip("/") else ""  # "": every key under the root
         return [k[len(prefix):] for k in self._keys(prefix)]
 
 
