@@ -263,9 +263,9 @@ def test_the_quickstart_installs_from_a_checkout() -> None:
     quick = (REPO / "docs/runtime.md").read_text().split("## Quickstart on a laptop", 1)[1].split("\n## ", 1)[0]
     shell = re.search(r"```bash\n(.*?)```", quick, re.DOTALL).group(1)  # type: ignore[union-attr]
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    (url,) = re.findall(r"^git clone (\S+)$", shell, re.MULTILINE)
+    (url,) = re.findall(r"^git clone (\S+)", shell, re.MULTILINE)
     assert url == project["urls"]["Homepage"]
-    (target,) = re.findall(r"^pip install '(\S+)'$", shell, re.MULTILINE)
+    (target,) = re.findall(r"^pip install '(\S+)'", shell, re.MULTILINE)
     assert target == f"./{url.rsplit('/', 1)[1]}[runtime]", target  # the clone's directory, not the index
     assert project["name"] == "reprieve" and "runtime" in project["optional-dependencies"]
 
