@@ -265,7 +265,7 @@ def test_the_quickstart_installs_from_a_checkout() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     (url,) = re.findall(r"^git clone (\S+)", shell, re.MULTILINE)
     assert url == project["urls"]["Homepage"]
-    (target,) = re.findall(r"^pip install '(\S+)'", shell, re.MULTILINE)
+    (target,) = re.findall(r"pip install '(\S+)'", shell)
     assert target == f"./{url.rsplit('/', 1)[1]}[runtime]", target  # the clone's directory, not the index
     assert project["name"] == "reprieve" and "runtime" in project["optional-dependencies"]
 

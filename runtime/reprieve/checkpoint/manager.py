@@ -235,8 +235,8 @@ class CheckpointManager:
         if self.attempt not in fences:
             vis = fencing.visible([e for e in entries if e.state == "committed"], fences)
             st.write_fence(self.attempt, [v.committed for v in vis])
-        else:  # a re-run of this attempt: the same fence written again is the probe that the storage takes writes,
-            st.write_fence(self.attempt, sorted(fences[self.attempt]))  # here, not at the first save after training
+        else:  # a re-run of this attempt writes its fence again, byte for byte: the probe that the storage still
+            st.write_fence(self.attempt, sorted(fences[self.attempt]))  # takes writes, now and not at the last save
         for e in entries:
             if e.state == "deleting" or (e.state == "tmp" and e.attempt <= self.attempt):
                 log.info("checkpoint: removing leftover %s/%s", self.uri, e)
