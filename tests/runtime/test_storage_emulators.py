@@ -191,6 +191,9 @@ def test_the_reprieve_command_reads_object_stores(bucket_uri: str) -> None:
     rows = json.loads(listed.stdout)["checkpoints"]
     assert [(r["step"], r["state"]) for r in rows] == [(0, "corrupt"), (1, "complete"), (2, "complete")]
     assert "a chunk failed its crc32c" in rows[0]["reason"]
+    # issue 46: an object store lists no sizes, so ls cannot say a chunk is whole: it says so
+    assert "a restore takes step 2 (step_0000000002_a1) unless a chunk fails its checksum: unverified" in \
+        run("ls", bucket_uri).stdout
     described = json.loads(run("inspect", f"{bucket_uri}@1", "--json").stdout)
     assert described["step"] == 1 and described["kind"] == "periodic"
     assert run("verify", bucket_uri).returncode == 0
