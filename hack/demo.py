@@ -15,8 +15,13 @@
    each restart's restore source, downtime, goodput and ``kubectl get tj``;
 7. run the same job and the same two losses with ``restartMode: Recreate`` and no memory tier (every pod created
    again; the hard kill costs the steps since the last periodic checkpoint, restored from storage) on the same
-   kind of nodes, and print both runs side by side (``--no-compare`` skips it; ``--hard-kill-at-step 0`` skips
-   the unwarned loss in both).
+   kind of nodes, and print both runs side by side (``--no-compare`` skips it; ``--hard-kill-at-step 0`` skips the
+   unwarned loss in both): goodput after the first start beside the whole run's (the first start, apply -> first
+   step, is mostly the same work in both modes and dominates a short job's whole-run figure;
+   ``first_start_seconds`` of ``localcluster/goodput.py``, as benchmarks/goodput.py prints it), what the first
+   start is, and the phases in which the two first starts differ (pods created, scheduled, containers running,
+   imports and jax.distributed, the initial state, the step's compile and first step: from the demo's poll and the
+   trainers' log lines).
 
 ``--real-pulls`` (real nodes) pushes the example image to the cluster's own registry (TLS, basic auth) and starts
 the spot nodes cold, so each node's kubelet pulls the image when its first pod lands there (the pull times and sizes
@@ -29,11 +34,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -63,6 +71,20 @@ INTERESTING = ("starting at step", "notice", "agreed", "committed", "exiting wit
 
 T0 = time.monotonic()
 
+# The first start's milestones in order, each with the phase that ends there; a milestone is the moment the *last*
+# of the gang's workers reached it (the gang waits for its slowest). Pods created, scheduled and their trainer
+# container running: as the demo's poll saw them; then from the trainers' own log lines (their timestamps):
+# reprieve's start line (imports done, jax.distributed joined), the example's "starting at step" (its state built).
+START_PHASES = (("created", "pods created"), ("scheduled", "scheduling"), ("running", "image + container start"),
+                ("joined", "imports + jax.distributed"), ("ready", "initial state"))
+FIRST_STEP_PHASE = "step compile + first step"
+LOG_MARKS = ((re.compile(r"reprieve: process \d+/\d+"), "joined"),
+             (re.compile(r"process \d+/\d+ starting at step"), "ready"))  # not reprieve's "...: starting at step 0"
+CRI_PREFIX = re.compile(r"(\S+) (?:stdout|stderr) [PF] ")  # a real node's log line: containerd's time, stream, tag
+STARTUP = ("first start = apply -> the first step begins: pods created and scheduled, image and container start, "
+           "imports, jax.distributed, the first compile; both modes pay it once (the whole-run goodput carries it; "
+           "'after the first start' leaves it out, docs/goodput.md)")
+
 
 def say(msg: str) -> None:
     print(f"[{time.monotonic() - T0:6.1f}s] {msg}", flush=True)
@@ -77,16 +99,32 @@ class Follower(threading.Thread):
         self.offsets: dict[Path, int] = {}
         self.seen: set[str] = set()
         self.restore_lines: list[str] = []  # every "restored step ..." line of every pod (the restore sources)
+        self.marks: dict[str, dict[str, float]] = {}  # pod -> start milestone (START_PHASES) -> wall time, first seen
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(0.3):
             self.poll()
 
+    def mark(self, pod: str, mark: str, t: float) -> None:
+        self.marks.setdefault(pod, {}).setdefault(mark, t)
+
     def pods(self) -> list[str]:
-        out = self.cluster.kubectl("get", "pods", "-n", NS, "-l", f"reprieve.dev/job-name={self.job}", "-o",
-                                   "jsonpath={.items[*].metadata.name}", check=False).stdout
-        return sorted(set(out.split()) | self.seen)
+        out = self.cluster.kubectl("get", "pods", "-n", NS, "-l", f"reprieve.dev/job-name={self.job}", "-o", "json",
+                                   check=False).stdout
+        now = time.time()
+        try:
+            items = json.loads(out)["items"] if out.strip() else []
+        except (ValueError, KeyError):
+            items = []
+        for item in items:
+            self.mark(item["metadata"]["name"], "created", now)
+            if item.get("spec", {}).get("nodeName"):
+                self.mark(item["metadata"]["name"], "scheduled", now)
+            if any(c.get("name") == "trainer" and "running" in (c.get("state") or {})
+                   for c in item.get("status", {}).get("containerStatuses") or []):
+                self.mark(item["metadata"]["name"], "running", now)
+        return sorted({item["metadata"]["name"] for item in items} | self.seen)
 
     def poll(self) -> None:
         for pod in self.pods():
@@ -98,6 +136,9 @@ class Follower(threading.Thread):
                     chunk = f.read()
                     self.offsets[path] = pos + len(chunk.encode())
                 for line in chunk.splitlines():
+                    mark = log_mark(line)
+                    if mark is not None:
+                        self.mark(pod, *mark)
                     if "restored step" in line:
                         self.restore_lines.append(line)
                     if any(k in line for k in INTERESTING):
@@ -215,7 +256,7 @@ def run(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Pa
         real: bool, costs: EmulatedCosts | None) -> int:
     cluster.kubectl("create", "namespace", NS)
     say(">>> run 1: restartMode InPlace with 1 warm spare and the memory tier")
-    ok, report, sources = run_job(cluster, operator, work, args, JOB, real=real, in_place=True)
+    ok, report, sources, start1 = run_job(cluster, operator, work, args, JOB, real=real, in_place=True)
     if not ok or not args.compare:
         return 0 if ok else 1
     spot = [n for n in cluster.node_names() if n.startswith("node-")]
@@ -226,19 +267,9 @@ def run(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Pa
                          **({"kind": "real", "images": SPOT_IMAGES} if real else {"costs": costs}))
     say(">>> run 2, for comparison: the same job and losses with restartMode Recreate (every pod created again) "
         "and no memory tier (a memory copy needs a pod that survives the restart)")
-    ok2, report2, sources2 = run_job(cluster, operator, work, args, f"{JOB}-recreate", real=real, in_place=False)
-    print("\nIn place + spare + memory tier vs recreate-all without it (same nodes, same losses; start costs: "
-          + (costs.describe() if costs else "real containers, " + pulls_said()) + ")")
-    print(f"  {'':36} {'in place + spare + memory':>26} {'recreate-all':>14} {'ratio':>7}")
-    gap, gap2 = report.mean_gap, report2.mean_gap
-    print(f"  {'mean gap, last step -> first after':36} {gap:>25.1f}s {gap2:>13.1f}s "
-          f"{gap / gap2 if gap2 else 0:>6.2f}x")
-    print(f"  {'goodput (step log)':36} {report.goodput:>26.1%} {report2.goodput:>14.1%} "
-          f"{report.goodput / report2.goodput if report2.goodput else 0:>6.2f}x")
-    print(f"  {'lost steps (all restarts)':36} {report.lost_steps:>26} {report2.lost_steps:>14}")
-    for i, kind in enumerate(("noticed preemption", "node lost without notice")):
-        print(f"  {'lost steps, ' + kind:36} {lost_at(report, i):>26} {lost_at(report2, i):>14}")
-        print(f"  {'  restored from':36} {source_at(sources, i):>26} {source_at(sources2, i):>14}")
+    ok2, report2, sources2, start2 = run_job(cluster, operator, work, args, f"{JOB}-recreate", real=real, in_place=False)
+    print("\n" + "\n".join(side_by_side((report, report2), (sources, sources2), (start1, start2),
+                                        costs.describe() if costs else "real containers, " + pulls_said())))
     return 0 if ok and ok2 else 1
 
 
@@ -259,19 +290,118 @@ def source_at(sources: list[Restore | None], i: int) -> str:
     return "+".join(kinds) + " memory"
 
 
+def log_mark(line: str) -> tuple[str, float] | None:
+    """A trainer log line's start milestone (``LOG_MARKS``) and its time: on a real node, containerd's (the log
+    file's ``<RFC 3339 UTC> <stream> <tag>`` prefix); on a process node, the line's own ``%(asctime)s`` (this
+    machine's local time: the trainer runs here). None for any other line."""
+    mark = next((mark for pattern, mark in LOG_MARKS if pattern.search(line)), None)
+    if mark is None:
+        return None
+    cri = CRI_PREFIX.match(line)
+    try:
+        if cri:
+            return mark, datetime.fromisoformat(cri.group(1)).timestamp()
+        return mark, datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class FirstStart:
+    """A job's first start split into phases (``START_PHASES``, then the first step), seconds each, and when other
+    things of the job were first seen, in seconds after the apply (``spare ready``, ``memory tier paired``)."""
+
+    phases: list[tuple[str, float]]
+    beside: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        return sum(s for _, s in self.phases)
+
+    def beside_text(self) -> str:
+        return ", ".join(f"{k} at {v:.1f}s" for k, v in self.beside.items())
+
+
+def first_start(applied: float, report: GoodputReport, marks: dict[str, dict[str, float]], workers: list[str],
+                beside: dict[str, float] | None = None) -> FirstStart:
+    """The first start (``applied`` -> the first step began: ``report.first_start_seconds``) in phases, each ending
+    when the last of ``workers`` reached its milestone in ``marks`` (pod -> milestone -> wall time); a milestone
+    some worker lacks is left out (its phase joins the next), and the last phase ends when the first step began."""
+    began = applied + report.first_start_seconds
+    phases, prev = [], applied
+    for mark, name in START_PHASES:
+        times = [marks.get(w, {}).get(mark) for w in workers]
+        if times and all(t is not None for t in times):
+            t = min(max(max(t for t in times if t is not None), prev), began)
+            phases.append((name, t - prev))
+            prev = t
+    phases.append((FIRST_STEP_PHASE, began - prev))
+    return FirstStart(phases, {k: v - applied for k, v in (beside or {}).items()})
+
+
+def start_difference(a: FirstStart, b: FirstStart, *, what: tuple[str, str] = ("in place", "recreate-all"),
+                     noise: float = 0.5) -> str:
+    """One line: how much longer (or shorter) ``a``'s first start was than ``b``'s, the phases that differ by more
+    than ``noise`` seconds, largest first, and what ``a`` started beside its gang (``a.beside``)."""
+    diff = a.seconds - b.seconds
+    theirs = dict(b.phases)
+    deltas = sorted(((name, s - theirs[name]) for name, s in a.phases if name in theirs),
+                    key=lambda d: -abs(d[1]))
+    named = [f"{name} {d:+.1f}s" for name, d in deltas if abs(d) > noise]
+    line = (f"{what[0]}'s first start: {a.seconds:.1f}s vs {b.seconds:.1f}s ({diff:+.1f}s): "
+            + (", ".join(named) if named else f"no phase differs by more than {noise:.1f}s"))
+    if a.beside:
+        line += "; beside its gang: " + a.beside_text()
+    return line
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
+
+
+def side_by_side(reports: tuple[GoodputReport, GoodputReport], sources: tuple[list[Restore | None], ...],
+                 starts: tuple[FirstStart, FirstStart], costs: str) -> list[str]:
+    """The comparison's lines: restart gaps, goodput after the first start beside the whole run's (the first start,
+    the same work in both modes, dominates a short job's whole-run figure), the first start in one line and where
+    the two first starts differ, lost steps and restore sources per loss."""
+    a, b = reports
+
+    def row(label: str, x: object, y: object, r: str = "") -> str:
+        return f"  {label:36} {x!s:>26} {y!s:>14} {r:>7}".rstrip()
+
+    lines = [f"In place + spare + memory tier vs recreate-all without it (same nodes, same losses; start costs: {costs})",
+             row("", "in place + spare + memory", "recreate-all", "ratio"),
+             row("mean gap, last step -> first after", f"{a.mean_gap:.1f}s", f"{b.mean_gap:.1f}s",
+                 ratio(a.mean_gap, b.mean_gap)),
+             row("goodput after the first start", f"{a.goodput_after_start:.1%}", f"{b.goodput_after_start:.1%}",
+                 ratio(a.goodput_after_start, b.goodput_after_start)),
+             row("goodput, whole run (step log)", f"{a.goodput:.1%}", f"{b.goodput:.1%}", ratio(a.goodput, b.goodput)),
+             row("first start (apply -> first step)", f"{a.first_start_seconds:.1f}s", f"{b.first_start_seconds:.1f}s"),
+             row("lost steps (all restarts)", a.lost_steps, b.lost_steps)]
+    for i, kind in enumerate(("noticed preemption", "node lost without notice")):
+        lines.append(row("lost steps, " + kind, lost_at(a, i), lost_at(b, i)))
+        lines.append(row("  restored from", source_at(sources[0], i), source_at(sources[1], i)))
+    return [*lines, f"  {STARTUP}", f"  {start_difference(*starts)}"]
+
+
+def spares_ready(spares: str | None) -> bool:
+    """Whether ``status.spares`` (``ready/desired``) says a spare is ready."""
+    return spares is not None and spares.split("/")[0] not in ("", "0")
+
+
 def hard_kill_due(*, after_checkpoint: int, notice_node_deleted: bool, phase: str | None, attempt: int,
                   notice_attempt: int, step: int, checkpoint_step: int | None, spares: str | None = None) -> bool:
     """Whether to lose worker 0's node without notice now (pure): once the preemption's restart is done (its node
     deleted, a newer attempt running, a replacement spare ready where the job has spares: ``status.spares``
     ``ready/desired``) and training is ``after_checkpoint`` steps past the newest storage checkpoint the job's
     status names, so that a run without the memory tier has that many steps to lose."""
-    spare_ready = spares is None or spares.split("/")[0] not in ("", "0")
+    spare_ready = spares is None or spares_ready(spares)
     return (after_checkpoint > 0 and notice_node_deleted and phase == "Running" and attempt > notice_attempt
             and spare_ready and checkpoint_step is not None and step >= checkpoint_step + after_checkpoint)
 
 
 def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Path, args: argparse.Namespace,
-            job: str, *, real: bool, in_place: bool) -> tuple[bool, GoodputReport, list[Restore | None]]:
+            job: str, *, real: bool, in_place: bool) -> tuple[bool, GoodputReport, list[Restore | None], FirstStart]:
     ckpt = work / f"shared-storage-{job}"
     steplog = ckpt / "steps.jsonl"
     body = example_job(job, replicas=2, steps=args.steps, step_sleep=args.step_sleep, interval=100,
@@ -291,12 +421,18 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
            if in_place else ", no memory tier"))
     follower = Follower(cluster, job)
     follower.start()
+    workers = [f"{job}-{i}" for i in range(2)]  # the first attempt's pods (a later one's lines come after theirs)
     api = cluster.api_client()
     last_phase = None
+    beside: dict[str, float] = {}  # what the job starts beside its gang -> when first seen (wall time)
 
     def show_status() -> dict:
         nonlocal last_phase
         status = tj(cluster, job).get("status", {})
+        if in_place and spares_ready(status.get("spares")):
+            beside.setdefault("spare ready", time.time())
+        if any(c.get("type") == "MemoryPaired" and c.get("status") == "True" for c in status.get("conditions") or []):
+            beside.setdefault("memory tier paired", time.time())
         key = (status.get("phase"), status.get("attempt"), status.get("ready"), status.get("spares"))
         if key != last_phase:
             say(f"TrainingJob phase={key[0]} attempt={key[1]} ready={key[2]}"
@@ -351,7 +487,8 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
             say("demo timed out")
             print(operator.tail(40))
             follower.stop.set()
-            return False, analyse(read_step_log(steplog), start=start, end=time.time()), []
+            report = analyse(read_step_log(steplog), start=start, end=time.time())
+            return False, report, [], first_start(start, report, follower.marks, workers, beside)
         time.sleep(0.3)
     if not deleted:
         cluster.remove_node(node)
@@ -363,6 +500,7 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
                            "ATTEMPT:.metadata.labels.reprieve\\.dev/attempt,PHASE:.status.phase").stdout
     print("\n" + pods)
     report = analyse(read_step_log(steplog), start=start, end=end)
+    started = first_start(start, report, follower.marks, workers, beside)
     status = tj(cluster, job)["status"]
     print(f"Summary of {job}")
     print(f"  outcome        {status.get('phase')} after {len(report.interruptions)} gang restart(s); "
@@ -380,7 +518,10 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
     if args.hard_kill_after_checkpoint and not hard_killed:
         print("  node lost      never: the job finished before the unwarned loss was due (raise --steps)")
     print(f"  goodput        {report.goodput:.1%} (productive {report.productive_seconds:.1f}s of "
-          f"{report.wall_seconds:.1f}s wall, from the step log; definition in docs/goodput.md)")
+          f"{report.wall_seconds:.1f}s wall, from the step log; definition in docs/goodput.md); "
+          f"{report.goodput_after_start:.1%} after the first start")
+    print(f"  first start    {started.seconds:.1f}s: " + ", ".join(f"{n} {t:.1f}s" for n, t in started.phases)
+          + (f"; {started.beside_text()}" if started.beside else ""))
     gp = status.get("goodput") or {}
     if gp.get("goodput") is not None:
         print(f"  operator       goodput {gp['goodput']:.1%} of {gp.get('wallSeconds', 0):.1f}s (status.goodput, from "
@@ -394,7 +535,7 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
     draw([job, "-n", NS, "-o", str(out), "--kubeconfig", str(cluster.kubeconfig)])
     ok = (status.get("phase") == "Succeeded" and len(report.interruptions) >= 1
           and report.interruptions[0].lost_steps == 0)  # the noticed preemption loses nothing
-    return ok, report, sources
+    return ok, report, sources, started
 
 
 if __name__ == "__main__":
