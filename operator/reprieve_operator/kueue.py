@@ -20,10 +20,10 @@ from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from . import ANNOTATION_NOTICE, LABEL_JOB, apply
-from .builders import job_ref
 from .clock import SYSTEM
 from .models import TrainingJob
 from .policy import kueue as policy
+from .policy.builders import job_ref
 from .policy.notice import annotation_deadline
 from .policy.times import rfc3339
 from .state import State

@@ -16,11 +16,11 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from . import apply, builders, kueue, metrics
+from . import apply, kueue, metrics
 from .clock import SYSTEM
 from .create import create
 from .models import TrainingJob, spec_error
-from .policy import memorypeers, views
+from .policy import builders, memorypeers, views
 from .policy.decide import Outcome, View, decide, failed
 from .policy.pairing import MEMORY_PORT
 from .policy.restart import RestartPlan

@@ -38,9 +38,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .. import builders
 from ..models import TrainingJob
-from . import events, memorypeers, podsready, views
+from . import builders, events, memorypeers, podsready, views
 from .events import Event
 from .inplace import Assignment, InPlace, PodView, decide_inplace
 from .kueue import Gate, admitted_template
