@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -21,7 +22,8 @@ from .clock import SYSTEM
 from .create import create
 from .models import TrainingJob, spec_error
 from .policy import builders, memorypeers, views
-from .policy.decide import Outcome, View, decide, failed
+from .policy.decide import Outcome, View, decide, failed, workload_refused
+from .policy.kueue import WorkloadOp
 from .policy.pairing import MEMORY_PORT
 from .policy.restart import RestartPlan
 from .state import State
@@ -54,8 +56,7 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
         state.cache.replace_job_pods(namespace, name, listed)
     raw_pods = state.cache.pods_of(namespace, name)
     now = SYSTEM.now()
-    gate = await kueue.gate_for(state, body, job, raw_pods, now) if state.kueue else None
-    view = View(job=job, pods=raw_pods, now=now, kueue=gate,
+    view = View(job=job, pods=raw_pods, now=now, kueue=await kueue.read(state, body, job) if state.kueue else None,
                 assignment=await state.assignments.current(api, job) if builders.in_place(job) else None,
                 known_nodes=state.cache.nodes if state.cache.primed else None,
                 doomed=state.nodes.doomed(job, now), last_commit_event=state.commits.last(key),
@@ -139,6 +140,9 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
         log.info("TrainingJob %s/%s: %s", ns, name, outcome.log)
     if outcome.assign_first:
         await _assign(state, ref, outcome)
+    if outcome.annotate:
+        await apply.gather([functools.partial(apply.annotate_pod, api, ns, n, dict(a))
+                            for n, a in outcome.annotate.items()])
     if outcome.create:
         assert job is not None, "pods to create without a job"
         made: list[dict[str, Any]] = []
@@ -159,14 +163,21 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
                             for n in outcome.delete])
     if outcome.assign is not None and not outcome.assign_first:
         await _assign(state, ref, outcome)
+    for op in outcome.workload:
+        try:
+            await _write_workload(state, ref, op)
+        except kueue.Refused as err:
+            return await apply_outcome(state, body, raw_pods, workload_refused(outcome, op.name, str(err), SYSTEM.now()))
     if outcome.status:
         await apply.run(apply.patch_job_status, api, ns, name, dict(outcome.status))
         for ev in outcome.status_events:
             if ev.reason == "CheckpointCommitted":
                 state.commits.posted(key, outcome.decided_at)
-            await apply.run(apply.post_event, api, ref, ev.reason, ev.message, ev.type)
+            await apply.run(apply.post_event, api, ref, ev.reason, ev.message, ev.type, ev.name)
         if outcome.status.get("phase") in ("Succeeded", "Failed"):
             state.commits.forget(key)
+    if outcome.finish is not None:
+        await _write_workload(state, ref, outcome.finish)
     if outcome.requeue_after is not None:
         state.queue.requeue(ns, name, outcome.requeue_after)
     return plan
@@ -184,6 +195,21 @@ async def _assign(state: State, ref: dict[str, Any], outcome: Outcome) -> None:
         ev = outcome.assigned_event
         await apply.run(apply.post_event, state.api, ref, ev.reason, ev.message)
         log.info("TrainingJob %s/%s: %s", ref["namespace"], ref["name"], ev.message)
+
+
+async def _write_workload(state: State, ref: dict[str, Any], op: WorkloadOp) -> None:
+    """One Workload write (``kueue.write``), then what it says and its Event; a Workload that changed meanwhile
+    is looked at again."""
+    ns, name = ref["namespace"], ref["name"]
+    if not await kueue.write(state, ns, op):
+        state.queue.requeue(ns, name, op.conflict_requeue or 0.5)
+        return
+    if op.log:
+        log.info("TrainingJob %s/%s: %s", ns, name, op.log)
+    if op.event is not None:
+        await apply.run(apply.post_event, state.api, ref, op.event.reason, op.event.message, op.event.type)
+    if op.requeue_after is not None:
+        state.queue.requeue(ns, name, op.requeue_after)
 
 
 def _count(namespace: str, name: str, kind: str, label: str) -> None:

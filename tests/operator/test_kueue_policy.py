@@ -86,8 +86,11 @@ def test_gate(wl: dict | None, flavors: dict, spec: dict, hold: bool, reason: st
 @pytest.mark.parametrize(("message", "warning"), [
     ("couldn't assign flavors to pod set workers: flavor gpu doesn't match node affinity", True),
     ("couldn't assign flavors to pod set workers: untolerated taint {spot true NoSchedule <nil>} in flavor spot", True),
+    # more than the ClusterQueue can ever hold: it will not clear by itself either (issue #46, item 12)
     (("couldn't assign flavors to pod set workers: flavor gpu doesn't match node affinity, insufficient quota for "
-      "cpu in flavor spot, request > maximum capacity (2 > 1)"), False),
+      "cpu in flavor spot, request > maximum capacity (2 > 1)"), True),
+    (("couldn't assign flavors to pod set spares: insufficient quota for cpu in flavor default, previously "
+      "considered podsets requests (4) + current podset request (1) > maximum capacity (4)"), True),
     ("couldn't assign flavors to pod set workers: insufficient quota for cpu in flavor default", False),
     ("LocalQueue team doesn't exist", False),
 ])
@@ -103,9 +106,9 @@ def test_an_eviction_of_a_job_with_notices_off_stops_it_at_once() -> None:
     g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
     assert g.notice is None and g.deadline is None and g.release
     assert "spec.preemption.enabled: false" in g.condition.message
-    assert kueue.notice_annotation(g, 1) is None
+    assert kueue.eviction_notice(g) is None
     out = decide(View(job=j, pods=[pod("llama-0", 0), pod("llama-1", 1)], now=NOW,
-                      known_nodes={"n-llama-0", "n-llama-1"}, placed=True, looked=True, kueue=g))
+                      known_nodes={"n-llama-0", "n-llama-1"}, placed=True, looked=True, kueue=read(EVICTED, {})))
     assert tuple(sorted(out.delete)) == ("llama-0", "llama-1") and out.plan.phase == "Suspended"
 
 
@@ -120,9 +123,12 @@ def test_an_eviction_gives_a_notice_with_the_jobs_window() -> None:
     j = job(preemption={"noticeSeconds": {"kueue-preemption": 120}})
     g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
     assert g.deadline == datetime(2026, 11, 24, 6, 1, 50, tzinfo=UTC)
-    value = json.loads(kueue.notice_annotation(g, 3) or "{}")
-    assert {k: value[k] for k in ("reason", "deadline", "observedAt", "attempt")} == {
-        "reason": "kueue-preemption", "deadline": "2026-11-24T06:01:50Z", "observedAt": EVICTED_AT, "attempt": 3}
+    notice = kueue.eviction_notice(g)
+    assert notice is not None
+    value = json.loads(notice.annotation(3))
+    assert {k: value[k] for k in ("reason", "node", "deadline", "observedAt", "attempt")} == {
+        "reason": "kueue-preemption", "node": "", "deadline": "2026-11-24T06:01:50Z", "observedAt": EVICTED_AT,
+        "attempt": 3}
     assert value["id"] == g.notice_id and g.release
     default = kueue.gate(job(), "team", kueue.parse_workload(EVICTED), {}, NOW)
     assert default.deadline == default.notice.since + timedelta(seconds=kueue.DEFAULT_NOTICE_SECONDS)  # type: ignore[union-attr]
@@ -169,6 +175,11 @@ def test_the_checkpoint_annotation_says_step_time_and_where() -> None:
         "step": 40, "time": "2026-11-24T05:58:00Z", "uri": j.spec.checkpoint.uri}
 
 
+def read(wl: dict[str, Any] | None, flavors: dict[str, Any] | None = None) -> kueue.Read:
+    """What the shell reads for a job in LocalQueue ``team`` whose Workload is ``wl``."""
+    return kueue.Read("team", workload=wl, flavors=flavors or {})
+
+
 def _gate(wl: dict[str, Any], flavors: dict | None = None, **spec: Any) -> kueue.Gate:
     return kueue.gate(job(**spec), "team", kueue.parse_workload(wl), flavors or {"spot": SPOT}, NOW)
 
@@ -192,13 +203,13 @@ def test_decide_under_a_queue(status: dict, pods: list, wl: dict, now: datetime,
     j = job(status)
     g = kueue.gate(j, "team", kueue.parse_workload(wl), {"spot": SPOT}, now)
     view = View(job=j, pods=pods, now=now, known_nodes={p["spec"]["nodeName"] for p in pods}, placed=True,
-                looked=True, kueue=g)
+                looked=True, kueue=read(wl, {"spot": SPOT}))
     out = decide(view)
     assert out.plan.phase == phase
     assert len(out.create) == created
     assert tuple(sorted(out.delete)) == deleted
-    assert any(c["type"] == "Queued" for c in out.status.get("conditions", [])) or \
-        any(c.type == "Queued" for c in j.status.conditions)
+    written = [*(out.record or {}).get("conditions", []), *out.status.get("conditions", [])]
+    assert any(c["type"] == "Queued" for c in written) or any(c.type == "Queued" for c in j.status.conditions)
     for p in out.create:
         assert p["spec"]["nodeSelector"]["pool"] == "spot"
         assert {"key": "spot", "operator": "Exists", "effect": "NoSchedule"} in p["spec"]["tolerations"]
@@ -208,7 +219,7 @@ def test_an_evicted_gang_still_running_is_looked_at_again_when_its_notice_runs_o
     j = job(RUN)
     g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
     out = decide(View(job=j, pods=[pod("llama-0", 0), pod("llama-1", 1)], now=NOW,
-                      known_nodes={"n-llama-0", "n-llama-1"}, placed=True, looked=True, kueue=g))
+                      known_nodes={"n-llama-0", "n-llama-1"}, placed=True, looked=True, kueue=read(EVICTED, {})))
     assert out.requeue_after == pytest.approx(50.0)
 
 
@@ -258,10 +269,12 @@ def test_an_evicted_in_place_gang_is_stopped_once_its_workers_reported(reports: 
     pods = [pod(f"llama-{i}", i, annotations=exit_report(1, code) if code else None) for i, code in enumerate(reports)]
     g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
     out = decide(View(job=j, pods=pods, now=NOW, known_nodes={p["spec"]["nodeName"] for p in pods}, placed=True,
-                      looked=True, kueue=g, assignment=Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476")))
+                      looked=True, kueue=read(EVICTED, {}), assignment=Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476")))
     assert tuple(sorted(out.delete)) == deleted
     assert out.assign is None  # never the next attempt's assignment while evicted
-    assert out.record is None  # nor a gang restart: the one that exited waits for the rest, in its pod
+    # nor a gang restart in place: the one that exited waits for the rest, in its pod; once all exited the
+    # eviction itself is recorded, as a preemption, and the job is held
+    assert (out.record or {}).get("phase") == ("Suspended" if deleted else None), out.record
 
 
 @pytest.mark.parametrize("mode", ["Recreate", "InPlace"])
@@ -282,6 +295,6 @@ def test_an_evicted_gang_is_not_restarted_when_one_worker_fails_while_the_rest_s
     g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
     assignment = Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476") if mode == "InPlace" else None
     out = decide(View(job=j, pods=pods, now=NOW, known_nodes={p["spec"]["nodeName"] for p in pods}, placed=True,
-                      looked=True, kueue=g, assignment=assignment))
+                      looked=True, kueue=read(EVICTED, {}), assignment=assignment))
     assert (out.record, out.assign, out.create, out.delete) == (None, None, (), ())
     assert out.requeue_after == pytest.approx(50.0)  # looked at again when the notice runs out

@@ -1,5 +1,8 @@
 """Kueue, decided purely: the Workload a queued TrainingJob owns, what Kueue's answer lets the job do now
-(:func:`gate`), the notice an eviction gives the gang, and the status patch that gives the quota back.
+(:func:`gate`), the Workload operation a pass carries out (:func:`decide_queue`: create, replace, move, give the
+quota back, publish the last checkpoint; :func:`finish` once the job ended), and the notice an eviction gives the
+gang (:func:`eviction_notice`, delivered by ``policy.notice``'s rule like a node's). ``kueue.py`` only reads what
+:class:`Read` holds and carries out what this module decided (``reconcile.apply_outcome``).
 
 The integration is Kueue's external-framework path (``docs/kueue.md``): the operator owns one ``Workload`` per job
 (``kueue.x-k8s.io/v1beta2``), as Kueue's own job reconciler does for a batch Job, and Kueue admits or evicts it.
@@ -24,7 +27,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..models import GROUP, KIND, KUEUE_NOTICE, VERSION, TrainingJob
+from .events import Event
 from .restart import Condition
+from .signals import Notice
 from .times import parse_time, rfc3339
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -186,7 +191,8 @@ def gate(job: TrainingJob, queue: str, wl: Workload | None, flavors: Mapping[str
         why = wl.pending or "waiting for quota"
         if wl.evicted is not None:
             why = f"evicted ({wl.evicted.reason}: {wl.evicted.message}); {why}"
-        return queued("Pending", f"waiting in {where}: {why}", warning=unfit(wl.pending))
+        return queued("Pending", f"waiting in {where}: {why}{unfit_advice(job, wl.pending)}",
+                      warning=unfit(wl.pending))
 
     if not wl.admitted:
         return queued("AdmissionChecks", f"quota reserved in ClusterQueue {wl.cluster_queue}; waiting for its "
@@ -223,12 +229,29 @@ def gate(job: TrainingJob, queue: str, wl: Workload | None, flavors: Mapping[str
 # Kueue's words (pkg/scheduler/flavorassigner, v0.17) when no flavor of the ClusterQueue fits the pod template
 # itself: the job will not be admitted until the template or the queue changes, so the Event is a Warning.
 UNFIT = ("doesn't match node affinity", "untolerated taint")
+# ... and when the Workload asks for more than the ClusterQueue can ever hold (its quota plus what it may borrow):
+# "insufficient quota for cpu in flavor default, request > maximum capacity (5 > 4)", or, for a later pod set,
+# "previously considered podsets requests (4) + current podset request (1) > maximum capacity (4)".
+TOO_BIG = "> maximum capacity"
 
 
 def unfit(pending: str) -> bool:
-    """Kueue keeps the Workload pending because no flavor can run the template (not for want of quota: a
-    message that also names insufficient quota may clear by itself)."""
-    return any(w in pending for w in UNFIT) and "insufficient quota" not in pending
+    """Kueue keeps the Workload pending for good: no flavor can run the template, or the Workload is larger than
+    the ClusterQueue's maximum capacity (a message that names only insufficient quota may clear by itself)."""
+    return TOO_BIG in pending or (any(w in pending for w in UNFIT) and "insufficient quota" not in pending)
+
+
+def unfit_advice(job: TrainingJob, pending: str) -> str:
+    """What to change so that a Workload Kueue can never admit fits (empty when it may still fit by itself)."""
+    if TOO_BIG in pending:
+        spares = f" + spec.spares ({job.spec.spares}: a spare holds a node's resources too)" if job.spec.spares else ""
+        return (f": the job asks for more than its ClusterQueue can ever hold; lower spec.replicas "
+                f"({job.spec.replicas}){spares} or the pods' resource requests, or raise the ClusterQueue's "
+                f"nominalQuota (or its borrowingLimit)")
+    if unfit(pending):
+        return ": no flavor of the ClusterQueue can run the pod template; change the template's nodeSelector or " \
+               "tolerations, or the ClusterQueue's flavors"
+    return ""
 
 
 def needs_new_workload(job: TrainingJob, wl: Workload) -> str | None:
@@ -252,13 +275,19 @@ def admitted_template(template: Mapping[str, Any], g: Gate) -> dict[str, Any]:
     return {**template, "spec": spec}
 
 
-def notice_annotation(g: Gate, attempt: int) -> str | None:
-    """The ``reprieve.dev/notice`` value an eviction gives the pods of ``attempt`` (docs/contract.md)."""
+def eviction_notice(g: Gate) -> Notice | None:
+    """The notice an eviction gives the gang: a notice like a node's (``policy.notice`` delivers it, the runtime
+    reads the same ``reprieve.dev/notice``), for the whole job rather than one node (``node`` empty)."""
     if g.notice is None or g.deadline is None:
         return None
-    return json.dumps({"id": g.notice_id, "reason": NOTICE_REASON, "deadline": rfc3339(g.deadline),
-                       "observedAt": rfc3339(g.notice.since), "attempt": attempt,
-                       "message": f"{g.notice.reason}: {g.notice.message}"[:500]}, separators=(",", ":"))
+    return Notice(id=g.notice_id, reason=NOTICE_REASON, node="", deadline=g.deadline, observed_at=g.notice.since)
+
+
+def eviction_message(g: Gate, attempt: int) -> str:
+    """The PreemptionNotice Event's text for an eviction's notice delivered to ``attempt``."""
+    assert g.notice is not None and g.deadline is not None
+    return (f"Kueue evicted the job's Workload ({g.notice.reason}: {g.notice.message}); notice {g.notice_id} "
+            f"delivered to attempt {attempt}, save by {rfc3339(g.deadline)}")
 
 
 def release_patch(body: Mapping[str, Any], now: datetime) -> dict[str, Any] | None:
@@ -319,6 +348,115 @@ def checkpoint_annotation(job: TrainingJob) -> str | None:
                        "uri": st.last_checkpoint_uri or job.spec.checkpoint.uri}, separators=(",", ":"), sort_keys=True)
 
 
-def live_pods(pods: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Names of the pods that still hold resources (not yet gone from the API)."""
-    return sorted(str((p.get("metadata") or {}).get("name")) for p in pods)
+@dataclass(frozen=True)
+class Read:
+    """What the shell read for a job's queue (``kueue.read``; no write): the job's labels, its Workload and what
+    the Workload names."""
+
+    queue: str | None  # the kueue.x-k8s.io/queue-name label (None: the job is not queued)
+    priority_class: str | None = None  # the kueue.x-k8s.io/priority-class label
+    workload: Mapping[str, Any] | None = None  # the job's Workload as read (None: none yet)
+    priority: int | None = None  # the WorkloadPriorityClass's value (read only to create; None: not found)
+    flavors: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)  # admitted flavor -> object
+    served: bool = True  # False: the API server does not serve Workloads (Kueue is not installed)
+
+
+@dataclass(frozen=True)
+class WorkloadOp:
+    """One write to the job's Workload (``reconcile.apply_outcome`` carries it out): ``create`` ``body``;
+    ``delete``; ``patch`` ``body`` (metadata or spec, a merge patch); ``status``: ``body`` on the status
+    subresource (it carries ``resourceVersion``: a Workload changed meanwhile is read again, never overwritten)."""
+
+    verb: str
+    name: str
+    body: Mapping[str, Any] | None = None
+    log: str = ""  # said once done
+    event: Event | None = None  # posted once done
+    requeue_after: float | None = None  # look again after this many seconds once done
+    conflict_requeue: float | None = None  # a 409 (changed meanwhile): look again after this many seconds
+
+
+@dataclass(frozen=True)
+class Queue:
+    """What a job's queue decides for one pass: the gate (None: not queued, or ended) and the Workload writes,
+    before the job's status is written (``finish`` comes after it: :func:`finish`)."""
+
+    gate: Gate | None
+    workload: tuple[WorkloadOp, ...] = ()
+    annotate: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # pod -> the last checkpoint
+
+
+def decide_queue(job: TrainingJob, read: Read, pods: Sequence[Mapping[str, Any]], now: datetime) -> Queue:
+    """The gate and the Workload writes for ``job`` from what was ``read`` (``pods``: the job's pods as cached)."""
+    ns, name = job.namespace, workload_name(job.name, job.uid)
+    if read.queue is None:
+        if any(c.type == QUEUED for c in job.status.conditions):  # the label was removed: no longer Kueue's
+            return Queue(None, (WorkloadOp("delete", name, log=f"label {QUEUE_LABEL} removed: Workload {name} "
+                                                               f"deleted"),))
+        return Queue(None)
+    if not read.served:
+        return Queue(queued("KueueNotInstalled", f"label {QUEUE_LABEL}={read.queue} is set, but the API server does "
+                            f"not serve {WORKLOADS}.{KUEUE_GROUP}/{KUEUE_VERSION}: install Kueue (docs/kueue.md) or "
+                            f"remove the label", warning=True))
+    if job.status.phase in ("Succeeded", "Failed"):
+        return Queue(None)  # an ended job is no longer queued: nothing to gate (its Workload: ``finish``)
+    if read.workload is None:
+        prio: tuple[str, int] | None = None
+        if read.priority_class:
+            if read.priority is None:
+                return Queue(queued("PriorityClassNotFound", f"label {PRIORITY_LABEL}={read.priority_class}: no "
+                                    f"WorkloadPriorityClass {read.priority_class}", warning=True))
+            prio = (read.priority_class, read.priority)
+        return Queue(gate(job, read.queue, None, {}, now), (WorkloadOp(
+            "create", name, build_workload(job, read.queue, prio),
+            log=f"created Workload {name} in LocalQueue {read.queue}"),))
+    wl = parse_workload(read.workload)
+    why = needs_new_workload(job, wl)
+    if why is not None:
+        return Queue(queued("WorkloadReplaced", f"Workload {name} replaced: {why}"),
+                     (WorkloadOp("delete", name, requeue_after=1.0),))
+    if wl.queue != read.queue and not wl.quota_reserved:
+        return Queue(queued("Pending", f"moved to LocalQueue {ns}/{read.queue}"),
+                     (WorkloadOp("patch", name, {"spec": {"queueName": read.queue}}),))
+    g = gate(job, read.queue, wl, read.flavors, now)
+    ops = []
+    release = release_patch(read.workload, now) if g.release and not pods else None
+    if release is not None:
+        msg = f"every pod is gone: quota of Workload {name} given back to Kueue"
+        ops.append(WorkloadOp("status", name, release, log=msg, event=Event("QuotaReleased", msg),
+                              conflict_requeue=0.5))
+    value = checkpoint_annotation(job)
+    if value is not None and wl.checkpoint != value:
+        ops.append(WorkloadOp("patch", name, {"metadata": {"annotations": {ANNOTATION_CHECKPOINT: value}}}))
+    return Queue(g, tuple(ops), checkpoint_annotations(job, pods))
+
+
+def finish(job: TrainingJob, read: Read, phase: str | None, now: datetime) -> WorkloadOp | None:
+    """The Workload's ``Finished`` write once the job ended (``phase``: its phase after this pass's status
+    write), so Kueue frees the quota in the pass that ends the job; None while it runs or when already done."""
+    if phase not in ("Succeeded", "Failed") or read.workload is None:
+        return None
+    patch = finish_patch(read.workload, phase, now)
+    if patch is None:
+        return None
+    name = workload_name(job.name, job.uid)
+    return WorkloadOp("status", name, patch, log=f"{phase}: Workload {name} finished")
+
+
+def checkpoint_annotations(job: TrainingJob, pods: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """The live pods (pod name -> annotations) that lack the job's current ``reprieve.dev/last-checkpoint``."""
+    value = checkpoint_annotation(job)
+    if value is None:
+        return {}
+    out = {}
+    for p in pods:
+        meta = p.get("metadata") or {}
+        if not meta.get("deletionTimestamp") and (meta.get("annotations") or {}).get(ANNOTATION_CHECKPOINT) != value:
+            out[str(meta.get("name"))] = {ANNOTATION_CHECKPOINT: value}
+    return out
+
+
+def refused(name: str, message: str) -> Gate:
+    """The gate of a job whose Workload the API server (Kueue's webhook) refused to create."""
+    return queued("WorkloadRefused", f"the API server (Kueue's webhook) refused Workload {name}: {message}",
+                  warning=True)

@@ -20,6 +20,7 @@ from .. import (
 )
 from ..models import TrainingJob
 from .inplace import PodView, worker_view
+from .kueue import ANNOTATION_CHECKPOINT
 from .pairing import ZONE_LABEL
 from .placement import NODE_FIELDS as PLACEMENT_FIELDS
 from .restart import WorkerPod
@@ -120,7 +121,8 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
                      "labels": {k: v for k, v in labels.items() if k.startswith("reprieve.dev/")},
                      "annotations": {k: annotations[k] for k in (ANNOTATION_NOTICE, ANNOTATION_PROGRESS,
-                                                                  ANNOTATION_EXIT, ANNOTATION_SUPERVISOR)
+                                                                  ANNOTATION_EXIT, ANNOTATION_SUPERVISOR,
+                                                                  ANNOTATION_CHECKPOINT)
                                      if annotations.get(k)},
                      "deletionTimestamp": meta.get("deletionTimestamp"),
                      "creationTimestamp": meta.get("creationTimestamp")},
