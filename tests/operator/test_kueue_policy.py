@@ -201,7 +201,6 @@ def _gate(wl: dict[str, Any], flavors: dict | None = None, **spec: Any) -> kueue
 def test_decide_under_a_queue(status: dict, pods: list, wl: dict, now: datetime, phase: str, created: int,
                               deleted: tuple[str, ...]) -> None:
     j = job(status)
-    g = kueue.gate(j, "team", kueue.parse_workload(wl), {"spot": SPOT}, now)
     view = View(job=j, pods=pods, now=now, known_nodes={p["spec"]["nodeName"] for p in pods}, placed=True,
                 looked=True, kueue=read(wl, {"spot": SPOT}))
     out = decide(view)
@@ -217,7 +216,6 @@ def test_decide_under_a_queue(status: dict, pods: list, wl: dict, now: datetime,
 
 def test_an_evicted_gang_still_running_is_looked_at_again_when_its_notice_runs_out() -> None:
     j = job(RUN)
-    g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
     out = decide(View(job=j, pods=[pod("llama-0", 0), pod("llama-1", 1)], now=NOW,
                       known_nodes={"n-llama-0", "n-llama-1"}, placed=True, looked=True, kueue=read(EVICTED, {})))
     assert out.requeue_after == pytest.approx(50.0)
@@ -267,9 +265,9 @@ def test_an_evicted_in_place_gang_is_stopped_once_its_workers_reported(reports: 
     j = job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace",
             template_spec={"containers": [{"name": "t", "command": ["python", "train.py"]}]})
     pods = [pod(f"llama-{i}", i, annotations=exit_report(1, code) if code else None) for i, code in enumerate(reports)]
-    g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
     out = decide(View(job=j, pods=pods, now=NOW, known_nodes={p["spec"]["nodeName"] for p in pods}, placed=True,
-                      looked=True, kueue=read(EVICTED, {}), assignment=Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476")))
+                      looked=True, kueue=read(EVICTED, {}),
+                      assignment=Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476")))
     assert tuple(sorted(out.delete)) == deleted
     assert out.assign is None  # never the next attempt's assignment while evicted
     # nor a gang restart in place: the one that exited waits for the rest, in its pod; once all exited the
@@ -292,7 +290,6 @@ def test_an_evicted_gang_is_not_restarted_when_one_worker_fails_while_the_rest_s
     else:
         pods = [pod("llama-0", 0), pod("llama-1", 1, phase="Failed", code=1)]
     j = job({**RUN, "restartMode": mode}, **spec)
-    g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
     assignment = Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476") if mode == "InPlace" else None
     out = decide(View(job=j, pods=pods, now=NOW, known_nodes={p["spec"]["nodeName"] for p in pods}, placed=True,
                       looked=True, kueue=read(EVICTED, {}), assignment=assignment))

@@ -54,10 +54,12 @@ from .restart import (
     Condition,
     RestartPlan,
     Verdict,
+    WorkerPod,
     decide_restart,
     gang_restart,
     lost_nodes,
     orphaned_pods,
+    still_running,
 )
 from .status import closing_goodput, notice_status, status_patch
 from .times import rfc3339
@@ -136,7 +138,8 @@ def decide(view: View) -> Outcome:
     if g is not None and g.notice is not None and (out.record is not None or out.assign is not None) \
             and held(view, g) is None:
         out = _saving(view, g)
-    if g is not None and g.deadline is not None and out.requeue_after is None and g.deadline > view.now:
+    if g is not None and g.deadline is not None and out.requeue_after is None and g.deadline > view.now and \
+            out.plan.phase not in ("Suspended", *TERMINAL_PHASES):
         # An evicted gang still running: look again when its notice runs out (it is stopped then).
         out = dataclasses.replace(out, requeue_after=(g.deadline - view.now).total_seconds())
     if out.assign is not None and _assign_first(out, view):
@@ -168,7 +171,10 @@ def _queued(out: Outcome, view: View, read: kueue.Read, queue: kueue.Queue) -> O
                 status = {**patch, **status}
                 posted.append(Event("PreemptionNotice", kueue.eviction_message(g, plan.attempt), "Warning",
                                     notice_event_name({"name": job.name, "uid": job.uid}, plan.attempt, notice.id)))
-    if g is not None and (_writes(out.record, g.condition) or _writes(status, g.condition)):
+    old = next((c for c in job.status.conditions if c.type == kueue.QUEUED), None)
+    new = g is not None and (old is None or (old.status, old.reason, old.message) !=
+                             (g.condition.status, g.condition.reason, g.condition.message))
+    if g is not None and new and (_writes(out.record, g.condition) or _writes(status, g.condition)):
         posted.insert(0, Event(g.condition.reason, g.condition.message, "Warning" if g.warning else "Normal"))
     phase = status.get("phase") or after.status.phase
     return dataclasses.replace(out, annotate=annotate, workload=queue.workload, status=status,
@@ -227,7 +233,8 @@ def _queue_conditions(plan: RestartPlan, g: Gate | None, hold: Condition | None)
     return dataclasses.replace(plan, conditions=(*plan.conditions, g.condition))
 
 
-def _evicted(job: TrainingJob, plan: RestartPlan, hold: Condition | None, g: Gate | None) -> RestartPlan:
+def _evicted(job: TrainingJob, plan: RestartPlan, hold: Condition | None, g: Gate | None,
+             pods: Sequence[WorkerPod] | Sequence[PodView]) -> RestartPlan:
     """A Kueue eviction that stops a running attempt is a preemption restart: counted in ``status.restarts`` (and
     ``restartCount``) when the job is held, and capped by ``restartPolicy.maxPreemptionRestarts`` like any other
     (``restart.gang_restart``); the next attempt starts when Kueue admits the job again."""
@@ -237,8 +244,8 @@ def _evicted(job: TrainingJob, plan: RestartPlan, hold: Condition | None, g: Gat
             st.phase in (None, "Suspended") or st.attempt == 0 or restarting:
         return plan
     why = f"Kueue evicted the job ({g.condition.message})"
-    capped = gang_restart(job, st.attempt, Verdict(cause=PREEMPTION, why=why), None, stragglers=plan.delete,
-                          teardown=plan.delete)
+    capped = gang_restart(job, st.attempt, Verdict(cause=PREEMPTION, why=why), None,
+                          stragglers=still_running(pods), teardown=plan.delete)
     if capped.phase == "Failed":
         return capped
     return dataclasses.replace(plan, cause=PREEMPTION, message=f"attempt {st.attempt} stopped ({PREEMPTION}): "
@@ -279,7 +286,7 @@ def _recreate(view: View, g: Gate | None) -> Outcome:
     hold = held(view, g)
     gone = [(p.index, p.attempt, p.node) for p in view.gone]
     plan = _evicted(job, decide_restart(job, pods, view.avoid, now, view.doomed, held=hold,
-                                        peer_lost_wait_s=view.peer_lost_wait_s, gone=gone), hold, g)
+                                        peer_lost_wait_s=view.peer_lost_wait_s, gone=gone), hold, g, pods)
     plan = _pods_ready(_queue_conditions(plan, g, hold), view)
     look = lost_nodes(pods) | {node for _, a, node in gone if a == plan.attempt}  # this attempt's pods, gone
     if plan.cause == DISRUPTION and not view.looked and look:  # none to read: decided already
@@ -316,7 +323,7 @@ def _in_place(view: View, g: Gate | None) -> Outcome:
     hold = held(view, g)
     plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed, held=hold,
                                  peer_lost_wait_s=view.peer_lost_wait_s, gone={p.name: p.node for p in view.gone})
-    plan = _pods_ready(_queue_conditions(_evicted(job, plan, hold, g), g, hold), view)
+    plan = _pods_ready(_queue_conditions(_evicted(job, plan, hold, g, pods), g, hold), view)
     current = view.assignment
     if current is not None and extra.assign is None and extra.record is None and plan.cause is None:
         paired = memorypeers.pairing_condition(job, current.processes, current.memory_peers, pods)
