@@ -70,25 +70,26 @@ def _message(err: ApiException) -> str:
     return str(_body(err).get("message") or err.reason or err)[:600]
 
 
-async def read(state: State, body: dict[str, Any], job: TrainingJob) -> policy.Read:
+def read(api: apply.Api, body: dict[str, Any], job: TrainingJob) -> policy.Read:
     """What the job's queue needs read (``policy.kueue.Read``): its labels, its Workload, the WorkloadPriorityClass
-    a Workload still to be created names, the flavors an admission assigned. Writes nothing."""
+    a Workload still to be created names, the flavors an admission assigned. Writes nothing (blocking: run it with
+    ``apply.run``)."""
     labels = (body.get("metadata") or {}).get("labels") or {}
     queue, pc = labels.get(policy.QUEUE_LABEL), labels.get(policy.PRIORITY_LABEL)
     if not queue:
         return policy.Read(None)
-    api, ns = state.api, job.namespace
+    ns = job.namespace
     try:
-        raw = await apply.run(_get, api, policy.WORKLOADS, policy.workload_name(job.name, job.uid), ns)
+        raw = _get(api, policy.WORKLOADS, policy.workload_name(job.name, job.uid), ns)
         priority = None
         if raw is None and pc:
-            obj = await apply.run(_get, api, policy.PRIORITY_CLASSES, pc)
+            obj = _get(api, policy.PRIORITY_CLASSES, pc)
             priority = int(obj.get("value") or 0) if obj is not None else None
         flavors: dict[str, Any] = {}
         if raw is not None and job.status.phase not in ("Succeeded", "Failed"):
             admitted = policy.parse_workload(raw).flavors.values()
             for f in sorted({f for fs in admitted for f in fs}):
-                flavors[f] = await apply.run(_get, api, policy.FLAVORS, f)
+                flavors[f] = _get(api, policy.FLAVORS, f)
     except ApiException as err:
         if _not_served(err):
             return policy.Read(queue, pc, served=False)
@@ -100,20 +101,20 @@ class Refused(Exception):
     """The API server (Kueue's webhook) refused to create the Workload; the message is its own."""
 
 
-async def write(state: State, namespace: str, op: policy.WorkloadOp) -> bool:
+def write(api: apply.Api, namespace: str, op: policy.WorkloadOp) -> bool:
     """Carry out one Workload write (``policy.kueue.WorkloadOp``): True once done; False when the Workload changed
-    meanwhile or is already there (a stale read: look again). A refused create raises :class:`Refused`."""
-    api = state.api
+    meanwhile or is already there (a stale read: look again). A refused create raises :class:`Refused`. Blocking:
+    run it with ``apply.run``."""
     try:
         if op.verb == "create":
             assert op.body is not None
-            await apply.run(_create, api, dict(op.body))
+            _create(api, dict(op.body))
         elif op.verb == "delete":
-            await apply.run(apply.tolerate, lambda: api.custom.delete_namespaced_custom_object(
+            apply.tolerate(lambda: api.custom.delete_namespaced_custom_object(
                 G, V, namespace, policy.WORKLOADS, op.name), 404, None)
         else:
             assert op.body is not None
-            await apply.run(_patch, api, namespace, op.name, dict(op.body), op.verb == "status")
+            _patch(api, namespace, op.name, dict(op.body), op.verb == "status")
     except ApiException as err:
         if err.status == 409:
             log.info("Workload %s/%s changed meanwhile (%s): looking again", namespace, op.name, op.verb)

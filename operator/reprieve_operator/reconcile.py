@@ -34,8 +34,9 @@ PROBE_TIMEOUT_SECONDS = 2.0  # a silent peer's pod that does not answer a connec
 
 
 async def reconcile(state: State, namespace: str, name: str, fresh: bool = False) -> RestartPlan | None:
-    """Read the job, its pods, its assignment and the nodes; decide the whole outcome (``decide``); apply it in
-    its fixed order. Returns the plan (None if there is no job). Run by ``state.queue`` (under the job's lock)."""
+    """Read the job, its pods, its assignment, its queue and the nodes; decide the whole outcome (``decide``, with
+    the further reads it asks for); apply it in its fixed order (:func:`apply_outcome`). Returns the plan (None if
+    there is no job). Run by ``state.queue`` (under the job's lock)."""
     api, key = state.api, (namespace, name)
     body = await apply.run(apply.get_job, api, namespace, name)
     if body is None:
@@ -56,8 +57,8 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
         state.cache.replace_job_pods(namespace, name, listed)
     raw_pods = state.cache.pods_of(namespace, name)
     now = SYSTEM.now()
-    view = View(job=job, pods=raw_pods, now=now, kueue=await kueue.read(state, body, job) if state.kueue else None,
-                assignment=await state.assignments.current(api, job) if builders.in_place(job) else None,
+    view = View(job=job, pods=raw_pods, now=now, kueue=await apply.run(kueue.read, api, body, job) if state.kueue
+                else None, assignment=await state.assignments.current(api, job) if builders.in_place(job) else None,
                 known_nodes=state.cache.nodes if state.cache.primed else None,
                 doomed=state.nodes.doomed(job, now), last_commit_event=state.commits.last(key),
                 zones=views.zones(raw_pods, state.cache.nodes) if memorypeers.enabled(job) else {},
@@ -201,7 +202,7 @@ async def _write_workload(state: State, ref: dict[str, Any], op: WorkloadOp) -> 
     """One Workload write (``kueue.write``), then what it says and its Event; a Workload that changed meanwhile
     is looked at again."""
     ns, name = ref["namespace"], ref["name"]
-    if not await kueue.write(state, ns, op):
+    if not await apply.run(kueue.write, state.api, ns, op):
         state.queue.requeue(ns, name, op.conflict_requeue or 0.5)
         return
     if op.log:
