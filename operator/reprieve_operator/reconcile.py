@@ -1,8 +1,10 @@
-"""One reconcile pass of one TrainingJob: read it, its pods, its assignment and the nodes; decide its whole
-outcome (``policy.decide``, pure); carry that outcome out in its fixed order (:func:`apply_outcome`).
+"""One reconcile pass of one TrainingJob: read it, its pods, its assignment, its queue (``kueue.read``) and the
+nodes; decide its whole outcome (``policy.decide``, pure); carry that outcome out in its fixed order
+(:func:`apply_outcome`).
 
 When a pass runs is the queue's (``workqueue``: locks, coalescing, requeues, the resync); what a create does and
-what its refusal leads to, ``create``'s. Status is written here only, by carrying out an outcome.
+what its refusal leads to, ``create``'s. Status is written here only, by carrying out an outcome: its ``record`` and
+its final ``status``.
 """
 
 from __future__ import annotations
@@ -121,8 +123,8 @@ async def read_nodes(state: State, names: set[str], limit: int = NODE_READS) -> 
 
 async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[str, Any]],
                         outcome: Outcome) -> RestartPlan:
-    """Carry ``outcome`` out in the order ``policy.decide`` documents; a refused create's own outcome replaces
-    the steps after it."""
+    """Carry ``outcome`` out in the order ``policy.decide`` documents; a refused create's or Workload's own outcome
+    replaces the steps after it."""
     api, job, plan = state.api, outcome.job, outcome.plan
     meta = body["metadata"]
     ns, name, ref = meta["namespace"], meta["name"], builders.job_ref(body)

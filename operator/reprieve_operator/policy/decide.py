@@ -1,26 +1,35 @@
 """One reconcile's complete outcome, decided in one pure function: ``decide(view) -> Outcome``.
 
-``reconcile`` reads (the job, its cached pods, its assignment, the nodes), calls :func:`decide`, and applies the
-:class:`Outcome` in a fixed order, for both restart modes and both callers (the kopf handler and the pod-event
-kick):
+``reconcile`` reads (the job, its cached pods, its assignment, its queue's Workload, the nodes), calls
+:func:`decide`, and applies the :class:`Outcome` in a fixed order, for both restart modes and both callers (the kopf
+handler and the pod-event kick):
 
 0. ``first_event``: only a failure decided outside the restart policy (:func:`failed`) has one: its reason,
    posted before its status, so whoever sees the Failed phase finds the Event that says why;
 1. ``record``: the status a decided gang restart or failure leads to, written before anything is deleted (a
    crash in between cannot count it twice), then its Event (``record_event``) and its counter;
-2. ``create``: the pods to create (a new gang is dry-run first, with its Service and identity), then
+2. ``annotate``: the pods' annotations (a Kueue eviction's notice, ``policy.notice``'s rule as for a node's; the
+   last checkpoint of a queued job): the running gang learns its deadline before anything else is done;
+3. ``create``: the pods to create (a new gang is dry-run first, with its Service and identity), then
    ``created_event``; in place, the worker Role is rewritten with every pod's name (``role``);
-3. ``force_delete`` (grace 0: pods whose node is gone, no kubelet will confirm) and ``delete``;
-4. ``assign``: the next in-place attempt's assignment, then ``assigned_event``. When every pod it lists already
+4. ``force_delete`` (grace 0: pods whose node is gone, no kubelet will confirm) and ``delete``;
+5. ``assign``: the next in-place attempt's assignment, then ``assigned_event``. When every pod it lists already
    runs and none of them is created, deleted or dry-run here (``assign_first``: a restart in place, a spare taking
-   over), it is written right after step 1 instead: the gang waits for nothing of steps 2-3 (a new spare, the
+   over), it is written right after step 1 instead: the gang waits for nothing of steps 2-4 (a new spare, the
    Role, the doomed pod's deletion), which follow while it restarts;
-5. ``status``: the final merge patch, then ``status_events`` (a commit, success);
-6. ``requeue_after``: look again after this many seconds (a backoff, old pods still draining).
+6. ``workload``: the job's Workload writes (``policy.kueue``: create, replace, move to another LocalQueue, give the
+   quota back, publish the last checkpoint), each then its log line and Event, before the status that describes
+   them;
+7. ``status``: the final merge patch, then ``status_events`` (the ``Queued`` condition's change, a Kueue notice,
+   a commit, success);
+8. ``finish``: the Workload of a job this status ended, marked ``Finished`` so that Kueue frees the quota in this
+   pass (after the status: a Workload is never finished for a job whose status still says it runs);
+9. ``requeue_after``: look again after this many seconds (a backoff, old pods still draining, a notice's end).
 
 The only decisions left to the shell are those an API response makes: a refused create (``policy.create``
-classifies it and decides the refusal's own outcome: :func:`failed`, or a retry with backoff) replaces the steps
-after it. Status is written by carrying out an outcome only.
+classifies it and decides the refusal's own outcome: :func:`failed`, or a retry with backoff) and a refused
+Workload (:func:`workload_refused`) replace the steps after them. Status is written by carrying out an outcome
+only: ``record`` and ``status``, nothing else.
 
 Which reads a decision needs is also decided here: ``look_at_nodes`` (a lost pod's nodes, fresh from the API,
 before a lost pod is counted as preempted or disrupted), ``probe`` (the silent peers' pods a wait is for: does
