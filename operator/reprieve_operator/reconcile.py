@@ -58,9 +58,9 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
         listed = await apply.run(apply.list_job_pods, api, namespace, name)
         state.cache.replace_job_pods(namespace, name, listed)
     raw_pods = state.cache.pods_of(namespace, name)
-    now = SYSTEM.now()
-    view = View(job=job, pods=raw_pods, now=now, kueue=await apply.run(kueue.read, api, body, job) if state.kueue
-                else None, assignment=await state.assignments.current(api, job) if builders.in_place(job) else None,
+    now, queued = SYSTEM.now(), await apply.run(kueue.read, api, body, job) if state.kueue else None
+    view = View(job=job, pods=raw_pods, now=now, kueue=queued,
+                assignment=await state.assignments.current(api, job) if builders.in_place(job) else None,
                 known_nodes=state.cache.nodes if state.cache.primed else None,
                 doomed=state.nodes.doomed(job, now), last_commit_event=state.commits.last(key),
                 zones=views.zones(raw_pods, state.cache.nodes) if memorypeers.enabled(job) else {},
@@ -170,7 +170,8 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
         try:
             await _write_workload(state, ref, op)
         except kueue.Refused as err:
-            return await apply_outcome(state, body, raw_pods, workload_refused(outcome, op.name, str(err), SYSTEM.now()))
+            instead = workload_refused(outcome, op.name, str(err), SYSTEM.now())
+            return await apply_outcome(state, body, raw_pods, instead)
     if outcome.status:
         await apply.run(apply.patch_job_status, api, ns, name, dict(outcome.status))
         for ev in outcome.status_events:
