@@ -22,10 +22,11 @@ from kubernetes.client.rest import ApiException
 from . import LABEL_JOB, apply
 from .models import TrainingJob
 from .policy import kueue as policy
+from .policy import workload
 from .state import State
 
 log = logging.getLogger("reprieve_operator")
-G, V = policy.KUEUE_GROUP, policy.KUEUE_VERSION
+G, V = workload.KUEUE_GROUP, workload.KUEUE_VERSION
 
 
 def _body(err: ApiException) -> dict[str, Any]:
@@ -57,13 +58,13 @@ def _get(api: apply.Api, plural: str, name: str, namespace: str | None = None) -
 
 def _create(api: apply.Api, wl: dict[str, Any]) -> dict[str, Any]:
     ns = wl["metadata"]["namespace"]
-    return apply._raw(api.custom.create_namespaced_custom_object(G, V, ns, policy.WORKLOADS, wl,  # type: ignore[no-any-return]
+    return apply._raw(api.custom.create_namespaced_custom_object(G, V, ns, workload.WORKLOADS, wl,  # type: ignore[no-any-return]
                                                                  _preload_content=False))
 
 
 def _patch(api: apply.Api, ns: str, name: str, body: dict[str, Any], status: bool = False) -> None:
     fn = api.custom.patch_namespaced_custom_object_status if status else api.custom.patch_namespaced_custom_object
-    apply._raw(fn(G, V, ns, policy.WORKLOADS, name, body, _preload_content=False))
+    apply._raw(fn(G, V, ns, workload.WORKLOADS, name, body, _preload_content=False))
 
 
 def _message(err: ApiException) -> str:
@@ -80,16 +81,16 @@ def read(api: apply.Api, body: dict[str, Any], job: TrainingJob) -> policy.Read:
         return policy.Read(None)
     ns = job.namespace
     try:
-        raw = _get(api, policy.WORKLOADS, policy.workload_name(job.name, job.uid), ns)
+        raw = _get(api, workload.WORKLOADS, workload.workload_name(job.name, job.uid), ns)
         priority = None
         if raw is None and pc:
-            obj = _get(api, policy.PRIORITY_CLASSES, pc)
+            obj = _get(api, workload.PRIORITY_CLASSES, pc)
             priority = int(obj.get("value") or 0) if obj is not None else None
         flavors: dict[str, Any] = {}
         if raw is not None and job.status.phase not in ("Succeeded", "Failed"):
-            admitted = policy.parse_workload(raw).flavors.values()
+            admitted = workload.parse_workload(raw).flavors.values()
             for f in sorted({f for fs in admitted for f in fs}):
-                flavors[f] = _get(api, policy.FLAVORS, f)
+                flavors[f] = _get(api, workload.FLAVORS, f)
     except ApiException as err:
         if _not_served(err):
             return policy.Read(queue, pc, served=False)
@@ -111,7 +112,7 @@ def write(api: apply.Api, namespace: str, op: policy.WorkloadOp) -> bool:
             _create(api, dict(op.body))
         elif op.verb == "delete":
             apply.tolerate(lambda: api.custom.delete_namespaced_custom_object(
-                G, V, namespace, policy.WORKLOADS, op.name), 404, None)
+                G, V, namespace, workload.WORKLOADS, op.name), 404, None)
         else:
             assert op.body is not None
             _patch(api, namespace, op.name, dict(op.body), op.verb == "status")
@@ -135,8 +136,8 @@ def watch_workloads(state: State, namespaces: Iterable[str] | None, loop: asynci
         api = state.api.custom
         while not stop.is_set():
             try:
-                fn = (functools.partial(api.list_namespaced_custom_object, G, V, ns, policy.WORKLOADS) if ns
-                      else functools.partial(api.list_cluster_custom_object, G, V, policy.WORKLOADS))
+                fn = (functools.partial(api.list_namespaced_custom_object, G, V, ns, workload.WORKLOADS) if ns
+                      else functools.partial(api.list_cluster_custom_object, G, V, workload.WORKLOADS))
                 for ev in watch.Watch().stream(fn, label_selector=LABEL_JOB, timeout_seconds=60):
                     obj = ev.get("object") or {}
                     meta = obj.get("metadata") or {}

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from op_jobs import make_job
 from reprieve_operator.policy import kueue
+from reprieve_operator.policy import workload as workloads
 from reprieve_operator.policy.decide import View, decide
 from test_decide import RUN, pod
 
@@ -77,7 +78,7 @@ SPOT = {"spec": {"nodeLabels": {"pool": "spot"}, "tolerations": [
     (FINISHED, {}, {}, True, "WorkloadFinished", "bad flavor"),
 ])
 def test_gate(wl: dict | None, flavors: dict, spec: dict, hold: bool, reason: str, says: str) -> None:
-    g = kueue.gate(job(template_spec=spec), "team", kueue.parse_workload(wl) if wl else None, flavors, NOW)
+    g = kueue.gate(job(template_spec=spec), "team", workloads.parse_workload(wl) if wl else None, flavors, NOW)
     assert (g.hold, g.condition.reason) == (hold, reason)
     assert says in g.condition.message
     assert g.condition.status == ("True" if hold else "False")
@@ -96,14 +97,14 @@ def test_gate(wl: dict | None, flavors: dict, spec: dict, hold: bool, reason: st
 ])
 def test_a_flavor_that_cannot_run_the_template_is_a_warning(message: str, warning: bool) -> None:
     wl = workload(cond("QuotaReserved", False, "Pending", message))
-    g = kueue.gate(job(), "team", kueue.parse_workload(wl), {}, NOW)
+    g = kueue.gate(job(), "team", workloads.parse_workload(wl), {}, NOW)
     assert (g.hold, g.condition.reason, g.warning) == (True, "Pending", warning)
     assert message in g.condition.message
 
 
 def test_an_eviction_of_a_job_with_notices_off_stops_it_at_once() -> None:
     j = job(RUN, preemption={"enabled": False})
-    g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
+    g = kueue.gate(j, "team", workloads.parse_workload(EVICTED), {}, NOW)
     assert g.notice is None and g.deadline is None and g.release
     assert "spec.preemption.enabled: false" in g.condition.message
     assert kueue.eviction_notice(g) is None
@@ -113,7 +114,7 @@ def test_an_eviction_of_a_job_with_notices_off_stops_it_at_once() -> None:
 
 
 def test_an_admission_gives_the_flavors_node_labels_and_tolerations() -> None:
-    g = kueue.gate(job(), "team", kueue.parse_workload(ADMITTED), {"spot": SPOT}, NOW)
+    g = kueue.gate(job(), "team", workloads.parse_workload(ADMITTED), {"spot": SPOT}, NOW)
     tpl = kueue.admitted_template({"spec": {"containers": [{"name": "t"}], "nodeSelector": {"zone": "a"}}}, g)
     assert tpl["spec"]["nodeSelector"] == {"zone": "a", "pool": "spot"}
     assert tpl["spec"]["tolerations"] == [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]
@@ -121,7 +122,7 @@ def test_an_admission_gives_the_flavors_node_labels_and_tolerations() -> None:
 
 def test_an_eviction_gives_a_notice_with_the_jobs_window() -> None:
     j = job(preemption={"noticeSeconds": {"kueue-preemption": 120}})
-    g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
+    g = kueue.gate(j, "team", workloads.parse_workload(EVICTED), {}, NOW)
     assert g.deadline == datetime(2026, 11, 24, 6, 1, 50, tzinfo=UTC)
     notice = kueue.eviction_notice(g)
     assert notice is not None
@@ -130,7 +131,7 @@ def test_an_eviction_gives_a_notice_with_the_jobs_window() -> None:
         "reason": "kueue-preemption", "node": "", "deadline": "2026-11-24T06:01:50Z", "observedAt": EVICTED_AT,
         "attempt": 3}
     assert value["id"] == g.notice_id and g.release
-    default = kueue.gate(job(), "team", kueue.parse_workload(EVICTED), {}, NOW)
+    default = kueue.gate(job(), "team", workloads.parse_workload(EVICTED), {}, NOW)
     assert default.deadline == default.notice.since + timedelta(seconds=kueue.DEFAULT_NOTICE_SECONDS)  # type: ignore[union-attr]
 
 
@@ -141,7 +142,7 @@ def test_an_eviction_gives_a_notice_with_the_jobs_window() -> None:
 def test_the_workload_counts_workers_and_spares(spares: int, mode: str, sets: dict[str, int]) -> None:
     j = job(replicas=4, spares=spares, restartMode=mode, template_spec={"containers": [
         {"name": "t", "command": ["python"], "resources": {"requests": {"cpu": "1"}}}]})
-    wl = kueue.build_workload(j, "team", ("high", 1000))
+    wl = workloads.build_workload(j, "team", ("high", 1000))
     assert {p["name"]: p["count"] for p in wl["spec"]["podSets"]} == sets
     assert wl["spec"]["queueName"] == "team"
     assert wl["spec"]["priority"] == 1000 and wl["spec"]["priorityClassRef"]["name"] == "high"
@@ -152,20 +153,20 @@ def test_the_workload_counts_workers_and_spares(spares: int, mode: str, sets: di
 def test_a_queued_workload_that_no_longer_fits_the_job_is_replaced_an_admitted_one_is_not() -> None:
     j = job(replicas=2, spares=1, restartMode="InPlace", template_spec={"containers": [{"name": "t",
                                                                                         "command": ["x"]}]})
-    assert "spares" in (kueue.needs_new_workload(j, kueue.parse_workload(PENDING)) or "")
-    assert kueue.needs_new_workload(j, kueue.parse_workload(ADMITTED)) is None
-    assert kueue.needs_new_workload(job(), kueue.parse_workload(PENDING)) is None
+    assert "spares" in (kueue.needs_new_workload(j, workloads.parse_workload(PENDING)) or "")
+    assert kueue.needs_new_workload(j, workloads.parse_workload(ADMITTED)) is None
+    assert kueue.needs_new_workload(job(), workloads.parse_workload(PENDING)) is None
 
 
 def test_the_quota_is_given_back_the_way_kueues_job_reconciler_does() -> None:
-    patch = kueue.release_patch(EVICTED, NOW)
+    patch = workloads.release_patch(EVICTED, NOW)
     assert patch is not None
     assert patch["metadata"] == {"resourceVersion": "7"}
     assert patch["status"]["admission"] is None
     got = {c["type"]: (c["status"], c["reason"]) for c in patch["status"]["conditions"]}
     assert got == {"QuotaReserved": ("False", "Pending"), "Admitted": ("False", "NoReservation"),
                    "Evicted": ("True", "Preempted"), "Requeued": ("True", "Preempted")}
-    assert kueue.release_patch(RELEASED, NOW) is None and kueue.release_patch(PENDING, NOW) is None
+    assert workloads.release_patch(RELEASED, NOW) is None and workloads.release_patch(PENDING, NOW) is None
 
 
 def test_the_checkpoint_annotation_says_step_time_and_where() -> None:
@@ -181,7 +182,7 @@ def read(wl: dict[str, Any] | None, flavors: dict[str, Any] | None = None) -> ku
 
 
 def _gate(wl: dict[str, Any], flavors: dict | None = None, **spec: Any) -> kueue.Gate:
-    return kueue.gate(job(**spec), "team", kueue.parse_workload(wl), flavors or {"spot": SPOT}, NOW)
+    return kueue.gate(job(**spec), "team", workloads.parse_workload(wl), flavors or {"spot": SPOT}, NOW)
 
 
 @pytest.mark.parametrize(("status", "pods", "wl", "now", "phase", "created", "deleted"), [
@@ -229,11 +230,11 @@ def test_without_a_queue_nothing_changes() -> None:
 
 
 def test_an_ended_job_finishes_its_workload_once() -> None:
-    patch = kueue.finish_patch(ADMITTED, "Succeeded", NOW)
+    patch = workloads.finish_patch(ADMITTED, "Succeeded", NOW)
     assert patch is not None
     fin = [c for c in patch["status"]["conditions"] if c["type"] == "Finished"]
     assert [(c["status"], c["reason"]) for c in fin] == [("True", "Succeeded")]
-    assert kueue.finish_patch(FINISHED, "Failed", NOW) is None
+    assert workloads.finish_patch(FINISHED, "Failed", NOW) is None
 
 
 @pytest.mark.parametrize(("status", "body", "not_served"), [

@@ -20,12 +20,12 @@ from .. import (
 )
 from ..models import TrainingJob
 from .inplace import PodView, worker_view
-from .kueue import ANNOTATION_CHECKPOINT
 from .pairing import ZONE_LABEL
 from .placement import NODE_FIELDS as PLACEMENT_FIELDS
 from .restart import WorkerPod
 from .signals import KIND_FIELDS, NodeField
 from .times import parse_time
+from .workload import ANNOTATION_CHECKPOINT
 
 log = logging.getLogger(__name__)
 LOST_REASONS = ("NodeLost", "Evicted", "Preempting", "Terminated", "Shutdown", "NodeShutdown")
