@@ -174,12 +174,12 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
             return await apply_outcome(state, body, raw_pods, instead)
     if outcome.status:
         await apply.run(apply.patch_job_status, api, ns, name, dict(outcome.status))
-        for ev in outcome.status_events:
-            if ev.reason == "CheckpointCommitted":
-                state.commits.posted(key, outcome.decided_at)
-            await apply.run(apply.post_event, api, ref, ev.reason, ev.message, ev.type, ev.name)
-        if outcome.status.get("phase") in ("Succeeded", "Failed"):
-            state.commits.forget(key)
+    for ev in outcome.status_events:  # a Queued condition's change may be written by the record alone
+        if ev.reason == "CheckpointCommitted":
+            state.commits.posted(key, outcome.decided_at)
+        await apply.run(apply.post_event, api, ref, ev.reason, ev.message, ev.type, ev.name)
+    if outcome.status.get("phase") in ("Succeeded", "Failed"):
+        state.commits.forget(key)
     if outcome.finish is not None:
         await _write_workload(state, ref, outcome.finish)
     if outcome.requeue_after is not None:
