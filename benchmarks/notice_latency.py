@@ -142,8 +142,8 @@ def main() -> int:
         parallel(make_job, list(range(args.jobs)))
 
         # The operator's own builder makes the pods, exactly as it would; we only bind them to nodes.
-        from reprieve_operator.builders import build_worker_pod
         from reprieve_operator.models import TrainingJob
+        from reprieve_operator.policy.builders import build_worker_pod
 
         def make_pods(k: int) -> None:
             body = custom.get_namespaced_custom_object("reprieve.dev", "v1alpha1", NS, "trainingjobs", f"j{k:03d}")

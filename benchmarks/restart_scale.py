@@ -95,8 +95,8 @@ class Kubelets:
 def setup(core: client.CoreV1Api, custom: client.CustomObjectsApi, n: int, mode: str, name: str) -> Any:
     """Nodes, the job and its running attempt-1 gang, as the operator would have left them."""
     from conftest import job_manifest
-    from reprieve_operator import builders
     from reprieve_operator.models import TrainingJob
+    from reprieve_operator.policy import builders
 
     def node(i: int) -> None:
         nm = f"{name}-n{i:05d}"

@@ -61,7 +61,7 @@ def _minimal_job() -> Any:
 
 
 def test_the_operator_sets_exactly_the_contract_environment() -> None:
-    from reprieve_operator.builders import worker_env
+    from reprieve_operator.policy.builders import worker_env
 
     names = {e["name"] for e in worker_env(_minimal_job(), 1, 1)}
     assert names - OPERATOR_SETS == set(), "the operator sets names docs/contract.toml does not list"
@@ -84,8 +84,8 @@ def test_the_runtime_reads_every_contract_variable_and_no_unlisted_one() -> None
 
 def test_defaults_agree_on_both_sides() -> None:
     from reprieve.config import RuntimeConfig
-    from reprieve_operator.builders import NOTICE_FILE, SERVICEACCOUNT_DIR, worker_env
     from reprieve_operator.models import RESTART_CODE_MAX, RESTART_CODE_MIN
+    from reprieve_operator.policy.builders import NOTICE_FILE, SERVICEACCOUNT_DIR, worker_env
 
     runtime = RuntimeConfig.from_env({})
     operator = {e["name"]: e.get("value") for e in worker_env(_minimal_job(), 0, 1)}
@@ -216,7 +216,7 @@ def test_the_assignment_the_operator_writes_is_what_each_process_runs() -> None:
     name is the one reprieve-run watches; a pod the assignment does not list runs nothing."""
     from reprieve.config import RuntimeConfig
     from reprieve.supervisor import contract
-    from reprieve_operator import builders
+    from reprieve_operator.policy import builders
 
     job = _minimal_job()
     cm = builders.build_assignment(job, 3, {"j-0": 0, "j-spare-x1": 1}, "j-0.j.ns.svc:8476",
@@ -243,7 +243,7 @@ def test_the_exit_reprieve_run_reports_is_what_the_operator_reads(code: int, agr
     from datetime import UTC, datetime
 
     from reprieve.supervisor import contract
-    from reprieve_operator import builders
+    from reprieve_operator.policy import builders
     from reprieve_operator.policy.views import compact_pod, pod_view
 
     now = 1_764_000_000.0
@@ -263,7 +263,7 @@ def test_the_last_step_a_survivor_leaves_is_what_the_operator_folds(tmp_path: Pa
     pod to ``views.last_steps`` (docs/contract.md)."""
     from reprieve.peers import write_termination_message
     from reprieve.supervisor import contract
-    from reprieve_operator import builders
+    from reprieve_operator.policy import builders
     from reprieve_operator.policy.views import compact_pod, last_steps
 
     in_place = builders.build_worker_pod(_minimal_job(), 1, 2)

@@ -10,9 +10,10 @@ import json
 import logging
 from typing import Any
 
-from . import apply, builders
+from . import apply
 from .cache import Key
 from .models import TrainingJob
+from .policy import builders
 from .policy.inplace import Assignment
 
 log = logging.getLogger("reprieve_operator")

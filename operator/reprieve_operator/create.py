@@ -18,10 +18,10 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from . import apply, builders
+from . import apply
 from .clock import SYSTEM
 from .models import TrainingJob
-from .policy import memorypeers
+from .policy import builders, memorypeers
 from .policy.create import TRANSIENT, Refusal, classify_refusal, refused
 from .policy.decide import Outcome
 from .policy.restart import RestartPlan

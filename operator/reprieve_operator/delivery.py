@@ -19,9 +19,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import ANNOTATION_NOTICE, apply, metrics
-from .builders import job_ref
 from .clock import SYSTEM
 from .models import TrainingJob
+from .policy.builders import job_ref
 from .policy.notice import (
     decide_notice,
     is_open,

@@ -1,14 +1,17 @@
-"""One reconcile pass of one TrainingJob: read it, its pods, its assignment and the nodes; decide its whole
-outcome (``policy.decide``, pure); carry that outcome out in its fixed order (:func:`apply_outcome`).
+"""One reconcile pass of one TrainingJob: read it, its pods, its assignment, its queue (``kueue.read``) and the
+nodes; decide its whole outcome (``policy.decide``, pure); carry that outcome out in its fixed order
+(:func:`apply_outcome`).
 
 When a pass runs is the queue's (``workqueue``: locks, coalescing, requeues, the resync); what a create does and
-what its refusal leads to, ``create``'s. Status is written here only, by carrying out an outcome.
+what its refusal leads to, ``create``'s. Status is written here only, by carrying out an outcome: its ``record`` and
+its final ``status``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -16,12 +19,13 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from . import apply, builders, kueue, metrics
+from . import apply, kueue, metrics
 from .clock import SYSTEM
 from .create import create
 from .models import TrainingJob, spec_error
-from .policy import memorypeers, views
-from .policy.decide import Outcome, View, decide, failed
+from .policy import builders, memorypeers, views
+from .policy.decide import Outcome, View, decide, failed, workload_refused
+from .policy.kueue import WorkloadOp
 from .policy.pairing import MEMORY_PORT
 from .policy.restart import RestartPlan
 from .state import State
@@ -32,8 +36,9 @@ PROBE_TIMEOUT_SECONDS = 2.0  # a silent peer's pod that does not answer a connec
 
 
 async def reconcile(state: State, namespace: str, name: str, fresh: bool = False) -> RestartPlan | None:
-    """Read the job, its pods, its assignment and the nodes; decide the whole outcome (``decide``); apply it in
-    its fixed order. Returns the plan (None if there is no job). Run by ``state.queue`` (under the job's lock)."""
+    """Read the job, its pods, its assignment, its queue and the nodes; decide the whole outcome (``decide``, with
+    the further reads it asks for); apply it in its fixed order (:func:`apply_outcome`). Returns the plan (None if
+    there is no job). Run by ``state.queue`` (under the job's lock)."""
     api, key = state.api, (namespace, name)
     body = await apply.run(apply.get_job, api, namespace, name)
     if body is None:
@@ -53,9 +58,8 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
         listed = await apply.run(apply.list_job_pods, api, namespace, name)
         state.cache.replace_job_pods(namespace, name, listed)
     raw_pods = state.cache.pods_of(namespace, name)
-    now = SYSTEM.now()
-    gate = await kueue.gate_for(state, body, job, raw_pods, now) if state.kueue else None
-    view = View(job=job, pods=raw_pods, now=now, kueue=gate,
+    now, queued = SYSTEM.now(), await apply.run(kueue.read, api, body, job) if state.kueue else None
+    view = View(job=job, pods=raw_pods, now=now, kueue=queued,
                 assignment=await state.assignments.current(api, job) if builders.in_place(job) else None,
                 known_nodes=state.cache.nodes if state.cache.primed else None,
                 doomed=state.nodes.doomed(job, now), last_commit_event=state.commits.last(key),
@@ -119,8 +123,8 @@ async def read_nodes(state: State, names: set[str], limit: int = NODE_READS) -> 
 
 async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[str, Any]],
                         outcome: Outcome) -> RestartPlan:
-    """Carry ``outcome`` out in the order ``policy.decide`` documents; a refused create's own outcome replaces
-    the steps after it."""
+    """Carry ``outcome`` out in the order ``policy.decide`` documents; a refused create's or Workload's own outcome
+    replaces the steps after it."""
     api, job, plan = state.api, outcome.job, outcome.plan
     meta = body["metadata"]
     ns, name, ref = meta["namespace"], meta["name"], builders.job_ref(body)
@@ -139,6 +143,9 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
         log.info("TrainingJob %s/%s: %s", ns, name, outcome.log)
     if outcome.assign_first:
         await _assign(state, ref, outcome)
+    if outcome.annotate:
+        await apply.gather([functools.partial(apply.annotate_pod, api, ns, n, dict(a))
+                            for n, a in outcome.annotate.items()])
     if outcome.create:
         assert job is not None, "pods to create without a job"
         made: list[dict[str, Any]] = []
@@ -159,14 +166,22 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
                             for n in outcome.delete])
     if outcome.assign is not None and not outcome.assign_first:
         await _assign(state, ref, outcome)
+    for op in outcome.workload:
+        try:
+            await _write_workload(state, ref, op)
+        except kueue.Refused as err:
+            instead = workload_refused(outcome, op.name, str(err), SYSTEM.now())
+            return await apply_outcome(state, body, raw_pods, instead)
     if outcome.status:
         await apply.run(apply.patch_job_status, api, ns, name, dict(outcome.status))
-        for ev in outcome.status_events:
-            if ev.reason == "CheckpointCommitted":
-                state.commits.posted(key, outcome.decided_at)
-            await apply.run(apply.post_event, api, ref, ev.reason, ev.message, ev.type)
-        if outcome.status.get("phase") in ("Succeeded", "Failed"):
-            state.commits.forget(key)
+    for ev in outcome.status_events:  # a Queued condition's change may be written by the record alone
+        if ev.reason == "CheckpointCommitted":
+            state.commits.posted(key, outcome.decided_at)
+        await apply.run(apply.post_event, api, ref, ev.reason, ev.message, ev.type, ev.name)
+    if outcome.status.get("phase") in ("Succeeded", "Failed"):
+        state.commits.forget(key)
+    if outcome.finish is not None:
+        await _write_workload(state, ref, outcome.finish)
     if outcome.requeue_after is not None:
         state.queue.requeue(ns, name, outcome.requeue_after)
     return plan
@@ -184,6 +199,21 @@ async def _assign(state: State, ref: dict[str, Any], outcome: Outcome) -> None:
         ev = outcome.assigned_event
         await apply.run(apply.post_event, state.api, ref, ev.reason, ev.message)
         log.info("TrainingJob %s/%s: %s", ref["namespace"], ref["name"], ev.message)
+
+
+async def _write_workload(state: State, ref: dict[str, Any], op: WorkloadOp) -> None:
+    """One Workload write (``kueue.write``), then what it says and its Event; a Workload that changed meanwhile
+    is looked at again."""
+    ns, name = ref["namespace"], ref["name"]
+    if not await apply.run(kueue.write, state.api, ns, op):
+        state.queue.requeue(ns, name, op.conflict_requeue or 0.5)
+        return
+    if op.log:
+        log.info("TrainingJob %s/%s: %s", ns, name, op.log)
+    if op.event is not None:
+        await apply.run(apply.post_event, state.api, ref, op.event.reason, op.event.message, op.event.type)
+    if op.requeue_after is not None:
+        state.queue.requeue(ns, name, op.requeue_after)
 
 
 def _count(namespace: str, name: str, kind: str, label: str) -> None:

@@ -71,6 +71,9 @@ def test_a_kueue_preemption_saves_releases_the_quota_and_resumes_without_losing_
     st = final["status"]
     assert st["lastNotice"]["reason"] == "kueue-preemption", st
     assert st["attempt"] == 2, st
+    assert (st["restarts"]["preemption"], st["restartCount"]) == (1, 1), st  # the eviction: one preemption restart
+    for job in ("boss", "victim"):  # the quota is freed by the pass that ends the job (issue #46, item 12)
+        assert _finished_after(cluster, namespace, job) <= 1.0
     report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
     assert [i.lost_steps for i in report.interruptions] == [0], report.summary()
     cut = report.interruptions[0]
@@ -98,3 +101,19 @@ def _submit_queued(cluster: Any, namespace: str, name: str, root: Path, queue: s
     body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue, "kueue.x-k8s.io/priority-class": prio}
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
     return ckpt
+
+
+def _finished_after(cluster: Any, namespace: str, job: str) -> float:
+    """Seconds from the job's ``completionTime`` to its Workload's ``Finished=True`` (both RFC 3339 seconds)."""
+    from datetime import datetime
+
+    def at(value: str) -> float:
+        return datetime.fromisoformat(value).timestamp()
+
+    tj = get_tj(cluster, namespace, job)
+    wl = json.loads(cluster.kubectl("get", "workloads", "-n", namespace, "-l", f"reprieve.dev/job-name={job}",
+                                    "-o", "json").stdout)["items"]
+    assert len(wl) == 1, [w["metadata"]["name"] for w in wl]
+    fin = next((c for c in wl[0]["status"].get("conditions") or [] if c["type"] == "Finished"), None)
+    assert fin is not None and fin["status"] == "True", wl[0]["status"]
+    return at(fin["lastTransitionTime"]) - at(tj["status"]["completionTime"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from op_jobs import make_job
-from reprieve_operator.builders import build_identity, build_service, build_worker_pod
+from reprieve_operator.policy.builders import build_identity, build_service, build_worker_pod
 
 pytestmark = pytest.mark.unit
 

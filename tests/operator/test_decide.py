@@ -18,6 +18,7 @@ from op_jobs import make_job
 from reprieve_operator.policy.decide import WAIT_SECONDS, Counter, View, decide
 from reprieve_operator.policy.events import Event
 from reprieve_operator.policy.inplace import Assignment
+from reprieve_operator.policy.kueue import Read
 from reprieve_operator.policy.views import GonePod, compact_pod
 
 pytestmark = pytest.mark.unit
@@ -79,6 +80,9 @@ class Row:
     requeue: float | None = None
     look: frozenset[str] = frozenset()
     placement: bool = False
+    workload: tuple[str, ...] = ()  # the Workload writes before the status, by verb (Kueue)
+    finish: bool = False  # the Workload finished after the status (Kueue)
+    annotate: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pod -> the annotations it is given
 
 
 def _view(j: Any, pods: list[dict[str, Any]], **kw: Any) -> View:
@@ -102,6 +106,129 @@ def _gone_restart(gone_attempt: int, doomed: str, cause: str) -> Row:
 IGNORE_KILL = {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [137]}}
 ASSIGNED = Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476")
 IP_RUN = {**RUN}
+
+# -- Kueue: what a queued job's Workload, as read, leads to ------------------------------------------------------
+
+def cond(type_: str, status: bool, reason: str = "", message: str = "", at: str = "2026-11-24T05:00:00Z") -> dict:
+    return {"type": type_, "status": "True" if status else "False", "reason": reason, "message": message,
+            "lastTransitionTime": at}
+
+
+def workload(*conds: dict[str, Any], counts: dict[str, int] | None = None, queue: str = "team",
+             annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {"conditions": list(conds)}
+    if any(c["type"] == "QuotaReserved" and c["status"] == "True" for c in conds):
+        status["admission"] = {"clusterQueue": "cq", "podSetAssignments": [
+            {"name": "workers", "flavors": {"cpu": "default"}, "count": 2}]}
+    return {"metadata": {"name": "trainingjob-llama-uid-l", "namespace": "ml", "resourceVersion": "7",
+                         "annotations": annotations or {}},
+            "spec": {"queueName": queue, "podSets": [{"name": n, "count": c}
+                                                     for n, c in (counts or {"workers": 2}).items()]},
+            "status": status}
+
+
+EVICTED_AT = "2026-11-24T05:59:50Z"
+WL_PENDING = workload(cond("QuotaReserved", False, "Pending", "couldn't assign flavors to pod set workers: "
+                                                              "insufficient quota for cpu in flavor default"))
+WL_TOO_BIG = workload(cond("QuotaReserved", False, "Pending", "couldn't assign flavors to pod set spares: "
+                           "insufficient quota for cpu in flavor default, previously considered podsets requests (2) "
+                           "+ current podset request (1) > maximum capacity (2)"), counts={"workers": 2, "spares": 1})
+WL_ADMITTED = workload(cond("QuotaReserved", True, "QuotaReserved"), cond("Admitted", True, "Admitted"))
+WL_EVICTED = workload(cond("QuotaReserved", True, "QuotaReserved"), cond("Admitted", True, "Admitted"),
+                      cond("Evicted", True, "Preempted", "Preempted to accommodate a higher priority", EVICTED_AT))
+WL_RELEASED = workload(cond("QuotaReserved", False, "Pending", "Preempted"),
+                       cond("Evicted", True, "Preempted", "Preempted", EVICTED_AT))
+DEFAULT_FLAVOR = {"default": {"spec": {}}}
+QUEUED_COND = {"type": "Queued", "status": "True", "reason": "Pending", "message": "waiting",
+               "lastTransitionTime": "2026-11-24T05:00:00Z"}
+ADMITTED_RUN = {**RUN, "conditions": [{"type": "Queued", "status": "False", "reason": "Admitted",
+                                       "message": "admitted by ClusterQueue cq on flavor(s) default",
+                                       "lastTransitionTime": "2026-11-24T05:00:00Z"}]}
+EXITED_42 = [pod("llama-0", 0, phase="Failed", code=42), pod("llama-1", 1, phase="Failed", code=42)]
+NOTICE_KEYS = ("reprieve.dev/notice",)
+
+
+def queued(wl: dict[str, Any] | None, *, flavors: dict[str, Any] | None = None, **kw: Any) -> Read:
+    return Read("team", workload=wl, flavors=DEFAULT_FLAVOR if flavors is None and wl is not None else flavors or {},
+                **kw)
+
+
+KUEUE_ROWS = {
+    "queued, no Workload yet: held, the Workload created before the status that says so": Row(
+        _view(job(), [], kueue=queued(None)), workload=("create",),
+        status={"phase": "Suspended"}, status_events=("WorkloadCreating",)),
+    "queued, its WorkloadPriorityClass missing: held with a Warning, nothing created": Row(
+        _view(job(), [], kueue=queued(None, priority_class="low")),
+        status={"phase": "Suspended"}, status_events=("PriorityClassNotFound",)),
+    "queued, Kueue not installed: held with a Warning, nothing created": Row(
+        _view(job(), [], kueue=Read("team", served=False)),
+        status={"phase": "Suspended"}, status_events=("KueueNotInstalled",)),
+    "queued, waiting for quota: held, Kueue's words": Row(
+        _view(job(), [], kueue=queued(WL_PENDING)), status={"phase": "Suspended"}, status_events=("Pending",)),
+    "queued, the spares' pod set larger than the ClusterQueue can ever hold: a Warning that says what to change": Row(
+        _view(job(restartMode="InPlace", spares=1), [], kueue=queued(WL_TOO_BIG)),
+        status={"phase": "Suspended"}, status_events=("Pending",)),
+    "spares edited while queued: the Workload is replaced": Row(
+        _view(job(restartMode="InPlace", spares=1), [], kueue=queued(WL_PENDING)), workload=("delete",),
+        status={"phase": "Suspended"}, status_events=("WorkloadReplaced",)),
+    "the queue label edited while queued: the Workload moves": Row(
+        _view(job(), [], kueue=queued(workload(queue="old"))), workload=("patch",),
+        status={"phase": "Suspended"}, status_events=("Pending",)),
+    "the queue label removed: the Workload is deleted, the job runs unqueued": Row(
+        _view(job({"conditions": [QUEUED_COND]}), [], kueue=Read(None)), workload=("delete",), create=2,
+        dry_run=True, created_event="attempt 1: created 2 worker pod(s)", status={"phase": "Pending"}),
+    "admitted: the gang starts, the condition's Event": Row(
+        _view(job(), [], kueue=queued(WL_ADMITTED)), create=2, dry_run=True,
+        created_event="attempt 1: created 2 worker pod(s)", status={"phase": "Pending", "attempt": 1},
+        status_events=("Admitted",)),
+    "admitted, a commit: the last checkpoint on the Workload and the pods": Row(
+        _view(job({**ADMITTED_RUN, "lastCheckpointStep": 100, "lastCheckpointTime": "2026-11-24T05:59:00Z"}),
+              [P0, P1], kueue=queued(WL_ADMITTED)), workload=("patch",),
+        annotate={"llama-0": ("reprieve.dev/last-checkpoint",), "llama-1": ("reprieve.dev/last-checkpoint",)}),
+    "evicted, the gang runs: the notice to every pod, lastNotice, one PreemptionNotice; looked at at the deadline": Row(
+        _view(job(ADMITTED_RUN), [P0, P1], kueue=queued(WL_EVICTED)),
+        annotate={"llama-0": NOTICE_KEYS, "llama-1": NOTICE_KEYS},
+        status={"phase": "Preempting", "lastNotice": {
+            "id": "kueue-preemption/trainingjob-llama-uid-l/1795499990", "node": "", "reason": "kueue-preemption",
+            "deadline": "2026-11-24T06:00:50Z", "observedAt": EVICTED_AT, "attempt": 1,
+            "deliveredAt": "2026-11-24T06:00:00Z"}},
+        status_events=("Evicted", "PreemptionNotice"), requeue=50.0),
+    # issue #46, item 12: a Kueue preemption and resume is a preemption restart, counted once
+    "evicted, the gang exited on its notice: a preemption restart recorded, held, the pods go": Row(
+        _view(job({**ADMITTED_RUN, "lastNotice": {"id": "x", "reason": "kueue-preemption", "node": "",
+                                                  "deadline": "2026-11-24T06:00:50Z", "observedAt": EVICTED_AT,
+                                                  "attempt": 1}}),
+              EXITED_42, kueue=queued(WL_EVICTED)),
+        record={"phase": "Suspended", "restarts": {"preemption": 1, "failure": 0, "disruption": 0},
+                "restartCount": 1},
+        record_event=Event("GangRestart", "", "Normal"), counter=Counter("restart", "preemption"),
+        delete=("llama-0", "llama-1"), requeue=WAIT_SECONDS, status_events=("Evicted",)),
+    "evicted past restartPolicy.maxPreemptionRestarts: Failed, and its Workload finished in the same pass": Row(
+        _view(job({**ADMITTED_RUN, "restarts": {"preemption": 1}}, restartPolicy={"maxPreemptionRestarts": 1}),
+              EXITED_42, kueue=queued(WL_EVICTED)),
+        record={"phase": "Failed", "restarts": {"preemption": 2, "failure": 0, "disruption": 0}},
+        record_event=Event("TooManyPreemptions", "", "Warning"), counter=Counter("failed", "TooManyPreemptions"),
+        finish=True),
+    "evicted and every pod gone: the quota given back": Row(
+        _view(job({**ADMITTED_RUN, "phase": "Suspended"}), [], kueue=queued(WL_EVICTED)), workload=("status",),
+        status_events=("Evicted",)),
+    "held after an eviction, admitted again: the next attempt, no second count": Row(
+        _view(job({**RUN, "phase": "Suspended", "restarts": {"preemption": 1}, "conditions": [
+            {**QUEUED_COND, "reason": "Evicted", "message": "Kueue evicted Workload trainingjob-llama-uid-l"}]}), [],
+              kueue=queued(WL_ADMITTED)),
+        create=2, dry_run=True, created_event="attempt 2: created 2 worker pod(s)",
+        status={"phase": "Pending", "attempt": 2}, status_events=("Admitted",)),
+    # issue #46, item 12: the pass that ends the job finishes its Workload (no later pass need come)
+    "admitted, all exit 0: Succeeded, and the Workload finished in the same pass": Row(
+        _view(job(ADMITTED_RUN), [pod("llama-0", 0, phase="Succeeded", code=0),
+                                  pod("llama-1", 1, phase="Succeeded", code=0)], kueue=queued(WL_ADMITTED)),
+        status={"phase": "Succeeded"}, status_events=("Succeeded",), finish=True),
+    "ended before, its Workload not finished yet: finished now": Row(
+        _view(job({**ADMITTED_RUN, "phase": "Succeeded"}), [], kueue=queued(WL_ADMITTED)), finish=True),
+    "ended, its Workload finished: nothing": Row(
+        _view(job({**ADMITTED_RUN, "phase": "Failed"}), [],
+              kueue=queued(workload(cond("Finished", True, "Failed", "Job failed"))))),
+}
 
 ROWS = {
     "new job: pods created after a dry run, AttemptStarted, Pending": Row(
@@ -222,6 +349,7 @@ ROWS = {
               [pod("llama-0", 0, annotations=exit_report(1, 0)), pod("llama-1", 1, annotations=exit_report(1, 0)),
                pod("llama-spare-a", -1, role="spare")], assignment=ASSIGNED),
         delete=("llama-spare-a",), status={"phase": "Succeeded"}, status_events=("Succeeded",)),
+    **KUEUE_ROWS,
 }
 
 
@@ -255,6 +383,9 @@ def test_decide(name: str) -> None:
     assert {k: out.status.get(k) for k in row.status} == row.status, out.status
     assert tuple(e.reason for e in out.status_events) == row.status_events, out.status_events
     assert out.requeue_after == pytest.approx(row.requeue) if row.requeue is not None else out.requeue_after is None
+    assert tuple(op.verb for op in out.workload) == row.workload, out.workload
+    assert (out.finish is not None) == row.finish, out.finish
+    assert {n: tuple(a) for n, a in out.annotate.items()} == row.annotate, out.annotate
 
 
 @pytest.mark.parametrize("name", list(ROWS))
@@ -375,3 +506,35 @@ def test_a_survivors_last_step_reaches_the_goodput_accounting(mode: str) -> None
     opened = out.status["goodput"]["accounting"]["open"]
     assert [(a["attempt"], a["report"]["step"], a["report"]["time"]) for a in opened if "report" in a] == \
         [(1, 49, t0 + 54)], out.status
+
+
+def test_a_workload_that_can_never_fit_says_what_to_change() -> None:
+    out = decide(KUEUE_ROWS["queued, the spares' pod set larger than the ClusterQueue can ever hold: a Warning that "
+                            "says what to change"].view)
+    (ev,) = out.status_events
+    assert ev.type == "Warning" and "> maximum capacity (2)" in ev.message, ev
+    assert "lower spec.replicas (2) + spec.spares (1" in ev.message and "nominalQuota" in ev.message, ev
+
+
+def test_an_eviction_notice_is_a_notice_like_a_nodes() -> None:
+    """One kind of notice: the annotation a node's notice has, its Event named as ``policy.notice`` names one."""
+    out = decide(KUEUE_ROWS["evicted, the gang runs: the notice to every pod, lastNotice, one PreemptionNotice; "
+                            "looked at at the deadline"].view)
+    value = json.loads(out.annotate["llama-0"]["reprieve.dev/notice"])
+    assert value == {"id": "kueue-preemption/trainingjob-llama-uid-l/1795499990", "reason": "kueue-preemption",
+                     "node": "", "deadline": "2026-11-24T06:00:50Z", "observedAt": EVICTED_AT, "attempt": 1}
+    notice = out.status_events[-1]
+    assert notice.reason == "PreemptionNotice" and notice.name is not None and ".notice-1-" in notice.name
+    assert "save by 2026-11-24T06:00:50Z" in notice.message
+
+
+def test_a_refused_workload_rewrites_only_the_queued_condition() -> None:
+    from reprieve_operator.policy.decide import workload_refused
+
+    out = decide(KUEUE_ROWS["queued, no Workload yet: held, the Workload created before the status that says "
+                            "so"].view)
+    instead = workload_refused(out, "trainingjob-llama-uid-l", "admission webhook denied", NOW)
+    conds = {c["type"]: c for c in instead.status["conditions"]}
+    assert (conds["Queued"]["reason"], instead.status["phase"]) == ("WorkloadRefused", "Suspended")
+    assert [(e.reason, e.type) for e in instead.status_events] == [("WorkloadRefused", "Warning")]
+    assert instead.workload == () and instead.create == ()

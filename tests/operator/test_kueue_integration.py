@@ -139,6 +139,44 @@ def _watch_reports(cluster: Any, namespace: str, job: str) -> dict[str, dict[str
     return seen
 
 
+def _watch_ends(cluster: Any, namespace: str) -> dict[str, dict[str, float]]:
+    """Job name -> when this test first saw its TrainingJob end (``ended``: phase Succeeded or Failed) and its
+    Workload ``Finished=True`` (``finished``), by ``time.monotonic()`` on the two watches' arrival: what a person
+    waiting for the quota sees (issue #46, item 12: a Workload finished only by a later, unrelated pass)."""
+    from kubernetes import client
+
+    seen: dict[str, dict[str, float]] = {}
+    api = client.CustomObjectsApi(cluster.api_client())
+
+    def job_event(ev: dict[str, Any]) -> None:
+        obj = ev["object"]
+        if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            seen.setdefault(obj["metadata"]["name"], {}).setdefault("ended", time.monotonic())
+
+    def workload_event(ev: dict[str, Any]) -> None:
+        obj = ev["object"]
+        job = (obj["metadata"].get("labels") or {}).get("reprieve.dev/job-name")
+        if job and _cond(obj, "Finished").get("status") == "True":
+            seen.setdefault(job, {}).setdefault("finished", time.monotonic())
+
+    _watch(api.list_namespaced_custom_object, "reprieve.dev", "v1alpha1", namespace, "trainingjobs",
+           on_event=job_event)
+    _watch(api.list_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2", namespace, "workloads",
+           on_event=workload_event)
+    return seen
+
+
+def _assert_finished_within(ends: dict[str, dict[str, float]], jobs: list[str], op: Operator,
+                            seconds: float = 1.0) -> None:
+    """Every one of ``jobs`` ended and its Workload finished within ``seconds`` of the end."""
+    wait_for(lambda: all("ended" in ends.get(j, {}) for j in jobs), 90, f"{jobs} ended", describe=lambda: op.tail(40))
+    wait_for(lambda: all("finished" in ends[j] for j in jobs), 90, f"the Workloads of {jobs} finished",
+             describe=lambda: f"{ends}\n{op.tail(40)}")
+    late = {j: round(ends[j]["finished"] - ends[j]["ended"], 2) for j in jobs
+            if ends[j]["finished"] - ends[j]["ended"] > seconds}
+    assert not late, f"Workloads finished more than {seconds} s after their job ended: {late}"
+
+
 def _setup_queue(kueue: Any, namespace: str, tag: str, cpu: str) -> str:
     cq = f"cq-{namespace}"
     kueue.apply(resource_flavor(f"f-{namespace}", {"reprieve-test": tag}), cluster_queue(cq, f"f-{namespace}", cpu))
@@ -186,6 +224,7 @@ def test_a_kueue_preemption_is_a_notice_the_gang_saves_on_before_the_quota_is_gi
     kueue.apply(local_queue(namespace, "lq", cq), priority_class(f"low-{namespace}", 100),
                 priority_class(f"high-{namespace}", 1000))
     exits = _watch_exits(cluster, namespace, "low")
+    ends = _watch_ends(cluster, namespace)
     apply(cluster, _queued("low", namespace, "lq", prio=f"low-{namespace}", replicas=2, save_seconds=1.0))
     wait_for(lambda: len([p for p in _pods(cluster, namespace, "low")
                           if p["status"].get("phase") == "Running"]) == 2, 60, "the low job running",
@@ -226,6 +265,28 @@ def test_a_kueue_preemption_is_a_notice_the_gang_saves_on_before_the_quota_is_gi
              describe=lambda: kueue_operator.tail(60))
     st = _get(cluster, "trainingjob", "low", namespace)["status"]
     assert st["lastNotice"]["reason"] == "kueue-preemption"
+    # the eviction and the resume are one preemption restart (issue #46, item 12)
+    assert (st["restarts"]["preemption"], st["restartCount"]) == (1, 1), st
+    _assert_finished_within(ends, ["high"], kueue_operator)
+    kueue_operator.assert_no_errors()
+
+
+def test_every_ended_jobs_workload_is_finished_within_a_second_of_its_end(
+        cluster: Any, kueue: Any, kueue_operator: Operator, namespace: str, nodes: list[str]) -> None:
+    """Succeeded and Failed, one pod and two: the pass that ends the job finishes its Workload, so Kueue frees the
+    quota at once (before: only a pass that *started* with the job ended did, and none need come for a minute).
+    Each job has one pod event that ends it and no later one, the case the old code left waiting."""
+    tag = cluster.kubectl("get", "node", nodes[0], "-o", "jsonpath={.metadata.labels.reprieve-test}").stdout
+    cq = _setup_queue(kueue, namespace, tag, "4")
+    kueue.apply(local_queue(namespace, "lq", cq))
+    ends = _watch_ends(cluster, namespace)
+    jobs = {"ok-1": {"replicas": 1, "mode": "exit:0"}, "ok-2": {"replicas": 2, "mode": "exit:0"},
+            "bad-1": {"replicas": 1, "mode": "exit:1", "restartPolicy": {"maxFailures": 0}}}
+    for name, kw in jobs.items():
+        apply(cluster, _queued(name, namespace, "lq", **kw))
+    _assert_finished_within(ends, list(jobs), kueue_operator)
+    phases = {j: _get(cluster, "trainingjob", j, namespace)["status"]["phase"] for j in jobs}
+    assert phases == {"ok-1": "Succeeded", "ok-2": "Succeeded", "bad-1": "Failed"}, phases
     kueue_operator.assert_no_errors()
 
 
@@ -404,5 +465,6 @@ def test_an_in_place_gang_with_a_spare_saves_on_a_kueue_eviction_before_the_quot
                   s.get("phase") == "Running" and s, 90, "the low job's attempt 2 running",
                   describe=lambda: kueue_operator.tail(60))
     assert st["lastNotice"]["reason"] == "kueue-preemption"
+    assert (st["restarts"]["preemption"], st["restartCount"]) == (1, 1), st  # one preemption restart
     assert len(_pods(cluster, namespace, "low")) == 3  # workers and the spare again
     kueue_operator.assert_no_errors()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from op_jobs import make_job
 from reprieve_operator.policy import kueue
+from reprieve_operator.policy import workload as workloads
 from reprieve_operator.policy.decide import View, decide
 from test_decide import RUN, pod
 
@@ -77,7 +78,7 @@ SPOT = {"spec": {"nodeLabels": {"pool": "spot"}, "tolerations": [
     (FINISHED, {}, {}, True, "WorkloadFinished", "bad flavor"),
 ])
 def test_gate(wl: dict | None, flavors: dict, spec: dict, hold: bool, reason: str, says: str) -> None:
-    g = kueue.gate(job(template_spec=spec), "team", kueue.parse_workload(wl) if wl else None, flavors, NOW)
+    g = kueue.gate(job(template_spec=spec), "team", workloads.parse_workload(wl) if wl else None, flavors, NOW)
     assert (g.hold, g.condition.reason) == (hold, reason)
     assert says in g.condition.message
     assert g.condition.status == ("True" if hold else "False")
@@ -86,31 +87,34 @@ def test_gate(wl: dict | None, flavors: dict, spec: dict, hold: bool, reason: st
 @pytest.mark.parametrize(("message", "warning"), [
     ("couldn't assign flavors to pod set workers: flavor gpu doesn't match node affinity", True),
     ("couldn't assign flavors to pod set workers: untolerated taint {spot true NoSchedule <nil>} in flavor spot", True),
+    # more than the ClusterQueue can ever hold: it will not clear by itself either (issue #46, item 12)
     (("couldn't assign flavors to pod set workers: flavor gpu doesn't match node affinity, insufficient quota for "
-      "cpu in flavor spot, request > maximum capacity (2 > 1)"), False),
+      "cpu in flavor spot, request > maximum capacity (2 > 1)"), True),
+    (("couldn't assign flavors to pod set spares: insufficient quota for cpu in flavor default, previously "
+      "considered podsets requests (4) + current podset request (1) > maximum capacity (4)"), True),
     ("couldn't assign flavors to pod set workers: insufficient quota for cpu in flavor default", False),
     ("LocalQueue team doesn't exist", False),
 ])
 def test_a_flavor_that_cannot_run_the_template_is_a_warning(message: str, warning: bool) -> None:
     wl = workload(cond("QuotaReserved", False, "Pending", message))
-    g = kueue.gate(job(), "team", kueue.parse_workload(wl), {}, NOW)
+    g = kueue.gate(job(), "team", workloads.parse_workload(wl), {}, NOW)
     assert (g.hold, g.condition.reason, g.warning) == (True, "Pending", warning)
     assert message in g.condition.message
 
 
 def test_an_eviction_of_a_job_with_notices_off_stops_it_at_once() -> None:
     j = job(RUN, preemption={"enabled": False})
-    g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
+    g = kueue.gate(j, "team", workloads.parse_workload(EVICTED), {}, NOW)
     assert g.notice is None and g.deadline is None and g.release
     assert "spec.preemption.enabled: false" in g.condition.message
-    assert kueue.notice_annotation(g, 1) is None
+    assert kueue.eviction_notice(g) is None
     out = decide(View(job=j, pods=[pod("llama-0", 0), pod("llama-1", 1)], now=NOW,
-                      known_nodes={"n-llama-0", "n-llama-1"}, placed=True, looked=True, kueue=g))
+                      known_nodes={"n-llama-0", "n-llama-1"}, placed=True, looked=True, kueue=read(EVICTED, {})))
     assert tuple(sorted(out.delete)) == ("llama-0", "llama-1") and out.plan.phase == "Suspended"
 
 
 def test_an_admission_gives_the_flavors_node_labels_and_tolerations() -> None:
-    g = kueue.gate(job(), "team", kueue.parse_workload(ADMITTED), {"spot": SPOT}, NOW)
+    g = kueue.gate(job(), "team", workloads.parse_workload(ADMITTED), {"spot": SPOT}, NOW)
     tpl = kueue.admitted_template({"spec": {"containers": [{"name": "t"}], "nodeSelector": {"zone": "a"}}}, g)
     assert tpl["spec"]["nodeSelector"] == {"zone": "a", "pool": "spot"}
     assert tpl["spec"]["tolerations"] == [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]
@@ -118,13 +122,16 @@ def test_an_admission_gives_the_flavors_node_labels_and_tolerations() -> None:
 
 def test_an_eviction_gives_a_notice_with_the_jobs_window() -> None:
     j = job(preemption={"noticeSeconds": {"kueue-preemption": 120}})
-    g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
+    g = kueue.gate(j, "team", workloads.parse_workload(EVICTED), {}, NOW)
     assert g.deadline == datetime(2026, 11, 24, 6, 1, 50, tzinfo=UTC)
-    value = json.loads(kueue.notice_annotation(g, 3) or "{}")
-    assert {k: value[k] for k in ("reason", "deadline", "observedAt", "attempt")} == {
-        "reason": "kueue-preemption", "deadline": "2026-11-24T06:01:50Z", "observedAt": EVICTED_AT, "attempt": 3}
+    notice = kueue.eviction_notice(g)
+    assert notice is not None
+    value = json.loads(notice.annotation(3))
+    assert {k: value[k] for k in ("reason", "node", "deadline", "observedAt", "attempt")} == {
+        "reason": "kueue-preemption", "node": "", "deadline": "2026-11-24T06:01:50Z", "observedAt": EVICTED_AT,
+        "attempt": 3}
     assert value["id"] == g.notice_id and g.release
-    default = kueue.gate(job(), "team", kueue.parse_workload(EVICTED), {}, NOW)
+    default = kueue.gate(job(), "team", workloads.parse_workload(EVICTED), {}, NOW)
     assert default.deadline == default.notice.since + timedelta(seconds=kueue.DEFAULT_NOTICE_SECONDS)  # type: ignore[union-attr]
 
 
@@ -135,7 +142,7 @@ def test_an_eviction_gives_a_notice_with_the_jobs_window() -> None:
 def test_the_workload_counts_workers_and_spares(spares: int, mode: str, sets: dict[str, int]) -> None:
     j = job(replicas=4, spares=spares, restartMode=mode, template_spec={"containers": [
         {"name": "t", "command": ["python"], "resources": {"requests": {"cpu": "1"}}}]})
-    wl = kueue.build_workload(j, "team", ("high", 1000))
+    wl = workloads.build_workload(j, "team", ("high", 1000))
     assert {p["name"]: p["count"] for p in wl["spec"]["podSets"]} == sets
     assert wl["spec"]["queueName"] == "team"
     assert wl["spec"]["priority"] == 1000 and wl["spec"]["priorityClassRef"]["name"] == "high"
@@ -146,20 +153,20 @@ def test_the_workload_counts_workers_and_spares(spares: int, mode: str, sets: di
 def test_a_queued_workload_that_no_longer_fits_the_job_is_replaced_an_admitted_one_is_not() -> None:
     j = job(replicas=2, spares=1, restartMode="InPlace", template_spec={"containers": [{"name": "t",
                                                                                         "command": ["x"]}]})
-    assert "spares" in (kueue.needs_new_workload(j, kueue.parse_workload(PENDING)) or "")
-    assert kueue.needs_new_workload(j, kueue.parse_workload(ADMITTED)) is None
-    assert kueue.needs_new_workload(job(), kueue.parse_workload(PENDING)) is None
+    assert "spares" in (kueue.needs_new_workload(j, workloads.parse_workload(PENDING)) or "")
+    assert kueue.needs_new_workload(j, workloads.parse_workload(ADMITTED)) is None
+    assert kueue.needs_new_workload(job(), workloads.parse_workload(PENDING)) is None
 
 
 def test_the_quota_is_given_back_the_way_kueues_job_reconciler_does() -> None:
-    patch = kueue.release_patch(EVICTED, NOW)
+    patch = workloads.release_patch(EVICTED, NOW)
     assert patch is not None
     assert patch["metadata"] == {"resourceVersion": "7"}
     assert patch["status"]["admission"] is None
     got = {c["type"]: (c["status"], c["reason"]) for c in patch["status"]["conditions"]}
     assert got == {"QuotaReserved": ("False", "Pending"), "Admitted": ("False", "NoReservation"),
                    "Evicted": ("True", "Preempted"), "Requeued": ("True", "Preempted")}
-    assert kueue.release_patch(RELEASED, NOW) is None and kueue.release_patch(PENDING, NOW) is None
+    assert workloads.release_patch(RELEASED, NOW) is None and workloads.release_patch(PENDING, NOW) is None
 
 
 def test_the_checkpoint_annotation_says_step_time_and_where() -> None:
@@ -169,8 +176,13 @@ def test_the_checkpoint_annotation_says_step_time_and_where() -> None:
         "step": 40, "time": "2026-11-24T05:58:00Z", "uri": j.spec.checkpoint.uri}
 
 
+def read(wl: dict[str, Any] | None, flavors: dict[str, Any] | None = None) -> kueue.Read:
+    """What the shell reads for a job in LocalQueue ``team`` whose Workload is ``wl``."""
+    return kueue.Read("team", workload=wl, flavors=flavors or {})
+
+
 def _gate(wl: dict[str, Any], flavors: dict | None = None, **spec: Any) -> kueue.Gate:
-    return kueue.gate(job(**spec), "team", kueue.parse_workload(wl), flavors or {"spot": SPOT}, NOW)
+    return kueue.gate(job(**spec), "team", workloads.parse_workload(wl), flavors or {"spot": SPOT}, NOW)
 
 
 @pytest.mark.parametrize(("status", "pods", "wl", "now", "phase", "created", "deleted"), [
@@ -190,15 +202,14 @@ def _gate(wl: dict[str, Any], flavors: dict | None = None, **spec: Any) -> kueue
 def test_decide_under_a_queue(status: dict, pods: list, wl: dict, now: datetime, phase: str, created: int,
                               deleted: tuple[str, ...]) -> None:
     j = job(status)
-    g = kueue.gate(j, "team", kueue.parse_workload(wl), {"spot": SPOT}, now)
     view = View(job=j, pods=pods, now=now, known_nodes={p["spec"]["nodeName"] for p in pods}, placed=True,
-                looked=True, kueue=g)
+                looked=True, kueue=read(wl, {"spot": SPOT}))
     out = decide(view)
     assert out.plan.phase == phase
     assert len(out.create) == created
     assert tuple(sorted(out.delete)) == deleted
-    assert any(c["type"] == "Queued" for c in out.status.get("conditions", [])) or \
-        any(c.type == "Queued" for c in j.status.conditions)
+    written = [*(out.record or {}).get("conditions", []), *out.status.get("conditions", [])]
+    assert any(c["type"] == "Queued" for c in written) or any(c.type == "Queued" for c in j.status.conditions)
     for p in out.create:
         assert p["spec"]["nodeSelector"]["pool"] == "spot"
         assert {"key": "spot", "operator": "Exists", "effect": "NoSchedule"} in p["spec"]["tolerations"]
@@ -206,9 +217,8 @@ def test_decide_under_a_queue(status: dict, pods: list, wl: dict, now: datetime,
 
 def test_an_evicted_gang_still_running_is_looked_at_again_when_its_notice_runs_out() -> None:
     j = job(RUN)
-    g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
     out = decide(View(job=j, pods=[pod("llama-0", 0), pod("llama-1", 1)], now=NOW,
-                      known_nodes={"n-llama-0", "n-llama-1"}, placed=True, looked=True, kueue=g))
+                      known_nodes={"n-llama-0", "n-llama-1"}, placed=True, looked=True, kueue=read(EVICTED, {})))
     assert out.requeue_after == pytest.approx(50.0)
 
 
@@ -220,11 +230,11 @@ def test_without_a_queue_nothing_changes() -> None:
 
 
 def test_an_ended_job_finishes_its_workload_once() -> None:
-    patch = kueue.finish_patch(ADMITTED, "Succeeded", NOW)
+    patch = workloads.finish_patch(ADMITTED, "Succeeded", NOW)
     assert patch is not None
     fin = [c for c in patch["status"]["conditions"] if c["type"] == "Finished"]
     assert [(c["status"], c["reason"]) for c in fin] == [("True", "Succeeded")]
-    assert kueue.finish_patch(FINISHED, "Failed", NOW) is None
+    assert workloads.finish_patch(FINISHED, "Failed", NOW) is None
 
 
 @pytest.mark.parametrize(("status", "body", "not_served"), [
@@ -256,12 +266,14 @@ def test_an_evicted_in_place_gang_is_stopped_once_its_workers_reported(reports: 
     j = job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace",
             template_spec={"containers": [{"name": "t", "command": ["python", "train.py"]}]})
     pods = [pod(f"llama-{i}", i, annotations=exit_report(1, code) if code else None) for i, code in enumerate(reports)]
-    g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
     out = decide(View(job=j, pods=pods, now=NOW, known_nodes={p["spec"]["nodeName"] for p in pods}, placed=True,
-                      looked=True, kueue=g, assignment=Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476")))
+                      looked=True, kueue=read(EVICTED, {}),
+                      assignment=Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476")))
     assert tuple(sorted(out.delete)) == deleted
     assert out.assign is None  # never the next attempt's assignment while evicted
-    assert out.record is None  # nor a gang restart: the one that exited waits for the rest, in its pod
+    # nor a gang restart in place: the one that exited waits for the rest, in its pod; once all exited the
+    # eviction itself is recorded, as a preemption, and the job is held
+    assert (out.record or {}).get("phase") == ("Suspended" if deleted else None), out.record
 
 
 @pytest.mark.parametrize("mode", ["Recreate", "InPlace"])
@@ -279,9 +291,8 @@ def test_an_evicted_gang_is_not_restarted_when_one_worker_fails_while_the_rest_s
     else:
         pods = [pod("llama-0", 0), pod("llama-1", 1, phase="Failed", code=1)]
     j = job({**RUN, "restartMode": mode}, **spec)
-    g = kueue.gate(j, "team", kueue.parse_workload(EVICTED), {}, NOW)
     assignment = Assignment(1, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476") if mode == "InPlace" else None
     out = decide(View(job=j, pods=pods, now=NOW, known_nodes={p["spec"]["nodeName"] for p in pods}, placed=True,
-                      looked=True, kueue=g, assignment=assignment))
+                      looked=True, kueue=read(EVICTED, {}), assignment=assignment))
     assert (out.record, out.assign, out.create, out.delete) == (None, None, (), ())
     assert out.requeue_after == pytest.approx(50.0)  # looked at again when the notice runs out

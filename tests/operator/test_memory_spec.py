@@ -86,7 +86,7 @@ def test_the_worker_pod_gets_a_memory_volume_and_the_memory_environment() -> Non
     from pathlib import Path
 
     from reprieve.memtier.config import MemoryConfig
-    from reprieve_operator.builders import MEMORY_DIR, build_worker_pod
+    from reprieve_operator.policy.builders import MEMORY_DIR, build_worker_pod
 
     table = tomllib.loads((Path(__file__).resolve().parents[2] / "docs/contract.toml").read_text())["memory"]
     pod = build_worker_pod(job({"sizeLimit": "6Gi", "intervalSteps": 10}), 1, 3)
@@ -122,7 +122,7 @@ FIRST_PEER_ROWS: list[tuple[str, int, str | None, int, str | None]] = [
 @pytest.mark.parametrize(("what", "replicas", "name", "index", "peer"), FIRST_PEER_ROWS,
                          ids=[r[0] for r in FIRST_PEER_ROWS])
 def test_the_first_attempts_peer(what: str, replicas: int, name: str | None, index: int, peer: str | None) -> None:
-    from reprieve_operator.builders import build_worker_pod
+    from reprieve_operator.policy.builders import build_worker_pod
 
     body = make_job(replicas=replicas, checkpoint={"uri": "/ckpt", "memory": {"sizeLimit": "1Gi"}},
                     restartMode="InPlace")
@@ -132,7 +132,7 @@ def test_the_first_attempts_peer(what: str, replicas: int, name: str | None, ind
 
 
 def test_the_memory_secret_is_owned_by_the_job_and_holds_the_token_the_pods_read() -> None:
-    from reprieve_operator.builders import build_memory_secret, build_worker_pod
+    from reprieve_operator.policy.builders import build_memory_secret, build_worker_pod
 
     j = job({"sizeLimit": "1Gi"})
     secret = build_memory_secret(j, "s3cret")
@@ -143,7 +143,7 @@ def test_the_memory_secret_is_owned_by_the_job_and_holds_the_token_the_pods_read
 
 
 def test_no_memory_tier_no_memory_volume_nor_environment() -> None:
-    from reprieve_operator.builders import build_worker_pod
+    from reprieve_operator.policy.builders import build_worker_pod
 
     for spec in (None, {"sizeLimit": "1Gi", "enabled": False}):
         pod = build_worker_pod(job(spec), 0, 1)
@@ -156,7 +156,7 @@ def test_the_assignments_memory_peers_reach_each_process_and_survive_an_operator
     operator's own parser (what a restarted operator reads as the previous pairing)."""
     from reprieve.supervisor import contract
     from reprieve_operator.assignment import parse_assignment
-    from reprieve_operator.builders import build_assignment
+    from reprieve_operator.policy.builders import build_assignment
 
     j = job({"sizeLimit": "1Gi"})
     cm = build_assignment(j, 3, {"llama-0": 0, "llama-1": 1}, "10.0.0.1:8476", {0: "10.0.0.2:8477", 1: None},

@@ -110,8 +110,8 @@ def _random_node(rng: random.Random, name: str, now: datetime) -> dict[str, Any]
 
 def test_every_pod_the_builders_make_is_accepted_by_the_api_server(api, namespace, chart) -> None:
     """Property: random jobs x random sets of doomed nodes -> placement -> builder -> a server-side dry run."""
-    from reprieve_operator.builders import build_worker_pod
     from reprieve_operator.models import TrainingJob
+    from reprieve_operator.policy.builders import build_worker_pod
     from reprieve_operator.policy.placement import avoid_nodes
     from reprieve_operator.policy.signals import BUILTIN_SIGNALS
 

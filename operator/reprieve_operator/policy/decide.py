@@ -1,26 +1,35 @@
 """One reconcile's complete outcome, decided in one pure function: ``decide(view) -> Outcome``.
 
-``reconcile`` reads (the job, its cached pods, its assignment, the nodes), calls :func:`decide`, and applies the
-:class:`Outcome` in a fixed order, for both restart modes and both callers (the kopf handler and the pod-event
-kick):
+``reconcile`` reads (the job, its cached pods, its assignment, its queue's Workload, the nodes), calls
+:func:`decide`, and applies the :class:`Outcome` in a fixed order, for both restart modes and both callers (the kopf
+handler and the pod-event kick):
 
 0. ``first_event``: only a failure decided outside the restart policy (:func:`failed`) has one: its reason,
    posted before its status, so whoever sees the Failed phase finds the Event that says why;
 1. ``record``: the status a decided gang restart or failure leads to, written before anything is deleted (a
    crash in between cannot count it twice), then its Event (``record_event``) and its counter;
-2. ``create``: the pods to create (a new gang is dry-run first, with its Service and identity), then
+2. ``annotate``: the pods' annotations (a Kueue eviction's notice, ``policy.notice``'s rule as for a node's; the
+   last checkpoint of a queued job): the running gang learns its deadline before anything else is done;
+3. ``create``: the pods to create (a new gang is dry-run first, with its Service and identity), then
    ``created_event``; in place, the worker Role is rewritten with every pod's name (``role``);
-3. ``force_delete`` (grace 0: pods whose node is gone, no kubelet will confirm) and ``delete``;
-4. ``assign``: the next in-place attempt's assignment, then ``assigned_event``. When every pod it lists already
+4. ``force_delete`` (grace 0: pods whose node is gone, no kubelet will confirm) and ``delete``;
+5. ``assign``: the next in-place attempt's assignment, then ``assigned_event``. When every pod it lists already
    runs and none of them is created, deleted or dry-run here (``assign_first``: a restart in place, a spare taking
-   over), it is written right after step 1 instead: the gang waits for nothing of steps 2-3 (a new spare, the
+   over), it is written right after step 1 instead: the gang waits for nothing of steps 2-4 (a new spare, the
    Role, the doomed pod's deletion), which follow while it restarts;
-5. ``status``: the final merge patch, then ``status_events`` (a commit, success);
-6. ``requeue_after``: look again after this many seconds (a backoff, old pods still draining).
+6. ``workload``: the job's Workload writes (``policy.kueue``: create, replace, move to another LocalQueue, give the
+   quota back, publish the last checkpoint), each then its log line and Event, before the status that describes
+   them;
+7. ``status``: the final merge patch, then ``status_events`` (the ``Queued`` condition's change, a Kueue notice,
+   a commit, success);
+8. ``finish``: the Workload of a job this status ended, marked ``Finished`` so that Kueue frees the quota in this
+   pass (after the status: a Workload is never finished for a job whose status still says it runs);
+9. ``requeue_after``: look again after this many seconds (a backoff, old pods still draining, a notice's end).
 
 The only decisions left to the shell are those an API response makes: a refused create (``policy.create``
-classifies it and decides the refusal's own outcome: :func:`failed`, or a retry with backoff) replaces the steps
-after it. Status is written by carrying out an outcome only.
+classifies it and decides the refusal's own outcome: :func:`failed`, or a retry with backoff) and a refused
+Workload (:func:`workload_refused`) replace the steps after them. Status is written by carrying out an outcome
+only: ``record`` and ``status``, nothing else.
 
 Which reads a decision needs is also decided here: ``look_at_nodes`` (a lost pod's nodes, fresh from the API,
 before a lost pod is counted as preempted or disrupted), ``probe`` (the silent peers' pods a wait is for: does
@@ -33,28 +42,35 @@ an outcome that names no node as it is.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .. import builders
+from .. import ANNOTATION_NOTICE
 from ..models import TrainingJob
-from . import events, memorypeers, podsready, views
+from . import builders, events, kueue, memorypeers, podsready, views
 from .events import Event
 from .inplace import Assignment, InPlace, PodView, decide_inplace
 from .kueue import Gate, admitted_template
+from .notice import decide_notice, notice_event_name, notice_status_patch
 from .restart import (
     DISRUPTION,
     PEER_LOST_WAIT_SECONDS,
+    PREEMPTION,
     TERMINAL_PHASES,
     Condition,
     RestartPlan,
+    Verdict,
+    WorkerPod,
     decide_restart,
+    gang_restart,
     lost_nodes,
     orphaned_pods,
+    still_running,
 )
-from .status import closing_goodput, status_patch
+from .status import closing_goodput, notice_status, status_patch
 from .times import rfc3339
 
 WAIT_SECONDS = 2.0  # look again while old pods drain (their deletion events usually come first)
@@ -77,7 +93,7 @@ class View:
     looked: bool = False  # the lost pods' nodes were read fresh
     last_commit_event: float | None = None  # when the job's last CheckpointCommitted Event was posted
     zones: Mapping[str, str] = field(default_factory=dict)  # node -> topology.kubernetes.io/zone (memory tier)
-    kueue: Gate | None = None  # what the job's queue lets it do (None: not queued, ``policy.kueue``)
+    kueue: kueue.Read | None = None  # the job's queue as read (None: Kueue off; ``policy.kueue.decide_queue``)
     not_ready: Collection[str] = ()  # known nodes whose Ready condition is False/Unknown (``views.not_ready_nodes``)
     peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS  # --peer-lost-wait-seconds (``policy.restart``)
     gone: Sequence[views.GonePod] = ()  # the job's pods the watch saw deleted (where a missing worker ran)
@@ -111,8 +127,11 @@ class Outcome:
     assign: Assignment | None = None
     assigned_event: Event | None = None
     assign_first: bool = False  # write ``assign`` right after ``record`` (step 4 of the module docstring)
+    annotate: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # pod -> annotations (Kueue's notice, ...)
+    workload: tuple[kueue.WorkloadOp, ...] = ()  # the Workload writes before the status (``policy.kueue``)
     status: Mapping[str, Any] = field(default_factory=dict)
     status_events: tuple[Event, ...] = ()
+    finish: kueue.WorkloadOp | None = None  # the ended job's Workload, finished once the status says it ended
     requeue_after: float | None = None
     look_at_nodes: frozenset[str] = frozenset()  # read these nodes fresh and decide again
     needs_placement: bool = False  # compute the nodes to avoid and decide again
@@ -122,17 +141,59 @@ class Outcome:
 
 def decide(view: View) -> Outcome:
     """The whole outcome of one reconcile of ``view.job`` (see the module docstring for the order)."""
-    out = _in_place(view) if view.job.spec.mode == "InPlace" else _recreate(view)
-    g = view.kueue
+    queue = kueue.decide_queue(view.job, view.kueue, view.pods, view.now) if view.kueue is not None else None
+    g = queue.gate if queue is not None else None
+    out = _in_place(view, g) if view.job.spec.mode == "InPlace" else _recreate(view, g)
     if g is not None and g.notice is not None and (out.record is not None or out.assign is not None) \
-            and held(view) is None:
+            and held(view, g) is None:
         out = _saving(view, g)
-    if g is not None and g.deadline is not None and out.requeue_after is None and g.deadline > view.now:
+    if g is not None and g.deadline is not None and out.requeue_after is None and g.deadline > view.now and \
+            out.plan.phase not in ("Suspended", *TERMINAL_PHASES):
         # An evicted gang still running: look again when its notice runs out (it is stopped then).
         out = dataclasses.replace(out, requeue_after=(g.deadline - view.now).total_seconds())
     if out.assign is not None and _assign_first(out, view):
         out = dataclasses.replace(out, assign_first=True)
+    if queue is not None and view.kueue is not None:
+        out = _queued(out, view, view.kueue, queue)
     return out
+
+
+def _queued(out: Outcome, view: View, read: kueue.Read, queue: kueue.Queue) -> Outcome:
+    """``out`` with what the job's queue adds: the eviction's notice (``policy.notice``'s rule, as a node's: the
+    pods' annotation, ``status.lastNotice``, one named ``PreemptionNotice`` Event), the last checkpoint on the pods,
+    the Workload writes, the ``Queued`` condition's Event when the status writes a new one, and the Workload's
+    ``Finished`` once the job ended."""
+    job, now, g = view.job, view.now, queue.gate
+    after = out.job or job
+    annotate = {n: dict(a) for n, a in queue.annotate.items()}
+    status, posted = dict(out.status), list(out.status_events)
+    notice = kueue.eviction_notice(g) if g is not None else None
+    if g is not None and notice is not None:
+        workers = views.workers(job, view.pods, view.assignment, view.known_nodes)
+        notes = {str((p.get("metadata") or {}).get("name")): views.notice_annotation(p) for p in view.pods}
+        plan = decide_notice(job, workers, notice, notes, now, math.inf)  # an eviction's notice is open at once
+        if plan is not None:
+            for name in plan.annotate:
+                annotate.setdefault(name, {})[ANNOTATION_NOTICE] = notice.annotation(plan.attempt)
+            patch = notice_status_patch(after, notice_status(notice, plan.attempt, now), plan.attempt)
+            if patch is not None:
+                status = {**patch, **status}
+                posted.append(Event("PreemptionNotice", kueue.eviction_message(g, plan.attempt), "Warning",
+                                    notice_event_name({"name": job.name, "uid": job.uid}, plan.attempt, notice.id)))
+    old = next((c for c in job.status.conditions if c.type == kueue.QUEUED), None)
+    new = g is not None and (old is None or (old.status, old.reason, old.message) !=
+                             (g.condition.status, g.condition.reason, g.condition.message))
+    if g is not None and new and (_writes(out.record, g.condition) or _writes(status, g.condition)):
+        posted.insert(0, Event(g.condition.reason, g.condition.message, "Warning" if g.warning else "Normal"))
+    phase = status.get("phase") or after.status.phase
+    return dataclasses.replace(out, annotate=annotate, workload=queue.workload, status=status,
+                               status_events=tuple(posted), finish=kueue.finish(job, read, phase, now))
+
+
+def _writes(patch: Mapping[str, Any] | None, cond: Condition) -> bool:
+    """Whether ``patch`` writes condition ``cond`` (its Event follows that write, once per change)."""
+    return any((c.get("type"), c.get("status"), c.get("reason"), c.get("message")) ==
+               (cond.type, cond.status, cond.reason, cond.message) for c in (patch or {}).get("conditions") or [])
 
 
 def _assign_first(out: Outcome, view: View) -> bool:
@@ -157,12 +218,12 @@ def _saving(view: View, g: Gate) -> Outcome:
     return Outcome(view.job, plan, view.now.timestamp())
 
 
-def held(view: View) -> Condition | None:
-    """The queue's condition when the job must be held now (no attempt starts, every pod goes), else None.
+def held(view: View, g: Gate | None) -> Condition | None:
+    """The queue's condition (``g``: its gate) when the job must be held now (no attempt starts, every pod goes),
+    else None.
 
     Queued or waiting: at once. Evicted: once the gang stopped by itself (every worker of the current attempt
     exited, after its agreed save) or its notice ran out; until then the running gang saves on the notice."""
-    g = view.kueue
     if g is None or not g.hold:
         return None
     if g.notice is None or (g.deadline is not None and view.now >= g.deadline):
@@ -174,11 +235,30 @@ def held(view: View) -> Condition | None:
     return None
 
 
-def _queue_conditions(plan: RestartPlan, view: View, hold: Condition | None) -> RestartPlan:
+def _queue_conditions(plan: RestartPlan, g: Gate | None, hold: Condition | None) -> RestartPlan:
     """The queue's condition joins the plan's (a held plan carries it already)."""
-    if view.kueue is None or hold is not None:
+    if g is None or hold is not None:
         return plan
-    return dataclasses.replace(plan, conditions=(*plan.conditions, view.kueue.condition))
+    return dataclasses.replace(plan, conditions=(*plan.conditions, g.condition))
+
+
+def _evicted(job: TrainingJob, plan: RestartPlan, hold: Condition | None, g: Gate | None,
+             pods: Sequence[WorkerPod] | Sequence[PodView]) -> RestartPlan:
+    """A Kueue eviction that stops a running attempt is a preemption restart: counted in ``status.restarts`` (and
+    ``restartCount``) when the job is held, and capped by ``restartPolicy.maxPreemptionRestarts`` like any other
+    (``restart.gang_restart``); the next attempt starts when Kueue admits the job again."""
+    st = job.status
+    restarting = st.restarting_from is not None and st.restarting_from >= st.attempt
+    if hold is None or g is None or not g.release or job.spec.suspend or plan.phase != "Suspended" or \
+            st.phase in (None, "Suspended") or st.attempt == 0 or restarting:
+        return plan
+    why = f"Kueue evicted the job ({g.condition.message})"
+    capped = gang_restart(job, st.attempt, Verdict(cause=PREEMPTION, why=why), None,
+                          stragglers=still_running(pods), teardown=plan.delete)
+    if capped.phase == "Failed":
+        return capped
+    return dataclasses.replace(plan, cause=PREEMPTION, message=f"attempt {st.attempt} stopped ({PREEMPTION}): "
+                                                               f"{why}; it resumes once Kueue admits it again")
 
 
 def _pods_ready(plan: RestartPlan, view: View) -> RestartPlan:
@@ -199,25 +279,24 @@ def _sooner(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
 
-def _admitted(job: TrainingJob, view: View) -> TrainingJob:
+def _admitted(job: TrainingJob, g: Gate | None) -> TrainingJob:
     """The job its pods are built from: with the admitted flavors' node labels and tolerations, when queued."""
-    g = view.kueue
     if g is None or g.hold or not (g.node_selector or g.tolerations):
         return job
     spec = job.spec.model_copy(update={"template": admitted_template(job.spec.template, g)})
     return job.model_copy(update={"spec": spec})
 
 
-def _recreate(view: View) -> Outcome:
+def _recreate(view: View, g: Gate | None) -> Outcome:
     job, now = view.job, view.now
     pods = [p for p in (views.worker_pod(r, view.known_nodes) for r in view.pods) if p is not None]
     pods = [dataclasses.replace(p, node_ready=False) if p.node in view.not_ready else p for p in pods]
     pods = [dataclasses.replace(p, reachable=False) if p.name in view.unreachable else p for p in pods]
-    hold = held(view)
-    gone = [(g.index, g.attempt, g.node) for g in view.gone]
-    plan = _pods_ready(_queue_conditions(decide_restart(job, pods, view.avoid, now, view.doomed, held=hold,
-                                                        peer_lost_wait_s=view.peer_lost_wait_s, gone=gone),
-                                         view, hold), view)
+    hold = held(view, g)
+    gone = [(p.index, p.attempt, p.node) for p in view.gone]
+    plan = _evicted(job, decide_restart(job, pods, view.avoid, now, view.doomed, held=hold,
+                                        peer_lost_wait_s=view.peer_lost_wait_s, gone=gone), hold, g, pods)
+    plan = _pods_ready(_queue_conditions(plan, g, hold), view)
     look = lost_nodes(pods) | {node for _, a, node in gone if a == plan.attempt}  # this attempt's pods, gone
     if plan.cause == DISRUPTION and not view.looked and look:  # none to read: decided already
         return Outcome(job, plan, look_at_nodes=frozenset(look))
@@ -228,7 +307,7 @@ def _recreate(view: View) -> Outcome:
     job, record = _record(job, plan, now)
     plan = dataclasses.replace(plan, cause=None)
     orphans = orphaned_pods(pods, view.known_nodes)
-    pod_job = _admitted(job, view)
+    pod_job = _admitted(job, g)
     create = tuple(builders.build_worker_pod(pod_job, i, plan.attempt, plan.exclude_nodes) for i in plan.create)
     created_event = _attempt_started(plan, len(create)) if plan.new_attempt and create else None
     status = status_patch(job, _created(job, plan, create), now, views.progress(view.pods),
@@ -242,7 +321,7 @@ def _recreate(view: View) -> Outcome:
                    status_events=_status_events(job, status, view), requeue_after=requeue)
 
 
-def _in_place(view: View) -> Outcome:
+def _in_place(view: View, g: Gate | None) -> Outcome:
     job, now = view.job, view.now
     pods = [v for v in (views.pod_view(r, view.known_nodes) for r in view.pods) if v is not None]
     if view.zones:
@@ -250,10 +329,10 @@ def _in_place(view: View) -> Outcome:
                 for v in pods]
     pods = [dataclasses.replace(v, node_ready=False) if v.node in view.not_ready else v for v in pods]
     pods = [dataclasses.replace(v, reachable=False) if v.name in view.unreachable else v for v in pods]
-    hold = held(view)
+    hold = held(view, g)
     plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed, held=hold,
-                                 peer_lost_wait_s=view.peer_lost_wait_s, gone={g.name: g.node for g in view.gone})
-    plan = _pods_ready(_queue_conditions(plan, view, hold), view)
+                                 peer_lost_wait_s=view.peer_lost_wait_s, gone={p.name: p.node for p in view.gone})
+    plan = _pods_ready(_queue_conditions(_evicted(job, plan, hold, g, pods), g, hold), view)
     current = view.assignment
     if current is not None and extra.assign is None and extra.record is None and plan.cause is None:
         paired = memorypeers.pairing_condition(job, current.processes, current.memory_peers, pods)
@@ -263,7 +342,7 @@ def _in_place(view: View) -> Outcome:
     if decided is not None and decided.cause == DISRUPTION and not view.looked:
         workers = current.processes if current is not None else {}
         look = frozenset({p.node for p in pods if p.node and (p.deleting or p.node_lost)} |
-                         {g.node for g in view.gone if g.name in workers})  # a worker's pod, gone
+                         {p.node for p in view.gone if p.name in workers})  # a worker's pod, gone
         if look:  # none to read (an exit-code rule's Ignore, nothing lost): decided already
             return Outcome(job, plan, look_at_nodes=look)
     if (probe := _to_probe(plan, view)):
@@ -273,7 +352,7 @@ def _in_place(view: View) -> Outcome:
     job, record = _record(job, decided, now)
     plan = dataclasses.replace(plan, cause=None)
     fails = decided is not None and decided.phase == "Failed"
-    create = () if fails else _pods_to_create(_admitted(job, view), plan, extra)
+    create = () if fails else _pods_to_create(_admitted(job, g), plan, extra)
     first = view.assignment is None  # only the first attempt's pods are dry-run and announced on creation
     created_event = _attempt_started(plan, len(create)) if first and plan.new_attempt and create else None
     assign, assigned_event = None, None
@@ -344,6 +423,8 @@ def _record(job: TrainingJob, decided: RestartPlan | None, now: datetime) -> tup
     if decided is None or not decided.cause:
         return job, {}
     patch = status_patch(job, decided, now, None)
+    if decided.phase == "Suspended":  # a Kueue eviction (``_evicted``): the gang restarts once admitted again
+        patch["restartCount"] = job.status.restart_count + 1
     after = job.model_copy(update={"status": job.status.model_validate(
         {**job.status.model_dump(by_alias=True), **patch})})
     if decided.phase == "Failed":
@@ -385,3 +466,21 @@ def _inplace_status(job: TrainingJob, pods: list[PodView], extra: InPlace, plan:
                               "replaced": [{"index": r.index, "old": r.old, "new": r.new, "reason": r.reason}
                                            for r in extra.replaced]}
     return out
+
+
+def workload_refused(out: Outcome, name: str, message: str, now: datetime) -> Outcome:
+    """What replaces the steps after a refused Workload create (the API server's answer, ``message``): the final
+    status with condition ``Queued=True/WorkloadRefused`` in place of the one ``out`` wrote, and its Warning."""
+    job = out.job
+    assert job is not None, "a Workload refused without a job"
+    g = kueue.refused(name, message)
+    c = g.condition
+    old = next((x for x in job.status.conditions if x.type == c.type), None)
+    ltt = old.last_transition_time if old is not None and old.status == c.status else rfc3339(now)
+    written = out.status.get("conditions") or [x.model_dump(by_alias=True, exclude_none=True)
+                                                for x in job.status.conditions]
+    conds = [*(x for x in written if x.get("type") != c.type),
+             {"type": c.type, "status": c.status, "reason": c.reason, "message": c.message, "lastTransitionTime": ltt}]
+    plan = dataclasses.replace(out.plan, conditions=(c,))
+    return Outcome(job, plan, out.decided_at, status={**out.status, "conditions": conds},
+                   status_events=(Event(c.reason, c.message, "Warning"),), requeue_after=out.requeue_after)

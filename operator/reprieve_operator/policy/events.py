@@ -26,6 +26,7 @@ class Event:
     reason: str
     message: str
     type: str = "Normal"
+    name: str | None = None  # posted at most once under this name (a notice's Event: ``policy.notice``)
 
 
 def for_status_change(job: TrainingJob, patch: Mapping[str, Any], now: float,

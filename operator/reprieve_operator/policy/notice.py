@@ -96,10 +96,10 @@ def decide_notice(job: TrainingJob, pods: Sequence[WorkerPod], notice: Notice,
     current = [p for p in pods if p.attempt == attempt and not p.deleting and not p.terminated]
     if not current:
         return None
-    if all(p.node is not None and p.node != notice.node for p in current):
+    if notice.node and all(p.node is not None and p.node != notice.node for p in current):
         # No pod of this attempt is on the node: the notice is for pods an in-place restart already replaced
         # (they linger on the node while being deleted). Telling the new attempt would make it save for nothing,
-        # and past the deadline it would exit as failed.
+        # and past the deadline it would exit as failed. A notice of no node (Kueue's eviction) is the whole job's.
         return None
     annotate = []
     for p in current:

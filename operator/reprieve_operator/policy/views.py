@@ -25,6 +25,7 @@ from .placement import NODE_FIELDS as PLACEMENT_FIELDS
 from .restart import WorkerPod
 from .signals import KIND_FIELDS, NodeField
 from .times import parse_time
+from .workload import ANNOTATION_CHECKPOINT
 
 log = logging.getLogger(__name__)
 LOST_REASONS = ("NodeLost", "Evicted", "Preempting", "Terminated", "Shutdown", "NodeShutdown")
@@ -120,7 +121,8 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
                      "labels": {k: v for k, v in labels.items() if k.startswith("reprieve.dev/")},
                      "annotations": {k: annotations[k] for k in (ANNOTATION_NOTICE, ANNOTATION_PROGRESS,
-                                                                  ANNOTATION_EXIT, ANNOTATION_SUPERVISOR)
+                                                                  ANNOTATION_EXIT, ANNOTATION_SUPERVISOR,
+                                                                  ANNOTATION_CHECKPOINT)
                                      if annotations.get(k)},
                      "deletionTimestamp": meta.get("deletionTimestamp"),
                      "creationTimestamp": meta.get("creationTimestamp")},

@@ -9,7 +9,7 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
-from . import (
+from .. import (
     ANNOTATION_EXIT,
     ANNOTATION_NOTICE,
     ANNOTATION_SUPERVISOR,
@@ -20,9 +20,9 @@ from . import (
     LABEL_ROLE,
     SUPERVISOR,
 )
-from .models import GROUP, KIND, VERSION, TrainingJob
-from .policy.memorypeers import first_peers
-from .policy.pairing import MEMORY_PORT
+from ..models import GROUP, KIND, VERSION, TrainingJob
+from .memorypeers import first_peers
+from .pairing import MEMORY_PORT
 
 NOTICE_DIR = "/etc/reprieve"
 NOTICE_FILE = f"{NOTICE_DIR}/annotations"
