@@ -47,9 +47,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .restores import TIERS
+
 BUCKETS = ("startup", "restore", "checkpoint", "productive", "lost", "restartGap")
 BADPUT = ("startup", "restore", "checkpoint", "lost", "restartGap")
-RESTORE_TIERS = ("memory", "mixed", "storage")
+RESTORE_TIERS = tuple(TIERS)  # where a restore read (``policy.restores``; an unknown tier is not trusted: storage)
 HISTORY = 20  # closed attempts kept (for the timeline of ``reprieve_operator.timeline``); older ones only in totals
 
 
