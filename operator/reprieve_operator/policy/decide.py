@@ -24,10 +24,10 @@ after it. Status is written by carrying out an outcome only.
 
 Which reads a decision needs is also decided here: ``look_at_nodes`` (a lost pod's nodes, fresh from the API,
 before a lost pod is counted as preempted or disrupted; in place also ``look_also``, the nodes of the pods the
-restart would keep, so a node lost with the first is replaced by the same restart), ``probe`` (the silent peers' pods a wait is for: does
-their address answer? ``unreachable``) and ``needs_placement`` (the nodes new pods must avoid, computed only
-when pods are about to be created). The shell reads them and decides again. A disruption with no
-lost pod (an exit-code rule's Ignore) has no node to read and is decided in the same pass: the shell carries out
+restart would keep, so a node lost with the first is replaced by the same restart), ``probe`` (the silent peers'
+pods a wait is for: does their address answer? ``unreachable``) and ``needs_placement`` (the nodes new pods must
+avoid, computed only when pods are about to be created). The shell reads them and decides again. A disruption with
+no lost pod (an exit-code rule's Ignore) has no node to read and is decided in the same pass: the shell carries out
 an outcome that names no node as it is.
 """
 
