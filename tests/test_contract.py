@@ -301,3 +301,17 @@ def test_the_crd_default_is_the_table_default() -> None:
     assert ckpt["intervalSteps"]["default"] == D["checkpoint_interval_steps"]
     assert spec["restartPolicy"]["properties"]["restartExitCode"]["default"] == D["restart_exit_code"]
     assert spec["terminationGracePeriodSeconds"]["default"] == D["termination_grace_seconds"]
+
+
+def test_the_operator_knows_exactly_the_contracts_restore_tiers_and_sources() -> None:
+    """``restoredFrom.tier`` and ``restoredFrom.sources[i]`` (docs/contract.toml ``[memory]``): the operator's one
+    table of them (``policy.restores``), in the table's order (the Restored Event lists sources in it), and the docs'
+    section; a name outside it is kept as ``unknown``, which must never be a name of the contract."""
+    from reprieve_operator.policy import restores
+
+    assert list(restores.TIERS) == TABLE["memory"]["restore_tiers"]
+    assert list(restores.SOURCES) == TABLE["memory"]["restore_sources"]
+    assert restores.UNKNOWN not in (*restores.TIERS, *restores.SOURCES)
+    section = (ROOT / "docs/contract.md").read_text().split("## Memory tier", 1)[1].split("\n## ", 1)[0]
+    assert [w for w in (*restores.TIERS, *restores.SOURCES) if f'"{w}"' not in section] == []
+    assert f"`{restores.UNKNOWN}`" in section  # what happens to a name outside the table is said there

@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_se
 from prometheus_client.core import GaugeMetricFamily
 
 from . import __version__
+from .policy import restores
 
 JOB_LABELS = ["namespace", "trainingjob"]
 LEAD_BUCKETS = (5.0, 10.0, 15.0, 30.0, 60.0, 90.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -76,7 +77,7 @@ class JobCollector:
     Only what a graph needs is kept per job (a few floats), so 10,000 jobs cost a few MB."""
 
     BADPUT = ("startup", "restore", "checkpoint", "lost", "restartGap")
-    TIERS = ("memory", "mixed", "storage")  # where a restore read (policy.goodput.RESTORE_TIERS)
+    TIERS = tuple(restores.TIERS)  # where a restore read
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -14,7 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from .policy.signals import BUILTIN_SIGNAL_NAMES  # the enum of built-in signal names, from their one table
+# the enums of built-in signal names and of a custom signal's kinds, from their one table each
+from .policy.signalkinds import BUILTIN_SIGNAL_NAMES, CUSTOM_KINDS
 
 KUEUE_NOTICE = "kueue-preemption"  # a Kueue eviction's notice: its key in preemption.noticeSeconds (docs/kueue.md)
 MAX_REPLICAS = 10_000  # a gang of up to 10,000 pods (see TrainingJobSpec.replicas)
@@ -254,18 +255,13 @@ class RestartPolicySpec(_Model):
         return self
 
 
-class SignalType(str, Enum):
-    TAINT = "Taint"
-    LABEL = "Label"
-    CONDITION = "Condition"
-
-
 class CustomSignal(_Model):
     """A site-specific node signal: a taint key, a label (optionally with a value) or a condition type."""
 
     name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
                       description="Reason reported in the notice.")
-    type: SignalType = Field(description="Taint, Label or Condition.")
+    type: Literal[CUSTOM_KINDS] = Field(  # type: ignore[valid-type]
+        description=f"{', '.join(CUSTOM_KINDS[:-1])} or {CUSTOM_KINDS[-1]}.")
     key: str = Field(min_length=1, max_length=316, description="Taint key, label key or condition type.")
     value: str | None = Field(
         default=None, max_length=256,

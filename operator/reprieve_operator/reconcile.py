@@ -31,7 +31,7 @@ from .policy.restart import RestartPlan
 from .state import State
 
 log = logging.getLogger("reprieve_operator")
-NODE_READS = 20  # at most this many lost pods' nodes are read fresh in one pass
+NODE_READS = 20  # at most this many nodes are read fresh in one pass (the lost pods' first)
 PROBE_TIMEOUT_SECONDS = 2.0  # a silent peer's pod that does not answer a connect within this is cut off
 
 
@@ -74,8 +74,9 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
         elif outcome.look_at_nodes:
             # A pod lost on a node with an open notice was preempted, even if the status does not say so
             # yet (a NoExecute taint evicts at once): read the lost (or gone) pods' nodes, fresh, before counting.
-            await read_nodes(state, set(outcome.look_at_nodes))
-            view = dataclasses.replace(view, doomed=state.nodes.doomed(job, now), looked=True)
+            await read_nodes(state, [*sorted(outcome.look_at_nodes), *sorted(outcome.look_also)])
+            view = dataclasses.replace(view, doomed=state.nodes.doomed(job, now), looked=True,
+                                       not_ready=views.not_ready_nodes(state.cache.nodes))
         elif outcome.needs_placement:
             view = dataclasses.replace(view, avoid=state.nodes.avoid(job, now), placed=True)
         else:
@@ -107,16 +108,22 @@ async def unreachable(pods: Iterable[tuple[str, str]], port: int = MEMORY_PORT,
     return silent
 
 
-async def read_nodes(state: State, names: set[str], limit: int = NODE_READS) -> bool:
-    """Read ``names`` (at most ``limit``) from the API into the cache and the node signals; True if any changed."""
+async def read_nodes(state: State, names: Iterable[str], limit: int = NODE_READS) -> bool:
+    """Read the first ``limit`` of ``names`` from the API into the cache and the node signals; a node the API no
+    longer has is forgotten (its deletion's watch event may still be on its way). True if any changed."""
     changed = False
-    for node_name in sorted(names)[:limit]:
+    for node_name in list(dict.fromkeys(names))[:limit]:
         try:
             body = await apply.run(apply.get_node, state.api, node_name)
         except Exception as err:  # noqa: BLE001 - best effort: the decision stands without it
             log.info("could not read node %s: %s", node_name, err)
             continue
-        if body is not None and state.nodes.refresh(body):
+        if body is None:
+            if node_name in state.cache.nodes:
+                log.info("node %s is gone (read before its deletion was watched)", node_name)
+                state.nodes.forget(node_name)
+                changed = True
+        elif state.nodes.refresh(body):
             changed = True
     return changed
 

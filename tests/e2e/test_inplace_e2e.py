@@ -22,7 +22,7 @@ import pytest
 from localcluster.goodput import analyse, read_step_log
 from localcluster.testing import taint_node, wait_for
 
-from .conftest import SPOT_TAINT, e2e_job, pod_node, succeeded, wait_step, wait_tj
+from .conftest import SPOT_TAINT, assert_goodput_agrees, e2e_job, pod_node, succeeded, wait_step, wait_tj
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -32,13 +32,17 @@ STEPS, SLEEP = 200, 0.03
 
 
 def submit_inplace(cluster: Any, namespace: str, name: str, root: Path, pool: str, *, spares: int = 0,
-                   interval: int = 0, extra_env: dict[str, str] | None = None, steps: int = STEPS) -> Path:
+                   interval: int = 0, extra_env: dict[str, str] | None = None, steps: int = STEPS,
+                   memory: str | None = None) -> Path:
+    """``memory``: the memory tier's volume size (``spec.checkpoint.memory.sizeLimit``; None: no memory tier)."""
     ckpt = root / name
     body = e2e_job(cluster, name, replicas=2, steps=steps, step_sleep=SLEEP, interval=interval, checkpoint_dir=ckpt,
                        node_selector={"reprieve.test/pool": pool},
                        extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **(extra_env or {})})
     body["spec"]["restartMode"] = "InPlace"
     body["spec"]["spares"] = spares
+    if memory is not None:
+        body["spec"]["checkpoint"]["memory"] = {"sizeLimit": memory}
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
     return ckpt
 
@@ -158,15 +162,22 @@ def test_faults_a_deleted_pod_a_killed_supervisor_and_an_unwarned_node_loss_each
     assert commits and [a for _, a in commits] == sorted(a for _, a in commits), commits
 
 
-def test_two_doomed_nodes_with_one_spare(cluster: Any, namespace: str, operator: Any, pool: Any, api: Any,
-                                          tmp_path: Path) -> None:
-    """Both workers' nodes get a notice at once, one spare: it takes one index, a new pod the other; one
-    preemption, resumed without a lost step.
+def test_two_doomed_nodes_with_one_spare_then_two_nodes_lost_at_once(
+        cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path) -> None:
+    """With the memory tier on. Both workers' nodes get a notice at once, one spare: it takes one index, a new pod
+    the other; one preemption, resumed without a lost step. Then a double fault (issue #46, 6 and 7): worker 1's
+    node and the node of the pod holding its memory-tier replica (the spare, where the pairing put it there; else
+    the spare's node anyway) vanish together; once the survivor's exit report names the silent peer, both Node
+    objects are deleted in one call. One decision for the event: one disruption, both pods replaced in one
+    attempt (a decision that still saw the second node kept its pod, and that node's deletion restarted the gang
+    again); and the operator's lost steps equal the step log's (an attempt replaced before its first step hid the
+    steps the one before it lost).
 
-    Why this long: A spare, a new pod and an agreed save across two attempts of a 2-process job."""
-    pool_a, _ = pool(5)
-    name = "twodoomed"
-    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1)
+    Why this long: a spare, a new pod and an agreed save across two attempts of a 2-process job, then a node
+    loss's wait for JAX to end the survivor and a third attempt."""
+    pool_a, _ = pool(7)
+    name, steps = "twodoomed", 2 * STEPS  # still training when the double fault comes
+    ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, spares=1, steps=steps, memory="256Mi")
     wait_step(ckpt, 20, 240, cluster, namespace, name)
     spare = wait_for(lambda: [n for n, p in job_pods(cluster, namespace, name).items()
                               if n.startswith(f"{name}-spare-") and p["status"].get("phase") == "Running"],
@@ -185,10 +196,57 @@ def test_two_doomed_nodes_with_one_spare(cluster: Any, namespace: str, operator:
     assert (spare in second) == (spare_node not in doomed), (spare, spare_node, doomed, second)
     assert all(pod_node(cluster, namespace, p) not in doomed for p in second), second
     assert status["restarts"]["preemption"] == 1 and status["lastRestart"]["inPlace"] == 0, status
-    final = wait_tj(cluster, namespace, name, succeeded, 300, "Succeeded", operator)["status"]
-    assert final["restarts"] == {"preemption": 1, "failure": 0, "disruption": 0}, final
-    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
-    assert len(report.interruptions) == 1 and report.interruptions[0].lost_steps == 0, report.summary()
+
+    # The double fault, once attempt 2 trains beside a new running spare.
+    wait_for(lambda: sum(r.attempt == 2 for r in read_step_log(ckpt / "steps.jsonl")) >= 20, 240,
+             "attempt 2 training", interval=0.5)
+    new_spare = wait_for(lambda: [n for n, p in job_pods(cluster, namespace, name).items()
+                                  if n.startswith(f"{name}-spare-") and n not in second
+                                  and p["status"].get("phase") == "Running" and p["status"].get("podIP")],
+                         120, "a running spare beside attempt 2")[0]
+    two = assignment(cluster, namespace, name)
+    by_index = {i: p for p, i in two["processes"].items()}
+    holder = json.loads(two.get("memoryPeerNodes") or "{}").get("1")
+    lost_node = pod_node(cluster, namespace, by_index[1])
+    second_node = holder if holder and holder != pod_node(cluster, namespace, by_index[0]) \
+        else pod_node(cluster, namespace, new_spare)
+    lost_nodes = {lost_node, second_node}
+    assert len(lost_nodes) == 2 and pod_node(cluster, namespace, by_index[0]) not in lost_nodes, (two, lost_nodes)
+    on_lost = [p for p, body in job_pods(cluster, namespace, name).items()
+               if body["spec"].get("nodeName") in lost_nodes and not body["metadata"].get("deletionTimestamp")]
+    doomed_pids: list[int] = []
+    for p in on_lost:  # a spare's supervisor may not have logged its pid yet: its kubelet's kill takes it then
+        with contextlib.suppress(AssertionError):
+            doomed_pids += descendants(supervisor_pid(cluster, namespace, p))
+    for node in lost_nodes:
+        cluster.kill_node(node)
+    for pid in doomed_pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+    def reported() -> dict[str, Any] | None:
+        raw = job_pods(cluster, namespace, name)[by_index[0]]["metadata"].get("annotations", {}).get(
+            "reprieve.dev/exit")
+        report = json.loads(raw) if raw else {}
+        return report if report.get("attempt") == 2 else None
+
+    report = wait_for(reported, 120, "the survivor's exit report of attempt 2", interval=0.5)
+    assert report["peerLost"] == [1] and report.get("lastStep") is not None, report
+    cluster.kubectl("delete", "node", *sorted(lost_nodes), "--wait=false")  # both gone at the same moment
+    status = wait_tj(cluster, namespace, name, lambda s: (s.get("attempt") or 0) >= 3 and s.get("phase") == "Running",
+                     180, "attempt 3 running after the two nodes were lost", operator)["status"]
+    assert status["restarts"] == {"preemption": 1, "failure": 0, "disruption": 1}, status
+    third = assignment(cluster, namespace, name)
+    assert third["attempt"] == "3" and not set(on_lost) & set(third["processes"]), (on_lost, third)
+    assert third["processes"].get(by_index[0]) == 0, third  # the survivor restarted in place
+
+    final = wait_tj(cluster, namespace, name, succeeded, 420, "Succeeded", operator)["status"]
+    assert final["restarts"] == {"preemption": 1, "failure": 0, "disruption": 1}, final
+    assert final["attempt"] == 3 and final["lastCheckpointStep"] == steps - 1, final
+    steplog = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
+    assert len(steplog.interruptions) == 2 and steplog.interruptions[0].lost_steps == 0, steplog.summary()
+    assert final["goodput"]["lostSteps"] == steplog.lost_steps, (final["goodput"], steplog.summary())
+    assert_goodput_agrees(final, ckpt / "steps.jsonl")
 
 
 # A fault in the window while an in-place restart waits for worker 1's replacement, in the order one job meets

@@ -79,6 +79,7 @@ class Row:
     status_events: tuple[str, ...] = ()  # their reasons
     requeue: float | None = None
     look: frozenset[str] = frozenset()
+    look_also: frozenset[str] = frozenset()
     placement: bool = False
     workload: tuple[str, ...] = ()  # the Workload writes before the status, by verb (Kueue)
     finish: bool = False  # the Workload finished after the status (Kueue)
@@ -344,6 +345,21 @@ ROWS = {
         record_event=Event("GangRestart", "", "Warning"), counter=Counter("restart", "disruption"),
         assign=2, assigned_event="attempt 2: 2 worker(s) restarted in place", assign_first=True,
         status={"phase": "Running", "attempt": 2}),
+    # Issue #46 (7): two nodes lost at once (a worker's and the spare's holding its memory-tier replica); the watch
+    # said only the first was gone. Reading only that one kept the second's pod, and its loss 0.22 s later restarted
+    # the gang again (two disruptions for one event): the nodes of the pods a restart would keep are read too.
+    "in place, a worker's node lost: read it, then the nodes of the pods the restart would keep": Row(
+        _view(job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace", spares=1),
+              [P0, P1, pod("llama-spare-a", -1, role="spare", ip="10.0.0.9")], assignment=ASSIGNED,
+              known_nodes={"n-llama-0", "n-llama-spare-a"}, looked=False),
+        look=frozenset({"n-llama-1"}), look_also=frozenset({"n-llama-0", "n-llama-spare-a"})),
+    "in place, the spare's node found gone by that read too: one restart replaces both, counted once": Row(
+        _view(job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace", spares=1),
+              [P0, P1, pod("llama-spare-a", -1, role="spare", ip="10.0.0.9")], assignment=ASSIGNED,
+              known_nodes={"n-llama-0"}),
+        record={"restarts": {"preemption": 0, "failure": 0, "disruption": 1}, "restartCount": 1},
+        record_event=Event("GangRestart", "", "Warning"), counter=Counter("restart", "disruption"),
+        create=2, force_delete=("llama-1", "llama-spare-a")),
     "in place, all exit 0: Succeeded, its Event, spares go": Row(
         _view(job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace", spares=1),
               [pod("llama-0", 0, annotations=exit_report(1, 0)), pod("llama-1", 1, annotations=exit_report(1, 0)),
@@ -357,7 +373,7 @@ ROWS = {
 def test_decide(name: str) -> None:
     row = ROWS[name]
     out = decide(row.view)
-    assert (out.look_at_nodes, out.needs_placement) == (row.look, row.placement), out
+    assert (out.look_at_nodes, out.look_also, out.needs_placement) == (row.look, row.look_also, row.placement), out
     if row.look or row.placement:
         return
     if row.record is None:

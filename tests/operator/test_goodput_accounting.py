@@ -209,3 +209,47 @@ def test_a_late_last_step_of_a_closed_attempt_is_ignored_not_counted_twice() -> 
     acc = attempt_created(acc, 2, 60.0)
     both = fold(acc.to_status(), now=80.0, report=rep(2, 40, 70.0, 41, 71.0), last_steps=[(1, 49, 54.0)])
     assert both is not None and both.lost_steps == 10
+
+
+# Issue #46 (6): a double fault replaces an attempt before its first step. Attempt 1 trains steps 0-49 (its last at
+# 54 s) and is lost at 60 s; attempt 2 is created at 60 s and lost before it reports; the next attempt that trains
+# resumes at step 40. Each fact is (what, attempt, time, report): "created", "report" or "finished".
+# (case, facts, lost steps, attempts still open, lost steps per closed attempt)
+DOUBLE_FAULTS = [
+    ("replaced before its first step: attempt 1 is settled against attempt 3, the first that reported",
+     [("created", 2, 60.0, None), ("created", 3, 70.0, None), ("report", 3, 0.0, rep(3, 40, 80.0, 41, 81.0))],
+     10, [3], [10, 0]),
+    ("replaced twice before a first step: settled against attempt 4",
+     [("created", 2, 60.0, None), ("created", 3, 70.0, None), ("created", 4, 75.0, None),
+      ("report", 4, 0.0, rep(4, 40, 85.0, 41, 86.0))], 10, [4], [10, 0, 0]),
+    ("attempt 3 has not reported yet: attempts 1 and 2 stay open (their lost steps are not known)",
+     [("created", 2, 60.0, None), ("created", 3, 70.0, None)], 0, [1, 2, 3], []),
+    ("the job ends after the double fault: the same lost steps, every second in one bucket",
+     [("created", 2, 60.0, None), ("created", 3, 70.0, None), ("report", 3, 0.0, rep(3, 40, 80.0, 99, 139.0)),
+      ("finished", 0, 140.0, None)], 10, [], [10, 0, 0]),
+    ("the job ends before any later attempt reported: nothing is known lost",
+     [("created", 2, 60.0, None), ("finished", 0, 65.0, None)], 0, [], [0, 0]),
+]
+
+
+@pytest.mark.parametrize("facts,lost_steps,still_open,per_attempt", [r[1:] for r in DOUBLE_FAULTS],
+                         ids=[r[0] for r in DOUBLE_FAULTS])
+def test_an_attempt_replaced_before_its_first_step_does_not_hide_the_lost_steps_before_it(
+        facts: list[tuple[str, int, float, Report | None]], lost_steps: int, still_open: list[int],
+        per_attempt: list[int]) -> None:
+    acc = progress(attempt_created(Accounting(), 1, 0.0), rep(1, 0, 5.0, 49, 54.0))
+    for what, attempt, t, report in facts:
+        if what == "created":
+            acc = attempt_created(acc, attempt, t)
+        elif what == "report":
+            assert report is not None
+            acc = progress(acc, report)
+        else:
+            acc = finished(acc, t)
+    assert acc.lost_steps == lost_steps and [a.attempt for a in acc.open] == still_open, acc
+    assert [dict(h)["lostSteps"] for h in acc.history] == per_attempt
+    if per_attempt:  # attempt 1 closed: its steps 40-49 (10 s) lost, 0-39 kept; attempt 2 all start-up
+        assert acc.closed["lost"] == pytest.approx(10.0 if lost_steps else 0.0)
+        assert acc.closed["productive"] >= 40.0 - 1e-9
+    if not still_open:
+        assert sum(acc.closed.values()) == pytest.approx(facts[-1][2])

@@ -70,7 +70,11 @@ LAST_RESTORE_ROWS: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
     ("the memory tier", prog(2, 15, 1.0, 0.2, MEM), {"attempt": 2, "step": 14, "tier": "memory",
                                                      "sources": ["memory", "peer"]}),
     ("no memory tier", prog(2, 15, 1.0, 3.0), None),
-    ("a source nobody defined", prog(2, 15, 1.0, 0.2, {**MEM, "sources": ["memory", "disk"]}), None),
+    # a name this operator does not know (a newer runtime): the restore is kept, the name as "unknown" (was: dropped)
+    ("a source nobody defined: kept as unknown", prog(2, 15, 1.0, 0.2, {**MEM, "sources": ["memory", "disk"]}),
+     {"attempt": 2, "step": 14, "tier": "memory", "sources": ["memory", "unknown"]}),
+    ("a tier nobody defined: kept as unknown", prog(2, 15, 1.0, 0.2, {**MEM, "tier": "tape"}),
+     {"attempt": 2, "step": 14, "tier": "unknown", "sources": ["memory", "peer"]}),
     ("no step", prog(2, 15, 1.0, 0.2, {"tier": "memory", "sources": []}), None),
     ("not an object", prog(2, 15, 1.0, 0.2, "memory"), None),  # type: ignore[arg-type]
 ]
@@ -88,6 +92,10 @@ MESSAGE_ROWS: list[tuple[str, dict[str, Any], str]] = [
                                      "sources": ["memory", "memory", "memory", "storage", "memory", "peer"]},
      ("attempt 5 restored step 90 from memory and storage: own memory: processes 0-2, 4; a peer's memory: "
       "process 5; storage: process 3")),
+    ("a source this operator does not know", {"attempt": 3, "step": 7, "tier": "memory",
+                                              "sources": ["unknown", "memory"]},
+     ("attempt 3 restored step 7 from the memory tier: own memory: process 1; a source this operator does not know: "
+      "process 0")),
 ]
 
 
@@ -115,3 +123,21 @@ def test_status_shows_memory_and_storage_steps_and_one_restored_event_per_attemp
     again = status_patch(later, RestartPlan(phase="Running", attempt=2), NOW, {**report, "memoryStep": 30})
     assert again["memoryStep"] == 30 and "lastRestore" not in again
     assert not [e for e in for_status_change(later, again, NOW.timestamp(), None) if e.reason == "Restored"]
+
+
+def test_a_restore_from_a_source_this_operator_does_not_know_is_recorded_said_and_logged_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue #45 (3): an unknown source was dropped in silence (no lastRestore, no Restored Event)."""
+    j = job()
+    report = prog(2, 15, NOW.timestamp(), 0.2, {**MEM, "sources": ["memory", "disk"]})
+    with caplog.at_level("WARNING", logger="reprieve_operator.policy.status"):
+        patch = status_patch(j, RestartPlan(phase="Running", attempt=2), NOW, report)
+    assert patch["lastRestore"]["sources"] == ["memory", "unknown"]
+    assert [r.getMessage() for r in caplog.records if "'disk'" in r.getMessage() and "unknown" in r.getMessage()]
+    restored = [e for e in for_status_change(j, patch, NOW.timestamp(), None) if e.reason == "Restored"]
+    assert restored == [Event("Restored", restored_message(patch["lastRestore"]), "Warning")]
+    caplog.clear()
+    later = job({"phase": "Running", "attempt": 2, "lastRestore": patch["lastRestore"]})
+    with caplog.at_level("WARNING", logger="reprieve_operator.policy.status"):
+        again = status_patch(later, RestartPlan(phase="Running", attempt=2), NOW, report)
+    assert "lastRestore" not in again and not caplog.records  # recorded once: said once

@@ -1,5 +1,5 @@
 """Every built-in signal's default window is tied to a documented source, and what names or describes the built-in
-signals agrees with their one table, ``BUILTIN_SIGNALS`` (``policy/signals.py``).
+signals agrees with their one table, ``BUILTIN_SIGNALS`` (``policy/signalkinds.py``).
 
 Derived from the table, so not listed here: the CRD's enum (``models.BUILTIN_SIGNAL_NAMES``) and the names the
 chart's ``signals.builtin`` accepts (``reprieve.builtinSignals`` in ``templates/crd.yaml``; both written by
@@ -24,7 +24,7 @@ import yaml
 from reprieve_operator.models import BUILTIN_SIGNAL_NAMES, TrainingJobSpec
 from reprieve_operator.policy.signals import (
     BUILTIN_SIGNALS,
-    KIND_FIELDS,
+    KINDS,
     LABEL_EPOCH,
     UNSCHEDULABLE,
     Signal,
@@ -106,10 +106,10 @@ def disagreements(code: tuple[Signal, ...], chart: Mapping[str, int], chart_name
     if chart_names != names:
         out.append(f"templates/crd.yaml reprieve.builtinSignals: expected {sorted(names)}, found {sorted(chart_names)}")
     kinds = kind_rows(operator_md)
-    if set(kinds) != set(KIND_FIELDS):
-        out.append(f"docs/operator.md Node signals: expected kinds {sorted(KIND_FIELDS)}, found {sorted(kinds)}")
+    if set(kinds) != set(KINDS):
+        out.append(f"docs/operator.md Node signals: expected kinds {sorted(KINDS)}, found {sorted(kinds)}")
     for kind, cell in kinds.items():
-        field = KIND_FIELDS.get(kind)
+        field = KINDS[kind].field if kind in KINDS else None
         if field is not None and f"`{field.section}.{field.key}`" not in cell:
             out.append(f"docs/operator.md Node signals: kind {kind} does not name `{field.section}.{field.key}`, "
                        f"found {cell!r}")
@@ -128,7 +128,7 @@ def disagreements(code: tuple[Signal, ...], chart: Mapping[str, int], chart_name
             out.append(f"{where}: no docs/clouds/*.md documents its default window and source")
         for cloud, row in documented.get(sig.name, []):
             if row.seconds != sig.notice_seconds:
-                out.append(f"{where}: signals.py says {sig.notice_seconds} s, docs/clouds/{cloud}.md {row.seconds}")
+                out.append(f"{where}: signalkinds.py says {sig.notice_seconds} s, docs/clouds/{cloud}.md {row.seconds}")
             if key_text(sig) not in row.key:
                 out.append(f"{where}: docs/clouds/{cloud}.md key {row.key!r} does not name {key_text(sig)!r}")
             if not row.urls:
@@ -197,7 +197,7 @@ TEXT_EDITS = [
     ("cloud window", "eks",
      "| `aws-rebalance` | taint `aws-node-termination-handler/rebalance-recommendation` | 30 s |",
      "| `aws-rebalance` | taint `aws-node-termination-handler/rebalance-recommendation` | 120 s |",
-     "signal aws-rebalance: signals.py says 30 s, docs/clouds/eks.md 120"),
+     "signal aws-rebalance: signalkinds.py says 30 s, docs/clouds/eks.md 120"),
     ("unknown row", "aks", "| `cordon` |", "| `aks-spot` | taint `x` | 15 s | - | [x](https://example.com) |\n| `cordon` |",
      "docs/clouds/aks.md: row 'aks-spot' names no built-in signal"),
     ("kind's field", "operator_md", "| `Condition` | `status.conditions`:", "| `Condition` | `status.condition`:",
@@ -209,7 +209,7 @@ TEXT_EDITS = [
 # (case, how to break a copy of the real inputs, the problem the check must report)
 OTHER_BREAKS: list[tuple[str, Any, str]] = [
     ("code window", lambda r: r.update(code=_with("gke-spot", notice_seconds=30)),
-     "signal gke-spot: signals.py says 30 s, docs/clouds/gke.md 15"),
+     "signal gke-spot: signalkinds.py says 30 s, docs/clouds/gke.md 15"),
     ("chart window", lambda r: r["chart"].update({"aws-spot-itn": 120}),
      "values.yaml signals.builtin: the defaults are the code's (empty), found ['aws-spot-itn']"),
     ("chart names", lambda r: r.update(chart_names=r["chart_names"] - {"out-of-service"}),

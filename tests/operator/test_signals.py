@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -177,7 +178,7 @@ def noisy(n: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# One node per kind of signal: a kind added to signals.KIND_FIELDS without a row here fails the test below.
+# One node per kind of signal: a kind added to signalkinds.KINDS without a row here fails the test below.
 KIND_ROWS: dict[str, tuple[sg.Signal, dict[str, Any]]] = {
     sg.TAINT: (sg.Signal("t", sg.TAINT, "example.com/drain"), node([taint("example.com/drain", "NoExecute", timeAdded=ADDED)])),
     sg.LABEL: (sg.Signal("l", sg.LABEL, "example.com/drain", "true"), node(labels={"example.com/drain": "true"})),
@@ -203,7 +204,7 @@ def every_case() -> list[tuple[str, list[sg.Signal], dict[str, Any]]]:
 
 
 def test_every_kind_of_signal_has_a_row() -> None:
-    assert sorted(KIND_ROWS) == sorted(sg.KINDS) == sorted(sg.KIND_FIELDS)
+    assert sorted(KIND_ROWS) == sorted(sg.KINDS)
 
 
 def test_the_compact_node_gives_every_signal_the_same_notice() -> None:
@@ -222,7 +223,8 @@ def test_a_compact_node_that_drops_a_field_a_kind_reads_is_caught() -> None:
 def test_a_rule_reading_a_key_its_kind_does_not_declare_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Were ``lastTransitionTime`` not declared, the compact Node would drop it and the condition's deadline would
     be dated from first sight, in silence: the read itself refuses."""
-    monkeypatch.setitem(sg.KIND_FIELDS, sg.CONDITION, sg.NodeField("status", "conditions", ("type", "status")))
+    monkeypatch.setitem(sg.KINDS, sg.CONDITION, replace(sg.KINDS[sg.CONDITION],
+                                                        field=sg.NodeField("status", "conditions", ("type", "status"))))
     sig, n = KIND_ROWS[sg.CONDITION]
     with pytest.raises(sg.UndeclaredNodeField, match=r"status.conditions\[\].lastTransitionTime.*add it there"):
         node_notice(n, NOW, [sig])
@@ -235,7 +237,7 @@ def test_the_compact_node_keeps_only_the_declared_fields() -> None:
                                "status": {"conditions": [{"type": "Ready", "status": "True",
                                                           "lastTransitionTime": None}]}}
     declared = {(f.section, f.key) for f in NODE_FIELDS}
-    assert declared == {(f.section, f.key) for f in sg.KIND_FIELDS.values()} | {("spec", "unschedulable"),
+    assert declared == {(k.field.section, k.field.key) for k in sg.KINDS.values()} | {("spec", "unschedulable"),
                                                                               ("spec", "taints"),
                                                                               ("metadata", "labels")}
 

@@ -32,10 +32,11 @@ Workload (:func:`workload_refused`) replace the steps after them. Status is writ
 only: ``record`` and ``status``, nothing else.
 
 Which reads a decision needs is also decided here: ``look_at_nodes`` (a lost pod's nodes, fresh from the API,
-before a lost pod is counted as preempted or disrupted), ``probe`` (the silent peers' pods a wait is for: does
-their address answer? ``unreachable``) and ``needs_placement`` (the nodes new pods must avoid, computed only
-when pods are about to be created). The shell reads them and decides again. A disruption with no
-lost pod (an exit-code rule's Ignore) has no node to read and is decided in the same pass: the shell carries out
+before a lost pod is counted as preempted or disrupted; in place also ``look_also``, the nodes of the pods the
+restart would keep, so a node lost with the first is replaced by the same restart), ``probe`` (the silent peers'
+pods a wait is for: does their address answer? ``unreachable``) and ``needs_placement`` (the nodes new pods must
+avoid, computed only when pods are about to be created). The shell reads them and decides again. A disruption with
+no lost pod (an exit-code rule's Ignore) has no node to read and is decided in the same pass: the shell carries out
 an outcome that names no node as it is.
 """
 
@@ -134,6 +135,7 @@ class Outcome:
     finish: kueue.WorkloadOp | None = None  # the ended job's Workload, finished once the status says it ended
     requeue_after: float | None = None
     look_at_nodes: frozenset[str] = frozenset()  # read these nodes fresh and decide again
+    look_also: frozenset[str] = frozenset()  # ... then these, as far as the reads allow (the pods a restart keeps)
     needs_placement: bool = False  # compute the nodes to avoid and decide again
     probe: frozenset[tuple[str, str]] = frozenset()  # (pod, address): probe these and decide again (``unreachable``)
     log: str = ""  # what to log once the record is written
@@ -344,7 +346,10 @@ def _in_place(view: View, g: Gate | None) -> Outcome:
         look = frozenset({p.node for p in pods if p.node and (p.deleting or p.node_lost)} |
                          {p.node for p in view.gone if p.name in workers})  # a worker's pod, gone
         if look:  # none to read (an exit-code rule's Ignore, nothing lost): decided already
-            return Outcome(job, plan, look_at_nodes=look)
+            # and the nodes of the pods it would keep: one lost with them (two nodes at once) is replaced in this
+            # restart, not found by the next (issue #46, 7: the watch had not yet said the second node was gone)
+            kept = frozenset(p.node for p in pods if p.node and not p.deleting) - look
+            return Outcome(job, plan, look_at_nodes=look, look_also=kept)
     if (probe := _to_probe(plan, view)):
         return Outcome(job, plan, probe=probe)
     if (plan.create or extra.create_workers or extra.create_spares) and not view.placed:

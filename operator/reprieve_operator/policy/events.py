@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..models import TrainingJob
+from . import restores
 from .memorypeers import PAIRED
 from .podsready import PODS_READY
 from .times import parse_time
@@ -48,7 +49,7 @@ def for_status_change(job: TrainingJob, patch: Mapping[str, Any], now: float,
     out += _problem(job, patch, PODS_READY, None, ("status", "reason"))
     restore = patch.get("lastRestore")
     if restore and (st.last_restore is None or st.last_restore.attempt != restore.get("attempt")):
-        out.append(Event("Restored", restored_message(restore)))
+        out.append(restored_event(restore))
     if patch.get("phase") == "Succeeded" and st.phase != "Succeeded":
         gp = patch.get("goodput") or (st.goodput.model_dump(by_alias=True) if st.goodput else {})
         restarts = st.restarts
@@ -89,22 +90,25 @@ def _problem(job: TrainingJob, patch: Mapping[str, Any], type_: str, warning: st
     return []
 
 
-SOURCE_WORDS = {"memory": "own memory", "peer": "a peer's memory", "storage": "storage"}
-TIER_WORDS = {"memory": "the memory tier", "mixed": "memory and storage", "storage": "storage"}
+def restored_event(restore: Mapping[str, Any]) -> Event:
+    """The ``Restored`` Event of ``status.lastRestore``: a Warning when it names a source (or tier) this operator
+    does not know (``policy.restores``: kept as ``unknown``, never dropped)."""
+    names = [restore.get("tier"), *(restore.get("sources") or [])]
+    return Event("Restored", restored_message(restore), "Warning" if restores.UNKNOWN in names else "Normal")
 
 
 def restored_message(restore: Mapping[str, Any]) -> str:
     """``attempt 3 restored step 120 from the memory tier: own memory: processes 0, 2-5; a peer's memory:
-    process 1`` (processes grouped by source, runs of indices as ranges)."""
+    process 1`` (processes grouped by source in the table's order, runs of indices as ranges)."""
+    words = {**restores.SOURCES, restores.UNKNOWN: restores.UNKNOWN_WORDS}
     by: dict[str, list[int]] = {}
     for i, source in enumerate(restore.get("sources") or []):
-        by.setdefault(str(source), []).append(i)
-    parts = [f"{SOURCE_WORDS.get(src, src)}: process{'es' if len(idx) > 1 else ''} {_ranges(idx)}"
-             for src, idx in sorted(by.items(), key=lambda kv: list(SOURCE_WORDS).index(kv[0])
-                                    if kv[0] in SOURCE_WORDS else len(SOURCE_WORDS))]
-    tier = restore.get("tier")
+        by.setdefault(restores.known(source, restores.SOURCES), []).append(i)
+    parts = [f"{words[src]}: process{'es' if len(idx) > 1 else ''} {_ranges(idx)}"
+             for src, idx in sorted(by.items(), key=lambda kv: list(words).index(kv[0]))]
+    tier = restores.known(restore.get("tier"), restores.TIERS)
     return (f"attempt {restore.get('attempt')} restored step {restore.get('step')} from "
-            f"{TIER_WORDS.get(str(tier), tier)}: " + "; ".join(parts))
+            f"{restores.TIERS.get(tier, 'a tier this operator does not know')}: " + "; ".join(parts))
 
 
 def _ranges(indices: list[int]) -> str:

@@ -28,7 +28,9 @@ report of an attempt that died without one (a hard kill) would fall into ``resta
 surviving process's last step (training is synchronous: the gang's) raises the attempt's report to it, so they
 are lost steps, as the step log counts them. Only where no process outlived the loss long enough to say (the
 whole gang killed at once) do they stay in ``restartGap``; both are badput.
-Kept and lost step time are split where the next attempt resumed: at the reported finish time of that step when
+Lost steps are known once a later attempt reports the step it started from: the first later one that reported (an
+attempt replaced before its first step, as in a double fault, resumed nothing and is all start-up). Kept and lost
+step time are split where that attempt resumed: at the reported finish time of that step when
 the report carries it (``savedStepsAt``: the newest saved steps, the places a next attempt resumes from), else
 interpolated between the nearest reported steps. Steps are not equally long (those beside a save's background
 write are slower), so an even split by step count would misplace seconds between the two.
@@ -45,9 +47,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .restores import TIERS
+
 BUCKETS = ("startup", "restore", "checkpoint", "productive", "lost", "restartGap")
 BADPUT = ("startup", "restore", "checkpoint", "lost", "restartGap")
-RESTORE_TIERS = ("memory", "mixed", "storage")
+RESTORE_TIERS = tuple(TIERS)  # where a restore read (``policy.restores``; an unknown tier is not trusted: storage)
 HISTORY = 20  # closed attempts kept (for the timeline of ``reprieve_operator.timeline``); older ones only in totals
 
 
@@ -101,7 +105,7 @@ class Attempt:
 class Accounting:
     closed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
     lost_steps: int = 0
-    open: tuple[Attempt, ...] = ()  # attempts whose lost steps are not known yet (at most the last two)
+    open: tuple[Attempt, ...] = ()  # attempts whose lost steps are not known yet (until a later one reports)
     history: tuple[tuple[tuple[str, Any], ...], ...] = ()  # the last HISTORY closed attempts (sorted items)
     restores: tuple[tuple[str, int, float], ...] = ()  # closed attempts' restores: (tier, count, seconds)
 
@@ -188,7 +192,7 @@ def _saved_at(raw: Any) -> tuple[tuple[int, float], ...]:
 
 def split(a: Attempt, end: float, next_first_step: int | None) -> tuple[dict[str, float], int]:
     """The buckets of attempt ``a`` over ``[a.created, end]`` and its lost steps (``next_first_step``: the step
-    the next attempt started from; None if there is none)."""
+    the next attempt that reported started from, :func:`resumed_at`; None if there is none)."""
     span = max(0.0, end - a.created)
     out = dict.fromkeys(BUCKETS, 0.0)
     r = a.report
@@ -251,9 +255,8 @@ def finished(acc: Accounting, t: float) -> Accounting:
     closed, lost, history, restores = dict(acc.closed), acc.lost_steps, list(acc.history), acc.restores
     open_ = list(acc.open)
     for i, a in enumerate(open_):
-        nxt = open_[i + 1] if i + 1 < len(open_) else None
         end = a.ended if a.ended is not None else t
-        buckets, n = split(a, end, _first(nxt))
+        buckets, n = split(a, end, resumed_at(open_[i + 1:]))
         closed = {k: closed[k] + buckets[k] for k in BUCKETS}
         lost += n
         history.append(_closed(a, end, buckets, n))
@@ -261,16 +264,21 @@ def finished(acc: Accounting, t: float) -> Accounting:
     return Accounting(closed, lost, (), tuple(history[-HISTORY:]), restores)
 
 
-def _first(a: Attempt | None) -> int | None:
-    return a.report.first_step if a is not None and a.report is not None else None
+def resumed_at(later: Iterable[Attempt]) -> int | None:
+    """The step the first of the ``later`` attempts that reported started from (None: none reported yet).
+
+    An attempt replaced before its first step (a double fault: a worker and its replica holder lost one after
+    the other) resumed nothing: the steps an earlier attempt lost are those the next attempt that trained
+    computed again."""
+    return next((a.report.first_step for a in later if a.report is not None), None)
 
 
 def _settle(acc: Accounting) -> Accounting:
-    """Close every ended attempt whose successor has reported where it started (its lost steps are known)."""
+    """Close every ended attempt once a later one has reported where it started (its lost steps are known)."""
     closed, lost, history, restores = dict(acc.closed), acc.lost_steps, list(acc.history), acc.restores
     open_ = list(acc.open)
-    while len(open_) >= 2 and open_[0].ended is not None and open_[1].report is not None:
-        buckets, n = split(open_[0], open_[0].ended, open_[1].report.first_step)
+    while len(open_) >= 2 and open_[0].ended is not None and (nxt := resumed_at(open_[1:])) is not None:
+        buckets, n = split(open_[0], open_[0].ended, nxt)
         closed = {k: closed[k] + buckets[k] for k in BUCKETS}
         lost += n
         history.append(_closed(open_[0], open_[0].ended, buckets, n))

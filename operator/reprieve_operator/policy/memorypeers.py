@@ -20,14 +20,11 @@ pairing in force:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from ..models import TrainingJob
 from .pairing import MEMORY_PORT, Holder, address, check_pairing, pair
 from .restart import Condition
-
-if TYPE_CHECKING:
-    from .inplace import PodView
+from .views import PodView
 
 PAIRED = "MemoryPaired"  # the condition type
 

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from .. import LABEL_JOB
 from ..models import TrainingJob
-from . import goodput
+from . import goodput, restores
 from .restart import Condition, RestartPlan
 from .signals import Notice
 from .times import parse_time, rfc3339
 from .views import to_int
 
+log = logging.getLogger(__name__)
 TERMINAL = ("Succeeded", "Failed", "Suspended")  # phases that end the accounting of the attempts so far
 
 
@@ -96,6 +98,12 @@ def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
         restore = last_restore(prog)
         if restore is not None and restore != (st.last_restore.model_dump(by_alias=True) if st.last_restore else None):
             patch["lastRestore"] = restore
+            unknown = unknown_restore_names(prog)
+            if unknown:  # once, when the restore is recorded (the Restored Event, a Warning then, says it too)
+                log.warning("TrainingJob %s/%s: attempt %s restored from %s, which this operator does not know "
+                            "(known: tiers %s, sources %s): recorded as %r; is the runtime newer than the operator?",
+                            job.namespace, job.name, restore["attempt"], ", ".join(map(repr, unknown)),
+                            ", ".join(restores.TIERS), ", ".join(restores.SOURCES), restores.UNKNOWN)
     if job.generation is not None and st.observed_generation != job.generation:
         patch["observedGeneration"] = job.generation
     gp = goodput_patch(job, plan.phase, patch, prog, now, last_steps)
@@ -104,20 +112,29 @@ def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
     return patch
 
 
-RESTORE_SOURCES = ("memory", "peer", "storage")
-
-
 def last_restore(prog: Mapping[str, Any]) -> dict[str, Any] | None:
     """``status.lastRestore`` from process 0's report (``restoredFrom``: the memory tier); None without it or
-    when malformed."""
+    when malformed. A tier or source name this operator does not know is kept as ``unknown`` (``policy.restores``):
+    the restore happened, and the status says so."""
     raw, attempt = prog.get("restoredFrom"), to_int(prog.get("attempt"))
     if not isinstance(raw, Mapping) or attempt is None:
         return None
-    step, tier, sources = to_int(raw.get("step")), raw.get("tier"), raw.get("sources")
-    if step is None or tier not in goodput.RESTORE_TIERS or not isinstance(sources, list) or \
-            any(s not in RESTORE_SOURCES for s in sources):
+    step, sources = to_int(raw.get("step")), raw.get("sources")
+    if step is None or not isinstance(sources, list):
         return None
-    return {"attempt": attempt, "step": step, "tier": tier, "sources": [str(s) for s in sources]}
+    return {"attempt": attempt, "step": step, "tier": restores.known(raw.get("tier"), restores.TIERS),
+            "sources": [restores.known(s, restores.SOURCES) for s in sources]}
+
+
+def unknown_restore_names(prog: Mapping[str, Any]) -> list[str]:
+    """The tier and source names of the report's ``restoredFrom`` this operator does not know, as reported."""
+    raw = prog.get("restoredFrom")
+    if not isinstance(raw, Mapping):
+        return []
+    sources = raw.get("sources")
+    sources = sources if isinstance(sources, list) else []
+    return sorted({*restores.unknown_names([raw.get("tier")], restores.TIERS),
+                   *restores.unknown_names(sources, restores.SOURCES)})
 
 
 def goodput_patch(job: TrainingJob, phase: str, patch: Mapping[str, Any], prog: Mapping[str, Any] | None,

@@ -1,5 +1,6 @@
-"""The policy's views of API objects (pure): a pod as ``WorkerPod`` or ``PodView``, the compact pod and node the
-cache keeps, the newest progress report."""
+"""The policy's views of API objects (pure): a pod as ``WorkerPod`` or ``PodView`` (an in-place job's pod, defined
+here so ``inplace`` and ``memorypeers`` both take it from below them), the compact pod and node the cache keeps, the
+newest progress report."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import logging
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, cast
 
 from .. import (
@@ -19,16 +21,67 @@ from .. import (
     LABEL_ROLE,
 )
 from ..models import TrainingJob
-from .inplace import PodView, worker_view
 from .pairing import ZONE_LABEL
 from .placement import NODE_FIELDS as PLACEMENT_FIELDS
-from .restart import WorkerPod
-from .signals import KIND_FIELDS, NodeField
+from .restart import TERMINAL_PHASES, WorkerPod
+from .signalkinds import KINDS, NodeField
 from .times import parse_time
 from .workload import ANNOTATION_CHECKPOINT
 
 log = logging.getLogger(__name__)
 LOST_REASONS = ("NodeLost", "Evicted", "Preempting", "Terminated", "Shutdown", "NodeShutdown")
+
+
+@dataclass(frozen=True)
+class PodView:
+    """One pod of an in-place job as the policy sees it (``views.pod_view`` builds it from the API object)."""
+
+    name: str
+    role: str  # "worker" or "spare"
+    index: int | None  # the index it was created for (workers)
+    attempt: int  # the attempt it was created for
+    phase: str = "Running"
+    deleting: bool = False
+    node: str | None = None
+    node_lost: bool = False
+    ip: str | None = None
+    exit_attempt: int | None = None  # the supervisor's last exit report
+    exit_code: int | None = None
+    exit_agreed: bool | None = None  # with the restart code: whether the runtime announced it (an agreed save)
+    exit_time: datetime | None = None
+    exit_peer_lost: tuple[int, ...] = ()  # the report's ``peerLost``: the trainer ended as these processes went silent
+    container_code: int | None = None  # the container (the supervisor) ended with this code
+    container_finished: datetime | None = None  # ... at this time (its terminated state's finishedAt)
+    notice_attempt: int | None = None  # the attempt of the notice it carries, if any
+    contract: int | None = None  # the supervisor's contract version, once it announced itself
+    start_error: str | None = None  # the container could not start (the kubelet's StartError message)
+    created: datetime | None = None  # metadata.creationTimestamp
+    zone: str | None = None  # its node's topology.kubernetes.io/zone (``decide`` adds it: the memory tier's pairing)
+    node_ready: bool = True  # its node's Ready condition is not False/Unknown (``decide`` sets it)
+    reachable: bool = True  # False: its address went unanswered when probed (``decide`` sets it)
+
+    @property
+    def ready(self) -> bool:
+        """Running with an IP, not being deleted: an assignment may list it."""
+        return self.phase == "Running" and bool(self.ip) and not self.deleting and not self.node_lost
+
+
+
+def worker_view(p: PodView, attempt: int, index: int, restart_code: int) -> WorkerPod:
+    """The worker ``p`` as ``policy.restart`` sees it: its exit report for ``attempt`` is its exit."""
+    phase, code = ("Running" if p.phase in ("Running", "Pending") else p.phase), None
+    peer_lost: tuple[int, ...] = ()
+    if p.exit_attempt == attempt and p.exit_code is not None:
+        phase, code = ("Succeeded" if p.exit_code == 0 else "Failed"), p.exit_code
+        peer_lost = p.exit_peer_lost if code != 0 else ()
+    elif p.phase in TERMINAL_PHASES:  # the supervisor ended without a report for this attempt
+        code = p.container_code if p.container_code is not None else (0 if p.phase == "Succeeded" else None)
+    exit_time = p.exit_time if p.exit_attempt == attempt else \
+        (p.container_finished if p.phase in TERMINAL_PHASES else None)
+    return WorkerPod(name=p.name, index=index, attempt=attempt, phase=phase, exit_code=code, deleting=p.deleting,
+                     node=p.node, node_lost=p.node_lost, noticed=p.notice_attempt == attempt,
+                     unsaved=code == restart_code and p.exit_attempt == attempt and p.exit_agreed is False,
+                     peer_lost=peer_lost, exit_time=exit_time, node_ready=p.node_ready, reachable=p.reachable)
 
 
 @dataclass(frozen=True)
@@ -221,10 +274,10 @@ def workers(job: TrainingJob, raw_pods: Iterable[Mapping[str, Any]], assignment:
 
 
 def node_fields() -> tuple[NodeField, ...]:
-    """The Node fields the operator keeps: each one a signal kind reads (``signals.KIND_FIELDS``) or placement
+    """The Node fields the operator keeps: each one a signal kind reads (``signalkinds.KINDS``) or placement
     does (``placement.NODE_FIELDS``); one entry per field, every key any reader names."""
     merged: dict[tuple[str, str], NodeField] = {}
-    for f in (*KIND_FIELDS.values(), *PLACEMENT_FIELDS):
+    for f in (*(k.field for k in KINDS.values()), *PLACEMENT_FIELDS):
         old = merged.get((f.section, f.key))
         if old is not None and (not old.keys or not f.keys):
             f = NodeField(f.section, f.key)  # one reader takes the whole value: keep all of it
