@@ -67,6 +67,15 @@ def test_a_gang_whose_pod_waits_for_its_image_or_a_node_is_pending_not_running()
     assert (plan.phase, plan.ready) == ("Running", 2)
 
 
+def test_a_gang_whose_first_worker_finished_while_the_other_ends_stays_running() -> None:
+    """#46: the phase read Pending for ~1 s at the end of a finished in-place job (one worker exited 0 first)."""
+    plan, _ = decide_inplace(job(RUN), [exited(W0, 0), W1], ASSIGNED, (), NOW)
+    assert (plan.phase, plan.ready, plan.cause) == ("Running", 1, None)
+    waiting = pod("llama-1", 1, phase="Pending")
+    plan, _ = decide_inplace(job(RUN), [exited(W0, 0), waiting], ASSIGNED, (), NOW)
+    assert plan.phase == "Pending"
+
+
 def test_a_spare_that_ended_is_replaced() -> None:
     failed = pod("llama-spare-xyz12", role="spare", phase="Failed", node="n3")
     plan, extra = decide_inplace(job(RUN, spares=1), [W0, W1, failed], ASSIGNED, (), NOW)

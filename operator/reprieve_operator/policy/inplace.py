@@ -239,7 +239,10 @@ def _steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int
     # whose pod waits for its image or a node is Pending, as in Recreate mode (condition PodsReady says why).
     running = sum(1 for p in pods if p.name in workers and p.phase == "Running" and not p.deleting
                   and current[workers[p.name]].phase == "Running")
-    phase = "Preempting" if noticed else ("Running" if running == job.spec.replicas else "Pending")
+    # A worker that already exited 0 while the others finish their last steps is done, not waiting: the job is
+    # still Running (it was reported Pending for the second between the first and the last worker's exit).
+    done = sum(1 for w in current.values() if w.phase == "Succeeded")
+    phase = "Preempting" if noticed else ("Running" if running and running + done == job.spec.replicas else "Pending")
     spares = [p for p in pods if p.role == "spare" and p.name not in workers and not p.deleting]
     doomed_spares = tuple(sorted(p.name for p in spares if _spare_gone(p, doomed)))
     keep = len(spares) - len(doomed_spares)
