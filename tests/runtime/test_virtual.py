@@ -8,14 +8,8 @@ from typing import Any
 
 import pytest
 from reprieve.data import VIRTUAL, DataPositionError, encode, value_for_process
-from reprieve.virtual import (
-    VirtualData,
-    VirtualShardsError,
-    owned,
-    require_virtual_step,
-    sizes,
-    usage_problem,
-)
+from reprieve.virtual import VirtualData, VirtualShardsError, owned, sizes, usage_problem
+from reprieve.virtual import require_virtual_step as require
 
 pytestmark = pytest.mark.unit
 
@@ -148,8 +142,8 @@ def test_a_declared_shard_count_needs_steps_through_it(declared: int | None, use
     problem = usage_problem(declared, used)
     if words is None:
         assert problem is None
-        require_virtual_step(declared, used)
+        require(declared, used)
     else:
         assert problem is not None
         with pytest.raises(VirtualShardsError, match=words):
-            require_virtual_step(declared, used)
+            require(declared, used)
