@@ -9,7 +9,8 @@ so a shard's gradient is bitwise the same on any size. The sum over shards is th
 
 * default: each device adds its shards in order, then one ``psum`` over the devices (an all-reduce of one
   gradient). Another device count adds the same terms in another association: the result differs from the full
-  size's by rounding, at most ``(count - 1) * eps * sum(|g_v|)`` per element (``eps`` the dtype's unit roundoff).
+  size's by rounding, at most ``2 * (count - 1) * u * sum(|g_v|)`` per element (each order is within half that
+  of the exact sum; ``u`` the dtype's unit roundoff).
 * ``canonical=True``: every device all-gathers every shard's gradient and adds them in the order ``0 .. count-1``,
   so the result is bitwise the same on every device count that divides ``count``. It holds ``count`` gradients per
   device during the step (``count / devices`` + ``count`` instead of 2), and moves ``count - count/devices``
@@ -63,25 +64,31 @@ class VirtualStep:
 
     Args:
         loss_fn: ``loss_fn(params, batch) -> scalar`` for one shard's batch (its share of the global batch;
-            for a mean over the global batch, divide by ``count`` inside it).
+            for a mean over the global batch, divide by ``count`` inside it); with ``with_shard_index``,
+            ``loss_fn(params, batch, shard)``.
         count: the number of virtual shards, fixed for the run (the job's full size, or a multiple of it); a
             multiple of the device count.
         canonical: add the shards in the fixed order ``0 .. count-1`` (bitwise the same on every size); the
             default adds per device, then across devices (faster, equal to rounding).
         devices: the devices, in mesh order (default ``jax.devices()``: every process's, process by process).
+        with_shard_index: pass the shard's index to ``loss_fn`` as a traced ``uint32`` scalar (one compiled
+            program for every shard), e.g. to fold into a dropout key, so that a shard draws the same randomness
+            on any device count (a device's index would change it).
 
     Raises:
         VirtualShardsError: ``count`` does not split evenly over the devices, or this process's devices do not
             own one contiguous block of shards.
     """
 
-    def __init__(self, loss_fn: Callable[[Any, Any], Any], count: int, *, canonical: bool = False,
-                 devices: Sequence[Any] | None = None) -> None:
+    def __init__(self, loss_fn: Callable[..., Any], count: int, *, canonical: bool = False,
+                 devices: Sequence[Any] | None = None, with_shard_index: bool = False) -> None:
         devices = list(jax.devices() if devices is None else devices)
-        self.count, self.canonical = count, canonical
+        self.count, self.canonical, self.with_shard_index = count, canonical, with_shard_index
         self.mesh = Mesh(np.array(devices), (AXIS,))
         me = jax.process_index()
         self._blocks = [(owned(count, len(devices), i), d) for i, d in enumerate(devices) if d.process_index == me]
+        if not self._blocks:
+            raise VirtualShardsError(f"VirtualStep: none of the {len(devices)} devices given is process {me}'s")
         first, last = self._blocks[0][0], self._blocks[-1][0]
         self.shards = range(first.start, last.stop)
         expected = owned(count, jax.process_count(), me)
@@ -119,8 +126,8 @@ class VirtualStep:
         per_device = []
         for block, device in self._blocks:
             local = jax.tree_util.tree_map_with_path(lambda path, leaf, d=device: _replica(path, leaf, d), params)
-            terms = [self._value_and_grad(local, jax.device_put(batches[v - self.shards.start], device))
-                     for v in block]
+            terms = [self._value_and_grad(local, jax.device_put(batches[v - self.shards.start], device),
+                                          *self._shard_index(v, device)) for v in block]
             if self.canonical:
                 per_device.append(self._stack(*terms))
             else:
@@ -136,6 +143,10 @@ class VirtualStep:
                    for parts in zip(*leaves, strict=True)]
         loss, grads = self._reduce(jax.tree.unflatten(treedef, stacked))
         return loss, grads
+
+
+    def _shard_index(self, shard: int, device: Any) -> tuple[jax.Array, ...]:
+        return (jax.device_put(np.uint32(shard), device),) if self.with_shard_index else ()
 
 
 def _replica(path: Any, leaf: Any, device: Any) -> Any:

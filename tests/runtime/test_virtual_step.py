@@ -2,7 +2,7 @@
 and on 1 and 2 real ``jax.distributed`` processes (gloo), and across a save on 2 processes restored onto 1.
 
 Canonical order gives bitwise the same parameters on every size; the default sum stays within its stated bound
-((count - 1) * eps * sum |g_v| per element and step, docs/elastic.md)."""
+(2 * (count - 1) * u * sum |g_v| per element and step, docs/elastic.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import reprieve
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 WORKER = Path(__file__).resolve().parent / "workers" / "virtual_worker.py"
 STEPS, SAVED_AT = 6, 2
-EPS = float(np.finfo(np.float32).eps) / 2  # unit roundoff of float32
+U = float(np.finfo(np.float32).eps) / 2  # unit roundoff of float32
 
 
 def _devices(n: int) -> list[Any]:
@@ -66,7 +67,7 @@ def test_canonical_order_is_bitwise_the_same_on_1_2_and_4_devices() -> None:
 def test_the_default_sum_is_within_its_stated_bound_of_the_full_size() -> None:
     params = init_params()
     terms = [jax.grad(loss_fn)(params, batch) for batch in _batches(0)]
-    bound = {k: (SHARDS - 1) * EPS * sum(np.abs(np.asarray(t[k])) for t in terms) for k in params}
+    bound = {k: 2 * (SHARDS - 1) * U * sum(np.abs(np.asarray(t[k])) for t in terms) for k in params}
     results = {}
     for devices in (1, 2, 4):
         step = reprieve.VirtualStep(loss_fn, SHARDS, devices=_devices(devices))
@@ -79,6 +80,26 @@ def test_the_default_sum_is_within_its_stated_bound_of_the_full_size() -> None:
             assert np.all(np.abs(grads[k] - np.asarray(exact[k])) <= bound[k]), (devices, k)
     # the bound is not vacuous: 2 devices add (g0 + g1) + (g2 + g3), the canonical order ((g0 + g1) + g2) + g3
     assert any(not np.array_equal(results[2][k], np.asarray(exact[k])) for k in params)
+
+
+def _dropout_loss(params: dict[str, Any], batch: Any, shard: jax.Array) -> jax.Array:
+    """``loss_fn`` with dropout on the input: the mask from a key folded with the shard's index."""
+    x, y = batch
+    keep = jax.random.bernoulli(jax.random.fold_in(jax.random.key(7), shard), 0.7, x.shape)
+    return loss_fn(params, (jnp.where(keep, x / 0.7, 0.0), y))
+
+
+def test_a_shard_index_gives_each_shard_its_own_randomness_on_every_size() -> None:
+    grads = {}
+    for devices in (1, 2, 4):
+        step = reprieve.VirtualStep(_dropout_loss, SHARDS, canonical=True, devices=_devices(devices),
+                                    with_shard_index=True)
+        _, g = step(step.replicate(init_params()), _batches(0))
+        grads[devices] = {k: np.asarray(v) for k, v in g.items()}
+    assert all(np.array_equal(grads[4][k], grads[d][k]) for d in (1, 2) for k in grads[4])
+    plain = reprieve.VirtualStep(loss_fn, SHARDS, canonical=True, devices=_devices(1))
+    _, without = plain(plain.replicate(init_params()), _batches(0))
+    assert not np.array_equal(grads[1]["w1"], np.asarray(without["w1"]))  # the masks did apply
 
 
 def test_a_step_refuses_batches_that_are_not_one_per_owned_shard() -> None:
