@@ -150,12 +150,14 @@ def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray], mode: str) -> list
 
 
 def test_shrunk_and_resumed_runs_end_bitwise_equal_to_the_full_size(tmp_path: Path) -> None:
-    """Full size (1 process, 4 devices), 1 process, and 2 processes saving at step 2 then resumed on 1 process:
-    canonical order ends with bitwise the same parameters; the data positions follow the shards."""
+    """Full size (1 process, 4 devices), 1 process, 2 processes of 2 devices, and 2 processes saving at step 2 then
+    resumed on 1 process: canonical order ends with bitwise the same parameters; the data positions follow the
+    shards."""
     full = _run(tmp_path / "full", 1, devices=4)
     one = _run(tmp_path / "one", 1)
+    pairs = _run(tmp_path / "pairs", 2, devices=2)
     two = _run(tmp_path / "shrunk", 2, steps=SAVED_AT + 1)
-    for gang, n in ((full, 1), (one, 1), (two, 2)):
+    for gang, n in ((full, 1), (one, 1), (pairs, 2), (two, 2)):
         assert gang.wait(180) == [0] * n, gang.tail()
     resumed = _run(tmp_path / "shrunk", 1, steps=STEPS, attempt=2)
     assert resumed.wait(180) == [0], resumed.tail()
@@ -163,6 +165,7 @@ def test_shrunk_and_resumed_runs_end_bitwise_equal_to_the_full_size(tmp_path: Pa
 
     expected = _params(tmp_path / "full", STEPS - 1)
     assert _same(expected, _params(tmp_path / "one", STEPS - 1), "canonical") == []
+    assert _same(expected, _params(tmp_path / "pairs", STEPS - 1), "canonical") == []
     assert _same(_params(tmp_path / "full", SAVED_AT), _params(tmp_path / "shrunk", SAVED_AT), "canonical") == []
     assert _same(expected, _params(tmp_path / "shrunk", STEPS - 1), "canonical") == []
     # every shard read its batches in order, one per step, across the restore onto another process count
