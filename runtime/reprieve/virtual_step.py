@@ -144,7 +144,6 @@ class VirtualStep:
         loss, grads = self._reduce(jax.tree.unflatten(treedef, stacked))
         return loss, grads
 
-
     def _shard_index(self, shard: int, device: Any) -> tuple[jax.Array, ...]:
         return (jax.device_put(np.uint32(shard), device),) if self.with_shard_index else ()
 
