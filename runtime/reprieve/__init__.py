@@ -13,6 +13,7 @@ importable from their modules (``reprieve.agreement``, ``reprieve.checkpoint``, 
 
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
+from typing import TYPE_CHECKING
 
 from .bootstrap import init
 from .config import ConfigError, RuntimeConfig
@@ -23,6 +24,12 @@ from .job import Checkpointer, Job, Restored
 from .notice import Notice
 from .policy import SavePolicy
 from .topology import Topology, TopologyError, expected_topology
+from .virtual import VirtualData, VirtualShardsError
+
+if TYPE_CHECKING:
+    from .virtual_step import VirtualStep
+
+_IMPORTS_JAX = {"VirtualStep": "virtual_step"}  # `import reprieve` does not import JAX: these load when first named
 
 try:
     __version__ = _version("reprieve")
@@ -37,6 +44,8 @@ def __getattr__(name: str) -> object:
     import importlib
     import importlib.util
 
+    if name in _IMPORTS_JAX:
+        return getattr(importlib.import_module(f"{__name__}.{_IMPORTS_JAX[name]}"), name)
     if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -44,6 +53,6 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "Checkpointer", "ConfigError", "CountdownSettings", "DataPositionError", "Job", "Notice",
-    "PreemptionServiceDisabled", "Restored", "RuntimeConfig", "SavePolicy", "Topology", "TopologyError", "__version__",
-    "expected_topology", "init",
+    "PreemptionServiceDisabled", "Restored", "RuntimeConfig", "SavePolicy", "Topology", "TopologyError",
+    "VirtualData", "VirtualShardsError", "VirtualStep", "__version__", "expected_topology", "init",
 ]

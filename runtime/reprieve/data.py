@@ -9,6 +9,8 @@ JSON value (a dict of counters, a bytes blob).
 When the process count changed between save and restore, :func:`value_for_process` decides what a process gets:
 the saved positions move only if they are one global position (every process saved the same value, as a
 pipeline over global batches does) or if the user gives ``reshard_data``; otherwise it is an error that says so.
+Positions of virtual shards (:class:`reprieve.virtual.VirtualData`, one per shard, each process saving its own
+shards') are merged instead: every process gets every shard's position and takes the shards it owns now.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 _BYTES = "__reprieve_bytes__"
+VIRTUAL = "__reprieve_virtual_shards__"  # a process's saved positions of its virtual shards (reprieve.virtual)
 
 
 class DataPositionError(ValueError):
@@ -70,6 +73,7 @@ def value_for_process(saved: list[Any] | None, process_index: int, process_count
                       reshard: Callable[[list[Any], int, int], Any] | None = None) -> Any:
     """This process's data position out of every process's saved one (decoded); None when none was saved.
 
+    Virtual shards (every process saved its shards' positions): every shard's position, for any process count.
     Same process count: the value process ``process_index`` saved. Another count: ``reshard(saved, index,
     count)`` if given, else the common value when every process saved the same one (a global position),
     else :class:`DataPositionError`.
@@ -77,6 +81,8 @@ def value_for_process(saved: list[Any] | None, process_index: int, process_count
     if saved is None:
         return None
     values = [decode(v) for v in saved]
+    if any(isinstance(v, dict) and VIRTUAL in v for v in values):
+        return _merged_virtual(values)
     if len(values) == process_count:
         return values[process_index]
     if reshard is not None:
@@ -89,6 +95,37 @@ def value_for_process(saved: list[Any] | None, process_index: int, process_count
         f"they are per-process (process 0 and processes {differ} differ, e.g. a grain DataLoader sharded by "
         "process), so they cannot be moved to another process count. Pass restore_or(..., reshard_data=fn) "
         "or use a pipeline whose position is global (docs/runtime.md, \"Data position\")")
+
+
+def _virtual_count(values: list[Any]) -> int:
+    """The virtual shard count every process saved; DataPositionError when they differ or one saved another kind."""
+    counts = {v[VIRTUAL].get("count") if isinstance(v, dict) and isinstance(v.get(VIRTUAL), dict) else None
+              for v in values}
+    count = next(iter(counts)) if len(counts) == 1 else None
+    if not isinstance(count, int):
+        kinds = ["virtual shards" if isinstance(v, dict) and VIRTUAL in v else type(v).__name__ for v in values]
+        raise DataPositionError(f"the checkpoint's data positions mix virtual shards with other values or shard "
+                                f"counts (per process: {kinds}, counts {sorted(map(str, counts))}); every "
+                                "process must save a reprieve.virtual.VirtualData of the same count")
+    return count
+
+
+def _merged_virtual(values: list[Any]) -> dict[str, Any]:
+    """Every virtual shard's saved position out of the processes' values (each shard saved exactly once), in the
+    saved form of one process that owned them all."""
+    count = _virtual_count(values)
+    found: dict[str, tuple[int, Any]] = {}  # shard -> (the process that saved it, its position)
+    for process, value in enumerate(values):
+        for key, position in value[VIRTUAL].get("positions", {}).items():
+            if key in found:
+                raise DataPositionError(f"virtual shard {key}'s data position was saved by two processes "
+                                        f"({found[key][0]} and {process})")
+            found[key] = (process, position)
+    missing = [v for v in range(count) if str(v) not in found]
+    if missing:
+        raise DataPositionError(f"the checkpoint has no data position for virtual shards {missing} of {count}")
+    positions = {key: position for key, (_, position) in sorted(found.items(), key=lambda kv: int(kv[0]))}
+    return {VIRTUAL: {"count": count, "positions": positions}}
 
 
 def restore_into(data: Any, value: Any) -> None:
