@@ -93,7 +93,8 @@ class Supervisor:
             self.annotator.put(contract.supervisor_annotation(_version()))
         if self.local:
             log.info("restarting the command after every saved preemption (exit %d), stopping on anything else; "
-                     "Ctrl-C saves and stops, a second Ctrl-C kills", self.state.settings.restart_code)
+                     "Ctrl-C saves at the next step and stops (exit %d), a second Ctrl-C kills",
+                     self.state.settings.restart_code, sm.INTERRUPTED_EXIT)
             self.events.put(sm.AssignmentSeen(None))
         elif self.client is not None and self.configmap:
             self.watch = ObjectWatch(self.client, self.namespace, "configmaps", self.configmap,
@@ -140,7 +141,8 @@ class Supervisor:
         elif isinstance(action, sm.StartTrainer):
             log.info("%s", action.why)
             self._kill_leftovers()
-            return self._spawn("trainer", contract.trainer_env(self.env, action.assignment), action.assignment)
+            return self._spawn("trainer", contract.trainer_env(self.env, action.assignment, local=self.local),
+                               action.assignment)
         elif isinstance(action, sm.StartWarm):
             log.info("%s: starting a warm process", action.why)
             return self._spawn("warm", contract.warm_env(self.env, action.topology), None, warm=True)
@@ -189,7 +191,7 @@ class Supervisor:
             # posix_spawn, not subprocess: the supervisor reaps every child itself (waitpid(-1)), which would
             # race subprocess's own bookkeeping. Signals Python ignores go back to their defaults.
             # A local run puts the trainer in its own process group: the terminal's Ctrl-C reaches only this
-            # supervisor, which turns it into the SIGTERM of a notice (agreed save, then stop).
+            # supervisor, which forwards it as SIGINT: the runtime's stop (save at the next step, then exit).
             if self.local:
                 pid = os.posix_spawnp(self.command[0], self.command, env,
                                       setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=(), setpgroup=0)
