@@ -151,6 +151,21 @@ def test_run_stops_on_a_crash_with_its_code(tmp_path: Path) -> None:
     assert got.returncode == 1 and "failed with code 1; stopping, as the operator would" in got.stderr, got.stderr
 
 
+@pytest.mark.parametrize("variable,value,words", [
+    ("REPRIEVE_CHECKPOINT_INTERVAL_STEPS", "ten", "must be an integer >= 0, got 'ten'"),
+    ("REPRIEVE_MEMORY_INTERVAL_STEPS", "x", "must be an integer >= 0, got 'x'"),
+])
+def test_a_bad_variable_is_one_line_and_exit_2_before_the_script_starts(tmp_path: Path, variable: str, value: str,
+                                                                        words: str) -> None:
+    """Each attempt's script ended in a ConfigError traceback and the loop exited 1 (issue 46)."""
+    env = _run_env(tmp_path, **{variable: value, "REPRIEVE_MEMORY_DIR": str(tmp_path / "mem")})
+    got = reprieve("run", "--", sys.executable, str(tmp_path / "train.py"), env=env)
+    assert got.returncode == 2 and "Traceback" not in got.stderr, got.stderr
+    errors = [line for line in got.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and f"{variable} {words}; nothing started" in errors[0], got.stderr
+    assert "started trainer" not in got.stderr and not (tmp_path / "running").exists()
+
+
 def _start_run(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     proc = subprocess.Popen([REPRIEVE, "run", "--", sys.executable, str(tmp_path / "train.py")], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -274,3 +274,25 @@ def test_a_spare_parked_before_the_first_checkpoint_traces_ahead_once_one_is_com
     reader.join(30)
     assert sum("traced ahead for" in line for line in err) == 1, err  # once, then it stopped looking
 
+
+
+def test_a_process_that_exited_gets_no_signal_and_the_log_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """The supervisor logged "sending SIGKILL to pid N" for a process that had ended (issue 46)."""
+    import logging
+
+    from reprieve.supervisor import contract
+    from reprieve.supervisor import protocol as sm
+    from reprieve.supervisor.process import Supervisor
+
+    supervisor = Supervisor(["true"], {}, sm.Settings(), env_assignment=contract.assignment_from_env({}),
+                            client=None, namespace="default", pod=None, configmap=None)
+    ended = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{ended.pid}/stat").read_bytes().split(b") ")[1][:1] != b"Z":  # ended, not reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with caplog.at_level(logging.INFO, logger="reprieve.supervisor"):
+        supervisor._do(sm.Signal(ended.pid, signal.SIGKILL, "training finished: ending the pre-warmed process"))
+    assert ended.wait(5) == 0  # exited on its own: not killed
+    assert caplog.messages == [(f"training finished: ending the pre-warmed process: pid {ended.pid} has exited "
+                               "already; no SIGKILL sent")], caplog.messages

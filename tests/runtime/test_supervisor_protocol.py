@@ -477,3 +477,14 @@ def test_the_exit_report_carries_the_last_step_the_trainer_said_with_peer_lost(
         assert "lastStep" not in value and "lastStepAt" not in value
     else:
         assert (value["lastStep"], value["lastStepAt"]) == expected
+
+
+def test_a_finished_run_says_it_ends_the_pre_warmed_process_not_the_trainer() -> None:
+    """It logged "training finished: sending SIGKILL to pid N", N the warm process (issue 46)."""
+    state = State(ENV_A, SETTINGS)
+    events = [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+              (50, ChildExited(11, 0))]
+    for now, event in events:
+        state, actions = sv.step(state, event, now)
+    assert [(a.pid, a.sig, a.why) for a in actions if isinstance(a, sv.Signal)] == [
+        (21, signal.SIGKILL, "training finished: ending the pre-warmed process")]

@@ -517,7 +517,7 @@ def _kill_warm(s: State, why: str) -> tuple[State, list[Action]]:
     if w is None or w.kill_sent:
         return s, []
     return (s.replace(warm=dataclasses.replace(w, kill_sent=True)),
-            [Signal(w.pid, signal.SIGKILL, f"warm process: {why}")])
+            [Signal(w.pid, signal.SIGKILL, f"{why}: ending the pre-warmed process")])
 
 
 def _stop_children(s: State, now: float, why: str) -> tuple[State, list[Action]]:
