@@ -85,9 +85,9 @@ def mismatch(saved: Any, run_id: str | None, ours: Structure, saved_structure: S
     theirs = saved.get("id")
     if theirs != run_id:
         whose = f"run {theirs!r}" if theirs is not None else "a run with no REPRIEVE_RUN_ID"
-        ours = f"this is run {run_id!r} (REPRIEVE_RUN_ID)" if run_id is not None else "this run has no REPRIEVE_RUN_ID"
+        here = f"this is run {run_id!r} (REPRIEVE_RUN_ID)" if run_id is not None else "this run has no REPRIEVE_RUN_ID"
         resume = f"set REPRIEVE_RUN_ID={theirs}" if theirs is not None else "unset REPRIEVE_RUN_ID"
-        return (f"checkpoint {where} belongs to {whose}, and {ours}: a new run needs its own "
+        return (f"checkpoint {where} belongs to {whose}, and {here}: a new run needs its own "
                 f"REPRIEVE_CHECKPOINT_URI; to resume that run, {resume}")
     if saved.get("tree") in (None, digest(ours)):
         return None

@@ -522,10 +522,11 @@ def _kill_warm(s: State, why: str) -> tuple[State, list[Action]]:
 
 def _stop_children(s: State, now: float, why: str) -> tuple[State, list[Action]]:
     s, acts = _kill_warm(s, why)
-    if s.trainer is not None:
+    t = s.trainer
+    if t is not None:
         if s.interrupted:
-            s, more = _terminate(s, s.trainer, now, "Ctrl-C", signal.SIGINT)
+            s, more = _terminate(s, t, now, "Ctrl-C", signal.SIGINT)
         else:
-            s, more = _terminate(s, s.trainer, now, f"{why}: forwarding SIGTERM to the trainer")
+            s, more = _terminate(s, t, now, f"{why}: forwarding SIGTERM to the trainer")
         acts += more
     return s, acts
