@@ -10,7 +10,6 @@ The words come from :mod:`reprieve.memtier.schedule` (``startup_line``, ``interv
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
 import time
@@ -22,6 +21,8 @@ import numpy as np
 import pytest
 import reprieve
 
+from tests.runtime.helpers_memtier import shm_base
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 TIER_HOOK = "needs the lead's memtier/tier.py hook (schedule.startup_line / interval_line / SkipNotice)"
@@ -30,9 +31,7 @@ JOB_HOOK = "needs the lead's job.py hook (schedule.periodic_saves_off_line)"
 
 @pytest.fixture
 def shm(tmp_path: Path) -> Any:
-    base = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else tmp_path
-    d = base / f"reprieve-lines-{os.getpid()}-{id(tmp_path)}"
-    d.mkdir()
+    d = shm_base(tmp_path)  # a memory directory on tmpfs, as on a laptop
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
