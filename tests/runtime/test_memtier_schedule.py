@@ -290,11 +290,11 @@ def test_the_interval_line_gives_steps_seconds_the_reason_and_the_loss() -> None
     choice = schedule.plan(cost_s=1.2, step_s=0.02, budget=AUTO.budget)
     line = schedule.interval_line(schedule.Schedule(choice.every, 40, 2, 30), choice, cost_s=1.2, step_s=0.02,
                                   cfg=AUTO)
-    assert line == (f"memory copies every {choice.every} steps (~171 s) from step 40: each copy costs the loop 1.200 s "
-                    "and a step takes 0.0200 s; the budget is 1% of the step time (aiming at 0.70%). A kill -9 loses "
-                    f"up to ~{choice.every} steps")
+    assert line == (f"memory copies every {choice.every} steps (~171 s) from step 40, counted from step 30 (schedule "
+                    "2): each copy costs the loop 1.200 s and a step takes 0.0200 s; the budget is 1% of the step time "
+                    f"(aiming at 0.70%). A kill -9 loses up to ~{choice.every} steps")
     first = schedule.interval_line(schedule.Schedule(4, 9), choice, cost_s=1.2, step_s=0.02, cfg=AUTO)
-    assert first.startswith("memory copies every 4 steps (~0.08 s) from step 9") and "provisional" in first
+    assert first.startswith("memory copies every 4 steps (~0.08 s) from step 9 (schedule 1)") and "provisional" in first
     capped = schedule.plan(cost_s=1.2, step_s=0.02, budget=AUTO.budget, storage_steps=100)
     line = schedule.interval_line(schedule.Schedule(50, 60, 2), capped, cost_s=1.2, step_s=0.02, cfg=AUTO,
                                   storage=(100, 0.0))

@@ -295,9 +295,10 @@ def interval_line(plan: Schedule, choice: Choice, *, cost_s: float, step_s: floa
                 f"would space them every {choice.wanted} steps")
     if plan.version == 1 and plan.every < choice.every:
         why += f"; provisional: at most every {PROBE_EVERY} steps until a few more copies are timed"
-    return (f"memory copies {_every(plan.every)} (~{_seconds(plan.every * step_s)}) from step {plan.start}: each "
-            f"copy costs the loop {cost_s:.3f} s and a step takes {step_s:.4f} s; {why}. A kill -9 loses up to "
-            f"~{plan.every} steps")
+    counted = "" if plan.anchor is None else f", counted from step {plan.anchor}"
+    return (f"memory copies {_every(plan.every)} (~{_seconds(plan.every * step_s)}) from step {plan.start}{counted} "
+            f"(schedule {plan.version}): each copy costs the loop {cost_s:.3f} s and a step takes {step_s:.4f} s; "
+            f"{why}. A kill -9 loses up to ~{plan.every} step{'' if plan.every == 1 else 's'}")
 
 
 def storage_text(steps: int, seconds: float) -> str:
