@@ -56,8 +56,9 @@ def test_the_interval_is_said_at_start_up_and_whenever_it_is_set(tmp_path: Path,
     records = _train(tmp_path, shm, caplog, steps=80, size=1 << 20, pause_s=0.005)
     lines = [r.getMessage() for r in records if r.levelno == logging.INFO]
     assert any(line.startswith("memory copies spaced to cost at most 1% of the step time") for line in lines), lines
-    published = [line for line in lines if re.match(r"memory copies every \d+ steps \(~[0-9.e+-]+ s\) from step \d+: "
-                                                     r"each copy costs the loop [0-9.]+ s", line)]
+    published = [line for line in lines if re.match(r"memory copies every \d+ steps \(~[0-9.e+-]+ s\) from step \d+"
+                                                     r"(?:, counted from step \d+)? \(schedule \d+\): each copy costs "
+                                                     r"the loop [0-9.]+ s", line)]
     assert published and all("the budget is 1% of the step time" in line for line in published), lines
 
 
