@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a training script, restarting it after every saved preemption",
                          description="The local restart loop: the script runs as attempt 1, 2, ... as long as it "
                          "exits with the restart code after an agreed save; any other exit ends the loop with its "
-                         "code. Ctrl-C saves and stops; a second Ctrl-C kills.")
+                         "code. Ctrl-C saves at the next step and stops (exit 130); a second Ctrl-C kills.")
     run.add_argument("--max-restarts", type=int, default=None, metavar="N", help="stop after N restarts")
     run.add_argument("script", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
     return parser

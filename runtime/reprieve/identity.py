@@ -84,9 +84,11 @@ def mismatch(saved: Any, run_id: str | None, ours: Structure, saved_structure: S
         return None
     theirs = saved.get("id")
     if theirs != run_id:
-        return (f"checkpoint {where} belongs to run {_run(theirs)}, and this is run {_run(run_id)} "
-                f"(REPRIEVE_RUN_ID): a new run needs its own REPRIEVE_CHECKPOINT_URI; to resume that run, set "
-                f"REPRIEVE_RUN_ID={theirs if theirs is not None else '(unset)'}")
+        whose = f"run {theirs!r}" if theirs is not None else "a run with no REPRIEVE_RUN_ID"
+        here = f"this is run {run_id!r} (REPRIEVE_RUN_ID)" if run_id is not None else "this run has no REPRIEVE_RUN_ID"
+        resume = f"set REPRIEVE_RUN_ID={theirs}" if theirs is not None else "unset REPRIEVE_RUN_ID"
+        return (f"checkpoint {where} belongs to {whose}, and {here}: a new run needs its own "
+                f"REPRIEVE_CHECKPOINT_URI; to resume that run, {resume}")
     if saved.get("tree") in (None, digest(ours)):
         return None
     if saved_structure is not None:
@@ -96,10 +98,6 @@ def mismatch(saved: Any, run_id: str | None, ours: Structure, saved_structure: S
         what = f"structure digest {saved.get('tree')} in the checkpoint, {digest(ours)} here"
     return (f"checkpoint {where} holds a state of another structure than this program's ({what}): it is another "
             "run's (use another REPRIEVE_CHECKPOINT_URI) or the model changed since it was saved")
-
-
-def _run(run_id: str | None) -> str:
-    return "(no REPRIEVE_RUN_ID)" if run_id is None else repr(run_id)
 
 
 def past_total(start: int, total: int | None) -> str | None:

@@ -1,4 +1,5 @@
-"""Where notices come from: SIGTERM, the downward-API file, a user callable (and :mod:`reprieve.kube`).
+"""Where notices come from: SIGTERM, the downward-API file, a user callable (and :mod:`reprieve.kube`); under
+``reprieve run``, also SIGINT (the loop's forwarded Ctrl-C: a stop at the next step, :func:`interrupt_notice`).
 
 Every source hands :class:`~reprieve.notice.Notice` objects to a :class:`NoticeHub`, whose one thread passes
 them to the sink (the agreement). Sources never raise into training and never block it: the SIGTERM handler
@@ -8,6 +9,7 @@ only enqueues, pollers run in daemon threads and log their failures.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import signal
 import threading
@@ -26,6 +28,22 @@ from .notice import (
 )
 
 log = logging.getLogger(__name__)
+
+INTERRUPT_REASON = "interrupt"
+
+
+def interrupt_notice(now: float, *, pod: str | None, process_id: int) -> Notice:
+    """The notice a Ctrl-C under ``reprieve run`` implies: stop now. No deadline to train towards (``deadline_known``
+    False, the deadline ``now``): the agreement saves at the earliest step every process can and the job exits."""
+    return Notice(id=f"{INTERRUPT_REASON}/{pod or 'local'}/{process_id}", source="sigint", reason=INTERRUPT_REASON,
+                  deadline=now, received_at=now, deadline_known=False)
+
+
+def _urgency(notice: Notice) -> str:
+    """The end of the hub's line about a new notice: what its deadline means."""
+    if notice.reason == INTERRUPT_REASON:
+        return " (Ctrl-C under reprieve run: save at the next step and exit)"
+    return "" if notice.deadline_known else " (deadline unknown: save at once)"
 
 
 class NoticeHub:
@@ -69,8 +87,7 @@ class NoticeHub:
             if notice.id not in self._seen:
                 self._seen.add(notice.id)
                 log.info("notice %s via %s: reason %s, deadline in %.1fs%s", notice.id, notice.source,
-                         notice.reason, notice.deadline - time.time(),
-                         "" if notice.deadline_known else " (deadline unknown: save at once)")
+                         notice.reason, notice.deadline - time.time(), _urgency(notice))
                 if self._on_notice is not None:
                     self._on_notice(notice)
             else:  # a second SIGTERM during the countdown, the same notice re-delivered: said, not silently dropped
@@ -86,18 +103,27 @@ class NoticeHub:
 class SigtermSource:
     """SIGTERM -> notice with deadline receipt + grace. Chains the handler that was installed before.
 
+    ``interrupt`` (default: the process is a trainer of ``reprieve run``, :func:`.supervisor.contract.
+    under_local_run`): SIGINT -> :func:`interrupt_notice` as well. ``reprieve run`` puts its trainer in a process
+    group of its own and forwards the terminal's Ctrl-C as SIGINT; anywhere else SIGINT stays Python's
+    ``KeyboardInterrupt``.
+
     Python lets only the main thread install handlers, and a later ``signal.signal(SIGTERM, ...)`` silently
     replaces ours; :meth:`check` (called by the hub about once a second) warns once when that happened.
     """
 
     def __init__(self, hub: NoticeHub, *, grace_seconds: float, pod: str | None, process_id: int,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, interrupt: bool | None = None) -> None:
+        from .supervisor.contract import under_local_run
+
         self._hub = hub
         self._grace = grace_seconds
         self._pod = pod
         self._pid = process_id
         self._clock = clock
+        self._interrupt = under_local_run(os.environ) if interrupt is None else interrupt
         self._previous: Any = None
+        self._previous_int: Any = None
         self._installed = False
         self._warned = False
 
@@ -108,6 +134,9 @@ class SigtermSource:
             return False
         self._previous = signal.getsignal(signal.SIGTERM)
         signal.signal(signal.SIGTERM, self._handle)
+        if self._interrupt:
+            self._previous_int = signal.getsignal(signal.SIGINT)
+            signal.signal(signal.SIGINT, self._handle_interrupt)
         self._installed = True
         return True
 
@@ -115,6 +144,9 @@ class SigtermSource:
         if self._installed and threading.current_thread() is threading.main_thread():
             if signal.getsignal(signal.SIGTERM) == self._handle:
                 signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+            if self._interrupt and signal.getsignal(signal.SIGINT) == self._handle_interrupt:
+                signal.signal(signal.SIGINT, self._previous_int if self._previous_int is not None
+                              else signal.default_int_handler)
             self._installed = False
 
     def check(self) -> None:
@@ -133,6 +165,10 @@ class SigtermSource:
         previous = self._previous
         if callable(previous):
             previous(signum, frame)
+
+    def _handle_interrupt(self, signum: int, frame: Any) -> None:
+        # not chained: Python's own handler would raise KeyboardInterrupt into the step that is to be saved
+        self._hub.put(interrupt_notice(self._clock(), pod=self._pod, process_id=self._pid))
 
 
 _exiting = threading.Event()  # set once the process ignores termination signals on its way out

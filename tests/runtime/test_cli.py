@@ -111,7 +111,11 @@ for step in job.steps(start, int(os.environ.get("TOTAL", "30"))):
         sys.exit(42)  # the program's own 'preemption' exit: nothing saved
     if step == start + 2:
         open(os.environ["MARK"], "w").close()
-    time.sleep(float(os.environ.get("STEP_S", "0.01")))
+    if "AT" in os.environ:
+        with open(os.environ["AT"], "w") as fh:
+            fh.write(str(step))
+    slow = "SLOW_FROM" in os.environ and step >= int(os.environ["SLOW_FROM"])
+    time.sleep(60 if slow else float(os.environ.get("STEP_S", "0.01")))
     job.save(step, state)
 print("DONE", attempt, float(state["x"][0]), flush=True)
 """
@@ -152,23 +156,79 @@ def test_run_stops_on_a_crash_with_its_code(tmp_path: Path) -> None:
     assert got.returncode == 1 and "failed with code 1; stopping, as the operator would" in got.stderr, got.stderr
 
 
-def test_ctrl_c_saves_and_stops(tmp_path: Path) -> None:
-    env = _run_env(tmp_path, TOTAL="100000", STEP_S="0.02")
+@pytest.mark.parametrize("variable,value,words", [
+    ("REPRIEVE_CHECKPOINT_INTERVAL_STEPS", "ten", "must be an integer >= 0, got 'ten'"),
+    ("REPRIEVE_MEMORY_INTERVAL_STEPS", "x", "must be an integer >= 0, got 'x'"),
+])
+def test_a_bad_variable_is_one_line_and_exit_2_before_the_script_starts(tmp_path: Path, variable: str, value: str,
+                                                                        words: str) -> None:
+    """Each attempt's script ended in a ConfigError traceback and the loop exited 1 (issue 46)."""
+    env = _run_env(tmp_path, **{variable: value, "REPRIEVE_MEMORY_DIR": str(tmp_path / "mem")})
+    got = reprieve("run", "--", sys.executable, str(tmp_path / "train.py"), env=env)
+    assert got.returncode == 2 and "Traceback" not in got.stderr, got.stderr
+    errors = [line for line in got.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and f"{variable} {words}; nothing started" in errors[0], got.stderr
+    assert "started trainer" not in got.stderr and not (tmp_path / "running").exists()
+
+
+def _start_run(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     proc = subprocess.Popen([REPRIEVE, "run", "--", sys.executable, str(tmp_path / "train.py")], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    limit = time.monotonic() + 120
+    while not (tmp_path / "running").exists():
+        if proc.poll() is not None or time.monotonic() > limit:
+            proc.kill()
+            raise AssertionError(proc.communicate())
+        time.sleep(0.05)
+    return proc
+
+
+def test_ctrl_c_saves_at_the_next_step_and_stops_with_130(tmp_path: Path) -> None:
+    """Issue 46: with a save timed, Ctrl-C became a 30 s notice: a first save at once, then ~25 s more training
+    before the final save and exit 42. Ctrl-C is a stop: the save is at the next step, the loop ends 130."""
+    env = _run_env(tmp_path, TOTAL="100000", STEP_S="0.02", AT=str(tmp_path / "at"),
+                   REPRIEVE_CHECKPOINT_INTERVAL_STEPS="25", REPRIEVE_CHECKPOINT_KEEP="1000")
+    for name in ("REPRIEVE_TERMINATION_GRACE_SECONDS", "REPRIEVE_SAVE_SECONDS_ESTIMATE"):
+        del env[name]  # the defaults: a 30 s grace, and the saves' own measured time
+    proc = _start_run(tmp_path, env)
     try:
-        limit = time.monotonic() + 120
-        while not (tmp_path / "running").exists():
+        limit = time.monotonic() + 60
+        while len(_steps(tmp_path / "ckpt")) < 3:  # periodic saves are committed: the save time is measured
             assert proc.poll() is None and time.monotonic() < limit, proc.communicate()
             time.sleep(0.05)
+        at = int((tmp_path / "at").read_text())
+        sent = time.monotonic()
         proc.send_signal(signal.SIGINT)  # the terminal's Ctrl-C reaches reprieve run (the trainer has its own group)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "SIGINT (Ctrl-C): stopping: the trainer saves at its next step" in err and "attempt 2" not in err, err
+    assert "stopped by Ctrl-C: exiting with code 130" in err, err
+    last = max(int(name.split("_")[1]) for name in _steps(tmp_path / "ckpt"))
+    assert at <= last <= at + 25 and took < 10, (at, last, took, err)  # was ~25 s and ~1,200 steps later
+
+
+def test_a_second_ctrl_c_kills_and_says_the_time_since_the_first(tmp_path: Path) -> None:
+    env = _run_env(tmp_path, TOTAL="100000", SLOW_FROM="3")  # step 3 takes a minute: no save before the second
+    proc = _start_run(tmp_path, env)
+    try:
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 42, err
-    assert "SIGINT: stopping (the trainer gets SIGTERM)" in err and "attempt 2" not in err, err
-    assert _steps(tmp_path / "ckpt") != [], err  # the agreed save is there
+    assert proc.returncode == 130, err
+    import re
+
+    said = re.search(r"Ctrl-C: a second stop signal ([0-9.]+)s after the SIGINT: killing the trainer: sending "
+                     r"SIGKILL", err)
+    assert said is not None and 1.3 <= float(said.group(1)) <= 5, err  # it said "30s" 3 s after the first
 
 
 def _steps(root: Path) -> list[Any]:

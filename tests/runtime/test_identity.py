@@ -26,8 +26,12 @@ MISMATCH = [
     (record(None, W4), None, W4, W4, None),
     (record("a", W4), "a", W4, None, None),
     (record("a", W4), "b", W4, W4, "belongs to run 'a', and this is run 'b' (REPRIEVE_RUN_ID)"),
-    (record("a", W4), None, W4, W4, "belongs to run 'a', and this is run (no REPRIEVE_RUN_ID)"),
-    (record(None, W4), "b", W4, W4, "belongs to run (no REPRIEVE_RUN_ID), and this is run 'b'"),
+    # it read "this is run (no REPRIEVE_RUN_ID) (REPRIEVE_RUN_ID)" and "set REPRIEVE_RUN_ID=(unset)" (issue 46)
+    (record("a", W4), None, W4, W4, ("belongs to run 'a', and this run has no REPRIEVE_RUN_ID: a new run needs its "
+                                    "own REPRIEVE_CHECKPOINT_URI; to resume that run, set REPRIEVE_RUN_ID=a")),
+    (record(None, W4), "b", W4, W4, ("belongs to a run with no REPRIEVE_RUN_ID, and this is run 'b' (REPRIEVE_RUN_ID): "
+                                    "a new run needs its own REPRIEVE_CHECKPOINT_URI; to resume that run, unset "
+                                    "REPRIEVE_RUN_ID")),
     (record(None, W4), None, [("['w']", (8,)), ("['n']", None)], W4,
      "1 leaves of another shape (['w']: [4] in the checkpoint, [8] here)"),
     (record(None, W4), None, W4[:1], W4, "1 leaves only in the checkpoint (['n'])"),

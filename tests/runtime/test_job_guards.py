@@ -76,7 +76,7 @@ def test_a_second_run_with_another_run_id_is_refused_naming_both(tmp_path: Path)
             job.restore_or(_init)
         job.abandon()
     with _job(tmp_path) as job:  # no run id at all is another run too
-        with pytest.raises(ValueError, match=r"belongs to run 'seed-1', and this is run \(no REPRIEVE_RUN_ID\)"):
+        with pytest.raises(ValueError, match=r"belongs to run 'seed-1', and this run has no REPRIEVE_RUN_ID: "):
             job.restore_or(_init)
         job.abandon()
     with _job(tmp_path, REPRIEVE_RUN_ID="seed-1") as job:  # the same run resumes

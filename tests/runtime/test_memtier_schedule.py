@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from reprieve.memtier import schedule
+from reprieve.memtier.config import MemoryConfig
 from reprieve.memtier.schedule import Schedule
 
 pytestmark = pytest.mark.unit
@@ -267,3 +268,53 @@ def test_schedule_json_round_trip_with_version() -> None:
     assert Schedule.from_json('{"every": 5, "from": 12}') == Schedule(5, 12, 1)
     with pytest.raises(ValueError, match="version >= 1"):
         Schedule.from_json('{"every": 5, "from": 12, "version": 0}')
+
+
+# -- what the tier says about its interval (issue 46: 300 MiB copies 1,640-2,140 steps apart, and copies slower than
+# an explicit interval skipped without a word) ------------------------------------------------------------------
+
+AUTO = MemoryConfig("/dev/shm/j")
+TEN = MemoryConfig("/dev/shm/j", interval_steps=10)
+
+
+def test_the_startup_line_says_the_interval_or_how_the_first_copies_are_spaced() -> None:
+    assert schedule.startup_line(TEN, 0).startswith("memory copies every 10 steps (REPRIEVE_MEMORY_INTERVAL_STEPS)")
+    assert schedule.startup_line(AUTO, 100).startswith(
+        "memory copies spaced to cost at most 1% of the step time (no REPRIEVE_MEMORY_INTERVAL_STEPS or "
+        "REPRIEVE_MEMORY_INTERVAL_SECONDS): the first after step 104, then at most every 4 steps")
+    assert "about every 30 s (REPRIEVE_MEMORY_INTERVAL_SECONDS)" in schedule.startup_line(
+        MemoryConfig("/m", interval_seconds=30), 0)
+
+
+def test_the_interval_line_gives_steps_seconds_the_reason_and_the_loss() -> None:
+    choice = schedule.plan(cost_s=1.2, step_s=0.02, budget=AUTO.budget)
+    line = schedule.interval_line(schedule.Schedule(choice.every, 40, 2, 30), choice, cost_s=1.2, step_s=0.02,
+                                  cfg=AUTO)
+    assert line == (f"memory copies every {choice.every} steps (~171 s) from step 40, counted from step 30 (schedule "
+                    "2): each copy costs the loop 1.200 s and a step takes 0.0200 s; the budget is 1% of the step time "
+                    f"(aiming at 0.70%). A kill -9 loses up to ~{choice.every} steps")
+    first = schedule.interval_line(schedule.Schedule(4, 9), choice, cost_s=1.2, step_s=0.02, cfg=AUTO)
+    assert first.startswith("memory copies every 4 steps (~0.08 s) from step 9 (schedule 1)") and "provisional" in first
+    capped = schedule.plan(cost_s=1.2, step_s=0.02, budget=AUTO.budget, storage_steps=100)
+    line = schedule.interval_line(schedule.Schedule(50, 60, 2), capped, cost_s=1.2, step_s=0.02, cfg=AUTO,
+                                  storage=(100, 0.0))
+    assert f"capped at half the storage tier's periodic interval (100 steps), which alone would space them every " \
+           f"{capped.wanted} steps" in line
+
+
+def test_skipped_copies_are_said_once_with_the_fix() -> None:
+    notice = schedule.SkipNotice()
+    line = notice.line(step=50, running_step=40, every=10, step_s=0.02, cfg=TEN)
+    assert line is not None and line.startswith(
+        "memory copies are slower than every 10 steps: the copy of step 40 was still being written or sent at step "
+        "50, 10 steps (~0.2 s) later, so that save was skipped")
+    assert line.endswith("raise REPRIEVE_MEMORY_INTERVAL_STEPS above 10 (said once)"), line
+    assert notice.line(step=60, running_step=50, every=10, step_s=0.02, cfg=TEN) is None
+
+
+def test_periodic_saves_off_says_what_the_memory_tier_covers() -> None:
+    off = schedule.periodic_saves_off_line(0, None)
+    assert "kill -9 loses every step since the start" in off  # the tier off: as before
+    on = schedule.periodic_saves_off_line(7, AUTO)
+    assert "kill -9 loses every step" not in on and "the steps since the newest copy" in on, on
+    assert "not a lost machine" in on and "every step since step 6" in on

@@ -46,7 +46,7 @@ def short(action: sv.Action) -> str | None:
         case sv.HandOver(pid=pid, assignment=a):
             return f"hand {pid}>{a.attempt}"
         case sv.Signal(pid=pid, sig=sig):
-            return f"{'TERM' if sig == signal.SIGTERM else 'KILL'} {pid}"
+            return f"{signal.Signals(sig).name.removeprefix('SIG')} {pid}"
         case sv.Report(attempt=a, code=c):
             return f"report {a}:{c}"
         case sv.Exit(code=c):
@@ -265,15 +265,49 @@ LOCAL = {
     "a failure ends the loop with its code": (
         [(0, AssignmentSeen(None)), *trainer(11, 1, 0), (5, ChildExited(11, 1))],
         ["0: start 1", "5: report 1:1", "5: exit 1"]),
-    "Ctrl-C: the trainer saves for its SIGTERM and the loop stops instead of restarting": (
+    "Ctrl-C: the trainer gets SIGINT (a stop: it saves at its next step), the loop stops with 130": (
         [(0, AssignmentSeen(None)), *trainer(11, 1, 0), (5, Terminate("SIGINT")), exiting(11, 42, 6),
          (7, ChildExited(11, 42))],
-        ["0: start 1", "5: TERM 11", "6: report 1:42", "7: exit 42"]),
-    "a second Ctrl-C kills the trainer at once": (
+        ["0: start 1", "5: INT 11", "6: report 1:42", "7: exit 130"]),
+    "a second Ctrl-C kills the trainer at once; still a deliberate stop": (
         [(0, AssignmentSeen(None)), *trainer(11, 1, 0), (5, Terminate("SIGINT")), (6, Terminate("SIGINT")),
          (6.5, ChildExited(11, 137))],
-        ["0: start 1", "5: TERM 11", "6: KILL 11", "6.5: report 1:137", "6.5: exit 137"]),
+        ["0: start 1", "5: INT 11", "6: KILL 11", "6.5: report 1:137", "6.5: exit 130"]),
+    "Ctrl-C while the trainer fails on its own: its code": (
+        [(0, AssignmentSeen(None)), *trainer(11, 1, 0), (5, Terminate("SIGINT")), (6, ChildExited(11, 1))],
+        ["0: start 1", "5: INT 11", "6: report 1:1", "6: exit 1"]),
+    "Ctrl-C as the trainer finishes: 0": (
+        [(0, AssignmentSeen(None)), *trainer(11, 1, 0), (5, Terminate("SIGINT")), (6, ChildExited(11, 0))],
+        ["0: start 1", "5: INT 11", "6: report 1:0", "6: exit 0"]),
+    "SIGTERM to a local run is a notice: the trainer gets SIGTERM, the loop passes its code on": (
+        [(0, AssignmentSeen(None)), *trainer(11, 1, 0), (5, Terminate("SIGTERM")), exiting(11, 42, 6),
+         (7, ChildExited(11, 42))],
+        ["0: start 1", "5: TERM 11", "6: report 1:42", "7: exit 42"]),
 }
+
+
+def _texts(events: list[tuple[float, sv.Event]], state: State) -> list[str]:
+    out: list[str] = []
+    for now, event in events:
+        state, actions = sv.step(state, event, now)
+        out += [a.why if isinstance(a, sv.Signal) else a.text for a in actions if isinstance(a, sv.Signal | sv.Note)]
+    return out
+
+
+def test_a_second_ctrl_c_says_the_real_time_since_the_first() -> None:
+    """It said "still running 30s after SIGTERM" 3 s after the first Ctrl-C (issue 46)."""
+    got = _texts([(0, AssignmentSeen(None)), *trainer(11, 1, 0), (100.0, Terminate("SIGINT")),
+                  (103.2, Terminate("SIGINT"))], _local())
+    assert got[-1] == "Ctrl-C: a second stop signal 3.2s after the SIGINT: killing the trainer", got
+    assert not any("30s" in line for line in got), got
+
+
+def test_the_grace_kill_says_the_time_it_waited() -> None:
+    got = _texts([(0, AssignmentSeen(None)), *trainer(11, 1, 0), (100.0, Terminate("SIGTERM")), (105.6, Tick())],
+                 _local())
+    assert got[-1] == ("stopping: forwarding SIGTERM to the trainer: still running 5.6s after SIGTERM (grace 5s, "
+                       "REPRIEVE_TERMINATION_GRACE_SECONDS)"), got
+
 
 
 @pytest.mark.parametrize("name", list(LOCAL))
@@ -443,3 +477,14 @@ def test_the_exit_report_carries_the_last_step_the_trainer_said_with_peer_lost(
         assert "lastStep" not in value and "lastStepAt" not in value
     else:
         assert (value["lastStep"], value["lastStepAt"]) == expected
+
+
+def test_a_finished_run_says_it_ends_the_pre_warmed_process_not_the_trainer() -> None:
+    """It logged "training finished: sending SIGKILL to pid N", N the warm process (issue 46)."""
+    state = State(ENV_A, SETTINGS)
+    events = [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+              (50, ChildExited(11, 0))]
+    for now, event in events:
+        state, actions = sv.step(state, event, now)
+    assert [(a.pid, a.sig, a.why) for a in actions if isinstance(a, sv.Signal)] == [
+        (21, signal.SIGKILL, "training finished: ending the pre-warmed process")]

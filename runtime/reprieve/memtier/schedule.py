@@ -28,6 +28,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .config import INTERVAL_SECONDS_ENV, INTERVAL_STEPS_ENV, MemoryConfig
+
 FIRST_SAVE_AFTER = 4  # steps after the loop's first: the first steps compile and are not representative
 LEAD_SECONDS = 1.0  # how far ahead of process 0 a published schedule starts (at least LEAD_STEPS steps)
 LEAD_STEPS = 3
@@ -255,3 +257,96 @@ class Measurements:
         high (64 MiB saves observed 74, 81, 96, 111, 178 ms: their lower median 96 ms read a fifth below it)."""
         observed = tuple(self._observed)
         return max(sum(observed) / len(observed) if observed else 0.0, low_median(tuple(self._costs)) or 0.0)
+
+
+# -- what the tier says about its interval (pure: the tier and the job log the lines) -------------------------------
+def _every(steps: int) -> str:
+    return "every step" if steps == 1 else f"every {steps} steps"
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+
+
+def startup_line(cfg: MemoryConfig, loop_start: int) -> str:
+    """The tier's interval at start-up: the one asked for, or, for the budget (the default), how the first copies
+    are spaced until they are timed (:func:`interval_line` follows when the interval is set)."""
+    if cfg.interval_steps:
+        return (f"memory copies {_every(cfg.interval_steps)} ({INTERVAL_STEPS_ENV}); a save that comes due while "
+                "the previous copy is still written or sent is skipped")
+    first = first_save(loop_start)
+    if cfg.interval_seconds:
+        return (f"memory copies about every {cfg.interval_seconds:g} s ({INTERVAL_SECONDS_ENV}): the first after "
+                f"step {first}, then at most every {PROBE_EVERY} steps until the steps and a copy are timed; the "
+                "interval in steps is logged when it is set")
+    return (f"memory copies spaced to cost at most {cfg.budget:.0%} of the step time (no {INTERVAL_STEPS_ENV} or "
+            f"{INTERVAL_SECONDS_ENV}): the first after step {first}, then at most every {PROBE_EVERY} steps until "
+            "the steps and a copy are timed; the interval is logged when it is set")
+
+
+def interval_line(plan: Schedule, choice: Choice, *, cost_s: float, step_s: float, cfg: MemoryConfig,
+                  storage: tuple[int, float] = (0, 0.0)) -> str:
+    """One line for a schedule process 0 publishes: the interval in steps and seconds, what it rests on, and what a
+    ``kill -9`` can cost under it."""
+    why = (f"{INTERVAL_SECONDS_ENV}={cfg.interval_seconds:g}" if cfg.interval_seconds else
+           f"the budget is {cfg.budget:.0%} of the step time (aiming at {AIM * cfg.budget:.2%})")
+    if choice.capped:
+        why += (f"; capped at half the storage tier's periodic interval ({storage_text(*storage)}), which alone "
+                f"would space them every {choice.wanted} steps")
+    if plan.version == 1 and plan.every < choice.every:
+        why += f"; provisional: at most every {PROBE_EVERY} steps until a few more copies are timed"
+    counted = "" if plan.anchor is None else f", counted from step {plan.anchor}"
+    return (f"memory copies {_every(plan.every)} (~{_seconds(plan.every * step_s)}) from step {plan.start}{counted} "
+            f"(schedule {plan.version}): each copy costs the loop {cost_s:.3f} s and a step takes {step_s:.4f} s; "
+            f"{why}. A kill -9 loses up to ~{plan.every} step{'' if plan.every == 1 else 's'}")
+
+
+def storage_text(steps: int, seconds: float) -> str:
+    """The storage tier's periodic interval in words (``10 steps and 600 s``)."""
+    return " and ".join(t for t in (f"{steps} steps" if steps else "", f"{seconds:g} s" if seconds else "") if t)
+
+
+class SkipNotice:
+    """Says once that copies are slower than the interval: a save that comes due while the previous copy is still
+    written or sent is skipped, so copies land less often than asked (and a ``kill -9`` loses more steps)."""
+
+    def __init__(self) -> None:
+        self.told = False
+
+    def line(self, *, step: int, running_step: int | None, every: int | None, step_s: float | None,
+             cfg: MemoryConfig) -> str | None:
+        """The warning for the skipped save after ``step`` while the copy of ``running_step`` runs (None: said
+        already). ``every``: the interval in force; ``step_s``: the step time, when known."""
+        if self.told:
+            return None
+        self.told = True
+        behind = "" if running_step is None else f", {step - running_step} steps"
+        if running_step is not None and step_s:
+            behind += f" (~{_seconds((step - running_step) * step_s)})"
+        running = "the previous copy" if running_step is None else f"the copy of step {running_step}"
+        asked = _every(every) if every else "the interval"
+        late = None if running_step is None else step - running_step
+        if cfg.interval_steps:
+            fix = f"raise {INTERVAL_STEPS_ENV}" + ("" if late is None else f" above {late}")
+        elif cfg.interval_seconds:
+            fix = f"raise {INTERVAL_SECONDS_ENV}" + ("" if late is None or not step_s else
+                                                     f" above ~{_seconds(late * step_s)}")
+        else:
+            fix = "make the copies smaller or faster"
+        return (f"memory copies are slower than {asked}: {running} was still being written or sent at step {step}"
+                f"{behind} later, so that save was skipped, as is every save due while a copy runs; copies land "
+                f"less often than asked and a kill -9 loses more steps. To save as asked, {fix} (said once)")
+
+
+def periodic_saves_off_line(start: int, memory: MemoryConfig | None) -> str:
+    """The job's start-up line when no storage interval is set (``REPRIEVE_CHECKPOINT_INTERVAL_*``): what an exception,
+    Ctrl-C or ``kill -9`` loses, with the memory tier (``memory``) on or off."""
+    since = "the start" if start == 0 else f"step {start - 1}"
+    knobs = "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS (e.g. 600) or REPRIEVE_CHECKPOINT_INTERVAL_STEPS"
+    if memory is None:
+        return ("periodic saves are off: only the last step and the agreed save of a notice are saved, so an "
+                f"exception, Ctrl-C or kill -9 loses every step since {since}; set {knobs} to save periodically")
+    return ("periodic saves to storage are off: only the last step and the agreed save of a notice are saved there; "
+            f"the memory tier's copies ({memory.directory}) cover an exception, Ctrl-C or kill -9 (they lose the "
+            f"steps since the newest copy), not a lost machine, whose memory goes with it (that loses every step "
+            f"since {since}); set {knobs} to save to storage periodically")

@@ -24,6 +24,9 @@ ASSIGNMENT_SUFFIX = "-assignment"
 EXIT_ANNOTATION = "reprieve.dev/exit"
 SUPERVISOR_ANNOTATION = "reprieve.dev/supervisor"
 SUPERVISED_ENV = "REPRIEVE_SUPERVISED"
+# Its value for a trainer of `reprieve run` (the local loop), "1" for any other: there the runtime's SIGINT (the
+# supervisor's forwarded Ctrl-C) is a stop: save at the next step and exit (docs/runtime.md, "Signals").
+SUPERVISED_LOCAL = "local"
 WARM_FD_ENV = "REPRIEVE_WARM_FD"
 EVENTS_FD_ENV = "REPRIEVE_SUPERVISOR_FD"
 # A warm process's hint: the devices of the last trainer that ran in this pod (reprieve.topology, JSON).
@@ -207,12 +210,18 @@ def contract_problem(value: str | None, *, where: str) -> str | None:
             f"{CONTRACT_VERSION}: use an image whose reprieve runtime matches the operator (docs/contract.md)")
 
 
-def trainer_env(base: Mapping[str, str], assignment: Assignment) -> dict[str, str]:
-    """The trainer's environment: the container's, with the assignment's variables and ``REPRIEVE_SUPERVISED``."""
+def trainer_env(base: Mapping[str, str], assignment: Assignment, *, local: bool = False) -> dict[str, str]:
+    """The trainer's environment: the container's, with the assignment's variables and ``REPRIEVE_SUPERVISED``
+    (:data:`SUPERVISED_LOCAL` for ``local``, the trainer of ``reprieve run``)."""
     env = {k: v for k, v in base.items() if k not in ASSIGNMENT_ENV and k not in (WARM_FD_ENV, EVENTS_FD_ENV)}
     env.update(assignment.env())
-    env[SUPERVISED_ENV] = "1"
+    env[SUPERVISED_ENV] = SUPERVISED_LOCAL if local else "1"
     return env
+
+
+def under_local_run(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` is the environment of a trainer ``reprieve run`` started (its SIGINT is a Ctrl-C to stop)."""
+    return Env(env).opt_text(SUPERVISED_ENV) == SUPERVISED_LOCAL
 
 
 def warm_env(base: Mapping[str, str], topology: str | None = None) -> dict[str, str]:

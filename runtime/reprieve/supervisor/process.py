@@ -93,7 +93,8 @@ class Supervisor:
             self.annotator.put(contract.supervisor_annotation(_version()))
         if self.local:
             log.info("restarting the command after every saved preemption (exit %d), stopping on anything else; "
-                     "Ctrl-C saves and stops, a second Ctrl-C kills", self.state.settings.restart_code)
+                     "Ctrl-C saves at the next step and stops (exit %d), a second Ctrl-C kills",
+                     self.state.settings.restart_code, sm.INTERRUPTED_EXIT)
             self.events.put(sm.AssignmentSeen(None))
         elif self.client is not None and self.configmap:
             self.watch = ObjectWatch(self.client, self.namespace, "configmaps", self.configmap,
@@ -131,8 +132,12 @@ class Supervisor:
             log.log(logging.ERROR if action.loud else logging.DEBUG if action.debug else logging.INFO, "%s",
                     action.text)
         elif isinstance(action, sm.Signal):
-            log.info("%s: sending %s to pid %d", action.why, signal.Signals(action.sig).name, action.pid)
-            _kill(action.pid, action.sig)
+            name = signal.Signals(action.sig).name
+            if _exited(action.pid):  # its exit is being reaped: a signal now would reach nothing, and say otherwise
+                log.info("%s: pid %d has exited already; no %s sent", action.why, action.pid, name)
+            else:
+                log.info("%s: sending %s to pid %d", action.why, name, action.pid)
+                _kill(action.pid, action.sig)
         elif isinstance(action, sm.Report):
             if self.annotator is not None:
                 self.annotator.put(contract.exit_annotation(action.attempt, action.code, time.time(), action.agreed,
@@ -140,7 +145,8 @@ class Supervisor:
         elif isinstance(action, sm.StartTrainer):
             log.info("%s", action.why)
             self._kill_leftovers()
-            return self._spawn("trainer", contract.trainer_env(self.env, action.assignment), action.assignment)
+            return self._spawn("trainer", contract.trainer_env(self.env, action.assignment, local=self.local),
+                               action.assignment)
         elif isinstance(action, sm.StartWarm):
             log.info("%s: starting a warm process", action.why)
             return self._spawn("warm", contract.warm_env(self.env, action.topology), None, warm=True)
@@ -189,7 +195,7 @@ class Supervisor:
             # posix_spawn, not subprocess: the supervisor reaps every child itself (waitpid(-1)), which would
             # race subprocess's own bookkeeping. Signals Python ignores go back to their defaults.
             # A local run puts the trainer in its own process group: the terminal's Ctrl-C reaches only this
-            # supervisor, which turns it into the SIGTERM of a notice (agreed save, then stop).
+            # supervisor, which forwards it as SIGINT: the runtime's stop (save at the next step, then exit).
             if self.local:
                 pid = os.posix_spawnp(self.command[0], self.command, env,
                                       setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=(), setpgroup=0)
@@ -299,6 +305,20 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` has ended (gone, or a zombie not reaped yet), from /proc; False where /proc cannot tell."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")
+
+
 def _children_of(parent: int) -> list[int]:
     """Live (not zombie) children of ``parent``, from /proc."""
     out = []
@@ -331,10 +351,12 @@ def _become_subreaper() -> None:
 def build(command: Sequence[str], env: Mapping[str, str], *, local: bool = False,
           max_restarts: int | None = None) -> Supervisor:
     """The supervisor for ``command`` under ``env``. Raises ValueError (a bad knob or assignment variable).
-    ``local``: the laptop's restart loop (``reprieve run``, ``reprieve-run --local``), whatever the environment."""
+    ``local``: the laptop's restart loop (``reprieve run``, ``reprieve-run --local``), whatever the environment;
+    it also refuses what the trainer's ``reprieve.init()`` would (:func:`check_trainer_env`)."""
     settings = dataclasses.replace(sm.Settings.from_env(env), max_restarts=max_restarts)
     env_assignment = contract.assignment_from_env(env)
     if local:
+        check_trainer_env(contract.trainer_env(env, env_assignment, local=True))
         return Supervisor(command, env, settings, env_assignment=env_assignment, client=None,
                           namespace=RuntimeConfig.namespace, pod=None, configmap=None, local=True)
     r = Env(env)
@@ -346,6 +368,16 @@ def build(command: Sequence[str], env: Mapping[str, str], *, local: bool = False
         client = KubeClient(host, kubernetes_port(env), r.text("REPRIEVE_SERVICEACCOUNT_DIR", DEFAULT_SERVICEACCOUNT_DIR))
     return Supervisor(command, env, settings, env_assignment=env_assignment, client=client, namespace=namespace,
                       pod=pod, configmap=f"{job}{contract.ASSIGNMENT_SUFFIX}" if job else None)
+
+
+def check_trainer_env(env: Mapping[str, str]) -> None:
+    """Raises ConfigError naming the variable, its value and what is accepted when ``reprieve.init()`` would refuse
+    ``env`` (the runtime's and the memory tier's variables): ``reprieve run`` says it in one line and starts
+    nothing, instead of every attempt's script ending in a traceback."""
+    from ..memtier.config import MemoryConfig
+
+    RuntimeConfig.from_env(env)
+    MemoryConfig.from_env(env, pod_ip=Env(env).opt_text("REPRIEVE_POD_IP"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -386,7 +418,7 @@ def run(command: Sequence[str], *, local: bool = False, max_restarts: int | None
         supervisor = build(command, env, local=local, max_restarts=max_restarts)
     except ValueError as err:
         if problem is None:
-            log.error("%s", err)
+            log.error("%s; nothing started", err)
             return 2
         supervisor = None  # the contract is the problem to report; the rest may be another version's layout
     if problem is not None:

@@ -10,7 +10,10 @@ The rules, in the order :func:`decide` applies them:
 
 1. Stopping (SIGTERM or SIGINT to the supervisor, or an assignment in a contract it does not speak): the warm
    process is killed, the trainer gets SIGTERM and, ``grace`` later, SIGKILL; once nothing runs the supervisor
-   exits with the trainer's code (143 if none ran; 2 for a contract it does not speak).
+   exits with the trainer's code (143 if none ran; 2 for a contract it does not speak). In a local run
+   (``reprieve run``) SIGINT is the terminal's Ctrl-C, a deliberate stop: the trainer gets SIGINT (the runtime
+   saves at the next step and exits), a second SIGINT or SIGTERM kills it at once, and the loop exits
+   :data:`INTERRUPTED_EXIT` unless the trainer failed or finished on its own.
 2. The trainer of the newest assignment exited 0: the warm process is killed and the supervisor exits 0.
    Without an assignment source (outside a cluster) any exit of the one trainer ends the supervisor with its code.
 3. A trainer whose attempt is older than the newest assignment (superseded) gets SIGTERM, ``grace`` later
@@ -41,6 +44,8 @@ from ..config import DEFAULT_RESTART_EXIT_CODE, RESTART_CODE_MAX, RESTART_CODE_M
 from ..env import Env
 from ..restarts import classify_exit, describe_exit, local_next
 from .contract import NO_TRAINER_EXIT, SPAWN_FAILED_EXIT, Assignment
+
+INTERRUPTED_EXIT = 128 + signal.SIGINT  # a local run stopped by Ctrl-C (a shell's code for it)
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,8 @@ class Trainer:
     confirmed: bool = True  # a warm process confirms (its reprieve.init() took the assignment)
     init_seen: bool = False  # it reported reprieve.init()
     first_step_at: float | None = None
-    term_at: float | None = None  # SIGTERM sent
+    term_at: float | None = None  # SIGTERM (or, for a Ctrl-C of a local run, SIGINT) sent
+    term_sig: int = signal.SIGTERM  # which of the two
     kill_sent: bool = False
     refused: str | None = None  # a warm process refused the assignment: why
     previous_highest: int = 0  # highest_run before this one (a refused take-over is not a run)
@@ -118,6 +124,7 @@ class State:
     local: bool = False  # `reprieve run`: a static supervisor that restarts a saved exit (reprieve.restarts)
     restarts: int = 0  # local restarts done
     force_kill: bool = False  # a second SIGINT/SIGTERM while stopping a local run: SIGKILL now
+    interrupted: bool = False  # a local run stopped by SIGINT (Ctrl-C): the trainer gets SIGINT, the loop ends 130
 
     def replace(self, **changes: Any) -> State:
         return dataclasses.replace(self, **changes)
@@ -260,9 +267,13 @@ def _apply(s: State, ev: Event, now: float) -> tuple[State, list[Action]]:
         return s, []
     if isinstance(ev, Terminate):
         if s.stop_since is None:
+            if s.local and ev.signal == "SIGINT":
+                return s.replace(stop_since=now, interrupted=True), [Note(
+                    "SIGINT (Ctrl-C): stopping: the trainer saves at its next step and exits, and the loop ends "
+                    f"with code {INTERRUPTED_EXIT}; a second Ctrl-C kills it without saving")]
             return s.replace(stop_since=now), [Note(f"{ev.signal}: stopping (the trainer gets SIGTERM)")]
         if s.local and s.trainer is not None and not s.force_kill:
-            return s.replace(force_kill=True), [Note(f"{ev.signal} again: killing the trainer now (SIGKILL)")]
+            return s.replace(force_kill=True), []  # said by the SIGKILL's line, with the time since the first
         return s, []
     if isinstance(ev, Spawned):
         if ev.role == "warm":
@@ -395,7 +406,10 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
         if s.trainer is None and s.warm is None:
             code = s.stop_code if s.stop_code is not None else (
                 s.last_code if s.last_code is not None else NO_TRAINER_EXIT)
-            acts.append(Exit(code, "stopping: nothing runs any more"))
+            why = "stopping: nothing runs any more"
+            if s.interrupted and s.stop_code is None and interrupted_code(s.last_code, s.settings.restart_code):
+                code, why = INTERRUPTED_EXIT, "stopped by Ctrl-C"
+            acts.append(Exit(code, why))
         return s, acts
     if s.finished:
         s, acts = _kill_warm(s, "training finished")
@@ -468,12 +482,28 @@ def _prewarm_due(s: State, now: float) -> bool:
     return t.first_step_at is not None or now >= t.started_at + s.settings.prewarm_delay_s
 
 
-def _terminate(s: State, t: Trainer, now: float, why: str) -> tuple[State, list[Action]]:
+def interrupted_code(last_code: int | None, restart_code: int) -> bool:
+    """Whether a local run stopped by Ctrl-C ends with :data:`INTERRUPTED_EXIT` (pure): the trainer saved and
+    exited with the restart code, was ended by a signal (``>= 128``: the second Ctrl-C's SIGKILL), or none ran; a
+    trainer that failed (1) or finished (0) on its own passes its code on."""
+    return last_code is None or last_code == restart_code or last_code >= 128
+
+
+def _terminate(s: State, t: Trainer, now: float, why: str, sig: int = signal.SIGTERM) -> tuple[State, list[Action]]:
     if t.term_at is None:
-        return s.replace(trainer=dataclasses.replace(t, term_at=now)), [Signal(t.pid, signal.SIGTERM, why)]
-    if not t.kill_sent and (now >= t.term_at + s.settings.grace_s or s.force_kill):
+        return (s.replace(trainer=dataclasses.replace(t, term_at=now, term_sig=sig)),
+                [Signal(t.pid, sig, why)])
+    if t.kill_sent:
+        return s, []
+    waited, sent = now - t.term_at, signal.Signals(t.term_sig).name
+    if s.force_kill:
         return (s.replace(trainer=dataclasses.replace(t, kill_sent=True)),
-                [Signal(t.pid, signal.SIGKILL, f"{why}: still running {s.settings.grace_s:.0f}s after SIGTERM")])
+                [Signal(t.pid, signal.SIGKILL, f"{why}: a second stop signal {waited:.1f}s after the {sent}: "
+                                               "killing the trainer")])
+    if now >= t.term_at + s.settings.grace_s:
+        return (s.replace(trainer=dataclasses.replace(t, kill_sent=True)),
+                [Signal(t.pid, signal.SIGKILL, f"{why}: still running {waited:.1f}s after {sent} (grace "
+                                               f"{s.settings.grace_s:g}s, REPRIEVE_TERMINATION_GRACE_SECONDS)")])
     return s, []
 
 
@@ -487,12 +517,16 @@ def _kill_warm(s: State, why: str) -> tuple[State, list[Action]]:
     if w is None or w.kill_sent:
         return s, []
     return (s.replace(warm=dataclasses.replace(w, kill_sent=True)),
-            [Signal(w.pid, signal.SIGKILL, f"warm process: {why}")])
+            [Signal(w.pid, signal.SIGKILL, f"{why}: ending the pre-warmed process")])
 
 
 def _stop_children(s: State, now: float, why: str) -> tuple[State, list[Action]]:
     s, acts = _kill_warm(s, why)
-    if s.trainer is not None:
-        s, more = _terminate(s, s.trainer, now, f"{why}: forwarding SIGTERM to the trainer")
+    t = s.trainer
+    if t is not None:
+        if s.interrupted:
+            s, more = _terminate(s, t, now, "Ctrl-C", signal.SIGINT)
+        else:
+            s, more = _terminate(s, t, now, f"{why}: forwarding SIGTERM to the trainer")
         acts += more
     return s, acts
