@@ -97,19 +97,14 @@ class LocalRegistry:
     tools: ReleaseTools
     procs: list[Proc] = field(default_factory=list)
     forward: Proc | None = None
+    dir: Path = field(init=False)          # <workdir>/registry: storage, packages, configuration
+    hosts_dir: Path = field(init=False)    # containerd's ``config_path``: ``<host>/hosts.toml`` under it
+    access_file: Path = field(init=False)  # what a client needs (mode 0600)
 
-    @property
-    def dir(self) -> Path:
-        return self.workdir / "registry"
-
-    @property
-    def hosts_dir(self) -> Path:
-        """containerd's ``config_path``: ``<registry>/hosts.toml``."""
-        return self.dir / "containerd-hosts"
-
-    @property
-    def access_file(self) -> Path:
-        return self.dir / "access.json"
+    def __post_init__(self) -> None:
+        self.dir = self.workdir / "registry"
+        self.hosts_dir = self.dir / "containerd-hosts"
+        self.access_file = self.dir / "access.json"
 
     @classmethod
     def start(cls, workdir: Path, pki: PKI, timeout: float = 30) -> LocalRegistry:
