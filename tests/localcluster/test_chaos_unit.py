@@ -1,5 +1,6 @@
-"""The chaos soak's pure core (hack/localcluster/chaos.py, soakrecord.py), table-tested: the catalogue, the
-seeded schedule, validation before anything starts, and the per-fault accounting against the step log."""
+"""The chaos soak's pure core (hack/localcluster/chaos.py, faults.py, soakrecord.py), table-tested: the fault
+registry (every kind with its four methods and its docs row), the seeded schedule and the CI smoke's rotation dealt
+from the registry, validation before anything starts, and the per-fault accounting against the step log."""
 
 from __future__ import annotations
 
