@@ -41,7 +41,7 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
-from localcluster import Cluster, ClusterError, chaos
+from localcluster import Cluster, ClusterError, chaos, faults
 from localcluster.goodput import analyse, read_step_log
 from localcluster.injectors import Injectors, assigned_pods, mount_tmpfs, resize_tmpfs, split_roles, view
 from localcluster.keeplogs import LogKeeper, real_node_logs
@@ -52,7 +52,6 @@ from localcluster.soakrecord import (
     as_json,
     committed_lost,
     records,
-    replaced_seen,
     restores_by_attempt,
     table,
     totals,
@@ -300,13 +299,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
 
 
 def capabilities(*, real: bool, why: str, spares: int) -> chaos.Capabilities:
-    has = {chaos.SPARE} if spares > 0 else set()
+    has = {faults.SPARE} if spares > 0 else set()
     if os.geteuid() == 0:
-        has.add(chaos.ROOT)
+        has.add(faults.ROOT)
     if shutil.which("iptables-restore") and shutil.which("nsenter"):
-        has.add(chaos.IPTABLES)
+        has.add(faults.IPTABLES)
     if real:
-        has |= {chaos.REAL_NODES, chaos.OPERATOR_DEPLOYMENT}
+        has |= {faults.REAL_NODES, faults.OPERATOR_DEPLOYMENT}
     return chaos.Capabilities(frozenset(has), why)
 
 
@@ -333,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"schedule (seed {seed}): {len(plan)} faults over {args.minutes:g} min, one about every "
         f"{args.fault_every:g} s, of {len(chosen)} kinds" + (f"; left out here: {', '.join(left_out)} ({why})"
                                                           if left_out else ""))
-    not_impl = [k.name for k in chaos.CATALOGUE if not k.implemented]
+    not_impl = [k.name for k in chaos.KINDS.values() if not k.implemented]
     if not_impl:
         say(f"not implemented yet (never scheduled): {', '.join(not_impl)}")
     if args.plan_only:
@@ -500,11 +499,10 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
         if real:
             say(f"pod logs (deleted pods' too, up to ~1 s before they went): {kept_logs(cluster)}")
     end = time.time()
-    # A leader killed near the job's end: the standby takes the Lease only after the lease duration; keep
-    # watching for it (the job's end does not end that fault), up to a minute.
-    leaders = [f for f in injected if f.kind == "kill-operator-leader" and not f.error]
+    # A fault whose recovery may come after the job's end (a leader killed near it: the standby takes the Lease
+    # only after the lease duration): keep watching for it, up to a minute.
     deadline = time.monotonic() + 60
-    while any(replaced_seen(f, observer.obs) is None for f in leaders) and time.monotonic() < deadline:
+    while any(chaos.KINDS[f.kind].awaited(f, observer.obs) for f in injected) and time.monotonic() < deadline:
         time.sleep(1.0)
     observer.halt.set()
     steps = read_step_log(ckpt / "steps.jsonl") if (ckpt / "steps.jsonl").exists() else []

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,14 +27,14 @@ from releaseio import Endpoint, Registry, build_wheels
 @pytest.fixture
 def registry(cluster: Any) -> Any:
     """The session cluster's registry and index (started once; its servers are real: docker-registry and
-    pypiserver over TLS with basic auth)."""
+    pypiserver over TLS with basic auth): ``access`` and ``tools``, with the ``cluster`` they serve."""
     from localcluster.registry import RegistryError
 
     try:
         cluster.start_registry()
     except RegistryError as err:
         pytest.skip(f"RELEASE TOOLS NOT INSTALLED: {err}")
-    return cluster.registry
+    return SimpleNamespace(access=cluster.registry.access, tools=cluster.registry.tools, cluster=cluster)
 
 
 def release(reg: Any, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -62,7 +63,7 @@ def pushed(reg: Any, namespace: str) -> list[str]:
 @pytest.mark.parametrize("case", ["version mismatch", "registry down", "wrong registry password",
                                   "wrong index password"])
 def test_a_release_that_cannot_go_through_fails_before_pushing_anything(registry: Any, case: str) -> None:
-    from localcluster.cluster import free_port
+    from localcluster.procs import free_port
 
     ns = f"t{uuid.uuid4().hex[:8]}"
     if case == "version mismatch":

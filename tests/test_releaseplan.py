@@ -162,25 +162,23 @@ def test_signing_needs_a_key_name_and_an_existing_secret_keyring(
     assert (got == []) if problem is None else (len(got) == 1 and problem in got[0]), got
 
 
-@pytest.mark.parametrize("helm_error,advice", [
-    ("Error: private key not found", "gpg --show-keys secring.gpg"),
-    ("Error: provided key is not a private key. Try providing a keyring with secret keys", "public keys only"),
-    ("Error: too many keys", "more than one key"),
-    ("Error: passphrase: inappropriate ioctl", "SIGN_KEY_PASSPHRASE"),
-    ("Error: something else", "check --sign-key"),
-])
-def test_a_refused_signing_says_what_to_do(helm_error: str, advice: str) -> None:
-    assert advice in plan.sign_advice(helm_error, "Rel", "secring.gpg")
+ADVISE = {"sign": lambda error: plan.sign_advice(error, "Rel", "secring.gpg"),
+          "verify": lambda error: plan.verify_advice(error, "pub.gpg")}
 
 
-@pytest.mark.parametrize("helm_error,advice", [
-    ('Error: failed to fetch provenance "oci://r/ns/charts/reprieve:0.2.0.prov"', "published unsigned"),
-    ("Error: openpgp: signature made by unknown entity", "not in pub.gpg"),
-    ("Error: sha256 sum does not match for chart", "does not match its provenance"),
-    ("Error: whatever", "could not verify"),
+@pytest.mark.parametrize("step,helm_error,advice", [
+    ("sign", "Error: private key not found", "gpg --show-keys secring.gpg"),
+    ("sign", "Error: provided key is not a private key. Try providing a keyring with secret keys", "public keys only"),
+    ("sign", "Error: too many keys", "more than one key"),
+    ("sign", "Error: passphrase: inappropriate ioctl", "SIGN_KEY_PASSPHRASE"),
+    ("sign", "Error: something else", "check --sign-key"),
+    ("verify", 'Error: failed to fetch provenance "oci://r/ns/charts/reprieve:0.2.0.prov"', "published unsigned"),
+    ("verify", "Error: openpgp: signature made by unknown entity", "not in pub.gpg"),
+    ("verify", "Error: sha256 sum does not match for chart", "does not match its provenance"),
+    ("verify", "Error: whatever", "could not verify"),
 ])
-def test_a_refused_verification_says_what_to_do(helm_error: str, advice: str) -> None:
-    assert advice in plan.verify_advice(helm_error, "pub.gpg")
+def test_a_refused_signing_or_verification_says_what_to_do(step: str, helm_error: str, advice: str) -> None:
+    assert advice in ADVISE[step](helm_error)
 
 
 @pytest.mark.parametrize("output,signer", [

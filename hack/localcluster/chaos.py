@@ -1,10 +1,10 @@
-"""The chaos soak's pure core: the fault catalogue, the seeded schedule, and validation before anything starts.
+"""The chaos soak's pure core: the seeded schedule, the CI smoke's rotation, and validation before anything
+starts.
 
-No I/O here (``benchmarks/soak.py`` and :mod:`localcluster.injectors` act on the cluster); the per-fault records
-and totals are :mod:`localcluster.soakrecord`. ``docs/soak.md`` says what each fault does and how it is counted.
-
-Every noticed-preemption kind is generated from the operator's ``BUILTIN_SIGNALS`` (``notice-<signal name>``), so
-a signal added there is a fault kind here, with the same key, value and notice window.
+No I/O here (``benchmarks/soak.py`` and :mod:`localcluster.injectors` act on the cluster). The fault kinds, each
+with its inject, undo, detection and recovery, are :mod:`localcluster.faults` (``REGISTRY``); everything here is
+computed from that registry. The per-fault records and totals are :mod:`localcluster.soakrecord`.
+``docs/soak.md`` says what each fault does and how it is counted.
 """
 
 from __future__ import annotations
@@ -13,63 +13,9 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from reprieve_operator.policy.signals import BUILTIN_SIGNALS, Signal
+from .faults import REGISTRY, FaultKind
 
-# What a fault needs of the cluster (Capabilities.has): checked by validate() before anything starts.
-REAL_NODES = "real nodes"            # containers in cgroups and network namespaces (not process nodes)
-OPERATOR_DEPLOYMENT = "the operator as the chart's Deployment with two replicas"
-SPARE = "a warm spare (spec.spares >= 1)"
-ROOT = "root (the soak mounts the job's checkpoint storage as a tmpfs)"
-IPTABLES = "iptables-restore on PATH (Debian's iptables package: the partition's DROP rules)"
-NOTICE_PREFIX = "notice-"
-
-
-@dataclass(frozen=True)
-class FaultKind:
-    """One kind of fault: what it does, whether it ends the running attempt, what it needs of the cluster."""
-
-    name: str
-    what: str
-    interrupts: bool                 # expected to end the running attempt (a gang restart follows)
-    needs: tuple[str, ...] = ()
-    implemented: bool = True
-    signal: Signal | None = None     # notice kinds: the node signal put on the node
-    nodes: int = 1                   # worker nodes it dooms (two-nodes-doomed: 2)
-
-
-def _notice(sig: Signal) -> FaultKind:
-    window = f"{sig.notice_seconds} s" if sig.notice_seconds else "its deadline"
-    return FaultKind(f"{NOTICE_PREFIX}{sig.name}", f"{sig.kind} {sig.key or 'spec.unschedulable'} on a worker's "
-                     f"node, the node deleted after {window}", True, signal=sig)
-
-
-CATALOGUE: tuple[FaultKind, ...] = (
-    *(_notice(s) for s in BUILTIN_SIGNALS),
-    FaultKind("node-lost", "a worker's node vanishes without notice (containers, kubelet and Node gone)", True),
-    FaultKind("kill-trainer", "SIGKILL of a worker's trainer process (the supervisor lives on)", True,
-              (REAL_NODES,)),
-    FaultKind("kill-supervisor", "SIGKILL of a worker's supervisor (reprieve-run, the container's PID 1)", True,
-              (REAL_NODES,)),
-    FaultKind("kill-spare", "SIGKILL of the warm spare's supervisor (no attempt ends; the spare is replaced)", False,
-              (REAL_NODES, SPARE)),
-    FaultKind("kill-operator-leader", "SIGKILL of the operator pod holding the leader Lease (the standby takes "
-              "over)", False, (REAL_NODES, OPERATOR_DEPLOYMENT)),
-    FaultKind("notice-during-restart", "a GKE spot notice on the other worker's node while a restart is under way "
-              "(a hard kill first, the notice as soon as the attempt ends)", True),
-    FaultKind("two-nodes-doomed", "GKE spot notices on both workers' nodes at once, both deleted at the deadline",
-              True, nodes=2),
-    FaultKind("apiserver-restart", "the kube-apiserver stopped (SIGTERM), kept down 5-15 s and started again on "
-              "the same etcd (every object kept)", False),
-    FaultKind("partition", "one worker pod cut off the network for 10-30 s (DROP rules in its network namespace "
-              "but loopback; its interfaces kept), then healed", True, (REAL_NODES, IPTABLES)),
-    FaultKind("storage-unavailable", "the checkpoint storage (a tmpfs) not writable for 10 s (real nodes: its "
-              "directories' write bits off; process nodes: remounted read-only)", False,
-              (ROOT,)),
-    FaultKind("storage-full", "the checkpoint storage (a tmpfs) filled with a ballast file for 10-20 s",
-              False, (ROOT,)),
-)
-STORAGE_KINDS = ("storage-unavailable", "storage-full")
-KINDS = {k.name: k for k in CATALOGUE}
+KINDS = REGISTRY
 
 
 class SoakConfigError(ValueError):
@@ -103,7 +49,7 @@ def parse_kinds(text: str | None) -> list[str]:
     """``--faults``: comma-separated kind names; ``None``/empty: every implemented kind. Unknown names are an
     error naming every known kind."""
     if not text:
-        return [k.name for k in CATALOGUE if k.implemented]
+        return [k.name for k in KINDS.values() if k.implemented]
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in KINDS]
     if unknown:
@@ -174,30 +120,7 @@ def schedule(kinds: Sequence[str], *, minutes: float, fault_every: float, seed: 
     return out
 
 
-def apiserver_down_seconds(rng: random.Random) -> float:
-    """How long an ``apiserver-restart`` keeps the kube-apiserver down: 5-15 s, drawn from the soak's rng."""
-    return round(rng.uniform(5.0, 15.0), 1)
-
-
-def notice_patch(sig: Signal, now: float) -> tuple[str, str, str | None, float]:
-    """How to put ``sig`` on a node at wall time ``now``: (field kind, key, value, seconds until the node is
-    deleted). An epoch label carries its own deadline (30 s ahead); a zero window deletes the node at once."""
-    if sig.kind == "LabelEpoch":
-        deadline = int(now) + 30
-        return sig.kind, sig.key, str(deadline), float(deadline - now)
-    value = sig.value if sig.value is not None else ("True" if sig.kind == "Condition" else "true")
-    return sig.kind, sig.key, value, float(sig.notice_seconds)
-
-
-def partition_seconds(rng: random.Random) -> float:
-    """How long a ``partition`` cuts its pod off: 10-30 s, drawn from the soak's rng."""
-    return round(rng.uniform(10.0, 30.0), 1)
-
-
-STORAGE_UNAVAILABLE_SECONDS = 10.0
 STORAGE_SLACK_BYTES = 1 << 20  # fences, a checkpoint's reprieve.json rewrite, TensorStore's lock files
-
-
 STORAGE_TMPFS_START_BYTES = 1 << 30  # until the fault-free run has measured a checkpoint (tmpfs charges what is used)
 
 
@@ -205,12 +128,7 @@ def storage_tmpfs_needed(kinds: Sequence[str]) -> bool:
     """Whether the soak mounts its checkpoint-storage tmpfs: some planned fault is a storage fault. It is mounted
     before the nodes start (at ``STORAGE_TMPFS_START_BYTES``; a real node's mount namespace copies the host's at
     its start: ``injectors.mount_tmpfs``) and resized by ``storage_tmpfs_bytes`` after the fault-free run."""
-    return any(k in STORAGE_KINDS for k in kinds)
-
-
-def storage_fault_seconds(kind: str, rng: random.Random) -> float:
-    """How long a storage fault lasts: ``storage-unavailable`` 10 s, ``storage-full`` 10-20 s (the soak's rng)."""
-    return STORAGE_UNAVAILABLE_SECONDS if kind == "storage-unavailable" else round(rng.uniform(10.0, 20.0), 1)
+    return any(KINDS[k].tmpfs for k in kinds)
 
 
 def storage_tmpfs_bytes(checkpoint_bytes: Sequence[int], keep: int, page: int = 4096) -> int:
@@ -224,39 +142,51 @@ def storage_tmpfs_bytes(checkpoint_bytes: Sequence[int], keep: int, page: int = 
     return -(-need // page) * page
 
 
-def storage_recovered(until: float, committed: Sequence[tuple[float, int | None]]) -> float | None:
-    """When the job was seen, after a storage fault that ended at ``until``, with a checkpoint newer than every
-    one seen until then (nothing commits while the storage is read-only or full, and a step first reported during
-    the fault was committed before it): the next due save after the fault committed. ``committed``: ``(time, the
-    status's lastCheckpointStep)`` of each observation, in order. None: never."""
-    before = max((step for t, step in committed if t < until and step is not None), default=-1)
-    return next((t for t, step in committed if t >= until and step is not None and step > before), None)
-
-
 # The CI smoke soak (tests/e2e/test_soak_smoke_e2e.py, docs/soak.md "In CI"): one short run per `make test`, its seed
-# rotated over SMOKE_ROTATION by the UTC day (or REPRIEVE_SOAK_SEED). Each seed has a group of kinds of its own, and
-# the smoke's schedule (SMOKE_MINUTES at one fault per SMOKE_FAULT_EVERY s) is one cycle: every kind of the group
-# exactly once. Over the rotation's seeds every kind in CATALOGUE is injected (a kind added there and not here fails
-# tests/localcluster/test_chaos_unit.py). The groups spread the costly kinds (two restarts, a partition's wait, a
-# node lost from its last checkpoint, the API server away) one per seed, the storage kinds over two seeds (the
-# only runs that mount the tmpfs), and no seed has more than two notices with a 30 s window.
-SMOKE_MINUTES = 1.25
+# rotated over smoke_rotation()'s seeds by the UTC day (or REPRIEVE_SOAK_SEED). Each seed has a group of at most
+# SMOKE_FAULTS kinds of its own, and its schedule (one fault per SMOKE_FAULT_EVERY s) is one cycle: every kind of the
+# group exactly once; over the seeds every registered kind is injected. The groups are dealt from the registry, so a
+# kind registered is in the rotation: see smoke_rotation for the rule.
+SMOKE_FAULTS = 5
 SMOKE_FAULT_EVERY = 15.0
-SMOKE_ROTATION: tuple[tuple[int, tuple[str, ...]], ...] = (
-    (1, ("partition", "notice-cordon", "storage-full", "notice-gke-spot", "notice-aws-spot-itn")),
-    (2, ("notice-during-restart", "kill-spare", "storage-unavailable", "notice-gke-maintenance-ongoing",
-         "notice-aws-rebalance")),
-    (3, ("two-nodes-doomed", "kill-operator-leader", "notice-gke-scheduled-maintenance",
-         "notice-karpenter-disrupted", "notice-aks-scheduled-event")),
-    (4, ("node-lost", "kill-supervisor", "notice-gke-maintenance-window", "notice-cluster-autoscaler",
-         "notice-aks-remediator")),
-    (5, ("apiserver-restart", "notice-aws-scheduled-maintenance", "notice-aws-asg-lifecycle", "kill-trainer",
-         "notice-out-of-service")),
-)
+SMOKE_MINUTES = SMOKE_FAULTS * SMOKE_FAULT_EVERY / 60  # a full group's run: 1.25 minutes
+LONG_HOLD_SECONDS = 30.0  # a notice whose node stays this long or longer (the smoke's rotation spreads them)
 # Worker nodes of the smoke's cluster: 2 workers, 1 spare and 2 free. A noticed node stays until its deadline (up to
 # 30 s) and its replacement starts after that, so three notices 15 s apart leave no worker on a live node with 4
 # (seed 5's fifth fault found no target twice, with 4 nodes and three 30 s notices in its group).
 SMOKE_NODES = 5
+
+
+def smoke_tier(kind: FaultKind) -> int:
+    """Where ``kind`` is dealt in the CI smoke's rotation: costly kinds first (a long or double restart), then
+    notices that hold a node for LONG_HOLD_SECONDS or more, then the kinds that need the storage tmpfs, then the
+    rest."""
+    if kind.costly:
+        return 0
+    if kind.holds_node_seconds >= LONG_HOLD_SECONDS:
+        return 1
+    return 2 if kind.tmpfs else 3
+
+
+def smoke_rotation(kinds: Iterable[FaultKind] | None = None) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    """The CI smoke's seeds and each seed's kinds, dealt from the registered kinds (``kinds``: default
+    :data:`localcluster.faults.REGISTRY`): ordered by :func:`smoke_tier` (registration order within a tier) and
+    dealt round-robin, like cards, into ceil(kinds / SMOKE_FAULTS) groups, the seeds 1, 2, ... So every kind is in
+    exactly one group, no group has more than SMOKE_FAULTS kinds, and each tier is spread evenly over the seeds:
+    no seed gets two costly kinds while another has none, the storage kinds (the only runs that mount the tmpfs)
+    go to different seeds, and the long-held notices are spread (two a seed at most while there are at most
+    2 x seeds of them; tests/localcluster/test_chaos_unit.py checks these on the registry). Pure."""
+    ordered = sorted((k for k in (REGISTRY.values() if kinds is None else kinds) if k.implemented), key=smoke_tier)
+    seeds = -(-len(ordered) // SMOKE_FAULTS)
+    return tuple((i + 1, tuple(k.name for k in ordered[i::seeds])) for i in range(seeds))
+
+
+SMOKE_ROTATION = smoke_rotation()
+
+
+def smoke_minutes(kinds: Sequence[str]) -> float:
+    """The smoke's minutes for a group of ``kinds``: one cycle, each kind once at SMOKE_FAULT_EVERY."""
+    return len(kinds) * SMOKE_FAULT_EVERY / 60
 
 
 def smoke_seed(env: str | None, utc_day: int) -> int:
@@ -268,16 +198,16 @@ def smoke_seed(env: str | None, utc_day: int) -> int:
     seed = parse_seed(env)
     if seed not in seeds:
         raise SoakConfigError(f"REPRIEVE_SOAK_SEED={env!r}: the CI smoke's seeds are {', '.join(map(str, seeds))} "
-                              "(each with its own fault kinds: chaos.SMOKE_ROTATION); for any other seed run "
+                              "(each with its own fault kinds: chaos.smoke_rotation()); for any other seed run "
                               "benchmarks/soak.py by hand")
     return seed
 
 
 def smoke_plan(seed: int) -> tuple[list[str], list[PlannedFault]]:
-    """The kinds of the rotation's ``seed`` and the smoke's schedule of them (``schedule`` at SMOKE_MINUTES and
+    """The kinds of the rotation's ``seed`` and the smoke's schedule of them (``schedule`` at ``smoke_minutes`` and
     SMOKE_FAULT_EVERY: what ``benchmarks/soak.py --faults <kinds> --seed <seed>`` with those will inject)."""
     kinds = list(dict(SMOKE_ROTATION)[seed])
-    return kinds, schedule(kinds, minutes=SMOKE_MINUTES, fault_every=SMOKE_FAULT_EVERY, seed=seed)
+    return kinds, schedule(kinds, minutes=smoke_minutes(kinds), fault_every=SMOKE_FAULT_EVERY, seed=seed)
 
 
 TARGET_WAIT_SECONDS = 10.0  # how long a fault that finds no target now is tried again (benchmarks/soak.py)

@@ -35,31 +35,31 @@ from .apiserver import apiserver_args, apiserver_env
 from .costs import EmulatedCosts
 from .pki import PKI, make_pki
 from .podip import address_space
+from .procs import (
+    REPO,
+    ClusterError,
+    Proc,
+    free_port,
+    hack_env,
+    killpg,
+    spawn,
+    terminate,
+    wait_until,
+)
 from .reads import Reader
 from .realnodes import RealNodes
+from .registry import LocalRegistry
 
 if TYPE_CHECKING:
-    from .registry import LocalRegistry
     from .registryspec import RegistryAccess
 
 log = logging.getLogger("localcluster")
 
-REPO = Path(__file__).resolve().parents[2]
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 # A real node's launcher starts its kubelet once containerd holds the images: seconds from a node template, but the
 # first node of an image set imports them (up to several minutes with other clusters busy on 2 cores); the Node's
 # Ready timeout counts from the kubelet's start.
 REAL_NODE_IMPORT_TIMEOUT = 1200.0
-
-
-class ClusterError(RuntimeError):
-    """The local cluster could not be built, started or reached. The message says what to do."""
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("REPRIEVE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "reprieve")
-    return Path(base)
 
 
 def run_build_script(name: str) -> Path:
@@ -77,44 +77,6 @@ def ensure_tools() -> Path:
     return run_build_script("build-tools.sh")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str, *, interval: float = 0.1,
-               on_timeout: Callable[[], str] | None = None) -> None:
-    """Poll ``check`` until true; ClusterError naming ``what`` (and extra context) after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if check():
-                return
-        except ClusterError:
-            raise
-        except Exception as err:  # noqa: BLE001 - a probe that errors is a probe that is not ready yet
-            log.debug("%s: %s", what, err)
-        if time.monotonic() > deadline:
-            extra = on_timeout() if on_timeout else ""
-            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
-        time.sleep(interval)
-
-
-@dataclass
-class _Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    def tail(self, lines: int = 25) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            return ""
-        return "\n".join(text)
-
-
 @dataclass
 class Cluster:
     """A running local control plane. Use :meth:`start`; :meth:`stop` (or the context manager) cleans up."""
@@ -124,8 +86,8 @@ class Cluster:
     pki: PKI
     api_port: int
     kubeconfig: Path
-    _procs: list[_Proc] = field(default_factory=list)
-    _nodes: dict[str, _Proc] = field(default_factory=dict)
+    _procs: list[Proc] = field(default_factory=list)
+    _nodes: dict[str, Proc] = field(default_factory=dict)
     _owns_workdir: bool = False
     _real: RealNodes | None = None
     _registry: LocalRegistry | None = None
@@ -158,7 +120,7 @@ class Cluster:
         cluster = cls(workdir, bin_dir, pki, api_port, workdir / "admin.kubeconfig", _owns_workdir=owns,
                       _kcm_args=tuple(controller_manager_args))
         cluster.kubelet_proxy_port = free_port()
-        cluster._write_kubeconfig(cluster.kubeconfig, user={"client-certificate": str(pki.crt("admin")),
+        cluster.write_kubeconfig(cluster.kubeconfig, user={"client-certificate": str(pki.crt("admin")),
                                                             "client-key": str(pki.key("admin"))})
         try:
             cluster._start_components(timeout)
@@ -180,18 +142,13 @@ class Cluster:
         return f"https://127.0.0.1:{self.api_port}"
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None,
-               pass_fds: tuple[int, ...] = ()) -> _Proc:
-        log_path = self.workdir / "logs" / f"{name}.log"
-        out = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
-        popen = subprocess.Popen([str(self.bin_dir / "localkube"), *args] if name in COMPONENTS else args,
-                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, env=env, pass_fds=pass_fds)
-        out.close()
-        proc = _Proc(name, popen, log_path)
+               pass_fds: tuple[int, ...] = ()) -> Proc:
+        proc = spawn(self.workdir / "logs", name,
+                     [str(self.bin_dir / "localkube"), *args] if name in COMPONENTS else args, env, pass_fds)
         self._procs.append(proc)
         return proc
 
-    def _check_alive(self, proc: _Proc) -> None:
+    def _check_alive(self, proc: Proc) -> None:
         if proc.popen.poll() is not None:
             raise ClusterError(f"{proc.name} exited with code {proc.popen.returncode} during start-up; "
                                f"last lines of {proc.log_path}:\n{proc.tail()}")
@@ -237,7 +194,7 @@ class Cluster:
             timeout, "kube-controller-manager (ServiceAccount 'default' in namespace 'default')",
             interval=0.25, on_timeout=lambda: "\n" + kcm.tail())
 
-    def _start_apiserver(self, timeout: float, replacing: _Proc | None = None) -> _Proc:
+    def _start_apiserver(self, timeout: float, replacing: Proc | None = None) -> Proc:
         """Spawn kube-apiserver (:mod:`localcluster.apiserver`'s arguments, the environment of the first start)
         and wait for /readyz. ``replacing``: the stopped one's place in ``_procs`` (stop() order) goes to it."""
         args = apiserver_args(workdir=self.workdir, pki=self.pki, api_port=self.api_port, etcd_port=self.etcd_port)
@@ -265,14 +222,14 @@ class Cluster:
             raise ClusterError("restart_apiserver: this cluster has no kube-apiserver process (not started, or "
                                "stopped)")
         t0 = time.monotonic()
-        _killpg(old.popen, signal.SIGTERM)
+        killpg(old.popen, signal.SIGTERM)
         wait_until(lambda: not _port_open(self.api_port), timeout,
                    f"kube-apiserver's port {self.api_port} to close after SIGTERM")
         closed = time.monotonic()
         try:
             old.popen.wait(max(down_seconds, 0.1))
         except subprocess.TimeoutExpired:
-            _killpg(old.popen, signal.SIGKILL)
+            killpg(old.popen, signal.SIGKILL)
             old.popen.wait(10)
         time.sleep(max(0.0, down_seconds - (time.monotonic() - closed)))
         waited: ClusterError | None = None
@@ -303,7 +260,7 @@ class Cluster:
         if self._registry is not None:
             self._registry.stop()
         for proc in reversed(self._procs):
-            _terminate(proc.popen, 10.0)
+            terminate(proc.popen, 10.0)
         self._procs.clear()
         if self._owns_workdir and os.environ.get("REPRIEVE_KEEP_CLUSTER_DIR") != "1":
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -353,10 +310,10 @@ class Cluster:
         token = self.kubectl("create", "token", service_account, "-n", namespace,
                              f"--duration={duration}").stdout.strip()
         path = self.workdir / f"{namespace}.{service_account}.kubeconfig"
-        self._write_kubeconfig(path, user={"token": token}, namespace=namespace)
+        self.write_kubeconfig(path, user={"token": token}, namespace=namespace)
         return path
 
-    def _write_kubeconfig(self, path: Path, *, user: dict[str, str], namespace: str = "default",
+    def write_kubeconfig(self, path: Path, *, user: dict[str, str], namespace: str = "default",
                           server: str | None = None) -> None:
         cfg = {
             "apiVersion": "v1", "kind": "Config", "current-context": "local", "preferences": {},
@@ -396,10 +353,7 @@ class Cluster:
             if costs is not None:
                 args += ["--emulate-pull-seconds", str(costs.pull_seconds),
                          "--emulate-start-seconds", str(costs.start_seconds)]
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join([str(REPO / "hack"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-            proc = self._spawn(f"kubelet-{name}", args, env=env)
-            self._procs.remove(proc)
+            proc = spawn(self.workdir / "logs", f"kubelet-{name}", args, hack_env())
             timeout, logs = timeout or 30.0, []
         else:
             raise ClusterError(f"add_node({name!r}): kind must be 'process' or 'real', got {kind!r}")
@@ -412,7 +366,7 @@ class Cluster:
                        for c in (node.get("status") or {}).get("conditions") or [])
 
         def tails() -> str:
-            return "\n" + "\n".join([proc.tail()] + [f"--- {p.name}:\n" + _Proc(p.name, proc.popen, p).tail(15)
+            return "\n" + "\n".join([proc.tail()] + [f"--- {p.name}:\n" + Proc(p.name, proc.popen, p).tail(15)
                                                      for p in logs if p.exists()])
 
         try:
@@ -453,10 +407,8 @@ class Cluster:
     def start_registry(self) -> RegistryAccess:
         """Start the cluster's OCI registry and package index (:mod:`localcluster.registry`) once; real nodes
         started from then on pull from the registry. Returns what a client needs to reach both."""
-        from localcluster.registry import LocalRegistry
-
         if self._registry is None:
-            self._registry = LocalRegistry.start(self)
+            self._registry = LocalRegistry.start(self.workdir, self.pki)
             if self._real is not None and self._real.net is not None:
                 self._registry.attach(self._real.net)
         return self._registry.access
@@ -492,10 +444,10 @@ class Cluster:
         if self._real is not None and name in self._real.nodes:
             self._real.stop_node(name, hard=hard)
         elif hard:
-            _killpg(proc.popen, signal.SIGKILL)
+            killpg(proc.popen, signal.SIGKILL)
             proc.popen.wait(10)
         else:
-            _terminate(proc.popen, 15.0)
+            terminate(proc.popen, 15.0)
 
     def pod_logs(self, namespace: str, pod: str, container: str = "*") -> list[Path]:
         """Log files of every incarnation of pod ``namespace/pod`` on any node, oldest first."""
@@ -521,24 +473,6 @@ def _run(cmd: list[str], env: dict[str, str], input: str | None, check: bool,
         raise ClusterError(f"{Path(cmd[0]).name} {' '.join(cmd[1:])} failed ({proc.returncode}): "
                            f"{proc.stderr.strip() or proc.stdout.strip()}")
     return proc
-
-
-def _killpg(popen: subprocess.Popen[bytes], sig: int) -> None:
-    try:
-        os.killpg(popen.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _terminate(popen: subprocess.Popen[bytes], grace: float) -> None:
-    if popen.poll() is not None:
-        return
-    _killpg(popen, signal.SIGTERM)
-    try:
-        popen.wait(grace)
-    except subprocess.TimeoutExpired:
-        _killpg(popen, signal.SIGKILL)
-        popen.wait(10)
 
 
 def _port_open(port: int, host: str = "127.0.0.1") -> bool:

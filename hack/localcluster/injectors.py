@@ -1,7 +1,8 @@
-"""The chaos soak's injectors: each fault kind of :mod:`localcluster.chaos` carried out on the local cluster.
+"""The chaos soak's injectors: the I/O through which each fault kind of :mod:`localcluster.faults` is carried out
+on the local cluster (:class:`Injectors` is the kinds' :class:`localcluster.faults.Env`).
 
 Thin I/O: the choices (which process is the trainer, what to put on a node) are pure functions here and in
-``chaos``. Everything an injector leaves behind (a signal on a node, a node deletion due at a deadline) is
+``faults``. Everything an injector leaves behind (a signal on a node, a node deletion due at a deadline) is
 registered, so :meth:`Injectors.stop` (Ctrl-C) undoes what has not yet happened: signals removed, pending
 deletions cancelled, the checkpoint storage made writable and emptied of its ballast, partitioned pods' network
 namespaces healed. Nodes deleted by a fault are replaced in the background by new ones of the same pool, so the
@@ -25,20 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from . import cgroups
-from .chaos import (
-    KINDS,
-    STORAGE_KINDS,
-    apiserver_down_seconds,
-    notice_patch,
-    partition_seconds,
-    storage_fault_seconds,
-)
-from .soakrecord import Injected
+from .faults import REGISTRY, Injected, notice_patch
 from .testing import cordon_node, label_node, set_node_condition, taint_node, untaint_node
 
 log = logging.getLogger("soak")
-
-GKE_SPOT = KINDS["notice-gke-spot"].signal
 
 
 @dataclass(frozen=True)
@@ -155,27 +146,6 @@ def pod_processes(cgroup_tree: str, pod_uid: str) -> list[Proc]:
     return out
 
 
-def during_restart_node(killed_on: str, worker_nodes: Sequence[str], rng: random.Random) -> str:
-    """The node ``notice-during-restart`` gives its notice to, once it killed a trainer on ``killed_on``: another
-    worker's node, drawn; where every worker shares the killed one's node (the scheduler put a replacement beside
-    the other worker), that node: the notice then dooms both, still during the kill's restart (pure)."""
-    others = sorted({n for n in worker_nodes if n != killed_on})
-    return rng.choice(others) if others else killed_on
-
-
-def two_doomed_nodes(worker_nodes: Sequence[str], spare_nodes: Sequence[str], rng: random.Random) -> list[str]:
-    """The nodes ``two-nodes-doomed`` notices at once: two workers' nodes, drawn; where the workers share one
-    node, that node and a spare's (the gang's other node), so two nodes are still doomed at once (pure)."""
-    nodes = sorted(set(worker_nodes))
-    if len(nodes) >= 2:
-        return rng.sample(nodes, 2)
-    extra = sorted(set(spare_nodes) - set(nodes))
-    if not nodes or not extra:
-        raise RuntimeError(f"two-nodes-doomed needs the job's pods on two live nodes: workers on {nodes}, "
-                           f"spares on {sorted(set(spare_nodes))}")
-    return [nodes[0], rng.choice(extra)]
-
-
 class Injectors:
     """Carries out faults on ``job`` in ``namespace`` of ``cluster`` (real nodes in ``pool``)."""
 
@@ -236,71 +206,27 @@ class Injectors:
         """Running spares not assigned an index."""
         return self._roles()[1]
 
-    # -- the faults --------------------------------------------------------------------------------------------
+    # -- the faults: each kind's inject and undo (localcluster.faults) act through these ------------------------
     def inject(self, kind: str) -> Injected:
         """Carry out one fault of ``kind`` now; what went wrong is in ``Injected.error`` (never raised)."""
         at, attempt = time.time(), self.attempt()
         try:
-            target = (self._storage(kind, at) if kind in STORAGE_KINDS else self._partition(at) if kind == "partition"
-                      else self._inject(kind))
+            target = REGISTRY[kind].inject(self, at)
         except Exception as err:  # noqa: BLE001 - a failed injection is recorded, and the soak goes on
             log.warning("fault %s not injected: %s", kind, err)
             return Injected(kind, "", at, attempt, error=str(err)[:300])
         return Injected(kind, target, at, attempt)
 
-    def _inject(self, kind: str) -> str:
-        spec = KINDS[kind]
-        if spec.signal is not None:
-            node = self._worker_node()
-            self._notice(node, spec.signal)
-            return node
-        if kind == "node-lost":
-            node = self._worker_node()
-            self._delete_node(node)
-            return node
-        if kind in ("kill-trainer", "kill-supervisor"):
-            pod = self._choice(self.workers(), "a running worker pod")
-            self._kill(pod, "trainer" if kind == "kill-trainer" else "supervisor")
-            return str(pod.metadata.name)
-        if kind == "kill-spare":
-            pod = self._choice(self.spares(), "a running spare pod")
-            self._kill(pod, "supervisor")
-            return str(pod.metadata.name)
-        if kind == "kill-operator-leader":
-            from .stack import RELEASE_NS
-
-            leader = self.operator.leader() if self.operator is not None else None
-            if not leader:
-                raise RuntimeError("no operator pod holds the leader Lease")
-            self._kill(self._core().read_namespaced_pod(leader, RELEASE_NS), "supervisor")
-            return str(leader)
-        if kind == "apiserver-restart":
-            down = apiserver_down_seconds(self.rng)
-            took = self.cluster.restart_apiserver(down_seconds=down)
-            log.info("kube-apiserver restarted: %.1fs down, ready %.1fs after it was stopped", down, took)
-            return f"kube-apiserver ({down:.1f}s down)"
-        if kind == "notice-during-restart":
-            return self._notice_during_restart()
-        if kind == "two-nodes-doomed":
-            chosen = two_doomed_nodes([p.spec.node_name for p in self.workers()],
-                                      [p.spec.node_name for p in self.spares() if p.spec.node_name not in self.doomed],
-                                      self.rng)
-            assert GKE_SPOT is not None
-            for node in chosen:
-                self._notice(node, GKE_SPOT)
-            return "+".join(chosen)
-        raise RuntimeError(f"fault kind {kind} has no injector")
-
-    def _choice(self, items: list[Any], what: str) -> Any:
+    def choose(self, items: list[Any], what: str) -> Any:
         if not items:
             raise RuntimeError(f"no target: {what} was needed and none is there")
         return self.rng.choice(sorted(items, key=lambda p: p.metadata.name))
 
-    def _worker_node(self) -> str:
-        return str(self._choice(self.workers(), "a running worker pod on a node not already doomed")
+    def worker_node(self) -> str:
+        return str(self.choose(self.workers(), "a running worker pod on a node not already doomed")
                    .spec.node_name)
 
-    def _kill(self, pod: Any, role: str) -> None:
+    def kill(self, pod: Any, role: str) -> None:
         node = pod.spec.node_name
         if not self.cluster.is_real(node):
             raise RuntimeError(f"pod {pod.metadata.name} is on {node}, not a real node")
@@ -311,7 +237,21 @@ class Injectors:
         log.info("SIGKILL %s of %s: host pid %d", role, pod.metadata.name, target.pid)
         os.kill(target.pid, signal.SIGKILL)
 
-    def _notice(self, node: str, sig: Any) -> None:
+    def kill_leader(self) -> str:
+        """SIGKILL the operator pod holding the leader Lease; its name."""
+        from .stack import RELEASE_NS
+
+        leader = self.operator.leader() if self.operator is not None else None
+        if not leader:
+            raise RuntimeError("no operator pod holds the leader Lease")
+        self.kill(self._core().read_namespaced_pod(leader, RELEASE_NS), "supervisor")
+        return str(leader)
+
+    def restart_apiserver(self, down_seconds: float) -> float:
+        """Stop the kube-apiserver for ``down_seconds`` and start it again; seconds until it was ready."""
+        return float(self.cluster.restart_apiserver(down_seconds=down_seconds))
+
+    def notice(self, node: str, sig: Any) -> None:
         field, key, value, delete_after = notice_patch(sig, time.time())
         if field == "Taint":
             taint_node(self.api, node, key, value, "NoSchedule")
@@ -329,12 +269,12 @@ class Injectors:
             self.undo[node] = undo
             self.doomed.add(node)
         log.info("notice %s on %s; node deleted in %.0fs", sig.name, node, delete_after)
-        timer = threading.Timer(delete_after, self._delete_node, args=(node,))
+        timer = threading.Timer(delete_after, self.delete_node, args=(node,))
         timer.daemon = True
         self.timers.append(timer)
         timer.start()
 
-    def _delete_node(self, node: str) -> None:
+    def delete_node(self, node: str) -> None:
         with self.lock:
             self.doomed.add(node)
             self.undo.pop(node, None)
@@ -345,31 +285,33 @@ class Injectors:
             log.warning("removing node %s: %s", node, err)
         self.replace.put(node)
 
-    def _notice_during_restart(self) -> str:
-        workers = self.workers()
-        pod = self._choice(workers, "a running worker pod")
-        node = during_restart_node(pod.spec.node_name, [p.spec.node_name for p in workers], self.rng)
-        before = self.attempt()
-        self._kill(pod, "trainer")
-        deadline = time.monotonic() + 20
-        while self.attempt() == before and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert GKE_SPOT is not None
-        self._notice(node, GKE_SPOT)
-        return f"{pod.metadata.name}+{node}"
+    def remove_signals(self) -> list[str]:
+        """Take the signals put on nodes still there off them (their deletions, not yet due, are cancelled by
+        :meth:`stop`)."""
+        done = []
+        with self.lock:
+            undo = dict(self.undo)
+            self.undo.clear()
+        for node, fn in undo.items():
+            try:
+                fn()
+                done.append(f"signal removed from {node}, its deletion cancelled")
+            except Exception as err:  # noqa: BLE001
+                done.append(f"could not remove the signal from {node}: {err}")
+        return done
 
-    def _partition(self, at: float) -> str:
-        """Cut a worker pod's network namespace off (:func:`partition_rules`) for 10-30 s, then heal it (a timer,
-        or :meth:`stop`): :meth:`cut`, through the pod's sandbox process."""
-        pod = self._choice([p for p in self.workers() if p.metadata.name not in self.partitioned],
-                           "a running worker pod not already cut off")
+    def partition(self, at: float, seconds: Callable[[random.Random], float]) -> str:
+        """Cut a worker pod's network namespace off (:func:`partition_rules`) for ``seconds(rng)``, then heal it (a
+        timer, or :meth:`stop`): :meth:`cut`, through the pod's sandbox process."""
+        pod = self.choose([p for p in self.workers() if p.metadata.name not in self.partitioned],
+                          "a running worker pod not already cut off")
         node, name = pod.spec.node_name, str(pod.metadata.name)
         if not self.cluster.is_real(node):
             raise RuntimeError(f"pod {name} is on {node}, not a real node")
         holder = netns_holder(pod_processes(self.cluster.real.tree(node), pod.metadata.uid))
         if holder is None:
             raise RuntimeError(f"no process in pod {name}: its network namespace cannot be found")
-        what = self.cut(at, name, holder.pid, partition_seconds(self.rng),
+        what = self.cut(at, name, holder.pid, seconds(self.rng),
                         not_those_of=[self.cluster.real.net.popen.pid, os.getpid()])
         log.info("partition: %s (network namespace of host pid %d, node %s)", what, holder.pid, node)
         return what
@@ -416,42 +358,73 @@ class Injectors:
         log.info("partition healed: %s is over", what)
         return what, ""
 
-    def _storage(self, kind: str, at: float) -> str:
-        """``storage-unavailable``: on real nodes every directory of the tmpfs loses its write bits
-        (:func:`deny_writes`: the trainer runs as a non-root user); on process nodes (trainers run as root) the
-        tmpfs is remounted read-only (the superblock's flag: every bind mount of it turns read-only).
-        ``storage-full``: a ballast file fills it. Undone by a timer (or :meth:`stop`); a storage fault still in
-        force is undone first.
+    def heal_partitions(self) -> list[str]:
+        """Heal every partition still in force."""
+        done = []
+        with self.lock:
+            pending = list(self.partitions)
+        for at in pending:
+            healed = self._heal(at)
+            if healed:
+                done.append(f"partition healed: {healed[0]} ended early" if not healed[1] else
+                            f"could not heal the partition ({healed[0]}): {healed[1]}")
+        return done
+
+    def storage_unwritable(self, at: float, seconds: Callable[[random.Random], float]) -> str:
+        """The checkpoint storage not writable for ``seconds(rng)``: on real nodes every directory of the tmpfs
+        loses its write bits (:func:`deny_writes`: the trainer runs as a non-root user); on process nodes
+        (trainers run as root) the tmpfs is remounted read-only (the superblock's flag: every bind mount of it
+        turns read-only).
 
         Not the remount on real nodes: runc copies a bind mount's source flags into the container's mount (so
         that its remount is allowed), and a container created while the superblock was read-only kept a
         read-only checkpoint mount for ever (the 30-minute soak of 2026-11-27: a spare made during the fault
         took over later and could not write its fence)."""
+        def apply(root: Path, secs: float) -> tuple[str, Callable[[], None]]:
+            if self.node_kind == "real":
+                return f"{root} not writable (directories' write bits off) for {secs:.0f}s", deny_writes(root)
+            remount(root, "ro")
+            return f"{root} read-only for {secs:.0f}s", lambda: remount(root, "rw")
+
+        return self._storage_fault(at, seconds, apply)
+
+    def storage_full(self, at: float, seconds: Callable[[random.Random], float]) -> str:
+        """The checkpoint storage filled with a ballast file for ``seconds(rng)``."""
+        def apply(root: Path, secs: float) -> tuple[str, Callable[[], None]]:
+            ballast = root / "soak-ballast"
+            size = fill(ballast)
+            return (f"{root} full ({size >> 20} MiB of ballast) for {secs:.0f}s",
+                    lambda: ballast.unlink(missing_ok=True))
+
+        return self._storage_fault(at, seconds, apply)
+
+    def _storage_fault(self, at: float, seconds: Callable[[random.Random], float],
+                       apply: Callable[[Path, float], tuple[str, Callable[[], None]]]) -> str:
+        """Put a storage fault on the tmpfs (``apply``: what it did, and its undo), undone by a timer (or
+        :meth:`stop`); a storage fault still in force is undone first."""
         if self.storage is None:
             raise RuntimeError("no checkpoint storage tmpfs is mounted (the soak mounts one when storage faults are "
                                "scheduled)")
         self._end_storage_fault()
-        seconds = storage_fault_seconds(kind, self.rng)
-        root = self.storage
-        if kind == "storage-unavailable" and self.node_kind == "real":
-            what, undo = f"{root} not writable (directories' write bits off) for {seconds:.0f}s", deny_writes(root)
-        elif kind == "storage-unavailable":
-            remount(root, "ro")
-            what, undo = f"{root} read-only for {seconds:.0f}s", lambda: remount(root, "rw")
-        else:
-            ballast = root / "soak-ballast"
-            size = fill(ballast)
-            what, undo = (f"{root} full ({size >> 20} MiB of ballast) for {seconds:.0f}s",
-                          lambda: ballast.unlink(missing_ok=True))
+        secs = seconds(self.rng)
+        what, undo = apply(self.storage, secs)
         with self.lock:
             self.storage_fault = (at, what, undo)
-            self.storage_until[at] = time.time() + seconds
-        timer = threading.Timer(seconds, self._end_storage_fault, args=(at,))
+            self.storage_until[at] = time.time() + secs
+        timer = threading.Timer(secs, self._end_storage_fault, args=(at,))
         timer.daemon = True
         self.timers.append(timer)
         timer.start()
         log.info("checkpoint storage %s", what)
         return what
+
+    def end_storage_fault(self) -> list[str]:
+        """Undo the storage fault in force, if any."""
+        try:
+            ended = self._end_storage_fault()
+        except Exception as err:  # noqa: BLE001
+            return [f"could not restore the checkpoint storage: {err}"]
+        return [f"checkpoint storage restored: {ended} ended early"] if ended else []
 
     def _end_storage_fault(self, at: float | None = None) -> str | None:
         """Undo the storage fault in force (``at``: only the one injected then, its timer's call)."""
@@ -481,33 +454,12 @@ class Injectors:
                 log.warning("adding node %s in place of %s failed: %s", name, gone, err)
 
     def stop(self) -> list[str]:
-        """Undo what is still pending: cancel node deletions not yet due, remove the signals put on nodes that
-        are still there. Returns what was undone."""
-        done = []
+        """Undo what is still pending: cancel node deletions not yet due, then each kind's :meth:`undo
+        <localcluster.faults.FaultKind.undo>` (signals off the nodes still there, partitions healed, the storage
+        back). Returns what was undone."""
         for timer in self.timers:
             timer.cancel()
-        with self.lock:
-            undo = dict(self.undo)
-            self.undo.clear()
-        for node, fn in undo.items():
-            try:
-                fn()
-                done.append(f"signal removed from {node}, its deletion cancelled")
-            except Exception as err:  # noqa: BLE001
-                done.append(f"could not remove the signal from {node}: {err}")
-        with self.lock:
-            pending = list(self.partitions)
-        for at in pending:
-            healed = self._heal(at)
-            if healed:
-                done.append(f"partition healed: {healed[0]} ended early" if not healed[1] else
-                            f"could not heal the partition ({healed[0]}): {healed[1]}")
-        try:
-            ended = self._end_storage_fault()
-            if ended:
-                done.append(f"checkpoint storage restored: {ended} ended early")
-        except Exception as err:  # noqa: BLE001
-            done.append(f"could not restore the checkpoint storage: {err}")
+        done = [line for kind in REGISTRY.values() for line in kind.undo(self)]
         self.replace.put(None)
         return done
 
@@ -547,7 +499,7 @@ def deny_writes(root: Path) -> Callable[[], None]:
     """Take the write bits off every directory under ``root`` (``root`` included), top-down, so a non-root
     process can create, rename or delete nothing there (files already open for writing stay writable); returns
     the undo, which puts each directory's mode back. A second pass catches directories made during the first.
-    Nothing about the mount changes (its read-only flag stays off: see :meth:`Injectors._storage`)."""
+    Nothing about the mount changes (its read-only flag stays off: see :meth:`Injectors.storage_unwritable`)."""
     import stat
 
     modes: dict[str, int] = {}

@@ -28,8 +28,9 @@ from typing import Any
 
 import yaml
 
-from .cluster import Cluster, ClusterError, _Proc, free_port, run_build_script, wait_until
+from .cluster import Cluster, run_build_script
 from .pki import _issue, _openssl
+from .procs import ClusterError, Proc, free_port, wait_until
 
 # The external framework Kueue must know for the operator's Workloads (operator/reprieve_operator/policy/kueue.py).
 FRAMEWORK = "TrainingJob.v1alpha1.reprieve.dev"
@@ -83,7 +84,7 @@ def webhooks(manifests: str, url: str, ca_bundle: str) -> list[dict[str, Any]]:
 @dataclass
 class Kueue:
     cluster: Cluster
-    proc: _Proc
+    proc: Proc
     dir: Path
     version: str
     health_port: int

@@ -19,15 +19,43 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from localcluster import cgroups
+from localcluster.pki import PKI
+from localcluster.procs import (
+    REPO,
+    ClusterError,
+    Proc,
+    cache_dir,
+    hack_env,
+    killpg,
+    spawn,
+    terminate,
+    wait_until,
+)
 from localcluster.realnodespec import NodePaths, next_index, node_ip
+from localcluster.registry import LocalRegistry
 
-if TYPE_CHECKING:
-    from localcluster.cluster import Cluster, _Proc
 
-REPO = Path(__file__).resolve().parents[2]
+class Host(Protocol):
+    """What the real-node tier uses of the cluster it extends (:class:`localcluster.cluster.Cluster`)."""
+
+    workdir: Path
+    bin_dir: Path
+    pki: PKI
+    api_port: int
+    kubelet_proxy_port: int
+
+    @property
+    def registry(self) -> LocalRegistry | None: ...
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True, kubeconfig: Path | None = None,
+                timeout: float = 60) -> subprocess.CompletedProcess[str]: ...
+
+    def write_kubeconfig(self, path: Path, *, user: dict[str, str], namespace: str = "default",
+                         server: str | None = None) -> None: ...
+
 BUILD_IMAGES = REPO / "hack" / "build-images.sh"
 
 
@@ -96,10 +124,10 @@ def prune_templates(root: Path) -> list[Path]:
 
 @dataclass
 class RealNodes:
-    cluster: Cluster
+    cluster: Host
     images: dict[str, Image] = field(default_factory=dict)
-    net: _Proc | None = None
-    nodes: dict[str, _Proc] = field(default_factory=dict)
+    net: Proc | None = None
+    nodes: dict[str, Proc] = field(default_factory=dict)
     indexes: dict[str, int] = field(default_factory=dict)
     released: dict[int, float] = field(default_factory=dict)  # index -> when its node went (realnodespec.next_index)
     cluster_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
@@ -123,30 +151,26 @@ class RealNodes:
             raise RealNodeError("; ".join(problems))
         if not self.images:
             self.images = build_images()
-            from localcluster.cluster import cache_dir
-
             prune_templates(cache_dir() / "nodes")
         if self.net is None:
             self._start_network()
 
     def _start_network(self, timeout: float = 30) -> None:
-        from localcluster.cluster import ClusterError, wait_until
-
         c = self.cluster
         d = c.workdir / "realnodes"
         d.mkdir(parents=True, exist_ok=True)
-        c._write_kubeconfig(self.kubeconfig, user={"client-certificate": str(c.pki.crt("admin")),
+        c.write_kubeconfig(self.kubeconfig, user={"client-certificate": str(c.pki.crt("admin")),
                                                    "client-key": str(c.pki.key("admin"))},
                             server="https://10.96.0.1:443")
         ready = d / "clusternet.ready"
         host_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
         try:
-            self.net = c._spawn("clusternet", [
+            self.net = spawn(c.workdir / "logs", "clusternet", [
                 "unshare", "--net", "--", sys.executable, "-m", "localcluster.clusternet",
                 "--host-netns-fd", str(host_ns), "--api-port", str(c.api_port),
                 "--kubeconfig", str(self.kubeconfig), "--ready-file", str(ready),
                 "--kubelet-proxy-port", str(c.kubelet_proxy_port)],
-                env=_hack_env(), pass_fds=(host_ns,))
+                hack_env(), (host_ns,))
         finally:
             os.close(host_ns)
         net = self.net
@@ -169,12 +193,10 @@ class RealNodes:
                                {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}}))
 
     # -- nodes ---------------------------------------------------------------------------------------------------
-    def add(self, name: str, labels: dict[str, str], images: list[str] | None = None) -> _Proc:
+    def add(self, name: str, labels: dict[str, str], images: list[str] | None = None) -> Proc:
         """Start real node ``name`` (returns its launcher); the caller waits for the Node to be Ready. ``images``:
         the built images imported into its containerd (default: all; ``[]``: a cold node that pulls everything
         but the pause image from the cluster's registry)."""
-        from localcluster.cluster import cache_dir
-
         self.ensure()
         assert self.net is not None
         index = next_index(set(self.indexes.values()), self.released)
@@ -198,8 +220,7 @@ class RealNodes:
             args += self.cluster.registry.node_args()
         for k, v in labels.items():
             args += ["--label", f"{k}={v}"]
-        proc = self.cluster._spawn(f"realnode-{name}", args, env=_hack_env())
-        self.cluster._procs.remove(proc)
+        proc = spawn(self.cluster.workdir / "logs", f"realnode-{name}", args, hack_env())
         self.nodes[name] = proc
         return proc
 
@@ -209,21 +230,19 @@ class RealNodes:
     def stop_node(self, name: str, *, hard: bool = False, timeout: float = 30) -> None:
         """Stop node ``name``: SIGTERM to its launcher (which cleans up), or ``hard``: SIGKILL everything in it at once
         (the machine is gone), then remove what the launcher would have."""
-        from localcluster.cluster import _killpg, _terminate
-
         proc = self.nodes.pop(name, None)
         if proc is None:
             return
         tree = self.tree(name)
         if hard:
-            _killpg(proc.popen, 9)
+            killpg(proc.popen, 9)
             cgroups.kill(tree)
             proc.popen.wait(10)
             if self.net is not None:  # the launcher died before it could remove the node's address
                 subprocess.run(["nsenter", f"--net=/proc/{self.net.popen.pid}/ns/net", "ip", "addr", "del",
                                 f"{node_ip(self.indexes[name])}/32", "dev", "lo"], capture_output=True, check=False)
         else:
-            _terminate(proc.popen, timeout)
+            terminate(proc.popen, timeout)
         cgroups.kill(tree)
         cgroups.remove(tree)
         index = self.indexes.pop(name, None)
@@ -231,12 +250,10 @@ class RealNodes:
             self.released[index] = time.monotonic()
 
     def stop(self) -> None:
-        from localcluster.cluster import _terminate
-
         for name in list(self.nodes):
             self.stop_node(name)
         if self.net is not None:
-            _terminate(self.net.popen, 10)
+            terminate(self.net.popen, 10)
             self.net = None
         cgroups.kill(self.cgroup_base)
         cgroups.remove(self.cgroup_base)
@@ -248,10 +265,3 @@ class RealNodes:
             found += [p for p in base.glob(f"{namespace}_{pod}_*/{container}/*.log")
                       if p.parents[1].name.count("_") == 2]
         return found
-
-
-def _hack_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "hack"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
-

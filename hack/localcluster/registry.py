@@ -28,9 +28,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from localcluster.pki import _issue
+from localcluster.pki import PKI, _issue
+from localcluster.procs import REPO, ClusterError, Proc, free_port, hack_env, spawn, terminate, wait_until
 from localcluster.registryspec import (
     Credentials,
     RegistryAccess,
@@ -39,11 +39,7 @@ from localcluster.registryspec import (
     registry_config,
 )
 
-if TYPE_CHECKING:
-    from localcluster.cluster import Cluster, _Proc
-
 log = logging.getLogger("localcluster.registry")
-REPO = Path(__file__).resolve().parents[2]
 INSTALL_TOOLS = REPO / "hack" / "install-release-tools.sh"
 
 
@@ -95,33 +91,26 @@ def probe(url: str, ca_file: Path, creds: Credentials | None, timeout: float = 5
 
 @dataclass
 class LocalRegistry:
-    cluster: Cluster
+    workdir: Path  # the cluster's
+    pki: PKI       # the cluster's: the registry's serving certificate is issued by its CA
     access: RegistryAccess
     tools: ReleaseTools
-    procs: list[_Proc] = field(default_factory=list)
-    forward: _Proc | None = None
+    procs: list[Proc] = field(default_factory=list)
+    forward: Proc | None = None
+    dir: Path = field(init=False)          # <workdir>/registry: storage, packages, configuration
+    hosts_dir: Path = field(init=False)    # containerd's ``config_path``: ``<host>/hosts.toml`` under it
+    access_file: Path = field(init=False)  # what a client needs (mode 0600)
 
-    @property
-    def dir(self) -> Path:
-        return self.cluster.workdir / "registry"
-
-    @property
-    def hosts_dir(self) -> Path:
-        """containerd's ``config_path``: ``<registry>/hosts.toml``."""
-        return self.dir / "containerd-hosts"
-
-    @property
-    def access_file(self) -> Path:
-        return self.dir / "access.json"
+    def __post_init__(self) -> None:
+        self.dir = self.workdir / "registry"
+        self.hosts_dir = self.dir / "containerd-hosts"
+        self.access_file = self.dir / "access.json"
 
     @classmethod
-    def start(cls, cluster: Cluster, timeout: float = 30) -> LocalRegistry:
-        from localcluster.cluster import free_port
-
+    def start(cls, workdir: Path, pki: PKI, timeout: float = 30) -> LocalRegistry:
         tools = release_tools()
-        d = cluster.workdir / "registry"
+        d = workdir / "registry"
         d.mkdir(parents=True, exist_ok=True)
-        pki = cluster.pki
         if not pki.crt("registry").exists():
             _issue(pki, "registry", "/CN=reprieve-local-registry", server_sans=["127.0.0.1", "localhost"])
         creds = Credentials.generate()
@@ -132,7 +121,7 @@ class LocalRegistry:
         fd = os.open(d / "access.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(access.to_json())
-        self = cls(cluster, access, tools)
+        self = cls(workdir, pki, access, tools)
         hosts = self.hosts_dir / access.registry
         hosts.mkdir(parents=True, exist_ok=True)
         (hosts / "hosts.toml").write_text(containerd_hosts_toml(access.registry, pki.ca_crt))
@@ -140,9 +129,9 @@ class LocalRegistry:
         config.write_text(json.dumps(registry_config(port=reg_port, storage=d / "storage", cert=pki.crt("registry"),
                                                      key=pki.key("registry"), htpasswd=htpasswd), indent=1))
         try:
-            self.procs.append(cluster._spawn("registry", [str(tools.registry), "serve", str(config)]))
+            self.procs.append(spawn(workdir / "logs", "registry", [str(tools.registry), "serve", str(config)]))
             ready = d / "pyindex.ready"
-            self.procs.append(cluster._spawn("pyindex", [
+            self.procs.append(spawn(workdir / "logs", "pyindex", [
                 str(tools.venv / "bin" / "python"), str(REPO / "hack" / "localcluster" / "pyindex.py"),
                 "--port", str(idx_port), "--root", str(d / "packages"), "--cert", str(pki.crt("registry")),
                 "--key", str(pki.key("registry")), "--htpasswd", str(htpasswd), "--ready-file", str(ready),
@@ -156,8 +145,6 @@ class LocalRegistry:
         return self
 
     def _wait_ready(self, timeout: float) -> None:
-        from localcluster.cluster import ClusterError, wait_until
-
         a = self.access
 
         def up() -> bool:
@@ -173,21 +160,18 @@ class LocalRegistry:
         wait_until(up, timeout, "the registry (/v2/ 401 without and 200 with the password) and the index",
                    interval=0.2, on_timeout=lambda: "\n" + "\n".join(p.tail(10) for p in self.procs))
 
-    def attach(self, net: _Proc, timeout: float = 15) -> None:
+    def attach(self, net: Proc, timeout: float = 15) -> None:
         """Forward the registry's address into the cluster network (whose first process is ``net``)."""
-        from localcluster.cluster import ClusterError, wait_until
-        from localcluster.realnodes import _hack_env
-
         if self.forward is not None:
             return
         ready = self.dir / "hostforward.ready"
         port = self.access.registry.rsplit(":", 1)[1]
         host_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
         try:
-            self.forward = self.cluster._spawn("registry-forward", [
+            self.forward = spawn(self.workdir / "logs", "registry-forward", [
                 "nsenter", f"--net=/proc/{net.popen.pid}/ns/net", "--", sys.executable, "-m",
                 "localcluster.hostforward", "--host-netns-fd", str(host_ns), "--port", port,
-                "--ready-file", str(ready)], env=_hack_env(), pass_fds=(host_ns,))
+                "--ready-file", str(ready)], hack_env(), (host_ns,))
         finally:
             os.close(host_ns)
         fwd = self.forward
@@ -228,12 +212,8 @@ class LocalRegistry:
 
     def stop(self) -> None:
         """Stop both servers and the forwarder; remove the storage (blobs, packages: GBs after a release)."""
-        from localcluster.cluster import _terminate
-
         for proc in [*self.procs, *([self.forward] if self.forward else [])]:
-            _terminate(proc.popen, 10)
-            if proc in self.cluster._procs:
-                self.cluster._procs.remove(proc)
+            terminate(proc.popen, 10)
         self.procs.clear()
         self.forward = None
         for sub in ("storage", "packages"):

@@ -27,42 +27,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .chaos import KINDS, STORAGE_KINDS, storage_recovered
+from .faults import REGISTRY, Injected, Observation, Seen
 from .goodput import Interruption, StepRecord
 
 NOT_INJECTED = "not injected: "
 SLACK_S = 3.0  # a kill lands mid-step: the last record of the attempt it ends is up to a step before it
-
-
-@dataclass(frozen=True)
-class Injected:
-    """A fault as the injector carried it out (wall times)."""
-
-    kind: str
-    target: str
-    at: float
-    attempt: int                 # the job's status.attempt when it was injected
-    error: str = ""              # the injection itself failed (e.g. no process to kill): counted, unrecovered
-
-
-@dataclass(frozen=True)
-class Observation:
-    """One poll of the TrainingJob (and the operator's Lease) by the harness."""
-
-    t: float
-    attempt: int = 0
-    phase: str = ""
-    notice_id: str = ""
-    notice_node: str = ""
-    checkpoint_step: int | None = None
-    leader: str = ""             # the Lease's holderIdentity (<pod>_<pid>; in a container the pid is the same after
-    #                              a restart, so a restarted leader shows in the next two fields)
-    leader_restarts: int = 0     # restartCount of the holder pod's operator container
-    leader_renewed: float = 0.0  # the Lease's renewTime (Unix seconds): only a live holder renews it
-    spares: tuple[str, ...] = ()
-    last_restart: Mapping[str, Any] | None = None
-    operator_lost_steps: int | None = None   # status.goodput.lostSteps
-    last_restore: Mapping[str, Any] | None = None  # status.lastRestore (the memory tier's restore)
 
 
 @dataclass
@@ -100,72 +69,9 @@ class Totals:
 
 
 def detected(fault: Injected, obs: Sequence[Observation]) -> float | None:
-    """Wall time the operator was first seen to act on ``fault``: the notice recorded on the job (notices), the
-    next attempt (hard faults), the spare gone from the job's spares (kill-spare), another Lease holder (leader)."""
-    before = [o for o in obs if o.t <= fault.at]
-    prior = before[-1] if before else None
-    for o in obs:
-        if o.t < fault.at:
-            continue
-        if KINDS[fault.kind].signal is not None or fault.kind == "two-nodes-doomed":
-            if o.notice_id and o.notice_id != (prior.notice_id if prior else "") and \
-                    o.notice_node in fault.target.split("+"):
-                return o.t
-            if o.attempt > fault.attempt:
-                return o.t
-        elif fault.kind == "kill-spare":
-            if fault.target not in o.spares:
-                return o.t
-        elif fault.kind == "kill-operator-leader":
-            if o.leader != _holder_at(fault, obs) or (prior is not None and o.leader_restarts > prior.leader_restarts):
-                return o.t  # the Lease gone or another holder; or the holder's container restarted (real nodes)
-        elif fault.kind == "apiserver-restart":
-            return status_written(fault, obs)
-        elif o.attempt > fault.attempt:
-            return o.t
-    return None
-
-
-def replaced_seen(fault: Injected, obs: Sequence[Observation]) -> float | None:
-    """Kinds that end no attempt: wall time their replacement was seen (a running spare other than the killed
-    one; a Lease holder other than the killed one: the standby, or the killed pod's restarted container: a new
-    identity ``<pod>_<pid>`` on process nodes; on real nodes its pid is the same, so the holder pod's container
-    restarted and the Lease renewed after the kill)."""
-    killed = _holder_at(fault, obs)
-    restarts = max([o.leader_restarts for o in obs if o.t <= fault.at and o.leader == killed], default=0)
-    for o in obs:
-        if o.t < fault.at:
-            continue
-        if fault.kind == "kill-spare" and any(s != fault.target for s in o.spares):
-            return o.t
-        if fault.kind == "kill-operator-leader" and o.leader and (
-                o.leader != killed if killed else o.leader.rsplit("_", 1)[0] != fault.target):
-            return o.t
-        if fault.kind == "kill-operator-leader" and killed and o.leader == killed and \
-                o.leader_restarts > restarts and o.leader_renewed > fault.at:
-            return o.t  # the killed container restarted in its pod (same identity) and renews the Lease
-    return None
-
-
-def status_written(fault: Injected, obs: Sequence[Observation]) -> float | None:
-    """Wall time the harness first saw the operator write the job's status after ``fault`` (an apiserver restart:
-    the operator reconnected): a ``lastCheckpointStep`` newer than the last one seen before it, or a final
-    phase."""
-    before = [o.checkpoint_step for o in obs if o.t <= fault.at and o.checkpoint_step is not None]
-    last = before[-1] if before else None
-    for o in obs:
-        if o.t < fault.at:
-            continue
-        if o.phase in ("Succeeded", "Failed") or (o.checkpoint_step is not None and
-                                                   (last is None or o.checkpoint_step > last)):
-            return o.t
-    return None
-
-
-def _holder_at(fault: Injected, obs: Sequence[Observation]) -> str:
-    """The Lease holder the harness last saw before ``fault`` (its full identity)."""
-    before = [o.leader for o in obs if o.t <= fault.at and o.leader]
-    return before[-1] if before else ""
+    """Wall time the operator was first seen to act on ``fault`` (its kind's ``detected``: the notice recorded on
+    the job, the next attempt, the spare gone from the job's spares, another Lease holder, a status write)."""
+    return REGISTRY[fault.kind].detected(fault, obs)
 
 
 def how_restarted(last_restart: Mapping[str, Any] | None, restore: str = "") -> str:
@@ -201,7 +107,7 @@ def attribute(faults: Sequence[Injected], interruptions: Sequence[Interruption])
     a fault that shared the restart before it but came after that attempt's last step."""
     out: dict[int, tuple[int, str]] = {}
     order = [k for k in sorted(range(len(faults)), key=lambda k: faults[k].at)
-             if KINDS[faults[k].kind].interrupts and not faults[k].error]
+             if REGISTRY[faults[k].kind].interrupts and not faults[k].error]
     for j, intr in enumerate(interruptions):
         since = interruptions[j - 1].next_t if j > 0 else float("-inf")
         # a fault injected once the job's status already showed the next attempt is that attempt's, slack or not
@@ -224,12 +130,12 @@ def attribute(faults: Sequence[Injected], interruptions: Sequence[Interruption])
 
 def second_halves(faults: Sequence[Injected], interruptions: Sequence[Interruption],
                   matched: Mapping[int, tuple[int, str]]) -> dict[int, int]:
-    """fault index -> the interruption its second half caused: ``notice-during-restart`` is a kill (ending attempt
-    ``a``) and a notice delivered to the next attempt, which ends it too; that next interruption is the fault's
-    when no fault of its own span caused it."""
+    """fault index -> the interruption its second half caused: a kind that may cause two restarts
+    (``notice-during-restart``: a kill ending attempt ``a`` and a notice delivered to the next attempt, which ends
+    it too) owns that next interruption when no fault of its own span caused it."""
     caused = {j for j, role in matched.values() if role == "cause"}
-    return {k: j + 1 for k, (j, role) in matched.items() if role == "cause" and faults[k].kind ==
-            "notice-during-restart" and j + 1 < len(interruptions) and j + 1 not in caused}
+    return {k: j + 1 for k, (j, role) in matched.items() if role == "cause" and REGISTRY[faults[k].kind].restarts > 1
+            and j + 1 < len(interruptions) and j + 1 not in caused}
 
 
 def unexplained(faults: Sequence[Injected], interruptions: Sequence[Interruption]) -> list[Interruption]:
@@ -245,11 +151,10 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
             ended: Mapping[float, float] | None = None) -> list[FaultRecord]:
     """A :class:`FaultRecord` per injected fault (times relative to ``t0``, the soak's start). ``ended``: when each
     storage fault or partition (by its injection time) was undone."""
-    restores, ended = restores or {}, ended or {}
-    committed = [(o.t, o.checkpoint_step) for o in obs]
+    restores = restores or {}
     matched = attribute(faults, interruptions)
     seconds = second_halves(faults, interruptions, matched)
-    last_t = max((r.t for r in steps), default=0.0)
+    judge = Seen(obs, max((r.t for r in steps), default=0.0), ended or {})
     by_attempt = {o.attempt: o.last_restart for o in obs if o.last_restart and o.last_restart.get("attempt") == o.attempt}
     restores = {**{a: r for o in obs if (a := _attempt_of(o.last_restore)) and (r := restore_in_words(o.last_restore))},
                 **restores}
@@ -282,30 +187,9 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
                 rec.note = "shares the restart of an earlier fault of the same attempt"
             else:
                 rec.note = "during restart: shares the restart of the fault before it"
-        elif f.kind == "apiserver-restart":
-            written = status_written(f, obs)
-            rec.recovered = written is not None and last_t > f.at
-            rec.recovery = "no restart" if rec.recovered else ""
-            rec.note = "" if rec.recovered else ("no step after it" if written is not None else
-                                                 "the operator wrote no status after it")
-        elif f.kind in STORAGE_KINDS:  # recovered once the next due save after it committed
-            until = ended.get(f.at, f.at)
-            saved = storage_recovered(until, committed)
-            rec.recovered = saved is not None
-            rec.recovery = "no restart" if rec.recovered else ""
-            rec.note = (f"the next checkpoint committed {saved - until:.1f}s after it ended" if saved is not None
-                        else "no newer checkpoint seen committed after it")
-        elif not KINDS[f.kind].interrupts:
-            back = replaced_seen(f, obs)
-            rec.recovered = back is not None
-            rec.recovery = ("spare replaced" if f.kind == "kill-spare" else "new leader") if back else ""
-            rec.note = "" if back else "no replacement seen"
-        else:  # a partition that ended no attempt: recovered once the job stepped after it was healed
-            after = ended.get(f.at, f.at) if f.kind == "partition" else f.at
-            rec.recovered = last_t > after
-            rec.recovery = "no restart" if rec.recovered else ""
-            rec.note = "the step log shows no restart after it" + ("" if rec.recovered else
-                                                                  f"; no step after it{' was healed' if after > f.at else ''} either")
+        else:  # no restart booked to it: its kind says whether it recovered
+            back = REGISTRY[f.kind].recovered(f, judge)
+            rec.recovered, rec.recovery, rec.note = back.recovered, back.recovery, back.note
         out.append(rec)
     return out
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster.cluster import cache_dir
 from localcluster.goodput import analyse, read_step_log
+from localcluster.procs import cache_dir
 from localcluster.stack import OperatorProcess, example_job, install_chart
 from localcluster.testing import wait_for
 

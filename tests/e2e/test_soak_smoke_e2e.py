@@ -1,9 +1,10 @@
 """The CI smoke soak (issue #25; docs/soak.md, "In CI"): ``benchmarks/soak.py`` for a short fixed schedule on real
 nodes, its totals asserted. The 30-minute soak is run by hand (``make soak``).
 
-The seed rotates over ``chaos.SMOKE_ROTATION`` by the UTC day (``REPRIEVE_SOAK_SEED`` picks one); each seed brings a
-group of kinds of its own, injected once each, and over the rotation every kind the soak knows is injected
-(``tests/localcluster/test_chaos_unit.py`` proves that from the pure schedule, without a cluster).
+The seed rotates over ``chaos.smoke_rotation()``'s seeds by the UTC day (``REPRIEVE_SOAK_SEED`` picks one); each seed
+brings a group of kinds of its own, dealt from the fault registry and injected once each, and over the rotation every
+registered kind is injected (``tests/localcluster/test_chaos_unit.py`` proves that from the pure schedule, without a
+cluster).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .conftest import compilation_cache
 pytestmark = [pytest.mark.e2e, pytest.mark.realnodes, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
-# As few steps as keep the job stepping past the last fault (at most SMOKE_MINUTES + a quarter of SMOKE_FAULT_EVERY
+# As few steps as keep the job stepping past the last fault (at most smoke_minutes + a quarter of SMOKE_FAULT_EVERY
 # after its first step, ~79 s) and through that fault's restart, however fast the machine: each step sleeps
 # SMOKE_STEP_SLEEP, so 320 steps take at least 96 s (about 128 s on a quiet 2-core VM; with the soak's default 0.05 s
 # they took 0.2 s a step there and seed 2's job ended before its last two faults, with 0.15 s before its last one),
@@ -43,7 +44,7 @@ SOAK_TIMEOUT = 900  # the whole soak (see the docstring); then Ctrl-C, up to 180
 
 def smoke_command(seed: int, kinds: list[str], out: Path) -> list[str]:
     return [sys.executable, str(REPO / "benchmarks" / "soak.py"), "--seed", str(seed), "--faults", ",".join(kinds),
-            "--minutes", f"{chaos.SMOKE_MINUTES:g}", "--fault-every", f"{chaos.SMOKE_FAULT_EVERY:g}",
+            "--minutes", f"{chaos.smoke_minutes(kinds):g}", "--fault-every", f"{chaos.SMOKE_FAULT_EVERY:g}",
             "--steps", str(SMOKE_STEPS), "--step-sleep", f"{SMOKE_STEP_SLEEP:g}", "--reference-step-sleep", "0",
             "--devices-per-process", "1", "--nodes", str(chaos.SMOKE_NODES), "--timeout", str(JOB_TIMEOUT),
             "--out", str(out), "--require-real-nodes",

@@ -1,26 +1,29 @@
-"""The chaos soak's pure core (hack/localcluster/chaos.py, soakrecord.py), table-tested: the catalogue, the
-seeded schedule, validation before anything starts, and the per-fault accounting against the step log."""
+"""The chaos soak's pure core (hack/localcluster/chaos.py, faults.py, soakrecord.py), table-tested: the fault
+registry (every kind with its four methods and its docs row), the seeded schedule and the CI smoke's rotation dealt
+from the registry, validation before anything starts, and the per-fault accounting against the step log."""
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
-from localcluster import chaos
-from localcluster.chaos import REAL_NODES, SPARE, Capabilities, SoakConfigError
+from localcluster import chaos, faults
+from localcluster.chaos import Capabilities, SoakConfigError
+from localcluster.faults import REAL_NODES, SPARE, during_restart_node, two_doomed_nodes
 from localcluster.goodput import StepRecord, analyse
 from localcluster.injectors import (
     PodView,
     Proc,
     assigned_pods,
-    during_restart_node,
     netns_holder,
     partition_rules,
     pick,
     split_roles,
-    two_doomed_nodes,
 )
 from localcluster.soakrecord import (
     FaultRecord,
@@ -40,8 +43,8 @@ from reprieve_operator.policy.signals import BUILTIN_SIGNALS
 
 pytestmark = pytest.mark.unit
 
-ALL = Capabilities(frozenset({REAL_NODES, SPARE, chaos.OPERATOR_DEPLOYMENT, chaos.ROOT, chaos.IPTABLES}))
-PROCESS = Capabilities(frozenset({SPARE, chaos.ROOT}), "process nodes: real nodes cannot start here")
+ALL = Capabilities(frozenset({REAL_NODES, SPARE, faults.OPERATOR_DEPLOYMENT, faults.ROOT, faults.IPTABLES}))
+PROCESS = Capabilities(frozenset({SPARE, faults.ROOT}), "process nodes: real nodes cannot start here")
 
 
 def test_every_builtin_signal_is_a_notice_kind_with_its_own_window() -> None:
@@ -75,7 +78,7 @@ def test_unknown_fault_kind_names_the_known_ones() -> None:
 
 
 def test_default_kinds_are_every_implemented_one_and_duplicates_collapse() -> None:
-    assert chaos.parse_kinds(None) == [k.name for k in chaos.CATALOGUE if k.implemented]
+    assert chaos.parse_kinds(None) == [k.name for k in chaos.KINDS.values() if k.implemented]
     assert chaos.parse_kinds("node-lost, node-lost,kill-trainer") == ["node-lost", "kill-trainer"]
 
 
@@ -133,14 +136,14 @@ def test_notice_patch_puts_the_signal_and_deletes_at_its_window(signal: str, kin
                                                                  delete_after: float) -> None:
     sig = chaos.KINDS[f"notice-{signal}"].signal
     assert sig is not None
-    got = chaos.notice_patch(sig, 1000.0)
+    got = faults.notice_patch(sig, 1000.0)
     assert (got[0], got[2], got[3]) == (kind, value, delete_after)
 
 
 def test_an_epoch_label_carries_its_own_deadline() -> None:
     sig = chaos.KINDS["notice-gke-scheduled-maintenance"].signal
     assert sig is not None
-    assert chaos.notice_patch(sig, 1000.4) == ("LabelEpoch", sig.key, "1030", pytest.approx(29.6))
+    assert faults.notice_patch(sig, 1000.4) == ("LabelEpoch", sig.key, "1030", pytest.approx(29.6))
 
 
 # -- accounting ----------------------------------------------------------------------------------------------
@@ -203,13 +206,6 @@ def test_a_fault_after_which_nothing_trained_is_unrecovered_and_a_failed_injecti
     text = table(recs, tot)
     assert "faults injected 1, recovered 0 (1 more could not be injected)" in text
     assert "UNRECOVERED" in text and "DIFFERENT" in text and "(steps [30])" in text
-
-
-def test_the_operator_leader_is_recovered_when_another_holds_the_lease() -> None:
-    faults = [Injected("kill-operator-leader", "op-a", 10, 1)]
-    obs = [Observation(9, 1, leader="op-a_1"), Observation(12, 1, leader=""), Observation(20, 1, leader="op-b_1")]
-    (rec,) = records(faults, obs, [], steps(1, range(30), 0), t0=0)
-    assert (rec.detected_at, rec.recovered, rec.recovery) == (12, True, "new leader")
 
 
 @pytest.mark.parametrize(("last_restart", "restore", "expected"), [
@@ -394,13 +390,18 @@ def test_notice_during_restart_owns_both_restarts_it_causes() -> None:
     assert len(unexplained([Injected("kill-trainer", "lm-0", 29.5, 1)], intr)) == 1
 
 
-def test_a_leader_whose_container_restarted_and_took_the_lease_again_is_recovered() -> None:
+@pytest.mark.parametrize(("holders", "detected"), [
+    # the standby took the Lease: seen when the killed holder's identity went (the Lease empty), recovered at op-b's
+    (("op-a_1", "", "op-b_1"), 12),
     # found by the soak on real nodes: the killed operator container restarted in its pod and took the Lease
     # back before the standby; the holder's pod name stayed the same and the fault was recorded unrecovered
-    faults = [Injected("kill-operator-leader", "op-a", 10, 1)]
-    obs = [Observation(9, 1, leader="op-a_1"), Observation(12, 1, leader="op-a_1"), Observation(30, 1, leader="op-a_7")]
-    (rec,) = records(faults, obs, [], steps(1, range(40), 0), t0=0)
-    assert (rec.detected_at, rec.recovered, rec.recovery) == (30, True, "new leader")
+    (("op-a_1", "op-a_1", "op-a_7"), 30),
+])
+def test_the_operator_leader_is_recovered_when_another_identity_holds_the_lease(holders: tuple[str, ...],
+                                                                               detected: float) -> None:
+    obs = [Observation(t, 1, leader=h) for t, h in zip((9, 12, 30), holders, strict=True)]
+    (rec,) = records([Injected("kill-operator-leader", "op-a", 10, 1)], obs, [], steps(1, range(40), 0), t0=0)
+    assert (rec.detected_at, rec.recovered, rec.recovery) == (detected, True, "new leader")
 
 
 @pytest.mark.parametrize(("after", "recovered", "detected"), [
@@ -425,9 +426,9 @@ def test_apiserver_restart_is_implemented_ends_no_attempt_and_is_down_5_to_15_se
     assert chaos.validate(["apiserver-restart"], PROCESS, minutes=3, fault_every=30) == ["apiserver-restart"]
     import random
 
-    drawn = [chaos.apiserver_down_seconds(random.Random(seed)) for seed in range(200)]
+    drawn = [faults.apiserver_down_seconds(random.Random(seed)) for seed in range(200)]
     assert all(5.0 <= d <= 15.0 for d in drawn) and max(drawn) - min(drawn) > 8  # spread over the range
-    assert drawn == [chaos.apiserver_down_seconds(random.Random(seed)) for seed in range(200)]
+    assert drawn == [faults.apiserver_down_seconds(random.Random(seed)) for seed in range(200)]
 
 
 @pytest.mark.parametrize(("obs", "last_step", "recovered", "detected", "note"), [
@@ -464,12 +465,14 @@ def test_a_restart_after_an_apiserver_restart_is_one_no_fault_explains() -> None
 def test_storage_faults_are_implemented_end_no_attempt_and_last_10_to_20_seconds() -> None:
     import random
 
-    for name in chaos.STORAGE_KINDS:
+    storage = ["storage-unavailable", "storage-full"]
+    assert [k.name for k in chaos.KINDS.values() if k.tmpfs] == storage
+    for name in storage:
         kind = chaos.KINDS[name]
-        assert kind.implemented and not kind.interrupts and kind.needs == (chaos.ROOT,)
-    assert chaos.validate(list(chaos.STORAGE_KINDS), PROCESS, minutes=2, fault_every=25) == list(chaos.STORAGE_KINDS)
-    assert chaos.storage_fault_seconds("storage-unavailable", random.Random(1)) == 10.0
-    full = [chaos.storage_fault_seconds("storage-full", random.Random(seed)) for seed in range(200)]
+        assert kind.implemented and not kind.interrupts and kind.needs == (faults.ROOT,)
+    assert chaos.validate(storage, PROCESS, minutes=2, fault_every=25) == storage
+    assert faults.StorageUnavailable.seconds(random.Random(1)) == 10.0
+    full = [faults.StorageFull.seconds(random.Random(seed)) for seed in range(200)]
     assert all(10.0 <= d <= 20.0 for d in full) and max(full) - min(full) > 8
 
 
@@ -508,7 +511,7 @@ def test_a_storage_tmpfs_without_a_measured_checkpoint_is_refused() -> None:
 ])
 def test_a_storage_fault_is_recovered_when_a_newer_checkpoint_commits_after_it(
         committed: list[tuple[float, int | None]], seen: float | None) -> None:
-    assert chaos.storage_recovered(20.0, committed) == seen
+    assert faults.storage_recovered(20.0, committed) == seen
 
 
 def test_goodput_counts_to_the_jobs_own_end_not_to_when_the_soak_saw_it(tmp_path: Path) -> None:
@@ -573,11 +576,11 @@ def test_partition_is_implemented_ends_an_attempt_needs_real_nodes_and_iptables_
     import random
 
     kind = chaos.KINDS["partition"]
-    assert kind.implemented and kind.interrupts and kind.needs == (REAL_NODES, chaos.IPTABLES)
+    assert kind.implemented and kind.interrupts and kind.needs == (REAL_NODES, faults.IPTABLES)
     assert chaos.validate(["partition"], ALL, minutes=2, fault_every=25) == ["partition"]
-    drawn = [chaos.partition_seconds(random.Random(seed)) for seed in range(200)]
+    drawn = [faults.partition_seconds(random.Random(seed)) for seed in range(200)]
     assert all(10.0 <= d <= 30.0 for d in drawn) and max(drawn) - min(drawn) > 15
-    assert drawn == [chaos.partition_seconds(random.Random(seed)) for seed in range(200)]
+    assert drawn == [faults.partition_seconds(random.Random(seed)) for seed in range(200)]
 
 
 @pytest.mark.parametrize(("cut", "expected"), [
@@ -637,31 +640,176 @@ def test_the_ci_smokes_rotation_injects_every_kind_the_soak_knows() -> None:
         assert got == list(kinds)
         assert sorted(f.kind for f in plan) == sorted(kinds), f"seed {seed}: one cycle of its kinds, each once"
         injected.update(f.kind for f in plan)
-    assert set(injected) == {k.name for k in chaos.CATALOGUE}
+    assert set(injected) == {k.name for k in chaos.KINDS.values()}
     assert max(injected.values()) == 1, "each kind in one seed's group only"
     assert len({s for s, _ in chaos.SMOKE_ROTATION}) == len(chaos.SMOKE_ROTATION)
 
 
+N_SEEDS = len(chaos.SMOKE_ROTATION)  # 5 with today's 25 kinds: grows by one for every 5 kinds registered
+
+
 @pytest.mark.parametrize(("env", "day", "seed"), [
-    (None, 0, 1), (None, 4, 5), (None, 7, 3), ("", 6, 2), (" 4 ", 0, 4), ("2", 9, 2)])
+    (None, 0, 1), (None, N_SEEDS - 1, N_SEEDS), (None, N_SEEDS + 2, 3), ("", 2 * N_SEEDS + 1, 2), (" 4 ", 0, 4),
+    ("2", 9, 2)])
 def test_the_ci_smokes_seed_rotates_by_the_utc_day_unless_asked(env: str | None, day: int, seed: int) -> None:
     assert chaos.smoke_seed(env, day) == seed
 
 
-@pytest.mark.parametrize(("env", "message"), [("9", "the CI smoke's seeds are 1, 2, 3, 4, 5"),
+@pytest.mark.parametrize(("env", "message"), [(str(N_SEEDS + 1), "the CI smoke's seeds are 1, 2, 3, 4, 5"),
                                               ("x", "whole number")])
 def test_a_ci_smoke_seed_outside_the_rotation_is_refused(env: str, message: str) -> None:
     with pytest.raises(SoakConfigError, match=message):
         chaos.smoke_seed(env, 0)
 
 
-def test_docs_soak_lists_the_ci_smokes_rotation_as_it_is() -> None:
+def _faults_table_kinds() -> list[str]:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "soak.md").read_text()
-    section = doc.split("## In CI", 1)[1].split("\n## ", 1)[0]
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
-            if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
-    assert [(int(seed), tuple(k.strip() for k in kinds.split(","))) for seed, kinds in rows] == \
-        list(chaos.SMOKE_ROTATION)
+    section = doc.split("## The faults", 1)[1].split("\n## ", 1)[0]
+    return [line.split("|")[1].strip().split("`")[1] for line in section.splitlines() if line.startswith("| `")]
+
+
+def test_docs_soak_has_one_row_per_registered_kind_and_no_copy_of_the_rotation() -> None:
+    """One docs row per kind (the notice kinds share ``notice-<signal>``: they are generated from the operator's
+    signals); the CI section explains the rotation's rule instead of listing its groups."""
+    rows = _faults_table_kinds()
+    expected = ["notice-<signal>", *(n for n, k in chaos.KINDS.items() if not isinstance(k, faults.SignalNotice))]
+    assert sorted(rows) == sorted(expected)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "soak.md").read_text()
+    ci = doc.split("## In CI", 1)[1].split("\n## ", 1)[0]
+    assert not [line for line in ci.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert "notice-aws-rebalance" not in doc  # no copy of the signal list either
+
+
+class _NewKind(faults.Irreversible, faults.EndsAttempt):
+    name = "kill-containerd"
+    what = "SIGKILL of a worker node's containerd"
+    needs = (REAL_NODES,)
+
+    def inject(self, env: faults.Env, at: float) -> str:
+        return env.worker_node()
+
+
+def test_the_rotation_is_dealt_from_the_registry_so_a_registered_kind_is_in_it() -> None:
+    assert chaos.SMOKE_ROTATION == chaos.smoke_rotation(chaos.KINDS.values())
+    grown = faults.Registry(chaos.KINDS.values())
+    grown.register(_NewKind())
+    rotation = chaos.smoke_rotation(grown.values())
+    kinds = [k for _, group in rotation for k in group]
+    assert sorted(kinds) == sorted(grown) and "kill-containerd" in kinds
+    assert [s for s, _ in rotation] == list(range(1, len(rotation) + 1))
+    assert len(rotation) == -(-len(grown) // chaos.SMOKE_FAULTS)
+    assert all(0 < len(group) <= chaos.SMOKE_FAULTS for _, group in rotation)
+    for seed, group in rotation:  # a group smaller than SMOKE_FAULTS is still one cycle: each kind once
+        plan = chaos.schedule(list(group), minutes=chaos.smoke_minutes(group), fault_every=chaos.SMOKE_FAULT_EVERY,
+                              seed=seed)
+        assert sorted(f.kind for f in plan) == sorted(group)
+    with pytest.raises(ValueError, match="'kill-containerd' is registered already"):
+        grown.register(_NewKind())
+
+
+def test_the_rotation_spreads_costly_long_held_and_storage_kinds() -> None:
+    """What the hand-kept groups were made for, now a property of the dealt ones: at most one costly kind a seed
+    (one on every seed while there are as many), the storage kinds on different seeds, at most two notices a seed
+    whose node stays 30 s; each of these spread evenly (the counts of two seeds differ by one at most)."""
+    tiers = {"costly": lambda k: k.costly, "long-held": lambda k: k.holds_node_seconds >= chaos.LONG_HOLD_SECONDS,
+             "tmpfs": lambda k: k.tmpfs}
+    for tier, of in tiers.items():
+        counts = [sum(of(chaos.KINDS[k]) for k in group) for _, group in chaos.SMOKE_ROTATION]
+        assert max(counts) - min(counts) <= 1, (tier, counts)
+        assert max(counts) <= {"costly": 1, "long-held": 2, "tmpfs": 1}[tier], (tier, counts)
+    assert {k.name for k in chaos.KINDS.values() if k.costly} == {
+        "partition", "notice-during-restart", "two-nodes-doomed", "node-lost", "apiserver-restart"}
+
+
+def _pod(name: str, node: str) -> Any:
+    return SimpleNamespace(metadata=SimpleNamespace(name=name), spec=SimpleNamespace(node_name=node))
+
+
+class FakeEnv:
+    """A cluster that records what a kind asks of it (:class:`localcluster.faults.Env`)."""
+
+    def __init__(self) -> None:
+        self.rng, self.doomed, self.calls, self.now = random.Random(1), set[str](), list[tuple[str, ...]](), 1
+
+    def attempt(self) -> int:
+        return self.now
+
+    def workers(self) -> list[Any]:
+        return [_pod("lm-0", "n0"), _pod("lm-1", "n1")]
+
+    def spares(self) -> list[Any]:
+        return [_pod("lm-spare-a", "n2")]
+
+    def choose(self, items: list[Any], what: str) -> Any:
+        return items[0]
+
+    def worker_node(self) -> str:
+        return "n0"
+
+    def kill(self, pod: Any, role: str) -> None:
+        self.calls.append(("kill", pod.metadata.name, role))
+        self.now += 1  # the attempt ends
+
+    def kill_leader(self) -> str:
+        self.calls.append(("kill-leader",))
+        return "op-a"
+
+    def notice(self, node: str, sig: Any) -> None:
+        self.calls.append(("notice", node, sig.name))
+
+    def delete_node(self, node: str) -> None:
+        self.calls.append(("delete", node))
+
+    def restart_apiserver(self, down_seconds: float) -> float:
+        self.calls.append(("apiserver", f"{down_seconds:g}"))
+        return down_seconds + 1
+
+    def partition(self, at: float, seconds: Any) -> str:
+        self.calls.append(("partition", f"{seconds(self.rng):g}"))
+        return "lm-0 cut off"
+
+    def storage_unwritable(self, at: float, seconds: Any) -> str:
+        self.calls.append(("unwritable", f"{seconds(self.rng):g}"))
+        return "not writable"
+
+    def storage_full(self, at: float, seconds: Any) -> str:
+        self.calls.append(("full", f"{seconds(self.rng):g}"))
+        return "full"
+
+    def remove_signals(self) -> list[str]:
+        return ["signals removed"]
+
+    def heal_partitions(self) -> list[str]:
+        return ["partitions healed"]
+
+    def end_storage_fault(self) -> list[str]:
+        return ["storage back"]
+
+
+@pytest.mark.parametrize("name", list(chaos.KINDS))
+def test_every_registered_kind_injects_undoes_detects_and_judges_recovery(name: str) -> None:
+    """Each kind is one class with the four methods, each doing something of its own: inject acts on the cluster
+    and names a target, undo returns what it took back, detected and recovered read the polls."""
+    kind = chaos.KINDS[name]
+    assert isinstance(kind, faults.FaultKind) and not inspect.isabstract(type(kind))
+    assert kind.name == name and kind.what and kind.implemented
+    env = FakeEnv()
+    target = kind.inject(env, 10.0)
+    assert target and env.calls, f"{name}: inject acted on nothing"
+    assert isinstance(kind.undo(env), list)
+    fault = faults.Injected(name, target, 10.0, 1)
+    assert kind.detected(fault, []) is None  # nothing seen yet
+    judged = kind.recovered(fault, faults.Seen([], last_step_t=5.0))
+    assert not judged.recovered and judged.note, f"{name}: recovered with nothing seen after it"
+
+
+def test_a_kind_that_leaves_something_pending_undoes_it() -> None:
+    env = FakeEnv()
+    undone = {name: kind.undo(env) for name, kind in chaos.KINDS.items()}
+    assert undone["notice-gke-spot"] == undone["two-nodes-doomed"] == ["signals removed"]
+    assert undone["partition"] == ["partitions healed"]
+    assert undone["storage-full"] == undone["storage-unavailable"] == ["storage back"]
+    assert undone["node-lost"] == undone["kill-trainer"] == undone["apiserver-restart"] == []
 
 
 @pytest.mark.parametrize(("argv", "refused"), [

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from localcluster import Cluster, ClusterError
-from localcluster.cluster import _Proc, free_port
 from localcluster.pki import PKI
+from localcluster.procs import Proc, free_port
 from localcluster.testing import wait_for
 
 pytestmark = pytest.mark.integration
@@ -192,7 +192,7 @@ def test_an_apiserver_that_does_not_come_back_is_named_with_its_log(tmp_path: Pa
     (fake / "localkube").chmod(0o755)
     (tmp_path / "logs").mkdir()
     cluster = Cluster(tmp_path, fake, PKI(tmp_path / "pki"), free_port(), tmp_path / "admin.kubeconfig")
-    old = _Proc("kube-apiserver", subprocess.Popen(["sleep", "60"], start_new_session=True),
+    old = Proc("kube-apiserver", subprocess.Popen(["sleep", "60"], start_new_session=True),
                 tmp_path / "logs" / "kube-apiserver.log")
     cluster._procs.append(old)
     try:

@@ -5,6 +5,7 @@ lost, else a bounded wait for the lost peer to show -- in both restart modes, in
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -37,46 +38,44 @@ def job(mode: str, status: dict[str, Any] | None = None) -> Any:
 Worker = Any
 
 
-def recreate(states: tuple[Worker, ...]) -> list[WorkerPod]:
+def worker_changes(s: Worker) -> dict[str, Any]:
+    """What a worker state says of its pod, in neutral words: node lost/not ready, unreachable, or an exit
+    (``code``, ``peer``: the process it named lost, ``ago``: seconds before NOW)."""
+    if s in ("lost", "notready", "cutoff"):
+        return {"lost": {"node_lost": True}, "notready": {"node_ready": False}, "cutoff": {"reachable": False}}[s]
+    if s == "plain134":
+        return {"code": 134, "ago": 0.0}
+    if isinstance(s, tuple) and s[0] == "peer":
+        return {"code": 134, "peer": s[2] if len(s) > 2 else 1, "ago": s[1]}
+    if isinstance(s, tuple) and s[0] == "code":
+        return {"code": s[1], "ago": s[2]}
+    return {}
+
+
+def pods(states: tuple[Worker, ...], make: Callable[[int, dict[str, Any]], Any],
+         exited: Callable[[int, datetime, int | None], dict[str, Any]]) -> list[Any]:
+    """One pod per state, ``make(index, fields)``; an exit's fields are the view's own (``exited``)."""
     out = []
     for i, s in enumerate(states):
-        p = WorkerPod(name=f"llama-{i}", index=i, attempt=1, node=f"n{i}")
-        if s == "lost":
-            p = replace(p, node_lost=True)
-        elif s == "notready":
-            p = replace(p, node_ready=False)
-        elif s == "cutoff":
-            p = replace(p, reachable=False)
-        elif s == "plain134":
-            p = replace(p, phase="Failed", exit_code=134, exit_time=NOW)
-        elif isinstance(s, tuple) and s[0] == "peer":
-            p = replace(p, phase="Failed", exit_code=134, peer_lost=(s[2] if len(s) > 2 else 1,),
-                        exit_time=NOW - timedelta(seconds=s[1]))
-        elif isinstance(s, tuple) and s[0] == "code":
-            p = replace(p, phase="Failed", exit_code=s[1], exit_time=NOW - timedelta(seconds=s[2]))
-        out.append(p)
+        c = worker_changes(s)
+        fields = {k: v for k, v in c.items() if k not in ("code", "peer", "ago")}
+        if "code" in c:
+            fields |= exited(c["code"], NOW - timedelta(seconds=c["ago"]), c.get("peer"))
+        out.append(make(i, fields))
     return out
+
+
+def recreate(states: tuple[Worker, ...]) -> list[WorkerPod]:
+    return pods(states, lambda i, f: WorkerPod(name=f"llama-{i}", index=i, attempt=1, node=f"n{i}", **f),
+                lambda code, at, peer: {"phase": "Failed", "exit_code": code, "exit_time": at,
+                                        **({"peer_lost": (peer,)} if peer is not None else {})})
 
 
 def inplace(states: tuple[Worker, ...]) -> list[PodView]:
-    out = []
-    for i, s in enumerate(states):
-        p = PodView(name=f"llama-{i}", role="worker", index=i, attempt=1, node=f"n{i}", ip=f"10.0.0.{i + 1}")
-        if s == "lost":
-            p = replace(p, node_lost=True)
-        elif s == "notready":
-            p = replace(p, node_ready=False)
-        elif s == "cutoff":
-            p = replace(p, reachable=False)
-        elif s == "plain134":
-            p = replace(p, exit_attempt=1, exit_code=134, exit_time=NOW)
-        elif isinstance(s, tuple) and s[0] == "peer":
-            p = replace(p, exit_attempt=1, exit_code=134, exit_peer_lost=(s[2] if len(s) > 2 else 1,),
-                        exit_time=NOW - timedelta(seconds=s[1]))
-        elif isinstance(s, tuple) and s[0] == "code":
-            p = replace(p, exit_attempt=1, exit_code=s[1], exit_time=NOW - timedelta(seconds=s[2]))
-        out.append(p)
-    return out
+    return pods(states, lambda i, f: PodView(name=f"llama-{i}", role="worker", index=i, attempt=1, node=f"n{i}",
+                                             ip=f"10.0.0.{i + 1}", **f),
+                lambda code, at, peer: {"exit_attempt": 1, "exit_code": code, "exit_time": at,
+                                        **({"exit_peer_lost": (peer,)} if peer is not None else {})})
 
 
 def decided(mode: str, states: tuple[Worker, ...], status: dict[str, Any] | None = None) -> RestartPlan:

@@ -17,12 +17,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "workers" / "train_worker.py"
+Knob = TypeVar("Knob", int, float, bool)
 
 
 class FileCheckpointer:
@@ -287,6 +288,15 @@ def worker_start(default_steps: int) -> tuple[int, Path, int, float]:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s p{pid} %(name)s %(levelname)s %(message)s")
     return (pid, Path(os.environ["WORKER_DIR"]), int(os.environ.get("WORKER_STEPS", str(default_steps))),
             float(os.environ.get("WORKER_STEP_SECONDS", "0.02")))
+
+
+def worker_env(name: str, default: Knob) -> Knob:
+    """A test worker's knob ``WORKER_<name>``, read as the type of ``default`` (a bool: on when "1"); ``default``
+    when unset."""
+    raw = os.environ.get(f"WORKER_{name}")
+    if raw is None:
+        return default
+    return cast(Knob, raw == "1") if isinstance(default, bool) else type(default)(raw)
 
 
 def node_notice(reason: str, node: str, deadline: float, observed: float | None = None) -> dict[str, Any]:

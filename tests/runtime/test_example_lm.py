@@ -14,7 +14,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from localcluster.cluster import cache_dir
+from localcluster.procs import cache_dir
 
 from tests.runtime.helpers_agreement import REPO, launch
 

@@ -11,7 +11,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from localcluster.cluster import cache_dir
+from localcluster.procs import cache_dir
 
 from tests.benchmark_module import load_benchmark
 

@@ -40,7 +40,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tests.runtime.helpers_agreement import worker_start
+from tests.runtime.helpers_agreement import worker_env, worker_start
 
 ROWS = 12  # rows of w: sharded over 1, 2, 3 or 4 processes alike
 
@@ -71,11 +71,9 @@ class Batches:
 
 def main() -> None:
     pid, workdir, total, step_seconds = worker_start(30)
-    stop_at = int(os.environ.get("WORKER_STOP_AT", "-1"))
-    hold_at = int(os.environ.get("WORKER_HOLD_AT", "-1"))
-    slow_steps = int(os.environ.get("WORKER_SLOW_STEPS", "0"))
-    slow_seconds = float(os.environ.get("WORKER_SLOW_SECONDS", "0"))
-    lockstep = os.environ.get("WORKER_LOCKSTEP") == "1"
+    stop_at, hold_at = worker_env("STOP_AT", -1), worker_env("HOLD_AT", -1)
+    slow_steps, slow_seconds = worker_env("SLOW_STEPS", 0), worker_env("SLOW_SECONDS", 0.0)
+    lockstep = worker_env("LOCKSTEP", False)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
     job = reprieve.init()

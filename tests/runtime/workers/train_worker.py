@@ -20,19 +20,17 @@ import reprieve
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from tests.runtime.helpers_agreement import FileCheckpointer, worker_start
+from tests.runtime.helpers_agreement import FileCheckpointer, worker_env, worker_start
 
 
 def main() -> None:
     pid, workdir, total, step_seconds = worker_start(100)
-    save_delay = float(os.environ.get("WORKER_SAVE_DELAY", "0"))
-    warm_step = int(os.environ.get("WORKER_WARM_STEP", "5"))
-    break_at = int(os.environ.get("WORKER_BREAK_AT", "-1"))
-    slow_exit = float(os.environ.get("WORKER_SLOW_EXIT", "0"))
-    jitter = os.environ.get("WORKER_STEP_JITTER") == "1"  # process-dependent step times (skewed loops)
-    collective = os.environ.get("WORKER_COLLECTIVE") == "1"  # one cross-process gloo collective a step
-    log_steps = os.environ.get("WORKER_LOG_STEPS") == "1"  # "step S done" after each step (a step log)
-    if os.environ.get("WORKER_ASYNC") == "1":
+    save_delay, warm_step = worker_env("SAVE_DELAY", 0.0), worker_env("WARM_STEP", 5)
+    break_at, slow_exit = worker_env("BREAK_AT", -1), worker_env("SLOW_EXIT", 0.0)
+    jitter = worker_env("STEP_JITTER", False)  # process-dependent step times (skewed loops)
+    collective = worker_env("COLLECTIVE", False)  # one cross-process gloo collective a step
+    log_steps = worker_env("LOG_STEPS", False)  # "step S done" after each step (a step log)
+    if worker_env("ASYNC", False):
         return async_loop(pid, workdir, total)
     if collective:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
