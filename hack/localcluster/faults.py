@@ -393,7 +393,7 @@ def two_doomed_nodes(worker_nodes: Sequence[str], spare_nodes: Sequence[str], rn
         return rng.sample(nodes, 2)
     extra = sorted(set(spare_nodes) - set(nodes))
     if not nodes or not extra:
-        raise RuntimeError(f"two-nodes-doomed needs the job's pods on two live nodes: workers on {nodes}, "
+        raise RuntimeError(f"no target: two-nodes-doomed needs the job's pods on two live nodes: workers on {nodes}, "
                            f"spares on {sorted(set(spare_nodes))}")
     return [nodes[0], rng.choice(extra)]
 
