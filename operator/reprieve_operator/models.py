@@ -342,8 +342,9 @@ class ServiceAccountSpec(_Model):
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels of the created ServiceAccount.")
 
 
-ELASTIC_UNSCHEDULABLE_SECONDS = 60  # default wait for a replacement before shrinking (docs/operator.md, "Elastic")
-ELASTIC_RESIZE_INTERVAL_SECONDS = 300  # default least time between size changes
+# Defaults of spec.elastic (docs/elastic-operator.md, "The spec"): the wait for a replacement before shrinking,
+ELASTIC_UNSCHEDULABLE_SECONDS = 60
+ELASTIC_RESIZE_INTERVAL_SECONDS = 300  # and the least time between size changes before a grow
 MAX_VIRTUAL_SHARDS = 1_000_000
 ELASTIC_RULES = [
     {"rule": "has(self.virtualShards) == has(oldSelf.virtualShards) && (!has(self.virtualShards) || "
@@ -354,9 +355,9 @@ ELASTIC_RULES = [
 
 
 class ElasticSpec(_Model):
-    """Elastic training (docs/operator.md, "Elastic"): when a lost worker's replacement cannot be scheduled, train
-    on the survivors instead of waiting, and grow back when capacity returns. Without it a job waits for its full
-    size, as before."""
+    """Elastic training (docs/elastic-operator.md, "The spec"): when a lost worker's replacement cannot be
+    scheduled, train on the survivors instead of waiting, and grow back when capacity returns. Without it a job
+    waits for its full size, as before."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
                               json_schema_extra={"x-kubernetes-validations": ELASTIC_RULES})  # type: ignore[dict-item]

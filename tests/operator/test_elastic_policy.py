@@ -10,24 +10,8 @@ from typing import Any
 import pytest
 from op_jobs import make_job
 from reprieve_operator.models import ElasticSpec
-from reprieve_operator.policy.elastic import (
-    DEGRADED,
-    GROWING,
-    SHRINKING,
-    Candidate,
-    Direction,
-    ElasticView,
-    Reason,
-    Resize,
-    Role,
-    Wait,
-    candidate,
-    decide_resize,
-    elastic_view,
-    next_look,
-    settled,
-    sizes,
-)
+from reprieve_operator.policy import elastic as el
+from reprieve_operator.policy.elastic import Candidate, ElasticView, Resize, Role, Wait, decide_resize
 from reprieve_operator.policy.podsready import SchedulerVerdict
 from reprieve_operator.policy.restart import Condition
 
@@ -69,41 +53,43 @@ CASES: list[tuple[str, ElasticView, Any]] = [
      view(4, (0, 1, 3), stuck("r1", 59)), None),
     ("lost, replacement refused for unschedulableSeconds: shrink to the survivors, renumbered by rank",
      view(4, (0, 1, 3), stuck("r1", 60)),
-     (Direction.SHRINK, 3, ((0, 0), (1, 1), (3, 2)), (), ())),
+     (el.Direction.SHRINK, 3, ((0, 0), (1, 1), (3, 2)), (), ())),
     ("unschedulableSeconds 0: shrink at the scheduler's first refusal",
-     view(4, (0, 1, 3), stuck("r1", 0), unschedulableSeconds=0), (Direction.SHRINK, 3, ((0, 0), (1, 1), (3, 2)), (), ())),
+     view(4, (0, 1, 3), stuck("r1", 0), unschedulableSeconds=0),
+     (el.Direction.SHRINK, 3, ((0, 0), (1, 1), (3, 2)), (), ())),
     ("process 0 lost: the lowest survivor becomes process 0",
-     view(4, (1, 2, 3), stuck("r0", 300)), (Direction.SHRINK, 3, ((1, 0), (2, 1), (3, 2)), (), ())),
+     view(4, (1, 2, 3), stuck("r0", 300)), (el.Direction.SHRINK, 3, ((1, 0), (2, 1), (3, 2)), (), ())),
     ("lost, a ready spare: today's restart puts it in the lost index", view(4, (0, 1, 3), ready("s"), stuck("r1", 300)),
      None),
     ("lost, the replacement is being scheduled (no refusal): wait for it", view(4, (0, 1, 3), coming("r1")), None),
     ("lost, no replacement pod yet: nothing to judge by (never a guess)", view(4, (0, 1, 3)), None),
     ("two lost, both replacements refused, a ready spare: shrink to 3, the spare takes process 2",
      view(4, (0, 3), ready("s"), stuck("r1", 90), stuck("r2", 60)),
-     (Direction.SHRINK, 3, ((0, 0), (3, 1)), (("s", 2),), ())),
+     (el.Direction.SHRINK, 3, ((0, 0), (3, 1)), (("s", 2),), ())),
     ("two lost, a ready spare for one, the other's replacement refused for less than unschedulableSeconds: wait",
      view(4, (0, 3), ready("s"), stuck("r1", 90), stuck("r2", 30)), None),
     ("two lost, a ready spare, the other replacement refused: shrink to 3, the spare takes process 2",
      view(4, (0, 3), ready("s"), stuck("r1", 90)),
-     (Direction.SHRINK, 3, ((0, 0), (3, 1)), (("s", 2),), ())),
+     (el.Direction.SHRINK, 3, ((0, 0), (3, 1)), (("s", 2),), ())),
     ("two lost, one replacement refused, the other coming: shrink without waiting for both",
-     view(4, (0, 3), stuck("r1", 90), coming("r2")), (Direction.SHRINK, 2, ((0, 0), (3, 1)), (), ())),
+     view(4, (0, 3), stuck("r1", 90), coming("r2")), (el.Direction.SHRINK, 2, ((0, 0), (3, 1)), (), ())),
     ("a second loss while degraded, down to the minimum",
      view(3, (0, 2), stuck("r1", 61), minReplicas=2, last_resize=ago(10)),
-     (Direction.SHRINK, 2, ((0, 0), (2, 1)), (), ())),
+     (el.Direction.SHRINK, 2, ((0, 0), (2, 1)), (), ())),
     ("a loss below the minimum: wait as without the block, condition says so",
-     view(2, (1,), stuck("r0", 120), minReplicas=2), Reason.BELOW_MIN),
+     view(2, (1,), stuck("r0", 120), minReplicas=2), el.Reason.BELOW_MIN),
     ("a loss during a grow (the grown attempt not started yet): shrink again",
      view(4, (0, 1, 2), stuck("r3", 60), resizing=True, last_resize=ago(5)),
-     (Direction.SHRINK, 3, ((0, 0), (1, 1), (2, 2)), (), ())),
+     (el.Direction.SHRINK, 3, ((0, 0), (1, 1), (2, 2)), (), ())),
     ("virtual shards: 3 survivors of 8 shards shrink to 2, the third stands by",
-     view(4, (0, 1, 3), stuck("r2", 60), virtualShards=8), (Direction.SHRINK, 2, ((0, 0), (1, 1)), (), (3,))),
+     view(4, (0, 1, 3), stuck("r2", 60), virtualShards=8), (el.Direction.SHRINK, 2, ((0, 0), (1, 1)), (), (3,))),
     ("virtual shards: no allowed size from the minimum fits the survivors: wait, naming the sizes",
-     view(4, (0, 1, 3), stuck("r2", 60), virtualShards=8, minReplicas=3), Reason.NO_SIZE),
+     view(4, (0, 1, 3), stuck("r2", 60), virtualShards=8, minReplicas=3), el.Reason.NO_SIZE),
     ("capacity returns while the shrink is in flight: no second change until it trains",
      view(3, (0, 1, 2), ready("r3", Role.REPLACEMENT), resizing=True, last_resize=ago(400)), None),
     ("a spare ready after the shrink, interval passed: grow back, the spare takes process 3",
-     view(3, (0, 1, 2), ready("s"), last_resize=ago(300)), (Direction.GROW, 4, ((0, 0), (1, 1), (2, 2)), (("s", 3),), ())),
+     view(3, (0, 1, 2), ready("s"), last_resize=ago(300)),
+     (el.Direction.GROW, 4, ((0, 0), (1, 1), (2, 2)), (("s", 3),), ())),
     ("flapping prevented: capacity back 100 s after the last change, interval 300",
      view(3, (0, 1, 2), ready("s"), last_resize=ago(100)), None),
     ("growBack false: stays shrunk", view(3, (0, 1, 2), ready("s"), last_resize=ago(900), growBack=False), None),
@@ -114,9 +100,9 @@ CASES: list[tuple[str, ElasticView, Any]] = [
     ("grow with virtual shards: the standby first, then a replacement, a spare left a spare",
      view(2, (0, 1), ready("s"), ready("r3", Role.REPLACEMENT), ready("w3", Role.STANDBY), last_resize=ago(900),
           virtualShards=4),
-     (Direction.GROW, 4, ((0, 0), (1, 1)), (("w3", 2), ("r3", 3)), ())),
+     (el.Direction.GROW, 4, ((0, 0), (1, 1)), (("w3", 2), ("r3", 3)), ())),
     ("partial grow: two of three missing return", view(1, (0,), ready("a"), ready("b"), last_resize=ago(900)),
-     (Direction.GROW, 3, ((0, 0),), (("a", 1), ("b", 2)), ())),
+     (el.Direction.GROW, 3, ((0, 0),), (("a", 1), ("b", 2)), ())),
 ]
 
 
@@ -125,9 +111,9 @@ def test_decide_resize(v: ElasticView, expected: Any) -> None:
     got = decide_resize(v)
     if expected is None:
         assert got is None
-    elif isinstance(expected, Reason):
+    elif isinstance(expected, el.Reason):
         assert isinstance(got, Wait) and got.condition.reason == expected.value, got
-        assert (got.condition.type, got.condition.status) == (DEGRADED, "True")
+        assert (got.condition.type, got.condition.status) == (el.DEGRADED, "True")
     else:
         assert isinstance(got, Resize), got
         assert (got.direction, got.size, got.keep, got.join, got.stand_by) == expected
@@ -145,10 +131,10 @@ def test_shrink_names_the_pod_the_scheduler_and_since_when() -> None:
     got = decide_resize(view(4, (0, 1, 3), stuck("llama-r1", 75)))
     assert isinstance(got, Resize)
     c = got.condition
-    assert (c.type, c.status, c.reason) == (DEGRADED, "True", "Shrunk")
+    assert (c.type, c.status, c.reason) == (el.DEGRADED, "True", "Shrunk")
     assert c.message == (f"training on 3 of 4 workers since 2026-11-28T12:00:00Z: pod llama-r1 (replacement for "
                          f"a lost worker) unschedulable since 2026-11-28T11:58:45Z: {FULL}")
-    assert (got.event.reason, got.event.type) == (SHRINKING, "Warning")
+    assert (got.event.reason, got.event.type) == (el.SHRINKING, "Warning")
     assert got.event.message == (f"shrinking from 4 to 3 workers: pod llama-r1 (replacement for a lost worker) "
                                  f"unschedulable for 75 s since 2026-11-28T11:58:45Z: {FULL}; process 3 -> 2")
 
@@ -156,10 +142,11 @@ def test_shrink_names_the_pod_the_scheduler_and_since_when() -> None:
 def test_grow_back_to_full_size_clears_degraded() -> None:
     got = decide_resize(view(3, (0, 1, 2), ready("llama-spare-x"), last_resize=ago(300)))
     assert isinstance(got, Resize)
-    assert got.condition == Condition(DEGRADED, "False", "FullSize",
+    assert got.condition == Condition(el.DEGRADED, "False", "FullSize",
                                       "training on all 4 workers again since 2026-11-28T12:00:00Z")
-    assert (got.event.reason, got.event.type) == (GROWING, "Normal")
-    assert got.event.message == "growing from 3 to 4 workers: capacity returned; pod llama-spare-x (spare) takes process 3"
+    assert (got.event.reason, got.event.type) == (el.GROWING, "Normal")
+    assert got.event.message == ("growing from 3 to 4 workers: capacity returned; pod llama-spare-x (spare) takes "
+                                 "process 3")
 
 
 def test_a_partial_grow_stays_degraded() -> None:
@@ -199,7 +186,7 @@ def test_shrink_event_with_a_standby() -> None:
     ({"minReplicas": 4}, 4, (4,)),
 ])
 def test_sizes(elastic: dict[str, Any], replicas: int, expected: tuple[int, ...]) -> None:
-    assert sizes(ElasticSpec.model_validate(elastic), replicas) == expected
+    assert el.sizes(ElasticSpec.model_validate(elastic), replicas) == expected
 
 
 LOOKS = [
@@ -213,39 +200,39 @@ LOOKS = [
 
 @pytest.mark.parametrize("v,expected", [c[1:] for c in LOOKS], ids=[c[0] for c in LOOKS])
 def test_next_look(v: ElasticView, expected: float | None) -> None:
-    assert next_look(v) == expected
+    assert el.next_look(v) == expected
 
 
 SETTLED = [
-    ("resumed after a wait below the minimum", view(), Condition(DEGRADED, "True", "BelowMinReplicas", "..."),
-     Condition(DEGRADED, "False", "FullSize", "training on all 4 workers")),
+    ("resumed after a wait below the minimum", view(), Condition(el.DEGRADED, "True", "BelowMinReplicas", "..."),
+     Condition(el.DEGRADED, "False", "FullSize", "training on all 4 workers")),
     ("never degraded: no condition at all", view(), None, None),
-    ("already clear", view(), Condition(DEGRADED, "False", "FullSize", "x"), None),
-    ("still shrunk: the resize's words stay", view(3, (0, 1, 2)), Condition(DEGRADED, "True", "Shrunk", "x"), None),
-    ("full size but a worker lost", view(4, (0, 1, 2)), Condition(DEGRADED, "True", "BelowMinReplicas", "x"), None),
+    ("already clear", view(), Condition(el.DEGRADED, "False", "FullSize", "x"), None),
+    ("still shrunk: the resize's words stay", view(3, (0, 1, 2)), Condition(el.DEGRADED, "True", "Shrunk", "x"), None),
+    ("full size but a worker lost", view(4, (0, 1, 2)), Condition(el.DEGRADED, "True", "BelowMinReplicas", "x"), None),
 ]
 
 
 @pytest.mark.parametrize("v,current,expected", [c[1:] for c in SETTLED], ids=[c[0] for c in SETTLED])
 def test_settled(v: ElasticView, current: Condition | None, expected: Condition | None) -> None:
-    assert settled(v, current) == expected
+    assert el.settled(v, current) == expected
 
 
 def test_candidate_reads_the_schedulers_condition() -> None:
     pod = {"metadata": {"name": "llama-r1"}, "spec": {}, "status": {"phase": "Pending", "conditions": [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": FULL,
          "lastTransitionTime": "2026-11-28T11:58:45Z"}]}}
-    assert candidate(pod, Role.REPLACEMENT, False) == stuck("llama-r1", 75)
+    assert el.candidate(pod, Role.REPLACEMENT, False) == stuck("llama-r1", 75)
     placed = {"metadata": {"name": "llama-r1"}, "spec": {"nodeName": "n1"}, "status": {"phase": "Pending"}}
-    assert candidate(placed, Role.REPLACEMENT, False) == coming("llama-r1")
+    assert el.candidate(placed, Role.REPLACEMENT, False) == coming("llama-r1")
 
 
 def test_elastic_view_of_a_job() -> None:
     plain = make_job(replicas=4).with_command("python", "t.py").model()
-    assert elastic_view(plain, (0, 1, 2, 3), (), NOW) is None
+    assert el.elastic_view(plain, (0, 1, 2, 3), (), NOW) is None
     job = make_job(replicas=4, elastic={"minReplicas": 2}).with_command("python", "t.py")
-    fresh = elastic_view(job.model(), (3, 0, 1), (), NOW)
+    fresh = el.elastic_view(job.model(), (3, 0, 1), (), NOW)
     assert fresh is not None and (fresh.size, fresh.alive, fresh.last_resize) == (4, (0, 1, 3), None)
     shrunk = job.with_status(currentWorkers=3, lastResizeTime="2026-11-28T11:55:00Z").model()
-    got = elastic_view(shrunk, (0, 1, 2), (), NOW)
+    got = el.elastic_view(shrunk, (0, 1, 2), (), NOW)
     assert got is not None and (got.size, got.last_resize) == (3, ago(300))

@@ -1,6 +1,7 @@
 """Elastic training's decisions (pure): when a job with ``spec.elastic`` shrinks to its survivors instead of waiting
 for a replacement the scheduler cannot place, when it grows back, to which size, which pod takes which process
-index, and the ``Degraded`` condition and Events that say so (docs/operator.md, "Elastic").
+index, and the ``Degraded`` condition and Events that say so (docs/elastic-operator.md, "The decisions";
+the operator does not act on them yet).
 
 - **Shrink** when the current attempt lost a worker, no ready pod (spare, standby, replacement) covers the loss
   and no replacement is on its way, and a replacement has carried the scheduler's own
