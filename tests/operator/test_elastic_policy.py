@@ -85,6 +85,8 @@ CASES: list[tuple[str, ElasticView, Any]] = [
      view(4, (0, 1, 3), stuck("r2", 60), virtualShards=8), (el.Direction.SHRINK, 2, ((0, 0), (1, 1)), (), (3,))),
     ("virtual shards: no allowed size from the minimum fits the survivors: wait, naming the sizes",
      view(4, (0, 1, 3), stuck("r2", 60), virtualShards=8, minReplicas=3), el.Reason.NO_SIZE),
+    ("shrunk with a standby, another worker lost: the standby takes the lost id, no second shrink",
+     view(2, (0,), ready("w3", Role.STANDBY), stuck("r1", 300), virtualShards=8, last_resize=ago(10)), None),
     ("capacity returns while the shrink is in flight: no second change until it trains",
      view(3, (0, 1, 2), ready("r3", Role.REPLACEMENT), resizing=True, last_resize=ago(400)), None),
     ("a spare ready after the shrink, interval passed: grow back, the spare takes process 3",

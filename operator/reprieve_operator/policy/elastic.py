@@ -14,8 +14,8 @@ the operator does not act on them yet).
 
 Process ids stay contiguous, ``0..size-1``: at a shrink the surviving workers keep their order (old index -> its
 rank among the survivors, so process 0 stays 0 while it lives); ready pods take the indices after them. At a grow
-every worker keeps its index and the newcomers take ``size..n-1``. Survivors an allowed size leaves out stand by
-(their pods are kept; they are the first to rejoin).
+every worker keeps its index and the newcomers take ``size..n-1``. Survivors an allowed size leaves out stand by:
+their pods are kept as warm spares, the first to take a lost index or rejoin.
 """
 
 from __future__ import annotations
