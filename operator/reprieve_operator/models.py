@@ -395,11 +395,12 @@ ELASTIC_NEEDS_INPLACE = (
     "spec.elastic needs restartMode InPlace: a shrink or a grow keeps the survivors' pods and restarts their "
     "processes in place (with Recreate every pod is created again and the job waits for all of them); set "
     "restartMode: InPlace and the first container's command, or remove spec.elastic")
+# CEL: the restart mode in effect is InPlace (restartMode, else its default: InPlace when the command is set)
+IN_PLACE_CEL = "(has(self.restartMode) ? self.restartMode == 'InPlace' : has(self.template.spec.containers[0].command))"
 SPEC_RULES = [
     {"rule": "self.spares <= self.replicas", "fieldPath": ".spares",
      "message": "spares must be at most replicas (a spare replaces one worker; more would never be used)"},
-    {"rule": "self.spares == 0 || (has(self.restartMode) ? self.restartMode == 'InPlace' : "
-             "has(self.template.spec.containers[0].command))", "fieldPath": ".spares",
+    {"rule": f"self.spares == 0 || {IN_PLACE_CEL}", "fieldPath": ".spares",
      "message": "spares need restartMode InPlace (with Recreate every pod is created again anyway); InPlace is the "
                 "default only when the first container sets its command"},
     {"rule": "!has(self.restartMode) || self.restartMode != 'InPlace' || "
@@ -407,8 +408,7 @@ SPEC_RULES = [
      "fieldPath": ".template",
      "message": "restartMode InPlace runs the first container under reprieve-run, so its command must be set "
                 "(the image's entrypoint cannot be wrapped); set the command, or restartMode: Recreate"},
-    {"rule": "!has(self.checkpoint.memory) || !self.checkpoint.memory.enabled || (has(self.restartMode) ? "
-             "self.restartMode == 'InPlace' : has(self.template.spec.containers[0].command))",
+    {"rule": f"!has(self.checkpoint.memory) || !self.checkpoint.memory.enabled || {IN_PLACE_CEL}",
      "fieldPath": ".checkpoint.memory", "message": MEMORY_NEEDS_INPLACE},
     {"rule": "!has(self.elastic) || self.elastic.minReplicas <= self.replicas", "fieldPath": ".elastic.minReplicas",
      "message": "spec.elastic.minReplicas must be at most spec.replicas (the fewest workers the job may train on)"},
@@ -416,9 +416,7 @@ SPEC_RULES = [
              "== 0", "fieldPath": ".elastic.virtualShards",
      "message": "spec.elastic.virtualShards must be a multiple of spec.replicas (the full size must split the "
                 "shards evenly)"},
-    {"rule": "!has(self.elastic) || (has(self.restartMode) ? self.restartMode == 'InPlace' : "
-             "has(self.template.spec.containers[0].command))", "fieldPath": ".elastic",
-     "message": ELASTIC_NEEDS_INPLACE},
+    {"rule": f"!has(self.elastic) || {IN_PLACE_CEL}", "fieldPath": ".elastic", "message": ELASTIC_NEEDS_INPLACE},
     {"rule": "has(oldSelf.restartMode) == has(self.restartMode)", "fieldPath": ".restartMode",
      "message": "restartMode is immutable (it cannot be set or removed after creation: the default is decided "
                 "at creation)"},
