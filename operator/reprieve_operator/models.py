@@ -338,15 +338,65 @@ class ServiceAccountSpec(_Model):
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels of the created ServiceAccount.")
 
 
+# Defaults of spec.elastic (docs/elastic-operator.md, "The spec"): the wait for a replacement before shrinking,
+ELASTIC_UNSCHEDULABLE_SECONDS = 60
+ELASTIC_RESIZE_INTERVAL_SECONDS = 300  # and the least time between size changes before a grow
+MAX_VIRTUAL_SHARDS = 1_000_000
+ELASTIC_RULES = [
+    {"rule": "has(self.virtualShards) == has(oldSelf.virtualShards) && (!has(self.virtualShards) || "
+             "self.virtualShards == oldSelf.virtualShards)", "fieldPath": ".virtualShards",
+     "message": "spec.elastic.virtualShards is immutable (the checkpoint keeps one data position per virtual "
+                "shard; the count is fixed for the run)"},
+]
+
+
+class ElasticSpec(_Model):
+    """Elastic training (docs/elastic-operator.md, "The spec"): when a lost worker's replacement cannot be
+    scheduled, train on the survivors instead of waiting, and grow back when capacity returns. Without it a job
+    waits for its full size, as before."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
+                              json_schema_extra={"x-kubernetes-validations": ELASTIC_RULES})  # type: ignore[dict-item]
+
+    min_replicas: int = Field(
+        ge=1, le=MAX_REPLICAS,
+        description="The fewest workers the job may train on (1..replicas). Below it the job waits for capacity, "
+                    "as without this block, with condition Degraded saying why.")
+    unschedulable_seconds: int = Field(
+        default=ELASTIC_UNSCHEDULABLE_SECONDS, ge=0, le=86_400,
+        description="How long a lost worker's replacement may stay unschedulable (the scheduler's "
+                    "PodScheduled=False/Unschedulable) before the job shrinks to the survivors instead of "
+                    "waiting. Default 60: longer than the few seconds a restart's pods wait for a node that has "
+                    "room, shorter than a cluster autoscaler's scale-up (minutes).")
+    grow_back: bool = Field(
+        default=True,
+        description="Grow back towards replicas when capacity returns (a replacement or spare pod is ready).")
+    min_resize_interval_seconds: int = Field(
+        default=ELASTIC_RESIZE_INTERVAL_SECONDS, ge=0, le=86_400,
+        description="The least time between two size changes before a grow: capacity that comes and goes "
+                    "restarts the job at most once per interval. A shrink follows a loss that has stopped the "
+                    "gang already and is never delayed by it.")
+    virtual_shards: int | None = Field(
+        default=None, ge=1, le=MAX_VIRTUAL_SHARDS,
+        description="The job's virtual data-parallel shards (reprieve.VirtualStep): a multiple of replicas; the "
+                    "job only takes sizes that divide it (e.g. 8 shards: 8, 4, 2 or 1 workers). Unset: every "
+                    "size from minReplicas to replicas. Immutable.")
+
+
 MEMORY_NEEDS_INPLACE = (
     "spec.checkpoint.memory needs restartMode InPlace: with Recreate no pod survives a restart, so no memory copy "
     "does (docs/memory.md, \"Recreate mode\"); set restartMode: InPlace and the first container's command, or "
     "remove spec.checkpoint.memory")
+ELASTIC_NEEDS_INPLACE = (
+    "spec.elastic needs restartMode InPlace: a shrink or a grow keeps the survivors' pods and restarts their "
+    "processes in place (with Recreate every pod is created again and the job waits for all of them); set "
+    "restartMode: InPlace and the first container's command, or remove spec.elastic")
+# CEL: the restart mode in effect is InPlace (restartMode, else its default: InPlace when the command is set)
+IN_PLACE_CEL = "(has(self.restartMode) ? self.restartMode == 'InPlace' : has(self.template.spec.containers[0].command))"
 SPEC_RULES = [
     {"rule": "self.spares <= self.replicas", "fieldPath": ".spares",
      "message": "spares must be at most replicas (a spare replaces one worker; more would never be used)"},
-    {"rule": "self.spares == 0 || (has(self.restartMode) ? self.restartMode == 'InPlace' : "
-             "has(self.template.spec.containers[0].command))", "fieldPath": ".spares",
+    {"rule": f"self.spares == 0 || {IN_PLACE_CEL}", "fieldPath": ".spares",
      "message": "spares need restartMode InPlace (with Recreate every pod is created again anyway); InPlace is the "
                 "default only when the first container sets its command"},
     {"rule": "!has(self.restartMode) || self.restartMode != 'InPlace' || "
@@ -354,9 +404,15 @@ SPEC_RULES = [
      "fieldPath": ".template",
      "message": "restartMode InPlace runs the first container under reprieve-run, so its command must be set "
                 "(the image's entrypoint cannot be wrapped); set the command, or restartMode: Recreate"},
-    {"rule": "!has(self.checkpoint.memory) || !self.checkpoint.memory.enabled || (has(self.restartMode) ? "
-             "self.restartMode == 'InPlace' : has(self.template.spec.containers[0].command))",
+    {"rule": f"!has(self.checkpoint.memory) || !self.checkpoint.memory.enabled || {IN_PLACE_CEL}",
      "fieldPath": ".checkpoint.memory", "message": MEMORY_NEEDS_INPLACE},
+    {"rule": "!has(self.elastic) || self.elastic.minReplicas <= self.replicas", "fieldPath": ".elastic.minReplicas",
+     "message": "spec.elastic.minReplicas must be at most spec.replicas (the fewest workers the job may train on)"},
+    {"rule": "!has(self.elastic) || !has(self.elastic.virtualShards) || self.elastic.virtualShards % self.replicas "
+             "== 0", "fieldPath": ".elastic.virtualShards",
+     "message": "spec.elastic.virtualShards must be a multiple of spec.replicas (the full size must split the "
+                "shards evenly)"},
+    {"rule": f"!has(self.elastic) || {IN_PLACE_CEL}", "fieldPath": ".elastic", "message": ELASTIC_NEEDS_INPLACE},
     {"rule": "has(oldSelf.restartMode) == has(self.restartMode)", "fieldPath": ".restartMode",
      "message": "restartMode is immutable (it cannot be set or removed after creation: the default is decided "
                 "at creation)"},
@@ -403,6 +459,10 @@ class TrainingJobSpec(_Model):
                     "restart a spare takes over the index of a worker whose node is doomed or lost, so the "
                     "restart never waits for scheduling or a pull. At most replicas. Spares never count as "
                     "workers.")
+    elastic: ElasticSpec | None = Field(
+        default=None,
+        description="Elastic training (restartMode InPlace only): shrink to the survivors when a replacement "
+                    "stays unschedulable, grow back when capacity returns. Unset: the job waits for its full size.")
     service_account: ServiceAccountSpec = Field(
         default_factory=ServiceAccountSpec, json_schema_extra={"default": {}},
         description="The worker ServiceAccount the operator creates when template.spec.serviceAccountName is "
@@ -434,6 +494,16 @@ class TrainingJobSpec(_Model):
                              "command)")
         if self.checkpoint.memory is not None and self.checkpoint.memory.enabled and self.mode != "InPlace":
             raise ValueError(MEMORY_NEEDS_INPLACE)
+        if self.elastic is not None:
+            if self.elastic.min_replicas > self.replicas:
+                raise ValueError(f"spec.elastic.minReplicas must be at most spec.replicas ({self.replicas}), got "
+                                 f"{self.elastic.min_replicas}")
+            shards = self.elastic.virtual_shards
+            if shards is not None and shards % self.replicas:
+                raise ValueError(f"spec.elastic.virtualShards must be a multiple of spec.replicas ({self.replicas}), "
+                                 f"got {shards}")
+            if self.mode != "InPlace":
+                raise ValueError(ELASTIC_NEEDS_INPLACE)
         if self.restart_mode == "InPlace" and not self.has_command:
             raise ValueError("template.spec.containers[0].command must be set for restartMode InPlace (the "
                              "operator runs it under reprieve-run); set the command, or restartMode: Recreate")
@@ -576,6 +646,14 @@ class TrainingJobStatus(_Model):
     replicas: int | None = Field(default=None, description="Worker pods of the current attempt that exist "
                                                            "(the scale subresource's status replicas).")
     selector: str | None = Field(default=None, description="Label selector of the job's worker pods.")
+    desired_workers: int | None = Field(
+        default=None, description="The workers the job asks for (spec.replicas).")
+    current_workers: int | None = Field(
+        default=None, description="The workers the current attempt trains on: fewer than desiredWorkers while an "
+                                  "elastic job runs shrunk (condition Degraded).")
+    last_resize_time: str | None = Field(
+        default=None, description="Elastic: when the job last changed its size (spec.elastic."
+                                  "minResizeIntervalSeconds counts from it).")
     spares: str | None = Field(default=None, description="Ready spares / spec.spares (in-place mode).")
     restart_mode: str | None = Field(default=None, description="The restart mode in effect (spec.restartMode, or "
                                                                "its default for this template).")

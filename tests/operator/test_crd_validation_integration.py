@@ -33,6 +33,11 @@ def memory(mode: str = "InPlace", **fields: Any) -> Mutation:
     return lambda m: m["spec"].update(restartMode=mode, checkpoint={"uri": "/c", "memory": fields})
 
 
+def elastic(mode: str = "InPlace", **fields: Any) -> Mutation:
+    """An elastic block (``spec.elastic``) on the 2-worker job in ``mode`` (the stand-in worker sets its command)."""
+    return lambda m: m["spec"].update(restartMode=mode, elastic=fields)
+
+
 def entrypoint_spares(m: dict[str, Any]) -> None:
     m["spec"].pop("restartMode")
     m["spec"]["spares"] = 1
@@ -112,6 +117,17 @@ INVALID: list[tuple[str, Mutation, str]] = [
     ("an unknown exit-code action", spec(restartPolicy={"exitCodeRules": [
         {"action": "Retry", "onExitCodes": {"operator": "In", "values": [1]}}]}),
      "spec.restartPolicy.exitCodeRules[0].action: Unsupported value"),
+    ("elastic: minReplicas 0", elastic(minReplicas=0), "spec.elastic.minReplicas: Invalid value: 0"),
+    ("elastic: minReplicas above replicas", elastic(minReplicas=3),
+     "spec.elastic.minReplicas: Invalid value: spec.elastic.minReplicas must be at most spec.replicas"),
+    ("elastic: no minReplicas", elastic(), "spec.elastic.minReplicas: Required value"),
+    ("elastic with Recreate", elastic("Recreate", minReplicas=1),
+     "spec.elastic: Invalid value: spec.elastic needs restartMode InPlace"),
+    ("elastic: virtualShards not a multiple of replicas", elastic(minReplicas=1, virtualShards=3),
+     "spec.elastic.virtualShards: Invalid value: spec.elastic.virtualShards must be a multiple"),
+    ("elastic: a negative unschedulableSeconds", elastic(minReplicas=1, unschedulableSeconds=-1),
+     "spec.elastic.unschedulableSeconds"),
+    ("elastic: an unknown field", elastic(minReplicas=1, maxReplicas=4), 'unknown field "spec.elastic.maxReplicas"'),
     ("name with a dot", lambda m: m["metadata"].update(name="llama.v2"), "metadata.name must be a DNS-1035 label"),
     ("name too long", lambda m: m["metadata"].update(name="a" * 43), "at most 42 characters"),
 ]
@@ -199,3 +215,20 @@ def test_defaults_are_applied_by_the_api_server(cluster: Any, chart: str, namesp
     assert got["restartPolicy"] == {"restartExitCode": 42, "maxFailures": 3, "maxRapidRestarts": 5}
     assert got["preemption"] == {"enabled": True, "defaultNoticeSeconds": 30}
     assert got["coordinatorPort"] == 8476 and got["checkpoint"]["keep"] == 3  # docs/contract.toml
+    assert "elastic" not in got  # no server-side default: a job without the block stays without it
+
+
+def test_elastic_defaults_and_the_immutable_shard_count(cluster: Any, chart: str, namespace: str) -> None:
+    manifest = job_manifest("elastic", namespace, suspend=True, restartMode="InPlace",
+                            elastic={"minReplicas": 1, "virtualShards": 4})
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    got = cluster.read("tj", "elastic", namespace)["spec"]["elastic"]
+    assert got == {"minReplicas": 1, "virtualShards": 4, "unschedulableSeconds": 60, "growBack": True,
+                   "minResizeIntervalSeconds": 300}
+    for shards in ({"virtualShards": 8}, {}):
+        manifest["spec"]["elastic"] = {"minReplicas": 1, **shards}
+        out = cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=False)
+        assert out.returncode != 0 and "spec.elastic.virtualShards is immutable" in out.stderr, out.stderr
+    manifest["spec"]["elastic"] = {"minReplicas": 2, "virtualShards": 4, "growBack": False}  # the rest may change
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    assert cluster.read("tj", "elastic", namespace)["spec"]["elastic"]["minReplicas"] == 2

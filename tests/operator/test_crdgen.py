@@ -52,7 +52,7 @@ def test_validation_rules_and_columns() -> None:
     code_rules = [r["rule"] for r in spec["restartPolicy"]["properties"]["restartExitCode"]["x-kubernetes-validations"]]
     assert code_rules == ["self >= 3 && self <= 125", "self == oldSelf"]
     assert [c["name"] for c in version["additionalPrinterColumns"]] == \
-        ["Phase", "Ready", "Step", "Goodput", "Attempt", "Restarts", "Age", "Checkpoint", "Mode"]
+        ["Phase", "Ready", "Desired", "Current", "Step", "Goodput", "Attempt", "Restarts", "Age", "Checkpoint", "Mode"]
     assert crd["spec"]["names"]["shortNames"] == ["tj"]
     assert version["subresources"] == {"status": {}, "scale": {
         "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",

@@ -92,19 +92,35 @@ def _waiting(status: Mapping[str, Any]) -> tuple[str, str, str] | None:
     return None
 
 
-def _unschedulable(pod: Mapping[str, Any], now: datetime) -> tuple[float, str] | None:
-    """A pod without a node that the scheduler failed to place: (seconds of its grace left, ``<= 0``: stuck; the
-    scheduler's words); None for any other pod."""
+@dataclass(frozen=True)
+class SchedulerVerdict:
+    """The scheduler's own word that it could not place a pod: its ``PodScheduled=False/Unschedulable``."""
+
+    message: str  # the scheduler's message, e.g. "0/4 nodes are available: 4 Insufficient cpu."
+    since: datetime | None  # the condition's lastTransitionTime (None: the scheduler gave none)
+
+
+def unschedulable(pod: Mapping[str, Any]) -> SchedulerVerdict | None:
+    """A pod without a node (Pending, not deleting) that the scheduler failed to place; None for any other pod."""
     status = pod.get("status") or {}
     if (pod.get("metadata") or {}).get("deletionTimestamp") or (pod.get("spec") or {}).get("nodeName") \
             or status.get("phase", "Pending") != "Pending":
         return None
     for c in status.get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == UNSCHEDULABLE:
-            since = parse_time(c.get("lastTransitionTime"))
-            left = 0.0 if since is None else UNSCHEDULABLE_GRACE_SECONDS - (now - since).total_seconds()
-            return left, f"{UNSCHEDULABLE}: {c.get('message') or 'no node can take it'}"
+            return SchedulerVerdict(str(c.get("message") or "no node can take it"),
+                                    parse_time(c.get("lastTransitionTime")))
     return None
+
+
+def _unschedulable(pod: Mapping[str, Any], now: datetime) -> tuple[float, str] | None:
+    """A pod without a node that the scheduler failed to place: (seconds of its grace left, ``<= 0``: stuck; the
+    scheduler's words); None for any other pod."""
+    verdict = unschedulable(pod)
+    if verdict is None:
+        return None
+    left = 0.0 if verdict.since is None else UNSCHEDULABLE_GRACE_SECONDS - (now - verdict.since).total_seconds()
+    return left, f"{UNSCHEDULABLE}: {verdict.message}"
 
 
 def unschedulable_due(pods: Iterable[Mapping[str, Any]], now: datetime) -> float | None:
