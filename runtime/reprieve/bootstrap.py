@@ -32,7 +32,8 @@ from .peers import PeerWatch, end_process, write_termination_message
 from .policy import SavePolicy
 from .progress import ProgressReporter
 from .supervisor.trainer import SupervisorLink
-from .topology import Topology, TraceAhead
+from .topology import Topology
+from .trace_ahead import TraceAhead
 
 log = logging.getLogger(__name__)
 
