@@ -16,6 +16,7 @@ import pytest
 import reprieve
 from reprieve.coordination import LocalCoordinator
 from reprieve.job import Job
+from reprieve.targets import MemoryTarget
 
 from tests.runtime.helpers_agreement import FileCheckpointer
 
@@ -320,39 +321,62 @@ def test_the_step_time_average_leaves_out_the_first_step_and_saves_carry_their_s
     assert fields["firstStepAt"] < saved[9] < saved[11] <= fields["stepAt"] + 0.001, fields
 
 
-class MemoryTierCheckpointer(FileCheckpointer):
-    """The file checkpointer with the memory tier's two hooks, recording what the agreed save asks of them."""
+class FakeTier:
+    """A memory tier (``reprieve.targets.Tier``) that records what the agreed save asks of it: no schedule of its
+    own, a copy that is ``busy`` (still in the background) or ``broken`` (a full /dev/shm)."""
 
-    busy = False
-    broken = False  # memory_save raises (a full /dev/shm)
+    restored_from = None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, *, busy: bool = False, broken: bool = False) -> None:
+        self._busy, self.broken = busy, broken
         self.memory_saves: list[int] = []
-        self.waits: list[float] = []
+        self.waits: list[float | None] = []
 
-    def memory_save(self, step: int, state: Any, *, extra: dict[str, Any], process_extra: Any = None) -> bool:
-        assert extra["reprieve"]["step"] == step
+    def begin(self, start: int, *, storage_steps: int = 0, storage_seconds: float = 0.0) -> None:
+        pass
+
+    def due(self, step: int, step_seconds: float | None) -> bool:
+        return False
+
+    def save(self, step: int, state: Any, *, extra: dict[str, Any], process_extra: Any = None) -> bool:
+        assert extra["reprieve"]["step"] == step and extra["reprieve"]["kind"] == "memory"
         if self.broken:
             raise OSError(28, "No space left on device")
         self.memory_saves.append(step)
         return True
 
-    def memory_wait(self, timeout_s: float) -> bool:
+    def wait(self, timeout_s: float | None = None) -> None:
         self.waits.append(timeout_s)
-        return not self.busy
+
+    def busy(self) -> bool:
+        return self._busy
+
+    def restore(self, storage: Any, abstract: Any, check: Any) -> Any:
+        return storage.restore(abstract, step=None)  # nothing in memory: the storage tier's restore
+
+    def gang_step(self) -> int | None:
+        return None
+
+    def join_watcher(self, timeout_s: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
-def train_with_memory_tier(tmp_path: Path, caplog: pytest.LogCaptureFixture, ckpt: MemoryTierCheckpointer, *,
-                           deadline_in: float) -> tuple[int, int]:
-    """One process notified at step 3 (the deadline ``deadline_in`` s away) with ``ckpt``; (exit code, last step),
-    the log captured at the root's INFO (reprieve's console handler passes records on only to a configured root)."""
+def train_with_memory_tier(tmp_path: Path, caplog: pytest.LogCaptureFixture, tier: FakeTier, *,
+                           deadline_in: float) -> tuple[int, int, FileCheckpointer]:
+    """One process notified at step 3 (the deadline ``deadline_in`` s away) with ``tier`` beside the file
+    checkpointer; (exit code, last step, the checkpointer), the log captured at the root's INFO (reprieve's console
+    handler passes records on only to a configured root)."""
     env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_NOTICE_POLL_SECONDS": "0.05",
            "REPRIEVE_SAVE_SECONDS_ESTIMATE": "0.1"}
+    ckpt = FileCheckpointer(str(tmp_path / "ckpt"), LocalCoordinator())
     job = reprieve.init(env=env, install_sigterm=False, exit_fn=_exit, checkpointer=lambda cfg, coord: ckpt)
+    job.memory = MemoryTarget(tier, metrics=job.metrics, on_blocked=lambda seconds: None)  # the tier, faked
     try:
         with caplog.at_level(logging.INFO):
-            return train(job, notify_at=3, deadline_in=deadline_in)
+            return (*train(job, notify_at=3, deadline_in=deadline_in), ckpt)
     finally:
         job.close()
 
@@ -364,14 +388,13 @@ def train_with_memory_tier(tmp_path: Path, caplog: pytest.LogCaptureFixture, ckp
 ])
 def test_the_agreed_save_before_a_restart_also_copies_the_step_to_memory_when_there_is_time(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, deadline_in: float, busy: bool, copied: bool) -> None:
-    ckpt = MemoryTierCheckpointer(str(tmp_path / "ckpt"), LocalCoordinator())
-    ckpt.busy = busy
-    code, step = train_with_memory_tier(tmp_path, caplog, ckpt, deadline_in=deadline_in)
+    tier = FakeTier(busy=busy)
+    code, step, ckpt = train_with_memory_tier(tmp_path, caplog, tier, deadline_in=deadline_in)
     assert code == 42
-    assert ckpt.memory_saves == ([step] if copied else [])
+    assert tier.memory_saves == ([step] if copied else [])
     assert ckpt.latest_step() == step  # the storage save is the guarantee either way
     if copied:
-        assert len(ckpt.waits) == 2 and ckpt.waits[1] <= 1.0  # before the copy (busy?), after the commit (bounded)
+        assert len(tier.waits) == 2 and tier.waits[1] is not None and tier.waits[1] <= 1.0  # before the copy (busy?), after the commit (bounded)
         assert f"agreed step {step}: memory copy committed" in caplog.text
     else:
         assert f"agreed step {step}: no memory copy beside the storage save" in caplog.text
@@ -381,8 +404,7 @@ def test_a_failing_agreed_memory_copy_never_fails_the_agreed_save(tmp_path: Path
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     """The memory copy beside the agreed save raises (a full /dev/shm): the storage save commits and the process
     exits with the restart code, as without the tier."""
-    ckpt = MemoryTierCheckpointer(str(tmp_path / "ckpt"), LocalCoordinator())
-    ckpt.broken = True
-    code, step = train_with_memory_tier(tmp_path, caplog, ckpt, deadline_in=6.5)
-    assert code == 42 and ckpt.latest_step() == step and ckpt.memory_saves == []
+    tier = FakeTier(broken=True)
+    code, step, ckpt = train_with_memory_tier(tmp_path, caplog, tier, deadline_in=6.5)
+    assert code == 42 and ckpt.latest_step() == step and tier.memory_saves == []
     assert f"agreed step {step}: the memory copy beside the storage save failed (OSError" in caplog.text

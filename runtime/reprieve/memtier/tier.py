@@ -15,6 +15,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -403,6 +404,12 @@ class MemoryTier:
         process ("terminate called ... exception not rethrown", exit -6 after a finished job)."""
         if self._watcher is not None:
             self._watcher.join(timeout_s)
+
+    def restore(self, storage: Any, abstract: Any, check: Callable[[Any, Any, str], None] | None) -> Any:
+        """The restore round over this tier and the ``storage`` checkpointer (:func:`.restore_round.restore`)."""
+        from . import restore_round  # imports JAX, as a restore does anyway
+
+        return restore_round.restore(self, storage, abstract, check=check)
 
     def busy(self) -> bool:
         """A copy is still being written or sent in the background."""
