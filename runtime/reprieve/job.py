@@ -17,32 +17,36 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, Self
 
-from . import data as data_mod
 from . import identity
 from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
 from .capabilities import Capabilities, Checkpointer
-from .collective_error import collective_failed
 from .compile_ahead import CompileAhead, LoweringCount
 from .config import RuntimeConfig
 from .coordination import Coordinator
 from .exiting import arm_deadline_timers, exit_process
 from .finished import FinishedSteps
 from .lifecycle import ABANDON, ABORT, FINISH, RESTART, Phase, Teardown, exit_decision
+from .measures import SaveReports, StepTimes, positive
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeHub
-from .notice_sources import ignore_termination_signals as _ignore_termination_signals
 from .policy import SaveContext, SavePolicy
 from .progress import LoopProgress, ProgressReporter
 from .restore import Restored, read_latest
-from .targets import MemoryTarget, SaveTarget, StorageTarget, Tier, positive, save_record, timing_of
+from .targets import MemoryTarget, SaveRecords, SaveTarget, StorageTarget, Tier
+from .teardown import (
+    Leaving,
+    await_lost_peer,
+    log_agreed_commit,
+    log_agreed_exit,
+    warn_abandoned,
+    warn_restart_code_without_save,
+)
 
 __all__ = ["Checkpointer", "Job", "Restored"]
 
 log = logging.getLogger(__name__)
-
-STEP_EMA_WEIGHT = 0.1  # weight of the newest step in the step-time moving average
 
 
 class Job:
@@ -79,31 +83,30 @@ class Job:
         self.phase = Phase.READY
         self._hub = hub
         self._progress = progress
-        self._closers = closers or []
         self._exit_fn = exit_fn
-        self._shutdown_distributed = shutdown_distributed
         self._on_first_step = on_first_step  # reprieve-run pre-warms the next attempt once it is called
-        self._on_exiting = on_exiting  # reprieve-run reports the decided exit code before the teardown
+        self._leaving = Leaving(hub=hub, agreement=agreement, checkpointer=checkpointer, metrics=self.metrics,
+                                coordinator=coordinator, progress=progress, closers=closers or [],
+                                on_exiting=on_exiting, shutdown_distributed=shutdown_distributed)
         self._wait_lost_peer = wait_lost_peer  # reprieve.peers: which peer went silent, once a collective failed
         # where the loop is: all written and read by the training thread only
         self._last_step: int | None = None  # the job's last step; None: not known (a loop over a loader)
         self._current = -1  # the furthest step the loop entered
         self._decided = -1  # the last step save() or should_stop() decided about
         self._stop_step: int | None = None  # should_stop() returned True for it
-        self._step_ema: float | None = None
-        self._skip_first_step = True  # an attempt's first step holds its compilation: never in the EMA
         self.loop = LoopProgress()  # read by the progress reporter and the metrics exporter's threads
+        self._times = StepTimes(self.loop, agreement, self.metrics)
+        self._final = False  # the agreed save has begun
+        reports = SaveReports(self.loop, agreement, self.metrics, progress, position=lambda: self._current,
+                              in_training=lambda: self.phase == Phase.TRAINING and not self._final)
         self.finished = FinishedSteps()  # the last step whose results exist (a survivor says it: reprieve.finished)
         # where saves go: storage always, the memory tier beside it when configured (reprieve.targets)
         self.storage = StorageTarget(checkpointer, self.caps, self.policy, metrics=self.metrics, loop=self.loop,
-                                     max_failed_saves=config.max_failed_saves, on_blocked=self._blocked,
-                                     on_committed=self._record_commit, on_failed=self._report_progress,
-                                     clock=clock)
+                                     reports=reports, max_failed_saves=config.max_failed_saves, clock=clock)
         self.memory = None if memory is None else MemoryTarget(memory, metrics=self.metrics,
-                                                                 on_blocked=self._blocked)
-        self._final = False  # the agreed save has begun
+                                                                 on_blocked=reports.blocked)
         self._state_checked = False  # the first save() checks the state's leaves (capabilities.StateCheck)
-        self._run_cache: tuple[Any, dict[str, Any]] | None = None  # (tree and shapes, their run record)
+        self._records = SaveRecords(config.run_id, config.attempt, coordinator.process_id)
         self._ahead: list[CompileAhead] = []  # compile_ahead() threads; steps() waits for them
         # lowerings JAX did in the training thread during the first step: (count, seconds); None until known
         self.first_step_lowerings: tuple[int, float] | None = None
@@ -127,12 +130,12 @@ class Job:
     @property
     def step_seconds(self) -> float | None:
         """Moving average of the time between steps yielded by :meth:`steps`."""
-        return self._step_ema
+        return self._times.average
 
     def watch_peers(self, close: Callable[[], None], wait_lost: Callable[[str], tuple[int, ...]]) -> None:
         """The peer watch (``reprieve.peers``, built with this job): closed with the job's notice sources, and
         asked which peer went silent once a collective failed."""
-        self._closers.append(close)
+        self._leaving.closers.append(close)
         self._wait_lost_peer = wait_lost
 
     def _targets(self) -> tuple[SaveTarget, ...]:
@@ -174,14 +177,9 @@ class Job:
             self.finished.prepare(state)
             return Restored(state, 0)
         step = read.step
-        value = data_mod.value_for_process(read.process_extra, self.process_id, self.num_processes, reshard_data)
-        if data is not None:
-            if value is None:
-                log.warning("restored step %d has no data position: the data pipeline starts from its beginning",
-                            step)
-            data_mod.restore_into(data, value)
+        value = read.position(data, self.process_id, self.num_processes, reshard_data)
         self.storage.restored(step, read.committed)
-        self._seed_estimates(read.record)
+        self._times.seed(read.record)
         notice = read.persisting_notice()
         if notice is not None:
             self.agreement.handled(notice, step)
@@ -189,28 +187,9 @@ class Job:
         self.loop.restored_from = read.restored_from
         self.metrics.observe("reprieve_restore_seconds", seconds)
         self.metrics.set("reprieve_last_committed_step", -1 if read.committed is None else read.committed)
-        run = read.record.get("run")
-        run_id = run.get("id") if isinstance(run, dict) else None
-        log.info("restored step %d from %s: resuming at step %d (saved by attempt %s%s)", step, uri, step + 1,
-                 read.record.get("attempt", "?"), "" if run_id is None else f" of run {run_id!r}")
+        read.log(uri)
         self.finished.prepare(read.state)
         return Restored(read.state, step + 1, data=value, extra=read.user_extra, step=step)
-
-    def _seed_estimates(self, record: Any) -> None:
-        """Start the countdown's step and save times from what the attempt that wrote the restored checkpoint
-        measured. Without them a notice that arrives before this attempt timed a step (a restart onto a node
-        that is already doomed, a second notice right after a restart) must plan "save at the earliest step"
-        and exit at once, though its deadline may leave tens of seconds of training. The first step of this
-        attempt (compilation) does not enter the moving average; the next ones replace the seed, and a plan
-        made with it is agreed again if the steps turn out slower (``countdown.behind_plan``)."""
-        step_s, save_s = timing_of(record)
-        if step_s is not None:
-            self._step_ema = step_s
-            self.loop.step_seconds = step_s
-        self.agreement.report(step_seconds=step_s, save_seconds=save_s)
-        if step_s is not None or save_s is not None:
-            log.info("estimates from the checkpoint's attempt: step %s s, save %s s",
-                     "?" if step_s is None else f"{step_s:.3f}", "?" if save_s is None else f"{save_s:.3f}")
 
     def compile_ahead(self, fn: Any, *args: Any, **kwargs: Any) -> None:
         """Lower and compile the ``jax.jit`` function ``fn`` for ``args`` in a background thread, so that it
@@ -242,16 +221,11 @@ class Job:
         if total is not None and start == total and start > 0:
             log.info("the checkpoint holds the last step (%d of total=%d): nothing left to train", start - 1, total)
         self._transition(Phase.TRAINING)
-        if not (self.policy.interval_steps or self.policy.interval_seconds):
-            log.info("periodic saves are off: only the last step and the agreed save of a notice are saved, so "
-                     "an exception, Ctrl-C or kill -9 loses every step since %s; set "
-                     "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS (e.g. 600) or REPRIEVE_CHECKPOINT_INTERVAL_STEPS to save "
-                     "periodically", "the start" if start == 0 else f"step {start - 1}")
         self._last_step = None if total is None else total - 1
         self.agreement.begin(start, self._last_step)
         if self.memory is not None:  # the storage interval caps the memory schedule's
             self.memory.begin(start, self.policy)
-        self.storage.begin()
+        self.storage.begin(start)
         for ahead in self._ahead:
             ahead.wait()
         self._ahead.clear()
@@ -269,7 +243,7 @@ class Job:
                     self._first_step_done(step - 1)  # reprieve-run starts the next attempt's process now
                     if self._progress is not None:
                         self._progress.first_step()
-                self._observe_step(now - previous_t, step)
+                self._times.observe(now - previous_t, step)
                 if self._decided != step - 1 or self._stop_step == step - 1:
                     self._decide_or_exit(step - 1)  # no save() in the body, or should_stop() said stop
             previous_t = now
@@ -281,23 +255,17 @@ class Job:
             loop.last = (step - 1, now)
             if loop.first is None:
                 loop.first = loop.last
-            self._observe_step(now - previous_t, step)
+            self._times.observe(now - previous_t, step)
         self._first_step_lowered()  # a loop of one step (or none) ends here
         if total is not None and total > start and (self._decided != total - 1 or self._stop_step == total - 1):
             self._decide_or_exit(total - 1)
         self.finish()
 
     def _first_step_lowered(self) -> None:
-        """Stop counting the training thread's lowerings (once): ``first_step_lowerings``, logged if any."""
+        """Stop counting the training thread's lowerings (once): ``first_step_lowerings``, when a step was taken."""
         counter, self._first_lowerings = self._first_lowerings, None
-        if counter is None:
-            return
-        count, seconds = counter.stop()
-        if self.loop.first is None:  # no step was taken
-            return
-        self.first_step_lowerings = (count, seconds)
-        if count:
-            log.info("the first step lowered %d program(s) in %.2fs", count, seconds)
+        if counter is not None:
+            self.first_step_lowerings = counter.stop_first_step(stepped=self.loop.first is not None)
 
     def _first_step_done(self, step: int) -> None:
         if self._on_first_step is not None:
@@ -313,18 +281,6 @@ class Job:
         if phase == Phase.TRAINING and self.phase == Phase.TRAINING:
             raise RuntimeError("Job.steps() is already running; a job trains in one loop")
         self.phase = phase
-
-    def _observe_step(self, seconds: float, step: int) -> None:
-        self.metrics.pending_steps.append(seconds)  # a deque: observed into the histogram at scrape time
-        if self._skip_first_step:  # compilation: the seeded estimate (or none) stands until a real step is timed
-            self._skip_first_step = False
-            return
-        ema = self._step_ema
-        self._step_ema = seconds if ema is None else ema + STEP_EMA_WEIGHT * (seconds - ema)
-        self.loop.step_seconds = self._step_ema
-        self.agreement.report(step_seconds=self._step_ema)
-        if step % 16 == 0:  # the exporter needs no more; a metrics update costs a lock
-            self.metrics.set("reprieve_step_average_seconds", self._step_ema)
 
     def _decide(self, step: int) -> str | None:
         try:
@@ -369,7 +325,7 @@ class Job:
             self._final_save(step, state, extra, data)
             return True
         context = SaveContext(step, agreed=kind, forced=force, last_saved=self.storage.last_saved,
-                              last_step=self._last_step, step_seconds=self._step_ema)
+                              last_step=self._last_step, step_seconds=self._times.average)
         saving = [t for t in self._targets() if t.policy.should_save(context)]  # storage first: memory never
         record: tuple[dict[str, Any], Any] | None = None  # instead of it
         for target in saving:
@@ -392,48 +348,9 @@ class Job:
         """``(extra, position)`` of a save of ``step``, built once for every target that saves it: the user's
         ``extra`` with the ``reprieve`` record, and this process's encoded data position (None without one)."""
         agreed = self.agreement.target
-        record = save_record(step, self.config.attempt, self._run_record(state), step_seconds=self._step_ema,
-                             save_seconds=self.storage.last_save_seconds,
-                             notice=None if agreed is None else (agreed.notice.id, agreed.notice.source))
-        position = None if data is None else data_mod.encode(
-            data, f"job.save(step {step}, data=...): process {self.process_id}'s data position")
-        return {**(extra or {}), "reprieve": record}, position
-
-    def _run_record(self, state: Any) -> dict[str, Any]:
-        """The run identity this save records (``reprieve.identity``). Key paths cost microseconds per leaf, so
-        the record is kept for as long as the state keeps its tree and shapes (the agreed save is on the
-        restart path)."""
-        import jax
-
-        leaves, treedef = jax.tree_util.tree_flatten(state)
-        key = (treedef, tuple(getattr(leaf, "shape", None) for leaf in leaves))
-        if self._run_cache is None or self._run_cache[0] != key:
-            self._run_cache = (key, identity.record(self.config.run_id, identity.structure(state)))
-        return self._run_cache[1]
-
-    def _blocked(self, seconds: float) -> None:
-        """The training loop waited ``seconds`` for a save (the copy off the devices, a commit). Only waits
-        between steps count as checkpoint badput: the agreed save and the last commit come after the last
-        reported step, where the operator counts them as restart gap (``docs/goodput.md``)."""
-        self.metrics.observe("reprieve_save_blocking_seconds", seconds)
-        if self.phase == Phase.TRAINING and not self._final:
-            self.loop.save_blocking_seconds += seconds
-
-    def _record_commit(self, step: int) -> None:
-        # The measured save time feeds the countdown as soon as a save commits, not at the next save: a
-        # notice between two periodic saves must not plan with the pessimistic default estimate.
-        seconds = self.storage.last_save_seconds
-        if seconds is not None:
-            self.agreement.report(save_seconds=seconds)
-            self.metrics.observe("reprieve_save_to_commit_seconds", seconds)
-        self.metrics.set("reprieve_last_committed_step", step)
-        if self._progress is not None:
-            self._progress.report(self._current, step)
-
-    def _report_progress(self) -> None:
-        if self._progress is not None:
-            committed = self.storage.committed
-            self._progress.report(self._current, -1 if committed is None else committed)
+        return self._records.build(step, state, extra, data, step_seconds=self._times.average,
+                                   save_seconds=self.storage.last_save_seconds,
+                                   notice=None if agreed is None else (agreed.notice.id, agreed.notice.source))
 
     def _final_save(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any) -> None:
         target = self.agreement.target
@@ -469,21 +386,11 @@ class Job:
         self.metrics.set("reprieve_notice_to_commit_seconds", since_notice)
         decision = exit_decision(committed=True, now=now, deadline=deadline,
                                  restart_code=self.config.restart_exit_code, last_step=step == self._last_step)
-        if decision.late:
-            log.warning("agreed checkpoint at step %d %s: still exiting as saved; give the job a longer "
-                        "notice window (spec.preemption.noticeSeconds) or a cheaper save", step, decision.reason)
-        else:
-            log.info("agreed checkpoint at step %d committed on all %d process(es), %.2fs after the notice%s", step,
-                     self.num_processes, since_notice, "" if deadline is None else
-                     f", {deadline - now:.1f}s before the deadline")
+        log_agreed_commit(step, decision, self.num_processes, since_notice, deadline, now)
         if decision.code is None:
-            log.info("agreed checkpoint at step %d %s", step, decision.reason)
             return
         self._teardown(RESTART, code=decision.code)
-        log.info("exiting with code %d: %s", decision.code,
-                 f"the agreed checkpoint of step {step} is committed, restart wanted (REPRIEVE_RESTART_EXIT_CODE)"
-                 if decision.code == self.config.restart_exit_code else
-                 f"the agreed checkpoint of step {step} {decision.reason}")
+        log_agreed_exit(step, decision, self.config.restart_exit_code)
         self._exit_fn(decision.code)
         raise SystemExit(decision.code)  # exit_fn must not return: the loop must not go on past the agreed step
 
@@ -497,25 +404,13 @@ class Job:
     def abandon(self) -> None:
         """Stop the runtime's threads without saving or leaving the job; also run at interpreter exit."""
         if not self.phase.terminal:
-            log.warning("process %d: the runtime is closed without finishing job.steps() (an exception, a break or "
-                        "sys.exit): nothing is saved by this exit (the last checkpoint is step %s); an exit with "
-                        "the restart code %d from here is not a saved preemption", self.process_id,
-                        "none" if self.committed_step is None else self.committed_step, self.config.restart_exit_code)
+            warn_abandoned(self.process_id, self.committed_step, self.config.restart_exit_code)
             self._await_lost_peer(sys.exc_info()[1] or getattr(sys, "last_value", None))
         self._teardown(ABANDON)
 
     def _await_lost_peer(self, exc: BaseException | None) -> None:
-        """A JAX runtime error ends the loop (a collective failed: a peer's process died and its connections were
-        reset), or the agreement failed (the coordination service, or a peer, is gone): before this process ends,
-        report the peer the error names and let the peer watch name the silent peer, so the exit is reported as
-        that peer's loss, not as a failure of this process (``docs/contract.md``, "Peer lost")."""
-        if self._wait_lost_peer is None or not (collective_failed(exc) or isinstance(exc, AgreementError)):
-            return
-        lost = self._wait_lost_peer(str(exc))
-        if lost:
-            log.warning("process %d: the step failed (%s) and process(es) %s went silent: this exit is their loss",
-                        self.process_id, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
-                        ", ".join(map(str, lost)))
+        if self._wait_lost_peer is not None:
+            await_lost_peer(self._wait_lost_peer, self.process_id, exc)
 
     def __enter__(self) -> Self:
         return self
@@ -528,12 +423,7 @@ class Job:
             return
         code = getattr(exc, "code", None) if isinstance(exc, SystemExit) else None
         if code == self.config.restart_exit_code and self.phase != Phase.EXITING:
-            # sys.exit(<restart code>) in the program's own code: it reads as a saved preemption and is not one
-            log.critical("process %d: sys.exit(%d) without an agreed save: %d is REPRIEVE_RESTART_EXIT_CODE, which "
-                         "says 'state saved, restart me', but nothing was saved by this exit (the last checkpoint "
-                         "is step %s). reprieve-run reports it as not agreed; let job.save() exit at the agreed "
-                         "step instead", self.process_id, code, code,
-                         "none" if self.committed_step is None else self.committed_step)
+            warn_restart_code_without_save(self.process_id, code, self.committed_step)
         self.abandon()
 
     def _abort(self, why: str) -> NoReturn:
@@ -548,48 +438,10 @@ class Job:
         if self.phase.terminal:
             return
         self.phase = how.phase
-        if how.ignore_signals:
-            _ignore_termination_signals()  # from here the process ends with the decided code, whatever comes
-            if code is not None and self._on_exiting is not None:
-                # The supervisor reports the code to the operator now: the next attempt's assignment is decided
-                # while this process still leaves the job and ends (~0.15-0.25 s); nothing of it starts in this
-                # pod before this process is gone.
-                try:
-                    self._on_exiting(code)
-                except Exception as err:  # noqa: BLE001 - a report, never a reason not to exit
-                    log.debug("exit announcement failed: %s", err)
+        self._leaving.announce(how, code)
         try:
             if how.wait_for_commit:
                 self.storage.confirm()
         finally:
-            if self._progress is not None:
-                if how.report_progress:
-                    committed = self.storage.committed
-                    self._progress.report(self._current, -1 if committed is None else committed, force=True,
-                                          timeout_s=2.0)
-                self._progress.close()
-            for closer in self._closers:
-                try:
-                    closer()
-                except Exception as err:  # noqa: BLE001 - closing must go on
-                    log.warning("closing %r failed: %s", closer, err)
-            self._hub.close()
-            # Without a distributed shutdown (which cancels the watcher's pending get) wait it out: a thread
-            # still inside the coordination client at interpreter exit aborts the process.
-            self.agreement.close(timeout_s=0.0 if how.leave_distributed else self.agreement.poll_s + 1.0)
-            if how.close_checkpointer:
-                try:
-                    try:
-                        if self.memory is not None:
-                            self.memory.tier.close()
-                    finally:
-                        self.checkpointer.close()
-                except Exception as err:  # noqa: BLE001 - closing must go on
-                    log.warning("closing the checkpointer failed: %s", err)
-            self.metrics.close()
-            if how.leave_distributed and self._shutdown_distributed:
-                self.coordinator.shutdown()
-            if how.leave_distributed and self.num_processes > 1:
-                self.agreement.join(2.0)
-                if self.memory is not None:  # its schedule watcher uses the coordination client
-                    self.memory.tier.join_watcher(2.0)
+            self._leaving.close(how, current=self._current, committed=self.storage.committed,
+                                tier=None if self.memory is None else self.memory.tier)

@@ -9,8 +9,9 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any, Protocol, Self, runtime_checkable
 
+from . import data as data_mod
 from . import identity
 from .capabilities import Capabilities, Checkpointer, ProcessExtraResult, RestoreCheckFn
 
@@ -22,6 +23,14 @@ SOURCES_THAT_PERSIST = ("notice-file", "annotation")
 # ``read(abstract, check)``: the memory tier's restore round over the storage checkpointer
 # (``reprieve.memtier.restore_round.restore``); it runs ``check`` on a memory copy itself.
 TieredRead = Callable[[Any, RestoreCheckFn], Any]
+
+
+@runtime_checkable
+class TieredResult(ProcessExtraResult, Protocol):
+    """The memory tier's restore result (``reprieve.memtier.restore_round``)."""
+
+    storage_step: int | None
+    restored_from: dict[str, Any] | None
 
 
 class Restored(tuple):  # type: ignore[type-arg]
@@ -64,6 +73,24 @@ class Read:
     def user_extra(self) -> dict[str, Any]:
         return {k: v for k, v in self.extra.items() if k != "reprieve"}
 
+    def position(self, data: Any, process_id: int, num_processes: int,
+                 reshard: Callable[[list[Any], int, int], Any] | None) -> Any:
+        """This process's saved data position (:func:`reprieve.data.value_for_process`), put back into ``data``
+        (the data pipeline, when given) in place."""
+        value = data_mod.value_for_process(self.process_extra, process_id, num_processes, reshard)
+        if data is not None:
+            if value is None:
+                log.warning("restored step %d has no data position: the data pipeline starts from its beginning",
+                            self.step)
+            data_mod.restore_into(data, value)
+        return value
+
+    def log(self, uri: str) -> None:
+        run = self.record.get("run")
+        run_id = run.get("id") if isinstance(run, dict) else None
+        log.info("restored step %d from %s: resuming at step %d (saved by attempt %s%s)", self.step, uri,
+                 self.step + 1, self.record.get("attempt", "?"), "" if run_id is None else f" of run {run_id!r}")
+
     def persisting_notice(self) -> str | None:
         """The notice this checkpoint was the agreed save of, when that notice outlives the process (a notice
         file nobody clears on a laptop, the kept pod's annotation): it must not stop the run it stopped once."""
@@ -100,13 +127,6 @@ def read_latest(checkpointer: Checkpointer, caps: Capabilities, target: Any, *, 
     if caps.restore_check is None and tiered is None:  # checked after the fact
         check(extra.get("reprieve"), None, f"{where} step {step}")
     process_extra = result.process_extra if isinstance(result, ProcessExtraResult) else None
-    committed = result.storage_step if isinstance(result, _TieredResult) else step
-    restored_from = result.restored_from if isinstance(result, _TieredResult) else None
+    committed = result.storage_step if isinstance(result, TieredResult) else step
+    restored_from = result.restored_from if isinstance(result, TieredResult) else None
     return Read(step, state, extra, process_extra, committed, restored_from, time.perf_counter() - t0)
-
-
-class _TieredResult(ProcessExtraResult):
-    """The memory tier's restore result (``reprieve.memtier.restore_round``)."""
-
-    storage_step: int | None
-    restored_from: dict[str, Any] | None

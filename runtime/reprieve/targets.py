@@ -10,7 +10,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from . import data as data_mod
+from . import identity
 from .capabilities import Capabilities, Checkpointer, RestoreCheckFn
+from .measures import SaveReports, positive
 from .metrics import Metrics
 from .policy import (
     MIN_FAILING_SECONDS,
@@ -40,26 +43,10 @@ def agreed_memory_margin(save_seconds: float) -> float:
 NOTICE_KEYS = ("notice", "noticeSource")  # the agreed notice a storage save records (reprieve.restore reads them)
 
 
-def positive(value: Any) -> float | None:
-    """``value`` as a float when it is a positive finite number, else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if 0 < value < float("inf") else None
-
-
-def timing_of(record: Any) -> tuple[float | None, float | None]:
-    """``(step_seconds, save_seconds)`` that the attempt which wrote a checkpoint measured (its ``reprieve``
-    record's ``stepSeconds`` and ``saveSeconds``), each None when absent or not a positive finite number: a
-    checkpoint written by an older runtime, or before any step or save was timed."""
-    if not isinstance(record, dict):
-        return None, None
-    return positive(record.get("stepSeconds")), positive(record.get("saveSeconds"))
-
-
 def save_record(step: int, attempt: int, run: dict[str, Any], *, step_seconds: float | None,
                 save_seconds: float | None, notice: tuple[str, str] | None) -> dict[str, Any]:
     """A save's ``reprieve`` record without its kind (each target adds its own): what this attempt measured
-    (the next attempt's countdown starts from it, :func:`timing_of`) and the agreed notice, if any."""
+    (the next attempt's countdown starts from it, :func:`reprieve.measures.timing_of`) and the agreed notice, if any."""
     record: dict[str, Any] = {"step": step, "attempt": attempt, "run": run}
     for key, value in (("stepSeconds", positive(step_seconds)), ("saveSeconds", positive(save_seconds))):
         if value is not None:
@@ -67,6 +54,35 @@ def save_record(step: int, attempt: int, run: dict[str, Any], *, step_seconds: f
     if notice is not None:
         record.update(zip(NOTICE_KEYS, notice, strict=True))
     return record
+
+
+class SaveRecords:
+    """Builds a save's ``(extra, position)`` once for every target that saves it: the user's ``extra`` with the
+    ``reprieve`` record (:func:`save_record`), and this process's encoded data position (None without one)."""
+
+    def __init__(self, run_id: str | None, attempt: int, process_id: int) -> None:
+        self._run_id, self._attempt, self._process_id = run_id, attempt, process_id
+        self._run_cache: tuple[Any, dict[str, Any]] | None = None  # (tree and shapes, their run record)
+
+    def build(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any, *, step_seconds: float | None,
+              save_seconds: float | None, notice: tuple[str, str] | None) -> tuple[dict[str, Any], Any]:
+        record = save_record(step, self._attempt, self._run_record(state), step_seconds=step_seconds,
+                             save_seconds=save_seconds, notice=notice)
+        position = None if data is None else data_mod.encode(
+            data, f"job.save(step {step}, data=...): process {self._process_id}'s data position")
+        return {**(extra or {}), "reprieve": record}, position
+
+    def _run_record(self, state: Any) -> dict[str, Any]:
+        """The run identity this save records (``reprieve.identity``). Key paths cost microseconds per leaf, so
+        the record is kept for as long as the state keeps its tree and shapes (the agreed save is on the
+        restart path)."""
+        import jax  # the state is JAX's: importing reprieve does not import it
+
+        leaves, treedef = jax.tree_util.tree_flatten(state)
+        key = (treedef, tuple(getattr(leaf, "shape", None) for leaf in leaves))
+        if self._run_cache is None or self._run_cache[0] != key:
+            self._run_cache = (key, identity.record(self._run_id, identity.structure(state)))
+        return self._run_cache[1]
 
 
 class SaveTarget(Protocol):
@@ -96,21 +112,19 @@ class StorageTarget:
     """The checkpointer's saves: one in flight at a time, confirmed before the next starts; a failed one is
     counted and the job trains on until :func:`reprieve.policy.save_failure_verdict` says it is fatal.
 
-    ``on_blocked(seconds)``: the loop waited for a save; ``on_committed(step)``: a save committed (metrics,
-    progress); ``on_failed()``: a save failed and the job trains on (progress)."""
+    ``reports``: where the loop's waits, the commits and the failures are reported."""
 
     name: str = "storage"
     min_failing_seconds = MIN_FAILING_SECONDS  # failed saves are fatal only after this long (reprieve.policy)
 
     def __init__(self, checkpointer: Checkpointer, caps: Capabilities, policy: SavePolicy, *, metrics: Metrics,
-                 loop: LoopProgress, max_failed_saves: int, on_blocked: Callable[[float], None],
-                 on_committed: Callable[[int], None], on_failed: Callable[[], None],
+                 loop: LoopProgress, reports: SaveReports, max_failed_saves: int,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.checkpointer, self.caps = checkpointer, caps
         self.interval = policy
         self.policy: SaveDecisionPolicy = storage_policy(policy)
         self._metrics, self._loop, self._max_failed = metrics, loop, max_failed_saves
-        self._on_blocked, self._on_committed, self._on_failed = on_blocked, on_committed, on_failed
+        self._reports = reports
         self._clock = clock
         self.last_saved: int | None = None  # the last step a save started for (or was restored)
         self.committed: int | None = None  # the newest step known committed (restored or saved)
@@ -129,8 +143,13 @@ class StorageTarget:
     def busy(self) -> bool:
         return self._pending is not None
 
-    def begin(self) -> None:
-        """The loop starts: the time-based interval counts from here."""
+    def begin(self, start: int) -> None:
+        """The loop starts at ``start``: the time-based interval counts from here."""
+        if not (self.interval.interval_steps or self.interval.interval_seconds):
+            log.info("periodic saves are off: only the last step and the agreed save of a notice are saved, so "
+                     "an exception, Ctrl-C or kill -9 loses every step since %s; set "
+                     "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS (e.g. 600) or REPRIEVE_CHECKPOINT_INTERVAL_STEPS to save "
+                     "periodically", "the start" if start == 0 else f"step {start - 1}")
         self.last_save_at = self._clock()
 
     def request_due(self) -> bool:
@@ -153,7 +172,7 @@ class StorageTarget:
         assert saver is not None
         t0 = time.perf_counter()
         saver.save(step, state, extra={**record, "reprieve": {**record["reprieve"], "kind": kind}}, **kwargs)
-        self._on_blocked(time.perf_counter() - t0)
+        self._reports.blocked(time.perf_counter() - t0)
         self.last_saved = self._pending = step
         self.last_save_at = self._pending_started = self._clock()
         self._metrics.inc("reprieve_saves_total", kind=kind)
@@ -168,7 +187,7 @@ class StorageTarget:
         """The checkpointer's commit callback (any thread)."""
         if self.committed is None or step > self.committed:
             self.committed = step
-        self._on_committed(step)
+        self._reports.committed(step, self.last_save_seconds)
 
     def confirm(self, *, retry_next: str | None = None) -> None:
         """Wait for the save in flight (if any), then record it as committed. ``retry_next``: the kind of the save
@@ -179,16 +198,16 @@ class StorageTarget:
         try:
             self.checkpointer.wait()
         except Exception as err:
-            self._on_blocked(time.perf_counter() - t0)
+            self._reports.blocked(time.perf_counter() - t0)
             failed, self._pending = self._pending, None
             if retry_next is None:
                 raise
             self._failed(failed, err, agreed_next=retry_next == "final")
             return
-        self._on_blocked(time.perf_counter() - t0)
+        self._reports.blocked(time.perf_counter() - t0)
         self.committed, self._pending = max(self._pending, self.committed or -1), None
         self._failed_saves = self._loop.failed_saves = 0
-        self._on_committed(self.committed)
+        self._reports.committed(self.committed, self.last_save_seconds)
 
     def _failed(self, step: int, err: Exception, *, agreed_next: bool) -> None:
         """The save of ``step`` failed and a next save is about to start: log, count and report it, and train on
@@ -205,7 +224,7 @@ class StorageTarget:
         fatal = save_failure_verdict(kind, self._failed_saves, self._max_failed, agreed_next=agreed_next,
                                      failing_seconds=self._clock() - self._failing_since,
                                      min_failing_seconds=self.min_failing_seconds)
-        self._on_failed()
+        self._reports.failed(self.committed)
         if fatal is None:
             log.error("checkpoint save of step %d failed (%d in a row, fatal at REPRIEVE_MAX_FAILED_SAVES=%d over "
                       "%.0f s or more): %s; training goes on, the next save retries (the last committed step is %s)",

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from reprieve import job as job_mod
+from reprieve import teardown
 from reprieve.agreement import FINAL
 from reprieve.config import RuntimeConfig
 from reprieve.coordination import LocalCoordinator
@@ -148,7 +148,7 @@ def _exit(code: int) -> None:
 
 
 def test_each_target_saves_what_its_policy_decides(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(job_mod, "_ignore_termination_signals", lambda: None)  # the test process keeps its handlers
+    monkeypatch.setattr(teardown, "ignore_termination_signals", lambda: None)  # the test process keeps its handlers
     clock, ckpt, tier = Clock(), Checkpointer(), Tier(due_at={1, 4, 6})
     agreement = Agreement({6: "interval", 9: FINAL})
     job = Job(RuntimeConfig(), LocalCoordinator(), ckpt, agreement, Hub(),  # type: ignore[arg-type]
