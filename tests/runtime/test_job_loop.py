@@ -19,6 +19,7 @@ from reprieve.job import Job
 from reprieve.targets import MemoryTarget
 
 from tests.runtime.helpers_agreement import FileCheckpointer
+from tests.runtime.helpers_memtier import FakeTier
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -321,49 +322,6 @@ def test_the_step_time_average_leaves_out_the_first_step_and_saves_carry_their_s
     assert fields["firstStepAt"] < saved[9] < saved[11] <= fields["stepAt"] + 0.001, fields
 
 
-class FakeTier:
-    """A memory tier (``reprieve.targets.Tier``) that records what the agreed save asks of it: no schedule of its
-    own, a copy that is ``busy`` (still in the background) or ``broken`` (a full /dev/shm)."""
-
-    restored_from = None
-
-    def __init__(self, *, busy: bool = False, broken: bool = False) -> None:
-        self._busy, self.broken = busy, broken
-        self.memory_saves: list[int] = []
-        self.waits: list[float | None] = []
-
-    def begin(self, start: int, *, storage_steps: int = 0, storage_seconds: float = 0.0) -> None:
-        pass
-
-    def due(self, step: int, step_seconds: float | None) -> bool:
-        return False
-
-    def save(self, step: int, state: Any, *, extra: dict[str, Any], process_extra: Any = None) -> bool:
-        assert extra["reprieve"]["step"] == step and extra["reprieve"]["kind"] == "memory"
-        if self.broken:
-            raise OSError(28, "No space left on device")
-        self.memory_saves.append(step)
-        return True
-
-    def wait(self, timeout_s: float | None = None) -> None:
-        self.waits.append(timeout_s)
-
-    def busy(self) -> bool:
-        return self._busy
-
-    def restore(self, storage: Any, abstract: Any, check: Any) -> Any:
-        return storage.restore(abstract, step=None)  # nothing in memory: the storage tier's restore
-
-    def gang_step(self) -> int | None:
-        return None
-
-    def join_watcher(self, timeout_s: float) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def train_with_memory_tier(tmp_path: Path, caplog: pytest.LogCaptureFixture, tier: FakeTier, *,
                            deadline_in: float) -> tuple[int, int, FileCheckpointer]:
     """One process notified at step 3 (the deadline ``deadline_in`` s away) with ``tier`` beside the file
@@ -391,7 +349,7 @@ def test_the_agreed_save_before_a_restart_also_copies_the_step_to_memory_when_th
     tier = FakeTier(busy=busy)
     code, step, ckpt = train_with_memory_tier(tmp_path, caplog, tier, deadline_in=deadline_in)
     assert code == 42
-    assert tier.memory_saves == ([step] if copied else [])
+    assert tier.saves == ([(step, "memory")] if copied else [])
     assert ckpt.latest_step() == step  # the storage save is the guarantee either way
     if copied:
         assert len(tier.waits) == 2 and tier.waits[1] is not None and tier.waits[1] <= 1.0  # before the copy (busy?), after the commit (bounded)
@@ -406,5 +364,5 @@ def test_a_failing_agreed_memory_copy_never_fails_the_agreed_save(tmp_path: Path
     exits with the restart code, as without the tier."""
     tier = FakeTier(broken=True)
     code, step, ckpt = train_with_memory_tier(tmp_path, caplog, tier, deadline_in=6.5)
-    assert code == 42 and ckpt.latest_step() == step and tier.memory_saves == []
+    assert code == 42 and ckpt.latest_step() == step and tier.saves == []
     assert f"agreed step {step}: the memory copy beside the storage save failed (OSError" in caplog.text

@@ -17,6 +17,8 @@ from reprieve.job import Job
 from reprieve.notice import Notice
 from reprieve.policy import SavePolicy
 
+from tests.runtime.helpers_memtier import FakeTier
+
 pytestmark = pytest.mark.unit
 
 
@@ -53,45 +55,6 @@ class Checkpointer:
 
     def close(self) -> None:
         self.closed = True
-
-
-class Tier:
-    """The memory target's tier: its schedule says ``due_at``."""
-
-    restored_from = None
-
-    def __init__(self, due_at: set[int]) -> None:
-        self.due_at = due_at
-        self.saves: list[tuple[int, str]] = []
-
-    def begin(self, start: int, *, storage_steps: int = 0, storage_seconds: float = 0.0) -> None:
-        self.capped_by = (storage_steps, storage_seconds)
-
-    def due(self, step: int, step_seconds: float | None) -> bool:
-        return step in self.due_at
-
-    def save(self, step: int, state: Any, *, extra: dict[str, Any], process_extra: Any = None) -> bool:
-        assert "notice" not in extra["reprieve"]  # a copy never marks a notice handled
-        self.saves.append((step, extra["reprieve"]["kind"]))
-        return True
-
-    def wait(self, timeout_s: float | None = None) -> None:
-        pass
-
-    def busy(self) -> bool:
-        return False
-
-    def restore(self, storage: Any, abstract: Any, check: Any) -> Any:
-        return storage.restore(abstract, step=None)
-
-    def gang_step(self) -> int | None:
-        return None
-
-    def join_watcher(self, timeout_s: float) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class Agreement:
@@ -149,7 +112,7 @@ def _exit(code: int) -> None:
 
 def test_each_target_saves_what_its_policy_decides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(teardown, "ignore_termination_signals", lambda: None)  # the test process keeps its handlers
-    clock, ckpt, tier = Clock(), Checkpointer(), Tier(due_at={1, 4, 6})
+    clock, ckpt, tier = Clock(), Checkpointer(), FakeTier(due_at=frozenset({1, 4, 6}))
     agreement = Agreement({6: "interval", 9: FINAL})
     job = Job(RuntimeConfig(), LocalCoordinator(), ckpt, agreement, Hub(),  # type: ignore[arg-type]
               policy=SavePolicy(interval_steps=4, interval_seconds=10.0), exit_fn=_exit, memory=tier, clock=clock)
