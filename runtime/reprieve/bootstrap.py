@@ -98,6 +98,7 @@ def init(
     config = RuntimeConfig.from_env(environ)
     console.install(config.process_id, config.num_processes)
     memory_config = MemoryConfig.from_env(environ, pod_ip=config.pod_ip)  # a bad setting refuses before joining
+    probe_port = MemoryConfig.port_from_env(environ)  # where a quiet peer's pod is probed (reprieve.peers)
     if link is not None:
         link.send("init", attempt=config.attempt, processId=config.process_id)
     enable_compilation_cache(config)
@@ -130,7 +131,7 @@ def init(
               on_first_step=link.first_step if link is not None else None,
               on_exiting=link.exiting if link is not None else None)
     if config.distributed:
-        peers = _watch_peers(job, config, coordinator, link, probe_port=MemoryConfig.port_from_env(environ))
+        peers = _watch_peers(job, config, coordinator, link, probe_port=probe_port)
         job.watch_peers(peers.close, _waiting_and_reporting_again(peers))
     if job.memory is not None and config.process_id == 0:
         job.loop.extra_fields = job.memory.progress_fields

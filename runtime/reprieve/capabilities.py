@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 # ``check(record, saved_structure, where)``: Job.restore_or's run-identity check (reprieve.identity)
 RestoreCheckFn = Callable[[Any, Any, str], None]
@@ -104,3 +104,13 @@ class Capabilities:
             deferred_retention=c if isinstance(c, DeferredRetention) else None,
             state_check=c if isinstance(c, StateCheck) else None,
         )
+
+
+if TYPE_CHECKING:  # mypy holds this package's two checkpointers to every protocol they offer
+    from .checkpoint.manager import CheckpointManager
+    from .orbax import OrbaxCheckpointer
+
+    def _offers(m: CheckpointManager, o: OrbaxCheckpointer) -> None:
+        _m: tuple[Checkpointer, CommitCallback, RestoreCheck, ProcessExtra, DeferredRetention, StateCheck] = (
+            m, m, m, m, m, m)
+        _o: tuple[Checkpointer, CommitCallback, RestoreCheck, ProcessExtra, StateCheck] = (o, o, o, o, o)

@@ -133,3 +133,18 @@ def test_each_target_saves_what_its_policy_decides(monkeypatch: pytest.MonkeyPat
     m = job.metrics
     assert [m.get("reprieve_saves_total", kind=k) for k in ("periodic", "interval", "forced", "final", "memory")] \
         == [1, 1, 1, 1, 3]
+
+
+def test_the_capabilities_of_both_checkpointers_are_seen_once_and_a_plain_one_has_none() -> None:
+    """``Capabilities.of``: the one place a checkpointer is asked what it offers (reprieve.capabilities)."""
+    from reprieve.capabilities import Capabilities
+    from reprieve.checkpoint.manager import CheckpointManager
+    from reprieve.orbax import OrbaxCheckpointer
+
+    manager = Capabilities.of(object.__new__(CheckpointManager))  # the class's methods: no storage opened
+    assert None not in (manager.commit_callback, manager.restore_check, manager.process_extra,
+                        manager.deferred_retention, manager.state_check)
+    orbax = Capabilities.of(object.__new__(OrbaxCheckpointer))
+    assert None not in (orbax.commit_callback, orbax.restore_check, orbax.process_extra, orbax.state_check)
+    assert orbax.deferred_retention is None
+    assert Capabilities.of(Checkpointer()) == Capabilities()
