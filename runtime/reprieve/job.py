@@ -1,7 +1,9 @@
 """The training-loop face of the runtime: ``Job.restore_or``, ``Job.steps``, ``Job.save``, ``Job.should_stop``.
 
-A :class:`Job` ties the notice sources, the cross-process :class:`~reprieve.agreement.Agreement`, the
-periodic :class:`~reprieve.policy.SavePolicy` and a :class:`Checkpointer` together. Per step the loop takes
+A :class:`Job` ties the notice sources, the cross-process :class:`~reprieve.agreement.Agreement` and its save
+targets together: storage (a :class:`Checkpointer`, its optional capabilities checked once:
+:mod:`reprieve.capabilities`) and, when configured, the memory tier (:mod:`reprieve.targets`), each deciding
+with its own policy (:mod:`reprieve.policy`); it restores through :mod:`reprieve.restore`. Per step the loop takes
 one uncontended lock, reads a few attributes and dispatches one tiny probe of the state (:mod:`reprieve.finished`):
 no RPC, no file system access, no wait. When the agreed final step
 comes, :meth:`Job.save` saves it, waits until it is committed on every process, reports progress, shuts the
