@@ -93,9 +93,9 @@ def _jax(devices: int = 4) -> Any:
     import jax
 
     if os.environ.get("MEMTIER_SMALL_PAGES") == "1":  # --small-pages: host buffers without huge pages (the A/B)
-        from reprieve.checkpoint import save
+        from reprieve import arrays
 
-        save._huge_pages = lambda: False
+        arrays._huge_pages = lambda: False
     return jax
 
 

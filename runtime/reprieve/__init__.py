@@ -23,7 +23,8 @@ from .jax_workarounds import PreemptionServiceDisabled
 from .job import Checkpointer, Job, Restored
 from .notice import Notice
 from .policy import SavePolicy
-from .topology import Topology, TopologyError, expected_topology
+from .topology import Topology, TopologyError
+from .trace_ahead import expected_topology
 from .virtual import VirtualData, VirtualShardsError
 
 if TYPE_CHECKING:

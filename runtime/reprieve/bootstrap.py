@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from . import console
 from .agreement import Agreement, Target
+from .capabilities import Checkpointer
 from .config import ConfigError, RuntimeConfig
 from .coordination import Coordinator, JaxCoordinator, LocalCoordinator
 from .countdown import CountdownSettings
@@ -22,7 +23,7 @@ from .jax_workarounds import (
     jax_version_problem,
     replace_preemption_sync_point,
 )
-from .job import Checkpointer, Job
+from .job import Job
 from .kube import KubeClient, PodWatchSource
 from .memtier.config import MemoryConfig
 from .metrics import Metrics
@@ -32,7 +33,9 @@ from .peers import PeerWatch, end_process, write_termination_message
 from .policy import SavePolicy
 from .progress import ProgressReporter
 from .supervisor.trainer import SupervisorLink
-from .topology import Topology, TraceAhead
+from .targets import Tier
+from .topology import Topology
+from .trace_ahead import TraceAhead
 
 log = logging.getLogger(__name__)
 
@@ -94,116 +97,140 @@ def init(
     started_at = time.time()  # this attempt's start: a notice past its deadline by then is stale (stale_at_start)
     config = RuntimeConfig.from_env(environ)
     console.install(config.process_id, config.num_processes)
-    memory_config = _memory_config(environ, config)  # memory tier hook: a bad setting refuses before joining
+    memory_config = MemoryConfig.from_env(environ, pod_ip=config.pod_ip)  # a bad setting refuses before joining
     probe_port = MemoryConfig.port_from_env(environ)  # where a quiet peer's pod is probed (reprieve.peers)
     if link is not None:
         link.send("init", attempt=config.attempt, processId=config.process_id)
     enable_compilation_cache(config)
     coordinator = _join(config)
-    ckpt: Checkpointer
-    if checkpointer is None:
-        ckpt = default_checkpointer(config, coordinator)
-    elif callable(checkpointer) and not hasattr(checkpointer, "save"):
-        ckpt = checkpointer(config, coordinator)
-    else:
-        ckpt = cast(Checkpointer, checkpointer)
-    if memory_config is not None:  # memory tier hook (reprieve.memtier): storage saves as before, memory beside
-        ckpt = _with_memory_tier(ckpt, memory_config, config, coordinator)
-    countdown = countdown or CountdownSettings(default_save_seconds=config.save_seconds_estimate)
+    ckpt = _checkpointer(checkpointer, config, coordinator)
+    tier = None if memory_config is None else _memory_tier(memory_config, config, coordinator)
     metrics = Metrics()
-
-    def on_target(target: Target) -> None:
-        metrics.set("reprieve_agreed_step", target.plan.final_step)
-
-    def on_notice(notice: Notice) -> None:
-        metrics.inc("reprieve_notices_total", source=notice.source, reason=notice.reason)
-        metrics.set("reprieve_notice_lead_seconds", notice.lead_seconds)
-
-    agreement = Agreement(coordinator, attempt=config.attempt, timeout_s=config.agreement_timeout_seconds,
-                          countdown=countdown, on_target=on_target, hold_until_loop=True)
-    sigterm: SigtermSource | None = None
-
-    def idle_check() -> None:  # about once a second on the hub thread
-        if sigterm is not None:
-            sigterm.check()
-
-    def in_force() -> str | None:
-        target = agreement.target
-        if target is None:
-            return None
-        left = f", deadline in {target.deadline - time.time():.1f}s" if target.deadline_known else ""
-        return f"agreed save at step {target.plan.final_step}{left}"
-
-    hub = NoticeHub(agreement.offer, on_notice=on_notice, idle_check=idle_check,
-                    idle_s=config.notice_poll_seconds, in_force=in_force)
-    closers: list[Callable[[], None]] = []
+    agreement = _agreement(config, coordinator, countdown, metrics)
+    notices = _Notices(config, agreement, metrics, started_at)
     if install_sigterm:
-        sigterm = SigtermSource(hub, grace_seconds=config.termination_grace_seconds, pod=config.pod_name,
-                                process_id=config.process_id)
-        if sigterm.install():
-            closers.append(sigterm.uninstall)
+        notices.sigterm()
     if config.notice_file:
-        closers.append(PollingSource("notice-file", NoticeFile(config.notice_file, attempt=config.attempt,
-                                                               started_at=started_at),
-                                     hub, config.notice_poll_seconds).start().close)
+        notices.poll("notice-file", NoticeFile(config.notice_file, attempt=config.attempt, started_at=started_at))
     if notice_fn is not None:
-        user = UserCallable(notice_fn, default_grace_seconds=config.termination_grace_seconds)
-        closers.append(PollingSource("notice-callable", user, hub, config.notice_poll_seconds).start().close)
+        notices.poll("notice-callable", UserCallable(notice_fn, default_grace_seconds=config.termination_grace_seconds))
     progress = None
     if config.in_cluster:
         assert config.kubernetes_host is not None and config.pod_name is not None
         client = KubeClient(config.kubernetes_host, config.kubernetes_port, config.serviceaccount_dir)
         if watch_pod:
-            closers.append(PodWatchSource(client, config.namespace, config.pod_name, hub.put,
-                                          attempt=config.attempt, started_at=started_at).start().close)
+            notices.closers.append(PodWatchSource(client, config.namespace, config.pod_name, notices.hub.put,
+                                                  attempt=config.attempt, started_at=started_at).start().close)
         if config.process_id == 0:
             progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt,
                                         interval_s=config.progress_interval_seconds,
                                         termination_log=config.termination_log)
-    job_ref: list[Job] = []
-    peers: PeerWatch | None = None
+    # Job wires itself to the checkpointer's commits (capabilities.CommitCallback), whichever checkpointer it is.
+    job = Job(config, coordinator, ckpt, agreement, notices.hub, policy=policy, metrics=metrics, progress=progress,
+              closers=notices.closers, exit_fn=exit_fn, memory=tier,
+              on_first_step=link.first_step if link is not None else None,
+              on_exiting=link.exiting if link is not None else None)
     if config.distributed:
-        # One line naming a peer that stopped, before JAX's heartbeat timeout ends this process for it.
-        # The silent peers, told to the supervisor (its exit report) and written as the termination message
-        # (Recreate), so an exit JAX forces for them counts as their loss.
-        # With this process's last finished step (the gang's: training is synchronous), so the operator counts
-        # the steps after process 0's last progress report as lost, not as restart gap (docs/goodput.md).
-        def on_lost(processes: tuple[int, ...]) -> None:
-            last = _last_step(job_ref[0]) if job_ref else None
-            if link is not None:
-                link.peer_lost(processes, last)
-            if config.in_cluster:
-                write_termination_message(processes, config.termination_log, attempt=config.attempt, last=last)
-
-        peers = PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
-                          heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,
-                          committed=lambda: job_ref[0].committed_step if job_ref else None, on_lost=on_lost,
-                          device_processes=_device_processes, ip=config.pod_ip,
-                          probe_port=probe_port, end=lambda why: end_unless_leaving(job_ref, why)).start()
-        closers.append(peers.close)
+        peers = _watch_peers(job, config, coordinator, link, probe_port=probe_port)
+        job.watch_peers(peers.close, _waiting_and_reporting_again(peers))
+    if job.memory is not None and config.process_id == 0:
+        job.loop.extra_fields = job.memory.progress_fields
     if config.metrics_port is not None:
         # On the pod's IP when known, like the coordinator: workers that share a host network (hostNetwork
         # pods, the local process kubelet) do not collide on the port.
         metrics.serve(config.metrics_port, addr=config.pod_ip or "0.0.0.0")
     agreement.start()
-    hub.start()
+    notices.hub.start()
     log.info("reprieve: process %d/%d, attempt %d, checkpoints %s, notices from %s", config.process_id,
              config.num_processes, config.attempt, config.checkpoint_uri,
-             ", ".join(s for s, on in [("SIGTERM", sigterm is not None), ("notice file", config.notice_file),
+             ", ".join(s for s, on in [("SIGTERM", notices.sigterm_source is not None),
+                                       ("notice file", config.notice_file),
                                        ("pod watch", config.in_cluster and watch_pod),
                                        ("callable", notice_fn is not None)] if on))
-    # Job wires itself to the checkpointer's commits (set_commit_callback), whichever checkpointer it is.
-    job = Job(config, coordinator, ckpt, agreement, hub, policy=policy, metrics=metrics, progress=progress,
-              closers=closers, exit_fn=exit_fn, on_first_step=link.first_step if link is not None else None,
-              on_exiting=link.exiting if link is not None else None,
-              wait_lost_peer=_waiting_and_reporting_again(peers) if peers is not None else None)
-    job_ref.append(job)
-    if memory_config is not None and config.process_id == 0:
-        job.loop.extra_fields = getattr(ckpt, "progress_fields", None)
     if config.distributed:
         replace_preemption_sync_point()
     atexit.register(job.abandon)  # a loop left by break/exception must not abort the interpreter's exit
     return job
+
+
+def _checkpointer(given: Checkpointer | Callable[[RuntimeConfig, Coordinator], Checkpointer] | None,
+                  config: RuntimeConfig, coordinator: Coordinator) -> Checkpointer:
+    """``init(checkpointer=)``: a checkpointer, a factory of one, or None for :func:`default_checkpointer`."""
+    if given is None:
+        return default_checkpointer(config, coordinator)
+    if callable(given) and not hasattr(given, "save"):
+        return given(config, coordinator)
+    return cast(Checkpointer, given)
+
+
+def _agreement(config: RuntimeConfig, coordinator: Coordinator, countdown: CountdownSettings | None,
+               metrics: Metrics) -> Agreement:
+    def on_target(target: Target) -> None:
+        metrics.set("reprieve_agreed_step", target.plan.final_step)
+
+    return Agreement(coordinator, attempt=config.attempt,
+                     timeout_s=config.agreement_timeout_seconds,
+                     countdown=countdown or CountdownSettings(default_save_seconds=config.save_seconds_estimate),
+                     on_target=on_target, hold_until_loop=True)
+
+
+class _Notices:
+    """The notice hub and the sources that feed it, with what closes them (in the order they started)."""
+
+    def __init__(self, config: RuntimeConfig, agreement: Agreement, metrics: Metrics, started_at: float) -> None:
+        self.config = config
+        self.closers: list[Callable[[], None]] = []
+        self.sigterm_source: SigtermSource | None = None
+
+        def on_notice(notice: Notice) -> None:
+            metrics.inc("reprieve_notices_total", source=notice.source, reason=notice.reason)
+            metrics.set("reprieve_notice_lead_seconds", notice.lead_seconds)
+
+        def in_force() -> str | None:
+            target = agreement.target
+            if target is None:
+                return None
+            left = f", deadline in {target.deadline - time.time():.1f}s" if target.deadline_known else ""
+            return f"agreed save at step {target.plan.final_step}{left}"
+
+        self.hub = NoticeHub(agreement.offer, on_notice=on_notice, idle_check=self._idle_check,
+                             idle_s=config.notice_poll_seconds, in_force=in_force)
+
+    def _idle_check(self) -> None:  # about once a second on the hub thread
+        if self.sigterm_source is not None:
+            self.sigterm_source.check()
+
+    def sigterm(self) -> None:
+        c = self.config
+        source = SigtermSource(self.hub, grace_seconds=c.termination_grace_seconds, pod=c.pod_name,
+                               process_id=c.process_id)
+        self.sigterm_source = source
+        if source.install():
+            self.closers.append(source.uninstall)
+
+    def poll(self, name: str, source: Any) -> None:
+        self.closers.append(PollingSource(name, source, self.hub, self.config.notice_poll_seconds).start().close)
+
+
+def _watch_peers(job: Job, config: RuntimeConfig, coordinator: Coordinator, link: SupervisorLink | None, *,
+                 probe_port: int) -> PeerWatch:
+    """One line naming a peer that stopped, before JAX's heartbeat timeout ends this process for it
+    (:mod:`reprieve.peers`). The silent peers are told to the supervisor (its exit report) and written as the
+    termination message (Recreate), so an exit JAX forces for them counts as their loss; with this process's
+    last finished step (the gang's: training is synchronous), so the operator counts the steps after process 0's
+    last progress report as lost, not as restart gap (docs/goodput.md)."""
+    def on_lost(processes: tuple[int, ...]) -> None:
+        last = _last_step(job)
+        if link is not None:
+            link.peer_lost(processes, last)
+        if config.in_cluster:
+            write_termination_message(processes, config.termination_log, attempt=config.attempt, last=last)
+
+    return PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
+                     heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,
+                     committed=lambda: job.committed_step, on_lost=on_lost, device_processes=_device_processes,
+                     ip=config.pod_ip, probe_port=probe_port,
+                     end=lambda why: end_unless_leaving(job, why)).start()
 
 
 def _device_processes() -> dict[int, int]:
@@ -213,20 +240,12 @@ def _device_processes() -> dict[int, int]:
     return {d.id: d.process_index for d in jax.devices()}
 
 
-def _memory_config(env: Mapping[str, str], config: RuntimeConfig) -> Any:
-    from .memtier.config import MemoryConfig
+def _memory_tier(memory: MemoryConfig, config: RuntimeConfig, coordinator: Coordinator) -> Tier:
+    """The memory tier beside the storage checkpointer (docs/memory.md)."""
+    from .memtier.tier import MemoryTier  # imports JAX: only a job with the tier pays for it at init
 
-    return MemoryConfig.from_env(env, pod_ip=config.pod_ip)
-
-
-def _with_memory_tier(ckpt: Checkpointer, memory: Any, config: RuntimeConfig, coordinator: Coordinator) -> Checkpointer:
-    """The storage checkpointer with the memory tier beside it (docs/memory.md)."""
-    from .memtier.tier import MemoryTier
-    from .memtier.tiered import TieredCheckpointer
-
-    tier = MemoryTier(memory, coordinator=coordinator, attempt=config.attempt, pod_ip=config.pod_ip,
+    return MemoryTier(memory, coordinator=coordinator, attempt=config.attempt, pod_ip=config.pod_ip,
                       token=memory.token)
-    return cast(Checkpointer, TieredCheckpointer(ckpt, tier))
 
 
 def _join(config: RuntimeConfig) -> Coordinator:
@@ -319,11 +338,11 @@ def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Che
                           "directory, gs:// or s3:// prefix this process can write") from err
 
 
-def end_unless_leaving(job_ref: list[Job], why: str, end: Callable[[str], None] = end_process) -> bool:
+def end_unless_leaving(job: Any, why: str, end: Callable[[str], None] = end_process) -> bool:
     """A peer whose pod does not answer (its node gone, cut off): end this process now, not at JAX's heartbeat
-    timeout (``reprieve.peers``), unless the job is already on its way out (its exit code decided, its teardown
+    timeout (``reprieve.peers``), unless ``job`` is already on its way out (its exit code decided, its teardown
     under way: that exit stands). Whether it ended (False only where ``end`` returns, i.e. in tests)."""
-    if job_ref and job_ref[0].phase.terminal:
+    if job.phase.terminal:
         log.info("a peer is gone (%s); this process is already leaving the job: no early end", why)
         return False
     end(why)

@@ -68,6 +68,15 @@ class LoweringCount:
             del _active[self._ident]
         return self.count, self.seconds
 
+    def stop_first_step(self, *, stepped: bool) -> tuple[int, float] | None:
+        """:meth:`stop` for the count of an attempt's first step (logged if any); None when no step was taken."""
+        count, seconds = self.stop()
+        if not stepped:
+            return None
+        if count:
+            logging.getLogger("reprieve.job").info("the first step lowered %d program(s) in %.2fs", count, seconds)
+        return count, seconds
+
 
 @contextlib.contextmanager
 def watch_lowerings() -> Iterator[LoweringCount]:

@@ -25,6 +25,8 @@ import io
 import logging
 import os
 import sys
+import threading
+import time
 from typing import NoReturn
 
 _armed: list[int] = []  # the code to end with, once exit_process() ran
@@ -72,3 +74,28 @@ def _end_now() -> None:
 
 
 atexit.register(_end_now)
+
+
+_job_log = logging.getLogger("reprieve.job")  # the agreed save's deadline lines are the job's
+
+
+def arm_deadline_timers(step: int, deadline: float | None, guard_s: float) -> list[threading.Timer]:
+    """At the deadline: a loud log. ``guard_s`` later, still not committed: hard exit 1 (a hung commit)."""
+    if deadline is None:
+        return []
+    left = max(0.0, deadline - time.time())
+
+    def loud() -> None:
+        _job_log.critical("deadline passed before the agreed checkpoint at step %d was committed", step)
+
+    def hard() -> None:
+        _job_log.critical("agreed checkpoint at step %d still not committed %.0fs after the deadline: exit 1",
+                          step, guard_s)
+        logging.shutdown()
+        os._exit(1)
+
+    timers = [threading.Timer(left, loud), threading.Timer(left + guard_s, hard)]
+    for t in timers:
+        t.daemon = True
+        t.start()
+    return timers

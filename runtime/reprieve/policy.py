@@ -1,9 +1,13 @@
-"""Periodic save policy (pure). Agreed preemption saves are decided by :mod:`reprieve.agreement`."""
+"""Save decisions (pure): the periodic :class:`SavePolicy`, and small decision policies that compose into each
+save target's policy the way Orbax's ``SaveDecisionPolicy`` / ``AnySavePolicy`` do. Agreed preemption saves are
+agreed by :mod:`reprieve.agreement`; a policy only reads the agreement's verdict from :class:`SaveContext`."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from .checkpoint.fencing import FencedError
 
@@ -44,6 +48,88 @@ def time_save_due(*, policy: SavePolicy, now: float, last_save_at: float) -> boo
     """Whether process 0 should ask every process to agree on a save now: ``interval_seconds`` have passed
     since the last save started (or since the loop started)."""
     return policy.interval_seconds > 0 and now - last_save_at >= policy.interval_seconds
+
+
+@dataclass(frozen=True)
+class SaveContext:
+    """What a save decision reads about one step (``Job.save``'s call for it).
+
+    Attributes:
+        step: the step just finished.
+        agreed: the kind every process agreed to save this step as (``reprieve.agreement``: ``"final"``, or a
+            requested save's reason such as ``"interval"``), None when none was agreed.
+        forced: ``job.save(..., force=True)``.
+        last_saved: the last step the target started a save of, None before one.
+        last_step: the job's last step, None when not known (a loop over a loader).
+        step_seconds: the moving average of the step time, None before one was timed.
+    """
+
+    step: int
+    agreed: str | None = None
+    forced: bool = False
+    last_saved: int | None = None
+    last_step: int | None = None
+    step_seconds: float | None = None
+
+
+class SaveDecisionPolicy(Protocol):
+    """Whether a target saves the step ``context`` describes (Orbax's ``SaveDecisionPolicy.should_save``)."""
+
+    def should_save(self, context: SaveContext) -> bool: ...
+
+
+@dataclass(frozen=True)
+class AgreedSavePolicy:
+    """Every process agreed to save this step (a notice's final step, a time-based request): Orbax's
+    ``PreemptionCheckpointingPolicy``."""
+
+    def should_save(self, context: SaveContext) -> bool:
+        return context.agreed is not None
+
+
+@dataclass(frozen=True)
+class ForcedSavePolicy:
+    """The program asked for this save (``job.save(..., force=True)``)."""
+
+    def should_save(self, context: SaveContext) -> bool:
+        return context.forced
+
+
+@dataclass(frozen=True)
+class FixedIntervalPolicy:
+    """Every ``policy.interval_steps``-th step and the job's last step (:func:`should_save`)."""
+
+    policy: SavePolicy
+
+    def should_save(self, context: SaveContext) -> bool:
+        return should_save(context.step, policy=self.policy, last_saved=context.last_saved,
+                           last_step=context.last_step)
+
+
+@dataclass(frozen=True)
+class ScheduledPolicy:
+    """A schedule of the target's own (``due(step, step_seconds)``: the memory tier's budget schedule), asked only
+    on steps nobody agreed to save: an agreed step goes to storage, and its memory copy is the agreed save's."""
+
+    due: Callable[[int, float | None], bool]
+
+    def should_save(self, context: SaveContext) -> bool:
+        return context.agreed is None and self.due(context.step, context.step_seconds)
+
+
+@dataclass(frozen=True)
+class AnySavePolicy:
+    """Save when any of ``policies`` says so (Orbax's ``AnySavePolicy``), asking them in order until one does."""
+
+    policies: tuple[SaveDecisionPolicy, ...]
+
+    def should_save(self, context: SaveContext) -> bool:
+        return any(p.should_save(context) for p in self.policies)
+
+
+def storage_policy(policy: SavePolicy) -> AnySavePolicy:
+    """The storage target's saves: agreed, forced, or the fixed interval (and the last step)."""
+    return AnySavePolicy((AgreedSavePolicy(), ForcedSavePolicy(), FixedIntervalPolicy(policy)))
 
 
 # What a failed storage save was (classify_save_error) and what the job does about it (save_failure_verdict).

@@ -126,3 +126,48 @@ def finish(gang: Gang, n: int, total: int, timeout_s: float = 180) -> list[dict[
         assert (final["b"], final["n"], final["taken"]) == (want["b"], want["n"], total), final
         out.append(final)
     return out
+
+
+class FakeTier:
+    """A memory tier (``reprieve.targets.Tier``) without memory: its schedule says ``due_at``, a copy is ``busy``
+    (still in the background) or ``broken`` (a full /dev/shm); it records the copies asked of it (``saves``:
+    ``(step, kind)``) and the waits, and restores from storage (nothing in memory)."""
+
+    restored_from = None
+
+    def __init__(self, *, due_at: frozenset[int] = frozenset(), busy: bool = False, broken: bool = False) -> None:
+        self.due_at, self._busy, self.broken = due_at, busy, broken
+        self.saves: list[tuple[int, str]] = []
+        self.waits: list[float | None] = []
+        self.capped_by: tuple[int, float] | None = None
+
+    def begin(self, start: int, *, storage_steps: int = 0, storage_seconds: float = 0.0) -> None:
+        self.capped_by = (storage_steps, storage_seconds)
+
+    def due(self, step: int, step_seconds: float | None) -> bool:
+        return step in self.due_at
+
+    def save(self, step: int, state: Any, *, extra: dict[str, Any], process_extra: Any = None) -> bool:
+        assert extra["reprieve"]["step"] == step and "notice" not in extra["reprieve"]  # a copy marks no notice
+        if self.broken:
+            raise OSError(28, "No space left on device")
+        self.saves.append((step, extra["reprieve"]["kind"]))
+        return True
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        self.waits.append(timeout_s)
+
+    def busy(self) -> bool:
+        return self._busy
+
+    def restore(self, storage: Any, abstract: Any, check: Any) -> Any:
+        return storage.restore(abstract, step=None)
+
+    def gang_step(self) -> int | None:
+        return None
+
+    def join_watcher(self, timeout_s: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,4 +1,4 @@
-"""``reprieve.checkpoint.save.host_buffer``: the landing memory of every restore and the save's staging. Large
+"""``reprieve.arrays.host_buffer``: the landing memory of every restore and the save's staging. Large
 buffers ask for transparent huge pages where the kernel lends them; each kind is checked on the machine that runs
 the test (the kernel's own accounting, ``/proc/self/smaps``), so the test fails where the path taken is not the
 one the machine offers."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from reprieve.checkpoint import save
+from reprieve import arrays
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -31,22 +31,22 @@ def smaps_of(address: int) -> dict[str, int]:
 
 
 def test_a_large_buffer_is_aligned_writable_zeroed_and_asks_for_huge_pages_where_offered() -> None:
-    buf = save.host_buffer((4, 4 << 20), np.dtype(np.float32))  # 64 MiB
+    buf = arrays.host_buffer((4, 4 << 20), np.dtype(np.float32))  # 64 MiB
     assert buf.shape == (4, 4 << 20) and buf.dtype == np.float32 and buf.flags.writeable
     assert buf.ctypes.data % 64 == 0 and not buf.any()
     vma = smaps_of(buf.ctypes.data)
     assert vma["Rss"] >= 64 << 10, vma  # populated up front, not on first touch
-    if save._huge_pages():  # the kernel lends huge pages on request: this mapping asked (whether it got them
+    if arrays._huge_pages():  # the kernel lends huge pages on request: this mapping asked (whether it got them
         assert vma.get("THPeligible") == 1, vma  # depends on free memory and the defrag setting)
 
 
 def test_without_huge_pages_a_large_buffer_is_populated_small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(save, "_huge_pages", lambda: False)
-    buf = save.host_buffer((16 << 20,), np.dtype(np.uint8))
+    monkeypatch.setattr(arrays, "_huge_pages", lambda: False)
+    buf = arrays.host_buffer((16 << 20,), np.dtype(np.uint8))
     assert buf.ctypes.data % 64 == 0 and buf.flags.writeable and not buf.any()
     assert smaps_of(buf.ctypes.data)["Rss"] >= 16 << 10
 
 
 def test_a_small_buffer_is_aligned_and_writable() -> None:
-    buf = save.host_buffer((1000,), np.dtype(np.int16))
+    buf = arrays.host_buffer((1000,), np.dtype(np.int16))
     assert buf.shape == (1000,) and buf.ctypes.data % 64 == 0 and buf.flags.writeable

@@ -16,8 +16,10 @@ import pytest
 import reprieve
 from reprieve.coordination import LocalCoordinator
 from reprieve.job import Job
+from reprieve.targets import MemoryTarget
 
 from tests.runtime.helpers_agreement import FileCheckpointer
+from tests.runtime.helpers_memtier import FakeTier
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -320,39 +322,19 @@ def test_the_step_time_average_leaves_out_the_first_step_and_saves_carry_their_s
     assert fields["firstStepAt"] < saved[9] < saved[11] <= fields["stepAt"] + 0.001, fields
 
 
-class MemoryTierCheckpointer(FileCheckpointer):
-    """The file checkpointer with the memory tier's two hooks, recording what the agreed save asks of them."""
-
-    busy = False
-    broken = False  # memory_save raises (a full /dev/shm)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.memory_saves: list[int] = []
-        self.waits: list[float] = []
-
-    def memory_save(self, step: int, state: Any, *, extra: dict[str, Any], process_extra: Any = None) -> bool:
-        assert extra["reprieve"]["step"] == step
-        if self.broken:
-            raise OSError(28, "No space left on device")
-        self.memory_saves.append(step)
-        return True
-
-    def memory_wait(self, timeout_s: float) -> bool:
-        self.waits.append(timeout_s)
-        return not self.busy
-
-
-def train_with_memory_tier(tmp_path: Path, caplog: pytest.LogCaptureFixture, ckpt: MemoryTierCheckpointer, *,
-                           deadline_in: float) -> tuple[int, int]:
-    """One process notified at step 3 (the deadline ``deadline_in`` s away) with ``ckpt``; (exit code, last step),
-    the log captured at the root's INFO (reprieve's console handler passes records on only to a configured root)."""
+def train_with_memory_tier(tmp_path: Path, caplog: pytest.LogCaptureFixture, tier: FakeTier, *,
+                           deadline_in: float) -> tuple[int, int, FileCheckpointer]:
+    """One process notified at step 3 (the deadline ``deadline_in`` s away) with ``tier`` beside the file
+    checkpointer; (exit code, last step, the checkpointer), the log captured at the root's INFO (reprieve's console
+    handler passes records on only to a configured root)."""
     env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_NOTICE_POLL_SECONDS": "0.05",
            "REPRIEVE_SAVE_SECONDS_ESTIMATE": "0.1"}
+    ckpt = FileCheckpointer(str(tmp_path / "ckpt"), LocalCoordinator())
     job = reprieve.init(env=env, install_sigterm=False, exit_fn=_exit, checkpointer=lambda cfg, coord: ckpt)
+    job.memory = MemoryTarget(tier, metrics=job.metrics, on_blocked=lambda seconds: None)  # the tier, faked
     try:
         with caplog.at_level(logging.INFO):
-            return train(job, notify_at=3, deadline_in=deadline_in)
+            return (*train(job, notify_at=3, deadline_in=deadline_in), ckpt)
     finally:
         job.close()
 
@@ -364,14 +346,13 @@ def train_with_memory_tier(tmp_path: Path, caplog: pytest.LogCaptureFixture, ckp
 ])
 def test_the_agreed_save_before_a_restart_also_copies_the_step_to_memory_when_there_is_time(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, deadline_in: float, busy: bool, copied: bool) -> None:
-    ckpt = MemoryTierCheckpointer(str(tmp_path / "ckpt"), LocalCoordinator())
-    ckpt.busy = busy
-    code, step = train_with_memory_tier(tmp_path, caplog, ckpt, deadline_in=deadline_in)
+    tier = FakeTier(busy=busy)
+    code, step, ckpt = train_with_memory_tier(tmp_path, caplog, tier, deadline_in=deadline_in)
     assert code == 42
-    assert ckpt.memory_saves == ([step] if copied else [])
+    assert tier.saves == ([(step, "memory")] if copied else [])
     assert ckpt.latest_step() == step  # the storage save is the guarantee either way
     if copied:
-        assert len(ckpt.waits) == 2 and ckpt.waits[1] <= 1.0  # before the copy (busy?), after the commit (bounded)
+        assert len(tier.waits) == 2 and tier.waits[1] is not None and tier.waits[1] <= 1.0  # before the copy (busy?), after the commit (bounded)
         assert f"agreed step {step}: memory copy committed" in caplog.text
     else:
         assert f"agreed step {step}: no memory copy beside the storage save" in caplog.text
@@ -381,8 +362,7 @@ def test_a_failing_agreed_memory_copy_never_fails_the_agreed_save(tmp_path: Path
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     """The memory copy beside the agreed save raises (a full /dev/shm): the storage save commits and the process
     exits with the restart code, as without the tier."""
-    ckpt = MemoryTierCheckpointer(str(tmp_path / "ckpt"), LocalCoordinator())
-    ckpt.broken = True
-    code, step = train_with_memory_tier(tmp_path, caplog, ckpt, deadline_in=6.5)
-    assert code == 42 and ckpt.latest_step() == step and ckpt.memory_saves == []
+    tier = FakeTier(broken=True)
+    code, step, ckpt = train_with_memory_tier(tmp_path, caplog, tier, deadline_in=6.5)
+    assert code == 42 and ckpt.latest_step() == step and tier.saves == []
     assert f"agreed step {step}: the memory copy beside the storage save failed (OSError" in caplog.text

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from reprieve import progress
-from reprieve.memtier import config
+from reprieve.memtier import config, sources
 from reprieve.memtier.tier import required_bytes
 from reprieve.supervisor import contract
 
@@ -43,6 +43,27 @@ def test_defaults_and_names_agree() -> None:
     assert contract.MEMORY_PEER_NODE_ENV in TABLE["operator_sets"]
     assert contract.MEMORY_PEER_ENV in TABLE["operator_sets"]
     assert set(TABLE["progress_fields"]) <= set(progress.LIVE_FIELDS)
+
+
+def test_the_restore_sources_are_the_contracts_words_in_its_order() -> None:
+    """The runtime's one table of restore sources (reprieve.memtier.sources) is the contract's list, in the order
+    of preference the contract gives it: a source added on one side only fails here."""
+    assert list(sources.SOURCES) == TABLE["restore_sources"]
+    for name, source in sources.SOURCES.items():
+        assert source.name == name and source.where
+
+
+def test_a_process_reads_each_writer_from_the_first_source_that_holds_a_copy() -> None:
+    from reprieve.memtier.decide import Holding
+    from reprieve.memtier.layout import CopyName
+
+    def copy(location: str, tree: str) -> Holding:
+        return Holding(CopyName(step=4, attempt=1, writer=0), 2, location, tree)
+
+    own, peer = copy("10.0.0.1:8477", "own"), copy("10.0.0.2:8477", "peer")
+    assert sources.choose_holder([peer, own], 0, "10.0.0.1:8477") is own  # own memory before a peer
+    assert sources.choose_holder([peer, own], 1, "10.0.0.3:8477") is peer  # else the first a peer serves
+    assert sources.choose_holder([], 0, "10.0.0.1:8477") is None  # storage: no memory copy to read
 
 
 def test_the_docs_list_the_memory_environment() -> None:

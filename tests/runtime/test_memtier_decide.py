@@ -6,13 +6,13 @@ import pytest
 from reprieve.memtier.decide import (
     Holding,
     Plan,
-    choose_holder,
     decide,
     pairing_problems,
     select_deletions,
     visible,
 )
 from reprieve.memtier.layout import CopyName
+from reprieve.memtier.sources import choose_holder
 
 pytestmark = pytest.mark.unit
 

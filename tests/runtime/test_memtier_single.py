@@ -83,7 +83,7 @@ def crash_after(job: Any, state: Any, start: int, stop_at: int) -> Any:
     for step in job.steps(start, 1000):
         state = step_fn(state)
         job.save(step, state, data={"pos": step + 1})
-        job.checkpointer.tier.wait()  # steps of a millisecond: a copy still in the background would skip the next
+        job.memory.tier.wait()  # steps of a millisecond: a copy still in the background would skip the next
         if step == stop_at:
             break
     job.abandon()
@@ -128,7 +128,7 @@ def test_a_corrupt_copy_is_never_restored_the_next_source_is(tmp_path: Path, shm
     job = _job(tmp_path / "ckpt", shm, REPRIEVE_CHECKPOINT_INTERVAL_STEPS="4")  # storage after steps 3 and 7
     state, start = job.restore_or(init_state)
     crash_after(job, state, start, 9)
-    job.checkpointer.storage.wait()
+    job.checkpointer.wait()
     copy = shm / "own" / "s0000000008_a1_p0"
     shard = Manifest.from_bytes((copy / MANIFEST_FILE).read_bytes(), str(copy)).shards[1]
     raw = bytearray((copy / DATA_FILE).read_bytes())

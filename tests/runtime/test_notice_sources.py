@@ -125,7 +125,7 @@ def test_the_runtimes_own_exit_path_is_not_reported_as_a_replaced_handler(
     """Defect (issue 23): once the restart code is decided the job ignores SIGTERM itself; the hub's check then
     read SIG_IGN as a user's handler and warned "the SIGTERM handler of reprieve was replaced by SIG_IGN:
     SIGTERM will not trigger a checkpoint" at every committed exit (the demo's Recreate run showed it)."""
-    from reprieve.job import _ignore_termination_signals
+    from reprieve.notice_sources import ignore_termination_signals as _ignore_termination_signals
 
     h, _ = hub
     others = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGHUP)}

@@ -13,6 +13,7 @@ from reprieve.checkpoint import CheckpointSaveError, FencedError
 from reprieve.checkpoint.layout import CheckpointName
 from reprieve.checkpoint.retention import select_abandoned
 from reprieve.policy import FENCED, OTHER, STORAGE, classify_save_error, save_failure_verdict
+from reprieve.targets import StorageTarget
 
 pytestmark = pytest.mark.unit
 
@@ -126,8 +127,8 @@ def test_failed_saves_below_the_bound_train_on_and_are_reported(caplog: pytest.L
 def test_the_bound_is_fatal_and_says_how_many_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
     errors: list[BaseException | None] = [_storage_error(0), _storage_error(1)]
     _, _, raised = _train(list(errors), total=6, env={"REPRIEVE_MAX_FAILED_SAVES": "2"})
-    assert raised is None  # two failures within a second: no storage outage yet (Job.min_failing_seconds)
-    monkeypatch.setattr(reprieve.Job, "min_failing_seconds", 0.0)
+    assert raised is None  # two failures within a second: no storage outage yet (StorageTarget.min_failing_seconds)
+    monkeypatch.setattr(StorageTarget, "min_failing_seconds", 0.0)
     _, ckpt, raised = _train(list(errors), total=6, env={"REPRIEVE_MAX_FAILED_SAVES": "2"})
     assert isinstance(raised, RuntimeError) and ckpt.saved == [0, 1]
     assert "checkpoint save of step 1 failed" in str(raised)

@@ -13,6 +13,7 @@ import pytest
 import reprieve
 from localcluster.testing import wait_for
 from reprieve.checkpoint import CheckpointManager, layout
+from reprieve.targets import StorageTarget
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -85,7 +86,7 @@ def test_read_only_then_full_storage_costs_no_failure(tmpfs: Path, caplog: pytes
 
 def test_storage_read_only_for_good_fails_the_job_after_the_bound(tmpfs: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reprieve.Job, "min_failing_seconds", 0.0)  # the bound at once, not after a minute
+    monkeypatch.setattr(StorageTarget, "min_failing_seconds", 0.0)  # the bound at once, not after a minute
     env = {"REPRIEVE_CHECKPOINT_URI": str(tmpfs), "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "1",
            "REPRIEVE_MAX_FAILED_SAVES": "2"}
     job = reprieve.init(env=env, install_sigterm=False)

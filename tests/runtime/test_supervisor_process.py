@@ -165,10 +165,10 @@ WARM_TRAINER = """
     assert "REPRIEVE_ATTEMPT" not in os.environ
     if os.environ.get("TRACE_AHEAD_POLL_SECONDS"):  # how often a parked spare looks again (and says so)
         import logging
-        from reprieve.topology import TraceAhead
+        from reprieve.trace_ahead import TraceAhead
         TraceAhead.POLL_SECONDS = float(os.environ["TRACE_AHEAD_POLL_SECONDS"])
         logging.basicConfig(level=logging.WARNING)
-        logging.getLogger("reprieve.topology").setLevel(logging.DEBUG)
+        logging.getLogger("reprieve.trace_ahead").setLevel(logging.DEBUG)
     def ahead(topology):  # what a step would be traced for, and whether a device was touched to know it
         from jax._src import xla_bridge
         with open(os.environ["TRACE_AHEAD"] + ".tmp", "w") as f:

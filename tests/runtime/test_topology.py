@@ -1,5 +1,5 @@
-"""reprieve.topology: the devices an attempt ran on, recorded in every checkpoint (real CheckpointManager, real
-files) and read back before ``reprieve.init()``: from the supervisor's hint first, else the latest visible
+"""reprieve.topology and reprieve.trace_ahead: the devices an attempt ran on, recorded in every checkpoint
+(real CheckpointManager, real files) and read back before ``reprieve.init()``: from the supervisor's hint first, else the latest visible
 checkpoint; an AbstractMesh built from it is the one JAX derives from the real mesh (so a trace made ahead is
 found again)."""
 
@@ -21,14 +21,8 @@ import pytest
 import reprieve
 from jax.sharding import Mesh
 from reprieve.checkpoint import CheckpointManager, layout
-from reprieve.topology import (
-    Topology,
-    TopologyError,
-    TraceAhead,
-    current,
-    current_if_initialised,
-    expected_topology,
-)
+from reprieve.topology import Topology, TopologyError, current, current_if_initialised
+from reprieve.trace_ahead import TraceAhead, expected_topology
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -141,7 +135,7 @@ def test_the_supervisors_hint_comes_first_and_a_bad_one_falls_back_to_the_checkp
     _save(tmp_path, 5)
     env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path)}
     assert expected_topology({**env, "REPRIEVE_EXPECTED_TOPOLOGY": json.dumps(GOOD)}) == Topology.from_json(GOOD)
-    with caplog.at_level(logging.WARNING, logger="reprieve.topology"):
+    with caplog.at_level(logging.WARNING, logger="reprieve.trace_ahead"):
         assert expected_topology({**env, "REPRIEVE_EXPECTED_TOPOLOGY": "{not json"}) == current()
     assert "ignoring REPRIEVE_EXPECTED_TOPOLOGY" in caplog.text
 
@@ -156,7 +150,7 @@ def test_a_checkpoint_without_a_topology_or_with_a_bad_one_means_unknown(
     path.write_text(json.dumps(meta))
     assert expected_topology(env) is None
     path.write_text(json.dumps({**meta, "topology": {**GOOD, "device_count": -1}}))
-    with caplog.at_level(logging.WARNING, logger="reprieve.topology"):
+    with caplog.at_level(logging.WARNING, logger="reprieve.trace_ahead"):
         assert expected_topology(env) is None
     assert "device_count must be a positive integer" in caplog.text
     path.write_text("{truncated")
@@ -178,7 +172,7 @@ def test_trace_ahead_calls_once_when_the_topology_is_known_and_survives_a_failin
         raise ValueError("model does not fit")
 
     failing = TraceAhead(broken, {"REPRIEVE_EXPECTED_TOPOLOGY": json.dumps(GOOD)})
-    with caplog.at_level(logging.WARNING, logger="reprieve.topology"):
+    with caplog.at_level(logging.WARNING, logger="reprieve.trace_ahead"):
         failing.attempt()
     assert failing.done and "trace_ahead for" in caplog.text and "model does not fit" in caplog.text
 

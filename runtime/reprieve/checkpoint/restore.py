@@ -29,9 +29,18 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..arrays import (
+    Region,
+    addressable_regions,
+    host_buffer,
+    is_abstract_array,
+    key_data_sharding,
+    prng_key_impl,
+    region_slices,
+    sharding_of,
+)
 from . import layout, spec
 from .metadata import CheckpointCorruptError, CheckpointMeta, LeafMeta
-from .save import Region, addressable_regions, host_buffer, region_slices
 from .storage import Storage
 
 log = logging.getLogger(__name__)
@@ -150,32 +159,6 @@ class _Leaf:
         return buf if self.meta.stored_as is None else buf.view(self.meta.stored_as)
 
 
-def _is_abstract_array(x: Any) -> bool:
-    return isinstance(x, (jax.ShapeDtypeStruct, jax.Array))
-
-
-def sharding_of(x: Any) -> Any:
-    return getattr(x, "sharding", None) if _is_abstract_array(x) else None
-
-
-def _key_impl(target: Any) -> str | None:
-    """The PRNG impl name of a typed-key abstract leaf (``jax.random.key``'s dtype), else None."""
-    dtype = getattr(target, "dtype", None)
-    if dtype is None or not _is_abstract_array(target) or not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-        return None
-    return str(dtype._impl.name)  # no public accessor for a ShapeDtypeStruct's key impl
-
-
-def _key_data_sharding(path: str, sharding: Any) -> Any:
-    """The sharding of a key array's data (one more, unsharded, trailing dimension)."""
-    if sharding is None:
-        return None
-    if isinstance(sharding, (jax.sharding.NamedSharding, jax.sharding.SingleDeviceSharding)):
-        return sharding  # a NamedSharding's spec leaves the trailing dimension replicated
-    raise ValueError(f"restore leaf {path}: typed PRNG keys restore onto a NamedSharding or a single device, "
-                     f"got {type(sharding).__name__}")
-
-
 def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract: Any, *,
                  memory_limit_bytes: int | None = None) -> Any:
     """Materialise ``abstract`` (leaves: ShapeDtypeStruct with sharding, arrays, or placeholders).
@@ -195,17 +178,17 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
         if leaf.kind == "json":
             out[slot] = leaf.value
             continue
-        key_impl = _key_impl(target)
+        key_impl = prng_key_impl(target)
         if key_impl is not None:
             if leaf.key_impl is not None and leaf.key_impl != key_impl:
                 raise ValueError(f"restore leaf {path} from {where}: saved typed PRNG keys of impl {leaf.key_impl}, the "
                                  f"abstract state asks for {key_impl}")
             data = jax.eval_shape(jax.random.key_data, target)  # the key data: shape + (the impl's words,)
             target = jax.ShapeDtypeStruct(data.shape, data.dtype,
-                                          sharding=_key_data_sharding(path, sharding_of(target)))
+                                          sharding=key_data_sharding(path, sharding_of(target)))
         shape = tuple(getattr(target, "shape", ()))
         dtype = np.dtype(getattr(target, "dtype", leaf.dtype))
-        sharding = getattr(target, "sharding", None) if _is_abstract_array(target) else None
+        sharding = getattr(target, "sharding", None) if is_abstract_array(target) else None
         if leaf.shape is not None and tuple(leaf.shape) != shape:
             raise ValueError(f"restore leaf {path}: abstract shape {shape} does not match saved shape "
                              f"{tuple(leaf.shape)} in {where}")

@@ -4,7 +4,8 @@ pod over the pod network, restored from the nearest complete copy (``docs/memory
 Modules: :mod:`.config` (the environment), :mod:`.layout` and :mod:`.manifest` (what a copy is), :mod:`.decide`
 (fencing, retention, the restore plan, pairing: pure), :mod:`.store` (the memory directory), :mod:`.wire` and
 :mod:`.server` (the replica protocol and server; reprieve-run runs the server), :mod:`.schedule` (when to save),
-:mod:`.tier` (saving), :mod:`.restore` and :mod:`.restore_round` (restoring), :mod:`.tiered` (what a Job sees).
+:mod:`.tier` (saving; a Job saves to it through ``reprieve.targets.MemoryTarget``), :mod:`.sources`, :mod:`.restore`
+and :mod:`.restore_round` (restoring).
 Importing this package does not import JAX (reprieve-run imports the server).
 """
 

@@ -154,17 +154,6 @@ def _preference(h: Holding) -> tuple[int, str]:
     return (0 if h.tree == "own" else 1, h.location)
 
 
-def choose_holder(holders: Sequence[Holding], process: int, process_location: str | None) -> Holding | None:
-    """Where ``process`` reads one writer's copy: its own pod's memory first, then any replica server."""
-    for h in holders:
-        if h.local_to(process, process_location):
-            return h
-    for h in holders:
-        if h.readable_by(process, process_location):
-            return h
-    return None
-
-
 def select_deletions(names: Iterable[CopyName], tree: str,
                      gang_complete: tuple[int, int] | None = None) -> list[CopyName]:
     """Committed copies of one tree to delete now that a newer one committed (pure).

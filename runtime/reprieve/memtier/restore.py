@@ -23,8 +23,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..checkpoint.restore import MissingLeafError, _key_data_sharding, _key_impl, sharding_of
-from ..checkpoint.save import Region, addressable_regions, host_buffer
+from ..arrays import Region, addressable_regions, host_buffer, key_data_sharding, prng_key_impl, sharding_of
+from ..checkpoint.restore import MissingLeafError
 from . import wire
 from .decide import Holding
 from .manifest import CopyCorruptError, Manifest
@@ -203,13 +203,13 @@ def restore_state(sources: dict[int, Source], abstract: Any, *, num_writers: int
         if leaf["kind"] == "json":
             out[slot] = leaf["value"]
             continue
-        key_impl = _key_impl(target)
+        key_impl = prng_key_impl(target)
         if key_impl is not None:
             if leaf.get("key_impl") not in (None, key_impl):
                 raise ValueError(f"restore leaf {path}: saved typed PRNG keys of impl {leaf['key_impl']}, the "
                                  f"abstract state asks for {key_impl}")
             data = jax.eval_shape(jax.random.key_data, target)
-            target = jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=_key_data_sharding(path, sharding_of(target)))
+            target = jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=key_data_sharding(path, sharding_of(target)))
         shape = tuple(getattr(target, "shape", ()))
         if tuple(leaf["shape"]) != shape:
             raise ValueError(f"restore leaf {path}: abstract shape {shape} does not match saved shape "

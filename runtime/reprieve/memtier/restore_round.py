@@ -29,6 +29,7 @@ from . import decide, wire
 from .decide import Holding
 from .layout import CopyName
 from .restore import NeedsStorage, SourceError, open_sources, restore_state
+from .sources import MEMORY, PEER, SOURCES, STORAGE, choose_holder
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ def restore(tier: Any, storage: Any, abstract: Any, *, timeout_s: float = 1800.0
                        n, {}, plan.reason)
     if not isinstance(result, RestoreResult):
         result = RestoreResult(result[0], result[1], result[2], getattr(result, "process_extra", None))
-    return _done(tier, result, plan, ["storage"] * n, t0, storage_step=int(result[0]))
+    return _done(tier, result, plan, [STORAGE.name] * n, t0, storage_step=int(result[0]))
 
 
 def _plan(tier: Any, reports: list[dict[str, Any]], excluded: set[tuple[CopyName, str]],
@@ -174,13 +175,13 @@ def _storage(reports: list[dict[str, Any]], bad_storage: set[tuple[int, int]]) -
 
 def _carry_out(tier: Any, storage: Any, plan: decide.Plan, abstract: Any) -> tuple[dict[str, Any], Any]:
     """This process's part of a memory or mixed plan: its verdict, and ``(state, extra, process_extra)``."""
-    chosen = {w: h for w, hs in plan.holders.items() if (h := decide.choose_holder(hs, tier.pid, tier.location))}
+    chosen = {w: h for w, hs in plan.holders.items() if (h := choose_holder(hs, tier.pid, tier.location))}
     try:
         try:
             sources = open_sources(chosen, tier.dir, process=tier.pid, location=tier.location, token=tier.token)
             state, extra, extras, remote = restore_state(sources, abstract, num_writers=plan.num_processes,
                                                          process=tier.pid, num_processes=tier.nproc, token=tier.token)
-            return {"ok": True, "source": "peer" if remote else "memory"}, (state, extra, extras)
+            return {"ok": True, "source": (PEER if remote else MEMORY).name}, (state, extra, extras)
         except NeedsStorage as why:
             if plan.tier != "mixed":
                 raise SourceError(next(iter(chosen.values())), str(why)) from None
@@ -192,7 +193,7 @@ def _carry_out(tier: Any, storage: Any, plan: decide.Plan, abstract: Any) -> tup
             log.error("memory restore: storage checkpoint of step %d unusable on process %d: %s", plan.step,
                       tier.pid, err)
             return {"ok": False, "bad_storage": True, "error": str(err)[:2000]}, None
-        return {"ok": True, "source": "storage"}, (result[1], result[2], getattr(result, "process_extra", None))
+        return {"ok": True, "source": STORAGE.name}, (result[1], result[2], getattr(result, "process_extra", None))
     except SourceError as err:
         h = err.holder
         log.error("memory restore: process %d cannot use %s/%s at %s: %s", tier.pid, h.tree, h.name, h.location, err)
@@ -212,9 +213,8 @@ def _done(tier: Any, result: Any, plan: decide.Plan, sources: list[str], t0: flo
     tier.restored_from = {"step": int(result[0]), "tier": plan.tier, "sources": sources}
     result.restored_from = tier.restored_from
     result.storage_step = storage_step
-    where = {"memory": "its own pod's memory", "peer": "a peer's memory over the network", "storage": "storage"}
     log.info("restored step %d on process %d from %s in %.3fs (gang: %s)", result[0], tier.pid,
-             where[sources[tier.pid]], time.perf_counter() - t0,
+             SOURCES[sources[tier.pid]].where, time.perf_counter() - t0,
              ", ".join(f"{p}={s}" for p, s in enumerate(sources)))
     return result
 

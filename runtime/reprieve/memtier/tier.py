@@ -15,10 +15,12 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .. import topology
 from ..coordination import CoordinationTimeout, Coordinator
 from . import layout, schedule, wire
 from .config import MemoryConfig
@@ -273,7 +275,7 @@ class MemoryTier:
         manifest = Manifest(writer=name.writer, num_processes=self.nproc, step=name.step, attempt=name.attempt,
                             leaves=leaf_dicts(snap.leaves), shards=shards, data_bytes=offset, extra=extra,
                             process_extra=process_extra, base=self.base, created_unix=time.time(),
-                            topology=_topology(self.nproc))
+                            topology=topology.recorded(self.nproc))
         with self.dir.in_flight(timeout_s=SEND_TIMEOUT_S):
             gang = self._gang_complete()
             self.dir.prune(layout.OWN, gang_complete=gang)  # the step before, once the whole gang replicated it
@@ -403,6 +405,12 @@ class MemoryTier:
         if self._watcher is not None:
             self._watcher.join(timeout_s)
 
+    def restore(self, storage: Any, abstract: Any, check: Callable[[Any, Any, str], None] | None) -> Any:
+        """The restore round over this tier and the ``storage`` checkpointer (:func:`.restore_round.restore`)."""
+        from . import restore_round  # imports JAX, as a restore does anyway
+
+        return restore_round.restore(self, storage, abstract, check=check)
+
     def busy(self) -> bool:
         """A copy is still being written or sent in the background."""
         return self._thread is not None and self._thread.is_alive()
@@ -442,12 +450,6 @@ def _cpu_backend() -> bool:
         return jax.default_backend() == "cpu"
     except Exception:  # noqa: BLE001
         return True
-
-
-def _topology(num_processes: int) -> dict[str, Any] | None:
-    from ..checkpoint.save import _topology as topology
-
-    return topology(num_processes)
 
 
 def _size(n: int) -> str:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from ..env import Env
+from ..topology import current_if_initialised
 from .contract import EVENTS_FD_ENV, WARM_FD_ENV, AssignmentError, parse_assignment_line
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,5 @@ def device_problem(modules: Mapping[str, Any]) -> str | None:
 
 def _topology() -> dict[str, Any] | None:
     """This process's view of the job's devices (:mod:`reprieve.topology`), or None when it has none yet."""
-    from ..topology import current_if_initialised
-
     topology = current_if_initialised()
     return None if topology is None else topology.to_json()

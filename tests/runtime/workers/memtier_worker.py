@@ -92,7 +92,7 @@ def main() -> None:
     batches = Batches()
     state, start = job.restore_or(init_state, abstract=abstract, data=batches)
     train = jax.jit(lambda s: {"w": s["w"] * 3 + 1, "b": s["b"] + 0.5, "n": s["n"] + 1})
-    tier = getattr(job.checkpointer, "tier", None)
+    tier = None if job.memory is None else job.memory.tier
     for step in job.steps(start, total):
         next(batches)
         state = jax.block_until_ready(train(state))

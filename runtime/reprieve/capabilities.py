@@ -1,0 +1,116 @@
+"""What a :class:`reprieve.Job` needs from a checkpoint manager, and what it uses when the manager offers more.
+
+:class:`Checkpointer` is the whole requirement. Each optional capability is one named protocol, and
+:meth:`Capabilities.of` checks a checkpointer against all of them once, when the job is built (the way Kueue's
+``jobframework`` asserts its optional ``JobWith...`` interfaces in one place); nothing else asks a checkpointer
+what it can do. ``reprieve.checkpoint.CheckpointManager`` and ``reprieve.orbax.OrbaxCheckpointer`` offer all of
+them; a checkpointer of the user's own needs only :class:`Checkpointer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+# ``check(record, saved_structure, where)``: Job.restore_or's run-identity check (reprieve.identity)
+RestoreCheckFn = Callable[[Any, Any, str], None]
+
+
+class Checkpointer(Protocol):
+    """What every checkpointer does. ``restore(step=None)`` picks the latest complete checkpoint once for all
+    processes and raises ``FileNotFoundError`` (on every process alike) when there is none;
+    ``last_save_seconds``: ``save`` call to durable commit of the last save, None before one."""
+
+    last_save_seconds: float | None
+
+    def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None) -> None: ...
+
+    def wait(self) -> None: ...
+
+    def latest_step(self) -> int | None: ...
+
+    def restore(self, abstract_state: Any, *, step: int | None = None) -> tuple[int, Any, dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class CommitCallback(Protocol):
+    """Calls ``callback(step)`` after every commit: metrics and the progress annotation at once, not at the
+    next save."""
+
+    def set_commit_callback(self, callback: Callable[[int], None] | None) -> None: ...
+
+
+@runtime_checkable
+class RestoreCheck(Protocol):
+    """Runs the run-identity check on what it restores before any array is read (else the job checks the
+    restored record after the fact)."""
+
+    def set_restore_check(self, check: RestoreCheckFn | None) -> None: ...
+
+
+@runtime_checkable
+class ProcessExtra(Protocol):
+    """Stores one JSON value per process (its data position) when ``supports_process_extra`` is true; its
+    ``restore`` result carries them as ``.process_extra``."""
+
+    supports_process_extra: bool
+
+    def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None,
+             process_extra: Any = None) -> None: ...
+
+
+@runtime_checkable
+class DeferredRetention(Protocol):
+    """Leaves the deletion of older checkpoints to the next attempt's first commit (the agreed save before a
+    restart must not wait for it)."""
+
+    def defer_retention(self) -> None: ...
+
+
+@runtime_checkable
+class StateCheck(Protocol):
+    """Reports a leaf no save can hold at the first ``job.save`` call, not at the first save."""
+
+    def check_state(self, state: Any) -> None: ...
+
+
+@runtime_checkable
+class ProcessExtraResult(Protocol):
+    """A restore result with the per-process values saved beside the state (:class:`ProcessExtra`)."""
+
+    process_extra: list[Any] | None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """The optional capabilities one checkpointer has (None: it has not). Built once, by :meth:`of`."""
+
+    commit_callback: CommitCallback | None = None
+    restore_check: RestoreCheck | None = None
+    process_extra: ProcessExtra | None = None
+    deferred_retention: DeferredRetention | None = None
+    state_check: StateCheck | None = None
+
+    @classmethod
+    def of(cls, checkpointer: Checkpointer) -> Capabilities:
+        c: Any = checkpointer
+        return cls(
+            commit_callback=c if isinstance(c, CommitCallback) else None,
+            restore_check=c if isinstance(c, RestoreCheck) else None,
+            process_extra=c if isinstance(c, ProcessExtra) and c.supports_process_extra else None,
+            deferred_retention=c if isinstance(c, DeferredRetention) else None,
+            state_check=c if isinstance(c, StateCheck) else None,
+        )
+
+
+if TYPE_CHECKING:  # mypy holds this package's two checkpointers to every protocol they offer
+    from .checkpoint.manager import CheckpointManager
+    from .orbax import OrbaxCheckpointer
+
+    def _offers(m: CheckpointManager, o: OrbaxCheckpointer) -> None:
+        _m: tuple[Checkpointer, CommitCallback, RestoreCheck, ProcessExtra, DeferredRetention, StateCheck] = (
+            m, m, m, m, m, m)
+        _o: tuple[Checkpointer, CommitCallback, RestoreCheck, ProcessExtra, StateCheck] = (o, o, o, o, o)

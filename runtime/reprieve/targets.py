@@ -1,0 +1,346 @@
+"""The two places a :class:`reprieve.Job` saves to: storage (every checkpoint) and the pods' memory (a copy beside
+it, ``reprieve.memtier``). Each is a :class:`SaveTarget` with its own decision policy (:mod:`reprieve.policy`);
+``Job.save`` asks each target's policy, builds the save's record once and hands it to the targets that save.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from . import data as data_mod
+from . import identity
+from .capabilities import Capabilities, Checkpointer, RestoreCheckFn
+from .measures import SaveReports, positive
+from .metrics import Metrics
+from .policy import (
+    MIN_FAILING_SECONDS,
+    STORAGE,
+    SaveDecisionPolicy,
+    SavePolicy,
+    ScheduledPolicy,
+    classify_save_error,
+    save_failure_verdict,
+    storage_policy,
+    time_save_due,
+)
+from .progress import LoopProgress
+
+log = logging.getLogger("reprieve.job")  # the job's save lines, under the name they always had
+
+AGREED_MEMORY_WAIT_S = 1.0  # the most an agreed save waits for its memory copy (and the peer's) after the commit
+AGREED_MEMORY_BUSY_WAIT_S = 0.25  # ... and for a periodic copy still in the background before it starts its own
+
+
+def agreed_memory_margin(save_seconds: float) -> float:
+    """Seconds before the deadline below which the agreed save gets no memory copy beside it (pure): the copy
+    competes with the storage save for the host, so it is made only with room for both twice over."""
+    return 1.0 + 2.0 * max(0.0, save_seconds) + AGREED_MEMORY_WAIT_S
+
+
+NOTICE_KEYS = ("notice", "noticeSource")  # the agreed notice a storage save records (reprieve.restore reads them)
+
+
+def save_record(step: int, attempt: int, run: dict[str, Any], *, step_seconds: float | None,
+                save_seconds: float | None, notice: tuple[str, str] | None) -> dict[str, Any]:
+    """A save's ``reprieve`` record without its kind (each target adds its own): what this attempt measured
+    (the next attempt's countdown starts from it, :func:`reprieve.measures.timing_of`) and the agreed notice, if any."""
+    record: dict[str, Any] = {"step": step, "attempt": attempt, "run": run}
+    for key, value in (("stepSeconds", positive(step_seconds)), ("saveSeconds", positive(save_seconds))):
+        if value is not None:
+            record[key] = round(value, 4)
+    if notice is not None:
+        record.update(zip(NOTICE_KEYS, notice, strict=True))
+    return record
+
+
+class SaveRecords:
+    """Builds a save's ``(extra, position)`` once for every target that saves it: the user's ``extra`` with the
+    ``reprieve`` record (:func:`save_record`), and this process's encoded data position (None without one)."""
+
+    def __init__(self, run_id: str | None, attempt: int, process_id: int) -> None:
+        self._run_id, self._attempt, self._process_id = run_id, attempt, process_id
+        self._run_cache: tuple[Any, dict[str, Any]] | None = None  # (tree and shapes, their run record)
+
+    def build(self, step: int, state: Any, extra: dict[str, Any] | None, data: Any, *, step_seconds: float | None,
+              save_seconds: float | None, notice: tuple[str, str] | None) -> tuple[dict[str, Any], Any]:
+        record = save_record(step, self._attempt, self._run_record(state), step_seconds=step_seconds,
+                             save_seconds=save_seconds, notice=notice)
+        position = None if data is None else data_mod.encode(
+            data, f"job.save(step {step}, data=...): process {self._process_id}'s data position")
+        return {**(extra or {}), "reprieve": record}, position
+
+    def _run_record(self, state: Any) -> dict[str, Any]:
+        """The run identity this save records (``reprieve.identity``). Key paths cost microseconds per leaf, so
+        the record is kept for as long as the state keeps its tree and shapes (the agreed save is on the
+        restart path)."""
+        import jax  # the state is JAX's: importing reprieve does not import it
+
+        leaves, treedef = jax.tree_util.tree_flatten(state)
+        key = (treedef, tuple(getattr(leaf, "shape", None) for leaf in leaves))
+        if self._run_cache is None or self._run_cache[0] != key:
+            self._run_cache = (key, identity.record(self._run_id, identity.structure(state)))
+        return self._run_cache[1]
+
+
+class SaveTarget(Protocol):
+    """Where a save goes. ``record``: the checkpoint's ``reprieve`` record (without its ``kind``, which the
+    target adds); ``position``: this process's encoded data position, or None."""
+
+    name: str  # the kind the loop's progress and the metrics count its saves under
+    policy: SaveDecisionPolicy
+
+    def save(self, step: int, state: Any, record: dict[str, Any], position: Any, *, kind: str) -> bool:
+        """Start a save of ``step``; True when one was started."""
+        ...
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait for the save in flight (at most ``timeout_s``); True when none is left."""
+        ...
+
+    def busy(self) -> bool: ...
+
+    @property
+    def last_save_seconds(self) -> float | None:
+        """Seconds from the start of the last save to its commit, None before one."""
+        ...
+
+
+class StorageTarget:
+    """The checkpointer's saves: one in flight at a time, confirmed before the next starts; a failed one is
+    counted and the job trains on until :func:`reprieve.policy.save_failure_verdict` says it is fatal.
+
+    ``reports``: where the loop's waits, the commits and the failures are reported."""
+
+    name: str = "storage"
+    min_failing_seconds = MIN_FAILING_SECONDS  # failed saves are fatal only after this long (reprieve.policy)
+
+    def __init__(self, checkpointer: Checkpointer, caps: Capabilities, policy: SavePolicy, *, metrics: Metrics,
+                 loop: LoopProgress, reports: SaveReports, max_failed_saves: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.checkpointer, self.caps = checkpointer, caps
+        self.interval = policy
+        self.policy: SaveDecisionPolicy = storage_policy(policy)
+        self._metrics, self._loop, self._max_failed = metrics, loop, max_failed_saves
+        self._reports = reports
+        self._clock = clock
+        self.last_saved: int | None = None  # the last step a save started for (or was restored)
+        self.committed: int | None = None  # the newest step known committed (restored or saved)
+        self._pending: int | None = None  # started, not confirmed yet
+        self._pending_started = 0.0
+        self.last_save_at = clock()  # process 0's clock for the time-based interval
+        self._failed_saves = 0  # failed in a row (REPRIEVE_MAX_FAILED_SAVES bounds it)
+        self._failing_since = 0.0  # when the first of them began
+        if caps.commit_callback is not None:
+            caps.commit_callback.set_commit_callback(self.on_commit)
+
+    @property
+    def last_save_seconds(self) -> float | None:
+        return self.checkpointer.last_save_seconds
+
+    def busy(self) -> bool:
+        return self._pending is not None
+
+    def begin(self, start: int) -> None:
+        """The loop starts at ``start``: the time-based interval counts from here."""
+        if not (self.interval.interval_steps or self.interval.interval_seconds):
+            log.info("periodic saves are off: only the last step and the agreed save of a notice are saved, so "
+                     "an exception, Ctrl-C or kill -9 loses every step since %s; set "
+                     "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS (e.g. 600) or REPRIEVE_CHECKPOINT_INTERVAL_STEPS to save "
+                     "periodically", "the start" if start == 0 else f"step {start - 1}")
+        self.last_save_at = self._clock()
+
+    def request_due(self) -> bool:
+        """Process 0's time-based decision: ask every process to agree on a save now."""
+        return time_save_due(policy=self.interval, now=self._clock(), last_save_at=self.last_save_at)
+
+    def restored(self, step: int, committed: int | None) -> None:
+        self.last_saved, self.committed = step, committed
+
+    def save(self, step: int, state: Any, record: dict[str, Any], position: Any, *, kind: str) -> bool:
+        self.confirm(retry_next=kind)
+        kwargs: dict[str, Any] = {}
+        if position is not None:
+            if self.caps.process_extra is None:
+                raise TypeError(f"job.save(data=...): the checkpointer {type(self.checkpointer).__name__} does not "
+                                "store per-process data positions (supports_process_extra); use the default "
+                                "CheckpointManager or OrbaxCheckpointer")
+            kwargs["process_extra"] = position
+        saver = self.checkpointer if position is None else self.caps.process_extra
+        assert saver is not None
+        t0 = time.perf_counter()
+        saver.save(step, state, extra={**record, "reprieve": {**record["reprieve"], "kind": kind}}, **kwargs)
+        self._reports.blocked(time.perf_counter() - t0)
+        self.last_saved = self._pending = step
+        self.last_save_at = self._pending_started = self._clock()
+        self._metrics.inc("reprieve_saves_total", kind=kind)
+        log.debug("save of step %d started (%s)", step, kind)
+        return True
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        self.confirm()
+        return True
+
+    def on_commit(self, step: int) -> None:
+        """The checkpointer's commit callback (any thread)."""
+        if self.committed is None or step > self.committed:
+            self.committed = step
+        self._reports.committed(step, self.last_save_seconds)
+
+    def confirm(self, *, retry_next: str | None = None) -> None:
+        """Wait for the save in flight (if any), then record it as committed. ``retry_next``: the kind of the save
+        about to start, which retries a failed one (:meth:`_failed`); None: its failure is raised."""
+        if self._pending is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.checkpointer.wait()
+        except Exception as err:
+            self._reports.blocked(time.perf_counter() - t0)
+            failed, self._pending = self._pending, None
+            if retry_next is None:
+                raise
+            self._failed(failed, err, agreed_next=retry_next == "final")
+            return
+        self._reports.blocked(time.perf_counter() - t0)
+        self.committed, self._pending = max(self._pending, self.committed or -1), None
+        self._failed_saves = self._loop.failed_saves = 0
+        self._reports.committed(self.committed, self.last_save_seconds)
+
+    def _failed(self, step: int, err: Exception, *, agreed_next: bool) -> None:
+        """The save of ``step`` failed and a next save is about to start: log, count and report it, and train on
+        unless :func:`reprieve.policy.save_failure_verdict` says it is fatal (then raise, as without this rule).
+        Every process sees the same failure at the same save, so all decide alike."""
+        if self._failed_saves == 0:
+            self._failing_since = self._pending_started
+        self._failed_saves += 1
+        self._loop.failed_saves = self._failed_saves
+        cause = f"{type(err).__name__}: {err}"
+        self._loop.last_save_error = f"step {step}: {cause}"[:500]
+        self._metrics.inc("reprieve_save_failures_total")
+        kind = classify_save_error(err)
+        fatal = save_failure_verdict(kind, self._failed_saves, self._max_failed, agreed_next=agreed_next,
+                                     failing_seconds=self._clock() - self._failing_since,
+                                     min_failing_seconds=self.min_failing_seconds)
+        self._reports.failed(self.committed)
+        if fatal is None:
+            log.error("checkpoint save of step %d failed (%d in a row, fatal at REPRIEVE_MAX_FAILED_SAVES=%d over "
+                      "%.0f s or more): %s; training goes on, the next save retries (the last committed step is %s)",
+                      step, self._failed_saves, self._max_failed, self.min_failing_seconds, cause,
+                      "none" if self.committed is None else self.committed)
+            return
+        log.critical("checkpoint save of step %d failed: %s; %s", step, cause, fatal)
+        if kind == STORAGE:  # the bound: say how many and why
+            raise RuntimeError(f"checkpoint save of step {step} failed ({cause}): {fatal}") from err
+        raise err  # fenced, or not the storage: as it came
+
+    def defer_retention(self) -> None:
+        if self.caps.deferred_retention is not None:
+            self.caps.deferred_retention.defer_retention()
+
+
+class Tier(Protocol):
+    """What :class:`MemoryTarget` needs of the memory tier (``reprieve.memtier.tier.MemoryTier``)."""
+
+    restored_from: dict[str, Any] | None
+
+    def begin(self, start: int, *, storage_steps: int = 0, storage_seconds: float = 0.0) -> None: ...
+
+    def due(self, step: int, step_seconds: float | None) -> bool: ...
+
+    def save(self, step: int, state: Any, *, extra: dict[str, Any], process_extra: Any = None) -> bool: ...
+
+    def wait(self, timeout_s: float | None = None) -> None: ...
+
+    def busy(self) -> bool: ...
+
+    def restore(self, storage: Any, abstract: Any, check: RestoreCheckFn | None) -> Any: ...
+
+    def gang_step(self) -> int | None: ...
+
+    def join_watcher(self, timeout_s: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MemoryTarget:
+    """The memory tier's copies (docs/memory.md): on its own schedule, never instead of a storage save, and beside
+    the agreed save before a restart when the deadline leaves room. The loop waits only for the host copy."""
+
+    name: str = "memory"
+    last_save_seconds = None  # the copy's commit is the tier's business: the countdown plans with storage's
+
+    def __init__(self, tier: Tier, *, metrics: Metrics, on_blocked: Callable[[float], None]) -> None:
+        self.tier = tier
+        self.policy: SaveDecisionPolicy = ScheduledPolicy(tier.due)
+        self._metrics, self._on_blocked = metrics, on_blocked
+
+    def begin(self, start: int, interval: SavePolicy) -> None:
+        """The loop starts at ``start``; the storage interval caps the memory schedule (docs/memory.md)."""
+        self.tier.begin(start, storage_steps=interval.interval_steps, storage_seconds=interval.interval_seconds)
+
+    def save(self, step: int, state: Any, record: dict[str, Any], position: Any, *, kind: str = "memory") -> bool:
+        t0 = time.perf_counter()
+        # A copy does not carry the notice: restored, it would mark as handled a notice only storage's save serves.
+        own = {k: v for k, v in record["reprieve"].items() if k not in NOTICE_KEYS}
+        started = bool(self.tier.save(step, state, extra={**record, "reprieve": {**own, "kind": "memory"}},
+                                      process_extra=position))
+        if started:
+            self._metrics.inc("reprieve_saves_total", kind="memory")
+        self._on_blocked(time.perf_counter() - t0)
+        return started
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        self.tier.wait(timeout_s)
+        return not self.tier.busy()
+
+    def busy(self) -> bool:
+        return self.tier.busy()
+
+    def beside_agreed(self, step: int, state: Any, record: dict[str, Any], position: Any, *,
+                      deadline: float | None, save_seconds: float) -> bool:
+        """A copy of the agreed step beside its storage save, so the restart that follows restores it from the
+        pods' memory (docs/memory.md, "After a notice"); skipped when the deadline is too close to afford a second
+        host copy or a periodic copy is still in the background. True when a copy was started."""
+        if deadline is not None and deadline - time.time() < agreed_memory_margin(save_seconds):
+            log.info("agreed step %d: no memory copy beside the storage save (%.1fs to the deadline)", step,
+                     deadline - time.time())
+            return False
+        if not self.wait(AGREED_MEMORY_BUSY_WAIT_S):  # a periodic copy still in the background (a slow peer)
+            log.info("agreed step %d: no memory copy beside the storage save (the previous copy is still being "
+                     "written or sent)", step)
+            return False
+        try:
+            return self.save(step, state, record, position)
+        except Exception as err:  # noqa: BLE001 - the storage save is the guarantee: a memory copy never fails it
+            log.warning("agreed step %d: the memory copy beside the storage save failed (%s: %s); the restart reads "
+                        "storage", step, type(err).__name__, err)
+            return False
+
+    def await_agreed(self, step: int, deadline: float | None) -> None:
+        """Wait (bounded) for the agreed step's copy to be committed here and at the peer: the next attempt's
+        restore round, which may start as soon as this process announces its exit, sees it then."""
+        limit = AGREED_MEMORY_WAIT_S if deadline is None else max(0.0, min(AGREED_MEMORY_WAIT_S,
+                                                                          deadline - time.time() - 1.0))
+        t0 = time.perf_counter()
+        done = self.wait(limit)
+        log.info("agreed step %d: memory copy %s %.2fs after the storage commit", step,
+                 "committed" if done else "not finished (the restart reads storage where it lacks it)",
+                 time.perf_counter() - t0)
+
+    def tiered_read(self, storage: Checkpointer) -> Callable[[Any, RestoreCheckFn], Any]:
+        """The restore through the tier's round (its sources: :mod:`reprieve.memtier.sources`), over ``storage``."""
+        return lambda abstract, check: self.tier.restore(storage, abstract, check)
+
+    def progress_fields(self) -> dict[str, Any]:
+        """What process 0 adds to its progress report (docs/contract.md, "Progress"): where the restore read from
+        and the newest step every process holds in memory (replicated, when peers are configured)."""
+        out: dict[str, Any] = {}
+        if self.tier.restored_from is not None:
+            out["restoredFrom"] = self.tier.restored_from
+        step = self.tier.gang_step()
+        if step is not None:
+            out["memoryStep"] = step
+        return out

@@ -1,0 +1,107 @@
+"""Tracing the step before the devices: :func:`expected_topology` finds the devices the next attempt will most
+likely run on without touching one (the previous trainer's hint, else the latest checkpoint's record), and
+:class:`TraceAhead` calls ``reprieve.init(trace_ahead=fn)``'s ``fn`` with them (:mod:`reprieve.topology` is the
+record itself).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .checkpoint import fencing, layout
+from .checkpoint.metadata import CheckpointMeta
+from .checkpoint.storage import open_storage
+from .config import RuntimeConfig
+from .env import Env
+from .supervisor.contract import EXPECTED_TOPOLOGY_ENV
+from .topology import Topology, TopologyError
+
+log = logging.getLogger(__name__)
+
+
+def expected_topology(env: Mapping[str, str] | None = None) -> Topology | None:
+    """The devices the next attempt will most likely run on, found without touching a device; None when unknown.
+
+    First the devices the previous trainer in this pod reported with its first step (``reprieve-run`` passes them
+    to the warm process in ``REPRIEVE_EXPECTED_TOPOLOGY``), else those recorded in the latest complete checkpoint
+    under ``REPRIEVE_CHECKPOINT_URI`` (the checkpoint manager's visibility rules: committed, not fenced out). None
+    on a first start, for a checkpoint written before topologies were recorded, or when neither can be read
+    (logged: this is a hint for tracing ahead, never a reason to fail). Safe before ``reprieve.init()``.
+    """
+    environ = os.environ if env is None else env
+    hint = Env(environ).opt_text(EXPECTED_TOPOLOGY_ENV)
+    if hint:
+        try:
+            return Topology.from_json(json.loads(hint))
+        except (ValueError, TopologyError) as err:
+            log.warning("expected topology: ignoring %s (%s); reading the latest checkpoint", EXPECTED_TOPOLOGY_ENV,
+                        err)
+    return _checkpoint_topology(environ)
+
+
+def _checkpoint_topology(environ: Mapping[str, str]) -> Topology | None:
+    uri = Env(environ).text("REPRIEVE_CHECKPOINT_URI", RuntimeConfig.checkpoint_uri)
+    try:
+        try:
+            storage = open_storage(uri, fsync=False, create=False)
+        except FileNotFoundError:
+            return None  # no checkpoint yet (a hint: a warm process creates nothing)
+        latest = fencing.latest(storage.list_entries(uncommitted=False), storage.read_fences())
+        if latest is None:
+            return None
+        where = f"{storage.loc.uri()}/{latest.committed}/{layout.METADATA_FILE}"
+        raw = storage.read_file(f"{latest.committed}/{layout.METADATA_FILE}")
+        if raw is None:
+            log.warning("expected topology: %s is missing; not tracing ahead", where)
+            return None
+        meta = CheckpointMeta.from_json(raw, where)
+        if meta.topology is None:
+            log.info("expected topology: %s records none (written by an older reprieve)", where)
+            return None
+        return Topology.from_json(meta.topology)
+    except Exception as err:  # noqa: BLE001  a hint: any failure means "unknown"
+        log.warning("expected topology: could not read the latest checkpoint under %s (%s: %s); not tracing "
+                    "ahead", uri, type(err).__name__, err)
+        return None
+
+
+class TraceAhead:
+    """``reprieve.init(trace_ahead=fn)``: call ``fn(topology)`` once, before any device is touched, as soon as the
+    expected topology is known.
+
+    :meth:`attempt` is called by ``init()`` before it joins the job and, in a pre-warmed process with no topology
+    yet (a spare started before the job's first checkpoint), again every ``POLL_SECONDS`` while it waits for its
+    assignment, until a checkpoint records one. A failing ``fn`` is logged and not retried: tracing ahead only
+    saves time, the step traces at its first call anyway. Touching devices in ``fn`` is the user's error that
+    ``reprieve.init()`` refuses in a warm process, as for any code before it.
+    """
+
+    POLL_SECONDS = 5.0
+
+    def __init__(self, fn: Callable[[Topology], Any], env: Mapping[str, str]) -> None:
+        self._fn, self._env = fn, env
+        self.done = False
+
+    def attempt(self) -> None:
+        if self.done:
+            return
+        topology = expected_topology(self._env)
+        if topology is None:
+            log.debug("trace_ahead: the expected topology is not known yet (no hint from the previous trainer, no "
+                      "checkpoint records one)")
+            return
+        self.done = True
+        t = time.perf_counter()
+        try:
+            self._fn(topology)
+        except Exception as err:  # noqa: BLE001  a hint: the first call of the step traces instead
+            log.warning("trace_ahead for %s failed (%s: %s); the step will be traced at its first call", topology,
+                        type(err).__name__, err)
+            return
+        log.info("traced ahead for %d %s device(s) of %d process(es) in %.2fs, before touching a device",
+                 topology.device_count, topology.platform, topology.num_processes, time.perf_counter() - t)

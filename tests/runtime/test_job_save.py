@@ -1,0 +1,150 @@
+"""``Job.save`` asks each save target's policy (reprieve.policy, reprieve.targets): one job, a fake checkpointer
+(the storage target's), a fake memory tier (the memory target's), a fake agreement and a fake clock, and every
+save decision a step can meet: periodic, time-based, forced, agreed, the memory schedule, and the agreed final
+step with its memory copy beside it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from reprieve import teardown
+from reprieve.agreement import FINAL
+from reprieve.config import RuntimeConfig
+from reprieve.coordination import LocalCoordinator
+from reprieve.job import Job
+from reprieve.notice import Notice
+from reprieve.policy import SavePolicy
+
+from tests.runtime.helpers_memtier import FakeTier
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Checkpointer:
+    """The storage target's checkpointer: every save commits at once."""
+
+    last_save_seconds: float | None = None
+
+    def __init__(self) -> None:
+        self.saves: list[tuple[int, str]] = []
+        self.closed = False
+
+    def save(self, step: int, state: Any, *, extra: dict[str, Any] | None = None) -> None:
+        assert extra is not None and extra["user"] == "x" and extra["reprieve"]["step"] == step
+        self.saves.append((step, extra["reprieve"]["kind"]))
+        self.last_save_seconds = 0.5
+
+    def wait(self) -> None:
+        pass
+
+    def latest_step(self) -> int | None:
+        return self.saves[-1][0] if self.saves else None
+
+    def restore(self, abstract_state: Any, *, step: int | None = None) -> tuple[int, Any, dict[str, Any]]:
+        raise FileNotFoundError
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Agreement:
+    """Every process agreed ``agreed[step]`` for a step; ``requests``: what process 0 asked to agree on."""
+
+    poll_s = 0.0
+
+    def __init__(self, agreed: dict[int, str]) -> None:
+        self.agreed = agreed
+        self.requests: list[tuple[int, str]] = []
+        self.step = -1
+        self.target: Any = None
+
+    def decide(self, step: int) -> str | None:
+        self.step = step
+        kind = self.agreed.get(step)
+        if kind == FINAL:
+            notice = Notice(id="n-1", source="user", reason="maintenance", deadline=None, received_at=0.0)
+            self.target = SimpleNamespace(notice=notice, deadline=None, deadline_known=False,
+                                          plan=SimpleNamespace(final_step=step))
+        return kind
+
+    def request_save(self, reason: str) -> bool:
+        self.requests.append((self.step, reason))
+        return True
+
+    def report(self, **_: Any) -> None:
+        pass
+
+    def begin(self, start: int, last_step: int | None = None) -> None:
+        pass
+
+    def handled(self, notice_id: str, step: int) -> None:
+        pass
+
+    def close(self, timeout_s: float = 0.0) -> None:
+        pass
+
+    def join(self, timeout_s: float) -> None:
+        pass
+
+
+class Hub:
+    def close(self) -> None:
+        pass
+
+
+class Exited(Exception):
+    pass
+
+
+def _exit(code: int) -> None:
+    raise Exited(code)
+
+
+def test_each_target_saves_what_its_policy_decides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(teardown, "ignore_termination_signals", lambda: None)  # the test process keeps its handlers
+    clock, ckpt, tier = Clock(), Checkpointer(), FakeTier(due_at=frozenset({1, 4, 6}))
+    agreement = Agreement({6: "interval", 9: FINAL})
+    job = Job(RuntimeConfig(), LocalCoordinator(), ckpt, agreement, Hub(),  # type: ignore[arg-type]
+              policy=SavePolicy(interval_steps=4, interval_seconds=10.0), exit_fn=_exit, memory=tier, clock=clock)
+    started: dict[int, bool] = {}
+    with pytest.raises(Exited) as exited:
+        for step in job.steps(0, 20):
+            if step == 5:
+                clock.now += 10.0  # the time-based interval falls due: process 0 asks every process to save
+            started[step] = job.save(step, {"w": step}, extra={"user": "x"}, force=step == 7)
+    assert exited.value.args == (job.config.restart_exit_code,)
+    assert ckpt.saves == [(3, "periodic"), (6, "interval"), (7, "forced"), (9, "final")]
+    assert agreement.requests == [(5, "interval")]  # once: the interval's save at step 6 restarts its clock
+    # the memory schedule's steps, but never an agreed one (step 6); the final step's copy beside its storage save
+    assert tier.saves == [(1, "memory"), (4, "memory"), (9, "memory")]
+    assert tier.capped_by == (4, 10.0)  # the storage interval caps the memory schedule
+    assert [s for s, on in started.items() if on] == [3, 6, 7]  # storage saves started (the final one exits)
+    assert job.committed_step == 9 and ckpt.closed
+    m = job.metrics
+    assert [m.get("reprieve_saves_total", kind=k) for k in ("periodic", "interval", "forced", "final", "memory")] \
+        == [1, 1, 1, 1, 3]
+
+
+def test_the_capabilities_of_both_checkpointers_are_seen_once_and_a_plain_one_has_none() -> None:
+    """``Capabilities.of``: the one place a checkpointer is asked what it offers (reprieve.capabilities)."""
+    from reprieve.capabilities import Capabilities
+    from reprieve.checkpoint.manager import CheckpointManager
+    from reprieve.orbax import OrbaxCheckpointer
+
+    manager = Capabilities.of(object.__new__(CheckpointManager))  # the class's methods: no storage opened
+    assert None not in (manager.commit_callback, manager.restore_check, manager.process_extra,
+                        manager.deferred_retention, manager.state_check)
+    orbax = Capabilities.of(object.__new__(OrbaxCheckpointer))
+    assert None not in (orbax.commit_callback, orbax.restore_check, orbax.process_extra, orbax.state_check)
+    assert orbax.deferred_retention is None
+    assert Capabilities.of(Checkpointer()) == Capabilities()
