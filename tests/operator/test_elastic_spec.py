@@ -9,7 +9,7 @@ import yaml
 from op_jobs import make_job
 from pydantic import ValidationError
 from reprieve_operator import crdgen
-from reprieve_operator.builders import build_worker_pod
+from reprieve_operator.policy.builders import build_worker_pod
 from reprieve_operator.models import ELASTIC_NEEDS_INPLACE, TrainingJobSpec, spec_error
 
 pytestmark = pytest.mark.unit

@@ -2,7 +2,7 @@
 trainer's environment, the pod annotations (``reprieve.dev/exit``, ``reprieve.dev/supervisor``).
 
 ``docs/contract.md``, "In-place restarts and the supervisor", is the format; the operator writes the assignment
-(``reprieve_operator.builders.build_assignment``) and reads the annotations, and ``tests/test_contract.py`` passes
+(``reprieve_operator.policy.builders.build_assignment``) and reads the annotations, and ``tests/test_contract.py`` passes
 each format across both halves.
 """
 
