@@ -227,7 +227,7 @@ class Job:
         self.agreement.begin(start, self._last_step)
         if self.memory is not None:  # the storage interval caps the memory schedule's
             self.memory.begin(start, self.policy)
-        self.storage.begin(start)
+        self.storage.begin(start, None if self.memory is None else self.memory.tier.cfg)
         for ahead in self._ahead:
             ahead.wait()
         self._ahead.clear()

@@ -14,6 +14,8 @@ from . import data as data_mod
 from . import identity
 from .capabilities import Capabilities, Checkpointer, RestoreCheckFn
 from .measures import SaveReports, positive
+from .memtier.config import MemoryConfig
+from .memtier.schedule import periodic_saves_off_line
 from .metrics import Metrics
 from .policy import (
     MIN_FAILING_SECONDS,
@@ -143,13 +145,11 @@ class StorageTarget:
     def busy(self) -> bool:
         return self._pending is not None
 
-    def begin(self, start: int) -> None:
-        """The loop starts at ``start``: the time-based interval counts from here."""
+    def begin(self, start: int, memory: MemoryConfig | None = None) -> None:
+        """The loop starts at ``start``: the time-based interval counts from here. ``memory``: the memory tier's
+        configuration when it is on (the start-up line then says what its copies cover)."""
         if not (self.interval.interval_steps or self.interval.interval_seconds):
-            log.info("periodic saves are off: only the last step and the agreed save of a notice are saved, so "
-                     "an exception, Ctrl-C or kill -9 loses every step since %s; set "
-                     "REPRIEVE_CHECKPOINT_INTERVAL_SECONDS (e.g. 600) or REPRIEVE_CHECKPOINT_INTERVAL_STEPS to save "
-                     "periodically", "the start" if start == 0 else f"step {start - 1}")
+            log.info("%s", periodic_saves_off_line(start, memory))
         self.last_save_at = self._clock()
 
     def request_due(self) -> bool:
@@ -245,6 +245,7 @@ class Tier(Protocol):
     """What :class:`MemoryTarget` needs of the memory tier (``reprieve.memtier.tier.MemoryTier``)."""
 
     restored_from: dict[str, Any] | None
+    cfg: MemoryConfig
 
     def begin(self, start: int, *, storage_steps: int = 0, storage_seconds: float = 0.0) -> None: ...
 

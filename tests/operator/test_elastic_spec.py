@@ -9,8 +9,8 @@ import yaml
 from op_jobs import make_job
 from pydantic import ValidationError
 from reprieve_operator import crdgen
-from reprieve_operator.policy.builders import build_worker_pod
 from reprieve_operator.models import ELASTIC_NEEDS_INPLACE, TrainingJobSpec, spec_error
+from reprieve_operator.policy.builders import build_worker_pod
 
 pytestmark = pytest.mark.unit
 

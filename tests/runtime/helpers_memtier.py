@@ -136,6 +136,9 @@ class FakeTier:
     restored_from = None
 
     def __init__(self, *, due_at: frozenset[int] = frozenset(), busy: bool = False, broken: bool = False) -> None:
+        from reprieve.memtier import MemoryConfig
+
+        self.cfg = MemoryConfig(directory="/nonexistent/fake-tier")
         self.due_at, self._busy, self.broken = due_at, busy, broken
         self.saves: list[tuple[int, str]] = []
         self.waits: list[float | None] = []

@@ -4,8 +4,8 @@ line about what a ``kill -9`` loses when the tier is on (issue 46: 300 MiB copie
 and copies slower than an explicit 10-step interval skipped without a word, were seen only as lost steps).
 
 The words come from :mod:`reprieve.memtier.schedule` (``startup_line``, ``interval_line``, ``SkipNotice``,
-``periodic_saves_off_line``; unit tests in test_memtier_schedule.py); the tier (``memtier/tier.py``) and the job
-(``job.py``) log them. Until they do, these tests are strict xfails: each passes once its call is added."""
+``periodic_saves_off_line``; unit tests in test_memtier_schedule.py); the tier (``memtier/tier.py``) and the storage
+target (``targets.py``) log them."""
 
 from __future__ import annotations
 
@@ -25,8 +25,6 @@ from tests.runtime.helpers_memtier import shm_base
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-TIER_HOOK = "needs the lead's memtier/tier.py hook (schedule.startup_line / interval_line / SkipNotice)"
-JOB_HOOK = "needs the lead's job.py hook (schedule.periodic_saves_off_line)"
 
 
 @pytest.fixture
@@ -50,7 +48,6 @@ def _train(tmp_path: Path, shm: Path, caplog: pytest.LogCaptureFixture, *, steps
     return [r for r in caplog.records if r.name.startswith("reprieve")]
 
 
-@pytest.mark.xfail(strict=True, reason=TIER_HOOK)
 def test_the_interval_is_said_at_start_up_and_whenever_it_is_set(tmp_path: Path, shm: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     records = _train(tmp_path, shm, caplog, steps=80, size=1 << 20, pause_s=0.005)
@@ -62,7 +59,6 @@ def test_the_interval_is_said_at_start_up_and_whenever_it_is_set(tmp_path: Path,
     assert published and all("the budget is 1% of the step time" in line for line in published), lines
 
 
-@pytest.mark.xfail(strict=True, reason=TIER_HOOK)
 def test_copies_slower_than_the_interval_are_warned_about_once(tmp_path: Path, shm: Path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     records = _train(tmp_path, shm, caplog, steps=60, size=16 << 20, pause_s=0.0,
@@ -72,7 +68,6 @@ def test_copies_slower_than_the_interval_are_warned_about_once(tmp_path: Path, s
     assert len(warned) == 1 and "raise REPRIEVE_MEMORY_INTERVAL_STEPS above" in warned[0], warned
 
 
-@pytest.mark.xfail(strict=True, reason=JOB_HOOK)
 def test_start_up_does_not_say_kill_9_loses_every_step_when_the_tier_is_on(tmp_path: Path, shm: Path,
                                                                            caplog: pytest.LogCaptureFixture) -> None:
     records = _train(tmp_path, shm, caplog, steps=10, size=16, pause_s=0.0, REPRIEVE_MEMORY_INTERVAL_STEPS="3")

@@ -128,6 +128,8 @@ class MemoryTier:
         self._published: schedule.Schedule | None = None  # the newest schedule process 0 published
         self._saves_since = 0  # process 0's saves since it published
         self._cap_told = False
+        self._skips = schedule.SkipNotice()  # says once that copies are slower than the interval
+        self._running_step: int | None = None  # the step whose copy the background thread writes or sends
         # what the loop and the operator read (progress report)
         self.saved_step: int | None = None  # newest own copy committed
         self.replicated_step: int | None = None  # newest own copy the peer committed
@@ -156,6 +158,8 @@ class MemoryTier:
         """The loop starts at ``start`` (time and budget schedules bootstrap with one save a few steps in). The
         storage tier's periodic interval caps the memory schedule (docs/memory.md, "Interval")."""
         self._storage = (storage_steps, storage_seconds)
+        if self.pid == 0:
+            log.info("%s", schedule.startup_line(self.cfg, start))
         if self.cfg.interval_steps:
             cap = schedule.storage_cap(storage_steps=storage_steps, storage_seconds=0.0, step_s=1.0)
             if cap is not None and self.cfg.interval_steps > 2 * cap:
@@ -205,6 +209,10 @@ class MemoryTier:
             self.skipped += 1
             log.info("memory save of step %d skipped: the copy of step %s is still being written or sent", step,
                      self.saved_step if self.saved_step is not None else "(first)")
+            line = self._skips.line(step=step, running_step=self._running_step, every=self.every,
+                                    step_s=self._step_s, cfg=self.cfg)
+            if line is not None:
+                log.warning("%s", line)
             return False
         from ..checkpoint import save as save_mod
 
@@ -227,6 +235,7 @@ class MemoryTier:
         if self.pid == 0 and not self.cfg.interval_steps:
             self._measured.saving(self.last_blocking_s)
         name = CopyName(step, self.attempt, self.pid)
+        self._running_step = step
         self._thread = threading.Thread(target=self._background, args=(name, snap, host, extra, process_extra),
                                         name=f"reprieve-memory-save-{step}", daemon=True)
         self._thread.start()
@@ -339,10 +348,8 @@ class MemoryTier:
             return
         self._published, self._saves_since = plan, 0
         self._adopt(plan)
-        log.info("memory saves every %d steps from step %d%s (schedule %d: a save costs the loop %.3fs, a step takes "
-                 "%.4fs; medians of the newest %d saves and %d steps)", plan.every, plan.start,
-                 "" if plan.anchor is None else f", counted from step {plan.anchor}", plan.version, cost, step_s,
-                 schedule.COST_WINDOW, schedule.STEP_WINDOW)
+        log.info("%s", schedule.interval_line(plan, choice, cost_s=cost, step_s=step_s, cfg=self.cfg,
+                                              storage=self._storage))
         over = schedule.share(cost, step_s, choice.every)
         if choice.capped and self.cfg.auto and over > self.cfg.budget and not self._cap_told:
             self._cap_told = True
