@@ -1,10 +1,10 @@
 """One reconcile pass of one TrainingJob: read it, its pods, its assignment, its queue (``kueue.read``) and the
 nodes; decide its whole outcome (``policy.decide``, pure); carry that outcome out in its fixed order
-(:func:`apply_outcome`).
+(:func:`apply_outcome`); an API answer that refuses a step (a create, a Workload) stops the steps after it, and the
+answer's own outcome (decided in ``policy``) is carried out instead, in the same order.
 
-When a pass runs is the queue's (``workqueue``: locks, coalescing, requeues, the resync); what a create does and
-what its refusal leads to, ``create``'s. Status is written here only, by carrying out an outcome: its ``record`` and
-its final ``status``.
+When a pass runs is the queue's (``workqueue``: locks, coalescing, requeues, the resync); how pods are created,
+``create``'s. Status is written here only, by carrying out an outcome: its ``record`` and its final ``status``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from . import apply, kueue, metrics
 from .clock import SYSTEM
 from .create import create
 from .models import TrainingJob, spec_error
-from .policy import builders, memorypeers, views
-from .policy.decide import Outcome, View, decide, failed, workload_refused
+from .policy import builders
+from .policy.decide import Answer, Outcome, View, WorkloadRefused, decide, failed
 from .policy.kueue import WorkloadOp
 from .policy.pairing import MEMORY_PORT
 from .policy.restart import RestartPlan
@@ -37,8 +37,9 @@ PROBE_TIMEOUT_SECONDS = 2.0  # a silent peer's pod that does not answer a connec
 
 async def reconcile(state: State, namespace: str, name: str, fresh: bool = False) -> RestartPlan | None:
     """Read the job, its pods, its assignment, its queue and the nodes; decide the whole outcome (``decide``, with
-    the further reads it asks for); apply it in its fixed order (:func:`apply_outcome`). Returns the plan (None if
-    there is no job). Run by ``state.queue`` (under the job's lock)."""
+    the further reads it asks for); apply it in its fixed order (:func:`apply_outcome`), and an API answer's own
+    outcome in place of the steps it stopped. Returns the plan carried out (None if there is no job). Run by
+    ``state.queue`` (under the job's lock)."""
     api, key = state.api, (namespace, name)
     body = await apply.run(apply.get_job, api, namespace, name)
     if body is None:
@@ -61,11 +62,9 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
     now, queued = SYSTEM.now(), await apply.run(kueue.read, api, body, job) if state.kueue else None
     view = View(job=job, pods=raw_pods, now=now, kueue=queued,
                 assignment=await state.assignments.current(api, job) if builders.in_place(job) else None,
-                known_nodes=state.cache.nodes if state.cache.primed else None,
+                known_nodes=state.cache.nodes if state.cache.primed else None, nodes=state.cache.nodes,
                 doomed=state.nodes.doomed(job, now), last_commit_event=state.commits.last(key),
-                zones=views.zones(raw_pods, state.cache.nodes) if memorypeers.enabled(job) else {},
-                not_ready=views.not_ready_nodes(state.cache.nodes), peer_lost_wait_s=state.peer_lost_wait_s,
-                gone=state.cache.gone_of(namespace, name))
+                peer_lost_wait_s=state.peer_lost_wait_s, gone=state.cache.gone_of(namespace, name))
     outcome = decide(view)
     for _ in range(3):  # the reads a decision asked for, then decide again
         if outcome.probe:
@@ -75,14 +74,16 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
             # A pod lost on a node with an open notice was preempted, even if the status does not say so
             # yet (a NoExecute taint evicts at once): read the lost (or gone) pods' nodes, fresh, before counting.
             await read_nodes(state, [*sorted(outcome.look_at_nodes), *sorted(outcome.look_also)])
-            view = dataclasses.replace(view, doomed=state.nodes.doomed(job, now), looked=True,
-                                       not_ready=views.not_ready_nodes(state.cache.nodes))
+            # view.nodes is the cache itself: decide sees the nodes just read (and forgets one the API no longer has)
+            view = dataclasses.replace(view, doomed=state.nodes.doomed(job, now), looked=True)
         elif outcome.needs_placement:
             view = dataclasses.replace(view, avoid=state.nodes.avoid(job, now), placed=True)
         else:
             break
         outcome = decide(view)
-    return await apply_outcome(state, body, raw_pods, outcome)
+    while (answer := await apply_outcome(state, body, raw_pods, outcome)) is not None:
+        outcome = answer.instead(outcome, SYSTEM.now())  # the API's answer decides what replaces the steps it stopped
+    return outcome.plan
 
 
 async def unreachable(pods: Iterable[tuple[str, str]], port: int = MEMORY_PORT,
@@ -129,10 +130,10 @@ async def read_nodes(state: State, names: Iterable[str], limit: int = NODE_READS
 
 
 async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[str, Any]],
-                        outcome: Outcome) -> RestartPlan:
-    """Carry ``outcome`` out in the order ``policy.decide`` documents; a refused create's or Workload's own outcome
-    replaces the steps after it."""
-    api, job, plan = state.api, outcome.job, outcome.plan
+                        outcome: Outcome) -> Answer | None:
+    """Carry ``outcome`` out in the order ``policy.decide`` documents, one step after another; None when every step
+    was carried out, else the API's answer to the step it refused (a create, a Workload), which stops the rest."""
+    api, job = state.api, outcome.job
     meta = body["metadata"]
     ns, name, ref = meta["namespace"], meta["name"], builders.job_ref(body)
     key = (ns, name)
@@ -156,9 +157,9 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
     if outcome.create:
         assert job is not None, "pods to create without a job"
         made: list[dict[str, Any]] = []
-        instead = await create(state, job, plan, list(outcome.create), outcome.dry_run, made)
-        if instead is not None:
-            return await apply_outcome(state, body, raw_pods, instead)
+        not_created = await create(state, job, list(outcome.create), outcome.dry_run, made)
+        if not_created is not None:
+            return not_created
         if outcome.role:
             names = {p["metadata"]["name"] for p in raw_pods} | {p["metadata"]["name"] for p in made}
             await apply.run(apply.put_role, api, builders.worker_role(job, names))
@@ -171,14 +172,15 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
     if outcome.delete:
         await apply.gather([lambda n=n: apply.delete_pod(api, ns, n)  # type: ignore[misc]
                             for n in outcome.delete])
+    for obj in outcome.remove:
+        await apply.run(apply.delete, api, dict(obj))
     if outcome.assign is not None and not outcome.assign_first:
         await _assign(state, ref, outcome)
     for op in outcome.workload:
         try:
             await _write_workload(state, ref, op)
         except kueue.Refused as err:
-            instead = workload_refused(outcome, op.name, str(err), SYSTEM.now())
-            return await apply_outcome(state, body, raw_pods, instead)
+            return WorkloadRefused(op.name, str(err))
     if outcome.status:
         await apply.run(apply.patch_job_status, api, ns, name, dict(outcome.status))
     for ev in outcome.status_events:  # a Queued condition's change may be written by the record alone
@@ -191,7 +193,7 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
         await _write_workload(state, ref, outcome.finish)
     if outcome.requeue_after is not None:
         state.queue.requeue(ns, name, outcome.requeue_after)
-    return plan
+    return None
 
 
 async def _assign(state: State, ref: dict[str, Any], outcome: Outcome) -> None:

@@ -1,5 +1,5 @@
 """classify_refusal: what an API refusal of a worker pod means (final, waiting or transient), field named; and
-the outcome it leads to (``refused``, ``decide.failed``)."""
+the outcome it leads to (``refused``, ``decide.failed``, ``NotCreated.instead``)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from reprieve_operator.policy.create import (
     REJECTED,
     TRANSIENT,
     WAITING,
+    NotCreated,
     Refusal,
     bad_quantities,
     classify_refusal,
     refused,
     retry_seconds,
 )
-from reprieve_operator.policy.decide import Counter, failed
+from reprieve_operator.policy.decide import Counter, Outcome, failed
 from reprieve_operator.policy.restart import RestartPlan
 
 pytestmark = pytest.mark.unit
@@ -154,3 +155,45 @@ def test_a_job_whose_spec_does_not_parse_fails_on_its_raw_status() -> None:
                  "InvalidSpec", "TrainingJob ml/llama: spec.replicas must be >= 1, got 0", NOW)
     assert out.job is None and out.plan.attempt == 2 and out.record is not None
     assert [c["type"] for c in out.record["conditions"]] == ["Ready", "Failed"]
+
+
+def _pod(name: str) -> dict[str, Any]:
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "ml"}}
+
+
+def _kinds(objects: Any) -> list[tuple[str, str]]:
+    return [(o["kind"], o["metadata"]["name"]) for o in objects]
+
+
+def test_a_final_refusal_deletes_what_its_try_made_after_failing_the_job() -> None:
+    """A running job's new pods: the pods this try made are deleted (step 4, after the Failed record), and only
+    the objects this try made are removed; the running attempt's own are stopped by the Failed phase."""
+    job = make_job(namespace="ml").with_status(phase="Running", attempt=2).model()
+    svc = {"kind": "Service", "metadata": {"name": "llama", "namespace": "ml"}}
+    refusal = Refusal(REJECTED, "PodRejected", "admission refuses its worker pods")
+    out = NotCreated(0.0, refusal, 0, (svc, _pod("llama-0"), _pod("llama-1"))).instead(Outcome(job, CREATING), NOW)
+    assert out.record is not None and out.record["phase"] == "Failed" and out.first_event is not None
+    assert out.delete == ("llama-0", "llama-1") and _kinds(out.remove) == [("Service", "llama")]
+    assert not out.create and out.requeue_after is None
+
+
+def test_a_final_refusal_of_a_job_that_never_started_removes_its_service_and_identity_in_reverse() -> None:
+    job = make_job(name="llama", namespace="ml").model()
+    out = NotCreated(0.0, Refusal(INVALID, "InvalidSpec", "bad"), 0, ()).instead(Outcome(job, CREATING), NOW)
+    assert out.delete == () and _kinds(out.remove) == [("RoleBinding", "llama-worker"), ("Role", "llama-worker"),
+                                                       ("ServiceAccount", "llama-worker"), ("Service", "llama")]
+
+
+def test_a_transient_refusal_deletes_nothing_and_tries_again() -> None:
+    job = make_job(namespace="ml").model()
+    out = NotCreated(8.0, Refusal(TRANSIENT, "QuotaExceeded", "quota"), 3, (_pod("llama-0"),)).instead(
+        Outcome(job, CREATING), NOW)
+    assert out == refused(job, CREATING, Refusal(TRANSIENT, "QuotaExceeded", "quota"), 3, 8.0, NOW)
+    assert out.delete == () and out.remove == () and out.requeue_after == 8.0
+
+
+def test_a_backoff_still_running_only_looks_again_when_it_ends() -> None:
+    job = make_job(namespace="ml").model()
+    out = NotCreated(5.0).instead(Outcome(job, CREATING, status={"phase": "Pending"}), NOW)
+    assert out == Outcome(job, RestartPlan(phase="Pending", attempt=1, create=(), new_attempt=True,
+                                           requeue_after=5.0))

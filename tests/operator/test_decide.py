@@ -545,11 +545,11 @@ def test_an_eviction_notice_is_a_notice_like_a_nodes() -> None:
 
 
 def test_a_refused_workload_rewrites_only_the_queued_condition() -> None:
-    from reprieve_operator.policy.decide import workload_refused
+    from reprieve_operator.policy.decide import WorkloadRefused
 
     out = decide(KUEUE_ROWS["queued, no Workload yet: held, the Workload created before the status that says "
                             "so"].view)
-    instead = workload_refused(out, "trainingjob-llama-uid-l", "admission webhook denied", NOW)
+    instead = WorkloadRefused("trainingjob-llama-uid-l", "admission webhook denied").instead(out, NOW)
     conds = {c["type"]: c for c in instead.status["conditions"]}
     assert (conds["Queued"]["reason"], instead.status["phase"]) == ("WorkloadRefused", "Suspended")
     assert [(e.reason, e.type) for e in instead.status_events] == [("WorkloadRefused", "Warning")]

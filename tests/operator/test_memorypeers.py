@@ -134,16 +134,18 @@ def test_zones_come_from_the_nodes_the_pods_run_on() -> None:
     assert zones(raw, nodes) == {"n1": "z1"}
 
 
-def test_a_restart_pairs_across_zones_with_the_zones_decide_was_given() -> None:
-    """Process 0's peer in the new attempt is in another zone (z2), not the ring's next pod (z1); the assignment
-    carries the peers' nodes."""
+def test_a_restart_pairs_across_zones_with_the_zones_of_the_cached_nodes() -> None:
+    """Process 0's peer in the new attempt is in another zone (z2, its node's label as cached), not the ring's next
+    pod (z1); the assignment carries the peers' nodes."""
     code = {"reprieve.dev/exit": '{"attempt": 1, "code": 42, "time": "2026-11-24T05:59:59Z"}'}
     raw = [_raw(f"llama-{i}", i, f"n{i}", f"10.0.0.{i}") for i in range(3)]
     for r in raw:
         r["metadata"]["annotations"] = dict(code)
     j = job(3, status={**RUNNING, "ready": "3/3", "replicas": 3})
     first = Assignment(1, {f"llama-{i}": i for i in range(3)}, "x:1", {})
-    out = decide(View(job=j, pods=raw, now=NOW, assignment=first, known_nodes={"n0", "n1", "n2"},
-                      zones={"n0": "z1", "n1": "z1", "n2": "z2"}, looked=True, placed=True))
+    nodes = {n: {"metadata": {"name": n, "labels": {"topology.kubernetes.io/zone": z}}}
+             for n, z in (("n0", "z1"), ("n1", "z1"), ("n2", "z2"))}
+    out = decide(View(job=j, pods=raw, now=NOW, assignment=first, known_nodes=nodes, nodes=nodes, looked=True,
+                      placed=True))
     assert out.assign is not None and out.assign.memory_peers[0] == "10.0.0.2:8477"
     assert dict(out.assign.memory_peer_nodes)[0] == "n2"

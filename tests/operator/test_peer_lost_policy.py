@@ -226,6 +226,9 @@ def test_decide_writes_why_it_waits_and_looks_again_when_the_wait_runs_out() -> 
     assert len(cut.create) == 1 and "llama-1" in cut.delete, cut  # replaced, not restarted in its pod
     (cond,) = [c for c in out.status["conditions"] if c["type"] == "Restarting"]
     assert (cond["status"], cond["reason"]) == ("Unknown", "WaitingForLostPeer"), cond
-    lost = decide(View(job=job("InPlace"), pods=pods, now=NOW, assignment=ASSIGNED, known_nodes={"n0", "n1", "n2"},
-                       placed=True, looked=True, not_ready={"n1"}))
+    ready = {"type": "Ready", "status": "True"}
+    nodes = {n: {"metadata": {"name": n}, "status": {"conditions": [
+        {**ready, "status": "Unknown"} if n == "n1" else ready]}} for n in ("n0", "n1", "n2")}
+    lost = decide(View(job=job("InPlace"), pods=pods, now=NOW, assignment=ASSIGNED, known_nodes=nodes, nodes=nodes,
+                       placed=True, looked=True))
     assert lost.counter is not None and (lost.counter.kind, lost.counter.label) == ("restart", "disruption"), lost

@@ -11,21 +11,24 @@ before it creates anything, and classifies what the API server says:
 | 403 exceeded quota | ``transient`` | ``PodsCreated=False/QuotaExceeded``, retried with backoff |
 | 403 from RBAC, 404, 409, 429, 5xx, no answer | ``transient`` | ``PodsCreated=False/<reason>``, retried with backoff |
 
-Every kind posts an Event; nothing of a job that cannot start is left behind (the shell's ``create`` removes
-what the attempt had made). What a refusal leads to is an ``Outcome`` like every other decision: a final one
-``decide.failed``, any other :func:`retry` (a condition, a Warning Event, the next try after a backoff).
+Every kind posts an Event; nothing of a job that cannot start is left behind. The shell's ``create`` answers
+with :class:`NotCreated` (the refusal, and what the attempt had made), and what it leads to is an ``Outcome`` like
+every other decision (:meth:`NotCreated.instead`): a final refusal ``decide.failed``, then the pods the attempt
+made deleted and its Service and identity removed (:func:`left_behind`); any other :func:`refused` (a condition, a
+Warning Event, the next try after a backoff).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from ..models import TrainingJob
+from . import builders, memorypeers
 from .decide import Counter, Outcome, failed
 from .events import Event
 from .restart import RestartPlan
@@ -47,6 +50,47 @@ class Refusal:
     @property
     def final(self) -> bool:
         return self.kind in (INVALID, REJECTED)
+
+
+@dataclass(frozen=True)
+class NotCreated:
+    """A create step's answer when it did not create everything (``decide.Answer``): the API server's ``refusal``,
+    classified, with the refusals in a row (``tries``, this one included) and the backoff before the next try
+    (``wait``), and what this try had made (``made``: pods and the objects of a new gang); or no refusal: the
+    backoff after the last one still runs (``wait`` left), nothing was tried."""
+
+    wait: float
+    refusal: Refusal | None = None
+    tries: int = 0
+    made: tuple[Mapping[str, Any], ...] = ()
+
+    def instead(self, out: Outcome, now: datetime) -> Outcome:
+        job = out.job
+        assert job is not None, "pods to create without a job"
+        if self.refusal is None:
+            return Outcome(job, replace(out.plan, create=(), requeue_after=self.wait))
+        after = refused(job, out.plan, self.refusal, self.tries, self.wait, now)
+        if not self.refusal.final:
+            return after
+        pods = tuple(str(o["metadata"]["name"]) for o in self.made if o.get("kind") == "Pod")
+        return replace(after, delete=pods, remove=left_behind(job, self.made))
+
+
+def owned(job: TrainingJob, token: str) -> list[dict[str, Any]]:
+    """The objects a new gang is created with before its pods, in that order (a RoleBinding's escalation check
+    needs its Role to exist already): the Service, the worker identity, the memory tier's Secret (``token``)."""
+    secret = [builders.build_memory_secret(job, token)] if memorypeers.enabled(job) else []
+    return [builders.build_service(job), *builders.build_identity(job), *secret]
+
+
+def left_behind(job: TrainingJob, made: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    """What a final refusal removes besides the pods, in the order to delete it: what this try made; for a job that
+    never started, also an earlier try's Service and identity. Pods of an attempt already running are stopped by
+    the Failed phase."""
+    objects: Sequence[Mapping[str, Any]] = [o for o in made if o.get("kind") != "Pod"]
+    if job.status.attempt == 0:
+        objects = owned(job, "")
+    return tuple(reversed(objects))
 
 
 def retry_seconds(tries: int) -> float:

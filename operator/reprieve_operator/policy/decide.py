@@ -12,7 +12,8 @@ handler and the pod-event kick):
    last checkpoint of a queued job): the running gang learns its deadline before anything else is done;
 3. ``create``: the pods to create (a new gang is dry-run first, with its Service and identity), then
    ``created_event``; in place, the worker Role is rewritten with every pod's name (``role``);
-4. ``force_delete`` (grace 0: pods whose node is gone, no kubelet will confirm) and ``delete``;
+4. ``force_delete`` (grace 0: pods whose node is gone, no kubelet will confirm), ``delete``, then ``remove`` (the
+   Service and identity a job that cannot start leaves behind, in that order);
 5. ``assign``: the next in-place attempt's assignment, then ``assigned_event``. When every pod it lists already
    runs and none of them is created, deleted or dry-run here (``assign_first``: a restart in place, a spare taking
    over), it is written right after step 1 instead: the gang waits for nothing of steps 2-4 (a new spare, the
@@ -26,10 +27,11 @@ handler and the pod-event kick):
    pass (after the status: a Workload is never finished for a job whose status still says it runs);
 9. ``requeue_after``: look again after this many seconds (a backoff, old pods still draining, a notice's end).
 
-The only decisions left to the shell are those an API response makes: a refused create (``policy.create``
-classifies it and decides the refusal's own outcome: :func:`failed`, or a retry with backoff) and a refused
-Workload (:func:`workload_refused`) replace the steps after them. Status is written by carrying out an outcome
-only: ``record`` and ``status``, nothing else.
+An API answer that refuses a step stops the steps after it: ``apply_outcome`` returns it (an :class:`Answer`: a
+create that did not create everything, ``policy.create.NotCreated``; a refused Workload, :class:`WorkloadRefused`),
+and ``reconcile`` carries out the answer's own outcome, decided here (``Answer.instead``: :func:`failed` and what
+the attempt made deleted, a retry with backoff, ``Queued=True/WorkloadRefused``), in the same order. Status is
+written by carrying out an outcome only: ``record`` and ``status``, nothing else.
 
 Which reads a decision needs is also decided here: ``look_at_nodes`` (a lost pod's nodes, fresh from the API,
 before a lost pod is counted as preempted or disrupted; in place also ``look_also``, the nodes of the pods the
@@ -47,7 +49,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from .. import ANNOTATION_NOTICE
 from ..models import TrainingJob
@@ -81,7 +83,8 @@ PROBE_EVERY_SECONDS = 5.0  # while a silent peer is waited for: probe its pod ag
 @dataclass(frozen=True)
 class View:
     """What a reconcile read: the job, its pods (cached compact pods or API objects, never written to), the
-    in-place assignment, the known nodes (None: node cache not primed), and the node facts the shell derived."""
+    in-place assignment, the known nodes (None: node cache not primed), the cached nodes (their zones and Ready
+    conditions are read here: :func:`decide`), and the node facts the shell derived."""
 
     job: TrainingJob
     pods: Sequence[Mapping[str, Any]]
@@ -93,9 +96,8 @@ class View:
     placed: bool = False  # ``avoid`` was computed
     looked: bool = False  # the lost pods' nodes were read fresh
     last_commit_event: float | None = None  # when the job's last CheckpointCommitted Event was posted
-    zones: Mapping[str, str] = field(default_factory=dict)  # node -> topology.kubernetes.io/zone (memory tier)
+    nodes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> compact node, as cached
     kueue: kueue.Read | None = None  # the job's queue as read (None: Kueue off; ``policy.kueue.decide_queue``)
-    not_ready: Collection[str] = ()  # known nodes whose Ready condition is False/Unknown (``views.not_ready_nodes``)
     peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS  # --peer-lost-wait-seconds (``policy.restart``)
     gone: Sequence[views.GonePod] = ()  # the job's pods the watch saw deleted (where a missing worker ran)
     probed: bool = False  # the silent peers' pods were probed (``Outcome.probe``)
@@ -125,6 +127,7 @@ class Outcome:
     role: bool = False  # in place: rewrite the worker Role with every pod's name after creating
     force_delete: tuple[str, ...] = ()
     delete: tuple[str, ...] = ()
+    remove: tuple[Mapping[str, Any], ...] = ()  # objects to delete after the pods, in this order (``policy.create``)
     assign: Assignment | None = None
     assigned_event: Event | None = None
     assign_first: bool = False  # write ``assign`` right after ``record`` (step 4 of the module docstring)
@@ -139,6 +142,26 @@ class Outcome:
     needs_placement: bool = False  # compute the nodes to avoid and decide again
     probe: frozenset[tuple[str, str]] = frozenset()  # (pod, address): probe these and decide again (``unreachable``)
     log: str = ""  # what to log once the record is written
+
+
+class Answer(Protocol):
+    """The API's answer to a step that it refused (``apply_outcome`` returns it): the steps after it are not carried
+    out; :meth:`instead` decides the outcome carried out in their place."""
+
+    def instead(self, out: Outcome, now: datetime) -> Outcome:
+        """The outcome carried out instead of the steps of ``out`` after the refused one."""
+        ...
+
+
+@dataclass(frozen=True)
+class WorkloadRefused:
+    """The API server refused to create Workload ``name`` (``message``: its answer)."""
+
+    name: str
+    message: str
+
+    def instead(self, out: Outcome, now: datetime) -> Outcome:
+        return workload_refused(out, self.name, self.message, now)
 
 
 def decide(view: View) -> Outcome:
@@ -292,7 +315,8 @@ def _admitted(job: TrainingJob, g: Gate | None) -> TrainingJob:
 def _recreate(view: View, g: Gate | None) -> Outcome:
     job, now = view.job, view.now
     pods = [p for p in (views.worker_pod(r, view.known_nodes) for r in view.pods) if p is not None]
-    pods = [dataclasses.replace(p, node_ready=False) if p.node in view.not_ready else p for p in pods]
+    not_ready = _not_ready(view)
+    pods = [dataclasses.replace(p, node_ready=False) if p.node in not_ready else p for p in pods]
     pods = [dataclasses.replace(p, reachable=False) if p.name in view.unreachable else p for p in pods]
     hold = held(view, g)
     gone = [(p.index, p.attempt, p.node) for p in view.gone]
@@ -326,10 +350,11 @@ def _recreate(view: View, g: Gate | None) -> Outcome:
 def _in_place(view: View, g: Gate | None) -> Outcome:
     job, now = view.job, view.now
     pods = [v for v in (views.pod_view(r, view.known_nodes) for r in view.pods) if v is not None]
-    if view.zones:
-        pods = [dataclasses.replace(v, zone=view.zones[v.node]) if v.node and v.node in view.zones else v
-                for v in pods]
-    pods = [dataclasses.replace(v, node_ready=False) if v.node in view.not_ready else v for v in pods]
+    zones = views.zones(view.pods, view.nodes) if memorypeers.enabled(job) else {}
+    if zones:
+        pods = [dataclasses.replace(v, zone=zones[v.node]) if v.node and v.node in zones else v for v in pods]
+    not_ready = _not_ready(view)
+    pods = [dataclasses.replace(v, node_ready=False) if v.node in not_ready else v for v in pods]
     pods = [dataclasses.replace(v, reachable=False) if v.name in view.unreachable else v for v in pods]
     hold = held(view, g)
     plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed, held=hold,
@@ -376,6 +401,13 @@ def _in_place(view: View, g: Gate | None) -> Outcome:
                    status_events=_status_events(job, status, view),
                    requeue_after=_sooner(_sooner(plan.requeue_after, podsready.unschedulable_due(view.pods, now)),
                                          PROBE_EVERY_SECONDS if plan.probe else None))
+
+
+def _not_ready(view: View) -> frozenset[str]:
+    """The nodes of ``view.pods`` whose Ready condition is False or Unknown (``views.not_ready_nodes`` over the
+    cached nodes these pods run on, not all of them)."""
+    on = {str(n) for p in view.pods if (n := (p.get("spec") or {}).get("nodeName")) and n in view.nodes}
+    return views.not_ready_nodes({n: view.nodes[n] for n in on})
 
 
 def _to_probe(plan: RestartPlan, view: View) -> frozenset[tuple[str, str]]:
