@@ -41,7 +41,7 @@ process from its own or a peer's memory), ``mixed`` (some from storage) and ``st
 
 Elastic jobs (``docs/elastic-operator.md``): the operator records each attempt's size when it creates it (the
 workers it trains on and the workers the job asks for; ``attempt_created``). The ``productive`` time of an attempt
-with fewer workers than desired is also counted as **degraded** (``Throughput``): productive, at reduced
+with fewer workers than desired is also counted as **degraded** (``policy.throughput``): productive, at reduced
 throughput, with its kept steps, beside the kept time and steps of full-size attempts, so the status says the
 steps per second while degraded against those at full size. Degraded time is a part of ``productive`` (it adds no
 time and takes none from a badput bucket); an attempt without a recorded size counts as neither (a job that never
@@ -56,6 +56,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .restores import TIERS
+from .throughput import Throughput
 
 BUCKETS = ("startup", "restore", "checkpoint", "productive", "lost", "restartGap")
 BADPUT = ("startup", "restore", "checkpoint", "lost", "restartGap")
@@ -119,66 +120,14 @@ class Attempt:
 
 
 @dataclass(frozen=True)
-class Throughput:
-    """Kept step time (``productive`` seconds) and kept steps of the closed attempts whose size is known: at full
-    size and degraded (fewer workers than desired); ``degraded_capacity`` is the degraded seconds weighted by
-    workers / desired (the share of the job's workers that trained)."""
-
-    full_seconds: float = 0.0
-    full_steps: int = 0
-    degraded_seconds: float = 0.0
-    degraded_steps: int = 0
-    degraded_capacity: float = 0.0
-    degraded_attempts: int = 0
-
-    def add(self, a: Attempt, productive: float, kept_steps: int) -> Throughput:
-        """With attempt ``a``'s kept time and steps counted (unchanged when its size is not known)."""
-        if a.degraded is None:
-            return self
-        if not a.degraded:
-            return replace(self, full_seconds=self.full_seconds + productive, full_steps=self.full_steps + kept_steps)
-        assert a.workers is not None and a.desired
-        return replace(self, degraded_seconds=self.degraded_seconds + productive,
-                       degraded_steps=self.degraded_steps + kept_steps,
-                       degraded_capacity=self.degraded_capacity + productive * a.workers / a.desired,
-                       degraded_attempts=self.degraded_attempts + 1)
-
-    def to_status(self) -> dict[str, Any]:
-        return {"fullSeconds": round(self.full_seconds, 3), "fullSteps": self.full_steps,
-                "degradedSeconds": round(self.degraded_seconds, 3), "degradedSteps": self.degraded_steps,
-                "degradedCapacity": round(self.degraded_capacity, 3), "degradedAttempts": self.degraded_attempts}
-
-    @classmethod
-    def from_status(cls, raw: Any) -> Throughput:
-        if not isinstance(raw, dict):
-            return cls()
-        return cls(float(raw.get("fullSeconds") or 0.0), int(raw.get("fullSteps") or 0),
-                   float(raw.get("degradedSeconds") or 0.0), int(raw.get("degradedSteps") or 0),
-                   float(raw.get("degradedCapacity") or 0.0), int(raw.get("degradedAttempts") or 0))
-
-    def summary(self) -> dict[str, Any] | None:
-        """``status.goodput.degraded``; None for a job that never trained degraded."""
-        if not self.degraded_attempts:
-            return None
-        rate = self.degraded_steps / self.degraded_seconds if self.degraded_seconds > 0 else None
-        full = self.full_steps / self.full_seconds if self.full_seconds > 0 else None
-        return {"seconds": round(self.degraded_seconds, 1), "steps": self.degraded_steps,
-                "stepsPerSecond": None if rate is None else round(rate, 6),
-                "fullSizeStepsPerSecond": None if full is None else round(full, 6),
-                "throughputRatio": round(rate / full, 4) if rate is not None and full else None,
-                "workersRatio": (round(self.degraded_capacity / self.degraded_seconds, 4)
-                                 if self.degraded_seconds > 0 else None),
-                "attempts": self.degraded_attempts}
-
-
-@dataclass(frozen=True)
 class Accounting:
     closed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
     lost_steps: int = 0
     open: tuple[Attempt, ...] = ()  # attempts whose lost steps are not known yet (until a later one reports)
     history: tuple[tuple[tuple[str, Any], ...], ...] = ()  # the last HISTORY closed attempts (sorted items)
     restores: tuple[tuple[str, int, float], ...] = ()  # closed attempts' restores: (tier, count, seconds)
-    throughput: Throughput = Throughput()  # closed attempts of a known size: kept time and steps, full and degraded
+    # closed attempts of a known size: kept time and steps, full size and degraded (``policy.throughput``)
+    throughput: Throughput = field(default_factory=Throughput)
 
     def to_status(self) -> dict[str, Any]:
         out = {"closed": {k: round(v, 3) for k, v in self.closed.items()}, "lostSteps": self.lost_steps,
@@ -350,7 +299,7 @@ def _close(acc: Accounting, a: Attempt, end: float, nxt: int | None) -> Accounti
     return replace(acc, closed={k: acc.closed[k] + buckets[k] for k in BUCKETS}, lost_steps=acc.lost_steps + n,
                    history=(*acc.history, _closed(a, end, buckets, n))[-HISTORY:],
                    restores=_count_restore(acc.restores, a),
-                   throughput=acc.throughput.add(a, buckets["productive"], max(0, kept)))
+                   throughput=acc.throughput.add(a.workers, a.desired, buckets["productive"], max(0, kept)))
 
 
 def finished(acc: Accounting, t: float) -> Accounting:
