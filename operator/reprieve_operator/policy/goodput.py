@@ -109,14 +109,7 @@ class Attempt:
     ended: float | None = None
     report: Report | None = None
     workers: int | None = None  # the workers it trains on (None: not recorded)
-    desired: int | None = None  # the workers the job asked for when it was created
-
-    @property
-    def degraded(self) -> bool | None:
-        """Trains on fewer workers than desired; None when its size was not recorded."""
-        if self.workers is None or self.desired is None:
-            return None
-        return self.workers < self.desired
+    desired: int | None = None  # the workers the job asked for then (degraded: workers < desired)
 
 
 @dataclass(frozen=True)
