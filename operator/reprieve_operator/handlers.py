@@ -50,7 +50,9 @@ async def job_event(event: Any, body: Any, memo: Any, **_: Any) -> None:
         jobwatch.forget(*key)
     else:
         old = cache.jobs.get(key)
-        jobwatch.record(*key, old["status"] if old else None, dict(body.get("status") or {}))
+        replicas = (body.get("spec") or {}).get("replicas")
+        jobwatch.record(*key, old["status"] if old else None, dict(body.get("status") or {}),
+                        replicas if isinstance(replicas, int) else None)
         cache.upsert_job(body)
 
 

@@ -4,7 +4,8 @@ function that records it (called from every watched TrainingJob event, so no rec
 * every event: the job's goodput, badput, step and phase gauges (``metrics.JOBS``);
 * an attempt closed by the accounting with a successor: its restart gap (last reported step -> the next
   attempt's creation) into ``reprieve_restart_gap_seconds``;
-* the first checkpoint committed after a notice: notice -> commit into ``reprieve_notice_to_commit_seconds``.
+* the first checkpoint committed after a notice: notice -> commit into ``reprieve_notice_to_commit_seconds``;
+* an elastic size change (``currentWorkers`` fell or rose): ``reprieve_job_resizes_total{direction}``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .policy.times import parse_time
 class Transitions:
     restart_gaps: tuple[float, ...] = ()
     notice_to_commit: float | None = None
+    resize: str | None = None  # "shrink" or "grow"
 
 
 def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Transitions:
@@ -36,7 +38,11 @@ def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Transi
     # Observed once per notice, whichever status field arrives first: the commit's report can reach status
     # before the notice itself is recorded there.
     to_commit = now[1] if now is not None and (then is None or then[0] != now[0]) else None
-    return Transitions(tuple(gaps), to_commit)
+    before, after = old.get("currentWorkers"), new.get("currentWorkers")
+    resize = None
+    if isinstance(before, int) and isinstance(after, int) and before != after:  # the first size is no change
+        resize = "shrink" if after < before else "grow"
+    return Transitions(tuple(gaps), to_commit, resize)
 
 
 def _committed_after_notice(status: Mapping[str, Any]) -> tuple[str, float] | None:
@@ -48,15 +54,19 @@ def _committed_after_notice(status: Mapping[str, Any]) -> tuple[str, float] | No
     return str(observed), (committed - seen).total_seconds()
 
 
-def record(namespace: str, name: str, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
-    """Update the metrics for one watched TrainingJob event (``old``: the cached status before it)."""
-    metrics.JOBS.update(namespace, name, dict(new))
+def record(namespace: str, name: str, old: Mapping[str, Any] | None, new: Mapping[str, Any],
+           replicas: int | None = None) -> None:
+    """Update the metrics for one watched TrainingJob event (``old``: the cached status before it; ``replicas``:
+    the job's ``spec.replicas``, its desired workers where the status does not say them)."""
+    metrics.JOBS.update(namespace, name, dict(new), replicas)
     t = transitions(old, new)
     job = metrics.job(name)
     for gap in t.restart_gaps:
         metrics.RESTART_GAP.labels(namespace, job).observe(gap)
     if t.notice_to_commit is not None:
         metrics.NOTICE_TO_COMMIT.labels(namespace, job).observe(t.notice_to_commit)
+    if t.resize is not None:
+        metrics.RESIZES.labels(namespace, job, t.resize).inc()
 
 
 def forget(namespace: str, name: str) -> None:

@@ -54,6 +54,8 @@ NODE_EVENTS = Counter("reprieve_node_events_total", "Node events handled (and he
 NOTICE_NODES = Gauge("reprieve_nodes_with_notice", "Nodes currently carrying an active preemption signal.")
 LEADER_TRIES = Counter("reprieve_leader_election_tries_total", "Reads of the leader-election Lease, one per try "
                        "to take it (a standby, every retry period) or to renew it (the leader).")
+RESIZES = Counter("reprieve_job_resizes_total", "Elastic size changes of a job's attempts (status.currentWorkers "
+                  "fell: shrink, rose: grow).", [*JOB_LABELS, "direction"])
 LEADER = Gauge("reprieve_leader", "1 while this operator replica holds the leader-election Lease (or runs "
                                   "without leader election), 0 while it stands by.")
 
@@ -83,7 +85,10 @@ class JobCollector:
         self._lock = threading.Lock()
         self._jobs: dict[tuple[str, str], tuple[str, dict[str, float]]] = {}
 
-    def update(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def update(self, namespace: str, name: str, status: dict[str, Any], replicas: int | None = None) -> None:
+        """``status``: the job's status; ``replicas``: its ``spec.replicas``, the desired workers where the status
+        does not say them (``desiredWorkers``); the current workers are the desired ones unless
+        ``currentWorkers`` says otherwise (as ``policy.elastic`` reads them)."""
         gp = status.get("goodput") or {}
         values: dict[str, float] = {}
         if gp.get("goodput") is not None:
@@ -91,6 +96,16 @@ class JobCollector:
         for key in ("productiveSeconds", "wallSeconds"):
             if gp.get(key) is not None:
                 values[key] = float(gp[key])
+        if gp:  # a job that never trained degraded: 0 s
+            degraded = gp.get("degraded") or {}
+            values["degradedSeconds"] = float(degraded.get("seconds") or 0.0)
+            values["degradedSteps"] = float(degraded.get("steps") or 0)
+            if degraded.get("throughputRatio") is not None:
+                values["degradedThroughputRatio"] = float(degraded["throughputRatio"])
+        desired = status.get("desiredWorkers") or replicas
+        if desired:
+            values["desiredWorkers"] = float(desired)
+            values["currentWorkers"] = float(status.get("currentWorkers") or desired)
         for bucket, v in (gp.get("badputSeconds") or {}).items():
             values[f"badput.{bucket}"] = float(v)
         for tier, tally in (gp.get("restores") or {}).items():
@@ -133,9 +148,23 @@ class JobCollector:
                                      "mixed (some processes from storage), storage.", labels=[*JOB_LABELS, "tier"])
         restore_s = GaugeMetricFamily("reprieve_job_restore_seconds", "Time the job's restores took, by where they "
                                       "read.", labels=[*JOB_LABELS, "tier"])
+        degraded = GaugeMetricFamily("reprieve_job_degraded_seconds", "Productive seconds the job trained on fewer "
+                                     "workers than desired (part of reprieve_job_productive_seconds; elastic).",
+                                     labels=JOB_LABELS)
+        degraded_steps = GaugeMetricFamily("reprieve_job_degraded_steps", "Kept steps the job trained on fewer "
+                                           "workers than desired.", labels=JOB_LABELS)
+        degraded_ratio = GaugeMetricFamily("reprieve_job_degraded_throughput_ratio", "Steps per second while "
+                                           "degraded / steps per second at full size (status.goodput.degraded).",
+                                           labels=JOB_LABELS)
+        desired = GaugeMetricFamily("reprieve_job_desired_workers", "The workers the job asks for "
+                                    "(status.desiredWorkers, else spec.replicas).", labels=JOB_LABELS)
+        current = GaugeMetricFamily("reprieve_job_current_workers", "The workers the job's current attempt trains on "
+                                    "(status.currentWorkers, else the desired workers).", labels=JOB_LABELS)
         for (ns, name), (_, v) in sorted(jobs.items()):
             for family, key in ((ratio, "goodput"), (productive, "productiveSeconds"), (wall, "wallSeconds"),
-                                (step, "step")):
+                                (step, "step"), (degraded, "degradedSeconds"), (degraded_steps, "degradedSteps"),
+                                (degraded_ratio, "degradedThroughputRatio"), (desired, "desiredWorkers"),
+                                (current, "currentWorkers")):
                 if key in v:
                     family.add_metric([ns, name], v[key])
             for bucket in self.BADPUT:
@@ -148,7 +177,8 @@ class JobCollector:
                 if f"restores.{tier}" in v:
                     restores.add_metric([ns, name, tier], v[f"restores.{tier}"])
                     restore_s.add_metric([ns, name, tier], v[f"restoreSeconds.{tier}"])
-        yield from (ratio, productive, wall, badput, step, saved, restores, restore_s)
+        yield from (ratio, productive, wall, badput, step, saved, restores, restore_s, degraded, degraded_steps,
+                    degraded_ratio, desired, current)
 
 
 JOBS = JobCollector()

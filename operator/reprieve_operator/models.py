@@ -590,6 +590,25 @@ class RestoresByTier(_Model):
     storage: RestoreTally | None = None
 
 
+class DegradedGoodput(_Model):
+    """Elastic: the productive time of attempts that trained on fewer workers than desired (``docs/goodput.md``,
+    "Degraded"); a part of productiveSeconds, at reduced throughput. Absent for a job that never trained shrunk."""
+
+    seconds: float = Field(default=0.0, description="Productive seconds trained with fewer workers than desired "
+                                                    "(part of productiveSeconds).")
+    steps: int = Field(default=0, description="Kept steps trained with fewer workers than desired.")
+    steps_per_second: float | None = Field(default=None, description="steps / seconds: the throughput while "
+                                                                     "degraded.")
+    full_size_steps_per_second: float | None = Field(
+        default=None, description="Kept steps / productive seconds of the attempts at full size.")
+    throughput_ratio: float | None = Field(
+        default=None, description="stepsPerSecond / fullSizeStepsPerSecond (the same global batch: 0.75 on 3 of 4 "
+                                  "workers scales perfectly).")
+    workers_ratio: float | None = Field(
+        default=None, description="Workers trained on / desired workers, averaged over the degraded seconds.")
+    attempts: int = Field(default=0, description="Attempts that trained degraded.")
+
+
 class GoodputStatus(_Model):
     """Per-job goodput accounting (``policy.goodput``), from progress reports, attempts and the job's end.
     Provisional while the job runs (the current attempt's steps count as kept until the next attempt reports
@@ -602,6 +621,9 @@ class GoodputStatus(_Model):
     lost_steps: int = Field(default=0, description="Steps computed again after interruptions.")
     restores: RestoresByTier = Field(default_factory=RestoresByTier,
                                      description="Restores by the tier they read from, with their seconds.")
+    degraded: DegradedGoodput | None = Field(
+        default=None, description="Elastic: productive time trained with fewer workers than desired, and its "
+                                  "throughput against full size.")
     updated_at: str | None = Field(default=None, description="When these figures were computed.")
     accounting: dict[str, Any] = Field(
         default_factory=dict, description="The operator's bookkeeping (closed buckets, open attempts); internal.",

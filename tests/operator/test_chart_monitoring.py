@@ -125,4 +125,7 @@ def test_every_per_job_metric_the_dashboard_graphs_is_one_the_operator_exports()
     collector.update("ns", "j", {"phase": "Running"})
     exported = {family.name for family in collector.collect()}
     assert {"reprieve_job_restores", "reprieve_job_restore_seconds", "reprieve_job_saved_step"} <= graphed
+    # elastic (issue #47): degraded time beside the productive time, its throughput, current vs desired workers
+    assert {"reprieve_job_degraded_seconds", "reprieve_job_degraded_throughput_ratio", "reprieve_job_desired_workers",
+            "reprieve_job_current_workers"} <= graphed
     assert graphed <= exported, graphed - exported

@@ -232,3 +232,33 @@ def test_elastic_defaults_and_the_immutable_shard_count(cluster: Any, chart: str
     manifest["spec"]["elastic"] = {"minReplicas": 2, "virtualShards": 4, "growBack": False}  # the rest may change
     cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
     assert cluster.read("tj", "elastic", namespace)["spec"]["elastic"]["minReplicas"] == 2
+
+
+def test_the_degraded_goodput_block_survives_the_api_servers_pruning(cluster: Any, chart: str,
+                                                                     namespace: str) -> None:
+    """status.goodput.degraded as policy.goodput writes it for a job that shrank and grew (docs/goodput.md,
+    "Degraded"): the API server's structural schema keeps every field (a field missing from the CRD would be
+    pruned without an error)."""
+    from reprieve_operator.policy.goodput import Report, fold, status
+
+    raw = None
+    for attempt, created, workers, report in [
+            (1, 0.0, 4, Report(1, 49, 54.0, 0, 5.0, 1.0)),
+            (2, 60.0, 3, Report(2, 124, 163.0, 45, 64.25, 1.25, 1.0)),
+            (3, 165.0, 4, Report(3, 199, 242.0, 125, 168.0, 1.0))]:
+        acc = fold(raw, now=created, new_attempt=attempt, workers=workers, desired=4)
+        assert acc is not None
+        acc = fold(acc.to_status(), now=report.time, report=report)
+        assert acc is not None
+        raw = acc.to_status()
+    done = fold(raw, now=243.0, ended=True)
+    assert done is not None
+    goodput = status(done, 243.0)
+    assert goodput["degraded"]["throughputRatio"] == 0.8
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(job_manifest("shrunk", namespace, suspend=True)))
+    cluster.kubectl("patch", "tj", "shrunk", "-n", namespace, "--subresource=status", "--type=merge", "-p",
+                    json.dumps({"status": {"goodput": goodput, "desiredWorkers": 4, "currentWorkers": 4}}))
+    got = cluster.read("tj", "shrunk", namespace)["status"]
+    assert got["goodput"]["degraded"] == goodput["degraded"]
+    assert got["goodput"]["accounting"]["throughput"] == goodput["accounting"]["throughput"]
+    assert [h["workers"] for h in got["goodput"]["accounting"]["history"]] == [4, 3, 4]

@@ -253,3 +253,100 @@ def test_an_attempt_replaced_before_its_first_step_does_not_hide_the_lost_steps_
         assert acc.closed["productive"] >= 40.0 - 1e-9
     if not still_open:
         assert sum(acc.closed.values()) == pytest.approx(facts[-1][2])
+
+
+# Issue #47 (5): an elastic job's degraded time. desired 4 workers; each attempt is (attempt, created, workers,
+# report); the job ends at the last time. The base case: attempt 1 on 4 workers trains steps 0-49 at 1 s a step
+# (its last at 54 s) and loses a node without notice; attempt 2 shrinks to 3 workers at 60 s, restores step 44 from
+# the memory tier (steps 45-49 lost at the shrink) and trains steps 45-124 at 1.25 s a step (the same global
+# batch on 3 of 4 workers); attempt 3 grows back to 4 at 165 s from the agreed step 124 and trains 125-199 at 1 s.
+A1 = (1, 0.0, 4, rep(1, 0, 5.0, 49, 54.0))
+A2 = (2, 60.0, 3, rep(2, 45, 64.25, 124, 163.0, step_s=1.25, restore=1.0))
+A3 = (3, 165.0, 4, rep(3, 125, 168.0, 199, 242.0, restore=0.5))
+# (case, attempts, end, lost steps, productive seconds, status.goodput.degraded)
+DEGRADED = [
+    ("shrank at a loss and grew back: degraded 100 s, 80 steps at 0.8 of full size's steps per second",
+     [A1, A2, A3], 243.0, 5, 45.0 + 100.0 + 75.0,
+     {"seconds": 100.0, "steps": 80, "stepsPerSecond": 0.8, "fullSizeStepsPerSecond": 1.0, "throughputRatio": 0.8,
+      "workersRatio": 0.75, "attempts": 1}),
+    ("still shrunk (running): provisional, against the full size before the shrink",
+     [A1, A2], 163.0, 5, 45.0 + 100.0,
+     {"seconds": 100.0, "steps": 80, "stepsPerSecond": 0.8, "fullSizeStepsPerSecond": 1.0, "throughputRatio": 0.8,
+      "workersRatio": 0.75, "attempts": 1}),
+    # a second loss while degraded: 3 -> 2 workers at 2 s a step (steps 85-124 redone: 0 lost, agreed at 84)
+    ("shrank twice, 4 -> 3 -> 2, then grew: one figure over both sizes, workers weighted by time",
+     [A1, (2, 60.0, 3, rep(2, 45, 64.25, 84, 113.0, step_s=1.25, restore=1.0)),
+      (3, 115.0, 2, rep(3, 85, 119.0, 124, 197.0, step_s=2.0)), (4, 199.0, 4, rep(4, 125, 202.0, 199, 276.0))],
+     277.0, 5, 45.0 + 50.0 + 80.0 + 75.0,
+     {"seconds": 130.0, "steps": 80, "stepsPerSecond": round(80 / 130, 6), "fullSizeStepsPerSecond": 1.0,
+      "throughputRatio": round(80 / 130, 4), "workersRatio": round((50 * 0.75 + 80 * 0.5) / 130, 4),
+      "attempts": 2}),
+    # a hard kill while shrunk: attempt 2's steps 115-124 are redone by attempt 3 (memory copy of 114)
+    ("a loss while shrunk: the degraded steps redone are lost, not degraded",
+     [A1, A2, (3, 165.0, 3, rep(3, 115, 169.25, 124, 180.5, step_s=1.25))], 182.0, 5 + 10, 45.0 + 87.5 + 12.5,
+     {"seconds": 100.0, "steps": 80, "stepsPerSecond": 0.8, "fullSizeStepsPerSecond": 1.0, "throughputRatio": 0.8,
+      "workersRatio": 0.75, "attempts": 2}),
+    ("never shrank (sizes recorded, all full size): no degraded figures", [A1, (2, 60.0, 4, A2[3]), A3], 243.0, 5,
+     45.0 + 100.0 + 75.0, None),
+    ("sizes not recorded (an operator before the wiring): no degraded figures",
+     [(1, 0.0, None, A1[3]), (2, 60.0, None, A2[3]), (3, 165.0, None, A3[3])], 243.0, 5, 45.0 + 100.0 + 75.0, None),
+    ("the size is recorded from the shrink on: degraded, no full-size figure to compare with",
+     [(1, 0.0, None, A1[3]), A2, A3[:2] + (None, A3[3])], 243.0, 5, 45.0 + 100.0 + 75.0,
+     {"seconds": 100.0, "steps": 80, "stepsPerSecond": 0.8, "fullSizeStepsPerSecond": None, "throughputRatio": None,
+      "workersRatio": 0.75, "attempts": 1}),
+]
+
+
+@pytest.mark.parametrize("attempts,end,lost_steps,productive,degraded", [r[1:] for r in DEGRADED],
+                         ids=[r[0] for r in DEGRADED])
+def test_degraded_time_is_productive_at_reduced_throughput(
+        attempts: list[tuple[int, float, int | None, Report]], end: float, lost_steps: int, productive: float,
+        degraded: dict[str, object] | None) -> None:
+    from reprieve_operator.policy.goodput import fold, status
+
+    raw = None
+    for attempt, created, workers, report in attempts:
+        acc = fold(raw, now=created, new_attempt=attempt, workers=workers, desired=4)
+        assert acc is not None
+        acc = fold(acc.to_status(), now=report.time, report=report)
+        assert acc is not None
+        raw = acc.to_status()
+    running = status(Accounting.from_status(raw), end)  # the last attempt counted up to its report
+    assert running.get("degraded") == degraded
+    done = fold(raw, now=end, ended=True)
+    assert done is not None and done.lost_steps == lost_steps
+    assert sum(done.closed.values()) == pytest.approx(end)  # degraded time adds no second: a part of productive
+    assert done.closed["productive"] == pytest.approx(productive)
+    s = status(done, end)
+    assert s.get("degraded") == degraded and s["productiveSeconds"] == pytest.approx(productive)
+    assert s["goodput"] == pytest.approx(productive / end, abs=1e-4)
+    hist = [dict(h) for h in done.history]
+    assert [h.get("workers") for h in hist] == [a[2] for a in attempts]
+    assert all(h.get("desired") == (4 if h.get("workers") else None) for h in hist)
+
+
+def test_a_job_without_recorded_sizes_keeps_the_accounting_it_had() -> None:
+    """Nothing new in status.goodput or its bookkeeping for a job whose attempts carry no size (every job before
+    the elastic wiring): no ``degraded``, no ``throughput``, no ``workers`` on the attempts."""
+    from reprieve_operator.policy.goodput import fold, status
+
+    acc = fold(None, now=0.0, new_attempt=1)
+    assert acc is not None
+    acc = progress(attempt_created(progress(acc, rep(1, 0, 5.0, 49, 54.0)), 2, 60.0), rep(2, 45, 70.0, 99, 124.0))
+    done = finished(acc, 125.0)
+    for a in (acc, done):
+        raw = a.to_status()
+        assert "throughput" not in raw and "degraded" not in status(a, 125.0)
+        assert not [x for x in [*raw["open"], *raw["history"]] if {"workers", "desired"} & set(x)]
+
+
+def test_attempt_sizes_and_the_throughput_tally_survive_the_status_round_trip() -> None:
+    acc = attempt_created(Accounting(), 1, 0.0, workers=4, desired=4)
+    acc = progress(acc, A1[3])
+    acc = progress(attempt_created(acc, 2, 60.0, workers=3, desired=4), A2[3])
+    assert (acc.open[0].workers, acc.open[0].desired) == (3, 4) and acc.throughput.full_steps == 45
+    again = Accounting.from_status(acc.to_status())
+    assert again == acc
+    raw = acc.to_status()
+    raw["open"][0]["workers"] = "three"  # malformed: the size is not known, the accounting goes on
+    assert Accounting.from_status(raw).open[0].workers is None

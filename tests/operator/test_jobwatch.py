@@ -43,6 +43,11 @@ CASES = [
      {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:07Z"},
      {"lastNotice": {**NOTICE["lastNotice"], "observedAt": "2026-11-22T03:10:00Z"},
       "lastCheckpointTime": "2026-11-22T03:10:02Z"}, Transitions((), 2.0)),
+    ("an elastic shrink: currentWorkers fell", {"currentWorkers": 4}, {"currentWorkers": 3},
+     Transitions(resize="shrink")),
+    ("a grow back: currentWorkers rose", {"currentWorkers": 3}, {"currentWorkers": 4}, Transitions(resize="grow")),
+    ("the first size written is no resize", {}, {"currentWorkers": 4}, Transitions()),
+    ("the same size again: no resize", {"currentWorkers": 3}, {"currentWorkers": 3}, Transitions()),
 ]
 
 
@@ -63,6 +68,16 @@ GAUGE_SAMPLES = [
     'reprieve_job_saved_step{namespace="team-a",tier="storage",trainingjob="llama"} 100.0',
     'reprieve_job_restores{namespace="team-a",tier="memory",trainingjob="llama"} 2.0',
     'reprieve_job_restore_seconds{namespace="team-a",tier="storage",trainingjob="llama"} 0.6',
+    # elastic (docs/goodput.md, "Degraded"): degraded time, its throughput against full size, the workers
+    'reprieve_job_degraded_seconds{namespace="team-a",trainingjob="llama"} 30.0',
+    'reprieve_job_degraded_steps{namespace="team-a",trainingjob="llama"} 24.0',
+    'reprieve_job_degraded_throughput_ratio{namespace="team-a",trainingjob="llama"} 0.74',
+    'reprieve_job_desired_workers{namespace="team-a",trainingjob="llama"} 4.0',
+    'reprieve_job_current_workers{namespace="team-a",trainingjob="llama"} 3.0',
+    # a job that never shrank: 0 s degraded, all of its workers (spec.replicas where the status does not say)
+    'reprieve_job_degraded_seconds{namespace="team-a",trainingjob="gpt"} 0.0',
+    'reprieve_job_desired_workers{namespace="team-a",trainingjob="gpt"} 2.0',
+    'reprieve_job_current_workers{namespace="team-a",trainingjob="gpt"} 2.0',
 ]
 
 
@@ -74,12 +89,17 @@ def test_job_gauges_and_phases_with_and_without_the_job_label() -> None:
                                          "lastCheckpointStep": 100, "goodput": {
         "goodput": 0.9, "wallSeconds": 100.0, "productiveSeconds": 90.0,
         "badputSeconds": {"startup": 5.0, "restore": 1.0, "checkpoint": 1.0, "lost": 0.0, "restartGap": 3.0},
-        "restores": {"memory": {"count": 2, "seconds": 0.4}, "storage": {"count": 1, "seconds": 0.6}}}})
-    collector.update("team-a", "gpt", {"phase": "Running"})
+        "restores": {"memory": {"count": 2, "seconds": 0.4}, "storage": {"count": 1, "seconds": 0.6}},
+        "degraded": {"seconds": 30.0, "steps": 24, "throughputRatio": 0.74}}, "desiredWorkers": 4,
+        "currentWorkers": 3})
+    collector.update("team-a", "gpt", {"phase": "Running", "goodput": {"goodput": 1.0}}, replicas=2)
     collector.update("team-b", "bert", {"phase": "Failed"})
     text = generate_latest(registry).decode()
     missing = [sample for sample in GAUGE_SAMPLES if sample not in text.splitlines()]
     assert not missing, f"samples missing from the exposition: {missing}"
+    # no figure invented: no ratio without one in status, no workers without a size, no degraded time without goodput
+    assert 'reprieve_job_degraded_throughput_ratio{namespace="team-a",trainingjob="gpt"}' not in text
+    assert 'trainingjob="bert"' not in text
     collector.forget("team-a", "llama")
     assert 'trainingjob="llama"' not in generate_latest(registry).decode()
     metrics.set_job_label(False)

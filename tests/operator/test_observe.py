@@ -247,3 +247,28 @@ def test_status_goodput_folds_a_survivors_last_step_into_its_attempt() -> None:
     gp = job.status.goodput
     assert gp is not None and gp.lost_steps == 10 and gp.badput_seconds.lost == pytest.approx(10.0)
     assert gp.badput_seconds.restart_gap == pytest.approx(62 - 54)
+
+
+# (case, status before, the patch's size fields, the new attempt's recorded (workers, desired))
+ATTEMPT_SIZES = [
+    ("no size anywhere (before the elastic wiring): none recorded", {}, {}, (None, None)),
+    ("the patch that creates the attempt says its size", {}, {"currentWorkers": 3, "desiredWorkers": 4}, (3, 4)),
+    ("a size the status already has (unchanged, so not in the minimal patch)",
+     {"currentWorkers": 3, "desiredWorkers": 4}, {}, (3, 4)),
+    ("a grow in the patch wins over the status", {"currentWorkers": 3, "desiredWorkers": 4},
+     {"currentWorkers": 4}, (4, 4)),
+    ("no desiredWorkers: spec.replicas", {"currentWorkers": 1}, {}, (1, 2)),
+]
+
+
+@pytest.mark.parametrize("before,sizes,expected", [r[1:] for r in ATTEMPT_SIZES], ids=[r[0] for r in ATTEMPT_SIZES])
+def test_a_new_attempt_records_its_size_for_the_degraded_goodput(
+        before: dict[str, Any], sizes: dict[str, Any], expected: tuple[int | None, int | None]) -> None:
+    """docs/goodput.md, "Degraded": the accounting learns an attempt's size from currentWorkers/desiredWorkers."""
+    from reprieve_operator.policy.status import goodput_patch
+
+    job = make_job(replicas=2).with_status(attempt=1, **before).model()
+    gp = goodput_patch(job, "Running", {"attempt": 2, **sizes}, None, NOW)
+    assert gp is not None
+    (opened,) = gp["accounting"]["open"]
+    assert (opened.get("workers"), opened.get("desired")) == expected

@@ -38,6 +38,14 @@ write are slower), so an even split by step count would misplace seconds between
 Restores are also counted by where they read (``restores``: count and seconds per tier): ``memory`` (every
 process from its own or a peer's memory), ``mixed`` (some from storage) and ``storage``, from the report's
 ``restoredFrom.tier`` (the memory tier); a restore without it (no memory tier) is a storage restore.
+
+Elastic jobs (``docs/elastic-operator.md``): the operator records each attempt's size when it creates it (the
+workers it trains on and the workers the job asks for; ``attempt_created``). The ``productive`` time of an attempt
+with fewer workers than desired is also counted as **degraded** (``policy.throughput``): productive, at reduced
+throughput, with its kept steps, beside the kept time and steps of full-size attempts, so the status says the
+steps per second while degraded against those at full size. Degraded time is a part of ``productive`` (it adds no
+time and takes none from a badput bucket); an attempt without a recorded size counts as neither (a job that never
+shrank, or one before the wiring, reports nothing new).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .restores import TIERS
+from .throughput import Throughput
 
 BUCKETS = ("startup", "restore", "checkpoint", "productive", "lost", "restartGap")
 BADPUT = ("startup", "restore", "checkpoint", "lost", "restartGap")
@@ -99,6 +108,8 @@ class Attempt:
     created: float
     ended: float | None = None
     report: Report | None = None
+    workers: int | None = None  # the workers it trains on (None: not recorded)
+    desired: int | None = None  # the workers the job asked for then (degraded: workers < desired)
 
 
 @dataclass(frozen=True)
@@ -108,12 +119,16 @@ class Accounting:
     open: tuple[Attempt, ...] = ()  # attempts whose lost steps are not known yet (until a later one reports)
     history: tuple[tuple[tuple[str, Any], ...], ...] = ()  # the last HISTORY closed attempts (sorted items)
     restores: tuple[tuple[str, int, float], ...] = ()  # closed attempts' restores: (tier, count, seconds)
+    # closed attempts of a known size: kept time and steps, full size and degraded (``policy.throughput``)
+    throughput: Throughput = field(default_factory=Throughput)
 
     def to_status(self) -> dict[str, Any]:
         out = {"closed": {k: round(v, 3) for k, v in self.closed.items()}, "lostSteps": self.lost_steps,
                "open": [_attempt_dict(a) for a in self.open], "history": [dict(h) for h in self.history]}
         if self.restores:
             out["restores"] = {t: {"count": n, "seconds": round(sec, 3)} for t, n, sec in self.restores}
+        if self.throughput != Throughput():
+            out["throughput"] = self.throughput.to_status()
         return out
 
     @classmethod
@@ -125,7 +140,8 @@ class Accounting:
         restores = tuple((t, int(v.get("count") or 0), float(v.get("seconds") or 0.0))
                          for t, v in sorted((raw.get("restores") or {}).items()) if t in RESTORE_TIERS)
         return cls(closed, int(raw.get("lostSteps") or 0), tuple(_attempt(a) for a in raw.get("open") or []),
-                   tuple(tuple(sorted(h.items())) for h in raw.get("history") or []), restores)
+                   tuple(tuple(sorted(h.items())) for h in raw.get("history") or []), restores,
+                   Throughput.from_status(raw.get("throughput")))
 
 
 def _count_restore(restores: tuple[tuple[str, int, float], ...], a: Attempt) -> tuple[tuple[str, int, float], ...]:
@@ -147,11 +163,17 @@ def _closed(a: Attempt, end: float, buckets: dict[str, float], lost: int) -> tup
     if a.report is not None:
         out.update(firstStep=a.report.first_step, firstStepTime=a.report.first_step_time, step=a.report.step,
                    time=a.report.time)
+    out.update(_size_dict(a))
     return tuple(sorted(out.items()))
 
 
+def _size_dict(a: Attempt) -> dict[str, int]:
+    """The attempt's recorded size (``workers``, ``desired``), only the parts that were recorded."""
+    return {k: v for k, v in (("workers", a.workers), ("desired", a.desired)) if v is not None}
+
+
 def _attempt_dict(a: Attempt) -> dict[str, Any]:
-    out: dict[str, Any] = {"attempt": a.attempt, "created": a.created}
+    out: dict[str, Any] = {"attempt": a.attempt, "created": a.created, **_size_dict(a)}
     if a.ended is not None:
         out["ended"] = a.ended
     if a.report is not None:
@@ -174,7 +196,17 @@ def _attempt(raw: dict[str, Any]) -> Attempt:
                         float(rep["firstStepTime"]), float(rep["stepSeconds"]), float(rep.get("restoreSeconds", 0)),
                         float(rep.get("saveBlockingSeconds", 0)), rep.get("restoreTier"),
                         _saved_at(rep.get("savedStepsAt")))
-    return Attempt(int(raw["attempt"]), float(raw["created"]), raw.get("ended"), report)
+    return Attempt(int(raw["attempt"]), float(raw["created"]), raw.get("ended"), report,
+                   _count(raw.get("workers")), _count(raw.get("desired")))
+
+
+def _count(raw: Any) -> int | None:
+    """A recorded worker count; None when absent or not a positive integer (evidence, never a reason to fail)."""
+    try:
+        n = int(raw)
+    except (TypeError, ValueError):
+        return None
+    return n if n > 0 else None
 
 
 def _saved_at(raw: Any) -> tuple[tuple[int, float], ...]:
@@ -218,12 +250,15 @@ def split(a: Attempt, end: float, next_first_step: int | None) -> tuple[dict[str
     return out, lost
 
 
-def attempt_created(acc: Accounting, attempt: int, t: float) -> Accounting:
-    """Attempt ``attempt`` was created at ``t``: the attempt before it ends there."""
+def attempt_created(acc: Accounting, attempt: int, t: float, workers: int | None = None,
+                    desired: int | None = None) -> Accounting:
+    """Attempt ``attempt`` was created at ``t`` (on ``workers`` of the ``desired`` workers, when known: a size
+    without ``workers`` is not recorded): the attempt before it ends there."""
     if any(a.attempt >= attempt for a in acc.open):
         return acc
     opened = tuple(replace(a, ended=t) if a.ended is None else a for a in acc.open)
-    return _settle(replace(acc, open=(*opened, Attempt(attempt, t))))
+    size = (workers, desired) if workers is not None and desired is not None else (None, None)
+    return _settle(replace(acc, open=(*opened, Attempt(attempt, t, None, None, *size))))
 
 
 def progress(acc: Accounting, report: Report) -> Accounting:
@@ -249,19 +284,24 @@ def last_step(acc: Accounting, attempt: int, step: int, t: float) -> Accounting:
     return replace(acc, open=tuple(opened))
 
 
+def _close(acc: Accounting, a: Attempt, end: float, nxt: int | None) -> Accounting:
+    """``acc`` with attempt ``a`` (over ``[a.created, end]``, the next that reported resumed at ``nxt``) added to
+    the closed buckets, lost steps, history, restores and throughput (``a`` is not removed from ``open``)."""
+    buckets, n = split(a, end, nxt)
+    kept = 0 if a.report is None else a.report.step - a.report.first_step + 1 - n
+    return replace(acc, closed={k: acc.closed[k] + buckets[k] for k in BUCKETS}, lost_steps=acc.lost_steps + n,
+                   history=(*acc.history, _closed(a, end, buckets, n))[-HISTORY:],
+                   restores=_count_restore(acc.restores, a),
+                   throughput=acc.throughput.add(a.workers, a.desired, buckets["productive"], max(0, kept)))
+
+
 def finished(acc: Accounting, t: float) -> Accounting:
     """The job ended at ``t`` (Succeeded, Failed or Suspended): every open attempt closes, nothing is lost after
     the last one."""
-    closed, lost, history, restores = dict(acc.closed), acc.lost_steps, list(acc.history), acc.restores
-    open_ = list(acc.open)
-    for i, a in enumerate(open_):
-        end = a.ended if a.ended is not None else t
-        buckets, n = split(a, end, resumed_at(open_[i + 1:]))
-        closed = {k: closed[k] + buckets[k] for k in BUCKETS}
-        lost += n
-        history.append(_closed(a, end, buckets, n))
-        restores = _count_restore(restores, a)
-    return Accounting(closed, lost, (), tuple(history[-HISTORY:]), restores)
+    done = replace(acc, open=())
+    for i, a in enumerate(acc.open):
+        done = _close(done, a, a.ended if a.ended is not None else t, resumed_at(acc.open[i + 1:]))
+    return done
 
 
 def resumed_at(later: Iterable[Attempt]) -> int | None:
@@ -275,16 +315,11 @@ def resumed_at(later: Iterable[Attempt]) -> int | None:
 
 def _settle(acc: Accounting) -> Accounting:
     """Close every ended attempt once a later one has reported where it started (its lost steps are known)."""
-    closed, lost, history, restores = dict(acc.closed), acc.lost_steps, list(acc.history), acc.restores
-    open_ = list(acc.open)
+    open_ = acc.open
     while len(open_) >= 2 and open_[0].ended is not None and (nxt := resumed_at(open_[1:])) is not None:
-        buckets, n = split(open_[0], open_[0].ended, nxt)
-        closed = {k: closed[k] + buckets[k] for k in BUCKETS}
-        lost += n
-        history.append(_closed(open_[0], open_[0].ended, buckets, n))
-        restores = _count_restore(restores, open_[0])
-        open_.pop(0)
-    return Accounting(closed, lost, tuple(open_), tuple(history[-HISTORY:]), restores)
+        acc = _close(acc, open_[0], open_[0].ended, nxt)
+        open_ = open_[1:]
+    return replace(acc, open=open_)
 
 
 def summary(acc: Accounting, start: float | None, now: float) -> dict[str, Any]:
@@ -301,6 +336,9 @@ def summary(acc: Accounting, start: float | None, now: float) -> dict[str, Any]:
         "lostSteps": done.lost_steps,
         "restores": {t: {"count": n, "seconds": round(sec, 1)} for t, n, sec in done.restores},
     }
+    degraded = done.throughput.summary()
+    if degraded is not None:
+        out["degraded"] = degraded
     return out
 
 
@@ -321,17 +359,18 @@ def report_of(prog: dict[str, Any] | None) -> Report | None:
 
 
 def fold(raw: dict[str, Any] | None, *, now: float, new_attempt: int | None = None, created_at: float | None = None,
-         report: Report | None = None, ended: bool = False,
-         last_steps: Iterable[tuple[int, int, float]] = ()) -> Accounting | None:
+         report: Report | None = None, ended: bool = False, last_steps: Iterable[tuple[int, int, float]] = (),
+         workers: int | None = None, desired: int | None = None) -> Accounting | None:
     """One reconcile's facts folded into the stored accounting (``status.goodput.accounting``); None when
-    nothing changed (no status write needed). ``new_attempt`` was created at ``created_at`` (default ``now``).
+    nothing changed (no status write needed). ``new_attempt`` was created at ``created_at`` (default ``now``), on
+    ``workers`` of the ``desired`` workers when they are known (its degraded time counts only then).
     ``last_steps``: (attempt, step, when) a process said was its last finished step; folded first, while their
     attempts are open (an attempt closes once the next one reports)."""
     acc = before = Accounting.from_status(raw)
     for attempt, step, t in last_steps:
         acc = last_step(acc, attempt, step, t)
     if new_attempt is not None:
-        acc = attempt_created(acc, new_attempt, now if created_at is None else created_at)
+        acc = attempt_created(acc, new_attempt, now if created_at is None else created_at, workers, desired)
     if report is not None:
         acc = progress(acc, report)
     if ended and acc.open:
@@ -346,6 +385,9 @@ def status(acc: Accounting, now: float) -> dict[str, Any]:
     if last is not None and last.ended is None and last.report is not None:
         now = max(last.report.time, last.created)
     s = summary(acc, None, now)
-    return {"goodput": s["goodput"], "wallSeconds": s["wallSeconds"], "productiveSeconds": s["productiveSeconds"],
-            "badputSeconds": s["badputSeconds"], "lostSteps": s["lostSteps"], "restores": s["restores"],
-            "accounting": acc.to_status()}
+    out = {"goodput": s["goodput"], "wallSeconds": s["wallSeconds"], "productiveSeconds": s["productiveSeconds"],
+           "badputSeconds": s["badputSeconds"], "lostSteps": s["lostSteps"], "restores": s["restores"],
+           "accounting": acc.to_status()}
+    if "degraded" in s:
+        out["degraded"] = s["degraded"]
+    return out

@@ -141,7 +141,9 @@ def goodput_patch(job: TrainingJob, phase: str, patch: Mapping[str, Any], prog: 
                   now: datetime, last_steps: Iterable[tuple[int, int, float]] = ()) -> dict[str, Any] | None:
     """``status.goodput`` after this reconcile's facts (a new attempt in ``patch``, the progress report, the
     processes' last steps per attempt (``views.last_steps``), the end of the job); None when the accounting did
-    not change."""
+    not change. A new attempt's size is ``currentWorkers`` of ``desiredWorkers`` (``spec.replicas`` when not set),
+    from ``patch`` where it sets them, else from the status: the degraded time of ``docs/goodput.md`` counts only
+    for attempts created with ``currentWorkers`` set."""
     st = job.status
     raw = st.goodput.accounting if st.goodput is not None else None
     t = now.timestamp()
@@ -153,8 +155,11 @@ def goodput_patch(job: TrainingJob, phase: str, patch: Mapping[str, Any], prog: 
         # A job that ran before accounting existed (an operator upgrade): start with its current attempt.
         started = parse_time(st.attempt_start_time)
         new_attempt, created = st.attempt, (started.timestamp() if started else t)
-    acc = goodput.fold(raw, now=t, new_attempt=new_attempt, created_at=created,
-                       report=report, ended=phase in TERMINAL, last_steps=last_steps)
+    workers = to_int(patch.get("currentWorkers", st.current_workers))
+    desired = to_int(patch.get("desiredWorkers", st.desired_workers)) or job.spec.replicas
+    acc = goodput.fold(raw, now=t, new_attempt=new_attempt, created_at=created, report=report,
+                       ended=phase in TERMINAL, last_steps=last_steps,
+                       workers=workers, desired=desired)
     if acc is None:
         return None
     return {**goodput.status(acc, t), "updatedAt": rfc3339(now)}
