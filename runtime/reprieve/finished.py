@@ -102,11 +102,12 @@ class FinishedSteps:
         if not self._probing():  # handed over counts as finished: the loop's position
             self._noted, self._done = step, (step, t)
             return
-        with self._lock:
-            self._settle()
-            if len(self._pending) >= MAX_PENDING:  # a loop further ahead: its newest steps wait for room (they
-                self._noted = step  # cannot finish before the oldest ones anyway)
-                return
+        if self._pending:  # only this thread adds probes: none pending stays none (a step computed by its save)
+            with self._lock:
+                self._settle()
+                if len(self._pending) >= MAX_PENDING:  # a loop further ahead: its newest steps wait for room (they
+                    self._noted = step  # cannot finish before the oldest ones anyway)
+                    return
         try:
             probe = self._make_probe(state)
         except Exception as err:  # noqa: BLE001 - never a reason to stop training; the loop's position instead
@@ -271,9 +272,14 @@ def _at(node: Any, lookups: tuple[tuple[bool, Any], ...]) -> Any:
 
 
 def _on_device(leaf: Any) -> bool:
+    return isinstance(leaf, _array_type()) and bool(leaf.sharding.addressable_devices)
+
+
+@functools.cache
+def _array_type() -> type:
     import jax
 
-    return isinstance(leaf, jax.Array) and bool(leaf.sharding.addressable_devices)
+    return jax.Array
 
 
 def _ready(probe: Any) -> bool:
