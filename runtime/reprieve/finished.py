@@ -60,6 +60,7 @@ class FinishedSteps:
         self._where: _Where | None = None  # where the probed leaf sits (the first with a local shard)
         self._off = False  # a state the probe could not read: handed over counts as finished (the loop's position)
         self._wanted = probe  # None: decided at the first call (_probing)
+        self._on = False  # probing: decided (_probing) and not turned off
 
     @property
     def noted(self) -> int | None:
@@ -99,7 +100,7 @@ class FinishedSteps:
     def note(self, step: int, state: Any, t: float | None = None) -> None:
         """The loop handed ``step``'s state to save (it may still be computing)."""
         t = time.perf_counter() if t is None else t
-        if not self._probing():  # handed over counts as finished: the loop's position
+        if not (self._on or self._probing()):  # handed over counts as finished: the loop's position
             self._noted, self._done = step, (step, t)
             return
         if self._pending:  # only this thread adds probes: none pending stays none (a step computed by its save)
@@ -109,15 +110,19 @@ class FinishedSteps:
                     self._noted = step  # cannot finish before the oldest ones anyway)
                     return
         try:
-            probe = self._make_probe(state)
+            probe = leaf = self._leaf(state)
+            # a step computed already is said now, not kept (the next step may donate the array, and a deleted
+            # one reads as failed); one that failed already is kept: it reads as failed however it is asked
+            if leaf is not None and not leaf.is_ready():
+                probe = self._dispatch(leaf)
+            elif leaf is not None and _error(leaf) is None:
+                probe = None
         except Exception as err:  # noqa: BLE001 - never a reason to stop training; the loop's position instead
             self._turn_off(err)
             probe = None
         with self._lock:
             self._noted = step
-            # nothing on a device (a host-only state): handed over means finished; a step computed already is
-            # said now, not kept (the next step may donate the array, and a deleted one reads as failed)
-            if probe is None or (_ready(probe) and _error(probe) is None):
+            if probe is None:  # computed, or nothing on a device (a host-only state: handed over means finished)
                 self._pending.clear()  # the steps before it finished too (its inputs were their outputs)
                 self._done = (step, t)
                 return
@@ -136,11 +141,12 @@ class FinishedSteps:
             import jax
 
             wanted = self._wanted = jax.process_count() > 1
-        return wanted and not self._off
+        self._on = wanted and not self._off
+        return self._on
 
     def _turn_off(self, err: Exception) -> None:
         with self._lock:
-            self._off = True
+            self._off, self._on = True, False
             self._pending.clear()  # what they would say is older than the loop's position said from now on
         log.info("the last finished step is the loop's position from now on (no probe of the state: %s: %s)",
                  type(err).__name__, err)
@@ -160,14 +166,6 @@ class FinishedSteps:
                 self._pending.clear()  # a failed step poisons every later one (their inputs are its outputs)
                 return
             self._done = (step, t)
-
-    def _make_probe(self, state: Any) -> Any:
-        """What says when ``state``'s step is computed: its leaf, where that is computed already (no dispatch);
-        else a probe of the leaf; None for a state with nothing on a device."""
-        leaf = self._leaf(state)
-        if leaf is None or leaf.is_ready():
-            return leaf
-        return self._dispatch(leaf)
 
     def _leaf(self, state: Any) -> Any:
         """The state's first leaf with a local shard: at the place it was last time (a few lookups), else found
@@ -214,9 +212,10 @@ class _Where:
     """Where a leaf sits in a state: its key path as lookups (``state[key]``, ``getattr(state, name)``), or, for a
     node registered without keys, its index among the state's leaves (found by flattening every time)."""
 
-    def __init__(self, lookups: tuple[tuple[bool, Any], ...] | None, index: int) -> None:
+    def __init__(self, lookups: tuple[tuple[bool, Any], ...] | None, index: int, kind: type) -> None:
         self.lookups = lookups  # (by attribute, key) per level; None: by index
         self.index = index
+        self.kind = kind  # the leaf's array type: the place holds the same kind of leaf (one type check a save)
 
     @classmethod
     def first_on_device(cls, state: Any) -> _Where | None:
@@ -230,10 +229,11 @@ class _Where:
         lookups = _lookups(path)
         if lookups is not None and _at(state, lookups) is not leaf:
             lookups = None  # a node whose keys do not look it up (a custom pytree's own keys)
-        return cls(lookups, index)
+        return cls(lookups, index, type(leaf))
 
     def find(self, state: Any) -> Any:
-        """The leaf at this place in ``state`` if it is on a device, else None."""
+        """The leaf at this place in ``state`` if it is the same kind of array as the one found there, else None
+        (its sharding is not asked again: a state's leaf keeps its place on the devices while it trains)."""
         import jax
 
         if self.lookups is not None:
@@ -246,7 +246,7 @@ class _Where:
             if self.index >= len(leaves):
                 return None
             leaf = leaves[self.index]
-        return leaf if _on_device(leaf) else None
+        return leaf if type(leaf) is self.kind else None
 
 
 def _lookups(path: tuple[Any, ...]) -> tuple[tuple[bool, Any], ...] | None:
@@ -272,14 +272,9 @@ def _at(node: Any, lookups: tuple[tuple[bool, Any], ...]) -> Any:
 
 
 def _on_device(leaf: Any) -> bool:
-    return isinstance(leaf, _array_type()) and bool(leaf.sharding.addressable_devices)
-
-
-@functools.cache
-def _array_type() -> type:
     import jax
 
-    return jax.Array
+    return isinstance(leaf, jax.Array) and bool(leaf.sharding.addressable_devices)
 
 
 def _ready(probe: Any) -> bool:

@@ -31,14 +31,25 @@ class Probe:
             raise RuntimeError("the collective failed: peer lost")
 
 
+class Computing:
+    """The probed leaf of step ``state``'s state: still computing when the loop hands it over."""
+
+    def __init__(self, state: int) -> None:
+        self.state = state
+
+    def is_ready(self) -> bool:
+        return False
+
+
 def probed(monkeypatch: pytest.MonkeyPatch) -> tuple[FinishedSteps, dict[int, Probe]]:
     finished, probes = FinishedSteps(probe=True), {}
 
-    def make(state: Any) -> Probe:
-        probes[state] = Probe()
-        return probes[state]
+    def dispatch(leaf: Computing) -> Probe:
+        probes[leaf.state] = Probe()
+        return probes[leaf.state]
 
-    monkeypatch.setattr(finished, "_make_probe", make)
+    monkeypatch.setattr(finished, "_leaf", Computing)
+    monkeypatch.setattr(finished, "_dispatch", dispatch)
     return finished, probes
 
 
@@ -71,12 +82,12 @@ def test_a_failed_step_and_every_step_after_it_never_finished(monkeypatch: pytes
 def test_a_step_failed_already_when_handed_over_did_not_finish(monkeypatch: pytest.MonkeyPatch) -> None:
     finished = FinishedSteps(probe=True)
 
-    def ready(state: Any) -> Probe:
-        probe = Probe()
-        probe.ready, probe.error = True, state == 1
-        return probe
+    def computed(state: Any) -> Probe:  # the leaf itself, its step over already: failed in step 1
+        leaf = Probe()
+        leaf.ready, leaf.error = True, state == 1
+        return leaf
 
-    monkeypatch.setattr(finished, "_make_probe", ready)
+    monkeypatch.setattr(finished, "_leaf", computed)
     finished.note(0, 0, t=0.0)
     finished.note(1, 1, t=1.0)
     assert finished.last() == (0, 0.0)
@@ -109,7 +120,7 @@ def test_a_state_the_probe_cannot_read_falls_back_to_the_loops_position(monkeypa
     def broken(state: Any) -> None:
         raise TypeError("not a pytree of arrays")
 
-    monkeypatch.setattr(finished, "_make_probe", broken)
+    monkeypatch.setattr(finished, "_leaf", broken)
     finished.note(3, object(), t=1.0)
     finished.note(4, object(), t=2.0)
     assert finished.last() == (4, 2.0)
@@ -201,12 +212,13 @@ def test_the_probed_leaf_is_found_again_by_its_place_and_again_when_the_state_ch
     for step, state in enumerate([
         {"host": [1.0], "params": [{"b": jnp.ones(2), "w": jnp.ones(3)}]},  # the first leaf on a device: params[0].b
         {"host": [1.0], "params": [{"b": jnp.full(2, 2.0), "w": jnp.ones(3)}]},
+        {"host": [1.0], "params": [{"b": 9.0, "w": jnp.full(3, 2.5)}]},  # a host value there now: found again
         {"params": [{"w": jnp.full(3, 3.0)}]},  # laid out otherwise: found again
         Opaque(jnp.full(4, 4.0)),
         Opaque(jnp.full(4, 5.0)),
     ]):
         leaf = finished._leaf(state)
-        assert leaf is not None and float(leaf[0]) == [1.0, 2.0, 3.0, 4.0, 5.0][step], (step, leaf)
+        assert leaf is not None and float(leaf[0]) == [1.0, 2.0, 2.5, 3.0, 4.0, 5.0][step], (step, leaf)
         finished.note(step, jax.block_until_ready(state), t=float(step))
         assert finished.last() == (step, float(step))
 
