@@ -120,9 +120,12 @@ class FinishedSteps:
         except Exception as err:  # noqa: BLE001 - never a reason to stop training; the loop's position instead
             self._turn_off(err)
             probe = None
+        if probe is None and not self._pending:  # computed, or nothing on a device (a host-only state: handed
+            self._noted, self._done = step, (step, t)  # over means finished); nothing pending for a reader to
+            return  # settle meanwhile, so no lock
         with self._lock:
             self._noted = step
-            if probe is None:  # computed, or nothing on a device (a host-only state: handed over means finished)
+            if probe is None:
                 self._pending.clear()  # the steps before it finished too (its inputs were their outputs)
                 self._done = (step, t)
                 return
@@ -234,14 +237,14 @@ class _Where:
     def find(self, state: Any) -> Any:
         """The leaf at this place in ``state`` if it is the same kind of array as the one found there, else None
         (its sharding is not asked again: a state's leaf keeps its place on the devices while it trains)."""
-        import jax
-
         if self.lookups is not None:
             try:
                 leaf = _at(state, self.lookups)
             except (KeyError, IndexError, AttributeError, TypeError):
                 return None
         else:
+            import jax
+
             leaves = jax.tree_util.tree_leaves(state)
             if self.index >= len(leaves):
                 return None
