@@ -15,7 +15,8 @@ a donated array can no longer be asked whether it is ready); the probe is ready 
 and carries its error when a collective of that step failed (an errored result reads as ready; only
 ``block_until_ready`` tells it apart). Every step still computing is probed: the loop's own step time cannot
 choose fewer (a loop running ahead of its device sees its dispatch time, not the step's), and a survivor says its
-gang's step exactly. The cost per save, computed or probed, is in benchmarks/RESULTS.md, "The loop's own cost"
+gang's step exactly. A job of one process looks at nothing (no survivor to say a step: the loop's position
+stands). The cost per save, computed or probed, is in benchmarks/RESULTS.md, "The loop's own cost"
 (``benchmarks/loop_cost.py``).
 """
 

@@ -25,7 +25,7 @@ def test_the_loop_cost_benchmark_reports_every_shape_and_fails_over_its_target(t
     out = run(target_us)
     assert out.returncode == code and "Traceback" not in out.stderr, out.stdout[-2000:] + out.stderr[-3000:]
     assert "(saves started: 0)" in out.stdout, out.stdout  # nothing to save: the loop's own cost alone
-    for shape in ("no step", "synced step", "async step", "synced, probed", "async, probed",
+    for shape in ("no step", "synced step", "async step", "no step, probed", "synced, probed", "async, probed",
                   "finished-step probe per save"):
         assert f"\n{shape} " in out.stdout, out.stdout
     assert out.stdout.strip().splitlines()[-1].split(": ", 1)[1].startswith(verdict), out.stdout
