@@ -76,33 +76,12 @@ def run_block(job: Any, start: int, steps: int, step_s: float) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def finished_probe_us(leaves: int) -> float:
-    """Microseconds per ``Job.save`` call that :class:`reprieve.finished.FinishedSteps` adds: find the probed
-    leaf of a state of ``leaves`` arrays and dispatch its one-element probe (timeit, best of 3)."""
-    import jax.numpy as jnp
-    from reprieve.finished import FinishedSteps
-
-    state = {f"layer{i}": {"w": jnp.ones((64, 64)), "b": jnp.ones((64,))} for i in range(leaves // 2)}
-    finished = FinishedSteps()
-    for step in range(100):  # compile the probe, settle the deque
-        finished.note(step, state)
-    n = 3000
-
-    def noted() -> None:
-        for step in range(n):
-            finished.note(step, state)
-
-    return min(timeit.repeat(noted, number=1, repeat=3)) / n * 1e6
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--step-ms", type=float, default=10.0)
     parser.add_argument("--steps", type=int, default=500, help="steps per block")
     parser.add_argument("--blocks", type=int, default=8, help="blocks per variant (alternating)")
     parser.add_argument("--interval", type=float, default=0.1, help="reporter interval, seconds")
-    parser.add_argument("--probe-leaves", type=int, default=64,
-                        help="leaves of the state whose finished-step probe is timed (reprieve.finished)")
     args = parser.parse_args()
 
     import reprieve
@@ -154,7 +133,6 @@ def main() -> int:
             time.perf_counter()
 
     ns = (min(timeit.repeat(tracked, number=1, repeat=3)) - min(timeit.repeat(bare, number=1, repeat=3))) / n * 1e9
-    probe_us = finished_probe_us(args.probe_leaves)
 
     diff = paired
     cpu_per_patch = cpu / max(1, patches)
@@ -169,8 +147,6 @@ def main() -> int:
           f"{cpu_per_patch / args.interval:.4%} of wall time at this interval, "
           f"{cpu_per_patch / 5.0:.5%} at the shipped 5 s")
     print(f"{'training-thread statements (timeit)':38}{ns:>12.0f}ns  = {ns * 1e-9 / step_s:.5%} of the step")
-    print(f"{f'finished-step probe per save ({args.probe_leaves} leaves)':38}{probe_us:>12.1f}us  = "
-          f"{probe_us * 1e-6 / step_s:.4%} of the step")
     print(f"block medians off: {', '.join(f'{t * 1e3:.3f}' for t in times['off'])} ms")
     print(f"block medians on:  {', '.join(f'{t * 1e3:.3f}' for t in times['on'])} ms")
     server.shutdown()

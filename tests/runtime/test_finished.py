@@ -31,14 +31,36 @@ class Probe:
             raise RuntimeError("the collective failed: peer lost")
 
 
+class Computing:
+    """The probed leaf of step ``state``'s state: still computing when the loop hands it over."""
+
+    def __init__(self, state: int) -> None:
+        self.state = state
+
+    def is_ready(self) -> bool:
+        return False
+
+
+def settled(finished: FinishedSteps) -> tuple[int, float] | None:
+    """:meth:`FinishedSteps.last` once every probe dispatched so far is computed (a probe runs a moment after the
+    state it reads: waiting for the state alone races it)."""
+    for _step, _t, probe in list(finished._pending):
+        try:
+            probe.block_until_ready()
+        except Exception:  # noqa: BLE001, S110 - a failed step's probe: last() says so
+            pass
+    return finished.last()
+
+
 def probed(monkeypatch: pytest.MonkeyPatch) -> tuple[FinishedSteps, dict[int, Probe]]:
-    finished, probes = FinishedSteps(), {}
+    finished, probes = FinishedSteps(probe=True), {}
 
-    def make(state: Any) -> Probe:
-        probes[state] = Probe()
-        return probes[state]
+    def dispatch(leaf: Computing) -> Probe:
+        probes[leaf.state] = Probe()
+        return probes[leaf.state]
 
-    monkeypatch.setattr(finished, "_make_probe", make)
+    monkeypatch.setattr(finished, "_leaf", Computing)
+    monkeypatch.setattr(finished, "_dispatch", dispatch)
     return finished, probes
 
 
@@ -68,6 +90,20 @@ def test_a_failed_step_and_every_step_after_it_never_finished(monkeypatch: pytes
     assert finished.last() == (2, 2.0)
 
 
+def test_a_step_failed_already_when_handed_over_did_not_finish(monkeypatch: pytest.MonkeyPatch) -> None:
+    finished = FinishedSteps(probe=True)
+
+    def computed(state: Any) -> Probe:  # the leaf itself, its step over already: failed in step 1
+        leaf = Probe()
+        leaf.ready, leaf.error = True, state == 1
+        return leaf
+
+    monkeypatch.setattr(finished, "_leaf", computed)
+    finished.note(0, 0, t=0.0)
+    finished.note(1, 1, t=1.0)
+    assert finished.last() == (0, 0.0)
+
+
 def test_a_loop_far_ahead_keeps_its_oldest_probes_and_probes_again_once_they_finish(
         monkeypatch: pytest.MonkeyPatch) -> None:
     finished, probes = probed(monkeypatch)
@@ -84,18 +120,18 @@ def test_a_loop_far_ahead_keeps_its_oldest_probes_and_probes_again_once_they_fin
 
 
 def test_a_host_state_is_finished_when_handed_over() -> None:
-    finished = FinishedSteps()
+    finished = FinishedSteps(probe=True)
     finished.note(7, {"w": [1.0, 2.0]}, t=3.0)
     assert finished.last() == (7, 3.0)
 
 
 def test_a_state_the_probe_cannot_read_falls_back_to_the_loops_position(monkeypatch: pytest.MonkeyPatch) -> None:
-    finished = FinishedSteps()
+    finished = FinishedSteps(probe=True)
 
     def broken(state: Any) -> None:
         raise TypeError("not a pytree of arrays")
 
-    monkeypatch.setattr(finished, "_make_probe", broken)
+    monkeypatch.setattr(finished, "_leaf", broken)
     finished.note(3, object(), t=1.0)
     finished.note(4, object(), t=2.0)
     assert finished.last() == (4, 2.0)
@@ -107,13 +143,117 @@ def test_real_arrays_are_finished_once_computed() -> None:
 
     step_fn = jax.jit(lambda s: {"w": jnp.tanh(s["w"] @ s["w"]), "b": s["b"] + 1}, donate_argnums=0)
     state = {"w": jnp.full((64, 64), 0.01), "b": jnp.zeros((3,))}
-    finished = FinishedSteps()
+    finished = FinishedSteps(probe=True)
     for step in range(20):
         state = step_fn(state)
         finished.note(step, state, t=float(step))
     jax.block_until_ready(state)
-    last = finished.last()
+    last = settled(finished)
     assert last is not None and last[0] == 19
+
+
+def test_a_single_process_has_no_survivor_to_say_a_step_so_nothing_is_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import jax.numpy as jnp
+
+    finished = FinishedSteps()  # this test process is a job of one process
+    looked: list[Any] = []
+    monkeypatch.setattr(finished, "_leaf", looked.append)  # what every probe starts with (prepare's and note's)
+    finished.prepare({"w": jnp.ones((4, 4))})
+    for step in range(3):
+        finished.note(step, {"w": jnp.ones((4, 4))}, t=float(step))
+    assert looked == [] and finished.last() == (2, 2.0) and finished.noted == 2
+
+
+def counting_dispatches(monkeypatch: pytest.MonkeyPatch, finished: FinishedSteps) -> list[Any]:
+    dispatched: list[Any] = []
+    dispatch = finished._dispatch
+
+    def counted(leaf: Any) -> Any:
+        dispatched.append(leaf)
+        return dispatch(leaf)
+
+    monkeypatch.setattr(finished, "_dispatch", counted)
+    return dispatched
+
+
+def test_a_step_computed_by_its_save_is_said_at_once_without_a_probe_even_once_donated(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    step_fn = jax.jit(lambda s: {"w": s["w"] * 1.01}, donate_argnums=0)
+    state = jax.block_until_ready({"w": jnp.ones((8, 8))})
+    finished = FinishedSteps(probe=True)
+    dispatched = counting_dispatches(monkeypatch, finished)
+    finished.note(0, state, t=0.5)
+    state = jax.block_until_ready(step_fn(state))  # step 0's array donated before anyone asks: kept, it would
+    assert dispatched == [] and finished.last() == (0, 0.5)  # read as failed (a deleted array)
+    finished.note(1, state, t=1.5)
+    assert dispatched == [] and finished.last() == (1, 1.5)
+
+
+def test_a_step_still_computing_at_its_save_is_probed_and_said_once_computed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    slow = jax.jit(lambda s: {"w": jax.lax.fori_loop(0, 40, lambda i, w: jnp.tanh(w @ w), s["w"])},
+                   donate_argnums=0)
+    state = jax.block_until_ready(slow({"w": jnp.full((256, 256), 0.001)}))  # compiled
+    finished = FinishedSteps(probe=True)
+    finished.prepare(state)
+    dispatched = counting_dispatches(monkeypatch, finished)
+    state = slow(state)  # tens of ms of matmuls: not computed when the loop hands it over
+    finished.note(0, state, t=0.5)
+    assert len(dispatched) == 1 and finished.last() is None
+    jax.block_until_ready(slow(state))  # step 0's state donated by step 1, its probe still says
+    assert settled(finished) == (0, 0.5)
+
+
+def test_the_probe_compiled_for_the_steps_outputs_lowers_nothing_at_the_first_probe() -> None:
+    """What ``Job.compile_ahead`` hands over (``Compiled.out_info``): a restart's first step, still computing when
+    saved, then dispatches a probe compiled already (its lowering would be restart gap)."""
+    import jax
+    import jax.numpy as jnp
+    from reprieve.compile_ahead import watch_lowerings
+
+    slow = jax.jit(lambda s: {"w": jax.lax.fori_loop(0, 40, lambda i, w: jnp.tanh(w @ w), s["w"])},
+                   donate_argnums=0)
+    # placed on its device and not weakly typed, as a model's parameters (the step's outputs are then too)
+    state = {"w": jax.device_put(jnp.full((256, 256), 0.001, jnp.float32), jax.devices()[0])}
+    compiled = slow.lower(state).compile()
+    finished = FinishedSteps(probe=True)
+    finished.prepare_outputs(compiled.out_info)
+    state = compiled(state)  # still computing when handed over: probed
+    with watch_lowerings() as lowered:
+        finished.note(0, state, t=0.5)
+    assert finished._pending, "computed already: not probed (the step is too fast for this test)"
+    assert lowered.stop()[0] == 0, "the first probe compiled itself"
+    assert settled(finished) == (0, 0.5)
+
+
+def test_the_probed_leaf_is_found_again_by_its_place_and_again_when_the_state_changes_shape() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    class Opaque:  # a pytree node registered without keys: its leaf is found by flattening
+        def __init__(self, w: Any) -> None:
+            self.w = w
+
+    jax.tree_util.register_pytree_node(Opaque, lambda o: ((o.w,), None), lambda _, children: Opaque(*children))
+    finished = FinishedSteps(probe=True)
+    for step, state in enumerate([
+        {"host": [1.0], "params": [{"b": jnp.ones(2), "w": jnp.ones(3)}]},  # the first leaf on a device: params[0].b
+        {"host": [1.0], "params": [{"b": jnp.full(2, 2.0), "w": jnp.ones(3)}]},
+        {"host": [1.0], "params": [{"b": 9.0, "w": jnp.full(3, 2.5)}]},  # a host value there now: found again
+        {"params": [{"w": jnp.full(3, 3.0)}]},  # laid out otherwise: found again
+        Opaque(jnp.full(4, 4.0)),
+        Opaque(jnp.full(4, 5.0)),
+    ]):
+        leaf = finished._leaf(state)
+        assert leaf is not None and float(leaf[0]) == [1.0, 2.0, 2.5, 3.0, 4.0, 5.0][step], (step, leaf)
+        finished.note(step, jax.block_until_ready(state), t=float(step))
+        assert finished.last() == (step, float(step))
 
 
 def test_the_probe_works_under_the_loops_mesh() -> None:
@@ -128,13 +268,15 @@ from reprieve.finished import FinishedSteps
 mesh = Mesh(np.array(jax.devices()), ("p",))
 assert len(jax.devices()) == 4
 step_fn = jax.jit(lambda s: {"w": jnp.tanh(s["w"] * 1.01)}, donate_argnums=0)
-finished = FinishedSteps()
+finished = FinishedSteps(probe=True)
 with jax.set_mesh(mesh):
     state = {"w": jax.device_put(jnp.ones((16, 16)), NamedSharding(mesh, P("p")))}
+    finished.prepare(state)  # dispatches the probe (a step computed by the time it is saved dispatches none)
+    assert not finished._off, "the probe was turned off"
     for step in range(5):
         state = step_fn(state)
         finished.note(step, state, t=float(step))
-    jax.block_until_ready(state)
+    jax.block_until_ready([probe for _, _, probe in finished._pending])  # a probe runs just after its state
     assert not finished._off, "the probe was turned off"
     assert finished.last() == (4, 4.0), finished.last()
 print("ok")
