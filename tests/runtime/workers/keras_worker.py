@@ -1,0 +1,70 @@
+"""A Keras 3 ``model.fit`` (JAX backend) under the runtime with ``reprieve.keras.ReprieveCallback``.
+
+Environment: ``WORKER_DIR`` (writes ``final-<attempt>.npz``: the model's weights after fit), ``WORKER_EPOCHS``,
+``WORKER_NOTICE_AT`` (the global batch, counted from this attempt's first, after which the worker notifies the job
+of a notice due in ``WORKER_NOTICE_LEAD`` seconds), ``WORKER_SHUFFLE`` (fit's shuffle), ``WORKER_DROPOUT``,
+``WORKER_MODEL`` (``dense``, or ``wide``: another model), ``WORKER_BUILT`` (1: built before fit, 0: fit builds it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import keras
+import numpy as np
+import reprieve
+from reprieve.keras import ReprieveCallback
+
+from tests.runtime.helpers_agreement import worker_start
+
+
+def data() -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.RandomState(1).normal(size=(128, 8)).astype("float32")
+    return x, (x @ np.arange(8.0, dtype="float32") + 1.0)[:, None]
+
+
+def model() -> keras.Model:
+    width = 16 if os.environ.get("WORKER_MODEL", "dense") == "dense" else 24
+    layers = [keras.layers.Dense(width, activation="relu")]
+    if os.environ.get("WORKER_DROPOUT", "1") == "1":
+        layers.append(keras.layers.Dropout(0.2))  # a SeedGenerator: the state holds its RNG
+    m = keras.Sequential([*layers, keras.layers.Dense(1)])
+    m.compile(keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"])
+    if os.environ.get("WORKER_BUILT", "1") == "1":
+        m.build((None, 8))
+    return m
+
+
+class Notice(keras.callbacks.Callback):
+    def __init__(self, job: reprieve.Job, at: int, lead: float) -> None:
+        super().__init__()
+        self.job, self.at, self.lead, self.seen = job, at, lead, 0
+
+    def on_train_batch_end(self, batch: int, logs: object = None) -> None:
+        self.seen += 1
+        if self.seen == self.at:
+            self.job.notify("test", time.time() + self.lead)
+
+
+def main() -> None:
+    _, workdir, _, _ = worker_start(0)
+    keras.utils.set_random_seed(0)
+    x, y = data()
+    m = model()
+    job = reprieve.init()
+    callbacks: list[keras.callbacks.Callback] = [ReprieveCallback(job)]
+    at = int(os.environ.get("WORKER_NOTICE_AT", "0"))
+    if at:
+        callbacks.append(Notice(job, at, float(os.environ.get("WORKER_NOTICE_LEAD", "0.5"))))
+    history = m.fit(x, y, epochs=int(os.environ.get("WORKER_EPOCHS", "3")), batch_size=8, verbose=0,
+                    shuffle=os.environ.get("WORKER_SHUFFLE", "1") == "1", callbacks=callbacks)
+    attempt = os.environ.get("REPRIEVE_ATTEMPT", "1")
+    np.savez(workdir / f"final-{attempt}.npz", *[np.asarray(v.value) for v in m.weights])
+    (workdir / f"epochs-{attempt}.txt").write_text(str(len(history.history.get("loss", []))))
+
+
+if __name__ == "__main__":
+    main()
