@@ -85,6 +85,22 @@ def test_a_model_built_by_fit_resumes_too(tmp_path: Path) -> None:
     assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
 
 
+def test_a_fit_stopped_by_a_callback_keeps_its_batch_and_epoch_end_saves_are_kept(tmp_path: Path) -> None:
+    """EarlyStopping's way out (``model.stop_training``) mid-epoch: the batch it stopped at is saved and the job
+    finished (exit 0); a later fit goes on from there, bitwise as if never stopped. With ``save_at_epoch_end``
+    the last batch of each epoch is saved too."""
+    ref = fit(tmp_path / "ref", tmp_path / "ref-ckpt", WORKER_EPOCHS="2")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    stopped = fit(run, ckpt, 1, WORKER_EPOCHS="2", WORKER_STOP_AT="21", WORKER_EPOCH_SAVES="1")
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_0000000015_a1", "step_0000000020_a1"]
+    again = fit(run, ckpt, 2, WORKER_EPOCHS="2")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming fit at epoch 1, batch 5 (step 21" in again.stderr, again.stderr[-3000:]
+    assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
+
+
 def test_a_checkpoint_of_another_model_is_refused_naming_the_leaf(tmp_path: Path) -> None:
     run, ckpt = tmp_path / "run", tmp_path / "ckpt"
     first = fit(run, ckpt, 1, WORKER_EPOCHS="1", WORKER_NOTICE_AT="4")

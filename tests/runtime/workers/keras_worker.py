@@ -3,7 +3,9 @@
 Environment: ``WORKER_DIR`` (writes ``final-<attempt>.npz``: the model's weights after fit), ``WORKER_EPOCHS``,
 ``WORKER_NOTICE_AT`` (the global batch, counted from this attempt's first, after which the worker notifies the job
 of a notice due in ``WORKER_NOTICE_LEAD`` seconds), ``WORKER_SHUFFLE`` (fit's shuffle), ``WORKER_DROPOUT``,
-``WORKER_MODEL`` (``dense``, or ``wide``: another model), ``WORKER_BUILT`` (1: built before fit, 0: fit builds it).
+``WORKER_MODEL`` (``dense``, or ``wide``: another model), ``WORKER_BUILT`` (1: built before fit, 0: fit builds it),
+``WORKER_STOP_AT`` (the batch, counted as the notice's, after which another callback stops fit, as EarlyStopping
+does), ``WORKER_EPOCH_SAVES`` (1: ``ReprieveCallback(save_at_epoch_end=True)``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,17 @@ def model() -> keras.Model:
     return m
 
 
+class Stop(keras.callbacks.Callback):
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.seen = at, 0
+
+    def on_train_batch_end(self, batch: int, logs: object = None) -> None:
+        self.seen += 1
+        if self.seen == self.at:
+            self.model.stop_training = True
+
+
 class Notice(keras.callbacks.Callback):
     def __init__(self, job: reprieve.Job, at: int, lead: float) -> None:
         super().__init__()
@@ -55,10 +68,14 @@ def main() -> None:
     x, y = data()
     m = model()
     job = reprieve.init()
-    callbacks: list[keras.callbacks.Callback] = [ReprieveCallback(job)]
+    callbacks: list[keras.callbacks.Callback] = [
+        ReprieveCallback(job, save_at_epoch_end=os.environ.get("WORKER_EPOCH_SAVES") == "1")]
     at = int(os.environ.get("WORKER_NOTICE_AT", "0"))
     if at:
         callbacks.append(Notice(job, at, float(os.environ.get("WORKER_NOTICE_LEAD", "0.5"))))
+    stop = int(os.environ.get("WORKER_STOP_AT", "0"))
+    if stop:
+        callbacks.append(Stop(stop))
     history = m.fit(x, y, epochs=int(os.environ.get("WORKER_EPOCHS", "3")), batch_size=8, verbose=0,
                     shuffle=os.environ.get("WORKER_SHUFFLE", "1") == "1", callbacks=callbacks)
     attempt = os.environ.get("REPRIEVE_ATTEMPT", "1")
