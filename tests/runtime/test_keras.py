@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.runtime.helpers_agreement import REPO, node_notice, write_notice_file
+from tests.runtime.helpers_agreement import REPO, launch, node_notice, write_notice_file
 
 WORKER = REPO / "tests" / "runtime" / "workers" / "keras_worker.py"
 BATCHES = 16  # 128 samples, batch_size 8
@@ -70,6 +70,27 @@ def test_a_notice_mid_epoch_then_a_notice_during_the_restore_resume_at_the_exact
     assert third.returncode == 0, third.stderr[-3000:]
     assert "resuming fit at epoch" in third.stderr and "batch-exact" in third.stderr
     assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-3.npz")
+
+
+def test_two_processes_with_keras_distribution_agree_save_and_resume_bitwise(tmp_path: Path) -> None:
+    """``keras.distribution.DataParallel`` over 2 real ``jax.distributed`` processes (each feeds its half of the
+    samples, 8 batches an epoch); process 0 is notified mid-epoch 1: both save the one agreed step, exit with the
+    restart code and resume at the next batch."""
+    env = {"KERAS_BACKEND": "jax"}
+    ref = launch(tmp_path / "ref", 2, worker=WORKER, extra_env=env)
+    assert ref.wait(200) == [0, 0], ref.tail()
+    run = tmp_path / "run"
+    first = launch(run, 2, worker=WORKER, extra_env=env,
+                   process_env={0: {"WORKER_NOTICE_AT": str(random.randint(9, 13))}})
+    assert first.wait(200) == [RESTART] * 2, first.tail()
+    agreed = {log.read_text().split("agreed save step ")[1].split()[0] for log in first.logs}
+    assert len(agreed) == 1, agreed
+    again = launch(run, 2, worker=WORKER, extra_env={**env, "REPRIEVE_ATTEMPT": "2"})
+    assert again.wait(200) == [0, 0], again.tail()
+    (step,) = agreed
+    for log in again.logs:
+        assert f"resuming at step {int(step) + 1}" in log.read_text()
+    assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
 
 
 def test_a_model_built_by_fit_resumes_too(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
+import jax
 import keras
 import numpy as np
 import reprieve
@@ -64,10 +65,14 @@ class Notice(keras.callbacks.Callback):
 
 def main() -> None:
     _, workdir, _, _ = worker_start(0)
+    job = reprieve.init()  # before the model: with several processes, jax.distributed is up before any variable
+    if job.num_processes > 1:  # one data-parallel replica per process; each feeds its own half of the samples
+        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices(),
+                                                                            auto_shard_dataset=False))
     keras.utils.set_random_seed(0)
     x, y = data()
+    x, y = x[job.process_id::job.num_processes], y[job.process_id::job.num_processes]
     m = model()
-    job = reprieve.init()
     callbacks: list[keras.callbacks.Callback] = [
         ReprieveCallback(job, save_at_epoch_end=os.environ.get("WORKER_EPOCH_SAVES") == "1")]
     at = int(os.environ.get("WORKER_NOTICE_AT", "0"))
@@ -79,6 +84,8 @@ def main() -> None:
     history = m.fit(x, y, epochs=int(os.environ.get("WORKER_EPOCHS", "3")), batch_size=8, verbose=0,
                     shuffle=os.environ.get("WORKER_SHUFFLE", "1") == "1", callbacks=callbacks)
     attempt = os.environ.get("REPRIEVE_ATTEMPT", "1")
+    if job.process_id:
+        return
     np.savez(workdir / f"final-{attempt}.npz", *[np.asarray(v.value) for v in m.weights])
     (workdir / f"epochs-{attempt}.txt").write_text(str(len(history.history.get("loss", []))))
 
