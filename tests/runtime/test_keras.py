@@ -122,7 +122,7 @@ def test_a_fit_stopped_by_a_callback_keeps_its_batch_and_epoch_end_saves_are_kep
     assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
 
 
-def test_a_checkpoint_of_another_model_is_refused_naming_the_leaf(tmp_path: Path) -> None:
+def test_another_model_another_batch_size_or_several_steps_per_execution_are_refused(tmp_path: Path) -> None:
     run, ckpt = tmp_path / "run", tmp_path / "ckpt"
     first = fit(run, ckpt, 1, WORKER_EPOCHS="1", WORKER_NOTICE_AT="4")
     assert first.returncode == RESTART, first.stderr[-3000:]
@@ -132,6 +132,13 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_leaf(tmp_path: Path
                                              in other.stderr), \
         other.stderr[-3000:]
     assert not (run / "final-2.npz").exists()
+    # the same model fed in batches of 16: the saved batch is not the same place in the data
+    batches = fit(run, ckpt, 3, WORKER_EPOCHS="1", WORKER_BATCH="16")
+    assert batches.returncode != 0
+    assert "written with 16 batches per epoch, this fit has 8" in batches.stderr, batches.stderr[-3000:]
+    several = fit(run, ckpt, 4, WORKER_EPOCHS="1", WORKER_STEPS_PER_EXECUTION="2")
+    assert several.returncode != 0
+    assert "model.compile(steps_per_execution=2): ReprieveCallback needs 1" in several.stderr, several.stderr[-3000:]
 
 
 def test_another_backend_is_refused_at_import() -> None:

@@ -5,7 +5,8 @@ Environment: ``WORKER_DIR`` (writes ``final-<attempt>.npz``: the model's weights
 of a notice due in ``WORKER_NOTICE_LEAD`` seconds), ``WORKER_SHUFFLE`` (fit's shuffle), ``WORKER_DROPOUT``,
 ``WORKER_MODEL`` (``dense``, or ``wide``: another model), ``WORKER_BUILT`` (1: built before fit, 0: fit builds it),
 ``WORKER_STOP_AT`` (the batch, counted as the notice's, after which another callback stops fit, as EarlyStopping
-does), ``WORKER_EPOCH_SAVES`` (1: ``ReprieveCallback(save_at_epoch_end=True)``).
+does), ``WORKER_EPOCH_SAVES`` (1: ``ReprieveCallback(save_at_epoch_end=True)``), ``WORKER_BATCH`` (fit's batch size, 8),
+``WORKER_STEPS_PER_EXECUTION`` (compile's, 1).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def model() -> keras.Model:
     if os.environ.get("WORKER_DROPOUT", "1") == "1":
         layers.append(keras.layers.Dropout(0.2))  # a SeedGenerator: the state holds its RNG
     m = keras.Sequential([*layers, keras.layers.Dense(1)])
-    m.compile(keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"])
+    m.compile(keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"],
+              steps_per_execution=int(os.environ.get("WORKER_STEPS_PER_EXECUTION", "1")))
     if os.environ.get("WORKER_BUILT", "1") == "1":
         m.build((None, 8))
     return m
@@ -81,7 +83,7 @@ def main() -> None:
     stop = int(os.environ.get("WORKER_STOP_AT", "0"))
     if stop:
         callbacks.append(Stop(stop))
-    history = m.fit(x, y, epochs=int(os.environ.get("WORKER_EPOCHS", "3")), batch_size=8, verbose=0,
+    history = m.fit(x, y, epochs=int(os.environ.get("WORKER_EPOCHS", "3")), batch_size=int(os.environ.get("WORKER_BATCH", "8")), verbose=0,
                     shuffle=os.environ.get("WORKER_SHUFFLE", "1") == "1", callbacks=callbacks)
     attempt = os.environ.get("REPRIEVE_ATTEMPT", "1")
     if job.process_id:
