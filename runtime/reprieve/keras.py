@@ -210,7 +210,8 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
                 self._train_function = model.train_function
                 model.train_function = _skip_batch
         self._step = first - 1
-        self._steps = cast(Generator[int, None, None], self.job.steps(first, self._total))  # a generator: closed on an early end
+        # a generator (Job.steps): closed when fit ends before its last step
+        self._steps = cast(Generator[int, None, None], self.job.steps(first, self._total))
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         if epoch == self._resume_epoch:
