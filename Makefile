@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml operator/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	# Two distributions: the operator (operator/pyproject.toml) and the runtime with the tooling extras.
-	$(PY) -m pip install -q -e ./operator -e '.[runtime,dev,bench,emulators,orbax,example]'
+	$(PY) -m pip install -q -e ./operator -e '.[runtime,dev,bench,emulators,orbax,example,keras]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # moto's S3 server pins python-dateutil<3, which the kubernetes client forbids: it gets a venv of its own.

@@ -1,0 +1,117 @@
+"""What ``reprieve.keras.ReprieveCallback`` costs ``model.fit``: ``python benchmarks/keras_callback.py [--batches 400]``.
+
+One process, CPU, Keras 3 on JAX, an MLP of ``--width`` (4 Dense layers, Adam): three parts in one run.
+
+- ``idle``: the callback's two batch hooks per batch when nothing is due (``on_train_batch_begin``: the job's
+  ``steps`` generator; ``on_train_batch_end``: the state dict and ``job.save``); ``job_save_idle``: the runtime's
+  own ``job.save`` inside it (the loop of docs/runtime.md pays it and ``next(steps)`` every step).
+- ``stall``: the time ``on_train_batch_end`` blocks at a save (``REPRIEVE_CHECKPOINT_INTERVAL_STEPS``, Reprieve's
+  format, the device-to-host copy in the loop, the write in the background), against Keras's own
+  ``keras.callbacks.OrbaxCheckpoint(save_freq=N)`` (Orbax, async) on the same model and interval.
+
+Medians and p90 in microseconds (idle) and milliseconds (stall). Run with nothing else on the machine to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import keras
+import numpy as np
+
+
+def build(width: int) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.layers.Dense(width, activation="relu") for _ in range(3)] + [keras.layers.Dense(1)])
+    m.compile(keras.optimizers.Adam(1e-3), loss="mse")
+    m.build((None, 64))
+    return m
+
+
+def data(batches: int) -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.RandomState(0).normal(size=(batches * 32, 64)).astype("float32")
+    return x, x.sum(axis=1, keepdims=True)
+
+
+def timed(callback: keras.callbacks.Callback, hooks: tuple[str, ...]) -> dict[str, list[float]]:
+    """Wrap ``callback``'s ``hooks`` with a clock; the seconds of each call, per hook."""
+    times: dict[str, list[float]] = {h: [] for h in hooks}
+    for hook in hooks:
+        inner = getattr(callback, hook)
+
+        def wrapper(*args: Any, _inner: Any = inner, _out: list[float] = times[hook], **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                _out.append(time.perf_counter() - t0)
+
+        setattr(callback, hook, wrapper)
+    return times
+
+
+def stats(values: list[float], scale: float) -> dict[str, float]:
+    values = sorted(values)
+    return {"n": len(values), "median": round(statistics.median(values) * scale, 2),
+            "p90": round(values[int(0.9 * (len(values) - 1))] * scale, 2)}
+
+
+def reprieve_fit(width: int, batches: int, every: int, root: str) -> dict[str, Any]:
+    import reprieve
+    from reprieve.keras import ReprieveCallback
+
+    env = {"REPRIEVE_CHECKPOINT_URI": os.path.join(root, "reprieve"), "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": str(every),
+           "REPRIEVE_CHECKPOINT_KEEP": "2"}
+    job = reprieve.init(env=env, install_sigterm=False)
+    model = build(width)
+    callback = ReprieveCallback(job)
+    times = timed(callback, ("on_train_batch_begin", "on_train_batch_end"))
+    times.update(timed(job, ("save",)))  # the runtime's own decision, inside on_train_batch_end
+    x, y = data(batches)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False, callbacks=[callback])
+    begin, end = times["on_train_batch_begin"], times["on_train_batch_end"]
+    saving = {s for s in range(batches) if (s + 1) % every == 0 and s != batches - 1}  # the interval's saves
+    idle = [b + e for i, (b, e) in enumerate(zip(begin, end, strict=True)) if i not in saving and i > 1]
+    stall = [end[i] for i in sorted(saving)]
+    save = [t for i, t in enumerate(times["save"]) if i not in saving and i > 1]
+    state_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.weights + model.optimizer.variables)
+    return {"idle_us": stats(idle, 1e6), "stall_ms": stats(stall, 1e3), "state_mib": round(state_bytes / 2**20, 1),
+            "job_save_idle_us": stats(save, 1e6)}
+
+
+def orbax_fit(width: int, batches: int, every: int, root: str) -> dict[str, Any]:
+    model = build(width)
+    callback = keras.callbacks.OrbaxCheckpoint(os.path.join(root, "orbax"), save_freq=every, max_to_keep=2)
+    times = timed(callback, ("on_train_batch_end",))
+    x, y = data(batches)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False, callbacks=[callback])
+    end = times["on_train_batch_end"]
+    saving = [i for i in range(batches) if (i + 1) % every == 0]
+    idle = [e for i, e in enumerate(end) if i not in set(saving) and i > 1]
+    return {"idle_us": stats(idle, 1e6), "stall_ms": stats([end[i] for i in saving], 1e3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=400)
+    parser.add_argument("--every", type=int, default=40, help="save every N batches (both callbacks)")
+    parser.add_argument("--width", type=int, default=1024)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as root:
+        out = {"keras": keras.__version__, "batches": args.batches, "every": args.every, "width": args.width,
+               "reprieve": reprieve_fit(args.width, args.batches, args.every, root),
+               "keras_orbax_checkpoint": orbax_fit(args.width, args.batches, args.every, root)}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

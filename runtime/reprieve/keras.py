@@ -1,0 +1,268 @@
+"""``ReprieveCallback``: Keras 3 ``model.fit`` (JAX backend) that saves at Reprieve's agreed step and resumes at
+the exact next batch.
+
+    job = reprieve.init()
+    model.fit(x, y, epochs=10, callbacks=[reprieve.keras.ReprieveCallback(job)])
+
+Install with ``pip install reprieve[keras]``; run with ``KERAS_BACKEND=jax``. One batch is one step of the job:
+the callback calls ``job.save(step, state, data=position)`` after every batch (a lock and a comparison when
+nothing is due), so a notice ends in the agreed save on every process and the exit with the restart code, and
+``REPRIEVE_CHECKPOINT_INTERVAL_*`` gives periodic saves. The state is the model's trainable, non-trainable
+(Keras's ``SeedGenerator`` states among them: dropout resumes with the same masks), optimizer and metrics
+variables, keyed by variable path, in Reprieve's own format (``reprieve ls/inspect/verify`` read it).
+
+Resume: ``on_train_begin`` restores the variables and sets ``model._initial_epoch`` (as Keras's own
+``BackupAndRestore`` does); for the first ``k`` batches of the resumed epoch ``fit``'s train function is
+replaced by one that consumes the batch and trains nothing, so ``fit`` goes through the same batches in the same
+order and trains from batch ``k`` on. NumPy's global generator (Keras shuffles arrays with
+``np.random.permutation`` when an epoch's iterator starts) is saved as it was when the epoch began and put back
+when the resumed epoch begins: the resumed epoch sees the same permutation. docs/keras.md says what is
+restored and what is not.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Generator
+from typing import Any, cast
+
+import numpy as np
+
+from .job import Job
+
+log = logging.getLogger(__name__)
+
+GROUPS = ("trainable", "non_trainable", "optimizer", "metrics")  # the state's top-level keys
+_JAX_STATE = {"trainable": "trainable_variables", "non_trainable": "non_trainable_variables",
+              "optimizer": "optimizer_variables", "metrics": "metrics_variables"}  # keys of fit's model._jax_state
+
+
+def _keras() -> Any:
+    """Keras, on the JAX backend, or an error that says how to get it."""
+    try:
+        import keras
+    except ImportError as err:
+        raise ImportError(f"reprieve.keras: Keras could not be imported ({type(err).__name__}: {err}); install "
+                          "it with `pip install reprieve[keras]` and choose its JAX backend with KERAS_BACKEND=jax "
+                          f"(KERAS_BACKEND is {os.environ.get('KERAS_BACKEND', 'unset')!r})") from err
+    backend = keras.backend.backend()
+    if backend != "jax":
+        raise ValueError(f"reprieve.keras: Keras's backend must be 'jax', found {backend!r}: set KERAS_BACKEND=jax "
+                         "before Keras is imported (or \"backend\": \"jax\" in ~/.keras/keras.json)")
+    return keras
+
+
+class FitPosition:
+    """Where ``fit`` is: the epoch, the last batch trained in it, and NumPy's global generator as it was when
+    the epoch began. The job's data position (``get_state``/``set_state``), one per process."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.batch = -1
+        self.batches_per_epoch: int | None = None
+        self.numpy_rng: list[Any] | None = None
+
+    def get_state(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batch": self.batch, "batchesPerEpoch": self.batches_per_epoch,
+                "numpyRng": self.numpy_rng}
+
+    def set_state(self, value: Any) -> None:
+        if not isinstance(value, dict) or not {"epoch", "batch"} <= value.keys():
+            raise ValueError(f"reprieve.keras: the checkpoint's data position is not ReprieveCallback's "
+                             f"(expected {{epoch, batch, ...}}, found {str(value)[:200]}): it was not written by "
+                             "model.fit with ReprieveCallback")
+        self.epoch, self.batch = int(value["epoch"]), int(value["batch"])
+        self.batches_per_epoch = value.get("batchesPerEpoch")
+        self.numpy_rng = value.get("numpyRng")
+
+
+def numpy_rng_state() -> list[Any]:
+    """NumPy's global generator state as JSON (``np.random.get_state()``)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+    return [str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+
+
+def set_numpy_rng_state(value: list[Any]) -> None:
+    name, keys, pos, has_gauss, cached = value
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
+
+
+def resume_point(epoch: int, batch: int) -> tuple[int, int]:
+    """``(initial_epoch, batches to skip)`` after the batch ``batch`` of epoch ``epoch`` was saved. The epoch is
+    resumed even when ``batch`` was its last: its ``on_epoch_end`` (and validation) had not run before the exit."""
+    return epoch, batch + 1
+
+
+def _paths(variables: list[Any], group: str) -> list[str]:
+    paths = [v.path for v in variables]
+    seen: set[str] = set()
+    for p in paths:
+        if p in seen:
+            raise ValueError(f"reprieve.keras: two {group} variables share the path {p!r}: the checkpoint keys "
+                             "variables by path; give the layers distinct names")
+        seen.add(p)
+    return paths
+
+
+keras = _keras()
+
+
+class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+    """A Keras callback that makes ``model.fit`` a Reprieve job: restore at ``on_train_begin``, a save decision
+    after every batch, the agreed save and the exit with the restart code on a notice.
+
+    Not a drop-in for ``keras.callbacks.BackupAndRestore``: that one expects the same process to call ``fit``
+    again after an exception; a Reprieve job exits with the restart code and the next attempt (the operator,
+    ``reprieve-run`` or ``reprieve run``) resumes. ``BackupAndRestore(backup_dir)`` becomes
+    ``ReprieveCallback(job)`` with ``REPRIEVE_CHECKPOINT_URI=backup_dir``.
+
+    Args:
+        job: the job (:func:`reprieve.init`); the callback calls ``restore_or``, ``steps``, ``save`` and
+            ``finish`` on it, so the program calls none of them.
+        save_at_epoch_end: also save after the last batch of every epoch (``BackupAndRestore``'s
+            ``save_freq="epoch"``); off by default (``REPRIEVE_CHECKPOINT_INTERVAL_*`` are the periodic saves).
+
+    Restores the four variable groups, the epoch, the batch and (for in-memory arrays) the order of the
+    resumed epoch's batches. ``steps_per_execution`` must be 1; ``fit`` with ``initial_epoch`` set by hand is
+    overridden by the checkpoint's epoch.
+    """
+
+    def __init__(self, job: Job, *, save_at_epoch_end: bool = False) -> None:
+        super().__init__()
+        self.job = job
+        self.save_at_epoch_end = save_at_epoch_end
+        self.position = FitPosition()
+        self._paths: dict[str, list[str]] = {}
+        self._steps: Generator[int, None, None] | None = None
+        self._step = -1
+        self._total: int | None = None
+        self._skip = 0  # batches of the resumed epoch to go through without training
+        self._resume_epoch: int | None = None
+        self._restored: dict[str, Any] | None = None  # the metrics variables, put back when the epoch begins
+        self._train_function: Any = None
+        self._resumed_rng: list[Any] | None = None
+
+    # state ----------------------------------------------------------------------------------------------
+    def _variables(self) -> dict[str, list[Any]]:
+        m = self.model
+        return {"trainable": list(m.trainable_variables), "non_trainable": list(m.non_trainable_variables),
+                "optimizer": list(m.optimizer.variables), "metrics": list(m.metrics_variables)}
+
+    def current_state(self) -> dict[str, dict[str, Any]]:
+        """The variables as ``{group: {path: jax.Array}}`` (the model's own values, outside a batch)."""
+        return {g: {p: v.value for p, v in zip(self._paths[g], vs, strict=True)}
+                for g, vs in self._variables().items()}
+
+    def _batch_state(self) -> dict[str, dict[str, Any]]:
+        """The state after the batch: fit keeps the new values in ``model._jax_state`` (Keras: "Setting _jax_state
+        enables callbacks to force a state sync") and gives them to the variables only at the epoch's end."""
+        js = getattr(self._model, "_jax_state", None)  # self.model would sync the variables at every batch
+        if not js:
+            return self.current_state()
+        return {g: dict(zip(self._paths[g], js[_JAX_STATE[g]], strict=True)) for g in GROUPS}
+
+    def _assign(self, state: dict[str, dict[str, Any]], groups: tuple[str, ...]) -> None:
+        variables = self._variables()
+        for g in groups:
+            for path, var in zip(self._paths[g], variables[g], strict=True):
+                var.assign(state[g][path])
+
+    # hooks ------------------------------------------------------------------------------------------------
+    def on_train_begin(self, logs: Any = None) -> None:
+        model = self.model
+        if not model.built or model.optimizer is None or not model.optimizer.built:
+            raise ValueError(f"reprieve.keras: model {model.name!r} is not built at the start of fit (built="
+                             f"{model.built}, optimizer built={getattr(model.optimizer, 'built', None)}): build it "
+                             "(model.build(input_shape) or call it on a batch) so its variables exist to restore")
+        if getattr(model, "steps_per_execution", 1) != 1:
+            raise ValueError(f"reprieve.keras: model.compile(steps_per_execution={model.steps_per_execution}): "
+                             "ReprieveCallback needs 1 (one batch is one step of the job)")
+        self._paths = {g: _paths(vs, g) for g, vs in self._variables().items()}
+        per_epoch = self.params.get("steps")
+        epochs = int(self.params.get("epochs") or 1)
+        self._total = None if per_epoch is None else epochs * int(per_epoch)
+        self.position.batches_per_epoch = per_epoch
+        restored = self.job.restore_or(self.current_state, data=self.position)
+        state, first = restored
+        if restored.step is None:
+            log.info("reprieve.keras: no checkpoint: fit starts at epoch 0, batch 0 (%s batches per epoch)",
+                     "unknown" if per_epoch is None else per_epoch)
+            self.position = FitPosition()
+            self.position.batches_per_epoch = per_epoch
+        else:
+            saved_per_epoch = restored.data.get("batchesPerEpoch") if isinstance(restored.data, dict) else None
+            if per_epoch is not None and saved_per_epoch is not None and saved_per_epoch != per_epoch:
+                raise ValueError(f"reprieve.keras: the checkpoint of step {restored.step} was written with "
+                                 f"{saved_per_epoch} batches per epoch, this fit has {per_epoch}: the same batch "
+                                 "size and data are needed to resume at the same batch")
+            self._assign(state, ("trainable", "non_trainable", "optimizer"))
+            self._restored = state
+            epoch, skip = resume_point(self.position.epoch, self.position.batch)
+            self._resume_epoch, self._skip = epoch, skip
+            self._resumed_rng = self.position.numpy_rng
+            model._initial_epoch = epoch
+            exact = "batch-exact" if per_epoch is not None else "batch-exact if the data repeats its order"
+            log.info("reprieve.keras: resuming fit at epoch %d, batch %d (step %d; %s: the first %d batches of the "
+                     "epoch are read and not trained%s)", epoch, skip, first, exact, skip,
+                     "" if self._resumed_rng is not None else "; no NumPy generator state was saved")
+            if skip:
+                self._train_function = model.train_function
+                model.train_function = _skip_batch
+        self._step = first - 1
+        # a generator (Job.steps): closed when fit ends before its last step
+        self._steps = cast(Generator[int, None, None], self.job.steps(first, self._total))
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        if epoch == self._resume_epoch:
+            if self._resumed_rng is not None:
+                set_numpy_rng_state(self._resumed_rng)  # before fit draws this epoch's permutation
+            if self._restored is not None:
+                self._assign(self._restored, ("metrics",))  # fit reset them just before this hook
+                self._restored = None
+        self.position.epoch, self.position.batch = epoch, -1
+        self.position.numpy_rng = numpy_rng_state()
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self._skip:
+            if batch < self._skip:
+                return
+            self._stop_skipping()
+        assert self._steps is not None
+        self._step = next(self._steps)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self._skip and batch < self._skip:
+            return
+        self.position.batch = batch
+        last = self.save_at_epoch_end and self.params.get("steps") == batch + 1
+        self.job.save(self._step, self._batch_state(), data=self.position, force=last)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self._skip:
+            self._stop_skipping()  # every batch of the resumed epoch had been trained
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if self._steps is None:
+            return
+        steps, self._steps = self._steps, None
+        if self._total is not None and self._step == self._total - 1:
+            next(steps, None)  # the last step was saved (the job's last-step save): the generator finishes the job
+            return
+        steps.close()
+        if self._step >= 0:  # stopped early (EarlyStopping) or data of unknown length: keep where it ended
+            self.job.save(self._step, self.current_state(), data=self.position, force=True)
+        self.job.finish()
+
+    def _stop_skipping(self) -> None:
+        self._skip = 0
+        self._resume_epoch = None
+        self._model.train_function = self._train_function
+        self._train_function = None
+
+
+def _skip_batch(state: Any, iterator: Any) -> tuple[dict[str, Any], Any]:
+    """``fit``'s train function for a batch already trained before the restart: the batch is read from fit's
+    iterator (the train function pulls it), the state is unchanged."""
+    next(iterator)
+    return {}, state

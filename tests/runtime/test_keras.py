@@ -1,0 +1,157 @@
+"""reprieve.keras.ReprieveCallback: real ``model.fit`` processes (Keras 3, JAX backend) under the runtime; a notice
+at a random batch, the exit with the restart code, the restart resumes at the next batch: the final weights are
+bitwise those of a fit that was never interrupted. Bad input: another backend, another model."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.runtime.helpers_agreement import REPO, launch, node_notice, write_notice_file
+
+WORKER = REPO / "tests" / "runtime" / "workers" / "keras_worker.py"
+BATCHES = 16  # 128 samples, batch_size 8
+RESTART = 42
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240),
+              pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="keras is not installed "
+                                 "(pip install reprieve[keras])")]
+
+
+def fit(workdir: Path, ckpt: Path, attempt: int = 1, **env: str) -> subprocess.CompletedProcess[str]:
+    """One attempt of the worker's ``model.fit`` as its own process (what ``reprieve run`` starts)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_", "WORKER_"))}
+    base.update({"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
+                 "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "WORKER_DIR": str(workdir),
+                 "REPRIEVE_CHECKPOINT_URI": str(ckpt), "REPRIEVE_ATTEMPT": str(attempt),
+                 "REPRIEVE_NOTICE_POLL_SECONDS": "0.1", "REPRIEVE_SAVE_SECONDS_ESTIMATE": "1", **env})
+    return subprocess.run([sys.executable, str(WORKER)], env=base, capture_output=True, text=True, timeout=180,
+                          check=False)
+
+
+def weights(path: Path) -> list[np.ndarray]:
+    with np.load(path) as f:
+        return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+
+
+def assert_bitwise(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert len(wa) == len(wb)
+    for i, (x, y) in enumerate(zip(wa, wb, strict=True)):
+        assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), f"weight {i} differs"
+
+
+def test_a_notice_mid_epoch_then_a_notice_during_the_restore_resume_at_the_exact_batch(tmp_path: Path) -> None:
+    """Shuffled arrays and a Dropout layer (NumPy's permutation and Keras's SeedGenerator both resume)."""
+    ref = fit(tmp_path / "ref", tmp_path / "ref-ckpt")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    at = random.randint(BATCHES + 2, 2 * BATCHES - 6)  # mid-epoch 1 (the agreed step is a few batches later)
+    first = fit(run, ckpt, 1, WORKER_NOTICE_AT=str(at))
+    assert first.returncode == RESTART, first.stderr[-3000:]
+    assert "agreed checkpoint at step" in first.stderr and not (run / "final-1.npz").exists()
+    # the next attempt finds a notice already pending (the notice file, deadline 2 s away): it restores, saves
+    # again at once and exits with the restart code; the one after that trains to the end
+    notices = tmp_path / "annotations"
+    write_notice_file(notices, node_notice("maintenance", "node-a", time.time() + 2.0))
+    second = fit(run, ckpt, 2, REPRIEVE_NOTICE_FILE=str(notices))
+    assert second.returncode == RESTART, second.stderr[-3000:]
+    assert "resuming fit at epoch" in second.stderr, second.stderr[-3000:]
+    third = fit(run, ckpt, 3, REPRIEVE_NOTICE_FILE=str(notices))
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "resuming fit at epoch" in third.stderr and "batch-exact" in third.stderr
+    assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-3.npz")
+
+
+def test_two_processes_with_keras_distribution_agree_save_and_resume_bitwise(tmp_path: Path) -> None:
+    """``keras.distribution.DataParallel`` over 2 real ``jax.distributed`` processes (each feeds its half of the
+    samples, 8 batches an epoch); process 0 is notified mid-epoch 1: both save the one agreed step, exit with the
+    restart code and resume at the next batch."""
+    env = {"KERAS_BACKEND": "jax"}
+    ref = launch(tmp_path / "ref", 2, worker=WORKER, extra_env=env)
+    assert ref.wait(200) == [0, 0], ref.tail()
+    run = tmp_path / "run"
+    first = launch(run, 2, worker=WORKER, extra_env=env,
+                   process_env={0: {"WORKER_NOTICE_AT": str(random.randint(9, 13))}})
+    assert first.wait(200) == [RESTART] * 2, first.tail()
+    agreed = {log.read_text().split("agreed save step ")[1].split()[0] for log in first.logs}
+    assert len(agreed) == 1, agreed
+    again = launch(run, 2, worker=WORKER, extra_env={**env, "REPRIEVE_ATTEMPT": "2"})
+    assert again.wait(200) == [0, 0], again.tail()
+    (step,) = agreed
+    for log in again.logs:
+        assert f"resuming at step {int(step) + 1}" in log.read_text()
+    assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
+
+
+def test_a_model_built_by_fit_resumes_too(tmp_path: Path) -> None:
+    """A Sequential without an input shape is built by fit before the callbacks start: nothing to refuse."""
+    ref = fit(tmp_path / "ref", tmp_path / "ref-ckpt", WORKER_BUILT="0", WORKER_EPOCHS="2")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    first = fit(run, ckpt, 1, WORKER_BUILT="0", WORKER_EPOCHS="2", WORKER_NOTICE_AT=str(random.randint(3, 9)))
+    assert first.returncode == RESTART, first.stderr[-3000:]
+    second = fit(run, ckpt, 2, WORKER_BUILT="0", WORKER_EPOCHS="2")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming fit at epoch 0" in second.stderr  # mid-epoch 0: BackupAndRestore would replay the epoch
+    assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
+
+
+def test_a_fit_stopped_by_a_callback_keeps_its_batch_and_epoch_end_saves_are_kept(tmp_path: Path) -> None:
+    """EarlyStopping's way out (``model.stop_training``) mid-epoch: the batch it stopped at is saved and the job
+    finished (exit 0); a later fit goes on from there, bitwise as if never stopped. With ``save_at_epoch_end``
+    the last batch of each epoch is saved too."""
+    ref = fit(tmp_path / "ref", tmp_path / "ref-ckpt", WORKER_EPOCHS="2")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    stopped = fit(run, ckpt, 1, WORKER_EPOCHS="2", WORKER_STOP_AT="21", WORKER_EPOCH_SAVES="1")
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_0000000015_a1", "step_0000000020_a1"]
+    again = fit(run, ckpt, 2, WORKER_EPOCHS="2")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming fit at epoch 1, batch 5 (step 21" in again.stderr, again.stderr[-3000:]
+    assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
+
+
+def test_another_model_another_batch_size_or_several_steps_per_execution_are_refused(tmp_path: Path) -> None:
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    first = fit(run, ckpt, 1, WORKER_EPOCHS="1", WORKER_NOTICE_AT="4")
+    assert first.returncode == RESTART, first.stderr[-3000:]
+    other = fit(run, ckpt, 2, WORKER_EPOCHS="1", WORKER_MODEL="wide")
+    assert other.returncode != 0
+    assert "RunMismatchError" in other.stderr and ("['optimizer']['adam/sequential_dense_kernel_momentum']: [8, 16] in the checkpoint, [8, 24] here"
+                                             in other.stderr), \
+        other.stderr[-3000:]
+    assert not (run / "final-2.npz").exists()
+    # the same model fed in batches of 16: the saved batch is not the same place in the data
+    batches = fit(run, ckpt, 3, WORKER_EPOCHS="1", WORKER_BATCH="16")
+    assert batches.returncode != 0
+    assert "written with 16 batches per epoch, this fit has 8" in batches.stderr, batches.stderr[-3000:]
+    several = fit(run, ckpt, 4, WORKER_EPOCHS="1", WORKER_STEPS_PER_EXECUTION="2")
+    assert several.returncode != 0
+    assert "model.compile(steps_per_execution=2): ReprieveCallback needs 1" in several.stderr, several.stderr[-3000:]
+
+
+def test_another_backend_is_refused_at_import() -> None:
+    env = {**os.environ, "KERAS_BACKEND": "numpy", "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", "import reprieve.keras"], env=env, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode != 0
+    assert "Keras's backend must be 'jax', found 'numpy'" in out.stderr, out.stderr[-2000:]
+
+
+def test_import_reprieve_does_not_import_keras() -> None:
+    out = subprocess.run([sys.executable, "-c", ("import reprieve, sys; assert 'keras' not in sys.modules; "
+                          "print(reprieve.keras.ReprieveCallback.__name__)")],
+                         env={**os.environ, "KERAS_BACKEND": "jax"}, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0 and out.stdout.split() == ["ReprieveCallback"], out.stderr[-2000:]
