@@ -5,7 +5,7 @@ under the same seeded schedule of node losses:
 
 * **recreate**: Reprieve with ``restartMode: Recreate``: noticed preemptions reach the pods, the runtime saves
   at an agreed step and exits with the restart code, and the operator deletes and recreates every pod;
-* **inplace**: the same with ``restartMode: InPlace``: the survivor's supervisor (reprieve-run) starts the next
+* **inplace**: the same with ``restartMode: InPlace``: the survivor's supervisor (reprieve-supervisor) starts the next
   attempt in the same pod (from a pre-warmed process), only the pod on the reclaimed node is replaced;
 * **inplace+spare**: in place with ``spares: 1``: a warm spare (scheduled, image pulled, pre-warmed) takes over
   the index of the worker on the reclaimed node;

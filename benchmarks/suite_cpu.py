@@ -42,7 +42,7 @@ KINDS: list[tuple[str, re.Pattern[str]]] = [(k, re.compile(p)) for k, p in [
     ("runc", r"\brunc\b"),
     ("process kubelet", r"localcluster\.kubelet"),
     ("operator", r"reprieve_operator|kopf"),
-    ("trainer (JAX)", (r"train_lm\.py|reprieve-run|reprieve\.supervisor|ckpt_workers|/workers/|crash_worker|"
+    ("trainer (JAX)", (r"train_lm\.py|reprieve-supervisor|reprieve\.supervisor|ckpt_workers|/workers/|crash_worker|"
                        r"first_step|-m reprieve|examples/")),
     ("prometheus", r"prometheus"),
     ("registry / index", r"docker-registry|registry serve|pypi-server|pypiserver"),

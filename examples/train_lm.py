@@ -189,7 +189,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     log = logging.getLogger("train")
 
-    # Before reprieve.init(): everything that needs no device. Under reprieve-run this runs in the pre-warmed
+    # Before reprieve.init(): everything that needs no device. Under reprieve-supervisor this runs in the pre-warmed
     # process while the previous attempt still trains, so a restart does not pay for it (docs/runtime.md, "What
     # code before reprieve.init() may do"): the model's structure and shapes (nnx.eval_shape traces, it
     # allocates nothing and touches no device) and the generated corpus. reprieve.init() traces the training step

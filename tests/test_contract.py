@@ -211,9 +211,9 @@ def test_the_supervisor_speaks_the_operators_contract() -> None:
 
 
 def test_the_assignment_the_operator_writes_is_what_each_process_runs() -> None:
-    """Operator writes -> runtime reads: ``builders.build_assignment`` (the ConfigMap) through reprieve-run's parser,
+    """Operator writes -> runtime reads: ``builders.build_assignment`` (the ConfigMap) through reprieve-supervisor's parser,
     the trainer's environment and ``RuntimeConfig``, and through the line a warm process reads; the ConfigMap's
-    name is the one reprieve-run watches; a pod the assignment does not list runs nothing."""
+    name is the one reprieve-supervisor watches; a pod the assignment does not list runs nothing."""
     from reprieve.config import RuntimeConfig
     from reprieve.supervisor import contract
     from reprieve_operator.policy import builders
@@ -221,7 +221,7 @@ def test_the_assignment_the_operator_writes_is_what_each_process_runs() -> None:
     job = _minimal_job()
     cm = builders.build_assignment(job, 3, {"j-0": 0, "j-spare-x1": 1}, "j-0.j.ns.svc:8476",
                                    {0: "j-spare-x1.j.ns.svc:8477", 1: None})
-    assert cm["metadata"]["name"] == f"{job.name}{contract.ASSIGNMENT_SUFFIX}"  # what reprieve-run watches
+    assert cm["metadata"]["name"] == f"{job.name}{contract.ASSIGNMENT_SUFFIX}"  # what reprieve-supervisor watches
     assert contract.contract_problem(cm["data"]["contract"], where="the ConfigMap") is None
     where = f"{job.namespace}/{cm['metadata']['name']}"
     for pod, index, peer in [("j-0", 0, "j-spare-x1.j.ns.svc:8477"), ("j-spare-x1", 1, "")]:
@@ -238,7 +238,7 @@ def test_the_assignment_the_operator_writes_is_what_each_process_runs() -> None:
 
 @pytest.mark.parametrize("code,agreed", [(0, None), (1, None), (42, True), (42, False), (137, None)])
 def test_the_exit_reprieve_run_reports_is_what_the_operator_reads(code: int, agreed: bool | None) -> None:
-    """Runtime writes -> operator reads: reprieve-run's ``reprieve.dev/exit`` and ``reprieve.dev/supervisor``
+    """Runtime writes -> operator reads: reprieve-supervisor's ``reprieve.dev/exit`` and ``reprieve.dev/supervisor``
     annotations on a pod the operator built, through the cache's compact pod to the policy's view of it."""
     from datetime import UTC, datetime
 

@@ -38,10 +38,12 @@ def test_every_package_is_listed_in_its_pyproject(pyproject: str) -> None:
 
 def test_the_operator_is_a_distribution_of_its_own() -> None:
     """Only reprieve-operator installs the operator's command and kopf; the runtime's commands are the supervisor,
-    reprieve-run, and reprieve (ls, inspect, verify, run)."""
+    reprieve-supervisor (and reprieve-run, its deprecated name for one release), and reprieve (ls, inspect, verify,
+    run)."""
     runtime = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     operator = tomllib.loads((REPO / "operator/pyproject.toml").read_text())["project"]
-    assert runtime["scripts"] == {"reprieve-run": "reprieve.supervisor:main", "reprieve": "reprieve.cli:main"}
+    assert runtime["scripts"] == {"reprieve-supervisor": "reprieve.supervisor:main", "reprieve": "reprieve.cli:main",
+                                  "reprieve-run": "reprieve.supervisor:main_deprecated"}
     assert operator["scripts"] == {"reprieve-operator": "reprieve_operator.__main__:main"}
     assert not any("kopf" in d for d in runtime.get("dependencies", []) + runtime["optional-dependencies"]["runtime"])
     assert runtime["optional-dependencies"]["operator"] == [f"reprieve-operator=={operator['version']}"]

@@ -26,7 +26,7 @@ def test_wheels_hold_what_they_promise(tmp_path: Path) -> None:
     assert "reprieve/py.typed" in rnames and "reprieve/checkpoint/manager.py" in rnames
     assert not any(n.startswith("reprieve_operator/") for n in rnames)
     rentry = runtime.read(next(n for n in rnames if n.endswith("entry_points.txt"))).decode()
-    assert "reprieve-run = reprieve.supervisor:main" in rentry and "reprieve-operator" not in rentry
+    assert "reprieve-supervisor = reprieve.supervisor:main" in rentry and "reprieve-operator" not in rentry
     assert "reprieve = reprieve.cli:main" in rentry
     assert {"reprieve_operator/py.typed", "reprieve_operator/podspec_schema.json",
             "reprieve_operator/policy/restart.py"} <= set(onames)
@@ -38,7 +38,7 @@ def test_wheels_hold_what_they_promise(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_a_fresh_install_of_the_wheel_runs_the_reprieve_command(tmp_path: Path) -> None:
     """The wheel as a user gets it, in a virtualenv of its own (not the source tree): its `reprieve` reads a
-    checkpoint and runs a script through a preemption and a restart, its `reprieve-run` answers. The packages the
+    checkpoint and runs a script through a preemption and a restart, its `reprieve-supervisor` answers. The packages the
     runtime needs (jax, tensorstore, numpy) come from this venv through a .pth path, offline; reprieve itself
     from the wheel only (the source tree's editable hook is not on that path)."""
     import os
@@ -68,7 +68,7 @@ def test_a_fresh_install_of_the_wheel_runs_the_reprieve_command(tmp_path: Path) 
                               timeout=240, check=False)
 
     assert run(str(bin_ / "reprieve"), "--version").stdout.strip() == "reprieve 0.1.0"
-    assert "contract 1" in run(str(bin_ / "reprieve-run"), "--version").stdout
+    assert "contract 1" in run(str(bin_ / "reprieve-supervisor"), "--version").stdout
     (tmp_path / "train.py").write_text(textwrap.dedent('''
         import os, signal, time
         import jax.numpy as jnp

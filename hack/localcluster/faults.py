@@ -574,7 +574,7 @@ REGISTRY = Registry([
     *(SignalNotice(s) for s in BUILTIN_SIGNALS),
     NodeLost(),
     KillWorkerProcess("trainer", "SIGKILL of a worker's trainer process (the supervisor lives on)"),
-    KillWorkerProcess("supervisor", "SIGKILL of a worker's supervisor (reprieve-run, the container's PID 1)"),
+    KillWorkerProcess("supervisor", "SIGKILL of a worker's supervisor (reprieve-supervisor, the container's PID 1)"),
     KillSpare(), KillOperatorLeader(), NoticeDuringRestart(),
     TwoNodesDoomed(), ApiserverRestart(), Partition(), StorageUnavailable(), StorageFull(),
 ])

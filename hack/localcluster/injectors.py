@@ -44,7 +44,7 @@ class Proc:
 
 
 def pick(role: str, procs: Sequence[Proc]) -> Proc | None:
-    """The supervisor (the container's PID 1: ``reprieve-run``) or the trainer (the supervisor's oldest child: a
+    """The supervisor (the container's PID 1: ``reprieve-supervisor``) or the trainer (the supervisor's oldest child: a
     warm process is always started after the trainer it stands in for, and takes over only when that one is gone).
 
     The pod's sandbox process (``pause``) is a PID 1 of its own pid namespace in the same pod cgroup: never it

@@ -1,4 +1,4 @@
-"""One supervised worker pod (``reprieve-run -- <command>``) and the operator's half of the in-place protocol,
+"""One supervised worker pod (``reprieve-supervisor -- <command>``) and the operator's half of the in-place protocol,
 played by hand: write the assignment ConfigMap, read the exit reports, deliver a notice. For the runtime's
 supervisor tests (tests/runtime/test_supervisor_cluster.py); the operator has
 its own builders. The worker gets exactly the RBAC docs/contract.md names: get/list/watch/patch on its job's
@@ -47,7 +47,7 @@ def worker_pod(job: str, pod: str, command: list[str], out: Path, *, node: str, 
              "REPRIEVE_SERVICEACCOUNT_DIR": SA_DIR, "REPRIEVE_CHECKPOINT_URI": "/out/ckpt", "OUT": "/out",
              "REPRIEVE_NOTICE_FILE": f"{NOTICE_DIR}/annotations", **(env or {})}
     container = {
-        "name": "main", "image": "ignored", "command": ["reprieve-run", "--", *command],
+        "name": "main", "image": "ignored", "command": ["reprieve-supervisor", "--", *command],
         "env": [{"name": "REPRIEVE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 {"name": "REPRIEVE_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 {"name": "REPRIEVE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -63,7 +63,7 @@ def worker_pod(job: str, pod: str, command: list[str], out: Path, *, node: str, 
 
 
 class SupervisedPod:
-    """One worker pod under reprieve-run, and the operator's side of the protocol for it."""
+    """One worker pod under reprieve-supervisor, and the operator's side of the protocol for it."""
 
     def __init__(self, cluster: Any, namespace: str, out: Path, *, job: str = "job", pod: str = "job-0",
                  node: str = "worker-0") -> None:

@@ -17,4 +17,4 @@ LABEL_ROLE = "reprieve.dev/role"  # worker | spare (in-place mode)
 ANNOTATION_EXIT = "reprieve.dev/exit"  # the supervisor's exit report
 ANNOTATION_SUPERVISOR = "reprieve.dev/supervisor"
 CONTRACT_VERSION = 1  # docs/contract.md, "In-place restarts and the supervisor"
-SUPERVISOR = "reprieve-run"
+SUPERVISOR = "reprieve-supervisor"

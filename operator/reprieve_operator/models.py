@@ -402,7 +402,7 @@ SPEC_RULES = [
     {"rule": "!has(self.restartMode) || self.restartMode != 'InPlace' || "
              "has(self.template.spec.containers[0].command)",
      "fieldPath": ".template",
-     "message": "restartMode InPlace runs the first container under reprieve-run, so its command must be set "
+     "message": "restartMode InPlace runs the first container under reprieve-supervisor, so its command must be set "
                 "(the image's entrypoint cannot be wrapped); set the command, or restartMode: Recreate"},
     {"rule": f"!has(self.checkpoint.memory) || !self.checkpoint.memory.enabled || {IN_PLACE_CEL}",
      "fieldPath": ".checkpoint.memory", "message": MEMORY_NEEDS_INPLACE},
@@ -447,7 +447,7 @@ class TrainingJobSpec(_Model):
     restart_mode: Literal["InPlace", "Recreate"] | None = Field(
         default=None,
         description="InPlace: a gang restart keeps every worker pod whose node is healthy and starts the next "
-                    "attempt's process inside it (the first container runs under reprieve-run, the runtime's "
+                    "attempt's process inside it (the first container runs under reprieve-supervisor, the runtime's "
                     "supervisor; its command must be set); only pods on doomed or lost nodes are replaced. "
                     "Recreate: every pod is deleted and created again. Default: InPlace when the first container "
                     "sets its command, Recreate when it runs the image's entrypoint (which cannot be wrapped); "
@@ -506,7 +506,7 @@ class TrainingJobSpec(_Model):
                 raise ValueError(ELASTIC_NEEDS_INPLACE)
         if self.restart_mode == "InPlace" and not self.has_command:
             raise ValueError("template.spec.containers[0].command must be set for restartMode InPlace (the "
-                             "operator runs it under reprieve-run); set the command, or restartMode: Recreate")
+                             "operator runs it under reprieve-supervisor); set the command, or restartMode: Recreate")
         return self
 
     @property
@@ -517,7 +517,7 @@ class TrainingJobSpec(_Model):
     @property
     def mode(self) -> Literal["InPlace", "Recreate"]:
         """The restart mode in effect: ``restartMode``, else InPlace when the first container sets its command
-        (the operator can run it under reprieve-run), else Recreate (an image's entrypoint cannot be wrapped)."""
+        (the operator can run it under reprieve-supervisor), else Recreate (an image's entrypoint cannot be wrapped)."""
         if self.restart_mode is not None:
             return self.restart_mode
         return "InPlace" if self.has_command else "Recreate"

@@ -89,7 +89,7 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
 async def unreachable(pods: Iterable[tuple[str, str]], port: int = MEMORY_PORT,
                       timeout: float = PROBE_TIMEOUT_SECONDS) -> frozenset[str]:
     """The pods (name, IP) whose address does not answer a TCP connect to ``port`` within ``timeout``. A refused
-    connection is an answer (the pod's network is there; nothing need listen: ``MEMORY_PORT``, reprieve-run's
+    connection is an answer (the pod's network is there; nothing need listen: ``MEMORY_PORT``, reprieve-supervisor's
     replica server, serves only with the memory tier)."""
     async def answers(ip: str) -> bool:
         try:

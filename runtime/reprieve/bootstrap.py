@@ -87,7 +87,7 @@ def init(
     if ahead is not None:
         ahead.attempt()
     if link is not None and link.warm:
-        # A pre-warmed process (reprieve-run): imports are done; the assignment says who this process is.
+        # A pre-warmed process (reprieve-supervisor): imports are done; the assignment says who this process is.
         updates = link.await_assignment(idle=None if ahead is None or ahead.done else ahead.attempt,
                                         idle_seconds=TraceAhead.POLL_SECONDS)
         if env is None:

@@ -37,14 +37,14 @@ RUNTIME = frozenset({
     "REPRIEVE_RUN_ID", "REPRIEVE_S3_ENDPOINT", "REPRIEVE_TERMINATION_LOG", "REPRIEVE_MAX_FAILED_SAVES",
     "REPRIEVE_START_OVER_QUARANTINED",
 })
-# Read by the memory tier (reprieve.memtier.config.MemoryConfig, in the trainer and in reprieve-run's replica
+# Read by the memory tier (reprieve.memtier.config.MemoryConfig, in the trainer and in reprieve-supervisor's replica
 # server): set by the operator for a job with spec.checkpoint.memory (docs/contract.toml [memory]), or by users.
 MEMORY = frozenset({
     "REPRIEVE_MEMORY_DIR", "REPRIEVE_MEMORY_LIMIT_BYTES", "REPRIEVE_MEMORY_INTERVAL_STEPS",
     "REPRIEVE_MEMORY_INTERVAL_SECONDS", "REPRIEVE_MEMORY_PORT", "REPRIEVE_MEMORY_PEER", "REPRIEVE_MEMORY_PEER_NODE",
     "REPRIEVE_NODE_NAME", "REPRIEVE_MEMORY_TOKEN",
 })
-# Read by the supervisor (reprieve-run, `reprieve run`) only.
+# Read by the supervisor (reprieve-supervisor, `reprieve run`) only.
 SUPERVISOR = frozenset({"REPRIEVE_CONTRACT", "REPRIEVE_PREWARM", "REPRIEVE_PREWARM_DELAY_SECONDS",
                         "REPRIEVE_PREWARM_READY_TIMEOUT_SECONDS"})
 # Set by the supervisor for the processes it starts, read by their reprieve.init().

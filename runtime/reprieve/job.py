@@ -86,7 +86,7 @@ class Job:
         self._hub = hub
         self._progress = progress
         self._exit_fn = exit_fn
-        self._on_first_step = on_first_step  # reprieve-run pre-warms the next attempt once it is called
+        self._on_first_step = on_first_step  # reprieve-supervisor pre-warms the next attempt once it is called
         self._leaving = Leaving(hub=hub, agreement=agreement, checkpointer=checkpointer, metrics=self.metrics,
                                 coordinator=coordinator, progress=progress, closers=closers or [],
                                 on_exiting=on_exiting, shutdown_distributed=shutdown_distributed)
@@ -242,7 +242,7 @@ class Job:
                 if loop.first is None:
                     loop.first = loop.last
                     self._first_step_lowered()
-                    self._first_step_done(step - 1)  # reprieve-run starts the next attempt's process now
+                    self._first_step_done(step - 1)  # reprieve-supervisor starts the next attempt's process now
                     if self._progress is not None:
                         self._progress.first_step()
                 self._times.observe(now - previous_t, step)

@@ -114,7 +114,7 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
 
     Not a drop-in for ``keras.callbacks.BackupAndRestore``: that one expects the same process to call ``fit``
     again after an exception; a Reprieve job exits with the restart code and the next attempt (the operator,
-    ``reprieve-run`` or ``reprieve run``) resumes. ``BackupAndRestore(backup_dir)`` becomes
+    ``reprieve-supervisor`` or ``reprieve run``) resumes. ``BackupAndRestore(backup_dir)`` becomes
     ``ReprieveCallback(job)`` with ``REPRIEVE_CHECKPOINT_URI=backup_dir``.
 
     Args:

@@ -45,7 +45,7 @@ class KubeClient:
         return ssl.create_default_context(cafile=ca if os.path.exists(ca) else None)
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "reprieve-runtime"}
+        headers = {"Accept": "application/json", "User-Agent": "reprieve-supervisortime"}
         token_path = os.path.join(self.sa_dir, "token")
         try:
             with open(token_path, encoding="utf-8") as fh:
@@ -171,7 +171,7 @@ class PodWatchSource(Reconnecting):
 
 
 class ObjectWatch(Reconnecting):
-    """List, then watch, one named object (``reprieve-run``'s assignment ConfigMap), in a daemon thread.
+    """List, then watch, one named object (``reprieve-supervisor``'s assignment ConfigMap), in a daemon thread.
 
     ``on_change(obj)`` gets the object after the list and after every change, ``None`` when it does not exist (or
     was deleted). Failures back off (1 s doubling to 30 s) and start again with a fresh list; a watch expired by

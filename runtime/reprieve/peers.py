@@ -15,7 +15,7 @@ milliseconds: each names process 0 from an idle connection to the service that c
 Process 0 also publishes the silent set (``reprieve/<attempt>/silent/set``: a JSON list, rewritten when it
 changes) and every other process reads it, so each process knows, before JAX ends it, which peers it is about to
 be ended for (the service gone: process 0, its host). ``on_lost`` hears every change of that set: the runtime
-tells its supervisor (``reprieve-run`` names them in its exit report, ``peerLost``) and writes them into the
+tells its supervisor (``reprieve-supervisor`` names them in its exit report, ``peerLost``) and writes them into the
 container's termination message (Recreate: the kubelet copies it into the pod's status when the container ends),
 so the operator counts the exit as the loss of that peer, not as a failure of this process
 (``docs/contract.md``).

@@ -1,6 +1,6 @@
 """What a trainer's exit means, and whether the local restart loop starts it again (pure).
 
-A supervisor (``reprieve-run`` in a pod, ``reprieve run`` on a laptop) sees two things of a trainer that ends: its
+A supervisor (``reprieve-supervisor`` in a pod, ``reprieve run`` on a laptop) sees two things of a trainer that ends: its
 exit code, and whether the runtime announced that code before it left (``{"event": "exiting"}`` on the supervisor
 link, sent only after the agreed checkpoint committed on every process). Together they tell a saved preemption
 from a program that called ``sys.exit(<restart code>)`` itself, which looks the same from outside:

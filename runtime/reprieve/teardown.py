@@ -106,7 +106,7 @@ def warn_restart_code_without_save(process_id: int, code: int, committed: int | 
     """sys.exit(<restart code>) in the program's own code: it reads as a saved preemption and is not one."""
     log.critical("process %d: sys.exit(%d) without an agreed save: %d is REPRIEVE_RESTART_EXIT_CODE, which "
                  "says 'state saved, restart me', but nothing was saved by this exit (the last checkpoint "
-                 "is step %s). reprieve-run reports it as not agreed; let job.save() exit at the agreed "
+                 "is step %s). reprieve-supervisor reports it as not agreed; let job.save() exit at the agreed "
                  "step instead", process_id, code, code, _step(committed))
 
 

@@ -2,9 +2,9 @@
 
 A restarted attempt's first training step traces and lowers the step function again before it can read the
 compiled program from the persistent compilation cache (``benchmarks/first_step.py``: about half of the first
-call). A pre-warmed process waiting in ``reprieve.init()`` (``reprieve-run``) has time to do that tracing
+call). A pre-warmed process waiting in ``reprieve.init()`` (``reprieve-supervisor``) has time to do that tracing
 while the previous attempt still trains, but it may not touch a device before its assignment, so it does not
-know the mesh. Every trainer under ``reprieve-run`` reports its devices with its first step (the supervisor hands
+know the mesh. Every trainer under ``reprieve-supervisor`` reports its devices with its first step (the supervisor hands
 them to the next warm process), every checkpoint records the topology of the attempt that wrote it (platform,
 device kind, process and device counts), and :func:`reprieve.trace_ahead.expected_topology` returns the first of
 those it finds without touching a device. In place restarts keep the topology, so the guess is almost always

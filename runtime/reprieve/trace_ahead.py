@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 def expected_topology(env: Mapping[str, str] | None = None) -> Topology | None:
     """The devices the next attempt will most likely run on, found without touching a device; None when unknown.
 
-    First the devices the previous trainer in this pod reported with its first step (``reprieve-run`` passes them
+    First the devices the previous trainer in this pod reported with its first step (``reprieve-supervisor`` passes them
     to the warm process in ``REPRIEVE_EXPECTED_TOPOLOGY``), else those recorded in the latest complete checkpoint
     under ``REPRIEVE_CHECKPOINT_URI`` (the checkpoint manager's visibility rules: committed, not fenced out). None
     on a first start, for a checkpoint written before topologies were recorded, or when neither can be read

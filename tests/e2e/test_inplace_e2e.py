@@ -1,11 +1,11 @@
 """End to end, in place (``restartMode: InPlace``): the operator (chart RBAC), the real runtime under
-``reprieve-run`` in 2-process JAX jobs, the process-kubelet local cluster.
+``reprieve-supervisor`` in 2-process JAX jobs, the process-kubelet local cluster.
 
 A noticed preemption restarts the gang in place: the survivor keeps its pod (same UID) and its supervisor starts
 attempt 2's process in it; the pod on the doomed node is replaced (by the warm spare when ``spares: 1``). The plain
 case -- one doomed node, a spare takes over, the survivor's container kept -- is proven on real nodes
 (tests/e2e/test_realnodes_e2e.py); this file covers the harder ones: faults that are not notices, two doomed nodes
-for one spare, a fault while a restart waits for its replacement, and an image without ``reprieve-run``.
+for one spare, a fault while a restart waits for its replacement, and an image without ``reprieve-supervisor``.
 """
 
 from __future__ import annotations
@@ -58,12 +58,12 @@ def assignment(cluster: Any, namespace: str, job: str) -> dict[str, Any]:
 
 
 def supervisor_pid(cluster: Any, namespace: str, pod: str) -> int:
-    """The host pid of the pod's reprieve-run (a process node runs it as a host process), from its log."""
+    """The host pid of the pod's reprieve-supervisor (a process node runs it as a host process), from its log."""
     for path in cluster.pod_logs(namespace, pod, "trainer"):
-        found = re.findall(r"reprieve-run\[(\d+)\]", path.read_text(errors="replace"))
+        found = re.findall(r"reprieve-supervisor\[(\d+)\]", path.read_text(errors="replace"))
         if found:
             return int(found[-1])
-    raise AssertionError(f"no reprieve-run line in the log of {namespace}/{pod}")
+    raise AssertionError(f"no reprieve-supervisor line in the log of {namespace}/{pod}")
 
 
 def descendants(pid: int) -> list[int]:
@@ -325,7 +325,7 @@ def test_faults_while_an_in_place_restart_waits_for_its_replacement(
 
 def test_an_image_without_reprieve_run_fails_the_job_with_the_fix_and_leaves_nothing_running(
         cluster: Any, namespace: str, operator: Any, pool: Any, tmp_path: Path) -> None:
-    """Bad input: an in-place job on an image without reprieve-run (here: a PATH without it). The kubelet cannot
+    """Bad input: an in-place job on an image without reprieve-supervisor (here: a PATH without it). The kubelet cannot
     start the container (StartError, exit 128); the job fails at once -- not after maxFailures restarts -- with a
     condition and an Event naming the pod, the kubelet's message and the fix, and no pod of it keeps running."""
     pool_a, _ = pool(3)
@@ -334,7 +334,7 @@ def test_an_image_without_reprieve_run_fails_the_job_with_the_fix_and_leaves_not
     status = wait_tj(cluster, namespace, name, lambda s: s.get("phase") == "Failed", 120, "Failed", operator)["status"]
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "SupervisorNotFound", status
-    assert "reprieve-run" in failed["message"] and "executable file not found" in failed["message"], failed
+    assert "reprieve-supervisor" in failed["message"] and "executable file not found" in failed["message"], failed
     assert "pip install reprieve" in failed["message"] and "restartMode: Recreate" in failed["message"], failed
     assert status.get("attempt") == 1 and status["restarts"]["failure"] <= 1, status  # no retries
     events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "-o", "json",

@@ -323,7 +323,7 @@ def test_operator_pod_deleted_mid_preemption_then_a_worker_pod_deleted_on_real_n
 def test_in_place_restart_on_real_nodes_keeps_the_survivors_container_and_a_spare_takes_over(
         real_cluster: Any, real_operator: DeployedOperator, real_workers: list[str], real_ns: str,
         api: Any, tmp_path: Path) -> None:
-    """restartMode InPlace with one spare, on real containers: the image's ``reprieve-run`` is the container's
+    """restartMode InPlace with one spare, on real containers: the image's ``reprieve-supervisor`` is the container's
     command (wrapped by the operator), reports exits on its own pod with the pod's token under restricted Pod
     Security; a noticed preemption keeps worker 0's container (same pod UID, container never restarted) and
     the warm spare takes index 1 unless it shared the doomed node; nothing is lost.
@@ -346,7 +346,7 @@ def test_in_place_restart_on_real_nodes_keeps_the_survivors_container_and_a_spar
                               and p["status"].get("phase") == "Running"], 120, "a running spare")[0]
     wait_step(ckpt, FAULT_AT, 300, real_cluster, real_ns, name)  # then at once: the room after FAULT_AT is the notice's
     before = pods()
-    assert before[f"{name}-0"]["spec"]["containers"][0]["command"][0] == "reprieve-run", before[f"{name}-0"]["spec"]
+    assert before[f"{name}-0"]["spec"]["containers"][0]["command"][0] == "reprieve-supervisor", before[f"{name}-0"]["spec"]
     doomed = pod_node(real_cluster, real_ns, f"{name}-1")
     spare_doomed = pod_node(real_cluster, real_ns, spare) == doomed
     taint_node(api, doomed, SPOT_TAINT, "true", "NoSchedule")

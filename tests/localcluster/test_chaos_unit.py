@@ -267,9 +267,9 @@ def test_badput_by_kind_sums_gaps() -> None:
     ([Proc(100, 90, 1, 5)], "trainer", None),     # between attempts: no trainer
     # found by the soak on real nodes: the pod's sandbox ("pause") is a PID 1 in the pod's cgroup too, and was
     # picked as the supervisor (killing the sandbox; no trainer found under it)
-    ([Proc(90, 80, 1, 3, "pause"), Proc(100, 80, 1, 5, "reprieve-run"), Proc(110, 100, 6, 10, "python")],
+    ([Proc(90, 80, 1, 3, "pause"), Proc(100, 80, 1, 5, "reprieve-supervisor"), Proc(110, 100, 6, 10, "python")],
      "trainer", 110),
-    ([Proc(90, 80, 1, 3, "pause"), Proc(100, 80, 1, 5, "reprieve-run")], "supervisor", 100),
+    ([Proc(90, 80, 1, 3, "pause"), Proc(100, 80, 1, 5, "reprieve-supervisor")], "supervisor", 100),
     ([Proc(90, 80, 1, 3, "pause")], "supervisor", None),
     ([Proc(120, 100, 7, 50)], "supervisor", None),  # no PID 1 seen
 ])
@@ -595,9 +595,9 @@ def test_partition_rules_drop_all_but_loopback_in_a_chain_of_their_own(cut: bool
 
 
 @pytest.mark.parametrize(("procs", "expected"), [
-    ([Proc(10, 1, 1, 5, "pause"), Proc(20, 1, 1, 6, "reprieve-run")], 10),   # the sandbox holds the pod's netns
-    ([Proc(20, 1, 1, 6, "reprieve-run"), Proc(10, 1, 1, 5, "pause")], 10),
-    ([Proc(20, 1, 1, 6, "reprieve-run"), Proc(21, 20, 7, 9, "python")], 20),  # no sandbox seen: any of the pod's
+    ([Proc(10, 1, 1, 5, "pause"), Proc(20, 1, 1, 6, "reprieve-supervisor")], 10),   # the sandbox holds the pod's netns
+    ([Proc(20, 1, 1, 6, "reprieve-supervisor"), Proc(10, 1, 1, 5, "pause")], 10),
+    ([Proc(20, 1, 1, 6, "reprieve-supervisor"), Proc(21, 20, 7, 9, "python")], 20),  # no sandbox seen: any of the pod's
     ([], None),
 ])
 def test_the_pods_network_namespace_is_found_through_its_sandbox(procs: list[Proc], expected: int | None) -> None:

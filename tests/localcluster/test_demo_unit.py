@@ -57,7 +57,7 @@ def test_source_at(sources: list, i: int, cell: str) -> None:
 # restarts of each step log (steps of 0.07 s here, evenly spaced). In place paid the emulated 20 s
 # image pull (its nodes were fresh; recreate-all's second run found the image on the same nodes).
 LOGS = {
-    "lm-0": ["2026-11-28 19:30:29,191 reprieve-run[5014] INFO memory replica server on 127.144.85.163:8477, ...",
+    "lm-0": ["2026-11-28 19:30:29,191 reprieve-supervisor[5014] INFO memory replica server on 127.144.85.163:8477, ...",
              "2026-11-28 19:30:33,719 INFO reprieve.bootstrap: reprieve: process 0/2, attempt 1, checkpoints /t/c, ...",
              "2026-11-28 19:30:33,879 INFO reprieve.job: no checkpoint under /t/c: starting at step 0",
              "2026-11-28 19:30:51,067 INFO train: process 0/2 starting at step 0 of 1500 (attempt 1)"],

@@ -137,7 +137,7 @@ def job_manifest(name: str, namespace: str, replicas: int = 2, mode: str = "wait
     if tag:
         pod_spec["nodeSelector"] = {"reprieve-test": tag}
     # These jobs run a stand-in worker, not the runtime: Recreate, said explicitly (with a command, the default
-    # would be InPlace, which runs the worker under reprieve-run; in-place has its own tests).
+    # would be InPlace, which runs the worker under reprieve-supervisor; in-place has its own tests).
     spec.setdefault("restartMode", "Recreate")
     return {"apiVersion": "reprieve.dev/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": name, "namespace": namespace},

@@ -128,7 +128,7 @@ def test_in_place_workers_run_under_reprieve_run_and_replacements_wait_for_their
         return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
 
     worker = build_worker_pod(tj, 2, 1)
-    assert worker["spec"]["containers"][0]["command"][:2] == ["reprieve-run", "--"]
+    assert worker["spec"]["containers"][0]["command"][:2] == ["reprieve-supervisor", "--"]
     assert env(worker)["REPRIEVE_PROCESS_ID"] == "2"
     # a replacement (generated name) and a spare: index -1 in the environment, only an assignment lists them
     replacement = build_worker_pod(tj, 2, 3, name="llama-2-")

@@ -320,11 +320,11 @@ ROWS = {
               gone=(GonePod("llama-0", "n-llama-0", 0, 1),), doomed={"n-llama-0"}),
         record={"restarts": {"preemption": 1, "failure": 0, "disruption": 0}},
         record_event=Event("GangRestart", "", "Normal"), counter=Counter("restart", "preemption"), create=1),
-    "in place, an image without reprieve-run: Failed at once, everything deleted, nothing created": Row(
+    "in place, an image without reprieve-supervisor: Failed at once, everything deleted, nothing created": Row(
         _view(job({**RUN, "restartMode": "InPlace"}, restartMode="InPlace", spares=1),
               [P0, {**P1, "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {
                   "exitCode": 128, "reason": "StartError",
-                  "message": 'exec: "reprieve-run": executable file not found in $PATH'}}}]}, "_view": None}],
+                  "message": 'exec: "reprieve-supervisor": executable file not found in $PATH'}}}]}, "_view": None}],
               assignment=ASSIGNED),
         record={"phase": "Failed"}, record_event=Event("SupervisorNotFound", "", "Warning"),
         counter=Counter("failed", "SupervisorNotFound"), delete=("llama-0", "llama-1")),

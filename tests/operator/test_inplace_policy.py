@@ -164,13 +164,13 @@ def test_a_supervisor_of_another_contract_fails_the_job_with_the_fix() -> None:
 
 
 NOT_FOUND = ('failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create '
-             'failed: unable to start container process: exec: "reprieve-run": executable file not found in $PATH: '
+             'failed: unable to start container process: exec: "reprieve-supervisor": executable file not found in $PATH: '
              'unknown')
 
 
 @pytest.mark.parametrize("who", ["worker", "spare"])
 def test_an_image_without_the_supervisor_fails_the_job_at_once_with_the_fix(who: str) -> None:
-    """An image without reprieve-run: the container cannot start (StartError, exit 128). Not a failure to retry
+    """An image without reprieve-supervisor: the container cannot start (StartError, exit 128). Not a failure to retry
     up to maxFailures: the job fails at once, naming the pod, the kubelet's message and both fixes."""
     from dataclasses import replace
 

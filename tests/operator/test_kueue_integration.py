@@ -420,7 +420,7 @@ def test_a_job_edited_while_queued_replaces_or_moves_its_workload_and_then_start
 
 def test_an_in_place_gang_with_a_spare_saves_on_a_kueue_eviction_before_the_quota_is_given_back(
         cluster: Any, kueue: Any, kueue_operator: Operator, namespace: str, nodes: list[str]) -> None:
-    """In place (workers under reprieve-run, a warm spare): the eviction's notice reaches the running attempt, the
+    """In place (workers under reprieve-supervisor, a warm spare): the eviction's notice reaches the running attempt, the
     supervisors report the workers' saved exit, only then do the pods go and the quota with them; readmitted,
     the gang starts its next attempt.
 

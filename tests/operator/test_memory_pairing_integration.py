@@ -18,7 +18,7 @@ from localcluster.testing import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-# The trainer reprieve-run starts (no JAX: what the operator gave it is the point): its memory-tier environment,
+# The trainer reprieve-supervisor starts (no JAX: what the operator gave it is the point): its memory-tier environment,
 # written where the test reads it, then it waits to be stopped.
 TRAINER = """
     import json, os, pathlib, time

@@ -152,7 +152,7 @@ def test_no_memory_tier_no_memory_volume_nor_environment() -> None:
 
 
 def test_the_assignments_memory_peers_reach_each_process_and_survive_an_operator_restart() -> None:
-    """builders.build_assignment -> reprieve-run's parser (the runtime's side of the contract), and back through the
+    """builders.build_assignment -> reprieve-supervisor's parser (the runtime's side of the contract), and back through the
     operator's own parser (what a restarted operator reads as the previous pairing)."""
     from reprieve.supervisor import contract
     from reprieve_operator.assignment import parse_assignment

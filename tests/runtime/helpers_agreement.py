@@ -136,7 +136,7 @@ class Gang:
     supervisor_ends: list[socket.socket] = field(default_factory=list)  # launch(supervised=True)
 
     def supervisor_events(self, index: int) -> list[dict[str, Any]]:
-        """Every event line process ``index`` sent its supervisor (what ``reprieve-run`` reads); call after it
+        """Every event line process ``index`` sent its supervisor (what ``reprieve-supervisor`` reads); call after it
         ended (the stand-in supervisor's end of the socket is read to its close)."""
         end, data = self.supervisor_ends[index], b""
         end.settimeout(5.0)
@@ -227,7 +227,7 @@ def launch(workdir: Path, n: int, *, steps: int = 400, step_seconds: float = 0.0
 
     ``bare``: one process with no contract variable but the checkpoint URI (a laptop, not a pod).
     ``supervised``: each process gets a supervisor socket (``REPRIEVE_SUPERVISOR_FD``) whose other end the test
-    reads (:meth:`Gang.supervisor_events`), as ``reprieve-run`` would.
+    reads (:meth:`Gang.supervisor_events`), as ``reprieve-supervisor`` would.
     ``process_env``: variables for one process only (process index -> variables), after ``extra_env``.
     """
     workdir.mkdir(parents=True, exist_ok=True)

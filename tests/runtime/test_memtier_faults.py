@@ -184,7 +184,7 @@ def _plant_stale(copy: Path, *, step: int, attempt: int) -> None:
 
 
 def spare_server(tmp_path: Path, spare: Pod, *, crash_at: str | None = None) -> subprocess.Popen[bytes]:
-    """A spare pod's replica server (what its reprieve-run serves), serving once it printed its address;
+    """A spare pod's replica server (what its reprieve-supervisor serves), serving once it printed its address;
     ``crash_at`` (e.g. ``receive:9``): it dies half-way through receiving that step."""
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "runtime")}
     if crash_at:

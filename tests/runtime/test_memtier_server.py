@@ -230,7 +230,7 @@ class _served:
 
 
 def test_threads_of_one_process_write_the_same_fence_at_once(shm: Path) -> None:
-    """A trainer outside reprieve-run serves its pod's directory from its own process: its restore and a peer's
+    """A trainer outside reprieve-supervisor serves its pod's directory from its own process: its restore and a peer's
     fence request write the same attempt's fence record at once (this raised FileNotFoundError in a fault test).
     Exactly one writer wins each record, none fails, and no temporary file is left."""
     mdir = MemoryDir(str(shm))

@@ -1,4 +1,4 @@
-"""reprieve-run serves the pod's memory copies (local cluster: real kube-apiserver, process kubelet): the replica
+"""reprieve-supervisor serves the pod's memory copies (local cluster: real kube-apiserver, process kubelet): the replica
 server outlives the trainer (a peer's copy lands while no trainer runs and the next attempt's trainer finds it),
 trainers learn its address from ``REPRIEVE_MEMORY_SERVER``, and the assignment's ``memoryPeers`` becomes the next
 attempt's ``REPRIEVE_MEMORY_PEER``."""
@@ -63,7 +63,7 @@ def test_the_replica_server_outlives_the_trainer_and_the_pairing_follows_the_ass
     assert worker.wait_exit_report(1)["code"] == 42
     (first,) = runs(worker, 1)
     assert first["server"] and first["holdings"] == [] and first["peer"] is None
-    # no trainer runs in the pod now: a peer's copy still lands, checked and committed by reprieve-run
+    # no trainer runs in the pod now: a peer's copy still lands, checked and committed by reprieve-supervisor
     writer = MemoryDir(str(tmp_path / "writer"))
     name = CopyName(20, 1, 1)
     write_copy(writer, name, b"x" * 10_000)

@@ -1,5 +1,5 @@
-"""reprieve-run in a worker pod of the local cluster (real kube-apiserver, process kubelet): the pod's container is
-``reprieve-run -- python -c ...``, exactly as the operator wraps it. The test plays the operator: it writes the
+"""reprieve-supervisor in a worker pod of the local cluster (real kube-apiserver, process kubelet): the pod's container is
+``reprieve-supervisor -- python -c ...``, exactly as the operator wraps it. The test plays the operator: it writes the
 ``<job>-assignment`` ConfigMap and reads the exit reports, with the worker RBAC the contract names (get/list/watch
 on that one ConfigMap, get/list/watch/patch on the job's pods) and nothing more."""
 

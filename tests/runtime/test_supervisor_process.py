@@ -1,4 +1,4 @@
-"""reprieve-run as a real process, outside a cluster (the environment is its only assignment): signals, exit
+"""reprieve-supervisor as a real process, outside a cluster (the environment is its only assignment): signals, exit
 codes, reaping, the contract check; and the runtime's side of the warm-process link with a real socket.
 The cluster half (assignments, exit reports, warm take-over) is tests/runtime/test_supervisor_cluster.py."""
 
@@ -21,7 +21,7 @@ from localcluster.testing import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-SUPERVISOR_BIN = str(Path(sys.executable).parent / "reprieve-run")
+SUPERVISOR_BIN = str(Path(sys.executable).parent / "reprieve-supervisor")
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_"))}
 
 
@@ -299,3 +299,17 @@ def test_a_process_that_exited_gets_no_signal_and_the_log_says_so(caplog: pytest
     assert ended.wait(5) == 0  # exited on its own: not killed
     assert caplog.messages == [(f"training finished: ending the pre-warmed process: pid {ended.pid} has exited "
                                "already; no SIGKILL sent")], caplog.messages
+
+
+def test_the_old_name_still_runs_the_supervisor_and_says_it_is_deprecated() -> None:
+    """#45: the supervisor is reprieve-supervisor; reprieve-run (its name until 0.1) runs the same program for one
+    release, with one line on stderr saying so."""
+    bin_dir = os.path.dirname(sys.executable)
+    new = subprocess.run([os.path.join(bin_dir, "reprieve-supervisor"), "--version"], capture_output=True, check=False,
+                         text=True, timeout=60)
+    old = subprocess.run([os.path.join(bin_dir, "reprieve-run"), "--version"], capture_output=True, text=True, check=False,
+                         timeout=60)
+    assert (new.returncode, old.returncode) == (0, 0), (new.stderr, old.stderr)
+    assert old.stdout == new.stdout and new.stdout.strip()
+    assert "reprieve-run is deprecated: it is now reprieve-supervisor" in old.stderr
+    assert "deprecated" not in new.stderr

@@ -1,4 +1,4 @@
-"""reprieve-run's decisions as tables (pure: no processes, no cluster). Each scenario plays timed events
+"""reprieve-supervisor's decisions as tables (pure: no processes, no cluster). Each scenario plays timed events
 through ``protocol.step`` and compares the actions, written short: ``start 2`` (a cold trainer for attempt 2),
 ``warm`` (start a warm process), ``hand 21>2`` (warm pid 21 takes attempt 2), ``TERM 11`` / ``KILL 11``,
 ``report 1:42`` (exit report: attempt 1, code 42), ``exit 0``."""

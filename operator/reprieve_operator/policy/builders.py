@@ -29,7 +29,7 @@ NOTICE_FILE = f"{NOTICE_DIR}/annotations"
 SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 PODINFO_VOLUME = "reprieve-podinfo"
 # The memory tier (spec.checkpoint.memory; docs/memory.md): a medium-Memory emptyDir outlives the trainer process
-# and a container restart, and counts against the pod's memory limit; reprieve-run serves it on MEMORY_PORT.
+# and a container restart, and counts against the pod's memory limit; reprieve-supervisor serves it on MEMORY_PORT.
 MEMORY_VOLUME = "reprieve-memory"
 MEMORY_DIR = "/var/run/reprieve/memory"
 MEMORY_TOKEN_KEY = "token"  # the key of the job's Secret <job>-memory

@@ -65,7 +65,7 @@ class Candidate:
 
     pod: str
     role: Role
-    ready: bool  # running under reprieve-run: it takes an index without waiting for a node or an image
+    ready: bool  # running under reprieve-supervisor: it takes an index without waiting for a node or an image
     unschedulable: SchedulerVerdict | None = None  # the scheduler's PodScheduled=False/Unschedulable, if any
 
 

@@ -1,6 +1,6 @@
 """The in-place gang lifecycle as one pure decision: ``decide_inplace(job, pods, assignment, ...) -> RestartPlan``.
 
-With ``restartMode: InPlace`` each worker container runs ``reprieve-run`` (the runtime's supervisor), which
+With ``restartMode: InPlace`` each worker container runs ``reprieve-supervisor`` (the runtime's supervisor), which
 starts one trainer process per attempt and reports every exit on its pod (``docs/contract.md``). The
 attempt's workers are the pods the job's assignment (``<job>-assignment`` ConfigMap) lists. The gang rules are
 those of ``policy.restart`` (``classify``, ``gang_restart``: causes, budgets, rapid-restart backoff); what
@@ -169,7 +169,7 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
 
 def _cannot_run(pods: Sequence[PodView]) -> tuple[str, str] | None:
     """A pod whose supervisor can never run this job, so no restart helps: (condition reason, message), or None.
-    A supervisor of another contract version, or an image without ``reprieve-run`` (the kubelet's StartError)."""
+    A supervisor of another contract version, or an image without ``reprieve-supervisor`` (the kubelet's StartError)."""
     for p in pods:
         if p.contract is not None and p.contract != CONTRACT_VERSION:
             return "ContractMismatch", (
@@ -181,7 +181,8 @@ def _cannot_run(pods: Sequence[PodView]) -> tuple[str, str] | None:
             return "SupervisorNotFound", (
                 f"pod {p.name} could not start {SUPERVISOR} ({p.start_error}): restartMode InPlace runs the "
                 f"container's command under {SUPERVISOR}, from the reprieve runtime package; install it in the "
-                f"image (pip install reprieve), or set restartMode: Recreate")
+                f"image (pip install reprieve; a runtime from before 0.2 names it reprieve-run: rebuild the image "
+                f"with this one), or set restartMode: Recreate")
     return None
 
 

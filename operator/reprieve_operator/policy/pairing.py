@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
-MEMORY_PORT = 8477  # every pod's replica server (reprieve-run); docs/contract.toml [memory.defaults] port
+MEMORY_PORT = 8477  # every pod's replica server (reprieve-supervisor); docs/contract.toml [memory.defaults] port
 PROCESS_SLOTS = 1  # a process pod: its own copy, one peer's and one in flight
 SPARE_SLOTS = 2  # a spare holds no own copy: two peers' copies and one in flight fit the same volume
 

@@ -3,10 +3,10 @@ pod over the pod network, restored from the nearest complete copy (``docs/memory
 
 Modules: :mod:`.config` (the environment), :mod:`.layout` and :mod:`.manifest` (what a copy is), :mod:`.decide`
 (fencing, retention, the restore plan, pairing: pure), :mod:`.store` (the memory directory), :mod:`.wire` and
-:mod:`.server` (the replica protocol and server; reprieve-run runs the server), :mod:`.schedule` (when to save),
+:mod:`.server` (the replica protocol and server; reprieve-supervisor runs the server), :mod:`.schedule` (when to save),
 :mod:`.tier` (saving; a Job saves to it through ``reprieve.targets.MemoryTarget``), :mod:`.sources`, :mod:`.restore`
 and :mod:`.restore_round` (restoring).
-Importing this package does not import JAX (reprieve-run imports the server).
+Importing this package does not import JAX (reprieve-supervisor imports the server).
 """
 
 from .config import MemoryConfig

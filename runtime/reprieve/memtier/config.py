@@ -23,7 +23,7 @@ PEER_ENV = "REPRIEVE_MEMORY_PEER"
 PEER_NODE_ENV = "REPRIEVE_MEMORY_PEER_NODE"
 NODE_ENV = "REPRIEVE_NODE_NAME"
 TOKEN_ENV = "REPRIEVE_MEMORY_TOKEN"  # the job's secret for the replica servers (optional)
-# set by reprieve-run for the trainer: the address of the replica server the supervisor runs for this pod
+# set by reprieve-supervisor for the trainer: the address of the replica server the supervisor runs for this pod
 SERVER_ENV = "REPRIEVE_MEMORY_SERVER"
 
 DEFAULT_PORT = 8477  # beside the coordinator's default 8476
@@ -41,12 +41,12 @@ class MemoryConfig:
         limit_bytes: what the directory may hold (the emptyDir's ``sizeLimit``); None: unbounded (not checked).
         interval_steps: save after every N-th step; 0: scheduled by time (``interval_seconds``) or by the budget.
         interval_seconds: save about every N seconds of training; 0 with ``interval_steps`` 0: auto (budget).
-        port: the replica server's port (reprieve-run, or the trainer itself outside reprieve-run); 0: any free
+        port: the replica server's port (reprieve-supervisor, or the trainer itself outside reprieve-supervisor); 0: any free
             port (the restore round advertises it, but no peer can be pointed at it in advance).
         peer: ``host:port`` of the replica server that holds this process's copies; None: own copies only.
         peer_node: the node the peer runs on, when the operator says (the pairing check refuses the own node).
         node: the node this pod runs on (downward API ``spec.nodeName``), for the pairing check.
-        server: ``host:port`` of the replica server reprieve-run runs for this pod (set by reprieve-run only).
+        server: ``host:port`` of the replica server reprieve-supervisor runs for this pod (set by reprieve-supervisor only).
         token: the job's secret every request to a replica server carries; None: none asked for.
     """
 

@@ -1,5 +1,5 @@
 """A memory copy's ``manifest.json``: what the copy holds, where each shard lies in ``data.bin``, its checksums.
-Pure (no JAX: the replica server in reprieve-run reads it too).
+Pure (no JAX: the replica server in reprieve-supervisor reads it too).
 
 The file is the JSON body, a newline and ``crc32c=<8 hex digits>`` of the body, so a torn or flipped manifest
 is found before anything it says is believed. Every shard carries the crc32c of its bytes: a reader checks

@@ -1,7 +1,7 @@
 """The replica server: receives peers' copies into this pod's memory directory and serves every copy it holds.
 
-It runs where it outlives the trainer: as a thread of ``reprieve-run`` (the worker container's PID 1), which
-tells the trainer its address in ``REPRIEVE_MEMORY_SERVER``. Outside reprieve-run the trainer runs it itself
+It runs where it outlives the trainer: as a thread of ``reprieve-supervisor`` (the worker container's PID 1), which
+tells the trainer its address in ``REPRIEVE_MEMORY_SERVER``. Outside reprieve-supervisor the trainer runs it itself
 (copies are then served while a trainer runs in the pod, which is when a restore asks). Protocol:
 :mod:`.wire`. A received copy is checked (manifest, every shard's crc32c, the fence, the limit) before the
 rename that commits it; a connection that breaks half-way leaves only a ``.tmp`` that is never listed.
@@ -175,7 +175,7 @@ class ReplicaServer:
 
 
 def serve_pod(env: Mapping[str, str]) -> ReplicaServer | None:
-    """reprieve-run's replica server for its pod when the memory tier is on (``REPRIEVE_MEMORY_DIR``): bound to
+    """reprieve-supervisor's replica server for its pod when the memory tier is on (``REPRIEVE_MEMORY_DIR``): bound to
     ``REPRIEVE_POD_IP`` (all interfaces without one) on ``REPRIEVE_MEMORY_PORT``. None when the tier is off or the
     settings are bad (the trainer's ``reprieve.init()`` refuses them with the same message)."""
     from ..config import ConfigError

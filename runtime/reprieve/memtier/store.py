@@ -1,11 +1,11 @@
 """The one place that reads and writes a memory directory (``docs/memory.md``, "Layout"; names in :mod:`.layout`).
 
 Both writers of a pod's directory go through here: the trainer (its own copies) and the replica server in
-reprieve-run (copies received from a peer). One copy is in flight per pod at a time: the writer holds
+reprieve-supervisor (copies received from a peer). One copy is in flight per pod at a time: the writer holds
 ``flock(.lock)`` from creating ``<name>.tmp/`` until the rename that commits it, so the directory holds at most
 the own copy, the peers' copies and one copy in flight. ``.tmp`` directories found under the lock are leftovers
 of a writer that died; they are removed. A copy is deleted by renaming it back to ``.tmp`` (invisible at once)
-and removing that. No JAX here: reprieve-run imports this module.
+and removing that. No JAX here: reprieve-supervisor imports this module.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ class MemoryDir:
         """Record that ``attempt`` started from ``base`` (written once, never changed: True when this call wrote
         it)."""
         path = os.path.join(self.path, layout.FENCES_DIR, fence_name(attempt))
-        # one name per thread: the trainer and the replica server it runs (outside reprieve-run) are one process,
+        # one name per thread: the trainer and the replica server it runs (outside reprieve-supervisor) are one process,
         # and both write this attempt's fence here when the trainer is its own peer's peer
         tmp = f"{path}.{_writer_id()}.tmp"
         with open(tmp, "w") as fh:

@@ -98,7 +98,7 @@ class MemoryTier:
         self.dir = MemoryDir(cfg.directory, limit_bytes=cfg.limit_bytes)
         self.server: ReplicaServer | None = None
         if cfg.server is not None:
-            self.location = cfg.server  # reprieve-run serves this pod's directory
+            self.location = cfg.server  # reprieve-supervisor serves this pod's directory
         elif serve:
             try:
                 self.server = ReplicaServer(self.dir, host=pod_ip or "127.0.0.1", port=cfg.port, token=token).start()
@@ -424,7 +424,7 @@ class MemoryTier:
 
     def close(self) -> None:
         """Give the copy in the background a few seconds to finish (a process on its way out does not wait for a
-        slow peer: a torn copy is never used), then stop serving (outside reprieve-run)."""
+        slow peer: a torn copy is never used), then stop serving (outside reprieve-supervisor)."""
         self._closing.set()
         self.wait(CLOSE_WAIT_S)
         if self._thread is not None and self._thread.is_alive():

@@ -1,4 +1,4 @@
-"""``reprieve-run``, the supervisor: the worker container's PID 1 for in-place restarts (and ``reprieve run``).
+"""``reprieve-supervisor``, the supervisor: the worker container's PID 1 for in-place restarts (and ``reprieve run``).
 
 - :mod:`.process`: the supervisor process, the shell that carries the decisions out (children, signals, the API);
 - :mod:`.protocol`: what it decides next, a pure state machine (``protocol.step``);
@@ -15,7 +15,20 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``reprieve-run`` console script (``reprieve.supervisor:main``): :func:`.process.main`."""
+    """The ``reprieve-supervisor`` console script (``reprieve.supervisor:main``): :func:`.process.main`."""
     from .process import main as process_main
 
     return process_main(argv)
+
+
+DEPRECATED_NAME = "reprieve-run"
+
+
+def main_deprecated(argv: Sequence[str] | None = None) -> int:
+    """The ``reprieve-run`` console script, the supervisor's name until 0.1: one line on stderr, then :func:`main`.
+    Kept for one release so images and scripts that call it keep working."""
+    import sys
+
+    print(f"{DEPRECATED_NAME} is deprecated: it is now reprieve-supervisor (the same program; {DEPRECATED_NAME} "
+          "goes in the next release)", file=sys.stderr, flush=True)
+    return main(argv)

@@ -1,4 +1,4 @@
-"""``python -m reprieve.supervisor``: the same as ``reprieve-run``."""
+"""``python -m reprieve.supervisor``: the same as ``reprieve-supervisor``."""
 
 from .process import main
 

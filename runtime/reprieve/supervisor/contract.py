@@ -206,7 +206,7 @@ def contract_problem(value: str | None, *, where: str) -> str | None:
     """Why this supervisor cannot run under contract ``value`` (None: it can; unset means this version)."""
     if value is None or value.strip() in ("", str(CONTRACT_VERSION)):
         return None
-    return (f"{where} asks for operator contract version {value.strip()!r}, but this reprieve-run speaks version "
+    return (f"{where} asks for operator contract version {value.strip()!r}, but this reprieve-supervisor speaks version "
             f"{CONTRACT_VERSION}: use an image whose reprieve runtime matches the operator (docs/contract.md)")
 
 

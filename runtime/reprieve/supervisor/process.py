@@ -1,4 +1,4 @@
-"""``reprieve-run -- <command...>``: the worker container's PID 1 for in-place gang restarts.
+"""``reprieve-supervisor -- <command...>``: the worker container's PID 1 for in-place gang restarts.
 
 It runs the trainer (the command) once per attempt the operator assigns to this pod, inside the same pod:
 the assignment comes from the ``<job>-assignment`` ConfigMap (watched with the pod's ServiceAccount token), each
@@ -6,7 +6,7 @@ trainer exit is reported on the pod (``reprieve.dev/exit``), SIGTERM is forwarde
 superseded is killed (SIGTERM, SIGKILL after the grace) before the next attempt starts, and the next attempt's
 process is pre-warmed (started and parked in ``reprieve.init()``) while the current one trains.
 ``docs/contract.md`` ("In-place restarts and the supervisor") is the protocol, ``docs/runtime.md`` ("Running
-under reprieve-run") the user's guide. Every decision is :mod:`.protocol` (pure), every format
+under reprieve-supervisor") the user's guide. Every decision is :mod:`.protocol` (pure), every format
 :mod:`.contract`; this module only carries them out: processes, signals, reaping, sockets to the children, the API.
 
 As PID 1 (and, elsewhere, as a child subreaper) it reaps every orphan in the container, and before it starts
@@ -351,7 +351,7 @@ def _become_subreaper() -> None:
 def build(command: Sequence[str], env: Mapping[str, str], *, local: bool = False,
           max_restarts: int | None = None) -> Supervisor:
     """The supervisor for ``command`` under ``env``. Raises ValueError (a bad knob or assignment variable).
-    ``local``: the laptop's restart loop (``reprieve run``, ``reprieve-run --local``), whatever the environment;
+    ``local``: the laptop's restart loop (``reprieve run``, ``reprieve-supervisor --local``), whatever the environment;
     it also refuses what the trainer's ``reprieve.init()`` would (:func:`check_trainer_env`)."""
     settings = dataclasses.replace(sm.Settings.from_env(env), max_restarts=max_restarts)
     env_assignment = contract.assignment_from_env(env)
@@ -382,11 +382,11 @@ def check_trainer_env(env: Mapping[str, str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="reprieve-run", description="Run a Reprieve trainer as the worker container's PID 1: one process per "
-        "assigned attempt, restarted in place (docs/runtime.md, 'Running under reprieve-run'). --local: the "
+        prog="reprieve-supervisor", description="Run a Reprieve trainer as the worker container's PID 1: one process per "
+        "assigned attempt, restarted in place (docs/runtime.md, 'Running under reprieve-supervisor'). --local: the "
         "laptop's restart loop, as `reprieve run` (docs/runtime.md, 'Running locally').",
-        usage="reprieve-run [--version] [--local [--max-restarts N]] -- COMMAND [ARG...]")
-    parser.add_argument("--version", action="version", version=f"reprieve-run {_version()} (contract "
+        usage="reprieve-supervisor [--version] [--local [--max-restarts N]] -- COMMAND [ARG...]")
+    parser.add_argument("--version", action="version", version=f"reprieve-supervisor {_version()} (contract "
                                                                 f"{contract.CONTRACT_VERSION})")
     parser.add_argument("--local", action="store_true", help="restart the command after every saved preemption, "
                         "stop on anything else; no cluster")
@@ -395,12 +395,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     return run(args.command, local=args.local, max_restarts=args.max_restarts, usage=parser.format_usage(),
-               prog="reprieve run" if args.local else "reprieve-run")
+               prog="reprieve run" if args.local else "reprieve-supervisor")
 
 
 def run(command: Sequence[str], *, local: bool = False, max_restarts: int | None = None, usage: str = "",
-        prog: str = "reprieve-run") -> int:
-    """The supervisor's main: ``reprieve-run`` (``local``: ``reprieve run``). The exit code to end with."""
+        prog: str = "reprieve-supervisor") -> int:
+    """The supervisor's main: ``reprieve-supervisor`` (``local``: ``reprieve run``). The exit code to end with."""
     command = list(command[1:] if command[:1] == ["--"] else command)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {prog}[%(process)d] %(levelname)s %(message)s")

@@ -1,4 +1,4 @@
-"""What ``reprieve-run`` decides next (pure): the supervisor's state machine.
+"""What ``reprieve-supervisor`` decides next (pure): the supervisor's state machine.
 
 ``docs/contract.md``, "In-place restarts and the supervisor", is the protocol; :mod:`.process` is the shell that
 does the I/O (processes, signals, the Kubernetes API) and :mod:`.contract` the formats it reads and writes.
@@ -50,7 +50,7 @@ INTERRUPTED_EXIT = 128 + signal.SIGINT  # a local run stopped by Ctrl-C (a shell
 
 @dataclass(frozen=True)
 class Settings:
-    """Knobs (``docs/runtime.md``, "Running under reprieve-run")."""
+    """Knobs (``docs/runtime.md``, "Running under reprieve-supervisor")."""
 
     grace_s: float = 30.0  # REPRIEVE_TERMINATION_GRACE_SECONDS: SIGTERM -> SIGKILL
     prewarm: bool = True  # REPRIEVE_PREWARM

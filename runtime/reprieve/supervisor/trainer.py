@@ -1,4 +1,4 @@
-"""The trainer's side of ``reprieve-run``: tell the supervisor how far it got; in a warm process, wait for the
+"""The trainer's side of ``reprieve-supervisor``: tell the supervisor how far it got; in a warm process, wait for the
 assignment (``docs/contract.md``, "In-place restarts and the supervisor").
 
 The supervisor hands every process it starts one end of a Unix socket, named by ``REPRIEVE_SUPERVISOR_FD``.
@@ -140,12 +140,12 @@ def device_problem(modules: Mapping[str, Any]) -> str | None:
         return None
     if not initialised:
         return None
-    return (f"reprieve.init() in a pre-warmed process (REPRIEVE_WARM_FD, started by reprieve-run before its attempt "
+    return (f"reprieve.init() in a pre-warmed process (REPRIEVE_WARM_FD, started by reprieve-supervisor before its attempt "
             f"was known): a JAX backend is already initialised ({', '.join(names) or 'unknown'}), so this process "
             "cannot join the next attempt's gang. Code before reprieve.init() may import modules and read "
             "configuration, but must not touch devices: no jax.devices()/jax.device_count(), no arrays, no jitted "
-            "calls. Move that code after reprieve.init(). reprieve-run starts this attempt cold instead "
-            "(docs/runtime.md, 'Running under reprieve-run').")
+            "calls. Move that code after reprieve.init(). reprieve-supervisor starts this attempt cold instead "
+            "(docs/runtime.md, 'Running under reprieve-supervisor').")
 
 
 def _topology() -> dict[str, Any] | None:
