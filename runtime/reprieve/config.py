@@ -27,8 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .env import ConfigError, Env
-from .policy import DEFAULT_MAX_FAILED_SAVES
 from .termination import TERMINATION_LOG
+
+DEFAULT_MAX_FAILED_SAVES = 3  # REPRIEVE_MAX_FAILED_SAVES: storage saves failed in a row that are fatal
 
 DEFAULT_RESTART_EXIT_CODE = 42
 # The restart codes the operator's CRD accepts (docs/contract.toml, [restart_exit_code]): 0 is success, 1 and 2 are

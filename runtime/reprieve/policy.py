@@ -134,7 +134,6 @@ def storage_policy(policy: SavePolicy) -> AnySavePolicy:
 
 # What a failed storage save was (classify_save_error) and what the job does about it (save_failure_verdict).
 STORAGE, FENCED, OTHER = "storage", "fenced", "other"
-DEFAULT_MAX_FAILED_SAVES = 3  # REPRIEVE_MAX_FAILED_SAVES
 # A storage failing for less than this (since the first failed save of the streak began) never fails the job, however
 # often it saves: a job that saves every few seconds would otherwise reach the bound within one short outage (the
 # soak's 10-20 s storage faults against its ~3 s save interval did).
