@@ -123,7 +123,7 @@ class MemoryDir:
                 except CopyCorruptError as err:
                     log.warning("memory copy %s/%s is unusable: %s", tree, name, err)
                     continue
-                out.append(decide.Holding(name, m.num_processes, location, tree, m.base, m.data_bytes))
+                out.append(decide.Holding(name, m.num_processes, location, tree, m.base, m.data_bytes, m.root))
         return out
 
     def usage_bytes(self) -> int:
