@@ -173,5 +173,5 @@ class FakeTier:
     def join_watcher(self, timeout_s: float) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, *, finished: bool = False) -> None:
         pass

@@ -291,3 +291,26 @@ def test_a_tier_that_switched_itself_off_says_so_in_the_progress_report(tmp_path
             report = json.loads(progress_annotation(step, -1, 1, 0.0, job.loop.fields())[PROGRESS_ANNOTATION])
     assert "REPRIEVE_MEMORY_LIMIT_BYTES is 0.0 MiB (200 bytes): raise the limit (spec.checkpoint.memory)" in \
         report["memoryOff"], report
+
+
+def test_a_finished_jobs_tier_deletes_its_own_copies_and_only_those(tmp_path: Path, shm: Path) -> None:
+    """Issue #46, 1: copies outlived a finished run (a laptop's fixed /dev/shm directory keeps them, and their
+    memory). The tier closed for a finished job deletes its root's copies; another root's stay."""
+    import dataclasses
+
+    job = _job(tmp_path / "ckpt", shm)
+    state, start = job.restore_or(init_state)
+    for step in job.steps(start, 1000):
+        state = step_fn(state)
+        job.save(step, state)
+        job.memory.tier.wait()
+        if step == 8:
+            break
+    ours = shm / "own" / "s0000000008_a1_p0"
+    theirs = shm / "own" / "s0000000005_a1_p0"  # another root's copy, as another run on this laptop leaves one
+    shutil.copytree(ours, theirs)
+    m = Manifest.from_bytes((ours / MANIFEST_FILE).read_bytes(), str(ours))
+    (theirs / MANIFEST_FILE).write_bytes(dataclasses.replace(m, step=5, root=str(tmp_path / "other")).to_bytes())
+    job.memory.tier.close(finished=True)
+    assert [p.name for p in (shm / "own").iterdir()] == [theirs.name]
+    job.abandon()

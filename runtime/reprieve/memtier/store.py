@@ -235,6 +235,26 @@ class MemoryDir:
         shutil.rmtree(dst, ignore_errors=True)
         log.debug("memory: deleted %s/%s", tree, name)
 
+    def remove_root(self, root: str | None) -> int:
+        """A finished run's cleanup: delete every committed copy of the storage root ``root`` (and any copy whose
+        manifest is unreadable: of no use to anyone), then the fence records once no copy is left. How many copies
+        it deleted."""
+        deleted = 0
+        for tree in layout.TREES:
+            for name in self.names(tree):
+                try:
+                    ours = self.manifest(tree, name).root == root
+                except CopyCorruptError:
+                    ours = True
+                if ours:
+                    self.delete(tree, name)
+                    deleted += 1
+        if not any(self.names(tree) for tree in layout.TREES):
+            for entry in _listdir(os.path.join(self.path, layout.FENCES_DIR)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.path, layout.FENCES_DIR, entry))
+        return deleted
+
     # -- reading -------------------------------------------------------------------------------------------------
     def open_data(self, tree: str, name: CopyName) -> mmap.mmap | None:
         """A private, writable mapping of the copy's ``data.bin`` (writes copy pages, the file never changes);

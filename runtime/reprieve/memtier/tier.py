@@ -429,9 +429,10 @@ class MemoryTier:
         """A copy is still being written or sent in the background."""
         return self._thread is not None and self._thread.is_alive()
 
-    def close(self) -> None:
+    def close(self, *, finished: bool = False) -> None:
         """Give the copy in the background a few seconds to finish (a process on its way out does not wait for a
-        slow peer: a torn copy is never used), then stop serving (outside reprieve-run)."""
+        slow peer: a torn copy is never used), then stop serving (outside reprieve-run). ``finished``: the job
+        finished (not a restart): its copies in this pod's directory are of no more use and are deleted."""
         self._closing.set()
         self.wait(CLOSE_WAIT_S)
         if self._thread is not None and self._thread.is_alive():
@@ -439,6 +440,9 @@ class MemoryTier:
                      self._thread.name.rsplit("-", 1)[-1])
         else:
             self._staging.close()
+            if finished:
+                log.info("memory: the job finished: deleted its %d copies in %s", self.dir.remove_root(self.root),
+                         self.dir.path)
         if self.server is not None:
             self.server.close()
 
