@@ -171,7 +171,8 @@ class Manifest:
         ``Metadata.structure`` over the manifest's leaf records)."""
         from ..checkpoint.metadata import CheckpointMeta, LeafMeta
 
-        leaves = [LeafMeta(**leaf) for leaf in self.leaves]
+        known = {f.name for f in dataclasses.fields(LeafMeta)}  # a field a newer reprieve added is not the shape
+        leaves = [LeafMeta(**{k: v for k, v in leaf.items() if k in known}) for leaf in self.leaves]
         return CheckpointMeta(self.step, self.attempt, self.num_processes, leaves).structure()
 
     def problems(self, name: CopyName) -> list[str]:
