@@ -245,7 +245,7 @@ def _memory_tier(memory: MemoryConfig, config: RuntimeConfig, coordinator: Coord
     from .memtier.tier import MemoryTier  # imports JAX: only a job with the tier pays for it at init
 
     return MemoryTier(memory, coordinator=coordinator, attempt=config.attempt, pod_ip=config.pod_ip,
-                      token=memory.token)
+                      token=memory.token, root=config.checkpoint_uri)
 
 
 def _join(config: RuntimeConfig) -> Coordinator:
@@ -329,7 +329,7 @@ def default_checkpointer(config: RuntimeConfig, coordinator: Coordinator) -> Che
 
     try:
         return CheckpointManager(config.checkpoint_uri, coordinator=coordinator, attempt=config.attempt,
-                                 keep=config.checkpoint_keep)
+                                 keep=config.checkpoint_keep, start_over_quarantined=config.start_over_quarantined)
     except FencedError:
         raise
     except (OSError, ValueError, RuntimeError) as err:  # a path that cannot be created or written, a bad URI

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 # annotation key -> decimals it is rounded to (epoch times to the millisecond)
 LIVE_FIELDS = {"stepAt": 3, "stepSeconds": 6, "firstStep": None, "firstStepAt": 3, "restoreSeconds": 3,
                "saveBlockingSeconds": 3, "restoredFrom": None, "memoryStep": None, "savedStepsAt": None,
-               "failedSaves": None, "lastSaveError": None}
+               "failedSaves": None, "lastSaveError": None, "memoryOff": None}
 SAVED_KEPT = 2  # per kind (storage, memory): the newest saved steps whose finish times a report carries
 
 

@@ -247,6 +247,11 @@ class Tier(Protocol):
     restored_from: dict[str, Any] | None
     cfg: MemoryConfig
 
+    @property
+    def off(self) -> str | None:
+        """Why the tier switched itself off, None while it is on."""
+        ...
+
     def begin(self, start: int, *, storage_steps: int = 0, storage_seconds: float = 0.0) -> None: ...
 
     def due(self, step: int, step_seconds: float | None) -> bool: ...
@@ -263,7 +268,7 @@ class Tier(Protocol):
 
     def join_watcher(self, timeout_s: float) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, *, finished: bool = False) -> None: ...
 
 
 class MemoryTarget:
@@ -336,12 +341,15 @@ class MemoryTarget:
         return lambda abstract, check: self.tier.restore(storage, abstract, check)
 
     def progress_fields(self) -> dict[str, Any]:
-        """What process 0 adds to its progress report (docs/contract.md, "Progress"): where the restore read from
-        and the newest step every process holds in memory (replicated, when peers are configured)."""
+        """What process 0 adds to its progress report (docs/contract.md, "Progress"): where the restore read from,
+        the newest step every process holds in memory (replicated, when peers are configured), and why the tier
+        switched itself off (``memoryOff``)."""
         out: dict[str, Any] = {}
         if self.tier.restored_from is not None:
             out["restoredFrom"] = self.tier.restored_from
         step = self.tier.gang_step()
         if step is not None:
             out["memoryStep"] = step
+        if self.tier.off is not None:
+            out["memoryOff"] = self.tier.off
         return out

@@ -1,6 +1,7 @@
 """The memory tier's first attempt against the real API server, the operator as a local process (chart RBAC), the
 pods on a process kubelet: the token Secret, each trainer's peer and token, the first assignment's pairing, and a
-pairing problem (both processes scheduled on one node) as condition MemoryPaired and one Warning Event."""
+pairing problem (both processes scheduled on one node) as condition MemoryPaired and one Warning Event, and a tier
+the runtime reports switched off (``memoryOff``) as MemoryPaired=False/MemoryTierOff and a Warning Event."""
 
 from __future__ import annotations
 
@@ -96,6 +97,23 @@ def test_the_first_attempt_gets_its_peers_and_token_and_a_same_node_pairing_is_r
     operator.handled("reprieve_reconciles_total", before)
     (event,) = warnings()
     assert (event.count or 1) == 1
+
+    # issue #46, 8: process 0's progress report says the tier switched itself off (a limit below the state; the
+    # report the runtime patches, written here for it): the condition says so, why and what to change, whatever
+    # the pairing, and one Warning Event MemoryTierOff says the same
+    why = ("this process's shards take 40.0 MiB (41943040 bytes), so its pod's memory directory must hold 120.0 MiB "
+           "(125829120 bytes) (its own copy, its peer's copy and one in flight), but REPRIEVE_MEMORY_LIMIT_BYTES is "
+           "64.0 MiB (67108864 bytes): raise the limit (spec.checkpoint.memory) to at least 120.0 MiB (125829120 "
+           "bytes), or spread the state over more processes")
+    report = {"step": 12, "committedStep": -1, "attempt": 1, "time": "2026-11-28T20:00:00Z", "memoryOff": why}
+    core.patch_namespaced_pod("mem-0", namespace, {"metadata": {"annotations": {
+        "reprieve.dev/progress": json.dumps(report)}}})
+    off = wait_for(lambda: (c := paired()) and c["reason"] == "MemoryTierOff" and c, 60, "MemoryPaired=MemoryTierOff",
+                   describe=lambda: operator.tail(40))
+    assert off["status"] == "False" and why in off["message"] and "in attempt 1" in off["message"]
+    (tier_off,) = wait_for(lambda: [e for e in core.list_namespaced_event(namespace).items
+                                    if e.reason == "MemoryTierOff"], 30, "the MemoryTierOff Event")
+    assert tier_off.type == "Warning" and tier_off.message == off["message"]
     operator.assert_no_errors()
 
 

@@ -3,6 +3,8 @@ pod IPs with nodes and zones) and the check of the pairing in force (the MemoryP
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -92,8 +94,8 @@ def test_no_memory_tier_no_condition() -> None:
     assert memorypeers.pairing_condition(job(2, memory=False), {"llama-0": 0, "llama-1": 1}, {}, pods) is None
 
 
-def _raw(name: str, index: int, node: str, ip: str) -> dict[str, Any]:
-    return compact_pod({"metadata": {"name": name, "namespace": "default", "labels": {
+def _raw(name: str, index: int, node: str, ip: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return compact_pod({"metadata": {"name": name, "namespace": "default", "annotations": annotations or {}, "labels": {
         "reprieve.dev/job-name": "llama", "reprieve.dev/attempt": "1", "reprieve.dev/replica-index": str(index),
         "reprieve.dev/role": "worker"}}, "spec": {"nodeName": node}, "status": {"phase": "Running", "podIP": ip}})
 
@@ -125,6 +127,48 @@ def test_a_fixed_pairing_says_so_once() -> None:
     patch = {"conditions": [{"type": "MemoryPaired", "status": "True", "reason": "Paired", "message": "ok"}]}
     assert for_status_change(j, patch, 0.0, None) == [Event("MemoryPaired", "ok")]
     assert for_status_change(job(2), patch, 0.0, None) == []  # paired from the start: no Event
+
+
+OFF = ("this process's shards take 1.0 MiB (1048576 bytes), so its pod's memory directory must hold 3.0 MiB "
+       "(3145728 bytes) (its own copy, its peer's copy and one in flight), but REPRIEVE_MEMORY_LIMIT_BYTES is 0.0 "
+       "MiB (200 bytes): raise the limit (spec.checkpoint.memory) to at least 3.0 MiB (3145728 bytes), or spread the "
+       "state over more processes")
+
+
+@pytest.mark.parametrize(("what", "off_attempt", "status", "reason"), [
+    ("the runtime switched the tier off in this attempt", 1, "False", "MemoryTierOff"),
+    ("a report of an earlier attempt on a kept pod says nothing of this one", 0, "True", "Paired"),
+])
+def test_a_tier_the_runtime_switched_off_is_not_paired(what: str, off_attempt: int, status: str,
+                                                       reason: str) -> None:
+    """Issue #46, 8: a limit below the state turned the tier off (process 0's progress report says memoryOff) while
+    the job kept MemoryPaired=True/Paired: the condition said the job was protected when it was not."""
+    pods = [dataclasses.replace(view("llama-0", "a"), memory_off=(off_attempt, OFF)), view("llama-1", "b"),
+            view("llama-2", "c")]
+    processes = {p.name: i for i, p in enumerate(pods)}
+    got = memorypeers.pairing_condition(job(3, status={"attempt": 1}), processes,
+                                        {0: stable(1), 1: stable(2), 2: stable(0)}, pods)
+    assert got is not None and (got.type, got.status, got.reason) == ("MemoryPaired", status, reason), what
+    if status == "False":
+        assert "the memory tier is off in attempt 1" in got.message and "raise the limit" in got.message
+
+
+def test_decide_says_the_tier_is_off_as_a_condition_and_a_warning_event() -> None:
+    """From process 0's progress annotation to the condition and one Warning Event MemoryTierOff with the runtime's
+    why and what to change; the next pass with the condition in status posts nothing more."""
+    progress = json.dumps({"attempt": 1, "step": 7, "committedStep": -1, "time": "2026-11-24T05:59:00Z",
+                           "memoryOff": OFF})
+    raw = [_raw("llama-0", 0, "n1", "10.0.0.1", {"reprieve.dev/progress": progress}),
+           _raw("llama-1", 1, "n2", "10.0.0.2")]
+    j = job(2, status=RUNNING)
+    first = Assignment(1, {"llama-0": 0, "llama-1": 1}, "llama-0.llama.default.svc:8476", memorypeers.first_peers(j))
+    out = decide(View(job=j, pods=raw, now=NOW, assignment=first, known_nodes={"n1", "n2"}))
+    (cond,) = [c for c in out.status["conditions"] if c["type"] == "MemoryPaired"]
+    assert (cond["status"], cond["reason"]) == ("False", "MemoryTierOff") and OFF in cond["message"]
+    assert [e for e in out.status_events if e.type == "Warning"] == [Event("MemoryTierOff", cond["message"], "Warning")]
+    again = decide(View(job=job(2, status={**RUNNING, "conditions": out.status["conditions"]}), pods=raw, now=NOW,
+                        assignment=first, known_nodes={"n1", "n2"}))
+    assert "conditions" not in again.status and not again.status_events
 
 
 def test_zones_come_from_the_nodes_the_pods_run_on() -> None:

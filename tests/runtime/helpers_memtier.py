@@ -134,6 +134,7 @@ class FakeTier:
     ``(step, kind)``) and the waits, and restores from storage (nothing in memory)."""
 
     restored_from = None
+    off = None  # the tier never switches itself off
 
     def __init__(self, *, due_at: frozenset[int] = frozenset(), busy: bool = False, broken: bool = False) -> None:
         from reprieve.memtier import MemoryConfig
@@ -172,5 +173,5 @@ class FakeTier:
     def join_watcher(self, timeout_s: float) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, *, finished: bool = False) -> None:
         pass

@@ -299,3 +299,25 @@ def test_a_time_schedule_is_remeasured_capped_and_the_same_steps_on_every_proces
     for pod in pods:  # every process saved the same steps: both hold their copy of the newest
         assert max(p.name for p in (pod.mem / "own").iterdir()).startswith(f"s{newest:010d}_a1_p"), pod
     assert [p.name for p in (pods[0].mem / "peer").iterdir()] == [str(CopyName(newest, 1, 1))]
+
+
+def test_a_new_run_with_its_own_checkpoint_root_ignores_the_pods_copies_of_another_root(tmp_path: Path,
+                                                                                       base: Path) -> None:
+    """Issue #46, 1: the same memory directories (and replica servers) used by a new run with a new, empty
+    REPRIEVE_CHECKPOINT_URI restored the previous run's copies and named the new directory as their source. Every
+    process now ignores the other root's copies, its own pod's and those its peer's server lists, each with a line,
+    and the new run starts at step 0."""
+    pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
+    gang = launch(tmp_path / "first", pods, ring(pods), attempt=1, steps=TOTAL, stop_at=14)
+    run_until_stopped(gang, 2)
+    gang = launch(tmp_path / "second", pods, ring(pods), attempt=1, steps=TOTAL)
+    finals = finish(gang, 2, TOTAL)
+    assert [f["restored_from"] for f in finals] == [None, None]
+    old = tmp_path / "first" / "ckpt"
+    for i, log in enumerate(gang.logs):
+        text = log.read_text()
+        assert f"no checkpoint under {tmp_path / 'second' / 'ckpt'}: starting at step 0" in text, text[-3000:]
+        assert f"in {pods[i].mem} belongs to checkpoint root {old}, not this run's" in text, text[-3000:]
+        assert (f"in the peer {pods[1 - i].address} belongs to checkpoint root {old}, not this run's"
+                in text), text[-3000:]
+        assert "restored step 14" not in text

@@ -46,6 +46,17 @@ def test_manifest_round_trip() -> None:
     assert back == m and back.problems(m.name) == []
 
 
+def test_a_manifest_records_its_storage_root_and_the_states_structure() -> None:
+    """What a restore checks before it reads a copy (issue #46, 1): the root the copy belongs to, and the leaves
+    and shapes the identity check compares (a field a newer reprieve adds to a leaf record does not get in the
+    way)."""
+    m = manifest(root="/ckpt/run-a", leaves=[{**LEAVES[0], "added_later": 1}, *LEAVES[1:]])
+    back = Manifest.from_bytes(m.to_bytes(), "here")
+    assert back.root == "/ckpt/run-a" and Manifest.from_bytes(manifest().to_bytes(), "here").root is None
+    assert back.structure() == [(leaf["path"], None if leaf["kind"] == "json" else tuple(leaf["shape"]))
+                                for leaf in LEAVES]
+
+
 def test_a_flipped_or_torn_manifest_is_corrupt() -> None:
     raw = manifest().to_bytes()
     flipped = raw.replace(b'"step":40', b'"step":41')

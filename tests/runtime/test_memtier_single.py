@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,8 @@ class Position:
         self.state = value
 
 
-def test_a_restart_restores_the_newest_memory_copy_bit_exactly(tmp_path: Path, shm: Path) -> None:
+def test_a_restart_restores_the_newest_memory_copy_bit_exactly(tmp_path: Path, shm: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     job = _job(tmp_path / "ckpt", shm)
     state, start = job.restore_or(init_state)
     assert start == 0
@@ -110,7 +112,13 @@ def test_a_restart_restores_the_newest_memory_copy_bit_exactly(tmp_path: Path, s
 
     job = _job(tmp_path / "ckpt", shm)
     pos = Position()
-    restored, start = job.restore_or(init_state, data=pos)
+    with caplog.at_level(logging.INFO):
+        restored, start = job.restore_or(init_state, data=pos)
+    # Issue #46, 9: one line per restore, true about its source; no second line naming the storage URI
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("restored step")]
+    assert len(lines) == 1 and re.fullmatch(r"restored step 8 on process 0 from its own pod's memory in [0-9.]+s "
+                                            r"\(gang: 0=memory\): resuming at step 9 \(saved by attempt 1\)",
+                                            lines[0]), lines
     assert start == 9 and pos.state == {"pos": 9}
     same(restored, expected(9))
     assert job.loop.restored_from == {"step": 8, "tier": "memory", "sources": ["memory"]}
@@ -171,3 +179,138 @@ def test_bad_memory_settings_are_refused_at_init(tmp_path: Path, shm: Path, env:
                                                  message: str) -> None:
     with pytest.raises(reprieve.ConfigError, match=message):
         _job(tmp_path / "ckpt", shm, **env)
+
+
+def test_a_new_checkpoint_root_does_not_resume_another_roots_memory_copy(tmp_path: Path, shm: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """Issue #46, 1: with a fixed memory directory a new run with a fresh, empty REPRIEVE_CHECKPOINT_URI restored
+    the previous run's memory copy (and named the new directory as the source). A copy belongs to its storage
+    root: another root's is ignored with a line that says so, and stays its own root's to restore."""
+    job = _job(tmp_path / "old", shm)
+    state, start = job.restore_or(init_state)
+    crash_after(job, state, start, 9)  # a memory copy of step 8, nothing in storage
+
+    job = _job(tmp_path / "new", shm)
+    with caplog.at_level(logging.INFO):
+        _, start = job.restore_or(init_state)
+    assert start == 0 and job.loop.restored_from is None, caplog.text
+    assert (f"memory copy own/s0000000008_a1_p0 in {shm} belongs to checkpoint root {tmp_path / 'old'}, not this "
+            f"run's {tmp_path / 'new'}: ignored") in caplog.text
+    assert "restored step 8" not in caplog.text
+    job.abandon()
+
+    caplog.clear()
+    job = _job(tmp_path / "old", shm)
+    with caplog.at_level(logging.INFO):
+        restored, start = job.restore_or(init_state)
+    assert start == 9 and job.loop.restored_from == {"step": 8, "tier": "memory", "sources": ["memory"]}
+    same(restored, expected(9))
+    # Issue #46, 9: one line per restore, true about its source (not a second one naming the storage URI).
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("restored step 8")]
+    assert len(lines) == 1 and "from its own pod's memory" in lines[0] and lines[0].endswith(
+        "resuming at step 9 (saved by attempt 1)"), lines
+    job.abandon()
+
+
+def test_a_memory_copy_of_another_structure_is_refused_naming_its_directory(tmp_path: Path, shm: Path) -> None:
+    """Issue #46, 1: the structure check was skipped for memory copies; the restore failed with a raw ValueError
+    ("restore leaf ['w']: abstract shape ...") that named neither the copy nor its directory."""
+    job = _job(tmp_path / "ckpt", shm)
+    state, start = job.restore_or(init_state)
+    crash_after(job, state, start, 9)
+
+    def wider() -> dict[str, Any]:
+        return {**init_state(), "w": jax.device_put(jnp.zeros((8, 4), jnp.float32), NamedSharding(_mesh(), P("d")))}
+
+    job = _job(tmp_path / "ckpt", shm)
+    from reprieve.identity import RunMismatchError
+
+    with pytest.raises(RunMismatchError) as refused:
+        job.restore_or(wider)
+    text = str(refused.value)
+    assert "memory copy own/s0000000008_a1_p0 in " + str(shm) in text, text
+    assert "another structure" in text and "['w']: [8, 3] in the checkpoint, [8, 4] here" in text, text
+    assert f"REPRIEVE_MEMORY_DIR ({shm} here): to restore from storage instead, delete the copies there" in text
+    job.abandon()
+
+
+def _corrupt_storage(ckpt: Path) -> None:
+    for d in ckpt.iterdir():
+        if (d / "arrays").is_dir():
+            chunk = min(p for p in (d / "arrays").rglob("*") if p.is_file() and "/c/" in str(p))
+            data = bytearray(chunk.read_bytes())
+            data[1] ^= 0x10
+            chunk.write_bytes(bytes(data))
+
+
+def test_a_root_of_quarantined_checkpoints_does_not_start_over_with_the_memory_tier_on(
+        tmp_path: Path, shm: Path) -> None:
+    """Issue #46, 4: a root holding only quarantined checkpoints refuses to start from step 0; with the memory tier
+    on, its round found nothing and started at step 0 without asking storage."""
+    from reprieve.checkpoint import CheckpointCorruptError, OnlyQuarantinedError
+
+    job = _job(tmp_path / "ckpt", shm, REPRIEVE_CHECKPOINT_INTERVAL_STEPS="4")  # storage after steps 3 and 7
+    state, start = job.restore_or(init_state)
+    crash_after(job, state, start, 9)
+    job.checkpointer.wait()
+    shutil.rmtree(shm / "own")  # the node is gone, and its memory with it
+    _corrupt_storage(tmp_path / "ckpt")
+    job = _job(tmp_path / "ckpt", shm)
+    with pytest.raises(CheckpointCorruptError):
+        job.restore_or(init_state)  # falls back through both, quarantining each
+    job.abandon()
+
+    job = _job(tmp_path / "ckpt", shm)
+    with pytest.raises(OnlyQuarantinedError, match="holds no usable checkpoint, only 2 quarantined"):
+        job.restore_or(init_state)
+    job.abandon()
+    # the documented setting, given to init(env=...), reaches the checkpointer (with the tier and without it)
+    for env in ({"REPRIEVE_MEMORY_DIR": str(shm)}, {}):
+        job = reprieve.init(env={"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_MEMORY_PORT": "0",
+                                 "REPRIEVE_START_OVER_QUARANTINED": "1", **env}, install_sigterm=False,
+                            watch_pod=False)
+        _, start = job.restore_or(init_state)
+        assert start == 0, env
+        job.abandon()
+
+
+def test_a_tier_that_switched_itself_off_says_so_in_the_progress_report(tmp_path: Path, shm: Path) -> None:
+    """Issue #46, 8: the tier's OFF was only in the trainer's log; process 0's progress report (the annotation the
+    operator reads) now carries memoryOff: why, and what to change."""
+    import json
+
+    from reprieve.notice import PROGRESS_ANNOTATION
+    from reprieve.progress import progress_annotation
+
+    job = _job(tmp_path / "ckpt", shm, REPRIEVE_MEMORY_LIMIT_BYTES="200")
+    state, start = job.restore_or(init_state)
+    for step in job.steps(start, 4):
+        state = step_fn(state)
+        job.save(step, state)
+        if step == 3:
+            report = json.loads(progress_annotation(step, -1, 1, 0.0, job.loop.fields())[PROGRESS_ANNOTATION])
+    assert "REPRIEVE_MEMORY_LIMIT_BYTES is 0.0 MiB (200 bytes): raise the limit (spec.checkpoint.memory)" in \
+        report["memoryOff"], report
+
+
+def test_a_finished_jobs_tier_deletes_its_own_copies_and_only_those(tmp_path: Path, shm: Path) -> None:
+    """Issue #46, 1: copies outlived a finished run (a laptop's fixed /dev/shm directory keeps them, and their
+    memory). The tier closed for a finished job deletes its root's copies; another root's stay."""
+    import dataclasses
+
+    job = _job(tmp_path / "ckpt", shm)
+    state, start = job.restore_or(init_state)
+    for step in job.steps(start, 1000):
+        state = step_fn(state)
+        job.save(step, state)
+        job.memory.tier.wait()
+        if step == 8:
+            break
+    ours = shm / "own" / "s0000000008_a1_p0"
+    theirs = shm / "own" / "s0000000005_a1_p0"  # another root's copy, as another run on this laptop leaves one
+    shutil.copytree(ours, theirs)
+    m = Manifest.from_bytes((ours / MANIFEST_FILE).read_bytes(), str(ours))
+    (theirs / MANIFEST_FILE).write_bytes(dataclasses.replace(m, step=5, root=str(tmp_path / "other")).to_bytes())
+    job.memory.tier.close(finished=True)
+    assert [p.name for p in (shm / "own").iterdir()] == [theirs.name]
+    job.abandon()

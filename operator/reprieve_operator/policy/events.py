@@ -2,8 +2,8 @@
 ``CheckpointCommitted``, throttled to one per ``COMMIT_EVENT_SECONDS`` per job except the first commit after a
 notice (the agreed save), which always gets one, ``Restored`` once per attempt that restored through the memory
 tier (naming each process's source), and the memory tier's pairing when its ``MemoryPaired``
-condition changes (a Warning ``MemoryPairingProblem`` naming the processes and nodes, ``MemoryPaired`` once it is
-fixed). Failures get an Event named after their reason
+condition changes (a Warning ``MemoryPairingProblem`` naming the processes and nodes, or ``MemoryTierOff`` when
+the runtime switched the tier off, ``MemoryPaired`` once it is fixed). Failures get an Event named after their reason
 (``TooManyFailures``, ``TooManyPreemptions``, ``InvalidSpec``, ...) where they are decided, in ``reconcile``.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from ..models import TrainingJob
 from . import restores
-from .memorypeers import PAIRED
+from .memorypeers import PAIRED, TIER_OFF
 from .podsready import PODS_READY
 from .times import parse_time
 
@@ -45,7 +45,7 @@ def for_status_change(job: TrainingJob, patch: Mapping[str, Any], now: float,
         if after_notice or last_commit_event is None or now - last_commit_event >= COMMIT_EVENT_SECONDS:
             why = f" after notice {notice.id}" if after_notice and notice is not None else ""
             out.append(Event("CheckpointCommitted", f"checkpoint of step {step} committed (attempt {st.attempt}){why}"))
-    out += _problem(job, patch, PAIRED, "MemoryPairingProblem")
+    out += _problem(job, patch, PAIRED, None if _reason(patch, PAIRED) == TIER_OFF else "MemoryPairingProblem")
     out += _problem(job, patch, PODS_READY, None, ("status", "reason"))
     restore = patch.get("lastRestore")
     if restore and (st.last_restore is None or st.last_restore.attempt != restore.get("attempt")):
@@ -80,14 +80,12 @@ def _problem(job: TrainingJob, patch: Mapping[str, Any], type_: str, warning: st
     if new.get("status") == "True" and old is not None and old.status != "True":
         return [Event(type_, str(new.get("message")))]
     return []
-    old = next((c for c in job.status.conditions if c.type == PAIRED), None)
-    if old is not None and (old.status, old.message) == (new.get("status"), new.get("message")):
-        return []
-    if new.get("status") == "False":
-        return [Event("MemoryPairingProblem", str(new.get("message")), "Warning")]
-    if old is not None and old.status == "False":
-        return [Event(PAIRED, str(new.get("message")))]
-    return []
+
+
+def _reason(patch: Mapping[str, Any], type_: str) -> str | None:
+    """The reason of condition ``type_`` in ``patch`` (None when the patch does not set it)."""
+    new = next((c for c in patch.get("conditions") or [] if c.get("type") == type_), None)
+    return None if new is None else new.get("reason")
 
 
 def restored_event(restore: Mapping[str, Any]) -> Event:

@@ -14,7 +14,10 @@ pairing in force:
   (:func:`pairing_condition`): a process without a peer, or whose peer runs on its own node (the ring's
   neighbour scheduled beside it), is named with both nodes in the ``MemoryPaired`` condition; the shell posts an
   Event when that condition changes (``policy.events``). The copies themselves stay correct either way: a
-  process whose replica shares its node keeps its own copy, and a loss of that node falls back to storage.
+  process whose replica shares its node keeps its own copy, and a loss of that node falls back to storage;
+* **a tier that switched itself off** (process 0's progress report says ``memoryOff``: the state does not fit the
+  memory limit) protects nothing: ``MemoryPaired`` is False with reason ``MemoryTierOff``, the runtime's why and
+  what to change, whatever the pairing.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from .restart import Condition
 from .views import PodView
 
 PAIRED = "MemoryPaired"  # the condition type
+TIER_OFF = "MemoryTierOff"  # its reason (and the Warning Event's) when the runtime switched the tier off
 
 
 def enabled(job: TrainingJob) -> bool:
@@ -94,6 +98,12 @@ def pairing_condition(job: TrainingJob, processes: Mapping[str, int], peers: Map
     listed = [by_name.get(n) for n in processes]
     if not processes or any(p is None or not p.node or p.phase != "Running" for p in listed):
         return None
+    off = next((p.memory_off[1] for p in listed if p is not None and p.memory_off is not None
+                and p.memory_off[0] == job.status.attempt), None)
+    if off is not None:
+        return Condition(PAIRED, "False", TIER_OFF, (
+            f"the memory tier is off in attempt {job.status.attempt}: {off}. Until then no process has a memory copy: "
+            "a restart restores from storage only")[:2000])
     holders = [_holder(p, processes.get(p.name)) for p in pods
                if p.ip and (p.name in processes or p.role == "spare")]
     resolved: dict[int, str | None] = {}

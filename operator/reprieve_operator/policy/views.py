@@ -59,6 +59,8 @@ class PodView:
     zone: str | None = None  # its node's topology.kubernetes.io/zone (``decide`` adds it: the memory tier's pairing)
     node_ready: bool = True  # its node's Ready condition is not False/Unknown (``decide`` sets it)
     reachable: bool = True  # False: its address went unanswered when probed (``decide`` sets it)
+    # process 0's progress report: the memory tier switched itself off in this attempt, and why (``memoryOff``)
+    memory_off: tuple[int, str] | None = None
 
     @property
     def ready(self) -> bool:
@@ -249,7 +251,7 @@ def _parse_pod_view(pod: Mapping[str, Any]) -> PodView | None:
     report = _json(annotations.get(ANNOTATION_EXIT))
     notice = _json(annotations.get(ANNOTATION_NOTICE))
     supervisor = _json(annotations.get(ANNOTATION_SUPERVISOR))
-    return PodView(name=str(meta.get("name")), role=role, index=to_int(labels.get(LABEL_INDEX)), attempt=attempt,
+    return PodView(memory_off=memory_off(_json(annotations.get(ANNOTATION_PROGRESS))), name=str(meta.get("name")), role=role, index=to_int(labels.get(LABEL_INDEX)), attempt=attempt,
                    phase=phase, deleting=bool(meta.get("deletionTimestamp")), node=node, node_lost=node_lost,
                    ip=status.get("podIP"), exit_attempt=to_int(report.get("attempt")), exit_code=to_int(report.get("code")),
                    exit_agreed=report.get("agreed") if isinstance(report.get("agreed"), bool) else None,
@@ -259,6 +261,13 @@ def _parse_pod_view(pod: Mapping[str, Any]) -> PodView | None:
                    notice_attempt=to_int(notice.get("attempt")) if notice else None,
                    contract=to_int(supervisor.get("contract")), created=parse_time(meta.get("creationTimestamp")),
                    start_error=start_error)
+
+
+def memory_off(report: Mapping[str, Any]) -> tuple[int, str] | None:
+    """``(attempt, why)`` when a progress report says the memory tier switched itself off (``memoryOff``), else
+    None (pure)."""
+    why, attempt = report.get("memoryOff"), to_int(report.get("attempt"))
+    return (attempt, why[:1000]) if isinstance(why, str) and why and attempt is not None else None
 
 
 def workers(job: TrainingJob, raw_pods: Iterable[Mapping[str, Any]], assignment: Any = None,

@@ -36,7 +36,8 @@ LOCAL = "local:"  # a location only one process can read: "local:<process>" (no 
 class Holding:
     """A committed copy some process can reach, and where: ``location`` is a replica server's ``host:port``
     (anyone can read it) or ``local:<p>`` (only process ``p``, through its memory directory). ``tree`` is
-    ``own`` (written in that pod) or ``peer`` (a replica received there)."""
+    ``own`` (written in that pod) or ``peer`` (a replica received there). ``root``: the storage root the copy
+    belongs to (:attr:`.manifest.Manifest.root`)."""
 
     name: CopyName
     num_processes: int
@@ -44,6 +45,7 @@ class Holding:
     tree: str = "own"
     base: tuple[int, int] | None = None
     nbytes: int = 0
+    root: str | None = None
 
     def readable_by(self, process: int, process_location: str | None) -> bool:
         if self.location.startswith(LOCAL):

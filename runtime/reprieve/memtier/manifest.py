@@ -100,7 +100,9 @@ class Manifest:
     """What one copy holds. ``leaves`` are the storage tier's leaf records (``reprieve.checkpoint.metadata.LeafMeta``
     as dicts: path, kind, shape, dtype, ...), so the copy restores onto any sharding like a checkpoint does.
     ``base``: the ``(step, attempt)`` the writing attempt restored from (None: it started from scratch); the
-    fencing rule (:func:`reprieve.memtier.decide.visible`) reads it."""
+    fencing rule (:func:`reprieve.memtier.decide.visible`) reads it. ``root``: the storage root (the run's
+    ``REPRIEVE_CHECKPOINT_URI``) the copy belongs to: a restore reads only the copies of its own root (None: written
+    before copies recorded it, never restored)."""
 
     writer: int
     num_processes: int
@@ -114,6 +116,7 @@ class Manifest:
     base: tuple[int, int] | None = None
     created_unix: float = 0.0
     topology: dict[str, Any] | None = None
+    root: str | None = None
     format_version: int = FORMAT_VERSION
 
     @property
@@ -125,7 +128,8 @@ class Manifest:
             "format_version": self.format_version, "writer": self.writer, "num_processes": self.num_processes,
             "step": self.step, "attempt": self.attempt, "base": None if self.base is None else list(self.base),
             "created_unix": self.created_unix, "data_bytes": self.data_bytes, "extra": self.extra,
-            "process_extra": self.process_extra, "topology": self.topology, "leaves": self.leaves,
+            "process_extra": self.process_extra, "topology": self.topology, "root": self.root,
+            "leaves": self.leaves,
             "shards": [s.to_json() for s in self.shards]}, sort_keys=True, separators=(",", ":")).encode()
         return body + b"\ncrc32c=" + f"{crc32c(body):08x}".encode() + b"\n"
 
@@ -155,11 +159,21 @@ class Manifest:
                        data_bytes=int(raw["data_bytes"]), extra=dict(raw.get("extra") or {}),
                        process_extra=raw.get("process_extra"),
                        base=None if base is None else (int(base[0]), int(base[1])),
-                       created_unix=float(raw.get("created_unix", 0.0)), topology=raw.get("topology"))
+                       created_unix=float(raw.get("created_unix", 0.0)), topology=raw.get("topology"),
+                       root=None if raw.get("root") is None else str(raw["root"]))
         except CopyCorruptError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise CopyCorruptError(f"{where}: manifest has a missing or malformed field ({err!r})") from None
+
+    def structure(self) -> list[tuple[str, tuple[int, ...] | None]]:
+        """The saved state's leaf paths and shapes as ``reprieve.identity.structure`` has them (the storage tier's
+        ``Metadata.structure`` over the manifest's leaf records)."""
+        from ..checkpoint.metadata import CheckpointMeta, LeafMeta
+
+        known = {f.name for f in dataclasses.fields(LeafMeta)}  # a field a newer reprieve added is not the shape
+        leaves = [LeafMeta(**{k: v for k, v in leaf.items() if k in known}) for leaf in self.leaves]
+        return CheckpointMeta(self.step, self.attempt, self.num_processes, leaves).structure()
 
     def problems(self, name: CopyName) -> list[str]:
         """Where the manifest disagrees with the copy's name or with itself (pure)."""

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import identity
+from ..restore import resuming
 from . import decide, wire
 from .decide import Holding
 from .layout import CopyName
@@ -40,7 +42,7 @@ _restores = itertools.count()
 
 def _holding_json(h: Holding) -> dict[str, Any]:
     return {"name": str(h.name), "n": h.num_processes, "loc": h.location, "tree": h.tree,
-            "base": None if h.base is None else list(h.base), "bytes": h.nbytes}
+            "base": None if h.base is None else list(h.base), "bytes": h.nbytes, "root": h.root}
 
 
 def _holding(raw: dict[str, Any]) -> Holding | None:
@@ -50,22 +52,46 @@ def _holding(raw: dict[str, Any]) -> Holding | None:
     if name is None or name.tmp:
         return None
     base = raw.get("base")
+    root = raw.get("root")
     return Holding(name, int(raw["n"]), str(raw["loc"]), str(raw.get("tree", "own")),
-                   None if base is None else (int(base[0]), int(base[1])), int(raw.get("bytes", 0)))
+                   None if base is None else (int(base[0]), int(base[1])), int(raw.get("bytes", 0)),
+                   None if root is None else str(root))
+
+
+def foreign(h: Holding, root: str, where: str) -> str | None:
+    """Why the copy ``h`` (in ``where``) is not this run's to restore: it belongs to another storage root, or
+    records none (pure). None: it is this root's."""
+    if h.root == root:
+        return None
+    whose = (f"checkpoint root {h.root}" if h.root is not None
+             else "no checkpoint root (written by an older reprieve)")
+    return (f"memory copy {h.tree}/{h.name} in {where} belongs to {whose}, not this run's {root}: ignored (each "
+            "run's copies belong to its REPRIEVE_CHECKPOINT_URI; delete it to free the memory it takes)")
+
+
+def _ours(tier: Any, holdings: list[Holding], where: str) -> list[Holding]:
+    """``holdings`` less the copies of another storage root, each said in one line."""
+    out = []
+    for h in holdings:
+        why = foreign(h, tier.root, where)
+        if why is None:
+            out.append(h)
+        else:
+            log.warning("%s", why)
+    return out
 
 
 def local_report(tier: Any, storage: Any) -> dict[str, Any]:
-    """What this process can reach (step 1 of the round)."""
-    holdings = tier.dir.holdings(tier.location)
+    """What this process can reach (step 1 of the round): only the copies of this run's storage root."""
+    holdings = _ours(tier, tier.dir.holdings(tier.location), tier.dir.path)
     fences = dict(tier.dir.fences())
     if tier.peer is not None:
         try:
             listing = wire.Client(tier.peer, timeout_s=30.0, token=tier.token).list()
             loc = str(listing.get("location") or tier.peer)
-            for raw in listing.get("holdings", []):
-                h = _holding({**raw, "n": raw.get("num_processes"), "loc": loc, "bytes": raw.get("nbytes", 0)})
-                if h is not None:
-                    holdings.append(h)
+            theirs = [_holding({**raw, "n": raw.get("num_processes"), "loc": loc, "bytes": raw.get("nbytes", 0)})
+                      for raw in listing.get("holdings", [])]
+            holdings += _ours(tier, [h for h in theirs if h is not None], f"the peer {tier.peer}")
             for a, b in (listing.get("fences") or {}).items():
                 fences.setdefault(int(a), None if b is None else (int(b[0]), int(b[1])))
         except (wire.WireError, OSError, ValueError, KeyError, TypeError) as err:
@@ -116,9 +142,12 @@ def restore(tier: Any, storage: Any, abstract: Any, *, timeout_s: float = 1800.0
         log.info("memory restore round %d: %s (%s)", rnd, plan.tier, plan.reason)
         if plan.tier in ("none", "storage"):
             break
-        verdict, result = _carry_out(tier, storage, plan, abstract)
+        verdict, result = _carry_out(tier, storage, plan, abstract, check)
         coord.set(f"{key}/verdict/{pid}", json.dumps(verdict), overwrite=True)
         verdicts = [json.loads(coord.get(f"{key}/verdict/{p}", timeout_s)) for p in range(n)]
+        refused = next((v["refused"] for v in verdicts if v.get("refused")), None)
+        if refused is not None:  # every process raises the same, before any array is used
+            raise identity.RunMismatchError(refused)
         if all(v["ok"] for v in verdicts):
             assert result is not None and plan.step is not None and plan.attempt is not None
             sources = [v["source"] for v in verdicts]
@@ -137,11 +166,16 @@ def restore(tier: Any, storage: Any, abstract: Any, *, timeout_s: float = 1800.0
                 bad_storage.add((plan.step or 0, plan.attempt or 0))
         log.warning("memory restore round %d failed on processes %s; deciding again without the copies that failed",
                     rnd, [p for p, v in enumerate(verdicts) if not v["ok"]])
-    if plan.tier == "none":
+    try:
+        # every process together: quarantine and fallback included; with nothing in memory (plan "none") the
+        # storage tier says whether the root may start at step 0 (one holding only quarantined checkpoints may not)
+        result = storage.restore(abstract, step=None)
+    except FileNotFoundError:
+        if plan.tier != "none":
+            raise
         _fence(tier, None)
         tier.restored_from = None
-        raise FileNotFoundError(f"nothing to restore: {plan.reason}")
-    result = storage.restore(abstract, step=None)  # every process together: quarantine and fallback included
+        raise FileNotFoundError(f"nothing to restore: {plan.reason}") from None
     record = result[2].get("reprieve") if isinstance(result[2], dict) else None
     attempt = record.get("attempt") if isinstance(record, dict) else None
     plan = decide.Plan("storage", int(result[0]), int(attempt) if isinstance(attempt, int) else plan.attempt or 0,
@@ -173,12 +207,18 @@ def _storage(reports: list[dict[str, Any]], bad_storage: set[tuple[int, int]]) -
     return [(int(s), int(a)) for s, a in reports[0].get("storage", []) if (int(s), int(a)) not in bad_storage]
 
 
-def _carry_out(tier: Any, storage: Any, plan: decide.Plan, abstract: Any) -> tuple[dict[str, Any], Any]:
-    """This process's part of a memory or mixed plan: its verdict, and ``(state, extra, process_extra)``."""
+def _carry_out(tier: Any, storage: Any, plan: decide.Plan, abstract: Any,
+               check: Callable[[Any, Any, str], None] | None) -> tuple[dict[str, Any], Any]:
+    """This process's part of a memory or mixed plan: its verdict, and ``(state, extra, process_extra)``. The
+    run-identity check runs on the copies' manifests before any array is read; a refusal is the verdict
+    ``refused`` (every process then raises it)."""
     chosen = {w: h for w, hs in plan.holders.items() if (h := choose_holder(hs, tier.pid, tier.location))}
     try:
         try:
             sources = open_sources(chosen, tier.dir, process=tier.pid, location=tier.location, token=tier.token)
+            refusal = _refusal(tier, sources, check)
+            if refusal is not None:
+                return {"ok": False, "refused": refusal}, None
             state, extra, extras, remote = restore_state(sources, abstract, num_writers=plan.num_processes,
                                                          process=tier.pid, num_processes=tier.nproc, token=tier.token)
             return {"ok": True, "source": (PEER if remote else MEMORY).name}, (state, extra, extras)
@@ -203,6 +243,22 @@ def _carry_out(tier: Any, storage: Any, plan: decide.Plan, abstract: Any) -> tup
         return {"ok": False, "bad": [[str(err.holder.name), err.holder.location]], "error": str(err)[:2000]}, None
 
 
+def _refusal(tier: Any, sources: dict[int, Any], check: Callable[[Any, Any, str], None] | None) -> str | None:
+    """Why the copies this process opened are not this run's (``check``: the same identity and structure check as
+    a storage checkpoint's), with where they lie and how to start from storage instead; None when they are."""
+    if check is None:
+        return None
+    for source in sources.values():
+        h, m = source.holder, source.manifest
+        where = tier.dir.path if source.local else f"the replica server at {h.location}"
+        try:
+            check(m.extra.get("reprieve"), m.structure(), f"memory copy {h.tree}/{h.name} in {where}")
+        except identity.RunMismatchError as err:
+            return (f"{err}. The memory copies lie in each pod's REPRIEVE_MEMORY_DIR ({tier.dir.path} here): to "
+                    "restore from storage instead, delete the copies there (the own/ and peer/ folders)")
+    return None
+
+
 def _done(tier: Any, result: Any, plan: decide.Plan, sources: list[str], t0: float, *,
           storage_step: int | None) -> Any:
     """``result`` with ``restored_from`` and ``storage_step`` (the newest committed step in storage, which a
@@ -213,9 +269,12 @@ def _done(tier: Any, result: Any, plan: decide.Plan, sources: list[str], t0: flo
     tier.restored_from = {"step": int(result[0]), "tier": plan.tier, "sources": sources}
     result.restored_from = tier.restored_from
     result.storage_step = storage_step
-    log.info("restored step %d on process %d from %s in %.3fs (gang: %s)", result[0], tier.pid,
+    # From memory this is the restore's one line (``Read.log`` adds none); from storage the job's line names the URI.
+    tail = "" if plan.tier == "storage" else ": " + resuming(int(result[0]), result[2].get("reprieve")
+                                                            if isinstance(result[2], dict) else None)
+    log.info("restored step %d on process %d from %s in %.3fs (gang: %s)%s", result[0], tier.pid,
              SOURCES[sources[tier.pid]].where, time.perf_counter() - t0,
-             ", ".join(f"{p}={s}" for p, s in enumerate(sources)))
+             ", ".join(f"{p}={s}" for p, s in enumerate(sources)), tail)
     return result
 
 

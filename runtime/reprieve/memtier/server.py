@@ -142,7 +142,7 @@ class ReplicaServer:
 
     def _op_list(self, conn: socket.socket, rfile: BinaryIO, header: dict[str, Any]) -> None:
         holdings = [{"tree": h.tree, "name": str(h.name), "num_processes": h.num_processes,
-                     "base": None if h.base is None else list(h.base), "nbytes": h.nbytes}
+                     "base": None if h.base is None else list(h.base), "nbytes": h.nbytes, "root": h.root}
                     for h in self.dir.holdings(self.address)]
         fences = {str(a): None if b is None else list(b) for a, b in self.dir.fences().items()}
         wire.send_line(conn, {"ok": True, "location": self.address, "holdings": holdings, "fences": fences})

@@ -123,7 +123,7 @@ class MemoryDir:
                 except CopyCorruptError as err:
                     log.warning("memory copy %s/%s is unusable: %s", tree, name, err)
                     continue
-                out.append(decide.Holding(name, m.num_processes, location, tree, m.base, m.data_bytes))
+                out.append(decide.Holding(name, m.num_processes, location, tree, m.base, m.data_bytes, m.root))
         return out
 
     def usage_bytes(self) -> int:
@@ -234,6 +234,26 @@ class MemoryDir:
             return
         shutil.rmtree(dst, ignore_errors=True)
         log.debug("memory: deleted %s/%s", tree, name)
+
+    def remove_root(self, root: str | None) -> int:
+        """A finished run's cleanup: delete every committed copy of the storage root ``root`` (and any copy whose
+        manifest is unreadable: of no use to anyone), then the fence records once no copy is left. How many copies
+        it deleted."""
+        deleted = 0
+        for tree in layout.TREES:
+            for name in self.names(tree):
+                try:
+                    ours = self.manifest(tree, name).root == root
+                except CopyCorruptError:
+                    ours = True
+                if ours:
+                    self.delete(tree, name)
+                    deleted += 1
+        if not any(self.names(tree) for tree in layout.TREES):
+            for entry in _listdir(os.path.join(self.path, layout.FENCES_DIR)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.path, layout.FENCES_DIR, entry))
+        return deleted
 
     # -- reading -------------------------------------------------------------------------------------------------
     def open_data(self, tree: str, name: CopyName) -> mmap.mmap | None:

@@ -87,10 +87,12 @@ class MemoryTier:
     """One process's memory tier. Built by :func:`reprieve.init` when ``REPRIEVE_MEMORY_DIR`` is set."""
 
     def __init__(self, cfg: MemoryConfig, *, coordinator: Coordinator, attempt: int, pod_ip: str | None = None,
-                 token: str | None = None, serve: bool = True) -> None:
+                 token: str | None = None, serve: bool = True, root: str | None = None) -> None:
         from ..checkpoint import save as save_mod
 
         self.cfg = cfg
+        # the storage root (REPRIEVE_CHECKPOINT_URI) every copy records: a restore reads only its own root's copies
+        self.root = None if root is None else storage_root(root)
         self.coord = coordinator
         self.attempt = attempt
         self.pid, self.nproc = coordinator.process_id, coordinator.num_processes
@@ -241,6 +243,11 @@ class MemoryTier:
         self._thread.start()
         return True
 
+    @property
+    def off(self) -> str | None:
+        """Why the tier switched itself off (its limit below the state), None while it is on."""
+        return self._disabled
+
     def _disable(self, why: str) -> None:
         self._disabled = why
         log.error("memory tier OFF: %s. Training goes on with the storage tier only.", why)
@@ -284,7 +291,7 @@ class MemoryTier:
         manifest = Manifest(writer=name.writer, num_processes=self.nproc, step=name.step, attempt=name.attempt,
                             leaves=leaf_dicts(snap.leaves), shards=shards, data_bytes=offset, extra=extra,
                             process_extra=process_extra, base=self.base, created_unix=time.time(),
-                            topology=topology.recorded(self.nproc))
+                            topology=topology.recorded(self.nproc), root=self.root)
         with self.dir.in_flight(timeout_s=SEND_TIMEOUT_S):
             gang = self._gang_complete()
             self.dir.prune(layout.OWN, gang_complete=gang)  # the step before, once the whole gang replicated it
@@ -422,9 +429,10 @@ class MemoryTier:
         """A copy is still being written or sent in the background."""
         return self._thread is not None and self._thread.is_alive()
 
-    def close(self) -> None:
+    def close(self, *, finished: bool = False) -> None:
         """Give the copy in the background a few seconds to finish (a process on its way out does not wait for a
-        slow peer: a torn copy is never used), then stop serving (outside reprieve-supervisor)."""
+        slow peer: a torn copy is never used), then stop serving (outside reprieve-supervisor). ``finished``: the
+        job finished (not a restart): its copies in this pod's directory are of no more use and are deleted."""
         self._closing.set()
         self.wait(CLOSE_WAIT_S)
         if self._thread is not None and self._thread.is_alive():
@@ -432,8 +440,17 @@ class MemoryTier:
                      self._thread.name.rsplit("-", 1)[-1])
         else:
             self._staging.close()
+            if finished:
+                log.info("memory: the job finished: deleted its %d copies in %s", self.dir.remove_root(self.root),
+                         self.dir.path)
         if self.server is not None:
             self.server.close()
+
+
+def storage_root(uri: str) -> str:
+    """The storage root a copy records (pure): a URI as given, a local path made absolute (``./checkpoints`` from
+    two working directories are two roots)."""
+    return uri if "://" in uri else os.path.abspath(uri)
 
 
 def _ready(state: Any) -> None:
