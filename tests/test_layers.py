@@ -136,3 +136,15 @@ def test_the_checkpoint_tier_never_imports_the_memory_tier_and_memory_takes_only
                 if private or target.rpartition(".")[2].startswith("_"):
                     found.append(f"{where} takes private {private or target} from {target}")
     assert found == []
+
+
+LOOP_AND_ENTRY = ("reprieve", "reprieve.job", "reprieve.targets", "reprieve.restore", "reprieve.teardown",
+                  "reprieve.measures", "reprieve.bootstrap", "reprieve.cli", "reprieve.keras", "reprieve.orbax_policy")
+
+
+def test_the_tiers_never_import_the_loop_or_an_entry_point() -> None:
+    """Down, never up: the loop asks the tiers through protocols; a tier imports shared and pure modules only."""
+    g = graph("reprieve")
+    found = sorted(f"{m} imports {x}" for m, deps in g.items() if m.startswith(("reprieve.checkpoint", "reprieve.memtier"))
+                   for x in deps if x in LOOP_AND_ENTRY)
+    assert found == []

@@ -107,3 +107,12 @@ def past_total(start: int, total: int | None) -> str | None:
     return (f"the checkpoint is past total steps: it holds step {start - 1} and this run has total={total} (steps 0 "
             f"to {total - 1}); it is another run's (use another REPRIEVE_CHECKPOINT_URI or REPRIEVE_RUN_ID), or "
             "raise the total to train on")
+
+
+def resuming(step: int, record: Any) -> str:
+    """The end of a restore's line: ``resuming at step N (saved by attempt A of run R)``."""
+    record = record if isinstance(record, dict) else {}
+    run = record.get("run")
+    run_id = run.get("id") if isinstance(run, dict) else None
+    return (f"resuming at step {step + 1} (saved by attempt {record.get('attempt', '?')}"
+            f"{'' if run_id is None else f' of run {run_id!r}'})")

@@ -88,10 +88,10 @@ class Read:
 
     def log(self, uri: str) -> None:
         """The restore's line: from ``uri``, unless the memory tier read it from memory (its own line, one per
-        process, says from which pod's memory and already ends with :func:`resuming`)."""
+        process, says from which pod's memory and already ends with :func:`identity.resuming`)."""
         if self.restored_from is not None and self.restored_from.get("tier") in FROM_MEMORY:
             return
-        log.info("restored step %d from %s: %s", self.step, uri, resuming(self.step, self.record))
+        log.info("restored step %d from %s: %s", self.step, uri, identity.resuming(self.step, self.record))
 
     def persisting_notice(self) -> str | None:
         """The notice this checkpoint was the agreed save of, when that notice outlives the process (a notice
@@ -100,15 +100,6 @@ class Read:
         if record.get("noticeSource") in SOURCES_THAT_PERSIST and record.get("notice"):
             return str(record["notice"])
         return None
-
-
-def resuming(step: int, record: Any) -> str:
-    """The end of a restore's line: ``resuming at step N (saved by attempt A of run R)``."""
-    record = record if isinstance(record, dict) else {}
-    run = record.get("run")
-    run_id = run.get("id") if isinstance(run, dict) else None
-    return (f"resuming at step {step + 1} (saved by attempt {record.get('attempt', '?')}"
-            f"{'' if run_id is None else f' of run {run_id!r}'})")
 
 
 def read_latest(checkpointer: Checkpointer, caps: Capabilities, target: Any, *, run_id: str | None, where: str,

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import identity
-from ..restore import resuming
+from ..identity import resuming
 from . import decide, wire
 from .decide import Holding
 from .layout import CopyName
