@@ -406,9 +406,20 @@ class Job:
     def abandon(self) -> None:
         """Stop the runtime's threads without saving or leaving the job; also run at interpreter exit."""
         if not self.phase.terminal:
-            warn_abandoned(self.process_id, self.committed_step, self.config.restart_exit_code)
+            warn_abandoned(self.process_id, self._last_checkpoint(), self.config.restart_exit_code)
             self._await_lost_peer(sys.exc_info()[1] or getattr(sys, "last_value", None))
         self._teardown(ABANDON)
+
+    def _last_checkpoint(self) -> int | None:
+        """The newest committed step for a line on the way out: the one this attempt restored or saved, else the
+        storage's newest (an exception before or inside restore_or leaves the first unknown)."""
+        if self.storage.committed is not None:
+            return self.storage.committed
+        try:
+            return self.checkpointer.latest_step()
+        except Exception as err:  # noqa: BLE001 - a line on the way out, never a second failure
+            log.debug("listing the checkpoints for the exit line failed: %s", err)
+            return None
 
     def _await_lost_peer(self, exc: BaseException | None) -> None:
         if self._wait_lost_peer is not None:
@@ -425,7 +436,7 @@ class Job:
             return
         code = getattr(exc, "code", None) if isinstance(exc, SystemExit) else None
         if code == self.config.restart_exit_code and self.phase != Phase.EXITING:
-            warn_restart_code_without_save(self.process_id, code, self.committed_step)
+            warn_restart_code_without_save(self.process_id, code, self._last_checkpoint())
         self.abandon()
 
     def _abort(self, why: str) -> NoReturn:

@@ -92,22 +92,23 @@ def await_lost_peer(wait_lost: Callable[[str], tuple[int, ...]], process_id: int
                     ", ".join(map(str, lost)))
 
 
-def _step(committed: int | None) -> str:
-    return "none" if committed is None else str(committed)
+def _last_checkpoint(committed: int | None) -> str:
+    return "there is no checkpoint yet" if committed is None else f"the last checkpoint is step {committed}"
 
 
 def warn_abandoned(process_id: int, committed: int | None, restart_code: int) -> None:
     log.warning("process %d: the runtime is closed without finishing job.steps() (an exception, a break or "
-                "sys.exit): nothing is saved by this exit (the last checkpoint is step %s); an exit with "
-                "the restart code %d from here is not a saved preemption", process_id, _step(committed), restart_code)
+                "sys.exit): nothing is saved by this exit (%s); an exit with "
+                "the restart code %d from here is not a saved preemption", process_id, _last_checkpoint(committed),
+                restart_code)
 
 
 def warn_restart_code_without_save(process_id: int, code: int, committed: int | None) -> None:
     """sys.exit(<restart code>) in the program's own code: it reads as a saved preemption and is not one."""
     log.critical("process %d: sys.exit(%d) without an agreed save: %d is REPRIEVE_RESTART_EXIT_CODE, which "
-                 "says 'state saved, restart me', but nothing was saved by this exit (the last checkpoint "
-                 "is step %s). reprieve-run reports it as not agreed; let job.save() exit at the agreed "
-                 "step instead", process_id, code, code, _step(committed))
+                 "says 'state saved, restart me', but nothing was saved by this exit (%s). reprieve-run "
+                 "reports it as not agreed; let job.save() exit at the agreed step instead", process_id, code, code,
+                 _last_checkpoint(committed))
 
 
 def log_agreed_commit(step: int, decision: ExitDecision, num_processes: int, since_notice: float,
