@@ -36,7 +36,7 @@ from .notice_sources import NoticeHub
 from .policy import SaveContext, SavePolicy
 from .progress import LoopProgress, ProgressReporter
 from .restore import Restored, read_latest
-from .targets import MemoryTarget, SaveRecords, SaveTarget, StorageTarget, Tier
+from .targets import MemoryTarget, SaveRecords, SaveTarget, StorageTarget, Tier, save_kind
 from .teardown import (
     Leaving,
     await_lost_peer,
@@ -333,7 +333,7 @@ class Job:
         for target in saving:
             record = record or self._record(step, state, extra, data)
             self.loop.mark_saved(step, target.name, finished_at)
-            target.save(step, state, *record, kind=kind or ("forced" if force else "periodic"))
+            target.save(step, state, *record, kind=save_kind(kind, forced=force, last=step == self._last_step))
         # after a save of this step started (it restarts the interval's clock), so one interval asks for one save
         if self.process_id == 0 and self.storage.request_due():
             self.agreement.request_save("interval")  # a no-op while the previous request is being agreed
