@@ -193,12 +193,12 @@ class OrbaxCheckpointer:
                     raise FencedError(f"orbax checkpoints at {self._root}: attempt {self.attempt} is stale, "
                                       f"attempts {newer} have started; this writer must stop")
                 visible = self._visible()
+                fdir = self._root / FENCES_DIR
                 if self.attempt not in fences:
-                    fdir = self._root / FENCES_DIR
                     fdir.mkdir(parents=True, exist_ok=True)
-                    tmp = fdir / (fence_name(self.attempt) + ".tmp")
-                    tmp.write_text(json.dumps({"attempt": self.attempt, "visible": [str(s) for s in visible]}))
-                    tmp.rename(fdir / fence_name(self.attempt))
+                    self._write_fence(json.dumps({"attempt": self.attempt, "visible": [str(s) for s in visible]}))
+                else:  # a re-run of this attempt writes its fence again, byte for byte: the probe that the storage
+                    self._write_fence((fdir / fence_name(self.attempt)).read_text())  # still takes writes, now
                 stale = sorted(set(self._mgr.all_steps()) - set(visible))
             except Exception as err:
                 self._coord.set(key, f"error: {type(err).__name__}: {err}", overwrite=True)
@@ -214,6 +214,19 @@ class OrbaxCheckpointer:
         for step in stale:  # every process: Orbax's delete meets the others
             log.info("orbax checkpoint %s/%d was written by a fenced-out attempt: deleting it", self._root, step)
             self._mgr.delete(step)
+
+    def _write_fence(self, text: str) -> None:
+        """This attempt's fence, written whole (a temporary file renamed): on a storage that takes no writes, an
+        error that says so at init, not at the run's first (or last) save."""
+        fdir = self._root / FENCES_DIR
+        try:
+            tmp = fdir / (fence_name(self.attempt) + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(fdir / fence_name(self.attempt))  # over the fence a re-run writes again
+        except OSError as err:
+            raise OSError(err.errno, f"orbax checkpoints at {self._root}: attempt {self.attempt}'s fence cannot be "
+                                     f"written ({type(err).__name__}: {err}), so no save of this run would commit; "
+                                     "make the storage writable or set another REPRIEVE_CHECKPOINT_URI") from err
 
     # -- the Checkpointer protocol ------------------------------------------------------------------
     def set_commit_callback(self, on_commit: Callable[[int], None] | None) -> None:
