@@ -113,7 +113,7 @@ def ending_at_exit(committed: int | None) -> str:
 def end_at_exit(now: bool) -> None:
     """End this process with SIGABRT (``now``, or at its exit, after the uncaught exception's traceback and before
     JAX's ``atexit`` shutdown, registered earlier): its peer is lost, and JAX's shutdown would wait for it, fail,
-    and abort with a C++ stack trace (``docs/runtime.md``, "When a peer is lost")."""
+    and abort with a C++ stack trace (``docs/runtime.md``, "Exit codes")."""
     if now:
         _abort()
     atexit.register(_abort)
