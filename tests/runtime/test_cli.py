@@ -57,7 +57,7 @@ def test_ls_inspect_verify_on_real_checkpoints(tmp_path: Path) -> None:
     assert "a restore takes step 5 (step_0000000005_a1)" in ls.stdout and " demo" in ls.stdout, ls.stdout
     listed = json.loads(reprieve("ls", str(root), "--json").stdout)
     assert [(c["step"], c["state"], c["kind"]) for c in listed["checkpoints"]] == [(2, "complete", "forced"),
-                                                                                   (5, "complete", "forced")]
+                                                                                   (5, "complete", "last")]
     assert listed["latest"] == "step_0000000005_a1" and listed["attempts"] == [1]
 
     inspect = reprieve("inspect", f"{root}@2")
