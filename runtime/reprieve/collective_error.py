@@ -36,6 +36,12 @@ def collective_failed(error: BaseException | None) -> bool:
     return bool(re.search(r"\bGloo\b.* failed", str(error)))
 
 
+def first_cause(text: str) -> str:
+    """An XLA error's text without the ``Error dispatching computation:`` it repeats once per step dispatched
+    after the failed one (a loop running ahead of its device stacks dozens)."""
+    return re.sub(r"(Error dispatching computation: )+", "", text)
+
+
 def _ip(text: str) -> str | None:
     """The address in one canonical form (an IPv4-mapped IPv6 address as IPv4); None: not an address."""
     try:

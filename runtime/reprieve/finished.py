@@ -62,6 +62,7 @@ class FinishedSteps:
         self._off = False  # a state the probe could not read: handed over counts as finished (the loop's position)
         self._wanted = probe  # None: decided at the first call (_probing)
         self._on = False  # probing: decided (_probing) and not turned off
+        self.failed: tuple[int, str] | None = None  # the first step seen failed and why (every later one fails of it)
 
     @property
     def noted(self) -> int | None:
@@ -165,8 +166,10 @@ class FinishedSteps:
             self._pending.popleft()
             error = _error(probe)
             if error is not None:
-                log.info("step %d did not finish on this process (%s); the last one that did: %s", step, error,
-                         None if self._done is None else self._done[0])
+                first = self.failed is None  # said once: a later step fails of the same failure
+                self.failed = self.failed or (step, error)
+                log.log(logging.INFO if first else logging.DEBUG, "step %d did not finish on this process (%s); the "
+                        "last one that did: %s", step, error, None if self._done is None else self._done[0])
                 self._pending.clear()  # a failed step poisons every later one (their inputs are its outputs)
                 return
             self._done = (step, t)

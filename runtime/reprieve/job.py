@@ -23,6 +23,7 @@ from . import identity
 from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
 from .capabilities import Capabilities, Checkpointer
+from .collective_error import first_cause
 from .compile_ahead import CompileAhead, LoweringCount
 from .config import RuntimeConfig
 from .coordination import Coordinator
@@ -36,10 +37,12 @@ from .notice_sources import NoticeHub
 from .policy import SaveContext, SavePolicy
 from .progress import LoopProgress, ProgressReporter
 from .restore import Restored, read_latest
-from .targets import MemoryTarget, SaveRecords, SaveTarget, StorageTarget, Tier
+from .targets import MemoryTarget, SaveRecords, SaveTarget, StorageTarget, Tier, save_kind
 from .teardown import (
     Leaving,
     await_lost_peer,
+    end_at_exit,
+    ending_at_exit,
     log_agreed_commit,
     log_agreed_exit,
     warn_abandoned,
@@ -315,6 +318,8 @@ class Job:
         self._current = max(self._current, step)
         finished_at = time.perf_counter()  # the step is done (the user's code computed it before this call)
         self.finished.note(step, state, finished_at)  # ... or dispatched it: a probe says when it is computed
+        if self.finished.failed is not None:  # no later step can finish: stop dispatching them
+            self._step_failed(state)
         self._first_step_done(step)
         if not self._state_checked:
             self._state_checked = True
@@ -333,11 +338,25 @@ class Job:
         for target in saving:
             record = record or self._record(step, state, extra, data)
             self.loop.mark_saved(step, target.name, finished_at)
-            target.save(step, state, *record, kind=kind or ("forced" if force else "periodic"))
+            target.save(step, state, *record, kind=save_kind(kind, forced=force, last=step == self._last_step))
         # after a save of this step started (it restarts the interval's clock), so one interval asks for one save
         if self.process_id == 0 and self.storage.request_due():
             self.agreement.request_save("interval")  # a no-op while the previous request is being agreed
         return self.storage in saving
+
+    def _step_failed(self, state: Any) -> NoReturn:
+        """A step's computation failed on this process (a collective whose peer died, most often) and the loop,
+        running ahead of its device, goes on dispatching steps that fail of it: raise the step's error here, as
+        the loop's own wait for a result would, so the exception path names the lost peer and ends the process."""
+        import jax  # the state is JAX's: importing reprieve does not import it
+
+        failed, why = self.finished.failed or (-1, "")
+        prefix = f"step {failed} failed on process {self.process_id}, and no later step can finish"
+        try:
+            jax.block_until_ready(state)  # raises the step's error (a failed result reads as ready)
+        except Exception as err:  # noqa: BLE001 - raised again as its own type (a JAX runtime error, most often)
+            raise type(err)(f"{prefix}: {first_cause(str(err))}") from None
+        raise RuntimeError(f"{prefix}: {why}")
 
     def notify(self, reason: str, deadline: float, *, notice_id: str | None = None) -> None:
         """Report a notice from user code (``deadline`` in ``time.time()`` seconds). Thread-safe."""
@@ -404,15 +423,36 @@ class Job:
     close = finish  # the name the Checkpointer-style shutdown has elsewhere
 
     def abandon(self) -> None:
-        """Stop the runtime's threads without saving or leaving the job; also run at interpreter exit."""
-        if not self.phase.terminal:
-            warn_abandoned(self.process_id, self.committed_step, self.config.restart_exit_code)
-            self._await_lost_peer(sys.exc_info()[1] or getattr(sys, "last_value", None))
+        """Stop the runtime's threads without saving or leaving the job; also run at interpreter exit. After an
+        error a peer's loss caused, the process ends at its exit (SIGABRT), before JAX's shutdown waits for the
+        lost peer (:func:`reprieve.teardown.end_at_exit`)."""
+        if self.phase.terminal:
+            return
+        in_flight = sys.exc_info()[1]  # None at interpreter exit: the uncaught exception is sys.last_value
+        exc = in_flight or getattr(sys, "last_value", None)
+        committed = self._last_checkpoint()
+        lost = self._await_lost_peer(exc, then=ending_at_exit(committed))
+        if not lost:
+            warn_abandoned(self.process_id, committed, self.config.restart_exit_code)
         self._teardown(ABANDON)
+        if lost:
+            end_at_exit(now=in_flight is None)
 
-    def _await_lost_peer(self, exc: BaseException | None) -> None:
-        if self._wait_lost_peer is not None:
-            await_lost_peer(self._wait_lost_peer, self.process_id, exc)
+    def _last_checkpoint(self) -> int | None:
+        """The newest committed step for a line on the way out: the one this attempt restored or saved, else the
+        storage's newest (an exception before or inside restore_or leaves the first unknown)."""
+        if self.storage.committed is not None:
+            return self.storage.committed
+        try:
+            return self.checkpointer.latest_step()
+        except Exception as err:  # noqa: BLE001 - a line on the way out, never a second failure
+            log.debug("listing the checkpoints for the exit line failed: %s", err)
+            return None
+
+    def _await_lost_peer(self, exc: BaseException | None, then: str = "") -> tuple[int, ...]:
+        if self._wait_lost_peer is None:
+            return ()
+        return await_lost_peer(self._wait_lost_peer, self.process_id, exc, then=then)
 
     def __enter__(self) -> Self:
         return self
@@ -425,7 +465,7 @@ class Job:
             return
         code = getattr(exc, "code", None) if isinstance(exc, SystemExit) else None
         if code == self.config.restart_exit_code and self.phase != Phase.EXITING:
-            warn_restart_code_without_save(self.process_id, code, self.committed_step)
+            warn_restart_code_without_save(self.process_id, code, self._last_checkpoint())
         self.abandon()
 
     def _abort(self, why: str) -> NoReturn:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,17 +50,58 @@ class _OrbaxInfo(logging.Filter):
         return record.levelno >= logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
 
 
+class _OrbaxLeftovers(logging.Filter):
+    """Moves asyncio's "exception was never retrieved" for Orbax's own futures to DEBUG: when one leaf of a restore
+    fails, the others' failures are left unread in Orbax's event loop and asyncio logs each at garbage collection,
+    with its TensorStore spec and a stack, after the restore's own line already said what failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None or "never retrieved" not in str(record.msg):
+            return True
+        tb = exc.__traceback__
+        while tb is not None:
+            if f"{os.sep}orbax{os.sep}" in tb.tb_frame.f_code.co_filename:
+                log.debug("orbax left a failed read unretrieved: %s", cause_line(f"{type(exc).__name__}: {exc}"))
+                return False
+            tb = tb.tb_next
+        return True
+
+
 _QUIET = _OrbaxInfo()
+_LEFTOVERS = _OrbaxLeftovers()
 
 
 def quiet_orbax(quiet: bool = True) -> None:
-    """Keep Orbax's INFO and DEBUG lines out of the program's log (``quiet``), or let them through again.
-    Process-wide: Orbax's records all pass through absl's one ``absl`` logger."""
-    absl = logging.getLogger("absl")
-    if quiet and _QUIET not in absl.filters:
-        absl.addFilter(_QUIET)
-    elif not quiet:
-        absl.removeFilter(_QUIET)
+    """Keep Orbax's INFO and DEBUG lines out of the program's log (``quiet``), and asyncio's reports of the failed
+    reads a failed restore leaves behind (:class:`_OrbaxLeftovers`), or let them through again. Process-wide:
+    Orbax's records all pass through absl's one ``absl`` logger, the leftovers through ``asyncio``'s."""
+    for logger, filt in ((logging.getLogger("absl"), _QUIET), (logging.getLogger("asyncio"), _LEFTOVERS)):
+        if quiet and filt not in logger.filters:
+            logger.addFilter(filt)
+        elif not quiet:
+            logger.removeFilter(filt)
+
+
+def cause_line(verdict: str) -> str:
+    """The first line of a restore's error, without the TensorStore spec Orbax's errors carry (hundreds of
+    characters of JSON, sometimes over lines); at most 300 characters (pure)."""
+    line = verdict.strip().splitlines()[0] if verdict.strip() else verdict
+    line = _SPEC.sub("", line).rstrip()
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+_SPEC = re.compile(r"\s*\[tensorstore_spec=.*$")
+
+
+def fallback_line(step: int, where: str, failed: dict[int, str], later: int | None) -> str:
+    """The one line a step Orbax cannot restore gets (pure): the step, the processes it failed on and the first
+    line of the first one's cause, what happens next and the command that moves it aside."""
+    first = min(failed)
+    procs = f"process {first}" if len(failed) == 1 else "processes " + ", ".join(map(str, sorted(failed)))
+    nxt = f"falling back to step {later}" if later is not None else "no older step is left"
+    return (f"orbax checkpoint step {step} at {where} cannot be restored on {procs} ({cause_line(failed[first])}; "
+            f"the whole error at DEBUG): {nxt}; to keep it out of the way: mv {where} {where}.corrupt")
 
 
 class OrbaxCheckpointer:
@@ -151,12 +193,12 @@ class OrbaxCheckpointer:
                     raise FencedError(f"orbax checkpoints at {self._root}: attempt {self.attempt} is stale, "
                                       f"attempts {newer} have started; this writer must stop")
                 visible = self._visible()
+                fdir = self._root / FENCES_DIR
                 if self.attempt not in fences:
-                    fdir = self._root / FENCES_DIR
                     fdir.mkdir(parents=True, exist_ok=True)
-                    tmp = fdir / (fence_name(self.attempt) + ".tmp")
-                    tmp.write_text(json.dumps({"attempt": self.attempt, "visible": [str(s) for s in visible]}))
-                    tmp.rename(fdir / fence_name(self.attempt))
+                    self._write_fence(json.dumps({"attempt": self.attempt, "visible": [str(s) for s in visible]}))
+                else:  # a re-run of this attempt writes its fence again, byte for byte: the probe that the storage
+                    self._write_fence((fdir / fence_name(self.attempt)).read_text())  # still takes writes, now
                 stale = sorted(set(self._mgr.all_steps()) - set(visible))
             except Exception as err:
                 self._coord.set(key, f"error: {type(err).__name__}: {err}", overwrite=True)
@@ -172,6 +214,19 @@ class OrbaxCheckpointer:
         for step in stale:  # every process: Orbax's delete meets the others
             log.info("orbax checkpoint %s/%d was written by a fenced-out attempt: deleting it", self._root, step)
             self._mgr.delete(step)
+
+    def _write_fence(self, text: str) -> None:
+        """This attempt's fence, written whole (a temporary file renamed): on a storage that takes no writes, an
+        error that says so at init, not at the run's first (or last) save."""
+        fdir = self._root / FENCES_DIR
+        try:
+            tmp = fdir / (fence_name(self.attempt) + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(fdir / fence_name(self.attempt))  # over the fence a re-run writes again
+        except OSError as err:
+            raise OSError(err.errno, f"orbax checkpoints at {self._root}: attempt {self.attempt}'s fence cannot be "
+                                     f"written ({type(err).__name__}: {err}), so no save of this run would commit; "
+                                     "make the storage writable or set another REPRIEVE_CHECKPOINT_URI") from err
 
     # -- the Checkpointer protocol ------------------------------------------------------------------
     def set_commit_callback(self, on_commit: Callable[[int], None] | None) -> None:
@@ -272,16 +327,16 @@ class OrbaxCheckpointer:
             self._coord.set(f"{key}/{chosen}/{pid}", "ok" if err is None else f"{type(err).__name__}: {err}"[:2000],
                             overwrite=True)
             verdicts = [self._coord.get(f"{key}/{chosen}/{p}", self._timeout) for p in range(n)]
-            failed = [f"process {p}: {v}" for p, v in enumerate(verdicts) if v != "ok"]
+            failed = {p: v for p, v in enumerate(verdicts) if v != "ok"}
             if not failed and err is None:
                 record = out["reprieve"]
                 log.info("orbax checkpoint restored %s", where)
                 return RestoreResult(chosen, out["state"], record.get("extra", {}), record.get("process_extra"))
-            first_err = first_err or err or RuntimeError(f"orbax checkpoint {where}: {'; '.join(failed)}")
+            whole = "; ".join(f"process {p}: {v}" for p, v in failed.items())
+            first_err = first_err or err or RuntimeError(f"orbax checkpoint {where}: {whole}")
             later = plan[i + 1] if i + 1 < len(plan) else None
-            log.error("orbax checkpoint %s cannot be restored (%s); %s. To keep it out of the way: mv %s %s.corrupt",
-                      where, "; ".join(failed)[:1000],
-                      f"falling back to step {later}" if later is not None else "no older step is left", where, where)
+            log.error("%s", fallback_line(chosen, where, failed, later))
+            log.debug("orbax checkpoint %s: the whole error: %s", where, whole)
         assert first_err is not None
         raise first_err
 

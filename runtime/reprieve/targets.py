@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from . import data as data_mod
 from . import identity
+from .agreement import INTERVAL
 from .capabilities import Capabilities, Checkpointer, RestoreCheckFn
 from .measures import SaveReports, positive
 from .memtier.config import MemoryConfig
@@ -40,6 +41,18 @@ def agreed_memory_margin(save_seconds: float) -> float:
     """Seconds before the deadline below which the agreed save gets no memory copy beside it (pure): the copy
     competes with the storage save for the host, so it is made only with room for both twice over."""
     return 1.0 + 2.0 * max(0.0, save_seconds) + AGREED_MEMORY_WAIT_S
+
+
+LAST = "last"  # the kind of the save of the loop's last step (``reprieve ls``: "last step")
+
+
+def save_kind(agreed: str | None, *, forced: bool, last: bool) -> str:
+    """The kind a save records and counts under (pure). ``agreed``: the agreement's kind of this step (None: none
+    agreed); ``last``: the step is the loop's last (``total - 1``), saved as the run's end, not as a periodic
+    one. A notice's agreed kinds (``early``) keep theirs."""
+    if last and agreed in (None, INTERVAL):
+        return LAST
+    return agreed or ("forced" if forced else "periodic")
 
 
 NOTICE_KEYS = ("notice", "noticeSource")  # the agreed notice a storage save records (reprieve.restore reads them)

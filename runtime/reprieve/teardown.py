@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import os
+import sys
 from collections.abc import Callable
 
 from .agreement import Agreement, AgreementError
 from .capabilities import Checkpointer
-from .collective_error import collective_failed
+from .collective_error import collective_failed, first_cause
 from .coordination import Coordinator
 from .lifecycle import ExitDecision, Teardown
 from .metrics import Metrics
@@ -78,36 +82,70 @@ class Leaving:
                 tier.join_watcher(2.0)
 
 
-def await_lost_peer(wait_lost: Callable[[str], tuple[int, ...]], process_id: int, exc: BaseException | None) -> None:
+def await_lost_peer(wait_lost: Callable[[str], tuple[int, ...]], process_id: int, exc: BaseException | None, *,
+                    then: str = "") -> tuple[int, ...]:
     """A JAX runtime error ends the loop (a collective failed: a peer's process died and its connections were
     reset), or the agreement failed (the coordination service, or a peer, is gone): before this process ends,
     report the peer the error names and let the peer watch name the silent peer (``wait_lost``), so the exit is
-    reported as that peer's loss, not as a failure of this process (``docs/contract.md``, "Peer lost")."""
+    reported as that peer's loss, not as a failure of this process (``docs/contract.md``, "Peer lost"). The lost
+    processes (``()``: none named); ``then``: what happens next, said on the same line."""
     if not (collective_failed(exc) or isinstance(exc, AgreementError)):
-        return
+        return ()
     lost = wait_lost(str(exc))
     if lost:
-        log.warning("process %d: the step failed (%s) and process(es) %s went silent: this exit is their loss",
-                    process_id, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
-                    ", ".join(map(str, lost)))
+        log.warning("process %d: the step failed (%s) and process(es) %s went silent: this exit is their loss%s",
+                    process_id, _first_line(exc), ", ".join(map(str, lost)), then)
+    return lost
 
 
-def _step(committed: int | None) -> str:
-    return "none" if committed is None else str(committed)
+def _first_line(exc: BaseException | None) -> str:
+    """The error's first line, without XLA's repeats (:func:`reprieve.collective_error.first_cause`)."""
+    return first_cause(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:200]
+
+
+def ending_at_exit(committed: int | None) -> str:
+    """What follows an exception that a peer's loss caused (the tail of :func:`await_lost_peer`'s line)."""
+    return ("; this process ends at its exit (SIGABRT, as JAX's heartbeat timeout would, before JAX's own shutdown, "
+            "which would wait for the lost peer and abort with a stack trace) and the job restarts from "
+            + ("its start: there is no checkpoint yet" if committed is None else f"the last checkpoint, step {committed}"))
+
+
+def end_at_exit(now: bool) -> None:
+    """End this process with SIGABRT (``now``, or at its exit, after the uncaught exception's traceback and before
+    JAX's ``atexit`` shutdown, registered earlier): its peer is lost, and JAX's shutdown would wait for it, fail,
+    and abort with a C++ stack trace (``docs/runtime.md``, "Exit codes")."""
+    if now:
+        _abort()
+    atexit.register(_abort)
+
+
+def _abort() -> None:
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):  # ending anyway
+            handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os.abort()
+
+
+def _last_checkpoint(committed: int | None) -> str:
+    return "there is no checkpoint yet" if committed is None else f"the last checkpoint is step {committed}"
 
 
 def warn_abandoned(process_id: int, committed: int | None, restart_code: int) -> None:
     log.warning("process %d: the runtime is closed without finishing job.steps() (an exception, a break or "
-                "sys.exit): nothing is saved by this exit (the last checkpoint is step %s); an exit with "
-                "the restart code %d from here is not a saved preemption", process_id, _step(committed), restart_code)
+                "sys.exit): nothing is saved by this exit (%s); an exit with "
+                "the restart code %d from here is not a saved preemption", process_id, _last_checkpoint(committed),
+                restart_code)
 
 
 def warn_restart_code_without_save(process_id: int, code: int, committed: int | None) -> None:
     """sys.exit(<restart code>) in the program's own code: it reads as a saved preemption and is not one."""
     log.critical("process %d: sys.exit(%d) without an agreed save: %d is REPRIEVE_RESTART_EXIT_CODE, which "
-                 "says 'state saved, restart me', but nothing was saved by this exit (the last checkpoint "
-                 "is step %s). reprieve-supervisor reports it as not agreed; let job.save() exit at the agreed "
-                 "step instead", process_id, code, code, _step(committed))
+                 "says 'state saved, restart me', but nothing was saved by this exit (%s). reprieve-supervisor "
+                 "reports it as not agreed; let job.save() exit at the agreed step instead", process_id, code, code,
+                 _last_checkpoint(committed))
 
 
 def log_agreed_commit(step: int, decision: ExitDecision, num_processes: int, since_notice: float,

@@ -57,7 +57,7 @@ def test_ls_inspect_verify_on_real_checkpoints(tmp_path: Path) -> None:
     assert "a restore takes step 5 (step_0000000005_a1)" in ls.stdout and " demo" in ls.stdout, ls.stdout
     listed = json.loads(reprieve("ls", str(root), "--json").stdout)
     assert [(c["step"], c["state"], c["kind"]) for c in listed["checkpoints"]] == [(2, "complete", "forced"),
-                                                                                   (5, "complete", "forced")]
+                                                                                   (5, "complete", "last")]
     assert listed["latest"] == "step_0000000005_a1" and listed["attempts"] == [1]
 
     inspect = reprieve("inspect", f"{root}@2")
@@ -407,7 +407,7 @@ def test_the_command_lists_and_inspects_orbax_format_roots(tmp_path: Path) -> No
     assert ls.returncode == 0, ls.stderr
     assert ls.stdout.startswith(f"{root}: reprieve.orbax.OrbaxCheckpointer's checkpoints (Orbax's format)")
     steps = {line.split()[0]: line.split() for line in ls.stdout.splitlines()[2:4]}
-    assert steps["1"][1:4] == ["1", "forced", "complete"] and steps["3"][1:4] == ["1", "periodic", "complete"]
+    assert steps["1"][1:4] == ["1", "forced", "complete"] and steps["3"][1:5] == ["1", "last", "step", "complete"]
     assert " r1" in ls.stdout and "a restore takes step 3" in ls.stdout
     listed = json.loads(reprieve("ls", "--json", str(root)).stdout)
     assert listed["format"] == "orbax" and [c["step"] for c in listed["checkpoints"]] == [1, 3]

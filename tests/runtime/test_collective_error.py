@@ -132,3 +132,11 @@ class JaxRuntimeError(RuntimeError):
 ])
 def test_what_a_failed_collective_raises(error: BaseException | None, expected: bool) -> None:
     assert collective_failed(error) is expected
+
+
+def test_the_first_cause_drops_what_xla_repeats_per_step_dispatched_after_the_failed_one() -> None:
+    from reprieve.collective_error import first_cause
+
+    stacked = "INTERNAL: " + "Error dispatching computation: " * 37 + FAILED_RUN[len("UNKNOWN: "):]
+    assert first_cause(stacked) == "INTERNAL: " + FAILED_RUN[len("UNKNOWN: "):]
+    assert first_cause(CLOSED) == CLOSED

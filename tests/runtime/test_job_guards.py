@@ -131,3 +131,25 @@ def test_sys_exit_with_the_restart_code_in_a_with_block_is_said_loudly(tmp_path:
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("process 0: sys.exit(42) without an agreed save"), line
     assert re.search(r"the last checkpoint is step [13]\)", line), line  # step 3's save may not be confirmed yet
+
+
+def test_an_exception_before_the_restore_names_the_last_checkpoint_in_storage(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An exception before (or inside) restore_or warned "the last checkpoint is step none" beside checkpoints:
+    the exit line names the newest one in storage, and says "no checkpoint yet" only when there is none."""
+    with _job(tmp_path / "a") as job:
+        _train(job, 3)
+
+    def _abandoned(root: Path) -> str:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="reprieve.job"), pytest.raises(ValueError), _job(root) as job:
+            job.restore_or(lambda: _init(8))  # another structure: refused before anything is read
+        (line,) = [r.getMessage() for r in caplog.records if "without finishing job.steps()" in r.getMessage()]
+        return line
+
+    assert "(the last checkpoint is step 2)" in _abandoned(tmp_path / "a")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="reprieve.job"), pytest.raises(RuntimeError), _job(tmp_path / "b"):
+        raise RuntimeError("the user's own code fails before any restore")
+    (line,) = [r.getMessage() for r in caplog.records if "without finishing job.steps()" in r.getMessage()]
+    assert "(there is no checkpoint yet)" in line and "step none" not in line, line

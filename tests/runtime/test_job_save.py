@@ -135,6 +135,31 @@ def test_each_target_saves_what_its_policy_decides(monkeypatch: pytest.MonkeyPat
         == [1, 1, 1, 1, 3]
 
 
+def test_the_loops_last_step_is_saved_as_last_not_periodic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's real last step was recorded (and counted) as ``periodic``, beside a notice's save as ``final``:
+    ``reprieve ls`` could not tell the run's end from an interval's save. An interval's save round that falls on
+    the last step is the last step too; a notice's early save keeps its kind."""
+    monkeypatch.setattr(teardown, "ignore_termination_signals", lambda: None)
+    ckpt = Checkpointer()
+    job = Job(RuntimeConfig(), LocalCoordinator(), ckpt, Agreement({2: "early"}), Hub(),  # type: ignore[arg-type]
+              policy=SavePolicy(interval_steps=4), exit_fn=_exit)
+    for step in job.steps(0, 6):
+        job.save(step, {"w": step}, extra={"user": "x"})
+    assert ckpt.saves == [(2, "early"), (3, "periodic"), (5, "last")]
+    assert job.metrics.get("reprieve_saves_total", kind="last") == 1
+
+
+@pytest.mark.parametrize(("agreed", "forced", "last", "kind"), [
+    (None, False, False, "periodic"), (None, True, False, "forced"), ("interval", False, False, "interval"),
+    ("early", False, False, "early"), (None, False, True, "last"), (None, True, True, "last"),
+    ("interval", False, True, "last"), ("early", False, True, "early"), ("final", False, True, "final"),
+])
+def test_save_kind(agreed: str | None, forced: bool, last: bool, kind: str) -> None:
+    from reprieve.targets import save_kind
+
+    assert save_kind(agreed, forced=forced, last=last) == kind
+
+
 def test_the_capabilities_of_both_checkpointers_are_seen_once_and_a_plain_one_has_none() -> None:
     """``Capabilities.of``: the one place a checkpointer is asked what it offers (reprieve.capabilities)."""
     from reprieve.capabilities import Capabilities

@@ -303,6 +303,7 @@ def test_a_failed_collective_waits_for_the_peer_watch_to_name_the_silent_peer(ca
     peer before it ends, so its exit is reported as that loss; so does a failed agreement (the service gone with
     process 0); any other error does not wait."""
     from reprieve.job import Job
+    from reprieve.teardown import ending_at_exit
 
     calls: list[int] = []
     errors: list[str] = []
@@ -312,8 +313,12 @@ def test_a_failed_collective_waits_for_the_peer_watch_to_name_the_silent_peer(ca
         pass
 
     with caplog.at_level(logging.WARNING, logger="reprieve.job"):
-        Job._await_lost_peer(stub, JaxRuntimeError("Connection reset by peer"))  # type: ignore[arg-type]
-    assert calls == [1] and "process(es) 1 went silent: this exit is their loss" in caplog.text
+        assert Job._await_lost_peer(stub, JaxRuntimeError("Connection reset by peer"),  # type: ignore[arg-type]
+                                    then=ending_at_exit(41)) == (1,)
+    assert calls == [1] and "process(es) 1 went silent: this exit is their loss; this process ends at its exit " \
+        "(SIGABRT, as JAX's heartbeat timeout would, before JAX's own shutdown, which would wait for the lost peer " \
+        "and abort with a stack trace) and the job restarts from the last checkpoint, step 41" in caplog.text
+    assert ending_at_exit(None).endswith("restarts from its start: there is no checkpoint yet")
     assert errors == ["Connection reset by peer"]  # the error's text: the peer it names is reported at once
     Job._await_lost_peer(stub, ValueError("a bug of the program's"))  # type: ignore[arg-type]
     Job._await_lost_peer(stub, None)  # type: ignore[arg-type]

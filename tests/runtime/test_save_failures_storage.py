@@ -165,3 +165,25 @@ def test_a_storage_filled_by_what_retention_owes_frees_it_after_a_failed_save(tm
     assert job.metrics.get("reprieve_save_failures_total") == 1
     assert sorted(p.name for p in tmpfs.iterdir() if p.name != "ballast") == [
         layout.FENCES_DIR, *(layout.committed_name(s, 2) for s in (7, 9))]
+
+
+def test_an_orbax_rerun_into_a_root_that_became_read_only_is_refused_at_init(tmpfs: Path) -> None:
+    """Issue 46 for reprieve.orbax: its own fencing wrote nothing at init on a re-run (the attempt's fence already
+    there), so a read-only root was found at the first save. Its fence is written again at init, byte for byte."""
+    pytest.importorskip("orbax.checkpoint")
+    from reprieve.orbax import FENCES_DIR, OrbaxCheckpointer
+
+    ckpt = OrbaxCheckpointer(str(tmpfs))
+    ckpt.save(1, {"w": jnp.zeros((16,), jnp.float32)})
+    ckpt.close()
+    fence = tmpfs / FENCES_DIR / layout.fence_name(1)
+    written = fence.read_bytes()
+    again = OrbaxCheckpointer(str(tmpfs))  # a writable re-run: the same fence, byte for byte
+    assert again.latest_step() == 1
+    again.close()
+    assert fence.read_bytes() == written
+    _remount(tmpfs, "ro")
+    with pytest.raises(OSError, match=rf"orbax checkpoints at {tmpfs}: attempt 1's fence cannot be written \(.*"
+                                      r"Read-only file system.*\), so no save of this run would commit; make the "
+                                      r"storage writable or set another REPRIEVE_CHECKPOINT_URI"):
+        OrbaxCheckpointer(str(tmpfs))

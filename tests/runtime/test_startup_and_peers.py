@@ -148,3 +148,28 @@ def test_a_survivor_says_the_last_step_the_gang_finished_not_the_last_its_loop_d
     assert said in (done[-1], done[-1] + 1), (said, done[-3:], dispatched[-3:], gang.tail())
     assert dispatched[-1] >= done[-1] + 2, ("the survivor's loop did not run ahead: this test shows nothing",
                                             done[-3:], dispatched[-3:])
+
+
+@pytest.mark.parametrize("waiter", [-1, 0], ids=["loop-running-ahead", "loop-waiting-each-step"])
+def test_a_survivor_of_a_killed_peer_says_it_once_and_ends_before_jax_s_shutdown(tmp_path: Path, waiter: int) -> None:
+    """Issue 46: losing process 1 printed a "step N did not finish" line for every step the loop dispatched after
+    the failed one (thousands in this loop, which never waits), then JAX's failing shutdown: the coordination
+    service's errors and a C++ stack trace. The loop now stops at the first failed step (job.save raises its
+    error), the failed step is said once, the peer and what follows on one line, and the process ends before JAX's
+    shutdown."""
+    gang = launch(tmp_path, 2, steps=100000, heartbeat_s=6,
+                  extra_env={"WORKER_ASYNC": "1", "WORKER_ASYNC_WAITER": str(waiter)})
+    codes = gang.signal_when_running(1, signal.SIGKILL, 60)
+    log = gang.logs[0].read_text()
+    assert codes[0] == -signal.SIGABRT, gang.tail()
+    said = [line for line in log.splitlines() if "did not finish on this process" in line]
+    assert len(said) <= (1 if waiter == -1 else 0), said[:3]
+    assert len([line for line in log.splitlines() if "Error dispatching computation" in line]) <= len(said), \
+        gang.tail()
+    for xla in ("Check failure stack trace", "Terminating process because", "coordination_service"):
+        assert xla not in log, gang.tail(40)
+    (line,) = [line for line in log.splitlines() if "this exit is their loss" in line]
+    assert "Gloo all-reduce failed" in line and "process(es) 1 went silent" in line, line
+    assert "this process ends at its exit (SIGABRT" in line and "restarts from its start: there is no checkpoint yet" \
+        in line, line
+    assert "without finishing job.steps()" not in log, gang.tail()  # the one line says it

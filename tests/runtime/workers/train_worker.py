@@ -91,8 +91,8 @@ def main() -> None:
 
 def async_loop(pid: int, workdir: Path, total: int) -> None:
     """The example LM's loop shape (``examples/train_lm.py``): a donated, jitted step with a cross-process
-    all-reduce, dispatched asynchronously; only process 0 waits for each step, then logs it ("step S done", the
-    step log); the others log what they dispatched ("step S dispatched") and run ahead of what is computed."""
+    all-reduce, dispatched asynchronously; only process 0 (``WORKER_ASYNC_WAITER``) waits for each step, then logs
+    it ("step S done", the step log); the others log what they dispatched ("step S dispatched") and run ahead of what is computed."""
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     job = reprieve.init()
     mesh = Mesh(np.array(jax.devices()), ("p",))
@@ -114,7 +114,7 @@ def async_loop(pid: int, workdir: Path, total: int) -> None:
     state, start = job.restore_or(init_state)
     for step in job.steps(start, total):
         state = train_step(state)
-        if pid == 0:
+        if pid == worker_env("ASYNC_WAITER", 0):  # the one process that waits for each step (-1: none)
             state["x"].block_until_ready()
             print(f"step {step} done", flush=True)
         else:
