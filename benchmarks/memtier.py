@@ -23,9 +23,13 @@ restore in a fresh process, the sources alternating, the median of ``--repeats``
 
 Each goes through the whole restore (``memtier.restore_round.restore``: the round, the decision, the reads and
 checks, the arrays on the devices) and is checked bit-exact on a quarter of the leaves. Ratios are against local
-disk, warm and cold (targets: own memory >= 5x, peer >= 3x). Floors, measured once per run on 1 GiB: host memcpy into pre-faulted
-memory, fresh memory allocate+touch, crc32c, and loopback TCP (``sendfile`` from tmpfs into a
-pre-faulted buffer) over one stream and over as many as a peer restore reads with (``memtier.restore.STREAMS``). Memory: a state peaks at about 4x its size (the preparing process's state and staging
+disk, warm and cold (targets: own memory >= 5x, peer >= 3x). Floors, measured once per run on ``--floor-gib`` (1 GiB):
+host memcpy into pre-faulted memory and into fresh buffers as a restore makes them (``arrays.host_buffer``), fresh
+memory allocate+touch, crc32c, and loopback TCP (``sendfile`` from tmpfs into a pre-faulted buffer) over one stream
+and over as many as a peer restore reads with (``memtier.restore.STREAMS``); and in every round, before its
+restores, on the checkpoint's own files: their sequential read page-cached and cold (:func:`evict`), and the s3
+emulator's raw GET of the same objects (:func:`s3_get_seconds`). Each source's row prints its restore's median and
+worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). Memory: a state peaks at about 4x its size (the preparing process's state and staging
 buffers, the own and the peer's copies in /dev/shm), 5x with the s3 emulator's copy: ``--s3-max-gib`` (1 by
 default) keeps moto to the smaller states.
 
