@@ -23,9 +23,13 @@ restore in a fresh process, the sources alternating, the median of ``--repeats``
 
 Each goes through the whole restore (``memtier.restore_round.restore``: the round, the decision, the reads and
 checks, the arrays on the devices) and is checked bit-exact on a quarter of the leaves. Ratios are against local
-disk, warm and cold (targets: own memory >= 5x, peer >= 3x). Floors, measured once per run on 1 GiB: host memcpy into pre-faulted
-memory, fresh memory allocate+touch, crc32c, and loopback TCP (``sendfile`` from tmpfs into a
-pre-faulted buffer) over one stream and over as many as a peer restore reads with (``memtier.restore.STREAMS``). Memory: a state peaks at about 4x its size (the preparing process's state and staging
+disk, warm and cold (targets: own memory >= 5x, peer >= 3x). Floors, measured once per run on ``--floor-gib`` (1 GiB):
+host memcpy into pre-faulted memory and into fresh buffers as a restore makes them (``arrays.host_buffer``), fresh
+memory allocate+touch, crc32c, and loopback TCP (``sendfile`` from tmpfs into a pre-faulted buffer) over one stream
+and over as many as a peer restore reads with (``memtier.restore.STREAMS``); and in every round, before its
+restores, on the checkpoint's own files: their sequential read page-cached and cold (:func:`evict`), and the s3
+emulator's raw GET of the same objects (:func:`s3_get_seconds`). Each source's row prints its restore's median and
+worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). Memory: a state peaks at about 4x its size (the preparing process's state and staging
 buffers, the own and the peer's copies in /dev/shm), 5x with the s3 emulator's copy: ``--s3-max-gib`` (1 by
 default) keeps moto to the smaller states.
 
@@ -59,6 +63,7 @@ intervals chosen.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import itertools
 import json
@@ -542,6 +547,12 @@ def floors(size_gib: float, shm: str) -> dict[str, float]:
     fresh.fill(2)
     out["fresh_memory_gib_s"] = size_gib / (time.perf_counter() - t)
     del fresh
+    from reprieve.arrays import host_buffer
+
+    t = time.perf_counter()  # into fresh buffers as a restore makes them (16 of them, populated up front)
+    for part in np.array_split(src, 16):
+        np.copyto(host_buffer(part.shape, part.dtype), part)
+    out["memcpy_fresh_gib_s"] = size_gib / (time.perf_counter() - t)
     t = time.perf_counter()
     crc32c(src)
     out["crc32c_gib_s"] = size_gib / (time.perf_counter() - t)
@@ -554,6 +565,97 @@ def floors(size_gib: float, shm: str) -> dict[str, float]:
     out["loopback_tcp_streams_gib_s"] = size_gib / _loopback_seconds(path, n, STREAMS)
     os.unlink(path)
     return out
+
+
+def read_files_seconds(root: str, *, cold: bool) -> tuple[float, int, int]:
+    """Seconds to read every file under ``root`` sequentially into one reused buffer, and the bytes read: the
+    device's floor for a storage restore of those files. ``cold``: evicted from the page cache first
+    (:func:`evict`); also returns the bytes still cached before the read (``fincore``; -1 without it)."""
+    files = sorted(os.path.join(d, f) for d, _, names in os.walk(root) for f in names)
+    cached = evict(root) if cold else 0
+    buf = bytearray(8 << 20)
+    view = memoryview(buf)
+    total = 0
+    t = time.perf_counter()
+    for path in files:
+        with open(path, "rb", buffering=0) as fh:
+            while n := fh.readinto(view):
+                total += n
+    return time.perf_counter() - t, total, cached
+
+
+GET_STREAMS = 16  # the raw GET floor's requests in flight
+
+
+def s3_get_seconds(uri: str, *, streams: int = GET_STREAMS) -> tuple[float, int]:
+    """Seconds to GET every object under the ``s3://`` ``uri`` (the emulator at ``AWS_ENDPOINT_URL``) through
+    TensorStore's S3 kvstore, ``streams`` in flight, each value dropped once read, and the bytes: the object
+    store's floor for a restore of those objects (the GETs alone: no decoding, no checksum, nothing copied out;
+    dropping the values lets the allocator reuse their memory, so fresh pages do not set the floor)."""
+    import tensorstore as ts
+    from reprieve.checkpoint import layout, spec
+
+    kv = ts.KvStore.open(spec.kvstore_spec(layout.parse_uri(uri))).result()
+    keys = kv.list().result()
+    inflight: collections.deque[Any] = collections.deque()
+    total = 0
+    t = time.perf_counter()
+    for key in keys:
+        if len(inflight) >= streams:
+            total += len(inflight.popleft().result().value)
+        inflight.append(kv.read(key))
+    while inflight:
+        total += len(inflight.popleft().result().value)
+    return time.perf_counter() - t, total
+
+
+def round_floors(a_dir: str, s3_uri: str | None) -> dict[str, float]:
+    """The floors measured on the checkpoint's own files in one round (before its restores): the device's
+    sequential read warm and cold, and the emulator's raw parallel GET. The cold read leaves the files cached,
+    so the round's warm storage restore still reads the page cache."""
+    root = os.path.join(a_dir, "ckpt")
+    read_files_seconds(root, cold=False)  # the page cache holds every file
+    warm_s, nbytes, _ = read_files_seconds(root, cold=False)
+    cold_s, _, cached = read_files_seconds(root, cold=True)
+    out = {"read_warm_s": warm_s, "read_cold_s": cold_s, "read_bytes": nbytes, "read_cold_cached_bytes": cached}
+    if s3_uri:
+        out["s3_get_s"], out["s3_get_bytes"] = s3_get_seconds(s3_uri)
+    return out
+
+
+# the floor each source is held against: (name in words, how to get its seconds for the restored bytes)
+FLOOR_OF = {
+    "own": "memcpy",
+    "peer": "loopback TCP",
+    "disk": "memcpy",
+    "disk-cold": "cold read",
+    "s3": "raw GET",
+}
+
+
+def floor_rows(r: dict[str, Any], fl: dict[str, float]) -> list[dict[str, Any]]:
+    """Each source's row of the restore table (pure): its restore's median and worst seconds, its throughput,
+    the floor it is held against (``FLOOR_OF``) measured in the same run as GiB/s (rates of the run-wide floors;
+    the per-round ones' median over the rounds) and the restore's share of it (restore GiB/s over floor GiB/s);
+    ``fresh`` the share of memcpy into fresh buffers, the floor of any restore that cannot reuse memory."""
+    gib = r["bytes"] / GiB if r.get("bytes") else r["size_gib"]
+    rounds = r.get("floors") or []
+
+    def per_round(seconds: str, nbytes: str) -> float | None:
+        got = [f[nbytes] / GiB / f[seconds] for f in rounds if f.get(seconds)]
+        return statistics.median(got) if got else None
+
+    rates = {"memcpy": fl["memcpy_gib_s"], "loopback TCP": fl["loopback_tcp_streams_gib_s"],
+             "cold read": per_round("read_cold_s", "read_bytes"), "raw GET": per_round("s3_get_s", "s3_get_bytes")}
+    rows = []
+    for source, seconds in r["seconds"].items():
+        med, worst = statistics.median(seconds), max(seconds)
+        floor = rates[FLOOR_OF[source]]
+        rows.append({"source": source, "median_s": med, "worst_s": worst, "gib_s": gib / med, "floor": FLOOR_OF[source],
+                     "floor_gib_s": floor, "share": (gib / med) / floor if floor else None,
+                     "fresh": (gib / med) / fl["memcpy_fresh_gib_s"] if fl.get("memcpy_fresh_gib_s") else None,
+                     "spread": worst / med})
+    return rows
 
 
 SOURCES = ("own", "peer", "disk", "disk-cold", "s3")
@@ -618,8 +720,9 @@ def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool) -> dict[s
                       server.address, *(["--s3", s3_uri] if s3_uri else [])]
             prep = run_child("prepare", common)
             times: dict[str, list[float]] = {k: [] for k in SOURCES if k != "s3" or s3_uri}
-            exact, cached = True, []
+            exact, cached, round_fl = True, [], []
             for _ in range(repeats):
+                round_fl.append(round_floors(base, s3_uri))
                 for source, took in times.items():
                     r = run_child("restore", [*common, "--source", source])
                     took.append(r["seconds"])
@@ -628,7 +731,7 @@ def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool) -> dict[s
                         cached.append(r["cached_before"])
         med = {k: statistics.median(v) for k, v in times.items()}
         return {"size_gib": size, "leaves": leaves, "prepare": prep, "seconds": times, "median": med,
-                "exact": exact, "cold_cached_bytes": cached}
+                "exact": exact, "cold_cached_bytes": cached, "floors": round_fl, "bytes": r["bytes"]}
     finally:
         server.close()
         shutil.rmtree(shm, ignore_errors=True)
@@ -737,8 +840,27 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
               f"{max(r.get('cold_cached_bytes') or [0])} bytes at most): own memory {c['own']:.1f}x "
               f"(>= 5x: {'met' if c['own'] >= 5 else 'NOT met'}), peer {c['peer']:.1f}x "
               f"(>= 3x: {'met' if c['peer'] >= 3 else 'NOT met'})")
-    print(f"  floors of this run: memcpy {fl['memcpy_gib_s']:.2f} GiB/s ({gib / fl['memcpy_gib_s']:.3f} s for "
-          f"{gib:g} GiB), fresh memory {fl['fresh_memory_gib_s']:.2f} GiB/s, crc32c {fl['crc32c_gib_s']:.2f} GiB/s, "
+    print(f"  against the floors of this run (restore: median (worst) of {repeats}; share: of the floor's GiB/s; "
+          "fresh: of memcpy into fresh buffers):")
+    for row in floor_rows(r, fl):
+        floor = f"{row['floor']} {row['floor_gib_s']:6.2f} GiB/s" if row["floor_gib_s"] else f"{row['floor']} n/a"
+        share = f"{row['share'] * 100:4.0f} %" if row["share"] else "   ?"
+        fresh = f"{row['fresh'] * 100:4.0f} %" if row["fresh"] else "   ?"
+        print(f"  | {row['source']:9s} | {row['median_s']:6.3f} s ({row['worst_s']:6.3f}) | {row['gib_s']:5.2f} GiB/s "
+              f"| {floor:26s} | {share} | fresh {fresh} | worst/median {row['spread']:.2f}")
+    rf = r.get("floors") or []
+    if rf:
+        def rate(key: str, nbytes: str) -> str:
+            got = sorted(f[nbytes] / GiB / f[key] for f in rf if f.get(key))
+            return f"{statistics.median(got):.2f} GiB/s (worst {got[0]:.2f})" if got else "n/a"
+        print(f"  the checkpoint's files read sequentially: warm {rate('read_warm_s', 'read_bytes')}, cold "
+              f"{rate('read_cold_s', 'read_bytes')} (still cached before: "
+              f"{max(f['read_cold_cached_bytes'] for f in rf)} bytes at most)"
+              + (f"; the emulator's raw GET, {GET_STREAMS} in flight: {rate('s3_get_s', 's3_get_bytes')}"
+                 if any("s3_get_s" in f for f in rf) else ""))
+    print(f"  floors of this run: memcpy {fl['memcpy_gib_s']:.2f} GiB/s (into fresh buffers "
+          f"{fl.get('memcpy_fresh_gib_s', 0):.2f}) ({gib / fl['memcpy_gib_s']:.3f} s for "
+          f"{gib:g} GiB reused), fresh memory {fl['fresh_memory_gib_s']:.2f} GiB/s, crc32c {fl['crc32c_gib_s']:.2f} GiB/s, "
           f"loopback TCP {fl['loopback_tcp_gib_s']:.2f} GiB/s ({gib / fl['loopback_tcp_gib_s']:.3f} s) on one "
           f"stream, {fl['loopback_tcp_streams_gib_s']:.2f} GiB/s ({gib / fl['loopback_tcp_streams_gib_s']:.3f} s) on "
           f"{fl['loopback_tcp_streams']} (the restore's)")
@@ -775,6 +897,8 @@ def main() -> None:
                          "and settling): what the figures read on this machine when the tier costs nothing")
     ap.add_argument("--small-pages", action="store_true",
                     help="restores' host buffers in 4 KiB pages (MAP_POPULATE), not transparent huge pages")
+    ap.add_argument("--floor-gib", type=float, default=FLOOR_GIB,
+                    help="the run-wide floors (memcpy, loopback TCP) on this many GiB")
     ap.add_argument("--json", default=None)
     ap.add_argument("--pool", nargs="+", metavar="JSON", default=None,
                     help="cost: no run; the figures over several runs' --json files (their pairs and saves pooled)")
@@ -805,7 +929,7 @@ def main() -> None:
     if "restore" in parts:
         shm = tempfile.mkdtemp(prefix="memtier-floors-", dir="/dev/shm")
         try:
-            results["floors"] = fl = floors(FLOOR_GIB, shm)
+            results["floors"] = fl = floors(a.floor_gib, shm)
         finally:
             shutil.rmtree(shm, ignore_errors=True)
         for size in (float(s) for s in a.sizes.split(",")):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import functools
 import mmap
+import time
 from typing import Any
 
 import jax
@@ -59,8 +60,11 @@ _HUGE_MIN = 8 << 20  # buffers from this size on use transparent huge pages wher
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14; Python 3.11's mmap lacks the name
 
 
+_PROBE_BYTES = 16 << 20  # small pages populated once per process: the rate huge pages must beat
+
+
 @functools.cache
-def _huge_pages() -> bool:
+def _huge_pages_offered() -> bool:
     """Whether the kernel gives transparent huge pages to memory that asks for them (``always`` or ``madvise``)
     and can populate memory on request (MADV_POPULATE_WRITE)."""
     if not hasattr(mmap, "MADV_HUGEPAGE"):
@@ -82,6 +86,31 @@ def _huge_pages() -> bool:
     return True
 
 
+@functools.cache
+def _small_pages_seconds_per_byte() -> float:
+    """Seconds per byte to populate fresh memory in 4 KiB pages with ``MAP_POPULATE`` (measured once)."""
+    t = time.perf_counter()
+    mmap.mmap(-1, _PROBE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE).close()
+    return (time.perf_counter() - t) / _PROBE_BYTES
+
+
+_huge_slower = [False]  # a huge-page buffer of this process populated slower than small pages would have
+
+
+def _huge_pages() -> bool:
+    """Whether the next large host buffer uses transparent huge pages: where the kernel offers them, until one
+    populates slower than small pages would have (then small pages for the rest of the process).
+
+    Which is faster depends on the machine and its state, not the code: on the 16-core device host huge pages
+    halved the restores; on the shared 2-core VM a fresh process populated 1 GiB of huge pages at 0.3-0.4 GiB/s
+    against 2.9 GiB/s for small pages, which made allocating the landing buffers 60-80 % of a page-cached storage
+    restore (benchmarks/RESULTS.md, "Restore floors"). A small probe cannot tell: the first few huge pages came at
+    20 GiB/s there (a virtual machine whose host takes back the guest's free 2 MiB blocks faults most huge pages
+    in from the host page by page; small pages come from blocks it still backs), so each buffer is judged as it
+    is made."""
+    return _huge_pages_offered() and not _huge_slower[0]
+
+
 def host_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A writable, 64-byte aligned buffer (CPU devices adopt such buffers without a copy) whose pages are populated by the kernel up front.
 
@@ -95,11 +124,14 @@ def host_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         # instead of per 4 KiB, populated by the kernel up front (MADV_POPULATE_WRITE, Linux 5.14); measured
         # against MAP_POPULATE's small pages by benchmarks/memtier.py --small-pages
         mem = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        t = time.perf_counter()
         try:
             mem.madvise(mmap.MADV_HUGEPAGE)
             mem.madvise(_MADV_POPULATE_WRITE)
         except OSError:  # an older kernel: its pages fault in on first touch instead, as with np.empty
             pass
+        if time.perf_counter() - t > nbytes * _small_pages_seconds_per_byte():
+            _huge_slower[0] = True
         return np.frombuffer(mem, dtype=dtype).reshape(shape)
     if nbytes >= _POPULATE_MIN and hasattr(mmap, "MAP_POPULATE"):
         mem = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)

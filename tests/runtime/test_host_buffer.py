@@ -50,3 +50,20 @@ def test_without_huge_pages_a_large_buffer_is_populated_small_pages(monkeypatch:
 def test_a_small_buffer_is_aligned_and_writable() -> None:
     buf = arrays.host_buffer((1000,), np.dtype(np.int16))
     assert buf.shape == (1000,) and buf.ctypes.data % 64 == 0 and buf.flags.writeable
+
+
+def test_huge_pages_that_populate_slower_than_small_pages_are_left_for_the_rest_of_the_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if not arrays._huge_pages_offered():
+        pytest.skip("this kernel lends no huge pages on request")
+    monkeypatch.setattr(arrays, "_huge_slower", [False])
+    monkeypatch.setattr(arrays, "_small_pages_seconds_per_byte", lambda: float("inf"))  # huge pages always faster
+    arrays.host_buffer((16 << 20,), np.dtype(np.uint8))
+    assert arrays._huge_pages()
+    monkeypatch.setattr(arrays, "_small_pages_seconds_per_byte", lambda: 0.0)  # small pages always faster
+    first = arrays.host_buffer((16 << 20,), np.dtype(np.uint8))
+    assert smaps_of(first.ctypes.data).get("THPeligible") == 1  # this one asked for huge pages, and was timed
+    assert not arrays._huge_pages()
+    later = arrays.host_buffer((16 << 20,), np.dtype(np.uint8))
+    vma = smaps_of(later.ctypes.data)
+    assert vma.get("THPeligible") == 0 and vma["Rss"] >= 16 << 10, vma  # small pages, populated up front

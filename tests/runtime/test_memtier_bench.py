@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -51,3 +52,33 @@ def test_the_control_run_leaves_the_tier_alone_in_its_on_blocks(tmp_path: Path) 
     pooled = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memtier.py"), "--pool",
                              str(tmp_path / "r.json")], capture_output=True, text=True, timeout=60, check=False)
     assert pooled.returncode == 0 and "CONTROL (A/A) tier cost over 1 runs" in pooled.stdout, pooled.stdout
+
+
+def test_every_restore_source_is_printed_beside_its_floor_measured_in_the_same_run(tmp_path: Path) -> None:
+    s3 = [] if _has_moto() else ["--no-s3"]
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memtier.py"), "--parts", "restore", "--sizes",
+                          "0.01", "--leaves", "2", "--repeats", "1", "--floor-gib", "0.02", *s3, "--json",
+                          str(tmp_path / "r.json")], capture_output=True, text=True, timeout=170, check=False)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    floors = {"own": "memcpy", "peer": "loopback TCP", "disk": "memcpy", "disk-cold": "cold read", "s3": "raw GET"}
+    for source in ["own", "peer", "disk", "disk-cold"] + ([] if s3 else ["s3"]):
+        row = re.search(rf"\| {re.escape(source)} +\| +[\d.]+ s \( *[\d.]+\) \| +[\d.]+ GiB/s \| {floors[source]} +"
+                        r"([\d.]+) GiB/s +\| +(\d+) % \| fresh +\d+ % \| worst/median [\d.]+", out.stdout)
+        assert row and float(row.group(1)) > 0, f"{source}: {out.stdout}"
+    result = json.loads((tmp_path / "r.json").read_text())
+    fl, (r,) = result["floors"], result["restore"]
+    assert fl["memcpy_gib_s"] > 0 and fl["memcpy_fresh_gib_s"] > 0 and fl["loopback_tcp_streams"] >= 1, fl
+    (round_fl,) = r["floors"]  # the floors of the checkpoint's own files, measured in the round of its restores
+    assert round_fl["read_bytes"] >= r["bytes"] and round_fl["read_warm_s"] > 0 and round_fl["read_cold_s"] > 0
+    assert round_fl["read_cold_cached_bytes"] in (0, -1) or round_fl["read_cold_cached_bytes"] < round_fl["read_bytes"]
+    if not s3:
+        assert round_fl["s3_get_bytes"] >= r["bytes"] and round_fl["s3_get_s"] > 0, round_fl
+
+
+def _has_moto() -> bool:
+    spec = importlib.util.spec_from_file_location("memtier_bench_floors", REPO / "benchmarks" / "memtier.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.moto_python() is not None

@@ -156,3 +156,22 @@ def test_pool_refuses_a_file_without_a_cost_run_by_name(tmp_path: Path) -> None:
         out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memtier.py"), "--pool", str(path)],
                              capture_output=True, text=True, timeout=60, check=False)
         assert out.returncode == 2 and says in out.stderr and str(path) in out.stderr, out.stderr
+
+
+def test_each_source_is_held_against_its_own_floor_with_median_worst_and_share() -> None:
+    gib = 1 << 30
+    run = {"size_gib": 1.0, "bytes": gib, "seconds": {"own": [0.2, 0.1, 0.4], "disk-cold": [2.0, 2.0, 2.0],
+                                                       "s3": [1.0, 1.0, 1.0], "peer": [0.5], "disk": [1.0]},
+           "floors": [{"read_cold_s": 1.0, "read_bytes": gib, "s3_get_s": 0.5, "s3_get_bytes": gib},
+                      {"read_cold_s": 3.0, "read_bytes": gib, "s3_get_s": 0.5, "s3_get_bytes": gib},
+                      {"read_cold_s": 1.0, "read_bytes": gib, "s3_get_s": 0.5, "s3_get_bytes": gib}]}
+    fl = {"memcpy_gib_s": 10.0, "memcpy_fresh_gib_s": 2.5, "loopback_tcp_streams_gib_s": 4.0}
+    rows = {r["source"]: r for r in bench.floor_rows(run, fl)}
+    own = rows["own"]
+    assert (own["median_s"], own["worst_s"], own["floor"]) == (0.2, 0.4, "memcpy") and own["spread"] == 2.0
+    assert own["share"] == pytest.approx(0.5) and own["fresh"] == pytest.approx(2.0)  # 5 GiB/s of 10, of 2.5
+    assert rows["disk-cold"]["floor_gib_s"] == 1.0 and rows["disk-cold"]["share"] == pytest.approx(0.5)  # the median
+    assert rows["s3"]["floor"] == "raw GET" and rows["s3"]["share"] == pytest.approx(0.5)
+    assert rows["peer"]["share"] == pytest.approx(0.5) and rows["disk"]["share"] == pytest.approx(0.1)
+    del run["floors"]  # a run without the per-round floors: those rows say so instead of a share
+    assert bench.floor_rows(run, fl)[1]["share"] is None
