@@ -95,6 +95,8 @@ def worker_env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Any
         {"name": "REPRIEVE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "REPRIEVE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
+    if s.elastic is not None and s.elastic.virtual_shards is not None:  # docs/contract.toml [elastic]
+        plain["REPRIEVE_VIRTUAL_SHARDS"] = str(s.elastic.virtual_shards)
     env += [{"name": k, "value": v} for k, v in plain.items()]
     return env + memory_env(job, index)
 
