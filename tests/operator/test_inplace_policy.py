@@ -557,3 +557,13 @@ def test_a_wait_below_the_minimum_that_ended_clears_degraded() -> None:
     plan, extra = decide_inplace(elastic_job(below), [pod(f"llama-{i}", i) for i in range(4)], FOUR, (), NOW)
     degraded = next(c for c in plan.conditions if c.type == "Degraded")
     assert (degraded.status, degraded.reason, extra.assign) == ("False", "FullSize", None)
+
+
+def test_a_second_loss_while_shrunk_is_filled_by_the_probe_that_runs_now() -> None:
+    pods, _ = lost_one(waited=0, ready=True)
+    pods = [p for p in pods if p.name != "llama-3"]  # llama-3 (process 2 of the shrunk attempt) is gone too
+    plan, extra = decide_inplace(elastic_job({**shrunk(10), "phase": "Restarting", "restartingFrom": 2}), pods,
+                                 SHRUNK, (), NOW)
+    assert extra.assign is not None and dict(extra.assign.processes) == {"llama-0": 0, "llama-2": 1, PROBE: 2}
+    assert extra.create_workers == () and extra.resize is None and "standby " + PROBE in extra.replaced[0].reason
+    assert (plan.attempt, plan.new_attempt) == (3, True)

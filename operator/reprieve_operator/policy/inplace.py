@@ -317,6 +317,9 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
             and p.name not in workers and not p.deleting and not p.node_lost}
     spares = sorted((p for p in pods if p.role == "spare" and p.name not in workers and _healthy(p, doomed)),
                     key=_spare_rank)
+    if spec.elastic is not None:  # a shrunk job's probes and standbys that run now: warm, like spares
+        spares += sorted((p for p in pods if p.role == "worker" and p.name not in workers and _healthy(p, doomed)
+                          and p.name not in made.values()), key=_spare_rank)
     starting = sorted((p for p in pods if p.role == "spare" and p.name not in workers and not p.ready
                        and p.phase in ("Pending", "Running") and not p.deleting and not _spare_gone(p, doomed)),
                       key=_spare_rank)
@@ -327,7 +330,8 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
             filled.append(replace(r, new=made[r.index]))
         elif spares:
             spare = spares.pop(0)
-            filled.append(replace(r, new=spare.name, reason=f"{r.reason}: spare {spare.name} takes over"))
+            kind = "spare" if spare.role == "spare" else "standby"
+            filled.append(replace(r, new=spare.name, reason=f"{r.reason}: {kind} {spare.name} takes over"))
         elif starting:
             spare = starting.pop(0)
             filled.append(replace(r, new=spare.name, reason=f"{r.reason}: spare {spare.name} takes over once it "
