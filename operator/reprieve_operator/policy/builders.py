@@ -278,7 +278,8 @@ def build_assignment(job: TrainingJob, attempt: int, processes: dict[str, int], 
     """The ConfigMap ``<job>-assignment`` of ``attempt`` (``docs/contract.md``, "In-place restarts"); with
     ``memory_peers`` (the memory tier, ``policy.memorypeers``) its ``memoryPeers``: process index -> the replica
     server holding its copies (a process left out has none: own copies only), and ``memoryPeerNodes``: process
-    index -> that server's node, where known."""
+    index -> that server's node, where known. ``numProcesses`` is the processes listed: ``spec.replicas``, fewer
+    while an elastic job trains shrunk."""
     import json
 
     data = {"memoryPeers": json.dumps({str(i): a for i, a in sorted(memory_peers.items()) if a is not None},
@@ -290,5 +291,5 @@ def build_assignment(job: TrainingJob, attempt: int, processes: dict[str, int], 
             "metadata": {"name": assignment_name(job), "namespace": job.namespace, "labels": job_labels(job),
                          "ownerReferences": [owner_reference(job)]},
             "data": {"contract": str(CONTRACT_VERSION), "attempt": str(attempt),
-                     "numProcesses": str(job.spec.replicas), "coordinator": coordinator,
+                     "numProcesses": str(len(processes)), "coordinator": coordinator,
                      "processes": json.dumps(dict(sorted(processes.items())), separators=(",", ":")), **data}}
