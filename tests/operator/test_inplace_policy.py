@@ -567,3 +567,12 @@ def test_a_second_loss_while_shrunk_is_filled_by_the_probe_that_runs_now() -> No
     assert extra.assign is not None and dict(extra.assign.processes) == {"llama-0": 0, "llama-2": 1, PROBE: 2}
     assert extra.create_workers == () and extra.resize is None and "standby " + PROBE in extra.replaced[0].reason
     assert (plan.attempt, plan.new_attempt) == (3, True)
+
+
+def test_a_spare_that_joins_at_a_grow_is_made_again() -> None:
+    spare = pod("llama-spare-q1w2e", role="spare", ip="10.0.9.8", node="node-s2")
+    survivors = [pod(f"llama-{i}", i) for i in (0, 2, 3)]
+    j = job(shrunk(120), replicas=4, spares=1, elastic={"minReplicas": 2, "minResizeIntervalSeconds": 60})
+    plan, extra = decide_inplace(j, [*survivors, spare], SHRUNK, (), NOW)
+    assert extra.assign is not None and dict(extra.assign.processes)["llama-spare-q1w2e"] == 3
+    assert plan.attempt == 3 and extra.create_spares == 1  # spec.spares 1: the spare that joined is made again

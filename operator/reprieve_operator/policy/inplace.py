@@ -428,7 +428,7 @@ def _elastic_steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[
     return RestartPlan(phase="Running", attempt=nxt, delete=plan.delete, new_attempt=True, ready=len(processes),
                        replicas=len(processes), message=summary, exclude_nodes=plan.exclude_nodes,
                        conditions=(Condition("Restarting", "False", "AttemptStarted", summary), grow.condition)), \
-        InPlace(assign=assign, create_spares=max(0, job.spec.spares - len(spares)),
+        InPlace(assign=assign, create_spares=extra.create_spares + sum(by_name[n].role == "spare" for n, _ in grow.join),
                 kept=tuple(sorted(workers)), resize=grow)
 
 
