@@ -24,6 +24,7 @@ TESTING = set(TABLE["env"]["testing"])
 ELSEWHERE = set(TABLE["env"]["elsewhere"])
 MEMORY = set(TABLE["memory"]["operator_sets"])  # the memory tier's (tests/runtime/test_memtier_contract.py)
 MEMORY_FROM_SUPERVISOR = set(TABLE["memory"]["supervisor_sets"])
+ELASTIC = set(TABLE["elastic"]["operator_sets"])  # only for a job with spec.elastic.virtualShards
 D = TABLE["defaults"]
 CODES = TABLE["restart_exit_code"]
 
@@ -68,6 +69,25 @@ def test_the_operator_sets_exactly_the_contract_environment() -> None:
     assert OPERATOR_SETS - names == set(), "docs/contract.toml lists names the operator does not set"
 
 
+@pytest.mark.parametrize("elastic", [None, {"minReplicas": 1}, {"minReplicas": 1, "virtualShards": 8}])
+def test_the_operator_sets_the_elastic_variables_exactly_when_virtual_shards_are_declared(
+        elastic: dict[str, Any] | None) -> None:
+    from reprieve.config import RuntimeConfig
+    from reprieve_operator.models import TrainingJob
+    from reprieve_operator.policy.builders import worker_env
+
+    body: dict[str, Any] = {
+        "apiVersion": "reprieve.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "j", "namespace": "ns"},
+        "spec": {"replicas": 2, "checkpoint": {"uri": "/ckpt"}, "restartMode": "InPlace",
+                 "template": {"spec": {"containers": [{"name": "t", "image": "i", "command": ["python"]}]}},
+                 **({"elastic": elastic} if elastic else {})}}
+    env = {e["name"]: e.get("value") for e in worker_env(TrainingJob.from_body(body), 1, 1)}
+    declared = bool(elastic and "virtualShards" in elastic)
+    assert set(env) - OPERATOR_SETS == (ELASTIC if declared else set())
+    shards = RuntimeConfig.from_env({k: v for k, v in env.items() if v is not None}).virtual_shards
+    assert shards == (8 if declared else None)  # what the runtime reads is what the spec declared
+
+
 def test_the_runtime_reads_every_contract_variable_and_no_unlisted_one() -> None:
     from reprieve.checkpoint.layout import Location
     from reprieve.checkpoint.spec import kvstore_spec
@@ -77,8 +97,10 @@ def test_the_runtime_reads_every_contract_variable_and_no_unlisted_one() -> None
     RuntimeConfig.from_env(env)
     kvstore_spec(Location("s3", "bucket", ""), env=env)  # the checkpoint storage's own variable
     asked = {n for n in env.asked if n.startswith("REPRIEVE_")}
-    assert OPERATOR_SETS - SUPERVISOR_READS - asked == set(), "the runtime ignores variables the operator sets"
-    assert asked - OPERATOR_SETS - RUNTIME_ONLY == set(), "the runtime reads variables docs/contract.toml lacks"
+    assert (OPERATOR_SETS | ELASTIC) - SUPERVISOR_READS - asked == set(), \
+        "the runtime ignores variables the operator sets"
+    assert asked - OPERATOR_SETS - ELASTIC - RUNTIME_ONLY == set(), \
+        "the runtime reads variables docs/contract.toml lacks"
     assert RUNTIME_ONLY - asked == set(), "docs/contract.toml lists runtime variables nobody reads"
 
 
@@ -114,12 +136,13 @@ def test_one_reader_knows_exactly_the_tables_names() -> None:
     from reprieve import env
 
     runtime_side = (OPERATOR_SETS | RUNTIME_ONLY | SUPERVISOR_KNOBS | SUPERVISOR_SETS | TESTING | MEMORY
-                    | MEMORY_FROM_SUPERVISOR)
+                    | MEMORY_FROM_SUPERVISOR | ELASTIC)
     assert env.READS == runtime_side, {"only in reprieve.env": env.READS - runtime_side,
                                        "only in the table": runtime_side - env.READS}
     assert env.ELSEWHERE == ELSEWHERE
     assert env.SUPERVISOR == SUPERVISOR_KNOBS | SUPERVISOR_READS
     assert (env.MEMORY, env.FROM_SUPERVISOR_MEMORY) == (MEMORY, MEMORY_FROM_SUPERVISOR)
+    assert env.ELASTIC == ELASTIC
     assert not env.READS & env.ELSEWHERE
 
 
@@ -147,7 +170,7 @@ def test_no_runtime_module_parses_a_reprieve_variable_itself() -> None:
 def test_every_reprieve_name_in_the_tree_is_listed() -> None:
     """So a name the table lacks cannot be mistaken for a misspelling (nor a misspelling for a name)."""
     listed = (OPERATOR_SETS | RUNTIME_ONLY | SUPERVISOR_KNOBS | SUPERVISOR_SETS | TESTING | ELSEWHERE | MEMORY
-              | MEMORY_FROM_SUPERVISOR)
+              | MEMORY_FROM_SUPERVISOR | ELASTIC)
     found: dict[str, str] = {}
     for pattern in ("runtime/**/*.py", "operator/**/*.py", "hack/**/*.py", "hack/*.sh", "tests/**/*.py",
                     "examples/*", "charts/**/*.yaml", "Makefile", "docs/*.md"):
@@ -286,6 +309,8 @@ def test_the_docs_list_the_same_environment() -> None:
     documented = set(re.findall(r"`(REPRIEVE_[A-Z_]+)`", section))
     assert documented == OPERATOR_SETS, {"only in docs": documented - OPERATOR_SETS,
                                          "only in the table": OPERATOR_SETS - documented}
+    elastic = text.split("## Elastic jobs", 1)[1].split("\n## ", 1)[0]
+    assert set(re.findall(r"`(REPRIEVE_[A-Z_]+)`", elastic)) >= ELASTIC
     runtime_doc = (ROOT / "docs/runtime.md").read_text()
     missing = {n for n in RUNTIME_ONLY | SUPERVISOR_KNOBS if f"`{n}`" not in runtime_doc}
     assert missing == set(), f"docs/runtime.md does not document {sorted(missing)}"

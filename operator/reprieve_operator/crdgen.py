@@ -138,9 +138,9 @@ def build_crd() -> dict[str, Any]:
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
         # desired and current workers: equal but while an elastic job runs shrunk (docs/elastic-operator.md,
-        # "Status, condition and Events"); -o wide only until the operator writes them for every job
-        {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredWorkers", "priority": 1},
-        {"name": "Current", "type": "integer", "jsonPath": ".status.currentWorkers", "priority": 1},
+        # "Status, condition and Events"); the operator writes them for every job once it runs
+        {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredWorkers"},
+        {"name": "Current", "type": "integer", "jsonPath": ".status.currentWorkers"},
         {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
         {"name": "Goodput", "type": "number", "format": "float", "jsonPath": ".status.goodput.goodput"},
         {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt"},

@@ -78,6 +78,8 @@ class RuntimeConfig:
     termination_log: str = TERMINATION_LOG  # REPRIEVE_TERMINATION_LOG: the container's termination message file
     # REPRIEVE_START_OVER_QUARANTINED: start at step 0 where every checkpoint was quarantined (refused by default)
     start_over_quarantined: bool = False
+    # REPRIEVE_VIRTUAL_SHARDS: the job's virtual data-parallel shards (spec.elastic.virtualShards; None: not declared)
+    virtual_shards: int | None = None
 
     @property
     def distributed(self) -> bool:
@@ -137,6 +139,7 @@ class RuntimeConfig:
             run_id=r.opt_text("REPRIEVE_RUN_ID"),
             termination_log=r.opt_text("REPRIEVE_TERMINATION_LOG") or TERMINATION_LOG,
             start_over_quarantined=r.flag(START_OVER_QUARANTINED, False),
+            virtual_shards=r.opt_integer("REPRIEVE_VIRTUAL_SHARDS", minimum=1),
         )
         if cfg.process_id >= cfg.num_processes:
             raise ConfigError(

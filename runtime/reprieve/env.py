@@ -47,6 +47,9 @@ MEMORY = frozenset({
 # Read by the supervisor (reprieve-supervisor, `reprieve run`) only.
 SUPERVISOR = frozenset({"REPRIEVE_CONTRACT", "REPRIEVE_PREWARM", "REPRIEVE_PREWARM_DELAY_SECONDS",
                         "REPRIEVE_PREWARM_READY_TIMEOUT_SECONDS"})
+# Read by reprieve.init() (RuntimeConfig): set by the operator for a job with spec.elastic.virtualShards
+# (docs/contract.toml [elastic]).
+ELASTIC = frozenset({"REPRIEVE_VIRTUAL_SHARDS"})
 # Set by the supervisor for the processes it starts, read by their reprieve.init().
 FROM_SUPERVISOR = frozenset({"REPRIEVE_SUPERVISED", "REPRIEVE_WARM_FD", "REPRIEVE_SUPERVISOR_FD",
                              "REPRIEVE_EXPECTED_TOPOLOGY"})
@@ -54,7 +57,7 @@ FROM_SUPERVISOR = frozenset({"REPRIEVE_SUPERVISED", "REPRIEVE_WARM_FD", "REPRIEV
 FROM_SUPERVISOR_MEMORY = frozenset({"REPRIEVE_MEMORY_SERVER"})
 # Read by the runtime for the tests' fault injection only.
 TESTING = frozenset({"REPRIEVE_CKPT_TEST_CRASH_AT", "REPRIEVE_MEMTIER_TEST_CRASH_AT"})
-READS = RUNTIME | MEMORY | SUPERVISOR | FROM_SUPERVISOR | FROM_SUPERVISOR_MEMORY | TESTING
+READS = RUNTIME | MEMORY | ELASTIC | SUPERVISOR | FROM_SUPERVISOR | FROM_SUPERVISOR_MEMORY | TESTING
 # Read by other parts of the project (the operator, hack/, the tests), never by the runtime: not misspellings.
 ELSEWHERE = frozenset({
     "REPRIEVE_LOG_LEVEL", "REPRIEVE_LOG_FORMAT", "REPRIEVE_KUEUE", "REPRIEVE_LEADER_ELECT", "REPRIEVE_HEALTH_PORT",

@@ -53,6 +53,9 @@ def test_validation_rules_and_columns() -> None:
     assert code_rules == ["self >= 3 && self <= 125", "self == oldSelf"]
     assert [c["name"] for c in version["additionalPrinterColumns"]] == \
         ["Phase", "Ready", "Desired", "Current", "Step", "Goodput", "Attempt", "Restarts", "Age", "Checkpoint", "Mode"]
+    # kubectl get tj shows the sizes (every job has them once it runs); -o wide adds the rest
+    assert [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority", 0) == 0] == \
+        ["Phase", "Ready", "Desired", "Current", "Step", "Goodput", "Attempt", "Restarts", "Age"]
     assert crd["spec"]["names"]["shortNames"] == ["tj"]
     assert version["subresources"] == {"status": {}, "scale": {
         "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",

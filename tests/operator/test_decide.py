@@ -554,3 +554,58 @@ def test_a_refused_workload_rewrites_only_the_queued_condition() -> None:
     assert (conds["Queued"]["reason"], instead.status["phase"]) == ("WorkloadRefused", "Suspended")
     assert [(e.reason, e.type) for e in instead.status_events] == [("WorkloadRefused", "Warning")]
     assert instead.workload == () and instead.create == ()
+
+
+# -- Elastic: the shrink's outcome (docs/elastic-operator.md) ---------------------------------------------------------
+
+def _unschedulable(p: dict[str, Any], since: str) -> dict[str, Any]:
+    """``p`` Pending without a node, refused by the scheduler since ``since`` (what the cache keeps of it)."""
+    raw = {"metadata": {k: v for k, v in p["metadata"].items() if k != "_view"}, "spec": {},
+           "status": {"phase": "Pending", "conditions": [
+               {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": since,
+                "message": "0/3 nodes are available: 3 Insufficient cpu."}]}}
+    return compact_pod(raw)
+
+
+FOUR = Assignment(1, {f"llama-{i}": i for i in range(4)}, "10.0.0.1:8476")
+ELASTIC = {"minReplicas": 2, "unschedulableSeconds": 5}
+RESTARTING_4 = {**RUN, "phase": "Restarting", "restartingFrom": 1, "restartMode": "InPlace", "ready": "3/4",
+                "replicas": 4, "currentWorkers": 4, "desiredWorkers": 4,
+                "goodput": {"accounting": {"open": [{"attempt": 1, "created": 1795496400.0, "workers": 4,
+                                                     "desired": 4}]}}}
+
+
+def test_a_shrink_writes_the_smaller_assignment_first_and_its_size_in_the_patch_that_records_the_attempt() -> None:
+    probe = _unschedulable(pod("llama-1-xk2p9", 1, attempt=2), "2026-11-24T05:59:50Z")
+    survivors = [pod(f"llama-{i}", i) for i in (0, 2, 3)]
+    out = decide(_view(job(RESTARTING_4, replicas=4, restartMode="InPlace", elastic=ELASTIC), [*survivors, probe],
+                       assignment=FOUR))
+    assert out.assign is not None and dict(out.assign.processes) == {"llama-0": 0, "llama-2": 1, "llama-3": 2}
+    assert out.assign_first and out.create == () and out.delete == ()  # the probe stays pending
+    st = out.status
+    assert (st["attempt"], st["currentWorkers"], st["lastResizeTime"]) == (2, 3, "2026-11-24T06:00:00Z")
+    assert "desiredWorkers" not in st  # unchanged: 4
+    new = st["goodput"]["accounting"]["open"][-1]
+    assert (new["attempt"], new["workers"], new["desired"]) == (2, 3, 4)  # goodput records the size
+    degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "Shrunk")
+    assert out.status_events[0].reason == "Shrinking" and out.status_events[0].type == "Warning"
+    assert out.assigned_event is not None and out.assigned_event.reason == "AttemptStarted"
+
+
+def test_the_same_loss_without_the_block_waits_and_writes_no_size_change() -> None:
+    probe = _unschedulable(pod("llama-1-xk2p9", 1, attempt=2), "2026-11-24T05:00:00Z")
+    survivors = [pod(f"llama-{i}", i) for i in (0, 2, 3)]
+    out = decide(_view(job(RESTARTING_4, replicas=4, restartMode="InPlace"), [*survivors, probe], assignment=FOUR))
+    assert out.assign is None and "lastResizeTime" not in out.status and "currentWorkers" not in out.status
+    assert not [e for e in out.status_events if e.reason in ("Shrinking", "Growing")]
+
+
+@pytest.mark.parametrize("mode", ["Recreate", "InPlace"])
+def test_every_running_job_gets_its_desired_and_current_workers(mode: str) -> None:
+    status = {**RUN, "restartMode": mode}
+    out = decide(_view(job(status, restartMode=mode), [P0, P1], assignment=ASSIGNED if mode == "InPlace" else None))
+    assert (out.status["desiredWorkers"], out.status["currentWorkers"]) == (2, 2)
+    written = job({**status, "desiredWorkers": 2, "currentWorkers": 2}, restartMode=mode)
+    out = decide(_view(written, [P0, P1], assignment=ASSIGNED if mode == "InPlace" else None))
+    assert "desiredWorkers" not in out.status and "currentWorkers" not in out.status

@@ -445,3 +445,134 @@ def test_two_workers_on_one_node_pair_with_a_ready_spare_not_with_each_other() -
 def test_without_the_memory_tier_an_assignment_has_no_peers() -> None:
     _, extra = decide_inplace(job(RUN), [exited(W0, 42), exited(W1, 42)], ASSIGNED, (), NOW)
     assert extra.assign is not None and extra.assign.memory_peers == {}
+
+
+# Elastic (spec.elastic, docs/elastic-operator.md): a restart whose replacement the scheduler refused long enough
+# starts the next attempt on the survivors; below the minimum it waits; capacity back grows the job.
+
+FOUR = Assignment(1, {f"llama-{i}": i for i in range(4)}, "llama-0.llama.ml.svc:8476")
+RESTARTING = {**RUN, "phase": "Restarting", "restartingFrom": 1}
+PROBE = "llama-1-xk2p9"  # the lost worker 1's replacement, made for attempt 2
+
+
+def elastic_job(status: dict[str, Any], **elastic: Any) -> Any:
+    return job(status, replicas=4, elastic={"minReplicas": 2, "unschedulableSeconds": 5,
+                                            "minResizeIntervalSeconds": 60, **elastic})
+
+
+def lost_one(waited: float, ready: bool = False) -> tuple[list[PodView], dict[str, Any]]:
+    """Worker 1 is gone; its replacement is Pending, refused by the scheduler ``waited`` seconds ago."""
+    from reprieve_operator.policy.podsready import SchedulerVerdict
+
+    survivors = [pod(f"llama-{i}", i) for i in (0, 2, 3)]
+    probe = pod(PROBE, 1, attempt=2, phase="Running" if ready else "Pending", ip="10.0.1.1" if ready else None,
+                node="n-new" if ready else None)
+    stuck = {} if ready else {PROBE: SchedulerVerdict("0/3 nodes are available: 3 Insufficient cpu.",
+                                                      NOW - timedelta(seconds=waited))}
+    return [*survivors, probe], stuck
+
+
+@pytest.mark.parametrize("elastic", [None, {}])
+def test_a_replacement_the_scheduler_refused_for_less_than_unschedulable_seconds_is_waited_for(
+        elastic: dict[str, Any] | None) -> None:
+    pods, stuck = lost_one(waited=2)
+    j = elastic_job(RESTARTING) if elastic is not None else job(RESTARTING, replicas=4)
+    plan, extra = decide_inplace(j, pods, FOUR, (), NOW, stuck=stuck)
+    assert (plan.phase, plan.attempt, extra.assign, extra.resize, extra.create_workers) == \
+        ("Restarting", 1, None, None, ())
+    assert extra.waiting_for == (PROBE,) and not [c for c in plan.conditions if c.type == "Degraded"]
+    # the elastic job looks again when the 5 s are up, with no event to wake it; without the block nothing changes
+    assert plan.requeue_after == (pytest.approx(3.0) if elastic is not None else None)
+
+
+def test_a_job_without_the_block_waits_for_its_full_size_however_long_the_scheduler_refuses() -> None:
+    pods, stuck = lost_one(waited=3600)
+    plan, extra = decide_inplace(job(RESTARTING, replicas=4), pods, FOUR, (), NOW, stuck=stuck)
+    assert (plan.phase, extra.assign, extra.resize, plan.requeue_after) == ("Restarting", None, None, None)
+    assert not [c for c in plan.conditions if c.type == "Degraded"]
+
+
+def test_shrink_starts_the_next_attempt_on_the_survivors_renumbered_and_keeps_the_replacement_as_a_probe() -> None:
+    pods, stuck = lost_one(waited=6)
+    plan, extra = decide_inplace(elastic_job(RESTARTING), pods, FOUR, (), NOW, stuck=stuck)
+    assert extra.assign is not None and extra.resize is not None
+    assert (plan.phase, plan.attempt, plan.new_attempt, extra.assign.attempt) == ("Running", 2, True, 2)
+    assert dict(extra.assign.processes) == {"llama-0": 0, "llama-2": 1, "llama-3": 2}  # contiguous, 0 stays 0
+    assert extra.assign.coordinator.endswith(":8476") and PROBE not in plan.delete and extra.create_workers == ()
+    assert (extra.resize.direction.value, extra.resize.size_from, extra.resize.size) == ("Shrink", 4, 3)
+    assert extra.resize.event.reason == "Shrinking" and "process 2 -> 1" in extra.resize.event.message
+    degraded = next(c for c in plan.conditions if c.type == "Degraded")
+    assert (degraded.status, degraded.reason) == ("True", "Shrunk") and PROBE in degraded.message
+    assert [r.new for r in extra.replaced] == [None] and "shrinks to 3" in extra.replaced[0].reason
+
+
+def test_below_the_minimum_the_job_waits_as_today_with_the_condition_saying_why() -> None:
+    pods, stuck = lost_one(waited=60)
+    plan, extra = decide_inplace(elastic_job(RESTARTING, minReplicas=4), pods, FOUR, (), NOW, stuck=stuck)
+    assert (plan.phase, extra.assign, extra.resize, extra.waiting_for) == ("Restarting", None, None, (PROBE,))
+    degraded = next(c for c in plan.conditions if c.type == "Degraded")
+    assert (degraded.status, degraded.reason) == ("True", "BelowMinReplicas")
+    assert "3 worker(s) could train, fewer than spec.elastic.minReplicas 4" in degraded.message
+
+
+SHRUNK = Assignment(2, {"llama-0": 0, "llama-2": 1, "llama-3": 2}, "10.0.0.1:8476")
+DEGRADED = {"type": "Degraded", "status": "True", "reason": "Shrunk", "message": "training on 3 of 4 workers",
+            "lastTransitionTime": "2026-11-22T02:50:00Z"}
+
+
+def shrunk(resized_ago: float) -> dict[str, Any]:
+    return {**RUN, "attempt": 2, "currentWorkers": 3, "desiredWorkers": 4, "conditions": [DEGRADED],
+            "lastResizeTime": (NOW - timedelta(seconds=resized_ago)).isoformat().replace("+00:00", "Z")}
+
+
+def test_training_shrunk_keeps_the_pending_probe_and_does_not_grow_while_it_cannot_schedule() -> None:
+    pods, stuck = lost_one(waited=600)
+    plan, extra = decide_inplace(elastic_job(shrunk(600)), pods, SHRUNK, (), NOW, stuck=stuck)
+    assert (plan.phase, plan.ready, extra.assign, plan.delete) == ("Running", 3, None, ())
+
+
+def test_capacity_back_grows_the_job_in_place_with_the_new_worker_after_the_others() -> None:
+    pods, _ = lost_one(waited=0, ready=True)
+    plan, extra = decide_inplace(elastic_job(shrunk(120)), pods, SHRUNK, (), NOW)
+    assert extra.assign is not None and extra.resize is not None
+    assert (plan.attempt, plan.new_attempt, extra.assign.attempt) == (3, True, 3)
+    assert dict(extra.assign.processes) == {"llama-0": 0, "llama-2": 1, "llama-3": 2, PROBE: 3}
+    assert extra.resize.event.reason == "Growing" and f"pod {PROBE} (replacement) takes process 3" in \
+        extra.resize.event.message
+    degraded = next(c for c in plan.conditions if c.type == "Degraded")
+    assert (degraded.status, degraded.reason) == ("False", "FullSize")
+
+
+def test_no_flapping_capacity_back_within_the_interval_waits_for_it_to_end() -> None:
+    pods, _ = lost_one(waited=0, ready=True)
+    plan, extra = decide_inplace(elastic_job(shrunk(20)), pods, SHRUNK, (), NOW)
+    assert (plan.attempt, extra.assign, extra.resize, plan.delete) == (2, None, None, ())
+    assert plan.requeue_after == pytest.approx(40.0)  # minResizeIntervalSeconds 60, resized 20 s ago
+    plan, extra = decide_inplace(elastic_job(shrunk(20), growBack=False), pods, SHRUNK, (), NOW)
+    assert (extra.assign, plan.requeue_after) == (None, None)
+
+
+def test_a_wait_below_the_minimum_that_ended_clears_degraded() -> None:
+    below = {**RUN, "conditions": [{**DEGRADED, "reason": "BelowMinReplicas"}]}
+    plan, extra = decide_inplace(elastic_job(below), [pod(f"llama-{i}", i) for i in range(4)], FOUR, (), NOW)
+    degraded = next(c for c in plan.conditions if c.type == "Degraded")
+    assert (degraded.status, degraded.reason, extra.assign) == ("False", "FullSize", None)
+
+
+def test_a_second_loss_while_shrunk_is_filled_by_the_probe_that_runs_now() -> None:
+    pods, _ = lost_one(waited=0, ready=True)
+    pods = [p for p in pods if p.name != "llama-3"]  # llama-3 (process 2 of the shrunk attempt) is gone too
+    plan, extra = decide_inplace(elastic_job({**shrunk(10), "phase": "Restarting", "restartingFrom": 2}), pods,
+                                 SHRUNK, (), NOW)
+    assert extra.assign is not None and dict(extra.assign.processes) == {"llama-0": 0, "llama-2": 1, PROBE: 2}
+    assert extra.create_workers == () and extra.resize is None and "standby " + PROBE in extra.replaced[0].reason
+    assert (plan.attempt, plan.new_attempt) == (3, True)
+
+
+def test_a_spare_that_joins_at_a_grow_is_made_again() -> None:
+    spare = pod("llama-spare-q1w2e", role="spare", ip="10.0.9.8", node="node-s2")
+    survivors = [pod(f"llama-{i}", i) for i in (0, 2, 3)]
+    j = job(shrunk(120), replicas=4, spares=1, elastic={"minReplicas": 2, "minResizeIntervalSeconds": 60})
+    plan, extra = decide_inplace(j, [*survivors, spare], SHRUNK, (), NOW)
+    assert extra.assign is not None and dict(extra.assign.processes)["llama-spare-q1w2e"] == 3
+    assert plan.attempt == 3 and extra.create_spares == 1  # spec.spares 1: the spare that joined is made again

@@ -95,6 +95,8 @@ def worker_env(job: TrainingJob, index: int, attempt: int) -> list[dict[str, Any
         {"name": "REPRIEVE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "REPRIEVE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
+    if s.elastic is not None and s.elastic.virtual_shards is not None:  # docs/contract.toml [elastic]
+        plain["REPRIEVE_VIRTUAL_SHARDS"] = str(s.elastic.virtual_shards)
     env += [{"name": k, "value": v} for k, v in plain.items()]
     return env + memory_env(job, index)
 
@@ -276,7 +278,8 @@ def build_assignment(job: TrainingJob, attempt: int, processes: dict[str, int], 
     """The ConfigMap ``<job>-assignment`` of ``attempt`` (``docs/contract.md``, "In-place restarts"); with
     ``memory_peers`` (the memory tier, ``policy.memorypeers``) its ``memoryPeers``: process index -> the replica
     server holding its copies (a process left out has none: own copies only), and ``memoryPeerNodes``: process
-    index -> that server's node, where known."""
+    index -> that server's node, where known. ``numProcesses`` is the processes listed: ``spec.replicas``, fewer
+    while an elastic job trains shrunk."""
     import json
 
     data = {"memoryPeers": json.dumps({str(i): a for i, a in sorted(memory_peers.items()) if a is not None},
@@ -288,5 +291,5 @@ def build_assignment(job: TrainingJob, attempt: int, processes: dict[str, int], 
             "metadata": {"name": assignment_name(job), "namespace": job.namespace, "labels": job_labels(job),
                          "ownerReferences": [owner_reference(job)]},
             "data": {"contract": str(CONTRACT_VERSION), "attempt": str(attempt),
-                     "numProcesses": str(job.spec.replicas), "coordinator": coordinator,
+                     "numProcesses": str(len(processes)), "coordinator": coordinator,
                      "processes": json.dumps(dict(sorted(processes.items())), separators=(",", ":")), **data}}

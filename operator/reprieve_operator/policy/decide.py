@@ -336,8 +336,9 @@ def _recreate(view: View, g: Gate | None) -> Outcome:
     pod_job = _admitted(job, g)
     create = tuple(builders.build_worker_pod(pod_job, i, plan.attempt, plan.exclude_nodes) for i in plan.create)
     created_event = _attempt_started(plan, len(create)) if plan.new_attempt and create else None
+    running = plan.attempt > 0 and plan.phase not in (*TERMINAL_PHASES, "Suspended")
     status = status_patch(job, _created(job, plan, create), now, views.progress(view.pods),
-                          views.last_steps(view.pods))
+                          views.last_steps(view.pods), workers=job.spec.replicas if running else None)
     requeue = plan.requeue_after if plan.requeue_after is not None else (WAIT_SECONDS if plan.waiting else None)
     requeue = _sooner(requeue, podsready.unschedulable_due(view.pods, now))
     requeue = _sooner(requeue, PROBE_EVERY_SECONDS if plan.probe else None)
@@ -357,8 +358,11 @@ def _in_place(view: View, g: Gate | None) -> Outcome:
     pods = [dataclasses.replace(v, node_ready=False) if v.node in not_ready else v for v in pods]
     pods = [dataclasses.replace(v, reachable=False) if v.name in view.unreachable else v for v in pods]
     hold = held(view, g)
+    stuck = {str((r.get("metadata") or {}).get("name")): v for r in view.pods
+             if (v := podsready.unschedulable(r)) is not None} if job.spec.elastic is not None else {}
     plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed, held=hold,
-                                 peer_lost_wait_s=view.peer_lost_wait_s, gone={p.name: p.node for p in view.gone})
+                                 peer_lost_wait_s=view.peer_lost_wait_s, gone={p.name: p.node for p in view.gone},
+                                 stuck=stuck)
     plan = _pods_ready(_queue_conditions(_evicted(job, plan, hold, g, pods), g, hold), view)
     current = view.assignment
     if current is not None and extra.assign is None and extra.record is None and plan.cause is None:
@@ -391,14 +395,19 @@ def _in_place(view: View, g: Gate | None) -> Outcome:
         if current is not None:  # a restart, not the first attempt
             assigned_event = Event("AttemptStarted", plan.message)
     orphans = orphaned_pods(pods, view.known_nodes)
+    size = extra.assign if extra.assign is not None and plan.new_attempt else current
     status = status_patch(job, _created(job, plan, create), now, views.progress(view.pods),
-                          views.last_steps(view.pods))
+                          views.last_steps(view.pods), workers=len(size.processes) if size is not None else None)
     status.update(_inplace_status(job, pods, extra, plan, current))
+    resized: tuple[Event, ...] = ()
+    if assign is not None and extra.resize is not None:  # a size change: when, and its Event after the status
+        status["lastResizeTime"] = rfc3339(now)
+        resized = (extra.resize.event,)
     return Outcome(job, plan, now.timestamp(), **record, create=create, dry_run=first and plan.new_attempt,
                    created_event=created_event, role=bool(create),
                    force_delete=orphans, delete=tuple(n for n in plan.delete if n not in orphans),
                    assign=assign, assigned_event=assigned_event, status=status,
-                   status_events=_status_events(job, status, view),
+                   status_events=(*resized, *_status_events(job, status, view)),
                    requeue_after=_sooner(_sooner(plan.requeue_after, podsready.unschedulable_due(view.pods, now)),
                                          PROBE_EVERY_SECONDS if plan.probe else None))
 

@@ -1,7 +1,7 @@
 """Elastic training's decisions (pure): when a job with ``spec.elastic`` shrinks to its survivors instead of waiting
 for a replacement the scheduler cannot place, when it grows back, to which size, which pod takes which process
 index, and the ``Degraded`` condition and Events that say so (docs/elastic-operator.md, "The decisions";
-the operator does not act on them yet).
+``policy.inplace`` acts on them: a shrink at a restart, a grow while training).
 
 - **Shrink** when the current attempt lost a worker, no ready pod (spare, standby, replacement) covers the loss
   and no replacement is on its way, and a replacement has carried the scheduler's own
@@ -20,7 +20,7 @@ their pods are kept as warm spares, the first to take a lost index or rejoin.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -31,6 +31,7 @@ from .events import Event
 from .podsready import SchedulerVerdict, unschedulable
 from .restart import Condition
 from .times import parse_time, rfc3339
+from .views import PodView
 
 DEGRADED = "Degraded"
 SHRINKING, GROWING = "Shrinking", "Growing"  # the Events' reasons
@@ -260,13 +261,36 @@ def candidate(pod: Mapping[str, Any], role: Role, ready: bool) -> Candidate:
 
 
 def elastic_view(job: TrainingJob, alive: Iterable[int], candidates: Iterable[Candidate], now: datetime,
-                 resizing: bool = False) -> ElasticView | None:
-    """The job's view for ``decide_resize``: its size from ``status.currentWorkers`` (``spec.replicas`` before the
-    first resize), the last change from ``status.lastResizeTime``; None for a job without ``spec.elastic``."""
+                 resizing: bool = False, size: int | None = None) -> ElasticView | None:
+    """The job's view for ``decide_resize``: its size ``size`` (the assignment's processes), else from
+    ``status.currentWorkers`` (``spec.replicas`` before the first resize), the last change from
+    ``status.lastResizeTime``; None for a job without ``spec.elastic``."""
     spec = job.spec.elastic
     if spec is None:
         return None
     st = job.status
     return ElasticView(spec=spec, replicas=job.spec.replicas,
-                       size=st.current_workers or job.spec.replicas, alive=tuple(sorted(alive)), now=now,
+                       size=size or st.current_workers or job.spec.replicas, alive=tuple(sorted(alive)), now=now,
                        candidates=tuple(candidates), last_resize=parse_time(st.last_resize_time), resizing=resizing)
+
+
+def pod_candidates(pods: Iterable[PodView], workers: Collection[str], attempt: int, doomed: Collection[str],
+                   stuck: Mapping[str, SchedulerVerdict]) -> tuple[Candidate, ...]:
+    """The in-place job's pods outside ``workers`` (the assignment of ``attempt``) that could take a process id:
+    spares; worker pods made for a lost worker (a replacement, or the capacity probe a shrink kept pending: made for
+    ``attempt`` or later, or not running yet); ready worker pods of an earlier attempt that a shrink left out
+    (standbys). Pods being deleted, on lost or doomed nodes, or ended are none. ``stuck``: pod -> the scheduler's
+    ``PodScheduled=False/Unschedulable`` verdict (``podsready.unschedulable``)."""
+    out = []
+    for p in pods:
+        if p.name in workers or p.deleting or p.node_lost or (p.node and p.node in doomed) or \
+                p.phase not in ("Pending", "Running"):
+            continue
+        if p.role == "spare":
+            role = Role.SPARE
+        elif p.role == "worker":
+            role = Role.REPLACEMENT if p.attempt >= attempt or not p.ready else Role.STANDBY
+        else:
+            continue
+        out.append(Candidate(p.name, role, p.ready, stuck.get(p.name)))
+    return tuple(out)

@@ -19,6 +19,13 @@ differs is what a restart does:
 
 Hung stragglers: once a worker reported the restart code, the others have the pod's grace period to report
 theirs; then the gang restarts anyway and the supervisors stop what still runs.
+
+Elastic jobs (``spec.elastic``, ``policy.elastic``): a restart whose replacement the scheduler refused for
+``unschedulableSeconds`` starts the next attempt on the survivors instead (``Resize`` Shrink: the smaller process
+map, ids renumbered contiguously), keeping the replacement pending as a capacity probe and the survivors a size
+leaves out as standbys; below the minimum it waits as today, condition ``Degraded`` saying why. While training
+shrunk, ready probes, standbys and spares grow the job at the next pass (``Resize`` Grow: an in-place restart with
+the newcomers after the workers' ids).
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ from datetime import UTC, datetime
 
 from .. import CONTRACT_VERSION, SUPERVISOR
 from ..models import TrainingJob
-from . import memorypeers
+from . import elastic, memorypeers
+from .podsready import SchedulerVerdict
 from .restart import (
     DISRUPTION,
     FAILURE,
@@ -80,15 +88,18 @@ class InPlace:
     replaced: tuple[Replacement, ...] = ()
     waiting_for: tuple[str, ...] = field(default_factory=tuple)  # pods the next assignment waits for
     record: RestartPlan | None = None  # a decided restart or failure: record it before deleting anything
+    resize: elastic.Resize | None = None  # elastic: ``assign`` is this size change (status, its Event)
 
 
 def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assignment | None,
                    avoid_nodes: Iterable[str] = (), now: datetime | None = None,
                    doomed_nodes: Collection[str] = (), held: Condition | None = None,
                    peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS,
-                   gone: Mapping[str, str] | None = None) -> tuple[RestartPlan, InPlace]:
+                   gone: Mapping[str, str] | None = None,
+                   stuck: Mapping[str, SchedulerVerdict] | None = None) -> tuple[RestartPlan, InPlace]:
     """Decide the next step of an in-place ``job`` from its pods and its current assignment
-    (``peer_lost_wait_s``: ``policy.restart.decide_restart``'s; ``gone``: pod name -> node of pods seen deleted).
+    (``peer_lost_wait_s``: ``policy.restart.decide_restart``'s; ``gone``: pod name -> node of pods seen deleted;
+    ``stuck``: pod name -> the scheduler's ``PodScheduled=False/Unschedulable``, what an elastic job shrinks on).
 
     When a restart (or the final failure) is decided, ``InPlace.record`` is the plan to record in status
     before anything is deleted (crash safety); the returned plan is what to do and the status to reach."""
@@ -142,7 +153,7 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
     noticed = (st.last_notice is not None and st.last_notice.attempt == attempt) or \
         any(w.noticed for w in current.values())
     if st.restarting_from is not None and st.restarting_from >= attempt:
-        return _next_attempt(job, pods, workers, attempt, avoid, doomed_nodes, now, assignment)
+        return _next_attempt(job, pods, workers, attempt, avoid, doomed_nodes, now, assignment, stuck or {})
 
     ran_on = {i: (gone or {})[n] for n, i in workers.items() if i in missing and n in (gone or {})}
     verdict = classify(job, current, missing, recorded, noticed, doomed_nodes, now, peer_lost_wait_s, ran_on)
@@ -156,14 +167,17 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
     if verdict.cause is None:
         plan, extra = _steady(job, pods, workers, current, attempt, noticed, avoid, doomed_nodes)
         conds, requeue = waiting(verdict)
-        return replace(plan, conditions=(*plan.conditions, *conds), requeue_after=requeue,
-                       probe=verdict.probe), extra
+        plan = replace(plan, conditions=(*plan.conditions, *conds), requeue_after=requeue, probe=verdict.probe)
+        if verdict.waiting or noticed or now is None:
+            return plan, extra
+        return _elastic_steady(job, pods, workers, attempt, plan, extra, doomed_nodes, now, assignment, stuck or {})
     record = gang_restart(job, attempt, verdict, now, stragglers=alive, teardown=())
     if record.phase == "Failed":
         return record, InPlace()
     restarting = job.model_copy(update={"status": st.model_copy(update={
         "restarting_from": attempt, "next_attempt_time": _rfc(record.next_attempt_time)})})
-    plan, extra = _next_attempt(restarting, pods, workers, attempt, avoid, doomed_nodes, now, assignment)
+    plan, extra = _next_attempt(restarting, pods, workers, attempt, avoid, doomed_nodes, now, assignment,
+                                stuck or {})
     return plan, replace(extra, record=record)
 
 
@@ -243,13 +257,16 @@ def _steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int
     # A worker that already exited 0 while the others finish their last steps is done, not waiting: the job is
     # still Running (it was reported Pending for the second between the first and the last worker's exit).
     done = sum(1 for w in current.values() if w.phase == "Succeeded")
-    phase = "Preempting" if noticed else ("Running" if running and running + done == job.spec.replicas else "Pending")
+    phase = "Preempting" if noticed else ("Running" if running and running + done == len(workers) else "Pending")
     spares = [p for p in pods if p.role == "spare" and p.name not in workers and not p.deleting]
     doomed_spares = tuple(sorted(p.name for p in spares if _spare_gone(p, doomed)))
     keep = len(spares) - len(doomed_spares)
     # Pods that are neither workers of this attempt nor spares: an earlier attempt's, or a replacement that a
-    # crash left behind. They go.
-    strays = tuple(sorted(p.name for p in pods if p.name not in workers and p.role != "spare" and not p.deleting))
+    # crash left behind. They go; but an elastic job training shrunk keeps its capacity probes and standbys.
+    probes = {c.pod for c in elastic.pod_candidates(pods, workers, attempt, doomed, {})} \
+        if job.spec.elastic is not None and len(workers) < job.spec.replicas else set()
+    strays = tuple(sorted(p.name for p in pods if p.name not in workers and p.role != "spare" and not p.deleting
+                          and p.name not in probes))
     return RestartPlan(phase=phase, attempt=attempt, delete=doomed_spares + strays, ready=running,
                        exclude_nodes=avoid, replicas=len(current)), \
         InPlace(create_spares=max(0, job.spec.spares - keep))
@@ -257,9 +274,11 @@ def _steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int
 
 def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int], attempt: int,
                   avoid: tuple[str, ...], doomed: Collection[str], now: datetime | None,
-                  previous: Assignment | None = None) -> tuple[RestartPlan, InPlace]:
+                  previous: Assignment | None = None,
+                  stuck: Mapping[str, SchedulerVerdict] | None = None) -> tuple[RestartPlan, InPlace]:
     """Restarting from ``attempt``: keep, replace, and once every listed pod is ready, assign ``attempt + 1``
-    (``previous``: the current assignment, whose memory-tier pairings are kept where still valid)."""
+    (``previous``: the current assignment, whose memory-tier pairings are kept where still valid). An elastic job
+    whose replacement the scheduler refused long enough assigns ``attempt + 1`` on the survivors instead."""
     st, spec = job.status, job.spec
     by_name = {p.name: p for p in pods}
     nxt = attempt + 1
@@ -299,6 +318,9 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
             and p.name not in workers and not p.deleting and not p.node_lost}
     spares = sorted((p for p in pods if p.role == "spare" and p.name not in workers and _healthy(p, doomed)),
                     key=_spare_rank)
+    if spec.elastic is not None:  # a shrunk job's probes and standbys that run now: warm, like spares
+        spares += sorted((p for p in pods if p.role == "worker" and p.name not in workers and _healthy(p, doomed)
+                          and p.name not in made.values()), key=_spare_rank)
     starting = sorted((p for p in pods if p.role == "spare" and p.name not in workers and not p.ready
                        and p.phase in ("Pending", "Running") and not p.deleting and not _spare_gone(p, doomed)),
                       key=_spare_rank)
@@ -309,7 +331,8 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
             filled.append(replace(r, new=made[r.index]))
         elif spares:
             spare = spares.pop(0)
-            filled.append(replace(r, new=spare.name, reason=f"{r.reason}: spare {spare.name} takes over"))
+            kind = "spare" if spare.role == "spare" else "standby"
+            filled.append(replace(r, new=spare.name, reason=f"{r.reason}: {kind} {spare.name} takes over"))
         elif starting:
             spare = starting.pop(0)
             filled.append(replace(r, new=spare.name, reason=f"{r.reason}: spare {spare.name} takes over once it "
@@ -319,22 +342,31 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
             filled.append(r)
     processes = {**{n: i for i, n in kept.items()}, **{r.new: r.index for r in filled if r.new}}
     waiting = tuple(sorted(n for n in processes if not by_name[n].ready))
-    used_spares = {r.new for r in filled if r.new and by_name[r.new].role == "spare"}
+    due = parse_time(st.next_attempt_time)
+    backing_off = due is not None and now is not None and now < due
+    shrink, held, look = _shrink(job, pods, workers, kept, attempt, doomed, now, stuck or {}) \
+        if (create or waiting) and not backing_off else (None, None, None)
+    if shrink is not None:  # the probes stay pending, no pod is made for the other lost ids
+        processes = {**{kept[old]: new for old, new in shrink.keep}, **dict(shrink.join)}
+        create, waiting = [], ()
+        filled = [replace(r, new=None, reason=f"{r.reason}: not replaced, the job shrinks to {shrink.size} "
+                                               f"worker(s)") for r in filled]
+        kept = {i: n for i, n in kept.items() if n in processes}
+    used_spares = {n for n in processes if by_name[n].role == "spare"}
     spare_pods = [p for p in pods if p.role == "spare" and p.name not in workers and p.name not in used_spares
                   and not p.deleting]
     doomed_spares = [p.name for p in spare_pods if _spare_gone(p, doomed)]
     delete += doomed_spares
     create_spares = max(0, spec.spares - (len(spare_pods) - len(doomed_spares)))
     extra = InPlace(create_workers=tuple(create), create_spares=create_spares, kept=tuple(sorted(kept.values())),
-                    replaced=tuple(filled), waiting_for=waiting)
-    due = parse_time(st.next_attempt_time)
-    backing_off = due is not None and now is not None and now < due
+                    replaced=tuple(filled), waiting_for=waiting, resize=shrink)
     if create or waiting or backing_off:
         why = (f"backing off until {st.next_attempt_time}" if backing_off else
                f"waiting for {len(create) + len(waiting)} pod(s) to run before attempt {nxt}")
         return RestartPlan(phase="Restarting", attempt=attempt, delete=tuple(sorted(delete)),
                            restarting_from=attempt, exclude_nodes=avoid, message=why,
-                           requeue_after=(due - now).total_seconds() if backing_off and due and now else None,
+                           conditions=(held,) if held is not None else (),
+                           requeue_after=(due - now).total_seconds() if backing_off and due and now else look,
                            next_attempt_time=due if backing_off else None), extra
     coordinator_pod = next(n for n, i in processes.items() if i == 0)
     holders = [by_name[n] for n in processes] + [p for p in spare_pods if p.ready and p.name not in doomed_spares]
@@ -342,10 +374,63 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
     assign = Assignment(nxt, processes, f"{by_name[coordinator_pod].ip}:{spec.coordinator_port}", peers,
                         memorypeers.peer_nodes(job, peers, holders))
     summary = _summary(nxt, extra)
+    resized = (shrink.condition,) if shrink is not None else ()
     return RestartPlan(phase="Running", attempt=nxt, delete=tuple(sorted(delete)), new_attempt=True,
                        ready=len(processes), replicas=len(processes), message=summary,
-                       conditions=(Condition("Restarting", "False", "AttemptStarted", summary),)), \
+                       conditions=(Condition("Restarting", "False", "AttemptStarted", summary), *resized)), \
         replace(extra, assign=assign)
+
+
+def _shrink(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int], kept: Mapping[int, str],
+            attempt: int, doomed: Collection[str], now: datetime | None, stuck: Mapping[str, SchedulerVerdict]
+            ) -> tuple[elastic.Resize | None, Condition | None, float | None]:
+    """An elastic job's restart that waits for pods: (the shrink to start now, or the ``Degraded`` condition of a
+    wait below the minimum, and when to look again: a replacement reaching ``unschedulableSeconds``)."""
+    view = elastic.elastic_view(job, kept, elastic.pod_candidates(pods, workers, attempt, doomed, stuck), now,
+                                size=len(workers)) if now is not None else None
+    if view is None:
+        return None, None, None
+    decision = elastic.decide_resize(view)
+    if isinstance(decision, elastic.Wait):
+        return None, decision.condition, elastic.next_look(view)
+    return decision, None, elastic.next_look(view)
+
+
+def _elastic_steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int], attempt: int,
+                    plan: RestartPlan, extra: InPlace, doomed: Collection[str], now: datetime,
+                    previous: Assignment, stuck: Mapping[str, SchedulerVerdict]) -> tuple[RestartPlan, InPlace]:
+    """An elastic job training: grow when ready pods fill a larger allowed size (an in-place restart of every
+    worker with the newcomers), else clear a ``Degraded`` that no longer holds and look again when the resize
+    interval ends."""
+    view = elastic.elastic_view(job, workers.values(), elastic.pod_candidates(pods, workers, attempt, doomed, stuck),
+                                now, resizing=plan.phase != "Running", size=len(workers))
+    if view is None:
+        return plan, extra
+    grow = elastic.decide_resize(view)
+    if not isinstance(grow, elastic.Resize):
+        current = next((c for c in job.status.conditions if c.type == elastic.DEGRADED), None)
+        cleared = elastic.settled(view, Condition(current.type, current.status, current.reason, current.message)
+                                  if current is not None else None)
+        look = elastic.next_look(view)
+        requeue = look if plan.requeue_after is None or (look is not None and look < plan.requeue_after) \
+            else plan.requeue_after
+        return replace(plan, conditions=(*plan.conditions, *((cleared,) if cleared else ())),
+                       requeue_after=requeue), extra
+    by_name = {p.name: p for p in pods}
+    processes = {**workers, **dict(grow.join)}
+    nxt = attempt + 1
+    coordinator = next(n for n, i in processes.items() if i == 0)
+    spares = [p for p in pods if p.role == "spare" and p.name not in processes and not p.deleting]
+    holders = [by_name[n] for n in processes] + [p for p in spares if p.ready]
+    peers = memorypeers.memory_peers(job, processes, holders, previous.memory_peers)
+    assign = Assignment(nxt, processes, f"{by_name[coordinator].ip}:{job.spec.coordinator_port}", peers,
+                        memorypeers.peer_nodes(job, peers, holders))
+    summary = f"attempt {nxt}: {len(workers)} worker(s) restarted in place; {grow.event.message}"
+    return RestartPlan(phase="Running", attempt=nxt, delete=plan.delete, new_attempt=True, ready=len(processes),
+                       replicas=len(processes), message=summary, exclude_nodes=plan.exclude_nodes,
+                       conditions=(Condition("Restarting", "False", "AttemptStarted", summary), grow.condition)), \
+        InPlace(assign=assign, create_spares=extra.create_spares + sum(by_name[n].role == "spare" for n, _ in grow.join),
+                kept=tuple(sorted(workers)), resize=grow)
 
 
 def _summary(attempt: int, extra: InPlace) -> str:

@@ -37,9 +37,11 @@ def conditions_patch(job: TrainingJob, plan: RestartPlan, now: datetime) -> list
 
 def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
                  prog: Mapping[str, Any] | None = None,
-                 last_steps: Iterable[tuple[int, int, float]] = ()) -> dict[str, Any]:
+                 last_steps: Iterable[tuple[int, int, float]] = (), workers: int | None = None) -> dict[str, Any]:
     """The minimal merge patch taking ``job.status`` to what ``plan`` says (empty if nothing changes).
-    ``last_steps``: the processes' last steps per attempt (``views.last_steps``), for the goodput accounting."""
+    ``last_steps``: the processes' last steps per attempt (``views.last_steps``), for the goodput accounting;
+    ``workers``: the size of the attempt the plan runs (``currentWorkers``, with ``desiredWorkers``; written in the
+    patch that creates the attempt, so its goodput records the size)."""
     st = job.status
     patch: dict[str, Any] = {}
     if st.phase != plan.phase:
@@ -104,6 +106,10 @@ def status_patch(job: TrainingJob, plan: RestartPlan, now: datetime,
                             "(known: tiers %s, sources %s): recorded as %r; is the runtime newer than the operator?",
                             job.namespace, job.name, restore["attempt"], ", ".join(map(repr, unknown)),
                             ", ".join(restores.TIERS), ", ".join(restores.SOURCES), restores.UNKNOWN)
+    if workers is not None and st.current_workers != workers:
+        patch["currentWorkers"] = workers
+    if workers is not None and st.desired_workers != job.spec.replicas:
+        patch["desiredWorkers"] = job.spec.replicas
     if job.generation is not None and st.observed_generation != job.generation:
         patch["observedGeneration"] = job.generation
     gp = goodput_patch(job, plan.phase, patch, prog, now, last_steps)

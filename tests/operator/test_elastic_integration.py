@@ -1,0 +1,128 @@
+"""An elastic in-place job against the real API server and kube-scheduler, the operator as a local process (chart
+RBAC), the pods on process kubelets: a worker lost while no node can take its replacement (the scheduler's own
+``PodScheduled=False/Unschedulable``), the shrink onto the survivor after ``unschedulableSeconds``, and the grow
+back once the replacement schedules (docs/elastic-operator.md)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import apply
+from kubernetes import client
+from localcluster.testing import taint_node, untaint_node, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+# The trainer reprieve-run starts (no JAX: what the assignment gave it is the point): its contract environment per
+# attempt, written where the test reads it, then it waits to be stopped.
+TRAINER = """
+    import json, os, pathlib, time
+    env = {k: v for k, v in os.environ.items() if k.startswith("REPRIEVE_")}
+    name = f"{os.environ['REPRIEVE_POD_NAME']}-a{os.environ['REPRIEVE_ATTEMPT']}"
+    out = pathlib.Path(os.environ["OUT"]) / (name + ".json")
+    out.with_suffix(".tmp").write_text(json.dumps(env))
+    out.with_suffix(".tmp").rename(out)
+    time.sleep(200)
+"""
+FULL = "test.reprieve.dev/full"  # a taint no signal reads: the node is out of room, not doomed
+HOST = "test.reprieve.dev/host"  # one worker per node (required anti-affinity on this label)
+
+
+def manifest(namespace: str, tag: str, out: Path) -> dict[str, Any]:
+    container = {"name": "trainer", "image": "python:3.11", "command": ["python", "-c", textwrap.dedent(TRAINER)],
+                 "env": [{"name": "OUT", "value": "/out"}], "volumeMounts": [{"name": "out", "mountPath": "/out"}]}
+    apart = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": {"reprieve.dev/job-name": "el"}}, "topologyKey": HOST}]}}
+    return {"apiVersion": "reprieve.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": "el", "namespace": namespace},
+            "spec": {"replicas": 2, "restartMode": "InPlace", "terminationGracePeriodSeconds": 5,
+                     "checkpoint": {"uri": "/tmp/ckpt"},
+                     "elastic": {"minReplicas": 1, "unschedulableSeconds": 2, "minResizeIntervalSeconds": 0},
+                     "template": {"spec": {"nodeSelector": {"reprieve-test": tag}, "affinity": apart,
+                                           "containers": [container],
+                                           "volumes": [{"name": "out", "hostPath": {"path": str(out)}}]}}}}
+
+
+def test_a_lost_worker_whose_replacement_cannot_schedule_shrinks_the_job_then_it_grows_back(
+        cluster: Any, api: Any, namespace: str, operator: Any, nodes: list[str], tmp_path: Path) -> None:
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    tag = str(core.read_node(nodes[0]).metadata.labels["reprieve-test"])
+    for n in nodes:
+        core.patch_node(n, {"metadata": {"labels": {HOST: n}}})
+    out = tmp_path / "out"
+    out.mkdir()
+    apply(cluster, manifest(namespace, tag, out))
+
+    def status() -> dict[str, Any]:
+        return dict(custom.get_namespaced_custom_object("reprieve.dev", "v1alpha1", namespace, "trainingjobs",
+                                                        "el").get("status") or {})
+
+    def trainer(pod: str, attempt: int) -> dict[str, str] | None:
+        path = out / f"{pod}-a{attempt}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def processes() -> dict[str, int]:
+        return dict(json.loads(core.read_namespaced_config_map("el-assignment", namespace).data["processes"]))
+
+    def degraded() -> dict[str, Any] | None:
+        return next((c for c in status().get("conditions") or [] if c["type"] == "Degraded"), None)
+
+    def events(reason: str) -> list[Any]:
+        return [e for e in core.list_namespaced_event(namespace).items if e.reason == reason]
+
+    wait_for(lambda: trainer("el-0", 1) and trainer("el-1", 1), 90, "both trainers of attempt 1",
+             describe=lambda: operator.tail(40))
+    st = wait_for(lambda: (s := status()).get("currentWorkers") == 2 and s, 30, "currentWorkers 2")
+    assert (st["desiredWorkers"], st["currentWorkers"]) == (2, 2) and degraded() is None  # every job has its size
+
+    # worker 1 is lost and its node is out of room; the other node holds worker 0 (one worker per node)
+    lost_node = core.read_namespaced_pod("el-1", namespace).spec.node_name
+    taint_node(api, lost_node, FULL)
+    core.delete_namespaced_pod("el-1", namespace)
+
+    def probe() -> Any:
+        return next((p for p in core.list_namespaced_pod(namespace, label_selector="reprieve.dev/job-name=el").items
+                     if p.metadata.name.startswith("el-1-") and not p.metadata.deletion_timestamp), None)
+
+    def refused() -> Any:
+        p = probe()
+        cond = next((c for c in (p.status.conditions or []) if c.type == "PodScheduled"), None) if p else None
+        return p if cond is not None and (cond.status, cond.reason) == ("False", "Unschedulable") else None
+
+    stuck = wait_for(refused, 60, "the replacement refused by the scheduler", describe=lambda: operator.tail(40))
+
+    # after unschedulableSeconds (2 s): attempt 2 on the survivor alone, the replacement kept pending as a probe
+    st = wait_for(lambda: (s := status()).get("currentWorkers") == 1 and s.get("attempt") == 2 and s, 60,
+                  "the shrink to 1 worker", describe=lambda: operator.tail(60))
+    assert processes() == {"el-0": 0}
+    assert st["desiredWorkers"] == 2 and st.get("lastResizeTime")
+    cond = degraded()
+    assert cond is not None and (cond["status"], cond["reason"]) == ("True", "Shrunk")
+    assert f"pod {stuck.metadata.name} (replacement for a lost worker) unschedulable" in cond["message"]
+    (shrinking,) = wait_for(lambda: events("Shrinking"), 30, "the Shrinking Event")
+    assert shrinking.type == "Warning" and "shrinking from 2 to 1 workers" in shrinking.message
+    env = wait_for(lambda: trainer("el-0", 2), 60, "the survivor's trainer of attempt 2")
+    assert (env["REPRIEVE_NUM_PROCESSES"], env["REPRIEVE_PROCESS_ID"]) == ("1", "0")  # the smaller world
+    goodput = st["goodput"]["accounting"]["open"]
+    assert [(a["attempt"], a.get("workers"), a.get("desired")) for a in goodput][-1] == (2, 1, 2)
+    assert probe() is not None and probe().metadata.name == stuck.metadata.name  # kept, not re-created
+
+    # capacity returns: the probe schedules, runs, and the job grows back in place with it as process 1
+    untaint_node(api, lost_node, FULL)
+    st = wait_for(lambda: (s := status()).get("currentWorkers") == 2 and s.get("attempt") == 3 and s, 90,
+                  "the grow back to 2 workers", describe=lambda: operator.tail(60))
+    assert processes() == {"el-0": 0, stuck.metadata.name: 1}
+    cond = degraded()
+    assert cond is not None and (cond["status"], cond["reason"]) == ("False", "FullSize")
+    (growing,) = wait_for(lambda: events("Growing"), 30, "the Growing Event")
+    assert growing.type == "Normal" and f"pod {stuck.metadata.name} (replacement) takes process 1" in growing.message
+    env = wait_for(lambda: trainer(stuck.metadata.name, 3), 60, "the newcomer's trainer of attempt 3")
+    assert (env["REPRIEVE_NUM_PROCESSES"], env["REPRIEVE_PROCESS_ID"]) == ("2", "1")
+    assert wait_for(lambda: trainer("el-0", 3), 60, "the survivor's trainer of attempt 3")["REPRIEVE_NUM_PROCESSES"] \
+        == "2"
+    operator.assert_no_errors()
