@@ -3,12 +3,11 @@
 A :class:`Job` ties the notice sources, the cross-process :class:`~reprieve.agreement.Agreement` and its save
 targets together: storage (a :class:`Checkpointer`, its optional capabilities checked once:
 :mod:`reprieve.capabilities`) and, when configured, the memory tier (:mod:`reprieve.targets`), each deciding
-with its own policy (:mod:`reprieve.policy`); it restores through :mod:`reprieve.restore`. Per step the loop takes
-one uncontended lock, reads a few attributes and dispatches one tiny probe of the state (:mod:`reprieve.finished`):
-no RPC, no file system access, no wait. When the agreed final step
-comes, :meth:`Job.save` saves it, waits until it is committed on every process, reports progress, shuts the
-distributed client down and exits with ``REPRIEVE_RESTART_EXIT_CODE`` (or 1 if the deadline passed first).
-Its phases and teardowns are :mod:`reprieve.lifecycle`.
+with its own policy (:mod:`reprieve.policy`); it restores through :mod:`reprieve.restore`. Per step with nothing
+to save the loop reads a few attributes (a few microseconds: ``benchmarks/loop_cost.py``): no RPC, no file, no
+wait. At the agreed final step :meth:`Job.save` saves, waits for the commit on every process, reports progress,
+leaves the distributed job and exits with ``REPRIEVE_RESTART_EXIT_CODE`` (1 if the deadline passed first); the
+phases and teardowns are :mod:`reprieve.lifecycle`, the way out :mod:`reprieve.teardown`.
 """
 
 from __future__ import annotations
@@ -19,11 +18,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, Self
 
-from . import identity
+from . import identity, virtual
 from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
 from .capabilities import Capabilities, Checkpointer
-from .collective_error import first_cause
 from .compile_ahead import CompileAhead, LoweringCount
 from .config import RuntimeConfig
 from .coordination import Coordinator
@@ -45,6 +43,7 @@ from .teardown import (
     ending_at_exit,
     log_agreed_commit,
     log_agreed_exit,
+    raise_step_failure,
     warn_abandoned,
     warn_restart_code_without_save,
 )
@@ -77,18 +76,14 @@ class Job:
         memory: Tier | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.config = config
-        self.coordinator = coordinator
-        self.checkpointer = checkpointer
-        self.caps = Capabilities.of(checkpointer)  # its optional capabilities, checked here once
+        self.config, self.coordinator, self.checkpointer = config, coordinator, checkpointer
         self.agreement = agreement
+        self.caps = Capabilities.of(checkpointer)  # its optional capabilities, checked here once
         self.policy = policy or SavePolicy(interval_steps=config.checkpoint_interval_steps,
                                            interval_seconds=config.checkpoint_interval_seconds)
         self.metrics = metrics or Metrics()
         self.phase = Phase.READY
-        self._hub = hub
-        self._progress = progress
-        self._exit_fn = exit_fn
+        self._hub, self._progress, self._exit_fn = hub, progress, exit_fn
         self._on_first_step = on_first_step  # reprieve-supervisor pre-warms the next attempt once it is called
         self._leaving = Leaving(hub=hub, agreement=agreement, checkpointer=checkpointer, metrics=self.metrics,
                                 coordinator=coordinator, progress=progress, closers=closers or [],
@@ -185,25 +180,18 @@ class Job:
         value = read.position(data, self.process_id, self.num_processes, reshard_data)
         self.storage.restored(step, read.committed)
         self._times.seed(read.record)
-        notice = read.persisting_notice()
-        if notice is not None:
+        if (notice := read.persisting_notice()) is not None:
             self.agreement.handled(notice, step)
-        self.loop.restore_seconds = seconds = time.perf_counter() - t0
-        self.loop.restored_from = read.restored_from
-        self.metrics.observe("reprieve_restore_seconds", seconds)
-        self.metrics.set("reprieve_last_committed_step", -1 if read.committed is None else read.committed)
+        read.account(self.loop, self.metrics, time.perf_counter() - t0)
         read.log(uri)
         self.finished.prepare(read.state)
         return Restored(read.state, step + 1, data=value, extra=read.user_extra, step=step)
 
     def compile_ahead(self, fn: Any, *args: Any, **kwargs: Any) -> None:
-        """Lower and compile the ``jax.jit`` function ``fn`` for ``args`` in a background thread, so that it
-        runs beside :meth:`restore_or` instead of in the first step after it; :meth:`steps` waits for it before
-        the first step. Call it after the mesh exists and before the restore, in the mesh context the loop calls
-        ``fn`` in, with what the first call will get: arrays or ``jax.ShapeDtypeStruct`` with the real
-        arguments' shardings (``abstract``, as given to :meth:`restore_or`). A failure is logged and the step
-        compiles at its first call as it would have (docs/restarts.md, "Compiling the step while the state is
-        restored")."""
+        """Lower and compile the ``jax.jit`` function ``fn`` for ``args`` (arrays or ``jax.ShapeDtypeStruct`` with the
+        real shardings, as the first call gets them) in a thread beside :meth:`restore_or`; :meth:`steps` waits for
+        it. Call it after the mesh exists, before the restore; a failure is logged and the first step compiles as it
+        would have (docs/restarts.md, "Compiling the step while the state is restored")."""
         if self.phase != Phase.READY:
             raise RuntimeError(f"Job.compile_ahead: the job is {self.phase.value}; call it before Job.steps()")
         self._ahead.append(CompileAhead(fn, args, kwargs, on_compiled=self.finished.prepare_outputs))
@@ -213,11 +201,9 @@ class Job:
         """Yield ``start .. total-1`` (``total=None``: without end, for a loop that stops when its data does).
         Call :meth:`save` with every step (it decides whether to save).
 
-        When the agreed preemption step has been saved and committed the process exits inside
-        :meth:`save`; when the loop ends normally the last save is committed and the job finished. A loop
-        with no ``total`` ends with ``job.save(step, state, force=True)`` for its last step and ``finish()``
-        (or a ``with`` block), see docs/runtime.md.
-        """
+        When the agreed preemption step has been saved and committed the process exits inside :meth:`save`; when
+        the loop ends the last save is committed and the job finished. A loop with no ``total`` ends with
+        ``job.save(step, state, force=True)`` and ``finish()`` (or a ``with`` block), see docs/runtime.md."""
         past = identity.past_total(start, total)
         if past is not None:
             raise ValueError(f"Job.steps: {past}")
@@ -319,12 +305,13 @@ class Job:
         finished_at = time.perf_counter()  # the step is done (the user's code computed it before this call)
         self.finished.note(step, state, finished_at)  # ... or dispatched it: a probe says when it is computed
         if self.finished.failed is not None:  # no later step can finish: stop dispatching them
-            self._step_failed(state)
+            raise_step_failure(state, self.finished.failed, self.process_id)
         self._first_step_done(step)
         if not self._state_checked:
             self._state_checked = True
             if self.caps.state_check is not None:  # a leaf no save can hold: reported now, not at the first save
                 self.caps.state_check.check_state(state)
+            virtual.require_virtual_step(self.config.virtual_shards)  # an elastic job's step sums its shards
         kind = self._decide(step)
         self._decided = step
         if kind == FINAL:
@@ -343,20 +330,6 @@ class Job:
         if self.process_id == 0 and self.storage.request_due():
             self.agreement.request_save("interval")  # a no-op while the previous request is being agreed
         return self.storage in saving
-
-    def _step_failed(self, state: Any) -> NoReturn:
-        """A step's computation failed on this process (a collective whose peer died, most often) and the loop,
-        running ahead of its device, goes on dispatching steps that fail of it: raise the step's error here, as
-        the loop's own wait for a result would, so the exception path names the lost peer and ends the process."""
-        import jax  # the state is JAX's: importing reprieve does not import it
-
-        failed, why = self.finished.failed or (-1, "")
-        prefix = f"step {failed} failed on process {self.process_id}, and no later step can finish"
-        try:
-            jax.block_until_ready(state)  # raises the step's error (a failed result reads as ready)
-        except Exception as err:  # noqa: BLE001 - raised again as its own type (a JAX runtime error, most often)
-            raise type(err)(f"{prefix}: {first_cause(str(err))}") from None
-        raise RuntimeError(f"{prefix}: {why}")
 
     def notify(self, reason: str, deadline: float, *, notice_id: str | None = None) -> None:
         """Report a notice from user code (``deadline`` in ``time.time()`` seconds). Thread-safe."""
@@ -429,30 +402,17 @@ class Job:
         if self.phase.terminal:
             return
         in_flight = sys.exc_info()[1]  # None at interpreter exit: the uncaught exception is sys.last_value
-        exc = in_flight or getattr(sys, "last_value", None)
-        committed = self._last_checkpoint()
-        lost = self._await_lost_peer(exc, then=ending_at_exit(committed))
+        committed = self.storage.newest_committed()
+        lost = self._await_lost_peer(in_flight or getattr(sys, "last_value", None), then=ending_at_exit(committed))
         if not lost:
             warn_abandoned(self.process_id, committed, self.config.restart_exit_code)
         self._teardown(ABANDON)
         if lost:
             end_at_exit(now=in_flight is None)
 
-    def _last_checkpoint(self) -> int | None:
-        """The newest committed step for a line on the way out: the one this attempt restored or saved, else the
-        storage's newest (an exception before or inside restore_or leaves the first unknown)."""
-        if self.storage.committed is not None:
-            return self.storage.committed
-        try:
-            return self.checkpointer.latest_step()
-        except Exception as err:  # noqa: BLE001 - a line on the way out, never a second failure
-            log.debug("listing the checkpoints for the exit line failed: %s", err)
-            return None
-
     def _await_lost_peer(self, exc: BaseException | None, then: str = "") -> tuple[int, ...]:
-        if self._wait_lost_peer is None:
-            return ()
-        return await_lost_peer(self._wait_lost_peer, self.process_id, exc, then=then)
+        wait = self._wait_lost_peer
+        return () if wait is None else await_lost_peer(wait, self.process_id, exc, then=then)
 
     def __enter__(self) -> Self:
         return self
@@ -465,7 +425,7 @@ class Job:
             return
         code = getattr(exc, "code", None) if isinstance(exc, SystemExit) else None
         if code == self.config.restart_exit_code and self.phase != Phase.EXITING:
-            warn_restart_code_without_save(self.process_id, code, self._last_checkpoint())
+            warn_restart_code_without_save(self.process_id, code, self.storage.newest_committed())
         self.abandon()
 
     def _abort(self, why: str) -> NoReturn:

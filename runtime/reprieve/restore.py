@@ -86,6 +86,12 @@ class Read:
             data_mod.restore_into(data, value)
         return value
 
+    def account(self, loop: Any, metrics: Any, seconds: float) -> None:
+        """What the progress reports and the metrics say of this restore (``loop``: ``progress.LoopProgress``)."""
+        loop.restore_seconds, loop.restored_from = seconds, self.restored_from
+        metrics.observe("reprieve_restore_seconds", seconds)
+        metrics.set("reprieve_last_committed_step", -1 if self.committed is None else self.committed)
+
     def log(self, uri: str) -> None:
         """The restore's line: from ``uri``, unless the memory tier read it from memory (its own line, one per
         process, says from which pod's memory and already ends with :func:`identity.resuming`)."""

@@ -158,6 +158,17 @@ class StorageTarget:
     def busy(self) -> bool:
         return self._pending is not None
 
+    def newest_committed(self) -> int | None:
+        """The newest committed step for a line on the way out: the one this attempt restored or saved, else the
+        storage's newest (an exception before or inside restore_or leaves the first unknown)."""
+        if self.committed is not None:
+            return self.committed
+        try:
+            return self.checkpointer.latest_step()
+        except Exception as err:  # noqa: BLE001 - a line on the way out, never a second failure
+            log.debug("listing the checkpoints for the exit line failed: %s", err)
+            return None
+
     def begin(self, start: int, memory: MemoryConfig | None = None) -> None:
         """The loop starts at ``start``: the time-based interval counts from here. ``memory``: the memory tier's
         configuration when it is on (the start-up line then says what its copies cover)."""

@@ -9,12 +9,13 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from typing import Any, NoReturn
 
 from .agreement import Agreement, AgreementError
 from .capabilities import Checkpointer
 from .collective_error import collective_failed, first_cause
 from .coordination import Coordinator
-from .lifecycle import ExitDecision, Teardown
+from .lifecycle import FINISH, ExitDecision, Teardown
 from .metrics import Metrics
 from .notice_sources import NoticeHub, ignore_termination_signals
 from .progress import ProgressReporter
@@ -67,8 +68,8 @@ class Leaving:
         if how.close_checkpointer:
             try:
                 try:
-                    if tier is not None:
-                        tier.close()
+                    if tier is not None:  # a finished job's copies are of no more use: deleted (#46)
+                        tier.close(finished=how is FINISH)
                 finally:
                     self.checkpointer.close()
             except Exception as err:  # noqa: BLE001 - closing must go on
@@ -165,3 +166,19 @@ def log_agreed_exit(step: int, decision: ExitDecision, restart_code: int) -> Non
     log.info("exiting with code %d: %s", decision.code,
              f"the agreed checkpoint of step {step} is committed, restart wanted (REPRIEVE_RESTART_EXIT_CODE)"
              if decision.code == restart_code else f"the agreed checkpoint of step {step} {decision.reason}")
+
+
+def raise_step_failure(state: Any, failed: tuple[int, str], process_id: int) -> NoReturn:
+    """A step's computation failed on this process (a collective whose peer died, most often) and the loop,
+    running ahead of its device, goes on dispatching steps that fail of it: raise the step's error (``failed``:
+    the step and why, ``FinishedSteps.failed``), as the loop's own wait for a result would, so the exception path
+    names the lost peer and ends the process."""
+    import jax  # the state is JAX's: importing reprieve does not import it
+
+    step, why = failed
+    prefix = f"step {step} failed on process {process_id}, and no later step can finish"
+    try:
+        jax.block_until_ready(state)  # raises the step's error (a failed result reads as ready)
+    except Exception as err:  # noqa: BLE001 - raised again as its own type (a JAX runtime error, most often)
+        raise type(err)(f"{prefix}: {first_cause(str(err))}") from None
+    raise RuntimeError(f"{prefix}: {why}")

@@ -314,3 +314,18 @@ def test_a_finished_jobs_tier_deletes_its_own_copies_and_only_those(tmp_path: Pa
     job.memory.tier.close(finished=True)
     assert [p.name for p in (shm / "own").iterdir()] == [theirs.name]
     job.abandon()
+
+
+def test_a_job_that_finishes_leaves_no_copy_behind(tmp_path: Path, shm: Path) -> None:
+    """Issue #46, 1, through the job's own way out: the loop's end (finish) deletes the run's copies (a laptop's
+    /dev/shm kept them after the run); a restart keeps them (the restarts in this file restore from them)."""
+    job = _job(tmp_path / "ckpt", shm)
+    state, start = job.restore_or(init_state)
+    seen = []
+    for step in job.steps(start, 6):
+        state = step_fn(state)
+        job.save(step, state)
+        job.memory.tier.wait()
+        seen.append(len(list((shm / "own").iterdir())))
+    assert seen[-2] >= 1  # copies while it ran
+    assert list((shm / "own").iterdir()) == []  # none once it finished
