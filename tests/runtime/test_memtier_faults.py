@@ -296,9 +296,16 @@ def test_a_time_schedule_is_remeasured_capped_and_the_same_steps_on_every_proces
             saved.append(step)
     newest = saved[-1]
     assert total - 1 - newest < ckpt_every // 2, saved  # newer than the last periodic storage step (99)
-    for pod in pods:  # every process saved the same steps: both hold their copy of the newest
-        assert max(p.name for p in (pod.mem / "own").iterdir()).startswith(f"s{newest:010d}_a1_p"), pod
-    assert [p.name for p in (pods[0].mem / "peer").iterdir()] == [str(CopyName(newest, 1, 1))]
+    # every process saved the same steps: both held their copy of the newest, and pod 0 process 1's replica, until
+    # the finished job deleted them (the line names what it deleted)
+    held = [re.findall(r"the job finished: deleted its \d+ copies in \S+: (.*)", log.read_text()) for log in gang.logs]
+    for i, lines in enumerate(held):
+        assert lines, gang.tail(20)
+        own = sorted(c for c in lines[-1].split(", ") if c.startswith("own/"))
+        assert own[-1].startswith(f"own/s{newest:010d}_a1_p{i}"), (i, lines)
+    assert f"peer/{CopyName(newest, 1, 1)}" in held[0][-1].split(", "), held[0]
+    for pod in pods:
+        assert list((pod.mem / "own").iterdir()) == [], pod  # nothing left behind by a finished job
 
 
 def test_a_new_run_with_its_own_checkpoint_root_ignores_the_pods_copies_of_another_root(tmp_path: Path,

@@ -235,11 +235,11 @@ class MemoryDir:
         shutil.rmtree(dst, ignore_errors=True)
         log.debug("memory: deleted %s/%s", tree, name)
 
-    def remove_root(self, root: str | None) -> int:
+    def remove_root(self, root: str | None) -> list[str]:
         """A finished run's cleanup: delete every committed copy of the storage root ``root`` (and any copy whose
-        manifest is unreadable: of no use to anyone), then the fence records once no copy is left. How many copies
-        it deleted."""
-        deleted = 0
+        manifest is unreadable: of no use to anyone), then the fence records once no copy is left. The copies it
+        deleted (``tree/name``)."""
+        deleted: list[str] = []
         for tree in layout.TREES:
             for name in self.names(tree):
                 try:
@@ -248,7 +248,7 @@ class MemoryDir:
                     ours = True
                 if ours:
                     self.delete(tree, name)
-                    deleted += 1
+                    deleted.append(f"{tree}/{name}")
         if not any(self.names(tree) for tree in layout.TREES):
             for entry in _listdir(os.path.join(self.path, layout.FENCES_DIR)):
                 with contextlib.suppress(OSError):

@@ -441,8 +441,9 @@ class MemoryTier:
         else:
             self._staging.close()
             if finished:
-                log.info("memory: the job finished: deleted its %d copies in %s", self.dir.remove_root(self.root),
-                         self.dir.path)
+                gone = self.dir.remove_root(self.root)
+                log.info("memory: the job finished: deleted its %d copies in %s%s", len(gone), self.dir.path,
+                         f": {', '.join(gone)}" if gone else "")
         if self.server is not None:
             self.server.close()
 
