@@ -98,7 +98,6 @@ def init(
     config = RuntimeConfig.from_env(environ)
     console.install(config.process_id, config.num_processes)
     memory_config = MemoryConfig.from_env(environ, pod_ip=config.pod_ip)  # a bad setting refuses before joining
-    probe_port = MemoryConfig.port_from_env(environ)  # where a quiet peer's pod is probed (reprieve.peers)
     if link is not None:
         link.send("init", attempt=config.attempt, processId=config.process_id)
     enable_compilation_cache(config)
@@ -131,7 +130,7 @@ def init(
               on_first_step=link.first_step if link is not None else None,
               on_exiting=link.exiting if link is not None else None)
     if config.distributed:
-        peers = _watch_peers(job, config, coordinator, link, probe_port=probe_port)
+        peers = _watch_peers(job, config, coordinator, link)
         job.watch_peers(peers.close, _waiting_and_reporting_again(peers))
     if job.memory is not None and config.process_id == 0:
         job.loop.extra_fields = job.memory.progress_fields
@@ -212,8 +211,7 @@ class _Notices:
         self.closers.append(PollingSource(name, source, self.hub, self.config.notice_poll_seconds).start().close)
 
 
-def _watch_peers(job: Job, config: RuntimeConfig, coordinator: Coordinator, link: SupervisorLink | None, *,
-                 probe_port: int) -> PeerWatch:
+def _watch_peers(job: Job, config: RuntimeConfig, coordinator: Coordinator, link: SupervisorLink | None) -> PeerWatch:
     """One line naming a peer that stopped, before JAX's heartbeat timeout ends this process for it
     (:mod:`reprieve.peers`). The silent peers are told to the supervisor (its exit report) and written as the
     termination message (Recreate), so an exit JAX forces for them counts as their loss; with this process's
@@ -229,7 +227,7 @@ def _watch_peers(job: Job, config: RuntimeConfig, coordinator: Coordinator, link
     return PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
                      heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,
                      committed=lambda: job.committed_step, on_lost=on_lost, device_processes=_device_processes,
-                     ip=config.pod_ip, probe_port=probe_port,
+                     ip=config.pod_ip, lost_s=config.peer_lost_seconds,
                      end=lambda why: end_unless_leaving(job, why)).start()
 
 

@@ -7,7 +7,8 @@ expected and what was found.
 
 Runtime-only knobs (not set by the operator, documented in ``docs/runtime.md``):
 
-``REPRIEVE_HEARTBEAT_TIMEOUT_SECONDS`` (10), ``REPRIEVE_SHUTDOWN_TIMEOUT_SECONDS`` (30),
+``REPRIEVE_HEARTBEAT_TIMEOUT_SECONDS`` (10), ``REPRIEVE_PEER_LOST_SECONDS`` (2, at least 1.75: how soon process 0
+names a lost peer and ends the gang, ``reprieve.pulse``), ``REPRIEVE_SHUTDOWN_TIMEOUT_SECONDS`` (30),
 ``REPRIEVE_INIT_TIMEOUT_SECONDS`` (300), ``REPRIEVE_AGREEMENT_TIMEOUT_SECONDS`` (60),
 ``REPRIEVE_NOTICE_POLL_SECONDS`` (1), ``REPRIEVE_METRICS_PORT`` (unset = no exporter),
 ``REPRIEVE_SAVE_SECONDS_ESTIMATE`` (30, used until a save has been measured),
@@ -27,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .env import ConfigError, Env
+from .pulse import DEFAULT_PEER_LOST_SECONDS, MIN_PEER_LOST_SECONDS
 from .termination import TERMINATION_LOG
 
 DEFAULT_MAX_FAILED_SAVES = 3  # REPRIEVE_MAX_FAILED_SAVES: storage saves failed in a row that are fatal
@@ -65,6 +67,7 @@ class RuntimeConfig:
     kubernetes_port: int = 443
     # runtime-only knobs
     heartbeat_timeout_seconds: int = 10
+    peer_lost_seconds: float = DEFAULT_PEER_LOST_SECONDS  # REPRIEVE_PEER_LOST_SECONDS: the bound on naming a lost peer
     shutdown_timeout_seconds: int = 30
     init_timeout_seconds: int = 300
     agreement_timeout_seconds: float = 60.0
@@ -127,6 +130,8 @@ class RuntimeConfig:
             kubernetes_host=kubernetes_host(env),
             kubernetes_port=kubernetes_port(env),
             heartbeat_timeout_seconds=r.integer("REPRIEVE_HEARTBEAT_TIMEOUT_SECONDS", 10, minimum=1),
+            peer_lost_seconds=r.number("REPRIEVE_PEER_LOST_SECONDS", DEFAULT_PEER_LOST_SECONDS,
+                                       minimum=MIN_PEER_LOST_SECONDS),
             shutdown_timeout_seconds=r.integer("REPRIEVE_SHUTDOWN_TIMEOUT_SECONDS", 30, minimum=1),
             init_timeout_seconds=r.integer("REPRIEVE_INIT_TIMEOUT_SECONDS", 300, minimum=1),
             agreement_timeout_seconds=r.number("REPRIEVE_AGREEMENT_TIMEOUT_SECONDS", 60.0, minimum=0.1),

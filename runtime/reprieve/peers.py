@@ -20,18 +20,15 @@ container's termination message (Recreate: the kubelet copies it into the pod's 
 so the operator counts the exit as the loss of that peer, not as a failure of this process
 (``docs/contract.md``).
 
-**A peer that does not answer ends the gang early.** A process that dies on a host that still answers resets its
-connections, and its survivors' collectives fail at once; a node that vanishes, or a pod cut off the network,
-closes nothing, and the survivors would sit in their collectives until JAX's heartbeat timeout. So process 0
-probes the pod of a peer whose record has not changed for ``probe_after_s`` (two missed writes, before the
-silence threshold): a TCP connect to its pod IP (each record carries it) on ``probe_port``. A connect that is
-refused or accepted is an answer (the pod is there: a slow or stalled process, left to the threshold and JAX); no
-answer within ``probe_timeout_s`` (or an unreachable host) means the peer is gone or cut off: it is reported at
-once, and process 0 ends (SIGABRT, as JAX would at its timeout), which takes the coordination service with it and
-ends every other process within milliseconds. Every other process does the same when its tether's knock finds
-the service gone (:mod:`reprieve.tether`: the knock is its probe). The job restarts seconds sooner; nothing else
-changes (the exit is the one JAX would have forced, reported as the same peers' loss). The operator probes the
-same address for the same reason (``reprieve_operator.reconcile.unreachable``).
+**A lost peer ends the gang within ``REPRIEVE_PEER_LOST_SECONDS`` (2 s).** Every process but 0 keeps a pulse
+(:mod:`reprieve.pulse`: a port of its own, written into its record) and process 0 holds a link to each: a process
+that dies closes its link at once, and one whose node vanished or that is cut off stops beating and does not answer
+a connect. Either way process 0 names it and ends (SIGABRT, as JAX would at its timeout), which takes the
+coordination service with it and ends every other process within milliseconds: each finds the service gone through
+its tether (:mod:`reprieve.tether`). A process that is alive but busy (compiling, restoring, a long step, stopped)
+answers the connect and is left alone. The job restarts seconds sooner; nothing else changes (the exit is the one
+JAX would have forced, reported as the same peers' loss). The operator probes the pod for the same reason
+(``reprieve_operator.reconcile.unreachable``).
 
 The silence threshold (half the heartbeat timeout, plus the polling interval) can lose the race against JAX's
 abort on a loaded machine. A collective that fails because a peer died names that peer's address, so
@@ -48,22 +45,28 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Self
 
 from . import termination
 from .background import Daemon
 from .collective_error import GLOO_PREFIX, blamed_processes, gloo_addresses
 from .coordination import CoordinationError, Coordinator
-from .tether import ServiceTether, unanswered_connect
+from .pulse import (
+    DEAD,
+    DEFAULT_PEER_LOST_SECONDS,
+    GONE,
+    PROBE_TIMEOUT_SECONDS,
+    PulseLinks,
+    PulseServer,
+    timings,
+)
+from .tether import ServiceTether
 
 log = logging.getLogger(__name__)
-
-PROBE_TIMEOUT_SECONDS = 1.5  # a pod that accepts no connect within this (a SYN and its first resend) is gone
 
 
 class Liveness:
@@ -97,64 +100,24 @@ class Liveness:
                 events.append(("silent", p, now - since))
         return events
 
-    def quiet(self, now: float, after_s: float) -> list[int]:
-        """The processes not silent yet whose records have not changed for ``after_s``: worth a probe."""
-        return [p for p, (_, since) in self._last.items() if p not in self._silent and now - since >= after_s]
-
-    def gone(self, p: int, now: float) -> tuple[str, int, float]:
-        """``p``'s pod does not answer: silent now, before the threshold; the event ``("gone", p, seconds)``."""
+    def lose(self, p: int) -> None:
+        """``p`` is lost (its pulse says so, :mod:`reprieve.pulse`): silent now, before the threshold."""
         self._silent.add(p)
-        return ("gone", p, now - self._last[p][1])
 
 
-def tcp_answers(ip: str, port: int, timeout: float) -> bool:
-    """Whether ``ip`` answers a TCP connect to ``port`` within ``timeout``: accepted, refused or reset is an
-    answer (the pod's network is there; nothing need listen); no answer in time, or an unreachable host, is not
-    (:func:`reprieve.tether.unanswered_connect`). Any other error (no file descriptor left, a name that does not
-    resolve) says nothing about the peer and counts as an answer: never a reason to end the gang."""
-    try:
-        socket.create_connection((ip, port), timeout=timeout).close()
-    except OSError as err:
-        return not unanswered_connect(err)
-    return True
-
-
-def unanswered(ips: Mapping[int, str], port: int, timeout: float,
-               answers: Callable[[str, int, float], bool] = tcp_answers) -> set[int]:
-    """The processes of ``ips`` (process -> pod IP) whose pods do not answer, probed at once (a thread each): a
-    lost node takes all its processes, and probing them one after another would cost their timeouts in a row.
-    One address is probed in the caller's thread, and so is each where no thread can start (the interpreter is
-    exiting: the watch still runs while a failed step's exit path waits for it)."""
-    results: dict[int, bool] = {}
-
-    def probe(p: int) -> None:
-        results[p] = answers(ips[p], port, timeout)
-
-    threads: list[threading.Thread] = []
-    if len(ips) > 1:
-        for p in ips:
-            thread = threading.Thread(target=probe, args=(p,), name=f"reprieve-probe-{p}", daemon=True)
-            try:
-                thread.start()
-            except RuntimeError:  # no new threads at interpreter shutdown
-                break
-            threads.append(thread)
-    for thread in threads:
-        thread.join()
-    for p in ips:
-        if p not in results:
-            probe(p)
-    return {p for p, ok in results.items() if not ok}
-
-
-def gone_line(process: int, n: int, pod: str | None, ip: str, port: int, seconds: float, timeout: float,
-              heartbeat_s: float) -> str:
-    """The line process 0 logs for a peer whose pod does not answer (pure)."""
+def lost_line(process: int, n: int, pod: str | None, kind: str, address: tuple[str, int], seconds: float,
+              heartbeat_s: float, committed: int | None) -> str:
+    """The line process 0 logs for a peer its pulse finds ``DEAD`` or ``GONE`` (pure)."""
     where = f" (pod {pod})" if pod else ""
-    return (f"process {process} of {n}{where} has not been heard from for {seconds:.1f} s and its pod does not "
-            f"answer at {ip}:{port} within {timeout:.1f} s: its node is gone or it is cut off the network; ending "
-            f"this process now rather than at JAX's heartbeat timeout (in about "
-            f"{max(0.0, heartbeat_s - seconds - timeout):.0f} s), so the job restarts without waiting")
+    at = f"{address[0]}:{address[1]}"
+    what = (f"has ended without leaving the job: its link to process 0 closed and its pulse at {at} refuses "
+            "(killed, out of memory or crashed)" if kind == DEAD else
+            f"has not been heard from for {seconds:.1f} s and its pulse at {at} does not answer within "
+            f"{PROBE_TIMEOUT_SECONDS:.1f} s: its node is gone or it is cut off the network")
+    resume = ("its start: there is no checkpoint yet" if committed is None else
+              f"the last committed checkpoint, step {committed}")
+    return (f"process {process} of {n}{where} {what}; ending this process now rather than at JAX's heartbeat "
+            f"timeout ({heartbeat_s:.0f} s), so the job restarts without waiting, from {resume}")
 
 
 def end_process(why: str) -> None:
@@ -204,11 +167,13 @@ class PeerWatch(Daemon):
                  clock: Callable[[], float] = time.monotonic,
                  on_lost: Callable[[tuple[int, ...]], None] = lambda processes: None,
                  device_processes: Callable[[], dict[int, int]] = dict, ip: str | None = None,
-                 probe_port: int = 0, probe_timeout_s: float = PROBE_TIMEOUT_SECONDS,
-                 answers: Callable[[str, int, float], bool] = tcp_answers,
+                 lost_s: float = DEFAULT_PEER_LOST_SECONDS,
+                 links: Callable[[float, Callable[[], float]], PulseLinks] = PulseLinks,
                  end: Callable[[str], object] | None = None) -> None:
-        """``ip``: this process's pod IP, written into its record for process 0's probes; ``end``: how to end this
-        process once a peer is known gone (:func:`end_process`; None: never early, JAX's timeout ends it)."""
+        """``ip``: this process's pod IP, where its pulse listens (:mod:`reprieve.pulse`); ``lost_s``: the bound
+        on knowing a peer lost (``REPRIEVE_PEER_LOST_SECONDS``); ``end``: how to end this process once a peer is
+        known lost (:func:`end_process`; None: never early, JAX's timeout ends it, and process 0 links to no
+        pulse)."""
         super().__init__("reprieve-peers")
         self._coord = coordinator
         self._pid, self._n = coordinator.process_id, coordinator.num_processes
@@ -220,16 +185,15 @@ class PeerWatch(Daemon):
         self._clock = clock
         self.threshold_s = max(1.0, heartbeat_s / 2)
         self.interval_s = self.threshold_s / 4
-        self.probe_after_s = 2 * self.interval_s  # two missed writes
         self._ip = ip
-        self._probe_port = probe_port
-        self.probe_timeout_s = probe_timeout_s
-        self._answers = answers
+        self.lost_s = lost_s
         self._end = end
-        self._probed: dict[int, float] = {}  # process -> when its pod was last probed (at most once a threshold)
+        self._links = links(lost_s, clock) if self._pid == 0 and end is not None else None
+        self._pulse: PulseServer | None = None  # processes but 0 with an IP: what process 0's links hear
+        self._pulses: dict[int, tuple[str, int]] = {}  # process -> its pulse (from its record)
         self._pods: dict[int, str | None] = {}
-        self._ips: dict[int, str] = {}
         self._silent_key = f"reprieve/{attempt}/silent/set"
+        self._published: tuple[int, ...] = ()  # process 0: the set last written to the silent key
         self._on_lost = on_lost
         self._device_processes = device_processes  # device id -> process index (jax.devices())
         self.lost: tuple[int, ...] = ()  # the silent processes last reported to ``on_lost``
@@ -250,6 +214,14 @@ class PeerWatch(Daemon):
             # that instant names it in time (reprieve.tether).
             self._tether = ServiceTether(self._address, self._service_gone_for_sure, keepalive_s=self.threshold_s / 2,
                                          knock_s=max(1.0, self.threshold_s / 2)).start()
+        if self._pid != 0 and self._ip:
+            try:
+                self._pulse = PulseServer(self._ip, timings(self.lost_s)[0]).start()
+                log.info("process %d's pulse listens at %s:%d (process 0 names this process lost within %.1f s of "
+                         "its end)", self._pid, self._ip, self._pulse.port, self.lost_s)
+            except OSError as err:  # the gang still works; a lost peer is then found at the silence threshold
+                log.warning("process %d's pulse could not listen on %s (%s): if a peer is lost, the job learns it "
+                            "at JAX's heartbeat timeout, not within %.1f s", self._pid, self._ip, err, self.lost_s)
         super().start()
         return self
 
@@ -258,20 +230,30 @@ class PeerWatch(Daemon):
         aborts the process)."""
         if self._tether is not None:
             self._tether.close()
+        if self._pulse is not None:
+            self._pulse.close(leaving=True)  # leaving the job is not a loss: process 0 hears BYE
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(self.interval_s + 2.0)
+            self._thread.join(self.interval_s + PROBE_TIMEOUT_SECONDS + 2.0)
 
     def _run(self) -> None:
         liveness = Liveness([p for p in range(self._n) if p != self._pid], self.threshold_s, self._clock())
+        try:
+            self._watch(liveness)
+        finally:
+            if self._links is not None:
+                self._links.close()
+
+    def _watch(self, liveness: Liveness) -> None:
         counter = 0
-        published: tuple[int, ...] = ()  # process 0: the set last written to the silent key
         while not self._stop.is_set():
             counter += 1
             try:
                 record: dict[str, Any] = {"n": counter, "pod": self._pod}
                 if self._ip:
                     record["ip"] = self._ip
+                if self._pulse is not None:
+                    record["pulse"] = self._pulse.port
                 self._coord.set(f"{self._prefix}{self._pid}", json.dumps(record), overwrite=True)
                 records = self._read() if self._pid == 0 else {}
                 if self._pid != 0:
@@ -285,53 +267,52 @@ class PeerWatch(Daemon):
                               self._pid, err)
                 return
             events = liveness.observe(records, self._clock())
-            if self._pid == 0 and self._end is not None:
-                events += self._probe_quiet(liveness)
-            gone: list[str] = []
-            for kind, p, seconds in events:
-                if kind == "silent":
-                    log.warning("%s", silent_line(p, self._n, self._pods.get(p), seconds, self._heartbeat_s,
-                                                  self._committed()))
-                elif kind == "gone":
-                    gone.append(gone_line(p, self._n, self._pods.get(p), self._ips[p], self._probe_port, seconds,
-                                          self.probe_timeout_s, self._heartbeat_s))
-                    log.error("%s", gone[-1])
-                else:
-                    log.info("process %d of %d is heard from again after %.1f s", p, self._n, seconds)
-            if self._pid == 0 and _union(liveness.silent, self._blamed) != published:
-                published = _union(liveness.silent, self._blamed)
-                try:
-                    self._coord.set(self._silent_key, json.dumps(list(published)), overwrite=True)
-                except (CoordinationError, RuntimeError, ValueError) as err:
-                    log.debug("the silent set was not published: %s", err)
-            if self._pid == 0 and liveness.silent != self._silent:
-                self._found(liveness.silent, "")
-            if gone and self._end is not None and not self._stop.is_set():
-                self.report_again()
-                self._end("; ".join(gone))
+            if self._links is not None:
+                events += self._links.link(self._pulses)
+            if self._act(events, liveness):
                 return
-            self._stop.wait(self.interval_s)
+            if self._links is None:
+                self._stop.wait(self.interval_s)
+            else:
+                wait = self.interval_s if self._links.settled(self._n - 1) else min(self.interval_s, 0.25)
+                if self._act(self._links.listen(wait, self._stop), liveness):
+                    return
 
-    def _probe_quiet(self, liveness: Liveness) -> list[tuple[str, int, float]]:
-        """Probe the pods of the peers quiet for ``probe_after_s`` (each at most once a threshold); a ``gone`` event
-        for each that does not answer."""
-        now = self._clock()
-        due = {p: self._ips[p] for p in liveness.quiet(now, self.probe_after_s)
-               if p in self._ips and now - self._probed.get(p, -1e18) >= self.threshold_s}
-        if not due:
-            return []
-        for p in due:
-            self._probed[p] = now
+    def _act(self, events: list[tuple[str, int, float]], liveness: Liveness) -> bool:
+        """Say each event, publish and report what changed; end this process for a lost peer (with ``end``):
+        whether it ended."""
+        lost: list[str] = []
+        for kind, p, seconds in events:
+            if kind == "silent":
+                log.warning("%s", silent_line(p, self._n, self._pods.get(p), seconds, self._heartbeat_s,
+                                              self._committed()))
+            elif kind in (DEAD, GONE):
+                liveness.lose(p)
+                lost.append(lost_line(p, self._n, self._pods.get(p), kind, self._pulses[p], seconds,
+                                      self._heartbeat_s, self._committed()))
+            else:
+                log.info("process %d of %d is heard from again after %.1f s", p, self._n, seconds)
+        if self._pid == 0:
+            self._publish(_union(liveness.silent, self._blamed))
+            if liveness.silent != self._silent:
+                self._found(liveness.silent, "")
+        if lost and self._end is not None and not self._stop.is_set():
+            self.report_again()
+            self._end("; ".join(lost))  # says them (end_process's line)
+            return True
+        for line in lost:
+            log.error("%s", line)
+        return False
+
+    def _publish(self, silent: tuple[int, ...]) -> None:
+        """Process 0: write the silent set where every other process reads it, when it changed."""
+        if silent == self._published:
+            return
+        self._published = silent
         try:
-            lost = unanswered(due, self._probe_port, self.probe_timeout_s, self._answers)
-        except Exception as err:  # noqa: BLE001 - the watch must go on: the threshold and JAX still decide
-            log.debug("probing quiet peers %s failed: %s", sorted(due), err)
-            return []
-        for p in sorted(set(due) - lost):
-            log.info("process %d of %d is quiet but its pod answers at %s:%d: left to the silence threshold",
-                     p, self._n, due[p], self._probe_port)
-        now = self._clock()
-        return [liveness.gone(p, now) for p in sorted(lost)]
+            self._coord.set(self._silent_key, json.dumps(list(silent)), overwrite=True)
+        except (CoordinationError, RuntimeError, ValueError) as err:
+            log.debug("the silent set was not published: %s", err)
 
     def _service_gone_for_sure(self, why: str) -> None:
         """The tether's knock found the coordination service gone (refused, reset or no answer): report process 0
@@ -431,10 +412,12 @@ class PeerWatch(Daemon):
                 value = json.loads(raw)
             except ValueError:
                 continue
-            out[int(tail)] = value.get("n")
-            self._pods[int(tail)] = value.get("pod")
-            if isinstance(value.get("ip"), str) and value["ip"]:
-                self._ips[int(tail)] = value["ip"]
+            p = int(tail)
+            out[p] = value.get("n")
+            self._pods[p] = value.get("pod")
+            ip, port = value.get("ip"), value.get("pulse")
+            if isinstance(ip, str) and ip and type(port) is int and p not in self._pulses:
+                self._pulses[p] = (ip, port)
         return out
 
 

@@ -3,7 +3,6 @@ real thing, a SIGKILLed peer of a real 2-process job, is in test_startup_and_pee
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import socket
@@ -19,14 +18,12 @@ from reprieve.coordination import CoordinationError, LocalCoordinator
 from reprieve.peers import (
     Liveness,
     PeerWatch,
-    gone_line,
+    lost_line,
     silent_line,
-    tcp_answers,
     termination_message,
-    unanswered,
     write_termination_message,
 )
-from reprieve.tether import unanswered_connect
+from reprieve.pulse import BEAT, BYE, DEAD, GONE
 
 from tests.runtime.test_collective_error import CLOSED, DEVICES, STORE
 
@@ -60,96 +57,112 @@ def test_the_line_names_the_process_its_pod_and_what_follows() -> None:
     assert "(pod" not in silent_line(1, 2, None, 1, 10, None)
 
 
-def test_a_quiet_peer_is_worth_a_probe_before_the_threshold_and_gone_at_once_if_its_pod_does_not_answer() -> None:
-    live = Liveness([1, 2], threshold_s=5.0, now=0.0)
-    live.observe({1: 1, 2: 1}, 0.0)
-    assert live.quiet(2.0, 2.5) == []
-    live.observe({1: 2, 2: 1}, 2.6)
-    assert live.quiet(2.6, 2.5) == [2]  # 1 wrote again
-    assert live.gone(2, 3.0) == ("gone", 2, 3.0)
-    assert live.silent == (2,) and live.quiet(9.0, 2.5) == [1]  # silent ones are not probed again
-    assert live.observe({1: 3, 2: 1}, 9.0) == []  # no second "silent" event for a gone one
-    line = gone_line(2, 3, "job-w2", "10.1.0.7", 8477, 3.0, 1.5, 10)
-    assert line.startswith("process 2 of 3 (pod job-w2) has not been heard from for 3.0 s and its pod does not "
-                           "answer at 10.1.0.7:8477 within 1.5 s") and "(in about 6 s)" in line
+def test_the_line_for_a_lost_peer_says_how_it_was_found_and_what_follows() -> None:
+    dead = lost_line(2, 3, "job-w2", DEAD, ("10.1.0.7", 40111), 0.0, 10, None)
+    assert dead.startswith("process 2 of 3 (pod job-w2) has ended without leaving the job: its link to process 0 "
+                           "closed and its pulse at 10.1.0.7:40111 refuses")
+    gone = lost_line(2, 3, None, GONE, ("10.1.0.7", 40111), 1.9, 10, 120)
+    assert gone.startswith("process 2 of 3 has not been heard from for 1.9 s and its pulse at 10.1.0.7:40111 does "
+                           "not answer within 1.5 s")
+    assert all("rather than at JAX's heartbeat timeout (10 s)" in line for line in (dead, gone))
+    assert dead.endswith("from its start: there is no checkpoint yet")
+    assert gone.endswith("from the last committed checkpoint, step 120")
 
 
-def _full_backlog(host: str = "127.0.0.3") -> tuple[socket.socket, list[socket.socket], int]:
-    """A listener whose accept queue is full: the kernel drops the next SYNs, so a connect gets no answer (as a
-    vanished node's or a cut-off pod's address)."""
-    listener = socket.socket()
-    listener.bind((host, 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    held = [socket.create_connection((host, port), timeout=2.0)]
-    return listener, held, port
+class _Links:
+    """Process 0's pulse links, faked: ``lost`` decides which linked process gets which verdict."""
+
+    def __init__(self, lost: dict[int, str]) -> None:
+        self.lost = lost
+        self.targets: dict[int, tuple[str, int]] = {}
+        self.closed = False
+
+    def __call__(self, lost_s: float, clock: Callable[[], float]) -> _Links:
+        return self
+
+    def link(self, targets: dict[int, tuple[str, int]]) -> list[tuple[str, int, float]]:
+        new = {p: a for p, a in targets.items() if p not in self.targets}
+        self.targets.update(new)
+        return [(self.lost[p], p, 0.4) for p in sorted(new) if p in self.lost]
+
+    def settled(self, processes: int) -> bool:
+        return len(self.targets) >= processes
+
+    def listen(self, seconds: float, stop: threading.Event) -> list[tuple[str, int, float]]:
+        stop.wait(0.01)
+        return []
+
+    def close(self) -> None:
+        self.closed = True
 
 
-def test_a_pod_answers_when_it_accepts_or_refuses_and_not_when_nothing_comes_back() -> None:
-    with socket.socket() as open_port:
-        open_port.bind(("127.0.0.1", 0))
-        open_port.listen(8)
-        assert tcp_answers("127.0.0.1", open_port.getsockname()[1], 1.0)
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))  # bound, not listening: a connect is refused
-        assert tcp_answers("127.0.0.1", closed.getsockname()[1], 1.0)
-    listener, held, port = _full_backlog()
-    try:
-        assert not tcp_answers("127.0.0.3", port, 0.3)
-    finally:
-        for sock in (*held, listener):
-            sock.close()
-
-
-def test_every_quiet_peer_is_probed_at_once_not_one_timeout_after_another() -> None:
-    both = threading.Barrier(3, timeout=5.0)  # passes only when all three probes are under way together
-
-    def answers(ip: str, port: int, timeout: float) -> bool:
-        both.wait()
-        return ip != "10.0.0.2"
-
-    assert unanswered({1: "10.0.0.1", 2: "10.0.0.2", 3: "10.0.0.3"}, 8477, 1.5, answers) == {2}
-    assert unanswered({}, 8477, 1.5, answers) == set()
-
-
-@pytest.mark.parametrize("reachable", [True, False], ids=["answers", "no-answer"])
-def test_process_0_ends_once_a_quiet_peers_pod_does_not_answer_and_not_while_it_answers(reachable: bool) -> None:
-    """A peer quiet for two missed writes is probed: its pod answering leaves it to the silence threshold (a slow
-    process, JAX decides); not answering reports it and ends process 0 at once, with the line that says why."""
-    shared, now = LocalCoordinator(), [0.0]
+@pytest.mark.parametrize("kind", [DEAD, GONE])
+def test_process_0_ends_once_a_peer_s_pulse_finds_it_lost_and_not_before(kind: str) -> None:
+    """Process 0 links to every pulse its peers' records name; a verdict of loss is reported, published and ends
+    process 0 at once with the line that says why; a peer whose pulse is not linked yet is not judged."""
+    shared = LocalCoordinator()
     reports: list[tuple[int, ...]] = []
     ended: list[str] = []
-    probed: list[tuple[str, int]] = []
-
-    def answers(ip: str, port: int, timeout: float) -> bool:
-        probed.append((ip, port))
-        return reachable
-
-    shared.set("reprieve/2/alive/1", json.dumps({"n": 1, "pod": "w1", "ip": "10.0.0.9"}), overwrite=True)
-    watch = PeerWatch(_As(shared, 0, 2), attempt=2, pod="w0", heartbeat_s=4.0, clock=lambda: now[0],
-                      on_lost=reports.append, ip="10.0.0.8", probe_port=8477, answers=answers,
-                      end=ended.append).start()
+    links = _Links({2: kind})
+    shared.set("reprieve/2/alive/1", json.dumps({"n": 1, "pod": "w1", "ip": "10.0.0.9", "pulse": 40001}),
+               overwrite=True)
+    watch = PeerWatch(_As(shared, 0, 3), attempt=2, pod="w0", heartbeat_s=4.0, on_lost=reports.append,
+                      ip="10.0.0.8", links=links, end=ended.append).start()
     try:
-        assert watch.probe_after_s == 1.0 and watch.threshold_s == 2.0
-        _until(lambda: json.loads(shared.dir_get("reprieve/2/alive/")["reprieve/2/alive/0"])["ip"] == "10.0.0.8",
-               "process 0's record carries its IP")
-        now[0] = 1.2  # quiet for two missed writes, short of the threshold
-        _until(lambda: bool(probed), "the probe")
-        assert probed[0] == ("10.0.0.9", 8477)
-        if reachable:
-            _passes(shared, 2)  # two more passes of the watch at the same quiet time
-            assert ended == [] and reports == [] and len(probed) == 1  # once a threshold, not every pass
-            now[0] = 2.5
-            _until(lambda: reports == [(1,)], f"silent at the threshold: {reports}")
-            _passes(shared, 2)
-            assert ended == []
-        else:
-            _until(lambda: bool(ended), "the early end")
-            assert reports[:1] == [(1,)], reports
-            assert "process 1 of 2 (pod w1) has not been heard from for 1.2 s and its pod does not answer at " \
-                   "10.0.0.9:8477" in ended[0]
+        _passes(shared, 2)
+        assert links.targets == {1: ("10.0.0.9", 40001)} and ended == [] and reports == []
+        shared.set("reprieve/2/alive/2", json.dumps({"n": 1, "pod": "w2", "ip": "10.0.0.7", "pulse": 40002}),
+                   overwrite=True)
+        _until(lambda: bool(ended), "the early end")
+        assert reports[:1] == [(2,)], reports
+        assert json.loads(shared.dir_get("reprieve/2/silent/")["reprieve/2/silent/set"]) == [2]
+        assert ended[0] == lost_line(2, 3, "w2", kind, ("10.0.0.7", 40002), 0.4, 4.0, None)
+        _until(lambda: links.closed, "the links closed with the watch")
     finally:
         watch.close()
+
+
+def test_no_links_without_end_and_a_record_without_a_pulse_is_not_linked() -> None:
+    shared = LocalCoordinator()
+    made: list[float] = []
+
+    def factory(lost_s: float, clock: Callable[[], float]) -> _Links:
+        made.append(lost_s)
+        return _Links({})
+
+    shared.set("reprieve/2/alive/1", json.dumps({"n": 1, "pod": "w1", "ip": "10.0.0.9"}), overwrite=True)
+    shared.set("reprieve/3/alive/1", json.dumps({"n": 1, "pod": "w1", "ip": "10.0.0.9"}), overwrite=True)
+    quiet = PeerWatch(_As(shared, 0, 2), attempt=2, pod="w0", heartbeat_s=4.0, links=factory).start()  # no end
+    links = _Links({1: GONE})
+    ending = PeerWatch(_As(shared, 0, 2), attempt=3, pod="w0", heartbeat_s=4.0, links=links,
+                       end=lambda why: made.append(-1.0)).start()
+    try:
+        _passes(shared, 2)
+        _passes(shared, 2, attempt=3)
+        assert made == [] and links.targets == {}  # an older runtime's record: no pulse to link
+    finally:
+        quiet.close()
+        ending.close()
+
+
+def test_a_process_s_record_names_its_pulse_which_says_bye_when_it_leaves() -> None:
+    shared = LocalCoordinator()
+    watch = PeerWatch(_As(shared, 1, 2), attempt=5, pod="w1", heartbeat_s=4.0, ip="127.0.0.1").start()
+    try:
+        _until(lambda: "reprieve/5/alive/1" in shared.dir_get("reprieve/5/alive/"), "process 1's record")
+        record = json.loads(shared.dir_get("reprieve/5/alive/")["reprieve/5/alive/1"])
+        assert record["ip"] == "127.0.0.1" and type(record["pulse"]) is int
+        with socket.create_connection(("127.0.0.1", record["pulse"]), timeout=2.0) as link:
+            link.settimeout(5.0)
+            assert link.recv(1) == BEAT
+            watch.close()
+            heard = b""
+            while chunk := link.recv(64):
+                heard += chunk
+            assert heard.endswith(BYE)
+    finally:
+        watch.close()
+
 
 
 def _passes(shared: LocalCoordinator, n: int, pid: int = 0, attempt: int = 2) -> None:
@@ -163,32 +176,6 @@ def _passes(shared: LocalCoordinator, n: int, pid: int = 0, attempt: int = 2) ->
 
     target = count() + n
     _until(lambda: count() >= target + 1, f"{n} more passes of process {pid}'s watch")
-
-
-def test_a_connect_without_an_answer_is_none_in_time_or_an_unreachable_host_and_nothing_else() -> None:
-    assert unanswered_connect(TimeoutError("timed out"))
-    assert unanswered_connect(OSError(errno.EHOSTUNREACH, "No route to host"))
-    assert unanswered_connect(OSError(errno.ENETUNREACH, "Network is unreachable"))
-    assert not unanswered_connect(ConnectionRefusedError(errno.ECONNREFUSED, "refused"))  # a pod, nothing listening
-    assert not unanswered_connect(ConnectionResetError(errno.ECONNRESET, "reset"))
-    assert not unanswered_connect(OSError(errno.EMFILE, "Too many open files"))  # says nothing of the peer
-    assert not unanswered_connect(socket.gaierror(-2, "Name or service not known"))
-
-
-def test_no_probe_without_the_peers_ip_and_no_early_end_without_end() -> None:
-    shared, now = LocalCoordinator(), [0.0]
-    probed: list[str] = []
-    reports: list[tuple[int, ...]] = []
-    shared.set("reprieve/2/alive/1", json.dumps({"n": 1, "pod": "w1"}), overwrite=True)  # an older runtime: no IP
-    watch = PeerWatch(_As(shared, 0, 2), attempt=2, pod="w0", heartbeat_s=4.0, clock=lambda: now[0],
-                      on_lost=reports.append, answers=lambda ip, port, t: probed.append(ip) is not None,
-                      end=lambda why: probed.append("ended")).start()
-    try:
-        now[0] = 2.5
-        _until(lambda: reports == [(1,)], "silent at the threshold")
-        assert probed == []
-    finally:
-        watch.close()
 
 
 def test_a_knock_that_finds_the_service_gone_ends_a_process_but_not_one_already_closed() -> None:

@@ -69,8 +69,7 @@ class MemoryConfig:
 
     @staticmethod
     def port_from_env(env: Mapping[str, str]) -> int:
-        """``REPRIEVE_MEMORY_PORT`` (the replica server's port; the default beside the coordinator's), whether
-        the tier is on or not (the runtime probes a peer's pod there).
+        """``REPRIEVE_MEMORY_PORT`` (the replica server's port; the default beside the coordinator's).
 
         Raises:
             ConfigError: it is not a port number.

@@ -1,0 +1,218 @@
+"""reprieve.pulse: process 0's links to its peers' pulses, against real processes on loopback (killed, stopped,
+stopped behind an address that stops answering, leaving) and the pure verdicts."""
+
+from __future__ import annotations
+
+import errno
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from reprieve.pulse import (
+    ALIVE,
+    BEAT,
+    BYE,
+    DEAD,
+    GONE,
+    MIN_PEER_LOST_SECONDS,
+    PROBE_TIMEOUT_SECONDS,
+    PulseLinks,
+    PulseServer,
+    at_once,
+    probe,
+    probe_verdict,
+    timings,
+)
+
+pytestmark = pytest.mark.unit
+
+LOST_S = 2.0
+
+
+def test_a_connect_says_alive_dead_gone_or_nothing() -> None:
+    assert probe_verdict(None) == ALIVE
+    assert probe_verdict(ConnectionRefusedError(errno.ECONNREFUSED, "refused")) == DEAD
+    assert probe_verdict(ConnectionResetError(errno.ECONNRESET, "reset")) == DEAD
+    assert probe_verdict(TimeoutError("timed out")) == GONE
+    assert probe_verdict(OSError(errno.EHOSTUNREACH, "No route to host")) == GONE
+    assert probe_verdict(OSError(errno.EMFILE, "Too many open files")) is None  # says nothing of the peer
+    assert probe_verdict(socket.gaierror(-2, "Name or service not known")) is None
+
+
+def test_the_bound_is_two_missed_beats_and_the_probe_s_timeout() -> None:
+    beat, quiet = timings(2.0)
+    assert quiet == pytest.approx(2.0 - PROBE_TIMEOUT_SECONDS) and beat == pytest.approx(quiet / 2)
+    assert timings(1.0) == timings(MIN_PEER_LOST_SECONDS)  # never below the documented minimum
+    assert timings(10.0)[1] == pytest.approx(8.5)
+
+
+def test_every_probe_runs_at_once_not_one_timeout_after_another() -> None:
+    together = threading.Barrier(3, timeout=5.0)  # passes only when all three are under way together
+
+    def slow(x: int) -> int:
+        together.wait()
+        return x * 2
+
+    assert at_once({1: 1, 2: 2, 3: 3}, slow) == {1: 2, 2: 4, 3: 6}
+    assert at_once({}, slow) == {}
+
+
+class _Peer:
+    """A real process holding a pulse on loopback (``kill``, ``stop``: what happens to a peer)."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        code = (f"import time\nfrom reprieve.pulse import PulseServer\n"
+                f"s = PulseServer({host!r}, {timings(LOST_S)[0]}).start()\nprint(s.port, flush=True)\n"
+                f"import sys\nsys.stdin.readline()\ns.close(leaving=True)\n")
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        assert self.proc.stdout is not None
+        self.address = (host, int(self.proc.stdout.readline()))
+
+    def leave(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        self.proc.wait(10)
+
+    def end(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def peer() -> Iterator[_Peer]:
+    p = _Peer()
+    yield p
+    p.proc.kill()
+    p.proc.wait(10)
+
+
+def _listen(links: PulseLinks, seconds: float) -> tuple[list[tuple[str, int, float]], float]:
+    started = time.monotonic()
+    events = links.listen(seconds, threading.Event())
+    return events, time.monotonic() - started
+
+
+def test_a_killed_peer_is_dead_at_once(peer: _Peer) -> None:
+    links = PulseLinks(LOST_S, time.monotonic)
+    try:
+        assert links.link({1: peer.address}) == []
+        assert _listen(links, 0.5)[0] == []  # beating: nothing to say
+        peer.proc.send_signal(signal.SIGKILL)
+        events, took = _listen(links, 5.0)
+        assert [e[:2] for e in events] == [(DEAD, 1)] and took < 0.5, (events, took)
+        assert _listen(links, 0.3)[0] == []  # said once
+    finally:
+        links.close()
+
+
+def test_a_peer_that_leaves_the_job_is_no_loss(peer: _Peer) -> None:
+    links = PulseLinks(LOST_S, time.monotonic)
+    try:
+        links.link({1: peer.address})
+        peer.leave()
+        assert _listen(links, 1.5)[0] == []
+        assert links.link({1: peer.address}) == []  # never linked again (its pulse now refuses)
+    finally:
+        links.close()
+
+
+def test_a_stopped_peer_answers_and_is_left_alone_then_gone_once_its_address_stops_answering(peer: _Peer) -> None:
+    """SIGSTOP: no beats, but its kernel completes the probe's handshake (busy, not lost). Then its accept queue
+    is filled, so the kernel drops the next SYNs as for a vanished node; once it beats again and stops again, the
+    next probe gets no answer: gone, within the bound."""
+    links = PulseLinks(LOST_S, time.monotonic)
+    held: list[socket.socket] = []
+    try:
+        links.link({1: peer.address})
+        peer.proc.send_signal(signal.SIGSTOP)
+        assert _listen(links, 2.5)[0] == []  # quiet, probed once, answered
+        peer.proc.send_signal(signal.SIGCONT)
+        resumed = time.monotonic()
+        while (links.heard(1) or 0.0) <= resumed:  # beats again: a new quiet spell may be probed
+            assert _listen(links, 0.1)[0] == [] and time.monotonic() - resumed < 10, "no beat after SIGCONT"
+        peer.proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        while True:  # the stopped process accepts nothing: fill its queue until a connect gets no answer
+            try:
+                held.append(socket.create_connection(peer.address, timeout=0.2))
+            except TimeoutError:
+                break
+            assert len(held) < 64, "the accept queue never filled"
+        events = links.listen(5.0, threading.Event())
+        found = time.monotonic() - stopped
+        assert [e[:2] for e in events] == [(GONE, 1)], events
+        assert found <= LOST_S + 0.5, f"gone {found:.2f} s after it stopped answering (bound {LOST_S} s)"
+    finally:
+        peer.proc.send_signal(signal.SIGCONT)
+        for sock in held:
+            sock.close()
+        links.close()
+
+
+def test_a_first_link_refused_is_dead_and_one_without_an_answer_is_said_and_tried_again_later(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Refused: the process wrote its pulse into its record, so it listened, and has ended. No answer from a
+    process that just wrote its record is more likely a firewall between the pods than a loss: a warning naming
+    the cause, no verdict (it would end the gang), and another try after ``RETRY_S``."""
+    now = [100.0]
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))  # bound, not listening: refused
+        with socket.socket() as full:
+            full.bind(("127.0.0.3", 0))
+            full.listen(0)
+            queued = socket.create_connection(full.getsockname(), timeout=1.0)
+            links = PulseLinks(LOST_S, lambda: now[0], probe_timeout_s=0.3)
+            try:
+                targets = {1: bound.getsockname(), 2: full.getsockname()}
+                assert [e[:2] for e in links.link(targets)] == [(DEAD, 1)]
+                assert "process 2's pulse at 127.0.0.3:" in caplog.text and "NetworkPolicy" in caplog.text
+                tried: list[int] = []
+                links._connect = lambda address: tried.append(address[1]) or (None, GONE)  # type: ignore[method-assign]
+                assert links.link(targets) == [] and tried == []  # not before RETRY_S, and 1 is judged once
+                now[0] += PulseLinks.RETRY_S
+                assert links.link(targets) == [] and tried == [full.getsockname()[1]]
+            finally:
+                links.close()
+                queued.close()
+
+
+def test_a_link_that_closes_while_its_pulse_still_answers_is_linked_again() -> None:
+    """A connection can close without the process ending (a reset on the path): the confirming probe answers, so
+    no verdict; the next ``link`` holds a new one."""
+    server = PulseServer("127.0.0.1", 0.05).start()
+    links = PulseLinks(LOST_S, time.monotonic)
+    try:
+        links.link({1: ("127.0.0.1", server.port)})
+        _listen(links, 0.2)
+        with server._lock:  # the server side of the link closes; the listener stays
+            for conn in server._conns:
+                conn.shutdown(socket.SHUT_RDWR)
+        assert _listen(links, 0.5)[0] == []
+        assert links.link({1: ("127.0.0.1", server.port)}) == []
+        assert _listen(links, 0.5)[0] == []
+    finally:
+        links.close()
+        server.close()
+
+
+def test_a_pulse_beats_and_says_bye() -> None:
+    server = PulseServer("127.0.0.1", 0.05).start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=2.0) as conn:
+            conn.settimeout(2.0)
+            assert conn.recv(1) == BEAT
+            server.close(leaving=True)
+            seen = b""
+            while chunk := conn.recv(64):
+                seen += chunk
+            assert seen.endswith(BYE)
+        assert probe(("127.0.0.1", server.port), 1.0) == DEAD  # nothing listens once it left
+    finally:
+        server.close()
