@@ -196,7 +196,9 @@ def test_ctrl_c_saves_at_the_next_step_and_stops_with_130(tmp_path: Path) -> Non
         while len(_steps(tmp_path / "ckpt")) < 3:  # periodic saves are committed: the save time is measured
             assert proc.poll() is None and time.monotonic() < limit, proc.communicate()
             time.sleep(0.05)
-        at = int((tmp_path / "at").read_text())
+        while not (text := (tmp_path / "at").read_text()):  # the worker rewrites it every step: caught mid-write
+            time.sleep(0.01)
+        at = int(text)
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)  # the terminal's Ctrl-C reaches reprieve run (the trainer has its own group)
         _, err = proc.communicate(timeout=60)
