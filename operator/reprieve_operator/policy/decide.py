@@ -61,17 +61,12 @@ from .notice import decide_notice, notice_event_name, notice_status_patch
 from .restart import (
     DISRUPTION,
     PEER_LOST_WAIT_SECONDS,
-    PREEMPTION,
     TERMINAL_PHASES,
     Condition,
     RestartPlan,
-    Verdict,
-    WorkerPod,
     decide_restart,
-    gang_restart,
     lost_nodes,
     orphaned_pods,
-    still_running,
 )
 from .status import closing_goodput, notice_status, status_patch
 from .times import rfc3339
@@ -267,25 +262,6 @@ def _queue_conditions(plan: RestartPlan, g: Gate | None, hold: Condition | None)
     return dataclasses.replace(plan, conditions=(*plan.conditions, g.condition))
 
 
-def _evicted(job: TrainingJob, plan: RestartPlan, hold: Condition | None, g: Gate | None,
-             pods: Sequence[WorkerPod] | Sequence[PodView]) -> RestartPlan:
-    """A Kueue eviction that stops a running attempt is a preemption restart: counted in ``status.restarts`` (and
-    ``restartCount``) when the job is held, and capped by ``restartPolicy.maxPreemptionRestarts`` like any other
-    (``restart.gang_restart``); the next attempt starts when Kueue admits the job again."""
-    st = job.status
-    restarting = st.restarting_from is not None and st.restarting_from >= st.attempt
-    if hold is None or g is None or not g.release or job.spec.suspend or plan.phase != "Suspended" or \
-            st.phase in (None, "Suspended") or st.attempt == 0 or restarting:
-        return plan
-    why = f"Kueue evicted the job ({g.condition.message})"
-    capped = gang_restart(job, st.attempt, Verdict(cause=PREEMPTION, why=why), None,
-                          stragglers=still_running(pods), teardown=plan.delete)
-    if capped.phase == "Failed":
-        return capped
-    return dataclasses.replace(plan, cause=PREEMPTION, message=f"attempt {st.attempt} stopped ({PREEMPTION}): "
-                                                               f"{why}; it resumes once Kueue admits it again")
-
-
 def _pods_ready(plan: RestartPlan, view: View) -> RestartPlan:
     """The plan with condition ``PodsReady`` when a pod of the job is stuck, or was (``policy.podsready``; the
     callers look again when a pod waiting for a node reaches its grace). Nothing once the job ends."""
@@ -320,8 +296,9 @@ def _recreate(view: View, g: Gate | None) -> Outcome:
     pods = [dataclasses.replace(p, reachable=False) if p.name in view.unreachable else p for p in pods]
     hold = held(view, g)
     gone = [(p.index, p.attempt, p.node) for p in view.gone]
-    plan = _evicted(job, decide_restart(job, pods, view.avoid, now, view.doomed, held=hold,
-                                        peer_lost_wait_s=view.peer_lost_wait_s, gone=gone), hold, g, pods)
+    plan = decide_restart(job, pods, view.avoid, now, view.doomed, held=hold,
+                          peer_lost_wait_s=view.peer_lost_wait_s, gone=gone)
+    plan = kueue.eviction_restart(job, plan, hold, g, pods)
     plan = _pods_ready(_queue_conditions(plan, g, hold), view)
     look = lost_nodes(pods) | {node for _, a, node in gone if a == plan.attempt}  # this attempt's pods, gone
     if plan.cause == DISRUPTION and not view.looked and look:  # none to read: decided already
@@ -363,7 +340,7 @@ def _in_place(view: View, g: Gate | None) -> Outcome:
     plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed, held=hold,
                                  peer_lost_wait_s=view.peer_lost_wait_s, gone={p.name: p.node for p in view.gone},
                                  stuck=stuck)
-    plan = _pods_ready(_queue_conditions(_evicted(job, plan, hold, g, pods), g, hold), view)
+    plan = _pods_ready(_queue_conditions(kueue.eviction_restart(job, plan, hold, g, pods), g, hold), view)
     current = view.assignment
     if current is not None and extra.assign is None and extra.record is None and plan.cause is None:
         paired = memorypeers.pairing_condition(job, current.processes, current.memory_peers, pods)
@@ -469,7 +446,7 @@ def _record(job: TrainingJob, decided: RestartPlan | None, now: datetime) -> tup
     if decided is None or not decided.cause:
         return job, {}
     patch = status_patch(job, decided, now, None)
-    if decided.phase == "Suspended":  # a Kueue eviction (``_evicted``): the gang restarts once admitted again
+    if decided.phase == "Suspended":  # a Kueue eviction (``kueue.eviction_restart``): restarts once admitted
         patch["restartCount"] = job.status.restart_count + 1
     after = job.model_copy(update={"status": job.status.model_validate(
         {**job.status.model_dump(by_alias=True), **patch})})
