@@ -6,6 +6,9 @@ handler and the pod-event kick):
 
 0. ``first_event``: only a failure decided outside the restart policy (:func:`failed`) has one: its reason,
    posted before its status, so whoever sees the Failed phase finds the Event that says why;
+   then ``notices``' ``PreemptionNotice`` Events (the node notices ``delivery`` put on the pods, ``View.delivered``),
+   named, before the status that records them (step 7): an operator killed in between posts them again and the
+   apiserver refuses a second;
 1. ``record``: the status a decided gang restart or failure leads to, written before anything is deleted (a
    crash in between cannot count it twice), then its Event (``record_event``) and its counter;
 2. ``annotate``: the pods' annotations (a Kueue eviction's notice, ``policy.notice``'s rule as for a node's; the
@@ -22,7 +25,7 @@ handler and the pod-event kick):
    quota back, publish the last checkpoint), each then its log line and Event, before the status that describes
    them;
 7. ``status``: the final merge patch, then ``status_events`` (the ``Queued`` condition's change, a Kueue notice,
-   a commit, success);
+   a commit, success); the node notices it records (``status.lastNotice``) are counted;
 8. ``finish``: the Workload of a job this status ended, marked ``Finished`` so that Kueue frees the quota in this
    pass (after the status: a Workload is never finished for a job whose status still says it runs);
 9. ``requeue_after``: look again after this many seconds (a backoff, old pods still draining, a notice's end).
@@ -57,7 +60,7 @@ from . import builders, events, kueue, memorypeers, podsready, views
 from .events import Event
 from .inplace import Assignment, InPlace, PodView, decide_inplace
 from .kueue import Gate, admitted_template
-from .notice import decide_notice, notice_event_name, notice_status_patch
+from .notice import Delivered, decide_notice, notice_event_name, notice_status_patch, record_deliveries
 from .restart import (
     DISRUPTION,
     PEER_LOST_WAIT_SECONDS,
@@ -69,7 +72,7 @@ from .restart import (
     orphaned_pods,
 )
 from .status import closing_goodput, notice_status, status_patch
-from .times import rfc3339
+from .times import parse_time, rfc3339
 
 WAIT_SECONDS = 2.0  # look again while old pods drain (their deletion events usually come first)
 PROBE_EVERY_SECONDS = 5.0  # while a silent peer is waited for: probe its pod again this often
@@ -97,6 +100,7 @@ class View:
     gone: Sequence[views.GonePod] = ()  # the job's pods the watch saw deleted (where a missing worker ran)
     probed: bool = False  # the silent peers' pods were probed (``Outcome.probe``)
     unreachable: Collection[str] = ()  # ... and these did not answer
+    delivered: Sequence[Delivered] = ()  # node notices ``delivery`` put on the pods, for the status to record
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,16 @@ class Outcome:
     needs_placement: bool = False  # compute the nodes to avoid and decide again
     probe: frozenset[tuple[str, str]] = frozenset()  # (pod, address): probe these and decide again (``unreachable``)
     log: str = ""  # what to log once the record is written
+    # node notices ``status`` records (``View.delivered``): each one's named PreemptionNotice Event is posted
+    # first, before ``record`` (an operator killed before the status posts it again, and the apiserver refuses a
+    # second one); counted once the status is written
+    notices: tuple[Delivered, ...] = ()
+
+    @property
+    def final(self) -> bool:
+        """Carried out as it is: it asks for no read and no second decision (``look_at_nodes``, ``probe``,
+        ``needs_placement``)."""
+        return not (self.look_at_nodes or self.probe or self.needs_placement)
 
 
 class Answer(Protocol):
@@ -175,7 +189,23 @@ def decide(view: View) -> Outcome:
         out = dataclasses.replace(out, assign_first=True)
     if queue is not None and view.kueue is not None:
         out = _queued(out, view, view.kueue, queue)
-    return out
+    return _delivered(out, view)
+
+
+def _delivered(out: Outcome, view: View) -> Outcome:
+    """``out`` with the node notices ``delivery`` put on the pods recorded (``policy.notice.record_deliveries``):
+    ``status.lastNotice`` (the earliest, with an eviction's notice of this pass) and phase ``Preempting`` unless
+    this pass decides the phase, each recorded one's ``PreemptionNotice`` Event."""
+    if not view.delivered or out.job is None or not out.final:
+        return out
+    patch, recorded = record_deliveries(out.job, view.delivered, view.now)
+    if patch is None:
+        return out
+    status = {**patch, **out.status}
+    if "lastNotice" in out.status:  # an eviction's notice decided in this pass too: the earlier deadline stands
+        status["lastNotice"] = min(out.status["lastNotice"], patch["lastNotice"],
+                                   key=lambda n: parse_time(n.get("deadline")) or view.now)
+    return dataclasses.replace(out, status=status, notices=recorded)
 
 
 def _queued(out: Outcome, view: View, read: kueue.Read, queue: kueue.Queue) -> Outcome:
