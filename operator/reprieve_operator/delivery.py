@@ -2,8 +2,10 @@
 
 The cache's node -> jobs index keeps the work proportional to the pods on that node. The earliest deadline
 always reaches every pod (``policy.notice``): a later notice with an earlier deadline is delivered again. A
-notice beyond the horizon is held, and the node is looked at again when it opens. The job's Event and status,
-and the pods' Events, are written only after every affected job has its annotations.
+notice beyond the horizon is held, and the node is looked at again when it opens. Only the annotations are
+written here, and the pods' Events once every affected job has its annotations; each delivery is then handed to
+``state.nodes`` and the job's reconcile kicked, which posts the job's Event and records ``status.lastNotice``
+(``policy.decide``: the reconcile owns the status).
 """
 
 from __future__ import annotations
@@ -21,18 +23,8 @@ from pydantic import ValidationError
 from . import ANNOTATION_NOTICE, apply, metrics
 from .clock import SYSTEM
 from .models import TrainingJob
-from .policy.builders import job_ref
-from .policy.notice import (
-    decide_notice,
-    is_open,
-    notice_event_name,
-    notice_message,
-    notice_status_patch,
-    opens_at,
-    recorded_deadline,
-)
-from .policy.signals import Notice, node_notice, present_signals, signals_for_job
-from .policy.status import notice_status
+from .policy.notice import Delivered, decide_notice, is_open, notice_message, opens_at, recorded_deadline
+from .policy.signals import node_notice, present_signals, signals_for_job
 from .policy.times import rfc3339
 from .policy.views import notice_annotation, workers
 from .state import State
@@ -67,13 +59,15 @@ async def _on_node(state: State, event_type: str | None, name: str, body: Any) -
         return
     t0 = time.monotonic()
     done = await asyncio.gather(*(_deliver(state, node, ns, job, t0) for ns, job in jobs))
-    delivered = [d for d in done if isinstance(d, Delivered)]
+    delivered = [d for d in done if isinstance(d, Annotated)]
     held = [d for d in done if isinstance(d, datetime)]
     if held:
         _look_again(state, name, min(held))
     # Bookkeeping only once every affected job has its annotations: it must not slow the deliveries down.
-    await asyncio.gather(*(_record(state, d) for d in delivered))
-    await apply.gather([functools.partial(apply.post_event, state.api, ref, "PreemptionNotice", d.message,
+    for d in delivered:
+        nodes.to_record(d.uid, d.delivered)
+        state.queue.kick(d.namespace, d.name)
+    await apply.gather([functools.partial(apply.post_event, state.api, ref, "PreemptionNotice", d.delivered.message,
                                           "Warning") for d in delivered for ref in d.pods])
 
 
@@ -91,20 +85,18 @@ def _look_again(state: State, name: str, when: datetime) -> None:
 
 
 @dataclass(frozen=True)
-class Delivered:
-    """One job's pods carry the notice; its Event and status are still to be written."""
+class Annotated:
+    """One job's pods carry the notice; the job's Event and status are its reconcile's to write."""
 
     namespace: str
     name: str
-    job: dict[str, Any]  # job_ref
-    attempt: int
-    notice: Notice
-    message: str
+    uid: str | None
+    delivered: Delivered
     pods: list[dict[str, Any]]  # refs of the pods annotated now, for their Events
 
 
 async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str,
-                   t0: float) -> Delivered | datetime | None:
+                   t0: float) -> Annotated | datetime | None:
     """Annotate the pods of one job with the node's notice if it is earlier than what they know.
 
     Returns what was delivered, the time a held notice opens, or None."""
@@ -158,39 +150,9 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
         refs = [
             {"apiVersion": "v1", "kind": "Pod", "name": r["metadata"]["name"], "namespace": namespace,
              "uid": r["metadata"].get("uid")} for r in raw if r["metadata"]["name"] in plan.annotate]
-        return Delivered(namespace, name, job_ref(body), plan.attempt, notice, msg, refs)
+        return Annotated(namespace, name, job.uid, Delivered(notice, plan.attempt, msg), refs)
     except Exception:
         metrics.RECONCILE_ERRORS.labels("node-event").inc()
         log.exception("TrainingJob %s/%s: notice delivery for node %s failed", namespace, name, node_name)
     return None
 
-
-async def _record(state: State, d: Delivered) -> None:
-    """The job's Event, then the status that records the delivery.
-
-    The Event is named after (job uid, attempt, notice id) and goes first: an operator killed in between finds
-    the pods annotated but not ``status.lastNotice``, records again, and the apiserver refuses a second Event.
-    If this fails, the in-process guard is dropped so the next Node event records it.
-    """
-    api = state.api
-    try:
-        async with state.queue.lock(d.namespace, d.name):
-            body = state.cache.jobs.get((d.namespace, d.name))
-            job = TrainingJob.from_body(body) if body is not None else None
-            if job is None or job.uid != d.job.get("uid"):
-                return  # deleted (or replaced) meanwhile
-            patch = notice_status_patch(job, notice_status(d.notice, d.attempt, SYSTEM.now()), d.attempt)
-            if patch is None:
-                return
-            await apply.run(apply.post_event, api, d.job, "PreemptionNotice", d.message, "Warning",
-                            notice_event_name(d.job, d.attempt, d.notice.id))
-            await apply.run(apply.patch_job_status, api, d.namespace, d.name, patch)
-            # The watch event follows; deliveries meanwhile must see this record.
-            state.cache.merge_job_status(d.namespace, d.name, patch)
-        metrics.NOTICES.labels(d.namespace, metrics.job(d.name), d.notice.reason).inc()
-        metrics.NOTICE_LEAD.labels(d.namespace, metrics.job(d.name), d.notice.reason).observe(
-            max(0.0, (d.notice.deadline - d.notice.observed_at).total_seconds()))
-    except Exception:
-        state.nodes.unmark_delivered(d.job.get("uid"), d.attempt, d.notice.id)
-        metrics.RECONCILE_ERRORS.labels("node-event").inc()
-        log.exception("TrainingJob %s/%s: recording the notice failed", d.namespace, d.name)

@@ -2,7 +2,8 @@
 
 It keeps when each signal on each node was first seen (a signal without a timestamp has its deadline counted
 from then), which nodes carry a signal of the operator's table, which jobs bring custom signals of their own,
-the timers of held notices, and the notices already delivered; and it answers the queries a reconcile asks:
+the timers of held notices, and the notices already delivered (with those the job's status is still to record);
+and it answers the queries a reconcile asks:
 ``doomed(job)`` (nodes with an open notice for the job) and ``avoid(job)`` (what new pods must avoid). Nobody
 else writes any of it. The compact Nodes themselves are the cache's (``Cache.put_node``), written from here.
 """
@@ -16,7 +17,7 @@ from typing import Any
 from .cache import Cache, Key
 from .clock import SYSTEM, Clock, Timer
 from .models import TrainingJob
-from .policy.notice import first_seen_in_notices, is_open
+from .policy.notice import Delivered, first_seen_in_notices, is_open
 from .policy.placement import avoid_nodes
 from .policy.signals import Signal, node_notice, present_signals, signals_for_job
 from .policy.views import compact_node, notice_annotation
@@ -38,6 +39,8 @@ class NodeSignals:
         self._custom_jobs: set[Key] = set()  # jobs with custom signals of their own
         self._held: dict[str, Timer] = {}  # node -> the timer that looks at it again when a held notice opens
         self._delivered: set[tuple[str | None, int, str]] = set()  # (job uid, attempt, notice id)
+        # job uid -> (attempt, notice id) -> a delivery its status does not record yet (the job's reconcile does)
+        self._unrecorded: dict[str | None, dict[tuple[int, str], Delivered]] = {}
 
     # --- what the Nodes say ---
     def prime(self, body: Mapping[str, Any]) -> None:
@@ -154,8 +157,21 @@ class NodeSignals:
     def mark_delivered(self, uid: str | None, attempt: int, notice_id: str) -> None:
         self._delivered.add((uid, attempt, notice_id))
 
-    def unmark_delivered(self, uid: str | None, attempt: int, notice_id: str) -> None:
-        self._delivered.discard((uid, attempt, notice_id))
+    def to_record(self, uid: str | None, d: Delivered) -> None:
+        """``d`` is on the job's pods; its reconcile records it in the status (``policy.decide``)."""
+        self._unrecorded.setdefault(uid, {})[(d.attempt, d.notice.id)] = d
+
+    def unrecorded(self, uid: str | None) -> tuple[Delivered, ...]:
+        """The job's deliveries still to record, in the order they were delivered."""
+        return tuple(self._unrecorded.get(uid, {}).values())
+
+    def recorded(self, uid: str | None, done: Iterable[Delivered]) -> None:
+        """``done`` was decided on by a reconcile whose status write went through: recorded, or recorded already."""
+        left = self._unrecorded.get(uid, {})
+        for d in done:
+            left.pop((d.attempt, d.notice.id), None)
+        if not left:
+            self._unrecorded.pop(uid, None)
 
     # --- queries ---
     def candidates(self, job: TrainingJob) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from .models import TrainingJob, spec_error
 from .policy import builders
 from .policy.decide import Answer, Outcome, View, WorkloadRefused, decide, failed
 from .policy.kueue import WorkloadOp
+from .policy.notice import notice_event_name
 from .policy.pairing import MEMORY_PORT
 from .policy.restart import RestartPlan
 from .state import State
@@ -64,7 +65,8 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
                 assignment=await state.assignments.current(api, job) if builders.in_place(job) else None,
                 known_nodes=state.cache.nodes if state.cache.primed else None, nodes=state.cache.nodes,
                 doomed=state.nodes.doomed(job, now), last_commit_event=state.commits.last(key),
-                peer_lost_wait_s=state.peer_lost_wait_s, gone=state.cache.gone_of(namespace, name))
+                peer_lost_wait_s=state.peer_lost_wait_s, gone=state.cache.gone_of(namespace, name),
+                delivered=state.nodes.unrecorded(job.uid))
     outcome = decide(view)
     for _ in range(3):  # the reads a decision asked for, then decide again
         if outcome.probe:
@@ -81,8 +83,12 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
         else:
             break
         outcome = decide(view)
-    while (answer := await apply_outcome(state, body, raw_pods, outcome)) is not None:
+    answer = await apply_outcome(state, body, raw_pods, outcome)
+    if answer is None and outcome.final:  # its status went through: the node notices it saw are recorded
+        state.nodes.recorded(job.uid, view.delivered)
+    while answer is not None:
         outcome = answer.instead(outcome, SYSTEM.now())  # the API's answer decides what replaces the steps it stopped
+        answer = await apply_outcome(state, body, raw_pods, outcome)
     return outcome.plan
 
 
@@ -140,6 +146,9 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
     if outcome.first_event is not None:
         ev = outcome.first_event
         await apply.run(apply.post_event, api, ref, ev.reason, ev.message, ev.type)
+    for d in outcome.notices:  # named after (job uid, attempt, notice id): posted again, the apiserver refuses it
+        await apply.run(apply.post_event, api, ref, "PreemptionNotice", d.message, "Warning",
+                        notice_event_name(ref, d.attempt, d.notice.id))
     if outcome.record is not None:
         await apply.run(apply.patch_job_status, api, ns, name, dict(outcome.record))
         if outcome.record_event is not None:
@@ -183,6 +192,10 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
             return WorkloadRefused(op.name, str(err))
     if outcome.status:
         await apply.run(apply.patch_job_status, api, ns, name, dict(outcome.status))
+    for d in outcome.notices:
+        metrics.NOTICES.labels(ns, metrics.job(name), d.notice.reason).inc()
+        metrics.NOTICE_LEAD.labels(ns, metrics.job(name), d.notice.reason).observe(
+            max(0.0, (d.notice.deadline - d.notice.observed_at).total_seconds()))
     for ev in outcome.status_events:  # a Queued condition's change may be written by the record alone
         if ev.reason == "CheckpointCommitted":
             state.commits.posted(key, outcome.decided_at)

@@ -344,9 +344,12 @@ def test_attempt_sizes_and_the_throughput_tally_survive_the_status_round_trip() 
     acc = attempt_created(Accounting(), 1, 0.0, workers=4, desired=4)
     acc = progress(acc, A1[3])
     acc = progress(attempt_created(acc, 2, 60.0, workers=3, desired=4), A2[3])
-    assert (acc.open[0].workers, acc.open[0].desired) == (3, 4) and acc.throughput.full_steps == 45
+    assert (acc.open[0].workers, acc.open[0].desired) == (3, 4) and acc.throughput.full.steps == 45
     again = Accounting.from_status(acc.to_status())
     assert again == acc
     raw = acc.to_status()
+    # the keys statuses already hold: a job's accounting written before an operator upgrade reads the same after
+    assert raw["throughput"] == {"fullSeconds": 45.0, "fullSteps": 45, "degradedSeconds": 0.0, "degradedSteps": 0,
+                                 "degradedCapacity": 0.0, "degradedAttempts": 0}
     raw["open"][0]["workers"] = "three"  # malformed: the size is not known, the accounting goes on
     assert Accounting.from_status(raw).open[0].workers is None

@@ -13,6 +13,7 @@ from op_jobs import make_job
 from reprieve_operator.policy import kueue
 from reprieve_operator.policy import workload as workloads
 from reprieve_operator.policy.decide import View, decide
+from reprieve_operator.policy.restart import RestartPlan
 from test_decide import RUN, pod
 
 pytestmark = pytest.mark.unit
@@ -183,6 +184,27 @@ def read(wl: dict[str, Any] | None, flavors: dict[str, Any] | None = None) -> ku
 
 def _gate(wl: dict[str, Any], flavors: dict | None = None, **spec: Any) -> kueue.Gate:
     return kueue.gate(job(**spec), "team", workloads.parse_workload(wl), flavors or {"spot": SPOT}, NOW)
+
+
+
+@pytest.mark.parametrize(("status", "cap", "held", "phase", "cause"), [
+    # The gang saved and exited on the eviction's notice: a preemption restart, resumed once admitted again.
+    (RUN, None, True, "Suspended", "preemption"),
+    # ... capped like any other: one more than restartPolicy.maxPreemptionRestarts fails the job.
+    ({**RUN, "restarts": {"preemption": 1}}, 1, True, "Failed", "preemption"),
+    # Not held (nothing stops the attempt), or no attempt ran yet: the plan as it was.
+    (RUN, None, False, "Suspended", None),
+    ({}, None, True, "Suspended", None),
+])
+def test_an_eviction_that_stops_a_running_attempt_is_a_preemption_restart(
+        status: dict, cap: int | None, held: bool, phase: str, cause: str | None) -> None:
+    j = job(status, restartPolicy={"maxPreemptionRestarts": cap})
+    g = _gate(EVICTED)
+    plan = RestartPlan(phase="Suspended", attempt=j.status.attempt, delete=("llama-0", "llama-1"))
+    out = kueue.eviction_restart(j, plan, g.condition if held else None, g, [])
+    assert (out.phase, out.cause) == (phase, cause)
+    if cause == "preemption" and phase == "Suspended":
+        assert out.delete == plan.delete and out.message.endswith("it resumes once Kueue admits it again")
 
 
 @pytest.mark.parametrize(("status", "pods", "wl", "now", "phase", "created", "deleted"), [

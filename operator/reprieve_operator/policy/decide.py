@@ -6,6 +6,9 @@ handler and the pod-event kick):
 
 0. ``first_event``: only a failure decided outside the restart policy (:func:`failed`) has one: its reason,
    posted before its status, so whoever sees the Failed phase finds the Event that says why;
+   then ``notices``' ``PreemptionNotice`` Events (the node notices ``delivery`` put on the pods, ``View.delivered``),
+   named, before the status that records them (step 7): an operator killed in between posts them again and the
+   apiserver refuses a second;
 1. ``record``: the status a decided gang restart or failure leads to, written before anything is deleted (a
    crash in between cannot count it twice), then its Event (``record_event``) and its counter;
 2. ``annotate``: the pods' annotations (a Kueue eviction's notice, ``policy.notice``'s rule as for a node's; the
@@ -22,7 +25,7 @@ handler and the pod-event kick):
    quota back, publish the last checkpoint), each then its log line and Event, before the status that describes
    them;
 7. ``status``: the final merge patch, then ``status_events`` (the ``Queued`` condition's change, a Kueue notice,
-   a commit, success);
+   a commit, success); the node notices it records (``status.lastNotice``) are counted;
 8. ``finish``: the Workload of a job this status ended, marked ``Finished`` so that Kueue frees the quota in this
    pass (after the status: a Workload is never finished for a job whose status still says it runs);
 9. ``requeue_after``: look again after this many seconds (a backoff, old pods still draining, a notice's end).
@@ -57,24 +60,19 @@ from . import builders, events, kueue, memorypeers, podsready, views
 from .events import Event
 from .inplace import Assignment, InPlace, PodView, decide_inplace
 from .kueue import Gate, admitted_template
-from .notice import decide_notice, notice_event_name, notice_status_patch
+from .notice import Delivered, decide_notice, notice_event_name, notice_status_patch, record_deliveries
 from .restart import (
     DISRUPTION,
     PEER_LOST_WAIT_SECONDS,
-    PREEMPTION,
     TERMINAL_PHASES,
     Condition,
     RestartPlan,
-    Verdict,
-    WorkerPod,
     decide_restart,
-    gang_restart,
     lost_nodes,
     orphaned_pods,
-    still_running,
 )
 from .status import closing_goodput, notice_status, status_patch
-from .times import rfc3339
+from .times import parse_time, rfc3339
 
 WAIT_SECONDS = 2.0  # look again while old pods drain (their deletion events usually come first)
 PROBE_EVERY_SECONDS = 5.0  # while a silent peer is waited for: probe its pod again this often
@@ -102,6 +100,7 @@ class View:
     gone: Sequence[views.GonePod] = ()  # the job's pods the watch saw deleted (where a missing worker ran)
     probed: bool = False  # the silent peers' pods were probed (``Outcome.probe``)
     unreachable: Collection[str] = ()  # ... and these did not answer
+    delivered: Sequence[Delivered] = ()  # node notices ``delivery`` put on the pods, for the status to record
 
 
 @dataclass(frozen=True)
@@ -142,6 +141,16 @@ class Outcome:
     needs_placement: bool = False  # compute the nodes to avoid and decide again
     probe: frozenset[tuple[str, str]] = frozenset()  # (pod, address): probe these and decide again (``unreachable``)
     log: str = ""  # what to log once the record is written
+    # node notices ``status`` records (``View.delivered``): each one's named PreemptionNotice Event is posted
+    # first, before ``record`` (an operator killed before the status posts it again, and the apiserver refuses a
+    # second one); counted once the status is written
+    notices: tuple[Delivered, ...] = ()
+
+    @property
+    def final(self) -> bool:
+        """Carried out as it is: it asks for no read and no second decision (``look_at_nodes``, ``probe``,
+        ``needs_placement``)."""
+        return not (self.look_at_nodes or self.probe or self.needs_placement)
 
 
 class Answer(Protocol):
@@ -180,7 +189,23 @@ def decide(view: View) -> Outcome:
         out = dataclasses.replace(out, assign_first=True)
     if queue is not None and view.kueue is not None:
         out = _queued(out, view, view.kueue, queue)
-    return out
+    return _delivered(out, view)
+
+
+def _delivered(out: Outcome, view: View) -> Outcome:
+    """``out`` with the node notices ``delivery`` put on the pods recorded (``policy.notice.record_deliveries``):
+    ``status.lastNotice`` (the earliest, with an eviction's notice of this pass) and phase ``Preempting`` unless
+    this pass decides the phase, each recorded one's ``PreemptionNotice`` Event."""
+    if not view.delivered or out.job is None or not out.final:
+        return out
+    patch, recorded = record_deliveries(out.job, view.delivered, view.now)
+    if patch is None:
+        return out
+    status = {**patch, **out.status}
+    if "lastNotice" in out.status:  # an eviction's notice decided in this pass too: the earlier deadline stands
+        status["lastNotice"] = min(out.status["lastNotice"], patch["lastNotice"],
+                                   key=lambda n: parse_time(n.get("deadline")) or view.now)
+    return dataclasses.replace(out, status=status, notices=recorded)
 
 
 def _queued(out: Outcome, view: View, read: kueue.Read, queue: kueue.Queue) -> Outcome:
@@ -267,25 +292,6 @@ def _queue_conditions(plan: RestartPlan, g: Gate | None, hold: Condition | None)
     return dataclasses.replace(plan, conditions=(*plan.conditions, g.condition))
 
 
-def _evicted(job: TrainingJob, plan: RestartPlan, hold: Condition | None, g: Gate | None,
-             pods: Sequence[WorkerPod] | Sequence[PodView]) -> RestartPlan:
-    """A Kueue eviction that stops a running attempt is a preemption restart: counted in ``status.restarts`` (and
-    ``restartCount``) when the job is held, and capped by ``restartPolicy.maxPreemptionRestarts`` like any other
-    (``restart.gang_restart``); the next attempt starts when Kueue admits the job again."""
-    st = job.status
-    restarting = st.restarting_from is not None and st.restarting_from >= st.attempt
-    if hold is None or g is None or not g.release or job.spec.suspend or plan.phase != "Suspended" or \
-            st.phase in (None, "Suspended") or st.attempt == 0 or restarting:
-        return plan
-    why = f"Kueue evicted the job ({g.condition.message})"
-    capped = gang_restart(job, st.attempt, Verdict(cause=PREEMPTION, why=why), None,
-                          stragglers=still_running(pods), teardown=plan.delete)
-    if capped.phase == "Failed":
-        return capped
-    return dataclasses.replace(plan, cause=PREEMPTION, message=f"attempt {st.attempt} stopped ({PREEMPTION}): "
-                                                               f"{why}; it resumes once Kueue admits it again")
-
-
 def _pods_ready(plan: RestartPlan, view: View) -> RestartPlan:
     """The plan with condition ``PodsReady`` when a pod of the job is stuck, or was (``policy.podsready``; the
     callers look again when a pod waiting for a node reaches its grace). Nothing once the job ends."""
@@ -320,8 +326,9 @@ def _recreate(view: View, g: Gate | None) -> Outcome:
     pods = [dataclasses.replace(p, reachable=False) if p.name in view.unreachable else p for p in pods]
     hold = held(view, g)
     gone = [(p.index, p.attempt, p.node) for p in view.gone]
-    plan = _evicted(job, decide_restart(job, pods, view.avoid, now, view.doomed, held=hold,
-                                        peer_lost_wait_s=view.peer_lost_wait_s, gone=gone), hold, g, pods)
+    plan = decide_restart(job, pods, view.avoid, now, view.doomed, held=hold,
+                          peer_lost_wait_s=view.peer_lost_wait_s, gone=gone)
+    plan = kueue.eviction_restart(job, plan, hold, g, pods)
     plan = _pods_ready(_queue_conditions(plan, g, hold), view)
     look = lost_nodes(pods) | {node for _, a, node in gone if a == plan.attempt}  # this attempt's pods, gone
     if plan.cause == DISRUPTION and not view.looked and look:  # none to read: decided already
@@ -363,7 +370,7 @@ def _in_place(view: View, g: Gate | None) -> Outcome:
     plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed, held=hold,
                                  peer_lost_wait_s=view.peer_lost_wait_s, gone={p.name: p.node for p in view.gone},
                                  stuck=stuck)
-    plan = _pods_ready(_queue_conditions(_evicted(job, plan, hold, g, pods), g, hold), view)
+    plan = _pods_ready(_queue_conditions(kueue.eviction_restart(job, plan, hold, g, pods), g, hold), view)
     current = view.assignment
     if current is not None and extra.assign is None and extra.record is None and plan.cause is None:
         paired = memorypeers.pairing_condition(job, current.processes, current.memory_peers, pods)
@@ -469,7 +476,7 @@ def _record(job: TrainingJob, decided: RestartPlan | None, now: datetime) -> tup
     if decided is None or not decided.cause:
         return job, {}
     patch = status_patch(job, decided, now, None)
-    if decided.phase == "Suspended":  # a Kueue eviction (``_evicted``): the gang restarts once admitted again
+    if decided.phase == "Suspended":  # a Kueue eviction (``kueue.eviction_restart``): restarts once admitted
         patch["restartCount"] = job.status.restart_count + 1
     after = job.model_copy(update={"status": job.status.model_validate(
         {**job.status.model_dump(by_alias=True), **patch})})

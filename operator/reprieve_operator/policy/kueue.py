@@ -1,8 +1,9 @@
 """Kueue, decided purely: what the answer on a queued TrainingJob's Workload (``policy.workload``) lets it do now
 (:func:`gate`), the Workload operation a pass carries out (:func:`decide_queue`: create, replace, move, give the
-quota back, publish the last checkpoint; :func:`finish` once the job ended), and the notice an eviction gives the
-gang (:func:`eviction_notice`, delivered by ``policy.notice``'s rule like a node's). ``kueue.py`` only reads what
-:class:`Read` holds and carries out what this module decided (``reconcile.apply_outcome``).
+quota back, publish the last checkpoint; :func:`finish` once the job ended), the notice an eviction gives the gang
+(:func:`eviction_notice`, delivered by ``policy.notice``'s rule like a node's) and the preemption restart it counts
+(:func:`eviction_restart`). ``kueue.py`` only reads what :class:`Read` holds and carries out what this module
+decided (``reconcile.apply_outcome``).
 
 The integration is Kueue's external-framework path (``docs/kueue.md``): the operator owns one ``Workload`` per job
 (``kueue.x-k8s.io/v1beta2``), as Kueue's own job reconciler does for a batch Job, and Kueue admits or evicts it.
@@ -23,15 +24,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from ..models import KUEUE_NOTICE, TrainingJob
 from .events import Event
-from .restart import Condition
+from .restart import PREEMPTION, Condition, RestartPlan, Verdict, WorkerPod, gang_restart, still_running
 from .signals import Notice
 from .times import rfc3339
+from .views import PodView
 from .workload import (
     ANNOTATION_CHECKPOINT,
     KUEUE_GROUP,
@@ -203,6 +205,26 @@ def eviction_message(g: Gate, attempt: int) -> str:
     assert g.notice is not None and g.deadline is not None
     return (f"Kueue evicted the job's Workload ({g.notice.reason}: {g.notice.message}); notice {g.notice_id} "
             f"delivered to attempt {attempt}, save by {rfc3339(g.deadline)}")
+
+
+def eviction_restart(job: TrainingJob, plan: RestartPlan, hold: Condition | None, g: Gate | None,
+                     pods: Sequence[WorkerPod] | Sequence[PodView]) -> RestartPlan:
+    """``plan`` as an eviction leaves it: one that stops a running attempt is a preemption restart, counted in
+    ``status.restarts`` (and ``restartCount``) when the job is held (``hold``) and capped by
+    ``restartPolicy.maxPreemptionRestarts`` like any other (``restart.gang_restart``); the next attempt starts when
+    Kueue admits the job again."""
+    st = job.status
+    restarting = st.restarting_from is not None and st.restarting_from >= st.attempt
+    if hold is None or g is None or not g.release or job.spec.suspend or plan.phase != "Suspended" or \
+            st.phase in (None, "Suspended") or st.attempt == 0 or restarting:
+        return plan
+    why = f"Kueue evicted the job ({g.condition.message})"
+    capped = gang_restart(job, st.attempt, Verdict(cause=PREEMPTION, why=why), None,
+                          stragglers=still_running(pods), teardown=plan.delete)
+    if capped.phase == "Failed":
+        return capped
+    return replace(plan, cause=PREEMPTION, message=f"attempt {st.attempt} stopped ({PREEMPTION}): {why}; it "
+                                                   "resumes once Kueue admits it again")
 
 
 def checkpoint_annotation(job: TrainingJob) -> str | None:

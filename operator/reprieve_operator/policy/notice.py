@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ..models import TrainingJob
+from ..models import NoticeStatus, TrainingJob
 from .restart import WorkerPod
 from .signals import Notice
+from .status import notice_status
 from .times import parse_time, rfc3339
 
 DELIVERABLE_PHASES = (None, "Pending", "Running", "Preempting")
@@ -130,6 +131,35 @@ def notice_status_patch(job: TrainingJob, last_notice: dict[str, Any], attempt: 
     if st.phase in (None, "Pending", "Running") and st.attempt <= attempt and not restarting:
         patch["phase"] = "Preempting"
     return patch
+
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """A notice on the pods of one attempt (``delivery`` annotated them), for the job's reconcile to record:
+    ``message`` is its ``PreemptionNotice`` Event's text (:func:`notice_message`, said where the node was seen)."""
+
+    notice: Notice
+    attempt: int
+    message: str
+
+
+def record_deliveries(job: TrainingJob, delivered: Sequence[Delivered],
+                      now: datetime) -> tuple[dict[str, Any] | None, tuple[Delivered, ...]]:
+    """The status patch that records ``delivered`` (in the order they were delivered, each judged by
+    :func:`notice_status_patch` on the status the ones before it leave) and the deliveries it records; (None, ())
+    when the status records each as early already."""
+    patch: dict[str, Any] = {}
+    recorded: list[Delivered] = []
+    for d in delivered:
+        one = notice_status_patch(job, notice_status(d.notice, d.attempt, now), d.attempt)
+        if one is None:
+            continue
+        patch, recorded = {**patch, **one}, [*recorded, d]
+        status = job.status.model_copy(update={"last_notice": NoticeStatus.model_validate(one["lastNotice"]),
+                                               "phase": one.get("phase", job.status.phase)})
+        job = job.model_copy(update={"status": status})
+    return (patch or None), tuple(recorded)
 
 
 def first_seen_in_notices(values: Iterable[str | None], node: str, signal: str) -> datetime | None:

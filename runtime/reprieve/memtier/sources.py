@@ -5,72 +5,45 @@ restore_sources`` (what ``restoredFrom.sources`` reports per process) and ordere
 each source in turn for a copy of the writer's shards and reads the first that has one. Its own pod's memory comes
 first (a mapping, no copy, no network), a peer's memory over the pod network next, and storage last (the storage
 tier's checkpoint of the same step, read only in a mixed restore when memory lacks a writer: ``.restore_round``).
-A new source is one class here with its contract word (``docs/contract.toml``) and its line in
-``docs/contract.md`` ("Memory tier"); ``tests/test_contract.py`` binds this table to the contract's list.
+A new source is one row here, :class:`RestoreSource` with its contract word (``docs/contract.toml``) and which
+copies it reads, and its line in ``docs/contract.md`` ("Memory tier"); ``tests/test_contract.py`` binds this table
+to the contract's list.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from .decide import Holding
 
 
-class RestoreSource(Protocol):
-    """One place a restore can read a writer's part from."""
-
-    @property
-    def name(self) -> str:
-        """Its word in ``docs/contract.toml`` ``[memory] restore_sources``."""
-        ...
-
-    @property
-    def where(self) -> str:
-        """How the restore's log line names it."""
-        ...
-
-    def holder(self, holders: Sequence[Holding], process: int, location: str | None) -> Holding | None:
-        """The copy among ``holders`` (one writer's) that ``process`` (in the pod at ``location``) reads through
-        this source; None when it has none."""
-        ...
-
-
 @dataclass(frozen=True)
-class OwnMemory:
-    """A copy in the process's own pod's memory directory (read through a private mapping)."""
+class RestoreSource:
+    """One place a restore can read a writer's part from: ``name``, its word in ``docs/contract.toml`` ``[memory]
+    restore_sources``; ``where``, how the restore's log line names it; ``reads(holding, process, location)``,
+    whether ``process`` (in the pod at ``location``) reads that copy through this source."""
 
-    name: str = "memory"
-    where: str = "its own pod's memory"
-
-    def holder(self, holders: Sequence[Holding], process: int, location: str | None) -> Holding | None:
-        return next((h for h in holders if h.local_to(process, location)), None)
-
-
-@dataclass(frozen=True)
-class PeerMemory:
-    """A copy another pod's replica server holds (read over TCP)."""
-
-    name: str = "peer"
-    where: str = "a peer's memory over the network"
+    name: str
+    where: str
+    reads: Callable[[Holding, int, str | None], bool]
 
     def holder(self, holders: Sequence[Holding], process: int, location: str | None) -> Holding | None:
-        return next((h for h in holders if h.readable_by(process, location)), None)
+        """The copy among ``holders`` (one writer's) that ``process`` reads through this source; None when it has
+        none."""
+        return next((h for h in holders if self.reads(h, process, location)), None)
 
 
-@dataclass(frozen=True)
-class StorageCheckpoint:
-    """The storage tier's checkpoint of the step: it holds no memory copy, and serves whatever memory lacks."""
-
-    name: str = "storage"
-    where: str = "storage"
-
-    def holder(self, holders: Sequence[Holding], process: int, location: str | None) -> Holding | None:
-        return None
+def _no_copy(holding: Holding, process: int, location: str | None) -> bool:
+    return False
 
 
-MEMORY, PEER, STORAGE = OwnMemory(), PeerMemory(), StorageCheckpoint()
+# A copy in the process's own pod's memory directory (read through a private mapping); a copy another pod's replica
+# server holds (read over TCP); the storage tier's checkpoint of the step, which holds no memory copy and serves
+# whatever memory lacks.
+MEMORY = RestoreSource("memory", "its own pod's memory", Holding.local_to)
+PEER = RestoreSource("peer", "a peer's memory over the network", Holding.readable_by)
+STORAGE = RestoreSource("storage", "storage", _no_copy)
 SOURCES: dict[str, RestoreSource] = {s.name: s for s in (MEMORY, PEER, STORAGE)}  # in order of preference
 
 

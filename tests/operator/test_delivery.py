@@ -1,0 +1,140 @@
+"""``delivery``: a Node event's notice reaches the pods (annotations, the pods' Events) and is handed to the job's
+reconcile, which alone writes the status (``status.lastNotice``, phase ``Preempting``) after the job's named
+``PreemptionNotice`` Event. The API server here is a recorder of calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from fake_clock import FakeClock
+from op_jobs import make_job
+from reprieve_operator import delivery
+from reprieve_operator.cache import Cache
+from reprieve_operator.nodesignals import NodeSignals
+from reprieve_operator.policy.signals import BUILTIN_SIGNALS
+from reprieve_operator.reconcile import reconcile
+from reprieve_operator.state import State
+from test_decide import RUN
+
+pytestmark = pytest.mark.unit
+
+SPOT = "cloud.google.com/impending-node-termination"
+
+
+class Group:
+    """One API group: every call is recorded as (method, args, kwargs); answers by method."""
+
+    def __init__(self, calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]], answers: dict[str, Any]) -> None:
+        self.calls, self.answers = calls, answers
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((method, args, kwargs))
+            return SimpleNamespace(data=json.dumps(self.answers.get(method, {})).encode(), release_conn=lambda: None)
+        return call
+
+
+def worker(name: str, index: int) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "creationTimestamp": RUN["startTime"],
+                         "labels": {"reprieve.dev/job-name": "llama", "reprieve.dev/attempt": "1",
+                                    "reprieve.dev/replica-index": str(index)}},
+            "spec": {"nodeName": "n1"}, "status": {"phase": "Running", "podIP": f"10.0.0.{index + 1}"}}
+
+
+def setup() -> tuple[State, list[tuple[str, tuple[Any, ...], dict[str, Any]]], list[tuple[str, str]], str]:
+    """A running job of two pods on node ``n1``: the state, the API calls, the reconciles run, the job's uid."""
+    calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+    body = dict(make_job(name="llama", namespace="ml").with_status(**RUN))
+    body["metadata"] = {**body["metadata"], "uid": "0123456789abcdef"}
+    api = SimpleNamespace(**{g: Group(calls, {"get_namespaced_custom_object": body})
+                             for g in ("core", "rbac", "custom", "events")})
+    reconciled: list[tuple[str, str]] = []
+
+    async def recorded(st: State, namespace: str, name: str, fresh: bool) -> None:
+        reconciled.append((namespace, name))
+
+    cache = Cache()
+    st = State(api=api, cache=cache, nodes=NodeSignals(BUILTIN_SIGNALS, 600.0, cache, FakeClock()),  # type: ignore[arg-type]
+               reconcile=recorded)
+    cache.upsert_job(body)
+    for i in range(2):
+        cache.upsert_pod(worker(f"llama-{i}", i))
+    cache.mark_primed()
+    return st, calls, reconciled, body["metadata"]["uid"]
+
+
+def spot_node() -> dict[str, Any]:
+    return {"metadata": {"name": "n1", "labels": {}},
+            "spec": {"taints": [{"key": SPOT, "value": "true", "effect": "NoSchedule"}]}}
+
+
+def methods(calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[str]:
+    return [m for m, _, _ in calls]
+
+
+def test_a_node_notice_is_on_the_pods_and_handed_to_the_reconcile_which_alone_writes_the_status() -> None:
+    st, calls, reconciled, uid = setup()
+
+    async def main() -> None:
+        await delivery.on_node(st, "MODIFIED", "n1", spot_node())
+        for _ in range(20):  # the kicked reconcile runs in the background
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert sorted(args[0] for m, args, _ in calls if m == "patch_namespaced_pod") == ["llama-0", "llama-1"]
+    assert "patch_namespaced_custom_object_status" not in methods(calls)  # delivery writes no status
+    pod_events = [args[1] for m, args, _ in calls if m == "create_namespaced_event"]
+    assert sorted(e["involvedObject"]["kind"] for e in pod_events) == ["Pod", "Pod"]
+    (handed,) = st.nodes.unrecorded(uid)
+    assert (handed.attempt, handed.notice.reason, handed.notice.node) == (1, "gke-spot", "n1")
+    assert "notice gke-spot/n1" in handed.message and reconciled == [("ml", "llama")]
+
+
+def test_the_reconcile_posts_the_named_event_then_records_the_notice_once() -> None:
+    st, calls, _, uid = setup()
+
+    async def main() -> None:
+        await delivery.on_node(st, "MODIFIED", "n1", spot_node())
+        del calls[:]
+        await reconcile(st, "ml", "llama")
+
+    asyncio.run(main())
+    events = [(i, args[1]) for i, (m, args, _) in enumerate(calls) if m == "create_namespaced_event"]
+    patches = [(i, args[-1]["status"]) for i, (m, args, _) in enumerate(calls)
+               if m == "patch_namespaced_custom_object_status"]
+    ((at, event),), ((patched_at, status),) = events, patches
+    assert event["reason"] == "PreemptionNotice" and event["involvedObject"]["kind"] == "TrainingJob"
+    assert event["metadata"]["name"].startswith("llama.01234567.notice-1-") and at < patched_at
+    assert status["phase"] == "Preempting"
+    assert {k: status["lastNotice"][k] for k in ("reason", "node", "attempt")} == {
+        "reason": "gke-spot", "node": "n1", "attempt": 1}
+    assert st.nodes.unrecorded(uid) == ()  # recorded: the next reconcile has nothing of it to write
+
+
+def test_decide_records_the_earliest_of_the_deliveries_and_only_what_the_status_lacks() -> None:
+    from datetime import timedelta
+
+    from reprieve_operator.policy.decide import View, decide
+    from reprieve_operator.policy.notice import Delivered
+    from reprieve_operator.policy.signals import Notice
+    from test_decide import NOW, job, nodes, pod
+
+    def delivered(reason: str, seconds: int) -> Delivered:
+        return Delivered(Notice(f"{reason}/n1/1", reason, "n1", NOW + timedelta(seconds=seconds), NOW), 1,
+                         f"{reason} message")
+
+    pods = [pod("llama-0", 0), pod("llama-1", 1)]
+    rebalance, spot, later = delivered("aws-rebalance", 120), delivered("gke-spot", 30), delivered("cordon", 300)
+    out = decide(View(job=job(RUN), pods=pods, now=NOW, known_nodes=nodes(*pods), placed=True, looked=True,
+                      delivered=(rebalance, spot, later)))
+    assert out.notices == (rebalance, spot)  # each posts its Event; the later one changes nothing
+    assert out.status["lastNotice"]["reason"] == "gke-spot" and out.status["phase"] == "Preempting"
+    recorded = job({**RUN, "lastNotice": out.status["lastNotice"]})
+    again = decide(View(job=recorded, pods=pods, now=NOW, known_nodes=nodes(*pods), placed=True, looked=True,
+                        delivered=(rebalance, spot)))
+    assert again.notices == () and "lastNotice" not in again.status
