@@ -266,7 +266,9 @@ class PeerWatch(Daemon):
                               "JAX ends this process too", f" at {self._address}" if self._address else "",
                               self._pid, err)
                 return
-            events = liveness.observe(records, self._clock())
+            # Only process 0 reads the records: another process's liveness would find every peer silent at the
+            # threshold (the spurious "process 0 of 2 has not been heard from" after every start, issue 48)
+            events = liveness.observe(records, self._clock()) if self._pid == 0 else []
             if self._links is not None:
                 events += self._links.link(self._pulses)
             if self._act(events, liveness):

@@ -387,3 +387,22 @@ def test_a_gone_peer_ends_a_training_process_but_not_one_already_leaving_the_job
         job = SimpleNamespace(phase=phase)
         assert end_unless_leaving(job, phase.value, ended.append) is (not phase.terminal), phase
     assert ended == ["ready", "training"]
+
+
+def test_a_process_but_0_never_calls_a_peer_silent_itself(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 48: every process but 0 logged "process 0 of 2 has not been heard from for 5.1 s ..." once per start,
+    at the threshold (it reads no records, so its own liveness found every peer silent), while process 0 was only
+    compiling. Only process 0 judges the records; the others hear its published set."""
+    shared, now = LocalCoordinator(), [0.0]
+    reports: list[tuple[int, ...]] = []
+    watch = PeerWatch(_As(shared, 1, 3), attempt=1, pod="w1", heartbeat_s=2.0, clock=lambda: now[0],
+                      on_lost=reports.append).start()
+    try:
+        _passes(shared, 1, pid=1, attempt=1)
+        now[0] = 60.0  # far past the threshold
+        _passes(shared, 2, pid=1, attempt=1)
+        assert "has not been heard from" not in caplog.text and reports == []
+        shared.set("reprieve/1/silent/set", json.dumps([2]), overwrite=True)  # what process 0 finds, it hears
+        _until(lambda: reports == [(2,)], f"process 0's set heard: {reports}")
+    finally:
+        watch.close()

@@ -1,0 +1,102 @@
+"""How long a survivor takes to know a peer is lost and end, with the pulse (``reprieve.pulse``) and without it,
+in the same run: ``python benchmarks/peer_lost.py [--runs 3] [--heartbeat 10]``.
+
+A real 2-process ``jax.distributed`` job on loopback (tests/runtime/workers/train_worker.py, a step with an
+all-reduce every 20 ms), process 1 hit by one fault, timed from the fault to the end of process 0 (the exit that
+lets the job restart):
+
+- ``killed``: SIGKILL of process 1 mid-run (a process that dies on a host that still answers: OOM, a crash).
+- ``killed-at-start``: SIGKILL of process 1 the moment process 0 trains (the loop running ahead; process 1 may not
+  have reached its first collective, so no connection of JAX's resets: the case that failed CI at 6115ea7).
+- ``vanished``: SIGSTOP of process 1 and its pulse's accept queue filled, so a connect gets no answer (what a node
+  that vanished, or a pod cut off the network, looks like from process 0; emulated on loopback: no real node is
+  lost).
+
+The peer, beside it: the same job with process 1 given no pod IP, so it keeps no pulse (the runtime before the
+pulse: a failed collective's error, the silence threshold at half the heartbeat, JAX's heartbeat timeout
+``--heartbeat``). Prints JSON lines, one a run, then a table with the medians and the ratio peer / pulse. The
+bound is ``REPRIEVE_PEER_LOST_SECONDS`` (2 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SCENARIOS = ("killed", "killed-at-start", "vanished")
+
+
+def one(scenario: str, pulse: bool, heartbeat: int, work: Path) -> dict[str, object]:
+    from tests.runtime.helpers_agreement import launch
+
+    ip = "127.0.0.3" if scenario == "vanished" else "127.0.0.1"
+    env = {"WORKER_ASYNC": "1"} if scenario == "killed-at-start" else {"WORKER_COLLECTIVE": "1"}
+    gang = launch(work, 2, steps=10**6, step_seconds=0 if scenario == "killed-at-start" else 0.02,
+                  heartbeat_s=heartbeat, extra_env=env, process_env={1: {"REPRIEVE_POD_IP": ip if pulse else ""}})
+    held: list[socket.socket] = []
+    try:
+        gang.wait_for_file("running-0", 120)
+        if scenario != "killed-at-start":
+            time.sleep(1.0)  # mid-run: the gang has made steps, and process 0 holds its link to process 1's pulse
+        if scenario == "vanished":
+            gang.signal(1, signal.SIGSTOP)
+            fault = time.monotonic()
+            found = re.search(r"process 1's pulse listens at 127\.0\.0\.3:(\d+)", gang.logs[1].read_text())
+            if found:
+                while len(held) < 64:
+                    try:
+                        held.append(socket.create_connection(("127.0.0.3", int(found.group(1))), timeout=0.2))
+                    except TimeoutError:
+                        break
+        else:
+            gang.signal(1, signal.SIGKILL)
+            fault = time.monotonic()
+        code = gang.procs[0].wait(120)
+        seconds = time.monotonic() - fault
+    finally:
+        gang.kill()
+        for sock in held:
+            sock.close()
+    log = gang.logs[0].read_text()
+    how = ("pulse" if "has ended without leaving the job" in log or "does not answer within" in log else
+           "collective" if "the failed collective names" in log else
+           "jax-heartbeat" if "stopped sending heartbeats" in log else "other")
+    return {"scenario": scenario, "pulse": pulse, "seconds": round(seconds, 3), "code": code, "named_by": how}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--heartbeat", type=int, default=10, help="REPRIEVE_HEARTBEAT_TIMEOUT_SECONDS (default 10)")
+    parser.add_argument("--scenario", choices=SCENARIOS, action="append", help="default: all")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="reprieve-peer-lost-"))
+    results: dict[tuple[str, bool], list[float]] = {}
+    for scenario in args.scenario or SCENARIOS:
+        for run in range(args.runs):
+            for pulse in (True, False):
+                row = one(scenario, pulse, args.heartbeat, work / f"{scenario}-{run}-{int(pulse)}")
+                print(json.dumps(row), flush=True)
+                results.setdefault((scenario, pulse), []).append(float(row["seconds"]))  # type: ignore[arg-type]
+    print(f"\nfault -> process 0 ended, median (max) of {args.runs} runs; JAX heartbeat {args.heartbeat} s")
+    print(f"{'scenario':<18}{'pulse':>16}{'without pulse':>18}{'ratio':>8}")
+    for scenario in args.scenario or SCENARIOS:
+        a, b = results[(scenario, True)], results[(scenario, False)]
+        print(f"{scenario:<18}{statistics.median(a):>8.2f} s ({max(a):4.1f}){statistics.median(b):>10.2f} s "
+              f"({max(b):4.1f}){statistics.median(b) / max(statistics.median(a), 1e-3):>7.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
