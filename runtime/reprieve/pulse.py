@@ -13,10 +13,10 @@ port on its pod IP, written into its liveness record) and process 0 holds a conn
   within ``PROBE_TIMEOUT_SECONDS`` (a SYN and its one resend at Linux's 1 s initial retransmission timeout) means
   gone. Detection: at most ``quiet_s`` + the probe timeout = the bound.
 - **It is alive but busy** (compiling, restoring, a long step, a call that holds the GIL, stopped): its beats stop,
-  but the kernel still completes the probe's handshake on its listening socket: *accepted* is alive, and the link is
-  left alone until it beats again (one probe a quiet spell: a stalled process does not accept, and probes it
-  never took would fill its accept queue and look like a gone host). TCP keepalive on the held connection (the
-  peer's kernel answers it even while the process is stalled) still finds its node gone during the spell.
+  but the kernel still completes the probe's handshake on its listening socket: *accepted* is alive. A quiet spell
+  is probed again every ``quiet_s``, a few times only (``PulseLinks.PROBES_A_SPELL``: a stalled process accepts
+  none, and more than its accept queue holds would look like a gone host); after those, TCP keepalive on the held
+  connection (the peer's kernel answers it even while the process is stalled) still finds its node gone.
 - **It leaves the job** (its exit decided by the runtime, a survivor of another peer's loss included): it writes
   ``BYE`` before closing, and its close is not a loss.
 
@@ -143,6 +143,13 @@ class PulseServer(Daemon):
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(self.beat_s + 1.0)
+        while leaving:  # a link still in the accept queue hears it too (closing the listener would reset it)
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:  # BlockingIOError: none left
+                break
+            with self._lock:
+                self._conns.append(conn)
         with self._lock:
             for conn in self._conns:
                 with contextlib.suppress(OSError):
@@ -207,7 +214,8 @@ class _Link:
     address: tuple[str, int]
     sock: socket.socket
     heard: float  # when the last beat (or the connect) came
-    probed: bool = False  # probed this quiet spell, and it answered
+    probes: int = 0  # probes this quiet spell that it answered
+    probed: float = float("-inf")  # when the last of them was made
 
 
 class PulseLinks:
@@ -218,6 +226,10 @@ class PulseLinks:
     given at most one, and one that left (``BYE``) none."""
 
     RETRY_S = 30.0  # a first link that got no answer (a firewall between the pods?) is tried again after this
+    # Probes of one quiet spell, ``quiet_s`` apart: a spell that began while the peer was only busy (a late beat)
+    # still finds its node gone within the bound. Few: a stalled peer accepts none of them, and more than its
+    # accept queue holds (PulseServer.BACKLOG) would look like a host that does not answer.
+    PROBES_A_SPELL = 4
 
     def __init__(self, lost_s: float, clock: Callable[[], float],
                  probe: Callable[[tuple[str, int], float], str | None] = probe,
@@ -332,14 +344,16 @@ class PulseLinks:
             return False
         if not data:
             return True
-        link.heard, link.probed = self._clock(), False
+        link.heard, link.probes = self._clock(), 0
         return False
 
     def _judge(self, closed: list[int]) -> list[tuple[str, int, float]]:
-        """Probe the links that closed and those quiet for ``quiet_s`` (not probed yet this spell): the verdicts."""
+        """Probe the links that closed and those quiet for ``quiet_s`` (again every ``quiet_s``, up to
+        ``PROBES_A_SPELL`` times a spell): the verdicts."""
         now = self._clock()
         due = {p: link.address for p, link in self._links.items()
-               if p in closed or (not link.probed and now - link.heard >= self.quiet_s)}
+               if p in closed or (now - link.heard >= self.quiet_s and link.probes < self.PROBES_A_SPELL
+                                  and now - link.probed >= self.quiet_s)}
         if not due:
             return []
         verdicts = at_once(due, lambda address: self._probe(address, self.probe_timeout_s))
@@ -360,7 +374,7 @@ class PulseLinks:
                 again[p] = link.address
                 log.debug("the link to process %d closed but its pulse answered: linking again", p)
             else:
-                link.probed = True
+                link.probes, link.probed = link.probes + 1, now
                 log.debug("process %d is quiet for %.1f s but its pulse answers: busy, not lost", p, now - link.heard)
         return events + self.link(again)
 
