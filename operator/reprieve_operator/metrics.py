@@ -38,8 +38,9 @@ NOTICE_LEAD = Histogram("reprieve_notice_lead_seconds",
                         "Notice lead time: deadline minus when the operator first saw the signal, at delivery.",
                         [*JOB_LABELS, "reason"], buckets=LEAD_BUCKETS)
 NOTICE_TO_COMMIT = Histogram("reprieve_notice_to_commit_seconds",
-                             "From the operator seeing a notice to the job's agreed checkpoint being committed "
-                             "(as reported by the runtime; 1 s resolution).", JOB_LABELS, buckets=SECONDS_BUCKETS)
+                             "From the operator seeing a notice to the job's first checkpoint committed at or after "
+                             "it (as reported by the runtime; 1 s resolution), once per notice.", JOB_LABELS,
+                             buckets=SECONDS_BUCKETS)
 RESTART_GAP = Histogram("reprieve_restart_gap_seconds",
                         "Last step of an attempt to the next attempt's creation (the restart-gap badput of one "
                         "interruption).", JOB_LABELS, buckets=SECONDS_BUCKETS)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from reprieve_operator import metrics
-from reprieve_operator.jobwatch import Transitions, transitions
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from reprieve_operator import handlers, jobwatch, metrics
+from reprieve_operator.cache import Cache
+from reprieve_operator.jobwatch import NoticeCommit, NoticeCommits, Transitions, notice_to_commit, transitions
 
 pytestmark = pytest.mark.unit
 
@@ -25,24 +30,6 @@ CASES = [
      acc({"attempt": 2, "created": 60.0, "report": {**REPORT, "step": 60}}), Transitions((6.0,))),
     ("the job ends: the last attempt closes without a successor, no gap",
      acc({"attempt": 1, "created": 0.0, "report": REPORT}), acc(), Transitions()),
-    ("first commit after the notice: notice -> commit",
-     {**NOTICE, "lastCheckpointTime": "2026-11-22T02:59:00Z"},
-     {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:07Z"}, Transitions((), 7.0)),
-    ("a later commit of the same notice is not counted again",
-     {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:07Z"},
-     {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:09Z"}, Transitions()),
-    ("a commit before the notice is not its commit", {}, {**NOTICE, "lastCheckpointTime": "2026-11-22T02:59:59Z"},
-     Transitions()),
-    ("the commit reached status before the notice did: counted when the notice arrives",
-     {"lastCheckpointTime": "2026-11-22T03:00:07Z"}, {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:07Z"},
-     Transitions((), 7.0)),
-    ("the same notice again with the same commit: not counted again",
-     {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:07Z"},
-     {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:07Z"}, Transitions()),
-    ("a new notice after a commit of the previous one: counted at its own first commit",
-     {**NOTICE, "lastCheckpointTime": "2026-11-22T03:00:07Z"},
-     {"lastNotice": {**NOTICE["lastNotice"], "observedAt": "2026-11-22T03:10:00Z"},
-      "lastCheckpointTime": "2026-11-22T03:10:02Z"}, Transitions((), 2.0)),
     ("an elastic shrink: currentWorkers fell", {"currentWorkers": 4}, {"currentWorkers": 3},
      Transitions(resize="shrink")),
     ("a grow back: currentWorkers rose", {"currentWorkers": 3}, {"currentWorkers": 4}, Transitions(resize="grow")),
@@ -54,6 +41,88 @@ CASES = [
 @pytest.mark.parametrize("old,new,expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_transitions(old: dict, new: dict, expected: Transitions) -> None:
     assert transitions(old, new) == expected
+
+
+def committed(at: str) -> dict:
+    return {"lastCheckpointTime": f"2026-11-22T{at}Z"}
+
+
+def noticed(at: str, observed: str = "03:00:00", notice_id: str = "n") -> dict:
+    return {"lastNotice": {**NOTICE["lastNotice"], "id": notice_id, "observedAt": f"2026-11-22T{observed}Z"},
+            **committed(at)}
+
+
+# (statuses as the watch sees them, one after another; the notice -> commit seconds each one completes)
+NOTICE_CASES = [
+    ("the first commit after the notice: notice -> commit", [noticed("02:59:00"), noticed("03:00:07")],
+     [None, 7.0]),
+    ("a later commit of the same notice is not counted again", [noticed("03:00:07"), noticed("03:00:09")],
+     [7.0, None]),
+    ("a commit before the notice is not its commit", [noticed("02:59:59")], [None]),
+    ("the commit reached status before the notice did: counted when the notice arrives",
+     [committed("03:00:07"), noticed("03:00:07")], [None, 7.0]),
+    ("two commits reached status before the notice: the first at or after it counts",
+     [committed("02:59:58"), committed("03:00:03"), committed("03:00:07"), noticed("03:00:07")],
+     [None, None, None, 3.0]),
+    ("the same status again: not counted again", [noticed("03:00:07"), noticed("03:00:07")], [7.0, None]),
+    ("a new notice after a commit of the previous one: counted at its own first commit",
+     [noticed("03:00:07"), noticed("03:10:02", observed="03:10:00", notice_id="m")], [7.0, 2.0]),
+    ("a new notice before any commit after it: counted at that commit",
+     [noticed("03:00:07"), noticed("03:00:07", observed="03:10:00", notice_id="m"),
+      noticed("03:10:04", observed="03:10:00", notice_id="m")], [7.0, None, 4.0]),
+    ("a status without a notice or a commit", [{}, {"phase": "Running"}], [None, None]),
+]
+
+
+@pytest.mark.parametrize("statuses,expected", [c[1:] for c in NOTICE_CASES], ids=[c[0] for c in NOTICE_CASES])
+def test_notice_to_commit(statuses: list[dict], expected: list[float | None]) -> None:
+    seen, out = NoticeCommit(), []
+    for status in statuses:
+        seen, seconds = notice_to_commit(seen, status)
+        out.append(seconds)
+    assert out == expected
+
+
+def test_a_notice_and_commit_already_in_the_status_at_start_are_not_counted_again() -> None:
+    """The first event of a job in this process: its cached status (the LIST at start) is what an operator before
+    this one watched."""
+    owner, both = NoticeCommits(), noticed("03:00:07")
+    assert owner.see(("ml", "counted"), both, both) is None
+    assert owner.see(("ml", "counted"), both, noticed("03:00:09")) is None
+    assert owner.see(("ml", "waiting"), noticed("02:59:00"), both) == 7.0  # its commit came after the restart
+    assert owner.see(("ml", "new"), None, both) == 7.0  # created while this operator watched
+    owner.forget(("ml", "counted"))
+    assert owner.see(("ml", "counted"), None, both) == 7.0
+
+
+def test_the_notice_merged_into_the_cache_after_its_commit_was_watched_is_counted_once() -> None:
+    """The race of the dashboard e2e: the reconcile's status with a commit after the notice is watched first, the
+    delivery then writes lastNotice and merges it into the cache (Cache.merge_job_status) before its own watch
+    event, so the cached status before that event already holds both."""
+    cache = Cache()
+    memo = SimpleNamespace(state=SimpleNamespace(cache=cache))
+    ns = "notice-merge"
+    labels = {"namespace": ns, "trainingjob": "llama"}
+
+    def watched(status: dict[str, Any]) -> None:
+        body = {"metadata": {"namespace": ns, "name": "llama", "uid": "u1"}, "spec": {"replicas": 2},
+                "status": status}
+        asyncio.run(handlers.job_event(event={"type": "MODIFIED"}, body=body, memo=memo))
+
+    def count() -> float:
+        return REGISTRY.get_sample_value("reprieve_notice_to_commit_seconds_count", labels) or 0.0
+
+    try:
+        watched(committed("02:59:00"))
+        watched(committed("03:00:07"))  # the agreed save, reported before the notice was recorded
+        notice = noticed("03:00:07")
+        cache.merge_job_status(ns, "llama", {"lastNotice": notice["lastNotice"]})  # delivery._record
+        watched(notice)
+        watched(noticed("03:00:09"))
+        assert count() == 1.0
+        assert REGISTRY.get_sample_value("reprieve_notice_to_commit_seconds_sum", labels) == 7.0
+    finally:
+        jobwatch.forget(ns, "llama")
 
 
 # What the collector below exposes, one sample a line.
