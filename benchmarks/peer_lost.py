@@ -10,12 +10,14 @@ lets the job restart):
   have reached its first collective, so no connection of JAX's resets: the case that failed CI at 6115ea7).
 - ``vanished``: SIGSTOP of process 1 and its pulse's accept queue filled, so a connect gets no answer (what a node
   that vanished, or a pod cut off the network, looks like from process 0; emulated on loopback: no real node is
-  lost).
+  lost). Timed from the queue being full (the filling takes ~0.2 s after the SIGSTOP: a probe in that window is
+  answered, as a busy peer's would be).
 
 The peer, beside it: the same job with process 1 given no pod IP, so it keeps no pulse (the runtime before the
 pulse: a failed collective's error, the silence threshold at half the heartbeat, JAX's heartbeat timeout
-``--heartbeat``). Prints JSON lines, one a run, then a table with the medians and the ratio peer / pulse. The
-bound is ``REPRIEVE_PEER_LOST_SECONDS`` (2 s).
+``--heartbeat``). Prints JSON lines, one a run, then a table with the medians and the ratio peer / pulse, and when
+process 0 named the peer (its log line's time, to the millisecond; the end follows it by the process's teardown).
+The bound is ``REPRIEVE_PEER_LOST_SECONDS`` (2 s), on the naming.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +54,7 @@ def one(scenario: str, pulse: bool, heartbeat: int, work: Path) -> dict[str, obj
             time.sleep(1.0)  # mid-run: the gang has made steps, and process 0 holds its link to process 1's pulse
         if scenario == "vanished":
             gang.signal(1, signal.SIGSTOP)
-            fault = time.monotonic()
+            fault, wall = time.monotonic(), time.time()
             found = re.search(r"process 1's pulse listens at 127\.0\.0\.3:(\d+)", gang.logs[1].read_text())
             if found:
                 while len(held) < 64:
@@ -59,9 +62,10 @@ def one(scenario: str, pulse: bool, heartbeat: int, work: Path) -> dict[str, obj
                         held.append(socket.create_connection(("127.0.0.3", int(found.group(1))), timeout=0.2))
                     except TimeoutError:
                         break
+            fault, wall = time.monotonic(), time.time()  # the address stops answering now (beats stopped ~0.2 s before)
         else:
             gang.signal(1, signal.SIGKILL)
-            fault = time.monotonic()
+            fault, wall = time.monotonic(), time.time()
         code = gang.procs[0].wait(120)
         seconds = time.monotonic() - fault
     finally:
@@ -72,7 +76,11 @@ def one(scenario: str, pulse: bool, heartbeat: int, work: Path) -> dict[str, obj
     how = ("pulse" if "has ended without leaving the job" in log or "does not answer within" in log else
            "collective" if "the failed collective names" in log else
            "jax-heartbeat" if "stopped sending heartbeats" in log else "other")
-    return {"scenario": scenario, "pulse": pulse, "seconds": round(seconds, 3), "code": code, "named_by": how}
+    named = re.search(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) p0 reprieve\.peers ERROR ending process", log,
+                      re.MULTILINE)
+    named_s = (datetime.strptime(named.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() - wall) if named else None
+    return {"scenario": scenario, "pulse": pulse, "seconds": round(seconds, 3), "code": code, "named_by": how,
+            "named_s": None if named_s is None else round(named_s, 3)}
 
 
 def main() -> int:
@@ -83,18 +91,22 @@ def main() -> int:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="reprieve-peer-lost-"))
     results: dict[tuple[str, bool], list[float]] = {}
+    named: dict[str, list[float]] = {}
     for scenario in args.scenario or SCENARIOS:
         for run in range(args.runs):
             for pulse in (True, False):
                 row = one(scenario, pulse, args.heartbeat, work / f"{scenario}-{run}-{int(pulse)}")
                 print(json.dumps(row), flush=True)
                 results.setdefault((scenario, pulse), []).append(float(row["seconds"]))  # type: ignore[arg-type]
+                if pulse and row["named_s"] is not None:
+                    named.setdefault(scenario, []).append(float(row["named_s"]))  # type: ignore[arg-type]
     print(f"\nfault -> process 0 ended, median (max) of {args.runs} runs; JAX heartbeat {args.heartbeat} s")
-    print(f"{'scenario':<18}{'pulse':>16}{'without pulse':>18}{'ratio':>8}")
+    print(f"{'scenario':<18}{'pulse':>16}{'without pulse':>18}{'ratio':>8}{'pulse: named':>16}")
     for scenario in args.scenario or SCENARIOS:
         a, b = results[(scenario, True)], results[(scenario, False)]
         print(f"{scenario:<18}{statistics.median(a):>8.2f} s ({max(a):4.1f}){statistics.median(b):>10.2f} s "
-              f"({max(b):4.1f}){statistics.median(b) / max(statistics.median(a), 1e-3):>7.1f}x")
+              f"({max(b):4.1f}){statistics.median(b) / max(statistics.median(a), 1e-3):>7.1f}x"
+              f"{statistics.median(named[scenario]) if named.get(scenario) else float('nan'):>14.2f} s")
     return 0
 
 

@@ -313,12 +313,13 @@ class PulseLinks:
         """Hear the beats for up to ``seconds`` (or until ``stop``); return early with the verdicts found."""
         deadline = self._clock() + seconds
         while not stop.is_set():
-            left = deadline - self._clock()
+            now = self._clock()
+            left = deadline - now
             if left <= 0:
                 return []
             closed: list[int] = []
             if self._links:
-                for key, _ in self._selector.select(min(left, self.beat_s)):
+                for key, _ in self._selector.select(max(0.005, min(left, self.beat_s, self._next_probe() - now))):
                     p = key.data
                     if self._read(p):
                         closed.append(p)
@@ -328,6 +329,13 @@ class PulseLinks:
             if events:
                 return events
         return []
+
+    def _next_probe(self) -> float:
+        """When the next quiet link falls due for a probe (``inf``: none will): the wait ends then, not a beat
+        later, so the bound holds to the millisecond."""
+        due = [max(link.heard, link.probed) + self.quiet_s for link in self._links.values()
+               if link.probes < self.PROBES_A_SPELL]
+        return min(due, default=float("inf"))
 
     def _read(self, p: int) -> bool:
         """Read ``p``'s link: True when it closed without ``BYE`` (a verdict is due); a ``BYE`` unlinks it."""
