@@ -33,7 +33,7 @@ REAL_NODE_MODULES = ("tests/e2e/test_realnodes_e2e.py", "tests/localcluster/test
 
 
 # Modules whose tests share a module-scoped fixture that is too costly to make twice: each one work unit
-SHARED_FIXTURE_MODULES = ("tests/runtime/test_data_position.py",)
+SHARED_FIXTURE_MODULES = ("tests/runtime/test_data_position.py", "tests/runtime/test_virtual_step.py")
 
 
 def scope_of(nodeid: str) -> str | None:

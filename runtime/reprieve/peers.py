@@ -62,6 +62,7 @@ from .pulse import (
     PROBE_TIMEOUT_SECONDS,
     PulseLinks,
     PulseServer,
+    PulseWatch,
     timings,
 )
 from .tether import ServiceTether
@@ -110,7 +111,7 @@ def lost_line(process: int, n: int, pod: str | None, kind: str, address: tuple[s
     """The line process 0 logs for a peer its pulse finds ``DEAD`` or ``GONE`` (pure)."""
     where = f" (pod {pod})" if pod else ""
     at = f"{address[0]}:{address[1]}"
-    what = (f"has ended without leaving the job: its link to process 0 closed and its pulse at {at} refuses "
+    what = (f"has ended without leaving the job: its link to this process closed and its pulse at {at} refuses "
             "(killed, out of memory or crashed)" if kind == DEAD else
             f"has not been heard from for {seconds:.1f} s and its pulse at {at} does not answer within "
             f"{PROBE_TIMEOUT_SECONDS:.1f} s: its node is gone or it is cut off the network")
@@ -188,11 +189,16 @@ class PeerWatch(Daemon):
         self._ip = ip
         self.lost_s = lost_s
         self._end = end
-        self._links = links(lost_s, clock) if self._pid == 0 and end is not None else None
-        self._pulse: PulseServer | None = None  # processes but 0 with an IP: what process 0's links hear
+        # Process 0 links to every peer's pulse, every other process to process 0's (reprieve.pulse); none without
+        # an early end to make
+        self._links = None if end is None else PulseWatch(links(lost_s, clock), self._pulse_verdict)
+        self._pulse: PulseServer | None = None  # every process with an IP: what the links hear
+        self._liveness = Liveness([p for p in range(self._n) if p != self._pid], self.threshold_s, clock())
+        self._acting = threading.Lock()  # the watch's thread and the links' thread both act
         self._pulses: dict[int, tuple[str, int]] = {}  # process -> its pulse (from its record)
         self._pods: dict[int, str | None] = {}
         self._silent_key = f"reprieve/{attempt}/silent/set"
+        self._pulse_key = f"reprieve/{attempt}/pulse/0"  # process 0's record, for the others' link to its pulse
         self._published: tuple[int, ...] = ()  # process 0: the set last written to the silent key
         self._on_lost = on_lost
         self._device_processes = device_processes  # device id -> process index (jax.devices())
@@ -214,14 +220,17 @@ class PeerWatch(Daemon):
             # that instant names it in time (reprieve.tether).
             self._tether = ServiceTether(self._address, self._service_gone_for_sure, keepalive_s=self.threshold_s / 2,
                                          knock_s=max(1.0, self.threshold_s / 2)).start()
-        if self._pid != 0 and self._ip:
+        if self._ip and self._n > 1:
             try:
                 self._pulse = PulseServer(self._ip, timings(self.lost_s)[0]).start()
-                log.info("process %d's pulse listens at %s:%d (process 0 names this process lost within %.1f s of "
-                         "its end)", self._pid, self._ip, self._pulse.port, self.lost_s)
+                log.info("process %d's pulse listens at %s:%d (%s names this process lost within %.1f s of its "
+                         "end)", self._pid, self._ip, self._pulse.port,
+                         "every other process" if self._pid == 0 else "process 0", self.lost_s)
             except OSError as err:  # the gang still works; a lost peer is then found at the silence threshold
                 log.warning("process %d's pulse could not listen on %s (%s): if a peer is lost, the job learns it "
                             "at JAX's heartbeat timeout, not within %.1f s", self._pid, self._ip, err, self.lost_s)
+        if self._links is not None:
+            self._links.start()
         super().start()
         return self
 
@@ -230,21 +239,15 @@ class PeerWatch(Daemon):
         aborts the process)."""
         if self._tether is not None:
             self._tether.close()
+        if self._links is not None:
+            self._links.close()
         if self._pulse is not None:
-            self._pulse.close(leaving=True)  # leaving the job is not a loss: process 0 hears BYE
+            self._pulse.close(leaving=True)  # leaving the job is not a loss: the links hear BYE
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(self.interval_s + PROBE_TIMEOUT_SECONDS + 2.0)
 
     def _run(self) -> None:
-        liveness = Liveness([p for p in range(self._n) if p != self._pid], self.threshold_s, self._clock())
-        try:
-            self._watch(liveness)
-        finally:
-            if self._links is not None:
-                self._links.close()
-
-    def _watch(self, liveness: Liveness) -> None:
         counter = 0
         while not self._stop.is_set():
             counter += 1
@@ -255,9 +258,13 @@ class PeerWatch(Daemon):
                 if self._pulse is not None:
                     record["pulse"] = self._pulse.port
                 self._coord.set(f"{self._prefix}{self._pid}", json.dumps(record), overwrite=True)
+                if counter == 1 and self._pid == 0 and self._pulse is not None:
+                    self._coord.set(self._pulse_key, json.dumps(record), overwrite=True)  # what the others link to
                 records = self._read() if self._pid == 0 else {}
                 if self._pid != 0:
                     self._found(self._read_silent(), "process 0 reports")
+                    if self._links is not None and 0 not in self._pulses:
+                        self._read_pulse_of_0()
             except (CoordinationError, RuntimeError, ValueError) as err:
                 if not self._stop.is_set():
                     self.service_gone(str(err))
@@ -268,43 +275,61 @@ class PeerWatch(Daemon):
                 return
             # Only process 0 reads the records: another process's liveness would find every peer silent at the
             # threshold (the spurious "process 0 of 2 has not been heard from" after every start, issue 48)
-            events = liveness.observe(records, self._clock()) if self._pid == 0 else []
-            if self._links is not None:
-                events += self._links.link(self._pulses)
-            if self._act(events, liveness):
+            events = self._liveness.observe(records, self._clock()) if self._pid == 0 else []
+            if self._act(events):
                 return
-            if self._links is None:
-                self._stop.wait(self.interval_s)
-            else:
-                wait = self.interval_s if self._links.settled(self._n - 1) else min(self.interval_s, 0.25)
-                if self._act(self._links.listen(wait, self._stop), liveness):
-                    return
+            if self._links is not None:
+                for p, address in self._pulses.items():
+                    self._links.target(p, address)
+            expected = self._n - 1 if self._pid == 0 else 1
+            settled = self._links is None or self._links.settled(expected)
+            self._stop.wait(self.interval_s if settled else min(self.interval_s, 0.25))
 
-    def _act(self, events: list[tuple[str, int, float]], liveness: Liveness) -> bool:
+    def _read_pulse_of_0(self) -> None:
+        found = self._coord.dir_get(self._pulse_key.rsplit("/", 1)[0] + "/")
+        raw = next((v for k, v in found.items() if k.rsplit("/", 1)[-1] == "0"), None)
+        try:
+            value = json.loads(raw) if raw else {}
+        except ValueError:
+            return
+        ip, port = value.get("ip"), value.get("pulse")
+        if isinstance(ip, str) and ip and type(port) is int:
+            self._pulses[0] = (ip, port)
+            self._pods[0] = value.get("pod")
+
+    def _pulse_verdict(self, events: list[tuple[str, int, float]]) -> bool:
+        """The links' thread: verdicts of loss; whether this process ends for them."""
+        return self._act(events)
+
+    def _act(self, events: list[tuple[str, int, float]]) -> bool:
         """Say each event, publish and report what changed; end this process for a lost peer (with ``end``):
         whether it ended."""
-        lost: list[str] = []
-        for kind, p, seconds in events:
-            if kind == "silent":
-                log.warning("%s", silent_line(p, self._n, self._pods.get(p), seconds, self._heartbeat_s,
-                                              self._committed()))
-            elif kind in (DEAD, GONE):
-                liveness.lose(p)
-                lost.append(lost_line(p, self._n, self._pods.get(p), kind, self._pulses[p], seconds,
-                                      self._heartbeat_s, self._committed()))
-            else:
-                log.info("process %d of %d is heard from again after %.1f s", p, self._n, seconds)
-        if self._pid == 0:
-            self._publish(_union(liveness.silent, self._blamed))
-            if liveness.silent != self._silent:
-                self._found(liveness.silent, "")
-        if lost and self._end is not None and not self._stop.is_set():
-            self.report_again()
-            self._end("; ".join(lost))  # says them (end_process's line)
-            return True
-        for line in lost:
-            log.error("%s", line)
-        return False
+        with self._acting:
+            liveness = self._liveness
+            lost: list[str] = []
+            for kind, p, seconds in events:
+                if kind == "silent":
+                    log.warning("%s", silent_line(p, self._n, self._pods.get(p), seconds, self._heartbeat_s,
+                                                  self._committed()))
+                elif kind in (DEAD, GONE):
+                    liveness.lose(p)
+                    lost.append(lost_line(p, self._n, self._pods.get(p), kind, self._pulses[p], seconds,
+                                          self._heartbeat_s, self._committed()))
+                else:
+                    log.info("process %d of %d is heard from again after %.1f s", p, self._n, seconds)
+            if self._pid == 0:
+                self._publish(_union(liveness.silent, self._blamed))
+                if liveness.silent != self._silent:
+                    self._found(liveness.silent, "")
+            elif lost:
+                self._found(_union(self._silent, liveness.silent), "")
+            if lost and self._end is not None and not self._stop.is_set():
+                self.report_again()
+                self._end("; ".join(lost))  # says them (end_process's line)
+                return True
+            for line in lost:
+                log.error("%s", line)
+            return False
 
     def _publish(self, silent: tuple[int, ...]) -> None:
         """Process 0: write the silent set where every other process reads it, when it changed."""

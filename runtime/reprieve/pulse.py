@@ -2,8 +2,10 @@
 
 JAX's coordination service declares a process dead only at its heartbeat timeout (10 s here, 100 s by default),
 and the liveness records of :mod:`reprieve.peers` are written a few times a heartbeat. Neither is fast enough for a
-fault to cost about a second, so every process but 0 listens on a TCP port of its own (its *pulse*, an ephemeral
-port on its pod IP, written into its liveness record) and process 0 holds a connection to each:
+fault to cost about a second, so every process listens on a TCP port of its own (its *pulse*, an ephemeral port on
+its pod IP, written into its liveness record); process 0 holds a connection to each, every other process one to
+process 0's (:class:`PulseWatch`: a thread of its own, never behind a call to the coordination service, which
+hangs while process 0's host is stopped or cut off). From the watching side:
 
 - **The process died** (killed, out of memory, crashed) **on a host that still answers**: the kernel closes the
   connection the instant the process ends. Process 0 confirms with one connect to the same port: *refused* (no
@@ -25,8 +27,8 @@ The bound, ``quiet_s`` + ``PROBE_TIMEOUT_SECONDS``, is ``REPRIEVE_PEER_LOST_SECO
 start). A false verdict ends the gang, so every verdict of loss is a connect the peer's kernel did not answer or
 refused: never a late beat alone.
 
-:func:`probe_verdict` and :func:`timings` are pure; :class:`PulseServer` is the peer's side (a thread);
-:class:`PulseLinks` is process 0's side, driven by :class:`reprieve.peers.PeerWatch`'s thread.
+:func:`probe_verdict` and :func:`timings` are pure; :class:`PulseServer` is the watched side (a thread);
+:class:`PulseLinks` the watching side, run by :class:`PulseWatch` (a thread) for :class:`reprieve.peers.PeerWatch`.
 """
 
 from __future__ import annotations
@@ -219,9 +221,8 @@ class _Link:
 
 
 class PulseLinks:
-    """Process 0's side: a link to every peer's pulse, and the verdicts they give (see the module's docstring).
-
-    Not a thread: :meth:`listen` runs in :class:`reprieve.peers.PeerWatch`'s. A verdict is an event
+    """The watching side: a link to every watched peer's pulse, and the verdicts they give (see the module's
+    docstring). Not a thread: :class:`PulseWatch` runs it. A verdict is an event
     ``(kind, process, seconds)``: ``DEAD`` or ``GONE``, ``seconds`` since the peer was last heard; each process is
     given at most one, and one that left (``BYE``) none."""
 
@@ -390,3 +391,40 @@ class PulseLinks:
         for p in list(self._links):
             self._unlink(p)
         self._selector.close()
+
+
+class PulseWatch(Daemon):
+    """:class:`PulseLinks` in a thread of their own (never behind a call to the coordination service, which hangs
+    while its host is stopped or cut off): links to every target given (:meth:`target`), and hands each batch of
+    verdicts to ``on_verdict``, which says whether to stop (this process is ending)."""
+
+    def __init__(self, links: PulseLinks, on_verdict: Callable[[list[tuple[str, int, float]]], bool]) -> None:
+        super().__init__("reprieve-pulse-links")
+        self.links = links
+        self._on_verdict = on_verdict
+        self._targets: dict[int, tuple[str, int]] = {}
+        self._lock = threading.Lock()
+
+    def target(self, p: int, address: tuple[str, int]) -> None:
+        """Link to ``p``'s pulse at ``address`` (from its record; the first address given stays)."""
+        with self._lock:
+            self._targets.setdefault(p, address)
+
+    def settled(self, processes: int) -> bool:
+        return self.links.settled(processes)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(PROBE_TIMEOUT_SECONDS + 2.0)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    targets = dict(self._targets)
+                events = self.links.link(targets) or self.links.listen(2 * self.links.beat_s, self._stop)
+                if events and not self._stop.is_set() and self._on_verdict(events):
+                    return
+        finally:
+            self.links.close()

@@ -52,8 +52,9 @@ def new_pod(base: Path, name: str) -> Pod:
 
 def launch(workdir: Path, pods: list[Pod], peers: dict[int, Pod | None], *, attempt: int, steps: int = 30,
            stop_at: int = -1, hold_at: int = -1, mem_every: int = 5, ckpt_every: int = 10,
-           extra: dict[int, dict[str, str]] | None = None) -> Gang:
-    """Process ``i`` runs in ``pods[i]`` and sends its copies to ``peers[i]``."""
+           extra: dict[int, dict[str, str]] | None = None, worker: Path = WORKER) -> Gang:
+    """Process ``i`` runs in ``pods[i]`` and sends its copies to ``peers[i]``; ``worker``: the script (default
+    workers/memtier_worker.py)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     procs, logs = [], []
@@ -80,7 +81,7 @@ def launch(workdir: Path, pods: list[Pod], peers: dict[int, Pod | None], *, atte
         log_path = workdir / f"a{attempt}-worker-{i}.log"
         logs.append(log_path)
         with open(log_path, "wb") as out:
-            procs.append(subprocess.Popen([sys.executable, str(WORKER)], env=env, stdout=out,
+            procs.append(subprocess.Popen([sys.executable, str(worker)], env=env, stdout=out,
                                           stderr=subprocess.STDOUT, cwd=str(workdir)))
     gang = Gang(workdir, procs, logs)
     LAUNCHED.append(gang)

@@ -59,8 +59,8 @@ def test_the_line_names_the_process_its_pod_and_what_follows() -> None:
 
 def test_the_line_for_a_lost_peer_says_how_it_was_found_and_what_follows() -> None:
     dead = lost_line(2, 3, "job-w2", DEAD, ("10.1.0.7", 40111), 0.0, 10, None)
-    assert dead.startswith("process 2 of 3 (pod job-w2) has ended without leaving the job: its link to process 0 "
-                           "closed and its pulse at 10.1.0.7:40111 refuses")
+    assert dead.startswith("process 2 of 3 (pod job-w2) has ended without leaving the job: its link to this "
+                           "process closed and its pulse at 10.1.0.7:40111 refuses")
     gone = lost_line(2, 3, None, GONE, ("10.1.0.7", 40111), 1.9, 10, 120)
     assert gone.startswith("process 2 of 3 has not been heard from for 1.9 s and its pulse at 10.1.0.7:40111 does "
                            "not answer within 1.5 s")
@@ -74,6 +74,7 @@ class _Links:
 
     def __init__(self, lost: dict[int, str]) -> None:
         self.lost = lost
+        self.beat_s = 0.01
         self.targets: dict[int, tuple[str, int]] = {}
         self.closed = False
 
@@ -110,7 +111,8 @@ def test_process_0_ends_once_a_peer_s_pulse_finds_it_lost_and_not_before(kind: s
                       ip="10.0.0.8", links=links, end=ended.append).start()
     try:
         _passes(shared, 2)
-        assert links.targets == {1: ("10.0.0.9", 40001)} and ended == [] and reports == []
+        _until(lambda: links.targets == {1: ("10.0.0.9", 40001)}, f"process 1 linked: {links.targets}")
+        assert ended == [] and reports == []
         shared.set("reprieve/2/alive/2", json.dumps({"n": 1, "pod": "w2", "ip": "10.0.0.7", "pulse": 40002}),
                    overwrite=True)
         _until(lambda: bool(ended), "the early end")
@@ -406,3 +408,29 @@ def test_a_process_but_0_never_calls_a_peer_silent_itself(caplog: pytest.LogCapt
         _until(lambda: reports == [(2,)], f"process 0's set heard: {reports}")
     finally:
         watch.close()
+
+
+@pytest.mark.parametrize("kind", [DEAD, GONE])
+def test_a_process_but_0_links_to_process_0_s_pulse_and_ends_when_it_is_lost(kind: str) -> None:
+    """Process 0 publishes its pulse; every other process links to it in a thread of its own (a call to the
+    coordination service hangs while process 0's host is stopped or cut off) and, when it is found lost, reports
+    process 0 and ends, as process 0 does for them."""
+    shared = LocalCoordinator()
+    reports: list[tuple[int, ...]] = []
+    ended: list[str] = []
+    links = _Links({0: kind})
+    first = PeerWatch(_As(shared, 0, 2), attempt=6, pod="w0", heartbeat_s=4.0, ip="127.0.0.1").start()
+    try:
+        _until(lambda: "reprieve/6/pulse/0" in shared.dir_get("reprieve/6/pulse/"), "process 0's pulse published")
+        pulse = json.loads(shared.dir_get("reprieve/6/pulse/")["reprieve/6/pulse/0"])
+        watch = PeerWatch(_As(shared, 1, 2), attempt=6, pod="w1", heartbeat_s=4.0, on_lost=reports.append,
+                          ip="127.0.0.1", links=links, end=ended.append).start()
+        try:
+            _until(lambda: bool(ended), "the early end")
+            assert links.targets == {0: ("127.0.0.1", pulse["pulse"])}
+            assert reports[:1] == [(0,)], reports
+            assert ended[0].startswith("process 0 of 2 (pod w0) ")
+        finally:
+            watch.close()
+    finally:
+        first.close()

@@ -47,7 +47,7 @@ def test_a_peer_killed_mid_run_is_named_before_jax_ends_the_survivor(tmp_path: P
     assert codes[0] != 0, gang.tail()
     log = gang.logs[0].read_text()
     named = [i for i in (log.find("the failed collective names process(es) 1 of 2"),
-                         log.find("process 1 of 2 has ended without leaving the job: its link to process 0 closed "
+                         log.find("process 1 of 2 has ended without leaving the job: its link to this process closed "
                                   "and its pulse at 127.0.0.1:")) if i >= 0]
     assert named, gang.tail()
     jax_abort = log.find("another task died")
@@ -94,6 +94,46 @@ def test_a_peer_whose_pod_stops_answering_ends_the_gang_within_the_bound(tmp_pat
     events = [e for e in gang.supervisor_events(0) if e["event"] == "peerLost"]
     assert events and events[-1]["processes"] == [1], (events, gang.tail())
     assert ended < 2.0 + 1.0, f"process 0 ended {ended:.1f} s after its peer froze: the bound is 2 s"
+
+
+def test_a_process_0_whose_pod_stops_answering_is_named_by_its_peers_within_the_bound(tmp_path: Path) -> None:
+    """The same for process 0 (it hosts the coordination service, which then hangs rather than closes): process 1
+    holds a link to process 0's pulse in a thread of its own, finds it quiet, probes, gets no answer, names process 0
+    and ends within the bound, not at JAX's heartbeat timeout nor its tether's keepalive."""
+    gang = launch(tmp_path, 2, steps=100000, step_seconds=0.02, heartbeat_s=12, extra_env={"WORKER_COLLECTIVE": "1"},
+                  supervised=True)
+    held: list[socket.socket] = []
+    try:
+        gang.wait_for_file("running-0", 60)
+        found = re.search(r"process 0's pulse listens at 127\.0\.0\.1:(\d+)", gang.logs[0].read_text())
+        assert found, gang.tail()
+        pulse = ("127.0.0.1", int(found.group(1)))
+        limit = time.monotonic() + 30
+        while not _established(pulse):  # process 1 holds its link
+            assert time.monotonic() < limit, "process 1 never linked to process 0's pulse\n" + gang.tail()
+            time.sleep(0.05)
+        gang.signal(0, signal.SIGSTOP)
+        stopped = time.monotonic()
+        while True:
+            try:
+                held.append(socket.create_connection(pulse, timeout=0.2))
+            except TimeoutError:
+                break
+            assert len(held) < 64, "the accept queue never filled"
+        code = gang.procs[1].wait(60)
+        ended = time.monotonic() - stopped
+    finally:
+        gang.procs[0].send_signal(signal.SIGCONT)
+        gang.kill()
+        for sock in held:
+            sock.close()
+    log = gang.logs[1].read_text()
+    assert code == -signal.SIGABRT, gang.tail()
+    assert "process 0 of 2 has not been heard from for" in log and \
+        f"its pulse at 127.0.0.1:{pulse[1]} does not answer within 1.5 s" in log, gang.tail()
+    events = [e for e in gang.supervisor_events(1) if e["event"] == "peerLost"]
+    assert events and events[-1]["processes"] == [0], (events, gang.tail())
+    assert ended < 2.0 + 1.0, f"process 1 ended {ended:.1f} s after process 0 froze: the bound is 2 s"
 
 
 def _established(local: tuple[str, int]) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -149,30 +151,78 @@ def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray], mode: str) -> list
     return [k for k in a if k.startswith(mode) and not np.array_equal(a[k], b[k])]
 
 
-def test_shrunk_and_resumed_runs_end_bitwise_equal_to_the_full_size(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def full(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run at full size (1 process, 4 devices): what every shrunk and grown run must equal."""
+    work = tmp_path_factory.mktemp("full")
+    gang = _run(work, 1, devices=4)
+    assert gang.wait(180) == [0], gang.tail()
+    return work
+
+
+def test_shrunk_and_resumed_runs_end_bitwise_equal_to_the_full_size(tmp_path: Path, full: Path) -> None:
     """Full size (1 process, 4 devices), 1 process, 2 processes of 2 devices, and 2 processes saving at step 2 then
     resumed on 1 process: canonical order ends with bitwise the same parameters; the data positions follow the
     shards."""
-    full = _run(tmp_path / "full", 1, devices=4)
     one = _run(tmp_path / "one", 1)
     pairs = _run(tmp_path / "pairs", 2, devices=2)
     two = _run(tmp_path / "shrunk", 2, steps=SAVED_AT + 1)
-    for gang, n in ((full, 1), (one, 1), (pairs, 2), (two, 2)):
+    for gang, n in ((one, 1), (pairs, 2), (two, 2)):
         assert gang.wait(180) == [0] * n, gang.tail()
     resumed = _run(tmp_path / "shrunk", 1, steps=STEPS, attempt=2)
     assert resumed.wait(180) == [0], resumed.tail()
     assert f"resuming at step {SAVED_AT + 1}" in resumed.logs[0].read_text(), resumed.tail()
 
-    expected = _params(tmp_path / "full", STEPS - 1)
+    expected = _params(full, STEPS - 1)
     assert _same(expected, _params(tmp_path / "one", STEPS - 1), "canonical") == []
     assert _same(expected, _params(tmp_path / "pairs", STEPS - 1), "canonical") == []
-    assert _same(_params(tmp_path / "full", SAVED_AT), _params(tmp_path / "shrunk", SAVED_AT), "canonical") == []
+    assert _same(_params(full, SAVED_AT), _params(tmp_path / "shrunk", SAVED_AT), "canonical") == []
     assert _same(expected, _params(tmp_path / "shrunk", STEPS - 1), "canonical") == []
     # every shard read its batches in order, one per step, across the restore onto another process count
     positions = _positions(tmp_path / "shrunk", 2)
     assert positions == {s: {str(v): s for v in range(SHARDS)} for s in range(STEPS)}
     # the default order: not bitwise on 2 processes, within rounding of the full size
     shrunk = _params(tmp_path / "shrunk", SAVED_AT)
-    at_full = _params(tmp_path / "full", SAVED_AT)
+    at_full = _params(full, SAVED_AT)
     for k in (k for k in at_full if k.startswith("default")):
         np.testing.assert_allclose(shrunk[k], at_full[k], rtol=0, atol=1e-6)
+
+
+def test_a_gang_that_shrinks_and_grows_through_the_memory_tier_ends_bitwise_equal_to_the_full_size(
+        tmp_path: Path, full: Path) -> None:
+    """Issue 47's path without storage: 2 processes copy every step to each other's memory (no periodic storage
+    save); process 1's node is lost after step 1; the survivor alone restores step 1 from memory (its own copy and
+    the lost process's, which it holds for its peer) with every shard's position, trains to step 3 and is stopped;
+    the gang grows back to 2 (process 1 in a new, empty pod reads its part from pod 0's memory over the network)
+    and ends. Canonical order: bitwise the uninterrupted full-size run's parameters; every shard read its batches
+    in order, one a step, across both size changes."""
+    from tests.runtime import helpers_memtier as memtier
+
+    base = memtier.shm_base(tmp_path)
+    try:
+        work = tmp_path / "elastic"
+        pods = [memtier.new_pod(base, "pod-0"), memtier.new_pod(base, "pod-1")]
+        ring = {0: pods[1], 1: pods[0]}
+        common = {"mem_every": 1, "ckpt_every": 1000, "steps": STEPS}
+        memtier.run_until_stopped(memtier.launch(work, pods, ring, attempt=1, stop_at=1, worker=WORKER, **common),
+                                  2, die=1)
+        pods[1].lose()
+        memtier.run_until_stopped(memtier.launch(work, pods[:1], {}, attempt=2, stop_at=3, worker=WORKER, **common),
+                                  1)
+        pods[1] = memtier.new_pod(base, "pod-1b")
+        grown = memtier.launch(work, pods, {0: pods[1], 1: pods[0]}, attempt=3, worker=WORKER, **common)
+        assert grown.wait(180) == [0, 0], grown.tail(40)
+        logs = [p.read_text() for p in sorted(work.glob("a*-worker-*.log"))]
+    finally:
+        memtier.kill_launched()
+        shutil.rmtree(base, ignore_errors=True)
+    text = "\n".join(logs)
+    # shrunk: the survivor read both copies (its own, and the one it held for the lost peer) from its pod's memory
+    assert re.search(r"restored step 1 on process 0 from its own pod's memory .*\(gang: 0=memory\)", text), text[-3000:]
+    # grown: the new process read its part from pod 0's memory over the network
+    assert re.search(r"restored step 3 on process 1 from a peer's memory over the network .*\(gang: 0=memory, "
+                     r"1=peer\)", text), text[-3000:]
+    assert not list((work / "ckpt").glob("step_1")) and not list((work / "ckpt").glob("step_3")), \
+        "a storage checkpoint of a restored step exists: the restore may not have been from memory"
+    assert _same(_params(full, STEPS - 1), _params(work, STEPS - 1), "canonical") == []
+    assert _positions(work, 2) == {s: {str(v): s for v in range(SHARDS)} for s in range(STEPS)}

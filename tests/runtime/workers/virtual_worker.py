@@ -5,7 +5,9 @@ with every checkpoint and restored by ``job.restore_or``, also onto another proc
 Two copies of the model train side by side on the same batches: ``canonical`` (``canonical=True``) and
 ``default``. Process 0 writes ``params-<step>.npz`` (both copies' parameters after the step) and every process
 appends ``{"attempt", "step", "shards": {shard: position}}`` to ``batches-<pid>.jsonl``. Configured by ``launch``
-(tests/runtime/helpers_agreement.py) plus ``WORKER_STEPS``.
+(tests/runtime/helpers_agreement.py, or helpers_memtier.py with the memory tier) plus ``WORKER_STEPS`` and
+``WORKER_STOP_AT`` (as memtier_worker.py's: after that step's save every process waits for its memory copy, writes
+``stopped-<pid>`` and hangs until the test kills the gang).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import reprieve
+
+from tests.runtime.workers.memtier_worker import _stop
 
 SHARDS, BATCH, DIM, HIDDEN, LR = 4, 8, 16, 32, 0.05
 
@@ -63,6 +67,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s p{pid} %(name)s %(levelname)s %(message)s")
     workdir = Path(os.environ["WORKER_DIR"])
     total = int(os.environ.get("WORKER_STEPS", "6"))
+    stop_at = int(os.environ.get("WORKER_STOP_AT", "-1"))
     attempt = int(os.environ.get("REPRIEVE_ATTEMPT", "1"))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     job = reprieve.init()
@@ -88,7 +93,11 @@ def main() -> None:
         if pid == 0:
             np.savez(workdir / f"params-{step}.npz", **{f"{mode}/{k}": np.asarray(v.addressable_shards[0].data)
                                                          for mode, tree in state.items() for k, v in tree.items()})
+        if job.memory is not None:
+            job.memory.tier.wait()  # every due memory copy happens (as memtier_worker.py's: none is skipped)
         job.save(step, state, data=data)
+        if step == stop_at:
+            _stop(job, None if job.memory is None else job.memory.tier, step, pid, workdir)
     reprieve.virtual.require_virtual_step(SHARDS)  # what the runtime checks before a size change
 
 
