@@ -182,8 +182,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:  # n
 
 @pytest.fixture
 def namespace(cluster: Cluster) -> Iterator[str]:  # noqa: F821
+    """A fresh namespace with its ``default`` ServiceAccount (a pod created before the controller-manager made it is
+    refused: "serviceaccount default not found"; after the shared cluster's apiserver restart test the
+    controller-manager took up to a minute to make them again on a loaded run)."""
+    from localcluster.testing import wait_for
+
     name = f"t-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
+    wait_for(lambda: cluster.read("sa", "default", name, missing_ok=True) is not None, 90,
+             f"the controller-manager to create ServiceAccount default in {name}")
     yield name
     if os.environ.get("REPRIEVE_KEEP_NAMESPACES") != "1":
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
