@@ -136,6 +136,35 @@ def test_a_process_0_whose_pod_stops_answering_is_named_by_its_peers_within_the_
     assert ended < 2.0 + 1.0, f"process 1 ended {ended:.1f} s after process 0 froze: the bound is 2 s"
 
 
+def test_a_peer_lost_in_the_first_step_after_a_restore_is_named_at_once(tmp_path: Path) -> None:
+    """Issue 48's fault: a peer killed in the first step after a restore (its collective's connections may not be
+    up yet, so nothing of JAX's resets). The survivor names it from its pulse within a second, says the step the job
+    restarts from, and ends, long before JAX's 20 s heartbeat timeout."""
+    first = launch(tmp_path, 2, steps=12, interval=10, step_seconds=0.01, extra_env={"WORKER_COLLECTIVE": "1"})
+    assert first.wait(120) == [0, 0], first.tail()
+    for marker in tmp_path.glob("running-*"):
+        marker.unlink()
+    gang = launch(tmp_path, 2, steps=100000, interval=10, step_seconds=0.02, heartbeat_s=20,
+                  extra_env={"WORKER_COLLECTIVE": "1", "WORKER_WARM_STEP": "0", "REPRIEVE_ATTEMPT": "2"})
+    try:
+        gang.wait_for_file("running-0", 90)
+        gang.signal(1, signal.SIGKILL)
+        killed = time.monotonic()
+        code = gang.procs[0].wait(60)
+        ended = time.monotonic() - killed
+    finally:
+        gang.kill()
+    log = gang.logs[0].read_text()
+    assert "resuming at step 12" in log, gang.tail()
+    assert code == -signal.SIGABRT, gang.tail()
+    named = [line for line in log.splitlines() if "ending process" in line and "process 1 of 2 has ended without "
+             "leaving the job" in line]
+    failed = [line for line in log.splitlines() if "this exit is their loss" in line]
+    assert named or failed, gang.tail()
+    assert all("from the last committed checkpoint, step 11" in line for line in named), named
+    assert "another task died" not in log and ended < 10, (ended, gang.tail())
+
+
 def _established(local: tuple[str, int]) -> bool:
     """Whether a TCP connection to ``local`` (an IPv4 address and port of this host) is established: read from
     /proc/net/tcp, where addresses are little-endian hex."""
