@@ -59,10 +59,12 @@ def test_a_notice_mid_epoch_then_a_notice_during_the_restore_resume_at_the_exact
     first = fit(run, ckpt, 1, WORKER_NOTICE_AT=str(at))
     assert first.returncode == RESTART, first.stderr[-3000:]
     assert "agreed checkpoint at step" in first.stderr and not (run / "final-1.npz").exists()
-    # the next attempt finds a notice already pending (the notice file, deadline 2 s away): it restores, saves
-    # again at once and exits with the restart code; the one after that trains to the end
+    # the next attempt finds a notice already pending (the notice file, deadline 2 s away, delivered to attempt 2
+    # as the operator names it, so it is saved at once even when the deadline passed while the process started, as
+    # on a loaded run): it restores, saves again at once and exits with the restart code; the one after that trains
+    # to the end
     notices = tmp_path / "annotations"
-    write_notice_file(notices, node_notice("maintenance", "node-a", time.time() + 2.0))
+    write_notice_file(notices, {**node_notice("maintenance", "node-a", time.time() + 2.0), "attempt": 2})
     second = fit(run, ckpt, 2, REPRIEVE_NOTICE_FILE=str(notices))
     assert second.returncode == RESTART, second.stderr[-3000:]
     assert "resuming fit at epoch" in second.stderr, second.stderr[-3000:]
