@@ -120,18 +120,20 @@ def _family(ip: str) -> socket.AddressFamily:
 
 
 class PulseServer(Daemon):
-    """A process's pulse (processes but 0): a listening socket on ``ip``; every connection it accepts hears a beat
-    every ``beat_s`` and ``BYE`` when the process leaves the job (:meth:`close`)."""
+    """A process's pulse: a listening socket on ``ip``; every connection it accepts hears a beat every ``beat_s``
+    and ``BYE`` when the process leaves the job (:meth:`close`). ``watchers``: how many processes link to it at
+    once (1 for a process but 0; every other process for process 0), so that their first connects all fit in the
+    accept queue."""
 
-    BACKLOG = 8  # process 0's link and one probe a quiet spell: a full queue is a host that does not answer
+    BACKLOG = 8  # beside the links: a quiet spell's probes (PulseLinks.PROBES_A_SPELL) while the process is stalled
 
-    def __init__(self, ip: str, beat_s: float) -> None:
+    def __init__(self, ip: str, beat_s: float, watchers: int = 1) -> None:
         super().__init__("reprieve-pulse")
         self.beat_s = beat_s
         self._listener = socket.socket(_family(ip), socket.SOCK_STREAM)
         try:
             self._listener.bind((ip, 0))
-            self._listener.listen(self.BACKLOG)
+            self._listener.listen(self.BACKLOG + watchers)
         except OSError:
             self._listener.close()
             raise
@@ -173,8 +175,12 @@ class PulseServer(Daemon):
                 self._beat(selector)
 
     def _accept(self, selector: selectors.BaseSelector) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            conn, _ = self._listener.accept()
+        """Every connection queued (at a start, every other process links to process 0's at once)."""
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:  # BlockingIOError: none left
+                return
             conn.setblocking(False)
             with self._lock:
                 self._conns.append(conn)
@@ -218,6 +224,11 @@ class _Link:
     heard: float  # when the last beat (or the connect) came
     probes: int = 0  # probes this quiet spell that it answered
     probed: float = float("-inf")  # when the last of them was made
+
+    def probe_at(self, quiet_s: float, most: int) -> float:
+        """When this link falls due for a probe (pure): ``quiet_s`` after its last beat and its last probe, while
+        fewer than ``most`` probes of this quiet spell were answered; ``inf`` after that."""
+        return max(self.heard, self.probed) + quiet_s if self.probes < most else float("inf")
 
 
 class PulseLinks:
@@ -305,6 +316,11 @@ class PulseLinks:
         found only at the silence threshold)."""
         return len(self._links) + len(self._done) + len(self._retry_at) >= processes
 
+    def probes(self, p: int) -> int:
+        """How many probes of ``p``'s current quiet spell it answered (0 when not linked)."""
+        link = self._links.get(p)
+        return 0 if link is None else link.probes
+
     def heard(self, p: int) -> float | None:
         """When ``p`` was last heard (a beat, or the link's connect); None when not linked."""
         link = self._links.get(p)
@@ -334,9 +350,8 @@ class PulseLinks:
     def _next_probe(self) -> float:
         """When the next quiet link falls due for a probe (``inf``: none will): the wait ends then, not a beat
         later, so the bound holds to the millisecond."""
-        due = [max(link.heard, link.probed) + self.quiet_s for link in self._links.values()
-               if link.probes < self.PROBES_A_SPELL]
-        return min(due, default=float("inf"))
+        return min((link.probe_at(self.quiet_s, self.PROBES_A_SPELL) for link in self._links.values()),
+                   default=float("inf"))
 
     def _read(self, p: int) -> bool:
         """Read ``p``'s link: True when it closed without ``BYE`` (a verdict is due); a ``BYE`` unlinks it."""
@@ -361,8 +376,7 @@ class PulseLinks:
         ``PROBES_A_SPELL`` times a spell): the verdicts."""
         now = self._clock()
         due = {p: link.address for p, link in self._links.items()
-               if p in closed or (now - link.heard >= self.quiet_s and link.probes < self.PROBES_A_SPELL
-                                  and now - link.probed >= self.quiet_s)}
+               if p in closed or link.probe_at(self.quiet_s, self.PROBES_A_SPELL) <= now}
         if not due:
             return []
         verdicts = at_once(due, lambda address: self._probe(address, self.probe_timeout_s))
