@@ -191,7 +191,7 @@ class PeerWatch(Daemon):
         self._end = end
         # Process 0 links to every peer's pulse, every other process to process 0's (reprieve.pulse); none without
         # an early end to make
-        self._links = None if end is None else PulseWatch(links(lost_s, clock), self._pulse_verdict)
+        self._links = None if end is None else PulseWatch(links(lost_s, clock), self._act)
         self._pulse: PulseServer | None = None  # every process with an IP: what the links hear
         self._liveness = Liveness([p for p in range(self._n) if p != self._pid], self.threshold_s, clock())
         self._acting = threading.Lock()  # the watch's thread and the links' thread both act
@@ -222,7 +222,8 @@ class PeerWatch(Daemon):
                                          knock_s=max(1.0, self.threshold_s / 2)).start()
         if self._ip and self._n > 1:
             try:
-                self._pulse = PulseServer(self._ip, timings(self.lost_s)[0]).start()
+                self._pulse = PulseServer(self._ip, timings(self.lost_s)[0],
+                                          watchers=self._n - 1 if self._pid == 0 else 1).start()
                 log.info("process %d's pulse listens at %s:%d (%s names this process lost within %.1f s of its "
                          "end)", self._pid, self._ip, self._pulse.port,
                          "every other process" if self._pid == 0 else "process 0", self.lost_s)
@@ -286,20 +287,22 @@ class PeerWatch(Daemon):
             self._stop.wait(self.interval_s if settled else min(self.interval_s, 0.25))
 
     def _read_pulse_of_0(self) -> None:
-        found = self._coord.dir_get(self._pulse_key.rsplit("/", 1)[0] + "/")
-        raw = next((v for k, v in found.items() if k.rsplit("/", 1)[-1] == "0"), None)
         try:
-            value = json.loads(raw) if raw else {}
-        except ValueError:
+            value = self._get_json(self._pulse_key)
+        except ValueError:  # not JSON: not a record of this runtime's
             return
-        ip, port = value.get("ip"), value.get("pulse")
-        if isinstance(ip, str) and ip and type(port) is int:
-            self._pulses[0] = (ip, port)
-            self._pods[0] = value.get("pod")
+        address = pulse_of(value)
+        if address is not None:
+            self._pulses[0] = address
+            self._pods[0] = value.get("pod") if isinstance(value, dict) else None
 
-    def _pulse_verdict(self, events: list[tuple[str, int, float]]) -> bool:
-        """The links' thread: verdicts of loss; whether this process ends for them."""
-        return self._act(events)
+    def _get_json(self, key: str) -> Any:
+        """The JSON value at ``key`` (read through its directory: the coordinator has no non-blocking get); None
+        when it is absent. Raises ValueError when it is not JSON."""
+        directory, _, name = key.rpartition("/")
+        found = self._coord.dir_get(directory + "/")
+        raw = next((v for k, v in found.items() if k.rsplit("/", 1)[-1] == name), None)
+        return json.loads(raw) if raw else None
 
     def _act(self, events: list[tuple[str, int, float]]) -> bool:
         """Say each event, publish and report what changed; end this process for a lost peer (with ``end``):
@@ -421,12 +424,12 @@ class PeerWatch(Daemon):
         return self.lost
 
     def _read_silent(self) -> tuple[int, ...]:
-        found = self._coord.dir_get(self._silent_key.rsplit("/", 1)[0] + "/")
-        raw = next((v for k, v in found.items() if k.rsplit("/", 1)[-1] == "set"), None)
         try:
-            value = json.loads(raw) if raw else []
+            value = self._get_json(self._silent_key)
         except ValueError:
             return self._silent
+        if value is None:
+            return ()
         return tuple(sorted({p for p in value if type(p) is int})) if isinstance(value, list) else self._silent
 
     def _read(self) -> dict[int, Any]:
@@ -442,10 +445,19 @@ class PeerWatch(Daemon):
             p = int(tail)
             out[p] = value.get("n")
             self._pods[p] = value.get("pod")
-            ip, port = value.get("ip"), value.get("pulse")
-            if isinstance(ip, str) and ip and type(port) is int and p not in self._pulses:
-                self._pulses[p] = (ip, port)
+            address = pulse_of(value)
+            if address is not None and p not in self._pulses:
+                self._pulses[p] = address
         return out
+
+
+def pulse_of(record: Any) -> tuple[str, int] | None:
+    """The pulse a liveness record names (its pod IP and its pulse's port), or None (an older runtime's record, no
+    IP, a malformed value) (pure)."""
+    if not isinstance(record, dict):
+        return None
+    ip, port = record.get("ip"), record.get("pulse")
+    return (ip, port) if isinstance(ip, str) and ip and type(port) is int else None
 
 
 def _union(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
