@@ -43,7 +43,7 @@ SCENARIOS = ("killed", "killed-at-start", "vanished", "vanished-0")
 
 
 def one(scenario: str, pulse: bool, heartbeat: int, work: Path) -> dict[str, object]:
-    from tests.runtime.helpers_agreement import launch
+    from tests.runtime.helpers_agreement import fill_accept_queue, launch
 
     victim = 0 if scenario == "vanished-0" else 1
     ip = "127.0.0.3" if scenario == "vanished" else "127.0.0.1"
@@ -58,15 +58,10 @@ def one(scenario: str, pulse: bool, heartbeat: int, work: Path) -> dict[str, obj
             time.sleep(1.0)  # mid-run: the gang has made steps, and process 0 holds its link to process 1's pulse
         if scenario.startswith("vanished"):
             gang.signal(victim, signal.SIGSTOP)
-            fault, wall = time.monotonic(), time.time()
             found = re.search(rf"process {victim}'s pulse listens at {re.escape(ip)}:(\d+)",
                               gang.logs[victim].read_text())
             if found:
-                while len(held) < 64:
-                    try:
-                        held.append(socket.create_connection((ip, int(found.group(1))), timeout=0.2))
-                    except TimeoutError:
-                        break
+                held = fill_accept_queue((ip, int(found.group(1))))
             fault, wall = time.monotonic(), time.time()  # the address stops answering now (beats stopped ~0.2 s before)
         else:
             gang.signal(1, signal.SIGKILL)

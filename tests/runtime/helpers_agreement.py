@@ -318,3 +318,19 @@ def write_notice_file(path: Path, notice: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(format_map({"other.io/x": "y", "reprieve.dev/notice": json.dumps(notice)}))
     os.replace(tmp, path)
+
+
+def fill_accept_queue(address: tuple[str, int], most: int = 64) -> list[socket.socket]:
+    """Connect to a stopped process's listening ``address`` until a connect gets no answer: its accept queue is
+    full and the kernel drops the next SYNs, as for a node that vanished or a pod cut off the network. The
+    connections held (close them after)."""
+    held: list[socket.socket] = []
+    while True:
+        try:
+            held.append(socket.create_connection(address, timeout=0.2))
+        except TimeoutError:
+            return held
+        if len(held) >= most:
+            for sock in held:
+                sock.close()
+            raise AssertionError(f"the accept queue at {address} never filled ({most} connects answered)")

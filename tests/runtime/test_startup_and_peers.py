@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.helpers_agreement import launch
+from tests.runtime.helpers_agreement import fill_accept_queue, launch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -56,84 +56,45 @@ def test_a_peer_killed_mid_run_is_named_before_jax_ends_the_survivor(tmp_path: P
     assert events and events[-1]["processes"] == [1], (events, gang.tail())
 
 
-def test_a_peer_whose_pod_stops_answering_ends_the_gang_within_the_bound(tmp_path: Path) -> None:
+@pytest.mark.parametrize("victim", [1, 0], ids=["process-1", "process-0"])
+def test_a_peer_whose_pod_stops_answering_is_named_within_the_bound(tmp_path: Path, victim: int) -> None:
     """A node that vanishes (or a pod cut off the network) closes no connection: the survivor would sit in its
-    collective until JAX's heartbeat timeout. Process 1 is frozen (SIGSTOP) and its pulse's accept queue filled,
-    so the kernel drops the next SYNs, as for a gone node; process 0 finds its link quiet, probes, gets no answer,
-    names it and ends within REPRIEVE_PEER_LOST_SECONDS (2 s) of the freeze, not at the 12 s timeout."""
-    gang = launch(tmp_path, 2, steps=100000, step_seconds=0.02, heartbeat_s=12, extra_env={"WORKER_COLLECTIVE": "1"},
-                  process_env={1: {"REPRIEVE_POD_IP": "127.0.0.3"}}, supervised=True)
-    held: list[socket.socket] = []
-    try:
-        gang.wait_for_file("running-0", 60)
-        found = re.search(r"process 1's pulse listens at 127\.0\.0\.3:(\d+)", gang.logs[1].read_text())
-        assert found, gang.tail()
-        pulse = ("127.0.0.3", int(found.group(1)))
-        limit = time.monotonic() + 30
-        while not _established(pulse):  # process 0 holds its link (it reads the records a few times a second)
-            assert time.monotonic() < limit, "process 0 never linked to process 1's pulse\n" + gang.tail()
-            time.sleep(0.05)
-        gang.signal(1, signal.SIGSTOP)
-        stopped = time.monotonic()
-        while True:  # the frozen process accepts nothing: fill its queue until a connect gets no answer
-            try:
-                held.append(socket.create_connection(pulse, timeout=0.2))
-            except TimeoutError:
-                break
-            assert len(held) < 64, "the accept queue never filled"
-        code = gang.procs[0].wait(60)
-        ended = time.monotonic() - stopped
-    finally:
-        gang.kill()
-        for sock in held:
-            sock.close()
-    log = gang.logs[0].read_text()
-    assert code == -signal.SIGABRT, gang.tail()
-    assert f"and its pulse at 127.0.0.3:{pulse[1]} does not answer within 1.5 s" in log, gang.tail()
-    assert "another task died" not in log, gang.tail()  # not JAX's abort
-    events = [e for e in gang.supervisor_events(0) if e["event"] == "peerLost"]
-    assert events and events[-1]["processes"] == [1], (events, gang.tail())
-    assert ended < 2.0 + 1.0, f"process 0 ended {ended:.1f} s after its peer froze: the bound is 2 s"
-
-
-def test_a_process_0_whose_pod_stops_answering_is_named_by_its_peers_within_the_bound(tmp_path: Path) -> None:
-    """The same for process 0 (it hosts the coordination service, which then hangs rather than closes): process 1
-    holds a link to process 0's pulse in a thread of its own, finds it quiet, probes, gets no answer, names process 0
-    and ends within the bound, not at JAX's heartbeat timeout nor its tether's keepalive."""
+    collective until JAX's heartbeat timeout. The victim is frozen (SIGSTOP) and its pulse's accept queue filled, so
+    the kernel drops the next SYNs, as for a gone node; the watching process (process 0 for process 1; process 1
+    for process 0, whose coordination service then hangs rather than closes: its link runs in a thread of its own)
+    finds the link quiet, probes, gets no answer, names the victim and ends within REPRIEVE_PEER_LOST_SECONDS (2 s)
+    of the freeze, not at the 12 s heartbeat timeout nor at the tether's keepalive."""
+    survivor = 1 - victim
     gang = launch(tmp_path, 2, steps=100000, step_seconds=0.02, heartbeat_s=12, extra_env={"WORKER_COLLECTIVE": "1"},
                   supervised=True)
     held: list[socket.socket] = []
     try:
         gang.wait_for_file("running-0", 60)
-        found = re.search(r"process 0's pulse listens at 127\.0\.0\.1:(\d+)", gang.logs[0].read_text())
+        found = re.search(rf"process {victim}'s pulse listens at 127\.0\.0\.1:(\d+)", gang.logs[victim].read_text())
         assert found, gang.tail()
         pulse = ("127.0.0.1", int(found.group(1)))
         limit = time.monotonic() + 30
-        while not _established(pulse):  # process 1 holds its link
-            assert time.monotonic() < limit, "process 1 never linked to process 0's pulse\n" + gang.tail()
+        while not _established(pulse):  # the survivor holds its link (it reads the records a few times a second)
+            assert time.monotonic() < limit, f"process {survivor} never linked to the pulse\n" + gang.tail()
             time.sleep(0.05)
-        gang.signal(0, signal.SIGSTOP)
+        gang.signal(victim, signal.SIGSTOP)
         stopped = time.monotonic()
-        while True:
-            try:
-                held.append(socket.create_connection(pulse, timeout=0.2))
-            except TimeoutError:
-                break
-            assert len(held) < 64, "the accept queue never filled"
-        code = gang.procs[1].wait(60)
+        held = fill_accept_queue(pulse)
+        code = gang.procs[survivor].wait(60)
         ended = time.monotonic() - stopped
     finally:
-        gang.procs[0].send_signal(signal.SIGCONT)
+        gang.procs[victim].send_signal(signal.SIGCONT)
         gang.kill()
         for sock in held:
             sock.close()
-    log = gang.logs[1].read_text()
+    log = gang.logs[survivor].read_text()
     assert code == -signal.SIGABRT, gang.tail()
-    assert "process 0 of 2 has not been heard from for" in log and \
+    assert f"process {victim} of 2 has not been heard from for" in log and \
         f"its pulse at 127.0.0.1:{pulse[1]} does not answer within 1.5 s" in log, gang.tail()
-    events = [e for e in gang.supervisor_events(1) if e["event"] == "peerLost"]
-    assert events and events[-1]["processes"] == [0], (events, gang.tail())
-    assert ended < 2.0 + 1.0, f"process 1 ended {ended:.1f} s after process 0 froze: the bound is 2 s"
+    assert "another task died" not in log, gang.tail()  # not JAX's abort
+    events = [e for e in gang.supervisor_events(survivor) if e["event"] == "peerLost"]
+    assert events and events[-1]["processes"] == [victim], (events, gang.tail())
+    assert ended < 2.0 + 1.0, f"process {survivor} ended {ended:.1f} s after the freeze: the bound is 2 s"
 
 
 def test_a_peer_lost_in_the_first_step_after_a_restore_is_named_at_once(tmp_path: Path) -> None:
