@@ -183,8 +183,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:  # n
 @pytest.fixture
 def namespace(cluster: Cluster) -> Iterator[str]:  # noqa: F821
     """A fresh namespace with its ``default`` ServiceAccount (a pod created before the controller-manager made it is
-    refused: "serviceaccount default not found"; after the shared cluster's apiserver restart test the
-    controller-manager took up to a minute to make them again on a loaded run)."""
+    refused: "serviceaccount default not found"). It takes well under a second; the 90 s is for a loaded run
+    (an apiserver restart once left the controller-manager's informers in client-go's back-off for a minute:
+    Cluster.restart_apiserver now restarts the controllers, see Cluster._restart_controllers)."""
     from localcluster.testing import wait_for
 
     name = f"t-{uuid.uuid4().hex[:8]}"

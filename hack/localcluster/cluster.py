@@ -154,7 +154,7 @@ class Cluster:
                                f"last lines of {proc.log_path}:\n{proc.tail()}")
 
     def _start_components(self, timeout: float) -> None:
-        wd, pki = self.workdir, self.pki
+        wd = self.workdir
         etcd_port, peer_port = free_port(), free_port()
         etcd = self._spawn("etcd", [
             "etcd", "--name=local", f"--data-dir={wd / 'etcd'}", "--log-level=warn", "--unsafe-no-fsync",
@@ -171,6 +171,12 @@ class Cluster:
         self._apiserver_env = apiserver_env(os.environ, self.kubelet_proxy_port)
         self._start_apiserver(timeout)
 
+        self._start_controllers(timeout)
+
+    def _start_controllers(self, timeout: float, replacing: dict[str, Proc] | None = None) -> None:
+        """Spawn kube-controller-manager and kube-scheduler and wait until both serve. ``replacing``: the stopped
+        ones by name, whose places in ``_procs`` (stop() order) the new ones take."""
+        pki = self.pki
         kcm_port, sched_port = free_port(), free_port()
         kcm = self._spawn("kube-controller-manager", [
             "kube-controller-manager", f"--kubeconfig={self.kubeconfig}",
@@ -186,13 +192,42 @@ class Cluster:
             f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}",
             "--bind-address=127.0.0.1", f"--secure-port={sched_port}", "--leader-elect=false", "--v=1",
         ])
+        for proc in (kcm, sched) if replacing else ():
+            self._procs.remove(proc)
+            self._procs[self._procs.index(replacing[proc.name])] = proc
         wait_until(lambda: self._check_alive(sched) or _https_ok(f"https://127.0.0.1:{sched_port}/healthz"),
                    timeout, "kube-scheduler /healthz", on_timeout=lambda: "\n" + sched.tail())
+        if replacing:
+            wait_until(lambda: self._check_alive(kcm) or _https_ok(f"https://127.0.0.1:{kcm_port}/healthz"),
+                       timeout, "kube-controller-manager /healthz", on_timeout=lambda: "\n" + kcm.tail())
+            return
         # The ServiceAccount controller creating `default` in `default` proves the controller-manager works.
         wait_until(lambda: self._check_alive(kcm) or self.read("serviceaccount", "default", "default",
                                                                 missing_ok=True) is not None,
             timeout, "kube-controller-manager (ServiceAccount 'default' in namespace 'default')",
             interval=0.25, on_timeout=lambda: "\n" + kcm.tail())
+
+    def _restart_controllers(self, timeout: float) -> None:
+        """Stop kube-controller-manager and kube-scheduler (SIGTERM, SIGKILL after 10 s) and start them again.
+
+        Why :meth:`restart_apiserver` does this: after a restart the new apiserver's watch cache refuses the
+        controllers' resource versions ("too old resource version"), and client-go's reflector re-lists only after
+        its back-off, which doubles from 0.8 s to 30 s, is jittered up to twice that and resets only after two
+        minutes without a failure. Three 2 s restarts 11-20 s apart left the ServiceAccount controller blind for
+        2.3, 13.7 and 66.6 s (a new namespace got no `default` account, so no pod could be created in it; the
+        scheduler's pod informer backs off the same way). A control plane's restart (an upgrade, a static pod's
+        new manifest) restarts its controllers too; here they are restarted so one test's apiserver restarts do
+        not leave the shared cluster's next tests waiting on a back-off."""
+        old = {p.name: p for p in self._procs if p.name in ("kube-controller-manager", "kube-scheduler")}
+        for proc in old.values():
+            killpg(proc.popen, signal.SIGTERM)
+        for proc in old.values():
+            try:
+                proc.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                killpg(proc.popen, signal.SIGKILL)
+                proc.popen.wait(10)
+        self._start_controllers(timeout, replacing=old)
 
     def _start_apiserver(self, timeout: float, replacing: Proc | None = None) -> Proc:
         """Spawn kube-apiserver (:mod:`localcluster.apiserver`'s arguments, the environment of the first start)
@@ -207,10 +242,11 @@ class Cluster:
         return proc
 
     def restart_apiserver(self, down_seconds: float = 5.0, timeout: float = 60.0,
-                          until: Callable[[], Any] | None = None) -> float:
+                          until: Callable[[], Any] | None = None, restart_controllers: bool = True) -> float:
         """Stop kube-apiserver (SIGTERM), keep its port closed ``down_seconds`` (and then until ``until()`` is
         true, at most ``timeout`` more), start it again with the same arguments and environment (same port, same
-        etcd: every object is kept) and wait for /readyz. Returns the seconds from the SIGTERM to ready. A start
+        etcd: every object is kept) and wait for /readyz; then restart the controller-manager and the scheduler
+        (``restart_controllers``; why: :meth:`_restart_controllers`). Returns the seconds from the SIGTERM to ready. A start
         that fails (the process exits, or no /readyz within ``timeout``) is a ClusterError with its log's last
         lines; so is an ``until`` that does not come true (the apiserver is started again first).
 
@@ -246,6 +282,8 @@ class Cluster:
         except ClusterError as err:
             raise ClusterError(f"kube-apiserver did not come back after a restart: {err}") from None
         took = time.monotonic() - t0
+        if restart_controllers:
+            self._restart_controllers(timeout)
         log.info("kube-apiserver ready again %.1fs after it was stopped", took)
         if waited is not None:
             raise waited

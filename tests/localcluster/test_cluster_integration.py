@@ -176,7 +176,7 @@ def test_an_apiserver_restart_keeps_every_object_and_every_client_comes_back(clu
     other = f"{namespace}-after"
     cluster.kubectl("create", "namespace", other)
     try:
-        wait_for(lambda: cluster.read("sa", "default", other, missing_ok=True) is not None, 90,
+        wait_for(lambda: cluster.read("sa", "default", other, missing_ok=True) is not None, 30,
                  f"the controller-manager to create ServiceAccount default in {other} after the restart")
     finally:
         cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
