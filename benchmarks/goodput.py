@@ -61,6 +61,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 from kubernetes import client as k8s
 from localcluster import Cluster
 from localcluster.costs import EmulatedCosts
-from localcluster.goodput import GoodputReport, analyse, read_step_log
+from localcluster.goodput import GoodputReport, StepRecord, analyse, read_step_log
 from localcluster.keeplogs import LogKeeper, real_node_logs
 from localcluster.pulls import Pull
 from localcluster.realpulls import describe, node_pulls, pull_line, push_example
@@ -281,6 +282,186 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
                 cluster.remove_node(node)
 
 
+# -- the capacity stockout (issue 47): elastic vs waiting ---------------------------------------------------------
+STOCKOUT_VARIANTS = ("reference", "waiting", "elastic")
+HOST = "reprieve.bench/host"  # one worker per node: required anti-affinity on this label
+
+
+@dataclass(frozen=True)
+class StockoutFigures:
+    """One stockout run's figures, from its step log and the times of the kill and of the capacity's return."""
+    lost_steps: int                 # steps of the killed attempt that were computed again
+    first_step_after: float | None  # seconds from the kill to the next attempt's first step
+    full_rate: float                # steps/s of the attempt the kill ended (full size)
+    degraded_rate: float | None     # steps/s of an attempt that began after the kill, before capacity returned
+    window_steps: int               # steps finished in the window [kill, kill + window_seconds]
+    window_seconds: float
+
+
+def attempt_rate(records: list[StepRecord], skip: int = 3) -> float | None:
+    """Steps per second of one attempt's steady part (its first ``skip`` steps, which wait on compilation and the
+    restore, left out); None with fewer than two steps left (pure)."""
+    steady = sorted(records, key=lambda r: r.step)[skip:]
+    if len(steady) < 2 or steady[-1].t <= steady[0].t:
+        return None
+    return (len(steady) - 1) / (steady[-1].t - steady[0].t)
+
+
+def stockout_figures(records: list[StepRecord], *, kill_t: float, return_t: float,
+                     window_seconds: float) -> StockoutFigures:
+    """The stockout's figures (pure): ``kill_t`` when the worker's node went, ``return_t`` when a node with room
+    came back, wall-clock seconds like the records'."""
+    by_attempt: dict[int, list[StepRecord]] = {}
+    for r in records:
+        by_attempt.setdefault(r.attempt, []).append(r)
+    before = [a for a, rs in by_attempt.items() if min(r.t for r in rs) < kill_t]
+    killed = max(before) if before else min(by_attempt)
+    after = sorted(a for a in by_attempt if a > killed)
+    last_done = max((r.step for r in by_attempt[killed] if r.t <= kill_t), default=-1)
+    first_next = min((r for a in after for r in by_attempt[a]), key=lambda r: r.t, default=None)
+    lost = max(0, last_done + 1 - first_next.step) if first_next is not None else 0
+    degraded = [a for a in after if min(r.t for r in by_attempt[a]) < return_t]
+    done = {r.step for r in records if kill_t <= r.t <= kill_t + window_seconds}
+    return StockoutFigures(
+        lost_steps=lost,
+        first_step_after=(first_next.t - kill_t) if first_next is not None else None,
+        full_rate=attempt_rate(by_attempt[killed]) or 0.0,
+        degraded_rate=attempt_rate([r for r in by_attempt[degraded[0]] if r.t < return_t]) if degraded else None,
+        window_steps=len(done), window_seconds=window_seconds)
+
+
+def stockout_body(variant: str, args: argparse.Namespace, ckpt: Path, pool: str) -> dict[str, object]:
+    """The stockout job (pure but for the checkpoint directory): ``args.workers`` in place, no spare, the memory
+    tier, one worker per node, the same virtual shards in every variant (so all three compute the same maths);
+    only ``elastic`` may shrink (the others' minimum is the full size: they wait, as a job without the block)."""
+    body = example_job("bench", replicas=args.workers, steps=args.steps, step_sleep=0.0, interval=args.interval,
+                       checkpoint_dir=ckpt, node_selector={"reprieve.bench/pool": pool}, devices_per_process=1,
+                       extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", "TRAIN_SHARD_SLEEP": str(args.shard_sleep),
+                                  "TRAIN_GLOBAL_BATCH": str(args.shards * 2)})
+    spec = body["spec"]
+    spec["restartPolicy"]["maxFailures"] = 10
+    spec["restartMode"] = "InPlace"
+    spec["checkpoint"]["memory"] = {"sizeLimit": MEMORY_SIZE_LIMIT}
+    spec["elastic"] = {"minReplicas": args.workers if variant != "elastic" else max(1, args.workers - 1),
+                       "unschedulableSeconds": args.unschedulable, "minResizeIntervalSeconds": args.min_resize,
+                       "virtualShards": args.shards}
+    spec["template"]["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": {"reprieve.dev/job-name": "bench"}}, "topologyKey": HOST}]}}
+    return body
+
+
+def run_stockout(cluster: Cluster, api: object, work: Path, variant: str,
+                 args: argparse.Namespace) -> tuple[GoodputReport, StockoutFigures | None, str]:
+    """One stockout variant on process nodes: the kill at ``--kill-at`` (worker 1's node, no notice), no node with
+    room for ``--stockout`` seconds, then one comes back. Returns the goodput report, the figures (None for the
+    reference, which loses nothing) and the final parameters' sha256."""
+    ns, ckpt = f"stockout-{variant}", work / f"stockout-{variant}"
+    cluster.kubectl("create", "namespace", ns)
+    costs = EmulatedCosts(args.pull_seconds, args.start_seconds)
+    nodes: list[str] = []
+
+    def add_node() -> str:
+        name = f"{variant}-{len(nodes)}"
+        nodes.append(name)
+        cluster.add_node(name, {"reprieve.bench/pool": variant, HOST: name}, costs=costs)
+        return name
+
+    for _ in range(args.workers):
+        add_node()
+    body = stockout_body(variant, args, ckpt, variant)
+    jobs = k8s.CustomObjectsApi(api)
+    operator = OperatorProcess(cluster, work / f"operator-stockout-{variant}", namespaces=[ns]).start()
+    steplog = ckpt / "steps.jsonl"
+    kill_t = return_t = 0.0
+    try:
+        start = time.time()
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(body))
+        while True:
+            status = jobs.get_namespaced_custom_object("reprieve.dev", "v1alpha1", ns, "trainingjobs",
+                                                       "bench").get("status", {})
+            if status.get("phase") in ("Succeeded", "Failed"):
+                break
+            step = max((r.step for r in read_step_log(steplog)), default=-1) if steplog.exists() else -1
+            if variant != "reference" and not kill_t and step >= args.kill_at:
+                assignment = json.loads(cluster.kubectl("get", "configmap", "bench-assignment", "-n", ns, "-o",
+                                                        "json").stdout)["data"]
+                pod = {i: n for n, i in json.loads(assignment["processes"]).items()}[1]
+                node = cluster.kubectl("get", "pod", pod, "-n", ns, "-o", "jsonpath={.spec.nodeName}").stdout
+                log(f"{variant}: step {step}: {node} (worker 1) lost without notice; no node with room for "
+                    f"{args.stockout:.0f}s")
+                kill_t = time.time()
+                cluster.remove_node(node)
+            if kill_t and not return_t and time.time() >= kill_t + args.stockout:
+                log(f"{variant}: capacity returns: {add_node()}")
+                return_t = time.time()
+            time.sleep(0.2)
+        end = time.time()
+        if status.get("phase") != "Succeeded":
+            raise SystemExit(f"stockout {variant}: job ended {status.get('phase')}: {status.get('conditions')}")
+        records = read_step_log(steplog)
+        report = analyse(records, start=start, end=end)
+        log(f"stockout {variant}: done, restarts {status.get('restarts')}\n{report.summary()}")
+        figures = (stockout_figures(records, kill_t=kill_t, return_t=return_t,
+                                    window_seconds=args.stockout + args.window_extra) if kill_t else None)
+        return report, figures, json.loads((ckpt / "result.json").read_text())["sha256"]
+    finally:
+        operator.stop()
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        for node in nodes:
+            if node in cluster.node_names():
+                cluster.remove_node(node)
+
+
+def stockout_main(args: argparse.Namespace) -> int:
+    work = Path(tempfile.mkdtemp(prefix="reprieve-stockout-"))
+    costs = EmulatedCosts(args.pull_seconds, args.start_seconds)
+    with Cluster.start(work / "cluster") as cluster:
+        install_chart(cluster)
+        api = cluster.api_client()
+        results = {v: run_stockout(cluster, api, work, v, args) for v in STOCKOUT_VARIANTS}
+    ref_sha = results["reference"][2]
+    w = 16
+    print()
+    print(f"{'':44}" + "".join(f"{v:>{w}}" for v in STOCKOUT_VARIANTS))
+
+    def fig(v: str, f: Callable[[StockoutFigures], str]) -> str:
+        figures = results[v][1]
+        return f(figures) if figures is not None else "-"
+
+    def rate(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    rows: list[tuple[str, Callable[[str], str]]] = [
+        ("goodput", lambda v: f"{results[v][0].goodput:.1%}"),
+        ("goodput after the first start", lambda v: f"{results[v][0].goodput_after_start:.1%}"),
+        ("wall seconds", lambda v: f"{results[v][0].wall_seconds:.1f}"),
+        ("lost steps at the kill", lambda v: fig(v, lambda f: str(f.lost_steps))),
+        ("kill -> first step of the next attempt, s", lambda v: fig(v, lambda f: "-" if f.first_step_after is None
+                                                                     else f"{f.first_step_after:.1f}")),
+        ("steps/s at full size", lambda v: fig(v, lambda f: rate(f.full_rate))),
+        ("steps/s degraded", lambda v: fig(v, lambda f: rate(f.degraded_rate))),
+        ("degraded / full", lambda v: fig(v, lambda f: "-" if not f.degraded_rate or not f.full_rate
+                                                   else f"{f.degraded_rate / f.full_rate:.3f}")),
+        ("steps in the outage window", lambda v: fig(v, lambda f: str(f.window_steps))),
+        ("final sha256 = reference", lambda v: str(results[v][2] == ref_sha)),
+    ]
+    for label, cell in rows:
+        print(f"{label:44}" + "".join(f"{cell(v):>{w}}" for v in STOCKOUT_VARIANTS))
+    el, wa = results["elastic"][1], results["waiting"][1]
+    if el is not None and wa is not None:
+        print(f"\nelastic vs waiting over the {el.window_seconds:.0f} s window from the kill: "
+              f"{el.window_steps} vs {wa.window_steps} steps ("
+              + (f"{el.window_steps / wa.window_steps:.2f}x" if wa.window_steps else "waiting made none") + ")")
+        if el.degraded_rate and el.full_rate:
+            print(f"throughput while degraded: {el.degraded_rate / el.full_rate:.3f} x full size (target >= "
+                  f"{0.95 * (args.workers - 1) / args.workers:.3f}: 0.95 x {args.workers - 1}/{args.workers})")
+    print(f"(process nodes, {costs.describe()}; device time emulated: {args.shard_sleep}s of sleep per virtual "
+          f"shard a process computes, so a process of a shrunk job sleeps longer; {args.workers} workers, "
+          f"{args.shards} virtual shards, {args.steps} steps, kill at step {args.kill_at}, stockout "
+          f"{args.stockout:.0f}s, unschedulableSeconds {args.unschedulable}; logs in {work})")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=7)
@@ -302,7 +483,26 @@ def main() -> int:
                              "cluster's registry")
     parser.add_argument("--start-seconds", type=float, default=1.0, help="emulated container start, every pod")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
+    stockout = parser.add_argument_group("the capacity stockout (--stockout SECONDS): the variants "
+                                         f"{', '.join(STOCKOUT_VARIANTS)} instead")
+    stockout.add_argument("--stockout", type=float, default=None,
+                          help="seconds from the kill of worker 1's node to a node with room coming back")
+    stockout.add_argument("--workers", type=int, default=4)
+    stockout.add_argument("--shards", type=int, default=12,
+                          help="virtual shards (divisible by --workers and --workers - 1)")
+    stockout.add_argument("--kill-at", type=int, default=60)
+    stockout.add_argument("--unschedulable", type=int, default=5, help="spec.elastic.unschedulableSeconds")
+    stockout.add_argument("--min-resize", type=int, default=20, help="spec.elastic.minResizeIntervalSeconds")
+    stockout.add_argument("--shard-sleep", type=float, default=0.1,
+                          help="emulated device seconds per virtual shard a process computes in a step")
+    stockout.add_argument("--window-extra", type=float, default=30.0,
+                          help="the window of steps counted runs from the kill to the stockout's end plus this")
     args = parser.parse_args()
+    if args.stockout is not None:
+        if args.shards % args.workers or args.shards % (args.workers - 1):
+            parser.error(f"--shards {args.shards} must divide over {args.workers} and {args.workers - 1} workers")
+        args.pull_seconds = 20.0 if args.pull_seconds is None else args.pull_seconds
+        return stockout_main(args)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:

@@ -44,3 +44,43 @@ def test_nodes_up_front(spares: int, events: int, real: bool, nodes: int) -> Non
 ])
 def test_replacements_due(live: int, up_front: int, real: bool, due: int) -> None:
     assert goodput.replacements_due(live=live, up_front=up_front, real=real) == due
+
+
+def _steps(attempt: int, first: int, last: int, t0: float, dt: float) -> list:
+    from localcluster.goodput import StepRecord
+    return [StepRecord(attempt, s, t0 + (s - first) * dt) for s in range(first, last + 1)]
+
+
+def test_stockout_figures_of_an_elastic_run() -> None:
+    """Full size at 2 steps/s to step 49 (t 124.5), the kill at t 125, the shrunk attempt from step 46 (4 lost) at
+    t 131 at 1.5 steps/s until capacity returns at t 245, then the grown attempt."""
+    shrunk_dt = 1 / 1.5
+    records = (_steps(1, 0, 49, 100.0, 0.5) + _steps(2, 46, 215, 131.0, shrunk_dt)
+               + _steps(3, 216, 300, 250.0, 0.5))
+    f = goodput.stockout_figures(records, kill_t=125.0, return_t=245.0, window_seconds=150.0)
+    assert f.lost_steps == 4
+    assert f.first_step_after == pytest.approx(6.0)
+    assert f.full_rate == pytest.approx(2.0)
+    assert f.degraded_rate == pytest.approx(1.5)
+    # in [125, 275]: attempt 2's steps 46..215 (170 distinct) and attempt 3's 216..266 (t <= 275)
+    assert f.window_steps == 170 + 51
+
+
+def test_stockout_figures_of_a_run_that_waits() -> None:
+    """The waiting job: no attempt begins before capacity returns, so nothing is degraded and the window holds only
+    the steps after the return."""
+    records = _steps(1, 0, 49, 100.0, 0.5) + _steps(2, 46, 100, 260.0, 0.5)
+    f = goodput.stockout_figures(records, kill_t=125.0, return_t=245.0, window_seconds=150.0)
+    assert (f.lost_steps, f.degraded_rate, f.first_step_after) == (4, None, pytest.approx(135.0))
+    assert f.window_steps == 31  # steps 46..76 (t 260..275)
+
+
+@pytest.mark.parametrize(("n", "skip", "rate"), [(10, 3, 2.0), (4, 3, None), (5, 3, 2.0), (3, 0, 2.0)])
+def test_attempt_rate_leaves_out_the_first_steps(n: int, skip: int, rate: float | None) -> None:
+    records = _steps(1, 0, n - 1, 0.0, 0.5)
+    records[0] = type(records[0])(1, 0, -30.0)  # the first step waited on compilation
+    got = goodput.attempt_rate(records, skip=skip)
+    if skip == 0:
+        assert got is not None and got < 1.0  # the compile's wait drags an unskipped rate down
+    else:
+        assert got == (pytest.approx(rate) if rate is not None else None)
