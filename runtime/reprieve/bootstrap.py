@@ -217,18 +217,22 @@ def _watch_peers(job: Job, config: RuntimeConfig, coordinator: Coordinator, link
     termination message (Recreate), so an exit JAX forces for them counts as their loss; with this process's
     last finished step (the gang's: training is synchronous), so the operator counts the steps after process 0's
     last progress report as lost, not as restart gap (docs/goodput.md)."""
+    watch: PeerWatch | None = None
+
     def on_lost(processes: tuple[int, ...]) -> None:
         last = _last_step(job)
+        gone = watch.gone if watch is not None else ()  # those the pulse found not answering (the operator need not probe)
         if link is not None:
-            link.peer_lost(processes, last)
+            link.peer_lost(processes, last, gone=gone)
         if config.in_cluster:
-            write_termination_message(processes, config.termination_log, attempt=config.attempt, last=last)
+            write_termination_message(processes, config.termination_log, attempt=config.attempt, last=last, gone=gone)
 
-    return PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
+    watch = PeerWatch(coordinator, attempt=config.attempt, pod=config.pod_name,
                      heartbeat_s=config.heartbeat_timeout_seconds, address=config.coordinator_address,
                      committed=lambda: job.committed_step, on_lost=on_lost, device_processes=_device_processes,
                      ip=config.pod_ip, lost_s=config.peer_lost_seconds,
-                     end=lambda why: end_unless_leaving(job, why)).start()
+                     end=lambda why: end_unless_leaving(job, why))
+    return watch.start()
 
 
 def _device_processes() -> dict[int, int]:

@@ -143,18 +143,26 @@ def silent_line(process: int, n: int, pod: str | None, seconds: float, heartbeat
             f" s (\"another task died\") and the job restarts from {resume}")
 
 
-def termination_message(processes: tuple[int, ...]) -> str:
+def termination_message(processes: tuple[int, ...], gone: tuple[int, ...] = ()) -> str:
     """The container's termination message of a process that only knows ``processes`` are silent (``""``:
-    none): what the operator reads from a Recreate pod's ``state.terminated.message`` (pure)."""
-    return termination.merged("", {"peerLost": list(processes)})
+    none), ``gone`` of them not answering: what the operator reads from a Recreate pod's ``state.terminated.message``
+    (pure)."""
+    return termination.merged("", lost_fields(processes, gone))
+
+
+def lost_fields(processes: tuple[int, ...], gone: tuple[int, ...] = ()) -> dict[str, object]:
+    """``peerLost`` and, when some of them did not answer their pulse, ``peerGone`` (pure)."""
+    gone = tuple(p for p in gone if p in processes)
+    return {"peerLost": list(processes), **({"peerGone": list(gone)} if gone else {})}
 
 
 def write_termination_message(processes: tuple[int, ...], path: str = termination.TERMINATION_LOG, *,
-                              attempt: int | None = None, last: tuple[int, float] | None = None) -> None:
-    """Set ``peerLost`` in the container's termination message (:mod:`reprieve.termination`), with the attempt
-    and this process's last finished step and when (``lastStep``, ``lastStepAt``: unix seconds) when known;
-    never raises."""
-    fields: dict[str, object] = {"peerLost": list(processes)}
+                              attempt: int | None = None, last: tuple[int, float] | None = None,
+                              gone: tuple[int, ...] = ()) -> None:
+    """Set ``peerLost`` (and ``peerGone``) in the container's termination message (:mod:`reprieve.termination`),
+    with the attempt and this process's last finished step and when (``lastStep``, ``lastStepAt``: unix seconds)
+    when known; never raises."""
+    fields: dict[str, object] = lost_fields(processes, gone)
     if attempt is not None and last is not None:
         fields.update(attempt=attempt, lastStep=last[0], lastStepAt=round(last[1], 3))
     termination.write(fields, path)
@@ -205,9 +213,16 @@ class PeerWatch(Daemon):
         self.lost: tuple[int, ...] = ()  # the silent processes last reported to ``on_lost``
         self._silent: tuple[int, ...] = ()  # what the watch found (process 0's liveness, or its published set)
         self._blamed: tuple[int, ...] = ()  # what failed collectives named (blame): never taken back
+        self._gone: tuple[int, ...] = ()  # what the pulse found GONE (no answer): never taken back
         self._report = threading.Lock()  # the watch's thread and the training thread both report
         self._any_lost = threading.Event()  # the watch found a peer silent
         self._tether: ServiceTether | None = None  # processes but 0: process 0's death, the instant it happens
+
+    @property
+    def gone(self) -> tuple[int, ...]:
+        """The processes whose pulse did not answer (their node gone, or cut off the network): the operator counts
+        them lost without probing them itself (``peerGone``)."""
+        return self._gone
 
     @property
     def found(self) -> tuple[int, ...]:
@@ -316,6 +331,8 @@ class PeerWatch(Daemon):
                                                   self._committed()))
                 elif kind in (DEAD, GONE):
                     liveness.lose(p)
+                    if kind == GONE:
+                        self._gone = _union(self._gone, (p,))
                     lost.append(lost_line(p, self._n, self._pods.get(p), kind, self._pulses[p], seconds,
                                           self._heartbeat_s, self._committed()))
                 else:

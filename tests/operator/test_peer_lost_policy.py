@@ -34,7 +34,8 @@ def job(mode: str, status: dict[str, Any] | None = None) -> Any:
 # Each worker: "run" (running, silent or not), "lost" (its node is gone), "notready" (running on a NotReady node),
 # "cutoff" (running, its pod's address did not answer the operator's probe),
 # ("peer", ago) (exited 134 naming process 1 as lost, ``ago`` seconds before NOW; ("peer", ago, k): naming process
-# k), ("code", c, ago) (exited c on its own), "plain134" (134 without a report of a lost peer).
+# k), ("gone", ago) (the same, and its pulse found process 1 not answering: ``peerGone``), ("code", c, ago) (exited
+# c on its own), "plain134" (134 without a report of a lost peer).
 Worker = Any
 
 
@@ -45,37 +46,39 @@ def worker_changes(s: Worker) -> dict[str, Any]:
         return {"lost": {"node_lost": True}, "notready": {"node_ready": False}, "cutoff": {"reachable": False}}[s]
     if s == "plain134":
         return {"code": 134, "ago": 0.0}
-    if isinstance(s, tuple) and s[0] == "peer":
-        return {"code": 134, "peer": s[2] if len(s) > 2 else 1, "ago": s[1]}
+    if isinstance(s, tuple) and s[0] in ("peer", "gone"):
+        return {"code": 134, "peer": s[2] if len(s) > 2 else 1, "ago": s[1], "gone": s[0] == "gone"}
     if isinstance(s, tuple) and s[0] == "code":
         return {"code": s[1], "ago": s[2]}
     return {}
 
 
 def pods(states: tuple[Worker, ...], make: Callable[[int, dict[str, Any]], Any],
-         exited: Callable[[int, datetime, int | None], dict[str, Any]]) -> list[Any]:
+         exited: Callable[[int, datetime, int | None, bool], dict[str, Any]]) -> list[Any]:
     """One pod per state, ``make(index, fields)``; an exit's fields are the view's own (``exited``)."""
     out = []
     for i, s in enumerate(states):
         c = worker_changes(s)
-        fields = {k: v for k, v in c.items() if k not in ("code", "peer", "ago")}
+        fields = {k: v for k, v in c.items() if k not in ("code", "peer", "ago", "gone")}
         if "code" in c:
-            fields |= exited(c["code"], NOW - timedelta(seconds=c["ago"]), c.get("peer"))
+            fields |= exited(c["code"], NOW - timedelta(seconds=c["ago"]), c.get("peer"), c.get("gone", False))
         out.append(make(i, fields))
     return out
 
 
 def recreate(states: tuple[Worker, ...]) -> list[WorkerPod]:
     return pods(states, lambda i, f: WorkerPod(name=f"llama-{i}", index=i, attempt=1, node=f"n{i}", **f),
-                lambda code, at, peer: {"phase": "Failed", "exit_code": code, "exit_time": at,
-                                        **({"peer_lost": (peer,)} if peer is not None else {})})
+                lambda code, at, peer, gone: {"phase": "Failed", "exit_code": code, "exit_time": at,
+                                              **({"peer_lost": (peer,)} if peer is not None else {}),
+                                              **({"peer_gone": (peer,)} if gone else {})})
 
 
 def inplace(states: tuple[Worker, ...]) -> list[PodView]:
     return pods(states, lambda i, f: PodView(name=f"llama-{i}", role="worker", index=i, attempt=1, node=f"n{i}",
                                              ip=f"10.0.0.{i + 1}", **f),
-                lambda code, at, peer: {"exit_attempt": 1, "exit_code": code, "exit_time": at,
-                                        **({"exit_peer_lost": (peer,)} if peer is not None else {})})
+                lambda code, at, peer, gone: {"exit_attempt": 1, "exit_code": code, "exit_time": at,
+                                              **({"exit_peer_lost": (peer,)} if peer is not None else {}),
+                                              **({"exit_peer_gone": (peer,)} if gone else {})})
 
 
 def decided(mode: str, states: tuple[Worker, ...], status: dict[str, Any] | None = None) -> RestartPlan:
@@ -88,6 +91,7 @@ def decided(mode: str, states: tuple[Worker, ...], status: dict[str, Any] | None
 
 
 PEER = ("peer", 5.0)
+GONE = ("gone", 5.0)
 LATE = ("peer", PEER_LOST_WAIT_SECONDS + 1)
 # (case, workers, status, cause, words in the message)
 ROWS: list[tuple[str, tuple[Worker, ...], dict[str, Any], str | None, str]] = [
@@ -101,6 +105,14 @@ ROWS: list[tuple[str, tuple[Worker, ...], dict[str, Any], str | None, str]] = [
      "disruption", "worker llama-1 went silent and its pod does not answer on the network (cut off)"),
     ("... the same after a notice in this attempt: a preemption", (PEER, "cutoff", PEER), {"lastNotice": NOTICE},
      "preemption", "cut off"),
+    ("the survivors' pulse found the silent peer not answering (peerGone): a disruption at once, no probe",
+     (GONE, "run", GONE), {}, "disruption",
+     "worker llama-1 went silent and did not answer the pulse of process(es) 0, 2 (its node gone or cut off the "
+     "network) (2 other worker(s) ended as they lost it)"),
+    ("... one survivor's pulse is enough (the other only heard it from process 0)", (GONE, "run", PEER), {},
+     "disruption", "did not answer the pulse of process(es) 0 ("),
+    ("... gone, after a notice in this attempt: a preemption", (GONE, "run", GONE), {"lastNotice": NOTICE},
+     "preemption", "did not answer the pulse"),
     ("a pod that does not answer but nobody named silent: nothing to decide", ("run", "cutoff", "run"), {}, None,
      ""),
     ("the peer ended with its own error: a failure, named after it", (PEER, ("code", 1, 5.0), PEER), {}, "failure",
@@ -164,6 +176,10 @@ def test_in_place_never_keeps_a_pod_its_peers_report_silent_or_on_a_notready_nod
     assert extra.record is not None and extra.record.cause == "disruption", extra.record
     assert extra.assign is not None and "llama-1" not in extra.assign.processes, extra
     assert "its node n1 is not Ready" in extra.replaced[0].reason, extra.replaced
+    _, extra = decide_inplace(j, [*inplace((GONE, "run", GONE)), spare], ASSIGNED, (), NOW)
+    assert extra.record is not None and extra.record.cause == "disruption", extra.record
+    assert extra.assign is not None and extra.assign.processes["llama-spare-a"] == 1, extra
+    assert "its peers lost it (process 1 went silent)" in extra.replaced[0].reason, extra.replaced
     _, extra = decide_inplace(j, [*inplace((PEER, "cutoff", PEER)), spare], ASSIGNED, (), NOW)
     assert extra.record is not None and extra.record.cause == "disruption", extra.record
     assert extra.assign is not None and extra.assign.processes["llama-spare-a"] == 1, extra
@@ -179,16 +195,19 @@ def test_a_peer_that_reported_its_own_exit_is_kept_in_place() -> None:
 
 
 def test_the_views_read_the_report_the_termination_message_and_node_readiness() -> None:
-    exit_report = {"attempt": 1, "code": 134, "time": "2026-11-26T11:59:55Z", "peerLost": [2, 1, 1, "x", -1]}
+    exit_report = {"attempt": 1, "code": 134, "time": "2026-11-26T11:59:55Z", "peerLost": [2, 1, 1, "x", -1],
+                   "peerGone": [2, "y"]}
     raw = {"metadata": {"name": "llama-0", "labels": {"reprieve.dev/replica-index": "0", "reprieve.dev/attempt": "1"},
                         "annotations": {"reprieve.dev/exit": json.dumps(exit_report)}},
            "spec": {"nodeName": "n0"}, "status": {"phase": "Running"}}
     view = views.pod_view(raw)
-    assert view is not None and view.exit_peer_lost == (1, 2), view
-    term = {"exitCode": 134, "finishedAt": "2026-11-26T11:59:55Z", "message": json.dumps({"peerLost": [0]})}
+    assert view is not None and (view.exit_peer_lost, view.exit_peer_gone) == ((1, 2), (2,)), view
+    assert views.worker_view(view, 1, 1, 42).peer_gone == (2,)
+    term = {"exitCode": 134, "finishedAt": "2026-11-26T11:59:55Z", "message": json.dumps({"peerLost": [0, 2],
+                                                                                           "peerGone": [2]})}
     pod = {**raw, "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": term}}]}}
     worker = views.worker_pod(pod)
-    assert worker is not None and (worker.exit_code, worker.peer_lost) == (134, (0,)), worker
+    assert worker is not None and (worker.exit_code, worker.peer_lost, worker.peer_gone) == (134, (0, 2), (2,)), worker
     assert worker.exit_time == datetime(2026, 11, 26, 11, 59, 55, tzinfo=UTC)
     logs = {**term, "message": "Terminating process because ... another task died"}  # FallbackToLogsOnError
     other = views.worker_pod({**raw, "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated":

@@ -119,6 +119,8 @@ def test_process_0_ends_once_a_peer_s_pulse_finds_it_lost_and_not_before(kind: s
         assert reports[:1] == [(2,)], reports
         assert json.loads(shared.dir_get("reprieve/2/silent/")["reprieve/2/silent/set"]) == [2]
         assert ended[0] == lost_line(2, 3, "w2", kind, ("10.0.0.7", 40002), 0.4, 4.0, None)
+        # a pulse that did not answer is named gone (the operator counts it lost without a probe); a refused one not
+        assert watch.gone == ((2,) if kind == GONE else ())
         _until(lambda: links.closed, "the links closed with the watch")
     finally:
         watch.close()
@@ -284,6 +286,9 @@ def test_the_termination_message_names_the_silent_peers(tmp_path: Path) -> None:
     assert log.read_text() == ""
     write_termination_message((2,), str(log), attempt=4, last=(41, 1764000054.2501))  # with its last step
     assert json.loads(log.read_text()) == {"peerLost": [2], "attempt": 4, "lastStep": 41, "lastStepAt": 1764000054.25}
+    write_termination_message((0, 2), str(log), gone=(2, 3))  # whose pulse did not answer, of those lost
+    assert json.loads(log.read_text())["peerGone"] == [2]
+    assert json.loads(termination_message((1,), gone=(1,))) == {"peerLost": [1], "peerGone": [1]}
 
 
 def test_a_failed_collective_waits_for_the_peer_watch_to_name_the_silent_peer(caplog: pytest.LogCaptureFixture) -> None:

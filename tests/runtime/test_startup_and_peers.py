@@ -54,6 +54,7 @@ def test_a_peer_killed_mid_run_is_named_before_jax_ends_the_survivor(tmp_path: P
     assert jax_abort < 0 or min(named) < jax_abort, gang.tail()
     events = [e for e in gang.supervisor_events(0) if e["event"] == "peerLost"]
     assert events and events[-1]["processes"] == [1], (events, gang.tail())
+    assert "gone" not in events[-1], events  # its host answered (refused): its own exit tells the operator the rest
 
 
 @pytest.mark.parametrize("victim", [1, 0], ids=["process-1", "process-0"])
@@ -94,6 +95,7 @@ def test_a_peer_whose_pod_stops_answering_is_named_within_the_bound(tmp_path: Pa
     assert "another task died" not in log, gang.tail()  # not JAX's abort
     events = [e for e in gang.supervisor_events(survivor) if e["event"] == "peerLost"]
     assert events and events[-1]["processes"] == [victim], (events, gang.tail())
+    assert events[-1].get("gone") == [victim], events  # no answer: the operator counts it lost without a probe
     assert ended < 2.0 + 1.0, f"process {survivor} ended {ended:.1f} s after the freeze: the bound is 2 s"
 
 

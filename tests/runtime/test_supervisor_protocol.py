@@ -479,6 +479,20 @@ def test_the_exit_report_carries_the_last_step_the_trainer_said_with_peer_lost(
         assert (value["lastStep"], value["lastStepAt"]) == expected
 
 
+def test_the_exit_report_names_the_lost_peers_whose_pulse_did_not_answer() -> None:
+    """``gone`` (of the processes said lost, those whose pulse did not answer) goes into the exit report as
+    ``peerGone``, so the operator counts them lost without probing them; one not said lost is left out."""
+    state, _ = play([(0, AssignmentSeen(None)), *started(11, 1, step_at=2)])
+    state, _ = sv.step(state, ChildMessage(11, {"event": "peerLost", "processes": [2, 0], "gone": [2, 3, "x"]}), 5)
+    _, actions = sv.step(state, ChildExited(11, 134), 9)
+    report = next(a for a in actions if isinstance(a, sv.Report))
+    assert (report.peer_lost, report.peer_gone) == ((0, 2), (2,)), report
+    value = json.loads(exit_annotation(1, 134, 0.0, None, report.peer_lost, None, report.peer_gone)["reprieve.dev/exit"])
+    assert (value["peerLost"], value["peerGone"]) == ([0, 2], [2]), value
+    plain = json.loads(exit_annotation(1, 134, 0.0, None, (0,))["reprieve.dev/exit"])
+    assert "peerGone" not in plain, plain
+
+
 def test_a_finished_run_says_it_ends_the_pre_warmed_process_not_the_trainer() -> None:
     """It logged "training finished: sending SIGKILL to pid N", N the warm process (issue 46)."""
     state = State(ENV_A, SETTINGS)

@@ -74,6 +74,7 @@ class WorkerPod:
     noticed: bool = False  # carries a reprieve.dev/notice annotation
     unsaved: bool = False  # its supervisor reported the restart code as not agreed: the program exited so itself
     peer_lost: tuple[int, ...] = ()  # its exit report: it ended because these processes went silent
+    peer_gone: tuple[int, ...] = ()  # ... of them, those whose pulse did not answer it (node gone or cut off)
     exit_time: datetime | None = None  # when it exited (its report's time, or the container's finishedAt)
     node_ready: bool = True  # its node's Ready condition is not False/Unknown
     reachable: bool = True  # False: the operator's probe of its pod's address went unanswered (``decide``)
@@ -118,9 +119,22 @@ class RestartPlan:
         return self.phase in ("Restarting", "Suspended", "Pending") and bool(self.delete) and not self.create
 
 
-def _describe(p: WorkerPod) -> str:
+def _named_gone(failed: Sequence[WorkerPod]) -> dict[int, tuple[int, ...]]:
+    """Process index -> the failed workers' indices whose pulse it did not answer (``peerGone``): its node is gone
+    or it is cut off the network; the runtime found so already, so no probe of the operator's is needed."""
+    named: dict[int, set[int]] = {}
+    for p in failed:
+        for i in p.peer_gone:
+            named.setdefault(i, set()).add(p.index)
+    return {i: tuple(sorted(by)) for i, by in named.items()}
+
+
+def _describe(p: WorkerPod, gone: Mapping[int, tuple[int, ...]] | None = None) -> str:
     if p.node_lost:
         return f"worker {p.name} lost its node {p.node}"
+    if gone and p.index in gone and not p.terminated:
+        return (f"worker {p.name} went silent and did not answer the pulse of process(es) "
+                f"{', '.join(map(str, gone[p.index]))} (its node gone or cut off the network)")
     if not p.reachable and not p.terminated:
         return f"worker {p.name} went silent and its pod does not answer on the network (cut off)"
     if p.deleting:
@@ -312,15 +326,17 @@ def classify(job: TrainingJob, current: Mapping[int, WorkerPod], missing: Sequen
     own = [p for p in failed if not p.peer_lost]  # failures of their own; the rest ended because a peer did
     if own:
         return _own_failure(job, own)
-    if failed:  # a silent peer on a node that is not Ready, or whose pod does not answer, is lost
+    if failed:  # a silent peer on a node that is not Ready, or whose pod or pulse does not answer, is lost
+        gone = _named_gone(failed)
         lost += [p for p in current.values()
                  if (not p.node_ready or not p.reachable) and not p.terminated and p not in lost]
+        lost += [p for p in current.values() if p.index in gone and not p.terminated and p not in lost]
     if lost or (missing and recorded):
         ran_on = ran_on or {}
         doomed = any(p.node in doomed_nodes for p in lost if p.node) or \
             any(ran_on.get(i) in doomed_nodes for i in missing)
         if lost:
-            why = _describe(lost[0])
+            why = _describe(lost[0], _named_gone(failed))
         else:
             why = f"worker {job.name}-{missing[0]} disappeared"
             if missing[0] in ran_on:

@@ -50,6 +50,7 @@ class PodView:
     exit_agreed: bool | None = None  # with the restart code: whether the runtime announced it (an agreed save)
     exit_time: datetime | None = None
     exit_peer_lost: tuple[int, ...] = ()  # the report's ``peerLost``: the trainer ended as these processes went silent
+    exit_peer_gone: tuple[int, ...] = ()  # ... ``peerGone``: of them, those whose pulse did not answer
     container_code: int | None = None  # the container (the supervisor) ended with this code
     container_finished: datetime | None = None  # ... at this time (its terminated state's finishedAt)
     notice_attempt: int | None = None  # the attempt of the notice it carries, if any
@@ -73,9 +74,11 @@ def worker_view(p: PodView, attempt: int, index: int, restart_code: int) -> Work
     """The worker ``p`` as ``policy.restart`` sees it: its exit report for ``attempt`` is its exit."""
     phase, code = ("Running" if p.phase in ("Running", "Pending") else p.phase), None
     peer_lost: tuple[int, ...] = ()
+    peer_gone: tuple[int, ...] = ()
     if p.exit_attempt == attempt and p.exit_code is not None:
         phase, code = ("Succeeded" if p.exit_code == 0 else "Failed"), p.exit_code
         peer_lost = p.exit_peer_lost if code != 0 else ()
+        peer_gone = p.exit_peer_gone if code != 0 else ()
     elif p.phase in TERMINAL_PHASES:  # the supervisor ended without a report for this attempt
         code = p.container_code if p.container_code is not None else (0 if p.phase == "Succeeded" else None)
     exit_time = p.exit_time if p.exit_attempt == attempt else \
@@ -83,7 +86,8 @@ def worker_view(p: PodView, attempt: int, index: int, restart_code: int) -> Work
     return WorkerPod(name=p.name, index=index, attempt=attempt, phase=phase, exit_code=code, deleting=p.deleting,
                      node=p.node, node_lost=p.node_lost, noticed=p.notice_attempt == attempt,
                      unsaved=code == restart_code and p.exit_attempt == attempt and p.exit_agreed is False,
-                     peer_lost=peer_lost, exit_time=exit_time, node_ready=p.node_ready, reachable=p.reachable)
+                     peer_lost=peer_lost, peer_gone=peer_gone, exit_time=exit_time, node_ready=p.node_ready,
+                     reachable=p.reachable)
 
 
 @dataclass(frozen=True)
@@ -129,12 +133,14 @@ def worker_pod(pod: Mapping[str, Any], known_nodes: Container[str] | None = None
     phase = status.get("phase") or "Pending"
     exit_code, exit_time = None, None
     peer_lost: tuple[int, ...] = ()
+    peer_gone: tuple[int, ...] = ()
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term is not None and term.get("exitCode") is not None:
             code = int(term["exitCode"])
             if exit_code in (None, 0) and code != 0:
-                peer_lost = peers_lost(_json(term.get("message")).get("peerLost"))
+                message = _json(term.get("message"))
+                peer_lost, peer_gone = peers_lost(message.get("peerLost")), peers_lost(message.get("peerGone"))
                 exit_time = parse_time(term.get("finishedAt"))
             exit_code = code if exit_code in (None, 0) else exit_code  # the first non-zero wins
     if phase == "Succeeded" and exit_code is None:
@@ -145,11 +151,12 @@ def worker_pod(pod: Mapping[str, Any], known_nodes: Container[str] | None = None
     return WorkerPod(name=str(meta.get("name")), index=index, attempt=attempt, phase=phase,
                      exit_code=exit_code, deleting=bool(meta.get("deletionTimestamp")), node=node,
                      node_lost=node_lost, noticed=bool((meta.get("annotations") or {}).get(ANNOTATION_NOTICE)),
-                     peer_lost=peer_lost, exit_time=exit_time)
+                     peer_lost=peer_lost, peer_gone=peer_gone, exit_time=exit_time)
 
 
 def peers_lost(value: Any) -> tuple[int, ...]:
-    """An exit report's or termination message's ``peerLost`` (process indices; anything else: none)."""
+    """An exit report's or termination message's ``peerLost`` or ``peerGone`` (process indices; anything else:
+    none)."""
     if not isinstance(value, list):
         return ()
     return tuple(sorted({v for v in value if type(v) is int and v >= 0}))
@@ -258,6 +265,7 @@ def _parse_pod_view(pod: Mapping[str, Any]) -> PodView | None:
                    exit_time=parse_time(report.get("time")), container_code=container_code,
                    container_finished=finished,
                    exit_peer_lost=peers_lost(report.get("peerLost")),
+                   exit_peer_gone=peers_lost(report.get("peerGone")),
                    notice_attempt=to_int(notice.get("attempt")) if notice else None,
                    contract=to_int(supervisor.get("contract")), created=parse_time(meta.get("creationTimestamp")),
                    start_error=start_error)

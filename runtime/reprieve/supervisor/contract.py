@@ -242,18 +242,23 @@ def exit_code(waitstatus_code: int) -> int:
 
 
 def exit_annotation(attempt: int, code: int, now: float, agreed: bool | None = None,
-                    peer_lost: tuple[int, ...] = (), last_step: tuple[int, float] | None = None) -> dict[str, str]:
+                    peer_lost: tuple[int, ...] = (), last_step: tuple[int, float] | None = None,
+                    peer_gone: tuple[int, ...] = ()) -> dict[str, str]:
     """``agreed`` (only for the restart code): whether the exit was a saved preemption (the runtime announced it),
     or a program's own ``sys.exit(<restart code>)`` that saved nothing (``reprieve.restarts``). ``peer_lost``: the
     processes the trainer reported silent before it ended (JAX's coordination service ends a process whose peer
     died): the exit is that loss's, not a failure of its own. ``last_step``: the trainer's last finished step and
     when (unix seconds), as it told the supervisor with ``peerLost`` (``lastStep``, ``lastStepAt``): the gang's
-    last step, after process 0's last progress report when process 0 is the one lost."""
+    last step, after process 0's last progress report when process 0 is the one lost. ``peer_gone``: of
+    ``peer_lost``, those whose pulse did not answer (their node gone or cut off): the operator counts them lost
+    without probing them itself."""
     value: dict[str, Any] = {"attempt": attempt, "code": code, "time": format_rfc3339(now)}
     if agreed is not None:
         value["agreed"] = agreed
     if peer_lost:
         value["peerLost"] = list(peer_lost)
+        if gone := [p for p in peer_gone if p in peer_lost]:
+            value["peerGone"] = gone
     if last_step is not None:
         value["lastStep"], value["lastStepAt"] = last_step[0], round(last_step[1], 3)
     return {EXIT_ANNOTATION: json.dumps(value, sort_keys=True)}

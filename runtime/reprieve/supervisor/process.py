@@ -141,7 +141,7 @@ class Supervisor:
         elif isinstance(action, sm.Report):
             if self.annotator is not None:
                 self.annotator.put(contract.exit_annotation(action.attempt, action.code, time.time(), action.agreed,
-                                                         action.peer_lost, action.last_step))
+                                                         action.peer_lost, action.last_step, action.peer_gone))
         elif isinstance(action, sm.StartTrainer):
             log.info("%s", action.why)
             self._kill_leftovers()

@@ -92,6 +92,7 @@ class Trainer:
     previous_highest: int = 0  # highest_run before this one (a refused take-over is not a run)
     announced: int | None = None  # the exit code it announced (and that was reported) before it ended
     peer_lost: tuple[int, ...] = ()  # the processes it last reported silent (``peerLost``): named in its exit report
+    peer_gone: tuple[int, ...] = ()  # ... of them, those whose pulse did not answer (``gone``): ``peerGone``
     last_step: tuple[int, float] | None = None  # its newest last finished step and when (``peerLost``'s step, stepAt)
 
 
@@ -214,6 +215,7 @@ class Report:
     agreed: bool | None = None  # for the restart code: was it announced (a saved exit)? None for other codes
     peer_lost: tuple[int, ...] = ()  # a failed exit after the trainer reported these processes silent
     last_step: tuple[int, float] | None = None  # the trainer's last finished step and when, if it said (lastStep)
+    peer_gone: tuple[int, ...] = ()  # of peer_lost, those whose pulse did not answer (node gone or cut off)
 
 
 @dataclass(frozen=True)
@@ -320,10 +322,10 @@ def _message(s: State, ev: ChildMessage, now: float) -> tuple[State, list[Action
             return (s.replace(trainer=dataclasses.replace(t, refused=why), prewarm_off=why),
                     [Note(f"attempt {a}: the warm process refused its assignment: {why}")])
         if kind == "peerLost":
-            raw = ev.message.get("processes")
-            lost = tuple(sorted({p for p in raw if type(p) is int and p >= 0})) if isinstance(raw, list) else ()
+            lost = _processes(ev.message.get("processes"))
+            gone = tuple(p for p in _processes(ev.message.get("gone")) if p in lost)
             last = _newer_step(t.last_step, ev.message.get("step"), ev.message.get("stepAt"))
-            return s.replace(trainer=dataclasses.replace(t, peer_lost=lost, last_step=last)), [
+            return s.replace(trainer=dataclasses.replace(t, peer_lost=lost, peer_gone=gone, last_step=last)), [
                 Note(f"attempt {a}: the trainer reports process(es) {', '.join(map(str, lost))} silent" if lost else
                      f"attempt {a}: the trainer hears from every process again")]
         code = ev.message.get("code")
@@ -342,6 +344,11 @@ def _message(s: State, ev: ChildMessage, now: float) -> tuple[State, list[Action
             why = str(ev.message.get("message", "no reason given"))
             return s.replace(prewarm_off=why), [Note(f"the warm process (pid {w.pid}) refused: {why}")]
     return s, []
+
+
+def _processes(raw: object) -> tuple[int, ...]:
+    """A list of process indices from a trainer's message, sorted, without duplicates (anything else: none)."""
+    return tuple(sorted({p for p in raw if type(p) is int and p >= 0})) if isinstance(raw, list) else ()
 
 
 def _newer_step(known: tuple[int, float] | None, step: Any, at: Any) -> tuple[int, float] | None:
@@ -369,12 +376,13 @@ def _exited(s: State, ev: ChildExited, now: float) -> tuple[State, list[Action]]
             note = Note(note.text + f", not the {t.announced} it announced: reporting {ev.code}")
         # announced and reported already: not again
         lost = t.peer_lost if ev.code not in (0, t.announced) else ()
+        gone = t.peer_gone if lost else ()
         if lost:
             note = Note(note.text + f", after process(es) {', '.join(map(str, lost))} went silent: reported as "
                                     "lost with them")
         notes: list[Action] = [note, *([] if t.announced == ev.code else [Report(a, ev.code, _agreed(s, ev.code,
                                                                                                   t.announced),
-                                                                                   lost, t.last_step)])]
+                                                                                   lost, t.last_step, gone)])]
         exit_kind = classify_exit(ev.code, t.announced, s.settings.restart_code)
         if exit_kind == "unagreed":
             notes.append(Note(f"attempt {a}: {describe_exit(exit_kind, ev.code, s.settings.restart_code)}",

@@ -77,13 +77,17 @@ class SupervisorLink:
             self._first_step_sent = True
             self.send("step", step=step, topology=_topology())
 
-    def peer_lost(self, processes: tuple[int, ...], last: tuple[int, float] | None = None) -> None:
+    def peer_lost(self, processes: tuple[int, ...], last: tuple[int, float] | None = None, *,
+                  gone: tuple[int, ...] = ()) -> None:
         """The processes of the job this process finds silent now (``()``: none): if JAX ends this process for
         them, the supervisor's exit report names them (``peerLost``), so the exit counts as their loss. ``last``:
         this process's last finished step and when (unix seconds): the gang's, as training is synchronous; the
         exit report carries it (``lastStep``), so the operator counts the steps after process 0's last progress
-        report as lost, not as restart gap."""
+        report as lost, not as restart gap. ``gone``: of ``processes``, those whose pulse did not answer (their node
+        gone or cut off): the exit report names them (``peerGone``) and the operator counts them lost at once."""
         fields: dict[str, Any] = {"processes": list(processes)}
+        if any(p in processes for p in gone):
+            fields["gone"] = [p for p in gone if p in processes]
         if last is not None:
             fields.update(step=last[0], stepAt=round(last[1], 3))
         self.send("peerLost", **fields)
