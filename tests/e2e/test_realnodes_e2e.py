@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 from localcluster.goodput import analyse, read_step_log
 from localcluster.stack import (
     RELEASE_NS,
@@ -380,3 +384,95 @@ def test_in_place_restart_on_real_nodes_keeps_the_survivors_container_and_a_spar
     restarted = [e["message"] for e in events
                  if e["reason"] == "AttemptStarted" and e["message"].startswith("attempt 2:")]
     assert len(restarted) == 1 and "1 worker(s) restarted in place" in restarted[0], restarted
+
+
+# The elastic job (#47): enough steps at ELASTIC_SLEEP for a shrink, a stretch on one worker and a grow before the
+# end (a real pod's start on the node that returns takes ~10 s under load); the loss at ELASTIC_LOSS_AT.
+ELASTIC_STEPS, ELASTIC_SLEEP, ELASTIC_LOSS_AT, ELASTIC_SHARDS = 300, 0.2, 20, 4
+HOST = "reprieve.test/host"  # one worker per node (required anti-affinity on this label)
+
+
+def reference_run(tmp_path: Path, steps: int, shards: int) -> subprocess.Popen[bytes]:
+    """The uninterrupted run of the example over ``shards`` virtual shards in canonical order, one process here
+    (canonical order: bitwise the same parameters on any process and device count, docs/elastic.md)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "TRAIN_", "XLA_FLAGS"))}
+    env |= {"REPRIEVE_VIRTUAL_SHARDS": str(shards), "REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ref-ckpt"),
+            "TRAIN_STEPS": str(steps), "TRAIN_RESULT": str(tmp_path / "ref-result.json"), "JAX_PLATFORMS": "cpu"}
+    return subprocess.Popen([sys.executable, str(root / "examples" / "train_lm.py")], env=env,
+                            stdout=open(tmp_path / "ref.log", "wb"), stderr=subprocess.STDOUT)
+
+
+def test_an_elastic_job_on_real_nodes_shrinks_onto_its_survivor_then_grows_back_bit_identical(
+        real_cluster: Any, real_operator: DeployedOperator, real_workers: list[str], real_ns: str,
+        api: Any, tmp_path: Path) -> None:
+    """Capacity that does not come back (#47) on real containers: an elastic job (2 workers, ``minReplicas: 1``, 4
+    virtual shards in canonical order, the memory tier, no spare) on the two nodes given its label; worker 1's node
+    is lost without notice while no node with room is left, so its replacement is Unschedulable (the scheduler's
+    word); after ``unschedulableSeconds`` the job shrinks onto worker 0 (same pod, restored from memory) and trains
+    on 1 of 2 workers (Degraded=True/Shrunk); once a third node gets the label the replacement schedules and the
+    job grows back to 2 at an agreed step, from memory, with no step lost; it ends with the parameters of an
+    uninterrupted run (computed here, one process), bit for bit.
+
+    Why this long: three attempts of real containers, one of them a real pod's start on the node given the label."""
+    name = "elastic"
+    reference = reference_run(tmp_path, ELASTIC_STEPS, ELASTIC_SHARDS)
+    core = client.CoreV1Api(api)
+    first, second, later = real_workers[:3]
+    for node in real_workers:
+        core.patch_node(node, {"metadata": {"labels": {HOST: node, "reprieve.test/elastic": None}}})
+    for node in (first, second):
+        core.patch_node(node, {"metadata": {"labels": {"reprieve.test/elastic": real_ns}}})
+    ckpt = tmp_path / name
+    body = e2e_job(real_cluster, name, replicas=2, steps=ELASTIC_STEPS, step_sleep=ELASTIC_SLEEP, interval=0,
+                   checkpoint_dir=ckpt, image=real_cluster.real.images["example"].ref, requests=REQUESTS,
+                   node_selector={"reprieve.test/pool": WORKER_POOL, "reprieve.test/elastic": real_ns},
+                   extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"})
+    spec = body["spec"]
+    spec["restartMode"] = "InPlace"
+    spec["checkpoint"]["memory"] = {"sizeLimit": "256Mi", "intervalSteps": 1}
+    spec["elastic"] = {"minReplicas": 1, "unschedulableSeconds": 2, "minResizeIntervalSeconds": 0,
+                       "virtualShards": ELASTIC_SHARDS}
+    spec["template"]["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"reprieve.dev/job-name": name}}, "topologyKey": HOST}]}}
+    real_cluster.kubectl("apply", "-n", real_ns, "-f", "-", input=json.dumps(body))
+    try:
+        wait_step(ckpt, ELASTIC_LOSS_AT, 300, real_cluster, real_ns, name)
+        real_cluster.remove_node(pod_node(real_cluster, real_ns, f"{name}-1"))  # no notice, no node with room
+
+        shrunk = wait_tj(real_cluster, real_ns, name, lambda s: s.get("currentWorkers") == 1
+                         and s.get("phase") == "Running", 180, "the shrink onto worker 0", real_operator)["status"]
+        degraded = next(c for c in shrunk["conditions"] if c["type"] == "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "Shrunk"), degraded
+        assert "unschedulable" in degraded["message"], degraded
+        assert shrunk["desiredWorkers"] == 2, shrunk
+        wait_attempt_steps(ckpt, shrunk["attempt"], 5, 120, real_cluster, real_ns, name)  # it trains on one worker
+        core.patch_node(later, {"metadata": {"labels": {"reprieve.test/elastic": real_ns}}})  # capacity returns
+
+        grown = wait_tj(real_cluster, real_ns, name, lambda s: s.get("currentWorkers") == 2
+                        and (s.get("attempt") or 0) > shrunk["attempt"], 240, "the grow back to 2 workers",
+                        real_operator)["status"]
+        final = wait_tj(real_cluster, real_ns, name, succeeded, 600, "Succeeded after the grow",
+                        real_operator)["status"]
+    finally:
+        for node in real_workers:
+            if node in real_cluster.node_names():
+                core.patch_node(node, {"metadata": {"labels": {"reprieve.test/elastic": None}}})
+    assert reference.wait(600) == 0, (tmp_path / "ref.log").read_text()[-3000:]
+    assert final["attempt"] == grown["attempt"] == shrunk["attempt"] + 1, (shrunk, grown, final)
+    assert final["restarts"]["failure"] == 0 and final["restarts"]["disruption"] >= 1, final["restarts"]
+    assert next(c for c in final["conditions"] if c["type"] == "Degraded")["status"] == "False", final
+    report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
+    assert report.steps == ELASTIC_STEPS and len(report.interruptions) == 2, report.summary()
+    assert report.interruptions[0].lost_steps <= 2, report.summary()  # the memory tier's copy, every step
+    assert report.interruptions[1].lost_steps == 0, report.summary()  # the grow: an agreed step, saved
+    events = json.loads(real_cluster.kubectl("get", "events", "-n", real_ns, "--field-selector",
+                                             f"involvedObject.kind=TrainingJob,involvedObject.name={name}",
+                                             "-o", "json").stdout)["items"]
+    reasons = [e["reason"] for e in events]
+    assert "Shrinking" in reasons and "Growing" in reasons, reasons
+    logs = worker_logs(real_cluster, real_ns, name, 3)
+    assert "memory" in logs, logs  # restores named from memory (own pod's or a peer's), not storage
+    result = json.loads((ckpt / "result.json").read_text())
+    expected = json.loads((tmp_path / "ref-result.json").read_text())
+    assert result["sha256"] == expected["sha256"], "the elastic run's parameters differ from the uninterrupted run's"
