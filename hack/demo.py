@@ -11,11 +11,18 @@
    survivor keeps its pod, the spare takes the doomed worker's index, already imported and waiting), the restore;
 6. then lose worker 0's node WITHOUT notice (``--hard-kill-at-step``): no save is possible; with the memory tier
    (``spec.checkpoint.memory``, on in this run) the gang restores the lost worker's shards from its peer pod's
-   memory and loses only the steps since the last memory save; follow it to completion and end with lost steps,
-   each restart's restore source, downtime, goodput and ``kubectl get tj``;
-7. run the same job and the same two losses with ``restartMode: Recreate`` and no memory tier (every pod created
-   again; the hard kill costs the steps since the last periodic checkpoint, restored from storage) on the same
-   kind of nodes, and print both runs side by side (``--no-compare`` skips it; ``--hard-kill-at-step 0`` skips the
+   memory and loses only the steps since the last memory save;
+7. then the zone runs out of capacity (``--stockout-seconds``): worker 1's node is lost too, without notice, while no
+   spare is ready and no node has room (one worker or spare per node); the job is elastic (``spec.elastic``: at
+   least 1 worker, 4 virtual shards in canonical order, ``reprieve.VirtualStep`` in the example), so after
+   ``unschedulableSeconds`` it shrinks onto its survivor instead of waiting and keeps training, degraded; when a
+   node is added it grows back at an agreed step, from memory; follow it to completion and end with lost steps,
+   each restart's restore source, downtime, goodput, ``kubectl get tj`` and the final parameters' sha256 beside an
+   uninterrupted one-process run of the same virtual shards (started beside the demo): bit for bit the same;
+8. run the same job and the same losses with ``restartMode: Recreate`` and no memory tier (every pod created
+   again; the hard kill costs the steps since the last periodic checkpoint, restored from storage; at the stockout
+   it waits for the node, as a job without ``spec.elastic``) on the same kind of nodes, and print both runs side by
+   side (``--no-compare`` skips it; ``--hard-kill-at-step 0`` skips the
    unwarned loss in both): goodput after the first start beside the whole run's (the first start, apply -> first
    step, is mostly the same work in both modes and dominates a short job's whole-run figure;
    ``first_start_seconds`` of ``localcluster/goodput.py``, as benchmarks/goodput.py prints it), what the first
@@ -34,8 +41,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -65,6 +74,8 @@ from localcluster.testing import taint_node, wait_for
 NS = "demo"
 JOB = "lm"
 SPOT_TAINT = "cloud.google.com/impending-node-termination"
+HOST = "reprieve.demo/host"  # every spot node's own name: one worker or spare per node (required anti-affinity)
+VIRTUAL_SHARDS = 4  # the elastic job's (spec.elastic.virtualShards): 2 workers x 2 devices, or 1 x 2 when shrunk
 MEMORY_SIZE_LIMIT = "256Mi"  # the memory tier's volume: 3 copies of one process's shards (the example's: ~1 MiB)
 INTERESTING = ("starting at step", "notice", "agreed", "committed", "exiting with code", "restored", "finished",
                "ERROR", "CRITICAL", "Traceback")
@@ -168,6 +179,41 @@ def print_pulls(cluster: Cluster) -> None:
         print(f"  {pull_line(node, pull)}")
 
 
+def add_spot(cluster: Cluster, name: str, *, real: bool, costs: EmulatedCosts | None) -> None:
+    """A spot node (real, or a process kubelet with ``costs``), labelled with its own name (``HOST``)."""
+    labels = {"cloud.google.com/gke-spot": "true", HOST: name}
+    if real:
+        cluster.add_node(name, labels, kind="real", images=SPOT_IMAGES)
+    else:
+        cluster.add_node(name, labels, costs=costs)
+
+
+def next_spot(cluster: Cluster) -> str:
+    """A spot node name not used yet (node-e, node-f, ...)."""
+    used = set(cluster.node_names())
+    return next(f"node-{c}" for c in "efghijklmnopqrstuvwxyz" if f"node-{c}" not in used)
+
+
+def reference_run(work: Path, steps: int) -> subprocess.Popen[bytes]:
+    """The uninterrupted run the elastic job is compared with: the example over the same virtual shards in canonical
+    order, one process of one device here (canonical order: the same parameters on any process count)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "TRAIN_", "XLA_FLAGS"))}
+    env |= {"REPRIEVE_VIRTUAL_SHARDS": str(VIRTUAL_SHARDS), "REPRIEVE_CHECKPOINT_URI": str(work / "reference"),
+            "TRAIN_STEPS": str(steps), "TRAIN_RESULT": str(work / "reference.json"), "JAX_PLATFORMS": "cpu"}
+    with open(work / "reference.log", "wb") as out:
+        return subprocess.Popen([sys.executable, str(root / "examples" / "train_lm.py")], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stockout_due(*, stockout_seconds: float, hard_killed: bool, phase: str | None, attempt: int,
+                 hard_kill_attempt: int, step: int, hard_kill_step: int, after: int = 30) -> bool:
+    """Whether the zone runs out now (pure): once the unwarned loss's restart is done (a newer attempt running) and
+    ``after`` steps were trained since it."""
+    return (stockout_seconds > 0 and hard_killed and phase == "Running" and attempt > hard_kill_attempt
+            and step >= hard_kill_step + after)
+
+
 def tj(cluster: Cluster, job: str = JOB) -> dict:
     return json.loads(cluster.kubectl("get", "tj", job, "-n", NS, "-o", "json").stdout)
 
@@ -176,14 +222,20 @@ def main() -> int:
     # a SIGTERM (a CI job's timeout, `kill`) unwinds like Ctrl-C: the cluster and its nodes are stopped, not orphaned
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--step-sleep", type=float, default=0.05)
     parser.add_argument("--preempt-at-step", type=int, default=150)
     parser.add_argument("--notice-seconds", type=float, default=30.0, help="taint -> node deletion")
     parser.add_argument("--hard-kill-after-checkpoint", type=int, default=50, metavar="STEPS",
                         help="once the preemption's restart is done, lose worker 0's node without notice this many "
                              "steps after the last storage checkpoint (0: no unwarned loss)")
-    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds for the whole demo")
+    parser.add_argument("--stockout-seconds", type=float, default=40.0,
+                        help="after the unwarned loss's restart, lose worker 1's node too with no node left with room, "
+                             "and add one this many seconds later (0: no stockout)")
+    parser.add_argument("--unschedulable-seconds", type=int, default=10,
+                        help="spec.elastic.unschedulableSeconds of the in-place job: how long its lost worker's "
+                             "replacement may stay unschedulable before it shrinks")
+    parser.add_argument("--timeout", type=float, default=1500.0, help="seconds for the whole demo")
     parser.add_argument("--process-nodes", action="store_true", help="process kubelets instead of real nodes")
     parser.add_argument("--no-compare", dest="compare", action="store_false",
                         help="skip the second run with restartMode Recreate")
@@ -219,7 +271,7 @@ def main() -> int:
                     start_real_pulls(cluster)
                 cluster.add_node("system-0", {"reprieve.test/pool": SYSTEM_POOL}, kind="real", images=["operator"])
                 for name in ("node-a", "node-b", "node-c", "node-d"):
-                    cluster.add_node(name, {"cloud.google.com/gke-spot": "true"}, kind="real", images=SPOT_IMAGES)
+                    add_spot(cluster, name, real=True, costs=None)
             except (RealNodeError, ClusterError) as err:
                 say(f"REAL NODES NOT AVAILABLE: {err}\n  -> falling back to process nodes (--process-nodes)")
                 for name in list(cluster.node_names()):
@@ -228,7 +280,7 @@ def main() -> int:
         costs = EmulatedCosts(args.pull_seconds, args.start_seconds) if not real else None
         if not real:
             for name in ("node-a", "node-b", "node-c", "node-d"):
-                cluster.add_node(name, {"cloud.google.com/gke-spot": "true"}, costs=costs)
+                add_spot(cluster, name, real=False, costs=costs)
         say(f"control plane at {cluster.server}; nodes: {', '.join(cluster.node_names())}"
             f" ({'real' if real else 'process'} nodes)")
         say("start costs: " + (costs.describe() if costs else "real containers (upstream kubelet, containerd, runc); "
@@ -255,22 +307,48 @@ def main() -> int:
 def run(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Path, args: argparse.Namespace, *,
         real: bool, costs: EmulatedCosts | None) -> int:
     cluster.kubectl("create", "namespace", NS)
-    say(">>> run 1: restartMode InPlace with 1 warm spare and the memory tier")
-    ok, report, sources, start1 = run_job(cluster, operator, work, args, JOB, real=real, in_place=True)
+    reference = reference_run(work, args.steps)
+    say(f"started the uninterrupted reference beside the demo: the same example over the same {VIRTUAL_SHARDS} "
+        f"virtual shards, one process here (pid {reference.pid}; log {work / 'reference.log'})")
+    say(">>> run 1: restartMode InPlace with 1 warm spare, the memory tier and spec.elastic")
+    ok, report, sources, start1, out1 = run_job(cluster, operator, work, args, JOB, real=real, in_place=True,
+                                                costs=costs)
+    ok = same_as_reference(work, JOB, reference) and ok
     if not ok or not args.compare:
         return 0 if ok else 1
     spot = [n for n in cluster.node_names() if n.startswith("node-")]
     for node in [f"node-{c}" for c in "efgh" if f"node-{c}" not in spot][:max(0, 4 - len(spot))]:
         # the first run's losses deleted nodes: bring the pool back to four
         say(f"adding {node} so the second run has as many nodes as the first")
-        cluster.add_node(node, {"cloud.google.com/gke-spot": "true"},
-                         **({"kind": "real", "images": SPOT_IMAGES} if real else {"costs": costs}))
+        add_spot(cluster, node, real=real, costs=costs)
     say(">>> run 2, for comparison: the same job and losses with restartMode Recreate (every pod created again) "
         "and no memory tier (a memory copy needs a pod that survives the restart)")
-    ok2, report2, sources2, start2 = run_job(cluster, operator, work, args, f"{JOB}-recreate", real=real, in_place=False)
+    ok2, report2, sources2, start2, out2 = run_job(cluster, operator, work, args, f"{JOB}-recreate", real=real,
+                                                   in_place=False, costs=costs)
+    ok2 = same_as_reference(work, f"{JOB}-recreate", reference) and ok2
     print("\n" + "\n".join(side_by_side((report, report2), (sources, sources2), (start1, start2),
-                                        costs.describe() if costs else "real containers, " + pulls_said())))
+                                        costs.describe() if costs else "real containers, " + pulls_said(),
+                                        (out1, out2))))
     return 0 if ok and ok2 else 1
+
+
+def same_as_reference(work: Path, job: str, reference: subprocess.Popen[bytes]) -> bool:
+    """Print the job's final parameters' sha256 beside the uninterrupted reference's; whether they are equal."""
+    try:
+        reference.wait(900)
+    except subprocess.TimeoutExpired:
+        reference.kill()
+    ours = json.loads((work / f"shared-storage-{job}" / "result.json").read_text())["sha256"]
+    try:
+        theirs = json.loads((work / "reference.json").read_text())["sha256"]
+    except (OSError, ValueError, KeyError):
+        print(f"  sha256         {ours}; the reference run did not finish (exit {reference.returncode}; "
+              f"{work / 'reference.log'})")
+        return False
+    same = ours == theirs
+    print(f"  sha256         {ours} {'==' if same else '!='} the uninterrupted reference's "
+          f"({'bit for bit the same parameters' if same else 'DIFFERENT parameters'})")
+    return same
 
 
 def lost_at(report: GoodputReport, i: int) -> str:
@@ -360,7 +438,8 @@ def ratio(a: float, b: float) -> str:
 
 
 def side_by_side(reports: tuple[GoodputReport, GoodputReport], sources: tuple[list[Restore | None], ...],
-                 starts: tuple[FirstStart, FirstStart], costs: str) -> list[str]:
+                 starts: tuple[FirstStart, FirstStart], costs: str,
+                 outages: tuple[int | None, int | None] = (None, None)) -> list[str]:
     """The comparison's lines: restart gaps, goodput after the first start beside the whole run's (the first start,
     the same work in both modes, dominates a short job's whole-run figure), the first start in one line and where
     the two first starts differ, lost steps and restore sources per loss."""
@@ -378,9 +457,12 @@ def side_by_side(reports: tuple[GoodputReport, GoodputReport], sources: tuple[li
              row("goodput, whole run (step log)", f"{a.goodput:.1%}", f"{b.goodput:.1%}", ratio(a.goodput, b.goodput)),
              row("first start (apply -> first step)", f"{a.first_start_seconds:.1f}s", f"{b.first_start_seconds:.1f}s"),
              row("lost steps (all restarts)", a.lost_steps, b.lost_steps)]
-    for i, kind in enumerate(("noticed preemption", "node lost without notice")):
+    for i, kind in enumerate(("noticed preemption", "node lost without notice", "stockout")):
         lines.append(row("lost steps, " + kind, lost_at(a, i), lost_at(b, i)))
         lines.append(row("  restored from", source_at(sources[0], i), source_at(sources[1], i)))
+    if outages != (None, None):
+        lines.append(row("steps trained while out of capacity", "-" if outages[0] is None else outages[0],
+                         "-" if outages[1] is None else outages[1]))
     return [*lines, f"  {STARTUP}", f"  {start_difference(*starts)}"]
 
 
@@ -401,11 +483,17 @@ def hard_kill_due(*, after_checkpoint: int, notice_node_deleted: bool, phase: st
 
 
 def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Path, args: argparse.Namespace,
-            job: str, *, real: bool, in_place: bool) -> tuple[bool, GoodputReport, list[Restore | None], FirstStart]:
+            job: str, *, real: bool, in_place: bool, costs: EmulatedCosts | None = None,
+            ) -> tuple[bool, GoodputReport, list[Restore | None], FirstStart, int | None]:
+    """One run; returns whether it did what the demo shows, its goodput report, each restart's restore, its first
+    start and the steps it trained while the zone was out of capacity (None: no stockout)."""
     ckpt = work / f"shared-storage-{job}"
     steplog = ckpt / "steps.jsonl"
+    # the same maths in both runs: the in-place job declares its virtual shards (spec.elastic), the Recreate one
+    # (which cannot be elastic: it recreates every pod) sets them itself
+    shards_env = {} if in_place else {"REPRIEVE_VIRTUAL_SHARDS": str(VIRTUAL_SHARDS)}
     body = example_job(job, replicas=2, steps=args.steps, step_sleep=args.step_sleep, interval=100,
-                       checkpoint_dir=ckpt, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"},
+                       checkpoint_dir=ckpt, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **shards_env},
                        node_selector={"cloud.google.com/gke-spot": "true"},
                        image=(EXAMPLE_REF or cluster.real.images["example"].ref) if real else None,
                        requests={"cpu": "500m", "memory": "1Gi"} if real else None)
@@ -413,12 +501,18 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
     body["spec"]["spares"] = 1 if in_place else 0
     if in_place:  # the memory tier needs a pod that survives the restart: InPlace only (docs/memory.md)
         body["spec"]["checkpoint"]["memory"] = {"sizeLimit": MEMORY_SIZE_LIMIT}  # default interval: the 1 % budget
+        body["spec"]["elastic"] = {"minReplicas": 1, "unschedulableSeconds": args.unschedulable_seconds,
+                                   "minResizeIntervalSeconds": 0, "virtualShards": VIRTUAL_SHARDS}
+    body["spec"]["template"]["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"reprieve.dev/job-name": job}}, "topologyKey": HOST}]}}
     cluster.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(body))
     start = time.time()
     say(f"TrainingJob {NS}/{job} applied: 2 workers x 2 devices, {args.steps} steps, periodic save every 100, "
         f"restartMode {body['spec']['restartMode']}"
-        + (", 1 spare, memory tier (saves spaced to cost <= 1 % of the step time, a replica on a peer pod)"
-           if in_place else ", no memory tier"))
+        + (", 1 spare, memory tier (saves spaced to cost <= 1 % of the step time, a replica on a peer pod), "
+           f"elastic (at least 1 worker, {VIRTUAL_SHARDS} virtual shards, canonical order)"
+           if in_place else f", no memory tier, {VIRTUAL_SHARDS} virtual shards (not elastic)")
+        + "; one worker or spare per node")
     follower = Follower(cluster, job)
     follower.start()
     workers = [f"{job}-{i}" for i in range(2)]  # the first attempt's pods (a later one's lines come after theirs)
@@ -433,10 +527,14 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
             beside.setdefault("spare ready", time.time())
         if any(c.get("type") == "MemoryPaired" and c.get("status") == "True" for c in status.get("conditions") or []):
             beside.setdefault("memory tier paired", time.time())
-        key = (status.get("phase"), status.get("attempt"), status.get("ready"), status.get("spares"))
+        degraded = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), {})
+        key = (status.get("phase"), status.get("attempt"), status.get("ready"), status.get("spares"),
+               status.get("currentWorkers"), degraded.get("reason"))
         if key != last_phase:
             say(f"TrainingJob phase={key[0]} attempt={key[1]} ready={key[2]}"
                 + (f" spares={key[3]}" if in_place else "")
+                + (f" workers={key[4]}/{status.get('desiredWorkers')}" if key[4] is not None else "")
+                + (f" Degraded={degraded.get('status')}/{key[5]}: {degraded.get('message')}" if key[5] else "")
                 + f" restarts={status.get('restarts')} lastCheckpointStep={status.get('lastCheckpointStep')}")
             last_phase = key
         return status
@@ -458,6 +556,9 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
     taint_node(api, node, SPOT_TAINT, "true", "NoSchedule")
     taint_time = time.monotonic()
     deleted, hard_killed = False, False
+    hard_kill_attempt = hard_kill_step = 0
+    stocked_out: float | None = None  # when the zone ran out (wall time)
+    returned: float | None = None  # when a node with room came back
     while True:
         status = show_status()
         if not deleted and time.monotonic() - taint_time >= args.notice_seconds:
@@ -483,12 +584,35 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
                    "the job resumes from that checkpoint"))
             cluster.remove_node(doomed)
             hard_killed = True
+            hard_kill_attempt, hard_kill_step = int(status.get("attempt") or 0), step
+        if stocked_out is None and stockout_due(stockout_seconds=args.stockout_seconds, hard_killed=hard_killed,
+                                                phase=status.get("phase"), attempt=int(status.get("attempt") or 0),
+                                                hard_kill_attempt=hard_kill_attempt, step=step,
+                                                hard_kill_step=hard_kill_step):
+            victim = worker_pod(cluster, job, 1, in_place)
+            lost = cluster.kubectl("get", "pod", victim, "-n", NS, "-o", "jsonpath={.spec.nodeName}",
+                                   check=False).stdout.strip()
+            if lost:
+                left = [n for n in cluster.node_names() if n.startswith("node-") and n != lost]
+                say(f">>> the zone is out of capacity: {lost} (worker 1) is lost WITHOUT notice at step {step} and no "
+                    f"node has room for its replacement (left: {', '.join(left)}, each with a worker or a spare of "
+                    f"the job); a node comes back in {args.stockout_seconds:.0f}s"
+                    + ("; the job may shrink onto its survivor after "
+                       f"{args.unschedulable_seconds}s of its replacement unschedulable" if in_place else
+                       "; recreate-all waits for it, as any job without spec.elastic"))
+                cluster.remove_node(lost)
+                stocked_out = time.time()
+        if stocked_out is not None and returned is None and time.time() - stocked_out >= args.stockout_seconds:
+            node = next_spot(cluster)
+            say(f">>> capacity returns: adding {node}")
+            add_spot(cluster, node, real=real, costs=costs)
+            returned = time.time()
         if time.monotonic() - T0 > args.timeout:
             say("demo timed out")
             print(operator.tail(40))
             follower.stop.set()
             report = analyse(read_step_log(steplog), start=start, end=time.time())
-            return False, report, [], first_start(start, report, follower.marks, workers, beside)
+            return False, report, [], first_start(start, report, follower.marks, workers, beside), None
         time.sleep(0.3)
     if not deleted:
         cluster.remove_node(node)
@@ -510,13 +634,22 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
         print(f"  in place       attempt {last.get('attempt')}: {last.get('inPlace')} worker(s) restarted in place; "
               + "; ".join(f"worker {r.get('index')} replaced ({r.get('reason')})" for r in last.get("replaced", [])))
     sources = [for_resume(parse(follower.restore_lines), i.resumed_at) for i in report.interruptions]
+    what_was = ("preemption", "node lost", "stockout", "grow")
     for n, (i, r) in enumerate(zip(report.interruptions, sources, strict=True)):
-        what = "preemption" if n == 0 else "node lost"
+        what = what_was[n] if n < len(what_was) else "restart"
         print(f"  {what:14} attempt {i.from_attempt}: last step {i.last_step}, resumed at step {i.resumed_at}: "
               f"{i.lost_steps} lost step(s), {i.gap_seconds:.1f}s from last step to first step after restore; "
               f"restored {r.describe() if r is not None else 'from ? (no restore line seen)'}")
     if args.hard_kill_after_checkpoint and not hard_killed:
         print("  node lost      never: the job finished before the unwarned loss was due (raise --steps)")
+    outage = None
+    if stocked_out is not None:
+        until = returned if returned is not None else end
+        outage = len({r.step for r in read_step_log(steplog) if stocked_out <= r.t <= until})
+        print(f"  stockout       {until - stocked_out:.0f}s without a node with room: {outage} step(s) trained "
+              + ("(on the survivor: elastic)" if in_place else "(recreate-all waits)"))
+    elif args.stockout_seconds:
+        print("  stockout       never: the job finished before it was due (raise --steps)")
     print(f"  goodput        {report.goodput:.1%} (productive {report.productive_seconds:.1f}s of "
           f"{report.wall_seconds:.1f}s wall, from the step log; definition in docs/goodput.md); "
           f"{report.goodput_after_start:.1%} after the first start")
@@ -534,8 +667,17 @@ def run_job(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work
     print("Timeline of the job (python -m reprieve_operator.timeline):")
     draw([job, "-n", NS, "-o", str(out), "--kubeconfig", str(cluster.kubeconfig)])
     ok = (status.get("phase") == "Succeeded" and len(report.interruptions) >= 1
-          and report.interruptions[0].lost_steps == 0)  # the noticed preemption loses nothing
-    return ok, report, sources, started
+          and report.interruptions[0].lost_steps == 0  # the noticed preemption loses nothing
+          and (not in_place or outage is None or outage > 0))  # elastic: it trained while out of capacity
+    return ok, report, sources, started, outage
+
+
+def worker_pod(cluster: Cluster, job: str, index: int, in_place: bool) -> str:
+    """The pod of worker ``index`` now (in place, a replacement has a generated name: the assignment says)."""
+    if not in_place:
+        return f"{job}-{index}"
+    data = json.loads(cluster.kubectl("get", "configmap", f"{job}-assignment", "-n", NS, "-o", "json").stdout)["data"]
+    return next(n for n, i in json.loads(data["processes"]).items() if i == index)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from demo import STARTUP, FirstStart, first_start, hard_kill_due, log_mark, side_by_side, source_at
+from demo import (
+    STARTUP,
+    FirstStart,
+    first_start,
+    hard_kill_due,
+    log_mark,
+    side_by_side,
+    source_at,
+    stockout_due,
+)
 from localcluster.goodput import GoodputReport, analyse, read_step_log
 from localcluster.restores import Restore
 
@@ -156,3 +165,28 @@ def test_side_by_side_prints_goodput_after_the_first_start_and_what_the_start_is
     assert lines[-1] == ("  in place's first start: 65.2s vs 52.3s (+12.9s): image + container start +19.9s, "
                          "initial state -4.4s, step compile + first step -3.8s, imports + jax.distributed +0.7s; "
                          "beside its gang: spare ready at 27.3s")
+
+
+@pytest.mark.parametrize(("case", "kw", "due"), [
+    ("the unwarned loss's restart done, 30 steps on", {}, True),
+    ("no stockout asked for", {"stockout_seconds": 0}, False),
+    ("before the unwarned loss", {"hard_killed": False}, False),
+    ("its restart not running yet", {"attempt": 3}, False),
+    ("... restarting", {"phase": "Restarting"}, False),
+    ("too few steps since", {"step": 529}, False),
+])
+def test_stockout_due(case: str, kw: dict, due: bool) -> None:
+    args = {"stockout_seconds": 40.0, "hard_killed": True, "phase": "Running", "attempt": 4, "hard_kill_attempt": 3,
+            "step": 530, "hard_kill_step": 500} | kw
+    assert stockout_due(**args) is due, case
+
+
+def test_the_side_by_side_says_the_steps_trained_while_out_of_capacity() -> None:
+    report = GoodputReport(steps=10, wall_seconds=10.0, productive_seconds=9.0)
+    start = FirstStart([("pods created", 1.0)])
+    lines = side_by_side((report, report), ([], []), (start, start), "emulated", (212, 0))
+    row = next(line for line in lines if "steps trained while out of capacity" in line)
+    assert row.split()[-2:] == ["212", "0"]
+    assert any(line.lstrip().startswith("lost steps, stockout") for line in lines)
+    assert not any("out of capacity" in line for line in side_by_side((report, report), ([], []), (start, start),
+                                                                       "emulated"))
