@@ -126,3 +126,82 @@ def test_a_lost_worker_whose_replacement_cannot_schedule_shrinks_the_job_then_it
     assert wait_for(lambda: trainer("el-0", 3), 60, "the survivor's trainer of attempt 3")["REPRIEVE_NUM_PROCESSES"] \
         == "2"
     operator.assert_no_errors()
+
+
+def test_the_operator_restarted_before_the_shrink_then_a_loss_below_the_minimum_waits_and_resumes(
+        cluster: Any, api: Any, namespace: str, operator: Any, nodes: list[str], tmp_path: Path) -> None:
+    """The fault table's operator cases on 3 workers with ``minReplicas: 2``: the operator is stopped when worker 2
+    is lost (its node out of room) and started again before the shrink: it shrinks once, to 2 (one Shrinking Event,
+    one attempt); a second loss while shrunk would leave 1 worker, below the minimum: the job waits (Degraded=True/
+    BelowMinReplicas naming the minimum and the unschedulable pod), starts no attempt on 1 worker, and resumes on 2
+    once one node has room again, then grows to 3 when the last one has."""
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    tag = str(core.read_node(nodes[0]).metadata.labels["reprieve-test"])
+    third = cluster.add_node(f"{nodes[0].rsplit('-', 1)[0]}-2", labels={"reprieve-test": tag})
+    try:
+        for n in (*nodes, third):
+            core.patch_node(n, {"metadata": {"labels": {HOST: n}}})
+        out = tmp_path / "out"
+        out.mkdir()
+        body = manifest(namespace, tag, out)
+        body["spec"]["replicas"] = 3
+        body["spec"]["elastic"]["minReplicas"] = 2
+        apply(cluster, body)
+
+        def status() -> dict[str, Any]:
+            return dict(custom.get_namespaced_custom_object("reprieve.dev", "v1alpha1", namespace, "trainingjobs",
+                                                            "el").get("status") or {})
+
+        def processes() -> dict[str, int]:
+            return dict(json.loads(core.read_namespaced_config_map("el-assignment", namespace).data["processes"]))
+
+        def degraded() -> dict[str, Any]:
+            return next((c for c in status().get("conditions") or [] if c["type"] == "Degraded"), {})
+
+        def events(reason: str) -> list[Any]:
+            return [e for e in core.list_namespaced_event(namespace).items if e.reason == reason]
+
+        def node_of(pod: str) -> str:
+            return str(core.read_namespaced_pod(pod, namespace).spec.node_name)
+
+        wait_for(lambda: status().get("currentWorkers") == 3 and status().get("phase") == "Running", 90,
+                 "3 workers running", describe=lambda: operator.tail(40))
+
+        # worker 2 lost while the operator is down; its node is out of room
+        operator.stop()
+        full = [node_of("el-2")]
+        taint_node(api, full[0], FULL)
+        core.delete_namespaced_pod("el-2", namespace)
+        operator.start()
+        st = wait_for(lambda: (s := status()).get("currentWorkers") == 2 and s.get("attempt") == 2 and s, 90,
+                      "the shrink to 2 workers after the operator's restart", describe=lambda: operator.tail(60))
+        assert processes() == {"el-0": 0, "el-1": 1}, processes()
+        assert (degraded().get("status"), degraded().get("reason")) == ("True", "Shrunk"), degraded()
+        assert len(wait_for(lambda: events("Shrinking"), 30, "the Shrinking Event")) == 1
+        assert st["restarts"]["disruption"] == 1, st["restarts"]
+
+        # a second loss while shrunk: 1 worker would be left, below minReplicas 2: wait, no attempt on 1 worker
+        full.append(node_of("el-1"))
+        taint_node(api, full[1], FULL)
+        core.delete_namespaced_pod("el-1", namespace)
+        cond = wait_for(lambda: (c := degraded()).get("reason") == "BelowMinReplicas" and c, 90,
+                        "Degraded=True/BelowMinReplicas", describe=lambda: operator.tail(60))
+        assert cond["status"] == "True" and "spec.elastic.minReplicas 2" in cond["message"], cond
+        assert "unschedulable" in cond["message"], cond
+        assert status()["attempt"] == 2 and len(events("Shrinking")) == 1, status()
+
+        # one node has room again: the job resumes on 2 workers; the last one: it grows to 3
+        untaint_node(api, full[1], FULL)
+        st = wait_for(lambda: (s := status()).get("currentWorkers") == 2 and s.get("attempt") == 3
+                      and s.get("phase") == "Running" and s, 90, "the resume on 2 workers",
+                      describe=lambda: operator.tail(60))
+        assert sorted(processes().values()) == [0, 1], processes()
+        assert degraded().get("status") == "True", degraded()
+        untaint_node(api, full[0], FULL)
+        wait_for(lambda: (s := status()).get("currentWorkers") == 3 and (s.get("attempt") or 0) >= 4, 90,
+                 "the grow to 3 workers", describe=lambda: operator.tail(60))
+        assert (degraded().get("status"), degraded().get("reason")) == ("False", "FullSize"), degraded()
+        operator.assert_no_errors()
+    finally:
+        cluster.remove_node(third)
