@@ -160,6 +160,11 @@ class SigtermSource:
         self._installed = True
         return True
 
+    @property
+    def takes_resize(self) -> bool:
+        """Whether the supervisor's resize signal is taken (a trainer of ``reprieve-supervisor``)."""
+        return self._resize_sig is not None
+
     def uninstall(self) -> None:
         if self._installed and threading.current_thread() is threading.main_thread():
             if signal.getsignal(signal.SIGTERM) == self._handle:
