@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -36,7 +37,7 @@ def _steps(work: Path, pid: int) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def one(name: str, grace: float, work: Path) -> dict[str, object]:
+def one(name: str, grace: float, work: Path) -> dict[str, Any]:
     from tests.runtime import helpers_memtier as memtier
 
     base = memtier.shm_base(work)
@@ -75,7 +76,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--grace", type=float, default=30.0, help="REPRIEVE_TERMINATION_GRACE_SECONDS (default 30)")
     args = parser.parse_args()
-    results: dict[str, list[dict[str, object]]] = {name: [] for name in STOPS}
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in STOPS}
     with tempfile.TemporaryDirectory(prefix="grow-stop-") as tmp:
         for run in range(args.runs):
             for name in STOPS:
@@ -85,12 +86,11 @@ def main() -> None:
     print("\n| stop | signal -> exit (median, max) | steps meanwhile | lost steps | storage checkpoints |")
     print("|---|---|---|---|---|")
     for name, runs in results.items():
-        secs = [float(r["signal_to_exit_s"]) for r in runs]  # type: ignore[arg-type]
-        lost = {int(r["last_computed"]) - int(r["agreed_step"] or -1) for r in runs}  # type: ignore[call-overload]
+        secs = [r["signal_to_exit_s"] for r in runs]
+        lost = sorted({r["last_computed"] - r["agreed_step"] for r in runs if r["agreed_step"] is not None})
         print(f"| {name} | {statistics.median(secs):.2f} s ({max(secs):.2f}) | "
-              f"{statistics.median(int(r['steps_meanwhile']) for r in runs)} | "  # type: ignore[call-overload]
-              f"{sorted(lost)} | {statistics.median(len(r['storage_checkpoints']) for r in runs)} |")  # type: ignore[arg-type]
-
+              f"{statistics.median(r['steps_meanwhile'] for r in runs)} | {lost} | "
+              f"{statistics.median(len(r['storage_checkpoints']) for r in runs)} |")
 
 if __name__ == "__main__":
     main()
