@@ -259,6 +259,24 @@ def test_the_assignment_the_operator_writes_is_what_each_process_runs() -> None:
     assert not contract.parse_assignment(cm["data"], "j-1", configmap=where).listed  # not listed: runs nothing
 
 
+def test_a_grows_assignment_tells_each_supervisor_to_stop_its_trainer_with_the_resize_signal() -> None:
+    """Operator writes -> supervisor reads -> runtime takes: the grow's ConfigMap key and value, the signal and the
+    notice's reason, each as ``docs/contract.toml`` [elastic] names them."""
+    import reprieve_operator as op
+    from reprieve.notice import RESIZE_REASON
+    from reprieve.supervisor import contract
+    from reprieve_operator.policy import builders
+
+    e = TABLE["elastic"]
+    assert (op.ASSIGNMENT_RESIZE_KEY, contract.RESIZE_KEY) == (e["assignment_key"], e["assignment_key"])
+    assert (op.RESIZE_GROW, contract.RESIZE_GROW) == (e["grow"], e["grow"])
+    assert (contract.RESIZE_SIGNAL.name, RESIZE_REASON) == (e["resize_signal"], e["notice_reason"])
+    job = _minimal_job()
+    for resize in (None, op.RESIZE_GROW):
+        cm = builders.build_assignment(job, 3, {"j-0": 0, "j-1": 1}, "j-0.j.ns.svc:8476", resize=resize)
+        assert contract.parse_assignment(cm["data"], "j-1", configmap="ns/j-assignment").resize == resize
+
+
 @pytest.mark.parametrize("code,agreed", [(0, None), (1, None), (42, True), (42, False), (137, None)])
 def test_the_exit_reprieve_run_reports_is_what_the_operator_reads(code: int, agreed: bool | None) -> None:
     """Runtime writes -> operator reads: reprieve-supervisor's ``reprieve.dev/exit`` and ``reprieve.dev/supervisor``

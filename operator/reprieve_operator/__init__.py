@@ -17,4 +17,8 @@ LABEL_ROLE = "reprieve.dev/role"  # worker | spare (in-place mode)
 ANNOTATION_EXIT = "reprieve.dev/exit"  # the supervisor's exit report
 ANNOTATION_SUPERVISOR = "reprieve.dev/supervisor"
 CONTRACT_VERSION = 1  # docs/contract.md, "In-place restarts and the supervisor"
+# A grow's assignment says so (docs/contract.md, "Elastic jobs"): each supervisor stops its running trainer with the
+# resize signal, and the gang saves the agreed step to the memory tier alone.
+ASSIGNMENT_RESIZE_KEY = "resize"
+RESIZE_GROW = "grow"
 SUPERVISOR = "reprieve-supervisor"

@@ -143,6 +143,8 @@ def init(
     log.info("reprieve: process %d/%d, attempt %d, checkpoints %s, notices from %s", config.process_id,
              config.num_processes, config.attempt, config.checkpoint_uri,
              ", ".join(s for s, on in [("SIGTERM", notices.sigterm_source is not None),
+                                       ("the supervisor's resize signal",
+                                        notices.sigterm_source is not None and notices.sigterm_source.takes_resize),
                                        ("notice file", config.notice_file),
                                        ("pod watch", config.in_cluster and watch_pod),
                                        ("callable", notice_fn is not None)] if on))

@@ -24,7 +24,7 @@ from .agreement import FINAL, Agreement, AgreementError
 from .capabilities import Capabilities, Checkpointer
 from .compile_ahead import CompileAhead, LoweringCount
 from .config import RuntimeConfig
-from .coordination import Coordinator
+from .coordination import CoordinationError, Coordinator
 from .exiting import arm_deadline_timers, exit_process
 from .finished import FinishedSteps
 from .lifecycle import ABANDON, ABORT, FINISH, RESTART, Phase, Teardown, exit_decision
@@ -32,7 +32,7 @@ from .measures import SaveReports, StepTimes, positive
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeHub
-from .policy import SaveContext, SavePolicy
+from .policy import SaveContext, SavePolicy, agreed_to_memory, not_held
 from .progress import LoopProgress, ProgressReporter
 from .restore import Restored, read_latest
 from .targets import MemoryTarget, SaveRecords, SaveTarget, StorageTarget, Tier, save_kind
@@ -51,6 +51,10 @@ from .teardown import (
 __all__ = ["Checkpointer", "Job", "Restored"]
 
 log = logging.getLogger(__name__)
+
+# The most a resize's agreed save waits for the memory copies (the copy in flight, then its own, then every
+# process's verdict) before it saves to storage instead: the supervisor's grace (30 s by default) must hold both.
+RESIZE_MEMORY_WAIT_S = 5.0
 
 
 class Job:
@@ -358,12 +362,17 @@ class Job:
         restart = step != self._last_step  # a restart follows: its first commit does retention, and it can
         if restart:  # read this step from memory, not storage
             self.storage.defer_retention()
-        memory = False
+        memory = in_memory = False
+        to_memory = agreed_to_memory(target.notice.reason, memory_on=self.memory is not None, restart=restart)
         try:
-            record = None if self.storage.last_saved == step else self._record(step, state, extra, data)
-            if record is not None:
+            record = (self._record(step, state, extra, data) if to_memory or self.storage.last_saved != step
+                      else None)
+            if to_memory:
+                assert record is not None
+                in_memory = self._held_in_memory(step, record, state)
+            if record is not None and not in_memory and self.storage.last_saved != step:
                 self.storage.save(step, state, *record, kind="final")
-            if restart and self.memory is not None:
+            if restart and self.memory is not None and not in_memory:
                 record = record or self._record(step, state, extra, data)
                 memory = self.memory.beside_agreed(step, state, *record, deadline=deadline,
                                                    save_seconds=positive(self.storage.last_save_seconds) or 0.0)
@@ -387,6 +396,30 @@ class Job:
         log_agreed_exit(step, decision, self.config.restart_exit_code)
         self._exit_fn(decision.code)
         raise SystemExit(decision.code)  # exit_fn must not return: the loop must not go on past the agreed step
+
+    def _held_in_memory(self, step: int, record: tuple[dict[str, Any], Any], state: Any) -> bool:
+        """A resize's agreed step to the memory tier alone: True when every process holds it there (its verdict
+        exchanged through the coordination service), so no storage save is needed; False (any process without it,
+        or silent within the wait): every process saves it to storage as for any notice."""
+        assert self.memory is not None
+        own = self.memory.save_alone(step, state, *record, wait_s=RESIZE_MEMORY_WAIT_S)
+        prefix = f"reprieve/resize/a{self.config.attempt}/s{step}/"
+        verdicts: dict[int, bool] = {}
+        try:
+            self.coordinator.set(f"{prefix}{self.process_id}", "1" if own else "0", overwrite=True)
+            limit = time.monotonic() + RESIZE_MEMORY_WAIT_S
+            for p in range(self.num_processes):
+                verdicts[p] = self.coordinator.get(f"{prefix}{p}", max(0.001, limit - time.monotonic())) == "1"
+        except CoordinationError as err:  # the storage save that follows meets the same service: it decides
+            log.warning("agreed step %d: the processes' memory verdicts could not be exchanged (%s)", step, err)
+        missing = not_held(verdicts, self.num_processes)
+        if missing:
+            log.info("agreed step %d: not held in memory by process(es) %s: saving it to storage", step,
+                     ", ".join(map(str, missing)))
+            return False
+        log.info("agreed step %d held in memory by all %d process(es): no storage save (a resize)", step,
+                 self.num_processes)
+        return True
 
     # -- end -----------------------------------------------------------------------------------------------
     def finish(self) -> None:

@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 NOTICE_ANNOTATION = "reprieve.dev/notice"
 PROGRESS_ANNOTATION = "reprieve.dev/progress"
+# A notice's reason when the gang grows and this pod stays (docs/contract.toml [elastic] notice_reason): its agreed
+# save may stay in the pods' memory (reprieve.policy.agreed_to_memory).
+RESIZE_REASON = "resize"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """Where notices come from: SIGTERM, the downward-API file, a user callable (and :mod:`reprieve.kube`); under
-``reprieve run``, also SIGINT (the loop's forwarded Ctrl-C: a stop at the next step, :func:`interrupt_notice`).
+``reprieve run``, also SIGINT (the loop's forwarded Ctrl-C: a stop at the next step, :func:`interrupt_notice`);
+under ``reprieve-supervisor``, also its resize signal (a grow: a stop at the next step saved to the memory tier,
+:func:`resize_notice`).
 
 Every source hands :class:`~reprieve.notice.Notice` objects to a :class:`NoticeHub`, whose one thread passes
 them to the sink (the agreement). Sources never raise into training and never block it: the SIGTERM handler
@@ -20,6 +22,7 @@ from typing import Any
 from .background import Daemon
 from .notice import (
     NOTICE_ANNOTATION,
+    RESIZE_REASON,
     Notice,
     notice_from_annotations,
     parse_downward_file,
@@ -39,10 +42,20 @@ def interrupt_notice(now: float, *, pod: str | None, process_id: int) -> Notice:
                   deadline=now, received_at=now, deadline_known=False)
 
 
+def resize_notice(now: float, *, pod: str | None, process_id: int) -> Notice:
+    """The notice the supervisor's resize signal implies (the gang grows and this pod stays): stop at the earliest
+    step every process can, as :func:`interrupt_notice`; the agreed save goes to the memory tier alone when every
+    process holds it there (:func:`reprieve.policy.agreed_to_memory`)."""
+    return Notice(id=f"{RESIZE_REASON}/{pod or 'local'}/{process_id}", source="resize-signal", reason=RESIZE_REASON,
+                  deadline=now, received_at=now, deadline_known=False)
+
+
 def _urgency(notice: Notice) -> str:
     """The end of the hub's line about a new notice: what its deadline means."""
     if notice.reason == INTERRUPT_REASON:
         return " (Ctrl-C under reprieve run: save at the next step and exit)"
+    if notice.reason == RESIZE_REASON:
+        return " (the gang grows: save at the next step to the memory tier and exit)"
     return "" if notice.deadline_known else " (deadline unknown: save at once)"
 
 
@@ -106,15 +119,17 @@ class SigtermSource:
     ``interrupt`` (default: the process is a trainer of ``reprieve run``, :func:`.supervisor.contract.
     under_local_run`): SIGINT -> :func:`interrupt_notice` as well. ``reprieve run`` puts its trainer in a process
     group of its own and forwards the terminal's Ctrl-C as SIGINT; anywhere else SIGINT stays Python's
-    ``KeyboardInterrupt``.
+    ``KeyboardInterrupt``. ``resize`` (default: the process is a trainer of ``reprieve-supervisor``): its
+    :data:`.supervisor.contract.RESIZE_SIGNAL` -> :func:`resize_notice`.
 
     Python lets only the main thread install handlers, and a later ``signal.signal(SIGTERM, ...)`` silently
     replaces ours; :meth:`check` (called by the hub about once a second) warns once when that happened.
     """
 
     def __init__(self, hub: NoticeHub, *, grace_seconds: float, pod: str | None, process_id: int,
-                 clock: Callable[[], float] = time.time, interrupt: bool | None = None) -> None:
-        from .supervisor.contract import under_local_run
+                 clock: Callable[[], float] = time.time, interrupt: bool | None = None,
+                 resize: bool | None = None) -> None:
+        from .supervisor.contract import RESIZE_SIGNAL, under_local_run, under_supervisor
 
         self._hub = hub
         self._grace = grace_seconds
@@ -122,8 +137,10 @@ class SigtermSource:
         self._pid = process_id
         self._clock = clock
         self._interrupt = under_local_run(os.environ) if interrupt is None else interrupt
+        self._resize_sig = RESIZE_SIGNAL if (under_supervisor(os.environ) if resize is None else resize) else None
         self._previous: Any = None
         self._previous_int: Any = None
+        self._previous_resize: Any = None
         self._installed = False
         self._warned = False
 
@@ -137,8 +154,16 @@ class SigtermSource:
         if self._interrupt:
             self._previous_int = signal.getsignal(signal.SIGINT)
             signal.signal(signal.SIGINT, self._handle_interrupt)
+        if self._resize_sig is not None:
+            self._previous_resize = signal.getsignal(self._resize_sig)
+            signal.signal(self._resize_sig, self._handle_resize)
         self._installed = True
         return True
+
+    @property
+    def takes_resize(self) -> bool:
+        """Whether the supervisor's resize signal is taken (a trainer of ``reprieve-supervisor``)."""
+        return self._resize_sig is not None
 
     def uninstall(self) -> None:
         if self._installed and threading.current_thread() is threading.main_thread():
@@ -147,6 +172,9 @@ class SigtermSource:
             if self._interrupt and signal.getsignal(signal.SIGINT) == self._handle_interrupt:
                 signal.signal(signal.SIGINT, self._previous_int if self._previous_int is not None
                               else signal.default_int_handler)
+            if self._resize_sig is not None and signal.getsignal(self._resize_sig) == self._handle_resize:
+                signal.signal(self._resize_sig, self._previous_resize if self._previous_resize is not None
+                              else signal.SIG_DFL)
             self._installed = False
 
     def check(self) -> None:
@@ -170,18 +198,27 @@ class SigtermSource:
         # not chained: Python's own handler would raise KeyboardInterrupt into the step that is to be saved
         self._hub.put(interrupt_notice(self._clock(), pod=self._pod, process_id=self._pid))
 
+    def _handle_resize(self, signum: int, frame: Any) -> None:
+        self._hub.put(resize_notice(self._clock(), pod=self._pod, process_id=self._pid))
+        previous = self._previous_resize
+        if callable(previous):
+            previous(signum, frame)
+
 
 _exiting = threading.Event()  # set once the process ignores termination signals on its way out
 
 
 def ignore_termination_signals() -> None:
-    """SIGTERM, SIGINT and SIGHUP ignored until the process ends (main thread only: Python lets no other thread
-    change handlers), once the exit code is decided. Putting back ``SIG_DFL`` instead let a SIGTERM in the last
-    0.1-0.2 s turn a committed restart (42) into 143. :meth:`SigtermSource.check` knows it is the runtime's."""
+    """SIGTERM, SIGINT, SIGHUP and the supervisor's resize signal ignored until the process ends (main thread only:
+    Python lets no other thread change handlers), once the exit code is decided. Putting back ``SIG_DFL`` instead
+    let a SIGTERM in the last 0.1-0.2 s turn a committed restart (42) into 143 (and a resize signal into 138).
+    :meth:`SigtermSource.check` knows it is the runtime's."""
+    from .supervisor.contract import RESIZE_SIGNAL
+
     if threading.current_thread() is not threading.main_thread():
         return
     _exiting.set()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, RESIZE_SIGNAL):
         signal.signal(sig, signal.SIG_IGN)
 
 

@@ -5,11 +5,12 @@ agreed by :mod:`reprieve.agreement`; a policy only reads the agreement's verdict
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from .checkpoint.fencing import FencedError
+from .notice import RESIZE_REASON
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,24 @@ class AnySavePolicy:
 def storage_policy(policy: SavePolicy) -> AnySavePolicy:
     """The storage target's saves: agreed, forced, or the fixed interval (and the last step)."""
     return AnySavePolicy((AgreedSavePolicy(), ForcedSavePolicy(), FixedIntervalPolicy(policy)))
+
+
+# The notices whose agreed save may stay in the pods' memory: no node goes away (a grow keeps every worker).
+MEMORY_ONLY_REASONS = frozenset({RESIZE_REASON})
+
+
+def agreed_to_memory(reason: str, *, memory_on: bool, restart: bool) -> bool:
+    """Whether the agreed save of a notice with ``reason`` goes to the memory tier alone (pure): a resize (every
+    pod stays, so the next attempt reads the step from the pods' memory), with the memory tier on, and a restart
+    to follow (the loop's last step is the run's end: storage). Storage follows anyway unless every process holds
+    the step (:func:`not_held`)."""
+    return reason in MEMORY_ONLY_REASONS and memory_on and restart
+
+
+def not_held(verdicts: Mapping[int, bool], num_processes: int) -> tuple[int, ...]:
+    """The processes that do not hold the agreed step in memory (pure): those that said so, and those that said
+    nothing (a verdict not in ``verdicts``). Empty: every process holds it, no storage save is needed."""
+    return tuple(p for p in range(num_processes) if not verdicts.get(p, False))
 
 
 # What a failed storage save was (classify_save_error) and what the job does about it (save_failure_verdict).

@@ -290,6 +290,8 @@ class Tier(Protocol):
 
     def gang_step(self) -> int | None: ...
 
+    def holds(self, step: int) -> bool: ...
+
     def join_watcher(self, timeout_s: float) -> None: ...
 
     def close(self, *, finished: bool = False) -> None: ...
@@ -348,6 +350,25 @@ class MemoryTarget:
             log.warning("agreed step %d: the memory copy beside the storage save failed (%s: %s); the restart reads "
                         "storage", step, type(err).__name__, err)
             return False
+
+    def save_alone(self, step: int, state: Any, record: dict[str, Any], position: Any, *, wait_s: float) -> bool:
+        """The agreed step of a resize, to the memory tier alone (no storage save beside it): True when this
+        process's copy is committed here and at its peer within ``wait_s`` (for the copy in flight, then for this
+        one); False sends the job to storage as for any notice."""
+        if not self.wait(wait_s):
+            log.info("agreed step %d: not held in memory (the previous copy is still being written or sent)", step)
+            return False
+        try:
+            started = self.save(step, state, record, position)
+        except Exception as err:  # noqa: BLE001 - storage is the fallback: a memory failure never fails the save
+            log.warning("agreed step %d: the memory copy failed (%s: %s)", step, type(err).__name__, err)
+            return False
+        t0 = time.perf_counter()
+        held = started and self.wait(wait_s) and self.tier.holds(step)
+        log.info("agreed step %d: memory copy %s %.2fs after its start", step,
+                 "committed here and at the peer" if held else "not held (storage follows)",
+                 time.perf_counter() - t0)
+        return held
 
     def await_agreed(self, step: int, deadline: float | None) -> None:
         """Wait (bounded) for the agreed step's copy to be committed here and at the peer: the next attempt's

@@ -63,3 +63,15 @@ def test_a_deleted_jobs_copy_and_commit_time_are_forgotten_on_its_deleted_event(
     assert len(st.assignments) == 1 and st.assignments.get(job("u9", name="gpt")) == A  # the other job keeps its
     assert st.commits.last(("ml", "llama")) is None and st.commits.last(("ml", "gpt")) == 100.0
     assert ("ml", "llama") not in cache.jobs
+
+
+@pytest.mark.parametrize("resize", [None, "grow"])
+def test_an_operator_that_reads_its_assignment_back_sees_what_it_wrote(resize: str | None) -> None:
+    """A restarted operator reads the ConfigMap once (``parse_assignment``): a grow's still says it is a grow."""
+    from reprieve_operator.assignment import parse_assignment
+    from reprieve_operator.policy import builders
+
+    written = Assignment(3, {"llama-0": 0, "llama-1": 1, "llama-2": 2}, "10.0.0.1:8476", {}, {}, resize)
+    cm = builders.build_assignment(job("u1"), written.attempt, dict(written.processes), written.coordinator,
+                                   resize=written.resize)
+    assert parse_assignment(cm) == written

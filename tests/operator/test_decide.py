@@ -593,6 +593,27 @@ def test_a_shrink_writes_the_smaller_assignment_first_and_its_size_in_the_patch_
     assert out.assigned_event is not None and out.assigned_event.reason == "AttemptStarted"
 
 
+SHRUNK_3 = {**RUN, "attempt": 2, "restartMode": "InPlace", "ready": "3/3", "replicas": 3, "currentWorkers": 3,
+            "desiredWorkers": 4, "lastResizeTime": "2026-11-24T05:30:00Z"}
+
+
+def test_a_grow_writes_an_assignment_that_says_so_and_the_shrink_one_that_does_not() -> None:
+    """The grow's assignment carries ``resize: grow`` (the supervisors stop the running trainers with the resize
+    signal and the gang saves the agreed step to memory); the shrink's, after a loss, does not."""
+    survivors = [pod(f"llama-{i}", i, attempt=2, node=f"n{i}") for i in (0, 2, 3)]
+    probe = pod("llama-1-xk2p9", 1, attempt=2, node="n-new", ip="10.0.1.1")  # the replacement, scheduled at last
+    shrunk = Assignment(2, {"llama-0": 0, "llama-2": 1, "llama-3": 2}, "10.0.0.1:8476")
+    out = decide(_view(job(SHRUNK_3, replicas=4, restartMode="InPlace", elastic=ELASTIC), [*survivors, probe],
+                       assignment=shrunk))
+    assert out.assign is not None and dict(out.assign.processes) == {**shrunk.processes, "llama-1-xk2p9": 3}
+    assert out.assign.resize == "grow" and out.status["attempt"] == 3
+    assert out.status_events[0].reason == "Growing"
+    lost = _unschedulable(pod("llama-1-xk2p9", 1, attempt=2), "2026-11-24T05:59:50Z")
+    out = decide(_view(job(RESTARTING_4, replicas=4, restartMode="InPlace", elastic=ELASTIC),
+                       [*(pod(f"llama-{i}", i) for i in (0, 2, 3)), lost], assignment=FOUR))
+    assert out.assign is not None and out.assign.resize is None
+
+
 def test_the_same_loss_without_the_block_waits_and_writes_no_size_change() -> None:
     probe = _unschedulable(pod("llama-1-xk2p9", 1, attempt=2), "2026-11-24T05:00:00Z")
     survivors = [pod(f"llama-{i}", i) for i in (0, 2, 3)]

@@ -18,14 +18,22 @@ from localcluster.testing import taint_node, untaint_node, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 # The trainer reprieve-run starts (no JAX: what the assignment gave it is the point): its contract environment per
-# attempt, written where the test reads it, then it waits to be stopped.
+# attempt, written where the test reads it; it tells the supervisor its first step is done (as the runtime does), then
+# waits to be stopped and writes the signal that stopped it (a grow's is the resize signal, SIGUSR1) before it dies of it.
 TRAINER = """
-    import json, os, pathlib, time
+    import json, os, pathlib, signal, time
     env = {k: v for k, v in os.environ.items() if k.startswith("REPRIEVE_")}
     name = f"{os.environ['REPRIEVE_POD_NAME']}-a{os.environ['REPRIEVE_ATTEMPT']}"
     out = pathlib.Path(os.environ["OUT"]) / (name + ".json")
+    def stopped(signum, frame):
+        out.with_suffix(".stop").write_text(signal.Signals(signum).name)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, stopped)
     out.with_suffix(".tmp").write_text(json.dumps(env))
     out.with_suffix(".tmp").rename(out)
+    os.write(int(os.environ["REPRIEVE_SUPERVISOR_FD"]), b'{"event": "step", "step": 0}\\n')
     time.sleep(200)
 """
 FULL = "test.reprieve.dev/full"  # a taint no signal reads: the node is out of room, not doomed
@@ -34,7 +42,7 @@ HOST = "test.reprieve.dev/host"  # one worker per node (required anti-affinity o
 
 def manifest(namespace: str, tag: str, out: Path) -> dict[str, Any]:
     container = {"name": "trainer", "image": "python:3.11", "command": ["python", "-c", textwrap.dedent(TRAINER)],
-                 "env": [{"name": "OUT", "value": "/out"}], "volumeMounts": [{"name": "out", "mountPath": "/out"}]}
+                 "env": [{"name": "OUT", "value": "/out"}, {"name": "REPRIEVE_PREWARM", "value": "0"}], "volumeMounts": [{"name": "out", "mountPath": "/out"}]}
     apart = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
         "labelSelector": {"matchLabels": {"reprieve.dev/job-name": "el"}}, "topologyKey": HOST}]}}
     return {"apiVersion": "reprieve.dev/v1alpha1", "kind": "TrainingJob",
@@ -65,6 +73,10 @@ def test_a_lost_worker_whose_replacement_cannot_schedule_shrinks_the_job_then_it
     def trainer(pod: str, attempt: int) -> dict[str, str] | None:
         path = out / f"{pod}-a{attempt}.json"
         return json.loads(path.read_text()) if path.exists() else None
+
+    def stop_signal(pod: str, attempt: int) -> str | None:
+        path = out / f"{pod}-a{attempt}.stop"
+        return path.read_text() if path.exists() else None
 
     def processes() -> dict[str, int]:
         return dict(json.loads(core.read_namespaced_config_map("el-assignment", namespace).data["processes"]))
@@ -111,12 +123,18 @@ def test_a_lost_worker_whose_replacement_cannot_schedule_shrinks_the_job_then_it
     goodput = st["goodput"]["accounting"]["open"]
     assert [(a["attempt"], a.get("workers"), a.get("desired")) for a in goodput][-1] == (2, 1, 2)
     assert probe() is not None and probe().metadata.name == stuck.metadata.name  # kept, not re-created
+    # a shrink follows a loss: the survivor's trainer of attempt 1 was stopped as at any restart
+    assert wait_for(lambda: stop_signal("el-0", 1), 30, "attempt 1's stop") == "SIGTERM"
 
     # capacity returns: the probe schedules, runs, and the job grows back in place with it as process 1
     untaint_node(api, lost_node, FULL)
     st = wait_for(lambda: (s := status()).get("currentWorkers") == 2 and s.get("attempt") == 3 and s, 90,
                   "the grow back to 2 workers", describe=lambda: operator.tail(60))
     assert processes() == {"el-0": 0, stuck.metadata.name: 1}
+    # the grow's assignment says so, and the survivor's supervisor stopped its trainer of attempt 2 with the resize
+    # signal: the runtime saves the agreed step to the memory tier for attempt 3 (tests/runtime/test_grow_step.py)
+    assert core.read_namespaced_config_map("el-assignment", namespace).data.get("resize") == "grow"
+    assert wait_for(lambda: stop_signal("el-0", 2), 30, "attempt 2's stop") == "SIGUSR1"
     cond = degraded()
     assert cond is not None and (cond["status"], cond["reason"]) == ("False", "FullSize")
     (growing,) = wait_for(lambda: events("Growing"), 30, "the Growing Event")

@@ -498,6 +498,7 @@ def test_shrink_starts_the_next_attempt_on_the_survivors_renumbered_and_keeps_th
     assert extra.assign is not None and extra.resize is not None
     assert (plan.phase, plan.attempt, plan.new_attempt, extra.assign.attempt) == ("Running", 2, True, 2)
     assert dict(extra.assign.processes) == {"llama-0": 0, "llama-2": 1, "llama-3": 2}  # contiguous, 0 stays 0
+    assert extra.assign.resize is None  # a shrink follows a loss: a node is gone, the runtime saves as today
     assert extra.assign.coordinator.endswith(":8476") and PROBE not in plan.delete and extra.create_workers == ()
     assert (extra.resize.direction.value, extra.resize.size_from, extra.resize.size) == ("Shrink", 4, 3)
     assert extra.resize.event.reason == "Shrinking" and "process 2 -> 1" in extra.resize.event.message
@@ -537,6 +538,8 @@ def test_capacity_back_grows_the_job_in_place_with_the_new_worker_after_the_othe
     assert extra.assign is not None and extra.resize is not None
     assert (plan.attempt, plan.new_attempt, extra.assign.attempt) == (3, True, 3)
     assert dict(extra.assign.processes) == {"llama-0": 0, "llama-2": 1, "llama-3": 2, PROBE: 3}
+    # a grow: the supervisors stop the running trainers with the resize signal (the step saved to memory)
+    assert extra.assign.resize == "grow"
     assert extra.resize.event.reason == "Growing" and f"pod {PROBE} (replacement) takes process 3" in \
         extra.resize.event.message
     degraded = next(c for c in plan.conditions if c.type == "Degraded")
@@ -566,6 +569,7 @@ def test_a_second_loss_while_shrunk_is_filled_by_the_probe_that_runs_now() -> No
                                  SHRUNK, (), NOW)
     assert extra.assign is not None and dict(extra.assign.processes) == {"llama-0": 0, "llama-2": 1, PROBE: 2}
     assert extra.create_workers == () and extra.resize is None and "standby " + PROBE in extra.replaced[0].reason
+    assert extra.assign.resize is None
     assert (plan.attempt, plan.new_attempt) == (3, True)
 
 

@@ -171,6 +171,9 @@ class FakeTier:
     def gang_step(self) -> int | None:
         return None
 
+    def holds(self, step: int) -> bool:
+        return not self._busy and any(s == step for s, _ in self.saves)
+
     def join_watcher(self, timeout_s: float) -> None:
         pass
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from reprieve.config import ConfigError, RuntimeConfig
-from reprieve.policy import SavePolicy, should_save
+from reprieve.policy import SavePolicy, agreed_to_memory, not_held, should_save
 
 pytestmark = pytest.mark.unit
 
@@ -88,6 +88,30 @@ def test_should_save(step: int, interval: int, last_saved: int | None, last_step
                      expected: bool) -> None:
     policy = SavePolicy(interval_steps=interval, save_last=save_last)
     assert should_save(step, policy=policy, last_saved=last_saved, last_step=last_step) is expected
+
+
+@pytest.mark.parametrize("reason,memory_on,restart,expected", [
+    ("resize", True, True, True),  # a grow: every pod stays, the next attempt reads the pods' memory
+    ("resize", False, True, False),  # no memory tier: storage
+    ("resize", True, False, False),  # the loop's last step: the run's end belongs in storage
+    ("sigterm", True, True, False),  # a node goes away: storage (and a memory copy beside it)
+    ("interrupt", True, True, False),
+    ("gke-spot", True, True, False),
+])
+def test_only_a_resize_saves_its_agreed_step_to_memory_alone(reason: str, memory_on: bool, restart: bool,
+                                                             expected: bool) -> None:
+    assert agreed_to_memory(reason, memory_on=memory_on, restart=restart) is expected
+
+
+@pytest.mark.parametrize("verdicts,n,missing", [
+    ({0: True, 1: True}, 2, ()),
+    ({0: True, 1: False}, 2, (1,)),
+    ({0: True}, 3, (1, 2)),  # silent processes do not hold it
+    ({}, 1, (0,)),
+])
+def test_not_held_names_every_process_without_the_step(verdicts: dict[int, bool], n: int,
+                                                       missing: tuple[int, ...]) -> None:
+    assert not_held(verdicts, n) == missing
 
 
 def test_negative_interval_is_rejected() -> None:

@@ -62,8 +62,8 @@ class Agreement:
 
     poll_s = 0.0
 
-    def __init__(self, agreed: dict[int, str]) -> None:
-        self.agreed = agreed
+    def __init__(self, agreed: dict[int, str], reason: str = "maintenance") -> None:
+        self.agreed, self.reason = agreed, reason
         self.requests: list[tuple[int, str]] = []
         self.step = -1
         self.target: Any = None
@@ -72,7 +72,7 @@ class Agreement:
         self.step = step
         kind = self.agreed.get(step)
         if kind == FINAL:
-            notice = Notice(id="n-1", source="user", reason="maintenance", deadline=None, received_at=0.0)
+            notice = Notice(id="n-1", source="user", reason=self.reason, deadline=None, received_at=0.0)
             self.target = SimpleNamespace(notice=notice, deadline=None, deadline_known=False,
                                           plan=SimpleNamespace(final_step=step))
         return kind
@@ -147,6 +147,31 @@ def test_the_loops_last_step_is_saved_as_last_not_periodic(monkeypatch: pytest.M
         job.save(step, {"w": step}, extra={"user": "x"})
     assert ckpt.saves == [(2, "early"), (3, "periodic"), (5, "last")]
     assert job.metrics.get("reprieve_saves_total", kind="last") == 1
+
+
+@pytest.mark.parametrize(("reason", "tier", "storage", "memory"), [
+    ("resize", FakeTier(), [], [(4, "memory")]),  # a grow: every process holds the step in memory, no storage save
+    ("resize", FakeTier(busy=True), [(4, "final")], []),  # the copy in flight never ends: storage
+    ("resize", FakeTier(broken=True), [(4, "final")], []),  # the copy fails: storage
+    ("resize", None, [(4, "final")], []),  # no memory tier: storage
+    ("maintenance", FakeTier(), [(4, "final")], [(4, "memory")]),  # any other notice: storage, a copy beside it
+], ids=["resize", "resize-busy", "resize-broken", "resize-no-tier", "other-notice"])
+def test_a_resize_saves_its_agreed_step_to_memory_alone_when_held_else_to_storage(
+        monkeypatch: pytest.MonkeyPatch, reason: str, tier: FakeTier | None, storage: list[tuple[int, str]],
+        memory: list[tuple[int, str]]) -> None:
+    from reprieve import job as job_mod
+
+    monkeypatch.setattr(teardown, "ignore_termination_signals", lambda: None)
+    monkeypatch.setattr(job_mod, "RESIZE_MEMORY_WAIT_S", 0.01)
+    ckpt = Checkpointer()
+    job = Job(RuntimeConfig(), LocalCoordinator(), ckpt, Agreement({4: FINAL}, reason), Hub(),  # type: ignore[arg-type]
+              exit_fn=_exit, memory=tier)
+    with pytest.raises(Exited) as exited:
+        for step in job.steps(0, 20):
+            job.save(step, {"w": step}, extra={"user": "x"})
+    assert exited.value.args == (job.config.restart_exit_code,)  # a saved exit either way
+    assert ckpt.saves == storage
+    assert (tier.saves if tier is not None else []) == memory
 
 
 @pytest.mark.parametrize(("agreed", "forced", "last", "kind"), [

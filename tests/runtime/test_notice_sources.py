@@ -106,6 +106,33 @@ def test_default_sigterm_disposition_is_not_chained(hub: tuple[NoticeHub, Sink],
     source.uninstall()
 
 
+@pytest.mark.parametrize("supervised", [True, False])
+def test_the_supervisors_resize_signal_becomes_a_resize_notice_only_under_a_supervisor(
+        hub: tuple[NoticeHub, Sink], restore_sigterm: None, supervised: bool) -> None:
+    """A grow (issue 47): the supervisor stops its trainer with SIGUSR1; the runtime takes it as a notice to save at
+    the earliest step (no deadline to train towards) for a resize. Outside a supervisor SIGUSR1 stays the user's."""
+    from reprieve.supervisor.contract import RESIZE_SIGNAL
+
+    h, sink = hub
+    calls: list[int] = []
+    signal.signal(RESIZE_SIGNAL, lambda signum, frame: calls.append(signum))
+    source = SigtermSource(h, grace_seconds=25, pod="job-1", process_id=1, resize=supervised)
+    assert source.install()
+    try:
+        os.kill(os.getpid(), RESIZE_SIGNAL)
+        if supervised:
+            notice = sink.wait()[0]
+            assert (notice.id, notice.reason, notice.deadline_known) == ("resize/job-1/1", "resize", False)
+        else:
+            wait_for(lambda: calls, timeout=5, what="the user's SIGUSR1 handler")
+            time.sleep(0.1)
+            assert sink.notices == []
+        assert calls == [RESIZE_SIGNAL]  # the handler installed before is chained (or left alone)
+    finally:
+        source.uninstall()
+        signal.signal(RESIZE_SIGNAL, signal.SIG_DFL)
+
+
 def test_replaced_handler_is_reported_once(hub: tuple[NoticeHub, Sink], restore_sigterm: None,
                                            caplog: pytest.LogCaptureFixture) -> None:
     h, _ = hub
@@ -128,7 +155,7 @@ def test_the_runtimes_own_exit_path_is_not_reported_as_a_replaced_handler(
     from reprieve.notice_sources import ignore_termination_signals as _ignore_termination_signals
 
     h, _ = hub
-    others = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGHUP)}
+    others = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)}
     source = SigtermSource(h, grace_seconds=5, pod=None, process_id=0)
     source.install()
     try:

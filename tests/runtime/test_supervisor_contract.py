@@ -20,6 +20,7 @@ GOOD = {"contract": "1", "attempt": "3", "numProcesses": "4", "coordinator": "10
     ({}, "job-spare-0", Assignment(3, 3, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment")),
     ({}, "job-9", Assignment(3, None, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment")),
     ({"attempt": 5}, "job-0", Assignment(5, 0, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment")),
+    ({"resize": "grow"}, "job-1", Assignment(3, 1, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment", resize="grow")),
 ])
 def test_parse_assignment(change: dict, pod: str, expected: Assignment) -> None:
     assert contract.parse_assignment({**GOOD, **change}, pod, configmap="ns/job-assignment") == expected
@@ -35,6 +36,7 @@ def test_parse_assignment(change: dict, pod: str, expected: Assignment) -> None:
     ({"processes": "[1]"}, "processes must be a JSON object of pod name -> index, got list"),
     ({"processes": json.dumps({"job-1": 4})}, "processes['job-1'] must be < numProcesses (4), got 4"),
     ({"processes": json.dumps({"job-1": "a"})}, "processes['job-1'] must be an integer >= 0, got 'a'"),
+    ({"resize": "shrink"}, "resize must be 'grow' or absent, got 'shrink'"),
 ])
 def test_parse_assignment_errors_name_the_key(change: dict, message: str) -> None:
     with pytest.raises(contract.AssignmentError, match="ConfigMap ns/j-assignment") as err:

@@ -33,8 +33,8 @@ ENV_A = Assignment(1, 1, 2, "10.0.0.1:1234", source="environment")
 SETTINGS = Settings(grace_s=5, prewarm=True, prewarm_delay_s=30, ready_timeout_s=60, handover_timeout_s=10)
 
 
-def cm(attempt: int, index: int | None = 1, count: int = 2) -> Assignment:
-    return Assignment(attempt, index, count, "10.0.0.9:1234")
+def cm(attempt: int, index: int | None = 1, count: int = 2, resize: str | None = None) -> Assignment:
+    return Assignment(attempt, index, count, "10.0.0.9:1234", resize=resize)
 
 
 def short(action: sv.Action) -> str | None:
@@ -104,6 +104,23 @@ SCENARIOS = {
         [(0, AssignmentSeen(None)), *started(11, 1, init=False), (10, AssignmentSeen(cm(2))), (12, Tick()),
          (15, Tick()), (15.5, ChildExited(11, 137)), (15.5, Spawned(12, "trainer", cm(2)))],
         ["0: start 1", "10: TERM 11", "15: KILL 11", "15.5: report 1:137", "15.5: start 2"]),
+    # a grow (issue 47): the node stays, so the trainer is asked to save to the memory tier (USR1), not SIGTERM
+    "a grow's trainer past its first step gets the resize signal, SIGKILL after the grace, then the next starts": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=2), (2, Spawned(21, "warm", None)),
+         (10, AssignmentSeen(cm(2, count=3, resize="grow"))), (15, Tick()), (15.5, ChildExited(11, 137)), (15.5, Spawned(12, "trainer", cm(2, count=3, resize="grow")))],
+        ["0: start 1", "2: warm", "10: USR1 11", "15: KILL 11", "15.5: report 1:137", "15.5: KILL 21",
+         "15.5: start 2"]),
+    "a grow's trainer that saved and exited 42: the next attempt starts": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=2), (2, Spawned(21, "warm", None)),
+         (10, AssignmentSeen(cm(2, count=3, resize="grow"))), (11, ChildExited(11, 42))],
+        ["0: start 1", "2: warm", "10: USR1 11", "11: report 1:42", "11: KILL 21", "11: start 2"]),
+    "a grow's trainer before its first step gets SIGTERM (no handler for the resize signal yet)": (
+        [(0, AssignmentSeen(None)), *started(11, 1), (10, AssignmentSeen(cm(2, count=3, resize="grow")))],
+        ["0: start 1", "10: TERM 11"]),
+    "a grow that drops this pod (it stands by) stops its trainer with SIGTERM": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=2), (2, Spawned(21, "warm", None)),
+         (10, AssignmentSeen(cm(2, None, 3, "grow")))],
+        ["0: start 1", "2: warm", "10: TERM 11"]),
     "a superseded trainer exiting 0 does not end the supervisor": (
         [(0, AssignmentSeen(None)), *started(11, 1, init=False), (10, AssignmentSeen(cm(2))),
          (11, ChildExited(11, 0))],

@@ -34,7 +34,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from .. import CONTRACT_VERSION, SUPERVISOR
+from .. import CONTRACT_VERSION, RESIZE_GROW, SUPERVISOR
 from ..models import TrainingJob
 from . import elastic, memorypeers
 from .podsready import SchedulerVerdict
@@ -67,6 +67,8 @@ class Assignment:
     coordinator: str = ""
     memory_peers: Mapping[int, str | None] = field(default_factory=dict)  # memory tier: index -> replica holder
     memory_peer_nodes: Mapping[int, str] = field(default_factory=dict)  # memory tier: index -> the holder's node
+    resize: str | None = None  # RESIZE_GROW: this attempt grows the gang that trains (its trainers save
+    # the agreed step to the memory tier and exit; docs/contract.md, "Elastic jobs")
 
 
 @dataclass(frozen=True)
@@ -424,7 +426,7 @@ def _elastic_steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[
     holders = [by_name[n] for n in processes] + [p for p in spares if p.ready]
     peers = memorypeers.memory_peers(job, processes, holders, previous.memory_peers)
     assign = Assignment(nxt, processes, f"{by_name[coordinator].ip}:{job.spec.coordinator_port}", peers,
-                        memorypeers.peer_nodes(job, peers, holders))
+                        memorypeers.peer_nodes(job, peers, holders), resize=RESIZE_GROW)
     summary = f"attempt {nxt}: {len(workers)} worker(s) restarted in place; {grow.event.message}"
     return RestartPlan(phase="Running", attempt=nxt, delete=plan.delete, new_attempt=True, ready=len(processes),
                        replicas=len(processes), message=summary, exclude_nodes=plan.exclude_nodes,

@@ -398,6 +398,10 @@ class MemoryTier:
         step = self.gang_step()
         return None if step is None else (self.attempt, step)
 
+    def holds(self, step: int) -> bool:
+        """Whether this process's copy of ``step`` is committed in its pod and, with a peer, at the peer."""
+        return self.saved_step == step and (self.peer is None or self.replicated_step == step)
+
     def gang_step(self) -> int | None:
         """The newest step every process of this attempt has replicated (process 0's progress report)."""
         try:

@@ -37,6 +37,11 @@ MEMORY_PEERS_KEY = "memoryPeers"  # memory tier: assignment key, JSON {"<process
 MEMORY_PEER_ENV = "REPRIEVE_MEMORY_PEER"
 MEMORY_PEER_NODES_KEY = "memoryPeerNodes"  # memory tier: JSON {"<process index>": "<node of its peer>"}
 MEMORY_PEER_NODE_ENV = "REPRIEVE_MEMORY_PEER_NODE"
+# Elastic jobs (docs/contract.md, "Elastic jobs"): the assignment of a grow says so; a supervisor stops its running
+# trainer with RESIZE_SIGNAL instead of SIGTERM, and the runtime saves the agreed step to the memory tier alone.
+RESIZE_KEY = "resize"
+RESIZE_GROW = "grow"
+RESIZE_SIGNAL = signal.SIGUSR1
 UNASSIGNED_PROCESS_ID = "-1"  # spares and replacement pods: no index until an assignment lists them
 NO_TRAINER_EXIT = 128 + signal.SIGTERM  # SIGTERM with no trainer's code to pass on
 SPAWN_FAILED_EXIT = 127  # the command could not be started (a shell's "command not found")
@@ -59,6 +64,7 @@ class Assignment:
     # assignment does not say (the container's REPRIEVE_MEMORY_PEER stands), "": nobody
     memory_peer: str | None = None
     memory_peer_node: str | None = None  # that server's node, when the assignment says (else the container's)
+    resize: str | None = None  # RESIZE_GROW: this attempt grows the gang that trains (None: any other attempt)
 
     @property
     def listed(self) -> bool:
@@ -154,7 +160,15 @@ def parse_assignment(data: Mapping[str, Any], pod: str, *, configmap: str) -> As
                                   f"got {index}")
     return Assignment(attempt, index, count, coordinator, source=f"ConfigMap {configmap}",
                       memory_peer=_memory_peer(data, index, configmap),
-                      memory_peer_node=_memory_peer_node(data, index, configmap))
+                      memory_peer_node=_memory_peer_node(data, index, configmap), resize=_resize(data, configmap))
+
+
+def _resize(data: Mapping[str, Any], configmap: str) -> str | None:
+    """``resize``: :data:`RESIZE_GROW` for a grow's assignment, absent for any other."""
+    raw = data.get(RESIZE_KEY)
+    if raw is not None and raw != RESIZE_GROW:
+        raise AssignmentError(f"ConfigMap {configmap}: {RESIZE_KEY} must be {RESIZE_GROW!r} or absent, got {raw!r}")
+    return raw
 
 
 def _memory_peer(data: Mapping[str, Any], index: int | None, configmap: str) -> str | None:
@@ -217,6 +231,12 @@ def trainer_env(base: Mapping[str, str], assignment: Assignment, *, local: bool 
     env.update(assignment.env())
     env[SUPERVISED_ENV] = SUPERVISED_LOCAL if local else "1"
     return env
+
+
+def under_supervisor(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` is the environment of a trainer ``reprieve-supervisor`` started (any of its loops): only a
+    supervisor sends :data:`RESIZE_SIGNAL`, so only there does the runtime take it as a resize."""
+    return bool(Env(env).opt_text(SUPERVISED_ENV))
 
 
 def under_local_run(env: Mapping[str, str]) -> bool:

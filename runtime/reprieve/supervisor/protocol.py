@@ -18,6 +18,9 @@ The rules, in the order :func:`decide` applies them:
    Without an assignment source (outside a cluster) any exit of the one trainer ends the supervisor with its code.
 3. A trainer whose attempt is older than the newest assignment (superseded) gets SIGTERM, ``grace`` later
    SIGKILL; nothing of the next attempt starts before it is reaped (and the shell kills what it left behind).
+   When that assignment grows the gang and lists this pod (its node stays), a trainer past its first step gets
+   :data:`.contract.RESIZE_SIGNAL` instead (:func:`stop_signal`): the runtime saves the agreed step to the memory
+   tier alone, since no node goes away.
    A trainer that announces its decided exit code (``exiting``: checkpoint committed, signals ignored) has it
    reported at once, so the next assignment is usually there when it ends; its exit is reported again only
    if the code differs.
@@ -43,7 +46,7 @@ from typing import Any
 from ..config import DEFAULT_RESTART_EXIT_CODE, RESTART_CODE_MAX, RESTART_CODE_MIN
 from ..env import Env
 from ..restarts import classify_exit, describe_exit, local_next
-from .contract import NO_TRAINER_EXIT, SPAWN_FAILED_EXIT, Assignment
+from .contract import NO_TRAINER_EXIT, RESIZE_GROW, RESIZE_SIGNAL, SPAWN_FAILED_EXIT, Assignment
 
 INTERRUPTED_EXIT = 128 + signal.SIGINT  # a local run stopped by Ctrl-C (a shell's code for it)
 
@@ -85,8 +88,8 @@ class Trainer:
     confirmed: bool = True  # a warm process confirms (its reprieve.init() took the assignment)
     init_seen: bool = False  # it reported reprieve.init()
     first_step_at: float | None = None
-    term_at: float | None = None  # SIGTERM (or, for a Ctrl-C of a local run, SIGINT) sent
-    term_sig: int = signal.SIGTERM  # which of the two
+    term_at: float | None = None  # SIGTERM (for a Ctrl-C of a local run SIGINT, for a grow RESIZE_SIGNAL) sent
+    term_sig: int = signal.SIGTERM  # which of them
     kill_sent: bool = False
     refused: str | None = None  # a warm process refused the assignment: why
     previous_highest: int = 0  # highest_run before this one (a refused take-over is not a run)
@@ -454,7 +457,9 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
             return s, acts
         if superseded:
             assert s.wanted is not None
-            s, more = _terminate(s, t, now, f"attempt {a} superseded by attempt {s.wanted.attempt}")
+            sig = stop_signal(s.wanted, t)
+            s, more = _terminate(s, t, now, f"attempt {a} superseded by attempt {s.wanted.attempt}"
+                                 + (" (a grow: save to the memory tier)" if sig == RESIZE_SIGNAL else ""), sig)
             return s, acts + more
         if _prewarm_due(s, now):
             return s.replace(pending=True), acts + [StartWarm(f"pre-warming the attempt after {a}", s.topology)]
@@ -477,6 +482,16 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
     if _prewarm_due(s, now):
         return s.replace(pending=True), acts + [StartWarm("pre-warming the next attempt", s.topology)]
     return s, acts
+
+
+def stop_signal(wanted: Assignment, trainer: Trainer) -> int:
+    """The signal that stops a trainer ``wanted`` supersedes (pure): :data:`.contract.RESIZE_SIGNAL` when
+    ``wanted`` grows the gang and lists this pod (the node stays: the agreed step need not reach storage) and the
+    trainer made its first step (its handler is installed long before: a process before ``reprieve.init()``
+    would die of the signal unsaved); SIGTERM otherwise."""
+    if wanted.resize == RESIZE_GROW and wanted.listed and trainer.first_step_at is not None:
+        return RESIZE_SIGNAL
+    return signal.SIGTERM
 
 
 def _prewarm_due(s: State, now: float) -> bool:
