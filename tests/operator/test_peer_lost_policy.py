@@ -107,8 +107,8 @@ ROWS: list[tuple[str, tuple[Worker, ...], dict[str, Any], str | None, str]] = [
      "preemption", "cut off"),
     ("the survivors' pulse found the silent peer not answering (peerGone): a disruption at once, no probe",
      (GONE, "run", GONE), {}, "disruption",
-     "worker llama-1 went silent and did not answer the pulse of process(es) 0, 2 (its node gone or cut off the "
-     "network) (2 other worker(s) ended as they lost it)"),
+     ("worker llama-1 went silent and did not answer the pulse of process(es) 0, 2 (its node gone or cut off the "
+      "network) (2 other worker(s) ended as they lost it)")),
     ("... one survivor's pulse is enough (the other only heard it from process 0)", (GONE, "run", PEER), {},
      "disruption", "did not answer the pulse of process(es) 0 ("),
     ("... gone, after a notice in this attempt: a preemption", (GONE, "run", GONE), {"lastNotice": NOTICE},
