@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,13 @@ class Pod:
     def lose(self) -> None:
         """The node is gone: so is the pod's memory."""
         shutil.rmtree(self.mem, ignore_errors=True)
+
+
+def storage_steps(workdir: Path) -> list[int]:
+    """The steps of the storage checkpoints under ``workdir/ckpt`` (``step_<step>_a<attempt>``)."""
+    ckpt = workdir / "ckpt"
+    names = [p.name for p in ckpt.iterdir()] if ckpt.exists() else []
+    return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"step_(\d+)_a\d+", n)))
 
 
 def shm_base(tmp_path: Path) -> Path:

@@ -34,13 +34,6 @@ def _steps_logged(workdir: Path, pid: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _storage_steps(workdir: Path) -> list[int]:
-    """The steps of the storage checkpoints under ``workdir/ckpt`` (``step_<step>_a<attempt>``)."""
-    ckpt = workdir / "ckpt"
-    names = [p.name for p in ckpt.iterdir()] if ckpt.exists() else []
-    return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"step_(\d+)_a\d+", n)))
-
-
 def _params(workdir: Path, step: int) -> dict[str, np.ndarray]:
     with np.load(workdir / f"params-{step}.npz") as data:
         return {k: data[k] for k in data.files}
@@ -71,7 +64,7 @@ def test_a_grow_saves_one_agreed_step_to_memory_and_the_larger_gang_resumes_it_w
         step = agreed.pop()
         last = max(r["step"] for pid in range(2) for r in _steps_logged(work, pid))
         assert last == step, f"attempt 1 computed step {last} but agreed {step}: {last - step} step(s) lost"
-        assert _storage_steps(work) == [], "attempt 1 saved to storage"
+        assert memtier.storage_steps(work) == [], "attempt 1 saved to storage"
 
         pods += [memtier.new_pod(base, "pod-2"), memtier.new_pod(base, "pod-3")]
         ring = {i: pods[(i + 1) % 4] for i in range(4)}
@@ -89,7 +82,7 @@ def test_a_grow_saves_one_agreed_step_to_memory_and_the_larger_gang_resumes_it_w
     for pid in (2, 3):
         assert re.search(rf"restored step {step} on process {pid} from a peer's memory over the network",
                          second), second[-4000:]
-    assert step not in _storage_steps(work), "a storage checkpoint of the agreed step exists"
+    assert step not in memtier.storage_steps(work), "a storage checkpoint of the agreed step exists"
 
     full = tmp_path / "full"  # the uninterrupted run at full size (1 process, 4 devices), as long
     ref = launch(full, 1, steps=step + 1 + AFTER, worker=WORKER,
