@@ -12,14 +12,15 @@ was preempted and resumed ends with the same parameters, bit for bit, as one tha
 **Virtual shards** (docs/elastic.md). When the job declares them (``REPRIEVE_VIRTUAL_SHARDS``, which the operator
 sets from ``spec.elastic.virtualShards``; read through the runtime's ``RuntimeConfig``), the step goes through
 ``reprieve.VirtualStep`` instead, so that the job can shrink and grow without changing its maths: virtual shard
-``v`` of ``n`` is ``v``-th of ``n`` equal slices of every global batch (the same ``GLOBAL_BATCH`` examples in the
-same order as without them, whatever the process count), with its own grain iterator and position in the checkpoint
-(``reprieve.VirtualData``); the gradient is the sum over every shard, taken and reduced as one flat array (one
-all-reduce a step, or one all-gather in canonical order); dropout's key is folded with the step, the shard and
-the module (``with_shard_index``), so a shard draws the same masks on any process count. ``TRAIN_CANONICAL``
-(``1`` by default, ``0``: the faster default order) adds the shards in the fixed order ``0 .. n-1``: a run that
-shrank and grew ends with the parameters of an uninterrupted run, bit for bit. The shard count must divide
-``GLOBAL_BATCH`` and be a multiple of the device count. Without virtual shards nothing of this runs.
+``v`` of ``n`` is the ``v``-th of ``n`` equal slices of every global batch (the same ``GLOBAL_BATCH`` examples in
+the same order as without them, whatever the process count), with its own grain iterator and position in the
+checkpoint (``reprieve.VirtualData``); the gradient is the sum over every shard, taken and reduced as one flat
+array (one all-reduce a step, or one all-gather in canonical order); dropout's key is folded with the step, the
+shard and the module (``with_shard_index``), so a shard draws the same masks on any process count.
+``TRAIN_CANONICAL`` (``1`` by default; ``0``: the default order, equal within rounding) adds the shards in the
+fixed order ``0 .. n-1``: a run that shrank and grew ends with the parameters of an uninterrupted run, bit for
+bit. The shard count must divide ``GLOBAL_BATCH`` and be a multiple of the device count. Without virtual shards
+nothing of this runs.
 
 Run it anywhere::
 
@@ -29,7 +30,8 @@ and on Kubernetes through ``examples/trainingjob.yaml`` (the operator sets the c
 Environment knobs (tests and the demo): ``TRAIN_STEPS``, ``TRAIN_STEP_SLEEP`` (seconds added to each step),
 ``TRAIN_RESULT`` (process 0 writes the parameters' SHA-256, the step count and the step it resumed from as
 JSON), ``TRAIN_STEP_LOG`` (process 0 appends one JSON line per step: attempt, step, wall time; read by
-``hack/localcluster/goodput.py``), ``TRAIN_FAIL_AT_STEP`` (raise at that step: an application bug).
+``hack/localcluster/goodput.py``), ``TRAIN_FAIL_AT_STEP`` (raise at that step: an application bug), ``TRAIN_CANONICAL``
+(the order over virtual shards, above).
 """
 
 from __future__ import annotations
