@@ -273,14 +273,16 @@ def main() -> int:
     train_step = make_train_step(graphdef)
 
     shards = reprieve.RuntimeConfig.from_env(os.environ).virtual_shards  # what reprieve.init() reads
-    canonical = os.environ.get("TRAIN_CANONICAL", "1") == "1"
+    canonical = os.environ.get("TRAIN_CANONICAL", "1")
+    if canonical not in ("0", "1"):
+        raise SystemExit(f"examples/train_lm.py: TRAIN_CANONICAL must be 0 or 1, got {canonical!r}")
     job = reprieve.init(trace_ahead=None if shards else lambda topology: trace_ahead(topology, train_step, shapes))
     it: Any
     if shards:
-        virtual = VirtualTraining(graphdef, shapes, data, args.seed, shards, canonical)
+        virtual = VirtualTraining(graphdef, shapes, data, args.seed, shards, canonical == "1")
         mesh, it = virtual.step.mesh, virtual.data
         log.info("training over %d virtual shards (this process: %s), %s order", shards, list(virtual.step.shards),
-                 "canonical" if canonical else "default")
+                 "canonical" if virtual.step.canonical else "default")
     else:
         if GLOBAL_BATCH % jax.device_count():
             raise SystemExit(f"examples/train_lm.py: the global batch ({GLOBAL_BATCH}) must split evenly over the "
@@ -310,7 +312,7 @@ def main() -> int:
 
             def train(state: nnx.State, step: int) -> tuple[nnx.State, jax.Array]:
                 batch = jax.make_array_from_process_local_data(data_sharding, next(it))
-                return train_step(state, batch)  # type: ignore[no-any-return]
+                return train_step(state, batch)
         state, start = job.restore_or(init, abstract, data=it)
 
         log.info("process %d/%d starting at step %d of %d (attempt %s)", jax.process_index(), jax.process_count(),

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from localcluster.procs import cache_dir
 
-from tests.runtime.helpers_agreement import REPO, launch
+from tests.runtime.helpers_agreement import REPO, Gang, launch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -88,11 +88,8 @@ def test_the_example_lm_over_virtual_shards_shrinks_and_grows_back_bit_identical
     """Issue 47's "same maths" on the example: 4 virtual shards (REPRIEVE_VIRTUAL_SHARDS, canonical order by
     default) trained uninterrupted on 2 processes, and the same run stopped with a save after step 2, resumed on 1
     process (it owns all 4 shards, and every shard's data position) to step 5, and grown back to 2: the same
-    parameters, bit for bit.
-
-    Why this long: four launches of the example (the reference run and the three sizes of the elastic one), each
-    paying JAX's start, the restore and the compile of the shard's gradient; the reference runs beside the first."""
-    def run(work: Path, processes: int, steps: int, attempt: int) -> Path:
+    parameters, bit for bit. The reference run starts beside the first part of the elastic one."""
+    def run(work: Path, processes: int, steps: int, attempt: int) -> Gang:
         env = {**_env(work, attempt), "TRAIN_STEPS": str(steps), "REPRIEVE_VIRTUAL_SHARDS": "4",
                "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "0", "TRAIN_STEP_SLEEP": "0"}
         return launch(work, processes, worker=EXAMPLE, extra_env=env)
