@@ -9,6 +9,19 @@ Everything a restart needs travels in the checkpoint: parameters, optimizer mome
 key and counter of ``nnx.Rngs``) and each process's grain iterator (``job.save(..., data=it)``), so a run that
 was preempted and resumed ends with the same parameters, bit for bit, as one that never stopped.
 
+**Virtual shards** (docs/elastic.md). When the job declares them (``REPRIEVE_VIRTUAL_SHARDS``, which the operator
+sets from ``spec.elastic.virtualShards``; read through the runtime's ``RuntimeConfig``), the step goes through
+``reprieve.VirtualStep`` instead, so that the job can shrink and grow without changing its maths: virtual shard
+``v`` of ``n`` is the ``v``-th of ``n`` equal slices of every global batch (the same ``GLOBAL_BATCH`` examples in
+the same order as without them, whatever the process count), with its own grain iterator and position in the
+checkpoint (``reprieve.VirtualData``); the gradient is the sum over every shard, taken and reduced as one flat
+array (one all-reduce a step, or one all-gather in canonical order); dropout's key is folded with the step, the
+shard and the module (``with_shard_index``), so a shard draws the same masks on any process count.
+``TRAIN_CANONICAL`` (``1`` by default; ``0``: the default order, equal within rounding) adds the shards in the
+fixed order ``0 .. n-1``: a run that shrank and grew ends with the parameters of an uninterrupted run, bit for
+bit. The shard count must divide ``GLOBAL_BATCH`` and be a multiple of the device count. Without virtual shards
+nothing of this runs.
+
 Run it anywhere::
 
     python examples/train_lm.py --steps 300            # single process, checkpoints in ./checkpoints
@@ -17,17 +30,20 @@ and on Kubernetes through ``examples/trainingjob.yaml`` (the operator sets the c
 Environment knobs (tests and the demo): ``TRAIN_STEPS``, ``TRAIN_STEP_SLEEP`` (seconds added to each step),
 ``TRAIN_RESULT`` (process 0 writes the parameters' SHA-256, the step count and the step it resumed from as
 JSON), ``TRAIN_STEP_LOG`` (process 0 appends one JSON line per step: attempt, step, wall time; read by
-``hack/localcluster/goodput.py``), ``TRAIN_FAIL_AT_STEP`` (raise at that step: an application bug).
+``hack/localcluster/goodput.py``), ``TRAIN_FAIL_AT_STEP`` (raise at that step: an application bug), ``TRAIN_CANONICAL``
+(the order over virtual shards, above).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grain
@@ -153,6 +169,64 @@ def make_train_step(graphdef: nnx.GraphDef[Any]) -> Any:
     return jax.jit(step)
 
 
+class VirtualTraining:
+    """The step over the job's ``count`` virtual shards (``reprieve.VirtualStep``), with their data positions.
+
+    ``self(state, step) -> (state, loss)`` is one optimizer step over the whole global batch, on any process count
+    that divides ``count``. The parameters go to ``VirtualStep`` as one flat vector, so its reduction moves one
+    array (one ``psum``, or one ``all_gather`` in canonical order) instead of one per parameter array (the reason
+    ``make_train_step`` ravels). Dropout's key is ``fold_in(key(seed + 1), step, shard, module)``: a function of
+    the step, so the ``nnx.Rngs`` counters of the state are left as they are and the key needs no counter.
+    """
+
+    def __init__(self, graphdef: nnx.GraphDef[Any], shapes: nnx.State, data: np.ndarray, seed: int, count: int,
+                 canonical: bool) -> None:
+        if GLOBAL_BATCH % count:
+            raise SystemExit(f"examples/train_lm.py: REPRIEVE_VIRTUAL_SHARDS={count} must divide the global batch "
+                             f"({GLOBAL_BATCH}); use 1, 2, 4, 8 or 16 virtual shards")
+        model_shapes, _ = nnx.merge(graphdef, shapes)
+        gdef, param_shapes, rest_shapes = nnx.split(model_shapes, nnx.Param, ...)
+
+        def shard_loss(flat: jax.Array, batch: tuple[jax.Array, jax.Array], shard: jax.Array) -> jax.Array:
+            tokens, step = batch
+            key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed + 1), step), shard)
+            leaves, treedef = jax.tree.flatten(rest_shapes)
+            rest = jax.tree.unflatten(treedef, [  # every dropout module its own key, its counter at 0
+                jax.random.fold_in(key, i) if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+                else jnp.zeros(leaf.shape, leaf.dtype) for i, leaf in enumerate(leaves)])
+            m = nnx.merge(gdef, unravel_like(param_shapes)(flat), rest)
+            logits = m(tokens[:, :-1])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean() / count
+
+        def flat_params(state: nnx.State) -> jax.Array:
+            model, _ = nnx.merge(graphdef, state)
+            return ravel_pytree(nnx.state(model, nnx.Param))[0]
+
+        def advance(state: nnx.State, g: jax.Array) -> tuple[nnx.State, jax.Array]:
+            model, optimizer = nnx.merge(graphdef, state)
+            optimizer.update(model, unravel_like(param_shapes)(g))
+            state = nnx.state((model, optimizer))
+            return state, flat_params(state)
+
+        self.step = reprieve.VirtualStep(shard_loss, count, canonical=canonical, with_shard_index=True)
+        self.data = reprieve.VirtualData(count, self.step.shards, lambda v: batches(data, seed, v, count))
+        self.flat_params, self.advance = jax.jit(flat_params), jax.jit(advance)
+        size = sum(x.size for x in jax.tree.leaves(param_shapes))
+        self.grads = jax.ShapeDtypeStruct((size,), jnp.float32, sharding=self.step.replicated)  # advance's 2nd arg
+        self._flat: jax.Array | None = None  # the current state's flat parameters (advance returns them)
+
+    def __call__(self, state: nnx.State, step: int) -> tuple[nnx.State, jax.Array]:
+        flat = self.flat_params(state) if self._flat is None else self._flat
+        loss, g = self.step(flat, [(b, np.uint32(step)) for b in next(self.data)])
+        state, self._flat = self.advance(state, g)
+        return state, loss
+
+
+def unravel_like(shapes: Any) -> Any:
+    """``ravel_pytree``'s inverse for a tree of ``shapes`` (``jax.ShapeDtypeStruct`` leaves), inside a trace."""
+    return ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))[1]
+
+
 def trace_ahead(topology: reprieve.Topology, train_step: Any, shapes: nnx.State) -> None:
     """Trace ``train_step`` for ``topology`` (``reprieve.init(trace_ahead=...)`` calls this before any device is
     touched, as soon as the job's devices are known), so a restarted attempt's first step skips tracing.
@@ -198,14 +272,26 @@ def main() -> int:
     data = corpus(args.seed)
     train_step = make_train_step(graphdef)
 
-    job = reprieve.init(trace_ahead=lambda topology: trace_ahead(topology, train_step, shapes))
-    if GLOBAL_BATCH % jax.device_count():
-        raise SystemExit(f"examples/train_lm.py: the global batch ({GLOBAL_BATCH}) must split evenly over the "
-                         f"{jax.device_count()} devices; use 1, 2, 4, 8 or 16 devices in all")
-    mesh = Mesh(np.array(jax.devices()), ("data",))
-    data_sharding = NamedSharding(mesh, P("data"))
-    it = batches(data, args.seed, job.process_id, job.num_processes)
-    with jax.set_mesh(mesh):
+    shards = reprieve.RuntimeConfig.from_env(os.environ).virtual_shards  # what reprieve.init() reads
+    canonical = os.environ.get("TRAIN_CANONICAL", "1")
+    if canonical not in ("0", "1"):
+        raise SystemExit(f"examples/train_lm.py: TRAIN_CANONICAL must be 0 or 1, got {canonical!r}")
+    job = reprieve.init(trace_ahead=None if shards else lambda topology: trace_ahead(topology, train_step, shapes))
+    it: Any
+    if shards:
+        virtual = VirtualTraining(graphdef, shapes, data, args.seed, shards, canonical == "1")
+        mesh, it = virtual.step.mesh, virtual.data
+        log.info("training over %d virtual shards (this process: %s), %s order", shards, list(virtual.step.shards),
+                 "canonical" if virtual.step.canonical else "default")
+    else:
+        if GLOBAL_BATCH % jax.device_count():
+            raise SystemExit(f"examples/train_lm.py: the global batch ({GLOBAL_BATCH}) must split evenly over the "
+                             f"{jax.device_count()} devices; use 1, 2, 4, 8 or 16 devices in all")
+        mesh = Mesh(np.array(jax.devices()), ("data",))
+        data_sharding = NamedSharding(mesh, P("data"))
+        it = batches(data, args.seed, job.process_id, job.num_processes)
+    # VirtualStep runs each shard's gradient on one device: a context mesh of every device would refuse it
+    with contextlib.nullcontext() if shards else jax.set_mesh(mesh):
         # docs/runtime.md, "flax NNX": shapes from nnx.eval_shape, shardings from NNX's own helper (no
         # partitioning annotations here: everything replicated, data-parallel). Nothing is initialised on a
         # restart; on a first run one compiled program builds the state directly with those shardings.
@@ -214,9 +300,19 @@ def main() -> int:
         init = jax.jit(lambda: nnx.state(create(args.seed, args.lr)), out_shardings=shardings)
         # Lower and compile the step for these devices beside the restore; steps() waits for it before the
         # first step, which then finds the program in JAX's caches (docs/runtime.md, "Compiling the step while
-        # the state is restored").
-        job.compile_ahead(train_step, abstract, jax.ShapeDtypeStruct((GLOBAL_BATCH, SEQ + 1), jnp.int32,
-                                                                     sharding=data_sharding))
+        # the state is restored"). Over virtual shards: the update (each shard's gradient compiles at the first
+        # step, one program a device).
+        train: Callable[[nnx.State, int], tuple[nnx.State, jax.Array]]
+        if shards:
+            job.compile_ahead(virtual.advance, abstract, virtual.grads)
+            train = virtual
+        else:
+            job.compile_ahead(train_step, abstract, jax.ShapeDtypeStruct((GLOBAL_BATCH, SEQ + 1), jnp.int32,
+                                                                         sharding=data_sharding))
+
+            def train(state: nnx.State, step: int) -> tuple[nnx.State, jax.Array]:
+                batch = jax.make_array_from_process_local_data(data_sharding, next(it))
+                return train_step(state, batch)
         state, start = job.restore_or(init, abstract, data=it)
 
         log.info("process %d/%d starting at step %d of %d (attempt %s)", jax.process_index(), jax.process_count(),
@@ -234,8 +330,7 @@ def main() -> int:
                 # as on a real device, the step's results exist only at its end (a process killed meanwhile
                 # leaves the step uncomputed for every process, and unlogged).
                 time.sleep(args.step_sleep)
-            batch = jax.make_array_from_process_local_data(data_sharding, next(it))
-            state, loss = train_step(state, batch)
+            state, loss = train(state, step)
             if step_log is not None:
                 loss.block_until_ready()
                 step_log.write(json.dumps({"attempt": attempt, "step": step, "t": time.time()}) + "\n")

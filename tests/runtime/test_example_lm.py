@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from localcluster.procs import cache_dir
 
-from tests.runtime.helpers_agreement import REPO, launch
+from tests.runtime.helpers_agreement import REPO, Gang, launch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -79,3 +79,34 @@ def test_the_example_lm_resumes_bit_identical_after_a_preemption(tmp_path: Path)
     got = json.loads((work / "result.json").read_text())
     assert got["resumedFrom"] == saved + 1
     assert got["sha256"] == want["sha256"], "the resumed run's parameters differ from the uninterrupted run's"
+
+
+VIRTUAL_STEPS, SHRUNK_AT, GROWN_AT = 8, 2, 5
+
+
+def test_the_example_lm_over_virtual_shards_shrinks_and_grows_back_bit_identical(tmp_path: Path) -> None:
+    """Issue 47's "same maths" on the example: 4 virtual shards (REPRIEVE_VIRTUAL_SHARDS, canonical order by
+    default) trained uninterrupted on 2 processes, and the same run stopped with a save after step 2, resumed on 1
+    process (it owns all 4 shards, and every shard's data position) to step 5, and grown back to 2: the same
+    parameters, bit for bit. The reference run starts beside the first part of the elastic one."""
+    def run(work: Path, processes: int, steps: int, attempt: int) -> Gang:
+        env = {**_env(work, attempt), "TRAIN_STEPS": str(steps), "REPRIEVE_VIRTUAL_SHARDS": "4",
+               "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "0", "TRAIN_STEP_SLEEP": "0"}
+        return launch(work, processes, worker=EXAMPLE, extra_env=env)
+
+    def result(work: Path) -> dict[str, object]:
+        return dict(json.loads((work / "result.json").read_text()))
+
+    full, elastic = tmp_path / "full", tmp_path / "elastic"
+    gangs = [run(full, 2, VIRTUAL_STEPS, 1), run(elastic, 2, SHRUNK_AT + 1, 1)]
+    for gang in gangs:
+        assert gang.wait(300) == [0, 0], gang.tail()
+    assert "training over 4 virtual shards (this process: [2, 3]), canonical order" in gangs[1].logs[1].read_text()
+    for processes, until, attempt, owned in ((1, GROWN_AT + 1, 2, "[0, 1, 2, 3]"), (2, VIRTUAL_STEPS, 3, "[0, 1]")):
+        resumed = result(elastic)["steps"]
+        gang = run(elastic, processes, until, attempt)
+        assert gang.wait(300) == [0] * processes, gang.tail()
+        assert f"(this process: {owned})" in gang.logs[0].read_text(), gang.tail()
+        assert result(elastic)["resumedFrom"] == resumed, gang.tail()
+    assert result(elastic)["sha256"] == result(full)["sha256"], \
+        "the run that shrank to 1 process and grew back to 2 ends with other parameters than the uninterrupted one"
