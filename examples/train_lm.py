@@ -30,7 +30,10 @@ and on Kubernetes through ``examples/trainingjob.yaml`` (the operator sets the c
 Environment knobs (tests and the demo): ``TRAIN_STEPS``, ``TRAIN_STEP_SLEEP`` (seconds added to each step),
 ``TRAIN_RESULT`` (process 0 writes the parameters' SHA-256, the step count and the step it resumed from as
 JSON), ``TRAIN_STEP_LOG`` (process 0 appends one JSON line per step: attempt, step, wall time; read by
-``hack/localcluster/goodput.py``), ``TRAIN_FAIL_AT_STEP`` (raise at that step: an application bug), ``TRAIN_CANONICAL``
+``hack/localcluster/goodput.py``), ``TRAIN_FAIL_AT_STEP`` (raise at that step: an application bug),
+``TRAIN_GLOBAL_BATCH`` (16 by default: a count of virtual shards must divide it, e.g. 24 for 12 shards, which split
+over 4 and 3 workers), ``TRAIN_SHARD_SLEEP`` (over virtual shards: seconds added to each step per shard a device
+computes, so a shrunk job's steps take longer as on real devices; benchmarks/goodput.py --stockout), ``TRAIN_CANONICAL``
 (the order over virtual shards, above).
 """
 
@@ -59,7 +62,7 @@ from jax.sharding import PartitionSpec as P
 
 VOCAB = "0123456789+=; "
 SEQ, D_MODEL, HEADS, MLP, LAYERS, DROPOUT = 32, 64, 4, 128, 2, 0.1
-GLOBAL_BATCH, CORPUS = 16, 4096
+GLOBAL_BATCH, CORPUS = int(os.environ.get("TRAIN_GLOBAL_BATCH", "16")), 4096
 
 
 # -- data ---------------------------------------------------------------------------------------------------
@@ -259,6 +262,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--step-sleep", type=float, default=float(os.environ.get("TRAIN_STEP_SLEEP", "0")))
+    parser.add_argument("--shard-sleep", type=float, default=float(os.environ.get("TRAIN_SHARD_SLEEP", "0")))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     log = logging.getLogger("train")
@@ -281,6 +285,8 @@ def main() -> int:
     if shards:
         virtual = VirtualTraining(graphdef, shapes, data, args.seed, shards, canonical == "1")
         mesh, it = virtual.step.mesh, virtual.data
+        # emulated device time: each device computes its shards one after another (VirtualStep), the devices at once
+        args.step_sleep += args.shard_sleep * shards / jax.device_count()
         log.info("training over %d virtual shards (this process: %s), %s order", shards, list(virtual.step.shards),
                  "canonical" if virtual.step.canonical else "default")
     else:
