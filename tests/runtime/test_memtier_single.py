@@ -212,6 +212,35 @@ def test_a_new_checkpoint_root_does_not_resume_another_roots_memory_copy(tmp_pat
     job.abandon()
 
 
+def test_a_run_id_new_root_ignores_the_copy_and_another_run_id_on_the_same_root_is_refused_with_the_fix(
+        tmp_path: Path, shm: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue #46, 1, with REPRIEVE_RUN_ID set: a new run with a new, empty REPRIEVE_CHECKPOINT_URI was refused for the
+    other run's memory copy, advised to change the URI it had already changed. A new root's run ignores the copy and
+    starts at step 0; a run with another id on the copy's own root is refused, naming the copy, its memory directory
+    and both ways out (the run id to resume it, the copies to delete to start from storage)."""
+    from reprieve.identity import RunMismatchError
+
+    job = _job(tmp_path / "old", shm, REPRIEVE_RUN_ID="first")
+    state, start = job.restore_or(init_state)
+    crash_after(job, state, start, 9)  # a memory copy of step 8 of run 'first', nothing in storage
+
+    job = _job(tmp_path / "new", shm, REPRIEVE_RUN_ID="second")
+    with caplog.at_level(logging.INFO):
+        _, start = job.restore_or(init_state)
+    assert start == 0 and job.loop.restored_from is None, caplog.text
+    assert f"belongs to checkpoint root {tmp_path / 'old'}, not this run's {tmp_path / 'new'}: ignored" in caplog.text
+    job.abandon()
+
+    job = _job(tmp_path / "old", shm, REPRIEVE_RUN_ID="second")
+    with pytest.raises(RunMismatchError) as refused:
+        job.restore_or(init_state)
+    text = str(refused.value)
+    assert f"memory copy own/s0000000008_a1_p0 in {shm} belongs to run 'first'" in text, text
+    assert "to resume that run, set REPRIEVE_RUN_ID=first" in text, text
+    assert f"REPRIEVE_MEMORY_DIR ({shm} here): to restore from storage instead, delete the copies there" in text, text
+    job.abandon()
+
+
 def test_a_memory_copy_of_another_structure_is_refused_naming_its_directory(tmp_path: Path, shm: Path) -> None:
     """Issue #46, 1: the structure check was skipped for memory copies; the restore failed with a raw ValueError
     ("restore leaf ['w']: abstract shape ...") that named neither the copy nor its directory."""
