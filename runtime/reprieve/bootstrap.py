@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
@@ -38,6 +39,25 @@ from .topology import Topology
 from .trace_ahead import TraceAhead
 
 log = logging.getLogger(__name__)
+
+
+def config_errors_in_one_line() -> None:
+    """A :class:`ConfigError` nobody catches ends the program with one line naming the setting and what is
+    accepted (``reprieve: REPRIEVE_X=...: ...``, exit 1), not a traceback through the runtime's internals: the
+    message is the whole story. Any other exception goes to the hook installed before. Installed once."""
+    previous = sys.excepthook
+    if getattr(previous, "reprieve_config_errors", False):
+        return
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if issubclass(kind, ConfigError):
+            sys.stderr.write(f"reprieve: {value}\n")
+            sys.stderr.flush()
+            return
+        previous(kind, value, tb)
+
+    hook.reprieve_config_errors = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def init(
@@ -80,6 +100,7 @@ def init(
             the devices".
     """
     console.install()  # the lifecycle lines reach a program that configured no logging (reprieve.console)
+    config_errors_in_one_line()
     environ: Mapping[str, str] = os.environ if env is None else env
     warn_unknown(environ)  # a misspelt REPRIEVE_* variable would otherwise be ignored in silence
     link = SupervisorLink.take(os.environ if env is None else dict(env))

@@ -153,3 +153,35 @@ def test_an_exception_before_the_restore_names_the_last_checkpoint_in_storage(
         raise RuntimeError("the user's own code fails before any restore")
     (line,) = [r.getMessage() for r in caplog.records if "without finishing job.steps()" in r.getMessage()]
     assert "(there is no checkpoint yet)" in line and "step none" not in line, line
+
+
+@pytest.mark.parametrize(("env", "words"), [
+    ({"REPRIEVE_CHECKPOINT_URI": "s3:/bucket/x"}, "REPRIEVE_CHECKPOINT_URI='s3:/bucket/x'"),
+    ({"REPRIEVE_CHECKPOINT_URI": "ckpt", "REPRIEVE_NUM_PROCESSES": "two"}, "REPRIEVE_NUM_PROCESSES"),
+])
+def test_a_config_error_nobody_catches_is_one_line_not_a_traceback(tmp_path: Path, env: dict[str, str],
+                                                                   words: str) -> None:
+    """Issue 46 item 9: ``python train.py`` (or a pod's trainer) with a bad setting printed the ConfigError's whole
+    traceback through the runtime; now one line naming the setting and what is accepted, exit 1. A caller that
+    catches ConfigError still gets it, and any other exception keeps its traceback."""
+    import os
+    import subprocess
+    import sys
+
+    program = ("import reprieve, sys\n"
+               "try:\n    reprieve.init(install_sigterm=False, watch_pod=False)\n"
+               "except reprieve.ConfigError as err:\n    print('caught', type(err).__name__)\n"
+               "reprieve.init(install_sigterm=False, watch_pod=False)\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("REPRIEVE_")}
+    done = subprocess.run([sys.executable, "-c", program], check=False, cwd=tmp_path, env=base | env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done
+    assert done.stdout.strip() == "caught ConfigError", done
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    assert lines[0].startswith("reprieve: ") and words in lines[0], lines
+    boom = "import reprieve\nreprieve.init(install_sigterm=False, watch_pod=False)\nraise RuntimeError('boom')"
+    other = subprocess.run([sys.executable, "-c", boom], check=False, cwd=tmp_path,
+                           env=base | {"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ok")}, capture_output=True,
+                           text=True, timeout=60)
+    assert "Traceback" in other.stderr and "RuntimeError: boom" in other.stderr, other.stderr
