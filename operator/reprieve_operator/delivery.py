@@ -203,9 +203,10 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
         if started is not None:
             metrics.NOTICE_LATENCY.observe(t_done - started)
         msg = notice_message(notice, plan.attempt, before, seen.get(notice.reason), nodes.started)
-        log.info("TrainingJob %s/%s: %s (%s, %d pods annotated in %.3fs: lock %.3fs, read %.3fs, write %.3fs)",
-                 namespace, name, msg, f"{notice_object_name(job)} written" if route.write_object else
-                 "no object written", len(route.annotate), t_done - t0, t_lock - t0, t_get - t_lock, t_done - t_get)
+        log.info("TrainingJob %s/%s: %s (%d pods annotated, %s, in %.3fs: lock %.3fs, read %.3fs, write %.3fs)",
+                 namespace, name, msg, len(route.annotate), f"{notice_object_name(job)} written"
+                 if route.write_object else "no object written", t_done - t0, t_lock - t0, t_get - t_lock,
+                 t_done - t_get)
         refs = [
             {"apiVersion": "v1", "kind": "Pod", "name": r["metadata"]["name"], "namespace": namespace,
              "uid": r["metadata"].get("uid")} for r in raw if r["metadata"]["name"] in route.annotate]

@@ -28,6 +28,7 @@ from .kube import KubeClient, PodWatchSource
 from .memtier.config import MemoryConfig
 from .metrics import Metrics
 from .notice import Notice
+from .notice_object import JobNoticeWatch
 from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
 from .peers import PeerWatch, end_process, write_termination_message
 from .policy import SavePolicy
@@ -120,6 +121,10 @@ def init(
         if watch_pod:
             notices.closers.append(PodWatchSource(client, config.namespace, config.pod_name, notices.hub.put,
                                                   attempt=config.attempt, started_at=started_at).start().close)
+            # the job's notice object: one write per job reaches every pod (docs/notices.md, "One write per job")
+            notices.closers.append(JobNoticeWatch(client, config.namespace, config.job, config.pod_name,
+                                                  notices.hub.put, attempt=config.attempt,
+                                                  started_at=started_at).start().close)
         if config.process_id == 0:
             progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt,
                                         interval_s=config.progress_interval_seconds,

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from fake_clock import FakeClock
-from op_jobs import make_job
 from kubernetes.client.exceptions import ApiException
+from op_jobs import make_job
 from reprieve_operator import ANNOTATION_NOTICE_WATCH as WATCH
 from reprieve_operator import delivery
 from reprieve_operator.cache import Cache
@@ -184,7 +184,7 @@ def test_a_pod_that_does_not_watch_is_annotated_and_the_job_event_names_it() -> 
     deliver(st)
     assert [args[0] for m, args, _ in calls if m == "patch_namespaced_pod"] == ["llama-1"]
     assert "create_namespaced_config_map" in methods(calls)
-    ((kind, reason, message),) = [e for e in events(calls) if e[0] == "TrainingJob"]
+    ((_, reason, message),) = [e for e in events(calls) if e[0] == "TrainingJob"]
     assert reason == "NoticeFallback" and "1 pod(s) do not watch llama-notice" in message and "llama-1" in message
 
 
