@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import shutil
 import socket
 import time
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster.testing import wait_for
+from localcluster.testing import serviceaccount_dir, wait_for
 from reprieve.kube import KubeClient, KubeError, PodWatchSource
 from reprieve.notice import NOTICE_ANNOTATION, NOTICE_WATCH_ANNOTATION, PROGRESS_ANNOTATION, Notice
 from reprieve.notice_object import JobNoticeWatch
@@ -58,12 +57,7 @@ def _identity(cluster: Any, namespace: str, tmp_path: Path, notice_object: str |
          "subjects": [{"kind": "ServiceAccount", "name": "job-worker", "namespace": namespace}]},
         pod, other,
     ])
-    sa_dir = tmp_path / "serviceaccount"
-    sa_dir.mkdir()
-    token = cluster.kubectl("create", "token", "job-worker", "-n", namespace).stdout.strip()
-    (sa_dir / "token").write_text(token)
-    (sa_dir / "namespace").write_text(namespace)
-    shutil.copy(cluster.pki.ca_crt, sa_dir / "ca.crt")
+    sa_dir = serviceaccount_dir(cluster, namespace, "job-worker", tmp_path / "serviceaccount")
     return KubeClient("127.0.0.1", cluster.api_port, str(sa_dir))
 
 
