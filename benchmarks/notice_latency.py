@@ -121,9 +121,46 @@ class Notices:
             return {n: self.seen[n] for n in names}
 
 
+LOAD = r"""
+import sys, threading, time
+from kubernetes import client, config
+config.load_kube_config(sys.argv[1])
+rate, ns, core = float(sys.argv[2]), sys.argv[3], None
+api = client.ApiClient()
+api.configuration.connection_pool_maxsize = 64
+core = client.CoreV1Api(api)
+names = [f"bench-load-{i}" for i in range(64)]
+for n in names:
+    core.create_namespaced_config_map(ns, {"metadata": {"name": n}, "data": {"i": "0"}})
+sent, lock, t0 = [0], threading.Lock(), time.monotonic()
+def writer(w):
+    i = 0
+    while True:
+        with lock:  # paced: the n-th write is due at t0 + n / rate
+            n = sent[0]
+            sent[0] += 1
+        delay = t0 + n / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        core.patch_namespaced_config_map(names[n % len(names)], ns, {"data": {"i": str(n)}})
+        i += 1
+for w in range(48):
+    threading.Thread(target=writer, args=(w,), daemon=True).start()
+while True:
+    time.sleep(10)
+    print(f"load: {sent[0] / (time.monotonic() - t0):.0f} writes/s due", flush=True)
+"""
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_writes(core: client.CoreV1Api) -> int:
+    """The background load's writes so far: the highest write number its ConfigMaps carry (+1)."""
+    return max((int((c.data or {}).get("i", 0)) + 1 for c in core.list_namespaced_config_map(NS).items
+                if c.metadata.name.startswith("bench-load-")), default=0)
 
 
 def event_count(core: client.CoreV1Api) -> int:
@@ -151,6 +188,9 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=500)
     ap.add_argument("--replicas", type=int, default=20)
     ap.add_argument("--trials", type=int, default=50)
+    ap.add_argument("--load", type=float, default=0.0,
+                    help="background writes/s from another client (a separate process patching 64 ConfigMaps) "
+                         "during the trials and the peer")
     ap.add_argument("--path", choices=("both", "object", "annotation"), default="both",
                     help="which jobs' pods say they watch their job's notice object (the runtime's "
                          "reprieve.dev/notice-watch): both = the jobs of even trials (one write per job) and "
@@ -231,6 +271,10 @@ def main() -> int:
             wait_statuses(custom, op, "goodput", args.jobs, 600, f"jobs with goodput accounting; see {log.name}")
             print(f"goodput accounting on for all {args.jobs} jobs in {time.monotonic() - t2:.0f}s; "
                   f"RSS {rss_mb(op.pid)[0]:.0f} MB")
+            load = None
+            if args.load:
+                load = subprocess.Popen([sys.executable, "-c", LOAD, str(cluster.kubeconfig), str(args.load), NS],
+                                        stdout=open(work / "load.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
             time.sleep(3)
             on_pods = Notices(core.list_namespaced_pod, pod_notice)
             on_objects = Notices(core.list_namespaced_config_map, object_notice)
@@ -239,7 +283,7 @@ def main() -> int:
             per_job: dict[str, list[float]] = {"object": [], "annotation": []}
             writes: dict[str, list[int]] = {"object": [], "annotation": []}
             events: dict[str, list[int]] = {"object": [], "annotation": []}
-            cpu0 = cpu_seconds(op.pid)
+            cpu0, t_load, load_w0 = cpu_seconds(op.pid), time.monotonic(), load_writes(core)
             for t in range(args.trials):
                 node = (args.replicas * t) % args.nodes
                 jobs = sorted({(node + args.nodes * m) // args.replicas
@@ -284,6 +328,10 @@ def main() -> int:
 
                 parallel(patch, [(k, j) for k in jobs for j in range(args.replicas)], workers=32)
                 peer += [finished[k] - start for k in jobs]
+            if load is not None:
+                achieved = (load_writes(core) - load_w0) / (time.monotonic() - t_load)
+                load.terminate()
+                print(f"background load: {achieved:.0f} writes/s achieved (asked {args.load:.0f}/s)")
         finally:
             op.terminate()
             op.wait(30)
