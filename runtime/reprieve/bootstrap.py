@@ -69,7 +69,8 @@ def init(
         policy: periodic save policy (default: every ``REPRIEVE_CHECKPOINT_INTERVAL_STEPS`` and the last step).
         countdown: grace-period countdown settings.
         install_sigterm: install the SIGTERM handler (chains any handler installed before).
-        watch_pod: watch this pod's notice annotation through the Kubernetes API when in a cluster.
+        watch_pod: watch this pod's notice annotation and the job's notice object (``<job>-notice``) through the
+            Kubernetes API when in a cluster.
         exit_fn: how to exit once the exit code is decided (default :func:`reprieve.exiting.exit_process`:
             unwinds like ``sys.exit``, then ends without the interpreter's teardown; pass ``sys.exit`` for a
             full teardown).
@@ -149,7 +150,7 @@ def init(
              config.num_processes, config.attempt, config.checkpoint_uri,
              ", ".join(s for s, on in [("SIGTERM", notices.sigterm_source is not None),
                                        ("notice file", config.notice_file),
-                                       ("pod watch", config.in_cluster and watch_pod),
+                                       ("pod watch and job notice object", config.in_cluster and watch_pod),
                                        ("callable", notice_fn is not None)] if on))
     if config.distributed:
         replace_preemption_sync_point()
