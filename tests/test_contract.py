@@ -217,6 +217,31 @@ def test_annotation_and_label_names_agree() -> None:
     assert (op.ANNOTATION_PROGRESS, notice.PROGRESS_ANNOTATION) == (a["progress"], a["progress"])
     assert (op.LABEL_JOB, op.LABEL_INDEX, op.LABEL_ATTEMPT) == (lab["job"], lab["index"], lab["attempt"])
     assert op.LABEL_ROLE == lab["role"]
+    assert (op.ANNOTATION_NOTICE_WATCH, notice.NOTICE_WATCH_ANNOTATION) == (a["notice_watch"], a["notice_watch"])
+
+
+def test_the_job_notice_object_the_operator_writes_is_the_one_the_runtime_watches() -> None:
+    """Operator writes -> runtime reads: ``builders.build_notice_object`` is named as ``reprieve.notice_object``
+    watches it, its data key is the one read, the worker Role grants exactly get/list/watch on it by name, and a pod
+    that says it watches it (the runtime's declaration) is one the operator's routing counts as watching."""
+    import reprieve_operator as op
+    from reprieve import notice
+    from reprieve.notice_object import declaration, notice_object_name
+    from reprieve_operator.policy import builders, fanout
+
+    c = TABLE["contract"]
+    assert (op.NOTICE_OBJECT_SUFFIX, notice.NOTICE_OBJECT_SUFFIX) == (c["notice_suffix"], c["notice_suffix"])
+    assert (op.NOTICE_OBJECT_KEY, notice.NOTICE_OBJECT_KEY) == (c["notice_key"], c["notice_key"])
+    job = _minimal_job()
+    cm = builders.build_notice_object(job, '{"id": "x"}')
+    assert cm["metadata"]["name"] == notice_object_name(job.name) and cm["data"] == {notice.NOTICE_OBJECT_KEY: '{"id": "x"}'}
+    rules = builders.worker_role(job)["rules"]
+    assert {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [cm["metadata"]["name"]],
+            "verbs": ["get", "list", "watch"]} in rules
+    name = cm["metadata"]["name"]
+    for refused, watching in ((None, True), (403, False), (429, False)):
+        pod = {"metadata": {"annotations": {notice.NOTICE_WATCH_ANNOTATION: declaration(name, refused)}}}
+        assert fanout.watches(pod, name) is watching
 
 
 def test_the_supervisor_speaks_the_operators_contract() -> None:

@@ -118,3 +118,15 @@ def container_exit_code(pod: Any) -> int | None:
         if cs.state and cs.state.terminated:
             return int(cs.state.terminated.exit_code)
     return None
+
+
+def serviceaccount_dir(cluster: Any, namespace: str, service_account: str, path: Any) -> Any:
+    """A directory laid out as a pod's ``/var/run/secrets/kubernetes.io/serviceaccount`` (``token``, ``namespace``,
+    ``ca.crt``) for ``service_account``: what the runtime's ``KubeClient`` reads (``path``: a fresh ``Path``)."""
+    import shutil
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "token").write_text(cluster.kubectl("create", "token", service_account, "-n", namespace).stdout.strip())
+    (path / "namespace").write_text(namespace)
+    shutil.copy(cluster.pki.ca_crt, path / "ca.crt")
+    return path

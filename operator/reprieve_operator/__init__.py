@@ -13,6 +13,10 @@ LABEL_INDEX = "reprieve.dev/replica-index"
 LABEL_ATTEMPT = "reprieve.dev/attempt"
 ANNOTATION_NOTICE = "reprieve.dev/notice"
 ANNOTATION_PROGRESS = "reprieve.dev/progress"
+# The runtime -> the operator: this pod watches the job's notice object (its value names it; docs/notices.md)
+ANNOTATION_NOTICE_WATCH = "reprieve.dev/notice-watch"
+NOTICE_OBJECT_SUFFIX = "-notice"  # the ConfigMap <job>-notice: one write per job per notice
+NOTICE_OBJECT_KEY = "notice"  # its data key: the value the pod annotation would carry
 LABEL_ROLE = "reprieve.dev/role"  # worker | spare (in-place mode)
 ANNOTATION_EXIT = "reprieve.dev/exit"  # the supervisor's exit report
 ANNOTATION_SUPERVISOR = "reprieve.dev/supervisor"

@@ -109,6 +109,28 @@ def put(api: Api, obj: dict[str, Any], owned: str) -> None:
                                                 _content_type="application/merge-patch+json"))
 
 
+def write_data(api: Api, obj: dict[str, Any], exists: bool) -> None:
+    """One write of a ConfigMap's ``data``: a merge patch when the object is known to exist (else, gone: created),
+    a create when not (else, there after all: patched). Any other refusal raises (the caller falls back)."""
+    meta = obj["metadata"]
+
+    def patch() -> bool:
+        _raw(api.core.patch_namespaced_config_map(meta["name"], meta["namespace"], {"data": obj["data"]},
+                                                  _preload_content=False,
+                                                  _content_type="application/merge-patch+json"))
+        return True
+
+    def create() -> bool:
+        _raw(api.core.create_namespaced_config_map(meta["namespace"], obj, _preload_content=False))  # type: ignore[arg-type]
+        return True
+
+    if exists:
+        if not tolerate(patch, 404, False):
+            create()
+    elif not tolerate(create, 409, False):
+        patch()
+
+
 def put_configmap(api: Api, obj: dict[str, Any]) -> None:
     put(api, obj, "data")
 

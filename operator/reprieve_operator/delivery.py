@@ -2,8 +2,11 @@
 
 The cache's node -> jobs index keeps the work proportional to the pods on that node. The earliest deadline
 always reaches every pod (``policy.notice``): a later notice with an earlier deadline is delivered again. A
-notice beyond the horizon is held, and the node is looked at again when it opens. Only the annotations are
-written here, and the pods' Events once every affected job has its annotations; each delivery is then handed to
+notice beyond the horizon is held, and the node is looked at again when it opens. One write per job: the job's
+notice object ``<job>-notice``, which every pod that watches it hears through the API server's watch cache; the
+annotation only on the pods that do not watch it, or on every pod due the notice when the object cannot be written
+(``policy.fanout``, said in a ``NoticeFallback`` Event). Those writes are made here, and the Events once every
+affected job has its notice; each delivery is then handed to
 ``state.nodes`` and the job's reconcile kicked, which posts the job's Event and records ``status.lastNotice``
 (``policy.decide``: the reconcile owns the status).
 """
@@ -20,13 +23,23 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import ANNOTATION_NOTICE, apply, metrics
+from . import ANNOTATION_NOTICE, NOTICE_OBJECT_KEY, apply, metrics
 from .clock import SYSTEM
 from .models import TrainingJob
-from .policy.notice import Delivered, decide_notice, is_open, notice_message, opens_at, recorded_deadline
+from .policy import fanout
+from .policy.builders import build_notice_object, job_ref, notice_object_name
+from .policy.notice import (
+    Delivered,
+    current_attempt,
+    decide_notice,
+    is_open,
+    notice_message,
+    opens_at,
+    recorded_deadline,
+)
 from .policy.signals import node_notice, present_signals, signals_for_job
 from .policy.times import rfc3339
-from .policy.views import notice_annotation, workers
+from .policy.views import workers
 from .state import State
 
 log = logging.getLogger("reprieve_operator")
@@ -69,6 +82,44 @@ async def _on_node(state: State, event_type: str | None, name: str, body: Any) -
         state.queue.kick(d.namespace, d.name)
     await apply.gather([functools.partial(apply.post_event, state.api, ref, "PreemptionNotice", d.delivered.message,
                                           "Warning") for d in delivered for ref in d.pods])
+    await apply.gather([functools.partial(apply.post_event, state.api, d.job, "NoticeFallback", d.fallback, "Warning")
+                        for d in delivered if d.job is not None and d.fallback])
+
+
+async def _object_notice(state: State, job: TrainingJob) -> str | None:
+    """The notice the job's notice object carries: as this operator last wrote or read it, else read once (a
+    refused read counts as none: the write that follows says whether the object can be used)."""
+    key = (job.namespace, job.name)
+    known, value = state.nodes.notice_object(key)
+    if known:
+        return value
+    try:
+        obj = await apply.run(apply.get_configmap, state.api, job.namespace, notice_object_name(job))
+    except Exception as err:  # noqa: BLE001 - refused or no answer: not known, the write decides
+        log.info("TrainingJob %s/%s: could not read %s (%s)", job.namespace, job.name, notice_object_name(job),
+                 apply.refusal_of(err)[0] or err)
+        return None
+    value = None if obj is None else (obj.get("data") or {}).get(NOTICE_OBJECT_KEY)
+    if obj is not None:
+        state.nodes.object_written(key, value)
+    return value
+
+
+async def _write_object(state: State, job: TrainingJob, route: fanout.NoticeRoute, value: str) -> str | None:
+    """Write the job's notice object when ``route`` says so; None, or why it was refused."""
+    if not route.write_object:
+        return None
+    key = (job.namespace, job.name)
+    try:
+        await apply.run(apply.write_data, state.api, build_notice_object(job, value), state.nodes.notice_object(key)[0])
+    except Exception as err:  # noqa: BLE001 - any refusal (403 RBAC, 429 shedding, no answer): the pods are annotated
+        status, detail = apply.refusal_of(err)
+        why = f"HTTP {status}" if status is not None else str(detail)
+        log.warning("TrainingJob %s/%s: %s could not be written (%s): annotating the pods instead", job.namespace,
+                    job.name, notice_object_name(job), why)
+        return why
+    state.nodes.object_written(key, value)
+    return None
 
 
 def _look_again(state: State, name: str, when: datetime) -> None:
@@ -93,6 +144,8 @@ class Annotated:
     uid: str | None
     delivered: Delivered
     pods: list[dict[str, Any]]  # refs of the pods annotated now, for their Events
+    job: dict[str, Any] | None = None  # the job's ref when ``fallback`` is to be said in its Event
+    fallback: str | None = None  # why pods were annotated instead of hearing the job's notice object
 
 
 async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str,
@@ -125,16 +178,22 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
                 return opens_at(notice, nodes.horizon_seconds)
             raw = state.cache.pods_of(namespace, name)
             pods = workers(job, raw, state.assignments.get(job))
-            notes = {r["metadata"]["name"]: notice_annotation(r) for r in raw}
+            object_value = await _object_notice(state, job)
+            notes = fanout.heard_by_pods(raw, notice_object_name(job), object_value, current_attempt(job, pods))
             plan = decide_notice(job, pods, notice, notes, now, nodes.horizon_seconds)
             if plan is None or nodes.delivered(job.uid, plan.attempt, notice.id):
                 return None
             before = recorded_deadline(job, plan.attempt)
             value = notice.annotation(plan.attempt)
+            watching = [r["metadata"]["name"] for r in raw if fanout.watches(r, notice_object_name(job))]
+            route = fanout.route(plan, object_value, watching)
+            refused = await _write_object(state, job, route, value)
+            if refused is not None:
+                route = fanout.fallback(plan)
             await apply.gather([functools.partial(apply.annotate_pod, api, namespace, n, {ANNOTATION_NOTICE: value})
-                                for n in plan.annotate])
+                                for n in route.annotate])
             for r in raw:  # the cache learns it now, not only when the watch event comes
-                if r["metadata"]["name"] in plan.annotate:
+                if r["metadata"]["name"] in route.annotate:
                     annotated = {**r["metadata"], "annotations": {**(r["metadata"].get("annotations") or {}),
                                                                   ANNOTATION_NOTICE: value}}
                     state.cache.upsert_pod({**r, "metadata": annotated})  # a new compact pod: no stale parse
@@ -144,13 +203,16 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
         if started is not None:
             metrics.NOTICE_LATENCY.observe(t_done - started)
         msg = notice_message(notice, plan.attempt, before, seen.get(notice.reason), nodes.started)
-        log.info("TrainingJob %s/%s: %s (%d pods annotated in %.3fs: lock %.3fs, read %.3fs, patch %.3fs)",
-                 namespace, name, msg, len(plan.annotate), t_done - t0, t_lock - t0, t_get - t_lock,
+        log.info("TrainingJob %s/%s: %s (%d pods annotated, %s, in %.3fs: lock %.3fs, read %.3fs, write %.3fs)",
+                 namespace, name, msg, len(route.annotate), f"{notice_object_name(job)} written"
+                 if route.write_object else "no object written", t_done - t0, t_lock - t0, t_get - t_lock,
                  t_done - t_get)
         refs = [
             {"apiVersion": "v1", "kind": "Pod", "name": r["metadata"]["name"], "namespace": namespace,
-             "uid": r["metadata"].get("uid")} for r in raw if r["metadata"]["name"] in plan.annotate]
-        return Annotated(namespace, name, job.uid, Delivered(notice, plan.attempt, msg), refs)
+             "uid": r["metadata"].get("uid")} for r in raw if r["metadata"]["name"] in route.annotate]
+        fell_back = fanout.fallback_message(notice_object_name(job), route, refused)
+        return Annotated(namespace, name, job.uid, Delivered(notice, plan.attempt, msg), refs,
+                         job_ref(body) if fell_back else None, fell_back)
     except Exception:
         metrics.RECONCILE_ERRORS.labels("node-event").inc()
         log.exception("TrainingJob %s/%s: notice delivery for node %s failed", namespace, name, node_name)

@@ -47,6 +47,7 @@ async def job_event(event: Any, body: Any, memo: Any, **_: Any) -> None:
         cache.delete_job(body)
         state.assignments.forget(key)
         state.commits.forget(key)
+        state.nodes.forget_job(key)
         jobwatch.forget(*key)
     else:
         old = cache.jobs.get(key)

@@ -41,6 +41,9 @@ class NodeSignals:
         self._delivered: set[tuple[str | None, int, str]] = set()  # (job uid, attempt, notice id)
         # job uid -> (attempt, notice id) -> a delivery its status does not record yet (the job's reconcile does)
         self._unrecorded: dict[str | None, dict[tuple[int, str], Delivered]] = {}
+        # job -> the notice its object <job>-notice carries (None: the object exists without one); a job missing
+        # here was not read yet since this operator started (delivery reads it once)
+        self._objects: dict[Key, str | None] = {}
 
     # --- what the Nodes say ---
     def prime(self, body: Mapping[str, Any]) -> None:
@@ -93,7 +96,9 @@ class NodeSignals:
         seen = self._first_seen.setdefault(name, {})
         missing = [sig for sig in signals if sig not in seen]
         if missing:
+            jobs = list(jobs)
             values = [notice_annotation(p) for ns, job in jobs for p in self._cache.pods_of(ns, job)]
+            values += [self._objects.get(key) for key in jobs]
             when = at or self.clock.now()
             for sig in missing:
                 seen[sig] = first_seen_in_notices(values, name, sig) or when
@@ -172,6 +177,17 @@ class NodeSignals:
             left.pop((d.attempt, d.notice.id), None)
         if not left:
             self._unrecorded.pop(uid, None)
+
+    # --- the jobs' notice objects (one write per job per notice: docs/notices.md) ---
+    def notice_object(self, key: Key) -> tuple[bool, str | None]:
+        """(known, value): whether the job's notice object was read or written since start, and its notice."""
+        return key in self._objects, self._objects.get(key)
+
+    def object_written(self, key: Key, value: str | None) -> None:
+        self._objects[key] = value
+
+    def forget_job(self, key: Key) -> None:
+        self._objects.pop(key, None)
 
     # --- queries ---
     def candidates(self, job: TrainingJob) -> list[dict[str, Any]]:

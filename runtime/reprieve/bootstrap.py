@@ -29,6 +29,7 @@ from .kube import KubeClient, PodWatchSource
 from .memtier.config import MemoryConfig
 from .metrics import Metrics
 from .notice import Notice
+from .notice_object import JobNoticeWatch
 from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource, UserCallable
 from .peers import PeerWatch, end_process, write_termination_message
 from .policy import SavePolicy
@@ -88,7 +89,8 @@ def init(
         policy: periodic save policy (default: every ``REPRIEVE_CHECKPOINT_INTERVAL_STEPS`` and the last step).
         countdown: grace-period countdown settings.
         install_sigterm: install the SIGTERM handler (chains any handler installed before).
-        watch_pod: watch this pod's notice annotation through the Kubernetes API when in a cluster.
+        watch_pod: watch this pod's notice annotation and the job's notice object (``<job>-notice``) through the
+            Kubernetes API when in a cluster.
         exit_fn: how to exit once the exit code is decided (default :func:`reprieve.exiting.exit_process`:
             unwinds like ``sys.exit``, then ends without the interpreter's teardown; pass ``sys.exit`` for a
             full teardown).
@@ -141,6 +143,10 @@ def init(
         if watch_pod:
             notices.closers.append(PodWatchSource(client, config.namespace, config.pod_name, notices.hub.put,
                                                   attempt=config.attempt, started_at=started_at).start().close)
+            # the job's notice object: one write per job reaches every pod (docs/notices.md, "One write per job")
+            notices.closers.append(JobNoticeWatch(client, config.namespace, config.job, config.pod_name,
+                                                  notices.hub.put, attempt=config.attempt,
+                                                  started_at=started_at).start().close)
         if config.process_id == 0:
             progress = ProgressReporter(client, config.namespace, config.pod_name, config.attempt,
                                         interval_s=config.progress_interval_seconds,
@@ -167,7 +173,7 @@ def init(
                                        ("the supervisor's resize signal",
                                         notices.sigterm_source is not None and notices.sigterm_source.takes_resize),
                                        ("notice file", config.notice_file),
-                                       ("pod watch", config.in_cluster and watch_pod),
+                                       ("pod watch and job notice object", config.in_cluster and watch_pod),
                                        ("callable", notice_fn is not None)] if on))
     if config.distributed:
         replace_preemption_sync_point()

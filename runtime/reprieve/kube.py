@@ -28,7 +28,12 @@ log = logging.getLogger(__name__)
 
 
 class KubeError(RuntimeError):
-    """The Kubernetes API refused or failed a request (message names the request and the status)."""
+    """The Kubernetes API refused or failed a request (message names the request and the status; ``status`` is
+    the HTTP status, None when the refusal came inside a watch without one)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class KubeClient:
@@ -82,7 +87,7 @@ class KubeClient:
             resp = conn.getresponse()
             payload = resp.read()
             if resp.status >= 300:
-                raise KubeError(f"{method} {path}: HTTP {resp.status}: {payload[:300]!r}")
+                raise KubeError(f"{method} {path}: HTTP {resp.status}: {payload[:300]!r}", resp.status)
             return json.loads(payload) if payload else {}
         finally:
             conn.close()
@@ -117,7 +122,7 @@ class KubeClient:
             conn.request("GET", path, headers=self._headers())
             resp = conn.getresponse()
             if resp.status >= 300:
-                raise KubeError(f"GET {path}: HTTP {resp.status}: {resp.read()[:300]!r}")
+                raise KubeError(f"GET {path}: HTTP {resp.status}: {resp.read()[:300]!r}", resp.status)
             while True:
                 line = resp.readline()
                 if not line:
@@ -140,13 +145,9 @@ class PodWatchSource(Reconnecting):
                  started_at: float | None = None) -> None:
         super().__init__("reprieve-pod-watch", f"pod watch of {namespace}/{pod}", log)
         self._client = client
-        self._attempt = attempt  # notices delivered to another attempt are ignored
-        self._started_at = started_at  # a notice past its deadline by then: notice.stale_at_start
         self._ns = namespace
         self._pod = pod
-        self._put = put
-        self._clock = clock
-        self._last_value: str | None = None
+        self._values = NoticeValues(put, "annotation", clock=clock, attempt=attempt, started_at=started_at)
 
     def _session(self, connected: Callable[[], None]) -> None:
         for event in self._client.watch_pod(self._ns, self._pod):
@@ -159,12 +160,28 @@ class PodWatchSource(Reconnecting):
     def handle_event(self, event: dict[str, Any]) -> None:
         if event.get("type") not in ("ADDED", "MODIFIED"):
             return
-        annotations = ((event.get("object") or {}).get("metadata") or {}).get("annotations") or {}
+        self._values.offer(((event.get("object") or {}).get("metadata") or {}).get("annotations") or {})
+
+
+class NoticeValues:
+    """Successive values of a notice (a pod's annotations, the job's notice object) -> notices for ``put``: each
+    value parsed once; one of another attempt, or stale at start (``notice.notice_from_annotations``), dropped."""
+
+    def __init__(self, put: Callable[[Notice], None], source: str, *, clock: Callable[[], float] = time.time,
+                 attempt: int | None = None, started_at: float | None = None) -> None:
+        self._put = put
+        self.source = source
+        self._clock = clock
+        self._attempt = attempt  # notices delivered to another attempt are ignored
+        self._started_at = started_at  # a notice past its deadline by then: notice.stale_at_start
+        self._last_value: str | None = None
+
+    def offer(self, annotations: dict[str, str]) -> None:
         value = annotations.get(NOTICE_ANNOTATION)
         if value is None or value == self._last_value:
             return
         self._last_value = value
-        notice = notice_from_annotations(annotations, self._clock(), source="annotation", attempt=self._attempt,
+        notice = notice_from_annotations(annotations, self._clock(), source=self.source, attempt=self._attempt,
                                          started_at=self._started_at)
         if notice is not None:
             self._put(notice)
@@ -209,7 +226,8 @@ class ObjectWatch(Reconnecting):
                 if obj.get("code") == 410:
                     log.debug("%s expired (410): listing again", self.what)
                     return None
-                raise KubeError(f"{self.what}: {obj.get('message') or obj}")
+                code = obj.get("code")
+                raise KubeError(f"{self.what}: {obj.get('message') or obj}", code if isinstance(code, int) else None)
             version = (obj.get("metadata") or {}).get("resourceVersion") or version
             if kind in ("ADDED", "MODIFIED"):
                 self._on_change(obj)

@@ -21,6 +21,11 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 NOTICE_ANNOTATION = "reprieve.dev/notice"
+# The job's notice object, the ConfigMap <job>-notice: its data key NOTICE_OBJECT_KEY carries what the annotation would
+# (docs/contract.md); a runtime that watches it says so on its pod (NOTICE_WATCH_ANNOTATION = the object's name).
+NOTICE_OBJECT_SUFFIX = "-notice"
+NOTICE_OBJECT_KEY = "notice"
+NOTICE_WATCH_ANNOTATION = "reprieve.dev/notice-watch"
 PROGRESS_ANNOTATION = "reprieve.dev/progress"
 # A notice's reason when the gang grows and this pod stays (docs/contract.toml [elastic] notice_reason): its agreed
 # save may stay in the pods' memory (reprieve.policy.agreed_to_memory).

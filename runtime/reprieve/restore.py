@@ -18,7 +18,7 @@ from .capabilities import Capabilities, Checkpointer, ProcessExtraResult, Restor
 log = logging.getLogger("reprieve.job")  # the job's restore lines, under the name they always had
 
 # Notice sources whose notice outlives the process that saved for it (a SIGTERM's id names the pod, not the event).
-SOURCES_THAT_PERSIST = ("notice-file", "annotation")
+SOURCES_THAT_PERSIST = ("notice-file", "annotation", "job-notice")
 FROM_MEMORY = ("memory", "mixed")  # the memory tier's restores that did not read the whole step from storage
 
 # ``read(abstract, check)``: the memory tier's restore round over the storage checkpointer

@@ -113,7 +113,7 @@ path = os.environ["REPRIEVE_NOTICE_FILE"]
 deadline = time.time() + 300
 while time.time() < deadline:
     try:
-        if "reprieve.dev/notice" in open(path).read():
+        if 'reprieve.dev/notice="' in open(path).read():  # the key itself, not reprieve.dev/notice-watch
             release = os.environ.get("RELEASE_FILE")
             while release and not os.path.exists(release) and time.time() < deadline:
                 time.sleep(0.1)

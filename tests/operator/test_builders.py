@@ -84,9 +84,12 @@ def test_headless_service() -> None:
 def test_identity_is_limited_to_the_jobs_pods() -> None:
     sa, role, binding = build_identity(job())
     assert sa["metadata"]["name"] == role["metadata"]["name"] == binding["metadata"]["name"] == "llama-worker"
-    (rule,) = role["rules"]
+    rule, notice = role["rules"]
     assert rule["resources"] == ["pods"] and rule["verbs"] == ["get", "list", "watch", "patch"]
     assert rule["resourceNames"] == ["llama-0", "llama-1", "llama-2", "llama-3"]
+    # the job's notice object, read only, by name: one write per job reaches every pod (docs/notices.md)
+    assert notice == {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["llama-notice"],
+                      "verbs": ["get", "list", "watch"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llama-worker", "namespace": "ml"}]
 
 

@@ -21,6 +21,12 @@ def test_notice_latency_benchmark_runs_and_reports_every_job() -> None:
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout[-2000:] + out.stderr[-3000:]
     report = json.loads(out.stdout[out.stdout.index("{"):out.stdout.index("}") + 1])
     assert report["jobs_measured"] == 6  # 3 tainted nodes x 2 jobs with pods on each
-    assert 0 < report["p50_s"] <= report["p99_s"] <= report["max_s"]  # the numbers are the benchmark's to judge
+    # trials 0 and 2: the jobs' pods watch their notice object; trial 1: they do not (the per-pod annotation)
+    assert (report["object_jobs_measured"], report["annotation_jobs_measured"]) == (4, 2)
+    for path in ("object", "annotation"):  # the numbers are the benchmark's to judge
+        assert 0 < report[f"{path}_p50_s"] <= report[f"{path}_p99_s"] <= report[f"{path}_max_s"]
+    # one write per job, no Event but the job's own; the fallback: 4 pods + the object per job, and their Events
+    assert report["object_writes_per_notice"] == 2 and report["object_events_per_notice"] == 2
+    assert report["annotation_writes_per_notice"] == 10 and report["annotation_events_per_notice"] == 12
     assert report["peer_direct_patch_p50_s"] > 0 and report["operator_rss_mb"] > 0
     assert "goodput accounting on for all 10 jobs" in out.stdout, out.stdout[-2000:]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import shutil
 import socket
 import time
 from collections.abc import Iterator
@@ -14,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster.testing import wait_for
+from localcluster.testing import serviceaccount_dir, wait_for
 from reprieve.kube import KubeClient, KubeError, PodWatchSource
-from reprieve.notice import NOTICE_ANNOTATION, PROGRESS_ANNOTATION, Notice
+from reprieve.notice import NOTICE_ANNOTATION, NOTICE_WATCH_ANNOTATION, PROGRESS_ANNOTATION, Notice
+from reprieve.notice_object import JobNoticeWatch
 from reprieve.progress import ProgressReporter
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -32,8 +32,17 @@ def _apply(cluster: Any, namespace: str, objects: list[dict[str, Any]]) -> None:
 @pytest.fixture
 def worker_identity(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[KubeClient]:
     """A pending pod (never scheduled), its ServiceAccount and Role, and a client holding that SA's token."""
+    yield _identity(cluster, namespace, tmp_path)
+
+
+def _identity(cluster: Any, namespace: str, tmp_path: Path, notice_object: str | None = None) -> KubeClient:
+    """The pod ``POD``, its ServiceAccount and its Role (with get/list/watch on the ConfigMap ``notice_object`` by
+    name, as the operator's per-job Role grants), and a client holding that ServiceAccount's token."""
     rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"],
               "resourceNames": [POD]}]
+    if notice_object:
+        rules.append({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"],
+                      "resourceNames": [notice_object]})
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": POD},
            "spec": {"nodeSelector": {"reprieve.test/nowhere": "true"},
                     "containers": [{"name": "w", "image": "none", "command": ["true"]}]}}
@@ -48,13 +57,8 @@ def worker_identity(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Ku
          "subjects": [{"kind": "ServiceAccount", "name": "job-worker", "namespace": namespace}]},
         pod, other,
     ])
-    sa_dir = tmp_path / "serviceaccount"
-    sa_dir.mkdir()
-    token = cluster.kubectl("create", "token", "job-worker", "-n", namespace).stdout.strip()
-    (sa_dir / "token").write_text(token)
-    (sa_dir / "namespace").write_text(namespace)
-    shutil.copy(cluster.pki.ca_crt, sa_dir / "ca.crt")
-    yield KubeClient("127.0.0.1", cluster.api_port, str(sa_dir))
+    sa_dir = serviceaccount_dir(cluster, namespace, "job-worker", tmp_path / "serviceaccount")
+    return KubeClient("127.0.0.1", cluster.api_port, str(sa_dir))
 
 
 def _wait(got: list[Notice], count: int, timeout: float) -> None:
@@ -239,3 +243,56 @@ def test_a_jobs_first_step_is_reported_before_the_first_interval(cluster: Any, n
         job.abandon()
     # sent at once: the loop's position when the thread read it, while the sixth step still waits
     assert (seen["attempt"], seen["firstStep"]) == (4, 0) and seen["step"] <= 4, seen
+
+
+def _pod_annotation(cluster: Any, namespace: str, key: str) -> str | None:
+    pod = json.loads(cluster.kubectl("get", "pod", POD, "-n", namespace, "-o", "json").stdout)
+    return (pod["metadata"].get("annotations") or {}).get(key)
+
+
+def _configmap(name: str, notice: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"notice": json.dumps(notice)}}
+
+
+def test_the_job_notice_object_is_heard_through_its_watch_and_the_pod_says_it_watches(
+        cluster: Any, namespace: str, tmp_path: Path) -> None:
+    """With exactly the per-job Role (get/list/watch on ``job-notice`` by name): the notice written once into the
+    job's object reaches the runtime, a new id with an earlier deadline after it, one of another attempt not."""
+    client = _identity(cluster, namespace, tmp_path, notice_object="job-notice")
+    got: list[Notice] = []
+    source = JobNoticeWatch(client, namespace, "job", POD, got.append, attempt=3).start()
+    try:
+        wait_for(lambda: _pod_annotation(cluster, namespace, NOTICE_WATCH_ANNOTATION) == "job-notice", 15,
+                 "the pod saying it watches job-notice")
+        first = {"id": "gke-spot/n/1", "reason": "gke-spot", "node": "n", "deadline": "2030-01-01T00:10:00Z",
+                 "attempt": 3}
+        t0 = time.monotonic()
+        _apply(cluster, namespace, [_configmap("job-notice", first)])
+        _wait(got, 1, 15)
+        latency = time.monotonic() - t0
+        assert (got[0].id, got[0].source, got[0].deadline_known) == ("gke-spot/n/1", "job-notice", True)
+        _apply(cluster, namespace, [_configmap("job-notice", {**first, "id": "other", "attempt": 2})])
+        earlier = {**first, "id": "aws/n/2", "deadline": "2030-01-01T00:05:00Z"}
+        _apply(cluster, namespace, [_configmap("job-notice", earlier)])
+        _wait(got, 2, 15)
+        assert [n.id for n in got] == ["gke-spot/n/1", "aws/n/2"]  # attempt 2's was ignored
+        assert got[1].deadline < got[0].deadline
+        assert _pod_annotation(cluster, namespace, NOTICE_ANNOTATION) is None  # nothing was written on the pod
+        print(f"\nConfigMap -> notice through the job object's watch: {latency * 1000:.0f} ms (includes kubectl)")
+    finally:
+        source.close()
+
+
+def test_a_refused_watch_of_the_notice_object_is_said_on_the_pod(cluster: Any, namespace: str,
+                                                                 tmp_path: Path) -> None:
+    """The Role lacks the ConfigMap (RBAC removed): the list is refused with 403 and the pod says so, so the operator
+    annotates it; nothing is heard from the object."""
+    client = _identity(cluster, namespace, tmp_path)
+    got: list[Notice] = []
+    source = JobNoticeWatch(client, namespace, "job", POD, got.append, attempt=1).start()
+    try:
+        wait_for(lambda: _pod_annotation(cluster, namespace, NOTICE_WATCH_ANNOTATION) == "refused: HTTP 403", 15,
+                 "the pod saying its watch of job-notice is refused")
+        assert got == []
+    finally:
+        source.close()

@@ -19,6 +19,8 @@ from .. import (
     LABEL_INDEX,
     LABEL_JOB,
     LABEL_ROLE,
+    NOTICE_OBJECT_KEY,
+    NOTICE_OBJECT_SUFFIX,
     SUPERVISOR,
 )
 from ..models import GROUP, KIND, VERSION, TrainingJob
@@ -67,6 +69,19 @@ def job_labels(job: TrainingJob) -> dict[str, str]:
 
 def assignment_name(job: TrainingJob) -> str:
     return f"{job.name}-assignment"
+
+
+def notice_object_name(job: TrainingJob) -> str:
+    return f"{job.name}{NOTICE_OBJECT_SUFFIX}"
+
+
+def build_notice_object(job: TrainingJob, value: str) -> dict[str, Any]:
+    """The ConfigMap ``<job>-notice``: the job's notice, the value a pod's ``reprieve.dev/notice`` would carry, in
+    one object every pod of the job watches (docs/notices.md, "One write per job")."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": notice_object_name(job), "namespace": job.namespace, "labels": job_labels(job),
+                         "ownerReferences": [owner_reference(job)]},
+            "data": {NOTICE_OBJECT_KEY: value}}
 
 
 def in_place(job: TrainingJob) -> bool:
@@ -235,7 +250,7 @@ def build_service(job: TrainingJob) -> dict[str, Any]:
 
 def worker_role(job: TrainingJob, pod_names: Iterable[str] | None = None) -> dict[str, Any]:
     """The Role ``<job>-worker``: each worker may watch and annotate only the job's pods (``pod_names``, by
-    default ``<job>-0 … <job>-(N-1)``) and, in place, read the job's assignment ConfigMap."""
+    default ``<job>-0 … <job>-(N-1)``), read the job's notice ConfigMap and, in place, its assignment."""
     meta = {"namespace": job.namespace, "labels": job_labels(job), "ownerReferences": [owner_reference(job)]}
     names = sorted(pod_names) if pod_names is not None else [pod_name(job, i) for i in range(job.spec.replicas)]
     # get/list/watch: the runtime watches its own pod (fieldSelector metadata.name) for the notice;
@@ -243,9 +258,10 @@ def worker_role(job: TrainingJob, pod_names: Iterable[str] | None = None) -> dic
     # to this job's pods.
     rules: list[dict[str, Any]] = [{"apiGroups": [""], "resources": ["pods"], "resourceNames": names,
                                     "verbs": ["get", "list", "watch", "patch"]}]
-    if in_place(job):  # the supervisors watch the assignment of every attempt
-        rules.append({"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [assignment_name(job)],
-                      "verbs": ["get", "list", "watch"]})
+    # read only: every runtime watches the job's notice object; in place, the supervisors the assignment too
+    configmaps = [notice_object_name(job), *([assignment_name(job)] if in_place(job) else [])]
+    rules.append({"apiGroups": [""], "resources": ["configmaps"], "resourceNames": sorted(configmaps),
+                  "verbs": ["get", "list", "watch"]})
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": f"{job.name}-worker", **meta}, "rules": rules}
 

@@ -76,6 +76,11 @@ def recorded_deadline(job: TrainingJob, attempt: int) -> datetime | None:
     return parse_time(last.deadline)
 
 
+def current_attempt(job: TrainingJob, pods: Sequence[WorkerPod]) -> int:
+    """The attempt a notice is delivered to: the newest the status or any pod knows."""
+    return max([job.status.attempt, *(p.attempt for p in pods)])
+
+
 def decide_notice(job: TrainingJob, pods: Sequence[WorkerPod], notice: Notice,
                   annotations: Mapping[str, str | None], now: datetime,
                   horizon_seconds: float = DEFAULT_HORIZON_SECONDS) -> NoticePlan | None:
@@ -91,7 +96,7 @@ def decide_notice(job: TrainingJob, pods: Sequence[WorkerPod], notice: Notice,
         return None
     if not is_open(notice, now, horizon_seconds):
         return None
-    attempt = max([st.attempt, *(p.attempt for p in pods)])
+    attempt = current_attempt(job, pods)
     if attempt == 0 or (st.restarting_from is not None and st.restarting_from >= attempt):
         return None
     current = [p for p in pods if p.attempt == attempt and not p.deleting and not p.terminated]

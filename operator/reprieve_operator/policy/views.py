@@ -14,6 +14,7 @@ from typing import Any, cast
 from .. import (
     ANNOTATION_EXIT,
     ANNOTATION_NOTICE,
+    ANNOTATION_NOTICE_WATCH,
     ANNOTATION_PROGRESS,
     ANNOTATION_SUPERVISOR,
     LABEL_ATTEMPT,
@@ -182,7 +183,7 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
                      "labels": {k: v for k, v in labels.items() if k.startswith("reprieve.dev/")},
-                     "annotations": {k: annotations[k] for k in (ANNOTATION_NOTICE, ANNOTATION_PROGRESS,
+                     "annotations": {k: annotations[k] for k in (ANNOTATION_NOTICE, ANNOTATION_NOTICE_WATCH, ANNOTATION_PROGRESS,
                                                                   ANNOTATION_EXIT, ANNOTATION_SUPERVISOR,
                                                                   ANNOTATION_CHECKPOINT)
                                      if annotations.get(k)},
