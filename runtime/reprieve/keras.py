@@ -137,6 +137,7 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         self.save_at_epoch_end = save_at_epoch_end
         self.position = FitPosition()
         self._paths: dict[str, list[str]] = {}
+        self._keyed: tuple[tuple[str, tuple[str, ...], str], ...] = ()
         self._steps: Generator[int, None, None] | None = None
         self._step = -1
         self._total: int | None = None
@@ -163,7 +164,8 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         js = getattr(self._model, "_jax_state", None)  # self.model would sync the variables at every batch
         if not js:
             return self.current_state()
-        return {g: dict(zip(self._paths[g], js[_JAX_STATE[g]], strict=True)) for g in GROUPS}
+        # fit builds these lists from the variables themselves: one array per path, in the same order
+        return {g: dict(zip(paths, js[key])) for g, paths, key in self._keyed}
 
     def _assign(self, state: dict[str, dict[str, Any]], groups: tuple[str, ...]) -> None:
         variables = self._variables()
@@ -183,6 +185,7 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
                              "ReprieveCallback needs 1 (one batch is one step of the job)")
         self.job = self._job_for_fit()
         self._paths = {g: _paths(vs, g) for g, vs in self._variables().items()}
+        self._keyed = tuple((g, tuple(self._paths[g]), _JAX_STATE[g]) for g in GROUPS)  # _batch_state's table
         per_epoch = self.params.get("steps")
         epochs = int(self.params.get("epochs") or 1)
         self._total = None if per_epoch is None else epochs * int(per_epoch)
@@ -243,7 +246,8 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         if self._skip and batch < self._skip:
             return
         self.position.batch = batch
-        self._save(force=self.save_at_epoch_end and self.params.get("steps") == batch + 1)
+        self.job.save(self._step, self._batch_state(), data=self.position,
+                      force=self.save_at_epoch_end and self.params.get("steps") == batch + 1)
 
     def _save(self, *, force: bool) -> bool:
         """The save decision for the last batch trained (``job.save``: True when a save was started)."""
