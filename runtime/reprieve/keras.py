@@ -33,6 +33,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from .env import Env
 from .job import Job
 
 log = logging.getLogger(__name__)
@@ -286,7 +287,7 @@ def _skip_batch(state: Any, iterator: Any) -> tuple[dict[str, Any], Any]:
 def backup_uri(environ: Mapping[str, str], backup_dir: str) -> str:
     """Where :class:`BackupAndRestore` keeps its checkpoints: ``REPRIEVE_CHECKPOINT_URI`` when the environment names
     one (the operator sets it: a pod's local ``backup_dir`` would not outlive the pod), else ``backup_dir``."""
-    return environ.get("REPRIEVE_CHECKPOINT_URI") or backup_dir
+    return Env(environ).text("REPRIEVE_CHECKPOINT_URI", backup_dir)
 
 
 def backup_env(environ: Mapping[str, str], uri: str, save_freq: str | int) -> dict[str, str]:
@@ -295,9 +296,9 @@ def backup_env(environ: Mapping[str, str], uri: str, save_freq: str | int) -> di
     ``fit``'s first epoch, so every process saves the same one); ``"epoch"`` and ``False`` leave the environment's
     intervals as they are."""
     env = {**environ, "REPRIEVE_CHECKPOINT_URI": uri}
-    if not isinstance(save_freq, (str, bool)):
-        env["REPRIEVE_CHECKPOINT_INTERVAL_STEPS"] = str(save_freq)
-    return env
+    if isinstance(save_freq, (str, bool)):
+        return env
+    return {**env, "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": str(save_freq)}
 
 
 def local_dir(uri: str) -> str | None:
