@@ -9,6 +9,12 @@ One process, CPU, Keras 3 on JAX, an MLP of ``--width`` (4 Dense layers, Adam): 
   format, the device-to-host copy in the loop, the write in the background), against Keras's own
   ``keras.callbacks.OrbaxCheckpoint(save_freq=N)`` (Orbax, async) on the same model and interval.
 
+- ``python_in_fit``: a fixed piece of pure Python (``probe``: 200 dict inserts) timed in a quiet process and in
+  ``on_train_batch_end`` of the same fit, after the callback's hooks. A batch hook runs while the step XLA
+  dispatched computes on the same cores, so every piece of Python in it is slower by about ``slowdown`` (in_fit /
+  quiet; on a 2-core VM shared with other work it moves from run to run, with ``idle``); ``idle_quiet_us``, the
+  idle median divided by it, is what compares with ``benchmarks/loop_cost.py`` (measured outside a fit).
+
 Medians and p90 in microseconds (idle) and milliseconds (stall). Run with nothing else on the machine to compare.
 """
 
@@ -65,6 +71,24 @@ def stats(values: list[float], scale: float) -> dict[str, float]:
             "p90": round(values[int(0.9 * (len(values) - 1))] * scale, 2)}
 
 
+def probe() -> int:
+    """The fixed piece of pure Python (ns): 200 dict inserts, about what ``_batch_state`` and ``job.save`` do."""
+    t0 = time.perf_counter_ns()
+    d = {}
+    for i in range(200):
+        d[i] = i
+    return time.perf_counter_ns() - t0
+
+
+class Probe(keras.callbacks.Callback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ns: list[int] = []
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.ns.append(probe())
+
+
 def reprieve_fit(width: int, batches: int, every: int, root: str) -> dict[str, Any]:
     import reprieve
     from reprieve.keras import ReprieveCallback
@@ -77,15 +101,18 @@ def reprieve_fit(width: int, batches: int, every: int, root: str) -> dict[str, A
     times = timed(callback, ("on_train_batch_begin", "on_train_batch_end"))
     times.update(timed(job, ("save",)))  # the runtime's own decision, inside on_train_batch_end
     x, y = data(batches)
-    model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False, callbacks=[callback])
+    quiet, in_fit = [probe() for _ in range(batches)], Probe()
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False, callbacks=[callback, in_fit])
     begin, end = times["on_train_batch_begin"], times["on_train_batch_end"]
     saving = {s for s in range(batches) if (s + 1) % every == 0 and s != batches - 1}  # the interval's saves
     idle = [b + e for i, (b, e) in enumerate(zip(begin, end, strict=True)) if i not in saving and i > 1]
     stall = [end[i] for i in sorted(saving)]
     save = [t for i, t in enumerate(times["save"]) if i not in saving and i > 1]
     state_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.weights + model.optimizer.variables)
+    python = python_in_fit(quiet, [t for i, t in enumerate(in_fit.ns) if i not in saving])
     return {"idle_us": stats(idle, 1e6), "stall_ms": stats(stall, 1e3), "state_mib": round(state_bytes / 2**20, 1),
-            "job_save_idle_us": stats(save, 1e6)}
+            "job_save_idle_us": stats(save, 1e6), "python_in_fit": python,
+            "idle_quiet_us": round(statistics.median(idle) * 1e6 / python["slowdown"], 2)}
 
 
 def orbax_fit(width: int, batches: int, every: int, root: str) -> dict[str, Any]:
@@ -98,6 +125,12 @@ def orbax_fit(width: int, batches: int, every: int, root: str) -> dict[str, Any]
     saving = [i for i in range(batches) if (i + 1) % every == 0]
     idle = [e for i, e in enumerate(end) if i not in set(saving) and i > 1]
     return {"idle_us": stats(idle, 1e6), "stall_ms": stats([end[i] for i in saving], 1e3)}
+
+
+def python_in_fit(quiet: list[int], in_fit: list[int]) -> dict[str, Any]:
+    slowdown = statistics.median(in_fit[2:]) / statistics.median(quiet)
+    return {"quiet_us": stats([t * 1e-9 for t in quiet], 1e6), "in_fit_us": stats([t * 1e-9 for t in in_fit[2:]], 1e6),
+            "slowdown": round(slowdown, 1)}
 
 
 def main() -> None:

@@ -18,17 +18,22 @@ order and trains from batch ``k`` on. NumPy's global generator (Keras shuffles a
 ``np.random.permutation`` when an epoch's iterator starts) is saved as it was when the epoch began and put back
 when the resumed epoch begins: the resumed epoch sees the same permutation. docs/keras.md says what is
 restored and what is not.
+
+``BackupAndRestore``: Keras 3's callback of that name (its arguments) on top of ``ReprieveCallback``, joining a job
+per ``fit``, so a second ``fit`` after an exception, in the same process, resumes at the exact next batch too.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Generator
+import shutil
+from collections.abc import Generator, Mapping
 from typing import Any, cast
 
 import numpy as np
 
+from .env import Env
 from .job import Job
 
 log = logging.getLogger(__name__)
@@ -114,8 +119,7 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
 
     Not a drop-in for ``keras.callbacks.BackupAndRestore``: that one expects the same process to call ``fit``
     again after an exception; a Reprieve job exits with the restart code and the next attempt (the operator,
-    ``reprieve-supervisor`` or ``reprieve run``) resumes. ``BackupAndRestore(backup_dir)`` becomes
-    ``ReprieveCallback(job)`` with ``REPRIEVE_CHECKPOINT_URI=backup_dir``.
+    ``reprieve-supervisor`` or ``reprieve run``) resumes. :class:`BackupAndRestore` below is the drop-in.
 
     Args:
         job: the job (:func:`reprieve.init`); the callback calls ``restore_or``, ``steps``, ``save`` and
@@ -134,6 +138,7 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         self.save_at_epoch_end = save_at_epoch_end
         self.position = FitPosition()
         self._paths: dict[str, list[str]] = {}
+        self._keyed: tuple[tuple[str, tuple[str, ...], str], ...] = ()
         self._steps: Generator[int, None, None] | None = None
         self._step = -1
         self._total: int | None = None
@@ -160,7 +165,8 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         js = getattr(self._model, "_jax_state", None)  # self.model would sync the variables at every batch
         if not js:
             return self.current_state()
-        return {g: dict(zip(self._paths[g], js[_JAX_STATE[g]], strict=True)) for g in GROUPS}
+        # fit builds these lists from the variables themselves: one array per path, in the same order
+        return {g: dict(zip(paths, js[key])) for g, paths, key in self._keyed}
 
     def _assign(self, state: dict[str, dict[str, Any]], groups: tuple[str, ...]) -> None:
         variables = self._variables()
@@ -178,7 +184,9 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         if getattr(model, "steps_per_execution", 1) != 1:
             raise ValueError(f"reprieve.keras: model.compile(steps_per_execution={model.steps_per_execution}): "
                              "ReprieveCallback needs 1 (one batch is one step of the job)")
+        self.job = self._job_for_fit()
         self._paths = {g: _paths(vs, g) for g, vs in self._variables().items()}
+        self._keyed = tuple((g, tuple(self._paths[g]), _JAX_STATE[g]) for g in GROUPS)  # _batch_state's table
         per_epoch = self.params.get("steps")
         epochs = int(self.params.get("epochs") or 1)
         self._total = None if per_epoch is None else epochs * int(per_epoch)
@@ -197,8 +205,8 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
                                  f"{saved_per_epoch} batches per epoch, this fit has {per_epoch}: the same batch "
                                  "size and data are needed to resume at the same batch")
             self._assign(state, ("trainable", "non_trainable", "optimizer"))
-            self._restored = state
             epoch, skip = resume_point(self.position.epoch, self.position.batch)
+            self._restored = state if skip else None  # resumed at an epoch's start: fit resets its metrics
             self._resume_epoch, self._skip = epoch, skip
             self._resumed_rng = self.position.numpy_rng
             model._initial_epoch = epoch
@@ -212,6 +220,10 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         self._step = first - 1
         # a generator (Job.steps): closed when fit ends before its last step
         self._steps = cast(Generator[int, None, None], self.job.steps(first, self._total))
+
+    def _job_for_fit(self) -> Job:
+        """The job this ``fit`` runs as (called once at each ``on_train_begin``)."""
+        return self.job
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         if epoch == self._resume_epoch:
@@ -235,8 +247,12 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         if self._skip and batch < self._skip:
             return
         self.position.batch = batch
-        last = self.save_at_epoch_end and self.params.get("steps") == batch + 1
-        self.job.save(self._step, self._batch_state(), data=self.position, force=last)
+        self.job.save(self._step, self._batch_state(), data=self.position,
+                      force=self.save_at_epoch_end and self.params.get("steps") == batch + 1)
+
+    def _save(self, *, force: bool) -> bool:
+        """The save decision for the last batch trained (``job.save``: True when a save was started)."""
+        return self.job.save(self._step, self._batch_state(), data=self.position, force=force)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if self._skip:
@@ -266,3 +282,123 @@ def _skip_batch(state: Any, iterator: Any) -> tuple[dict[str, Any], Any]:
     iterator (the train function pulls it), the state is unchanged."""
     next(iterator)
     return {}, state
+
+
+def backup_uri(environ: Mapping[str, str], backup_dir: str) -> str:
+    """Where :class:`BackupAndRestore` keeps its checkpoints: ``REPRIEVE_CHECKPOINT_URI`` when the environment names
+    one (the operator sets it: a pod's local ``backup_dir`` would not outlive the pod), else ``backup_dir``."""
+    return Env(environ).text("REPRIEVE_CHECKPOINT_URI", backup_dir)
+
+
+def backup_env(environ: Mapping[str, str], uri: str, save_freq: str | int) -> dict[str, str]:
+    """The environment :class:`BackupAndRestore` joins its jobs with: the checkpoints under ``uri``, and an int
+    ``save_freq`` N as ``REPRIEVE_CHECKPOINT_INTERVAL_STEPS`` (after every N-th batch, counted from the start of
+    ``fit``'s first epoch, so every process saves the same one); ``"epoch"`` and ``False`` leave the environment's
+    intervals as they are."""
+    env = {**environ, "REPRIEVE_CHECKPOINT_URI": uri}
+    if isinstance(save_freq, (str, bool)):
+        return env
+    return {**env, "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": str(save_freq)}
+
+
+def local_dir(uri: str) -> str | None:
+    """The local directory of a checkpoint URI (a path or ``file://``), None for object storage."""
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    return None if "://" in uri else uri
+
+
+class BackupAndRestore(ReprieveCallback):
+    """A drop-in for ``keras.callbacks.BackupAndRestore`` (Keras 3's arguments) that resumes at the exact next
+    batch, in the same process and in the next one.
+
+    When ``fit`` stops with an exception, the next ``fit`` with this callback (in the same process, as Keras's
+    docstring example does, or in the next process) restores the last save and resumes at the batch after it;
+    Keras's own restores only the epoch. Under ``reprieve run`` or the operator it is a :class:`ReprieveCallback`:
+    a notice ends in the agreed save on every process and the exit with the restart code.
+
+    Args:
+        backup_dir: where the checkpoints go (Reprieve's format), unless ``REPRIEVE_CHECKPOINT_URI`` is set: the
+            operator's URI wins, as a pod's local directory would not outlive the pod.
+        save_freq: ``"epoch"`` saves at the end of every epoch (after its validation; the resume starts the next
+            epoch), an int N after every N batches, ``False`` only on a notice (and after the last batch).
+        double_checkpoint: accepted for Keras's signature; Reprieve keeps ``REPRIEVE_CHECKPOINT_KEEP`` (3)
+            committed checkpoints and restores the newest committed one, so it changes nothing.
+        delete_checkpoint: remove the checkpoints (a local ``backup_dir``) when ``fit`` ends normally.
+        job: the job to run the first ``fit`` as (:func:`reprieve.init` before the model is built, needed with
+            several processes); by default each ``fit`` joins its own with :func:`reprieve.init`.
+    """
+
+    def __init__(self, backup_dir: str, save_freq: str | int = "epoch", double_checkpoint: bool = False,
+                 delete_checkpoint: bool = True, *, job: Job | None = None) -> None:
+        if not backup_dir:
+            raise ValueError("reprieve.keras.BackupAndRestore: backup_dir is empty: give the directory to keep "
+                             "the checkpoints in")
+        if not (save_freq == "epoch" or save_freq is False
+                or (isinstance(save_freq, int) and not isinstance(save_freq, bool) and save_freq >= 1)):
+            raise ValueError(f"reprieve.keras.BackupAndRestore: save_freq must be 'epoch', an int >= 1 or False, "
+                             f"got {save_freq!r}")
+        super().__init__(cast(Job, job))  # None until the first fit joins its job (_job_for_fit)
+        self.backup_dir, self.save_freq = backup_dir, save_freq
+        self.double_checkpoint, self.delete_checkpoint = double_checkpoint, delete_checkpoint
+        self.uri = job.config.checkpoint_uri if job is not None else backup_uri(os.environ, backup_dir)
+        self._given = job
+        interval = None if job is None else job.policy.interval_steps
+        if job is not None and not isinstance(save_freq, (str, bool)) and interval != save_freq:
+            raise ValueError(f"reprieve.keras.BackupAndRestore: save_freq={save_freq} but the job saves every "
+                             f"{interval or 'no'} batches (REPRIEVE_CHECKPOINT_INTERVAL_STEPS={interval or 0}): a "
+                             "given job keeps its own interval; set the variable to match, or leave save_freq 'epoch'"
+                             " or False")
+
+    def _job_for_fit(self) -> Job:
+        if self.save_freq == "epoch" and self.params.get("steps") is None:
+            raise ValueError("reprieve.keras.BackupAndRestore: save_freq='epoch' needs fit to know the batches of an "
+                             "epoch (arrays, or steps_per_epoch=), found data of unknown length: give an int "
+                             "save_freq")
+        given, self._given = self._given, None
+        if given is not None:
+            return given
+        previous = self.job
+        if previous is not None and not previous.phase.terminal:
+            # the last fit ended with an exception (Keras calls no hook then): wait for its saves' commit
+            if previous.num_processes > 1:
+                raise RuntimeError("reprieve.keras.BackupAndRestore: fit again after an exception in a job of "
+                                   f"{previous.num_processes} processes: not supported (jax.distributed joins once "
+                                   "a process); let the process end, the next attempt resumes")
+            if self._skip:
+                self._stop_skipping()  # the exception came while the resumed epoch skipped its trained batches
+            if self._steps is not None:
+                self._steps.close()
+                self._steps = None
+            previous.finish()
+        from .bootstrap import init
+
+        return init(env=backup_env(os.environ, self.uri, self.save_freq))
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self._skip and batch < self._skip:
+            return
+        self.position.batch = batch
+        if self.save_freq == "epoch" and self.params.get("steps") == batch + 1:
+            return  # the epoch's last batch: decided at on_epoch_end, once the epoch has ended
+        self._save(force=False)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        skipped_all = bool(self._skip)  # the whole resumed epoch had been trained: its last batch is saved
+        super().on_epoch_end(epoch, logs)
+        if self.save_freq != "epoch" or skipped_all:
+            return
+        self.position.epoch, self.position.batch = epoch + 1, -1  # the resume starts the next epoch
+        self.position.numpy_rng = numpy_rng_state()  # what the next epoch's permutation is drawn from
+        self._save(force=True)
+
+    def on_train_end(self, logs: Any = None) -> None:
+        super().on_train_end(logs)
+        if not self.delete_checkpoint:
+            return
+        where = local_dir(self.uri)
+        if where is None:
+            log.info("reprieve.keras: delete_checkpoint: %s is not a local directory: kept", self.uri)
+        elif self.job.process_id == 0 and os.path.isdir(where):
+            shutil.rmtree(where)
+            log.info("reprieve.keras: fit finished: deleted the backup %s", where)

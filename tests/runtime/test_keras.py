@@ -5,6 +5,7 @@ bitwise those of a fit that was never interrupted. Bad input: another backend, a
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from tests.runtime.helpers_agreement import REPO, launch, node_notice, write_notice_file
 
 WORKER = REPO / "tests" / "runtime" / "workers" / "keras_worker.py"
+BACKUP_WORKER = REPO / "tests" / "runtime" / "workers" / "keras_backup_worker.py"
 BATCHES = 16  # 128 samples, batch_size 8
 RESTART = 42
 
@@ -141,6 +143,59 @@ def test_another_model_another_batch_size_or_several_steps_per_execution_are_ref
     several = fit(run, ckpt, 4, WORKER_EPOCHS="1", WORKER_STEPS_PER_EXECUTION="2")
     assert several.returncode != 0
     assert "model.compile(steps_per_execution=2): ReprieveCallback needs 1" in several.stderr, several.stderr[-3000:]
+
+
+def in_one_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """The backup worker: fit, an exception, fit again, all in one process (a laptop, no ``REPRIEVE_*``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_", "WORKER_"))}
+    env.update({"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
+                "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    return subprocess.run([sys.executable, str(BACKUP_WORKER), *args], env=env, capture_output=True, text=True,
+                          timeout=180, check=False)
+
+
+def test_keras_backup_and_restore_docstring_example_runs_with_the_drop_in(tmp_path: Path) -> None:
+    """Keras's own example, verbatim but for the class: interrupted at epoch 4, the second fit runs 6 epochs."""
+    out = in_one_process("docstring", str(tmp_path / "backup"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["history", "6"], out.stdout + out.stderr[-3000:]
+    assert "resuming fit at epoch 4, batch 0" in out.stderr
+    assert not (tmp_path / "backup").exists()  # delete_checkpoint=True: removed when fit ended
+
+
+@pytest.mark.parametrize(("save_freq", "resumed_at"), [("1", "batch k"), ("epoch", "the epoch's start")])
+def test_backup_and_restore_resumes_in_the_same_process_at_the_exact_batch(tmp_path: Path, save_freq: str,
+                                                                          resumed_at: str) -> None:
+    """An exception in ``on_train_batch_begin`` at batch k of epoch 1; the second ``fit`` in the same process
+    resumes at batch k (``save_freq=1``; Keras's own would replay the epoch) or, with ``"epoch"``, at the start of
+    epoch 1; both end bitwise equal to an uninterrupted fit without the callback (shuffled data, Dropout)."""
+    k = random.randint(1, 7)
+    out = in_one_process("midepoch", str(tmp_path / "backup"), str(tmp_path), "1", str(k), save_freq)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"first fit: interrupted at epoch 1, batch {k}" in out.stdout, out.stdout + out.stderr[-3000:]
+    first = k if save_freq == "1" else 0
+    trained = json.loads(out.stdout.split("trained ")[1].splitlines()[0])
+    assert trained == [[1, b] for b in range(first, 8)] + [[2, b] for b in range(8)], (resumed_at, trained)
+    assert f"resuming fit at epoch 1, batch {first} " in out.stderr
+    assert "backup exists after fit: False" in out.stdout
+    assert_bitwise(tmp_path / "reference.npz", tmp_path / "resumed.npz")
+
+
+def test_backup_and_restore_under_the_runtime_saves_the_agreed_batch_on_a_notice(tmp_path: Path) -> None:
+    """The drop-in as the job's callback (``job=``, ``save_freq=False``): a notice mid-epoch ends in the agreed save
+    and the restart code; the next process resumes at the next batch, bitwise, and the backup is deleted at the
+    end."""
+    ref = fit(tmp_path / "ref", tmp_path / "ref-ckpt", WORKER_EPOCHS="2")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    first = fit(run, ckpt, 1, WORKER_EPOCHS="2", WORKER_DROP_IN="1", WORKER_NOTICE_AT=str(random.randint(3, 9)))
+    assert first.returncode == RESTART, first.stderr[-3000:]
+    agreed = int(first.stderr.split("agreed save step ")[1].split()[0])
+    second = fit(run, ckpt, 2, WORKER_EPOCHS="2", WORKER_DROP_IN="1")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resuming fit at epoch {(agreed + 1) // BATCHES}, batch {(agreed + 1) % BATCHES} " in second.stderr
+    assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
+    assert not ckpt.exists()
 
 
 def test_another_backend_is_refused_at_import() -> None:

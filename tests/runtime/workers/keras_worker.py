@@ -6,7 +6,8 @@ of a notice due in ``WORKER_NOTICE_LEAD`` seconds), ``WORKER_SHUFFLE`` (fit's sh
 ``WORKER_MODEL`` (``dense``, or ``wide``: another model), ``WORKER_BUILT`` (1: built before fit, 0: fit builds it),
 ``WORKER_STOP_AT`` (the batch, counted as the notice's, after which another callback stops fit, as EarlyStopping
 does), ``WORKER_EPOCH_SAVES`` (1: ``ReprieveCallback(save_at_epoch_end=True)``), ``WORKER_BATCH`` (fit's batch size, 8),
-``WORKER_STEPS_PER_EXECUTION`` (compile's, 1).
+``WORKER_STEPS_PER_EXECUTION`` (compile's, 1), ``WORKER_DROP_IN`` (1: ``reprieve.keras.BackupAndRestore(job=job,
+save_freq=False)`` in place of ``ReprieveCallback``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import jax
 import keras
 import numpy as np
 import reprieve
-from reprieve.keras import ReprieveCallback
+from reprieve.keras import BackupAndRestore, ReprieveCallback
 
 from tests.runtime.helpers_agreement import worker_start
 
@@ -81,6 +82,8 @@ def main() -> None:
     x, y = x[job.process_id::job.num_processes], y[job.process_id::job.num_processes]
     m = model()
     callbacks: list[keras.callbacks.Callback] = [
+        BackupAndRestore(job.config.checkpoint_uri, save_freq=False, job=job)
+        if os.environ.get("WORKER_DROP_IN") == "1" else
         ReprieveCallback(job, save_at_epoch_end=os.environ.get("WORKER_EPOCH_SAVES") == "1")]
     at = int(os.environ.get("WORKER_NOTICE_AT", "0"))
     if at:
