@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 def config_errors_in_one_line() -> None:
     """A :class:`ConfigError` nobody catches ends the program with one line naming the setting and what is
-    accepted (``reprieve: REPRIEVE_X=...: ...``, exit 1), not a traceback through the runtime's internals: the
+    accepted (``reprieve: <variable>=<value>: ...``, exit 1), not a traceback through the runtime's internals: the
     message is the whole story. Any other exception goes to the hook installed before. Installed once."""
     previous = sys.excepthook
     if getattr(previous, "reprieve_config_errors", False):
