@@ -507,6 +507,25 @@ def test_shrink_starts_the_next_attempt_on_the_survivors_renumbered_and_keeps_th
     assert [r.new for r in extra.replaced] == [None] and "shrinks to 3" in extra.replaced[0].reason
 
 
+def test_a_lost_worker_whose_stand_in_is_a_spare_the_scheduler_refuses_shrinks_too() -> None:
+    """make demo's stockout: the spare made after the last restart is still Pending (no node has room) when worker 1
+    is lost; today's restart picks it for the lost index and makes no replacement, so the job waited for it however
+    long the scheduler refused it. Elastic: the refused spare counts as the replacement that cannot schedule."""
+    from reprieve_operator.policy.podsready import SchedulerVerdict
+
+    survivors = [pod(f"llama-{i}", i) for i in (0, 2, 3)]
+    spare = pod("llama-spare-pend1", role="spare", phase="Pending", ip=None, node=None, created=NOW)
+    refused = {"llama-spare-pend1": SchedulerVerdict("0/3 nodes are available: 3 Insufficient cpu.",
+                                                     NOW - timedelta(seconds=6))}
+    plan, extra = decide_inplace(elastic_job(RESTARTING), [*survivors, spare], FOUR, (), NOW, stuck=refused)
+    assert extra.resize is not None and extra.assign is not None, (plan, extra)
+    assert (extra.resize.direction.value, extra.resize.size) == ("Shrink", 3)
+    assert dict(extra.assign.processes) == {"llama-0": 0, "llama-2": 1, "llama-3": 2}
+    assert "llama-spare-pend1 (spare for a lost worker) unschedulable" in extra.resize.event.message
+    plan, extra = decide_inplace(job(RESTARTING, replicas=4), [*survivors, spare], FOUR, (), NOW, stuck=refused)
+    assert extra.resize is None and extra.assign is None  # without the block: waits for it, as before
+
+
 def test_below_the_minimum_the_job_waits_as_today_with_the_condition_saying_why() -> None:
     pods, stuck = lost_one(waited=60)
     plan, extra = decide_inplace(elastic_job(RESTARTING, minReplicas=4), pods, FOUR, (), NOW, stuck=stuck)

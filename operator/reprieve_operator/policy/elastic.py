@@ -125,9 +125,15 @@ def _waited(c: Candidate, now: datetime) -> float:
     return 0.0 if since is None else (now - since).total_seconds()
 
 
+def _on_its_way(c: Candidate) -> bool:
+    """A pod that would fill a lost index once it runs: a replacement, or a spare still starting (the restart puts a
+    spare made after the last restart in the lost index before it makes a new pod: docs/operator.md)."""
+    return c.role in (Role.REPLACEMENT, Role.SPARE) and not c.ready
+
+
 def _overdue(view: ElasticView) -> list[Candidate]:
-    """Replacements the scheduler has refused for at least unschedulableSeconds."""
-    return [c for c in view.candidates if c.role == Role.REPLACEMENT and not c.ready and c.unschedulable is not None
+    """Pods on their way that the scheduler has refused for at least unschedulableSeconds."""
+    return [c for c in view.candidates if _on_its_way(c) and c.unschedulable is not None
             and _waited(c, view.now) >= view.spec.unschedulable_seconds]
 
 
@@ -139,7 +145,7 @@ def _ready(view: ElasticView) -> list[Candidate]:
 def _after_loss(view: ElasticView, lost: int) -> Resize | Wait | None:
     overdue = _overdue(view)
     ready = _ready(view)
-    coming = [c for c in view.candidates if c.role == Role.REPLACEMENT and not c.ready and c not in overdue]
+    coming = [c for c in view.candidates if _on_its_way(c) and c not in overdue]
     if not overdue or len(ready) + len(coming) >= lost:
         return None  # the scheduler has not given up on a replacement yet, or the restart fills the gang
     capacity = len(view.alive) + len(ready)
