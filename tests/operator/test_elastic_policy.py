@@ -199,6 +199,8 @@ def test_sizes(elastic: dict[str, Any], replicas: int, expected: tuple[int, ...]
 LOOKS = [
     ("lost, replacement refused 45 s of 60", view(4, (0, 1, 3), stuck("r1", 45)), 15.0),
     ("lost, replacement overdue", view(4, (0, 1, 3), stuck("r1", 90)), None),
+    ("lost, the spare in its index refused 45 s of 60 (make demo waited 25 s for an unrelated event)",
+     view(4, (0, 1, 3), stuck("s", 45, Role.SPARE)), 15.0),
     ("capacity waits for the interval", view(3, (0, 1, 2), ready("s"), last_resize=ago(100)), 200.0),
     ("shrunk, no capacity", view(3, (0, 1, 2), last_resize=ago(100)), None),
     ("full size", view(), None),

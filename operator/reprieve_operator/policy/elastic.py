@@ -254,7 +254,7 @@ def next_look(view: ElasticView) -> float | None:
     due: list[float] = []
     if view.size > len(view.alive):
         due += [view.spec.unschedulable_seconds - _waited(c, view.now) for c in view.candidates
-                if c.role == Role.REPLACEMENT and not c.ready and c.unschedulable is not None]
+                if _on_its_way(c) and c.unschedulable is not None]
     elif view.spec.grow_back and view.size < view.replicas and _ready(view):
         due.append(_interval_left(view))
     due = [d for d in due if d > 0]
