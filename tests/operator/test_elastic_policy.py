@@ -62,8 +62,8 @@ CASES: list[tuple[str, ElasticView, Any]] = [
     ("lost, a ready spare: today's restart puts it in the lost index", view(4, (0, 1, 3), ready("s"), stuck("r1", 300)),
      None),
     ("lost, the replacement is being scheduled (no refusal): wait for it", view(4, (0, 1, 3), coming("r1")), None),
-    ("lost, the spare that would take its index is itself refused (made after the last restart, no node with room) "
-     "for unschedulableSeconds: shrink (make demo's stockout waited for it)",
+    (("lost, the spare that would take its index is itself refused (made after the last restart, no node with "
+      "room) for unschedulableSeconds: shrink (make demo's stockout waited for it)"),
      view(4, (0, 1, 3), stuck("s", 60, Role.SPARE)), (el.Direction.SHRINK, 3, ((0, 0), (1, 1), (3, 2)), (), ())),
     ("lost, a spare still starting and not refused: wait for it",
      view(4, (0, 1, 3), Candidate("s", Role.SPARE, False)), None),
