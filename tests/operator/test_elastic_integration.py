@@ -223,3 +223,58 @@ def test_the_operator_restarted_before_the_shrink_then_a_loss_below_the_minimum_
         operator.assert_no_errors()
     finally:
         cluster.remove_node(third)
+
+
+def test_a_spare_that_cannot_schedule_is_shrunk_past_and_grows_the_job_back_once_it_runs(
+        cluster: Any, api: Any, namespace: str, operator: Any, nodes: list[str], tmp_path: Path) -> None:
+    """make demo's stockout, against the real scheduler: 2 workers and a spare, one pod per node, 2 nodes, so the
+    spare is Pending (Unschedulable) from the start; worker 1 is lost and its node is out of room: the restart puts
+    the Pending spare in index 1, and since the scheduler refuses it the job shrinks onto worker 0 after
+    unschedulableSeconds (it waited for capacity before: 0 steps while out of room); once the node has room the spare
+    runs and the job grows back with it as process 1."""
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    tag = str(core.read_node(nodes[0]).metadata.labels["reprieve-test"])
+    for n in nodes:
+        core.patch_node(n, {"metadata": {"labels": {HOST: n}}})
+    out = tmp_path / "out"
+    out.mkdir()
+    body = manifest(namespace, tag, out)
+    body["spec"]["spares"] = 1
+    apply(cluster, body)
+
+    def status() -> dict[str, Any]:
+        return dict(custom.get_namespaced_custom_object("reprieve.dev", "v1alpha1", namespace, "trainingjobs",
+                                                        "el").get("status") or {})
+
+    def spare() -> Any:
+        return next((p for p in core.list_namespaced_pod(namespace, label_selector="reprieve.dev/job-name=el").items
+                     if p.metadata.name.startswith("el-spare-") and not p.metadata.deletion_timestamp), None)
+
+    def refused() -> Any:
+        p = spare()
+        cond = next((c for c in (p.status.conditions or []) if c.type == "PodScheduled"), None) if p else None
+        return p if cond is not None and (cond.status, cond.reason) == ("False", "Unschedulable") else None
+
+    wait_for(lambda: (out / "el-0-a1.json").exists() and (out / "el-1-a1.json").exists(), 90,
+             "both trainers of attempt 1", describe=lambda: f"{status()}\n{operator.tail(40)}")
+    pending = wait_for(refused, 60, "the spare refused by the scheduler (no third node)").metadata.name
+
+    lost_node = core.read_namespaced_pod("el-1", namespace).spec.node_name
+    taint_node(api, lost_node, FULL)
+    core.delete_namespaced_pod("el-1", namespace)
+    st = wait_for(lambda: (s := status()).get("currentWorkers") == 1 and s.get("attempt") == 2 and s, 60,
+                  "the shrink past the Pending spare", describe=lambda: operator.tail(60))
+    degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "Shrunk"), degraded
+    assert f"pod {pending} (spare for a lost worker) unschedulable" in degraded["message"], degraded
+
+    untaint_node(api, lost_node, FULL)
+    wait_for(lambda: (s := status()).get("currentWorkers") == 2 and s.get("attempt") == 3, 90,
+             "the grow back with the spare", describe=lambda: operator.tail(60))
+    processes = json.loads(core.read_namespaced_config_map("el-assignment", namespace).data["processes"])
+    newcomer = next(pod for pod, i in processes.items() if i == 1)
+    assert processes["el-0"] == 0 and newcomer.startswith("el-spare-"), processes  # a spare (the same or a re-made one)
+    growing = [e for e in core.list_namespaced_event(namespace).items if e.reason == "Growing"]
+    assert len(growing) == 1 and f"pod {newcomer} (spare) takes process 1" in growing[0].message, growing
+    operator.assert_no_errors()
