@@ -57,15 +57,26 @@ class _OrbaxLeftovers(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if exc is None or "never retrieved" not in str(record.msg):
+        if exc is None or "never retrieved" not in str(record.msg) or not _a_read_of_orbax(exc):
             return True
-        tb = exc.__traceback__
-        while tb is not None:
-            if f"{os.sep}orbax{os.sep}" in tb.tb_frame.f_code.co_filename:
-                log.debug("orbax left a failed read unretrieved: %s", cause_line(f"{type(exc).__name__}: {exc}"))
-                return False
-            tb = tb.tb_next
-        return True
+        log.debug("orbax left a failed read unretrieved: %s", cause_line(f"{type(exc).__name__}: {exc}"))
+        return False
+
+
+def _a_read_of_orbax(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failed read of Orbax's: raised through Orbax's or TensorStore's code, or, when the
+    future was failed from TensorStore's C++ side with no Python frame at all, TensorStore's own words (a suite run
+    saw such a leftover at ERROR beside the restore's line)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if f"{os.sep}orbax{os.sep}" in name or f"{os.sep}tensorstore{os.sep}" in name:
+            return True
+        tb = tb.tb_next
+    return exc.__traceback__ is None and bool(_TENSORSTORE_WORDS.search(str(exc)))
+
+
+_TENSORSTORE_WORDS = re.compile(r'tensorstore_spec|Error opening "\w+" driver|in OCDBT database')
 
 
 _QUIET = _OrbaxInfo()

@@ -227,11 +227,11 @@ def test_the_operator_restarted_before_the_shrink_then_a_loss_below_the_minimum_
 
 def test_a_spare_that_cannot_schedule_is_shrunk_past_and_grows_the_job_back_once_it_runs(
         cluster: Any, api: Any, namespace: str, operator: Any, nodes: list[str], tmp_path: Path) -> None:
-    """make demo's stockout, against the real scheduler: 2 workers and a spare, one pod per node, 2 nodes, so the
-    spare is Pending (Unschedulable) from the start; worker 1 is lost and its node is out of room: the restart puts
-    the Pending spare in index 1, and since the scheduler refuses it the job shrinks onto worker 0 after
-    unschedulableSeconds (it waited for capacity before: 0 steps while out of room); once the node has room the spare
-    runs and the job grows back with it as process 1."""
+    """make demo's stockout, against the real scheduler: 2 workers, one pod per node, 2 nodes, and a spare asked
+    for once the workers run, so it is Pending (Unschedulable); worker 1 is lost and its node is out of room: the
+    restart puts the Pending spare in index 1, and since the scheduler refuses it the job shrinks onto worker 0
+    after unschedulableSeconds (it waited for capacity before: 0 steps while out of room); once the node has room
+    the spare runs and the job grows back with it as process 1."""
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
     tag = str(core.read_node(nodes[0]).metadata.labels["reprieve-test"])
@@ -239,9 +239,7 @@ def test_a_spare_that_cannot_schedule_is_shrunk_past_and_grows_the_job_back_once
         core.patch_node(n, {"metadata": {"labels": {HOST: n}}})
     out = tmp_path / "out"
     out.mkdir()
-    body = manifest(namespace, tag, out)
-    body["spec"]["spares"] = 1
-    apply(cluster, body)
+    apply(cluster, manifest(namespace, tag, out))
 
     def status() -> dict[str, Any]:
         return dict(custom.get_namespaced_custom_object("reprieve.dev", "v1alpha1", namespace, "trainingjobs",
@@ -258,6 +256,9 @@ def test_a_spare_that_cannot_schedule_is_shrunk_past_and_grows_the_job_back_once
 
     wait_for(lambda: (out / "el-0-a1.json").exists() and (out / "el-1-a1.json").exists(), 90,
              "both trainers of attempt 1", describe=lambda: f"{status()}\n{operator.tail(40)}")
+    # the spare asked for once both workers hold the two nodes (asked with the job, it raced worker 1 for a node)
+    custom.patch_namespaced_custom_object("reprieve.dev", "v1alpha1", namespace, "trainingjobs", "el",
+                                          {"spec": {"spares": 1}})
     pending = wait_for(refused, 60, "the spare refused by the scheduler (no third node)").metadata.name
 
     lost_node = core.read_namespaced_pod("el-1", namespace).spec.node_name

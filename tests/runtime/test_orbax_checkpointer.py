@@ -231,3 +231,18 @@ def test_another_runs_orbax_checkpoint_is_refused(tmp_path: Path) -> None:
                                              r"'seed-2' \(REPRIEVE_RUN_ID\)"):
             job.restore_or(lambda: _state(0), _abstract())
         job.abandon()
+
+
+def test_asyncio_s_leftover_of_a_failed_tensorstore_read_with_no_python_frame_goes_to_debug() -> None:
+    """A future TensorStore failed from C++ carries no traceback at all: its "exception was never retrieved" was let
+    through at ERROR beside the restore's own line (suite run Y). An unrelated leftover still passes."""
+    from reprieve.orbax import _LEFTOVERS
+
+    def record(exc: BaseException) -> logging.LogRecord:
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Future exception was never retrieved",
+                                 None, (type(exc), exc, exc.__traceback__))
+
+    tensorstore = ValueError('NOT_FOUND: Error opening "zarr" driver: Error reading "w/.zarray" in OCDBT database at '
+                             'local file "/ckpt/3/state/"')
+    assert _LEFTOVERS.filter(record(tensorstore)) is False
+    assert _LEFTOVERS.filter(record(ValueError("a user's own future failed"))) is True
