@@ -55,8 +55,9 @@ def manifest(namespace: str, tag: str, out: Path) -> dict[str, Any]:
                                            "volumes": [{"name": "out", "hostPath": {"path": str(out)}}]}}}}
 
 
-def test_a_lost_worker_whose_replacement_cannot_schedule_shrinks_the_job_then_it_grows_back(
-        cluster: Any, api: Any, namespace: str, operator: Any, nodes: list[str], tmp_path: Path) -> None:
+def start_job(cluster: Any, api: Any, namespace: str, nodes: list[str], tmp_path: Path) -> tuple[Any, Any, Path, Any]:
+    """One worker per node (``HOST`` labels), the 2-worker job applied; its clients, the trainers' directory and a
+    reader of its status."""
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
     tag = str(core.read_node(nodes[0]).metadata.labels["reprieve-test"])
@@ -69,6 +70,13 @@ def test_a_lost_worker_whose_replacement_cannot_schedule_shrinks_the_job_then_it
     def status() -> dict[str, Any]:
         return dict(custom.get_namespaced_custom_object("reprieve.dev", "v1alpha1", namespace, "trainingjobs",
                                                         "el").get("status") or {})
+
+    return core, custom, out, status
+
+
+def test_a_lost_worker_whose_replacement_cannot_schedule_shrinks_the_job_then_it_grows_back(
+        cluster: Any, api: Any, namespace: str, operator: Any, nodes: list[str], tmp_path: Path) -> None:
+    core, _custom, out, status = start_job(cluster, api, namespace, nodes, tmp_path)
 
     def trainer(pod: str, attempt: int) -> dict[str, str] | None:
         path = out / f"{pod}-a{attempt}.json"
@@ -232,18 +240,7 @@ def test_a_spare_that_cannot_schedule_is_shrunk_past_and_grows_the_job_back_once
     restart puts the Pending spare in index 1, and since the scheduler refuses it the job shrinks onto worker 0
     after unschedulableSeconds (it waited for capacity before: 0 steps while out of room); once the node has room
     the spare runs and the job grows back with it as process 1."""
-    core = client.CoreV1Api(api)
-    custom = client.CustomObjectsApi(api)
-    tag = str(core.read_node(nodes[0]).metadata.labels["reprieve-test"])
-    for n in nodes:
-        core.patch_node(n, {"metadata": {"labels": {HOST: n}}})
-    out = tmp_path / "out"
-    out.mkdir()
-    apply(cluster, manifest(namespace, tag, out))
-
-    def status() -> dict[str, Any]:
-        return dict(custom.get_namespaced_custom_object("reprieve.dev", "v1alpha1", namespace, "trainingjobs",
-                                                        "el").get("status") or {})
+    core, custom, out, status = start_job(cluster, api, namespace, nodes, tmp_path)
 
     def spare() -> Any:
         return next((p for p in core.list_namespaced_pod(namespace, label_selector="reprieve.dev/job-name=el").items
