@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import subprocess
@@ -68,6 +67,7 @@ from localcluster.stack import (
     example_job,
     install_chart,
     install_operator,
+    reference_run,
 )
 from localcluster.testing import taint_node, wait_for
 
@@ -194,18 +194,6 @@ def next_spot(cluster: Cluster) -> str:
     return next(f"node-{c}" for c in "efghijklmnopqrstuvwxyz" if f"node-{c}" not in used)
 
 
-def reference_run(work: Path, steps: int) -> subprocess.Popen[bytes]:
-    """The uninterrupted run the elastic job is compared with: the example over the same virtual shards in canonical
-    order, one process of one device here (canonical order: the same parameters on any process count)."""
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "TRAIN_", "XLA_FLAGS"))}
-    env |= {"REPRIEVE_VIRTUAL_SHARDS": str(VIRTUAL_SHARDS), "REPRIEVE_CHECKPOINT_URI": str(work / "reference"),
-            "TRAIN_STEPS": str(steps), "TRAIN_RESULT": str(work / "reference.json"), "JAX_PLATFORMS": "cpu"}
-    with open(work / "reference.log", "wb") as out:
-        return subprocess.Popen([sys.executable, str(root / "examples" / "train_lm.py")], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-
-
 def stockout_due(*, stockout_seconds: float, hard_killed: bool, phase: str | None, attempt: int,
                  hard_kill_attempt: int, step: int, hard_kill_step: int, after: int = 30) -> bool:
     """Whether the zone runs out now (pure): once the unwarned loss's restart is done (a newer attempt running) and
@@ -307,7 +295,7 @@ def main() -> int:
 def run(cluster: Cluster, operator: OperatorProcess | DeployedOperator, work: Path, args: argparse.Namespace, *,
         real: bool, costs: EmulatedCosts | None) -> int:
     cluster.kubectl("create", "namespace", NS)
-    reference = reference_run(work, args.steps)
+    reference = reference_run(work, args.steps, VIRTUAL_SHARDS)
     say(f"started the uninterrupted reference beside the demo: the same example over the same {VIRTUAL_SHARDS} "
         f"virtual shards, one process here (pid {reference.pid}; log {work / 'reference.log'})")
     say(">>> run 1: restartMode InPlace with 1 warm spare, the memory tier and spec.elastic")

@@ -222,6 +222,19 @@ class OperatorProcess:
 
 # -- the example job ------------------------------------------------------------------------------------
 
+def reference_run(workdir: Path, steps: int, shards: int) -> subprocess.Popen[bytes]:
+    """The uninterrupted run an elastic job is compared with: ``examples/train_lm.py`` over ``shards`` virtual
+    shards in canonical order, one process of one device on this host (canonical order: bitwise the same parameters
+    on any process and device count, docs/elastic.md). Its result in ``workdir/reference.json``, its log in
+    ``workdir/reference.log``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "TRAIN_", "XLA_FLAGS"))}
+    env |= {"REPRIEVE_VIRTUAL_SHARDS": str(shards), "REPRIEVE_CHECKPOINT_URI": str(workdir / "reference"),
+            "TRAIN_STEPS": str(steps), "TRAIN_RESULT": str(workdir / "reference.json"), "JAX_PLATFORMS": "cpu"}
+    with open(workdir / "reference.log", "wb") as out:
+        return subprocess.Popen([sys.executable, str(REPO / "examples" / "train_lm.py")], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
 EXAMPLE = REPO / "examples" / "trainingjob.yaml"
 
 

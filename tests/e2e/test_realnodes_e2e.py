@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +26,7 @@ from localcluster.stack import (
     WORKER_POOL,
     DeployedOperator,
     install_operator,
+    reference_run,
 )
 from localcluster.testing import taint_node, wait_for
 
@@ -392,17 +390,6 @@ ELASTIC_STEPS, ELASTIC_SLEEP, ELASTIC_LOSS_AT, ELASTIC_SHARDS = 300, 0.2, 20, 4
 HOST = "reprieve.test/host"  # one worker per node (required anti-affinity on this label)
 
 
-def reference_run(tmp_path: Path, steps: int, shards: int) -> subprocess.Popen[bytes]:
-    """The uninterrupted run of the example over ``shards`` virtual shards in canonical order, one process here
-    (canonical order: bitwise the same parameters on any process and device count, docs/elastic.md)."""
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "TRAIN_", "XLA_FLAGS"))}
-    env |= {"REPRIEVE_VIRTUAL_SHARDS": str(shards), "REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ref-ckpt"),
-            "TRAIN_STEPS": str(steps), "TRAIN_RESULT": str(tmp_path / "ref-result.json"), "JAX_PLATFORMS": "cpu"}
-    return subprocess.Popen([sys.executable, str(root / "examples" / "train_lm.py")], env=env,
-                            stdout=open(tmp_path / "ref.log", "wb"), stderr=subprocess.STDOUT)
-
-
 def test_an_elastic_job_on_real_nodes_shrinks_onto_its_survivor_then_grows_back_bit_identical(
         real_cluster: Any, real_operator: DeployedOperator, real_workers: list[str], real_ns: str,
         api: Any, tmp_path: Path) -> None:
@@ -458,7 +445,7 @@ def test_an_elastic_job_on_real_nodes_shrinks_onto_its_survivor_then_grows_back_
         for node in real_workers:
             if node in real_cluster.node_names():
                 core.patch_node(node, {"metadata": {"labels": {"reprieve.test/elastic": None}}})
-    assert reference.wait(600) == 0, (tmp_path / "ref.log").read_text()[-3000:]
+    assert reference.wait(600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
     assert final["attempt"] == grown["attempt"] == shrunk["attempt"] + 1, (shrunk, grown, final)
     assert final["restarts"]["failure"] == 0 and final["restarts"]["disruption"] >= 1, final["restarts"]
     assert next(c for c in final["conditions"] if c["type"] == "Degraded")["status"] == "False", final
@@ -474,5 +461,5 @@ def test_an_elastic_job_on_real_nodes_shrinks_onto_its_survivor_then_grows_back_
     logs = worker_logs(real_cluster, real_ns, name, 3)
     assert "memory" in logs, logs  # restores named from memory (own pod's or a peer's), not storage
     result = json.loads((ckpt / "result.json").read_text())
-    expected = json.loads((tmp_path / "ref-result.json").read_text())
+    expected = json.loads((tmp_path / "reference.json").read_text())
     assert result["sha256"] == expected["sha256"], "the elastic run's parameters differ from the uninterrupted run's"
