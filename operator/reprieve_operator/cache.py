@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import LABEL_JOB
-from .policy.views import GonePod, compact_pod, gone_pod
+from .policy.views import GonePod, compact_pod, gone_pod, last_steps
 
 Key = tuple[str, str]  # (namespace, name)
 GONE_PER_JOB = 64  # deleted pods remembered per job (the newest; a job's pod names repeat across attempts)
+SAID_PER_JOB = 16  # attempts whose deleted pods' last steps are remembered per job (the newest)
 
 
 class Cache:
@@ -27,6 +28,7 @@ class Cache:
         self._node_jobs: dict[str, dict[Key, int]] = defaultdict(dict)  # node -> job -> pods of it there
         self._pod_job: dict[Key, str] = {}  # (namespace, pod) -> job
         self._gone: dict[Key, dict[str, GonePod]] = defaultdict(dict)  # job -> pod name -> a deleted pod
+        self._said: dict[Key, dict[int, tuple[int, float]]] = defaultdict(dict)  # job -> attempt -> last step, when
         self.nodes: dict[str, dict[str, Any]] = {}  # name -> observe.compact_node
         self.jobs: dict[Key, dict[str, Any]] = {}
         self.primed = False
@@ -75,6 +77,8 @@ class Cache:
         """The watch saw ``pod`` deleted: forget it, and remember where it ran (``gone_of``)."""
         self.delete_pod(pod)
         job = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_JOB)
+        if job:
+            self._remember_said(str((pod.get("metadata") or {}).get("namespace")), job, pod)
         gone = gone_pod(pod)
         if not job or gone is None:
             return
@@ -84,6 +88,23 @@ class Cache:
         remembered[gone.name] = gone
         while len(remembered) > GONE_PER_JOB:
             del remembered[next(iter(remembered))]
+
+    def _remember_said(self, namespace: str, job: str, pod: Mapping[str, Any]) -> None:
+        """Keep the last steps a deleted pod's processes said (its final state: the kubelet posts the terminated
+        containers before it removes the pod), for the goodput accounting (``said_of``)."""
+        said = last_steps([pod])
+        if not said:
+            return
+        known = self._said[(namespace, job)]
+        for attempt, step, at in said:
+            if attempt not in known or (step, at) > known[attempt]:
+                known[attempt] = (step, at)
+        for attempt in sorted(known)[:-SAID_PER_JOB]:
+            del known[attempt]
+
+    def said_of(self, namespace: str, job: str) -> tuple[tuple[int, int, float], ...]:
+        """The last steps (attempt, step, when) the job's deleted pods said (``policy.views.last_steps``)."""
+        return tuple((a, step, at) for a, (step, at) in sorted(self._said.get((namespace, job), {}).items()))
 
     def gone_of(self, namespace: str, job: str) -> tuple[GonePod, ...]:
         """The job's pods the watch saw deleted, not since replaced by a pod of the same name (oldest first)."""
@@ -150,6 +171,7 @@ class Cache:
         key = (str(meta.get("namespace")), str(meta.get("name")))
         self.jobs.pop(key, None)
         self._gone.pop(key, None)
+        self._said.pop(key, None)
 
     def mark_primed(self) -> None:
         """Every kind was listed once: from now on the cache is read instead of the API."""

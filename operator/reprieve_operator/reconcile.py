@@ -66,6 +66,7 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
                 known_nodes=state.cache.nodes if state.cache.primed else None, nodes=state.cache.nodes,
                 doomed=state.nodes.doomed(job, now), last_commit_event=state.commits.last(key),
                 peer_lost_wait_s=state.peer_lost_wait_s, gone=state.cache.gone_of(namespace, name),
+                said=state.cache.said_of(namespace, name),
                 delivered=state.nodes.unrecorded(job.uid))
     outcome = decide(view)
     for _ in range(3):  # the reads a decision asked for, then decide again

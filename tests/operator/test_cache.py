@@ -81,3 +81,32 @@ def test_a_deleted_pod_is_remembered_with_its_node_until_a_pod_of_its_name_retur
     assert len(gone) == GONE_PER_JOB and gone[-1].name == f"llama-x{GONE_PER_JOB + 4}" and gone[0].name == "llama-x5"
     c.delete_job({"metadata": {"namespace": "ml", "name": "llama"}})
     assert c.gone_of("ml", "llama") == ()
+
+
+def test_a_deleted_pods_last_steps_outlive_the_pod_and_its_name() -> None:
+    """What a deleted pod's processes said of their last step (its final state, from the watch's DELETED event) is
+    kept per attempt, the highest, through the next attempt's pod of the same name; bounded; dropped with the job."""
+    import json
+
+    from reprieve_operator.cache import SAID_PER_JOB
+
+    def said(name: str, attempt: int, step: int, at: float) -> dict[str, Any]:
+        p = pod(name, node="n0")
+        message = json.dumps({"peerLost": [0], "attempt": attempt, "lastStep": step, "lastStepAt": at})
+        p["status"]["containerStatuses"] = [{"name": "t", "state": {"terminated": {"exitCode": 134,
+                                                                                   "message": message}}}]
+        return p
+
+    c = Cache()
+    c.pod_gone(pod("llama-0", node="n0"))  # said nothing
+    assert c.said_of("ml", "llama") == ()
+    c.pod_gone(said("llama-1", 1, 62, 10.0))
+    c.pod_gone(said("llama-0", 1, 61, 11.0))  # lower: not it
+    c.upsert_pod(pod("llama-1", node="n1"))  # the next attempt's pod of the same name
+    assert c.said_of("ml", "llama") == ((1, 62, 10.0),)
+    for attempt in range(2, SAID_PER_JOB + 4):
+        c.pod_gone(said("llama-1", attempt, attempt * 10, float(attempt)))
+    kept = c.said_of("ml", "llama")
+    assert len(kept) == SAID_PER_JOB and kept[0][0] == 4 and kept[-1][0] == SAID_PER_JOB + 3, kept
+    c.delete_job({"metadata": {"namespace": "ml", "name": "llama"}})
+    assert c.said_of("ml", "llama") == ()

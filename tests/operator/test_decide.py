@@ -524,6 +524,32 @@ def test_a_survivors_last_step_reaches_the_goodput_accounting(mode: str) -> None
         [(1, 49, t0 + 54)], out.status
 
 
+def test_a_deleted_survivors_last_step_still_reaches_the_goodput_accounting() -> None:
+    """Recreate: the restart deletes the survivor's pod, and the next attempt's pod takes its name, often before a
+    reconcile read the survivor's termination message (CI: lost steps 4 where the step log said 23). The cache keeps
+    what a deleted pod's final state said (``Cache.said_of``), and the accounting is raised to it all the same."""
+    from reprieve_operator.cache import Cache
+    from reprieve_operator.policy.goodput import Report, fold
+
+    t0 = datetime(2026, 11, 24, 5, 0, 0, tzinfo=UTC).timestamp()
+    acc = fold(None, now=t0, new_attempt=1, report=Report(1, 30, t0 + 35, 0, t0 + 5, 1.0))
+    assert acc is not None
+    said = {"peerLost": [0], "attempt": 1, "lastStep": 49, "lastStepAt": t0 + 54}
+    survivor = pod("llama-1", 1, phase="Failed", code=134)
+    survivor["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = json.dumps(said)
+    cache = Cache()
+    cache.upsert_pod(survivor)
+    cache.pod_gone(survivor)
+    cache.upsert_pod(pod("llama-1", 1, attempt=2, phase="Pending"))  # the next attempt's pod of its name
+    assert cache.said_of("ml", "llama") == ((1, 49, t0 + 54),)
+    status = {**RUN, "goodput": {"accounting": acc.to_status()}}
+    pods = [pod("llama-0", 0, phase="Failed", code=137)]
+    assert "goodput" not in decide(_view(job(status), pods)).status  # nothing new without it: still step 30
+    out = decide(_view(job(status), pods, said=cache.said_of("ml", "llama")))
+    opened = out.status["goodput"]["accounting"]["open"]
+    assert [(a["attempt"], a["report"]["step"]) for a in opened if "report" in a] == [(1, 49)], out.status
+
+
 def test_a_workload_that_can_never_fit_says_what_to_change() -> None:
     out = decide(KUEUE_ROWS["queued, the spares' pod set larger than the ClusterQueue can ever hold: a Warning that "
                             "says what to change"].view)

@@ -98,6 +98,7 @@ class View:
     kueue: kueue.Read | None = None  # the job's queue as read (None: Kueue off; ``policy.kueue.decide_queue``)
     peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS  # --peer-lost-wait-seconds (``policy.restart``)
     gone: Sequence[views.GonePod] = ()  # the job's pods the watch saw deleted (where a missing worker ran)
+    said: Sequence[tuple[int, int, float]] = ()  # last steps the job's deleted pods said (``Cache.said_of``)
     probed: bool = False  # the silent peers' pods were probed (``Outcome.probe``)
     unreachable: Collection[str] = ()  # ... and these did not answer
     delivered: Sequence[Delivered] = ()  # node notices ``delivery`` put on the pods, for the status to record
@@ -345,7 +346,7 @@ def _recreate(view: View, g: Gate | None) -> Outcome:
     created_event = _attempt_started(plan, len(create)) if plan.new_attempt and create else None
     running = plan.attempt > 0 and plan.phase not in (*TERMINAL_PHASES, "Suspended")
     status = status_patch(job, _created(job, plan, create), now, views.progress(view.pods),
-                          views.last_steps(view.pods), workers=job.spec.replicas if running else None)
+                          views.last_steps(view.pods, view.said), workers=job.spec.replicas if running else None)
     requeue = plan.requeue_after if plan.requeue_after is not None else (WAIT_SECONDS if plan.waiting else None)
     requeue = _sooner(requeue, podsready.unschedulable_due(view.pods, now))
     requeue = _sooner(requeue, PROBE_EVERY_SECONDS if plan.probe else None)
@@ -404,7 +405,7 @@ def _in_place(view: View, g: Gate | None) -> Outcome:
     orphans = orphaned_pods(pods, view.known_nodes)
     size = extra.assign if extra.assign is not None and plan.new_attempt else current
     status = status_patch(job, _created(job, plan, create), now, views.progress(view.pods),
-                          views.last_steps(view.pods), workers=len(size.processes) if size is not None else None)
+                          views.last_steps(view.pods, view.said), workers=len(size.processes) if size is not None else None)
     status.update(_inplace_status(job, pods, extra, plan, current))
     resized: tuple[Event, ...] = ()
     if assign is not None and extra.resize is not None:  # a size change: when, and its Event after the status

@@ -369,12 +369,18 @@ def _progress_reports(pod: Mapping[str, Any]) -> Iterable[tuple[Any, str]]:
             yield left, "progress in the termination message"
 
 
-def last_steps(pods: Iterable[Mapping[str, Any]]) -> tuple[tuple[int, int, float], ...]:
+def last_steps(pods: Iterable[Mapping[str, Any]],
+               said: Iterable[tuple[int, int, float]] = ()) -> tuple[tuple[int, int, float], ...]:
     """Per attempt, the highest last finished step a process of it said, and when: (attempt, step, unix seconds),
     sorted. From the supervisors' exit reports (``reprieve.dev/exit``) and the containers' termination messages
     (Recreate), each with its ``attempt``, ``lastStep`` and ``lastStepAt`` (``docs/contract.md``): what a process
-    that outlived a lost peer knew of the gang's last step. Malformed or partial ones are skipped."""
+    that outlived a lost peer knew of the gang's last step. Malformed or partial ones are skipped. ``said``: those
+    of pods already deleted (``Cache.said_of``: a Recreate restart deletes the survivor's pod, often before a
+    reconcile reads its termination message, and the next attempt's pod takes its name)."""
     best: dict[int, tuple[int, float]] = {}
+    for attempt, step, at in said:
+        if attempt not in best or (step, at) > best[attempt]:
+            best[attempt] = (step, at)
     for pod in pods:
         for value in _last_step_reports(pod):
             if not (_count(value.get("attempt")) and _count(value.get("lastStep")) and
