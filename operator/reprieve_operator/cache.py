@@ -9,6 +9,7 @@ the handlers receive anyway. It stores only the few fields the operator reads (`
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
@@ -36,18 +37,19 @@ class Cache:
     # --- pods ---
     def upsert_pod(self, pod: Mapping[str, Any]) -> Key | None:
         """Record a worker pod; returns its job key (None if it is not a worker pod)."""
-        meta = pod.get("metadata") or {}
-        job = (meta.get("labels") or {}).get(LABEL_JOB)
-        if not job:
+        if not ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_JOB):
             return None
+        small = compact_pod(pod, sys.intern)  # the indices below hold its (interned) strings, not the body's
+        meta = small["metadata"]
+        job = meta["labels"][LABEL_JOB]
         ns, name = str(meta.get("namespace")), str(meta.get("name"))
         self.delete_pod(pod)
         key = (ns, job)
         if key in self._gone:
             self._gone[key].pop(name, None)
-        self._pods[key][name] = compact_pod(pod)
+        self._pods[key][name] = small
         self._pod_job[(ns, name)] = job
-        node = (pod.get("spec") or {}).get("nodeName")
+        node = small["spec"].get("nodeName")
         if node:
             self._pod_node[(ns, name)] = node
             self._node_jobs[node][key] = self._node_jobs[node].get(key, 0) + 1

@@ -222,6 +222,14 @@ def test_noticed_preemption_on_real_nodes_loses_no_step_and_ends_bit_identical(
     assert status["lastNotice"]["node"] == doomed, status
     for i in range(2):
         assert pod_node(real_cluster, real_ns, f"preempted-{i}") != doomed
+    # Only the one write per job carried it (issue #51, 4): the job's notice object holds attempt 1's notice of the
+    # doomed node, and no pod was annotated instead (that fallback is always said in a NoticeFallback Event); the
+    # runtime's agreed save from it is the 0 lost steps below.
+    held = json.loads(real_cluster.read("configmaps", "preempted-notice", namespace=real_ns)["data"]["notice"])
+    assert (held["node"], held["attempt"]) == (doomed, 1), held
+    fallbacks = json.loads(real_cluster.kubectl("get", "events", "-n", real_ns, "-o", "json", "--field-selector",
+                                                "reason=NoticeFallback").stdout)["items"]
+    assert not fallbacks, [e["message"] for e in fallbacks]
 
     final_a = wait_tj(real_cluster, real_ns, "preempted", succeeded, 400, "Succeeded", real_operator)
     ckpt_b, final_b = steady_reference.ckpt, {"status": steady_reference.status}

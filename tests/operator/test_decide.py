@@ -54,7 +54,7 @@ def job(status: dict[str, Any] | None = None, **spec: Any) -> Any:
 
 
 def nodes(*pods: dict[str, Any], extra: tuple[str, ...] = ()) -> set[str]:
-    return {p["spec"]["nodeName"] for p in pods} | set(extra)
+    return {p["spec"].get("nodeName") for p in pods} | set(extra)
 
 
 def exit_report(attempt: int, code: int) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, cast
@@ -174,33 +174,65 @@ def not_ready_nodes(nodes: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
     return frozenset(out)
 
 
-def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """The few fields of a pod that notice delivery needs (kept in memory for every worker pod)."""
+def compact_pod(pod: Mapping[str, Any], intern: Callable[[str], str] = str) -> dict[str, Any]:
+    """The few fields of a pod that the operator's decisions read, kept in memory for every worker pod: a field the
+    pod does not have is left out (readers ``.get`` every one), container states are copied into dicts of their own
+    (the decoded body's have a key string of their own per pod), and the strings pods repeat (namespace, labels,
+    node, phase, container name) go through ``intern`` (the cache's: ``sys.intern``): at 50,000 pods the cache is
+    most of the operator's memory."""
+
+    def _intern(value: Any) -> Any:
+        return intern(value) if type(value) is str else value
+
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
-    return {
-        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
-                     "labels": {k: v for k, v in labels.items() if k.startswith("reprieve.dev/")},
-                     "annotations": {k: annotations[k] for k in (ANNOTATION_NOTICE, ANNOTATION_NOTICE_WATCH, ANNOTATION_PROGRESS,
-                                                                  ANNOTATION_EXIT, ANNOTATION_SUPERVISOR,
-                                                                  ANNOTATION_CHECKPOINT)
-                                     if annotations.get(k)},
-                     "deletionTimestamp": meta.get("deletionTimestamp"),
-                     "creationTimestamp": meta.get("creationTimestamp")},
-        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
-        "status": {"phase": status.get("phase"), "reason": status.get("reason"), "podIP": status.get("podIP"),
-                   "containerStatuses": [{"name": cs.get("name"), "state": cs.get("state") or {}}
-                                         for cs in status.get("containerStatuses") or []],
-                   # what condition PodsReady reads (policy.podsready): a waiting init container, no node yet
-                   "initContainerStatuses": [{"name": cs.get("name"), "state": cs.get("state")}
-                                             for cs in status.get("initContainerStatuses") or []
-                                             if (cs.get("state") or {}).get("waiting")],
-                   "conditions": [c for c in status.get("conditions") or []
-                                  if c.get("type") == "PodScheduled" and c.get("status") == "False"]},
-        _VIEW_KEY: None,
-    }
+    out_meta: dict[str, Any] = {k: _intern(meta.get(k)) for k in ("name", "namespace")}
+    out_meta["uid"] = meta.get("uid")
+    out_meta["labels"] = {_intern(k): _intern(v) for k, v in labels.items() if k.startswith("reprieve.dev/")}
+    kept = {k: annotations[k] for k in _COMPACT_ANNOTATIONS if annotations.get(k)}
+    if kept:
+        out_meta["annotations"] = kept
+    for k in ("deletionTimestamp", "creationTimestamp"):
+        if meta.get(k):
+            out_meta[k] = meta[k]
+    out_status: dict[str, Any] = {k: _intern(status.get(k)) for k in ("phase", "reason", "podIP") if status.get(k)}
+    containers = [{"name": _intern(cs.get("name")), "state": _compact_state(cs.get("state"), _intern)}
+                  for cs in status.get("containerStatuses") or []]
+    if containers:
+        out_status["containerStatuses"] = containers
+    # what condition PodsReady reads (policy.podsready): a waiting init container, no node yet
+    waiting = [{"name": cs.get("name"), "state": cs.get("state")} for cs in status.get("initContainerStatuses") or []
+               if (cs.get("state") or {}).get("waiting")]
+    if waiting:
+        out_status["initContainerStatuses"] = waiting
+    unscheduled = [c for c in status.get("conditions") or []
+                   if c.get("type") == "PodScheduled" and c.get("status") == "False"]
+    if unscheduled:
+        out_status["conditions"] = unscheduled
+    node = (pod.get("spec") or {}).get("nodeName")
+    return {"metadata": out_meta, "spec": {"nodeName": _intern(node)} if node else {}, "status": out_status,
+            _VIEW_KEY: None}
+
+
+_COMPACT_ANNOTATIONS = (ANNOTATION_NOTICE, ANNOTATION_NOTICE_WATCH, ANNOTATION_PROGRESS, ANNOTATION_EXIT,
+                        ANNOTATION_SUPERVISOR, ANNOTATION_CHECKPOINT)
+
+
+_STATE_FIELDS = {"running": ("startedAt",), "waiting": ("reason", "message"),
+                 "terminated": ("exitCode", "reason", "message", "startedAt", "finishedAt")}
+
+
+def _compact_state(state: Any, _intern: Callable[[Any], Any]) -> dict[str, Any]:
+    """A container's state with the fields the decisions read, in dicts of their own (not the decoded body's, whose
+    every key is a string of its own per pod)."""
+    out: dict[str, Any] = {}
+    for kind, fields in _STATE_FIELDS.items():
+        part = state.get(kind) if isinstance(state, Mapping) else None
+        if isinstance(part, Mapping):
+            out[kind] = {k: _intern(part[k]) for k in fields if part.get(k) is not None}
+    return out
 
 
 def _json(raw: Any) -> dict[str, Any]:
