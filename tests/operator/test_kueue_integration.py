@@ -253,7 +253,9 @@ def test_a_kueue_preemption_is_a_notice_the_gang_saves_on_before_the_quota_is_gi
                                      None), 30, "the QuotaReleased Event", describe=lambda: kueue_operator.tail(40))
     print(f"evicted at {_cond(wl, 'Evicted').get('lastTransitionTime')}, quota released at "
           f"{released.get('firstTimestamp')}")
-    # released only once every pod was gone: both deletions come before the release in etcd's one order
+    # released only once every pod was gone: both deletions come before the release in etcd's one order (the pods'
+    # watch may deliver after the Workload's: wait for both)
+    wait_for(lambda: len(release["deleted"]) == 2, 30, "both pods' deletions", describe=lambda: f"{release}")
     assert sorted(release["deleted"]) == ["low-0", "low-1"], release
     assert max(release["deleted"].values()) < release["released"], release
 
@@ -456,7 +458,9 @@ def test_an_in_place_gang_with_a_spare_saves_on_a_kueue_eviction_before_the_quot
     wait_for(lambda: release["released"] is not None, 60, "the quota given back",
              describe=lambda: f"{release}\n{kueue_operator.tail(60)}")
     # given back only once every pod (the spare's too) was gone: every deletion before the release in etcd's order
-    assert len(release["deleted"]) == 3 and max(release["deleted"].values()) < release["released"], release
+    # (the two watches are apart: the pods' may deliver its events after the Workload's, so wait for all three)
+    wait_for(lambda: len(release["deleted"]) == 3, 30, "the three pods' deletions", describe=lambda: f"{release}")
+    assert max(release["deleted"].values()) < release["released"], release
     _event(cluster, namespace, "low", "QuotaReleased")
 
     wait_for(lambda: _get(cluster, "trainingjob", "high", namespace).get("status", {}).get("phase") == "Succeeded",
