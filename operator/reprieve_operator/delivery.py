@@ -86,7 +86,7 @@ async def _on_node(state: State, event_type: str | None, name: str, body: Any) -
                         for d in delivered if d.job is not None and d.fallback])
 
 
-async def _object_notice(state: State, job: TrainingJob) -> str | None:
+async def object_notice(state: State, job: TrainingJob) -> str | None:
     """The notice the job's notice object carries: as this operator last wrote or read it, else read once (a
     refused read counts as none: the write that follows says whether the object can be used)."""
     key = (job.namespace, job.name)
@@ -105,7 +105,7 @@ async def _object_notice(state: State, job: TrainingJob) -> str | None:
     return value
 
 
-async def _write_object(state: State, job: TrainingJob, route: fanout.NoticeRoute, value: str) -> str | None:
+async def write_notice_object(state: State, job: TrainingJob, route: fanout.NoticeRoute, value: str) -> str | None:
     """Write the job's notice object when ``route`` says so; None, or why it was refused."""
     if not route.write_object:
         return None
@@ -178,7 +178,7 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
                 return opens_at(notice, nodes.horizon_seconds)
             raw = state.cache.pods_of(namespace, name)
             pods = workers(job, raw, state.assignments.get(job))
-            object_value = await _object_notice(state, job)
+            object_value = await object_notice(state, job)
             notes = fanout.heard_by_pods(raw, notice_object_name(job), object_value, current_attempt(job, pods))
             plan = decide_notice(job, pods, notice, notes, now, nodes.horizon_seconds)
             if plan is None or nodes.delivered(job.uid, plan.attempt, notice.id):
@@ -187,7 +187,7 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             value = notice.annotation(plan.attempt)
             watching = [r["metadata"]["name"] for r in raw if fanout.watches(r, notice_object_name(job))]
             route = fanout.route(plan, object_value, watching)
-            refused = await _write_object(state, job, route, value)
+            refused = await write_notice_object(state, job, route, value)
             if refused is not None:
                 route = fanout.fallback(plan)
             await apply.gather([functools.partial(apply.annotate_pod, api, namespace, n, {ANNOTATION_NOTICE: value})

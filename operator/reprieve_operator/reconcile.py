@@ -19,13 +19,13 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from . import apply, kueue, metrics
+from . import ANNOTATION_NOTICE, apply, delivery, kueue, metrics
 from .clock import SYSTEM
 from .create import create
 from .models import TrainingJob, spec_error
-from .policy import builders
+from .policy import builders, fanout
 from .policy.decide import Answer, Outcome, View, WorkloadRefused, decide, failed
-from .policy.kueue import WorkloadOp
+from .policy.kueue import WorkloadOp, evicted
 from .policy.notice import notice_event_name
 from .policy.pairing import MEMORY_PORT
 from .policy.restart import RestartPlan
@@ -61,12 +61,15 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
         state.cache.replace_job_pods(namespace, name, listed)
     raw_pods = state.cache.pods_of(namespace, name)
     now, queued = SYSTEM.now(), await apply.run(kueue.read, api, body, job) if state.kueue else None
+    # a Kueue eviction's notice goes through the job's notice object, as a node's (``delivery``): what it carries
+    held = await delivery.object_notice(state, job) if queued is not None and evicted(queued) else None
     view = View(job=job, pods=raw_pods, now=now, kueue=queued,
                 assignment=await state.assignments.current(api, job) if builders.in_place(job) else None,
                 known_nodes=state.cache.nodes if state.cache.primed else None, nodes=state.cache.nodes,
                 doomed=state.nodes.doomed(job, now), last_commit_event=state.commits.last(key),
                 peer_lost_wait_s=state.peer_lost_wait_s, gone=state.cache.gone_of(namespace, name),
                 said=state.cache.said_of(namespace, name),
+                notice_object=held,
                 delivered=state.nodes.unrecorded(job.uid))
     outcome = decide(view)
     for _ in range(3):  # the reads a decision asked for, then decide again
@@ -161,9 +164,18 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
         log.info("TrainingJob %s/%s: %s", ns, name, outcome.log)
     if outcome.assign_first:
         await _assign(state, ref, outcome)
-    if outcome.annotate:
-        await apply.gather([functools.partial(apply.annotate_pod, api, ns, n, dict(a))
-                            for n, a in outcome.annotate.items()])
+    annotate: dict[str, dict[str, str | None]] = {n: dict(a) for n, a in outcome.annotate.items()}
+    if outcome.notice_write is not None:  # a Kueue eviction's notice: the job's object first, as a node's
+        w = outcome.notice_write
+        refused = await delivery.write_notice_object(state, w.job, w.route, w.value)
+        route = fanout.fallback(w.plan) if refused is not None else w.route
+        for n in route.annotate:
+            annotate.setdefault(n, {})[ANNOTATION_NOTICE] = w.value
+        fell_back = fanout.fallback_message(builders.notice_object_name(w.job), route, refused)
+        if fell_back is not None:
+            await apply.run(apply.post_event, api, ref, "NoticeFallback", fell_back, "Warning")
+    if annotate:
+        await apply.gather([functools.partial(apply.annotate_pod, api, ns, n, a) for n, a in annotate.items()])
     if outcome.create:
         assert job is not None, "pods to create without a job"
         made: list[dict[str, Any]] = []

@@ -84,6 +84,11 @@ def test_a_kueue_preemption_saves_releases_the_quota_and_resumes_without_losing_
                                         "involvedObject.name=victim", "-o", "json").stdout)["items"]
     reasons = [e["reason"] for e in events]
     assert "PreemptionNotice" in reasons and "QuotaReleased" in reasons, reasons
+    # the eviction's notice took one write, the job's notice object, which both runtimes watch: no pod annotated
+    # instead (issue #51: a Kueue eviction's notice goes as a node's does)
+    assert "NoticeFallback" not in reasons, [e["message"] for e in events if e["reason"] == "NoticeFallback"]
+    held = json.loads(cluster.read("configmaps", "victim-notice", namespace=namespace)["data"]["notice"])
+    assert (held["reason"], held["attempt"]) == ("kueue-preemption", 1), held
     # Without the notice (the eviction deleting the pods, as Kueue does to a plain Job) the job had no checkpoint
     # (no periodic save): every step before the eviction would have been computed again.
     print(f"\nkueue preemption: 0 steps lost, resumed at step {cut.resumed_at} after a {cut.gap_seconds:.1f} s gap; "

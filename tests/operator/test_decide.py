@@ -570,6 +570,27 @@ def test_an_eviction_notice_is_a_notice_like_a_nodes() -> None:
     assert "save by 2026-11-24T06:00:50Z" in notice.message
 
 
+def test_an_eviction_notice_goes_through_the_jobs_notice_object_as_a_nodes_does() -> None:
+    """Issue #51: pods that watch ``<job>-notice`` hear an eviction's notice from its one write; only those that do
+    not are annotated (and every pod is, if the write is refused: ``fanout.fallback`` in the shell); once the object
+    carries the notice, nothing is written again."""
+    watch = {"reprieve.dev/notice-watch": "llama-notice"}
+    p0 = pod("llama-0", 0, annotations={})
+    p1 = pod("llama-1", 1, annotations={})
+    p0["metadata"]["annotations"] = dict(watch)  # the runtime's own value: a plain string, not JSON
+    out = decide(_view(job(ADMITTED_RUN), [p0, p1], kueue=queued(WL_EVICTED)))
+    w = out.notice_write
+    assert w is not None and w.route.write_object and w.plan.annotate == ("llama-0", "llama-1"), w
+    assert list(out.annotate) == ["llama-1"] and w.route.unwatched == ("llama-1",), out.annotate  # llama-0 watches
+    assert json.loads(w.value)["reason"] == "kueue-preemption" and out.status["lastNotice"]["attempt"] == 1
+    p1["metadata"]["annotations"] = dict(watch)
+    both = decide(_view(job(ADMITTED_RUN), [p0, p1], kueue=queued(WL_EVICTED)))
+    assert both.notice_write is not None and both.notice_write.route.write_object and not both.annotate
+    again = decide(_view(job({**ADMITTED_RUN, **both.status}), [p0, p1], kueue=queued(WL_EVICTED),
+                         notice_object=both.notice_write.value))
+    assert again.notice_write is None and not again.annotate, again
+
+
 def test_a_refused_workload_rewrites_only_the_queued_condition() -> None:
     from reprieve_operator.policy.decide import WorkloadRefused
 

@@ -56,11 +56,19 @@ from typing import Any, Protocol
 
 from .. import ANNOTATION_NOTICE
 from ..models import TrainingJob
-from . import builders, events, kueue, memorypeers, podsready, views
+from . import builders, events, fanout, kueue, memorypeers, podsready, views
 from .events import Event
 from .inplace import Assignment, InPlace, PodView, decide_inplace
 from .kueue import Gate, admitted_template
-from .notice import Delivered, decide_notice, notice_event_name, notice_status_patch, record_deliveries
+from .notice import (
+    Delivered,
+    NoticePlan,
+    current_attempt,
+    decide_notice,
+    notice_event_name,
+    notice_status_patch,
+    record_deliveries,
+)
 from .restart import (
     DISRUPTION,
     PEER_LOST_WAIT_SECONDS,
@@ -99,9 +107,23 @@ class View:
     peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS  # --peer-lost-wait-seconds (``policy.restart``)
     gone: Sequence[views.GonePod] = ()  # the job's pods the watch saw deleted (where a missing worker ran)
     said: Sequence[tuple[int, int, float]] = ()  # last steps the job's deleted pods said (``Cache.said_of``)
+    notice_object: str | None = None  # what the job's notice object carries (``<job>-notice``; None: nothing known)
     probed: bool = False  # the silent peers' pods were probed (``Outcome.probe``)
     unreachable: Collection[str] = ()  # ... and these did not answer
     delivered: Sequence[Delivered] = ()  # node notices ``delivery`` put on the pods, for the status to record
+
+
+@dataclass(frozen=True)
+class NoticeWrite:
+    """A Kueue eviction's notice through the job's notice object (``policy.fanout``, as a node's): ``value`` written
+    when ``route`` says so, the pods that do not watch it annotated (``Outcome.annotate``); if the write is refused,
+    every pod of ``plan`` is annotated instead (``fanout.fallback``), and either is said in a ``NoticeFallback``
+    Event."""
+
+    job: TrainingJob
+    plan: NoticePlan
+    route: fanout.NoticeRoute
+    value: str
 
 
 @dataclass(frozen=True)
@@ -132,6 +154,7 @@ class Outcome:
     assigned_event: Event | None = None
     assign_first: bool = False  # write ``assign`` right after ``record`` (step 4 of the module docstring)
     annotate: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # pod -> annotations (Kueue's notice, ...)
+    notice_write: NoticeWrite | None = None  # a Kueue eviction's notice for the job's notice object, before ``annotate``
     workload: tuple[kueue.WorkloadOp, ...] = ()  # the Workload writes before the status (``policy.kueue``)
     status: Mapping[str, Any] = field(default_factory=dict)
     status_events: tuple[Event, ...] = ()
@@ -219,13 +242,20 @@ def _queued(out: Outcome, view: View, read: kueue.Read, queue: kueue.Queue) -> O
     annotate = {n: dict(a) for n, a in queue.annotate.items()}
     status, posted = dict(out.status), list(out.status_events)
     notice = kueue.eviction_notice(g) if g is not None else None
+    write: NoticeWrite | None = None
     if g is not None and notice is not None:
         workers = views.workers(job, view.pods, view.assignment, view.known_nodes)
-        notes = {str((p.get("metadata") or {}).get("name")): views.notice_annotation(p) for p in view.pods}
+        object_name = builders.notice_object_name(job)
+        attempt = current_attempt(job, workers)
+        notes = fanout.heard_by_pods(view.pods, object_name, view.notice_object, attempt)
         plan = decide_notice(job, workers, notice, notes, now, math.inf)  # an eviction's notice is open at once
         if plan is not None:
-            for name in plan.annotate:
-                annotate.setdefault(name, {})[ANNOTATION_NOTICE] = notice.annotation(plan.attempt)
+            value = notice.annotation(plan.attempt)
+            route = fanout.route(plan, view.notice_object,
+                                 [str(p["metadata"]["name"]) for p in view.pods if fanout.watches(p, object_name)])
+            write = NoticeWrite(job, plan, route, value)
+            for name in route.annotate:
+                annotate.setdefault(name, {})[ANNOTATION_NOTICE] = value
             patch = notice_status_patch(after, notice_status(notice, plan.attempt, now), plan.attempt)
             if patch is not None:
                 status = {**patch, **status}
@@ -238,7 +268,8 @@ def _queued(out: Outcome, view: View, read: kueue.Read, queue: kueue.Queue) -> O
         posted.insert(0, Event(g.condition.reason, g.condition.message, "Warning" if g.warning else "Normal"))
     phase = status.get("phase") or after.status.phase
     return dataclasses.replace(out, annotate=annotate, workload=queue.workload, status=status,
-                               status_events=tuple(posted), finish=kueue.finish(job, read, phase, now))
+                               status_events=tuple(posted), finish=kueue.finish(job, read, phase, now),
+                               notice_write=write)
 
 
 def _writes(patch: Mapping[str, Any] | None, cond: Condition) -> bool:

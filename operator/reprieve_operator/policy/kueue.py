@@ -192,6 +192,14 @@ def admitted_template(template: Mapping[str, Any], g: Gate) -> dict[str, Any]:
     return {**template, "spec": spec}
 
 
+def evicted(read: Read) -> bool:
+    """Whether the job's Workload, as read, is evicted while it still holds quota (its gang is due a notice)."""
+    if read.workload is None:
+        return False
+    wl = parse_workload(read.workload)
+    return wl.evicted is not None and wl.quota_reserved
+
+
 def eviction_notice(g: Gate) -> Notice | None:
     """The notice an eviction gives the gang: a notice like a node's (``policy.notice`` delivers it, the runtime
     reads the same ``reprieve.dev/notice``), for the whole job rather than one node (``node`` empty)."""
