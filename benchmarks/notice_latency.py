@@ -195,6 +195,10 @@ def main() -> int:
                     help="which jobs' pods say they watch their job's notice object (the runtime's "
                          "reprieve.dev/notice-watch): both = the jobs of even trials (one write per job) and "
                          "not those of odd trials (the per-pod annotation, the fallback)")
+    ap.add_argument("--wave", type=float, default=0.0,
+                    help="instead of the one-node trials: taint this fraction of the nodes at once, spread evenly "
+                         "(0.1: every tenth node, so every job is hit on two of its nodes), and time each hit job "
+                         "from the first taint to every pod hearing it")
     args = ap.parse_args()
     if args.nodes % args.replicas or args.jobs * args.replicas % args.nodes:
         ap.error("need nodes % replicas == 0 and jobs*replicas % nodes == 0")
@@ -284,7 +288,34 @@ def main() -> int:
             writes: dict[str, list[int]] = {"object": [], "annotation": []}
             events: dict[str, list[int]] = {"object": [], "annotation": []}
             cpu0, t_load, load_w0 = cpu_seconds(op.pid), time.monotonic(), load_writes(core)
-            for t in range(args.trials):
+            wave = wave_nodes(args.nodes, args.wave) if args.wave else []
+            if wave:
+                struck = set(wave)
+                hit = sorted({k for k in range(args.jobs) for j in range(args.replicas)
+                              if (args.replicas * k + j) % args.nodes in struck})
+                o0, p0, e0 = on_objects.writes, on_pods.writes, event_count(core)
+                start = time.monotonic()
+                parallel(lambda n: core.patch_node(f"n{n:04d}", {"spec": {"taints": [
+                    {"key": TAINT, "value": "true", "effect": "NoSchedule"}]}}), wave, workers=32)
+                tainted = time.monotonic() - start
+                by_path = {p: [k for k in hit if (p == "object") == watching(k)] for p in ("object", "annotation")}
+                if by_path["object"]:
+                    got = on_objects.wait([f"j{k:03d}-notice" for k in by_path["object"]], 120)
+                    per_job["object"] += [got[f"j{k:03d}-notice"] - start for k in by_path["object"]]
+                if by_path["annotation"]:
+                    got = on_pods.wait([f"j{k:03d}-{j}" for k in by_path["annotation"] for j in range(args.replicas)],
+                                       120)
+                    per_job["annotation"] += [max(got[f"j{k:03d}-{j}"] for j in range(args.replicas)) - start
+                                              for k in by_path["annotation"]]
+                time.sleep(2.0)  # the writes and Events that follow
+                # writes per path: the objects written (one write per job) and the pods annotated (the fallback)
+                writes["object"].append(on_objects.writes - o0)
+                writes["annotation"].append(on_pods.writes - p0)
+                events["object"].append(event_count(core) - e0)
+                print(f"wave: {len(wave)} nodes tainted in {tainted:.2f} s, {len(hit)} jobs hit "
+                      f"({len(by_path['object'])} watching their object): {on_objects.writes - o0} objects and "
+                      f"{on_pods.writes - p0} pods written, {event_count(core) - e0} Events")
+            for t in range(0 if wave else args.trials):
                 node = (args.replicas * t) % args.nodes
                 jobs = sorted({(node + args.nodes * m) // args.replicas
                                for m in range(args.jobs * args.replicas // args.nodes)})
@@ -354,6 +385,12 @@ def main() -> int:
     return 0
 
 
+def wave_nodes(nodes: int, fraction: float) -> list[int]:
+    """``fraction`` of the nodes, spread evenly and clear of the one-node trials' nodes (multiples of 20)."""
+    step = max(1, round(1 / fraction))
+    return [n for n in range(step // 2, nodes, step)]
+
+
 def notice_report(per_job: dict[str, list[float]], writes: dict[str, list[int]], events: dict[str, list[int]],
                   peer: list[float], jobs_per_notice: int) -> dict[str, Any]:
     """The figures of a run: per path (``object``: one write per job; ``annotation``: one per pod) p50/p99/max of
@@ -364,8 +401,8 @@ def notice_report(per_job: dict[str, list[float]], writes: dict[str, list[int]],
         if xs:
             out.update({f"{path}_jobs_measured": len(xs), f"{path}_p50_s": round(statistics.median(xs), 4),
                         f"{path}_p99_s": round(pct(xs, 0.99), 4), f"{path}_max_s": round(max(xs), 4),
-                        f"{path}_writes_per_notice": round(statistics.mean(writes[path]), 1),
-                        f"{path}_events_per_notice": round(statistics.mean(events[path]), 1)})
+                        f"{path}_writes_per_notice": round(statistics.mean(writes[path]), 1) if writes[path] else None,
+                        f"{path}_events_per_notice": round(statistics.mean(events[path]), 1) if events[path] else None})
     out.update(peer_direct_patch_p50_s=round(statistics.median(peer), 4),
                peer_direct_patch_p99_s=round(pct(peer, 0.99), 4))
     return out
