@@ -343,7 +343,17 @@ def main() -> int:
             # Peer: the same deliveries done by hand, straight after a taint: patch every pod of the jobs on
             # one node (32 threads, job by job, like the operator's pool), time per job from the taint.
             peer: list[float] = []
-            for t in range(min(5, args.trials)):
+            if wave:  # the wave's peer: every pod of every hit job patched by hand, from one start
+                start, finished_w = time.monotonic(), {}
+
+                def patch_w(kj: tuple[int, int]) -> None:
+                    core.patch_namespaced_pod(f"j{kj[0]:03d}-{kj[1]}", NS, {"metadata": {"annotations": {
+                        "bench/peer": "wave"}}})
+                    finished_w[kj[0]] = max(finished_w.get(kj[0], 0.0), time.monotonic())
+
+                parallel(patch_w, [(k, j) for k in hit for j in range(args.replicas)], workers=32)
+                peer += [finished_w[k] - start for k in hit]
+            for t in range(0 if wave else min(5, args.trials)):
                 node = (args.replicas * t) % args.nodes
                 jobs = sorted({(node + args.nodes * m) // args.replicas
                                for m in range(args.jobs * args.replicas // args.nodes)})
