@@ -10,8 +10,8 @@ update for 3 processes). :class:`PerProcess` runs ``jax.jit(fn)`` over this proc
 one device, or a mesh of the process's devices), on each device's own copy of the arguments, and assembles the
 results into arrays replicated on the whole mesh (``jax.make_array_from_single_device_arrays``). Its program does
 not depend on the process count, so a shrunk or grown job finds it in the persistent cache (on CPU, whose keys name
-the devices, process ``i`` finds what process ``i`` wrote at the job's first start). Every device computes the
-same thing from the same inputs, as the copies of a program over the mesh do; nothing crosses processes.
+the devices, process ``i`` finds what process ``i`` wrote at the job's first start). Every process runs the same
+program on the same inputs, so every process of every size computes the same bits; nothing crosses processes.
 
 It suits what each device computes on its own from replicated values: an optimizer update after the gradient's
 reduction, a ravel of the parameters. A function that needs a collective across processes, or sharded arguments,
