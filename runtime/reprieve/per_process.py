@@ -11,7 +11,8 @@ one device, or a mesh of the process's devices), on each device's own copy of th
 results into arrays replicated on the whole mesh (``jax.make_array_from_single_device_arrays``). Its program does
 not depend on the process count, so a shrunk or grown job finds it in the persistent cache (on CPU, whose keys name
 the devices, process ``i`` finds what process ``i`` wrote at the job's first start). Every process runs the same
-program on the same inputs, so every process of every size computes the same bits; nothing crosses processes.
+program on the same inputs (processes have the same number of devices), so every process of every size computes
+the same bits; nothing crosses processes.
 
 It suits what each device computes on its own from replicated values: an optimizer update after the gradient's
 reduction, a ravel of the parameters. A function that needs a collective across processes, or sharded arguments,
