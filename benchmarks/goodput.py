@@ -58,10 +58,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,14 +136,33 @@ def kept_logs(cluster: Cluster, ns: str) -> Path:
     return cluster.workdir / "kept-pod-logs" / ns
 
 
-def restore_sources(cluster: Cluster, ns: str, report: GoodputReport) -> list[Restore | None]:
-    """Each interruption's restore, from the trainer logs of every pod the namespace had (removed nodes' too: on
-    process nodes the logs stay; on real nodes the copies :class:`LogKeeper` kept)."""
+def trainer_log_lines(cluster: Cluster, ns: str) -> list[str]:
+    """The trainer logs of every pod the namespace had (removed nodes' too: on process nodes the logs stay; on real
+    nodes the copies :class:`LogKeeper` kept), line by line."""
     paths = sorted(cluster.workdir.glob(f"nodes/*/pods/{ns}/*/logs/trainer.log"))  # process nodes
     paths += sorted(kept_logs(cluster, ns).glob(f"*/{ns}_*/trainer/*.log"))  # real nodes
-    lines = [line for path in paths for line in path.read_text(errors="replace").splitlines()]
-    restores = parse(lines)
+    return [line for path in paths for line in path.read_text(errors="replace").splitlines()]
+
+
+def restore_sources(cluster: Cluster, ns: str, report: GoodputReport) -> list[Restore | None]:
+    """Each interruption's restore, from the trainer logs."""
+    restores = parse(trainer_log_lines(cluster, ns))
     return [for_resume(restores, i.resumed_at) for i in report.interruptions]
+
+
+FIRST_STEP_LINE = re.compile(r"attempt (\d+): first step done [0-9.]+s after the \w+ start, ([0-9.]+)s after the "
+                             r"assignment arrived")  # reprieve-supervisor's, once per process and attempt
+
+
+def assigned_to_first_step(lines: Iterable[str]) -> dict[int, float]:
+    """Seconds from each attempt's assignment (the operator's decision, as each supervisor received it) to its
+    first step, from the supervisors' lines: the slowest process's, as a step is done when every process did it
+    (pure)."""
+    seconds: dict[int, float] = {}
+    for line in lines:
+        if m := FIRST_STEP_LINE.search(line):
+            seconds[int(m[1])] = max(seconds.get(int(m[1]), 0.0), float(m[2]))
+    return seconds
 
 
 def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Event],
@@ -296,6 +316,8 @@ class StockoutFigures:
     degraded_rate: float | None     # steps/s of an attempt that began after the kill, before capacity returned
     window_steps: int               # steps finished in the window [kill, kill + window_seconds]
     window_seconds: float
+    assigned_first_step: float | None = None  # the next attempt's assignment -> its first step, s (the shrink's)
+    grown_first_step: float | None = None     # the same for the attempt after it (the grow's)
 
 
 def attempt_rate(records: list[StepRecord], skip: int = 3) -> float | None:
@@ -307,10 +329,10 @@ def attempt_rate(records: list[StepRecord], skip: int = 3) -> float | None:
     return (len(steady) - 1) / (steady[-1].t - steady[0].t)
 
 
-def stockout_figures(records: list[StepRecord], *, kill_t: float, return_t: float,
-                     window_seconds: float) -> StockoutFigures:
+def stockout_figures(records: list[StepRecord], *, kill_t: float, return_t: float, window_seconds: float,
+                     assigned: Mapping[int, float] | None = None) -> StockoutFigures:
     """The stockout's figures (pure): ``kill_t`` when the worker's node went, ``return_t`` when a node with room
-    came back, wall-clock seconds like the records'."""
+    came back, wall-clock seconds like the records'; ``assigned``: :func:`assigned_to_first_step`."""
     by_attempt: dict[int, list[StepRecord]] = {}
     for r in records:
         by_attempt.setdefault(r.attempt, []).append(r)
@@ -327,7 +349,9 @@ def stockout_figures(records: list[StepRecord], *, kill_t: float, return_t: floa
         first_step_after=(first_next.t - kill_t) if first_next is not None else None,
         full_rate=attempt_rate(by_attempt[killed]) or 0.0,
         degraded_rate=attempt_rate([r for r in by_attempt[degraded[0]] if r.t < return_t]) if degraded else None,
-        window_steps=len(done), window_seconds=window_seconds)
+        window_steps=len(done), window_seconds=window_seconds,
+        assigned_first_step=(assigned or {}).get(after[0]) if after else None,
+        grown_first_step=(assigned or {}).get(after[1]) if len(after) > 1 else None)
 
 
 def stockout_body(variant: str, args: argparse.Namespace, ckpt: Path, pool: str) -> dict[str, object]:
@@ -402,7 +426,9 @@ def run_stockout(cluster: Cluster, api: object, work: Path, variant: str,
         report = analyse(records, start=start, end=end)
         log(f"stockout {variant}: done, restarts {status.get('restarts')}\n{report.summary()}")
         figures = (stockout_figures(records, kill_t=kill_t, return_t=return_t,
-                                    window_seconds=args.stockout + args.window_extra) if kill_t else None)
+                                    window_seconds=args.stockout + args.window_extra,
+                                    assigned=assigned_to_first_step(trainer_log_lines(cluster, ns)))
+                   if kill_t else None)
         return report, figures, json.loads((ckpt / "result.json").read_text())["sha256"]
     finally:
         operator.stop()
@@ -431,6 +457,9 @@ def stockout_main(args: argparse.Namespace) -> int:
     def rate(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"
 
+    def seconds(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1f}"
+
     rows: list[tuple[str, Callable[[str], str]]] = [
         ("goodput", lambda v: f"{results[v][0].goodput:.1%}"),
         ("goodput after the first start", lambda v: f"{results[v][0].goodput_after_start:.1%}"),
@@ -438,6 +467,8 @@ def stockout_main(args: argparse.Namespace) -> int:
         ("lost steps at the kill", lambda v: fig(v, lambda f: str(f.lost_steps))),
         ("kill -> first step of the next attempt, s", lambda v: fig(v, lambda f: "-" if f.first_step_after is None
                                                                      else f"{f.first_step_after:.1f}")),
+        ("next attempt: assignment -> first step, s", lambda v: fig(v, lambda f: seconds(f.assigned_first_step))),
+        ("the grow: assignment -> first step, s", lambda v: fig(v, lambda f: seconds(f.grown_first_step))),
         ("steps/s at full size", lambda v: fig(v, lambda f: rate(f.full_rate))),
         ("steps/s degraded", lambda v: fig(v, lambda f: rate(f.degraded_rate))),
         ("degraded / full", lambda v: fig(v, lambda f: "-" if not f.degraded_rate or not f.full_rate

@@ -179,7 +179,9 @@ class VirtualTraining:
     that divides ``count``. The parameters go to ``VirtualStep`` as one flat vector, so its reduction moves one
     array (one ``psum``, or one ``all_gather`` in canonical order) instead of one per parameter array (the reason
     ``make_train_step`` ravels). Dropout's key is ``fold_in(key(seed + 1), step, shard, module)``: a function of
-    the step, so the ``nnx.Rngs`` counters of the state are left as they are and the key needs no counter.
+    the step, so the ``nnx.Rngs`` counters of the state are left as they are and the key needs no counter. The
+    update (optax on the replicated state) and the ravel are ``reprieve.PerProcess`` programs, over this process's
+    devices only, like each shard's gradient: a job that shrinks or grows finds all three in its compilation cache.
     """
 
     def __init__(self, graphdef: nnx.GraphDef[Any], shapes: nnx.State, data: np.ndarray, seed: int, count: int,
@@ -213,7 +215,10 @@ class VirtualTraining:
 
         self.step = reprieve.VirtualStep(shard_loss, count, canonical=canonical, with_shard_index=True)
         self.data = reprieve.VirtualData(count, self.step.shards, lambda v: batches(data, seed, v, count))
-        self.flat_params, self.advance = jax.jit(flat_params), jax.jit(advance)
+        # programs over this process's devices, not the mesh: the same on any process count, so a shrunk or grown
+        # job finds them in the compilation cache instead of compiling them (docs/elastic.md)
+        self.flat_params = reprieve.PerProcess(flat_params, self.step.mesh)
+        self.advance = reprieve.PerProcess(advance, self.step.mesh)
         size = sum(x.size for x in jax.tree.leaves(param_shapes))
         self.grads = jax.ShapeDtypeStruct((size,), jnp.float32, sharding=self.step.replicated)  # advance's 2nd arg
         self._flat: jax.Array | None = None  # the current state's flat parameters (advance returns them)
@@ -306,11 +311,12 @@ def main() -> int:
         init = jax.jit(lambda: nnx.state(create(args.seed, args.lr)), out_shardings=shardings)
         # Lower and compile the step for these devices beside the restore; steps() waits for it before the
         # first step, which then finds the program in JAX's caches (docs/runtime.md, "Compiling the step while
-        # the state is restored"). Over virtual shards: the update (each shard's gradient compiles at the first
-        # step, one program a device).
+        # the state is restored"). Over virtual shards: the update and the ravel of the parameters (each shard's
+        # gradient compiles at the first step).
         train: Callable[[nnx.State, int], tuple[nnx.State, jax.Array]]
         if shards:
             job.compile_ahead(virtual.advance, abstract, virtual.grads)
+            job.compile_ahead(virtual.flat_params, abstract)
             train = virtual
         else:
             job.compile_ahead(train_step, abstract, jax.ShapeDtypeStruct((GLOBAL_BATCH, SEQ + 1), jnp.int32,

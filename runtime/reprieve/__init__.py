@@ -28,9 +28,10 @@ from .trace_ahead import expected_topology
 from .virtual import VirtualData, VirtualShardsError
 
 if TYPE_CHECKING:
+    from .per_process import PerProcess
     from .virtual_step import VirtualStep
 
-_IMPORTS_JAX = {"VirtualStep": "virtual_step"}  # `import reprieve` does not import JAX: these load when first named
+_IMPORTS_JAX = {"VirtualStep": "virtual_step", "PerProcess": "per_process"}  # `import reprieve` does not import JAX: these load when first named
 
 try:
     __version__ = _version("reprieve")
@@ -53,7 +54,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "Checkpointer", "ConfigError", "CountdownSettings", "DataPositionError", "Job", "Notice",
+    "Checkpointer", "ConfigError", "CountdownSettings", "DataPositionError", "Job", "Notice", "PerProcess",
     "PreemptionServiceDisabled", "Restored", "RuntimeConfig", "SavePolicy", "Topology", "TopologyError",
     "VirtualData", "VirtualShardsError", "VirtualStep", "__version__", "expected_topology", "init",
 ]

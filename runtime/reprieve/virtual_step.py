@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from .per_process import local_copies
 from .virtual import VirtualShardsError, note_step, owned
 
 AXIS = "virtual_shards"
@@ -124,8 +125,9 @@ class VirtualStep:
                                      f"owns virtual shards {list(self.shards)}: pass one batch per owned shard")
         note_step(self.count)
         per_device = []
-        for block, device in self._blocks:
-            local = jax.tree_util.tree_map_with_path(lambda path, leaf, d=device: _replica(path, leaf, d), params)
+        copies = local_copies(params, [device for _, device in self._blocks], who="VirtualStep: parameter",
+                              fix=" (VirtualStep.replicate)", error=VirtualShardsError)
+        for (block, device), local in zip(self._blocks, copies, strict=True):
             terms = [self._value_and_grad(local, jax.device_put(batches[v - self.shards.start], device),
                                           *self._shard_index(v, device)) for v in block]
             if self.canonical:
@@ -147,17 +149,3 @@ class VirtualStep:
     def _shard_index(self, shard: int, device: Any) -> tuple[jax.Array, ...]:
         return (jax.device_put(np.uint32(shard), device),) if self.with_shard_index else ()
 
-
-def _replica(path: Any, leaf: Any, device: Any) -> Any:
-    """``leaf``'s full copy on ``device`` (no copy when it already has one there)."""
-    if not isinstance(leaf, jax.Array):
-        return jax.device_put(leaf, device)
-    if not leaf.is_fully_replicated:
-        raise VirtualShardsError(f"VirtualStep: parameter {jax.tree_util.keystr(path)} is sharded ({leaf.sharding}); "
-                                 "the step needs every parameter replicated on every device (VirtualStep.replicate)")
-    for shard in leaf.addressable_shards:
-        if shard.device == device:
-            return shard.data
-    if leaf.is_fully_addressable:
-        return jax.device_put(leaf, device)
-    raise VirtualShardsError(f"VirtualStep: parameter {jax.tree_util.keystr(path)} has no copy on {device}")

@@ -84,3 +84,18 @@ def test_attempt_rate_leaves_out_the_first_steps(n: int, skip: int, rate: float 
         assert got is not None and got < 1.0  # the compile's wait drags an unskipped rate down
     else:
         assert got == (pytest.approx(rate) if rate is not None else None)
+
+
+def test_the_assignment_to_first_step_seconds_are_the_slowest_process_s_per_attempt() -> None:
+    line = "{pid} INFO attempt {a}: first step done {w}s after the warm start, {s}s after the assignment arrived"
+    lines = [line.format(pid=1, a=1, w=23.22, s=23.22), line.format(pid=2, a=2, w=7.14, s=7.14),
+             line.format(pid=3, a=2, w=6.97, s=6.97), line.format(pid=3, a=3, w=2.55, s=3.56),
+             "2026-11-29 02:15:03,160 INFO reprieve.job: the first step lowered 4 program(s) in 0.18s"]
+    assert goodput.assigned_to_first_step(lines) == {1: 23.22, 2: 7.14, 3: 3.56}
+    records = _steps(1, 0, 49, 100.0, 0.5) + _steps(2, 46, 215, 131.0, 0.5) + _steps(3, 216, 300, 250.0, 0.5)
+    f = goodput.stockout_figures(records, kill_t=125.0, return_t=245.0, window_seconds=150.0,
+                                 assigned=goodput.assigned_to_first_step(lines))
+    assert (f.assigned_first_step, f.grown_first_step) == (7.14, 3.56)
+    waited = goodput.stockout_figures(records[:50] + records[-85:], kill_t=125.0, return_t=245.0,
+                                      window_seconds=150.0, assigned={1: 23.22, 3: 40.0})
+    assert (waited.assigned_first_step, waited.grown_first_step) == (40.0, None)
