@@ -74,6 +74,27 @@ def main() -> int:
     after = rss_mb()
     print(f"{args.pods} pods ({len(raw)} B bodies, {args.updates} updates each): RSS {before:.0f} -> {after:.0f} MB, "
           f"{(after - before) * 2**20 / args.pods:.0f} B a pod in the cache")
+
+    # the jobs (one per ``replicas`` pods), with the status a running job's goodput accounting gives it
+    m["status"] = {
+        "phase": "Running", "attempt": 1, "ready": f"{args.replicas}/{args.replicas}",
+        "startTime": "2026-01-01T00:00:00Z",
+        "conditions": [{"type": t, "status": "True", "reason": "Ready", "message": "m" * 80,
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"} for t in ("Ready", "PodsReady")],
+        "goodput": {"goodput": 0.9, "wallSeconds": 100.0, "productiveSeconds": 90.0, "lostSteps": 0,
+                    "accounting": {"closed": {"productive": 0.0, "startup": 0.0}, "lostSteps": 0, "history": [],
+                                   "open": [{"attempt": 1, "created": 1.0, "report": {
+                                       "step": 500, "time": 1.0, "firstStep": 0, "firstStepTime": 1.0,
+                                       "stepSeconds": 0.1, "restoreSeconds": 0.0, "saveBlockingSeconds": 0.0}}]}}}
+    job_raw = json.dumps(m)
+    jobs = args.pods // args.replicas
+    for k in range(jobs):
+        for _ in range(args.updates):
+            cache.upsert_job(json.loads(job_raw.replace("j0000", f"j{k:05d}")))
+    gc.collect()
+    last = rss_mb()
+    print(f"{jobs} jobs ({len(job_raw)} B bodies, {args.updates} updates each): RSS {after:.0f} -> {last:.0f} MB, "
+          f"{(last - after) * 2**20 / jobs:.0f} B a job in the cache")
     return 0
 
 

@@ -9,29 +9,34 @@ the handlers receive anyway. It stores only the few fields the operator reads (`
 
 from __future__ import annotations
 
+import json
 import sys
-from collections import defaultdict
-from collections.abc import Mapping
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from . import LABEL_JOB
-from .policy.views import GonePod, compact_pod, gone_pod, last_steps
+from .policy.views import VIEW_KEY, GonePod, compact_pod, gone_pod, last_steps
 
 Key = tuple[str, str]  # (namespace, name)
 GONE_PER_JOB = 64  # deleted pods remembered per job (the newest; a job's pod names repeat across attempts)
+HOT_PODS = 10_000  # pods of the jobs read lately kept as dicts (with their parse); the rest as text
 SAID_PER_JOB = 16  # attempts whose deleted pods' last steps are remembered per job (the newest)
 
 
 class Cache:
     def __init__(self) -> None:
-        self._pods: dict[Key, dict[str, dict[str, Any]]] = defaultdict(dict)  # job -> pod name -> compact pod
+        # job -> pod name -> its compact pod: a dict while the job is hot (read lately, ``HOT_PODS``), else its
+        # JSON text (50,000 pods as dicts were most of the operator's memory)
+        self._pods: dict[Key, dict[str, Any]] = defaultdict(dict)
+        self._hot: OrderedDict[Key, int] = OrderedDict()  # hot jobs, least lately read first -> their pod count
         self._pod_node: dict[Key, str] = {}  # (namespace, pod) -> node
         self._node_jobs: dict[str, dict[Key, int]] = defaultdict(dict)  # node -> job -> pods of it there
         self._pod_job: dict[Key, str] = {}  # (namespace, pod) -> job
         self._gone: dict[Key, dict[str, GonePod]] = defaultdict(dict)  # job -> pod name -> a deleted pod
         self._said: dict[Key, dict[int, tuple[int, float]]] = defaultdict(dict)  # job -> attempt -> last step, when
         self.nodes: dict[str, dict[str, Any]] = {}  # name -> observe.compact_node
-        self.jobs: dict[Key, dict[str, Any]] = {}
+        self.jobs = JobBodies()
         self.primed = False
 
     # --- pods ---
@@ -47,7 +52,7 @@ class Cache:
         key = (ns, job)
         if key in self._gone:
             self._gone[key].pop(name, None)
-        self._pods[key][name] = small
+        self._pods[key][name] = small if key in self._hot else _text(small)
         self._pod_job[(ns, name)] = job
         node = small["spec"].get("nodeName")
         if node:
@@ -57,7 +62,9 @@ class Cache:
 
     def delete_pod(self, pod: Mapping[str, Any]) -> None:
         meta = pod.get("metadata") or {}
-        ns, name = str(meta.get("namespace")), str(meta.get("name"))
+        self._forget(str(meta.get("namespace")), str(meta.get("name")))
+
+    def _forget(self, ns: str, name: str) -> None:
         job = self._pod_job.pop((ns, name), None)
         if job is None:
             return
@@ -65,6 +72,7 @@ class Cache:
         self._pods[key].pop(name, None)
         if not self._pods[key]:
             del self._pods[key]
+            self._hot.pop(key, None)
         node = self._pod_node.pop((ns, name), None)
         if node is not None:
             left = self._node_jobs[node].get(key, 0) - 1
@@ -122,21 +130,40 @@ class Cache:
             self._pod_job.clear()
         else:
             for key in before:
-                for old in list(self._pods.get(key, {}).values()):
-                    self.delete_pod(old)
+                for old in list(self._pods.get(key, {})):
+                    self._forget(key[0], old)
         for p in pods:
             self.upsert_pod(p)
         return before | {k for k in self._pods if namespace is None or k[0] == namespace}
 
     def replace_job_pods(self, namespace: str, job: str, pods: list[dict[str, Any]]) -> None:
         """Make the job's pods exactly ``pods`` (from a LIST)."""
-        for old in list(self._pods.get((namespace, job), {}).values()):
-            self.delete_pod(old)
+        for old in list(self._pods.get((namespace, job), {})):
+            self._forget(namespace, old)
         for p in pods:
             self.upsert_pod(p)
 
     def pods_of(self, namespace: str, job: str) -> list[dict[str, Any]]:
-        return list(self._pods.get((namespace, job), {}).values())
+        """The job's compact pods (``policy.views.compact_pod``; shared: ``pod_view`` keeps its parse in them). The
+        job turns hot: its pods stay dicts until ``HOT_PODS`` pods of jobs read since push it out."""
+        key = (namespace, job)
+        pods = self._pods.get(key)
+        if not pods:
+            return []
+        if key in self._hot:
+            self._hot.move_to_end(key)
+        else:
+            for name, value in pods.items():
+                pods[name] = {**json.loads(value), VIEW_KEY: None}  # a slot for pod_view's parse again
+            self._hot[key] = len(pods)
+            hot = sum(self._hot.values())
+            while hot > HOT_PODS and len(self._hot) > 1:
+                cold, _ = self._hot.popitem(last=False)
+                for name, value in self._pods[cold].items():
+                    self._pods[cold][name] = _text(value)
+                hot -= len(self._pods[cold])
+        self._hot[key] = len(pods)
+        return list(pods.values())
 
     def jobs_on(self, node: str) -> list[Key]:
         return sorted(self._node_jobs.get(node, {}))
@@ -157,16 +184,17 @@ class Cache:
     def upsert_job(self, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
-        self.jobs[key] = {
+        self.jobs.put(key, {
             "metadata": {"name": key[1], "namespace": key[0], "uid": meta.get("uid"),
                          "generation": meta.get("generation")},
-            "spec": dict(body.get("spec") or {}), "status": dict(body.get("status") or {})}
+            "spec": dict(body.get("spec") or {}), "status": dict(body.get("status") or {})})
 
     def merge_job_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """A status patch this operator just wrote: deliveries before its watch event must see it."""
         body = self.jobs.get((namespace, name))
         if body is not None:
             body["status"] = {**(body.get("status") or {}), **patch}
+            self.jobs.put((namespace, name), body)
 
     def delete_job(self, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -180,7 +208,51 @@ class Cache:
         self.primed = True
 
     def unfinished_jobs(self) -> list[Key]:
-        return sorted(k for k, b in self.jobs.items() if b["status"].get("phase") not in ("Succeeded", "Failed"))
+        return sorted(k for k in self.jobs if self.jobs.phase(k) not in ("Succeeded", "Failed"))
 
     def stats(self) -> dict[str, int]:
         return {"pods": len(self._pod_job), "jobs": len(self.jobs), "nodes": len(self.nodes)}
+
+
+def _text(pod: dict[str, Any]) -> str:
+    """A compact pod as JSON text (without ``pod_view``'s parse: a cold job's is parsed again when read)."""
+    return json.dumps({k: v for k, v in pod.items() if k != VIEW_KEY}, separators=(",", ":"))
+
+
+class JobBodies:
+    """The jobs' bodies as the watch last gave them (metadata's name, namespace, uid and generation; spec; status),
+    each kept as one JSON string: a decoded body is a tree of small objects several times its text's size, and
+    2,500 of them were tens of MB of the operator's memory. ``get`` decodes a fresh copy (a caller may change it);
+    the phase is kept apart for the resync's scan."""
+
+    def __init__(self) -> None:
+        self._text: dict[Key, str] = {}
+        self._phase: dict[Key, str | None] = {}
+
+    def put(self, key: Key, body: Mapping[str, Any]) -> None:
+        self._text[key] = json.dumps(body, separators=(",", ":"))
+        self._phase[key] = (body.get("status") or {}).get("phase")
+
+    def get(self, key: Key) -> dict[str, Any] | None:
+        text = self._text.get(key)
+        return None if text is None else json.loads(text)
+
+    def __getitem__(self, key: Key) -> dict[str, Any]:
+        return json.loads(self._text[key])
+
+    def pop(self, key: Key, default: Any = None) -> Any:
+        self._phase.pop(key, None)
+        text = self._text.pop(key, None)
+        return default if text is None else json.loads(text)
+
+    def phase(self, key: Key) -> str | None:
+        return self._phase.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._text
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(list(self._text))
+
+    def __len__(self) -> int:
+        return len(self._text)

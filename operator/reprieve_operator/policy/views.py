@@ -213,7 +213,7 @@ def compact_pod(pod: Mapping[str, Any], intern: Callable[[str], str] = str) -> d
         out_status["conditions"] = unscheduled
     node = (pod.get("spec") or {}).get("nodeName")
     return {"metadata": out_meta, "spec": {"nodeName": _intern(node)} if node else {}, "status": out_status,
-            _VIEW_KEY: None}
+            VIEW_KEY: None}
 
 
 _COMPACT_ANNOTATIONS = (ANNOTATION_NOTICE, ANNOTATION_NOTICE_WATCH, ANNOTATION_PROGRESS, ANNOTATION_EXIT,
@@ -249,11 +249,11 @@ def pod_view(pod: Mapping[str, Any], known_nodes: Container[str] | None = None) 
     A compact pod (``compact_pod``: what the cache holds, a new dict for every event of the pod) keeps its
     parsed view in ``_view``: a reconcile of a 5,000-pod job parsed 15,000 JSON annotations otherwise, 0.18 s a
     pass. Only whether the node is known is decided per call."""
-    memo = pod.get(_VIEW_KEY)  # None: not parsed yet, or not a compact pod; False: not one of the job's pods
+    memo = pod.get(VIEW_KEY)  # None: not parsed yet, or not a compact pod; False: not one of the job's pods
     if memo is None:
         memo = _parse_pod_view(pod) or False
-        if _VIEW_KEY in pod:
-            cast(dict[str, Any], pod)[_VIEW_KEY] = memo
+        if VIEW_KEY in pod:
+            cast(dict[str, Any], pod)[VIEW_KEY] = memo
     if not isinstance(memo, PodView):
         return None
     view = memo
@@ -264,7 +264,7 @@ def pod_view(pod: Mapping[str, Any], known_nodes: Container[str] | None = None) 
 # A container's terminated reason when its command could not be run: containerd/CRI-O and the local process
 # kubelet say StartError, dockershim said ContainerCannotRun.
 START_ERRORS = ("StartError", "ContainerCannotRun")
-_VIEW_KEY = "_view"  # compact pods only: a slot for pod_view's parse (None until first asked)
+VIEW_KEY = "_view"  # compact pods only: a slot for pod_view's parse (None until first asked)
 
 
 def _parse_pod_view(pod: Mapping[str, Any]) -> PodView | None:
