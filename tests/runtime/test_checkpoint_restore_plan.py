@@ -1,4 +1,5 @@
-"""plan_reads: how saved chunks fill target shard regions; narrowing: what a restore's cast loses (pure)."""
+"""plan_reads: how saved chunks fill target shard regions; narrowing: what a restore's cast loses; read_failure: a
+failed read as damage or as a storage that did not answer (pure)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import math
 
 import numpy as np
 import pytest
-from reprieve.checkpoint.restore import ReadOp, narrowing, plan_reads, read_budget
+from reprieve.checkpoint.metadata import CheckpointCorruptError, CheckpointUnavailableError
+from reprieve.checkpoint.restore import ReadOp, narrowing, plan_reads, read_budget, read_failure
 
 pytestmark = pytest.mark.unit
 
@@ -109,3 +111,23 @@ def test_narrowing(saved: str, target: str, loses: str | None) -> None:
 
     got = narrowing(np.dtype(saved), np.dtype(target))
     assert (got is None) if loses is None else (got is not None and loses in got), got
+
+
+@pytest.mark.parametrize(("message", "kind"), [
+    # TensorStore's words for what this repository's tests did to a chunk (test_checkpoint.py) and to the store
+    ('FAILED_PRECONDITION: Error reading local file "c/0": Not enough data: expected at least 16384 or 8190 more',
+     CheckpointCorruptError),  # a chunk shorter than its metadata says
+    ("DATA_LOSS: Error reading local file \"c/0\": Digest mismatch, stored digest is 0xf7316c63", CheckpointCorruptError),
+    ('NOT_FOUND: chunk {0} stored at local file "c/0" is missing', CheckpointCorruptError),
+    ("INVALID_ARGUMENT: Error parsing object", CheckpointCorruptError),
+    ("something without a status code", CheckpointCorruptError),  # as before: unknown is damage
+    ("UNAVAILABLE: CURL error Couldn't connect to server", CheckpointUnavailableError),
+    ("DEADLINE_EXCEEDED: request timed out", CheckpointUnavailableError),
+    ("ABORTED: the connection was reset", CheckpointUnavailableError),
+    ("RESOURCE_EXHAUSTED: HTTP response code: 429 (SlowDown)", CheckpointUnavailableError),
+    ("PERMISSION_DENIED: HTTP response code: 403", CheckpointUnavailableError),
+    ("UNAUTHENTICATED: expired token", CheckpointUnavailableError),
+])
+def test_a_failed_read_is_damage_unless_the_storage_did_not_answer(message: str, kind: type) -> None:
+    got = read_failure(f"checkpoint s3://b/r/step_1: reading arrays/00000 failed: {message}", ValueError(message))
+    assert type(got) is kind and str(got).startswith("checkpoint s3://b/r/step_1: reading arrays/00000 failed")

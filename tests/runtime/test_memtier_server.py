@@ -1,7 +1,8 @@
 """The replica server and the memory directory for real: tmpfs directories, loopback TCP, the in-flight lock.
 
 Copies are built by hand (a uint8 leaf cut into shards) so that every fault can be placed exactly: a flipped byte
-on the way, a sender that dies half-way, a stale attempt, a limit too small, a missing token.
+on the way, a sender that dies half-way, a stale attempt, a limit too small, a missing token; and on the restore's
+side, a copy shorter than its manifest says and a peer that goes away half-way through a read.
 """
 
 from __future__ import annotations
@@ -13,12 +14,18 @@ import threading
 import time
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 from reprieve.memtier import layout, wire
+from reprieve.memtier.decide import Holding
 from reprieve.memtier.layout import CopyName
 from reprieve.memtier.manifest import CopyCorruptError, Manifest, Shard, crc32c
+from reprieve.memtier.restore import Source, SourceError, open_sources, restore_state
 from reprieve.memtier.server import ReplicaServer
 from reprieve.memtier.store import CopyBusyError, CopyRefusedError, MemoryDir
+
+from tests.runtime.helpers_relay import CutRelay
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -253,3 +260,47 @@ def test_threads_of_one_process_write_the_same_fence_at_once(shm: Path) -> None:
         assert errors == [] and sorted(results) == [False, False, False, True], (attempt, errors, results)
     assert sorted(mdir.fences()) == list(range(1, 41))
     assert [p for p in os.listdir(shm / layout.FENCES_DIR) if p.endswith(".tmp")] == []
+
+
+def _restore_one_leaf(sources: dict[int, Source], n: int) -> np.ndarray:
+    """Process 1 of 2 restores the one uint8 leaf of ``write_copy`` from writer 1's copy (it covers the leaf)."""
+    abstract = {"x": jax.ShapeDtypeStruct((n,), np.uint8, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))}
+    state, _, _, _ = restore_state(sources, abstract, num_writers=2, process=1, num_processes=2, token=None)
+    return np.asarray(state["x"])
+
+
+def test_a_copy_whose_data_is_shorter_than_its_manifest_says_is_not_a_source(shm: Path) -> None:
+    """Issue 49's bad input: a copy's data.bin shorter than its manifest says is refused when its source is opened,
+    naming both sizes, so the round goes to the next source instead of reading past the end of the mapping."""
+    mdir = MemoryDir(str(shm / "pod"))
+    name = CopyName(40, 2, 1)
+    m = write_copy(mdir, name, os.urandom(1 << 20))
+    os.truncate(os.path.join(mdir.copy_dir("own", name), layout.DATA_FILE), m.data_bytes // 2)
+    held = Holding(name, 2, "local:1", "own", nbytes=m.data_bytes)
+    with pytest.raises(SourceError, match=rf"data.bin has {m.data_bytes // 2} bytes, the manifest says "
+                                          rf"{m.data_bytes}") as err:
+        open_sources({1: held}, mdir, process=1, location=None, token=None)
+    assert err.value.corrupt and err.value.holder == held  # the round deletes it and excludes it
+
+
+def test_a_peer_that_goes_away_half_way_through_a_restore_read_fails_that_source_and_fills_no_array(
+        pair: tuple[MemoryDir, MemoryDir, ReplicaServer]) -> None:
+    """Issue 49's bad input: the peer's replica server stops answering half-way through the shards a restore reads
+    from it. The read raises SourceError naming the copy and where (the round excludes that copy and decides
+    again: the next source), no array is built; once the peer answers again the same copy restores bit-exactly."""
+    writer, _, server = pair
+    payload = os.urandom(4 << 20)
+    name = CopyName(40, 2, 1)
+    write_copy(writer, name, payload)
+    put(wire.Client(server.address), writer, name)
+    relay = CutRelay(wire.split_address(server.address)[1])
+    held = Holding(name, 2, f"127.0.0.1:{relay.port}", "peer")
+    sources = open_sources({1: held}, writer, process=1, location="another-pod", token=None)
+    assert not sources[1].local
+    relay.cut_after(len(payload) // 2)
+    with pytest.raises(SourceError, match=rf"copy peer/{name} at 127.0.0.1:{relay.port}") as err:
+        _restore_one_leaf(sources, len(payload))
+    assert not err.value.corrupt and err.value.holder == held  # unreachable, not corrupt: nobody deletes it
+    assert not relay.serving()
+    relay.cut_after(None)
+    assert _restore_one_leaf(sources, len(payload)).tobytes() == payload

@@ -26,7 +26,9 @@ import jax.numpy as jnp
 import pytest
 import tensorstore as ts
 from ckpt_workers import launch, state_def
-from reprieve.checkpoint import CheckpointManager, FencedError, layout
+from reprieve.checkpoint import CheckpointManager, CheckpointUnavailableError, FencedError, layout
+
+from tests.runtime.helpers_relay import CutRelay
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -203,3 +205,33 @@ def test_the_reprieve_command_reads_object_stores(bucket_uri: str) -> None:
     bad = run("verify", bucket_uri)
     assert bad.returncode == 1 and "CORRUPT" in bad.stdout and chunk.split("/c/")[0].split("/", 1)[1] in bad.stdout, \
         bad.stdout + bad.stderr
+
+
+def test_an_object_store_that_stops_answering_half_way_fails_the_restore_naming_it_and_quarantines_nothing(
+        s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 49's bad input: the store goes away half-way through a restore's reads. Before, every read error was
+    corruption: the checkpoint was quarantined (on an object store: its data deleted) and the restore fell back to
+    older ones. Now every process raises CheckpointUnavailableError naming the checkpoint and the read, no array
+    is returned, nothing is quarantined, and the same checkpoint restores bit-exactly once the store answers."""
+    moto = int(os.environ["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
+    proxy = CutRelay(moto)
+    monkeypatch.setenv("REPRIEVE_S3_ENDPOINT", f"http://127.0.0.1:{proxy.port}")
+    uri, mesh = f"{s3_bucket}-cut", _mesh()
+    with CheckpointManager(uri, keep=3) as mgr:
+        for step in (1, 2):
+            mgr.save(step, state_def.make_state(step, mesh, "a"))
+    mgr = CheckpointManager(uri, attempt=2, request_retries=1)
+    proxy.cut_after(None)  # count from here
+    step, restored, _ = mgr.restore(state_def.make_abstract(mesh, "b"))
+    whole = proxy.sent  # the restore's bytes through the relay, listing included
+    assert step == 2 and state_def.check_state(restored, 2, mesh, "b") == []
+    proxy.cut_after(whole // 2)
+    with pytest.raises(CheckpointUnavailableError, match=rf"{uri}/{layout.committed_name(2, 1)}.*did not serve"):
+        mgr.restore(state_def.make_abstract(mesh, "b"))
+    assert not proxy.serving(), "the store was never cut: the restore read less than half of what it read before"
+    proxy.cut_after(None)
+    assert mgr.all_steps() == [1, 2]  # nothing quarantined, nothing deleted
+    kv = ts.KvStore.open(mgr._storage.kvstore("")).result()
+    assert not [k for k in kv.list().result() if k.decode().startswith(layout.CORRUPT_DIR + "/")]
+    step, restored, _ = mgr.restore(state_def.make_abstract(mesh, "b"))
+    assert step == 2 and state_def.check_state(restored, 2, mesh, "b") == []

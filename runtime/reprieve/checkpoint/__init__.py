@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .fencing import FencedError
     from .manager import CheckpointManager, CheckpointSaveError, OnlyQuarantinedError, RestoreResult
-    from .metadata import CheckpointCorruptError
+    from .metadata import CheckpointCorruptError, CheckpointUnavailableError
 
 _WHERE = {"CheckpointManager": "manager", "CheckpointSaveError": "manager", "RestoreResult": "manager",
           "OnlyQuarantinedError": "manager",
-          "FencedError": "fencing", "CheckpointCorruptError": "metadata"}
+          "FencedError": "fencing", "CheckpointCorruptError": "metadata",
+          "CheckpointUnavailableError": "metadata"}
 
 
 def __getattr__(name: str) -> Any:
@@ -27,5 +28,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CheckpointCorruptError", "CheckpointManager", "CheckpointSaveError", "FencedError", "OnlyQuarantinedError",
-           "RestoreResult"]
+__all__ = ["CheckpointCorruptError", "CheckpointManager", "CheckpointSaveError", "CheckpointUnavailableError",
+           "FencedError", "OnlyQuarantinedError", "RestoreResult"]

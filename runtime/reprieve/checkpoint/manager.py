@@ -32,13 +32,14 @@ from . import fencing, layout, retention
 from . import save as save_mod
 from .fencing import FencedError
 from .layout import CheckpointName
-from .metadata import CheckpointCorruptError, CheckpointMeta
-from .restore import restore_tree
+from .metadata import CheckpointCorruptError, CheckpointMeta, CheckpointUnavailableError
+from .restore import read_failure, restore_tree
 from .storage import Storage, open_storage
 
 log = logging.getLogger(__name__)
 
 _KV = "reprieve/ckpt"
+_UNAVAILABLE = "unavailable: "  # a restore verdict's prefix: the storage did not serve the bytes
 _instances = itertools.count()
 # Chunk files of at most 16 MiB: TensorStore reads a chunk into a fresh buffer and decodes it into another;
 # glibc serves blocks up to its 32 MiB mmap-threshold ceiling from reusable heap memory, bigger ones from fresh
@@ -123,6 +124,8 @@ class CheckpointManager:
             raises FileNotFoundError ("start at step 0") instead of :class:`OnlyQuarantinedError`; None reads
             ``REPRIEVE_START_OVER_QUARANTINED`` (default 0).
         on_commit: ``f(step)`` called (in the background thread, on every process) after each commit.
+        request_retries: how often an object store request is retried before it fails (backoff 1 s doubling to
+            32 s); None keeps TensorStore's 32 (about 15 minutes of an outage).
 
     Attributes:
         last_save_seconds: save() call -> durable commit known to this process, of the last save.
@@ -147,6 +150,7 @@ class CheckpointManager:
         on_commit: Callable[[int], None] | None = None,
         storage_wait_s: float = STORAGE_WAIT_SECONDS,
         start_over_quarantined: bool | None = None,
+        request_retries: int | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError(f"CheckpointManager keep must be >= 1, got {keep}")
@@ -173,7 +177,7 @@ class CheckpointManager:
         self._on_commit = on_commit
         self._restore_check: Callable[[Any, list[tuple[str, Any]], str], None] | None = None
         self._pid, self._nproc = self._coord.process_id, self._coord.num_processes
-        self._storage: Storage = open_storage(uri, fsync=fsync, sync_mode=sync_mode)
+        self._storage: Storage = open_storage(uri, fsync=fsync, sync_mode=sync_mode, request_retries=request_retries)
         self.uri = self._storage.loc.uri()
         self._inst = next(_instances)
         self._restores = itertools.count()
@@ -473,7 +477,10 @@ class CheckpointManager:
         ``step=None`` takes the latest complete checkpoint and, if it is corrupt and ``fallback`` is
         on, the previous ones in turn. All processes agree on the checkpoint they restore. A checkpoint
         every process could not read is quarantined (renamed ``<name>.corrupt``, logged, never listed
-        again), so a later save of the same step commits normally.
+        again), so a later save of the same step commits normally. A read the storage did not serve (unreachable,
+        timed out after ``request_retries``, not permitted) on any process raises
+        :class:`CheckpointUnavailableError` on every process: nothing is quarantined or fallen back past, and no
+        array is returned partly filled.
         """
         self.wait()
         n = next(self._restores)
@@ -511,10 +518,18 @@ class CheckpointManager:
             result = None
             try:
                 result = self._restore_one(name, abstract_state)
-            except CheckpointCorruptError as e:
+            except (CheckpointCorruptError, CheckpointUnavailableError) as e:
                 err = e
-            self._coord.set(f"{key}/{name}/{self._pid}", "ok" if err is None else str(err)[:2000], overwrite=True)
+            verdict = "ok" if err is None else (_UNAVAILABLE if isinstance(err, CheckpointUnavailableError) else "") + \
+                str(err)[:2000]
+            self._coord.set(f"{key}/{name}/{self._pid}", verdict, overwrite=True)
             verdicts = [self._coord.get(f"{key}/{name}/{p}", self._timeout) for p in range(self._nproc)]
+            unserved = [f"process {p}: {v.removeprefix(_UNAVAILABLE)}" for p, v in enumerate(verdicts)
+                        if v.startswith(_UNAVAILABLE)]
+            if unserved:  # the storage's failure, not the checkpoint's: every process raises it, nothing quarantined
+                raise CheckpointUnavailableError(
+                    f"checkpoint {self.uri}/{name}: the storage did not serve it ({'; '.join(unserved)}); not "
+                    "quarantined and not fallen back past: restore again once the storage answers") from err
             failed = [f"process {p}: {v}" for p, v in enumerate(verdicts) if v != "ok"]
             if not failed and result is not None:
                 meta, state = result
@@ -566,7 +581,10 @@ class CheckpointManager:
 
     def _restore_one(self, name: str, abstract: Any) -> tuple[CheckpointMeta, Any]:
         where = f"{self.uri}/{name}/{layout.METADATA_FILE}"
-        raw = self._storage.read_file(f"{name}/{layout.METADATA_FILE}")
+        try:
+            raw = self._storage.read_file(f"{name}/{layout.METADATA_FILE}")
+        except Exception as err:  # named: unavailable or corrupt, as a chunk's read is
+            raise read_failure(f"checkpoint {self.uri}/{name}: reading {where} failed: {err}", err) from err
         if raw is None:
             raise CheckpointCorruptError(f"checkpoint {self.uri}/{name}: metadata file {where} is missing")
         meta = CheckpointMeta.from_json(raw, where)

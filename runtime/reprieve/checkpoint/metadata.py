@@ -18,6 +18,12 @@ class CheckpointCorruptError(RuntimeError):
     """A checkpoint file is missing, truncated or fails its checksum. Names the file and checkpoint."""
 
 
+class CheckpointUnavailableError(RuntimeError):
+    """The storage did not serve a checkpoint's bytes (unreachable, timed out, refused, not permitted): nothing is
+    known to be wrong with the checkpoint, so a restore neither quarantines it nor falls back past it. Names the
+    checkpoint and the file."""
+
+
 @dataclasses.dataclass
 class LeafMeta:
     """One leaf of the saved tree.

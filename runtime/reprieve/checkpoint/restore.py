@@ -40,7 +40,7 @@ from ..arrays import (
     sharding_of,
 )
 from . import layout, spec
-from .metadata import CheckpointCorruptError, CheckpointMeta, LeafMeta
+from .metadata import CheckpointCorruptError, CheckpointMeta, CheckpointUnavailableError, LeafMeta
 from .storage import Storage
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,22 @@ def plan_reads(shape: Sequence[int], chunk_shape: Sequence[int], targets: Sequen
         else:
             ops.extend(ReadOp(p, ((i, p),), direct=False) for i, p in parts)
     return ops
+
+
+# TensorStore's status codes (the word its error messages begin with) that say the storage did not serve the bytes,
+# not that they are wrong: such a failure is not the checkpoint's, so it is neither quarantined nor fallen back past.
+# Every other code (DATA_LOSS: a checksum; FAILED_PRECONDITION: a chunk shorter than its metadata says; NOT_FOUND...)
+# is damage.
+UNAVAILABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "CANCELLED", "RESOURCE_EXHAUSTED",
+                               "PERMISSION_DENIED", "UNAUTHENTICATED"})
+
+
+def read_failure(message: str, err: BaseException) -> CheckpointCorruptError | CheckpointUnavailableError:
+    """The error a restore raises for ``err`` met reading a checkpoint (``message`` says where; pure): unavailable
+    when TensorStore's status code says the storage did not answer, else corrupt."""
+    code = str(err).split(":", 1)[0].strip()
+    cls = CheckpointUnavailableError if code in UNAVAILABLE_CODES else CheckpointCorruptError
+    return cls(message)
 
 
 def narrowing(saved: np.dtype, target: np.dtype) -> str | None:
@@ -229,9 +245,8 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
             for fut in futs:
                 fut.result()
         except Exception as err:
-            raise CheckpointCorruptError(
-                f"{where}: reading {layout.array_dir(lf.meta.index or 0)} (leaf {lf.meta.path}, "
-                f"region {list(op.box)}) failed: {err}") from err
+            raise read_failure(f"{where}: reading {layout.array_dir(lf.meta.index or 0)} (leaf {lf.meta.path}, "
+                               f"region {list(op.box)}) failed: {err}", err) from err
         budget -= _size(op.box) * lf.dtype.itemsize
 
     for lf, ops in zip(leaves, plans, strict=True):
@@ -279,6 +294,6 @@ def _open_all(storage: Storage, ckpt_dir: str, leaves: list[LeafMeta], where: st
         try:
             out[idx] = f.result()
         except Exception as err:
-            raise CheckpointCorruptError(f"{where}: opening {layout.array_dir(idx)} failed (its zarr.json is missing, "
-                                         f"unreadable or disagrees with {layout.METADATA_FILE}): {err}") from err
+            raise read_failure(f"{where}: opening {layout.array_dir(idx)} failed (its zarr.json is missing, "
+                               f"unreadable or disagrees with {layout.METADATA_FILE}): {err}", err) from err
     return out

@@ -155,10 +155,16 @@ def zarr3_spec(kvstore: Mapping[str, Any], metadata: Mapping[str, Any] | None = 
     return spec
 
 
-def context_spec(*, fsync: bool = True, file_io_concurrency: int = 64, cache_bytes: int = 0) -> dict[str, Any]:
+def context_spec(*, fsync: bool = True, file_io_concurrency: int = 64, cache_bytes: int = 0,
+                 request_retries: int | None = None) -> dict[str, Any]:
     """TensorStore context: fsync each file, many files in flight (parallel fsyncs keep a disk's queue
     full; one at a time is far slower), and no chunk cache (checkpoint bytes are written and read once)
     unless ``cache_bytes``: a resharding restore reads one saved chunk into several target shards, and a
-    small cache lets those reads share one decoded chunk."""
-    return {"cache_pool": {"total_bytes_limit": int(cache_bytes)}, "file_io_sync": fsync,
-            "file_io_concurrency": {"limit": file_io_concurrency}}
+    small cache lets those reads share one decoded chunk. ``request_retries``: how often an object store request
+    is retried (backoff 1 s doubling to 32 s); None keeps TensorStore's 32, about 15 minutes of an outage."""
+    out: dict[str, Any] = {"cache_pool": {"total_bytes_limit": int(cache_bytes)}, "file_io_sync": fsync,
+                           "file_io_concurrency": {"limit": file_io_concurrency}}
+    if request_retries is not None:
+        for key in ("s3_request_retries", "gcs_request_retries"):
+            out[key] = {"max_retries": int(request_retries)}
+    return out

@@ -41,7 +41,7 @@ class Storage:
     loc: Location
 
     def __init__(self, loc: Location, *, fsync: bool = True, sync_mode: str = "files",
-                 file_io_concurrency: int = 64) -> None:
+                 file_io_concurrency: int = 64, request_retries: int | None = None) -> None:
         if sync_mode not in ("files", "syncfs"):
             raise ValueError(f"checkpoint sync_mode must be 'files' or 'syncfs', got {sync_mode!r}")
         self.loc = loc
@@ -50,12 +50,14 @@ class Storage:
         # Local data files are made durable in bulk by make_durable(); TensorStore need not fsync each.
         per_file_sync = fsync and loc.is_object_store
         self._file_io_concurrency = file_io_concurrency
-        self.context = ts.Context(spec.context_spec(fsync=per_file_sync, file_io_concurrency=file_io_concurrency))
+        self._retries = request_retries
+        self.context = ts.Context(spec.context_spec(fsync=per_file_sync, file_io_concurrency=file_io_concurrency,
+                                                    request_retries=request_retries))
 
     def read_context(self, cache_bytes: int) -> Any:
         """A context for one restore: like :attr:`context`, with a chunk cache of ``cache_bytes``."""
         return ts.Context(spec.context_spec(fsync=False, file_io_concurrency=self._file_io_concurrency,
-                                            cache_bytes=cache_bytes))
+                                            cache_bytes=cache_bytes, request_retries=self._retries))
 
     # -- arrays -------------------------------------------------------------------------------------
     def kvstore(self, subpath: str) -> dict[str, Any]:
