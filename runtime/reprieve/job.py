@@ -25,7 +25,7 @@ from .capabilities import Capabilities, Checkpointer
 from .compile_ahead import CompileAhead, LoweringCount
 from .config import RuntimeConfig
 from .coordination import CoordinationError, Coordinator
-from .deferred import DeferredState, built
+from .deferred import built
 from .exiting import arm_deadline_timers, exit_process
 from .finished import FinishedSteps
 from .lifecycle import ABANDON, ABORT, FINISH, RESTART, Phase, Teardown, exit_decision
@@ -309,9 +309,9 @@ class Job:
         """
         self._current = max(self._current, step)
         finished_at = time.perf_counter()  # the step is done (the user's code computed it before this call)
-        deferred = type(state) is DeferredState  # built below only where a save (or the first check) reads it
-        # the step is done, or dispatched: a probe says when it is computed
-        self.finished.note(step, state.probe() if deferred else state, finished_at)
+        # the step is done, or dispatched: a probe says when it is computed (a DeferredState: its probe's leaf; the
+        # state is built below only where a save, or the first step's check, reads it)
+        self.finished.note(step, state, finished_at)
         if self.finished.failed is not None:  # no later step can finish: stop dispatching them
             raise_step_failure(built(state), self.finished.failed, self.process_id)
         self._first_step_done(step)
