@@ -144,6 +144,7 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         self._keyed: tuple[tuple[str, tuple[str, ...], str], ...] = ()
         self._first: tuple[str, str, str] | None = None  # (group, path, fit's state key) of the state's first leaf
         self._state = DeferredState(self._batch_state, self._probe)  # what job.save gets after every batch
+        self._last_batch = -1  # the last batch of an epoch (-1: data of unknown length)
         self._force_at = -1  # the batch whose save is forced (the epoch's last with save_at_epoch_end)
         self._steps: Generator[int, None, None] | None = None
         self._step = -1
@@ -204,7 +205,8 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         self._keyed = tuple((g, tuple(self._paths[g]), _JAX_STATE[g]) for g in GROUPS)  # _batch_state's table
         self._first = next(((g, paths[0], key) for g, paths, key in self._keyed if paths), None)
         per_epoch = self.params.get("steps")
-        self._force_at = int(per_epoch) - 1 if self.save_at_epoch_end and per_epoch is not None else -1
+        self._last_batch = -1 if per_epoch is None else int(per_epoch) - 1
+        self._force_at = self._last_batch if self.save_at_epoch_end else -1
         epochs = int(self.params.get("epochs") or 1)
         self._total = None if per_epoch is None else epochs * int(per_epoch)
         self.position.batches_per_epoch = per_epoch
@@ -395,7 +397,7 @@ class BackupAndRestore(ReprieveCallback):
         if self._skip and batch < self._skip:
             return
         self.position.batch = batch
-        if self.save_freq == "epoch" and self.params.get("steps") == batch + 1:
+        if batch == self._last_batch and self.save_freq == "epoch":
             return  # the epoch's last batch: decided at on_epoch_end, once the epoch has ended
         self._save(force=False)
 
