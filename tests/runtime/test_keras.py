@@ -146,6 +146,24 @@ def test_a_fit_stopped_by_a_callback_keeps_its_batch_and_epoch_end_saves_are_kep
     assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
 
 
+def test_data_of_unknown_length_resumes_at_the_batch_and_says_it_is_exact_only_if_the_data_repeats(
+        tmp_path: Path) -> None:
+    """A Python generator (``fit`` cannot know its length, nor the callback its position): the resume skips the
+    trained batches of a fresh generator and says at start-up that it is batch-exact only if the data repeats its
+    order; this one does, so the weights are bitwise those of an uninterrupted fit."""
+    ref = fit(tmp_path / "ref", tmp_path / "ref-ckpt", WORKER_GENERATOR="1")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    first = fit(run, ckpt, 1, WORKER_GENERATOR="1", WORKER_NOTICE_AT=str(random.randint(3, 9)))
+    assert first.returncode == RESTART, first.stderr[-3000:]
+    agreed = int(first.stderr.split("agreed save step ")[1].split()[0])
+    second = fit(run, ckpt, 2, WORKER_GENERATOR="1")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (f"resuming fit at epoch 0, batch {agreed + 1} (step {agreed + 1}; batch-exact if the data repeats its "
+            "order" in second.stderr), second.stderr[-3000:]
+    assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
+
+
 def test_another_model_another_batch_size_or_several_steps_per_execution_are_refused(tmp_path: Path) -> None:
     run, ckpt = tmp_path / "run", tmp_path / "ckpt"
     first = fit(run, ckpt, 1, WORKER_EPOCHS="1", WORKER_NOTICE_AT="4")
