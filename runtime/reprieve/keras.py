@@ -142,7 +142,7 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         self.position = FitPosition()
         self._paths: dict[str, list[str]] = {}
         self._keyed: tuple[tuple[str, tuple[str, ...], str], ...] = ()
-        self._first: tuple[str, str, str] | None = None  # (group, path, fit's state key) of the state's first leaf
+        self._first: tuple[str, str, str] | None = None  # (group, path, fit's state key): the leaf _probe reads
         self._state = DeferredState(self._batch_state, self._probe)  # what job.save gets after every batch
         self._last_batch = -1  # the last batch of an epoch (-1: data of unknown length)
         self._force_at = -1  # the batch whose save is forced (the epoch's last with save_at_epoch_end)
