@@ -1,6 +1,13 @@
 """What ``reprieve.keras.ReprieveCallback`` costs ``model.fit``: ``python benchmarks/keras_callback.py [--batches 400]``.
 
-One process, CPU, Keras 3 on JAX, an MLP of ``--width`` (4 Dense layers, Adam): three parts in one run.
+One process, CPU, Keras 3 on JAX, an MLP of ``--width`` (4 Dense layers, Adam): four parts in one run.
+
+- ``hooks_vs_loop``: the callback's two batch hooks, called by a bare loop outside ``fit`` on a computed state with
+  nothing to save, against the runtime's own loop on the same job and state (``next(steps)`` +
+  ``job.save(step, state, data=position)``, docs/runtime.md), blocks of ``--loop-batches`` alternating; per model
+  (``--layers``: the 4-layer MLP, 28 variables with Adam's, and a deeper one): the median step of each (µs; the
+  median within a block, then over blocks) and the cost the callback adds (the median over block pairs of hooks -
+  loop). The target: the callback's idle cost no more than the loop's, whatever the number of variables.
 
 - ``idle``: the callback's two batch hooks per batch when nothing is due (``on_train_batch_begin``: the job's
   ``steps`` generator; ``on_train_batch_end``: the state dict and ``job.save``); ``job_save_idle``: the runtime's
@@ -35,9 +42,10 @@ import keras
 import numpy as np
 
 
-def build(width: int) -> keras.Model:
+def build(width: int, layers: int = 3) -> keras.Model:
     keras.utils.set_random_seed(0)
-    m = keras.Sequential([keras.layers.Dense(width, activation="relu") for _ in range(3)] + [keras.layers.Dense(1)])
+    m = keras.Sequential([keras.layers.Dense(width, activation="relu") for _ in range(layers)]
+                         + [keras.layers.Dense(1)])
     m.compile(keras.optimizers.Adam(1e-3), loss="mse")
     m.build((None, 64))
     return m
@@ -115,6 +123,69 @@ def reprieve_fit(width: int, batches: int, every: int, root: str) -> dict[str, A
             "idle_quiet_us": round(statistics.median(idle) * 1e6 / python["slowdown"], 2)}
 
 
+def hooks_vs_loop(width: int, layers: int, batches: int, blocks: int, root: str) -> dict[str, Any]:
+    """The callback's idle hooks against the runtime's own idle loop, in one job, blocks alternating."""
+    import reprieve
+    from reprieve.keras import ReprieveCallback
+    from reprieve.policy import SavePolicy
+
+    job = reprieve.init(env={"REPRIEVE_CHECKPOINT_URI": os.path.join(root, f"loop-{layers}")}, install_sigterm=False,
+                        policy=SavePolicy(interval_steps=0, save_last=False))  # nothing is ever due
+    model = build(width, layers)
+    model.optimizer.build(model.trainable_variables)  # what fit does before the callbacks start
+    callback = ReprieveCallback(job)
+    callback.set_model(model)
+    callback.set_params({"epochs": 1, "steps": 10**12, "verbose": 0})
+    callback.on_train_begin()
+    variables = {"trainable_variables": model.trainable_variables, "optimizer_variables": model.optimizer.variables,
+                 "non_trainable_variables": model.non_trainable_variables, "metrics_variables": model.metrics_variables}
+    model._jax_state = {k: [v.value for v in vs] for k, vs in variables.items()}  # fit's state after a batch
+    callback.on_epoch_begin(0)
+    state = {g: dict(zip(callback._paths[g], model._jax_state[k], strict=True)) for g, k in  # the loop's own tree
+             (("trainable", "trainable_variables"), ("non_trainable", "non_trainable_variables"),
+              ("optimizer", "optimizer_variables"), ("metrics", "metrics_variables"))}
+    steps, position, save = callback._steps, callback.position, job.save
+    clock = time.perf_counter
+    batch = 0
+
+    def hooks(n: int) -> float:
+        nonlocal batch
+        times = [0.0] * n
+        for i in range(n):
+            t0 = clock()
+            callback.on_train_batch_begin(batch)
+            callback.on_train_batch_end(batch)
+            times[i] = clock() - t0
+            batch += 1
+        return statistics.median(times)
+
+    def loop(n: int) -> float:
+        nonlocal batch
+        times = [0.0] * n
+        step = 0
+        for i in range(n):
+            t0 = clock()
+            step = next(steps)
+            save(step, state, data=position)
+            times[i] = clock() - t0
+        batch += n
+        callback._step = step  # the callback's next batch follows the loop's last step
+        return statistics.median(times)
+
+    hooks(200), loop(200)  # warm
+    runs: dict[str, list[float]] = {"hooks": [], "loop": []}
+    for block in range(blocks):
+        for name, body in (("hooks", hooks), ("loop", loop)) if block % 2 == 0 else (("loop", loop), ("hooks", hooks)):
+            runs[name].append(body(batches))
+    job.abandon()
+    diffs = sorted((h - lo) * 1e6 for h, lo in zip(runs["hooks"], runs["loop"], strict=True))
+    return {"variables": sum(len(v) for v in model._jax_state.values()),
+            "hooks_us": round(statistics.median(runs["hooks"]) * 1e6, 2),
+            "loop_us": round(statistics.median(runs["loop"]) * 1e6, 2),
+            "cost_us": round(statistics.median(diffs), 2),
+            "cost_p10_p90_us": [round(diffs[int(0.1 * (len(diffs) - 1))], 2), round(diffs[int(0.9 * (len(diffs) - 1))], 2)]}
+
+
 def orbax_fit(width: int, batches: int, every: int, root: str) -> dict[str, Any]:
     model = build(width)
     callback = keras.callbacks.OrbaxCheckpoint(os.path.join(root, "orbax"), save_freq=every, max_to_keep=2)
@@ -138,9 +209,16 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=400)
     parser.add_argument("--every", type=int, default=40, help="save every N batches (both callbacks)")
     parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--layers", type=int, nargs="+", default=[3, 100],
+                        help="hidden Dense layers of the models hooks_vs_loop times (3: the fit parts' MLP)")
+    parser.add_argument("--loop-batches", type=int, default=2000, help="batches per hooks_vs_loop block")
+    parser.add_argument("--blocks", type=int, default=20, help="hooks_vs_loop block pairs per model")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         out = {"keras": keras.__version__, "batches": args.batches, "every": args.every, "width": args.width,
+               "load": [round(x, 2) for x in os.getloadavg()],
+               "hooks_vs_loop": {str(n): hooks_vs_loop(64, n, args.loop_batches, args.blocks, root)
+                                 for n in args.layers},
                "reprieve": reprieve_fit(args.width, args.batches, args.every, root),
                "keras_orbax_checkpoint": orbax_fit(args.width, args.batches, args.every, root)}
     print(json.dumps(out, indent=1))

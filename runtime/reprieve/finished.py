@@ -30,6 +30,8 @@ import time
 from collections import deque
 from typing import Any
 
+from .deferred import DeferredState
+
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 32  # probes not yet seen ready; a loop further ahead (JAX queues steps without bound) probes again
@@ -105,6 +107,8 @@ class FinishedSteps:
         if not (self._on or self._probing()):  # handed over counts as finished: the loop's position
             self._noted, self._done = step, (step, t)
             return
+        if type(state) is DeferredState:
+            state = state.probe()  # the one leaf looked at, not the state built
         if self._pending:  # only this thread adds probes: none pending stays none (a step computed by its save)
             with self._lock:
                 self._settle()

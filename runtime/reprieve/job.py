@@ -25,6 +25,7 @@ from .capabilities import Capabilities, Checkpointer
 from .compile_ahead import CompileAhead, LoweringCount
 from .config import RuntimeConfig
 from .coordination import CoordinationError, Coordinator
+from .deferred import built
 from .exiting import arm_deadline_timers, exit_process
 from .finished import FinishedSteps
 from .lifecycle import ABANDON, ABORT, FINISH, RESTART, Phase, Teardown, exit_decision
@@ -302,17 +303,21 @@ class Job:
 
         ``extra``: JSON metadata for the checkpoint. ``data``: this process's data position (an iterator
         with ``get_state``, or a JSON value), read only when a save happens; every process saves its own.
+        ``state`` may be a :class:`~reprieve.deferred.DeferredState`: built only when this step is saved.
         Returns True when a save was started. At the agreed final step it does not return: it saves,
         waits for the commit on all processes, and exits (restart code, or 1 past the deadline).
         """
         self._current = max(self._current, step)
         finished_at = time.perf_counter()  # the step is done (the user's code computed it before this call)
-        self.finished.note(step, state, finished_at)  # ... or dispatched it: a probe says when it is computed
+        # the step is done, or dispatched: a probe says when it is computed (a DeferredState: its probe's leaf; the
+        # state is built below only where a save, or the first step's check, reads it)
+        self.finished.note(step, state, finished_at)
         if self.finished.failed is not None:  # no later step can finish: stop dispatching them
-            raise_step_failure(state, self.finished.failed, self.process_id)
+            raise_step_failure(built(state), self.finished.failed, self.process_id)
         self._first_step_done(step)
         if not self._state_checked:
             self._state_checked = True
+            state = built(state)
             if self.caps.state_check is not None:  # a leaf no save can hold: reported now, not at the first save
                 self.caps.state_check.check_state(state)
             virtual.require_virtual_step(self.config.virtual_shards)  # an elastic job's step sums its shards
@@ -320,14 +325,16 @@ class Job:
         self._decided = step
         if kind == FINAL:
             self.loop.mark_saved(step, "storage", finished_at)
-            self._final_save(step, state, extra, data)
+            self._final_save(step, built(state), extra, data)
             return True
         context = SaveContext(step, agreed=kind, forced=force, last_saved=self.storage.last_saved,
                               last_step=self._last_step, step_seconds=self._times.average)
         saving = [t for t in self._targets() if t.policy.should_save(context)]  # storage first: memory never
         record: tuple[dict[str, Any], Any] | None = None  # instead of it
         for target in saving:
-            record = record or self._record(step, state, extra, data)
+            if record is None:
+                state = built(state)
+                record = self._record(step, state, extra, data)
             self.loop.mark_saved(step, target.name, finished_at)
             target.save(step, state, *record, kind=save_kind(kind, forced=force, last=step == self._last_step))
         # after a save of this step started (it restarts the interval's clock), so one interval asks for one save

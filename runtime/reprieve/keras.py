@@ -5,8 +5,10 @@ the exact next batch.
     model.fit(x, y, epochs=10, callbacks=[reprieve.keras.ReprieveCallback(job)])
 
 Install with ``pip install reprieve[keras]``; run with ``KERAS_BACKEND=jax``. One batch is one step of the job:
-the callback calls ``job.save(step, state, data=position)`` after every batch (a lock and a comparison when
-nothing is due), so a notice ends in the agreed save on every process and the exit with the restart code, and
+the callback calls ``job.save(step, state, data=position)`` after every batch with a
+:class:`~reprieve.deferred.DeferredState` (the state dict is built only when the step is saved: per batch the hooks
+cost what the runtime's own loop does, whatever the number of variables), so a notice ends in the agreed save on
+every process and the exit with the restart code, and
 ``REPRIEVE_CHECKPOINT_INTERVAL_*`` gives periodic saves. The state is the model's trainable, non-trainable
 (Keras's ``SeedGenerator`` states among them: dropout resumes with the same masks), optimizer and metrics
 variables, keyed by variable path, in Reprieve's own format (``reprieve ls/inspect/verify`` read it).
@@ -33,6 +35,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from .deferred import DeferredState
 from .env import Env
 from .job import Job
 
@@ -139,6 +142,10 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         self.position = FitPosition()
         self._paths: dict[str, list[str]] = {}
         self._keyed: tuple[tuple[str, tuple[str, ...], str], ...] = ()
+        self._first: tuple[str, str, str] | None = None  # (group, path, fit's state key): the leaf _probe reads
+        self._state = DeferredState(self._batch_state, self._probe)  # what job.save gets after every batch
+        self._last_batch = -1  # the last batch of an epoch (-1: data of unknown length)
+        self._force_at = -1  # the batch whose save is forced (the epoch's last with save_at_epoch_end)
         self._steps: Generator[int, None, None] | None = None
         self._step = -1
         self._total: int | None = None
@@ -168,6 +175,15 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         # fit builds these lists from the variables themselves: one array per path, in the same order
         return {g: dict(zip(paths, js[key])) for g, paths, key in self._keyed}
 
+    def _probe(self) -> dict[str, dict[str, Any]]:
+        """One leaf of :meth:`_batch_state`'s tree at its key path (the finished-step probe's, every batch): the
+        first variable's, of the first group that has one."""
+        js = getattr(self._model, "_jax_state", None)
+        if not js or self._first is None:
+            return {}  # outside a batch, or a model without variables: nothing computing to probe
+        group, path, key = self._first
+        return {group: {path: js[key][0]}}
+
     def _assign(self, state: dict[str, dict[str, Any]], groups: tuple[str, ...]) -> None:
         variables = self._variables()
         for g in groups:
@@ -187,7 +203,10 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         self.job = self._job_for_fit()
         self._paths = {g: _paths(vs, g) for g, vs in self._variables().items()}
         self._keyed = tuple((g, tuple(self._paths[g]), _JAX_STATE[g]) for g in GROUPS)  # _batch_state's table
+        self._first = next(((g, paths[0], key) for g, paths, key in self._keyed if paths), None)
         per_epoch = self.params.get("steps")
+        self._last_batch = -1 if per_epoch is None else int(per_epoch) - 1
+        self._force_at = self._last_batch if self.save_at_epoch_end else -1
         epochs = int(self.params.get("epochs") or 1)
         self._total = None if per_epoch is None else epochs * int(per_epoch)
         self.position.batches_per_epoch = per_epoch
@@ -247,12 +266,11 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         if self._skip and batch < self._skip:
             return
         self.position.batch = batch
-        self.job.save(self._step, self._batch_state(), data=self.position,
-                      force=self.save_at_epoch_end and self.params.get("steps") == batch + 1)
+        self.job.save(self._step, self._state, data=self.position, force=batch == self._force_at)
 
     def _save(self, *, force: bool) -> bool:
         """The save decision for the last batch trained (``job.save``: True when a save was started)."""
-        return self.job.save(self._step, self._batch_state(), data=self.position, force=force)
+        return self.job.save(self._step, self._state, data=self.position, force=force)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if self._skip:
@@ -379,7 +397,7 @@ class BackupAndRestore(ReprieveCallback):
         if self._skip and batch < self._skip:
             return
         self.position.batch = batch
-        if self.save_freq == "epoch" and self.params.get("steps") == batch + 1:
+        if batch == self._last_batch and self.save_freq == "epoch":
             return  # the epoch's last batch: decided at on_epoch_end, once the epoch has ended
         self._save(force=False)
 

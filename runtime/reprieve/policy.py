@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from .checkpoint.fencing import FencedError
 from .notice import RESIZE_REASON
@@ -51,9 +51,10 @@ def time_save_due(*, policy: SavePolicy, now: float, last_save_at: float) -> boo
     return policy.interval_seconds > 0 and now - last_save_at >= policy.interval_seconds
 
 
-@dataclass(frozen=True)
-class SaveContext:
-    """What a save decision reads about one step (``Job.save``'s call for it).
+class SaveContext(NamedTuple):
+    """What a save decision reads about one step (``Job.save``'s call for it). A named tuple, not a frozen
+    dataclass: one is built at every step, and a frozen dataclass's ``__init__`` costs ~1.2 µs of the loop's ~3
+    (``object.__setattr__`` per field), a named tuple's ~0.4.
 
     Attributes:
         step: the step just finished.

@@ -76,10 +76,19 @@ def test_a_notice_mid_epoch_then_a_notice_during_the_restore_resume_at_the_exact
     assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-3.npz")
 
 
-def test_two_processes_with_keras_distribution_agree_save_and_resume_bitwise(tmp_path: Path) -> None:
+def agreed_steps(logs: list[Path]) -> set[int]:
+    """The agreed save step each process logged (one value when they agree)."""
+    return {int(log.read_text().split("agreed save step ")[1].split()[0]) for log in logs}
+
+
+@pytest.mark.timeout(420)
+def test_two_processes_with_keras_distribution_agree_save_and_resume_bitwise_through_a_notice_during_the_restore(
+        tmp_path: Path) -> None:
     """``keras.distribution.DataParallel`` over 2 real ``jax.distributed`` processes (each feeds its half of the
     samples, 8 batches an epoch); process 0 is notified mid-epoch 1: both save the one agreed step, exit with the
-    restart code and resume at the next batch."""
+    restart code; the next attempt finds a notice pending while it restores (the operator's, through the notice
+    file, to both): both resume at the next batch, agree on one step again and exit with the restart code; the
+    third resumes from that step and ends bitwise equal to an uninterrupted fit."""
     env = {"KERAS_BACKEND": "jax"}
     ref = launch(tmp_path / "ref", 2, worker=WORKER, extra_env=env)
     assert ref.wait(200) == [0, 0], ref.tail()
@@ -87,14 +96,25 @@ def test_two_processes_with_keras_distribution_agree_save_and_resume_bitwise(tmp
     first = launch(run, 2, worker=WORKER, extra_env=env,
                    process_env={0: {"WORKER_NOTICE_AT": str(random.randint(9, 13))}})
     assert first.wait(200) == [RESTART] * 2, first.tail()
-    agreed = {log.read_text().split("agreed save step ")[1].split()[0] for log in first.logs}
+    agreed = agreed_steps(first.logs)
     assert len(agreed) == 1, agreed
-    again = launch(run, 2, worker=WORKER, extra_env={**env, "REPRIEVE_ATTEMPT": "2"})
-    assert again.wait(200) == [0, 0], again.tail()
+    notices = tmp_path / "annotations"
+    write_notice_file(notices, {**node_notice("maintenance", "node-a", time.time() + 2.0), "attempt": 2})
+    second = launch(run, 2, worker=WORKER,
+                    extra_env={**env, "REPRIEVE_ATTEMPT": "2", "REPRIEVE_NOTICE_FILE": str(notices)})
+    assert second.wait(200) == [RESTART] * 2, second.tail()
     (step,) = agreed
-    for log in again.logs:
-        assert f"resuming at step {int(step) + 1}" in log.read_text()
-    assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
+    for log in second.logs:
+        assert f"resuming at step {step + 1}" in log.read_text(), second.tail()
+    again = agreed_steps(second.logs)
+    assert len(again) == 1 and min(again) > step, (step, again)  # one step, after the restored one
+    (step,) = again
+    third = launch(run, 2, worker=WORKER,
+                   extra_env={**env, "REPRIEVE_ATTEMPT": "3", "REPRIEVE_NOTICE_FILE": str(notices)})
+    assert third.wait(200) == [0, 0], third.tail()
+    for log in third.logs:
+        assert f"resuming at step {step + 1}" in log.read_text(), third.tail()
+    assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-3.npz")
 
 
 def test_a_model_built_by_fit_resumes_too(tmp_path: Path) -> None:
@@ -123,6 +143,24 @@ def test_a_fit_stopped_by_a_callback_keeps_its_batch_and_epoch_end_saves_are_kep
     again = fit(run, ckpt, 2, WORKER_EPOCHS="2")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming fit at epoch 1, batch 5 (step 21" in again.stderr, again.stderr[-3000:]
+    assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
+
+
+def test_data_of_unknown_length_resumes_at_the_batch_and_says_it_is_exact_only_if_the_data_repeats(
+        tmp_path: Path) -> None:
+    """A Python generator (``fit`` cannot know its length, nor the callback its position): the resume skips the
+    trained batches of a fresh generator and says at start-up that it is batch-exact only if the data repeats its
+    order; this one does, so the weights are bitwise those of an uninterrupted fit."""
+    ref = fit(tmp_path / "ref", tmp_path / "ref-ckpt", WORKER_GENERATOR="1")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    first = fit(run, ckpt, 1, WORKER_GENERATOR="1", WORKER_NOTICE_AT=str(random.randint(3, 9)))
+    assert first.returncode == RESTART, first.stderr[-3000:]
+    agreed = int(first.stderr.split("agreed save step ")[1].split()[0])
+    second = fit(run, ckpt, 2, WORKER_GENERATOR="1")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (f"resuming fit at epoch 0, batch {agreed + 1} (step {agreed + 1}; batch-exact if the data repeats its "
+            "order" in second.stderr), second.stderr[-3000:]
     assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
 
 

@@ -7,7 +7,8 @@ of a notice due in ``WORKER_NOTICE_LEAD`` seconds), ``WORKER_SHUFFLE`` (fit's sh
 ``WORKER_STOP_AT`` (the batch, counted as the notice's, after which another callback stops fit, as EarlyStopping
 does), ``WORKER_EPOCH_SAVES`` (1: ``ReprieveCallback(save_at_epoch_end=True)``), ``WORKER_BATCH`` (fit's batch size, 8),
 ``WORKER_STEPS_PER_EXECUTION`` (compile's, 1), ``WORKER_DROP_IN`` (1: ``reprieve.keras.BackupAndRestore(job=job,
-save_freq=False)`` in place of ``ReprieveCallback``).
+save_freq=False)`` in place of ``ReprieveCallback``), ``WORKER_GENERATOR`` (1: the samples from a Python generator, in
+order, one epoch: data of unknown length).
 """
 
 from __future__ import annotations
@@ -91,8 +92,13 @@ def main() -> None:
     stop = int(os.environ.get("WORKER_STOP_AT", "0"))
     if stop:
         callbacks.append(Stop(stop))
-    history = m.fit(x, y, epochs=int(os.environ.get("WORKER_EPOCHS", "3")), batch_size=int(os.environ.get("WORKER_BATCH", "8")), verbose=0,
-                    shuffle=os.environ.get("WORKER_SHUFFLE", "1") == "1", callbacks=callbacks)
+    batch = int(os.environ.get("WORKER_BATCH", "8"))
+    if os.environ.get("WORKER_GENERATOR") == "1":  # fit cannot know how many batches it yields
+        history = m.fit(((x[i:i + batch], y[i:i + batch]) for i in range(0, len(x), batch)), epochs=1, verbose=0,
+                        callbacks=callbacks)
+    else:
+        history = m.fit(x, y, epochs=int(os.environ.get("WORKER_EPOCHS", "3")), batch_size=batch, verbose=0,
+                        shuffle=os.environ.get("WORKER_SHUFFLE", "1") == "1", callbacks=callbacks)
     attempt = os.environ.get("REPRIEVE_ATTEMPT", "1")
     if job.process_id:
         return
