@@ -76,6 +76,28 @@ def test_a_notice_mid_epoch_then_a_notice_during_the_restore_resume_at_the_exact
     assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-3.npz")
 
 
+def test_fit_under_reprieve_run_resumes_at_the_exact_batch_after_a_sigterm(tmp_path: Path) -> None:
+    """What a laptop user runs: ``reprieve run -- python train.py``; a SIGTERM mid-epoch of attempt 1 (as the platform
+    sends) is a notice: the agreed batch saved, the restart code, ``reprieve run`` starts attempt 2, which resumes
+    fit at the next batch: the final weights bitwise those of a fit never interrupted."""
+    ref = fit(tmp_path / "ref", tmp_path / "ref-ckpt")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    run = tmp_path / "run"
+    run.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_", "WORKER_"))}
+    env.update({"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "WORKER_DIR": str(run),
+                "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHONUNBUFFERED": "1",
+                "REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_SAVE_SECONDS_ESTIMATE": "1",
+                "WORKER_NOTICE_AT": str(random.randint(BATCHES + 2, 2 * BATCHES - 6)), "WORKER_NOTICE_ATTEMPT": "1",
+                "WORKER_NOTICE_SIGTERM": "1", "REPRIEVE_TERMINATION_GRACE_SECONDS": "2"})  # a near deadline: save now
+    got = subprocess.run([str(Path(sys.executable).parent / "reprieve"), "run", "--", sys.executable, str(WORKER)],
+                         env=env, capture_output=True, text=True, timeout=200, check=False)
+    assert got.returncode == 0, got.stderr[-4000:]
+    assert "attempt 1: the agreed checkpoint is committed: restart wanted; restarting" in got.stderr, got.stderr[-4000:]
+    assert "resuming fit at epoch" in got.stderr and not (run / "final-1.npz").exists(), got.stderr[-4000:]
+    assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
+
+
 def agreed_steps(logs: list[Path]) -> set[int]:
     """The agreed save step each process logged (one value when they agree)."""
     return {int(log.read_text().split("agreed save step ")[1].split()[0]) for log in logs}

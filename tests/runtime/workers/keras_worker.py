@@ -8,12 +8,14 @@ of a notice due in ``WORKER_NOTICE_LEAD`` seconds), ``WORKER_SHUFFLE`` (fit's sh
 does), ``WORKER_EPOCH_SAVES`` (1: ``ReprieveCallback(save_at_epoch_end=True)``), ``WORKER_BATCH`` (fit's batch size, 8),
 ``WORKER_STEPS_PER_EXECUTION`` (compile's, 1), ``WORKER_DROP_IN`` (1: ``reprieve.keras.BackupAndRestore(job=job,
 save_freq=False)`` in place of ``ReprieveCallback``), ``WORKER_GENERATOR`` (1: the samples from a Python generator, in
-order, one epoch: data of unknown length).
+order, one epoch: data of unknown length), ``WORKER_NOTICE_ATTEMPT`` (the notice only in this attempt),
+``WORKER_NOTICE_SIGTERM`` (1: the notice is a SIGTERM to the process, as the platform sends).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -60,11 +62,15 @@ class Notice(keras.callbacks.Callback):
     def __init__(self, job: reprieve.Job, at: int, lead: float) -> None:
         super().__init__()
         self.job, self.at, self.lead, self.seen = job, at, lead, 0
+        self.attempt = os.environ.get("REPRIEVE_ATTEMPT", "1")
 
     def on_train_batch_end(self, batch: int, logs: object = None) -> None:
         self.seen += 1
-        if self.seen == self.at:
-            self.job.notify("test", time.time() + self.lead)
+        if self.seen == self.at and os.environ.get("WORKER_NOTICE_ATTEMPT", self.attempt) == self.attempt:
+            if os.environ.get("WORKER_NOTICE_SIGTERM") == "1":
+                os.kill(os.getpid(), signal.SIGTERM)  # what the platform sends: the runtime takes it as a notice
+            else:
+                self.job.notify("test", time.time() + self.lead)
             # the agreement plans the save in its own thread: a 2 ms loop would otherwise reach the fit's last batch
             # before the plan exists and end with exit 0 (a 16-batch epoch took 32 ms)
             until = time.monotonic() + 10.0
