@@ -11,25 +11,21 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from . import LABEL_JOB
-from .policy.views import VIEW_KEY, GonePod, compact_pod, gone_pod, last_steps
+from .policy.views import GonePod, compact_pod, gone_pod, last_steps
 
 Key = tuple[str, str]  # (namespace, name)
 GONE_PER_JOB = 64  # deleted pods remembered per job (the newest; a job's pod names repeat across attempts)
-HOT_PODS = 10_000  # pods of the jobs read lately kept as dicts (with their parse); the rest as text
 SAID_PER_JOB = 16  # attempts whose deleted pods' last steps are remembered per job (the newest)
 
 
 class Cache:
     def __init__(self) -> None:
-        # job -> pod name -> its compact pod: a dict while the job is hot (read lately, ``HOT_PODS``), else its
-        # JSON text (50,000 pods as dicts were most of the operator's memory)
-        self._pods: dict[Key, dict[str, Any]] = defaultdict(dict)
-        self._hot: OrderedDict[Key, int] = OrderedDict()  # hot jobs, least lately read first -> their pod count
+        self._pods: dict[Key, dict[str, dict[str, Any]]] = defaultdict(dict)  # job -> pod name -> compact pod
         self._pod_node: dict[Key, str] = {}  # (namespace, pod) -> node
         self._node_jobs: dict[str, dict[Key, int]] = defaultdict(dict)  # node -> job -> pods of it there
         self._pod_job: dict[Key, str] = {}  # (namespace, pod) -> job
@@ -52,7 +48,7 @@ class Cache:
         key = (ns, job)
         if key in self._gone:
             self._gone[key].pop(name, None)
-        self._pods[key][name] = small if key in self._hot else _text(small)
+        self._pods[key][name] = small
         self._pod_job[(ns, name)] = job
         node = small["spec"].get("nodeName")
         if node:
@@ -72,7 +68,6 @@ class Cache:
         self._pods[key].pop(name, None)
         if not self._pods[key]:
             del self._pods[key]
-            self._hot.pop(key, None)
         node = self._pod_node.pop((ns, name), None)
         if node is not None:
             left = self._node_jobs[node].get(key, 0) - 1
@@ -144,26 +139,8 @@ class Cache:
             self.upsert_pod(p)
 
     def pods_of(self, namespace: str, job: str) -> list[dict[str, Any]]:
-        """The job's compact pods (``policy.views.compact_pod``; shared: ``pod_view`` keeps its parse in them). The
-        job turns hot: its pods stay dicts until ``HOT_PODS`` pods of jobs read since push it out."""
-        key = (namespace, job)
-        pods = self._pods.get(key)
-        if not pods:
-            return []
-        if key in self._hot:
-            self._hot.move_to_end(key)
-        else:
-            for name, value in pods.items():
-                pods[name] = {**json.loads(value), VIEW_KEY: None}  # a slot for pod_view's parse again
-            self._hot[key] = len(pods)
-            hot = sum(self._hot.values())
-            while hot > HOT_PODS and len(self._hot) > 1:
-                cold, _ = self._hot.popitem(last=False)
-                for name, value in self._pods[cold].items():
-                    self._pods[cold][name] = _text(value)
-                hot -= len(self._pods[cold])
-        self._hot[key] = len(pods)
-        return list(pods.values())
+        """The job's compact pods (``policy.views.compact_pod``; shared: ``pod_view`` keeps its parse in them)."""
+        return list(self._pods.get((namespace, job), {}).values())
 
     def jobs_on(self, node: str) -> list[Key]:
         return sorted(self._node_jobs.get(node, {}))
@@ -212,11 +189,6 @@ class Cache:
 
     def stats(self) -> dict[str, int]:
         return {"pods": len(self._pod_job), "jobs": len(self.jobs), "nodes": len(self.nodes)}
-
-
-def _text(pod: dict[str, Any]) -> str:
-    """A compact pod as JSON text (without ``pod_view``'s parse: a cold job's is parsed again when read)."""
-    return json.dumps({k: v for k, v in pod.items() if k != VIEW_KEY}, separators=(",", ":"))
 
 
 class JobBodies:

@@ -117,30 +117,3 @@ def test_a_deleted_pods_last_steps_outlive_the_pod_and_its_name() -> None:
     assert len(kept) == SAID_PER_JOB and kept[0][0] == 4 and kept[-1][0] == SAID_PER_JOB + 3, kept
     c.delete_job({"metadata": {"namespace": "ml", "name": "llama"}})
     assert c.said_of("ml", "llama") == ()
-
-
-def test_pods_of_jobs_read_lately_stay_dicts_the_rest_text(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pods of the jobs read lately stay dicts, shared across reads (``pod_view`` keeps its parse in them); once
-    ``HOT_PODS`` pods of other jobs were read since, a job's pods are kept as text and read back equal, with an empty
-    slot for the parse again; an update to a hot job's pod is a dict at once, to a cold one's text."""
-    import reprieve_operator.cache as cache_module
-    from reprieve_operator.policy.views import VIEW_KEY
-
-    monkeypatch.setattr(cache_module, "HOT_PODS", 4)
-    c = Cache()
-    for job in ("a", "b", "c"):
-        for i in range(2):
-            c.upsert_pod(pod(f"{job}-{i}", job=job, node=f"n{i}"))
-    first = c.pods_of("ml", "a")
-    assert [p["metadata"]["name"] for p in first] == ["a-0", "a-1"] and all(VIEW_KEY in p for p in first)
-    first[0][VIEW_KEY] = "parsed"
-    assert c.pods_of("ml", "a")[0] is first[0]  # hot: the same dict, its parse kept
-    c.pods_of("ml", "b")  # 4 hot pods: a and b
-    c.upsert_pod(pod("b-1", job="b", node="n5"))
-    assert isinstance(c._pods[("ml", "b")]["b-1"], dict)  # a hot job's update is a dict
-    c.pods_of("ml", "c")  # 6 > 4: a, read least lately, goes cold
-    assert all(isinstance(v, str) for v in c._pods[("ml", "a")].values())
-    again = c.pods_of("ml", "a")
-    assert again[0] is not first[0] and again[0][VIEW_KEY] is None
-    assert {k: v for k, v in again[0].items() if k != VIEW_KEY} == {k: v for k, v in first[0].items() if k != VIEW_KEY}
-    assert c.jobs_on("n5") == [("ml", "b")] and c.stats()["pods"] == 6
