@@ -219,6 +219,14 @@ SETTLED = [
     ("already clear", view(), Condition(el.DEGRADED, "False", "FullSize", "x"), None),
     ("still shrunk: the resize's words stay", view(3, (0, 1, 2)), Condition(el.DEGRADED, "True", "Shrunk", "x"), None),
     ("full size but a worker lost", view(4, (0, 1, 2)), Condition(el.DEGRADED, "True", "BelowMinReplicas", "x"), None),
+    ("a wait below the minimum ended on fewer workers: it trains shrunk, it no longer waits", view(2, (0, 1)),
+     Condition(el.DEGRADED, "True", "BelowMinReplicas", "waiting for capacity: 0 worker(s) could train, ..."),
+     Condition(el.DEGRADED, "True", "Shrunk", "training on 2 of 4 workers: capacity returned for some of them")),
+    ("a wait for an allowed size ended on fewer workers", view(2, (0, 1)),
+     Condition(el.DEGRADED, "True", "NoAllowedSize", "waiting for capacity: ..."),
+     Condition(el.DEGRADED, "True", "Shrunk", "training on 2 of 4 workers: capacity returned for some of them")),
+    ("shrunk and a worker lost: nothing to say yet", view(2, (0,)),
+     Condition(el.DEGRADED, "True", "BelowMinReplicas", "x"), None),
 ]
 
 

@@ -241,11 +241,18 @@ def _moves(keep: tuple[tuple[int, int], ...], join: tuple[tuple[str, int], ...],
 
 def settled(view: ElasticView, current: Condition | None) -> Condition | None:
     """``Degraded=False/FullSize`` once a job that carried ``Degraded=True`` trains on every worker again with none
-    lost (a wait below the minimum that ended when capacity returned); None: nothing to write (a job that was never
-    degraded carries no ``Degraded``; a shrunk job keeps the words of its last resize)."""
-    if current is None or current.status != "True" or view.size < view.replicas or len(view.alive) < view.size:
+    lost (a wait below the minimum that ended when capacity returned); ``Degraded=True/Shrunk`` once a wait (below
+    the minimum, or for an allowed size) ended on fewer workers than ``replicas`` (capacity back for some: the job
+    trains, it no longer waits); None: nothing to write (a job that was never degraded carries no ``Degraded``; a
+    shrunk job keeps the words of its last resize)."""
+    if current is None or current.status != "True" or len(view.alive) < view.size:
         return None
-    return Condition(DEGRADED, "False", Reason.FULL_SIZE.value, f"training on all {view.size} workers")
+    if view.size >= view.replicas:
+        return Condition(DEGRADED, "False", Reason.FULL_SIZE.value, f"training on all {view.size} workers")
+    if current.reason in (Reason.BELOW_MIN.value, Reason.NO_SIZE.value):
+        return Condition(DEGRADED, "True", Reason.SHRUNK.value,
+                         f"training on {view.size} of {view.replicas} workers: capacity returned for some of them")
+    return None
 
 
 def next_look(view: ElasticView) -> float | None:
