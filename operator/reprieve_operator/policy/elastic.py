@@ -291,8 +291,8 @@ def pod_candidates(pods: Iterable[PodView], workers: Collection[str], attempt: i
                    stuck: Mapping[str, SchedulerVerdict]) -> tuple[Candidate, ...]:
     """The in-place job's pods outside ``workers`` (the assignment of ``attempt``) that could take a process id:
     spares; worker pods made for a lost worker (a replacement, or the capacity probe a shrink kept pending: made for
-    ``attempt`` or later, or not running yet); ready worker pods of an earlier attempt that a shrink left out
-    (standbys). Pods being deleted, on lost or doomed nodes, or ended are none. ``stuck``: pod -> the scheduler's
+    ``attempt`` or later, not running yet, or that never ran a trainer); ready worker pods of an earlier attempt that
+    ran a trainer and a shrink left out (standbys). Pods being deleted, on lost or doomed nodes, or ended are none. ``stuck``: pod -> the scheduler's
     ``PodScheduled=False/Unschedulable`` verdict (``podsready.unschedulable``)."""
     out = []
     for p in pods:
@@ -302,7 +302,10 @@ def pod_candidates(pods: Iterable[PodView], workers: Collection[str], attempt: i
         if p.role == "spare":
             role = Role.SPARE
         elif p.role == "worker":
-            role = Role.REPLACEMENT if p.attempt >= attempt or not p.ready else Role.STANDBY
+            # a standby ran a trainer (it was a worker until a shrink left it out); a pod made for a lost worker
+            # at an earlier restart that never joined (a probe a later restart left pending) never did
+            role = Role.REPLACEMENT if p.attempt >= attempt or not p.ready or p.exit_attempt is None \
+                else Role.STANDBY
         else:
             continue
         out.append(Candidate(p.name, role, p.ready, stuck.get(p.name)))
