@@ -147,7 +147,7 @@ def test_an_elastic_job_through_faults_in_its_shrinks_and_grows_ends_bit_identic
     assert (reasons.count("Shrinking"), reasons.count("Growing"), reasons.count("PreemptionNotice")) == (2, 2, 2), \
         reasons
     # every attempt's size, from the goodput history (a shrunk attempt grown at once lasts a fraction of a second:
-    # docs/elastic-operator.md, "in flight")
+    # docs/elastic-operator.md, "The decisions": in flight)
     history = final["goodput"]["accounting"]["history"]
     sizes = [(h["attempt"], h.get("workers")) for h in history]
     assert sizes == [(1, 2), (2, 1), (3, 2), (4, 1), (5, 1), (6, 2), (7, 2)], history
