@@ -95,8 +95,11 @@ def patch_metadata(api: Api, obj: dict[str, Any]) -> None:
 
 
 def put(api: Api, obj: dict[str, Any], owned: str) -> None:
-    """Create ``obj``, or merge its ``owned`` field into the existing object of that name (the operator is that
-    field's only writer: an assignment's data, the worker Role's rules, which follow replacements and spares)."""
+    """Create ``obj``, or replace its ``owned`` field in the existing object of that name, whole (the operator is
+    that field's only writer: an assignment's data, the worker Role's rules, which follow replacements and spares).
+
+    Whole, not merged: a key the new value lacks must go (a merge patch kept a grow's ``resize`` and a 2-process
+    attempt's ``memoryPeers`` in every later assignment, so a shrink after a grow was told it grows)."""
     meta = obj["metadata"]
 
     def create() -> bool:
@@ -104,9 +107,14 @@ def put(api: Api, obj: dict[str, Any], owned: str) -> None:
         return True
 
     if not tolerate(create, 409, False):
-        _raw(_method(api, "patch", obj["kind"])(meta["name"], meta["namespace"], {owned: obj[owned]},
+        _raw(_method(api, "patch", obj["kind"])(meta["name"], meta["namespace"], replace_field(obj, owned),
                                                 _preload_content=False,
-                                                _content_type="application/merge-patch+json"))
+                                                _content_type="application/json-patch+json"))
+
+
+def replace_field(obj: dict[str, Any], owned: str) -> list[dict[str, Any]]:
+    """The JSON patch that sets ``obj``'s top-level field ``owned`` whole (``add`` replaces a member that exists)."""
+    return [{"op": "add", "path": f"/{owned}", "value": obj[owned]}]
 
 
 def write_data(api: Api, obj: dict[str, Any], exists: bool) -> None:

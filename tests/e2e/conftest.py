@@ -100,6 +100,20 @@ def e2e_job(cluster: Any, name: str, **kwargs: Any) -> dict[str, Any]:
     return example_job(name, compilation_cache=compilation_cache(), **kwargs)
 
 
+def make_elastic(body: dict[str, Any], shards: int, host: str) -> dict[str, Any]:
+    """``body`` (an :func:`e2e_job`) as the elastic job of the end-to-end tests (#47): in place, the memory tier's
+    copy every step, ``minReplicas: 1``, ``shards`` virtual shards (canonical order), a replacement refused for 2 s
+    shrinks it, no wait between resizes, one worker per node (required anti-affinity on the node label ``host``)."""
+    spec = body["spec"]
+    spec["restartMode"] = "InPlace"
+    spec["checkpoint"]["memory"] = {"sizeLimit": "256Mi", "intervalSteps": 1}
+    spec["elastic"] = {"minReplicas": 1, "unschedulableSeconds": 2, "minResizeIntervalSeconds": 0,
+                       "virtualShards": shards}
+    spec["template"]["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"reprieve.dev/job-name": body["metadata"]["name"]}}, "topologyKey": host}]}}
+    return body
+
+
 def submit_recreate(cluster: Any, namespace: str, name: str, root: Path, *, steps: int, step_sleep: float,
                     interval: int = 0, extra_env: dict[str, str] | None = None,
                     notice_seconds: dict[str, int] | None = None, **kwargs: Any) -> Path:

@@ -37,6 +37,7 @@ from .conftest import (
     compilation_cache,
     e2e_job,
     get_tj,
+    make_elastic,
     pod_node,
     submit_recreate,
     succeeded,
@@ -423,14 +424,7 @@ def test_an_elastic_job_on_real_nodes_shrinks_onto_its_survivor_then_grows_back_
                    checkpoint_dir=ckpt, image=real_cluster.real.images["example"].ref, requests=REQUESTS,
                    node_selector={"reprieve.test/pool": WORKER_POOL, "reprieve.test/elastic": real_ns},
                    extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"})
-    spec = body["spec"]
-    spec["restartMode"] = "InPlace"
-    spec["checkpoint"]["memory"] = {"sizeLimit": "256Mi", "intervalSteps": 1}
-    spec["elastic"] = {"minReplicas": 1, "unschedulableSeconds": 2, "minResizeIntervalSeconds": 0,
-                       "virtualShards": ELASTIC_SHARDS}
-    spec["template"]["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {"reprieve.dev/job-name": name}}, "topologyKey": HOST}]}}
-    real_cluster.kubectl("apply", "-n", real_ns, "-f", "-", input=json.dumps(body))
+    real_cluster.kubectl("apply", "-n", real_ns, "-f", "-", input=json.dumps(make_elastic(body, ELASTIC_SHARDS, HOST)))
     try:
         wait_step(ckpt, ELASTIC_LOSS_AT, 300, real_cluster, real_ns, name)
         real_cluster.remove_node(pod_node(real_cluster, real_ns, f"{name}-1"))  # no notice, no node with room

@@ -75,3 +75,42 @@ def test_no_answer_is_told_apart_from_an_error_in_the_operator() -> None:
     assert is_no_answer(ConnectionResetError(104, "reset")) and is_no_answer(TimeoutError())
     assert is_no_answer(urllib3.exceptions.ProtocolError("broken"))
     assert not is_no_answer(KeyError("name")) and not is_no_answer(TypeError("x"))
+
+
+def test_an_assignment_put_over_the_last_keeps_none_of_its_keys_the_new_one_lacks() -> None:
+    """The e2e of an elastic job's faults: the shrink after a grow (attempt 4 after 3) still said ``resize: grow``
+    and named attempt 3's two memory peers, because the assignment was merge-patched over the last one (a merge
+    patch keeps every key the patch does not name). The fake applies each patch as the API server does
+    (merge patch: RFC 7386; JSON patch ``add``: RFC 6902)."""
+    from op_jobs import make_job
+    from reprieve_operator.apply import put_configmap
+    from reprieve_operator.policy.builders import build_assignment
+
+    stored: dict[str, Any] = {}
+
+    def create_namespaced_config_map(namespace: str, body: dict[str, Any], **_: Any) -> Answer:
+        if stored:
+            raise ApiException(status=409)
+        stored.update(json.loads(json.dumps(body)))
+        return Answer(body)
+
+    def patch_namespaced_config_map(name: str, namespace: str, body: Any, **kw: Any) -> Answer:
+        if kw["_content_type"] == "application/merge-patch+json":
+            for field, value in body.items():
+                stored[field] = {**stored.get(field, {}), **value}
+        else:
+            assert kw["_content_type"] == "application/json-patch+json", kw
+            for op in body:
+                assert op["op"] in ("add", "replace"), op
+                stored[op["path"].lstrip("/")] = op["value"]
+        return Answer(stored)
+
+    api: Any = SimpleNamespace(core=SimpleNamespace(create_namespaced_config_map=create_namespaced_config_map,
+                                                    patch_namespaced_config_map=patch_namespaced_config_map))
+    body = make_job(name="el", namespace="ml", replicas=2, restartMode="InPlace")
+    body["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "train.py"]
+    job = body.model()
+    put_configmap(api, build_assignment(job, 3, {"el-0": 0, "el-1-x": 1}, "10.0.0.1:8476",
+                                        {0: "10.0.0.2:8477", 1: "10.0.0.1:8477"}, {0: "n2", 1: "n1"}, "grow"))
+    put_configmap(api, build_assignment(job, 4, {"el-0": 0}, "10.0.0.1:8476"))
+    assert stored["data"] == build_assignment(job, 4, {"el-0": 0}, "10.0.0.1:8476")["data"], stored["data"]

@@ -219,6 +219,14 @@ SETTLED = [
     ("already clear", view(), Condition(el.DEGRADED, "False", "FullSize", "x"), None),
     ("still shrunk: the resize's words stay", view(3, (0, 1, 2)), Condition(el.DEGRADED, "True", "Shrunk", "x"), None),
     ("full size but a worker lost", view(4, (0, 1, 2)), Condition(el.DEGRADED, "True", "BelowMinReplicas", "x"), None),
+    ("a wait below the minimum ended on fewer workers: it trains shrunk, it no longer waits", view(2, (0, 1)),
+     Condition(el.DEGRADED, "True", "BelowMinReplicas", "waiting for capacity: 0 worker(s) could train, ..."),
+     Condition(el.DEGRADED, "True", "Shrunk", "training on 2 of 4 workers: capacity returned for some of them")),
+    ("a wait for an allowed size ended on fewer workers", view(2, (0, 1)),
+     Condition(el.DEGRADED, "True", "NoAllowedSize", "waiting for capacity: ..."),
+     Condition(el.DEGRADED, "True", "Shrunk", "training on 2 of 4 workers: capacity returned for some of them")),
+    ("shrunk and a worker lost: nothing to say yet", view(2, (0,)),
+     Condition(el.DEGRADED, "True", "BelowMinReplicas", "x"), None),
 ]
 
 
@@ -245,3 +253,14 @@ def test_elastic_view_of_a_job() -> None:
     shrunk = job.with_status(currentWorkers=3, lastResizeTime="2026-11-28T11:55:00Z").model()
     got = el.elastic_view(shrunk, (0, 1, 2), (), NOW)
     assert got is not None and (got.size, got.last_resize) == (3, ago(300))
+
+
+def test_pod_candidates_name_a_probe_that_never_joined_a_replacement_and_a_left_out_worker_a_standby() -> None:
+    """The Growing Event says what the pod is: the e2e's second grow named a replacement made for attempt 4 (a
+    probe that got a node only during attempt 5) ``(standby)``, a word for a survivor a shrink left out."""
+    from reprieve_operator.policy.views import PodView
+
+    probe = PodView("el-1-wqt7k", "worker", 1, 4, ip="10.0.0.2", node="n2")  # made for attempt 4, never ran
+    left_out = PodView("el-2", "worker", 2, 1, ip="10.0.0.3", node="n3", exit_attempt=4, exit_code=42)
+    found = el.pod_candidates([probe, left_out], {"el-0-dldh4": 0}, 5, (), {})
+    assert [(c.pod, c.role) for c in found] == [("el-1-wqt7k", Role.REPLACEMENT), ("el-2", Role.STANDBY)]

@@ -599,3 +599,25 @@ def test_a_spare_that_joins_at_a_grow_is_made_again() -> None:
     plan, extra = decide_inplace(j, [*survivors, spare], SHRUNK, (), NOW)
     assert extra.assign is not None and dict(extra.assign.processes)["llama-spare-q1w2e"] == 3
     assert plan.attempt == 3 and extra.create_spares == 1  # spec.spares 1: the spare that joined is made again
+
+
+def test_a_probe_that_runs_now_fills_a_lost_index_whose_own_replacement_the_scheduler_refuses() -> None:
+    """A second loss while shrunk: the restart made a replacement for the lost index (no ready pod then), the
+    scheduler refuses it, and meanwhile the first loss's probe got a node. The probe takes the index (it runs now;
+    the refused pod stays the capacity probe); before, the restart kept waiting for its own refused pod while the
+    decision counted the ready probe as covering the loss, so neither shrank nor restarted: stuck until capacity."""
+    from reprieve_operator.policy.podsready import SchedulerVerdict
+
+    made = pod("llama-2-m4de9", 2, attempt=3, phase="Pending", ip=None, node=None)
+    probe = pod(PROBE, 1, attempt=2)  # running now
+    refused = {made.name: SchedulerVerdict("0/3 nodes are available: 3 Insufficient cpu.",
+                                           NOW - timedelta(seconds=30))}
+    pods = [pod("llama-0", 0), pod("llama-2", 2), probe, made]  # llama-3 (process 2 of attempt 2) is gone
+    restarting = {**shrunk(60), "phase": "Restarting", "restartingFrom": 2}
+    plan, extra = decide_inplace(elastic_job(restarting), pods, SHRUNK, (), NOW, stuck=refused)
+    assert extra.assign is not None, (plan, extra)
+    assert dict(extra.assign.processes) == {"llama-0": 0, "llama-2": 1, PROBE: 2}
+    assert made.name not in plan.delete and extra.create_workers == ()  # it stays, a capacity probe
+    # a pod made for the index that is merely on its way (not refused) is still waited for, as before
+    plan, extra = decide_inplace(elastic_job(restarting), pods, SHRUNK, (), NOW, stuck={})
+    assert (extra.assign, extra.waiting_for) == (None, (made.name,))

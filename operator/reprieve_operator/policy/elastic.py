@@ -241,11 +241,18 @@ def _moves(keep: tuple[tuple[int, int], ...], join: tuple[tuple[str, int], ...],
 
 def settled(view: ElasticView, current: Condition | None) -> Condition | None:
     """``Degraded=False/FullSize`` once a job that carried ``Degraded=True`` trains on every worker again with none
-    lost (a wait below the minimum that ended when capacity returned); None: nothing to write (a job that was never
-    degraded carries no ``Degraded``; a shrunk job keeps the words of its last resize)."""
-    if current is None or current.status != "True" or view.size < view.replicas or len(view.alive) < view.size:
+    lost (a wait below the minimum that ended when capacity returned); ``Degraded=True/Shrunk`` once a wait (below
+    the minimum, or for an allowed size) ended on fewer workers than ``replicas`` (capacity back for some: the job
+    trains, it no longer waits); None: nothing to write (a job that was never degraded carries no ``Degraded``; a
+    shrunk job keeps the words of its last resize)."""
+    if current is None or current.status != "True" or len(view.alive) < view.size:
         return None
-    return Condition(DEGRADED, "False", Reason.FULL_SIZE.value, f"training on all {view.size} workers")
+    if view.size >= view.replicas:
+        return Condition(DEGRADED, "False", Reason.FULL_SIZE.value, f"training on all {view.size} workers")
+    if current.reason in (Reason.BELOW_MIN.value, Reason.NO_SIZE.value):
+        return Condition(DEGRADED, "True", Reason.SHRUNK.value,
+                         f"training on {view.size} of {view.replicas} workers: capacity returned for some of them")
+    return None
 
 
 def next_look(view: ElasticView) -> float | None:
@@ -284,8 +291,8 @@ def pod_candidates(pods: Iterable[PodView], workers: Collection[str], attempt: i
                    stuck: Mapping[str, SchedulerVerdict]) -> tuple[Candidate, ...]:
     """The in-place job's pods outside ``workers`` (the assignment of ``attempt``) that could take a process id:
     spares; worker pods made for a lost worker (a replacement, or the capacity probe a shrink kept pending: made for
-    ``attempt`` or later, or not running yet); ready worker pods of an earlier attempt that a shrink left out
-    (standbys). Pods being deleted, on lost or doomed nodes, or ended are none. ``stuck``: pod -> the scheduler's
+    ``attempt`` or later, not running yet, or that never ran a trainer); ready worker pods of an earlier attempt that
+    ran a trainer and a shrink left out (standbys). Pods being deleted, on lost or doomed nodes, or ended are none. ``stuck``: pod -> the scheduler's
     ``PodScheduled=False/Unschedulable`` verdict (``podsready.unschedulable``)."""
     out = []
     for p in pods:
@@ -295,7 +302,10 @@ def pod_candidates(pods: Iterable[PodView], workers: Collection[str], attempt: i
         if p.role == "spare":
             role = Role.SPARE
         elif p.role == "worker":
-            role = Role.REPLACEMENT if p.attempt >= attempt or not p.ready else Role.STANDBY
+            # a standby ran a trainer (it was a worker until a shrink left it out); a pod made for a lost worker
+            # at an earlier restart that never joined (a probe a later restart left pending) never did
+            role = Role.REPLACEMENT if p.attempt >= attempt or not p.ready or p.exit_attempt is None \
+                else Role.STANDBY
         else:
             continue
         out.append(Candidate(p.name, role, p.ready, stuck.get(p.name)))

@@ -328,8 +328,11 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
                       key=_spare_rank)
     create: list[int] = []
     filled: list[Replacement] = []
+    refused = stuck or {}
     for r in replaced:
-        if r.index in made:
+        # a pod made for the index comes first, unless the scheduler refuses it and a warm pod runs now (an
+        # elastic job's: ``stuck`` is empty otherwise): the refused pod then stays behind as the capacity probe
+        if r.index in made and not (made[r.index] in refused and spares):
             filled.append(replace(r, new=made[r.index]))
         elif spares:
             spare = spares.pop(0)
