@@ -250,3 +250,56 @@ def test_a_narrowing_cast_on_restore_is_a_warning_once_per_leaf(tmp_path: Path, 
     assert len(warnings) == 1, warnings
     assert "restore leaf ['w']" in warnings[0] and "saved as bfloat16, restored as int32" in warnings[0]
     assert "fractions are dropped" in warnings[0] and str(tmp_path) in warnings[0]
+
+
+def test_a_listing_process_0_could_not_make_fails_every_process_at_once_naming_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Process 0 lists the checkpoints and publishes the restore plan; when its listing fails (the store stopped
+    answering between start-up and the restore), the others hear why at once instead of waiting out the barrier
+    timeout (1800 s by default) for a plan that never comes."""
+    import threading
+    import time
+
+    from reprieve.checkpoint.metadata import CheckpointUnavailableError
+    from reprieve.coordination import LocalCoordinator
+
+    shared = LocalCoordinator()
+
+    class View(LocalCoordinator):  # process ``pid`` of 2, sharing one in-memory store of keys
+        def __init__(self, pid: int) -> None:
+            super().__init__()
+            self._kv, self._cond, self.process_id, self.num_processes = shared._kv, shared._cond, pid, 2
+
+    import itertools
+
+    import reprieve.checkpoint.manager as manager_module
+
+    managers = []
+    for pid in range(2):  # one process's managers are numbered in order: both of these are its first
+        monkeypatch.setattr(manager_module, "_instances", itertools.count(1000))
+        managers.append(CheckpointManager(str(tmp_path / "ckpt"), coordinator=View(pid), attempt=1,
+                                          barrier_timeout_s=60))
+
+    def unreachable() -> list[object]:
+        raise OSError("the store did not answer (emulated)")
+
+    managers[0]._visible = unreachable  # type: ignore[method-assign]
+    abstract = {"x": jax.ShapeDtypeStruct((2,), jnp.float32)}
+    raised: dict[int, BaseException] = {}
+
+    def restore(pid: int) -> None:
+        try:
+            managers[pid].restore(abstract)
+        except BaseException as err:  # noqa: BLE001 - what each process raised is the point
+            raised[pid] = err
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=restore, args=(pid,)) for pid in (1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert isinstance(raised.get(0), OSError), raised
+    assert isinstance(raised.get(1), CheckpointUnavailableError), raised
+    assert "process 0 could not list" in str(raised[1]) and "did not answer (emulated)" in str(raised[1])
+    assert time.monotonic() - t0 < 10, "process 1 waited for a plan instead of hearing why there is none"

@@ -486,7 +486,12 @@ class CheckpointManager:
         n = next(self._restores)
         key = f"{_KV}/a{self.attempt}/i{self._inst}/r{n}"
         if self._pid == 0:
-            vis = self._visible()
+            try:
+                vis = self._visible()
+            except Exception as listing:  # the others wait for the plan: they hear why there is none, not a timeout
+                self._coord.set(f"{key}/plan", json.dumps({"error": f"{type(listing).__name__}: {listing}"}),
+                                overwrite=True)
+                raise
             if step is not None:
                 vis = [c for c in vis if c.step == step]
                 if not vis:
@@ -500,6 +505,9 @@ class CheckpointManager:
             self._coord.set(f"{key}/plan", json.dumps(plan), overwrite=True)
         else:
             plan = json.loads(self._coord.get(f"{key}/plan", self._timeout))
+            if isinstance(plan, dict):
+                raise CheckpointUnavailableError(
+                    f"process 0 could not list the checkpoints under {self.uri}: {plan.get('error')}")
         if not plan:
             if step is None:  # process 0 reads the root; every process raises the same
                 if self._pid == 0:
