@@ -114,9 +114,9 @@ def pairing_condition(job: TrainingJob, processes: Mapping[str, int], peers: Map
         if not peer:
             problems.append(f"process {index} (pod {name} on node {me.node}) has no memory-tier peer in this "
                             "attempt: no other pod of the job on another node had room for its replica when the "
-                            "attempt was paired (a one-process job's first attempt is paired before any spare "
-                            "exists); it keeps its own copies only (a loss of its node falls back to storage for "
-                            "it). Spread the job's pods over more nodes or add a spare (spec.spares)")
+                            f"attempt was paired{_why_alone(job, len(processes))}; it keeps its own copies only (a "
+                            "loss of its node falls back to storage for it). Spread the job's pods over more nodes "
+                            "or add a spare (spec.spares)")
             continue
         at = _pod_at(job, peer, pods)
         resolved[index] = address(at.ip) if at is not None and at.ip else peer
@@ -125,3 +125,14 @@ def pairing_condition(job: TrainingJob, processes: Mapping[str, int], peers: Map
         return Condition(PAIRED, "False", "PairingProblem", "; ".join(problems)[:2000])
     return Condition(PAIRED, "True", "Paired", f"each of the {len(processes)} process(es) has its memory-tier "
                                                "replica in a pod on another node")
+
+
+def _why_alone(job: TrainingJob, processes: int) -> str:
+    """Why an attempt can lack a peer, when its size says: a one-process job's first attempt is paired before any
+    spare exists; a shrunk attempt's pods left for the lost workers do not run."""
+    if job.spec.replicas == 1:
+        return " (a one-process job's first attempt is paired before any spare exists)"
+    if processes < job.spec.replicas:
+        return (f" (the job shrank to {processes} of its {job.spec.replicas} workers: the pods made for the others "
+                "do not run)")
+    return ""
