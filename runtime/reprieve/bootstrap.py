@@ -249,7 +249,7 @@ def _watch_peers(job: Job, config: RuntimeConfig, coordinator: Coordinator, link
     watch: PeerWatch | None = None
 
     def on_lost(processes: tuple[int, ...]) -> None:
-        last = _last_step(job)
+        last = _last_step_said(job)
         gone = watch.gone if watch is not None else ()  # those the pulse found not answering (the operator need not probe)
         if link is not None:
             link.peer_lost(processes, last, gone=gone)
@@ -378,6 +378,19 @@ def end_unless_leaving(job: Any, why: str, end: Callable[[str], None] = end_proc
         return False
     end(why)
     return True
+
+
+def _last_step_said(job: Job) -> tuple[int, float] | None:
+    """:func:`_last_step`, or the loop's position where the finished steps cannot be read (the process is ending:
+    a collective failed in the program's own code and the interpreter is shutting down, JAX's client with it):
+    the peers lost are said either way, with the best step known."""
+    try:
+        return _last_step(job)
+    except Exception as err:  # noqa: BLE001 - the report must go out
+        last = job.loop.last
+        log.warning("the last finished step could not be read (%s: %s): saying the loop's position, step %s",
+                    type(err).__name__, err, None if last is None else last[0])
+        return None if last is None else (last[0], last[1] + job.loop.wall_offset)
 
 
 def _last_step(job: Job) -> tuple[int, float] | None:

@@ -130,7 +130,8 @@ def end_process(why: str) -> None:
             handler.flush()
     sys.stdout.flush()
     sys.stderr.flush()
-    os.abort()
+    with termination.held():  # not in the middle of another thread's termination message (the exit path's)
+        os.abort()
 
 
 def silent_line(process: int, n: int, pod: str | None, seconds: float, heartbeat_s: float,
@@ -400,7 +401,7 @@ class PeerWatch(Daemon):
             try:
                 self._on_lost(processes)
             except Exception as err:  # noqa: BLE001 - a report is best effort; the watch goes on
-                log.debug("peer-lost report failed: %s", err)
+                log.warning("peer-lost report failed: %s: %s", type(err).__name__, err)
 
     def report_again(self) -> None:
         """Tell ``on_lost`` the reported processes again (not when none): what the runtime sends with them, its
@@ -412,7 +413,7 @@ class PeerWatch(Daemon):
             try:
                 self._on_lost(self.lost)
             except Exception as err:  # noqa: BLE001 - a report is best effort
-                log.debug("peer-lost report failed: %s", err)
+                log.warning("peer-lost report failed: %s: %s", type(err).__name__, err)
 
     def blame(self, error: str) -> tuple[int, ...]:
         """The processes a failed collective's ``error`` names (:mod:`reprieve.collective_error`), reported at once

@@ -57,6 +57,17 @@ def write(fields: Mapping[str, Any], path: str = TERMINATION_LOG) -> None:
         return
     with _lock:
         try:
-            target.write_text(merged(target.read_text(errors="replace"), fields))
+            current = target.read_text(errors="replace")
+            text = merged(current, fields)
+            if text != current:  # the same report again (the exit path repeats the watch's): nothing to rewrite
+                with target.open("r+", encoding="utf-8") as f:  # written over, then cut: never an empty file
+                    f.write(text)
+                    f.truncate()
         except OSError as err:
             log.debug("termination message not written to %s: %s", path, err)
+
+
+def held() -> threading.Lock:
+    """The writers' lock: :func:`reprieve.peers.end_process` takes it before it aborts the process, so an abort
+    never lands between a write's first byte and its last (a truncated file is an empty message)."""
+    return _lock

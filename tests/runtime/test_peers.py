@@ -439,3 +439,26 @@ def test_a_process_but_0_links_to_process_0_s_pulse_and_ends_when_it_is_lost(kin
             watch.close()
     finally:
         first.close()
+
+
+def test_a_survivor_says_its_peers_lost_even_when_its_finished_steps_cannot_be_read(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The program's own code met the failed collective (``loss.block_until_ready()`` outside ``job.save``), so the
+    interpreter is shutting down, JAX's client with it, when the peer watch reports: reading the finished steps
+    raises. The report goes out with the loop's position (CI: the termination message was empty, the operator's
+    lost steps were those of the last progress report, 5 where the step log said 27); with the finished steps
+    readable, those."""
+    from reprieve.bootstrap import _last_step_said
+
+    class Broken:
+        noted = 70
+
+        def last(self) -> tuple[int, float]:
+            raise RuntimeError("the backend is gone (emulated)")
+
+    loop = SimpleNamespace(last=(66, 10.0), wall_offset=1000.0)
+    with caplog.at_level(logging.WARNING, logger="reprieve.bootstrap"):
+        assert _last_step_said(SimpleNamespace(loop=loop, finished=Broken())) == (66, 1010.0)  # type: ignore[arg-type]
+    assert "could not be read (RuntimeError: the backend is gone (emulated))" in caplog.text
+    finished = SimpleNamespace(noted=70, last=lambda: (64, 9.0))
+    assert _last_step_said(SimpleNamespace(loop=loop, finished=finished)) == (64, 1009.0)  # type: ignore[arg-type]

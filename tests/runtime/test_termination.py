@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from reprieve import termination
 from reprieve.termination import MAX_BYTES, merged, write
 
 pytestmark = pytest.mark.unit
@@ -40,3 +41,44 @@ def test_written_only_where_the_kubelet_mounted_the_file(tmp_path: Path) -> None
     write({"peerLost": [2]}, str(log))
     write({"progress": {"step": 5}}, str(log))
     assert json.loads(log.read_text()) == {"peerLost": [2], "progress": {"step": 5}}
+
+
+def test_a_write_is_over_the_old_message_never_a_truncated_file_and_the_same_report_is_not_rewritten(
+        tmp_path: Path) -> None:
+    """CI: the exit path repeated the peer watch's report while the watch aborted the process; the repeat had
+    truncated the file and the abort came before its bytes: an empty message, the last step lost. A report equal
+    to what is there is not rewritten; a write goes over the old text and cuts it to length; ``end_process`` takes
+    the writers' lock before it aborts."""
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    termination.write({"peerLost": [1], "lastStep": 61}, str(log))
+    before = log.stat()
+    termination.write({"peerLost": [1], "lastStep": 61}, str(log))
+    assert log.stat().st_mtime_ns == before.st_mtime_ns and log.stat().st_ino == before.st_ino
+    termination.write({"lastStep": None}, str(log))  # shorter: cut to length
+    assert json.loads(log.read_text()) == {"peerLost": [1]}
+
+
+def test_end_process_aborts_only_once_no_termination_message_is_being_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import threading
+    import time
+
+    from reprieve import peers
+
+    released = threading.Event()
+    aborted: list[bool] = []  # whether the write had ended when the abort came
+    monkeypatch.setattr(os, "abort", lambda: aborted.append(released.is_set()))
+
+    def writer() -> None:  # another thread in the middle of a write
+        with termination.held():
+            time.sleep(0.3)
+            released.set()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    time.sleep(0.05)
+    peers.end_process("a peer is gone (test)")
+    t.join()
+    assert aborted == [True], "the abort came in the middle of the write"
