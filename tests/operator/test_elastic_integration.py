@@ -55,6 +55,18 @@ def manifest(namespace: str, tag: str, out: Path) -> dict[str, Any]:
                                            "volumes": [{"name": "out", "hostPath": {"path": str(out)}}]}}}}
 
 
+def live_pod(core: Any, namespace: str, prefix: str) -> Any:
+    """The job's pod whose name starts with ``prefix`` and is not being deleted (None: none)."""
+    return next((p for p in core.list_namespaced_pod(namespace, label_selector="reprieve.dev/job-name=el").items
+                 if p.metadata.name.startswith(prefix) and not p.metadata.deletion_timestamp), None)
+
+
+def unschedulable(pod: Any) -> Any:
+    """``pod`` when the scheduler said ``PodScheduled=False/Unschedulable`` of it, else None."""
+    cond = next((c for c in (pod.status.conditions or []) if c.type == "PodScheduled"), None) if pod else None
+    return pod if cond is not None and (cond.status, cond.reason) == ("False", "Unschedulable") else None
+
+
 def start_job(cluster: Any, api: Any, namespace: str, nodes: list[str], tmp_path: Path) -> tuple[Any, Any, Path, Any]:
     """One worker per node (``HOST`` labels), the 2-worker job applied; its clients, the trainers' directory and a
     reader of its status."""
@@ -106,13 +118,10 @@ def test_a_lost_worker_whose_replacement_cannot_schedule_shrinks_the_job_then_it
     core.delete_namespaced_pod("el-1", namespace)
 
     def probe() -> Any:
-        return next((p for p in core.list_namespaced_pod(namespace, label_selector="reprieve.dev/job-name=el").items
-                     if p.metadata.name.startswith("el-1-") and not p.metadata.deletion_timestamp), None)
+        return live_pod(core, namespace, "el-1-")
 
     def refused() -> Any:
-        p = probe()
-        cond = next((c for c in (p.status.conditions or []) if c.type == "PodScheduled"), None) if p else None
-        return p if cond is not None and (cond.status, cond.reason) == ("False", "Unschedulable") else None
+        return unschedulable(probe())
 
     stuck = wait_for(refused, 60, "the replacement refused by the scheduler", describe=lambda: operator.tail(40))
 
@@ -243,13 +252,10 @@ def test_a_spare_that_cannot_schedule_is_shrunk_past_and_grows_the_job_back_once
     core, custom, out, status = start_job(cluster, api, namespace, nodes, tmp_path)
 
     def spare() -> Any:
-        return next((p for p in core.list_namespaced_pod(namespace, label_selector="reprieve.dev/job-name=el").items
-                     if p.metadata.name.startswith("el-spare-") and not p.metadata.deletion_timestamp), None)
+        return live_pod(core, namespace, "el-spare-")
 
     def refused() -> Any:
-        p = spare()
-        cond = next((c for c in (p.status.conditions or []) if c.type == "PodScheduled"), None) if p else None
-        return p if cond is not None and (cond.status, cond.reason) == ("False", "Unschedulable") else None
+        return unschedulable(spare())
 
     wait_for(lambda: (out / "el-0-a1.json").exists() and (out / "el-1-a1.json").exists(), 90,
              "both trainers of attempt 1", describe=lambda: f"{status()}\n{operator.tail(40)}")
