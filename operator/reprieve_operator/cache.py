@@ -176,7 +176,7 @@ class Cache:
     def delete_job(self, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
-        self.jobs.pop(key, None)
+        self.jobs.drop(key)
         self._gone.pop(key, None)
         self._said.pop(key, None)
 
@@ -212,10 +212,9 @@ class JobBodies:
     def __getitem__(self, key: Key) -> dict[str, Any]:
         return json.loads(self._text[key])
 
-    def pop(self, key: Key, default: Any = None) -> Any:
+    def drop(self, key: Key) -> None:
         self._phase.pop(key, None)
-        text = self._text.pop(key, None)
-        return default if text is None else json.loads(text)
+        self._text.pop(key, None)
 
     def phase(self, key: Key) -> str | None:
         return self._phase.get(key)
