@@ -30,6 +30,7 @@ from .policy import fanout
 from .policy.builders import build_notice_object, job_ref, notice_object_name
 from .policy.notice import (
     Delivered,
+    NoticePlan,
     current_attempt,
     decide_notice,
     is_open,
@@ -122,6 +123,17 @@ async def write_notice_object(state: State, job: TrainingJob, route: fanout.Noti
     return None
 
 
+async def send_notice_object(state: State, job: TrainingJob, plan: NoticePlan, route: fanout.NoticeRoute,
+                             value: str) -> tuple[fanout.NoticeRoute, str | None]:
+    """Write the job's notice object when ``route`` says so; the route the pods are then annotated by (every pod
+    of ``plan`` when the write is refused: ``fanout.fallback``) and the ``NoticeFallback`` Event's text (None:
+    none). A node's notice (``_deliver``) and a Kueue eviction's (``reconcile.apply_outcome``) both go this way."""
+    refused = await write_notice_object(state, job, route, value)
+    if refused is not None:
+        route = fanout.fallback(plan)
+    return route, fanout.fallback_message(notice_object_name(job), route, refused)
+
+
 def _look_again(state: State, name: str, when: datetime) -> None:
     """Re-examine node ``name`` (as cached) when a held notice opens."""
 
@@ -187,9 +199,7 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             value = notice.annotation(plan.attempt)
             watching = [r["metadata"]["name"] for r in raw if fanout.watches(r, notice_object_name(job))]
             route = fanout.route(plan, object_value, watching)
-            refused = await write_notice_object(state, job, route, value)
-            if refused is not None:
-                route = fanout.fallback(plan)
+            route, fell_back = await send_notice_object(state, job, plan, route, value)
             await apply.gather([functools.partial(apply.annotate_pod, api, namespace, n, {ANNOTATION_NOTICE: value})
                                 for n in route.annotate])
             for r in raw:  # the cache learns it now, not only when the watch event comes
@@ -210,7 +220,6 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
         refs = [
             {"apiVersion": "v1", "kind": "Pod", "name": r["metadata"]["name"], "namespace": namespace,
              "uid": r["metadata"].get("uid")} for r in raw if r["metadata"]["name"] in route.annotate]
-        fell_back = fanout.fallback_message(notice_object_name(job), route, refused)
         return Annotated(namespace, name, job.uid, Delivered(notice, plan.attempt, msg), refs,
                          job_ref(body) if fell_back else None, fell_back)
     except Exception:

@@ -23,7 +23,7 @@ from . import ANNOTATION_NOTICE, apply, delivery, kueue, metrics
 from .clock import SYSTEM
 from .create import create
 from .models import TrainingJob, spec_error
-from .policy import builders, fanout
+from .policy import builders
 from .policy.decide import Answer, Outcome, View, WorkloadRefused, decide, failed
 from .policy.kueue import WorkloadOp, evicted
 from .policy.notice import notice_event_name
@@ -167,11 +167,9 @@ async def apply_outcome(state: State, body: dict[str, Any], raw_pods: list[dict[
     annotate: dict[str, dict[str, str | None]] = {n: dict(a) for n, a in outcome.annotate.items()}
     if outcome.notice_write is not None:  # a Kueue eviction's notice: the job's object first, as a node's
         w = outcome.notice_write
-        refused = await delivery.write_notice_object(state, w.job, w.route, w.value)
-        route = fanout.fallback(w.plan) if refused is not None else w.route
+        route, fell_back = await delivery.send_notice_object(state, w.job, w.plan, w.route, w.value)
         for n in route.annotate:
             annotate.setdefault(n, {})[ANNOTATION_NOTICE] = w.value
-        fell_back = fanout.fallback_message(builders.notice_object_name(w.job), route, refused)
         if fell_back is not None:
             await apply.run(apply.post_event, api, ref, "NoticeFallback", fell_back, "Warning")
     if annotate:
