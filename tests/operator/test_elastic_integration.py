@@ -279,6 +279,8 @@ def test_a_spare_that_cannot_schedule_is_shrunk_past_and_grows_the_job_back_once
     processes = json.loads(core.read_namespaced_config_map("el-assignment", namespace).data["processes"])
     newcomer = next(pod for pod, i in processes.items() if i == 1)
     assert processes["el-0"] == 0 and newcomer.startswith("el-spare-"), processes  # a spare (the same or a re-made one)
-    growing = [e for e in core.list_namespaced_event(namespace).items if e.reason == "Growing"]
+    # the Event follows the status that names attempt 3 (policy.decide's order: status, then its Events)
+    growing = wait_for(lambda: [e for e in core.list_namespaced_event(namespace).items if e.reason == "Growing"],
+                       30, "the Growing Event", describe=lambda: operator.tail(60))
     assert len(growing) == 1 and f"pod {newcomer} (spare) takes process 1" in growing[0].message, growing
     operator.assert_no_errors()

@@ -1,6 +1,7 @@
 """A grow at an agreed step through the memory tier, for real (issue 47, item 4): a gang of 2 processes trains
 over 4 virtual shards; each process gets the supervisor's resize signal (as ``reprieve-supervisor`` sends it when an
-assignment grows the gang), at a different step; the gang agrees one step, holds it in memory on every process
+assignment grows the gang), at a different step (process 1's is not sent when the gang already agreed on process
+0's and ended); the gang agrees one step, holds it in memory on every process
 (no storage save), and exits with the restart code; the next attempt on 4 processes (2 of them in new, empty pods)
 restores that step from the pods' memory and ends bitwise equal to an uninterrupted full-size run, with 0 steps
 lost."""
@@ -50,10 +51,14 @@ def test_a_grow_saves_one_agreed_step_to_memory_and_the_larger_gang_resumes_it_w
                               ckpt_every=1000, worker=WORKER, extra=supervised)
         signalled: set[int] = set()
         limit = time.monotonic() + 180
-        while len(signalled) < 2:
-            assert time.monotonic() < limit and all(p.poll() is None for p in gang.procs), gang.tail(40)
+        # process 1's signal may come after the gang already agreed on process 0's notice and ended (the agreement
+        # reached process 1 through the leader): a process that ended is not waited for, and its code is checked below
+        while len(signalled) < 2 and not (signalled and all(p.poll() is not None for p in gang.procs)):
+            assert time.monotonic() < limit, gang.tail(40)
+            assert signalled or all(p.poll() is None for p in gang.procs), gang.tail(40)  # none ends before a notice
             for pid in set(range(2)) - signalled:
-                if any(r["step"] >= SIGNAL_FROM + pid for r in _steps_logged(work, pid)):
+                if gang.procs[pid].poll() is None and any(r["step"] >= SIGNAL_FROM + pid
+                                                          for r in _steps_logged(work, pid)):
                     gang.procs[pid].send_signal(RESIZE_SIGNAL)
                     signalled.add(pid)
             time.sleep(0.02)
