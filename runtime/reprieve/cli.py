@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-EXIT_OK, EXIT_CORRUPT, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_CORRUPT, EXIT_USAGE, EXIT_UNVERIFIED = 0, 1, 2, 3  # 3: the storage did not answer (verify: not corrupt)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,11 +35,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, text in (("ls", "list the checkpoints under a root"),
                        ("inspect", "describe one checkpoint (default: the one a restore takes)"),
-                       ("verify", "read one checkpoint whole and check every checksum (exit 0 OK, 1 corrupt)")):
+                       ("verify", "read one checkpoint whole and check every checksum (exit 0 OK, 1 corrupt, 3 "
+                                  + "the storage stopped answering)")):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("uri", nargs="?", default=None, metavar="URI" if name == "ls" else "URI[@STEP]",
                        help="default: REPRIEVE_CHECKPOINT_URI, else ./checkpoints")
         p.add_argument("--json", action="store_true", help="print JSON for scripts")
+        p.add_argument("--request-retries", type=int, default=None, metavar="N",
+                       help="retry an object store request N times before giving up (backoff 1 s doubling to 32 "
+                       "s; default: TensorStore's, minutes for a store that is down)")
         if name == "verify":
             p.add_argument("--all", action="store_true", help="every committed checkpoint under the root")
     run = sub.add_parser("run", help="run a training script, restarting it after every saved preemption",
@@ -75,14 +79,24 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
         print(f"reprieve verify: --all verifies every checkpoint under a root, {uri} names one; drop --all or "
               "@STEP", file=err)
         return EXIT_USAGE
+    if args.request_retries is not None and args.request_retries < 0:
+        print(f"reprieve {args.command}: --request-retries {args.request_retries}: expected 0 or more", file=err)
+        return EXIT_USAGE
     command = _verify_all if getattr(args, "all", False) else {"ls": _ls, "inspect": _inspect,
                                                                 "verify": _verify}[args.command]
+    from .checkpoint import reader
+    from .checkpoint.metadata import unavailable
+
     try:
-        return command(target, args.json, out)
+        return command(target, reader.open_root(target.uri, request_retries=args.request_retries), args.json, out)
     except FileNotFoundError as e:
         print(f"reprieve {args.command}: {e}", file=err)
         return EXIT_USAGE
     except Exception as e:  # noqa: BLE001 - storage errors (credentials, endpoints): said in one line
+        if unavailable(e):
+            print(f"reprieve {args.command}: {target.uri}: the storage did not answer ({e}); nothing is said of "
+                  "the checkpoints: try again once it answers", file=err)
+            return EXIT_UNVERIFIED
         print(f"reprieve {args.command}: {target.uri}: {type(e).__name__}: {e}", file=err)
         return EXIT_USAGE
 
@@ -94,10 +108,9 @@ def _default_uri() -> str:
     return Env(os.environ).text("REPRIEVE_CHECKPOINT_URI", RuntimeConfig.checkpoint_uri)
 
 
-def _ls(target: Any, as_json: bool, out: TextIO) -> int:
+def _ls(target: Any, st: Any, as_json: bool, out: TextIO) -> int:
     from .checkpoint import catalog, layout, reader
 
-    st = reader.open_root(target.uri)
     entries, fences, metas, reasons, damage = reader.listing(st)
     orbax = not entries and reader.is_orbax_root(st)
     if orbax:
@@ -115,10 +128,9 @@ def _ls(target: Any, as_json: bool, out: TextIO) -> int:
     return EXIT_OK
 
 
-def _inspect(target: Any, as_json: bool, out: TextIO) -> int:
+def _inspect(target: Any, st: Any, as_json: bool, out: TextIO) -> int:
     from .checkpoint import catalog, reader
 
-    st = reader.open_root(target.uri)
     if _is_orbax(st):
         step, item = _orbax_step(st, target)
         description = catalog.describe_orbax(st.loc.uri(), step, item)
@@ -132,52 +144,63 @@ def _inspect(target: Any, as_json: bool, out: TextIO) -> int:
     return EXIT_OK
 
 
-def _verify(target: Any, as_json: bool, out: TextIO) -> int:
+def _verify(target: Any, st: Any, as_json: bool, out: TextIO) -> int:
     from .checkpoint import catalog, reader
     from .checkpoint.metadata import CheckpointCorruptError
 
-    st = reader.open_root(target.uri)
     _not_orbax(st)
     try:
         name, meta = reader.choose(st, target)
     except CheckpointCorruptError as e:  # its metadata: as corrupt as a chunk
-        report: dict[str, Any] = {"uri": st.loc.uri(), "name": str(target.step), "ok": False, "chunks": 0,
-                                  "bytes": 0, "problems": [str(e)]}
+        report = reader.corrupt_report(st, str(target.step), str(e))
     else:
         report = reader.verify(st, name, meta)
     if as_json:
         _dump(report, out)
     else:
         print(catalog.format_verify(report), file=out)
-    return EXIT_OK if report["ok"] else EXIT_CORRUPT
+    return _VERDICT_EXIT[report["verdict"]]
 
 
-def _verify_all(target: Any, as_json: bool, out: TextIO) -> int:
+_VERDICT_EXIT = {"OK": EXIT_OK, "CORRUPT": EXIT_CORRUPT, "UNVERIFIED": EXIT_UNVERIFIED}
+
+
+def _verify_all(target: Any, st: Any, as_json: bool, out: TextIO) -> int:
     """``verify --all``: every committed checkpoint (fenced-out ones too: they are on the storage), oldest first."""
     from .checkpoint import catalog, reader
-    from .checkpoint.metadata import CheckpointCorruptError
+    from .checkpoint.metadata import CheckpointCorruptError, unavailable
 
-    st = reader.open_root(target.uri)
     _not_orbax(st)
     reports: list[dict[str, Any]] = []
-    for entry in sorted(st.list_entries(uncommitted=False)):
+    entries = sorted(st.list_entries(uncommitted=False))
+    for entry in entries:
         try:
             meta = reader.read_meta(st, entry.committed)
         except CheckpointCorruptError as e:
-            reports.append({"uri": st.loc.uri(), "name": entry.committed, "ok": False, "chunks": 0, "bytes": 0,
-                            "problems": [str(e)]})
+            reports.append(reader.corrupt_report(st, entry.committed, str(e)))
             continue
-        reports.append(reader.verify(st, entry.committed, meta))
+        except Exception as e:  # only the storage not answering is said here; the rest goes up
+            if not unavailable(e):
+                raise
+            reports.append(reader.unverified_report(st, entry.committed, f"reading its {e}"))
+        else:
+            reports.append(reader.verify(st, entry.committed, meta))
+        if reports[-1]["verdict"] == "UNVERIFIED":
+            break  # the storage stopped answering: the rest would wait for it the same way
     if not reports:
         raise FileNotFoundError(f"no committed checkpoint under {st.loc.uri()}")
-    bad = [r["name"] for r in reports if not r["ok"]]
+    bad = [r["name"] for r in reports if r["verdict"] == "CORRUPT"]
+    unverified = [e.committed for e in entries[len(reports) - 1:]] if reports[-1]["verdict"] == "UNVERIFIED" else []
     if as_json:
-        _dump({"uri": st.loc.uri(), "ok": not bad, "checkpoints": reports}, out)
+        _dump({"uri": st.loc.uri(), "ok": not bad and not unverified, "checkpoints": reports,
+               "unverified": unverified}, out)
     else:
         print("\n".join(catalog.format_verify(r) for r in reports), file=out)
-        print(f"{len(reports)} checkpoint(s) verified: " + (f"{len(bad)} corrupt ({', '.join(bad)})" if bad else
-                                                            "all OK"), file=out)
-    return EXIT_CORRUPT if bad else EXIT_OK
+        said = f"{len(bad)} corrupt ({', '.join(bad)})" if bad else "none corrupt" if unverified else "all OK"
+        if unverified:
+            said += f"; {len(unverified)} not verified, the storage stopped answering ({', '.join(unverified)})"
+        print(f"{len(reports) - len(unverified[:1])} of {len(entries)} checkpoint(s) verified: {said}", file=out)
+    return EXIT_CORRUPT if bad else EXIT_UNVERIFIED if unverified else EXIT_OK
 
 
 def _is_orbax(st: Any) -> bool:

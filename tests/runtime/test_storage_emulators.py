@@ -229,6 +229,16 @@ def test_an_object_store_that_stops_answering_half_way_fails_the_restore_naming_
     with pytest.raises(CheckpointUnavailableError, match=rf"{uri}/{layout.committed_name(2, 1)}.*did not serve"):
         mgr.restore(state_def.make_abstract(mesh, "b"))
     assert not proxy.serving(), "the store was never cut: the restore read less than half of what it read before"
+    # `reprieve verify` through the same cut: the store stopping half-way is not corruption (it said CORRUPT, exit 1)
+    env = {**os.environ, "REPRIEVE_S3_ENDPOINT": f"http://127.0.0.1:{proxy.port}"}
+    verify = [str(Path(sys.executable).parent / "reprieve"), "verify", "--request-retries", "1", uri]
+    for budget, more, said in ((whole // 2, [], "the storage stopped answering: "),
+                               (0, [], "the storage did not answer"),
+                               (whole // 2, ["--all"], "not verified, the storage stopped answering")):
+        proxy.cut_after(budget)
+        got = subprocess.run(verify + more, capture_output=True, text=True, timeout=120, check=False, env=env)
+        assert got.returncode == 3 and said in got.stdout + got.stderr, got.stdout + got.stderr
+        assert "CORRUPT" not in got.stdout, got.stdout
     proxy.cut_after(None)
     assert mgr.all_steps() == [1, 2]  # nothing quarantined, nothing deleted
     kv = ts.KvStore.open(mgr._storage.kvstore("")).result()

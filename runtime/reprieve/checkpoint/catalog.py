@@ -306,7 +306,12 @@ def _leaf_dtype(leaf: Mapping[str, Any]) -> str:
 
 
 def format_verify(report: Mapping[str, Any]) -> str:
-    lines = [f"{report['uri']}/{report['name']}: " + ("OK" if report["ok"] else "CORRUPT") +
-             f" ({report['chunks']} chunk(s), {human_bytes(report['bytes'])} read, every checksum checked)"]
+    verdict = report.get("verdict") or ("OK" if report["ok"] else "CORRUPT")
+    checked = "every checksum checked" if report.get("unreachable") is None else "checked up to there"
+    lines = [f"{report['uri']}/{report['name']}: {verdict} ({report['chunks']} chunk(s), "
+             + f"{human_bytes(report['bytes'])} read, {checked})"]
     lines += [f"  {p}" for p in report["problems"]]
+    if report.get("unreachable") is not None:
+        lines.append(f"  the storage stopped answering: {report['unreachable']}; nothing is said of what was not read "
+                     "(not corrupt: run verify again once the storage answers)")
     return "\n".join(lines)

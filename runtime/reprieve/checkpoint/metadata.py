@@ -24,6 +24,20 @@ class CheckpointUnavailableError(RuntimeError):
     checkpoint and the file."""
 
 
+# TensorStore's status codes (the word its error messages begin with) that say the storage did not serve the bytes,
+# not that they are wrong: such a failure is not the checkpoint's, so it is neither quarantined nor fallen back past
+# (a restore), nor called corrupt (``reprieve verify``). Every other code (DATA_LOSS: a checksum; FAILED_PRECONDITION:
+# a chunk shorter than its metadata says; NOT_FOUND...) is damage.
+UNAVAILABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "CANCELLED", "RESOURCE_EXHAUSTED",
+                               "PERMISSION_DENIED", "UNAUTHENTICATED"})
+
+
+def unavailable(err: BaseException) -> bool:
+    """Whether ``err`` says the storage did not answer (nothing is known of the data) rather than that the data is
+    wrong: a CheckpointUnavailableError, or TensorStore's status code in its message."""
+    return isinstance(err, CheckpointUnavailableError) or str(err).split(":", 1)[0].strip() in UNAVAILABLE_CODES
+
+
 @dataclasses.dataclass
 class LeafMeta:
     """One leaf of the saved tree.

@@ -15,7 +15,7 @@ from typing import Any
 from . import layout, spec
 from .catalog import Target
 from .layout import CheckpointName
-from .metadata import CheckpointCorruptError, CheckpointMeta
+from .metadata import CheckpointCorruptError, CheckpointMeta, unavailable
 from .storage import Storage, open_storage
 
 IN_FLIGHT = 8  # chunk reads at once while verifying
@@ -24,9 +24,9 @@ ORBAX_RECORD = "reprieve/metadata"  # the ``reprieve`` item of an Orbax step (re
 ORBAX_STEP_METADATA = "_CHECKPOINT_METADATA"  # Orbax's own per-step file: its items and commit time
 
 
-def open_root(uri: str) -> Storage:
+def open_root(uri: str, request_retries: int | None = None) -> Storage:
     """The root at ``uri``, read-only. Raises FileNotFoundError when a local root does not exist."""
-    return open_storage(uri, fsync=False, create=False)
+    return open_storage(uri, fsync=False, create=False, request_retries=request_retries)
 
 
 def is_orbax_root(st: Storage) -> bool:
@@ -140,8 +140,13 @@ def choose(st: Storage, target: Target) -> tuple[str, CheckpointMeta]:
 
 def verify(st: Storage, name: str, meta: CheckpointMeta) -> dict[str, Any]:
     """Read every chunk of every array of checkpoint ``name`` (TensorStore checks each chunk's crc32c; a missing
-    chunk is an error, not the fill value) and check the metadata against the name and itself."""
+    chunk is an error, not the fill value) and check the metadata against the name and itself.
+
+    The report's ``verdict``: ``OK``; ``CORRUPT`` (``problems`` names each leaf and chunk); ``UNVERIFIED`` when the
+    storage stopped answering (``unreachable`` says where): nothing more is read, and nothing is said of the data
+    not read."""
     problems: list[str] = []
+    unreachable: str | None = None
     parsed = layout.parse_name(name)
     if parsed is not None:
         problems += meta.problems(parsed.step, parsed.attempt)
@@ -156,6 +161,9 @@ def verify(st: Storage, name: str, meta: CheckpointMeta) -> dict[str, Any]:
             md = spec.zarr3_metadata(leaf.shape, leaf.dtype, leaf.chunk_shape)
             store = st.open_array(f"{name}/{layout.array_dir(leaf.index)}", md, create=False, read=True).result()
         except Exception as err:  # noqa: BLE001 - every leaf is checked; each failure is named
+            if unavailable(err):
+                unreachable = f"{where}: opening its array: {err}"
+                break
             problems.append(f"{where}: cannot open its array (zarr.json missing, unreadable or not what "
                             f"{layout.METADATA_FILE} says): {err}")
             continue
@@ -170,9 +178,26 @@ def verify(st: Storage, name: str, meta: CheckpointMeta) -> dict[str, Any]:
                 nbytes += _finish(inflight)
         except Exception as err:  # noqa: BLE001
             region = inflight[0][0] if inflight else None
-            problems.append(f"{where}, chunk {list(region) if region else '?'}: {err}")
-    return {"uri": st.loc.uri(), "name": name, "ok": not problems, "chunks": chunks, "bytes": nbytes,
-            "problems": problems}
+            said = f"{where}, chunk {list(region) if region else '?'}: {err}"
+            if unavailable(err):
+                unreachable = said
+                break
+            problems.append(said)
+    verdict = "CORRUPT" if problems else "UNVERIFIED" if unreachable else "OK"
+    return {"uri": st.loc.uri(), "name": name, "ok": verdict == "OK", "verdict": verdict, "chunks": chunks,
+            "bytes": nbytes, "problems": problems, "unreachable": unreachable}
+
+
+def corrupt_report(st: Storage, name: str, problem: str) -> dict[str, Any]:
+    """``verify``'s report of a checkpoint whose metadata already says it is corrupt."""
+    return {"uri": st.loc.uri(), "name": name, "ok": False, "verdict": "CORRUPT", "chunks": 0, "bytes": 0,
+            "problems": [problem], "unreachable": None}
+
+
+def unverified_report(st: Storage, name: str, where: str) -> dict[str, Any]:
+    """``verify``'s report of a checkpoint the storage did not serve at all (``where``: what was being read)."""
+    return {"uri": st.loc.uri(), "name": name, "ok": False, "verdict": "UNVERIFIED", "chunks": 0, "bytes": 0,
+            "problems": [], "unreachable": where}
 
 
 def _finish(inflight: collections.deque[tuple[Any, Any]]) -> int:

@@ -40,7 +40,13 @@ from ..arrays import (
     sharding_of,
 )
 from . import layout, spec
-from .metadata import CheckpointCorruptError, CheckpointMeta, CheckpointUnavailableError, LeafMeta
+from .metadata import (
+    CheckpointCorruptError,
+    CheckpointMeta,
+    CheckpointUnavailableError,
+    LeafMeta,
+    unavailable,
+)
 from .storage import Storage
 
 log = logging.getLogger(__name__)
@@ -97,20 +103,10 @@ def plan_reads(shape: Sequence[int], chunk_shape: Sequence[int], targets: Sequen
     return ops
 
 
-# TensorStore's status codes (the word its error messages begin with) that say the storage did not serve the bytes,
-# not that they are wrong: such a failure is not the checkpoint's, so it is neither quarantined nor fallen back past.
-# Every other code (DATA_LOSS: a checksum; FAILED_PRECONDITION: a chunk shorter than its metadata says; NOT_FOUND...)
-# is damage.
-UNAVAILABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "CANCELLED", "RESOURCE_EXHAUSTED",
-                               "PERMISSION_DENIED", "UNAUTHENTICATED"})
-
-
 def read_failure(message: str, err: BaseException) -> CheckpointCorruptError | CheckpointUnavailableError:
     """The error a restore raises for ``err`` met reading a checkpoint (``message`` says where; pure): unavailable
     when TensorStore's status code says the storage did not answer, else corrupt."""
-    code = str(err).split(":", 1)[0].strip()
-    cls = CheckpointUnavailableError if code in UNAVAILABLE_CODES else CheckpointCorruptError
-    return cls(message)
+    return (CheckpointUnavailableError if unavailable(err) else CheckpointCorruptError)(message)
 
 
 def narrowing(saved: np.dtype, target: np.dtype) -> str | None:
