@@ -29,7 +29,9 @@ memory allocate+touch, crc32c, and loopback TCP (``sendfile`` from tmpfs into a 
 and over as many as a peer restore reads with (``memtier.restore.STREAMS``); and in every round, before its
 restores, on the checkpoint's own files: their sequential read page-cached and cold (:func:`evict`), and the s3
 emulator's raw GET of the same objects (:func:`s3_get_seconds`). Each source's row prints its restore's median and
-worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). Memory: a state peaks at about 4x its size (the preparing process's state and staging
+worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). ``--baseline ROOT`` also restores
+from local disk, warm and cold, with another checkout's runtime (``disk@base``, ``disk-cold@base``) in every round:
+a before/after of the storage restore under the same load and floors. Memory: a state peaks at about 4x its size (the preparing process's state and staging
 buffers, the own and the peer's copies in /dev/shm), 5x with the s3 emulator's copy: ``--s3-max-gib`` (1 by
 default) keeps moto to the smaller states.
 
@@ -470,14 +472,16 @@ def window_stats(windows: list[dict[str, float]], on_s: float, saves: int) -> di
             "measured": len(excess)}
 
 
-def _pythonpath() -> str:
-    """This checkout's runtime first, then whatever the caller's PYTHONPATH held (packages installed beside)."""
-    return os.pathsep.join(p for p in (os.path.join(REPO, "runtime"), os.environ.get("PYTHONPATH", "")) if p)
+def _pythonpath(root: str = REPO) -> str:
+    """The runtime of the checkout at ``root`` (this one's by default) first, then whatever the caller's PYTHONPATH
+    held (packages installed beside)."""
+    return os.pathsep.join(p for p in (os.path.join(root, "runtime"), os.environ.get("PYTHONPATH", "")) if p)
 
 
 # -- parent ------------------------------------------------------------------------------------------------------------
-def run_child(role: str, args: list[str], timeout: float = 1800) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": _pythonpath()}
+def run_child(role: str, args: list[str], timeout: float = 1800, root: str = REPO) -> dict[str, Any]:
+    """Run this script's ``role`` in a fresh process on the runtime of the checkout at ``root``."""
+    env = {**os.environ, "PYTHONPATH": _pythonpath(root)}
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", role, *args], env=env, check=False,
                          capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
@@ -650,8 +654,9 @@ def floor_rows(r: dict[str, Any], fl: dict[str, float]) -> list[dict[str, Any]]:
     rows = []
     for source, seconds in r["seconds"].items():
         med, worst = statistics.median(seconds), max(seconds)
-        floor = rates[FLOOR_OF[source]]
-        rows.append({"source": source, "median_s": med, "worst_s": worst, "gib_s": gib / med, "floor": FLOOR_OF[source],
+        held = FLOOR_OF[source.removesuffix(BASELINE)]
+        floor = rates[held]
+        rows.append({"source": source, "median_s": med, "worst_s": worst, "gib_s": gib / med, "floor": held,
                      "floor_gib_s": floor, "share": (gib / med) / floor if floor else None,
                      "fresh": (gib / med) / fl["memcpy_fresh_gib_s"] if fl.get("memcpy_fresh_gib_s") else None,
                      "spread": worst / med})
@@ -659,6 +664,8 @@ def floor_rows(r: dict[str, Any], fl: dict[str, float]) -> list[dict[str, Any]]:
 
 
 SOURCES = ("own", "peer", "disk", "disk-cold", "s3")
+BASELINE = "@base"  # a source restored by the --baseline checkout's runtime: "disk@base"
+BASELINE_SOURCES = ("disk", "disk-cold")  # the storage tier's restores from local disk: what --baseline compares
 FLOOR_GIB = 1.0  # the floors are rates: measured on 1 GiB whatever the state size (4 GiB would need ~16 GiB of RAM)
 
 
@@ -706,8 +713,10 @@ def s3_emulator() -> Iterator[str]:
         proc.wait()
 
 
-def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool) -> dict[str, Any]:
-    """Prepare every source of one state, then restore it from each in turn (fresh processes, ``repeats`` rounds)."""
+def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline: str | None = None) -> dict[str, Any]:
+    """Prepare every source of one state, then restore it from each in turn (fresh processes, ``repeats`` rounds).
+    ``baseline``: the root of another checkout whose runtime also restores the local-disk sources in every round
+    (``disk@base``, ``disk-cold@base``), beside this one's: a before/after under the same load and floors."""
     from reprieve.memtier.server import ReplicaServer
     from reprieve.memtier.store import MemoryDir
 
@@ -720,11 +729,14 @@ def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool) -> dict[s
                       server.address, *(["--s3", s3_uri] if s3_uri else [])]
             prep = run_child("prepare", common)
             times: dict[str, list[float]] = {k: [] for k in SOURCES if k != "s3" or s3_uri}
+            if baseline:
+                times.update({k + BASELINE: [] for k in BASELINE_SOURCES})
             exact, cached, round_fl = True, [], []
             for _ in range(repeats):
                 round_fl.append(round_floors(base, s3_uri))
                 for source, took in times.items():
-                    r = run_child("restore", [*common, "--source", source])
+                    r = run_child("restore", [*common, "--source", source.removesuffix(BASELINE)],
+                                  root=baseline if source.endswith(BASELINE) and baseline else REPO)
                     took.append(r["seconds"])
                     exact = exact and r["exact"]
                     if r.get("cached_before") is not None:
@@ -829,7 +841,7 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
     x = ratios(m)
     print(f"restore {gib:g} GiB, {r['leaves']} leaves (median of {repeats}; bit-exact: {r['exact']}):")
     for source in m:
-        print(f"  {source:9s} {m[source]:7.3f} s  {gib / m[source]:6.2f} GiB/s  {x[source]:5.1f}x local disk   "
+        print(f"  {source:14s} {m[source]:7.3f} s  {gib / m[source]:6.2f} GiB/s  {x[source]:5.1f}x local disk   "
               f"all: {[round(v, 3) for v in r['seconds'][source]]}")
     print(f"  targets: own memory {x['own']:.1f}x local disk (>= 5x: {'met' if x['own'] >= 5 else 'NOT met'}), "
           f"peer {x['peer']:.1f}x (>= 3x: {'met' if x['peer'] >= 3 else 'NOT met'})"
@@ -846,7 +858,7 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
         floor = f"{row['floor']} {row['floor_gib_s']:6.2f} GiB/s" if row["floor_gib_s"] else f"{row['floor']} n/a"
         share = f"{row['share'] * 100:4.0f} %" if row["share"] else "   ?"
         fresh = f"{row['fresh'] * 100:4.0f} %" if row["fresh"] else "   ?"
-        print(f"  | {row['source']:9s} | {row['median_s']:6.3f} s ({row['worst_s']:6.3f}) | {row['gib_s']:5.2f} GiB/s "
+        print(f"  | {row['source']:14s} | {row['median_s']:6.3f} s ({row['worst_s']:6.3f}) | {row['gib_s']:5.2f} GiB/s "
               f"| {floor:26s} | {share} | fresh {fresh} | worst/median {row['spread']:.2f}")
     rf = r.get("floors") or []
     if rf:
@@ -897,6 +909,9 @@ def main() -> None:
                          "and settling): what the figures read on this machine when the tier costs nothing")
     ap.add_argument("--small-pages", action="store_true",
                     help="restores' host buffers in 4 KiB pages (MAP_POPULATE), not transparent huge pages")
+    ap.add_argument("--baseline", metavar="ROOT", default=None,
+                    help="restores: also restore from local disk (warm and cold) with the runtime of the checkout at "
+                         "ROOT (ROOT/runtime, e.g. from `git archive`) in every round: a before/after in one run")
     ap.add_argument("--floor-gib", type=float, default=FLOOR_GIB,
                     help="the run-wide floors (memcpy, loopback TCP) on this many GiB")
     ap.add_argument("--json", default=None)
@@ -933,7 +948,7 @@ def main() -> None:
         finally:
             shutil.rmtree(shm, ignore_errors=True)
         for size in (float(s) for s in a.sizes.split(",")):
-            r = bench_restore(size, a.leaves, a.repeats, s3=a.s3 and size <= a.s3_max_gib)
+            r = bench_restore(size, a.leaves, a.repeats, s3=a.s3 and size <= a.s3_max_gib, baseline=a.baseline)
             results["restore"].append(r)
             print_restore(r, fl, a.repeats)
     if "cost" in parts:
