@@ -61,23 +61,33 @@ def test_direct_reads(shape, chunk, targets, parts, reads) -> None:
 
 
 def _chunk_file(tmp_path: Path, dtype: str = "float32") -> tuple[str, np.ndarray]:
-    """A (4, 6) array in chunks of (2, 6) written by TensorStore with the layout's codecs; chunk (1, 0)'s path and
-    values."""
-    values = (np.arange(24) * 1.5).reshape(4, 6).astype(dtype)
+    """A (4, 6) array of random values (negative ones too) in chunks of (2, 6), written by TensorStore with the
+    layout's codecs; chunk (1, 0)'s path and values."""
+    import ml_dtypes  # noqa: F401 - bfloat16, int4... for numpy
+
+    rng = np.random.default_rng(0)
+    kind = np.dtype(dtype)
+    if kind == np.dtype(bool):
+        values = rng.integers(0, 2, (4, 6)).astype(bool)
+    elif kind.kind in "iu":
+        values = rng.integers(-8 if kind.kind == "i" else 0, 8, (4, 6)).astype(kind)
+    else:
+        values = (rng.standard_normal((4, 6)) * 3).astype(kind)
     md = spec.zarr3_metadata([4, 6], dtype, [2, 6])
     arr = ts.open(spec.zarr3_spec({"driver": "file", "path": str(tmp_path) + "/"}, md), create=True).result()
     arr.write(values).result()
     return str(tmp_path / layout.chunk_key(0, (1, 0)).split("/", 2)[2]), values[2:4]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "bool"])
-def test_a_chunk_file_reads_into_the_buffer_and_its_checksum_is_tensorstores(tmp_path: Path, dtype: str) -> None:
-    import ml_dtypes  # noqa: F401 - bfloat16's name for numpy
-
+# every dtype whose bytes might differ from numpy's: sub-byte integers and floats (one byte each on disk, not packed),
+# booleans, complex numbers
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int4", "int2", "float4_e2m1fn", "float8_e4m3fn", "int8",
+                                   "bool", "complex64"])
+def test_a_chunk_file_reads_into_the_buffer_as_tensorstore_reads_it(tmp_path: Path, dtype: str) -> None:
     path, want = _chunk_file(tmp_path, dtype)
     out = np.zeros_like(want)
     read_chunk(path, out.reshape(-1).view(np.uint8).data)
-    assert np.array_equal(out, want)
+    assert out.tobytes() == want.tobytes()
 
 
 @pytest.mark.parametrize(("damage", "code", "words"), [
