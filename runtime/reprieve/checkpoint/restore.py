@@ -33,7 +33,7 @@ import numpy as np
 from ..arrays import (
     Region,
     addressable_regions,
-    host_buffer,
+    host_buffers,
     is_abstract_array,
     key_data_sharding,
     prng_key_impl,
@@ -330,8 +330,8 @@ def _read_file(path: str, span: np.ndarray) -> None:
 
 def _buffers(pool: concurrent.futures.ThreadPoolExecutor,
              shapes: list[list[tuple[tuple[int, ...], np.dtype]]]) -> list[list[np.ndarray]]:
-    """``host_buffer`` of every ``(shape, dtype)`` of every group, made in ``pool``."""
-    made = iter(list(pool.map(lambda sd: host_buffer(*sd), [sd for group in shapes for sd in group])))
+    """``host_buffer`` of every ``(shape, dtype)`` of every group, made in ``pool`` (:func:`host_buffers`)."""
+    made = iter(host_buffers([sd for group in shapes for sd in group], pool))
     return [[next(made) for _ in group] for group in shapes]
 
 
