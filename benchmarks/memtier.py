@@ -223,6 +223,25 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": seconds, "bytes": nbytes, "exact": exact, "cached_before": cached}
 
 
+POPULATE_PARTS = 64  # the 1 GiB / 16-leaf restore's landing buffers: 16 leaves x 4 devices
+
+
+def child_populate(a: argparse.Namespace) -> dict[str, Any]:
+    """Make ``a.size`` GiB of landing buffers in this fresh process as a storage restore makes them
+    (``arrays.host_buffers`` in the restore's threads): the floor of any restore into memory the process never had."""
+    import concurrent.futures
+
+    import numpy as np
+    from reprieve.arrays import host_buffers
+    from reprieve.checkpoint.chunk_files import THREADS
+
+    n = int(a.size * GiB) // POPULATE_PARTS
+    t = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
+        bufs = host_buffers([((n,), np.dtype(np.uint8))] * POPULATE_PARTS, pool)
+    return {"seconds": time.perf_counter() - t, "bytes": sum(b.nbytes for b in bufs)}
+
+
 def child_cost(a: argparse.Namespace) -> dict[str, Any]:
     """Blocks of the loop with the tier off and on in one process (the schedule is the default: the 1 % budget),
     every step's time traced: the whole blocks' A/B and the excess around each save (:func:`save_windows`)."""
@@ -613,15 +632,18 @@ def s3_get_seconds(uri: str, *, streams: int = GET_STREAMS) -> tuple[float, int]
     return time.perf_counter() - t, total
 
 
-def round_floors(a_dir: str, s3_uri: str | None) -> dict[str, float]:
-    """The floors measured on the checkpoint's own files in one round (before its restores): the device's
-    sequential read warm and cold, and the emulator's raw parallel GET. The cold read leaves the files cached,
-    so the round's warm storage restore still reads the page cache."""
+def round_floors(a_dir: str, s3_uri: str | None, common: list[str]) -> dict[str, float]:
+    """The floors measured in one round (before its restores): on the checkpoint's own files the device's
+    sequential read warm and cold and the emulator's raw parallel GET; and the landing buffers of a state's size
+    made in a fresh process as a storage restore makes them (:func:`child_populate`). The cold read leaves the
+    files cached, so the round's warm storage restore still reads the page cache."""
     root = os.path.join(a_dir, "ckpt")
     read_files_seconds(root, cold=False)  # the page cache holds every file
     warm_s, nbytes, _ = read_files_seconds(root, cold=False)
     cold_s, _, cached = read_files_seconds(root, cold=True)
     out = {"read_warm_s": warm_s, "read_cold_s": cold_s, "read_bytes": nbytes, "read_cold_cached_bytes": cached}
+    made = run_child("populate", common)
+    out["populate_s"], out["populate_bytes"] = made["seconds"], made["bytes"]
     if s3_uri:
         out["s3_get_s"], out["s3_get_bytes"] = s3_get_seconds(s3_uri)
     return out
@@ -733,7 +755,7 @@ def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline:
                 times.update({k + BASELINE: [] for k in BASELINE_SOURCES})
             exact, cached, round_fl = True, [], []
             for _ in range(repeats):
-                round_fl.append(round_floors(base, s3_uri))
+                round_fl.append(round_floors(base, s3_uri, common))
                 for source, took in times.items():
                     r = run_child("restore", [*common, "--source", source.removesuffix(BASELINE)],
                                   root=baseline if source.endswith(BASELINE) and baseline else REPO)
@@ -865,6 +887,8 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
         def rate(key: str, nbytes: str) -> str:
             got = sorted(f[nbytes] / GiB / f[key] for f in rf if f.get(key))
             return f"{statistics.median(got):.2f} GiB/s (worst {got[0]:.2f})" if got else "n/a"
+        print(f"  landing buffers made in a fresh process as a restore makes them: {rate('populate_s', 'populate_bytes')}"
+              " (the floor of a restore into memory the process never had)")
         print(f"  the checkpoint's files read sequentially: warm {rate('read_warm_s', 'read_bytes')}, cold "
               f"{rate('read_cold_s', 'read_bytes')} (still cached before: "
               f"{max(f['read_cold_cached_bytes'] for f in rf)} bytes at most)"
@@ -961,7 +985,7 @@ def main() -> None:
 
 def child_main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("role", choices=["prepare", "restore", "cost"])
+    ap.add_argument("role", choices=["prepare", "restore", "populate", "cost"])
     ap.add_argument("--dir", required=True)
     ap.add_argument("--shm", required=True)
     ap.add_argument("--size", type=float, default=1.0)
@@ -977,7 +1001,8 @@ def child_main(argv: list[str]) -> None:
     ap.add_argument("--matmul-count", type=int, default=8)
     ap.add_argument("--control", action="store_true")
     a = ap.parse_args(argv)
-    result = {"prepare": child_prepare, "restore": child_restore, "cost": child_cost}[a.role](a)
+    result = {"prepare": child_prepare, "restore": child_restore, "populate": child_populate,
+              "cost": child_cost}[a.role](a)
     print(json.dumps(result), flush=True)
 
 
