@@ -4,8 +4,11 @@ For every leaf, each distinct target shard region this process needs gets one 64
 buffer (on CPU the device then adopts it without a copy). :func:`plan_reads` (pure) decides how the
 saved chunks fill those buffers:
 
+* on a local filesystem, a whole chunk that is one contiguous span of a buffer in the stored dtype (the same
+  sharding) is read by :mod:`.chunk_files` straight into it, several files at once in this restore's threads
+  (one copy a byte, crc32c checked in place, no transient memory);
 * a target region that lies inside one saved chunk is read by TensorStore straight into its buffer
-  (the common same-sharding case: no intermediate array; dtype casts happen on the way);
+  (the same-sharding case on an object store or with a cast: no intermediate array; casts happen on the way);
 * otherwise each part of a chunk that a target region needs is read straight into that region's
   buffer, all parts of one chunk at once through a small TensorStore chunk cache (half the budget), so
   resharding decodes each chunk file once and copies every byte once (reading the chunk into a new array
