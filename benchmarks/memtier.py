@@ -607,6 +607,41 @@ def read_files_seconds(root: str, *, cold: bool) -> tuple[float, int, int]:
     return time.perf_counter() - t, total, cached
 
 
+def read_files_direct_seconds(root: str, *, streams: int) -> tuple[float, int]:
+    """Seconds to read every file under ``root`` with ``O_DIRECT`` (past the page cache: the device's own read),
+    ``streams`` files at once, each into its own reused aligned buffer, and the bytes read: the device's cold read
+    at the concurrency a storage restore reads with (``checkpoint.chunk_files.THREADS``)."""
+    import concurrent.futures
+    import mmap
+
+    files = sorted(os.path.join(d, f) for d, _, names in os.walk(root) for f in names)
+    bufs = [mmap.mmap(-1, 8 << 20) for _ in range(streams)]  # page-aligned, as O_DIRECT wants
+
+    def read(i: int) -> int:
+        total = 0
+        with memoryview(bufs[i % streams]) as view:
+            for path in files[i::streams]:
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+                try:
+                    off = 0
+                    while n := os.preadv(fd, [view], off):
+                        off += n
+                        if n < len(view):
+                            break
+                    total += off
+                finally:
+                    os.close(fd)
+        return total
+
+    t = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        total = sum(pool.map(read, range(streams)))
+    seconds = time.perf_counter() - t
+    for b in bufs:
+        b.close()
+    return seconds, total
+
+
 GET_STREAMS = 16  # the raw GET floor's requests in flight
 
 
@@ -642,6 +677,10 @@ def round_floors(a_dir: str, s3_uri: str | None, common: list[str]) -> dict[str,
     warm_s, nbytes, _ = read_files_seconds(root, cold=False)
     cold_s, _, cached = read_files_seconds(root, cold=True)
     out = {"read_warm_s": warm_s, "read_cold_s": cold_s, "read_bytes": nbytes, "read_cold_cached_bytes": cached}
+    from reprieve.checkpoint.chunk_files import THREADS
+
+    out["read_direct_s"], out["read_direct_bytes"] = read_files_direct_seconds(root, streams=THREADS)
+    out["read_direct_streams"] = THREADS
     made = run_child("populate", common)
     out["populate_s"], out["populate_bytes"] = made["seconds"], made["bytes"]
     if s3_uri:
@@ -890,10 +929,15 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
         print(f"  landing buffers made in a fresh process as a restore makes them: {rate('populate_s', 'populate_bytes')}"
               " (the floor of a restore into memory the process never had)")
         print(f"  the checkpoint's files read sequentially: warm {rate('read_warm_s', 'read_bytes')}, cold "
-              f"{rate('read_cold_s', 'read_bytes')} (still cached before: "
+              f"{rate('read_cold_s', 'read_bytes')}, O_DIRECT {rf[0]['read_direct_streams']} files at once "
+              f"{rate('read_direct_s', 'read_direct_bytes')} (still cached before: "
               f"{max(f['read_cold_cached_bytes'] for f in rf)} bytes at most)"
               + (f"; the emulator's raw GET, {GET_STREAMS} in flight: {rate('s3_get_s', 's3_get_bytes')}"
                  if any("s3_get_s" in f for f in rf) else ""))
+        direct = [f["read_direct_bytes"] / GiB / f["read_direct_s"] for f in rf if f.get("read_direct_s")]
+        for source in (k for k in m if k.startswith("disk-cold") and direct):
+            print(f"  {source}: {gib / m[source] / statistics.median(direct) * 100:.0f} % of the device's O_DIRECT read "
+                  f"({statistics.median(direct):.2f} GiB/s, {rf[0]['read_direct_streams']} files at once)")
     print(f"  floors of this run: memcpy {fl['memcpy_gib_s']:.2f} GiB/s (into fresh buffers "
           f"{fl.get('memcpy_fresh_gib_s', 0):.2f}) ({gib / fl['memcpy_gib_s']:.3f} s for "
           f"{gib:g} GiB reused), fresh memory {fl['fresh_memory_gib_s']:.2f} GiB/s, crc32c {fl['crc32c_gib_s']:.2f} GiB/s, "
