@@ -27,8 +27,11 @@ disk, warm and cold (targets: own memory >= 5x, peer >= 3x). Floors, measured on
 host memcpy into pre-faulted memory and into fresh buffers as a restore makes them (``arrays.host_buffer``), fresh
 memory allocate+touch, crc32c, and loopback TCP (``sendfile`` from tmpfs into a pre-faulted buffer) over one stream
 and over as many as a peer restore reads with (``memtier.restore.STREAMS``); and in every round, before its
-restores, on the checkpoint's own files: their sequential read page-cached and cold (:func:`evict`), and the s3
-emulator's raw GET of the same objects (:func:`s3_get_seconds`). Each source's row prints its restore's median and
+restores, on the checkpoint's own files: their sequential read page-cached and cold (:func:`evict`), their read
+with ``O_DIRECT`` as many files at once as a storage restore reads (the device's own cold read,
+:func:`read_files_direct_seconds`), and the s3 emulator's raw GET of the same objects (:func:`s3_get_seconds`); and
+the landing buffers of the state's size made in a fresh process as a storage restore makes them
+(:func:`child_populate`: the floor of any restore into memory its process never had). Each source's row prints its restore's median and
 worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). ``--baseline ROOT`` also restores
 from local disk, warm and cold, with another checkout's runtime (``disk@base``, ``disk-cold@base``) in every round:
 a before/after of the storage restore under the same load and floors. Memory: a state peaks at about 4x its size (the preparing process's state and staging
