@@ -87,5 +87,6 @@ def test_buffers_made_in_a_pool_come_back_in_order_and_the_first_large_one_alone
     with Recording(4) as pool:
         bufs = arrays.host_buffers(specs, pool)
     assert [(b.shape, b.dtype) for b in bufs] == specs
-    assert all(b.ctypes.data % 64 == 0 and b.flags.writeable and not b.any() for b in bufs)
+    assert all(b.ctypes.data % 64 == 0 and b.flags.writeable for b in bufs)
+    assert not any(b.any() for b in bufs[1:])  # the mapped ones (from 1 MiB on) come zeroed from the kernel
     assert mapped == ([s for i, s in enumerate(specs) if i != 1] if judged else specs)
