@@ -27,9 +27,14 @@ disk, warm and cold (targets: own memory >= 5x, peer >= 3x). Floors, measured on
 host memcpy into pre-faulted memory and into fresh buffers as a restore makes them (``arrays.host_buffer``), fresh
 memory allocate+touch, crc32c, and loopback TCP (``sendfile`` from tmpfs into a pre-faulted buffer) over one stream
 and over as many as a peer restore reads with (``memtier.restore.STREAMS``); and in every round, before its
-restores, on the checkpoint's own files: their sequential read page-cached and cold (:func:`evict`), and the s3
-emulator's raw GET of the same objects (:func:`s3_get_seconds`). Each source's row prints its restore's median and
-worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). Memory: a state peaks at about 4x its size (the preparing process's state and staging
+restores, on the checkpoint's own files: their sequential read page-cached and cold (:func:`evict`), their read
+with ``O_DIRECT`` as many files at once as a storage restore reads (the device's own cold read,
+:func:`read_files_direct_seconds`), and the s3 emulator's raw GET of the same objects (:func:`s3_get_seconds`); and
+the landing buffers of the state's size made in a fresh process as a storage restore makes them
+(:func:`child_populate`: the floor of any restore into memory its process never had). Each source's row prints its restore's median and
+worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). ``--baseline ROOT`` also restores
+from local disk, warm and cold, with another checkout's runtime (``disk@base``, ``disk-cold@base``) in every round:
+a before/after of the storage restore under the same load and floors. Memory: a state peaks at about 4x its size (the preparing process's state and staging
 buffers, the own and the peer's copies in /dev/shm), 5x with the s3 emulator's copy: ``--s3-max-gib`` (1 by
 default) keeps moto to the smaller states.
 
@@ -219,6 +224,25 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
     tier.close()
     shutil.rmtree(os.path.join(a.shm, "pod-replacement"), ignore_errors=True)
     return {"seconds": seconds, "bytes": nbytes, "exact": exact, "cached_before": cached}
+
+
+POPULATE_PARTS = 64  # the 1 GiB / 16-leaf restore's landing buffers: 16 leaves x 4 devices
+
+
+def child_populate(a: argparse.Namespace) -> dict[str, Any]:
+    """Make ``a.size`` GiB of landing buffers in this fresh process as a storage restore makes them
+    (``arrays.host_buffers`` in the restore's threads): the floor of any restore into memory the process never had."""
+    import concurrent.futures
+
+    import numpy as np
+    from reprieve.arrays import host_buffers
+    from reprieve.checkpoint.chunk_files import THREADS
+
+    n = int(a.size * GiB) // POPULATE_PARTS
+    t = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
+        bufs = host_buffers([((n,), np.dtype(np.uint8))] * POPULATE_PARTS, pool)
+    return {"seconds": time.perf_counter() - t, "bytes": sum(b.nbytes for b in bufs)}
 
 
 def child_cost(a: argparse.Namespace) -> dict[str, Any]:
@@ -470,14 +494,16 @@ def window_stats(windows: list[dict[str, float]], on_s: float, saves: int) -> di
             "measured": len(excess)}
 
 
-def _pythonpath() -> str:
-    """This checkout's runtime first, then whatever the caller's PYTHONPATH held (packages installed beside)."""
-    return os.pathsep.join(p for p in (os.path.join(REPO, "runtime"), os.environ.get("PYTHONPATH", "")) if p)
+def _pythonpath(root: str = REPO) -> str:
+    """The runtime of the checkout at ``root`` (this one's by default) first, then whatever the caller's PYTHONPATH
+    held (packages installed beside)."""
+    return os.pathsep.join(p for p in (os.path.join(root, "runtime"), os.environ.get("PYTHONPATH", "")) if p)
 
 
 # -- parent ------------------------------------------------------------------------------------------------------------
-def run_child(role: str, args: list[str], timeout: float = 1800) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": _pythonpath()}
+def run_child(role: str, args: list[str], timeout: float = 1800, root: str = REPO) -> dict[str, Any]:
+    """Run this script's ``role`` in a fresh process on the runtime of the checkout at ``root``."""
+    env = {**os.environ, "PYTHONPATH": _pythonpath(root)}
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", role, *args], env=env, check=False,
                          capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
@@ -584,6 +610,41 @@ def read_files_seconds(root: str, *, cold: bool) -> tuple[float, int, int]:
     return time.perf_counter() - t, total, cached
 
 
+def read_files_direct_seconds(root: str, *, streams: int) -> tuple[float, int]:
+    """Seconds to read every file under ``root`` with ``O_DIRECT`` (past the page cache: the device's own read),
+    ``streams`` files at once, each into its own reused aligned buffer, and the bytes read: the device's cold read
+    at the concurrency a storage restore reads with (``checkpoint.chunk_files.THREADS``)."""
+    import concurrent.futures
+    import mmap
+
+    files = sorted(os.path.join(d, f) for d, _, names in os.walk(root) for f in names)
+    bufs = [mmap.mmap(-1, 8 << 20) for _ in range(streams)]  # page-aligned, as O_DIRECT wants
+
+    def read(i: int) -> int:
+        total = 0
+        with memoryview(bufs[i % streams]) as view:
+            for path in files[i::streams]:
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+                try:
+                    off = 0
+                    while n := os.preadv(fd, [view], off):
+                        off += n
+                        if n < len(view):
+                            break
+                    total += off
+                finally:
+                    os.close(fd)
+        return total
+
+    t = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        total = sum(pool.map(read, range(streams)))
+    seconds = time.perf_counter() - t
+    for b in bufs:
+        b.close()
+    return seconds, total
+
+
 GET_STREAMS = 16  # the raw GET floor's requests in flight
 
 
@@ -609,15 +670,22 @@ def s3_get_seconds(uri: str, *, streams: int = GET_STREAMS) -> tuple[float, int]
     return time.perf_counter() - t, total
 
 
-def round_floors(a_dir: str, s3_uri: str | None) -> dict[str, float]:
-    """The floors measured on the checkpoint's own files in one round (before its restores): the device's
-    sequential read warm and cold, and the emulator's raw parallel GET. The cold read leaves the files cached,
-    so the round's warm storage restore still reads the page cache."""
+def round_floors(a_dir: str, s3_uri: str | None, common: list[str]) -> dict[str, float]:
+    """The floors measured in one round (before its restores): on the checkpoint's own files the device's
+    sequential read warm and cold and the emulator's raw parallel GET; and the landing buffers of a state's size
+    made in a fresh process as a storage restore makes them (:func:`child_populate`). The cold read leaves the
+    files cached, so the round's warm storage restore still reads the page cache."""
     root = os.path.join(a_dir, "ckpt")
     read_files_seconds(root, cold=False)  # the page cache holds every file
     warm_s, nbytes, _ = read_files_seconds(root, cold=False)
     cold_s, _, cached = read_files_seconds(root, cold=True)
     out = {"read_warm_s": warm_s, "read_cold_s": cold_s, "read_bytes": nbytes, "read_cold_cached_bytes": cached}
+    from reprieve.checkpoint.chunk_files import THREADS
+
+    out["read_direct_s"], out["read_direct_bytes"] = read_files_direct_seconds(root, streams=THREADS)
+    out["read_direct_streams"] = THREADS
+    made = run_child("populate", common)
+    out["populate_s"], out["populate_bytes"] = made["seconds"], made["bytes"]
     if s3_uri:
         out["s3_get_s"], out["s3_get_bytes"] = s3_get_seconds(s3_uri)
     return out
@@ -650,8 +718,9 @@ def floor_rows(r: dict[str, Any], fl: dict[str, float]) -> list[dict[str, Any]]:
     rows = []
     for source, seconds in r["seconds"].items():
         med, worst = statistics.median(seconds), max(seconds)
-        floor = rates[FLOOR_OF[source]]
-        rows.append({"source": source, "median_s": med, "worst_s": worst, "gib_s": gib / med, "floor": FLOOR_OF[source],
+        held = FLOOR_OF[source.removesuffix(BASELINE)]
+        floor = rates[held]
+        rows.append({"source": source, "median_s": med, "worst_s": worst, "gib_s": gib / med, "floor": held,
                      "floor_gib_s": floor, "share": (gib / med) / floor if floor else None,
                      "fresh": (gib / med) / fl["memcpy_fresh_gib_s"] if fl.get("memcpy_fresh_gib_s") else None,
                      "spread": worst / med})
@@ -659,6 +728,8 @@ def floor_rows(r: dict[str, Any], fl: dict[str, float]) -> list[dict[str, Any]]:
 
 
 SOURCES = ("own", "peer", "disk", "disk-cold", "s3")
+BASELINE = "@base"  # a source restored by the --baseline checkout's runtime: "disk@base"
+BASELINE_SOURCES = ("disk", "disk-cold")  # the storage tier's restores from local disk: what --baseline compares
 FLOOR_GIB = 1.0  # the floors are rates: measured on 1 GiB whatever the state size (4 GiB would need ~16 GiB of RAM)
 
 
@@ -706,8 +777,10 @@ def s3_emulator() -> Iterator[str]:
         proc.wait()
 
 
-def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool) -> dict[str, Any]:
-    """Prepare every source of one state, then restore it from each in turn (fresh processes, ``repeats`` rounds)."""
+def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline: str | None = None) -> dict[str, Any]:
+    """Prepare every source of one state, then restore it from each in turn (fresh processes, ``repeats`` rounds).
+    ``baseline``: the root of another checkout whose runtime also restores the local-disk sources in every round
+    (``disk@base``, ``disk-cold@base``), beside this one's: a before/after under the same load and floors."""
     from reprieve.memtier.server import ReplicaServer
     from reprieve.memtier.store import MemoryDir
 
@@ -720,11 +793,14 @@ def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool) -> dict[s
                       server.address, *(["--s3", s3_uri] if s3_uri else [])]
             prep = run_child("prepare", common)
             times: dict[str, list[float]] = {k: [] for k in SOURCES if k != "s3" or s3_uri}
+            if baseline:
+                times.update({k + BASELINE: [] for k in BASELINE_SOURCES})
             exact, cached, round_fl = True, [], []
             for _ in range(repeats):
-                round_fl.append(round_floors(base, s3_uri))
+                round_fl.append(round_floors(base, s3_uri, common))
                 for source, took in times.items():
-                    r = run_child("restore", [*common, "--source", source])
+                    r = run_child("restore", [*common, "--source", source.removesuffix(BASELINE)],
+                                  root=baseline if source.endswith(BASELINE) and baseline else REPO)
                     took.append(r["seconds"])
                     exact = exact and r["exact"]
                     if r.get("cached_before") is not None:
@@ -829,7 +905,7 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
     x = ratios(m)
     print(f"restore {gib:g} GiB, {r['leaves']} leaves (median of {repeats}; bit-exact: {r['exact']}):")
     for source in m:
-        print(f"  {source:9s} {m[source]:7.3f} s  {gib / m[source]:6.2f} GiB/s  {x[source]:5.1f}x local disk   "
+        print(f"  {source:14s} {m[source]:7.3f} s  {gib / m[source]:6.2f} GiB/s  {x[source]:5.1f}x local disk   "
               f"all: {[round(v, 3) for v in r['seconds'][source]]}")
     print(f"  targets: own memory {x['own']:.1f}x local disk (>= 5x: {'met' if x['own'] >= 5 else 'NOT met'}), "
           f"peer {x['peer']:.1f}x (>= 3x: {'met' if x['peer'] >= 3 else 'NOT met'})"
@@ -846,18 +922,25 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
         floor = f"{row['floor']} {row['floor_gib_s']:6.2f} GiB/s" if row["floor_gib_s"] else f"{row['floor']} n/a"
         share = f"{row['share'] * 100:4.0f} %" if row["share"] else "   ?"
         fresh = f"{row['fresh'] * 100:4.0f} %" if row["fresh"] else "   ?"
-        print(f"  | {row['source']:9s} | {row['median_s']:6.3f} s ({row['worst_s']:6.3f}) | {row['gib_s']:5.2f} GiB/s "
+        print(f"  | {row['source']:14s} | {row['median_s']:6.3f} s ({row['worst_s']:6.3f}) | {row['gib_s']:5.2f} GiB/s "
               f"| {floor:26s} | {share} | fresh {fresh} | worst/median {row['spread']:.2f}")
     rf = r.get("floors") or []
     if rf:
         def rate(key: str, nbytes: str) -> str:
             got = sorted(f[nbytes] / GiB / f[key] for f in rf if f.get(key))
             return f"{statistics.median(got):.2f} GiB/s (worst {got[0]:.2f})" if got else "n/a"
+        print(f"  landing buffers made in a fresh process as a restore makes them: {rate('populate_s', 'populate_bytes')}"
+              " (the floor of a restore into memory the process never had)")
         print(f"  the checkpoint's files read sequentially: warm {rate('read_warm_s', 'read_bytes')}, cold "
-              f"{rate('read_cold_s', 'read_bytes')} (still cached before: "
+              f"{rate('read_cold_s', 'read_bytes')}, O_DIRECT {rf[0]['read_direct_streams']} files at once "
+              f"{rate('read_direct_s', 'read_direct_bytes')} (still cached before: "
               f"{max(f['read_cold_cached_bytes'] for f in rf)} bytes at most)"
               + (f"; the emulator's raw GET, {GET_STREAMS} in flight: {rate('s3_get_s', 's3_get_bytes')}"
                  if any("s3_get_s" in f for f in rf) else ""))
+        direct = [f["read_direct_bytes"] / GiB / f["read_direct_s"] for f in rf if f.get("read_direct_s")]
+        for source in (k for k in m if k.startswith("disk-cold") and direct):
+            print(f"  {source}: {gib / m[source] / statistics.median(direct) * 100:.0f} % of the device's O_DIRECT read "
+                  f"({statistics.median(direct):.2f} GiB/s, {rf[0]['read_direct_streams']} files at once)")
     print(f"  floors of this run: memcpy {fl['memcpy_gib_s']:.2f} GiB/s (into fresh buffers "
           f"{fl.get('memcpy_fresh_gib_s', 0):.2f}) ({gib / fl['memcpy_gib_s']:.3f} s for "
           f"{gib:g} GiB reused), fresh memory {fl['fresh_memory_gib_s']:.2f} GiB/s, crc32c {fl['crc32c_gib_s']:.2f} GiB/s, "
@@ -897,6 +980,9 @@ def main() -> None:
                          "and settling): what the figures read on this machine when the tier costs nothing")
     ap.add_argument("--small-pages", action="store_true",
                     help="restores' host buffers in 4 KiB pages (MAP_POPULATE), not transparent huge pages")
+    ap.add_argument("--baseline", metavar="ROOT", default=None,
+                    help="restores: also restore from local disk (warm and cold) with the runtime of the checkout at "
+                         "ROOT (ROOT/runtime, e.g. from `git archive`) in every round: a before/after in one run")
     ap.add_argument("--floor-gib", type=float, default=FLOOR_GIB,
                     help="the run-wide floors (memcpy, loopback TCP) on this many GiB")
     ap.add_argument("--json", default=None)
@@ -933,7 +1019,7 @@ def main() -> None:
         finally:
             shutil.rmtree(shm, ignore_errors=True)
         for size in (float(s) for s in a.sizes.split(",")):
-            r = bench_restore(size, a.leaves, a.repeats, s3=a.s3 and size <= a.s3_max_gib)
+            r = bench_restore(size, a.leaves, a.repeats, s3=a.s3 and size <= a.s3_max_gib, baseline=a.baseline)
             results["restore"].append(r)
             print_restore(r, fl, a.repeats)
     if "cost" in parts:
@@ -946,7 +1032,7 @@ def main() -> None:
 
 def child_main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("role", choices=["prepare", "restore", "cost"])
+    ap.add_argument("role", choices=["prepare", "restore", "populate", "cost"])
     ap.add_argument("--dir", required=True)
     ap.add_argument("--shm", required=True)
     ap.add_argument("--size", type=float, default=1.0)
@@ -962,7 +1048,8 @@ def child_main(argv: list[str]) -> None:
     ap.add_argument("--matmul-count", type=int, default=8)
     ap.add_argument("--control", action="store_true")
     a = ap.parse_args(argv)
-    result = {"prepare": child_prepare, "restore": child_restore, "cost": child_cost}[a.role](a)
+    result = {"prepare": child_prepare, "restore": child_restore, "populate": child_populate,
+              "cost": child_cost}[a.role](a)
     print(json.dumps(result), flush=True)
 
 

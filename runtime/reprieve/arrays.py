@@ -5,6 +5,7 @@ neither imports the other's private helpers."""
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
 import mmap
 import time
@@ -139,6 +140,18 @@ def host_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     raw = np.empty(nbytes + _ALIGN, np.uint8)
     off = (-raw.ctypes.data) % _ALIGN
     return raw[off:off + nbytes].view(dtype).reshape(shape)
+
+
+def host_buffers(specs: list[tuple[tuple[int, ...], np.dtype]], pool: concurrent.futures.Executor) -> list[np.ndarray]:
+    """:func:`host_buffer` of every ``(shape, dtype)``, made in ``pool`` (the kernel populates each as it is made,
+    without the GIL: the population spreads over the cores). The first large one is made alone: it judges huge
+    pages for the rest (made at once, every one of them would try them, and where they populate slower, as on the
+    shared VM, each would pay it)."""
+    first = next((i for i, (shape, dtype) in enumerate(specs)
+                  if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize >= _HUGE_MIN), None)
+    alone = {first: host_buffer(*specs[first])} if first is not None and _huge_pages() else {}
+    made = iter(list(pool.map(lambda sd: host_buffer(*sd), [sd for i, sd in enumerate(specs) if i not in alone])))
+    return [alone[i] if i in alone else next(made) for i in range(len(specs))]
 
 
 def is_abstract_array(x: Any) -> bool:

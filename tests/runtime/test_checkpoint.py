@@ -260,6 +260,37 @@ def test_corrupt_checkpoint_names_file_and_falls_back(tmp_path, caplog, damage: 
     assert "quarantined" in caplog.text
 
 
+def test_whole_chunks_are_read_by_the_runtime_and_a_short_one_is_refused_naming_both_sizes(tmp_path, caplog) -> None:
+    """The same sharding on a local root: every chunk file read straight into its buffer (checkpoint/chunk_files.py),
+    bit-exact; a cast goes through TensorStore; a chunk cut short fails the restore naming the file and both sizes,
+    and the checkpoint is quarantined (nothing partly filled comes back)."""
+    mesh = jax.make_mesh((len(jax.devices()),), ("d",))
+    sharding = NamedSharding(mesh, P("d", None))
+    rows = 16 * len(jax.devices())
+    state = {"w": jax.device_put(jnp.arange(rows * 256, dtype=jnp.float32).reshape(rows, 256) - 1000.5, sharding)}
+    abstract = {"w": jax.ShapeDtypeStruct((rows, 256), jnp.float32, sharding=sharding)}
+    with CheckpointManager(str(tmp_path)) as mgr:
+        mgr.save(1, state)
+    caplog.set_level(logging.DEBUG, logger="reprieve.checkpoint.restore")
+    _, restored, _ = CheckpointManager(str(tmp_path)).restore(abstract)
+    assert np.array_equal(np.asarray(restored["w"]), np.asarray(state["w"]))
+    assert f": {len(jax.devices())} chunk files read straight into their buffers" in caplog.text, caplog.text
+    caplog.clear()
+    cast = {"w": jax.ShapeDtypeStruct((rows, 256), jnp.float64 if jax.config.jax_enable_x64 else jnp.bfloat16,
+                                      sharding=sharding)}
+    _, restored, _ = CheckpointManager(str(tmp_path)).restore(cast)
+    assert np.array_equal(np.asarray(restored["w"]), np.asarray(state["w"]).astype(cast["w"].dtype))
+    assert ": 0 chunk files read straight into their buffers" in caplog.text, caplog.text
+    ckpt = tmp_path / layout.committed_name(1, 1)
+    victim = _chunk_files(ckpt / "arrays" / "00000")[-1]
+    os.truncate(victim, 1000)
+    want = 16 * 256 * 4 + 4
+    with pytest.raises(CheckpointCorruptError, match=f"{ckpt}.*chunk file {re.escape(victim)} holds 1000 bytes, "
+                                                     f"{want} expected"):
+        CheckpointManager(str(tmp_path), fallback=False).restore(abstract)
+    assert (tmp_path / (ckpt.name + layout.CORRUPT_SUFFIX)).is_dir()
+
+
 def test_restore_falls_back_past_a_corrupt_checkpoint(tmp_path, caplog) -> None:
     mesh = state_def.make_mesh(mesh_shapes()[0])
     with CheckpointManager(str(tmp_path), keep=5) as mgr:

@@ -67,3 +67,26 @@ def test_huge_pages_that_populate_slower_than_small_pages_are_left_for_the_rest_
     later = arrays.host_buffer((16 << 20,), np.dtype(np.uint8))
     vma = smaps_of(later.ctypes.data)
     assert vma.get("THPeligible") == 0 and vma["Rss"] >= 16 << 10, vma  # small pages, populated up front
+
+
+def test_buffers_made_in_a_pool_come_back_in_order_and_the_first_large_one_alone_judges_huge_pages() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    specs = [((16,), np.dtype(np.int8)), ((4, 4 << 20), np.dtype(np.float32)), ((2, 3 << 20), np.dtype(np.float16)),
+             ((8 << 20,), np.dtype(np.uint8))]
+
+    mapped: list[tuple[tuple[int, ...], np.dtype]] = []
+
+    class Recording(ThreadPoolExecutor):
+        def map(self, fn, *iterables, **kw):  # type: ignore[no-untyped-def, override]
+            items = list(iterables[0])
+            mapped.extend(items)
+            return super().map(fn, items, **kw)
+
+    judged = arrays._huge_pages()  # huge pages still tried: the first large buffer (index 1) is made alone, first
+    with Recording(4) as pool:
+        bufs = arrays.host_buffers(specs, pool)
+    assert [(b.shape, b.dtype) for b in bufs] == specs
+    assert all(b.ctypes.data % 64 == 0 and b.flags.writeable for b in bufs)
+    assert not any(b.any() for b in bufs[1:])  # the mapped ones (from 1 MiB on) come zeroed from the kernel
+    assert mapped == ([s for i, s in enumerate(specs) if i != 1] if judged else specs)

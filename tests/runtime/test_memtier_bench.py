@@ -70,6 +70,10 @@ def test_every_restore_source_is_printed_beside_its_floor_measured_in_the_same_r
     assert fl["memcpy_gib_s"] > 0 and fl["memcpy_fresh_gib_s"] > 0 and fl["loopback_tcp_streams"] >= 1, fl
     (round_fl,) = r["floors"]  # the floors of the checkpoint's own files, measured in the round of its restores
     assert round_fl["read_bytes"] >= r["bytes"] and round_fl["read_warm_s"] > 0 and round_fl["read_cold_s"] > 0
+    assert round_fl["populate_bytes"] >= r["bytes"] * 0.99 and round_fl["populate_s"] > 0, round_fl  # a fresh process's
+    assert "landing buffers made in a fresh process as a restore makes them: " in out.stdout, out.stdout
+    assert round_fl["read_direct_bytes"] == round_fl["read_bytes"] and round_fl["read_direct_s"] > 0, round_fl
+    assert re.search(r"disk-cold: \d+ % of the device's O_DIRECT read \([\d.]+ GiB/s, \d+ files at once\)", out.stdout)
     assert round_fl["read_cold_cached_bytes"] in (0, -1) or round_fl["read_cold_cached_bytes"] < round_fl["read_bytes"]
     if not s3:
         assert round_fl["s3_get_bytes"] >= r["bytes"] and round_fl["s3_get_s"] > 0, round_fl

@@ -125,6 +125,11 @@ def array_dir(leaf_index: int) -> str:
     return f"{ARRAYS_DIR}/{leaf_index:05d}"
 
 
+def chunk_key(leaf_index: int, grid_index: tuple[int, ...]) -> str:
+    """The key of one chunk file under a checkpoint (zarr3's default chunk key encoding: ``c/<i>/<j>...``)."""
+    return "/".join([array_dir(leaf_index), "c", *(str(k) for k in grid_index)])
+
+
 @dataclasses.dataclass(frozen=True)
 class Location:
     """Where a checkpoint root lives: ``scheme`` is ``file``, ``gs`` or ``s3``."""

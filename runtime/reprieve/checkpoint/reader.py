@@ -14,12 +14,12 @@ from typing import Any
 
 from . import layout, spec
 from .catalog import Target
+from .chunk_files import CRC32C_BYTES
 from .layout import CheckpointName
 from .metadata import CheckpointCorruptError, CheckpointMeta, unavailable
 from .storage import Storage, open_storage
 
 IN_FLIGHT = 8  # chunk reads at once while verifying
-CRC32C_BYTES = 4  # the crc32c codec's checksum after every chunk (spec.zarr3_metadata)
 ORBAX_RECORD = "reprieve/metadata"  # the ``reprieve`` item of an Orbax step (reprieve.orbax.RECORD_FILE)
 ORBAX_STEP_METADATA = "_CHECKPOINT_METADATA"  # Orbax's own per-step file: its items and commit time
 
@@ -86,8 +86,8 @@ def chunk_size_problems(st: Storage, name: str, meta: CheckpointMeta) -> list[st
             continue  # meta.problems() says what is wrong with such a leaf
         want = math.prod(leaf.chunk_shape) * np.dtype(spec.zarr_dtype(leaf.dtype)).itemsize + CRC32C_BYTES
         for region in _chunk_regions(leaf.shape, leaf.chunk_shape):
-            key = "/".join([f"{name}/{layout.array_dir(leaf.index)}/c",
-                            *(str(lo // c) for (lo, _), c in zip(region, leaf.chunk_shape, strict=True))])
+            key = f"{name}/" + layout.chunk_key(leaf.index, tuple(lo // c for (lo, _), c in
+                                                                   zip(region, leaf.chunk_shape, strict=True)))
             got = st.file_size(key)
             if got != want:
                 problems.append(f"leaf {leaf.path}: chunk {key} " + ("is missing" if got is None else

@@ -4,8 +4,11 @@ For every leaf, each distinct target shard region this process needs gets one 64
 buffer (on CPU the device then adopts it without a copy). :func:`plan_reads` (pure) decides how the
 saved chunks fill those buffers:
 
+* on a local filesystem, a whole chunk that is one contiguous span of a buffer in the stored dtype (the same
+  sharding) is read by :mod:`.chunk_files` straight into it, several files at once in this restore's threads
+  (one copy a byte, crc32c checked in place, no transient memory);
 * a target region that lies inside one saved chunk is read by TensorStore straight into its buffer
-  (the common same-sharding case: no intermediate array; dtype casts happen on the way);
+  (the same-sharding case on an object store or with a cast: no intermediate array; casts happen on the way);
 * otherwise each part of a chunk that a target region needs is read straight into that region's
   buffer, all parts of one chunk at once through a small TensorStore chunk cache (half the budget), so
   resharding decodes each chunk file once and copies every byte once (reading the chunk into a new array
@@ -20,6 +23,7 @@ host does not need.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
@@ -32,14 +36,14 @@ import numpy as np
 from ..arrays import (
     Region,
     addressable_regions,
-    host_buffer,
+    host_buffers,
     is_abstract_array,
     key_data_sharding,
     prng_key_impl,
     region_slices,
     sharding_of,
 )
-from . import layout, spec
+from . import chunk_files, layout, spec
 from .metadata import (
     CheckpointCorruptError,
     CheckpointMeta,
@@ -216,10 +220,37 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
                         "the abstract state the saved dtype to restore the values as saved", path, where, leaf.dtype,
                         dtype, lost)
         regions, devices = addressable_regions(sharding, shape)
-        bufs = [host_buffer(tuple(hi - lo for lo, hi in r), dtype) for r in regions]
-        leaves.append(_Leaf(slot, leaf, shape, dtype, sharding, regions, devices, bufs,
-                            key_impl))
+        leaves.append(_Leaf(slot, leaf, shape, dtype, sharding, regions, devices, [], key_impl))
 
+    with concurrent.futures.ThreadPoolExecutor(chunk_files.THREADS, thread_name_prefix="reprieve-restore") as pool:
+        try:
+            _read_leaves(storage, ckpt_dir, leaves, where, pool, memory_limit_bytes)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)  # after a failure, nothing writes into a buffer any more
+
+    for lf in leaves:
+        if lf.sharding is None:
+            out[lf.slot] = lf.buffers[0]
+            continue
+        arrays = {}
+        for buf, devs in zip(lf.buffers, lf.devices, strict=True):
+            for n, d in enumerate(devs):
+                # Every replica gets its own buffer, so donating one can never scribble over another.
+                arrays[d] = jax.device_put(buf if n == 0 else buf.copy(), d)
+        ordered = [arrays[d] for d in lf.sharding.addressable_devices_indices_map(lf.shape)]
+        arr = jax.make_array_from_single_device_arrays(lf.shape, lf.sharding, ordered)
+        out[lf.slot] = arr if lf.key_impl is None else jax.random.wrap_key_data(arr, impl=lf.key_impl)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: str,
+                 pool: concurrent.futures.ThreadPoolExecutor, memory_limit_bytes: int | None) -> None:
+    """Make every leaf's buffers and fill them. The buffers are made in ``pool`` (populating fresh memory is a
+    restore's largest cost on some machines; it spreads over the cores). Whole chunk files that land as one span
+    of a buffer are read by :mod:`.chunk_files` in ``pool``; the rest by TensorStore under the memory budget."""
+    for lf, bufs in zip(leaves, _buffers(pool, [[(tuple(hi - lo for lo, hi in r), lf.dtype) for r in lf.regions]
+                                                for lf in leaves]), strict=True):
+        lf.buffers = bufs
     memory_limit_bytes = read_budget(sum(b.nbytes for lf in leaves for b in lf.buffers), memory_limit_bytes)
     plans = []
     for lf in leaves:
@@ -245,9 +276,21 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
                                f"region {list(op.box)}) failed: {err}", err) from err
         budget -= _size(op.box) * lf.dtype.itemsize
 
+    files: list[tuple[_Leaf, ReadOp, concurrent.futures.Future[None]]] = []
     for lf, ops in zip(leaves, plans, strict=True):
         store = stores[lf.meta.index]
+        readable = _files_readable(storage, lf)
         for op in ops:
+            reads = chunk_files.direct_reads(lf.meta.shape or (), lf.meta.chunk_shape or (), lf.regions,
+                                             op.parts) if readable else None
+            if reads is not None:  # no transient memory: outside the budget
+                for r in reads:
+                    path = storage.local_path(f"{ckpt_dir}/{layout.chunk_key(lf.meta.index or 0, r.key)}")
+                    assert path is not None
+                    flat = lf.buffers[r.target].reshape(-1).view(np.uint8)
+                    span = flat[r.start * lf.dtype.itemsize:(r.start + r.count) * lf.dtype.itemsize]
+                    files.append((lf, op, pool.submit(_read_file, path, span)))
+                continue
             nbytes = _size(op.box) * lf.dtype.itemsize
             while inflight and budget + nbytes > memory_limit_bytes:
                 finish()
@@ -260,20 +303,35 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
             budget += nbytes
     while inflight:
         finish()
+    for lf, op, fut in files:
+        try:
+            fut.result()
+        except chunk_files.ChunkFileError as err:
+            raise read_failure(f"{where}: reading {layout.array_dir(lf.meta.index or 0)} (leaf {lf.meta.path}, "
+                               f"region {list(op.box)}) failed: {err}", err) from err
+    log.debug("restore from %s: %d chunk files read straight into their buffers, the rest through TensorStore",
+              where, len(files))
 
-    for lf in leaves:
-        if lf.sharding is None:
-            out[lf.slot] = lf.buffers[0]
-            continue
-        arrays = {}
-        for buf, devs in zip(lf.buffers, lf.devices, strict=True):
-            for n, d in enumerate(devs):
-                # Every replica gets its own buffer, so donating one can never scribble over another.
-                arrays[d] = jax.device_put(buf if n == 0 else buf.copy(), d)
-        ordered = [arrays[d] for d in lf.sharding.addressable_devices_indices_map(lf.shape)]
-        arr = jax.make_array_from_single_device_arrays(lf.shape, lf.sharding, ordered)
-        out[lf.slot] = arr if lf.key_impl is None else jax.random.wrap_key_data(arr, impl=lf.key_impl)
-    return jax.tree_util.tree_unflatten(treedef, out)
+
+def _files_readable(storage: Storage, lf: _Leaf) -> bool:
+    """Whether ``lf``'s chunk files can be read straight into its buffers: a local filesystem, and every buffer
+    (as TensorStore would read into it) in the stored dtype with the ``bytes`` codec's byte order (no cast)."""
+    assert lf.meta.dtype is not None
+    stored = np.dtype(spec.zarr_dtype(lf.meta.dtype))
+    return (storage.local_path("") is not None and chunk_files.little_endian(stored)
+            and all(lf.out(i).dtype == stored for i in range(len(lf.buffers))))
+
+
+def _read_file(path: str, span: np.ndarray) -> None:
+    with span.data as out:
+        chunk_files.read_chunk(path, out)
+
+
+def _buffers(pool: concurrent.futures.ThreadPoolExecutor,
+             shapes: list[list[tuple[tuple[int, ...], np.dtype]]]) -> list[list[np.ndarray]]:
+    """``host_buffer`` of every ``(shape, dtype)`` of every group, made in ``pool`` (:func:`host_buffers`)."""
+    made = iter(host_buffers([sd for group in shapes for sd in group], pool))
+    return [[next(made) for _ in group] for group in shapes]
 
 
 def _open_all(storage: Storage, ckpt_dir: str, leaves: list[LeafMeta], where: str, *, cached: set[Any],

@@ -134,6 +134,11 @@ class Storage:
     def list_dir(self, subdir: str) -> list[str]:
         raise NotImplementedError
 
+    def local_path(self, key: str) -> str | None:
+        """The file that holds ``key`` where the storage is a local filesystem (the restore reads chunk files
+        itself there: :mod:`.chunk_files`); None for an object store."""
+        return None
+
     knows_sizes = False  # whether file_size() answers without reading the file
 
     def file_size(self, key: str) -> int | None:
@@ -287,6 +292,9 @@ class LocalStorage(Storage):
             return sorted(os.listdir(self._p(subdir)))
         except FileNotFoundError:
             return []
+
+    def local_path(self, key: str) -> str | None:
+        return self._p(key)
 
     knows_sizes = True
 

@@ -1,0 +1,146 @@
+"""A local checkpoint's chunk files read straight into the restore's landing buffers: one copy a byte.
+
+TensorStore's file driver reads a chunk file into a buffer of its own and then copies the decoded chunk into the
+target (two copies a byte, docs/checkpoint.md "Copies a byte makes"). A chunk of this layout is its raw
+little-endian bytes followed by their crc32c (``spec.zarr3_metadata``: codecs ``bytes`` + ``crc32c``; zarr3 stores
+an edge chunk whole, padded), so where a whole chunk is one contiguous span of a landing buffer in the stored dtype,
+its file is read with ``preadv`` straight into that span, piece by piece, each piece's crc32c taken while it is
+still in the CPU's cache: the kernel's copy out of the page cache is the only one, and nothing is allocated.
+Several files are read at once in threads (``preadv`` and crc32c release the GIL). Everything else (a cast, a chunk
+cut by a target's border or by the array's edge, an object store) stays with TensorStore.
+
+:func:`direct_reads` decides which reads go this way (pure, table-tested); :func:`read_chunk` reads one file. Its
+errors begin with the status word TensorStore's would (``DATA_LOSS`` a checksum, ``FAILED_PRECONDITION`` a file of
+the wrong size, ``NOT_FOUND`` a missing one, ``PERMISSION_DENIED``...), so ``restore.read_failure`` tells damage
+from a store that did not serve the same way for both readers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import math
+import os
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..arrays import Region
+from ..checksum import crc32c
+
+CRC32C_BYTES = 4  # the crc32c codec's checksum after every chunk's bytes (little-endian)
+PIECE_BYTES = 1 << 20  # read, then checksummed while in the CPU's cache (a whole 16 MiB chunk is not)
+THREADS = min(16, max(4, os.cpu_count() or 4))  # chunk files read at once: the cores, and a device's queue when cold
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkRead:
+    """Chunk ``key`` (its grid index) of a leaf, whole, into elements ``[start, start + count)`` of target buffer
+    ``target`` (flat, C order)."""
+
+    key: tuple[int, ...]
+    target: int
+    start: int
+    count: int
+
+
+def contiguous_span(box: Region, shape: Sequence[int]) -> tuple[int, int] | None:
+    """``(first element, elements)`` of the sub-box ``box`` (local coordinates) of a C-order array of ``shape`` when
+    its elements are one contiguous run, else None. Pure. Contiguous: every dimension after the first that the box
+    does not span whole has extent 1 before it."""
+    count = math.prod(hi - lo for lo, hi in box)
+    if count == 0:
+        return None
+    start, stride, partial = 0, 1, False
+    for (lo, hi), n in zip(reversed(box), reversed(shape), strict=True):
+        if partial and hi - lo != 1:
+            return None
+        partial = partial or (lo, hi) != (0, n)
+        start += lo * stride
+        stride *= n
+    return start, count
+
+
+def direct_reads(shape: Sequence[int], chunk_shape: Sequence[int], targets: Sequence[Region],
+                 parts: Sequence[tuple[int, Region]]) -> list[ChunkRead] | None:
+    """The reads of chunk files straight into target buffers that put the ``parts`` (``(target, region in array
+    coordinates)``, from ``restore.plan_reads``: the parts of one chunk) in place, or None when they cannot:
+    unless the one part is a whole chunk inside the array (an edge chunk's file holds its padding too) lying as
+    one contiguous span in its target's buffer. Pure. (The dtype, the storage and the byte order are the
+    caller's to check.)"""
+    if len(parts) != 1 or not shape:
+        return None
+    target, part = parts[0]
+    key = tuple(lo // c for (lo, _), c in zip(part, chunk_shape, strict=True))
+    whole = tuple((k * c, k * c + c) for k, c in zip(key, chunk_shape, strict=True))
+    if part != whole:
+        return None
+    origin = targets[target]
+    span = contiguous_span(tuple((lo - o, hi - o) for (lo, hi), (o, _) in zip(part, origin, strict=True)),
+                           [hi - lo for lo, hi in origin])
+    return None if span is None else [ChunkRead(key, target, *span)]
+
+
+def little_endian(dtype: np.dtype) -> bool:
+    """Whether ``dtype``'s bytes in memory are the ``bytes`` codec's little-endian ones."""
+    return dtype.byteorder == "<" or (dtype.byteorder in ("=", "|") and sys.byteorder == "little")
+
+
+# The status word a failed system call on a chunk file becomes: absl's table for errno, which TensorStore's file
+# driver uses, for the errors a read meets (anything else is UNKNOWN: damage, as TensorStore's would be).
+_ERRNO_CODES = {errno.ENOENT: "NOT_FOUND", errno.ENOTDIR: "FAILED_PRECONDITION", errno.EISDIR: "FAILED_PRECONDITION",
+                errno.EACCES: "PERMISSION_DENIED", errno.EPERM: "PERMISSION_DENIED", errno.ETIMEDOUT: "DEADLINE_EXCEEDED",
+                errno.EAGAIN: "UNAVAILABLE", errno.EINTR: "UNAVAILABLE", errno.ESTALE: "ABORTED",
+                errno.ENOMEM: "RESOURCE_EXHAUSTED", errno.EMFILE: "RESOURCE_EXHAUSTED", errno.ENFILE: "RESOURCE_EXHAUSTED"}
+
+
+def status_word(err: OSError) -> str:
+    """The status word TensorStore's file driver would begin its error with for ``err`` (pure)."""
+    return _ERRNO_CODES.get(err.errno or 0, "UNKNOWN")
+
+
+class ChunkFileError(Exception):
+    """Reading a chunk file failed; the message begins with a status word and names the file."""
+
+
+def read_chunk(path: str, out: memoryview) -> None:
+    """Read chunk file ``path`` into ``out`` (writable, flat bytes: the chunk's bytes exactly) and check its crc32c.
+
+    Raises:
+        ChunkFileError: the file is missing, of another size than ``out`` and its checksum (both named), fails its
+            checksum (both named), or a system call failed.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as err:
+        raise ChunkFileError(f"{status_word(err)}: chunk file {path}: {err.strerror}") from err
+    n = len(out)
+    try:
+        size = os.fstat(fd).st_size
+        if size != n + CRC32C_BYTES:
+            raise ChunkFileError(f"FAILED_PRECONDITION: chunk file {path} holds {size} bytes, {n + CRC32C_BYTES} "
+                                 f"expected ({n} of data and a {CRC32C_BYTES}-byte crc32c; truncated or not "
+                                 "fully written)")
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a cold file: the kernel reads further ahead
+        crc = off = 0
+        while off < n:
+            with out[off:off + min(PIECE_BYTES, n - off)] as piece:
+                got = os.preadv(fd, [piece], off)
+            if got == 0:
+                raise ChunkFileError(f"FAILED_PRECONDITION: chunk file {path} ended at byte {off} while read, "
+                                     f"{n + CRC32C_BYTES} expected (truncated while read)")
+            crc = crc32c(out, off, off + got, crc=crc)
+            off += got
+        tail = os.pread(fd, CRC32C_BYTES + 1, n)
+        if len(tail) != CRC32C_BYTES:
+            raise ChunkFileError(f"FAILED_PRECONDITION: chunk file {path} holds {n + len(tail)} bytes while read, "
+                                 f"{n + CRC32C_BYTES} expected (changed while read)")
+        stored = int.from_bytes(tail, "little")
+        if stored != crc:
+            raise ChunkFileError(f"DATA_LOSS: chunk file {path} fails its checksum: crc32c 0x{crc:08x} of its "
+                                 f"{n} bytes, 0x{stored:08x} stored")
+    except OSError as err:
+        raise ChunkFileError(f"{status_word(err)}: chunk file {path}: {err.strerror}") from err
+    finally:
+        os.close(fd)

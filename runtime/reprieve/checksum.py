@@ -1,0 +1,61 @@
+"""crc32c over buffers in place: the one checksum helper both tiers use (the memory tier's shards and manifests,
+the storage restore's chunk files). Pure (no JAX: the replica server in reprieve-supervisor uses it too)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import glob
+import os
+from typing import Any
+
+import numpy as np
+
+
+def crc32c(data: Any, start: int = 0, stop: int | None = None, *, crc: int = 0) -> int:
+    """crc32c of ``data[start:stop]`` (bytes, a numpy array, an mmap), continued from ``crc`` (the crc32c of the
+    bytes before it), without copying it: Google's crc32c library (hardware-accelerated, ~9-10 GiB/s on the test
+    VM) through ctypes, which also releases the GIL. Every view is released before it returns, also on errors, so
+    the caller can close a mapping it read."""
+    with memoryview(data) as whole, whole.cast("B") as flat, flat[start:stop] as part:
+        extend = _extend()
+        if extend is None or len(part) == 0:
+            import google_crc32c
+
+            return int(google_crc32c.extend(crc, part.tobytes()))
+        if part.readonly:
+            # A read-only buffer (bytes; the save's np.asarray view of each staged shard) by its address: ctypes'
+            # from_buffer wants a writable one, and a copy of it (tobytes) cost a fresh allocation of the whole
+            # shard on every memory-tier save.
+            view = np.frombuffer(part, np.uint8)
+            try:
+                return int(extend(crc, view.ctypes.data, len(part)))
+            finally:
+                del view
+        buf = (ctypes.c_char * len(part)).from_buffer(part)
+        try:
+            return int(extend(crc, buf, len(part)))
+        finally:
+            del buf
+
+
+@functools.cache
+def _extend() -> Any:
+    """``crc32c_extend`` of the library the google-crc32c wheel bundles (its Python binding takes only bytes, so
+    a check of a mapped copy would copy it first); None when it is not there (a source build): then the binding."""
+    import google_crc32c
+
+    root = os.path.dirname(os.path.dirname(google_crc32c.__file__))
+    for path in sorted(glob.glob(os.path.join(root, "google_crc32c.libs", "libcrc32c*.so*"))) + [
+            ctypes.util.find_library("crc32c") or ""]:
+        if not path:
+            continue
+        try:
+            fn = ctypes.CDLL(path).crc32c_extend
+        except (OSError, AttributeError):
+            continue
+        fn.restype = ctypes.c_uint32
+        fn.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+        return fn
+    return None
