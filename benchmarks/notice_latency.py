@@ -66,6 +66,30 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
+class RssStages:
+    """The operator's RSS sampled every 0.25 s, its peak per stage of the run (``stage``: the one now), so a run
+    says where the peak came (priming and the first reconcile of every job, the goodput reports, the notices)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.stage, self.peaks = pid, "start-up", {"start-up": 0.0}
+        self.done = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.done.wait(0.25):
+            try:
+                rss = rss_mb(self.pid)[0]
+            except (OSError, KeyError):  # the process has ended
+                return
+            self.peaks[self.stage] = max(self.peaks.get(self.stage, 0.0), rss)
+
+    def next(self, stage: str) -> None:
+        self.stage = stage
+
+    def line(self) -> str:
+        return ", ".join(f"{stage} {peak:.0f}" for stage, peak in self.peaks.items())
+
+
 def pod_notice(obj: Any) -> str | None:
     return (obj.metadata.annotations or {}).get("reprieve.dev/notice")
 
@@ -255,9 +279,11 @@ def main() -> int:
         env["KUBECONFIG"] = str(kubeconfig)
         log = open(work / "operator.log", "wb")  # noqa: SIM115
         op = subprocess.Popen([sys.executable, "-m", "reprieve_operator", "--namespace", NS, "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT, env=env)
+        stages = RssStages(op.pid)
         try:
             t1 = time.monotonic()  # ready: every job reconciled once (status.ready written)
             wait_statuses(custom, op, "ready", args.jobs, 900, f"jobs reconciled; see {log.name}")
+            stages.next("goodput")
             print(f"operator reconciled all jobs in {time.monotonic() - t1:.0f}s; RSS {rss_mb(op.pid)[0]:.0f} MB")
             # Goodput accounting on for every job: process 0's live progress report (docs/contract.md) on each
             # job's pod 0, as a running job has it; wait until every status carries status.goodput.
@@ -275,6 +301,7 @@ def main() -> int:
             wait_statuses(custom, op, "goodput", args.jobs, 600, f"jobs with goodput accounting; see {log.name}")
             print(f"goodput accounting on for all {args.jobs} jobs in {time.monotonic() - t2:.0f}s; "
                   f"RSS {rss_mb(op.pid)[0]:.0f} MB")
+            stages.next("notices")
             load = None
             if args.load:
                 load = subprocess.Popen([sys.executable, "-c", LOAD, str(cluster.kubeconfig), str(args.load), NS],
@@ -337,6 +364,7 @@ def main() -> int:
                 events[path].append(event_count(core) - e0)
             cpu = cpu_seconds(op.pid) - cpu0
             rss, peak = rss_mb(op.pid)
+            stages.done.set()
             on_pods.stop.set()
             on_objects.stop.set()
 
@@ -379,6 +407,7 @@ def main() -> int:
             log.close()
         report = notice_report(per_job, writes, events, peer, args.jobs * args.replicas // args.nodes)
         report.update(operator_rss_mb=round(rss, 1), operator_peak_rss_mb=round(peak, 1),
+                      operator_peak_rss_mb_by_stage={k: round(v, 1) for k, v in stages.peaks.items()},
                       operator_cpu_s_per_notice=round(cpu / args.trials, 4))
         print(json.dumps(report, indent=1))
         peer_p50, peer_p99 = report["peer_direct_patch_p50_s"], report["peer_direct_patch_p99_s"]
@@ -391,7 +420,7 @@ def main() -> int:
                       f"{report[f'{path}_writes_per_notice']} writes and {report[f'{path}_events_per_notice']} "
                       f"Events per notice ({report['jobs_per_notice']} jobs)")
         print(f"operator RSS {rss:.0f} MB, peak {peak:.0f} MB (target < 300 MB: {'PASS' if peak < 300 else 'FAIL'}); "
-              f"CPU {cpu:.1f} s over {args.trials} notices")
+              f"CPU {cpu:.1f} s over {args.trials} notices; peak RSS by stage (MB): {stages.line()}")
     return 0
 
 
