@@ -302,7 +302,11 @@ async def gather(calls: Iterable[Callable[[], T]]) -> list[T]:
     return results  # type: ignore[return-value]
 
 
-def list_pages(fn: Callable[..., Any], *args: Any, page: int = 500, **kwargs: Any) -> Iterator[list[dict[str, Any]]]:
+LIST_PAGE = 500  # objects a LIST page holds (ours, and kopf's listing before it watches): a page decoded at a time
+
+
+def list_pages(fn: Callable[..., Any], *args: Any, page: int = LIST_PAGE,
+               **kwargs: Any) -> Iterator[list[dict[str, Any]]]:
     """A paginated LIST, one page of plain dicts at a time (callers keep only what they need of each)."""
     token = None
     while True:

@@ -69,6 +69,8 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     # kopf keeps a worker (holding the object's last full body) per object until it idles this long;
     # with 10,000 pods a short idle time is what bounds memory after a burst of events.
     settings.queueing.idle_timeout = 0.5
+    # kopf lists every TrainingJob and Node before it watches: in pages, not all the bodies decoded at once.
+    settings.watching.chunk_size = apply.LIST_PAGE
     settings.execution.max_workers = 32
     settings.watching.server_timeout = 300
     asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(32))

@@ -35,7 +35,8 @@ def list_pods(api: apply.Api, keep: Callable[[dict[str, Any]], bool],
     fn, args = _pods_call(api, namespace)
     while True:
         extra: dict[str, Any] = {"_continue": token} if token else {}
-        body = apply._raw(fn(*args, label_selector=LABEL_JOB, limit=500, _preload_content=False, **extra))
+        body = apply._raw(fn(*args, label_selector=LABEL_JOB, limit=apply.LIST_PAGE,
+                                     _preload_content=False, **extra))
         pods += [compact_pod(p) for p in body.get("items") or [] if keep(p)]
         meta = body.get("metadata") or {}
         rv = meta.get("resourceVersion") or rv
