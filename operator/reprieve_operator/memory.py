@@ -23,6 +23,15 @@ def start_tracing() -> None:
         tracemalloc.start(4)
 
 
+def rss_mb() -> float:
+    """This process's resident memory (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return 0.0
+
+
 def release() -> None:
     """Hand freed heap back to the OS (glibc keeps it after bursts such as the initial listing)."""
     try:
@@ -75,6 +84,8 @@ def log_census() -> None:
     """With ``REPRIEVE_MEMORY_CENSUS=1``: log :func:`census` (a diagnosis aid; a walk of every object)."""
     if os.environ.get(ENV_CENSUS) != "1":
         return
+    log.info("census: RSS %.0f MB", rss_mb())
+    sys._debugmallocstats()  # pymalloc's arenas: blocks in use against the memory they keep (stderr)
     types, dicts = census()
     for name, count, size in types:
         log.info("census: %.1f MB in %d %s", size / 1e6, count, name)
