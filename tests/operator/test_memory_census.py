@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_census_names_the_dicts_that_hold_the_memory_by_their_keys() -> None:
-    held = [{"podname": i, "podnode": "n", "podphase": "Running"} for i in range(20000)]
+    held = [{"podname": i, "podnode": "n", "podphase": "Running"} for i in range(50000)]
     types, dicts = memory.census()
     assert types[0][0] == "dict" and types[0][1] >= len(held)
     keys, count, size = dicts[0]
