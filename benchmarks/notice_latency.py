@@ -78,14 +78,20 @@ class RssStages:
 
     def _run(self) -> None:
         while not self.done.wait(0.25):
-            try:
-                rss = rss_mb(self.pid)[0]
-            except (OSError, KeyError):  # the process has ended
+            if not self._sample():
                 return
-            self.peaks[self.stage] = max(self.peaks.get(self.stage, 0.0), rss)
+
+    def _sample(self) -> bool:
+        try:
+            rss = rss_mb(self.pid)[0]
+        except (OSError, KeyError):  # the process has ended
+            return False
+        self.peaks[self.stage] = max(self.peaks.get(self.stage, 0.0), rss)
+        return True
 
     def next(self, stage: str) -> None:
         self.stage = stage
+        self._sample()  # a stage shorter than the period is there too
 
     def line(self) -> str:
         return ", ".join(f"{stage} {peak:.0f}" for stage, peak in self.peaks.items())
