@@ -302,13 +302,25 @@ async def gather(calls: Iterable[Callable[[], T]]) -> list[T]:
     return results  # type: ignore[return-value]
 
 
-def list_pages(fn: Callable[..., Any], *args: Any, page: int = 500, **kwargs: Any) -> Iterator[list[dict[str, Any]]]:
+LIST_PAGE = 500  # objects a LIST page holds (ours, and kopf's listing before it watches): a page decoded at a time
+
+
+def list_pages(fn: Callable[..., Any], *args: Any, page: int = LIST_PAGE,
+               **kwargs: Any) -> Iterator[list[dict[str, Any]]]:
     """A paginated LIST, one page of plain dicts at a time (callers keep only what they need of each)."""
+    for items, _ in list_pages_versioned(fn, *args, page=page, **kwargs):
+        yield items
+
+
+def list_pages_versioned(fn: Callable[..., Any], *args: Any, page: int = LIST_PAGE,
+                         **kwargs: Any) -> Iterator[tuple[list[dict[str, Any]], str]]:
+    """:func:`list_pages`, each page with the list's resourceVersion (the one to watch from)."""
     token = None
     while True:
         extra: dict[str, Any] = {"_continue": token} if token else {}
         body = _raw(fn(*args, limit=page, _preload_content=False, **kwargs, **extra))
-        yield body.get("items") or []
-        token = (body.get("metadata") or {}).get("continue")
+        meta = body.get("metadata") or {}
+        yield body.get("items") or [], meta.get("resourceVersion") or ""
+        token = meta.get("continue")
         if not token:
             return

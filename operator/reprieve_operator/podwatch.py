@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import LABEL_JOB, apply
@@ -26,22 +26,20 @@ def _pods_call(api: apply.Api, namespace: str | None) -> tuple[Callable[..., Any
     return api.core.list_namespaced_pod, (namespace,)
 
 
+def pod_pages(api: apply.Api, namespace: str | None = None) -> Iterator[tuple[list[dict[str, Any]], str]]:
+    """Every worker pod, a page of full bodies at a time, with the resourceVersion to watch from."""
+    fn, args = _pods_call(api, namespace)
+    return apply.list_pages_versioned(fn, *args, label_selector=LABEL_JOB)
+
+
 def list_pods(api: apply.Api, keep: Callable[[dict[str, Any]], bool],
               namespace: str | None = None) -> tuple[list[dict[str, Any]], str]:
     """Every worker pod (compacted, page by page) and the resourceVersion to watch from."""
     pods: list[dict[str, Any]] = []
     rv = ""
-    token = None
-    fn, args = _pods_call(api, namespace)
-    while True:
-        extra: dict[str, Any] = {"_continue": token} if token else {}
-        body = apply._raw(fn(*args, label_selector=LABEL_JOB, limit=500, _preload_content=False, **extra))
-        pods += [compact_pod(p) for p in body.get("items") or [] if keep(p)]
-        meta = body.get("metadata") or {}
-        rv = meta.get("resourceVersion") or rv
-        token = meta.get("continue")
-        if not token:
-            return pods, rv
+    for page, rv in pod_pages(api, namespace):
+        pods += [compact_pod(p) for p in page if keep(p)]
+    return pods, rv
 
 
 class PodWatch(BackgroundLoop):

@@ -3,8 +3,9 @@
 The reconcile function is injected (``ReconcileQueue(reconcile)``), so every path runs it the same way: the kopf
 handler of a spec change awaits :meth:`run`; a pod event, a requeue's timer and the resync :meth:`kick` it.
 Reconciles of one job never overlap (a per-job lock, which notice delivery takes too); a burst of kicks of one
-job coalesces into one run plus one follow-up; at most ``slots`` kicked reconciles run at once (memory and API
-load in event storms). A failed kicked reconcile is counted and logged; the resync runs it again.
+job coalesces into one run plus one follow-up; at most ``slots`` reconciles run at once, kicked or awaited by a
+handler (memory and API load in event storms: at start every job's handler runs, and 2,500 reconciles at once held
+their bodies, models and plans together). A failed kicked reconcile is counted and logged; the resync runs it again.
 """
 
 from __future__ import annotations
@@ -46,8 +47,12 @@ class ReconcileQueue:
         return self._locks[(namespace, name)]
 
     async def run(self, namespace: str, name: str, fresh: bool = False) -> Any:
-        """Reconcile the job now, under its lock; errors are the caller's. Counted once it has ended
-        (``reprieve_reconciles_total``): whatever it decided is applied by then."""
+        """Reconcile the job as soon as a slot is free, under its lock; errors are the caller's. Counted once it has
+        ended (``reprieve_reconciles_total``): whatever it decided is applied by then."""
+        async with self._slots:
+            return await self._run(namespace, name, fresh)
+
+    async def _run(self, namespace: str, name: str, fresh: bool) -> Any:
         async with self._locks[(namespace, name)]:
             try:
                 return await self._reconcile(namespace, name, fresh)
@@ -73,7 +78,7 @@ class ReconcileQueue:
                     async with self._slots:
                         fresh = key in self._fresh
                         self._fresh.discard(key)
-                        await self.run(namespace, name, fresh)
+                        await self._run(namespace, name, fresh)
                 except kopf.PermanentError:
                     pass  # already on the job's status and Events
                 except Exception:  # logged and counted; the resync retries

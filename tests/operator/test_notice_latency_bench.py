@@ -19,7 +19,7 @@ def test_notice_latency_benchmark_runs_and_reports_every_job() -> None:
                           "--jobs", "10", "--replicas", "4", "--trials", "3"],
                          capture_output=True, text=True, timeout=280, check=False)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout[-2000:] + out.stderr[-3000:]
-    report = json.loads(out.stdout[out.stdout.index("{"):out.stdout.index("}") + 1])
+    report, _ = json.JSONDecoder().raw_decode(out.stdout[out.stdout.index("{"):])
     assert report["jobs_measured"] == 6  # 3 tainted nodes x 2 jobs with pods on each
     # trials 0 and 2: the jobs' pods watch their notice object; trial 1: they do not (the per-pod annotation)
     assert (report["object_jobs_measured"], report["annotation_jobs_measured"]) == (4, 2)
@@ -29,4 +29,5 @@ def test_notice_latency_benchmark_runs_and_reports_every_job() -> None:
     assert report["object_writes_per_notice"] == 2 and report["object_events_per_notice"] == 2
     assert report["annotation_writes_per_notice"] == 10 and report["annotation_events_per_notice"] == 12
     assert report["peer_direct_patch_p50_s"] > 0 and report["operator_rss_mb"] > 0
+    assert set(report["operator_peak_rss_mb_by_stage"]) == {"start-up", "goodput", "notices"}
     assert "goodput accounting on for all 10 jobs" in out.stdout, out.stdout[-2000:]

@@ -82,6 +82,26 @@ def test_runs_of_one_job_never_overlap_and_jobs_run_side_by_side() -> None:
     run(main())
 
 
+def test_at_most_slots_reconciles_run_at_once_awaited_by_handlers_or_kicked() -> None:
+    """At start every job's kopf handler awaits its reconcile at once: they wait for a slot as kicks do."""
+    async def main() -> None:
+        names = [f"job{i}" for i in range(6)]
+        rec = Recorder(hold=tuple(names))
+        queue = ReconcileQueue(rec, FakeClock(), slots=2)
+        handlers = [asyncio.ensure_future(queue.run("ml", n)) for n in names[:4]]
+        for n in names[4:]:
+            queue.kick("ml", n)
+        await until(lambda: sum(rec.running.values()) == 2)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert sum(rec.running.values()) == 2 and len(rec.calls) == 2
+        rec.gate.set()
+        assert await asyncio.gather(*handlers) == [f"plan of {n}" for n in names[:4]]
+        await until(lambda: queue.busy == 0)
+        assert sorted(c[1] for c in rec.calls) == names
+    run(main())
+
+
 def test_the_handler_path_and_a_kick_share_the_job_lock() -> None:
     """Notice delivery takes the same lock: it never annotates pods while a reconcile of the job runs."""
     async def main() -> None:

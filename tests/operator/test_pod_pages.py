@@ -1,0 +1,77 @@
+"""podwatch.pod_pages / apply.list_pages_versioned: a paginated LIST of worker pods, a page of bodies at a time, each
+with the list's resourceVersion; the priming fills the cache from one page before it asks for the next."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from reprieve_operator import LABEL_JOB, apply, podwatch
+from reprieve_operator.cache import Cache
+
+pytestmark = pytest.mark.unit
+
+
+class Pods:
+    """The CoreV1Api LIST of pods: ``total`` worker pods served ``limit`` at a time; records each call."""
+
+    def __init__(self, total: int, seen: Cache | None = None) -> None:
+        self.total, self.seen, self.calls = total, seen, []  # type: int, Cache | None, list[dict[str, Any]]
+
+    def list_namespaced_pod(self, namespace: str, label_selector: str, limit: int, _preload_content: bool,
+                            _continue: str = "0") -> Any:
+        self.calls.append({"namespace": namespace, "selector": label_selector, "limit": limit,
+                           "cached": self.seen.stats()["pods"] if self.seen is not None else None})
+        start = int(_continue)
+        items = [{"metadata": {"name": f"j-{i}", "namespace": namespace, "labels": {LABEL_JOB: "j"}}, "spec": {}}
+                 for i in range(start, min(start + limit, self.total))]
+        more = start + limit < self.total
+        body = {"metadata": {"resourceVersion": "42", **({"continue": str(start + limit)} if more else {})},
+                "items": items}
+        return SimpleNamespace(data=json.dumps(body).encode(), release_conn=lambda: None)
+
+
+def test_pages_of_the_limit_each_with_the_lists_resource_version() -> None:
+    core = Pods(1234)
+    pages = list(podwatch.pod_pages(SimpleNamespace(core=core), "ml"))  # type: ignore[arg-type]
+    assert [(len(items), rv) for items, rv in pages] == [(apply.LIST_PAGE, "42")] * 2 + [(234, "42")]
+    assert {(c["namespace"], c["selector"], c["limit"]) for c in core.calls} == {("ml", LABEL_JOB, apply.LIST_PAGE)}
+    pods, rv = podwatch.list_pods(SimpleNamespace(core=core), lambda p: True, "ml")  # type: ignore[arg-type]
+    assert (len(pods), rv) == (1234, "42")
+
+
+def test_the_priming_caches_each_page_before_it_lists_the_next() -> None:
+    """``main.prime``: never a list of every pod beside the cache's own copies (that doubled the start-up's peak)."""
+    from reprieve_operator.main import prime
+    from reprieve_operator.nodesignals import NodeSignals
+    from reprieve_operator.policy.signals import BUILTIN_SIGNALS
+    from reprieve_operator.state import State
+
+    def empty(*_: Any, **__: Any) -> Any:
+        return SimpleNamespace(data=json.dumps({"metadata": {}, "items": []}).encode(), release_conn=lambda: None)
+
+    cache = Cache()
+    pods = Pods(1200, seen=cache)
+
+    class Core:
+        list_node = staticmethod(empty)
+
+        def list_namespaced_pod(self, namespace: str, **kw: Any) -> Any:
+            if kw.pop("watch", False):
+                raise ConnectionError("no watch in this test")
+            return pods.list_namespaced_pod(namespace, **kw)
+
+    async def reconcile(st: State, namespace: str, name: str, fresh: bool) -> None:
+        return None
+
+    api = SimpleNamespace(core=Core(), custom=SimpleNamespace(list_namespaced_custom_object=empty))
+    state = State(api=api, cache=cache, nodes=NodeSignals(BUILTIN_SIGNALS, 600.0, cache),  # type: ignore[arg-type]
+                  reconcile=reconcile)
+    watches = asyncio.run(prime(state, ["ml"]))
+    for watch in watches:
+        watch.stop()
+    assert [c["cached"] for c in pods.calls] == [0, 500, 1000]
+    assert cache.primed and cache.stats()["pods"] == 1200 and watches[0].rv == "42"
