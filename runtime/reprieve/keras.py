@@ -273,6 +273,14 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         self._step = next(self._steps)  # type: ignore[arg-type]  # set at on_train_begin, before any batch
         self.position.batch = batch
 
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        """Nothing: the batch is decided at the next ``on_train_batch_begin``. Overridden only to skip the base's
+        forward to ``on_batch_end`` (a second call per batch when Keras dispatches in the training thread), and
+        marked as Keras's default (``keras.src.utils.python_utils.default``) so that Keras keeps its async batch-end
+        dispatch as if it were not overridden."""
+
+    on_train_batch_end._is_default = True  # type: ignore[attr-defined]
+
     def _decide(self) -> None:
         """The save decision for the epoch's last batch trained, if not made yet: before validation replaces fit's
         ``_jax_state`` (``on_test_begin``) or at the epoch's end; forced at the epoch's last batch with
