@@ -9,8 +9,8 @@ Install with ``pip install reprieve[keras]``; run with ``KERAS_BACKEND=jax``. On
 (with a :class:`~reprieve.deferred.DeferredState`: the state dict is built only when the step is saved, so the cost
 does not grow with the variables) and then ``next(steps)``; an epoch's last batch is decided before validation
 (``on_test_begin``) or at ``on_epoch_end``. A notice ends in the agreed save on every process and the exit with the
-restart code, and ``REPRIEVE_CHECKPOINT_INTERVAL_*`` gives periodic saves. The callback does not override
-``on_train_batch_end``, so it leaves Keras 3's async batch-end dispatch on (docs/keras.md). The state is the model's trainable, non-trainable
+restart code, and ``REPRIEVE_CHECKPOINT_INTERVAL_*`` gives periodic saves. The callback's ``on_train_batch_end``
+does nothing and is marked as Keras's default, so it leaves Keras 3's async batch-end dispatch on (docs/keras.md). The state is the model's trainable, non-trainable
 (Keras's ``SeedGenerator`` states among them: dropout resumes with the same masks), optimizer and metrics
 variables, keyed by variable path, in Reprieve's own format (``reprieve ls/inspect/verify`` read it).
 
