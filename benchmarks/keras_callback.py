@@ -1,20 +1,24 @@
 """What ``reprieve.keras.ReprieveCallback`` costs ``model.fit``: ``python benchmarks/keras_callback.py [--batches 400]``.
 
-One process, CPU, Keras 3 on JAX, an MLP of ``--width`` (4 Dense layers, Adam): four parts in one run.
+One process, CPU, Keras 3 on JAX, an MLP of ``--width`` (4 Dense layers, Adam): the parts ``--parts`` names, in one run.
 
 - ``hooks_vs_loop``: the callback's two batch hooks, called by a bare loop outside ``fit`` on a computed state with
   nothing to save, against the runtime's own loop on the same job and state (``next(steps)`` +
   ``job.save(step, state, data=position)``, docs/runtime.md), blocks of ``--loop-batches`` alternating; per model
   (``--layers``: the 4-layer MLP, 28 variables with Adam's, and a deeper one): the median step of each (µs; the
   median within a block, then over blocks) and the cost the callback adds (the median over block pairs of hooks -
-  loop). The target: the callback's idle cost no more than the loop's, whatever the number of variables.
+  loop). ``begin``: ``on_train_batch_begin`` alone, what fit's thread runs when Keras dispatches the batch ends on
+  its own thread (only where the callback leaves that dispatch on). The target: the callback's idle cost no more
+  than the loop's, whatever the number of variables.
 
-- ``idle``: the callback's two batch hooks per batch when nothing is due (``on_train_batch_begin``: the job's
-  ``steps`` generator; ``on_train_batch_end``: the state dict and ``job.save``); ``job_save_idle``: the runtime's
-  own ``job.save`` inside it (the loop of docs/runtime.md pays it and ``next(steps)`` every step).
-- ``stall``: the time ``on_train_batch_end`` blocks at a save (``REPRIEVE_CHECKPOINT_INTERVAL_STEPS``, Reprieve's
+- ``fit_per_batch``: ``fit``'s time per batch (``verbose=0``, nothing due) without a callback and with the callback
+  alone, widths 64 and ``--width``, and whether Keras dispatched the batch ends asynchronously.
+
+- ``idle`` (the part ``reprieve``): the callback's two batch hooks per batch when nothing is due; ``job_save_idle``:
+  the runtime's own ``job.save`` inside them (the loop of docs/runtime.md pays it and ``next(steps)`` every step).
+- ``stall``: the time the hook holding the save blocks at one (``REPRIEVE_CHECKPOINT_INTERVAL_STEPS``, Reprieve's
   format, the device-to-host copy in the loop, the write in the background), against Keras's own
-  ``keras.callbacks.OrbaxCheckpoint(save_freq=N)`` (Orbax, async) on the same model and interval.
+  ``keras.callbacks.OrbaxCheckpoint(save_freq=N)`` (the part ``orbax``: Orbax, async) on the same model and interval.
 
 - ``python_in_fit``: a fixed piece of pure Python (``probe``: 200 dict inserts) timed in a quiet process and in
   ``on_train_batch_end`` of the same fit, after the callback's hooks. A batch hook runs while the step XLA
