@@ -250,6 +250,40 @@ def test_keras_keeps_its_async_batch_end_dispatch_with_the_callbacks(tmp_path: P
                                        "BackupAndRestore batch ends in the main thread: [False]"], out.stdout
 
 
+VALIDATION = """
+import keras, numpy as np, reprieve
+from reprieve.keras import ReprieveCallback
+
+job = reprieve.init(env={"REPRIEVE_CHECKPOINT_URI": ROOT + "/ckpt"}, install_sigterm=False)
+
+class AtValidation(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.saved = []
+    def on_test_begin(self, logs=None):
+        self.saved.append(job.storage.last_saved)
+
+x = np.ones((16, 4), "float32")
+at = AtValidation()
+model = keras.Sequential([keras.layers.Dense(1)])
+model.compile("sgd", loss="mse")
+model.fit(x, x[:, :1], batch_size=4, epochs=2, verbose=0, validation_data=(x, x[:, :1]),
+          callbacks=[ReprieveCallback(job, save_at_epoch_end=True), at])
+print("saved when validation began:", at.saved)
+"""
+
+
+def test_an_epochs_last_batch_is_decided_before_its_validation(tmp_path: Path) -> None:
+    """The callback decides a batch at the next one's begin; the epoch's last is decided when validation begins
+    (``on_test_begin``), not after it: an epoch-end save (or an agreed one) does not wait for the validation."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_"))}
+    env.update({"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)})
+    out = subprocess.run([sys.executable, "-c", f"ROOT = {str(tmp_path)!r}\n{VALIDATION}"], env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["saved when validation began: [3, 7]"], out.stdout  # 4 batches an epoch
+
+
 def test_a_fit_stopped_by_a_callback_keeps_its_batch_and_epoch_end_saves_are_kept(tmp_path: Path) -> None:
     """EarlyStopping's way out (``model.stop_training``) mid-epoch: the batch it stopped at is saved and the job
     finished (exit 0); a later fit goes on from there, bitwise as if never stopped. With ``save_at_epoch_end``
