@@ -1,20 +1,24 @@
 """What ``reprieve.keras.ReprieveCallback`` costs ``model.fit``: ``python benchmarks/keras_callback.py [--batches 400]``.
 
-One process, CPU, Keras 3 on JAX, an MLP of ``--width`` (4 Dense layers, Adam): four parts in one run.
+One process, CPU, Keras 3 on JAX, an MLP of ``--width`` (4 Dense layers, Adam): the parts ``--parts`` names, in one run.
 
 - ``hooks_vs_loop``: the callback's two batch hooks, called by a bare loop outside ``fit`` on a computed state with
   nothing to save, against the runtime's own loop on the same job and state (``next(steps)`` +
   ``job.save(step, state, data=position)``, docs/runtime.md), blocks of ``--loop-batches`` alternating; per model
   (``--layers``: the 4-layer MLP, 28 variables with Adam's, and a deeper one): the median step of each (µs; the
   median within a block, then over blocks) and the cost the callback adds (the median over block pairs of hooks -
-  loop). The target: the callback's idle cost no more than the loop's, whatever the number of variables.
+  loop). ``begin``: ``on_train_batch_begin`` alone, what fit's thread runs when Keras dispatches the batch ends on
+  its own thread (only where the callback leaves that dispatch on). The target: the callback's idle cost no more
+  than the loop's, whatever the number of variables.
 
-- ``idle``: the callback's two batch hooks per batch when nothing is due (``on_train_batch_begin``: the job's
-  ``steps`` generator; ``on_train_batch_end``: the state dict and ``job.save``); ``job_save_idle``: the runtime's
-  own ``job.save`` inside it (the loop of docs/runtime.md pays it and ``next(steps)`` every step).
-- ``stall``: the time ``on_train_batch_end`` blocks at a save (``REPRIEVE_CHECKPOINT_INTERVAL_STEPS``, Reprieve's
+- ``fit_per_batch``: ``fit``'s time per batch (``verbose=0``, nothing due) without a callback and with the callback
+  alone, widths 64 and ``--width``, and whether Keras dispatched the batch ends asynchronously.
+
+- ``idle`` (the part ``reprieve``): the callback's two batch hooks per batch when nothing is due; ``job_save_idle``:
+  the runtime's own ``job.save`` inside them (the loop of docs/runtime.md pays it and ``next(steps)`` every step).
+- ``stall``: the time the hook holding the save blocks at one (``REPRIEVE_CHECKPOINT_INTERVAL_STEPS``, Reprieve's
   format, the device-to-host copy in the loop, the write in the background), against Keras's own
-  ``keras.callbacks.OrbaxCheckpoint(save_freq=N)`` (Orbax, async) on the same model and interval.
+  ``keras.callbacks.OrbaxCheckpoint(save_freq=N)`` (the part ``orbax``: Orbax, async) on the same model and interval.
 
 - ``python_in_fit``: a fixed piece of pure Python (``probe``: 200 dict inserts) timed in a quiet process and in
   ``on_train_batch_end`` of the same fit, after the callback's hooks. A batch hook runs while the step XLA
@@ -113,8 +117,11 @@ def reprieve_fit(width: int, batches: int, every: int, root: str) -> dict[str, A
     model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False, callbacks=[callback, in_fit])
     begin, end = times["on_train_batch_begin"], times["on_train_batch_end"]
     saving = {s for s in range(batches) if (s + 1) % every == 0 and s != batches - 1}  # the interval's saves
-    idle = [b + e for i, (b, e) in enumerate(zip(begin, end, strict=True)) if i not in saving and i > 1]
-    stall = [end[i] for i in sorted(saving)]
+    # batch i's save decision is made where fit runs it: after batch i's end (before), or in batch i + 1's begin
+    # (after): the per-batch idle cost is both hooks of a batch neither of whose hooks saves
+    idle = [b + e for i, (b, e) in enumerate(zip(begin, end, strict=True))
+            if i not in saving and i - 1 not in saving and i > 1]
+    stall = [max(end[i], begin[i + 1]) for i in sorted(saving)]
     save = [t for i, t in enumerate(times["save"]) if i not in saving and i > 1]
     state_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.weights + model.optimizer.variables)
     python = python_in_fit(quiet, [t for i, t in enumerate(in_fit.ns) if i not in saving])
@@ -159,6 +166,16 @@ def hooks_vs_loop(width: int, layers: int, batches: int, blocks: int, root: str)
             batch += 1
         return statistics.median(times)
 
+    def begin(n: int) -> float:  # what fit's thread runs when Keras dispatches the batch ends asynchronously
+        nonlocal batch
+        times = [0.0] * n
+        for i in range(n):
+            t0 = clock()
+            callback.on_train_batch_begin(batch)
+            times[i] = clock() - t0
+            batch += 1
+        return statistics.median(times)
+
     def loop(n: int) -> float:
         nonlocal batch
         times = [0.0] * n
@@ -169,21 +186,70 @@ def hooks_vs_loop(width: int, layers: int, batches: int, blocks: int, root: str)
             save(step, state, data=position)
             times[i] = clock() - t0
         batch += n
-        callback._step = step  # the callback's next batch follows the loop's last step
+        callback._step = step  # the callback's next batch follows the loop's last step, decided by the loop
+        callback._pending = False
         return statistics.median(times)
 
-    hooks(200), loop(200)  # warm
-    runs: dict[str, list[float]] = {"hooks": [], "loop": []}
+    # Keras runs the batch-end hooks in a thread only when no callback overrides them (the async part: after only)
+    bodies = {"hooks": hooks, "loop": loop}
+    if keras.callbacks.CallbackList([callback])._async_train:
+        bodies["begin"] = begin
+    for body in bodies.values():
+        body(200)  # warm
+    runs: dict[str, list[float]] = {name: [] for name in bodies}
     for block in range(blocks):
-        for name, body in (("hooks", hooks), ("loop", loop)) if block % 2 == 0 else (("loop", loop), ("hooks", hooks)):
-            runs[name].append(body(batches))
+        for name in list(bodies)[::1 if block % 2 == 0 else -1]:
+            runs[name].append(bodies[name](batches))
     job.abandon()
-    diffs = sorted((h - lo) * 1e6 for h, lo in zip(runs["hooks"], runs["loop"], strict=True))
-    return {"variables": sum(len(v) for v in model._jax_state.values()),
-            "hooks_us": round(statistics.median(runs["hooks"]) * 1e6, 2),
-            "loop_us": round(statistics.median(runs["loop"]) * 1e6, 2),
-            "cost_us": round(statistics.median(diffs), 2),
-            "cost_p10_p90_us": [round(diffs[int(0.1 * (len(diffs) - 1))], 2), round(diffs[int(0.9 * (len(diffs) - 1))], 2)]}
+    out: dict[str, Any] = {"variables": sum(len(v) for v in model._jax_state.values()),
+                           "loop_us": round(statistics.median(runs["loop"]) * 1e6, 2)}
+    for name in bodies.keys() - {"loop"}:
+        diffs = sorted((h - lo) * 1e6 for h, lo in zip(runs[name], runs["loop"], strict=True))
+        out[name] = {"us": round(statistics.median(runs[name]) * 1e6, 2), "cost_us": round(statistics.median(diffs), 2),
+                     "cost_p10_p90_us": [round(diffs[int(0.1 * (len(diffs) - 1))], 2),
+                                         round(diffs[int(0.9 * (len(diffs) - 1))], 2)]}
+    return out
+
+
+class Clock(keras.callbacks.Callback):
+    """The time each batch begins (it overrides no batch-end hook: Keras's async dispatch is left as it was)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t: list[float] = []
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self.t.append(time.perf_counter())
+
+
+def fit_per_batch(width: int, batches: int, fits: int, root: str) -> dict[str, Any]:
+    """``fit``'s time per batch, ``verbose=0`` (from the third batch's begin to the last's: no start-up, no end),
+    without a callback and with ``ReprieveCallback`` alone (nothing due: a job that saves only on a notice), fits
+    alternating after a warm one of each; and whether Keras dispatched the batch-end hooks asynchronously
+    (``CallbackList._async_train``, what the callbacks' overrides decide)."""
+    import reprieve
+    from reprieve.keras import ReprieveCallback
+    from reprieve.policy import SavePolicy
+
+    model = build(width)
+    x, y = data(batches)
+    runs: dict[str, list[float]] = {"none": [], "reprieve": []}
+    async_train = None
+    for i in range(fits + 1):
+        for name in ("none", "reprieve") if i % 2 == 0 else ("reprieve", "none"):
+            clock = Clock()
+            callbacks: list[keras.callbacks.Callback] = [clock]
+            if name == "reprieve":
+                job = reprieve.init(env={"REPRIEVE_CHECKPOINT_URI": os.path.join(root, f"fit-{width}-{i}")},
+                                    install_sigterm=False, policy=SavePolicy(interval_steps=0, save_last=False))
+                callbacks.insert(0, ReprieveCallback(job))
+                async_train = keras.callbacks.CallbackList(callbacks, add_history=True)._async_train
+            model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False, callbacks=callbacks)
+            if i:  # the first of each compiles
+                runs[name].append((clock.t[-1] - clock.t[2]) / (len(clock.t) - 3))
+    none, with_callback = statistics.median(runs["none"]) * 1e6, statistics.median(runs["reprieve"]) * 1e6
+    return {"async_batch_end": async_train, "none_us": round(none, 1), "reprieve_us": round(with_callback, 1),
+            "cost_us": round(with_callback - none, 1)}
 
 
 def orbax_fit(width: int, batches: int, every: int, root: str) -> dict[str, Any]:
@@ -213,14 +279,22 @@ def main() -> None:
                         help="hidden Dense layers of the models hooks_vs_loop times (3: the fit parts' MLP)")
     parser.add_argument("--loop-batches", type=int, default=2000, help="batches per hooks_vs_loop block")
     parser.add_argument("--blocks", type=int, default=20, help="hooks_vs_loop block pairs per model")
+    parser.add_argument("--fits", type=int, default=6, help="fit_per_batch fits of each kind per width")
+    parser.add_argument("--parts", nargs="+", default=["hooks_vs_loop", "fit_per_batch", "reprieve", "orbax"],
+                        help="the parts to run")
     args = parser.parse_args()
+    parts = {"hooks_vs_loop": lambda root: {str(n): hooks_vs_loop(64, n, args.loop_batches, args.blocks, root)
+                                            for n in args.layers},
+             "fit_per_batch": lambda root: {str(w): fit_per_batch(w, args.batches, args.fits, root)
+                                            for w in (64, args.width)},
+             "reprieve": lambda root: reprieve_fit(args.width, args.batches, args.every, root),
+             "orbax": lambda root: orbax_fit(args.width, args.batches, args.every, root)}
+    out: dict[str, Any] = {"keras": keras.__version__, "batches": args.batches, "every": args.every,
+                           "width": args.width, "load": [round(x, 2) for x in os.getloadavg()]}
     with tempfile.TemporaryDirectory() as root:
-        out = {"keras": keras.__version__, "batches": args.batches, "every": args.every, "width": args.width,
-               "load": [round(x, 2) for x in os.getloadavg()],
-               "hooks_vs_loop": {str(n): hooks_vs_loop(64, n, args.loop_batches, args.blocks, root)
-                                 for n in args.layers},
-               "reprieve": reprieve_fit(args.width, args.batches, args.every, root),
-               "keras_orbax_checkpoint": orbax_fit(args.width, args.batches, args.every, root)}
+        for name in args.parts:
+            out["keras_orbax_checkpoint" if name == "orbax" else name] = parts[name](root)
+    out["load_after"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out, indent=1))
 
 

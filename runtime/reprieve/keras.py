@@ -5,11 +5,12 @@ the exact next batch.
     model.fit(x, y, epochs=10, callbacks=[reprieve.keras.ReprieveCallback(job)])
 
 Install with ``pip install reprieve[keras]``; run with ``KERAS_BACKEND=jax``. One batch is one step of the job:
-the callback calls ``job.save(step, state, data=position)`` after every batch with a
-:class:`~reprieve.deferred.DeferredState` (the state dict is built only when the step is saved: per batch the hooks
-cost what the runtime's own loop does, whatever the number of variables), so a notice ends in the agreed save on
-every process and the exit with the restart code, and
-``REPRIEVE_CHECKPOINT_INTERVAL_*`` gives periodic saves. The state is the model's trainable, non-trainable
+``on_train_batch_begin`` is the runtime loop's body, ``job.save(step, state, data=position)`` for the batch before
+(with a :class:`~reprieve.deferred.DeferredState`: the state dict is built only when the step is saved, so the cost
+does not grow with the variables) and then ``next(steps)``; an epoch's last batch is decided before validation
+(``on_test_begin``) or at ``on_epoch_end``. A notice ends in the agreed save on every process and the exit with the
+restart code, and ``REPRIEVE_CHECKPOINT_INTERVAL_*`` gives periodic saves. The callback's ``on_train_batch_end``
+does nothing and is marked as Keras's default, so it leaves Keras 3's async batch-end dispatch on (docs/keras.md). The state is the model's trainable, non-trainable
 (Keras's ``SeedGenerator`` states among them: dropout resumes with the same masks), optimizer and metrics
 variables, keyed by variable path, in Reprieve's own format (``reprieve ls/inspect/verify`` read it).
 
@@ -148,6 +149,7 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         self._force_at = -1  # the batch whose save is forced (the epoch's last with save_at_epoch_end)
         self._steps: Generator[int, None, None] | None = None
         self._step = -1
+        self._pending = False  # the batch of self._step was trained and its save decision not yet made
         self._total: int | None = None
         self._skip = 0  # batches of the resumed epoch to go through without training
         self._resume_epoch: int | None = None
@@ -229,14 +231,17 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
             self._resume_epoch, self._skip = epoch, skip
             self._resumed_rng = self.position.numpy_rng
             model._initial_epoch = epoch
-            exact = "batch-exact" if per_epoch is not None else "batch-exact if the data repeats its order"
+            # fit's arrays: their order is NumPy's (restored); a dataset or generator keeps its own position, which
+            # the callback cannot see (fit does not hand it to callbacks): exact only if it repeats its batches
+            exact = ("batch-exact for arrays; a dataset or generator must yield its batches in the same order again"
+                     if per_epoch is not None else "batch-exact if the data repeats its order")
             log.info("reprieve.keras: resuming fit at epoch %d, batch %d (step %d; %s: the first %d batches of the "
                      "epoch are read and not trained%s)", epoch, skip, first, exact, skip,
                      "" if self._resumed_rng is not None else "; no NumPy generator state was saved")
             if skip:
                 self._train_function = model.train_function
                 model.train_function = _skip_batch
-        self._step = first - 1
+        self._step, self._pending = first - 1, False
         # a generator (Job.steps): closed when fit ends before its last step
         self._steps = cast(Generator[int, None, None], self.job.steps(first, self._total))
 
@@ -255,24 +260,44 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         self.position.numpy_rng = numpy_rng_state()
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        if self._skip:
+        # the runtime loop's body, in its order: the save decision for the batch trained last, then the next step
+        # (fit's _jax_state still holds that batch's outputs: the train function has not run yet)
+        if self._pending:
+            self.job.save(self._step, self._state, data=self.position)
+        else:  # the epoch's first batch, or a batch of the resumed epoch trained before the restart
             if batch < self._skip:
                 return
-            self._stop_skipping()
-        assert self._steps is not None
-        self._step = next(self._steps)
+            if self._skip:
+                self._stop_skipping()
+            self._pending = True
+        self._step = next(self._steps)  # type: ignore[arg-type]  # set at on_train_begin, before any batch
+        self.position.batch = batch
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        if self._skip and batch < self._skip:
-            return
-        self.position.batch = batch
-        self.job.save(self._step, self._state, data=self.position, force=batch == self._force_at)
+        """Nothing: the batch is decided at the next ``on_train_batch_begin``. Overridden only to skip the base's
+        forward to ``on_batch_end`` (a second call per batch when Keras dispatches in the training thread), and
+        marked as Keras's default (``keras.src.utils.python_utils.default``) so that Keras keeps its async batch-end
+        dispatch as if it were not overridden."""
+
+    on_train_batch_end._is_default = True  # type: ignore[attr-defined]
+
+    def _decide(self) -> None:
+        """The save decision for the epoch's last batch trained, if not made yet: before validation replaces fit's
+        ``_jax_state`` (``on_test_begin``) or at the epoch's end; forced at the epoch's last batch with
+        ``save_at_epoch_end``."""
+        if self._pending:
+            self._pending = False
+            self._save(force=self.position.batch == self._force_at)
 
     def _save(self, *, force: bool) -> bool:
         """The save decision for the last batch trained (``job.save``: True when a save was started)."""
         return self.job.save(self._step, self._state, data=self.position, force=force)
 
+    def on_test_begin(self, logs: Any = None) -> None:
+        self._decide()  # fit's validation: evaluate sets _jax_state to its own, then None
+
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self._decide()
         if self._skip:
             self._stop_skipping()  # every batch of the resumed epoch had been trained
 
@@ -393,18 +418,18 @@ class BackupAndRestore(ReprieveCallback):
 
         return init(env=backup_env(os.environ, self.uri, self.save_freq))
 
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        if self._skip and batch < self._skip:
-            return
-        self.position.batch = batch
-        if batch == self._last_batch and self.save_freq == "epoch":
-            return  # the epoch's last batch: decided at on_epoch_end, once the epoch has ended
-        self._save(force=False)
+    def on_test_begin(self, logs: Any = None) -> None:
+        if self.save_freq != "epoch":  # "epoch": the epoch's last batch is decided at on_epoch_end, after validation
+            super().on_test_begin(logs)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.save_freq != "epoch":
+            super().on_epoch_end(epoch, logs)
+            return
         skipped_all = bool(self._skip)  # the whole resumed epoch had been trained: its last batch is saved
+        pending, self._pending = self._pending, False  # decided here, once the epoch has ended
         super().on_epoch_end(epoch, logs)
-        if self.save_freq != "epoch" or skipped_all:
+        if skipped_all or not pending:
             return
         self.position.epoch, self.position.batch = epoch + 1, -1  # the resume starts the next epoch
         self.position.numpy_rng = numpy_rng_state()  # what the next epoch's permutation is drawn from

@@ -4,6 +4,7 @@ bitwise those of a fit that was never interrupted. Bad input: another backend, a
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 import json
 import os
@@ -12,11 +13,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from localcluster.testing import wait_for
 
 from tests.runtime.helpers_agreement import REPO, launch, node_notice, write_notice_file
+from tests.runtime.test_cli import reprieve
+from tests.runtime.test_notice_kube import POD, _apply, _configmap, _identity
 
 WORKER = REPO / "tests" / "runtime" / "workers" / "keras_worker.py"
 BACKUP_WORKER = REPO / "tests" / "runtime" / "workers" / "keras_backup_worker.py"
@@ -72,7 +77,7 @@ def test_a_notice_mid_epoch_then_a_notice_during_the_restore_resume_at_the_exact
     assert "resuming fit at epoch" in second.stderr, second.stderr[-3000:]
     third = fit(run, ckpt, 3, REPRIEVE_NOTICE_FILE=str(notices))
     assert third.returncode == 0, third.stderr[-3000:]
-    assert "resuming fit at epoch" in third.stderr and "batch-exact" in third.stderr
+    assert "resuming fit at epoch" in third.stderr and "batch-exact for arrays;" in third.stderr
     assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-3.npz")
 
 
@@ -98,9 +103,40 @@ def test_fit_under_reprieve_run_resumes_at_the_exact_batch_after_a_sigterm(tmp_p
     assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
 
 
+def test_a_notice_written_into_the_jobs_notice_object_ends_fit_at_the_agreed_batch(cluster: Any, namespace: str,
+                                                                                     tmp_path: Path) -> None:
+    """The operator's route on a cluster: one write of the job's notice object (the ConfigMap ``job-notice``; the
+    worker holds exactly the per-job Role), heard by the runtime's watch against a real kube-apiserver while fit is
+    mid-epoch 1, ends fit at the agreed batch: that batch committed, the restart code. (The resume from such a save
+    is the other tests' own.)"""
+    client = _identity(cluster, namespace, tmp_path, notice_object="job-notice")
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    env = {"REPRIEVE_JOB": "job", "REPRIEVE_POD_NAME": POD, "REPRIEVE_NAMESPACE": namespace,
+           "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cluster.api_port),
+           "REPRIEVE_SERVICEACCOUNT_DIR": client.sa_dir, "WORKER_NOTICE_AT": str(BATCHES + 4),
+           "WORKER_NOTICE_OUTSIDE": "1"}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        attempt = pool.submit(fit, run, ckpt, 1, **env)
+        wait_for(lambda: (run / "waiting").exists() or attempt.done(), 120, "fit to reach batch 4 of epoch 1")
+        notice = {**node_notice("maintenance", "node-a", time.time() + 1.0), "id": "maintenance/node-a/keras",
+                  "attempt": 1}
+        _apply(cluster, namespace, [_configmap("job-notice", notice)])
+        first = attempt.result()
+    assert first.returncode == RESTART, first.stderr[-3000:]
+    assert "(notice maintenance/node-a/keras, maintenance)" in first.stderr, first.stderr[-3000:]
+    agreed = agreed_step(first.stderr)
+    assert agreed >= BATCHES + 3 and (ckpt / f"step_{agreed:010d}_a1").is_dir(), (agreed, sorted(os.listdir(ckpt)))
+    assert not (run / "final-1.npz").exists()
+
+
+def agreed_step(log: str) -> int:
+    """The first agreed save step a process logged."""
+    return int(log.split("agreed save step ")[1].split()[0])
+
+
 def agreed_steps(logs: list[Path]) -> set[int]:
     """The agreed save step each process logged (one value when they agree)."""
-    return {int(log.read_text().split("agreed save step ")[1].split()[0]) for log in logs}
+    return {agreed_step(log.read_text()) for log in logs}
 
 
 @pytest.mark.timeout(420)
@@ -152,6 +188,102 @@ def test_a_model_built_by_fit_resumes_too(tmp_path: Path) -> None:
     assert_bitwise(tmp_path / "ref" / "final-1.npz", run / "final-2.npz")
 
 
+UNBUILT = """
+import keras, reprieve
+from reprieve.keras import ReprieveCallback
+model = keras.Sequential([keras.layers.Dense(4)], name="unbuilt")
+model.compile("adam", loss="mse")
+callback = ReprieveCallback(reprieve.init(install_sigterm=False))
+callback.set_model(model)
+callback.set_params({"epochs": 1, "steps": 4, "verbose": 0})
+callback.on_train_begin()
+"""
+
+
+def test_the_hooks_run_outside_fit_on_a_model_no_one_built_are_refused_naming_it(tmp_path: Path) -> None:
+    """``fit`` builds an unbuilt model and its optimizer before the callbacks start, so through ``fit`` it is restored
+    (the test above); the callback's hooks run by hand on a model whose variables do not exist say so, by name."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_"))}
+    env.update({"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
+                "REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt")})
+    out = subprocess.run([sys.executable, "-c", UNBUILT], env=env, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode != 0
+    assert ("ValueError: reprieve.keras: model 'unbuilt' is not built at the start of fit (built=False, optimizer "
+            "built=False)") in out.stderr, out.stderr[-3000:]
+
+
+ASYNC = """
+import threading
+import keras, numpy as np, reprieve
+from reprieve.keras import BackupAndRestore, ReprieveCallback
+
+class Where(keras.callbacks.Callback):
+    async_safe = True  # Keras may run its batch ends on a thread
+    def __init__(self):
+        super().__init__()
+        self.main = set()
+    def on_train_batch_end(self, batch, logs=None):
+        self.main.add(threading.current_thread() is threading.main_thread())
+
+for name, make in (("ReprieveCallback", lambda root: ReprieveCallback(reprieve.init(
+                       env={"REPRIEVE_CHECKPOINT_URI": root + "/ckpt"}, install_sigterm=False))),
+                   ("BackupAndRestore", lambda root: BackupAndRestore(root + "/backup", save_freq=2))):
+    model = keras.Sequential([keras.layers.Dense(1)])
+    model.compile("sgd", loss="mse")
+    where = Where()
+    model.fit(np.zeros((16, 4)), np.zeros((16, 1)), batch_size=4, epochs=2, verbose=0,
+              callbacks=[make(ROOT), where])
+    print(name, "batch ends in the main thread:", sorted(where.main))
+"""
+
+
+def test_keras_keeps_its_async_batch_end_dispatch_with_the_callbacks(tmp_path: Path) -> None:
+    """Keras 3 runs the batch-end hooks on a thread unless a callback overrides them; ours decide each batch at the
+    next one's begin, so an async-safe callback beside them still gets its batch ends off the training thread."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_"))}
+    env.update({"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)})
+    out = subprocess.run([sys.executable, "-c", f"ROOT = {str(tmp_path)!r}\n{ASYNC}"], env=env, capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["ReprieveCallback batch ends in the main thread: [False]",
+                                       "BackupAndRestore batch ends in the main thread: [False]"], out.stdout
+
+
+VALIDATION = """
+import keras, numpy as np, reprieve
+from reprieve.keras import ReprieveCallback
+
+job = reprieve.init(env={"REPRIEVE_CHECKPOINT_URI": ROOT + "/ckpt"}, install_sigterm=False)
+
+class AtValidation(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.saved = []
+    def on_test_begin(self, logs=None):
+        self.saved.append(job.storage.last_saved)
+
+x = np.ones((16, 4), "float32")
+at = AtValidation()
+model = keras.Sequential([keras.layers.Dense(1)])
+model.compile("sgd", loss="mse")
+model.fit(x, x[:, :1], batch_size=4, epochs=2, verbose=0, validation_data=(x, x[:, :1]),
+          callbacks=[ReprieveCallback(job, save_at_epoch_end=True), at])
+print("saved when validation began:", at.saved)
+"""
+
+
+def test_an_epochs_last_batch_is_decided_before_its_validation(tmp_path: Path) -> None:
+    """The callback decides a batch at the next one's begin; the epoch's last is decided when validation begins
+    (``on_test_begin``), not after it: an epoch-end save (or an agreed one) does not wait for the validation."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_"))}
+    env.update({"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)})
+    out = subprocess.run([sys.executable, "-c", f"ROOT = {str(tmp_path)!r}\n{VALIDATION}"], env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["saved when validation began: [3, 7]"], out.stdout  # 4 batches an epoch
+
+
 def test_a_fit_stopped_by_a_callback_keeps_its_batch_and_epoch_end_saves_are_kept(tmp_path: Path) -> None:
     """EarlyStopping's way out (``model.stop_training``) mid-epoch: the batch it stopped at is saved and the job
     finished (exit 0); a later fit goes on from there, bitwise as if never stopped. With ``save_at_epoch_end``
@@ -162,6 +294,13 @@ def test_a_fit_stopped_by_a_callback_keeps_its_batch_and_epoch_end_saves_are_kep
     stopped = fit(run, ckpt, 1, WORKER_EPOCHS="2", WORKER_STOP_AT="21", WORKER_EPOCH_SAVES="1")
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_0000000015_a1", "step_0000000020_a1"]
+    # Reprieve's own format: the command reads it, the fit position is the data position
+    described = json.loads(reprieve("inspect", f"{ckpt}@20", "--json").stdout)
+    assert {k: described["data_positions"][0][k] for k in ("epoch", "batch", "batchesPerEpoch")} == \
+        {"epoch": 1, "batch": 4, "batchesPerEpoch": BATCHES}, described["data_positions"]
+    assert "['trainable']['sequential/dense/kernel']" in {leaf["path"] for leaf in described["leaves"]}, described
+    verified = reprieve("verify", str(ckpt))
+    assert verified.returncode == 0 and "step_0000000020_a1: OK" in verified.stdout, verified.stdout + verified.stderr
     again = fit(run, ckpt, 2, WORKER_EPOCHS="2")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming fit at epoch 1, batch 5 (step 21" in again.stderr, again.stderr[-3000:]
@@ -178,7 +317,7 @@ def test_data_of_unknown_length_resumes_at_the_batch_and_says_it_is_exact_only_i
     run, ckpt = tmp_path / "run", tmp_path / "ckpt"
     first = fit(run, ckpt, 1, WORKER_GENERATOR="1", WORKER_NOTICE_AT=str(random.randint(3, 9)))
     assert first.returncode == RESTART, first.stderr[-3000:]
-    agreed = int(first.stderr.split("agreed save step ")[1].split()[0])
+    agreed = agreed_step(first.stderr)
     second = fit(run, ckpt, 2, WORKER_GENERATOR="1")
     assert second.returncode == 0, second.stderr[-3000:]
     assert (f"resuming fit at epoch 0, batch {agreed + 1} (step {agreed + 1}; batch-exact if the data repeats its "
@@ -250,7 +389,7 @@ def test_backup_and_restore_under_the_runtime_saves_the_agreed_batch_on_a_notice
     run, ckpt = tmp_path / "run", tmp_path / "ckpt"
     first = fit(run, ckpt, 1, WORKER_EPOCHS="2", WORKER_DROP_IN="1", WORKER_NOTICE_AT=str(random.randint(3, 9)))
     assert first.returncode == RESTART, first.stderr[-3000:]
-    agreed = int(first.stderr.split("agreed save step ")[1].split()[0])
+    agreed = agreed_step(first.stderr)
     second = fit(run, ckpt, 2, WORKER_EPOCHS="2", WORKER_DROP_IN="1")
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resuming fit at epoch {(agreed + 1) // BATCHES}, batch {(agreed + 1) % BATCHES} " in second.stderr

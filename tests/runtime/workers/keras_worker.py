@@ -9,7 +9,9 @@ does), ``WORKER_EPOCH_SAVES`` (1: ``ReprieveCallback(save_at_epoch_end=True)``),
 ``WORKER_STEPS_PER_EXECUTION`` (compile's, 1), ``WORKER_DROP_IN`` (1: ``reprieve.keras.BackupAndRestore(job=job,
 save_freq=False)`` in place of ``ReprieveCallback``), ``WORKER_GENERATOR`` (1: the samples from a Python generator, in
 order, one epoch: data of unknown length), ``WORKER_NOTICE_ATTEMPT`` (the notice only in this attempt),
-``WORKER_NOTICE_SIGTERM`` (1: the notice is a SIGTERM to the process, as the platform sends).
+``WORKER_NOTICE_SIGTERM`` (1: the notice is a SIGTERM to the process, as the platform sends), ``WORKER_NOTICE_OUTSIDE``
+(1: the notice comes from outside the process: at ``WORKER_NOTICE_AT`` the worker touches ``WORKER_DIR/waiting`` and
+waits up to 60 s for the job to hear one).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -67,13 +70,16 @@ class Notice(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: object = None) -> None:
         self.seen += 1
         if self.seen == self.at and os.environ.get("WORKER_NOTICE_ATTEMPT", self.attempt) == self.attempt:
-            if os.environ.get("WORKER_NOTICE_SIGTERM") == "1":
+            outside = os.environ.get("WORKER_NOTICE_OUTSIDE") == "1"
+            if outside:
+                (Path(os.environ["WORKER_DIR"]) / "waiting").touch()  # the test sends the notice now
+            elif os.environ.get("WORKER_NOTICE_SIGTERM") == "1":
                 os.kill(os.getpid(), signal.SIGTERM)  # what the platform sends: the runtime takes it as a notice
             else:
                 self.job.notify("test", time.time() + self.lead)
             # the agreement plans the save in its own thread: a 2 ms loop would otherwise reach the fit's last batch
             # before the plan exists and end with exit 0 (a 16-batch epoch took 32 ms)
-            until = time.monotonic() + 10.0
+            until = time.monotonic() + (60.0 if outside else 10.0)
             while self.job.agreement.target is None and time.monotonic() < until:
                 time.sleep(0.01)
 
