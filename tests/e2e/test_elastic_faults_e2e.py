@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +82,31 @@ def log_text(cluster: Any, namespace: str, pod: str) -> str:
     return "".join(p.read_text(errors="replace") for p in cluster.pod_logs(namespace, pod, "trainer"))
 
 
-def grow_save_began(cluster: Any, namespace: str, pod: str, attempt: int) -> tuple[int, int] | None:
-    """(the trainer's pid, the agreed step) once the trainer of ``attempt`` in ``pod``, stopped by its supervisor
-    with the resize signal for a grow, says it began saving the agreed step (reprieve.job: ``saving agreed step N
-    (notice resize/...``); None before."""
-    text = log_text(cluster, namespace, pod)
-    pid = re.search(rf"attempt {attempt} superseded by attempt \d+ \(a grow: save to the memory tier\): sending "
-                    r"SIGUSR1 to pid (\d+)", text)
-    began = re.compile(r"saving agreed step (\d+) \(notice resize/").search(text, pid.end()) if pid else None
-    return (int(pid.group(1)), int(began.group(1))) if pid and began else None
+def hold_in_grow_save(cluster: Any, namespace: str, pod: str, attempt: int) -> tuple[int, int]:
+    """Stop (SIGSTOP) the trainer of ``attempt`` in ``pod`` inside the grow's save, between its own lines ``saving
+    agreed step N (notice resize/...`` and ``agreed step N held in memory``; returns (its pid, N). The save takes a few
+    tens of milliseconds, so the trainer is stopped as soon as its supervisor says it sent the resize signal and then
+    let run in bursts of ~2 ms until its log says the save began: it cannot pass the save between two looks."""
+    said = re.compile(rf"attempt {attempt} superseded by attempt \d+ \(a grow: save to the memory tier\): sending "
+                      r"SIGUSR1 to pid (\d+)")
+    sent = wait_for(lambda: said.search(log_text(cluster, namespace, pod)), 60,
+                    f"{namespace}/{pod}: the resize signal to attempt {attempt}'s trainer", interval=0.005)
+    pid = int(sent.group(1))
+    os.kill(pid, signal.SIGSTOP)
+    began = re.compile(r"saving agreed step (\d+) \(notice resize/")
+    for _ in range(5000):
+        text = log_text(cluster, namespace, pod)
+        if (save := began.search(text, sent.end())) is not None:
+            step = int(save.group(1))
+            if f"agreed step {step} held in memory" in text:
+                os.kill(pid, signal.SIGCONT)
+                raise AssertionError(f"{namespace}/{pod}: the grow's save ended between two looks:\n{text[-3000:]}")
+            return pid, step
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.002)
+        os.kill(pid, signal.SIGSTOP)
+    os.kill(pid, signal.SIGCONT)
+    raise AssertionError(f"{namespace}/{pod}: attempt {attempt}'s trainer never began the grow's save:\n{text[-3000:]}")
 
 
 def test_an_elastic_job_through_faults_in_its_shrinks_and_grows_ends_bit_identical(
@@ -199,12 +216,9 @@ def test_an_elastic_job_through_faults_in_its_shrinks_and_grows_ends_bit_identic
     untaint_node(api, next(room), NO_ROOM)  # the other pending pod schedules: the grow
     grow2 = assigned_when(6, "the second grow")
     assert grow2["resize"] == "grow" and len(grow2["processes"]) == 2, grow2
-    pid, step = wait_for(lambda: grow_save_began(cluster, namespace, survivor, 5), 60,
-                         "attempt 5's trainer to begin the grow's save", interval=0.005)
-    os.kill(pid, signal.SIGSTOP)
+    pid, step = hold_in_grow_save(cluster, namespace, survivor, 5)
+    held = f"agreed step {step} held in memory"
     try:
-        held = f"agreed step {step} held in memory"
-        assert held not in log_text(cluster, namespace, survivor), "the grow's save ended before it could be held"
         taint_node(api, survivor_node, SPOT_TAINT, "true", "NoSchedule")
         # status.lastNotice is recorded once the notice is delivered (reprieve_operator.delivery)
         status_when("the notice delivered to the grown attempt", lambda s: (s.get("lastNotice") or {}).get("attempt")
