@@ -273,6 +273,7 @@ def test_an_elastic_job_through_faults_in_its_shrinks_and_grows_ends_bit_identic
     assert last["resize"] == "grow" and len(last["processes"]) == 2, last
     # the lost index goes to a spare still starting (the restart's order), so spares resume and grow the job
     assert worker(resume, 0).startswith(f"{name}-spare-") and worker(last, 1).startswith(f"{name}-spare-"), last
+    assert spare in (worker(resume, 0), worker(last, 1)), (spare, resume, last)  # the refused one came back
 
     final = status_when("Succeeded", succeeded, 600)
     assert final["attempt"] == 10, final
