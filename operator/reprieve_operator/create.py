@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from . import apply
 from .models import TrainingJob
 from .policy import builders, memorypeers
-from .policy.create import TRANSIENT, NotCreated, Refusal, classify_refusal, owned
+from .policy.create import TRANSIENT, NotCreated, Refusal, classify_refusal, owned, watched_since
 from .state import State
 
 log = logging.getLogger("reprieve_operator")
@@ -63,9 +63,11 @@ async def create(state: State, job: TrainingJob, pods: list[dict[str, Any]], dry
         results = await asyncio.gather(*(apply.run(apply.create_pod, api, p) for p in pods),
                                        return_exceptions=True)
         errors = [(p, r) for p, r in zip(pods, results, strict=True) if isinstance(r, BaseException)]
+        cached = {str((c.get("metadata") or {}).get("name")): c for c in state.cache.pods_of(job.namespace, job.name)}
         for r in results:
             if isinstance(r, dict):
-                state.cache.upsert_pod(r)
+                if not watched_since(r, cached.get(str((r.get("metadata") or {}).get("name")))):
+                    state.cache.upsert_pod(r)
                 made.append(r)
                 created.append(r)
         if errors:

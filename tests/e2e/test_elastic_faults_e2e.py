@@ -2,14 +2,19 @@
 example LM over virtual shards in canonical order under ``reprieve-supervisor``, the process-kubelet local cluster.
 
 The plain shrink and grow are proven on real nodes (tests/e2e/test_realnodes_e2e.py); the decisions for each fault
-are rows of tests/operator/test_elastic_policy.py. Here each fault lands in the window it is about, timed from what
-the job says (its status and its assignment), on one job that must end with the parameters of the uninterrupted
-run, bit for bit.
+are rows of tests/operator/test_elastic_policy.py. Here every fault of the issue's table lands in the window it is
+about, timed from what the job says (its status, its assignment, its trainer's log), on one job that must end with
+the parameters of the uninterrupted run, bit for bit; what the operator says of each (its conditions with the
+scheduler's words, its Events) is asserted here too.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +23,32 @@ from localcluster.goodput import analyse, read_step_log
 from localcluster.stack import reference_run
 from localcluster.testing import label_node, taint_node, untaint_node, wait_for
 
-from .conftest import SPOT_TAINT, e2e_job, make_elastic, pod_node, succeeded, wait_step, wait_tj, worker_logs
+from .conftest import (
+    SPOT_TAINT,
+    e2e_job,
+    get_tj,
+    make_elastic,
+    pod_node,
+    succeeded,
+    wait_step,
+    wait_tj,
+    worker_logs,
+)
 from .test_inplace_e2e import assignment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-# Enough steps to outlast the chain of faults (each takes 2-8 s of restarts; the job trains between them) and few
-# enough for the uninterrupted one-process reference to finish beside it; the loss at LOSS_AT (the memory tier
-# holds every step, so it costs at most a step or two).
+# Enough steps to outlast the chain of faults (each takes 2-8 s of restarts; the job trains between them; the loss of
+# the last worker goes back to the last storage save) and few enough for the uninterrupted one-process reference to
+# finish beside it; the first loss at LOSS_AT (the memory tier holds every step, so it costs at most a step or two).
 STEPS, SLEEP, SHARDS, LOSS_AT = 150, 0.03, 4, 8
 NO_ROOM = "test.reprieve.dev/no-room"  # a taint no signal reads: the node is out of room, not doomed
 HOST = "test.reprieve.dev/host"  # one worker per node (required anti-affinity on this label)
+
+
+def worker(assigned: dict[str, Any], index: int) -> str:
+    """The pod that holds process ``index`` in an assignment."""
+    return next(p for p, i in assigned["processes"].items() if i == index)
 
 
 def attempt_steps(ckpt: Path, attempt: int) -> list[int]:
@@ -46,34 +66,87 @@ def degraded(status: dict[str, Any]) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c["type"] == "Degraded"), {})
 
 
+def refused(cluster: Any, namespace: str, prefix: str) -> str | None:
+    """The live pod whose name starts with ``prefix`` once the scheduler said ``PodScheduled=False/Unschedulable``
+    of it; None before."""
+    for pod in cluster.read("pod", namespace=namespace)["items"]:
+        meta = pod["metadata"]
+        cond = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == "PodScheduled"), {})
+        if meta["name"].startswith(prefix) and not meta.get("deletionTimestamp") and \
+                (cond.get("status"), cond.get("reason")) == ("False", "Unschedulable"):
+            return str(meta["name"])
+    return None
+
+
+def log_text(cluster: Any, namespace: str, pod: str) -> str:
+    return "".join(p.read_text(errors="replace") for p in cluster.pod_logs(namespace, pod, "trainer"))
+
+
+def hold_in_grow_save(cluster: Any, namespace: str, pod: str, attempt: int) -> tuple[int, int]:
+    """Stop (SIGSTOP) the trainer of ``attempt`` in ``pod`` inside the grow's save, between its own lines ``saving
+    agreed step N (notice resize/...`` and ``agreed step N held in memory``; returns (its pid, N). The save takes a few
+    tens of milliseconds, so the trainer is stopped as soon as its supervisor says it sent the resize signal and then
+    let run in bursts of ~2 ms until its log says the save began: it cannot pass the save between two looks."""
+    said = re.compile(rf"attempt {attempt} superseded by attempt \d+ \(a grow: save to the memory tier\): sending "
+                      r"SIGUSR1 to pid (\d+)")
+    sent = wait_for(lambda: said.search(log_text(cluster, namespace, pod)), 60,
+                    f"{namespace}/{pod}: the resize signal to attempt {attempt}'s trainer", interval=0.005)
+    pid = int(sent.group(1))
+    os.kill(pid, signal.SIGSTOP)
+    began = re.compile(r"saving agreed step (\d+) \(notice resize/")
+    for _ in range(5000):
+        text = log_text(cluster, namespace, pod)
+        if (save := began.search(text, sent.end())) is not None:
+            step = int(save.group(1))
+            if f"agreed step {step} held in memory" in text:
+                os.kill(pid, signal.SIGCONT)
+                raise AssertionError(f"{namespace}/{pod}: the grow's save ended between two looks:\n{text[-3000:]}")
+            return pid, step
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.002)
+        os.kill(pid, signal.SIGSTOP)
+    os.kill(pid, signal.SIGCONT)
+    raise AssertionError(f"{namespace}/{pod}: attempt {attempt}'s trainer never began the grow's save:\n{text[-3000:]}")
+
+
 def test_an_elastic_job_through_faults_in_its_shrinks_and_grows_ends_bit_identical(
         cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path) -> None:
     """One elastic job (2 workers, ``minReplicas: 1``, 4 virtual shards in canonical order, the memory tier every
-    step, no spare), one worker per node, the nodes given room one at a time (a taint no signal reads). In turn:
+    step, no spare at first), one worker per node, the nodes given room one at a time (a taint no signal reads).
+    In turn:
 
-    1. worker 1's node lost without notice; its replacement is Unschedulable, the job shrinks onto worker 0;
-       **capacity returns while that shrink is in flight** (room given as attempt 2 is assigned): the replacement,
-       now running, joins at a grow (attempt 3: worker 0 kept in place, the replacement process 1), no second
-       shrink;
+    1. worker 1's node lost without notice; its replacement is Unschedulable, the job shrinks onto worker 0
+       (``Degraded=True/Shrunk`` with the scheduler's words); **capacity returns while that shrink is in flight**
+       (room given as attempt 2 is assigned): the replacement, kept pending and now running, joins at a grow
+       (attempt 3: worker 0 kept in place, the replacement process 1), no second shrink;
     2. **a loss during the grow**: the newcomer's node lost as attempt 3 is assigned: the job shrinks again;
     3. **a notice during that shrink**: worker 0's node noticed as attempt 4 is assigned: no survivor is left, so
        the job waits below ``minReplicas`` (``Degraded=True/BelowMinReplicas``), the notice's save in storage;
        room for one pod: it trains on 1 (``Degraded=True/Shrunk``);
-    4. **a notice during the grow's memory-only save**: the survivor's node noticed as soon as the grow (attempt 6)
-       is assigned, the earliest the job says the grow began. The old trainer's save is one step of this small
-       model (~0.1 s), so the notice reaches the pod during that save or just after it, as the grown attempt
-       restores the step; either way the job restarts once more with worker 0 replaced and restores the agreed step
-       from memory, nothing lost.
+    4. **a notice during the grow's memory-only save**: room for the second pod, the grow (attempt 6); the old
+       trainer says it began the grow's save (its own log line) and is held there (SIGSTOP: a save as long as the
+       notice's delivery) while its node is noticed and the operator delivers the notice to attempt 6; released, the
+       save stays memory-only, attempt 6 restores it and saves at the notice, attempt 7 (worker 0 replaced)
+       restores that from memory: nothing lost;
+    5. **a spare that cannot schedule, and the operator restarted between a loss and the shrink**: a spare asked
+       for while no node has room (Unschedulable); the operator stopped, worker 1's node lost, the operator started:
+       one shrink past the spare (``Degraded`` names it and the scheduler's words);
+    6. **a second loss while degraded, below the minimum**: worker 0's node lost: the job waits
+       (``BelowMinReplicas`` naming ``minReplicas`` and the unschedulable pods), no attempt starts;
+    7. room for one pod: the job **resumes** on 1 (``Shrunk``), from storage (no copy of the lost worker survived);
+       the pending pods are spares (the lost index went to the refused spare, and a new one was made for the spare
+       taken), so **a spare ready after the shrink** resumes it;
+    8. room for the other: the other spare grows the job back to 2, and it finishes.
 
-    Each window is opened from what the job says (its assignment, polled every 0.05 s, and its status); what the
-    operator did is asserted from the assignments, status (sizes, ``Degraded``, ``restarts``, ``lastNotice``,
-    ``lastRestore``) and Events. It ends with the uninterrupted one-process run's sha256.
+    Each window is opened from what the job says (its assignment, polled every 0.05 s, its status, its trainer's
+    log); what the operator did is asserted from the assignments, status (sizes, ``Degraded``, ``restarts``,
+    ``lastNotice``, ``lastRestore``) and Events. It ends with the uninterrupted one-process run's sha256.
 
-    Why this long: seven attempts of a 2-process JAX job (~50 s of the job), four of them opened by a fault, two
-    waits of ``unschedulableSeconds`` (2 s) for the scheduler's verdict; one job for the four faults (four jobs
-    would pay four starts and four references)."""
+    Why this long: ten attempts of a 2-process JAX job, eight of them opened by a fault, four waits of
+    ``unschedulableSeconds`` (2 s) for the scheduler's verdict; one job for the faults of the issue's table (a job
+    each would pay a start and a reference each)."""
     reference = reference_run(tmp_path, STEPS, SHARDS)
-    pool_name, nodes = pool(6)
+    pool_name, nodes = pool(8)
     for n in nodes:
         label_node(api, n, {HOST: n})
     for n in nodes[2:]:
@@ -96,19 +169,25 @@ def test_an_elastic_job_through_faults_in_its_shrinks_and_grows_ends_bit_identic
                              describe=lambda: operator.tail(30)))
 
     def worker_node(assigned: dict[str, Any], index: int) -> str:
-        return pod_node(cluster, namespace, next(p for p, i in assigned["processes"].items() if i == index))
+        return pod_node(cluster, namespace, worker(assigned, index))
+
+    def trains(attempt: int) -> None:
+        wait_for(lambda: attempt_steps(ckpt, attempt), 120, f"attempt {attempt} to train", interval=0.3,
+                 describe=lambda: operator.tail(30))
 
     wait_step(ckpt, LOSS_AT, 300, cluster, namespace, name)
     first = assignment(cluster, namespace, name)
+    full = get_tj(cluster, namespace, name)["status"]
+    assert (full["desiredWorkers"], full["currentWorkers"], degraded(full)) == (2, 2, {}), full
 
     # 1. worker 1's node lost: the shrink; capacity back while the shrink is in flight
     cluster.remove_node(worker_node(first, 1))
+    stuck = wait_for(lambda: refused(cluster, namespace, f"{name}-1-"), 60, "the replacement refused by the scheduler")
     shrink = assigned_when(2, "the shrink onto worker 0")
     untaint_node(api, next(room), NO_ROOM)  # the pending replacement schedules as attempt 2 starts
     assert shrink["processes"] == {f"{name}-0": 0} and "resize" not in shrink, shrink  # a shrink saves as today
     grow = assigned_when(3, "the grow back to 2 once the replacement runs")
-    probe = next(p for p, i in grow["processes"].items() if i == 1)
-    assert grow["resize"] == "grow" and grow["processes"] == {f"{name}-0": 0, probe: 1}, grow  # worker 0 kept
+    assert grow["resize"] == "grow" and grow["processes"] == {f"{name}-0": 0, stuck: 1}, grow  # kept, not re-made
 
     # 2. a loss during the grow: the newcomer's node, as the grow's attempt starts
     cluster.remove_node(worker_node(grow, 1))
@@ -128,33 +207,99 @@ def test_an_elastic_job_through_faults_in_its_shrinks_and_grows_ends_bit_identic
     assert len(one["processes"]) == 1, one
     resumed = status_when("Degraded saying it trains shrunk again", lambda s: degraded(s).get("reason") == "Shrunk")
     assert (resumed["attempt"], resumed["currentWorkers"]) == (5, 1), resumed
-    wait_for(lambda: attempt_steps(ckpt, 5), 120, "attempt 5 to train on 1 worker", interval=0.3)
+    trains(5)
+    assert re.search(r"reprieve: process 0/1, attempt 5,", log_text(cluster, namespace, worker(one, 0)))  # 1 process
 
-    # 4. a notice during the grow's memory-only save: worker 0's node, as soon as the grow is assigned
-    survivor = worker_node(one, 0)
+    # 4. a notice during the grow's memory-only save: held in its save while the notice is delivered
+    survivor = worker(one, 0)
+    survivor_node = worker_node(one, 0)
     untaint_node(api, next(room), NO_ROOM)  # the other pending pod schedules: the grow
     grow2 = assigned_when(6, "the second grow")
-    taint_node(api, survivor, SPOT_TAINT, "true", "NoSchedule")
-    untaint_node(api, next(room), NO_ROOM)  # room for worker 0's replacement
     assert grow2["resize"] == "grow" and len(grow2["processes"]) == 2, grow2
+    pid, step = hold_in_grow_save(cluster, namespace, survivor, 5)
+    held = f"agreed step {step} held in memory"
+    try:
+        taint_node(api, survivor_node, SPOT_TAINT, "true", "NoSchedule")
+        # status.lastNotice is recorded once the notice is delivered (reprieve_operator.delivery)
+        status_when("the notice delivered to the grown attempt", lambda s: (s.get("lastNotice") or {}).get("attempt")
+                    == 6, 60)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    untaint_node(api, next(room), NO_ROOM)  # room for worker 0's replacement
+    wait_for(lambda: f"{held} by all 1 process(es): no storage save" in log_text(cluster, namespace, survivor), 30,
+             "the grow's save to end memory-only")
+    # the grow's agreed step survived the notice: attempt 6 restored it, attempt 7 the notice's step, from memory
+    seventh = status_when("attempt 7 restored", lambda s: (s.get("lastRestore") or {}).get("attempt") == 7)
+    assert seventh["lastNotice"]["attempt"] == 6 and seventh["lastRestore"]["tier"] == "memory", seventh
+    assert seventh["restarts"] == {"preemption": 2, "failure": 0, "disruption": 2}, seventh["restarts"]
+    trains(7)
+
+    # 5. a spare the scheduler refuses; the operator restarted between a loss and the shrink: one shrink past it
+    seven = assignment(cluster, namespace, name)
+    cluster.kubectl("patch", "trainingjob", name, "-n", namespace, "--type", "merge", "-p",
+                    json.dumps({"spec": {"spares": 1}}))
+    spare = wait_for(lambda: refused(cluster, namespace, f"{name}-spare-"), 60, "the spare refused by the scheduler")
+    operator.stop()
+    cluster.remove_node(worker_node(seven, 1))
+    operator.start()
+    past = assigned_when(8, "the shrink past the refused spare")
+    assert past["processes"] == {worker(seven, 0): 0}, past
+    shrunk = status_when("the shrink's status", lambda s: s.get("attempt") == 8 and s.get("currentWorkers") == 1)
+    cond = degraded(shrunk)
+    assert (cond["status"], cond["reason"]) == ("True", "Shrunk"), cond
+    assert f"pod {spare} (spare for a lost worker) unschedulable" in cond["message"], cond
+    assert "nodes are available" in cond["message"], cond  # the scheduler's own words
+    trains(8)
+
+    # 6. a second loss while degraded: below minReplicas, the job waits and starts nothing
+    cluster.remove_node(worker_node(past, 0))
+    below = status_when("waiting below minReplicas after the second loss",
+                        lambda s: s.get("attempt") == 8 and degraded(s).get("reason") == "BelowMinReplicas")
+    cond = degraded(below)
+    assert "0 worker(s) could train, fewer than spec.elastic.minReplicas 1" in cond["message"], cond
+    assert "unschedulable" in cond["message"] and "nodes are available" in cond["message"], cond
+
+    # 7. room for one pod: the job resumes on it
+    untaint_node(api, next(room), NO_ROOM)
+    resume = assigned_when(9, "the resume on the one pod that got a node")
+    assert len(resume["processes"]) == 1, resume
+    status_when("Degraded saying it trains shrunk", lambda s: s.get("attempt") == 9
+                and degraded(s).get("reason") == "Shrunk")
+    trains(9)
+
+    # 8. room for the other: the spare (ready after the shrink) and the other pod: the grow back to 2
+    untaint_node(api, next(room), NO_ROOM)
+    last = assigned_when(10, "the grow back to 2")
+    assert last["resize"] == "grow" and len(last["processes"]) == 2, last
+    # the lost index goes to a spare still starting (the restart's order), so spares resume and grow the job
+    assert worker(resume, 0).startswith(f"{name}-spare-") and worker(last, 1).startswith(f"{name}-spare-"), last
+    assert spare in (worker(resume, 0), worker(last, 1)), (spare, resume, last)  # the refused one came back
+
     final = status_when("Succeeded", succeeded, 600)
-    # the grow's agreed step survived the notice: the next attempt restored it from memory, nothing lost
-    assert final["attempt"] == 7 and final["lastNotice"]["attempt"] == 6, final
-    assert final["lastRestore"]["tier"] == "memory" and final["lastRestore"]["attempt"] == 7, final["lastRestore"]
-    assert final["restarts"] == {"preemption": 2, "failure": 0, "disruption": 2}, final["restarts"]
-    assert (final["currentWorkers"], degraded(final)["status"]) == (2, "False"), final
+    assert final["attempt"] == 10, final
+    assert (final["currentWorkers"], degraded(final)["status"]) == (2, "False") and final["lastResizeTime"], final
     reasons = [e["reason"] for e in events(cluster, namespace, name)]
-    assert (reasons.count("Shrinking"), reasons.count("Growing"), reasons.count("PreemptionNotice")) == (2, 2, 2), \
+    assert (reasons.count("Shrinking"), reasons.count("Growing"), reasons.count("PreemptionNotice")) == (3, 3, 2), \
         reasons
+    said = [(e["reason"], e["type"], e["message"]) for e in events(cluster, namespace, name)
+            if e["reason"] in ("Shrinking", "Growing")]
+    assert {(r, t) for r, t, _ in said} == {("Shrinking", "Warning"), ("Growing", "Normal")}, said
+    assert any(f"shrinking from 2 to 1 workers: pod {stuck} (replacement for a lost worker) unschedulable" in m
+               for _, _, m in said), said
+    assert any(f"pod {stuck} (replacement) takes process 1" in m for _, _, m in said), said
+    assert any("(spare) takes process 1" in m for _, _, m in said), said  # the grow of 8
     # every attempt's size, from the goodput history (a shrunk attempt grown at once lasts a fraction of a second:
     # docs/elastic-operator.md, "The decisions": in flight)
     history = final["goodput"]["accounting"]["history"]
-    sizes = [(h["attempt"], h.get("workers")) for h in history]
-    assert sizes == [(1, 2), (2, 1), (3, 2), (4, 1), (5, 1), (6, 2), (7, 2)], history
-    # every step trained; the last interruption (the notice at the grow) lost none. The loss without notice may lose
-    # more than the memory interval: on this fast step a copy still being sent skips the next ones (memtier)
+    sizes = [(h["attempt"], h.get("workers"), h.get("desired")) for h in history]
+    assert sizes == [(a, n, 2) for a, n in enumerate((2, 1, 2, 1, 1, 2, 2, 1, 1, 2), 1)], history
+    # every step trained; the notice at the grow's save lost none. The loss without notice may lose more than the
+    # memory interval: on this fast step a copy still being sent skips the next ones (memtier)
     report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
-    assert report.steps == STEPS and report.interruptions[-1].lost_steps == 0, report.summary()
+    at_grow = next(i for i in report.interruptions if i.from_attempt == 6)
+    assert report.steps == STEPS and at_grow.lost_steps == 0, report.summary()
+    logged = "".join(f.read_text(errors="replace") for f in sorted((tmp_path / "operator").glob("operator-*.log")))
+    assert not [ln for ln in logged.splitlines() if "Traceback" in ln or " ERROR " in ln], logged[-5000:]
     assert reference.wait(600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
     result = json.loads((ckpt / "result.json").read_text())
     expected = json.loads((tmp_path / "reference.json").read_text())

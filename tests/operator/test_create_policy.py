@@ -20,6 +20,7 @@ from reprieve_operator.policy.create import (
     classify_refusal,
     refused,
     retry_seconds,
+    watched_since,
 )
 from reprieve_operator.policy.decide import Counter, Outcome, failed
 from reprieve_operator.policy.restart import RestartPlan
@@ -197,3 +198,22 @@ def test_a_backoff_still_running_only_looks_again_when_it_ends() -> None:
     out = NotCreated(5.0).instead(Outcome(job, CREATING, status={"phase": "Pending"}), NOW)
     assert out == Outcome(job, RestartPlan(phase="Pending", attempt=1, create=(), new_attempt=True,
                                            requeue_after=5.0))
+
+
+def pod(uid: str | None, *, verdict: bool = False) -> dict[str, Any]:
+    status = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]} if verdict \
+        else {"phase": "Pending"}
+    return {"metadata": {"name": "llama-1-x7k2p", "uid": uid}, "status": status}
+
+
+@pytest.mark.parametrize(("created", "cached", "kept"), [
+    # the watch delivered the scheduler's verdict before the create call returned: the answer must not replace it
+    (pod("u1"), pod("u1", verdict=True), True),
+    (pod("u1"), pod("u1"), True),  # the watch's ADDED: the same pod, no older
+    (pod("u1"), None, False),  # nothing watched yet: the answer goes in the cache
+    (pod("u2"), pod("u1", verdict=True), False),  # an older pod of the same name (deleted, event on its way)
+    (pod(None), pod(None), False),  # no uid to tell them apart: the answer
+])
+def test_a_create_answer_does_not_replace_what_the_watch_delivered_of_that_pod(
+        created: dict[str, Any], cached: dict[str, Any] | None, kept: bool) -> None:
+    assert watched_since(created, cached) is kept

@@ -93,6 +93,17 @@ def left_behind(job: TrainingJob, made: Sequence[Mapping[str, Any]]) -> tuple[Ma
     return tuple(reversed(objects))
 
 
+def watched_since(created: Mapping[str, Any], cached: Mapping[str, Any] | None) -> bool:
+    """Whether the cache already holds the pod a create call answered with, as the watch delivered it (pure): an
+    entry with the same uid came from the pod's own watch events, at or after its creation, so the create's answer
+    (the pod as created) must not replace it. The watch may deliver a later event before the call returns: the
+    scheduler's ``PodScheduled=False/Unschedulable`` on a replacement no node can take, after which it writes
+    nothing more; replaced by the answer, the verdict was lost until the resync's LIST (an elastic job shrank ~18 s
+    late, not after ``unschedulableSeconds``). An entry of another uid is an older pod of that name: replaced."""
+    uid = (created.get("metadata") or {}).get("uid")
+    return cached is not None and uid is not None and (cached.get("metadata") or {}).get("uid") == uid
+
+
 def retry_seconds(tries: int) -> float:
     """Backoff before try ``tries + 1`` of a refused creation: 2 s doubling to 5 min."""
     return float(min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** max(0, tries - 1)))
