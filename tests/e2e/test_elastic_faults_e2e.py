@@ -82,30 +82,65 @@ def log_text(cluster: Any, namespace: str, pod: str) -> str:
     return "".join(p.read_text(errors="replace") for p in cluster.pod_logs(namespace, pod, "trainer"))
 
 
-def hold_in_grow_save(cluster: Any, namespace: str, pod: str, attempt: int) -> tuple[int, int]:
-    """Stop (SIGSTOP) the trainer of ``attempt`` in ``pod`` inside the grow's save, between its own lines ``saving
-    agreed step N (notice resize/...`` and ``agreed step N held in memory``; returns (its pid, N). The save takes a few
-    tens of milliseconds, so the trainer is stopped as soon as its supervisor says it sent the resize signal and then
-    let run in bursts of ~2 ms until its log says the save began: it cannot pass the save between two looks."""
+def _children(parent: int) -> list[int]:
+    """The live processes whose parent is ``parent`` (from /proc: the process kubelet shares the test's pids)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def hold_in_grow_save(cluster: Any, namespace: str, pod: str, attempt: int, trigger: Any) -> tuple[int, int]:
+    """Call ``trigger`` (what makes the job grow) with the supervisor's children in ``pod`` stopped (SIGSTOP) and let
+    them run only in bursts of ~2 ms until the supervisor says it sent attempt ``attempt``'s trainer the resize
+    signal; then that trainer alone in bursts until its own line ``saving agreed step N (notice resize/...`` and
+    stopped there, inside the grow's save, before ``agreed step N held in memory``; returns (its pid, N). The save
+    takes a few tens of milliseconds and the signal's line is read from a file: a trainer left running between the
+    signal and a look can finish its save (CI met it), one that runs 2 ms at a time cannot (a step alone is longer)."""
+    sups = re.findall(r"reprieve-supervisor\[(\d+)\]", log_text(cluster, namespace, pod))
+    assert sups, f"{namespace}/{pod}: no supervisor line in its log"
+    held = _children(int(sups[-1]))  # the pod's supervisor now (the last to log)
     said = re.compile(rf"attempt {attempt} superseded by attempt \d+ \(a grow: save to the memory tier\): sending "
                       r"SIGUSR1 to pid (\d+)")
-    sent = wait_for(lambda: said.search(log_text(cluster, namespace, pod)), 60,
-                    f"{namespace}/{pod}: the resize signal to attempt {attempt}'s trainer", interval=0.005)
-    pid = int(sent.group(1))
-    os.kill(pid, signal.SIGSTOP)
     began = re.compile(r"saving agreed step (\d+) \(notice resize/")
-    for _ in range(5000):
-        text = log_text(cluster, namespace, pod)
-        if (save := began.search(text, sent.end())) is not None:
-            step = int(save.group(1))
-            if f"agreed step {step} held in memory" in text:
-                os.kill(pid, signal.SIGCONT)
-                raise AssertionError(f"{namespace}/{pod}: the grow's save ended between two looks:\n{text[-3000:]}")
-            return pid, step
-        os.kill(pid, signal.SIGCONT)
-        time.sleep(0.002)
-        os.kill(pid, signal.SIGSTOP)
-    os.kill(pid, signal.SIGCONT)
+    _signal_all(held, signal.SIGSTOP)
+    pid, sent, text = None, None, ""
+    try:
+        trigger()
+        limit = time.monotonic() + 90
+        while time.monotonic() < limit:
+            text = log_text(cluster, namespace, pod)
+            if sent is None and (sent := said.search(text)) is not None:
+                pid = int(sent.group(1))
+                assert pid in held, f"{namespace}/{pod}: the signalled pid {pid} is not one of {held}:\n{text[-3000:]}"
+                _signal_all([p for p in held if p != pid], signal.SIGCONT)  # the rest (a warm process) runs on
+                held = [pid]
+            if sent is not None and (save := began.search(text, sent.end())) is not None:
+                step = int(save.group(1))
+                if f"agreed step {step} held in memory" in text:
+                    raise AssertionError(f"{namespace}/{pod}: the grow's save ended within a burst:\n{text[-3000:]}")
+                assert pid is not None
+                return pid, step
+            _signal_all(held, signal.SIGCONT)
+            time.sleep(0.002)
+            _signal_all(held, signal.SIGSTOP)
+    except BaseException:
+        _signal_all(held, signal.SIGCONT)
+        raise
+    _signal_all(held, signal.SIGCONT)
     raise AssertionError(f"{namespace}/{pod}: attempt {attempt}'s trainer never began the grow's save:\n{text[-3000:]}")
 
 
@@ -213,10 +248,10 @@ def test_an_elastic_job_through_faults_in_its_shrinks_and_grows_ends_bit_identic
     # 4. a notice during the grow's memory-only save: held in its save while the notice is delivered
     survivor = worker(one, 0)
     survivor_node = worker_node(one, 0)
-    untaint_node(api, next(room), NO_ROOM)  # the other pending pod schedules: the grow
+    # the other pending pod schedules: the grow (the survivor's trainer held in bursts from before it)
+    pid, step = hold_in_grow_save(cluster, namespace, survivor, 5, lambda: untaint_node(api, next(room), NO_ROOM))
     grow2 = assigned_when(6, "the second grow")
     assert grow2["resize"] == "grow" and len(grow2["processes"]) == 2, grow2
-    pid, step = hold_in_grow_save(cluster, namespace, survivor, 5)
     held = f"agreed step {step} held in memory"
     try:
         taint_node(api, survivor_node, SPOT_TAINT, "true", "NoSchedule")
