@@ -152,7 +152,7 @@ def _verify(target: Any, st: Any, as_json: bool, out: TextIO) -> int:
     try:
         name, meta = reader.choose(st, target)
     except CheckpointCorruptError as e:  # its metadata: as corrupt as a chunk
-        report = reader.corrupt_report(st, str(target.step), str(e))
+        report = reader.report(st, str(target.step), [str(e)])
     else:
         report = reader.verify(st, name, meta)
     if as_json:
@@ -177,12 +177,12 @@ def _verify_all(target: Any, st: Any, as_json: bool, out: TextIO) -> int:
         try:
             meta = reader.read_meta(st, entry.committed)
         except CheckpointCorruptError as e:
-            reports.append(reader.corrupt_report(st, entry.committed, str(e)))
+            reports.append(reader.report(st, entry.committed, [str(e)]))
             continue
         except Exception as e:  # only the storage not answering is said here; the rest goes up
             if not unavailable(e):
                 raise
-            reports.append(reader.unverified_report(st, entry.committed, f"reading its {e}"))
+            reports.append(reader.report(st, entry.committed, [], f"reading its {e}"))
         else:
             reports.append(reader.verify(st, entry.committed, meta))
         if reports[-1]["verdict"] == "UNVERIFIED":

@@ -183,21 +183,16 @@ def verify(st: Storage, name: str, meta: CheckpointMeta) -> dict[str, Any]:
                 unreachable = said
                 break
             problems.append(said)
+    return report(st, name, problems, unreachable, chunks, nbytes)
+
+
+def report(st: Storage, name: str, problems: list[str], unreachable: str | None = None, chunks: int = 0,
+           nbytes: int = 0) -> dict[str, Any]:
+    """``verify``'s report (also of a checkpoint whose metadata already says it is corrupt, or that the storage did
+    not serve at all): its verdict follows from ``problems`` and ``unreachable``."""
     verdict = "CORRUPT" if problems else "UNVERIFIED" if unreachable else "OK"
     return {"uri": st.loc.uri(), "name": name, "ok": verdict == "OK", "verdict": verdict, "chunks": chunks,
             "bytes": nbytes, "problems": problems, "unreachable": unreachable}
-
-
-def corrupt_report(st: Storage, name: str, problem: str) -> dict[str, Any]:
-    """``verify``'s report of a checkpoint whose metadata already says it is corrupt."""
-    return {"uri": st.loc.uri(), "name": name, "ok": False, "verdict": "CORRUPT", "chunks": 0, "bytes": 0,
-            "problems": [problem], "unreachable": None}
-
-
-def unverified_report(st: Storage, name: str, where: str) -> dict[str, Any]:
-    """``verify``'s report of a checkpoint the storage did not serve at all (``where``: what was being read)."""
-    return {"uri": st.loc.uri(), "name": name, "ok": False, "verdict": "UNVERIFIED", "chunks": 0, "bytes": 0,
-            "problems": [], "unreachable": where}
 
 
 def _finish(inflight: collections.deque[tuple[Any, Any]]) -> int:
