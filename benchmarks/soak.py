@@ -50,9 +50,11 @@ from localcluster.soakrecord import (
     Injected,
     Observation,
     as_json,
+    by_kind,
     committed_lost,
+    kind_table,
     records,
-    restores_by_attempt,
+    starts_by_attempt,
     table,
     totals,
     unexplained,
@@ -513,7 +515,7 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
     report = analyse(steps, start=start, end=job_end(ckpt, end), until=until)
     whole = analyse(steps, start=start, end=job_end(ckpt, end))
     recs = records(injected, observer.obs, report.interruptions, steps, t0=start,
-                   restores=restores_by_attempt(trainer_logs(cluster, "soak")),
+                   starts=starts_by_attempt(trainer_logs(cluster, "soak")),
                    ended={**injectors.storage_until, **injectors.partition_until})
     lost = committed_lost(observer.committed, present_checkpoints(ckpt), keep)
     sha: bool | None = None
@@ -525,6 +527,7 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
     tot = totals(recs, goodput=report.goodput_after_start, goodput_fault_free=free_report.goodput_after_start,
                  lost=lost, sha256_equal=sha, unexplained=unexplained(injected, report.interruptions))
     print("\n" + table(recs, tot))
+    print("\nthe cost of each kind (restarts it caused; means):\n" + kind_table(by_kind(recs)))
     unrun = 0 if interrupted else len(plan) - len(injected)
     if unrun:
         say(f"{unrun} of the {len(plan)} planned faults never ran: the job ended first ({args.steps} steps; give it "

@@ -5,8 +5,8 @@ The runtime logs one line per restore (``docs/memory.md``, "Restoring"; ``reprie
 * with the memory tier, every process: ``restored step 14 on process 1 from a peer's memory over the network in
   0.210s (gang: 0=memory, 1=peer)``; the gang part names every process's source (``memory``: its own pod's
   memory, ``peer``: a peer's memory, ``storage``);
-* every restore (with the tier or not): ``restored step 14 from /ckpt/checkpoints: resuming at step 15 (saved by
-  attempt 3)``.
+* every restore (with the tier or not): ``restored step 14 from /ckpt/checkpoints in 0.21s: resuming at step 15
+  (saved by attempt 3)`` (runtimes before the read's seconds: without ``in 0.21s``).
 
 :func:`parse` turns log lines into :class:`Restore` records keyed by the restored step, which is what the step log
 knows of an interruption (``Interruption.resumed_at`` - 1): ``make demo`` and ``benchmarks/goodput.py`` print each
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 _TIERED = re.compile(r"restored step (\d+) on process (\d+) from .+? in ([0-9.]+)s \(gang: ([^)]*)\)")
-_PLAIN = re.compile(r"restored step (\d+) from (\S+): resuming at step \d+")
+_PLAIN = re.compile(r"restored step (\d+) from (\S+?)(?: in ([0-9.]+)s)?: resuming at step \d+")
 _WORDS = {"memory": "own memory", "peer": "peer's memory", "storage": "storage"}
 
 
@@ -32,14 +32,14 @@ class Restore:
     step: int
     sources: dict[int, str]
     uri: str | None = None
-    seconds: float | None = None  # the slowest process's restore, where the memory tier logged it
+    seconds: float | None = None  # the slowest process's restore (the memory tier), or process 0's storage read
 
     def describe(self) -> str:
         """``step 339: process 0 from own memory, 1 from peer's memory`` / ``step 300: storage (all)``."""
-        if not self.sources:
-            return f"step {self.step}: storage (all processes)"
-        parts = [f"{p} from {_WORDS.get(s, s)}" for p, s in sorted(self.sources.items())]
         took = f" in {self.seconds:.2f}s" if self.seconds is not None else ""
+        if not self.sources:
+            return f"step {self.step}: storage (all processes){took}"
+        parts = [f"{p} from {_WORDS.get(s, s)}" for p, s in sorted(self.sources.items())]
         return f"step {self.step}: process " + ", ".join(parts) + took
 
     @property
@@ -55,7 +55,7 @@ def parse(lines: Iterable[str]) -> dict[int, Restore]:
     A step restored twice (two interruptions resuming from the same step) keeps the last gang record seen; the
     per-process lines of one restore agree on the gang, so any one of them is enough."""
     tiered: dict[int, Restore] = {}
-    plain: dict[int, str] = {}
+    plain: dict[int, tuple[str, float | None]] = {}
     for line in lines:
         m = _TIERED.search(line)
         if m:
@@ -71,10 +71,10 @@ def parse(lines: Iterable[str]) -> dict[int, Restore]:
             continue
         m = _PLAIN.search(line)
         if m:
-            plain[int(m.group(1))] = m.group(2)
-    out = {step: Restore(step, {}, uri) for step, uri in plain.items()}
+            plain[int(m.group(1))] = (m.group(2), None if m.group(3) is None else float(m.group(3)))
+    out = {step: Restore(step, {}, uri, seconds) for step, (uri, seconds) in plain.items()}
     for step, r in tiered.items():
-        out[step] = Restore(step, r.sources, plain.get(step), r.seconds)
+        out[step] = Restore(step, r.sources, plain.get(step, (None, None))[0], r.seconds)
     return out
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .faults import REGISTRY, Injected, Observation, Seen
@@ -46,6 +46,8 @@ class FaultRecord:
     recovered: bool = False
     note: str = ""
     operator_lost_steps: int | None = None  # the operator's status.goodput.lostSteps grew by this over the restart
+    restore_seconds: float | None = None  # the restart it caused: process 0's restore (None: not logged)
+    first_step_wait: float | None = None  # ... and how long its first step waited for the step's compile
 
 
 @dataclass
@@ -147,17 +149,18 @@ def unexplained(faults: Sequence[Injected], interruptions: Sequence[Interruption
 
 
 def records(faults: Sequence[Injected], obs: Sequence[Observation], interruptions: Sequence[Interruption],
-            steps: Sequence[StepRecord], *, t0: float, restores: Mapping[int, str] | None = None,
+            steps: Sequence[StepRecord], *, t0: float, starts: Mapping[int, AttemptStart] | None = None,
             ended: Mapping[float, float] | None = None) -> list[FaultRecord]:
-    """A :class:`FaultRecord` per injected fault (times relative to ``t0``, the soak's start). ``ended``: when each
-    storage fault or partition (by its injection time) was undone."""
-    restores = restores or {}
+    """A :class:`FaultRecord` per injected fault (times relative to ``t0``, the soak's start). ``starts``: what each
+    attempt's process 0 logged of its start (:func:`starts_by_attempt`); ``ended``: when each storage fault or
+    partition (by its injection time) was undone."""
+    starts = starts or {}
     matched = attribute(faults, interruptions)
     seconds = second_halves(faults, interruptions, matched)
     judge = Seen(obs, max((r.t for r in steps), default=0.0), ended or {})
     by_attempt = {o.attempt: o.last_restart for o in obs if o.last_restart and o.last_restart.get("attempt") == o.attempt}
     restores = {**{a: r for o in obs if (a := _attempt_of(o.last_restore)) and (r := restore_in_words(o.last_restore))},
-                **restores}
+                **{a: st.restored for a, st in starts.items() if st.restored}}
     out = []
     for k, f in enumerate(faults):
         seen = detected(f, obs)
@@ -174,6 +177,8 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
             rec.recovered = True
             if role == "cause":
                 rec.lost_steps, rec.gap_seconds = intr.lost_steps, round(intr.gap_seconds, 2)
+                start = starts.get(attempt, AttemptStart())
+                rec.restore_seconds, rec.first_step_wait = start.restore_seconds, start.first_step_wait
                 until = interruptions[j + 1].last_t if j + 1 < len(interruptions) else float("inf")
                 rec.operator_lost_steps = operator_lost(obs, intr.last_t, until)
                 if k in seconds:  # its notice's restart too
@@ -194,27 +199,44 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
     return out
 
 
-_GANG = re.compile(r"restored step \d+ on process 0 from .*\(gang: (?P<gang>[^)]*)\)")
-_STORAGE = re.compile(r"restored step \d+ from ")
+_GANG = re.compile(r"restored step \d+ on process 0 from .* in (?P<seconds>[0-9.]+)s \(gang: (?P<gang>[^)]*)\)")
+_STORAGE = re.compile(r"restored step \d+ from \S+?(?: in (?P<seconds>[0-9.]+)s)?: resuming")
 _START = re.compile(r"process (?P<process>\d+)/\d+ starting at step \d+ of \d+ \(attempt (?P<attempt>\d+)\)")
+_COMPILED = re.compile(r"compiled .* ahead in [0-9.]+s beside the restore \(the first step waited (?P<wait>[0-9.]+)s")
 
 
-def restores_by_attempt(logs: Iterable[Iterable[str]]) -> dict[int, str]:
-    """Where each attempt restored from, from the trainer logs of the job's pods (one line sequence per log
-    file, in order): "memory tier: 0=memory, 1=peer" (per process) or "storage", as process 0 logged it; attempts
-    that restored nothing are absent."""
-    out: dict[int, str] = {}
+@dataclass(frozen=True)
+class AttemptStart:
+    """What an attempt's process 0 logged of its start: where it restored from ("memory tier: 0=memory, 1=peer"
+    per process, or "storage"; "" when it restored nothing), how long its restore took, and how long its first step
+    waited for the step compiled beside the restore (the longest wait when several were compiled); None where the
+    log does not say."""
+
+    restored: str = ""
+    restore_seconds: float | None = None
+    first_step_wait: float | None = None
+
+
+def starts_by_attempt(logs: Iterable[Iterable[str]]) -> dict[int, AttemptStart]:
+    """:class:`AttemptStart` by attempt, from the trainer logs of the job's pods (one line sequence per log file, in
+    order: a pod restarted in place logs its attempts one after the other). The restore's lines come before the
+    attempt's "starting at step" line, the compile's after it."""
+    out: dict[int, AttemptStart] = {}
     for lines in logs:
-        pending = ""
+        restored, seconds, attempt = "", None, None
         for line in lines:
             if m := _GANG.search(line):
-                pending = f"memory tier: {m['gang']}"
-            elif _STORAGE.search(line) and not pending:
-                pending = "storage"
+                restored, seconds = f"memory tier: {m['gang']}", float(m["seconds"])
+            elif (m := _STORAGE.search(line)) and not restored:
+                restored, seconds = "storage", None if m["seconds"] is None else float(m["seconds"])
             elif m := _START.search(line):
-                if pending and m["process"] == "0":
-                    out[int(m["attempt"])] = pending
-                pending = ""
+                attempt = int(m["attempt"]) if m["process"] == "0" else None
+                if attempt is not None:
+                    out[attempt] = AttemptStart(restored, seconds if restored else None)
+                restored, seconds = "", None
+            elif attempt is not None and (m := _COMPILED.search(line)):
+                wait = max(float(m["wait"]), out[attempt].first_step_wait or 0.0)
+                out[attempt] = replace(out[attempt], first_step_wait=wait)
     return out
 
 
@@ -226,7 +248,7 @@ def _attempt_of(raw: Mapping[str, Any] | None) -> int:
 
 
 def restore_in_words(last_restore: Mapping[str, Any] | None) -> str:
-    """``status.lastRestore`` (the operator's view of process 0's report) as :func:`restores_by_attempt` words:
+    """``status.lastRestore`` (the operator's view of process 0's report) as :func:`starts_by_attempt`'s words:
     "memory tier: 0=memory, 1=peer" (sources per process), "storage", or "" when it says nothing."""
     if not last_restore:
         return ""
@@ -262,6 +284,70 @@ def totals(recs: Sequence[FaultRecord], *, goodput: float, goodput_fault_free: f
                   sha256_equal, sum(r.lost_steps for r in recs), badput, missed,
                   [f"attempt {i.from_attempt} at step {i.last_step} (gap {i.gap_seconds:.1f} s, "
                    f"{i.lost_steps} lost)" for i in unexplained], compared, differ)
+
+
+@dataclass(frozen=True)
+class KindCost:
+    """What one kind of fault cost over a soak (issue #48's per-kind table): ``faults`` injected, ``restarts`` that
+    caused a restart of their own (the rest shared one, or need none); the restart gap (last step before to first
+    step after) per restart caused, its mean and worst, and per fault injected; the steps lost; the seconds from
+    injection to the operator seen acting, and of the restarts caused, process 0's restore and its first step's
+    wait for the compile (means over the faults that have them; None: none has)."""
+
+    kind: str
+    faults: int
+    restarts: int
+    gap_per_restart: float
+    gap_max: float
+    gap_per_fault: float
+    lost_steps: int
+    detect: float | None
+    restore: float | None
+    first_step_wait: float | None
+
+
+ALL_KINDS = "all kinds"
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(sum(known) / len(known), 2) if known else None
+
+
+def kind_cost(kind: str, recs: Sequence[FaultRecord]) -> KindCost:
+    caused = [r for r in recs if r.gap_seconds > 0 or r.lost_steps > 0]
+    gaps = [r.gap_seconds for r in caused]
+    return KindCost(kind, len(recs), len(caused), round(sum(gaps) / len(gaps), 2) if gaps else 0.0,
+                    max(gaps, default=0.0), round(sum(gaps) / len(recs), 2) if recs else 0.0,
+                    sum(r.lost_steps for r in recs),
+                    _mean([None if r.detected_at is None else r.detected_at - r.injected_at for r in recs]),
+                    _mean([r.restore_seconds for r in caused]), _mean([r.first_step_wait for r in caused]))
+
+
+def by_kind(recs: Sequence[FaultRecord]) -> list[KindCost]:
+    """One :class:`KindCost` per kind injected (costliest restart first), then every kind together
+    (``ALL_KINDS``); faults that could not be injected are left out."""
+    injected = [r for r in recs if not r.note.startswith(NOT_INJECTED)]
+    kinds: dict[str, list[FaultRecord]] = {}
+    for r in injected:
+        kinds.setdefault(r.kind, []).append(r)
+    rows = sorted((kind_cost(k, rs) for k, rs in kinds.items()), key=lambda c: (-c.gap_per_restart, c.kind))
+    return [*rows, kind_cost(ALL_KINDS, injected)] if injected else []
+
+
+def kind_table(rows: Sequence[KindCost]) -> str:
+    """The per-kind table, as Markdown (benchmarks/RESULTS.md takes it as printed)."""
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    out = [("| kind | faults | restarts | gap s / restart (max) | gap s / fault | lost steps | detect s | restore s "
+            "| first step waited s |"), "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in rows:
+        name = f"**{c.kind}**" if c.kind == ALL_KINDS else c.kind
+        out.append(f"| {name} | {c.faults} | {c.restarts} | {c.gap_per_restart:.2f} ({c.gap_max:.2f}) | "
+                   f"{c.gap_per_fault:.2f} | {c.lost_steps} | {num(c.detect)} | {num(c.restore)} | "
+                   f"{num(c.first_step_wait)} |")
+    return "\n".join(out)
 
 
 def lost_agreement(recs: Sequence[FaultRecord]) -> tuple[int, list[str]]:
@@ -312,4 +398,5 @@ def table(recs: Sequence[FaultRecord], tot: Totals) -> str:
 
 def as_json(recs: Sequence[FaultRecord], tot: Totals, **meta: Any) -> dict[str, Any]:
     return {**meta, "faults": [asdict(r) for r in recs],
-            "totals": {**asdict(tot), "goodput_ratio": tot.goodput_ratio}}
+            "totals": {**asdict(tot), "goodput_ratio": tot.goodput_ratio},
+            "by_kind": [asdict(c) for c in by_kind(recs)]}

@@ -187,8 +187,9 @@ class Job:
         self._times.seed(read.record)
         if (notice := read.persisting_notice()) is not None:
             self.agreement.handled(notice, step)
-        read.account(self.loop, self.metrics, time.perf_counter() - t0)
-        read.log(uri)
+        seconds = time.perf_counter() - t0
+        read.account(self.loop, self.metrics, seconds)
+        read.log(uri, seconds)
         self.finished.prepare(read.state)
         return Restored(read.state, step + 1, data=value, extra=read.user_extra, step=step)
 

@@ -92,12 +92,14 @@ class Read:
         metrics.observe("reprieve_restore_seconds", seconds)
         metrics.set("reprieve_last_committed_step", -1 if self.committed is None else self.committed)
 
-    def log(self, uri: str) -> None:
-        """The restore's line: from ``uri``, unless the memory tier read it from memory (its own line, one per
-        process, says from which pod's memory and already ends with :func:`identity.resuming`)."""
+    def log(self, uri: str, seconds: float) -> None:
+        """The restore's line: from ``uri``, and how long the read took, unless the memory tier read it from memory
+        (its own line, one per process, says from which pod's memory and already ends with
+        :func:`identity.resuming`)."""
         if self.restored_from is not None and self.restored_from.get("tier") in FROM_MEMORY:
             return
-        log.info("restored step %d from %s: %s", self.step, uri, identity.resuming(self.step, self.record))
+        log.info("restored step %d from %s in %.2fs: %s", self.step, uri, seconds,
+                 identity.resuming(self.step, self.record))
 
     def persisting_notice(self) -> str | None:
         """The notice this checkpoint was the agreed save of, when that notice outlives the process (a notice

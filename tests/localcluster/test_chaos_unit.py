@@ -26,15 +26,22 @@ from localcluster.injectors import (
     split_roles,
 )
 from localcluster.soakrecord import (
+    ALL_KINDS,
+    NOT_INJECTED,
+    AttemptStart,
     FaultRecord,
     Injected,
+    KindCost,
     Observation,
+    as_json,
+    by_kind,
     committed_lost,
     how_restarted,
+    kind_table,
     lost_agreement,
     records,
     restore_in_words,
-    restores_by_attempt,
+    starts_by_attempt,
     table,
     totals,
     unexplained,
@@ -167,11 +174,13 @@ def test_records_match_faults_to_interruptions_and_share_a_restart_hit_twice() -
     obs = [Observation(o.t, o.attempt, notice_id=o.notice_id, notice_node=o.notice_node, spares=o.spares,
                        last_restart=o.last_restart, operator_lost_steps=lost)
            for o, lost in zip(obs, [0, 0, 3, 3, 3], strict=True)]
-    recs = records(faults, obs, intr, log, t0=100, restores={2: "storage"})
+    recs = records(faults, obs, intr, log, t0=100, starts={2: AttemptStart("storage", 1.5, 0.25)})
     kill, during, notice, spare = recs
     assert (kill.lost_steps, kill.recovered, kill.detected_at) == (5, True, 21)
     assert kill.recovery == "2 in place; storage" and kill.gap_seconds == pytest.approx(20.0)
     assert kill.operator_lost_steps == 3  # the operator's count grew by 3 where the step log says 5
+    assert (kill.restore_seconds, kill.first_step_wait) == (1.5, 0.25)  # the restart it caused (attempt 2)
+    assert (during.restore_seconds, notice.restore_seconds) == (None, None)  # shared, or attempt 3 said nothing
     assert notice.operator_lost_steps == 0
     assert during.recovered and during.lost_steps == 0 and "during restart" in during.note
     assert (notice.lost_steps, notice.detected_at, notice.recovered) == (0, 61, True)
@@ -217,18 +226,55 @@ def test_how_a_restart_recovered_in_words(last_restart: dict | None, restore: st
     assert how_restarted(last_restart, restore) == expected
 
 
-def test_restore_source_per_attempt_from_the_trainer_log() -> None:
+def test_each_attempts_start_from_the_trainer_log_its_source_restore_seconds_and_compile_wait() -> None:
     lines = ["process 0/2 starting at step 0 of 100 (attempt 1)",
-             "restored step 20 from /ckpt/checkpoints: resuming at step 21 (saved by attempt 1)",
+             "compiled train_step ahead in 2.10s beside the restore (the first step waited 1.90s for it)",
+             "restored step 20 from /ckpt/checkpoints in 0.84s: resuming at step 21 (saved by attempt 1)",
              "process 0/2 starting at step 21 of 100 (attempt 2)",
+             "compiled train_step ahead in 0.40s beside the restore (the first step waited 0.10s for it)",
+             "compiled flat_params ahead in 0.50s beside the restore (the first step waited 0.30s for it)",
              "restored step 40 on process 0 from its own pod's memory in 0.1s (gang: 0=memory, 1=peer)",
              "restored step 40 from /ckpt/checkpoints: resuming at step 41 (saved by attempt 2)",
              "process 0/2 starting at step 41 of 100 (attempt 3)"]
-    other = ["restored step 20 from /ckpt/checkpoints: resuming at step 21 (saved by attempt 1)",
+    other = ["restored step 20 from /ckpt/checkpoints in 0.90s: resuming at step 21 (saved by attempt 1)",
              "process 1/2 starting at step 21 of 100 (attempt 2)",
+             "compiled train_step ahead in 9.00s beside the restore (the first step waited 9.00s for it)",
              "restored step 60 from /ckpt/checkpoints: resuming at step 61 (saved by attempt 3)",
              "process 1/2 starting at step 61 of 100 (attempt 4)"]
-    assert restores_by_attempt([lines, other]) == {2: "storage", 3: "memory tier: 0=memory, 1=peer"}
+    assert starts_by_attempt([lines, other]) == {
+        1: AttemptStart("", None, 1.9),
+        2: AttemptStart("storage", 0.84, 0.3),  # process 0's; the longest of its waits; process 1's are not
+        3: AttemptStart("memory tier: 0=memory, 1=peer", 0.1),
+    }
+
+
+def test_the_cost_of_each_kind_over_the_restarts_it_caused() -> None:
+    def rec(kind: str, at: float, gap: float = 0.0, lost: int = 0, restore: float | None = None,
+            wait: float | None = None, note: str = "") -> FaultRecord:
+        return FaultRecord(kind, "n", at, at + 0.5, lost_steps=lost, gap_seconds=gap, recovered=True, note=note,
+                           restore_seconds=restore, first_step_wait=wait)
+
+    recs = [rec("node-lost", 10, gap=6.0, lost=3, restore=0.4, wait=0.2),
+            rec("node-lost", 40, gap=2.0, lost=1, restore=0.6),
+            rec("node-lost", 70, note="during restart: shares the restart of the fault before it"),
+            rec("notice-gke-spot", 100, gap=1.0, restore=0.2, wait=0.1),
+            rec("kill-spare", 130),
+            FaultRecord("partition", "n", 160, None, note=f"{NOT_INJECTED}no target")]
+    rows = by_kind(recs)
+    assert [c.kind for c in rows] == ["node-lost", "notice-gke-spot", "kill-spare", ALL_KINDS]  # costliest first
+    lost = rows[0]
+    assert (lost.faults, lost.restarts, lost.gap_per_restart, lost.gap_max, lost.gap_per_fault) == (3, 2, 4.0, 6.0,
+                                                                                                   2.67)
+    assert (lost.lost_steps, lost.detect, lost.restore, lost.first_step_wait) == (4, 0.5, 0.5, 0.2)
+    assert rows[2] == KindCost("kill-spare", 1, 0, 0.0, 0.0, 0.0, 0, 0.5, None, None)
+    every = rows[-1]  # the partition never injected: in no row
+    assert (every.faults, every.restarts, every.gap_per_restart, every.gap_max, every.lost_steps) == (5, 3, 3.0, 6.0, 4)
+    text = kind_table(rows)
+    assert "| node-lost | 3 | 2 | 4.00 (6.00) | 2.67 | 4 | 0.50 | 0.50 | 0.20 |" in text
+    assert "| kill-spare | 1 | 0 | 0.00 (0.00) | 0.00 | 0 | 0.50 | - | - |" in text
+    assert "| **all kinds** | 5 | 3 | 3.00 (6.00) | 1.80 | 4 | 0.50 | 0.40 | 0.15 |" in text
+    assert by_kind([]) == [] and as_json(recs, totals(recs, goodput=1, goodput_fault_free=1, lost=[],
+                                                      sha256_equal=True))["by_kind"][0]["kind"] == "node-lost"
 
 
 @pytest.mark.parametrize(("seen", "present", "keep", "lost"), [
@@ -325,7 +371,7 @@ def test_the_status_restore_fills_in_where_the_trainer_logs_are_gone() -> None:
                        last_restore={"attempt": 2, "sources": ["memory", "memory"], "tier": "memory"})]
     (rec,) = records([Injected("node-lost", "n0", 9.5, 1)], obs, intr, log, t0=0)
     assert rec.recovery == "2 in place; memory tier: 0=memory, 1=memory"
-    (rec,) = records([Injected("node-lost", "n0", 9.5, 1)], obs, intr, log, t0=0, restores={2: "storage"})
+    (rec,) = records([Injected("node-lost", "n0", 9.5, 1)], obs, intr, log, t0=0, starts={2: AttemptStart("storage")})
     assert rec.recovery == "2 in place; storage"  # the trainer log, where there is one, wins
 
 

@@ -43,6 +43,14 @@ def test_the_slowest_process_is_the_restores_time_and_unrelated_lines_are_ignore
     assert got[339].seconds == pytest.approx(0.31)
 
 
+def test_a_storage_restore_says_how_long_its_read_took() -> None:
+    line = STORAGE_ONLY.replace("/ckpt/checkpoints: resuming", "s3://bucket/run/checkpoints in 1.25s: resuming")
+    (r,) = parse([line]).values()
+    assert (r.step, r.uri, r.seconds, r.kind) == (300, "s3://bucket/run/checkpoints", 1.25, "storage")
+    assert r.describe() == "step 300: storage (all processes) in 1.25s"
+    assert parse([STORAGE_ONLY])[300].seconds is None  # a runtime before the seconds were logged
+
+
 def test_an_interruption_finds_the_restore_it_resumed_from() -> None:
     restores = parse([TIERED_0, STORAGE_ONLY])
     assert for_resume(restores, 340) == restores[339]

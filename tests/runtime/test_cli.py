@@ -294,7 +294,7 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
     reader.join(10)
     err = "".join(lines)
     assert "exiting with code 42" in err and "attempt 2: starting process 0/1 cold" in err, err
-    assert re.search(r"restored step \d+ from .*checkpoints: resuming at step \d+", err), err
+    assert re.search(r"restored step \d+ from .*checkpoints in [0-9.]+s: resuming at step \d+", err), err
     for command in ("ls", "inspect", "verify"):
         got = subprocess.run(
             [REPRIEVE, command, "./checkpoints"], cwd=tmp_path / "interrupted", env=env, capture_output=True,
