@@ -69,7 +69,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
 from kubernetes import client as k8s
-from localcluster import Cluster
+from localcluster import Cluster, statesize
 from localcluster.costs import EmulatedCosts
 from localcluster.goodput import GoodputReport, StepRecord, analyse, read_step_log
 from localcluster.keeplogs import LogKeeper, real_node_logs
@@ -77,12 +77,14 @@ from localcluster.pulls import Pull
 from localcluster.realpulls import describe, node_pulls, pull_line, push_example
 from localcluster.restores import Restore, for_resume, parse
 from localcluster.stack import SYSTEM_POOL, OperatorProcess, example_job, install_chart, install_operator
+from localcluster.statesize import tier_size_limit
 from localcluster.testing import taint_node
 
 SPOT_TAINT = "cloud.google.com/impending-node-termination"
 VARIANTS = ("recreate", "inplace", "inplace+spare", "inplace+spare+memory", "baseline")
-# The memory tier's volume in the memory variant: 3 copies of one process's shards (the example's are ~1 MiB).
-MEMORY_SIZE_LIMIT = "256Mi"
+# The memory tier's volume in the memory variant: 3 copies of one process's shards (the example's are ~1 MiB;
+# with --state-mib, statesize.tier_size_limit).
+MEMORY_SIZE_LIMIT = tier_size_limit(0)
 
 
 @dataclass(frozen=True)
@@ -198,7 +200,9 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
     ckpt = work / slug
     body = example_job("bench", replicas=2, steps=args.steps, step_sleep=args.step_sleep, interval=args.interval,
                        checkpoint_dir=ckpt, node_selector={"reprieve.bench/pool": slug},
-                       extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"}, image=image or None,
+                       extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl",
+                                  **({"TRAIN_STATE_MIB": f"{args.state_mib:g}"} if args.state_mib else {})},
+                       image=image or None,
                        requests={"cpu": "500m", "memory": "1Gi"} if real else None)
     body["spec"]["restartPolicy"]["maxFailures"] = 10
     body["spec"]["restartMode"] = "InPlace" if in_place else "Recreate"
@@ -207,7 +211,8 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
     if variant == "baseline":
         body["spec"]["preemption"] = {"enabled": False}
     if variant.endswith("+memory"):
-        body["spec"]["checkpoint"]["memory"] = {"sizeLimit": MEMORY_SIZE_LIMIT}  # default interval: the 1 % budget
+        # default interval: the 1 % budget
+        body["spec"]["checkpoint"]["memory"] = {"sizeLimit": tier_size_limit(args.state_mib)}
 
     def worker_pods() -> list[str]:
         """The pods of workers 0 and 1 now (in place, replacements have generated names: the assignment says)."""
@@ -514,6 +519,9 @@ def main() -> int:
                              "cluster's registry")
     parser.add_argument("--start-seconds", type=float, default=1.0, help="emulated container start, every pod")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
+    parser.add_argument("--state-mib", type=float, default=0.0,
+                        help="MiB of trained n-gram memory added to each process's state (the example's "
+                             "TRAIN_STATE_MIB; 0: the example's own ~1 MiB); refused when the machine lacks the memory")
     stockout = parser.add_argument_group("the capacity stockout (--stockout SECONDS): the variants "
                                          f"{', '.join(STOCKOUT_VARIANTS)} instead")
     stockout.add_argument("--stockout", type=float, default=None,
@@ -529,6 +537,11 @@ def main() -> int:
     stockout.add_argument("--window-extra", type=float, default=30.0,
                           help="the window of steps counted runs from the kill to the stockout's end plus this")
     args = parser.parse_args()
+    if args.stockout is not None and args.state_mib:
+        parser.error("--state-mib: not with --stockout (the stockout trains over virtual shards, which the example's "
+                     "n-gram memory does not support)")
+    if (why := statesize.refusal(args.state_mib, 2, statesize.mem_available_mib())) is not None:
+        parser.error(why)
     if args.stockout is not None:
         if args.shards % args.workers or args.shards % (args.workers - 1):
             parser.error(f"--shards {args.shards} must divide over {args.workers} and {args.workers - 1} workers")

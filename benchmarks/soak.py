@@ -41,7 +41,7 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
-from localcluster import Cluster, ClusterError, chaos, faults
+from localcluster import Cluster, ClusterError, chaos, faults, statesize
 from localcluster.goodput import analyse, read_step_log
 from localcluster.injectors import Injectors, assigned_pods, mount_tmpfs, resize_tmpfs, split_roles, view
 from localcluster.keeplogs import LogKeeper, real_node_logs
@@ -139,7 +139,8 @@ def soak_job(cluster: Cluster, name: str, work: Path, args: argparse.Namespace, 
     body = example_job(name, replicas=2, steps=args.steps, interval=args.interval,
                        step_sleep=args.step_sleep if step_sleep is None else step_sleep,
                        devices_per_process=args.devices_per_process,
-                       checkpoint_dir=ckpt, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"},
+                       checkpoint_dir=ckpt, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **(
+                           {"TRAIN_STATE_MIB": f"{args.state_mib:g}"} if args.state_mib else {})},
                        node_selector={"reprieve.test/pool": WORKER_POOL},
                        image=cluster.real.images["example"].ref if real else None,
                        requests={"cpu": "250m", "memory": "1Gi"} if real else None,
@@ -267,7 +268,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
                         "cheaper steps; RESULTS.md, 'Other measurements')")
     p.add_argument("--interval", type=int, default=20, help="periodic checkpoint every this many steps")
     p.add_argument("--spares", type=int, default=1)
-    p.add_argument("--memory", default="256Mi", help="the memory tier's sizeLimit ('' turns the tier off)")
+    p.add_argument("--memory", default=None,
+                   help="the memory tier's sizeLimit ('' turns the tier off; default: 256Mi, more with --state-mib)")
+    p.add_argument("--state-mib", type=float, default=0.0,
+                   help="MiB of trained n-gram memory added to each process's state (the example's TRAIN_STATE_MIB; "
+                        "0: the example's own ~1 MiB); refused when the machine lacks the memory")
     p.add_argument("--max-failures", type=int, default=1000,
                    help="the job's maxFailures (a survivor's unattributed abort still counts: docs/soak.md)")
     p.add_argument("--out", type=Path, default=None, help="directory for soak.json and the timeline")
@@ -288,11 +293,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
             raise chaos.SoakConfigError(f"--devices-per-process must be >= 1, got {args.devices_per_process}")
         if args.nodes < 3:
             raise chaos.SoakConfigError(f"--nodes must be >= 3 (2 workers and a spare), got {args.nodes}")
+        if (why := statesize.refusal(args.state_mib, 2, statesize.mem_available_mib())) is not None:
+            raise chaos.SoakConfigError(why)
         # Checked here with what the machine offers, before anything starts (and again if real nodes fail).
         chaos.validate(kinds, capabilities(real=not args.process_nodes, why="--process-nodes", spares=args.spares),
                        minutes=args.minutes, fault_every=args.fault_every, explicit=bool(args.faults))
     except chaos.SoakConfigError as err:
         p.error(str(err))
+    if args.memory is None:
+        args.memory = statesize.tier_size_limit(args.state_mib)
     args.steps = args.steps or int(args.minutes * 60 * STEP_MARGIN / args.step_seconds)
     if args.reference_step_sleep is None:
         args.reference_step_sleep = args.step_sleep

@@ -34,7 +34,9 @@ JSON), ``TRAIN_STEP_LOG`` (process 0 appends one JSON line per step: attempt, st
 ``TRAIN_GLOBAL_BATCH`` (16 by default: a count of virtual shards must divide it, e.g. 24 for 12 shards, which split
 over 4 and 3 workers), ``TRAIN_SHARD_SLEEP`` (over virtual shards: seconds added to each step per shard a device
 computes, so a shrunk job's steps take longer as on real devices; benchmarks/goodput.py --stockout), ``TRAIN_CANONICAL``
-(the order over virtual shards, above).
+(the order over virtual shards, above), ``TRAIN_STATE_MIB`` (MiB of hashed n-gram memory added to the model: a
+state of a real size for the benchmarks; rows of ``D_MODEL`` float32 that each step looks up by a hash of
+position, previous token and token, and trains by sparse SGD; not over virtual shards).
 """
 
 from __future__ import annotations
@@ -105,25 +107,52 @@ class Block(nnx.Module):
         return x + self.drop(self.down(jax.nn.gelu(self.up(self.ln2(x)))))
 
 
+class Memory(nnx.Variable[jax.Array]):
+    """The rows of the model's hashed n-gram memory (``TRAIN_STATE_MIB``): trained by sparse SGD in the step (only
+    the rows a batch looked up change), not by the optimizer, so they carry no moments."""
+
+
+MEMORY_ROW_BYTES = D_MODEL * 4  # float32
+MEMORY_LR = 0.1
+
+
+def memory_rows(state_mib: float) -> int:
+    """The memory's row count for ``state_mib`` MiB of rows (0: no memory)."""
+    return int(state_mib * 2**20) // MEMORY_ROW_BYTES
+
+
 class LanguageModel(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs) -> None:
+    def __init__(self, rngs: nnx.Rngs, memory_rows: int = 0) -> None:
         kw: dict[str, Any] = {"dtype": jnp.bfloat16, "param_dtype": jnp.float32, "rngs": rngs}
         self.tokens = nnx.Embed(len(VOCAB), D_MODEL, **kw)
         self.positions = nnx.Embed(SEQ, D_MODEL, **kw)
         self.blocks = nnx.List([Block(rngs) for _ in range(LAYERS)])
         self.ln = nnx.LayerNorm(D_MODEL, **kw)
         self.head = nnx.Linear(D_MODEL, len(VOCAB), **kw)
+        if memory_rows:  # drawn last: every other parameter is initialised as without it
+            self.memory = Memory(jax.random.normal(rngs.params(), (memory_rows, D_MODEL), jnp.float32) * 0.02)
 
-    def __call__(self, ids: jax.Array) -> jax.Array:
+    def memory_index(self, ids: jax.Array) -> jax.Array:
+        """The memory row of each position: a hash of (position, previous token, token)."""
+        prev = jnp.concatenate([jnp.zeros_like(ids[:, :1]), ids[:, :-1]], axis=1)
+        key = (jnp.arange(ids.shape[1])[None, :] * len(VOCAB) + prev) * len(VOCAB) + ids
+        mixed = key.astype(jnp.uint32) * jnp.uint32(2654435761)  # Knuth's multiplicative hash, wrapping
+        return (mixed % jnp.uint32(self.memory.shape[0])).astype(jnp.int32)
+
+    def __call__(self, ids: jax.Array, memory: jax.Array | None = None) -> jax.Array:
+        """``memory``: the rows :meth:`memory_index` picked (looked up by the step, which trains them)."""
         x = self.tokens(ids) + self.positions(jnp.arange(ids.shape[1]))
+        if memory is not None:
+            x = x + memory.astype(x.dtype)
         mask = nnx.make_causal_mask(ids)
         for block in self.blocks:
             x = block(x, mask)
         return self.head(self.ln(x)).astype(jnp.float32)
 
 
-def create(seed: int, lr: float) -> tuple[LanguageModel, nnx.Optimizer]:
-    model = LanguageModel(nnx.Rngs(params=seed, dropout=seed + 1))
+def create(seed: int, lr: float, memory: int = 0) -> tuple[LanguageModel, nnx.Optimizer]:
+    """The model (``memory`` rows of hashed n-gram memory: ``TRAIN_STATE_MIB``) and its optimizer."""
+    model = LanguageModel(nnx.Rngs(params=seed, dropout=seed + 1), memory)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, weight_decay=0.01))
     return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
 
@@ -140,33 +169,58 @@ def make_train_step(graphdef: nnx.GraphDef[Any]) -> Any:
     compiler, the gradients of the 120 parameter arrays travel as one tuple all-reduce that the CPU runtime (gloo)
     runs operand by operand: 40 collectives a step, which made a step cost 2-4x the CPU (benchmarks/RESULTS.md,
     "Other measurements"). Each device draws its own dropout mask (the stream's key folded with its index).
+
+    With a hashed n-gram memory (``TRAIN_STATE_MIB``), each device also takes the gradient of the memory rows its
+    part of the batch looked up; the rows' indices and gradients cross devices by one all-gather (a few KiB, however
+    large the memory: a sum of each device's part placed at its index), and every device applies the same sparse SGD
+    update to its replicated copy.
     """
 
     def step(state: nnx.State, batch: jax.Array) -> tuple[nnx.State, jax.Array]:
         model, optimizer = nnx.merge(graphdef, state)
         gdef, params, rest = nnx.split(model, nnx.Param, ...)
         flat, unravel = ravel_pytree(params)
+        has_memory = hasattr(model, "memory")
 
-        def local(flat: jax.Array, rest: nnx.State, batch: jax.Array) -> tuple[jax.Array, nnx.State, jax.Array]:
+        def local(flat: jax.Array, rest: nnx.State, batch: jax.Array) -> tuple[Any, ...]:
             m = nnx.merge(gdef, unravel(jax.lax.pcast(flat, "data", to="varying")), rest)
             device = jax.lax.axis_index("data")
             nnx.update(m, jax.tree.map(lambda k: jax.random.fold_in(k, device), nnx.state(m, nnx.RngKey)))
+            ids = batch[:, :-1]
 
-            def loss_fn(m: LanguageModel) -> jax.Array:
-                logits = m(batch[:, :-1])
+            def loss_fn(m: LanguageModel, rows: jax.Array | None) -> jax.Array:
+                logits = m(ids, rows)
                 return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
 
-            loss, grads = nnx.value_and_grad(loss_fn)(m)
+            if has_memory:
+                index = m.memory_index(ids)
+                loss, (grads, rows_grad) = nnx.value_and_grad(loss_fn, argnums=(0, 1))(m, m.memory[...][index])
+            else:
+                loss, grads = nnx.value_and_grad(loss_fn)(m, None)
             assert jax.tree.structure(grads) == jax.tree.structure(params)  # ravelled in the same order
             g, _ = ravel_pytree(grads)
             # Kept whole: without the barrier the compiler splits the all-reduce back into one per parameter.
             g = jax.lax.optimization_barrier(g)
-            return jax.lax.pmean(loss, "data"), nnx.state(m, nnx.RngCount), jax.lax.pmean(g, "data")
+            out = (jax.lax.pmean(loss, "data"), nnx.state(m, nnx.RngCount), jax.lax.pmean(g, "data"))
+            if has_memory:  # the gradient of the mean over devices, in device (= batch) order
+                n = jax.lax.axis_size("data")
 
-        loss, counts, g = jax.shard_map(local, in_specs=(P(), P(), P("data")), out_specs=(P(), P(), P()))(
+                def gather(x: jax.Array) -> jax.Array:  # an all-gather whose result every device holds alike
+                    mine = jnp.zeros((n, *x.shape), x.dtype).at[device].set(x)
+                    return jax.lax.psum(mine, "data").reshape(n * x.shape[0], *x.shape[1:])
+
+                out += (gather(index), gather(rows_grad / n))
+            return out
+
+        specs = (P(), P(), P()) + ((P(), P()) if has_memory else ())
+        loss, counts, g, *sparse = jax.shard_map(local, in_specs=(P(), P(), P("data")), out_specs=specs)(
             flat, rest, batch)
         nnx.update(model, counts)
         optimizer.update(model, unravel(g))
+        if has_memory:
+            index, rows_grad = sparse
+            model.memory[...] = model.memory[...].at[index.reshape(-1)].add(
+                -MEMORY_LR * rows_grad.reshape(-1, D_MODEL))
         return nnx.state((model, optimizer)), loss
 
     return jax.jit(step)
@@ -253,9 +307,9 @@ def trace_ahead(topology: reprieve.Topology, train_step: Any, shapes: nnx.State)
 
 
 def params_digest(model: LanguageModel) -> str:
-    """SHA-256 over every parameter's bytes in path order (replicated: the local copy)."""
+    """SHA-256 over every parameter's bytes (the memory's rows too) in path order (replicated: the local copy)."""
     digest = hashlib.sha256()
-    for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(nnx.state(model, nnx.Param))[0],
+    for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(nnx.state(model, (nnx.Param, Memory)))[0],
                              key=lambda kv: jax.tree_util.keystr(kv[0])):
         digest.update(jax.tree_util.keystr(path).encode() + np.asarray(leaf.addressable_data(0)).tobytes())
     return digest.hexdigest()
@@ -268,7 +322,11 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--step-sleep", type=float, default=float(os.environ.get("TRAIN_STEP_SLEEP", "0")))
     parser.add_argument("--shard-sleep", type=float, default=float(os.environ.get("TRAIN_SHARD_SLEEP", "0")))
+    parser.add_argument("--state-mib", type=float, default=float(os.environ.get("TRAIN_STATE_MIB", "0")),
+                        help="MiB of trained hashed n-gram memory added to the state (TRAIN_STATE_MIB; 0: none)")
     args = parser.parse_args()
+    if args.state_mib < 0:
+        raise SystemExit(f"examples/train_lm.py: TRAIN_STATE_MIB must be >= 0 MiB, got {args.state_mib:g}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     log = logging.getLogger("train")
 
@@ -277,11 +335,15 @@ def main() -> int:
     # code before reprieve.init() may do"): the model's structure and shapes (nnx.eval_shape traces, it
     # allocates nothing and touches no device) and the generated corpus. reprieve.init() traces the training step
     # there too (trace_ahead), for the devices the previous attempt ran on, before touching any.
-    graphdef, shapes = nnx.split(nnx.eval_shape(lambda: create(args.seed, args.lr)))
+    rows = memory_rows(args.state_mib)
+    graphdef, shapes = nnx.split(nnx.eval_shape(lambda: create(args.seed, args.lr, rows)))
     data = corpus(args.seed)
     train_step = make_train_step(graphdef)
 
     shards = reprieve.RuntimeConfig.from_env(os.environ).virtual_shards  # what reprieve.init() reads
+    if shards and rows:
+        raise SystemExit("examples/train_lm.py: TRAIN_STATE_MIB (the n-gram memory) is not supported over virtual "
+                         f"shards (REPRIEVE_VIRTUAL_SHARDS={shards}): its sparse update is in the plain step only")
     canonical = os.environ.get("TRAIN_CANONICAL", "1")
     if canonical not in ("0", "1"):
         raise SystemExit(f"examples/train_lm.py: TRAIN_CANONICAL must be 0 or 1, got {canonical!r}")
@@ -308,7 +370,7 @@ def main() -> int:
         # restart; on a first run one compiled program builds the state directly with those shardings.
         shardings = nnx.get_named_sharding(shapes, mesh)
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
-        init = jax.jit(lambda: nnx.state(create(args.seed, args.lr)), out_shardings=shardings)
+        init = jax.jit(lambda: nnx.state(create(args.seed, args.lr, rows)), out_shardings=shardings)
         # Lower and compile the step for these devices beside the restore; steps() waits for it before the
         # first step, which then finds the program in JAX's caches (docs/runtime.md, "Compiling the step while
         # the state is restored"). Over virtual shards: the update and the ravel of the parameters (each shard's

@@ -1,6 +1,7 @@
 """The example language model (examples/train_lm.py: flax NNX transformer with dropout, bf16 activations,
 optax, grain) as a real 2-process job without Kubernetes: preempted by SIGTERM mid-run, restarted, it ends with
-the same parameters, bit for bit, as an uninterrupted run (the e2e tier does the same through the operator). The
+the same parameters, bit for bit, as an uninterrupted run (the e2e tier does the same through the operator), with
+the state-size option the benchmarks use (``TRAIN_STATE_MIB``: its sparsely trained rows restored bit for bit too). The
 restarted run traces its step before ``reprieve.init()`` for the devices the checkpoint records, and its first step
 finds that trace (JAX's own cache-miss explanations say so); it lowers and compiles the step beside the restore, so
 the first step lowers nothing."""
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 EXAMPLE = REPO / "examples" / "train_lm.py"
 STEPS = 60
+STATE_MIB = 4  # the benchmarks' state-size option (a trained n-gram memory): its rows are in the sha256 compared
 
 
 def _env(workdir: Path, attempt: int = 1) -> dict[str, str]:
@@ -33,7 +35,7 @@ def _env(workdir: Path, attempt: int = 1) -> dict[str, str]:
     cache.mkdir(parents=True, exist_ok=True)
     return {"TRAIN_STEPS": str(STEPS), "TRAIN_RESULT": str(workdir / "result.json"), "REPRIEVE_ATTEMPT": str(attempt),
             "TRAIN_STEP_SLEEP": "0.02", "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "25",
-            "REPRIEVE_COMPILATION_CACHE_DIR": str(cache)}
+            "REPRIEVE_COMPILATION_CACHE_DIR": str(cache), "TRAIN_STATE_MIB": str(STATE_MIB)}
 
 
 def test_the_example_lm_resumes_bit_identical_after_a_preemption(tmp_path: Path) -> None:
@@ -88,10 +90,11 @@ def test_the_example_lm_over_virtual_shards_shrinks_and_grows_back_bit_identical
     """Issue 47's "same maths" on the example: 4 virtual shards (REPRIEVE_VIRTUAL_SHARDS, canonical order by
     default) trained uninterrupted on 2 processes, and the same run stopped with a save after step 2, resumed on 1
     process (it owns all 4 shards, and every shard's data position) to step 5, and grown back to 2: the same
-    parameters, bit for bit. The reference run starts beside the first part of the elastic one."""
-    def run(work: Path, processes: int, steps: int, attempt: int) -> Gang:
+    parameters, bit for bit. The reference run starts beside the first part of the elastic one, and beside both a run
+    asking for the state-size option over virtual shards, refused before ``reprieve.init()``."""
+    def run(work: Path, processes: int, steps: int, attempt: int, state_mib: int = 0) -> Gang:
         env = {**_env(work, attempt), "TRAIN_STEPS": str(steps), "REPRIEVE_VIRTUAL_SHARDS": "4",
-               "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "0", "TRAIN_STEP_SLEEP": "0"}
+               "REPRIEVE_CHECKPOINT_INTERVAL_STEPS": "0", "TRAIN_STEP_SLEEP": "0", "TRAIN_STATE_MIB": str(state_mib)}
         return launch(work, processes, worker=EXAMPLE, extra_env=env)
 
     def result(work: Path) -> dict[str, object]:
@@ -99,6 +102,11 @@ def test_the_example_lm_over_virtual_shards_shrinks_and_grows_back_bit_identical
 
     full, elastic = tmp_path / "full", tmp_path / "elastic"
     gangs = [run(full, 2, VIRTUAL_STEPS, 1), run(elastic, 2, SHRUNK_AT + 1, 1)]
+    refused = run(tmp_path / "refused", 1, VIRTUAL_STEPS, 1, state_mib=STATE_MIB)  # bad input: refused up front
+    assert refused.wait(120) == [1], refused.tail()
+    text = refused.logs[0].read_text()
+    assert "TRAIN_STATE_MIB (the n-gram memory) is not supported over virtual shards" in text, text[-2000:]
+    assert "starting at step" not in text and "no checkpoint under" not in text, text[-2000:]  # before reprieve.init
     for gang in gangs:
         assert gang.wait(300) == [0, 0], gang.tail()
     assert "training over 4 virtual shards (this process: [2, 3]), canonical order" in gangs[1].logs[1].read_text()

@@ -1,0 +1,56 @@
+"""The benchmarks' state-size option (``--state-mib``; issue #48): the example LM padded with ``TRAIN_STATE_MIB`` MiB
+of trained n-gram memory (``examples/train_lm.py``). What the memory tier's volume then needs, and whether this
+machine has the memory for the job: a state too large is refused with the numbers before anything starts (pure,
+but for :func:`mem_available_mib`)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+# What one trainer process holds of its state at once: the state, the step's new state (the old one lives until the
+# step returns) and the asynchronous save's host copy. Its pod's memory tier volume (tmpfs, counted in the
+# machine's memory): the copy being written, its newest complete copy and the copy it holds for a peer.
+COPIES_IN_PROCESS = 3
+TIER_COPIES = 3
+PROCESS_MIB = 600  # a trainer process without its state (Python, JAX, XLA's programs), measured ~450-550 MiB
+CLUSTER_MIB = 2048  # the control plane, the kubelets and the operator beside the job
+EXAMPLE_MIB = 1  # the example's own parameters and optimizer state
+TIER_FLOOR_MIB = 256  # the tier's sizeLimit at the example's own size (its copies are ~1 MiB)
+
+
+def tier_size_limit(state_mib: float) -> str:
+    """``spec.checkpoint.memory.sizeLimit`` for ``state_mib`` MiB of padding: room for :data:`TIER_COPIES` copies of a
+    process's state, a tenth more for the manifests and the page rounding."""
+    need = math.ceil((state_mib + EXAMPLE_MIB) * TIER_COPIES * 1.1)
+    return f"{max(TIER_FLOOR_MIB, need)}Mi"
+
+
+def memory_needed_mib(state_mib: float, processes: int) -> int:
+    """About how much of the machine's memory a job of ``processes`` trainers needs with ``state_mib`` of padding."""
+    per_process = (state_mib + EXAMPLE_MIB) * (COPIES_IN_PROCESS + TIER_COPIES) + PROCESS_MIB
+    return math.ceil(processes * per_process + CLUSTER_MIB)
+
+
+def refusal(state_mib: float, processes: int, available_mib: int) -> str | None:
+    """Why ``--state-mib state_mib`` cannot run here (None: it can), with the numbers."""
+    if not math.isfinite(state_mib) or state_mib < 0:
+        return f"--state-mib must be a number >= 0 (MiB), got {state_mib:g}"
+    need = memory_needed_mib(state_mib, processes)
+    if need <= available_mib:
+        return None
+    copies = COPIES_IN_PROCESS + TIER_COPIES
+    most = max(0.0, ((available_mib - CLUSTER_MIB) / processes - PROCESS_MIB) / copies - EXAMPLE_MIB)
+    return (f"--state-mib {state_mib:g}: {processes} trainer processes need about {need} MiB ({copies} copies of "
+            f"each one's {state_mib + EXAMPLE_MIB:g} MiB state: {COPIES_IN_PROCESS} in the process, {TIER_COPIES} in "
+            f"its memory tier volume; {PROCESS_MIB} MiB a process without it; {CLUSTER_MIB} MiB for the cluster) and "
+            f"this machine has {available_mib} MiB available (MemAvailable): use --state-mib {math.floor(most)} or "
+            "less")
+
+
+def mem_available_mib(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """``MemAvailable`` in MiB."""
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    raise RuntimeError(f"{meminfo} has no MemAvailable line")
