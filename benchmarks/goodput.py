@@ -73,6 +73,8 @@ from localcluster import Cluster, statesize
 from localcluster.costs import EmulatedCosts
 from localcluster.goodput import GoodputReport, StepRecord, analyse, read_step_log
 from localcluster.keeplogs import LogKeeper, real_node_logs
+from localcluster.peakmem import PeakMemory
+from localcluster.peakmem import in_words as peak_words
 from localcluster.pulls import Pull
 from localcluster.realpulls import describe, node_pulls, pull_line, push_example
 from localcluster.restores import Restore, for_resume, parse
@@ -228,6 +230,7 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
     pulled: list[tuple[str, Pull]] = []
     steplog = ckpt / "steps.jsonl"
     keeper = LogKeeper(lambda: real_node_logs(cluster.workdir, ns), kept_logs(cluster, ns)).start() if real else None
+    peaks = PeakMemory(lambda cmd: "train_lm.py" in cmd).start()
     try:
         start = time.time()
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(body))
@@ -275,6 +278,8 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
             if time.monotonic() - now < 0.2:
                 time.sleep(0.2)
         end = time.time()
+        peaks.stop()
+        log(f"{variant}: peak memory per pod (its trainer processes, VmHWM): {peak_words(peaks.by_pod())}")
         if status.get("phase") != "Succeeded":
             raise SystemExit(f"{variant}: job ended {status.get('phase')}: {status.get('conditions')}")
         report = analyse(read_step_log(steplog), start=start, end=end)
@@ -297,6 +302,7 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
                 log(f"{variant}: {pull_line(node, pull)}")
         return report, sources, pulled
     finally:
+        peaks.stop()
         if keeper is not None:
             keeper.stop()
         if operator is not None:

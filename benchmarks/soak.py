@@ -45,6 +45,8 @@ from localcluster import Cluster, ClusterError, chaos, faults, statesize
 from localcluster.goodput import analyse, read_step_log
 from localcluster.injectors import Injectors, assigned_pods, mount_tmpfs, resize_tmpfs, split_roles, view
 from localcluster.keeplogs import LogKeeper, real_node_logs
+from localcluster.peakmem import PeakMemory
+from localcluster.peakmem import in_words as peak_words
 from localcluster.realnodes import RealNodeError, prerequisites
 from localcluster.soakrecord import (
     Injected,
@@ -464,6 +466,7 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
                 free_report: Any, observer: Observer, injectors: Injectors, out: Path, *, seed: int, real: bool,
                 plan: list[chaos.PlannedFault]) -> int:
     keep = int(body["spec"]["checkpoint"].get("keep", 3))
+    peaks = PeakMemory(lambda cmd: "train_lm.py" in cmd).start()  # the soak's trainers (the reference's are gone)
     injected: list[Injected] = []
     clock: list[float] = []  # when the faults' clock started (the job running)
     stop = threading.Event()
@@ -546,13 +549,16 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
         f"job ({whole.wall_seconds:.0f} s) {whole.goodput_after_start:.1%}")
     print(f"job: {status.get('phase', 'not ended')}; restarts {status.get('restarts')}; operator's lost steps "
           f"{gp.get('lostSteps')} vs the step log's {report.lost_steps}")
+    peaks.stop()
+    say(f"peak memory per pod (its trainer processes, VmHWM): {peak_words(peaks.by_pod())}")
     doc = as_json(recs, tot, seed=seed, minutes=args.minutes, fault_every=args.fault_every, real_nodes=real,
                   planned=len(plan), interrupted=interrupted, phase=status.get("phase"),
                   operator_lost_steps=gp.get("lostSteps"), step_log_lost_steps=report.lost_steps,
                   restarts=status.get("restarts"), steps=args.steps, committed_seen=sorted(observer.committed),
                   planned_not_run=unrun, goodput_window_seconds=round(until - start, 1),
                   goodput_whole_job=whole.goodput_after_start, step_sleep=args.step_sleep,
-                  reference_step_sleep=args.reference_step_sleep, devices_per_process=args.devices_per_process)
+                  reference_step_sleep=args.reference_step_sleep, devices_per_process=args.devices_per_process,
+                  state_mib=args.state_mib, peak_memory_kib_by_pod=peaks.by_pod())
     (out / "soak.json").write_text(json.dumps(doc, indent=1))
     say(f"JSON: {out / 'soak.json'}")
     draw(api, recs, start, out)
