@@ -63,6 +63,38 @@ def test_a_process_lost_without_notice_restores_from_its_peers_memory(tmp_path: 
     assert finals[0]["restored_from"] == {"step": 14, "tier": "memory", "sources": ["memory", "peer"]}
 
 
+def test_processes_that_skipped_different_saves_restore_a_step_every_one_wrote_from_memory(
+        tmp_path: Path, base: Path) -> None:
+    """Issue #48: a save after every step and copies slower than a step, each process skipping where its own copy
+    runs late (process 0's copy of 6 is held 2 s, so it skips 7; process 1's copy of 7, so it skips 8). Process 1
+    is then lost with its pod (it holds process 0's replicas). The survivors restore step 6, the newest step both
+    wrote, from memory: process 0 its own copy, process 1 the copy its holder kept beside its newest (7). Before,
+    the holder kept only 7 and process 0 only 6 and 8: no step was whole in memory, and with no storage checkpoint
+    the gang started over. Process 0 widens the interval for every process at the skips."""
+    total = 12
+    pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
+    late = {0: {"REPRIEVE_MEMTIER_TEST_SLOW_COPY": "6:2", "WORKER_NO_WAIT_AT": "7"},
+            1: {"REPRIEVE_MEMTIER_TEST_SLOW_COPY": "7:2", "WORKER_NO_WAIT_AT": "8", "WORKER_STOP_UNREPLICATED": "1"}}
+    gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=total, stop_at=8, mem_every=1, ckpt_every=100,
+                  extra=late)
+    run_until_stopped(gang, 2)
+    logs = [log.read_text() for log in gang.logs]
+    assert "memory save of step 7 skipped" in logs[0] and "memory save of step 8 skipped" not in logs[0], logs[0]
+    assert "memory save of step 8 skipped" in logs[1] and "memory save of step 7 skipped" not in logs[1], logs[1]
+    assert re.search(r"memory copies every 2 steps from step \d+ \(schedule 2\), every step before: .*process 0 "
+                     r"step 7", logs[0]), logs[0][-3000:]
+    assert helpers_memtier.storage_steps(tmp_path) == []  # nothing in storage to fall back to
+    pods[1].lose()
+    pods[1] = new_pod(base, "pod-1b")
+    gang = launch(tmp_path, pods, ring(pods), attempt=2, steps=total, mem_every=1, ckpt_every=100)
+    finals = finish(gang, 2, total)  # the run ends with an uninterrupted run's parameters and data position
+    assert restored(gang.logs) == ["6", "memory", "peer"]
+    assert [f["restored_from"] for f in finals] == [{"step": 6, "tier": "memory", "sources": ["memory", "peer"]}] * 2
+    for i, log in enumerate(gang.logs):
+        restored_state = re.search(rf"restored step 6 on process {i} from .*resuming at step 7", log.read_text())
+        assert restored_state, log.read_text()[-3000:]
+
+
 def test_a_noticed_preemption_restores_the_agreed_step_from_memory(tmp_path: Path, base: Path) -> None:
     """A notice on process 1's node: the agreed step is saved to storage and, beside it, to memory and the peer.
     Attempt 2 runs process 1 in a new pod (a spare on another node, its memory empty): it reads the agreed step

@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import topology
 from ..coordination import CoordinationTimeout, Coordinator
+from ..env import Env
 from . import gang, layout, schedule, wire
 from .config import MemoryConfig
 from .layout import CopyName
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 _KV = "reprieve/mem"
 SEND_TIMEOUT_S = 120.0
+# test-only: "<step>:<seconds>[,...]" holds the copy of <step> that long before it is sent (a copy slower than a step)
+SLOW_COPY_ENV = "REPRIEVE_MEMTIER_TEST_SLOW_COPY"
 CLOSE_WAIT_S = 5.0
 
 
@@ -278,6 +281,7 @@ class MemoryTier:
         self.saves += 1
         self.saved_step = name.step
         if self.peer is not None:
+            time.sleep(_test_slow_copy(name.step))
             self._send(name, manifest, keep)
         if self.peer is not None or self.nproc > 1:
             self._publish_progress()
@@ -515,6 +519,16 @@ def storage_root(uri: str) -> str:
     """The storage root a copy records (pure): a URI as given, a local path made absolute (``./checkpoints`` from
     two working directories are two roots)."""
     return uri if "://" in uri else os.path.abspath(uri)
+
+
+def _test_slow_copy(step: int) -> float:
+    """Seconds :data:`SLOW_COPY_ENV` holds the copy of ``step`` before it is sent (0: unset, the default)."""
+    raw = Env(os.environ).raw(SLOW_COPY_ENV)
+    for item in (raw or "").split(","):
+        at, _, seconds = item.partition(":")
+        if at.strip() == str(step):
+            return float(seconds)
+    return 0.0
 
 
 def _ready(state: Any) -> None:
