@@ -138,21 +138,22 @@ def test_a_corrupt_copy_is_skipped_for_the_next_source(tmp_path: Path, base: Pat
 
 def test_a_process_and_its_peer_lost_together_fall_back_to_storage(tmp_path: Path, base: Path) -> None:
     """Three pods in a ring (0 -> 1 -> 2 -> 0): losing process 1 and the pod holding its replica (pod 2) loses
-    process 1's step 14 everywhere; the gang restores step 9 (storage's, and the one process 0 kept in memory as
-    the gang's newest replicated step): process 0 from its own memory (or storage, had it dropped 9), 1 and 2 from
-    storage; bit-identical."""
+    process 1's step 14 everywhere; the gang restores step 9 (storage's, and the one every process kept in memory
+    beside 14, the gang's step when it wrote 14: docs/memory.md, "bounded"): process 0 from its own memory, process
+    2 from its replica in pod 0, process 1 from storage; bit-identical."""
     pods = [new_pod(base, f"pod-{i}") for i in range(3)]
     gang = launch(tmp_path, pods, {0: pods[1], 1: pods[2], 2: pods[0]}, attempt=1, steps=TOTAL, stop_at=14)
     run_until_stopped(gang, 3, die=1)
-    # Process 0 keeps its own step 9 until it learns that the whole gang replicated 14, which races with the stop at
-    # 14 (on a loaded machine it may learn first, and drop 9): it restores from wherever its step 9 is.
-    kept = (pods[0].mem / "own" / str(CopyName(9, 1, 0)) / MANIFEST_FILE).exists()
+    # 14 was the newest copy everywhere: when each process wrote it, its own list held no 14 yet, so the gang's step
+    # was 9 at most, and each kept 9 in its pod and at its holder beside 14
+    assert (pods[0].mem / "own" / str(CopyName(9, 1, 0)) / MANIFEST_FILE).exists()
+    assert (pods[0].mem / "peer" / str(CopyName(9, 1, 2)) / MANIFEST_FILE).exists()
     for i in (1, 2):
         pods[i].lose()
         pods[i] = new_pod(base, f"pod-{i}b")
     gang = launch(tmp_path, pods, {0: pods[1], 1: pods[2], 2: pods[0]}, attempt=2, steps=TOTAL)
     finish(gang, 3, TOTAL)
-    assert restored(gang.logs) == ["9", "memory" if kept else "storage", "storage", "storage"]
+    assert restored(gang.logs) == ["9", "memory", "storage", "peer"]
     assert "memory holds step 14 (attempt 1) without processes [1]" in gang.logs[0].read_text()
 
 
@@ -256,7 +257,9 @@ def test_a_peer_lost_while_it_receives_a_copy(tmp_path: Path, base: Path) -> Non
         server = spare_server(tmp_path, spare)
         (tmp_path / "go").touch()
         run_until_stopped(gang, 2)
-        assert [e.name for e in (spare.mem / "peer").iterdir()] == [str(CopyName(14, 1, 0))]
+        # beside 14, process 0's copy of 4: the newest step the whole gang replicated (its 9 never arrived)
+        held = sorted(e.name for e in (spare.mem / "peer").iterdir())
+        assert held == [str(CopyName(4, 1, 0)), str(CopyName(14, 1, 0))], held
         assert "not replicated to " + spare.address in gang.logs[0].read_text()
         gang = attempt_2_without_pod_0(tmp_path, base, pods, spare)
     finally:

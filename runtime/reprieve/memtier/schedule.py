@@ -3,7 +3,10 @@ one of the same step), spaced so that the tier costs at most its budget of the t
 than about half the storage tier's periodic interval (a memory copy older than the newest storage checkpoint
 is of no use to a restore).
 
-* ``REPRIEVE_MEMORY_INTERVAL_STEPS=N``: after every N-th step; no communication.
+* ``REPRIEVE_MEMORY_INTERVAL_STEPS=N``: after every N-th step; no communication until a save is skipped.
+* A save skipped on any process (its copy still in flight) makes process 0 publish a schedule twice as wide
+  (:func:`widen`), adopted by every process at the same step, whatever the interval's kind: processes that skip
+  where their own copies run late would otherwise save different steps, and no step would be whole in memory.
 * Otherwise the first save is after the :data:`FIRST_SAVE_AFTER`-th step of the loop (past compilation) on every
   process. Process 0 keeps a robust view of the loop's step time (the lower median of the newest
   :data:`STEP_WINDOW` steps) and of what a memory save costs the loop (the mean of the newest

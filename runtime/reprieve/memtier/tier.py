@@ -360,7 +360,7 @@ class MemoryTier:
             current, _ = schedule.in_force(self._plans, step)
             over_budget = (self.cfg.auto and current is not None
                            and schedule.over_budget(cost, step_s, current.every, self.cfg.budget))
-            if not schedule.reconsider(current, newest=newest, step=step, every=choice.every,
+            if not schedule.reconsider(current, newest=newest, step=step, every=max(self._floor, choice.every),
                                        saves_since=self._saves_since, over_budget=over_budget):
                 return
         start = schedule.start_after(max(step, self._measured.last_step or 0), step_s)
