@@ -147,30 +147,29 @@ def test_choose_holder_prefers_the_own_pod_then_any_server() -> None:
 # -- retention -----------------------------------------------------------------------------------------------------
 RETENTION = [
     ("own: only the newest copy stays, whoever wrote it",
-     "own", [(10, 1, 0), (20, 1, 0), (20, 2, 1)], [(10, 1, 0), (20, 1, 0)]),
-    ("peer: the newest copy of each writer stays",
-     "peer", [(10, 1, 0), (20, 1, 0), (10, 1, 2)], [(10, 1, 0)]),
+     None, [(10, 1, 0), (20, 1, 0), (20, 2, 1)], [], [(10, 1, 0), (20, 1, 0)]),
+    ("peer: a writer's put prunes that writer's copies only (the others' are theirs to name)",
+     0, [(10, 1, 0), (20, 1, 0), (10, 1, 2), (5, 1, 2)], [], [(10, 1, 0)]),
     ("a newer attempt's copy of an older step is newer than an older attempt's",
-     "own", [(20, 1, 0), (10, 2, 0)], [(20, 1, 0)]),
-    ("copies in flight are never selected", "peer", [(10, 1, 0)], []),
-    ("own: the gang's newest replicated step stays beside the newest (one process's newest may be lost with it)",
-     "own", [(10, 1, 0), (20, 1, 0), (30, 1, 0)], [(10, 1, 0)], (1, 20)),
-    ("own: ... the newest own copy at or before it (a step this process saved)",
-     "own", [(10, 1, 0), (20, 1, 0), (30, 1, 0)], [(20, 1, 0)], (1, 15)),
-    ("own: once the gang replicated the newest, only it stays",
-     "own", [(20, 1, 0), (30, 1, 0)], [(20, 1, 0)], (1, 30)),
-    ("own: another attempt's replicated step keeps nothing of this one",
-     "own", [(20, 1, 0), (30, 2, 0)], [(20, 1, 0)], (2, 25)),
-    ("peer: the gang's step changes nothing", "peer", [(10, 1, 0), (20, 1, 0)], [(10, 1, 0)], (1, 10)),
+     None, [(20, 1, 0), (10, 2, 0)], [], [(20, 1, 0)]),
+    ("copies in flight are never selected", 0, [(10, 1, 0)], [], []),
+    ("the copies named to keep stay beside the newest (the gang step's, those that may become it)",
+     None, [(10, 1, 0), (20, 1, 0), (30, 1, 0), (40, 1, 0)], [(10, 1, 0), (30, 1, 0)], [(20, 1, 0)]),
+    ("peer: the put's keep holds the writer's copy of the gang step",
+     1, [(10, 1, 1), (15, 1, 1), (20, 1, 1), (15, 1, 0)], [(15, 1, 1)], [(10, 1, 1)]),
+    ("a name to keep that is not there keeps nothing else",
+     None, [(20, 1, 0), (30, 1, 0)], [(25, 1, 0)], [(20, 1, 0)]),
+    ("another attempt's step to keep keeps nothing of this one",
+     None, [(20, 1, 0), (30, 2, 0)], [(20, 2, 0)], [(20, 1, 0)]),
 ]
 
 
-@pytest.mark.parametrize(("tree", "copies", "deleted", "gang"),
-                         [(*r[1:], *([None] if len(r) == 4 else [])) for r in RETENTION], ids=[r[0] for r in RETENTION])
-def test_retention(tree: str, copies: list[tuple[int, int, int]], deleted: list[tuple[int, int, int]],
-                   gang: tuple[int, int] | None) -> None:
+@pytest.mark.parametrize(("writer", "copies", "keep", "deleted"), [r[1:] for r in RETENTION],
+                         ids=[r[0] for r in RETENTION])
+def test_retention(writer: int | None, copies: list[tuple[int, int, int]], keep: list[tuple[int, int, int]],
+                   deleted: list[tuple[int, int, int]]) -> None:
     names = [CopyName(*c) for c in copies] + [CopyName(99, 9, 0, tmp=True)]
-    got = select_deletions(names, tree, gang)
+    got = select_deletions(names, keep=[CopyName(*k) for k in keep], writer=writer)
     assert sorted((n.step, n.attempt, n.writer) for n in got) == sorted(deleted)
 
 

@@ -63,6 +63,38 @@ def test_a_process_lost_without_notice_restores_from_its_peers_memory(tmp_path: 
     assert finals[0]["restored_from"] == {"step": 14, "tier": "memory", "sources": ["memory", "peer"]}
 
 
+def test_processes_that_skipped_different_saves_restore_a_step_every_one_wrote_from_memory(
+        tmp_path: Path, base: Path) -> None:
+    """Issue #48: a save after every step and copies slower than a step, each process skipping where its own copy
+    runs late (process 0's copy of 6 is held 2 s, so it skips 7; process 1's copy of 7, so it skips 8). Process 1
+    is then lost with its pod (it holds process 0's replicas). The survivors restore step 6, the newest step both
+    wrote, from memory: process 0 its own copy, process 1 the copy its holder kept beside its newest (7). Before,
+    the holder kept only 7 and process 0 only 6 and 8: no step was whole in memory, and with no storage checkpoint
+    the gang started over. Process 0 widens the interval for every process at the skips."""
+    total = 12
+    pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
+    late = {0: {"REPRIEVE_MEMTIER_TEST_SLOW_COPY": "6:2", "WORKER_NO_WAIT_AT": "7"},
+            1: {"REPRIEVE_MEMTIER_TEST_SLOW_COPY": "7:2", "WORKER_NO_WAIT_AT": "8", "WORKER_STOP_UNREPLICATED": "1"}}
+    gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=total, stop_at=8, mem_every=1, ckpt_every=100,
+                  extra=late)
+    run_until_stopped(gang, 2)
+    logs = [log.read_text() for log in gang.logs]
+    assert "memory save of step 7 skipped" in logs[0] and "memory save of step 8 skipped" not in logs[0], logs[0]
+    assert "memory save of step 8 skipped" in logs[1] and "memory save of step 7 skipped" not in logs[1], logs[1]
+    assert re.search(r"memory copies every 2 steps from step \d+ \(schedule 2\), every step before: .*process 0 "
+                     r"step 7", logs[0]), logs[0][-3000:]
+    assert helpers_memtier.storage_steps(tmp_path) == []  # nothing in storage to fall back to
+    pods[1].lose()
+    pods[1] = new_pod(base, "pod-1b")
+    gang = launch(tmp_path, pods, ring(pods), attempt=2, steps=total, mem_every=1, ckpt_every=100)
+    finals = finish(gang, 2, total)  # the run ends with an uninterrupted run's parameters and data position
+    assert restored(gang.logs) == ["6", "memory", "peer"]
+    assert [f["restored_from"] for f in finals] == [{"step": 6, "tier": "memory", "sources": ["memory", "peer"]}] * 2
+    for i, log in enumerate(gang.logs):
+        restored_state = re.search(rf"restored step 6 on process {i} from .*resuming at step 7", log.read_text())
+        assert restored_state, log.read_text()[-3000:]
+
+
 def test_a_noticed_preemption_restores_the_agreed_step_from_memory(tmp_path: Path, base: Path) -> None:
     """A notice on process 1's node: the agreed step is saved to storage and, beside it, to memory and the peer.
     Attempt 2 runs process 1 in a new pod (a spare on another node, its memory empty): it reads the agreed step
@@ -106,21 +138,22 @@ def test_a_corrupt_copy_is_skipped_for_the_next_source(tmp_path: Path, base: Pat
 
 def test_a_process_and_its_peer_lost_together_fall_back_to_storage(tmp_path: Path, base: Path) -> None:
     """Three pods in a ring (0 -> 1 -> 2 -> 0): losing process 1 and the pod holding its replica (pod 2) loses
-    process 1's step 14 everywhere; the gang restores step 9 (storage's, and the one process 0 kept in memory as
-    the gang's newest replicated step): process 0 from its own memory (or storage, had it dropped 9), 1 and 2 from
-    storage; bit-identical."""
+    process 1's step 14 everywhere; the gang restores step 9 (storage's, and the one every process kept in memory
+    beside 14, the gang's step when it wrote 14: docs/memory.md, "bounded"): process 0 from its own memory, process
+    2 from its replica in pod 0, process 1 from storage; bit-identical."""
     pods = [new_pod(base, f"pod-{i}") for i in range(3)]
     gang = launch(tmp_path, pods, {0: pods[1], 1: pods[2], 2: pods[0]}, attempt=1, steps=TOTAL, stop_at=14)
     run_until_stopped(gang, 3, die=1)
-    # Process 0 keeps its own step 9 until it learns that the whole gang replicated 14, which races with the stop at
-    # 14 (on a loaded machine it may learn first, and drop 9): it restores from wherever its step 9 is.
-    kept = (pods[0].mem / "own" / str(CopyName(9, 1, 0)) / MANIFEST_FILE).exists()
+    # 14 was the newest copy everywhere: when each process wrote it, its own list held no 14 yet, so the gang's step
+    # was 9 at most, and each kept 9 in its pod and at its holder beside 14
+    assert (pods[0].mem / "own" / str(CopyName(9, 1, 0)) / MANIFEST_FILE).exists()
+    assert (pods[0].mem / "peer" / str(CopyName(9, 1, 2)) / MANIFEST_FILE).exists()
     for i in (1, 2):
         pods[i].lose()
         pods[i] = new_pod(base, f"pod-{i}b")
     gang = launch(tmp_path, pods, {0: pods[1], 1: pods[2], 2: pods[0]}, attempt=2, steps=TOTAL)
     finish(gang, 3, TOTAL)
-    assert restored(gang.logs) == ["9", "memory" if kept else "storage", "storage", "storage"]
+    assert restored(gang.logs) == ["9", "memory", "storage", "peer"]
     assert "memory holds step 14 (attempt 1) without processes [1]" in gang.logs[0].read_text()
 
 
@@ -224,7 +257,9 @@ def test_a_peer_lost_while_it_receives_a_copy(tmp_path: Path, base: Path) -> Non
         server = spare_server(tmp_path, spare)
         (tmp_path / "go").touch()
         run_until_stopped(gang, 2)
-        assert [e.name for e in (spare.mem / "peer").iterdir()] == [str(CopyName(14, 1, 0))]
+        # beside 14, process 0's copy of 4: the newest step the whole gang replicated (its 9 never arrived)
+        held = sorted(e.name for e in (spare.mem / "peer").iterdir())
+        assert held == [str(CopyName(4, 1, 0)), str(CopyName(14, 1, 0))], held
         assert "not replicated to " + spare.address in gang.logs[0].read_text()
         gang = attempt_2_without_pod_0(tmp_path, base, pods, spare)
     finally:

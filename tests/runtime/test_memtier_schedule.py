@@ -318,3 +318,48 @@ def test_periodic_saves_off_says_what_the_memory_tier_covers() -> None:
     on = schedule.periodic_saves_off_line(7, AUTO)
     assert "kill -9 loses every step" not in on and "the steps since the newest copy" in on, on
     assert "not a lost machine" in on and "every step since step 6" in on
+
+
+STEPS_V1 = Schedule(1, 0, 1)  # REPRIEVE_MEMORY_INTERVAL_STEPS=1: every process's own, version 1
+WIDEN = [
+    ("a skip under the newest schedule: twice as wide, from a step every process reaches after adopting it",
+     STEPS_V1, {1: (1, 9)}, 12, 0.05, Schedule(2, 12 + 20, 2)),
+    ("skips of several processes: one wider schedule", Schedule(2, 32, 2), {0: (2, 40), 1: (2, 41)}, 41, 0.5,
+     Schedule(4, 41 + 3, 3)),
+    ("a skip under an older schedule is answered by the newer one already published", Schedule(2, 32, 2),
+     {1: (1, 11)}, 20, 0.05, None),
+    ("the bootstrap save's skip (no schedule yet)", Schedule(4, 8, 1), {1: (0, 4)}, 6, 0.05, None),
+    ("no skip", STEPS_V1, {}, 12, 0.05, None),
+    ("no schedule", None, {1: (1, 9)}, 12, 0.05, None),
+]
+
+
+@pytest.mark.parametrize(("newest", "skips", "step", "step_s", "want"), [r[1:] for r in WIDEN],
+                         ids=[r[0] for r in WIDEN])
+def test_a_skipped_save_widens_the_schedule_for_every_process(newest: Schedule | None,
+                                                             skips: dict[int, tuple[int, int]], step: int,
+                                                             step_s: float, want: Schedule | None) -> None:
+    assert schedule.widen(newest, skips, step=step, step_s=step_s) == want
+
+
+def test_processes_that_skipped_different_steps_save_the_same_ones_from_the_widened_schedule() -> None:
+    """Process 0 skipped 8 and process 1 skipped 9 under every step (issue #48): from the widened schedule's start
+    both save the same steps, whichever they skipped before."""
+    wide = schedule.widen(STEPS_V1, {0: (1, 8), 1: (1, 9)}, step=10, step_s=0.25)
+    assert wide is not None
+    saved = []
+    for skipped in ({8}, {9}):
+        plans: tuple[Schedule, ...] = (STEPS_V1, wide)
+        mine = []
+        for step in range(30):
+            current, plans = schedule.in_force(plans, step)
+            if current is not None and current.due(step) and step not in skipped:
+                mine.append(step)
+        saved.append([s for s in mine if s >= wide.start])
+    assert saved[0] == saved[1] == list(range(wide.start, 30, 2))
+
+
+def test_the_widened_line_names_who_skipped_what_and_the_new_interval() -> None:
+    line = schedule.widened_line(Schedule(2, 32, 2), {0: (1, 8), 1: (1, 9)}, 1)
+    assert line.startswith("memory copies every 2 steps from step 32 (schedule 2), every step before: ")
+    assert "(process 0 step 8, process 1 step 9)" in line and "every process switches at step 32" in line

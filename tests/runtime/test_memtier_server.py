@@ -67,10 +67,10 @@ def write_copy(mdir: MemoryDir, name: CopyName, payload: bytes, *, parts: int = 
     return m
 
 
-def put(client: wire.Client, mdir: MemoryDir, name: CopyName) -> None:
+def put(client: wire.Client, mdir: MemoryDir, name: CopyName, keep: tuple[int, ...] = ()) -> None:
     m = mdir.manifest("own", name)
     client.put("peer", str(name), m.to_bytes(), os.path.join(mdir.copy_dir("own", name), layout.DATA_FILE),
-               m.data_bytes)
+               m.data_bytes, keep=keep)
 
 
 @pytest.fixture
@@ -110,6 +110,47 @@ def test_a_newer_copy_replaces_the_older_one_of_the_same_writer_only(pair: tuple
         put(client, writer, name)
     assert holder.names("peer") == [CopyName(10, 2, 0), CopyName(20, 2, 1)]
     assert writer.names("own") == [CopyName(20, 2, 1)]  # one own copy per pod: the newest
+
+
+def test_a_put_keeps_the_writers_copies_it_names_and_drops_them_at_a_later_put(
+        pair: tuple[MemoryDir, MemoryDir, ReplicaServer]) -> None:
+    """The writer names the gang step's copy (10) and one that may still become it (15) beside 20; its next put
+    names 20 alone: 10 and 15 go. Another writer's copies are untouched by either put."""
+    writer, holder, server = pair
+    client = wire.Client(server.address)
+    for name, keep in ((CopyName(5, 2, 0), ()), (CopyName(10, 2, 1), ()), (CopyName(15, 2, 1), (10,)),
+                       (CopyName(20, 2, 1), (10, 15))):
+        write_copy(writer, name, os.urandom(1000))
+        put(client, writer, name, keep=keep)
+    assert holder.names("peer") == [CopyName(5, 2, 0), CopyName(10, 2, 1), CopyName(15, 2, 1), CopyName(20, 2, 1)]
+    write_copy(writer, CopyName(25, 2, 1), os.urandom(1000))
+    put(client, writer, CopyName(25, 2, 1), keep=(20,))
+    assert holder.names("peer") == [CopyName(5, 2, 0), CopyName(20, 2, 1), CopyName(25, 2, 1)]
+
+
+def test_a_put_with_a_malformed_keep_is_refused_naming_it(pair: tuple[MemoryDir, MemoryDir, ReplicaServer]) -> None:
+    writer, holder, server = pair
+    name = CopyName(40, 2, 1)
+    write_copy(writer, name, os.urandom(1000))
+    with pytest.raises(wire.WireError, match=r"keep must be a list of steps >= 0, got \[-1\]"):
+        put(wire.Client(server.address), writer, name, keep=(-1,))
+    assert holder.names("peer") == []
+
+
+def test_kept_copies_make_room_when_the_limit_has_none_the_gang_steps_last(shm: Path) -> None:
+    """Room for three copies of 4 KiB: the writer's 10 (the gang step's) and 15 kept beside 20; the put of 25 that
+    still names them needs room for one more: 15 goes first, then 10 would; the newest (20) stays until 25
+    committed."""
+    writer, holder = MemoryDir(str(shm / "w")), MemoryDir(str(shm / "h"), limit_bytes=3 * 4096 + 100)
+    with _served(holder) as server:
+        client = wire.Client(server.address)
+        for step, keep in ((10, ()), (15, (10,)), (20, (10, 15))):
+            write_copy(writer, CopyName(step, 2, 1), os.urandom(4096))
+            put(client, writer, CopyName(step, 2, 1), keep=keep)
+        assert [n.step for n in holder.names("peer")] == [10, 15, 20]
+        write_copy(writer, CopyName(25, 2, 1), os.urandom(4096))
+        put(client, writer, CopyName(25, 2, 1), keep=(10, 15, 20))
+        assert [n.step for n in holder.names("peer")] == [10, 20, 25]
 
 
 def test_a_byte_flipped_on_the_way_is_refused_and_nothing_is_committed(pair: tuple[MemoryDir, MemoryDir,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from .layout import CopyName
 
@@ -156,29 +156,21 @@ def _preference(h: Holding) -> tuple[int, str]:
     return (0 if h.tree == "own" else 1, h.location)
 
 
-def select_deletions(names: Iterable[CopyName], tree: str,
-                     gang_complete: tuple[int, int] | None = None) -> list[CopyName]:
-    """Committed copies of one tree to delete now that a newer one committed (pure).
+def select_deletions(names: Iterable[CopyName], *, keep: Collection[CopyName] = (),
+                     writer: int | None = None) -> list[CopyName]:
+    """Committed copies to delete now that a newer one committed (pure): of ``writer``'s copies (every copy:
+    None), everything but the newest and those in ``keep``.
 
-    ``own``: everything but the newest copy (whoever wrote it) and, with ``gang_complete`` = ``(attempt, step)``
-    (the newest step every process of that attempt has replicated to its peer), the newest own copy of that
-    attempt at or before that step. Without it a process lost before it replicated its newest copy would leave
-    the gang no step in memory that every process has: its peer holds the step before, the others only the
-    newest. ``peer``: everything but the newest copy of each writer (a pod may hold replicas of several
-    processes; the limit bounds them). Newest means written last: the highest ``(attempt, step)`` (a newer
-    attempt may write a lower step than a fenced copy of an older one).
+    A pod's own copies are pruned whole (``writer`` None: the newest copy, whoever wrote it, stays), a pod's
+    replicas per writer, at that writer's put (each writer's newest stays, and the copies its put named: the
+    others' are theirs to name). ``keep``: the copies of the gang step and of the steps that may still become it
+    (:func:`.gang.keep_steps`). Newest means written last: the highest ``(attempt, step)`` (a newer attempt may
+    write a lower step than a fenced copy of an older one).
     """
-    committed = sorted({n.committed for n in names if not n.tmp}, key=lambda n: (n.attempt, n.step, n.writer))
-    if tree == "own":
-        keep = committed[-1:]
-        if gang_complete is not None:
-            attempt, step = gang_complete
-            keep += [n for n in committed if n.attempt == attempt and n.step <= step][-1:]
-        return [n for n in committed if n not in keep]
-    newest: dict[int, CopyName] = {}
-    for n in committed:
-        newest[n.writer] = n
-    return [n for n in committed if newest[n.writer] != n]
+    committed = sorted({n.committed for n in names if not n.tmp and (writer is None or n.writer == writer)},
+                       key=lambda n: (n.attempt, n.step, n.writer))
+    kept = {n.committed for n in keep}
+    return [n for n in committed[:-1] if n not in kept]
 
 
 def pairing_problems(processes: Mapping[int, tuple[str | None, str | None, str | None]]) -> dict[int, str]:

@@ -3,7 +3,10 @@ one of the same step), spaced so that the tier costs at most its budget of the t
 than about half the storage tier's periodic interval (a memory copy older than the newest storage checkpoint
 is of no use to a restore).
 
-* ``REPRIEVE_MEMORY_INTERVAL_STEPS=N``: after every N-th step; no communication.
+* ``REPRIEVE_MEMORY_INTERVAL_STEPS=N``: after every N-th step; no communication until a save is skipped.
+* A save skipped on any process (its copy still in flight) makes process 0 publish a schedule twice as wide
+  (:func:`widen`), adopted by every process at the same step, whatever the interval's kind: processes that skip
+  where their own copies run late would otherwise save different steps, and no step would be whole in memory.
 * Otherwise the first save is after the :data:`FIRST_SAVE_AFTER`-th step of the loop (past compilation) on every
   process. Process 0 keeps a robust view of the loop's step time (the lower median of the newest
   :data:`STEP_WINDOW` steps) and of what a memory save costs the loop (the mean of the newest
@@ -25,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .config import INTERVAL_SECONDS_ENV, INTERVAL_STEPS_ENV, MemoryConfig
@@ -50,6 +53,7 @@ REPUBLISH_AFTER_SAVES = 2  # saves measured since the last publication before th
 # compile-inflated, or on a machine still busy with the restart), so it is provisional and re-measured soon (a
 # restart a few dozen steps before an unwarned loss must not wait a whole sparse interval for its second copy).
 PROBE_EVERY = 4
+WIDEN_FACTOR = 2  # a skipped save widens the interval this much (:func:`widen`), until no process skips
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,19 @@ def start_after(current_step: int, step_s: float) -> int:
     return current_step + max(LEAD_STEPS, math.ceil(LEAD_SECONDS / max(step_s, 1e-6)))
 
 
+def widen(newest: Schedule | None, skips: Mapping[int, tuple[int, int]], *, step: int,
+          step_s: float) -> Schedule | None:
+    """Process 0's answer to skipped saves (pure): ``skips`` maps a process to the ``(schedule version, step)`` of
+    the newest save it skipped (its previous copy still written or sent). One under the newest schedule means the
+    processes may no longer save the same steps (each skips where its own copy runs late), so no step is held by
+    all: the next schedule saves :data:`WIDEN_FACTOR` times less often, from a step every process reaches after
+    it adopted it (:func:`start_after`, process 0 at ``step``). None when no skip is under the newest schedule (an
+    older one's are answered by it)."""
+    if newest is None or not any(version == newest.version for version, _ in skips.values()):
+        return None
+    return Schedule(min(MAX_EVERY, newest.every * WIDEN_FACTOR), start_after(step, step_s), newest.version + 1)
+
+
 class Measurements:
     """Process 0's running view of the step time and of what a save costs the loop (no clock, no I/O: the tier
     passes the times in). The step time counts consecutive steps only (a restart or a skipped call is no step).
@@ -299,6 +316,15 @@ def interval_line(plan: Schedule, choice: Choice, *, cost_s: float, step_s: floa
     return (f"memory copies {_every(plan.every)} (~{_seconds(plan.every * step_s)}) from step {plan.start}{counted} "
             f"(schedule {plan.version}): each copy costs the loop {cost_s:.3f} s and a step takes {step_s:.4f} s; "
             f"{why}. A kill -9 loses up to ~{plan.every} step{'' if plan.every == 1 else 's'}")
+
+
+def widened_line(plan: Schedule, skips: Mapping[int, tuple[int, int]], previous: int) -> str:
+    """Process 0's line for a schedule :func:`widen` published."""
+    skipped = ", ".join(f"process {p} step {s}" for p, (_, s) in sorted(skips.items()))
+    return (f"memory copies {_every(plan.every)} from step {plan.start} (schedule {plan.version}), {_every(previous)} "
+            f"before: saves were skipped while a copy was still written or sent ({skipped}), so the processes no "
+            f"longer saved the same steps; every process switches at step {plan.start}, and widens again while any "
+            "skips")
 
 
 def storage_text(steps: int, seconds: float) -> str:

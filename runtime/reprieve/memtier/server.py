@@ -119,7 +119,9 @@ class ReplicaServer:
             problems.append(f"data is {n_data} bytes, the manifest says {manifest.data_bytes}")
         if problems:
             raise CopyCorruptError(f"{where}: {'; '.join(problems)}")
+        keep = _kept(header.get("keep", []), name)
         with self.dir.in_flight(timeout_s=RECEIVE_LOCK_TIMEOUT_S):
+            self.dir.make_room(tree, n_data, keep=keep, writer=name.writer)
             tmp = self.dir.begin(tree, name, n_data, attempt=name.attempt)
             try:
                 if n_data:
@@ -132,7 +134,7 @@ class ReplicaServer:
                                 os._exit(86)
                             wire.recv_exact(rfile, view, where)
                         verify(mem, manifest, where=where)
-                self.dir.commit(tree, name, manifest)
+                self.dir.commit(tree, name, manifest, keep=keep)
             except BaseException:
                 self.dir.abort(tree, name)
                 raise
@@ -172,6 +174,13 @@ class ReplicaServer:
         base = header.get("base")
         self.dir.write_fence(int(header["attempt"]), None if base is None else (int(base[0]), int(base[1])))
         wire.send_line(conn, {"ok": True})
+
+
+def _kept(raw: Any, name: CopyName) -> list[CopyName]:
+    """A put's ``keep``: the writer's copies of those steps (the put's attempt) stay beside the one it commits."""
+    if not isinstance(raw, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in raw):
+        raise ValueError(f"put of {name}: keep must be a list of steps >= 0, got {raw!r}")
+    return [CopyName(s, name.attempt, name.writer) for s in raw]
 
 
 def serve_pod(env: Mapping[str, str]) -> ReplicaServer | None:

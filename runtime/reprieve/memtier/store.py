@@ -21,7 +21,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from ..checkpoint.layout import fence_name, parse_fence_name  # one fence name in both tiers
@@ -204,22 +204,40 @@ class MemoryDir:
         return tmp
 
     def commit(self, tree: str, name: CopyName, manifest: Manifest, *,
-               gang_complete: tuple[int, int] | None = None) -> list[CopyName]:
+               keep: Collection[CopyName] = ()) -> list[CopyName]:
         """Write the manifest, rename ``<name>.tmp`` to ``<name>`` (the commit) and delete the copies it replaces
-        (``gang_complete``: see :func:`~.decide.select_deletions`); returns those."""
+        (:meth:`prune`: a received copy replaces its writer's only); returns those."""
         tmp = self.copy_dir(tree, name.in_flight)
         with open(os.path.join(tmp, layout.MANIFEST_FILE), "wb") as fh:
             fh.write(manifest.to_bytes())
         os.rename(tmp, self.copy_dir(tree, name))
-        return self.prune(tree, gang_complete=gang_complete, committed=name)
+        return self.prune(tree, keep=keep, writer=name.writer if tree == layout.PEER else None, committed=name)
 
-    def prune(self, tree: str, *, gang_complete: tuple[int, int] | None = None,
+    def prune(self, tree: str, *, keep: Collection[CopyName] = (), writer: int | None = None,
               committed: CopyName | None = None) -> list[CopyName]:
-        """Delete the committed copies of ``tree`` that :func:`~.decide.select_deletions` lets go, never the one
-        just ``committed``; returns them."""
-        gone = [n for n in decide.select_deletions(self.names(tree), tree, gang_complete) if n != committed]
+        """Delete the committed copies of ``tree`` that :func:`~.decide.select_deletions` lets go (``writer``'s
+        only, unless None), never the one just ``committed``; returns them."""
+        gone = [n for n in decide.select_deletions(self.names(tree), keep=keep, writer=writer) if n != committed]
         for old in gone:
             self.delete(tree, old)
+        return gone
+
+    def make_room(self, tree: str, nbytes: int, *, keep: Collection[CopyName] = (),
+                  writer: int | None = None) -> list[CopyName]:
+        """Before writing a copy of ``nbytes`` (the caller holds :meth:`in_flight`), only when the limit has no
+        room for it: delete what its commit would delete anyway, then the kept copies too, the newest first (the
+        gang step's, the oldest, last: the one step known complete); the newest copy stays. Returns what it
+        deleted (:meth:`begin` then refuses a copy that still does not fit)."""
+        gone: list[CopyName] = []
+        kept = sorted({n.committed for n in keep}, key=lambda n: (n.attempt, n.step))
+        pruned = False
+        while self.limit_bytes is not None and self.usage_bytes() + nbytes > self.limit_bytes:
+            if pruned and not kept:
+                break
+            if pruned:
+                kept.pop()
+            pruned = True
+            gone += self.prune(tree, keep=kept, writer=writer)
         return gone
 
     def abort(self, tree: str, name: CopyName) -> None:

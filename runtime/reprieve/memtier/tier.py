@@ -22,7 +22,8 @@ import numpy as np
 
 from .. import topology
 from ..coordination import CoordinationTimeout, Coordinator
-from . import layout, schedule, wire
+from ..env import Env
+from . import gang, layout, schedule, wire
 from .config import MemoryConfig
 from .layout import CopyName
 from .manifest import Manifest, Shard, crc32c
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 _KV = "reprieve/mem"
 SEND_TIMEOUT_S = 120.0
+# test-only: "<step>:<seconds>[,...]" holds the copy of <step> that long before it is sent (a copy slower than a step)
+SLOW_COPY_ENV = "REPRIEVE_MEMTIER_TEST_SLOW_COPY"
 CLOSE_WAIT_S = 5.0
 
 
@@ -132,6 +135,13 @@ class MemoryTier:
         self._cap_told = False
         self._skips = schedule.SkipNotice()  # says once that copies are slower than the interval
         self._running_step: int | None = None  # the step whose copy the background thread writes or sends
+        self._loop_step: int | None = None  # the newest step the loop asked about (process 0 plans from it)
+        # what this process publishes after each copy (memtier.gang): the steps it replicated lately and the newest
+        # save it skipped; and the newest gang step it has seen (only grows)
+        self._replicated: tuple[int, ...] = ()
+        self._skip: tuple[int, int] | None = None
+        self._gang: int | None = None
+        self._floor = 1  # process 0: the interval skipped saves widened the schedule to (a re-plan keeps above it)
         # what the loop and the operator read (progress report)
         self.saved_step: int | None = None  # newest own copy committed
         self.replicated_step: int | None = None  # newest own copy the peer committed
@@ -168,8 +178,9 @@ class MemoryTier:
                 log.warning("memory: REPRIEVE_MEMORY_INTERVAL_STEPS=%d is sparser than the storage tier's periodic "
                             "interval (%d steps): the newest memory copy is often older than the newest storage "
                             "checkpoint; set it to at most %d", self.cfg.interval_steps, storage_steps, cap)
-            return
-        self._first = schedule.first_save(start)
+        else:
+            self._first = schedule.first_save(start)
+        # every process but 0 follows process 0's schedules: a steps interval too, once skipped saves widen it
         if self.pid != 0 and self._watcher is None:
             self._watcher = threading.Thread(target=self._watch_schedules, name="reprieve-memory-schedule",
                                              daemon=True)
@@ -187,6 +198,7 @@ class MemoryTier:
             return False
         if step_seconds is not None:
             self._step_s = step_seconds
+        self._loop_step = step
         if self.pid == 0 and not self.cfg.interval_steps:
             measured = self._measured
             measured.step(step, time.perf_counter(), measured.measuring and self.busy())
@@ -209,6 +221,8 @@ class MemoryTier:
             return False
         if self._thread is not None and self._thread.is_alive():
             self.skipped += 1
+            current, _ = schedule.in_force(self._plans, step)
+            self._skip = (0 if current is None else current.version, step)  # published after the copy in flight
             log.info("memory save of step %d skipped: the copy of step %s is still being written or sent", step,
                      self.saved_step if self.saved_step is not None else "(first)")
             line = self._skips.line(step=step, running_step=self._running_step, every=self.every,
@@ -256,7 +270,7 @@ class MemoryTier:
                     process_extra: Any) -> None:
         t0, cpu0 = time.perf_counter(), time.thread_time()
         try:
-            manifest = self._write_own(name, snap, host, extra, process_extra)
+            manifest, keep = self._write_own(name, snap, host, extra, process_extra)
         except (CopyBusyError, CopyRefusedError, OSError) as err:
             self.failures += 1
             log.warning("memory copy of step %d not written: %s", name.step, err)
@@ -267,7 +281,12 @@ class MemoryTier:
         self.saves += 1
         self.saved_step = name.step
         if self.peer is not None:
-            self._send(name, manifest)
+            time.sleep(_test_slow_copy(name.step))
+            self._send(name, manifest, keep)
+        if self.peer is not None or self.nproc > 1:
+            self._publish_progress()
+        if self.pid == 0 and self.nproc > 1:
+            self._widen_on_skips(name.step)
         self.last_background_s = time.thread_time() - cpu0
         log.debug("memory copy of step %d: %d bytes, waited %.3fs for the state, the loop %.3fs for the copy, "
                   "%.3fs in the background (%.3fs CPU)", name.step, manifest.data_bytes, self.last_ready_s,
@@ -278,7 +297,9 @@ class MemoryTier:
             self._publish_schedule(name.step)
 
     def _write_own(self, name: CopyName, snap: Any, host: dict[int, np.ndarray], extra: dict[str, Any],
-                   process_extra: Any) -> Manifest:
+                   process_extra: Any) -> tuple[Manifest, list[CopyName]]:
+        """Write and commit this process's copy ``name``; returns its manifest and the older copies kept beside it
+        here (the put names the same ones to the holder: :meth:`_keep`)."""
         parts: list[tuple[int, tuple[tuple[int, int], ...], np.ndarray]] = [
             (sc.leaf, sc.region, np.asarray(sc.data)) for sc in snap.shards]
         parts += [(i, tuple((0, n) for n in a.shape), a) for i, a in host.items() if a.size]
@@ -293,10 +314,8 @@ class MemoryTier:
                             process_extra=process_extra, base=self.base, created_unix=time.time(),
                             topology=topology.recorded(self.nproc), root=self.root)
         with self.dir.in_flight(timeout_s=SEND_TIMEOUT_S):
-            gang = self._gang_complete()
-            self.dir.prune(layout.OWN, gang_complete=gang)  # the step before, once the whole gang replicated it
-            if self.dir.limit_bytes is not None and self.dir.usage_bytes() + offset > self.dir.limit_bytes:
-                self.dir.prune(layout.OWN)  # no room beside the newest copy and this one: the limit decides
+            keep = self._keep(name)
+            self.dir.make_room(layout.OWN, offset, keep=keep)  # only when the limit has no room: it decides
             tmp = self.dir.begin(layout.OWN, name, offset, attempt=name.attempt)
             try:
                 if offset:
@@ -306,25 +325,26 @@ class MemoryTier:
                         for (_, _, arr), s in zip(parts, shards, strict=True):
                             dst[s.offset:s.offset + s.nbytes] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
                         del dst
-                self.dir.commit(layout.OWN, name, manifest, gang_complete=gang)
+                self.dir.commit(layout.OWN, name, manifest, keep=keep)
             except BaseException:
                 self.dir.abort(layout.OWN, name)
                 raise
-        return manifest
+        return manifest, keep
 
-    def _send(self, name: CopyName, manifest: Manifest) -> None:
+    def _send(self, name: CopyName, manifest: Manifest, keep: list[CopyName]) -> None:
         path = os.path.join(self.dir.copy_dir(layout.OWN, name), layout.DATA_FILE)
         t0 = time.perf_counter()
         try:
             assert self.peer is not None
             wire.Client(self.peer, timeout_s=SEND_TIMEOUT_S, token=self.token).put(
-                layout.PEER, str(name), manifest.to_bytes(), path, manifest.data_bytes)
+                layout.PEER, str(name), manifest.to_bytes(), path, manifest.data_bytes,
+                keep=[n.step for n in keep if n != name])
         except (wire.WireError, OSError) as err:
             self.failures += 1
             log.warning("memory copy of step %d not replicated to %s: %s", name.step, self.peer, err)
             return
         self.replicated_step = name.step
-        self._publish_progress()
+        self._replicated = gang.replicated(self._replicated, name.step)
         log.debug("memory copy of step %d replicated to %s in %.3fs", name.step, self.peer, time.perf_counter() - t0)
 
     # -- the schedule (time and budget) ---------------------------------------------------------------------------
@@ -340,11 +360,11 @@ class MemoryTier:
             current, _ = schedule.in_force(self._plans, step)
             over_budget = (self.cfg.auto and current is not None
                            and schedule.over_budget(cost, step_s, current.every, self.cfg.budget))
-            if not schedule.reconsider(current, newest=newest, step=step, every=choice.every,
+            if not schedule.reconsider(current, newest=newest, step=step, every=max(self._floor, choice.every),
                                        saves_since=self._saves_since, over_budget=over_budget):
                 return
         start = schedule.start_after(max(step, self._measured.last_step or 0), step_s)
-        every = schedule.first_every(choice.every) if newest is None else choice.every
+        every = max(self._floor, schedule.first_every(choice.every) if newest is None else choice.every)
         # a re-plan counts from this save (the one just written): its first save is an interval after it
         plan = (schedule.Schedule(every, start) if newest is None
                 else schedule.Schedule(every, start, newest.version + 1, anchor=step))
@@ -368,7 +388,8 @@ class MemoryTier:
     def _watch_schedules(self) -> None:
         """Every process but 0 (a thread): read each schedule process 0 publishes, in order, until the tier
         closes. A schedule starts a few steps ahead of process 0, so every process switches at the same step."""
-        version = 1
+        newest = self.newest_schedule
+        version = 1 if newest is None else newest.version + 1
         while not self._closing.is_set():
             try:
                 plan = schedule.Schedule.from_json(self.coord.get(_schedule_key(self.attempt, version), 1.0))
@@ -384,32 +405,74 @@ class MemoryTier:
                       plan.start)
             version += 1
 
-    def _publish_progress(self) -> None:
+    def _widen_on_skips(self, step: int) -> None:
+        """Process 0, after each copy: a process that skipped a save under the newest schedule (its copy ran late)
+        may be saving other steps than the rest, so process 0 publishes a wider schedule that every process
+        adopts at the same step (:func:`.schedule.widen`)."""
+        records = self._records()
+        records[self.pid] = gang.Record(self._replicated, self._skip)
+        skips = {p: r.skip for p, r in records.items() if r.skip is not None}
+        newest = self.newest_schedule
+        plan = schedule.widen(newest, skips, step=max(step, self._loop_step or 0),
+                              step_s=self._measured.step_s(self._step_s))
+        if plan is None or newest is None:
+            return
         try:
-            self.coord.set(f"{_KV}/a{self.attempt}/replicated/{self.pid}", str(self.replicated_step), overwrite=True)
-        except Exception as err:  # noqa: BLE001 - progress only
-            log.debug("memory: could not publish the replicated step: %s", err)
+            self.coord.set(_schedule_key(self.attempt, plan.version), plan.to_json())
+        except Exception as err:  # noqa: BLE001 - the schedule in force goes on (and its skips), training goes on
+            log.warning("memory: could not publish the widened save schedule: %s", err)
+            return
+        self._published, self._saves_since, self._floor = plan, 0, plan.every
+        self._adopt(plan)
+        log.warning("%s", schedule.widened_line(plan, {p: s for p, s in skips.items() if s[0] == newest.version},
+                                                newest.every))
 
-    def _gang_complete(self) -> tuple[int, int] | None:
-        """``(attempt, step)``: the newest step every process of this attempt has replicated, whose own copy this
-        process keeps beside its newest (None without a peer: then no process's copy outlives its pod)."""
+    def _publish_progress(self) -> None:
+        record = gang.Record(self._replicated, self._skip)
+        try:
+            self.coord.set(f"{_KV}/a{self.attempt}/replicated/{self.pid}", record.to_json(), overwrite=True)
+        except Exception as err:  # noqa: BLE001 - progress only
+            log.debug("memory: could not publish the replicated steps: %s", err)
+
+    def _records(self) -> dict[int, gang.Record]:
+        """Every process's published :class:`.gang.Record` of this attempt (those unreadable left out)."""
+        prefix = f"{_KV}/a{self.attempt}/replicated/"
+        try:
+            got = self.coord.dir_get(prefix)
+        except Exception as err:  # noqa: BLE001 - progress only: no records, no gang step
+            log.debug("memory: could not read the processes' replicated steps: %s", err)
+            return {}
+        out = {}
+        for key, value in got.items():
+            try:
+                out[int(key[len(prefix):] if key.startswith(prefix) else key.rsplit("/", 1)[-1])] = \
+                    gang.Record.from_json(value)
+            except ValueError as err:
+                log.debug("memory: progress record %s is unreadable: %s", key, err)
+        return out
+
+    def _keep(self, name: CopyName) -> list[CopyName]:
+        """This process's copies to keep beside ``name`` here and at its holder (:func:`.gang.keep_steps`): the
+        gang step's and those that may still become it. None without a peer: no copy outlives its pod then."""
         if self.peer is None:
-            return None
-        step = self.gang_step()
-        return None if step is None else (self.attempt, step)
+            return []
+        lists = {p: r.steps for p, r in self._records().items()}
+        lists[self.pid] = self._replicated
+        self._gang = gang.newer_gang(self._gang, gang.gang_step(lists, self.nproc))
+        own = [n.step for n in self.dir.names(layout.OWN) if n.attempt == self.attempt and n.writer == self.pid]
+        return [CopyName(s, self.attempt, self.pid)
+                for s in sorted(gang.keep_steps([*own, name.step], lists, self.nproc, self._gang))]
 
     def holds(self, step: int) -> bool:
         """Whether this process's copy of ``step`` is committed in its pod and, with a peer, at the peer."""
         return self.saved_step == step and (self.peer is None or self.replicated_step == step)
 
     def gang_step(self) -> int | None:
-        """The newest step every process of this attempt has replicated (process 0's progress report)."""
-        try:
-            got = self.coord.dir_get(f"{_KV}/a{self.attempt}/replicated/")
-        except Exception:  # noqa: BLE001
-            return None
-        steps = [int(v) for v in got.values()]
-        return min(steps) if len(steps) == self.nproc else None
+        """The newest step every process of this attempt has replicated (process 0's progress report):
+        :func:`.gang.gang_step` over the processes' records, never older than one seen before."""
+        lists = {p: r.steps for p, r in self._records().items()}
+        self._gang = gang.newer_gang(self._gang, gang.gang_step(lists, self.nproc))
+        return self._gang
 
     # -- end ------------------------------------------------------------------------------------------------------
     def wait(self, timeout_s: float | None = None) -> None:
@@ -456,6 +519,16 @@ def storage_root(uri: str) -> str:
     """The storage root a copy records (pure): a URI as given, a local path made absolute (``./checkpoints`` from
     two working directories are two roots)."""
     return uri if "://" in uri else os.path.abspath(uri)
+
+
+def _test_slow_copy(step: int) -> float:
+    """Seconds :data:`SLOW_COPY_ENV` holds the copy of ``step`` before it is sent (0: unset, the default)."""
+    raw = Env(os.environ).raw(SLOW_COPY_ENV)
+    for item in (raw or "").split(","):
+        at, _, seconds = item.partition(":")
+        if at.strip() == str(step):
+            return float(seconds)
+    return 0.0
 
 
 def _ready(state: Any) -> None:

@@ -7,8 +7,9 @@ the answer's bytes.
 =========  ==========================================================  =========================================
 op         request                                                     answer
 =========  ==========================================================  =========================================
-put        ``tree``, ``name``, ``manifest`` and ``data`` byte counts;  ok once the copy is checked and committed
-           the manifest's bytes, then data.bin's
+put        ``tree``, ``name``, ``manifest`` and ``data`` byte counts,  ok once the copy is checked and committed
+           ``keep`` (the writer's steps of this attempt its holder
+           keeps beside it); the manifest's bytes, then data.bin's
 list       (nothing)                                                   ``location``, ``holdings``, ``fences``
 manifest   ``tree``, ``name``                                          ``bytes``, then the manifest's bytes
 read       ``tree``, ``name``, ``ranges`` [[offset, length], ...]      the ranges' bytes, in order
@@ -114,9 +115,12 @@ class Client:
             raise WireError(f"{where}: {answer.get('error', 'refused without a reason')}")
         return answer
 
-    def put(self, tree: str, name: str, manifest: bytes, data_path: str, data_bytes: int) -> None:
-        """Send a committed copy (its manifest, then data.bin with sendfile); returns once the server committed it."""
-        with self._request("put", tree=tree, name=name, manifest=len(manifest), data=data_bytes) as (sock, rfile):
+    def put(self, tree: str, name: str, manifest: bytes, data_path: str, data_bytes: int, *,
+            keep: Sequence[int] = ()) -> None:
+        """Send a committed copy (its manifest, then data.bin with sendfile); returns once the server committed it
+        and deleted the writer's older copies but those of the steps in ``keep`` (this attempt's)."""
+        with self._request("put", tree=tree, name=name, manifest=len(manifest), data=data_bytes,
+                           keep=sorted(keep)) as (sock, rfile):
             sock.sendall(manifest)
             if data_bytes:
                 with open(data_path, "rb") as fh:

@@ -15,7 +15,9 @@ that died earlier would abort the others through the coordination service's hear
 test changes something meanwhile). ``WORKER_SLOW_STEPS=N`` with ``WORKER_SLOW_SECONDS=T``: the attempt's first N steps take T seconds
 (a slow warm-up: compilation, a loaded machine), the later ones ``WORKER_STEP_SECONDS``. Before every save a process waits for its previous memory copy to finish in the background, so that
 every due memory save happens (on a busy machine one would otherwise be skipped, which the tier allows; the faults
-under test are about restores). ``WORKER_LOCKSTEP=1``: after that wait every process meets the others at a
+under test are about restores), except after the steps in ``WORKER_NO_WAIT_AT`` (comma-separated): a save due
+there while the copy before is still written or sent (``REPRIEVE_MEMTIER_TEST_SLOW_COPY``) is skipped, as a copy
+slower than a step makes it. ``WORKER_LOCKSTEP=1``: after that wait every process meets the others at a
 barrier before it saves, as a real step's collectives keep a gang together: this step's copy then starts only once
 every process has replicated the copies before it (the steps here have no collective, and a process running ahead
 on a loaded machine sees an older step replicated by the whole gang than the test means). At the end each process
@@ -74,6 +76,7 @@ def main() -> None:
     stop_at, hold_at = worker_env("STOP_AT", -1), worker_env("HOLD_AT", -1)
     slow_steps, slow_seconds = worker_env("SLOW_STEPS", 0), worker_env("SLOW_SECONDS", 0.0)
     lockstep = worker_env("LOCKSTEP", False)
+    no_wait = {int(s) for s in worker_env("NO_WAIT_AT", "").split(",") if s.strip()}
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
     job = reprieve.init()
@@ -97,7 +100,7 @@ def main() -> None:
         next(batches)
         state = jax.block_until_ready(train(state))
         time.sleep(slow_seconds if step - start < slow_steps else step_seconds)
-        if tier is not None:
+        if tier is not None and step not in no_wait:
             tier.wait()
         if lockstep:
             multihost_utils.sync_global_devices(f"memtier-worker-step-{step}")
