@@ -263,7 +263,8 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         # the runtime loop's body, in its order: the save decision for the batch trained last, then the next step
         # (fit's _jax_state still holds that batch's outputs: the train function has not run yet)
         if self._pending:
-            self.job.save(self._step, self._state, data=self.position)
+            if not self.job.idle_step(self._step, self._state):  # the interval's step, a notice: save decides
+                self.job.save(self._step, self._state, data=self.position)
         else:  # the epoch's first batch, or a batch of the resumed epoch trained before the restart
             if batch < self._skip:
                 return
