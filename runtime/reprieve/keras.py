@@ -5,9 +5,10 @@ the exact next batch.
     model.fit(x, y, epochs=10, callbacks=[reprieve.keras.ReprieveCallback(job)])
 
 Install with ``pip install reprieve[keras]``; run with ``KERAS_BACKEND=jax``. One batch is one step of the job:
-``on_train_batch_begin`` is the runtime loop's body, ``job.save(step, state, data=position)`` for the batch before
-(with a :class:`~reprieve.deferred.DeferredState`: the state dict is built only when the step is saved, so the cost
-does not grow with the variables) and then ``next(steps)``; an epoch's last batch is decided before validation
+``on_train_batch_begin`` is the runtime loop's body, the decision for the batch before (``job.idle_step``, and
+``job.save(step, state, data=position)`` when it says something may be due; with a
+:class:`~reprieve.deferred.DeferredState`: the state dict is built only when the step is saved, so the cost does not
+grow with the variables) and then ``next(steps)``; an epoch's last batch is decided before validation
 (``on_test_begin``) or at ``on_epoch_end``. A notice ends in the agreed save on every process and the exit with the
 restart code, and ``REPRIEVE_CHECKPOINT_INTERVAL_*`` gives periodic saves. The callback's ``on_train_batch_end``
 does nothing and is marked as Keras's default, so it leaves Keras 3's async batch-end dispatch on (docs/keras.md). The state is the model's trainable, non-trainable
