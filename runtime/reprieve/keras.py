@@ -311,7 +311,9 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
             next(steps, None)  # the last step was saved (the job's last-step save): the generator finishes the job
             return
         steps.close()
-        if self._step >= 0:  # stopped early (EarlyStopping) or data of unknown length: keep where it ended
+        # stopped early (EarlyStopping) or data of unknown length: keep where it ended, unless saved already (an
+        # epoch-end save of the batch it stopped at)
+        if self._step >= 0 and self.job.storage.last_saved != self._step:
             self.job.save(self._step, self.current_state(), data=self.position, force=True)
         self.job.finish()
 
