@@ -14,8 +14,9 @@ One process, CPU, Keras 3 on JAX, an MLP of ``--width`` (4 Dense layers, Adam): 
 - ``fit_per_batch``: ``fit``'s time per batch (``verbose=0``, nothing due) without a callback and with the callback
   alone, widths 64 and ``--width``, and whether Keras dispatched the batch ends asynchronously.
 
-- ``idle`` (the part ``reprieve``): the callback's two batch hooks per batch when nothing is due; ``job_save_idle``:
-  the runtime's own ``job.save`` inside them (the loop of docs/runtime.md pays it and ``next(steps)`` every step).
+- ``idle`` (the part ``reprieve``): the callback's two batch hooks per batch when nothing is due; ``job_idle_step``:
+  the runtime's decision inside them, ``job.idle_step`` (``job.save`` runs only at the steps it sends there; the loop
+  of docs/runtime.md pays ``job.save`` and ``next(steps)`` every step).
 - ``stall``: the time the hook holding the save blocks at one (``REPRIEVE_CHECKPOINT_INTERVAL_STEPS``, Reprieve's
   format, the device-to-host copy in the loop, the write in the background), against Keras's own
   ``keras.callbacks.OrbaxCheckpoint(save_freq=N)`` (the part ``orbax``: Orbax, async) on the same model and interval.
@@ -111,7 +112,7 @@ def reprieve_fit(width: int, batches: int, every: int, root: str) -> dict[str, A
     model = build(width)
     callback = ReprieveCallback(job)
     times = timed(callback, ("on_train_batch_begin", "on_train_batch_end"))
-    times.update(timed(job, ("save",)))  # the runtime's own decision, inside on_train_batch_end
+    times.update(timed(job, ("idle_step",)))  # the runtime's decision, inside on_train_batch_begin
     x, y = data(batches)
     quiet, in_fit = [probe() for _ in range(batches)], Probe()
     model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False, callbacks=[callback, in_fit])
@@ -122,11 +123,12 @@ def reprieve_fit(width: int, batches: int, every: int, root: str) -> dict[str, A
     idle = [b + e for i, (b, e) in enumerate(zip(begin, end, strict=True))
             if i not in saving and i - 1 not in saving and i > 1]
     stall = [max(end[i], begin[i + 1]) for i in sorted(saving)]
-    save = [t for i, t in enumerate(times["save"]) if i not in saving and i > 1]
+    decided = [t for i, t in enumerate(times["idle_step"]) if i not in saving and i > 1]  # one call a batch but
+    # the epoch's first (its decision is the epoch's end's): i is the batch before the one whose begin asked
     state_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.weights + model.optimizer.variables)
     python = python_in_fit(quiet, [t for i, t in enumerate(in_fit.ns) if i not in saving])
     return {"idle_us": stats(idle, 1e6), "stall_ms": stats(stall, 1e3), "state_mib": round(state_bytes / 2**20, 1),
-            "job_save_idle_us": stats(save, 1e6), "python_in_fit": python,
+            "job_idle_step_us": stats(decided, 1e6), "python_in_fit": python,
             "idle_quiet_us": round(statistics.median(idle) * 1e6 / python["slowdown"], 2)}
 
 

@@ -220,6 +220,19 @@ class Agreement(Daemon):
             return EARLY
         return INTERVAL if interval else None
 
+    def quiet(self, step: int) -> bool:
+        """:meth:`decide` without the lock for a loop with nothing agreed: records ``step`` as decided and returns
+        True when no round is in flight, no plan or save round is in force, no notice is held and nothing failed
+        (``decide`` would return None without waiting); False: call :meth:`decide` (it records the step again).
+
+        Safe without the lock because ``step`` is stored before the flags are read, and a watcher closing the gate
+        stores ``_gate`` before it reads ``_checked`` (:meth:`_run_round`): under the GIL one of the two sees the
+        other's store, so either the ack carries ``step`` or this call sees the gate and returns False."""
+        if step > self._checked:  # noqa: PLR1730 - max() is a call, at every step
+            self._checked = step
+        return (self._gate is None and self._target is None and not self._saves and self._error is None
+                and not self._holding)
+
     def _maybe_replan(self, target: Target, step: int) -> None:
         """Under the lock: queue a re-plan round (the watcher claims it; no RPC here) when the steps slowed so
         much that the final save would commit too close to the deadline. Once per plan."""

@@ -33,7 +33,7 @@ from .measures import SaveReports, StepTimes, positive
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeHub
-from .policy import SaveContext, SavePolicy, agreed_to_memory, not_held
+from .policy import SaveContext, SavePolicy, agreed_to_memory, next_due_step, not_held
 from .progress import LoopProgress, ProgressReporter
 from .restore import Restored, read_latest
 from .targets import MemoryTarget, SaveRecords, SaveTarget, StorageTarget, Tier, save_kind
@@ -99,6 +99,8 @@ class Job:
         self._current = -1  # the furthest step the loop entered
         self._decided = -1  # the last step save() or should_stop() decided about
         self._stop_step: int | None = None  # should_stop() returned True for it
+        self._due_from = 0  # idle_step(): no step before it is due by the interval (0: ask save() every step)
+        self._timed = coordinator.process_id == 0 and self.policy.interval_seconds > 0  # asks the clock each step
         self.loop = LoopProgress()  # read by the progress reporter and the metrics exporter's threads
         self._times = StepTimes(self.loop, agreement, self.metrics)
         self._final = False  # the agreed save has begun
@@ -219,6 +221,7 @@ class Job:
             log.info("the checkpoint holds the last step (%d of total=%d): nothing left to train", start - 1, total)
         self._transition(Phase.TRAINING)
         self._last_step = None if total is None else total - 1
+        self._due_from = 0  # the first save() decides where the interval's next save is
         self.agreement.begin(start, self._last_step)
         if self.memory is not None:  # the storage interval caps the memory schedule's
             self.memory.begin(start, self.policy)
@@ -341,7 +344,26 @@ class Job:
         # after a save of this step started (it restarts the interval's clock), so one interval asks for one save
         if self.process_id == 0 and self.storage.request_due():
             self.agreement.request_save("interval")  # a no-op while the previous request is being agreed
+        if self.memory is None:  # the memory tier's schedule is asked every step (it measures the steps)
+            self._due_from = next_due_step(step + 1, policy=self.policy, last_step=self._last_step)
         return self.storage in saving
+
+    def idle_step(self, step: int, state: Any) -> bool:
+        """:meth:`save`'s decision for ``step`` when nothing can be due at it, at a fraction of its cost: True when
+        the step is decided with nothing to save (the agreement records it, the finished-step probe notes it, as
+        :meth:`save` does); False when something may be due (the interval's step, the job's last, a notice or a
+        save round in agreement, process 0's time-based interval, the memory tier on, the first step): nothing was
+        done, call :meth:`save`. What ``reprieve.keras`` calls before :meth:`save` at every batch."""
+        if step >= self._due_from or (self._timed and self.storage.request_due()) or not self.agreement.quiet(step):
+            return False
+        if step > self._current:  # noqa: PLR1730 - max() is a call, at every step
+            self._current = step
+        finished = self.finished
+        finished.note(step, state)
+        if finished.failed is not None:  # no later step can finish: stop dispatching them
+            raise_step_failure(built(state), finished.failed, self.process_id)
+        self._decided = step
+        return True
 
     def notify(self, reason: str, deadline: float, *, notice_id: str | None = None) -> None:
         """Report a notice from user code (``deadline`` in ``time.time()`` seconds). Thread-safe."""

@@ -5,9 +5,10 @@ the exact next batch.
     model.fit(x, y, epochs=10, callbacks=[reprieve.keras.ReprieveCallback(job)])
 
 Install with ``pip install reprieve[keras]``; run with ``KERAS_BACKEND=jax``. One batch is one step of the job:
-``on_train_batch_begin`` is the runtime loop's body, ``job.save(step, state, data=position)`` for the batch before
-(with a :class:`~reprieve.deferred.DeferredState`: the state dict is built only when the step is saved, so the cost
-does not grow with the variables) and then ``next(steps)``; an epoch's last batch is decided before validation
+``on_train_batch_begin`` is the runtime loop's body, the decision for the batch before (``job.idle_step``, and
+``job.save(step, state, data=position)`` when it says something may be due; with a
+:class:`~reprieve.deferred.DeferredState`: the state dict is built only when the step is saved, so the cost does not
+grow with the variables) and then ``next(steps)``; an epoch's last batch is decided before validation
 (``on_test_begin``) or at ``on_epoch_end``. A notice ends in the agreed save on every process and the exit with the
 restart code, and ``REPRIEVE_CHECKPOINT_INTERVAL_*`` gives periodic saves. The callback's ``on_train_batch_end``
 does nothing and is marked as Keras's default, so it leaves Keras 3's async batch-end dispatch on (docs/keras.md). The state is the model's trainable, non-trainable
@@ -263,7 +264,8 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
         # the runtime loop's body, in its order: the save decision for the batch trained last, then the next step
         # (fit's _jax_state still holds that batch's outputs: the train function has not run yet)
         if self._pending:
-            self.job.save(self._step, self._state, data=self.position)
+            if not self.job.idle_step(self._step, self._state):  # the interval's step, a notice: save decides
+                self.job.save(self._step, self._state, data=self.position)
         else:  # the epoch's first batch, or a batch of the resumed epoch trained before the restart
             if batch < self._skip:
                 return
@@ -309,7 +311,9 @@ class ReprieveCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defi
             next(steps, None)  # the last step was saved (the job's last-step save): the generator finishes the job
             return
         steps.close()
-        if self._step >= 0:  # stopped early (EarlyStopping) or data of unknown length: keep where it ended
+        # stopped early (EarlyStopping) or data of unknown length: keep where it ended, unless saved already (an
+        # epoch-end save of the batch it stopped at)
+        if self._step >= 0 and self.job.storage.last_saved != self._step:
             self.job.save(self._step, self.current_state(), data=self.position, force=True)
         self.job.finish()
 

@@ -45,6 +45,22 @@ def should_save(step: int, *, policy: SavePolicy, last_saved: int | None, last_s
     return policy.interval_steps > 0 and (step + 1) % policy.interval_steps == 0
 
 
+NEVER = 1 << 62  # a step no loop reaches: "no step is due from here on"
+
+
+def next_due_step(step: int, *, policy: SavePolicy, last_step: int | None) -> int:
+    """The first step from ``step`` on at which :func:`should_save` can say yes: the interval's next step, or the
+    job's last one with ``save_last`` (:data:`NEVER` when neither comes). Before it the interval asks nothing, so a
+    loop may skip asking (``Job.idle_step``)."""
+    due = NEVER
+    if policy.interval_steps > 0:
+        n = policy.interval_steps
+        due = -(-(step + 1) // n) * n - 1  # the first s >= step with (s + 1) % n == 0
+    if policy.save_last and last_step is not None and step <= last_step:
+        due = min(due, last_step)
+    return due
+
+
 def time_save_due(*, policy: SavePolicy, now: float, last_save_at: float) -> bool:
     """Whether process 0 should ask every process to agree on a save now: ``interval_seconds`` have passed
     since the last save started (or since the loop started)."""

@@ -104,10 +104,13 @@ def test_all_processes_get_the_same_plan_at_max_checked_plus_one() -> None:
             a.close()
 
 
+@pytest.mark.parametrize("quiet", [False, True], ids=["decide", "quiet-then-decide"])
 @pytest.mark.parametrize("seed", range(12))
-def test_randomized_skew_every_loop_stops_at_the_same_unpassed_step(seed: int) -> None:
+def test_randomized_skew_every_loop_stops_at_the_same_unpassed_step(seed: int, quiet: bool) -> None:
     """Loops running at different speeds (no lockstep at all); notices from random processes at random
-    times, sometimes two at once, sometimes a second, earlier one later. Everyone must stop at one step."""
+    times, sometimes two at once, sometimes a second, earlier one later. Everyone must stop at one step. With
+    ``quiet``: each step first asks :meth:`Agreement.quiet` (no lock, as ``Job.idle_step`` does) and calls
+    ``decide`` only when it says something is in flight."""
     rng = random.Random(seed)
     n = rng.choice([2, 3, 4])
     settings = CountdownSettings(margin_seconds=0.05, safety_factor=1.0, default_save_seconds=0.01)
@@ -121,7 +124,7 @@ def test_randomized_skew_every_loop_stops_at_the_same_unpassed_step(seed: int) -
         a.report(step_seconds=delay)
         try:
             for step in range(100_000):
-                kind = a.decide(step)
+                kind = None if quiet and a.quiet(step) else a.decide(step)
                 decided[p].append(step)
                 if kind == FINAL:
                     stops[p] = step
@@ -150,6 +153,23 @@ def test_randomized_skew_every_loop_stops_at_the_same_unpassed_step(seed: int) -
     final = stops[0]
     for p in range(n):
         assert decided[p] == list(range(final + 1)), f"process {p} passed the agreed step {final}"
+
+
+def test_quiet_records_the_step_and_says_when_decide_is_needed() -> None:
+    """``quiet`` stores the step the loop decided (the next round acks it) and is True only while nothing is in
+    flight: a held notice, a plan, or a save round sends the loop to ``decide``."""
+    (a,) = agreements(1, hold_until_loop=True)
+    try:
+        assert not a.quiet(0)  # a notice may be held until the loop's first decision
+        assert a.decide(0) is None and a.quiet(1) and a.quiet(2)
+        assert a.request_save("interval")
+        wait_for(lambda: not a.quiet(2), 5, "the save round's step to be agreed")  # step 2 again: the ack's
+        assert a.decide(3) == "interval" and a.quiet(4)  # the round acked step 2 (recorded by quiet): saves step 3
+        a.offer(notice("n1", 0.0))
+        wait_target(a)
+        assert not a.quiet(5) and a.decide(5) == FINAL
+    finally:
+        a.close()
 
 
 def test_simultaneous_notices_one_round_and_the_second_is_dropped(caplog: pytest.LogCaptureFixture) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from reprieve.config import ConfigError, RuntimeConfig
-from reprieve.policy import SavePolicy, agreed_to_memory, not_held, should_save
+from reprieve.policy import NEVER, SavePolicy, agreed_to_memory, next_due_step, not_held, should_save
 
 pytestmark = pytest.mark.unit
 
@@ -88,6 +88,20 @@ def test_should_save(step: int, interval: int, last_saved: int | None, last_step
                      expected: bool) -> None:
     policy = SavePolicy(interval_steps=interval, save_last=save_last)
     assert should_save(step, policy=policy, last_saved=last_saved, last_step=last_step) is expected
+
+
+@pytest.mark.parametrize("interval", [0, 1, 3, 10])
+@pytest.mark.parametrize("last_step", [None, 0, 7, 30])
+@pytest.mark.parametrize("save_last", [True, False])
+def test_no_step_before_next_due_step_is_saved_by_the_interval_and_it_is_one_that_can_be(
+        interval: int, last_step: int | None, save_last: bool) -> None:
+    """``Job.idle_step`` asks the policy nothing before ``next_due_step``: ``should_save`` (with nothing saved yet,
+    its most willing case) says no at every step before it and yes at it, from every step on."""
+    policy = SavePolicy(interval_steps=interval, save_last=save_last)
+    for start in range(40):
+        due = next_due_step(start, policy=policy, last_step=last_step)
+        says = [s for s in range(start, 80) if should_save(s, policy=policy, last_saved=None, last_step=last_step)]
+        assert due == (says[0] if says else NEVER), (start, due, says[:3])
 
 
 @pytest.mark.parametrize("reason,memory_on,restart,expected", [

@@ -69,9 +69,16 @@ class Agreement:
         self.requests: list[tuple[int, str]] = []
         self.step = -1
         self.target: Any = None
+        self.decided: list[int] = []  # the steps decide() was asked about
+
+    def quiet(self, step: int) -> bool:
+        """Nothing agreed at ``step`` (the real one: no round, plan or save round in force)."""
+        self.step = step
+        return self.target is None and step not in self.agreed
 
     def decide(self, step: int) -> str | None:
         self.step = step
+        self.decided.append(step)
         kind = self.agreed.get(step)
         if kind == FINAL:
             notice = Notice(id="n-1", source="user", reason=self.reason, deadline=None, received_at=0.0)
@@ -181,6 +188,41 @@ def test_a_deferred_state_is_built_only_at_the_steps_a_target_saves(monkeypatch:
     assert written == [{"w": 3}, {"w": 6}, {"w": 7}, {"w": 9}]  # the built tree, never the DeferredState
     assert built == [0, 1, 3, 4, 6, 7, 9]  # the first step's state check, then once per saved step
     assert probed == (list(range(10)) if probing else [])
+
+
+def test_idle_step_decides_a_step_with_nothing_due_and_sends_every_other_to_save(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``reprieve.keras`` asks ``idle_step`` before ``save`` at every batch: the same saves as ``save`` alone makes
+    (the first test's, without the memory tier), ``idle_step`` True only at steps before the interval's next one
+    with nothing agreed in flight and process 0's time-based interval not due, and a step it decided is not decided
+    again by ``steps()``. With the memory tier on (its schedule measures every step) it sends every step to save."""
+    monkeypatch.setattr(teardown, "ignore_termination_signals", lambda: None)
+    clock, ckpt = Clock(), Checkpointer()
+    agreement = Agreement({6: "interval", 9: FINAL})
+    job = Job(RuntimeConfig(), LocalCoordinator(), ckpt, agreement, Hub(),  # type: ignore[arg-type]
+              policy=SavePolicy(interval_steps=4, interval_seconds=10.0), exit_fn=_exit, clock=clock)
+    idle: list[int] = []
+    with pytest.raises(Exited):
+        for step in job.steps(0, 20):
+            if step == 5:
+                clock.now += 10.0
+            if step != 7 and job.idle_step(step, {"w": step}):
+                idle.append(step)
+                continue
+            job.save(step, {"w": step}, extra={"user": "x"}, force=step == 7)
+    assert ckpt.saves == [(3, "periodic"), (6, "interval"), (7, "forced"), (9, "final")]
+    assert agreement.requests == [(5, "interval")]
+    assert idle == [1, 2, 4, 8]  # 0: the first step's check; 3: the interval's; 5: the clock's; 6, 9: agreed
+    assert agreement.decided == [0, 3, 5, 6, 7, 9]  # each step decided once: by save, or by idle_step alone
+    assert job.finished.noted == 9
+    memory = Job(RuntimeConfig(), LocalCoordinator(), Checkpointer(), Agreement({}), Hub(),  # type: ignore[arg-type]
+                 policy=SavePolicy(interval_steps=4), exit_fn=_exit, memory=FakeTier(due_at=frozenset({2})))
+    steps = memory.steps(0, 6)
+    answers = []
+    for step in steps:
+        answers.append(memory.idle_step(step, {"w": step}))
+        memory.save(step, {"w": step}, extra={"user": "x"})
+    assert answers == [False] * 6
 
 
 def test_the_loops_last_step_is_saved_as_last_not_periodic(monkeypatch: pytest.MonkeyPatch) -> None:
