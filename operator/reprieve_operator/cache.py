@@ -115,21 +115,16 @@ class Cache:
         """The job's pods the watch saw deleted, not since replaced by a pod of the same name (oldest first)."""
         return tuple(self._gone.get((namespace, job), {}).values())
 
-    def reset_pods(self, pods: list[dict[str, Any]], namespace: str | None = None) -> set[Key]:
-        """Replace every pod (of ``namespace``, or all) after a re-list; returns the jobs that had or have pods."""
-        before = {k for k in self._pods if namespace is None or k[0] == namespace}
-        if namespace is None:
-            self._pods.clear()
-            self._pod_node.clear()
-            self._node_jobs.clear()
-            self._pod_job.clear()
-        else:
-            for key in before:
-                for old in list(self._pods.get(key, {})):
-                    self._forget(key[0], old)
-        for p in pods:
-            self.upsert_pod(p)
-        return before | {k for k in self._pods if namespace is None or k[0] == namespace}
+    def relist(self, namespace: str | None = None) -> Relist:
+        """A re-list of every pod (of ``namespace``, or all), to be taken in a page at a time (``Relist``)."""
+        return Relist(self, namespace)
+
+    def keep_only(self, pods: set[Key], namespace: str | None = None) -> set[Key]:
+        """Forget every pod (of ``namespace``, or all) but ``pods`` ((namespace, name)); the jobs that had pods."""
+        jobs = {k for k in self._pods if namespace is None or k[0] == namespace}
+        for key in [k for k in self._pod_job if (namespace is None or k[0] == namespace) and k not in pods]:
+            self._forget(*key)
+        return jobs
 
     def replace_job_pods(self, namespace: str, job: str, pods: list[dict[str, Any]]) -> None:
         """Make the job's pods exactly ``pods`` (from a LIST)."""
@@ -189,6 +184,31 @@ class Cache:
 
     def stats(self) -> dict[str, int]:
         return {"pods": len(self._pod_job), "jobs": len(self.jobs), "nodes": len(self.nodes)}
+
+
+class Relist:
+    """A re-list of the pods after the watch's resourceVersion expired (410), taken into the cache a LIST page at a
+    time, as the priming is: :meth:`page` replaces each listed pod's entry, :meth:`end` forgets the pods of the scope
+    that no page listed. Never a compact copy of every pod beside the cache's own (that doubled the memory at the
+    relist). Between pages each pod is at its cached or its listed state and none is missing that still exists;
+    the jobs are kicked once, at the end. Constructed anywhere; ``page`` and ``end`` run where the cache is written
+    (the event loop)."""
+
+    def __init__(self, cache: Cache, namespace: str | None) -> None:
+        self.cache, self.namespace = cache, namespace
+        self._listed: set[Key] = set()  # (namespace, pod): the cache's interned strings, a tuple each
+
+    def page(self, pods: list[dict[str, Any]]) -> None:
+        for pod in pods:
+            if self.cache.upsert_pod(pod) is not None:
+                meta = pod["metadata"]
+                self._listed.add((sys.intern(str(meta.get("namespace"))), sys.intern(str(meta.get("name")))))
+
+    def end(self) -> set[Key]:
+        """Forget the scope's pods no page listed; the jobs that had or have pods (each to be reconciled)."""
+        jobs = self.cache.keep_only(self._listed, self.namespace)
+        self._listed.clear()
+        return jobs
 
 
 class JobBodies:
