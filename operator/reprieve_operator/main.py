@@ -165,6 +165,7 @@ async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
         watch.start()
         watches.append(watch)
     memory.release()
+    memory.mark_primed()
     logging.getLogger("reprieve_operator").info("cache primed: %s (pods watched in %s), RSS %.0f MB",
                                                 state.cache.stats(), ", ".join(s or "all namespaces" for s in scopes),
                                                 memory.rss_mb())
