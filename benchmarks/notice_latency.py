@@ -20,7 +20,12 @@ CPU; and the same latency for the peer "the benchmark patches the 20 pods itself
 floor for delivering to one job by patching its pods), as a ratio. Targets: object p99 <= 0.5x the peer's,
 writes per notice <= affected jobs + a constant, RSS < 300 MB.
 
-    python benchmarks/notice_latency.py [--nodes 1000 --jobs 500 --replicas 20 --trials 50]
+Nodes tainted at once, each beside its own peer (every pod of the hit jobs patched by hand from one start): ``--wave
+0.1`` (a tenth of the nodes, instead of the trials: every job hit on two nodes) and ``--per-job`` (after the trials,
+every job no trial hit, each on one node: one notice per job at once; figures prefixed ``per_job_``). The background
+load (``--load``) is raw HTTP/1.1 keep-alive PATCHes from other processes; achieved and asked are both reported.
+
+    python benchmarks/notice_latency.py [--nodes 1000 --jobs 500 --replicas 20 --trials 50] [--per-job | --wave 0.1]
 """
 
 from __future__ import annotations
