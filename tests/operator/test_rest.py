@@ -141,3 +141,15 @@ def test_an_answer_read_whole_is_refused_naming_the_call() -> None:
         rest.CoreV1Api(c).read_node("n0")
     with pytest.raises(TypeError, match=r"unknown argument\(s\) \['pretty'\]"):
         rest.CoreV1Api(c).read_node("n0", pretty="true", _preload_content=False)
+
+
+def test_the_standby_warm_up_sends_its_four_reads() -> None:
+    """``__main__.warm_up`` (a standby's first calls) goes through these classes: each read is sent (an error there is
+    swallowed, so a wrong argument would go unseen)."""
+    from reprieve_operator.__main__ import warm_up
+
+    c, transport = api_client()
+    warm_up(c, ["ml"])
+    assert [(m, u.split("?")[0].removeprefix("https://kube.test:6443")) for m, u, _, _ in transport.requests] == [
+        ("GET", "/api/v1/nodes"), ("GET", "/api/v1/namespaces/ml/pods"), ("GET", "/api/v1/pods"),
+        ("GET", "/apis/reprieve.dev/v1alpha1/namespaces/ml/trainingjobs")]
