@@ -325,6 +325,7 @@ def main() -> int:
         op = subprocess.Popen([sys.executable, "-m", "reprieve_operator", "--namespace", NS, "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT, env=env)
         stages = RssStages(op.pid)
         achieved = achieved_notices = None
+        load: list[subprocess.Popen[bytes]] = []
         try:
             t1 = time.monotonic()  # ready: every job reconciled once (status.ready written)
             wait_statuses(custom, op, "ready", args.jobs, 900, f"jobs reconciled; see {log.name}")
@@ -347,7 +348,6 @@ def main() -> int:
             print(f"goodput accounting on for all {args.jobs} jobs in {time.monotonic() - t2:.0f}s; "
                   f"RSS {rss_mb(op.pid)[0]:.0f} MB")
             stages.next("notices")
-            load: list[subprocess.Popen[bytes]] = []
             procs = math.ceil(args.load / LOAD_PER_PROCESS)
             for proc in range(procs):  # each its share of the rate
                 load.append(subprocess.Popen(
@@ -474,7 +474,8 @@ def main() -> int:
                 print(f"background load: {achieved:.0f} writes/s achieved over the run, {achieved_notices:.0f} during "
                       f"the {'wave' if wave else 'trials'} (asked {args.load:.0f}/s, {len(load)} processes)")
         finally:
-            op.terminate()
+            for proc in [op, *load]:  # the load too when the run failed (they outlived the cluster once)
+                proc.terminate()
             op.wait(30)
             log.close()
         report = notice_report(per_job, writes, events, peer, args.jobs * args.replicas // args.nodes)
