@@ -20,7 +20,12 @@ CPU; and the same latency for the peer "the benchmark patches the 20 pods itself
 floor for delivering to one job by patching its pods), as a ratio. Targets: object p99 <= 0.5x the peer's,
 writes per notice <= affected jobs + a constant, RSS < 300 MB.
 
-    python benchmarks/notice_latency.py [--nodes 1000 --jobs 500 --replicas 20 --trials 50]
+Nodes tainted at once, each beside its own peer (every pod of the hit jobs patched by hand from one start): ``--wave
+0.1`` (a tenth of the nodes, instead of the trials: every job hit on two nodes) and ``--per-job`` (after the trials,
+every job no trial hit, each on one node: one notice per job at once; figures prefixed ``per_job_``). The background
+load (``--load``) is raw HTTP/1.1 keep-alive PATCHes from other processes; achieved and asked are both reported.
+
+    python benchmarks/notice_latency.py [--nodes 1000 --jobs 500 --replicas 20 --trials 50] [--per-job | --wave 0.1]
 """
 
 from __future__ import annotations
@@ -153,18 +158,33 @@ class Notices:
 
 
 LOAD = r"""
-import sys, threading, time
-from kubernetes import client, config
-config.load_kube_config(sys.argv[1])
+import http.client, json, ssl, sys, threading, time
+from urllib.parse import urlsplit
+# The cheapest client this machine has: raw HTTP/1.1 keep-alive connections, one per thread, the response read and
+# dropped (the kubernetes client's request validation and response models were most of a load process's CPU).
+cfg = json.load(open(sys.argv[1]))
 rate, ns, proc = float(sys.argv[2]), sys.argv[3], sys.argv[4]
-api = client.ApiClient()
-api.configuration.connection_pool_maxsize = 16
-core = client.CoreV1Api(api)
+cluster, user = cfg["clusters"][0]["cluster"], cfg["users"][0]["user"]
+tls = ssl.create_default_context(cafile=cluster["certificate-authority"])
+tls.load_cert_chain(user["client-certificate"], user["client-key"])
+server = urlsplit(cluster["server"])
+def connection():
+    return http.client.HTTPSConnection(server.hostname, server.port, context=tls, timeout=30)
+def call(conn, method, path, body, content_type):
+    conn.request(method, path, body=json.dumps(body), headers={"Content-Type": content_type,
+                                                               "Accept": "application/json"})
+    resp = conn.getresponse()
+    resp.read()
+    return resp.status
 names = [f"bench-load-{proc}-{i}" for i in range(64)]
+setup = connection()
 for n in names:
-    core.create_namespaced_config_map(ns, {"metadata": {"name": n}, "data": {"i": "0"}})
-sent, lock, t0 = [0], threading.Lock(), time.monotonic()
+    status = call(setup, "POST", f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"name": n}, "data": {"i": "0"}},
+                  "application/json")
+    assert status in (201, 409), f"creating ConfigMap {ns}/{n}: HTTP {status}"
+sent, failed, lock, t0 = [0], [0], threading.Lock(), time.monotonic()
 def writer():
+    conn = connection()
     while True:
         with lock:  # paced: the n-th write is due at t0 + n / rate
             n = sent[0]
@@ -172,16 +192,21 @@ def writer():
         delay = t0 + n / rate - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        # the response is not decoded into the client's models: that decoding was most of a process's CPU
-        core.patch_namespaced_config_map(names[n % len(names)], ns, {"data": {"i": str(n)}},
-                                         _preload_content=False).release_conn()
-for _ in range(16):
+        try:
+            if call(conn, "PATCH", f"/api/v1/namespaces/{ns}/configmaps/{names[n % len(names)]}",
+                    {"data": {"i": str(n)}}, "application/merge-patch+json") != 200:
+                failed[0] += 1
+        except (OSError, http.client.HTTPException):  # a dropped connection: a new one
+            failed[0] += 1
+            conn.close()
+            conn = connection()
+for _ in range(64):  # writes in flight: a write waits ~0.1 s on a loaded API server, 16 connections made ~230/s
     threading.Thread(target=writer, daemon=True).start()
 while True:
     time.sleep(10)
-    print(f"load {proc}: {sent[0] / (time.monotonic() - t0):.0f} writes/s due", flush=True)
+    print(f"load {proc}: {sent[0] / (time.monotonic() - t0):.0f} writes/s due, {failed[0]} failed", flush=True)
 """
-LOAD_PER_PROCESS = 125.0  # writes/s one load process is asked for (one process reached 307-385 on the 2-core VM)
+LOAD_PER_PROCESS = 250.0  # writes/s one load process is asked for (raw keep-alive HTTP; the client's was 125)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -225,8 +250,9 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=20)
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--load", type=float, default=0.0,
-                    help="background writes/s from other clients (processes of at most 125 writes/s each, "
-                         "each patching 64 ConfigMaps of its own) during the trials and the peer")
+                    help="background writes/s from other clients (processes of at most 250 writes/s each, raw HTTP/1.1 "
+                         "keep-alive connections, each patching 64 ConfigMaps of its own) during the trials and "
+                         "the peer")
     ap.add_argument("--path", choices=("both", "object", "annotation"), default="both",
                     help="which jobs' pods say they watch their job's notice object (the runtime's "
                          "reprieve.dev/notice-watch): both = the jobs of even trials (one write per job) and "
@@ -235,7 +261,13 @@ def main() -> int:
                     help="instead of the one-node trials: taint this fraction of the nodes at once, spread evenly "
                          "(0.1: every tenth node, so every job is hit on two of its nodes), and time each hit job "
                          "from the first taint to every pod hearing it")
+    ap.add_argument("--per-job", action="store_true",
+                    help="after the trials: one notice per job, every job not yet hit at once (the trials' nodes "
+                         "no trial struck, tainted together: each job hit on one node), beside its own peer "
+                         "(every pod of those jobs patched by hand from one start)")
     args = ap.parse_args()
+    if args.wave and args.per_job:
+        ap.error("--wave and --per-job: one scenario of nodes tainted at once per run")
     if args.nodes % args.replicas or args.jobs * args.replicas % args.nodes:
         ap.error("need nodes % replicas == 0 and jobs*replicas % nodes == 0")
 
@@ -292,7 +324,8 @@ def main() -> int:
         log = open(work / "operator.log", "wb")  # noqa: SIM115
         op = subprocess.Popen([sys.executable, "-m", "reprieve_operator", "--namespace", NS, "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT, env=env)
         stages = RssStages(op.pid)
-        achieved = None
+        achieved = achieved_notices = None
+        load: list[subprocess.Popen[bytes]] = []
         try:
             t1 = time.monotonic()  # ready: every job reconciled once (status.ready written)
             wait_statuses(custom, op, "ready", args.jobs, 900, f"jobs reconciled; see {log.name}")
@@ -315,7 +348,6 @@ def main() -> int:
             print(f"goodput accounting on for all {args.jobs} jobs in {time.monotonic() - t2:.0f}s; "
                   f"RSS {rss_mb(op.pid)[0]:.0f} MB")
             stages.next("notices")
-            load: list[subprocess.Popen[bytes]] = []
             procs = math.ceil(args.load / LOAD_PER_PROCESS)
             for proc in range(procs):  # each its share of the rate
                 load.append(subprocess.Popen(
@@ -331,32 +363,42 @@ def main() -> int:
             events: dict[str, list[int]] = {"object": [], "annotation": []}
             cpu0, t_load, load_w0 = cpu_seconds(op.pid), time.monotonic(), load_writes(core)
             wave = wave_nodes(args.nodes, args.wave) if args.wave else []
-            if wave:
-                struck = set(wave)
-                hit = sorted({k for k in range(args.jobs) for j in range(args.replicas)
-                              if (args.replicas * k + j) % args.nodes in struck})
+
+            def strike(nodes: list[int], what: str) -> Scenario:
+                """Taint ``nodes`` at once (32 threads); each hit job timed from the first taint to every pod
+                hearing it, per path; the writes and Events of the whole."""
+                got_s = Scenario()
+                struck = set(nodes)
+                got_s.hit = sorted({k for k in range(args.jobs) for j in range(args.replicas)
+                                    if (args.replicas * k + j) % args.nodes in struck})
                 o0, p0, e0 = on_objects.writes, on_pods.writes, event_count(core)
                 start = time.monotonic()
                 parallel(lambda n: core.patch_node(f"n{n:04d}", {"spec": {"taints": [
-                    {"key": TAINT, "value": "true", "effect": "NoSchedule"}]}}), wave, workers=32)
+                    {"key": TAINT, "value": "true", "effect": "NoSchedule"}]}}), nodes, workers=32)
                 tainted = time.monotonic() - start
-                by_path = {p: [k for k in hit if (p == "object") == watching(k)] for p in ("object", "annotation")}
+                by_path = {p: [k for k in got_s.hit if (p == "object") == watching(k)] for p in ("object", "annotation")}
+                limit = 120 + 0.02 * len(by_path["annotation"]) * args.replicas  # the fallback writes every pod
                 if by_path["object"]:
-                    got = on_objects.wait([f"j{k:03d}-notice" for k in by_path["object"]], 120)
-                    per_job["object"] += [got[f"j{k:03d}-notice"] - start for k in by_path["object"]]
+                    got = on_objects.wait([f"j{k:03d}-notice" for k in by_path["object"]], limit)
+                    got_s.per_job["object"] += [got[f"j{k:03d}-notice"] - start for k in by_path["object"]]
                 if by_path["annotation"]:
                     got = on_pods.wait([f"j{k:03d}-{j}" for k in by_path["annotation"] for j in range(args.replicas)],
-                                       120)
-                    per_job["annotation"] += [max(got[f"j{k:03d}-{j}"] for j in range(args.replicas)) - start
-                                              for k in by_path["annotation"]]
+                                       limit)
+                    got_s.per_job["annotation"] += [max(got[f"j{k:03d}-{j}"] for j in range(args.replicas)) - start
+                                                    for k in by_path["annotation"]]
                 time.sleep(2.0)  # the writes and Events that follow
                 # writes per path: the objects written (one write per job) and the pods annotated (the fallback)
-                writes["object"].append(on_objects.writes - o0)
-                writes["annotation"].append(on_pods.writes - p0)
-                events["object"].append(event_count(core) - e0)
-                print(f"wave: {len(wave)} nodes tainted in {tainted:.2f} s, {len(hit)} jobs hit "
+                got_s.writes["object"].append(on_objects.writes - o0)
+                got_s.writes["annotation"].append(on_pods.writes - p0)
+                got_s.events["object"].append(event_count(core) - e0)
+                print(f"{what}: {len(nodes)} nodes tainted in {tainted:.2f} s, {len(got_s.hit)} jobs hit "
                       f"({len(by_path['object'])} watching their object): {on_objects.writes - o0} objects and "
                       f"{on_pods.writes - p0} pods written, {event_count(core) - e0} Events")
+                return got_s
+
+            if wave:
+                burst = strike(wave, "wave")
+                per_job, writes, events = burst.per_job, burst.writes, burst.events
             for t in range(0 if wave else args.trials):
                 node = (args.replicas * t) % args.nodes
                 jobs = sorted({(node + args.nodes * m) // args.replicas
@@ -378,6 +420,13 @@ def main() -> int:
                 writes[path].append(on_pods.writes + on_objects.writes - w0)
                 events[path].append(event_count(core) - e0)
             cpu = cpu_seconds(op.pid) - cpu0
+            if load:  # during the trials (or the wave) alone
+                achieved_notices = (load_writes(core) - load_w0) / (time.monotonic() - t_load)
+            each = None
+            if args.per_job:
+                stages.next("one notice per job")
+                each = strike(per_job_nodes(args.nodes, args.replicas, args.trials), "one notice per job")
+                each.cpu = cpu_seconds(op.pid) - cpu0 - cpu
             rss, peak = rss_mb(op.pid)
             stages.done.set()
             on_pods.stop.set()
@@ -386,16 +435,22 @@ def main() -> int:
             # Peer: the same deliveries done by hand, straight after a taint: patch every pod of the jobs on
             # one node (32 threads, job by job, like the operator's pool), time per job from the taint.
             peer: list[float] = []
-            if wave:  # the wave's peer: every pod of every hit job patched by hand, from one start
+
+            def peer_at_once(hit: list[int]) -> list[float]:
+                """Every pod of the ``hit`` jobs patched by hand (32 threads) from one start, timed per job."""
                 start, finished_w = time.monotonic(), {}
 
                 def patch_w(kj: tuple[int, int]) -> None:
                     core.patch_namespaced_pod(f"j{kj[0]:03d}-{kj[1]}", NS, {"metadata": {"annotations": {
-                        "bench/peer": "wave"}}})
+                        "bench/peer": "at-once"}}})
                     finished_w[kj[0]] = max(finished_w.get(kj[0], 0.0), time.monotonic())
 
                 parallel(patch_w, [(k, j) for k in hit for j in range(args.replicas)], workers=32)
-                peer += [finished_w[k] - start for k in hit]
+                return [finished_w[k] - start for k in hit]
+
+            if wave:  # the wave's peer: every pod of every hit job patched by hand, from one start
+                peer += peer_at_once(burst.hit)
+            each_peer = peer_at_once(each.hit) if each is not None else []
             for t in range(0 if wave else min(5, args.trials)):
                 node = (args.replicas * t) % args.nodes
                 jobs = sorted({(node + args.nodes * m) // args.replicas
@@ -416,30 +471,58 @@ def main() -> int:
                 achieved = (load_writes(core) - load_w0) / (time.monotonic() - t_load)
                 for proc in load:
                     proc.terminate()
-                print(f"background load: {achieved:.0f} writes/s achieved (asked {args.load:.0f}/s, "
-                      f"{len(load)} processes)")
+                print(f"background load: {achieved:.0f} writes/s achieved over the run, {achieved_notices:.0f} during "
+                      f"the {'wave' if wave else 'trials'} (asked {args.load:.0f}/s, {len(load)} processes)")
         finally:
-            op.terminate()
+            for proc in [op, *load]:  # the load too when the run failed (they outlived the cluster once)
+                proc.terminate()
             op.wait(30)
             log.close()
         report = notice_report(per_job, writes, events, peer, args.jobs * args.replicas // args.nodes)
+        if each is not None:  # one notice per job: its own figures, its own peer, beside the trials'
+            report.update({f"per_job_{k}": v for k, v in notice_report(
+                each.per_job, each.writes, each.events, each_peer, 1).items() if k != "jobs_per_notice"})
+            report.update(per_job_jobs_hit=len(each.hit), per_job_operator_cpu_s=round(each.cpu, 1))
         report.update(operator_rss_mb=round(rss, 1), operator_peak_rss_mb=round(peak, 1),
                       operator_peak_rss_mb_by_stage={k: round(v, 1) for k, v in stages.peaks.items()},
                       operator_cpu_s_per_notice=round(cpu / args.trials, 4),
-                      load_writes_per_s_asked=args.load, load_writes_per_s_achieved=achieved and round(achieved))
+                      load_writes_per_s_asked=args.load, load_writes_per_s_achieved=achieved and round(achieved),
+                      load_writes_per_s_achieved_notices=achieved_notices and round(achieved_notices))
         print(json.dumps(report, indent=1))
-        peer_p50, peer_p99 = report["peer_direct_patch_p50_s"], report["peer_direct_patch_p99_s"]
-        for path in ("object", "annotation"):
-            if f"{path}_p50_s" in report:
-                p50, p99 = report[f"{path}_p50_s"], report[f"{path}_p99_s"]
-                print(f"{path}: taint -> every pod of a job hears the notice: p50 {p50 * 1000:.0f} ms, "
-                      f"p99 {p99 * 1000:.0f} ms, max {report[f'{path}_max_s'] * 1000:.0f} ms; "
-                      f"{p50 / peer_p50:.2f}x / {p99 / peer_p99:.2f}x the peer's p50/p99; "
-                      f"{report[f'{path}_writes_per_notice']} writes and {report[f'{path}_events_per_notice']} "
-                      f"Events per notice ({report['jobs_per_notice']} jobs)")
+        for scenario, prefix in (("one node" if not wave else "wave", ""), ("one notice per job", "per_job_")):
+            if f"{prefix}peer_direct_patch_p50_s" not in report:
+                continue
+            peer_p50, peer_p99 = report[f"{prefix}peer_direct_patch_p50_s"], report[f"{prefix}peer_direct_patch_p99_s"]
+            for path in ("object", "annotation"):
+                if f"{prefix}{path}_p50_s" in report:
+                    p50, p99 = report[f"{prefix}{path}_p50_s"], report[f"{prefix}{path}_p99_s"]
+                    print(f"{scenario}, {path}: taint -> every pod of a job hears the notice: p50 {p50 * 1000:.0f} ms, "
+                          f"p99 {p99 * 1000:.0f} ms, max {report[f'{prefix}{path}_max_s'] * 1000:.0f} ms; "
+                          f"{p50 / peer_p50:.2f}x / {p99 / peer_p99:.2f}x the peer's p50/p99; "
+                          f"{report[f'{prefix}{path}_writes_per_notice']} writes and "
+                          f"{report[f'{prefix}{path}_events_per_notice']} Events per notice "
+                          f"({report.get('jobs_per_notice') if not prefix else report[f'{prefix}{path}_jobs_measured']}"
+                          f" jobs)")
         print(f"operator RSS {rss:.0f} MB, peak {peak:.0f} MB (target < 300 MB: {'PASS' if peak < 300 else 'FAIL'}); "
               f"CPU {cpu:.1f} s over {args.trials} notices; peak RSS by stage (MB): {stages.line()}")
     return 0
+
+
+class Scenario:
+    """Nodes tainted at once: the jobs hit, and per path the jobs' latencies, the writes and the Events."""
+
+    def __init__(self) -> None:
+        self.hit: list[int] = []
+        self.per_job: dict[str, list[float]] = {"object": [], "annotation": []}
+        self.writes: dict[str, list[int]] = {"object": [], "annotation": []}
+        self.events: dict[str, list[int]] = {"object": [], "annotation": []}
+        self.cpu = 0.0  # the operator's CPU seconds over it
+
+
+def per_job_nodes(nodes: int, replicas: int, trials: int) -> list[int]:
+    """The one-node trials' nodes no trial struck (20t, t >= trials): tainted at once, each hits its 10 jobs and no
+    job twice, so with the trials every job of the run has had one notice of its own."""
+    return [replicas * t for t in range(trials, nodes // replicas)]
 
 
 def wave_nodes(nodes: int, fraction: float) -> list[int]:

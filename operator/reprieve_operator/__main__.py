@@ -98,10 +98,10 @@ def configure_logging(level: str, fmt: str) -> None:
 def warm_up(api_client: object, namespaces: list[str]) -> None:
     """Make the kubernetes client build its request validators now, while standing by: the first call of
     each API method costs 1-5 s (pydantic), which would otherwise delay a failover."""
-    from kubernetes import client
+    from .apply import Api
 
-    core = client.CoreV1Api(api_client)
-    custom = client.CustomObjectsApi(api_client)
+    api = Api(api_client)  # type: ignore[arg-type]
+    core, custom = api.core, api.custom
     ns = namespaces[0] if namespaces and not any(c in namespaces[0] for c in "*?[") else "default"
     calls = [lambda: core.list_node(limit=1, _preload_content=False),
              lambda: core.list_namespaced_pod(ns, limit=1, _preload_content=False),

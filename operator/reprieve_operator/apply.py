@@ -18,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
+from . import rest
 from .models import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -35,14 +36,14 @@ def _raw(response: Any) -> Any:
 
 
 class Api:
-    """The typed API groups the operator uses, sharing one ApiClient."""
+    """The API groups the operator uses, sharing one ApiClient: core and RBAC through ``rest`` (the client's generated
+    classes of those groups load a model of every type they name), custom objects through the client's own."""
 
     def __init__(self, api_client: client.ApiClient) -> None:
         self.client = api_client
-        self.core = client.CoreV1Api(api_client)
-        self.rbac = client.RbacAuthorizationV1Api(api_client)
+        self.core = rest.CoreV1Api(api_client)
+        self.rbac = rest.RbacAuthorizationV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
-        self.events = client.EventsV1Api(api_client)
 
 
 async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import fnmatch
+import functools
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ import kopf
 from kubernetes import client, config
 
 from . import LABEL_JOB, apply, handlers, kueue, memory, metrics, podwatch, reconcile  # noqa: F401  (handlers: registration)
-from .cache import Cache
+from .cache import Cache, Relist
 from .models import GROUP, PLURAL, VERSION
 from .nodesignals import NodeSignals
 from .policy.notice import DEFAULT_HORIZON_SECONDS
@@ -158,19 +159,25 @@ async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
 
     watches = []
     for scope in scopes:
-        def on_relist(pods: list[dict[str, Any]], scope: str | None = scope) -> None:
-            for namespace, job in state.cache.reset_pods(pods, scope):
-                state.queue.kick(namespace, job)
-
-        watch = podwatch.PodWatch(api, asyncio.get_running_loop(), on_pod, on_relist, in_scope, versions[scope],
-                                  scope)
+        watch = podwatch.PodWatch(api, asyncio.get_running_loop(), on_pod,
+                                  functools.partial(state.cache.relist, scope), functools.partial(on_relisted, state),
+                                  in_scope, versions[scope], scope)
         watch.start()
         watches.append(watch)
     memory.release()
+    memory.mark_primed()
     logging.getLogger("reprieve_operator").info("cache primed: %s (pods watched in %s), RSS %.0f MB",
                                                 state.cache.stats(), ", ".join(s or "all namespaces" for s in scopes),
                                                 memory.rss_mb())
     return watches
+
+
+def on_relisted(state: State, relist: Relist) -> None:
+    """A re-list of the pods is all in the cache: forget the pods it did not list, reconcile every job that had or
+    has pods, and hand the heap the listing used back."""
+    for namespace, job in relist.end():
+        state.queue.kick(namespace, job)
+    memory.release()
 
 
 def _unfinished(state: State) -> list[tuple[str, str]]:

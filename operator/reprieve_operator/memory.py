@@ -1,4 +1,5 @@
-"""Memory diagnostics: hand freed heap back to the OS, and (``REPRIEVE_TRACEMALLOC=1``) log where it is held;
+"""Memory diagnostics: hand freed heap back to the OS, and (``REPRIEVE_TRACEMALLOC=1``) log where it is held and
+what grew since the cache was primed;
 ``REPRIEVE_MEMORY_CENSUS=1``: log the live objects by type and the dicts by their keys (which structure holds them)."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def start_tracing() -> None:
     if os.environ.get(ENV_TRACE) == "1":
         import tracemalloc
 
-        tracemalloc.start(4)
+        tracemalloc.start(8)
 
 
 def rss_mb() -> float:
@@ -40,8 +41,19 @@ def release() -> None:
         pass
 
 
+_primed: list[object] = []  # the snapshot taken once the cache was primed (while tracing)
+
+
+def mark_primed() -> None:
+    """While tracing: remember what is allocated now (the cache primed), so each round logs what grew since."""
+    import tracemalloc
+
+    if tracemalloc.is_tracing():
+        _primed[:] = [tracemalloc.take_snapshot()]
+
+
 def log_top_allocations() -> None:
-    """While tracing, log where memory is held: a diagnosis aid."""
+    """While tracing, log where memory is held, and what grew since the cache was primed: a diagnosis aid."""
     import tracemalloc
 
     if not tracemalloc.is_tracing():
@@ -49,7 +61,10 @@ def log_top_allocations() -> None:
     snap = tracemalloc.take_snapshot()
     for stat in snap.statistics("traceback")[:12]:
         log.info("memory: %.1f MB in %d blocks at %s", stat.size / 1e6, stat.count,
-                 " <- ".join(str(f) for f in stat.traceback[-6:]))
+                 " <- ".join(str(f) for f in stat.traceback[-8:]))
+    for diff in snap.compare_to(_primed[0], "traceback")[:12] if _primed else []:  # type: ignore[arg-type]
+        log.info("memory since primed: %+.1f MB in %+d blocks at %s", diff.size_diff / 1e6, diff.count_diff,
+                 " <- ".join(str(f) for f in diff.traceback[-8:]))
 
 
 def census(top: int = 12) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from . import LABEL_JOB, apply
 from .background import BackgroundLoop
+from .cache import Relist
 from .policy.views import compact_pod
 
 Handler = Callable[[str, dict[str, Any]], None]
@@ -32,24 +33,15 @@ def pod_pages(api: apply.Api, namespace: str | None = None) -> Iterator[tuple[li
     return apply.list_pages_versioned(fn, *args, label_selector=LABEL_JOB)
 
 
-def list_pods(api: apply.Api, keep: Callable[[dict[str, Any]], bool],
-              namespace: str | None = None) -> tuple[list[dict[str, Any]], str]:
-    """Every worker pod (compacted, page by page) and the resourceVersion to watch from."""
-    pods: list[dict[str, Any]] = []
-    rv = ""
-    for page, rv in pod_pages(api, namespace):
-        pods += [compact_pod(p) for p in page if keep(p)]
-    return pods, rv
-
-
 class PodWatch(BackgroundLoop):
     """One watch stream at a time (any stream error: reconnect from the last resourceVersion; the cache stays)."""
 
     def __init__(self, api: apply.Api, loop: asyncio.AbstractEventLoop, on_event: Handler,
-                 on_relist: Callable[[list[dict[str, Any]]], None], keep: Callable[[dict[str, Any]], bool],
-                 resource_version: str, namespace: str | None = None) -> None:
+                 relist: Callable[[], Relist], on_relisted: Callable[[Relist], None],
+                 keep: Callable[[dict[str, Any]], bool], resource_version: str, namespace: str | None = None) -> None:
         super().__init__(f"reprieve-podwatch-{namespace or 'all'}", "pod watch")
-        self.api, self.loop, self.on_event, self.on_relist, self.keep = api, loop, on_event, on_relist, keep
+        self.api, self.loop, self.on_event, self.keep = api, loop, on_event, keep
+        self.relist, self.on_relisted = relist, on_relisted
         self.rv = resource_version
         self.namespace = namespace
 
@@ -70,12 +62,27 @@ class PodWatch(BackgroundLoop):
         finally:
             resp.release_conn()
 
+    def _relist(self) -> str:
+        """Every worker pod into the cache, a page at a time: each page is in the cache before the next is asked
+        for (the loop's queue never holds more than one). The resourceVersion to watch from once all are in."""
+        relist, rv = self.relist(), ""
+        for page, rv in pod_pages(self.api, self.namespace):
+            self._on_loop(relist.page, [compact_pod(p) for p in page if self.keep(p)])
+        self._on_loop(self.on_relisted, relist)
+        return rv
+
+    def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        """``fn(*args)`` on the event loop (where the cache is written), waited for."""
+        async def call() -> None:
+            fn(*args)
+
+        asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+
     def _handle(self, event: dict[str, Any]) -> None:
         kind, obj = event.get("type", ""), event.get("object") or {}
         if kind == "ERROR":
             if obj.get("code") == 410:  # our resourceVersion is too old: list again
-                pods, self.rv = list_pods(self.api, self.keep, self.namespace)
-                self.loop.call_soon_threadsafe(self.on_relist, pods)
+                self.rv = self._relist()
                 return
             raise RuntimeError(f"watch error: {obj.get('message')}")
         self.rv = (obj.get("metadata") or {}).get("resourceVersion") or self.rv

@@ -117,3 +117,31 @@ def test_a_deleted_pods_last_steps_outlive_the_pod_and_its_name() -> None:
     assert len(kept) == SAID_PER_JOB and kept[0][0] == 4 and kept[-1][0] == SAID_PER_JOB + 3, kept
     c.delete_job({"metadata": {"namespace": "ml", "name": "llama"}})
     assert c.said_of("ml", "llama") == ()
+
+
+def test_pods_share_the_parts_they_have_alike_and_a_part_no_pod_holds_is_dropped() -> None:
+    """A node's pods share its ``spec``, a job's pods their annotations, unstarted pods their status (each held once:
+    ~0.5 KB of a pod); what no pod holds any more does not stay (the table is swept once it doubled)."""
+    c = Cache()
+
+    def at(name: str, node: str, job: str = "llama") -> dict[str, Any]:
+        p = pod(name, job, node)
+        p["metadata"]["annotations"] = {"reprieve.dev/notice-watch": f"{job}-notice", "other": "dropped"}
+        p["status"] = {"phase": "Pending"}
+        return p
+
+    c.upsert_pod(at("llama-0", "n0"))
+    c.upsert_pod(at("llama-1", "n0"))
+    c.upsert_pod(at("gpt-1", "n0", "gpt"))
+    a, b = c.pods_of("ml", "llama")
+    (g,) = c.pods_of("ml", "gpt")
+    assert a["spec"] is b["spec"] is g["spec"] and a["status"] is b["status"] is g["status"]
+    assert a["metadata"]["annotations"] is b["metadata"]["annotations"] is not g["metadata"]["annotations"]
+    assert a["metadata"]["labels"] is not b["metadata"]["labels"]  # their replica index differs
+    assert a["metadata"]["annotations"] == {"reprieve.dev/notice-watch": "llama-notice"}
+    c.upsert_pod(pod("llama-0", node="n1"))  # a new event: a new compact pod, the others' parts untouched
+    assert a["spec"] == {"nodeName": "n0"} and c.jobs_on("n1") == [("ml", "llama")]
+    for i in range(20_000):  # pods moving through 20,000 nodes: the table does not keep every node's spec
+        c.upsert_pod(pod("llama-9", node=f"m{i}"))
+    assert len(c._shared) < 5_000
+    assert c.pods_of("ml", "gpt")[0]["spec"] == {"nodeName": "n0"}  # a part a pod holds stays

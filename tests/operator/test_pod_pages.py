@@ -18,20 +18,26 @@ pytestmark = pytest.mark.unit
 class Pods:
     """The CoreV1Api LIST of pods: ``total`` worker pods served ``limit`` at a time; records each call."""
 
-    def __init__(self, total: int, seen: Cache | None = None) -> None:
-        self.total, self.seen, self.calls = total, seen, []  # type: int, Cache | None, list[dict[str, Any]]
+    def __init__(self, total: int, seen: Cache | None = None, node: str = "n0") -> None:
+        self.total, self.seen, self.node = total, seen, node
+        self.calls: list[dict[str, Any]] = []
 
     def list_namespaced_pod(self, namespace: str, label_selector: str, limit: int, _preload_content: bool,
                             _continue: str = "0") -> Any:
         self.calls.append({"namespace": namespace, "selector": label_selector, "limit": limit,
-                           "cached": self.seen.stats()["pods"] if self.seen is not None else None})
+                           "cached": self.seen.stats()["pods"] if self.seen is not None else None,
+                           "listed": on_node(self.seen, self.node) if self.seen is not None else None})
         start = int(_continue)
-        items = [{"metadata": {"name": f"j-{i}", "namespace": namespace, "labels": {LABEL_JOB: "j"}}, "spec": {}}
-                 for i in range(start, min(start + limit, self.total))]
+        items = [{"metadata": {"name": f"j-{i}", "namespace": namespace, "labels": {LABEL_JOB: "j"}},
+                  "spec": {"nodeName": self.node}} for i in range(start, min(start + limit, self.total))]
         more = start + limit < self.total
         body = {"metadata": {"resourceVersion": "42", **({"continue": str(start + limit)} if more else {})},
                 "items": items}
         return SimpleNamespace(data=json.dumps(body).encode(), release_conn=lambda: None)
+
+
+def on_node(cache: Cache, node: str) -> int:
+    return sum(p["spec"].get("nodeName") == node for p in cache.pods_of("ml", "j"))
 
 
 def test_pages_of_the_limit_each_with_the_lists_resource_version() -> None:
@@ -39,8 +45,6 @@ def test_pages_of_the_limit_each_with_the_lists_resource_version() -> None:
     pages = list(podwatch.pod_pages(SimpleNamespace(core=core), "ml"))  # type: ignore[arg-type]
     assert [(len(items), rv) for items, rv in pages] == [(apply.LIST_PAGE, "42")] * 2 + [(234, "42")]
     assert {(c["namespace"], c["selector"], c["limit"]) for c in core.calls} == {("ml", LABEL_JOB, apply.LIST_PAGE)}
-    pods, rv = podwatch.list_pods(SimpleNamespace(core=core), lambda p: True, "ml")  # type: ignore[arg-type]
-    assert (len(pods), rv) == (1234, "42")
 
 
 def test_the_priming_caches_each_page_before_it_lists_the_next() -> None:
@@ -75,3 +79,29 @@ def test_the_priming_caches_each_page_before_it_lists_the_next() -> None:
         watch.stop()
     assert [c["cached"] for c in pods.calls] == [0, 500, 1000]
     assert cache.primed and cache.stats()["pods"] == 1200 and watches[0].rv == "42"
+
+
+def test_a_relist_after_410_caches_each_page_before_it_lists_the_next() -> None:
+    """``PodWatch`` told its resourceVersion is too old: the pods go into the cache page by page, as at the priming
+    (a list of every compact pod before the cache's own copies doubled the memory at that moment); the pods no page
+    listed are forgotten at the end and every job that had or has pods is reconciled once."""
+    cache = Cache()
+    for i in range(1300):  # before the 410: 1,300 pods on n0, one job of another namespace
+        cache.upsert_pod({"metadata": {"name": f"j-{i}", "namespace": "ml", "labels": {LABEL_JOB: "j"}},
+                          "spec": {"nodeName": "n0"}})
+    other = {"metadata": {"name": "k-0", "namespace": "other", "labels": {LABEL_JOB: "k"}}, "spec": {}}
+    cache.upsert_pod(other)
+    core = Pods(1200, seen=cache, node="n1")  # the re-list: 1,200 of them, moved to n1
+    relisted: list[set[tuple[str, str]]] = []
+
+    async def run() -> str:
+        watch = podwatch.PodWatch(SimpleNamespace(core=core), asyncio.get_running_loop(),  # type: ignore[arg-type]
+                                  lambda *_: None, lambda: cache.relist("ml"),
+                                  lambda r: relisted.append(r.end()), lambda p: True, "1", "ml")
+        await asyncio.to_thread(watch._handle, {"type": "ERROR", "object": {"code": 410}})
+        return watch.rv
+
+    assert asyncio.run(run()) == "42"
+    assert [c["listed"] for c in core.calls] == [0, 500, 1000]  # each page cached before the next LIST
+    assert on_node(cache, "n1") == 1200 and on_node(cache, "n0") == 0  # the 100 pods not listed are forgotten
+    assert relisted == [{("ml", "j")}] and cache.pods_of("other", "k")  # another namespace's pods are kept
