@@ -4,13 +4,17 @@ reader) and of one whose peer dies half-way through sending a piece (the survivo
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
 
+import numpy as np
 import pytest
 from ckpt_workers.launch import run_gang
-
+from reprieve.arrays import local_slices
 from reprieve.checkpoint import read_once
+from reprieve.checkpoint.exchange import Exchange, Peers
 from reprieve.checkpoint.read_once import Piece
+from reprieve.coordination import LocalCoordinator
 
 MiB = 1 << 20
 
@@ -92,3 +96,45 @@ def test_a_peer_that_dies_mid_exchange_leaves_the_survivor_reading_it_itself(tmp
     s = _stats(out0)
     assert s["fallback"] >= 1 and s["storage"] + s["peer"] == s["total"], out0[-3000:]
     assert "did not arrive whole" in out0 and "from process 1" in out0, out0[-3000:]
+    # it died half-way through a piece: the survivor had received half of it (then read it all from storage)
+    m = re.search(r"connection closed after (\d+) bytes of piece 1 of \d+ \((\d+) bytes\)", out0)
+    assert m and int(m[1]) == int(m[2]) // 2, out0[-3000:]
+
+
+class _Process(LocalCoordinator):
+    """Process ``pid`` of ``n`` threads of this test: one key-value store, as the job's coordination service is."""
+
+    def __init__(self, store: LocalCoordinator, pid: int, n: int) -> None:
+        self._kv, self._cond = store._kv, store._cond
+        self.process_id, self.num_processes = pid, n
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(30)
+def test_a_piece_changed_after_its_checksum_was_taken_is_refused_and_the_rest_arrives() -> None:
+    # The owner's landing buffer changed under the exchange (a donated array's buffer reused by a training step):
+    # the needer refuses that piece (its crc32c is the owner's at ready) and takes the other one. 32 MiB pieces:
+    # more than loopback's socket buffers hold, so the changed last byte is still unsent when it changes.
+    n = 32 * MiB
+    region = ((0, 2 * n),)
+    pieces = [Piece(0, region, ((0, n),), n, (0, 1), owner=0), Piece(0, region, ((n, 2 * n),), n, (0, 1), owner=1)]
+    data = np.random.default_rng(3).integers(0, 255, 2 * n, dtype=np.uint8)
+    buffers = [np.zeros(2 * n, np.uint8) for _ in range(2)]
+    store = LocalCoordinator()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        made = [pool.submit(Exchange, Peers(_Process(store, p, 2), "test", mode="on", timeout_s=10), pieces,
+                            lambda pc, p=p: buffers[p][local_slices(pc.part, pc.region)]) for p in (0, 1)]
+        ex = [f.result() for f in made]
+        assert ex[0].expected() == {(0, region, ((n, 2 * n),))}
+        buffers[0][:n], buffers[1][n:] = data[:n], data[n:]
+        ex[0].ready()
+        ex[1].ready()
+        buffers[0][n - 1] ^= 0xFF  # after the owner took its checksum, before it could send that byte
+        failed = [pool.submit(e.receive, pool) for e in ex]
+        got = [f.result() for f in failed]
+        for e in ex:
+            e.close()
+    assert got[0] == []
+    assert buffers[0][n:].tobytes() == data[n:].tobytes()
+    assert [pc for pc, _ in got[1]] == [pieces[0]]
+    assert "from process 0" in got[1][0][1] and "fails its checksum" in got[1][0][1]

@@ -244,7 +244,7 @@ class Exchange:
                         for off in range(0, pc.nbytes, PIECE_BYTES):
                             end = min(off + PIECE_BYTES, pc.nbytes)
                             with view[off:end] as part:
-                                _recv_into(sock, part, f"piece {n + 1} of {len(pieces)}")
+                                _recv_into(sock, part, f"piece {n + 1} of {len(pieces)} ({pc.nbytes} bytes)", off)
                             crc = crc32c(flat, off, end, crc=crc)
                     tail = bytearray(4)
                     _recv_into(sock, memoryview(tail), f"the checksum of piece {n + 1} of {len(pieces)}")
@@ -275,11 +275,12 @@ class Exchange:
         self._thread.join(timeout=1.0)
 
 
-def _recv_into(sock: socket.socket, view: memoryview, what: str) -> None:
+def _recv_into(sock: socket.socket, view: memoryview, what: str, before: int = 0) -> None:
+    """Fill ``view`` from ``sock``; ``before``: bytes of ``what`` received before ``view`` (for the message)."""
     got, n = 0, len(view)
     while got < n:
         with view[got:] as rest:
             k = sock.recv_into(rest)
         if not k:
-            raise ExchangeError(f"connection closed after {got} of {n} bytes of {what}")
+            raise ExchangeError(f"connection closed after {before + got} bytes of {what}")
         got += k

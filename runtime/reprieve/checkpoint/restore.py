@@ -272,7 +272,8 @@ def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: st
     cached = {lf.meta.index for lf, ops in zip(leaves, plans, strict=True) if any(len(op.parts) > 1 for op in ops)}
     stores = _open_all(storage, ckpt_dir, [lf.meta for lf in leaves], where, cached=cached,
                        cached_context=storage.read_context(memory_limit_bytes // 2) if cached else None)
-    exchange = None if peers is None else Exchange(peers, _pieces(leaves, peers.min_bytes), _place(leaves))
+    pieces = [] if peers is None else _pieces(leaves, peers.min_bytes)  # the same list on every process
+    exchange = None if peers is None or not pieces else Exchange(peers, pieces, _place(leaves))
     try:
         skip = set() if exchange is None else exchange.expected()
         _run(storage, ckpt_dir, leaves, _only(leaves, plans, lambda key: key not in skip), stores, where, pool,
