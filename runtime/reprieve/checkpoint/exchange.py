@@ -120,7 +120,12 @@ class Exchange:
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._serve, name="reprieve-restore-exchange", daemon=True)
         self._thread.start()
-        self._meet()
+        try:
+            self._meet()
+        except BaseException:
+            self.abort()
+            self.close()
+            raise
 
     # -- setting up --------------------------------------------------------------------------------------------------
     def _meet(self) -> None:
