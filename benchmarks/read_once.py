@@ -80,13 +80,14 @@ def child_gang(a: argparse.Namespace) -> dict[str, Any]:
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(f"127.0.0.1:{a.port}", num_processes=a.nproc, process_id=a.pid,
+    g = a.gang
+    jax.distributed.initialize(f"127.0.0.1:{g['port']}", num_processes=g["nproc"], process_id=g["pid"],
                                initialization_timeout=120)
     from reprieve.checkpoint import CheckpointManager
     from reprieve.coordination import JaxCoordinator
 
     coord = JaxCoordinator.from_jax()
-    mgr = CheckpointManager(a.uris[0], coordinator=coord, attempt=2, keep=1, read_once=a.mode,
+    mgr = CheckpointManager(a.uris[0], coordinator=coord, attempt=2, keep=1, read_once=g["mode"],
                             barrier_timeout_s=300)
     abstract = _abstract(jax, a.size, a.leaves)
     coord.barrier("bench-start", 300)
@@ -94,7 +95,7 @@ def child_gang(a: argparse.Namespace) -> dict[str, Any]:
     _, state, _ = mgr.restore(abstract, step=1)
     jax.block_until_ready(state)
     seconds = time.perf_counter() - t0
-    exact = _crcs(state) == {k: int(v) for k, v in json.loads(a.crcs).items()}
+    exact = _crcs(state) == {k: int(v) for k, v in g["crcs"].items()}
     stats = mgr.last_restore_stats
     out = {"seconds": seconds, "storage": stats.storage_bytes, "peer": stats.peer_bytes,
            "fallback": stats.fallback_pieces, "exact": exact}
@@ -102,7 +103,9 @@ def child_gang(a: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _run(args: list[str], env: dict[str, str], timeout: float = 900) -> subprocess.Popen[str]:
+def _run(args: list[str]) -> subprocess.Popen[str]:
+    """This script's child ``args`` in a fresh process on this checkout's runtime."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "runtime"), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -115,12 +118,12 @@ def _last_json(p: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
 
 
 def gang(nproc: int, mode: str, uri: str, common: list[str], crcs: dict[str, int]) -> list[dict[str, Any]]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "runtime"), os.environ.get("PYTHONPATH", "")])}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [_run(["gang", *common, "--uris", uri, "--mode", mode, "--port", str(port), "--nproc", str(nproc),
-                   "--pid", str(pid), "--crcs", json.dumps(crcs)], env) for pid in range(nproc)]
+    procs = [_run(["gang", *common, "--uris", uri, "--gang", json.dumps({"port": port, "nproc": nproc, "pid": pid,
+                                                                           "mode": mode, "crcs": crcs})])
+             for pid in range(nproc)]
     return [_last_json(p, 900) for p in procs]
 
 
@@ -132,9 +135,7 @@ def bench(size: float, leaves: int, procs: list[int], repeats: int, *, s3: bool)
     try:
         with s3_emulator() if s3 else contextlib.nullcontext(None) as s3_uri:
             common = ["--size", str(size), "--leaves", str(leaves)]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "runtime"),
-                                                                 os.environ.get("PYTHONPATH", "")])}
-            prep = _last_json(_run(["prepare", *common, "--uris", disk, *([s3_uri] if s3_uri else [])], env), 1800)
+            prep = _last_json(_run(["prepare", *common, "--uris", disk, *([s3_uri] if s3_uri else [])]), 1800)
             rows: dict[str, dict[str, list[Any]]] = {}
             for _ in range(repeats):
                 for source in [s for s in SOURCES if s != "s3" or s3_uri]:
@@ -188,11 +189,7 @@ def child_main(argv: list[str]) -> None:
     ap.add_argument("--size", type=float, required=True)
     ap.add_argument("--leaves", type=int, required=True)
     ap.add_argument("--uris", nargs="+", required=True)
-    ap.add_argument("--mode", default="off")
-    ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--nproc", type=int, default=1)
-    ap.add_argument("--pid", type=int, default=0)
-    ap.add_argument("--crcs", default="{}")
+    ap.add_argument("--gang", type=json.loads, default={}, help="gang: port, nproc, pid, mode, crcs (JSON)")
     a = ap.parse_args(argv)
     result = {"prepare": child_prepare, "gang": child_gang}[a.role](a)
     print(json.dumps(result), flush=True)
