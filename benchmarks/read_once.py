@@ -145,7 +145,7 @@ def bench(size: float, leaves: int, procs: list[int], repeats: int, *, s3: bool)
                     for n in procs:
                         for mode in ("off", "on") if n > 1 else ("off",):
                             cached = evict(disk) if source == "disk-cold" else None
-                            r = gang(n, mode, s3_uri if source == "s3" else disk, common, prep["crcs"])
+                            r = gang(n, mode, s3_uri if source == "s3" and s3_uri else disk, common, prep["crcs"])
                             row = rows.setdefault(f"{source} n={n} {mode}", {"seconds": [], "storage": [],
                                                                               "reads": [], "exact": [], "cached": []})
                             row["seconds"].append(max(x["seconds"] for x in r))
