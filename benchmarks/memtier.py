@@ -33,8 +33,8 @@ with ``O_DIRECT`` as many files at once as a storage restore reads (the device's
 the landing buffers of the state's size made in a fresh process as a storage restore makes them
 (:func:`child_populate`: the floor of any restore into memory its process never had). Each source's row prints its restore's median and
 worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). ``--baseline ROOT`` also restores
-from local disk, warm and cold, with another checkout's runtime (``disk@base``, ``disk-cold@base``) in every round:
-a before/after of the storage restore under the same load and floors. Memory: a state peaks at about 4x its size (the preparing process's state and staging
+from a peer's memory and from local disk, warm and cold, with another checkout's runtime (``peer@base``,
+``disk@base``, ``disk-cold@base``) in every round: a before/after of those restores under the same load and floors. Memory: a state peaks at about 4x its size (the preparing process's state and staging
 buffers, the own and the peer's copies in /dev/shm), 5x with the s3 emulator's copy: ``--s3-max-gib`` (1 by
 default) keeps moto to the smaller states.
 
@@ -729,7 +729,7 @@ def floor_rows(r: dict[str, Any], fl: dict[str, float]) -> list[dict[str, Any]]:
 
 SOURCES = ("own", "peer", "disk", "disk-cold", "s3")
 BASELINE = "@base"  # a source restored by the --baseline checkout's runtime: "disk@base"
-BASELINE_SOURCES = ("disk", "disk-cold")  # the storage tier's restores from local disk: what --baseline compares
+BASELINE_SOURCES = ("peer", "disk", "disk-cold")  # what --baseline compares: a peer's memory, the storage tier's disk
 FLOOR_GIB = 1.0  # the floors are rates: measured on 1 GiB whatever the state size (4 GiB would need ~16 GiB of RAM)
 
 
@@ -779,8 +779,9 @@ def s3_emulator() -> Iterator[str]:
 
 def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline: str | None = None) -> dict[str, Any]:
     """Prepare every source of one state, then restore it from each in turn (fresh processes, ``repeats`` rounds).
-    ``baseline``: the root of another checkout whose runtime also restores the local-disk sources in every round
-    (``disk@base``, ``disk-cold@base``), beside this one's: a before/after under the same load and floors."""
+    ``baseline``: the root of another checkout whose runtime also restores from a peer and the local-disk sources in
+    every round (``peer@base``, ``disk@base``, ``disk-cold@base``), beside this one's: a before/after under the same
+    load and floors."""
     from reprieve.memtier.server import ReplicaServer
     from reprieve.memtier.store import MemoryDir
 
@@ -958,7 +959,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,4", help="state sizes in GiB, comma separated")
     ap.add_argument("--leaves", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--parts", default="restore,cost", help="restore, cost or both (comma separated)")
+    ap.add_argument("--parts", default="restore,cost",
+                    help="restore, cost, replicas (benchmarks/read_once.py: a fully replicated state restored by "
+                         "1, 2 and 4 processes, each byte read once or by every process), comma separated")
     ap.add_argument("--cost", action="store_true", help="the loop overhead A/B only (--parts cost)")
     ap.add_argument("--no-s3", dest="s3", action="store_false", help="skip the s3 emulator (moto) as a source")
     ap.add_argument("--s3-max-gib", type=float, default=1.0,
@@ -1009,9 +1012,16 @@ def main() -> None:
         os.environ["MEMTIER_SMALL_PAGES"] = "1"
     os.environ["MEMTIER_PLATFORM"] = a.platform  # the children read it (_jax)
     parts = {"cost"} if a.cost else {p.strip() for p in a.parts.split(",") if p.strip()}
-    if not parts or parts - {"restore", "cost"}:
-        ap.error(f"--parts: choose from restore, cost; got {a.parts!r}")
-    results: dict[str, Any] = {"restore": [], "cost": None, "floors": None}
+    if not parts or parts - {"restore", "cost", "replicas"}:
+        ap.error(f"--parts: choose from restore, cost, replicas; got {a.parts!r}")
+    results: dict[str, Any] = {"restore": [], "cost": None, "floors": None, "replicas": []}
+    if "replicas" in parts:
+        import read_once
+
+        for size in (float(s) for s in a.sizes.split(",")):
+            r = read_once.bench(size, a.leaves, [1, 2, 4], a.repeats, s3=a.s3 and size <= a.s3_max_gib)
+            results["replicas"].append(r)
+            read_once.print_bench(r)
     if "restore" in parts:
         shm = tempfile.mkdtemp(prefix="memtier-floors-", dir="/dev/shm")
         try:

@@ -39,8 +39,33 @@ def addressable_regions(sharding: Any, shape: tuple[int, ...]) -> tuple[list[Reg
     return list(by_region), list(by_region.values())
 
 
+def process_regions(sharding: Any, shape: tuple[int, ...]) -> dict[int, set[Region]]:
+    """The regions of a ``shape`` array that every process of the job holds under ``sharding`` (all its devices, not
+    only this process's), by process index."""
+    out: dict[int, set[Region]] = collections.defaultdict(set)
+    for device, index in sharding.devices_indices_map(shape).items():
+        out[device.process_index].add(region_of(index, shape))
+    return dict(out)
+
+
 def region_slices(region: Region) -> tuple[slice, ...]:
     return tuple(slice(a, b) for a, b in region)
+
+
+def intersect(a: Region, b: Region) -> Region | None:
+    """The overlap of two regions; None when they do not overlap (a 0-d region overlaps itself)."""
+    out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b, strict=True))
+    return out if all(lo < hi for lo, hi in out) or not out else None
+
+
+def region_size(r: Region) -> int:
+    """Elements in ``r``."""
+    return int(np.prod([hi - lo for lo, hi in r], dtype=np.int64))
+
+
+def local_slices(part: Region, origin: Region) -> tuple[slice, ...]:
+    """``part`` (array coordinates) as slices of the buffer that holds region ``origin``."""
+    return tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(part, origin, strict=True))
 
 
 def describe_sharding(sharding: Any) -> dict[str, Any]:

@@ -29,11 +29,14 @@ from ..coordination import Coordinator, LocalCoordinator
 from ..data import to_json_value
 from ..env import Env, env_attempt
 from . import fencing, layout, retention
+from . import read_once as read_once_mod
 from . import save as save_mod
+from .exchange import Peers
+from .faults import maybe_crash
 from .fencing import FencedError
 from .layout import CheckpointName
 from .metadata import CheckpointCorruptError, CheckpointMeta, CheckpointUnavailableError
-from .restore import read_failure, restore_tree
+from .restore import ReadStats, read_failure, restore_tree
 from .storage import Storage, open_storage
 
 log = logging.getLogger(__name__)
@@ -48,7 +51,6 @@ _instances = itertools.count()
 # finer pieces. Files per checkpoint grow accordingly (256 for 4 GiB instead of 64).
 DEFAULT_MAX_CHUNK_BYTES = 16 << 20
 _TS_SPEC = re.compile(r" ?\[tensorstore_spec='.*?'\]")
-CRASH_ENV = "REPRIEVE_CKPT_TEST_CRASH_AT"
 # How long a new attempt waits for a storage that refuses its fence (the bound a failed periodic save has too).
 STORAGE_WAIT_SECONDS = 60.0  # test-only fault injection: a commit-protocol point name
 
@@ -89,13 +91,6 @@ def _brief(err: BaseException) -> str:
     return _TS_SPEC.sub("", str(err))
 
 
-def _maybe_crash(point: str, process_id: int) -> None:
-    want = Env(os.environ).opt_text(CRASH_ENV)
-    if want is not None and (want == point or want == f"{point}:{process_id}"):
-        log.error("test fault injection: crashing at %s", point)
-        os._exit(86)
-
-
 class CheckpointManager:
     """Asynchronous sharded checkpoints under ``uri`` (path, ``file://``, ``gs://``, ``s3://``).
 
@@ -126,9 +121,13 @@ class CheckpointManager:
         on_commit: ``f(step)`` called (in the background thread, on every process) after each commit.
         request_retries: how often an object store request is retried before it fails (backoff 1 s doubling to
             32 s); None keeps TensorStore's 32 (about 15 minutes of an outage).
+        read_once: ``"auto"`` (default), ``"on"`` or ``"off"``: whether a restore reads each replicated piece of
+            the state from storage once, on one of the processes that need it, and sends it to the others
+            (:mod:`.read_once`); auto: when the job's processes span several hosts.
 
     Attributes:
         last_save_seconds: save() call -> durable commit known to this process, of the last save.
+        last_restore_stats: where this process's last restored checkpoint came from (storage and peer bytes).
         committed_step: step of the last checkpoint this manager committed (None before any).
     """
 
@@ -151,6 +150,7 @@ class CheckpointManager:
         storage_wait_s: float = STORAGE_WAIT_SECONDS,
         start_over_quarantined: bool | None = None,
         request_retries: int | None = None,
+        read_once: str = read_once_mod.AUTO,
     ) -> None:
         if keep < 1:
             raise ValueError(f"CheckpointManager keep must be >= 1, got {keep}")
@@ -172,6 +172,10 @@ class CheckpointManager:
             raise ValueError(f"CheckpointManager max_chunk_bytes must be > 0 or None, got {max_chunk_bytes}")
         self._max_chunk_bytes = max_chunk_bytes
         self._fallback = fallback
+        if read_once not in read_once_mod.MODES:
+            raise ValueError(f"CheckpointManager read_once must be one of {read_once_mod.MODES}, got {read_once!r}")
+        self._read_once = read_once
+        self.last_restore_stats = ReadStats()
         self._start_over_quarantined = (Env(os.environ).flag(START_OVER_QUARANTINED, False)
                                         if start_over_quarantined is None else start_over_quarantined)
         self._on_commit = on_commit
@@ -329,9 +333,9 @@ class CheckpointManager:
         snap.shards.clear()  # drop the copies as soon as they are on storage
         status = "ok" if local_err is None else f"error: {type(local_err).__name__}: {_brief(local_err)}"[:2000]
         self._coord.set(f"{base}/written/{pid}", status, overwrite=True)
-        _maybe_crash("before_barrier", pid)
+        maybe_crash("before_barrier", pid)
         self._coord.barrier(f"ckpt-a{self.attempt}-i{self._inst}-s{step}", self._timeout)
-        _maybe_crash("after_barrier", pid)
+        maybe_crash("after_barrier", pid)
         if pid == 0:
             outcome = self._commit(step, base, lambda process_extra: save_mod.build_metadata(
                 step, self.attempt, self._nproc, snap, extra, process_extra))
@@ -385,7 +389,7 @@ class CheckpointManager:
             st.commit(step, self.attempt)
         except Exception as err:  # noqa: BLE001  (reported to every process, then raised)
             return f"error: commit failed: {type(err).__name__}: {err}"
-        _maybe_crash("after_commit", 0)
+        maybe_crash("after_commit", 0)
         return "ok"
 
     def wait(self) -> None:
@@ -525,7 +529,7 @@ class CheckpointManager:
             err: BaseException | None = None
             result = None
             try:
-                result = self._restore_one(name, abstract_state)
+                result = self._restore_one(name, abstract_state, exchange_key=f"{key}/{name}/exchange")
             except (CheckpointCorruptError, CheckpointUnavailableError) as e:
                 err = e
             verdict = "ok" if err is None else (_UNAVAILABLE if isinstance(err, CheckpointUnavailableError) else "") + \
@@ -541,8 +545,10 @@ class CheckpointManager:
             failed = [f"process {p}: {v}" for p, v in enumerate(verdicts) if v != "ok"]
             if not failed and result is not None:
                 meta, state = result
-                log.info("checkpoint restored %s/%s: step %d, %d bytes, %.3fs", self.uri, name, meta.step,
-                         meta.array_bytes, time.monotonic() - t0)
+                rs = self.last_restore_stats
+                log.info("checkpoint restored %s/%s: step %d, %d bytes, %.3fs (this process: %d bytes from storage, "
+                         "%d from other processes)", self.uri, name, meta.step, meta.array_bytes,
+                         time.monotonic() - t0, rs.storage_bytes, rs.peer_bytes)
                 return RestoreResult(meta.step, state, meta.extra, meta.process_extra)
             first_err = first_err or err or CheckpointCorruptError("; ".join(failed))
             log.error("checkpoint %s/%s is unusable (%s)%s", self.uri, name, "; ".join(failed),
@@ -587,7 +593,9 @@ class CheckpointManager:
         else:
             self._coord.get(f"{key}/quarantined", self._timeout)
 
-    def _restore_one(self, name: str, abstract: Any) -> tuple[CheckpointMeta, Any]:
+    def _restore_one(self, name: str, abstract: Any, *, exchange_key: str | None = None) -> tuple[CheckpointMeta, Any]:
+        """One checkpoint read into ``abstract``; ``exchange_key``: a collective restore (every process reads this
+        checkpoint now), whose replicated pieces the processes may share under that key."""
         where = f"{self.uri}/{name}/{layout.METADATA_FILE}"
         try:
             raw = self._storage.read_file(f"{name}/{layout.METADATA_FILE}")
@@ -604,7 +612,12 @@ class CheckpointManager:
                                          "checkpoint disagrees with itself")
         if self._restore_check is not None:
             self._restore_check(meta.extra.get("reprieve"), meta.structure(), f"{self.uri}/{name}")
-        state = restore_tree(self._storage, name, meta, abstract, memory_limit_bytes=self._mem_limit)
+        peers = None
+        if exchange_key is not None and self._nproc > 1 and self._read_once != read_once_mod.OFF:
+            peers = Peers(self._coord, exchange_key, mode=self._read_once, timeout_s=min(self._timeout, 300.0))
+        self.last_restore_stats = stats = ReadStats()
+        state = restore_tree(self._storage, name, meta, abstract, memory_limit_bytes=self._mem_limit, peers=peers,
+                             stats=stats)
         return meta, state
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ import concurrent.futures
 import dataclasses
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -37,13 +37,18 @@ from ..arrays import (
     Region,
     addressable_regions,
     host_buffers,
+    intersect,
     is_abstract_array,
     key_data_sharding,
+    local_slices,
     prng_key_impl,
+    process_regions,
+    region_size,
     region_slices,
     sharding_of,
 )
-from . import chunk_files, layout, spec
+from . import chunk_files, layout, read_once, spec
+from .exchange import Exchange, Peers
 from .metadata import (
     CheckpointCorruptError,
     CheckpointMeta,
@@ -51,6 +56,7 @@ from .metadata import (
     LeafMeta,
     unavailable,
 )
+from .read_once import Piece
 from .storage import Storage
 
 log = logging.getLogger(__name__)
@@ -73,15 +79,6 @@ class ReadOp:
     direct: bool
 
 
-def _intersect(a: Region, b: Region) -> Region | None:
-    out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b, strict=True))
-    return out if all(lo < hi for lo, hi in out) or not out else None
-
-
-def _size(r: Region) -> int:
-    return int(np.prod([hi - lo for lo, hi in r], dtype=np.int64))
-
-
 def _bbox(regions: Sequence[Region]) -> Region:
     return tuple((min(r[d][0] for r in regions), max(r[d][1] for r in regions)) for d in range(len(regions[0])))
 
@@ -89,7 +86,7 @@ def _bbox(regions: Sequence[Region]) -> Region:
 def plan_reads(shape: Sequence[int], chunk_shape: Sequence[int], targets: Sequence[Region], *,
                itemsize: int, limit_bytes: int) -> list[ReadOp]:
     """How the saved chunks (grid ``chunk_shape``) fill the ``targets`` regions. Pure."""
-    live = [i for i, t in enumerate(targets) if _size(t) > 0]
+    live = [i for i, t in enumerate(targets) if region_size(t) > 0]
     chunks: set[tuple[int, ...]] = set()
     for i in live:
         ranges = [range(lo // c, (hi - 1) // c + 1) for (lo, hi), c in zip(targets[i], chunk_shape, strict=True)]
@@ -97,10 +94,10 @@ def plan_reads(shape: Sequence[int], chunk_shape: Sequence[int], targets: Sequen
     ops: list[ReadOp] = []
     for idx in sorted(chunks):
         cbox = tuple((k * c, min((k + 1) * c, n)) for k, c, n in zip(idx, chunk_shape, shape, strict=True))
-        parts = [(i, p) for i in live if (p := _intersect(cbox, targets[i])) is not None]
+        parts = [(i, p) for i in live if (p := intersect(cbox, targets[i])) is not None]
         if len(parts) == 1 and parts[0][1] == targets[parts[0][0]]:
             ops.append(ReadOp(parts[0][1], tuple(parts), direct=True))
-        elif len(parts) == 1 or _size(_bbox([p for _, p in parts])) * itemsize <= limit_bytes:
+        elif len(parts) == 1 or region_size(_bbox([p for _, p in parts])) * itemsize <= limit_bytes:
             ops.append(ReadOp(_bbox([p for _, p in parts]), tuple(parts), direct=False))
         else:
             ops.extend(ReadOp(p, ((i, p),), direct=False) for i, p in parts)
@@ -153,10 +150,6 @@ def read_budget(host_bytes: int, limit_bytes: int | None) -> int:
 # -- execution --------------------------------------------------------------------------------------
 
 
-def _local(part: Region, origin: Region) -> tuple[slice, ...]:
-    return tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(part, origin, strict=True))
-
-
 @dataclasses.dataclass
 class _Leaf:
     slot: int
@@ -175,11 +168,24 @@ class _Leaf:
         return buf if self.meta.stored_as is None else buf.view(self.meta.stored_as)
 
 
+@dataclasses.dataclass
+class ReadStats:
+    """Where one process's restore got the bytes of its arrays (counted as the reads and receives complete)."""
+
+    storage_bytes: int = 0  # read from storage by this process
+    peer_bytes: int = 0  # received from the process that read them (:mod:`.exchange`)
+    fallback_pieces: int = 0  # pieces expected from a peer that did not arrive whole, read from storage after all
+
+
 def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract: Any, *,
-                 memory_limit_bytes: int | None = None) -> Any:
+                 memory_limit_bytes: int | None = None, peers: Peers | None = None,
+                 stats: ReadStats | None = None) -> Any:
     """Materialise ``abstract`` (leaves: ShapeDtypeStruct with sharding, arrays, or placeholders).
 
     ``memory_limit_bytes``: transient reads in flight; None scales it with the state (:func:`read_budget`).
+    ``peers``: a collective restore (every process calls this with the same ``peers.key``): each replicated piece
+    is read from storage by one process and sent to the others (:mod:`.read_once`); None: every process reads
+    everything it needs. ``stats``: filled with where the bytes came from.
     """
     where = f"checkpoint {storage.loc.uri()}/{ckpt_dir}"
     saved = meta.leaf_by_path()
@@ -224,7 +230,8 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
 
     with concurrent.futures.ThreadPoolExecutor(chunk_files.THREADS, thread_name_prefix="reprieve-restore") as pool:
         try:
-            _read_leaves(storage, ckpt_dir, leaves, where, pool, memory_limit_bytes)
+            _read_leaves(storage, ckpt_dir, leaves, where, pool, memory_limit_bytes, peers,
+                         ReadStats() if stats is None else stats)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)  # after a failure, nothing writes into a buffer any more
 
@@ -244,10 +251,13 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
 
 
 def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: str,
-                 pool: concurrent.futures.ThreadPoolExecutor, memory_limit_bytes: int | None) -> None:
+                 pool: concurrent.futures.ThreadPoolExecutor, memory_limit_bytes: int | None, peers: Peers | None,
+                 stats: ReadStats) -> None:
     """Make every leaf's buffers and fill them. The buffers are made in ``pool`` (populating fresh memory is a
     restore's largest cost on some machines; it spreads over the cores). Whole chunk files that land as one span
-    of a buffer are read by :mod:`.chunk_files` in ``pool``; the rest by TensorStore under the memory budget."""
+    of a buffer are read by :mod:`.chunk_files` in ``pool``; the rest by TensorStore under the memory budget. With
+    ``peers``, a replicated piece another process owns (:mod:`.read_once`) is received from it instead, and read
+    here after all when it does not arrive whole."""
     for lf, bufs in zip(leaves, _buffers(pool, [[(tuple(hi - lo for lo, hi in r), lf.dtype) for r in lf.regions]
                                                 for lf in leaves]), strict=True):
         lf.buffers = bufs
@@ -262,6 +272,75 @@ def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: st
     cached = {lf.meta.index for lf, ops in zip(leaves, plans, strict=True) if any(len(op.parts) > 1 for op in ops)}
     stores = _open_all(storage, ckpt_dir, [lf.meta for lf in leaves], where, cached=cached,
                        cached_context=storage.read_context(memory_limit_bytes // 2) if cached else None)
+    pieces = [] if peers is None else _pieces(leaves, peers.min_bytes)  # the same list on every process
+    exchange = None if peers is None or not pieces else Exchange(peers, pieces, _place(leaves))
+    try:
+        skip = set() if exchange is None else exchange.expected()
+        _run(storage, ckpt_dir, leaves, _only(leaves, plans, lambda key: key not in skip), stores, where, pool,
+             memory_limit_bytes, stats)
+        if exchange is None:
+            return
+        exchange.ready()
+        failed = exchange.receive(pool)
+        again = {(pc.leaf, pc.region, pc.part) for pc, _ in failed}
+        stats.peer_bytes += sum(region_size(part) * leaves[n].dtype.itemsize for n, _, part in skip - again)
+        if failed:
+            log.warning("restore from %s: %d of %d pieces expected from other processes did not arrive whole (%s); "
+                        "reading them from storage", where, len(failed), len(skip), failed[0][1])
+            stats.fallback_pieces += len(failed)
+            _run(storage, ckpt_dir, leaves, _only(leaves, plans, lambda key: key in again), stores, where, pool,
+                 memory_limit_bytes, stats)
+    except BaseException:
+        if exchange is not None:
+            exchange.abort()
+        raise
+    finally:
+        if exchange is not None:
+            exchange.close()
+
+
+def _pieces(leaves: list[_Leaf], min_bytes: int) -> list[Piece]:
+    """Every replicated piece of the restore with its owner, the same list on every process (from the shardings
+    and the chunk grids alone: every shared region of every process, not only this one's)."""
+    out = []
+    for n, lf in enumerate(leaves):
+        if lf.sharding is None or lf.meta.chunk_shape is None:
+            continue
+        for region, needers in read_once.shared_regions(process_regions(lf.sharding, lf.shape)).items():
+            for op in plan_reads(lf.shape, lf.meta.chunk_shape, [region], itemsize=lf.dtype.itemsize,
+                                 limit_bytes=1 << 62):
+                part = op.parts[0][1]
+                out.append(Piece(n, region, part, region_size(part) * lf.dtype.itemsize, needers))
+    return read_once.assign(out, min_bytes=min_bytes)
+
+
+def _place(leaves: list[_Leaf]) -> Callable[[Piece], np.ndarray]:
+    """A piece's place in this process's landing buffer."""
+    def view(pc: Piece) -> np.ndarray:
+        lf = leaves[pc.leaf]
+        return lf.buffers[lf.regions.index(pc.region)][local_slices(pc.part, pc.region)]
+    return view
+
+
+def _only(leaves: list[_Leaf], plans: list[list[ReadOp]],
+          keep: Callable[[tuple[int, Region, Region]], bool]) -> list[list[ReadOp]]:
+    """``plans`` with only the parts ``keep((leaf, target region, part))`` keeps (an op left without parts goes)."""
+    out = []
+    for n, (lf, ops) in enumerate(zip(leaves, plans, strict=True)):
+        kept = []
+        for op in ops:
+            parts = tuple((i, p) for i, p in op.parts if keep((n, lf.regions[i], p)))
+            if parts == op.parts:
+                kept.append(op)
+            elif parts:
+                kept.append(ReadOp(_bbox([p for _, p in parts]), parts, direct=False))
+        out.append(kept)
+    return out
+
+
+def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[ReadOp]], stores: dict[Any, Any],
+         where: str, pool: concurrent.futures.ThreadPoolExecutor, memory_limit_bytes: int, stats: ReadStats) -> None:
+    """Carry out ``plans`` (every leaf's reads) from storage."""
     inflight: collections.deque[tuple[_Leaf, ReadOp, list[Any]]] = collections.deque()
     budget = 0
 
@@ -274,9 +353,10 @@ def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: st
         except Exception as err:
             raise read_failure(f"{where}: reading {layout.array_dir(lf.meta.index or 0)} (leaf {lf.meta.path}, "
                                f"region {list(op.box)}) failed: {err}", err) from err
-        budget -= _size(op.box) * lf.dtype.itemsize
+        budget -= region_size(op.box) * lf.dtype.itemsize
+        stats.storage_bytes += sum(region_size(part) for _, part in op.parts) * lf.dtype.itemsize
 
-    files: list[tuple[_Leaf, ReadOp, concurrent.futures.Future[None]]] = []
+    files: list[tuple[_Leaf, ReadOp, int, concurrent.futures.Future[None]]] = []
     for lf, ops in zip(leaves, plans, strict=True):
         store = stores[lf.meta.index]
         readable = _files_readable(storage, lf)
@@ -289,26 +369,27 @@ def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: st
                     assert path is not None
                     flat = lf.buffers[r.target].reshape(-1).view(np.uint8)
                     span = flat[r.start * lf.dtype.itemsize:(r.start + r.count) * lf.dtype.itemsize]
-                    files.append((lf, op, pool.submit(_read_file, path, span)))
+                    files.append((lf, op, span.nbytes, pool.submit(_read_file, path, span)))
                 continue
-            nbytes = _size(op.box) * lf.dtype.itemsize
+            nbytes = region_size(op.box) * lf.dtype.itemsize
             while inflight and budget + nbytes > memory_limit_bytes:
                 finish()
             if op.direct:
                 futs = [storage.read_into(store, region_slices(op.box), lf.out(op.parts[0][0]))]
             else:  # every part straight into its target's buffer (a strided view; casts on the way)
-                futs = [storage.read_into(store, region_slices(part), lf.out(i)[_local(part, lf.regions[i])])
+                futs = [storage.read_into(store, region_slices(part), lf.out(i)[local_slices(part, lf.regions[i])])
                         for i, part in op.parts]
             inflight.append((lf, op, futs))
             budget += nbytes
     while inflight:
         finish()
-    for lf, op, fut in files:
+    for lf, op, nbytes, fut in files:
         try:
             fut.result()
         except chunk_files.ChunkFileError as err:
             raise read_failure(f"{where}: reading {layout.array_dir(lf.meta.index or 0)} (leaf {lf.meta.path}, "
                                f"region {list(op.box)}) failed: {err}", err) from err
+        stats.storage_bytes += nbytes
     log.debug("restore from %s: %d chunk files read straight into their buffers, the rest through TensorStore",
               where, len(files))
 

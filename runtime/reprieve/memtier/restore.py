@@ -23,7 +23,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..arrays import Region, addressable_regions, host_buffer, key_data_sharding, prng_key_impl, sharding_of
+from ..arrays import (
+    Region,
+    addressable_regions,
+    host_buffer,
+    host_buffers,
+    key_data_sharding,
+    prng_key_impl,
+    sharding_of,
+)
 from ..checkpoint.restore import MissingLeafError
 from . import wire
 from .decide import Holding
@@ -142,7 +150,7 @@ class _Reader:
                   for a in range(0, s.nbytes, CHUNK_BYTES)]
         streams = max(1, min(STREAMS, len(chunks)))
         with concurrent.futures.ThreadPoolExecutor(streams, thread_name_prefix="reprieve-memory-read") as pool:
-            bufs = list(pool.map(lambda s: host_buffer((s.nbytes,), np.dtype(np.uint8)), shards))
+            bufs = host_buffers([((s.nbytes,), np.dtype(np.uint8)) for s in shards], pool)  # the first large alone
 
             def receive(chunk: tuple[int, int, int]) -> None:
                 i, start, n = chunk

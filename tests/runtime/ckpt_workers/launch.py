@@ -27,14 +27,16 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return e
 
 
-def run_gang(nproc: int, args: list[str], *, devices: int = 1, timeout: float = 120.0,
-             per_process_env: dict[int, dict[str, str]] | None = None) -> list[tuple[int, str]]:
-    """Run ``mp_worker.py`` as an ``nproc`` gang; returns ``[(returncode, output)]`` per process."""
+def run_gang(nproc: int, args: list[str], *, devices: int | None = 1, timeout: float = 120.0,
+             per_process_env: dict[int, dict[str, str]] | None = None,
+             worker: str = "mp_worker.py") -> list[tuple[int, str]]:
+    """Run ``worker`` (``mp_worker.py``) as an ``nproc`` gang; returns ``[(returncode, output)]`` per process.
+    ``devices``: passed as ``--devices`` (None: not passed)."""
     port = free_port()
     procs = []
     for pid in range(nproc):
-        cmd = [sys.executable, str(WORKERS / "mp_worker.py"), "--port", str(port), "--nproc", str(nproc),
-               "--pid", str(pid), "--devices", str(devices), *args]
+        cmd = [sys.executable, str(WORKERS / worker), "--port", str(port), "--nproc", str(nproc),
+               "--pid", str(pid), *([] if devices is None else ["--devices", str(devices)]), *args]
         procs.append(subprocess.Popen(cmd, env=env((per_process_env or {}).get(pid)), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     out = []
