@@ -546,7 +546,7 @@ def main() -> int:
     if args.stockout is not None and args.state_mib:
         parser.error("--state-mib: not with --stockout (the stockout trains over virtual shards, which the example's "
                      "n-gram memory does not support)")
-    if (why := statesize.refusal(args.state_mib, 2, statesize.mem_available_mib())) is not None:
+    if (why := statesize.refusal(args.state_mib, 2, 2, statesize.mem_available_mib())) is not None:
         parser.error(why)
     if args.stockout is not None:
         if args.shards % args.workers or args.shards % (args.workers - 1):

@@ -295,7 +295,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
             raise chaos.SoakConfigError(f"--devices-per-process must be >= 1, got {args.devices_per_process}")
         if args.nodes < 3:
             raise chaos.SoakConfigError(f"--nodes must be >= 3 (2 workers and a spare), got {args.nodes}")
-        if (why := statesize.refusal(args.state_mib, 2, statesize.mem_available_mib())) is not None:
+        if (why := statesize.refusal(args.state_mib, 2, args.devices_per_process, statesize.mem_available_mib())) is not None:
             raise chaos.SoakConfigError(why)
         # Checked here with what the machine offers, before anything starts (and again if real nodes fail).
         chaos.validate(kinds, capabilities(real=not args.process_nodes, why="--process-nodes", spares=args.spares),

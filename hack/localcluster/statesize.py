@@ -8,10 +8,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-# What one trainer process holds of its state at once: the state, the step's new state (the old one lives until the
-# step returns) and the asynchronous save's host copy. Its pod's memory tier volume (tmpfs, counted in the
-# machine's memory): the copy being written, its newest complete copy and the copy it holds for a peer.
-COPIES_IN_PROCESS = 3
+# What one trainer process holds of its state at once: the state and the step's new state (the old one lives until
+# the step returns), each once per device (the example's parameters are replicated over the process's devices),
+# and the asynchronous save's host copy (one: a replica is saved once). Its pod's memory tier volume (tmpfs,
+# counted in the machine's memory): the copy being written, its newest complete copy and the copy it holds for a
+# peer.
+STATE_COPIES_PER_DEVICE = 2
+HOST_COPIES = 1
 TIER_COPIES = 3
 PROCESS_MIB = 600  # a trainer process without its state (Python, JAX, XLA's programs), measured ~450-550 MiB
 CLUSTER_MIB = 2048  # the control plane, the kubelets and the operator beside the job
@@ -26,26 +29,32 @@ def tier_size_limit(state_mib: float) -> str:
     return f"{max(TIER_FLOOR_MIB, need)}Mi"
 
 
-def memory_needed_mib(state_mib: float, processes: int) -> int:
-    """About how much of the machine's memory a job of ``processes`` trainers needs with ``state_mib`` of padding."""
-    per_process = (state_mib + EXAMPLE_MIB) * (COPIES_IN_PROCESS + TIER_COPIES) + PROCESS_MIB
+def copies(devices_per_process: int) -> tuple[int, int]:
+    """Copies of a process's state held at once: ``(in the process, in its memory tier volume)``."""
+    return STATE_COPIES_PER_DEVICE * devices_per_process + HOST_COPIES, TIER_COPIES
+
+
+def memory_needed_mib(state_mib: float, processes: int, devices_per_process: int) -> int:
+    """About how much of the machine's memory a job of ``processes`` trainers of ``devices_per_process`` devices
+    needs with ``state_mib`` of padding."""
+    per_process = (state_mib + EXAMPLE_MIB) * sum(copies(devices_per_process)) + PROCESS_MIB
     return math.ceil(processes * per_process + CLUSTER_MIB)
 
 
-def refusal(state_mib: float, processes: int, available_mib: int) -> str | None:
+def refusal(state_mib: float, processes: int, devices_per_process: int, available_mib: int) -> str | None:
     """Why ``--state-mib state_mib`` cannot run here (None: it can), with the numbers."""
     if not math.isfinite(state_mib) or state_mib < 0:
         return f"--state-mib must be a number >= 0 (MiB), got {state_mib:g}"
-    need = memory_needed_mib(state_mib, processes)
+    need = memory_needed_mib(state_mib, processes, devices_per_process)
     if need <= available_mib:
         return None
-    copies = COPIES_IN_PROCESS + TIER_COPIES
-    most = max(0.0, ((available_mib - CLUSTER_MIB) / processes - PROCESS_MIB) / copies - EXAMPLE_MIB)
-    return (f"--state-mib {state_mib:g}: {processes} trainer processes need about {need} MiB ({copies} copies of "
-            f"each one's {state_mib + EXAMPLE_MIB:g} MiB state: {COPIES_IN_PROCESS} in the process, {TIER_COPIES} in "
-            f"its memory tier volume; {PROCESS_MIB} MiB a process without it; {CLUSTER_MIB} MiB for the cluster) and "
-            f"this machine has {available_mib} MiB available (MemAvailable): use --state-mib {math.floor(most)} or "
-            "less")
+    inside, tier = copies(devices_per_process)
+    most = max(0.0, ((available_mib - CLUSTER_MIB) / processes - PROCESS_MIB) / (inside + tier) - EXAMPLE_MIB)
+    return (f"--state-mib {state_mib:g}: {processes} trainer processes of {devices_per_process} device(s) need about "
+            f"{need} MiB ({inside + tier} copies of each one's {state_mib + EXAMPLE_MIB:g} MiB state: {inside} in the "
+            f"process (the state and the step's new one on each device, the save's host copy), {tier} in its memory "
+            f"tier volume; {PROCESS_MIB} MiB a process without it; {CLUSTER_MIB} MiB for the cluster) and this "
+            f"machine has {available_mib} MiB available (MemAvailable): use --state-mib {math.floor(most)} or less")
 
 
 def mem_available_mib(meminfo: Path = Path("/proc/meminfo")) -> int:

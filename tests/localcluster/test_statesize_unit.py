@@ -24,21 +24,24 @@ def test_the_memory_tiers_room_is_three_copies_and_a_tenth(state_mib: float, lim
     assert statesize.tier_size_limit(state_mib) == limit
 
 
-@pytest.mark.parametrize(("state_mib", "processes", "available", "needed", "why"), [
-    (0, 2, 8000, 2 * (6 + 600) + 2048, None),
-    (1024, 2, 22000, 2 * (1025 * 6 + 600) + 2048, None),  # 1 GiB a process fits this 24 GiB machine when quiet
-    (1024, 2, 15000, 2 * (1025 * 6 + 600) + 2048,
-     ("--state-mib 1024: 2 trainer processes need about 15548 MiB (6 copies of each one's 1025 MiB state: 3 in the "
-     "process, 3 in its memory tier volume; 600 MiB a process without it; 2048 MiB for the cluster) and this machine "
-     "has 15000 MiB available (MemAvailable): use --state-mib 978 or less")),
-    (-1, 2, 8000, None, "--state-mib must be a number >= 0 (MiB), got -1"),
-    (float("nan"), 2, 8000, None, "--state-mib must be a number >= 0 (MiB), got nan"),
+@pytest.mark.parametrize(("state_mib", "processes", "devices", "available", "needed", "why"), [
+    (0, 2, 2, 8000, 2 * (8 + 600) + 2048, None),
+    # 1 GiB a process fits this 24 GiB machine when quiet with one device a process (6 copies), not with two (8)
+    (1024, 2, 1, 22000, 2 * (1025 * 6 + 600) + 2048, None),
+    (1024, 2, 2, 19000, 2 * (1025 * 8 + 600) + 2048,
+     ("--state-mib 1024: 2 trainer processes of 2 device(s) need about 19648 MiB (8 copies of each one's 1025 MiB "
+      "state: 5 in the process (the state and the step's new one on each device, the save's host copy), 3 in its "
+      "memory tier volume; 600 MiB a process without it; 2048 MiB for the cluster) and this machine has 19000 MiB "
+      "available (MemAvailable): use --state-mib 983 or less")),
+    (-1, 2, 2, 8000, None, "--state-mib must be a number >= 0 (MiB), got -1"),
+    (float("nan"), 2, 2, 8000, None, "--state-mib must be a number >= 0 (MiB), got nan"),
 ])
-def test_a_state_the_machine_cannot_hold_is_refused_with_the_numbers(state_mib: float, processes: int, available: int,
-                                                                   needed: int | None, why: str | None) -> None:
+def test_a_state_the_machine_cannot_hold_is_refused_with_the_numbers(state_mib: float, processes: int, devices: int,
+                                                                   available: int, needed: int | None,
+                                                                   why: str | None) -> None:
     if needed is not None:
-        assert statesize.memory_needed_mib(state_mib, processes) == needed
-    assert statesize.refusal(state_mib, processes, available) == why
+        assert statesize.memory_needed_mib(state_mib, processes, devices) == needed
+    assert statesize.refusal(state_mib, processes, devices, available) == why
 
 
 def test_mem_available_is_read_in_mib(tmp_path: Path) -> None:
@@ -61,7 +64,7 @@ def test_the_benchmarks_refuse_a_state_too_large_before_starting_anything(
             monkeypatch.setattr("sys.argv", ["goodput.py", "--state-mib", "10000000"])
             module.main()
     assert exit_.value.code == 2
-    assert "--state-mib 1e+07: 2 trainer processes need about" in capsys.readouterr().err
+    assert "--state-mib 1e+07: 2 trainer processes of 2 device(s) need about" in capsys.readouterr().err
 
 
 def test_the_soaks_memory_tier_grows_with_the_state_unless_given() -> None:
