@@ -19,8 +19,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-_TIERED = re.compile(r"restored step (\d+) on process (\d+) from .+? in ([0-9.]+)s \(gang: ([^)]*)\)")
-_PLAIN = re.compile(r"restored step (\d+) from (\S+?)(?: in ([0-9.]+)s)?: resuming at step \d+")
+# the memory tier's line (groups: step, process, seconds, gang) and every restore's (step, URI, seconds if logged)
+TIERED = re.compile(r"restored step (\d+) on process (\d+) from .+? in ([0-9.]+)s \(gang: ([^)]*)\)")
+PLAIN = re.compile(r"restored step (\d+) from (\S+?)(?: in ([0-9.]+)s)?: resuming at step \d+")
 _WORDS = {"memory": "own memory", "peer": "peer's memory", "storage": "storage"}
 
 
@@ -57,7 +58,7 @@ def parse(lines: Iterable[str]) -> dict[int, Restore]:
     tiered: dict[int, Restore] = {}
     plain: dict[int, tuple[str, float | None]] = {}
     for line in lines:
-        m = _TIERED.search(line)
+        m = TIERED.search(line)
         if m:
             step, seconds = int(m.group(1)), float(m.group(3))
             gang = {}
@@ -69,7 +70,7 @@ def parse(lines: Iterable[str]) -> dict[int, Restore]:
             slowest = max(seconds, known.seconds or 0.0) if known is not None and known.sources == gang else seconds
             tiered[step] = Restore(step, gang, seconds=slowest)
             continue
-        m = _PLAIN.search(line)
+        m = PLAIN.search(line)
         if m:
             plain[int(m.group(1))] = (m.group(2), None if m.group(3) is None else float(m.group(3)))
     out = {step: Restore(step, {}, uri, seconds) for step, (uri, seconds) in plain.items()}

@@ -29,6 +29,7 @@ from typing import Any
 
 from .faults import REGISTRY, Injected, Observation, Seen
 from .goodput import Interruption, StepRecord
+from .restores import PLAIN, TIERED
 
 NOT_INJECTED = "not injected: "
 SLACK_S = 3.0  # a kill lands mid-step: the last record of the attempt it ends is up to a step before it
@@ -199,8 +200,6 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
     return out
 
 
-_GANG = re.compile(r"restored step \d+ on process 0 from .* in (?P<seconds>[0-9.]+)s \(gang: (?P<gang>[^)]*)\)")
-_STORAGE = re.compile(r"restored step \d+ from \S+?(?: in (?P<seconds>[0-9.]+)s)?: resuming")
 _START = re.compile(r"process (?P<process>\d+)/\d+ starting at step \d+ of \d+ \(attempt (?P<attempt>\d+)\)")
 _COMPILED = re.compile(r"compiled .* ahead in [0-9.]+s beside the restore \(the first step waited (?P<wait>[0-9.]+)s")
 
@@ -225,10 +224,10 @@ def starts_by_attempt(logs: Iterable[Iterable[str]]) -> dict[int, AttemptStart]:
     for lines in logs:
         restored, seconds, attempt = "", None, None
         for line in lines:
-            if m := _GANG.search(line):
-                restored, seconds = f"memory tier: {m['gang']}", float(m["seconds"])
-            elif (m := _STORAGE.search(line)) and not restored:
-                restored, seconds = "storage", None if m["seconds"] is None else float(m["seconds"])
+            if (m := TIERED.search(line)) and m[2] == "0":  # process 0's line names every process's source
+                restored, seconds = f"memory tier: {m[4]}", float(m[3])
+            elif (m := PLAIN.search(line)) and not restored:
+                restored, seconds = "storage", None if m[3] is None else float(m[3])
             elif m := _START.search(line):
                 attempt = int(m["attempt"]) if m["process"] == "0" else None
                 if attempt is not None:
