@@ -79,14 +79,13 @@ from localcluster.pulls import Pull
 from localcluster.realpulls import describe, node_pulls, pull_line, push_example
 from localcluster.restores import Restore, for_resume, parse
 from localcluster.stack import SYSTEM_POOL, OperatorProcess, example_job, install_chart, install_operator
-from localcluster.statesize import tier_size_limit
 from localcluster.testing import taint_node
 
 SPOT_TAINT = "cloud.google.com/impending-node-termination"
 VARIANTS = ("recreate", "inplace", "inplace+spare", "inplace+spare+memory", "baseline")
 # The memory tier's volume in the memory variant: 3 copies of one process's shards (the example's are ~1 MiB;
 # with --state-mib, statesize.tier_size_limit).
-MEMORY_SIZE_LIMIT = tier_size_limit(0)
+MEMORY_SIZE_LIMIT = statesize.tier_size_limit(0)
 
 
 @dataclass(frozen=True)
@@ -214,7 +213,7 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
         body["spec"]["preemption"] = {"enabled": False}
     if variant.endswith("+memory"):
         # default interval: the 1 % budget
-        body["spec"]["checkpoint"]["memory"] = {"sizeLimit": tier_size_limit(args.state_mib)}
+        body["spec"]["checkpoint"]["memory"] = {"sizeLimit": statesize.tier_size_limit(args.state_mib)}
 
     def worker_pods() -> list[str]:
         """The pods of workers 0 and 1 now (in place, replacements have generated names: the assignment says)."""
