@@ -6,7 +6,7 @@ notice beyond the horizon is held, and the node is looked at again when it opens
 notice object ``<job>-notice``, which every pod that watches it hears through the API server's watch cache; the
 annotation only on the pods that do not watch it, or on every pod due the notice when the object cannot be written
 (``policy.fanout``, said in a ``NoticeFallback`` Event). Those writes are made here, and the Events once every
-affected job has its notice; each delivery is then handed to
+affected job has its notice (queued in ``eventsink.EventSink``, posted off the notices' path); each delivery is then handed to
 ``state.nodes`` and the job's reconcile kicked, which posts the job's Event and records ``status.lastNotice``
 (``policy.decide``: the reconcile owns the status).
 """
@@ -81,10 +81,11 @@ async def _on_node(state: State, event_type: str | None, name: str, body: Any) -
     for d in delivered:
         nodes.to_record(d.uid, d.delivered)
         state.queue.kick(d.namespace, d.name)
-    await apply.gather([functools.partial(apply.post_event, state.api, ref, "PreemptionNotice", d.delivered.message,
-                                          "Warning") for d in delivered for ref in d.pods])
-    await apply.gather([functools.partial(apply.post_event, state.api, d.job, "NoticeFallback", d.fallback, "Warning")
-                        for d in delivered if d.job is not None and d.fallback])
+    for d in delivered:  # queued, posted by the sink's own threads: never in front of the next notice's writes
+        for ref in d.pods:
+            state.events.emit(ref, "PreemptionNotice", d.delivered.message, "Warning")
+        if d.job is not None and d.fallback:
+            state.events.emit(d.job, "NoticeFallback", d.fallback, "Warning", droppable=False)
 
 
 async def object_notice(state: State, job: TrainingJob) -> str | None:
@@ -112,7 +113,7 @@ async def write_notice_object(state: State, job: TrainingJob, route: fanout.Noti
         return None
     key = (job.namespace, job.name)
     try:
-        await apply.run(apply.write_data, state.api, build_notice_object(job, value), state.nodes.notice_object(key)[0])
+        await apply.run(apply.write_data, state.api, build_notice_object(job, value), state.nodes.object_exists(key))
     except Exception as err:  # noqa: BLE001 - any refusal (403 RBAC, 429 shedding, no answer): the pods are annotated
         status, detail = apply.refusal_of(err)
         why = f"HTTP {status}" if status is not None else str(detail)
@@ -201,7 +202,7 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             route = fanout.route(plan, object_value, watching)
             route, fell_back = await send_notice_object(state, job, plan, route, value)
             await apply.gather([functools.partial(apply.annotate_pod, api, namespace, n, {ANNOTATION_NOTICE: value})
-                                for n in route.annotate])
+                                for n in route.annotate], state.bulk)
             for r in raw:  # the cache learns it now, not only when the watch event comes
                 if r["metadata"]["name"] in route.annotate:
                     annotated = {**r["metadata"], "annotations": {**(r["metadata"].get("annotations") or {}),

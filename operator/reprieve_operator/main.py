@@ -10,25 +10,36 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import kopf
 from kubernetes import client, config
+from kubernetes.client.rest import ApiException
 
 from . import LABEL_JOB, apply, handlers, kueue, memory, metrics, podwatch, reconcile  # noqa: F401  (handlers: registration)
 from .cache import Cache, Relist
+from .eventsink import POSTERS
 from .models import GROUP, PLURAL, VERSION
 from .nodesignals import NodeSignals
+from .policy import builders
 from .policy.notice import DEFAULT_HORIZON_SECONDS
 from .policy.restart import PEER_LOST_WAIT_SECONDS
 from .policy.signals import signal_table
-from .state import State
+from .state import BULK_THREADS, State
 
 ENV_SIGNALS = "REPRIEVE_SIGNALS_JSON"
 
 
-def api_client(pool: int = 32) -> client.ApiClient:
+EXECUTOR_THREADS = 32  # the default executor's: reconciles, notice objects, every other call
+
+# Connections kept for reuse: one a thread that calls the API at once (the executor's, the per-pod notice writes',
+# the Event posters') and the long watches; a call beyond it opens a connection it then discards (a TLS handshake).
+POOL = EXECUTOR_THREADS + BULK_THREADS + POSTERS + 8
+
+
+def api_client(pool: int = POOL) -> client.ApiClient:
     """In-cluster credentials when running in a pod, else ``$KUBECONFIG`` / ``~/.kube/config``."""
     cfg = client.Configuration()
     try:
@@ -72,9 +83,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.queueing.idle_timeout = 0.5
     # kopf lists every TrainingJob and Node before it watches: in pages, not all the bodies decoded at once.
     settings.watching.chunk_size = apply.LIST_PAGE
-    settings.execution.max_workers = 32
+    settings.execution.max_workers = EXECUTOR_THREADS
     settings.watching.server_timeout = 300
-    asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(32))
+    asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(EXECUTOR_THREADS))
     raw = getattr(memo, "signals_json", None) or os.environ.get(ENV_SIGNALS) or "{}"
     try:
         table = signal_table(json.loads(raw))
@@ -126,6 +137,24 @@ async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
             return apply.list_pages(api.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
         return apply.list_pages(api.custom.list_namespaced_custom_object, GROUP, VERSION, scope, PLURAL)
 
+    def notice_objects(scopes: list[str | None], in_scope: Callable[[dict[str, Any]], bool]) -> None:
+        # Every job's notice object, so a burst of notices writes each without reading it first (a refused list:
+        # each is read once, as before).
+        listed = []
+        try:
+            for scope in scopes:
+                pages = (apply.list_pages(api.core.list_config_map_for_all_namespaces, label_selector=LABEL_JOB)
+                         if scope is None else
+                         apply.list_pages(api.core.list_namespaced_config_map, scope, label_selector=LABEL_JOB))
+                for page in pages:
+                    listed += [n for n in map(builders.listed_notice_object, filter(in_scope, page)) if n]
+        except ApiException as err:
+            logging.getLogger("reprieve_operator").warning(
+                "could not list the jobs' notice objects (%s): each is read before its first notice", err.reason)
+            return
+        state.nodes.prime_objects(listed)
+        logging.getLogger("reprieve_operator").info("%d notice object(s) listed", len(listed))
+
     def fill() -> dict[str | None, str]:
         # Page by page into the cache: never all the pods' bodies, nor a second compact copy of them all, at once
         # (a list of every compact pod before the cache's own copies doubled the start-up's peak).
@@ -139,8 +168,9 @@ async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
                 versions[scope] = version
                 for pod in filter(in_scope, page):
                     cache.upsert_pod(pod)
-        # After the pods: a signal already there is dated by the notices an operator before this one delivered on
-        # that node's pods, else at this operator's start (NodeSignals.prime).
+        notice_objects(scopes, in_scope)
+        # After the pods and notice objects: a signal already there is dated by the notices an operator before this
+        # one delivered on that node's pods or objects, else at this operator's start (NodeSignals.prime).
         for page in apply.list_pages(api.core.list_node):
             for n in page:
                 state.nodes.prime(n)

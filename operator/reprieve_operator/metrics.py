@@ -52,6 +52,8 @@ RECONCILES = Counter("reprieve_reconciles_total", "TrainingJob reconciles finish
                      "everything a reconcile decides is applied by the time it counts.", JOB_LABELS)
 NODE_EVENTS = Counter("reprieve_node_events_total", "Node events handled (and held notices looked at again): "
                       "the notices a Node event gives are delivered by the time it counts.", ["node"])
+EVENTS_DROPPED = Counter("reprieve_events_dropped_total", "Pods' Events of a notice burst not posted: more than "
+                         "1,000 were queued at once (the notices themselves are delivered; eventsink.py).")
 NOTICE_NODES = Gauge("reprieve_nodes_with_notice", "Nodes currently carrying an active preemption signal.")
 LEADER_TRIES = Counter("reprieve_leader_election_tries_total", "Reads of the leader-election Lease, one per try "
                        "to take it (a standby, every retry period) or to renew it (the leader).")

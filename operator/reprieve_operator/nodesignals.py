@@ -42,8 +42,10 @@ class NodeSignals:
         # job uid -> (attempt, notice id) -> a delivery its status does not record yet (the job's reconcile does)
         self._unrecorded: dict[str | None, dict[tuple[int, str], Delivered]] = {}
         # job -> the notice its object <job>-notice carries (None: the object exists without one); a job missing
-        # here was not read yet since this operator started (delivery reads it once)
+        # here has no object once they were listed at start (``prime_objects``), else was not read yet since this
+        # operator started (delivery reads it once)
         self._objects: dict[Key, str | None] = {}
+        self._objects_listed = False
 
     # --- what the Nodes say ---
     def prime(self, body: Mapping[str, Any]) -> None:
@@ -179,9 +181,23 @@ class NodeSignals:
             self._unrecorded.pop(uid, None)
 
     # --- the jobs' notice objects (one write per job per notice: docs/notices.md) ---
+    def prime_objects(self, objects: Iterable[tuple[Key, str | None]]) -> None:
+        """The notice objects listed at start (before the Nodes: their notices date the signals already there).
+        From then on a job missing here has no object: only the leading operator writes them, so a burst of
+        notices writes each job's object without reading it first."""
+        self._objects.update(objects)
+        self._objects_listed = True
+
     def notice_object(self, key: Key) -> tuple[bool, str | None]:
-        """(known, value): whether the job's notice object was read or written since start, and its notice."""
-        return key in self._objects, self._objects.get(key)
+        """(known, value): whether the job's notice object is known (listed at start, read or written since), and
+        its notice (None: no object, or one without a notice)."""
+        if key in self._objects:
+            return True, self._objects[key]
+        return self._objects_listed, None
+
+    def object_exists(self, key: Key) -> bool:
+        """The job's notice object was listed, read or written since start (a write patches it, else creates it)."""
+        return key in self._objects
 
     def object_written(self, key: Key, value: str | None) -> None:
         self._objects[key] = value

@@ -97,6 +97,12 @@ class CoreV1Api(Rest):
         return self.call("GET", f"{CORE}/nodes/{name}", **kw)
 
     # --- config maps, services, service accounts, secrets, events ---
+    def list_config_map_for_all_namespaces(self, **kw: Any) -> Any:
+        return self.call("GET", f"{CORE}/configmaps", **kw)
+
+    def list_namespaced_config_map(self, namespace: str, **kw: Any) -> Any:
+        return self.call("GET", f"{CORE}/namespaces/{namespace}/configmaps", **kw)
+
     def read_namespaced_config_map(self, name: str, namespace: str, **kw: Any) -> Any:
         return self.call("GET", f"{CORE}/namespaces/{namespace}/configmaps/{name}", **kw)
 

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from . import apply
 from .assignment import Assignments
 from .cache import Cache, Key
+from .eventsink import EventSink
 from .nodesignals import NodeSignals
 from .policy.restart import PEER_LOST_WAIT_SECONDS
 from .workqueue import ReconcileQueue
+
+BULK_THREADS = 16  # the per-pod notice writes' own threads (``State.bulk``)
 
 
 class CommitEvents:
@@ -43,6 +47,10 @@ class State:
     nodes: NodeSignals  # node signals: first seen, held notices, deliveries; doomed/avoid
     reconcile: InitVar[Callable[[State, str, str, bool], Awaitable[Any]]]
     queue: ReconcileQueue = field(init=False)  # locks, coalescing, requeues, create backoff, resync
+    events: EventSink = field(init=False)  # a notice burst's Events, queued and posted off the notices' path
+    # The per-pod notice writes (the fallback's annotations, 20 a job where the object path makes one write) on
+    # threads of their own: a burst's thousands never queue in front of the next job's object write or a reconcile.
+    bulk: ThreadPoolExecutor = field(init=False)
     assignments: Assignments = field(default_factory=Assignments)  # in-place jobs' assignments as written
     commits: CommitEvents = field(default_factory=CommitEvents)
     kueue: bool = False  # --kueue: jobs with kueue.x-k8s.io/queue-name wait for Kueue's admission (kueue.py)
@@ -51,3 +59,5 @@ class State:
     def __post_init__(self, reconcile: Callable[[State, str, str, bool], Awaitable[Any]]) -> None:
         # The queue runs the one reconcile function of this state, for every path (frozen: set once, here).
         object.__setattr__(self, "queue", ReconcileQueue(functools.partial(reconcile, self)))
+        object.__setattr__(self, "events", EventSink(self.api))
+        object.__setattr__(self, "bulk", ThreadPoolExecutor(BULK_THREADS, thread_name_prefix="reprieve-bulk"))

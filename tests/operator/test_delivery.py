@@ -93,6 +93,7 @@ def deliver(st: State) -> None:
             await asyncio.sleep(0.01)
 
     asyncio.run(main())
+    st.events.drain()  # the pods' Events are posted by the sink's threads
 
 
 def events(calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[tuple[str, str, str]]:
@@ -121,6 +122,7 @@ def test_the_reconcile_posts_the_named_event_then_records_the_notice_once() -> N
 
     async def main() -> None:
         await delivery.on_node(st, "MODIFIED", "n1", spot_node())
+        await asyncio.to_thread(st.events.drain)  # the pods' Events, posted by the sink's threads
         del calls[:]
         await reconcile(st, "ml", "llama")
 
@@ -177,6 +179,30 @@ def test_pods_that_watch_the_notice_object_hear_it_from_one_write_and_get_no_ann
     st.nodes.release("n1")
     deliver(st)  # the same node again (another event): the object already carries it, nothing is written
     assert [m for m in methods(calls) if m.startswith(("patch", "create"))] == []
+
+
+@pytest.mark.parametrize("listed", [None, "absent", "same", "earlier"])
+def test_notice_objects_listed_at_start_spare_the_read_before_the_write(listed: str | None) -> None:
+    """Once the objects were listed at start (``NodeSignals.prime_objects``), a job missing from the list has none:
+    the burst's write is the only call; an object listed with this notice already is not written again, and one
+    with an earlier deadline keeps it (a later notice is not delivered)."""
+    st, calls, _, _ = setup(watching=(0, 1))
+    if listed == "absent":
+        st.nodes.prime_objects([])
+    elif listed is not None:
+        first, _, _, uid = setup(watching=(0, 1))
+        deliver(first)
+        (handed,) = first.nodes.unrecorded(uid)
+        value = handed.notice.annotation(1)
+        if listed == "earlier":
+            value = json.dumps({**json.loads(value), "deadline": "2000-01-01T00:00:00Z", "id": "gke-spot/n1/0"})
+        st.nodes.prime_objects([(("ml", "llama"), value)])
+    deliver(st)
+    reads = [m for m in methods(calls) if m == "read_namespaced_config_map"]
+    writes = [m for m in methods(calls) if m.endswith("_config_map") and m != "read_namespaced_config_map"]
+    assert (len(reads), writes) == {None: (1, ["create_namespaced_config_map"]),
+                                    "absent": (0, ["create_namespaced_config_map"]),
+                                    "same": (0, []), "earlier": (0, [])}[listed]
 
 
 def test_a_pod_that_does_not_watch_is_annotated_and_the_job_event_names_it() -> None:

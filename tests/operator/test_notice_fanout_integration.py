@@ -21,7 +21,15 @@ from localcluster.testing import serviceaccount_dir, taint_node, wait_for
 from reprieve.kube import KubeClient
 from reprieve.notice import NOTICE_WATCH_ANNOTATION, Notice
 from reprieve.notice_object import JobNoticeWatch
-from test_operator_integration import SPOT_TAINT, events, job_pods, notices, status, wait_running
+from test_operator_integration import (
+    SPOT_TAINT,
+    events,
+    handled_afresh,
+    job_pods,
+    notices,
+    status,
+    wait_running,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -79,6 +87,17 @@ def test_the_pods_hear_the_notice_from_the_jobs_object_and_no_pod_is_written(
     assert len(events(api, namespace, "PreemptionNotice")) == 1
     assert events(api, namespace, "PreemptionNotice", kind="Pod") == [] and fallbacks(api, namespace) == []
     assert "(0 pods annotated, llama-notice written" in operator.log_path.read_text()
+    operator.assert_no_errors()
+    # A restarted operator lists the object at start (with the chart's RBAC): its notice dates the signal still on
+    # the node, and nothing is delivered, written or posted again.
+    operator.restart()
+    handled_afresh(operator, namespace, "llama", doomed)
+    log = operator.log_path.read_text()
+    assert "1 notice object(s) listed" in log and "pods annotated" not in log, operator.tail(40)
+    assert json.loads(client.CoreV1Api(api).read_namespaced_config_map("llama-notice", namespace).data["notice"])[
+        "id"] == first[0]
+    assert len(events(api, namespace, "PreemptionNotice")) == 1 and status(api, namespace, "llama")["lastNotice"][
+        "id"] == first[0]
     operator.assert_no_errors()
 
 

@@ -40,6 +40,9 @@ CALLS: list[tuple[str, str, tuple[Any, ...], dict[str, Any]]] = [
     ("core", "patch_namespaced_pod", ("p", "ml", JSON_PATCH), {}),  # a JSON patch unless told
     ("core", "delete_namespaced_pod", ("p", "ml"), {"grace_period_seconds": 0}),
     ("core", "list_node", (), {"limit": 500, "_continue": "x"}),
+    ("core", "list_config_map_for_all_namespaces", (), {"label_selector": "reprieve.dev/job-name", "limit": 500}),
+    ("core", "list_namespaced_config_map", ("ml",), {"label_selector": "reprieve.dev/job-name", "limit": 500,
+                                                     "_continue": "x"}),
     ("core", "read_node", ("n0",), {}),
     ("core", "read_namespaced_config_map", ("c", "ml"), {}),
     ("core", "create_namespaced_config_map", ("ml", CM), {}),

@@ -6,7 +6,7 @@ Everything here follows ``docs/contract.md`` ("Worker pods", "Identity and RBAC 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import (
@@ -82,6 +82,17 @@ def build_notice_object(job: TrainingJob, value: str) -> dict[str, Any]:
             "metadata": {"name": notice_object_name(job), "namespace": job.namespace, "labels": job_labels(job),
                          "ownerReferences": [owner_reference(job)]},
             "data": {NOTICE_OBJECT_KEY: value}}
+
+
+def listed_notice_object(obj: Mapping[str, Any]) -> tuple[tuple[str, str], str | None] | None:
+    """((namespace, job), its notice) of a ConfigMap listed at start when it is a job's notice object (named
+    ``<job>-notice`` and owned by that TrainingJob, as ``build_notice_object`` makes it), else None."""
+    meta = obj.get("metadata") or {}
+    owners = [o.get("name") for o in meta.get("ownerReferences") or [] if o.get("kind") == "TrainingJob"]
+    for owner in owners:
+        if owner and meta.get("name") == f"{owner}{NOTICE_OBJECT_SUFFIX}":
+            return (meta.get("namespace", ""), owner), (obj.get("data") or {}).get(NOTICE_OBJECT_KEY)
+    return None
 
 
 def in_place(job: TrainingJob) -> bool:
