@@ -62,6 +62,7 @@ def test_the_priming_caches_each_page_before_it_lists_the_next() -> None:
 
     class Core:
         list_node = staticmethod(empty)
+        list_namespaced_config_map = staticmethod(empty)  # no notice objects
 
         def list_namespaced_pod(self, namespace: str, **kw: Any) -> Any:
             if kw.pop("watch", False):
