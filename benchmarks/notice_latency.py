@@ -448,9 +448,26 @@ def main() -> int:
                 parallel(patch_w, [(k, j) for k in hit for j in range(args.replicas)], workers=32)
                 return [finished_w[k] - start for k in hit]
 
+            def floor_at_once(hit: list[int], tag: str) -> list[float]:
+                """The API server's floor for a burst's object path: one ConfigMap created per job of ``hit`` (as the
+                operator's first write of a job's object) by hand, 32 threads from one start, timed per job."""
+                start, done = time.monotonic(), {}
+
+                def create(k: int) -> None:
+                    core.create_namespaced_config_map(NS, {"metadata": {"name": f"floor-{tag}-j{k:03d}"},
+                                                           "data": {"notice": "{}"}})
+                    done[k] = time.monotonic()
+
+                parallel(create, hit, workers=32)
+                return [done[k] - start for k in hit]
+
+            floors: dict[str, list[float]] = {}
             if wave:  # the wave's peer: every pod of every hit job patched by hand, from one start
                 peer += peer_at_once(burst.hit)
+                floors[""] = floor_at_once([k for k in burst.hit if watching(k)], "wave")
             each_peer = peer_at_once(each.hit) if each is not None else []
+            if each is not None:
+                floors["per_job_"] = floor_at_once([k for k in each.hit if watching(k)], "each")
             for t in range(0 if wave else min(5, args.trials)):
                 node = (args.replicas * t) % args.nodes
                 jobs = sorted({(node + args.nodes * m) // args.replicas
@@ -483,6 +500,9 @@ def main() -> int:
             report.update({f"per_job_{k}": v for k, v in notice_report(
                 each.per_job, each.writes, each.events, each_peer, 1).items() if k != "jobs_per_notice"})
             report.update(per_job_jobs_hit=len(each.hit), per_job_operator_cpu_s=round(each.cpu, 1))
+        for prefix, xs in floors.items():
+            report.update({f"{prefix}object_floor_p50_s": round(pct(xs, 0.5), 4),
+                           f"{prefix}object_floor_p99_s": round(pct(xs, 0.99), 4)})
         report.update(operator_rss_mb=round(rss, 1), operator_peak_rss_mb=round(peak, 1),
                       operator_peak_rss_mb_by_stage={k: round(v, 1) for k, v in stages.peaks.items()},
                       operator_cpu_s_per_notice=round(cpu / args.trials, 4),
@@ -503,6 +523,11 @@ def main() -> int:
                           f"{report[f'{prefix}{path}_events_per_notice']} Events per notice "
                           f"({report.get('jobs_per_notice') if not prefix else report[f'{prefix}{path}_jobs_measured']}"
                           f" jobs)")
+            if f"{prefix}object_floor_p99_s" in report:
+                fp50, fp99 = report[f"{prefix}object_floor_p50_s"], report[f"{prefix}object_floor_p99_s"]
+                print(f"{scenario}, the API server's floor for the object path (one ConfigMap a job created by hand, 32 "
+                      f"threads, one start): p50 {fp50 * 1000:.0f} ms, p99 {fp99 * 1000:.0f} ms; the object path "
+                      f"{report[f'{prefix}object_p50_s'] / fp50:.2f}x / {report[f'{prefix}object_p99_s'] / fp99:.2f}x it")
         print(f"operator RSS {rss:.0f} MB, peak {peak:.0f} MB (target < 300 MB: {'PASS' if peak < 300 else 'FAIL'}); "
               f"CPU {cpu:.1f} s over {args.trials} notices; peak RSS by stage (MB): {stages.line()}")
     return 0

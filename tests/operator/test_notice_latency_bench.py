@@ -36,6 +36,8 @@ def test_notice_latency_benchmark_runs_and_reports_every_job() -> None:
     assert (report["per_job_object_jobs_measured"], report["per_job_annotation_jobs_measured"]) == (2, 2)
     assert report["per_job_object_writes_per_notice"] <= 4  # objects written: at most one per job hit
     assert report["per_job_peer_direct_patch_p50_s"] > 0
+    # the API server's floor for the burst's object path: one ConfigMap a watching job hit, created by hand
+    assert 0 < report["per_job_object_floor_p50_s"] <= report["per_job_object_floor_p99_s"]
     # the background load: asked and achieved (raw keep-alive HTTP from one process)
     assert report["load_writes_per_s_asked"] == 40 and report["load_writes_per_s_achieved"] >= 30
     assert "goodput accounting on for all 10 jobs" in out.stdout, out.stdout[-2000:]

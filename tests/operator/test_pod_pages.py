@@ -106,3 +106,56 @@ def test_a_relist_after_410_caches_each_page_before_it_lists_the_next() -> None:
     assert [c["listed"] for c in core.calls] == [0, 500, 1000]  # each page cached before the next LIST
     assert on_node(cache, "n1") == 1200 and on_node(cache, "n0") == 0  # the 100 pods not listed are forgotten
     assert relisted == [{("ml", "j")}] and cache.pods_of("other", "k")  # another namespace's pods are kept
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_the_priming_lists_the_jobs_notice_objects_or_leaves_each_to_be_read(refused: bool) -> None:
+    """``main.prime`` lists the ConfigMaps labelled with a job: a job's notice object (``<job>-notice`` owned by the
+    job) is known with its notice, a job without one is known to have none; anything else labelled is not taken
+    for one. A refused LIST (RBAC) leaves every job's object to be read before its first notice."""
+    from kubernetes.client.rest import ApiException
+    from reprieve_operator.main import prime
+    from reprieve_operator.nodesignals import NodeSignals
+    from reprieve_operator.policy.signals import BUILTIN_SIGNALS
+    from reprieve_operator.state import State
+
+    def page(items: list[dict[str, Any]]) -> Any:
+        return SimpleNamespace(data=json.dumps({"metadata": {}, "items": items}).encode(), release_conn=lambda: None)
+
+    def cm(name: str, owner_kind: str, owner: str, notice: str | None) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "ml", "labels": {LABEL_JOB: owner},
+                             "ownerReferences": [{"kind": owner_kind, "name": owner}]},
+                "data": {"notice": notice} if notice else {}}
+
+    class Core:
+        def list_node(self, **_: Any) -> Any:
+            return page([])
+
+        def list_namespaced_pod(self, namespace: str, **kw: Any) -> Any:
+            if kw.get("watch"):
+                raise ConnectionError("no watch in this test")
+            return page([])
+
+        def list_namespaced_config_map(self, namespace: str, label_selector: str, **_: Any) -> Any:
+            assert (namespace, label_selector) == ("ml", LABEL_JOB)
+            if refused:
+                raise ApiException(status=403, reason="Forbidden")
+            return page([cm("a-notice", "TrainingJob", "a", '{"id": "n1"}'), cm("a-assignment", "TrainingJob", "a", None),
+                         cm("c-notice", "Deployment", "c", '{"id": "x"}'), cm("d-notice", "TrainingJob", "d", None)])
+
+    async def reconcile(st: State, namespace: str, name: str, fresh: bool) -> None:
+        return None
+
+    cache = Cache()
+    api = SimpleNamespace(core=Core(), custom=SimpleNamespace(list_namespaced_custom_object=lambda *_, **__: page([])))
+    state = State(api=api, cache=cache, nodes=NodeSignals(BUILTIN_SIGNALS, 600.0, cache),  # type: ignore[arg-type]
+                  reconcile=reconcile)
+    for watch in asyncio.run(prime(state, ["ml"])):
+        watch.stop()
+    known = {job: (state.nodes.notice_object(("ml", job)), state.nodes.object_exists(("ml", job)))
+             for job in "abcd"}
+    if refused:
+        assert known == {job: ((False, None), False) for job in "abcd"}
+    else:
+        assert known == {"a": ((True, '{"id": "n1"}'), True), "b": ((True, None), False),
+                         "c": ((True, None), False), "d": ((True, None), True)}
