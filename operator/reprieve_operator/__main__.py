@@ -54,13 +54,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _limit_malloc_arenas(arenas: int = 2) -> None:
+def _limit_malloc_arenas(arenas: int = 2, mmap_threshold: int = 128 * 1024) -> None:
     """glibc gives every thread its own heap arena; with a 32-thread API pool that multiplies RSS. Must run
-    before any thread starts (same as MALLOC_ARENA_MAX=2)."""
+    before any thread starts (same as MALLOC_ARENA_MAX=2). A block of at least ``mmap_threshold`` bytes (a LIST
+    page's body, its decoded strings) is mapped on its own and handed back when freed: glibc's default raises that
+    threshold to the largest block freed so far (up to 32 MiB), after which a start-up's burst of large blocks lands
+    in the heap, and the heap between the blocks that live on is never handed back."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6").mallopt(-8, arenas)  # M_ARENA_MAX
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-8, arenas)  # M_ARENA_MAX
+        libc.mallopt(-3, mmap_threshold)  # M_MMAP_THRESHOLD: fixed (no dynamic raise)
     except (OSError, AttributeError):  # not glibc
         pass
 

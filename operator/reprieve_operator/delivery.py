@@ -113,7 +113,8 @@ async def write_notice_object(state: State, job: TrainingJob, route: fanout.Noti
         return None
     key = (job.namespace, job.name)
     try:
-        await apply.run(apply.write_data, state.api, build_notice_object(job, value), state.nodes.object_exists(key))
+        await apply.run_in(state.lanes.objects, apply.write_data, state.api, build_notice_object(job, value),
+                           state.nodes.object_exists(key))
     except Exception as err:  # noqa: BLE001 - any refusal (403 RBAC, 429 shedding, no answer): the pods are annotated
         status, detail = apply.refusal_of(err)
         why = f"HTTP {status}" if status is not None else str(detail)
@@ -202,7 +203,7 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             route = fanout.route(plan, object_value, watching)
             route, fell_back = await send_notice_object(state, job, plan, route, value)
             await apply.gather([functools.partial(apply.annotate_pod, api, namespace, n, {ANNOTATION_NOTICE: value})
-                                for n in route.annotate], state.bulk)
+                                for n in route.annotate], state.lanes.pods)
             for r in raw:  # the cache learns it now, not only when the watch event comes
                 if r["metadata"]["name"] in route.annotate:
                     annotated = {**r["metadata"], "annotations": {**(r["metadata"].get("annotations") or {}),

@@ -27,16 +27,16 @@ from .policy import builders
 from .policy.notice import DEFAULT_HORIZON_SECONDS
 from .policy.restart import PEER_LOST_WAIT_SECONDS
 from .policy.signals import signal_table
-from .state import BULK_THREADS, State
+from .state import OBJECT_THREADS, POD_THREADS, State
 
 ENV_SIGNALS = "REPRIEVE_SIGNALS_JSON"
 
 
 EXECUTOR_THREADS = 32  # the default executor's: reconciles, notice objects, every other call
 
-# Connections kept for reuse: one a thread that calls the API at once (the executor's, the per-pod notice writes',
-# the Event posters') and the long watches; a call beyond it opens a connection it then discards (a TLS handshake).
-POOL = EXECUTOR_THREADS + BULK_THREADS + POSTERS + 8
+# Connections kept for reuse: one a thread that calls the API at once (the executor's, the notice lanes', the Event
+# posters') and the long watches; a call beyond it opens a connection it then discards (a TLS handshake).
+POOL = EXECUTOR_THREADS + OBJECT_THREADS + POD_THREADS + POSTERS + 8
 
 
 def api_client(pool: int = POOL) -> client.ApiClient:

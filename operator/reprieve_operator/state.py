@@ -20,7 +20,23 @@ from .nodesignals import NodeSignals
 from .policy.restart import PEER_LOST_WAIT_SECONDS
 from .workqueue import ReconcileQueue
 
-BULK_THREADS = 16  # the per-pod notice writes' own threads (``State.bulk``)
+OBJECT_THREADS = 32  # the notice objects' writes' own threads (``Lanes.objects``)
+POD_THREADS = 16  # the per-pod notice writes' own threads (``Lanes.pods``)
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """The threads a notice's writes run on, apart from the loop's executor (reconciles, every other call): a burst's
+    one write per job on threads of its own, the fallback's per-pod writes (20 a job) on theirs, so neither queues in
+    front of the other, and the reconciles each delivery kicks never queue in front of the next job's write."""
+
+    objects: ThreadPoolExecutor
+    pods: ThreadPoolExecutor
+
+    @classmethod
+    def make(cls) -> Lanes:
+        return cls(ThreadPoolExecutor(OBJECT_THREADS, thread_name_prefix="reprieve-objects"),
+                   ThreadPoolExecutor(POD_THREADS, thread_name_prefix="reprieve-pods"))
 
 
 class CommitEvents:
@@ -48,9 +64,7 @@ class State:
     reconcile: InitVar[Callable[[State, str, str, bool], Awaitable[Any]]]
     queue: ReconcileQueue = field(init=False)  # locks, coalescing, requeues, create backoff, resync
     events: EventSink = field(init=False)  # a notice burst's Events, queued and posted off the notices' path
-    # The per-pod notice writes (the fallback's annotations, 20 a job where the object path makes one write) on
-    # threads of their own: a burst's thousands never queue in front of the next job's object write or a reconcile.
-    bulk: ThreadPoolExecutor = field(init=False)
+    lanes: Lanes = field(init=False)  # a notice's writes on threads of their own
     assignments: Assignments = field(default_factory=Assignments)  # in-place jobs' assignments as written
     commits: CommitEvents = field(default_factory=CommitEvents)
     kueue: bool = False  # --kueue: jobs with kueue.x-k8s.io/queue-name wait for Kueue's admission (kueue.py)
@@ -60,4 +74,4 @@ class State:
         # The queue runs the one reconcile function of this state, for every path (frozen: set once, here).
         object.__setattr__(self, "queue", ReconcileQueue(functools.partial(reconcile, self)))
         object.__setattr__(self, "events", EventSink(self.api))
-        object.__setattr__(self, "bulk", ThreadPoolExecutor(BULK_THREADS, thread_name_prefix="reprieve-bulk"))
+        object.__setattr__(self, "lanes", Lanes.make())
