@@ -21,7 +21,7 @@ from .policy.restart import PEER_LOST_WAIT_SECONDS
 from .workqueue import ReconcileQueue
 
 OBJECT_THREADS = 32  # the notice objects' writes' own threads (``Lanes.objects``)
-POD_THREADS = 16  # the per-pod notice writes' own threads (``Lanes.pods``)
+POD_THREADS = 32  # the per-pod notice writes' own threads (``Lanes.pods``)
 
 
 @dataclass(frozen=True)
