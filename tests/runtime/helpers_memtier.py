@@ -185,5 +185,12 @@ class FakeTier:
     def join_watcher(self, timeout_s: float) -> None:
         pass
 
+    def leaving(self, step: int, doomed: str | None) -> None:
+        self.left = (step, doomed)
+
+    def wait_exit(self, timeout_s: float) -> tuple[str, bool]:
+        self.waits.append(timeout_s)
+        return "everywhere", not self._busy
+
     def close(self, *, finished: bool = False) -> None:
         pass
