@@ -413,7 +413,7 @@ class Job:
             for t in timers:
                 t.cancel()
         if restart and self.memory is not None:  # the exit waits only for what the restart reads in memory
-            self.memory.leaving(step, target.notice.node)
+            self.memory.leaving(step, self.agreement.noticed_nodes | {target.notice.node})
         if memory and self.memory is not None:
             self.memory.await_agreed(step, deadline)
         now = time.time()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 from . import data as data_mod
@@ -295,7 +295,7 @@ class Tier(Protocol):
 
     def join_watcher(self, timeout_s: float) -> None: ...
 
-    def leaving(self, step: int, doomed: str | None) -> None: ...
+    def leaving(self, step: int, doomed: Collection[str | None]) -> None: ...
 
     def wait_exit(self, timeout_s: float) -> tuple[str, bool]: ...
 
@@ -375,8 +375,8 @@ class MemoryTarget:
                  time.perf_counter() - t0)
         return held
 
-    def leaving(self, step: int, doomed: str | None) -> None:
-        """The agreed save of ``step`` is committed and a restart follows (``doomed``: the node its notice names):
+    def leaving(self, step: int, doomed: Collection[str | None]) -> None:
+        """The agreed save of ``step`` is committed and a restart follows (``doomed``: the nodes the notices name):
         the process's exit waits only for what the restart reads of the copy in flight (docs/memory.md, "After a
         notice")."""
         self.tier.leaving(step, doomed)

@@ -15,7 +15,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -137,7 +137,7 @@ class MemoryTier:
         self._running_step: int | None = None  # the step whose copy the background thread writes or sends
         self._here = threading.Event()  # set once that copy is committed in this pod (or failed to be)
         self._here.set()
-        self._leaving: tuple[int, str | None] | None = None  # (agreed step, its notice's node): a restart follows
+        self._leaving: tuple[int, frozenset[str | None]] | None = None  # (agreed step, noticed nodes): a restart
         self._loop_step: int | None = None  # the newest step the loop asked about (process 0 plans from it)
         # what this process publishes after each copy (memtier.gang): the steps it replicated lately and the newest
         # save it skipped; and the newest gang step it has seen (only grows)
@@ -501,14 +501,14 @@ class MemoryTier:
         """A copy is still being written or sent in the background."""
         return self._thread is not None and self._thread.is_alive()
 
-    def leaving(self, step: int, doomed: str | None) -> None:
-        """The agreed save of ``step`` is committed to storage and a restart follows (``doomed``: the node its
-        notice names): from here :meth:`wait_exit` and :meth:`close` wait only for the part of the copy in flight
+    def leaving(self, step: int, doomed: Collection[str | None]) -> None:
+        """The agreed save of ``step`` is committed to storage and a restart follows (``doomed``: the nodes the
+        notices name): from here :meth:`wait_exit` and :meth:`close` wait only for the part of the copy in flight
         that the restart reads (:func:`.decide.exit_wait`)."""
-        self._leaving = (step, doomed)
+        self._leaving = (step, frozenset(doomed))
 
     def _exit_need(self) -> str:
-        agreed, doomed = self._leaving if self._leaving is not None else (None, None)
+        agreed, doomed = self._leaving if self._leaving is not None else (None, frozenset())
         return decide.exit_wait(agreed_step=agreed, running_step=self._running_step if self.busy() else None,
                                 node=self.cfg.node, doomed=doomed)
 
