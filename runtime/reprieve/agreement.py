@@ -125,6 +125,7 @@ class Agreement(Daemon):
         self._error: AgreementError | None = None
         self._next_round = 0
         self._seen: set[str] = set()
+        self._nodes: set[str | None] = set()  # the nodes the notices offered to this process name (None: none)
         self._pending: list[Notice] = []  # lost a claim race: re-offered after the round
         self._retry: list[Notice] = []  # claim failed: re-offered by the watcher every poll
         self._retry_saves: list[str] = []  # save rounds to claim (request_save), claimed by the watcher
@@ -157,6 +158,12 @@ class Agreement(Daemon):
     @property
     def last_step(self) -> int | None:
         return self._last_step
+
+    @property
+    def noticed_nodes(self) -> frozenset[str | None]:
+        """The nodes named by the notices offered to this process (None: a notice that names no node, as SIGTERM's)."""
+        with self._cond:
+            return frozenset(self._nodes)
 
     def report(self, *, step_seconds: float | None = None, save_seconds: float | None = None) -> None:
         """The loop's measured step time and save time (what this process acks with). Any thread; each is one
@@ -292,6 +299,7 @@ class Agreement(Daemon):
                     log.info("notice %s (%s) was already saved for: the restored checkpoint, step %d, is its agreed "
                              "save; ignored", notice.id, notice.source, self._handled[notice.id])
                 return
+            self._nodes.add(notice.node)
             if self._holding:
                 if all(n.id != notice.id for n in self._held):
                     self._held.append(notice)

@@ -179,6 +179,21 @@ def host_buffers(specs: list[tuple[tuple[int, ...], np.dtype]], pool: concurrent
     return [alone[i] if i in alone else next(made) for i in range(len(specs))]
 
 
+def on_devices(buffers: list[np.ndarray], devices: list[list[Any]]) -> dict[Any, Any]:
+    """Each restored host buffer on its devices (``devices[i]``: those that hold ``buffers[i]``'s region): the
+    first adopts the buffer itself, every other replica gets its own copy, so that donating one can never scribble
+    over another. The copy lands in a :func:`host_buffer`, which the device adopts too: a plain numpy copy is only
+    16-byte aligned, so the device copied it once more (1 GiB: ~0.5 s more on the benchmark VM)."""
+    out = {}
+    for buf, devs in zip(buffers, devices, strict=True):
+        for n, d in enumerate(devs):
+            if n:
+                own = host_buffer(buf.shape, buf.dtype)
+                np.copyto(own, buf)
+            out[d] = jax.device_put(buf if n == 0 else own, d)
+    return out
+
+
 def is_abstract_array(x: Any) -> bool:
     return isinstance(x, (jax.ShapeDtypeStruct, jax.Array))
 

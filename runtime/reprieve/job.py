@@ -412,6 +412,8 @@ class Job:
         finally:
             for t in timers:
                 t.cancel()
+        if restart and self.memory is not None:  # the exit waits only for what the restart reads in memory
+            self.memory.leaving(step, self.agreement.noticed_nodes | {target.notice.node})
         if memory and self.memory is not None:
             self.memory.await_agreed(step, deadline)
         now = time.time()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 from . import data as data_mod
@@ -16,6 +16,7 @@ from .agreement import INTERVAL
 from .capabilities import Capabilities, Checkpointer, RestoreCheckFn
 from .measures import SaveReports, positive
 from .memtier.config import MemoryConfig
+from .memtier.decide import HERE
 from .memtier.schedule import periodic_saves_off_line
 from .metrics import Metrics
 from .policy import (
@@ -294,6 +295,10 @@ class Tier(Protocol):
 
     def join_watcher(self, timeout_s: float) -> None: ...
 
+    def leaving(self, step: int, doomed: Collection[str | None]) -> None: ...
+
+    def wait_exit(self, timeout_s: float) -> tuple[str, bool]: ...
+
     def close(self, *, finished: bool = False) -> None: ...
 
 
@@ -370,15 +375,23 @@ class MemoryTarget:
                  time.perf_counter() - t0)
         return held
 
+    def leaving(self, step: int, doomed: Collection[str | None]) -> None:
+        """The agreed save of ``step`` is committed and a restart follows (``doomed``: the nodes the notices name):
+        the process's exit waits only for what the restart reads of the copy in flight (docs/memory.md, "After a
+        notice")."""
+        self.tier.leaving(step, doomed)
+
     def await_agreed(self, step: int, deadline: float | None) -> None:
-        """Wait (bounded) for the agreed step's copy to be committed here and at the peer: the next attempt's
-        restore round, which may start as soon as this process announces its exit, sees it then."""
+        """Wait (bounded) for the agreed step's copy to be committed where the restart reads it (here, or here
+        and at the peer: :func:`reprieve.memtier.decide.exit_wait`): the next attempt's restore round, which may
+        start as soon as this process announces its exit, sees it then."""
         limit = AGREED_MEMORY_WAIT_S if deadline is None else max(0.0, min(AGREED_MEMORY_WAIT_S,
                                                                           deadline - time.time() - 1.0))
         t0 = time.perf_counter()
-        done = self.wait(limit)
+        need, done = self.tier.wait_exit(limit)
         log.info("agreed step %d: memory copy %s %.2fs after the storage commit", step,
-                 "committed" if done else "not finished (the restart reads storage where it lacks it)",
+                 ("committed here (this pod stays; its put to the peer is not waited for)" if need == HERE
+                  else "committed") if done else "not finished (the restart reads storage where it lacks it)",
                  time.perf_counter() - t0)
 
     def tiered_read(self, storage: Checkpointer) -> Callable[[Any, RestoreCheckFn], Any]:

@@ -153,6 +153,7 @@ class FakeTier:
         self.saves: list[tuple[int, str]] = []
         self.waits: list[float | None] = []
         self.capped_by: tuple[int, float] | None = None
+        self.left: tuple[int, set[str | None]] | None = None  # leaving(): the agreed step and the noticed nodes
 
     def begin(self, start: int, *, storage_steps: int = 0, storage_seconds: float = 0.0) -> None:
         self.capped_by = (storage_steps, storage_seconds)
@@ -184,6 +185,13 @@ class FakeTier:
 
     def join_watcher(self, timeout_s: float) -> None:
         pass
+
+    def leaving(self, step: int, doomed: Any) -> None:
+        self.left = (step, set(doomed))
+
+    def wait_exit(self, timeout_s: float) -> tuple[str, bool]:
+        self.waits.append(timeout_s)
+        return "everywhere", not self._busy
 
     def close(self, *, finished: bool = False) -> None:
         pass

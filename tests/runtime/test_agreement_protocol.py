@@ -484,3 +484,22 @@ def test_a_notice_whose_round_ends_while_it_claims_is_offered_again_at_once() ->
         assert a.target.notice.id == "short"  # type: ignore[union-attr]
     finally:
         a.close()
+
+
+def test_the_nodes_of_the_notices_offered_to_a_process_are_recorded_for_its_exit() -> None:
+    """``noticed_nodes``: what the memory tier's exit asks (memtier.decide.exit_wait): every notice offered to this
+    process counts, the one that moved no plan too (a second node's); one that names no node is None (unknown)."""
+    from dataclasses import replace
+
+    group = agreements(2)
+    try:
+        for a in group:
+            assert a.decide(3) is None
+        group[1].offer(replace(notice("n1", 30.0), node="node-b"))
+        group[1].offer(replace(notice("n2", 30.0), node="node-c"))  # a second node: may add nothing to the plan
+        group[1].offer(notice("sigterm", 30.0))  # names no node
+        assert group[1].noticed_nodes == {"node-b", "node-c", None}
+        assert group[0].noticed_nodes == frozenset()  # offered to process 1 only
+    finally:
+        for a in group:
+            a.close()

@@ -5,6 +5,11 @@ one the machine offers."""
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+import jax
 import numpy as np
 import pytest
 from reprieve import arrays
@@ -90,3 +95,25 @@ def test_buffers_made_in_a_pool_come_back_in_order_and_the_first_large_one_alone
     assert all(b.ctypes.data % 64 == 0 and b.flags.writeable for b in bufs)
     assert not any(b.any() for b in bufs[1:])  # the mapped ones (from 1 MiB on) come zeroed from the kernel
     assert mapped == ([s for i, s in enumerate(specs) if i != 1] if judged else specs)
+
+
+def test_replicas_on_devices_get_their_own_adopted_buffers_and_a_donated_one_spares_the_others(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``on_devices``: a restored buffer replicated over devices. The first device adopts the buffer itself (no
+    copy), every other replica its own 64-byte aligned copy, which its device adopts as well (a plain numpy copy
+    was copied by the device a second time); donating one replica leaves the others intact."""
+    devices = jax.devices()
+    if len(devices) < 2:
+        pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count)")
+    buf = arrays.host_buffer((4 << 20,), np.dtype(np.float32))  # 16 MiB
+    buf[:] = np.arange(buf.size, dtype=np.float32)
+    made: list[np.ndarray] = []
+    real = arrays.host_buffer
+    monkeypatch.setattr(arrays, "host_buffer", lambda shape, dtype: made.append(real(shape, dtype)) or made[-1])
+    placed = arrays.on_devices([buf], [devices[:2]])
+    first, second = placed[devices[0]], placed[devices[1]]
+    assert first.unsafe_buffer_pointer() == buf.ctypes.data  # adopted: no copy
+    assert len(made) == 1 and second.unsafe_buffer_pointer() == made[0].ctypes.data != buf.ctypes.data
+    gone = jax.jit(lambda x: x * 0 - 1, donate_argnums=0)(first)
+    assert first.is_deleted() and float(gone[7]) == -1.0
+    np.testing.assert_array_equal(np.asarray(second), np.arange(buf.size, dtype=np.float32))

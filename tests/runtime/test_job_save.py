@@ -63,6 +63,7 @@ class Agreement:
     """Every process agreed ``agreed[step]`` for a step; ``requests``: what process 0 asked to agree on."""
 
     poll_s = 0.0
+    noticed_nodes: frozenset[str | None] = frozenset({"node-b"})  # the nodes the notices offered here name
 
     def __init__(self, agreed: dict[int, str], reason: str = "maintenance") -> None:
         self.agreed, self.reason = agreed, reason
@@ -262,6 +263,8 @@ def test_a_resize_saves_its_agreed_step_to_memory_alone_when_held_else_to_storag
     assert exited.value.args == (job.config.restart_exit_code,)  # a saved exit either way
     assert ckpt.saves == storage
     assert (tier.saves if tier is not None else []) == memory
+    if tier is not None:  # the exit waits only for what the restart reads: the tier is told the noticed nodes
+        assert tier.left == (4, {"node-b", None}), tier.left  # the fake's notice names no node
 
 
 @pytest.mark.parametrize(("agreed", "forced", "last", "kind"), [

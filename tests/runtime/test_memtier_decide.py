@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import pytest
 from reprieve.memtier.decide import (
+    EVERYWHERE,
+    HERE,
+    NOTHING,
     Holding,
     Plan,
     decide,
+    exit_wait,
     pairing_problems,
     select_deletions,
     visible,
@@ -189,3 +193,26 @@ def test_pairing(processes: dict[int, tuple[str, str | None, str]], want: dict[i
     assert set(got) == set(want)
     for p, text in want.items():
         assert text in got[p]
+
+
+# What a process leaving after the agreed save of step 8 waits for of its copy in flight (exit_wait)
+EXIT_WAIT = [
+    # id, agreed step, copy in flight, this pod's node, the noticed nodes, want
+    ("no copy in flight", 8, None, "node-a", {"node-b"}, NOTHING),
+    ("an older copy in flight is never the restart's", 8, 5, "node-a", {"node-b"}, NOTHING),
+    ("an older copy, this pod going", 8, 5, "node-b", {"node-b"}, NOTHING),
+    ("the agreed copy, this pod stays: committed here", 8, 8, "node-a", {"node-b"}, HERE),
+    ("the agreed copy, this pod goes: at the peer", 8, 8, "node-b", {"node-b"}, EVERYWHERE),
+    ("two nodes noticed, this pod's one of them", 8, 8, "node-a", {"node-b", "node-a"}, EVERYWHERE),
+    ("a notice that names no node (SIGTERM): both", 8, 8, "node-a", {"node-b", None}, EVERYWHERE),
+    ("no node noticed: both", 8, 8, "node-a", set(), EVERYWHERE),
+    ("this pod's node unknown: both", 8, 8, None, {"node-b"}, EVERYWHERE),
+    ("not an agreed exit: the whole copy, as before", None, 5, "node-a", {"node-b"}, EVERYWHERE),
+]
+
+
+@pytest.mark.parametrize(("agreed", "running", "node", "doomed", "want"), [r[1:] for r in EXIT_WAIT],
+                         ids=[r[0] for r in EXIT_WAIT])
+def test_exit_wait(agreed: int | None, running: int | None, node: str | None, doomed: set[str | None],
+                   want: str) -> None:
+    assert exit_wait(agreed_step=agreed, running_step=running, node=node, doomed=doomed) == want

@@ -122,6 +122,87 @@ def test_a_noticed_preemption_restores_the_agreed_step_from_memory(tmp_path: Pat
     assert restored(gang.logs) == [step, "memory", "peer"]
 
 
+def noticed_on_node_b(tmp_path: Path, base: Path, slow: dict[str, str]) -> tuple[list[Pod], list[str], str]:
+    """Attempt 1 of a gang whose process 0 runs on node-a and process 1 on node-b, with ``slow`` (env) for process
+    0: a notice on node-b after step 6; returns the pods, both processes' logs and the agreed step."""
+    import time
+
+    pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
+    extra = {i: {"REPRIEVE_NOTICE_FILE": str(tmp_path / f"annotations-{i}"), "WORKER_STEP_SECONDS": "0.3",
+                 "REPRIEVE_NODE_NAME": f"node-{'ab'[i]}"} for i in range(2)}
+    extra[0].update(slow)
+    gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=TOTAL, hold_at=6, extra=extra)
+    for i in range(2):
+        gang.wait_for_file(f"held-{i}", 120)
+    write_notice_file(tmp_path / "annotations-1", node_notice("gke-spot", "node-b", time.time() + 9))
+    time.sleep(0.5)  # the notice watcher polls every 0.2 s
+    (tmp_path / "go").touch()
+    assert gang.wait(120) == [42, 42], gang.tail(40)
+    logs = [log.read_text() for log in gang.logs]
+    agreed = re.search(r"agreed checkpoint at step (\d+) committed", logs[0])
+    assert agreed, gang.tail(40)
+    return pods, logs, agreed.group(1)
+
+
+def seconds_between(log: str, first: str, then: str) -> float:
+    """Seconds from the log line holding ``first`` to the next one holding ``then`` (the lines' timestamps)."""
+    from datetime import datetime
+
+    def at(text: str, start: int) -> tuple[float, int]:
+        i = log.index(text, start)
+        line_start = log.rindex("\n", 0, i) + 1
+        stamp = datetime.strptime(log[line_start:line_start + 23], "%Y-%m-%d %H:%M:%S,%f")
+        return stamp.timestamp(), i
+
+    t0, i = at(first, 0)
+    t1, _ = at(then, i)
+    return t1 - t0
+
+
+def test_a_process_whose_pod_stays_leaves_without_waiting_for_its_put_to_the_noticed_peer(
+        tmp_path: Path, base: Path) -> None:
+    """Issue #48 (the 1 GiB goodput run): a notice on process 1's node. Process 0's pod stays, so the restart reads
+    process 0's agreed copy from process 0's own pod: process 0 leaves once that copy is committed there, without
+    waiting for its put to process 1's pod, which goes (held 30 s here; before, the exit waited 1 s for it, then 5 s
+    more while closing). Attempt 2 still restores the agreed step from memory: process 0 from its own pod, process
+    1 (a new pod on another node) its copy from process 0's pod."""
+    late = [s for s in range(5, 14) if s != 9]  # the agreed step's copy (the periodic copy of 9 is not held)
+    slow = {"REPRIEVE_MEMTIER_TEST_SLOW_COPY": ",".join(f"{s}:30" for s in late),
+            "WORKER_NO_WAIT_AT": ",".join(map(str, late))}
+    pods, logs, step = noticed_on_node_b(tmp_path, base, slow)
+    assert f"agreed step {step}: memory copy committed here" in logs[0], logs[0][-3000:]
+    assert (f"leaving with the copy of step {step} committed in this pod, its put to the peer unfinished"
+            in logs[0]), logs[0][-3000:]
+    left = seconds_between(logs[0], f"agreed checkpoint at step {step} committed", "exiting with code 42")
+    assert left < 2.0, logs[0][-3000:]  # before: 6 s (1 s for the copy, 5 s more in the tier's close)
+    assert f"agreed step {step}: memory copy committed " in logs[1], logs[1][-3000:]  # its pod goes: at the peer
+    pods[1] = new_pod(base, "pod-1b")  # the noticed node's pod is gone with its memory
+    gang = launch(tmp_path, pods, ring(pods), attempt=2, steps=TOTAL)
+    finish(gang, 2, TOTAL)
+    assert restored(gang.logs) == [step, "memory", "peer"]
+
+
+def test_an_older_copy_in_flight_at_the_agreed_exit_is_left_unfinished_and_never_restored(
+        tmp_path: Path, base: Path) -> None:
+    """Process 0's periodic copy of step 4 is still being sent (held 30 s) when the agreed save comes: no memory
+    copy beside it, and process 0 leaves at once instead of waiting for the older copy (before: 5 s in the tier's
+    close). The unfinished put is never a copy at its holder, and attempt 2 restores the agreed step, which only
+    storage holds whole, not step 4; the run ends as an uninterrupted one."""
+    slow = {"REPRIEVE_MEMTIER_TEST_SLOW_COPY": "4:30", "WORKER_NO_WAIT_AT": ",".join(map(str, range(4, 14)))}
+    pods, logs, step = noticed_on_node_b(tmp_path, base, slow)
+    assert f"agreed step {step}: no memory copy beside the storage save (the previous copy" in logs[0], logs[0]
+    assert "leaving with the copy of step 4 unfinished: the restart reads the agreed step" in logs[0], logs[0]
+    left = seconds_between(logs[0], f"agreed checkpoint at step {step} committed", "exiting with code 42")
+    assert left < 2.0, logs[0][-3000:]  # before: 5 s
+    held = sorted(e.name for e in (pods[1].mem / "peer").iterdir())
+    assert str(CopyName(4, 1, 0)) not in held, held  # never committed at the holder
+    pods[1] = new_pod(base, "pod-1b")
+    gang = launch(tmp_path, pods, ring(pods), attempt=2, steps=TOTAL)
+    finals = finish(gang, 2, TOTAL)  # an uninterrupted run's parameters and data position
+    assert restored(gang.logs)[0] == step
+    assert all(f["restored_from"]["step"] == int(step) for f in finals), finals
+
+
 def test_a_corrupt_copy_is_skipped_for_the_next_source(tmp_path: Path, base: Path) -> None:
     pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
     gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=TOTAL, stop_at=14)

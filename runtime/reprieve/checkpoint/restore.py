@@ -41,6 +41,7 @@ from ..arrays import (
     is_abstract_array,
     key_data_sharding,
     local_slices,
+    on_devices,
     prng_key_impl,
     process_regions,
     region_size,
@@ -239,11 +240,7 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
         if lf.sharding is None:
             out[lf.slot] = lf.buffers[0]
             continue
-        arrays = {}
-        for buf, devs in zip(lf.buffers, lf.devices, strict=True):
-            for n, d in enumerate(devs):
-                # Every replica gets its own buffer, so donating one can never scribble over another.
-                arrays[d] = jax.device_put(buf if n == 0 else buf.copy(), d)
+        arrays = on_devices(lf.buffers, lf.devices)
         ordered = [arrays[d] for d in lf.sharding.addressable_devices_indices_map(lf.shape)]
         arr = jax.make_array_from_single_device_arrays(lf.shape, lf.sharding, ordered)
         out[lf.slot] = arr if lf.key_impl is None else jax.random.wrap_key_data(arr, impl=lf.key_impl)

@@ -187,3 +187,31 @@ def pairing_problems(processes: Mapping[int, tuple[str | None, str | None, str |
             out[p] = (f"process {p}'s replica server {peer} (the pod of process {by_location[peer][0]}) runs on "
                       f"the same node {node}")
     return out
+
+
+# What a process leaving after an agreed save waits for of the copy in its background (:func:`exit_wait`)
+NOTHING = "nothing"  # no copy the restart reads: leave at once (an uncommitted copy is never read: see below)
+HERE = "here"  # the agreed step's copy committed in this pod (its put to the peer is left unfinished)
+EVERYWHERE = "everywhere"  # the copy committed here and at the peer
+
+
+def exit_wait(*, agreed_step: int | None, running_step: int | None, node: str | None,
+              doomed: Collection[str | None]) -> str:
+    """What of the copy in flight (``running_step``, None: none) a process waits for before it ends, when the
+    agreed save of ``agreed_step`` is committed to storage and a restart follows (None: any other exit, which
+    waits for the whole copy as before). ``node``: this pod's node; ``doomed``: the nodes the agreed notice and the
+    notices this process received name (None: a notice that names no node, as SIGTERM's).
+
+    The restart reads the agreed step: from this pod's memory when the pod stays, from the peer's when this pod
+    goes with a noticed node. An older copy is never the restart's (the agreed step is newer and in storage), and
+    the agreed copy's put to the peer is not needed when this pod stays: both are left unfinished, which is safe,
+    since a copy commits by a rename and the holder commits a put only whole and checked, and an unfinished one is
+    a ``.tmp`` leftover that the next writer removes. Whether this pod stays unknown (its node, or a notice's): the
+    whole copy, as before."""
+    if agreed_step is None:
+        return EVERYWHERE
+    if running_step is None or running_step != agreed_step:
+        return NOTHING
+    if node and doomed and None not in doomed and node not in doomed:
+        return HERE
+    return EVERYWHERE

@@ -29,6 +29,7 @@ from ..arrays import (
     host_buffer,
     host_buffers,
     key_data_sharding,
+    on_devices,
     prng_key_impl,
     sharding_of,
 )
@@ -257,10 +258,7 @@ def restore_state(sources: dict[int, Source], abstract: Any, *, num_writers: int
         if sharding is None:
             out[slot] = np.array(bufs[0]) if leaf["kind"] == "numpy" else bufs[0]
             continue
-        arrays = {}
-        for buf, devs in zip(bufs, devices, strict=True):
-            for n, d in enumerate(devs):
-                arrays[d] = jax.device_put(buf if n == 0 else np.array(buf), d)
+        arrays = on_devices(bufs, devices)
         ordered = [arrays[d] for d in sharding.addressable_devices_indices_map(shape)]
         arr = jax.make_array_from_single_device_arrays(shape, sharding, ordered)
         out[slot] = arr if key_impl is None else jax.random.wrap_key_data(arr, impl=key_impl)

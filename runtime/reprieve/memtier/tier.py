@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import mmap
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,7 @@ import numpy as np
 from .. import topology
 from ..coordination import CoordinationTimeout, Coordinator
 from ..env import Env
-from . import gang, layout, schedule, wire
+from . import decide, gang, layout, schedule, wire
 from .config import MemoryConfig
 from .layout import CopyName
 from .manifest import Manifest, Shard, crc32c
@@ -135,6 +134,9 @@ class MemoryTier:
         self._cap_told = False
         self._skips = schedule.SkipNotice()  # says once that copies are slower than the interval
         self._running_step: int | None = None  # the step whose copy the background thread writes or sends
+        self._here = threading.Event()  # set once that copy is committed in this pod (or failed to be)
+        self._here.set()
+        self._leaving: tuple[int, frozenset[str | None]] | None = None  # (agreed step, noticed nodes): a restart
         self._loop_step: int | None = None  # the newest step the loop asked about (process 0 plans from it)
         # what this process publishes after each copy (memtier.gang): the steps it replicated lately and the newest
         # save it skipped; and the newest gang step it has seen (only grows)
@@ -252,6 +254,7 @@ class MemoryTier:
             self._measured.saving(self.last_blocking_s)
         name = CopyName(step, self.attempt, self.pid)
         self._running_step = step
+        self._here = threading.Event()
         self._thread = threading.Thread(target=self._background, args=(name, snap, host, extra, process_extra),
                                         name=f"reprieve-memory-save-{step}", daemon=True)
         self._thread.start()
@@ -271,6 +274,8 @@ class MemoryTier:
         t0, cpu0 = time.perf_counter(), time.thread_time()
         try:
             manifest, keep = self._write_own(name, snap, host, extra, process_extra)
+            self.saves += 1
+            self.saved_step = name.step
         except (CopyBusyError, CopyRefusedError, OSError) as err:
             self.failures += 1
             log.warning("memory copy of step %d not written: %s", name.step, err)
@@ -278,8 +283,7 @@ class MemoryTier:
         finally:
             self._staging.give_back([sc.data for sc in snap.shards])
             snap.shards.clear()
-        self.saves += 1
-        self.saved_step = name.step
+            self._here.set()  # committed in this pod, or failed: nothing more to wait for here
         if self.peer is not None:
             time.sleep(_test_slow_copy(name.step))
             self._send(name, manifest, keep)
@@ -319,12 +323,14 @@ class MemoryTier:
             tmp = self.dir.begin(layout.OWN, name, offset, attempt=name.attempt)
             try:
                 if offset:
-                    with open(os.path.join(tmp, layout.DATA_FILE), "r+b") as fh, \
-                            mmap.mmap(fh.fileno(), offset, flags=mmap.MAP_SHARED) as mem:
-                        dst = np.frombuffer(mem, np.uint8)
+                    # pwrite, not a shared mapping: the kernel copies into the volume's pages with no page fault
+                    # per 4 KiB (1 GiB on the benchmark VM: 0.14 s against 0.45 s through the mapping)
+                    fd = os.open(os.path.join(tmp, layout.DATA_FILE), os.O_WRONLY)
+                    try:
                         for (_, _, arr), s in zip(parts, shards, strict=True):
-                            dst[s.offset:s.offset + s.nbytes] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-                        del dst
+                            _write_at(fd, np.ascontiguousarray(arr).reshape(-1).view(np.uint8), s.offset)
+                    finally:
+                        os.close(fd)
                 self.dir.commit(layout.OWN, name, manifest, keep=keep)
             except BaseException:
                 self.dir.abort(layout.OWN, name)
@@ -496,15 +502,46 @@ class MemoryTier:
         """A copy is still being written or sent in the background."""
         return self._thread is not None and self._thread.is_alive()
 
+    def leaving(self, step: int, doomed: Collection[str | None]) -> None:
+        """The agreed save of ``step`` is committed to storage and a restart follows (``doomed``: the nodes the
+        notices name): from here :meth:`wait_exit` and :meth:`close` wait only for the part of the copy in flight
+        that the restart reads (:func:`.decide.exit_wait`)."""
+        self._leaving = (step, frozenset(doomed))
+
+    def _exit_need(self) -> str:
+        agreed, doomed = self._leaving if self._leaving is not None else (None, frozenset())
+        return decide.exit_wait(agreed_step=agreed, running_step=self._running_step if self.busy() else None,
+                                node=self.cfg.node, doomed=doomed)
+
+    def wait_exit(self, timeout_s: float) -> tuple[str, bool]:
+        """Wait (at most ``timeout_s``) for what the process's exit needs of the copy in flight
+        (:func:`.decide.exit_wait`); returns the need and whether it is met."""
+        need = self._exit_need()
+        if need == decide.HERE:
+            return need, self._here.wait(timeout_s)
+        if need == decide.EVERYWHERE:
+            self.wait(timeout_s)
+        return need, need == decide.NOTHING or not self.busy()
+
     def close(self, *, finished: bool = False) -> None:
         """Give the copy in the background a few seconds to finish (a process on its way out does not wait for a
-        slow peer: a torn copy is never used), then stop serving (outside reprieve-supervisor). ``finished``: the
-        job finished (not a restart): its copies in this pod's directory are of no more use and are deleted."""
+        slow peer: a torn copy is never used), then stop serving (outside reprieve-supervisor). After an agreed
+        save that a restart follows (:meth:`leaving`) only the part of the copy the restart reads is waited for.
+        ``finished``: the job finished (not a restart): its copies in this pod's directory are of no more use and
+        are deleted."""
         self._closing.set()
-        self.wait(CLOSE_WAIT_S)
+        need, met = self.wait_exit(CLOSE_WAIT_S)
         if self._thread is not None and self._thread.is_alive():
-            log.info("memory: leaving with the copy of step %s still in the background (not used anywhere)",
-                     self._thread.name.rsplit("-", 1)[-1])
+            step = self._thread.name.rsplit("-", 1)[-1]
+            if need == decide.NOTHING:
+                log.info("memory: leaving with the copy of step %s unfinished: the restart reads the agreed step "
+                         "(an unfinished copy is never read)", step)
+            elif need == decide.HERE and met:
+                log.info("memory: leaving with the copy of step %s committed in this pod, its put to the peer "
+                         "unfinished: this pod stays, and the restart reads it here", step)
+            else:
+                log.info("memory: leaving with the copy of step %s still in the background (not used anywhere)",
+                         step)
         else:
             self._staging.close()
             if finished:
@@ -529,6 +566,17 @@ def _test_slow_copy(step: int) -> float:
         if at.strip() == str(step):
             return float(seconds)
     return 0.0
+
+
+def _write_at(fd: int, data: np.ndarray, offset: int) -> None:
+    """All of ``data`` into ``fd`` from ``offset`` (pwrite writes at most 2 GiB a call, and may write less)."""
+    with memoryview(data.data) as view:
+        done = 0
+        while done < len(view):
+            wrote = os.pwrite(fd, view[done:done + (1 << 30)], offset + done)
+            if wrote <= 0:
+                raise OSError(f"pwrite wrote nothing at offset {offset + done}")
+            done += wrote
 
 
 def _ready(state: Any) -> None:
