@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -137,7 +136,7 @@ async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
             return apply.list_pages(api.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
         return apply.list_pages(api.custom.list_namespaced_custom_object, GROUP, VERSION, scope, PLURAL)
 
-    def notice_objects(scopes: list[str | None], in_scope: Callable[[dict[str, Any]], bool]) -> None:
+    def notice_objects() -> None:
         # Every job's notice object, so a burst of notices writes each without reading it first (a refused list:
         # each is read once, as before).
         listed = []
@@ -168,7 +167,7 @@ async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
                 versions[scope] = version
                 for pod in filter(in_scope, page):
                     cache.upsert_pod(pod)
-        notice_objects(scopes, in_scope)
+        notice_objects()
         # After the pods and notice objects: a signal already there is dated by the notices an operator before this
         # one delivered on that node's pods or objects, else at this operator's start (NodeSignals.prime).
         for page in apply.list_pages(api.core.list_node):
