@@ -202,8 +202,8 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             watching = [r["metadata"]["name"] for r in raw if fanout.watches(r, notice_object_name(job))]
             route = fanout.route(plan, object_value, watching)
             route, fell_back = await send_notice_object(state, job, plan, route, value)
-            await apply.gather([functools.partial(apply.annotate_pod, api, namespace, n, {ANNOTATION_NOTICE: value})
-                                for n in route.annotate], state.lanes.pods)
+            await state.lanes.pods.gather([functools.partial(apply.annotate_pod, api, namespace, n,
+                                                             {ANNOTATION_NOTICE: value}) for n in route.annotate])
             for r in raw:  # the cache learns it now, not only when the watch event comes
                 if r["metadata"]["name"] in route.annotate:
                     annotated = {**r["metadata"], "annotations": {**(r["metadata"].get("annotations") or {}),

@@ -6,11 +6,14 @@ the owners, and nothing writes to it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+import queue
+import threading
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import InitVar, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from . import apply
 from .assignment import Assignments
@@ -20,8 +23,81 @@ from .nodesignals import NodeSignals
 from .policy.restart import PEER_LOST_WAIT_SECONDS
 from .workqueue import ReconcileQueue
 
+T = TypeVar("T")
 OBJECT_THREADS = 32  # the notice objects' writes' own threads (``Lanes.objects``)
 POD_THREADS = 32  # the per-pod notice writes' own threads (``Lanes.pods``)
+
+
+IDLE_SECONDS = 5.0  # a lane's thread with nothing queued for this long ends (the next batch starts threads again)
+
+
+class _Batch:
+    """One ``BatchLane.gather``'s calls: their results by position, and the loop's future the last one completes."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int) -> None:
+        self.loop, self.future = loop, loop.create_future()
+        self.results: list[Any] = [None] * size
+        self._left, self._lock = size, threading.Lock()
+
+    def done(self, i: int, value: Any) -> None:
+        self.results[i] = value
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self.loop.call_soon_threadsafe(self._resolve)
+
+    def _resolve(self) -> None:
+        if not self.future.done():  # its awaiter may have been cancelled
+            self.future.set_result(self.results)
+
+
+class BatchLane:
+    """Threads of their own fed by one queue: :meth:`gather` queues a batch of blocking calls (a job's pods'
+    annotations) and awaits one future for the batch. A burst's thousands of calls wait in the queue as a tuple each,
+    not as an executor future and an asyncio future each (~3.2 KB a call: the 23,000 pods' annotations of a burst of
+    1,150 jobs held ~70 MB while queued). Threads start as calls are queued (at most ``threads``) and end when idle."""
+
+    def __init__(self, threads: int, name: str, idle_s: float = IDLE_SECONDS) -> None:
+        self.threads, self.name, self.idle_s = threads, name, idle_s
+        self._queue: queue.SimpleQueue[tuple[_Batch, int, Callable[[], Any]]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self.running = 0  # threads started and not ended
+
+    async def gather(self, calls: Iterable[Callable[[], T]]) -> list[T]:
+        """Run ``calls`` on the lane's threads; their results in order. The first error is raised after all end."""
+        listed = list(calls)
+        if not listed:
+            return []
+        batch = _Batch(asyncio.get_running_loop(), len(listed))
+        for i, call in enumerate(listed):
+            self._queue.put((batch, i, call))
+        with self._lock:
+            start = min(self.threads - self.running, self._queue.qsize())
+            self.running += max(start, 0)
+        for _ in range(start):
+            threading.Thread(target=self._work, name=f"{self.name}-{self.running}", daemon=True).start()
+        results: list[Any] = await batch.future
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
+
+    def _work(self) -> None:
+        while True:
+            try:
+                batch, i, call = self._queue.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:  # a batch queued after this check sees this thread gone and starts one
+                    if self._queue.empty():
+                        self.running -= 1
+                        return
+                continue
+            try:
+                value: Any = call()
+            except Exception as err:  # noqa: BLE001 - raised to the batch's awaiter
+                value = err
+            batch.done(i, value)
 
 
 @dataclass(frozen=True)
@@ -31,12 +107,12 @@ class Lanes:
     front of the other, and the reconciles each delivery kicks never queue in front of the next job's write."""
 
     objects: ThreadPoolExecutor
-    pods: ThreadPoolExecutor
+    pods: BatchLane
 
     @classmethod
     def make(cls) -> Lanes:
         return cls(ThreadPoolExecutor(OBJECT_THREADS, thread_name_prefix="reprieve-objects"),
-                   ThreadPoolExecutor(POD_THREADS, thread_name_prefix="reprieve-pods"))
+                   BatchLane(POD_THREADS, "reprieve-pods"))
 
 
 class CommitEvents:
