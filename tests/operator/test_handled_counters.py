@@ -125,3 +125,38 @@ def test_every_read_of_the_lease_is_counted(held: bool) -> None:
         found, _record = lock.get("reprieve", "ops")
         assert found is held
     assert value(metrics.LEADER_TRIES) == before + 3 and lock.api_instance.reads == 3
+
+
+def test_a_job_found_at_start_is_kicked_and_its_handler_returns_before_the_reconcile_runs() -> None:
+    """kopf's resume handler (every job an operator finds at its start) returns at once: thousands of them awaiting
+    the reconcile slots held kopf's workers and each job's decoded body meanwhile. The reconcile still runs, and one
+    that fails is run again by the next kick (the resync's)."""
+    from types import SimpleNamespace
+
+    from reprieve_operator import handlers
+
+    runs: list[str] = []
+    gate = asyncio.Event()
+
+    async def reconcile(st: State, namespace: str, name: str, fresh: bool) -> None:
+        await gate.wait()
+        runs.append(name)
+        if len(runs) == 1:
+            raise RuntimeError("the API refused")
+
+    async def main() -> None:
+        cache = Cache()
+        st = State(api=None, cache=cache, nodes=NodeSignals(BUILTIN_SIGNALS, 600.0, cache, FakeClock()),  # type: ignore[arg-type]
+                   reconcile=reconcile)
+        await asyncio.wait_for(handlers.job_resumed(namespace="ml", name="llama", memo=SimpleNamespace(state=st)), 1)
+        assert runs == [] and st.queue.busy == 1  # returned while the reconcile waits
+        gate.set()
+        while st.queue.busy:
+            await asyncio.sleep(0.01)
+        assert runs == ["llama"]  # it ran (and failed: logged, counted)
+        st.queue.kick("ml", "llama", fresh=True)  # the resync's kick runs it again
+        while st.queue.busy:
+            await asyncio.sleep(0.01)
+        assert runs == ["llama", "llama"]
+
+    asyncio.run(main())
