@@ -51,11 +51,6 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kwargs))
 
 
-async def run_in(executor: Executor, fn: Callable[..., T], *args: Any) -> T:
-    """:func:`run` on ``executor`` (a lane of its own: ``state.Lanes``)."""
-    return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
-
-
 def tolerate(call: Callable[[], T], status: int, otherwise: U, *note: Any) -> T | U:
     """``call()``, or ``otherwise`` when the API answers ``status`` (404: already gone, 409: already exists): an
     expected answer when a reconcile repeats, logged at INFO (``note``: a %-style message and its arguments).

@@ -113,8 +113,8 @@ async def write_notice_object(state: State, job: TrainingJob, route: fanout.Noti
         return None
     key = (job.namespace, job.name)
     try:
-        await apply.run_in(state.lanes.objects, apply.write_data, state.api, build_notice_object(job, value),
-                           state.nodes.object_exists(key))
+        await state.lanes.objects.gather([functools.partial(apply.write_data, state.api, build_notice_object(job, value),
+                                                            state.nodes.object_exists(key))])
     except Exception as err:  # noqa: BLE001 - any refusal (403 RBAC, 429 shedding, no answer): the pods are annotated
         status, detail = apply.refusal_of(err)
         why = f"HTTP {status}" if status is not None else str(detail)

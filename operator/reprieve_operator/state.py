@@ -11,7 +11,6 @@ import functools
 import queue
 import threading
 from collections.abc import Awaitable, Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import InitVar, dataclass, field
 from typing import Any, TypeVar
 
@@ -29,6 +28,7 @@ POD_THREADS = 32  # the per-pod notice writes' own threads (``Lanes.pods``)
 
 
 IDLE_SECONDS = 5.0  # a lane's thread with nothing queued for this long ends (the next batch starts threads again)
+YIELD_SECONDS = 1.0  # a lane that yields to another waits at most this long for it before each call
 
 
 class _Batch:
@@ -56,13 +56,20 @@ class BatchLane:
     """Threads of their own fed by one queue: :meth:`gather` queues a batch of blocking calls (a job's pods'
     annotations) and awaits one future for the batch. A burst's thousands of calls wait in the queue as a tuple each,
     not as an executor future and an asyncio future each (~3.2 KB a call: the 23,000 pods' annotations of a burst of
-    1,150 jobs held ~70 MB while queued). Threads start as calls are queued (at most ``threads``) and end when idle."""
+    1,150 jobs held ~70 MB while queued). Threads start as calls are queued (at most ``threads``) and end when idle.
 
-    def __init__(self, threads: int, name: str, idle_s: float = IDLE_SECONDS) -> None:
-        self.threads, self.name, self.idle_s = threads, name, idle_s
+    A lane that ``yield_to`` another waits, before each call, until that one has nothing queued or running (at most
+    ``YIELD_SECONDS``): the per-pod fallback's 20 writes a job yield the API server to the jobs' one write each."""
+
+    def __init__(self, threads: int, name: str, idle_s: float = IDLE_SECONDS,
+                 yield_to: BatchLane | None = None) -> None:
+        self.threads, self.name, self.idle_s, self.yield_to = threads, name, idle_s, yield_to
         self._queue: queue.SimpleQueue[tuple[_Batch, int, Callable[[], Any]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self.running = 0  # threads started and not ended
+        self._busy = 0  # calls queued or running
+        self.idle = threading.Event()  # set while no call is queued or running
+        self.idle.set()
 
     async def gather(self, calls: Iterable[Callable[[], T]]) -> list[T]:
         """Run ``calls`` on the lane's threads; their results in order. The first error is raised after all end."""
@@ -70,6 +77,9 @@ class BatchLane:
         if not listed:
             return []
         batch = _Batch(asyncio.get_running_loop(), len(listed))
+        with self._lock:
+            self._busy += len(listed)
+            self.idle.clear()
         for i, call in enumerate(listed):
             self._queue.put((batch, i, call))
         with self._lock:
@@ -85,6 +95,8 @@ class BatchLane:
 
     def _work(self) -> None:
         while True:
+            if self.yield_to is not None:
+                self.yield_to.idle.wait(YIELD_SECONDS)
             try:
                 batch, i, call = self._queue.get(timeout=self.idle_s)
             except queue.Empty:
@@ -97,6 +109,10 @@ class BatchLane:
                 value: Any = call()
             except Exception as err:  # noqa: BLE001 - raised to the batch's awaiter
                 value = err
+            with self._lock:
+                self._busy -= 1
+                if not self._busy:
+                    self.idle.set()
             batch.done(i, value)
 
 
@@ -106,13 +122,13 @@ class Lanes:
     one write per job on threads of its own, the fallback's per-pod writes (20 a job) on theirs, so neither queues in
     front of the other, and the reconciles each delivery kicks never queue in front of the next job's write."""
 
-    objects: ThreadPoolExecutor
+    objects: BatchLane
     pods: BatchLane
 
     @classmethod
     def make(cls) -> Lanes:
-        return cls(ThreadPoolExecutor(OBJECT_THREADS, thread_name_prefix="reprieve-objects"),
-                   BatchLane(POD_THREADS, "reprieve-pods"))
+        objects = BatchLane(OBJECT_THREADS, "reprieve-objects")
+        return cls(objects, BatchLane(POD_THREADS, "reprieve-pods", yield_to=objects))
 
 
 class CommitEvents:

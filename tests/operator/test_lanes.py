@@ -81,3 +81,34 @@ def test_queued_calls_hold_a_tuple_each_not_a_future_each() -> None:
 
     held = asyncio.run(burst())
     assert held < 500, f"{held:.0f} B a queued call"
+
+
+def test_the_per_pod_lane_yields_to_the_objects_lane_for_at_most_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst's one write per job goes before the fallback's 20 a job (the API server serves the writes that
+    tell a whole job first), but a slow object write holds a pod write back for at most ``YIELD_SECONDS``."""
+    from reprieve_operator import state
+
+    objects = BatchLane(1, "test-objects")
+    pods = BatchLane(4, "test-pods", yield_to=objects)
+    log: list[tuple[str, float]] = []
+
+    def write(kind: str, seconds: float) -> None:
+        time.sleep(seconds)
+        log.append((kind, time.monotonic()))
+
+    async def burst(object_s: float) -> None:
+        first = objects.gather([functools.partial(write, "object", object_s) for _ in range(3)])
+        await asyncio.sleep(0.02)  # the objects' writes are queued first
+        await asyncio.gather(first, pods.gather([functools.partial(write, "pod", 0.0) for _ in range(8)]))
+
+    asyncio.run(burst(0.1))
+    last_object = max(t for kind, t in log if kind == "object")
+    assert all(t >= last_object for kind, t in log if kind == "pod"), log  # every pod write after the objects'
+    assert objects.idle.is_set() and pods.idle.is_set()
+
+    log.clear()
+    monkeypatch.setattr(state, "YIELD_SECONDS", 0.2)
+    t0 = time.monotonic()
+    asyncio.run(burst(0.5))  # 1.5 s of object writes
+    first_pod = min(t for kind, t in log if kind == "pod") - t0
+    assert first_pod < 1.0, log  # not held back until the objects' 1.5 s were done
