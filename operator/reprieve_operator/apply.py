@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -295,12 +294,12 @@ def post_event(api: Api, obj: dict[str, Any], reason: str, message: str, type_: 
         log.info("could not post event %s on %s %s/%s: %s", reason, obj.get("kind"), ns, obj["name"], err.reason)
 
 
-async def gather(calls: Iterable[Callable[[], T]], executor: Executor | None = None) -> list[T]:
-    """Run blocking calls concurrently in ``executor`` (default: the loop's); the first error is raised after all
-    finish. The executor's futures are awaited as they are (no task and coroutine a call: a burst gathers
-    thousands)."""
+async def gather(calls: Iterable[Callable[[], T]]) -> list[T]:
+    """Run blocking calls concurrently on the loop's executor; the first error is raised after all finish. The
+    executor's futures are awaited as they are (no task and coroutine a call). A notice burst's writes go through
+    ``state.Lanes`` instead."""
     loop = asyncio.get_running_loop()
-    results = await asyncio.gather(*(loop.run_in_executor(executor, c) for c in calls), return_exceptions=True)
+    results = await asyncio.gather(*(loop.run_in_executor(None, c) for c in calls), return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException):
             raise r
