@@ -48,7 +48,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests" / "operator")]
 
+import urllib3
 from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
 
 NS = "bench"
 TAINT = "cloud.google.com/impending-node-termination"
@@ -102,47 +104,81 @@ class RssStages:
         return ", ".join(f"{stage} {peak:.0f}" for stage, peak in self.peaks.items())
 
 
-def pod_notice(obj: Any) -> str | None:
-    return (obj.metadata.annotations or {}).get("reprieve.dev/notice")
+def pod_notice(obj: dict[str, Any]) -> str | None:
+    return (obj["metadata"].get("annotations") or {}).get("reprieve.dev/notice")
 
 
-def object_notice(obj: Any) -> str | None:
-    return (obj.data or {}).get("notice") if obj.metadata.name.endswith("-notice") else None
+def object_notice(obj: dict[str, Any]) -> str | None:
+    return (obj.get("data") or {}).get("notice") if obj["metadata"]["name"].endswith("-notice") else None
 
 
 class Notices:
     """Watch the namespace's pods (``pod_notice``) or ConfigMaps (``object_notice``), as a pod's runtime would
     (watch events from the API server's watch cache); record when each object first shows a notice, and count the
-    writes that changed one (API writes per notice)."""
+    writes that changed one (API writes per notice). Events are decoded as plain JSON (a client model per event could
+    not keep up with a burst's tens of thousands: the API server then ended the watch); a watch the API server ends
+    is resumed from the last event (bookmarks keep that recent), and one whose place expired (410) is listed again:
+    a notice first seen in such a listing is counted in ``relisted`` (its time is the listing's, later than the
+    event's), and a run that needed one says so."""
 
     def __init__(self, list_fn: Any, notice: Any) -> None:
         self.list_fn, self.notice = list_fn, notice
         self.seen: dict[str, float] = {}
         self.values: dict[str, str] = {}
         self.writes = 0
+        self.relists = 0  # listings after a 410
+        self.relisted = 0  # notices first seen in one
         self.cond = threading.Condition()
         self.stop = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
+
+    def _see(self, obj: dict[str, Any], listed: bool = False) -> None:
+        value = self.notice(obj)
+        if value:
+            with self.cond:
+                name = obj["metadata"]["name"]
+                if name not in self.seen:
+                    self.seen[name] = time.monotonic()
+                    self.relisted += listed
+                if self.values.get(name) != value:
+                    self.values[name] = value
+                    self.writes += 1
+                self.cond.notify_all()
+
+    def _list(self) -> str:
+        token, rv = None, ""
+        while True:
+            page = self.list_fn(NS, limit=500, _continue=token, _preload_content=False)
+            body = json.loads(page.data)
+            for obj in body.get("items") or []:
+                self._see(obj, listed=True)
+            rv, token = body["metadata"]["resourceVersion"], body["metadata"].get("continue")
+            if not token:
+                return rv
 
     def _run(self) -> None:
         rv = self.list_fn(NS, limit=1).metadata.resource_version
         while not self.stop.is_set():
             w = watch.Watch()
             try:
-                for ev in w.stream(self.list_fn, NS, resource_version=rv, timeout_seconds=60):
+                for ev in w.stream(self.list_fn, NS, resource_version=rv, timeout_seconds=60, deserialize=False,
+                                   allow_watch_bookmarks=True):
                     obj = ev["object"]
-                    rv = obj.metadata.resource_version
-                    value = self.notice(obj)
-                    if value:
-                        with self.cond:
-                            name = obj.metadata.name
-                            self.seen.setdefault(name, time.monotonic())
-                            if self.values.get(name) != value:
-                                self.values[name] = value
-                                self.writes += 1
-                            self.cond.notify_all()
+                    rv = obj["metadata"]["resourceVersion"]
+                    if ev["type"] != "BOOKMARK":
+                        self._see(obj)
+            except ApiException as err:
+                if self.stop.is_set():
+                    return
+                if err.status != 410:
+                    raise
+                self.relists += 1
+                rv = self._list()
+            except (urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError):
+                if self.stop.is_set():  # the cluster going away at the end is not an error
+                    return
             except Exception:
-                if not self.stop.is_set():  # the cluster going away at the end is not an error
+                if not self.stop.is_set():
                     raise
 
     def wait(self, names: list[str], timeout: float) -> dict[str, float]:
@@ -507,8 +543,14 @@ def main() -> int:
                       operator_peak_rss_mb_by_stage={k: round(v, 1) for k, v in stages.peaks.items()},
                       operator_cpu_s_per_notice=round(cpu / args.trials, 4),
                       load_writes_per_s_asked=args.load, load_writes_per_s_achieved=achieved and round(achieved),
-                      load_writes_per_s_achieved_notices=achieved_notices and round(achieved_notices))
+                      load_writes_per_s_achieved_notices=achieved_notices and round(achieved_notices),
+                      observer_relists=on_pods.relists + on_objects.relists,
+                      observer_notices_first_seen_in_a_relist=on_pods.relisted + on_objects.relisted)
         print(json.dumps(report, indent=1))
+        if report["observer_relists"]:
+            print(f"note: the watch that times the notices expired {report['observer_relists']} time(s) and was "
+                  f"listed again; {report['observer_notices_first_seen_in_a_relist']} notice(s) were first seen in "
+                  f"such a listing (their times are the listing's, later than the API server's event)")
         for scenario, prefix in (("one node" if not wave else "wave", ""), ("one notice per job", "per_job_")):
             if f"{prefix}peer_direct_patch_p50_s" not in report:
                 continue
