@@ -261,7 +261,23 @@ def load_writes(core: client.CoreV1Api) -> int:
 
 
 def event_count(core: client.CoreV1Api) -> int:
-    return len(core.list_namespaced_event(NS).items)
+    """The namespace's Events, listed in pages of raw JSON (tens of thousands after a wave: one LIST decoded into
+    client models timed out under load); a page the loaded API server times out (5xx) is asked again."""
+    count, token = 0, None
+    while True:
+        for attempt in range(5):
+            try:
+                page = json.loads(core.list_namespaced_event(NS, limit=500, _continue=token,
+                                                             _preload_content=False).data)
+                break
+            except ApiException as err:
+                if err.status is None or err.status < 500 or attempt == 4:
+                    raise
+                time.sleep(1.0)
+        count += len(page.get("items") or [])
+        token = (page.get("metadata") or {}).get("continue")
+        if not token:
+            return count
 
 
 def wait_statuses(custom: Any, op: subprocess.Popen[bytes], field: str, jobs: int, limit_s: float, what: str) -> None:
