@@ -184,14 +184,16 @@ def on_devices(buffers: list[np.ndarray], devices: list[list[Any]]) -> dict[Any,
     first adopts the buffer itself, every other replica gets its own copy, so that donating one can never scribble
     over another. The copy lands in a :func:`host_buffer`, which the device adopts too: a plain numpy copy is only
     16-byte aligned, so the device copied it once more (1 GiB: ~0.5 s more on the benchmark VM)."""
-    out = {}
+    values, targets = [], []
     for buf, devs in zip(buffers, devices, strict=True):
         for n, d in enumerate(devs):
             if n:
                 own = host_buffer(buf.shape, buf.dtype)
                 np.copyto(own, buf)
-            out[d] = jax.device_put(buf if n == 0 else own, d)
-    return out
+            values.append(buf if n == 0 else own)
+            targets.append(d)
+    # one batched call: per buffer, device_put's dispatch cost ~50 us (3 ms of a 64-shard 1 GiB own-memory restore)
+    return dict(zip(targets, jax.device_put(values, targets), strict=True))
 
 
 def is_abstract_array(x: Any) -> bool:
