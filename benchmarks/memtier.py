@@ -245,6 +245,40 @@ def child_populate(a: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - t, "bytes": sum(b.nbytes for b in bufs)}
 
 
+def child_own_parts(a: argparse.Namespace) -> dict[str, Any]:
+    """Where the own-memory restore's time goes, timed in this fresh process on the own copy as the restore reads
+    it (``MemoryDir.open_data``, ``store.verify`` over the restore's threads): the checksum pass on a fresh
+    mapping (each page's first read faults it in, from tmpfs, inside the pass), the same pass again on the now
+    mapped pages (the crc32c alone), and a plain read of one byte per page of another fresh mapping on one thread
+    (the page faults alone). The first pass is the floor of a restore that checks every byte it maps."""
+    import mmap
+
+    import numpy as np
+    from reprieve.memtier import layout
+    from reprieve.memtier.store import VERIFY_THREADS, MemoryDir, verify
+
+    mdir = MemoryDir(os.path.join(a.shm, "pod-own"))
+    (name,) = mdir.names(layout.OWN)
+    manifest = mdir.manifest(layout.OWN, name)
+    out: dict[str, Any] = {"bytes": manifest.data_bytes, "threads": VERIFY_THREADS}
+    mem = mdir.open_data(layout.OWN, name)
+    t = time.perf_counter()
+    verify(mem, manifest, where="own copy")
+    out["check_fresh_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    verify(mem, manifest, where="own copy")
+    out["check_mapped_s"] = time.perf_counter() - t
+    mem.close()
+    mem = mdir.open_data(layout.OWN, name)
+    pages = np.frombuffer(mem, np.uint8)[::mmap.PAGESIZE]
+    t = time.perf_counter()
+    int(pages.sum(dtype=np.uint64))
+    out["fault_s"] = time.perf_counter() - t
+    del pages
+    mem.close()
+    return out
+
+
 def child_cost(a: argparse.Namespace) -> dict[str, Any]:
     """Blocks of the loop with the tier off and on in one process (the schedule is the default: the 1 % budget),
     every step's time traced: the whole blocks' A/B and the excess around each save (:func:`save_windows`)."""
@@ -686,6 +720,8 @@ def round_floors(a_dir: str, s3_uri: str | None, common: list[str]) -> dict[str,
     out["read_direct_streams"] = THREADS
     made = run_child("populate", common)
     out["populate_s"], out["populate_bytes"] = made["seconds"], made["bytes"]
+    own = run_child("own-parts", common)
+    out.update({f"own_{k}": v for k, v in own.items()})
     if s3_uri:
         out["s3_get_s"], out["s3_get_bytes"] = s3_get_seconds(s3_uri)
     return out
@@ -729,7 +765,7 @@ def floor_rows(r: dict[str, Any], fl: dict[str, float]) -> list[dict[str, Any]]:
 
 SOURCES = ("own", "peer", "disk", "disk-cold", "s3")
 BASELINE = "@base"  # a source restored by the --baseline checkout's runtime: "disk@base"
-BASELINE_SOURCES = ("peer", "disk", "disk-cold")  # what --baseline compares: a peer's memory, the storage tier's disk
+BASELINE_SOURCES = ("own", "peer", "disk", "disk-cold")  # what --baseline compares: the memory sources, local disk
 FLOOR_GIB = 1.0  # the floors are rates: measured on 1 GiB whatever the state size (4 GiB would need ~16 GiB of RAM)
 
 
@@ -932,6 +968,16 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
             return f"{statistics.median(got):.2f} GiB/s (worst {got[0]:.2f})" if got else "n/a"
         print(f"  landing buffers made in a fresh process as a restore makes them: {rate('populate_s', 'populate_bytes')}"
               " (the floor of a restore into memory the process never had)")
+        if any("own_check_fresh_s" in f for f in rf):
+            print(f"  own memory's parts in a fresh process ({rf[0]['own_threads']} threads, the own copy as the restore "
+                  f"maps it): its checksum on a fresh mapping (page faults + crc32c) "
+                  f"{rate('own_check_fresh_s', 'own_bytes')}, on the mapped pages (crc32c alone) "
+                  f"{rate('own_check_mapped_s', 'own_bytes')}, page faults alone on one thread "
+                  f"{rate('own_fault_s', 'own_bytes')}")
+            check = statistics.median(f["own_bytes"] / GiB / f["own_check_fresh_s"] for f in rf)
+            for source in (k for k in m if k.startswith("own")):
+                print(f"  {source}: {gib / m[source] / check * 100:.0f} % of its checksum on a fresh mapping "
+                      f"({check:.2f} GiB/s: the floor of a restore that checks every byte it maps)")
         print(f"  the checkpoint's files read sequentially: warm {rate('read_warm_s', 'read_bytes')}, cold "
               f"{rate('read_cold_s', 'read_bytes')}, O_DIRECT {rf[0]['read_direct_streams']} files at once "
               f"{rate('read_direct_s', 'read_direct_bytes')} (still cached before: "
@@ -1042,7 +1088,7 @@ def main() -> None:
 
 def child_main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("role", choices=["prepare", "restore", "populate", "cost"])
+    ap.add_argument("role", choices=["prepare", "restore", "populate", "own-parts", "cost"])
     ap.add_argument("--dir", required=True)
     ap.add_argument("--shm", required=True)
     ap.add_argument("--size", type=float, default=1.0)
@@ -1059,7 +1105,7 @@ def child_main(argv: list[str]) -> None:
     ap.add_argument("--control", action="store_true")
     a = ap.parse_args(argv)
     result = {"prepare": child_prepare, "restore": child_restore, "populate": child_populate,
-              "cost": child_cost}[a.role](a)
+              "own-parts": child_own_parts, "cost": child_cost}[a.role](a)
     print(json.dumps(result), flush=True)
 
 
