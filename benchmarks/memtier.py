@@ -31,10 +31,13 @@ restores, on the checkpoint's own files: their sequential read page-cached and c
 with ``O_DIRECT`` as many files at once as a storage restore reads (the device's own cold read,
 :func:`read_files_direct_seconds`), and the s3 emulator's raw GET of the same objects (:func:`s3_get_seconds`); and
 the landing buffers of the state's size made in a fresh process as a storage restore makes them
-(:func:`child_populate`: the floor of any restore into memory its process never had). Each source's row prints its restore's median and
-worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). ``--baseline ROOT`` also restores
-from a peer's memory and from local disk, warm and cold, with another checkout's runtime (``peer@base``,
-``disk@base``, ``disk-cold@base``) in every round: a before/after of those restores under the same load and floors. Memory: a state peaks at about 4x its size (the preparing process's state and staging
+(:func:`child_populate`: the floor of any restore into memory its process never had), and the own copy's checksum
+on a fresh mapping, on mapped pages and its page faults alone, in a fresh process (:func:`child_own_parts`: the
+floor of an own-memory restore that checks every byte it maps). Each source's row prints its restore's median and
+worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). ``--baseline ROOT`` also
+restores from own memory, a peer's memory and local disk, warm and cold, with another checkout's runtime
+(``own@base``, ``peer@base``, ``disk@base``, ``disk-cold@base``) in every round: a before/after of those restores
+under the same load and floors. Memory: a state peaks at about 4x its size (the preparing process's state and staging
 buffers, the own and the peer's copies in /dev/shm), 5x with the s3 emulator's copy: ``--s3-max-gib`` (1 by
 default) keeps moto to the smaller states.
 
@@ -1030,7 +1033,8 @@ def main() -> None:
     ap.add_argument("--small-pages", action="store_true",
                     help="restores' host buffers in 4 KiB pages (MAP_POPULATE), not transparent huge pages")
     ap.add_argument("--baseline", metavar="ROOT", default=None,
-                    help="restores: also restore from local disk (warm and cold) with the runtime of the checkout at "
+                    help="restores: also restore from own and a peer's memory and local disk (warm and cold) with the "
+                         "runtime of the checkout at "
                          "ROOT (ROOT/runtime, e.g. from `git archive`) in every round: a before/after in one run")
     ap.add_argument("--floor-gib", type=float, default=FLOOR_GIB,
                     help="the run-wide floors (memcpy, loopback TCP) on this many GiB")
