@@ -816,6 +816,17 @@ def s3_emulator() -> Iterator[str]:
         proc.wait()
 
 
+def restore_order(sources: list[str], round_index: int) -> list[str]:
+    """The order of one round's restores (pure): each source beside its ``--baseline`` twin, the two taking turns to
+    go first from round to round (ABBA), so that what a restore inherits from the one before it (the floors' cold
+    read, the machine's drift) falls on both sides of a before/after alike."""
+    out = []
+    for source in (s for s in sources if not s.endswith(BASELINE)):
+        pair = [source] + ([source + BASELINE] if source + BASELINE in sources else [])
+        out += pair if round_index % 2 == 0 else pair[::-1]
+    return out
+
+
 def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline: str | None = None) -> dict[str, Any]:
     """Prepare every source of one state, then restore it from each in turn (fresh processes, ``repeats`` rounds).
     ``baseline``: the root of another checkout whose runtime also restores from a peer and the local-disk sources in
@@ -836,12 +847,12 @@ def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline:
             if baseline:
                 times.update({k + BASELINE: [] for k in BASELINE_SOURCES})
             exact, cached, round_fl = True, [], []
-            for _ in range(repeats):
+            for i in range(repeats):
                 round_fl.append(round_floors(base, s3_uri, common))
-                for source, took in times.items():
+                for source in restore_order(list(times), i):
                     r = run_child("restore", [*common, "--source", source.removesuffix(BASELINE)],
                                   root=baseline if source.endswith(BASELINE) and baseline else REPO)
-                    took.append(r["seconds"])
+                    times[source].append(r["seconds"])
                     exact = exact and r["exact"]
                     if r.get("cached_before") is not None:
                         cached.append(r["cached_before"])
