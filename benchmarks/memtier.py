@@ -827,7 +827,8 @@ def restore_order(sources: list[str], round_index: int) -> list[str]:
     return out
 
 
-def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline: str | None = None) -> dict[str, Any]:
+def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline: str | None = None,
+                  sources: tuple[str, ...] = SOURCES) -> dict[str, Any]:
     """Prepare every source of one state, then restore it from each in turn (fresh processes, ``repeats`` rounds).
     ``baseline``: the root of another checkout whose runtime also restores from a peer and the local-disk sources in
     every round (``peer@base``, ``disk@base``, ``disk-cold@base``), beside this one's: a before/after under the same
@@ -843,9 +844,9 @@ def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline:
             common = ["--dir", base, "--shm", shm, "--size", str(size), "--leaves", str(leaves), "--peer",
                       server.address, *(["--s3", s3_uri] if s3_uri else [])]
             prep = run_child("prepare", common)
-            times: dict[str, list[float]] = {k: [] for k in SOURCES if k != "s3" or s3_uri}
+            times: dict[str, list[float]] = {k: [] for k in sources if k != "s3" or s3_uri}
             if baseline:
-                times.update({k + BASELINE: [] for k in BASELINE_SOURCES})
+                times.update({k + BASELINE: [] for k in BASELINE_SOURCES if k in times})
             exact, cached, round_fl = True, [], []
             for i in range(repeats):
                 round_fl.append(round_floors(base, s3_uri, common))
@@ -953,15 +954,18 @@ def print_pool(p: dict[str, Any], paths: list[str]) -> None:
 
 def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None:
     m, gib = r["median"], r["size_gib"]
-    x = ratios(m)
+    whole = {"own", "peer", "disk"} <= set(m)  # the ratio targets need these three (not so with --sources)
+    x = ratios(m) if whole else {}
     print(f"restore {gib:g} GiB, {r['leaves']} leaves (median of {repeats}; bit-exact: {r['exact']}):")
     for source in m:
-        print(f"  {source:14s} {m[source]:7.3f} s  {gib / m[source]:6.2f} GiB/s  {x[source]:5.1f}x local disk   "
+        vs_disk = f"{x[source]:5.1f}x local disk" if whole else ""
+        print(f"  {source:14s} {m[source]:7.3f} s  {gib / m[source]:6.2f} GiB/s  {vs_disk:17s}   "
               f"all: {[round(v, 3) for v in r['seconds'][source]]}")
-    print(f"  targets: own memory {x['own']:.1f}x local disk (>= 5x: {'met' if x['own'] >= 5 else 'NOT met'}), "
-          f"peer {x['peer']:.1f}x (>= 3x: {'met' if x['peer'] >= 3 else 'NOT met'})"
-          + (f"; s3 emulator {m['s3'] / m['own']:.1f}x slower than own memory" if "s3" in m else ""))
-    if "disk-cold" in m:
+    if whole:
+        print(f"  targets: own memory {x['own']:.1f}x local disk (>= 5x: {'met' if x['own'] >= 5 else 'NOT met'}), "
+              f"peer {x['peer']:.1f}x (>= 3x: {'met' if x['peer'] >= 3 else 'NOT met'})"
+              + (f"; s3 emulator {m['s3'] / m['own']:.1f}x slower than own memory" if "s3" in m else ""))
+    if whole and "disk-cold" in m:
         c = ratios(m, "disk-cold")
         print(f"  against a cold read of local disk (the replacement pod's; still cached before each: "
               f"{max(r.get('cold_cached_bytes') or [0])} bytes at most): own memory {c['own']:.1f}x "
@@ -1047,6 +1051,9 @@ def main() -> None:
                     help="restores: also restore from own and a peer's memory and local disk (warm and cold) with the "
                          "runtime of the checkout at "
                          "ROOT (ROOT/runtime, e.g. from `git archive`) in every round: a before/after in one run")
+    ap.add_argument("--sources", default=",".join(SOURCES),
+                    help=f"restores: these sources only, comma separated (of {', '.join(SOURCES)}; the floors are "
+                         "measured all the same)")
     ap.add_argument("--floor-gib", type=float, default=FLOOR_GIB,
                     help="the run-wide floors (memcpy, loopback TCP) on this many GiB")
     ap.add_argument("--json", default=None)
@@ -1083,6 +1090,9 @@ def main() -> None:
             r = read_once.bench(size, a.leaves, [1, 2, 4], a.repeats, s3=a.s3 and size <= a.s3_max_gib)
             results["replicas"].append(r)
             read_once.print_bench(r)
+    sources = tuple(x.strip() for x in a.sources.split(",") if x.strip())
+    if not sources or set(sources) - set(SOURCES):
+        ap.error(f"--sources: choose from {', '.join(SOURCES)}; got {a.sources!r}")
     if "restore" in parts:
         shm = tempfile.mkdtemp(prefix="memtier-floors-", dir="/dev/shm")
         try:
@@ -1090,7 +1100,8 @@ def main() -> None:
         finally:
             shutil.rmtree(shm, ignore_errors=True)
         for size in (float(s) for s in a.sizes.split(",")):
-            r = bench_restore(size, a.leaves, a.repeats, s3=a.s3 and size <= a.s3_max_gib, baseline=a.baseline)
+            r = bench_restore(size, a.leaves, a.repeats, s3=a.s3 and size <= a.s3_max_gib, baseline=a.baseline,
+                              sources=sources)
             results["restore"].append(r)
             print_restore(r, fl, a.repeats)
     if "cost" in parts:
