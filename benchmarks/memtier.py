@@ -830,9 +830,10 @@ def restore_order(sources: list[str], round_index: int) -> list[str]:
 def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline: str | None = None,
                   sources: tuple[str, ...] = SOURCES) -> dict[str, Any]:
     """Prepare every source of one state, then restore it from each in turn (fresh processes, ``repeats`` rounds).
-    ``baseline``: the root of another checkout whose runtime also restores from a peer and the local-disk sources in
-    every round (``peer@base``, ``disk@base``, ``disk-cold@base``), beside this one's: a before/after under the same
-    load and floors."""
+    ``baseline``: the root of another checkout whose runtime also restores from own and a peer's memory and the
+    local-disk sources in every round (``own@base``, ``peer@base``, ``disk@base``, ``disk-cold@base``), each beside
+    this one's (:func:`restore_order`): a before/after under the same load and floors. ``sources``: restore from
+    these only (the round's floors are measured all the same)."""
     from reprieve.memtier.server import ReplicaServer
     from reprieve.memtier.store import MemoryDir
 
