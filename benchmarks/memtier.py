@@ -31,10 +31,13 @@ restores, on the checkpoint's own files: their sequential read page-cached and c
 with ``O_DIRECT`` as many files at once as a storage restore reads (the device's own cold read,
 :func:`read_files_direct_seconds`), and the s3 emulator's raw GET of the same objects (:func:`s3_get_seconds`); and
 the landing buffers of the state's size made in a fresh process as a storage restore makes them
-(:func:`child_populate`: the floor of any restore into memory its process never had). Each source's row prints its restore's median and
-worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). ``--baseline ROOT`` also restores
-from a peer's memory and from local disk, warm and cold, with another checkout's runtime (``peer@base``,
-``disk@base``, ``disk-cold@base``) in every round: a before/after of those restores under the same load and floors. Memory: a state peaks at about 4x its size (the preparing process's state and staging
+(:func:`child_populate`: the floor of any restore into memory its process never had), and the own copy's checksum
+on a fresh mapping, on mapped pages and its page faults alone, in a fresh process (:func:`child_own_parts`: the
+floor of an own-memory restore that checks every byte it maps). Each source's row prints its restore's median and
+worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). ``--baseline ROOT`` also
+restores from own memory, a peer's memory and local disk, warm and cold, with another checkout's runtime
+(``own@base``, ``peer@base``, ``disk@base``, ``disk-cold@base``) in every round: a before/after of those restores
+under the same load and floors. Memory: a state peaks at about 4x its size (the preparing process's state and staging
 buffers, the own and the peer's copies in /dev/shm), 5x with the s3 emulator's copy: ``--s3-max-gib`` (1 by
 default) keeps moto to the smaller states.
 
@@ -243,6 +246,40 @@ def child_populate(a: argparse.Namespace) -> dict[str, Any]:
     with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
         bufs = host_buffers([((n,), np.dtype(np.uint8))] * POPULATE_PARTS, pool)
     return {"seconds": time.perf_counter() - t, "bytes": sum(b.nbytes for b in bufs)}
+
+
+def child_own_parts(a: argparse.Namespace) -> dict[str, Any]:
+    """Where the own-memory restore's time goes, timed in this fresh process on the own copy as the restore reads
+    it (``MemoryDir.open_data``, ``store.verify`` over the restore's threads): the checksum pass on a fresh
+    mapping (each page's first read faults it in, from tmpfs, inside the pass), the same pass again on the now
+    mapped pages (the crc32c alone), and a plain read of one byte per page of another fresh mapping on one thread
+    (the page faults alone). The first pass is the floor of a restore that checks every byte it maps."""
+    import mmap
+
+    import numpy as np
+    from reprieve.memtier import layout
+    from reprieve.memtier.store import VERIFY_THREADS, MemoryDir, verify
+
+    mdir = MemoryDir(os.path.join(a.shm, "pod-own"))
+    (name,) = mdir.names(layout.OWN)
+    manifest = mdir.manifest(layout.OWN, name)
+    out: dict[str, Any] = {"bytes": manifest.data_bytes, "threads": VERIFY_THREADS}
+    mem = mdir.open_data(layout.OWN, name)
+    t = time.perf_counter()
+    verify(mem, manifest, where="own copy")
+    out["check_fresh_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    verify(mem, manifest, where="own copy")
+    out["check_mapped_s"] = time.perf_counter() - t
+    mem.close()
+    mem = mdir.open_data(layout.OWN, name)
+    pages = np.frombuffer(mem, np.uint8)[::mmap.PAGESIZE]
+    t = time.perf_counter()
+    int(pages.sum(dtype=np.uint64))
+    out["fault_s"] = time.perf_counter() - t
+    del pages
+    mem.close()
+    return out
 
 
 def child_cost(a: argparse.Namespace) -> dict[str, Any]:
@@ -686,6 +723,8 @@ def round_floors(a_dir: str, s3_uri: str | None, common: list[str]) -> dict[str,
     out["read_direct_streams"] = THREADS
     made = run_child("populate", common)
     out["populate_s"], out["populate_bytes"] = made["seconds"], made["bytes"]
+    own = run_child("own-parts", common)
+    out.update({f"own_{k}": v for k, v in own.items()})
     if s3_uri:
         out["s3_get_s"], out["s3_get_bytes"] = s3_get_seconds(s3_uri)
     return out
@@ -729,7 +768,7 @@ def floor_rows(r: dict[str, Any], fl: dict[str, float]) -> list[dict[str, Any]]:
 
 SOURCES = ("own", "peer", "disk", "disk-cold", "s3")
 BASELINE = "@base"  # a source restored by the --baseline checkout's runtime: "disk@base"
-BASELINE_SOURCES = ("peer", "disk", "disk-cold")  # what --baseline compares: a peer's memory, the storage tier's disk
+BASELINE_SOURCES = ("own", "peer", "disk", "disk-cold")  # what --baseline compares: the memory sources, local disk
 FLOOR_GIB = 1.0  # the floors are rates: measured on 1 GiB whatever the state size (4 GiB would need ~16 GiB of RAM)
 
 
@@ -777,11 +816,24 @@ def s3_emulator() -> Iterator[str]:
         proc.wait()
 
 
-def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline: str | None = None) -> dict[str, Any]:
+def restore_order(sources: list[str], round_index: int) -> list[str]:
+    """The order of one round's restores (pure): each source beside its ``--baseline`` twin, the two taking turns to
+    go first from round to round (ABBA), so that what a restore inherits from the one before it (the floors' cold
+    read, the machine's drift) falls on both sides of a before/after alike."""
+    out = []
+    for source in (s for s in sources if not s.endswith(BASELINE)):
+        pair = [source] + ([source + BASELINE] if source + BASELINE in sources else [])
+        out += pair if round_index % 2 == 0 else pair[::-1]
+    return out
+
+
+def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline: str | None = None,
+                  sources: tuple[str, ...] = SOURCES) -> dict[str, Any]:
     """Prepare every source of one state, then restore it from each in turn (fresh processes, ``repeats`` rounds).
-    ``baseline``: the root of another checkout whose runtime also restores from a peer and the local-disk sources in
-    every round (``peer@base``, ``disk@base``, ``disk-cold@base``), beside this one's: a before/after under the same
-    load and floors."""
+    ``baseline``: the root of another checkout whose runtime also restores from own and a peer's memory and the
+    local-disk sources in every round (``own@base``, ``peer@base``, ``disk@base``, ``disk-cold@base``), each beside
+    this one's (:func:`restore_order`): a before/after under the same load and floors. ``sources``: restore from
+    these only (the round's floors are measured all the same)."""
     from reprieve.memtier.server import ReplicaServer
     from reprieve.memtier.store import MemoryDir
 
@@ -793,16 +845,16 @@ def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline:
             common = ["--dir", base, "--shm", shm, "--size", str(size), "--leaves", str(leaves), "--peer",
                       server.address, *(["--s3", s3_uri] if s3_uri else [])]
             prep = run_child("prepare", common)
-            times: dict[str, list[float]] = {k: [] for k in SOURCES if k != "s3" or s3_uri}
+            times: dict[str, list[float]] = {k: [] for k in sources if k != "s3" or s3_uri}
             if baseline:
-                times.update({k + BASELINE: [] for k in BASELINE_SOURCES})
+                times.update({k + BASELINE: [] for k in BASELINE_SOURCES if k in times})
             exact, cached, round_fl = True, [], []
-            for _ in range(repeats):
+            for i in range(repeats):
                 round_fl.append(round_floors(base, s3_uri, common))
-                for source, took in times.items():
+                for source in restore_order(list(times), i):
                     r = run_child("restore", [*common, "--source", source.removesuffix(BASELINE)],
                                   root=baseline if source.endswith(BASELINE) and baseline else REPO)
-                    took.append(r["seconds"])
+                    times[source].append(r["seconds"])
                     exact = exact and r["exact"]
                     if r.get("cached_before") is not None:
                         cached.append(r["cached_before"])
@@ -903,15 +955,18 @@ def print_pool(p: dict[str, Any], paths: list[str]) -> None:
 
 def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None:
     m, gib = r["median"], r["size_gib"]
-    x = ratios(m)
+    whole = {"own", "peer", "disk"} <= set(m)  # the ratio targets need these three (not so with --sources)
+    x = ratios(m) if whole else {}
     print(f"restore {gib:g} GiB, {r['leaves']} leaves (median of {repeats}; bit-exact: {r['exact']}):")
     for source in m:
-        print(f"  {source:14s} {m[source]:7.3f} s  {gib / m[source]:6.2f} GiB/s  {x[source]:5.1f}x local disk   "
+        vs_disk = f"{x[source]:5.1f}x local disk" if whole else ""
+        print(f"  {source:14s} {m[source]:7.3f} s  {gib / m[source]:6.2f} GiB/s  {vs_disk:17s}   "
               f"all: {[round(v, 3) for v in r['seconds'][source]]}")
-    print(f"  targets: own memory {x['own']:.1f}x local disk (>= 5x: {'met' if x['own'] >= 5 else 'NOT met'}), "
-          f"peer {x['peer']:.1f}x (>= 3x: {'met' if x['peer'] >= 3 else 'NOT met'})"
-          + (f"; s3 emulator {m['s3'] / m['own']:.1f}x slower than own memory" if "s3" in m else ""))
-    if "disk-cold" in m:
+    if whole:
+        print(f"  targets: own memory {x['own']:.1f}x local disk (>= 5x: {'met' if x['own'] >= 5 else 'NOT met'}), "
+              f"peer {x['peer']:.1f}x (>= 3x: {'met' if x['peer'] >= 3 else 'NOT met'})"
+              + (f"; s3 emulator {m['s3'] / m['own']:.1f}x slower than own memory" if "s3" in m else ""))
+    if whole and "disk-cold" in m:
         c = ratios(m, "disk-cold")
         print(f"  against a cold read of local disk (the replacement pod's; still cached before each: "
               f"{max(r.get('cold_cached_bytes') or [0])} bytes at most): own memory {c['own']:.1f}x "
@@ -932,6 +987,16 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
             return f"{statistics.median(got):.2f} GiB/s (worst {got[0]:.2f})" if got else "n/a"
         print(f"  landing buffers made in a fresh process as a restore makes them: {rate('populate_s', 'populate_bytes')}"
               " (the floor of a restore into memory the process never had)")
+        if any("own_check_fresh_s" in f for f in rf):
+            print(f"  own memory's parts in a fresh process ({rf[0]['own_threads']} threads, the own copy as the restore "
+                  f"maps it): its checksum on a fresh mapping (page faults + crc32c) "
+                  f"{rate('own_check_fresh_s', 'own_bytes')}, on the mapped pages (crc32c alone) "
+                  f"{rate('own_check_mapped_s', 'own_bytes')}, page faults alone on one thread "
+                  f"{rate('own_fault_s', 'own_bytes')}")
+            check = statistics.median(f["own_bytes"] / GiB / f["own_check_fresh_s"] for f in rf)
+            for source in (k for k in m if k.startswith("own")):
+                print(f"  {source}: {gib / m[source] / check * 100:.0f} % of its checksum on a fresh mapping "
+                      f"({check:.2f} GiB/s: the floor of a restore that checks every byte it maps)")
         print(f"  the checkpoint's files read sequentially: warm {rate('read_warm_s', 'read_bytes')}, cold "
               f"{rate('read_cold_s', 'read_bytes')}, O_DIRECT {rf[0]['read_direct_streams']} files at once "
               f"{rate('read_direct_s', 'read_direct_bytes')} (still cached before: "
@@ -984,8 +1049,12 @@ def main() -> None:
     ap.add_argument("--small-pages", action="store_true",
                     help="restores' host buffers in 4 KiB pages (MAP_POPULATE), not transparent huge pages")
     ap.add_argument("--baseline", metavar="ROOT", default=None,
-                    help="restores: also restore from local disk (warm and cold) with the runtime of the checkout at "
+                    help="restores: also restore from own and a peer's memory and local disk (warm and cold) with the "
+                         "runtime of the checkout at "
                          "ROOT (ROOT/runtime, e.g. from `git archive`) in every round: a before/after in one run")
+    ap.add_argument("--sources", default=",".join(SOURCES),
+                    help=f"restores: these sources only, comma separated (of {', '.join(SOURCES)}; the floors are "
+                         "measured all the same)")
     ap.add_argument("--floor-gib", type=float, default=FLOOR_GIB,
                     help="the run-wide floors (memcpy, loopback TCP) on this many GiB")
     ap.add_argument("--json", default=None)
@@ -1022,6 +1091,9 @@ def main() -> None:
             r = read_once.bench(size, a.leaves, [1, 2, 4], a.repeats, s3=a.s3 and size <= a.s3_max_gib)
             results["replicas"].append(r)
             read_once.print_bench(r)
+    sources = tuple(x.strip() for x in a.sources.split(",") if x.strip())
+    if not sources or set(sources) - set(SOURCES):
+        ap.error(f"--sources: choose from {', '.join(SOURCES)}; got {a.sources!r}")
     if "restore" in parts:
         shm = tempfile.mkdtemp(prefix="memtier-floors-", dir="/dev/shm")
         try:
@@ -1029,7 +1101,8 @@ def main() -> None:
         finally:
             shutil.rmtree(shm, ignore_errors=True)
         for size in (float(s) for s in a.sizes.split(",")):
-            r = bench_restore(size, a.leaves, a.repeats, s3=a.s3 and size <= a.s3_max_gib, baseline=a.baseline)
+            r = bench_restore(size, a.leaves, a.repeats, s3=a.s3 and size <= a.s3_max_gib, baseline=a.baseline,
+                              sources=sources)
             results["restore"].append(r)
             print_restore(r, fl, a.repeats)
     if "cost" in parts:
@@ -1042,7 +1115,7 @@ def main() -> None:
 
 def child_main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("role", choices=["prepare", "restore", "populate", "cost"])
+    ap.add_argument("role", choices=["prepare", "restore", "populate", "own-parts", "cost"])
     ap.add_argument("--dir", required=True)
     ap.add_argument("--shm", required=True)
     ap.add_argument("--size", type=float, default=1.0)
@@ -1059,7 +1132,7 @@ def child_main(argv: list[str]) -> None:
     ap.add_argument("--control", action="store_true")
     a = ap.parse_args(argv)
     result = {"prepare": child_prepare, "restore": child_restore, "populate": child_populate,
-              "cost": child_cost}[a.role](a)
+              "own-parts": child_own_parts, "cost": child_cost}[a.role](a)
     print(json.dumps(result), flush=True)
 
 

@@ -184,14 +184,16 @@ def on_devices(buffers: list[np.ndarray], devices: list[list[Any]]) -> dict[Any,
     first adopts the buffer itself, every other replica gets its own copy, so that donating one can never scribble
     over another. The copy lands in a :func:`host_buffer`, which the device adopts too: a plain numpy copy is only
     16-byte aligned, so the device copied it once more (1 GiB: ~0.5 s more on the benchmark VM)."""
-    out = {}
+    values, targets = [], []
     for buf, devs in zip(buffers, devices, strict=True):
         for n, d in enumerate(devs):
             if n:
                 own = host_buffer(buf.shape, buf.dtype)
                 np.copyto(own, buf)
-            out[d] = jax.device_put(buf if n == 0 else own, d)
-    return out
+            values.append(buf if n == 0 else own)
+            targets.append(d)
+    # one batched call for all of them, not one each (device_put's dispatch costs ~50 us a call)
+    return dict(zip(targets, jax.device_put(values, targets), strict=True))
 
 
 def is_abstract_array(x: Any) -> bool:

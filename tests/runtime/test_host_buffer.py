@@ -117,3 +117,18 @@ def test_replicas_on_devices_get_their_own_adopted_buffers_and_a_donated_one_spa
     gone = jax.jit(lambda x: x * 0 - 1, donate_argnums=0)(first)
     assert first.is_deleted() and float(gone[7]) == -1.0
     np.testing.assert_array_equal(np.asarray(second), np.arange(buf.size, dtype=np.float32))
+
+
+def test_shards_put_on_their_devices_in_one_call_are_each_adopted_where_they_belong() -> None:
+    """``on_devices`` puts a leaf's shards in one batched ``device_put``: each device holds its own shard's bytes and
+    adopts its buffer (no copy), as one call per shard did."""
+    devices = jax.devices()
+    if len(devices) < 4:
+        pytest.skip("needs 4 devices (XLA_FLAGS=--xla_force_host_platform_device_count)")
+    bufs = [arrays.host_buffer((1 << 18,), np.dtype(np.float32)) for _ in devices[:4]]
+    for i, b in enumerate(bufs):
+        b[:] = i
+    placed = arrays.on_devices(bufs, [[d] for d in devices[:4]])
+    for i, (b, d) in enumerate(zip(bufs, devices[:4], strict=True)):
+        assert placed[d].devices() == {d} and placed[d].unsafe_buffer_pointer() == b.ctypes.data
+        assert float(placed[d][0]) == float(i)

@@ -175,3 +175,10 @@ def test_each_source_is_held_against_its_own_floor_with_median_worst_and_share()
     assert rows["peer"]["share"] == pytest.approx(0.5) and rows["disk"]["share"] == pytest.approx(0.1)
     del run["floors"]  # a run without the per-round floors: those rows say so instead of a share
     assert bench.floor_rows(run, fl)[1]["share"] is None
+
+
+def test_each_restore_sits_beside_its_baseline_twin_and_the_two_take_turns_to_go_first() -> None:
+    sources = ["own", "peer", "disk", "own@base", "disk@base"]
+    assert bench.restore_order(sources, 0) == ["own", "own@base", "peer", "disk", "disk@base"]
+    assert bench.restore_order(sources, 1) == ["own@base", "own", "peer", "disk@base", "disk"]
+    assert bench.restore_order(["own", "peer"], 1) == ["own", "peer"]  # no baseline: the sources in their order
