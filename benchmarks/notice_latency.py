@@ -63,6 +63,19 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
+def retried(call: Any, tries: int = 5) -> Any:
+    """``call()``, asked again (after 1 s) when the loaded API server times it out or sheds it (5xx): as any client
+    would; a bulk peer or floor of tens of thousands of writes met a 504 once and ended the run."""
+    for attempt in range(tries):
+        try:
+            return call()
+        except ApiException as err:
+            if err.status is None or err.status < 500 or attempt == tries - 1:
+                raise
+            time.sleep(1.0)
+    return None
+
+
 def parallel(fn: Any, items: list[Any], workers: int = 16) -> None:
     with ThreadPoolExecutor(workers) as pool:
         for _ in pool.map(fn, items):
@@ -493,8 +506,8 @@ def main() -> int:
                 start, finished_w = time.monotonic(), {}
 
                 def patch_w(kj: tuple[int, int]) -> None:
-                    core.patch_namespaced_pod(f"j{kj[0]:03d}-{kj[1]}", NS, {"metadata": {"annotations": {
-                        "bench/peer": "at-once"}}})
+                    retried(lambda: core.patch_namespaced_pod(f"j{kj[0]:03d}-{kj[1]}", NS, {"metadata": {
+                        "annotations": {"bench/peer": "at-once"}}}))
                     finished_w[kj[0]] = max(finished_w.get(kj[0], 0.0), time.monotonic())
 
                 parallel(patch_w, [(k, j) for k in hit for j in range(args.replicas)], workers=32)
@@ -506,8 +519,15 @@ def main() -> int:
                 start, done = time.monotonic(), {}
 
                 def create(k: int) -> None:
-                    core.create_namespaced_config_map(NS, {"metadata": {"name": f"floor-{tag}-j{k:03d}"},
-                                                           "data": {"notice": "{}"}})
+                    def once() -> None:
+                        try:
+                            core.create_namespaced_config_map(NS, {"metadata": {"name": f"floor-{tag}-j{k:03d}"},
+                                                                   "data": {"notice": "{}"}})
+                        except ApiException as err:
+                            if err.status != 409:  # a retried create whose first try had been done
+                                raise
+
+                    retried(once)
                     done[k] = time.monotonic()
 
                 parallel(create, hit, workers=32)
@@ -530,8 +550,8 @@ def main() -> int:
 
                 def patch(kj: tuple[int, int], t: int = t, finished: dict[int, float] = finished) -> None:
                     k, j = kj
-                    core.patch_namespaced_pod(f"j{k:03d}-{j}", NS, {"metadata": {"annotations": {
-                        "bench/peer": str(t)}}})
+                    retried(lambda: core.patch_namespaced_pod(f"j{k:03d}-{j}", NS, {"metadata": {"annotations": {
+                        "bench/peer": str(t)}}}))
                     finished[k] = max(finished.get(k, 0.0), time.monotonic())
 
                 parallel(patch, [(k, j) for k in jobs for j in range(args.replicas)], workers=32)
