@@ -119,8 +119,9 @@ class BatchLane:
 @dataclass(frozen=True)
 class Lanes:
     """The threads a notice's writes run on, apart from the loop's executor (reconciles, every other call): a burst's
-    one write per job on threads of its own, the fallback's per-pod writes (20 a job) on theirs, so neither queues in
-    front of the other, and the reconciles each delivery kicks never queue in front of the next job's write."""
+    one write per job on threads of its own, the fallback's per-pod writes (20 a job) on theirs, which yield to the
+    objects' (``BatchLane.yield_to``), and the reconciles each delivery kicks never queue in front of the next job's
+    write."""
 
     objects: BatchLane
     pods: BatchLane
