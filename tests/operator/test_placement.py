@@ -37,6 +37,9 @@ ROWS: list[tuple[str, dict[str, Any], dict[str, Any], list[dict[str, Any]], tupl
     ("spot taint the pod tolerates: avoided", {"tolerations": [{"operator": "Exists"}]}, {},
      [node("n0", taints=[SPOT])], ("n0",)),
     ("cordoned: the scheduler keeps it off", {}, {}, [node("n0", unschedulable=True)], ()),
+    ("a condition taint (not ready yet, unreachable) goes when the node recovers: avoided", {}, {},
+     [node("n0", MAINT, [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]),
+      node("n1", MAINT, [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}])], ("n0", "n1")),
     ("another pool: nodeSelector keeps it off", {"nodeSelector": {"pool": "b"}}, {}, [node("n0", MAINT)], ()),
     ("another pool: required affinity keeps it off",
      {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [

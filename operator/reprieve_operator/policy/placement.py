@@ -5,7 +5,10 @@ notice horizon, see ``policy.notice``) and the scheduler would otherwise be free
 the scheduler already keeps the pod off are left out, so the list stays short and the pod spec small:
 
 * the node is cordoned, or has a NoSchedule/NoExecute taint the pod does not tolerate (a spot taint, a
-  cordon during an upgrade: the common cases need no affinity at all);
+  cordon during an upgrade: the common cases need no affinity at all). The taints the node lifecycle controller
+  sets for a node's condition (``not-ready``, ``unreachable``, a pressure) do not count: they are lifted as soon
+  as the node recovers (a fresh node carries ``not-ready`` until its first Ready is seen), and a pod built while
+  one was set would then be free to land on the doomed node;
 * the node does not match the pod's ``nodeSelector`` or required node affinity (another pool).
 
 Scoped to the job: a job that opted out of notices avoids nothing, and a job's own signal choice and custom
@@ -26,6 +29,11 @@ from .signals import NodeField, Signal, node_notice, signals_for_job
 MAX_AVOIDED = 100
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+# Taints that follow a node's condition and go when it recovers: they do not keep a pod off a doomed node for good.
+TRANSIENT_TAINTS = frozenset({
+    "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "node.kubernetes.io/memory-pressure",
+    "node.kubernetes.io/disk-pressure", "node.kubernetes.io/pid-pressure", "node.kubernetes.io/network-unavailable",
+    "node.cloudprovider.kubernetes.io/uninitialized"})
 # What ``could_schedule`` reads of a Node (besides its name): the operator keeps these (``views.compact_node``).
 NODE_FIELDS = (NodeField("spec", "unschedulable"), NodeField("spec", "taints"), NodeField("metadata", "labels"))
 
@@ -88,6 +96,8 @@ def could_schedule(pod_spec: Mapping[str, Any], node: Mapping[str, Any]) -> bool
     if spec.get("unschedulable") and not tolerates(tolerations, UNSCHEDULABLE_TAINT):
         return False
     for taint in spec.get("taints") or []:
+        if taint.get("key") in TRANSIENT_TAINTS:
+            continue
         if taint.get("effect") in BLOCKING_EFFECTS and not tolerates(tolerations, taint):
             return False
     for k, v in (pod_spec.get("nodeSelector") or {}).items():
