@@ -108,12 +108,14 @@ async def object_notice(state: State, job: TrainingJob) -> str | None:
 
 
 async def write_notice_object(state: State, job: TrainingJob, route: fanout.NoticeRoute, value: str) -> str | None:
-    """Write the job's notice object when ``route`` says so; None, or why it was refused."""
+    """Write the job's notice object when ``route`` says so (on the lane of writes pods hear now, or, when no pod
+    due the notice watches it yet, on the lane after every urgent write); None, or why it was refused."""
     if not route.write_object:
         return None
     key = (job.namespace, job.name)
+    lane = state.lanes.objects if route.heard_now else state.lanes.later
     try:
-        await state.lanes.objects.gather([functools.partial(apply.write_data, state.api, build_notice_object(job, value),
+        await lane.gather([functools.partial(apply.write_data, state.api, build_notice_object(job, value),
                                                             state.nodes.object_exists(key))])
     except Exception as err:  # noqa: BLE001 - any refusal (403 RBAC, 429 shedding, no answer): the pods are annotated
         status, detail = apply.refusal_of(err)
@@ -205,10 +207,15 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             # A burst's thousands of deliveries wait on their writes below at once: none holds its job's decoded pods
             # or body meanwhile (~50 KB a job: 2,300 jobs' were ~100 MB of the operator's memory).
             del raw, pods, body
-            route = fanout.route(plan, object_value, watching)
-            route, fell_back = await send_notice_object(state, job, plan, route, value)
+            route, fell_back = fanout.route(plan, object_value, watching), None
+            if route.heard_now or not route.write_object:  # pods hear the object now: it goes first
+                route, fell_back = await send_notice_object(state, job, plan, route, value)
             await state.lanes.pods.gather([functools.partial(apply.annotate_pod, api, namespace, n,
                                                              {ANNOTATION_NOTICE: value}) for n in route.annotate])
+            if route.write_object and not route.heard_now:
+                # No pod due the notice watches the object: all are annotated above (as a refused write would have
+                # them); the object, for a process that starts later, after, behind every urgent write.
+                route, fell_back = await send_notice_object(state, job, plan, route, value)
             for r in state.cache.pods_of(namespace, name):  # the cache learns it now, not only from the watch event
                 if r["metadata"]["name"] in route.annotate:
                     annotated = {**r["metadata"], "annotations": {**(r["metadata"].get("annotations") or {}),

@@ -214,6 +214,23 @@ def test_a_pod_that_does_not_watch_is_annotated_and_the_job_event_names_it() -> 
     assert reason == "NoticeFallback" and "1 pod(s) do not watch llama-notice" in message and "llama-1" in message
 
 
+@pytest.mark.parametrize("refused", [None, 429])
+def test_a_job_no_pod_of_which_watches_is_annotated_first_and_its_object_written_after(refused: int | None) -> None:
+    """No pod watches yet: the object only waits for a process that starts later, so the pods' annotations (their
+    only way to hear it now) go first and the object after, on the lane behind every urgent write; a refused write
+    then annotates no pod twice."""
+    st, calls, _, uid = setup(watching=(), refusals={"create_namespaced_config_map": refused} if refused else None)
+    deliver(st)
+    writes = [(m, args[0]) for m, args, _ in calls if m in ("patch_namespaced_pod", "create_namespaced_config_map")]
+    assert sorted(writes[:2]) == [("patch_namespaced_pod", "llama-0"), ("patch_namespaced_pod", "llama-1")]
+    assert [m for m, _ in writes[2:]] == ["create_namespaced_config_map"], writes
+    (fallback,) = [e for e in events(calls) if e[0] == "TrainingJob"]
+    assert ("could not be written (HTTP 429)" in fallback[2]) is bool(refused)
+    assert st.nodes.notice_object(("ml", "llama"))[0] is not bool(refused)
+    (handed,) = st.nodes.unrecorded(uid)
+    assert handed.notice.reason == "gke-spot"
+
+
 @pytest.mark.parametrize("status", [403, 429])
 def test_a_refused_notice_object_falls_back_to_annotating_every_pod_and_says_so(status: int) -> None:
     st, calls, _, uid = setup(watching=(0, 1), refusals={"create_namespaced_config_map": status})

@@ -57,20 +57,23 @@ def test_heard_by_pods_reads_who_watches_from_the_pods_own_declaration() -> None
     assert [fanout.watches(p, OBJ) for p in pods] == [True, False, False, True]
 
 
-@pytest.mark.parametrize(("obj", "due", "watching", "write", "annotate"), [
-    (None, ("a", "b"), ("a", "b"), True, ()),  # every pod watches: one write, no annotation
-    (None, ("a", "b"), ("a",), True, ("b",)),  # b has not said it watches (not started, refused): annotated
-    (None, ("a", "b"), (), True, ("a", "b")),  # nobody watches yet: annotated, and the object for late joiners
-    (value(60), ("a",), ("a",), True, ()),  # the object names a later deadline: the earlier one replaces it
-    (value(30), ("b",), ("a",), False, ("b",)),  # the object is as early already: only the pod that does not watch
-    (value(30, attempt=0), ("a",), ("a",), True, ()),  # the object's notice is of another attempt
-    (None, (), ("a",), False, ()),  # nothing due (the plan only records the status)
+@pytest.mark.parametrize(("obj", "due", "watching", "write", "annotate", "heard_now"), [
+    (None, ("a", "b"), ("a", "b"), True, (), True),  # every pod watches: one write, no annotation
+    (None, ("a", "b"), ("a",), True, ("b",), True),  # b has not said it watches (not started, refused): annotated
+    # nobody watches yet: annotated, and the object for late joiners (not urgent: after the annotations)
+    (None, ("a", "b"), (), True, ("a", "b"), False),
+    (None, ("b",), ("a",), True, ("b",), False),  # the pod that watches is not due it: the object is not urgent
+    (value(60), ("a",), ("a",), True, (), True),  # the object names a later deadline: the earlier one replaces it
+    (value(30), ("b",), ("a",), False, ("b",), False),  # the object is as early already: only the pod that does not watch
+    (value(30, attempt=0), ("a",), ("a",), True, (), True),  # the object's notice is of another attempt
+    (None, (), ("a",), False, (), False),  # nothing due (the plan only records the status)
 ])
 def test_the_object_is_written_once_and_only_pods_that_do_not_watch_are_annotated(
         obj: str | None, due: tuple[str, ...], watching: tuple[str, ...], write: bool,
-        annotate: tuple[str, ...]) -> None:
+        annotate: tuple[str, ...], heard_now: bool) -> None:
     route = fanout.route(plan(30, *due), obj, watching)
-    assert (route.write_object, route.annotate, route.unwatched) == (write, annotate, annotate)
+    assert (route.write_object, route.annotate, route.unwatched, route.heard_now) == (write, annotate, annotate,
+                                                                                     heard_now)
 
 
 def test_a_refused_object_annotates_every_pod_due_and_the_event_says_why() -> None:

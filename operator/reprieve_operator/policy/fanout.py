@@ -27,6 +27,10 @@ class NoticeRoute:
     write_object: bool
     annotate: tuple[str, ...]
     unwatched: tuple[str, ...]  # of ``annotate``: pods that do not watch the object (said in the job's Event)
+    # Some pod due the notice hears it through the object: the write is urgent (before the annotations). False
+    # with ``write_object``: no pod due it watches yet, so the object only waits for a process that starts later
+    # and is written after the pods' annotations, behind every urgent write (``state.Lanes.later``).
+    heard_now: bool = False
 
 
 def watches(pod: Mapping[str, Any], object_name: str) -> bool:
@@ -60,7 +64,8 @@ def route(plan: NoticePlan, object_value: str | None, watching: Iterable[str]) -
     write = bool(plan.annotate) and (known is None or known > plan.notice.deadline)
     watched = set(watching)
     unwatched = tuple(p for p in plan.annotate if p not in watched)
-    return NoticeRoute(write_object=write, annotate=unwatched, unwatched=unwatched)
+    return NoticeRoute(write_object=write, annotate=unwatched, unwatched=unwatched,
+                       heard_now=write and len(unwatched) < len(plan.annotate))
 
 
 def fallback(plan: NoticePlan) -> NoticeRoute:
