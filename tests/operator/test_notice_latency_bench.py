@@ -41,3 +41,7 @@ def test_notice_latency_benchmark_runs_and_reports_every_job() -> None:
     # the background load: asked and achieved (raw keep-alive HTTP from one process)
     assert report["load_writes_per_s_asked"] == 40 and report["load_writes_per_s_achieved"] >= 30
     assert "goodput accounting on for all 10 jobs" in out.stdout, out.stdout[-2000:]
+    # the operator's figures are printed before the bursts' peer (which has taken a 50,000-pod API server down)
+    before = out.stdout[out.stdout.index("before the bursts' peer:"):out.stdout.index("{")]
+    assert "one notice per job, object: taint -> every pod of a job hears the notice" in before, out.stdout[-3000:]
+    assert "operator RSS" in before
