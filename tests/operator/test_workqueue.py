@@ -10,7 +10,7 @@ import kopf
 import pytest
 from fake_clock import FakeClock, until
 from reprieve_operator import metrics
-from reprieve_operator.workqueue import ReconcileQueue
+from reprieve_operator.workqueue import ReconcileQueue, fresh_this_round
 
 pytestmark = pytest.mark.unit
 
@@ -207,6 +207,35 @@ def test_the_resync_kicks_every_job_fresh_spread_over_half_the_interval() -> Non
             clock.advance(7.5)
             await until(lambda n=n: len(rec.calls) == n + 1)  # type: ignore[misc]
         assert rec.calls == [(ns, name, True) for ns, name in jobs]
+        task.cancel()
+    run(main())
+
+
+@pytest.mark.parametrize(("jobs", "budget"), [(4, 150), (150, 150), (151, 150), (1000, 150), (2500, 150), (7, 1)])
+def test_the_resyncs_fresh_lists_are_bounded_a_round_and_reach_every_job_in_turn(jobs: int, budget: int) -> None:
+    stride = -(-jobs // budget)
+    rounds = [[i for i in range(jobs) if fresh_this_round(i, jobs, r, budget)] for r in range(stride)]
+    assert all(len(fresh) <= budget for fresh in rounds)  # at most the budget's LISTs a round
+    assert sorted(i for fresh in rounds for i in fresh) == list(range(jobs))  # each job once in ``stride`` rounds
+    if jobs <= budget:
+        assert rounds == [list(range(jobs))]  # every job, every round, as before
+
+
+def test_the_resync_lists_afresh_at_most_its_budget_a_round_with_many_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from reprieve_operator import workqueue
+
+    monkeypatch.setattr(workqueue, "FRESH_LISTS_PER_SECOND", 0.1)  # 1 fresh LIST a 10 s round
+    async def main() -> None:
+        rec, clock = Recorder(), FakeClock()
+        queue = ReconcileQueue(rec, clock)
+        jobs = [("ml", "a"), ("ml", "b"), ("ml", "c")]
+        task = asyncio.ensure_future(queue.resync(20.0, lambda: jobs))
+        while len(rec.calls) < 9:  # three rounds of three kicks
+            await until(lambda: len(clock.sleeping) == 1)
+            clock.advance(clock.sleeping[0][0] - clock.elapsed)
+            await asyncio.sleep(0)
+        await until(lambda: queue.busy == 0)
+        assert [name for _, name, fresh in rec.calls if fresh] == ["a", "b", "c"]  # one a round, each in turn
         task.cancel()
     run(main())
 
