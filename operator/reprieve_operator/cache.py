@@ -9,6 +9,7 @@ the handlers receive anyway. It stores only the few fields the operator reads (`
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import zlib
@@ -69,6 +70,8 @@ class Cache:
         self.nodes: dict[str, dict[str, Any]] = {}  # name -> observe.compact_node
         self.jobs = JobBodies()
         self.primed = False
+        self._changed: dict[Key, int] = {}  # job -> the sequence number of its pods' last change (``pods_changed``)
+        self._seq = itertools.count(1)
 
     # --- pods ---
     def upsert_pod(self, pod: Mapping[str, Any]) -> Key | None:
@@ -84,6 +87,7 @@ class Cache:
         if key in self._gone:
             self._gone[key].pop(name, None)
         self._pods[key][name] = CachedPod(small)
+        self._changed[key] = next(self._seq)
         self._pod_job[(ns, name)] = job
         node = small["spec"].get("nodeName")
         if node:
@@ -101,8 +105,10 @@ class Cache:
             return
         key = (ns, job)
         self._pods[key].pop(name, None)
+        self._changed[key] = next(self._seq)
         if not self._pods[key]:
             del self._pods[key]
+            del self._changed[key]
         node = self._pod_node.pop((ns, name), None)
         if node is not None:
             left = self._node_jobs[node].get(key, 0) - 1
@@ -160,6 +166,11 @@ class Cache:
         for key in [k for k in self._pod_job if (namespace is None or k[0] == namespace) and k not in pods]:
             self._forget(*key)
         return jobs
+
+    def pods_changed(self, namespace: str, job: str) -> int | None:
+        """A mark of the job's pods' last change in the cache (a watch event, this operator's own write, a LIST):
+        equal marks before and after an awaited LIST mean nothing changed them meanwhile (None: no pods)."""
+        return self._changed.get((namespace, job))
 
     def replace_job_pods(self, namespace: str, job: str, pods: list[dict[str, Any]]) -> None:
         """Make the job's pods exactly ``pods`` (from a LIST)."""

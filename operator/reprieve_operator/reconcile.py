@@ -56,9 +56,14 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
     # and with the create responses below, so it is never behind on what this operator did itself.
     # Before priming (never, in practice: priming precedes watching) fall back to a LIST.
     # ``fresh`` (the resync) LISTs instead and repairs the cache, so a lost watch event heals itself.
+    # A LIST is at least as new as the cache was when it was asked for, but a watch event (or this operator's own
+    # write) that changes the job's pods while it is in flight makes it older than the cache: then it is dropped
+    # (the watch is live for this job), or it would undo that event until the next fresh LIST.
     if not state.cache.primed or fresh:
+        mark = state.cache.pods_changed(namespace, name)
         listed = await apply.run(apply.list_job_pods, api, namespace, name)
-        state.cache.replace_job_pods(namespace, name, listed)
+        if not state.cache.primed or state.cache.pods_changed(namespace, name) == mark:
+            state.cache.replace_job_pods(namespace, name, listed)
     raw_pods = state.cache.pods_of(namespace, name)
     now, queued = SYSTEM.now(), await apply.run(kueue.read, api, body, job) if state.kueue else None
     # a Kueue eviction's notice goes through the job's notice object, as a node's (``delivery``): what it carries
