@@ -71,6 +71,7 @@ class Cache:
         self.jobs = JobBodies()
         self.primed = False
         self._changed: dict[Key, int] = {}  # job -> the sequence number of its pods' last change (``pods_changed``)
+        self.pods_seen: str | None = None  # the resourceVersion the pod watch last applied (a fresh LIST's floor)
         self._seq = itertools.count(1)
 
     # --- pods ---

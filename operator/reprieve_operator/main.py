@@ -190,7 +190,7 @@ async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
     for scope in scopes:
         watch = podwatch.PodWatch(api, asyncio.get_running_loop(), on_pod,
                                   functools.partial(state.cache.relist, scope), functools.partial(on_relisted, state),
-                                  in_scope, versions[scope], scope)
+                                  in_scope, versions[scope], scope, on_seen=functools.partial(saw_pods, state))
         watch.start()
         watches.append(watch)
     memory.release()
@@ -199,6 +199,11 @@ async def prime(state: State, namespaces: list[str]) -> list[podwatch.PodWatch]:
                                                 state.cache.stats(), ", ".join(s or "all namespaces" for s in scopes),
                                                 memory.rss_mb())
     return watches
+
+
+def saw_pods(state: State, resource_version: str) -> None:
+    """The pod watch applied everything up to ``resource_version``: a fresh LIST asks for no older state."""
+    state.cache.pods_seen = resource_version
 
 
 def on_relisted(state: State, relist: Relist) -> None:

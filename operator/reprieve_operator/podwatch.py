@@ -38,9 +38,10 @@ class PodWatch(BackgroundLoop):
 
     def __init__(self, api: apply.Api, loop: asyncio.AbstractEventLoop, on_event: Handler,
                  relist: Callable[[], Relist], on_relisted: Callable[[Relist], None],
-                 keep: Callable[[dict[str, Any]], bool], resource_version: str, namespace: str | None = None) -> None:
+                 keep: Callable[[dict[str, Any]], bool], resource_version: str, namespace: str | None = None,
+                 on_seen: Callable[[str], None] = lambda rv: None) -> None:
         super().__init__(f"reprieve-podwatch-{namespace or 'all'}", "pod watch")
-        self.api, self.loop, self.on_event, self.keep = api, loop, on_event, keep
+        self.api, self.loop, self.on_event, self.keep, self.on_seen = api, loop, on_event, keep, on_seen
         self.relist, self.on_relisted = relist, on_relisted
         self.rv = resource_version
         self.namespace = namespace
@@ -87,5 +88,7 @@ class PodWatch(BackgroundLoop):
             raise RuntimeError(f"watch error: {obj.get('message')}")
         self.rv = (obj.get("metadata") or {}).get("resourceVersion") or self.rv
         if kind == "BOOKMARK" or not self.keep(obj):
+            self.loop.call_soon_threadsafe(self.on_seen, self.rv)
             return
         self.loop.call_soon_threadsafe(self.on_event, kind, compact_pod(obj))
+        self.loop.call_soon_threadsafe(self.on_seen, self.rv)

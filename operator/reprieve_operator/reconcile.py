@@ -61,8 +61,16 @@ async def reconcile(state: State, namespace: str, name: str, fresh: bool = False
     # (the watch is live for this job), or it would undo that event until the next fresh LIST.
     if not state.cache.primed or fresh:
         mark = state.cache.pods_changed(namespace, name)
-        listed = await apply.run(apply.list_job_pods, api, namespace, name)
-        if not state.cache.primed or state.cache.pods_changed(namespace, name) == mark:
+        try:
+            listed: list[dict[str, Any]] | None = await apply.run(apply.list_job_pods, api, namespace, name,
+                                                                  state.cache.pods_seen)
+        except Exception as err:  # the safety net's LIST only: the cache the watch keeps stands
+            if not state.cache.primed:
+                raise
+            log.info("TrainingJob %s/%s: the resync's LIST of its pods failed (%s); the watched cache stands",
+                     namespace, name, apply.refusal_of(err)[0] or err)
+            listed = None
+        if listed is not None and (not state.cache.primed or state.cache.pods_changed(namespace, name) == mark):
             state.cache.replace_job_pods(namespace, name, listed)
     raw_pods = state.cache.pods_of(namespace, name)
     now, queued = SYSTEM.now(), await apply.run(kueue.read, api, body, job) if state.kueue else None

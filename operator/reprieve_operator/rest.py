@@ -22,6 +22,7 @@ RBAC = "/apis/rbac.authorization.k8s.io/v1"
 # the client's argument -> the API's query parameter
 _QUERY = {"label_selector": "labelSelector", "field_selector": "fieldSelector", "_continue": "continue",
           "limit": "limit", "resource_version": "resourceVersion", "allow_watch_bookmarks": "allowWatchBookmarks",
+          "resource_version_match": "resourceVersionMatch",
           "timeout_seconds": "timeoutSeconds", "watch": "watch", "dry_run": "dryRun",
           "field_validation": "fieldValidation", "grace_period_seconds": "gracePeriodSeconds"}
 # a kind's plural -> the client's model its create checks the body against (what the generated method's
