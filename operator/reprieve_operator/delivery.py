@@ -108,14 +108,12 @@ async def object_notice(state: State, job: TrainingJob) -> str | None:
 
 
 async def write_notice_object(state: State, job: TrainingJob, route: fanout.NoticeRoute, value: str) -> str | None:
-    """Write the job's notice object when ``route`` says so (on the lane of writes pods hear now, or, when no pod
-    due the notice watches it yet, on the lane after every urgent write); None, or why it was refused."""
+    """Write the job's notice object when ``route`` says so; None, or why it was refused."""
     if not route.write_object:
         return None
     key = (job.namespace, job.name)
-    lane = state.lanes.objects if route.heard_now else state.lanes.later
     try:
-        await lane.gather([functools.partial(apply.write_data, state.api, build_notice_object(job, value),
+        await state.lanes.objects.gather([functools.partial(apply.write_data, state.api, build_notice_object(job, value),
                                                             state.nodes.object_exists(key))])
     except Exception as err:  # noqa: BLE001 - any refusal (403 RBAC, 429 shedding, no answer): the pods are annotated
         status, detail = apply.refusal_of(err)
@@ -214,7 +212,8 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
                                                              {ANNOTATION_NOTICE: value}) for n in route.annotate])
             if route.write_object and not route.heard_now:
                 # No pod due the notice watches the object: all are annotated above (as a refused write would have
-                # them); the object, for a process that starts later, after, behind every urgent write.
+                # them); the object, for a process that starts later, after them, so in a burst the objects pods
+                # hear now go first.
                 route, fell_back = await send_notice_object(state, job, plan, route, value)
             for r in state.cache.pods_of(namespace, name):  # the cache learns it now, not only from the watch event
                 if r["metadata"]["name"] in route.annotate:

@@ -10,7 +10,6 @@ import asyncio
 import functools
 import queue
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import InitVar, dataclass, field
 from typing import Any, TypeVar
@@ -26,7 +25,6 @@ from .workqueue import ReconcileQueue
 T = TypeVar("T")
 OBJECT_THREADS = 32  # the notice objects' writes' own threads (``Lanes.objects``)
 POD_THREADS = 32  # the per-pod notice writes' own threads (``Lanes.pods``)
-LATER_THREADS = 8  # the writes of notice objects no pod watches yet (``Lanes.later``)
 
 
 IDLE_SECONDS = 5.0  # a lane's thread with nothing queued for this long ends (the next batch starts threads again)
@@ -60,12 +58,11 @@ class BatchLane:
     not as an executor future and an asyncio future each (~3.2 KB a call: the 23,000 pods' annotations of a burst of
     1,150 jobs held ~70 MB while queued). Threads start as calls are queued (at most ``threads``) and end when idle.
 
-    A lane that ``yield_to`` others waits, before each call, until they have nothing queued or running (at most
-    ``YIELD_SECONDS`` in all): the per-pod fallback's 20 writes a job yield the API server to the jobs' one write
-    each."""
+    A lane that ``yield_to`` another waits, before each call, until that one has nothing queued or running (at most
+    ``YIELD_SECONDS``): the per-pod fallback's 20 writes a job yield the API server to the jobs' one write each."""
 
     def __init__(self, threads: int, name: str, idle_s: float = IDLE_SECONDS,
-                 yield_to: tuple[BatchLane, ...] = ()) -> None:
+                 yield_to: BatchLane | None = None) -> None:
         self.threads, self.name, self.idle_s, self.yield_to = threads, name, idle_s, yield_to
         self._queue: queue.SimpleQueue[tuple[_Batch, int, Callable[[], Any]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -98,10 +95,8 @@ class BatchLane:
 
     def _work(self) -> None:
         while True:
-            if self.yield_to:
-                until = time.monotonic() + YIELD_SECONDS
-                for other in self.yield_to:
-                    other.idle.wait(max(until - time.monotonic(), 0.0))
+            if self.yield_to is not None:
+                self.yield_to.idle.wait(YIELD_SECONDS)
             try:
                 batch, i, call = self._queue.get(timeout=self.idle_s)
             except queue.Empty:
@@ -123,21 +118,19 @@ class BatchLane:
 
 @dataclass(frozen=True)
 class Lanes:
-    """The threads a notice's writes run on, apart from the loop's executor (reconciles, every other call), in the
-    order a burst needs them: the jobs' objects that pods hear now (one write tells a whole job) on threads of their
-    own; the fallback's per-pod writes (20 a job) on theirs, which yield to those (``BatchLane.yield_to``); and the
-    objects no pod due the notice watches yet (kept for a process that starts later: its pods are annotated) last,
-    yielding to both. The reconciles each delivery kicks never queue in front of the next job's write."""
+    """The threads a notice's writes run on, apart from the loop's executor (reconciles, every other call): a burst's
+    one write per job on threads of its own, the fallback's per-pod writes (20 a job) on theirs, which yield to the
+    objects' (``BatchLane.yield_to``), and the reconciles each delivery kicks never queue in front of the next job's
+    write. A job no pod of which watches its object yet has its pods annotated first and the object written after
+    (``delivery._deliver``), so in a burst the objects pods hear now go first."""
 
     objects: BatchLane
     pods: BatchLane
-    later: BatchLane
 
     @classmethod
     def make(cls) -> Lanes:
         objects = BatchLane(OBJECT_THREADS, "reprieve-objects")
-        pods = BatchLane(POD_THREADS, "reprieve-pods", yield_to=(objects,))
-        return cls(objects, pods, BatchLane(LATER_THREADS, "reprieve-later", yield_to=(objects, pods)))
+        return cls(objects, BatchLane(POD_THREADS, "reprieve-pods", yield_to=objects))
 
 
 class CommitEvents:

@@ -217,8 +217,7 @@ def test_a_pod_that_does_not_watch_is_annotated_and_the_job_event_names_it() -> 
 @pytest.mark.parametrize("refused", [None, 429])
 def test_a_job_no_pod_of_which_watches_is_annotated_first_and_its_object_written_after(refused: int | None) -> None:
     """No pod watches yet: the object only waits for a process that starts later, so the pods' annotations (their
-    only way to hear it now) go first and the object after, on the lane behind every urgent write; a refused write
-    then annotates no pod twice."""
+    only way to hear it now) go first and the object after; a refused write then annotates no pod twice."""
     st, calls, _, uid = setup(watching=(), refusals={"create_namespaced_config_map": refused} if refused else None)
     deliver(st)
     writes = [(m, args[0]) for m, args, _ in calls if m in ("patch_namespaced_pod", "create_namespaced_config_map")]

@@ -89,7 +89,7 @@ def test_the_per_pod_lane_yields_to_the_objects_lane_for_at_most_its_bound(monke
     from reprieve_operator import state
 
     objects = BatchLane(1, "test-objects")
-    pods = BatchLane(4, "test-pods", yield_to=(objects,))
+    pods = BatchLane(4, "test-pods", yield_to=objects)
     log: list[tuple[str, float]] = []
 
     def write(kind: str, seconds: float) -> None:
@@ -113,33 +113,3 @@ def test_the_per_pod_lane_yields_to_the_objects_lane_for_at_most_its_bound(monke
     first_pod = min(t for kind, t in log if kind == "pod") - t0
     assert first_pod < 1.0, log  # not held back until the objects' 1.5 s were done
 
-
-def test_a_lane_yielding_to_two_waits_for_both_and_at_most_its_bound_in_all(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``Lanes.later`` (objects no pod watches yet) yields to the objects pods hear now and to the fallback's pod
-    writes: its calls go after both, and are held back at most ``YIELD_SECONDS`` in all, not that much per lane."""
-    from reprieve_operator import state
-
-    objects, pods = BatchLane(1, "test-objects"), BatchLane(1, "test-pods")
-    later = BatchLane(2, "test-later", yield_to=(objects, pods))
-    log: list[tuple[str, float]] = []
-
-    def write(kind: str, seconds: float) -> None:
-        time.sleep(seconds)
-        log.append((kind, time.monotonic()))
-
-    async def burst(seconds: float) -> None:
-        first = objects.gather([functools.partial(write, "object", seconds) for _ in range(2)])
-        second = pods.gather([functools.partial(write, "pod", seconds) for _ in range(3)])
-        await asyncio.sleep(0.02)
-        await asyncio.gather(first, second, later.gather([functools.partial(write, "later", 0.0) for _ in range(4)]))
-
-    asyncio.run(burst(0.05))
-    urgent = max(t for kind, t in log if kind != "later")
-    assert all(t >= urgent for kind, t in log if kind == "later"), log
-
-    log.clear()
-    monkeypatch.setattr(state, "YIELD_SECONDS", 0.3)
-    t0 = time.monotonic()
-    asyncio.run(burst(0.6))  # 1.2 s of object writes, 1.8 s of pod writes beside them
-    first_later = min(t for kind, t in log if kind == "later") - t0
-    assert first_later < 0.55, log  # one bound in all (0.3 s), not one per lane yielded to

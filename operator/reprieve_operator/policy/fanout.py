@@ -29,7 +29,7 @@ class NoticeRoute:
     unwatched: tuple[str, ...]  # of ``annotate``: pods that do not watch the object (said in the job's Event)
     # Some pod due the notice hears it through the object: the write is urgent (before the annotations). False
     # with ``write_object``: no pod due it watches yet, so the object only waits for a process that starts later
-    # and is written after the pods' annotations, behind every urgent write (``state.Lanes.later``).
+    # and is written after the pods' annotations (``delivery._deliver``).
     heard_now: bool = False
 
 
