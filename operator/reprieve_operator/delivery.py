@@ -114,7 +114,7 @@ async def write_notice_object(state: State, job: TrainingJob, route: fanout.Noti
     key = (job.namespace, job.name)
     try:
         await state.lanes.objects.gather([functools.partial(apply.write_data, state.api, build_notice_object(job, value),
-                                                            state.nodes.object_exists(key))])
+                                                            state.nodes.object_exists(key))], first=route.heard_now)
     except Exception as err:  # noqa: BLE001 - any refusal (403 RBAC, 429 shedding, no answer): the pods are annotated
         status, detail = apply.refusal_of(err)
         why = f"HTTP {status}" if status is not None else str(detail)
@@ -212,8 +212,8 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
                                                              {ANNOTATION_NOTICE: value}) for n in route.annotate])
             if route.write_object and not route.heard_now:
                 # No pod due the notice watches the object: all are annotated above (as a refused write would have
-                # them); the object, for a process that starts later, after them, so in a burst the objects pods
-                # hear now go first.
+                # them); the object, for a process that starts later, after them and behind every object pods hear
+                # now (``BatchLane.gather(first=False)``).
                 route, fell_back = await send_notice_object(state, job, plan, route, value)
             for r in state.cache.pods_of(namespace, name):  # the cache learns it now, not only from the watch event
                 if r["metadata"]["name"] in route.annotate:

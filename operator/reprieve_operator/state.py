@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import queue
 import threading
 from collections.abc import Awaitable, Callable, Iterable
@@ -59,20 +60,24 @@ class BatchLane:
     1,150 jobs held ~70 MB while queued). Threads start as calls are queued (at most ``threads``) and end when idle.
 
     A lane that ``yield_to`` another waits, before each call, until that one has nothing queued or running (at most
-    ``YIELD_SECONDS``): the per-pod fallback's 20 writes a job yield the API server to the jobs' one write each."""
+    ``YIELD_SECONDS``): the per-pod fallback's 20 writes a job yield the API server to the jobs' one write each.
+    Calls queued with ``first`` run before every call queued without it (the objects pods hear now before those
+    kept for a process that starts later), each kind in the order queued."""
 
     def __init__(self, threads: int, name: str, idle_s: float = IDLE_SECONDS,
                  yield_to: BatchLane | None = None) -> None:
         self.threads, self.name, self.idle_s, self.yield_to = threads, name, idle_s, yield_to
-        self._queue: queue.SimpleQueue[tuple[_Batch, int, Callable[[], Any]]] = queue.SimpleQueue()
+        self._queue: queue.PriorityQueue[tuple[int, int, _Batch, int, Callable[[], Any]]] = queue.PriorityQueue()
+        self._order = itertools.count()
         self._lock = threading.Lock()
         self.running = 0  # threads started and not ended
         self._busy = 0  # calls queued or running
         self.idle = threading.Event()  # set while no call is queued or running
         self.idle.set()
 
-    async def gather(self, calls: Iterable[Callable[[], T]]) -> list[T]:
-        """Run ``calls`` on the lane's threads; their results in order. The first error is raised after all end."""
+    async def gather(self, calls: Iterable[Callable[[], T]], first: bool = True) -> list[T]:
+        """Run ``calls`` on the lane's threads (before any call queued with ``first`` False, when ``first``);
+        their results in order. The first error is raised after all end."""
         listed = list(calls)
         if not listed:
             return []
@@ -80,8 +85,9 @@ class BatchLane:
         with self._lock:
             self._busy += len(listed)
             self.idle.clear()
+        rank = 0 if first else 1
         for i, call in enumerate(listed):
-            self._queue.put((batch, i, call))
+            self._queue.put((rank, next(self._order), batch, i, call))
         with self._lock:
             start = min(self.threads - self.running, self._queue.qsize())
             self.running += max(start, 0)
@@ -98,7 +104,7 @@ class BatchLane:
             if self.yield_to is not None:
                 self.yield_to.idle.wait(YIELD_SECONDS)
             try:
-                batch, i, call = self._queue.get(timeout=self.idle_s)
+                _, _, batch, i, call = self._queue.get(timeout=self.idle_s)
             except queue.Empty:
                 with self._lock:  # a batch queued after this check sees this thread gone and starts one
                     if self._queue.empty():
