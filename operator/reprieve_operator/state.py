@@ -128,7 +128,7 @@ class Lanes:
     one write per job on threads of its own, the fallback's per-pod writes (20 a job) on theirs, which yield to the
     objects' (``BatchLane.yield_to``), and the reconciles each delivery kicks never queue in front of the next job's
     write. A job no pod of which watches its object yet has its pods annotated first and the object written after
-    (``delivery._deliver``), so in a burst the objects pods hear now go first."""
+    (``delivery._deliver``), queued behind every object pods hear now (``gather(first=False)``)."""
 
     objects: BatchLane
     pods: BatchLane
