@@ -320,15 +320,35 @@ def write_notice_file(path: Path, notice: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def fill_accept_queue(address: tuple[str, int], most: int = 64) -> list[socket.socket]:
-    """Connect to a stopped process's listening ``address`` until a connect gets no answer: its accept queue is
-    full and the kernel drops the next SYNs, as for a node that vanished or a pod cut off the network. The
-    connections held (close them after)."""
+def accept_queue(address: tuple[str, int]) -> int:
+    """How many connections wait in the accept queue of the IPv4 socket listening at ``address`` (``rx_queue`` of its
+    LISTEN row in /proc/net/tcp)."""
+    ip = "".join(f"{int(part):02X}" for part in reversed(address[0].split(".")))
+    want = f"{ip}:{address[1]:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == want and fields[3] == "0A":
+            return int(fields[4].split(":")[1], 16)
+    raise AssertionError(f"nothing listens at {address[0]}:{address[1]}")
+
+
+def fill_accept_queue(address: tuple[str, int], most: int = 64, settle_s: float = 1.0) -> list[socket.socket]:
+    """Connect to a stopped process's listening ``address`` until its accept queue is full: the kernel drops the
+    next SYNs, as for a node that vanished or a pod cut off the network. Full is read from the kernel (the queue no
+    longer grows for a connect within ``settle_s``), not from a connect's short timeout: on a loaded machine a
+    loopback handshake can outlast one, and the queue was left with room, so the watching process's probes were
+    answered (suite run L). The connections held (close them after)."""
     held: list[socket.socket] = []
     while True:
-        try:
-            held.append(socket.create_connection(address, timeout=0.2))
-        except TimeoutError:
+        before = accept_queue(address)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.connect_ex(address)  # EINPROGRESS: the kernel completes the handshake, or drops the SYN when full
+        held.append(sock)
+        limit = time.monotonic() + settle_s
+        while accept_queue(address) <= before and time.monotonic() < limit:
+            time.sleep(0.001)
+        if accept_queue(address) <= before:
             return held
         if len(held) >= most:
             for sock in held:
