@@ -56,8 +56,8 @@ FROM_SUPERVISOR = frozenset({"REPRIEVE_SUPERVISED", "REPRIEVE_WARM_FD", "REPRIEV
 # Set by the supervisor for its trainers when the memory tier is on: the address of the pod's replica server.
 FROM_SUPERVISOR_MEMORY = frozenset({"REPRIEVE_MEMORY_SERVER"})
 # Read by the runtime for the tests' fault injection only.
-TESTING = frozenset({"REPRIEVE_CKPT_TEST_CRASH_AT", "REPRIEVE_MEMTIER_TEST_CRASH_AT",
-                     "REPRIEVE_MEMTIER_TEST_SLOW_COPY"})
+TESTING = frozenset({"REPRIEVE_CKPT_TEST_CRASH_AT", "REPRIEVE_CKPT_TEST_STOP_IN_AGREED_SAVE",
+                     "REPRIEVE_MEMTIER_TEST_CRASH_AT", "REPRIEVE_MEMTIER_TEST_SLOW_COPY"})
 READS = RUNTIME | MEMORY | ELASTIC | SUPERVISOR | FROM_SUPERVISOR | FROM_SUPERVISOR_MEMORY | TESTING
 # Read by other parts of the project (the operator, hack/, the tests), never by the runtime: not misspellings.
 ELSEWHERE = frozenset({

@@ -22,6 +22,7 @@ from . import identity, virtual
 from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
 from .capabilities import Capabilities, Checkpointer
+from .checkpoint.faults import maybe_stop_in_agreed_save
 from .compile_ahead import CompileAhead, LoweringCount
 from .config import RuntimeConfig
 from .coordination import CoordinationError, Coordinator
@@ -388,6 +389,7 @@ class Job:
         deadline = target.deadline if target.deadline_known else None
         log.info("saving agreed step %d (notice %s, %s); deadline %s", step, target.notice.id,
                  target.notice.reason, "unknown" if deadline is None else f"in {deadline - time.time():.1f}s")
+        maybe_stop_in_agreed_save(target.notice.id, self.config.attempt)
         timers = arm_deadline_timers(step, deadline, self.config.shutdown_timeout_seconds)
         restart = step != self._last_step  # a restart follows: its first commit does retention, and it can
         if restart:  # read this step from memory, not storage

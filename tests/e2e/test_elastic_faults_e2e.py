@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -82,66 +81,50 @@ def log_text(cluster: Any, namespace: str, pod: str) -> str:
     return "".join(p.read_text(errors="replace") for p in cluster.pod_logs(namespace, pod, "trainer"))
 
 
-def _children(parent: int) -> list[int]:
-    """The live processes whose parent is ``parent`` (from /proc: the process kubelet shares the test's pids)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
+# The grow of step 4 (attempt 5 superseded by 6): attempt 5's trainer stops itself (SIGSTOP) inside that grow's save,
+# right after its line "saving agreed step N (notice resize/...", until the test lets it go on (SIGCONT).
+STOP_IN_GROW_SAVE = {"REPRIEVE_CKPT_TEST_STOP_IN_AGREED_SAVE": "resize/:5"}
 
 
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (``T`` in /proc: the process kubelet shares the test's pids)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
 
 
-def hold_in_grow_save(cluster: Any, namespace: str, pod: str, attempt: int, trigger: Any) -> tuple[int, int]:
-    """Call ``trigger`` (what makes the job grow) with the supervisor's children in ``pod`` stopped (SIGSTOP) and let
-    them run only in bursts of ~2 ms until the supervisor says it sent attempt ``attempt``'s trainer the resize
-    signal; then that trainer alone in bursts until its own line ``saving agreed step N (notice resize/...`` and
-    stopped there, inside the grow's save, before ``agreed step N held in memory``; returns (its pid, N). The save
-    takes a few tens of milliseconds and the signal's line is read from a file: a trainer left running between the
-    signal and a look can finish its save (CI met it), one that runs 2 ms at a time cannot (a step alone is longer)."""
-    sups = re.findall(r"reprieve-supervisor\[(\d+)\]", log_text(cluster, namespace, pod))
-    assert sups, f"{namespace}/{pod}: no supervisor line in its log"
-    held = _children(int(sups[-1]))  # the pod's supervisor now (the last to log)
+def held_in_grow_save(cluster: Any, namespace: str, pod: str, attempt: int) -> tuple[int, int]:
+    """Wait until attempt ``attempt``'s trainer in ``pod``, sent the grow's resize signal by the supervisor, has
+    begun the grow's save and stopped itself there (:data:`STOP_IN_GROW_SAVE`), before ``agreed step N held in
+    memory``, and the process the supervisor pre-warmed for the next attempt is parked in ``reprieve.init()``;
+    returns (its pid, N). Parked first: a warm process not parked when the trainer exits is killed and the next
+    attempt starts cold, ~7 s under the suite's load, most of a 15 s notice window (no memory copy beside the
+    notice's save then)."""
     said = re.compile(rf"attempt {attempt} superseded by attempt \d+ \(a grow: save to the memory tier\): sending "
                       r"SIGUSR1 to pid (\d+)")
     began = re.compile(r"saving agreed step (\d+) \(notice resize/")
-    _signal_all(held, signal.SIGSTOP)
-    pid, sent, text = None, None, ""
-    try:
-        trigger()
-        limit = time.monotonic() + 90
-        while time.monotonic() < limit:
-            text = log_text(cluster, namespace, pod)
-            if sent is None and (sent := said.search(text)) is not None:
-                pid = int(sent.group(1))
-                assert pid in held, f"{namespace}/{pod}: the signalled pid {pid} is not one of {held}:\n{text[-3000:]}"
-                _signal_all([p for p in held if p != pid], signal.SIGCONT)  # the rest (a warm process) runs on
-                held = [pid]
-            if sent is not None and (save := began.search(text, sent.end())) is not None:
-                step = int(save.group(1))
-                if f"agreed step {step} held in memory" in text:
-                    raise AssertionError(f"{namespace}/{pod}: the grow's save ended within a burst:\n{text[-3000:]}")
-                assert pid is not None
-                return pid, step
-            _signal_all(held, signal.SIGCONT)
-            time.sleep(0.002)
-            _signal_all(held, signal.SIGSTOP)
-    except BaseException:
-        _signal_all(held, signal.SIGCONT)
-        raise
-    _signal_all(held, signal.SIGCONT)
-    raise AssertionError(f"{namespace}/{pod}: attempt {attempt}'s trainer never began the grow's save:\n{text[-3000:]}")
+    found: list[tuple[int, int]] = []
+
+    def check() -> bool:
+        text = log_text(cluster, namespace, pod)
+        sent = said.search(text)
+        save = began.search(text, sent.end()) if sent else None
+        if sent is None or save is None or "test fault injection: stopping in the agreed save" not in text[save.end():]:
+            return False
+        pid, step = int(sent.group(1)), int(save.group(1))
+        if not stopped(pid):
+            return False
+        warm = re.findall(r"started warm pid (\d+)", text[:sent.start()])
+        if warm and f"(pid {warm[-1]})" not in text and f"SIGKILL to pid {warm[-1]}" not in text:
+            return False  # neither parked ("warm process (pid W) parked ..."), refused nor ended yet
+        assert f"agreed step {step} held in memory" not in text, text[-3000:]
+        found.append((pid, step))
+        return True
+
+    wait_for(check, 90, f"{namespace}/{pod}: attempt {attempt}'s trainer stopped in the grow's save",
+             describe=lambda: log_text(cluster, namespace, pod)[-3000:])
+    return found[-1]
 
 
 def test_an_elastic_job_through_faults_in_its_shrinks_and_grows_ends_bit_identical(
@@ -190,7 +173,7 @@ def test_an_elastic_job_through_faults_in_its_shrinks_and_grows_ends_bit_identic
     name = "elastic"
     ckpt = tmp_path / name
     body = e2e_job(cluster, name, replicas=2, steps=STEPS, step_sleep=SLEEP, interval=0, checkpoint_dir=ckpt,
-                   node_selector={"reprieve.test/pool": pool_name}, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl"})
+                   node_selector={"reprieve.test/pool": pool_name}, extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl", **STOP_IN_GROW_SAVE})
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(make_elastic(body, SHARDS, HOST)))
 
     def status_when(what: str, predicate: Any, timeout: float = 180) -> dict[str, Any]:
@@ -248,8 +231,9 @@ def test_an_elastic_job_through_faults_in_its_shrinks_and_grows_ends_bit_identic
     # 4. a notice during the grow's memory-only save: held in its save while the notice is delivered
     survivor = worker(one, 0)
     survivor_node = worker_node(one, 0)
-    # the other pending pod schedules: the grow (the survivor's trainer held in bursts from before it)
-    pid, step = hold_in_grow_save(cluster, namespace, survivor, 5, lambda: untaint_node(api, next(room), NO_ROOM))
+    # the other pending pod schedules: the grow (the survivor's trainer stops itself in its save: STOP_IN_GROW_SAVE)
+    untaint_node(api, next(room), NO_ROOM)
+    pid, step = held_in_grow_save(cluster, namespace, survivor, 5)
     grow2 = assigned_when(6, "the second grow")
     assert grow2["resize"] == "grow" and len(grow2["processes"]) == 2, grow2
     held = f"agreed step {step} held in memory"

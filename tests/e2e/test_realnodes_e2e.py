@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -399,6 +400,33 @@ ELASTIC_STEPS, ELASTIC_SLEEP, ELASTIC_LOSS_AT, ELASTIC_SHARDS = 300, 0.2, 20, 4
 HOST = "reprieve.test/host"  # one worker per node (required anti-affinity on this label)
 
 
+SKIPPED = re.compile(r"memory save of step (\d+) skipped: the copy of step (\d+) is still being written or sent")
+WIDENED = re.compile(r"memory copies every (\d+) steps from step (\d+) \(schedule \d+\)")
+
+
+def unexplained_losses(logs: list[str], restored: int, last: int) -> list[int]:
+    """The steps after ``restored`` (the step an unwarned loss's restart restored from memory) up to ``last - 2`` (the
+    newest step reported before the loss; its copy and the one before may still be in flight) that the memory tier
+    should have held whole: a copy every step (``intervalSteps: 1``) except where a process logged the save skipped
+    (its previous copy still written or sent: both steps named are explained) or process 0 widened the schedule."""
+    explained: set[int] = set()
+    for text in logs:
+        for m in SKIPPED.finditer(text):
+            explained.update((int(m[1]), int(m[2])))
+        for m in WIDENED.finditer(text):
+            every, start = int(m[1]), int(m[2])
+            explained.update(s for s in range(start, last + 1) if (s - start) % every)
+    return [s for s in range(restored + 1, last - 1) if s not in explained]
+
+
+def attempt_one_logs(cluster: Any, namespace: str, job: str, lost_node: str) -> list[str]:
+    """What each process of ``job``'s first attempt logged: worker 0 up to its restore (it restarts in place, in the
+    same container) and worker 1 on ``lost_node`` (removed; its node's files stay in the cluster's workdir)."""
+    own = "".join(p.read_text(errors="replace") for p in cluster.pod_logs(namespace, f"{job}-0", "trainer"))
+    lost = cluster.real.paths(lost_node).pod_logs.glob(f"{namespace}_{job}-1_*/trainer/*.log")
+    return [own.split("restored step", 1)[0], *(p.read_text(errors="replace") for p in lost)]
+
+
 def test_an_elastic_job_on_real_nodes_shrinks_onto_its_survivor_then_grows_back_bit_identical(
         real_cluster: Any, real_operator: DeployedOperator, real_workers: list[str], real_ns: str,
         api: Any, tmp_path: Path) -> None:
@@ -427,7 +455,8 @@ def test_an_elastic_job_on_real_nodes_shrinks_onto_its_survivor_then_grows_back_
     real_cluster.kubectl("apply", "-n", real_ns, "-f", "-", input=json.dumps(make_elastic(body, ELASTIC_SHARDS, HOST)))
     try:
         wait_step(ckpt, ELASTIC_LOSS_AT, 300, real_cluster, real_ns, name)
-        real_cluster.remove_node(pod_node(real_cluster, real_ns, f"{name}-1"))  # no notice, no node with room
+        lost = pod_node(real_cluster, real_ns, f"{name}-1")
+        real_cluster.remove_node(lost)  # no notice, no node with room
 
         shrunk = wait_tj(real_cluster, real_ns, name, lambda s: s.get("currentWorkers") == 1
                          and s.get("phase") == "Running", 180, "the shrink onto worker 0", real_operator)["status"]
@@ -453,7 +482,10 @@ def test_an_elastic_job_on_real_nodes_shrinks_onto_its_survivor_then_grows_back_
     assert next(c for c in final["conditions"] if c["type"] == "Degraded")["status"] == "False", final
     report = analyse(read_step_log(ckpt / "steps.jsonl"), start=0, end=1)
     assert report.steps == ELASTIC_STEPS and len(report.interruptions) == 2, report.summary()
-    assert report.interruptions[0].lost_steps <= 2, report.summary()  # the memory tier's copy, every step
+    loss = report.interruptions[0]
+    late = unexplained_losses(attempt_one_logs(real_cluster, real_ns, name, lost), loss.resumed_at - 1,
+                              loss.last_step)
+    assert not late, (late, report.summary())  # the memory tier's copy: every step, unless a copy ran late
     assert report.interruptions[1].lost_steps == 0, report.summary()  # the grow: an agreed step, saved
     events = json.loads(real_cluster.kubectl("get", "events", "-n", real_ns, "--field-selector",
                                              f"involvedObject.kind=TrainingJob,involvedObject.name={name}",
