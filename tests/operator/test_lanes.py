@@ -114,20 +114,21 @@ def test_the_per_pod_lane_yields_to_the_objects_lane_for_at_most_its_bound(monke
     assert first_pod < 1.0, log  # not held back until the objects' 1.5 s were done
 
 
-
 def test_calls_queued_first_run_before_every_call_queued_after_them() -> None:
     """The objects pods hear now go before the objects kept for a process that starts later, whenever queued."""
     lane = BatchLane(1, "test-lane")
-    gate, order = threading.Event(), []
+    gate, took, order = threading.Event(), threading.Event(), []
 
     def write(name: str) -> None:
+        took.set()
         gate.wait(5)
         order.append(name)
 
     async def burst() -> None:
         later = asyncio.ensure_future(lane.gather([functools.partial(write, f"later-{i}") for i in range(3)],
                                                   first=False))
-        await asyncio.sleep(0.05)  # the thread holds later-0, the rest are queued
+        while not took.is_set():  # the lane's one thread holds later-0, the rest are queued
+            await asyncio.sleep(0.001)
         now = asyncio.ensure_future(lane.gather([functools.partial(write, f"now-{i}") for i in range(2)]))
         await asyncio.sleep(0.05)
         gate.set()

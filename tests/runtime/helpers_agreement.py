@@ -320,14 +320,21 @@ def write_notice_file(path: Path, notice: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def tcp_rows(local: tuple[str, int]) -> list[list[str]]:
+    """The rows of /proc/net/tcp whose local end is ``local`` (an IPv4 address and port of this host; the file writes
+    addresses as little-endian hex): each row's fields (``[3]`` the state: ``01`` established, ``0A`` listening;
+    ``[4]`` ``tx_queue:rx_queue``)."""
+    ip = "".join(f"{int(part):02X}" for part in reversed(local[0].split(".")))
+    want = f"{ip}:{local[1]:04X}"
+    rows = (line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:])
+    return [fields for fields in rows if fields[1] == want]
+
+
 def accept_queue(address: tuple[str, int]) -> int:
-    """How many connections wait in the accept queue of the IPv4 socket listening at ``address`` (``rx_queue`` of its
-    LISTEN row in /proc/net/tcp)."""
-    ip = "".join(f"{int(part):02X}" for part in reversed(address[0].split(".")))
-    want = f"{ip}:{address[1]:04X}"
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[1] == want and fields[3] == "0A":
+    """How many connections wait in the accept queue of the socket listening at ``address`` (its LISTEN row's
+    ``rx_queue``)."""
+    for fields in tcp_rows(address):
+        if fields[3] == "0A":
             return int(fields[4].split(":")[1], 16)
     raise AssertionError(f"nothing listens at {address[0]}:{address[1]}")
 
@@ -346,9 +353,9 @@ def fill_accept_queue(address: tuple[str, int], most: int = 64, settle_s: float 
         sock.connect_ex(address)  # EINPROGRESS: the kernel completes the handshake, or drops the SYN when full
         held.append(sock)
         limit = time.monotonic() + settle_s
-        while accept_queue(address) <= before and time.monotonic() < limit:
+        while (queued := accept_queue(address)) <= before and time.monotonic() < limit:
             time.sleep(0.001)
-        if accept_queue(address) <= before:
+        if queued <= before:
             return held
         if len(held) >= most:
             for sock in held:

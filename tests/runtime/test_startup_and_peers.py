@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.helpers_agreement import fill_accept_queue, launch
+from tests.runtime.helpers_agreement import fill_accept_queue, launch, tcp_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -75,7 +75,7 @@ def test_a_peer_whose_pod_stops_answering_is_named_within_the_bound(tmp_path: Pa
         assert found, gang.tail()
         pulse = ("127.0.0.1", int(found.group(1)))
         limit = time.monotonic() + 30
-        while not _established(pulse):  # the survivor holds its link (it reads the records a few times a second)
+        while not any(row[3] == "01" for row in tcp_rows(pulse)):  # the survivor holds its link (it reads the records a few times a second)
             assert time.monotonic() < limit, f"process {survivor} never linked to the pulse\n" + gang.tail()
             time.sleep(0.05)
         gang.signal(victim, signal.SIGSTOP)
@@ -126,18 +126,6 @@ def test_a_peer_lost_in_the_first_step_after_a_restore_is_named_at_once(tmp_path
     assert named or failed, gang.tail()
     assert all("from the last committed checkpoint, step 11" in line for line in named), named
     assert "another task died" not in log and ended < 10, (ended, gang.tail())
-
-
-def _established(local: tuple[str, int]) -> bool:
-    """Whether a TCP connection to ``local`` (an IPv4 address and port of this host) is established: read from
-    /proc/net/tcp, where addresses are little-endian hex."""
-    ip = "".join(f"{int(part):02X}" for part in reversed(local[0].split(".")))
-    want = f"{ip}:{local[1]:04X}"
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[1] == want and fields[3] == "01":
-            return True
-    return False
 
 
 def test_a_frozen_peer_whose_pulse_answers_is_left_to_jax(tmp_path: Path) -> None:
