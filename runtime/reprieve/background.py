@@ -1,14 +1,18 @@
 """The runtime's one shape of background thread, and of a connection kept up against failures.
 
 :class:`Daemon`: ``start()`` runs ``_run`` in a daemon thread, ``close()`` sets ``_stop`` (``_run`` watches it and
-waits on it, so a close ends a wait at once). :class:`Reconnecting`: a daemon whose ``_run`` opens ``_session``
+waits on it, so a close ends a wait at once). :class:`Waker`: the same for a thread that waits in a selector.
+:class:`Reconnecting`: a daemon whose ``_run`` opens ``_session``
 again after every failure, backing off 1 s doubling to 30 s, logging the 1st, 10th and every 100th failure in a
 row at WARNING (``failure_log_level``), and one line when it works again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import selectors
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from typing import Self
@@ -46,6 +50,35 @@ class Daemon:
 
     def _run(self) -> None:
         raise NotImplementedError
+
+
+class Waker:
+    """Ends a wait in ``selector`` from another thread: the read end of a socket pair is registered there with
+    ``data`` :data:`WAKE`; :meth:`wake` writes a byte, and the waiting thread, seeing a key whose data is
+    :data:`WAKE`, calls :meth:`drain` and looks at its stop flag. A close then costs no select timeout (a pulse's
+    ``beat_s`` each, on the restart path of every agreed exit)."""
+
+    def __init__(self, selector: selectors.BaseSelector) -> None:
+        self._read, self._write = socket.socketpair()
+        self._read.setblocking(False)
+        self._write.setblocking(False)
+        selector.register(self._read, selectors.EVENT_READ, WAKE)
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):  # full (a wake is pending anyway) or closed (the thread is done)
+            self._write.send(b"!")
+
+    def drain(self) -> None:
+        with contextlib.suppress(OSError):  # BlockingIOError: empty
+            while self._read.recv(64):
+                pass
+
+    def close(self) -> None:
+        self._read.close()
+        self._write.close()
+
+
+WAKE = Waker  # the data of a waker's key (a key's data is never a class otherwise)
 
 
 class Reconnecting(Daemon):

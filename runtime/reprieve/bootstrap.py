@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from . import console
+from . import console, prewarm
 from .agreement import Agreement, Target
 from .capabilities import Checkpointer
 from .config import ConfigError, RuntimeConfig
@@ -110,7 +110,9 @@ def init(
     if ahead is not None:
         ahead.attempt()
     if link is not None and link.warm:
-        # A pre-warmed process (reprieve-supervisor): imports are done; the assignment says who this process is.
+        # A pre-warmed process (reprieve-supervisor): imports are done (and what init() and the restore would import
+        # after the assignment, prewarm.prepare); the assignment says who this process is.
+        prewarm.prepare(environ)
         updates = link.await_assignment(idle=None if ahead is None or ahead.done else ahead.attempt,
                                         idle_seconds=TraceAhead.POLL_SECONDS)
         if env is None:

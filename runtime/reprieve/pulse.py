@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .background import Daemon
+from .background import WAKE, Daemon, Waker
 from .tether import unanswered_connect
 
 log = logging.getLogger(__name__)
@@ -141,10 +141,13 @@ class PulseServer(Daemon):
         self.port: int = self._listener.getsockname()[1]
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._selector = selectors.DefaultSelector()
+        self._waker = Waker(self._selector)
 
     def close(self, leaving: bool = True) -> None:
         """Stop beating; with ``leaving``, tell every link this process leaves the job (not a loss); close all."""
         self._stop.set()
+        self._waker.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(self.beat_s + 1.0)
         while leaving:  # a link still in the accept queue hears it too (closing the listener would reset it)
@@ -162,17 +165,28 @@ class PulseServer(Daemon):
                     conn.close()
             self._conns.clear()
         self._listener.close()
+        if self._thread is None or not self._thread.is_alive():
+            self._selector.close()
+            self._waker.close()
 
     def _run(self) -> None:
-        with selectors.DefaultSelector() as selector:
+        selector = self._selector
+        try:
             selector.register(self._listener, selectors.EVENT_READ)
             while not self._stop.is_set():
                 for key, _ in selector.select(self.beat_s):
-                    if key.fileobj is self._listener:
+                    if key.data is WAKE:
+                        self._waker.drain()  # close(): the loop's test ends it
+                    elif key.fileobj is self._listener:
                         self._accept(selector)
                     else:
                         self._drain(selector, key.fileobj)  # type: ignore[arg-type]
-                self._beat(selector)
+                if not self._stop.is_set():
+                    self._beat(selector)
+        finally:
+            if self._stop.is_set():  # close() may not have waited (a thread still running then closes them)
+                selector.close()
+                self._waker.close()
 
     def _accept(self, selector: selectors.BaseSelector) -> None:
         """Every connection queued (at a start, every other process links to process 0's at once)."""
@@ -251,6 +265,7 @@ class PulseLinks:
         self._clock = clock
         self._probe = probe
         self._selector = selectors.DefaultSelector()
+        self._waker = Waker(self._selector)
         self._links: dict[int, _Link] = {}
         self._done: set[int] = set()  # a verdict given, or left: never linked again
         self._retry_at: dict[int, float] = {}  # process -> when to try again a first link that got no answer
@@ -338,7 +353,9 @@ class PulseLinks:
             if self._links:
                 for key, _ in self._selector.select(max(0.005, min(left, self.beat_s, self._next_probe() - now))):
                     p = key.data
-                    if self._read(p):
+                    if p is WAKE:
+                        self._waker.drain()  # wake(): the loop's test of ``stop`` ends it
+                    elif self._read(p):
                         closed.append(p)
             else:
                 stop.wait(min(left, self.beat_s))
@@ -401,10 +418,15 @@ class PulseLinks:
                 log.debug("process %d is quiet for %.1f s but its pulse answers: busy, not lost", p, now - link.heard)
         return events + self.link(again)
 
+    def wake(self) -> None:
+        """End a :meth:`listen` waiting in another thread now (its ``stop`` set first)."""
+        self._waker.wake()
+
     def close(self) -> None:
         for p in list(self._links):
             self._unlink(p)
         self._selector.close()
+        self._waker.close()
 
 
 class PulseWatch(Daemon):
@@ -429,6 +451,7 @@ class PulseWatch(Daemon):
 
     def close(self) -> None:
         self._stop.set()
+        self.links.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(PROBE_TIMEOUT_SECONDS + 2.0)
 

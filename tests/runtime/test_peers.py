@@ -93,6 +93,9 @@ class _Links:
         stop.wait(0.01)
         return []
 
+    def wake(self) -> None:
+        pass  # listen waits on ``stop`` itself
+
     def close(self) -> None:
         self.closed = True
 

@@ -23,6 +23,7 @@ from reprieve.pulse import (
     PROBE_TIMEOUT_SECONDS,
     PulseLinks,
     PulseServer,
+    PulseWatch,
     _Link,
     at_once,
     probe,
@@ -251,6 +252,32 @@ def test_a_pulse_beats_and_says_bye() -> None:
             assert seen.endswith(BYE)
         assert probe(("127.0.0.1", server.port), 1.0) == DEAD  # nothing listens once it left
     finally:
+        server.close()
+
+
+@pytest.mark.unit
+def test_closing_a_pulse_and_a_watch_ends_their_waits_at_once_not_a_beat_later() -> None:
+    """Both threads wait in a selector a beat at a time; every agreed exit closes them (restart gap): a close wakes
+    them. With 29-30 s beats, a close that waited for the beat would take that long."""
+    server = PulseServer("127.0.0.1", 30.0).start()
+    watch = PulseWatch(PulseLinks(60.0, time.monotonic), lambda events: False)
+    watch.target(1, ("127.0.0.1", server.port))
+    watch.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not watch.settled(1):  # linked: the watch's thread now waits in its selector
+            assert time.monotonic() < deadline, "the watch never linked to the pulse"
+            time.sleep(0.01)
+        assert watch.links.beat_s > 25
+        start = time.monotonic()
+        watch.close()
+        server.close(leaving=True)
+        elapsed = time.monotonic() - start
+        assert watch._thread is not None and not watch._thread.is_alive()
+        assert server._thread is not None and not server._thread.is_alive()
+        assert elapsed < 5.0, f"closing took {elapsed:.1f}s: the threads waited for their beat"
+    finally:
+        watch.close()
         server.close()
 
 

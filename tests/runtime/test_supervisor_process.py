@@ -169,6 +169,18 @@ WARM_TRAINER = """
         TraceAhead.POLL_SECONDS = float(os.environ["TRACE_AHEAD_POLL_SECONDS"])
         logging.basicConfig(level=logging.WARNING)
         logging.getLogger("reprieve.trace_ahead").setLevel(logging.DEBUG)
+    if os.environ.get("PARKED_STATE"):  # what the process holds once parked (its "ready" line)
+        from reprieve.supervisor import trainer as link_mod
+        send = link_mod.SupervisorLink.send
+        def spy(self, event, **fields):
+            if event == "ready":
+                from jax._src import xla_bridge
+                with open(os.environ["PARKED_STATE"], "w") as f:
+                    json.dump({"modules": sorted(m for m in sys.modules if m.startswith("reprieve")),
+                               "plugins": xla_bridge._plugins_registered,
+                               "backends": xla_bridge.backends_are_initialized()}, f)
+            return send(self, event, **fields)
+        link_mod.SupervisorLink.send = spy
     def ahead(topology):  # what a step would be traced for, and whether a device was touched to know it
         from jax._src import xla_bridge
         with open(os.environ["TRACE_AHEAD"] + ".tmp", "w") as f:
@@ -212,6 +224,25 @@ def test_warm_process_waits_in_init_then_runs_the_assignment(tmp_path: Path) -> 
     # the assignment is the environment now; the link's variables are gone (a child must not write to the fd)
     assert seen == {"REPRIEVE_ATTEMPT": "5", "REPRIEVE_PROCESS_ID": "0", "REPRIEVE_WARM_FD": None,
                     "REPRIEVE_SUPERVISOR_FD": None, "attempt": 5}
+
+
+def test_a_warm_process_parks_with_the_lazy_imports_done_and_jax_plugins_found_then_still_joins(tmp_path: Path) -> None:
+    from reprieve import prewarm
+
+    parked = tmp_path / "parked.json"
+    proc, sock = start_warm(tmp_path, PARKED_STATE=str(parked))
+    lines = sock.makefile("rb")
+    assert json.loads(lines.readline()) == {"event": "ready"}
+    state = json.loads(parked.read_text())
+    # what init() and the restore would import after the assignment is imported before it (no memory tier here)
+    assert set(prewarm.modules_for({})) <= set(state["modules"]), state["modules"]
+    assert not set(prewarm.MEMORY_TIER_MODULES) & set(state["modules"])
+    # JAX's plugin discovery is done, and no backend exists: the process can still join a gang
+    assert (state["plugins"], state["backends"]) == (True, False)
+    sock.sendall(ASSIGN_ALONE)
+    assert json.loads(lines.readline()) == {"event": "init", "attempt": 5, "processId": 0}
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
 
 
 def test_warm_process_that_touched_devices_refuses_with_a_clear_error(tmp_path: Path) -> None:

@@ -1,0 +1,70 @@
+"""What a pre-warmed process does before it parks in ``reprieve.init()`` (``docs/restarts.md``, "Pre-warmed
+processes"): the work that ``init()`` and the restore would otherwise do after the assignment arrives, on the
+restart's critical path, and that needs neither the assignment nor a device.
+
+- **Imports** that ``init()``, the checkpointer and the restore make lazily (so that a job that never uses them
+  does not pay for them): the checkpoint manager and its restore, the memory tier when it is configured.
+- **JAX's plugin discovery**: the first ``jax.devices()`` scans every installed distribution's entry points for
+  PJRT plugins (70 ms of the restart's CPU on the 2-core VM; a GPU plugin's shared library loads there too).
+  Registering the plugins creates no backend and touches no device, so the warm process still joins the next
+  attempt (:func:`reprieve.supervisor.trainer.device_problem` checks exactly that).
+
+Everything here is a head start: a failure is logged at debug level and the same work happens after the
+assignment, as it did before.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import time
+from collections.abc import Mapping
+
+from .env import Env
+from .memtier.config import DIR_ENV
+
+log = logging.getLogger(__name__)
+
+# What init() and Job.restore_or import inside functions (grep "^\s+from \." in runtime/reprieve).
+LAZY_MODULES = (
+    "reprieve.rollcall",
+    "reprieve.tether",
+    "reprieve.checkpoint.manager",
+    "reprieve.checkpoint.reader",
+    "reprieve.checkpoint.restore",
+    "reprieve.checkpoint.save",
+)
+MEMORY_TIER_MODULES = ("reprieve.memtier.tier", "reprieve.memtier.restore_round", "reprieve.memtier.restore")
+
+
+def modules_for(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The modules a pre-warmed process imports for a job with this environment (pure)."""
+    return LAZY_MODULES + (MEMORY_TIER_MODULES if Env(environ).opt_text(DIR_ENV) else ())
+
+
+def prepare(environ: Mapping[str, str]) -> float:
+    """Import :func:`modules_for` ``environ`` and register JAX's PJRT plugins when JAX is imported; the seconds
+    it took."""
+    start = time.perf_counter()
+    for name in modules_for(environ):
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - a head start: init() imports it again and says what fails
+            log.debug("pre-warm: importing %s failed: %s", name, err)
+    if "jax" in sys.modules:
+        discover_jax_plugins()
+    return time.perf_counter() - start
+
+
+def discover_jax_plugins() -> None:
+    """JAX's own discovery of PJRT plugins, done once per process (``jax._src.xla_bridge``, not public API: a JAX
+    without it is left to discover them at its first ``jax.devices()``)."""
+    try:
+        from jax._src import xla_bridge
+
+        discover = getattr(xla_bridge, "_discover_and_register_pjrt_plugins", None)
+        if callable(discover) and not xla_bridge.backends_are_initialized():
+            discover()
+    except Exception as err:  # noqa: BLE001 - a head start only
+        log.debug("pre-warm: JAX's plugin discovery failed: %s", err)
