@@ -1,5 +1,5 @@
 """What a pre-warmed process does before it parks in ``reprieve.init()`` (``docs/restarts.md``, "Pre-warmed
-processes"): the work that ``init()`` and the restore would otherwise do after the assignment arrives, on the
+next attempt"): the work that ``init()`` and the restore would otherwise do after the assignment arrives, on the
 restart's critical path, and that needs neither the assignment nor a device.
 
 - **Imports** that ``init()``, the checkpointer and the restore make lazily (so that a job that never uses them
