@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import gc
 import io
+import itertools
 import logging
 import os
 import sys
@@ -31,8 +32,9 @@ from typing import NoReturn
 
 _armed: list[int] = []  # the code to end with, once exit_process() ran
 
-# Exact types, not isinstance over every object: the scan runs over the whole heap on the restart path.
-_FILE_TYPES = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom, io.FileIO)
+# Exact types, not isinstance over every object: the scan runs over the whole heap on the restart path. A raw FileIO
+# holds no buffer (its flush does nothing); the buffered and text objects over it do.
+_FILE_TYPES = frozenset((io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom))
 
 
 def exit_process(code: int) -> NoReturn:
@@ -42,15 +44,21 @@ def exit_process(code: int) -> NoReturn:
     raise SystemExit(code)
 
 
+def open_files(objects: list[object]) -> list[object]:
+    """The buffered and text file objects among ``objects``, found by type without a Python loop: the heap of a
+    JAX trainer holds hundreds of thousands of objects, and a loop over them cost 70-100 ms of every agreed exit
+    (the restart waits for the process to be gone)."""
+    return list(itertools.compress(objects, map(_FILE_TYPES.__contains__, map(type, objects))))
+
+
 def _flush_open_files() -> None:
     """Flush what the interpreter's teardown would have flushed: every open file object still alive."""
-    for obj in gc.get_objects():
-        if type(obj) in _FILE_TYPES:
-            try:
-                if not obj.closed and obj.writable():  # type: ignore[attr-defined]
-                    obj.flush()  # type: ignore[attr-defined]
-            except (OSError, ValueError):  # a broken pipe, a file closed meanwhile: nothing to save
-                pass
+    for obj in open_files(gc.get_objects()):
+        try:
+            if not obj.closed and obj.writable():  # type: ignore[attr-defined]
+                obj.flush()  # type: ignore[attr-defined]
+        except (OSError, ValueError):  # a broken pipe, a file closed meanwhile: nothing to save
+            pass
 
 
 def _end_now() -> None:

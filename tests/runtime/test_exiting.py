@@ -26,6 +26,10 @@ SCRIPT = textwrap.dedent("""
     KEEP = Teardown()
     LOG = open(out + "/unclosed", "w")  # never closed: buffered until flushed
     LOG.write("buffered line\\n")
+    RAW = open(out + "/unclosed-binary", "wb")  # BufferedWriter
+    RAW.write(b"binary")
+    BOTH = open(out + "/unclosed-random", "w+b")  # BufferedRandom
+    BOTH.write(b"random")
     atexit.register(lambda: open(out + "/atexit", "w").write("ran"))
     exit_fn = {"fast": exit_process, "sys": sys.exit}[sys.argv[2]]
     try:
@@ -50,6 +54,17 @@ def test_the_decided_code_and_the_users_cleanup_survive_either_exit(tmp_path: Pa
     assert (tmp_path / "finally").read_text() == "ran"  # SystemExit unwound the caller's code
     assert (tmp_path / "atexit").read_text() == "ran"  # handlers registered after `import reprieve` ran
     assert (tmp_path / "unclosed").read_text() == "buffered line\n"  # a file nobody closed lost nothing
+    assert (tmp_path / "unclosed-binary").read_bytes() == b"binary"
+    assert (tmp_path / "unclosed-random").read_bytes() == b"random"
+
+
+def test_the_files_to_flush_are_found_by_exact_type(tmp_path: Path) -> None:
+    from reprieve.exiting import open_files
+
+    with open(tmp_path / "t", "w") as text, open(tmp_path / "b", "wb") as binary, \
+            open(tmp_path / "r", "w+b") as both, open(tmp_path / "raw", "wb", buffering=0) as raw:
+        objects: list[object] = [1, "x", text, raw, binary, {"f": text}, both, None]
+        assert open_files(objects) == [text, binary, both]  # a raw FileIO holds no buffer: nothing to flush
 
 
 def test_exit_process_skips_the_interpreters_teardown_and_sys_exit_does_not(tmp_path: Path) -> None:
