@@ -52,9 +52,10 @@ class Leaving:
     def close(self, how: Teardown, *, current: int, committed: int | None, tier: Tier | None) -> None:
         """Everything ``how`` stops, each whatever the one before raised (``current``: the loop's step; ``tier``:
         the memory tier, closed before the checkpointer)."""
+        final = None  # the exit's progress patch, sent while the rest closes (joined before the process leaves)
         if self.progress is not None:
             if how.report_progress:
-                self.progress.report(current, -1 if committed is None else committed, force=True, timeout_s=2.0)
+                final = self.progress.final(current, -1 if committed is None else committed, timeout_s=2.0)
             self.progress.close()
         for closer in self.closers:
             try:
@@ -74,6 +75,8 @@ class Leaving:
                     self.checkpointer.close()
             except Exception as err:  # noqa: BLE001 - closing must go on
                 log.warning("closing the checkpointer failed: %s", err)
+        if final is not None:
+            final.join(2.5)  # the patch's own timeout bounds it
         self.metrics.close()
         if how.leave_distributed and self.shutdown_distributed:
             self.coordinator.shutdown()

@@ -152,3 +152,30 @@ def test_the_exit_report_is_left_in_the_termination_message_too(tmp_path: Any, a
     assert left["peerLost"] == [1]
     assert (left["progress"]["attempt"], left["progress"]["step"], left["progress"]["committedStep"]) == (3, 99, 99)
     assert client.bodies == ([] if api_down else [left["progress"]])
+
+
+def test_the_exit_report_is_left_at_once_and_patched_beside_the_teardown(tmp_path: Any) -> None:
+    """``final``: the termination message is written before it returns, the patch goes in the thread it returns
+    (the teardown closes the rest meanwhile and joins it before the process leaves)."""
+    log = tmp_path / "termination-log"
+    log.write_text("{}")  # the kubelet's file
+    landed = threading.Event()
+    gate = threading.Event()
+
+    class Slow(FakeClient):
+        def patch_pod_annotations(self, ns: str, pod: str, body: dict[str, str], *, timeout_s: float) -> None:
+            assert gate.wait(10)
+            super().patch_pod_annotations(ns, pod, body, timeout_s=timeout_s)
+            landed.set()
+
+    client = Slow()
+    reporter = ProgressReporter(client, "ns", "p", 3, clock=lambda: 1_700_000_000.0,  # type: ignore[arg-type]
+                                termination_log=str(log)).start(lambda: {"step": 99})
+    thread = reporter.final(98, 97, timeout_s=2.0)
+    left = json.loads(log.read_text())["progress"]
+    assert (left["step"], left["committedStep"]) == (99, 97)  # the loop's newer step wins, as in report()
+    assert thread.is_alive() and client.bodies == []  # the patch is still on its way
+    gate.set()
+    thread.join(10)
+    reporter.close()
+    assert landed.is_set() and client.bodies == [left] and reporter.patches == 1
