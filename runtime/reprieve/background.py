@@ -52,6 +52,9 @@ class Daemon:
         raise NotImplementedError
 
 
+WAKE = object()  # the data of a waker's key in a selector
+
+
 class Waker:
     """Ends a wait in ``selector`` from another thread: the read end of a socket pair is registered there with
     ``data`` :data:`WAKE`; :meth:`wake` writes a byte, and the waiting thread, seeing a key whose data is
@@ -76,9 +79,6 @@ class Waker:
     def close(self) -> None:
         self._read.close()
         self._write.close()
-
-
-WAKE = Waker  # the data of a waker's key (a key's data is never a class otherwise)
 
 
 class Reconnecting(Daemon):
