@@ -46,8 +46,7 @@ def exit_process(code: int) -> NoReturn:
 
 def open_files(objects: list[object]) -> list[object]:
     """The buffered and text file objects among ``objects``, found by type without a Python loop: the heap of a
-    JAX trainer holds hundreds of thousands of objects, and a loop over them cost 70-100 ms of every agreed exit
-    (the restart waits for the process to be gone)."""
+    JAX trainer holds hundreds of thousands of objects, and the restart waits for this process to be gone."""
     return list(itertools.compress(objects, map(_FILE_TYPES.__contains__, map(type, objects))))
 
 

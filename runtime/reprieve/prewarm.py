@@ -5,7 +5,7 @@ restart's critical path, and that needs neither the assignment nor a device.
 - **Imports** that ``init()``, the checkpointer and the restore make lazily (so that a job that never uses them
   does not pay for them): the checkpoint manager and its restore, the memory tier when it is configured.
 - **JAX's plugin discovery**: the first ``jax.devices()`` scans every installed distribution's entry points for
-  PJRT plugins (70 ms of the restart's CPU on the 2-core VM; a GPU plugin's shared library loads there too).
+  PJRT plugins (a GPU plugin's shared library loads there too; benchmarks/RESULTS.md, "Goodput").
   Registering the plugins creates no backend and touches no device, so the warm process still joins the next
   attempt (:func:`reprieve.supervisor.trainer.device_problem` checks exactly that).
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-import time
 from collections.abc import Mapping
 
 from .env import Env
@@ -43,10 +42,8 @@ def modules_for(environ: Mapping[str, str]) -> tuple[str, ...]:
     return LAZY_MODULES + (MEMORY_TIER_MODULES if Env(environ).opt_text(DIR_ENV) else ())
 
 
-def prepare(environ: Mapping[str, str]) -> float:
-    """Import :func:`modules_for` ``environ`` and register JAX's PJRT plugins when JAX is imported; the seconds
-    it took."""
-    start = time.perf_counter()
+def prepare(environ: Mapping[str, str]) -> None:
+    """Import :func:`modules_for` ``environ`` and register JAX's PJRT plugins when JAX is imported."""
     for name in modules_for(environ):
         try:
             importlib.import_module(name)
@@ -54,7 +51,6 @@ def prepare(environ: Mapping[str, str]) -> float:
             log.debug("pre-warm: importing %s failed: %s", name, err)
     if "jax" in sys.modules:
         discover_jax_plugins()
-    return time.perf_counter() - start
 
 
 def discover_jax_plugins() -> None:

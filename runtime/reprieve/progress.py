@@ -163,20 +163,20 @@ class ProgressReporter:
             self.cpu_seconds += time.thread_time() - t0
 
     def report(self, step: int, committed_step: int, *, force: bool = False, timeout_s: float = 5.0) -> None:
-        """A commit. Force: synchronous, bounded by ``timeout_s`` (the exit path). Else: rate-limited, in a
-        thread."""
-        self._committed = max(self._committed, committed_step)
+        """A commit. Force: :meth:`final`, waited for (a send in flight first, then this one's ``timeout_s``).
+        Else: rate-limited, in a thread."""
         now = self._clock()
-        if not force and now - self._last < self._min_interval:
+        if force:
+            self._last = now
+            self.final(step, committed_step, timeout_s=timeout_s).join()
+            return
+        self._committed = max(self._committed, committed_step)
+        if now - self._last < self._min_interval:
             return
         self._last = now
         live = self._source()
         step = max(step, int(live.get("step", step)))
-        if force:  # the exit path: also left in the termination message, read even if the API server is down
-            with self._busy:
-                sent = self._send(step, self._committed, live, timeout_s)
-            termination.write({"progress": json.loads(sent[PROGRESS_ANNOTATION])}, self._termination_log)
-        elif self._busy.acquire(blocking=False):
+        if self._busy.acquire(blocking=False):
             def run() -> None:
                 try:
                     self._send(step, self._committed, live, timeout_s)
@@ -187,9 +187,9 @@ class ProgressReporter:
     def final(self, step: int, committed_step: int, *, timeout_s: float) -> threading.Thread:
         """The exit path's report, sent beside the rest of the teardown: its body is taken now (before anything it
         reads closes) and left in the termination message now (read even if the API server is down, or the patch is
-        cut off by the exit); the patch, bounded by ``timeout_s``, goes in the thread returned, which the caller
-        joins before the process ends. On the restart path the patch no longer delays the close by its round
-        trip (50-90 ms on the 2-core VM, benchmarks/RESULTS.md "Goodput")."""
+        cut off by the exit); the patch goes in the thread returned, after a send still in flight (each bounded by
+        its timeout: ``timeout_s`` for this one), and the caller joins it before the process ends: on the restart path the close does not wait for its round trip
+        (benchmarks/RESULTS.md, "Goodput")."""
         self._committed = max(self._committed, committed_step)
         live = self._source()
         step = max(step, int(live.get("step", step)))

@@ -165,7 +165,7 @@ class PulseServer(Daemon):
                     conn.close()
             self._conns.clear()
         self._listener.close()
-        if self._thread is None or not self._thread.is_alive():
+        if self._thread is None:  # never started; once started, the thread closes them as it ends
             self._selector.close()
             self._waker.close()
 
@@ -184,9 +184,8 @@ class PulseServer(Daemon):
                 if not self._stop.is_set():
                     self._beat(selector)
         finally:
-            if self._stop.is_set():  # close() may not have waited (a thread still running then closes them)
-                selector.close()
-                self._waker.close()
+            selector.close()
+            self._waker.close()
 
     def _accept(self, selector: selectors.BaseSelector) -> None:
         """Every connection queued (at a start, every other process links to process 0's at once)."""

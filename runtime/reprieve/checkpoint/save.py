@@ -265,8 +265,8 @@ def _versions() -> dict[str, str]:
 
 @functools.cache
 def _installed_versions() -> dict[str, str]:
-    """Read once per process: each lookup scans the installed distributions (20-40 ms for the five on a save that
-    finds the file system cold, the agreed save's included)."""
+    """Read once per process: each lookup scans the installed distributions, and the agreed save is on the restart
+    path."""
     from importlib import metadata as md
 
     out = {}
