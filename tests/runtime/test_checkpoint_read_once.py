@@ -5,7 +5,9 @@ reader) and of one whose peer dies half-way through sending a piece (the survivo
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import re
+import time
 
 import numpy as np
 import pytest
@@ -52,16 +54,19 @@ def test_shared_regions_are_those_two_processes_hold() -> None:
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(("mode", "hosts", "on"), [
-    ("auto", ["a", "a"], False), ("auto", ["a", "b"], True), ("on", ["a", "a"], True), ("off", ["a", "b"], False)])
-def test_engaged(mode: str, hosts: list[str], on: bool) -> None:
-    assert read_once.engaged(mode, hosts) is on
+@pytest.mark.parametrize(("modes", "hosts", "on"), [
+    (["auto", "auto"], ["a", "a"], False), (["auto", "auto"], ["a", "b"], True), (["on", "on"], ["a", "a"], True),
+    (["off", "off"], ["a", "b"], False),
+    # every process's mode counts, so that all reach the same answer: one off turns it off, one on turns it on
+    (["auto", "off"], ["a", "b"], False), (["on", "off"], ["a", "a"], False), (["auto", "on"], ["a", "a"], True)])
+def test_engaged(modes: list[str], hosts: list[str], on: bool) -> None:
+    assert read_once.engaged(modes, hosts) is on
 
 
 @pytest.mark.unit
 def test_an_unknown_mode_is_refused_naming_the_choices() -> None:
     with pytest.raises(ValueError, match=r"read_once must be one of .*'auto'.*got 'always'"):
-        read_once.engaged("always", [])
+        read_once.engaged(["auto", "always"], [])
 
 
 def _stats(out: str) -> dict[str, int]:
@@ -138,3 +143,58 @@ def test_a_piece_changed_after_its_checksum_was_taken_is_refused_and_the_rest_ar
     assert buffers[0][n:].tobytes() == data[n:].tobytes()
     assert [pc for pc, _ in got[1]] == [pieces[0]]
     assert "from process 0" in got[1][0][1] and "fails its checksum" in got[1][0][1]
+
+
+def _two_pieces(n: int) -> list[Piece]:
+    """Two ``n``-byte halves of one region both processes hold, owned by process 0 and 1."""
+    region = ((0, 2 * n),)
+    return [Piece(0, region, ((0, n),), n, (0, 1), owner=0), Piece(0, region, ((n, 2 * n),), n, (0, 1), owner=1)]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(30)
+def test_a_process_that_never_publishes_is_read_around_after_one_bounded_wait(caplog) -> None:
+    # Process 1 never comes to the exchange (it died before it, or runs another version): process 0 waits for its
+    # address once, for connect_s, then expects nothing from it (it reads that piece from storage itself) and
+    # does not wait for it to take the piece it owns either.
+    n = 2 * MiB
+    pieces = _two_pieces(n)
+    buf = np.zeros(2 * n, np.uint8)
+    store = LocalCoordinator()
+    t = time.monotonic()
+    ex = Exchange(Peers(_Process(store, 0, 2), "test", mode="on", timeout_s=20, connect_s=0.5), pieces,
+                  lambda pc: buf[local_slices(pc.part, pc.region)])
+    assert ex.expected() == set()  # the piece process 1 owns is read from storage, not awaited
+    ex.ready()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        assert ex.receive(pool) == []
+    ex.close()
+    took = time.monotonic() - t
+    assert 0.5 <= took < 5, took  # the address's wait, then nothing: not the 20 s timeout, not 30 s a process
+    assert "process 1 did not publish its address" in caplog.text
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(30)
+def test_a_process_with_read_once_off_turns_the_exchange_off_for_all_at_once(caplog) -> None:
+    # Process 1 has read_once off: it says so, and process 0 (on) turns the exchange off at once instead of
+    # waiting connect_s for an address that never comes; neither expects anything from the other.
+    caplog.set_level(logging.INFO, logger="reprieve.checkpoint.exchange")
+    n = 2 * MiB
+    pieces = _two_pieces(n)
+    buffers = [np.zeros(2 * n, np.uint8) for _ in range(2)]
+    store = LocalCoordinator()
+    t = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        made = [pool.submit(Exchange, Peers(_Process(store, p, 2), "test", mode=mode, timeout_s=20, connect_s=15),
+                            pieces, lambda pc, p=p: buffers[p][local_slices(pc.part, pc.region)])
+                for p, mode in ((0, "on"), (1, "off"))]
+        ex = [f.result() for f in made]
+        for e in ex:
+            assert e.expected() == set()
+            e.ready()
+            assert e.receive(pool) == []
+            e.close()
+    assert time.monotonic() - t < 5  # not connect_s
+    assert ex[1].address is None  # the process with it off serves nothing
+    assert "restore exchange: off (read_once 0=on, 1=off" in caplog.text

@@ -1,8 +1,9 @@
 """The restore's peer exchange: the owner of a replicated piece (:mod:`.read_once`) sends it from its landing buffer
 to the processes that need it, over TCP, once its own reads succeeded.
 
-Each process publishes ``{address, host, token}`` under the restore's key in the coordination service and serves
-the pieces it owns on that address; each needer opens one connection to every owner it needs before it reads
+Each process publishes ``{address, host, token, mode}`` under the restore's key in the coordination service and
+serves the pieces it owns on that address (a process whose ``read_once`` is off publishes only its mode and host:
+the others then turn the exchange off at once instead of waiting for an address that never comes); each needer opens one connection to every owner it needs before it reads
 (``hello``: its process id and the owner's token, 36 bytes), and the owner, once its reads are done, streams the
 pieces that needer needs in the agreed order, each piece's bytes followed by their crc32c (4 bytes, little-endian,
 taken from the owner's buffer when its reads were done). A needer receives straight into its own landing buffer
@@ -34,11 +35,11 @@ from ..checksum import crc32c
 from ..coordination import CoordinationError, Coordinator
 from ..env import Env
 from .faults import crashing_at, maybe_crash
-from .read_once import AUTO, MIN_PIECE_BYTES, Piece, engaged
+from .read_once import AUTO, MIN_PIECE_BYTES, OFF, Piece, engaged
 
 log = logging.getLogger(__name__)
 
-CONNECT_S = 30.0  # a needer that has not connected this long after the owner published its address is not coming
+CONNECT_S = 30.0  # how long a process waits for the others' addresses, and an owner for a needer to connect
 PIECE_BYTES = 1 << 20  # received, then checksummed while in the CPU's cache
 _TOKEN_CHARS = 32
 _HELLO = 4 + _TOKEN_CHARS
@@ -55,6 +56,9 @@ class Peers:
         timeout_s: the longest a needer waits for an owner's pieces (the owner's reads included) and an owner for
             its needers to take them.
         min_bytes: pieces under this are read by every process that needs them.
+        connect_s: the longest this process waits for all the others' addresses (one wait for all of them: a
+            process that has not published by then is read around, its pieces from storage), and an owner for a
+            needer that has not connected (bounded by ``timeout_s``).
     """
 
     coordinator: Coordinator
@@ -62,6 +66,7 @@ class Peers:
     mode: str = AUTO
     timeout_s: float = 300.0
     min_bytes: int = MIN_PIECE_BYTES
+    connect_s: float = CONNECT_S
 
 
 class ExchangeError(Exception):
@@ -112,13 +117,22 @@ class Exchange:
         self._done: set[int] = set()
         self._socks: dict[int, socket.socket] = {}
         self._token = secrets.token_hex(_TOKEN_CHARS // 2)
-        bind, shown = _advertised_host()
-        self._server = socket.create_server((bind, 0), backlog=64)
-        self._server.settimeout(0.2)
-        port = self._server.getsockname()[1]
-        self.address = f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
+        self._server: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self.address: str | None = None  # where this process serves (None: read_once off here)
         self._started = time.monotonic()
-        self._thread = threading.Thread(target=self._serve, name="reprieve-restore-exchange", daemon=True)
+        if peers.mode == OFF:  # say so, so that the others turn it off at once; serve and receive nothing
+            peers.coordinator.set(f"{peers.key}/{self.me}", json.dumps({"mode": OFF, "host": socket.gethostname()}),
+                                  overwrite=True)
+            self._owed, self._incoming = {}, {}
+            return
+        bind, shown = _advertised_host()
+        self._server = server = socket.create_server((bind, 0), backlog=64)
+        server.settimeout(0.2)
+        port = server.getsockname()[1]
+        self.address = f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
+        self._thread = threading.Thread(target=self._serve, args=(server,), name="reprieve-restore-exchange",
+                                        daemon=True)
         self._thread.start()
         try:
             self._meet()
@@ -131,18 +145,24 @@ class Exchange:
     def _meet(self) -> None:
         """Publish this process's address, read everyone's, decide whether to share, connect to the owners."""
         coord, key = self.peers.coordinator, self.peers.key
-        coord.set(f"{key}/{self.me}", json.dumps({"address": self.address, "host": socket.gethostname(),
-                                                  "token": self._token}), overwrite=True)
-        records: dict[int, dict[str, Any]] = {}
+        mine = {"address": self.address, "host": socket.gethostname(), "token": self._token, "mode": self.peers.mode}
+        coord.set(f"{key}/{self.me}", json.dumps(mine), overwrite=True)
+        records: dict[int, dict[str, Any]] = {self.me: mine}
+        deadline = time.monotonic() + min(self.peers.connect_s, self.peers.timeout_s)  # one wait for them all
         for p in range(coord.num_processes):
+            if p == self.me:
+                continue
             try:
-                records[p] = json.loads(coord.get(f"{key}/{p}", min(CONNECT_S, self.peers.timeout_s)))
+                records[p] = json.loads(coord.get(f"{key}/{p}", max(0.001, deadline - time.monotonic())))
             except CoordinationError as err:
                 log.warning("restore exchange: process %d did not publish its address (%s); reading what it would "
                             "have sent from storage", p, err)
-        if not engaged(self.peers.mode, [r["host"] for r in records.values()]):
-            log.debug("restore exchange: off (read_once=%s, hosts %s)", self.peers.mode,
-                      sorted({r["host"] for r in records.values()}))
+        modes = {p: str(r.get("mode", AUTO)) for p, r in records.items()}
+        if not engaged(modes.values(), [r["host"] for r in records.values()]):
+            log.log(logging.INFO if OFF in modes.values() and self.peers.mode != OFF else logging.DEBUG,
+                    "restore exchange: off (read_once %s, hosts %s)",
+                    ", ".join(f"{p}={m}" for p, m in sorted(modes.items())),
+                    sorted({r["host"] for r in records.values()}))
             self._owed, self._incoming = {}, {}
             return
         self._owed = {n: pieces for n, pieces in self._owed.items() if n in records}
@@ -183,10 +203,10 @@ class Exchange:
         self._aborted = True
         self._ready.set()
 
-    def _serve(self) -> None:
+    def _serve(self, server: socket.socket) -> None:
         while True:
             try:
-                conn, _ = self._server.accept()
+                conn, _ = server.accept()
             except TimeoutError:
                 continue
             except OSError:
@@ -263,14 +283,16 @@ class Exchange:
         return []
 
     def close(self) -> None:
-        """Wait until every needer took its pieces, went away, or never came (:data:`CONNECT_S`), bounded by the
+        """Wait until every needer took its pieces, went away, or never came (``peers.connect_s``), bounded by the
         timeout; then stop serving."""
+        if self._server is None or self._thread is None:
+            return  # read_once off here: nothing served
         deadline = self._started + self.peers.timeout_s
         with self._cond:
             while time.monotonic() < deadline and not self._aborted:
                 now = time.monotonic()
                 waiting = [p for p in self._owed if p not in self._done and
-                           (p in self._connected or now < self._started + CONNECT_S)]
+                           (p in self._connected or now < self._started + self.peers.connect_s)]
                 if not waiting:
                     break
                 self._cond.wait(0.1)

@@ -613,7 +613,7 @@ class CheckpointManager:
         if self._restore_check is not None:
             self._restore_check(meta.extra.get("reprieve"), meta.structure(), f"{self.uri}/{name}")
         peers = None
-        if exchange_key is not None and self._nproc > 1 and self._read_once != read_once_mod.OFF:
+        if exchange_key is not None and self._nproc > 1:  # off too: it says so, and the others need not wait
             peers = Peers(self._coord, exchange_key, mode=self._read_once, timeout_s=min(self._timeout, 300.0))
         self.last_restore_stats = stats = ReadStats()
         state = restore_tree(self._storage, name, meta, abstract, memory_limit_bytes=self._mem_limit, peers=peers,

@@ -58,10 +58,18 @@ def assign(pieces: Iterable[Piece], *, min_bytes: int = MIN_PIECE_BYTES) -> list
     return out
 
 
-def engaged(mode: str, hosts: Iterable[str]) -> bool:
-    """Whether a restore shares its replicated pieces (``hosts``: every process's host name). ``auto``: when the
-    processes span several hosts (processes on one host share its page cache, so reading a file twice there costs
-    a memory copy, less than a round trip through a socket). Pure."""
-    if mode not in MODES:
-        raise ValueError(f"read_once must be one of {MODES}, got {mode!r}")
-    return mode == ON or (mode == AUTO and len(set(hosts)) > 1)
+def engaged(modes: Iterable[str], hosts: Iterable[str]) -> bool:
+    """Whether a restore shares its replicated pieces, from every process's ``read_once`` mode and host name (the
+    same answer on every process: each reads all the others'). Off when any process has it off (that process
+    neither sends nor receives); on when any has it on, or when all are ``auto`` and the processes span several
+    hosts (processes on one host share its page cache, so reading a file twice there costs a memory copy, less
+    than a round trip through a socket). Pure.
+
+    Raises:
+        ValueError: a mode that is not one of :data:`MODES` (named, with the choices).
+    """
+    modes = list(modes)
+    for mode in modes:
+        if mode not in MODES:
+            raise ValueError(f"read_once must be one of {MODES}, got {mode!r}")
+    return OFF not in modes and (ON in modes or len(set(hosts)) > 1)
