@@ -114,6 +114,21 @@ class Memory(nnx.Variable[jax.Array]):
 
 MEMORY_ROW_BYTES = D_MODEL * 4  # float32
 MEMORY_LR = 0.1
+MEMORY_INIT_ROWS = 16384  # rows drawn at once (16 MiB)
+
+
+def memory_init(key: jax.Array, rows: int) -> jax.Array:
+    """``rows`` rows of N(0, 0.02) float32 draws, :data:`MEMORY_INIT_ROWS` at a time into the one array (each block
+    its own stream, ``fold_in(key, block)``; the last block ends at the last row). One draw of the whole memory
+    held ~4 copies of it at once (threefry's counters and bits, the normal's transform: an 8.5 GB peak for 1 GiB on
+    2 devices); a block at a time holds the memory and a block."""
+    block = min(rows, MEMORY_INIT_ROWS)
+
+    def fill(i: jax.Array, out: jax.Array) -> jax.Array:
+        rows_i = jax.random.normal(jax.random.fold_in(key, i), (block, D_MODEL), jnp.float32) * 0.02
+        return jax.lax.dynamic_update_slice(out, rows_i, (jnp.minimum(i * block, rows - block), 0))
+
+    return jax.lax.fori_loop(0, -(-rows // block), fill, jnp.zeros((rows, D_MODEL), jnp.float32))
 
 
 def memory_rows(state_mib: float) -> int:
@@ -130,7 +145,7 @@ class LanguageModel(nnx.Module):
         self.ln = nnx.LayerNorm(D_MODEL, **kw)
         self.head = nnx.Linear(D_MODEL, len(VOCAB), **kw)
         if memory_rows:  # drawn last: every other parameter is initialised as without it
-            self.memory = Memory(jax.random.normal(rngs.params(), (memory_rows, D_MODEL), jnp.float32) * 0.02)
+            self.memory = Memory(memory_init(rngs.params(), memory_rows))
 
     def memory_index(self, ids: jax.Array) -> jax.Array:
         """The memory row of each position: a hash of (position, previous token, token)."""
@@ -316,7 +331,8 @@ def params_digest(model: LanguageModel) -> str:
     digest = hashlib.sha256()
     for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(nnx.state(model, (nnx.Param, Memory)))[0],
                              key=lambda kv: jax.tree_util.keystr(kv[0])):
-        digest.update(jax.tree_util.keystr(path).encode() + np.asarray(leaf.addressable_data(0)).tobytes())
+        digest.update(jax.tree_util.keystr(path).encode())
+        digest.update(np.ascontiguousarray(leaf.addressable_data(0)).view(np.uint8).data)  # its buffer, no copy
     return digest.hexdigest()
 
 

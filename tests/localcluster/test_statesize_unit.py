@@ -25,14 +25,15 @@ def test_the_memory_tiers_room_is_three_copies_and_a_tenth(state_mib: float, lim
 
 
 @pytest.mark.parametrize(("state_mib", "processes", "devices", "available", "needed", "why"), [
-    (0, 2, 2, 8000, 2 * (8 + 600) + 2048, None),
-    # 1 GiB a process fits this 24 GiB machine when quiet with one device a process (6 copies), not with two (8)
+    (0, 2, 2, 8000, 2 * (7 + 600) + 2048, None),
+    # 1 GiB a process fits this 24 GiB machine when quiet: 6 copies with one device a process, 7 with two
     (1024, 2, 1, 22000, 2 * (1025 * 6 + 600) + 2048, None),
-    (1024, 2, 2, 19000, 2 * (1025 * 8 + 600) + 2048,
-     ("--state-mib 1024: 2 trainer processes of 2 device(s) need about 19648 MiB (8 copies of each one's 1025 MiB "
-      "state: 5 in the process (the state and the step's new one on each device, the save's host copy), 3 in its "
-      "memory tier volume; 600 MiB a process without it; 2048 MiB for the cluster) and this machine has 19000 MiB "
-      "available (MemAvailable): use --state-mib 983 or less")),
+    (1024, 2, 2, 19000, 2 * (1025 * 7 + 600) + 2048, None),
+    (1024, 2, 2, 17000, 2 * (1025 * 7 + 600) + 2048,
+     ("--state-mib 1024: 2 trainer processes of 2 device(s) need about 17598 MiB (7 copies of each one's 1025 MiB "
+      "state: 4 in the process (the state on each device, the two tiers' host copies), 3 in its memory tier "
+      "volume; 600 MiB a process without it; 2048 MiB for the cluster) and this machine has 17000 MiB available "
+      "(MemAvailable): use --state-mib 981 or less")),
     (-1, 2, 2, 8000, None, "--state-mib must be a number >= 0 (MiB), got -1"),
     (float("nan"), 2, 2, 8000, None, "--state-mib must be a number >= 0 (MiB), got nan"),
 ])
