@@ -118,3 +118,32 @@ def test_the_example_lm_over_virtual_shards_shrinks_and_grows_back_bit_identical
         assert result(elastic)["resumedFrom"] == resumed, gang.tail()
     assert result(elastic)["sha256"] == result(full)["sha256"], \
         "the run that shrank to 1 process and grew back to 2 ends with other parameters than the uninterrupted one"
+
+
+@pytest.mark.timeout(120)
+def test_the_n_gram_memory_is_drawn_a_block_at_a_time_into_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``memory_init`` (the state-size option's rows): every row drawn (the last block ends at the last row, also
+    when the rows are not a whole number of blocks), N(0, 0.02), the same rows for the same key; blocks of 64 rows
+    here."""
+    import importlib.util
+
+    import jax
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("train_lm_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    lm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lm)
+    monkeypatch.setattr(lm, "MEMORY_INIT_ROWS", 64)
+    for rows in (64 * 40 + 17, 64 * 40, 30):  # a partial last block, whole blocks, fewer rows than a block
+        key = jax.random.key(7)
+        got = np.asarray(jax.jit(lm.memory_init, static_argnums=1)(key, rows))
+        assert got.shape == (rows, lm.D_MODEL) and got.dtype == np.float32
+        assert np.all(np.any(got != 0, axis=1)), f"{rows} rows: some were never drawn"
+        assert abs(float(got.std()) - 0.02) < 0.002, got.std()
+        again = np.asarray(jax.jit(lm.memory_init, static_argnums=1)(key, rows))
+        assert np.array_equal(got, again)
+    # the first block is its own stream, not the start of one draw of everything (to an ulp: fused under jit)
+    first = np.asarray(jax.random.normal(jax.random.fold_in(jax.random.key(7), 0), (64, lm.D_MODEL)) * 0.02)
+    assert np.allclose(np.asarray(jax.jit(lm.memory_init, static_argnums=1)(jax.random.key(7), 64 * 40))[:64],
+                       first, rtol=1e-5, atol=0)
