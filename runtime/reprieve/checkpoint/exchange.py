@@ -3,10 +3,11 @@ to the processes that need it, over TCP, once its own reads succeeded.
 
 Each process publishes ``{address, host, token, mode}`` under the restore's key in the coordination service and
 serves the pieces it owns on that address (a process whose ``read_once`` is off publishes only its mode and host:
-the others then turn the exchange off at once instead of waiting for an address that never comes); each needer opens one connection to every owner it needs before it reads
-(``hello``: its process id and the owner's token, 36 bytes), and the owner, once its reads are done, streams the
-pieces that needer needs in the agreed order, each piece's bytes followed by their crc32c (4 bytes, little-endian,
-taken from the owner's buffer when its reads were done). A needer receives straight into its own landing buffer
+the others then turn the exchange off at once instead of waiting for an address that never comes); each needer
+opens one connection to every owner it needs before it reads (``hello``: its process id and the owner's token, 36
+bytes), and the owner, once its reads are done, streams the pieces that needer needs in the agreed order, each
+piece's bytes followed by their crc32c (4 bytes, little-endian, taken from the owner's buffer when its reads were
+done). A needer receives straight into its own landing buffer
 (one copy a byte: the kernel's, out of the socket) and checks the crc32c piece by piece while the bytes are in the
 CPU's cache.
 
