@@ -120,8 +120,8 @@ MEMORY_INIT_ROWS = 16384  # rows drawn at once (16 MiB)
 def memory_init(key: jax.Array, rows: int) -> jax.Array:
     """``rows`` rows of N(0, 0.02) float32 draws, :data:`MEMORY_INIT_ROWS` at a time into the one array (each block
     its own stream, ``fold_in(key, block)``; the last block ends at the last row). One draw of the whole memory
-    held ~4 copies of it at once (threefry's counters and bits, the normal's transform: an 8.5 GB peak for 1 GiB on
-    2 devices); a block at a time holds the memory and a block."""
+    held ~4 copies of it at once (threefry's counters and bits, the normal's transform; benchmarks/RESULTS.md, "The
+    example at a real state size"); a block at a time holds the memory and a block."""
     block = min(rows, MEMORY_INIT_ROWS)
 
     def fill(i: jax.Array, out: jax.Array) -> jax.Array:

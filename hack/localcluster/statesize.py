@@ -12,8 +12,8 @@ from pathlib import Path
 # replicated over the process's devices; its step donates the state, so the new state is written into the old
 # one's buffers), and the host copies of the storage tier's and the memory tier's saves (one each: a replica is
 # saved once; each tier keeps its buffers for its next save). Its pod's memory tier volume (tmpfs, counted in the
-# machine's memory): the copy being written, its newest complete copy and the copy it holds for a peer. Measured
-# (the example alone, 1 GiB, 2 devices, the storage tier only): 3.5 GB peak (2 + 1 GiB and the process).
+# machine's memory): the copy being written, its newest complete copy and the copy it holds for a peer (measured:
+# benchmarks/RESULTS.md, "The example at a real state size").
 STATE_COPIES_PER_DEVICE = 1
 HOST_COPIES = 2
 TIER_COPIES = 3

@@ -188,8 +188,8 @@ class ProgressReporter:
         """The exit path's report, sent beside the rest of the teardown: its body is taken now (before anything it
         reads closes) and left in the termination message now (read even if the API server is down, or the patch is
         cut off by the exit); the patch goes in the thread returned, after a send still in flight (each bounded by
-        its timeout: ``timeout_s`` for this one), and the caller joins it before the process ends: on the restart path the close does not wait for its round trip
-        (benchmarks/RESULTS.md, "Goodput")."""
+        its timeout: ``timeout_s`` for this one), and the caller joins it before the process ends: on the restart
+        path the close does not wait for its round trip (benchmarks/RESULTS.md, "Goodput")."""
         self._committed = max(self._committed, committed_step)
         live = self._source()
         step = max(step, int(live.get("step", step)))
