@@ -485,8 +485,11 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
                 return
             rec = injectors.inject(f.kind)
             began = time.monotonic()
-            # no target at this moment (a restart under way): tried again each second, up to ~10 s
+            # no target at this moment (a restart under way): tried again each second while the job runs, up to
+            # chaos.TARGET_WAIT_SECONDS
             while rec.error and chaos.retry_for_target(rec.error, time.monotonic() - began) and not stop.wait(1.0):
+                if observer.latest().phase in ("Succeeded", "Failed"):
+                    break
                 rec = injectors.inject(f.kind)
             injected.append(rec)
             say(f"fault {len(injected)}/{len(plan)}: {f.kind} -> {rec.target or rec.error}")

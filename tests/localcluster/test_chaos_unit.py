@@ -900,7 +900,8 @@ def test_the_reference_runs_sleep_and_the_devices_are_checked(argv: list[str], e
 @pytest.mark.parametrize(("error", "waited", "retry"), [
     ("no target: a running worker pod on a node not already doomed was needed and none is there", 0.0, True),
     ("no target: a running spare pod was needed and none is there", 9.0, True),
-    ("no target: a running worker pod was needed and none is there", 10.0, False),
+    ("no target: a running worker pod on a node not already doomed was needed and none is there", 59.0, True),
+    ("no target: a running worker pod was needed and none is there", 60.0, False),
     ("no operator pod holds the leader Lease", 0.0, False),
     ("fault kind x has no injector", 0.0, False)])
 def test_a_fault_with_no_target_now_is_tried_again_for_a_while(error: str, waited: float, retry: bool) -> None:
