@@ -196,6 +196,30 @@ def on_devices(buffers: list[np.ndarray], devices: list[list[Any]]) -> dict[Any,
     return dict(zip(targets, jax.device_put(values, targets), strict=True))
 
 
+def owned_by_cpu_devices(state: Any) -> tuple[Any, int]:
+    """``state`` with every ``jax.Array`` on CPU devices copied, on its own devices, into memory XLA allocates
+    (``jax.device_put(..., may_alias=False)``: an array's copy, asynchronous), and the bytes copied; other leaves
+    as they are.
+
+    A restore's arrays on CPU devices are the host buffers the bytes landed in, adopted (:func:`on_devices`), and
+    XLA cannot reuse memory it did not allocate for a donated input: a step that donates them writes the whole state
+    into new memory at its first call, more slowly than a step that donates nothing
+    (``benchmarks/donated_first_step.py``). This copy costs less than that and lets the donation work from the first
+    call. On other platforms a restore copied the bytes into device memory already: nothing to do there."""
+    leaves, treedef = jax.tree.flatten(state)
+    picked = [i for i, x in enumerate(leaves)
+              if isinstance(x, jax.Array) and all(str(getattr(d, "platform", "")) == "cpu"
+                                                  for d in x.sharding.device_set)]
+    if not picked:
+        return state, 0
+    copies = jax.device_put([leaves[i] for i in picked], [leaves[i].sharding for i in picked], may_alias=False)
+    nbytes = 0
+    for i, copy in zip(picked, copies, strict=True):
+        nbytes += int(leaves[i].nbytes)
+        leaves[i] = copy
+    return jax.tree.unflatten(treedef, leaves), nbytes
+
+
 def is_abstract_array(x: Any) -> bool:
     return isinstance(x, (jax.ShapeDtypeStruct, jax.Array))
 

@@ -101,6 +101,13 @@ def _mesh_context() -> Callable[[], contextlib.AbstractContextManager[Any]]:
     return contextlib.nullcontext
 
 
+def donates(lowered: Any) -> bool:
+    """Whether a ``jax.stages.Lowered`` step donates any of its inputs (its ``args_info``'s ``donated``)."""
+    import jax
+
+    return any(getattr(info, "donated", False) for info in jax.tree.leaves(getattr(lowered, "args_info", ())))
+
+
 def _name(fn: Any) -> str:
     return str(getattr(fn, "__name__", None) or getattr(getattr(fn, "__wrapped__", None), "__name__", None)
                or type(fn).__name__)
@@ -125,6 +132,8 @@ class CompileAhead:
         self.name = _name(fn)
         self.ok: bool | None = None  # None: running
         self.seconds: float | None = None
+        self._donates = False  # whether the lowered step donates any of its inputs (``Lowered.args_info``)
+        self._lowered = threading.Event()  # set once lowered, or once that failed
         self._context = _mesh_context()
         self._on_compiled = on_compiled
         self._thread = threading.Thread(target=self._run, args=(lower, args, kwargs), daemon=True,
@@ -135,13 +144,17 @@ class CompileAhead:
     def _run(self, lower: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:
             with self._context():
-                compiled = lower(*args, **kwargs).compile()
+                lowered = lower(*args, **kwargs)
+                self._donates = donates(lowered)
+                self._lowered.set()
+                compiled = lowered.compile()
         except Exception as err:  # noqa: BLE001  a head start only: the first call compiles instead
             self.ok = False
             log.warning("compile_ahead(%s) failed (%s: %s); the step compiles at its first call", self.name,
                         type(err).__name__, err)
             return
         finally:
+            self._lowered.set()
             self.seconds = time.perf_counter() - self._started
         self.ok = True
         if self._on_compiled is not None:
@@ -149,6 +162,12 @@ class CompileAhead:
                 self._on_compiled(getattr(compiled, "out_info", None))
             except Exception as err:  # noqa: BLE001 - a head start for something else: never the step's
                 log.debug("compile_ahead(%s): after the compile: %s", self.name, err)
+
+    def donates_inputs(self) -> bool:
+        """Whether the step donates any of its inputs (``jax.jit(..., donate_argnums=...)``), once it is lowered
+        (waits for the lowering, not the compile); False when the lowering failed."""
+        self._lowered.wait()
+        return self._donates
 
     def wait(self) -> None:
         t = time.perf_counter()

@@ -151,7 +151,8 @@ class Job:
 
     # -- restore -----------------------------------------------------------------------------------------
     def restore_or(self, init_fn: Callable[[], Any], abstract: Any = None, *, data: Any = None,
-                   reshard_data: Callable[[list[Any], int, int], Any] | None = None) -> Restored:
+                   reshard_data: Callable[[list[Any], int, int], Any] | None = None,
+                   donated: bool | None = None) -> Restored:
         """``(state, first_step)``: the latest checkpoint restored, or ``(init_fn(), 0)`` when there is none.
 
         Without ``abstract``, ``init_fn()`` always runs: its result gives the structure, shapes, dtypes and
@@ -166,6 +167,11 @@ class Job:
         The result unpacks as ``(state, first_step)`` and carries ``data``, ``extra`` and ``step``
         (:class:`Restored`). The checkpointer's ``restore(step=None)`` raising ``FileNotFoundError`` (on every
         process alike) means "no checkpoint yet". Where it reads from: :mod:`reprieve.restore`.
+
+        ``donated``: whether the step donates the restored state (``jax.jit(..., donate_argnums=...)``); None (the
+        default): whether a step given to :meth:`compile_ahead` donates any input (known once it is lowered, beside
+        the restore). On CPU devices a donated state is then copied into memory XLA owns, which the donation can
+        reuse (the restore's own buffers it cannot: the first step would write the whole state anew).
         """
         if abstract is None:
             state = init_fn()
@@ -190,11 +196,19 @@ class Job:
         self._times.seed(read.record)
         if (notice := read.persisting_notice()) is not None:
             self.agreement.handled(notice, step)
+        state = read.state
+        if donated if donated is not None else any(ahead.donates_inputs() for ahead in self._ahead):
+            from .arrays import owned_by_cpu_devices  # jax is imported by now: a restore made these arrays
+
+            state, copied = owned_by_cpu_devices(state)
+            if copied:
+                log.info("the step donates the state: %d bytes of it copied into memory the CPU devices own "
+                         "(a donation cannot reuse the restore's own buffers)", copied)
         seconds = time.perf_counter() - t0
         read.account(self.loop, self.metrics, seconds)
         read.log(uri, seconds)
-        self.finished.prepare(read.state)
-        return Restored(read.state, step + 1, data=value, extra=read.user_extra, step=step)
+        self.finished.prepare(state)
+        return Restored(state, step + 1, data=value, extra=read.user_extra, step=step)
 
     def compile_ahead(self, fn: Any, *args: Any, **kwargs: Any) -> None:
         """Lower and compile the ``jax.jit`` function ``fn`` for ``args`` (arrays or ``jax.ShapeDtypeStruct`` with the

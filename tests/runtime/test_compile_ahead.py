@@ -126,3 +126,54 @@ def test_the_watch_counts_only_the_watching_threads_lowerings() -> None:
         assert mine.count == 1 and mine.seconds > 0
     jax.jit(lambda x: x * 7 - 2).lower(x)
     assert mine.count == 1, "a lowering after the block was counted"
+
+
+def _pointers(state: dict[str, jax.Array]) -> dict[str, list[int]]:
+    return {k: sorted(s.data.unsafe_buffer_pointer() for s in v.addressable_shards) for k, v in state.items()}
+
+
+def test_a_donating_steps_restored_state_is_in_memory_xla_owns_so_its_first_call_updates_it_in_place(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A CPU restore's arrays are its own host buffers, adopted (one copy a byte), which a donation cannot reuse:
+    the first call of a donating step would write the whole state anew. When the step compiled ahead donates, the
+    restored state is copied into memory XLA owns, and the donation works from the first call; ``donated=False``
+    keeps the adopted buffers (the premise: that first call writes new memory)."""
+    sharding = NamedSharding(_mesh(), P(None, "d"))
+    abstract = {"w": jax.ShapeDtypeStruct((256, 1024), jnp.float32, sharding=sharding)}  # 1 MiB: adopted, not copied
+
+    def init() -> dict[str, jax.Array]:
+        return {"w": jax.device_put(jnp.zeros((256, 1024), jnp.float32), sharding)}
+
+    donating = jax.jit(lambda s: {"w": s["w"] + 1.0}, donate_argnums=0)
+    with _job(tmp_path) as job, jax.set_mesh(_mesh()):
+        state, start = job.restore_or(init, abstract)
+        for step in job.steps(start, 2):
+            state = donating(state)
+            job.save(step, state)
+
+    for donated in (None, False):
+        with _job(tmp_path) as job, jax.set_mesh(_mesh()), caplog.at_level(logging.INFO, logger="reprieve"):
+            caplog.clear()
+            job.compile_ahead(donating, abstract)
+            state, start = job.restore_or(init, abstract, donated=donated)
+            assert start == 2
+            before = _pointers(state)
+            out = donating(state)
+            assert (_pointers(out) == before) is (donated is None), (donated, before, _pointers(out))
+            np.testing.assert_array_equal(np.asarray(out["w"]), np.full((256, 1024), 3.0, np.float32))
+            said = [r.getMessage() for r in caplog.records if "copied into memory the CPU devices own" in r.getMessage()]
+            assert bool(said) is (donated is None), said
+            for _ in job.steps(start, start):
+                pass
+
+
+def test_compile_ahead_says_whether_the_step_donates_once_lowered() -> None:
+    from reprieve.compile_ahead import CompileAhead
+
+    spec = jax.ShapeDtypeStruct((4,), jnp.float32)
+    assert CompileAhead(jax.jit(lambda x: x + 1, donate_argnums=0), (spec,), {}).donates_inputs() is True
+    assert CompileAhead(jax.jit(lambda x: x + 1), (spec,), {}).donates_inputs() is False
+    wrong = CompileAhead(jax.jit(lambda x: x @ x), (jax.ShapeDtypeStruct((2, 3), jnp.float32),), {})
+    assert wrong.donates_inputs() is False  # the lowering failed: nothing is known, nothing is copied
+    wrong.wait()
+    assert wrong.ok is False
