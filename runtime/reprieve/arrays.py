@@ -212,11 +212,16 @@ def owned_by_cpu_devices(state: Any) -> tuple[Any, int]:
                                                   for d in x.sharding.device_set)]
     if not picked:
         return state, 0
-    copies = jax.device_put([leaves[i] for i in picked], [leaves[i].sharding for i in picked], may_alias=False)
+    # shard by shard: an array of several processes is not addressable as a whole (device_put refuses it)
+    shards = [list(leaves[i].addressable_shards) for i in picked]
+    flat = [s for group in shards for s in group]
+    copies = iter(jax.device_put([s.data for s in flat], [s.device for s in flat], may_alias=False))
     nbytes = 0
-    for i, copy in zip(picked, copies, strict=True):
-        nbytes += int(leaves[i].nbytes)
-        leaves[i] = copy
+    for i, group in zip(picked, shards, strict=True):
+        x = leaves[i]
+        own = [next(copies) for _ in group]
+        nbytes += sum(int(c.nbytes) for c in own)
+        leaves[i] = jax.make_array_from_single_device_arrays(x.shape, x.sharding, own)
     return jax.tree.unflatten(treedef, leaves), nbytes
 
 
