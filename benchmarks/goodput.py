@@ -130,6 +130,20 @@ def replacements_due(*, live: int, up_front: int, real: bool) -> int:
     return max(0, up_front - live) if real else 0
 
 
+def drop_bulk(work: Path) -> int:
+    """Delete what a finished run keeps that is not a log, under ``work``: each variant's checkpoints and the
+    process nodes' pod volumes (the memory tier's copies). At ``--state-mib 1024`` they are ~8 GB a run, and a few
+    runs fill the disk (the next run's saves then fail). The logs, the step logs and the results stay. Returns the
+    bytes freed."""
+    import shutil
+
+    bulky = [*work.glob("*/checkpoints"), *work.glob("cluster/nodes/*/pods/*/*/volumes")]
+    freed = sum(f.stat().st_size for d in bulky for f in d.rglob("*") if f.is_file() and not f.is_symlink())
+    for d in bulky:
+        shutil.rmtree(d, ignore_errors=True)
+    return freed
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -527,6 +541,9 @@ def main() -> int:
     parser.add_argument("--state-mib", type=float, default=0.0,
                         help="MiB of trained n-gram memory added to each process's state (the example's "
                              "TRAIN_STATE_MIB; 0: the example's own ~1 MiB); refused when the machine lacks the memory")
+    parser.add_argument("--keep-data", action="store_true",
+                        help="keep the checkpoints and the nodes' memory-tier volumes after the run (by default "
+                             "only the logs, the step logs and the results stay)")
     stockout = parser.add_argument_group("the capacity stockout (--stockout SECONDS): the variants "
                                          f"{', '.join(STOCKOUT_VARIANTS)} instead")
     stockout.add_argument("--stockout", type=float, default=None,
@@ -583,6 +600,8 @@ def main() -> int:
         log(f"every node: {nodes_said}")
         api = cluster.api_client()
         results = {v: run(cluster, api, work, v, events, args, image) for v in variants}
+    if not args.keep_data:
+        log(f"deleted the checkpoints and memory-tier volumes: {drop_bulk(work) / 1e9:.1f} GB (--keep-data keeps them)")
     reports = {v: rep for v, (rep, _, _) in results.items()}
     sources = {v: src for v, (_, src, _) in results.items()}
     noticed = [i for i, e in enumerate(events) if e.kind == "notice"]

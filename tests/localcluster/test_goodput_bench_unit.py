@@ -3,6 +3,8 @@ nodes a variant starts with, and when a real variant adds a fresh node. The benc
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.benchmark_module import load_benchmark
@@ -99,3 +101,19 @@ def test_the_assignment_to_first_step_seconds_are_the_slowest_process_s_per_atte
     waited = goodput.stockout_figures(records[:50] + records[-85:], kill_t=125.0, return_t=245.0,
                                       window_seconds=150.0, assigned={1: 23.22, 3: 40.0})
     assert (waited.assigned_first_step, waited.grown_first_step) == (40.0, None)
+
+
+def test_a_finished_run_drops_its_checkpoints_and_volumes_and_keeps_its_logs(tmp_path: Path) -> None:
+    ckpt = tmp_path / "inplace-spare-memory" / "checkpoints" / "step_0000000010_a1"
+    volume = tmp_path / "cluster/nodes/n-0/pods/ns/pod-uid/volumes/reprieve-memory/own/s1"
+    logs = tmp_path / "cluster/nodes/n-0/pods/ns/pod-uid/logs"
+    steps = tmp_path / "inplace-spare-memory" / "steps.jsonl"
+    for d in (ckpt, volume, logs):
+        d.mkdir(parents=True)
+    (ckpt / "data").write_bytes(b"x" * 1000)
+    (volume / "data.bin").write_bytes(b"y" * 500)
+    (logs / "trainer.log").write_text("a line\n")
+    steps.write_text("{}\n")
+    assert goodput.drop_bulk(tmp_path) == 1500
+    assert not ckpt.parent.exists() and not (tmp_path / "cluster/nodes/n-0/pods/ns/pod-uid/volumes").exists()
+    assert (logs / "trainer.log").read_text() == "a line\n" and steps.exists()
