@@ -43,7 +43,8 @@ Each restart's restore source (own memory, a peer's memory, storage) is read bac
 (``hack/localcluster/restores.py``) and printed per interruption.
 Goodput, lost steps and gaps are defined in ``docs/goodput.md`` (``hack/localcluster/goodput.py``); each run also
 prints the operator's own figure (``status.goodput``, ``policy/goodput.py``) beside the step log's over the same
-wall time.
+wall time. The run's directory (printed last) keeps the logs, the step logs and the results; its checkpoints and
+the nodes' memory-tier volumes are deleted at the end unless ``--keep-data``.
 
     python benchmarks/goodput.py                       # 600 steps of ~0.5 s, 3 noticed preemptions (30 s), 1 hard kill
     python benchmarks/goodput.py --variants recreate,inplace+spare --steps 300
