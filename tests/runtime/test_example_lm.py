@@ -74,6 +74,8 @@ def test_the_example_lm_resumes_bit_identical_after_a_preemption(tmp_path: Path)
         text = log.read_text()
         assert "traced ahead for 2 cpu device(s) of 2 process(es)" in text, text[-3000:]
         assert re.search(r"compiled step ahead in [0-9.]+s beside the restore", text), text[-3000:]
+        # the step donates the state: restored into memory XLA owns, shard by shard (arrays of two processes)
+        assert "copied into memory the CPU devices own" in text, text[-3000:]
         after_init = text[text.index("starting at step"):]
         assert "the first step lowered" not in after_init, after_init[:3000]
         missed = re.findall(r"TRACING CACHE MISS at [^\n]*train_lm\.py[^\n]*", after_init)
