@@ -60,6 +60,7 @@ import argparse
 import json
 import random
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -136,8 +137,6 @@ def drop_bulk(work: Path) -> int:
     process nodes' pod volumes (the memory tier's copies). At ``--state-mib 1024`` they are ~8 GB a run, and a few
     runs fill the disk (the next run's saves then fail). The logs, the step logs and the results stay. Returns the
     bytes freed."""
-    import shutil
-
     bulky = [*work.glob("*/checkpoints"), *work.glob("cluster/nodes/*/pods/*/*/volumes")]
     freed = sum(f.stat().st_size for d in bulky for f in d.rglob("*") if f.is_file() and not f.is_symlink())
     for d in bulky:

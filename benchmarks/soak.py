@@ -472,6 +472,9 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
     stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
 
+    def ended() -> bool:
+        return observer.latest().phase in ("Succeeded", "Failed")
+
     def inject_all() -> None:
         t0 = time.time()
         clock.append(t0)
@@ -479,7 +482,7 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
         for f in plan:
             if stop.wait(max(0.0, t0 + f.at - time.time())):
                 return
-            if observer.latest().phase in ("Succeeded", "Failed"):
+            if ended():
                 say(f"the job ended before fault {len(injected) + 1}: {len(plan) - len(injected)} planned faults "
                     "not injected")
                 return
@@ -487,9 +490,8 @@ def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict
             began = time.monotonic()
             # no target at this moment (a restart under way): tried again each second while the job runs, up to
             # chaos.TARGET_WAIT_SECONDS
-            while rec.error and chaos.retry_for_target(rec.error, time.monotonic() - began) and not stop.wait(1.0):
-                if observer.latest().phase in ("Succeeded", "Failed"):
-                    break
+            while (rec.error and chaos.retry_for_target(rec.error, time.monotonic() - began)
+                   and not stop.wait(1.0) and not ended()):
                 rec = injectors.inject(f.kind)
             injected.append(rec)
             say(f"fault {len(injected)}/{len(plan)}: {f.kind} -> {rec.target or rec.error}")

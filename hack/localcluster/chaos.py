@@ -210,9 +210,9 @@ def smoke_plan(seed: int) -> tuple[list[str], list[PlannedFault]]:
     return kinds, schedule(kinds, minutes=smoke_minutes(kinds), fault_every=SMOKE_FAULT_EVERY, seed=seed)
 
 
-# How long a fault that finds no target now is tried again (benchmarks/soak.py): a restart under way, which under
-# a whole suite's load on 2 cores can outlast a 10 s wait (two-nodes-doomed then a notice 11 s later: seed 3 of the
-# CI smoke, 2026-11-30). A later fault of the schedule waits behind it, as a fault lands whenever it lands.
+# How long a fault that finds no target now is tried again (benchmarks/soak.py): a restart is under way, and under a
+# whole suite's load on 2 cores one can take tens of seconds (benchmarks/RESULTS.md, "CI smoke"). A later fault of
+# the schedule waits behind it, as a fault lands whenever it lands.
 TARGET_WAIT_SECONDS = 60.0
 
 

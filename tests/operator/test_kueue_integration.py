@@ -211,7 +211,7 @@ def test_a_job_waits_in_its_queue_and_starts_on_the_admitted_flavors_nodes(
     wait_for(lambda: all((p["spec"].get("nodeName") in nodes) for p in _pods(cluster, namespace, "q")), 60,
              "the pods scheduled on the flavor's nodes")
     # The status is the reconcile's last write, after the pods it creates (policy.decide's order): the scheduler
-    # may place them first (CI, 2026-11-30: still Queued=True/Pending when both had their nodes)
+    # may place them before it lands
     admitted = wait_for(lambda: (c := _cond(_get(cluster, "trainingjob", "q", namespace), "Queued"))
                         .get("reason") != "Pending" and c, 30, "the Queued condition past Pending",
                         describe=lambda: kueue_operator.tail(40))
