@@ -18,6 +18,9 @@ restore in a fresh process, the sources alternating, the median of ``--repeats``
   ``posix_fadvise(DONTNEED)`` on each file, what stays cached checked with util-linux's ``fincore``): what a
   replacement pod on another node reads, whose page cache never held the checkpoint. (On a VM the host's own cache
   of the virtual disk may still serve the reads: the number is this machine's, not a bare disk's.)
+* **peer-warm**, **disk-warm**: as **peer** and **disk**, in a process that first populated the landing memory
+  of the state (``reprieve.landing.reserve``, off the clock: what a warm process does while it waits for its
+  assignment, docs/restarts.md, "Pre-warmed next attempt");
 * **s3**: the storage tier on moto's S3 server on loopback (``--no-s3`` skips it; moto keeps objects in its
   own process's memory, so this is the S3 protocol's cost, not a network's or a real store's).
 
@@ -209,15 +212,29 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
     from reprieve.memtier import restore_round
 
     abstract = _abstract(jax, a.size, a.leaves)
-    directory = "pod-own" if a.source == "own" else "pod-replacement"
-    tier = _tier(os.path.join(a.shm, directory), peer=a.peer if a.source == "peer" else None)
-    storage = CheckpointManager(_storage_uri(a, a.source), attempt=2, keep=1)
-    cached = evict(_storage_uri(a, a.source)) if a.source == "disk-cold" else None
+    source = a.source.removesuffix(WARM)
+    directory = "pod-own" if source == "own" else "pod-replacement"
+    tier = _tier(os.path.join(a.shm, directory), peer=a.peer if source == "peer" else None)
+    storage = CheckpointManager(_storage_uri(a, source), attempt=2, keep=1)
+    cached = evict(_storage_uri(a, source)) if source == "disk-cold" else None
+    pool_s = None
+    if a.source.endswith(WARM):  # what a warm process does while it waits for its assignment (reprieve.prewarm)
+        from reprieve import landing
+
+        t = time.perf_counter()
+        pool = landing.reserve(_landing_bytes(abstract), minimum=0)  # small states too: the row is a warm restore
+        pool_s = time.perf_counter() - t
+        assert pool is not None, "no landing memory populated: see the log line above"
     t0 = time.perf_counter()
     result = restore_round.restore(tier, storage, abstract)
     restored = jax.block_until_ready(result[1])
     seconds = time.perf_counter() - t0
-    expected = {"own": "memory", "peer": "peer"}.get(a.source, "storage")
+    if a.source.endswith(WARM):
+        from reprieve import landing
+
+        assert pool is not None and pool.taken > 0, "the restore did not land in the memory populated ahead"
+        landing.release()  # the restore is done: what it left goes back (as Job.restore_or does)
+    expected = {"own": "memory", "peer": "peer"}.get(source, "storage")
     assert result.restored_from["sources"] == [expected], result.restored_from
     nbytes = sum(x.nbytes for x in jax.tree.leaves(restored))
     checked = list(range(0, a.leaves, max(1, a.leaves // 4)))
@@ -226,7 +243,21 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
     storage.close()
     tier.close()
     shutil.rmtree(os.path.join(a.shm, "pod-replacement"), ignore_errors=True)
-    return {"seconds": seconds, "bytes": nbytes, "exact": exact, "cached_before": cached}
+    return {"seconds": seconds, "bytes": nbytes, "exact": exact, "cached_before": cached, "pool_s": pool_s}
+
+
+def _landing_bytes(abstract: Any) -> int:
+    """The host bytes a restore of ``abstract`` lands in this process (every device's region a buffer of its own):
+    what the trainer reports to its supervisor for the next warm process (``reprieve.landing.landing_bytes``)."""
+    import jax
+    import numpy as np
+    from reprieve.arrays import addressable_regions, region_size
+
+    total = 0
+    for x in jax.tree.leaves(abstract):
+        regions, devices = addressable_regions(x.sharding, tuple(x.shape))
+        total += sum(region_size(r) * len(d) for r, d in zip(regions, devices, strict=True)) * np.dtype(x.dtype).itemsize
+    return total
 
 
 POPULATE_PARTS = 64  # the 1 GiB / 16-leaf restore's landing buffers: 16 leaves x 4 devices
@@ -734,7 +765,9 @@ def round_floors(a_dir: str, s3_uri: str | None, common: list[str]) -> dict[str,
 FLOOR_OF = {
     "own": "memcpy",
     "peer": "loopback TCP",
+    "peer-warm": "loopback TCP",
     "disk": "memcpy",
+    "disk-warm": "memcpy",
     "disk-cold": "cold read",
     "s3": "raw GET",
 }
@@ -766,7 +799,8 @@ def floor_rows(r: dict[str, Any], fl: dict[str, float]) -> list[dict[str, Any]]:
     return rows
 
 
-SOURCES = ("own", "peer", "disk", "disk-cold", "s3")
+SOURCES = ("own", "peer", "peer-warm", "disk", "disk-warm", "disk-cold", "s3")
+WARM = "-warm"  # restored by a process that populated its landing memory first, as a warm process does
 BASELINE = "@base"  # a source restored by the --baseline checkout's runtime: "disk@base"
 BASELINE_SOURCES = ("own", "peer", "disk", "disk-cold")  # what --baseline compares: the memory sources, local disk
 FLOOR_GIB = 1.0  # the floors are rates: measured on 1 GiB whatever the state size (4 GiB would need ~16 GiB of RAM)
@@ -849,18 +883,22 @@ def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline:
             if baseline:
                 times.update({k + BASELINE: [] for k in BASELINE_SOURCES if k in times})
             exact, cached, round_fl = True, [], []
+            pools: dict[str, list[float]] = {}  # a warm source's landing memory populated before its clock
             for i in range(repeats):
                 round_fl.append(round_floors(base, s3_uri, common))
                 for source in restore_order(list(times), i):
                     r = run_child("restore", [*common, "--source", source.removesuffix(BASELINE)],
                                   root=baseline if source.endswith(BASELINE) and baseline else REPO)
                     times[source].append(r["seconds"])
+                    if r.get("pool_s") is not None:
+                        pools.setdefault(source, []).append(r["pool_s"])
                     exact = exact and r["exact"]
                     if r.get("cached_before") is not None:
                         cached.append(r["cached_before"])
         med = {k: statistics.median(v) for k, v in times.items()}
         return {"size_gib": size, "leaves": leaves, "prepare": prep, "seconds": times, "median": med,
-                "exact": exact, "cold_cached_bytes": cached, "floors": round_fl, "bytes": r["bytes"]}
+                "exact": exact, "cold_cached_bytes": cached, "floors": round_fl, "bytes": r["bytes"],
+                "populated_ahead": pools}
     finally:
         server.close()
         shutil.rmtree(shm, ignore_errors=True)
@@ -980,6 +1018,9 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
         fresh = f"{row['fresh'] * 100:4.0f} %" if row["fresh"] else "   ?"
         print(f"  | {row['source']:14s} | {row['median_s']:6.3f} s ({row['worst_s']:6.3f}) | {row['gib_s']:5.2f} GiB/s "
               f"| {floor:26s} | {share} | fresh {fresh} | worst/median {row['spread']:.2f}")
+    for source, secs in (r.get("populated_ahead") or {}).items():
+        print(f"  {source}: its landing memory populated ahead, off the clock (as a warm process does while it waits): "
+              f"{statistics.median(secs):.3f} s")
     rf = r.get("floors") or []
     if rf:
         def rate(key: str, nbytes: str) -> str:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, Self
 
-from . import identity, virtual
+from . import identity, landing, virtual
 from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
 from .capabilities import Capabilities, Checkpointer
@@ -76,7 +76,7 @@ class Job:
         closers: list[Callable[[], None]] | None = None,
         exit_fn: Callable[[int], Any] = exit_process,
         shutdown_distributed: bool = True,
-        on_first_step: Callable[[int], None] | None = None,
+        on_first_step: Callable[[int, int | None], None] | None = None,
         on_exiting: Callable[[int], None] | None = None,
         wait_lost_peer: Callable[[str], tuple[int, ...]] | None = None,
         memory: Tier | None = None,
@@ -91,6 +91,7 @@ class Job:
         self.phase = Phase.READY
         self._hub, self._progress, self._exit_fn = hub, progress, exit_fn
         self._on_first_step = on_first_step  # reprieve-supervisor pre-warms the next attempt once it is called
+        self._landing: int | None = None  # the bytes a restore of the state lands here (reprieve.landing)
         self._leaving = Leaving(hub=hub, agreement=agreement, checkpointer=checkpointer, metrics=self.metrics,
                                 coordinator=coordinator, progress=progress, closers=closers or [],
                                 on_exiting=on_exiting, shutdown_distributed=shutdown_distributed)
@@ -181,14 +182,18 @@ class Job:
             require(abstract_problem(target))  # on the first run too, not only at the first restart
         uri = self.config.checkpoint_uri
         t0 = time.perf_counter()
-        read = read_latest(self.checkpointer, self.caps, target, run_id=self.config.run_id, where=uri,
-                           tiered=None if self.memory is None else self.memory.tiered_read(self.checkpointer))
+        try:
+            read = read_latest(self.checkpointer, self.caps, target, run_id=self.config.run_id, where=uri,
+                               tiered=None if self.memory is None else self.memory.tiered_read(self.checkpointer))
+        finally:
+            landing.release()  # what a warm process populated ahead and the restore did not use
         if read is None:
             log.info("no checkpoint under %s: starting at step 0", uri)
             if state is None:
                 state = init_fn()
                 require(abstract_problem(target, abstract_of(state)))
             self.finished.prepare(state)
+            self._landing = landing.landing_bytes(state)
             return Restored(state, 0)
         step = read.step
         value = read.position(data, self.process_id, self.num_processes, reshard_data)
@@ -208,6 +213,7 @@ class Job:
         read.account(self.loop, self.metrics, seconds)
         read.log(uri, seconds)
         self.finished.prepare(state)
+        self._landing = landing.landing_bytes(state)
         return Restored(state, step + 1, data=value, extra=read.user_extra, step=step)
 
     def compile_ahead(self, fn: Any, *args: Any, **kwargs: Any) -> None:
@@ -283,10 +289,11 @@ class Job:
             self.first_step_lowerings = counter.stop_first_step(stepped=self.loop.first is not None)
 
     def _first_step_done(self, step: int) -> None:
+        landing.release()  # a loop that restored without restore_or: the memory populated ahead is of no more use
         if self._on_first_step is not None:
             hook, self._on_first_step = self._on_first_step, None
             try:
-                hook(step)
+                hook(step, self._landing)
             except Exception as err:  # noqa: BLE001 - a report, never a reason to stop training
                 log.debug("first-step hook failed: %s", err)
 

@@ -8,6 +8,9 @@ restart's critical path, and that needs neither the assignment nor a device.
   PJRT plugins (a GPU plugin's shared library loads there too; benchmarks/RESULTS.md, "Goodput").
   Registering the plugins creates no backend and touches no device, so the warm process still joins the next
   attempt (:func:`reprieve.supervisor.trainer.device_problem` checks exactly that).
+- **The restore's landing memory** (``REPRIEVE_WARM_LANDING_BYTES``, the bytes the last trainer's restore landed):
+  populated now, where the pod has room for it (:mod:`reprieve.landing`), so the restore writes into pages the
+  process already has.
 
 Everything here is a head start: a failure is logged at debug level and the same work happens after the
 assignment, as it did before.
@@ -20,6 +23,7 @@ import logging
 import sys
 from collections.abc import Mapping
 
+from . import landing
 from .env import Env
 from .memtier.config import DIR_ENV
 
@@ -51,6 +55,10 @@ def prepare(environ: Mapping[str, str]) -> None:
             log.debug("pre-warm: importing %s failed: %s", name, err)
     if "jax" in sys.modules:
         discover_jax_plugins()
+    try:  # last: the memory the restore lands in, populated while the process waits
+        landing.reserve_from(environ)
+    except Exception as err:  # noqa: BLE001 - a head start: the restore makes fresh buffers instead
+        log.warning("pre-warm: no landing memory populated ahead: %s", err)
 
 
 def discover_jax_plugins() -> None:

@@ -60,14 +60,18 @@ def test_every_restore_source_is_printed_beside_its_floor_measured_in_the_same_r
                           "0.01", "--leaves", "2", "--repeats", "1", "--floor-gib", "0.02", *s3, "--json",
                           str(tmp_path / "r.json")], capture_output=True, text=True, timeout=170, check=False)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    floors = {"own": "memcpy", "peer": "loopback TCP", "disk": "memcpy", "disk-cold": "cold read", "s3": "raw GET"}
-    for source in ["own", "peer", "disk", "disk-cold"] + ([] if s3 else ["s3"]):
+    floors = {"own": "memcpy", "peer": "loopback TCP", "peer-warm": "loopback TCP", "disk": "memcpy",
+              "disk-warm": "memcpy", "disk-cold": "cold read", "s3": "raw GET"}
+    for source in ["own", "peer", "peer-warm", "disk", "disk-warm", "disk-cold"] + ([] if s3 else ["s3"]):
         row = re.search(rf"\| {re.escape(source)} +\| +[\d.]+ s \( *[\d.]+\) \| +[\d.]+ GiB/s \| {floors[source]} +"
                         r"([\d.]+) GiB/s +\| +(\d+) % \| fresh +\d+ % \| worst/median [\d.]+", out.stdout)
         assert row and float(row.group(1)) > 0, f"{source}: {out.stdout}"
     result = json.loads((tmp_path / "r.json").read_text())
     fl, (r,) = result["floors"], result["restore"]
     assert fl["memcpy_gib_s"] > 0 and fl["memcpy_fresh_gib_s"] > 0 and fl["loopback_tcp_streams"] >= 1, fl
+    # the warm sources' restores ran in processes that populated their landing memory first (the child asserts it)
+    assert set(r["populated_ahead"]) == {"peer-warm", "disk-warm"}, r["populated_ahead"]
+    assert re.search(r"disk-warm: its landing memory populated ahead, off the clock .*: [\d.]+ s", out.stdout)
     (round_fl,) = r["floors"]  # the floors of the checkpoint's own files, measured in the round of its restores
     assert round_fl["read_bytes"] >= r["bytes"] and round_fl["read_warm_s"] > 0 and round_fl["read_cold_s"] > 0
     assert round_fl["populate_bytes"] >= r["bytes"] * 0.99 and round_fl["populate_s"] > 0, round_fl  # a fresh process's

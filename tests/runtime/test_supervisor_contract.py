@@ -97,6 +97,10 @@ def test_environments() -> None:
     assert contract.warm_env({**base, "REPRIEVE_EXPECTED_TOPOLOGY": "stale"}, '{"device_count": 8}') == {
         "PATH": "/bin", "REPRIEVE_JOB": "j", "REPRIEVE_SUPERVISED": "1", "REPRIEVE_EXPECTED_TOPOLOGY": '{"device_count": 8}'}
     assert "REPRIEVE_EXPECTED_TOPOLOGY" not in contract.warm_env({**base, "REPRIEVE_EXPECTED_TOPOLOGY": "stale"})
+    # so do the bytes its restore landed; a stale number in the container's env never does
+    assert contract.warm_env({**base, "REPRIEVE_WARM_LANDING_BYTES": "1"}, None, 1 << 30) == {
+        "PATH": "/bin", "REPRIEVE_JOB": "j", "REPRIEVE_SUPERVISED": "1", "REPRIEVE_WARM_LANDING_BYTES": str(1 << 30)}
+    assert "REPRIEVE_WARM_LANDING_BYTES" not in contract.warm_env({**base, "REPRIEVE_WARM_LANDING_BYTES": "1"})
 
 
 @pytest.mark.parametrize("value,ok", [(None, True), ("", True), ("1", True), (" 1 ", True), ("2", False),

@@ -344,3 +344,48 @@ def test_the_old_name_still_runs_the_supervisor_and_says_it_is_deprecated() -> N
     assert old.stdout == new.stdout and new.stdout.strip()
     assert "reprieve-run is deprecated: it is now reprieve-supervisor" in old.stderr
     assert "deprecated" not in new.stderr
+
+
+RESTORING_TRAINER = """
+    import logging, os
+    logging.basicConfig(level=logging.INFO)
+    import reprieve
+    job = reprieve.init(install_sigterm=False, watch_pod=False)
+    import jax.numpy as jnp
+    state, start = job.restore_or(lambda: {"w": jnp.zeros(96 << 18, jnp.float32)})  # 96 MiB
+    for step in job.steps(start, start + 2):
+        state = {"w": state["w"] + 1}
+        job.save(step, state)
+"""
+
+
+def test_a_warm_process_populates_the_landing_memory_its_restore_then_lands_in(tmp_path: Path) -> None:
+    """The first trainer reports the bytes its state lands; the next warm process, told them, populates them while
+    it is parked, and its restore lands in them (and gives back the rest)."""
+    def attempt(n: int, **env: str) -> tuple[dict[str, object], str]:
+        ours, theirs = socket.socketpair()
+        os.set_inheritable(theirs.fileno(), True)
+        fd = str(theirs.fileno())
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(RESTORING_TRAINER)], pass_fds=[theirs.fileno()],
+                                env={**CLEAN, "REPRIEVE_WARM_FD": fd, "REPRIEVE_SUPERVISOR_FD": fd,
+                                     "REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), **env},
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        theirs.close()
+        ours.settimeout(60)
+        lines = ours.makefile("rb")
+        assert json.loads(lines.readline()) == {"event": "ready"}
+        ours.sendall(json.dumps({"attempt": n, "processId": 0, "numProcesses": 1, "coordinator": None}).encode()
+                     + b"\n")
+        events = [json.loads(line) for line in lines]
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        return next(e for e in events if e["event"] == "step"), err
+
+    first, err = attempt(1)
+    assert first["landing"] == 96 << 20  # no restore yet: the state it made, as a restore would land it
+    assert "landing memory" not in err  # no hint, no pool
+    second, err = attempt(2, REPRIEVE_WARM_LANDING_BYTES=str(first["landing"]))
+    assert f"landing memory: {96 << 20} bytes populated ahead" in err, err
+    assert f"landing memory: {96 << 20} of {96 << 20} bytes populated ahead were used by the restore; 0 given back" \
+        in err, err
+    assert "restored step 1" in err and second["landing"] == 96 << 20

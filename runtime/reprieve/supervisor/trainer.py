@@ -3,8 +3,9 @@ assignment (``docs/contract.md``, "In-place restarts and the supervisor").
 
 The supervisor hands every process it starts one end of a Unix socket, named by ``REPRIEVE_SUPERVISOR_FD``.
 The runtime writes one JSON line per event on it: ``{"event": "init", "attempt": A}`` when ``reprieve.init()``
-takes its identity, ``{"event": "step", "step": S, "topology": {...} | null}`` once the first training step is done (the devices it
-runs on, :mod:`reprieve.topology`, handed to the next warm process in ``REPRIEVE_EXPECTED_TOPOLOGY``),
+takes its identity, ``{"event": "step", "step": S, "topology": {...} | null, "landing": N}`` once the first training step is done (the
+devices it runs on, :mod:`reprieve.topology`, handed to the next warm process in ``REPRIEVE_EXPECTED_TOPOLOGY``; the
+bytes its restore landed, when known, in ``REPRIEVE_WARM_LANDING_BYTES``),
 ``{"event": "peerLost", "processes": [P, ...], "step": S, "stepAt": T}`` when the runtime finds processes of the
 job silent (``[]``: heard from again; :mod:`reprieve.peers`; JAX's coordination service may end this process for
 them), with its last finished step and when it finished (unix seconds; absent before the first step),
@@ -70,12 +71,13 @@ class SupervisorLink:
         except OSError as err:
             log.debug("supervisor link: %s not sent (%s)", event, err)
 
-    def first_step(self, step: int) -> None:
+    def first_step(self, step: int, landing: int | None = None) -> None:
         """The first training step is done (once): the supervisor may now start the next attempt's process, and
-        tell it the devices this one runs on (``reprieve.expected_topology()``)."""
+        tell it the devices this one runs on (``reprieve.expected_topology()``) and the bytes its restore landed
+        (``landing``: :func:`reprieve.landing.landing_bytes` of the state; the warm process populates them ahead)."""
         if not self._first_step_sent:
             self._first_step_sent = True
-            self.send("step", step=step, topology=_topology())
+            self.send("step", step=step, topology=_topology(), **({"landing": landing} if landing else {}))
 
     def peer_lost(self, processes: tuple[int, ...], last: tuple[int, float] | None = None, *,
                   gone: tuple[int, ...] = ()) -> None:

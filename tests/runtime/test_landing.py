@@ -1,0 +1,113 @@
+"""Landing memory populated ahead (reprieve.landing): when a warm process may populate it, how the pool hands it
+out and gives it back, and that a storage restore lands in it bit-exact."""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from reprieve import landing
+from reprieve.arrays import host_buffer
+
+GiB = 1 << 30
+
+
+@pytest.fixture(autouse=True)
+def no_pool() -> Iterator[None]:
+    landing._pool.clear()
+    yield
+    landing.release()
+    landing._pool.clear()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("nbytes,current,limit,available,problem", [
+    (1 * GiB, 1 * GiB, 4 * GiB, 20 * GiB, None),  # 1 + 2 <= 4
+    (1 * GiB, 2 * GiB + 1, 4 * GiB, 20 * GiB, "the pod's memory limit is 4294967296 bytes with 2147483649 in use"),
+    (1 * GiB, None, None, 20 * GiB, None),  # no cgroup limit: the machine's memory decides
+    (1 * GiB, None, None, 2 * GiB - 1, "the machine has 2147483647 bytes available"),
+    (1 * GiB, 0, None, None, None),  # nothing known: populate
+])
+def test_landing_memory_needs_room_for_it_twice_over(nbytes: int, current: int | None, limit: int | None,
+                                                     available: int | None, problem: str | None) -> None:
+    got = landing.room_problem(nbytes, current=current, limit=limit, available=available)
+    assert (got is None) == (problem is None)
+    if problem is not None:
+        assert got is not None and got.startswith(problem) and str(nbytes) in got
+
+
+@pytest.mark.integration
+def test_no_room_no_pool_and_the_numbers_are_said(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        assert landing.reserve(128 << 20, {"current": 900 << 20, "limit": 1 << 30, "available": None}) is None
+    assert "not populated ahead: the pod's memory limit is 1073741824 bytes with 943718400 in use" in caplog.text
+    assert landing.take(1 << 20) is None  # a restore then makes fresh buffers
+    assert landing.reserve(1 << 20, {}) is None  # too small to be worth it
+
+
+@pytest.mark.integration
+def test_the_pool_hands_out_page_aligned_pieces_until_it_is_used_up() -> None:
+    pool = landing.reserve(64 << 20, {})
+    assert pool is not None and pool.size == 64 << 20
+    a, b = landing.take(40 << 20), landing.take(10 << 20 | 5)
+    assert a is not None and b is not None
+    assert a.ctypes.data % landing.PAGE == 0 and b.ctypes.data % landing.PAGE == 0
+    assert b.ctypes.data == a.ctypes.data + (40 << 20)  # one mapping, carved from its start
+    assert b.nbytes == 10 << 20 | 5 and pool.taken == (50 << 20) + 5
+    assert landing.take(20 << 20) is None  # past its end: the caller makes a fresh buffer
+    a[:] = 7
+    assert landing.reserve(64 << 20, {}) is None  # one per process
+
+
+@pytest.mark.integration
+def test_a_dead_piece_and_the_unused_rest_go_back_to_the_kernel() -> None:
+    pool = landing.reserve(64 << 20, {})
+    assert pool is not None
+    whole = np.frombuffer(pool._mem, dtype=np.uint8)  # the mapping itself, to look at what the kernel holds
+    piece = landing.take(8 << 20)
+    assert piece is not None
+    piece[:] = 1
+    whole[-1] = 9  # a byte in the part never handed out
+    assert whole[:8 << 20].min() == 1
+    del piece
+    gc.collect()
+    assert whole[:8 << 20].max() == 0  # MADV_DONTNEED: its pages are gone (a private mapping reads zeros again)
+    assert landing.release() == (64 - 8) << 20
+    assert whole[-1] == 0
+    assert landing.take(1 << 20) is None and landing.release() == 0  # released once
+
+
+@pytest.mark.integration
+def test_host_buffers_of_a_restore_land_in_the_pool_bit_exact(tmp_path) -> None:
+    from reprieve.checkpoint import CheckpointManager
+
+    devs = np.array(jax.devices()[:2])
+    n = len(devs)
+    sharding = NamedSharding(Mesh(devs, ("d",)), P())  # replicated: each device's copy is a landing buffer too
+    state = {"w": jnp.arange(16 << 20, dtype=jnp.float32).reshape(4096, 4096), "b": jnp.ones(3)}
+    state = jax.device_put(state, sharding)
+    mgr = CheckpointManager(str(tmp_path / "ckpt"), attempt=1)
+    mgr.save(1, state)
+    mgr.wait()
+    need = landing.landing_bytes(state)
+    assert need == n * ((64 << 20) + 12)  # every device's replica
+    pool = landing.reserve(need, {})
+    assert pool is not None
+    base = np.frombuffer(pool._mem, dtype=np.uint8).ctypes.data
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    step, restored, _ = CheckpointManager(str(tmp_path / "ckpt"), attempt=2).restore(abstract)
+    assert step == 1
+    w = restored["w"]
+    assert np.array_equal(np.asarray(w), np.asarray(state["w"]))
+    inside = [base <= s.data.unsafe_buffer_pointer() < base + pool.size for s in w.addressable_shards]
+    assert inside == [True] * n  # every device's buffer is the pool's pages, adopted without a copy
+    assert pool.taken == n * (64 << 20)  # the tiny leaf is made on the heap as before
+    assert landing.release() == pool.size - n * (64 << 20)
+    assert host_buffer((1 << 20,), np.dtype(np.uint8)).ctypes.data != base  # released: fresh buffers again
