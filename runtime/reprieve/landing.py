@@ -104,11 +104,12 @@ class Pool:
         weakref.finalize(piece, _give_back, self._mem, start, span)
         return piece
 
-    def release(self) -> int:
-        """No more pieces: the part never handed out goes back to the kernel now; the bytes given back."""
+    def release(self) -> int | None:
+        """No more pieces: the part never handed out goes back to the kernel now; the bytes given back (None: it
+        was released before)."""
         with self._lock:
             if self._closed:
-                return 0
+                return None
             self._closed = True
             start = self._next
         left = self.size - start
@@ -162,14 +163,15 @@ def take(nbytes: int) -> np.ndarray | None:
 
 
 def release() -> int:
-    """:meth:`Pool.release` of this process's pool (0 without one); logged when some of it was used."""
+    """:meth:`Pool.release` of this process's pool (0 without one, or once released): logged the first time."""
     if not _pool:
         return 0
     pool = _pool[0]
     left = pool.release()
-    if left or pool.taken:
-        log.info("landing memory: %d of %d bytes populated ahead were used by the restore; %d given back",
-                 pool.taken, pool.size, left)
+    if left is None:
+        return 0
+    log.info("landing memory: %d of %d bytes populated ahead were used by the restore; %d given back", pool.taken,
+             pool.size, left)
     return left
 
 

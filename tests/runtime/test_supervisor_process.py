@@ -388,4 +388,5 @@ def test_a_warm_process_populates_the_landing_memory_its_restore_then_lands_in(t
     assert f"landing memory: {96 << 20} bytes populated ahead" in err, err
     assert f"landing memory: {96 << 20} of {96 << 20} bytes populated ahead were used by the restore; 0 given back" \
         in err, err
+    assert err.count("were used by the restore") == 1, err  # said once, not at every save after it
     assert "restored step 1" in err and second["landing"] == 96 << 20
