@@ -13,7 +13,9 @@ jax.distributed with 2 devices per process), so peak RSS and allocator state are
 
 (a) blocking time per save inside a jitted training loop whose step donates the state;
 (b) save() call -> durable commit (Reprieve: wait(); Orbax: wait_until_finished());
-(c) restore into the same sharding and into a different one (throughput, GiB/s);
+(c) restore into the same sharding and into a different one (throughput, GiB/s); Reprieve's also in a warm process
+    (``reprieve-warm``: the landing memory of the state populated first, off the clock, as a pre-warmed process does
+    while it waits for its assignment; docs/restarts.md, "Pre-warmed next attempt");
 (d) peak RSS during restore above the pre-restore baseline, as a multiple of the state per host;
 (e) floors: sequential write+fsync bandwidth, host memcpy of the same bytes, sequential read.
 
@@ -38,6 +40,7 @@ import time
 from typing import Any
 
 GiB = 1 << 30
+WARM = "reprieve-warm"  # Reprieve's restore in a process that populated its landing memory first
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
@@ -245,9 +248,21 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
         sharding = _shardings(jax, a.variant)
         abstract = {f"p{i:03d}": jax.ShapeDtypeStruct(s, jnp.float32, sharding=sharding)
                     for i, s in enumerate(shapes)}
-    impl = _Impl(a.impl, a.dir, coord)
+    impl = _Impl("reprieve" if a.impl == WARM else a.impl, a.dir, coord)
     import gc
 
+    populated = None
+    if a.impl == WARM:  # what a warm process does while it waits for its assignment (reprieve.prewarm): off the clock
+        import numpy as np
+        from reprieve import landing
+
+        need = sum(int(np.prod(idx_shape(x.sharding, x.shape, d))) * np.dtype(x.dtype).itemsize
+                   for x in jax.tree.leaves(abstract) for d in x.sharding.addressable_devices
+                   if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key))  # a key's few words: no matter
+        t = time.perf_counter()
+        pool = landing.reserve(need, minimum=0)
+        populated = time.perf_counter() - t
+        assert pool is not None, "no landing memory populated: see the log line above"
     gc.collect()
     rss = PeakRss()
     base = rss.now()
@@ -266,7 +281,18 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
         arrays = list(out.values())
     local = sum(s.data.nbytes for x in arrays for s in x.addressable_shards if s.replica_id == 0)
     impl.close()
-    return {"restore_s": t1 - t0, "rss_delta": peak - base, "local_bytes": local, "ok": ok}
+    if populated is not None:
+        from reprieve import landing
+
+        assert pool.taken > 0, "the restore did not land in the memory populated ahead"
+        landing.release()
+    return {"restore_s": t1 - t0, "rss_delta": peak - base, "local_bytes": local, "ok": ok, "populated_s": populated}
+
+
+def idx_shape(sharding: Any, shape: tuple[int, ...], device: Any) -> tuple[int, ...]:
+    """The shape of ``device``'s shard of a ``shape`` array under ``sharding``."""
+    index = sharding.addressable_devices_indices_map(shape)[device]
+    return tuple(len(range(*sl.indices(n))) for sl, n in zip(index, shape, strict=True))
 
 
 def _lm_matches(jax: Any, a: argparse.Namespace, build: Any, out: Any) -> bool:
@@ -411,10 +437,12 @@ def bench_case(size: int, leaves: int, repeats: int, base: str, nproc: int, devi
         common[impl] = ["--impl", impl, "--dir", dirs[impl], "--size", str(size), "--leaves", str(leaves),
                         "--devices", str(devices), *(["--lm"] if lm else [])]
         res[impl] = {"save": run_child(["save", *common[impl], "--repeats", str(repeats)], nproc)}
+    common[WARM] = ["--impl", WARM, *common["reprieve"][2:]]  # reprieve's checkpoint, in a warm process
+    res[WARM] = {"save": res["reprieve"]["save"]}
     for variant in ("same", "different"):
-        runs: dict[str, list[dict[str, Any]]] = {"orbax": [], "reprieve": []}
+        runs: dict[str, list[dict[str, Any]]] = {"orbax": [], "reprieve": [], WARM: []}
         for _ in range(restore_repeats):
-            for impl in ("orbax", "reprieve"):
+            for impl in ("orbax", "reprieve", WARM):
                 runs[impl].append(run_child(["restore", *common[impl], "--step", str(res[impl]["save"]["last_step"]),
                                              "--variant", variant], nproc))
         for impl, rs in runs.items():
@@ -454,6 +482,10 @@ def report(size: int, leaves: int, nproc: int, res: dict[str, Any], fl: dict[str
                      f"share of memcpy {fl['memcpy_s'] / rt * 100:.0f} %, of memcpy into fresh buffers "
                      f"{fl['memcpy_fresh_s'] / rt * 100:.0f} %  "
                      f"verified orbax={o[variant]['ok']} reprieve={r[variant]['ok']}")
+        wt = res[WARM][variant]["restore_s"]
+        lines.append(f"  restore ({variant:<9} sharding), reprieve in a warm process (its landing memory populated "
+                     f"ahead, off the clock): {gib / wt:6.2f} GiB/s  reprieve-warm/orbax throughput {ot / wt:5.2f}  "
+                     f"verified={res[WARM][variant]['ok']}")
         lines.append(f"  restore peak RSS ({variant:<9})   orbax {o[variant]['rss_delta'] / per_host:5.2f}x  "
                      f"reprieve {r[variant]['rss_delta'] / per_host:5.2f}x state per host")
     return lines
@@ -505,7 +537,7 @@ def main() -> None:
 def child_main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("role", choices=["save", "restore"])
-    ap.add_argument("--impl", choices=["orbax", "reprieve"], required=True)
+    ap.add_argument("--impl", choices=["orbax", "reprieve", WARM], required=True)
     ap.add_argument("--dir", required=True)
     ap.add_argument("--size", type=int, required=True)
     ap.add_argument("--leaves", type=int, required=True)
