@@ -112,9 +112,14 @@ def init(
     if link is not None and link.warm:
         # A pre-warmed process (reprieve-supervisor): imports are done (and what init() and the restore would import
         # after the assignment, prewarm.prepare); the assignment says who this process is.
-        prewarm.prepare(environ)
-        updates = link.await_assignment(idle=None if ahead is None or ahead.done else ahead.attempt,
-                                        idle_seconds=TraceAhead.POLL_SECONDS)
+        landing = prewarm.prepare(environ)
+        waiting = [w for w in (ahead, landing) if w is not None and not w.done]  # a spare before the first checkpoint
+
+        def idle() -> None:
+            for w in waiting:
+                w.attempt()
+
+        updates = link.await_assignment(idle=idle if waiting else None, idle_seconds=TraceAhead.POLL_SECONDS)
         if env is None:
             os.environ.update(updates)  # user code after init() and child processes see the new attempt
         else:

@@ -6,7 +6,8 @@ Every restored byte lands in a fresh host buffer (:func:`reprieve.arrays.host_bu
 populated by the kernel before the first write: on a virtual machine that is the largest part of a storage restore
 from the page cache and of a restore from a peer's memory (benchmarks/RESULTS.md, "Restore floors"). A warm process
 parks for the whole previous attempt, with nothing else to do. The supervisor tells it how many bytes the last
-trainer's restore landed (``REPRIEVE_WARM_LANDING_BYTES``, from that trainer's first-step event), and
+trainer's restore landed (``REPRIEVE_WARM_LANDING_BYTES``, from that trainer's first-step event; a spare, in whose
+pod no trainer ran, reads what the latest checkpoint records instead: ``reprieve.prewarm.LandingAhead``), and
 :func:`reserve` populates one mapping of that size there, if the pod's memory has room for it twice over (the
 running trainer still grows: its saves snapshot the state). :func:`take` then hands out page-aligned pieces of it
 to the restore's buffers, and :func:`release` gives back what the restore did not use. A piece's pages go back to
@@ -29,9 +30,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-
-from .env import Env
-from .supervisor.contract import LANDING_BYTES_ENV
 
 log = logging.getLogger(__name__)
 
@@ -149,12 +147,6 @@ def reserve(nbytes: int, memory: Mapping[str, int | None] | None = None, *, mini
     log.info("landing memory: %d bytes populated ahead in %.2fs for the next restore", pool.size,
              time.perf_counter() - t)
     return pool
-
-
-def reserve_from(environ: Mapping[str, str]) -> Pool | None:
-    """:func:`reserve` the bytes ``REPRIEVE_WARM_LANDING_BYTES`` names (the supervisor's hint to a warm process)."""
-    nbytes = Env(environ).opt_integer(LANDING_BYTES_ENV, minimum=0)
-    return None if not nbytes else reserve(nbytes)
 
 
 def take(nbytes: int) -> np.ndarray | None:

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from . import landing
 from .env import Env
 from .memtier.config import DIR_ENV
+from .supervisor.contract import LANDING_BYTES_ENV
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,10 @@ def modules_for(environ: Mapping[str, str]) -> tuple[str, ...]:
     return LAZY_MODULES + (MEMORY_TIER_MODULES if Env(environ).opt_text(DIR_ENV) else ())
 
 
-def prepare(environ: Mapping[str, str]) -> None:
-    """Import :func:`modules_for` ``environ`` and register JAX's PJRT plugins when JAX is imported."""
+def prepare(environ: Mapping[str, str]) -> LandingAhead:
+    """Import :func:`modules_for` ``environ``, register JAX's PJRT plugins when JAX is imported, then populate the
+    restore's landing memory when its size is known (:class:`LandingAhead`, returned: a spare asks again while it
+    waits)."""
     for name in modules_for(environ):
         try:
             importlib.import_module(name)
@@ -55,10 +58,40 @@ def prepare(environ: Mapping[str, str]) -> None:
             log.debug("pre-warm: importing %s failed: %s", name, err)
     if "jax" in sys.modules:
         discover_jax_plugins()
-    try:  # last: the memory the restore lands in, populated while the process waits
-        landing.reserve_from(environ)
-    except Exception as err:  # noqa: BLE001 - a head start: the restore makes fresh buffers instead
-        log.warning("pre-warm: no landing memory populated ahead: %s", err)
+    ahead = LandingAhead(environ)
+    ahead.attempt()  # last: the memory the restore lands in, populated while the process waits
+    return ahead
+
+
+class LandingAhead:
+    """The restore's landing memory, populated by a warm process while it waits (:mod:`reprieve.landing`): as many
+    bytes as the previous trainer in this pod reported (``REPRIEVE_WARM_LANDING_BYTES``), else as the latest
+    checkpoint records for its process 0 (``landing_bytes`` in ``reprieve.json``: a spare, in whose pod no trainer
+    ran). :meth:`attempt` is called again while the process waits until the size is known (a spare started before
+    the job's first checkpoint); ``done`` once it was (a pool made, or refused for the room: logged once)."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._env = environ
+        self.done = False
+
+    def attempt(self) -> None:
+        if self.done:
+            return
+        try:
+            nbytes = Env(self._env).opt_integer(LANDING_BYTES_ENV, minimum=0) or self._recorded()
+            if nbytes is None:
+                return
+            self.done = True
+            landing.reserve(nbytes)
+        except Exception as err:  # noqa: BLE001 - a head start: the restore makes fresh buffers instead
+            self.done = True
+            log.warning("pre-warm: no landing memory populated ahead: %s", err)
+
+    def _recorded(self) -> int | None:
+        from .trace_ahead import latest_metadata
+
+        found = latest_metadata(self._env, "landing memory", "not populated ahead")
+        return None if found is None else found[0].landing_bytes
 
 
 def discover_jax_plugins() -> None:

@@ -44,7 +44,10 @@ def expected_topology(env: Mapping[str, str] | None = None) -> Topology | None:
     return _checkpoint_topology(environ)
 
 
-def _checkpoint_topology(environ: Mapping[str, str]) -> Topology | None:
+def latest_metadata(environ: Mapping[str, str], what: str, otherwise: str) -> tuple[CheckpointMeta, str] | None:
+    """The latest complete checkpoint's metadata under ``REPRIEVE_CHECKPOINT_URI`` (the checkpoint manager's
+    visibility rules) and where it was read, for a hint; None when there is none or it cannot be read (logged as
+    ``what``: ..., ``otherwise``). Creates nothing, touches no device."""
     uri = Env(environ).text("REPRIEVE_CHECKPOINT_URI", RuntimeConfig.checkpoint_uri)
     try:
         try:
@@ -57,16 +60,28 @@ def _checkpoint_topology(environ: Mapping[str, str]) -> Topology | None:
         where = f"{storage.loc.uri()}/{latest.committed}/{layout.METADATA_FILE}"
         raw = storage.read_file(f"{latest.committed}/{layout.METADATA_FILE}")
         if raw is None:
-            log.warning("expected topology: %s is missing; not tracing ahead", where)
+            log.warning("%s: %s is missing; %s", what, where, otherwise)
             return None
-        meta = CheckpointMeta.from_json(raw, where)
-        if meta.topology is None:
-            log.info("expected topology: %s records none (written by an older reprieve)", where)
-            return None
-        return Topology.from_json(meta.topology)
+        return CheckpointMeta.from_json(raw, where), where
     except Exception as err:  # noqa: BLE001  a hint: any failure means "unknown"
+        log.warning("%s: could not read the latest checkpoint under %s (%s: %s); %s", what, uri, type(err).__name__,
+                    err, otherwise)
+        return None
+
+
+def _checkpoint_topology(environ: Mapping[str, str]) -> Topology | None:
+    found = latest_metadata(environ, "expected topology", "not tracing ahead")
+    if found is None:
+        return None
+    meta, where = found
+    if meta.topology is None:
+        log.info("expected topology: %s records none (written by an older reprieve)", where)
+        return None
+    try:
+        return Topology.from_json(meta.topology)
+    except TopologyError as err:
         log.warning("expected topology: could not read the latest checkpoint under %s (%s: %s); not tracing "
-                    "ahead", uri, type(err).__name__, err)
+                    "ahead", where, type(err).__name__, err)
         return None
 
 

@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from reprieve import landing
 from reprieve.arrays import host_buffer
+from reprieve.trace_ahead import latest_metadata
 
 GiB = 1 << 30
 
@@ -98,6 +99,8 @@ def test_host_buffers_of_a_restore_land_in_the_pool_bit_exact(tmp_path) -> None:
     mgr.wait()
     need = landing.landing_bytes(state)
     assert need == n * ((64 << 20) + 12)  # every device's replica
+    found = latest_metadata({"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt")}, "test", "")
+    assert found is not None and found[0].landing_bytes == need  # in reprieve.json, for a spare's warm process
     pool = landing.reserve(need, {})
     assert pool is not None
     base = np.frombuffer(pool._mem, dtype=np.uint8).ctypes.data
@@ -111,3 +114,24 @@ def test_host_buffers_of_a_restore_land_in_the_pool_bit_exact(tmp_path) -> None:
     assert pool.taken == n * (64 << 20)  # the tiny leaf is made on the heap as before
     assert landing.release() == pool.size - n * (64 << 20)
     assert host_buffer((1 << 20,), np.dtype(np.uint8)).ctypes.data != base  # released: fresh buffers again
+
+
+@pytest.mark.integration
+def test_a_spare_sizes_its_landing_memory_from_the_latest_checkpoint_once_there_is_one(tmp_path) -> None:
+    from reprieve.checkpoint import CheckpointManager
+    from reprieve.prewarm import LandingAhead
+
+    uri = str(tmp_path / "ckpt")
+    ahead = LandingAhead({"REPRIEVE_CHECKPOINT_URI": uri})
+    ahead.attempt()
+    assert not ahead.done and landing.take(1 << 20) is None  # no checkpoint yet: asked again while it waits
+    mgr = CheckpointManager(uri, attempt=1)
+    mgr.save(3, {"w": jnp.ones(24 << 20, jnp.float32)})  # 96 MiB
+    mgr.wait()
+    ahead.attempt()
+    assert ahead.done and landing._pool and landing._pool[0].size == 96 << 20
+    landing.release()
+    landing._pool.clear()
+    hinted = LandingAhead({"REPRIEVE_CHECKPOINT_URI": uri, "REPRIEVE_WARM_LANDING_BYTES": str(80 << 20)})
+    hinted.attempt()  # the figure of the pod's own last trainer goes first
+    assert hinted.done and landing._pool[0].size == 80 << 20

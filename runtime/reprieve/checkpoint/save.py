@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -35,6 +36,7 @@ class Snapshot:
     shards: list[ShardCopy]
     host_leaves: dict[int, np.ndarray]  # numpy leaves (written by process 0)
     local_bytes: int
+    landing_bytes: int = 0  # what a restore of the state lands here: every addressable shard, replicas included
 
 
 def _is_key_array(x: Any) -> bool:
@@ -173,6 +175,7 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
     owned: list[tuple[int, Region, jax.Shard]] = []
     host_leaves: dict[int, np.ndarray] = {}
     array_index = 0
+    landing = 0
     for path, leaf in flat:
         p = jax.tree_util.keystr(path)
         i = len(leaves)
@@ -191,6 +194,7 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
                 sharding=describe_sharding(leaf.sharding), stored_as=stored, key_impl=key_impl,
             ))
             array_index += 1
+            landing += math.prod(shard_shape) * leaf.dtype.itemsize * len(leaf.addressable_shards)
             for s in leaf.addressable_shards:
                 if s.replica_id == 0 and s.data.size > 0:
                     owned.append((i, region_of(s.index, shape), s))
@@ -204,6 +208,7 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
                 stored_as=stored,
             ))
             array_index += 1
+            landing += int(arr.nbytes)
             host_leaves[i] = arr
         elif leaf is None or isinstance(leaf, (bool, int, float, str)):
             leaves.append(LeafMeta(path=p, kind="json", value=leaf))
@@ -219,7 +224,7 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
     shards = [ShardCopy(i, r, c) for (i, r, _), c in zip(owned, copies, strict=True)]
     local = sum(int(np.prod([b - a for a, b in sc.region], dtype=np.int64)) * np.dtype(leaves[sc.leaf].dtype).itemsize
                 for sc in shards)
-    return Snapshot(leaves, shards, host_leaves, local)
+    return Snapshot(leaves, shards, host_leaves, local, landing)
 
 
 def _as_stored(arr: np.ndarray, leaf: LeafMeta) -> np.ndarray:
@@ -283,5 +288,5 @@ def build_metadata(step: int, attempt: int, num_processes: int, snap: Snapshot, 
     return CheckpointMeta(
         step=step, attempt=attempt, num_processes=num_processes, leaves=snap.leaves, extra=extra,
         versions=_versions(), created_unix=time.time(), process_extra=process_extra,
-        topology=topology.recorded(num_processes),
+        topology=topology.recorded(num_processes), landing_bytes=snap.landing_bytes or None,
     )
