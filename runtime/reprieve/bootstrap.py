@@ -112,8 +112,9 @@ def init(
     if link is not None and link.warm:
         # A pre-warmed process (reprieve-supervisor): imports are done (and what init() and the restore would import
         # after the assignment, prewarm.prepare); the assignment says who this process is.
-        landing = prewarm.prepare(environ)
-        waiting = [w for w in (ahead, landing) if w is not None and not w.done]  # a spare before the first checkpoint
+        landing_ahead = prewarm.prepare(environ)
+        # asked again while it waits: a spare started before the job's first checkpoint
+        waiting = [w for w in (ahead, landing_ahead) if w is not None and not w.done]
 
         def idle() -> None:
             for w in waiting:
