@@ -195,11 +195,11 @@ WARM_TRAINER = """
 """
 
 
-def start_warm(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[str], socket.socket]:
+def start_warm(tmp_path: Path, script: str = WARM_TRAINER, **env: str) -> tuple[subprocess.Popen[str], socket.socket]:
     ours, theirs = socket.socketpair()
     os.set_inheritable(theirs.fileno(), True)
     fd = str(theirs.fileno())
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WARM_TRAINER)], pass_fds=[theirs.fileno()],
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], pass_fds=[theirs.fileno()],
                             env={**CLEAN, "REPRIEVE_WARM_FD": fd, "REPRIEVE_SUPERVISOR_FD": fd,
                                  "REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), **env},
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -363,15 +363,7 @@ def test_a_warm_process_populates_the_landing_memory_its_restore_then_lands_in(t
     """The first trainer reports the bytes its state lands; the next warm process, told them, populates them while
     it is parked, and its restore lands in them (and gives back the rest)."""
     def attempt(n: int, **env: str) -> tuple[dict[str, object], str]:
-        ours, theirs = socket.socketpair()
-        os.set_inheritable(theirs.fileno(), True)
-        fd = str(theirs.fileno())
-        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(RESTORING_TRAINER)], pass_fds=[theirs.fileno()],
-                                env={**CLEAN, "REPRIEVE_WARM_FD": fd, "REPRIEVE_SUPERVISOR_FD": fd,
-                                     "REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), **env},
-                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        theirs.close()
-        ours.settimeout(60)
+        proc, ours = start_warm(tmp_path, RESTORING_TRAINER, **env)
         lines = ours.makefile("rb")
         assert json.loads(lines.readline()) == {"event": "ready"}
         ours.sendall(json.dumps({"attempt": n, "processId": 0, "numProcesses": 1, "coordinator": None}).encode()
