@@ -114,6 +114,11 @@ def test_host_buffers_of_a_restore_land_in_the_pool_bit_exact(tmp_path) -> None:
     assert pool.taken == n * (64 << 20)  # the tiny leaf is made on the heap as before
     assert landing.release() == pool.size - n * (64 << 20)
     assert host_buffer((1 << 20,), np.dtype(np.uint8)).ctypes.data != base  # released: fresh buffers again
+    gc.collect()  # the restore's own references are gone: only the arrays hold the pieces, whose pages stay theirs
+    assert np.array_equal(np.asarray(restored["w"]), np.asarray(state["w"]))
+    del restored, w
+    gc.collect()  # the arrays gone, their pieces' pages go back to the kernel
+    assert np.frombuffer(pool._mem, dtype=np.uint8)[:1 << 20].max() == 0
 
 
 @pytest.mark.integration
