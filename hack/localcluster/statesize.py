@@ -13,7 +13,8 @@ from pathlib import Path
 # one's buffers), and the host copies of the storage tier's and the memory tier's saves (one each: a replica is
 # saved once; each tier keeps its buffers for its next save). Its pod's memory tier volume (tmpfs, counted in the
 # machine's memory): the copy being written, its newest complete copy and the copy it holds for a peer (measured:
-# benchmarks/RESULTS.md, "The example at a real state size").
+# benchmarks/RESULTS.md, "The example at a real state size"). Not counted: a warm process's landing memory (the
+# state once per device, reprieve.landing), which is populated only where the machine has room for it twice over.
 STATE_COPIES_PER_DEVICE = 1
 HOST_COPIES = 2
 TIER_COPIES = 3
