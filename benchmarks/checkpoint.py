@@ -253,14 +253,10 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
 
     populated = None
     if a.impl == WARM:  # what a warm process does while it waits for its assignment (reprieve.prewarm): off the clock
-        import numpy as np
         from reprieve import landing
 
-        need = sum(int(np.prod(idx_shape(x.sharding, x.shape, d))) * np.dtype(x.dtype).itemsize
-                   for x in jax.tree.leaves(abstract) for d in x.sharding.addressable_devices
-                   if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key))  # a key's few words: no matter
         t = time.perf_counter()
-        pool = landing.reserve(need, minimum=0)
+        pool = landing.reserve(landing.landing_bytes(abstract) or 0, minimum=0)
         populated = time.perf_counter() - t
         assert pool is not None, "no landing memory populated: see the log line above"
     gc.collect()
@@ -288,11 +284,6 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
         landing.release()
     return {"restore_s": t1 - t0, "rss_delta": peak - base, "local_bytes": local, "ok": ok, "populated_s": populated}
 
-
-def idx_shape(sharding: Any, shape: tuple[int, ...], device: Any) -> tuple[int, ...]:
-    """The shape of ``device``'s shard of a ``shape`` array under ``sharding``."""
-    index = sharding.addressable_devices_indices_map(shape)[device]
-    return tuple(len(range(*sl.indices(n))) for sl, n in zip(index, shape, strict=True))
 
 
 def _lm_matches(jax: Any, a: argparse.Namespace, build: Any, out: Any) -> bool:

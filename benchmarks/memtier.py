@@ -222,7 +222,8 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
         from reprieve import landing
 
         t = time.perf_counter()
-        pool = landing.reserve(_landing_bytes(abstract), minimum=0)  # small states too: the row is a warm restore
+        # what the trainer reports to its supervisor for the next warm process; small states too: the row is warm
+        pool = landing.reserve(landing.landing_bytes(abstract) or 0, minimum=0)
         pool_s = time.perf_counter() - t
         assert pool is not None, "no landing memory populated: see the log line above"
     t0 = time.perf_counter()
@@ -244,20 +245,6 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
     tier.close()
     shutil.rmtree(os.path.join(a.shm, "pod-replacement"), ignore_errors=True)
     return {"seconds": seconds, "bytes": nbytes, "exact": exact, "cached_before": cached, "pool_s": pool_s}
-
-
-def _landing_bytes(abstract: Any) -> int:
-    """The host bytes a restore of ``abstract`` lands in this process (every device's region a buffer of its own):
-    what the trainer reports to its supervisor for the next warm process (``reprieve.landing.landing_bytes``)."""
-    import jax
-    import numpy as np
-    from reprieve.arrays import addressable_regions, region_size
-
-    total = 0
-    for x in jax.tree.leaves(abstract):
-        regions, devices = addressable_regions(x.sharding, tuple(x.shape))
-        total += sum(region_size(r) * len(d) for r, d in zip(regions, devices, strict=True)) * np.dtype(x.dtype).itemsize
-    return total
 
 
 POPULATE_PARTS = 64  # the 1 GiB / 16-leaf restore's landing buffers: 16 leaves x 4 devices

@@ -289,9 +289,9 @@ class Job:
             self.first_step_lowerings = counter.stop_first_step(stepped=self.loop.first is not None)
 
     def _first_step_done(self, step: int) -> None:
-        landing.release()  # a loop that restored without restore_or: the memory populated ahead is of no more use
-        if self._on_first_step is not None:
+        if self._on_first_step is not None:  # once (save() calls this at every step)
             hook, self._on_first_step = self._on_first_step, None
+            landing.release()  # a loop that restored without restore_or: the memory populated ahead is of no use
             try:
                 hook(step, self._landing)
             except Exception as err:  # noqa: BLE001 - a report, never a reason to stop training

@@ -21,6 +21,7 @@ is needed for a restore to work; a restore without a pool, or past its end, make
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import sys
 import threading
@@ -167,23 +168,33 @@ def release() -> int:
     return left
 
 
+def leaf_bytes(x: Any) -> int:
+    """The host bytes a restore of one leaf lands in this process: a ``jax.Array``, or a ``jax.ShapeDtypeStruct``
+    with a sharding, once per addressable device (each replica is a buffer of its own; a typed PRNG key as its key
+    data), a numpy array whole; anything else 0. Abstract: no array is read or made."""
+    if isinstance(x, np.ndarray):
+        return int(x.nbytes)
+    sharding = getattr(x, "sharding", None)
+    if sharding is None or "jax" not in sys.modules:
+        return 0
+    import jax
+
+    shape, dtype = tuple(x.shape), x.dtype
+    words = 1
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):  # what a restore lands: the key's words
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))
+        words, dtype = math.prod(data.shape[len(shape):]), data.dtype
+    return math.prod(sharding.shard_shape(shape)) * words * np.dtype(dtype).itemsize * len(sharding.addressable_devices)
+
+
 def landing_bytes(state: Any) -> int | None:
-    """The host bytes a restore of ``state`` lands in this process: every addressable shard of each ``jax.Array``
-    (each device's replica is a buffer of its own) and every numpy array; None when it cannot tell."""
+    """:func:`leaf_bytes` over every leaf of ``state`` (arrays or their abstract); None when it cannot tell."""
     if "jax" not in sys.modules:
         return None
     import jax
 
-    total = 0
     try:
-        for x in jax.tree.leaves(state):
-            if isinstance(x, jax.Array):
-                if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-                    x = jax.random.key_data(x)  # what a restore lands: the key's words
-                total += sum(int(s.data.nbytes) for s in x.addressable_shards)
-            elif isinstance(x, np.ndarray):
-                total += int(x.nbytes)
+        return sum(leaf_bytes(x) for x in jax.tree.leaves(state))
     except Exception as err:  # noqa: BLE001 - a hint for the next warm process, never a reason to fail
         log.debug("landing bytes of the state not known: %s", err)
         return None
-    return total

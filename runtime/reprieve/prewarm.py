@@ -78,20 +78,20 @@ class LandingAhead:
         if self.done:
             return
         try:
-            nbytes = Env(self._env).opt_integer(LANDING_BYTES_ENV, minimum=0) or self._recorded()
-            if nbytes is None:
-                return
+            nbytes = Env(self._env).opt_integer(LANDING_BYTES_ENV, minimum=0)
+            if not nbytes:
+                from .trace_ahead import latest_metadata
+
+                found = latest_metadata(self._env, "landing memory", "not populated ahead")
+                if found is None:
+                    return  # no checkpoint yet: asked again while the process waits
+                nbytes = found[0].landing_bytes  # None: written by an older reprieve, and no more asking
             self.done = True
-            landing.reserve(nbytes)
+            if nbytes:
+                landing.reserve(nbytes)
         except Exception as err:  # noqa: BLE001 - a head start: the restore makes fresh buffers instead
             self.done = True
             log.warning("pre-warm: no landing memory populated ahead: %s", err)
-
-    def _recorded(self) -> int | None:
-        from .trace_ahead import latest_metadata
-
-        found = latest_metadata(self._env, "landing memory", "not populated ahead")
-        return None if found is None else found[0].landing_bytes
 
 
 def discover_jax_plugins() -> None:

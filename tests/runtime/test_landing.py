@@ -105,6 +105,7 @@ def test_host_buffers_of_a_restore_land_in_the_pool_bit_exact(tmp_path) -> None:
     assert pool is not None
     base = np.frombuffer(pool._mem, dtype=np.uint8).ctypes.data
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    assert landing.landing_bytes(abstract) == need  # the same from the abstract state (the benchmarks' warm rows)
     step, restored, _ = CheckpointManager(str(tmp_path / "ckpt"), attempt=2).restore(abstract)
     assert step == 1
     w = restored["w"]
@@ -140,3 +141,26 @@ def test_a_spare_sizes_its_landing_memory_from_the_latest_checkpoint_once_there_
     hinted = LandingAhead({"REPRIEVE_CHECKPOINT_URI": uri, "REPRIEVE_WARM_LANDING_BYTES": str(80 << 20)})
     hinted.attempt()  # the figure of the pod's own last trainer goes first
     assert hinted.done and landing._pool[0].size == 80 << 20
+
+
+@pytest.mark.integration
+def test_a_typed_key_lands_its_key_data_and_a_numpy_leaf_itself() -> None:
+    keys = jax.random.split(jax.random.key(0), 6)  # threefry: 2 uint32 words a key
+    data = jax.random.key_data(keys)
+    abstract = jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=keys.sharding)
+    assert landing.leaf_bytes(keys) == landing.leaf_bytes(abstract) == data.nbytes == 6 * 2 * 4
+    assert landing.leaf_bytes(np.zeros(5, np.float64)) == 40 and landing.leaf_bytes(3) == 0
+
+
+@pytest.mark.integration
+def test_a_spare_stops_asking_once_a_checkpoint_records_no_landing_bytes(tmp_path) -> None:
+    from reprieve.checkpoint import CheckpointManager
+    from reprieve.prewarm import LandingAhead
+
+    uri = str(tmp_path / "ckpt")
+    mgr = CheckpointManager(uri, attempt=1)
+    mgr.save(1, {"lr": 0.1})  # no array: nothing recorded, as in a checkpoint of an older reprieve
+    mgr.wait()
+    ahead = LandingAhead({"REPRIEVE_CHECKPOINT_URI": uri})
+    ahead.attempt()
+    assert ahead.done and not landing._pool  # not read again every few seconds for the spare's whole wait

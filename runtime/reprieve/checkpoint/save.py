@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import os
 import threading
 import time
@@ -17,6 +16,7 @@ import numpy as np
 
 from .. import topology
 from ..arrays import Region, describe_sharding, host_buffer, region_of, region_slices
+from ..landing import leaf_bytes
 from . import layout, spec
 from .metadata import CheckpointMeta, LeafMeta
 from .storage import Storage
@@ -194,7 +194,7 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
                 sharding=describe_sharding(leaf.sharding), stored_as=stored, key_impl=key_impl,
             ))
             array_index += 1
-            landing += math.prod(shard_shape) * leaf.dtype.itemsize * len(leaf.addressable_shards)
+            landing += leaf_bytes(leaf)
             for s in leaf.addressable_shards:
                 if s.replica_id == 0 and s.data.size > 0:
                     owned.append((i, region_of(s.index, shape), s))
@@ -208,7 +208,7 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
                 stored_as=stored,
             ))
             array_index += 1
-            landing += int(arr.nbytes)
+            landing += leaf_bytes(arr)
             host_leaves[i] = arr
         elif leaf is None or isinstance(leaf, (bool, int, float, str)):
             leaves.append(LeafMeta(path=p, kind="json", value=leaf))
