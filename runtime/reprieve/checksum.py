@@ -40,6 +40,44 @@ def crc32c(data: Any, start: int = 0, stop: int | None = None, *, crc: int = 0) 
             del buf
 
 
+POLY = 0x82F63B78  # crc32c's polynomial, reflected
+
+
+def _multmodp(a: int, b: int) -> int:
+    """``a`` times ``b`` modulo the polynomial (both reflected: bit 31 is x^0), as zlib's ``multmodp``."""
+    m, p = 1 << 31, 0
+    while a:
+        if a & m:
+            p ^= b
+            a ^= m
+        m >>= 1
+        b = (b >> 1) ^ POLY if b & 1 else b >> 1
+    return p
+
+
+def _x2n_table() -> list[int]:
+    table = [1 << 30]  # x^1
+    for _ in range(31):
+        table.append(_multmodp(table[-1], table[-1]))  # x^(2^k)
+    return table
+
+
+_X2N = _x2n_table()
+
+
+def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The crc32c of ``A + B`` from ``crc1`` (of A), ``crc2`` (of B) and B's length (pure; zlib's
+    ``crc32_combine`` for this polynomial): pieces checked apart, on several threads or as they arrive, give
+    the shard's recorded checksum without reading it again."""
+    p, k, n = 1 << 31, 3, len2  # x^(8 * len2) mod P
+    while n:
+        if n & 1:
+            p = _multmodp(_X2N[k & 31], p)
+        n >>= 1
+        k += 1
+    return _multmodp(p, crc1) ^ crc2
+
+
 @functools.cache
 def _extend() -> Any:
     """``crc32c_extend`` of the library the google-crc32c wheel bundles (its Python binding takes only bytes, so

@@ -35,3 +35,11 @@ def test_a_buffer_checked_in_pieces_gives_the_crc32c_of_the_whole() -> None:
         crc = checksum.crc32c(data, a, a + (1 << 20), crc=crc)
     assert crc == whole
     assert checksum.crc32c(data.tobytes()) == whole  # a read-only buffer, by its address
+
+
+@pytest.mark.parametrize(("first", "second"), [(0, 0), (0, 5), (5, 0), (1, 1), (1000, 33), (3 << 20, 7), (17, 1 << 20)])
+def test_two_checksums_combine_into_that_of_the_bytes_one_after_the_other(first: int, second: int) -> None:
+    """Chunks of a shard checked apart (on the threads that received them) give the shard's crc32c."""
+    rng = np.random.default_rng(first * 31 + second)
+    a, b = rng.bytes(first), rng.bytes(second)
+    assert checksum.crc32c_combine(google_crc32c.value(a), google_crc32c.value(b), second) == google_crc32c.value(a + b)

@@ -345,3 +345,33 @@ def test_a_peer_that_goes_away_half_way_through_a_restore_read_fails_that_source
     assert not relay.serving()
     relay.cut_after(None)
     assert _restore_one_leaf(sources, len(payload)).tobytes() == payload
+
+
+@pytest.mark.parametrize("flip", [None, "second chunk"])
+def test_a_shard_read_in_chunks_is_checked_as_a_whole_and_a_byte_flipped_at_the_peer_fails_it(
+        pair: tuple[MemoryDir, MemoryDir, ReplicaServer], monkeypatch: pytest.MonkeyPatch, flip: str | None) -> None:
+    """A peer's shard larger than a chunk arrives over several connections at once, each chunk checked by the thread
+    that received it; the chunks' checksums combine into the shard's recorded one. A byte flipped in the peer's copy
+    after it was committed (past the first chunk) fails that shard, naming it: a corrupt source, no array built."""
+    import reprieve.memtier.restore as restore_mod
+
+    monkeypatch.setattr(restore_mod, "CHUNK_BYTES", 96 << 10)
+    writer, holder, server = pair
+    payload = os.urandom(1 << 20)
+    name = CopyName(40, 2, 1)
+    write_copy(writer, name, payload, parts=2)  # 512 KiB shards: 6 chunks each, the last one short
+    put(wire.Client(server.address), writer, name)
+    if flip:
+        data = Path(holder.copy_dir("peer", name)) / layout.DATA_FILE
+        raw = bytearray(data.read_bytes())
+        raw[holder.manifest("peer", name).shards[1].offset + (100 << 10)] ^= 0x01
+        data.write_bytes(bytes(raw))
+    held = Holding(name, 2, server.address, "peer")
+    sources = open_sources({1: held}, writer, process=1, location="another-pod", token=None)
+    if flip is None:
+        assert _restore_one_leaf(sources, len(payload)).tobytes() == payload
+        return
+    with pytest.raises(SourceError, match=r"shard 1 \(leaf \['x'\], region \[\(524288, 1048576\)\]\) fails its "
+                                          r"checksum") as err:
+        _restore_one_leaf(sources, len(payload))
+    assert err.value.corrupt and err.value.holder == held

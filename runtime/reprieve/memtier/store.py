@@ -318,10 +318,15 @@ def verify(data: Any, manifest: Manifest, indices: list[int] | None = None, *, w
     else:
         got = [check(k) for k in ks]
     for k, crc in zip(ks, got, strict=True):
-        s = manifest.shards[k]
-        if crc != s.crc32c:
-            raise CopyCorruptError(f"{where}: shard {k} (leaf {manifest.leaves[s.leaf].get('path')}, region "
-                                   f"{list(s.region)}) fails its checksum (crc32c {crc:08x}, recorded {s.crc32c:08x})")
+        check_shard(manifest, k, crc, where=where)
+
+
+def check_shard(manifest: Manifest, k: int, crc: int, *, where: str) -> None:
+    """CopyCorruptError naming shard ``k`` when ``crc`` (of its bytes as read) is not the one its manifest records."""
+    s = manifest.shards[k]
+    if crc != s.crc32c:
+        raise CopyCorruptError(f"{where}: shard {k} (leaf {manifest.leaves[s.leaf].get('path')}, region "
+                               f"{list(s.region)}) fails its checksum (crc32c {crc:08x}, recorded {s.crc32c:08x})")
 
 
 def _listdir(path: str) -> list[str]:
