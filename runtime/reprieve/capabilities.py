@@ -3,8 +3,9 @@
 :class:`Checkpointer` is the whole requirement. Each optional capability is one named protocol, and
 :meth:`Capabilities.of` checks a checkpointer against all of them once, when the job is built (the way Kueue's
 ``jobframework`` asserts its optional ``JobWith...`` interfaces in one place); nothing else asks a checkpointer
-what it can do. ``reprieve.checkpoint.CheckpointManager`` and ``reprieve.orbax.OrbaxCheckpointer`` offer all of
-them; a checkpointer of the user's own needs only :class:`Checkpointer`.
+what it can do. ``reprieve.checkpoint.CheckpointManager`` offers all of them, ``reprieve.orbax.OrbaxCheckpointer``
+all but :class:`DeferredRetention` and :class:`HostLanding`; a checkpointer of the user's own needs only
+:class:`Checkpointer`.
 """
 
 from __future__ import annotations
@@ -78,6 +79,15 @@ class StateCheck(Protocol):
 
 
 @runtime_checkable
+class HostLanding(Protocol):
+    """Reads a restore into buffers from ``reprieve.arrays.host_buffer`` when ``lands_in_host_buffers`` is true: so
+    into the memory a warm process populated ahead (:mod:`reprieve.landing`). A job whose restores land elsewhere
+    (Orbax's own reads) reports no landing bytes, and its next warm process populates none."""
+
+    lands_in_host_buffers: bool
+
+
+@runtime_checkable
 class ProcessExtraResult(Protocol):
     """A restore result with the per-process values saved beside the state (:class:`ProcessExtra`)."""
 
@@ -93,6 +103,7 @@ class Capabilities:
     process_extra: ProcessExtra | None = None
     deferred_retention: DeferredRetention | None = None
     state_check: StateCheck | None = None
+    host_landing: HostLanding | None = None
 
     @classmethod
     def of(cls, checkpointer: Checkpointer) -> Capabilities:
@@ -103,6 +114,7 @@ class Capabilities:
             process_extra=c if isinstance(c, ProcessExtra) and c.supports_process_extra else None,
             deferred_retention=c if isinstance(c, DeferredRetention) else None,
             state_check=c if isinstance(c, StateCheck) else None,
+            host_landing=c if isinstance(c, HostLanding) and c.lands_in_host_buffers else None,
         )
 
 
@@ -111,6 +123,6 @@ if TYPE_CHECKING:  # mypy holds this package's two checkpointers to every protoc
     from .orbax import OrbaxCheckpointer
 
     def _offers(m: CheckpointManager, o: OrbaxCheckpointer) -> None:
-        _m: tuple[Checkpointer, CommitCallback, RestoreCheck, ProcessExtra, DeferredRetention, StateCheck] = (
-            m, m, m, m, m, m)
+        _m: tuple[Checkpointer, CommitCallback, RestoreCheck, ProcessExtra, DeferredRetention, StateCheck,
+                  HostLanding] = (m, m, m, m, m, m, m)
         _o: tuple[Checkpointer, CommitCallback, RestoreCheck, ProcessExtra, StateCheck] = (o, o, o, o, o)

@@ -92,6 +92,8 @@ class Job:
         self._hub, self._progress, self._exit_fn = hub, progress, exit_fn
         self._on_first_step = on_first_step  # reprieve-supervisor pre-warms the next attempt once it is called
         self._landing: int | None = None  # the bytes a restore of the state lands here (reprieve.landing)
+        # whether a restore here lands in that memory: the checkpointer's reads, or the memory tier's
+        self._lands = self.caps.host_landing is not None or memory is not None
         self._leaving = Leaving(hub=hub, agreement=agreement, checkpointer=checkpointer, metrics=self.metrics,
                                 coordinator=coordinator, progress=progress, closers=closers or [],
                                 on_exiting=on_exiting, shutdown_distributed=shutdown_distributed)
@@ -193,7 +195,7 @@ class Job:
                 state = init_fn()
                 require(abstract_problem(target, abstract_of(state)))
             self.finished.prepare(state)
-            self._landing = landing.landing_bytes(state)
+            self._landing = landing.landing_bytes(state) if self._lands else None
             return Restored(state, 0)
         step = read.step
         value = read.position(data, self.process_id, self.num_processes, reshard_data)
@@ -213,7 +215,7 @@ class Job:
         read.account(self.loop, self.metrics, seconds)
         read.log(uri, seconds)
         self.finished.prepare(state)
-        self._landing = landing.landing_bytes(state)
+        self._landing = landing.landing_bytes(state) if self._lands else None
         return Restored(state, step + 1, data=value, extra=read.user_extra, step=step)
 
     def compile_ahead(self, fn: Any, *args: Any, **kwargs: Any) -> None:

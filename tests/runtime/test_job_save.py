@@ -286,8 +286,9 @@ def test_the_capabilities_of_both_checkpointers_are_seen_once_and_a_plain_one_ha
 
     manager = Capabilities.of(object.__new__(CheckpointManager))  # the class's methods: no storage opened
     assert None not in (manager.commit_callback, manager.restore_check, manager.process_extra,
-                        manager.deferred_retention, manager.state_check)
+                        manager.deferred_retention, manager.state_check, manager.host_landing)
     orbax = Capabilities.of(object.__new__(OrbaxCheckpointer))
     assert None not in (orbax.commit_callback, orbax.restore_check, orbax.process_extra, orbax.state_check)
     assert orbax.deferred_retention is None
+    assert orbax.host_landing is None  # Orbax reads into buffers of its own: no landing memory populated for it
     assert Capabilities.of(Checkpointer()) == Capabilities()

@@ -359,6 +359,27 @@ RESTORING_TRAINER = """
 """
 
 
+ORBAX_TRAINER = RESTORING_TRAINER.replace("job = reprieve.init(install_sigterm=False, watch_pod=False)", """
+    from reprieve.orbax import OrbaxCheckpointer
+    job = reprieve.init(install_sigterm=False, watch_pod=False, checkpointer=lambda cfg, coord: OrbaxCheckpointer(
+        cfg.checkpoint_uri, coordinator=coord, attempt=cfg.attempt))""")
+
+
+def test_a_trainer_whose_restores_do_not_land_in_host_buffers_reports_no_landing_bytes(tmp_path: Path) -> None:
+    """Orbax reads a restore into buffers of its own: the trainer reports no landing bytes, so its next warm process
+    does not hold a state's worth of populated memory that nothing would use (capabilities.HostLanding)."""
+    assert "OrbaxCheckpointer(" in ORBAX_TRAINER
+    proc, ours = start_warm(tmp_path, ORBAX_TRAINER)
+    lines = ours.makefile("rb")
+    assert json.loads(lines.readline()) == {"event": "ready"}
+    ours.sendall(json.dumps({"attempt": 1, "processId": 0, "numProcesses": 1, "coordinator": None}).encode() + b"\n")
+    events = [json.loads(line) for line in lines]
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    step = next(e for e in events if e["event"] == "step")
+    assert "landing" not in step, step
+
+
 def test_a_warm_process_populates_the_landing_memory_its_restore_then_lands_in(tmp_path: Path) -> None:
     """The first trainer reports the bytes its state lands; the next warm process, told them, populates them while
     it is parked, and its restore lands in them (and gives back the rest)."""

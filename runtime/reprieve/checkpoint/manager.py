@@ -267,6 +267,7 @@ class CheckpointManager:
 
     # -- save ---------------------------------------------------------------------------------------
     supports_process_extra = True
+    lands_in_host_buffers = True  # capabilities.HostLanding: a restore reads into arrays.host_buffer's buffers
 
     def check_state(self, state: Any) -> None:
         """Raise the TypeError a save of ``state`` would raise (a leaf that cannot be saved), copying nothing."""
