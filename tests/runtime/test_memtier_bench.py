@@ -61,8 +61,8 @@ def test_every_restore_source_is_printed_beside_its_floor_measured_in_the_same_r
                           str(tmp_path / "r.json")], capture_output=True, text=True, timeout=170, check=False)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     floors = {"own": "memcpy", "peer": "loopback TCP", "peer-warm": "loopback TCP", "disk": "memcpy",
-              "disk-warm": "memcpy", "disk-cold": "cold read", "s3": "raw GET"}
-    for source in ["own", "peer", "peer-warm", "disk", "disk-warm", "disk-cold"] + ([] if s3 else ["s3"]):
+              "disk-warm": "memcpy", "disk-cold": "cold read", "s3": "raw GET", "gcs": "raw GCS GET"}
+    for source in ["own", "peer", "peer-warm", "disk", "disk-warm", "disk-cold", "gcs"] + ([] if s3 else ["s3"]):
         row = re.search(rf"\| {re.escape(source)} +\| +[\d.]+ s \( *[\d.]+\) \| +[\d.]+ GiB/s \| {floors[source]} +"
                         r"([\d.]+) GiB/s +\| +(\d+) % \| fresh +\d+ % \| worst/median [\d.]+", out.stdout)
         assert row and float(row.group(1)) > 0, f"{source}: {out.stdout}"
@@ -83,8 +83,10 @@ def test_every_restore_source_is_printed_beside_its_floor_measured_in_the_same_r
     assert re.search(r"own: \d+ % of its checksum on a fresh mapping \([\d.]+ GiB/s", out.stdout), out.stdout
     assert re.search(r"disk-cold: \d+ % of the device's O_DIRECT read \([\d.]+ GiB/s, \d+ files at once\)", out.stdout)
     assert round_fl["read_cold_cached_bytes"] in (0, -1) or round_fl["read_cold_cached_bytes"] < round_fl["read_bytes"]
-    if not s3:
-        assert round_fl["s3_get_bytes"] >= r["bytes"] and round_fl["s3_get_s"] > 0, round_fl
+    for store in ["gcs"] + ([] if s3 else ["s3"]):  # each emulator's raw GET of the same objects, in the round
+        assert round_fl[f"{store}_get_bytes"] >= r["bytes"] and round_fl[f"{store}_get_s"] > 0, round_fl
+        assert re.search(rf"the {store} emulator's raw GET, \d+ in flight: [\d.]+ GiB/s", out.stdout), out.stdout
+    assert r["prepare"]["gcs_save_s"] > 0, r["prepare"]
 
 
 def _has_moto() -> bool:
