@@ -42,8 +42,8 @@ on a fresh mapping, on mapped pages and its page faults alone, in a fresh proces
 floor of an own-memory restore that checks every byte it maps). Each source's row prints its restore's median and
 worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). ``--baseline ROOT`` also
 restores from own memory, a peer's memory and local disk, warm and cold, with another checkout's runtime
-(``own@base``, ``peer@base``, ``disk@base``, ``disk-cold@base``) in every round: a before/after of those restores
-under the same load and floors. Memory: a state peaks at about 4x its size (the preparing process's state and staging
+(``own@base``, ``peer@base``, ``disk@base``, ``disk-cold@base``, and the warm ones) in every round: a before/after of
+those restores under the same load and floors. Memory: a state peaks at about 4x its size (the preparing process's state and staging
 buffers, the own and the peer's copies in /dev/shm), and once more for each object-store emulator's copy:
 ``--s3-max-gib`` and ``--gcs-max-gib`` (1 by default) keep the emulators to the smaller states.
 
@@ -796,7 +796,8 @@ SOURCES = ("own", "peer", "peer-warm", "disk", "disk-warm", "disk-cold", "s3", "
 OBJECT_STORES = ("s3", "gcs")  # the sources on an object-store emulator
 WARM = "-warm"  # restored by a process that populated its landing memory first, as a warm process does
 BASELINE = "@base"  # a source restored by the --baseline checkout's runtime: "disk@base"
-BASELINE_SOURCES = ("own", "peer", "disk", "disk-cold")  # what --baseline compares: the memory sources, local disk
+# what --baseline compares: the memory sources and local disk (the warm ones need reprieve.landing in the baseline)
+BASELINE_SOURCES = ("own", "peer", "peer-warm", "disk", "disk-warm", "disk-cold")
 FLOOR_GIB = 1.0  # the floors are rates: measured on 1 GiB whatever the state size (4 GiB would need ~16 GiB of RAM)
 
 
@@ -898,7 +899,8 @@ def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, gcs: bool
                   sources: tuple[str, ...] = SOURCES) -> dict[str, Any]:
     """Prepare every source of one state, then restore it from each in turn (fresh processes, ``repeats`` rounds).
     ``baseline``: the root of another checkout whose runtime also restores from own and a peer's memory and the
-    local-disk sources in every round (``own@base``, ``peer@base``, ``disk@base``, ``disk-cold@base``), each beside
+    local-disk sources in every round (``own@base``, ``peer@base``, ``disk@base``, ``disk-cold@base``, and the warm
+    ones, ``peer-warm@base``, ``disk-warm@base``), each beside
     this one's (:func:`restore_order`): a before/after under the same load and floors. ``sources``: restore from
     these only (the round's floors are measured all the same; an object store's raw GET only when it is
     one of them)."""
