@@ -33,12 +33,13 @@ disk, warm and cold (targets: own memory >= 5x, peer >= 3x). Floors, measured on
 host memcpy into pre-faulted memory and into fresh buffers as a restore makes them (``arrays.host_buffer``), fresh
 memory allocate+touch, crc32c, and loopback TCP (``sendfile`` from tmpfs into a pre-faulted buffer) over one stream
 and over as many as a peer restore reads with (``memtier.restore.STREAMS``); and in every round, before its
-restores, on the checkpoint's own files: their sequential read page-cached and cold (:func:`evict`), their read
+restores, the peer's copy itself over loopback TCP on the restore's streams (the floor the peer rows are held
+against), and on the checkpoint's own files: their sequential read page-cached and cold (:func:`evict`), their read
 with ``O_DIRECT`` as many files at once as a storage restore reads (the device's own cold read,
-:func:`read_files_direct_seconds`), and each object-store emulator's raw GET of the same objects (:func:`raw_get_seconds`); and
-the landing buffers of the state's size made in a fresh process as a storage restore makes them
-(:func:`child_populate`: the floor of any restore into memory its process never had), and the own copy's checksum
-on a fresh mapping, on mapped pages and its page faults alone, in a fresh process (:func:`child_own_parts`: the
+:func:`read_files_direct_seconds`), and each object-store emulator's raw GET of the same objects
+(:func:`raw_get_seconds`); and the landing buffers of the state's size made in a fresh process as a storage
+restore makes them (:func:`child_populate`: the floor of any restore into memory its process never had), and the
+own copy's checksum on a fresh mapping, on mapped pages and its page faults alone, in a fresh process (:func:`child_own_parts`: the
 floor of an own-memory restore that checks every byte it maps). Each source's row prints its restore's median and
 worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). ``--baseline ROOT`` also
 restores from own memory, a peer's memory and local disk, warm and cold, with another checkout's runtime
@@ -79,6 +80,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import glob
 import itertools
 import json
 import os
@@ -728,11 +730,12 @@ def raw_get_seconds(uri: str, *, streams: int = GET_STREAMS) -> tuple[float, int
     return time.perf_counter() - t, total
 
 
-def round_floors(a_dir: str, stores: dict[str, str], common: list[str]) -> dict[str, float]:
+def round_floors(a_dir: str, stores: dict[str, str], common: list[str], shm: str | None = None) -> dict[str, float]:
     """The floors measured in one round (before its restores): on the checkpoint's own files the device's
-    sequential read warm and cold and the emulator's raw parallel GET; and the landing buffers of a state's size
-    made in a fresh process as a storage restore makes them (:func:`child_populate`). The cold read leaves the
-    files cached, so the round's warm storage restore still reads the page cache. ``stores``: each object-store
+    sequential read warm and cold and the emulator's raw parallel GET; the peer's copy of the state (its data file
+    in ``shm``) sent over loopback TCP on the restore's streams; and the landing buffers of a state's size made in
+    a fresh process as a storage restore makes them (:func:`child_populate`). The cold read leaves the files
+    cached, so the round's warm storage restore still reads the page cache. ``stores``: each object-store
     emulator's URI of the checkpoint, by source (``s3``, ``gcs``)."""
     root = os.path.join(a_dir, "ckpt")
     read_files_seconds(root, cold=False)  # the page cache holds every file
@@ -749,6 +752,12 @@ def round_floors(a_dir: str, stores: dict[str, str], common: list[str]) -> dict[
     out.update({f"own_{k}": v for k, v in own.items()})
     for store, uri in stores.items():
         out[f"{store}_get_s"], out[f"{store}_get_bytes"] = raw_get_seconds(uri)
+    copies = sorted(glob.glob(os.path.join(shm, "pod-peer", "*", "*", "data.bin"))) if shm else []
+    if copies:  # the floor of this round's peer restores, on their own bytes (the run-wide one moves between runs)
+        from reprieve.memtier.restore import STREAMS
+
+        n = os.path.getsize(copies[-1])
+        out["tcp_s"], out["tcp_bytes"] = _loopback_seconds(copies[-1], n, STREAMS), n
     return out
 
 
@@ -777,7 +786,8 @@ def floor_rows(r: dict[str, Any], fl: dict[str, float]) -> list[dict[str, Any]]:
         got = [f[nbytes] / GiB / f[seconds] for f in rounds if f.get(seconds)]
         return statistics.median(got) if got else None
 
-    rates = {"memcpy": fl["memcpy_gib_s"], "loopback TCP": fl["loopback_tcp_streams_gib_s"],
+    rates = {"memcpy": fl["memcpy_gib_s"],
+             "loopback TCP": per_round("tcp_s", "tcp_bytes") or fl["loopback_tcp_streams_gib_s"],
              "cold read": per_round("read_cold_s", "read_bytes"), "raw GET": per_round("s3_get_s", "s3_get_bytes"),
              "raw GCS GET": per_round("gcs_get_s", "gcs_get_bytes")}
     rows = []
@@ -923,7 +933,7 @@ def bench_restore(size: float, leaves: int, repeats: int, *, s3: bool, gcs: bool
             exact, cached, round_fl = True, [], []
             pools: dict[str, list[float]] = {}  # a warm source's landing memory populated before its clock
             for i in range(repeats):
-                round_fl.append(round_floors(base, stores, common))
+                round_fl.append(round_floors(base, stores, common, shm))
                 for source in restore_order(list(times), i):
                     r = run_child("restore", [*common, "--source", source.removesuffix(BASELINE)],
                                   root=baseline if source.endswith(BASELINE) and baseline else REPO)
@@ -1083,6 +1093,9 @@ def print_restore(r: dict[str, Any], fl: dict[str, float], repeats: int) -> None
               + "".join(f"; the {store} emulator's raw GET, {GET_STREAMS} in flight: "
                         f"{rate(f'{store}_get_s', f'{store}_get_bytes')}"
                         for store in OBJECT_STORES if any(f"{store}_get_s" in f for f in rf)))
+        if any("tcp_s" in f for f in rf):
+            print(f"  the peer's copy over loopback TCP on the restore's {fl['loopback_tcp_streams']} streams (sendfile "
+                  f"from its tmpfs file into pre-faulted memory): {rate('tcp_s', 'tcp_bytes')}")
         direct = [f["read_direct_bytes"] / GiB / f["read_direct_s"] for f in rf if f.get("read_direct_s")]
         for source in (k for k in m if k.startswith("disk-cold") and direct):
             print(f"  {source}: {gib / m[source] / statistics.median(direct) * 100:.0f} % of the device's O_DIRECT read "

@@ -77,6 +77,9 @@ def test_every_restore_source_is_printed_beside_its_floor_measured_in_the_same_r
     assert round_fl["populate_bytes"] >= r["bytes"] * 0.99 and round_fl["populate_s"] > 0, round_fl  # a fresh process's
     assert "landing buffers made in a fresh process as a restore makes them: " in out.stdout, out.stdout
     assert round_fl["read_direct_bytes"] == round_fl["read_bytes"] and round_fl["read_direct_s"] > 0, round_fl
+    # the peer rows' floor: the peer's copy itself over loopback TCP on the restore's streams, in the round
+    assert round_fl["tcp_bytes"] >= r["bytes"] and round_fl["tcp_s"] > 0, round_fl
+    assert re.search(r"the peer's copy over loopback TCP on the restore's \d+ streams .*: [\d.]+ GiB/s", out.stdout)
     # the own copy's checksum on a fresh mapping and on mapped pages, and its page faults alone, in a fresh process
     assert round_fl["own_bytes"] >= r["bytes"] and round_fl["own_threads"] >= 1, round_fl
     assert all(round_fl[k] > 0 for k in ("own_check_fresh_s", "own_check_mapped_s", "own_fault_s")), round_fl
