@@ -29,24 +29,24 @@ restore in a fresh process, the sources alternating, the median of ``--repeats``
 
 Each goes through the whole restore (``memtier.restore_round.restore``: the round, the decision, the reads and
 checks, the arrays on the devices) and is checked bit-exact on a quarter of the leaves. Ratios are against local
-disk, warm and cold (targets: own memory >= 5x, peer >= 3x). Floors, measured once per run on ``--floor-gib`` (1 GiB):
-host memcpy into pre-faulted memory and into fresh buffers as a restore makes them (``arrays.host_buffer``), fresh
-memory allocate+touch, crc32c, and loopback TCP (``sendfile`` from tmpfs into a pre-faulted buffer) over one stream
-and over as many as a peer restore reads with (``memtier.restore.STREAMS``); and in every round, before its
+disk, warm and cold (targets: own memory >= 5x, peer >= 3x). Floors, measured once per run on ``--floor-gib`` (1
+GiB): host memcpy into pre-faulted memory and into fresh buffers as a restore makes them (``arrays.host_buffer``),
+fresh memory allocate+touch, crc32c, and loopback TCP (``sendfile`` from tmpfs into a pre-faulted buffer) over one
+stream and over as many as a peer restore reads with (``memtier.restore.STREAMS``); and in every round, before its
 restores, the peer's copy itself over loopback TCP on the restore's streams (the floor the peer rows are held
 against), and on the checkpoint's own files: their sequential read page-cached and cold (:func:`evict`), their read
 with ``O_DIRECT`` as many files at once as a storage restore reads (the device's own cold read,
 :func:`read_files_direct_seconds`), and each object-store emulator's raw GET of the same objects
-(:func:`raw_get_seconds`); and the landing buffers of the state's size made in a fresh process as a storage
-restore makes them (:func:`child_populate`: the floor of any restore into memory its process never had), and the
-own copy's checksum on a fresh mapping, on mapped pages and its page faults alone, in a fresh process (:func:`child_own_parts`: the
-floor of an own-memory restore that checks every byte it maps). Each source's row prints its restore's median and
-worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). ``--baseline ROOT`` also
-restores from own memory, a peer's memory and local disk, warm and cold, with another checkout's runtime
-(``own@base``, ``peer@base``, ``disk@base``, ``disk-cold@base``, and the warm ones) in every round: a before/after of
-those restores under the same load and floors. Memory: a state peaks at about 4x its size (the preparing process's state and staging
-buffers, the own and the peer's copies in /dev/shm), and once more for each object-store emulator's copy:
-``--s3-max-gib`` and ``--gcs-max-gib`` (1 by default) keep the emulators to the smaller states.
+(:func:`raw_get_seconds`); and the landing buffers of the state's size made in a fresh process as a storage restore
+makes them (:func:`child_populate`: the floor of any restore into memory its process never had), and the own copy's
+checksum on a fresh mapping, on mapped pages and its page faults alone, in a fresh process (:func:`child_own_parts`:
+the floor of an own-memory restore that checks every byte it maps). Each source's row prints its restore's median
+and worst, the floor it is held against (``FLOOR_OF``) and its share of it (:func:`floor_rows`). ``--baseline ROOT``
+also restores from own memory, a peer's memory and local disk, warm and cold, with another checkout's runtime
+(``own@base``, ``peer@base``, ``disk@base``, ``disk-cold@base``, and the warm ones) in every round: a before/after
+of those restores under the same load and floors. Memory: a state peaks at about 4x its size (the preparing
+process's state and staging buffers, the own and the peer's copies in /dev/shm), and once more for each object-store
+emulator's copy: ``--s3-max-gib`` and ``--gcs-max-gib`` (1 by default) keep the emulators to the smaller states.
 
 Cost (``--parts cost``): one process trains a state of ``--cost-mib`` MiB with a jitted step, the memory tier
 at its default interval (the 1 % budget, as ``reprieve.init`` sets it up, every copy sent to a peer's replica
