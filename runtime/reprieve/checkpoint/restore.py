@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -36,6 +38,7 @@ import numpy as np
 from ..arrays import (
     Region,
     addressable_regions,
+    host_buffer,
     host_buffers,
     intersect,
     is_abstract_array,
@@ -354,6 +357,7 @@ def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
         stats.storage_bytes += sum(region_size(part) for _, part in op.parts) * lf.dtype.itemsize
 
     files: list[tuple[_Leaf, ReadOp, int, concurrent.futures.Future[None]]] = []
+    scratch = _Scratch(memory_limit_bytes)
     for lf, ops in zip(leaves, plans, strict=True):
         store = stores[lf.meta.index]
         readable = _files_readable(storage, lf)
@@ -367,6 +371,14 @@ def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
                     flat = lf.buffers[r.target].reshape(-1).view(np.uint8)
                     span = flat[r.start * lf.dtype.itemsize:(r.start + r.count) * lf.dtype.itemsize]
                     files.append((lf, op, span.nbytes, pool.submit(_read_file, path, span)))
+                continue
+            chunk = _chunk_of(lf, op, memory_limit_bytes) if readable else None
+            if chunk is not None:  # read whole into a reused scratch buffer (scratch: the budget's bytes at most)
+                key, cbox = chunk
+                path = storage.local_path(f"{ckpt_dir}/{layout.chunk_key(lf.meta.index or 0, key)}")
+                assert path is not None
+                nbytes = sum(region_size(part) for _, part in op.parts) * lf.dtype.itemsize
+                files.append((lf, op, nbytes, pool.submit(_scatter_file, path, lf, op, cbox, scratch)))
                 continue
             nbytes = region_size(op.box) * lf.dtype.itemsize
             while inflight and budget + nbytes > memory_limit_bytes:
@@ -403,6 +415,73 @@ def _files_readable(storage: Storage, lf: _Leaf) -> bool:
 def _read_file(path: str, span: np.ndarray) -> None:
     with span.data as out:
         chunk_files.read_chunk(path, out)
+
+
+def _chunk_of(lf: _Leaf, op: ReadOp, limit_bytes: int) -> tuple[tuple[int, ...], Region] | None:
+    """The grid index of the one saved chunk ``op``'s parts lie in and that chunk's whole box (past the array's
+    edge for an edge chunk: its file holds the padding too); None for a leaf without a chunk grid (a scalar) or a
+    chunk file larger than ``limit_bytes`` (TensorStore reads such a chunk's parts piece by piece)."""
+    chunk_shape = lf.meta.chunk_shape or ()
+    if not chunk_shape or not op.parts:
+        return None
+    key = tuple(lo // c for (lo, _), c in zip(op.parts[0][1], chunk_shape, strict=True))
+    cbox = tuple((k * c, k * c + c) for k, c in zip(key, chunk_shape, strict=True))
+    inside = all(c0 <= lo and hi <= c1 for _, part in op.parts for (lo, hi), (c0, c1) in zip(part, cbox, strict=True))
+    fits = region_size(cbox) * lf.out(op.parts[0][0]).dtype.itemsize <= limit_bytes
+    return (key, cbox) if inside and fits else None
+
+
+class _Scratch:
+    """Buffers for whole chunk files, reused from chunk to chunk (no fresh memory per chunk), at most ``limit``
+    bytes of them at once: a read that would pass it waits for a buffer to come back."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit, self._made = limit, 0
+        self._free: list[np.ndarray] = []
+        self._cv = threading.Condition()
+
+    @contextlib.contextmanager
+    def take(self, n: int) -> Iterator[np.ndarray]:
+        with self._cv:
+            while True:
+                buf = next((b for b in self._free if b.nbytes >= n), None)
+                if buf is not None:
+                    self._free.remove(buf)
+                    break
+                if self._made + n <= self._limit or self._made == 0:
+                    self._made += n
+                    break
+                if self._free:  # a smaller one goes, to make room for this size
+                    self._made -= self._free.pop().nbytes
+                    continue
+                self._cv.wait()
+        if buf is None:
+            try:
+                buf = host_buffer((n,), np.dtype(np.uint8))
+            except BaseException:
+                with self._cv:
+                    self._made -= n
+                    self._cv.notify_all()
+                raise
+        try:
+            yield buf[:n]
+        finally:
+            with self._cv:
+                self._free.append(buf)
+                self._cv.notify_all()
+
+
+def _scatter_file(path: str, lf: _Leaf, op: ReadOp, cbox: Region, scratch: _Scratch) -> None:
+    """Chunk file ``path`` read whole into a scratch buffer and checked, then each of ``op``'s parts copied into its
+    target's buffer: a chunk that feeds several targets (another sharding), or a part that is no contiguous span of
+    its target."""
+    stored = lf.out(op.parts[0][0]).dtype
+    with scratch.take(region_size(cbox) * stored.itemsize) as buf:
+        with buf.data as out:
+            chunk_files.read_chunk(path, out)
+        chunk = buf.view(stored).reshape([hi - lo for lo, hi in cbox])
+        for i, part in op.parts:
+            lf.out(i)[local_slices(part, lf.regions[i])] = chunk[local_slices(part, cbox)]
 
 
 def _buffers(pool: concurrent.futures.ThreadPoolExecutor,
