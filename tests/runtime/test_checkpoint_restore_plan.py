@@ -131,3 +131,52 @@ def test_narrowing(saved: str, target: str, loses: str | None) -> None:
 def test_a_failed_read_is_damage_unless_the_storage_did_not_answer(message: str, kind: type) -> None:
     got = read_failure(f"checkpoint s3://b/r/step_1: reading arrays/00000 failed: {message}", ValueError(message))
     assert type(got) is kind and str(got).startswith("checkpoint s3://b/r/step_1: reading arrays/00000 failed")
+
+
+def test_scratch_buffers_stay_within_their_limit_and_are_reused() -> None:
+    """The resharding read's scratch buffers (``restore._Scratch``): at most the limit's bytes at once, whatever
+    the threads ask; a buffer given back is taken again (no fresh memory per chunk); a size that fits no free
+    buffer makes room by dropping one."""
+    import threading
+    import time
+
+    from reprieve.checkpoint.restore import _Scratch
+
+    scratch = _Scratch(3 << 20)
+    held, peak, seen = [0], [0], set()
+    lock = threading.Lock()
+
+    def read(n: int) -> None:
+        with scratch.take(n) as buf:
+            assert buf.nbytes == n
+            with lock:
+                held[0] += n
+                peak[0] = max(peak[0], held[0])
+                seen.add(buf.__array_interface__["data"][0])
+            time.sleep(0.01)
+            with lock:
+                held[0] -= n
+
+    threads = [threading.Thread(target=read, args=(1 << 20,)) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert peak[0] <= 3 << 20 and len(seen) <= 3, (peak, seen)
+    read(2 << 20)  # larger than any free buffer: one is dropped for it, still within the limit
+    assert scratch._made <= 3 << 20
+
+
+@pytest.mark.parametrize(("chunk", "limit", "whole"), [((4, 8), 1 << 20, True), ((4, 8), 64, False)])
+def test_a_chunk_is_read_whole_only_when_its_file_fits_the_budget(chunk: tuple[int, int], limit: int,
+                                                                   whole: bool) -> None:
+    """A chunk larger than the read budget is left to TensorStore, which reads its parts piece by piece."""
+    from types import SimpleNamespace
+
+    from reprieve.checkpoint.restore import _chunk_of
+
+    buf = np.zeros((8, 8), np.float32)
+    lf = SimpleNamespace(meta=SimpleNamespace(chunk_shape=list(chunk)), out=lambda i: buf)
+    op = ReadOp(((4, 8), (0, 8)), ((0, ((4, 8), (0, 4))), (1, ((4, 8), (4, 8)))), direct=False)
+    got = _chunk_of(lf, op, limit)  # type: ignore[arg-type]
+    assert got == (((1, 0), ((4, 8), (0, 8))) if whole else None)

@@ -9,10 +9,15 @@ saved chunks fill those buffers:
   (one copy a byte, crc32c checked in place, no transient memory);
 * a target region that lies inside one saved chunk is read by TensorStore straight into its buffer
   (the same-sharding case on an object store or with a cast: no intermediate array; casts happen on the way);
-* otherwise each part of a chunk that a target region needs is read straight into that region's
-  buffer, all parts of one chunk at once through a small TensorStore chunk cache (half the budget), so
-  resharding decodes each chunk file once and copies every byte once (reading the chunk into a new array
-  and scattering it cost an allocation and a copy more: 0.41 vs 0.54 GiB/s at 4 GiB on the benchmark VM);
+* otherwise, on a local filesystem in the stored dtype, a chunk file no larger than the budget is read whole into
+  a scratch buffer (reused from chunk to chunk, at most the budget's bytes of them), checked as it is read, and
+  each part a target region needs is copied from it into that region's buffer: resharding reads each file once
+  and allocates nothing per chunk (through TensorStore's chunk cache, below, a 1 GiB resharded restore took
+  1.3x as long and peaked at 1.13x the state rather than 1.03x: benchmarks/RESULTS.md, "Checkpoints vs Orbax");
+* elsewhere (an object store, a cast) each part of a chunk that a target region needs is read straight into that
+  region's buffer, all parts of one chunk at once through a small TensorStore chunk cache (half the budget), so
+  resharding decodes each chunk once (reading the chunk into a new array and scattering it cost an allocation
+  and a copy more: 0.41 vs 0.54 GiB/s at 4 GiB on the benchmark VM);
 * a chunk whose needed part is bigger than the budget is read piece by piece.
 
 At most ``memory_limit_bytes`` of transient reads are in flight (and half as much cached), so host memory
@@ -442,11 +447,12 @@ class _Scratch:
 
     @contextlib.contextmanager
     def take(self, n: int) -> Iterator[np.ndarray]:
+        buf: np.ndarray | None = None
         with self._cv:
             while True:
-                buf = next((b for b in self._free if b.nbytes >= n), None)
-                if buf is not None:
-                    self._free.remove(buf)
+                k = next((k for k, b in enumerate(self._free) if b.nbytes >= n), None)
+                if k is not None:
+                    buf = self._free.pop(k)  # by position: list.remove would compare arrays element by element
                     break
                 if self._made + n <= self._limit or self._made == 0:
                     self._made += n
