@@ -6,8 +6,10 @@ little-endian bytes followed by their crc32c (``spec.zarr3_metadata``: codecs ``
 an edge chunk whole, padded), so where a whole chunk is one contiguous span of a landing buffer in the stored dtype,
 its file is read with ``preadv`` straight into that span, piece by piece, each piece's crc32c taken while it is
 still in the CPU's cache: the kernel's copy out of the page cache is the only one, and nothing is allocated.
-Several files are read at once in threads (``preadv`` and crc32c release the GIL). Everything else (a cast, a chunk
-cut by a target's border or by the array's edge, an object store) stays with TensorStore.
+Several files are read at once in threads (``preadv`` and crc32c release the GIL). A chunk cut by a target's border
+or the array's edge, or one that feeds several targets (another sharding), is read the same way whole into a reused
+scratch buffer and its parts copied out (``restore._scatter_file``); a cast, a chunk file larger than the read
+budget and an object store stay with TensorStore.
 
 :func:`direct_reads` decides which reads go this way (pure, table-tested); :func:`read_chunk` reads one file. Its
 errors begin with the status word TensorStore's would (``DATA_LOSS`` a checksum, ``FAILED_PRECONDITION`` a file of
