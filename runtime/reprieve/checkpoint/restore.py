@@ -12,8 +12,8 @@ saved chunks fill those buffers:
 * otherwise, on a local filesystem in the stored dtype, a chunk file no larger than the budget is read whole into
   a scratch buffer (reused from chunk to chunk, at most the budget's bytes of them), checked as it is read, and
   each part a target region needs is copied from it into that region's buffer: resharding reads each file once
-  and allocates nothing per chunk (through TensorStore's chunk cache, below, a 1 GiB resharded restore took
-  1.3x as long and peaked at 1.13x the state rather than 1.03x: benchmarks/RESULTS.md, "Checkpoints vs Orbax");
+  and allocates nothing per chunk (through TensorStore's chunk cache, below, a resharded restore took longer and
+  peaked higher: benchmarks/RESULTS.md, "Checkpoints vs Orbax", run H);
 * elsewhere (an object store, a cast) each part of a chunk that a target region needs is read straight into that
   region's buffer, all parts of one chunk at once through a small TensorStore chunk cache (half the budget), so
   resharding decodes each chunk once (reading the chunk into a new array and scattering it cost an allocation

@@ -167,12 +167,11 @@ class _Reader:
 
             for _ in pool.map(receive, chunks):
                 pass
+        whole = [0] * len(shards)  # each shard's checksum, its chunks' combined in order
+        for i, start, n in chunks:
+            whole[i] = crcs[(i, start)] if start == 0 else crc32c_combine(whole[i], crcs[(i, start)], n)
         for i, k in enumerate(ks):
-            crc = 0
-            for j, start, n in chunks:
-                if j == i:
-                    crc = crcs[(i, start)] if start == 0 else crc32c_combine(crc, crcs[(i, start)], n)
-            check_shard(m, k, crc, where=where)
+            check_shard(m, k, whole[i], where=where)
         return bufs
 
     def array(self, w: int, k: int, dtype: np.dtype) -> np.ndarray:
