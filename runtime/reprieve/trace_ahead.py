@@ -33,11 +33,17 @@ def expected_topology(env: Mapping[str, str] | None = None) -> Topology | None:
     on a first start, for a checkpoint written before topologies were recorded, or when neither can be read
     (logged: this is a hint for tracing ahead, never a reason to fail). Safe before ``reprieve.init()``.
     """
-    environ = os.environ if env is None else env
+    return _expected(os.environ if env is None else env)[0]
+
+
+def _expected(environ: Mapping[str, str]) -> tuple[Topology | None, bool]:
+    """:func:`expected_topology`, and whether asking again could find more: False once the hint or a checkpoint
+    was read (one that records no topology, or a bad one, records none later either); True when there is no
+    checkpoint yet or it could not be read."""
     hint = Env(environ).opt_text(EXPECTED_TOPOLOGY_ENV)
     if hint:
         try:
-            return Topology.from_json(json.loads(hint))
+            return Topology.from_json(json.loads(hint)), False
         except (ValueError, TopologyError) as err:
             log.warning("expected topology: ignoring %s (%s); reading the latest checkpoint", EXPECTED_TOPOLOGY_ENV,
                         err)
@@ -69,20 +75,20 @@ def latest_metadata(environ: Mapping[str, str], what: str, otherwise: str) -> tu
         return None
 
 
-def _checkpoint_topology(environ: Mapping[str, str]) -> Topology | None:
+def _checkpoint_topology(environ: Mapping[str, str]) -> tuple[Topology | None, bool]:
     found = latest_metadata(environ, "expected topology", "not tracing ahead")
     if found is None:
-        return None
+        return None, True
     meta, where = found
     if meta.topology is None:
         log.info("expected topology: %s records none (written by an older reprieve)", where)
-        return None
+        return None, False
     try:
-        return Topology.from_json(meta.topology)
+        return Topology.from_json(meta.topology), False
     except TopologyError as err:
         log.warning("expected topology: could not read the latest checkpoint under %s (%s: %s); not tracing "
                     "ahead", where, type(err).__name__, err)
-        return None
+        return None, False
 
 
 class TraceAhead:
@@ -91,7 +97,9 @@ class TraceAhead:
 
     :meth:`attempt` is called by ``init()`` before it joins the job and, in a pre-warmed process with no topology
     yet (a spare started before the job's first checkpoint), again every ``POLL_SECONDS`` while it waits for its
-    assignment, until a checkpoint records one. A failing ``fn`` is logged and not retried: tracing ahead only
+    assignment, until a checkpoint is found (one that records no topology, written by an older reprieve, ends the
+    asking too: a later one of the same run would be the next attempt's). A failing ``fn`` is logged and not
+    retried: tracing ahead only
     saves time, the step traces at its first call anyway. Touching devices in ``fn`` is the user's error that
     ``reprieve.init()`` refuses in a warm process, as for any code before it.
     """
@@ -105,10 +113,13 @@ class TraceAhead:
     def attempt(self) -> None:
         if self.done:
             return
-        topology = expected_topology(self._env)
+        topology, again = _expected(self._env)
         if topology is None:
-            log.debug("trace_ahead: the expected topology is not known yet (no hint from the previous trainer, no "
-                      "checkpoint records one)")
+            if again:
+                log.debug("trace_ahead: the expected topology is not known yet (no hint from the previous trainer, "
+                          "no checkpoint yet)")
+            else:  # the latest checkpoint records none: no more asking (each time lists the storage)
+                self.done = True
             return
         self.done = True
         t = time.perf_counter()

@@ -177,6 +177,34 @@ def test_trace_ahead_calls_once_when_the_topology_is_known_and_survives_a_failin
     assert failing.done and "trace_ahead for" in caplog.text and "model does not fit" in caplog.text
 
 
+def test_trace_ahead_stops_asking_once_the_latest_checkpoint_records_no_topology(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spare waiting on a checkpoint written before topologies were recorded: one reading of it says so, and the
+    storage is not listed again every POLL_SECONDS for the rest of its wait (as before no checkpoint it is)."""
+    from reprieve import trace_ahead
+
+    reads: list[str] = []
+    real = trace_ahead.latest_metadata
+
+    def counted(*args: object) -> object:
+        reads.append("read")
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(trace_ahead, "latest_metadata", counted)
+    calls: list[Topology] = []
+    ahead = TraceAhead(calls.append, {"REPRIEVE_CHECKPOINT_URI": str(tmp_path)})
+    ahead.attempt()
+    assert not ahead.done and reads == ["read"]  # no checkpoint yet: asked again
+    _save(tmp_path, 5)
+    path = tmp_path / layout.committed_name(5, 1) / layout.METADATA_FILE
+    meta = json.loads(path.read_text())
+    del meta["topology"]  # written before topologies were recorded
+    path.write_text(json.dumps(meta))
+    ahead.attempt()
+    ahead.attempt()
+    assert ahead.done and calls == [] and reads == ["read", "read"]
+
+
 def test_the_current_topology_is_reported_only_once_a_backend_exists() -> None:
     jax.devices()
     assert current_if_initialised() == current()
