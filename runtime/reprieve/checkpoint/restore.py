@@ -16,8 +16,7 @@ saved chunks fill those buffers:
   peaked higher: benchmarks/RESULTS.md, "Checkpoints vs Orbax", run H);
 * elsewhere (an object store, a cast) each part of a chunk that a target region needs is read straight into that
   region's buffer, all parts of one chunk at once through a small TensorStore chunk cache (half the budget), so
-  resharding decodes each chunk once (reading the chunk into a new array and scattering it cost an allocation
-  and a copy more: 0.41 vs 0.54 GiB/s at 4 GiB on the benchmark VM);
+  resharding decodes each chunk once (a new array per chunk, then scattered, cost an allocation and a copy more);
 * a chunk whose needed part is bigger than the budget is read piece by piece.
 
 At most ``memory_limit_bytes`` of transient reads are in flight (and half as much cached), so host memory
