@@ -299,13 +299,14 @@ def test_whole_chunks_are_read_by_the_runtime_and_a_short_one_is_refused_naming_
     caplog.set_level(logging.DEBUG, logger="reprieve.checkpoint.restore")
     _, restored, _ = CheckpointManager(str(tmp_path)).restore(abstract)
     assert np.array_equal(np.asarray(restored["w"]), np.asarray(state["w"]))
-    assert f": {len(jax.devices())} chunk files read straight into their buffers" in caplog.text, caplog.text
+    # just written, the files are in the page cache: every one mapped as its buffer
+    assert f": {len(jax.devices())} chunk files mapped as their buffers and checked, 0 read" in caplog.text, caplog.text
     caplog.clear()
     cast = {"w": jax.ShapeDtypeStruct((rows, 256), jnp.float64 if jax.config.jax_enable_x64 else jnp.bfloat16,
                                       sharding=sharding)}
     _, restored, _ = CheckpointManager(str(tmp_path)).restore(cast)
     assert np.array_equal(np.asarray(restored["w"]), np.asarray(state["w"]).astype(cast["w"].dtype))
-    assert ": 0 chunk files read straight into their buffers" in caplog.text, caplog.text
+    assert ": 0 chunk files mapped as their buffers and checked, 0 read" in caplog.text, caplog.text
     ckpt = tmp_path / layout.committed_name(1, 1)
     victim = _chunk_files(ckpt / "arrays" / "00000")[-1]
     os.truncate(victim, 1000)
@@ -314,6 +315,47 @@ def test_whole_chunks_are_read_by_the_runtime_and_a_short_one_is_refused_naming_
                                                      f"{want} expected"):
         CheckpointManager(str(tmp_path), fallback=False).restore(abstract)
     assert (tmp_path / (ckpt.name + layout.CORRUPT_SUFFIX)).is_dir()
+
+
+def test_a_page_cached_local_restore_is_its_chunk_files_mapped(tmp_path, caplog) -> None:
+    """The same sharding on a local root. Out of the page cache, the chunk files are read. In it (as the read left
+    them), every shard's buffer is its chunk files mapped: the device adopts it (its address lies in a mapping of
+    one of them; no copy), bit-exact. A write to a restored host array copies the page: the file keeps its bytes.
+    The arrays stay whole when the checkpoint is deleted under them (retention)."""
+    import shutil
+
+    mesh = jax.make_mesh((len(jax.devices()),), ("d",))
+    sharding = NamedSharding(mesh, P("d", None))
+    rows = 16 * len(jax.devices())
+    w = jax.device_put(jnp.arange(rows * 256, dtype=jnp.float32).reshape(rows, 256) * 0.25, sharding)
+    h = np.arange(4096, dtype=np.int32) - 7
+    with CheckpointManager(str(tmp_path)) as mgr:
+        mgr.save(1, {"w": w, "h": h})
+    ckpt = tmp_path / layout.committed_name(1, 1)
+    files = _chunk_files(ckpt)
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # written and fsynced by the save: droppable
+        os.close(fd)
+    abstract = {"w": jax.ShapeDtypeStruct((rows, 256), jnp.float32, sharding=sharding), "h": np.zeros_like(h)}
+    caplog.set_level(logging.DEBUG, logger="reprieve.checkpoint.restore")
+    _, cold, _ = CheckpointManager(str(tmp_path)).restore(abstract)
+    assert f": 0 chunk files mapped as their buffers and checked, {len(files)} read" in caplog.text, caplog.text
+    assert np.array_equal(np.asarray(cold["w"]), np.asarray(w)) and np.array_equal(cold["h"], h)
+    caplog.clear()
+    _, warm, _ = CheckpointManager(str(tmp_path)).restore(abstract)
+    assert f": {len(files)} chunk files mapped as their buffers and checked, 0 read" in caplog.text, caplog.text
+    with open("/proc/self/maps") as fh:
+        spans = [(int(a, 16), int(b, 16)) for line in fh if line.split()[-1] in files
+                 for a, b in [line.split()[0].split("-")]]
+    for shard in warm["w"].addressable_shards:
+        assert any(a <= shard.data.unsafe_buffer_pointer() < b for a, b in spans), shard.device
+    assert np.array_equal(np.asarray(warm["w"]), np.asarray(w)) and np.array_equal(warm["h"], h)
+    warm["h"][:10] = 99  # copies the page: not the file's
+    _, again, _ = CheckpointManager(str(tmp_path)).restore(abstract)
+    assert np.array_equal(again["h"], h)
+    shutil.rmtree(ckpt)
+    assert np.array_equal(np.asarray(warm["w"]), np.asarray(w)) and np.array_equal(warm["h"][10:], h[10:])
 
 
 def test_restore_falls_back_past_a_corrupt_checkpoint(tmp_path, caplog) -> None:

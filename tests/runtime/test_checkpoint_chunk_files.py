@@ -11,12 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorstore as ts
-from reprieve.checkpoint import layout, spec
+from reprieve.checkpoint import chunk_files, layout, spec
 from reprieve.checkpoint.chunk_files import (
+    PAGE,
     ChunkFileError,
     ChunkRead,
     contiguous_span,
     direct_reads,
+    map_chunks,
+    mappable,
     read_chunk,
     status_word,
 )
@@ -126,3 +129,93 @@ def test_a_damaged_chunk_file_is_refused_naming_it(tmp_path: Path, damage: str, 
 def test_a_failed_system_call_is_classed_as_tensorstore_would(err: int, kind: type) -> None:
     word = status_word(OSError(err, os.strerror(err)))
     assert type(read_failure("checkpoint x", ChunkFileError(f"{word}: chunk file f: ..."))) is kind
+
+
+@pytest.mark.parametrize(("starts_counts", "count", "itemsize", "ok"), [
+    ([(0, 1024), (1024, 1024)], 2048, 4, True),  # two pages of float32, in order
+    ([(1024, 1024), (0, 1024)], 2048, 4, True),  # ... in any order
+    ([(0, 1024), (1024, 1000)], 2024, 4, True),  # the last one short of a page
+    ([(0, 1000), (1000, 1024)], 2024, 4, False),  # a file that starts inside a page
+    ([(0, 1024)], 2048, 4, False),  # half the buffer: the rest comes from elsewhere
+    ([(0, 1024), (2048, 1024)], 3072, 4, False),  # a gap
+    ([(0, 1024), (0, 1024)], 1024, 4, False),  # the same span twice
+    ([(0, 4096)], 4096, 1, True),
+    ([], 0, 4, False),
+])
+def test_mappable(starts_counts, count, itemsize, ok) -> None:
+    reads = [ChunkRead((k,), 0, start, n) for k, (start, n) in enumerate(starts_counts)]
+    assert mappable(reads, count, itemsize, page=4096) is ok
+
+
+def _page_chunks(tmp_path: Path, n: int = 3) -> tuple[list[str], np.ndarray]:
+    """A float32 array of ``n`` chunks of one page each, written by TensorStore with the layout's codecs; the chunk
+    files' paths in order and the values."""
+    per = PAGE // 4
+    values = np.random.default_rng(1).standard_normal(n * per).astype(np.float32)
+    md = spec.zarr3_metadata([n * per], "float32", [per])
+    ts.open(spec.zarr3_spec({"driver": "file", "path": str(tmp_path) + "/"}, md), create=True).result() \
+        .write(values).result()
+    return [str(tmp_path / layout.chunk_key(0, (k,)).split("/", 2)[2]) for k in range(n)], values
+
+
+def _mapped_files() -> set[str]:
+    with open("/proc/self/maps") as fh:
+        return {line.split()[-1] for line in fh if len(line.split()) >= 6}
+
+
+def test_page_cached_chunk_files_are_mapped_as_one_buffer_and_checked(tmp_path: Path) -> None:
+    """Just written, the files are in the page cache: they become one buffer, each file mapped at its place (the
+    process's map lists them), bit-exact; each file's checksum passes over its mapping; a write to the buffer copies
+    the page (the file keeps its bytes)."""
+    paths, values = _page_chunks(tmp_path)
+    before = Path(paths[1]).read_bytes()
+    got = map_chunks(paths, [PAGE] * 3)
+    assert got is not None
+    buf = got.buffer(values.nbytes)
+    assert buf.view(np.float32).tobytes() == values.tobytes()
+    assert set(paths) <= _mapped_files()
+    for k in range(3):
+        got.check(k * PAGE)
+    buf[PAGE:PAGE + 8] = 0
+    assert Path(paths[1]).read_bytes() == before
+    with pytest.raises(ChunkFileError, match=f"DATA_LOSS: chunk file {paths[1]} fails its checksum"):
+        got.check(PAGE)  # the buffer's bytes, not the file's, are what is checked
+
+
+def test_a_mapped_chunk_file_that_fails_its_checksum_is_refused_naming_it(tmp_path: Path) -> None:
+    paths, _ = _page_chunks(tmp_path)
+    data = bytearray(Path(paths[2]).read_bytes())
+    data[100] ^= 0x08
+    Path(paths[2]).write_bytes(bytes(data))
+    got = map_chunks(paths, [PAGE] * 3)
+    assert got is not None
+    got.check(0)
+    with pytest.raises(ChunkFileError) as err:
+        got.check(2 * PAGE)
+    assert str(err.value).startswith(f"DATA_LOSS: chunk file {paths[2]} fails its checksum"), err.value
+
+
+@pytest.mark.parametrize("why", ["cold", "short", "missing", "filesystem"])
+def test_chunk_files_are_not_mapped_where_they_are_to_be_read(tmp_path: Path, why: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not in the page cache (a cold read: ``preadv``'s large reads beat faulting pages in), of another size or
+    missing (the read names it), or on a filesystem that is not local (a dropped page would be fetched again from a
+    server that may be gone): None, and the caller reads the files."""
+    paths, _ = _page_chunks(tmp_path)
+    if why == "cold":
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+    elif why == "short":
+        os.truncate(paths[1], PAGE)
+    elif why == "missing":
+        os.remove(paths[2])
+    else:
+        monkeypatch.setattr(chunk_files, "MAPPABLE_FILESYSTEMS", {})
+    mapped_before = _mapped_files()
+    assert map_chunks(paths, [PAGE] * 3) is None
+    assert not set(paths) & (_mapped_files() - mapped_before)  # nothing left mapped
+    if why == "filesystem":
+        assert chunk_files.filesystem(paths[0]) is not None  # known here, only not listed

@@ -72,6 +72,10 @@ def test_every_restore_source_is_printed_beside_its_floor_measured_in_the_same_r
     # the warm sources' restores ran in processes that populated their landing memory first (the child asserts it)
     assert set(r["populated_ahead"]) == {"peer-warm", "disk-warm"}, r["populated_ahead"]
     assert re.search(r"disk-warm: its landing memory populated ahead, off the clock .*: [\d.]+ s", out.stdout)
+    # from the page cache a storage restore maps its chunk files; cold, it reads them
+    assert set(r["mapped_bytes"]) == {"disk", "disk-warm"}, r["mapped_bytes"]
+    assert re.search(r"disk: its chunk files mapped from the page cache as the arrays' buffers .*: 100 % of the state",
+                     out.stdout), out.stdout
     (round_fl,) = r["floors"]  # the floors of the checkpoint's own files, measured in the round of its restores
     assert round_fl["read_bytes"] >= r["bytes"] and round_fl["read_warm_s"] > 0 and round_fl["read_cold_s"] > 0
     assert round_fl["populate_bytes"] >= r["bytes"] * 0.99 and round_fl["populate_s"] > 0, round_fl  # a fresh process's

@@ -19,9 +19,11 @@ from a store that did not serve the same way for both readers.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import errno
 import math
+import mmap
 import os
 import sys
 from collections.abc import Sequence
@@ -34,6 +36,7 @@ from ..checksum import crc32c
 CRC32C_BYTES = 4  # the crc32c codec's checksum after every chunk's bytes (little-endian)
 PIECE_BYTES = 1 << 20  # read, then checksummed while in the CPU's cache (a whole 16 MiB chunk is not)
 THREADS = min(16, max(4, os.cpu_count() or 4))  # chunk files read at once: the cores, and a device's queue when cold
+PAGE = mmap.PAGESIZE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,3 +149,129 @@ def read_chunk(path: str, out: memoryview) -> None:
         raise ChunkFileError(f"{status_word(err)}: chunk file {path}: {err.strerror}") from err
     finally:
         os.close(fd)
+
+
+# -- mapped: a buffer that is its chunk files -----------------------------------------------------------------------
+# Filesystems (statfs f_type) whose chunk files a restore maps: local ones, where a mapped page the kernel drops
+# later is read again from the same device. A network or FUSE filesystem (NFS, gcsfuse) is read instead: a
+# dropped page would be fetched again from a server that may be gone by then, and the process would die of SIGBUS.
+MAPPABLE_FILESYSTEMS = {0xEF53: "ext2/3/4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x01021994: "tmpfs",
+                        0x794C7630: "overlayfs"}
+
+
+def mappable(reads: Sequence[ChunkRead], count: int, itemsize: int, page: int = PAGE) -> bool:
+    """Whether ``reads`` (every read into one target buffer of ``count`` elements of ``itemsize`` bytes) tile that
+    buffer exactly, each starting on a page: then the buffer can be the chunk files themselves, mapped one after
+    another (:func:`map_chunks`). Pure."""
+    pos = 0
+    for r in sorted(reads, key=lambda r: r.start):
+        if r.start != pos or (r.start * itemsize) % page:
+            return False
+        pos += r.count
+    return count > 0 and pos == count
+
+
+class _Statfs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 256)]  # struct statfs is 120 bytes on 64-bit Linux
+
+
+def _libc() -> ctypes.CDLL | None:
+    """libc with mmap, mincore and statfs typed, on 64-bit Linux; None elsewhere (nothing is mapped there)."""
+    if _LIBC:
+        return _LIBC[0]
+    lib = None
+    if sys.platform.startswith("linux") and sys.maxsize > 2**32:
+        try:
+            lib = ctypes.CDLL(None, use_errno=True)
+            lib.mmap.restype = ctypes.c_void_p
+            lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                 ctypes.c_long]
+            lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+            lib.statfs.argtypes = [ctypes.c_char_p, ctypes.POINTER(_Statfs)]
+        except (OSError, AttributeError):
+            lib = None
+    _LIBC.append(lib)
+    return lib
+
+
+_LIBC: list[ctypes.CDLL | None] = []
+_MAP_FIXED = 0x10  # Linux's value; Python's mmap module does not export it
+
+
+def filesystem(path: str) -> int | None:
+    """statfs's ``f_type`` of the filesystem holding ``path``; None when it cannot be told."""
+    lib = _libc()
+    st = _Statfs()
+    if lib is None or lib.statfs(os.fsencode(path), ctypes.byref(st)) != 0:
+        return None
+    return int(st.f_type) & 0xFFFFFFFF
+
+
+class Mapped:
+    """A target buffer that is its chunk files themselves, each mapped private and writable (a write copies the
+    page; the file never changes) at its place in one reservation: the page cache's pages, no copy and no fresh
+    memory. :meth:`check` takes one file's crc32c over its mapped bytes (the first read of each page maps it, many
+    pages a fault) and compares it with the one stored after them. The reservation is unmapped, files and all,
+    when the last array over it goes."""
+
+    def __init__(self, mem: mmap.mmap, files: dict[int, tuple[str, int, int]]) -> None:
+        self.mem = mem
+        self._files = files  # byte offset -> (path, data bytes, stored crc32c)
+
+    def buffer(self, nbytes: int) -> np.ndarray:
+        return np.frombuffer(self.mem, np.uint8, count=nbytes)
+
+    def check(self, offset: int) -> None:
+        """Raises ChunkFileError (``DATA_LOSS``, naming the file and both checksums) when the file mapped at byte
+        ``offset`` fails its checksum."""
+        path, n, stored = self._files[offset]
+        crc = crc32c(self.mem, offset, offset + n)
+        if crc != stored:
+            raise ChunkFileError(f"DATA_LOSS: chunk file {path} fails its checksum: crc32c 0x{crc:08x} of its {n} "
+                                 f"bytes, 0x{stored:08x} stored")
+
+
+def map_chunks(paths: Sequence[str], nbytes: Sequence[int]) -> Mapped | None:
+    """The chunk files ``paths`` (``nbytes[k]`` data bytes each; every one but the last a whole number of pages)
+    mapped one after another into one buffer, or None where they are not to be mapped, and the caller reads them:
+    not 64-bit Linux, a filesystem not in :data:`MAPPABLE_FILESYSTEMS`, a file missing or of another size than
+    its data and checksum (:func:`read_chunk` then names it), or a page not in the page cache (a cold file is read:
+    ``preadv``'s large reads beat faulting it in)."""
+    lib = _libc()
+    if lib is None or not paths or filesystem(paths[0]) not in MAPPABLE_FILESYSTEMS:
+        return None
+    total = sum(nbytes)
+    mem = mmap.mmap(-1, -(-total // PAGE) * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    view = (ctypes.c_char * 1).from_buffer(mem)
+    base = ctypes.addressof(view)
+    del view
+    files: dict[int, tuple[str, int, int]] = {}
+    done = False
+    try:
+        off = 0
+        for path, n in zip(paths, nbytes, strict=True):
+            length = -(-n // PAGE) * PAGE
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if os.fstat(fd).st_size != n + CRC32C_BYTES:
+                    return None
+                tail = os.pread(fd, CRC32C_BYTES, n)
+                got = lib.mmap(base + off, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | _MAP_FIXED,
+                               fd, 0)
+            finally:
+                os.close(fd)
+            if got != base + off or len(tail) != CRC32C_BYTES:
+                return None
+            vec = bytearray(length // PAGE)  # one byte a page: bit 0 set when the page cache holds it
+            if (lib.mincore(base + off, length, (ctypes.c_char * len(vec)).from_buffer(vec)) != 0
+                    or not (np.frombuffer(vec, np.uint8) & 1).all()):
+                return None
+            files[off] = (path, n, int.from_bytes(tail, "little"))
+            off += n
+        done = True
+        return Mapped(mem, files)
+    except OSError:
+        return None
+    finally:
+        if not done:
+            mem.close()  # the reservation and every file mapped into it

@@ -548,8 +548,8 @@ class CheckpointManager:
                 meta, state = result
                 rs = self.last_restore_stats
                 log.info("checkpoint restored %s/%s: step %d, %d bytes, %.3fs (this process: %d bytes from storage, "
-                         "%d from other processes)", self.uri, name, meta.step, meta.array_bytes,
-                         time.monotonic() - t0, rs.storage_bytes, rs.peer_bytes)
+                         "%d of them mapped from the page cache, %d from other processes)", self.uri, name, meta.step,
+                         meta.array_bytes, time.monotonic() - t0, rs.storage_bytes, rs.mapped_bytes, rs.peer_bytes)
                 return RestoreResult(meta.step, state, meta.extra, meta.process_extra)
             first_err = first_err or err or CheckpointCorruptError("; ".join(failed))
             log.error("checkpoint %s/%s is unusable (%s)%s", self.uri, name, "; ".join(failed),

@@ -4,9 +4,13 @@ For every leaf, each distinct target shard region this process needs gets one 64
 buffer (on CPU the device then adopts it without a copy). :func:`plan_reads` (pure) decides how the
 saved chunks fill those buffers:
 
-* on a local filesystem, a whole chunk that is one contiguous span of a buffer in the stored dtype (the same
-  sharding) is read by :mod:`.chunk_files` straight into it, several files at once in this restore's threads
-  (one copy a byte, crc32c checked in place, no transient memory);
+* on a local filesystem, a buffer that whole chunk files in the stored dtype tile page by page (the same sharding)
+  is those files themselves where the page cache holds them: mapped private one after another
+  (:func:`.chunk_files.map_chunks`; no copy, no fresh memory), each file's crc32c checked over its mapping in this
+  restore's threads;
+* otherwise there, a whole chunk that is one contiguous span of a buffer in the stored dtype is read by
+  :mod:`.chunk_files` straight into it, several files at once in this restore's threads (one copy a byte, crc32c
+  checked in place, no transient memory);
 * a target region that lies inside one saved chunk is read by TensorStore straight into its buffer
   (the same-sharding case on an object store or with a cast: no intermediate array; casts happen on the way);
 * otherwise, on a local filesystem in the stored dtype, a chunk file no larger than the budget is read whole into
@@ -181,6 +185,7 @@ class ReadStats:
     """Where one process's restore got the bytes of its arrays (counted as the reads and receives complete)."""
 
     storage_bytes: int = 0  # read from storage by this process
+    mapped_bytes: int = 0  # of them, the page cache's own pages mapped as the buffers (no copy)
     peer_bytes: int = 0  # received from the process that read them (:mod:`.exchange`)
     fallback_pieces: int = 0  # pieces expected from a peer that did not arrive whole, read from storage after all
 
@@ -257,15 +262,15 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
 def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: str,
                  pool: concurrent.futures.ThreadPoolExecutor, memory_limit_bytes: int | None, peers: Peers | None,
                  stats: ReadStats) -> None:
-    """Make every leaf's buffers and fill them. The buffers are made in ``pool`` (populating fresh memory is a
-    restore's largest cost on some machines; it spreads over the cores). Whole chunk files that land as one span
-    of a buffer are read by :mod:`.chunk_files` in ``pool``; the rest by TensorStore under the memory budget. With
-    ``peers``, a replicated piece another process owns (:mod:`.read_once`) is received from it instead, and read
-    here after all when it does not arrive whole."""
-    for lf, bufs in zip(leaves, _buffers(pool, [[(tuple(hi - lo for lo, hi in r), lf.dtype) for r in lf.regions]
-                                                for lf in leaves]), strict=True):
-        lf.buffers = bufs
-    memory_limit_bytes = read_budget(sum(b.nbytes for lf in leaves for b in lf.buffers), memory_limit_bytes)
+    """Make every leaf's buffers and fill them. A buffer that whole chunk files tile, page by page, on a local
+    filesystem whose page cache holds them is those files, mapped (:func:`chunk_files.map_chunks`: no copy) and
+    checked in ``pool``. The others are made in ``pool`` (populating fresh memory is a restore's largest cost on
+    some machines; it spreads over the cores); whole chunk files that land as one span of a buffer are read by
+    :mod:`.chunk_files` in ``pool``, the rest by TensorStore under the memory budget. With ``peers``, a replicated
+    piece another process owns (:mod:`.read_once`) is received from it instead, and read here after all when it
+    does not arrive whole."""
+    memory_limit_bytes = read_budget(sum(region_size(r) * lf.dtype.itemsize for lf in leaves for r in lf.regions),
+                                     memory_limit_bytes)
     plans = []
     for lf in leaves:
         assert lf.meta.shape is not None and lf.meta.chunk_shape is not None
@@ -280,8 +285,16 @@ def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: st
     exchange = None if peers is None or not pieces else Exchange(peers, pieces, _place(leaves))
     try:
         skip = set() if exchange is None else exchange.expected()
+        mapped = _map(storage, ckpt_dir, leaves, plans, {(n, lf.regions.index(region)) for n, region, _ in skip
+                                                         for lf in [leaves[n]]}, pool)
+        for n, (lf, bufs) in enumerate(zip(leaves, _buffers(pool, [
+                [(tuple(hi - lo for lo, hi in r), lf.dtype) for i, r in enumerate(lf.regions) if (n, i) not in mapped]
+                for n, lf in enumerate(leaves)]), strict=True)):
+            made = iter(bufs)
+            lf.buffers = [mapped[n, i].buffer(region_size(r) * lf.dtype.itemsize).view(lf.dtype).reshape(
+                tuple(hi - lo for lo, hi in r)) if (n, i) in mapped else next(made) for i, r in enumerate(lf.regions)]
         _run(storage, ckpt_dir, leaves, _only(leaves, plans, lambda key: key not in skip), stores, where, pool,
-             memory_limit_bytes, stats)
+             memory_limit_bytes, stats, mapped)
         if exchange is None:
             return
         exchange.ready()
@@ -293,7 +306,7 @@ def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: st
                         "reading them from storage", where, len(failed), len(skip), failed[0][1])
             stats.fallback_pieces += len(failed)
             _run(storage, ckpt_dir, leaves, _only(leaves, plans, lambda key: key in again), stores, where, pool,
-                 memory_limit_bytes, stats)
+                 memory_limit_bytes, stats, {})  # only pieces of targets not mapped (``received``)
     except BaseException:
         if exchange is not None:
             exchange.abort()
@@ -301,6 +314,37 @@ def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: st
     finally:
         if exchange is not None:
             exchange.close()
+
+
+def _map(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[ReadOp]],
+         received: set[tuple[int, int]], pool: concurrent.futures.ThreadPoolExecutor
+         ) -> dict[tuple[int, int], chunk_files.Mapped]:
+    """``(leaf, target)`` -> the target's buffer as its chunk files mapped, for every target whose reads are all
+    whole chunk files that tile it page by page (:func:`chunk_files.mappable`), none of it ``received`` from
+    another process, where :func:`chunk_files.map_chunks` maps them (local, in the page cache). Mapped in
+    ``pool``."""
+    want: dict[tuple[int, int], tuple[list[str], list[int]]] = {}
+    for n, (lf, ops) in enumerate(zip(leaves, plans, strict=True)):
+        if not _files_readable(storage, lf):
+            continue
+        by_target: dict[int, list[chunk_files.ChunkRead] | None] = {}
+        for op in ops:
+            reads = chunk_files.direct_reads(lf.meta.shape or (), lf.meta.chunk_shape or (), lf.regions, op.parts)
+            for i, _ in op.parts:
+                if reads is None:
+                    by_target[i] = None
+                elif by_target.setdefault(i, []) is not None:
+                    by_target[i] += [r for r in reads if r.target == i]  # type: ignore[operator]
+        for i, reads in by_target.items():
+            count = region_size(lf.regions[i])
+            if (reads is None or (n, i) in received
+                    or not chunk_files.mappable(reads, count, lf.dtype.itemsize)):
+                continue
+            ordered = sorted(reads, key=lambda r: r.start)
+            paths = [storage.local_path(f"{ckpt_dir}/{layout.chunk_key(lf.meta.index or 0, r.key)}") for r in ordered]
+            want[n, i] = ([p for p in paths if p is not None], [r.count * lf.dtype.itemsize for r in ordered])
+    got = dict(zip(want, pool.map(lambda pn: chunk_files.map_chunks(*pn), want.values()), strict=True))
+    return {k: m for k, m in got.items() if m is not None}
 
 
 def _pieces(leaves: list[_Leaf], min_bytes: int) -> list[Piece]:
@@ -343,8 +387,9 @@ def _only(leaves: list[_Leaf], plans: list[list[ReadOp]],
 
 
 def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[ReadOp]], stores: dict[Any, Any],
-         where: str, pool: concurrent.futures.ThreadPoolExecutor, memory_limit_bytes: int, stats: ReadStats) -> None:
-    """Carry out ``plans`` (every leaf's reads) from storage."""
+         where: str, pool: concurrent.futures.ThreadPoolExecutor, memory_limit_bytes: int, stats: ReadStats,
+         mapped: dict[tuple[int, int], chunk_files.Mapped]) -> None:
+    """Carry out ``plans`` (every leaf's reads) from storage; a ``mapped`` target's files are only checked."""
     inflight: collections.deque[tuple[_Leaf, ReadOp, list[Any]]] = collections.deque()
     budget = 0
 
@@ -362,7 +407,8 @@ def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
 
     files: list[tuple[_Leaf, ReadOp, int, concurrent.futures.Future[None]]] = []
     scratch = _Scratch(memory_limit_bytes)
-    for lf, ops in zip(leaves, plans, strict=True):
+    was_mapped: set[int] = set()  # indices into files
+    for n, (lf, ops) in enumerate(zip(leaves, plans, strict=True)):
         store = stores[lf.meta.index]
         readable = _files_readable(storage, lf)
         for op in ops:
@@ -370,11 +416,15 @@ def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
                                              op.parts) if readable else None
             if reads is not None:  # no transient memory: outside the budget
                 for r in reads:
+                    first, nbytes = r.start * lf.dtype.itemsize, r.count * lf.dtype.itemsize
+                    if (n, r.target) in mapped:
+                        was_mapped.add(len(files))
+                        files.append((lf, op, nbytes, pool.submit(mapped[n, r.target].check, first)))
+                        continue
                     path = storage.local_path(f"{ckpt_dir}/{layout.chunk_key(lf.meta.index or 0, r.key)}")
                     assert path is not None
-                    flat = lf.buffers[r.target].reshape(-1).view(np.uint8)
-                    span = flat[r.start * lf.dtype.itemsize:(r.start + r.count) * lf.dtype.itemsize]
-                    files.append((lf, op, span.nbytes, pool.submit(_read_file, path, span)))
+                    span = lf.buffers[r.target].reshape(-1).view(np.uint8)[first:first + nbytes]
+                    files.append((lf, op, nbytes, pool.submit(_read_file, path, span)))
                 continue
             chunk = _chunk_of(lf, op, memory_limit_bytes) if readable else None
             if chunk is not None:  # read whole into a reused scratch buffer (scratch: the budget's bytes at most)
@@ -396,15 +446,16 @@ def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
             budget += nbytes
     while inflight:
         finish()
-    for lf, op, nbytes, fut in files:
+    for k, (lf, op, nbytes, fut) in enumerate(files):
         try:
             fut.result()
         except chunk_files.ChunkFileError as err:
             raise read_failure(f"{where}: reading {layout.array_dir(lf.meta.index or 0)} (leaf {lf.meta.path}, "
                                f"region {list(op.box)}) failed: {err}", err) from err
         stats.storage_bytes += nbytes
-    log.debug("restore from %s: %d chunk files read straight into their buffers, the rest through TensorStore",
-              where, len(files))
+        stats.mapped_bytes += nbytes if k in was_mapped else 0
+    log.debug("restore from %s: %d chunk files mapped as their buffers and checked, %d read by the runtime, the rest "
+              "through TensorStore", where, len(was_mapped), len(files) - len(was_mapped))
 
 
 def _files_readable(storage: Storage, lf: _Leaf) -> bool:
@@ -412,8 +463,8 @@ def _files_readable(storage: Storage, lf: _Leaf) -> bool:
     (as TensorStore would read into it) in the stored dtype with the ``bytes`` codec's byte order (no cast)."""
     assert lf.meta.dtype is not None
     stored = np.dtype(spec.zarr_dtype(lf.meta.dtype))
-    return (storage.local_path("") is not None and chunk_files.little_endian(stored)
-            and all(lf.out(i).dtype == stored for i in range(len(lf.buffers))))
+    out = lf.dtype if lf.meta.stored_as is None else np.dtype(lf.meta.stored_as)  # as :meth:`_Leaf.out` views it
+    return storage.local_path("") is not None and chunk_files.little_endian(stored) and out == stored
 
 
 def _read_file(path: str, span: np.ndarray) -> None:
