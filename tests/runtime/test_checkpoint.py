@@ -356,6 +356,16 @@ def test_a_page_cached_local_restore_is_its_chunk_files_mapped(tmp_path, caplog)
     assert np.array_equal(again["h"], h)
     shutil.rmtree(ckpt)
     assert np.array_equal(np.asarray(warm["w"]), np.asarray(w)) and np.array_equal(warm["h"][10:], h[10:])
+    # a mapped file that fails its checksum fails the restore naming it (nothing partly filled comes back)
+    with CheckpointManager(str(tmp_path)) as mgr:
+        mgr.save(2, {"w": w, "h": h})
+    victim = _chunk_files(tmp_path / layout.committed_name(2, 1))[-1]
+    data = bytearray(Path(victim).read_bytes())
+    data[7] ^= 0x01
+    Path(victim).write_bytes(bytes(data))  # through the page cache: still mapped
+    caplog.clear()
+    with pytest.raises(CheckpointCorruptError, match=f"chunk file {re.escape(victim)} fails its checksum"):
+        CheckpointManager(str(tmp_path), fallback=False).restore(abstract)
 
 
 def test_restore_falls_back_past_a_corrupt_checkpoint(tmp_path, caplog) -> None:

@@ -221,6 +221,11 @@ class Mapped:
     def buffer(self, nbytes: int) -> np.ndarray:
         return np.frombuffer(self.mem, np.uint8, count=nbytes)
 
+    def check_all(self) -> None:
+        """:meth:`check` of every file, in order."""
+        for offset in self._files:
+            self.check(offset)
+
     def check(self, offset: int) -> None:
         """Raises ChunkFileError (``DATA_LOSS``, naming the file and both checksums) when the file mapped at byte
         ``offset`` fails its checksum."""

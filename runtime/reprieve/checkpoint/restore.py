@@ -285,8 +285,8 @@ def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: st
     exchange = None if peers is None or not pieces else Exchange(peers, pieces, _place(leaves))
     try:
         skip = set() if exchange is None else exchange.expected()
-        mapped = _map(storage, ckpt_dir, leaves, plans, {(n, lf.regions.index(region)) for n, region, _ in skip
-                                                         for lf in [leaves[n]]}, pool)
+        mapped = _map(storage, ckpt_dir, leaves, plans, {(n, leaves[n].regions.index(region)) for n, region, _ in skip},
+                      pool, where)
         for n, (lf, bufs) in enumerate(zip(leaves, _buffers(pool, [
                 [(tuple(hi - lo for lo, hi in r), lf.dtype) for i, r in enumerate(lf.regions) if (n, i) not in mapped]
                 for n, lf in enumerate(leaves)]), strict=True)):
@@ -317,12 +317,12 @@ def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: st
 
 
 def _map(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[ReadOp]],
-         received: set[tuple[int, int]], pool: concurrent.futures.ThreadPoolExecutor
+         received: set[tuple[int, int]], pool: concurrent.futures.ThreadPoolExecutor, where: str
          ) -> dict[tuple[int, int], chunk_files.Mapped]:
     """``(leaf, target)`` -> the target's buffer as its chunk files mapped, for every target whose reads are all
     whole chunk files that tile it page by page (:func:`chunk_files.mappable`), none of it ``received`` from
-    another process, where :func:`chunk_files.map_chunks` maps them (local, in the page cache). Mapped in
-    ``pool``."""
+    another process, where :func:`chunk_files.map_chunks` maps them (local, in the page cache). Mapped and checked
+    in ``pool``."""
     want: dict[tuple[int, int], tuple[list[str], list[int]]] = {}
     for n, (lf, ops) in enumerate(zip(leaves, plans, strict=True)):
         if not _files_readable(storage, lf):
@@ -343,8 +343,25 @@ def _map(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
             ordered = sorted(reads, key=lambda r: r.start)
             paths = [storage.local_path(f"{ckpt_dir}/{layout.chunk_key(lf.meta.index or 0, r.key)}") for r in ordered]
             want[n, i] = ([p for p in paths if p is not None], [r.count * lf.dtype.itemsize for r in ordered])
-    got = dict(zip(want, pool.map(lambda pn: chunk_files.map_chunks(*pn), want.values()), strict=True))
-    return {k: m for k, m in got.items() if m is not None}
+
+    def map_and_check(paths: list[str], nbytes: list[int]) -> chunk_files.Mapped | None:
+        got = chunk_files.map_chunks(paths, nbytes)
+        if got is not None:
+            got.check_all()  # in the same task: one target's checks start as soon as its files are mapped
+        return got
+
+    futs = {k: pool.submit(map_and_check, *pn) for k, pn in want.items()}
+    out = {}
+    for (n, i), fut in futs.items():
+        try:
+            got = fut.result()
+        except chunk_files.ChunkFileError as err:
+            lf = leaves[n]
+            raise read_failure(f"{where}: reading {layout.array_dir(lf.meta.index or 0)} (leaf {lf.meta.path}, "
+                               f"region {list(lf.regions[i])}) failed: {err}", err) from err
+        if got is not None:
+            out[n, i] = got
+    return out
 
 
 def _pieces(leaves: list[_Leaf], min_bytes: int) -> list[Piece]:
@@ -389,7 +406,8 @@ def _only(leaves: list[_Leaf], plans: list[list[ReadOp]],
 def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[ReadOp]], stores: dict[Any, Any],
          where: str, pool: concurrent.futures.ThreadPoolExecutor, memory_limit_bytes: int, stats: ReadStats,
          mapped: dict[tuple[int, int], chunk_files.Mapped]) -> None:
-    """Carry out ``plans`` (every leaf's reads) from storage; a ``mapped`` target's files are only checked."""
+    """Carry out ``plans`` (every leaf's reads) from storage; a ``mapped`` target's files are only counted (mapped
+    and checked by :func:`_map`)."""
     inflight: collections.deque[tuple[_Leaf, ReadOp, list[Any]]] = collections.deque()
     budget = 0
 
@@ -407,7 +425,7 @@ def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
 
     files: list[tuple[_Leaf, ReadOp, int, concurrent.futures.Future[None]]] = []
     scratch = _Scratch(memory_limit_bytes)
-    was_mapped: set[int] = set()  # indices into files
+    n_mapped = 0
     for n, (lf, ops) in enumerate(zip(leaves, plans, strict=True)):
         store = stores[lf.meta.index]
         readable = _files_readable(storage, lf)
@@ -417,9 +435,10 @@ def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
             if reads is not None:  # no transient memory: outside the budget
                 for r in reads:
                     first, nbytes = r.start * lf.dtype.itemsize, r.count * lf.dtype.itemsize
-                    if (n, r.target) in mapped:
-                        was_mapped.add(len(files))
-                        files.append((lf, op, nbytes, pool.submit(mapped[n, r.target].check, first)))
+                    if (n, r.target) in mapped:  # mapped and checked already (_map)
+                        stats.storage_bytes += nbytes
+                        stats.mapped_bytes += nbytes
+                        n_mapped += 1
                         continue
                     path = storage.local_path(f"{ckpt_dir}/{layout.chunk_key(lf.meta.index or 0, r.key)}")
                     assert path is not None
@@ -446,16 +465,15 @@ def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
             budget += nbytes
     while inflight:
         finish()
-    for k, (lf, op, nbytes, fut) in enumerate(files):
+    for lf, op, nbytes, fut in files:
         try:
             fut.result()
         except chunk_files.ChunkFileError as err:
             raise read_failure(f"{where}: reading {layout.array_dir(lf.meta.index or 0)} (leaf {lf.meta.path}, "
                                f"region {list(op.box)}) failed: {err}", err) from err
         stats.storage_bytes += nbytes
-        stats.mapped_bytes += nbytes if k in was_mapped else 0
     log.debug("restore from %s: %d chunk files mapped as their buffers and checked, %d read by the runtime, the rest "
-              "through TensorStore", where, len(was_mapped), len(files) - len(was_mapped))
+              "through TensorStore", where, n_mapped, len(files))
 
 
 def _files_readable(storage: Storage, lf: _Leaf) -> bool:
