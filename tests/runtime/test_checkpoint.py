@@ -320,8 +320,9 @@ def test_whole_chunks_are_read_by_the_runtime_and_a_short_one_is_refused_naming_
 def test_a_page_cached_local_restore_is_its_chunk_files_mapped(tmp_path, caplog) -> None:
     """The same sharding on a local root. Out of the page cache, the chunk files are read. In it (as the read left
     them), every shard's buffer is its chunk files mapped: the device adopts it (its address lies in a mapping of
-    one of them; no copy), bit-exact. A write to a restored host array copies the page: the file keeps its bytes.
-    The arrays stay whole when the checkpoint is deleted under them (retention)."""
+    one of them; no copy), bit-exact; with ``map_files=False`` they are read. A write to a restored host array
+    copies the page: the file keeps its bytes. The arrays stay whole when the checkpoint is deleted under them
+    (retention). A mapped file that fails its checksum fails the restore naming it."""
     import shutil
 
     mesh = jax.make_mesh((len(jax.devices()),), ("d",))
@@ -351,6 +352,10 @@ def test_a_page_cached_local_restore_is_its_chunk_files_mapped(tmp_path, caplog)
     for shard in warm["w"].addressable_shards:
         assert any(a <= shard.data.unsafe_buffer_pointer() < b for a, b in spans), shard.device
     assert np.array_equal(np.asarray(warm["w"]), np.asarray(w)) and np.array_equal(warm["h"], h)
+    caplog.clear()
+    _, off, _ = CheckpointManager(str(tmp_path), map_files=False).restore(abstract)  # turned off: read, as cold
+    assert f": 0 chunk files mapped as their buffers and checked, {len(files)} read" in caplog.text, caplog.text
+    assert np.array_equal(np.asarray(off["w"]), np.asarray(w))
     warm["h"][:10] = 99  # copies the page: not the file's
     _, again, _ = CheckpointManager(str(tmp_path)).restore(abstract)
     assert np.array_equal(again["h"], h)

@@ -124,6 +124,10 @@ class CheckpointManager:
         read_once: ``"auto"`` (default), ``"on"`` or ``"off"``: whether a restore reads each replicated piece of
             the state from storage once, on one of the processes that need it, and sends it to the others
             (:mod:`.read_once`); auto: when the job's processes span several hosts.
+        map_files: a restore from a local filesystem whose page cache holds the chunk files makes them the arrays'
+            buffers, mapped private (no copy, no memory of its own; :func:`.chunk_files.map_chunks`), each file's
+            crc32c checked at restore (default on). Off: they are read into memory of the restore's own, as from
+            a cold disk (docs/checkpoint.md, "Copies a byte makes": what a mapping leaves to the device).
 
     Attributes:
         last_save_seconds: save() call -> durable commit known to this process, of the last save.
@@ -151,6 +155,7 @@ class CheckpointManager:
         start_over_quarantined: bool | None = None,
         request_retries: int | None = None,
         read_once: str = read_once_mod.AUTO,
+        map_files: bool = True,
     ) -> None:
         if keep < 1:
             raise ValueError(f"CheckpointManager keep must be >= 1, got {keep}")
@@ -175,6 +180,7 @@ class CheckpointManager:
         if read_once not in read_once_mod.MODES:
             raise ValueError(f"CheckpointManager read_once must be one of {read_once_mod.MODES}, got {read_once!r}")
         self._read_once = read_once
+        self._map_files = bool(map_files)
         self.last_restore_stats = ReadStats()
         self._start_over_quarantined = (Env(os.environ).flag(START_OVER_QUARANTINED, False)
                                         if start_over_quarantined is None else start_over_quarantined)
@@ -618,7 +624,7 @@ class CheckpointManager:
             peers = Peers(self._coord, exchange_key, mode=self._read_once, timeout_s=min(self._timeout, 300.0))
         self.last_restore_stats = stats = ReadStats()
         state = restore_tree(self._storage, name, meta, abstract, memory_limit_bytes=self._mem_limit, peers=peers,
-                             stats=stats)
+                             stats=stats, map_files=self._map_files)
         return meta, state
 
     def close(self) -> None:

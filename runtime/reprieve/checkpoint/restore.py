@@ -192,13 +192,14 @@ class ReadStats:
 
 def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract: Any, *,
                  memory_limit_bytes: int | None = None, peers: Peers | None = None,
-                 stats: ReadStats | None = None) -> Any:
+                 stats: ReadStats | None = None, map_files: bool = True) -> Any:
     """Materialise ``abstract`` (leaves: ShapeDtypeStruct with sharding, arrays, or placeholders).
 
     ``memory_limit_bytes``: transient reads in flight; None scales it with the state (:func:`read_budget`).
     ``peers``: a collective restore (every process calls this with the same ``peers.key``): each replicated piece
     is read from storage by one process and sent to the others (:mod:`.read_once`); None: every process reads
-    everything it needs. ``stats``: filled with where the bytes came from.
+    everything it needs. ``stats``: filled with where the bytes came from. ``map_files``: page-cached local chunk
+    files may be mapped as the buffers (:func:`_map`); off, they are read.
     """
     where = f"checkpoint {storage.loc.uri()}/{ckpt_dir}"
     saved = meta.leaf_by_path()
@@ -244,7 +245,7 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
     with concurrent.futures.ThreadPoolExecutor(chunk_files.THREADS, thread_name_prefix="reprieve-restore") as pool:
         try:
             _read_leaves(storage, ckpt_dir, leaves, where, pool, memory_limit_bytes, peers,
-                         ReadStats() if stats is None else stats)
+                         ReadStats() if stats is None else stats, map_files)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)  # after a failure, nothing writes into a buffer any more
 
@@ -261,7 +262,7 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
 
 def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: str,
                  pool: concurrent.futures.ThreadPoolExecutor, memory_limit_bytes: int | None, peers: Peers | None,
-                 stats: ReadStats) -> None:
+                 stats: ReadStats, map_files: bool = True) -> None:
     """Make every leaf's buffers and fill them. A buffer that whole chunk files tile, page by page, on a local
     filesystem whose page cache holds them is those files, mapped (:func:`chunk_files.map_chunks`: no copy) and
     checked in ``pool``. The others are made in ``pool`` (populating fresh memory is a restore's largest cost on
@@ -286,7 +287,7 @@ def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: st
     try:
         skip = set() if exchange is None else exchange.expected()
         mapped = _map(storage, ckpt_dir, leaves, plans, {(n, leaves[n].regions.index(region)) for n, region, _ in skip},
-                      pool, where)
+                      pool, where) if map_files else {}
         for n, (lf, bufs) in enumerate(zip(leaves, _buffers(pool, [
                 [(tuple(hi - lo for lo, hi in r), lf.dtype) for i, r in enumerate(lf.regions) if (n, i) not in mapped]
                 for n, lf in enumerate(leaves)]), strict=True)):
