@@ -18,8 +18,10 @@ from reprieve.checkpoint.chunk_files import (
     ChunkRead,
     contiguous_span,
     direct_reads,
+    map_budget,
     map_chunks,
     mappable,
+    pick_mapped,
     read_chunk,
     status_word,
 )
@@ -219,3 +221,20 @@ def test_chunk_files_are_not_mapped_where_they_are_to_be_read(tmp_path: Path, wh
     assert not set(paths) & (_mapped_files() - mapped_before)  # nothing left mapped
     if why == "filesystem":
         assert chunk_files.filesystem(paths[0]) is not None  # known here, only not listed
+
+
+@pytest.mark.parametrize(("candidates", "budget", "picked"), [
+    ({"a": (2, 8 << 20), "b": (1, 4 << 20)}, 10, {"a", "b"}),
+    ({"a": (2, 8 << 20), "b": (1, 4 << 20)}, 2, {"a"}),  # the largest first, within the budget
+    ({"a": (3, 8 << 20), "b": (1, 4 << 20)}, 2, {"b"}),  # one that does not fit leaves room for a smaller one
+    ({"a": (1, (1 << 20) - 1), "b": (1, 1 << 20)}, 10, {"b"}),  # under MAP_MIN_BYTES: read
+    ({"a": (1, 8 << 20)}, 0, set()),  # no room for another mapping
+])
+def test_pick_mapped(candidates, budget, picked) -> None:
+    assert pick_mapped(candidates, budget) == picked
+
+
+def test_the_map_budget_is_half_the_room_left_under_max_map_count() -> None:
+    limit = int(Path("/proc/sys/vm/max_map_count").read_text())
+    used = len(Path("/proc/self/maps").read_text().splitlines())
+    assert abs(map_budget() - (limit - used) // 2) <= 8  # the process's maps move a little between the two reads

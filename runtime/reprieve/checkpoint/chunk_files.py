@@ -171,6 +171,35 @@ def mappable(reads: Sequence[ChunkRead], count: int, itemsize: int, page: int = 
     return count > 0 and pos == count
 
 
+MAP_MIN_BYTES = 1 << 20  # a smaller buffer is read: a mapping per file costs more than copying so few bytes
+
+
+def pick_mapped(candidates: dict[object, tuple[int, int]], budget: int, *,
+                min_bytes: int = MAP_MIN_BYTES) -> set[object]:
+    """Which ``candidates`` (key -> (files, bytes) of a buffer that can be mapped) to map: the largest first, each
+    of at least ``min_bytes``, while their files (a mapping each) stay within ``budget``. Pure."""
+    out: set[object] = set()
+    for key, (files, nbytes) in sorted(candidates.items(), key=lambda kv: -kv[1][1]):
+        if nbytes >= min_bytes and files <= budget:
+            out.add(key)
+            budget -= files
+    return out
+
+
+def map_budget() -> int:
+    """How many more mappings a restore may make: half of what the process has left under ``vm.max_map_count``
+    (every mapping, malloc's large blocks and threads' stacks too, counts against it; a restore that used them up
+    would leave the process unable to allocate). 0 where it cannot be told."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as fh:
+            limit = int(fh.read())
+        with open("/proc/self/maps", "rb") as fh:
+            used = sum(1 for _ in fh)
+    except (OSError, ValueError):
+        return 0
+    return max(0, (limit - used) // 2)
+
+
 class _Statfs(ctypes.Structure):
     _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 256)]  # struct statfs is 120 bytes on 64-bit Linux
 

@@ -322,8 +322,9 @@ def _map(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
          ) -> dict[tuple[int, int], chunk_files.Mapped]:
     """``(leaf, target)`` -> the target's buffer as its chunk files mapped, for every target whose reads are all
     whole chunk files that tile it page by page (:func:`chunk_files.mappable`), none of it ``received`` from
-    another process, where :func:`chunk_files.map_chunks` maps them (local, in the page cache). Mapped and checked
-    in ``pool``."""
+    another process, where :func:`chunk_files.map_chunks` maps them (local, in the page cache): the largest first,
+    each of at least ``chunk_files.MAP_MIN_BYTES``, within the process's room for more mappings
+    (:func:`chunk_files.pick_mapped`). Mapped and checked in ``pool``."""
     want: dict[tuple[int, int], tuple[list[str], list[int]]] = {}
     for n, (lf, ops) in enumerate(zip(leaves, plans, strict=True)):
         if not _files_readable(storage, lf):
@@ -351,7 +352,9 @@ def _map(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
             got.check_all()  # in the same task: one target's checks start as soon as its files are mapped
         return got
 
-    futs = {k: pool.submit(map_and_check, *pn) for k, pn in want.items()}
+    picked = chunk_files.pick_mapped({k: (len(paths), sum(nbytes)) for k, (paths, nbytes) in want.items()},
+                                     chunk_files.map_budget() if want else 0)
+    futs = {k: pool.submit(map_and_check, *pn) for k, pn in want.items() if k in picked}
     out = {}
     for (n, i), fut in futs.items():
         try:
