@@ -197,19 +197,37 @@ def test_a_mapped_chunk_file_that_fails_its_checksum_is_refused_naming_it(tmp_pa
     assert str(err.value).startswith(f"DATA_LOSS: chunk file {paths[2]} fails its checksum"), err.value
 
 
+def _evict(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+
+
+@pytest.mark.parametrize(("evicted", "mapped"), [(1, True), (2, True), (3, False)])  # of 4 files
+def test_chunk_files_mostly_in_the_page_cache_are_mapped_whole(tmp_path: Path, evicted: int, mapped: bool) -> None:
+    """At least half of the pages cached: mapped, the missing ones faulted in from the device as they are checked
+    (bit-exact); fewer: read."""
+    paths, values = _page_chunks(tmp_path, 4)
+    for path in paths[:evicted]:
+        _evict(path)
+    got = map_chunks(paths, [PAGE] * 4)
+    assert (got is not None) is mapped
+    if got is not None:
+        got.check_all()
+        assert got.buffer(values.nbytes).view(np.float32).tobytes() == values.tobytes()
+
+
 @pytest.mark.parametrize("why", ["cold", "short", "missing", "filesystem"])
 def test_chunk_files_are_not_mapped_where_they_are_to_be_read(tmp_path: Path, why: str,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Not in the page cache (a cold read: ``preadv``'s large reads beat faulting pages in), of another size or
+    """Not in the page cache (a cold read: faulting pages in is no faster than ``preadv``), of another size or
     missing (the read names it), or on a filesystem that is not local (a dropped page would be fetched again from a
     server that may be gone): None, and the caller reads the files."""
     paths, _ = _page_chunks(tmp_path)
     if why == "cold":
         for path in paths:
-            fd = os.open(path, os.O_RDONLY)
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
+            _evict(path)
     elif why == "short":
         os.truncate(paths[1], PAGE)
     elif why == "missing":
