@@ -176,6 +176,7 @@ def test_page_cached_chunk_files_are_mapped_as_one_buffer_and_checked(tmp_path: 
     buf = got.buffer(values.nbytes)
     assert buf.view(np.float32).tobytes() == values.tobytes()
     assert set(paths) <= _mapped_files()
+    assert got.mapped == {0, PAGE, 2 * PAGE} and not got.unread
     for k in range(3):
         got.check(k * PAGE)
     buf[PAGE:PAGE + 8] = 0
@@ -205,17 +206,34 @@ def _evict(path: str) -> None:
 
 
 @pytest.mark.parametrize(("evicted", "mapped"), [(1, True), (2, True), (3, False)])  # of 4 files
-def test_chunk_files_mostly_in_the_page_cache_are_mapped_whole(tmp_path: Path, evicted: int, mapped: bool) -> None:
-    """At least half of the pages cached: mapped, the missing ones faulted in from the device as they are checked
-    (bit-exact); fewer: read."""
+def test_chunk_files_mostly_in_the_page_cache_are_mapped_and_the_rest_read_into_place(tmp_path: Path, evicted: int,
+                                                                                     mapped: bool) -> None:
+    """At least half of the bytes in files the page cache holds whole: those are mapped, the others read into their
+    places (never faulted in from the device, where a read error would be a SIGBUS), bit-exact; fewer: None (read
+    whole into a buffer of the caller's)."""
     paths, values = _page_chunks(tmp_path, 4)
     for path in paths[:evicted]:
         _evict(path)
     got = map_chunks(paths, [PAGE] * 4)
     assert (got is not None) is mapped
     if got is not None:
-        got.check_all()
+        assert got.mapped == {k * PAGE for k in range(evicted, 4)}
+        assert sorted(got.unread) == [k * PAGE for k in range(evicted)]
+        got.complete()
         assert got.buffer(values.nbytes).view(np.float32).tobytes() == values.tobytes()
+        assert set(paths[evicted:]) <= _mapped_files() and not set(paths[:evicted]) & _mapped_files()
+
+
+def test_a_chunk_file_read_into_place_that_fails_its_checksum_is_refused_naming_it(tmp_path: Path) -> None:
+    paths, _ = _page_chunks(tmp_path, 4)
+    data = bytearray(Path(paths[0]).read_bytes())
+    data[9] ^= 0x20
+    Path(paths[0]).write_bytes(bytes(data))
+    _evict(paths[0])
+    got = map_chunks(paths, [PAGE] * 4)
+    assert got is not None and sorted(got.unread) == [0]
+    with pytest.raises(ChunkFileError, match=f"^DATA_LOSS: chunk file {paths[0]} fails its checksum"):
+        got.complete()
 
 
 @pytest.mark.parametrize("why", ["cold", "short", "missing", "filesystem"])

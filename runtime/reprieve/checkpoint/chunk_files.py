@@ -12,9 +12,9 @@ or the array's edge, or one that feeds several targets (another sharding), is re
 scratch buffer and its parts copied out (``restore._scatter_file``); a cast, a chunk file larger than the read
 budget and an object store stay with TensorStore.
 
-Where whole chunk files tile a buffer page by page and the page cache holds most of their pages, the buffer is the
-files themselves: :func:`map_chunks` maps them private one after another into one reservation and
-:meth:`Mapped.check` takes each file's crc32c over its mapping (docs/checkpoint.md, "Copies a byte makes": what a
+Where whole chunk files tile a buffer page by page and the page cache holds most of them, the buffer is the files
+themselves: :func:`map_chunks` maps them private one after another into one reservation (a file not wholly cached is
+read into its place instead) and :meth:`Mapped.check` takes each file's crc32c over its mapping (docs/checkpoint.md, "Copies a byte makes": what a
 mapping leaves to the device, and which filesystems are mapped).
 
 :func:`direct_reads` decides which reads go this way (pure, table-tested); :func:`read_chunk` reads one file. Its
@@ -25,6 +25,7 @@ from a store that did not serve the same way for both readers.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import errno
@@ -231,6 +232,7 @@ def _libc() -> ctypes.CDLL | None:
 
 _LIBC: list[ctypes.CDLL | None] = []
 _MAP_FIXED = 0x10  # Linux's value; Python's mmap module does not export it
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14; Python 3.11's mmap lacks the name
 
 
 def filesystem(path: str) -> int | None:
@@ -245,21 +247,30 @@ def filesystem(path: str) -> int | None:
 class Mapped:
     """A target buffer that is its chunk files themselves, each mapped private and writable (a write copies the
     page; the file never changes) at its place in one reservation: the page cache's pages, no copy and no fresh
-    memory. :meth:`check` takes one file's crc32c over its mapped bytes (the first read of each page maps it, many
-    pages a fault) and compares it with the one stored after them. The reservation is unmapped, files and all,
-    when the last array over it goes."""
+    memory. A file the page cache does not hold whole is read instead, into anonymous memory at its place
+    (``unread``). :meth:`complete` checks every mapped file (its crc32c over its mapped bytes: the first read of
+    each page maps it, many pages a fault) and reads the others (:func:`read_chunk`). The reservation is
+    unmapped, files and all, when the last array over it goes."""
 
-    def __init__(self, mem: mmap.mmap, files: dict[int, tuple[str, int, int]]) -> None:
+    def __init__(self, mem: mmap.mmap, files: dict[int, tuple[str, int, int]],
+                 unread: dict[int, tuple[str, int]] | None = None) -> None:
         self.mem = mem
-        self._files = files  # byte offset -> (path, data bytes, stored crc32c)
+        self._files = files  # byte offset -> (path, data bytes, stored crc32c): mapped
+        self.unread = dict(unread or {})  # byte offset -> (path, data bytes): read by complete()
+        self.mapped = frozenset(files)  # byte offsets of the files mapped (the others are read)
 
     def buffer(self, nbytes: int) -> np.ndarray:
         return np.frombuffer(self.mem, np.uint8, count=nbytes)
 
-    def check_all(self) -> None:
-        """:meth:`check` of every file, in order."""
+    def complete(self) -> None:
+        """:meth:`check` every mapped file and read every other one into its place, in order."""
         for offset in self._files:
             self.check(offset)
+        for offset, (path, n) in self.unread.items():
+            with contextlib.suppress(OSError, ValueError):  # an older kernel: its pages fault in as they are read
+                self.mem.madvise(_MADV_POPULATE_WRITE, offset, -(-n // PAGE) * PAGE)
+            with memoryview(self.mem) as whole, whole[offset:offset + n] as out:
+                read_chunk(path, out)
 
     def check(self, offset: int) -> None:
         """Raises ChunkFileError (``DATA_LOSS``, naming the file and both checksums) when the file mapped at byte
@@ -273,12 +284,12 @@ class Mapped:
 
 def map_chunks(paths: Sequence[str], nbytes: Sequence[int]) -> Mapped | None:
     """The chunk files ``paths`` (``nbytes[k]`` data bytes each; every one but the last a whole number of pages)
-    mapped one after another into one buffer, or None where they are not to be mapped, and the caller reads them:
-    not 64-bit Linux, a filesystem not in :data:`MAPPABLE_FILESYSTEMS`, a file missing or of another size than
-    its data and checksum (:func:`read_chunk` then names it), or fewer than half of their pages in the page cache
-    (cold files are read: faulting them in from the device was as fast as ``preadv`` or up to ~10 % slower on the
-    benchmark VM; a buffer mostly cached is mapped whole, its missing pages faulted in from the device, rather
-    than read whole into fresh memory)."""
+    mapped one after another into one buffer, each one the page cache holds whole; the others are left to
+    :meth:`Mapped.complete` to read into their places (never faulted in from the device: a device's read error
+    would be a SIGBUS there, and ``read_chunk`` names it). None where they are not to be mapped, and the caller
+    reads them all into a buffer of its own: not 64-bit Linux, a filesystem not in :data:`MAPPABLE_FILESYSTEMS`, a
+    file missing or of another size than its data and checksum (:func:`read_chunk` then names it), or fewer than
+    half of their bytes in files the page cache holds whole (a warm process's landing memory serves such a read)."""
     lib = _libc()
     if lib is None or not paths or filesystem(paths[0]) not in MAPPABLE_FILESYSTEMS:
         return None
@@ -288,8 +299,9 @@ def map_chunks(paths: Sequence[str], nbytes: Sequence[int]) -> Mapped | None:
     base = ctypes.addressof(view)
     del view
     files: dict[int, tuple[str, int, int]] = {}
+    unread: dict[int, tuple[str, int]] = {}
     done = False
-    cached = pages = 0
+    cached = 0
     try:
         off = 0
         for path, n in zip(paths, nbytes, strict=True):
@@ -308,14 +320,20 @@ def map_chunks(paths: Sequence[str], nbytes: Sequence[int]) -> Mapped | None:
             vec = bytearray(length // PAGE)  # one byte a page: bit 0 set when the page cache holds it
             if lib.mincore(base + off, length, (ctypes.c_char * len(vec)).from_buffer(vec)) != 0:
                 return None
-            cached += int((np.frombuffer(vec, np.uint8) & 1).sum())
-            pages += len(vec)
-            files[off] = (path, n, int.from_bytes(tail, "little"))
+            if (np.frombuffer(vec, np.uint8) & 1).all():
+                files[off] = (path, n, int.from_bytes(tail, "little"))
+                cached += n
+            else:  # anonymous memory in its place again, to be read into
+                got = lib.mmap(base + off, length, mmap.PROT_READ | mmap.PROT_WRITE,
+                               mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1, 0)
+                if got != base + off:
+                    return None
+                unread[off] = (path, n)
             off += n
-        if 2 * cached < pages:
+        if 2 * cached < total:
             return None
         done = True
-        return Mapped(mem, files)
+        return Mapped(mem, files, unread)
     except OSError:
         return None
     finally:

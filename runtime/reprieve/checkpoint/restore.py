@@ -349,7 +349,7 @@ def _map(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
     def map_and_check(paths: list[str], nbytes: list[int]) -> chunk_files.Mapped | None:
         got = chunk_files.map_chunks(paths, nbytes)
         if got is not None:
-            got.check_all()  # in the same task: one target's checks start as soon as its files are mapped
+            got.complete()  # in the same task: one target's checks start as soon as its files are mapped
         return got
 
     picked = chunk_files.pick_mapped({k: (len(paths), sum(nbytes)) for k, (paths, nbytes) in want.items()},
@@ -429,7 +429,7 @@ def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
 
     files: list[tuple[_Leaf, ReadOp, int, concurrent.futures.Future[None]]] = []
     scratch = _Scratch(memory_limit_bytes)
-    n_mapped = 0
+    n_mapped = n_read = 0  # chunk files of mapped targets: mapped, or read into their places
     for n, (lf, ops) in enumerate(zip(leaves, plans, strict=True)):
         store = stores[lf.meta.index]
         readable = _files_readable(storage, lf)
@@ -439,10 +439,13 @@ def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
             if reads is not None:  # no transient memory: outside the budget
                 for r in reads:
                     first, nbytes = r.start * lf.dtype.itemsize, r.count * lf.dtype.itemsize
-                    if (n, r.target) in mapped:  # mapped and checked already (_map)
+                    if (n, r.target) in mapped:  # mapped and checked, or read into its place, already (_map)
                         stats.storage_bytes += nbytes
-                        stats.mapped_bytes += nbytes
-                        n_mapped += 1
+                        if first in mapped[n, r.target].mapped:
+                            stats.mapped_bytes += nbytes
+                            n_mapped += 1
+                        else:
+                            n_read += 1
                         continue
                     path = storage.local_path(f"{ckpt_dir}/{layout.chunk_key(lf.meta.index or 0, r.key)}")
                     assert path is not None
@@ -477,7 +480,7 @@ def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
                                f"region {list(op.box)}) failed: {err}", err) from err
         stats.storage_bytes += nbytes
     log.debug("restore from %s: %d chunk files mapped as their buffers and checked, %d read by the runtime, the rest "
-              "through TensorStore", where, n_mapped, len(files))
+              "through TensorStore", where, n_mapped, len(files) + n_read)
 
 
 def _files_readable(storage: Storage, lf: _Leaf) -> bool:
