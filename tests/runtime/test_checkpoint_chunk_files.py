@@ -273,4 +273,4 @@ def test_pick_mapped(candidates, budget, picked) -> None:
 def test_the_map_budget_is_half_the_room_left_under_max_map_count() -> None:
     limit = int(Path("/proc/sys/vm/max_map_count").read_text())
     used = len(Path("/proc/self/maps").read_text().splitlines())
-    assert abs(map_budget() - (limit - used) // 2) <= 8  # the process's maps move a little between the two reads
+    assert abs(map_budget() - (limit - used) // 2) <= 64  # threads starting between the two reads add mappings
