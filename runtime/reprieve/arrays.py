@@ -85,7 +85,7 @@ def describe_sharding(sharding: Any) -> dict[str, Any]:
 _ALIGN = 64  # XLA's CPU client adopts host buffers with this alignment instead of copying them
 _POPULATE_MIN = 1 << 20
 _HUGE_MIN = 8 << 20  # buffers from this size on use transparent huge pages where the kernel lends them on request
-_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14; Python 3.11's mmap lacks the name
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14; Python 3.11's mmap lacks the name
 
 
 _PROBE_BYTES = 16 << 20  # small pages populated once per process: the rate huge pages must beat
@@ -106,7 +106,7 @@ def _huge_pages_offered() -> bool:
         return False
     probe = mmap.mmap(-1, 1 << 21, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
-        probe.madvise(_MADV_POPULATE_WRITE)
+        probe.madvise(MADV_POPULATE_WRITE)
     except OSError:
         return False
     finally:
@@ -157,7 +157,7 @@ def host_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         t = time.perf_counter()
         try:
             mem.madvise(mmap.MADV_HUGEPAGE)
-            mem.madvise(_MADV_POPULATE_WRITE)
+            mem.madvise(MADV_POPULATE_WRITE)
         except OSError:  # an older kernel: its pages fault in on first touch instead, as with np.empty
             pass
         if time.perf_counter() - t > nbytes * _small_pages_seconds_per_byte():

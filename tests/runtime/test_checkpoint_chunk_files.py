@@ -28,6 +28,8 @@ from reprieve.checkpoint.chunk_files import (
 from reprieve.checkpoint.metadata import CheckpointCorruptError, CheckpointUnavailableError
 from reprieve.checkpoint.restore import read_failure
 
+from tests.runtime.helpers_pagecache import evict
+
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 
@@ -173,7 +175,8 @@ def test_page_cached_chunk_files_are_mapped_as_one_buffer_and_checked(tmp_path: 
     before = Path(paths[1]).read_bytes()
     got = map_chunks(paths, [PAGE] * 3)
     assert got is not None
-    buf = got.buffer(values.nbytes)
+    assert got.nbytes == got.mapped_bytes == values.nbytes
+    buf = got.buffer()
     assert buf.view(np.float32).tobytes() == values.tobytes()
     assert set(paths) <= _mapped_files()
     assert got.mapped == {0, PAGE, 2 * PAGE} and not got.unread
@@ -198,13 +201,6 @@ def test_a_mapped_chunk_file_that_fails_its_checksum_is_refused_naming_it(tmp_pa
     assert str(err.value).startswith(f"DATA_LOSS: chunk file {paths[2]} fails its checksum"), err.value
 
 
-def _evict(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-
-
 @pytest.mark.parametrize(("evicted", "mapped"), [(1, True), (2, True), (3, False)])  # of 4 files
 def test_chunk_files_mostly_in_the_page_cache_are_mapped_and_the_rest_read_into_place(tmp_path: Path, evicted: int,
                                                                                      mapped: bool) -> None:
@@ -213,14 +209,15 @@ def test_chunk_files_mostly_in_the_page_cache_are_mapped_and_the_rest_read_into_
     whole into a buffer of the caller's)."""
     paths, values = _page_chunks(tmp_path, 4)
     for path in paths[:evicted]:
-        _evict(path)
+        evict(path)
     got = map_chunks(paths, [PAGE] * 4)
     assert (got is not None) is mapped
     if got is not None:
         assert got.mapped == {k * PAGE for k in range(evicted, 4)}
         assert sorted(got.unread) == [k * PAGE for k in range(evicted)]
         got.complete()
-        assert got.buffer(values.nbytes).view(np.float32).tobytes() == values.tobytes()
+        assert got.nbytes == values.nbytes and got.mapped_bytes == (4 - evicted) * PAGE
+        assert got.buffer().view(np.float32).tobytes() == values.tobytes()
         assert set(paths[evicted:]) <= _mapped_files() and not set(paths[:evicted]) & _mapped_files()
 
 
@@ -229,7 +226,7 @@ def test_a_chunk_file_read_into_place_that_fails_its_checksum_is_refused_naming_
     data = bytearray(Path(paths[0]).read_bytes())
     data[9] ^= 0x20
     Path(paths[0]).write_bytes(bytes(data))
-    _evict(paths[0])
+    evict(paths[0])
     got = map_chunks(paths, [PAGE] * 4)
     assert got is not None and sorted(got.unread) == [0]
     with pytest.raises(ChunkFileError, match=f"^DATA_LOSS: chunk file {paths[0]} fails its checksum"):
@@ -245,7 +242,7 @@ def test_chunk_files_are_not_mapped_where_they_are_to_be_read(tmp_path: Path, wh
     paths, _ = _page_chunks(tmp_path)
     if why == "cold":
         for path in paths:
-            _evict(path)
+            evict(path)
     elif why == "short":
         os.truncate(paths[1], PAGE)
     elif why == "missing":
@@ -272,5 +269,7 @@ def test_pick_mapped(candidates, budget, picked) -> None:
 
 def test_the_map_budget_is_half_the_room_left_under_max_map_count() -> None:
     limit = int(Path("/proc/sys/vm/max_map_count").read_text())
-    used = len(Path("/proc/self/maps").read_text().splitlines())
-    assert abs(map_budget() - (limit - used) // 2) <= 64  # threads starting between the two reads add mappings
+    before = len(Path("/proc/self/maps").read_text().splitlines())
+    budget = map_budget()
+    after = len(Path("/proc/self/maps").read_text().splitlines())  # a thread may start or end between the reads
+    assert (limit - max(before, after)) // 2 <= budget <= (limit - min(before, after)) // 2, (budget, before, after)

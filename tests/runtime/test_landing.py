@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 from collections.abc import Iterator
 
 import jax
@@ -17,6 +16,8 @@ from jax.sharding import PartitionSpec as P
 from reprieve import landing
 from reprieve.arrays import host_buffer
 from reprieve.trace_ahead import latest_metadata
+
+from tests.runtime.helpers_pagecache import evict
 
 GiB = 1 << 30
 
@@ -98,11 +99,7 @@ def test_host_buffers_of_a_restore_land_in_the_pool_bit_exact(tmp_path) -> None:
     mgr = CheckpointManager(str(tmp_path / "ckpt"), attempt=1)
     mgr.save(1, state)
     mgr.wait()
-    for d, _, files in os.walk(tmp_path / "ckpt"):  # out of the page cache: read, not mapped (it would land nothing)
-        for f in files:
-            fd = os.open(os.path.join(d, f), os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
+    evict(tmp_path / "ckpt")  # out of the page cache: read, not mapped (a mapped restore lands nothing)
     need = landing.landing_bytes(state)
     assert need == n * ((64 << 20) + 12)  # every device's replica
     found = latest_metadata({"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt")}, "test", "")

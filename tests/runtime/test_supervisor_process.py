@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from localcluster.testing import wait_for
 
+from tests.runtime.helpers_pagecache import evict
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 SUPERVISOR_BIN = str(Path(sys.executable).parent / "reprieve-supervisor")
@@ -397,11 +399,7 @@ def test_a_warm_process_populates_the_landing_memory_its_restore_then_lands_in(t
     first, err = attempt(1)
     assert first["landing"] == 96 << 20  # no restore yet: the state it made, as a restore would land it
     assert "landing memory" not in err  # no hint, no pool
-    for d, _, files in os.walk(tmp_path / "ckpt"):  # as on another node: read, not mapped from the page cache
-        for f in files:
-            fd = os.open(os.path.join(d, f), os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
+    evict(tmp_path / "ckpt")  # as on another node: read, not mapped from the page cache
     second, err = attempt(2, REPRIEVE_WARM_LANDING_BYTES=str(first["landing"]))
     assert f"landing memory: {96 << 20} bytes populated ahead" in err, err
     assert f"landing memory: {96 << 20} of {96 << 20} bytes populated ahead were used by the restore; 0 given back" \

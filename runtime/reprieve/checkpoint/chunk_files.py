@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..arrays import Region
+from ..arrays import MADV_POPULATE_WRITE, Region
 from ..checksum import crc32c
 
 CRC32C_BYTES = 4  # the crc32c codec's checksum after every chunk's bytes (little-endian)
@@ -232,7 +232,6 @@ def _libc() -> ctypes.CDLL | None:
 
 _LIBC: list[ctypes.CDLL | None] = []
 _MAP_FIXED = 0x10  # Linux's value; Python's mmap module does not export it
-_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14; Python 3.11's mmap lacks the name
 
 
 def filesystem(path: str) -> int | None:
@@ -258,9 +257,12 @@ class Mapped:
         self._files = files  # byte offset -> (path, data bytes, stored crc32c): mapped
         self.unread = dict(unread or {})  # byte offset -> (path, data bytes): read by complete()
         self.mapped = frozenset(files)  # byte offsets of the files mapped (the others are read)
+        self.mapped_bytes = sum(n for _, n, _ in files.values())
+        self.nbytes = self.mapped_bytes + sum(n for _, n in self.unread.values())
 
-    def buffer(self, nbytes: int) -> np.ndarray:
-        return np.frombuffer(self.mem, np.uint8, count=nbytes)
+    def buffer(self) -> np.ndarray:
+        """The buffer's bytes (the reservation without the tail of its last page)."""
+        return np.frombuffer(self.mem, np.uint8, count=self.nbytes)
 
     def complete(self) -> None:
         """:meth:`check` every mapped file and read every other one into its place, in order."""
@@ -268,7 +270,7 @@ class Mapped:
             self.check(offset)
         for offset, (path, n) in self.unread.items():
             with contextlib.suppress(OSError, ValueError):  # an older kernel: its pages fault in as they are read
-                self.mem.madvise(_MADV_POPULATE_WRITE, offset, -(-n // PAGE) * PAGE)
+                self.mem.madvise(MADV_POPULATE_WRITE, offset, -(-n // PAGE) * PAGE)
             with memoryview(self.mem) as whole, whole[offset:offset + n] as out:
                 read_chunk(path, out)
 

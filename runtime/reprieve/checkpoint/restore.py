@@ -287,15 +287,19 @@ def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: st
     try:
         skip = set() if exchange is None else exchange.expected()
         mapped = _map(storage, ckpt_dir, leaves, plans, {(n, leaves[n].regions.index(region)) for n, region, _ in skip},
-                      pool, where) if map_files else {}
+                      pool, where, stats) if map_files else {}
         for n, (lf, bufs) in enumerate(zip(leaves, _buffers(pool, [
                 [(tuple(hi - lo for lo, hi in r), lf.dtype) for i, r in enumerate(lf.regions) if (n, i) not in mapped]
                 for n, lf in enumerate(leaves)]), strict=True)):
             made = iter(bufs)
-            lf.buffers = [mapped[n, i].buffer(region_size(r) * lf.dtype.itemsize).view(lf.dtype).reshape(
-                tuple(hi - lo for lo, hi in r)) if (n, i) in mapped else next(made) for i, r in enumerate(lf.regions)]
-        _run(storage, ckpt_dir, leaves, _only(leaves, plans, lambda key: key not in skip), stores, where, pool,
-             memory_limit_bytes, stats, mapped)
+            lf.buffers = [mapped[n, i].buffer().view(lf.dtype).reshape(tuple(hi - lo for lo, hi in r))
+                          if (n, i) in mapped else next(made) for i, r in enumerate(lf.regions)]
+
+        def unfilled(key: tuple[int, Region, Region]) -> bool:  # neither received nor mapped (filled by _map)
+            return key not in skip and (key[0], leaves[key[0]].regions.index(key[1])) not in mapped
+
+        _run(storage, ckpt_dir, leaves, _only(leaves, plans, unfilled), stores, where, pool, memory_limit_bytes,
+             stats)
         if exchange is None:
             return
         exchange.ready()
@@ -307,7 +311,7 @@ def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: st
                         "reading them from storage", where, len(failed), len(skip), failed[0][1])
             stats.fallback_pieces += len(failed)
             _run(storage, ckpt_dir, leaves, _only(leaves, plans, lambda key: key in again), stores, where, pool,
-                 memory_limit_bytes, stats, {})  # only pieces of targets not mapped (``received``)
+                 memory_limit_bytes, stats)
     except BaseException:
         if exchange is not None:
             exchange.abort()
@@ -318,13 +322,14 @@ def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: st
 
 
 def _map(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[ReadOp]],
-         received: set[tuple[int, int]], pool: concurrent.futures.ThreadPoolExecutor, where: str
+         received: set[tuple[int, int]], pool: concurrent.futures.ThreadPoolExecutor, where: str, stats: ReadStats
          ) -> dict[tuple[int, int], chunk_files.Mapped]:
     """``(leaf, target)`` -> the target's buffer as its chunk files mapped, for every target whose reads are all
     whole chunk files that tile it page by page (:func:`chunk_files.mappable`), none of it ``received`` from
     another process, where :func:`chunk_files.map_chunks` maps them (local, in the page cache): the largest first,
     each of at least ``chunk_files.MAP_MIN_BYTES``, within the process's room for more mappings
-    (:func:`chunk_files.pick_mapped`). Mapped and checked in ``pool``."""
+    (:func:`chunk_files.pick_mapped`). Mapped and checked (the files not wholly cached read into their places) in
+    ``pool``, counted in ``stats``: the buffers are full when it returns."""
     want: dict[tuple[int, int], tuple[list[str], list[int]]] = {}
     for n, (lf, ops) in enumerate(zip(leaves, plans, strict=True)):
         if not _files_readable(storage, lf):
@@ -365,6 +370,10 @@ def _map(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
                                f"region {list(lf.regions[i])}) failed: {err}", err) from err
         if got is not None:
             out[n, i] = got
+            stats.storage_bytes += got.nbytes
+            stats.mapped_bytes += got.mapped_bytes
+    log.debug("restore from %s: %d chunk files mapped as their buffers and checked, %d read into their places", where,
+              sum(len(m.mapped) for m in out.values()), sum(len(m.unread) for m in out.values()))
     return out
 
 
@@ -408,10 +417,8 @@ def _only(leaves: list[_Leaf], plans: list[list[ReadOp]],
 
 
 def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[ReadOp]], stores: dict[Any, Any],
-         where: str, pool: concurrent.futures.ThreadPoolExecutor, memory_limit_bytes: int, stats: ReadStats,
-         mapped: dict[tuple[int, int], chunk_files.Mapped]) -> None:
-    """Carry out ``plans`` (every leaf's reads) from storage; a ``mapped`` target's files are only counted (mapped
-    and checked by :func:`_map`)."""
+         where: str, pool: concurrent.futures.ThreadPoolExecutor, memory_limit_bytes: int, stats: ReadStats) -> None:
+    """Carry out ``plans`` (every leaf's reads) from storage."""
     inflight: collections.deque[tuple[_Leaf, ReadOp, list[Any]]] = collections.deque()
     budget = 0
 
@@ -429,8 +436,7 @@ def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
 
     files: list[tuple[_Leaf, ReadOp, int, concurrent.futures.Future[None]]] = []
     scratch = _Scratch(memory_limit_bytes)
-    n_mapped = n_read = 0  # chunk files of mapped targets: mapped, or read into their places
-    for n, (lf, ops) in enumerate(zip(leaves, plans, strict=True)):
+    for lf, ops in zip(leaves, plans, strict=True):
         store = stores[lf.meta.index]
         readable = _files_readable(storage, lf)
         for op in ops:
@@ -439,14 +445,6 @@ def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
             if reads is not None:  # no transient memory: outside the budget
                 for r in reads:
                     first, nbytes = r.start * lf.dtype.itemsize, r.count * lf.dtype.itemsize
-                    if (n, r.target) in mapped:  # mapped and checked, or read into its place, already (_map)
-                        stats.storage_bytes += nbytes
-                        if first in mapped[n, r.target].mapped:
-                            stats.mapped_bytes += nbytes
-                            n_mapped += 1
-                        else:
-                            n_read += 1
-                        continue
                     path = storage.local_path(f"{ckpt_dir}/{layout.chunk_key(lf.meta.index or 0, r.key)}")
                     assert path is not None
                     span = lf.buffers[r.target].reshape(-1).view(np.uint8)[first:first + nbytes]
@@ -479,8 +477,7 @@ def _run(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
             raise read_failure(f"{where}: reading {layout.array_dir(lf.meta.index or 0)} (leaf {lf.meta.path}, "
                                f"region {list(op.box)}) failed: {err}", err) from err
         stats.storage_bytes += nbytes
-    log.debug("restore from %s: %d chunk files mapped as their buffers and checked, %d read by the runtime, the rest "
-              "through TensorStore", where, n_mapped, len(files) + n_read)
+    log.debug("restore from %s: %d chunk files read by the runtime, the rest through TensorStore", where, len(files))
 
 
 def _files_readable(storage: Storage, lf: _Leaf) -> bool:
