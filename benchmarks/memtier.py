@@ -13,7 +13,7 @@ restore in a fresh process, the sources alternating, the median of ``--repeats``
 * **peer**: the pod's directory is empty (a replacement pod), another process serves the copy as a peer's
   replica server on loopback TCP;
 * **disk**: the storage tier (``CheckpointManager``) on local disk, read from the page cache (the best case
-  for storage);
+  for storage; its files read once off the clock first, so that the page cache holds them);
 * **disk-cold**: the same checkpoint with its files dropped from the page cache first (``fsync`` then
   ``posix_fadvise(DONTNEED)`` on each file, what stays cached checked with util-linux's ``fincore``): what a
   replacement pod on another node reads, whose page cache never held the checkpoint. (On a VM the host's own cache
@@ -231,6 +231,8 @@ def child_restore(a: argparse.Namespace) -> dict[str, Any]:
         pool = landing.reserve(landing.landing_bytes(abstract) or 0, minimum=0)
         pool_s = time.perf_counter() - t
         assert pool is not None, "no landing memory populated: see the log line above"
+    if source == "disk":  # the page cache holds the checkpoint, as the source says (this VM drops pages on its own)
+        read_files_seconds(_storage_uri(a, source), cold=False)
     t0 = time.perf_counter()
     result = restore_round.restore(tier, storage, abstract)
     restored = jax.block_until_ready(result[1])
