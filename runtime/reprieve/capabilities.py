@@ -2,15 +2,16 @@
 
 :class:`Checkpointer` is the whole requirement. Each optional capability is one named protocol, and
 :meth:`Capabilities.of` checks a checkpointer against all of them once, when the job is built (the way Kueue's
-``jobframework`` asserts its optional ``JobWith...`` interfaces in one place); nothing else asks a checkpointer
-what it can do. ``reprieve.checkpoint.CheckpointManager`` offers all of them, ``reprieve.orbax.OrbaxCheckpointer``
-all but :class:`DeferredRetention` and :class:`HostLanding`; a checkpointer of the user's own needs only
-:class:`Checkpointer`.
+``jobframework`` asserts its optional ``JobWith...`` interfaces in one place). The one exception is
+:class:`StepReads`, which only the memory tier's restore round uses and checks, by this protocol, where it reads
+(:mod:`reprieve.memtier.restore_round`). ``reprieve.checkpoint.CheckpointManager`` offers all of them,
+``reprieve.orbax.OrbaxCheckpointer`` all but :class:`DeferredRetention`, :class:`HostLanding` and
+:class:`StepReads`; a checkpointer of the user's own needs only :class:`Checkpointer`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -88,6 +89,20 @@ class HostLanding(Protocol):
 
 
 @runtime_checkable
+class StepReads(Protocol):
+    """Lists its visible checkpoints with their attempts, and reads one process's part of a given one without the
+    other processes: a memory-tier restore then reads from storage only what memory lacks (a *mixed* restore,
+    :mod:`reprieve.memtier.restore_round`); without it such a restore sends every process to storage.
+    ``read_step(..., among=, key=)``: the processes reading that checkpoint now (every one of them passes the same,
+    with the same ``key``), which may share the replicated pieces they all need."""
+
+    def visible_checkpoints(self) -> list[tuple[int, int]]: ...
+
+    def read_step(self, step: int, attempt: int, abstract_state: Any, *, among: Sequence[int] | None = None,
+                  key: str | None = None) -> ProcessExtraResult: ...
+
+
+@runtime_checkable
 class ProcessExtraResult(Protocol):
     """A restore result with the per-process values saved beside the state (:class:`ProcessExtra`)."""
 
@@ -124,5 +139,5 @@ if TYPE_CHECKING:  # mypy holds this package's two checkpointers to every protoc
 
     def _offers(m: CheckpointManager, o: OrbaxCheckpointer) -> None:
         _m: tuple[Checkpointer, CommitCallback, RestoreCheck, ProcessExtra, DeferredRetention, StateCheck,
-                  HostLanding] = (m, m, m, m, m, m, m)
+                  HostLanding, StepReads] = (m, m, m, m, m, m, m, m)
         _o: tuple[Checkpointer, CommitCallback, RestoreCheck, ProcessExtra, StateCheck] = (o, o, o, o, o)

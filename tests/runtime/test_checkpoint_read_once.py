@@ -91,6 +91,24 @@ def test_two_processes_read_each_replicated_byte_once(tmp_path) -> None:
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
+def test_processes_reading_one_step_among_themselves_read_each_replicated_byte_once(tmp_path) -> None:
+    # A memory-tier restore's storage readers (read_step among processes 0 and 2 of 3): the two share the
+    # replicated pieces between them, without process 1, which reads nothing and is not waited for.
+    results = run_gang(3, ["--dir", str(tmp_path), "--among", "0,2"], devices=None, worker="read_once_worker.py",
+                       timeout=50)
+    outs = "\n".join(f"--- process {i} rc={rc}\n{o[-3000:]}" for i, (rc, o) in enumerate(results))
+    assert all(rc == 0 and "OK" in o for rc, o in results), outs
+    assert "IDLE" in results[1][1] and "STATS" not in results[1][1], outs
+    stats = [_stats(results[p][1]) for p in (0, 2)]
+    total, small = stats[0]["total"], 1024
+    assert sum(s["storage"] for s in stats) == total + small, outs
+    for s in stats:
+        assert s["storage"] + s["peer"] == total and s["fallback"] == 0, outs
+        assert abs(s["storage"] - total / 2) <= 2 * MiB, outs
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
 def test_a_peer_that_dies_mid_exchange_leaves_the_survivor_reading_it_itself(tmp_path) -> None:
     results = run_gang(2, ["--dir", str(tmp_path), "--direct", "--timeout", "20"], devices=None,
                        worker="read_once_worker.py", timeout=45,
@@ -112,6 +130,27 @@ class _Process(LocalCoordinator):
     def __init__(self, store: LocalCoordinator, pid: int, n: int) -> None:
         self._kv, self._cond = store._kv, store._cond
         self.process_id, self.num_processes = pid, n
+
+
+@pytest.mark.unit
+def test_members_must_be_distinct_processes_of_the_job_including_this_one() -> None:
+    store = LocalCoordinator()
+    for members in [(1, 2), (0, 0, 1), (0, 3), (-1, 0)]:
+        with pytest.raises(ValueError, match=r"members .* must be distinct processes of the job's 3 and include "
+                                             r"this one \(0\)"):
+            Peers(_Process(store, 0, 3), "k", members=members)
+    assert Peers(_Process(store, 2, 3), "k", members=(2, 0)).processes() == (0, 2)
+    assert Peers(_Process(store, 2, 3), "k").processes() == (0, 1, 2)
+
+
+@pytest.mark.unit
+def test_read_step_among_processes_needs_their_shared_key(tmp_path) -> None:
+    from reprieve.checkpoint import CheckpointManager
+
+    mgr = CheckpointManager(str(tmp_path))
+    with pytest.raises(ValueError, match=r"read_step: among= needs key="):
+        mgr.read_step(1, 1, {}, among=[0, 1])
+    mgr.close()
 
 
 @pytest.mark.integration

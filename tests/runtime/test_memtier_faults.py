@@ -239,8 +239,10 @@ def test_a_process_and_its_peer_lost_together_fall_back_to_storage(tmp_path: Pat
 
 
 def test_a_storage_step_fills_in_only_the_processes_memory_lacks(tmp_path: Path, base: Path) -> None:
-    """Storage saves the same step as memory (14); process 1's copy is lost everywhere: process 1 reads storage,
-    the others keep reading memory (mixed), instead of sending the whole gang to storage.
+    """Storage saves the same step as memory (14); the copies of processes 1 and 2 are lost everywhere (their
+    nodes, and process 2's replica on process 0's): processes 1 and 2 read storage, together (each says so before
+    its reads, so the storage readers know one another and share what they both need), while process 0 keeps
+    reading memory (mixed), instead of sending the whole gang to storage.
 
     Why this long: two attempts of a three-process gang; each process start imports JAX and joins
     jax.distributed (about 10 s per attempt on an idle 2-core machine, up to a minute under a full load)."""
@@ -251,9 +253,13 @@ def test_a_storage_step_fills_in_only_the_processes_memory_lacks(tmp_path: Path,
     for i in (1, 2):
         pods[i].lose()
         pods[i] = new_pod(base, f"pod-{i}b")
+    shutil.rmtree(pods[0].mem / "peer")  # process 2's replica
     gang = launch(tmp_path, pods, {0: pods[1], 1: pods[2], 2: pods[0]}, attempt=2, steps=TOTAL, ckpt_every=5)
     finish(gang, 3, TOTAL)
-    assert restored(gang.logs) == ["14", "memory", "storage", "peer"]
+    assert restored(gang.logs) == ["14", "memory", "storage", "storage"]
+    for log in gang.logs[1:]:
+        assert "processes [1, 2] read step 14 from storage together" in log.read_text(), log.read_text()[-3000:]
+    assert "from storage together" not in gang.logs[0].read_text()
 
 
 def test_a_copy_from_an_older_attempt_is_fenced(tmp_path: Path, base: Path) -> None:

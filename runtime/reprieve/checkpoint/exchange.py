@@ -60,6 +60,10 @@ class Peers:
         connect_s: the longest this process waits for all the others' addresses (one wait for all of them: a
             process that has not published by then is read around, its pieces from storage), and an owner for a
             needer that has not connected (bounded by ``timeout_s``).
+        members: the processes that restore together (every one of them passes the same); None: every process of
+            the job. A memory-tier restore where only some processes read storage passes those
+            (:meth:`~reprieve.checkpoint.CheckpointManager.read_step`): the others hold nothing of the exchange and
+            are not waited for.
     """
 
     coordinator: Coordinator
@@ -68,6 +72,20 @@ class Peers:
     timeout_s: float = 300.0
     min_bytes: int = MIN_PIECE_BYTES
     connect_s: float = CONNECT_S
+    members: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        me, n = self.coordinator.process_id, self.coordinator.num_processes
+        if self.members is not None:
+            bad = [p for p in self.members if not 0 <= p < n]
+            if bad or me not in self.members or len(set(self.members)) != len(self.members):
+                raise ValueError(f"restore exchange {self.key}: members {list(self.members)} must be distinct "
+                                 f"processes of the job's {n} and include this one ({me})")
+
+    def processes(self) -> tuple[int, ...]:
+        """The processes of this restore, in order."""
+        n = self.coordinator.num_processes
+        return tuple(range(n)) if self.members is None else tuple(sorted(self.members))
 
 
 class ExchangeError(Exception):
@@ -150,7 +168,7 @@ class Exchange:
         coord.set(f"{key}/{self.me}", json.dumps(mine), overwrite=True)
         records: dict[int, dict[str, Any]] = {self.me: mine}
         deadline = time.monotonic() + min(self.peers.connect_s, self.peers.timeout_s)  # one wait for them all
-        for p in range(coord.num_processes):
+        for p in self.peers.processes():
             if p == self.me:
                 continue
             try:

@@ -21,7 +21,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 from ..config import START_OVER_QUARANTINED
@@ -474,11 +474,22 @@ class CheckpointManager:
         """``(step, attempt)`` of every complete, visible checkpoint, oldest first."""
         return [(c.step, c.attempt) for c in self._visible()]
 
-    def read_step(self, step: int, attempt: int, abstract_state: Any) -> RestoreResult:
+    def read_step(self, step: int, attempt: int, abstract_state: Any, *, among: Sequence[int] | None = None,
+                  key: str | None = None) -> RestoreResult:
         """This process's part of checkpoint ``(step, attempt)``, read without the other processes (a memory tier
         restore where only some processes need storage). ``CheckpointCorruptError`` when it is unreadable; no
-        quarantine (the collective :meth:`restore` does that)."""
-        meta, state = self._restore_one(layout.committed_name(step, attempt), abstract_state)
+        quarantine (the collective :meth:`restore` does that).
+
+        ``among`` (with ``key``, unique to this read): the processes that read this checkpoint now, this one among
+        them, every one of them passing the same; the replicated pieces they share are read from storage once and
+        sent between them, as in a collective restore (``read_once``; docs/checkpoint.md, "Each replicated byte
+        read once"). The other processes are not waited for."""
+        name = layout.committed_name(step, attempt)
+        members = None if among is None else tuple(sorted({int(p) for p in among}))
+        if members is not None and len(members) > 1 and key is None:
+            raise ValueError("CheckpointManager.read_step: among= needs key= (the same on every process among them)")
+        shared = None if members is None or len(members) < 2 else f"{_KV}/read/{key}/{name}/exchange"
+        meta, state = self._restore_one(name, abstract_state, exchange_key=shared, members=members)
         return RestoreResult(meta.step, state, meta.extra, meta.process_extra)
 
     def restore(self, abstract_state: Any, *, step: int | None = None) -> RestoreResult:
@@ -600,9 +611,11 @@ class CheckpointManager:
         else:
             self._coord.get(f"{key}/quarantined", self._timeout)
 
-    def _restore_one(self, name: str, abstract: Any, *, exchange_key: str | None = None) -> tuple[CheckpointMeta, Any]:
-        """One checkpoint read into ``abstract``; ``exchange_key``: a collective restore (every process reads this
-        checkpoint now), whose replicated pieces the processes may share under that key."""
+    def _restore_one(self, name: str, abstract: Any, *, exchange_key: str | None = None,
+                     members: tuple[int, ...] | None = None) -> tuple[CheckpointMeta, Any]:
+        """One checkpoint read into ``abstract``; ``exchange_key``: a collective restore (every process of
+        ``members``, None: of the job, reads this checkpoint now), whose replicated pieces they may share under
+        that key."""
         where = f"{self.uri}/{name}/{layout.METADATA_FILE}"
         try:
             raw = self._storage.read_file(f"{name}/{layout.METADATA_FILE}")
@@ -621,7 +634,8 @@ class CheckpointManager:
             self._restore_check(meta.extra.get("reprieve"), meta.structure(), f"{self.uri}/{name}")
         peers = None
         if exchange_key is not None and self._nproc > 1:  # off too: it says so, and the others need not wait
-            peers = Peers(self._coord, exchange_key, mode=self._read_once, timeout_s=min(self._timeout, 300.0))
+            peers = Peers(self._coord, exchange_key, mode=self._read_once, timeout_s=min(self._timeout, 300.0),
+                          members=members)
         self.last_restore_stats = stats = ReadStats()
         state = restore_tree(self._storage, name, meta, abstract, memory_limit_bytes=self._mem_limit, peers=peers,
                              stats=stats, map_files=self._map_files)

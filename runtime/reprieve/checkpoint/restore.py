@@ -196,8 +196,8 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
     """Materialise ``abstract`` (leaves: ShapeDtypeStruct with sharding, arrays, or placeholders).
 
     ``memory_limit_bytes``: transient reads in flight; None scales it with the state (:func:`read_budget`).
-    ``peers``: a collective restore (every process calls this with the same ``peers.key``): each replicated piece
-    is read from storage by one process and sent to the others (:mod:`.read_once`); None: every process reads
+    ``peers``: a collective restore (every process of ``peers.processes()`` calls this with the same
+    ``peers.key``): each replicated piece is read from storage by one process and sent to the others (:mod:`.read_once`); None: every process reads
     everything it needs. ``stats``: filled with where the bytes came from. ``map_files``: page-cached local chunk
     files may be mapped as the buffers (:func:`_map`); off, they are read.
     """
@@ -282,7 +282,7 @@ def _read_leaves(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], where: st
     cached = {lf.meta.index for lf, ops in zip(leaves, plans, strict=True) if any(len(op.parts) > 1 for op in ops)}
     stores = _open_all(storage, ckpt_dir, [lf.meta for lf in leaves], where, cached=cached,
                        cached_context=storage.read_context(memory_limit_bytes // 2) if cached else None)
-    pieces = [] if peers is None else _pieces(leaves, peers.min_bytes)  # the same list on every process
+    pieces = [] if peers is None else _pieces(leaves, peers.min_bytes, peers.processes())  # the same list on each
     exchange = None if peers is None or not pieces else Exchange(peers, pieces, _place(leaves))
     try:
         skip = set() if exchange is None else exchange.expected()
@@ -377,14 +377,15 @@ def _map(storage: Storage, ckpt_dir: str, leaves: list[_Leaf], plans: list[list[
     return out
 
 
-def _pieces(leaves: list[_Leaf], min_bytes: int) -> list[Piece]:
-    """Every replicated piece of the restore with its owner, the same list on every process (from the shardings
-    and the chunk grids alone: every shared region of every process, not only this one's)."""
+def _pieces(leaves: list[_Leaf], min_bytes: int, members: tuple[int, ...]) -> list[Piece]:
+    """Every replicated piece of the restore with its owner, the same list on every process of ``members`` (from
+    the shardings and the chunk grids alone: every region two of them hold, not only this process's)."""
     out = []
     for n, lf in enumerate(leaves):
         if lf.sharding is None or lf.meta.chunk_shape is None:
             continue
-        for region, needers in read_once.shared_regions(process_regions(lf.sharding, lf.shape)).items():
+        held = {p: regions for p, regions in process_regions(lf.sharding, lf.shape).items() if p in members}
+        for region, needers in read_once.shared_regions(held).items():
             for op in plan_reads(lf.shape, lf.meta.chunk_shape, [region], itemsize=lf.dtype.itemsize,
                                  limit_bytes=1 << 62):
                 part = op.parts[0][1]

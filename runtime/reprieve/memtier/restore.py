@@ -17,7 +17,7 @@ import concurrent.futures
 import dataclasses
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -180,10 +180,12 @@ class _Reader:
 
 
 def restore_state(sources: dict[int, Source], abstract: Any, *, num_writers: int, process: int, num_processes: int,
-                  token: str | None) -> tuple[Any, dict[str, Any], list[Any] | None, bool]:
+                  token: str | None, planned: Callable[[], None] | None = None,
+                  ) -> tuple[Any, dict[str, Any], list[Any] | None, bool]:
     """``abstract`` materialised from ``sources`` (writer -> its copy); returns ``(state, extra, process_extra,
     remote)``, ``remote`` True when some shard came over the network. Raises :class:`NeedsStorage` when a
-    region or this process's data position needs a writer that has no source."""
+    region or this process's data position needs a writer that has no source: that is known before any shard is
+    read, and ``planned()`` is called once it is known that none is needed (before the reads)."""
     if not sources:
         raise NeedsStorage("no writer's copy is in memory")
     first = next(iter(sources.values())).manifest
@@ -243,6 +245,8 @@ def restore_state(sources: dict[int, Source], abstract: Any, *, num_writers: int
             pieces.append(found)
             wanted.update((w, k) for w, k, _ in found)
         plans.append((slot, path, leaf, shape, sharding, regions, devices, pieces, saved_dtype, want, key_impl))
+    if planned is not None:
+        planned()
     reader.fetch(wanted)
 
     for slot, _path, leaf, shape, sharding, regions, devices, pieces, saved_dtype, want, key_impl in plans:

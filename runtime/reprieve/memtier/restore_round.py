@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import identity
+from ..capabilities import StepReads
 from ..identity import resuming
 from . import decide, wire
 from .decide import Holding
@@ -101,7 +102,7 @@ def local_report(tier: Any, storage: Any) -> dict[str, Any]:
         "location": tier.location, "node": tier.cfg.node, "peer": tier.peer,
         "holdings": [_holding_json(h) for h in holdings],
         "fences": {str(a): None if b is None else list(b) for a, b in fences.items()},
-        "mixed_ok": callable(getattr(storage, "read_step", None)),
+        "mixed_ok": isinstance(storage, StepReads),
     }
     if tier.pid == 0:
         report["storage"] = storage_checkpoints(storage)
@@ -110,9 +111,8 @@ def local_report(tier: Any, storage: Any) -> dict[str, Any]:
 
 def storage_checkpoints(storage: Any) -> list[list[int]]:
     """``[step, attempt]`` of the storage tier's visible checkpoints (attempt 0: not known for this checkpointer)."""
-    listing = getattr(storage, "visible_checkpoints", None)
-    if callable(listing):
-        return [[int(s), int(a)] for s, a in listing()]
+    if isinstance(storage, StepReads):
+        return [[int(s), int(a)] for s, a in storage.visible_checkpoints()]
     latest = storage.latest_step()
     return [] if latest is None else [[int(latest), 0]]
 
@@ -142,7 +142,7 @@ def restore(tier: Any, storage: Any, abstract: Any, *, timeout_s: float = 1800.0
         log.info("memory restore round %d: %s (%s)", rnd, plan.tier, plan.reason)
         if plan.tier in ("none", "storage"):
             break
-        verdict, result = _carry_out(tier, storage, plan, abstract, check)
+        verdict, result = _carry_out(tier, storage, plan, abstract, check, key=key, timeout_s=timeout_s)
         coord.set(f"{key}/verdict/{pid}", json.dumps(verdict), overwrite=True)
         verdicts = [json.loads(coord.get(f"{key}/verdict/{p}", timeout_s)) for p in range(n)]
         refused = next((v["refused"] for v in verdicts if v.get("refused")), None)
@@ -208,11 +208,24 @@ def _storage(reports: list[dict[str, Any]], bad_storage: set[tuple[int, int]]) -
 
 
 def _carry_out(tier: Any, storage: Any, plan: decide.Plan, abstract: Any,
-               check: Callable[[Any, Any, str], None] | None) -> tuple[dict[str, Any], Any]:
+               check: Callable[[Any, Any, str], None] | None, *, key: str,
+               timeout_s: float) -> tuple[dict[str, Any], Any]:
     """This process's part of a memory or mixed plan: its verdict, and ``(state, extra, process_extra)``. The
     run-identity check runs on the copies' manifests before any array is read; a refusal is the verdict
-    ``refused`` (every process then raises it)."""
+    ``refused`` (every process then raises it).
+
+    In a mixed plan every process says, under ``key``, whether it reads storage, as soon as it knows (before its
+    reads) and in any case before it returns; the processes that do read storage read it together
+    (``read_step(among=...)``), so that a replicated piece they all lack is read from storage once."""
     chosen = {w: h for w, hs in plan.holders.items() if (h := choose_holder(hs, tier.pid, tier.location))}
+    told = plan.tier != "mixed"  # only a mixed plan has processes reading storage beside the others
+
+    def tell(reads_storage: bool) -> None:
+        nonlocal told
+        if not told:
+            told = True
+            tier.coord.set(f"{key}/storage/{tier.pid}", "1" if reads_storage else "0", overwrite=True)
+
     try:
         try:
             sources = open_sources(chosen, tier.dir, process=tier.pid, location=tier.location, token=tier.token)
@@ -220,15 +233,22 @@ def _carry_out(tier: Any, storage: Any, plan: decide.Plan, abstract: Any,
             if refusal is not None:
                 return {"ok": False, "refused": refusal}, None
             state, extra, extras, remote = restore_state(sources, abstract, num_writers=plan.num_processes,
-                                                         process=tier.pid, num_processes=tier.nproc, token=tier.token)
+                                                         process=tier.pid, num_processes=tier.nproc, token=tier.token,
+                                                         planned=lambda: tell(False))
             return {"ok": True, "source": (PEER if remote else MEMORY).name}, (state, extra, extras)
         except NeedsStorage as why:
             if plan.tier != "mixed":
                 raise SourceError(next(iter(chosen.values())), str(why)) from None
             log.info("memory restore: process %d reads step %d from storage (%s)", tier.pid, plan.step, why)
         assert plan.step is not None and plan.attempt is not None
+        tell(True)
+        among = [p for p in range(tier.nproc)
+                 if p == tier.pid or tier.coord.get(f"{key}/storage/{p}", timeout_s) == "1"]
+        if len(among) > 1:
+            log.info("memory restore: processes %s read step %d from storage together (each replicated piece "
+                     "once)", among, plan.step)
         try:
-            result = storage.read_step(plan.step, plan.attempt, abstract)
+            result = storage.read_step(plan.step, plan.attempt, abstract, among=among, key=key)
         except Exception as err:  # noqa: BLE001 - reported to every process; the round decides again
             log.error("memory restore: storage checkpoint of step %d unusable on process %d: %s", plan.step,
                       tier.pid, err)
@@ -241,6 +261,8 @@ def _carry_out(tier: Any, storage: Any, plan: decide.Plan, abstract: Any,
             tier.dir.delete(h.tree, h.name)  # never restored, and of no use to anyone
             log.warning("memory restore: deleted the corrupt copy %s/%s", h.tree, h.name)
         return {"ok": False, "bad": [[str(err.holder.name), err.holder.location]], "error": str(err)[:2000]}, None
+    finally:
+        tell(False)  # whatever happened: no process reading storage waits for this one's word
 
 
 def _refusal(tier: Any, sources: dict[int, Any], check: Callable[[Any, Any, str], None] | None) -> str | None:

@@ -1,11 +1,13 @@
 """One process of a read-once restore test (real jax.distributed on 127.0.0.1, one CPU device per process).
 
-    python read_once_worker.py --port P --nproc N --pid I --dir DIR [--direct] [--timeout T]
+    python read_once_worker.py --port P --nproc N --pid I --dir DIR [--direct | --among 0,2] [--timeout T]
 
 Saves a fully replicated state (every leaf on every device: what data-parallel replicas hold), restores it with
 ``read_once="on"`` and checks every leaf bit-exactly, then prints ``STATS storage=<bytes> peer=<bytes>
 fallback=<pieces> total=<state bytes>``, then ``OK``. ``--direct``: the restore is ``restore_tree`` alone (no
 collective verdict after it), so a survivor of a peer that dies during the exchange shows its own result.
+``--among``: only those processes restore, with ``CheckpointManager.read_step(among=...)`` (a memory-tier restore's
+storage readers); the others print ``IDLE`` and wait for them at a barrier.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def main() -> int:
     ap.add_argument("--pid", type=int, required=True)
     ap.add_argument("--dir", required=True)
     ap.add_argument("--direct", action="store_true")
+    ap.add_argument("--among", default=None)
     ap.add_argument("--timeout", type=float, default=30.0)
     args = ap.parse_args()
 
@@ -73,6 +76,15 @@ def main() -> int:
         stats = ReadStats()
         restored = restore_tree(storage, name, meta, abstract, stats=stats,
                                 peers=Peers(coord, "test/read-once", mode="on", timeout_s=args.timeout))
+    elif args.among is not None:
+        among = [int(p) for p in args.among.split(",")]
+        if args.pid not in among:
+            print("IDLE", flush=True)
+            coord.barrier("test/among-done", args.timeout)
+            print("OK", flush=True)
+            return 0
+        _, restored, _ = mgr.read_step(1, 1, abstract, among=among, key="test/among")
+        stats = mgr.last_restore_stats
     else:
         _, restored, _ = mgr.restore(abstract, step=1)
         stats = mgr.last_restore_stats
@@ -85,6 +97,8 @@ def main() -> int:
     total = sum(v.nbytes for v in expect.values())
     print(f"STATS storage={stats.storage_bytes} peer={stats.peer_bytes} fallback={stats.fallback_pieces} "
           f"total={total}", flush=True)
+    if args.among is not None:
+        coord.barrier("test/among-done", args.timeout)
     print("OK", flush=True)
     return 0
 
