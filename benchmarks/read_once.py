@@ -14,6 +14,10 @@ leaf bit-exact (crc32c against the saved state's). A row: the slowest process's 
 median and worst of the rounds), storage bytes per process (the largest), and the storage bytes of all
 processes over the state's (how many times each byte was read).
 
+``--mixed`` adds a memory-tier restore's storage readers: a gang of N+1 processes of which N read the checkpoint
+with ``CheckpointManager.read_step(among=...)`` (the mixed restore's storage readers, docs/memory.md) and one
+takes no part (it restores from memory in a real job); rows ``N of N+1``.
+
 On one machine the processes share its cores, memory bus and page cache: N processes restore N copies of the state
 with the CPU of one, so times grow with N either way; the storage bytes are the machine-independent half.
 """
@@ -90,15 +94,22 @@ def child_gang(a: argparse.Namespace) -> dict[str, Any]:
     mgr = CheckpointManager(a.uris[0], coordinator=coord, attempt=2, keep=1, read_once=g["mode"],
                             barrier_timeout_s=300)
     abstract = _abstract(jax, a.size, a.leaves)
+    among = g.get("among")
     coord.barrier("bench-start", 300)
     t0 = time.perf_counter()
-    _, state, _ = mgr.restore(abstract, step=1)
-    jax.block_until_ready(state)
-    seconds = time.perf_counter() - t0
-    exact = _crcs(state) == {k: int(v) for k, v in g["crcs"].items()}
-    stats = mgr.last_restore_stats
-    out = {"seconds": seconds, "storage": stats.storage_bytes, "peer": stats.peer_bytes,
-           "fallback": stats.fallback_pieces, "exact": exact}
+    if among is not None and g["pid"] not in among:  # restores from memory in a real job: no part in this read
+        out: dict[str, Any] = {"seconds": 0.0, "storage": 0, "peer": 0, "fallback": 0, "exact": True, "idle": True}
+    else:
+        if among is None:
+            _, state, _ = mgr.restore(abstract, step=1)
+        else:
+            _, state, _ = mgr.read_step(1, 1, abstract, among=among, key="bench")
+        jax.block_until_ready(state)
+        seconds = time.perf_counter() - t0
+        exact = _crcs(state) == {k: int(v) for k, v in g["crcs"].items()}
+        stats = mgr.last_restore_stats
+        out = {"seconds": seconds, "storage": stats.storage_bytes, "peer": stats.peer_bytes,
+               "fallback": stats.fallback_pieces, "exact": exact}
     print(json.dumps(out), flush=True)  # before the others may leave: a process whose leader left is aborted
     coord.barrier("bench-end", 300)
     if g["pid"] == 0:
@@ -120,17 +131,21 @@ def _last_json(p: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
-def gang(nproc: int, mode: str, uri: str, common: list[str], crcs: dict[str, int]) -> list[dict[str, Any]]:
+def gang(nproc: int, mode: str, uri: str, common: list[str], crcs: dict[str, int], *,
+         among: list[int] | None = None) -> list[dict[str, Any]]:
+    """One fresh gang's restore: every process's result (``among``: only those read, with ``read_step``; the
+    others' results are left out)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = [_run(["gang", *common, "--uris", uri, "--gang", json.dumps({"port": port, "nproc": nproc, "pid": pid,
-                                                                           "mode": mode, "crcs": crcs})])
+                                                                           "mode": mode, "crcs": crcs,
+                                                                           "among": among})])
              for pid in range(nproc)]
-    return [_last_json(p, 900) for p in procs]
+    return [r for r in (_last_json(p, 900) for p in procs) if not r.get("idle")]
 
 
-def bench(size: float, leaves: int, procs: list[int], repeats: int, *, s3: bool) -> dict[str, Any]:
+def bench(size: float, leaves: int, procs: list[int], repeats: int, *, s3: bool, mixed: bool = False) -> dict[str, Any]:
     from memtier import evict, s3_emulator
 
     base = tempfile.mkdtemp(prefix="read-once-bench-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None)
@@ -142,11 +157,16 @@ def bench(size: float, leaves: int, procs: list[int], repeats: int, *, s3: bool)
             rows: dict[str, dict[str, list[Any]]] = {}
             for _ in range(repeats):
                 for source in [s for s in SOURCES if s != "s3" or s3_uri]:
-                    for n in procs:
-                        for mode in ("off", "on") if n > 1 else ("off",):
+                    shapes = [(n, None) for n in procs] + [(n + 1, list(range(1, n + 1))) for n in procs
+                                                             if mixed and n > 1]
+                    for size_n, among in shapes:
+                        readers = size_n if among is None else len(among)
+                        for mode in ("off", "on") if readers > 1 else ("off",):
                             cached = evict(disk) if source == "disk-cold" else None
-                            r = gang(n, mode, s3_uri if source == "s3" and s3_uri else disk, common, prep["crcs"])
-                            row = rows.setdefault(f"{source} n={n} {mode}", {"seconds": [], "storage": [],
+                            r = gang(size_n, mode, s3_uri if source == "s3" and s3_uri else disk, common,
+                                     prep["crcs"], among=among)
+                            name = f"n={size_n}" if among is None else f"n={readers} of {size_n}"
+                            row = rows.setdefault(f"{source} {name} {mode}", {"seconds": [], "storage": [],
                                                                               "reads": [], "exact": [], "cached": []})
                             row["seconds"].append(max(x["seconds"] for x in r))
                             row["storage"].append(max(x["storage"] for x in r))
@@ -162,10 +182,10 @@ def bench(size: float, leaves: int, procs: list[int], repeats: int, *, s3: bool)
 def print_bench(r: dict[str, Any]) -> None:
     print(f"fully replicated restore, {r['size_gib']:g} GiB in {r['leaves']} leaves ({r['bytes']} bytes); "
           f"load average at the end {r['load'][0]:.1f}")
-    print(f"  {'source n mode':22s} {'median s':>9s} {'worst s':>8s} {'storage MiB/process':>20s} {'reads/byte':>10s}"
+    print(f"  {'source n mode':26s} {'median s':>9s} {'worst s':>8s} {'storage MiB/process':>20s} {'reads/byte':>10s}"
           "  bit-exact")
     for name, row in r["rows"].items():
-        print(f"  {name:22s} {statistics.median(row['seconds']):9.3f} {max(row['seconds']):8.3f} "
+        print(f"  {name:26s} {statistics.median(row['seconds']):9.3f} {max(row['seconds']):8.3f} "
               f"{max(row['storage']) / (1 << 20):20.1f} {statistics.median(row['reads']):10.2f}  {all(row['exact'])}"
               + (f"  (cached before: {row['cached']})" if row["cached"][0] is not None else ""))
 
@@ -177,9 +197,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--procs", default="1,2,4", help="process counts, comma separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-s3", dest="s3", action="store_false")
+    ap.add_argument("--mixed", action="store_true", help="also N storage readers of a gang of N+1 (read_step among)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    r = bench(a.size, a.leaves, [int(x) for x in a.procs.split(",")], a.repeats, s3=a.s3)
+    r = bench(a.size, a.leaves, [int(x) for x in a.procs.split(",")], a.repeats, s3=a.s3, mixed=a.mixed)
     print_bench(r)
     if a.json:
         with open(a.json, "w") as fh:
