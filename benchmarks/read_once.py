@@ -145,7 +145,8 @@ def gang(nproc: int, mode: str, uri: str, common: list[str], crcs: dict[str, int
     return [r for r in (_last_json(p, 900) for p in procs) if not r.get("idle")]
 
 
-def bench(size: float, leaves: int, procs: list[int], repeats: int, *, s3: bool, mixed: bool = False) -> dict[str, Any]:
+def bench(size: float, leaves: int, procs: list[int], repeats: int, *, s3: bool,
+          mixed: bool = False) -> dict[str, Any]:
     from memtier import evict, s3_emulator
 
     base = tempfile.mkdtemp(prefix="read-once-bench-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None)
