@@ -198,8 +198,9 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
     ``memory_limit_bytes``: transient reads in flight; None scales it with the state (:func:`read_budget`).
     ``peers``: a collective restore (every process of ``peers.processes()`` calls this with the same
     ``peers.key``): each replicated piece is read from storage by one process and sent to the others
-    (:mod:`.read_once`); None: every process reads everything it needs. ``stats``: filled with where the bytes came from. ``map_files``: page-cached local chunk
-    files may be mapped as the buffers (:func:`_map`); off, they are read.
+    (:mod:`.read_once`); None: every process reads everything it needs. ``stats``: filled with where the bytes
+    came from. ``map_files``: page-cached local chunk files may be mapped as the buffers (:func:`_map`); off,
+    they are read.
     """
     where = f"checkpoint {storage.loc.uri()}/{ckpt_dir}"
     saved = meta.leaf_by_path()
