@@ -195,7 +195,7 @@ class Job:
                 state = init_fn()
                 require(abstract_problem(target, abstract_of(state)))
             self.finished.prepare(state)
-            self._landing = landing.landing_bytes(state) if self._lands else None
+            self._landing = self._landing_hint(state)
             return Restored(state, 0)
         step = read.step
         value = read.position(data, self.process_id, self.num_processes, reshard_data)
@@ -215,8 +215,15 @@ class Job:
         read.account(self.loop, self.metrics, seconds)
         read.log(uri, seconds)
         self.finished.prepare(state)
-        self._landing = landing.landing_bytes(state) if self._lands else None
+        self._landing = self._landing_hint(state)
         return Restored(state, step + 1, data=value, extra=read.user_extra, step=step)
+
+    def _landing_hint(self, state: Any) -> int | None:
+        """The bytes the next warm process in this pod populates for its restore (:mod:`reprieve.landing`), None
+        when its restores do not land in host buffers. With the memory tier, that restore most likely reads the
+        pod's own copy, whose mapped pages the first device of each distinct shard adopts: only the other replicas
+        land (a restore from elsewhere lands the rest in fresh memory, as without a pool)."""
+        return landing.landing_bytes(state, adopted_once=self.memory is not None) if self._lands else None
 
     def compile_ahead(self, fn: Any, *args: Any, **kwargs: Any) -> None:
         """Lower and compile the ``jax.jit`` function ``fn`` for ``args`` (arrays or ``jax.ShapeDtypeStruct`` with the

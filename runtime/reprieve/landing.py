@@ -168,10 +168,13 @@ def release() -> int:
     return left
 
 
-def leaf_bytes(x: Any) -> int:
+def leaf_bytes(x: Any, *, adopted_once: bool = False) -> int:
     """The host bytes a restore of one leaf lands in this process: a ``jax.Array``, or a ``jax.ShapeDtypeStruct``
     with a sharding, once per addressable device (each replica is a buffer of its own; a typed PRNG key as its key
-    data), a numpy array whole; anything else 0. Abstract: no array is read or made."""
+    data), a numpy array whole; anything else 0. Abstract: no array is read or made.
+
+    ``adopted_once``: the restore hands each distinct shard to its first device as the source's own pages (the
+    pod's own memory-tier copy, mapped: docs/memory.md), so only the other replicas land."""
     if isinstance(x, np.ndarray):
         return int(x.nbytes)
     sharding = getattr(x, "sharding", None)
@@ -184,17 +187,22 @@ def leaf_bytes(x: Any) -> int:
     if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):  # what a restore lands: the key's words
         data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))
         words, dtype = math.prod(data.shape[len(shape):]), data.dtype
-    return math.prod(sharding.shard_shape(shape)) * words * np.dtype(dtype).itemsize * len(sharding.addressable_devices)
+    buffers = len(sharding.addressable_devices)
+    if adopted_once:
+        from .arrays import region_of
+
+        buffers -= len({region_of(index, shape) for index in sharding.addressable_devices_indices_map(shape).values()})
+    return math.prod(sharding.shard_shape(shape)) * words * np.dtype(dtype).itemsize * buffers
 
 
-def landing_bytes(state: Any) -> int | None:
+def landing_bytes(state: Any, *, adopted_once: bool = False) -> int | None:
     """:func:`leaf_bytes` over every leaf of ``state`` (arrays or their abstract); None when it cannot tell."""
     if "jax" not in sys.modules:
         return None
     import jax
 
     try:
-        return sum(leaf_bytes(x) for x in jax.tree.leaves(state))
+        return sum(leaf_bytes(x, adopted_once=adopted_once) for x in jax.tree.leaves(state))
     except Exception as err:  # noqa: BLE001 - a hint for the next warm process, never a reason to fail
         log.debug("landing bytes of the state not known: %s", err)
         return None

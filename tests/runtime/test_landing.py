@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 from collections.abc import Iterator
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")  # as the other runtime modules
 
 import jax
 import jax.numpy as jnp
@@ -144,6 +147,21 @@ def test_a_spare_sizes_its_landing_memory_from_the_latest_checkpoint_once_there_
     hinted = LandingAhead({"REPRIEVE_CHECKPOINT_URI": uri, "REPRIEVE_WARM_LANDING_BYTES": str(80 << 20)})
     hinted.attempt()  # the figure of the pod's own last trainer goes first
     assert hinted.done and landing._pool[0].size == 80 << 20
+
+
+@pytest.mark.unit
+def test_a_restore_that_adopts_each_distinct_shard_once_lands_only_the_other_replicas() -> None:
+    assert len(jax.devices()) >= 4, jax.devices()  # the module's XLA_FLAGS, unless a process started JAX before
+    devs = np.array(jax.devices()[:2])
+    rep = NamedSharding(Mesh(devs, ("d",)), P())
+    rows = NamedSharding(Mesh(devs, ("d",)), P("d"))
+    two_by_two = NamedSharding(Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("a", "b")), P("a"))
+    state = {"rep": jax.ShapeDtypeStruct((1024,), jnp.float32, sharding=rep),  # 4 KiB on each of 2 devices
+             "rows": jax.ShapeDtypeStruct((1024,), jnp.float32, sharding=rows),  # 2 KiB on each
+             "half": jax.ShapeDtypeStruct((8, 4), jnp.int8, sharding=two_by_two),  # 16 B on each of 4, 2 distinct
+             "host": np.zeros(5, np.float64)}
+    assert landing.landing_bytes(state) == 2 * 4096 + 2 * 2048 + 4 * 16 + 40
+    assert landing.landing_bytes(state, adopted_once=True) == 4096 + 0 + 2 * 16 + 40
 
 
 @pytest.mark.integration

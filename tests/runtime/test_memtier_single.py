@@ -122,6 +122,10 @@ def test_a_restart_restores_the_newest_memory_copy_bit_exactly(tmp_path: Path, s
     assert start == 9 and pos.state == {"pos": 9}
     same(restored, expected(9))
     assert job.loop.restored_from == {"step": 8, "tier": "memory", "sources": ["memory"]}
+    # What the pod's next warm process populates (the first-step report): the replicas past each distinct shard's
+    # first device, which adopts the own copy's mapped pages ("w" is sharded: nothing of it), and the numpy leaf.
+    n = len(jax.devices())
+    assert job._landing == (n - 1) * (2 * 2 + 4 + 2 * 4) + 3 * 8, job._landing
     # Storage has no checkpoint: the committed step the job reports (status.lastCheckpointStep, which the soak
     # holds retention to) is storage's, not the memory copy's.
     assert job.committed_step is None
