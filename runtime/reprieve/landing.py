@@ -188,10 +188,9 @@ def leaf_bytes(x: Any, *, adopted_once: bool = False) -> int:
         data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))
         words, dtype = math.prod(data.shape[len(shape):]), data.dtype
     buffers = len(sharding.addressable_devices)
-    if adopted_once:
-        from .arrays import region_of
-
-        buffers -= len({region_of(index, shape) for index in sharding.addressable_devices_indices_map(shape).values()})
+    if adopted_once:  # the distinct shards (slices are not hashable: their (start, stop, step) are)
+        buffers -= len({tuple(sl.indices(n) for sl, n in zip(index, shape, strict=True))
+                        for index in sharding.addressable_devices_indices_map(shape).values()})
     return math.prod(sharding.shard_shape(shape)) * words * np.dtype(dtype).itemsize * buffers
 
 
