@@ -15,6 +15,9 @@ only from the second call does the donation work. This benchmark measures what t
 * **adopted+copied, donated**: the adopted arrays copied on their devices into memory XLA owns
   (``jax.device_put(arrays, devices, may_alias=False)``; for a numpy source JAX 0.10 ignores ``may_alias=False``
   and adopts it all the same, jax-ml/jax#37830), then the donated step;
+* **adopted+copied, populated ahead**: the same, with the copy's memory populated in the process's C heap before
+  the clock starts, as a pre-warmed process does when its trainer reported it (``reprieve.landing.reserve_owned``,
+  ``REPRIEVE_WARM_OWNED_BYTES``);
 * **adopted, not donated**: the adopted arrays and the same step without donation (every call writes a new state).
 
 The last line is the ratio of the first two rows' restore-plus-first-call time.
@@ -37,12 +40,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r'''
 import json, sys, time
 import jax, jax.numpy as jnp, numpy as np
-from reprieve import arrays
+from reprieve import arrays, landing
 how, n = sys.argv[1], int(sys.argv[2])
 devs = jax.devices()
 donate = how != "adopted-kept"
 step = jax.jit(lambda x: x.at[:8].add(1.0), donate_argnums=0 if donate else ())
 jax.block_until_ready(step(jnp.zeros(n, jnp.float32)))  # compiled before the clock starts (its own buffer)
+if how == "copied-ahead" and not landing.reserve_owned(4 * n * len(devs)):  # what a warm process does while it waits
+    raise SystemExit("the copy's memory could not be populated ahead (see the log)")
 buf = arrays.host_buffer((n,), np.dtype(np.float32))
 buf[:] = 1.0
 t0 = time.perf_counter()
@@ -57,9 +62,10 @@ if how == "owned":
     del views
 else:
     xs = list(arrays.on_devices([buf], [devs]).values())
-    if how == "copied":  # then into memory XLA owns: a copy of each device's array on its device
+    if how in ("copied", "copied-ahead"):  # then into memory XLA owns: a copy of each device's array on its device
         xs = jax.device_put(xs, devs, may_alias=False)
     jax.block_until_ready(xs)
+    landing.owned_done()
 t1 = time.perf_counter()
 ys = jax.block_until_ready([step(x) for x in xs])
 t2 = time.perf_counter()
@@ -70,7 +76,7 @@ print(json.dumps({"to_devices": t1 - t0, "first": t2 - t1, "second": t3 - t2, "o
 '''
 
 ROWS = (("adopted", "adopted, donated"), ("owned", "XLA-owned, donated"), ("copied", "adopted+copied, donated"),
-        ("adopted-kept", "adopted, not donated"))
+        ("copied-ahead", "copied, populated ahead"), ("adopted-kept", "adopted, not donated"))
 
 
 def run(how: str, n: int, devices: int) -> dict[str, float]:
@@ -115,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:24s} {cell('to_devices'):>16s} {cell('first'):>16s} {cell('second'):>16s} "
               f"{statistics.median(total):.3f} ({max(total):.3f}) s")
     print(f"onto devices + first donated call: adopted / XLA-owned = {both['adopted'] / both['owned']:.2f}x, "
-          f"adopted / adopted+copied = {both['adopted'] / both['copied']:.2f}x")
+          f"adopted / adopted+copied = {both['adopted'] / both['copied']:.2f}x, "
+          f"adopted+copied / populated ahead = {both['copied'] / both['copied-ahead']:.2f}x")
     return 0
 
 

@@ -255,7 +255,7 @@ def test_the_supervisor_speaks_the_operators_contract() -> None:
     assert (op.ANNOTATION_SUPERVISOR, contract.SUPERVISOR_ANNOTATION) == (a["supervisor"], a["supervisor"])
     assert {contract.CONTRACT_ENV} == SUPERVISOR_READS
     assert {contract.SUPERVISED_ENV, contract.WARM_FD_ENV, contract.EVENTS_FD_ENV,
-            contract.EXPECTED_TOPOLOGY_ENV, contract.LANDING_BYTES_ENV} == SUPERVISOR_SETS
+            contract.EXPECTED_TOPOLOGY_ENV, contract.LANDING_BYTES_ENV, contract.OWNED_BYTES_ENV} == SUPERVISOR_SETS
 
 
 def test_the_assignment_the_operator_writes_is_what_each_process_runs() -> None:

@@ -52,7 +52,8 @@ SUPERVISOR = frozenset({"REPRIEVE_CONTRACT", "REPRIEVE_PREWARM", "REPRIEVE_PREWA
 ELASTIC = frozenset({"REPRIEVE_VIRTUAL_SHARDS"})
 # Set by the supervisor for the processes it starts, read by their reprieve.init().
 FROM_SUPERVISOR = frozenset({"REPRIEVE_SUPERVISED", "REPRIEVE_WARM_FD", "REPRIEVE_SUPERVISOR_FD",
-                             "REPRIEVE_EXPECTED_TOPOLOGY", "REPRIEVE_WARM_LANDING_BYTES"})
+                             "REPRIEVE_EXPECTED_TOPOLOGY", "REPRIEVE_WARM_LANDING_BYTES",
+                             "REPRIEVE_WARM_OWNED_BYTES"})
 # Set by the supervisor for its trainers when the memory tier is on: the address of the pod's replica server.
 FROM_SUPERVISOR_MEMORY = frozenset({"REPRIEVE_MEMORY_SERVER"})
 # Read by the runtime for the tests' fault injection only.

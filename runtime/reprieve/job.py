@@ -76,7 +76,7 @@ class Job:
         closers: list[Callable[[], None]] | None = None,
         exit_fn: Callable[[int], Any] = exit_process,
         shutdown_distributed: bool = True,
-        on_first_step: Callable[[int, int | None], None] | None = None,
+        on_first_step: Callable[[int, int | None, int | None], None] | None = None,
         on_exiting: Callable[[int], None] | None = None,
         wait_lost_peer: Callable[[str], tuple[int, ...]] | None = None,
         memory: Tier | None = None,
@@ -92,6 +92,9 @@ class Job:
         self._hub, self._progress, self._exit_fn = hub, progress, exit_fn
         self._on_first_step = on_first_step  # reprieve-supervisor pre-warms the next attempt once it is called
         self._landing: int | None = None  # the bytes a restore of the state lands here (reprieve.landing)
+        # whether the step donates the state (None: ask the compiled-ahead step at the first step) and the bytes a
+        # restore then copies into memory XLA allocates here (reprieve.landing, "Memory XLA allocates")
+        self._owned: tuple[bool | None, int | None] = (False, None)
         # whether a restore here lands in that memory: the checkpointer's reads, or the memory tier's
         self._lands = self.caps.host_landing is not None or memory is not None
         self._leaving = Leaving(hub=hub, agreement=agreement, checkpointer=checkpointer, metrics=self.metrics,
@@ -194,8 +197,10 @@ class Job:
             if state is None:
                 state = init_fn()
                 require(abstract_problem(target, abstract_of(state)))
+            landing.owned_done()  # no restore, no copy: what a warm process populated for it goes back
             self.finished.prepare(state)
             self._landing = self._landing_hint(state)
+            self._owned = (donated, landing.owned_bytes(state))
             return Restored(state, 0)
         step = read.step
         value = read.position(data, self.process_id, self.num_processes, reshard_data)
@@ -204,18 +209,25 @@ class Job:
         if (notice := read.persisting_notice()) is not None:
             self.agreement.handled(notice, step)
         state = read.state
-        if donated if donated is not None else any(ahead.donates_inputs() for ahead in self._ahead):
-            from .arrays import owned_by_cpu_devices  # jax is imported by now: a restore made these arrays
+        donates = donated if donated is not None else any(ahead.donates_inputs() for ahead in self._ahead)
+        if donates:
+            import jax  # imported by now: a restore made these arrays
+
+            from .arrays import owned_by_cpu_devices
 
             state, copied = owned_by_cpu_devices(state)
             if copied:
+                if landing.owned_ahead():  # XLA's allocations for the copy made before the rest goes back
+                    jax.block_until_ready(state)
                 log.info("the step donates the state: %d bytes of it copied into memory the CPU devices own "
                          "(a donation cannot reuse the restore's own buffers)", copied)
+        landing.owned_done()
         seconds = time.perf_counter() - t0
         read.account(self.loop, self.metrics, seconds)
         read.log(uri, seconds)
         self.finished.prepare(state)
         self._landing = self._landing_hint(state)
+        self._owned = (donates, landing.owned_bytes(state))
         return Restored(state, step + 1, data=value, extra=read.user_extra, step=step)
 
     def _landing_hint(self, state: Any) -> int | None:
@@ -224,6 +236,14 @@ class Job:
         pod's own copy, whose mapped pages the first device of each distinct shard adopts: only the other replicas
         land (a restore from elsewhere lands the rest in fresh memory, as without a pool)."""
         return landing.landing_bytes(state, adopted_once=self.memory is not None) if self._lands else None
+
+    def _owned_hint(self) -> int | None:
+        """The bytes the next warm process in this pod populates in its C heap for its restore's copy into memory XLA
+        allocates (:func:`reprieve.landing.reserve_owned`): the state's bytes on CPU devices when the step donates
+        it (told to :meth:`restore_or`, or said by the steps compiled ahead once :meth:`steps` waited for them), else
+        None."""
+        donated, nbytes = self._owned
+        return nbytes if donated and nbytes else None
 
     def compile_ahead(self, fn: Any, *args: Any, **kwargs: Any) -> None:
         """Lower and compile the ``jax.jit`` function ``fn`` for ``args`` (arrays or ``jax.ShapeDtypeStruct`` with the
@@ -258,6 +278,8 @@ class Job:
         self.storage.begin(start, None if self.memory is None else self.memory.tier.cfg)
         for ahead in self._ahead:
             ahead.wait()
+        if self._owned[0] is None:  # lowered now: whether the step donates the state it was not told
+            self._owned = (any(ahead.donates_inputs() for ahead in self._ahead), self._owned[1])
         self._ahead.clear()
         self._first_lowerings = LoweringCount()  # what the first step still lowers in this thread
         previous_t: float | None = None
@@ -301,8 +323,9 @@ class Job:
         if self._on_first_step is not None:  # once (save() calls this at every step)
             hook, self._on_first_step = self._on_first_step, None
             landing.release()  # a loop that restored without restore_or: the memory populated ahead is of no use
+            landing.owned_done()
             try:
-                hook(step, self._landing)
+                hook(step, self._landing, self._owned_hint())
             except Exception as err:  # noqa: BLE001 - a report, never a reason to stop training
                 log.debug("first-step hook failed: %s", err)
 

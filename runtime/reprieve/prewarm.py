@@ -10,7 +10,8 @@ restart's critical path, and that needs neither the assignment nor a device.
   attempt (:func:`reprieve.supervisor.trainer.device_problem` checks exactly that).
 - **The restore's landing memory** (``REPRIEVE_WARM_LANDING_BYTES``, the bytes the last trainer's restore landed):
   populated now, where the pod has room for it (:mod:`reprieve.landing`), so the restore writes into pages the
-  process already has.
+  process already has; and the memory XLA allocates for the restore's copy when the step donates the state on CPU
+  devices (``REPRIEVE_WARM_OWNED_BYTES``), populated in the process's C heap.
 
 Everything here is a head start: a failure is logged at debug level and the same work happens after the
 assignment, as it did before.
@@ -26,7 +27,7 @@ from collections.abc import Mapping
 from . import landing
 from .env import Env
 from .memtier.config import DIR_ENV
-from .supervisor.contract import LANDING_BYTES_ENV
+from .supervisor.contract import LANDING_BYTES_ENV, OWNED_BYTES_ENV
 
 log = logging.getLogger(__name__)
 
@@ -68,17 +69,25 @@ class LandingAhead:
     bytes as the previous trainer in this pod reported (``REPRIEVE_WARM_LANDING_BYTES``), else as the latest
     checkpoint records for its process 0 (``landing_bytes`` in ``reprieve.json``: a spare, in whose pod no trainer
     ran). :meth:`attempt` is called again while the process waits until the size is known (a spare started before
-    the job's first checkpoint); ``done`` once it was (a pool made, or refused for the room: logged once)."""
+    the job's first checkpoint); ``done`` once it was (a pool made, or refused for the room: logged once). The
+    memory XLA allocates for the restore's copy (``REPRIEVE_WARM_OWNED_BYTES``, :func:`reprieve.landing.reserve_owned`)
+    is populated at the first attempt, when the previous trainer in this pod reported it."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self._env = environ
         self.done = False
+        self._owned_tried = False
 
     def attempt(self) -> None:
         if self.done:
             return
         try:
-            nbytes = Env(self._env).opt_integer(LANDING_BYTES_ENV, minimum=0)
+            env = Env(self._env)
+            nbytes = env.opt_integer(LANDING_BYTES_ENV, minimum=0)
+            if not self._owned_tried:  # the pod's own last trainer's figure only; first, as it is the larger
+                self._owned_tried = True
+                if owned := env.opt_integer(OWNED_BYTES_ENV, minimum=0):
+                    landing.reserve_owned(owned)
             if not nbytes:
                 from .trace_ahead import latest_metadata
 

@@ -185,3 +185,33 @@ def test_a_spare_stops_asking_once_a_checkpoint_records_no_landing_bytes(tmp_pat
     ahead = LandingAhead({"REPRIEVE_CHECKPOINT_URI": uri})
     ahead.attempt()
     assert ahead.done and not landing._pool  # not read again every few seconds for the spare's whole wait
+
+
+@pytest.mark.unit
+def test_the_bytes_a_donating_steps_copy_needs_are_the_cpu_arrays_every_replica() -> None:
+    devs = np.array(jax.devices()[:2])
+    rep = NamedSharding(Mesh(devs, ("d",)), P())
+    state = {"rep": jax.ShapeDtypeStruct((1024,), jnp.float32, sharding=rep),  # 4 KiB on each of 2 devices
+             "one": jnp.zeros((8,), jnp.int16),  # 16 B on the default device
+             "host": np.zeros(5, np.float64), "lr": 0.1}  # neither is copied into memory XLA allocates
+    assert landing.owned_bytes(state) == 2 * 4096 + 16
+
+
+@pytest.mark.integration
+def test_memory_xla_allocates_is_not_populated_without_room_and_a_warm_process_asks_once(
+        tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    from reprieve.prewarm import LandingAhead
+
+    caplog.set_level(logging.INFO, logger="reprieve.landing")
+    no_room = {"current": 3 * GiB, "limit": 4 * GiB, "available": 64 * GiB}
+    assert not landing.reserve_owned(GiB, no_room)
+    assert "memory XLA allocates not populated ahead: the pod's memory limit is 4294967296 bytes with 3221225472 in " \
+           "use" in caplog.text and not landing.owned_ahead()
+    assert not landing.reserve_owned(landing.MIN_BYTES - 1, {"current": 0, "limit": None, "available": None})
+    assert landing.owned_done() is None  # below the minimum: nothing populated, nothing to give back
+    caplog.clear()
+    ahead = LandingAhead({"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt"), "REPRIEVE_WARM_OWNED_BYTES": str(1 << 60)})
+    ahead.attempt()
+    ahead.attempt()  # no checkpoint yet, no landing hint: asked again for the landing memory, not for this
+    assert not ahead.done and caplog.text.count("memory XLA allocates not populated ahead") == 1, caplog.text
+    assert f"{(1 << 60) + (32 << 20)} bytes of memory XLA allocates need twice that" in caplog.text

@@ -101,6 +101,10 @@ def test_environments() -> None:
     assert contract.warm_env({**base, "REPRIEVE_WARM_LANDING_BYTES": "1"}, None, 1 << 30) == {
         "PATH": "/bin", "REPRIEVE_JOB": "j", "REPRIEVE_SUPERVISED": "1", "REPRIEVE_WARM_LANDING_BYTES": str(1 << 30)}
     assert "REPRIEVE_WARM_LANDING_BYTES" not in contract.warm_env({**base, "REPRIEVE_WARM_LANDING_BYTES": "1"})
+    # and the bytes it copied into memory XLA allocates, the same way
+    assert contract.warm_env({**base, "REPRIEVE_WARM_OWNED_BYTES": "1"}, None, None, 3 << 30) == {
+        "PATH": "/bin", "REPRIEVE_JOB": "j", "REPRIEVE_SUPERVISED": "1", "REPRIEVE_WARM_OWNED_BYTES": str(3 << 30)}
+    assert "REPRIEVE_WARM_OWNED_BYTES" not in contract.warm_env({**base, "REPRIEVE_WARM_OWNED_BYTES": "1"})
 
 
 @pytest.mark.parametrize("value,ok", [(None, True), ("", True), ("1", True), (" 1 ", True), ("2", False),

@@ -406,3 +406,48 @@ def test_a_warm_process_populates_the_landing_memory_its_restore_then_lands_in(t
         in err, err
     assert err.count("were used by the restore") == 1, err  # said once, not at every save after it
     assert "restored step 1" in err and second["landing"] == 96 << 20
+
+
+DONATING_TRAINER = """
+    import logging, os
+    logging.basicConfig(level=logging.INFO)
+    import reprieve
+    job = reprieve.init(install_sigterm=False, watch_pod=False)
+    import jax, jax.numpy as jnp
+    step_fn = jax.jit(lambda s: {"w": s["w"] + 1}, donate_argnums=0)
+    abstract = {"w": jax.ShapeDtypeStruct((96 << 18,), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(
+        jax.devices()[0]))}  # 96 MiB
+    job.compile_ahead(step_fn, abstract)  # it donates: the hint is asked of it at the first step
+    state, start = job.restore_or(lambda: {"w": jnp.zeros(96 << 18, jnp.float32)}, abstract)
+    for step in job.steps(start, start + 2):
+        state = step_fn(state)
+        job.save(step, state)
+"""
+
+
+def test_a_warm_process_populates_the_memory_xla_allocates_for_a_donating_steps_copy(tmp_path: Path) -> None:
+    """A step that donates the state on a CPU device: the trainer reports the bytes its restore copies into memory
+    XLA allocates; the next warm process, told them, populates them in its C heap, and the restore's copy reuses
+    that memory (only the slack beyond the hint goes back after it)."""
+    def attempt(n: int, **env: str) -> tuple[dict[str, object], str]:
+        proc, ours = start_warm(tmp_path, DONATING_TRAINER, **env)
+        lines = ours.makefile("rb")
+        assert json.loads(lines.readline()) == {"event": "ready"}
+        ours.sendall(json.dumps({"attempt": n, "processId": 0, "numProcesses": 1, "coordinator": None}).encode()
+                     + b"\n")
+        events = [json.loads(line) for line in lines]
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        return next(e for e in events if e["event"] == "step"), err
+
+    first, err = attempt(1)
+    assert first["owned"] == 96 << 20, first  # no restore yet: the state it made, as a restore would copy it
+    assert "memory XLA allocates" not in err
+    second, err = attempt(2, REPRIEVE_WARM_OWNED_BYTES=str(first["owned"]))
+    populated = re.search(r"memory XLA allocates: (\d+) bytes populated ahead in", err)
+    assert populated and int(populated.group(1)) >= 96 << 20, err
+    assert f"{96 << 20} bytes of it copied into memory the CPU devices own" in err, err
+    back = re.search(r"memory XLA allocates: (\d+) bytes populated ahead; (\d+) given back after the restore's copy",
+                     err)
+    assert back and int(back.group(2)) < int(back.group(1)) - (64 << 20), err  # the copy kept what it reused
+    assert "restored step 1" in err and second["owned"] == 96 << 20

@@ -408,14 +408,17 @@ def test_the_warm_process_is_told_the_devices_the_trainer_reported_with_its_firs
     assert state.topology == warm[0].topology
 
 
-@pytest.mark.parametrize("landing,told", [(1 << 30, 1 << 30), (None, None), (0, None), (-5, None), ("1", None),
-                                           (True, None)])
-def test_the_warm_process_is_told_the_bytes_the_trainers_restore_landed(landing: object, told: int | None) -> None:
+@pytest.mark.parametrize("key", ["landing", "owned"])
+@pytest.mark.parametrize("nbytes,told", [(1 << 30, 1 << 30), (None, None), (0, None), (-5, None), ("1", None),
+                                         (True, None)])
+def test_the_warm_process_is_told_the_bytes_the_trainers_restore_landed_and_copied(key: str, nbytes: object,
+                                                                                     told: int | None) -> None:
     state, _ = play([(0, AssignmentSeen(None)), *started(11, 1)])
-    event = {"event": "step", "step": 0, "topology": TOPOLOGY, **({} if landing is None else {"landing": landing})}
+    event = {"event": "step", "step": 0, "topology": TOPOLOGY, **({} if nbytes is None else {key: nbytes})}
     state, actions = sv.step(state, ChildMessage(11, event), 4.5)
-    assert [a.landing for a in actions if isinstance(a, sv.StartWarm)] == [told]
-    assert state.landing == told  # kept for later warm processes, as the topology is
+    other = "owned" if key == "landing" else "landing"
+    assert [(getattr(a, key), getattr(a, other)) for a in actions if isinstance(a, sv.StartWarm)] == [(told, None)]
+    assert (getattr(state, key), getattr(state, other)) == (told, None)  # kept for later warm processes
 
 
 @pytest.mark.parametrize("topology", [None, "not an object", [1, 2]])

@@ -33,6 +33,8 @@ EVENTS_FD_ENV = "REPRIEVE_SUPERVISOR_FD"
 EXPECTED_TOPOLOGY_ENV = "REPRIEVE_EXPECTED_TOPOLOGY"
 # A warm process's other hint: the bytes the last trainer's restore landed (reprieve.landing populates them ahead).
 LANDING_BYTES_ENV = "REPRIEVE_WARM_LANDING_BYTES"
+# And the bytes its restore copied into memory XLA allocates (a donating step on CPU devices: reprieve.landing).
+OWNED_BYTES_ENV = "REPRIEVE_WARM_OWNED_BYTES"
 # The assignment's part of the environment (docs/contract.md): set from the assignment, absent in a warm process.
 ASSIGNMENT_ENV = ("REPRIEVE_ATTEMPT", "REPRIEVE_PROCESS_ID", "REPRIEVE_NUM_PROCESSES", "REPRIEVE_COORDINATOR_ADDRESS")
 MEMORY_PEERS_KEY = "memoryPeers"  # memory tier: assignment key, JSON {"<process index>": "host:port"}
@@ -246,18 +248,21 @@ def under_local_run(env: Mapping[str, str]) -> bool:
     return Env(env).opt_text(SUPERVISED_ENV) == SUPERVISED_LOCAL
 
 
-def warm_env(base: Mapping[str, str], topology: str | None = None, landing: int | None = None) -> dict[str, str]:
+def warm_env(base: Mapping[str, str], topology: str | None = None, landing: int | None = None,
+             owned: int | None = None) -> dict[str, str]:
     """A warm process's environment: the container's without the assignment's variables (they are not known
     yet; ``reprieve.init()`` sets them when the assignment arrives), with the devices the last trainer reported
     (``topology``, JSON: what ``reprieve.expected_topology()`` returns first) and the bytes its restore landed
-    (``landing``) when there are."""
+    (``landing``) and copied into memory XLA allocates (``owned``) when there are."""
     env = {k: v for k, v in base.items() if k not in ASSIGNMENT_ENV
-           and k not in (WARM_FD_ENV, EVENTS_FD_ENV, EXPECTED_TOPOLOGY_ENV, LANDING_BYTES_ENV)}
+           and k not in (WARM_FD_ENV, EVENTS_FD_ENV, EXPECTED_TOPOLOGY_ENV, LANDING_BYTES_ENV, OWNED_BYTES_ENV)}
     env[SUPERVISED_ENV] = "1"
     if topology is not None:
         env[EXPECTED_TOPOLOGY_ENV] = topology
     if landing:
         env[LANDING_BYTES_ENV] = str(landing)
+    if owned:
+        env[OWNED_BYTES_ENV] = str(owned)
     return env
 
 

@@ -149,7 +149,7 @@ class Supervisor:
                                action.assignment)
         elif isinstance(action, sm.StartWarm):
             log.info("%s: starting a warm process", action.why)
-            return self._spawn("warm", contract.warm_env(self.env, action.topology, action.landing), None, warm=True)
+            return self._spawn("warm", contract.warm_env(self.env, action.topology, action.landing, action.owned), None, warm=True)
         elif isinstance(action, sm.HandOver):
             log.info("%s", action.why)
             self._kill_leftovers(keep=action.pid)

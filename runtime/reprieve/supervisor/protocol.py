@@ -125,6 +125,7 @@ class State:
     prewarm_off: str | None = None  # why pre-warming is off (None: on)
     topology: str | None = None  # the devices the latest trainer reported with its first step (JSON), for warm ones
     landing: int | None = None  # the bytes the latest trainer's restore landed (its first step's report), for warm ones
+    owned: int | None = None  # and copied into memory XLA allocates (the same report), for warm ones
     static: bool = False  # no assignment source (outside a cluster): the first trainer's exit ends it all
     local: bool = False  # `reprieve run`: a static supervisor that restarts a saved exit (reprieve.restarts)
     restarts: int = 0  # local restarts done
@@ -204,6 +205,7 @@ class StartWarm:
     why: str
     topology: str | None = None  # passed on in EXPECTED_TOPOLOGY_ENV
     landing: int | None = None  # passed on in LANDING_BYTES_ENV
+    owned: int | None = None  # passed on in OWNED_BYTES_ENV
 
 
 @dataclass(frozen=True)
@@ -319,9 +321,10 @@ def _message(s: State, ev: ChildMessage, now: float) -> tuple[State, list[Action
             topology = ev.message.get("topology")
             if isinstance(topology, dict):
                 s = s.replace(topology=json.dumps(topology, sort_keys=True))
-            landing = ev.message.get("landing")
-            if isinstance(landing, int) and not isinstance(landing, bool) and landing > 0:
-                s = s.replace(landing=landing)
+            for key in ("landing", "owned"):
+                nbytes = ev.message.get(key)
+                if isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes > 0:
+                    s = s.replace(**{key: nbytes})
             return (s.replace(trainer=dataclasses.replace(t, first_step_at=now)),
                     [Note(f"attempt {a}: first step done {now - t.started_at:.2f}s after the {mode} start, "
                           f"{now - s.wanted_at:.2f}s after the assignment arrived")])
@@ -467,7 +470,7 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
                                  + (" (a grow: save to the memory tier)" if sig == RESIZE_SIGNAL else ""), sig)
             return s, acts + more
         if _prewarm_due(s, now):
-            return s.replace(pending=True), acts + [StartWarm(f"pre-warming the attempt after {a}", s.topology, s.landing)]
+            return s.replace(pending=True), acts + [StartWarm(f"pre-warming the attempt after {a}", s.topology, s.landing, s.owned)]
         return s, acts
     wanted = s.wanted
     if wanted is not None and wanted.listed and wanted.attempt > s.highest_run:
@@ -485,7 +488,7 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
                                                                      f"process {wanted.process_id}/"
                                                                      f"{wanted.num_processes} cold")]
     if _prewarm_due(s, now):
-        return s.replace(pending=True), acts + [StartWarm("pre-warming the next attempt", s.topology, s.landing)]
+        return s.replace(pending=True), acts + [StartWarm("pre-warming the next attempt", s.topology, s.landing, s.owned)]
     return s, acts
 
 

@@ -3,9 +3,10 @@ assignment (``docs/contract.md``, "In-place restarts and the supervisor").
 
 The supervisor hands every process it starts one end of a Unix socket, named by ``REPRIEVE_SUPERVISOR_FD``.
 The runtime writes one JSON line per event on it: ``{"event": "init", "attempt": A}`` when ``reprieve.init()``
-takes its identity, ``{"event": "step", "step": S, "topology": {...} | null, "landing": N}`` once the first training step is done (the
-devices it runs on, :mod:`reprieve.topology`, handed to the next warm process in ``REPRIEVE_EXPECTED_TOPOLOGY``; the
-bytes its restore landed, when known, in ``REPRIEVE_WARM_LANDING_BYTES``),
+takes its identity, ``{"event": "step", "step": S, "topology": {...} | null, "landing": N, "owned": M}`` once the first training step
+is done (the devices it runs on, :mod:`reprieve.topology`, handed to the next warm process in
+``REPRIEVE_EXPECTED_TOPOLOGY``; the bytes its restore landed and copied into memory XLA allocates, when known, in
+``REPRIEVE_WARM_LANDING_BYTES`` and ``REPRIEVE_WARM_OWNED_BYTES``),
 ``{"event": "peerLost", "processes": [P, ...], "step": S, "stepAt": T}`` when the runtime finds processes of the
 job silent (``[]``: heard from again; :mod:`reprieve.peers`; JAX's coordination service may end this process for
 them), with its last finished step and when it finished (unix seconds; absent before the first step),
@@ -71,13 +72,16 @@ class SupervisorLink:
         except OSError as err:
             log.debug("supervisor link: %s not sent (%s)", event, err)
 
-    def first_step(self, step: int, landing: int | None = None) -> None:
+    def first_step(self, step: int, landing: int | None = None, owned: int | None = None) -> None:
         """The first training step is done (once): the supervisor may now start the next attempt's process, and
-        tell it the devices this one runs on (``reprieve.expected_topology()``) and the bytes its restore landed
-        (``landing``: :func:`reprieve.landing.landing_bytes` of the state; the warm process populates them ahead)."""
+        tell it the devices this one runs on (``reprieve.expected_topology()``), the bytes its restore landed
+        (``landing``: :func:`reprieve.landing.landing_bytes` of the state) and those it copies into memory XLA
+        allocates (``owned``: :func:`reprieve.landing.owned_bytes`, a donating step on CPU devices); the warm process
+        populates both ahead."""
         if not self._first_step_sent:
             self._first_step_sent = True
-            self.send("step", step=step, topology=_topology(), **({"landing": landing} if landing else {}))
+            self.send("step", step=step, topology=_topology(), **({"landing": landing} if landing else {}),
+                      **({"owned": owned} if owned else {}))
 
     def peer_lost(self, processes: tuple[int, ...], last: tuple[int, float] | None = None, *,
                   gone: tuple[int, ...] = ()) -> None:
