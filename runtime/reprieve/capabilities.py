@@ -83,9 +83,13 @@ class StateCheck(Protocol):
 class HostLanding(Protocol):
     """Reads a restore into buffers from ``reprieve.arrays.host_buffer`` when ``lands_in_host_buffers`` is true: so
     into the memory a warm process populated ahead (:mod:`reprieve.landing`). A job whose restores land elsewhere
-    (Orbax's own reads) reports no landing bytes, and its next warm process populates none."""
+    (Orbax's own reads) reports no landing bytes, and its next warm process populates none. Its checkpoints record
+    what a spare populates ahead: the landing bytes, and after ``set_donated(True)`` (the job's step donates the
+    state) the bytes a restore copies into memory XLA allocates on CPU devices."""
 
     lands_in_host_buffers: bool
+
+    def set_donated(self, donated: bool) -> None: ...
 
 
 @runtime_checkable

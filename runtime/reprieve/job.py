@@ -280,6 +280,8 @@ class Job:
             ahead.wait()
         if self._owned[0] is None:  # lowered now: whether the step donates the state it was not told
             self._owned = (any(ahead.donates_inputs() for ahead in self._ahead), self._owned[1])
+        if self._owned[0] and self.caps.host_landing is not None:  # the checkpoints say so to a spare
+            self.caps.host_landing.set_donated(True)
         self._ahead.clear()
         self._first_lowerings = LoweringCount()  # what the first step still lowers in this thread
         previous_t: float | None = None

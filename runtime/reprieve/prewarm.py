@@ -70,13 +70,19 @@ class LandingAhead:
     checkpoint records for its process 0 (``landing_bytes`` in ``reprieve.json``: a spare, in whose pod no trainer
     ran). :meth:`attempt` is called again while the process waits until the size is known (a spare started before
     the job's first checkpoint); ``done`` once it was (a pool made, or refused for the room: logged once). The
-    memory XLA allocates for the restore's copy (``REPRIEVE_WARM_OWNED_BYTES``, :func:`reprieve.landing.reserve_owned`)
-    is populated at the first attempt, when the previous trainer in this pod reported it."""
+    memory XLA allocates for the restore's copy (:func:`reprieve.landing.reserve_owned`) is populated first, once: as
+    much as the previous trainer in this pod reported (``REPRIEVE_WARM_OWNED_BYTES``), else as the checkpoint records
+    (``owned_bytes``, when the writer's step donates its state)."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self._env = environ
         self.done = False
         self._owned_tried = False
+
+    def _reserve_owned(self, nbytes: int | None) -> None:
+        if nbytes and not self._owned_tried:  # once: a refusal for the room is logged once
+            self._owned_tried = True
+            landing.reserve_owned(nbytes)
 
     def attempt(self) -> None:
         if self.done:
@@ -84,10 +90,7 @@ class LandingAhead:
         try:
             env = Env(self._env)
             nbytes = env.opt_integer(LANDING_BYTES_ENV, minimum=0)
-            if not self._owned_tried:  # the pod's own last trainer's figure only; first, as it is the larger
-                self._owned_tried = True
-                if owned := env.opt_integer(OWNED_BYTES_ENV, minimum=0):
-                    landing.reserve_owned(owned)
+            self._reserve_owned(env.opt_integer(OWNED_BYTES_ENV, minimum=0))  # first, as it is the larger
             if not nbytes:
                 from .trace_ahead import latest_metadata
 
@@ -95,6 +98,7 @@ class LandingAhead:
                 if found is None:
                     return  # no checkpoint yet: asked again while the process waits
                 nbytes = found[0].landing_bytes  # None: written by an older reprieve, and no more asking
+                self._reserve_owned(found[0].owned_bytes)  # recorded when the writer's step donates its state
             self.done = True
             if nbytes:
                 landing.reserve(nbytes)

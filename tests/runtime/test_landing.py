@@ -142,6 +142,8 @@ def test_a_spare_sizes_its_landing_memory_from_the_latest_checkpoint_once_there_
     mgr.wait()
     ahead.attempt()
     assert ahead.done and landing._pool and landing._pool[0].size == 96 << 20
+    found = latest_metadata({"REPRIEVE_CHECKPOINT_URI": uri}, "test", "")
+    assert found is not None and found[0].owned_bytes is None  # not told the step donates: nothing for its copy
     landing.release()
     landing._pool.clear()
     hinted = LandingAhead({"REPRIEVE_CHECKPOINT_URI": uri, "REPRIEVE_WARM_LANDING_BYTES": str(80 << 20)})

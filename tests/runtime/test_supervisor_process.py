@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from localcluster.testing import wait_for
+from reprieve.trace_ahead import latest_metadata
 
 from tests.runtime.helpers_pagecache import evict
 
@@ -451,3 +452,10 @@ def test_a_warm_process_populates_the_memory_xla_allocates_for_a_donating_steps_
                      err)
     assert back and int(back.group(2)) < int(back.group(1)) - (64 << 20), err  # the copy kept what it reused
     assert "restored step 1" in err and second["owned"] == 96 << 20
+    # a spare (no trainer ran in its pod): the figure its job's checkpoint records, as the step donates
+    found = latest_metadata({"REPRIEVE_CHECKPOINT_URI": str(tmp_path / "ckpt")}, "test", "")
+    assert found is not None and found[0].owned_bytes == 96 << 20
+    _, err = attempt(3)
+    back = re.search(r"memory XLA allocates: (\d+) bytes populated ahead; (\d+) given back after the restore's copy",
+                     err)
+    assert back and int(back.group(2)) < int(back.group(1)) - (64 << 20) and "restored step 3" in err, err

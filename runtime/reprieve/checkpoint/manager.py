@@ -274,6 +274,12 @@ class CheckpointManager:
     # -- save ---------------------------------------------------------------------------------------
     supports_process_extra = True
     lands_in_host_buffers = True  # capabilities.HostLanding: a restore reads into arrays.host_buffer's buffers
+    _donated = False  # set_donated: the job's step donates the state (the metadata records owned_bytes)
+
+    def set_donated(self, donated: bool) -> None:
+        """capabilities.HostLanding: whether the job's step donates the state; the checkpoints written after it record
+        the bytes a restore copies into memory XLA allocates (``owned_bytes``: what a spare populates ahead)."""
+        self._donated = donated
 
     def check_state(self, state: Any) -> None:
         """Raise the TypeError a save of ``state`` would raise (a leaf that cannot be saved), copying nothing."""
@@ -330,7 +336,7 @@ class CheckpointManager:
             save_mod.write_snapshot(st, ddir, snap, process_index=pid)
             if pid == 0:  # beside the shards; rewritten at commit if some process gave a process_extra
                 st.write_file(f"{ddir}/{layout.METADATA_FILE}", save_mod.build_metadata(
-                    step, self.attempt, self._nproc, snap, extra).to_json())
+                    step, self.attempt, self._nproc, snap, extra, donated=self._donated).to_json())
             if pid != 0:
                 st.make_durable(ddir)  # process 0 does it at commit time, after everybody wrote
         except Exception as err:  # noqa: BLE001  (reported to every process, then raised)
@@ -345,7 +351,7 @@ class CheckpointManager:
         maybe_crash("after_barrier", pid)
         if pid == 0:
             outcome = self._commit(step, base, lambda process_extra: save_mod.build_metadata(
-                step, self.attempt, self._nproc, snap, extra, process_extra))
+                step, self.attempt, self._nproc, snap, extra, process_extra, donated=self._donated))
             self._coord.set(f"{base}/commit", outcome, overwrite=True)
         else:
             outcome = self._coord.get(f"{base}/commit", self._timeout)

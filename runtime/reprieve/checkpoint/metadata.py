@@ -75,6 +75,8 @@ class CheckpointMeta:
     process_extra: list[Any] | None = None  # one JSON value per process (data positions), or None
     topology: dict[str, Any] | None = None  # the writing attempt's devices (reprieve.topology), or None
     landing_bytes: int | None = None  # what a restore lands on the writer's process 0 (reprieve.landing), or None
+    # what a restore there copies into memory XLA allocates, when the writer's step donates the state, or None
+    owned_bytes: int | None = None
 
     @property
     def array_bytes(self) -> int:
@@ -101,7 +103,7 @@ class CheckpointMeta:
             for key in _OPTIONAL_LEAF_FIELDS:
                 if leaf[key] is None:
                     del leaf[key]
-        for key in ("process_extra", "topology", "landing_bytes"):
+        for key in ("process_extra", "topology", "landing_bytes", "owned_bytes"):
             if raw[key] is None:
                 del raw[key]
         return json.dumps(raw, indent=1, sort_keys=True).encode()
@@ -138,7 +140,7 @@ class CheckpointMeta:
                 f"{where}: format_version must be {FORMAT_VERSION}, got {version!r} (written by a newer reprieve?)"
             )
         # Within a format version, a field added at the top level is informational (process_extra, topology,
-        # landing_bytes): a reader that predates it ignores it, so a downgrade does not quarantine good checkpoints.
+        # landing_bytes, owned_bytes): a reader that predates it ignores it, so a downgrade does not quarantine good checkpoints.
         # A leaf field says how the bytes are stored (stored_as, key_impl): one this reader does not know is an
         # error. A field a reader must understand takes a new format_version.
         known = {f.name for f in dataclasses.fields(cls)}

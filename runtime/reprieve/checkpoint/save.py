@@ -37,6 +37,7 @@ class Snapshot:
     host_leaves: dict[int, np.ndarray]  # numpy leaves (written by process 0)
     local_bytes: int
     landing_bytes: int = 0  # what a restore of the state lands here: every addressable shard, replicas included
+    cpu_bytes: int = 0  # of them, the arrays' on CPU devices: what a donating step's restore copies (reprieve.landing)
 
 
 def _is_key_array(x: Any) -> bool:
@@ -175,7 +176,7 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
     owned: list[tuple[int, Region, jax.Shard]] = []
     host_leaves: dict[int, np.ndarray] = {}
     array_index = 0
-    landing = 0
+    landing = cpu = 0
     for path, leaf in flat:
         p = jax.tree_util.keystr(path)
         i = len(leaves)
@@ -194,7 +195,9 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
                 sharding=describe_sharding(leaf.sharding), stored_as=stored, key_impl=key_impl,
             ))
             array_index += 1
-            landing += leaf_bytes(leaf)
+            landing += (nbytes := leaf_bytes(leaf))
+            if all(str(getattr(d, "platform", "")) == "cpu" for d in leaf.sharding.device_set):
+                cpu += nbytes
             for s in leaf.addressable_shards:
                 if s.replica_id == 0 and s.data.size > 0:
                     owned.append((i, region_of(s.index, shape), s))
@@ -224,7 +227,7 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
     shards = [ShardCopy(i, r, c) for (i, r, _), c in zip(owned, copies, strict=True)]
     local = sum(int(np.prod([b - a for a, b in sc.region], dtype=np.int64)) * np.dtype(leaves[sc.leaf].dtype).itemsize
                 for sc in shards)
-    return Snapshot(leaves, shards, host_leaves, local, landing)
+    return Snapshot(leaves, shards, host_leaves, local, landing, cpu)
 
 
 def _as_stored(arr: np.ndarray, leaf: LeafMeta) -> np.ndarray:
@@ -284,9 +287,11 @@ def _installed_versions() -> dict[str, str]:
 
 
 def build_metadata(step: int, attempt: int, num_processes: int, snap: Snapshot, extra: dict[str, Any],
-                   process_extra: list[Any] | None = None) -> CheckpointMeta:
+                   process_extra: list[Any] | None = None, *, donated: bool = False) -> CheckpointMeta:
+    """``donated``: the job's step donates the state, so ``owned_bytes`` is recorded (what a spare populates)."""
     return CheckpointMeta(
         step=step, attempt=attempt, num_processes=num_processes, leaves=snap.leaves, extra=extra,
         versions=_versions(), created_unix=time.time(), process_extra=process_extra,
         topology=topology.recorded(num_processes), landing_bytes=snap.landing_bytes or None,
+        owned_bytes=(snap.cpu_bytes or None) if donated else None,
     )
