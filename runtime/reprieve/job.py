@@ -92,7 +92,7 @@ class Job:
         self._hub, self._progress, self._exit_fn = hub, progress, exit_fn
         self._on_first_step = on_first_step  # reprieve-supervisor pre-warms the next attempt once it is called
         self._landing: int | None = None  # the bytes a restore of the state lands here (reprieve.landing)
-        # whether the step donates the state (None: ask the compiled-ahead step at the first step) and the bytes a
+        # whether the step donates the state (None: asked of the steps compiled ahead in steps()) and the bytes a
         # restore then copies into memory XLA allocates here (reprieve.landing, "Memory XLA allocates")
         self._owned: tuple[bool | None, int | None] = (False, None)
         # whether a restore here lands in that memory: the checkpointer's reads, or the memory tier's
