@@ -383,19 +383,23 @@ def test_a_trainer_whose_restores_do_not_land_in_host_buffers_reports_no_landing
     assert "landing" not in step, step
 
 
+def warm_attempt(tmp_path: Path, script: str, n: int, **env: str) -> tuple[dict[str, object], str]:
+    """One attempt ``n`` of ``script`` in a warm process, to its end: its first-step event and its log."""
+    proc, ours = start_warm(tmp_path, script, **env)
+    lines = ours.makefile("rb")
+    assert json.loads(lines.readline()) == {"event": "ready"}
+    ours.sendall(json.dumps({"attempt": n, "processId": 0, "numProcesses": 1, "coordinator": None}).encode() + b"\n")
+    events = [json.loads(line) for line in lines]
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return next(e for e in events if e["event"] == "step"), err
+
+
 def test_a_warm_process_populates_the_landing_memory_its_restore_then_lands_in(tmp_path: Path) -> None:
     """The first trainer reports the bytes its state lands; the next warm process, told them, populates them while
     it is parked, and its restore lands in them (and gives back the rest)."""
     def attempt(n: int, **env: str) -> tuple[dict[str, object], str]:
-        proc, ours = start_warm(tmp_path, RESTORING_TRAINER, **env)
-        lines = ours.makefile("rb")
-        assert json.loads(lines.readline()) == {"event": "ready"}
-        ours.sendall(json.dumps({"attempt": n, "processId": 0, "numProcesses": 1, "coordinator": None}).encode()
-                     + b"\n")
-        events = [json.loads(line) for line in lines]
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        return next(e for e in events if e["event"] == "step"), err
+        return warm_attempt(tmp_path, RESTORING_TRAINER, n, **env)
 
     first, err = attempt(1)
     assert first["landing"] == 96 << 20  # no restore yet: the state it made, as a restore would land it
@@ -431,15 +435,7 @@ def test_a_warm_process_populates_the_memory_xla_allocates_for_a_donating_steps_
     XLA allocates; the next warm process, told them, populates them in its C heap, and the restore's copy reuses
     that memory (only the slack beyond the hint goes back after it)."""
     def attempt(n: int, **env: str) -> tuple[dict[str, object], str]:
-        proc, ours = start_warm(tmp_path, DONATING_TRAINER, **env)
-        lines = ours.makefile("rb")
-        assert json.loads(lines.readline()) == {"event": "ready"}
-        ours.sendall(json.dumps({"attempt": n, "processId": 0, "numProcesses": 1, "coordinator": None}).encode()
-                     + b"\n")
-        events = [json.loads(line) for line in lines]
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        return next(e for e in events if e["event"] == "step"), err
+        return warm_attempt(tmp_path, DONATING_TRAINER, n, **env)
 
     first, err = attempt(1)
     assert first["owned"] == 96 << 20, first  # no restore yet: the state it made, as a restore would copy it
