@@ -288,6 +288,7 @@ def reserve_owned(nbytes: int, memory: Mapping[str, int | None] | None = None, *
     t = time.perf_counter()
     # M_TRIM_THRESHOLD is a size_t behind mallopt's int: -1 is "never", whatever the state's size
     if not (lib.mallopt(_M_MMAP_MAX, 0) and lib.mallopt(_M_TRIM_THRESHOLD, -1)):
+        _steady(lib)
         log.info("memory XLA allocates not populated ahead: glibc refused the mallopt settings")
         return False
     block = lib.malloc(size)
