@@ -208,6 +208,9 @@ class PeerWatch(Daemon):
         self._pods: dict[int, str | None] = {}
         self._silent_key = f"reprieve/{attempt}/silent/set"
         self._pulse_key = f"reprieve/{attempt}/pulse/0"  # process 0's record, for the others' link to its pulse
+        # a process leaving the job says so here before its pulse closes: a peer that links to it only after that
+        # finds the pulse refusing, and must not take it for a loss (a short job whose processes end at once)
+        self._left_prefix = f"reprieve/{attempt}/left/"
         self._published: tuple[int, ...] = ()  # process 0: the set last written to the silent key
         self._on_lost = on_lost
         self._device_processes = device_processes  # device id -> process index (jax.devices())
@@ -259,6 +262,10 @@ class PeerWatch(Daemon):
         if self._links is not None:
             self._links.close()
         if self._pulse is not None:
+            try:  # before the pulse closes: a link made after it is refused, and the record says why
+                self._coord.set(f"{self._left_prefix}{self._pid}", "1", overwrite=True)
+            except (CoordinationError, RuntimeError) as err:
+                log.debug("process %d's leaving not recorded: %s", self._pid, err)
             self._pulse.close(leaving=True)  # leaving the job is not a loss: the links hear BYE
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -312,6 +319,13 @@ class PeerWatch(Daemon):
             self._pulses[0] = address
             self._pods[0] = value.get("pod") if isinstance(value, dict) else None
 
+    def _left(self, p: int) -> bool:
+        """Whether process ``p`` recorded that it left the job (:meth:`close`); False when that cannot be read."""
+        try:
+            return self._get_json(f"{self._left_prefix}{p}") == 1
+        except (CoordinationError, RuntimeError, ValueError):
+            return False
+
     def _get_json(self, key: str) -> Any:
         """The JSON value at ``key`` (read through its directory: the coordinator has no non-blocking get); None
         when it is absent. Raises ValueError when it is not JSON."""
@@ -330,6 +344,9 @@ class PeerWatch(Daemon):
                 if kind == "silent":
                     log.warning("%s", silent_line(p, self._n, self._pods.get(p), seconds, self._heartbeat_s,
                                                   self._committed()))
+                elif kind in (DEAD, GONE) and self._left(p):
+                    log.info("process %d of %d left the job before this process linked to its pulse: not a loss",
+                             p, self._n)
                 elif kind in (DEAD, GONE):
                     liveness.lose(p)
                     if kind == GONE:
