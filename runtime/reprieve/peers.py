@@ -320,7 +320,9 @@ class PeerWatch(Daemon):
             self._pods[0] = value.get("pod") if isinstance(value, dict) else None
 
     def _left(self, p: int) -> bool:
-        """Whether process ``p`` recorded that it left the job (:meth:`close`); False when that cannot be read."""
+        """Whether process ``p`` recorded that it left the job (:meth:`close`); False when that cannot be read. Asked
+        only of a pulse that refused (a process that left refuses): one that does not answer may be process 0 on a
+        stopped or cut-off host, whose coordination service would not answer either, and the watch must not wait."""
         try:
             return self._get_json(f"{self._left_prefix}{p}") == 1
         except (CoordinationError, RuntimeError, ValueError):
@@ -344,7 +346,7 @@ class PeerWatch(Daemon):
                 if kind == "silent":
                     log.warning("%s", silent_line(p, self._n, self._pods.get(p), seconds, self._heartbeat_s,
                                                   self._committed()))
-                elif kind in (DEAD, GONE) and self._left(p):
+                elif kind == DEAD and self._left(p):  # refused: its host answers, so does the service
                     log.info("process %d of %d left the job before this process linked to its pulse: not a loss",
                              p, self._n)
                 elif kind in (DEAD, GONE):

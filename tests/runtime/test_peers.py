@@ -173,26 +173,31 @@ def test_a_process_s_record_names_its_pulse_which_says_bye_when_it_leaves() -> N
         watch.close()
 
 
-def test_a_peer_that_left_the_job_before_it_was_linked_is_not_lost(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("kind,record,lost", [(DEAD, "1", False), (DEAD, "0", True), (DEAD, None, True),
+                                              (GONE, "1", True)])
+def test_a_peer_that_left_the_job_before_it_was_linked_is_not_lost(kind: str, record: str | None, lost: bool,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     """A short job: process 1 has finished and left (its pulse refuses) before process 0 links to it. Its record of
-    leaving says so: no loss, no early end; one that did not leave is still lost at once."""
+    leaving says so: no loss, no early end. A refused pulse without the record is lost at once; so is a pulse that
+    does not answer, record or not (the record is not asked for: that process may be the service's host, cut off)."""
     caplog.set_level(logging.INFO, logger="reprieve.peers")
     shared = LocalCoordinator()
     ended: list[str] = []
-    links = _Links({1: DEAD, 2: DEAD})
-    shared.set("reprieve/2/left/1", "1", overwrite=True)  # what PeerWatch.close wrote in process 1
+    links = _Links({1: kind})
+    if record is not None:
+        shared.set("reprieve/2/left/1", record, overwrite=True)  # "1": what PeerWatch.close wrote in process 1
     shared.set("reprieve/2/alive/1", json.dumps({"n": 1, "pod": "w1", "ip": "10.0.0.9", "pulse": 40001}),
                overwrite=True)
-    watch = PeerWatch(_As(shared, 0, 3), attempt=2, pod="w0", heartbeat_s=4.0, ip="10.0.0.8", links=links,
+    watch = PeerWatch(_As(shared, 0, 2), attempt=2, pod="w0", heartbeat_s=4.0, ip="10.0.0.8", links=links,
                       end=ended.append).start()
     try:
         _until(lambda: 1 in links.targets, "process 1 linked")
-        _passes(shared, 2)
-        assert ended == [] and "process 1 of 3 left the job before this process linked to its pulse" in caplog.text
-        shared.set("reprieve/2/alive/2", json.dumps({"n": 1, "pod": "w2", "ip": "10.0.0.7", "pulse": 40002}),
-                   overwrite=True)
-        _until(lambda: bool(ended), "the early end for process 2, which did not leave")
-        assert ended[0].startswith("process 2 of 3 (pod w2) has ended without leaving the job"), ended
+        if lost:
+            _until(lambda: bool(ended), "the early end")
+            assert ended[0].startswith("process 1 of 2 (pod w1) has "), ended
+        else:
+            _passes(shared, 2)
+            assert ended == [] and "process 1 of 2 left the job before this process linked to its pulse" in caplog.text
     finally:
         watch.close()
 
