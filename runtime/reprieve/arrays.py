@@ -211,9 +211,7 @@ def owned_by_cpu_devices(state: Any) -> tuple[Any, int]:
     (``benchmarks/donated_first_step.py``). This copy costs less than that and lets the donation work from the first
     call. On other platforms a restore copied the bytes into device memory already: nothing to do there."""
     leaves, treedef = jax.tree.flatten(state)
-    picked = [i for i, x in enumerate(leaves)
-              if isinstance(x, jax.Array) and all(str(getattr(d, "platform", "")) == "cpu"
-                                                  for d in x.sharding.device_set)]
+    picked = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and landing.on_cpu_devices(x)]
     if not picked:
         return state, 0
     # shard by shard: an array of several processes is not addressable as a whole (device_put refuses it)

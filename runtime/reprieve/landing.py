@@ -218,6 +218,14 @@ def landing_bytes(state: Any, *, adopted_once: bool = False) -> int | None:
         return None
 
 
+def on_cpu_devices(x: Any) -> bool:
+    """Whether ``x`` (an array or its abstract, with a sharding) lives on CPU devices only: what
+    :func:`reprieve.arrays.owned_by_cpu_devices` copies. A numpy array or a leaf without a sharding: False."""
+    sharding = getattr(x, "sharding", None)
+    return sharding is not None and not isinstance(x, np.ndarray) and all(
+        str(getattr(d, "platform", "")) == "cpu" for d in sharding.device_set)
+
+
 def owned_bytes(state: Any) -> int | None:
     """What :func:`reprieve.arrays.owned_by_cpu_devices` copies of ``state`` (arrays or their abstract): the
     :func:`leaf_bytes` of its leaves on CPU devices; None when it cannot tell."""
@@ -225,13 +233,8 @@ def owned_bytes(state: Any) -> int | None:
         return None
     import jax
 
-    def on_cpu(x: Any) -> bool:
-        sharding = getattr(x, "sharding", None)
-        return sharding is not None and not isinstance(x, np.ndarray) and all(
-            str(getattr(d, "platform", "")) == "cpu" for d in sharding.device_set)
-
     try:
-        return sum(leaf_bytes(x) for x in jax.tree.leaves(state) if on_cpu(x))
+        return sum(leaf_bytes(x) for x in jax.tree.leaves(state) if on_cpu_devices(x))
     except Exception as err:  # noqa: BLE001 - a hint for the next warm process, never a reason to fail
         log.debug("bytes of the state on CPU devices not known: %s", err)
         return None

@@ -140,7 +140,8 @@ class CheckpointMeta:
                 f"{where}: format_version must be {FORMAT_VERSION}, got {version!r} (written by a newer reprieve?)"
             )
         # Within a format version, a field added at the top level is informational (process_extra, topology,
-        # landing_bytes, owned_bytes): a reader that predates it ignores it, so a downgrade does not quarantine good checkpoints.
+        # landing_bytes, owned_bytes): a reader that predates it ignores it, so a downgrade does not quarantine good
+        # checkpoints.
         # A leaf field says how the bytes are stored (stored_as, key_impl): one this reader does not know is an
         # error. A field a reader must understand takes a new format_version.
         known = {f.name for f in dataclasses.fields(cls)}

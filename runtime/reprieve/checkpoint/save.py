@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import topology
 from ..arrays import Region, describe_sharding, host_buffer, region_of, region_slices
-from ..landing import leaf_bytes
+from ..landing import leaf_bytes, on_cpu_devices
 from . import layout, spec
 from .metadata import CheckpointMeta, LeafMeta
 from .storage import Storage
@@ -196,7 +196,7 @@ def snapshot(state: Any, *, host_copy: str = "staged", staging: Staging | None =
             ))
             array_index += 1
             landing += (nbytes := leaf_bytes(leaf))
-            if all(str(getattr(d, "platform", "")) == "cpu" for d in leaf.sharding.device_set):
+            if on_cpu_devices(leaf):
                 cpu += nbytes
             for s in leaf.addressable_shards:
                 if s.replica_id == 0 and s.data.size > 0:

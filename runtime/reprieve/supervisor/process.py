@@ -149,7 +149,8 @@ class Supervisor:
                                action.assignment)
         elif isinstance(action, sm.StartWarm):
             log.info("%s: starting a warm process", action.why)
-            return self._spawn("warm", contract.warm_env(self.env, action.topology, action.landing, action.owned), None, warm=True)
+            env = contract.warm_env(self.env, action.topology, action.landing, action.owned)
+            return self._spawn("warm", env, None, warm=True)
         elif isinstance(action, sm.HandOver):
             log.info("%s", action.why)
             self._kill_leftovers(keep=action.pid)

@@ -470,7 +470,8 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
                                  + (" (a grow: save to the memory tier)" if sig == RESIZE_SIGNAL else ""), sig)
             return s, acts + more
         if _prewarm_due(s, now):
-            return s.replace(pending=True), acts + [StartWarm(f"pre-warming the attempt after {a}", s.topology, s.landing, s.owned)]
+            return s.replace(pending=True), acts + [StartWarm(f"pre-warming the attempt after {a}", s.topology,
+                                                              s.landing, s.owned)]
         return s, acts
     wanted = s.wanted
     if wanted is not None and wanted.listed and wanted.attempt > s.highest_run:
@@ -488,7 +489,8 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
                                                                      f"process {wanted.process_id}/"
                                                                      f"{wanted.num_processes} cold")]
     if _prewarm_due(s, now):
-        return s.replace(pending=True), acts + [StartWarm("pre-warming the next attempt", s.topology, s.landing, s.owned)]
+        return s.replace(pending=True), acts + [StartWarm("pre-warming the next attempt", s.topology, s.landing,
+                                                          s.owned)]
     return s, acts
 
 

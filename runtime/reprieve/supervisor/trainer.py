@@ -3,8 +3,8 @@ assignment (``docs/contract.md``, "In-place restarts and the supervisor").
 
 The supervisor hands every process it starts one end of a Unix socket, named by ``REPRIEVE_SUPERVISOR_FD``.
 The runtime writes one JSON line per event on it: ``{"event": "init", "attempt": A}`` when ``reprieve.init()``
-takes its identity, ``{"event": "step", "step": S, "topology": {...} | null, "landing": N, "owned": M}`` once the first training step
-is done (the devices it runs on, :mod:`reprieve.topology`, handed to the next warm process in
+takes its identity, ``{"event": "step", "step": S, "topology": {...} | null, "landing": N, "owned": M}`` once the
+first training step is done (the devices it runs on, :mod:`reprieve.topology`, handed to the next warm process in
 ``REPRIEVE_EXPECTED_TOPOLOGY``; the bytes its restore landed and copied into memory XLA allocates, when known, in
 ``REPRIEVE_WARM_LANDING_BYTES`` and ``REPRIEVE_WARM_OWNED_BYTES``),
 ``{"event": "peerLost", "processes": [P, ...], "step": S, "stepAt": T}`` when the runtime finds processes of the
