@@ -19,10 +19,11 @@ is needed for a restore to work; a restore without a pool, or past its end, make
 
 **Memory XLA allocates, populated ahead.** On CPU devices a step that donates the state needs the restored state
 copied into memory XLA allocates (:func:`reprieve.arrays.owned_by_cpu_devices`): a second state's worth of fresh
-memory, populated by the kernel at the copy, on the first step's path (~1.4 GiB/s on the benchmark VM). The trainer
-reports those bytes too (``REPRIEVE_WARM_OWNED_BYTES``), and :func:`reserve_owned` makes them part of the process's
-C heap ahead: glibc's ``malloc`` is told to keep large blocks in its heap (``mallopt``: no ``mmap``, no trimming),
-and one block of that size is populated and freed, so XLA's allocations for the copy reuse populated pages.
+memory, populated by the kernel at the copy, on the first step's path (benchmarks/RESULTS.md, "A donated step's
+first call after a restore"). The trainer reports those bytes too (``REPRIEVE_WARM_OWNED_BYTES``), and
+:func:`reserve_owned` makes them part of the process's C heap ahead: glibc's ``malloc`` is told to keep large blocks
+in its heap (``mallopt``: no ``mmap``, no trimming), and one block of that size is populated and freed, so XLA's
+allocations for the copy reuse populated pages.
 :func:`owned_done` sets glibc's thresholds to their steady values after the copy and gives the unused rest back
 (``malloc_trim``). Only with glibc; elsewhere the copy writes fresh memory, as without a hint.
 """
