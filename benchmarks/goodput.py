@@ -226,8 +226,9 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
     if variant == "baseline":
         body["spec"]["preemption"] = {"enabled": False}
     if variant.endswith("+memory"):
-        # default interval: the 1 % budget
-        body["spec"]["checkpoint"]["memory"] = {"sizeLimit": statesize.tier_size_limit(args.state_mib)}
+        # default interval: the 1 % budget, or Young/Daly's for --loss-every
+        body["spec"]["checkpoint"]["memory"] = {"sizeLimit": statesize.tier_size_limit(args.state_mib),
+                                                **({"lossEverySeconds": args.loss_every} if args.loss_every else {})}
 
     def worker_pods() -> list[str]:
         """The pods of workers 0 and 1 now (in place, replacements have generated names: the assignment says)."""
@@ -541,6 +542,11 @@ def main() -> int:
     parser.add_argument("--state-mib", type=float, default=0.0,
                         help="MiB of trained n-gram memory added to each process's state (the example's "
                              "TRAIN_STATE_MIB; 0: the example's own ~1 MiB); refused when the machine lacks the memory")
+    parser.add_argument("--loss-every", type=int, default=0,
+                        help="spec.checkpoint.memory.lossEverySeconds of the +memory variants: the mean seconds of "
+                             "training between losses without notice, which spaces the memory copies by Young/Daly "
+                             "instead of the 1 %% budget (the seeded schedule's own rate: the run's training seconds "
+                             "over --hard-kills); 0: not given")
     parser.add_argument("--keep-data", action="store_true",
                         help="keep the checkpoints and the nodes' memory-tier volumes after the run (by default "
                              "only the logs, the step logs and the results stay)")
@@ -564,6 +570,8 @@ def main() -> int:
                      "n-gram memory does not support)")
     if (why := statesize.refusal(args.state_mib, 2, 2, statesize.mem_available_mib())) is not None:
         parser.error(why)
+    if args.loss_every < 0:
+        parser.error(f"--loss-every must be 0 (not given) or the mean seconds between losses, got {args.loss_every}")
     if args.stockout is not None:
         if args.shards % args.workers or args.shards % (args.workers - 1):
             parser.error(f"--shards {args.shards} must divide over {args.workers} and {args.workers - 1} workers")
@@ -643,7 +651,8 @@ def main() -> int:
             print(f"{v}: " + "; ".join(f"{n} {p.seconds:.1f}s" + (f"/{p.size_bytes / 1e6:.0f} MB" if p.size_bytes
                                                                    else "") for n, p in pulled))
     print(f"({nodes_said}; seed {args.seed}, {args.steps} steps, step sleep {args.step_sleep}s, interval "
-          f"{args.interval}, notice {args.notice}s; logs in {work})")
+          f"{args.interval}, notice {args.notice}s"
+          f"{f', memory copies for a loss every {args.loss_every} s' if args.loss_every else ''}; logs in {work})")
     return 0
 
 

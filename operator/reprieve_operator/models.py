@@ -54,10 +54,15 @@ _QUANTITY_UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
 MAX_INTERVAL_STEPS = 10_000_000  # a save interval's bounds (storage and memory tier alike)
 MAX_INTERVAL_SECONDS = 604_800  # a week
 MEMORY_MIN_BYTES = 2**20  # a memory volume below 1 MiB is a typo, not a choice
+MAX_LOSS_EVERY_SECONDS = 31_536_000  # a year
 MEMORY_RULES = [
     {"rule": "self.intervalSteps == 0 || self.intervalSeconds == 0", "fieldPath": ".intervalSeconds",
      "message": "spec.checkpoint.memory: give intervalSteps or intervalSeconds, not both (neither: memory saves "
                 "are spaced to cost at most 1 % of the training time)"},
+    {"rule": "self.lossEverySeconds == 0 || (self.intervalSteps == 0 && self.intervalSeconds == 0)",
+     "fieldPath": ".lossEverySeconds",
+     "message": "spec.checkpoint.memory: lossEverySeconds spaces memory saves only when no interval is given: "
+                "unset intervalSteps and intervalSeconds, or lossEverySeconds"},
 ]
 
 
@@ -90,6 +95,13 @@ class MemorySpec(_Model):
         "time (measured at the start of each attempt).")
     interval_seconds: int = _interval(MAX_INTERVAL_SECONDS,
                                       "Memory save about every this many seconds of training (0: off).")
+    loss_every_seconds: int = Field(
+        default=0, ge=0, le=MAX_LOSS_EVERY_SECONDS,
+        description="How often the job loses a worker without notice (a machine, a pod, a partition): the mean "
+                    "seconds of training between such losses anywhere in the job (one node's mean time between "
+                    "failures divided by the job's nodes). With no interval given, memory saves are then spaced "
+                    "for the fewest seconds lost to saves and losses together (Young/Daly: about the square root "
+                    "of 2 x a save's cost x this) instead of the 1 % budget. 0: not known.")
 
     @field_validator("size_limit")
     @classmethod
@@ -106,6 +118,8 @@ class MemorySpec(_Model):
     def _one_interval(self) -> MemorySpec:
         if self.interval_steps and self.interval_seconds:
             raise ValueError(MEMORY_RULES[0]["message"])
+        if self.loss_every_seconds and (self.interval_steps or self.interval_seconds):
+            raise ValueError(MEMORY_RULES[1]["message"])
         return self
 
     @property

@@ -41,7 +41,8 @@ RUNTIME = frozenset({
 # server): set by the operator for a job with spec.checkpoint.memory (docs/contract.toml [memory]), or by users.
 MEMORY = frozenset({
     "REPRIEVE_MEMORY_DIR", "REPRIEVE_MEMORY_LIMIT_BYTES", "REPRIEVE_MEMORY_INTERVAL_STEPS",
-    "REPRIEVE_MEMORY_INTERVAL_SECONDS", "REPRIEVE_MEMORY_PORT", "REPRIEVE_MEMORY_PEER", "REPRIEVE_MEMORY_PEER_NODE",
+    "REPRIEVE_MEMORY_INTERVAL_SECONDS", "REPRIEVE_MEMORY_LOSS_EVERY_SECONDS", "REPRIEVE_MEMORY_PORT",
+    "REPRIEVE_MEMORY_PEER", "REPRIEVE_MEMORY_PEER_NODE",
     "REPRIEVE_NODE_NAME", "REPRIEVE_MEMORY_TOKEN",
 })
 # Read by the supervisor (reprieve-supervisor, `reprieve run`) only.

@@ -101,6 +101,8 @@ INVALID: list[tuple[str, Mutation, str]] = [
     ("memory: both intervals", memory(sizeLimit="1Gi", intervalSteps=5, intervalSeconds=5),
      "spec.checkpoint.memory.intervalSeconds: Invalid value"),
     ("memory: a negative interval", memory(sizeLimit="1Gi", intervalSteps=-1), "spec.checkpoint.memory.intervalSteps"),
+    ("memory: a loss rate beside an interval", memory(sizeLimit="1Gi", intervalSeconds=60, lossEverySeconds=600),
+     "spec.checkpoint.memory.lossEverySeconds: Invalid value"),
     ("memory: a size that is no quantity", memory(sizeLimit="8GB"), "spec.checkpoint.memory.sizeLimit"),
     ("memory: no size", memory(), "spec.checkpoint.memory.sizeLimit: Required value"),
     ("memory with Recreate", memory("Recreate", sizeLimit="1Gi"), "spec.checkpoint.memory needs restartMode InPlace"),

@@ -47,6 +47,10 @@ REFUSED: list[tuple[str, dict[str, Any], str | None, bool, str]] = [
      "checkpoint.memory.intervalSteps"),
     ("a negative seconds interval", {"sizeLimit": "1Gi", "intervalSeconds": -1}, "InPlace", True,
      "checkpoint.memory.intervalSeconds"),
+    ("a loss rate beside an interval", {"sizeLimit": "1Gi", "intervalSteps": 5, "lossEverySeconds": 600}, "InPlace",
+     True, "lossEverySeconds spaces memory saves only when no interval is given"),
+    ("a negative loss rate", {"sizeLimit": "1Gi", "lossEverySeconds": -1}, "InPlace", True,
+     "checkpoint.memory.lossEverySeconds"),
     ("no size", {}, "InPlace", True, "checkpoint.memory.sizeLimit"),
     ("a size that is no quantity", {"sizeLimit": "8GB"}, "InPlace", True, "checkpoint.memory.sizeLimit"),
     ("a size below 1Mi", {"sizeLimit": "1000k"}, "InPlace", True,
@@ -96,8 +100,10 @@ def test_the_worker_pod_gets_a_memory_volume_and_the_memory_environment() -> Non
     assert mounts["reprieve-memory"] == MEMORY_DIR
     env = _env(pod)
     memory_names = {n for n in env if n in table["operator_sets"]}
-    # the peer's node is not known before the pods are scheduled: later attempts get it with the assignment
-    assert memory_names == set(table["operator_sets"]) - {"REPRIEVE_MEMORY_PEER_NODE"}
+    # the peer's node is not known before the pods are scheduled: later attempts get it with the assignment; the
+    # loss rate is set only when the spec gives one (test_a_loss_rate_reaches_the_runtime_in_place_of_the_budget)
+    assert memory_names == set(table["operator_sets"]) - {"REPRIEVE_MEMORY_PEER_NODE",
+                                                          "REPRIEVE_MEMORY_LOSS_EVERY_SECONDS"}
     assert env["REPRIEVE_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["REPRIEVE_MEMORY_TOKEN"] == {"secretKeyRef": {"name": "llama" + table["token_secret_suffix"],
                                                              "key": table["token_secret_key"]}}
@@ -107,6 +113,17 @@ def test_the_worker_pod_gets_a_memory_volume_and_the_memory_environment() -> Non
                                 pod_ip="10.0.0.1")  # the runtime reads them
     assert cfg is not None and (cfg.directory, cfg.limit_bytes, cfg.interval_steps, cfg.port, cfg.peer) == (
         MEMORY_DIR, 6 * 2**30, 10, table["defaults"]["port"], "llama-0.llama.default.svc:8477")
+
+
+def test_a_loss_rate_reaches_the_runtime_in_place_of_the_budget() -> None:
+    from reprieve.memtier.config import MemoryConfig
+    from reprieve_operator.policy.builders import build_worker_pod
+
+    env = _env(build_worker_pod(job({"sizeLimit": "6Gi", "lossEverySeconds": 1800}), 1, 3))
+    assert env["REPRIEVE_MEMORY_LOSS_EVERY_SECONDS"] == "1800"
+    plain = {k: v for k, v in env.items() if isinstance(v, str)}
+    cfg = MemoryConfig.from_env({**plain, "REPRIEVE_NODE_NAME": "n1"}, pod_ip="10.0.0.1")
+    assert cfg is not None and cfg.auto and cfg.loss_every_seconds == 1800
 
 
 FIRST_PEER_ROWS: list[tuple[str, int, str | None, int, str | None]] = [

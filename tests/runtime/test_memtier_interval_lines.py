@@ -48,15 +48,30 @@ def _train(tmp_path: Path, shm: Path, caplog: pytest.LogCaptureFixture, *, steps
     return [r for r in caplog.records if r.name.startswith("reprieve")]
 
 
+@pytest.mark.parametrize("loss_every", [0, 20])
 def test_the_interval_is_said_at_start_up_and_whenever_it_is_set(tmp_path: Path, shm: Path,
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
-    records = _train(tmp_path, shm, caplog, steps=80, size=1 << 20, pause_s=0.005)
+                                                                  caplog: pytest.LogCaptureFixture,
+                                                                  loss_every: int) -> None:
+    """The 1 % budget by default; with a loss rate, Young/Daly's interval for it (denser than the budget's)."""
+    from reprieve.memtier import schedule
+
+    env = {"REPRIEVE_MEMORY_LOSS_EVERY_SECONDS": str(loss_every)} if loss_every else {}
+    records = _train(tmp_path, shm, caplog, steps=80, size=1 << 20, pause_s=0.005, **env)
     lines = [r.getMessage() for r in records if r.levelno == logging.INFO]
-    assert any(line.startswith("memory copies spaced to cost at most 1% of the step time") for line in lines), lines
-    published = [line for line in lines if re.match(r"memory copies every \d+ steps \(~[0-9.e+-]+ s\) from step \d+"
-                                                     r"(?:, counted from step \d+)? \(schedule \d+\): each copy costs "
-                                                     r"the loop [0-9.]+ s", line)]
-    assert published and all("the budget is 1% of the step time" in line for line in published), lines
+    said = "memory copies spaced for a loss without notice every 20 s" if loss_every else \
+        "memory copies spaced to cost at most 1% of the step time"
+    assert any(line.startswith(said) for line in lines), lines
+    published = [m for line in lines if (m := re.match(
+        r"memory copies every (\d+) steps \(~[0-9.e+-]+ s\) from step \d+(?:, counted from step \d+)? \(schedule "
+        r"(\d+)\): each copy costs the loop ([0-9.]+) s and a step takes ([0-9.]+) s; (.*)", line))]
+    why = "Young/Daly for a loss without notice every 20 s" if loss_every else "the budget is 1% of the step time"
+    assert published and all(m[5].startswith(why) for m in published), lines
+    for m in published:  # each interval is the rule's for the cost and step time it names (the first: at most 4)
+        every, version, cost, step_s = int(m[1]), int(m[2]), float(m[3]), float(m[4])
+        want = schedule.plan(cost_s=cost, step_s=step_s, loss_every_s=loss_every).every
+        if version == 1:
+            want = min(want, schedule.PROBE_EVERY)
+        assert abs(every - want) <= max(1, 0.1 * want), (m[0], want)
 
 
 def test_copies_slower_than_the_interval_are_warned_about_once(tmp_path: Path, shm: Path,

@@ -3,6 +3,8 @@ same step everywhere, and never sparser than about half the storage tier's perio
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from reprieve.memtier import schedule
 from reprieve.memtier.config import MemoryConfig
@@ -71,7 +73,32 @@ PLAN = [
     ("under the cap: the budget's", {"cost_s": 0.02, "step_s": 0.52, "storage_steps": 100}, (6, 6, 50)),
     ("a seconds interval, capped", {"cost_s": 0.0, "step_s": 0.5, "interval_s": 60.0, "storage_seconds": 30.0},
      (30, 120, 30)),
+    # Daly for a 0.2 s copy and a loss every 300 s: 10.82 s, 19.7 steps of 0.55 s (the budget would ask for 52)
+    ("a loss rate: Young/Daly, not the budget", {"cost_s": 0.2, "step_s": 0.55, "loss_every_s": 300.0},
+     (20, 20, None)),
+    ("a loss rate, capped", {"cost_s": 0.2, "step_s": 0.55, "loss_every_s": 300.0, "storage_steps": 30},
+     (15, 20, 15)),
+    # a rare loss spaces copies more sparsely than the budget would: about sqrt(2 x 0.2 x 1e6) = 632 s
+    ("a rare loss", {"cost_s": 0.2, "step_s": 0.55, "loss_every_s": 1e6}, (1150, 1150, None)),
+    ("an interval given: the loss rate is not asked", {"cost_s": 0.2, "step_s": 0.5, "interval_s": 5.0,
+                                                       "loss_every_s": 300.0}, (10, 10, None)),
 ]
+
+
+@pytest.mark.parametrize(("cost", "loss_every"), [(0.2, 300.0), (0.01, 60.0), (2.0, 3600.0), (5.0, 40.0)])
+def test_the_loss_rates_interval_loses_the_least_to_copies_and_losses_together(cost: float,
+                                                                               loss_every: float) -> None:
+    best = schedule.daly_seconds(cost, loss_every)
+    assert best <= loss_every
+    at = schedule.expected_share(cost, best, loss_every)
+    for factor in (0.5, 0.8, 1.25, 2.0):
+        assert at <= schedule.expected_share(cost, best * factor, loss_every), factor
+    young = math.sqrt(2 * cost * loss_every)  # Daly corrects Young's first-order estimate, more as the cost grows
+    assert at <= schedule.expected_share(cost, young, loss_every) and abs(best - young) < 0.35 * young
+
+
+def test_a_copy_that_costs_half_the_time_between_losses_or_more_is_spaced_by_that_time() -> None:
+    assert schedule.daly_seconds(10.0, 5.0) == 5.0 and schedule.daly_seconds(10.0, 4.0) == 4.0
 
 
 @pytest.mark.parametrize(("kw", "want"), [r[1:] for r in PLAN], ids=[r[0] for r in PLAN])
@@ -284,6 +311,19 @@ def test_the_startup_line_says_the_interval_or_how_the_first_copies_are_spaced()
         "REPRIEVE_MEMORY_INTERVAL_SECONDS): the first after step 104, then at most every 4 steps")
     assert "about every 30 s (REPRIEVE_MEMORY_INTERVAL_SECONDS)" in schedule.startup_line(
         MemoryConfig("/m", interval_seconds=30), 0)
+    assert "REPRIEVE_MEMORY_LOSS_EVERY_SECONDS (how often the job loses a machine" in schedule.startup_line(AUTO, 0)
+    assert schedule.startup_line(MemoryConfig("/m", loss_every_seconds=1800), 0).startswith(
+        "memory copies spaced for a loss without notice every 1800 s of training (REPRIEVE_MEMORY_LOSS_EVERY_SECONDS; "
+        "Young/Daly: about sqrt(2 x a copy's cost x that)): the first after step 4")
+
+
+def test_the_interval_line_of_a_loss_rate_says_what_copies_and_losses_cost_together() -> None:
+    cfg = MemoryConfig("/m", loss_every_seconds=300)
+    choice = schedule.plan(cost_s=0.2, step_s=0.55, loss_every_s=300.0)
+    line = schedule.interval_line(schedule.Schedule(choice.every, 40, 2), choice, cost_s=0.2, step_s=0.55, cfg=cfg)
+    # copies: 0.2 / (20 x 0.55) = 1.8 %; losses about 11 s / 2 / 300 s = 1.8 % (Daly's model: 3.7 % together)
+    assert ("Young/Daly for a loss without notice every 300 s (REPRIEVE_MEMORY_LOSS_EVERY_SECONDS): copies and losses "
+            "together cost ~3.7% of the training time, copies alone 1.8%. A kill -9 loses up to ~20 steps") in line
 
 
 def test_the_interval_line_gives_steps_seconds_the_reason_and_the_loss() -> None:

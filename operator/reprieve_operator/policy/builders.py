@@ -139,6 +139,8 @@ def memory_env(job: TrainingJob, index: int = -1) -> list[dict[str, Any]]:
     plain = {"REPRIEVE_MEMORY_DIR": MEMORY_DIR, "REPRIEVE_MEMORY_LIMIT_BYTES": str(m.limit_bytes),
              "REPRIEVE_MEMORY_INTERVAL_STEPS": str(m.interval_steps),
              "REPRIEVE_MEMORY_INTERVAL_SECONDS": str(m.interval_seconds), "REPRIEVE_MEMORY_PORT": str(MEMORY_PORT)}
+    if m.loss_every_seconds:
+        plain["REPRIEVE_MEMORY_LOSS_EVERY_SECONDS"] = str(m.loss_every_seconds)
     peer = first_peers(job).get(index)
     if peer:
         plain["REPRIEVE_MEMORY_PEER"] = peer

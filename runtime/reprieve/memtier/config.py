@@ -18,6 +18,9 @@ DIR_ENV = "REPRIEVE_MEMORY_DIR"
 LIMIT_ENV = "REPRIEVE_MEMORY_LIMIT_BYTES"
 INTERVAL_STEPS_ENV = "REPRIEVE_MEMORY_INTERVAL_STEPS"
 INTERVAL_SECONDS_ENV = "REPRIEVE_MEMORY_INTERVAL_SECONDS"
+# the mean seconds of training between losses without notice anywhere in the job (a machine, a pod, a partition):
+# with no interval given, copies are spaced by Young/Daly's optimum for it instead of the cost budget
+LOSS_EVERY_ENV = "REPRIEVE_MEMORY_LOSS_EVERY_SECONDS"
 PORT_ENV = "REPRIEVE_MEMORY_PORT"
 PEER_ENV = "REPRIEVE_MEMORY_PEER"
 PEER_NODE_ENV = "REPRIEVE_MEMORY_PEER_NODE"
@@ -26,6 +29,7 @@ TOKEN_ENV = "REPRIEVE_MEMORY_TOKEN"  # the job's secret for the replica servers 
 # set by reprieve-supervisor for the trainer: the address of the replica server the supervisor runs for this pod
 SERVER_ENV = "REPRIEVE_MEMORY_SERVER"
 
+MIN_LOSS_EVERY_SECONDS = 1.0  # below a second between losses no step would ever finish: a typo (milliseconds?)
 DEFAULT_PORT = 8477  # beside the coordinator's default 8476
 # The tier's cost budget when no interval is given ("auto"): saves are spaced so that the loop's stall plus the
 # background thread's CPU time stay within this share of the training time (docs/memory.md, "Interval").
@@ -41,6 +45,8 @@ class MemoryConfig:
         limit_bytes: what the directory may hold (the emptyDir's ``sizeLimit``); None: unbounded (not checked).
         interval_steps: save after every N-th step; 0: scheduled by time (``interval_seconds``) or by the budget.
         interval_seconds: save about every N seconds of training; 0 with ``interval_steps`` 0: auto (budget).
+        loss_every_seconds: the mean seconds of training between losses without notice in the job; with auto, saves
+            are spaced by Young/Daly's optimum for it (``sqrt(2 x a copy's cost x it)``) instead of the budget.
         port: the replica server's port (reprieve-supervisor, or the trainer itself outside reprieve-supervisor); 0: any free
             port (the restore round advertises it, but no peer can be pointed at it in advance).
         peer: ``host:port`` of the replica server that holds this process's copies; None: own copies only.
@@ -54,6 +60,7 @@ class MemoryConfig:
     limit_bytes: int | None = None
     interval_steps: int = 0
     interval_seconds: float = 0.0
+    loss_every_seconds: float = 0.0
     port: int = DEFAULT_PORT
     peer: str | None = None
     peer_node: str | None = None
@@ -64,7 +71,7 @@ class MemoryConfig:
 
     @property
     def auto(self) -> bool:
-        """No interval given: saves are spaced by the cost budget."""
+        """No interval given: saves are spaced by the cost budget, or by the loss rate when one is given."""
         return self.interval_steps == 0 and self.interval_seconds == 0
 
     @staticmethod
@@ -86,7 +93,7 @@ class MemoryConfig:
         e = Env(env)
         directory = e.opt_text(DIR_ENV)
         if directory is None:
-            for name in (INTERVAL_STEPS_ENV, INTERVAL_SECONDS_ENV, LIMIT_ENV, PEER_ENV):
+            for name in (INTERVAL_STEPS_ENV, INTERVAL_SECONDS_ENV, LOSS_EVERY_ENV, LIMIT_ENV, PEER_ENV):
                 if e.raw(name) is not None:
                     raise ConfigError(f"{name} is set but {DIR_ENV} is not: set {DIR_ENV} to a directory on a "
                                       "memory-backed volume (a medium: Memory emptyDir, /dev/shm/...) to turn the "
@@ -97,6 +104,14 @@ class MemoryConfig:
         if steps and seconds:
             raise ConfigError(f"{INTERVAL_STEPS_ENV}={steps} and {INTERVAL_SECONDS_ENV}={seconds} are both set: "
                               "give one (or neither, to space saves by the 1 % cost budget)")
+        loss_every = e.number(LOSS_EVERY_ENV, 0.0, minimum=0)
+        if 0 < loss_every < MIN_LOSS_EVERY_SECONDS:
+            raise ConfigError(f"{LOSS_EVERY_ENV} must be 0 (not known) or at least {MIN_LOSS_EVERY_SECONDS:g} s of "
+                              f"training between losses, got {loss_every:g}")
+        if loss_every and (steps or seconds):
+            given = f"{INTERVAL_STEPS_ENV}={steps}" if steps else f"{INTERVAL_SECONDS_ENV}={seconds:g}"
+            raise ConfigError(f"{LOSS_EVERY_ENV}={loss_every:g} and {given} are both set: the loss rate spaces the "
+                              "copies only when no interval is given; unset one")
         limit = e.opt_integer(LIMIT_ENV, minimum=1)
         port = cls.port_from_env(env)
         peer = e.opt_text(PEER_ENV)
@@ -105,7 +120,8 @@ class MemoryConfig:
         server = e.opt_text(SERVER_ENV)
         if server is not None:
             address_problem(server, SERVER_ENV)
-        cfg = cls(directory=directory, limit_bytes=limit, interval_steps=steps, interval_seconds=seconds, port=port,
+        cfg = cls(directory=directory, limit_bytes=limit, interval_steps=steps, interval_seconds=seconds,
+                  loss_every_seconds=loss_every, port=port,
                   peer=peer, peer_node=e.opt_text(PEER_NODE_ENV), node=e.opt_text(NODE_ENV), server=server,
                   token=e.opt_text(TOKEN_ENV))
         problem = pairing_problem(cfg, own=own_addresses(cfg, pod_ip))

@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .config import INTERVAL_SECONDS_ENV, INTERVAL_STEPS_ENV, MemoryConfig
+from .config import INTERVAL_SECONDS_ENV, INTERVAL_STEPS_ENV, LOSS_EVERY_ENV, MemoryConfig
 
 FIRST_SAVE_AFTER = 4  # steps after the loop's first: the first steps compile and are not representative
 LEAD_SECONDS = 1.0  # how far ahead of process 0 a published schedule starts (at least LEAD_STEPS steps)
@@ -115,6 +115,31 @@ def choose_every(*, cost_s: float, step_s: float, interval_s: float = 0.0, budge
     return max(1, min(MAX_EVERY, math.ceil(cost_s / (budget * step_s))))
 
 
+def daly_seconds(cost_s: float, loss_every_s: float) -> float:
+    """The training seconds between copies that lose the least to copies and to unwarned losses together (pure):
+    Daly's higher-order estimate (J. T. Daly, "A higher order estimate of the optimum checkpoint interval for
+    restart dumps", 2006) of the optimum for a copy that costs ``cost_s`` and a loss every ``loss_every_s`` on
+    average. To first order it is Young's ``sqrt(2 x cost x M)``: a copy's cost against half an interval of work
+    lost at each loss. A copy that costs half the mean time between losses or more: the interval is that time."""
+    m = max(loss_every_s, 1e-6)
+    if cost_s >= 2 * m:
+        return m
+    r = cost_s / (2 * m)
+    return max(1e-6, math.sqrt(2 * cost_s * m) * (1 + math.sqrt(r) / 3 + r / 9) - cost_s)
+
+
+def expected_share(cost_s: float, interval_s: float, loss_every_s: float) -> float:
+    """What copies every ``interval_s`` seconds of training add to the time the training takes, with the work a
+    loss every ``loss_every_s`` seconds on average undoes, as a share of the training time (pure): the expected
+    time of an interval and its copy under losses that come at random (exponentially distributed), each resuming
+    from the last copy, ``M (e^((T + C) / M) - 1)``, per ``T`` of training, less one (Daly's model; the restart's
+    own time left out). To first order ``C / T + T / 2M``. :func:`daly_seconds` is its minimum."""
+    interval_s = max(interval_s, 1e-6)
+    if loss_every_s <= 0:
+        return cost_s / interval_s
+    return loss_every_s * math.expm1(min((interval_s + cost_s) / loss_every_s, 700.0)) / interval_s - 1
+
+
 def storage_cap(*, storage_steps: int, storage_seconds: float, step_s: float) -> int | None:
     """The sparsest memory interval (steps) the storage tier's periodic interval allows: about half of it, so
     the newest memory copy is at most half an interval old when a storage checkpoint is; None without one."""
@@ -140,10 +165,14 @@ class Choice:
 
 
 def plan(*, cost_s: float, step_s: float, interval_s: float = 0.0, budget: float = 0.01, storage_steps: int = 0,
-         storage_seconds: float = 0.0) -> Choice:
-    """The interval to publish (pure): :func:`choose_every` at :data:`AIM` of the budget, capped by
-    :func:`storage_cap`."""
-    wanted = choose_every(cost_s=cost_s, step_s=step_s, interval_s=interval_s, budget=budget * AIM)
+         storage_seconds: float = 0.0, loss_every_s: float = 0.0) -> Choice:
+    """The interval to publish (pure): ``interval_s`` worth of steps when given; else, with a loss rate
+    (``loss_every_s``: the mean seconds between losses without notice), :func:`daly_seconds` worth; else
+    :func:`choose_every` at :data:`AIM` of the budget. Capped by :func:`storage_cap`."""
+    if interval_s <= 0 and loss_every_s > 0:
+        wanted = choose_every(cost_s=cost_s, step_s=step_s, interval_s=daly_seconds(cost_s, loss_every_s))
+    else:
+        wanted = choose_every(cost_s=cost_s, step_s=step_s, interval_s=interval_s, budget=budget * AIM)
     cap = storage_cap(storage_steps=storage_steps, storage_seconds=storage_seconds, step_s=step_s)
     return Choice(wanted if cap is None else min(wanted, cap), wanted, cap)
 
@@ -296,17 +325,31 @@ def startup_line(cfg: MemoryConfig, loop_start: int) -> str:
         return (f"memory copies about every {cfg.interval_seconds:g} s ({INTERVAL_SECONDS_ENV}): the first after "
                 f"step {first}, then at most every {PROBE_EVERY} steps until the steps and a copy are timed; the "
                 "interval in steps is logged when it is set")
+    if cfg.loss_every_seconds:
+        return (f"memory copies spaced for a loss without notice every {_seconds(cfg.loss_every_seconds)} of "
+                f"training ({LOSS_EVERY_ENV}; Young/Daly: about sqrt(2 x a copy's cost x that)): the first after "
+                f"step {first}, then at most every {PROBE_EVERY} steps until the steps and a copy are timed; the "
+                "interval is logged when it is set")
     return (f"memory copies spaced to cost at most {cfg.budget:.0%} of the step time (no {INTERVAL_STEPS_ENV} or "
             f"{INTERVAL_SECONDS_ENV}): the first after step {first}, then at most every {PROBE_EVERY} steps until "
-            "the steps and a copy are timed; the interval is logged when it is set")
+            f"the steps and a copy are timed; the interval is logged when it is set. {LOSS_EVERY_ENV} (how often "
+            "the job loses a machine without notice) spaces them for the fewest steps lost to copies and losses "
+            "together")
 
 
 def interval_line(plan: Schedule, choice: Choice, *, cost_s: float, step_s: float, cfg: MemoryConfig,
                   storage: tuple[int, float] = (0, 0.0)) -> str:
     """One line for a schedule process 0 publishes: the interval in steps and seconds, what it rests on, and what a
     ``kill -9`` can cost under it."""
-    why = (f"{INTERVAL_SECONDS_ENV}={cfg.interval_seconds:g}" if cfg.interval_seconds else
-           f"the budget is {cfg.budget:.0%} of the step time (aiming at {AIM * cfg.budget:.2%})")
+    if cfg.interval_seconds:
+        why = f"{INTERVAL_SECONDS_ENV}={cfg.interval_seconds:g}"
+    elif cfg.loss_every_seconds:
+        m = cfg.loss_every_seconds
+        why = (f"Young/Daly for a loss without notice every {_seconds(m)} ({LOSS_EVERY_ENV}): copies and losses "
+               f"together cost ~{expected_share(cost_s, choice.every * step_s, m):.1%} of the training time, copies "
+               f"alone {share(cost_s, step_s, choice.every):.1%}")
+    else:
+        why = f"the budget is {cfg.budget:.0%} of the step time (aiming at {AIM * cfg.budget:.2%})"
     if choice.capped:
         why += (f"; capped at half the storage tier's periodic interval ({storage_text(*storage)}), which alone "
                 f"would space them every {choice.wanted} steps")

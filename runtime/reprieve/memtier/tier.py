@@ -159,6 +159,8 @@ class MemoryTier:
             return f"every {self.cfg.interval_steps} steps"
         if self.cfg.interval_seconds:
             return f"about every {self.cfg.interval_seconds:g} s"
+        if self.cfg.loss_every_seconds:
+            return f"spaced for a loss without notice every {self.cfg.loss_every_seconds:g} s (Young/Daly)"
         return f"spaced to cost at most {self.cfg.budget:.0%} of the training time"
 
     # -- when -----------------------------------------------------------------------------------------------------
@@ -360,11 +362,12 @@ class MemoryTier:
         step_s, cost = self._measured.step_s(self._step_s), self._measured.cost_s()
         choice = schedule.plan(cost_s=cost, step_s=step_s, interval_s=self.cfg.interval_seconds,
                                budget=self.cfg.budget, storage_steps=self._storage[0],
-                               storage_seconds=self._storage[1])
+                               storage_seconds=self._storage[1], loss_every_s=self.cfg.loss_every_seconds)
+        budgeted = self.cfg.auto and not self.cfg.loss_every_seconds  # the loss rate's interval has no cost cap
         newest = self._published
         if newest is not None:
             current, _ = schedule.in_force(self._plans, step)
-            over_budget = (self.cfg.auto and current is not None
+            over_budget = (budgeted and current is not None
                            and schedule.over_budget(cost, step_s, current.every, self.cfg.budget))
             if not schedule.reconsider(current, newest=newest, step=step, every=max(self._floor, choice.every),
                                        saves_since=self._saves_since, over_budget=over_budget):
@@ -384,7 +387,7 @@ class MemoryTier:
         log.info("%s", schedule.interval_line(plan, choice, cost_s=cost, step_s=step_s, cfg=self.cfg,
                                               storage=self._storage))
         over = schedule.share(cost, step_s, choice.every)
-        if choice.capped and self.cfg.auto and over > self.cfg.budget and not self._cap_told:
+        if choice.capped and budgeted and over > self.cfg.budget and not self._cap_told:
             self._cap_told = True
             log.info("memory saves every %d steps, half the storage tier's periodic interval (%s), cost about %.2f%% "
                      "of the training time, above the tier's budget of %.2f%% (which alone would space them every %d "
