@@ -240,7 +240,7 @@ async def _assign(state: State, ref: dict[str, Any], outcome: Outcome) -> None:
     assert job is not None and a is not None, "an assignment without a job"
     await apply.run(apply.put_configmap, state.api, builders.build_assignment(
         job, a.attempt, dict(a.processes), a.coordinator, dict(a.memory_peers), dict(a.memory_peer_nodes),
-        a.resize))
+        a.resize, a.loss_every))
     state.assignments.wrote(job, a)
     if outcome.assigned_event is not None:
         ev = outcome.assigned_event

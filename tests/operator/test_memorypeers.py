@@ -196,3 +196,48 @@ def test_a_restart_pairs_across_zones_with_the_zones_of_the_cached_nodes() -> No
                       placed=True))
     assert out.assign is not None and out.assign.memory_peers[0] == "10.0.0.2:8477"
     assert dict(out.assign.memory_peer_nodes)[0] == "n2"
+
+
+LOSSES = [
+    # (what, memory spec, status, lossEverySeconds of the next assignment)
+    ("no loss without notice yet", {}, {"restarts": {"preemption": 3}, "goodput": {"wallSeconds": 900}}, None),
+    ("two losses in 10 minutes", {}, {"restarts": {"disruption": 2}, "goodput": {"wallSeconds": 600.4}}, 300),
+    ("no goodput accounting yet", {}, {"restarts": {"disruption": 1}}, None),
+    ("many losses early: at least a second", {}, {"restarts": {"disruption": 9}, "goodput": {"wallSeconds": 3}}, 1),
+    ("the spec's own rate stands (the pods' environment)", {"lossEverySeconds": 3600},
+     {"restarts": {"disruption": 2}, "goodput": {"wallSeconds": 600}}, None),
+    ("an interval given: no rate", {"intervalSteps": 10}, {"restarts": {"disruption": 2},
+                                                          "goodput": {"wallSeconds": 600}}, None),
+    ("the tier off", {"enabled": False}, {"restarts": {"disruption": 2}, "goodput": {"wallSeconds": 600}}, None),
+]
+
+
+@pytest.mark.parametrize(("what", "memory", "status", "want"), LOSSES, ids=[r[0] for r in LOSSES])
+def test_the_loss_rate_the_job_has_met(what: str, memory: dict[str, Any], status: dict[str, Any],
+                                       want: int | None) -> None:
+    body = make_job(replicas=2, restartMode="InPlace",
+                    checkpoint={"uri": "/ckpt", "memory": {"sizeLimit": "1Gi", **memory}})
+    body.with_command("python", "train.py")
+    assert memorypeers.loss_every(body.with_status(**status).model()) == want
+
+
+def test_a_restart_after_losses_without_notice_passes_their_rate_to_the_next_attempt() -> None:
+    """The assignment decide writes carries the rate (wall seconds over restarts.disruption), through the ConfigMap
+    and reprieve-supervisor's parser to the trainer's environment and the warm process's line."""
+    from reprieve.supervisor import contract
+    from reprieve_operator.policy.builders import build_assignment
+
+    code = {"reprieve.dev/exit": '{"attempt": 1, "code": 42, "time": "2026-11-24T05:59:59Z"}'}
+    raw = [_raw(f"llama-{i}", i, f"n{i}", f"10.0.0.{i}", code) for i in range(2)]
+    first = Assignment(1, {"llama-0": 0, "llama-1": 1}, "x:1", {})
+    for restarts, want in (({}, None), ({"disruption": 3}, 400)):
+        j = job(2, status={**RUNNING, "restarts": restarts, "goodput": {"wallSeconds": 1200}})
+        out = decide(View(job=j, pods=raw, now=NOW, assignment=first, known_nodes={"n0", "n1"}, looked=True,
+                          placed=True))
+        assert out.assign is not None and out.assign.attempt == 2 and out.assign.loss_every == want, out.assign
+        cm = build_assignment(j, 2, dict(out.assign.processes), out.assign.coordinator,
+                              loss_every=out.assign.loss_every)
+        a = contract.parse_assignment(cm["data"], "llama-0", configmap="default/llama-assignment")
+        env = a.env()
+        assert env.get("REPRIEVE_MEMORY_LOSS_EVERY_SECONDS") == (None if want is None else str(want)), env
+        assert contract.parse_assignment_line(a.line()) == env

@@ -40,6 +40,8 @@ def test_defaults_and_names_agree() -> None:
     assert required_bytes(1) == d["copies_per_limit"]
     assert contract.MEMORY_PEERS_KEY == TABLE["assignment_key"]
     assert contract.MEMORY_PEER_NODES_KEY == TABLE["assignment_node_key"]
+    assert contract.LOSS_EVERY_KEY == TABLE["assignment_loss_key"]
+    assert contract.LOSS_EVERY_ENV == config.LOSS_EVERY_ENV and config.LOSS_EVERY_ENV in TABLE["operator_sets"]
     assert contract.MEMORY_PEER_NODE_ENV in TABLE["operator_sets"]
     assert contract.MEMORY_PEER_ENV in TABLE["operator_sets"]
     assert set(TABLE["progress_fields"]) <= set(progress.LIVE_FIELDS)

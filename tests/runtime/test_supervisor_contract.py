@@ -21,6 +21,8 @@ GOOD = {"contract": "1", "attempt": "3", "numProcesses": "4", "coordinator": "10
     ({}, "job-9", Assignment(3, None, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment")),
     ({"attempt": 5}, "job-0", Assignment(5, 0, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment")),
     ({"resize": "grow"}, "job-1", Assignment(3, 1, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment", resize="grow")),
+    ({"lossEverySeconds": "300"}, "job-1", Assignment(3, 1, 4, "10.1.2.3:8476", "ConfigMap ns/job-assignment",
+                                                      loss_every=300)),
 ])
 def test_parse_assignment(change: dict, pod: str, expected: Assignment) -> None:
     assert contract.parse_assignment({**GOOD, **change}, pod, configmap="ns/job-assignment") == expected
@@ -37,6 +39,8 @@ def test_parse_assignment(change: dict, pod: str, expected: Assignment) -> None:
     ({"processes": json.dumps({"job-1": 4})}, "processes['job-1'] must be < numProcesses (4), got 4"),
     ({"processes": json.dumps({"job-1": "a"})}, "processes['job-1'] must be an integer >= 0, got 'a'"),
     ({"resize": "shrink"}, "resize must be 'grow' or absent, got 'shrink'"),
+    ({"lossEverySeconds": "0"}, "lossEverySeconds must be an integer >= 1, got '0'"),
+    ({"lossEverySeconds": "5m"}, "lossEverySeconds must be an integer >= 1, got '5m'"),
 ])
 def test_parse_assignment_errors_name_the_key(change: dict, message: str) -> None:
     with pytest.raises(contract.AssignmentError, match="ConfigMap ns/j-assignment") as err:
@@ -79,7 +83,9 @@ def test_assignment_line_round_trip() -> None:
         "REPRIEVE_ATTEMPT": "7", "REPRIEVE_PROCESS_ID": "2", "REPRIEVE_NUM_PROCESSES": "4",
         "REPRIEVE_COORDINATOR_ADDRESS": "10.0.0.1:99"}
     for bad, words in [("nope", "not JSON"), ("[]", "JSON object"), ('{"attempt": 1}', "numProcesses"),
-                       ('{"attempt": 1, "numProcesses": 2, "processId": 2}', "processId must be < numProcesses")]:
+                       ('{"attempt": 1, "numProcesses": 2, "processId": 2}', "processId must be < numProcesses"),
+                       ('{"attempt": 1, "numProcesses": 2, "processId": 1, "lossEverySeconds": -3}',
+                        "lossEverySeconds must be an integer >= 1, got -3")]:
         with pytest.raises(contract.AssignmentError, match=words):
             contract.parse_assignment_line(bad)
 
@@ -127,3 +133,23 @@ def test_annotations() -> None:
     assert json.loads(contract.supervisor_annotation("0.1.0")["reprieve.dev/supervisor"]) == {"contract": 1,
                                                                                         "version": "0.1.0"}
     assert json.loads(contract.supervisor_annotation("0.1.0", "bad")["reprieve.dev/supervisor"])["error"] == "bad"
+
+
+@pytest.mark.parametrize(("base", "passed"), [
+    ({}, True),
+    ({"REPRIEVE_MEMORY_INTERVAL_STEPS": "0", "REPRIEVE_MEMORY_INTERVAL_SECONDS": "0"}, True),  # the operator's zeros
+    ({"REPRIEVE_MEMORY_INTERVAL_STEPS": "10"}, False),  # set in the container by hand: the runtime would refuse both
+    ({"REPRIEVE_MEMORY_INTERVAL_SECONDS": "2.5"}, False),
+    ({"REPRIEVE_MEMORY_LOSS_EVERY_SECONDS": "3600"}, False),  # the spec's own rate stands
+    ({"REPRIEVE_MEMORY_INTERVAL_STEPS": "ten"}, False),  # malformed: the runtime names it, nothing is added
+])
+def test_the_jobs_loss_rate_reaches_the_trainer_unless_its_container_spaces_the_copies(base: dict,
+                                                                                         passed: bool) -> None:
+    """The assignment's ``lossEverySeconds`` goes to the trainer and to a warm process alike, but never beside a
+    spacing of the container's own (the runtime would refuse an interval beside a rate)."""
+    a = Assignment(3, 1, 2, "10.0.0.1:8476", loss_every=300)
+    trainer = contract.trainer_env(base, a)
+    warm = contract.parse_assignment_line(a.line(), base)
+    want = "300" if passed else base.get("REPRIEVE_MEMORY_LOSS_EVERY_SECONDS")
+    assert trainer.get("REPRIEVE_MEMORY_LOSS_EVERY_SECONDS") == want, trainer
+    assert ({**base, **warm}).get("REPRIEVE_MEMORY_LOSS_EVERY_SECONDS") == want, warm

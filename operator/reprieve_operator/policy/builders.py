@@ -304,13 +304,16 @@ def build_identity(job: TrainingJob, pod_names: Iterable[str] | None = None) -> 
 
 def build_assignment(job: TrainingJob, attempt: int, processes: dict[str, int], coordinator: str,
                      memory_peers: dict[int, str | None] | None = None,
-                     memory_peer_nodes: dict[int, str] | None = None, resize: str | None = None) -> dict[str, Any]:
+                     memory_peer_nodes: dict[int, str] | None = None, resize: str | None = None,
+                     loss_every: int | None = None) -> dict[str, Any]:
     """The ConfigMap ``<job>-assignment`` of ``attempt`` (``docs/contract.md``, "In-place restarts"); with
     ``memory_peers`` (the memory tier, ``policy.memorypeers``) its ``memoryPeers``: process index -> the replica
     server holding its copies (a process left out has none: own copies only), and ``memoryPeerNodes``: process
     index -> that server's node, where known. ``numProcesses`` is the processes listed: ``spec.replicas``, fewer
     while an elastic job trains shrunk. ``resize``: ``RESIZE_GROW`` for a grow (key ``resize``: the supervisors
-    stop the running trainers with the resize signal, docs/contract.md "Elastic jobs")."""
+    stop the running trainers with the resize signal, docs/contract.md "Elastic jobs"). ``loss_every``: the job's
+    mean seconds between losses without notice so far (key ``lossEverySeconds``, ``policy.memorypeers.loss_every``:
+    the memory tier spaces its copies for it)."""
     import json
 
     data = {"memoryPeers": json.dumps({str(i): a for i, a in sorted(memory_peers.items()) if a is not None},
@@ -320,6 +323,8 @@ def build_assignment(job: TrainingJob, attempt: int, processes: dict[str, int], 
                                              separators=(",", ":"))
     if resize is not None:
         data[ASSIGNMENT_RESIZE_KEY] = resize
+    if loss_every is not None:
+        data["lossEverySeconds"] = str(loss_every)
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": assignment_name(job), "namespace": job.namespace, "labels": job_labels(job),
                          "ownerReferences": [owner_reference(job)]},

@@ -69,6 +69,7 @@ class Assignment:
     memory_peer_nodes: Mapping[int, str] = field(default_factory=dict)  # memory tier: index -> the holder's node
     resize: str | None = None  # RESIZE_GROW: this attempt grows the gang that trains (its trainers save
     # the agreed step to the memory tier and exit; docs/contract.md, "Elastic jobs")
+    loss_every: int | None = None  # memory tier: the job's mean seconds between losses without notice so far
 
 
 @dataclass(frozen=True)
@@ -377,7 +378,7 @@ def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[st
     holders = [by_name[n] for n in processes] + [p for p in spare_pods if p.ready and p.name not in doomed_spares]
     peers = memorypeers.memory_peers(job, processes, holders, previous.memory_peers if previous else None)
     assign = Assignment(nxt, processes, f"{by_name[coordinator_pod].ip}:{spec.coordinator_port}", peers,
-                        memorypeers.peer_nodes(job, peers, holders))
+                        memorypeers.peer_nodes(job, peers, holders), loss_every=memorypeers.loss_every(job))
     summary = _summary(nxt, extra)
     resized = (shrink.condition,) if shrink is not None else ()
     return RestartPlan(phase="Running", attempt=nxt, delete=tuple(sorted(delete)), new_attempt=True,
@@ -429,7 +430,8 @@ def _elastic_steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[
     holders = [by_name[n] for n in processes] + [p for p in spares if p.ready]
     peers = memorypeers.memory_peers(job, processes, holders, previous.memory_peers)
     assign = Assignment(nxt, processes, f"{by_name[coordinator].ip}:{job.spec.coordinator_port}", peers,
-                        memorypeers.peer_nodes(job, peers, holders), resize=RESIZE_GROW)
+                        memorypeers.peer_nodes(job, peers, holders), resize=RESIZE_GROW,
+                        loss_every=memorypeers.loss_every(job))
     summary = f"attempt {nxt}: {len(workers)} worker(s) restarted in place; {grow.event.message}"
     return RestartPlan(phase="Running", attempt=nxt, delete=plan.delete, new_attempt=True, ready=len(processes),
                        replicas=len(processes), message=summary, exclude_nodes=plan.exclude_nodes,

@@ -15,6 +15,10 @@ pairing in force:
   neighbour scheduled beside it), is named with both nodes in the ``MemoryPaired`` condition; the shell posts an
   Event when that condition changes (``policy.events``). The copies themselves stay correct either way: a
   process whose replica shares its node keeps its own copy, and a loss of that node falls back to storage;
+* **the job's loss rate** (:func:`loss_every`): when the spec gives no interval and no
+  ``lossEverySeconds``, a later assignment carries ``lossEverySeconds``, the job's wall seconds over the losses
+  without notice its status counts (``restarts.disruption``), so the runtime spaces the copies for the rate the
+  job has met (Young/Daly, docs/memory.md) instead of the cost budget;
 * **a tier that switched itself off** (process 0's progress report says ``memoryOff``: the state does not fit the
   memory limit) protects nothing: ``MemoryPaired`` is False with reason ``MemoryTierOff``, the runtime's why and
   what to change, whatever the pairing.
@@ -36,6 +40,22 @@ TIER_OFF = "MemoryTierOff"  # its reason (and the Warning Event's) when the runt
 def enabled(job: TrainingJob) -> bool:
     m = job.spec.checkpoint.memory
     return m is not None and m.enabled
+
+
+def loss_every(job: TrainingJob) -> int | None:
+    """The assignment's ``lossEverySeconds``: the mean wall seconds between the job's losses without notice so far
+    (``status.goodput.wallSeconds`` over ``status.restarts.disruption``, at least 1 s); None without an enabled
+    tier, before the first such loss, or when the spec spaces the copies itself (an interval, or its own
+    ``lossEverySeconds``, which the pods' environment carries)."""
+    m = job.spec.checkpoint.memory
+    if m is None or not m.enabled or m.interval_steps or m.interval_seconds or m.loss_every_seconds:
+        return None
+    st = job.status
+    losses = st.restarts.disruption
+    wall = st.goodput.wall_seconds if st.goodput is not None else 0.0
+    if losses < 1 or wall <= 0:
+        return None
+    return max(1, round(wall / losses))
 
 
 def stable_address(job: TrainingJob, pod: str) -> str:

@@ -41,6 +41,10 @@ MEMORY_PEERS_KEY = "memoryPeers"  # memory tier: assignment key, JSON {"<process
 MEMORY_PEER_ENV = "REPRIEVE_MEMORY_PEER"
 MEMORY_PEER_NODES_KEY = "memoryPeerNodes"  # memory tier: JSON {"<process index>": "<node of its peer>"}
 MEMORY_PEER_NODE_ENV = "REPRIEVE_MEMORY_PEER_NODE"
+# memory tier: the job's mean seconds between losses without notice so far (written only when the spec spaces the
+# copies neither by an interval nor by its own rate: the container's REPRIEVE_MEMORY_LOSS_EVERY_SECONDS then stands)
+LOSS_EVERY_KEY = "lossEverySeconds"
+LOSS_EVERY_ENV = "REPRIEVE_MEMORY_LOSS_EVERY_SECONDS"
 # Elastic jobs (docs/contract.md, "Elastic jobs"): the assignment of a grow says so; a supervisor stops its running
 # trainer with RESIZE_SIGNAL instead of SIGTERM, and the runtime saves the agreed step to the memory tier alone.
 RESIZE_KEY = "resize"
@@ -69,13 +73,16 @@ class Assignment:
     memory_peer: str | None = None
     memory_peer_node: str | None = None  # that server's node, when the assignment says (else the container's)
     resize: str | None = None  # RESIZE_GROW: this attempt grows the gang that trains (None: any other attempt)
+    loss_every: int | None = None  # memory tier: the job's mean seconds between losses without notice so far
 
     @property
     def listed(self) -> bool:
         return self.process_id is not None
 
-    def env(self) -> dict[str, str]:
-        """The ``REPRIEVE_*`` variables this assignment sets in the trainer's environment."""
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The ``REPRIEVE_*`` variables this assignment sets in the trainer's environment. The job's loss rate is
+        left out when ``base`` (the container's environment) spaces the memory copies itself
+        (:func:`spaces_copies`): the runtime would refuse a rate beside an interval."""
         assert self.process_id is not None, "an unlisted pod runs no trainer"
         out = {"REPRIEVE_ATTEMPT": str(self.attempt), "REPRIEVE_PROCESS_ID": str(self.process_id),
                "REPRIEVE_NUM_PROCESSES": str(self.num_processes)}
@@ -85,6 +92,8 @@ class Assignment:
             out[MEMORY_PEER_ENV] = self.memory_peer
         if self.memory_peer_node is not None:
             out[MEMORY_PEER_NODE_ENV] = self.memory_peer_node
+        if self.loss_every is not None and not (base is not None and spaces_copies(base)):
+            out[LOSS_EVERY_ENV] = str(self.loss_every)
         return out
 
     def line(self) -> str:
@@ -95,6 +104,8 @@ class Assignment:
             fields["memoryPeer"] = self.memory_peer
         if self.memory_peer_node is not None:
             fields["memoryPeerNode"] = self.memory_peer_node
+        if self.loss_every is not None:
+            fields[LOSS_EVERY_KEY] = self.loss_every
         return json.dumps(fields, sort_keys=True)
 
     def describe(self) -> str:
@@ -164,7 +175,28 @@ def parse_assignment(data: Mapping[str, Any], pod: str, *, configmap: str) -> As
                                   f"got {index}")
     return Assignment(attempt, index, count, coordinator, source=f"ConfigMap {configmap}",
                       memory_peer=_memory_peer(data, index, configmap),
-                      memory_peer_node=_memory_peer_node(data, index, configmap), resize=_resize(data, configmap))
+                      memory_peer_node=_memory_peer_node(data, index, configmap), resize=_resize(data, configmap),
+                      loss_every=_loss_every(data.get(LOSS_EVERY_KEY), f"ConfigMap {configmap}: {LOSS_EVERY_KEY}"))
+
+
+def spaces_copies(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` spaces the memory copies itself: a non-zero ``REPRIEVE_MEMORY_INTERVAL_STEPS`` or
+    ``_SECONDS`` (the operator sets both to 0 when the spec gives none), or its own loss rate (pure)."""
+    for name in (LOSS_EVERY_ENV, "REPRIEVE_MEMORY_INTERVAL_STEPS", "REPRIEVE_MEMORY_INTERVAL_SECONDS"):
+        raw = env.get(name)
+        if raw is None or not raw.strip():
+            continue
+        try:
+            if float(raw) != 0:
+                return True
+        except ValueError:
+            return True  # malformed: the runtime refuses it, naming it; no rate is added beside it
+    return False
+
+
+def _loss_every(raw: Any, what: str) -> int | None:
+    """``lossEverySeconds``: an integer >= 1, or absent."""
+    return None if raw is None else _int(raw, what, minimum=1)
 
 
 def _resize(data: Mapping[str, Any], configmap: str) -> str | None:
@@ -200,9 +232,10 @@ def _json_object(raw: Any, what: str, of: str) -> dict[str, Any]:
     return json_object(raw, what, AssignmentError, f"a JSON object of {of}")
 
 
-def parse_assignment_line(text: str) -> dict[str, str]:
-    """The line a warm process reads -> the environment updates (the runtime's side of :meth:`Assignment.line`).
-    Raises :class:`AssignmentError` naming the field."""
+def parse_assignment_line(text: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The line a warm process reads -> the environment updates (the runtime's side of :meth:`Assignment.line`)
+    over ``base``, the process's own environment (:meth:`Assignment.env`). Raises :class:`AssignmentError` naming
+    the field."""
     raw = json_object(text, f"{WARM_FD_ENV}: the assignment line", AssignmentError)
     attempt = _int(raw.get("attempt"), f"{WARM_FD_ENV} assignment: attempt", minimum=1)
     count = _int(raw.get("numProcesses"), f"{WARM_FD_ENV} assignment: numProcesses", minimum=1)
@@ -217,7 +250,9 @@ def parse_assignment_line(text: str) -> dict[str, str]:
         _coordinator(peer, f"{WARM_FD_ENV} assignment: memoryPeer")
     node = raw.get("memoryPeerNode")
     return Assignment(attempt, index, count, coordinator, memory_peer=peer,
-                      memory_peer_node=None if node is None else str(node)).env()
+                      memory_peer_node=None if node is None else str(node),
+                      loss_every=_loss_every(raw.get(LOSS_EVERY_KEY),
+                                             f"{WARM_FD_ENV} assignment: {LOSS_EVERY_KEY}")).env(base)
 
 
 def contract_problem(value: str | None, *, where: str) -> str | None:
@@ -232,7 +267,7 @@ def trainer_env(base: Mapping[str, str], assignment: Assignment, *, local: bool 
     """The trainer's environment: the container's, with the assignment's variables and ``REPRIEVE_SUPERVISED``
     (:data:`SUPERVISED_LOCAL` for ``local``, the trainer of ``reprieve run``)."""
     env = {k: v for k, v in base.items() if k not in ASSIGNMENT_ENV and k not in (WARM_FD_ENV, EVENTS_FD_ENV)}
-    env.update(assignment.env())
+    env.update(assignment.env(base))
     env[SUPERVISED_ENV] = SUPERVISED_LOCAL if local else "1"
     return env
 

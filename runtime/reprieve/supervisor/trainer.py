@@ -122,7 +122,7 @@ class SupervisorLink:
             log.info("pre-warmed process %d: the supervisor closed the link; exiting", os.getpid())
             raise SystemExit(0)
         try:
-            updates = parse_assignment_line(line.decode("utf-8", "replace"))
+            updates = parse_assignment_line(line.decode("utf-8", "replace"), os.environ)
         except AssignmentError as err:
             self.send("error", message=str(err))
             raise RuntimeError(f"reprieve.init(): {err}") from None
