@@ -142,6 +142,20 @@ def test_a_deleted_worker_is_a_disruption_and_is_replaced() -> None:
     assert extra.create_workers == (1,) and plan.phase == "Restarting"
 
 
+def test_a_worker_lost_without_notice_counts_in_the_loss_rate_its_next_attempt_gets() -> None:
+    """The memory tier's ``lossEverySeconds`` for the attempt a spare takes over: the wall seconds over the losses
+    without notice, this one included (status counts it only once the restart is recorded)."""
+    from dataclasses import replace
+
+    deleted = PodView("llama-1", "worker", 1, 1, phase="Running", deleting=True, ip="10.0.0.3", node="n1")
+    memory = {"uri": "/ckpt", "memory": {"sizeLimit": "1Gi"}}
+    status = {**RUN, "restarts": {"disruption": 1}, "goodput": {"wallSeconds": 600}}
+    _, extra = decide_inplace(job(status, spares=1, checkpoint=memory), [W0, deleted, replace(SPARE, phase="Running")],
+                              ASSIGNED, (), NOW)
+    assert extra.record is not None and extra.record.cause == "disruption"
+    assert extra.assign is not None and extra.assign.attempt == 2 and extra.assign.loss_every == 300, extra.assign
+
+
 def test_a_hung_straggler_does_not_stall_the_gang() -> None:
     waiting = decide_inplace(job(RUN), [exited(W0, 42, ago=10), W1], ASSIGNED, (), NOW)
     assert waiting[0].cause is None and waiting[1].record is None  # within the 30 s grace: wait

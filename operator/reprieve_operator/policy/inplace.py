@@ -177,8 +177,11 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
     record = gang_restart(job, attempt, verdict, now, stragglers=alive, teardown=())
     if record.phase == "Failed":
         return record, InPlace()
+    counts = st.restarts  # with this restart's cause, as status will count it (the memory tier's loss rate)
+    if record.cause:
+        counts = counts.model_copy(update={record.cause: getattr(counts, record.cause) + 1})
     restarting = job.model_copy(update={"status": st.model_copy(update={
-        "restarting_from": attempt, "next_attempt_time": _rfc(record.next_attempt_time)})})
+        "restarting_from": attempt, "next_attempt_time": _rfc(record.next_attempt_time), "restarts": counts})})
     plan, extra = _next_attempt(restarting, pods, workers, attempt, avoid, doomed_nodes, now, assignment,
                                 stuck or {})
     return plan, replace(extra, record=record)
