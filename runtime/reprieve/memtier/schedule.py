@@ -12,7 +12,9 @@ is of no use to a restore).
   :data:`STEP_WINDOW` steps) and of what a memory save costs the loop (the mean of the newest
   :data:`COST_WINDOW` saves, each observed as the steps' excess while its copy ran: :class:`Measurements`),
   picks the interval (:func:`plan`: ``REPRIEVE_MEMORY_INTERVAL_SECONDS`` worth of steps, or, with none given,
-  the fewest steps that keep the cost at :data:`AIM` of the budget; at most half the storage interval; the first
+  Daly's optimum for ``REPRIEVE_MEMORY_LOSS_EVERY_SECONDS`` (:func:`daly_seconds`: the job's mean time between
+  losses without notice, from the spec or the rate the operator saw), or else the fewest steps that keep the cost
+  at :data:`AIM` of the budget; at most half the storage interval; the first
   one, measured in the warm-up, at most every :data:`PROBE_EVERY` steps) and publishes
   ``{"every": N, "from": S, "version": V, "anchor": A}`` in the coordination KV under a key per version (``A``:
   the save a re-plan counts from). ``S`` lies a few steps (and at least :data:`LEAD_SECONDS`) ahead of process
