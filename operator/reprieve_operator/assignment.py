@@ -66,7 +66,8 @@ def parse_assignment(raw: dict[str, Any] | None) -> Assignment | None:
         nodes = json.loads(data.get("memoryPeerNodes") or "{}")
         return Assignment(int(data["attempt"]), {str(k): int(v) for k, v in json.loads(data["processes"]).items()},
                           str(data.get("coordinator") or ""), {int(k): str(v) for k, v in peers.items()},
-                          {int(k): str(v) for k, v in nodes.items()}, data.get(ASSIGNMENT_RESIZE_KEY))
+                          {int(k): str(v) for k, v in nodes.items()}, data.get(ASSIGNMENT_RESIZE_KEY),
+                          int(data["lossEverySeconds"]) if data.get("lossEverySeconds") else None)
     except (KeyError, ValueError, TypeError, AttributeError):
         log.warning("ConfigMap %s/%s is not an assignment (ignored)", (raw.get("metadata") or {}).get("namespace"),
                     (raw.get("metadata") or {}).get("name"))

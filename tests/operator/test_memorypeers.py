@@ -225,6 +225,7 @@ def test_a_restart_after_losses_without_notice_passes_their_rate_to_the_next_att
     """The assignment decide writes carries the rate (wall seconds over restarts.disruption), through the ConfigMap
     and reprieve-supervisor's parser to the trainer's environment and the warm process's line."""
     from reprieve.supervisor import contract
+    from reprieve_operator.assignment import parse_assignment
     from reprieve_operator.policy.builders import build_assignment
 
     code = {"reprieve.dev/exit": '{"attempt": 1, "code": 42, "time": "2026-11-24T05:59:59Z"}'}
@@ -241,3 +242,5 @@ def test_a_restart_after_losses_without_notice_passes_their_rate_to_the_next_att
         env = a.env()
         assert env.get("REPRIEVE_MEMORY_LOSS_EVERY_SECONDS") == (None if want is None else str(want)), env
         assert contract.parse_assignment_line(a.line()) == env
+        back = parse_assignment(cm)  # what a restarted operator reads back
+        assert back is not None and back.loss_every == want, back
