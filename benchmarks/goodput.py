@@ -545,8 +545,8 @@ def main() -> int:
     parser.add_argument("--loss-every", type=int, default=0,
                         help="spec.checkpoint.memory.lossEverySeconds of the +memory variants: the mean seconds of "
                              "training between losses without notice, which spaces the memory copies by Young/Daly "
-                             "instead of the 1 %% budget (the seeded schedule's own rate: the run's training seconds "
-                             "over --hard-kills); 0: not given")
+                             "where that is closer than the 1 %% budget's (the seeded schedule's own rate: the run's "
+                             "training seconds over --hard-kills); 0: not given")
     parser.add_argument("--keep-data", action="store_true",
                         help="keep the checkpoints and the nodes' memory-tier volumes after the run (by default "
                              "only the logs, the step logs and the results stay)")

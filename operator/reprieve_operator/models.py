@@ -101,7 +101,7 @@ class MemorySpec(_Model):
                     "seconds of training between such losses anywhere in the job (one node's mean time between "
                     "failures divided by the job's nodes). With no interval given, memory saves are then spaced "
                     "for the fewest seconds lost to saves and losses together (Young/Daly: about the square root "
-                    "of 2 x a save's cost x this) instead of the 1 % budget. 0: not known (from the job's first "
+                    "of 2 x a save's cost x this) where that is closer than the 1 % budget's. 0: not known (from the job's first "
                     "loss without notice on, the operator then passes the rate the job has met).")
 
     @field_validator("size_limit")

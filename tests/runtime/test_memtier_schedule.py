@@ -78,8 +78,8 @@ PLAN = [
      (20, 20, None)),
     ("a loss rate, capped", {"cost_s": 0.2, "step_s": 0.55, "loss_every_s": 300.0, "storage_steps": 30},
      (15, 20, 15)),
-    # a rare loss spaces copies more sparsely than the budget would: about sqrt(2 x 0.2 x 1e6) = 632 s
-    ("a rare loss", {"cost_s": 0.2, "step_s": 0.55, "loss_every_s": 1e6}, (1150, 1150, None)),
+    # a rare loss never spaces them wider than the budget: Daly's 632 s (1150 steps) against the budget's 52 steps
+    ("a rare loss: the budget's", {"cost_s": 0.2, "step_s": 0.55, "loss_every_s": 1e6}, (52, 52, None)),
     ("an interval given: the loss rate is not asked", {"cost_s": 0.2, "step_s": 0.5, "interval_s": 5.0,
                                                        "loss_every_s": 300.0}, (10, 10, None)),
 ]
@@ -106,6 +106,8 @@ def test_plan(kw: dict[str, float], want: tuple[int, int, int | None]) -> None:
     choice = schedule.plan(**kw)  # type: ignore[arg-type]
     assert (choice.every, choice.wanted, choice.cap) == want
     assert choice.capped == (want[0] < want[1])
+    budget = schedule.plan(**{k: v for k, v in kw.items() if k != "loss_every_s"})  # type: ignore[arg-type]
+    assert choice.by_loss == (choice.wanted < budget.wanted), "by_loss: the loss rate's interval was the closer one"
 
 
 def test_share_is_the_cost_per_interval() -> None:
@@ -314,16 +316,23 @@ def test_the_startup_line_says_the_interval_or_how_the_first_copies_are_spaced()
     assert "REPRIEVE_MEMORY_LOSS_EVERY_SECONDS (how often the job loses a machine" in schedule.startup_line(AUTO, 0)
     assert schedule.startup_line(MemoryConfig("/m", loss_every_seconds=1800), 0).startswith(
         "memory copies spaced for a loss without notice every 1800 s of training (REPRIEVE_MEMORY_LOSS_EVERY_SECONDS; "
-        "Young/Daly: about sqrt(2 x a copy's cost x that)): the first after step 4")
+        "Young/Daly: about sqrt(2 x a copy's cost x that), where that is closer than the 1% cost budget's spacing): "
+        "the first after step 4")
 
 
 def test_the_interval_line_of_a_loss_rate_says_what_copies_and_losses_cost_together() -> None:
     cfg = MemoryConfig("/m", loss_every_seconds=300)
     choice = schedule.plan(cost_s=0.2, step_s=0.55, loss_every_s=300.0)
+    assert choice.by_loss
     line = schedule.interval_line(schedule.Schedule(choice.every, 40, 2), choice, cost_s=0.2, step_s=0.55, cfg=cfg)
     # copies: 0.2 / (20 x 0.55) = 1.8 %; losses about 11 s / 2 / 300 s = 1.8 % (Daly's model: 3.7 % together)
     assert ("Young/Daly for a loss without notice every 300 s (REPRIEVE_MEMORY_LOSS_EVERY_SECONDS): copies and losses "
             "together cost ~3.7% of the training time, copies alone 1.8%. A kill -9 loses up to ~20 steps") in line
+    rare = MemoryConfig("/m", loss_every_seconds=10**6)
+    choice = schedule.plan(cost_s=0.2, step_s=0.55, loss_every_s=1e6)
+    line = schedule.interval_line(schedule.Schedule(choice.every, 40, 2), choice, cost_s=0.2, step_s=0.55, cfg=rare)
+    assert ("the budget is 1% of the step time (aiming at 0.70%), closer than Young/Daly for a loss without notice "
+            "every 1000000 s (REPRIEVE_MEMORY_LOSS_EVERY_SECONDS) would space them") in line, line
 
 
 def test_the_interval_line_gives_steps_seconds_the_reason_and_the_loss() -> None:

@@ -18,7 +18,7 @@ pairing in force:
 * **the job's loss rate** (:func:`loss_every`): when the spec gives no interval and no
   ``lossEverySeconds``, a later assignment carries ``lossEverySeconds``, the job's wall seconds over the losses
   without notice its status counts (``restarts.disruption``), so the runtime spaces the copies for the rate the
-  job has met (Young/Daly, docs/memory.md) instead of the cost budget;
+  job has met (Young/Daly, docs/memory.md) where that is closer than the cost budget's;
 * **a tier that switched itself off** (process 0's progress report says ``memoryOff``: the state does not fit the
   memory limit) protects nothing: ``MemoryPaired`` is False with reason ``MemoryTierOff``, the runtime's why and
   what to change, whatever the pairing.

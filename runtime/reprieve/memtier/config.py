@@ -19,7 +19,8 @@ LIMIT_ENV = "REPRIEVE_MEMORY_LIMIT_BYTES"
 INTERVAL_STEPS_ENV = "REPRIEVE_MEMORY_INTERVAL_STEPS"
 INTERVAL_SECONDS_ENV = "REPRIEVE_MEMORY_INTERVAL_SECONDS"
 # the mean seconds of training between losses without notice anywhere in the job (a machine, a pod, a partition):
-# with no interval given, copies are spaced by Young/Daly's optimum for it instead of the cost budget
+# with no interval given, copies are spaced by Young/Daly's optimum for it where that is closer than the cost
+# budget's
 LOSS_EVERY_ENV = "REPRIEVE_MEMORY_LOSS_EVERY_SECONDS"
 PORT_ENV = "REPRIEVE_MEMORY_PORT"
 PEER_ENV = "REPRIEVE_MEMORY_PEER"
@@ -46,7 +47,8 @@ class MemoryConfig:
         interval_steps: save after every N-th step; 0: scheduled by time (``interval_seconds``) or by the budget.
         interval_seconds: save about every N seconds of training; 0 with ``interval_steps`` 0: auto (budget).
         loss_every_seconds: the mean seconds of training between losses without notice in the job; with auto, saves
-            are spaced by Young/Daly's optimum for it (``sqrt(2 x a copy's cost x it)``) instead of the budget.
+            are spaced by Young/Daly's optimum for it (``sqrt(2 x a copy's cost x it)``) where that is closer than
+            the budget's.
         port: the replica server's port (reprieve-supervisor, or the trainer itself outside reprieve-supervisor); 0: any free
             port (the restore round advertises it, but no peer can be pointed at it in advance).
         peer: ``host:port`` of the replica server that holds this process's copies; None: own copies only.

@@ -12,9 +12,9 @@ is of no use to a restore).
   :data:`STEP_WINDOW` steps) and of what a memory save costs the loop (the mean of the newest
   :data:`COST_WINDOW` saves, each observed as the steps' excess while its copy ran: :class:`Measurements`),
   picks the interval (:func:`plan`: ``REPRIEVE_MEMORY_INTERVAL_SECONDS`` worth of steps, or, with none given,
-  Daly's optimum for ``REPRIEVE_MEMORY_LOSS_EVERY_SECONDS`` (:func:`daly_seconds`: the job's mean time between
-  losses without notice, from the spec or the rate the operator saw), or else the fewest steps that keep the cost
-  at :data:`AIM` of the budget; at most half the storage interval; the first
+  the fewest steps that keep the cost at :data:`AIM` of the budget, or Daly's optimum for
+  ``REPRIEVE_MEMORY_LOSS_EVERY_SECONDS`` (:func:`daly_seconds`: the job's mean time between losses without notice,
+  from the spec or the rate the operator saw) when that is closer; at most half the storage interval; the first
   one, measured in the warm-up, at most every :data:`PROBE_EVERY` steps) and publishes
   ``{"every": N, "from": S, "version": V, "anchor": A}`` in the coordination KV under a key per version (``A``:
   the save a re-plan counts from). ``S`` lies a few steps (and at least :data:`LEAD_SECONDS`) ahead of process
@@ -155,11 +155,13 @@ def storage_cap(*, storage_steps: int, storage_seconds: float, step_s: float) ->
 
 @dataclass(frozen=True)
 class Choice:
-    """An interval (``every``), what the interval or budget alone asked for (``wanted``) and the storage cap."""
+    """An interval (``every``), what the interval, the budget or the loss rate alone asked for (``wanted``), the
+    storage cap, and whether the loss rate's interval was the closer one (``by_loss``)."""
 
     every: int
     wanted: int
     cap: int | None
+    by_loss: bool = False
 
     @property
     def capped(self) -> bool:
@@ -168,15 +170,17 @@ class Choice:
 
 def plan(*, cost_s: float, step_s: float, interval_s: float = 0.0, budget: float = 0.01, storage_steps: int = 0,
          storage_seconds: float = 0.0, loss_every_s: float = 0.0) -> Choice:
-    """The interval to publish (pure): ``interval_s`` worth of steps when given; else, with a loss rate
-    (``loss_every_s``: the mean seconds between losses without notice), :func:`daly_seconds` worth; else
-    :func:`choose_every` at :data:`AIM` of the budget. Capped by :func:`storage_cap`."""
+    """The interval to publish (pure): ``interval_s`` worth of steps when given; else :func:`choose_every` at
+    :data:`AIM` of the budget or, with a loss rate (``loss_every_s``: the mean seconds between losses without
+    notice), :func:`daly_seconds` worth when that is closer: losses that come often enough pay for copies beyond
+    the budget, rare ones never space the copies wider than it. Capped by :func:`storage_cap`."""
+    wanted = choose_every(cost_s=cost_s, step_s=step_s, interval_s=interval_s, budget=budget * AIM)
+    by_loss = False
     if interval_s <= 0 and loss_every_s > 0:
-        wanted = choose_every(cost_s=cost_s, step_s=step_s, interval_s=daly_seconds(cost_s, loss_every_s))
-    else:
-        wanted = choose_every(cost_s=cost_s, step_s=step_s, interval_s=interval_s, budget=budget * AIM)
+        daly = choose_every(cost_s=cost_s, step_s=step_s, interval_s=daly_seconds(cost_s, loss_every_s))
+        wanted, by_loss = min(wanted, daly), daly < wanted
     cap = storage_cap(storage_steps=storage_steps, storage_seconds=storage_seconds, step_s=step_s)
-    return Choice(wanted if cap is None else min(wanted, cap), wanted, cap)
+    return Choice(wanted if cap is None else min(wanted, cap), wanted, cap, by_loss)
 
 
 def share(cost_s: float, step_s: float, every: int) -> float:
@@ -329,9 +333,10 @@ def startup_line(cfg: MemoryConfig, loop_start: int) -> str:
                 "interval in steps is logged when it is set")
     if cfg.loss_every_seconds:
         return (f"memory copies spaced for a loss without notice every {_seconds(cfg.loss_every_seconds)} of "
-                f"training ({LOSS_EVERY_ENV}; Young/Daly: about sqrt(2 x a copy's cost x that)): the first after "
-                f"step {first}, then at most every {PROBE_EVERY} steps until the steps and a copy are timed; the "
-                "interval is logged when it is set")
+                f"training ({LOSS_EVERY_ENV}; Young/Daly: about sqrt(2 x a copy's cost x that), where that is "
+                f"closer than the {cfg.budget:.0%} cost budget's spacing): the first after step {first}, then at "
+                f"most every {PROBE_EVERY} steps until the steps and a copy are timed; the interval is logged when "
+                "it is set")
     return (f"memory copies spaced to cost at most {cfg.budget:.0%} of the step time (no {INTERVAL_STEPS_ENV} or "
             f"{INTERVAL_SECONDS_ENV}): the first after step {first}, then at most every {PROBE_EVERY} steps until "
             f"the steps and a copy are timed; the interval is logged when it is set. {LOSS_EVERY_ENV} (how often "
@@ -345,13 +350,16 @@ def interval_line(plan: Schedule, choice: Choice, *, cost_s: float, step_s: floa
     ``kill -9`` can cost under it."""
     if cfg.interval_seconds:
         why = f"{INTERVAL_SECONDS_ENV}={cfg.interval_seconds:g}"
-    elif cfg.loss_every_seconds:
+    elif choice.by_loss:
         m = cfg.loss_every_seconds
         why = (f"Young/Daly for a loss without notice every {_seconds(m)} ({LOSS_EVERY_ENV}): copies and losses "
                f"together cost ~{expected_share(cost_s, choice.every * step_s, m):.1%} of the training time, copies "
                f"alone {share(cost_s, step_s, choice.every):.1%}")
     else:
         why = f"the budget is {cfg.budget:.0%} of the step time (aiming at {AIM * cfg.budget:.2%})"
+        if cfg.loss_every_seconds:
+            why += (f", closer than Young/Daly for a loss without notice every {_seconds(cfg.loss_every_seconds)} "
+                    f"({LOSS_EVERY_ENV}) would space them")
     if choice.capped:
         why += (f"; capped at half the storage tier's periodic interval ({storage_text(*storage)}), which alone "
                 f"would space them every {choice.wanted} steps")

@@ -160,7 +160,8 @@ class MemoryTier:
         if self.cfg.interval_seconds:
             return f"about every {self.cfg.interval_seconds:g} s"
         if self.cfg.loss_every_seconds:
-            return f"spaced for a loss without notice every {self.cfg.loss_every_seconds:g} s (Young/Daly)"
+            return (f"spaced to cost at most {self.cfg.budget:.0%} of the training time or, closer, for a loss without "
+                    f"notice every {self.cfg.loss_every_seconds:g} s (Young/Daly)")
         return f"spaced to cost at most {self.cfg.budget:.0%} of the training time"
 
     # -- when -----------------------------------------------------------------------------------------------------
@@ -363,7 +364,7 @@ class MemoryTier:
         choice = schedule.plan(cost_s=cost, step_s=step_s, interval_s=self.cfg.interval_seconds,
                                budget=self.cfg.budget, storage_steps=self._storage[0],
                                storage_seconds=self._storage[1], loss_every_s=self.cfg.loss_every_seconds)
-        budgeted = self.cfg.auto and not self.cfg.loss_every_seconds  # the loss rate's interval has no cost cap
+        budgeted = self.cfg.auto and not choice.by_loss  # the loss rate's closer interval costs what it must
         newest = self._published
         if newest is not None:
             current, _ = schedule.in_force(self._plans, step)
