@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import sys
@@ -113,14 +114,19 @@ def init(
         # A pre-warmed process (reprieve-supervisor): imports are done (and what init() and the restore would import
         # after the assignment, prewarm.prepare); the assignment says who this process is.
         landing_ahead = prewarm.prepare(environ)
+        prewarm.settle_heap(first=True)
         # asked again while it waits: a spare started before the job's first checkpoint
         waiting = [w for w in (ahead, landing_ahead) if w is not None and not w.done]
 
         def idle() -> None:
+            before = sum(w.done for w in waiting)
             for w in waiting:
                 w.attempt()
+            if sum(w.done for w in waiting) > before:  # its trace or its landing memory made: settled too
+                prewarm.settle_heap(first=False)
 
         updates = link.await_assignment(idle=idle if waiting else None, idle_seconds=TraceAhead.POLL_SECONDS)
+        gc.freeze()  # what was made while it waited (the assignment's parse): no collection, nothing walked
         if env is None:
             os.environ.update(updates)  # user code after init() and child processes see the new attempt
         else:

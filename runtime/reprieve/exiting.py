@@ -52,6 +52,7 @@ def open_files(objects: list[object]) -> list[object]:
 
 def _flush_open_files() -> None:
     """Flush what the interpreter's teardown would have flushed: every open file object still alive."""
+    gc.unfreeze()  # a warm process froze its heap (reprieve.prewarm.settle_heap): get_objects() skips frozen objects
     for obj in open_files(gc.get_objects()):
         try:
             if not obj.closed and obj.writable():  # type: ignore[attr-defined]

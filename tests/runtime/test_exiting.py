@@ -31,7 +31,10 @@ SCRIPT = textwrap.dedent("""
     BOTH = open(out + "/unclosed-random", "w+b")  # BufferedRandom
     BOTH.write(b"random")
     atexit.register(lambda: open(out + "/atexit", "w").write("ran"))
-    exit_fn = {"fast": exit_process, "sys": sys.exit}[sys.argv[2]]
+    if sys.argv[2].endswith("-frozen"):  # a warm process froze its heap, these files in it (prewarm.settle_heap)
+        import gc
+        gc.freeze()
+    exit_fn = {"fast": exit_process, "fast-frozen": exit_process, "sys": sys.exit}[sys.argv[2]]
     try:
         exit_fn(42)
     finally:
@@ -48,7 +51,7 @@ def _run(tmp_path: Path, how: str) -> int:
     return done.returncode
 
 
-@pytest.mark.parametrize("how", ["fast", "sys"])
+@pytest.mark.parametrize("how", ["fast", "fast-frozen", "sys"])
 def test_the_decided_code_and_the_users_cleanup_survive_either_exit(tmp_path: Path, how: str) -> None:
     assert _run(tmp_path, how) == 42
     assert (tmp_path / "finally").read_text() == "ran"  # SystemExit unwound the caller's code

@@ -177,11 +177,13 @@ WARM_TRAINER = """
         send = link_mod.SupervisorLink.send
         def spy(self, event, **fields):
             if event == "ready":
+                import gc
                 from jax._src import xla_bridge
                 with open(os.environ["PARKED_STATE"], "w") as f:
                     json.dump({"modules": sorted(m for m in sys.modules if m.startswith("reprieve")),
                                "plugins": xla_bridge._plugins_registered,
-                               "backends": xla_bridge.backends_are_initialized()}, f)
+                               "backends": xla_bridge.backends_are_initialized(),
+                               "frozen": gc.get_freeze_count(), "walked": len(gc.get_objects())}, f)
             return send(self, event, **fields)
         link_mod.SupervisorLink.send = spy
     def ahead(topology):  # what a step would be traced for, and whether a device was touched to know it
@@ -229,7 +231,8 @@ def test_warm_process_waits_in_init_then_runs_the_assignment(tmp_path: Path) -> 
                     "REPRIEVE_SUPERVISOR_FD": None, "attempt": 5}
 
 
-def test_a_warm_process_parks_with_the_lazy_imports_done_and_jax_plugins_found_then_still_joins(tmp_path: Path) -> None:
+def test_a_warm_process_parks_with_the_lazy_imports_done_jax_plugins_found_and_its_heap_frozen_then_still_joins(
+        tmp_path: Path) -> None:
     from reprieve import prewarm
 
     parked = tmp_path / "parked.json"
@@ -242,6 +245,9 @@ def test_a_warm_process_parks_with_the_lazy_imports_done_and_jax_plugins_found_t
     assert not set(prewarm.MEMORY_TIER_MODULES) & set(state["modules"])
     # JAX's plugin discovery is done, and no backend exists: the process can still join a gang
     assert (state["plugins"], state["backends"]) == (True, False)
+    # the heap of its imports is out of the collector's passes: the attempt's first full collection walks only what
+    # the attempt makes (without the freeze, every one of JAX's ~100,000 objects is walked, and none is frozen)
+    assert state["frozen"] > 50_000 and state["walked"] < state["frozen"] // 20, state
     sock.sendall(ASSIGN_ALONE)
     assert json.loads(lines.readline()) == {"event": "init", "attempt": 5, "processId": 0}
     _, err = proc.communicate(timeout=60)
