@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import gc
 import logging
 import os
 import sys
@@ -11,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from . import console, prewarm
+from . import console, exiting, prewarm
 from .agreement import Agreement, Target
 from .capabilities import Checkpointer
 from .config import ConfigError, RuntimeConfig
@@ -126,7 +125,7 @@ def init(
                 prewarm.settle_heap(first=False)
 
         updates = link.await_assignment(idle=idle if waiting else None, idle_seconds=TraceAhead.POLL_SECONDS)
-        gc.freeze()  # what was made while it waited (the assignment's parse): no collection, nothing walked
+        exiting.freeze()  # what was made while it waited (the assignment's parse): no collection
         if env is None:
             os.environ.update(updates)  # user code after init() and child processes see the new attempt
         else:

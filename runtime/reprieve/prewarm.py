@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import Mapping
 
-from . import landing
+from . import exiting, landing
 from .env import Env
 from .memtier.config import DIR_ENV
 from .supervisor.contract import LANDING_BYTES_ENV, OWNED_BYTES_ENV
@@ -121,10 +121,10 @@ def settle_heap(*, first: bool) -> None:
 
     Objects frozen are still freed when their last reference goes; only a cycle among them is never collected (the
     imports, the model's structure and the traces: they live as long as the process). Files among them are still
-    flushed at exit (:mod:`reprieve.exiting` unfreezes before it looks)."""
+    flushed at exit (:func:`reprieve.exiting.freeze` remembers them)."""
     t = time.perf_counter()
     collected = gc.collect()
-    gc.freeze()
+    exiting.freeze()
     (log.info if first else log.debug)(
         "pre-warm: %d objects frozen out of the garbage collector's passes in %.2fs (%d collected): the attempt's "
         "first full collection walks only what it makes", gc.get_freeze_count(), time.perf_counter() - t, collected)

@@ -31,10 +31,14 @@ SCRIPT = textwrap.dedent("""
     BOTH = open(out + "/unclosed-random", "w+b")  # BufferedRandom
     BOTH.write(b"random")
     atexit.register(lambda: open(out + "/atexit", "w").write("ran"))
-    if sys.argv[2].endswith("-frozen"):  # a warm process froze its heap, these files in it (prewarm.settle_heap)
+    if sys.argv[2] == "fast-settled":  # a warm process froze its heap, these files in it (prewarm.settle_heap)
+        from reprieve.exiting import freeze
+        freeze()
+    if sys.argv[2] == "fast-frozen":  # the program's own gc.freeze(): reprieve does not know what it froze
         import gc
         gc.freeze()
-    exit_fn = {"fast": exit_process, "fast-frozen": exit_process, "sys": sys.exit}[sys.argv[2]]
+    exit_fn = {"fast": exit_process, "fast-settled": exit_process, "fast-frozen": exit_process,
+               "sys": sys.exit}[sys.argv[2]]
     try:
         exit_fn(42)
     finally:
@@ -51,7 +55,7 @@ def _run(tmp_path: Path, how: str) -> int:
     return done.returncode
 
 
-@pytest.mark.parametrize("how", ["fast", "fast-frozen", "sys"])
+@pytest.mark.parametrize("how", ["fast", "fast-settled", "fast-frozen", "sys"])
 def test_the_decided_code_and_the_users_cleanup_survive_either_exit(tmp_path: Path, how: str) -> None:
     assert _run(tmp_path, how) == 42
     assert (tmp_path / "finally").read_text() == "ran"  # SystemExit unwound the caller's code
@@ -77,3 +81,27 @@ def test_exit_process_skips_the_interpreters_teardown_and_sys_exit_does_not(tmp_
     assert _run(tmp_path / "sys", "sys") == 42
     assert not (tmp_path / "fast" / "teardown").exists()  # the costly part (JAX's backend, every module) skipped
     assert (tmp_path / "sys" / "teardown").read_text() == "ran"  # the control: a normal exit tears down
+
+
+def test_the_exit_finds_the_files_reprieve_froze_without_walking_the_frozen_heap(tmp_path: Path) -> None:
+    import gc
+
+    from reprieve import exiting
+
+    before = open(tmp_path / "before", "w")  # noqa: SIM115 - frozen while open, as a warm process's log would be
+    try:
+        exiting.freeze()
+        frozen = gc.get_freeze_count()
+        after = open(tmp_path / "after", "w")  # noqa: SIM115 - made after the freeze: walked as any young object
+        found = exiting._files_to_flush()
+        assert any(f is before for f in found) and any(f is after for f in found)
+        assert gc.get_freeze_count() == frozen  # nothing unfrozen, so the frozen heap was not walked
+        after.close()
+        gc.freeze()  # the program's own freeze, after reprieve's: what it froze is unknown, so all is walked
+        assert any(f is before for f in exiting._files_to_flush())
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+        exiting._frozen_files.clear()
+        exiting._frozen_count.clear()
+        before.close()

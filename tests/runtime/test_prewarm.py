@@ -7,7 +7,7 @@ import importlib.util
 import weakref
 
 import pytest
-from reprieve import prewarm
+from reprieve import exiting, prewarm
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -48,4 +48,6 @@ def test_settling_the_heap_collects_the_cycles_then_freezes_what_is_left() -> No
         assert any(o is made_after for o in gc.get_objects())
     finally:
         gc.unfreeze()  # this test process's heap back as it was
+        exiting._frozen_files.clear()
+        exiting._frozen_count.clear()
     assert any(o is kept for o in gc.get_objects())
