@@ -32,10 +32,10 @@ import weakref
 from typing import NoReturn
 
 _armed: list[int] = []  # the code to end with, once exit_process() ran
-# The file objects among those :func:`freeze` froze (gc.get_objects() does not return frozen objects), and how many
-# objects were frozen after its last call: another count means someone else froze or unfroze since.
+# The file objects among those :func:`freeze` froze (gc.get_objects() does not return frozen objects); [True] once
+# it froze (gc.get_freeze_count() walks the whole frozen heap, so the exit does not ask it after a freeze of ours).
 _frozen_files: list[weakref.ref[object]] = []
-_frozen_count: list[int] = []
+_frozen: list[bool] = []
 
 # Exact types, not isinstance over every object: the scan runs over the whole heap on the restart path. A raw FileIO
 # holds no buffer (its flush does nothing); the buffered and text objects over it do.
@@ -60,14 +60,16 @@ def freeze() -> None:
     walking the frozen heap (``reprieve.prewarm.settle_heap``: ~200,000 objects in the example)."""
     _frozen_files.extend(weakref.ref(f) for f in open_files(gc.get_objects()))  # only what is not frozen yet
     gc.freeze()
-    _frozen_count[:] = [gc.get_freeze_count()]
+    _frozen[:] = [True]
 
 
 def _files_to_flush() -> list[object]:
-    """Every file object still alive: those made since the last :func:`freeze` and those it remembered; the whole
-    heap, unfrozen, when someone else froze objects (only :func:`freeze` remembers what it froze)."""
-    if gc.get_freeze_count() and [gc.get_freeze_count()] != _frozen_count:
-        gc.unfreeze()
+    """Every file object still alive: those made since the last :func:`freeze` and those it remembered. Without a
+    freeze of ours, objects the program froze itself are unfrozen and walked too; after one, files the program froze
+    on top of it are not found."""
+    if not _frozen:
+        if gc.get_freeze_count():
+            gc.unfreeze()
         return open_files(gc.get_objects())
     remembered = [f for ref in _frozen_files if (f := ref()) is not None]
     return open_files(gc.get_objects()) + remembered

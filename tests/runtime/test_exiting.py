@@ -91,17 +91,30 @@ def test_the_exit_finds_the_files_reprieve_froze_without_walking_the_frozen_heap
     before = open(tmp_path / "before", "w")  # noqa: SIM115 - frozen while open, as a warm process's log would be
     try:
         exiting.freeze()
-        frozen = gc.get_freeze_count()
+        frozen = gc.get_freeze_count()  # nothing is freed meanwhile: the test holds what it made
         after = open(tmp_path / "after", "w")  # noqa: SIM115 - made after the freeze: walked as any young object
         found = exiting._files_to_flush()
         assert any(f is before for f in found) and any(f is after for f in found)
         assert gc.get_freeze_count() == frozen  # nothing unfrozen, so the frozen heap was not walked
         after.close()
-        gc.freeze()  # the program's own freeze, after reprieve's: what it froze is unknown, so all is walked
-        assert any(f is before for f in exiting._files_to_flush())
-        assert gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()
         exiting._frozen_files.clear()
-        exiting._frozen_count.clear()
+        exiting._frozen.clear()
         before.close()
+
+
+def test_the_exit_walks_what_the_program_froze_itself(tmp_path: Path) -> None:
+    import gc
+
+    from reprieve import exiting
+
+    assert not exiting._frozen  # no freeze of reprieve's in this process
+    theirs = open(tmp_path / "theirs", "w")  # noqa: SIM115 - frozen while open by the program's own gc.freeze()
+    try:
+        gc.freeze()
+        assert any(f is theirs for f in exiting._files_to_flush())
+        assert gc.get_freeze_count() == 0  # unfrozen to be walked
+    finally:
+        gc.unfreeze()
+        theirs.close()

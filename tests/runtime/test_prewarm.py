@@ -49,5 +49,5 @@ def test_settling_the_heap_collects_the_cycles_then_freezes_what_is_left() -> No
     finally:
         gc.unfreeze()  # this test process's heap back as it was
         exiting._frozen_files.clear()
-        exiting._frozen_count.clear()
+        exiting._frozen.clear()
     assert any(o is kept for o in gc.get_objects())
