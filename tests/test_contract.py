@@ -383,3 +383,13 @@ def test_the_operator_knows_exactly_the_contracts_restore_tiers_and_sources() ->
     section = (ROOT / "docs/contract.md").read_text().split("## Memory tier", 1)[1].split("\n## ", 1)[0]
     assert [w for w in (*restores.TIERS, *restores.SOURCES) if f'"{w}"' not in section] == []
     assert f"`{restores.UNKNOWN}`" in section  # what happens to a name outside the table is said there
+
+
+def test_the_loss_rate_is_written_and_read_under_the_contracts_assignment_key() -> None:
+    """``lossEverySeconds`` (docs/contract.toml ``[memory] assignment_loss_key``): the operator's name for the key it
+    writes and reprieve-supervisor's for the key it reads."""
+    import reprieve_operator as op
+    from reprieve.supervisor import contract
+
+    key = TABLE["memory"]["assignment_loss_key"]
+    assert (op.ASSIGNMENT_LOSS_EVERY_KEY, contract.LOSS_EVERY_KEY) == (key, key)

@@ -24,5 +24,7 @@ CONTRACT_VERSION = 1  # docs/contract.md, "In-place restarts and the supervisor"
 # A grow's assignment says so (docs/contract.md, "Elastic jobs"): each supervisor stops its running trainer with the
 # resize signal, and the gang saves the agreed step to the memory tier alone.
 ASSIGNMENT_RESIZE_KEY = "resize"
+# The memory tier's copies are spaced for the job's loss rate so far (docs/contract.md, "In-place restarts")
+ASSIGNMENT_LOSS_EVERY_KEY = "lossEverySeconds"
 RESIZE_GROW = "grow"
 SUPERVISOR = "reprieve-supervisor"

@@ -10,7 +10,7 @@ import json
 import logging
 from typing import Any
 
-from . import ASSIGNMENT_RESIZE_KEY, apply
+from . import ASSIGNMENT_LOSS_EVERY_KEY, ASSIGNMENT_RESIZE_KEY, apply
 from .cache import Key
 from .models import TrainingJob
 from .policy import builders
@@ -67,7 +67,7 @@ def parse_assignment(raw: dict[str, Any] | None) -> Assignment | None:
         return Assignment(int(data["attempt"]), {str(k): int(v) for k, v in json.loads(data["processes"]).items()},
                           str(data.get("coordinator") or ""), {int(k): str(v) for k, v in peers.items()},
                           {int(k): str(v) for k, v in nodes.items()}, data.get(ASSIGNMENT_RESIZE_KEY),
-                          int(data["lossEverySeconds"]) if data.get("lossEverySeconds") else None)
+                          int(data[ASSIGNMENT_LOSS_EVERY_KEY]) if data.get(ASSIGNMENT_LOSS_EVERY_KEY) else None)
     except (KeyError, ValueError, TypeError, AttributeError):
         log.warning("ConfigMap %s/%s is not an assignment (ignored)", (raw.get("metadata") or {}).get("namespace"),
                     (raw.get("metadata") or {}).get("name"))

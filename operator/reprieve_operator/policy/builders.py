@@ -13,6 +13,7 @@ from .. import (
     ANNOTATION_EXIT,
     ANNOTATION_NOTICE,
     ANNOTATION_SUPERVISOR,
+    ASSIGNMENT_LOSS_EVERY_KEY,
     ASSIGNMENT_RESIZE_KEY,
     CONTRACT_VERSION,
     LABEL_ATTEMPT,
@@ -324,7 +325,7 @@ def build_assignment(job: TrainingJob, attempt: int, processes: dict[str, int], 
     if resize is not None:
         data[ASSIGNMENT_RESIZE_KEY] = resize
     if loss_every is not None:
-        data["lossEverySeconds"] = str(loss_every)
+        data[ASSIGNMENT_LOSS_EVERY_KEY] = str(loss_every)
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": assignment_name(job), "namespace": job.namespace, "labels": job_labels(job),
                          "ownerReferences": [owner_reference(job)]},

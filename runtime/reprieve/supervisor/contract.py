@@ -16,6 +16,7 @@ from typing import Any
 
 from ..env import Env
 from ..jsonobject import json_object
+from ..memtier.config import INTERVAL_SECONDS_ENV, INTERVAL_STEPS_ENV, LOSS_EVERY_ENV
 from ..notice import format_rfc3339
 
 CONTRACT_VERSION = 1
@@ -44,7 +45,6 @@ MEMORY_PEER_NODE_ENV = "REPRIEVE_MEMORY_PEER_NODE"
 # memory tier: the job's mean seconds between losses without notice so far (written only when the spec spaces the
 # copies neither by an interval nor by its own rate: the container's REPRIEVE_MEMORY_LOSS_EVERY_SECONDS then stands)
 LOSS_EVERY_KEY = "lossEverySeconds"
-LOSS_EVERY_ENV = "REPRIEVE_MEMORY_LOSS_EVERY_SECONDS"
 # Elastic jobs (docs/contract.md, "Elastic jobs"): the assignment of a grow says so; a supervisor stops its running
 # trainer with RESIZE_SIGNAL instead of SIGTERM, and the runtime saves the agreed step to the memory tier alone.
 RESIZE_KEY = "resize"
@@ -182,7 +182,7 @@ def parse_assignment(data: Mapping[str, Any], pod: str, *, configmap: str) -> As
 def spaces_copies(env: Mapping[str, str]) -> bool:
     """Whether ``env`` spaces the memory copies itself: a non-zero ``REPRIEVE_MEMORY_INTERVAL_STEPS`` or
     ``_SECONDS`` (the operator sets both to 0 when the spec gives none), or its own loss rate (pure)."""
-    for name in (LOSS_EVERY_ENV, "REPRIEVE_MEMORY_INTERVAL_STEPS", "REPRIEVE_MEMORY_INTERVAL_SECONDS"):
+    for name in (LOSS_EVERY_ENV, INTERVAL_STEPS_ENV, INTERVAL_SECONDS_ENV):
         raw = env.get(name)
         if raw is None or not raw.strip():
             continue
