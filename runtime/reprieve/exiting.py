@@ -57,7 +57,7 @@ def open_files(objects: list[object]) -> list[object]:
 
 def freeze() -> None:
     """``gc.freeze()``, remembering the file objects among what it freezes, so that the exit flushes them without
-    walking the frozen heap (``reprieve.prewarm.settle_heap``: ~200,000 objects in the example)."""
+    walking the frozen heap (``reprieve.prewarm.settle_heap``; benchmarks/exit_flush.py)."""
     _frozen_files.extend(weakref.ref(f) for f in open_files(gc.get_objects()))  # only what is not frozen yet
     gc.freeze()
     _frozen[:] = [True]

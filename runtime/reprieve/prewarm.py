@@ -10,9 +10,8 @@ restart's critical path, and that needs neither the assignment nor a device.
   attempt (:func:`reprieve.supervisor.trainer.device_problem` checks exactly that).
 - **The heap settled**: the cyclic garbage of the process's start collected once, and every object left moved out of
   the garbage collector's passes (``gc.freeze``, :func:`settle_heap`). Without it the first full collection after the
-  assignment walked the whole heap of imports, model and trace (~200,000 objects in the example, 0.1-0.23 s on the
-  benchmark's 2 shared cores, the process's other threads held meanwhile), and so did every full collection while
-  the attempt trained.
+  assignment walked the whole heap of imports, model and trace, the process's other threads held meanwhile, and so
+  did every full collection while the attempt trained (benchmarks/RESULTS.md, "Goodput and restart gaps").
 - **The restore's landing memory** (``REPRIEVE_WARM_LANDING_BYTES``, the bytes the last trainer's restore landed):
   populated now, where the pod has room for it (:mod:`reprieve.landing`), so the restore writes into pages the
   process already has; and the memory XLA allocates for the restore's copy when the step donates the state on CPU
