@@ -37,7 +37,7 @@ from .progress import ProgressReporter
 from .supervisor.trainer import SupervisorLink
 from .targets import Tier
 from .topology import Topology
-from .trace_ahead import TraceAhead
+from .trace_ahead import TraceAhead, record_topology
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def init(
     # Job wires itself to the checkpointer's commits (capabilities.CommitCallback), whichever checkpointer it is.
     job = Job(config, coordinator, ckpt, agreement, notices.hub, policy=policy, metrics=metrics, progress=progress,
               closers=notices.closers, exit_fn=exit_fn, memory=tier,
-              on_first_step=link.first_step if link is not None else None,
+              on_first_step=_on_first_step(config, ckpt, link),
               on_exiting=link.exiting if link is not None else None)
     if config.distributed:
         peers = _watch_peers(job, config, coordinator, link)
@@ -275,6 +275,27 @@ def _watch_peers(job: Job, config: RuntimeConfig, coordinator: Coordinator, link
                      ip=config.pod_ip, lost_s=config.peer_lost_seconds,
                      end=lambda why: end_unless_leaving(job, why))
     return watch.start()
+
+
+def _on_first_step(config: RuntimeConfig, ckpt: Checkpointer,
+                   link: SupervisorLink | None) -> Callable[[int, int | None, int | None], None] | None:
+    """What the job's first step starts (once): under ``reprieve-supervisor`` the report that pre-warms the pod's
+    next attempt and, on process 0 with reprieve's checkpoint manager, the attempt's devices recorded in the
+    checkpoint root for a spare parked before the first checkpoint (:func:`reprieve.trace_ahead.record_topology`).
+    Without a supervisor there is no warm process to tell: nothing."""
+    if link is None:
+        return None
+    from .checkpoint import CheckpointManager
+
+    if config.process_id != 0 or not isinstance(ckpt, CheckpointManager):
+        return link.first_step
+    report = link.first_step
+
+    def first_step(step: int, landing: int | None, owned: int | None) -> None:
+        report(step, landing, owned)  # never raises (a supervisor that is gone does not stop training)
+        record_topology(config.checkpoint_uri, config.attempt, config.num_processes)
+
+    return first_step
 
 
 def _device_processes() -> dict[int, int]:

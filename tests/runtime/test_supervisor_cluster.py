@@ -200,6 +200,9 @@ def test_a_warm_process_takes_over_the_next_attempt(worker: Worker) -> None:
     worker.start_script(JAX_TRAINER, REPRIEVE_PREWARM_DELAY_SECONDS="600")  # started by the first-step report
     worker.wait_runs(1)
     worker.wait_log("parked in reprieve.init()", timeout=120)
+    record = worker.out / "ckpt" / "topology.json"  # process 0's first step recorded its devices for spares
+    recorded = wait_for(lambda: record.exists() and json.loads(record.read_text()), 30, "attempt 1's topology record")
+    assert recorded == {"attempt": 1, "topology": worker.wait_runs(1)[0]["topology"]}, recorded
     written = worker.assign(2, {POD: 0})
     assert worker.wait_exit_report(1)["code"] == 42  # SIGTERM -> agreed checkpoint -> restart code
     first, second = worker.wait_runs(2)
@@ -213,6 +216,7 @@ def test_a_warm_process_takes_over_the_next_attempt(worker: Worker) -> None:
     (worker.out / "finish").write_text("")
     pod = worker.wait_phase("Succeeded", timeout=90)
     assert container_exit_code(pod) == 0
+    assert json.loads(record.read_text()) == {"attempt": 2, "topology": second["topology"]}  # each attempt's own
     report = worker.annotation("reprieve.dev/exit")
     assert report is not None and (report["attempt"], report["code"]) == (2, 0)
     log = worker.log()

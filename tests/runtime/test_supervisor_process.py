@@ -288,9 +288,15 @@ def test_a_warm_process_traces_ahead_for_the_devices_its_supervisor_names_before
     assert proc.returncode == 0, err
 
 
-def test_a_spare_parked_before_the_first_checkpoint_traces_ahead_once_one_is_committed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("found", ["a checkpoint", "the running attempt's record"])
+def test_a_spare_parked_before_the_first_checkpoint_traces_ahead_once_the_topology_is_there(
+        tmp_path: Path, found: str) -> None:
+    """Either a committed checkpoint or, before one, the record the running attempt's process 0 writes in the root
+    after its first step (reprieve.trace_ahead.record_topology): the spare traces ahead for it while parked."""
+    import jax
     import jax.numpy as jnp
     from reprieve.checkpoint import CheckpointManager, layout
+    from reprieve.trace_ahead import record_topology
 
     ahead = tmp_path / "ahead.json"
     # no hint: a spare that never ran a trainer; it looks for a checkpoint again every 0.2 s while parked
@@ -305,10 +311,18 @@ def test_a_spare_parked_before_the_first_checkpoint_traces_ahead_once_one_is_com
     wait_for(lambda: sum(unknown in line for line in err) >= 3, 30, "two looks while parked",
              describe=lambda: "".join(err))
     assert not ahead.exists()  # nor did the looks while parked
-    with CheckpointManager(str(tmp_path / "ckpt"), attempt=1) as mgr:
-        mgr.save(3, {"w": jnp.arange(4.0)})
-        mgr.wait()
-    recorded = json.loads((tmp_path / "ckpt" / layout.committed_name(3, 1) / layout.METADATA_FILE).read_text())
+    if found == "a checkpoint":
+        with CheckpointManager(str(tmp_path / "ckpt"), attempt=1) as mgr:
+            mgr.save(3, {"w": jnp.arange(4.0)})
+            mgr.wait()
+        recorded = json.loads((tmp_path / "ckpt" / layout.committed_name(3, 1) / layout.METADATA_FILE).read_text())
+    else:
+        jax.devices()
+        CheckpointManager(str(tmp_path / "ckpt"), attempt=1).close()  # the root and the attempt's fence
+        writer = record_topology(str(tmp_path / "ckpt"), 1, 1)
+        assert writer is not None
+        writer.join(10)
+        recorded = json.loads((tmp_path / "ckpt" / layout.TOPOLOGY_FILE).read_text())
     wait_for(lambda: ahead.exists() or proc.poll() is not None, 30, "the parked spare to trace ahead")
     assert json.loads(ahead.read_text()) == {**recorded["topology"], "devices_touched": False}
     sock.sendall(ASSIGN_ALONE)  # still parked, and takes its assignment as before

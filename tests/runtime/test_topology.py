@@ -22,7 +22,13 @@ import reprieve
 from jax.sharding import Mesh
 from reprieve.checkpoint import CheckpointManager, layout
 from reprieve.topology import Topology, TopologyError, current, current_if_initialised
-from reprieve.trace_ahead import TraceAhead, expected_topology
+from reprieve.trace_ahead import (
+    TraceAhead,
+    expected_topology,
+    parse_topology_record,
+    record_topology,
+    topology_record,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -203,6 +209,55 @@ def test_trace_ahead_stops_asking_once_the_latest_checkpoint_records_no_topology
     ahead.attempt()
     ahead.attempt()
     assert ahead.done and calls == [] and reads == ["read", "read"]
+
+
+@pytest.mark.parametrize("raw,named", [
+    (b"{truncated", "Expecting property name"),
+    (b'{"attempt": 2}', "topology must be a JSON object"),
+    (b'{"attempt": true, "topology": GOOD}'.replace(b"GOOD", json.dumps(GOOD).encode()), "attempt must be"),
+    (b'{"attempt": -1, "topology": GOOD}'.replace(b"GOOD", json.dumps(GOOD).encode()), "attempt must be"),
+    (b'{"attempt": 2, "topology": GOOD}'.replace(b"GOOD", json.dumps({**GOOD, "device_count": 0}).encode()),
+     "device_count must be a positive integer"),
+])
+def test_a_malformed_topology_record_is_refused_naming_the_file_and_the_problem(raw: bytes, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)) as err:
+        parse_topology_record(raw, "/ckpt/topology.json")
+    assert str(err.value).startswith("/ckpt/topology.json: ")
+    assert parse_topology_record(topology_record(7, GOOD), "x") == (7, Topology.from_json(GOOD))
+
+
+def test_before_the_first_checkpoint_the_running_attempts_record_is_the_expected_topology(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """What a spare parked before the job's first checkpoint reads: the record process 0 wrote after its first step
+    (real files); a checkpoint, once there, comes first; a bad record means unknown, said."""
+    jax.devices()
+    env = {"REPRIEVE_CHECKPOINT_URI": str(tmp_path)}
+    assert record_topology(str(tmp_path / "absent"), 3, 2) is not None  # no root: logged by the thread, not raised
+    CheckpointManager(str(tmp_path), attempt=3).close()  # the root and attempt 3's fence, no checkpoint
+    assert expected_topology(env) is None
+    thread = record_topology(str(tmp_path), 3, 2)
+    assert thread is not None
+    thread.join(10)
+    here = current()
+    written = json.loads((tmp_path / layout.TOPOLOGY_FILE).read_text())
+    assert written == {"attempt": 3, "topology": {**here.to_json(), "num_processes": 2}}
+    with caplog.at_level(logging.INFO, logger="reprieve.trace_ahead"):
+        assert expected_topology(env) == Topology.from_json(written["topology"])
+    assert "no checkpoint yet; attempt 3 recorded" in caplog.text
+    calls: list[Topology] = []
+    ahead = TraceAhead(calls.append, env)
+    ahead.attempt()
+    ahead.attempt()
+    assert calls == [Topology.from_json(written["topology"])] and ahead.done
+    assert [e.name for e in os.scandir(tmp_path) if e.name.startswith("step_")] == []  # never taken for a checkpoint
+    _save(tmp_path, 5, attempt=4)  # a checkpoint is there: it comes first (it records one process)
+    assert expected_topology(env) == here
+    shutil.rmtree(tmp_path / layout.committed_name(5, 4))
+    (tmp_path / layout.TOPOLOGY_FILE).write_text('{"attempt": 3, "topology": {"platform": "cpu"}}')
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="reprieve.trace_ahead"):
+        assert expected_topology(env) is None
+    assert "the topology record under" in caplog.text and "lacks" in caplog.text
 
 
 def test_the_current_topology_is_reported_only_once_a_backend_exists() -> None:

@@ -12,6 +12,9 @@ Layout under a root URI (a directory, or a bucket prefix)::
     commits/step_0000000042_a3     object stores only: the commit marker (written last, atomically)
     corrupt/step_0000000041_a2-<ms>.json   object stores only: why a checkpoint was quarantined (data deleted)
     attempts/attempt_0000000003.json   fence of attempt 3: the checkpoints visible when it started
+    topology.json                  the devices of the newest attempt that took a step (process 0 writes it after
+                                   its first step under reprieve-supervisor): a hint for a spare parked before the
+                                   first checkpoint (reprieve.trace_ahead), never read for a restore
 
 Object stores have no rename: data is written straight under the committed name and only the
 marker in ``commits/`` makes it visible.
@@ -27,6 +30,7 @@ METADATA_FILE = "reprieve.json"
 ARRAYS_DIR = "arrays"
 COMMITS_DIR = "commits"
 FENCES_DIR = "attempts"
+TOPOLOGY_FILE = "topology.json"  # reprieve.trace_ahead.record_topology: a hint, not part of any checkpoint
 CORRUPT_DIR = "corrupt"
 ORBAX_FENCES_DIR = "reprieve_attempts"  # reprieve.orbax.OrbaxCheckpointer's fences, beside Orbax's step directories
 TMP_SUFFIX = ".tmp"
