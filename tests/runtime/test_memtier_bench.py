@@ -19,10 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_cost_ab_runs_both_modes_and_reports_the_schedule_it_chose(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memtier.py"), "--parts", "cost", "--cost-mib",
-                          "8", "--blocks", "2", "--warmup-seconds", "2", "--json", str(tmp_path / "r.json")],
+                          "1", "--blocks", "2", "--warmup-seconds", "2", "--json", str(tmp_path / "r.json")],
                          capture_output=True, text=True, timeout=170, check=False)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    line = re.search(r"tier cost \(cpu\), 8 MiB state, step [\d.]+ ms, a save every (\d+) steps \(at the end: \d+\), "
+    line = re.search(r"tier cost \(cpu\), 1 MiB state, step [\d.]+ ms, a save every (\d+) steps \(at the end: \d+\), "
                      r"blocks of (\d+) steps, \[\d+, \d+\] saves per block:\n  around the saves: [-+][\d.]+ %",
                      out.stdout)
     assert line and int(line.group(1)) >= 1, out.stdout
@@ -40,7 +40,7 @@ def test_the_cost_ab_runs_both_modes_and_reports_the_schedule_it_chose(tmp_path:
 
 def test_the_control_run_leaves_the_tier_alone_in_its_on_blocks(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memtier.py"), "--parts", "cost", "--cost-mib",
-                          "8", "--blocks", "1", "--warmup-seconds", "2", "--control", "--json", str(tmp_path / "r.json")],
+                          "1", "--blocks", "1", "--warmup-seconds", "2", "--control", "--json", str(tmp_path / "r.json")],
                          capture_output=True, text=True, timeout=170, check=False)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert out.stdout.startswith("CONTROL (A/A)"), out.stdout
