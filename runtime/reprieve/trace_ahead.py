@@ -163,8 +163,9 @@ class TraceAhead:
 
     :meth:`attempt` is called by ``init()`` before it joins the job and, in a pre-warmed process with no topology
     yet (a spare started before the job's first checkpoint), again every ``POLL_SECONDS`` while it waits for its
-    assignment, until the running attempt's record (:func:`record_topology`) or a checkpoint is found (one that records no topology, written by an older reprieve, ends the
-    asking too: a later one of the same run would be the next attempt's). A failing ``fn`` is logged and not
+    assignment, until the running attempt's record (:func:`record_topology`) or a checkpoint is found (one that
+    records no topology, written by an older reprieve, ends the asking too: a later one of the same run would be the
+    next attempt's). A failing ``fn`` is logged and not
     retried: tracing ahead only saves time, the step traces at its first call anyway. Touching devices in ``fn`` is
     the user's error that ``reprieve.init()`` refuses in a warm process, as for any code before it.
     """
