@@ -12,6 +12,14 @@ CPU devices in one process) in fresh processes against one compilation cache:
   the example's warm process does (its ``trace_ahead``, which ``reprieve.init(trace_ahead=...)`` calls with the
   devices the previous attempt ran on: the step traced under the ``AbstractMesh`` of those); the first call then
   finds the trace in ``jax.jit``'s cache.
+* **restart, lowered before the devices**: a fresh process traces and *lowers* the step under the ``AbstractMesh``
+  before it asks for the devices (``.lower(lowering_platforms=("cpu",))``: the module the devices' mesh lowers to;
+  JAX 0.10 creates the default backend for it, so a warm process, which must not before ``jax.distributed``, cannot
+  do this yet: the row measures what it would save),
+  then, once the devices are known, compiles that module for them (``Lowered.compile(device_assignment=)``: the
+  persistent cache's entry of the populate run) and calls the compiled program itself (``jax.jit``'s own caches
+  are not filled by this: calling the jitted function would lower again). The first step's loss must be the same
+  in every restart.
 
 Each row prints JAX's own timings (``jax.monitoring``: trace, lowering, cache read) and the first call's wall time;
 the last line is the ratio of the two restarts' first calls. ``--repeat`` runs each restart that many times.
@@ -62,6 +70,20 @@ if os.environ["MODE"] in ("pretrace", "ahead"):
     m.trace_ahead(Topology("cpu", "cpu", None, 1, n), train, shapes)
     pretrace = time.perf_counter() - t
     assert not xla_bridge.backends_are_initialized(), "the trace touched a device"
+prelowered, lowering_touched = None, None
+if os.environ["MODE"] == "lowered":  # the step lowered for the job's mesh shape before the devices are asked for
+    from jax._src import xla_bridge  # (no jit cache is filled by this: the loop calls the compiled program itself)
+    from jax.sharding import AbstractMesh
+    t = time.perf_counter()
+    amesh = AbstractMesh((n,), ("data",))
+    with jax.sharding.use_abstract_mesh(amesh):
+        ash = nnx.get_named_sharding(shapes, amesh)
+        aargs = (jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, ash),
+                 jax.ShapeDtypeStruct(batch_shape, jnp.int32, sharding=NamedSharding(amesh, P("data"))))
+        prelowered = train.trace(*aargs).lower(lowering_platforms=("cpu",))
+    pretrace = time.perf_counter() - t
+    # JAX 0.10 makes the default device's backend for it: a warm process could not do this before jax.distributed
+    lowering_touched = xla_bridge.backends_are_initialized()
 from reprieve.checkpoint import CheckpointManager
 manager = CheckpointManager(os.environ["CKPT"], fsync=False)
 
@@ -83,6 +105,9 @@ with jax.set_mesh(mesh):
         from reprieve.compile_ahead import CompileAhead
         ahead = CompileAhead(train, (abstract, jax.ShapeDtypeStruct(batch_shape, jnp.int32,
                                                                     sharding=NamedSharding(mesh, P("data")))), {})
+    compiled = None
+    if prelowered is not None:  # only the persistent cache's read is left once the devices are known
+        compiled = prelowered.compile(device_assignment=tuple(mesh.devices.flat))
     # the restore's stand-in: the state read back from a checkpoint written by the populate run
     state = restore(abstract)
     batch = jax.device_put(np.zeros(batch_shape, np.int32), NamedSharding(mesh, P("data")))
@@ -92,13 +117,15 @@ with jax.set_mesh(mesh):
         ahead.wait()  # Job.steps() does this before the first step
     from reprieve.compile_ahead import watch_lowerings
     t = time.perf_counter()
+    call = train if compiled is None else compiled
     with watch_lowerings() as lowered:  # what the first call lowers in this thread
-        state, loss = train(state, batch)
+        state, loss = call(state, batch)
         loss.block_until_ready()
     first = time.perf_counter() - t
     to_first = time.perf_counter() - t0
+    first_loss = float(loss)
     t = time.perf_counter()
-    state, loss = train(state, batch)
+    state, loss = call(state, batch)
     loss.block_until_ready()
     second = time.perf_counter() - t
 
@@ -110,7 +137,8 @@ manager.close()
 def total(key):
     return sum(events.get(key, []))
 
-print(json.dumps({"pretrace": pretrace, "first": first, "second": second, "restore": restored, "to_first": to_first,
+print(json.dumps({"pretrace": pretrace, "first": first, "loss": first_loss, "lowering_touched": lowering_touched,
+                  "second": second, "restore": restored, "to_first": to_first,
                   "first_lowerings": lowered.count,
                   "trace": total("/jax/core/compile/jaxpr_trace_duration"),
                   "traced": events.get("/jax/core/compile/jaxpr_trace_duration#names", []),
@@ -155,6 +183,7 @@ def main() -> int:
             rows.setdefault("restart", []).append(child("plain", cache, args.devices))
             rows.setdefault("restart, traced before the devices", []).append(child("pretrace", cache, args.devices))
             rows.setdefault("  and compiled beside the restore", []).append(child("ahead", cache, args.devices))
+            rows.setdefault("restart, lowered before the devices", []).append(child("lowered", cache, args.devices))
     print(f"{'':38}{'first call':>11}{'trace':>8}{'lower':>8}{'cache read':>11}{'hits':>6}{'pre-trace':>10}"
           f"{'2nd call':>10}{'restore':>9}{'to 1st step':>12}")
     med: dict[str, float] = {}
@@ -172,6 +201,13 @@ def main() -> int:
     ratio = whole["  and compiled beside the restore"] / whole["restart"]
     print(f"devices known -> first step done (restore + first call), traced ahead and compiled beside the restore "
           f"vs neither: {ratio:.2f}x")
+    ratio = whole["restart, lowered before the devices"] / whole["  and compiled beside the restore"]
+    print(f"devices known -> first step done, lowered before the devices (the compiled program called) vs traced "
+          f"ahead and compiled beside the restore: {ratio:.2f}x")
+    losses = {label: {r["loss"] for r in runs} for label, runs in rows.items() if label != "populate"}
+    if len(set().union(*losses.values())) != 1:
+        raise SystemExit(f"the first step's loss differs between the restarts: {losses}")
+    print("the first step's loss is the same in every restart:", next(iter(losses.values())).pop())
     return 0
 
 

@@ -1,8 +1,11 @@
 """benchmarks/first_step.py's premise, checked against the installed JAX: a restarted process reads the step from
 the persistent compilation cache but traces it again, unless it traced it before touching any device under an
 ``AbstractMesh`` equal to the real one (then the first call is a hit in jit's trace cache), and it still lowers
-the step unless that was done beside the restore (``Job.compile_ahead``). A JAX upgrade that
-changes either shows here, not as a quietly slower restart."""
+the step unless that was done beside the restore (``Job.compile_ahead``); and a step lowered under that
+``AbstractMesh`` compiles, once the devices are known, from the cache entry of the step lowered for them (the same
+module), and computes the same first step, though the lowering still makes a backend (so a warm process cannot
+lower while it waits for its assignment). A JAX upgrade that changes any of these shows here, not as a quietly
+slower restart."""
 
 from __future__ import annotations
 
@@ -19,8 +22,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def test_a_step_traced_before_the_devices_is_not_traced_again_at_its_first_call(tmp_path: Path) -> None:
-    """Why this long: four child processes of the first-step benchmark (populate a cache and a checkpoint; then,
-    side by side, a plain restart, one traced ahead and one compiled ahead), each a cold JAX start.
+    """Why this long: five child processes of the first-step benchmark (populate a cache and a checkpoint; then,
+    side by side, a plain restart, one traced ahead, one compiled ahead and one lowered ahead), each a cold JAX
+    start.
 
     The cache is the one the e2e jobs and test_example_lm share (``~/.cache/reprieve/xla-cache``, per JAX version):
     the populate run compiles the step cold once per machine and change of the example (~60 CPU-s on 2 cores), not
@@ -31,11 +35,12 @@ def test_a_step_traced_before_the_devices_is_not_traced_again_at_its_first_call(
     ckpt = tmp_path / "ckpt"
     populate = bench.child("populate", cache, 2, ckpt=ckpt)
     assert populate["trace"] > 0, populate
-    # the three restarts only read the cache and count (no timings): they run side by side
-    with ThreadPoolExecutor(3) as pool:
-        runs = [pool.submit(bench.child, mode, cache, 2, explain=mode != "ahead", ckpt=ckpt)
-                for mode in ("plain", "pretrace", "ahead")]
-        restart, pretraced, ahead = (run.result() for run in runs)  # pretrace asserts its trace touched no device
+    # the restarts only read the cache and count (no timings): they run side by side
+    with ThreadPoolExecutor(4) as pool:
+        runs = [pool.submit(bench.child, mode, cache, 2, explain=mode not in ("ahead", "lowered"), ckpt=ckpt)
+                for mode in ("plain", "pretrace", "ahead", "lowered")]
+        # pretrace asserts that its trace touched no device
+        restart, pretraced, ahead, lowered = (run.result() for run in runs)
     assert restart["trace"] > 0 and restart["cache_hits"] == 1, restart  # traced again, compiled from the cache
     # The step's trace is not repeated: JAX's own tracing-cache misses after the devices are known, counted, not
     # timed (the trace left is bookkeeping of tens of microseconds, which a scheduler hiccup could outlast).
@@ -45,3 +50,11 @@ def test_a_step_traced_before_the_devices_is_not_traced_again_at_its_first_call(
     # Compiled beside the restore (what Job.compile_ahead does): the first call lowers nothing in the main thread.
     assert restart["first_lowerings"] >= 1 and pretraced["first_lowerings"] >= 1, (restart, pretraced)
     assert ahead["first_lowerings"] == 0 and ahead["cache_hits"] == 1, ahead
+    # Lowered before the devices: compiled from the populate run's entry (the module an AbstractMesh lowers to is
+    # the one the devices' mesh lowers to), nothing lowered once the devices are known, the same first step.
+    assert lowered["pretrace"] > 0 and lowered["cache_hits"] == 1, lowered
+    assert lowered["first_lowerings"] == 0, lowered
+    # ... but JAX 0.10 makes the default backend to lower, which a warm process must not do before jax.distributed.
+    # When this fails, JAX lowers without a device: a parked warm process can lower the step ahead too.
+    assert lowered["lowering_touched"] is True, lowered
+    assert lowered["loss"] == restart["loss"] == ahead["loss"], (lowered, restart, ahead)
