@@ -18,7 +18,7 @@ from localcluster.procs import cache_dir
 
 from tests.benchmark_module import load_benchmark
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]  # 271 s beside a suite on a slow VM
 
 
 def test_a_step_traced_before_the_devices_is_not_traced_again_at_its_first_call(tmp_path: Path) -> None:
