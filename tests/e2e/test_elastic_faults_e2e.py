@@ -43,6 +43,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 STEPS, SLEEP, SHARDS, LOSS_AT = 150, 0.03, 4, 8
 NO_ROOM = "test.reprieve.dev/no-room"  # a taint no signal reads: the node is out of room, not doomed
 HOST = "test.reprieve.dev/host"  # one worker per node (required anti-affinity on this label)
+# The notice of step 4: the node-termination handler's spot taint, 30 s (GKE spot's 15 s is most of what a grown
+# attempt takes to start and restore on a slow CI machine, and an agreed save that near its deadline makes no memory
+# copy beside its storage save: attempt 7 then reads storage; CI stop 66 and suite run G1)
+LONG_NOTICE_TAINT = "aws-node-termination-handler/spot-itn"
 
 
 def worker(assigned: dict[str, Any], index: int) -> str:
@@ -143,8 +147,8 @@ def test_an_elastic_job_through_faults_in_its_shrinks_and_grows_ends_bit_identic
        room for one pod: it trains on 1 (``Degraded=True/Shrunk``);
     4. **a notice during the grow's memory-only save**: room for the second pod, the grow (attempt 6); the old
        trainer says it began the grow's save (its own log line) and is held there (SIGSTOP: a save as long as the
-       notice's delivery) while its node is noticed and the operator delivers the notice to attempt 6; released, the
-       save stays memory-only, attempt 6 restores it and saves at the notice, attempt 7 (worker 0 replaced)
+       notice's delivery) while its node is noticed (a 30 s notice) and the operator delivers it to attempt 6;
+       released, the save stays memory-only, attempt 6 restores it and saves at the notice, attempt 7 (worker 0 replaced)
        restores that from memory: nothing lost;
     5. **a spare that cannot schedule, and the operator restarted between a loss and the shrink**: a spare asked
        for while no node has room (Unschedulable); the operator stopped, worker 1's node lost, the operator started:
@@ -238,7 +242,7 @@ def test_an_elastic_job_through_faults_in_its_shrinks_and_grows_ends_bit_identic
     assert grow2["resize"] == "grow" and len(grow2["processes"]) == 2, grow2
     held = f"agreed step {step} held in memory"
     try:
-        taint_node(api, survivor_node, SPOT_TAINT, "true", "NoSchedule")
+        taint_node(api, survivor_node, LONG_NOTICE_TAINT, "true", "NoSchedule")
         # status.lastNotice is recorded once the notice is delivered (reprieve_operator.delivery)
         status_when("the notice delivered to the grown attempt", lambda s: (s.get("lastNotice") or {}).get("attempt")
                     == 6, 60)

@@ -342,9 +342,14 @@ def test_an_image_without_reprieve_run_fails_the_job_with_the_fix_and_leaves_not
     assert "reprieve-supervisor" in failed["message"] and "executable file not found" in failed["message"], failed
     assert "pip install reprieve" in failed["message"] and "restartMode: Recreate" in failed["message"], failed
     assert status.get("attempt") == 1 and status["restarts"]["failure"] <= 1, status  # no retries
-    events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "-o", "json",
-                                        "--field-selector", f"involvedObject.name={name}").stdout)["items"]
-    assert any(e["reason"] == "SupervisorNotFound" and "pip install reprieve" in e["message"] for e in events), \
-        [(e["reason"], e["message"]) for e in events]
+
+    def events() -> list[Any]:
+        return json.loads(cluster.kubectl("get", "events", "-n", namespace, "-o", "json",
+                                          "--field-selector", f"involvedObject.name={name}").stdout)["items"]
+
+    # the Event is posted beside the status write, not before it
+    wait_for(lambda: any(e["reason"] == "SupervisorNotFound" and "pip install reprieve" in e["message"]
+                         for e in events()), 30, "the SupervisorNotFound Event with the fix",
+             describe=lambda: str([(e["reason"], e["message"]) for e in events()]))
     wait_for(lambda: all(p["status"].get("phase") in ("Failed", "Succeeded") or p["metadata"].get("deletionTimestamp")
                          for p in job_pods(cluster, namespace, name).values()), 60, "no pod of the job running")

@@ -199,7 +199,9 @@ def test_a_job_waits_in_its_queue_and_starts_on_the_admitted_flavors_nodes(
     assert cond["status"] == "True"
     assert _get(cluster, "trainingjob", "q", namespace)["status"]["phase"] == "Suspended"
     assert not _pods(cluster, namespace, "q")
-    assert any(e["reason"] == "Pending" and "lq" in e["message"] for e in _events(cluster, namespace, "q"))
+    # the Event is posted beside the status write, not before it (CI stop 66 listed the Events between the two)
+    wait_for(lambda: any(e["reason"] == "Pending" and "lq" in e["message"] for e in _events(cluster, namespace, "q")),
+             30, "the Pending Event naming the missing LocalQueue", describe=lambda: kueue_operator.tail(40))
 
     kueue.apply(local_queue(namespace, "lq", f"cq-{namespace}"))
     t0 = time.monotonic()
