@@ -40,7 +40,9 @@ graphdef, shapes = nnx.split(nnx.eval_shape(lambda: m.create(0, 3e-3, m.memory_r
 train_step = m.make_train_step(graphdef)
 from reprieve import exiting
 from reprieve.topology import Topology
-m.trace_ahead(Topology("cpu", "cpu", None, 1, 2), train_step, shapes)
+from reprieve import prelower
+with prelower.collecting():  # as reprieve.init(trace_ahead=...) runs it (traced, not lowered here)
+    m.trace_ahead(Topology("cpu", "cpu", None, 1, 2), train_step, shapes)
 log = tempfile.TemporaryFile("w")  # open across the freeze, as a warm process's log file would be
 gc.collect()
 if os.environ["MODE"] == "reprieve":

@@ -12,13 +12,12 @@ CPU devices in one process) in fresh processes against one compilation cache:
   the example's warm process does (its ``trace_ahead``, which ``reprieve.init(trace_ahead=...)`` calls with the
   devices the previous attempt ran on: the step traced under the ``AbstractMesh`` of those); the first call then
   finds the trace in ``jax.jit``'s cache.
-* **restart, lowered before the devices**: a fresh process traces and *lowers* the step under the ``AbstractMesh``
-  before it asks for the devices (``.lower(lowering_platforms=("cpu",))``: the module the devices' mesh lowers to;
-  JAX 0.10 creates the default backend for it, so a warm process, which must not before ``jax.distributed``, cannot
-  do this yet: the row measures what it would save),
-  then, once the devices are known, compiles that module for them (``Lowered.compile(device_assignment=)``: the
-  persistent cache's entry of the populate run) and calls the compiled program itself (``jax.jit``'s own caches
-  are not filled by this: calling the jitted function would lower again). The first step's loss must be the same
+* **restart, lowered before the devices**: a fresh process runs the example's ``trace_ahead`` as
+  ``reprieve.init(trace_ahead=...)`` does, which *lowers* the step under the ``AbstractMesh``
+  (``reprieve.lower_ahead``: the module the devices' mesh lowers to; JAX 0.10 creates a CPU backend for it, cleared
+  again before the devices are asked for), then, once the devices are known, ``Job.compile_ahead``'s thread compiles
+  that module for them (the persistent cache's entry of the populate run) and the first step calls what it returns
+  (the compiled program: ``jax.jit``'s own caches are not filled by this). The first step's loss must be the same
   in every restart.
 
 Each row prints JAX's own timings (``jax.monitoring``: trace, lowering, cache read) and the first call's wall time;
@@ -63,27 +62,19 @@ graphdef, shapes = nnx.split(nnx.eval_shape(lambda: m.create(0, 3e-3)))
 train = m.make_train_step(graphdef)  # the example's own step and its own trace-ahead, as a warm process runs them
 batch_shape = (m.GLOBAL_BATCH, m.SEQ + 1)
 pretrace = 0.0
-if os.environ["MODE"] in ("pretrace", "ahead"):
+lowering_touched = None
+if os.environ["MODE"] in ("pretrace", "ahead", "lowered"):
     from jax._src import xla_bridge
+    from reprieve import prelower
     from reprieve.topology import Topology
     t = time.perf_counter()
-    m.trace_ahead(Topology("cpu", "cpu", None, 1, n), train, shapes)
+    with prelower.collecting() as pending:  # the example's trace_ahead, as reprieve.init(trace_ahead=...) runs it
+        m.trace_ahead(Topology("cpu", "cpu", None, 1, n), train, shapes)
+    if os.environ["MODE"] == "lowered":  # and what init() does next: lowered, the backend it made cleared
+        assert prelower.lower_pending(pending, "cpu") == 1
     pretrace = time.perf_counter() - t
-    assert not xla_bridge.backends_are_initialized(), "the trace touched a device"
-prelowered, lowering_touched = None, None
-if os.environ["MODE"] == "lowered":  # the step lowered for the job's mesh shape before the devices are asked for
-    from jax._src import xla_bridge  # (no jit cache is filled by this: the loop calls the compiled program itself)
-    from jax.sharding import AbstractMesh
-    t = time.perf_counter()
-    amesh = AbstractMesh((n,), ("data",))
-    with jax.sharding.use_abstract_mesh(amesh):
-        ash = nnx.get_named_sharding(shapes, amesh)
-        aargs = (jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, ash),
-                 jax.ShapeDtypeStruct(batch_shape, jnp.int32, sharding=NamedSharding(amesh, P("data"))))
-        prelowered = train.trace(*aargs).lower(lowering_platforms=("cpu",))
-    pretrace = time.perf_counter() - t
-    # JAX 0.10 makes the default device's backend for it: a warm process could not do this before jax.distributed
     lowering_touched = xla_bridge.backends_are_initialized()
+    assert not lowering_touched, "the trace or the lowering left a backend"
 from reprieve.checkpoint import CheckpointManager
 manager = CheckpointManager(os.environ["CKPT"], fsync=False)
 
@@ -100,14 +91,16 @@ mesh = Mesh(np.array(jax.devices()), ("data",))
 with jax.set_mesh(mesh):
     shardings = nnx.get_named_sharding(shapes, mesh)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
-    ahead = None
-    if os.environ["MODE"] == "ahead":  # what Job.compile_ahead does (the example calls it before its restore)
+    ahead, call = None, train
+    if os.environ["MODE"] in ("ahead", "lowered"):  # what Job.compile_ahead does (before the example's restore)
+        from reprieve import prelower
         from reprieve.compile_ahead import CompileAhead
+        pre = prelower.take(train)  # lowered before the devices: only the persistent cache's read is left
+        step = None if pre is None else prelower.AheadStep(train, "train")
         ahead = CompileAhead(train, (abstract, jax.ShapeDtypeStruct(batch_shape, jnp.int32,
-                                                                    sharding=NamedSharding(mesh, P("data")))), {})
-    compiled = None
-    if prelowered is not None:  # only the persistent cache's read is left once the devices are known
-        compiled = prelowered.compile(device_assignment=tuple(mesh.devices.flat))
+                                                                    sharding=NamedSharding(mesh, P("data")))), {},
+                             prelowered=pre, step=step)
+        call = train if step is None else step
     # the restore's stand-in: the state read back from a checkpoint written by the populate run
     state = restore(abstract)
     batch = jax.device_put(np.zeros(batch_shape, np.int32), NamedSharding(mesh, P("data")))
@@ -115,9 +108,9 @@ with jax.set_mesh(mesh):
     restored = time.perf_counter() - t0
     if ahead is not None:
         ahead.wait()  # Job.steps() does this before the first step
+        assert ahead.ok and ahead.from_ahead == (os.environ["MODE"] == "lowered"), (ahead.ok, ahead.from_ahead)
     from reprieve.compile_ahead import watch_lowerings
     t = time.perf_counter()
-    call = train if compiled is None else compiled
     with watch_lowerings() as lowered:  # what the first call lowers in this thread
         state, loss = call(state, batch)
         loss.block_until_ready()

@@ -311,10 +311,10 @@ def unravel_like(shapes: Any) -> Any:
 
 def trace_ahead(topology: reprieve.Topology, train_step: Any, shapes: nnx.State) -> None:
     """Trace ``train_step`` for ``topology`` (``reprieve.init(trace_ahead=...)`` calls this before any device is
-    touched, as soon as the job's devices are known), so a restarted attempt's first step skips tracing.
-
-    It still lowers the step and reads the compiled program from the compilation cache; on a first start, or if
-    the devices changed, the first step traces as usual (docs/runtime.md, "Tracing the step before the devices").
+    touched, as soon as the job's devices are known), so a restarted attempt's first step skips tracing, and (on
+    CPU devices) lower it there too: ``reprieve.lower_ahead``. ``job.compile_ahead`` then only reads the compiled
+    program from the compilation cache, beside the restore; on a first start, or if the devices changed, the step
+    is traced and lowered as usual (docs/restarts.md, "Lowering the step before the devices").
     """
     if GLOBAL_BATCH % topology.device_count:
         return  # main() refuses this topology after init
@@ -323,7 +323,7 @@ def trace_ahead(topology: reprieve.Topology, train_step: Any, shapes: nnx.State)
         shardings = nnx.get_named_sharding(shapes, mesh)
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
         batch = jax.ShapeDtypeStruct((GLOBAL_BATCH, SEQ + 1), jnp.int32, sharding=NamedSharding(mesh, P("data")))
-        train_step.trace(abstract, batch)
+        reprieve.lower_ahead(train_step, abstract, batch)
 
 
 def params_digest(model: LanguageModel) -> str:
@@ -402,12 +402,13 @@ def main() -> int:
             job.compile_ahead(virtual.flat_params, abstract)
             train = virtual
         else:
-            job.compile_ahead(train_step, abstract, jax.ShapeDtypeStruct((GLOBAL_BATCH, SEQ + 1), jnp.int32,
-                                                                         sharding=data_sharding))
+            # the step to call: train_step, or the program compiled from the module lowered before the devices
+            step_fn = job.compile_ahead(train_step, abstract, jax.ShapeDtypeStruct((GLOBAL_BATCH, SEQ + 1), jnp.int32,
+                                                                                   sharding=data_sharding))
 
             def train(state: nnx.State, step: int) -> tuple[nnx.State, jax.Array]:
                 batch = jax.make_array_from_process_local_data(data_sharding, next(it))
-                return train_step(state, batch)
+                return step_fn(state, batch)  # type: ignore[no-any-return]
         state, start = job.restore_or(init, abstract, data=it)
 
         log.info("process %d/%d starting at step %d of %d (attempt %s)", jax.process_index(), jax.process_count(),

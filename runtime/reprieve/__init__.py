@@ -23,6 +23,7 @@ from .jax_workarounds import PreemptionServiceDisabled
 from .job import Checkpointer, Job, Restored
 from .notice import Notice
 from .policy import SavePolicy
+from .prelower import lower_ahead
 from .topology import Topology, TopologyError
 from .trace_ahead import expected_topology
 from .virtual import VirtualData, VirtualShardsError
@@ -56,5 +57,5 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "Checkpointer", "ConfigError", "CountdownSettings", "DataPositionError", "Job", "Notice", "PerProcess",
     "PreemptionServiceDisabled", "Restored", "RuntimeConfig", "SavePolicy", "Topology", "TopologyError",
-    "VirtualData", "VirtualShardsError", "VirtualStep", "__version__", "expected_topology", "init",
+    "VirtualData", "VirtualShardsError", "VirtualStep", "__version__", "expected_topology", "init", "lower_ahead",
 ]

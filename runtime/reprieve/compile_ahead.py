@@ -122,9 +122,13 @@ class CompileAhead:
     """
 
     def __init__(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 on_compiled: Callable[[Any], None] | None = None) -> None:
+                 on_compiled: Callable[[Any], None] | None = None, *, prelowered: Any = None,
+                 step: Any = None) -> None:
         """``on_compiled``: called in the thread with the compiled step's outputs (``Compiled.out_info``: shapes,
-        dtypes, shardings) once it compiled; what it raises is logged, never the step's outcome."""
+        dtypes, shardings) once it compiled; what it raises is logged, never the step's outcome. ``prelowered``:
+        the module ``reprieve.lower_ahead`` lowered for ``fn`` before the devices; compiled for the arguments'
+        devices when it fits them (else ``fn`` is lowered as without it), the program then handed to ``step``
+        (:class:`reprieve.prelower.AheadStep`), which the loop calls."""
         lower = getattr(fn, "lower", None)
         if not callable(lower):
             raise TypeError(f"Job.compile_ahead: {_name(fn)!r} has no .lower(): pass the jax.jit function itself "
@@ -136,6 +140,8 @@ class CompileAhead:
         self._lowered = threading.Event()  # set once lowered, or once that failed
         self._context = _mesh_context()
         self._on_compiled = on_compiled
+        self._prelowered, self._step = prelowered, step
+        self.from_ahead = False  # the module lowered before the devices was compiled (no lowering here)
         self._thread = threading.Thread(target=self._run, args=(lower, args, kwargs), daemon=True,
                                         name=f"reprieve-compile-ahead-{self.name}")
         self._started = time.perf_counter()
@@ -144,10 +150,12 @@ class CompileAhead:
     def _run(self, lower: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:
             with self._context():
-                lowered = lower(*args, **kwargs)
-                self._donates = donates(lowered)
-                self._lowered.set()
-                compiled = lowered.compile()
+                compiled = self._compile_prelowered(args, kwargs) if self._prelowered is not None else None
+                if compiled is None:
+                    lowered = lower(*args, **kwargs)
+                    self._donates = donates(lowered)
+                    self._lowered.set()
+                    compiled = lowered.compile()
         except Exception as err:  # noqa: BLE001  a head start only: the first call compiles instead
             self.ok = False
             log.warning("compile_ahead(%s) failed (%s: %s); the step compiles at its first call", self.name,
@@ -157,11 +165,38 @@ class CompileAhead:
             self._lowered.set()
             self.seconds = time.perf_counter() - self._started
         self.ok = True
+        if self.from_ahead and self._step is not None:
+            self._step.compiled = compiled
         if self._on_compiled is not None:
             try:
                 self._on_compiled(getattr(compiled, "out_info", None))
             except Exception as err:  # noqa: BLE001 - a head start for something else: never the step's
                 log.debug("compile_ahead(%s): after the compile: %s", self.name, err)
+
+    def _compile_prelowered(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The module lowered before the devices, compiled for the arguments' devices; None when it does not fit
+        them or its compile failed (logged: ``fn`` is lowered instead)."""
+        from . import prelower
+
+        pre = self._prelowered
+        try:
+            why = prelower.mismatch(pre, args, kwargs)
+            devices = prelower.devices_of(args, kwargs)
+            if why is None and devices is None:
+                why = "the arguments' shardings name no single concrete mesh"
+            if why is not None or devices is None:
+                log.info("compile_ahead(%s): the step lowered before the devices does not fit them (%s); lowering "
+                         "it again", self.name, why)
+                return None
+            compiled = prelower.compile_lowered(pre, devices)
+        except Exception as err:  # noqa: BLE001 - a head start only: lowered as without it
+            log.warning("compile_ahead(%s): the step lowered before the devices did not compile (%s: %s); lowering "
+                        "it again", self.name, type(err).__name__, err)
+            return None
+        self._donates = donates(pre)
+        self._lowered.set()
+        self.from_ahead = True
+        return compiled
 
     def donates_inputs(self) -> bool:
         """Whether the step donates any of its inputs (``jax.jit(..., donate_argnums=...)``), once it is lowered
@@ -174,5 +209,5 @@ class CompileAhead:
         self._thread.join()
         waited = time.perf_counter() - t
         if self.ok:
-            log.info("compiled %s ahead in %.2fs beside the restore (the first step waited %.2fs for it)", self.name,
-                     self.seconds or 0.0, waited)
+            log.info("compiled %s ahead in %.2fs beside the restore%s (the first step waited %.2fs for it)", self.name,
+                     self.seconds or 0.0, ", lowered before the devices" if self.from_ahead else "", waited)

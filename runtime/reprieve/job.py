@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, Self
 
-from . import identity, landing, virtual
+from . import identity, landing, prelower, virtual
 from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
 from .capabilities import Capabilities, Checkpointer
@@ -245,14 +245,23 @@ class Job:
         donated, nbytes = self._owned
         return nbytes if donated and nbytes else None
 
-    def compile_ahead(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+    def compile_ahead(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Lower and compile the ``jax.jit`` function ``fn`` for ``args`` (arrays or ``jax.ShapeDtypeStruct`` with the
         real shardings, as the first call gets them) in a thread beside :meth:`restore_or`; :meth:`steps` waits for
         it. Call it after the mesh exists, before the restore; a failure is logged and the first step compiles as it
-        would have (docs/restarts.md, "Compiling the step while the state is restored")."""
+        would have (docs/restarts.md, "Compiling the step while the state is restored").
+
+        Returns the step to call in the loop: ``fn`` itself, or, when ``reprieve.lower_ahead`` lowered ``fn`` before
+        the devices, a callable that runs the program compiled from that module (``jax.jit``'s caches do not hold
+        it: calling ``fn`` instead would lower it again; docs/restarts.md, "Lowering the step before the
+        devices")."""
         if self.phase != Phase.READY:
             raise RuntimeError(f"Job.compile_ahead: the job is {self.phase.value}; call it before Job.steps()")
-        self._ahead.append(CompileAhead(fn, args, kwargs, on_compiled=self.finished.prepare_outputs))
+        pre = prelower.take(fn)
+        step = None if pre is None else prelower.AheadStep(fn, getattr(fn, "__name__", type(fn).__name__))
+        self._ahead.append(CompileAhead(fn, args, kwargs, on_compiled=self.finished.prepare_outputs, prelowered=pre,
+                                        step=step))
+        return fn if step is None else step
 
     # -- loop ------------------------------------------------------------------------------------------
     def steps(self, start: int, total: int | None = None) -> Iterator[int]:

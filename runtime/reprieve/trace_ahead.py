@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from . import prelower
 from .checkpoint import fencing, layout
 from .checkpoint.metadata import CheckpointMeta
 from .checkpoint.storage import open_storage
@@ -190,10 +191,12 @@ class TraceAhead:
         self.done = True
         t = time.perf_counter()
         try:
-            self._fn(topology)
+            with prelower.collecting() as pending:
+                self._fn(topology)
         except Exception as err:  # noqa: BLE001  a hint: the first call of the step traces instead
             log.warning("trace_ahead for %s failed (%s: %s); the step will be traced at its first call", topology,
                         type(err).__name__, err)
             return
         log.info("traced ahead for %d %s device(s) of %d process(es) in %.2fs, before touching a device",
                  topology.device_count, topology.platform, topology.num_processes, time.perf_counter() - t)
+        prelower.lower_pending(pending, topology.platform)

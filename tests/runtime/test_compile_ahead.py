@@ -58,8 +58,8 @@ def _train(root: Path, total: int, *, ahead: tuple[Any, ...] | None) -> tuple[An
     abstract, batch_struct = _abstract()
     batch = jax.device_put(jnp.arange(64, dtype=jnp.float32).reshape(8, 8) / 64, batch_struct.sharding)
     with _job(root) as job, jax.set_mesh(_mesh()):
-        if ahead is not None:
-            job.compile_ahead(step_fn, *ahead)
+        if ahead is not None:  # nothing lowered before the devices here: the step to call is the jitted function
+            assert job.compile_ahead(step_fn, *ahead) is step_fn
         state, start = job.restore_or(_init, abstract)
         for step in job.steps(start, total):
             state, _loss = step_fn(state, batch)

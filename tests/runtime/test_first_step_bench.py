@@ -2,10 +2,10 @@
 the persistent compilation cache but traces it again, unless it traced it before touching any device under an
 ``AbstractMesh`` equal to the real one (then the first call is a hit in jit's trace cache), and it still lowers
 the step unless that was done beside the restore (``Job.compile_ahead``); and a step lowered under that
-``AbstractMesh`` compiles, once the devices are known, from the cache entry of the step lowered for them (the same
-module), and computes the same first step, though the lowering still makes a backend (so a warm process cannot
-lower while it waits for its assignment). A JAX upgrade that changes any of these shows here, not as a quietly
-slower restart."""
+``AbstractMesh`` before the devices (``reprieve.lower_ahead``, the backend JAX makes for it cleared again) compiles,
+once they are known, from the cache entry of the step lowered for them (the same module), on the new backend, and
+computes the same first step. A JAX upgrade that changes any of these shows here, not as a quietly slower
+restart."""
 
 from __future__ import annotations
 
@@ -50,11 +50,11 @@ def test_a_step_traced_before_the_devices_is_not_traced_again_at_its_first_call(
     # Compiled beside the restore (what Job.compile_ahead does): the first call lowers nothing in the main thread.
     assert restart["first_lowerings"] >= 1 and pretraced["first_lowerings"] >= 1, (restart, pretraced)
     assert ahead["first_lowerings"] == 0 and ahead["cache_hits"] == 1, ahead
-    # Lowered before the devices: compiled from the populate run's entry (the module an AbstractMesh lowers to is
-    # the one the devices' mesh lowers to), nothing lowered once the devices are known, the same first step.
+    assert ahead["lower"] > 0, ahead  # ... lowered beside the restore, in compile_ahead's thread
+    # Lowered before the devices (the child asserts it left no backend: the one JAX 0.10 makes to lower is cleared):
+    # compiled from the populate run's entry (the module an AbstractMesh lowers to is the one the devices' mesh
+    # lowers to) on the backend made after, nothing lowered in any thread once the devices are known, the same step.
     assert lowered["pretrace"] > 0 and lowered["cache_hits"] == 1, lowered
-    assert lowered["first_lowerings"] == 0, lowered
-    # ... but JAX 0.10 makes the default backend to lower, which a warm process must not do before jax.distributed.
-    # When this fails, JAX lowers without a device: a parked warm process can lower the step ahead too.
-    assert lowered["lowering_touched"] is True, lowered
+    assert lowered["first_lowerings"] == 0 and lowered["lower"] == 0, lowered
+    assert lowered["lowering_touched"] is False, lowered
     assert lowered["loss"] == restart["loss"] == ahead["loss"], (lowered, restart, ahead)
