@@ -85,3 +85,33 @@ def test_the_loop_calls_the_compiled_program_and_the_jitted_function_once_it_ref
         step(_init(), replicated)  # another sharding: refused before it ran, the jitted function compiles for it
     assert calls == ["jit", "jit"] and step.compiled is None
     assert "the program compiled ahead refused the step's arguments" in caplog.text
+
+
+def test_compile_ahead_compiles_a_module_that_fits_and_lowers_again_one_that_does_not(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """CompileAhead with a module lowered ahead (here lowered in this process, on its backend: compile_lowered swaps
+    in the current one either way): one that fits the arguments is compiled and handed to the step the loop calls,
+    computing what the jitted function computes; one lowered for other arguments (as after a resize) is not used:
+    the step is lowered again beside the restore, and the loop's step is the jitted function."""
+    from reprieve.compile_ahead import CompileAhead
+
+    state, batch = _abstract()
+    _, batch_sharding = _shardings()
+    real_batch = jax.device_put(jnp.ones((8, 8), jnp.float32), batch_sharding)
+    jitted = _step()
+    _, want = jitted(_init(), real_batch)
+
+    fits = prelower.AheadStep(jitted, "step")
+    ahead = CompileAhead(jitted, (state, batch), {}, prelowered=_step().lower(state, batch), step=fits)
+    ahead.wait()
+    assert ahead.ok and ahead.from_ahead and fits.compiled is not None and ahead.donates_inputs()
+    _, got = fits(_init(), real_batch)
+    assert float(got) == float(want)
+
+    other = jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=batch_sharding)
+    refused = prelower.AheadStep(jitted, "step")
+    with caplog.at_level(logging.INFO, logger="reprieve"):
+        ahead = CompileAhead(jitted, (state, batch), {}, prelowered=_step().lower(state, other), step=refused)
+        ahead.wait()
+    assert ahead.ok and not ahead.from_ahead and refused.compiled is None
+    assert "the step lowered before the devices does not fit them (argument 2: float32[8, 8] against" in caplog.text
