@@ -74,8 +74,12 @@ def test_every_restore_source_is_printed_beside_its_floor_measured_in_the_same_r
     assert re.search(r"disk-warm: its landing memory populated ahead, off the clock .*: [\d.]+ s", out.stdout)
     # from the page cache a storage restore maps its chunk files; cold, it reads them
     assert set(r["mapped_bytes"]) == {"disk", "disk-warm"}, r["mapped_bytes"]
-    assert re.search(r"disk: its chunk files mapped from the page cache as the arrays' buffers .*: 100 % of the state",
-                     out.stdout), out.stdout
+    # wholly where the files stay wholly cached: under a loaded suite the kernel dropped some of one restore's pages
+    # between the bench's read and the restore (run H3: 75 % mapped, the rest read into place), so one of the two
+    # page-cache rows must show it, and both mapped some
+    assert re.search(r"disk(-warm)?: its chunk files mapped from the page cache as the arrays' buffers .*: 100 % of "
+                     r"the state", out.stdout), out.stdout
+    assert all(sum(r["mapped_bytes"][s]) > 0 for s in ("disk", "disk-warm")), r["mapped_bytes"]
     (round_fl,) = r["floors"]  # the floors of the checkpoint's own files, measured in the round of its restores
     assert round_fl["read_bytes"] >= r["bytes"] and round_fl["read_warm_s"] > 0 and round_fl["read_cold_s"] > 0
     assert round_fl["populate_bytes"] >= r["bytes"] * 0.99 and round_fl["populate_s"] > 0, round_fl  # a fresh process's
