@@ -93,14 +93,9 @@ with jax.set_mesh(mesh):
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
     ahead, call = None, train
     if os.environ["MODE"] in ("ahead", "lowered"):  # what Job.compile_ahead does (before the example's restore)
-        from reprieve import prelower
-        from reprieve.compile_ahead import CompileAhead
-        pre = prelower.take(train)  # lowered before the devices: only the persistent cache's read is left
-        step = None if pre is None else prelower.AheadStep(train, "train")
-        ahead = CompileAhead(train, (abstract, jax.ShapeDtypeStruct(batch_shape, jnp.int32,
-                                                                    sharding=NamedSharding(mesh, P("data")))), {},
-                             prelowered=pre, step=step)
-        call = train if step is None else step
+        from reprieve.compile_ahead import start_ahead  # lowered before the devices: only the cache's read is left
+        ahead, call = start_ahead(train, (abstract, jax.ShapeDtypeStruct(batch_shape, jnp.int32,
+                                                                         sharding=NamedSharding(mesh, P("data")))), {})
     # the restore's stand-in: the state read back from a checkpoint written by the populate run
     state = restore(abstract)
     batch = jax.device_put(np.zeros(batch_shape, np.int32), NamedSharding(mesh, P("data")))

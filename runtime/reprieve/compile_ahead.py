@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import prelower
+
 log = logging.getLogger("reprieve")
 
 LOWERING_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # jax.monitoring: one per lowering
@@ -108,9 +110,13 @@ def donates(lowered: Any) -> bool:
     return any(getattr(info, "donated", False) for info in jax.tree.leaves(getattr(lowered, "args_info", ())))
 
 
-def _name(fn: Any) -> str:
-    return str(getattr(fn, "__name__", None) or getattr(getattr(fn, "__wrapped__", None), "__name__", None)
-               or type(fn).__name__)
+def start_ahead(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+          on_compiled: Callable[[Any], None] | None = None) -> tuple[CompileAhead, Any]:
+    """A :class:`CompileAhead` of ``fn`` (from the module ``reprieve.lower_ahead`` lowered for it, if any), and the
+    step the loop calls: ``fn``, or the :class:`reprieve.prelower.AheadStep` that calls that module's program."""
+    pre = prelower.take(fn)
+    step = None if pre is None else prelower.AheadStep(fn)
+    return CompileAhead(fn, args, kwargs, on_compiled, prelowered=pre, step=step), fn if step is None else step
 
 
 class CompileAhead:
@@ -131,9 +137,9 @@ class CompileAhead:
         (:class:`reprieve.prelower.AheadStep`), which the loop calls."""
         lower = getattr(fn, "lower", None)
         if not callable(lower):
-            raise TypeError(f"Job.compile_ahead: {_name(fn)!r} has no .lower(): pass the jax.jit function itself "
+            raise TypeError(f"Job.compile_ahead: {prelower.fn_name(fn)!r} has no .lower(): pass the jax.jit function itself "
                             "(the one the training loop calls)")
-        self.name = _name(fn)
+        self.name = prelower.fn_name(fn)
         self.ok: bool | None = None  # None: running
         self.seconds: float | None = None
         self._donates = False  # whether the lowered step donates any of its inputs (``Lowered.args_info``)
@@ -176,17 +182,13 @@ class CompileAhead:
     def _compile_prelowered(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The module lowered before the devices, compiled for the arguments' devices; None when it does not fit
         them or its compile failed (logged: ``fn`` is lowered instead)."""
-        from . import prelower
-
         pre = self._prelowered
         try:
             why = prelower.mismatch(pre, args, kwargs)
-            devices = prelower.devices_of(args, kwargs)
-            if why is None and devices is None:
-                why = "the arguments' shardings name no single concrete mesh"
-            if why is not None or devices is None:
+            devices = None if why is not None else prelower.devices_of(args, kwargs)
+            if devices is None:
                 log.info("compile_ahead(%s): the step lowered before the devices does not fit them (%s); lowering "
-                         "it again", self.name, why)
+                         "it again", self.name, why or "the arguments' shardings name no single concrete mesh")
                 return None
             compiled = prelower.compile_lowered(pre, devices)
         except Exception as err:  # noqa: BLE001 - a head start only: lowered as without it

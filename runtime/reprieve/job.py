@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, Self
 
-from . import identity, landing, prelower, virtual
+from . import identity, landing, virtual
 from .abstract import abstract_of, abstract_problem, require
 from .agreement import FINAL, Agreement, AgreementError
 from .capabilities import Capabilities, Checkpointer
 from .checkpoint.faults import maybe_stop_in_agreed_save
-from .compile_ahead import CompileAhead, LoweringCount
+from .compile_ahead import CompileAhead, LoweringCount, start_ahead
 from .config import RuntimeConfig
 from .coordination import CoordinationError, Coordinator
 from .deferred import built
@@ -257,11 +257,9 @@ class Job:
         devices")."""
         if self.phase != Phase.READY:
             raise RuntimeError(f"Job.compile_ahead: the job is {self.phase.value}; call it before Job.steps()")
-        pre = prelower.take(fn)
-        step = None if pre is None else prelower.AheadStep(fn, getattr(fn, "__name__", type(fn).__name__))
-        self._ahead.append(CompileAhead(fn, args, kwargs, on_compiled=self.finished.prepare_outputs, prelowered=pre,
-                                        step=step))
-        return fn if step is None else step
+        ahead, step = start_ahead(fn, args, kwargs, self.finished.prepare_outputs)
+        self._ahead.append(ahead)
+        return step
 
     # -- loop ------------------------------------------------------------------------------------------
     def steps(self, start: int, total: int | None = None) -> Iterator[int]:

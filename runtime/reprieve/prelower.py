@@ -3,8 +3,8 @@
 ``reprieve.init(trace_ahead=fn)`` calls ``fn(topology)`` before any device is touched (in a pre-warmed process:
 while the previous attempt trains). Where ``fn`` calls :func:`lower_ahead` instead of ``step.trace(...)``, the
 runtime also *lowers* the traced step there, so that once the devices are known ``Job.compile_ahead(step, ...)``
-only has to read the compiled program from the persistent cache: the lowering (~0.15 s of Python on the example,
-beside the restore and slowing it, on every restart) leaves the restart's critical path.
+only has to read the compiled program from the persistent cache: the lowering (Python, which beside the restore
+slows it down, on every restart) leaves the restart's critical path.
 
 JAX 0.10 creates the default backend to lower, even under an ``AbstractMesh``, and a process must not hold a backend
 when it joins the job (``jax.distributed.initialize``). So the runtime lowers only for a CPU topology, with
@@ -47,7 +47,8 @@ _lowered: dict[int, tuple[Any, Any]] = {}  # id(fn) -> (fn, jax.stages.Lowered),
 _lock = threading.Lock()
 
 
-def _name(fn: Any) -> str:
+def fn_name(fn: Any) -> str:
+    """A jitted function's name for log lines (its ``__name__``, the wrapped function's, or its type's)."""
     return str(getattr(fn, "__name__", None) or getattr(getattr(fn, "__wrapped__", None), "__name__", None)
                or type(fn).__name__)
 
@@ -58,12 +59,12 @@ def lower_ahead(fn: Any, *args: Any, **kwargs: Any) -> Any:
     in context) and, on a CPU topology, lower it once the function returns. ``Job.compile_ahead(fn, ...)`` then
     compiles that module for the devices; call what it returns in the loop. Returns the ``jax.stages.Traced``."""
     if not _collecting:
-        raise RuntimeError(f"reprieve.lower_ahead({_name(fn)}): call it inside the function passed to "
+        raise RuntimeError(f"reprieve.lower_ahead({fn_name(fn)}): call it inside the function passed to "
                            "reprieve.init(trace_ahead=...), which runs before any device is touched; after init() "
                            "use job.compile_ahead(step, ...) alone")
     trace = getattr(fn, "trace", None)
     if not callable(trace):
-        raise TypeError(f"reprieve.lower_ahead: {_name(fn)!r} has no .trace(): pass the jax.jit function itself "
+        raise TypeError(f"reprieve.lower_ahead: {fn_name(fn)!r} has no .trace(): pass the jax.jit function itself "
                         "(the one the training loop calls)")
     import jax
 
@@ -89,7 +90,7 @@ def lower_pending(pending: list[_Pending], platform: str) -> int:
     returns how many were lowered (0 on another platform, or when anything failed: logged)."""
     if not pending:
         return 0
-    names = ", ".join(_name(p.fn) for p in pending)
+    names = ", ".join(fn_name(p.fn) for p in pending)
     if platform not in PLATFORMS:
         log.info("lower_ahead(%s): traced only; lowering before the devices is done for %s topologies, not %s "
                  "(JAX would open the devices to lower)", names, "/".join(PLATFORMS), platform)
@@ -187,10 +188,9 @@ class AheadStep:
     else the jitted function; when the program refuses its arguments (another shape or sharding: it raises before
     it runs, nothing donated) the jitted function for good, logged once."""
 
-    def __init__(self, fn: Any, name: str) -> None:
-        self.fn, self.name = fn, name
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.name = fn, fn_name(fn)
         self.compiled: Any = None  # set by CompileAhead once compiled
-        self.__wrapped__ = fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         compiled = self.compiled

@@ -72,7 +72,7 @@ def test_the_loop_calls_the_compiled_program_and_the_jitted_function_once_it_ref
         calls.append("jit")
         return jitted(*args)
 
-    step = prelower.AheadStep(fn, "step")
+    step = prelower.AheadStep(fn)
     _, batch_sharding = _shardings()
     batch = jax.device_put(jnp.ones((8, 8), jnp.float32), batch_sharding)
     _, loss = step(_init(), batch)  # not compiled yet: the jitted function
@@ -101,7 +101,7 @@ def test_compile_ahead_compiles_a_module_that_fits_and_lowers_again_one_that_doe
     jitted = _step()
     _, want = jitted(_init(), real_batch)
 
-    fits = prelower.AheadStep(jitted, "step")
+    fits = prelower.AheadStep(jitted)
     ahead = CompileAhead(jitted, (state, batch), {}, prelowered=_step().lower(state, batch), step=fits)
     ahead.wait()
     assert ahead.ok and ahead.from_ahead and fits.compiled is not None and ahead.donates_inputs()
@@ -109,7 +109,7 @@ def test_compile_ahead_compiles_a_module_that_fits_and_lowers_again_one_that_doe
     assert float(got) == float(want)
 
     other = jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=batch_sharding)
-    refused = prelower.AheadStep(jitted, "step")
+    refused = prelower.AheadStep(jitted)
     with caplog.at_level(logging.INFO, logger="reprieve"):
         ahead = CompileAhead(jitted, (state, batch), {}, prelowered=_step().lower(state, other), step=refused)
         ahead.wait()
