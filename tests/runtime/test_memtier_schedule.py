@@ -132,6 +132,17 @@ RECONSIDER = [
 
 def test_the_first_schedule_is_a_dense_probe() -> None:
     assert schedule.first_every(65) == schedule.PROBE_EVERY == 4 and schedule.first_every(2) == 2
+    assert schedule.first_every(65, copy_s=0.5, step_s=0.5) == 4  # a copy done within the probe: the probe
+
+
+def test_the_first_schedule_leaves_a_copy_the_steps_the_first_one_took() -> None:
+    """At 1 GiB a process on the 2-core VM the first copy spanned 4-15 s against 0.55 s steps: a save every 4 steps
+    met every copy still running, and each skip widened every process's schedule (4, 8, 16, 32 steps)."""
+    assert schedule.COPY_SLACK == 1.5
+    assert schedule.copy_steps(4.0, 0.5) == 12 and schedule.copy_steps(0.0, 0.5) == 0
+    assert schedule.first_every(65, copy_s=4.0, step_s=0.5) == 12  # 8 steps' copy, 1.5x
+    assert schedule.first_every(10, copy_s=4.0, step_s=0.5) == 10  # never sparser than the measurements ask
+    assert schedule.first_every(65, copy_s=1.0, step_s=0.5) == 4  # 3 steps: within the probe's 4
 
 
 @pytest.mark.parametrize(("current", "newest", "step", "every", "saves", "want"), [r[1:] for r in RECONSIDER],
@@ -343,7 +354,12 @@ def test_the_interval_line_gives_steps_seconds_the_reason_and_the_loss() -> None
                     "2): each copy costs the loop 1.200 s and a step takes 0.0200 s; the budget is 1% of the step time "
                     f"(aiming at 0.70%). A kill -9 loses up to ~{choice.every} steps")
     first = schedule.interval_line(schedule.Schedule(4, 9), choice, cost_s=1.2, step_s=0.02, cfg=AUTO)
-    assert first.startswith("memory copies every 4 steps (~0.08 s) from step 9 (schedule 1)") and "provisional" in first
+    assert first.startswith("memory copies every 4 steps (~0.08 s) from step 9 (schedule 1)") and first.endswith(
+        "; provisional: at most every 4 steps until a few more copies are timed. A kill -9 loses up to ~4 steps")
+    slow = schedule.interval_line(schedule.Schedule(schedule.first_every(choice.every, 0.2, 0.02), 9), choice,
+                                  cost_s=1.2, step_s=0.02, cfg=AUTO, copy_s=0.2)
+    assert ("; provisional: at most every 4 steps, but the first copy took 0.20 s from its save to the peer (1.5x "
+            "that: 15 steps), until a few more copies are timed") in slow, slow
     capped = schedule.plan(cost_s=1.2, step_s=0.02, budget=AUTO.budget, storage_steps=100)
     line = schedule.interval_line(schedule.Schedule(50, 60, 2), capped, cost_s=1.2, step_s=0.02, cfg=AUTO,
                                   storage=(100, 0.0))

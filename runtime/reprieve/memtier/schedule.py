@@ -15,7 +15,8 @@ is of no use to a restore).
   the fewest steps that keep the cost at :data:`AIM` of the budget, or Daly's optimum for
   ``REPRIEVE_MEMORY_LOSS_EVERY_SECONDS`` (:func:`daly_seconds`: the job's mean time between losses without notice,
   from the spec or the rate the operator saw) when that is closer; at most half the storage interval; the first
-  one, measured in the warm-up, at most every :data:`PROBE_EVERY` steps) and publishes
+  one, measured in the warm-up, at most every :data:`PROBE_EVERY` steps, or as many as the first copy took to
+  finish with slack: :func:`first_every`) and publishes
   ``{"every": N, "from": S, "version": V, "anchor": A}`` in the coordination KV under a key per version (``A``:
   the save a re-plan counts from). ``S`` lies a few steps (and at least :data:`LEAD_SECONDS`) ahead of process
   0, so every process, which watches for the next version in a thread, switches at the same step. Process 0
@@ -55,6 +56,11 @@ REPUBLISH_AFTER_SAVES = 2  # saves measured since the last publication before th
 # compile-inflated, or on a machine still busy with the restart), so it is provisional and re-measured soon (a
 # restart a few dozen steps before an unwarned loss must not wait a whole sparse interval for its second copy).
 PROBE_EVERY = 4
+# ... but never more often than a copy can finish: the first copy's span (from its save to its last byte at the
+# peer) with this much slack. A save due while a copy runs is skipped, and a skip widens every process's schedule
+# (:func:`widen`): at 1 GiB a process on the 2-core VM a copy spanned 4-15 s, 7-27 steps, and every restart's
+# provisional 4 steps cascaded through 8, 16 and 32 with a skipped save each (benchmarks/RESULTS.md, "Goodput").
+COPY_SLACK = 1.5
 WIDEN_FACTOR = 2  # a skipped save widens the interval this much (:func:`widen`), until no process skips
 
 
@@ -198,9 +204,18 @@ def material(old_every: int, new_every: int, factor: float = CHANGE_FACTOR) -> b
     return new_every > old_every * factor or new_every * factor < old_every
 
 
-def first_every(every: int) -> int:
-    """The first (provisional) schedule's interval: at most :data:`PROBE_EVERY`."""
-    return min(every, PROBE_EVERY)
+def copy_steps(copy_s: float, step_s: float) -> int:
+    """The steps a copy that spanned ``copy_s`` seconds needs between saves so that the next one finds it done,
+    with :data:`COPY_SLACK` (pure; 0 when no copy was timed)."""
+    return math.ceil(COPY_SLACK * copy_s / max(step_s, 1e-6) - 1e-9) if copy_s > 0 else 0  # 15.000000000000002: 15
+
+
+def first_every(every: int, copy_s: float = 0.0, step_s: float = 1.0) -> int:
+    """The first (provisional) schedule's interval (pure): at most :data:`PROBE_EVERY` steps, or, when the first
+    copy spanned ``copy_s`` seconds (its save to its last byte at the peer) at ``step_s`` a step, as many as
+    :func:`copy_steps` gives it, so that the next save does not come while it would still run (a skip, and a
+    wider schedule for every process); never more than ``every``, the interval the measurements ask for."""
+    return min(every, max(PROBE_EVERY, copy_steps(copy_s, step_s)))
 
 
 def reconsider(current: Schedule | None, *, newest: Schedule | None, step: int, every: int,
@@ -327,27 +342,26 @@ def startup_line(cfg: MemoryConfig, loop_start: int) -> str:
         return (f"memory copies {_every(cfg.interval_steps)} ({INTERVAL_STEPS_ENV}); a save that comes due while "
                 "the previous copy is still written or sent is skipped")
     first = first_save(loop_start)
+    then = (f"the first after step {first}, then at most every {PROBE_EVERY} steps (no more often than the first copy "
+            "finishes) until the steps and a copy are timed")
     if cfg.interval_seconds:
-        return (f"memory copies about every {cfg.interval_seconds:g} s ({INTERVAL_SECONDS_ENV}): the first after "
-                f"step {first}, then at most every {PROBE_EVERY} steps until the steps and a copy are timed; the "
+        return (f"memory copies about every {cfg.interval_seconds:g} s ({INTERVAL_SECONDS_ENV}): {then}; the "
                 "interval in steps is logged when it is set")
     if cfg.loss_every_seconds:
         return (f"memory copies spaced for a loss without notice every {_seconds(cfg.loss_every_seconds)} of "
                 f"training ({LOSS_EVERY_ENV}; Young/Daly: about sqrt(2 x a copy's cost x that), where that is "
-                f"closer than the {cfg.budget:.0%} cost budget's spacing): the first after step {first}, then at "
-                f"most every {PROBE_EVERY} steps until the steps and a copy are timed; the interval is logged when "
-                "it is set")
+                f"closer than the {cfg.budget:.0%} cost budget's spacing): {then}; the interval is logged when it is "
+                "set")
     return (f"memory copies spaced to cost at most {cfg.budget:.0%} of the step time (no {INTERVAL_STEPS_ENV} or "
-            f"{INTERVAL_SECONDS_ENV}): the first after step {first}, then at most every {PROBE_EVERY} steps until "
-            f"the steps and a copy are timed; the interval is logged when it is set. {LOSS_EVERY_ENV} (how often "
+            f"{INTERVAL_SECONDS_ENV}): {then}; the interval is logged when it is set. {LOSS_EVERY_ENV} (how often "
             "the job loses a machine without notice) spaces them for the fewest steps lost to copies and losses "
             "together")
 
 
 def interval_line(plan: Schedule, choice: Choice, *, cost_s: float, step_s: float, cfg: MemoryConfig,
-                  storage: tuple[int, float] = (0, 0.0)) -> str:
+                  storage: tuple[int, float] = (0, 0.0), copy_s: float = 0.0) -> str:
     """One line for a schedule process 0 publishes: the interval in steps and seconds, what it rests on, and what a
-    ``kill -9`` can cost under it."""
+    ``kill -9`` can cost under it (``copy_s``: the span of the copy the first schedule rests on)."""
     if cfg.interval_seconds:
         why = f"{INTERVAL_SECONDS_ENV}={cfg.interval_seconds:g}"
     elif choice.by_loss:
@@ -364,7 +378,12 @@ def interval_line(plan: Schedule, choice: Choice, *, cost_s: float, step_s: floa
         why += (f"; capped at half the storage tier's periodic interval ({storage_text(*storage)}), which alone "
                 f"would space them every {choice.wanted} steps")
     if plan.version == 1 and plan.every < choice.every:
-        why += f"; provisional: at most every {PROBE_EVERY} steps until a few more copies are timed"
+        if plan.every > PROBE_EVERY:
+            why += (f"; provisional: at most every {PROBE_EVERY} steps, but the first copy took {copy_s:.2f} s from "
+                    f"its save to the peer ({COPY_SLACK:g}x that: {plan.every} steps), until a few more copies are "
+                    "timed")
+        else:
+            why += f"; provisional: at most every {PROBE_EVERY} steps until a few more copies are timed"
     counted = "" if plan.anchor is None else f", counted from step {plan.anchor}"
     return (f"memory copies {_every(plan.every)} (~{_seconds(plan.every * step_s)}) from step {plan.start}{counted} "
             f"(schedule {plan.version}): each copy costs the loop {cost_s:.3f} s and a step takes {step_s:.4f} s; "

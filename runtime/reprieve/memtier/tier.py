@@ -150,6 +150,7 @@ class MemoryTier:
         self.saves = self.skipped = self.failures = 0
         self.last_blocking_s = self.last_background_s = 0.0  # the copy's stall; the background thread's CPU
         self.last_ready_s = 0.0  # the wait for the state's computation before the copy (not the tier's cost)
+        self.last_span_s = self._copy_t0 = 0.0  # the newest copy's span: its save to its last byte at the peer
         self.restored_from: dict[str, Any] | None = None
         log.info("memory tier: %s, %s, replica to %s", self.dir.path, self._interval_text(),
                  self.peer or "nobody (own copies only)")
@@ -250,6 +251,7 @@ class MemoryTier:
         _ready(state)
         t0 = time.perf_counter()
         self.last_ready_s = t0 - t_ready
+        self._copy_t0 = t0
         snap = save_mod.snapshot(state, host_copy="staged", staging=self._staging, max_chunk_bytes=None)
         host = {i: a for i, a in snap.host_leaves.items() if self.pid == 0}
         self.last_blocking_s = time.perf_counter() - t0
@@ -287,14 +289,15 @@ class MemoryTier:
             self._staging.give_back([sc.data for sc in snap.shards])
             snap.shards.clear()
             self._here.set()  # committed in this pod, or failed: nothing more to wait for here
+        time.sleep(_test_slow_copy(name.step))
         if self.peer is not None:
-            time.sleep(_test_slow_copy(name.step))
             self._send(name, manifest, keep)
         if self.peer is not None or self.nproc > 1:
             self._publish_progress()
         if self.pid == 0 and self.nproc > 1:
             self._widen_on_skips(name.step)
         self.last_background_s = time.thread_time() - cpu0
+        self.last_span_s = time.perf_counter() - self._copy_t0  # from the loop's save to the last byte at the peer
         log.debug("memory copy of step %d: %d bytes, waited %.3fs for the state, the loop %.3fs for the copy, "
                   "%.3fs in the background (%.3fs CPU)", name.step, manifest.data_bytes, self.last_ready_s,
                   self.last_blocking_s, time.perf_counter() - t0, self.last_background_s)
@@ -374,7 +377,8 @@ class MemoryTier:
                                        saves_since=self._saves_since, over_budget=over_budget):
                 return
         start = schedule.start_after(max(step, self._measured.last_step or 0), step_s)
-        every = max(self._floor, schedule.first_every(choice.every) if newest is None else choice.every)
+        every = max(self._floor, schedule.first_every(choice.every, self.last_span_s, step_s) if newest is None
+                    else choice.every)
         # a re-plan counts from this save (the one just written): its first save is an interval after it
         plan = (schedule.Schedule(every, start) if newest is None
                 else schedule.Schedule(every, start, newest.version + 1, anchor=step))
@@ -386,7 +390,7 @@ class MemoryTier:
         self._published, self._saves_since = plan, 0
         self._adopt(plan)
         log.info("%s", schedule.interval_line(plan, choice, cost_s=cost, step_s=step_s, cfg=self.cfg,
-                                              storage=self._storage))
+                                              storage=self._storage, copy_s=self.last_span_s))
         over = schedule.share(cost, step_s, choice.every)
         if choice.capped and budgeted and over > self.cfg.budget and not self._cap_told:
             self._cap_told = True
@@ -563,7 +567,8 @@ def storage_root(uri: str) -> str:
 
 
 def _test_slow_copy(step: int) -> float:
-    """Seconds :data:`SLOW_COPY_ENV` holds the copy of ``step`` before it is sent (0: unset, the default)."""
+    """Seconds :data:`SLOW_COPY_ENV` holds the copy of ``step`` after its commit here, before it is sent (0: unset,
+    the default)."""
     raw = Env(os.environ).raw(SLOW_COPY_ENV)
     for item in (raw or "").split(","):
         at, _, seconds = item.partition(":")
