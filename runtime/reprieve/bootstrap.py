@@ -106,6 +106,8 @@ def init(
     environ: Mapping[str, str] = os.environ if env is None else env
     warn_unknown(environ)  # a misspelt REPRIEVE_* variable would otherwise be ignored in silence
     link = SupervisorLink.take(os.environ if env is None else dict(env))
+    if link is not None and link.warm:
+        link.warming()  # imports done: the supervisor waits a little for this process rather than start cold
     ahead = TraceAhead(trace_ahead, environ) if trace_ahead is not None else None
     if ahead is not None:
         ahead.attempt()

@@ -23,6 +23,7 @@ from reprieve.trace_ahead import latest_metadata
 from tests.runtime.helpers_pagecache import evict
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+PARKED = [{"event": "warming"}, {"event": "ready"}]  # a warm process: in reprieve.init(), then parked
 
 SUPERVISOR_BIN = str(Path(sys.executable).parent / "reprieve-supervisor")
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("REPRIEVE_", "KUBERNETES_"))}
@@ -216,7 +217,7 @@ def start_warm(tmp_path: Path, script: str = WARM_TRAINER, **env: str) -> tuple[
 def test_warm_process_waits_in_init_then_runs_the_assignment(tmp_path: Path) -> None:
     proc, sock = start_warm(tmp_path)
     lines = sock.makefile("rb")
-    assert json.loads(lines.readline()) == {"event": "ready"}
+    assert [json.loads(lines.readline()) for _ in range(2)] == PARKED
     # parked: nothing runs before the assignment; what runs next reports attempt 5, which only the assignment says
     sock.sendall(json.dumps({"attempt": 5, "processId": 0, "numProcesses": 1, "coordinator": None}).encode() + b"\n")
     assert json.loads(lines.readline()) == {"event": "init", "attempt": 5, "processId": 0}
@@ -238,7 +239,7 @@ def test_a_warm_process_parks_with_the_lazy_imports_done_jax_plugins_found_and_i
     parked = tmp_path / "parked.json"
     proc, sock = start_warm(tmp_path, PARKED_STATE=str(parked))
     lines = sock.makefile("rb")
-    assert json.loads(lines.readline()) == {"event": "ready"}
+    assert [json.loads(lines.readline()) for _ in range(2)] == PARKED
     state = json.loads(parked.read_text())
     # what init() and the restore would import after the assignment is imported before it (no memory tier here)
     assert set(prewarm.modules_for({})) <= set(state["modules"]), state["modules"]
@@ -265,7 +266,9 @@ def test_warm_process_that_touched_devices_refuses_with_a_clear_error(tmp_path: 
 
 def test_warm_process_exits_quietly_when_the_supervisor_goes(tmp_path: Path) -> None:
     proc, sock = start_warm(tmp_path)
-    assert json.loads(sock.makefile("rb").readline()) == {"event": "ready"}
+    lines = sock.makefile("rb")
+    assert [json.loads(lines.readline()) for _ in range(2)] == PARKED
+    lines.close()  # the file object holds the socket open too
     sock.close()
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
@@ -280,7 +283,7 @@ def test_a_warm_process_traces_ahead_for_the_devices_its_supervisor_names_before
     ahead = tmp_path / "ahead.json"
     proc, sock = start_warm(tmp_path, TRACE_AHEAD=str(ahead), REPRIEVE_EXPECTED_TOPOLOGY=json.dumps(TOPOLOGY))
     lines = sock.makefile("rb")
-    assert json.loads(lines.readline()) == {"event": "ready"}
+    assert [json.loads(lines.readline()) for _ in range(2)] == PARKED
     assert json.loads(ahead.read_text()) == {**TOPOLOGY, "devices_touched": False}
     sock.sendall(ASSIGN_ALONE)
     assert json.loads(lines.readline()) == {"event": "init", "attempt": 5, "processId": 0}
@@ -305,7 +308,7 @@ def test_a_spare_parked_before_the_first_checkpoint_traces_ahead_once_the_topolo
     reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
     reader.start()
     lines = sock.makefile("rb")
-    assert json.loads(lines.readline()) == {"event": "ready"}
+    assert [json.loads(lines.readline()) for _ in range(2)] == PARKED
     assert not ahead.exists()  # the look before "ready" found no checkpoint: nothing to trace for
     unknown = "trace_ahead: the expected topology is not known yet"
     wait_for(lambda: sum(unknown in line for line in err) >= 3, 30, "two looks while parked",
@@ -394,7 +397,7 @@ def test_a_trainer_whose_restores_do_not_land_in_host_buffers_reports_no_landing
     assert "OrbaxCheckpointer(" in ORBAX_TRAINER
     proc, ours = start_warm(tmp_path, ORBAX_TRAINER)
     lines = ours.makefile("rb")
-    assert json.loads(lines.readline()) == {"event": "ready"}
+    assert [json.loads(lines.readline()) for _ in range(2)] == PARKED
     ours.sendall(json.dumps({"attempt": 1, "processId": 0, "numProcesses": 1, "coordinator": None}).encode() + b"\n")
     events = [json.loads(line) for line in lines]
     _, err = proc.communicate(timeout=60)
@@ -407,7 +410,7 @@ def warm_attempt(tmp_path: Path, script: str, n: int, **env: str) -> tuple[dict[
     """One attempt ``n`` of ``script`` in a warm process, to its end: its first-step event and its log."""
     proc, ours = start_warm(tmp_path, script, **env)
     lines = ours.makefile("rb")
-    assert json.loads(lines.readline()) == {"event": "ready"}
+    assert [json.loads(lines.readline()) for _ in range(2)] == PARKED
     ours.sendall(json.dumps({"attempt": n, "processId": 0, "numProcesses": 1, "coordinator": None}).encode() + b"\n")
     events = [json.loads(line) for line in lines]
     _, err = proc.communicate(timeout=60)

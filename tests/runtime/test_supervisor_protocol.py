@@ -191,6 +191,27 @@ SCENARIOS = {
          (7.1, Spawned(12, "trainer", cm(2))), (8, ChildMessage(12, {"event": "init"})),
          (9, ChildMessage(12, {"event": "step"}))],
         ["0: start 1", "5: warm", "6: report 1:42", "7: KILL 21", "7: start 2", "9: warm"]),
+    # the soak's double faults: a cold start 2.7 s into a warm process's start took 5.2 s to its first step
+    "a warm process past its imports when the assignment comes is waited for, and takes over when it parks": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+         (6, ChildMessage(21, {"event": "warming"})), (6.5, ChildExited(11, 42)), (7, AssignmentSeen(cm(2))),
+         (7.25, Tick()), (8, ChildMessage(21, {"event": "ready"}))],
+        ["0: start 1", "5: warm", "6.5: report 1:42", "8: hand 21>2"]),
+    "a warm process past its imports that does not park within the wait is killed: cold start": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+         (6, ChildMessage(21, {"event": "warming"})), (6.5, ChildExited(11, 42)), (7, AssignmentSeen(cm(2))),
+         (8.9, Tick()), (9, Tick()), (9.1, ChildExited(21, 137)), (9.1, Spawned(12, "trainer", cm(2)))],
+        ["0: start 1", "5: warm", "6.5: report 1:42", "9: KILL 21", "9: start 2"]),
+    "the wait counts from when the attempt could start, not from when its assignment came": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+         (6, ChildMessage(21, {"event": "warming"})), (7, AssignmentSeen(cm(2))), (9.5, ChildExited(11, 42)),
+         (11, ChildMessage(21, {"event": "ready"}))],
+        ["0: start 1", "5: warm", "7: TERM 11", "9.5: report 1:42", "11: hand 21>2"]),
+    "a warm process that dies while it is waited for: cold start": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+         (6, ChildMessage(21, {"event": "warming"})), (6.5, ChildExited(11, 42)), (7, AssignmentSeen(cm(2))),
+         (7.5, ChildExited(21, 1))],
+        ["0: start 1", "5: warm", "6.5: report 1:42", "7.5: start 2"]),
     "a warm process that dies while parked turns pre-warming off": (
         [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
          (6, ChildMessage(21, {"event": "ready"})), (9, ChildExited(21, 137)), (20, Tick()),

@@ -25,8 +25,9 @@ The rules, in the order :func:`decide` applies them:
    reported at once, so the next assignment is usually there when it ends; its exit is reported again only
    if the code differs.
 4. No trainer, and the newest assignment lists this pod with an attempt newer than every attempt run: a warm
-   process parked in ``reprieve.init()`` takes it over; otherwise a cold process starts (a warm process that is
-   not parked yet is killed: a cold start does not wait for it).
+   process parked in ``reprieve.init()`` takes it over; one that is past its imports (it said ``warming``) but not
+   parked yet is waited for, at most :data:`WARM_WAIT_S`; otherwise a cold process starts (a warm process still
+   importing, or not parked within the wait, is killed: a cold start would repeat the imports it is doing).
 5. A warm process for the next attempt starts once pre-warming can help and cannot hurt: the command is known to
    reach ``reprieve.init()`` (a trainer said so, or none ran yet: a spare), the trainer has made its first step
    (or ``prewarm_delay`` passed since it started), and none exists. A warm process that refuses (devices touched
@@ -49,6 +50,12 @@ from ..restarts import classify_exit, describe_exit, local_next
 from .contract import NO_TRAINER_EXIT, RESIZE_GROW, RESIZE_SIGNAL, SPAWN_FAILED_EXIT, Assignment
 
 INTERRUPTED_EXIT = 128 + signal.SIGINT  # a local run stopped by Ctrl-C (a shell's code for it)
+# The longest an assignment waits for a warm process past its imports to park (rule 4). What it has left then is
+# the step's trace and lowering ahead (0.5-1 s in the soak) and, for a large state, populating landing memory;
+# what a cold start has ahead is the interpreter and the imports first (2.5 s of its 2.6-3.3 s to the first step
+# there; 5.2 s in the restart that killed a warm process 2.7 s into its start), so waiting this long is
+# at worst this much later than a cold start, and usually seconds sooner (benchmarks/RESULTS.md, "Chaos soak").
+WARM_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,8 @@ class Warm:
     started_at: float
     ready: bool = False  # parked in reprieve.init(), waiting for its assignment
     kill_sent: bool = False
+    warming: bool = False  # in reprieve.init(): its imports are done, its warm-up before parking is not
+    awaited_since: float | None = None  # an assignment has waited for it to park since then (rule 4)
 
 
 @dataclass(frozen=True)
@@ -348,6 +357,8 @@ def _message(s: State, ev: ChildMessage, now: float) -> tuple[State, list[Action
                           "it ends"), Report(a, code, _agreed(s, code, code), last_step=t.last_step)])
         return s, []
     if w is not None and ev.pid == w.pid:
+        if kind == "warming" and not w.ready:
+            return s.replace(warm=dataclasses.replace(w, warming=True)), []
         if kind == "ready" and not w.ready:
             return (s.replace(warm=dataclasses.replace(w, ready=True)),
                     [Note(f"warm process (pid {w.pid}) parked in reprieve.init() after {now - w.started_at:.2f}s")])
@@ -483,7 +494,15 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
                                                     f"{wanted.process_id}/{wanted.num_processes} to the warm "
                                                     f"process (pid {w.pid})")])
         if w is not None and not w.kill_sent:
-            s, more = _kill_warm(s, "it is not parked in reprieve.init() yet; starting cold")
+            since = now if w.awaited_since is None else w.awaited_since
+            if w.warming and now < since + WARM_WAIT_S:  # past its imports: it parks sooner than a cold start would
+                notes: list[Action] = [] if w.awaited_since is not None else [Note(
+                    f"attempt {wanted.attempt}: waiting up to {WARM_WAIT_S:g}s for the warm process (pid {w.pid}) "
+                    f"to park: it is past its imports, {now - w.started_at:.2f}s into its start")]
+                return s.replace(warm=dataclasses.replace(w, awaited_since=since)), acts + notes
+            why = ("it is not parked in reprieve.init() yet" if not w.warming else
+                   f"it did not park in reprieve.init() within {WARM_WAIT_S:g}s of the assignment")
+            s, more = _kill_warm(s, f"{why}; starting cold")
             acts += more
         return s.replace(pending=True), acts + [StartTrainer(wanted, f"attempt {wanted.attempt}: starting "
                                                                      f"process {wanted.process_id}/"

@@ -12,8 +12,9 @@ job silent (``[]``: heard from again; :mod:`reprieve.peers`; JAX's coordination 
 them), with its last finished step and when it finished (unix seconds; absent before the first step),
 ``{"event": "exiting", "code": C}`` when the exit code is decided (the agreed checkpoint committed, termination
 signals ignored from then on) and the process is about to leave the job and end. A warm process (also
-``REPRIEVE_WARM_FD``, the same socket) writes ``{"event": "ready"}`` when its ``reprieve.init()`` is reached, then
-blocks until the supervisor writes the assignment line; ``{"event": "error", "message": ...}`` when it cannot
+``REPRIEVE_WARM_FD``, the same socket) writes ``{"event": "warming"}`` when its ``reprieve.init()`` is entered (its
+imports done: an assignment that comes now waits a little for it rather than start cold), ``{"event": "ready"}``
+once its warm-up is done (it is parked), then blocks until the supervisor writes the assignment line; ``{"event": "error", "message": ...}`` when it cannot
 take one (devices already touched). Nothing here ever raises into training for a lost supervisor: events are
 best effort.
 """
@@ -102,6 +103,13 @@ class SupervisorLink:
         """The exit code is decided and the checkpoint committed; the process now leaves the job and ends. The
         supervisor reports the code at once instead of at the exit (``docs/contract.md``)."""
         self.send("exiting", code=code)
+
+    def warming(self) -> None:
+        """Warm process, entering ``reprieve.init()``: its imports are done (the supervisor waits a little for such a
+        process rather than start the attempt cold). Refuses first, as :meth:`await_assignment` does, when a JAX
+        backend is already initialised here: the supervisor starts the attempt cold at once."""
+        self._refuse_if_devices_touched()
+        self.send("warming")
 
     def await_assignment(self, idle: Callable[[], None] | None = None, idle_seconds: float = 5.0) -> dict[str, str]:
         """Warm process: report ready, block until the assignment line arrives, return its ``REPRIEVE_*`` values.
