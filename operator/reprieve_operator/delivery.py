@@ -33,10 +33,10 @@ from .policy.notice import (
     NoticePlan,
     current_attempt,
     decide_notice,
+    delivered_before,
     is_open,
     notice_message,
     opens_at,
-    recorded_deadline,
 )
 from .policy.signals import node_notice, present_signals, signals_for_job
 from .policy.times import rfc3339
@@ -197,7 +197,7 @@ async def _deliver(state: State, node: dict[str, Any], namespace: str, name: str
             plan = decide_notice(job, pods, notice, notes, now, nodes.horizon_seconds)
             if plan is None or nodes.delivered(job.uid, plan.attempt, notice.id):
                 return None
-            before = recorded_deadline(job, plan.attempt)
+            before = delivered_before(job, notes, plan.attempt, notice)
             value = notice.annotation(plan.attempt)
             watching = [r["metadata"]["name"] for r in raw if fanout.watches(r, notice_object_name(job))]
             uids = {r["metadata"]["name"]: r["metadata"].get("uid") for r in raw}

@@ -157,3 +157,20 @@ def test_first_seen_comes_from_the_notices_already_delivered_on_that_node() -> N
     assert got is not None and got.isoformat() == "2026-11-24T03:38:14+00:00"
     assert first_seen_in_notices(values, "n0", "aws-spot-itn") is None
     assert first_seen_in_notices([], "n0", "gke-spot") is None
+
+
+def test_the_deadline_delivered_before_comes_from_the_status_or_else_the_pods() -> None:
+    """The Event says a notice is earlier than the one delivered before. The status the operator wrote comes back
+    through its watch, which lags under load (a suite run: the Event left it out); its own annotations do not."""
+    from reprieve_operator.policy.notice import delivered_before
+
+    job = make_job().with_status(phase="Preempting", attempt=1, lastNotice=last(120, 1)).model()
+    assert delivered_before(job, {}, 1, SPOT) == NOW + timedelta(seconds=120)
+    lagging = make_job().with_status(**RUN).model()  # the status write not seen yet
+    pods = {"llama-0": note(120), "llama-1": note(90), "llama-2": None}
+    assert delivered_before(lagging, pods, 1, SPOT) == NOW + timedelta(seconds=90)
+    assert delivered_before(lagging, {"llama-0": note(20), "llama-1": SPOT.annotation()}, 1, SPOT) is None
+    assert delivered_before(lagging, {"llama-0": "{not json"}, 1, SPOT) is None  # malformed: "save now", no deadline
+    first = {"llama-0": notice(120, "n1", "aws-rebalance").annotation(1)}
+    assert delivered_before(lagging, first, 1, SPOT) == NOW + timedelta(seconds=120)
+    assert delivered_before(lagging, first, 2, SPOT) is None  # delivered to another attempt

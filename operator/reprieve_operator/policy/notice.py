@@ -76,6 +76,20 @@ def recorded_deadline(job: TrainingJob, attempt: int) -> datetime | None:
     return parse_time(last.deadline)
 
 
+def delivered_before(job: TrainingJob, annotations: Mapping[str, str | None], attempt: int,
+                     notice: Notice) -> datetime | None:
+    """The deadline delivered to ``attempt`` before ``notice`` (pure), for the Event's "earlier than": what
+    ``status.lastNotice`` records, else the earliest deadline later than ``notice``'s that the pods' notice values
+    hold. The operator's own annotations are in its cache as soon as it writes them; the status it wrote comes back
+    through the watch, which lags under load (then the Event left out that the notice is earlier)."""
+    recorded = recorded_deadline(job, attempt)
+    if recorded is not None:
+        return recorded
+    later = [d for v in annotations.values() if (d := annotation_deadline(v, attempt)) is not None
+             and d != EARLIEST and d > notice.deadline]
+    return min(later) if later else None
+
+
 def current_attempt(job: TrainingJob, pods: Sequence[WorkerPod]) -> int:
     """The attempt a notice is delivered to: the newest the status or any pod knows."""
     return max([job.status.attempt, *(p.attempt for p in pods)])
