@@ -501,7 +501,7 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
                     f"to park: it is past its imports, {now - w.started_at:.2f}s into its start")]
                 return s.replace(warm=dataclasses.replace(w, awaited_since=since)), acts + notes
             why = ("it is not parked in reprieve.init() yet" if not w.warming else
-                   f"it did not park in reprieve.init() within {WARM_WAIT_S:g}s of the assignment")
+                   f"it did not park in reprieve.init() within {WARM_WAIT_S:g}s of the attempt's start")
             s, more = _kill_warm(s, f"{why}; starting cold")
             acts += more
         return s.replace(pending=True), acts + [StartTrainer(wanted, f"attempt {wanted.attempt}: starting "
