@@ -111,7 +111,7 @@ def donates(lowered: Any) -> bool:
 
 
 def start_ahead(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-          on_compiled: Callable[[Any], None] | None = None) -> tuple[CompileAhead, Any]:
+                on_compiled: Callable[[Any], None] | None = None) -> tuple[CompileAhead, Any]:
     """A :class:`CompileAhead` of ``fn`` (from the module ``reprieve.lower_ahead`` lowered for it, if any), and the
     step the loop calls: ``fn``, or the :class:`reprieve.prelower.AheadStep` that calls that module's program."""
     pre = prelower.take(fn)
@@ -137,8 +137,8 @@ class CompileAhead:
         (:class:`reprieve.prelower.AheadStep`), which the loop calls."""
         lower = getattr(fn, "lower", None)
         if not callable(lower):
-            raise TypeError(f"Job.compile_ahead: {prelower.fn_name(fn)!r} has no .lower(): pass the jax.jit function itself "
-                            "(the one the training loop calls)")
+            raise TypeError(f"Job.compile_ahead: {prelower.fn_name(fn)!r} has no .lower(): pass the jax.jit function "
+                            "itself (the one the training loop calls)")
         self.name = prelower.fn_name(fn)
         self.ok: bool | None = None  # None: running
         self.seconds: float | None = None
