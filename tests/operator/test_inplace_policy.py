@@ -635,3 +635,53 @@ def test_a_probe_that_runs_now_fills_a_lost_index_whose_own_replacement_the_sche
     # a pod made for the index that is merely on its way (not refused) is still waited for, as before
     plan, extra = decide_inplace(elastic_job(restarting), pods, SHRUNK, (), NOW, stuck={})
     assert (extra.assign, extra.waiting_for) == (None, (made.name,))
+
+
+def _noticed(*nodes: str) -> dict[str, Any]:
+    return {**RUN, "lastNotice": {"id": "x", "node": nodes[0], "reason": "gke-spot", "deadline": "x",
+                                  "observedAt": "x", "attempt": 1}}
+
+
+def test_a_notice_dooming_more_workers_than_spares_makes_a_spare_ahead_for_each() -> None:
+    """Two workers doomed, one spare: a second spare is made when the notice comes (the job trains on until its
+    final save), so the restart moves both workers to spares whose warm processes parked, none to a cold pod."""
+    from dataclasses import replace
+
+    doomed = {W0.node, W1.node}
+    plan, extra = decide_inplace(job(_noticed(W0.node), spares=1), [W0, W1, SPARE], ASSIGNED, (), NOW,
+                                 doomed_nodes=doomed)
+    assert (plan.phase, plan.cause, plan.delete, extra.create_spares) == ("Preempting", None, (), 1)
+    # without a spare at all (spec.spares 0), one for each doomed worker
+    plan, extra = decide_inplace(job(_noticed(W1.node)), [W0, W1], ASSIGNED, (), NOW, doomed_nodes={W1.node})
+    assert (plan.delete, extra.create_spares) == ((), 1)
+    # the spare made ahead is there: nothing more, nothing deleted while the notice is open
+    ahead = replace(SPARE, name="llama-spare-zzzzz", created=NOW, contract=1)
+    plan, extra = decide_inplace(job(_noticed(W0.node), spares=1), [W0, W1, SPARE, ahead], ASSIGNED, (), NOW,
+                                 doomed_nodes=doomed)
+    assert (plan.delete, extra.create_spares) == ((), 0)
+    # the restart takes both spares and makes no worker pod; spec.spares is refilled in the background
+    plan, extra = decide_inplace(job(RESTARTING, spares=1), [exited(W0, 42), exited(W1, 42), SPARE, ahead],
+                                 ASSIGNED, (), NOW, doomed_nodes=doomed)
+    assert extra.assign is not None and set(extra.assign.processes) == {SPARE.name, ahead.name}
+    assert extra.create_workers == () and extra.create_spares == 1 and set(plan.delete) == {"llama-0", "llama-1"}
+
+
+def test_no_spare_is_made_ahead_of_a_notice_for_a_job_kueue_admitted() -> None:
+    """Its Workload's spares pod set reserved spec.spares: a pod beyond it would hold what the quota did not."""
+    plan, extra = decide_inplace(job(_noticed(W0.node), spares=1), [W0, W1, SPARE], ASSIGNED, (), NOW,
+                                 doomed_nodes={W0.node, W1.node}, ahead=False)
+    assert (plan.delete, extra.create_spares) == ((), 0)
+
+
+def test_spares_beyond_spec_go_once_no_notice_is_open_a_starting_one_first() -> None:
+    """A notice withdrawn before its restart (or spec.spares lowered): the spares beyond spec.spares are deleted,
+    the last in the order a restart takes spares (a starting one before a warm one, a young before an old)."""
+    from dataclasses import replace
+
+    warm_old = replace(SPARE, name="llama-spare-aaaaa", created=NOW - timedelta(minutes=5), contract=1)
+    warm_young = replace(SPARE, name="llama-spare-bbbbb", created=NOW - timedelta(minutes=1), contract=1)
+    starting = pod("llama-spare-ccccc", role="spare", phase="Pending", ip=None, node="node-s2", created=NOW)
+    plan, extra = decide_inplace(job(RUN, spares=1), [W0, W1, starting, warm_young, warm_old], ASSIGNED, (), NOW)
+    assert set(plan.delete) == {starting.name, warm_young.name} and extra.create_spares == 0
+    plan, extra = decide_inplace(job(RUN, spares=2), [W0, W1, starting, warm_young, warm_old], ASSIGNED, (), NOW)
+    assert plan.delete == (starting.name,) and extra.create_spares == 0

@@ -401,7 +401,7 @@ def _in_place(view: View, g: Gate | None) -> Outcome:
              if (v := podsready.unschedulable(r)) is not None} if job.spec.elastic is not None else {}
     plan, extra = decide_inplace(job, pods, view.assignment, view.avoid, now, view.doomed, held=hold,
                                  peer_lost_wait_s=view.peer_lost_wait_s, gone={p.name: p.node for p in view.gone},
-                                 stuck=stuck)
+                                 stuck=stuck, ahead=view.kueue is None or view.kueue.queue is None)
     plan = _pods_ready(_queue_conditions(kueue.eviction_restart(job, plan, hold, g, pods), g, hold), view)
     current = view.assignment
     if current is not None and extra.assign is None and extra.record is None and plan.cause is None:

@@ -15,7 +15,9 @@ differs is what a restart does:
 * the next assignment is written once every listed pod runs and has an IP (the coordinator is process 0's pod
   IP), so every trainer of the attempt starts together; a spare never waits for scheduling or a pull;
 * ``spec.spares`` spares are kept running on healthy nodes: a used one, one on a doomed or lost node, or one
-  that ended, is replaced in the background. Spares never count as workers.
+  that ended, is replaced in the background. Spares never count as workers. While notices doom more workers
+  than there are spares, one more is made for each (ahead of the restart, so each moved worker starts warm;
+  not under Kueue); those beyond ``spec.spares`` go once no notice is open (:func:`spares_wanted`).
 
 Hung stragglers: once a worker reported the restart code, the others have the pod's grace period to report
 theirs; then the gang restarts anyway and the supervisors stop what still runs.
@@ -99,10 +101,12 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
                    doomed_nodes: Collection[str] = (), held: Condition | None = None,
                    peer_lost_wait_s: float = PEER_LOST_WAIT_SECONDS,
                    gone: Mapping[str, str] | None = None,
-                   stuck: Mapping[str, SchedulerVerdict] | None = None) -> tuple[RestartPlan, InPlace]:
+                   stuck: Mapping[str, SchedulerVerdict] | None = None,
+                   ahead: bool = True) -> tuple[RestartPlan, InPlace]:
     """Decide the next step of an in-place ``job`` from its pods and its current assignment
     (``peer_lost_wait_s``: ``policy.restart.decide_restart``'s; ``gone``: pod name -> node of pods seen deleted;
-    ``stuck``: pod name -> the scheduler's ``PodScheduled=False/Unschedulable``, what an elastic job shrinks on).
+    ``stuck``: pod name -> the scheduler's ``PodScheduled=False/Unschedulable``, what an elastic job shrinks on;
+    ``ahead``: spares may be made ahead of a notice's restart, :func:`spares_wanted`).
 
     When a restart (or the final failure) is decided, ``InPlace.record`` is the plan to record in status
     before anything is deleted (crash safety); the returned plan is what to do and the status to reach."""
@@ -168,7 +172,7 @@ def decide_inplace(job: TrainingJob, pods: Sequence[PodView], assignment: Assign
                            conditions=(Condition("Complete", "True", "AllWorkersSucceeded",
                                                  f"all {spec.replicas} workers exited 0"),)), InPlace()
     if verdict.cause is None:
-        plan, extra = _steady(job, pods, workers, current, attempt, noticed, avoid, doomed_nodes)
+        plan, extra = _steady(job, pods, workers, current, attempt, noticed, avoid, doomed_nodes, ahead)
         conds, requeue = waiting(verdict)
         plan = replace(plan, conditions=(*plan.conditions, *conds), requeue_after=requeue, probe=verdict.probe)
         if verdict.waiting or noticed or now is None:
@@ -253,9 +257,10 @@ def _spare_rank(p: PodView) -> tuple[bool, datetime, str]:
 
 
 def _steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int], current: Mapping[int, WorkerPod],
-            attempt: int, noticed: bool, avoid: tuple[str, ...], doomed: Collection[str]) -> tuple[RestartPlan,
-                                                                                                InPlace]:
-    """Training: report readiness, keep ``spec.spares`` healthy spares (replace those on doomed nodes)."""
+            attempt: int, noticed: bool, avoid: tuple[str, ...], doomed: Collection[str],
+            ahead: bool = True) -> tuple[RestartPlan, InPlace]:
+    """Training: report readiness, keep the healthy spares :func:`spares_wanted` says (replace those on doomed
+    nodes, delete those beyond it once no notice is open)."""
     # Pods the kubelet runs, not the restart view's "alive" (worker_view counts a Pending pod as running): a gang
     # whose pod waits for its image or a node is Pending, as in Recreate mode (condition PodsReady says why).
     running = sum(1 for p in pods if p.name in workers and p.phase == "Running" and not p.deleting
@@ -267,15 +272,34 @@ def _steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int
     spares = [p for p in pods if p.role == "spare" and p.name not in workers and not p.deleting]
     doomed_spares = tuple(sorted(p.name for p in spares if _spare_gone(p, doomed)))
     keep = len(spares) - len(doomed_spares)
+    wanted = spares_wanted(job.spec.spares, pods, workers, doomed, ahead)
+    # More than wanted (a notice withdrawn before its restart used the spares made ahead, spec.spares lowered):
+    # the last in the order spares are used in go, so a warm one is kept before a starting one.
+    kept = sorted((p for p in spares if p.name not in doomed_spares), key=_spare_rank)
+    excess = tuple(sorted(p.name for p in kept[wanted:])) if not noticed else ()
     # Pods that are neither workers of this attempt nor spares: an earlier attempt's, or a replacement that a
     # crash left behind. They go; but an elastic job training shrunk keeps its capacity probes and standbys.
     probes = {c.pod for c in elastic.pod_candidates(pods, workers, attempt, doomed, {})} \
         if job.spec.elastic is not None and len(workers) < job.spec.replicas else set()
     strays = tuple(sorted(p.name for p in pods if p.name not in workers and p.role != "spare" and not p.deleting
                           and p.name not in probes))
-    return RestartPlan(phase=phase, attempt=attempt, delete=doomed_spares + strays, ready=running,
+    return RestartPlan(phase=phase, attempt=attempt, delete=doomed_spares + excess + strays, ready=running,
                        exclude_nodes=avoid, replicas=len(current)), \
-        InPlace(create_spares=max(0, job.spec.spares - keep))
+        InPlace(create_spares=max(0, wanted - keep))
+
+
+def spares_wanted(spares: int, pods: Sequence[PodView], workers: Mapping[str, int], doomed: Collection[str],
+                  ahead: bool) -> int:
+    """How many spares a training job keeps (pure): ``spec.spares``; and while notices doom more of its workers
+    than that, one for each of them (``ahead``), made when the notice comes so that every worker the restart moves
+    finds a spare whose warm process has parked (a few seconds from its pod's creation; a notice gives 15 s or
+    more, and the job trains on until its final save), not a pod created at the restart that starts cold. A
+    spare made ahead takes the place of a pod that is going: the job holds one more pod for the notice's window
+    at most. Not for a job Kueue admits (``ahead`` False): its Workload's spares pod set reserves ``spec.spares``."""
+    if not ahead:
+        return spares
+    moving = sum(1 for p in pods if p.name in workers and not p.deleting and p.node is not None and p.node in doomed)
+    return max(spares, moving)
 
 
 def _next_attempt(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int], attempt: int,
