@@ -165,8 +165,8 @@ def test_faults_a_deleted_pod_a_killed_supervisor_and_an_unwarned_node_loss_each
 
 def test_two_doomed_nodes_with_one_spare_then_two_nodes_lost_at_once(
         cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path) -> None:
-    """With the memory tier on. Both workers' nodes get a notice at once, one spare: it takes one index, a new pod
-    the other; one preemption, resumed without a lost step. Then a double fault (issue #46, 6 and 7): worker 1's
+    """With the memory tier on. Both workers' nodes get a notice at once, one spare: it takes one index, a spare
+    made ahead of the restart the other; one preemption, resumed without a lost step. Then a double fault (issue #46, 6 and 7): worker 1's
     node and the node of the pod holding its memory-tier replica (the spare, where the pairing put it there; else
     the spare's node anyway) vanish together; once the survivor's exit report names the silent peer, both Node
     objects are deleted in one call. One decision for the event: one disruption, both pods replaced in one
@@ -191,9 +191,10 @@ def test_two_doomed_nodes_with_one_spare_then_two_nodes_lost_at_once(
                      and s.get("phase") in ("Running", "Succeeded"), 180, "attempt 2 running", operator)["status"]
     second = assignment(cluster, namespace, name)["processes"]
     assert not {f"{name}-0", f"{name}-1"} & set(second), second
-    # One spare takes an index: the one that was running, unless it shared a doomed node (then it is replaced
-    # by a new spare, and that one takes over).
-    assert len([p for p in second if p.startswith(f"{name}-spare-")]) == 1, second
+    # Spares take both indices, no worker pod is made at the restart: the one that was running (unless it shared
+    # a doomed node: then it is replaced by a new spare), and the one made ahead when the notice doomed more
+    # workers than there were spares (policy.inplace.spares_wanted).
+    assert len([p for p in second if p.startswith(f"{name}-spare-")]) == 2, second
     assert (spare in second) == (spare_node not in doomed), (spare, spare_node, doomed, second)
     assert all(pod_node(cluster, namespace, p) not in doomed for p in second), second
     assert status["restarts"]["preemption"] == 1 and status["lastRestart"]["inPlace"] == 0, status
@@ -262,7 +263,8 @@ WINDOW_FAULTS = ("operator-restart", "notice", "node-lost")
 def test_faults_while_an_in_place_restart_waits_for_its_replacement(
         cluster: Any, namespace: str, operator: Any, pool: Any, api: Any, tmp_path: Path) -> None:
     """Three times in one job, worker 1's node gets a notice (no spare): the gang saves and exits, worker 0 is to be
-    kept, worker 1's replacement pays an emulated 12 s image pull on a fresh node. In that window, in turn: the
+    kept, worker 1's replacement (a spare made when the notice came) pays an emulated 20 s image pull on a fresh
+    node, most of it after the gang's final save. In that window, in turn: the
     operator killed and started again (exits reported, assignment not yet written), a notice for worker 0's node,
     worker 0's node lost without notice. Each time the gang converges on one new attempt; each restart is counted
     once (one preemption each, one AttemptStarted Event each); no step is lost; no stale process commits.
@@ -270,12 +272,12 @@ def test_faults_while_an_in_place_restart_waits_for_its_replacement(
     (One job for the three faults: it was three jobs, one a fault, which paid a job's start and its nodes three
     times for the same proof. Each window is its own attempt here, asserted as each of those tests did.)
 
-    Why this long: each fault must land while its attempt waits for a replacement pod (an emulated 12 s pull),
+    Why this long: each fault must land while its attempt waits for a replacement pod (an emulated 20 s pull),
     then the next attempt trains before the next window opens; four attempts of a 2-process job."""
     from localcluster.costs import EmulatedCosts
 
     # 2 nodes to start; each window takes worker 1's node, and two of them worker 0's too: 7 nodes
-    pool_a, _ = pool(7, costs=EmulatedCosts(pull_seconds=12.0))
+    pool_a, _ = pool(7, costs=EmulatedCosts(pull_seconds=20.0))
     name, steps = "window", 3 * STEPS
     ckpt = submit_inplace(cluster, namespace, name, tmp_path, pool_a, steps=steps)
     wait_step(ckpt, 30, 240, cluster, namespace, name)

@@ -685,3 +685,9 @@ def test_spares_beyond_spec_go_once_no_notice_is_open_a_starting_one_first() -> 
     assert set(plan.delete) == {starting.name, warm_young.name} and extra.create_spares == 0
     plan, extra = decide_inplace(job(RUN, spares=2), [W0, W1, starting, warm_young, warm_old], ASSIGNED, (), NOW)
     assert plan.delete == (starting.name,) and extra.create_spares == 0
+
+
+def test_no_spare_is_made_ahead_for_an_elastic_job() -> None:
+    elastic = job(_noticed(W0.node), spares=1, elastic={"minReplicas": 1})
+    plan, extra = decide_inplace(elastic, [W0, W1, SPARE], ASSIGNED, (), NOW, doomed_nodes={W0.node, W1.node})
+    assert (plan.delete, extra.create_spares) == ((), 0)
