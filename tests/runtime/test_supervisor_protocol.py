@@ -185,12 +185,22 @@ SCENARIOS = {
          (6, ChildMessage(21, {"event": "ready"})), (40, ChildExited(11, 42)), (41, AssignmentSeen(cm(2))),
          (50, Tick()), (51, Tick()), (51.1, ChildExited(21, 137))],
         ["0: start 1", "5: warm", "40: report 1:42", "41: hand 21>2", "51: KILL 21", "51.1: start 2"]),
-    "a warm process not parked yet when the assignment comes: killed, cold start": (
+    "a warm process still importing 5 s after its start when the assignment comes: killed, cold start": (
         [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
-         (6, ChildExited(11, 42)), (7, AssignmentSeen(cm(2))), (7.1, ChildExited(21, 137)),
-         (7.1, Spawned(12, "trainer", cm(2))), (8, ChildMessage(12, {"event": "init"})),
-         (9, ChildMessage(12, {"event": "step"}))],
-        ["0: start 1", "5: warm", "6: report 1:42", "7: KILL 21", "7: start 2", "9: warm"]),
+         (10, ChildExited(11, 42)), (10.5, AssignmentSeen(cm(2))), (10.6, ChildExited(21, 137)),
+         (10.6, Spawned(12, "trainer", cm(2))), (11, ChildMessage(12, {"event": "init"})),
+         (12, ChildMessage(12, {"event": "step"}))],
+        ["0: start 1", "5: warm", "10: report 1:42", "10.5: KILL 21", "10.5: start 2", "12: warm"]),
+    # a pod made for the restart: its warm process starts with it, the assignment comes 0.1-0.7 s later (the soak)
+    "a new pod's warm process still importing when the assignment comes is waited for, and takes over": (
+        [(0, AssignmentSeen(cm(4, index=None))), (0, Spawned(21, "warm")), (0.4, AssignmentSeen(cm(5))),
+         (1, Tick()), (2.5, ChildMessage(21, {"event": "warming"})), (3, Tick()),
+         (3.2, ChildMessage(21, {"event": "ready"}))],
+        ["0: warm", "3.2: hand 21>5"]),
+    "a new pod's warm process that does not park within 5 s of its start is killed: cold start": (
+        [(0, AssignmentSeen(cm(4, index=None))), (0, Spawned(21, "warm")), (0.4, AssignmentSeen(cm(5))),
+         (4.9, Tick()), (5, Tick()), (5.1, ChildExited(21, 137)), (5.1, Spawned(12, "trainer", cm(5)))],
+        ["0: warm", "5: KILL 21", "5: start 5"]),
     # the soak's double faults: a cold start 2.7 s into a warm process's start took 5.2 s to its first step
     "a warm process past its imports when the assignment comes is waited for, and takes over when it parks": (
         [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
@@ -199,9 +209,14 @@ SCENARIOS = {
         ["0: start 1", "5: warm", "6.5: report 1:42", "8: hand 21>2"]),
     "a warm process past its imports that does not park within the wait is killed: cold start": (
         [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
+         (6, ChildMessage(21, {"event": "warming"})), (8.5, ChildExited(11, 42)), (9, AssignmentSeen(cm(2))),
+         (10.9, Tick()), (11, Tick()), (11.1, ChildExited(21, 137)), (11.1, Spawned(12, "trainer", cm(2)))],
+        ["0: start 1", "5: warm", "8.5: report 1:42", "11: KILL 21", "11: start 2"]),
+    "a warm process past its imports is waited for 5 s from its own start when that is later": (
+        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
          (6, ChildMessage(21, {"event": "warming"})), (6.5, ChildExited(11, 42)), (7, AssignmentSeen(cm(2))),
-         (8.9, Tick()), (9, Tick()), (9.1, ChildExited(21, 137)), (9.1, Spawned(12, "trainer", cm(2)))],
-        ["0: start 1", "5: warm", "6.5: report 1:42", "9: KILL 21", "9: start 2"]),
+         (9, Tick()), (9.9, Tick()), (10, Tick()), (10.1, ChildExited(21, 137)), (10.1, Spawned(12, "trainer", cm(2)))],
+        ["0: start 1", "5: warm", "6.5: report 1:42", "10: KILL 21", "10: start 2"]),
     "the wait counts from when the attempt could start, not from when its assignment came": (
         [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
          (6, ChildMessage(21, {"event": "warming"})), (7, AssignmentSeen(cm(2))), (9.5, ChildExited(11, 42)),

@@ -25,9 +25,10 @@ The rules, in the order :func:`decide` applies them:
    reported at once, so the next assignment is usually there when it ends; its exit is reported again only
    if the code differs.
 4. No trainer, and the newest assignment lists this pod with an attempt newer than every attempt run: a warm
-   process parked in ``reprieve.init()`` takes it over; one that is past its imports (it said ``warming``) but not
-   parked yet is waited for, at most :data:`WARM_WAIT_S`; otherwise a cold process starts (a warm process still
-   importing, or not parked within the wait, is killed: a cold start would repeat the imports it is doing).
+   process parked in ``reprieve.init()`` takes it over; one not parked yet is waited for until it parks, up to
+   :data:`WARM_START_S` after its own start or, once it is past its imports (it said ``warming``), up to
+   :data:`WARM_WAIT_S` after the attempt could start if that is later (a cold process started now would repeat
+   the imports it is doing, so it parks sooner unless it hangs); then it is killed and a cold process starts.
 5. A warm process for the next attempt starts once pre-warming can help and cannot hurt: the command is known to
    reach ``reprieve.init()`` (a trainer said so, or none ran yet: a spare), the trainer has made its first step
    (or ``prewarm_delay`` passed since it started), and none exists. A warm process that refuses (devices touched
@@ -56,6 +57,12 @@ INTERRUPTED_EXIT = 128 + signal.SIGINT  # a local run stopped by Ctrl-C (a shell
 # there; 5.2 s in the restart that killed a warm process 2.7 s into its start), so waiting this long is
 # at worst this much later than a cold start, and usually seconds sooner (benchmarks/RESULTS.md, "Chaos soak").
 WARM_WAIT_S = 2.0
+# The longest from a warm process's start to its parking that rule 4 waits for, also while it is still importing:
+# a pod made for the restart starts its warm process as it starts, and the assignment, written once the pod runs,
+# comes 0.1-0.7 s later (six of the soak's cold starts killed such a process and did its imports again, both
+# competing for the CPU). Its interpreter and imports took 2.5 s there and its warm-up 0.5-1 s; this bounds what
+# one that hangs costs.
+WARM_START_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -495,13 +502,16 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
                                                     f"process (pid {w.pid})")])
         if w is not None and not w.kill_sent:
             since = now if w.awaited_since is None else w.awaited_since
-            if w.warming and now < since + WARM_WAIT_S:  # past its imports: it parks sooner than a cold start would
+            until = max(since + WARM_WAIT_S if w.warming else since, w.started_at + WARM_START_S)
+            if now < until:  # it parks sooner than a cold process started now would
+                where = "past its imports" if w.warming else "still importing"
                 notes: list[Action] = [] if w.awaited_since is not None else [Note(
-                    f"attempt {wanted.attempt}: waiting up to {WARM_WAIT_S:g}s for the warm process (pid {w.pid}) "
-                    f"to park: it is past its imports, {now - w.started_at:.2f}s into its start")]
+                    f"attempt {wanted.attempt}: waiting up to {until - now:.2f}s for the warm process (pid {w.pid}) "
+                    f"to park: it is {where}, {now - w.started_at:.2f}s into its start")]
                 return s.replace(warm=dataclasses.replace(w, awaited_since=since)), acts + notes
-            why = ("it is not parked in reprieve.init() yet" if not w.warming else
-                   f"it did not park in reprieve.init() within {WARM_WAIT_S:g}s of the attempt's start")
+            why = (f"it did not park in reprieve.init() within {WARM_START_S:g}s of its start" if not w.warming else
+                   f"it did not park in reprieve.init() within {WARM_WAIT_S:g}s of the attempt's start or "
+                   f"{WARM_START_S:g}s of its own")
             s, more = _kill_warm(s, f"{why}; starting cold")
             acts += more
         return s.replace(pending=True), acts + [StartTrainer(wanted, f"attempt {wanted.attempt}: starting "
