@@ -271,11 +271,10 @@ def _steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int
     phase = "Preempting" if noticed else ("Running" if running and running + done == len(workers) else "Pending")
     spares = [p for p in pods if p.role == "spare" and p.name not in workers and not p.deleting]
     doomed_spares = tuple(sorted(p.name for p in spares if _spare_gone(p, doomed)))
-    keep = len(spares) - len(doomed_spares)
-    wanted = spares_wanted(job.spec.spares, pods, workers, doomed, ahead and job.spec.elastic is None)
-    # More than wanted (a notice withdrawn before its restart used the spares made ahead, spec.spares lowered):
-    # the last in the order spares are used in go, so a warm one is kept before a starting one.
+    # in the order a restart takes them: beyond what is wanted (a notice withdrawn before its restart used the
+    # spares made ahead, spec.spares lowered), the last go, so a warm one is kept before a starting one
     kept = sorted((p for p in spares if p.name not in doomed_spares), key=_spare_rank)
+    wanted = spares_wanted(job.spec.spares, pods, workers, doomed, ahead and job.spec.elastic is None)
     excess = tuple(sorted(p.name for p in kept[wanted:])) if not noticed else ()
     # Pods that are neither workers of this attempt nor spares: an earlier attempt's, or a replacement that a
     # crash left behind. They go; but an elastic job training shrunk keeps its capacity probes and standbys.
@@ -285,7 +284,7 @@ def _steady(job: TrainingJob, pods: Sequence[PodView], workers: Mapping[str, int
                           and p.name not in probes))
     return RestartPlan(phase=phase, attempt=attempt, delete=doomed_spares + excess + strays, ready=running,
                        exclude_nodes=avoid, replicas=len(current)), \
-        InPlace(create_spares=max(0, wanted - keep))
+        InPlace(create_spares=max(0, wanted - len(kept)))
 
 
 def spares_wanted(spares: int, pods: Sequence[PodView], workers: Mapping[str, int], doomed: Collection[str],
@@ -295,9 +294,9 @@ def spares_wanted(spares: int, pods: Sequence[PodView], workers: Mapping[str, in
     finds a spare whose warm process has parked (a few seconds from its pod's creation; a notice gives 15 s or
     more, and the job trains on until its final save), not a pod created at the restart that starts cold. A
     spare made ahead takes the place of a pod that is going: the job holds one more pod for the notice's window
-    at most. Not for a job Kueue admits (``ahead`` False): its Workload's spares pod set reserves ``spec.spares``;
-    nor for an elastic job yet (a spare made ahead that cannot schedule would be waited for as a starting spare,
-    where the shrink counts on a refused replacement)."""
+    at most. ``ahead`` is False (the caller's) for a job Kueue admits, whose Workload's spares pod set reserves
+    ``spec.spares``, and for an elastic job for now (a spare made ahead that cannot schedule would be waited for as
+    a starting spare, where the shrink counts on a refused replacement)."""
     if not ahead:
         return spares
     moving = sum(1 for p in pods if p.name in workers and not p.deleting and p.node is not None and p.node in doomed)

@@ -51,13 +51,14 @@ from ..restarts import classify_exit, describe_exit, local_next
 from .contract import NO_TRAINER_EXIT, RESIZE_GROW, RESIZE_SIGNAL, SPAWN_FAILED_EXIT, Assignment
 
 INTERRUPTED_EXIT = 128 + signal.SIGINT  # a local run stopped by Ctrl-C (a shell's code for it)
-# The longest an assignment waits for a warm process past its imports to park (rule 4). What it has left then is
+# How long after the attempt could start an assignment still waits for a warm process past its imports to park
+# (rule 4; or until WARM_START_S after the process's own start, if that is later). What it has left then is
 # the step's trace and lowering ahead (0.5-1 s in the soak) and, for a large state, populating landing memory;
 # what a cold start has ahead is the interpreter and the imports first (2.5 s of its 2.6-3.3 s to the first step
 # there; 5.2 s in the restart that killed a warm process 2.7 s into its start), so waiting this long is
 # at worst this much later than a cold start, and usually seconds sooner (benchmarks/RESULTS.md, "Chaos soak").
 WARM_WAIT_S = 2.0
-# The longest from a warm process's start to its parking that rule 4 waits for, also while it is still importing:
+# How long after a warm process's start rule 4 waits for it to park, also while it is still importing:
 # a pod made for the restart starts its warm process as it starts, and the assignment, written once the pod runs,
 # comes 0.1-0.7 s later (six of the soak's cold starts killed such a process and did its imports again, both
 # competing for the CPU). Its interpreter and imports took 2.5 s there and its warm-up 0.5-1 s; this bounds what
