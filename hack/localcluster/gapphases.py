@@ -76,11 +76,31 @@ def phases(lines: list[tuple[float, str]]) -> list[dict[str, float | None]]:
     return out
 
 
+def cri_lines(lines: Iterable[str]) -> list[str]:
+    """The container's own lines of a log in the CRI format the kubelet keeps (``<time> <stream> <P|F> <text>``: a
+    line split into partial records ``P`` and ended by ``F`` is joined again; pure)."""
+    out: list[str] = []
+    partial: dict[str, str] = {}
+    for line in lines:
+        parts = line.rstrip("\n").split(" ", 3)
+        if len(parts) < 3 or parts[2] not in ("P", "F"):
+            continue
+        stream, text = parts[1], parts[3] if len(parts) == 4 else ""
+        if parts[2] == "P":
+            partial[stream] = partial.get(stream, "") + text
+        else:
+            out.append(partial.pop(stream, "") + text)
+    return out
+
+
 def read_dir(directory: Path) -> list[tuple[float, str]]:
-    """The stamped lines of every trainer log under a goodput run's ``DIR/cluster/nodes``."""
+    """The stamped lines of every trainer log of a goodput run: ``DIR/cluster/nodes`` (process nodes) and
+    ``DIR/cluster/kept-pod-logs`` (real nodes: the kubelet's CRI-format container logs, kept when a pod goes)."""
     lines: list[str] = []
     for log in sorted(directory.glob("cluster/nodes/*/pods/*/*/logs/trainer.log")):
         lines.extend(log.read_text(errors="replace").splitlines())
+    for log in sorted(directory.glob("cluster/kept-pod-logs/*/*/*/trainer/*.log")):
+        lines.extend(cri_lines(log.read_text(errors="replace").splitlines()))
     return stamped(lines)
 
 
@@ -91,7 +111,7 @@ def main(argv: list[str]) -> int:
         return 2
     rows = phases(read_dir(Path(argv[0])))
     if not rows:
-        print(f"no agreed exit in the trainer logs under {argv[0]}/cluster/nodes", file=sys.stderr)
+        print(f"no agreed exit in the trainer logs under {argv[0]}/cluster (nodes, kept-pod-logs)", file=sys.stderr)
         return 1
     for row in rows:
         print(" ".join(f"{k}={'?' if v is None else f'{v:.2f}'}" for k, v in row.items()))

@@ -188,6 +188,13 @@ def on_devices(buffers: list[np.ndarray], devices: list[list[Any]]) -> dict[Any,
     first adopts the buffer itself, every other replica gets its own copy, so that donating one can never scribble
     over another. The copy lands in a :func:`host_buffer`, which the device adopts too: a plain numpy copy is only
     16-byte aligned, so the device copied it once more (1 GiB: ~0.5 s more on the benchmark VM)."""
+    values, targets = _replicas(buffers, devices)
+    # one batched call for all of them, not one each (device_put's dispatch costs ~50 us a call)
+    return dict(zip(targets, jax.device_put(values, targets), strict=True))
+
+
+def _replicas(buffers: list[np.ndarray], devices: list[list[Any]]) -> tuple[list[np.ndarray], list[Any]]:
+    """:func:`on_devices`'s ``(values, targets)``: each buffer for its first device, an aligned copy for each other."""
     values, targets = [], []
     for buf, devs in zip(buffers, devices, strict=True):
         for n, d in enumerate(devs):
@@ -196,8 +203,30 @@ def on_devices(buffers: list[np.ndarray], devices: list[list[Any]]) -> dict[Any,
                 np.copyto(own, buf)
             values.append(buf if n == 0 else own)
             targets.append(d)
-    # one batched call for all of them, not one each (device_put's dispatch costs ~50 us a call)
-    return dict(zip(targets, jax.device_put(values, targets), strict=True))
+    return values, targets
+
+
+def assemble(leaves: list[tuple[list[np.ndarray], list[list[Any]], tuple[int, ...], Any]]) -> list[Any]:
+    """The ``jax.Array`` of each restored leaf ``(buffers, devices, shape, sharding)`` (``buffers``/``devices`` as
+    :func:`on_devices` takes them), every leaf's buffers put on their devices in one ``device_put``: a restore of a
+    model's hundreds of leaves pays the call's dispatch once, not once a leaf (the example's 118 leaves on 2 CPU
+    devices: 10 ms against 17.5 ms a leaf at a time on the benchmark VM)."""
+    values: list[np.ndarray] = []
+    targets: list[Any] = []
+    spans = []
+    for buffers, devices, _, _ in leaves:
+        start = len(values)
+        vs, ts = _replicas(buffers, devices)
+        values += vs
+        targets += ts
+        spans.append((start, len(values)))
+    put = jax.device_put(values, targets) if values else []
+    out = []
+    for (_, _, shape, sharding), (a, b) in zip(leaves, spans, strict=True):
+        placed = dict(zip(targets[a:b], put[a:b], strict=True))
+        ordered = [placed[d] for d in sharding.addressable_devices_indices_map(shape)]
+        out.append(jax.make_array_from_single_device_arrays(shape, sharding, ordered))
+    return out
 
 
 def owned_by_cpu_devices(state: Any) -> tuple[Any, int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from localcluster.gapphases import main, phases, stamped
+from localcluster.gapphases import cri_lines, main, phases, stamped
 
 pytestmark = pytest.mark.unit
 
@@ -56,3 +56,29 @@ def test_the_command_reads_a_run_directory_and_says_when_it_finds_nothing(tmp_pa
     log.write_text("nothing agreed\n")
     assert main([str(tmp_path)]) == 1
     assert main([str(tmp_path / "missing")]) == 2
+
+
+def test_real_nodes_kept_pod_logs_are_read_in_the_kubelets_format(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A real-node run keeps each pod's container log as the kubelet wrote it (CRI: time, stream, P/F, text); a
+    line the kubelet split into partial records is joined back, and the phases come out as from process nodes."""
+    def cri(text: str) -> str:
+        out = []
+        for i, line in enumerate(text.splitlines()):
+            stamp = f"2026-11-30T01:54:{i:02d}.000000000Z"
+            if i == 3:  # one line split in two partial records, with the other stream between them
+                out += [f"{stamp} stderr P {line[:20]}", f"{stamp} stdout F unrelated",
+                        f"{stamp} stderr F {line[20:]}"]
+            else:
+                out.append(f"{stamp} stderr F {line}")
+        return "\n".join(out) + "\n"
+
+    assert cri_lines(["t stderr P ab", "t stdout F x", "t stderr F cd", "garbage", "t stderr F "]) == ["x", "abcd", ""]
+    lines = EXIT.splitlines()
+    for name, mine in (("pod-a", lines[::2]), ("pod-b", lines[1::2])):
+        log = tmp_path / f"cluster/kept-pod-logs/ns/node-1/ns_{name}_uid/trainer/0.log"
+        log.parent.mkdir(parents=True)
+        log.write_text(cri("\n".join(mine)))
+    assert main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "save=0.40 close=0.10 exit=0.40 takeover=-0.09 restore=1.19 first_step=1.20 total=3.20"]

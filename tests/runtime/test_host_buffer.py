@@ -132,3 +132,42 @@ def test_shards_put_on_their_devices_in_one_call_are_each_adopted_where_they_bel
     for i, (b, d) in enumerate(zip(bufs, devices[:4], strict=True)):
         assert placed[d].devices() == {d} and placed[d].unsafe_buffer_pointer() == b.ctypes.data
         assert float(placed[d][0]) == float(i)
+
+
+def test_leaves_assembled_together_are_put_in_one_call_each_adopted_in_its_sharding(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``assemble``: a restore's leaves (one replicated over two devices, one sharded over four, one of another
+    dtype) become their arrays with one ``device_put`` for all of them: each array has its leaf's shape, sharding
+    and values, each shard adopts the buffer it landed in, the replica its own copy."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = jax.devices()
+    if len(devices) < 4:
+        pytest.skip("needs 4 devices (XLA_FLAGS=--xla_force_host_platform_device_count)")
+    calls: list[int] = []
+    real_put = jax.device_put
+    monkeypatch.setattr(jax, "device_put", lambda xs, ds, **kw: calls.append(len(xs)) or real_put(xs, ds, **kw))
+    pair = NamedSharding(Mesh(np.array(devices[:2]), ("d",)), P())
+    four = NamedSharding(Mesh(np.array(devices[:4]), ("d",)), P("d"))
+    rep = arrays.host_buffer((3, 5), np.dtype(np.float32))
+    rep[:] = np.arange(15, dtype=np.float32).reshape(3, 5)
+    rows = [arrays.host_buffer((2, 3), np.dtype(np.int32)) for _ in range(4)]
+    for i, r in enumerate(rows):
+        r[:] = np.arange(6, dtype=np.int32).reshape(2, 3) + 6 * i
+    scalar = arrays.host_buffer((), np.dtype(np.float16))
+    scalar[...] = 2.5
+    made = arrays.assemble([([rep], [devices[:2]], (3, 5), pair),
+                            (rows, [[d] for d in devices[:4]], (8, 3), four),
+                            ([scalar], [devices[:2]], (), pair)])
+    assert calls == [2 + 4 + 2]
+    a, b, c = made
+    assert a.sharding == pair and b.sharding == four and c.sharding == pair and c.dtype == np.float16
+    np.testing.assert_array_equal(np.asarray(a), rep)
+    np.testing.assert_array_equal(np.asarray(b), np.arange(24, dtype=np.int32).reshape(8, 3))
+    assert float(c) == 2.5
+    pointers = {s.device: s.data.unsafe_buffer_pointer() for s in a.addressable_shards}
+    assert pointers[devices[0]] == rep.ctypes.data != pointers[devices[1]]  # the replica: its own copy
+    for s in b.addressable_shards:
+        assert s.data.unsafe_buffer_pointer() == rows[devices.index(s.device)].ctypes.data
+    assert arrays.assemble([]) == []

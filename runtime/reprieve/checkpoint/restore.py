@@ -46,13 +46,13 @@ import numpy as np
 from ..arrays import (
     Region,
     addressable_regions,
+    assemble,
     host_buffer,
     host_buffers,
     intersect,
     is_abstract_array,
     key_data_sharding,
     local_slices,
-    on_devices,
     prng_key_impl,
     process_regions,
     region_size,
@@ -253,10 +253,9 @@ def restore_tree(storage: Storage, ckpt_dir: str, meta: CheckpointMeta, abstract
     for lf in leaves:
         if lf.sharding is None:
             out[lf.slot] = lf.buffers[0]
-            continue
-        arrays = on_devices(lf.buffers, lf.devices)
-        ordered = [arrays[d] for d in lf.sharding.addressable_devices_indices_map(lf.shape)]
-        arr = jax.make_array_from_single_device_arrays(lf.shape, lf.sharding, ordered)
+    placed = [lf for lf in leaves if lf.sharding is not None]
+    for lf, arr in zip(placed, assemble([(lf.buffers, lf.devices, lf.shape, lf.sharding) for lf in placed]),
+                       strict=True):
         out[lf.slot] = arr if lf.key_impl is None else jax.random.wrap_key_data(arr, impl=lf.key_impl)
     return jax.tree_util.tree_unflatten(treedef, out)
 

@@ -26,10 +26,10 @@ import numpy as np
 from ..arrays import (
     Region,
     addressable_regions,
+    assemble,
     host_buffer,
     host_buffers,
     key_data_sharding,
-    on_devices,
     prng_key_impl,
     sharding_of,
 )
@@ -249,6 +249,7 @@ def restore_state(sources: dict[int, Source], abstract: Any, *, num_writers: int
         planned()
     reader.fetch(wanted)
 
+    placed = []  # (slot, key_impl) of each leaf on devices, and its (buffers, devices, shape, sharding)
     for slot, _path, leaf, shape, sharding, regions, devices, pieces, saved_dtype, want, key_impl in plans:
         bufs = []
         for r, found in zip(regions, pieces, strict=True):
@@ -267,9 +268,8 @@ def restore_state(sources: dict[int, Source], abstract: Any, *, num_writers: int
         if sharding is None:
             out[slot] = np.array(bufs[0]) if leaf["kind"] == "numpy" else bufs[0]
             continue
-        arrays = on_devices(bufs, devices)
-        ordered = [arrays[d] for d in sharding.addressable_devices_indices_map(shape)]
-        arr = jax.make_array_from_single_device_arrays(shape, sharding, ordered)
+        placed.append(((slot, key_impl), (bufs, devices, shape, sharding)))
+    for ((slot, key_impl), _), arr in zip(placed, assemble([p for _, p in placed]), strict=True):
         out[slot] = arr if key_impl is None else jax.random.wrap_key_data(arr, impl=key_impl)
     remote = any(not sources[w].local for w, _ in wanted)
     return jax.tree_util.tree_unflatten(treedef, out), dict(first.extra), extras, remote
