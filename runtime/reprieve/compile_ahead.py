@@ -190,13 +190,15 @@ class CompileAhead:
                 log.info("compile_ahead(%s): the step lowered before the devices does not fit them (%s); lowering "
                          "it again", self.name, why or "the arguments' shardings name no single concrete mesh")
                 return None
+            # the module says whether the step donates before it is compiled: the restore, which asks, goes on
+            # beside the compile (its copy into memory XLA owns) instead of waiting for it
+            self._donates = donates(pre)
+            self._lowered.set()
             compiled = prelower.compile_lowered(pre, devices)
         except Exception as err:  # noqa: BLE001 - a head start only: lowered as without it
             log.warning("compile_ahead(%s): the step lowered before the devices did not compile (%s: %s); lowering "
                         "it again", self.name, type(err).__name__, err)
             return None
-        self._donates = donates(pre)
-        self._lowered.set()
         self.from_ahead = True
         return compiled
 

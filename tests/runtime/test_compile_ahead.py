@@ -179,3 +179,43 @@ def test_compile_ahead_says_whether_the_step_donates_once_lowered() -> None:
     assert wrong.donates_inputs() is False  # the lowering failed: nothing is known, nothing is copied
     wrong.wait()
     assert wrong.ok is False
+
+
+def test_a_step_lowered_before_the_devices_says_it_donates_before_its_compile_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The module ``reprieve.lower_ahead`` lowered knows its donations: ``donates_inputs`` answers while that
+    module's compile still runs, so the restore (which asks, to copy a donated state into memory XLA owns) goes on
+    beside the compile instead of waiting for it; the compiled program is the step's once the compile ends."""
+    import threading
+
+    from reprieve import prelower
+    from reprieve.compile_ahead import CompileAhead
+
+    mesh = _mesh()
+    spec = jax.ShapeDtypeStruct((8,), jnp.float32, sharding=NamedSharding(mesh, P("d")))
+    fn = jax.jit(lambda x: x * 2, donate_argnums=0)
+    pre = fn.lower(spec)
+    release, entered = threading.Event(), threading.Event()
+    real = prelower.compile_lowered
+
+    def held(lowered: Any, devices: tuple[Any, ...]) -> Any:
+        entered.set()
+        assert release.wait(30)
+        return real(lowered, devices)
+
+    monkeypatch.setattr(prelower, "compile_lowered", held)
+    step = prelower.AheadStep(fn)
+    ahead = CompileAhead(fn, (spec,), {}, prelowered=pre, step=step)
+    try:
+        assert entered.wait(30)
+        answer: list[bool] = []
+        asker = threading.Thread(target=lambda: answer.append(ahead.donates_inputs()), daemon=True)
+        asker.start()
+        asker.join(10)
+        assert answer == [True] and ahead.ok is None  # answered while the compile is held
+    finally:
+        release.set()
+    ahead.wait()
+    assert ahead.ok is True and ahead.from_ahead and step.compiled is not None
+    x = jax.device_put(jnp.arange(8, dtype=jnp.float32), spec.sharding)
+    np.testing.assert_array_equal(np.asarray(step(x)), np.arange(8, dtype=np.float32) * 2)
