@@ -209,8 +209,8 @@ def _replicas(buffers: list[np.ndarray], devices: list[list[Any]]) -> tuple[list
 def assemble(leaves: list[tuple[list[np.ndarray], list[list[Any]], tuple[int, ...], Any]]) -> list[Any]:
     """The ``jax.Array`` of each restored leaf ``(buffers, devices, shape, sharding)`` (``buffers``/``devices`` as
     :func:`on_devices` takes them), every leaf's buffers put on their devices in one ``device_put``: a restore of a
-    model's hundreds of leaves pays the call's dispatch once, not once a leaf (the example's 118 leaves on 2 CPU
-    devices: 10 ms against 17.5 ms a leaf at a time on the benchmark VM)."""
+    model's hundreds of leaves pays the call's dispatch once, not once a leaf (benchmarks/RESULTS.md, "Goodput and
+    restart gaps")."""
     values: list[np.ndarray] = []
     targets: list[Any] = []
     spans = []
