@@ -7,7 +7,8 @@ Saves a fully replicated state (every leaf on every device: what data-parallel r
 fallback=<pieces> total=<state bytes>``, then ``OK``. ``--direct``: the restore is ``restore_tree`` alone (no
 collective verdict after it), so a survivor of a peer that dies during the exchange shows its own result.
 ``--among``: only those processes restore, with ``CheckpointManager.read_step(among=...)`` (a memory-tier restore's
-storage readers); the others print ``IDLE`` and wait for them at a barrier.
+storage readers); the others print ``IDLE`` and wait for them at a barrier. Unless ``--direct``, every process
+then leaves through ``jax.distributed.shutdown()`` (together).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def main() -> int:
             print("IDLE", flush=True)
             coord.barrier("test/among-done", args.timeout)
             print("OK", flush=True)
+            jax.distributed.shutdown()
             return 0
         _, restored, _ = mgr.read_step(1, 1, abstract, among=among, key="test/among")
         stats = mgr.last_restore_stats
@@ -100,6 +102,11 @@ def main() -> int:
     if args.among is not None:
         coord.barrier("test/among-done", args.timeout)
     print("OK", flush=True)
+    if not args.direct:
+        # Every process got here: leave together. Without it process 0, which serves the coordination service,
+        # could exit while another was still between the last barrier and its exit, and that one's error poller,
+        # finding the service gone, aborts it (seen once in CI: rc -6 after STATS, before OK).
+        jax.distributed.shutdown()
     return 0
 
 
