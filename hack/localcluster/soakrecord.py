@@ -201,7 +201,9 @@ def records(faults: Sequence[Injected], obs: Sequence[Observation], interruption
 
 
 _START = re.compile(r"process (?P<process>\d+)/\d+ starting at step \d+ of \d+ \(attempt (?P<attempt>\d+)\)")
-_COMPILED = re.compile(r"compiled .* ahead in [0-9.]+s beside the restore \(the first step waited (?P<wait>[0-9.]+)s")
+# "compiled step ahead in 0.89s beside the restore, lowered before the devices (the first step waited 0.26s for it)":
+# what comes between the restore and the wait varies with how the step got its program
+_COMPILED = re.compile(r"compiled .* ahead in [0-9.]+s .*beside the restore.* \(the first step waited (?P<wait>[0-9.]+)s")
 
 
 @dataclass(frozen=True)
