@@ -236,8 +236,8 @@ def test_each_attempts_start_from_the_trainer_log_its_source_restore_seconds_and
              "restored step 40 on process 0 from its own pod's memory in 0.1s (gang: 0=memory, 1=peer)",
              "restored step 40 from /ckpt/checkpoints: resuming at step 41 (saved by attempt 2)",
              "process 0/2 starting at step 41 of 100 (attempt 3)",
-             "compiled step ahead in 0.89s beside the restore, lowered before the devices (the first step waited 0.26s "
-             "for it)"]
+             ("compiled step ahead in 0.89s beside the restore, lowered before the devices (the first step waited "
+              "0.26s for it)")]
     other = ["restored step 20 from /ckpt/checkpoints in 0.90s: resuming at step 21 (saved by attempt 1)",
              "process 1/2 starting at step 21 of 100 (attempt 2)",
              "compiled train_step ahead in 9.00s beside the restore (the first step waited 9.00s for it)",
