@@ -34,7 +34,7 @@ from .notice_sources import NoticeFile, NoticeHub, PollingSource, SigtermSource,
 from .peers import PeerWatch, end_process, write_termination_message
 from .policy import SavePolicy
 from .progress import ProgressReporter
-from .supervisor.trainer import SupervisorLink
+from .supervisor.trainer import ASSIGNMENT_WAIT_S, SupervisorLink
 from .targets import Tier
 from .topology import Topology
 from .trace_ahead import TraceAhead, record_topology
@@ -106,18 +106,26 @@ def init(
     environ: Mapping[str, str] = os.environ if env is None else env
     warn_unknown(environ)  # a misspelt REPRIEVE_* variable would otherwise be ignored in silence
     link = SupervisorLink.take(os.environ if env is None else dict(env))
-    if link is not None and link.warm:
-        link.warming()  # imports done: the supervisor waits a little for this process rather than start cold
+    warm = link if link is not None and link.warm else None
+    here = False  # a warm process's assignment is already here: the attempt waits for it, no warm-up
+    if warm is not None:
+        warm.warming()  # imports done: the supervisor hands this process an attempt waiting for it at once
+        here = warm.assignment_here(ASSIGNMENT_WAIT_S)
+        if here:
+            log.info("pre-warmed process %d: its assignment came with its imports: no warm-up (the step is traced "
+                     "and lowered beside the restore)", os.getpid())
     ahead = TraceAhead(trace_ahead, environ) if trace_ahead is not None else None
-    if ahead is not None:
-        ahead.attempt()
-    if link is not None and link.warm:
+    if ahead is not None and not here:
+        ahead.attempt(hurry=warm.assignment_here if warm is not None else None)
+    if warm is not None:
         # A pre-warmed process (reprieve-supervisor): imports are done (and what init() and the restore would import
-        # after the assignment, prewarm.prepare); the assignment says who this process is.
-        landing_ahead = prewarm.prepare(environ)
-        prewarm.settle_heap(first=True)
+        # after the assignment, prewarm.prepare); the assignment says who this process is. An assignment that came
+        # meanwhile leaves the landing memory to the restore and the heap's collection undone.
+        here = here or warm.assignment_here()
+        landing_ahead = prewarm.prepare(environ, landing_memory=not here)
+        prewarm.settle_heap(first=True, collect=not here)
         # asked again while it waits: a spare started before the job's first checkpoint
-        waiting = [w for w in (ahead, landing_ahead) if w is not None and not w.done]
+        waiting = [] if here else [w for w in (ahead, landing_ahead) if w is not None and not w.done]
 
         def idle() -> None:
             before = sum(w.done for w in waiting)
@@ -126,7 +134,7 @@ def init(
             if sum(w.done for w in waiting) > before:  # its trace or its landing memory made: settled too
                 prewarm.settle_heap(first=False)
 
-        updates = link.await_assignment(idle=idle if waiting else None, idle_seconds=TraceAhead.POLL_SECONDS)
+        updates = warm.await_assignment(idle=idle if waiting else None, idle_seconds=TraceAhead.POLL_SECONDS)
         exiting.freeze()  # what was made while it waited (the assignment's parse): no collection
         if env is None:
             os.environ.update(updates)  # user code after init() and child processes see the new attempt

@@ -54,10 +54,10 @@ def modules_for(environ: Mapping[str, str]) -> tuple[str, ...]:
     return LAZY_MODULES + (MEMORY_TIER_MODULES if Env(environ).opt_text(DIR_ENV) else ())
 
 
-def prepare(environ: Mapping[str, str]) -> LandingAhead:
+def prepare(environ: Mapping[str, str], *, landing_memory: bool = True) -> LandingAhead:
     """Import :func:`modules_for` ``environ``, register JAX's PJRT plugins when JAX is imported, then populate the
     restore's landing memory when its size is known (:class:`LandingAhead`, returned: a spare asks again while it
-    waits)."""
+    waits). ``landing_memory=False`` (the assignment is already here): not populated, the restore makes its own."""
     for name in modules_for(environ):
         try:
             importlib.import_module(name)
@@ -66,7 +66,8 @@ def prepare(environ: Mapping[str, str]) -> LandingAhead:
     if "jax" in sys.modules:
         discover_jax_plugins()
     ahead = LandingAhead(environ)
-    ahead.attempt()  # last: the memory the restore lands in, populated while the process waits
+    if landing_memory:
+        ahead.attempt()  # last: the memory the restore lands in, populated while the process waits
     return ahead
 
 
@@ -113,16 +114,17 @@ class LandingAhead:
             log.warning("pre-warm: no landing memory populated ahead: %s", err)
 
 
-def settle_heap(*, first: bool) -> None:
+def settle_heap(*, first: bool, collect: bool = True) -> None:
     """Collect the cyclic garbage made so far, then freeze every object left (``gc.freeze``: moved to the permanent
     generation, which no collection walks). Called by a warm process before it waits, and again when a head start
     it retried while waiting (a spare's trace) has been made; ``first``: say it at info level.
 
     Objects frozen are still freed when their last reference goes; only a cycle among them is never collected (the
     imports, the model's structure and the traces: they live as long as the process). Files among them are still
-    flushed at exit (:func:`reprieve.exiting.freeze` remembers them)."""
+    flushed at exit (:func:`reprieve.exiting.freeze` remembers them). ``collect=False`` (the assignment is already
+    here): frozen without the collection, which takes a tenth of a second or more; its garbage then stays."""
     t = time.perf_counter()
-    collected = gc.collect()
+    collected = gc.collect() if collect else 0
     exiting.freeze()
     (log.info if first else log.debug)(
         "pre-warm: %d objects frozen out of the garbage collector's passes in %.2fs (%d collected): the attempt's "

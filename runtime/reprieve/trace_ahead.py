@@ -177,7 +177,9 @@ class TraceAhead:
         self._fn, self._env = fn, env
         self.done = False
 
-    def attempt(self) -> None:
+    def attempt(self, hurry: Callable[[], bool] | None = None) -> None:
+        """``hurry``: asked once the function has traced; True (the assignment is here, the attempt waits for this
+        process) leaves the lowering to ``Job.compile_ahead``, beside the restore."""
         if self.done:
             return
         topology, again = _expected(self._env)
@@ -199,4 +201,8 @@ class TraceAhead:
             return
         log.info("traced ahead for %d %s device(s) of %d process(es) in %.2fs, before touching a device",
                  topology.device_count, topology.platform, topology.num_processes, time.perf_counter() - t)
+        if pending and hurry is not None and hurry():
+            log.info("the assignment came while the step was traced: not lowered ahead (compile_ahead lowers it "
+                     "beside the restore)")
+            return
         prelower.lower_pending(pending, topology.platform)

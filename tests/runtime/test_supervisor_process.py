@@ -192,6 +192,12 @@ WARM_TRAINER = """
         with open(os.environ["TRACE_AHEAD"] + ".tmp", "w") as f:
             json.dump({**topology.to_json(), "devices_touched": xla_bridge.backends_are_initialized()}, f)
         os.replace(os.environ["TRACE_AHEAD"] + ".tmp", os.environ["TRACE_AHEAD"])  # seen whole or not at all
+        if os.environ.get("LOWER_AHEAD_AFTER"):  # a step traced to lower ahead, once the test made this file
+            import time
+            import jax.numpy as jnp
+            while not os.path.exists(os.environ["LOWER_AHEAD_AFTER"]):
+                time.sleep(0.01)
+            reprieve.lower_ahead(jax.jit(lambda x: x * 2), jax.ShapeDtypeStruct((4,), jnp.float32))
     job = reprieve.init(install_sigterm=False, watch_pod=False,
                         trace_ahead=ahead if os.environ.get("TRACE_AHEAD") else None)
     print(json.dumps({k: os.environ.get(k) for k in ("REPRIEVE_ATTEMPT", "REPRIEVE_PROCESS_ID",
@@ -289,6 +295,46 @@ def test_a_warm_process_traces_ahead_for_the_devices_its_supervisor_names_before
     assert json.loads(lines.readline()) == {"event": "init", "attempt": 5, "processId": 0}
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
+
+
+def test_a_warm_process_whose_assignment_comes_with_its_imports_skips_its_warm_up_and_joins(tmp_path: Path) -> None:
+    """The supervisor hands an attempt that waits for a warm process over as soon as the process is past its imports
+    ("warming"): the process then neither traces ahead nor collects its heap (it still imports what the restore
+    needs and freezes its heap), and takes the attempt."""
+    ahead, parked = tmp_path / "ahead.json", tmp_path / "parked.json"
+    proc, sock = start_warm(tmp_path, TRACE_AHEAD=str(ahead), REPRIEVE_EXPECTED_TOPOLOGY=json.dumps(TOPOLOGY),
+                            PARKED_STATE=str(parked))
+    lines = sock.makefile("rb")
+    assert json.loads(lines.readline()) == {"event": "warming"}
+    sock.sendall(ASSIGN_ALONE)  # at once, as the supervisor does for an attempt already waiting
+    assert [json.loads(lines.readline()) for _ in range(2)] == [{"event": "ready"},
+                                                               {"event": "init", "attempt": 5, "processId": 0}]
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert not ahead.exists(), err  # not traced ahead: the step is traced beside the restore
+    assert "its assignment came with its imports: no warm-up" in err, err
+    state = json.loads(parked.read_text())
+    from reprieve import prewarm
+
+    assert set(prewarm.modules_for({})) <= set(state["modules"]), state["modules"]
+    assert state["frozen"] > 50_000, state  # frozen all the same (no collection first)
+
+
+def test_a_warm_process_whose_assignment_comes_while_it_traces_ahead_does_not_lower_the_step(tmp_path: Path) -> None:
+    ahead, go = tmp_path / "ahead.json", tmp_path / "go"
+    proc, sock = start_warm(tmp_path, TRACE_AHEAD=str(ahead), REPRIEVE_EXPECTED_TOPOLOGY=json.dumps(TOPOLOGY),
+                            LOWER_AHEAD_AFTER=str(go))
+    lines = sock.makefile("rb")
+    assert json.loads(lines.readline()) == {"event": "warming"}
+    wait_file(ahead)  # its trace_ahead function runs (the supervisor had nothing for it within its short wait)
+    sock.sendall(ASSIGN_ALONE)
+    go.write_text("1")  # the function now traces a step to lower ahead, with the assignment already here
+    assert [json.loads(lines.readline()) for _ in range(2)] == [{"event": "ready"},
+                                                               {"event": "init", "attempt": 5, "processId": 0}]
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "the assignment came while the step was traced: not lowered ahead" in err, err
+    assert "ahead in" not in err.split("traced ahead for")[1], err  # no "lowered <step> ahead in ..." after it
 
 
 @pytest.mark.parametrize("found", ["a checkpoint", "the running attempt's record"])

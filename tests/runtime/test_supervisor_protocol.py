@@ -192,41 +192,38 @@ SCENARIOS = {
          (12, ChildMessage(12, {"event": "step"}))],
         ["0: start 1", "5: warm", "10: report 1:42", "10.5: KILL 21", "10.5: start 2", "12: warm"]),
     # a pod made for the restart: its warm process starts with it, the assignment comes 0.1-0.7 s later (the soak)
-    "a new pod's warm process still importing when the assignment comes is waited for, and takes over": (
+    "a new pod's warm process still importing when the assignment comes is waited for, and takes over once past its imports": (
         [(0, AssignmentSeen(cm(4, index=None))), (0, Spawned(21, "warm")), (0.4, AssignmentSeen(cm(5))),
          (1, Tick()), (2.5, ChildMessage(21, {"event": "warming"})), (3, Tick()),
-         (3.2, ChildMessage(21, {"event": "ready"}))],
-        ["0: warm", "3.2: hand 21>5"]),
+         (3.2, ChildMessage(21, {"event": "ready"})), (3.3, ChildMessage(21, {"event": "init", "attempt": 5}))],
+        ["0: warm", "2.5: hand 21>5"]),
     "a new pod's warm process that does not park within 5 s of its start is killed: cold start": (
         [(0, AssignmentSeen(cm(4, index=None))), (0, Spawned(21, "warm")), (0.4, AssignmentSeen(cm(5))),
          (4.9, Tick()), (5, Tick()), (5.1, ChildExited(21, 137)), (5.1, Spawned(12, "trainer", cm(5)))],
         ["0: warm", "5: KILL 21", "5: start 5"]),
-    # the soak's double faults: a cold start 2.7 s into a warm process's start took 5.2 s to its first step
-    "a warm process past its imports when the assignment comes is waited for, and takes over when it parks": (
+    # the soak's double faults: a cold start 2.7 s into a warm process's start took 5.2 s to its first step; a warm
+    # process past its imports takes the attempt at once and skips its warm-up (its trace and lowering ahead)
+    "a warm process past its imports when the assignment comes takes it over at once, before it parks": (
         [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
          (6, ChildMessage(21, {"event": "warming"})), (6.5, ChildExited(11, 42)), (7, AssignmentSeen(cm(2))),
-         (7.25, Tick()), (8, ChildMessage(21, {"event": "ready"}))],
-        ["0: start 1", "5: warm", "6.5: report 1:42", "8: hand 21>2"]),
-    "a warm process past its imports that does not park within the wait is killed: cold start": (
+         (7.25, Tick()), (7.3, ChildMessage(21, {"event": "ready"})),
+         (7.4, ChildMessage(21, {"event": "init", "attempt": 2})), (20, Tick())],
+        ["0: start 1", "5: warm", "6.5: report 1:42", "7: hand 21>2"]),
+    "a warm process handed the attempt past its imports that never confirms is killed after the hand-over timeout": (
         [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
          (6, ChildMessage(21, {"event": "warming"})), (8.5, ChildExited(11, 42)), (9, AssignmentSeen(cm(2))),
-         (10.9, Tick()), (11, Tick()), (11.1, ChildExited(21, 137)), (11.1, Spawned(12, "trainer", cm(2)))],
-        ["0: start 1", "5: warm", "8.5: report 1:42", "11: KILL 21", "11: start 2"]),
-    "a warm process past its imports is waited for 5 s from its own start when that is later": (
-        [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
-         (6, ChildMessage(21, {"event": "warming"})), (6.5, ChildExited(11, 42)), (7, AssignmentSeen(cm(2))),
-         (9, Tick()), (9.9, Tick()), (10, Tick()), (10.1, ChildExited(21, 137)), (10.1, Spawned(12, "trainer", cm(2)))],
-        ["0: start 1", "5: warm", "6.5: report 1:42", "10: KILL 21", "10: start 2"]),
-    "the wait counts from when the attempt could start, not from when its assignment came": (
+         (18.9, Tick()), (19, Tick()), (19.1, ChildExited(21, 137)), (19.1, Spawned(12, "trainer", cm(2)))],
+        ["0: start 1", "5: warm", "8.5: report 1:42", "9: hand 21>2", "19: KILL 21", "19.1: start 2"]),
+    "a warm process past its imports is handed the attempt once the trainer it supersedes has ended": (
         [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
          (6, ChildMessage(21, {"event": "warming"})), (7, AssignmentSeen(cm(2))), (9.5, ChildExited(11, 42)),
          (11, ChildMessage(21, {"event": "ready"}))],
-        ["0: start 1", "5: warm", "7: TERM 11", "9.5: report 1:42", "11: hand 21>2"]),
-    "a warm process that dies while it is waited for: cold start": (
+        ["0: start 1", "5: warm", "7: TERM 11", "9.5: report 1:42", "9.5: hand 21>2"]),
+    "a warm process that dies after it was handed the attempt past its imports: cold start": (
         [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
          (6, ChildMessage(21, {"event": "warming"})), (6.5, ChildExited(11, 42)), (7, AssignmentSeen(cm(2))),
          (7.5, ChildExited(21, 1))],
-        ["0: start 1", "5: warm", "6.5: report 1:42", "7.5: start 2"]),
+        ["0: start 1", "5: warm", "6.5: report 1:42", "7: hand 21>2", "7.5: start 2"]),
     "a warm process that dies while parked turns pre-warming off": (
         [(0, AssignmentSeen(None)), *started(11, 1, step_at=5), (5, Spawned(21, "warm")),
          (6, ChildMessage(21, {"event": "ready"})), (9, ChildExited(21, 137)), (20, Tick()),

@@ -25,10 +25,10 @@ The rules, in the order :func:`decide` applies them:
    reported at once, so the next assignment is usually there when it ends; its exit is reported again only
    if the code differs.
 4. No trainer, and the newest assignment lists this pod with an attempt newer than every attempt run: a warm
-   process parked in ``reprieve.init()`` takes it over; one not parked yet is waited for until it parks, up to
-   :data:`WARM_START_S` after its own start or, once it is past its imports (it said ``warming``), up to
-   :data:`WARM_WAIT_S` after the attempt could start if that is later (a cold process started now would repeat
-   the imports it is doing, so it parks sooner unless it hangs); then it is killed and a cold process starts.
+   process in ``reprieve.init()`` takes it over, parked or past its imports (it said ``warming``: it then skips
+   what is left of its warm-up, :data:`.trainer.ASSIGNMENT_WAIT_S`); one still importing is waited for until it
+   says ``warming``, up to :data:`WARM_START_S` after its own start (a cold process started now would repeat the
+   imports it is doing, so it gets there sooner unless it hangs); then it is killed and a cold process starts.
 5. A warm process for the next attempt starts once pre-warming can help and cannot hurt: the command is known to
    reach ``reprieve.init()`` (a trainer said so, or none ran yet: a spare), the trainer has made its first step
    (or ``prewarm_delay`` passed since it started), and none exists. A warm process that refuses (devices touched
@@ -51,18 +51,12 @@ from ..restarts import classify_exit, describe_exit, local_next
 from .contract import NO_TRAINER_EXIT, RESIZE_GROW, RESIZE_SIGNAL, SPAWN_FAILED_EXIT, Assignment
 
 INTERRUPTED_EXIT = 128 + signal.SIGINT  # a local run stopped by Ctrl-C (a shell's code for it)
-# How long after the attempt could start an assignment still waits for a warm process past its imports to park
-# (rule 4; or until WARM_START_S after the process's own start, if that is later). What it has left then is
-# the step's trace and lowering ahead (0.5-1 s in the soak) and, for a large state, populating landing memory;
-# what a cold start has ahead is the interpreter and the imports first (2.5 s of its 2.6-3.3 s to the first step
-# there; 5.2 s in the restart that killed a warm process 2.7 s into its start), so waiting this long is
-# at worst this much later than a cold start, and usually seconds sooner (benchmarks/RESULTS.md, "Chaos soak").
-WARM_WAIT_S = 2.0
-# How long after a warm process's start rule 4 waits for it to park, also while it is still importing:
-# a pod made for the restart starts its warm process as it starts, and the assignment, written once the pod runs,
-# comes 0.1-0.7 s later (six of the soak's cold starts killed such a process and did its imports again, both
-# competing for the CPU). Its interpreter and imports took 2.5 s there and its warm-up 0.5-1 s; this bounds what
-# one that hangs costs.
+# How long after a warm process's start rule 4 waits for it to get past its imports: a pod made for the restart
+# starts its warm process as it starts, and the assignment, written once the pod runs, comes 0.1-0.7 s later (six
+# of the soak's cold starts killed such a process and did its imports again, both competing for the CPU). Its
+# interpreter and imports took 2.5 s there (a cold start's first 2.5 s of 2.6-3.3 s to the first step; 5.2 s in the
+# restart that killed a warm process 2.7 s into its start); this bounds what one that hangs costs. Past its imports
+# it is handed the attempt at once and skips its warm-up (the trace and lowering ahead, 0.5-1 s there).
 WARM_START_S = 5.0
 
 
@@ -495,24 +489,22 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
     wanted = s.wanted
     if wanted is not None and wanted.listed and wanted.attempt > s.highest_run:
         w = s.warm
-        if w is not None and not w.kill_sent and w.ready:
+        if w is not None and not w.kill_sent and (w.ready or w.warming):
             trainer = Trainer(w.pid, wanted, now, warm=True, confirmed=False, previous_highest=s.highest_run)
+            where = "" if w.ready else f", past its imports {now - w.started_at:.2f}s into its start (no warm-up)"
             return (s.replace(warm=None, trainer=trainer, highest_run=wanted.attempt),
                     acts + [HandOver(w.pid, wanted, f"attempt {wanted.attempt}: handing process "
                                                     f"{wanted.process_id}/{wanted.num_processes} to the warm "
-                                                    f"process (pid {w.pid})")])
+                                                    f"process (pid {w.pid}){where}")])
         if w is not None and not w.kill_sent:
             since = now if w.awaited_since is None else w.awaited_since
-            until = max(since + WARM_WAIT_S if w.warming else since, w.started_at + WARM_START_S)
-            if now < until:  # it parks sooner than a cold process started now would
-                where = "past its imports" if w.warming else "still importing"
+            until = max(since, w.started_at + WARM_START_S)
+            if now < until:  # it gets past its imports sooner than a cold process started now would
                 notes: list[Action] = [] if w.awaited_since is not None else [Note(
-                    f"attempt {wanted.attempt}: waiting up to {until - now:.2f}s for the warm process (pid {w.pid}) "
-                    f"to park: it is {where}, {now - w.started_at:.2f}s into its start")]
+                    f"attempt {wanted.attempt}: waiting up to {until - now:.2f}s for the warm process (pid {w.pid}): "
+                    f"it is still importing, {now - w.started_at:.2f}s into its start")]
                 return s.replace(warm=dataclasses.replace(w, awaited_since=since)), acts + notes
-            why = (f"it did not park in reprieve.init() within {WARM_START_S:g}s of its start" if not w.warming else
-                   f"it did not park in reprieve.init() within {WARM_WAIT_S:g}s of the attempt's start or "
-                   f"{WARM_START_S:g}s of its own")
+            why = f"it did not reach reprieve.init() within {WARM_START_S:g}s of its start"
             s, more = _kill_warm(s, f"{why}; starting cold")
             acts += more
         return s.replace(pending=True), acts + [StartTrainer(wanted, f"attempt {wanted.attempt}: starting "
