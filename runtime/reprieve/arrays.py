@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
+import contextvars
 import functools
 import mmap
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -206,21 +209,77 @@ def _replicas(buffers: list[np.ndarray], devices: list[list[Any]]) -> tuple[list
     return values, targets
 
 
+class OwnedCopies:
+    """What :func:`owned_copies` gives its block: ``decide`` (asked once, by the first :func:`assemble` with CPU
+    devices in it: True puts XLA's own copies there, None or False the buffers themselves) and the bytes copied so."""
+
+    def __init__(self, decide: Callable[[], bool | None]) -> None:
+        self._decide = decide
+        self._answer: bool | None = None
+        self.asked = False
+        self.copied = 0  # by the newest assemble that copied (a restore that fell back to another source: its own)
+
+    def wanted(self) -> bool:
+        if not self.asked:
+            self.asked, self._answer = True, self._decide()
+        return bool(self._answer)
+
+
+_owned: contextvars.ContextVar[OwnedCopies | None] = contextvars.ContextVar("reprieve_owned_copies", default=None)
+
+
+@contextlib.contextmanager
+def owned_copies(decide: Callable[[], bool | None]) -> Iterator[OwnedCopies]:
+    """Within the block, every restore's :func:`assemble` on CPU devices puts copies into memory XLA allocates when
+    ``decide()`` says so (``Job.restore_or``: the step donates the state, and the restore's own buffers cannot be
+    donated): the bytes land once in XLA's memory, and a replicated region's copies are XLA's, with no host copy
+    for each replica first. ``decide`` is asked when the first leaves are put, after the reads, and must not wait;
+    None (not known yet) leaves the buffers adopted, and the caller copies afterwards
+    (:func:`owned_by_cpu_devices`)."""
+    owned = OwnedCopies(decide)
+    token = _owned.set(owned)
+    try:
+        yield owned
+    finally:
+        _owned.reset(token)
+
+
 def assemble(leaves: list[tuple[list[np.ndarray], list[list[Any]], tuple[int, ...], Any]]) -> list[Any]:
     """The ``jax.Array`` of each restored leaf ``(buffers, devices, shape, sharding)`` (``buffers``/``devices`` as
     :func:`on_devices` takes them), every leaf's buffers put on their devices in one ``device_put``: a restore of a
     model's hundreds of leaves pays the call's dispatch once, not once a leaf (benchmarks/RESULTS.md, "Goodput and
-    restart gaps")."""
-    values: list[np.ndarray] = []
+    restart gaps"). Inside :func:`owned_copies` that says so, on CPU devices, the put copies into memory XLA
+    allocates (each replica its own copy), and waits for the copies: the buffers are then free to go."""
+    owned = _owned.get()
+    copy = (owned is not None and bool(leaves) and
+            all(str(getattr(d, "platform", "")) == "cpu" for _, devices, _, _ in leaves for ds in devices for d in ds)
+            and owned.wanted())
+    values: list[Any] = []
     targets: list[Any] = []
     spans = []
+    if copy:  # each buffer adopted by its first device, then copied by XLA onto each of its devices
+        firsts = [buf for buffers, _, _, _ in leaves for buf in buffers]
+        adopted = iter(jax.device_put(firsts, [ds[0] for _, devices, _, _ in leaves for ds in devices]))
     for buffers, devices, _, _ in leaves:
         start = len(values)
-        vs, ts = _replicas(buffers, devices)
-        values += vs
-        targets += ts
+        if copy:
+            for devs in devices:
+                values += [next(adopted)] * len(devs)
+                targets += devs
+        else:
+            vs, ts = _replicas(buffers, devices)
+            values += vs
+            targets += ts
         spans.append((start, len(values)))
-    put = jax.device_put(values, targets) if values else []
+    if copy:
+        assert owned is not None
+        # a host numpy buffer put with may_alias=False is copied into another host buffer, which XLA adopts and a
+        # donation cannot reuse either; an array on a device put again with it is a copy XLA allocates
+        put = jax.device_put(values, targets, may_alias=False) if values else []
+        jax.block_until_ready(put)  # the bytes are XLA's now: the buffers (a mapping, a landing pool's) may go
+        owned.copied = sum(int(v.nbytes) for v in values)
+    else:
+        put = jax.device_put(values, targets) if values else []
     out = []
     for (_, _, shape, sharding), (a, b) in zip(leaves, spans, strict=True):
         placed = dict(zip(targets[a:b], put[a:b], strict=True))

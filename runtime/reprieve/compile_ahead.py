@@ -202,6 +202,10 @@ class CompileAhead:
         self.from_ahead = True
         return compiled
 
+    def lowered(self) -> bool:
+        """Whether :meth:`donates_inputs` answers without waiting."""
+        return self._lowered.is_set()
+
     def donates_inputs(self) -> bool:
         """Whether the step donates any of its inputs (``jax.jit(..., donate_argnums=...)``), once it is lowered
         (waits for the lowering, not the compile); False when the lowering failed."""

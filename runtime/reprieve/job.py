@@ -187,9 +187,15 @@ class Job:
             require(abstract_problem(target))  # on the first run too, not only at the first restart
         uri = self.config.checkpoint_uri
         t0 = time.perf_counter()
+        # a step that donates the state on CPU devices: the restore puts XLA's own copies on them (when that is
+        # known by the time the bytes are read), not its buffers, which a donation cannot reuse
+        from .arrays import owned_copies  # (jax: imported by now)
+
+        decide = self._donates_now if donated is None else (lambda: donated)
         try:
-            read = read_latest(self.checkpointer, self.caps, target, run_id=self.config.run_id, where=uri,
-                               tiered=None if self.memory is None else self.memory.tiered_read(self.checkpointer))
+            with owned_copies(decide) as owned:
+                read = read_latest(self.checkpointer, self.caps, target, run_id=self.config.run_id, where=uri,
+                                   tiered=None if self.memory is None else self.memory.tiered_read(self.checkpointer))
         finally:
             landing.release()  # what a warm process populated ahead and the restore did not use
         if read is None:
@@ -215,12 +221,15 @@ class Job:
 
             from .arrays import owned_by_cpu_devices
 
-            state, copied = owned_by_cpu_devices(state)
-            if copied:
-                if landing.owned_ahead():  # XLA's allocations for the copy made before the rest goes back
+            copied, when = owned.copied, "as it was put on the devices"
+            if not copied:  # not known by then (the step still lowering), or another checkpointer's arrays
+                state, copied = owned_by_cpu_devices(state)
+                when = "after the restore"
+                if copied and landing.owned_ahead():  # XLA's allocations for the copy made before the rest goes
                     jax.block_until_ready(state)
-                log.info("the step donates the state: %d bytes of it copied into memory the CPU devices own "
-                         "(a donation cannot reuse the restore's own buffers)", copied)
+            if copied:
+                log.info("the step donates the state: %d bytes of it copied into memory the CPU devices own %s "
+                         "(a donation cannot reuse the restore's own buffers)", copied, when)
         landing.owned_done()
         seconds = time.perf_counter() - t0
         read.account(self.loop, self.metrics, seconds)
@@ -229,6 +238,13 @@ class Job:
         self._landing = self._landing_hint(state)
         self._owned = (donates, landing.owned_bytes(state))
         return Restored(state, step + 1, data=value, extra=read.user_extra, step=step)
+
+    def _donates_now(self) -> bool | None:
+        """Whether a step given to :meth:`compile_ahead` donates its inputs, when every one is lowered by now;
+        None: not known yet (asked while the restore puts its arrays on the devices: it must not wait)."""
+        if not all(ahead.lowered() for ahead in self._ahead):
+            return None
+        return any(ahead.donates_inputs() for ahead in self._ahead)
 
     def _landing_hint(self, state: Any) -> int | None:
         """The bytes the next warm process in this pod populates for its restore (:mod:`reprieve.landing`), None

@@ -171,3 +171,53 @@ def test_leaves_assembled_together_are_put_in_one_call_each_adopted_in_its_shard
     for s in b.addressable_shards:
         assert s.data.unsafe_buffer_pointer() == rows[devices.index(s.device)].ctypes.data
     assert arrays.assemble([]) == []
+
+
+def test_leaves_assembled_for_a_donating_step_are_copies_xla_owns_which_its_donation_reuses(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside ``owned_copies`` that says so (``Job.restore_or``: the step donates the state on CPU devices), each
+    buffer is adopted by its first device and then copied by XLA onto each of its devices: every shard is memory XLA
+    allocated (no shard is a host buffer, the replica has no host copy first), a donating step's output reuses it,
+    and the copied bytes are counted. Asked once; not known (None): the buffers are adopted as without it."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = jax.devices()
+    if len(devices) < 4:
+        pytest.skip("needs 4 devices (XLA_FLAGS=--xla_force_host_platform_device_count)")
+    pair = NamedSharding(Mesh(np.array(devices[:2]), ("d",)), P())
+    four = NamedSharding(Mesh(np.array(devices[:4]), ("d",)), P("d"))
+
+    def leaves() -> tuple[list, list[np.ndarray]]:
+        rep = arrays.host_buffer((3, 5), np.dtype(np.float32))
+        rep[:] = np.arange(15, dtype=np.float32).reshape(3, 5)
+        rows = [arrays.host_buffer((2, 3), np.dtype(np.int32)) for _ in range(4)]
+        for i, r in enumerate(rows):
+            r[:] = np.arange(6, dtype=np.int32).reshape(2, 3) + 6 * i
+        return [([rep], [devices[:2]], (3, 5), pair), (rows, [[d] for d in devices[:4]], (8, 3), four)], [rep, *rows]
+
+    calls: list[tuple[int, object]] = []
+    real_put = jax.device_put
+    monkeypatch.setattr(jax, "device_put",
+                        lambda xs, ds, **kw: calls.append((len(xs), kw.get("may_alias"))) or real_put(xs, ds, **kw))
+    asked: list[int] = []
+    spec, hosts = leaves()
+    with arrays.owned_copies(lambda: asked.append(1) or True) as owned:
+        a, b = arrays.assemble(spec)
+    assert calls == [(1 + 4, None), (2 + 4, False)] and asked == [1]  # adopted, then copied; asked once
+    np.testing.assert_array_equal(np.asarray(a), np.arange(15, dtype=np.float32).reshape(3, 5))
+    np.testing.assert_array_equal(np.asarray(b), np.arange(24, dtype=np.int32).reshape(8, 3))
+    assert owned.copied == 2 * 60 + 4 * 24
+    host = {h.ctypes.data for h in hosts}
+    shards = [s.data.unsafe_buffer_pointer() for x in (a, b) for s in x.addressable_shards]
+    assert not host & set(shards) and len(set(shards)) == 6, (host, shards)  # XLA's, and the replicas apart
+    before = sorted(s.data.unsafe_buffer_pointer() for s in b.addressable_shards)
+    out = jax.jit(lambda x: x + 1, donate_argnums=0)(b)
+    assert sorted(s.data.unsafe_buffer_pointer() for s in out.addressable_shards) == before  # the donation reused it
+
+    calls.clear()
+    spec, hosts = leaves()
+    with arrays.owned_copies(lambda: None) as owned:  # not known yet (the step still lowering): adopted
+        a, _ = arrays.assemble(spec)
+    assert calls == [(2 + 4, None)] and owned.copied == 0 and owned.asked
+    assert {s.data.unsafe_buffer_pointer() for s in a.addressable_shards} >= {hosts[0].ctypes.data}
