@@ -15,7 +15,10 @@ only from the second call does the donation work. This benchmark measures what t
 * **adopted+copied, donated**: the adopted arrays copied on their devices into memory XLA owns
   (``jax.device_put(arrays, devices, may_alias=False)``; for a numpy source JAX 0.10 ignores ``may_alias=False``
   and adopts it all the same, jax-ml/jax#37830), then the donated step;
-* **adopted+copied, populated ahead**: the same, with the copy's memory populated in the process's C heap before
+* **copied in the put, donated**: what a restore does when it knows the step donates by the time the bytes are read
+  (``arrays.owned_copies``): the buffer adopted by its first device and copied by XLA onto each device in
+  ``arrays.assemble``, without a host copy for each further replica (the row above makes one, ``arrays.on_devices``);
+* **adopted+copied, populated ahead**: the adopted+copied row, with the copy's memory populated in the process's C heap before
   the clock starts, as a pre-warmed process does when its trainer reported it (``reprieve.landing.reserve_owned``,
   ``REPRIEVE_WARM_OWNED_BYTES``);
 * **adopted, not donated**: the adopted arrays and the same step without donation (every call writes a new state).
@@ -60,6 +63,13 @@ if how == "owned":
     t0 = time.perf_counter()
     xs = jax.block_until_ready(jax.device_put(views, devs))
     del views
+elif how == "put-copied":
+    replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devs), ("d",)), jax.sharding.PartitionSpec())
+    with arrays.owned_copies(lambda: True):
+        (x,) = arrays.assemble([([buf], [devs], (n,), replicated)])
+    xs = [s.data for s in x.addressable_shards]  # each device's copy, as the other rows step them
+    del x
+    landing.owned_done()
 else:
     xs = list(arrays.on_devices([buf], [devs]).values())
     if how in ("copied", "copied-ahead"):  # then into memory XLA owns: a copy of each device's array on its device
@@ -76,7 +86,8 @@ print(json.dumps({"to_devices": t1 - t0, "first": t2 - t1, "second": t3 - t2, "o
 '''
 
 ROWS = (("adopted", "adopted, donated"), ("owned", "XLA-owned, donated"), ("copied", "adopted+copied, donated"),
-        ("copied-ahead", "copied, populated ahead"), ("adopted-kept", "adopted, not donated"))
+        ("put-copied", "copied in the put, donated"), ("copied-ahead", "copied, populated ahead"),
+        ("adopted-kept", "adopted, not donated"))
 
 
 def run(how: str, n: int, devices: int) -> dict[str, float]:
@@ -107,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             got[how].append(run(how, n, args.devices))
     print(f"{args.mib} MiB of float32 on each of {args.devices} devices; median (worst) of {args.repeats} fresh "
           "processes")
-    print(f"{'':24s} {'onto devices':>16s} {'first call':>16s} {'second call':>16s} {'both':>16s}")
+    print(f"{'':28s} {'onto devices':>16s} {'first call':>16s} {'second call':>16s} {'both':>16s}")
     both = {}
     for how, label in ROWS:
         rows = got[how]
@@ -118,10 +129,11 @@ def main(argv: list[str] | None = None) -> int:
 
         total = [r["to_devices"] + r["first"] for r in rows]
         both[how] = statistics.median(total)
-        print(f"{label:24s} {cell('to_devices'):>16s} {cell('first'):>16s} {cell('second'):>16s} "
+        print(f"{label:28s} {cell('to_devices'):>16s} {cell('first'):>16s} {cell('second'):>16s} "
               f"{statistics.median(total):.3f} ({max(total):.3f}) s")
     print(f"onto devices + first donated call: adopted / XLA-owned = {both['adopted'] / both['owned']:.2f}x, "
           f"adopted / adopted+copied = {both['adopted'] / both['copied']:.2f}x, "
+          f"adopted+copied / copied in the put = {both['copied'] / both['put-copied']:.2f}x, "
           f"adopted+copied / populated ahead = {both['copied'] / both['copied-ahead']:.2f}x")
     return 0
 
