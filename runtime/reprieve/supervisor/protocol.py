@@ -115,7 +115,7 @@ class Warm:
     ready: bool = False  # parked in reprieve.init(), waiting for its assignment
     kill_sent: bool = False
     warming: bool = False  # in reprieve.init(): its imports are done, its warm-up before parking is not
-    awaited_since: float | None = None  # an assignment has waited for it to park since then (rule 4)
+    awaited_since: float | None = None  # an assignment has waited for it to get past its imports since then (rule 4)
 
 
 @dataclass(frozen=True)
@@ -497,13 +497,12 @@ def decide(s: State, now: float) -> tuple[State, list[Action]]:
                                                     f"{wanted.process_id}/{wanted.num_processes} to the warm "
                                                     f"process (pid {w.pid}){where}")])
         if w is not None and not w.kill_sent:
-            since = now if w.awaited_since is None else w.awaited_since
-            until = max(since, w.started_at + WARM_START_S)
+            until = w.started_at + WARM_START_S
             if now < until:  # it gets past its imports sooner than a cold process started now would
                 notes: list[Action] = [] if w.awaited_since is not None else [Note(
                     f"attempt {wanted.attempt}: waiting up to {until - now:.2f}s for the warm process (pid {w.pid}): "
                     f"it is still importing, {now - w.started_at:.2f}s into its start")]
-                return s.replace(warm=dataclasses.replace(w, awaited_since=since)), acts + notes
+                return s.replace(warm=dataclasses.replace(w, awaited_since=now if w.awaited_since is None else w.awaited_since)), acts + notes
             why = f"it did not reach reprieve.init() within {WARM_START_S:g}s of its start"
             s, more = _kill_warm(s, f"{why}; starting cold")
             acts += more
