@@ -23,7 +23,7 @@ from reprieve.memtier.layout import CopyName
 from reprieve.memtier.manifest import CopyCorruptError, Manifest, Shard, crc32c
 from reprieve.memtier.restore import Source, SourceError, open_sources, restore_state
 from reprieve.memtier.server import ReplicaServer
-from reprieve.memtier.store import CopyBusyError, CopyRefusedError, MemoryDir
+from reprieve.memtier.store import CopyBusyError, CopyRefusedError, MemoryDir, verify
 
 from tests.runtime.helpers_relay import CutRelay
 
@@ -375,3 +375,84 @@ def test_a_shard_read_in_chunks_is_checked_as_a_whole_and_a_byte_flipped_at_the_
                                           r"checksum") as err:
         _restore_one_leaf(sources, len(payload))
     assert err.value.corrupt and err.value.holder == held
+
+
+def _inode(path: str) -> int:
+    return os.stat(path).st_ino
+
+
+def _free(mdir: MemoryDir) -> list[str]:
+    return sorted(os.listdir(os.path.join(mdir.path, layout.FREE_DIR)))
+
+
+def test_a_deleted_copys_data_file_is_written_over_by_the_next_copy_in_either_tree(
+        pair: tuple[MemoryDir, MemoryDir, ReplicaServer]) -> None:
+    """The pruned copy's pages are the next copy's: the same file (inode), sized to the new copy (shrunk or grown),
+    every shard checking; one file kept at most; the received copies too."""
+    writer, holder, server = pair
+    client = wire.Client(server.address)
+    data = lambda mdir, tree, name: os.path.join(mdir.copy_dir(tree, name), layout.DATA_FILE)
+    sizes = {10: 300_000, 20: 300_000, 30: 120_001, 40: 500_000}
+    inodes = {}
+    for step, n in sizes.items():
+        name = CopyName(step, 2, 1)
+        write_copy(writer, name, os.urandom(n))
+        inodes[step] = _inode(data(writer, "own", name))
+        put(client, writer, name)
+    assert writer.names("own") == [CopyName(40, 2, 1)] and holder.names("peer") == [CopyName(40, 2, 1)]
+    # 10's file was 30's, 20's was 40's (deleted when 30 and 40 committed, written over by the next copy)
+    assert inodes[30] == inodes[10] and inodes[40] == inodes[20] and inodes[20] != inodes[10]
+    assert len(_free(writer)) == 1 and len(_free(holder)) == 1
+    for mdir, tree in ((writer, "own"), (holder, "peer")):
+        m = mdir.manifest(tree, CopyName(40, 2, 1))
+        assert os.path.getsize(data(mdir, tree, CopyName(40, 2, 1))) == m.data_bytes
+        mem = mdir.open_data(tree, CopyName(40, 2, 1))
+        verify(mem, m, where=tree)  # raises on any shard that does not check
+
+
+def test_a_copy_a_restore_has_mapped_is_never_written_over_and_its_pages_stay_the_readers(shm: Path) -> None:
+    """A mapping holds its copy's file: deleting the copy frees nothing for the next one to write over while the
+    mapping lives (the arrays built on it keep their bytes); once it is gone, the next deleted copy is kept."""
+    mdir = MemoryDir(str(shm / "d"))
+    first = os.urandom(200_000)
+    m10 = write_copy(mdir, CopyName(10, 2, 0), first)
+    mem = mdir.open_data("own", CopyName(10, 2, 0))
+    view = np.frombuffer(mem, dtype=np.uint8)  # as a restore's array would be built on it
+    for step in (20, 30, 40):
+        write_copy(mdir, CopyName(step, 2, 0), os.urandom(200_000))
+    assert mdir.names("own") == [CopyName(40, 2, 0)]
+    assert bytes(view[m10.shards[0].offset:m10.shards[0].offset + 100]) == first[:100]
+    verify(mem, m10, where="the mapped copy")
+    del view, mem
+    import gc
+
+    gc.collect()
+    inode40 = _inode(os.path.join(mdir.copy_dir("own", CopyName(40, 2, 0)), layout.DATA_FILE))
+    write_copy(mdir, CopyName(50, 2, 0), os.urandom(200_000))
+    write_copy(mdir, CopyName(60, 2, 0), os.urandom(200_000))
+    assert _inode(os.path.join(mdir.copy_dir("own", CopyName(60, 2, 0)), layout.DATA_FILE)) == inode40
+
+
+def test_a_reader_that_opened_a_copy_just_before_its_delete_gets_file_not_found(shm: Path) -> None:
+    from reprieve.memtier.store import hold_for_reading
+
+    mdir = MemoryDir(str(shm / "d"))
+    write_copy(mdir, CopyName(10, 2, 0), os.urandom(10_000))
+    path = os.path.join(mdir.copy_dir("own", CopyName(10, 2, 0)), layout.DATA_FILE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        write_copy(mdir, CopyName(20, 2, 0), os.urandom(10_000))  # deletes 10: its file kept for the next copy
+        assert len(_free(mdir)) == 1
+        with pytest.raises(FileNotFoundError):
+            hold_for_reading(fd, path)
+    finally:
+        os.close(fd)
+
+
+def test_a_finished_runs_cleanup_leaves_no_kept_file(shm: Path) -> None:
+    mdir = MemoryDir(str(shm / "d"))
+    for step in (10, 20):
+        write_copy(mdir, CopyName(step, 2, 0), os.urandom(10_000))
+    assert len(_free(mdir)) == 1
+    assert mdir.remove_root(None) == ["own/s0000000020_a2_p0"]
+    assert _free(mdir) == [] and mdir.names("own") == []

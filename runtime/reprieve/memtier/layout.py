@@ -11,8 +11,12 @@ and a restart of the container)::
     peer/s0000000130_a3_p0.tmp/     being received
     fences/attempt_0000000004.json  attempt 4 started here, restoring from (step, attempt): see decide.visible
     .lock                           one copy in flight per pod (own save or receive): flock(2)
+    .free/data.<writer>             a deleted copy's data.bin kept for the next copy in flight to write over
+                                    (at most one; its pages are already the volume's: no allocation, no zeroing)
 
-The commit of a copy is the rename of its ``.tmp`` directory (atomic); a copy is never modified after it.
+The commit of a copy is the rename of its ``.tmp`` directory (atomic); a copy is never modified after it: a
+deleted copy's data file is written over only when no reader holds it (``flock(LOCK_SH)`` on its ``data.bin``, which
+a restore that maps the copy holds as long as the mapping lives).
 Process, step and attempt in the name must agree with the manifest, or the copy is corrupt.
 """
 
@@ -29,6 +33,7 @@ FENCES_DIR = "fences"
 MANIFEST_FILE = "manifest.json"
 DATA_FILE = "data.bin"
 LOCK_FILE = ".lock"
+FREE_DIR = ".free"
 TMP_SUFFIX = ".tmp"
 ALIGN = 64  # shard offsets in data.bin: CPU devices adopt 64-byte aligned host buffers without a copy
 

@@ -24,7 +24,7 @@ from . import layout, wire
 from .config import TOKEN_ENV
 from .layout import CopyName
 from .manifest import CopyCorruptError, Manifest
-from .store import CopyBusyError, CopyRefusedError, MemoryDir, verify
+from .store import CopyBusyError, CopyRefusedError, MemoryDir, hold_for_reading, verify
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,7 @@ class ReplicaServer:
                 if n_data:
                     with open(os.path.join(tmp, layout.DATA_FILE), "r+b") as fh, \
                             mmap.mmap(fh.fileno(), n_data, flags=mmap.MAP_SHARED) as mem:
+                        _populate(mem)
                         with memoryview(mem) as view:
                             if Env(os.environ).raw(CRASH_ENV) == f"receive:{name.step}":  # test-only fault injection
                                 wire.recv_exact(rfile, view[:n_data // 2], where)
@@ -160,7 +161,9 @@ class ReplicaServer:
     def _op_read(self, conn: socket.socket, rfile: BinaryIO, header: dict[str, Any]) -> None:
         tree, name = self._name(header)
         ranges = [(int(a), int(b)) for a, b in header["ranges"]]
-        with open(os.path.join(self.dir.copy_dir(tree, name), layout.DATA_FILE), "rb") as fh:
+        path = os.path.join(self.dir.copy_dir(tree, name), layout.DATA_FILE)
+        with open(path, "rb") as fh:
+            hold_for_reading(fh.fileno(), path)  # not written over by a later copy while it is sent
             size = os.fstat(fh.fileno()).st_size
             bad = [r for r in ranges if r[0] < 0 or r[1] < 0 or r[0] + r[1] > size]
             if bad:
@@ -174,6 +177,19 @@ class ReplicaServer:
         base = header.get("base")
         self.dir.write_fence(int(header["attempt"]), None if base is None else (int(base[0]), int(base[1])))
         wire.send_line(conn, {"ok": True})
+
+
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14; Python 3.11's mmap lacks the name
+
+
+def _populate(mem: mmap.mmap) -> None:
+    """Map the received copy's pages (the volume's already: allocated, or a deleted copy's written over) in one
+    call instead of a fault per 4 KiB as the socket fills them (1 GiB on the benchmark VM: 0.31-0.40 CPU-s for
+    populating and filling against 0.45-0.73). A kernel without it faults them in as before."""
+    try:
+        mem.madvise(MADV_POPULATE_WRITE)
+    except OSError:
+        pass
 
 
 def _kept(raw: Any, name: CopyName) -> list[CopyName]:
