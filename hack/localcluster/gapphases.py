@@ -94,12 +94,14 @@ def cri_lines(lines: Iterable[str]) -> list[str]:
 
 
 def read_dir(directory: Path) -> list[tuple[float, str]]:
-    """The stamped lines of every trainer log of a goodput run: ``DIR/cluster/nodes`` (process nodes) and
-    ``DIR/cluster/kept-pod-logs`` (real nodes: the kubelet's CRI-format container logs, kept when a pod goes)."""
+    """The stamped lines of every trainer log of a goodput run or a soak: ``DIR/cluster/nodes`` (process nodes) and
+    ``DIR/cluster/kept-pod-logs`` (real nodes: the kubelet's CRI-format container logs, kept when a pod goes; a
+    goodput run keeps them under the job's namespace, the soak under the node alone)."""
     lines: list[str] = []
     for log in sorted(directory.glob("cluster/nodes/*/pods/*/*/logs/trainer.log")):
         lines.extend(log.read_text(errors="replace").splitlines())
-    for log in sorted(directory.glob("cluster/kept-pod-logs/*/*/*/trainer/*.log")):
+    for log in sorted({*directory.glob("cluster/kept-pod-logs/*/*/*/trainer/*.log"),
+                       *directory.glob("cluster/kept-pod-logs/*/*/trainer/*.log")}):
         lines.extend(cri_lines(log.read_text(errors="replace").splitlines()))
     return stamped(lines)
 

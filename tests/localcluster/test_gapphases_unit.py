@@ -75,10 +75,12 @@ def test_real_nodes_kept_pod_logs_are_read_in_the_kubelets_format(tmp_path: Path
 
     assert cri_lines(["t stderr P ab", "t stdout F x", "t stderr F cd", "garbage", "t stderr F "]) == ["x", "abcd", ""]
     lines = EXIT.splitlines()
-    for name, mine in (("pod-a", lines[::2]), ("pod-b", lines[1::2])):
-        log = tmp_path / f"cluster/kept-pod-logs/ns/node-1/ns_{name}_uid/trainer/0.log"
-        log.parent.mkdir(parents=True)
-        log.write_text(cri("\n".join(mine)))
-    assert main([str(tmp_path)]) == 0
-    assert capsys.readouterr().out.splitlines() == [
-        "save=0.40 close=0.10 exit=0.40 takeover=-0.09 restore=1.19 first_step=1.20 total=3.20"]
+    # a goodput run keeps them under the job's namespace, the soak under the node alone: both are read
+    for run, where in (("goodput", "ns/node-1"), ("soak", "node-1")):
+        for name, mine in (("pod-a", lines[::2]), ("pod-b", lines[1::2])):
+            log = tmp_path / run / f"cluster/kept-pod-logs/{where}/ns_{name}_uid/trainer/0.log"
+            log.parent.mkdir(parents=True)
+            log.write_text(cri("\n".join(mine)))
+        assert main([str(tmp_path / run)]) == 0
+        assert capsys.readouterr().out.splitlines() == [
+            "save=0.40 close=0.10 exit=0.40 takeover=-0.09 restore=1.19 first_step=1.20 total=3.20"]
