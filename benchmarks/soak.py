@@ -74,6 +74,7 @@ from localcluster.stack import (
 )
 
 NS = "soak"
+JOB_KEEP = 3  # the job's spec.checkpoint.keep: the operator's default (soak_job sets none)
 T0 = time.monotonic()
 log = logging.getLogger("soak")
 
@@ -295,7 +296,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[st
             raise chaos.SoakConfigError(f"--devices-per-process must be >= 1, got {args.devices_per_process}")
         if args.nodes < 3:
             raise chaos.SoakConfigError(f"--nodes must be >= 3 (2 workers and a spare), got {args.nodes}")
-        if (why := statesize.refusal(args.state_mib, 2, args.devices_per_process, statesize.mem_available_mib())) is not None:
+        in_storage = statesize.storage_copies(JOB_KEEP) if chaos.storage_tmpfs_needed(kinds) else 0
+        if (why := statesize.refusal(args.state_mib, 2, args.devices_per_process, statesize.mem_available_mib(),
+                                     in_storage=in_storage)) is not None:
             raise chaos.SoakConfigError(why)
         # Checked here with what the machine offers, before anything starts (and again if real nodes fail).
         chaos.validate(kinds, capabilities(real=not args.process_nodes, why="--process-nodes", spares=args.spares),
@@ -454,7 +457,7 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
                           attempt=lambda: observer.latest().attempt, operator=operator if real else None,
                           add_node_kwargs={})
     body, ckpt = soak_job(cluster, "soak", work, args, real)
-    keep = int(body["spec"]["checkpoint"].get("keep", 3))
+    keep = int(body["spec"]["checkpoint"].get("keep", JOB_KEEP))
     if storage is not None:
         size_storage(storage, ckpt_free, keep)
         injectors.storage = storage
@@ -465,7 +468,7 @@ def soak(cluster: Cluster, operator: Any, work: Path, out: Path, args: argparse.
 def soak_faults(cluster: Cluster, api: Any, args: argparse.Namespace, body: dict, ckpt: Path, ckpt_free: Path,
                 free_report: Any, observer: Observer, injectors: Injectors, out: Path, *, seed: int, real: bool,
                 plan: list[chaos.PlannedFault]) -> int:
-    keep = int(body["spec"]["checkpoint"].get("keep", 3))
+    keep = int(body["spec"]["checkpoint"].get("keep", JOB_KEEP))
     peaks = PeakMemory(lambda cmd: "train_lm.py" in cmd).start()  # the soak's trainers (the reference's are gone)
     injected: list[Injected] = []
     clock: list[float] = []  # when the faults' clock started (the job running)

@@ -36,26 +36,40 @@ def copies(devices_per_process: int) -> tuple[int, int]:
     return STATE_COPIES_PER_DEVICE * devices_per_process + HOST_COPIES, TIER_COPIES
 
 
-def memory_needed_mib(state_mib: float, processes: int, devices_per_process: int) -> int:
+def storage_copies(keep: int) -> int:
+    """Copies of each process's state in the soak's checkpoint-storage tmpfs, mounted when storage faults are
+    scheduled (``chaos.storage_tmpfs_bytes``: ``keep`` committed, one a restart's deferred retention leaves, one
+    being written); the machine's memory holds them."""
+    return keep + 2
+
+
+def memory_needed_mib(state_mib: float, processes: int, devices_per_process: int, *, in_storage: int = 0) -> int:
     """About how much of the machine's memory a job of ``processes`` trainers of ``devices_per_process`` devices
-    needs with ``state_mib`` of padding."""
-    per_process = (state_mib + EXAMPLE_MIB) * sum(copies(devices_per_process)) + PROCESS_MIB
+    needs with ``state_mib`` of padding (``in_storage``: copies of each process's state in a checkpoint storage held in
+    memory, :func:`storage_copies`)."""
+    per_process = (state_mib + EXAMPLE_MIB) * (sum(copies(devices_per_process)) + in_storage) + PROCESS_MIB
     return math.ceil(processes * per_process + CLUSTER_MIB)
 
 
-def refusal(state_mib: float, processes: int, devices_per_process: int, available_mib: int) -> str | None:
+def refusal(state_mib: float, processes: int, devices_per_process: int, available_mib: int, *,
+            in_storage: int = 0) -> str | None:
     """Why ``--state-mib state_mib`` cannot run here (None: it can), with the numbers."""
     if not math.isfinite(state_mib) or state_mib < 0:
         return f"--state-mib must be a number >= 0 (MiB), got {state_mib:g}"
-    need = memory_needed_mib(state_mib, processes, devices_per_process)
+    need = memory_needed_mib(state_mib, processes, devices_per_process, in_storage=in_storage)
     if need <= available_mib:
         return None
     inside, tier = copies(devices_per_process)
-    most = max(0.0, ((available_mib - CLUSTER_MIB) / processes - PROCESS_MIB) / (inside + tier) - EXAMPLE_MIB)
+    most = max(0.0, ((available_mib - CLUSTER_MIB) / processes - PROCESS_MIB) / (inside + tier + in_storage)
+               - EXAMPLE_MIB)
+    storage = (f", {in_storage} in the checkpoint storage's tmpfs (the storage faults: leave them out of --faults to "
+               "need none)") if in_storage else ""
     return (f"--state-mib {state_mib:g}: {processes} trainer processes of {devices_per_process} device(s) need about "
-            f"{need} MiB ({inside + tier} copies of each one's {state_mib + EXAMPLE_MIB:g} MiB state: {inside} in the "
-            f"process (the state on each device, the two tiers' host copies), {tier} in its memory tier volume; {PROCESS_MIB} MiB a process without it; {CLUSTER_MIB} MiB for the cluster) and this "
-            f"machine has {available_mib} MiB available (MemAvailable): use --state-mib {math.floor(most)} or less")
+            f"{need} MiB ({inside + tier + in_storage} copies of each one's {state_mib + EXAMPLE_MIB:g} MiB state: "
+            f"{inside} in the process (the state on each device, the two tiers' host copies), {tier} in its memory "
+            f"tier volume{storage}; {PROCESS_MIB} MiB a process without it; {CLUSTER_MIB} MiB for the cluster) and "
+            f"this machine has {available_mib} MiB available (MemAvailable): use --state-mib {math.floor(most)} or "
+            "less")
 
 
 def mem_available_mib(meminfo: Path = Path("/proc/meminfo")) -> int:

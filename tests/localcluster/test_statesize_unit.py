@@ -45,6 +45,31 @@ def test_a_state_the_machine_cannot_hold_is_refused_with_the_numbers(state_mib: 
     assert statesize.refusal(state_mib, processes, devices, available) == why
 
 
+def test_a_checkpoint_storage_in_memory_counts_its_copies_and_says_how_to_need_none() -> None:
+    """The soak's storage faults put the checkpoints on a tmpfs: keep + 2 copies of each process's state more."""
+    assert statesize.storage_copies(3) == 5
+    assert statesize.memory_needed_mib(1024, 2, 2, in_storage=5) == 2 * (1025 * 12 + 600) + 2048
+    assert statesize.refusal(1024, 2, 2, 23500) is None
+    assert statesize.refusal(1024, 2, 2, 23500, in_storage=5) == (
+        "--state-mib 1024: 2 trainer processes of 2 device(s) need about 27848 MiB (12 copies of each one's 1025 MiB "
+        "state: 4 in the process (the state on each device, the two tiers' host copies), 3 in its memory tier "
+        "volume, 5 in the checkpoint storage's tmpfs (the storage faults: leave them out of --faults to need none); "
+        "600 MiB a process without it; 2048 MiB for the cluster) and this machine has 23500 MiB available "
+        "(MemAvailable): use --state-mib 842 or less")
+
+
+def test_the_soak_counts_its_storage_tmpfs_only_when_a_storage_fault_is_planned(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    soak = load_benchmark("soak")
+    monkeypatch.setattr(statesize, "mem_available_mib", lambda: 23500)
+    base = ["--minutes", "1", "--fault-every", "15", "--state-mib", "1024"]
+    assert soak.parse_args([*base, "--faults", "node-lost"])[0].state_mib == 1024
+    with pytest.raises(SystemExit) as exit_:
+        soak.parse_args([*base, "--faults", "node-lost,storage-full"])
+    assert exit_.value.code == 2
+    assert "5 in the checkpoint storage's tmpfs" in capsys.readouterr().err
+
+
 def test_mem_available_is_read_in_mib(tmp_path: Path) -> None:
     info = tmp_path / "meminfo"
     info.write_text("MemTotal:       24576000 kB\nMemFree:         1000000 kB\nMemAvailable:   16255000 kB\n")
