@@ -272,46 +272,24 @@ class MemoryDir:
     def _keep_free(self, path: str) -> None:
         """Move a deleted copy's data file into ``.free/`` unless a reader holds it or one is kept already."""
         free = os.path.join(self.path, layout.FREE_DIR)
-        if _listdir(free):
-            return
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except OSError:
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.fstat(fd).st_size:
-                os.rename(path, os.path.join(free, f"data.{_writer_id()}"))
-        except OSError:  # BlockingIOError: a reader holds it (its pages stay its own); removed with its copy
-            pass
-        finally:
-            os.close(fd)
+        if not _listdir(free):
+            _move_unheld(path, os.path.join(free, f"data.{_writer_id()}"))
 
     def _take_free(self, dst: str) -> int:
         """Move a kept data file to ``dst`` (a copy in flight's ``data.bin``); its size, 0 when there was none.
-        Any other kept file is removed: one copy is in flight at a time."""
+        Any other kept file is removed (one copy is in flight at a time), and so is one a reader holds (it opened
+        the file just before its copy was deleted)."""
         free = os.path.join(self.path, layout.FREE_DIR)
-        taken = 0
+        taken: int | None = None
         for entry in sorted(_listdir(free)):
             src = os.path.join(free, entry)
-            if not taken:
-                try:
-                    fd = os.open(src, os.O_RDWR)
-                except OSError:
+            if taken is None:
+                taken = _move_unheld(src, dst)
+                if taken is not None:
                     continue
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    size = os.fstat(fd).st_size
-                    os.rename(src, dst)
-                    taken = size
-                    continue
-                except OSError:  # held by a reader that opened it just before its copy was deleted
-                    pass
-                finally:
-                    os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(src)
-        return taken
+        return taken or 0
 
     def remove_root(self, root: str | None) -> list[str]:
         """A finished run's cleanup: delete every committed copy of the storage root ``root`` (and any copy whose
@@ -360,6 +338,24 @@ class MemoryDir:
             raise
         weakref.finalize(mem, os.close, fd)  # the hold ends with the mapping
         return mem
+
+
+def _move_unheld(src: str, dst: str) -> int | None:
+    """Rename the data file ``src`` to ``dst`` unless a reader holds it (:func:`hold_for_reading`) or it is gone; its
+    size, None when it was not moved."""
+    try:
+        fd = os.open(src, os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        size = os.fstat(fd).st_size
+        os.rename(src, dst)
+        return size
+    except OSError:  # BlockingIOError: a reader holds it (its pages stay its own)
+        return None
+    finally:
+        os.close(fd)
 
 
 def hold_for_reading(fd: int, path: str) -> None:
