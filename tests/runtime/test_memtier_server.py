@@ -393,15 +393,17 @@ def test_a_deleted_copys_data_file_is_written_over_by_the_next_copy_in_either_tr
     client = wire.Client(server.address)
     data = lambda mdir, tree, name: os.path.join(mdir.copy_dir(tree, name), layout.DATA_FILE)
     sizes = {10: 300_000, 20: 300_000, 30: 120_001, 40: 500_000}
-    inodes = {}
+    inodes, received = {}, {}
     for step, n in sizes.items():
         name = CopyName(step, 2, 1)
         write_copy(writer, name, os.urandom(n))
         inodes[step] = _inode(data(writer, "own", name))
         put(client, writer, name)
+        received[step] = _inode(data(holder, "peer", name))
     assert writer.names("own") == [CopyName(40, 2, 1)] and holder.names("peer") == [CopyName(40, 2, 1)]
     # 10's file was 30's, 20's was 40's (deleted when 30 and 40 committed, written over by the next copy)
     assert inodes[30] == inodes[10] and inodes[40] == inodes[20] and inodes[20] != inodes[10]
+    assert received[30] == received[10] and received[40] == received[20] and received[20] != received[10]
     assert len(_free(writer)) == 1 and len(_free(holder)) == 1
     for mdir, tree in ((writer, "own"), (holder, "peer")):
         m = mdir.manifest(tree, CopyName(40, 2, 1))
