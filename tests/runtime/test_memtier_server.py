@@ -458,3 +458,21 @@ def test_a_finished_runs_cleanup_leaves_no_kept_file(shm: Path) -> None:
     assert len(_free(mdir)) == 1
     assert mdir.remove_root(None) == ["own/s0000000020_a2_p0"]
     assert _free(mdir) == [] and mdir.names("own") == []
+
+
+def test_a_deleted_copy_is_not_kept_where_memory_lacks_room_for_it_twice_over(
+        shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The landing memory's rule: a kept file holds the volume at its peak, so only with room for it twice over."""
+    from reprieve import landing
+
+    mdir = MemoryDir(str(shm / "d"))
+    monkeypatch.setattr(landing, "memory_now", lambda: {"current": None, "limit": None, "available": 300_000})
+    for step in (10, 20):
+        write_copy(mdir, CopyName(step, 2, 0), os.urandom(200_000))
+    assert _free(mdir) == []  # 200 kB needs 400 kB available
+    monkeypatch.setattr(landing, "memory_now", lambda: {"current": 1_000_000, "limit": 1_300_000, "available": None})
+    write_copy(mdir, CopyName(30, 2, 0), os.urandom(200_000))
+    assert _free(mdir) == []  # the pod's cgroup: 300 kB free of its limit, 400 kB needed
+    monkeypatch.setattr(landing, "memory_now", lambda: {"current": 1_000_000, "limit": 1_500_000, "available": 10**9})
+    write_copy(mdir, CopyName(40, 2, 0), os.urandom(200_000))
+    assert len(_free(mdir)) == 1  # room for it twice over: kept

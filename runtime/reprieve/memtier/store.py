@@ -270,10 +270,25 @@ class MemoryDir:
         log.debug("memory: deleted %s/%s", tree, name)
 
     def _keep_free(self, path: str) -> None:
-        """Move a deleted copy's data file into ``.free/`` unless a reader holds it or one is kept already."""
+        """Move a deleted copy's data file into ``.free/`` unless a reader holds it, one is kept already, or the pod
+        or the machine lacks the room for it twice over (``room``: the landing memory's rule; a kept file holds the
+        volume at its peak between copies, and at 1 GiB a process a 24 GiB machine's soak stalled on memory)."""
         free = os.path.join(self.path, layout.FREE_DIR)
-        if not _listdir(free):
+        if _listdir(free):
+            return
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            return
+        if self.room(size) is None:
             _move_unheld(path, os.path.join(free, f"data.{_writer_id()}"))
+
+    @staticmethod
+    def room(nbytes: int) -> str | None:
+        """Why a deleted copy's ``nbytes`` must not be kept now (None: they may)."""
+        from .. import landing
+
+        return landing.room_problem(nbytes, what="a deleted memory copy kept for the next", **landing.memory_now())
 
     def _take_free(self, dst: str) -> int:
         """Move a kept data file to ``dst`` (a copy in flight's ``data.bin``); its size, 0 when there was none.
