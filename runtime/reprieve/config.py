@@ -18,7 +18,9 @@ often process 0 reports live progress on its pod; 0 = only at commits), ``REPRIE
 storage saves failed in a row, over a minute at least, that fail the job; ``reprieve.policy.save_failure_verdict``),
 ``REPRIEVE_RUN_ID`` (unset: a run
 is known by its state's structure only; see ``reprieve.identity``), ``REPRIEVE_START_OVER_QUARANTINED`` (0: a root
-that holds quarantined checkpoints and no usable one refuses to start at step 0; 1: starts anyway).
+that holds quarantined checkpoints and no usable one refuses to start at step 0; 1: starts anyway),
+``REPRIEVE_NOTICE_TO_STORAGE`` (0: with the memory tier on, a notice's agreed step stays in the pods' memory when
+every process's copy outlives the noticed nodes; 1: every notice's agreed step is saved to storage).
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class RuntimeConfig:
     termination_log: str = TERMINATION_LOG  # REPRIEVE_TERMINATION_LOG: the container's termination message file
     # REPRIEVE_START_OVER_QUARANTINED: start at step 0 where every checkpoint was quarantined (refused by default)
     start_over_quarantined: bool = False
+    # REPRIEVE_NOTICE_TO_STORAGE: every notice's agreed step to storage, even where the pods' memory holds it safely
+    notice_to_storage: bool = False
     # REPRIEVE_VIRTUAL_SHARDS: the job's virtual data-parallel shards (spec.elastic.virtualShards; None: not declared)
     virtual_shards: int | None = None
 
@@ -144,6 +148,7 @@ class RuntimeConfig:
             run_id=r.opt_text("REPRIEVE_RUN_ID"),
             termination_log=r.opt_text("REPRIEVE_TERMINATION_LOG") or TERMINATION_LOG,
             start_over_quarantined=r.flag(START_OVER_QUARANTINED, False),
+            notice_to_storage=r.flag("REPRIEVE_NOTICE_TO_STORAGE", False),
             virtual_shards=r.opt_integer("REPRIEVE_VIRTUAL_SHARDS", minimum=1),
         )
         if cfg.process_id >= cfg.num_processes:

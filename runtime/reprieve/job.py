@@ -12,10 +12,11 @@ phases and teardowns are :mod:`reprieve.lifecycle`, the way out :mod:`reprieve.t
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, NoReturn, Self
 
 from . import identity, landing, virtual
@@ -31,13 +32,22 @@ from .exiting import arm_deadline_timers, exit_process
 from .finished import FinishedSteps
 from .lifecycle import ABANDON, ABORT, FINISH, RESTART, Phase, Teardown, exit_decision
 from .measures import SaveReports, StepTimes, positive
+from .memtier.decide import gang_outlives
 from .metrics import Metrics
 from .notice import Notice
 from .notice_sources import NoticeHub
-from .policy import SaveContext, SavePolicy, agreed_to_memory, next_due_step, not_held
+from .policy import MEMORY_ONLY_REASONS, SaveContext, SavePolicy, agreed_to_memory, next_due_step
 from .progress import LoopProgress, ProgressReporter
 from .restore import Restored, read_latest
-from .targets import MemoryTarget, SaveRecords, SaveTarget, StorageTarget, Tier, save_kind
+from .targets import (
+    MemoryTarget,
+    SaveRecords,
+    SaveTarget,
+    StorageTarget,
+    Tier,
+    agreed_memory_margin,
+    save_kind,
+)
 from .teardown import (
     Leaving,
     await_lost_peer,
@@ -57,6 +67,20 @@ log = logging.getLogger(__name__)
 # The most a resize's agreed save waits for the memory copies (the copy in flight, then its own, then every
 # process's verdict) before it saves to storage instead: the supervisor's grace (30 s by default) must hold both.
 RESIZE_MEMORY_WAIT_S = 5.0
+
+
+NOTICE_MEMORY_MIN_WAIT_S = 0.5  # below this for each wait a notice's agreed step goes to storage at once
+
+
+def notice_memory_wait(left_s: float | None, save_seconds: float) -> float | None:
+    """The bound on each of a notice's memory waits (the copy in flight, the agreed copy, the verdicts' exchange)
+    with ``left_s`` seconds to the deadline (None: unknown), so that the storage save the gang falls back to still
+    fits after all three (:func:`reprieve.targets.agreed_memory_margin`): at most :data:`RESIZE_MEMORY_WAIT_S`;
+    None when that leaves less than :data:`NOTICE_MEMORY_MIN_WAIT_S` (storage at once). Pure."""
+    if left_s is None:
+        return RESIZE_MEMORY_WAIT_S
+    wait = min(RESIZE_MEMORY_WAIT_S, (left_s - agreed_memory_margin(save_seconds)) / 3)
+    return wait if wait >= NOTICE_MEMORY_MIN_WAIT_S else None
 
 
 class Job:
@@ -473,16 +497,19 @@ class Job:
         if restart:  # read this step from memory, not storage
             self.storage.defer_retention()
         memory = in_memory = False
-        to_memory = agreed_to_memory(target.notice.reason, memory_on=self.memory is not None, restart=restart)
+        doomed = self.agreement.noticed_nodes | {target.notice.node}
+        to_memory = agreed_to_memory(target.notice.reason, memory_on=self.memory is not None, restart=restart,
+                                     noticed_node=target.notice.node, notices_to_storage=self.config.notice_to_storage)
         try:
             record = (self._record(step, state, extra, data) if to_memory or self.storage.last_saved != step
                       else None)
             if to_memory:
                 assert record is not None
-                in_memory = self._held_in_memory(step, record, state)
+                resize = target.notice.reason in MEMORY_ONLY_REASONS
+                in_memory = self._held_in_memory(step, record, state, notice=None if resize else (doomed, deadline))
             if record is not None and not in_memory and self.storage.last_saved != step:
                 self.storage.save(step, state, *record, kind="final")
-            if restart and self.memory is not None and not in_memory:
+            if restart and self.memory is not None and not in_memory and self.memory.agreed_started != step:
                 record = record or self._record(step, state, extra, data)
                 memory = self.memory.beside_agreed(step, state, *record, deadline=deadline,
                                                    save_seconds=positive(self.storage.last_save_seconds) or 0.0)
@@ -493,7 +520,7 @@ class Job:
             for t in timers:
                 t.cancel()
         if restart and self.memory is not None:  # the exit waits only for what the restart reads in memory
-            self.memory.leaving(step, self.agreement.noticed_nodes | {target.notice.node})
+            self.memory.leaving(step, doomed)
         if memory and self.memory is not None:
             self.memory.await_agreed(step, deadline)
         now = time.time()
@@ -509,28 +536,48 @@ class Job:
         self._exit_fn(decision.code)
         raise SystemExit(decision.code)  # exit_fn must not return: the loop must not go on past the agreed step
 
-    def _held_in_memory(self, step: int, record: tuple[dict[str, Any], Any], state: Any) -> bool:
-        """A resize's agreed step to the memory tier alone: True when every process holds it there (its verdict
-        exchanged through the coordination service), so no storage save is needed; False (any process without it,
-        or silent within the wait): every process saves it to storage as for any notice."""
+    def _held_in_memory(self, step: int, record: tuple[dict[str, Any], Any], state: Any, *,
+                        notice: tuple[Collection[str | None], float | None] | None = None) -> bool:
+        """The agreed step to the memory tier alone, a resize's (``notice`` None) or a notice's (``notice``: the
+        noticed nodes and the deadline; :func:`reprieve.policy.agreed_to_memory`): True when every process holds
+        it there, where it outlives the notice (its verdict exchanged through the coordination service), so no
+        storage save is needed; False (any process without it, or silent within the wait): every process saves it
+        to storage as for any notice. A notice's waits are bounded so that a storage save still fits before its
+        deadline (:func:`notice_memory_wait`); where even short ones do not, this process's verdict is "no" at once,
+        without a copy."""
         assert self.memory is not None
-        own = self.memory.save_alone(step, state, *record, wait_s=RESIZE_MEMORY_WAIT_S)
-        prefix = f"reprieve/resize/a{self.config.attempt}/s{step}/"
-        verdicts: dict[int, bool] = {}
+        wait: float | None = RESIZE_MEMORY_WAIT_S
+        if notice is not None:
+            save_s = positive(self.storage.last_save_seconds) or 0.0
+            left = None if notice[1] is None else notice[1] - time.time()
+            wait = notice_memory_wait(left, save_s)
+            if wait is None:
+                log.info("agreed step %d: not to memory alone (%.1fs to the deadline, %.1fs needed): saving it to "
+                         "storage", step, left, agreed_memory_margin(save_s) + 3 * NOTICE_MEMORY_MIN_WAIT_S)
+        if wait is None:
+            own, wait = False, NOTICE_MEMORY_MIN_WAIT_S
+        else:
+            own = self.memory.save_alone(step, state, *record, wait_s=wait,
+                                         doomed=None if notice is None else notice[0])
+        prefix = f"reprieve/agreed-memory/a{self.config.attempt}/s{step}/"
+        mine: dict[str, Any] = {"held": own}
+        if notice is not None:
+            mine.update(self.memory.placement(), doomed=sorted(notice[0], key=lambda n: (n is None, n or "")))
+        verdicts: dict[int, dict[str, Any]] = {}
         try:
-            self.coordinator.set(f"{prefix}{self.process_id}", "1" if own else "0", overwrite=True)
-            limit = time.monotonic() + RESIZE_MEMORY_WAIT_S
+            self.coordinator.set(f"{prefix}{self.process_id}", json.dumps(mine), overwrite=True)
+            limit = time.monotonic() + wait
             for p in range(self.num_processes):
-                verdicts[p] = self.coordinator.get(f"{prefix}{p}", max(0.001, limit - time.monotonic())) == "1"
+                verdicts[p] = json.loads(self.coordinator.get(f"{prefix}{p}", max(0.001, limit - time.monotonic())))
         except CoordinationError as err:  # the storage save that follows meets the same service: it decides
             log.warning("agreed step %d: the processes' memory verdicts could not be exchanged (%s)", step, err)
-        missing = not_held(verdicts, self.num_processes)
+        missing = gang_outlives(verdicts, self.num_processes, notice=notice is not None)
         if missing:
-            log.info("agreed step %d: not held in memory by process(es) %s: saving it to storage", step,
-                     ", ".join(map(str, missing)))
+            log.info("agreed step %d: not held in memory where the restart reads it: %s: saving it to storage", step,
+                     "; ".join(f"process {p}: {why}" for p, why in sorted(missing.items())))
             return False
-        log.info("agreed step %d held in memory by all %d process(es): no storage save (a resize)", step,
-                 self.num_processes)
+        log.info("agreed step %d held in memory by all %d process(es): no storage save (%s)", step,
+                 self.num_processes, "a resize" if notice is None else "every copy outlives the notices")
         return True
 
     # -- end -----------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ agreed by :mod:`reprieve.agreement`; a policy only reads the agreement's verdict
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -150,22 +150,26 @@ def storage_policy(policy: SavePolicy) -> AnySavePolicy:
     return AnySavePolicy((AgreedSavePolicy(), ForcedSavePolicy(), FixedIntervalPolicy(policy)))
 
 
-# The notices whose agreed save may stay in the pods' memory: no node goes away (a grow keeps every worker).
+# The notices whose agreed save may stay in the pods' memory whatever nodes they name: no node goes away (a grow
+# keeps every worker).
 MEMORY_ONLY_REASONS = frozenset({RESIZE_REASON})
 
 
-def agreed_to_memory(reason: str, *, memory_on: bool, restart: bool) -> bool:
-    """Whether the agreed save of a notice with ``reason`` goes to the memory tier alone (pure): a resize (every
-    pod stays, so the next attempt reads the step from the pods' memory), with the memory tier on, and a restart
-    to follow (the loop's last step is the run's end: storage). Storage follows anyway unless every process holds
-    the step (:func:`not_held`)."""
-    return reason in MEMORY_ONLY_REASONS and memory_on and restart
-
-
-def not_held(verdicts: Mapping[int, bool], num_processes: int) -> tuple[int, ...]:
-    """The processes that do not hold the agreed step in memory (pure): those that said so, and those that said
-    nothing (a verdict not in ``verdicts``). Empty: every process holds it, no storage save is needed."""
-    return tuple(p for p in range(num_processes) if not verdicts.get(p, False))
+def agreed_to_memory(reason: str, *, memory_on: bool, restart: bool, noticed_node: str | None = None,
+                     notices_to_storage: bool = False) -> bool:
+    """Whether the agreed save of a notice with ``reason`` goes to the memory tier first, with no storage save
+    when every process holds it where it outlives the notice (pure; docs/memory.md, "After a notice"). Only with
+    the memory tier on and a restart to follow (the loop's last step is the run's end: storage). A resize always
+    (every pod stays); any other notice when it names its node (``noticed_node``: which pods go is known; each
+    process then checks that its copy is on a pod that stays, or at a peer that does), unless
+    ``REPRIEVE_NOTICE_TO_STORAGE`` (``notices_to_storage``) sends every notice to storage. Storage follows anyway
+    unless every process holds the step (:func:`reprieve.memtier.decide.gang_outlives`). The choice depends only on what every process shares
+    (the agreed notice, the configuration), so the whole gang takes the same path."""
+    if not (memory_on and restart):
+        return False
+    if reason in MEMORY_ONLY_REASONS:
+        return True
+    return noticed_node is not None and not notices_to_storage
 
 
 # What a failed storage save was (classify_save_error) and what the job does about it (save_failure_verdict).

@@ -271,6 +271,7 @@ class Tier(Protocol):
 
     restored_from: dict[str, Any] | None
     cfg: MemoryConfig
+    peer_node: str | None  # the peer's node, where known (the assignment's, or the restore round's reports)
 
     @property
     def off(self) -> str | None:
@@ -293,6 +294,8 @@ class Tier(Protocol):
 
     def holds(self, step: int) -> bool: ...
 
+    def outlives(self, doomed: Collection[str | None]) -> str | None: ...
+
     def join_watcher(self, timeout_s: float) -> None: ...
 
     def leaving(self, step: int, doomed: Collection[str | None]) -> None: ...
@@ -313,15 +316,18 @@ class MemoryTarget:
         self.tier = tier
         self.policy: SaveDecisionPolicy = ScheduledPolicy(tier.due)
         self._metrics, self._on_blocked = metrics, on_blocked
+        self.agreed_started: int | None = None  # the agreed step whose copy :meth:`save_alone` started
 
     def begin(self, start: int, interval: SavePolicy) -> None:
         """The loop starts at ``start``; the storage interval caps the memory schedule (docs/memory.md)."""
         self.tier.begin(start, storage_steps=interval.interval_steps, storage_seconds=interval.interval_seconds)
 
-    def save(self, step: int, state: Any, record: dict[str, Any], position: Any, *, kind: str = "memory") -> bool:
+    def save(self, step: int, state: Any, record: dict[str, Any], position: Any, *, kind: str = "memory",
+             agreed: bool = False) -> bool:
         t0 = time.perf_counter()
-        # A copy does not carry the notice: restored, it would mark as handled a notice only storage's save serves.
-        own = {k: v for k, v in record["reprieve"].items() if k not in NOTICE_KEYS}
+        # A periodic copy does not carry the notice: restored, it would mark as handled a notice that no save served.
+        # An agreed step's copy does (``agreed``): it is that notice's save, as storage's is.
+        own = {k: v for k, v in record["reprieve"].items() if agreed or k not in NOTICE_KEYS}
         started = bool(self.tier.save(step, state, extra={**record, "reprieve": {**own, "kind": "memory"}},
                                       process_extra=position))
         if started:
@@ -350,30 +356,42 @@ class MemoryTarget:
                      "written or sent)", step)
             return False
         try:
-            return self.save(step, state, record, position)
+            return self.save(step, state, record, position, agreed=True)
         except Exception as err:  # noqa: BLE001 - the storage save is the guarantee: a memory copy never fails it
             log.warning("agreed step %d: the memory copy beside the storage save failed (%s: %s); the restart reads "
                         "storage", step, type(err).__name__, err)
             return False
 
-    def save_alone(self, step: int, state: Any, record: dict[str, Any], position: Any, *, wait_s: float) -> bool:
-        """The agreed step of a resize, to the memory tier alone (no storage save beside it): True when this
-        process's copy is committed here and at its peer within ``wait_s`` (for the copy in flight, then for this
-        one); False sends the job to storage as for any notice."""
+    def save_alone(self, step: int, state: Any, record: dict[str, Any], position: Any, *, wait_s: float,
+                   doomed: Collection[str | None] | None = None) -> bool:
+        """The agreed step to the memory tier alone (no storage save beside it): True when this process's copy is
+        committed here and at its peer within ``wait_s`` (for the copy in flight, then for this one). For a notice
+        (``doomed``: the nodes it and the notices this process received name) a copy that could not outlive them
+        (:meth:`Tier.outlives`) is not even started; whether the copies outlive every notice the gang heard of is
+        the gang's decision (:func:`reprieve.memtier.decide.gang_outlives`). False sends the job to storage."""
+        if doomed is not None and (why := self.tier.outlives(doomed)) is not None:
+            log.info("agreed step %d: not held in memory (its copy would not outlive the notice: %s)", step, why)
+            return False
         if not self.wait(wait_s):
             log.info("agreed step %d: not held in memory (the previous copy is still being written or sent)", step)
             return False
         try:
-            started = self.save(step, state, record, position)
+            started = self.save(step, state, record, position, agreed=True)
         except Exception as err:  # noqa: BLE001 - storage is the fallback: a memory failure never fails the save
             log.warning("agreed step %d: the memory copy failed (%s: %s)", step, type(err).__name__, err)
             return False
+        if started:
+            self.agreed_started = step
         t0 = time.perf_counter()
         held = started and self.wait(wait_s) and self.tier.holds(step)
         log.info("agreed step %d: memory copy %s %.2fs after its start", step,
-                 "committed here and at the peer" if held else "not held (storage follows)",
-                 time.perf_counter() - t0)
+                 "committed here and at the peer" if held else "not held (storage follows)", time.perf_counter() - t0)
         return held
+
+    def placement(self) -> dict[str, str | None]:
+        """This pod's node and its peer's (None: not known), for the gang's check that a notice's agreed copies
+        outlive it."""
+        return {"node": self.tier.cfg.node, "peer_node": self.tier.peer_node}
 
     def leaving(self, step: int, doomed: Collection[str | None]) -> None:
         """The agreed save of ``step`` is committed and a restart follows (``doomed``: the nodes the notices name):

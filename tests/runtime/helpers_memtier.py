@@ -145,12 +145,15 @@ class FakeTier:
     restored_from = None
     off = None  # the tier never switches itself off
 
-    def __init__(self, *, due_at: frozenset[int] = frozenset(), busy: bool = False, broken: bool = False) -> None:
+    def __init__(self, *, due_at: frozenset[int] = frozenset(), busy: bool = False, broken: bool = False,
+                 node: str | None = None, peer_node: str | None = None) -> None:
         from reprieve.memtier import MemoryConfig
 
-        self.cfg = MemoryConfig(directory="/nonexistent/fake-tier")
+        self.cfg = MemoryConfig(directory="/nonexistent/fake-tier", node=node)
         self.due_at, self._busy, self.broken = due_at, busy, broken
         self.saves: list[tuple[int, str]] = []
+        self.notices: dict[int, str | None] = {}  # step -> the notice its copy records (None: none)
+        self.peer_node = peer_node
         self.waits: list[float | None] = []
         self.capped_by: tuple[int, float] | None = None
         self.left: tuple[int, set[str | None]] | None = None  # leaving(): the agreed step and the noticed nodes
@@ -162,10 +165,11 @@ class FakeTier:
         return step in self.due_at
 
     def save(self, step: int, state: Any, *, extra: dict[str, Any], process_extra: Any = None) -> bool:
-        assert extra["reprieve"]["step"] == step and "notice" not in extra["reprieve"]  # a copy marks no notice
+        assert extra["reprieve"]["step"] == step
         if self.broken:
             raise OSError(28, "No space left on device")
         self.saves.append((step, extra["reprieve"]["kind"]))
+        self.notices[step] = extra["reprieve"].get("notice")  # only an agreed step's copy marks its notice
         return True
 
     def wait(self, timeout_s: float | None = None) -> None:
@@ -182,6 +186,11 @@ class FakeTier:
 
     def holds(self, step: int) -> bool:
         return not self._busy and any(s == step for s, _ in self.saves)
+
+    def outlives(self, doomed: Any) -> str | None:
+        from reprieve.memtier.decide import outlives_notice
+
+        return outlives_notice(node=self.cfg.node, peer_node=self.peer_node, doomed=doomed, here=True, at_peer=True)
 
     def join_watcher(self, timeout_s: float) -> None:
         pass

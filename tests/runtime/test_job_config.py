@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from reprieve.config import ConfigError, RuntimeConfig
-from reprieve.policy import NEVER, SavePolicy, agreed_to_memory, next_due_step, not_held, should_save
+from reprieve.policy import NEVER, SavePolicy, agreed_to_memory, next_due_step, should_save
 
 pytestmark = pytest.mark.unit
 
@@ -104,28 +104,23 @@ def test_no_step_before_next_due_step_is_saved_by_the_interval_and_it_is_one_tha
         assert due == (says[0] if says else NEVER), (start, due, says[:3])
 
 
-@pytest.mark.parametrize("reason,memory_on,restart,expected", [
-    ("resize", True, True, True),  # a grow: every pod stays, the next attempt reads the pods' memory
-    ("resize", False, True, False),  # no memory tier: storage
-    ("resize", True, False, False),  # the loop's last step: the run's end belongs in storage
-    ("sigterm", True, True, False),  # a node goes away: storage (and a memory copy beside it)
-    ("interrupt", True, True, False),
-    ("gke-spot", True, True, False),
+@pytest.mark.parametrize("reason,memory_on,restart,node,to_storage,expected", [
+    ("resize", True, True, None, False, True),  # a grow: every pod stays, the next attempt reads the pods' memory
+    ("resize", True, True, None, True, True),  # REPRIEVE_NOTICE_TO_STORAGE is about notices that take a node
+    ("resize", False, True, None, False, False),  # no memory tier: storage
+    ("resize", True, False, None, False, False),  # the loop's last step: the run's end belongs in storage
+    ("gke-spot", True, True, "node-b", False, True),  # a node named: memory first, where each copy outlives it
+    ("gke-spot", True, True, "node-b", True, False),  # REPRIEVE_NOTICE_TO_STORAGE=1
+    ("gke-spot", True, True, None, False, False),  # which pods go is not known: storage
+    ("gke-spot", False, True, "node-b", False, False),
+    ("gke-spot", True, False, "node-b", False, False),
+    ("sigterm", True, True, None, False, False),  # a SIGTERM names no node: storage (and a memory copy beside it)
+    ("interrupt", True, True, None, False, False),
 ])
-def test_only_a_resize_saves_its_agreed_step_to_memory_alone(reason: str, memory_on: bool, restart: bool,
-                                                             expected: bool) -> None:
-    assert agreed_to_memory(reason, memory_on=memory_on, restart=restart) is expected
-
-
-@pytest.mark.parametrize("verdicts,n,missing", [
-    ({0: True, 1: True}, 2, ()),
-    ({0: True, 1: False}, 2, (1,)),
-    ({0: True}, 3, (1, 2)),  # silent processes do not hold it
-    ({}, 1, (0,)),
-])
-def test_not_held_names_every_process_without_the_step(verdicts: dict[int, bool], n: int,
-                                                       missing: tuple[int, ...]) -> None:
-    assert not_held(verdicts, n) == missing
+def test_which_agreed_saves_go_to_memory_first(reason: str, memory_on: bool, restart: bool, node: str | None,
+                                               to_storage: bool, expected: bool) -> None:
+    assert agreed_to_memory(reason, memory_on=memory_on, restart=restart, noticed_node=node,
+                            notices_to_storage=to_storage) is expected
 
 
 def test_negative_interval_is_rejected() -> None:

@@ -354,6 +354,7 @@ def test_the_agreed_save_before_a_restart_also_copies_the_step_to_memory_when_th
     if copied:
         assert len(tier.waits) == 2 and tier.waits[1] is not None and tier.waits[1] <= 1.0  # before the copy (busy?), after the commit (bounded)
         assert f"agreed step {step}: memory copy committed" in caplog.text
+        assert tier.notices[step], tier.notices  # the agreed step's copy records its notice, as storage's does
     else:
         assert f"agreed step {step}: no memory copy beside the storage save" in caplog.text
 

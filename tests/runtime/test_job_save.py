@@ -65,8 +65,8 @@ class Agreement:
     poll_s = 0.0
     noticed_nodes: frozenset[str | None] = frozenset({"node-b"})  # the nodes the notices offered here name
 
-    def __init__(self, agreed: dict[int, str], reason: str = "maintenance") -> None:
-        self.agreed, self.reason = agreed, reason
+    def __init__(self, agreed: dict[int, str], reason: str = "maintenance", node: str | None = None) -> None:
+        self.agreed, self.reason, self.node = agreed, reason, node
         self.requests: list[tuple[int, str]] = []
         self.step = -1
         self.target: Any = None
@@ -82,7 +82,8 @@ class Agreement:
         self.decided.append(step)
         kind = self.agreed.get(step)
         if kind == FINAL:
-            notice = Notice(id="n-1", source="user", reason=self.reason, deadline=None, received_at=0.0)
+            notice = Notice(id="n-1", source="user", reason=self.reason, deadline=None, received_at=0.0,
+                            node=self.node)
             self.target = SimpleNamespace(notice=notice, deadline=None, deadline_known=False,
                                           plan=SimpleNamespace(final_step=step))
         return kind
@@ -240,22 +241,35 @@ def test_the_loops_last_step_is_saved_as_last_not_periodic(monkeypatch: pytest.M
     assert job.metrics.get("reprieve_saves_total", kind="last") == 1
 
 
-@pytest.mark.parametrize(("reason", "tier", "storage", "memory"), [
-    ("resize", FakeTier(), [], [(4, "memory")]),  # a grow: every process holds the step in memory, no storage save
-    ("resize", FakeTier(busy=True), [(4, "final")], []),  # the copy in flight never ends: storage
-    ("resize", FakeTier(broken=True), [(4, "final")], []),  # the copy fails: storage
-    ("resize", None, [(4, "final")], []),  # no memory tier: storage
-    ("maintenance", FakeTier(), [(4, "final")], [(4, "memory")]),  # any other notice: storage, a copy beside it
-], ids=["resize", "resize-busy", "resize-broken", "resize-no-tier", "other-notice"])
-def test_a_resize_saves_its_agreed_step_to_memory_alone_when_held_else_to_storage(
-        monkeypatch: pytest.MonkeyPatch, reason: str, tier: FakeTier | None, storage: list[tuple[int, str]],
-        memory: list[tuple[int, str]]) -> None:
+@pytest.mark.parametrize(("reason", "node", "tier", "storage", "memory"), [
+    ("resize", None, FakeTier(), [], [(4, "memory")]),  # a grow: every process holds the step in memory, no storage
+    ("resize", None, FakeTier(busy=True), [(4, "final")], []),  # the copy in flight never ends: storage
+    ("resize", None, FakeTier(broken=True), [(4, "final")], []),  # the copy fails: storage
+    ("resize", None, None, [(4, "final")], []),  # no memory tier: storage
+    # a notice naming no node: storage, a copy beside it
+    ("maintenance", None, FakeTier(node="node-a", peer_node="node-c"), [(4, "final")], [(4, "memory")]),
+    # a notice naming node-b (noticed here too): this pod's node and its peer's outlive it: memory alone
+    ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-c"), [], [(4, "memory")]),
+    # this pod goes with node-b, its peer's node stays: memory alone (the restart reads the peer's copy)
+    ("maintenance", "node-b", FakeTier(node="node-b", peer_node="node-a"), [], [(4, "memory")]),
+    # this pod's node (node-a, the agreed notice's) and its peer's (node-b, noticed here) both go: storage (no copy
+    # started for memory alone), the copy beside it
+    ("maintenance", "node-a", FakeTier(node="node-a", peer_node="node-b"), [(4, "final")], [(4, "memory")]),
+    # the peer's node is not known: storage, with the copy beside it
+    ("maintenance", "node-b", FakeTier(node="node-b"), [(4, "final")], [(4, "memory")]),
+    # the copy in flight never ends: storage
+    ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-c", busy=True), [(4, "final")], []),
+], ids=["resize", "resize-busy", "resize-broken", "resize-no-tier", "notice-no-node", "notice-both-stay",
+        "notice-peer-stays", "notice-both-go", "notice-peer-unknown", "notice-busy"])
+def test_an_agreed_step_goes_to_memory_alone_where_every_copy_outlives_the_notice_else_to_storage(
+        monkeypatch: pytest.MonkeyPatch, reason: str, node: str | None, tier: FakeTier | None,
+        storage: list[tuple[int, str]], memory: list[tuple[int, str]]) -> None:
     from reprieve import job as job_mod
 
     monkeypatch.setattr(teardown, "ignore_termination_signals", lambda: None)
     monkeypatch.setattr(job_mod, "RESIZE_MEMORY_WAIT_S", 0.01)
     ckpt = Checkpointer()
-    job = Job(RuntimeConfig(), LocalCoordinator(), ckpt, Agreement({4: FINAL}, reason), Hub(),  # type: ignore[arg-type]
+    job = Job(RuntimeConfig(), LocalCoordinator(), ckpt, Agreement({4: FINAL}, reason, node), Hub(),  # type: ignore[arg-type]
               exit_fn=_exit, memory=tier)
     with pytest.raises(Exited) as exited:
         for step in job.steps(0, 20):
@@ -264,7 +278,9 @@ def test_a_resize_saves_its_agreed_step_to_memory_alone_when_held_else_to_storag
     assert ckpt.saves == storage
     assert (tier.saves if tier is not None else []) == memory
     if tier is not None:  # the exit waits only for what the restart reads: the tier is told the noticed nodes
-        assert tier.left == (4, {"node-b", None}), tier.left  # the fake's notice names no node
+        assert tier.left == (4, {"node-b", node}), tier.left  # the notices' nodes (the fake's may name none)
+        if memory:
+            assert tier.notices[4] == "n-1"  # the agreed step's copy records its notice, as storage's would
 
 
 @pytest.mark.parametrize(("agreed", "forced", "last", "kind"), [

@@ -11,6 +11,8 @@ from reprieve.memtier.decide import (
     Plan,
     decide,
     exit_wait,
+    gang_outlives,
+    outlives_notice,
     pairing_problems,
     select_deletions,
     visible,
@@ -216,3 +218,65 @@ EXIT_WAIT = [
 def test_exit_wait(agreed: int | None, running: int | None, node: str | None, doomed: set[str | None],
                    want: str) -> None:
     assert exit_wait(agreed_step=agreed, running_step=running, node=node, doomed=doomed) == want
+
+
+# Whether a process's copy of a notice's agreed step outlives the noticed nodes (outlives_notice): the restart
+# then reads it from memory and the gang saves no storage checkpoint for the notice
+OUTLIVES = [
+    # id, this pod's node, the peer's node, the noticed nodes, committed here, at the peer, why not (None: outlives)
+    ("this pod stays", "node-a", "node-b", {"node-b"}, True, True, None),
+    ("this pod stays, its put to the noticed peer unfinished", "node-a", "node-b", {"node-b"}, True, False, None),
+    ("this pod goes, the peer stays", "node-b", "node-a", {"node-b"}, True, True, None),
+    ("this pod goes, its copy not at the peer", "node-b", "node-a", {"node-b"}, True, False,
+     "this pod's node node-b is noticed; not committed at the peer"),
+    ("this pod and its peer both noticed", "node-a", "node-b", {"node-a", "node-b"}, True, True,
+     "this pod's node node-a is noticed; the peer's node node-b is noticed"),
+    ("the peer's node not known, this pod goes", "node-b", None, {"node-b"}, True, True,
+     "this pod's node node-b is noticed; the peer's node is not known"),
+    ("this pod's node not known, the peer stays", None, "node-a", {"node-b"}, True, True, None),
+    ("neither node known", None, None, {"node-b"}, True, True,
+     "this pod's node is not known; the peer's node is not known"),
+    ("a notice that names no node beside", "node-a", "node-c", {"node-b", None}, True, True,
+     "a notice names no node (which pods go is not known)"),
+    ("no noticed node", "node-a", "node-c", set(), True, True, "no noticed node is known"),
+    ("not committed anywhere", "node-a", "node-c", {"node-b"}, False, False,
+     "not committed in this pod; not committed at the peer"),
+]
+
+
+@pytest.mark.parametrize(("node", "peer_node", "doomed", "here", "at_peer", "why"), [r[1:] for r in OUTLIVES],
+                         ids=[r[0] for r in OUTLIVES])
+def test_outlives_notice(node: str | None, peer_node: str | None, doomed: set[str | None], here: bool,
+                         at_peer: bool, why: str | None) -> None:
+    assert outlives_notice(node=node, peer_node=peer_node, doomed=doomed, here=here, at_peer=at_peer) == why
+
+
+def _v(held: bool, node: str | None, peer_node: str | None, *doomed: str | None) -> dict:
+    return {"held": held, "node": node, "peer_node": peer_node, "doomed": list(doomed)}
+
+
+# The gang's decision from every process's published verdict (gang_outlives): empty, no storage save
+GANG = [
+    # id, verdicts, a notice (False: a resize), processes, want (process -> why, abridged to its start)
+    ("every copy outlives the notice", {0: _v(True, "a", "b", "b"), 1: _v(True, "b", "a", "b")}, True, 2, {}),
+    ("a process without its copy", {0: _v(True, "a", "b", "b"), 1: _v(False, "b", "a", "b")}, True, 2,
+     {1: "its copy is not committed"}),
+    ("a silent process", {0: _v(True, "a", "b", "b")}, True, 2, {1: "said nothing"}),
+    ("a notice only process 0 heard of dooms process 1's peer too",
+     {0: _v(True, "a", "b", "a", "b"), 1: _v(True, "b", "a", "b")}, True, 2,
+     {0: "this pod's node a is noticed", 1: "this pod's node b is noticed"}),
+    ("a notice that names no node anywhere", {0: _v(True, "a", "b", "b", None), 1: _v(True, "b", "a", "b")}, True,
+     2, {0: "a notice names no node", 1: "a notice names no node"}),
+    ("three processes in a ring, one node noticed",
+     {0: _v(True, "a", "b", "b"), 1: _v(True, "b", "c", "b"), 2: _v(True, "c", "a", "b")}, True, 3, {}),
+    ("a resize: held is enough", {0: {"held": True}, 1: {"held": True}}, False, 2, {}),
+    ("a resize: one not held", {0: {"held": True}, 1: {"held": False}}, False, 2, {1: "its copy is not committed"}),
+]
+
+
+@pytest.mark.parametrize(("verdicts", "notice", "n", "want"), [r[1:] for r in GANG], ids=[r[0] for r in GANG])
+def test_gang_outlives(verdicts: dict, notice: bool, n: int, want: dict[int, str]) -> None:
+    got = gang_outlives(verdicts, n, notice=notice)
+    assert sorted(got) == sorted(want), got
+    for p, start in want.items():
+        assert got[p].startswith(start), got

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 from .layout import CopyName
 
@@ -215,3 +216,62 @@ def exit_wait(*, agreed_step: int | None, running_step: int | None, node: str | 
     if node and doomed and None not in doomed and node not in doomed:
         return HERE
     return EVERYWHERE
+
+
+def outlives_notice(*, node: str | None, peer_node: str | None, doomed: Collection[str | None], here: bool,
+                    at_peer: bool) -> str | None:
+    """Why this process's copy of a notice's agreed step may not outlive the noticed nodes (pure); None: it
+    does, so the restart can read it from memory with no storage save (docs/memory.md, "After a notice").
+
+    ``here``: the copy is committed in this pod, on ``node``; ``at_peer``: committed at the peer, on
+    ``peer_node``; ``doomed``: the nodes the agreed notice and the notices this process received name (None: a
+    notice that names no node). The copy outlives them when a pod holding it is on a node none of them names: this
+    pod (a gang restart keeps every pod on a healthy node, restartMode InPlace, which the memory tier requires) or
+    the peer's. A node not known, or a notice that names none, proves nothing."""
+    if not doomed:
+        return "no noticed node is known"
+    if None in doomed:
+        return "a notice names no node (which pods go is not known)"
+    if here and node and node not in doomed:
+        return None
+    if at_peer and peer_node and peer_node not in doomed:
+        return None
+    where = []
+    if not here:
+        where.append("not committed in this pod")
+    elif not node:
+        where.append("this pod's node is not known")
+    else:
+        where.append(f"this pod's node {node} is noticed")
+    if not at_peer:
+        where.append("not committed at the peer")
+    elif not peer_node:
+        where.append("the peer's node is not known")
+    else:
+        where.append(f"the peer's node {peer_node} is noticed")
+    return "; ".join(where)
+
+
+def gang_outlives(verdicts: Mapping[int, Mapping[str, Any]], num_processes: int, *,
+                  notice: bool) -> dict[int, str]:
+    """process -> why the gang may not skip the storage save of the agreed step (pure; empty: every process holds
+    it in memory where the restart reads it). ``verdicts[p]`` is what process ``p`` published: ``held`` (its copy
+    committed in its pod and at its peer), and for a ``notice`` its ``node``, its peer's ``peer_node`` and the
+    nodes the notices it received name (``doomed``). A process that said nothing holds nothing. For a notice every
+    copy is checked against the nodes *any* process heard of (:func:`outlives_notice`): a notice that reached one
+    process only still counts, and every process computes the same answer from the same verdicts."""
+    doomed: set[str | None] = set()
+    for said in verdicts.values():
+        doomed.update(said.get("doomed") or ())
+
+    def why_not(said: Mapping[str, Any] | None) -> str | None:
+        if said is None:
+            return "said nothing in time"
+        if not said.get("held"):
+            return "its copy is not committed in its pod and at its peer"
+        if notice:
+            return outlives_notice(node=said.get("node"), peer_node=said.get("peer_node"), doomed=doomed, here=True,
+                                   at_peer=True)
+        return None
+
+    return {p: why for p in range(num_processes) if (why := why_not(verdicts.get(p))) is not None}

@@ -313,6 +313,9 @@ def _fence(tier: Any, base: tuple[int, int] | None) -> None:
 def _check_pairing(tier: Any, reports: list[dict[str, Any]]) -> None:
     problems = decide.pairing_problems({p: (r.get("location"), r.get("node"), r.get("peer"))
                                         for p, r in enumerate(reports)})
+    if tier.peer is not None and not tier.peer_node:  # the peer's node, for a notice's agreed step (tier.outlives)
+        tier.peer_node = next((r.get("node") for r in reports if r.get("location") == tier.peer and r.get("node")),
+                              None)
     for p, why in problems.items():
         log.error("memory tier pairing: %s: both copies would be lost together; pair it with a pod on another "
                   "node%s", why, " (this process keeps its own copies only)" if p == tier.pid else "")

@@ -114,6 +114,9 @@ class MemoryTier:
         else:
             self.location = f"local:{self.pid}"
         self.peer = cfg.peer
+        # the peer's node: the assignment's (REPRIEVE_MEMORY_PEER_NODE), else learned from the restore round's
+        # reports (the first attempt's pods are made before their peers' nodes are known)
+        self.peer_node = cfg.peer_node
         self._staging = save_mod.Staging()
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
@@ -480,6 +483,12 @@ class MemoryTier:
     def holds(self, step: int) -> bool:
         """Whether this process's copy of ``step`` is committed in its pod and, with a peer, at the peer."""
         return self.saved_step == step and (self.peer is None or self.replicated_step == step)
+
+    def outlives(self, doomed: Collection[str | None]) -> str | None:
+        """Why a copy committed here and at the peer may not outlive the ``doomed`` nodes, as far as this process
+        knows (:func:`.decide.outlives_notice`); None: it would."""
+        return decide.outlives_notice(node=self.cfg.node, peer_node=self.peer_node, doomed=doomed, here=True,
+                                      at_peer=self.peer is not None)
 
     def gang_step(self) -> int | None:
         """The newest step every process of this attempt has replicated (process 0's progress report):
