@@ -67,20 +67,21 @@ log = logging.getLogger(__name__)
 # The most a resize's agreed save waits for the memory copies (the copy in flight, then its own, then every
 # process's verdict) before it saves to storage instead: the supervisor's grace (30 s by default) must hold both.
 RESIZE_MEMORY_WAIT_S = 5.0
+MEMORY_ATTEMPT_MIN_S = 1.5  # below this for the whole attempt a notice's agreed step goes to storage at once
+DECISION_SLACK_S = 5.0  # beyond its own attempt, what a process waits for process 0's decision (its later start)
 
 
-NOTICE_MEMORY_MIN_WAIT_S = 0.5  # below this for each wait a notice's agreed step goes to storage at once
-
-
-def notice_memory_wait(left_s: float | None, save_seconds: float) -> float | None:
-    """The bound on each of a notice's memory waits (the copy in flight, the agreed copy, the verdicts' exchange)
-    with ``left_s`` seconds to the deadline (None: unknown), so that the storage save the gang falls back to still
-    fits after all three (:func:`reprieve.targets.agreed_memory_margin`): at most :data:`RESIZE_MEMORY_WAIT_S`;
-    None when that leaves less than :data:`NOTICE_MEMORY_MIN_WAIT_S` (storage at once). Pure."""
+def memory_attempt_seconds(left_s: float | None, save_seconds: float) -> float | None:
+    """How long an agreed step's attempt at the memory tier alone may take in all (the copy in flight, the agreed
+    copy, the verdicts and process 0's decision), with ``left_s`` seconds to the deadline (None: not known, as a
+    resize's), so that the storage save the gang falls back to still fits before the deadline
+    (:func:`reprieve.targets.agreed_memory_margin`): at most three :data:`RESIZE_MEMORY_WAIT_S`; None when less
+    than :data:`MEMORY_ATTEMPT_MIN_S` is left for it (storage at once). Pure."""
+    most = 3 * RESIZE_MEMORY_WAIT_S
     if left_s is None:
-        return RESIZE_MEMORY_WAIT_S
-    wait = min(RESIZE_MEMORY_WAIT_S, (left_s - agreed_memory_margin(save_seconds)) / 3)
-    return wait if wait >= NOTICE_MEMORY_MIN_WAIT_S else None
+        return most
+    budget = min(most, left_s - agreed_memory_margin(save_seconds))
+    return budget if budget >= MEMORY_ATTEMPT_MIN_S else None
 
 
 class Job:
@@ -540,41 +541,54 @@ class Job:
                         notice: tuple[Collection[str | None], float | None] | None = None) -> bool:
         """The agreed step to the memory tier alone, a resize's (``notice`` None) or a notice's (``notice``: the
         noticed nodes and the deadline; :func:`reprieve.policy.agreed_to_memory`): True when every process holds
-        it there, where it outlives the notice (its verdict exchanged through the coordination service), so no
-        storage save is needed; False (any process without it, or silent within the wait): every process saves it
-        to storage as for any notice. A notice's waits are bounded so that a storage save still fits before its
-        deadline (:func:`notice_memory_wait`); where even short ones do not, this process's verdict is "no" at once,
-        without a copy."""
+        it there, where it outlives the notice, so no storage save is needed; False: every process saves it to
+        storage as for any notice. Every process publishes its verdict (with its node, its peer's and the nodes it
+        heard noticed) through the coordination service, and process 0 alone decides from them
+        (:func:`reprieve.memtier.decide.gang_outlives`) and publishes the decision: a verdict that came late is
+        missing from the one decision, never from some processes' and not others'. The whole attempt is bounded
+        so that a storage save still fits before a notice's deadline (:func:`memory_attempt_seconds`); where it
+        cannot, this process's verdict is "no" at once, without a copy."""
         assert self.memory is not None
-        wait: float | None = RESIZE_MEMORY_WAIT_S
-        if notice is not None:
-            save_s = positive(self.storage.last_save_seconds) or 0.0
-            left = None if notice[1] is None else notice[1] - time.time()
-            wait = notice_memory_wait(left, save_s)
-            if wait is None:
-                log.info("agreed step %d: not to memory alone (%.1fs to the deadline, %.1fs needed): saving it to "
-                         "storage", step, left, agreed_memory_margin(save_s) + 3 * NOTICE_MEMORY_MIN_WAIT_S)
-        if wait is None:
-            own, wait = False, NOTICE_MEMORY_MIN_WAIT_S
-        else:
-            own = self.memory.save_alone(step, state, *record, wait_s=wait,
+        save_s = positive(self.storage.last_save_seconds) or 0.0
+        left = None if notice is None or notice[1] is None else notice[1] - time.time()
+        budget = memory_attempt_seconds(left, save_s)
+        start = time.monotonic()
+        end = start + (budget or 0.0)
+        if budget is None:
+            log.info("agreed step %d: not to memory alone (%.1fs to the deadline, %.1fs needed): saving it to storage",
+                     step, left, agreed_memory_margin(save_s) + MEMORY_ATTEMPT_MIN_S)
+            own = {"here": False, "at_peer": False}
+        else:  # the copies' waits leave a third of the attempt, at most 1 s, for the verdicts and the decision
+            own = self.memory.save_alone(step, state, *record, wait_s=RESIZE_MEMORY_WAIT_S,
+                                         until=end - min(1.0, budget / 3),
                                          doomed=None if notice is None else notice[0])
         prefix = f"reprieve/agreed-memory/a{self.config.attempt}/s{step}/"
-        mine: dict[str, Any] = {"held": own}
+        mine: dict[str, Any] = {"held": own["at_peer"], "here": own["here"]}
         if notice is not None:
             mine.update(self.memory.placement(), doomed=sorted(notice[0], key=lambda n: (n is None, n or "")))
-        verdicts: dict[int, dict[str, Any]] = {}
         try:
             self.coordinator.set(f"{prefix}{self.process_id}", json.dumps(mine), overwrite=True)
-            limit = time.monotonic() + wait
-            for p in range(self.num_processes):
-                verdicts[p] = json.loads(self.coordinator.get(f"{prefix}{p}", max(0.001, limit - time.monotonic())))
+            if self.process_id == 0:
+                verdicts: dict[int, dict[str, Any]] = {}
+                for p in range(self.num_processes):
+                    try:
+                        verdicts[p] = json.loads(self.coordinator.get(f"{prefix}{p}", max(0.001, end - time.monotonic())))
+                    except CoordinationError:
+                        break  # late: missing from the decision (gang_outlives: said nothing in time)
+                reasons = gang_outlives(verdicts, self.num_processes, notice=notice is not None)
+                missing, why = bool(reasons), "; ".join(f"process {p}: {w}" for p, w in sorted(reasons.items()))
+                self.coordinator.set(f"{prefix}decision", json.dumps({"memory": not missing, "why": why}),
+                                     overwrite=True)
+            else:
+                wait = max(0.001, end - time.monotonic()) + DECISION_SLACK_S
+                decision = json.loads(self.coordinator.get(f"{prefix}decision", wait))
+                missing, why = not decision.get("memory"), str(decision.get("why") or "")
         except CoordinationError as err:  # the storage save that follows meets the same service: it decides
-            log.warning("agreed step %d: the processes' memory verdicts could not be exchanged (%s)", step, err)
-        missing = gang_outlives(verdicts, self.num_processes, notice=notice is not None)
+            log.warning("agreed step %d: the memory decision could not be exchanged (%s)", step, err)
+            missing, why = True, "no decision"
         if missing:
             log.info("agreed step %d: not held in memory where the restart reads it: %s: saving it to storage", step,
-                     "; ".join(f"process {p}: {why}" for p, why in sorted(missing.items())))
+                     why)
             return False
         log.info("agreed step %d held in memory by all %d process(es): no storage save (%s)", step,
                  self.num_processes, "a resize" if notice is None else "every copy outlives the notices")

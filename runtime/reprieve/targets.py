@@ -296,6 +296,12 @@ class Tier(Protocol):
 
     def outlives(self, doomed: Collection[str | None]) -> str | None: ...
 
+    def keep_here(self, step: int) -> None: ...
+
+    def wait_here(self, timeout_s: float) -> bool: ...
+
+    def committed_here(self, step: int) -> bool: ...
+
     def join_watcher(self, timeout_s: float) -> None: ...
 
     def leaving(self, step: int, doomed: Collection[str | None]) -> None: ...
@@ -363,29 +369,51 @@ class MemoryTarget:
             return False
 
     def save_alone(self, step: int, state: Any, record: dict[str, Any], position: Any, *, wait_s: float,
-                   doomed: Collection[str | None] | None = None) -> bool:
-        """The agreed step to the memory tier alone (no storage save beside it): True when this process's copy is
-        committed here and at its peer within ``wait_s`` (for the copy in flight, then for this one). For a notice
-        (``doomed``: the nodes it and the notices this process received name) a copy that could not outlive them
-        (:meth:`Tier.outlives`) is not even started; whether the copies outlive every notice the gang heard of is
-        the gang's decision (:func:`reprieve.memtier.decide.gang_outlives`). False sends the job to storage."""
-        if doomed is not None and (why := self.tier.outlives(doomed)) is not None:
-            log.info("agreed step %d: not held in memory (its copy would not outlive the notice: %s)", step, why)
-            return False
-        if not self.wait(wait_s):
+                   until: float | None = None, doomed: Collection[str | None] | None = None) -> dict[str, bool]:
+        """The agreed step to the memory tier alone (no storage save beside it): where this process's copy is
+        committed in time, ``{"here": ..., "at_peer": ...}``: each wait (for the copy in flight, then for this one)
+        at most ``wait_s``, and all over by ``until`` (``time.monotonic()``; None: no such bound). A resize
+        (``doomed`` None) waits for both. A notice (``doomed``: the nodes it and the notices this process received
+        name): a copy that could not outlive them (:meth:`Tier.outlives`) is not even started; a pod that stays
+        waits for its own commit only, and a copy whose peer's node is noticed is not sent there
+        (:meth:`Tier.keep_here`). Whether the copies outlive every notice the gang heard of is the gang's decision
+        (:func:`reprieve.memtier.decide.gang_outlives`)."""
+        nowhere = {"here": False, "at_peer": False}
+
+        def bound() -> float:
+            return wait_s if until is None else max(0.0, min(wait_s, until - time.monotonic()))
+
+        stays = False
+        if doomed is not None:
+            if (why := self.tier.outlives(doomed)) is not None:
+                log.info("agreed step %d: not held in memory (its copy would not outlive the notice: %s)", step, why)
+                return nowhere
+            node, peer_node = self.tier.cfg.node, self.tier.peer_node
+            named = bool(doomed) and None not in doomed
+            stays = named and bool(node) and node not in doomed
+            if stays and peer_node and peer_node in doomed:
+                self.tier.keep_here(step)
+        if not self.wait(bound()):
             log.info("agreed step %d: not held in memory (the previous copy is still being written or sent)", step)
-            return False
+            return nowhere
         try:
             started = self.save(step, state, record, position, agreed=True)
         except Exception as err:  # noqa: BLE001 - storage is the fallback: a memory failure never fails the save
             log.warning("agreed step %d: the memory copy failed (%s: %s)", step, type(err).__name__, err)
-            return False
-        if started:
-            self.agreed_started = step
+            return nowhere
+        if not started:
+            return nowhere
+        self.agreed_started = step
         t0 = time.perf_counter()
-        held = started and self.wait(wait_s) and self.tier.holds(step)
+        if stays:  # this pod stays: the restart reads the copy here; its put (if any) is not waited for
+            held = {"here": self.tier.wait_here(bound()) and self.tier.committed_here(step), "at_peer": False}
+        else:
+            self.wait(bound())
+            held = {"here": self.tier.committed_here(step), "at_peer": self.tier.holds(step)}
         log.info("agreed step %d: memory copy %s %.2fs after its start", step,
-                 "committed here and at the peer" if held else "not held (storage follows)", time.perf_counter() - t0)
+                 "committed here and at the peer" if held["at_peer"] else
+                 "committed here (this pod stays)" if held["here"] and stays else "not held (storage follows)",
+                 time.perf_counter() - t0)
         return held
 
     def placement(self) -> dict[str, str | None]:

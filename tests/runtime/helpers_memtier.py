@@ -154,6 +154,7 @@ class FakeTier:
         self.saves: list[tuple[int, str]] = []
         self.notices: dict[int, str | None] = {}  # step -> the notice its copy records (None: none)
         self.peer_node = peer_node
+        self.kept_here: int | None = None  # keep_here(): the agreed step not sent to the noticed peer
         self.waits: list[float | None] = []
         self.capped_by: tuple[int, float] | None = None
         self.left: tuple[int, set[str | None]] | None = None  # leaving(): the agreed step and the noticed nodes
@@ -191,6 +192,16 @@ class FakeTier:
         from reprieve.memtier.decide import outlives_notice
 
         return outlives_notice(node=self.cfg.node, peer_node=self.peer_node, doomed=doomed, here=True, at_peer=True)
+
+    def keep_here(self, step: int) -> None:
+        self.kept_here = step
+
+    def wait_here(self, timeout_s: float) -> bool:
+        self.waits.append(timeout_s)
+        return True
+
+    def committed_here(self, step: int) -> bool:
+        return any(s == step for s, _ in self.saves)
 
     def join_watcher(self, timeout_s: float) -> None:
         pass

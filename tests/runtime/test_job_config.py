@@ -140,17 +140,17 @@ def test_the_supported_jax_range_is_checked_with_a_clear_message(version: str, o
 
 
 @pytest.mark.parametrize("left,save_s,want", [
-    (None, 0.0, 5.0),  # no deadline known: the full waits
-    (60.0, 2.0, 5.0),  # room for everything: capped at 5 s a wait
-    (20.0, 2.0, 14.0 / 3),  # (20 - (1 + 2 x 2 + 1)) / 3: storage still fits after three waits
-    (7.0, 0.0, 5.0 / 3),
-    (6.4, 1.0, 0.8),  # (6.4 - 4) / 3: still >= 0.5 s
-    (5.0, 1.0, None),  # 0.33 s a wait: storage at once
+    (None, 0.0, 15.0),  # no deadline known (a resize): three waits of 5 s
+    (60.0, 2.0, 15.0),  # room for everything: capped
+    (20.0, 2.0, 14.0),  # 20 - (1 + 2 x 2 + 1): the storage save still fits after the attempt
+    (9.5, 1.5, 4.5),  # the goodput benchmark's agreed saves at 1 GiB: 9.5 s before the deadline
+    (4.5, 0.5, 1.5),  # 4.5 - 3: just enough
+    (4.4, 0.5, None),  # storage at once
     (-1.0, 0.0, None),  # past the deadline
 ])
-def test_a_notices_memory_waits_leave_room_for_the_storage_save_after_them(left: float | None, save_s: float,
-                                                                            want: float | None) -> None:
-    from reprieve.job import notice_memory_wait
+def test_an_agreed_steps_memory_attempt_leaves_room_for_the_storage_save_after_it(left: float | None, save_s: float,
+                                                                                 want: float | None) -> None:
+    from reprieve.job import memory_attempt_seconds
 
-    got = notice_memory_wait(left, save_s)
+    got = memory_attempt_seconds(left, save_s)
     assert got == pytest.approx(want) if want is not None else got is None

@@ -259,8 +259,10 @@ def test_the_loops_last_step_is_saved_as_last_not_periodic(monkeypatch: pytest.M
     ("maintenance", "node-b", FakeTier(node="node-b"), [(4, "final")], [(4, "memory")]),
     # the copy in flight never ends: storage
     ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-c", busy=True), [(4, "final")], []),
+    # this pod stays (node-a) and its peer goes with node-b: the copy is kept here, not sent: memory alone
+    ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-b"), [], [(4, "memory")]),
 ], ids=["resize", "resize-busy", "resize-broken", "resize-no-tier", "notice-no-node", "notice-both-stay",
-        "notice-peer-stays", "notice-both-go", "notice-peer-unknown", "notice-busy"])
+        "notice-peer-stays", "notice-both-go", "notice-peer-unknown", "notice-busy", "notice-peer-goes"])
 def test_an_agreed_step_goes_to_memory_alone_where_every_copy_outlives_the_notice_else_to_storage(
         monkeypatch: pytest.MonkeyPatch, reason: str, node: str | None, tier: FakeTier | None,
         storage: list[tuple[int, str]], memory: list[tuple[int, str]]) -> None:
@@ -281,6 +283,9 @@ def test_an_agreed_step_goes_to_memory_alone_where_every_copy_outlives_the_notic
         assert tier.left == (4, {"node-b", node}), tier.left  # the notices' nodes (the fake's may name none)
         if memory:
             assert tier.notices[4] == "n-1"  # the agreed step's copy records its notice, as storage's would
+        # a pod that stays does not send the agreed step's copy to a noticed peer
+        assert tier.kept_here == (4 if node == "node-b" and tier.cfg.node == "node-a" and tier.peer_node == "node-b"
+                                  else None)
 
 
 @pytest.mark.parametrize(("agreed", "forced", "last", "kind"), [

@@ -260,7 +260,7 @@ GANG = [
     # id, verdicts, a notice (False: a resize), processes, want (process -> why, abridged to its start)
     ("every copy outlives the notice", {0: _v(True, "a", "b", "b"), 1: _v(True, "b", "a", "b")}, True, 2, {}),
     ("a process without its copy", {0: _v(True, "a", "b", "b"), 1: _v(False, "b", "a", "b")}, True, 2,
-     {1: "its copy is not committed"}),
+     {1: "not committed in this pod"}),
     ("a silent process", {0: _v(True, "a", "b", "b")}, True, 2, {1: "said nothing"}),
     ("a notice only process 0 heard of dooms process 1's peer too",
      {0: _v(True, "a", "b", "a", "b"), 1: _v(True, "b", "a", "b")}, True, 2,
@@ -269,7 +269,14 @@ GANG = [
      2, {0: "a notice names no node", 1: "a notice names no node"}),
     ("three processes in a ring, one node noticed",
      {0: _v(True, "a", "b", "b"), 1: _v(True, "b", "c", "b"), 2: _v(True, "c", "a", "b")}, True, 3, {}),
+    ("a pod that stays, its copy here only (its peer noticed)",
+     {0: {**_v(False, "a", "b", "b"), "here": True}, 1: _v(True, "b", "a", "b")}, True, 2, {}),
+    ("a pod that goes, its copy here only",
+     {0: {**_v(False, "a", "b", "b"), "here": True}, 1: {**_v(False, "b", "a", "b"), "here": True}}, True, 2,
+     {1: "this pod's node b is noticed; not committed at the peer"}),
     ("a resize: held is enough", {0: {"held": True}, 1: {"held": True}}, False, 2, {}),
+    ("a resize: here only is not", {0: {"held": False, "here": True}, 1: {"held": True}}, False, 2,
+     {0: "its copy is not committed"}),
     ("a resize: one not held", {0: {"held": True}, 1: {"held": False}}, False, 2, {1: "its copy is not committed"}),
 ]
 

@@ -190,8 +190,9 @@ def test_a_notice_whose_copies_outlive_it_leaves_its_agreed_step_in_memory_alone
         tmp_path: Path, base: Path) -> None:
     """Issue #48 (a noticed restart at 1 GiB spent 1.6-3.0 s in the agreed storage save): a notice on process 1's
     node; process 0's pod (node-a) stays and process 1's peer is that pod, whose node each process learned from the
-    restore round's reports. Both copies of the agreed step are committed here and at the peer and outlive the
-    notice, so the gang saves no storage checkpoint for it; attempt 2 (process 1 in a new pod on another node)
+    restore round's reports. Process 0's copy of the agreed step is committed in its pod (not sent to process 1's,
+    which goes), process 1's here and at its peer: both outlive the notice, so the gang saves no storage checkpoint
+    for it; attempt 2 (process 1 in a new pod on another node)
     restores the agreed step from memory, process 0 from its own pod and process 1 from its peer's, and the run ends
     as an uninterrupted one."""
     pods, logs, step = noticed_on_node_b(tmp_path, base, {}, to_storage=False)
@@ -199,6 +200,10 @@ def test_a_notice_whose_copies_outlive_it_leaves_its_agreed_step_in_memory_alone
         assert (f"agreed step {step} held in memory by all 2 process(es): no storage save (every copy outlives the "
                 "notices)") in log, log[-3000:]
     assert int(step) not in helpers_memtier.storage_steps(tmp_path), helpers_memtier.storage_steps(tmp_path)
+    # process 0's pod stays: its copy is read there, and not sent to process 1's pod, which goes with node-b
+    assert f"agreed step {step}: memory copy committed here (this pod stays)" in logs[0], logs[0][-3000:]
+    assert f"memory copy of step {step} not sent to the peer" in logs[0], logs[0][-3000:]
+    assert f"agreed step {step}: memory copy committed here and at the peer" in logs[1], logs[1][-3000:]
     pods[1] = new_pod(base, "pod-1b")  # the noticed node's pod is gone with its memory
     # the notice is still in the file (as on a kept pod): the restored copy records it as saved for, no second save
     still = {i: {"REPRIEVE_NOTICE_FILE": str(tmp_path / f"annotations-{i}")} for i in range(2)}

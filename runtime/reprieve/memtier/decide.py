@@ -256,8 +256,9 @@ def gang_outlives(verdicts: Mapping[int, Mapping[str, Any]], num_processes: int,
                   notice: bool) -> dict[int, str]:
     """process -> why the gang may not skip the storage save of the agreed step (pure; empty: every process holds
     it in memory where the restart reads it). ``verdicts[p]`` is what process ``p`` published: ``held`` (its copy
-    committed in its pod and at its peer), and for a ``notice`` its ``node``, its peer's ``peer_node`` and the
-    nodes the notices it received name (``doomed``). A process that said nothing holds nothing. For a notice every
+    committed in its pod and at its peer), and for a ``notice`` ``here`` (committed in its pod: a pod that stays
+    does not wait for its put), its ``node``, its peer's ``peer_node`` and the nodes the notices it received name
+    (``doomed``). A process that said nothing holds nothing. For a notice every
     copy is checked against the nodes *any* process heard of (:func:`outlives_notice`): a notice that reached one
     process only still counts, and every process computes the same answer from the same verdicts."""
     doomed: set[str | None] = set()
@@ -267,11 +268,11 @@ def gang_outlives(verdicts: Mapping[int, Mapping[str, Any]], num_processes: int,
     def why_not(said: Mapping[str, Any] | None) -> str | None:
         if said is None:
             return "said nothing in time"
+        if notice:
+            return outlives_notice(node=said.get("node"), peer_node=said.get("peer_node"), doomed=doomed,
+                                   here=bool(said.get("here", said.get("held"))), at_peer=bool(said.get("held")))
         if not said.get("held"):
             return "its copy is not committed in its pod and at its peer"
-        if notice:
-            return outlives_notice(node=said.get("node"), peer_node=said.get("peer_node"), doomed=doomed, here=True,
-                                   at_peer=True)
         return None
 
     return {p: why for p in range(num_processes) if (why := why_not(verdicts.get(p))) is not None}

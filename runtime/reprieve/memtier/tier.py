@@ -150,6 +150,7 @@ class MemoryTier:
         # what the loop and the operator read (progress report)
         self.saved_step: int | None = None  # newest own copy committed
         self.replicated_step: int | None = None  # newest own copy the peer committed
+        self._no_put: int | None = None  # a step whose copy is not sent to the peer (:meth:`keep_here`)
         self.saves = self.skipped = self.failures = 0
         self.last_blocking_s = self.last_background_s = 0.0  # the copy's stall; the background thread's CPU
         self.last_ready_s = 0.0  # the wait for the state's computation before the copy (not the tier's cost)
@@ -293,7 +294,10 @@ class MemoryTier:
             snap.shards.clear()
             self._here.set()  # committed in this pod, or failed: nothing more to wait for here
         time.sleep(_test_slow_copy(name.step))
-        if self.peer is not None:
+        if self.peer is not None and name.step == self._no_put:
+            log.info("memory copy of step %d not sent to the peer %s: its node is noticed (the restart reads this "
+                     "pod's copy)", name.step, self.peer)
+        elif self.peer is not None:
             self._send(name, manifest, keep)
         if self.peer is not None or self.nproc > 1:
             self._publish_progress()
@@ -483,6 +487,21 @@ class MemoryTier:
     def holds(self, step: int) -> bool:
         """Whether this process's copy of ``step`` is committed in its pod and, with a peer, at the peer."""
         return self.saved_step == step and (self.peer is None or self.replicated_step == step)
+
+    def keep_here(self, step: int) -> None:
+        """The copy of ``step`` (a notice's agreed step) stays in this pod, not sent to the peer: the peer's node
+        is noticed, so the put would cost both pods a copy's CPU for a replica that goes with the node, and this
+        pod, which stays, is where the restart reads it."""
+        self._no_put = step
+
+    def wait_here(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until the copy in flight is committed in this pod, or failed; True when it
+        is over either way (:meth:`committed_here` tells which)."""
+        return self._here.wait(timeout_s)
+
+    def committed_here(self, step: int) -> bool:
+        """Whether this process's copy of ``step`` is committed in its pod."""
+        return self.saved_step == step
 
     def outlives(self, doomed: Collection[str | None]) -> str | None:
         """Why a copy committed here and at the peer may not outlive the ``doomed`` nodes, as far as this process
