@@ -236,20 +236,15 @@ def outlives_notice(*, node: str | None, peer_node: str | None, doomed: Collecti
         return None
     if at_peer and peer_node and peer_node not in doomed:
         return None
-    where = []
-    if not here:
-        where.append("not committed in this pod")
-    elif not node:
-        where.append("this pod's node is not known")
-    else:
-        where.append(f"this pod's node {node} is noticed")
-    if not at_peer:
-        where.append("not committed at the peer")
-    elif not peer_node:
-        where.append("the peer's node is not known")
-    else:
-        where.append(f"the peer's node {peer_node} is noticed")
-    return "; ".join(where)
+    return f"{_why_lost(here, node, 'in this pod', 'this pod')}; {_why_lost(at_peer, peer_node, 'at the peer', 'the peer')}"
+
+
+def _why_lost(committed: bool, node: str | None, at: str, whose: str) -> str:
+    """Why one place's copy does not outlive a notice: not committed ``at`` it, or ``whose`` node not known or
+    noticed."""
+    if not committed:
+        return f"not committed {at}"
+    return f"{whose}'s node is not known" if not node else f"{whose}'s node {node} is noticed"
 
 
 def gang_outlives(verdicts: Mapping[int, Mapping[str, Any]], num_processes: int, *,
