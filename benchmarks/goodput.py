@@ -217,7 +217,7 @@ def run(cluster: Cluster, api: object, work: Path, variant: str, events: list[Ev
                        checkpoint_dir=ckpt, node_selector={"reprieve.bench/pool": slug},
                        extra_env={"TRAIN_STEP_LOG": "/ckpt/steps.jsonl",
                                   **({"TRAIN_STATE_MIB": f"{args.state_mib:g}"} if args.state_mib else {}),
-                                  **({"REPRIEVE_NOTICE_TO_STORAGE": "1"} if args.notice_to_storage else {})},
+                                  **({"REPRIEVE_NOTICE_TO_MEMORY": "1"} if args.notice_to_memory else {})},
                        image=image or None,
                        requests={"cpu": "500m", "memory": "1Gi"} if real else None)
     body["spec"]["restartPolicy"]["maxFailures"] = 10
@@ -548,10 +548,10 @@ def main() -> int:
                              "training between losses without notice, which spaces the memory copies by Young/Daly "
                              "where that is closer than the 1 %% budget's (the seeded schedule's own rate: the run's "
                              "training seconds over --hard-kills); 0: not given")
-    parser.add_argument("--notice-to-storage", action="store_true",
-                        help="REPRIEVE_NOTICE_TO_STORAGE=1 in the trainers: every notice's agreed step to storage "
-                             "(a memory copy beside it), as before the memory tier kept it alone where it outlives "
-                             "the notice; the paired baseline of that change")
+    parser.add_argument("--notice-to-memory", action="store_true",
+                        help="REPRIEVE_NOTICE_TO_MEMORY=1 in the trainers: a notice's agreed step kept in the pods' "
+                             "memory alone (no storage save) where every copy outlives the notice; without it, "
+                             "storage with a memory copy beside it (the default)")
     parser.add_argument("--keep-data", action="store_true",
                         help="keep the checkpoints and the nodes' memory-tier volumes after the run (by default "
                              "only the logs, the step logs and the results stay)")

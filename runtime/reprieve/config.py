@@ -19,8 +19,8 @@ storage saves failed in a row, over a minute at least, that fail the job; ``repr
 ``REPRIEVE_RUN_ID`` (unset: a run
 is known by its state's structure only; see ``reprieve.identity``), ``REPRIEVE_START_OVER_QUARANTINED`` (0: a root
 that holds quarantined checkpoints and no usable one refuses to start at step 0; 1: starts anyway),
-``REPRIEVE_NOTICE_TO_STORAGE`` (0: with the memory tier on, a notice's agreed step stays in the pods' memory when
-every process's copy outlives the noticed nodes; 1: every notice's agreed step is saved to storage).
+``REPRIEVE_NOTICE_TO_MEMORY`` (0: every notice's agreed step is saved to storage; 1: with the memory tier on, a
+notice's agreed step stays in the pods' memory alone when every process's copy outlives the noticed nodes).
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ class RuntimeConfig:
     termination_log: str = TERMINATION_LOG  # REPRIEVE_TERMINATION_LOG: the container's termination message file
     # REPRIEVE_START_OVER_QUARANTINED: start at step 0 where every checkpoint was quarantined (refused by default)
     start_over_quarantined: bool = False
-    # REPRIEVE_NOTICE_TO_STORAGE: every notice's agreed step to storage, even where the pods' memory holds it safely
-    notice_to_storage: bool = False
+    # REPRIEVE_NOTICE_TO_MEMORY: a notice's agreed step kept in the pods' memory alone where every copy outlives it
+    notice_to_memory: bool = False
     # REPRIEVE_VIRTUAL_SHARDS: the job's virtual data-parallel shards (spec.elastic.virtualShards; None: not declared)
     virtual_shards: int | None = None
 
@@ -148,7 +148,7 @@ class RuntimeConfig:
             run_id=r.opt_text("REPRIEVE_RUN_ID"),
             termination_log=r.opt_text("REPRIEVE_TERMINATION_LOG") or TERMINATION_LOG,
             start_over_quarantined=r.flag(START_OVER_QUARANTINED, False),
-            notice_to_storage=r.flag("REPRIEVE_NOTICE_TO_STORAGE", False),
+            notice_to_memory=r.flag("REPRIEVE_NOTICE_TO_MEMORY", False),
             virtual_shards=r.opt_integer("REPRIEVE_VIRTUAL_SHARDS", minimum=1),
         )
         if cfg.process_id >= cfg.num_processes:

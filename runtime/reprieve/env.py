@@ -35,7 +35,7 @@ RUNTIME = frozenset({
     "REPRIEVE_AGREEMENT_TIMEOUT_SECONDS", "REPRIEVE_NOTICE_POLL_SECONDS", "REPRIEVE_METRICS_PORT",
     "REPRIEVE_SAVE_SECONDS_ESTIMATE", "REPRIEVE_COMPILATION_CACHE_DIR", "REPRIEVE_PROGRESS_INTERVAL_SECONDS",
     "REPRIEVE_RUN_ID", "REPRIEVE_S3_ENDPOINT", "REPRIEVE_TERMINATION_LOG", "REPRIEVE_MAX_FAILED_SAVES",
-    "REPRIEVE_START_OVER_QUARANTINED", "REPRIEVE_NOTICE_TO_STORAGE",
+    "REPRIEVE_START_OVER_QUARANTINED", "REPRIEVE_NOTICE_TO_MEMORY",
 })
 # Read by the memory tier (reprieve.memtier.config.MemoryConfig, in the trainer and in reprieve-supervisor's replica
 # server): set by the operator for a job with spec.checkpoint.memory (docs/contract.toml [memory]), or by users.

@@ -500,7 +500,7 @@ class Job:
         memory = in_memory = False
         doomed = self.agreement.noticed_nodes | {target.notice.node}
         to_memory = agreed_to_memory(target.notice.reason, memory_on=self.memory is not None, restart=restart,
-                                     noticed_node=target.notice.node, notices_to_storage=self.config.notice_to_storage)
+                                     noticed_node=target.notice.node, notices_to_memory=self.config.notice_to_memory)
         try:
             record = (self._record(step, state, extra, data) if to_memory or self.storage.last_saved != step
                       else None)

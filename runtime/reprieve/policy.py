@@ -156,20 +156,21 @@ MEMORY_ONLY_REASONS = frozenset({RESIZE_REASON})
 
 
 def agreed_to_memory(reason: str, *, memory_on: bool, restart: bool, noticed_node: str | None = None,
-                     notices_to_storage: bool = False) -> bool:
+                     notices_to_memory: bool = False) -> bool:
     """Whether the agreed save of a notice with ``reason`` goes to the memory tier first, with no storage save
     when every process holds it where it outlives the notice (pure; docs/memory.md, "After a notice"). Only with
     the memory tier on and a restart to follow (the loop's last step is the run's end: storage). A resize always
     (every pod stays); any other notice when it names its node (``noticed_node``: which pods go is known; each
-    process then checks that its copy is on a pod that stays, or at a peer that does), unless
-    ``REPRIEVE_NOTICE_TO_STORAGE`` (``notices_to_storage``) sends every notice to storage. Storage follows anyway
+    process then checks that its copy is on a pod that stays, or at a peer that does), where
+    ``REPRIEVE_NOTICE_TO_MEMORY`` (``notices_to_memory``) asks for it: off by default, since a second notice that
+    reaches the gang after its decision can doom the pod holding the only copy (docs/memory.md, "After a notice"). Storage follows anyway
     unless every process holds the step (:func:`reprieve.memtier.decide.gang_outlives`). The choice depends only on what every process shares
     (the agreed notice, the configuration), so the whole gang takes the same path."""
     if not (memory_on and restart):
         return False
     if reason in MEMORY_ONLY_REASONS:
         return True
-    return noticed_node is not None and not notices_to_storage
+    return noticed_node is not None and notices_to_memory
 
 
 # What a failed storage save was (classify_save_error) and what the job does about it (save_failure_verdict).

@@ -104,23 +104,23 @@ def test_no_step_before_next_due_step_is_saved_by_the_interval_and_it_is_one_tha
         assert due == (says[0] if says else NEVER), (start, due, says[:3])
 
 
-@pytest.mark.parametrize("reason,memory_on,restart,node,to_storage,expected", [
+@pytest.mark.parametrize("reason,memory_on,restart,node,to_memory,expected", [
     ("resize", True, True, None, False, True),  # a grow: every pod stays, the next attempt reads the pods' memory
-    ("resize", True, True, None, True, True),  # REPRIEVE_NOTICE_TO_STORAGE is about notices that take a node
+    ("resize", True, True, None, True, True),  # REPRIEVE_NOTICE_TO_MEMORY is about notices that take a node
     ("resize", False, True, None, False, False),  # no memory tier: storage
     ("resize", True, False, None, False, False),  # the loop's last step: the run's end belongs in storage
-    ("gke-spot", True, True, "node-b", False, True),  # a node named: memory first, where each copy outlives it
-    ("gke-spot", True, True, "node-b", True, False),  # REPRIEVE_NOTICE_TO_STORAGE=1
-    ("gke-spot", True, True, None, False, False),  # which pods go is not known: storage
-    ("gke-spot", False, True, "node-b", False, False),
-    ("gke-spot", True, False, "node-b", False, False),
+    ("gke-spot", True, True, "node-b", True, True),  # REPRIEVE_NOTICE_TO_MEMORY=1, a node named: memory first
+    ("gke-spot", True, True, "node-b", False, False),  # by default: storage (a memory copy beside it)
+    ("gke-spot", True, True, None, True, False),  # which pods go is not known: storage
+    ("gke-spot", False, True, "node-b", True, False),
+    ("gke-spot", True, False, "node-b", True, False),
     ("sigterm", True, True, None, False, False),  # a SIGTERM names no node: storage (and a memory copy beside it)
     ("interrupt", True, True, None, False, False),
 ])
 def test_which_agreed_saves_go_to_memory_first(reason: str, memory_on: bool, restart: bool, node: str | None,
-                                               to_storage: bool, expected: bool) -> None:
+                                               to_memory: bool, expected: bool) -> None:
     assert agreed_to_memory(reason, memory_on=memory_on, restart=restart, noticed_node=node,
-                            notices_to_storage=to_storage) is expected
+                            notices_to_memory=to_memory) is expected
 
 
 def test_negative_interval_is_rejected() -> None:

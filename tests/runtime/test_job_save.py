@@ -261,17 +261,21 @@ def test_the_loops_last_step_is_saved_as_last_not_periodic(monkeypatch: pytest.M
     ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-c", busy=True), [(4, "final")], []),
     # this pod stays (node-a) and its peer goes with node-b: the copy is kept here, not sent: memory alone
     ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-b"), [], [(4, "memory")]),
+    # REPRIEVE_NOTICE_TO_MEMORY not set (the default): storage, the copy beside it, however safe memory would be
+    ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-c"), [(4, "final")], [(4, "memory")]),
 ], ids=["resize", "resize-busy", "resize-broken", "resize-no-tier", "notice-no-node", "notice-both-stay",
-        "notice-peer-stays", "notice-both-go", "notice-peer-unknown", "notice-busy", "notice-peer-goes"])
+        "notice-peer-stays", "notice-both-go", "notice-peer-unknown", "notice-busy", "notice-peer-goes",
+        "notice-by-default"])
 def test_an_agreed_step_goes_to_memory_alone_where_every_copy_outlives_the_notice_else_to_storage(
-        monkeypatch: pytest.MonkeyPatch, reason: str, node: str | None, tier: FakeTier | None,
-        storage: list[tuple[int, str]], memory: list[tuple[int, str]]) -> None:
+        monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, reason: str, node: str | None,
+        tier: FakeTier | None, storage: list[tuple[int, str]], memory: list[tuple[int, str]]) -> None:
     from reprieve import job as job_mod
 
     monkeypatch.setattr(teardown, "ignore_termination_signals", lambda: None)
     monkeypatch.setattr(job_mod, "RESIZE_MEMORY_WAIT_S", 0.01)
     ckpt = Checkpointer()
-    job = Job(RuntimeConfig(), LocalCoordinator(), ckpt, Agreement({4: FINAL}, reason, node), Hub(),  # type: ignore[arg-type]
+    config = RuntimeConfig(notice_to_memory=not request.node.callspec.id.endswith("by-default"))
+    job = Job(config, LocalCoordinator(), ckpt, Agreement({4: FINAL}, reason, node), Hub(),  # type: ignore[arg-type]
               exit_fn=_exit, memory=tier)
     with pytest.raises(Exited) as exited:
         for step in job.steps(0, 20):

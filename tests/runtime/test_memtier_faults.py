@@ -122,16 +122,17 @@ def test_a_noticed_preemption_restores_the_agreed_step_from_memory(tmp_path: Pat
     assert restored(gang.logs) == [step, "memory", "peer"]
 
 
-def noticed_on_node_b(tmp_path: Path, base: Path, slow: dict[str, str], *, to_storage: bool = True,
+def noticed_on_node_b(tmp_path: Path, base: Path, slow: dict[str, str], *, to_memory: bool = False,
                       doomed: tuple[str, ...] = ("node-b",)) -> tuple[list[Pod], list[str], str]:
     """Attempt 1 of a gang whose process 0 runs on node-a and process 1 on node-b, with ``slow`` (env) for process
-    0: a notice on each of ``doomed`` after step 6 (REPRIEVE_NOTICE_TO_STORAGE=1 with ``to_storage``: the agreed
-    step to storage, a memory copy beside it); returns the pods, both processes' logs and the agreed step."""
+    0: a notice on each of ``doomed`` after step 6 (REPRIEVE_NOTICE_TO_MEMORY=1 with ``to_memory``: the agreed
+    step in memory alone where its copies outlive the notice; else storage, a memory copy beside it); returns the
+    pods, both processes' logs and the agreed step."""
     import time
 
     pods = [new_pod(base, "pod-0"), new_pod(base, "pod-1")]
     extra = {i: {"REPRIEVE_NOTICE_FILE": str(tmp_path / f"annotations-{i}"), "WORKER_STEP_SECONDS": "0.3",
-                 "REPRIEVE_NODE_NAME": f"node-{'ab'[i]}", "REPRIEVE_NOTICE_TO_STORAGE": "1" if to_storage else "0"}
+                 "REPRIEVE_NODE_NAME": f"node-{'ab'[i]}", "REPRIEVE_NOTICE_TO_MEMORY": "1" if to_memory else "0"}
              for i in range(2)}
     extra[0].update(slow)
     gang = launch(tmp_path, pods, ring(pods), attempt=1, steps=TOTAL, hold_at=6, extra=extra)
@@ -195,7 +196,7 @@ def test_a_notice_whose_copies_outlive_it_leaves_its_agreed_step_in_memory_alone
     for it; attempt 2 (process 1 in a new pod on another node)
     restores the agreed step from memory, process 0 from its own pod and process 1 from its peer's, and the run ends
     as an uninterrupted one."""
-    pods, logs, step = noticed_on_node_b(tmp_path, base, {}, to_storage=False)
+    pods, logs, step = noticed_on_node_b(tmp_path, base, {}, to_memory=True)
     for log in logs:
         assert (f"agreed step {step} held in memory by all 2 process(es): no storage save (every copy outlives the "
                 "notices)") in log, log[-3000:]
@@ -220,7 +221,7 @@ def test_a_notice_on_both_nodes_of_a_process_and_its_peer_sends_the_agreed_step_
     of the agreed step would go with the two nodes, which the gang learns from the verdicts it exchanges (each
     process heard one notice), so every process saves the step to storage; attempt 2, both pods new, restores it
     from storage."""
-    pods, logs, step = noticed_on_node_b(tmp_path, base, {}, to_storage=False, doomed=("node-b", "node-a"))
+    pods, logs, step = noticed_on_node_b(tmp_path, base, {}, to_memory=True, doomed=("node-b", "node-a"))
     for log in logs:
         assert f"agreed step {step}: not held in memory where the restart reads it" in log, log[-3000:]
     assert int(step) in helpers_memtier.storage_steps(tmp_path), helpers_memtier.storage_steps(tmp_path)
