@@ -40,6 +40,7 @@ from .policy import MEMORY_ONLY_REASONS, SaveContext, SavePolicy, agreed_to_memo
 from .progress import LoopProgress, ProgressReporter
 from .restore import Restored, read_latest
 from .targets import (
+    Held,
     MemoryTarget,
     SaveRecords,
     SaveTarget,
@@ -557,13 +558,13 @@ class Job:
         if budget is None:
             log.info("agreed step %d: not to memory alone (%.1fs to the deadline, %.1fs needed): saving it to storage",
                      step, left, agreed_memory_margin(save_s) + MEMORY_ATTEMPT_MIN_S)
-            own = {"here": False, "at_peer": False}
+            own = Held()
         else:  # the copies' waits leave a third of the attempt, at most 1 s, for the verdicts and the decision
             own = self.memory.save_alone(step, state, *record, wait_s=RESIZE_MEMORY_WAIT_S,
                                          until=end - min(1.0, budget / 3),
                                          doomed=None if notice is None else notice[0])
         prefix = f"reprieve/agreed-memory/a{self.config.attempt}/s{step}/"
-        mine: dict[str, Any] = {"held": own["at_peer"], "here": own["here"]}
+        mine: dict[str, Any] = own._asdict()
         if notice is not None:
             mine.update(self.memory.placement(), doomed=sorted(notice[0], key=lambda n: (n is None, n or "")))
         try:

@@ -163,9 +163,10 @@ def agreed_to_memory(reason: str, *, memory_on: bool, restart: bool, noticed_nod
     (every pod stays); any other notice when it names its node (``noticed_node``: which pods go is known; each
     process then checks that its copy is on a pod that stays, or at a peer that does), where
     ``REPRIEVE_NOTICE_TO_MEMORY`` (``notices_to_memory``) asks for it: off by default, since a second notice that
-    reaches the gang after its decision can doom the pod holding the only copy (docs/memory.md, "After a notice"). Storage follows anyway
-    unless every process holds the step (:func:`reprieve.memtier.decide.gang_outlives`). The choice depends only on what every process shares
-    (the agreed notice, the configuration), so the whole gang takes the same path."""
+    reaches the gang after its decision can doom the pod holding the only copy (docs/memory.md, "After a notice").
+    Storage follows anyway unless every process holds the step (:func:`reprieve.memtier.decide.gang_outlives`). The
+    choice depends only on what every process shares (the agreed notice, the configuration), so the whole gang
+    takes the same path."""
     if not (memory_on and restart):
         return False
     if reason in MEMORY_ONLY_REASONS:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from . import data as data_mod
 from . import identity
 from .agreement import INTERVAL
 from .capabilities import Capabilities, Checkpointer, RestoreCheckFn
 from .measures import SaveReports, positive
+from .memtier import decide
 from .memtier.config import MemoryConfig
 from .memtier.decide import HERE
 from .memtier.schedule import periodic_saves_off_line
@@ -311,6 +312,13 @@ class Tier(Protocol):
     def close(self, *, finished: bool = False) -> None: ...
 
 
+class Held(NamedTuple):
+    """Where this process's copy of an agreed step is committed in time (:meth:`MemoryTarget.save_alone`)."""
+
+    here: bool = False  # in this pod
+    at_peer: bool = False  # and at its peer
+
+
 class MemoryTarget:
     """The memory tier's copies (docs/memory.md): on its own schedule, never instead of a storage save, and beside
     the agreed save before a restart when the deadline leaves room. The loop waits only for the host copy."""
@@ -369,16 +377,16 @@ class MemoryTarget:
             return False
 
     def save_alone(self, step: int, state: Any, record: dict[str, Any], position: Any, *, wait_s: float,
-                   until: float | None = None, doomed: Collection[str | None] | None = None) -> dict[str, bool]:
+                   until: float | None = None, doomed: Collection[str | None] | None = None) -> Held:
         """The agreed step to the memory tier alone (no storage save beside it): where this process's copy is
-        committed in time, ``{"here": ..., "at_peer": ...}``: each wait (for the copy in flight, then for this one)
+        committed in time (:class:`Held`): each wait (for the copy in flight, then for this one)
         at most ``wait_s``, and all over by ``until`` (``time.monotonic()``; None: no such bound). A resize
         (``doomed`` None) waits for both. A notice (``doomed``: the nodes it and the notices this process received
         name): a copy that could not outlive them (:meth:`Tier.outlives`) is not even started; a pod that stays
         waits for its own commit only, and a copy whose peer's node is noticed is not sent there
         (:meth:`Tier.keep_here`). Whether the copies outlive every notice the gang heard of is the gang's decision
         (:func:`reprieve.memtier.decide.gang_outlives`)."""
-        nowhere = {"here": False, "at_peer": False}
+        nowhere = Held()
 
         def bound() -> float:
             return wait_s if until is None else max(0.0, min(wait_s, until - time.monotonic()))
@@ -388,10 +396,8 @@ class MemoryTarget:
             if (why := self.tier.outlives(doomed)) is not None:
                 log.info("agreed step %d: not held in memory (its copy would not outlive the notice: %s)", step, why)
                 return nowhere
-            node, peer_node = self.tier.cfg.node, self.tier.peer_node
-            named = bool(doomed) and None not in doomed
-            stays = named and bool(node) and node not in doomed
-            if stays and peer_node and peer_node in doomed:
+            stays = decide.stays(self.tier.cfg.node, doomed)
+            if stays and self.tier.peer_node and not decide.stays(self.tier.peer_node, doomed):
                 self.tier.keep_here(step)
         if not self.wait(bound()):
             log.info("agreed step %d: not held in memory (the previous copy is still being written or sent)", step)
@@ -406,13 +412,13 @@ class MemoryTarget:
         self.agreed_started = step
         t0 = time.perf_counter()
         if stays:  # this pod stays: the restart reads the copy here; its put (if any) is not waited for
-            held = {"here": self.tier.wait_here(bound()) and self.tier.committed_here(step), "at_peer": False}
+            held = Held(here=self.tier.wait_here(bound()) and self.tier.committed_here(step))
         else:
             self.wait(bound())
-            held = {"here": self.tier.committed_here(step), "at_peer": self.tier.holds(step)}
+            held = Held(here=self.tier.committed_here(step), at_peer=self.tier.holds(step))
         log.info("agreed step %d: memory copy %s %.2fs after its start", step,
-                 "committed here and at the peer" if held["at_peer"] else
-                 "committed here (this pod stays)" if held["here"] and stays else "not held (storage follows)",
+                 "committed here and at the peer" if held.at_peer else
+                 "committed here (this pod stays)" if held.here and stays else "not held (storage follows)",
                  time.perf_counter() - t0)
         return held
 

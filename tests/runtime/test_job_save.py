@@ -241,40 +241,40 @@ def test_the_loops_last_step_is_saved_as_last_not_periodic(monkeypatch: pytest.M
     assert job.metrics.get("reprieve_saves_total", kind="last") == 1
 
 
-@pytest.mark.parametrize(("reason", "node", "tier", "storage", "memory"), [
-    ("resize", None, FakeTier(), [], [(4, "memory")]),  # a grow: every process holds the step in memory, no storage
-    ("resize", None, FakeTier(busy=True), [(4, "final")], []),  # the copy in flight never ends: storage
-    ("resize", None, FakeTier(broken=True), [(4, "final")], []),  # the copy fails: storage
-    ("resize", None, None, [(4, "final")], []),  # no memory tier: storage
+@pytest.mark.parametrize(("reason", "node", "tier", "storage", "memory", "to_memory"), [
+    ("resize", None, FakeTier(), [], [(4, "memory")], True),  # a grow: every process holds it in memory, no storage
+    ("resize", None, FakeTier(busy=True), [(4, "final")], [], True),  # the copy in flight never ends: storage
+    ("resize", None, FakeTier(broken=True), [(4, "final")], [], True),  # the copy fails: storage
+    ("resize", None, None, [(4, "final")], [], True),  # no memory tier: storage
     # a notice naming no node: storage, a copy beside it
-    ("maintenance", None, FakeTier(node="node-a", peer_node="node-c"), [(4, "final")], [(4, "memory")]),
+    ("maintenance", None, FakeTier(node="node-a", peer_node="node-c"), [(4, "final")], [(4, "memory")], True),
     # a notice naming node-b (noticed here too): this pod's node and its peer's outlive it: memory alone
-    ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-c"), [], [(4, "memory")]),
+    ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-c"), [], [(4, "memory")], True),
     # this pod goes with node-b, its peer's node stays: memory alone (the restart reads the peer's copy)
-    ("maintenance", "node-b", FakeTier(node="node-b", peer_node="node-a"), [], [(4, "memory")]),
+    ("maintenance", "node-b", FakeTier(node="node-b", peer_node="node-a"), [], [(4, "memory")], True),
     # this pod's node (node-a, the agreed notice's) and its peer's (node-b, noticed here) both go: storage (no copy
     # started for memory alone), the copy beside it
-    ("maintenance", "node-a", FakeTier(node="node-a", peer_node="node-b"), [(4, "final")], [(4, "memory")]),
+    ("maintenance", "node-a", FakeTier(node="node-a", peer_node="node-b"), [(4, "final")], [(4, "memory")], True),
     # the peer's node is not known: storage, with the copy beside it
-    ("maintenance", "node-b", FakeTier(node="node-b"), [(4, "final")], [(4, "memory")]),
+    ("maintenance", "node-b", FakeTier(node="node-b"), [(4, "final")], [(4, "memory")], True),
     # the copy in flight never ends: storage
-    ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-c", busy=True), [(4, "final")], []),
+    ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-c", busy=True), [(4, "final")], [], True),
     # this pod stays (node-a) and its peer goes with node-b: the copy is kept here, not sent: memory alone
-    ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-b"), [], [(4, "memory")]),
+    ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-b"), [], [(4, "memory")], True),
     # REPRIEVE_NOTICE_TO_MEMORY not set (the default): storage, the copy beside it, however safe memory would be
-    ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-c"), [(4, "final")], [(4, "memory")]),
+    ("maintenance", "node-b", FakeTier(node="node-a", peer_node="node-c"), [(4, "final")], [(4, "memory")], False),
 ], ids=["resize", "resize-busy", "resize-broken", "resize-no-tier", "notice-no-node", "notice-both-stay",
         "notice-peer-stays", "notice-both-go", "notice-peer-unknown", "notice-busy", "notice-peer-goes",
         "notice-by-default"])
 def test_an_agreed_step_goes_to_memory_alone_where_every_copy_outlives_the_notice_else_to_storage(
-        monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, reason: str, node: str | None,
-        tier: FakeTier | None, storage: list[tuple[int, str]], memory: list[tuple[int, str]]) -> None:
+        monkeypatch: pytest.MonkeyPatch, reason: str, node: str | None, tier: FakeTier | None,
+        storage: list[tuple[int, str]], memory: list[tuple[int, str]], to_memory: bool) -> None:
     from reprieve import job as job_mod
 
     monkeypatch.setattr(teardown, "ignore_termination_signals", lambda: None)
     monkeypatch.setattr(job_mod, "RESIZE_MEMORY_WAIT_S", 0.01)
     ckpt = Checkpointer()
-    config = RuntimeConfig(notice_to_memory=not request.node.callspec.id.endswith("by-default"))
+    config = RuntimeConfig(notice_to_memory=to_memory)
     job = Job(config, LocalCoordinator(), ckpt, Agreement({4: FINAL}, reason, node), Hub(),  # type: ignore[arg-type]
               exit_fn=_exit, memory=tier)
     with pytest.raises(Exited) as exited:

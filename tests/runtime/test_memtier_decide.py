@@ -15,6 +15,7 @@ from reprieve.memtier.decide import (
     outlives_notice,
     pairing_problems,
     select_deletions,
+    stays,
     visible,
 )
 from reprieve.memtier.layout import CopyName
@@ -251,8 +252,9 @@ def test_outlives_notice(node: str | None, peer_node: str | None, doomed: set[st
     assert outlives_notice(node=node, peer_node=peer_node, doomed=doomed, here=here, at_peer=at_peer) == why
 
 
-def _v(held: bool, node: str | None, peer_node: str | None, *doomed: str | None) -> dict:
-    return {"held": held, "node": node, "peer_node": peer_node, "doomed": list(doomed)}
+def _v(here: bool, node: str | None, peer_node: str | None, *doomed: str | None, at_peer: bool | None = None) -> dict:
+    return {"here": here, "at_peer": here if at_peer is None else at_peer, "node": node, "peer_node": peer_node,
+            "doomed": list(doomed)}
 
 
 # The gang's decision from every process's published verdict (gang_outlives): empty, no storage save
@@ -270,14 +272,14 @@ GANG = [
     ("three processes in a ring, one node noticed",
      {0: _v(True, "a", "b", "b"), 1: _v(True, "b", "c", "b"), 2: _v(True, "c", "a", "b")}, True, 3, {}),
     ("a pod that stays, its copy here only (its peer noticed)",
-     {0: {**_v(False, "a", "b", "b"), "here": True}, 1: _v(True, "b", "a", "b")}, True, 2, {}),
+     {0: _v(True, "a", "b", "b", at_peer=False), 1: _v(True, "b", "a", "b")}, True, 2, {}),
     ("a pod that goes, its copy here only",
-     {0: {**_v(False, "a", "b", "b"), "here": True}, 1: {**_v(False, "b", "a", "b"), "here": True}}, True, 2,
+     {0: _v(True, "a", "b", "b", at_peer=False), 1: _v(True, "b", "a", "b", at_peer=False)}, True, 2,
      {1: "this pod's node b is noticed; not committed at the peer"}),
-    ("a resize: held is enough", {0: {"held": True}, 1: {"held": True}}, False, 2, {}),
-    ("a resize: here only is not", {0: {"held": False, "here": True}, 1: {"held": True}}, False, 2,
-     {0: "its copy is not committed"}),
-    ("a resize: one not held", {0: {"held": True}, 1: {"held": False}}, False, 2, {1: "its copy is not committed"}),
+    ("a resize: here and at the peer", {0: {"here": True, "at_peer": True}, 1: {"here": True, "at_peer": True}},
+     False, 2, {}),
+    ("a resize: here only is not enough", {0: {"here": True, "at_peer": False}, 1: {"here": True, "at_peer": True}},
+     False, 2, {0: "its copy is not committed"}),
 ]
 
 
@@ -287,3 +289,11 @@ def test_gang_outlives(verdicts: dict, notice: bool, n: int, want: dict[int, str
     assert sorted(got) == sorted(want), got
     for p, start in want.items():
         assert got[p].startswith(start), got
+
+
+@pytest.mark.parametrize(("node", "doomed", "want"), [
+    ("a", {"b"}, True), ("b", {"b"}, False), (None, {"b"}, False), ("a", set(), False), ("a", {"b", None}, False),
+])
+def test_a_pod_stays_only_where_every_notice_names_its_node_and_none_names_this_one(
+        node: str | None, doomed: set[str | None], want: bool) -> None:
+    assert stays(node, doomed) is want

@@ -213,9 +213,14 @@ def exit_wait(*, agreed_step: int | None, running_step: int | None, node: str | 
         return EVERYWHERE
     if running_step is None or running_step != agreed_step:
         return NOTHING
-    if node and doomed and None not in doomed and node not in doomed:
-        return HERE
-    return EVERYWHERE
+    return HERE if stays(node, doomed) else EVERYWHERE
+
+
+def stays(node: str | None, doomed: Collection[str | None]) -> bool:
+    """Whether a pod on ``node`` outlives the notices naming ``doomed`` (pure): its node is known, every notice
+    names its node (None: one that names none, as SIGTERM's) and none names this one. A gang restart keeps such a
+    pod (restartMode InPlace, which the memory tier requires)."""
+    return bool(node) and bool(doomed) and None not in doomed and node not in doomed
 
 
 def outlives_notice(*, node: str | None, peer_node: str | None, doomed: Collection[str | None], here: bool,
@@ -232,9 +237,7 @@ def outlives_notice(*, node: str | None, peer_node: str | None, doomed: Collecti
         return "no noticed node is known"
     if None in doomed:
         return "a notice names no node (which pods go is not known)"
-    if here and node and node not in doomed:
-        return None
-    if at_peer and peer_node and peer_node not in doomed:
+    if (here and stays(node, doomed)) or (at_peer and stays(peer_node, doomed)):
         return None
     return f"{_why_lost(here, node, 'in this pod', 'this pod')}; {_why_lost(at_peer, peer_node, 'at the peer', 'the peer')}"
 
@@ -250,10 +253,10 @@ def _why_lost(committed: bool, node: str | None, at: str, whose: str) -> str:
 def gang_outlives(verdicts: Mapping[int, Mapping[str, Any]], num_processes: int, *,
                   notice: bool) -> dict[int, str]:
     """process -> why the gang may not skip the storage save of the agreed step (pure; empty: every process holds
-    it in memory where the restart reads it). ``verdicts[p]`` is what process ``p`` published: ``held`` (its copy
-    committed in its pod and at its peer), and for a ``notice`` ``here`` (committed in its pod: a pod that stays
-    does not wait for its put), its ``node``, its peer's ``peer_node`` and the nodes the notices it received name
-    (``doomed``). A process that said nothing holds nothing. For a notice every
+    it in memory where the restart reads it). ``verdicts[p]`` is what process ``p`` published: where its copy is
+    committed (``here``, in its pod; ``at_peer``: a resize needs both, a notice one that outlives it, and a pod
+    that stays does not wait for its put), and for a ``notice`` its ``node``, its peer's ``peer_node`` and the
+    nodes the notices it received name (``doomed``). A process that said nothing holds nothing. For a notice every
     copy is checked against the nodes *any* process heard of (:func:`outlives_notice`): a notice that reached one
     process only still counts, and every process computes the same answer from the same verdicts."""
     doomed: set[str | None] = set()
@@ -265,8 +268,8 @@ def gang_outlives(verdicts: Mapping[int, Mapping[str, Any]], num_processes: int,
             return "said nothing in time"
         if notice:
             return outlives_notice(node=said.get("node"), peer_node=said.get("peer_node"), doomed=doomed,
-                                   here=bool(said.get("here", said.get("held"))), at_peer=bool(said.get("held")))
-        if not said.get("held"):
+                                   here=bool(said.get("here")), at_peer=bool(said.get("at_peer")))
+        if not (said.get("here") and said.get("at_peer")):
             return "its copy is not committed in its pod and at its peer"
         return None
 

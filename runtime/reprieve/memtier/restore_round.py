@@ -139,6 +139,7 @@ def restore(tier: Any, storage: Any, abstract: Any, *, timeout_s: float = 1800.0
         plan = _plan(tier, reports, excluded, bad_storage)
         if rnd == 0:
             _check_pairing(tier, reports)
+            _learn_peer_node(tier, reports)
         log.info("memory restore round %d: %s (%s)", rnd, plan.tier, plan.reason)
         if plan.tier in ("none", "storage"):
             break
@@ -310,12 +311,17 @@ def _fence(tier: Any, base: tuple[int, int] | None) -> None:
                         tier.peer, err)
 
 
+def _learn_peer_node(tier: Any, reports: list[dict[str, Any]]) -> None:
+    """The peer's node from the round's reports where the assignment did not say it (the first attempt's pods are
+    made before their peers' nodes are known), for a notice's agreed step (:meth:`MemoryTier.outlives`)."""
+    if tier.peer is not None and not tier.peer_node:
+        tier.peer_node = next((r.get("node") for r in reports if r.get("location") == tier.peer and r.get("node")),
+                              None)
+
+
 def _check_pairing(tier: Any, reports: list[dict[str, Any]]) -> None:
     problems = decide.pairing_problems({p: (r.get("location"), r.get("node"), r.get("peer"))
                                         for p, r in enumerate(reports)})
-    if tier.peer is not None and not tier.peer_node:  # the peer's node, for a notice's agreed step (tier.outlives)
-        tier.peer_node = next((r.get("node") for r in reports if r.get("location") == tier.peer and r.get("node")),
-                              None)
     for p, why in problems.items():
         log.error("memory tier pairing: %s: both copies would be lost together; pair it with a pod on another "
                   "node%s", why, " (this process keeps its own copies only)" if p == tier.pid else "")
