@@ -124,17 +124,10 @@ def init(
         here = here or warm.assignment_here()
         landing_ahead = prewarm.prepare(environ, landing_memory=not here)
         prewarm.settle_heap(first=True, collect=not here)
-        # asked again while it waits: a spare started before the job's first checkpoint
-        waiting = [] if here else [w for w in (ahead, landing_ahead) if w is not None and not w.done]
-
-        def idle() -> None:
-            before = sum(w.done for w in waiting)
-            for w in waiting:
-                w.attempt()
-            if sum(w.done for w in waiting) > before:  # its trace or its landing memory made: settled too
-                prewarm.settle_heap(first=False)
-
-        updates = warm.await_assignment(idle=idle if waiting else None, idle_seconds=TraceAhead.POLL_SECONDS)
+        # while it waits: the memory populated ahead given back if the machine runs short; the head starts asked
+        # again (a spare started before the job's first checkpoint)
+        waiting = prewarm.WhileWaiting([] if here else [ahead, landing_ahead], TraceAhead.POLL_SECONDS)
+        updates = warm.await_assignment(idle=waiting, idle_seconds=prewarm.MEMORY_CHECK_SECONDS)
         exiting.freeze()  # what was made while it waited (the assignment's parse): no collection
         if env is None:
             os.environ.update(updates)  # user code after init() and child processes see the new attempt

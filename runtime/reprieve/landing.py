@@ -115,6 +115,11 @@ class Pool:
         weakref.finalize(piece, _give_back, self._mem, start, span)
         return piece
 
+    def unused(self) -> int:
+        """The bytes not handed out (0 once released)."""
+        with self._lock:
+            return 0 if self._closed else self.size - self._next
+
     def release(self) -> int | None:
         """No more pieces: the part never handed out goes back to the kernel now; the bytes given back (None: it
         was released before)."""
@@ -167,16 +172,20 @@ def take(nbytes: int) -> np.ndarray | None:
     return _pool[0].take(nbytes) if _pool else None
 
 
-def release() -> int:
-    """:meth:`Pool.release` of this process's pool (0 without one, or once released): logged the first time."""
+def release(why: str | None = None) -> int:
+    """:meth:`Pool.release` of this process's pool (0 without one, or once released): logged the first time, with
+    ``why`` when no restore took from it."""
     if not _pool:
         return 0
     pool = _pool[0]
     left = pool.release()
     if left is None:
         return 0
-    log.info("landing memory: %d of %d bytes populated ahead were used by the restore; %d given back", pool.taken,
-             pool.size, left)
+    if why is None:
+        log.info("landing memory: %d of %d bytes populated ahead were used by the restore; %d given back",
+                 pool.taken, pool.size, left)
+    else:
+        log.info("landing memory: %d bytes populated ahead given back %s", left, why)
     return left
 
 
@@ -318,10 +327,10 @@ def owned_ahead() -> bool:
     return bool(_heap)
 
 
-def owned_done() -> int | None:
+def owned_done(why: str = "after the restore's copy") -> int | None:
     """The restore's copy is made (or none was): glibc's thresholds set to their steady values and the heap's unused
-    populated memory given back (``malloc_trim``); the bytes given back, logged. None when nothing was populated
-    ahead (or once done)."""
+    populated memory given back (``malloc_trim``); the bytes given back, logged with ``why``. None when nothing was
+    populated ahead (or once done)."""
     if not _heap:
         return None
     size = _heap.pop()
@@ -332,5 +341,45 @@ def owned_done() -> int | None:
     _steady(lib)
     lib.malloc_trim(0)
     back = max(before - _resident(), 0)
-    log.info("memory XLA allocates: %d bytes populated ahead; %d given back after the restore's copy", size, back)
+    log.info("memory XLA allocates: %d bytes populated ahead; %d given back %s", size, back, why)
     return back
+
+
+# -- giving it back when the machine runs short ------------------------------------------------------------------
+def held_ahead() -> int:
+    """The bytes this process holds populated ahead for a restore that has not come: its pool's part not handed out
+    and the heap block for XLA's copy (0: none)."""
+    pool = _pool[0].unused() if _pool else 0
+    return pool + (_heap[0] if _heap else 0)
+
+
+def tight_problem(held: int, *, current: int | None, limit: int | None, available: int | None) -> str | None:
+    """Why ``held`` bytes populated ahead must go back now (pure): the room that let a warm process make them (twice
+    over, :func:`room_problem`) has fallen below once over: the pod's headroom under its limit (``limit - current``)
+    or the machine's available memory is less than ``held``, so another process's next allocation (a restore, a
+    save's host copy, a new pod) would push the pod towards its limit or the machine into reclaim and stalls, for a
+    head start on a restore that may not come. None: keep it (nothing held, or room once over)."""
+    if held <= 0:
+        return None
+    if limit is not None and current is not None and limit - current < held:
+        return (f"the pod's memory limit is {limit} bytes with {current} in use: less than the {held} bytes held "
+                "ahead are left")
+    if available is not None and available < held:
+        return f"the machine has {available} bytes available, less than the {held} bytes held ahead"
+    return None
+
+
+def give_back_if_tight(memory: Mapping[str, int | None] | None = None) -> int:
+    """A warm process's check while it waits: when :func:`tight_problem` says so, its pool and its heap block go back
+    to the kernel (the restore then makes fresh buffers, as without them), logged with the numbers; the bytes given
+    back (0: nothing held, or kept). Not populated again: the machine was short once."""
+    held = held_ahead()
+    if not held:
+        return 0
+    m = memory_now() if memory is None else memory
+    problem = tight_problem(held, current=m.get("current"), limit=m.get("limit"), available=m.get("available"))
+    if problem is None:
+        return 0
+    log.warning("memory populated ahead for the next restore given back: %s (the restore makes fresh buffers)",
+                problem)
+    return release("as the machine runs short") + (owned_done("as the machine runs short") or 0)

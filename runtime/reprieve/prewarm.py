@@ -15,7 +15,10 @@ restart's critical path, and that needs neither the assignment nor a device.
 - **The restore's landing memory** (``REPRIEVE_WARM_LANDING_BYTES``, the bytes the last trainer's restore landed):
   populated now, where the pod has room for it (:mod:`reprieve.landing`), so the restore writes into pages the
   process already has; and the memory XLA allocates for the restore's copy when the step donates the state on CPU
-  devices (``REPRIEVE_WARM_OWNED_BYTES``), populated in the process's C heap.
+  devices (``REPRIEVE_WARM_OWNED_BYTES``), populated in the process's C heap. Both go back to the kernel while the
+  process waits once the machine (or the pod) no longer has room for them once over (:class:`WhileWaiting`): a
+  head start never costs the machine its headroom at a restart, when the next trainer restores and a doomed pod's
+  memory has not gone yet.
 
 Everything here is a head start: a failure is logged at debug level and the same work happens after the
 assignment, as it did before.
@@ -28,7 +31,8 @@ import importlib
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from . import exiting, landing
 from .env import Env
@@ -112,6 +116,43 @@ class LandingAhead:
         except Exception as err:  # noqa: BLE001 - a head start: the restore makes fresh buffers instead
             self.done = True
             log.warning("pre-warm: no landing memory populated ahead: %s", err)
+
+
+MEMORY_CHECK_SECONDS = 1.0  # how often a waiting warm process reads the memory left (/proc/meminfo, its cgroup)
+
+
+class HeadStart(Protocol):
+    """Work a warm process retries while it waits until it is ``done`` (``TraceAhead``, :class:`LandingAhead`)."""
+
+    done: bool
+
+    def attempt(self) -> None: ...
+
+
+class WhileWaiting:
+    """A warm process's work while it waits for its assignment (``await_assignment``'s ``idle``, called every
+    :data:`MEMORY_CHECK_SECONDS`): the memory populated ahead given back when the machine runs short
+    (:func:`reprieve.landing.give_back_if_tight`), and every ``poll_s`` the head starts not made yet asked again (a
+    spare's trace and landing memory, which wait for the job's first checkpoint), the heap settled again once one is
+    made. ``clock``: injected in tests."""
+
+    def __init__(self, pending: list[HeadStart | None], poll_s: float, clock: Callable[[], float] = time.monotonic,
+                 check: Callable[[], int] = landing.give_back_if_tight) -> None:
+        self._pending = [w for w in pending if w is not None and not w.done]
+        self._poll_s, self._clock, self._check = poll_s, clock, check
+        self._due = clock() + poll_s
+
+    def __call__(self) -> None:
+        self._check()
+        if not self._pending or self._clock() < self._due:
+            return
+        self._due = self._clock() + self._poll_s
+        for w in self._pending:
+            w.attempt()
+        left = [w for w in self._pending if not w.done]
+        if len(left) < len(self._pending):  # a trace or landing memory made: not asked again
+            self._pending = left
+            settle_heap(first=False)
 
 
 def settle_heap(*, first: bool, collect: bool = True) -> None:

@@ -217,3 +217,49 @@ def test_memory_xla_allocates_is_not_populated_without_room_and_a_warm_process_a
     ahead.attempt()  # no checkpoint yet, no landing hint: asked again for the landing memory, not for this
     assert not ahead.done and caplog.text.count("memory XLA allocates not populated ahead") == 1, caplog.text
     assert f"{(1 << 60) + (32 << 20)} bytes of memory XLA allocates need twice that" in caplog.text
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("held,current,limit,available,problem", [
+    (1 * GiB, 5 * GiB, 8 * GiB, 20 * GiB, None),  # 3 GiB left under the limit, 20 on the machine: room once over
+    (1 * GiB, 7 * GiB + 1, 8 * GiB, 20 * GiB, "the pod's memory limit is 8589934592 bytes with 7516192769 in use"),
+    (1 * GiB, None, None, 1 * GiB, None),  # exactly once over: kept
+    (1 * GiB, None, None, 1 * GiB - 1, "the machine has 1073741823 bytes available, less than the 1073741824"),
+    (0, 7 * GiB, 7 * GiB, 0, None),  # nothing held: nothing to give back
+    (1 * GiB, None, None, None, None),  # nothing known: kept
+])
+def test_memory_held_ahead_goes_back_once_the_room_falls_below_once_over(
+        held: int, current: int | None, limit: int | None, available: int | None, problem: str | None) -> None:
+    got = landing.tight_problem(held, current=current, limit=limit, available=available)
+    assert (got is None) == (problem is None), got
+    if problem is not None:
+        assert got is not None and got.startswith(problem) and str(held) in got
+
+
+def _resident() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * landing.PAGE
+
+
+@pytest.mark.integration
+def test_a_warm_process_gives_back_its_pool_and_heap_block_when_the_machine_runs_short(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """What a warm process holds ahead (the landing pool, the heap block for XLA's copy) stays while there is room
+    once over, and goes back to the kernel, both, once there is not: the resident memory falls by about their size,
+    the restore then makes fresh buffers, and nothing is populated again."""
+    caplog.set_level(logging.INFO, logger="reprieve.landing")
+    roomy = {"current": None, "limit": None, "available": 64 * GiB}
+    pool = landing.reserve(96 << 20, roomy)
+    assert pool is not None and landing.reserve_owned(80 << 20, roomy)
+    held = landing.held_ahead()
+    assert held == (96 << 20) + (80 << 20) + (32 << 20), held  # the heap block has its slack
+    assert landing.give_back_if_tight(roomy) == 0 and landing.held_ahead() == held
+    before = _resident()
+    back = landing.give_back_if_tight({"current": None, "limit": None, "available": held - 1})
+    assert back >= (96 << 20) + (64 << 20), back  # the pool whole, and most of the heap block (malloc_trim)
+    assert before - _resident() >= (96 << 20) + (64 << 20), (before, _resident())
+    assert f"given back: the machine has {held - 1} bytes available, less than the {held} bytes held ahead" \
+        in caplog.text, caplog.text
+    assert landing.held_ahead() == 0 and not landing.owned_ahead() and landing.take(1 << 20) is None
+    assert landing.give_back_if_tight({"available": 0}) == 0  # nothing left to give
+    assert landing.reserve(96 << 20, roomy) is None  # one pool per process: not populated again
