@@ -17,7 +17,6 @@ from .capabilities import Capabilities, Checkpointer, RestoreCheckFn
 from .measures import SaveReports, positive
 from .memtier import decide
 from .memtier.config import MemoryConfig
-from .memtier.decide import HERE
 from .memtier.schedule import periodic_saves_off_line
 from .metrics import Metrics
 from .policy import (
@@ -442,7 +441,7 @@ class MemoryTarget:
         t0 = time.perf_counter()
         need, done = self.tier.wait_exit(limit)
         log.info("agreed step %d: memory copy %s %.2fs after the storage commit", step,
-                 ("committed here (this pod stays; its put to the peer is not waited for)" if need == HERE
+                 ("committed here (this pod stays; its put to the peer is not waited for)" if need == decide.HERE
                   else "committed") if done else "not finished (the restart reads storage where it lacks it)",
                  time.perf_counter() - t0)
 
